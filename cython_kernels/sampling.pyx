@@ -1,0 +1,585 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Batched, exact, linear-time sampling kernels (the decision plane's core).
+
+Order of operations per row (vLLM's, see SIMPLE.md):
+  1. logit_bias, then min_tokens bans (banned ids -> -inf)
+  2. repetition (prompt + output), frequency and presence (output) penalties
+  3. temperature < 1e-5: greedy (argmax of step 2, lowest id on ties)
+  4. z = logit / temperature
+  5. min_p: keep z >= max(z) + ln(min_p)
+  6. top_k: keep z >= the k-th largest z (ties at the k-th value kept)
+  7. top_p: keep the smallest rank-prefix whose mass reaches top_p of the
+     mass left after 5-6 (rank = z descending, token id ascending)
+  8. draw one token from what is left, renormalised.
+
+How the work stays linear and small:
+  * Steps 1-2 touch only the columns named by the bias, bans and history
+    (sorted overrides patched in while streaming; never a [V] copy).
+  * Pass 1 streams the row once in blocks of SS_BLOCK (64) columns, converting
+    float16 / bfloat16 on the fly, and keeps per block its max z and (when
+    a mass is needed) its softmax mass relative to that max.
+  * The block summaries give a collection threshold that provably contains
+    every token that can survive 5-7; pass 2 rereads only the blocks whose
+    max reaches it. min_p gives the threshold exactly; top_k takes the k-th
+    largest block max; top_p alone walks a histogram of block masses and
+    checks the collected mass exactly, lowering the threshold if needed.
+  * Steps 5-7 run on the collected candidates by quickselect; nothing is
+    sorted. With no truncation at all, the block masses pick a block and
+    only that block is reread.
+"""
+from cython.parallel cimport parallel, prange
+from libc.math cimport INFINITY, NAN, log
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
+from penalties cimport Overrides, RowHistory, build_overrides
+from philox cimport uniform_double
+from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_count_nan, ss_block_exp_sum,
+                          ss_block_max, ss_count_at_or_above, ss_exp_nonpositive,
+                          ss_half_to_float, ss_mass_at_or_above)
+
+# Storage dtypes of a logits row.
+cpdef enum Dtype:
+    DTYPE_FLOAT32 = 0
+    DTYPE_FLOAT16 = 1
+    DTYPE_BFLOAT16 = 2
+
+# Per-row error codes reported to the Python layer (which raises ValueError).
+cpdef enum RowError:
+    ERROR_NONE = 0
+    ERROR_NAN = 1
+    ERROR_POSITIVE_INFINITY = 2
+    ERROR_ALL_BANNED = 3
+    ERROR_OUT_OF_MEMORY = 4
+
+# top_p alone: gaps below the row max (in z) tried as collection thresholds,
+# the first whose blocks can hold the nucleus mass first. The last is "all".
+cdef enum:
+    N_TOP_P_GAPS = 15
+cdef float TOP_P_GAPS[N_TOP_P_GAPS]
+TOP_P_GAPS[:] = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, INFINITY]
+
+
+cdef struct RowSource:
+    const void* data
+    int dtype
+    Py_ssize_t vocab
+
+
+cdef inline float read_logit_f32(const void* row, Py_ssize_t column) noexcept nogil:
+    return (<const float*>row)[column]
+
+
+cdef inline float read_logit_f16(const void* row, Py_ssize_t column) noexcept nogil:
+    return ss_half_to_float((<const uint16_t*>row)[column])
+
+
+cdef inline float read_logit_bf16(const void* row, Py_ssize_t column) noexcept nogil:
+    return ss_bf16_to_float((<const uint16_t*>row)[column])
+
+
+cdef struct Workspace:
+    float block[SS_BLOCK]
+    float* block_max         # [n_blocks]: max z of the block
+    float* block_mass        # [n_blocks]: its softmax mass, relative to the row max
+    float* block_scratch     # [n_blocks]: for order statistics of block maxima
+    uint64_t* entry_keys     # [max_entries]
+    int32_t* override_column
+    float* override_logit
+    float* cand_z            # [vocab]
+    int32_t* cand_token
+    float* cand_w
+
+
+cdef struct RowParams:
+    float inverse_temperature   # 1 for greedy rows
+    bint greedy
+    Py_ssize_t top_k            # 0 = off
+    double top_p                # 1 = off
+    double min_p                # 0 = off
+    uint64_t seed
+    uint64_t step
+    Py_ssize_t n_top            # top-n logprobs wanted
+    bint want_logprob
+
+
+cdef struct RowResult:
+    int64_t token
+    float logprob
+    int error
+    int64_t error_column
+
+
+cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                                      Py_ssize_t* ov_pos, float* buf) noexcept nogil:
+    """Penalized, pre-temperature logits of block b: SS_BLOCK floats, -inf
+    past the row's end. Reads float32 rows in place when no override falls in
+    the block; otherwise converts / copies into buf and patches the overrides.
+    ov_pos[0]: first override at or after the block start; advanced past it."""
+    cdef Py_ssize_t start = b * SS_BLOCK
+    cdef Py_ssize_t count = min(<Py_ssize_t>SS_BLOCK, src.vocab - start)
+    cdef Py_ssize_t end = start + count
+    cdef bint patched = ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end
+    cdef Py_ssize_t j
+    cdef const uint16_t* half_row
+    if src.dtype == DTYPE_FLOAT32:
+        if count == SS_BLOCK and not patched:
+            return <const float*>src.data + start
+        for j in range(count):
+            buf[j] = (<const float*>src.data)[start + j]
+    elif src.dtype == DTYPE_FLOAT16:
+        half_row = <const uint16_t*>src.data + start
+        for j in range(count):
+            buf[j] = ss_half_to_float(half_row[j])
+    else:
+        half_row = <const uint16_t*>src.data + start
+        for j in range(count):
+            buf[j] = ss_bf16_to_float(half_row[j])
+    for j in range(count, SS_BLOCK):
+        buf[j] = -INFINITY
+    while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end:
+        buf[ov.column[ov_pos[0]] - start] = ov.logit[ov_pos[0]]
+        ov_pos[0] += 1
+    return buf
+
+
+cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                                      float* buf) noexcept nogil:
+    cdef Py_ssize_t lo = 0
+    cdef Py_ssize_t hi = ov.n
+    cdef Py_ssize_t mid
+    while lo < hi:          # first override at or after the block start
+        mid = (lo + hi) >> 1
+        if ov.column[mid] < b * SS_BLOCK:
+            lo = mid + 1
+        else:
+            hi = mid
+    return block_logits(src, b, ov, &lo, buf)
+
+
+cdef inline float kth_largest(float* values, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
+    """k-th largest (1-based) of values[0:n]; reorders values. 1 <= k <= n."""
+    cdef Py_ssize_t lo = 0
+    cdef Py_ssize_t hi = n
+    cdef Py_ssize_t target = k - 1
+    cdef Py_ssize_t i, store, mid
+    cdef float pivot, t
+    while hi - lo > 1:
+        mid = lo + ((hi - lo) >> 1)
+        pivot = values[mid]
+        values[mid] = values[hi - 1]
+        values[hi - 1] = pivot
+        store = lo
+        for i in range(lo, hi - 1):
+            if values[i] > pivot:
+                t = values[i]
+                values[i] = values[store]
+                values[store] = t
+                store += 1
+        values[hi - 1] = values[store]
+        values[store] = pivot
+        if store == target:
+            return pivot
+        if store < target:
+            lo = store + 1
+        else:
+            hi = store
+    return values[lo]
+
+
+cdef inline float kth_largest_block_max(Workspace* ws, Py_ssize_t n_blocks, Py_ssize_t k) noexcept nogil:
+    """A lower bound on the k-th largest z of the row: k blocks reach it."""
+    if k > n_blocks:
+        return -INFINITY
+    cdef Py_ssize_t b
+    for b in range(n_blocks):
+        ws.block_scratch[b] = ws.block_max[b]
+    return kth_largest(ws.block_scratch, n_blocks, k)
+
+
+cdef inline int find_bad_column(const RowSource* src, const Overrides* ov, float inverse_temperature,
+                                float* buf, int64_t* column) noexcept nogil:
+    """Locate the first NaN or +inf z (error path only)."""
+    cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
+    cdef Py_ssize_t b, j
+    cdef const float* x
+    cdef float z
+    for b in range(n_blocks):
+        x = reread_block(src, b, ov, buf)
+        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - b * SS_BLOCK)):
+            z = x[j] * inverse_temperature
+            if z != z or z == INFINITY:
+                column[0] = b * SS_BLOCK + j
+                return ERROR_NAN if z != z else ERROR_POSITIVE_INFINITY
+    column[0] = -1
+    return ERROR_NONE
+
+
+cdef inline Py_ssize_t collect(const RowSource* src, const Overrides* ov, float inverse_temperature,
+                               Workspace* ws, Py_ssize_t n_blocks, float threshold,
+                               float row_max) noexcept nogil:
+    """Candidates (z, token, exp(z - row_max)) for every z >= threshold,
+    rereading only the blocks whose max reaches it."""
+    cdef Py_ssize_t n = 0
+    cdef Py_ssize_t b, j, start
+    cdef const float* x
+    cdef float z
+    for b in range(n_blocks):
+        if ws.block_max[b] < threshold:
+            continue
+        x = reread_block(src, b, ov, ws.block)
+        start = b * SS_BLOCK
+        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - start)):
+            z = x[j] * inverse_temperature
+            ws.cand_z[n] = z
+            ws.cand_token[n] = <int32_t>(start + j)
+            n += z >= threshold
+    for j in range(n):
+        ws.cand_w[j] = ss_exp_nonpositive(ws.cand_z[j] - row_max)
+    return n
+
+
+cdef inline float top_p_threshold(const Workspace* ws, Py_ssize_t n_blocks, float row_max,
+                                  double target, Py_ssize_t* gap_index) noexcept nogil:
+    """Highest threshold row_max - TOP_P_GAPS[i], i >= gap_index[0], whose
+    blocks hold at least `target` mass (a necessary condition for the nucleus
+    to lie above it; the caller checks the sufficient one exactly)."""
+    cdef float threshold
+    while gap_index[0] < N_TOP_P_GAPS - 1:
+        threshold = row_max - TOP_P_GAPS[gap_index[0]]
+        if ss_mass_at_or_above(ws.block_max, ws.block_mass, n_blocks, threshold) >= target:
+            return threshold
+        gap_index[0] += 1
+    return -INFINITY
+
+
+cdef inline Py_ssize_t draw_index(const Candidates* c, Py_ssize_t count, double u) noexcept nogil:
+    """Inverse-CDF draw over the first `count` candidates in array order."""
+    cdef double total = 0.0
+    cdef Py_ssize_t i
+    for i in range(count):
+        total += c.w[i]
+    cdef double target = u * total
+    cdef double acc = 0.0
+    cdef Py_ssize_t last_positive = 0
+    for i in range(count):
+        if c.w[i] > 0:
+            acc += c.w[i]
+            last_positive = i
+            if acc > target:
+                return i
+    return last_positive
+
+
+cdef inline int64_t draw_from_blocks(const RowSource* src, const Overrides* ov, float inverse_temperature,
+                                     Workspace* ws, Py_ssize_t n_blocks, float row_max,
+                                     double row_mass, double u) noexcept nogil:
+    """Draw from the untruncated distribution: pick a block by its mass,
+    then a column inside it; only that block is reread."""
+    cdef double target = u * row_mass
+    cdef double acc = 0.0
+    cdef double before_chosen = 0.0
+    cdef Py_ssize_t b, j
+    cdef Py_ssize_t chosen = 0
+    for b in range(n_blocks):
+        if ws.block_mass[b] > 0:
+            chosen = b
+            before_chosen = acc
+            acc += ws.block_mass[b]
+            if acc > target:
+                break
+    acc = before_chosen
+    cdef const float* x = reread_block(src, chosen, ov, ws.block)
+    cdef Py_ssize_t last_positive = 0
+    cdef float w
+    for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - chosen * SS_BLOCK)):
+        w = ss_exp_nonpositive(x[j] * inverse_temperature - row_max)
+        if w > 0:
+            acc += w
+            last_positive = j
+            if acc > target:
+                return chosen * SS_BLOCK + j
+    return chosen * SS_BLOCK + last_positive
+
+
+cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, const Workspace* ws,
+                                 Py_ssize_t n_blocks, float row_max, float* buf) noexcept nogil:
+    cdef Py_ssize_t b, j
+    cdef const float* x
+    for b in range(n_blocks):
+        if ws.block_max[b] == row_max:
+            x = reread_block(src, b, ov, buf)
+            for j in range(SS_BLOCK):
+                if x[j] == row_max:
+                    return b * SS_BLOCK + j
+    return -1
+
+
+cdef void sample_row(const RowSource* src, const RowHistory* history, const RowParams* p,
+                     Workspace* ws, RowResult* result, int32_t* top_tokens,
+                     float* top_logprobs) noexcept nogil:
+    cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
+    cdef float inv_t = p.inverse_temperature
+    cdef Overrides ov
+    ov.column = ws.override_column
+    ov.logit = ws.override_logit
+    ov.n = 0
+    if src.dtype == DTYPE_FLOAT32:
+        build_overrides(history, read_logit_f32, src.data, ws.entry_keys, &ov)
+    elif src.dtype == DTYPE_FLOAT16:
+        build_overrides(history, read_logit_f16, src.data, ws.entry_keys, &ov)
+    else:
+        build_overrides(history, read_logit_bf16, src.data, ws.entry_keys, &ov)
+
+    cdef bint truncating = (not p.greedy) and (p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0)
+    cdef bint top_p_alone = (not p.greedy) and p.top_p < 1.0 and p.min_p <= 0 and p.top_k <= 0
+    cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
+                           or not (p.greedy or truncating))
+
+    # Pass 1: per block, max z and (when needed) mass; NaN / +inf detection.
+    cdef float row_max = -INFINITY
+    cdef int nan_count = 0
+    cdef Py_ssize_t ov_pos = 0
+    cdef Py_ssize_t b
+    cdef const float* x
+    cdef float m
+    for b in range(n_blocks):
+        x = block_logits(src, b, &ov, &ov_pos, ws.block)
+        m = ss_block_max(x)
+        nan_count += ss_block_count_nan(x)
+        ws.block_max[b] = m * inv_t
+        if need_mass:
+            ws.block_mass[b] = ss_block_exp_sum(x, m, inv_t) if -INFINITY < m < INFINITY else 0.0
+        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+    if nan_count > 0 or row_max == INFINITY:
+        result.error = find_bad_column(src, &ov, inv_t, ws.block, &result.error_column)
+        return
+    if row_max == -INFINITY:
+        result.error = ERROR_ALL_BANNED
+        return
+
+    cdef double row_mass = 0.0
+    if need_mass:
+        for b in range(n_blocks):
+            ws.block_mass[b] = ws.block_mass[b] * ss_exp_nonpositive(ws.block_max[b] - row_max)
+        for b in range(n_blocks):
+            row_mass += ws.block_mass[b]
+    cdef double log_row_mass = log(row_mass) if need_mass else 0.0
+
+    # Collection threshold: every token that can survive 5-7 has z >= it.
+    cdef float threshold = INFINITY
+    cdef double log_min_p = log(p.min_p) if p.min_p > 0 else -INFINITY
+    cdef float bound
+    cdef Py_ssize_t gap_index = 0
+    if truncating:
+        threshold = -INFINITY
+        if p.min_p > 0:
+            # Collected a hair low; the exact boundary is applied in double below.
+            bound = <float>(row_max + log_min_p)
+            threshold = bound - (1e-6 * (bound if bound > 0 else -bound) + 1e-30)
+        if p.top_k > 0 and ss_count_at_or_above(ws.block_max, n_blocks, threshold) > p.top_k:
+            threshold = kth_largest_block_max(ws, n_blocks, p.top_k)
+        if top_p_alone:
+            threshold = top_p_threshold(ws, n_blocks, row_max, p.top_p * row_mass, &gap_index)
+    # The top-n logprobs need n tokens collected: n blocks whose max reaches the threshold.
+    cdef float collect_at = threshold
+    if p.n_top > 0 and ss_count_at_or_above(ws.block_max, n_blocks, threshold) < p.n_top:
+        collect_at = kth_largest_block_max(ws, n_blocks, p.n_top)
+
+    cdef Candidates c
+    c.z = ws.cand_z
+    c.token = ws.cand_token
+    c.w = ws.cand_w
+    c.n = 0
+    cdef Py_ssize_t i, count
+    cdef double nucleus_mass
+    if collect_at < INFINITY:
+        c.n = collect(src, &ov, inv_t, ws, n_blocks, collect_at, row_max)
+        while top_p_alone and threshold > -INFINITY:
+            nucleus_mass = 0.0
+            for i in range(c.n):
+                if c.z[i] >= threshold:
+                    nucleus_mass += c.w[i]
+            if nucleus_mass >= p.top_p * row_mass:
+                break
+            gap_index += 1
+            threshold = top_p_threshold(ws, n_blocks, row_max, p.top_p * row_mass, &gap_index)
+            collect_at = threshold if threshold < collect_at else collect_at
+            c.n = collect(src, &ov, inv_t, ws, n_blocks, collect_at, row_max)
+
+    if p.n_top > 0:
+        count = min(p.n_top, c.n)
+        select_rank(&c, count - 1)
+        sort_prefix(&c, count)
+        for i in range(count):
+            top_tokens[i] = c.token[i]
+            top_logprobs[i] = <float>(c.z[i] - row_max - log_row_mass)
+
+    cdef double u
+    cdef double kept_mass
+    if p.greedy:
+        result.token = first_argmax(src, &ov, ws, n_blocks, row_max, ws.block)
+    elif not truncating:
+        u = uniform_double(p.seed, p.step, 0)
+        result.token = draw_from_blocks(src, &ov, inv_t, ws, n_blocks, row_max, row_mass, u)
+    else:
+        keep_at_least(&c, threshold)
+        if p.min_p > 0:
+            i = 0
+            while i < c.n:      # the exact min_p boundary, in double
+                if <double>c.z[i] - row_max < log_min_p:
+                    c.n -= 1
+                    c.z[i] = c.z[c.n]
+                    c.token[i] = c.token[c.n]
+                    c.w[i] = c.w[c.n]
+                else:
+                    i += 1
+        if p.top_k > 0 and c.n > p.top_k:
+            select_rank(&c, p.top_k - 1)
+            keep_at_least(&c, c.z[p.top_k - 1])
+        count = c.n
+        if p.top_p < 1.0:
+            if top_p_alone:
+                kept_mass = row_mass
+            else:
+                kept_mass = 0.0
+                for i in range(c.n):
+                    kept_mass += c.w[i]
+            count = top_p_prefix(&c, p.top_p * kept_mass)
+        u = uniform_double(p.seed, p.step, 0)
+        result.token = c.token[draw_index(&c, count, u)]
+
+    if p.want_logprob:
+        x = reread_block(src, result.token // SS_BLOCK, &ov, ws.block)
+        result.logprob = <float>(x[result.token % SS_BLOCK] * inv_t - row_max - log_row_mass)
+    result.error = ERROR_NONE
+
+
+cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
+                                   Py_ssize_t max_entries) noexcept nogil:
+    cdef Workspace* ws = <Workspace*>malloc(sizeof(Workspace))
+    if ws == NULL:
+        return NULL
+    cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
+    ws.block_max = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_scratch = <float*>malloc(n_blocks * sizeof(float))
+    ws.entry_keys = <uint64_t*>malloc(entries * sizeof(uint64_t))
+    ws.override_column = <int32_t*>malloc(entries * sizeof(int32_t))
+    ws.override_logit = <float*>malloc(entries * sizeof(float))
+    ws.cand_z = <float*>malloc(vocab * sizeof(float))
+    ws.cand_token = <int32_t*>malloc(vocab * sizeof(int32_t))
+    ws.cand_w = <float*>malloc(vocab * sizeof(float))
+    if (ws.block_max == NULL or ws.block_mass == NULL or ws.block_scratch == NULL
+            or ws.entry_keys == NULL or ws.override_column == NULL or ws.override_logit == NULL
+            or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL):
+        free_workspace(ws)
+        return NULL
+    return ws
+
+
+cdef void free_workspace(Workspace* ws) noexcept nogil:
+    if ws == NULL:
+        return
+    free(ws.block_max)
+    free(ws.block_mass)
+    free(ws.block_scratch)
+    free(ws.entry_keys)
+    free(ws.override_column)
+    free(ws.override_logit)
+    free(ws.cand_z)
+    free(ws.cand_token)
+    free(ws.cand_w)
+    free(ws)
+
+
+cdef inline const int32_t* ids_at(const int32_t[::1] ids, const int64_t[::1] offsets,
+                                  Py_ssize_t r) noexcept nogil:
+    return &ids[0] + offsets[r] if ids.shape[0] > 0 else NULL
+
+
+def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
+                 const float[::1] inverse_temperature, const unsigned char[::1] greedy,
+                 const int64_t[::1] top_k, const double[::1] top_p, const double[::1] min_p,
+                 const float[::1] repetition, const float[::1] presence,
+                 const float[::1] frequency, const uint64_t[::1] seed,
+                 const uint64_t[::1] step,
+                 const int64_t[::1] bias_offsets, const int32_t[::1] bias_ids,
+                 const float[::1] bias_values,
+                 const int64_t[::1] ban_offsets, const int32_t[::1] ban_ids,
+                 const int64_t[::1] prompt_offsets, const int32_t[::1] prompt_ids,
+                 const int64_t[::1] output_offsets, const int32_t[::1] output_ids,
+                 bint want_logprob, int num_threads,
+                 int64_t[::1] tokens, float[::1] logprobs,
+                 int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
+                 int32_t[::1] errors, int64_t[::1] error_columns):
+    """Sample one token per row; every argument is already validated.
+
+    logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
+    any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
+    ragged id lists are CSR (offsets of length B + 1). Outputs are written in
+    place; errors[r] != ERROR_NONE marks a row that could not be sampled.
+    """
+    cdef Py_ssize_t batch = logits_bytes.shape[0]
+    cdef Py_ssize_t itemsize = 4 if dtype == DTYPE_FLOAT32 else 2
+    cdef Py_ssize_t vocab = logits_bytes.shape[1] // itemsize
+    cdef Py_ssize_t n_blocks = (vocab + SS_BLOCK - 1) // SS_BLOCK
+    cdef Py_ssize_t n_top = top_tokens.shape[1]
+    cdef Py_ssize_t max_entries = 0
+    cdef Py_ssize_t r, entries
+    for r in range(batch):
+        entries = (bias_offsets[r + 1] - bias_offsets[r] + ban_offsets[r + 1] - ban_offsets[r]
+                   + prompt_offsets[r + 1] - prompt_offsets[r]
+                   + output_offsets[r + 1] - output_offsets[r])
+        max_entries = entries if entries > max_entries else max_entries
+    if batch == 0:
+        return
+    cdef Workspace* ws
+    cdef RowSource src
+    cdef RowHistory history
+    cdef RowParams params
+    cdef RowResult result
+    with nogil, parallel(num_threads=num_threads):
+        ws = allocate_workspace(vocab, n_blocks, max_entries)
+        for r in prange(batch, schedule='dynamic'):
+            if ws == NULL:
+                errors[r] = ERROR_OUT_OF_MEMORY
+                error_columns[r] = -1
+                continue
+            src.data = &logits_bytes[r, 0]
+            src.dtype = dtype
+            src.vocab = vocab
+            history.bias_ids = ids_at(bias_ids, bias_offsets, r)
+            history.bias_values = &bias_values[0] + bias_offsets[r] if bias_values.shape[0] > 0 else NULL
+            history.n_bias = bias_offsets[r + 1] - bias_offsets[r]
+            history.ban_ids = ids_at(ban_ids, ban_offsets, r)
+            history.n_ban = ban_offsets[r + 1] - ban_offsets[r]
+            history.prompt_ids = ids_at(prompt_ids, prompt_offsets, r)
+            history.n_prompt = prompt_offsets[r + 1] - prompt_offsets[r]
+            history.output_ids = ids_at(output_ids, output_offsets, r)
+            history.n_output = output_offsets[r + 1] - output_offsets[r]
+            history.repetition = repetition[r]
+            history.presence = presence[r]
+            history.frequency = frequency[r]
+            params.inverse_temperature = inverse_temperature[r]
+            params.greedy = greedy[r] != 0
+            params.top_k = top_k[r]
+            params.top_p = top_p[r]
+            params.min_p = min_p[r]
+            params.seed = seed[r]
+            params.step = step[r]
+            params.n_top = n_top
+            params.want_logprob = want_logprob
+            result.token = -1
+            result.logprob = 0.0
+            result.error = ERROR_NONE
+            result.error_column = -1
+            sample_row(&src, &history, &params, ws,
+                       &result, &top_tokens[r, 0] if n_top > 0 else NULL,
+                       &top_logprobs[r, 0] if n_top > 0 else NULL)
+            tokens[r] = result.token
+            logprobs[r] = result.logprob if want_logprob else NAN
+            errors[r] = result.error
+            error_columns[r] = result.error_column
+        free_workspace(ws)

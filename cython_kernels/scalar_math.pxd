@@ -1,0 +1,13 @@
+from libc.stdint cimport uint16_t
+
+cdef extern from "scalar_math.h" nogil:
+    float ss_half_to_float(uint16_t h)
+    float ss_bf16_to_float(uint16_t h)
+    float ss_exp_nonpositive(float x)
+    float ss_block_max(const float* x)
+    int ss_block_count_nan(const float* x)
+    float ss_block_exp_sum(const float* x, float x_max, float scale)
+    double ss_mass_at_or_above(const float* block_max, const float* mass, long n_blocks, float threshold)
+    long ss_count_at_or_above(const float* values, long n, float threshold)
+    enum:
+        SS_BLOCK

@@ -1,0 +1,229 @@
+"""Sampling parameters: a dataclass per request and the columnar batch the
+kernels consume. Both are checked by the same rules, so a bad value is
+reported with its field, the allowed range and (in a batch) its row.
+
+===================== ========== =================================================
+field                 default    allowed
+===================== ========== =================================================
+temperature           1.0        finite, >= 0; < 1e-5 means greedy
+top_k                 0          >= -1; 0 and -1 disable it
+top_p                 1.0        (0, 1]; 1 disables it
+min_p                 0.0        [0, 1]; 0 disables it
+repetition_penalty    1.0        finite, > 0; 1 disables it
+presence_penalty      0.0        [-2, 2]
+frequency_penalty     0.0        [-2, 2]
+seed                  None       [0, 2**64); None draws a fresh random seed
+step                  len(out)   >= 0: the decoding step the draw is keyed by
+logit_bias            {}         token id in [0, V) -> finite value or -inf
+min_tokens            0          >= 0; stop_token_ids are banned until reached
+stop_token_ids        ()         token ids in [0, V)
+prompt/output ids     ()         token ids in [0, V)
+===================== ========== =================================================
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+#: Temperatures below this select greedy decoding (vLLM's _SAMPLING_EPS).
+GREEDY_TEMPERATURE = 1e-5
+PENALTY_LIMIT = 2.0
+
+# (field, predicate over a numpy column, allowed range as the error states it)
+RULES = (
+    ("temperature", lambda v: np.isfinite(v) & (v >= 0), "a finite value >= 0"),
+    ("top_k", lambda v: v >= -1, ">= -1 (0 or -1 disables it)"),
+    ("top_p", lambda v: (v > 0) & (v <= 1), "in (0, 1]"),
+    ("min_p", lambda v: (v >= 0) & (v <= 1), "in [0, 1]"),
+    ("repetition_penalty", lambda v: np.isfinite(v) & (v > 0), "a finite value > 0"),
+    ("presence_penalty", lambda v: np.abs(v) <= PENALTY_LIMIT, "in [-2, 2]"),
+    ("frequency_penalty", lambda v: np.abs(v) <= PENALTY_LIMIT, "in [-2, 2]"),
+)
+
+
+def first_violation(name: str, values: np.ndarray, ok: np.ndarray, allowed: str,
+                    rows: np.ndarray | None = None) -> str | None:
+    """Error text for the first value failing `ok`, or None."""
+    bad = np.flatnonzero(~ok)
+    if bad.size == 0:
+        return None
+    where = "" if rows is None else f"row {int(rows[bad[0]])}: "
+    return f"{where}{name} must be {allowed}, got {values[bad[0]]!r}"
+
+
+def check_token_ids(name: str, ids: np.ndarray, offsets: np.ndarray, vocab_size: int,
+                    label_rows: bool = True) -> None:
+    """Token ids of a CSR list must lie in [0, vocab_size)."""
+    ok = (ids >= 0) & (ids < vocab_size)
+    rows = np.searchsorted(offsets, np.arange(ids.size), side="right") - 1 if label_rows else None
+    message = first_violation(name, ids, ok, f"token ids in [0, {vocab_size})", rows)
+    if message:
+        raise ValueError(message)
+
+
+@dataclass
+class SamplingParams:
+    """What one request asks of the sampler (see the module table)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    stop_token_ids: Sequence[int] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first field out of range."""
+        for name, rule, allowed in RULES:
+            value = np.asarray([getattr(self, name)], dtype=np.float64)
+            message = first_violation(name, value, rule(value), allowed)
+            if message:
+                raise ValueError(message)
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64) or None, got {self.seed!r}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+        bias = np.asarray(list(self.logit_bias.values()), dtype=np.float64)
+        message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),
+                                  "finite or -inf")
+        if message:
+            raise ValueError(message)
+        if vocab_size is not None:
+            for name, ids in (("logit_bias", list(self.logit_bias)),
+                              ("stop_token_ids", list(self.stop_token_ids))):
+                ids = np.asarray(ids, dtype=np.int64)
+                check_token_ids(name, ids, np.zeros(1, np.int64), vocab_size, label_rows=False)
+
+
+@dataclass
+class History:
+    """The token ids penalties look at: the prompt and what was generated."""
+
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = ()
+
+
+def ragged(lists: Sequence[Sequence[int]], dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+    """CSR form of a list of id lists: (offsets int64 [B + 1], values)."""
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter((v for x in lists for v in x), dtype=np.int64, count=int(offsets[-1]))
+    return offsets, values
+
+
+@dataclass
+class SamplingBatch:
+    """Columnar parameters of B rows, the form the kernels (and Triton) use.
+
+    Scalar columns have shape [B]. Ragged id lists are CSR pairs: offsets
+    int64 [B + 1] and values int64 (row r owns values[offsets[r]:offsets[r+1]]).
+    `ban_*` holds the ids banned at this step (stop ids of rows that have not
+    reached min_tokens); `bias_values` is float32 aligned with `bias_ids`.
+    """
+
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+    min_p: np.ndarray
+    repetition_penalty: np.ndarray
+    presence_penalty: np.ndarray
+    frequency_penalty: np.ndarray
+    seed: np.ndarray
+    step: np.ndarray
+    bias_offsets: np.ndarray
+    bias_ids: np.ndarray
+    bias_values: np.ndarray
+    ban_offsets: np.ndarray
+    ban_ids: np.ndarray
+    prompt_offsets: np.ndarray
+    prompt_ids: np.ndarray
+    output_offsets: np.ndarray
+    output_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.temperature)
+
+    @classmethod
+    def from_params(cls, params: Sequence[SamplingParams],
+                    histories: Sequence[History] | None = None,
+                    steps: Sequence[int] | None = None) -> "SamplingBatch":
+        """Pack per-request params. Unseeded requests get a fresh random seed;
+        steps default to the number of output ids."""
+        histories = histories if histories is not None else [History()] * len(params)
+        if len(histories) != len(params):
+            raise ValueError(f"histories has {len(histories)} entries for {len(params)} rows")
+        if steps is None:
+            steps = [len(h.output_ids) for h in histories]
+        bias_offsets, bias_ids = ragged([list(p.logit_bias) for p in params])
+        bans = [list(p.stop_token_ids) if len(h.output_ids) < p.min_tokens else []
+                for p, h in zip(params, histories)]
+        ban_offsets, ban_ids = ragged(bans)
+        prompt_offsets, prompt_ids = ragged([h.prompt_ids for h in histories])
+        output_offsets, output_ids = ragged([h.output_ids for h in histories])
+        column = lambda name, dtype: np.asarray([getattr(p, name) for p in params], dtype=dtype)
+        return cls(
+            temperature=column("temperature", np.float64),
+            top_k=column("top_k", np.int64),
+            top_p=column("top_p", np.float64),
+            min_p=column("min_p", np.float64),
+            repetition_penalty=column("repetition_penalty", np.float64),
+            presence_penalty=column("presence_penalty", np.float64),
+            frequency_penalty=column("frequency_penalty", np.float64),
+            seed=np.asarray([p.seed if p.seed is not None else secrets.randbits(64)
+                             for p in params], dtype=np.uint64),
+            step=np.asarray(steps, dtype=np.int64),
+            bias_offsets=bias_offsets, bias_ids=bias_ids,
+            bias_values=np.fromiter((v for p in params for v in p.logit_bias.values()),
+                                    dtype=np.float64, count=bias_ids.size),
+            ban_offsets=ban_offsets, ban_ids=ban_ids,
+            prompt_offsets=prompt_offsets, prompt_ids=prompt_ids,
+            output_offsets=output_offsets, output_ids=output_ids,
+        )
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise ValueError naming the row, the field and the allowed range."""
+        batch = len(self)
+        for name, rule, allowed in RULES:
+            values = np.asarray(getattr(self, name))
+            if values.shape != (batch,):
+                raise ValueError(f"{name} must have shape [{batch}], got {list(values.shape)}")
+            message = first_violation(name, values, rule(values), allowed, np.arange(batch))
+            if message:
+                raise ValueError(message)
+        step = np.asarray(self.step)
+        message = first_violation("step", step, step >= 0, ">= 0", np.arange(batch))
+        if message:
+            raise ValueError(message)
+        for name in ("bias", "ban", "prompt", "output"):
+            offsets = np.asarray(getattr(self, f"{name}_offsets"))
+            ids = np.asarray(getattr(self, f"{name}_ids"))
+            if (offsets.shape != (batch + 1,) or offsets[0] != 0
+                    or np.any(np.diff(offsets) < 0) or offsets[-1] != ids.size):
+                raise ValueError(f"{name}_offsets must be {batch + 1} non-decreasing offsets "
+                                 f"from 0 to len({name}_ids)={ids.size}")
+            check_token_ids(f"{name}_ids", ids, offsets, vocab_size)
+        bias = np.asarray(self.bias_values, dtype=np.float64)
+        rows = np.searchsorted(self.bias_offsets, np.arange(bias.size), side="right") - 1
+        message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),
+                                  "finite or -inf", rows)
+        if message:
+            raise ValueError(message)
+        keyed = np.asarray(self.bias_ids, dtype=np.int64) + rows.astype(np.int64) * vocab_size
+        unique, counts = np.unique(keyed, return_counts=True)
+        if np.any(counts > 1):
+            duplicate = int(unique[np.argmax(counts > 1)])
+            raise ValueError(f"row {duplicate // vocab_size}: logit_bias names token "
+                             f"{duplicate % vocab_size} more than once")

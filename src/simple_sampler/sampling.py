@@ -1,0 +1,164 @@
+"""Python API over the Cython kernels.
+
+``sample(logits, batch)`` draws one token per row of a [B, V] logits array,
+exactly from the distribution the semantics in ``simple_sampler._sampling``
+(vLLM's order) define, with randomness keyed by (seed, step) only: the token
+of a row never depends on batch size, row position or thread count.
+
+Logits: float32, float16 or bfloat16, as a numpy array (bfloat16 through the
+``ml_dtypes.bfloat16`` dtype) or a CPU torch tensor; shape [B, V] or [V].
+Rows are read in their own dtype (no float32 copy of the batch). Every row
+must be contiguous; rows may be strided. -inf marks a banned token. NaN and
++inf are rejected (softmax is undefined there), as is a row whose tokens are
+all banned.
+
+Logprobs: ``logprobs[r]`` is the log-probability of the chosen token under
+softmax(z), z = penalized logits / temperature (temperature 1 for greedy
+rows), over the whole vocabulary, before min_p / top_k / top_p truncation:
+vLLM's "processed logprobs" before truncation. ``top_logprobs`` give the n
+most likely tokens under the same distribution, most likely first, ties by
+lower token id.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from . import _sampling
+from ._sampling import Dtype, RowError
+from .params import GREEDY_TEMPERATURE, History, SamplingBatch, SamplingParams
+
+#: Most top-n logprobs a call may ask for (vLLM's default max_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+_ROW_ERRORS = {
+    RowError.ERROR_NAN: "logits must not contain NaN; found at column {column}",
+    RowError.ERROR_POSITIVE_INFINITY:
+        "logits must be finite or -inf; found +inf at column {column} (after bias and penalties)",
+    RowError.ERROR_ALL_BANNED: "every token is banned (-inf after bias, bans and penalties)",
+    RowError.ERROR_OUT_OF_MEMORY: "out of memory allocating the sampler workspace",
+}
+
+
+@dataclass
+class SampleOutput:
+    """token_ids int64 [B]; logprobs float32 [B] (NaN when not asked);
+    top_token_ids int32 [B, n] and top_logprobs float32 [B, n]."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    top_token_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
+def default_num_threads() -> int:
+    """SIMPLE_SAMPLER_NUM_THREADS, else 1: a Triton deployment scales with
+    instances (processes), each sampling its requests on one thread."""
+    return int(os.environ.get("SIMPLE_SAMPLER_NUM_THREADS", "1"))
+
+
+def kernel_rows(logits) -> tuple[np.ndarray, int]:
+    """(uint8 [B, V * itemsize] view of the rows, kernel dtype code), no copy
+    unless a row is not contiguous."""
+    if type(logits).__module__.startswith("torch"):
+        import torch
+
+        if logits.device.type != "cpu":
+            raise ValueError(f"logits must be on the CPU, got device {logits.device}")
+        if logits.dtype == torch.bfloat16:
+            logits = logits.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        else:
+            logits = logits.numpy()
+    array = np.asarray(logits)
+    codes = {np.dtype(np.float32): Dtype.DTYPE_FLOAT32,
+             np.dtype(np.float16): Dtype.DTYPE_FLOAT16,
+             np.dtype(ml_dtypes.bfloat16): Dtype.DTYPE_BFLOAT16}
+    if array.dtype not in codes:
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {array.dtype}")
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] == 0:
+        raise ValueError(f"logits must have shape [B, V] with V >= 1, got {list(array.shape)}")
+    if array.strides[1] != array.itemsize:
+        array = np.ascontiguousarray(array)
+    return array.view(np.uint8), codes[array.dtype]
+
+
+def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
+           return_logprobs: bool = True, num_threads: int | None = None) -> SampleOutput:
+    """Sample one token per row.
+
+    logits: [B, V] (or [V]) float32 / float16 / bfloat16 rows.
+    batch: the rows' parameters and histories (``SamplingBatch``), length B.
+    num_top_logprobs: n in [0, 20]: also return the n most likely tokens.
+    return_logprobs: compute the chosen token's logprob (costs an exp per
+        logit when no truncation needs the row's mass anyway).
+    num_threads: threads over rows (default ``default_num_threads()``).
+
+    Raises ValueError naming the row and field for bad parameters, token ids
+    outside [0, V), NaN or +inf logits, or a row with every token banned.
+    """
+    rows, dtype = kernel_rows(logits)
+    vocab = rows.shape[1] // (4 if dtype == Dtype.DTYPE_FLOAT32 else 2)
+    if len(batch) != rows.shape[0]:
+        raise ValueError(f"logits has {rows.shape[0]} rows but the parameters have {len(batch)}")
+    if not 0 <= num_top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
+                         f"got {num_top_logprobs}")
+    batch.validate(vocab)
+    threads = default_num_threads() if num_threads is None else num_threads
+    if threads < 1:
+        raise ValueError(f"num_threads must be >= 1, got {threads}")
+
+    temperature = np.asarray(batch.temperature, dtype=np.float64)
+    greedy = temperature < GREEDY_TEMPERATURE
+    inverse_temperature = np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature))
+    top_k = np.asarray(batch.top_k, dtype=np.int64)
+    top_k = np.where((top_k <= 0) | (top_k >= vocab), 0, top_k)
+
+    size = rows.shape[0]
+    n_top = min(num_top_logprobs, vocab)
+    out = SampleOutput(
+        token_ids=np.empty(size, np.int64),
+        logprobs=np.empty(size, np.float32),
+        top_token_ids=np.full((size, n_top), -1, np.int32),
+        top_logprobs=np.full((size, n_top), -np.inf, np.float32),
+    )
+    errors = np.empty(size, np.int32)
+    error_columns = np.empty(size, np.int64)
+    as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
+    as_offsets = lambda a: np.ascontiguousarray(a, dtype=np.int64)
+    as_f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
+    _sampling.sample_batch(
+        rows, dtype,
+        as_f32(inverse_temperature), greedy.astype(np.uint8),
+        top_k, np.ascontiguousarray(batch.top_p, np.float64),
+        np.ascontiguousarray(batch.min_p, np.float64),
+        as_f32(batch.repetition_penalty), as_f32(batch.presence_penalty),
+        as_f32(batch.frequency_penalty),
+        np.ascontiguousarray(batch.seed, np.uint64), np.ascontiguousarray(batch.step, np.uint64),
+        as_offsets(batch.bias_offsets), as_ids(batch.bias_ids), as_f32(batch.bias_values),
+        as_offsets(batch.ban_offsets), as_ids(batch.ban_ids),
+        as_offsets(batch.prompt_offsets), as_ids(batch.prompt_ids),
+        as_offsets(batch.output_offsets), as_ids(batch.output_ids),
+        return_logprobs, threads,
+        out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs,
+        errors, error_columns,
+    )
+    failed = np.flatnonzero(errors)
+    if failed.size:
+        row = int(failed[0])
+        detail = _ROW_ERRORS[int(errors[row])].format(column=int(error_columns[row]))
+        raise ValueError(f"row {row}: {detail}")
+    return out
+
+
+def sample_requests(logits, params: Sequence[SamplingParams],
+                    histories: Sequence[History] | None = None,
+                    steps: Sequence[int] | None = None, **kwargs) -> SampleOutput:
+    """``sample`` for per-request dataclasses (see ``SamplingBatch.from_params``)."""
+    return sample(logits, SamplingBatch.from_params(params, histories, steps), **kwargs)

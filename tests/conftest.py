@@ -1,0 +1,88 @@
+"""Shared helpers: identical rows drawn under many seeds, and a chi-square
+goodness-of-fit check against the float64 reference."""
+import numpy as np
+import pytest
+from scipy import stats
+
+from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.sampling import sample
+
+#: A fit is rejected below this p-value. Seeds are fixed, so every test is
+#: deterministic; the power checks in test_exactness.py show that a
+#: distribution 1% off in total variation falls far below it.
+P_VALUE_FLOOR = 1e-4
+
+
+def repeated_batch(params: SamplingParams, draws: int, history: History | None = None,
+                   step: int = 0) -> SamplingBatch:
+    """`draws` copies of one row's parameters with seeds 0 .. draws-1."""
+    batch = SamplingBatch.from_params([params], [history or History()], [step])
+    size = lambda a: np.repeat(a, draws)
+    ragged = lambda offsets: np.arange(draws + 1, dtype=np.int64) * offsets[1]
+    tile = lambda ids: np.tile(ids, draws)
+    return SamplingBatch(
+        temperature=size(batch.temperature), top_k=size(batch.top_k), top_p=size(batch.top_p),
+        min_p=size(batch.min_p), repetition_penalty=size(batch.repetition_penalty),
+        presence_penalty=size(batch.presence_penalty),
+        frequency_penalty=size(batch.frequency_penalty),
+        seed=np.arange(draws, dtype=np.uint64), step=size(batch.step),
+        bias_offsets=ragged(batch.bias_offsets), bias_ids=tile(batch.bias_ids),
+        bias_values=tile(batch.bias_values),
+        ban_offsets=ragged(batch.ban_offsets), ban_ids=tile(batch.ban_ids),
+        prompt_offsets=ragged(batch.prompt_offsets), prompt_ids=tile(batch.prompt_ids),
+        output_offsets=ragged(batch.output_offsets), output_ids=tile(batch.output_ids),
+    )
+
+
+def draw_counts(row: np.ndarray, params: SamplingParams, draws: int,
+                history: History | None = None, **kwargs) -> tuple[np.ndarray, SamplingBatch]:
+    """Token counts of `draws` samples of one row (rows broadcast, not copied)."""
+    batch = repeated_batch(params, draws, history)
+    rows = np.broadcast_to(row, (draws, row.shape[-1]))
+    tokens = sample(rows, batch, return_logprobs=False, **kwargs).token_ids
+    return np.bincount(tokens, minlength=row.shape[-1]), batch
+
+
+def _chi_square(observed: np.ndarray, expected: np.ndarray) -> float:
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    if expected.size < 2:
+        return 1.0
+    expected = expected * (observed.sum() / expected.sum())
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+def goodness_of_fit(counts: np.ndarray, probs: np.ndarray, groups: int = 32) -> float:
+    """p-value of counts against probs, the smaller of two chi-square tests:
+    per token (bins with an expected count below 5 pooled), which catches
+    errors concentrated on a few tokens, and over `groups` bins of about
+    equal mass in rank order, which catches smooth distortions (a wrong
+    temperature, a shifted truncation) spread thinly over many tokens.
+    Draws outside the support fail outright."""
+    assert counts[probs == 0].sum() == 0, (
+        f"drew tokens of probability 0: {np.flatnonzero((probs == 0) & (counts > 0))[:10]}")
+    order = np.lexsort((np.arange(probs.size), -probs))
+    expected = probs[order] * counts.sum()
+    observed = counts[order].astype(np.float64)
+    big = expected >= 5
+    per_token = _chi_square(np.append(observed[big], observed[~big].sum()),
+                            np.append(expected[big], expected[~big].sum()))
+    edges = np.searchsorted(np.cumsum(probs[order]), np.linspace(0, 1, groups + 1)[1:-1])
+    grouped_expected = np.add.reduceat(expected, np.unique(np.r_[0, edges]))
+    grouped_observed = np.add.reduceat(observed, np.unique(np.r_[0, edges]))
+    grouped = _chi_square(grouped_observed, grouped_expected)
+    return min(per_token, grouped)
+
+
+def total_variation(counts: np.ndarray, probs: np.ndarray) -> float:
+    return 0.5 * float(np.abs(counts / counts.sum() - probs).sum())
+
+
+@pytest.fixture(scope="session")
+def zipf_rows() -> np.ndarray:
+    """Rows shaped like LLM logits: a power-law head over a Gaussian bulk."""
+    rng = np.random.default_rng(1234)
+    rows = []
+    for vocab in (50, 1000, 4096):
+        ranks = rng.permutation(vocab) + 1
+        rows.append((-1.1 * np.log(ranks) + 0.3 * rng.standard_normal(vocab)).astype(np.float32))
+    return rows
