@@ -2,12 +2,12 @@
 # repetition / frequency / presence penalties, in vLLM's order.
 #
 # Only the columns a row's bias, ban list and history name can change, so the
-# adjustments are computed for those columns alone (O(h log h) for h entries,
-# never O(V)) and kept as a sorted list of (column, new logit) overrides that
-# the row loader patches in as it streams the row.
+# row's entries are grouped by column (a linear-time radix sort of h entries,
+# never O(V)) into a sorted list of overrides. Each override says how to
+# adjust its column; the row loader applies it to the logit it has just read,
+# so the adjustments cost no random reads of the row.
 from libc.math cimport INFINITY
-from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport qsort
+from libc.stdint cimport int32_t, uint64_t
 
 cdef enum EntryKind:
     ENTRY_BIAS = 0
@@ -15,11 +15,20 @@ cdef enum EntryKind:
     ENTRY_PROMPT = 2
     ENTRY_OUTPUT = 3
 
+cdef enum OverrideFlag:
+    OVERRIDE_BANNED = 1
+    OVERRIDE_SEEN = 2        # in the prompt or the output: repetition applies
+
 
 cdef struct Overrides:
-    int32_t* column     # ascending
-    float* logit        # the adjusted (pre-temperature) logit of that column
+    int32_t* column          # ascending, unique
+    float* bias              # added first (0 when the column has no bias)
+    int32_t* output_count    # occurrences in the output
+    unsigned char* flags     # OverrideFlag bits
     Py_ssize_t n
+    float repetition
+    float presence
+    float frequency
 
 
 cdef struct RowHistory:
@@ -37,39 +46,64 @@ cdef struct RowHistory:
     float frequency
 
 
-cdef inline int _compare_keys(const void* a, const void* b) noexcept nogil:
-    cdef uint64_t x = (<const uint64_t*>a)[0]
-    cdef uint64_t y = (<const uint64_t*>b)[0]
-    return (x > y) - (x < y)
-
-
-cdef inline uint64_t _entry_key(int32_t column, int kind, Py_ssize_t payload) noexcept nogil:
-    # column | kind | payload (index into the bias values): sorts by column.
-    return (<uint64_t>column << 32) | (<uint64_t>kind << 28) | <uint64_t>payload
-
-
-cdef inline bint has_adjustments(const RowHistory* h) noexcept nogil:
-    cdef bint uses_history = (h.repetition != 1.0 or h.presence != 0.0
-                              or h.frequency != 0.0)
-    return h.n_bias > 0 or h.n_ban > 0 or (
-        uses_history and h.n_prompt + h.n_output > 0)
-
-
-cdef inline float _penalize(float logit, const RowHistory* h, bint seen,
-                            Py_ssize_t output_count) noexcept nogil:
-    if seen and h.repetition != 1.0:
-        logit = logit / h.repetition if logit > 0 else logit * h.repetition
-    if output_count > 0:
-        logit = logit - h.frequency * output_count - h.presence
+cdef inline float adjusted_logit(float logit, const Overrides* ov, Py_ssize_t i) noexcept nogil:
+    """Steps 1-2 for override i applied to its column's raw logit."""
+    logit = logit + ov.bias[i]
+    if ov.flags[i] & OVERRIDE_BANNED:
+        return -INFINITY
+    if (ov.flags[i] & OVERRIDE_SEEN) and ov.repetition != 1.0:
+        logit = logit / ov.repetition if logit > 0 else logit * ov.repetition
+    if ov.output_count[i] > 0:
+        logit = logit - ov.frequency * ov.output_count[i] - ov.presence
     return logit
 
 
-cdef inline void build_overrides(const RowHistory* h, float (*read_logit)(const void*, Py_ssize_t) noexcept nogil,
-                                 const void* row, uint64_t* keys, Overrides* out) noexcept nogil:
-    """Fill `out` (capacity >= total entries) with the row's adjusted columns.
+cdef inline uint64_t _entry_key(int32_t column, int kind, Py_ssize_t payload) noexcept nogil:
+    # column in the high word; kind and payload (index of a bias value) low.
+    return (<uint64_t>column << 32) | (<uint64_t>kind << 28) | <uint64_t>payload
 
-    `keys` is scratch of the same capacity. Bias ids are unique per row (the
-    Python layer checks), so a column gets at most one bias entry."""
+
+cdef inline uint64_t* _sort_by_column(uint64_t* keys, uint64_t* scratch, Py_ssize_t n) noexcept nogil:
+    """LSD radix sort of keys by their high 32 bits; returns the sorted array
+    (keys or scratch). Bytes that are equal in every key are skipped."""
+    cdef Py_ssize_t counts[256]
+    cdef uint64_t varying = 0
+    cdef Py_ssize_t i, digit, total, c
+    cdef int shift
+    cdef uint64_t* tmp
+    for i in range(n):
+        varying |= keys[i] ^ keys[0]
+    for shift in range(32, 64, 8):
+        if ((varying >> shift) & 0xFF) == 0:
+            continue
+        for digit in range(256):
+            counts[digit] = 0
+        for i in range(n):
+            counts[(keys[i] >> shift) & 0xFF] += 1
+        total = 0
+        for digit in range(256):
+            c = counts[digit]
+            counts[digit] = total
+            total += c
+        for i in range(n):
+            digit = (keys[i] >> shift) & 0xFF
+            scratch[counts[digit]] = keys[i]
+            counts[digit] += 1
+        tmp = keys
+        keys = scratch
+        scratch = tmp
+    return keys
+
+
+cdef inline void build_overrides(const RowHistory* h, uint64_t* keys, uint64_t* scratch,
+                                 Overrides* out) noexcept nogil:
+    """Fill `out` (capacity >= h's total entries; keys and scratch likewise).
+
+    Bias ids are unique per row (the Python layer checks)."""
+    out.repetition = h.repetition
+    out.presence = h.presence
+    out.frequency = h.frequency
+    out.n = 0
     cdef bint uses_history = (h.repetition != 1.0 or h.presence != 0.0
                               or h.frequency != 0.0)
     cdef Py_ssize_t n = 0
@@ -87,38 +121,29 @@ cdef inline void build_overrides(const RowHistory* h, float (*read_logit)(const 
         for i in range(h.n_output):
             keys[n] = _entry_key(h.output_ids[i], ENTRY_OUTPUT, 0)
             n += 1
-    qsort(keys, n, sizeof(uint64_t), _compare_keys)
+    if n == 0:
+        return
+    keys = _sort_by_column(keys, scratch, n)
 
-    cdef Py_ssize_t start = 0
-    cdef Py_ssize_t end
     cdef int32_t column
     cdef int kind
-    cdef float logit
-    cdef bint banned, seen
-    cdef Py_ssize_t output_count
-    out.n = 0
-    while start < n:
-        column = <int32_t>(keys[start] >> 32)
-        end = start
-        logit = read_logit(row, column)
-        banned = False
-        seen = False
-        output_count = 0
-        while end < n and <int32_t>(keys[end] >> 32) == column:
-            kind = <int>((keys[end] >> 28) & 0xF)
-            if kind == ENTRY_BIAS:
-                logit = logit + h.bias_values[keys[end] & 0xFFFFFFF]
-            elif kind == ENTRY_BAN:
-                banned = True
-            elif kind == ENTRY_PROMPT:
-                seen = True
-            else:
-                seen = True
-                output_count += 1
-            end += 1
-        if banned:
-            logit = -INFINITY
-        out.column[out.n] = column
-        out.logit[out.n] = _penalize(logit, h, seen, output_count)
-        out.n += 1
-        start = end
+    cdef Py_ssize_t o = -1
+    for i in range(n):
+        column = <int32_t>(keys[i] >> 32)
+        if o < 0 or out.column[o] != column:
+            o += 1
+            out.column[o] = column
+            out.bias[o] = 0.0
+            out.output_count[o] = 0
+            out.flags[o] = 0
+        kind = <int>((keys[i] >> 28) & 0xF)
+        if kind == ENTRY_BIAS:
+            out.bias[o] = h.bias_values[keys[i] & 0xFFFFFFF]
+        elif kind == ENTRY_BAN:
+            out.flags[o] |= OVERRIDE_BANNED
+        elif kind == ENTRY_PROMPT:
+            out.flags[o] |= OVERRIDE_SEEN
+        else:
+            out.flags[o] |= OVERRIDE_SEEN
+            out.output_count[o] += 1
+    out.n = o + 1

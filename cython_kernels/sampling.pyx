@@ -33,11 +33,11 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
-from penalties cimport Overrides, RowHistory, build_overrides
+from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
-from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_count_nan, ss_block_exp_sum,
-                          ss_block_max, ss_count_at_or_above, ss_exp_nonpositive,
-                          ss_half_to_float, ss_mass_at_or_above)
+from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_exp_sum, ss_block_max_count_nan,
+                          ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
+                          ss_mass_at_or_above)
 
 # Storage dtypes of a logits row.
 cpdef enum Dtype:
@@ -67,26 +67,16 @@ cdef struct RowSource:
     Py_ssize_t vocab
 
 
-cdef inline float read_logit_f32(const void* row, Py_ssize_t column) noexcept nogil:
-    return (<const float*>row)[column]
-
-
-cdef inline float read_logit_f16(const void* row, Py_ssize_t column) noexcept nogil:
-    return ss_half_to_float((<const uint16_t*>row)[column])
-
-
-cdef inline float read_logit_bf16(const void* row, Py_ssize_t column) noexcept nogil:
-    return ss_bf16_to_float((<const uint16_t*>row)[column])
-
-
 cdef struct Workspace:
     float block[SS_BLOCK]
     float* block_max         # [n_blocks]: max z of the block
     float* block_mass        # [n_blocks]: its softmax mass, relative to the row max
-    float* block_scratch     # [n_blocks]: for order statistics of block maxima
-    uint64_t* entry_keys     # [max_entries]
-    int32_t* override_column
-    float* override_logit
+    uint64_t* entry_keys     # [max_entries]: bias, ban and history entries
+    uint64_t* entry_scratch
+    int32_t* override_column # [max_entries]: Overrides arrays
+    float* override_bias
+    int32_t* override_count
+    unsigned char* override_flags
     float* cand_z            # [vocab]
     int32_t* cand_token
     float* cand_w
@@ -139,7 +129,8 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
     for j in range(count, SS_BLOCK):
         buf[j] = -INFINITY
     while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end:
-        buf[ov.column[ov_pos[0]] - start] = ov.logit[ov_pos[0]]
+        j = ov.column[ov_pos[0]] - start
+        buf[j] = adjusted_logit(buf[j], ov, ov_pos[0])
         ov_pos[0] += 1
     return buf
 
@@ -158,44 +149,27 @@ cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const 
     return block_logits(src, b, ov, &lo, buf)
 
 
-cdef inline float kth_largest(float* values, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
-    """k-th largest (1-based) of values[0:n]; reorders values. 1 <= k <= n."""
-    cdef Py_ssize_t lo = 0
-    cdef Py_ssize_t hi = n
-    cdef Py_ssize_t target = k - 1
-    cdef Py_ssize_t i, store, mid
-    cdef float pivot, t
-    while hi - lo > 1:
-        mid = lo + ((hi - lo) >> 1)
-        pivot = values[mid]
-        values[mid] = values[hi - 1]
-        values[hi - 1] = pivot
-        store = lo
-        for i in range(lo, hi - 1):
-            if values[i] > pivot:
-                t = values[i]
-                values[i] = values[store]
-                values[store] = t
-                store += 1
-        values[hi - 1] = values[store]
-        values[store] = pivot
-        if store == target:
-            return pivot
-        if store < target:
-            lo = store + 1
+cdef inline float count_lower_bound(const Workspace* ws, Py_ssize_t n_blocks, float row_max,
+                                    Py_ssize_t k) noexcept nogil:
+    """A threshold t with at least k blocks whose max reaches it, so at least
+    k tokens have z >= t: a lower bound on the k-th largest z, found by
+    counting block maxima over a ladder of gaps and then bisecting."""
+    cdef float gap = 0.5
+    cdef float near = 0.0
+    while ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap) < k:
+        if gap > 64:
+            return -INFINITY
+        near = gap
+        gap = 2 * gap
+    cdef float middle
+    cdef int step
+    for step in range(6):
+        middle = 0.5 * (near + gap)
+        if ss_count_at_or_above(ws.block_max, n_blocks, row_max - middle) >= k:
+            gap = middle
         else:
-            hi = store
-    return values[lo]
-
-
-cdef inline float kth_largest_block_max(Workspace* ws, Py_ssize_t n_blocks, Py_ssize_t k) noexcept nogil:
-    """A lower bound on the k-th largest z of the row: k blocks reach it."""
-    if k > n_blocks:
-        return -INFINITY
-    cdef Py_ssize_t b
-    for b in range(n_blocks):
-        ws.block_scratch[b] = ws.block_max[b]
-    return kth_largest(ws.block_scratch, n_blocks, k)
+            near = middle
+    return row_max - gap
 
 
 cdef inline int find_bad_column(const RowSource* src, const Overrides* ov, float inverse_temperature,
@@ -323,14 +297,10 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
     cdef float inv_t = p.inverse_temperature
     cdef Overrides ov
     ov.column = ws.override_column
-    ov.logit = ws.override_logit
-    ov.n = 0
-    if src.dtype == DTYPE_FLOAT32:
-        build_overrides(history, read_logit_f32, src.data, ws.entry_keys, &ov)
-    elif src.dtype == DTYPE_FLOAT16:
-        build_overrides(history, read_logit_f16, src.data, ws.entry_keys, &ov)
-    else:
-        build_overrides(history, read_logit_bf16, src.data, ws.entry_keys, &ov)
+    ov.bias = ws.override_bias
+    ov.output_count = ws.override_count
+    ov.flags = ws.override_flags
+    build_overrides(history, ws.entry_keys, ws.entry_scratch, &ov)
 
     cdef bint truncating = (not p.greedy) and (p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0)
     cdef bint top_p_alone = (not p.greedy) and p.top_p < 1.0 and p.min_p <= 0 and p.top_k <= 0
@@ -346,8 +316,7 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
     cdef float m
     for b in range(n_blocks):
         x = block_logits(src, b, &ov, &ov_pos, ws.block)
-        m = ss_block_max(x)
-        nan_count += ss_block_count_nan(x)
+        m = ss_block_max_count_nan(x, &nan_count)
         ws.block_max[b] = m * inv_t
         if need_mass:
             ws.block_mass[b] = ss_block_exp_sum(x, m, inv_t) if -INFINITY < m < INFINITY else 0.0
@@ -379,13 +348,14 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
             bound = <float>(row_max + log_min_p)
             threshold = bound - (1e-6 * (bound if bound > 0 else -bound) + 1e-30)
         if p.top_k > 0 and ss_count_at_or_above(ws.block_max, n_blocks, threshold) > p.top_k:
-            threshold = kth_largest_block_max(ws, n_blocks, p.top_k)
+            bound = count_lower_bound(ws, n_blocks, row_max, p.top_k)
+            threshold = bound if bound > threshold else threshold
         if top_p_alone:
             threshold = top_p_threshold(ws, n_blocks, row_max, p.top_p * row_mass, &gap_index)
     # The top-n logprobs need n tokens collected: n blocks whose max reaches the threshold.
     cdef float collect_at = threshold
     if p.n_top > 0 and ss_count_at_or_above(ws.block_max, n_blocks, threshold) < p.n_top:
-        collect_at = kth_largest_block_max(ws, n_blocks, p.n_top)
+        collect_at = count_lower_bound(ws, n_blocks, row_max, p.n_top)
 
     cdef Candidates c
     c.z = ws.cand_z
@@ -464,15 +434,18 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
     ws.block_max = <float*>malloc(n_blocks * sizeof(float))
     ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
-    ws.block_scratch = <float*>malloc(n_blocks * sizeof(float))
     ws.entry_keys = <uint64_t*>malloc(entries * sizeof(uint64_t))
+    ws.entry_scratch = <uint64_t*>malloc(entries * sizeof(uint64_t))
     ws.override_column = <int32_t*>malloc(entries * sizeof(int32_t))
-    ws.override_logit = <float*>malloc(entries * sizeof(float))
+    ws.override_bias = <float*>malloc(entries * sizeof(float))
+    ws.override_count = <int32_t*>malloc(entries * sizeof(int32_t))
+    ws.override_flags = <unsigned char*>malloc(entries)
     ws.cand_z = <float*>malloc(vocab * sizeof(float))
     ws.cand_token = <int32_t*>malloc(vocab * sizeof(int32_t))
     ws.cand_w = <float*>malloc(vocab * sizeof(float))
-    if (ws.block_max == NULL or ws.block_mass == NULL or ws.block_scratch == NULL
-            or ws.entry_keys == NULL or ws.override_column == NULL or ws.override_logit == NULL
+    if (ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
+            or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
+            or ws.override_count == NULL or ws.override_flags == NULL
             or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL):
         free_workspace(ws)
         return NULL
@@ -484,10 +457,12 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
         return
     free(ws.block_max)
     free(ws.block_mass)
-    free(ws.block_scratch)
     free(ws.entry_keys)
+    free(ws.entry_scratch)
     free(ws.override_column)
-    free(ws.override_logit)
+    free(ws.override_bias)
+    free(ws.override_count)
+    free(ws.override_flags)
     free(ws.cand_z)
     free(ws.cand_token)
     free(ws.cand_w)

@@ -99,19 +99,6 @@ static inline ss_vf ss_exp_nonpositive_v(ss_vf x)
     return ss_select(below, (ss_vf){}, result);
 }
 
-/* max over the block; NaN is ignored here (the caller counts NaNs). */
-static inline float ss_block_max(const float* x)
-{
-    ss_vf m = ss_load(x);
-    for (int j = SS_LANES; j < SS_BLOCK; j += SS_LANES) {
-        ss_vf v = ss_load(x + j);
-        m = ss_select(v > m, v, m);
-    }
-    float best = m[0];
-    for (int l = 1; l < SS_LANES; l++) best = m[l] > best ? m[l] : best;
-    return best;
-}
-
 /* sum_j exp((x_j - x_max) * scale), for x_max = max_j x_j finite, scale > 0. */
 static inline float ss_block_exp_sum(const float* x, float x_max, float scale)
 {
@@ -123,11 +110,24 @@ static inline float ss_block_exp_sum(const float* x, float x_max, float scale)
     return s;
 }
 
-static inline int ss_block_count_nan(const float* x)
+/* max over the block, ignoring NaN; adds the number of NaNs to *nan_count. */
+static inline float ss_block_max_count_nan(const float* x, int* nan_count)
 {
+    ss_vf m = ss_load(x);
+    ss_vi nans = (ss_vi)(m != m);
+    for (int j = SS_LANES; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf v = ss_load(x + j);
+        nans += (ss_vi)(v != v);
+        m = ss_select(v > m, v, m);
+    }
+    float best = m[0];
     int count = 0;
-    for (int j = 0; j < SS_BLOCK; j++) count += x[j] != x[j];
-    return count;
+    for (int l = 0; l < SS_LANES; l++) {
+        best = m[l] > best ? m[l] : best;
+        count -= nans[l];
+    }
+    *nan_count += count;
+    return best;
 }
 
 /* sum of mass[b] over the blocks whose max reaches threshold. */

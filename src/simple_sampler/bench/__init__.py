@@ -1,0 +1,1 @@
+"""Benchmarks behind `simple-sampler bench ...`: figures measured side by side in one run."""
