@@ -45,21 +45,20 @@ RULES = (
 
 
 def first_violation(name: str, values: np.ndarray, ok: np.ndarray, allowed: str,
-                    rows: np.ndarray | None = None) -> str | None:
-    """Error text for the first value failing `ok`, or None."""
-    bad = np.flatnonzero(~ok)
-    if bad.size == 0:
+                    offsets: np.ndarray | None = None) -> str | None:
+    """Error text for the first value failing `ok`, or None. With `offsets`
+    (CSR offsets, or None for one value per row) the text names the row."""
+    if ok.all():
         return None
-    where = "" if rows is None else f"row {int(rows[bad[0]])}: "
-    return f"{where}{name} must be {allowed}, got {values[bad[0]]!r}"
+    index = int(np.argmin(ok))
+    row = index if offsets is None else int(np.searchsorted(offsets, index, side="right")) - 1
+    return f"row {row}: {name} must be {allowed}, got {values[index]!r}"
 
 
-def check_token_ids(name: str, ids: np.ndarray, offsets: np.ndarray, vocab_size: int,
-                    label_rows: bool = True) -> None:
+def check_token_ids(name: str, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
     """Token ids of a CSR list must lie in [0, vocab_size)."""
-    ok = (ids >= 0) & (ids < vocab_size)
-    rows = np.searchsorted(offsets, np.arange(ids.size), side="right") - 1 if label_rows else None
-    message = first_violation(name, ids, ok, f"token ids in [0, {vocab_size})", rows)
+    message = first_violation(name, ids, (ids >= 0) & (ids < vocab_size),
+                              f"token ids in [0, {vocab_size})", offsets)
     if message:
         raise ValueError(message)
 
@@ -87,24 +86,22 @@ class SamplingParams:
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first field out of range."""
         for name, rule, allowed in RULES:
-            value = np.asarray([getattr(self, name)], dtype=np.float64)
-            message = first_violation(name, value, rule(value), allowed)
-            if message:
-                raise ValueError(message)
+            value = float(getattr(self, name))
+            if not rule(np.float64(value)):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64) or None, got {self.seed!r}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
-        bias = np.asarray(list(self.logit_bias.values()), dtype=np.float64)
-        message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),
-                                  "finite or -inf")
-        if message:
-            raise ValueError(message)
+        for token, bias in self.logit_bias.items():
+            if np.isnan(bias) or bias == np.inf:
+                raise ValueError(f"logit_bias value must be finite or -inf, got {bias!r} "
+                                 f"for token {token}")
         if vocab_size is not None:
-            for name, ids in (("logit_bias", list(self.logit_bias)),
-                              ("stop_token_ids", list(self.stop_token_ids))):
-                ids = np.asarray(ids, dtype=np.int64)
-                check_token_ids(name, ids, np.zeros(1, np.int64), vocab_size, label_rows=False)
+            for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+                bad = [t for t in ids if not 0 <= t < vocab_size]
+                if bad:
+                    raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
 
 
 @dataclass
@@ -200,27 +197,29 @@ class SamplingBatch:
             values = np.asarray(getattr(self, name))
             if values.shape != (batch,):
                 raise ValueError(f"{name} must have shape [{batch}], got {list(values.shape)}")
-            message = first_violation(name, values, rule(values), allowed, np.arange(batch))
+            message = first_violation(name, values, rule(values), allowed)
             if message:
                 raise ValueError(message)
         step = np.asarray(self.step)
-        message = first_violation("step", step, step >= 0, ">= 0", np.arange(batch))
+        message = first_violation("step", step, step >= 0, ">= 0")
         if message:
             raise ValueError(message)
         for name in ("bias", "ban", "prompt", "output"):
             offsets = np.asarray(getattr(self, f"{name}_offsets"))
             ids = np.asarray(getattr(self, f"{name}_ids"))
             if (offsets.shape != (batch + 1,) or offsets[0] != 0
-                    or np.any(np.diff(offsets) < 0) or offsets[-1] != ids.size):
+                    or (offsets[1:] < offsets[:-1]).any() or offsets[-1] != ids.size):
                 raise ValueError(f"{name}_offsets must be {batch + 1} non-decreasing offsets "
                                  f"from 0 to len({name}_ids)={ids.size}")
             check_token_ids(f"{name}_ids", ids, offsets, vocab_size)
         bias = np.asarray(self.bias_values, dtype=np.float64)
-        rows = np.searchsorted(self.bias_offsets, np.arange(bias.size), side="right") - 1
+        if bias.size == 0:
+            return
         message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),
-                                  "finite or -inf", rows)
+                                  "finite or -inf", self.bias_offsets)
         if message:
             raise ValueError(message)
+        rows = np.searchsorted(self.bias_offsets, np.arange(bias.size), side="right") - 1
         keyed = np.asarray(self.bias_ids, dtype=np.int64) + rows.astype(np.int64) * vocab_size
         unique, counts = np.unique(keyed, return_counts=True)
         if np.any(counts > 1):
