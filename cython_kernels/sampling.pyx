@@ -469,9 +469,85 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws)
 
 
-cdef inline const int32_t* ids_at(const int32_t[::1] ids, const int64_t[::1] offsets,
-                                  Py_ssize_t r) noexcept nogil:
-    return &ids[0] + offsets[r] if ids.shape[0] > 0 else NULL
+cdef struct BatchInputs:
+    const unsigned char* logits      # row r starts at logits + r * row_stride
+    Py_ssize_t row_stride
+    int dtype
+    Py_ssize_t vocab
+    const float* inverse_temperature
+    const unsigned char* greedy
+    const int64_t* top_k
+    const double* top_p
+    const double* min_p
+    const float* repetition
+    const float* presence
+    const float* frequency
+    const uint64_t* seed
+    const uint64_t* step
+    const int64_t* bias_offsets      # CSR lists: row r owns ids[offsets[r]:offsets[r + 1]]
+    const int32_t* bias_ids
+    const float* bias_values
+    const int64_t* ban_offsets
+    const int32_t* ban_ids
+    const int64_t* prompt_offsets
+    const int32_t* prompt_ids
+    const int64_t* output_offsets
+    const int32_t* output_ids
+    bint want_logprob
+    Py_ssize_t n_top
+    int64_t* tokens
+    float* logprobs
+    int32_t* top_tokens              # [B, n_top]
+    float* top_logprobs
+    int32_t* errors
+    int64_t* error_columns
+
+
+cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept nogil:
+    """Row r of sample_batch. Its structs live on this call's stack, so rows
+    sampled by different threads share nothing but the read-only inputs."""
+    if ws == NULL:
+        b.errors[r] = ERROR_OUT_OF_MEMORY
+        b.error_columns[r] = -1
+        return
+    cdef RowSource src
+    cdef RowHistory history
+    cdef RowParams params
+    cdef RowResult result
+    src.data = b.logits + r * b.row_stride
+    src.dtype = b.dtype
+    src.vocab = b.vocab
+    history.bias_ids = b.bias_ids + b.bias_offsets[r]
+    history.bias_values = b.bias_values + b.bias_offsets[r]
+    history.n_bias = b.bias_offsets[r + 1] - b.bias_offsets[r]
+    history.ban_ids = b.ban_ids + b.ban_offsets[r]
+    history.n_ban = b.ban_offsets[r + 1] - b.ban_offsets[r]
+    history.prompt_ids = b.prompt_ids + b.prompt_offsets[r]
+    history.n_prompt = b.prompt_offsets[r + 1] - b.prompt_offsets[r]
+    history.output_ids = b.output_ids + b.output_offsets[r]
+    history.n_output = b.output_offsets[r + 1] - b.output_offsets[r]
+    history.repetition = b.repetition[r]
+    history.presence = b.presence[r]
+    history.frequency = b.frequency[r]
+    params.inverse_temperature = b.inverse_temperature[r]
+    params.greedy = b.greedy[r] != 0
+    params.top_k = b.top_k[r]
+    params.top_p = b.top_p[r]
+    params.min_p = b.min_p[r]
+    params.seed = b.seed[r]
+    params.step = b.step[r]
+    params.n_top = b.n_top
+    params.want_logprob = b.want_logprob
+    result.token = -1
+    result.logprob = 0.0
+    result.error = ERROR_NONE
+    result.error_column = -1
+    sample_row(&src, &history, &params, ws, &result,
+               b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    b.tokens[r] = result.token
+    b.logprobs[r] = result.logprob if b.want_logprob else NAN
+    b.errors[r] = result.error
+    b.error_columns[r] = result.error_column
 
 
 def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
@@ -497,10 +573,43 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
     place; errors[r] != ERROR_NONE marks a row that could not be sampled.
     """
     cdef Py_ssize_t batch = logits_bytes.shape[0]
-    cdef Py_ssize_t itemsize = 4 if dtype == DTYPE_FLOAT32 else 2
-    cdef Py_ssize_t vocab = logits_bytes.shape[1] // itemsize
-    cdef Py_ssize_t n_blocks = (vocab + SS_BLOCK - 1) // SS_BLOCK
-    cdef Py_ssize_t n_top = top_tokens.shape[1]
+    if batch == 0:
+        return
+    cdef BatchInputs b
+    b.logits = &logits_bytes[0, 0]
+    b.row_stride = logits_bytes.strides[0]
+    b.dtype = dtype
+    b.vocab = logits_bytes.shape[1] // (4 if dtype == DTYPE_FLOAT32 else 2)
+    b.inverse_temperature = &inverse_temperature[0]
+    b.greedy = &greedy[0]
+    b.top_k = &top_k[0]
+    b.top_p = &top_p[0]
+    b.min_p = &min_p[0]
+    b.repetition = &repetition[0]
+    b.presence = &presence[0]
+    b.frequency = &frequency[0]
+    b.seed = &seed[0]
+    b.step = &step[0]
+    # Empty id lists: a NULL base is never dereferenced (every count is 0).
+    b.bias_offsets = &bias_offsets[0]
+    b.bias_ids = &bias_ids[0] if bias_ids.shape[0] > 0 else NULL
+    b.bias_values = &bias_values[0] if bias_values.shape[0] > 0 else NULL
+    b.ban_offsets = &ban_offsets[0]
+    b.ban_ids = &ban_ids[0] if ban_ids.shape[0] > 0 else NULL
+    b.prompt_offsets = &prompt_offsets[0]
+    b.prompt_ids = &prompt_ids[0] if prompt_ids.shape[0] > 0 else NULL
+    b.output_offsets = &output_offsets[0]
+    b.output_ids = &output_ids[0] if output_ids.shape[0] > 0 else NULL
+    b.want_logprob = want_logprob
+    b.n_top = top_tokens.shape[1]
+    b.tokens = &tokens[0]
+    b.logprobs = &logprobs[0]
+    b.top_tokens = &top_tokens[0, 0] if b.n_top > 0 else NULL
+    b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
+    b.errors = &errors[0]
+    b.error_columns = &error_columns[0]
+
+    cdef Py_ssize_t n_blocks = (b.vocab + SS_BLOCK - 1) // SS_BLOCK
     cdef Py_ssize_t max_entries = 0
     cdef Py_ssize_t r, entries
     for r in range(batch):
@@ -508,53 +617,9 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
                    + prompt_offsets[r + 1] - prompt_offsets[r]
                    + output_offsets[r + 1] - output_offsets[r])
         max_entries = entries if entries > max_entries else max_entries
-    if batch == 0:
-        return
     cdef Workspace* ws
-    cdef RowSource src
-    cdef RowHistory history
-    cdef RowParams params
-    cdef RowResult result
     with nogil, parallel(num_threads=num_threads):
-        ws = allocate_workspace(vocab, n_blocks, max_entries)
+        ws = allocate_workspace(b.vocab, n_blocks, max_entries)
         for r in prange(batch, schedule='dynamic'):
-            if ws == NULL:
-                errors[r] = ERROR_OUT_OF_MEMORY
-                error_columns[r] = -1
-                continue
-            src.data = &logits_bytes[r, 0]
-            src.dtype = dtype
-            src.vocab = vocab
-            history.bias_ids = ids_at(bias_ids, bias_offsets, r)
-            history.bias_values = &bias_values[0] + bias_offsets[r] if bias_values.shape[0] > 0 else NULL
-            history.n_bias = bias_offsets[r + 1] - bias_offsets[r]
-            history.ban_ids = ids_at(ban_ids, ban_offsets, r)
-            history.n_ban = ban_offsets[r + 1] - ban_offsets[r]
-            history.prompt_ids = ids_at(prompt_ids, prompt_offsets, r)
-            history.n_prompt = prompt_offsets[r + 1] - prompt_offsets[r]
-            history.output_ids = ids_at(output_ids, output_offsets, r)
-            history.n_output = output_offsets[r + 1] - output_offsets[r]
-            history.repetition = repetition[r]
-            history.presence = presence[r]
-            history.frequency = frequency[r]
-            params.inverse_temperature = inverse_temperature[r]
-            params.greedy = greedy[r] != 0
-            params.top_k = top_k[r]
-            params.top_p = top_p[r]
-            params.min_p = min_p[r]
-            params.seed = seed[r]
-            params.step = step[r]
-            params.n_top = n_top
-            params.want_logprob = want_logprob
-            result.token = -1
-            result.logprob = 0.0
-            result.error = ERROR_NONE
-            result.error_column = -1
-            sample_row(&src, &history, &params, ws,
-                       &result, &top_tokens[r, 0] if n_top > 0 else NULL,
-                       &top_logprobs[r, 0] if n_top > 0 else NULL)
-            tokens[r] = result.token
-            logprobs[r] = result.logprob if want_logprob else NAN
-            errors[r] = result.error
-            error_columns[r] = result.error_column
+            sample_one(r, ws, &b)
         free_workspace(ws)

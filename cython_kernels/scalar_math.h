@@ -46,7 +46,7 @@ static inline float ss_bf16_to_float(uint16_t h)
  * Range reduction x = n*ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2;
  * n rounded by truncating x/ln2 - 1/2, exact for x <= 0), a degree-7 Taylor
  * polynomial in r, and the scaling by 2^n through the exponent bits. The
- * scalar and the vector version compute the same thing in the same order. */
+ * vector version below uses the same steps. */
 #define SS_EXP_POLY(r) \
     (((((((1.9841270e-4f * (r) + 1.3888889e-3f) * (r) + 8.3333333e-3f) * (r) \
     + 4.1666667e-2f) * (r) + 1.6666667e-1f) * (r) + 0.5f) * (r) + 1.0f) * (r) + 1.0f)
@@ -87,16 +87,20 @@ static inline ss_vf ss_select(ss_vi mask, ss_vf if_true, ss_vf if_false)
     return (ss_vf)(((ss_vi)if_true & mask) | ((ss_vi)if_false & ~mask));
 }
 
+/* The vector exp feeds block masses only: for x < -87 it returns at most
+ * e^-87 instead of 0, which vanishes in a sum that holds the block max's 1. */
 static inline ss_vf ss_exp_nonpositive_v(ss_vf x)
 {
-    ss_vi below = x < SS_EXP_FLOOR;
-    ss_vf clamped = ss_select(below, (ss_vf){} + SS_EXP_FLOOR, x);
+#if defined(__AVX__)
+    ss_vf clamped = __builtin_ia32_maxps256(x, (ss_vf){} + SS_EXP_FLOOR);
+#else
+    ss_vf clamped = ss_select(x < SS_EXP_FLOOR, (ss_vf){} + SS_EXP_FLOOR, x);
+#endif
     ss_vi n = __builtin_convertvector(clamped * SS_LOG2E - 0.5f, ss_vi);
     ss_vf nf = __builtin_convertvector(n, ss_vf);
     ss_vf r = clamped - nf * SS_LN2_HI;
     r = r - nf * SS_LN2_LO;
-    ss_vf result = SS_EXP_POLY(r) * (ss_vf)((n + 127) << 23);
-    return ss_select(below, (ss_vf){}, result);
+    return SS_EXP_POLY(r) * (ss_vf)((n + 127) << 23);
 }
 
 /* sum_j exp((x_j - x_max) * scale), for x_max = max_j x_j finite, scale > 0. */
@@ -130,13 +134,20 @@ static inline float ss_block_max_count_nan(const float* x, int* nan_count)
     return best;
 }
 
-/* sum of mass[b] over the blocks whose max reaches threshold. */
+/* sum of mass[b] over the blocks whose max reaches threshold (float lanes:
+ * it only chooses where to look; the caller checks the nucleus exactly). */
 static inline double ss_mass_at_or_above(const float* block_max, const float* mass,
                                          long n_blocks, float threshold)
 {
+    ss_vf acc = {};
+    long b = 0;
+    for (; b + SS_LANES <= n_blocks; b += SS_LANES) {
+        ss_vf m = ss_load(mass + b);
+        acc += ss_select(ss_load(block_max + b) >= threshold, m, (ss_vf){});
+    }
     double total = 0.0;
-    for (long b = 0; b < n_blocks; b++)
-        total += block_max[b] >= threshold ? (double)mass[b] : 0.0;
+    for (int l = 0; l < SS_LANES; l++) total += acc[l];
+    for (; b < n_blocks; b++) total += block_max[b] >= threshold ? mass[b] : 0.0f;
     return total;
 }
 

@@ -156,9 +156,16 @@ class SamplingBatch:
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams],
                     histories: Sequence[History] | None = None,
-                    steps: Sequence[int] | None = None) -> "SamplingBatch":
-        """Pack per-request params. Unseeded requests get a fresh random seed;
-        steps default to the number of output ids."""
+                    steps: Sequence[int] | None = None,
+                    vocab_size: int | None = None) -> "SamplingBatch":
+        """Pack per-request params, each validated first (against vocab_size
+        when given). Unseeded requests get a fresh random seed; steps default
+        to the number of output ids."""
+        for row, p in enumerate(params):
+            try:
+                p.validate(vocab_size)
+            except ValueError as error:
+                raise ValueError(f"row {row}: {error}") from None
         histories = histories if histories is not None else [History()] * len(params)
         if len(histories) != len(params):
             raise ValueError(f"histories has {len(histories)} entries for {len(params)} rows")

@@ -161,4 +161,5 @@ def sample_requests(logits, params: Sequence[SamplingParams],
                     histories: Sequence[History] | None = None,
                     steps: Sequence[int] | None = None, **kwargs) -> SampleOutput:
     """``sample`` for per-request dataclasses (see ``SamplingBatch.from_params``)."""
-    return sample(logits, SamplingBatch.from_params(params, histories, steps), **kwargs)
+    vocab = np.shape(logits)[-1] if np.ndim(logits) else None
+    return sample(logits, SamplingBatch.from_params(params, histories, steps, vocab), **kwargs)
