@@ -375,3 +375,46 @@ def test_rows_of_one_batch_get_their_own_adjustments():
         full = np.empty(8)
         full[out.top_token_ids[r]] = out.top_logprobs[r]
         assert_logprobs(full, expected[r])
+
+
+def test_greedy_tie_made_by_a_penalty_goes_to_the_lower_id():
+    row = np.array([-1.0, 1.0, 2.0, 0.5], np.float32)
+    history = History(output_ids=[2])
+    # 2.0 / 2 = 1.0 ties token 1: the lower id wins
+    assert greedy_token(row, SamplingParams(repetition_penalty=2.0), history) == 1
+    # 2.0 - 1.0 = 1.0 ties token 1 again, now through the presence penalty
+    assert greedy_token(row, SamplingParams(presence_penalty=1.0), history) == 1
+    # -1.0 + 2.0 = 1.0 ties token 1 from below: token 0 wins
+    assert greedy_token(row, SamplingParams(logit_bias={0: 2.0, 2: -5.0})) == 0
+
+
+@pytest.mark.parametrize("vocab", [150, 193])
+def test_adjustments_at_block_boundaries(vocab):
+    """Vocabulary of several 64-column blocks: adjusted tokens at block edges
+    (0, 63, 64, 127, 128, last) are patched in where they belong."""
+    row = np.full(vocab, -6.0, np.float32)
+    row[::7] = -5.0
+    edges = [0, 63, 64, 127, 128, vocab - 1]
+    row[edges] = [1.0, 2.0, -1.0, 0.5, 3.0, 1.5]
+    history = History(prompt_ids=[0, 64, 128], output_ids=[63, 63, vocab - 1, 127])
+    params = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.25,
+                            presence_penalty=0.5, logit_bias={64: 4.0, vocab - 1: -0.5, 5: 9.0},
+                            seed=11)
+    expected = row.astype(np.float64).copy()
+    expected[0] = 1.0 / 1.5
+    expected[63] = 2.0 / 1.5 - 0.25 * 2 - 0.5
+    expected[64] = (-1.0 + 4.0) / 1.5
+    expected[127] = 0.5 / 1.5 - 0.25 - 0.5
+    expected[128] = 3.0 / 1.5
+    expected[vocab - 1] = (1.5 - 0.5) / 1.5 - 0.25 - 0.5
+    expected[5] = -6.0 + 9.0
+    lp = log_softmax(expected)
+    for step in range(6):
+        out = sample_requests(row, [params], [history], [step], num_top_logprobs=20)
+        ids = out.top_token_ids[0]
+        order = np.lexsort((np.arange(vocab), -expected))[:20]
+        assert ids.tolist() == order.tolist()
+        np.testing.assert_allclose(out.top_logprobs[0], lp[ids], rtol=0, atol=TOL)
+        assert abs(out.logprobs[0] - lp[out.token_ids[0]]) < TOL
+    params.temperature = 0.0
+    assert sample_requests(row, [params], [history]).token_ids[0] == 5

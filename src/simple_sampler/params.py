@@ -52,7 +52,9 @@ def first_violation(name: str, values: np.ndarray, ok: np.ndarray, allowed: str,
         return None
     index = int(np.argmin(ok))
     row = index if offsets is None else int(np.searchsorted(offsets, index, side="right")) - 1
-    return f"row {row}: {name} must be {allowed}, got {values[index]!r}"
+    value = values[index]
+    value = value.item() if isinstance(value, np.generic) else value
+    return f"row {row}: {name} must be {allowed}, got {value!r}"
 
 
 def check_token_ids(name: str, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
