@@ -617,7 +617,7 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
                    + prompt_offsets[r + 1] - prompt_offsets[r]
                    + output_offsets[r + 1] - output_offsets[r])
         max_entries = entries if entries > max_entries else max_entries
-    cdef Workspace* ws
+    cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
         ws = allocate_workspace(b.vocab, n_blocks, max_entries)
         for r in prange(batch, schedule='dynamic'):
