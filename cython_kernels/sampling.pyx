@@ -14,15 +14,16 @@ Order of operations per row (vLLM's, see SIMPLE.md):
 
 How the work stays linear and small:
   * Steps 1-2 touch only the columns named by the bias, bans and history
-    (sorted overrides patched in while streaming; never a [V] copy).
+    (radix-sorted overrides applied while streaming; never a [V] copy).
   * Pass 1 streams the row once in blocks of SS_BLOCK (64) columns, converting
     float16 / bfloat16 on the fly, and keeps per block its max z and (when
     a mass is needed) its softmax mass relative to that max.
   * The block summaries give a collection threshold that provably contains
     every token that can survive 5-7; pass 2 rereads only the blocks whose
-    max reaches it. min_p gives the threshold exactly; top_k takes the k-th
-    largest block max; top_p alone walks a histogram of block masses and
-    checks the collected mass exactly, lowering the threshold if needed.
+    max reaches it. min_p gives the threshold exactly; top_k takes a level
+    that at least k block maxima reach (found by counting them); top_p alone
+    takes the highest of a ladder of levels below the max whose blocks hold
+    enough mass, checks the collected mass exactly and lowers it if needed.
   * Steps 5-7 run on the collected candidates by quickselect; nothing is
     sorted. With no truncation at all, the block masses pick a block and
     only that block is reread.
