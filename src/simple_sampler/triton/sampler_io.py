@@ -1,0 +1,241 @@
+"""The `simple_sampler` model's tensors, decoded and checked without a server.
+
+A request carries B rows. Inputs (names follow TensorRT-LLM's engine-level
+tensors where one exists; shapes include the batch dimension):
+
+===================== ======= ======== ======================================
+input                 dtype   shape    meaning (default when absent)
+===================== ======= ======== ======================================
+logits                FP32,   [B, V]   next-token logits (required; the dtype
+                      FP16 or          is the model's configured one)
+                      BF16
+temperature           FP32    [B, 1]   1.0; < 1e-5 is greedy
+runtime_top_k         INT32   [B, 1]   0 (off; -1 also off)
+runtime_top_p         FP32    [B, 1]   1.0 (off)
+min_p                 FP32    [B, 1]   0.0 (off)
+repetition_penalty    FP32    [B, 1]   1.0
+presence_penalty      FP32    [B, 1]   0.0
+frequency_penalty     FP32    [B, 1]   0.0
+random_seed           UINT64  [B, 1]   a fresh random seed per row
+step                  INT64   [B, 1]   tokens generated so far (the count of
+                                       generated_ids); keys the draw
+prompt_ids            INT32   [B, L]   prompt ids (repetition penalty)
+generated_ids         INT32   [B, L]   generated ids (all penalties)
+logit_bias_ids        INT32   [B, L]   biased token ids
+logit_bias_values     FP32    [B, L]   their biases (same shape; finite or -inf)
+min_tokens            INT32   [B, 1]   0; end ids are banned while step < it
+end_id                INT32   [B, L]   end-of-sequence ids (min_tokens)
+return_log_probs      BOOL    [B, 1]   false
+num_top_logprobs      INT32   [B, 1]   0; at most 20
+===================== ======= ======== ======================================
+
+Id lists are right-padded with -1; -1 entries are padding and nothing else
+is negative. Outputs: ``output_ids`` INT32 [B, 1]; ``output_log_probs``
+FP32 [B, 1] when any row asked (NaN on rows that did not);
+``top_logprobs_ids`` INT32 / ``top_logprobs`` FP32 [B, n] when any row asked
+for n > 0 (n = the largest asked; a row that asked fewer has -1 / -inf
+beyond its own n). The semantics are ``simple_sampler.sampling``'s.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from ..params import RULES, SamplingBatch, first_violation
+from ..sampling import MAX_TOP_LOGPROBS, sample
+
+PADDING = -1
+
+#: tensor name -> (SamplingBatch column, default value)
+SCALAR_INPUTS = {
+    "temperature": ("temperature", 1.0),
+    "runtime_top_k": ("top_k", 0),
+    "runtime_top_p": ("top_p", 1.0),
+    "min_p": ("min_p", 0.0),
+    "repetition_penalty": ("repetition_penalty", 1.0),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0),
+}
+ID_LIST_INPUTS = ("prompt_ids", "generated_ids", "logit_bias_ids", "end_id")
+OPTIONAL_ROW_INPUTS = ("random_seed", "step", "min_tokens", "return_log_probs",
+                       "num_top_logprobs")
+INPUT_NAMES = ("logits", *SCALAR_INPUTS, *OPTIONAL_ROW_INPUTS, *ID_LIST_INPUTS,
+               "logit_bias_values")
+
+
+class RequestError(ValueError):
+    """A request the sampler refuses; the message names the input and the allowed range."""
+
+
+@dataclass
+class RowsRequest:
+    """One decoded request: logits [B, V] (numpy or CPU torch), the rows'
+    parameters, which rows want their logprob, and each row's top-n."""
+
+    logits: object
+    batch: SamplingBatch
+    return_log_probs: np.ndarray
+    num_top_logprobs: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+
+def _rows_of(name: str, array: np.ndarray, rows: int, width: int | None = 1) -> np.ndarray:
+    array = np.asarray(array)
+    if array.ndim != 2 or array.shape[0] != rows or (width is not None and array.shape[1] != width):
+        expected = f"[{rows}, {width if width is not None else 'L'}]"
+        raise RequestError(f"{name} must have shape {expected} (one row per logits row), "
+                           f"got {list(array.shape)}")
+    return array
+
+
+def _scalar(inputs: Mapping, name: str, rows: int, default, dtype) -> np.ndarray:
+    if inputs.get(name) is None:
+        return np.full(rows, default, dtype=dtype)
+    return _rows_of(name, inputs[name], rows)[:, 0].astype(dtype)
+
+
+def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets, ids) of a -1 padded [B, L] input; validates every id."""
+    if inputs.get(name) is None:
+        return np.zeros(rows + 1, np.int64), np.zeros(0, np.int64)
+    padded = _rows_of(name, inputs[name], rows, width=None).astype(np.int64)
+    valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
+    if not valid.all():
+        row, column = np.argwhere(~valid)[0]
+        raise RequestError(f"row {row}: {name} must be token ids in [0, {vocab}) or "
+                           f"{PADDING} (padding), got {padded[row, column]}")
+    used = padded != PADDING
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(used.sum(axis=1), out=offsets[1:])
+    return offsets, padded[used]
+
+
+def _logits_shape(logits) -> tuple[int, int]:
+    shape = tuple(logits.shape)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise RequestError(f"logits must have shape [B, V] with B, V >= 1, got {list(shape)}")
+    return shape
+
+
+def decode_request(inputs: Mapping[str, object], vocab_size: int = 0) -> RowsRequest:
+    """Check one request's tensors and pack them for the kernels.
+
+    inputs: tensor name -> array ([B, ...], see the module table); absent
+        optional inputs may be missing or None. logits may be a CPU torch
+        tensor (BF16 reaches Python that way).
+    vocab_size: when > 0, the logits must have exactly this many columns.
+    Raises RequestError naming the input, the row and the allowed range.
+    """
+    unknown = sorted(set(inputs) - set(INPUT_NAMES))
+    if unknown:
+        raise RequestError(f"unknown input {unknown[0]}; the sampler takes {', '.join(INPUT_NAMES)}")
+    logits = inputs.get("logits")
+    if logits is None:
+        raise RequestError("logits is required: [B, V] next-token logits")
+    rows, vocab = _logits_shape(logits)
+    if vocab_size and vocab != vocab_size:
+        raise RequestError(f"logits must have {vocab_size} columns (the model's vocabulary), "
+                           f"got {vocab}")
+
+    columns = {}
+    for name, (field, default) in SCALAR_INPUTS.items():
+        dtype = np.int64 if field == "top_k" else np.float64
+        columns[field] = _scalar(inputs, name, rows, default, dtype)
+    for field, rule, allowed in RULES:
+        name = next(n for n, (f, _) in SCALAR_INPUTS.items() if f == field)
+        message = first_violation(name, columns[field], rule(columns[field]), allowed)
+        if message:
+            raise RequestError(message)
+
+    if inputs.get("random_seed") is None:
+        seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
+    else:
+        seed = _rows_of("random_seed", inputs["random_seed"], rows)[:, 0].astype(np.uint64)
+    lists = {name: _id_lists(inputs, name, rows, vocab) for name in ID_LIST_INPUTS}
+    generated_offsets = lists["generated_ids"][0]
+    if inputs.get("step") is None:
+        step = np.diff(generated_offsets)
+    else:
+        step = _rows_of("step", inputs["step"], rows)[:, 0].astype(np.int64)
+        message = first_violation("step", step, step >= 0, ">= 0")
+        if message:
+            raise RequestError(message)
+    min_tokens = _scalar(inputs, "min_tokens", rows, 0, np.int64)
+    message = first_violation("min_tokens", min_tokens, min_tokens >= 0, ">= 0")
+    if message:
+        raise RequestError(message)
+    ban_offsets, ban_ids = _banned_end_ids(*lists["end_id"], step < min_tokens)
+    bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
+
+    num_top = _scalar(inputs, "num_top_logprobs", rows, 0, np.int64)
+    message = first_violation("num_top_logprobs", num_top,
+                              (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
+                              f"in [0, {MAX_TOP_LOGPROBS}]")
+    if message:
+        raise RequestError(message)
+    batch = SamplingBatch(
+        **columns, seed=seed, step=step,
+        bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
+        ban_offsets=ban_offsets, ban_ids=ban_ids,
+        prompt_offsets=lists["prompt_ids"][0], prompt_ids=lists["prompt_ids"][1],
+        output_offsets=generated_offsets, output_ids=lists["generated_ids"][1],
+    )
+    try:
+        batch.validate(vocab)
+    except ValueError as error:
+        raise RequestError(str(error)) from None
+    return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
+                       num_top)
+
+
+def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):
+    """End ids of the rows still short of min_tokens, as CSR."""
+    keep = np.repeat(before_min_tokens, np.diff(offsets))
+    counts = np.diff(offsets) * before_min_tokens
+    ban_offsets = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=ban_offsets[1:])
+    return ban_offsets, ids[keep]
+
+
+def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarray]):
+    offsets, ids = id_lists
+    values = inputs.get("logit_bias_values")
+    raw_ids = inputs.get("logit_bias_ids")
+    if values is None and raw_ids is None:
+        return offsets, ids, np.zeros(0, np.float64)
+    if values is None or raw_ids is None:
+        raise RequestError("logit_bias_ids and logit_bias_values must be sent together")
+    values = _rows_of("logit_bias_values", values, rows, width=None)
+    if values.shape != np.shape(raw_ids):
+        raise RequestError(f"logit_bias_values must have the shape of logit_bias_ids "
+                           f"{list(np.shape(raw_ids))}, got {list(values.shape)}")
+    return offsets, ids, values[np.asarray(raw_ids) != PADDING].astype(np.float64)
+
+
+def sample_request(request: RowsRequest, num_threads: int = 1) -> dict[str, np.ndarray]:
+    """Sample one decoded request; returns output name -> array.
+
+    Raises RequestError for a row the kernels refuse (NaN or +inf logits,
+    every token banned), naming the row and column.
+    """
+    want_logprob = bool(request.return_log_probs.any())
+    n_top = int(request.num_top_logprobs.max())
+    try:
+        out = sample(request.logits, request.batch, num_top_logprobs=n_top,
+                     return_logprobs=want_logprob, num_threads=num_threads)
+    except ValueError as error:
+        raise RequestError(str(error)) from None
+    outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
+    if want_logprob:
+        outputs["output_log_probs"] = np.where(request.return_log_probs, out.logprobs,
+                                               np.float32(np.nan))[:, None].astype(np.float32)
+    if n_top:
+        beyond = np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None]
+        outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING), out.top_token_ids)
+        outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf), out.top_logprobs)
+    return outputs

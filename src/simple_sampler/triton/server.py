@@ -1,0 +1,198 @@
+"""Start a real Triton server with our repository, wait until it is ready,
+and stop it cleanly. Used by `simple-sampler serve`, the tests and the
+benchmarks alike.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from . import templates
+from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
+
+#: Bytes of one logit in each configurable datatype.
+ITEMSIZE = {"TYPE_FP32": 4, "TYPE_FP16": 2, "TYPE_BF16": 2}
+MiB = 1 << 20
+
+
+@dataclass
+class SamplerConfig:
+    """The values of model_repository/simple_sampler/config.pbtxt's placeholders."""
+
+    sampler_instances: int = 2
+    max_batch_size: int = 256
+    max_queue_delay_us: int = 0
+    logits_datatype: str = "TYPE_FP32"
+    num_threads: int = 1
+    vocab_size: int = 0
+
+    def validate(self) -> None:
+        if self.sampler_instances < 1:
+            raise ValueError(f"sampler_instances must be >= 1, got {self.sampler_instances}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.logits_datatype not in ITEMSIZE:
+            raise ValueError(f"logits_datatype must be one of {', '.join(ITEMSIZE)}, "
+                             f"got {self.logits_datatype!r}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size must be >= 0 (0: any), got {self.vocab_size}")
+
+    def request_bytes(self, vocab_hint: int = 152_064) -> int:
+        """Shared memory one full request needs: max_batch_size rows of logits
+        (vocab_size, or `vocab_hint` when any vocabulary is accepted)."""
+        vocab = self.vocab_size or vocab_hint
+        return self.max_batch_size * vocab * ITEMSIZE[self.logits_datatype]
+
+
+def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
+    """Copy model_repository/<template> to repository/<name>, filling its config."""
+    target = repository / name
+    shutil.copytree(project_file(f"model_repository/{template}"), target, dirs_exist_ok=True)
+    templates.fill_file(target / "config.pbtxt", values)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver process serving `repository`.
+
+    Ports of 0 are replaced by free loopback ports. `shm_bytes` sizes the
+    Python backend's per-instance shared-memory pool (initial size and
+    growth step): at least one full request plus its outputs.
+    """
+
+    repository: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    shm_bytes: int = 64 * MiB
+    log_path: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    install: TritonInstall = field(default_factory=find_triton)
+    process: subprocess.Popen | None = None
+
+    def __post_init__(self):
+        self.http_port = self.http_port or free_port()
+        self.grpc_port = self.grpc_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self, backend_directory: Path) -> list[str]:
+        return [
+            str(self.install.server),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={backend_directory}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--backend-config=python,shm-default-byte-size={self.shm_bytes}",
+            f"--backend-config=python,shm-growth-byte-size={self.shm_bytes}",
+            "--log-verbose=0", *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        libs = [str(p) for p in self.install.library_dirs]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
+        # Model processes must import this interpreter's packages (the venv's).
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+    def start(self, timeout: float = 180.0) -> "TritonServer":
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if port_in_use(port):
+                raise InstallError(f"port {port} ({name.replace('_', ' ')}) is already in use; "
+                                   f"choose another or stop what holds it")
+        self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
+        backends = assemble_backends(self._workdir, self.install)
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(self.command(backends), env=self.environment(),
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        self.wait_ready(timeout)
+        return self
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with status {self.process.returncode} "
+                                   f"before it was ready{self._log_hint()}")
+            if self.ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"tritonserver was not ready after {timeout:.0f} s{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        if not self.log_path:
+            return " (start it with a log path to see why)"
+        tail = Path(self.log_path).read_text(errors="replace").strip().splitlines()[-15:]
+        return "; last log lines:\n" + "\n".join(tail)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (Triton finishes in-flight requests), SIGKILL after `timeout`."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        return self.process.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,152 @@
+"""The sampler model's tensors: decoding, defaults, checks and outputs,
+without a server (the server tests run the same code behind Triton)."""
+import numpy as np
+import pytest
+
+from simple_sampler.params import History, SamplingParams
+from simple_sampler.sampling import sample_requests
+from simple_sampler.triton import templates
+from simple_sampler.triton.sampler_io import RequestError, decode_request, sample_request
+
+V = 50
+
+
+@pytest.fixture
+def logits():
+    return np.random.default_rng(3).standard_normal((3, V)).astype(np.float32) * 2
+
+
+def column(values, dtype=np.float32):
+    return np.asarray(values, dtype=dtype)[:, None]
+
+
+def test_defaults_match_the_python_api(logits):
+    inputs = {"logits": logits, "random_seed": column([1, 2, 3], np.uint64)}
+    tokens = sample_request(decode_request(inputs))["output_ids"]
+    expected = sample_requests(logits, [SamplingParams(seed=s) for s in (1, 2, 3)]).token_ids
+    assert tokens.dtype == np.int32 and tokens.shape == (3, 1)
+    np.testing.assert_array_equal(tokens[:, 0], expected)
+
+
+def test_every_input_reaches_the_kernels(logits):
+    inputs = {
+        "logits": logits,
+        "temperature": column([0.7, 1.3, 0.0]),
+        "runtime_top_k": column([5, 0, 0], np.int32),
+        "runtime_top_p": column([1.0, 0.8, 1.0]),
+        "min_p": column([0.0, 0.0, 0.1]),
+        "repetition_penalty": column([1.2, 1.0, 1.0]),
+        "presence_penalty": column([0.0, 0.5, 0.0]),
+        "frequency_penalty": column([0.0, 0.0, 0.3]),
+        "random_seed": column([7, 8, 9], np.uint64),
+        "step": column([4, 0, 2], np.int64),
+        "prompt_ids": np.array([[1, 2, -1], [3, -1, -1], [-1, -1, -1]], np.int32),
+        "generated_ids": np.array([[4, 4], [5, -1], [6, 7]], np.int32),
+        "logit_bias_ids": np.array([[9, -1], [10, 11], [-1, -1]], np.int32),
+        "logit_bias_values": np.array([[3.0, 0.0], [-np.inf, 2.0], [0.0, 0.0]], np.float32),
+        "min_tokens": column([0, 0, 5], np.int32),
+        "end_id": column([12, 12, 12], np.int32),
+        "return_log_probs": column([True, False, True], bool),
+        "num_top_logprobs": column([2, 0, 1], np.int32),
+    }
+    out = sample_request(decode_request(inputs))
+    params = [
+        SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.2, seed=7,
+                       logit_bias={9: 3.0}, stop_token_ids=[12]),
+        SamplingParams(temperature=1.3, top_p=0.8, presence_penalty=0.5, seed=8,
+                       logit_bias={10: -np.inf, 11: 2.0}, stop_token_ids=[12]),
+        SamplingParams(temperature=0.0, min_p=0.1, frequency_penalty=0.3, seed=9,
+                       min_tokens=5, stop_token_ids=[12]),
+    ]
+    histories = [History([1, 2], [4, 4]), History([3], [5]), History([], [6, 7])]
+    expected = sample_requests(logits, params, histories, steps=[4, 0, 2], num_top_logprobs=2)
+    np.testing.assert_array_equal(out["output_ids"][:, 0], expected.token_ids)
+    assert np.isnan(out["output_log_probs"][1, 0])
+    np.testing.assert_array_equal(out["output_log_probs"][[0, 2], 0], expected.logprobs[[0, 2]])
+    np.testing.assert_array_equal(out["top_logprobs_ids"][0], expected.top_token_ids[0])
+    assert out["top_logprobs_ids"][1].tolist() == [-1, -1]
+    assert out["top_logprobs_ids"][2, 1] == -1 and out["top_logprobs"][2, 1] == -np.inf
+    assert out["top_logprobs_ids"][2, 0] == expected.top_token_ids[2, 0]
+
+
+def test_min_tokens_bans_end_ids_until_reached():
+    logits = np.zeros((2, 4), np.float32)
+    logits[:, 3] = 30.0  # the end id would win every draw
+    inputs = {"logits": logits, "end_id": column([3, 3], np.int32),
+              "min_tokens": column([2, 2], np.int32), "step": column([1, 2], np.int64),
+              "temperature": column([0, 0])}
+    assert sample_request(decode_request(inputs))["output_ids"][:, 0].tolist() == [0, 3]
+
+
+def test_step_defaults_to_the_generated_count(logits):
+    generated = np.array([[1, 2, -1], [-1, -1, -1], [3, 3, 3]], np.int32)
+    decoded = decode_request({"logits": logits, "generated_ids": generated})
+    assert decoded.batch.step.tolist() == [2, 0, 3]
+
+
+def test_no_outputs_beyond_what_was_asked(logits):
+    out = sample_request(decode_request({"logits": logits}))
+    assert set(out) == {"output_ids"}
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("temperature", column([1, -1, 1]), "row 1: temperature must be a finite value >= 0"),
+    ("runtime_top_p", column([1, 1, 1.5]), "row 2: runtime_top_p must be in (0, 1]"),
+    ("runtime_top_k", column([-2, 0, 0], np.int32), "row 0: runtime_top_k must be >= -1"),
+    ("min_p", column([0, 2, 0]), "row 1: min_p must be in [0, 1]"),
+    ("presence_penalty", column([0, 0, 3]), "row 2: presence_penalty must be in [-2, 2]"),
+    ("repetition_penalty", column([0, 1, 1]), "row 0: repetition_penalty must be a finite value > 0"),
+    ("temperature", np.ones((2, 1), np.float32), "temperature must have shape [3, 1]"),
+    ("prompt_ids", np.array([[1], [V], [2]], np.int32),
+     f"row 1: prompt_ids must be token ids in [0, {V}) or -1 (padding), got {V}"),
+    ("generated_ids", np.array([[1], [-2], [2]], np.int32), "row 1: generated_ids must be token ids"),
+    ("end_id", np.array([[V + 5]] * 3, np.int32), "row 0: end_id must be token ids"),
+    ("step", column([0, -1, 0], np.int64), "row 1: step must be >= 0"),
+    ("min_tokens", column([0, -1, 0], np.int32), "row 1: min_tokens must be >= 0"),
+    ("num_top_logprobs", column([0, 21, 0], np.int32), "row 1: num_top_logprobs must be in [0, 20]"),
+    ("logit_bias_ids", np.array([[1]] * 3, np.int32), "must be sent together"),
+    ("bogus", column([1, 1, 1]), "unknown input bogus"),
+])
+def test_bad_inputs_name_the_field(logits, name, value, message):
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        decode_request({"logits": logits, name: value})
+
+
+def test_logit_bias_checks():
+    logits = np.zeros((1, V), np.float32)
+    ids = np.array([[1, 1]], np.int32)
+    with pytest.raises(RequestError, match="row 0: logit_bias names token 1 more than once"):
+        decode_request({"logits": logits, "logit_bias_ids": ids,
+                        "logit_bias_values": np.ones((1, 2), np.float32)})
+    with pytest.raises(RequestError, match="logit_bias_values must have the shape"):
+        decode_request({"logits": logits, "logit_bias_ids": ids,
+                        "logit_bias_values": np.ones((1, 3), np.float32)})
+    with pytest.raises(RequestError, match="logit_bias value must be finite or -inf"):
+        decode_request({"logits": logits, "logit_bias_ids": np.array([[1]], np.int32),
+                        "logit_bias_values": np.array([[np.nan]], np.float32)})
+
+
+def test_logits_checks():
+    with pytest.raises(RequestError, match="logits is required"):
+        decode_request({"temperature": column([1.0])})
+    with pytest.raises(RequestError, match="logits must have shape"):
+        decode_request({"logits": np.zeros((2, 3, 4), np.float32)})
+    with pytest.raises(RequestError, match="logits must have 100 columns"):
+        decode_request({"logits": np.zeros((1, 99), np.float32)}, vocab_size=100)
+    bad = np.zeros((2, 8), np.float32)
+    bad[1, 5] = np.nan
+    with pytest.raises(RequestError, match="row 1: logits must not contain NaN; found at column 5"):
+        sample_request(decode_request({"logits": bad}))
+
+
+def test_templates_fill_every_placeholder_and_nothing_else():
+    text = "a: ${one}\n# cost: $5\nb: ${two}"
+    assert templates.fill(text, {"one": 1, "two": "x"}) == "a: 1\n# cost: $5\nb: x"
+    with pytest.raises(ValueError, match="no value for two"):
+        templates.fill(text, {"one": 1})
+    with pytest.raises(ValueError, match="no placeholder named three"):
+        templates.fill(text, {"one": 1, "two": 2, "three": 3})
+    assert templates.parse_assignments("a:1, b:x:y,") == {"a": "1", "b": "x:y"}
+    with pytest.raises(ValueError, match="expected name:value"):
+        templates.parse_assignments("a=1")
