@@ -150,3 +150,18 @@ def test_templates_fill_every_placeholder_and_nothing_else():
     assert templates.parse_assignments("a:1, b:x:y,") == {"a": "1", "b": "x:y"}
     with pytest.raises(ValueError, match="expected name:value"):
         templates.parse_assignments("a=1")
+
+
+def test_batch_arrays_round_trip(logits):
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.triton.sampler_client import batch_arrays
+
+    # values exact in float32, the tensors' dtype
+    params = [SamplingParams(temperature=0.5, top_k=3, seed=1, logit_bias={4: 1.5}),
+              SamplingParams(top_p=0.75, repetition_penalty=1.25, seed=2),
+              SamplingParams(min_p=0.25, frequency_penalty=-1.0, seed=3, logit_bias={1: -2.0, 7: 0.5})]
+    histories = [History([1, 2, 3], [4]), History([], [5, 6]), History([7], [])]
+    batch = SamplingBatch.from_params(params, histories, steps=[9, 1, 0])
+    decoded = decode_request({"logits": logits, **batch_arrays(batch)}).batch
+    for name, value in vars(batch).items():
+        np.testing.assert_array_equal(getattr(decoded, name), value, err_msg=name)

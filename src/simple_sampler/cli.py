@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def bench_kernels(args: argparse.Namespace) -> int:
@@ -21,6 +22,39 @@ def bench_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_sampler_server(args: argparse.Namespace) -> int:
+    from .bench import machine, sampler_server
+
+    report = sampler_server.run(max_instances=args.instances, batch_size=args.batch,
+                                vocab=args.vocab, seconds=args.seconds)
+    report["machine"] = machine.describe()
+    print(json.dumps(report) if args.json else sampler_server.format_report(report))
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .triton import serve as serving
+    from .triton.server import SamplerConfig
+
+    sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
+                            max_queue_delay_us=args.max_queue_delay_us,
+                            logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
+                            num_threads=args.num_threads, vocab_size=args.vocab_size)
+    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
+                       repository=args.model_repository, log_path=args.log)
+
+
+def fill_template(args: argparse.Namespace) -> int:
+    from .triton import templates
+
+    try:
+        templates.fill_file(args.input, templates.parse_assignments(args.values), args.output)
+    except (ValueError, OSError) as error:
+        print(f"simple-sampler fill-template: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simple-sampler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +69,38 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=["float32", "bfloat16"])
     kernels.add_argument("--repeats", type=int, default=20)
     kernels.set_defaults(handler=bench_kernels)
+    server_bench = targets.add_parser(
+        "sampler-server", help="rows/s through a real Triton server for 1..N sampler instances")
+    server_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    server_bench.add_argument("--instances", type=int, default=2, help="largest instance count")
+    server_bench.add_argument("--batch", type=int, default=64)
+    server_bench.add_argument("--vocab", type=int, default=49_152)
+    server_bench.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    server_bench.set_defaults(handler=bench_sampler_server)
+
+    server = commands.add_parser("serve", help="run tritonserver with the SIMPLE model repository")
+    server.add_argument("--http-port", type=int, default=8000)
+    server.add_argument("--grpc-port", type=int, default=8001)
+    server.add_argument("--metrics-port", type=int, default=8002)
+    server.add_argument("--instances", type=int, default=2, help="simple_sampler CPU instances")
+    server.add_argument("--max-batch-size", type=int, default=256, help="rows per sampler request")
+    server.add_argument("--max-queue-delay-us", type=int, default=0,
+                        help="dynamic batching delay of the sampler")
+    server.add_argument("--logits-dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    server.add_argument("--num-threads", type=int, default=1, help="kernel threads per instance")
+    server.add_argument("--vocab-size", type=int, default=0,
+                        help="refuse logits of another width (0: accept any)")
+    server.add_argument("--model-repository", type=Path,
+                        help="serve this repository as it is instead of assembling one")
+    server.add_argument("--log", type=Path, help="server log file (default: a temporary file)")
+    server.set_defaults(handler=serve)
+
+    fill = commands.add_parser("fill-template",
+                               help="fill ${name} placeholders of a config.pbtxt in place")
+    fill.add_argument("-i", "--input", type=Path, required=True)
+    fill.add_argument("values", help="name:value,name:value")
+    fill.add_argument("-o", "--output", type=Path, help="write here instead of in place")
+    fill.set_defaults(handler=fill_template)
     return parser
 
 

@@ -15,6 +15,9 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as system_shm
 from tritonclient.utils import np_to_triton_dtype
 
+from ..params import SamplingBatch
+from .sampler_io import PADDING, SCALAR_INPUTS
+
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -22,6 +25,34 @@ def triton_dtype(array: np.ndarray) -> str:
     if array.dtype == ml_dtypes.bfloat16:
         return "BF16"
     return np_to_triton_dtype(array.dtype)
+
+
+def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING) -> np.ndarray:
+    """CSR lists as a [B, L] array right-padded with `fill` (L >= 1)."""
+    lengths = np.diff(offsets)
+    out = np.full((len(lengths), max(1, int(lengths.max(initial=0)))), fill, dtype=dtype)
+    out[np.arange(out.shape[1])[None, :] < lengths[:, None]] = values
+    return out
+
+
+def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+    """The sampler inputs that carry `batch` (the inverse of decode_request).
+    Bans have no tensor of their own: send end_id and min_tokens instead."""
+    if batch.ban_ids.size:
+        raise ValueError("a batch with banned ids has no tensor form: send end_id and min_tokens")
+    arrays = {}
+    for name, (field, _) in SCALAR_INPUTS.items():
+        dtype = np.int32 if field == "top_k" else np.float32
+        arrays[name] = np.asarray(getattr(batch, field), dtype=dtype)[:, None]
+    arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
+    arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
+    arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
+    arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
+    if batch.bias_ids.size:
+        arrays["logit_bias_ids"] = padded(batch.bias_offsets, batch.bias_ids)
+        arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values,
+                                             np.float32, 0.0)
+    return arrays
 
 
 class SamplerClient:

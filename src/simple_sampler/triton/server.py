@@ -177,12 +177,17 @@ class TritonServer:
         tail = Path(self.log_path).read_text(errors="replace").strip().splitlines()[-15:]
         return "; last log lines:\n" + "\n".join(tail)
 
+    def terminate(self) -> None:
+        """Ask the server to exit (SIGTERM: Triton finishes in-flight requests)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (Triton finishes in-flight requests), SIGKILL after `timeout`."""
+        """SIGTERM, then SIGKILL after `timeout`; removes the backend copy."""
         if self.process is None:
             return None
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:

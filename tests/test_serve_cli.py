@@ -1,0 +1,87 @@
+"""`simple-sampler serve` as a user runs it: starts, answers, stops on
+SIGINT with status 0; the errors a user can hit get one clear line each."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from simple_sampler.triton import install
+from simple_sampler.triton.sampler_client import SamplerClient
+from simple_sampler.triton.server import free_port
+
+COMMAND = [sys.executable, "-m", "simple_sampler.cli"]
+
+
+def serve(*args, env=None):
+    return subprocess.Popen([*COMMAND, "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_serve_answers_and_stops_on_sigint():
+    ports = [free_port() for _ in range(3)]
+    process = serve("--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+                    "--metrics-port", str(ports[2]), "--instances", "1")
+    try:
+        line = process.stdout.readline()
+        assert f"HTTP 127.0.0.1:{ports[0]}" in line, line + process.stderr.read()
+        client = SamplerClient(f"127.0.0.1:{ports[1]}", "grpc")
+        logits = np.zeros((2, 10), np.float32)
+        logits[:, 4] = 9.0
+        out = client.sample(logits, temperature=np.zeros((2, 1), np.float32))
+        assert out["output_ids"][:, 0].tolist() == [4, 4]
+        client.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "stopped" in stdout
+
+
+def test_port_taken_is_one_clear_error():
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        process = serve("--http-port", str(taken), "--grpc-port", str(free_port()),
+                        "--metrics-port", str(free_port()))
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert f"port {taken} (http port) is already in use" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_missing_server_binary_is_one_clear_error():
+    env = {**os.environ, "TRITONSERVER": "/nonexistent/tritonserver"}
+    _, stderr = serve("--http-port", str(free_port()), env=env).communicate(timeout=60)
+    assert "TRITONSERVER=/nonexistent/tritonserver is not a file" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_missing_stub_for_this_python_names_the_versions(monkeypatch):
+    monkeypatch.setattr(install, "python_version", lambda: "3.99")
+    monkeypatch.delenv("TRITONSERVER", raising=False)
+    with pytest.raises(install.InstallError, match=r"no Python backend stub for Python 3.99 "
+                                                   r"\(it has .*3\.11"):
+        install.find_triton()
+
+
+def test_bad_setting_is_one_clear_error():
+    _, stderr = serve("--instances", "0").communicate(timeout=60)
+    assert "sampler_instances must be >= 1, got 0" in stderr
+
+
+def test_fill_template_in_place(tmp_path):
+    config = tmp_path / "config.pbtxt"
+    config.write_text("count: ${sampler_instances}\n")
+    subprocess.run([*COMMAND, "fill-template", "-i", str(config), "sampler_instances:4"],
+                   check=True)
+    assert config.read_text() == "count: 4\n"
+    result = subprocess.run([*COMMAND, "fill-template", "-i", str(config), "bogus:1"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "no placeholder named bogus" in result.stderr
