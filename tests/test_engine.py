@@ -1,5 +1,6 @@
 """The PyTorch engine against the plain Hugging Face forward (full recompute,
 no cache), with sequences joining and leaving and steps over subsets."""
+import numpy as np
 import pytest
 import torch
 
@@ -87,3 +88,52 @@ def test_misuse_is_reported(model_and_tokenizer):
     assert engine.num_free_slots == 1
     with pytest.raises(ValueError, match=r"max_context must be in \[2, 8192\]"):
         TorchEngine(model, max_context=10**6)
+
+
+# The inline (in-data-plane, torch) sampler of the baseline mode.
+
+from conftest import P_VALUE_FLOOR, goodness_of_fit, repeated_batch  # noqa: E402
+
+from simple_sampler import History, SamplingBatch, SamplingParams, sample  # noqa: E402
+from simple_sampler.reference import probabilities  # noqa: E402
+from simple_sampler.serving.inline import sample_torch  # noqa: E402
+
+INLINE_CASES = [
+    SamplingParams(temperature=0.7, top_k=40, seed=1),
+    SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, repetition_penalty=1.3,
+                   presence_penalty=0.5, frequency_penalty=0.4, logit_bias={3: 2.0, 7: -1.0}),
+]
+HISTORY = History(prompt_ids=[0, 1, 2, 9], output_ids=[3, 3, 4, 5])
+
+
+@pytest.mark.parametrize("params", INLINE_CASES)
+def test_inline_draws_follow_the_reference_distribution(zipf_rows, params):
+    row = zipf_rows[1]  # V = 1000
+    batch = repeated_batch(params, 3000, HISTORY)
+    tokens, _ = sample_torch(torch.from_numpy(np.broadcast_to(row, (3000, row.size)).copy()), batch)
+    counts = np.bincount(tokens, minlength=row.size)
+    assert goodness_of_fit(counts, probabilities(row, batch, 0)) > P_VALUE_FLOOR
+
+
+def test_inline_greedy_and_logprobs_agree_with_the_kernels(zipf_rows):
+    rows = np.stack([zipf_rows[2]] * 3)
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, stop_token_ids=[11],
+                             min_tokens=9, logit_bias={5: 3.0}),
+              SamplingParams(temperature=0.8, top_k=5, seed=3), SamplingParams(temperature=0.0)]
+    batch = SamplingBatch.from_params(params, [HISTORY] * 3)
+    tokens, logprobs = sample_torch(torch.from_numpy(rows), batch)
+    expected = sample(rows, batch)
+    greedy = [0, 2]  # the seeded row draws from another random stream
+    assert tokens[greedy].tolist() == expected.token_ids[greedy].tolist()
+    assert np.allclose(logprobs[greedy], expected.logprobs[greedy], atol=1e-4)
+
+
+def test_inline_seeded_draw_is_batch_invariant(zipf_rows):
+    row = zipf_rows[2]
+    seeded = SamplingParams(temperature=1.0, seed=42)
+    alone, _ = sample_torch(torch.from_numpy(row[None].copy()),
+                            SamplingBatch.from_params([seeded], steps=[5]))
+    others = [SamplingParams(temperature=1.0, seed=s) for s in range(5)]
+    together, _ = sample_torch(torch.from_numpy(np.stack([row] * 6)),
+                               SamplingBatch.from_params(others + [seeded], steps=[0] * 5 + [5]))
+    assert together[-1] == alone[0]
