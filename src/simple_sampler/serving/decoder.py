@@ -1,0 +1,484 @@
+"""The decode loop: requests in, streamed events out, sampling overlapped.
+
+A :class:`Decoder` owns an :class:`~.engine.Engine` and a text codec. Requests
+are admitted up to the engine's ``max_batch_size`` (the rest wait in a FIFO
+queue) and spread over K *lanes* (micro-batches, ``micro_batches``, default
+2). Each lane loops: the engine computes the lane's logits (in a one-thread
+executor, so forwards run one at a time and the event loop stays free), the
+sampler turns them into tokens, the tokens go back to the engine. While one
+lane waits on its sampler the engine computes the other lane's step, so with
+K >= 2 sampling leaves the critical path; K = 1 is the plain serial loop.
+A new request joins the lane with the fewest sequences.
+
+Sampling modes (``mode``):
+
+* ``simple``: ``sampler`` is an async callable
+  ``async def sample(logits, batch) -> (token_ids, logprobs)`` (logits float32
+  ``[n, V]``, ``batch`` a :class:`SamplingBatch` of n rows; returns int64
+  ``[n]`` and float32 ``[n]``): the decision plane, remote in a server
+  (:func:`threaded` wraps a local function for tests);
+* ``inline``: torch sampling in the data plane right after the forward
+  (``inline.sample_torch``), one lane, no overlap: the baseline;
+* ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
+  data plane, one lane, no overlap.
+
+Randomness: a request's step is the number of tokens it has generated, and
+an unseeded request gets one random seed at submission, so a seeded request
+yields the same tokens whatever the batch composition, lane split or mode of
+admission.
+
+Events (:class:`GenerationEvent`) carry one generated token each; the last
+one has ``finish_reason`` (TensorRT-LLM / OpenAI naming): ``"stop"`` (end id
+or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
+``error`` when the step or sampler failed. Every submitted request gets
+exactly one final event; a request rejected by validation raises ValueError
+from :meth:`Decoder.submit` instead. The end id and the tokens of a stop
+word count as generated tokens and are in ``token_ids``; their text is not
+in ``text``.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..params import History, SamplingBatch, SamplingParams, ragged
+from ..sampling import sample
+from .engine import Engine
+from .inline import sample_torch
+from .text import Detokenizer, StopMatcher, TextCodec
+
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
+SAMPLING_MODES = ("simple", "inline", "inline_kernels")
+TIMING_RECORDS = 4096  # per-step records kept (the oldest are dropped)
+
+SampleResult = tuple[np.ndarray, np.ndarray]
+AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
+
+
+def kernel_sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+    """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``."""
+    out = sample(logits, batch)
+    return out.token_ids, out.logprobs
+
+
+def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = kernel_sample
+             ) -> AsyncSampler:
+    """An async sampler running ``sample_fn`` in a worker thread: a stand-in
+    for the remote decision plane (the kernels release the GIL)."""
+    async def sampler(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+        return await asyncio.to_thread(sample_fn, logits, batch)
+    return sampler
+
+
+def _string_list(name: str, value) -> None:
+    if isinstance(value, str) or not all(isinstance(w, str) and w for w in value):
+        raise ValueError(f"{name} must be a list of non-empty strings, got {value!r}")
+
+
+@dataclass
+class GenerationRequest:
+    """One generation. Give ``text`` (encoded with the model's tokenizer,
+    through the chat template when ``chat``) or ``prompt_ids``.
+
+    ``end_id`` defaults to the tokenizer's end-of-sequence id; it stops the
+    generation unless ``ignore_end``, and ``sampling.min_tokens`` bans it
+    until that many tokens exist. ``stop_words`` end the generation (text cut
+    before the word); ``bad_words`` are never generated (each word's last
+    token is banned whenever the sequence ends with the word's other tokens).
+    """
+
+    text: str | None = None
+    prompt_ids: Sequence[int] | None = None
+    chat: bool = False
+    max_tokens: int = 16
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None
+    ignore_end: bool = False
+    stop_words: Sequence[str] = ()
+    bad_words: Sequence[str] = ()
+    return_log_probs: bool = False
+
+    def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
+                 max_tokens_limit: int | None = None) -> None:
+        """Raise ValueError naming the field and its allowed range.
+
+        ``prompt_length`` (once known) must leave room for ``max_tokens`` in
+        ``max_context``; ``max_tokens_limit`` defaults to ``max_context - 1``.
+        """
+        if (self.text is None) == (self.prompt_ids is None):
+            raise ValueError("give exactly one of text_input and prompt_ids")
+        if self.text is not None and (not isinstance(self.text, str) or not self.text):
+            raise ValueError("text_input must be a non-empty string")
+        if self.prompt_ids is not None:
+            ids = list(self.prompt_ids)
+            if not ids or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
+                                  for t in ids):
+                raise ValueError(f"prompt_ids must be a non-empty list of token ids in "
+                                 f"[0, {vocab_size})")
+        limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
+                or not 1 <= self.max_tokens <= limit:
+            raise ValueError(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
+        if prompt_length is not None and prompt_length + self.max_tokens > max_context:
+            raise ValueError(f"the prompt ({prompt_length} tokens) plus max_tokens "
+                             f"({self.max_tokens}) must be at most the context, {max_context} "
+                             f"tokens")
+        self.sampling.validate(vocab_size)
+        if self.end_id is not None and not 0 <= self.end_id < vocab_size:
+            raise ValueError(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
+        _string_list("stop_words", self.stop_words)
+        _string_list("bad_words", self.bad_words)
+
+
+@dataclass
+class GenerationEvent:
+    """One step of a request's stream. ``text`` is the new stable text (may
+    be ''); ``token_ids`` and ``logprobs`` the tokens generated this step
+    (logprobs empty unless ``return_log_probs``); ``cum_log_prob`` their
+    running sum (NaN unless asked). The final event has ``finish_reason`` or
+    ``error`` set."""
+
+    request_id: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    num_input_tokens: int
+    num_output_tokens: int
+    cum_log_prob: float
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class RequestHandle:
+    """A submitted request: iterate it for its events, ``cancel()`` to stop it."""
+
+    def __init__(self, decoder: "Decoder", request_id: int):
+        self.decoder, self.request_id = decoder, request_id
+        self.events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """Ask to stop; the final event (``"cancelled"``) follows at the
+        request's next step, or at once while it is still queued."""
+        self.decoder._cancel(self.request_id)
+
+    async def __aiter__(self) -> AsyncIterator[GenerationEvent]:
+        while True:
+            event = await self.events.get()
+            yield event
+            if event.final:
+                return
+
+
+@dataclass
+class StepRecord:
+    """One engine forward: rows, its time and its sampler's time (seconds)."""
+
+    rows: int
+    data_plane_s: float
+    sampler_s: float
+
+
+@dataclass
+class DecoderStats:
+    """Cumulative timings (seconds) since the decoder started.
+
+    ``busy_s``: time a forward or a sampler was running; ``data_plane_s``:
+    forward time; ``sampler_s``: total sampler time (overlapped or not);
+    ``sampling_exposed_s``: time sampling ran while no forward did, the part
+    on the critical path. ``sampling_share`` = exposed / busy.
+    """
+
+    busy_s: float = 0.0
+    data_plane_s: float = 0.0
+    sampler_s: float = 0.0
+    sampling_exposed_s: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    records: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=TIMING_RECORDS))
+
+    @property
+    def sampling_share(self) -> float:
+        return self.sampling_exposed_s / self.busy_s if self.busy_s else 0.0
+
+
+class _Activity:
+    """Counts forwards and samplers in flight on the event loop and turns
+    their overlap into ``busy_s`` and ``sampling_exposed_s``."""
+
+    def __init__(self, stats: DecoderStats):
+        self.stats = stats
+        self.forwards = self.samplers = 0
+        self.since = time.perf_counter()
+
+    def change(self, forwards: int = 0, samplers: int = 0) -> None:
+        now = time.perf_counter()
+        elapsed, self.since = now - self.since, now
+        if self.forwards or self.samplers:
+            self.stats.busy_s += elapsed
+        if self.samplers and not self.forwards:
+            self.stats.sampling_exposed_s += elapsed
+        self.forwards += forwards
+        self.samplers += samplers
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """A request's state inside the decoder."""
+
+    request_id: int
+    request: GenerationRequest
+    handle: RequestHandle
+    prompt_ids: list[int]
+    params: SamplingParams  # seeded, end id among the stop ids
+    detokenizer: Detokenizer
+    stop: StopMatcher
+    bad_words_ids: list[list[int]]
+    output_ids: list[int] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    cancelled: bool = False
+    done: bool = False
+
+    def bans(self) -> list[int]:
+        """Token ids banned at this step: stop ids before min_tokens, and
+        each bad word's last token where the sequence ends with its others."""
+        banned = list(self.params.stop_token_ids) \
+            if len(self.output_ids) < self.params.min_tokens else []
+        ids = self.prompt_ids + self.output_ids
+        for word in self.bad_words_ids:
+            if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
+                banned.append(word[-1])
+        return banned
+
+
+class Decoder:
+    """The decode loop (module docstring). Use on one event loop::
+
+        decoder = Decoder(engine, codec, mode="simple", sampler=threaded())
+        await decoder.start()
+        handle = decoder.submit(GenerationRequest(text="Hi", chat=True))
+        async for event in handle: ...
+        await decoder.close()
+    """
+
+    def __init__(self, engine: Engine, codec: TextCodec, mode: str = "simple",
+                 sampler: AsyncSampler | None = None, micro_batches: int = 2,
+                 max_tokens_limit: int | None = None):
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
+                             f"got {mode!r}")
+        if mode == "simple" and sampler is None:
+            raise ValueError("sampling_mode 'simple' needs a sampler")
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
+        self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
+        lanes = micro_batches if mode == "simple" else 1  # inline modes cannot overlap
+        self.lanes: list[list[_Sequence]] = [[] for _ in range(lanes)]
+        self.max_tokens_limit = max_tokens_limit
+        self.queue: collections.deque[_Sequence] = collections.deque()
+        self.by_id: dict[int, _Sequence] = {}
+        self.ids = itertools.count()
+        self.stats = DecoderStats()
+        self.activity = _Activity(self.stats)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
+        self.tasks: list[asyncio.Task] = []
+        self.wake: list[asyncio.Event] = []
+
+    async def start(self) -> None:
+        self.wake = [asyncio.Event() for _ in self.lanes]
+        self.tasks = [asyncio.create_task(self._lane(i)) for i in range(len(self.lanes))]
+
+    async def close(self) -> None:
+        """Stop the lanes; requests still running get no further events."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.executor.shutdown(wait=True)
+
+    @property
+    def num_active(self) -> int:
+        return sum(len(lane) for lane in self.lanes)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self.queue)
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Validate, encode and queue a request; raise ValueError naming the
+        bad field (the decoder keeps serving the others)."""
+        engine = self.engine
+        request.validate(engine.vocab_size, engine.max_context,
+                         max_tokens_limit=self.max_tokens_limit)
+        prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
+                      else self.codec.encode(request.text, request.chat))
+        request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
+                         self.max_tokens_limit)
+        end_id = self.codec.end_id if request.end_id is None else request.end_id
+        params = request.sampling
+        params = dataclasses.replace(
+            params,
+            seed=secrets.randbits(64) if params.seed is None else params.seed,
+            stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else [end_id]))
+        request_id = next(self.ids)
+        handle = RequestHandle(self, request_id)
+        sequence = _Sequence(request_id, request, handle, prompt_ids, params,
+                             self.codec.detokenizer(prompt_ids), StopMatcher(request.stop_words),
+                             self.codec.bad_words_ids(request.bad_words))
+        self.by_id[request_id] = sequence
+        self.queue.append(sequence)
+        self._admit()
+        return handle
+
+    def _cancel(self, request_id: int) -> None:
+        sequence = self.by_id.get(request_id)
+        if sequence is None:
+            return
+        sequence.cancelled = True
+        if sequence in self.queue:
+            self.queue.remove(sequence)
+            self._finish(sequence, FINISH_CANCELLED)
+
+    def _admit(self) -> None:
+        """Move queued requests into free slots, each to the smallest lane."""
+        while self.queue and self.num_active < self.engine.max_batch_size:
+            sequence = self.queue.popleft()
+            try:
+                self.engine.add(sequence.request_id, sequence.prompt_ids)
+            except (ValueError, RuntimeError) as error:
+                self._finish(sequence, error=str(error))
+                continue
+            lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
+            self.lanes[lane].append(sequence)
+            self.wake[lane].set()
+
+    def _finish(self, sequence: _Sequence, reason: str | None = None, error: str | None = None,
+                text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()):
+        """Send the one final event and free the slot."""
+        if sequence.done:
+            return
+        sequence.done = True
+        self.by_id.pop(sequence.request_id, None)
+        for lane in self.lanes:
+            if sequence in lane:
+                lane.remove(sequence)
+                self.engine.release(sequence.request_id)
+        sequence.handle.events.put_nowait(self._event(sequence, text, token_ids, logprobs,
+                                                      reason, error))
+        self._admit()
+
+    def _event(self, sequence: _Sequence, text: str, token_ids: Sequence[int],
+               logprobs: Sequence[float], reason: str | None = None,
+               error: str | None = None) -> GenerationEvent:
+        asked = sequence.request.return_log_probs
+        return GenerationEvent(
+            sequence.request_id, text, list(token_ids), list(logprobs) if asked else [],
+            len(sequence.prompt_ids), len(sequence.output_ids),
+            sequence.cum_log_prob if asked else float("nan"), reason, error)
+
+    async def _lane(self, index: int) -> None:
+        lane, wake = self.lanes[index], self.wake[index]
+        loop = asyncio.get_running_loop()
+        while True:
+            for sequence in [s for s in lane if s.cancelled]:
+                self._finish(sequence, FINISH_CANCELLED)
+            if not lane:
+                wake.clear()
+                await wake.wait()
+                continue
+            sequences = list(lane)
+            try:
+                batch = self._sampling_batch(sequences)
+                ids = [s.request_id for s in sequences]
+                self.activity.change(forwards=1)
+                try:
+                    logits, tokens, logprobs, forward_s, local_sample_s = await loop.run_in_executor(
+                        self.executor, self._data_plane_step, ids, batch)
+                finally:
+                    self.activity.change(forwards=-1)
+                sampler_s = local_sample_s
+                if self.local_sample is None:
+                    started = time.perf_counter()
+                    self.activity.change(samplers=1)
+                    try:
+                        tokens, logprobs = await self.sampler(logits, batch)
+                    finally:
+                        self.activity.change(samplers=-1)
+                    sampler_s = time.perf_counter() - started
+                else:
+                    self.stats.sampling_exposed_s += local_sample_s
+            except Exception as error:  # noqa: BLE001 - every request must get its final event
+                for sequence in sequences:
+                    self._finish(sequence, error=f"{type(error).__name__}: {error}")
+                continue
+            self._record(len(sequences), forward_s, sampler_s)
+            self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+
+    def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
+        """In the data-plane thread: the forward, then in inline modes the
+        sampling. Returns (logits, tokens, logprobs, forward_s, sample_s)."""
+        started = time.perf_counter()
+        logits = self.engine.step(ids)
+        forward_s = time.perf_counter() - started
+        if self.local_sample is None:
+            return logits, None, None, forward_s, 0.0
+        tokens, logprobs = self.local_sample(logits, batch)
+        return logits, tokens, logprobs, forward_s, time.perf_counter() - started - forward_s
+
+    def _sampling_batch(self, sequences: list[_Sequence]) -> SamplingBatch:
+        batch = SamplingBatch.from_params(
+            [s.params for s in sequences],
+            [History(s.prompt_ids, s.output_ids) for s in sequences],
+            vocab_size=self.engine.vocab_size)
+        batch.ban_offsets, batch.ban_ids = ragged([s.bans() for s in sequences])
+        return batch
+
+    def _record(self, rows: int, forward_s: float, sampler_s: float) -> None:
+        self.stats.steps += 1
+        self.stats.tokens += rows
+        self.stats.data_plane_s += forward_s
+        self.stats.sampler_s += sampler_s
+        self.stats.records.append(StepRecord(rows, forward_s, sampler_s))
+
+    def _deliver(self, sequences: list[_Sequence], tokens: np.ndarray, logprobs: np.ndarray):
+        """Turn one step's tokens into events; feed the survivors back."""
+        continuing, next_tokens = [], []
+        for sequence, token, logprob in zip(sequences, tokens.tolist(), logprobs.tolist()):
+            if sequence.done:
+                continue
+            if sequence.cancelled:
+                self._finish(sequence, FINISH_CANCELLED)
+                continue
+            sequence.output_ids.append(token)
+            sequence.cum_log_prob += logprob
+            ended = token in sequence.params.stop_token_ids  # the end id, unless ignore_end
+            text, stopped = ("", False) if ended else \
+                sequence.stop.feed(sequence.detokenizer.push([token]))
+            reason = FINISH_STOP if ended or stopped else (
+                FINISH_LENGTH if len(sequence.output_ids) >= sequence.request.max_tokens else None)
+            if reason is None:
+                sequence.handle.events.put_nowait(self._event(sequence, text, [token], [logprob]))
+                continuing.append(sequence)
+                next_tokens.append(token)
+                continue
+            if not stopped:  # the end of the stream: release held-back text
+                tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
+                text += tail + sequence.stop.flush()
+                reason = FINISH_STOP if stopped else reason
+            self._finish(sequence, reason, text=text, token_ids=[token], logprobs=[logprob])
+        if continuing:
+            self.engine.append([s.request_id for s in continuing], next_tokens)

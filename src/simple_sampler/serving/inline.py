@@ -1,0 +1,90 @@
+"""Sampling inside the data plane with PyTorch: the ``inline`` baseline mode.
+
+This is what users run today (vLLM-style): the engine's process samples its
+own logits with torch, sort-based top-k / top-p
+(``baselines.torch_sort_sample``), on the critical path of every step.
+
+Semantics are the sampler's (SIMPLE.md order): logit_bias and bans, then
+repetition / presence / frequency penalties over the history, greedy below
+``GREEDY_TEMPERATURE``, temperature, min_p, top_k, top_p, one draw. The
+distribution is the same up to float32 rounding and the order of tied
+logits. Two differences, both from torch:
+
+* randomness: each row draws with its own ``torch.Generator`` seeded from
+  (seed, step), so a seeded request is reproducible and batch-invariant, but
+  its tokens differ from the ``simple`` mode's (Philox in the kernels);
+* rows are drawn one at a time, because ``torch_sort_sample`` takes one
+  generator per call (vLLM does the same for seeded requests).
+
+Logprobs are those of ``simple_sampler.sample``: the chosen token's
+log-probability under softmax of the penalized, temperature-scaled logits
+(temperature 1 for greedy rows), before truncation.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from ..baselines import torch_sort_sample
+from ..params import GREEDY_TEMPERATURE, SamplingBatch, SamplingParams
+
+
+def _flat_keys(offsets: np.ndarray, ids: np.ndarray, vocab: int) -> torch.Tensor:
+    """Positions in the flattened [B * V] logits of a CSR id list: int64."""
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    return torch.from_numpy(rows * vocab + np.asarray(ids, dtype=np.int64))
+
+
+def _per_row(values, keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A per-row float32 column broadcast to flattened positions ``keys``."""
+    return torch.from_numpy(np.asarray(values, np.float32))[keys // vocab]
+
+
+def scaled_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """z for every row: bias, bans and penalties applied, divided by the
+    temperature (1 for greedy rows). float32 [B, V], a new tensor.
+
+    Penalties touch only the (row, id) pairs in the histories, not the whole
+    [B, V] matrix."""
+    z = logits.float().clone()
+    size, vocab = z.shape
+    flat = z.view(-1)
+    flat.index_add_(0, _flat_keys(batch.bias_offsets, batch.bias_ids, vocab),
+                    torch.from_numpy(np.asarray(batch.bias_values, np.float32)))
+    flat[_flat_keys(batch.ban_offsets, batch.ban_ids, vocab)] = -torch.inf
+    output = _flat_keys(batch.output_offsets, batch.output_ids, vocab)
+    seen = torch.unique(torch.cat([_flat_keys(batch.prompt_offsets, batch.prompt_ids, vocab), output]))
+    penalty = _per_row(batch.repetition_penalty, seen, vocab)
+    flat[seen] = torch.where(flat[seen] > 0, flat[seen] / penalty, flat[seen] * penalty)
+    generated, counts = torch.unique(output, return_counts=True)
+    flat[generated] -= (_per_row(batch.frequency_penalty, generated, vocab) * counts
+                        + _per_row(batch.presence_penalty, generated, vocab))
+    temperature = torch.from_numpy(np.asarray(batch.temperature, np.float32))
+    return z / torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)[:, None]
+
+
+def row_generator(seed: int, step: int) -> torch.Generator:
+    """A torch generator keyed by (seed, step) only, never by batch position."""
+    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+
+
+def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Sample one token per row of float logits [B, V] with torch.
+
+    Returns ``(token_ids int64 [B], logprobs float32 [B])`` (module docstring).
+    """
+    batch.validate(logits.shape[-1])
+    z = scaled_logits(logits, batch)
+    tokens = z.argmax(dim=-1)  # the greedy rows' answer; the others are drawn below
+    for row in np.flatnonzero(np.asarray(batch.temperature) >= GREEDY_TEMPERATURE):
+        # z is already penalized and scaled: only truncation and the draw remain.
+        truncation = SamplingBatch.from_params([SamplingParams(
+            temperature=1.0, top_k=int(batch.top_k[row]), top_p=float(batch.top_p[row]),
+            min_p=float(batch.min_p[row]), seed=0)])
+        generator = row_generator(int(batch.seed[row]), int(batch.step[row]))
+        tokens[row] = torch_sort_sample(z[row:row + 1], truncation, generator)[0]
+    logprobs = z.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
+    return tokens.numpy().astype(np.int64), logprobs.numpy().astype(np.float32)

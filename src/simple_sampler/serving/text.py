@@ -1,0 +1,172 @@
+"""Text in and out: the model's own tokenizer, streaming detokenization and
+stop-word matching.
+
+* :class:`TextCodec` wraps the tokenizer (loaded once per instance): prompts
+  to ids, with the chat template when asked, and bad words to id lists.
+* :class:`Detokenizer` turns one sequence's generated ids into text deltas
+  while streaming. Their concatenation equals the one-shot decode of the ids
+  in the prompt's context: no UTF-8 character is split (a token ending inside
+  a multi-byte character is held back, its text shows as a trailing U+FFFD)
+  and no leading space is lost (each delta is decoded with the tokens before
+  it, because SentencePiece-style tokenizers drop the space of a word that
+  starts a decode).
+* :class:`StopMatcher` finds stop strings in the text stream, across token
+  boundaries, and holds back any tail that may still grow into a stop string,
+  so no text after (or partly inside) a stop string is ever emitted. The stop
+  string itself is not part of the output (OpenAI's convention).
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from .. import models
+from .engine import SMOLLM2
+
+#: Decode replaces an incomplete UTF-8 sequence by this character.
+REPLACEMENT_CHARACTER = "\ufffd"
+
+#: Prompt tokens decoded with the first generated tokens, so their leading
+#: space (and any merge with the prompt's last bytes) comes out as in a full decode.
+PROMPT_CONTEXT_TOKENS = 4
+
+
+def load_tokenizer(source: str | os.PathLike | None = None):
+    """The tokenizer of a model source (see ``engine.load_model``), without
+    loading the weights when the model directory (or its converted copy)
+    already exists."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    if source is None or str(source) == SMOLLM2:
+        directory = models.cache_dir() / models.SMOLLM2_CACHE_NAME
+    elif str(source).endswith(".gguf"):
+        directory = models.gguf_cache_path(source)
+    else:
+        directory = source
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        from .engine import load_model
+
+        return load_model(source)[1]  # converts the GGUF once
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+class TextCodec:
+    """Prompt encoding and per-sequence decoding with one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_source(cls, source: str | os.PathLike | None = None) -> "TextCodec":
+        return cls(load_tokenizer(source))
+
+    @property
+    def end_id(self) -> int:
+        """The end-of-sequence id (for chat models, the end of a turn)."""
+        return int(self.tokenizer.eos_token_id)
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of ``prompt``; with ``chat`` it is sent as one user turn
+        through the model's chat template, with the assistant's turn opened.
+        Raises ValueError for an empty prompt or ``chat`` on a model without a
+        chat template."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("text_input must be a non-empty string")
+        if not chat:
+            return list(self.tokenizer(prompt)["input_ids"])
+        if not self.tokenizer.chat_template:
+            raise ValueError("chat was requested but the model has no chat template")
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        # The template already holds any special tokens the model wants.
+        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """One-shot decode, special tokens skipped (as the detokenizer does)."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Each bad word as the id sequence the model would generate for it
+        (encoded without special tokens). Raises ValueError for a non-string
+        or empty word."""
+        lists = []
+        for word in words:
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"bad_words must be non-empty strings, got {word!r}")
+            lists.append(list(self.tokenizer(word, add_special_tokens=False)["input_ids"]))
+        return lists
+
+    def detokenizer(self, prompt_ids: Sequence[int] = ()) -> "Detokenizer":
+        return Detokenizer(self, prompt_ids)
+
+
+class Detokenizer:
+    """Streaming decode of one sequence's generated ids (module docstring).
+
+    Holds a window of ids: ``[window_start, emitted_end)`` is text already
+    emitted (kept as decoding context), ``[emitted_end, len)`` is not emitted
+    yet. Each call decodes only the window, so the cost per token stays flat.
+    """
+
+    def __init__(self, codec: TextCodec, prompt_ids: Sequence[int] = ()):
+        self.codec = codec
+        self.ids = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.window_start = 0
+        self.emitted_end = len(self.ids)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add generated ids; return the text that became stable (may be '')."""
+        self.ids.extend(int(t) for t in token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """The rest of the text at the end of the sequence, held-back
+        incomplete characters included (as U+FFFD, like a one-shot decode)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self.emitted_end == len(self.ids):
+            return ""
+        done = self.codec.decode(self.ids[self.window_start:self.emitted_end])
+        text = self.codec.decode(self.ids[self.window_start:])
+        if not final and (text.endswith(REPLACEMENT_CHARACTER) or len(text) <= len(done)):
+            return ""
+        self.window_start, self.emitted_end = self.emitted_end, len(self.ids)
+        return text[len(done):]
+
+
+class StopMatcher:
+    """Cuts a text stream at the first stop string (module docstring).
+
+    ``feed`` returns the text that is safe to emit and whether a stop string
+    was found; after a stop nothing more is emitted.
+    """
+
+    def __init__(self, stop_words: Sequence[str] = ()):
+        for word in stop_words:
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"stop_words must be non-empty strings, got {word!r}")
+        self.stop_words = list(stop_words)
+        self.held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """``(text to emit, stopped)`` after appending ``text`` to the stream."""
+        if self.stopped:
+            return "", True
+        self.held += text
+        found = [i for i in (self.held.find(w) for w in self.stop_words) if i >= 0]
+        if found:
+            self.stopped = True
+            emit, self.held = self.held[:min(found)], ""
+            return emit, True
+        keep = max((k for w in self.stop_words for k in range(1, len(w))
+                    if self.held.endswith(w[:k])), default=0)
+        emit, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return emit, False
+
+    def flush(self) -> str:
+        """The held-back tail, at the end of a stream that did not stop."""
+        emit, self.held = ("" if self.stopped else self.held), ""
+        return emit

@@ -1,0 +1,288 @@
+"""The decode loop: scheduling, finishing and cancellation with a fake engine
+and tokenizer; seed invariance and the answer with the real SmolLM2."""
+import asyncio
+import time
+
+import pytest
+import torch
+
+from simple_sampler import SamplingParams
+from simple_sampler.serving.decoder import (Decoder, GenerationRequest, kernel_sample,
+                                            threaded)
+from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.serving.text import TextCodec
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+END_ID = 0
+VOCAB = 1 + len(LETTERS) + 1  # end id, letters, space
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class FakeTokenizer:
+    """One token per character: 0 is the end of sequence, then a-z and ' '."""
+
+    eos_token_id = END_ID
+    chat_template = None
+    alphabet = "\0" + LETTERS + " "
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [self.alphabet.index(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.alphabet[i] for i in ids if i != END_ID or not skip_special_tokens)
+
+
+def next_letter(ids):
+    """a -> b -> ... -> z -> a, as token ids."""
+    return ids[-1] % len(LETTERS) + 1
+
+
+class FakeEngine:
+    """Logits peaked at `script(ids)` (10), the letter after it second (5).
+
+    Records every step's rows, the most sequences active at once and every
+    release; `delay` seconds of sleep per step stand in for the forward."""
+
+    vocab_size = VOCAB
+
+    def __init__(self, max_batch_size=4, max_context=64, script=next_letter, delay=0.0):
+        self.max_batch_size, self.max_context = max_batch_size, max_context
+        self.script, self.delay = script, delay
+        self.ids, self.most_active, self.released, self.steps = {}, 0, [], []
+
+    def add(self, seq_id, prompt_ids):
+        assert len(self.ids) < self.max_batch_size
+        self.ids[seq_id] = list(prompt_ids)
+        self.most_active = max(self.most_active, len(self.ids))
+
+    def step(self, seq_ids):
+        time.sleep(self.delay)
+        self.steps.append(list(seq_ids))
+        logits = torch.full((len(seq_ids), VOCAB), -10.0)
+        for row, seq_id in enumerate(seq_ids):
+            target = self.script(self.ids[seq_id])
+            logits[row, target] = 10.0
+            logits[row, next_letter([target])] = 5.0
+        return logits
+
+    def append(self, seq_ids, token_ids):
+        for seq_id, token in zip(seq_ids, token_ids):
+            self.ids[seq_id].append(token)
+
+    def release(self, seq_id):
+        self.released.append(seq_id)
+        del self.ids[seq_id]
+
+    def length(self, seq_id):
+        return len(self.ids[seq_id])
+
+
+async def collect(handle):
+    return [event async for event in handle]
+
+
+def generate(engine, requests, codec=None, cancel_after=None, **decoder_args):
+    """Run `requests` through a decoder together; return (events per request, decoder)."""
+    async def main():
+        decoder = Decoder(engine, codec or TextCodec(FakeTokenizer()), **decoder_args)
+        await decoder.start()
+        handles = [decoder.submit(r) for r in requests]
+        results = await asyncio.gather(*(collect(h) for h in handles))
+        await decoder.close()
+        return results, decoder
+    return asyncio.run(main())
+
+
+def text_of(events):
+    return "".join(e.text for e in events)
+
+
+def test_requests_beyond_max_batch_wait_and_all_finish_once():
+    engine = FakeEngine(max_batch_size=2)
+    requests = [GenerationRequest(text=c, max_tokens=4, sampling=GREEDY) for c in "abcde"]
+    results, decoder = generate(engine, requests, mode="simple", sampler=threaded())
+    assert engine.most_active == 2 and sorted(engine.released) == list(range(5))
+    for prompt, events in zip("abcde", results):
+        assert [e.final for e in events] == [False, False, False, True]
+        assert events[-1].finish_reason == "length" and events[-1].num_output_tokens == 4
+        start = LETTERS.index(prompt) + 1
+        assert text_of(events) == LETTERS[start:start + 4]
+    assert decoder.stats.tokens == 20 and decoder.num_active == decoder.num_queued == 0
+
+
+def test_end_id_stops_unless_ignored_or_before_min_tokens():
+    engine = FakeEngine(script=lambda ids: END_ID if len(ids) >= 3 else next_letter(ids))
+    requests = [GenerationRequest(text="a", max_tokens=6, sampling=GREEDY),
+                GenerationRequest(text="a", max_tokens=6, sampling=GREEDY, ignore_end=True),
+                GenerationRequest(text="a", max_tokens=6,
+                                  sampling=SamplingParams(temperature=0.0, min_tokens=4))]
+    (ended, ignored, banned), _ = generate(engine, requests, mode="inline_kernels")
+    assert text_of(ended) == "bc" and ended[-1].finish_reason == "stop"
+    assert ended[-1].token_ids == [END_ID] and ended[-1].num_output_tokens == 3
+    assert ignored[-1].finish_reason == "length" and len(ignored) == 6
+    # min_tokens bans the end id: the runner-up letter comes instead, then the end.
+    assert [e.token_ids[0] for e in banned][-1] == END_ID and len(banned) == 5
+    assert text_of(banned) == "bcaa"  # "a" follows the end id in the fake
+
+
+def test_stop_word_ends_generation_and_is_never_emitted():
+    results, _ = generate(FakeEngine(), [GenerationRequest(
+        text="a", max_tokens=10, sampling=GREEDY, stop_words=["xyz", "def"])],
+        mode="simple", sampler=threaded())
+    events = results[0]
+    assert text_of(events) == "bc" and events[-1].finish_reason == "stop"
+    assert all("d" not in e.text for e in events) and events[-1].num_output_tokens == 5
+
+
+@pytest.mark.parametrize("bad_words", [["c"], ["bc"]])
+def test_bad_words_are_not_generated(bad_words):
+    results, _ = generate(FakeEngine(), [GenerationRequest(
+        text="a", max_tokens=3, sampling=GREEDY, bad_words=bad_words)], mode="inline")
+    assert text_of(results[0]) == "bde"
+
+
+def test_cancel_frees_the_slot_and_ends_with_one_final_event():
+    engine = FakeEngine(max_batch_size=1, delay=0.005)
+
+    async def main():
+        decoder = Decoder(engine, TextCodec(FakeTokenizer()), sampler=threaded())
+        await decoder.start()
+        running = decoder.submit(GenerationRequest(text="a", max_tokens=40, sampling=GREEDY))
+        waiting = decoder.submit(GenerationRequest(text="a", max_tokens=3, sampling=GREEDY))
+        never = decoder.submit(GenerationRequest(text="a", max_tokens=3, sampling=GREEDY))
+        never.cancel()  # still queued: cancelled at once
+        events = []
+        async for event in running:
+            events.append(event)
+            if len(events) == 2:
+                running.cancel()
+        rest = await collect(waiting)
+        await decoder.close()
+        return events, rest, await collect(never)
+
+    events, rest, never = asyncio.run(main())
+    assert events[-1].finish_reason == "cancelled" and sum(e.final for e in events) == 1
+    assert len(events) <= 4  # stopped at the next step, not after 40 tokens
+    assert rest[-1].finish_reason == "length" and text_of(rest) == "bcd"
+    assert [e.finish_reason for e in never] == ["cancelled"]
+    assert engine.released == [0, 1]  # the queued request never took a slot
+
+
+def test_a_failing_sampler_errors_its_rows_and_the_decoder_keeps_serving():
+    calls = []
+
+    async def flaky(logits, batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("decision plane unavailable")
+        return kernel_sample(logits, batch)
+
+    async def main():
+        decoder = Decoder(FakeEngine(), TextCodec(FakeTokenizer()), sampler=flaky)
+        await decoder.start()
+        failed = await collect(decoder.submit(GenerationRequest(text="a", sampling=GREEDY)))
+        served = await collect(decoder.submit(GenerationRequest(text="a", max_tokens=2,
+                                                                sampling=GREEDY)))
+        await decoder.close()
+        return failed, served
+
+    failed, served = asyncio.run(main())
+    assert len(failed) == 1 and "decision plane unavailable" in failed[0].error
+    assert text_of(served) == "bc" and served[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("request_args, message", [
+    (dict(text=""), "text_input must be a non-empty string"),
+    (dict(text=None), "exactly one of text_input and prompt_ids"),
+    (dict(prompt_ids=[1, 99]), r"prompt_ids must be a non-empty list of token ids in \[0, 28\)"),
+    (dict(text="a", max_tokens=0), r"max_tokens must be an integer in \[1, 63\], got 0"),
+    (dict(text="a", max_tokens=10**6), r"max_tokens must be an integer in \[1, 63\]"),
+    (dict(text="abcdefghij", max_tokens=60), r"prompt \(10 tokens\) plus max_tokens \(60\)"),
+    (dict(text="a", sampling=SamplingParams(temperature=-1)), "temperature must be"),
+    (dict(text="a", sampling=SamplingParams(top_p=1.5)), r"top_p must be in \(0, 1\]"),
+    (dict(text="a", stop_words="end"), "stop_words must be a list of non-empty strings"),
+    (dict(text="a", stop_words=[3]), "stop_words must be a list of non-empty strings"),
+    (dict(text="a", bad_words=[""]), "bad_words must be a list of non-empty strings"),
+    (dict(text="a", end_id=28), r"end_id must be a token id in \[0, 28\)"),
+])
+def test_bad_requests_are_rejected_with_the_field_and_range(request_args, message):
+    async def main():
+        decoder = Decoder(FakeEngine(), TextCodec(FakeTokenizer()), sampler=threaded())
+        await decoder.start()
+        with pytest.raises(ValueError, match=message):
+            decoder.submit(GenerationRequest(**request_args))
+        served = await collect(decoder.submit(GenerationRequest(text="a", max_tokens=1)))
+        await decoder.close()
+        return served
+    assert asyncio.run(main())[-1].finish_reason == "length"
+
+
+def test_two_micro_batches_hide_sampling_behind_the_data_plane():
+    async def slow_sampler(logits, batch):
+        await asyncio.sleep(0.02)
+        return kernel_sample(logits, batch)
+
+    shares = {}
+    for lanes in (1, 2):
+        engine = FakeEngine(max_batch_size=8, delay=0.02)
+        requests = [GenerationRequest(text=c, max_tokens=8, sampling=GREEDY) for c in "abcdefgh"]
+        results, decoder = generate(engine, requests, sampler=slow_sampler, micro_batches=lanes)
+        assert all(r[-1].finish_reason == "length" for r in results)
+        stats = decoder.stats
+        assert stats.sampler_s >= 0.02 * stats.steps and stats.data_plane_s >= 0.02 * stats.steps
+        shares[lanes] = stats.sampling_share
+        if lanes == 2:  # each micro-batch holds half of the sequences
+            assert {len(rows) for rows in engine.steps} == {4}
+    assert shares[1] > 0.4 and shares[2] < 0.2, shares
+
+
+# With the real model.
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model, tokenizer = load_model()
+    return model, TextCodec(tokenizer)
+
+
+PROMPTS = ["Tell me a story about a dragon.", "What is 2 + 2?", "Name a color.",
+           "Write a haiku about rain.", "Why is the sky blue?", "List three fruits.",
+           "What is the capital of Italy?", "Describe a cat."]
+
+
+def seeded_texts(smollm2, concurrency, micro_batches, mode="simple", prompts=PROMPTS):
+    model, codec = smollm2
+    requests = [GenerationRequest(text=p, chat=True, max_tokens=8, sampling=SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=50, seed=100 + i)) for i, p in enumerate(prompts)]
+    engine = TorchEngine(model, max_batch_size=concurrency, max_context=96)
+    results, _ = generate(engine, requests, codec, mode=mode, micro_batches=micro_batches,
+                          sampler=threaded())
+    return [text_of(events) for events in results]
+
+
+@pytest.mark.slow
+def test_seeded_text_is_the_same_at_any_concurrency_and_split(smollm2):
+    alone = seeded_texts(smollm2, concurrency=1, micro_batches=1)
+    assert len(set(alone)) == len(PROMPTS)
+    assert seeded_texts(smollm2, concurrency=8, micro_batches=2) == alone
+    assert seeded_texts(smollm2, concurrency=8, micro_batches=1) == alone
+    assert seeded_texts(smollm2, concurrency=8, micro_batches=1, mode="inline_kernels") == alone
+
+
+def test_seeded_inline_text_is_the_same_at_any_concurrency(smollm2):
+    prompts = PROMPTS[:3]
+    assert (seeded_texts(smollm2, concurrency=1, micro_batches=1, mode="inline", prompts=prompts)
+            == seeded_texts(smollm2, concurrency=3, micro_batches=1, mode="inline",
+                            prompts=prompts))
+
+
+@pytest.mark.parametrize("mode", ["simple", "inline"])
+def test_greedy_chat_answer_names_paris(smollm2, mode):
+    model, codec = smollm2
+    request = GenerationRequest(text="What is the capital of France?", chat=True, max_tokens=30,
+                                sampling=GREEDY, return_log_probs=True)
+    results, _ = generate(TorchEngine(model, max_batch_size=2, max_context=128), [request],
+                          codec, mode=mode, sampler=threaded())
+    events = results[0]
+    assert "Paris" in text_of(events) and events[-1].finish_reason == "stop"
+    assert events[-1].token_ids == [codec.end_id]
+    assert abs(events[-1].cum_log_prob - sum(e.logprobs[0] for e in events)) < 1e-3

@@ -1,0 +1,118 @@
+"""Streaming detokenization and stop words with SmolLM2's own tokenizer."""
+import numpy as np
+import pytest
+
+from simple_sampler.serving.text import REPLACEMENT_CHARACTER, StopMatcher, TextCodec
+
+TEXTS = [
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "  leading spaces, trailing spaces  ",
+    "北京是中国的首都，上海是最大的城市。",
+    "Emoji: 🦊🚀👩‍👩‍👧 and flags 🇫🇷🇯🇵 in a row",
+    "Accented: crème brûlée, naïve café, Ærøskøbing, Dvořák, Łódź",
+    "Mixed 日本語 text with ümlauts and ∑ math ∫ symbols → arrows",
+    "def f(x):\n    return x ** 2  # squares\n\n\ttabbed",
+]
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec.from_source()
+
+
+def stream(codec, prompt_ids, output_ids, chunk=1):
+    detokenizer = codec.detokenizer(prompt_ids)
+    deltas = [detokenizer.push(output_ids[i:i + chunk]) for i in range(0, len(output_ids), chunk)]
+    deltas.append(detokenizer.flush())
+    return deltas
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_streamed_text_equals_one_shot_decode(codec, chunk):
+    prompt_ids = codec.encode("Say something:")
+    for text in TEXTS:
+        output_ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+        deltas = stream(codec, prompt_ids, output_ids, chunk)
+        assert "".join(deltas) == codec.decode(output_ids) == text
+        # Nothing half-decoded ever goes out: no delta carries U+FFFD.
+        assert not any(REPLACEMENT_CHARACTER in delta for delta in deltas)
+
+
+def test_multi_byte_characters_are_held_until_complete(codec):
+    ids = codec.tokenizer("🦊", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 1  # the fox spans several byte tokens
+    deltas = stream(codec, [], ids)
+    assert deltas[:-2] == [""] * (len(ids) - 1) and deltas[-2] == "🦊"
+
+
+def test_random_ids_stream_like_one_shot_decode(codec):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ids = rng.integers(0, 49152, size=40).tolist()
+        assert "".join(stream(codec, [], ids)) == codec.decode(ids)
+
+
+def test_special_tokens_are_not_emitted(codec):
+    ids = codec.tokenizer("Bye", add_special_tokens=False)["input_ids"] + [codec.end_id]
+    assert "".join(stream(codec, [], ids)) == "Bye"
+
+
+def test_chat_template_is_applied(codec):
+    plain, chat = codec.encode("Hi"), codec.encode("Hi", chat=True)
+    assert len(chat) > len(plain)
+    assert codec.tokenizer.decode(chat).rstrip().endswith("assistant")
+    with pytest.raises(ValueError, match="text_input must be a non-empty string"):
+        codec.encode("")
+
+
+def stop_stream(codec, text, stop_words):
+    """Feed `text` token by token through detokenizer and stop matcher."""
+    matcher = StopMatcher(stop_words)
+    detokenizer = codec.detokenizer()
+    emitted, stopped = [], False
+    for token in codec.tokenizer(text, add_special_tokens=False)["input_ids"]:
+        delta, stopped = matcher.feed(detokenizer.push([token]))
+        emitted.append(delta)
+        if stopped:
+            break
+    if not stopped:
+        emitted.append(matcher.feed(detokenizer.flush())[0] + matcher.flush())
+    return emitted, stopped
+
+
+def test_stop_word_split_across_tokens(codec):
+    text = "The answer is 42.\n###Instruction: more"
+    ids = codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert not any("###Instruction" in codec.decode([t]) for t in ids)  # split over tokens
+    emitted, stopped = stop_stream(codec, text, ["###Instruction"])
+    assert stopped and "".join(emitted) == "The answer is 42.\n"
+    # The '#' characters were held back, never emitted ahead of the decision.
+    assert all("#" not in delta for delta in emitted)
+
+
+def test_stop_word_prefix_is_released_when_it_does_not_complete(codec):
+    emitted, stopped = stop_stream(codec, "one ## two ###three", ["###x"])
+    assert not stopped and "".join(emitted) == "one ## two ###three"
+
+
+def test_earliest_stop_word_wins():
+    matcher = StopMatcher(["cd", "b"])
+    assert matcher.feed("abcd") == ("a", True)
+    assert matcher.feed("more") == ("", True)
+
+
+def test_stop_matcher_holds_only_possible_prefixes():
+    matcher = StopMatcher(["STOP"])
+    assert matcher.feed("aS") == ("a", False)
+    assert matcher.feed("T") == ("", False)
+    assert matcher.feed("x") == ("STx", False)
+    assert matcher.flush() == ""
+
+
+def test_bad_words_ids(codec):
+    ids = codec.bad_words_ids(["Paris", " Paris"])
+    assert [codec.decode(i) for i in ids] == ["Paris", " Paris"]
+    with pytest.raises(ValueError, match="bad_words must be non-empty strings"):
+        codec.bad_words_ids([""])
+    with pytest.raises(ValueError, match="stop_words must be non-empty strings"):
+        StopMatcher([3])
