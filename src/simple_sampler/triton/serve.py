@@ -11,15 +11,62 @@ from __future__ import annotations
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..serving.decoder import SAMPLING_MODES
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
 
 
-def assemble_repository(destination: Path, sampler: SamplerConfig) -> Path:
+@dataclass
+class LlmConfig:
+    """The values of the ensemble's, preprocessing's and llm's placeholders.
+
+    model: "" for SmolLM2-135M-Instruct, else a local Hugging Face directory
+    or GGUF file; sampling_mode: simple | inline | inline_kernels;
+    engine_max_batch_size: sequences decoded together (more wait in a queue);
+    micro_batches: lanes the active sequences are split into (overlap);
+    sampler_shards: concurrent sampler requests per micro-batch.
+    """
+
+    model: str = ""
+    sampling_mode: str = "simple"
+    triton_max_batch_size: int = 64
+    preprocessing_instances: int = 1
+    engine_max_batch_size: int = 32
+    max_context: int = 1024
+    micro_batches: int = 2
+    sampler_shards: int = 2
+    sampler_model: str = "simple_sampler"
+
+    def validate(self) -> None:
+        if self.sampling_mode not in SAMPLING_MODES:
+            raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
+                             f"got {self.sampling_mode!r}")
+        for name in ("triton_max_batch_size", "preprocessing_instances", "engine_max_batch_size",
+                     "micro_batches", "sampler_shards"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def assemble_repository(destination: Path, sampler: SamplerConfig,
+                        llm: LlmConfig | None = None) -> Path:
+    """The sampler alone, or (with `llm`) the whole generation repository:
+    ensemble, preprocessing, llm and simple_sampler."""
     sampler.validate()
     write_model(destination, "simple_sampler", "simple_sampler", vars(sampler))
+    if llm is not None:
+        llm.validate()
+        values = vars(llm)
+        write_model(destination, "ensemble", "ensemble",
+                    {"triton_max_batch_size": llm.triton_max_batch_size})
+        write_model(destination, "preprocessing", "preprocessing",
+                    {k: values[k] for k in ("triton_max_batch_size", "preprocessing_instances",
+                                            "model")})
+        write_model(destination, "llm", "llm",
+                    {k: v for k, v in values.items() if k != "preprocessing_instances"})
     return destination
 
 
@@ -30,11 +77,12 @@ def shared_memory_bytes(sampler: SamplerConfig) -> int:
 
 
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
-        repository: Path | None = None, log_path: Path | None = None) -> int:
+        llm: LlmConfig | None = None, repository: Path | None = None,
+        log_path: Path | None = None) -> int:
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
-                                             sampler)
+                                             sampler, llm)
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path)

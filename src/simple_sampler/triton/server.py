@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.error
@@ -132,6 +133,12 @@ class TritonServer:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         libs = [str(p) for p in self.install.library_dirs]
+        # The backend stub links libpython3.X.so dynamically; without this it
+        # finds the system's copy, whose patch release may lack symbols this
+        # interpreter's extension modules need (Debian's 3.11.2 under a 3.11.7
+        # stdlib: `import ssl`, and so transformers, fails in every model).
+        if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+            libs.insert(0, sysconfig.get_config_var("LIBDIR"))
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
         # Model processes must import this interpreter's packages (the venv's).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

@@ -1,0 +1,29 @@
+"""Text to token ids with the model's own tokenizer (chat template on request)."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from simple_sampler.serving.text import TextCodec
+from simple_sampler.triton.generate_io import encode_prompt
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.codec = TextCodec.from_source(parameters["model"]["string_value"] or None)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = {name: tensor.as_numpy() for name in ("text_input", "apply_chat_template")
+                      if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
+            try:
+                ids = encode_prompt(self.codec, inputs)
+            except ValueError as error:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("input_ids", np.asarray([ids], np.int32))]))
+        return responses

@@ -1,0 +1,148 @@
+"""The decode loop as a Triton model's engine room, testable without Triton.
+
+``LlmService`` runs a :class:`~simple_sampler.serving.decoder.Decoder` on an
+asyncio loop in its own thread. Triton's ``execute`` hands each request's
+tensors to :meth:`LlmService.submit` with a ``send`` callback; the service
+streams the request's events through it and sends exactly one final
+response (or one error). A request whose client went away
+(``is_cancelled()``) is cancelled at its next step.
+
+In ``simple`` mode the sampler is remote: :func:`remote_sampler` splits each
+micro-batch's rows into up to ``shards`` requests to the ``simple_sampler``
+model and sends them at once, so the rows of one step are sampled on several
+instances in parallel while the data plane computes the next micro-batch.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+
+from ..params import SamplingBatch
+from ..serving.decoder import Decoder, GenerationEvent
+from ..serving.engine import DEFAULT_MAX_CONTEXT, TorchEngine
+from ..serving.text import TextCodec
+from .generate_io import decode_generate, encode_event, merge_events
+from .sampler_client import batch_arrays
+
+#: send(outputs, error, final): one response; outputs None with an error
+#: (ValueError: the request was bad; RuntimeError: generation failed).
+Send = Callable[[dict | None, Exception | None, bool], None]
+#: call(inputs) -> outputs: one synchronous request to the sampler model.
+SamplerCall = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+CANCEL_POLL_S = 0.1
+
+
+@dataclass
+class LlmSettings:
+    """The llm model's parameters (config.pbtxt): see README.md."""
+
+    model: str = ""
+    sampling_mode: str = "simple"
+    max_batch_size: int = 32
+    max_context: int = DEFAULT_MAX_CONTEXT
+    micro_batches: int = 2
+    sampler_shards: int = 2
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]) -> "LlmSettings":
+        fields = cls.__dataclass_fields__
+        unknown = sorted(set(parameters) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown llm parameter {unknown[0]}; known: {', '.join(fields)}")
+        return cls(**{k: type(getattr(cls, k))(v) for k, v in parameters.items()})
+
+
+def remote_sampler(call: SamplerCall, shards: int):
+    """An async sampler for the Decoder that asks the sampler model."""
+
+    async def sampler(logits: torch.Tensor, batch: SamplingBatch):
+        rows = logits.numpy()
+        arrays = batch_arrays(batch)
+        arrays["return_log_probs"] = np.ones((len(batch), 1), bool)
+        bounds = np.linspace(0, len(batch), min(shards, len(batch)) + 1).astype(int)
+        parts = await asyncio.gather(*(
+            asyncio.to_thread(call, {"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}})
+            for a, b in zip(bounds[:-1], bounds[1:])))
+        tokens = np.concatenate([p["output_ids"][:, 0] for p in parts]).astype(np.int64)
+        logprobs = np.concatenate([p["output_log_probs"][:, 0] for p in parts])
+        return tokens, logprobs
+
+    return sampler
+
+
+class LlmService:
+    """A Decoder on its own event-loop thread (module docstring)."""
+
+    def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
+                 engine=None, codec: TextCodec | None = None):
+        self.settings = settings
+        source = settings.model or None
+        self.codec = codec or TextCodec.from_source(source)
+        self.engine = engine or TorchEngine.from_source(
+            source, max_batch_size=settings.max_batch_size, max_context=settings.max_context)
+        sampler = remote_sampler(sampler_call, settings.sampler_shards) if sampler_call else None
+        self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
+                               settings.micro_batches)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="decode-loop",
+                                       daemon=True)
+        self.thread.start()
+        self._call(self.decoder.start()).result()
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def submit(self, inputs: Mapping[str, object], send: Send,
+               is_cancelled: Callable[[], bool] = lambda: False):
+        """Start one request; returns a future done when its final response
+        has been sent. Bad input is answered with one error response."""
+        return self._call(self._serve(inputs, send, is_cancelled))
+
+    async def _serve(self, inputs, send: Send, is_cancelled) -> None:
+        try:
+            decoded = decode_generate(inputs)
+            handle = self.decoder.submit(decoded.request)
+        except ValueError as error:
+            send(None, error, True)
+            return
+        events: list[GenerationEvent] = []
+        while True:
+            try:  # Queue.get is cancellation-safe: a timeout loses no event
+                event = await asyncio.wait_for(handle.events.get(), CANCEL_POLL_S)
+            except asyncio.TimeoutError:
+                if is_cancelled():
+                    handle.cancel()
+                continue
+            if event.error:
+                send(None, RuntimeError(event.error), True)
+                return
+            if decoded.stream:
+                send(encode_event(event), None, event.final)
+            else:
+                events.append(event)
+                if event.final:
+                    prefix = "" if decoded.exclude_input_in_output else \
+                        self.codec.decode(self._prompt_ids(decoded, event))
+                    send(encode_event(merge_events(events), prefix), None, True)
+            if event.final:
+                return
+
+    def _prompt_ids(self, decoded, event) -> list[int]:
+        request = decoded.request
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        return self.codec.encode(request.text, request.chat)
+
+    def stats(self):
+        return self.decoder.stats
+
+    def close(self) -> None:
+        self._call(self.decoder.close()).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+
