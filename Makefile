@@ -30,10 +30,16 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/simple-sampler bench kernels
 
+# Triton with the whole repository (SmolLM2 on CPU, the SIMPLE sampler on
+# $(INSTANCES) CPU instances); streams one answer, then serves until Ctrl-C.
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+INSTANCES ?= 2
 serve: $(STAMP)
-	@echo "make serve: the Triton server is not built yet (issues 4 and 5)."
-	@echo "What exists today: the sampling kernels; try 'make bench' or 'make test'."
-	@exit 1
+	$(VENV)/bin/simple-sampler serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
+		--metrics-port $(METRICS_PORT) --instances $(INSTANCES) \
+		--demo "What is the capital of France?"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c

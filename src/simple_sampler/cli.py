@@ -40,8 +40,38 @@ def serve(args: argparse.Namespace) -> int:
                             max_queue_delay_us=args.max_queue_delay_us,
                             logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
                             num_threads=args.num_threads, vocab_size=args.vocab_size)
-    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
-                       repository=args.model_repository, log_path=args.log)
+    llm = None if args.sampler_only else serving.LlmConfig(
+        model=args.model, sampling_mode=args.sampling_mode,
+        engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
+        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances)
+    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
+                       repository=args.model_repository, log_path=args.log, demo=args.demo)
+
+
+GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
+                    ("min_p", float), ("repetition_penalty", float), ("presence_penalty", float),
+                    ("frequency_penalty", float), ("seed", int), ("min_length", int),
+                    ("end_id", int))
+
+
+def generate(args: argparse.Namespace) -> int:
+    from .client import GenerateClient, GenerationError
+
+    params = {name: getattr(args, name) for name, _ in GENERATION_FLAGS}
+    params.update(stop_words=args.stop or None, bad_words=args.bad or None,
+                  apply_chat_template=not args.raw, exclude_input_in_output=True)
+    client = GenerateClient(args.url, args.protocol)
+    try:
+        if args.stream:
+            for chunk in client.stream(args.prompt, **params):
+                print(chunk.text, end="", flush=True)
+            print()
+        else:
+            print(client.generate(args.prompt, **params).text)
+    except GenerationError as error:
+        print(f"simple-sampler generate: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def fill_template(args: argparse.Namespace) -> int:
@@ -93,7 +123,35 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--model-repository", type=Path,
                         help="serve this repository as it is instead of assembling one")
     server.add_argument("--log", type=Path, help="server log file (default: a temporary file)")
+    server.add_argument("--sampler-only", action="store_true",
+                        help="serve the simple_sampler model alone (no LLM)")
+    server.add_argument("--model", default="",
+                        help="Hugging Face directory or GGUF file (default: SmolLM2-135M-Instruct)")
+    server.add_argument("--sampling-mode", default="simple",
+                        choices=["simple", "inline", "inline_kernels"])
+    server.add_argument("--engine-max-batch-size", type=int, default=32,
+                        help="sequences decoded together; more wait in a queue")
+    server.add_argument("--max-context", type=int, default=1024)
+    server.add_argument("--micro-batches", type=int, default=2,
+                        help="lanes overlapping the data plane with sampling (1: none)")
+    server.add_argument("--sampler-shards", type=int, default=0,
+                        help="concurrent sampler requests per micro-batch (0: --instances)")
+    server.add_argument("--demo", metavar="PROMPT",
+                        help="once ready, stream the answer to PROMPT, then keep serving")
     server.set_defaults(handler=serve)
+
+    gen = commands.add_parser("generate", help="ask a running server; prints the answer")
+    gen.add_argument("prompt")
+    gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    gen.add_argument("--url", default="127.0.0.1:8001", help="host:port of --protocol")
+    gen.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    gen.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
+    gen.add_argument("--stop", action="append", help="a stop word (repeatable)")
+    gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")
+    for name, kind in GENERATION_FLAGS:
+        gen.add_argument(f"--{name.replace('_', '-')}", type=kind,
+                         default=64 if name == "max_tokens" else None)
+    gen.set_defaults(handler=generate)
 
     fill = commands.add_parser("fill-template",
                                help="fill ${name} placeholders of a config.pbtxt in place")

@@ -76,9 +76,26 @@ def shared_memory_bytes(sampler: SamplerConfig) -> int:
     return max(64 * MiB, sampler.request_bytes() + 16 * MiB)
 
 
+def show_demo(server: TritonServer, prompt: str) -> None:
+    """Stream one answer over gRPC, as a user's client would."""
+    from ..client import GenerateClient, GenerationError
+
+    print(f"\n> {prompt}\n", flush=True)
+    try:
+        for chunk in GenerateClient(server.grpc_url, "grpc").stream(
+                prompt, max_tokens=64, apply_chat_template=True, temperature=0.7, top_p=0.9,
+                seed=0):
+            print(chunk.text, end="", flush=True)
+        print(f"\n\n(curl -s http://{server.http_url}/v2/models/ensemble/generate -d "
+              f"'{{\"text_input\": \"Hello\", \"max_tokens\": 16}}')\nCtrl-C stops the server.",
+              flush=True)
+    except GenerationError as error:
+        print(f"demo request failed: {error}", file=sys.stderr, flush=True)
+
+
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
         llm: LlmConfig | None = None, repository: Path | None = None,
-        log_path: Path | None = None) -> int:
+        log_path: Path | None = None, demo: str | None = None) -> int:
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
@@ -92,7 +109,9 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
         return 2
     print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
-    print(f"model repository: {repository}; server log: {log_path}")
+    print(f"model repository: {repository}; server log: {log_path}", flush=True)
+    if demo:
+        show_demo(server, demo)
     stopping = []
 
     def stop(signum, _frame):
