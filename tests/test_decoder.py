@@ -236,6 +236,15 @@ def test_two_micro_batches_hide_sampling_behind_the_data_plane():
     assert shares[1] > 0.4 and shares[2] < 0.2, shares
 
 
+def test_lanes_are_rebalanced_when_requests_finish():
+    engine = FakeEngine(max_batch_size=4)
+    # Admission alternates lanes: the two short requests leave lane 1 empty.
+    requests = [GenerationRequest(text="a", max_tokens=n, sampling=GREEDY) for n in (8, 1, 8, 1)]
+    results, _ = generate(engine, requests, sampler=threaded(), micro_batches=2)
+    assert [len(events) for events in results] == [8, 1, 8, 1]
+    assert [len(rows) for rows in engine.steps[-4:]] == [1, 1, 1, 1]
+
+
 # With the real model.
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ executor, so forwards run one at a time and the event loop stays free), the
 sampler turns them into tokens, the tokens go back to the engine. While one
 lane waits on its sampler the engine computes the other lane's step, so with
 K >= 2 sampling leaves the critical path; K = 1 is the plain serial loop.
-A new request joins the lane with the fewest sequences.
+A new request joins the lane with the fewest sequences, and a lane holding
+more than its share hands sequences to the smallest lane between its steps.
 
 Sampling modes (``mode``):
 
@@ -396,6 +397,7 @@ class Decoder:
         while True:
             for sequence in [s for s in lane if s.cancelled]:
                 self._finish(sequence, FINISH_CANCELLED)
+            self._rebalance(index)
             if not lane:
                 wake.clear()
                 await wake.wait()
@@ -421,12 +423,25 @@ class Decoder:
                     sampler_s = time.perf_counter() - started
                 else:
                     self.stats.sampling_exposed_s += local_sample_s
+                self._record(len(sequences), forward_s, sampler_s)
+                self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
             except Exception as error:  # noqa: BLE001 - every request must get its final event
                 for sequence in sequences:
                     self._finish(sequence, error=f"{type(error).__name__}: {error}")
-                continue
-            self._record(len(sequences), forward_s, sampler_s)
-            self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+
+    def _rebalance(self, index: int) -> None:
+        """Move sequences from lane ``index`` (between its steps, so they are
+        idle) to the smallest lanes while it holds more than its share:
+        finishing requests would otherwise leave one lane with all the work
+        and nothing to overlap it with."""
+        lane = self.lanes[index]
+        share = -(-self.num_active // len(self.lanes))  # ceil
+        while len(lane) > share:
+            target = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
+            if len(self.lanes[target]) + 1 >= len(lane):
+                return
+            self.lanes[target].append(lane.pop())
+            self.wake[target].set()
 
     def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
         """In the data-plane thread: the forward, then in inline modes the

@@ -114,9 +114,10 @@ class TorchEngine:
     and uninitialized memory may hold NaN.
 
     Prefill is lazy: ``add`` only records the prompt; the first ``step`` that
-    includes the sequence runs the prompt through the model, one sequence per
-    forward so no row is padded to another's prompt length. Sequences with one
-    pending token (the decode case) share one batched forward.
+    includes the sequence runs the prompt through the model. A step makes at
+    most two forwards: one for the sequences with one pending token (decode)
+    and one for those with several (prefill, left-padded to the longest
+    prompt of the step), so a decode row is never padded to a prompt.
 
     Thread safety: one ``step`` runs at a time (others wait); ``add``,
     ``append``, ``release`` and ``length`` may be called from another thread
@@ -193,12 +194,10 @@ class TorchEngine:
                                          f"append the sampled token before the next step")
                 work = [(row.slot, row.cached, list(row.pending)) for row in rows]
             logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32)
-            decode = [i for i, (_, _, pending) in enumerate(work) if len(pending) == 1]
-            if decode:
-                logits[decode] = self._forward([work[i] for i in decode])
-            for i, item in enumerate(work):
-                if len(item[2]) > 1:
-                    logits[i] = self._forward([item])[0]
+            for prefill in (False, True):
+                group = [i for i, (_, _, pending) in enumerate(work) if (len(pending) > 1) == prefill]
+                if group:
+                    logits[group] = self._forward([work[i] for i in group])
             with self.state_lock:
                 for row, (_, _, pending) in zip(rows, work):
                     row.cached += len(pending)
@@ -252,15 +251,29 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
-        """One model forward over rows ``(slot, cached, pending)`` that all have
-        the same number q of pending tokens. Row r's tokens take positions
-        ``cached .. cached + q - 1`` and attend to its positions up to their
-        own. Returns float32 ``[rows, vocab]``: the logits after each row's last
-        pending token."""
+        """One model forward over rows ``(slot, cached, pending)``. Returns
+        float32 ``[rows, vocab]``: the logits after each row's last pending
+        token.
+
+        Rows are left-padded to the longest pending list (q tokens), so every
+        row's last token sits at query index q - 1 and the model computes
+        logits for that index only. A row's real tokens take positions
+        ``cached, cached + 1, ...`` and attend to its positions up to their
+        own; its padding takes the positions right after them, whose cache
+        entries are overwritten by the real tokens at those positions before
+        any query can attend to them. Positions stay below ``max_context``
+        because only prompts (``cached == 0``) have several pending tokens.
+        """
         slots = torch.tensor([slot for slot, _, _ in work])
+        lengths = torch.tensor([len(pending) for _, _, pending in work])
+        width = int(lengths.max())
+        padding = width - lengths
+        input_ids = torch.tensor([[0] * (width - len(pending)) + pending for _, _, pending in work])
         starts = torch.tensor([cached for _, cached, _ in work])
-        input_ids = torch.tensor([pending for _, _, pending in work])
-        positions = starts[:, None] + torch.arange(input_ids.shape[1])[None, :]
+        index = torch.arange(width)[None, :]
+        real = index >= padding[:, None]
+        positions = starts[:, None] + torch.where(real, index - padding[:, None],
+                                                  lengths[:, None] + index)
         kv_length = int(positions.max()) + 1
         # mask[r, 0, i, j]: query i of row r may attend to key position j.
         mask = (torch.arange(kv_length)[None, None, :] <= positions[:, :, None])[:, None]
