@@ -165,3 +165,19 @@ def test_batch_arrays_round_trip(logits):
     decoded = decode_request({"logits": logits, **batch_arrays(batch)}).batch
     for name, value in vars(batch).items():
         np.testing.assert_array_equal(getattr(decoded, name), value, err_msg=name)
+
+
+def test_bans_travel_as_minus_infinity_bias(logits):
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.sampling import sample
+    from simple_sampler.triton.sampler_client import batch_arrays
+
+    params = [SamplingParams(seed=s, min_tokens=3, stop_token_ids=[int(np.argmax(logits[s]))],
+                             logit_bias={int(np.argmax(logits[s])): 1.0, 2: 0.5}, temperature=0.0)
+              for s in range(3)]
+    batch = SamplingBatch.from_params(params)
+    assert batch.ban_ids.size == 3
+    served = sample_request(decode_request({"logits": logits, **batch_arrays(batch)}))
+    direct = sample(logits, batch)
+    np.testing.assert_array_equal(served["output_ids"][:, 0], direct.token_ids)
+    assert not np.isin(direct.token_ids, batch.ban_ids).any()

@@ -47,6 +47,11 @@ class TritonPythonModel:
                                            kind=pb_utils.MetricFamily.COUNTER)
             self.metric_families.append(family)
             self.metrics[name] = family.Metric(labels=labels)
+        family = pb_utils.MetricFamily(name="simple_llm_requests_in_flight",
+                                       description="Requests decoding or queued",
+                                       kind=pb_utils.MetricFamily.GAUGE)
+        self.metric_families.append(family)
+        self.in_flight = family.Metric(labels=labels)
         self.reported = {name: 0 for name in self.metrics}
         self.report_lock = threading.Lock()
 
@@ -71,8 +76,9 @@ class TritonPythonModel:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, np.expand_dims(value, 0)) for name, value in outputs.items()])
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            response_sender.send(response, flags=flags)
-            if final:
+            try:  # raises when the client has gone away; the stats still count
+                response_sender.send(response, flags=flags)
+            finally:
                 self._report_stats()
         return send
 
@@ -81,6 +87,7 @@ class TritonPythonModel:
             self._report_stats_locked()
 
     def _report_stats_locked(self):
+        self.in_flight.set(self.service.decoder.num_active + self.service.decoder.num_queued)
         stats = self.service.stats()
         totals = {"data_plane_us": stats.data_plane_s, "sampler_us": stats.sampler_s,
                   "sampling_exposed_us": stats.sampling_exposed_s, "busy_us": stats.busy_s}

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as system_shm
 from tritonclient.utils import np_to_triton_dtype
 
-from ..params import SamplingBatch
+from ..params import SamplingBatch, ragged
 from .sampler_io import PADDING, SCALAR_INPUTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
@@ -37,9 +37,12 @@ def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING
 
 def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     """The sampler inputs that carry `batch` (the inverse of decode_request).
-    Bans have no tensor of their own: send end_id and min_tokens instead."""
-    if batch.ban_ids.size:
-        raise ValueError("a batch with banned ids has no tensor form: send end_id and min_tokens")
+
+    Banned ids travel as a logit bias of -inf, which the kernels treat
+    exactly as a ban (a ban overrides any bias the same id had), so a batch
+    from the decode loop (stop ids before min_tokens, bad words) needs no
+    tensor of its own.
+    """
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
         dtype = np.int32 if field == "top_k" else np.float32
@@ -48,11 +51,25 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
     arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
     arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
-    if batch.bias_ids.size:
-        arrays["logit_bias_ids"] = padded(batch.bias_offsets, batch.bias_ids)
-        arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values,
-                                             np.float32, 0.0)
+    bias_offsets, bias_ids, bias_values = _bias_with_bans(batch)
+    if bias_ids.size:
+        arrays["logit_bias_ids"] = padded(bias_offsets, bias_ids)
+        arrays["logit_bias_values"] = padded(bias_offsets, bias_values, np.float32, 0.0)
     return arrays
+
+
+def _bias_with_bans(batch: SamplingBatch):
+    """CSR bias lists where every banned id is -inf (once per row)."""
+    lists = []
+    for row in range(len(batch)):
+        bias = dict(zip(batch.bias_ids[batch.bias_offsets[row]:batch.bias_offsets[row + 1]].tolist(),
+                        batch.bias_values[batch.bias_offsets[row]:batch.bias_offsets[row + 1]].tolist()))
+        for banned in batch.ban_ids[batch.ban_offsets[row]:batch.ban_offsets[row + 1]].tolist():
+            bias[banned] = -np.inf
+        lists.append(bias)
+    offsets, ids = ragged([list(b) for b in lists])
+    values = np.fromiter((v for b in lists for v in b.values()), np.float64, count=ids.size)
+    return offsets, ids, values
 
 
 class SamplerClient:

@@ -1,0 +1,200 @@
+"""Text generation through a real tritonserver running the whole repository
+(ensemble -> preprocessing -> llm decode loop -> simple_sampler instances),
+over HTTP generate / generate_stream and gRPC streaming."""
+import re
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from simple_sampler.client import GenerateClient, GenerationError
+from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.engine import TorchEngine
+from simple_sampler.serving.text import TextCodec
+from simple_sampler.params import SamplingParams
+from simple_sampler.triton.serve import LlmConfig, assemble_repository
+from simple_sampler.triton.server import SamplerConfig, TritonServer
+
+pytestmark = pytest.mark.slow
+CONTEXT = 512
+QUESTION = "What is the capital of France?"
+SAMPLED = dict(temperature=0.8, top_p=0.95, top_k=50, apply_chat_template=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repository = assemble_repository(
+        tmp_path_factory.mktemp("repository"),
+        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
+        LlmConfig(engine_max_batch_size=32, max_context=CONTEXT, sampler_shards=2))
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    with TritonServer(repository, log_path=log) as running:
+        yield running
+
+
+def grpc(server):
+    return GenerateClient(server.grpc_url, "grpc")
+
+
+def http(server):
+    return GenerateClient(server.http_url, "http")
+
+
+def in_flight(server) -> float:
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return float(re.search(r"^simple_llm_requests_in_flight\{[^}]*\} (\S+)", text, re.M).group(1))
+
+
+def test_greedy_answer_names_paris(server):
+    answer = http(server).generate(QUESTION, max_tokens=24, temperature=0.0,
+                                   apply_chat_template=True, exclude_input_in_output=True)
+    assert "Paris" in answer.text
+    assert answer.finish_reason == "stop"
+    assert answer.num_output_tokens == len(answer.token_ids) > 0
+
+
+def test_streaming_and_not_give_the_same_text_over_every_protocol(server):
+    params = dict(SAMPLED, max_tokens=24, seed=11, exclude_input_in_output=True)
+    whole = grpc(server).generate(QUESTION, **params)
+    assert "".join(c.text for c in grpc(server).stream(QUESTION, **params)) == whole.text
+    assert "".join(c.text for c in http(server).stream(QUESTION, **params)) == whole.text
+    assert http(server).generate(QUESTION, **params).text == whole.text
+
+
+def test_non_streamed_answer_repeats_the_prompt_unless_excluded(server):
+    answer = grpc(server).generate("The capital of France is", max_tokens=4, temperature=0.0)
+    assert answer.text.startswith("The capital of France is")
+
+
+def test_a_seed_gives_the_same_text_whatever_the_concurrency(server):
+    params = dict(SAMPLED, max_tokens=20, exclude_input_in_output=True)
+    alone = grpc(server).generate(QUESTION, seed=5, **params).text
+    with ThreadPoolExecutor(8) as pool:
+        crowd = list(pool.map(lambda s: grpc(server).generate(QUESTION, seed=s, **params).text,
+                              [5, 6, 7, 5, 8, 9, 5, 10]))
+    assert crowd[0] == crowd[3] == crowd[6] == alone
+    assert len(set(crowd)) > 1  # the other seeds are really sampled
+
+
+def test_a_seed_gives_the_same_text_as_the_sampler_in_process(server):
+    """No Triton, no sampler instances: the decode loop with the kernels in a thread."""
+    import asyncio
+
+    async def run():
+        codec = TextCodec.from_source()
+        decoder = Decoder(TorchEngine.from_source(max_batch_size=2, max_context=CONTEXT), codec,
+                          "simple", threaded(), micro_batches=1)
+        await decoder.start()
+        handle = decoder.submit(GenerationRequest(
+            text=QUESTION, chat=True, max_tokens=20,
+            sampling=SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=5)))
+        text = "".join([event.text async for event in handle])
+        await decoder.close()
+        return text
+
+    served = grpc(server).generate(QUESTION, seed=5, max_tokens=20, exclude_input_in_output=True,
+                                   **SAMPLED).text
+    assert asyncio.run(run()) == served
+
+
+def test_stop_words_and_max_tokens_set_the_finish_reason(server):
+    capped = grpc(server).generate(QUESTION, max_tokens=3, temperature=0.0,
+                                   apply_chat_template=True, exclude_input_in_output=True)
+    assert capped.finish_reason == "length" and capped.num_output_tokens == 3
+    stopped = grpc(server).generate(QUESTION, max_tokens=24, temperature=0.0,
+                                    apply_chat_template=True, exclude_input_in_output=True,
+                                    stop_words=[" Paris"])
+    assert stopped.finish_reason == "stop"
+    assert "Paris" not in stopped.text and stopped.text.startswith("The capital of France is")
+
+
+def test_a_cancelled_stream_frees_its_slot(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    received = []
+    client.start_stream(callback=lambda result, error: received.append((result, error)))
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"Tell me a very long story."]], dtype=object))
+    limit = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    limit.set_data_from_numpy(np.array([[400]], np.int32))
+    stream = grpcclient.InferInput("stream", [1, 1], "BOOL")
+    stream.set_data_from_numpy(np.array([[True]]))
+    never_end = grpcclient.InferInput("min_length", [1, 1], "INT32")  # no early end id
+    never_end.set_data_from_numpy(np.array([[400]], np.int32))
+    client.async_stream_infer("ensemble", [text, limit, stream, never_end])
+    deadline = time.monotonic() + 60
+    while len(received) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(received) >= 3 and in_flight(server) == 1, [str(e) for _, e in received]
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 30
+    while in_flight(server) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert in_flight(server) == 0
+    assert len(received) < 400
+
+
+BAD = [
+    ({"max_tokens": 0}, r"max_tokens must be an integer in \[1, 511\], got 0"),
+    ({"max_tokens": 10_000}, r"max_tokens must be an integer in \[1, 511\], got 10000"),
+    ({"temperature": -0.5}, r"temperature must be a finite value >= 0, got -0.5"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+    ({"top_k": -3}, r"top_k must be >= -1"),
+    ({"stop_words": [""]}, "stop_words must be a list of non-empty strings"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bad_requests_get_clear_errors_while_others_are_served(server, protocol):
+    client = grpc(server) if protocol == "grpc" else http(server)
+    with ThreadPoolExecutor(2) as pool:
+        good = pool.submit(lambda: grpc(server).generate(QUESTION, max_tokens=8, temperature=0.0,
+                                                         apply_chat_template=True))
+        for params, message in BAD:
+            with pytest.raises(GenerationError, match=message):
+                client.generate(QUESTION, **params)
+        with pytest.raises(GenerationError, match="text_input must be a non-empty string"):
+            client.generate("", max_tokens=4)
+        with pytest.raises(GenerationError, match=r"the prompt \(\d+ tokens\) plus max_tokens"):
+            client.generate("word " * 600, max_tokens=4)
+        assert good.result().finish_reason in ("stop", "length")
+    assert server.ready()
+
+
+def test_unknown_stop_word_type_is_refused(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"Hi"]], dtype=object))
+    stop = grpcclient.InferInput("stop_words", [1, 1], "INT32")
+    stop.set_data_from_numpy(np.array([[7]], np.int32))
+    errors = []
+    client.start_stream(callback=lambda result, error: errors.append(error))
+    client.async_stream_infer("ensemble", [text, stop])
+    deadline = time.monotonic() + 30
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    assert errors and "stop_words" in str(errors[0]) and "BYTES" in str(errors[0])
+
+
+def test_32_concurrent_streams_deliver_every_token_exactly_once(server):
+    def one(seed):
+        chunks = list(grpc(server).stream(QUESTION, max_tokens=16, seed=seed,
+                                          exclude_input_in_output=True, **SAMPLED))
+        return chunks
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(100, 132)))
+    codec = TextCodec.from_source()
+    for chunks in results:
+        counts = [c.num_output_tokens for c in chunks]
+        assert counts == list(range(1, len(chunks) + 1))  # one token per response, none lost
+        ids = [t for c in chunks for t in c.token_ids]
+        assert len(ids) == counts[-1]
+        assert chunks[-1].finish_reason in ("stop", "length")
+        text = "".join(c.text for c in chunks)
+        assert codec.decode(ids).startswith(text)
