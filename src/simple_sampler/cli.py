@@ -32,6 +32,17 @@ def bench_sampler_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve(args: argparse.Namespace) -> int:
+    from .bench import machine
+    from .bench import serve as serve_bench
+
+    report = serve_bench.run(concurrencies=args.concurrency, modes=args.modes,
+                             max_tokens=args.max_tokens, instances=args.instances)
+    report["machine"] = machine.describe()
+    print(json.dumps(report) if args.json else serve_bench.format_report(report))
+    return 0
+
+
 def serve(args: argparse.Namespace) -> int:
     from .triton import serve as serving
     from .triton.server import SamplerConfig
@@ -107,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     server_bench.add_argument("--vocab", type=int, default=49_152)
     server_bench.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     server_bench.set_defaults(handler=bench_sampler_server)
+    serve_bench = targets.add_parser(
+        "serve", help="tokens/s, TTFT, ITL and sampling share through the whole server per mode")
+    serve_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    serve_bench.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    serve_bench.add_argument("--modes", nargs="+",
+                             default=["simple", "simple_overlap", "inline", "inline_kernels"],
+                             choices=["simple", "simple_overlap", "inline", "inline_kernels"])
+    serve_bench.add_argument("--max-tokens", type=int, default=64)
+    serve_bench.add_argument("--instances", type=int, default=2)
+    serve_bench.set_defaults(handler=bench_serve)
 
     server = commands.add_parser("serve", help="run tritonserver with the SIMPLE model repository")
     server.add_argument("--http-port", type=int, default=8000)
@@ -132,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--engine-max-batch-size", type=int, default=32,
                         help="sequences decoded together; more wait in a queue")
     server.add_argument("--max-context", type=int, default=1024)
-    server.add_argument("--micro-batches", type=int, default=2,
-                        help="lanes overlapping the data plane with sampling (1: none)")
+    server.add_argument("--micro-batches", type=int, default=1,
+                        help="lanes overlapping the data plane with sampling (1: none; "
+                             "2 pays off with a GPU data plane, not on CPU)")
     server.add_argument("--sampler-shards", type=int, default=0,
                         help="concurrent sampler requests per micro-batch (0: --instances)")
     server.add_argument("--demo", metavar="PROMPT",

@@ -27,7 +27,10 @@ class LlmConfig:
     model: "" for SmolLM2-135M-Instruct, else a local Hugging Face directory
     or GGUF file; sampling_mode: simple | inline | inline_kernels;
     engine_max_batch_size: sequences decoded together (more wait in a queue);
-    micro_batches: lanes the active sequences are split into (overlap);
+    micro_batches: lanes the active sequences are split into, so one is
+        sampled while another's forward runs; 1 by default, since on a CPU
+        data plane a split re-reads the weights and competes for the cores
+        (bench serve measures both);
     sampler_shards: concurrent sampler requests per micro-batch.
     """
 
@@ -37,7 +40,7 @@ class LlmConfig:
     preprocessing_instances: int = 1
     engine_max_batch_size: int = 32
     max_context: int = 1024
-    micro_batches: int = 2
+    micro_batches: int = 1
     sampler_shards: int = 2
     sampler_model: str = "simple_sampler"
 

@@ -1,0 +1,126 @@
+"""`simple-sampler bench serve`: the whole server, per sampling mode.
+
+For each mode a fresh server runs the whole repository (SmolLM2 on CPU,
+2 sampler instances). `simple` is the default deployment (one micro-batch:
+on a CPU data plane a split re-reads the weights and competes with the
+sampler for the same cores); `simple_overlap` splits the batch into two
+micro-batches so one is sampled while the other's forward runs, the
+configuration meant for a GPU data plane. At each concurrency c, c gRPC streaming clients each
+send prompts from the shipped prompt set (chat template, default sampling:
+temperature 1, no truncation), every request producing exactly
+`max_tokens` tokens (min_length = max_tokens, so no early end). Measured by
+the clients: output tokens/s over the wall time of the level, time to first
+token, and the gaps between consecutive tokens (inter-token latency), P50
+and P95 over every request. Measured inside the server (the llm model's
+counters): the sampling share of step time = time sampling ran while no
+forward did, over the time a forward or a sampler ran.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..client import GenerateClient
+from ..triton.serve import LlmConfig, assemble_repository
+from ..triton.server import SamplerConfig, TritonServer
+
+#: (label, sampling_mode, micro_batches)
+MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2), ("inline", "inline", 1),
+         ("inline_kernels", "inline_kernels", 1))
+COUNTERS = ("sampling_exposed_us", "busy_us", "data_plane_us", "sampler_us")
+
+
+def prompts() -> list[str]:
+    data = resources.files("simple_sampler").joinpath("data/prompts.json").read_text()
+    return [p if isinstance(p, str) else p["text"] for p in json.loads(data)]
+
+
+def llm_counters(server: TritonServer) -> dict[str, float]:
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return {name: sum(float(v) for v in re.findall(rf"^simple_llm_{name}_total\{{[^}}]*\}} (\S+)",
+                                                      text, re.M))
+            for name in COUNTERS}
+
+
+def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int) -> dict:
+    start = time.perf_counter()
+    arrivals, tokens = [], 0
+    for chunk in client.stream(prompt, max_tokens=max_tokens, min_length=max_tokens, seed=seed,
+                               apply_chat_template=True):
+        if chunk.token_ids:
+            arrivals.append(time.perf_counter())
+            tokens += len(chunk.token_ids)
+    return {"ttft": arrivals[0] - start, "gaps": np.diff(arrivals).tolist(), "tokens": tokens}
+
+
+def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens: int,
+              texts: list[str]) -> dict:
+    client = GenerateClient(server.grpc_url, "grpc")
+    before = llm_counters(server)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda i: one_request(client, texts[i % len(texts)], max_tokens, i),
+                                range(requests)))
+    wall = time.perf_counter() - start
+    after = llm_counters(server)
+    delta = {k: after[k] - before[k] for k in COUNTERS}
+    gaps = np.concatenate([r["gaps"] for r in results]) * 1e3
+    return {
+        "concurrency": concurrency,
+        "tokens_per_s": sum(r["tokens"] for r in results) / wall,
+        "ttft_ms_p50": float(np.percentile([r["ttft"] * 1e3 for r in results], 50)),
+        "itl_ms_p50": float(np.percentile(gaps, 50)),
+        "itl_ms_p95": float(np.percentile(gaps, 95)),
+        "sampling_share": delta["sampling_exposed_us"] / delta["busy_us"] if delta["busy_us"] else 0.0,
+        "requests": requests,
+        "data_plane_ms_per_token": delta["data_plane_us"] / 1e3 / max(1, sum(r["tokens"]
+                                                                          for r in results)),
+    }
+
+
+def run(concurrencies=(1, 8, 32), modes=tuple(m[0] for m in MODES), max_tokens: int = 64,
+        requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None) -> dict:
+    texts = prompts()
+    results = []
+    for label, mode, micro_batches in (m for m in MODES if m[0] in modes):
+        repository = assemble_repository(
+            Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
+            SamplerConfig(sampler_instances=instances, max_batch_size=64, vocab_size=49_152),
+            LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
+                      engine_max_batch_size=max(concurrencies), max_context=512))
+        log = log_dir / f"tritonserver-{label}.log" if log_dir else None
+        with TritonServer(repository, log_path=log) as server:
+            run_level(server, 2, 2, 8, texts)  # warm up: first prefill, first BLS calls
+            for concurrency in concurrencies:
+                level = run_level(server, concurrency, max(2, concurrency * requests_per_client),
+                                  max_tokens, texts)
+                results.append({"mode": label, "sampling_mode": mode,
+                                "micro_batches": micro_batches, **level})
+    return {"results": results,
+            "settings": {"model": "SmolLM2-135M-Instruct (CPU, float32)",
+                         "max_tokens": max_tokens, "sampler_instances": instances,
+                         "params": "temperature 1, no truncation, min_length = max_tokens"}}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"{'mode':<15} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8} "
+             f"{'ITL p95':>8} {'sampling':>8}"]
+    for r in report["results"]:
+        lines.append(f"{r['mode']:<15} {r['concurrency']:>4} {r['tokens_per_s']:>8.1f} "
+                     f"{r['ttft_ms_p50']:>8.0f}ms {r['itl_ms_p50']:>6.0f}ms {r['itl_ms_p95']:>6.0f}ms "
+                     f"{r['sampling_share']:>8.3f}")
+    by = {(r["mode"], r["concurrency"]): r for r in report["results"]}
+    top = max(r["concurrency"] for r in report["results"])
+    if ("simple", top) in by and ("inline", top) in by:
+        s, i = by[("simple", top)], by[("inline", top)]
+        lines.append(f"at concurrency {top}: simple/inline tokens/s {s['tokens_per_s'] / i['tokens_per_s']:.2f}x, "
+                     f"P95 ITL {100 * (1 - s['itl_ms_p95'] / i['itl_ms_p95']):.0f}% lower")
+    return "\n".join(lines)
