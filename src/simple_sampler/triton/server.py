@@ -181,8 +181,9 @@ class TritonServer:
     def _log_hint(self) -> str:
         if not self.log_path:
             return " (start it with a log path to see why)"
-        tail = Path(self.log_path).read_text(errors="replace").strip().splitlines()[-15:]
-        return "; last log lines:\n" + "\n".join(tail)
+        lines = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+        errors = [line[:2000] for line in lines if line.startswith("E") and "CudaDriver" not in line]
+        return "; errors in the log:\n" + "\n".join(errors[-5:] or lines[-15:])
 
     def terminate(self) -> None:
         """Ask the server to exit (SIGTERM: Triton finishes in-flight requests)."""
