@@ -30,13 +30,14 @@ How the work stays linear and small:
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, log
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
-from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_exp_sum, ss_block_max_count_nan,
+from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_exp_sum,
+                          ss_block_exp_sum, ss_bound_term, ss_dot, ss_exp_shifted, ss_block_max_count_nan,
                           ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
                           ss_mass_at_or_above)
 
@@ -53,6 +54,28 @@ cpdef enum RowError:
     ERROR_POSITIVE_INFINITY = 2
     ERROR_ALL_BANNED = 3
     ERROR_OUT_OF_MEMORY = 4
+
+# Per-row SHVS outcome reported to the Python layer (SampleOutput.hot_accepted).
+cpdef enum HotOutcome:
+    HOT_NOT_TRIED = -1      # no hot set, or a row SHVS does not take (see sample_row_hot)
+    HOT_FALLBACK = 0        # tried; the exact full-row computation was needed
+    HOT_ACCEPTED = 1        # decided from the hot set and cheap bounds alone
+
+# sample_row_hot's answer when the row must go to the full path.
+cdef enum:
+    HOT_FALLBACK_FULL = 2
+
+# The cold-mass bounds: ss_bound_term overestimates each term by at most
+# COLD_BOUND_RATIO; the bound is widened by COLD_BOUND_MARGIN (relative: the
+# float rounding of its terms and of the exact masses it must dominate),
+# COLD_SUM_MARGIN of each block's bound total (the float sums it is the
+# difference of) and COLD_BOUND_SLACK (blocks whose scale flushed to 0 below
+# e^-87, where the exact vector exp still returns up to e^-87).
+cdef double COLD_BOUND_RATIO = 1.0615
+cdef double COLD_BOUND_MARGIN = 1e-4
+cdef double COLD_SUM_MARGIN = 1e-5
+cdef double COLD_BOUND_SLACK = 1e-30
+cdef double LOG2E = 1.4426950408889634
 
 # top_p alone: gaps below the row max (in z) tried as collection thresholds,
 # the first whose blocks can hold the nucleus mass first. The last is "all".
@@ -81,6 +104,10 @@ cdef struct Workspace:
     float* cand_z            # [vocab]
     int32_t* cand_token
     float* cand_w
+    float* hot_z             # [hot size]: z of the hot tokens, in id order
+    float* hot_w             # [hot size]: exp(z - row max)
+    float* block_hot         # [n_blocks]: hot mass of the block
+    float* block_total       # [n_blocks]: the block's bound total (hot_pass)
 
 
 cdef struct RowParams:
@@ -249,9 +276,12 @@ cdef inline Py_ssize_t draw_index(const Candidates* c, Py_ssize_t count, double 
 
 cdef inline int64_t draw_from_blocks(const RowSource* src, const Overrides* ov, float inverse_temperature,
                                      Workspace* ws, Py_ssize_t n_blocks, float row_max,
-                                     double row_mass, double u) noexcept nogil:
+                                     double row_mass, double u,
+                                     const uint64_t* skip_bits) noexcept nogil:
     """Draw from the untruncated distribution: pick a block by its mass,
-    then a column inside it; only that block is reread."""
+    then a column inside it; only that block is reread. skip_bits (NULL for
+    none) marks columns to leave out (the hot set, when the block masses
+    are cold masses)."""
     cdef double target = u * row_mass
     cdef double acc = 0.0
     cdef double before_chosen = 0.0
@@ -266,16 +296,19 @@ cdef inline int64_t draw_from_blocks(const RowSource* src, const Overrides* ov, 
                 break
     acc = before_chosen
     cdef const float* x = reread_block(src, chosen, ov, ws.block)
-    cdef Py_ssize_t last_positive = 0
+    cdef uint64_t skip = skip_bits[chosen] if skip_bits != NULL else 0
+    cdef Py_ssize_t last_positive = -1
     cdef float w
     for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - chosen * SS_BLOCK)):
+        if (skip >> j) & 1:
+            continue
         w = ss_exp_nonpositive(x[j] * inverse_temperature - row_max)
         if w > 0:
             acc += w
             last_positive = j
             if acc > target:
                 return chosen * SS_BLOCK + j
-    return chosen * SS_BLOCK + last_positive
+    return chosen * SS_BLOCK + (last_positive if last_positive >= 0 else 0)
 
 
 cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, const Workspace* ws,
@@ -291,17 +324,12 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
     return -1
 
 
-cdef void sample_row(const RowSource* src, const RowHistory* history, const RowParams* p,
+cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams* p,
                      Workspace* ws, RowResult* result, int32_t* top_tokens,
                      float* top_logprobs) noexcept nogil:
+    """The full path: exact for every row, one streaming pass plus rereads."""
     cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
     cdef float inv_t = p.inverse_temperature
-    cdef Overrides ov
-    ov.column = ws.override_column
-    ov.bias = ws.override_bias
-    ov.output_count = ws.override_count
-    ov.flags = ws.override_flags
-    build_overrides(history, ws.entry_keys, ws.entry_scratch, &ov)
 
     cdef bint truncating = (not p.greedy) and (p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0)
     cdef bint top_p_alone = (not p.greedy) and p.top_p < 1.0 and p.min_p <= 0 and p.top_k <= 0
@@ -316,14 +344,14 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
     cdef const float* x
     cdef float m
     for b in range(n_blocks):
-        x = block_logits(src, b, &ov, &ov_pos, ws.block)
+        x = block_logits(src, b, ov, &ov_pos, ws.block)
         m = ss_block_max_count_nan(x, &nan_count)
         ws.block_max[b] = m * inv_t
         if need_mass:
             ws.block_mass[b] = ss_block_exp_sum(x, m, inv_t) if -INFINITY < m < INFINITY else 0.0
         row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
     if nan_count > 0 or row_max == INFINITY:
-        result.error = find_bad_column(src, &ov, inv_t, ws.block, &result.error_column)
+        result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
     if row_max == -INFINITY:
         result.error = ERROR_ALL_BANNED
@@ -366,7 +394,7 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
     cdef Py_ssize_t i, count
     cdef double nucleus_mass
     if collect_at < INFINITY:
-        c.n = collect(src, &ov, inv_t, ws, n_blocks, collect_at, row_max)
+        c.n = collect(src, ov, inv_t, ws, n_blocks, collect_at, row_max)
         while top_p_alone and threshold > -INFINITY:
             nucleus_mass = 0.0
             for i in range(c.n):
@@ -377,7 +405,7 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
             gap_index += 1
             threshold = top_p_threshold(ws, n_blocks, row_max, p.top_p * row_mass, &gap_index)
             collect_at = threshold if threshold < collect_at else collect_at
-            c.n = collect(src, &ov, inv_t, ws, n_blocks, collect_at, row_max)
+            c.n = collect(src, ov, inv_t, ws, n_blocks, collect_at, row_max)
 
     if p.n_top > 0:
         count = min(p.n_top, c.n)
@@ -390,10 +418,10 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
     cdef double u
     cdef double kept_mass
     if p.greedy:
-        result.token = first_argmax(src, &ov, ws, n_blocks, row_max, ws.block)
+        result.token = first_argmax(src, ov, ws, n_blocks, row_max, ws.block)
     elif not truncating:
         u = uniform_double(p.seed, p.step, 0)
-        result.token = draw_from_blocks(src, &ov, inv_t, ws, n_blocks, row_max, row_mass, u)
+        result.token = draw_from_blocks(src, ov, inv_t, ws, n_blocks, row_max, row_mass, u, NULL)
     else:
         keep_at_least(&c, threshold)
         if p.min_p > 0:
@@ -422,13 +450,289 @@ cdef void sample_row(const RowSource* src, const RowHistory* history, const RowP
         result.token = c.token[draw_index(&c, count, u)]
 
     if p.want_logprob:
-        x = reread_block(src, result.token // SS_BLOCK, &ov, ws.block)
+        x = reread_block(src, result.token // SS_BLOCK, ov, ws.block)
         result.logprob = <float>(x[result.token % SS_BLOCK] * inv_t - row_max - log_row_mass)
     result.error = ERROR_NONE
 
 
+cdef struct HotSet:
+    const int32_t* ids           # [n] ascending token ids
+    const int64_t* block_start   # [n_blocks + 1]: block b's hot ids are ids[block_start[b]:block_start[b + 1]]
+    const uint64_t* bits         # [n_blocks]: bit j of bits[b] set when column b * SS_BLOCK + j is hot
+    Py_ssize_t n
+
+
+cdef struct HotSummary:
+    float row_max                # max z over the whole row
+    double hot_mass              # M_H = sum over hot of exp(z - row_max)
+    double cold_upper            # C_ub >= the exact cold mass
+    double cold_lower            # C_lb <= the exact cold mass
+
+
+cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t, const HotSet* hot,
+                          Workspace* ws, Py_ssize_t n_blocks, HotSummary* out) noexcept nogil:
+    """One streaming pass, no exact exp outside the hot set. Per block: its
+    max z (ws.block_max, hot and cold columns alike) and, relative to that
+    max, ss_block_bound of all its columns less the same terms of its hot
+    columns: a bound on its cold mass (ws.block_mass) and the block's bound
+    total (ws.block_total, which sizes the rounding margin). Per hot token:
+    z (ws.hot_z) and exp(z - row max) (ws.hot_w); per block the hot mass
+    (ws.block_hot). Returns False when the row holds a NaN or +inf, or every
+    token is banned: the full path then reports it."""
+    cdef float to_bits = <float>(inv_t * LOG2E * 8388608.0)     # 2^23
+    cdef int nan_count = 0
+    cdef Py_ssize_t ov_pos = 0
+    cdef Py_ssize_t b, i, start
+    cdef const float* x
+    cdef float m, v
+    cdef float total
+    cdef float hot_part
+    cdef float row_max = -INFINITY
+    for b in range(n_blocks):
+        x = block_logits(src, b, ov, &ov_pos, ws.block)
+        m = ss_block_max_count_nan(x, &nan_count)
+        ws.block_max[b] = m * inv_t
+        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+        start = b * SS_BLOCK
+        if not (-INFINITY < m < INFINITY):
+            for i in range(hot.block_start[b], hot.block_start[b + 1]):
+                ws.hot_z[i] = x[hot.ids[i] - start] * inv_t
+            ws.block_mass[b] = 0.0
+            ws.block_total[b] = 0.0
+            continue
+        total = ss_block_bound(x, m, to_bits)
+        hot_part = 0.0
+        for i in range(hot.block_start[b], hot.block_start[b + 1]):
+            v = x[hot.ids[i] - start]
+            ws.hot_z[i] = v * inv_t
+            hot_part = hot_part + ss_bound_term(v, m, to_bits)
+        ws.block_mass[b] = total - hot_part
+        ws.block_total[b] = total
+    if nan_count > 0 or row_max == INFINITY or row_max == -INFINITY:
+        return False
+    ss_exp_shifted(ws.hot_z, row_max, ws.hot_w, hot.n)
+    cdef double hot_mass = 0.0
+    cdef float block_hot
+    for b in range(n_blocks):
+        block_hot = 0.0
+        for i in range(hot.block_start[b], hot.block_start[b + 1]):
+            block_hot = block_hot + ws.hot_w[i]
+        ws.block_hot[b] = block_hot
+        hot_mass += block_hot
+    # The cold terms are exactly the block's terms less its hot ones; the
+    # float sums of both (and of the dot products) are off by far less than
+    # COLD_SUM_MARGIN of the blocks' scaled totals. ws.cand_w is free here.
+    cdef float* scale = ws.cand_w
+    ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
+    cdef double slack = ss_dot(ws.block_total, scale, n_blocks)
+    cdef double upper = ss_dot(ws.block_mass, scale, n_blocks)
+    out.row_max = row_max
+    out.hot_mass = hot_mass
+    out.cold_upper = (upper + COLD_SUM_MARGIN * slack) * (1.0 + COLD_BOUND_MARGIN) + COLD_BOUND_SLACK
+    upper = upper - COLD_SUM_MARGIN * slack
+    out.cold_lower = upper / COLD_BOUND_RATIO * (1.0 - COLD_BOUND_MARGIN) if upper > 0 else 0.0
+    return True
+
+
+cdef inline double exact_cold_mass(const RowSource* src, const Overrides* ov, float inv_t,
+                                   const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                                   float row_max) noexcept nogil:
+    """The fallback's exact cold mass: ws.block_mass[b] becomes the mass of
+    block b's cold columns, exp(z - row_max) summed; returns their total."""
+    cdef Py_ssize_t ov_pos = 0
+    cdef Py_ssize_t b
+    cdef double total = 0.0
+    cdef const float* x
+    for b in range(n_blocks):
+        x = block_logits(src, b, ov, &ov_pos, ws.block)     # every block: it advances ov_pos
+        ws.block_mass[b] = (ss_block_cold_exp_sum(x, hot.bits[b], inv_t, row_max)
+                            if ws.block_max[b] > -INFINITY else 0.0)
+        total += ws.block_mass[b]
+    return total
+
+
+cdef inline int32_t draw_hot(const HotSet* hot, const Workspace* ws, Py_ssize_t n_blocks,
+                             double target) noexcept nogil:
+    """The hot token at `target` in [0, M_H) along the hot tokens in id order:
+    a block by its hot mass (ws.block_hot), then a token inside it."""
+    cdef double acc = 0.0
+    cdef Py_ssize_t b
+    cdef Py_ssize_t chosen = -1
+    for b in range(n_blocks):
+        if ws.block_hot[b] > 0:
+            chosen = b
+            if acc + ws.block_hot[b] > target:
+                break
+            acc += ws.block_hot[b]
+    cdef Py_ssize_t i
+    cdef Py_ssize_t last_positive = hot.block_start[chosen]
+    for i in range(hot.block_start[chosen], hot.block_start[chosen + 1]):
+        if ws.hot_w[i] > 0:
+            acc += ws.hot_w[i]
+            last_positive = i
+            if acc > target:
+                return hot.ids[i]
+    return hot.ids[last_positive]
+
+
+cdef inline int64_t draw_exact(const RowSource* src, const Overrides* ov, float inv_t,
+                               const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                               const HotSummary* s, double cold_mass, double target) noexcept nogil:
+    """The token at `target` in [0, M_H + C) along the line where the hot
+    tokens come first, then the cold ones (each in id order); needs
+    ws.block_mass to hold exact cold masses (exact_cold_mass)."""
+    if target < s.hot_mass or cold_mass <= 0:
+        return draw_hot(hot, ws, n_blocks, target)
+    return draw_from_blocks(src, ov, inv_t, ws, n_blocks, s.row_max, cold_mass,
+                            (target - s.hot_mass) / cold_mass, hot.bits)
+
+
+cdef inline int untruncated_hot(const RowSource* src, const Overrides* ov, const RowParams* p,
+                                const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                                const HotSummary* s, RowResult* result) noexcept nogil:
+    """Exact rejection sampling of the untruncated distribution P(t) = w_t / S,
+    S = M_H + C, knowing only M_H and C_ub >= C.
+
+    Lay [0, M_H + C_ub) out as: the hot tokens (total M_H), then the cold
+    ones (total C), then a rejection gap (C_ub - C). Draw u uniformly on it.
+    u < M_H: the hot token at u, decided from H alone. Otherwise compute C
+    exactly; u in the cold part picks that cold token; u in the gap draws
+    afresh from the exact distribution (an independent draw index). Then for
+    every token t: P(t) = w_t / (M_H + C_ub) + (C_ub - C) / (M_H + C_ub) * w_t / S
+    = w_t * (S + C_ub - C) / ((M_H + C_ub) * S) = w_t / S, since
+    S + C_ub - C = M_H + C_ub. Acceptance is M_H / (M_H + C_ub): the hot
+    mass, less what the bound overestimates."""
+    cdef double u = uniform_double(p.seed, p.step, 0) * (s.hot_mass + s.cold_upper)
+    if u < s.hot_mass:
+        result.token = draw_hot(hot, ws, n_blocks, u)
+        return HOT_ACCEPTED
+    cdef double cold = exact_cold_mass(src, ov, p.inverse_temperature, hot, ws, n_blocks, s.row_max)
+    if u >= s.hot_mass + cold:
+        u = uniform_double(p.seed, p.step, 1) * (s.hot_mass + cold)
+    result.token = draw_exact(src, ov, p.inverse_temperature, hot, ws, n_blocks, s, cold, u)
+    return HOT_FALLBACK
+
+
+cdef inline bint cold_below(const RowSource* src, const Overrides* ov, float inv_t,
+                            const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                            float level) noexcept nogil:
+    """True when every cold token has z < level; rereads only the blocks
+    whose max reaches it."""
+    cdef Py_ssize_t b, j
+    cdef const float* x
+    for b in range(n_blocks):
+        if ws.block_max[b] < level:
+            continue
+        x = reread_block(src, b, ov, ws.block)
+        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - b * SS_BLOCK)):
+            if not ((hot.bits[b] >> j) & 1) and x[j] * inv_t >= level:
+                return False
+    return True
+
+
+cdef inline int top_p_hot(const RowSource* src, const Overrides* ov, const RowParams* p,
+                          const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                          const HotSummary* s, RowResult* result) noexcept nogil:
+    """top_p alone, exactly, with S = M_H + C known only to lie in
+    [S_lb, S_ub] = [M_H + C_lb, M_H + C_ub]. Returns -1 when the bounds
+    cannot place the nucleus inside H (the caller runs the full path).
+
+    With the hot tokens in rank order (z descending, id ascending) and
+    cum_k the mass of the first k: the nucleus is the first J tokens,
+    J = min{k : cum_k >= p S}. J2 = min{k : cum_k >= p S_ub} >= J and
+    J1 = min{k : cum_k >= p S_lb} <= J. If the J2-th hot token lies above
+    every cold token, the first J2 hot tokens are the first J2 of the whole
+    row, so the nucleus is the first J <= J2 of them. Draw t from the first
+    J2 by mass. Rank(t) <= J1: t is in the nucleus, decided from H alone.
+    Otherwise compute S (so J) exactly; keep t if rank(t) <= J, else draw
+    afresh from the first J. For t in the nucleus,
+    P(t) = w_t / cum_J2 + (cum_J2 - cum_J) / cum_J2 * w_t / cum_J = w_t / cum_J."""
+    cdef double target_hi = p.top_p * (s.hot_mass + s.cold_upper)
+    if s.hot_mass < target_hi:
+        return -1
+    # Collect the hot tokens above the highest threshold whose blocks' hot
+    # mass can reach target_hi (a ladder of gaps below the max, as the full
+    # path does), from the blocks whose max reaches it.
+    cdef Candidates c
+    c.z = ws.cand_z
+    c.token = ws.cand_token
+    c.w = ws.cand_w
+    cdef Py_ssize_t gap_index = 0
+    cdef float threshold
+    cdef double mass
+    cdef Py_ssize_t b, i
+    while True:
+        threshold = s.row_max - TOP_P_GAPS[gap_index]
+        if (gap_index < N_TOP_P_GAPS - 1
+                and ss_mass_at_or_above(ws.block_max, ws.block_hot, n_blocks, threshold) < target_hi):
+            gap_index += 1
+            continue
+        c.n = 0
+        for b in range(n_blocks):
+            if ws.block_max[b] < threshold:
+                continue
+            for i in range(hot.block_start[b], hot.block_start[b + 1]):
+                c.z[c.n] = ws.hot_z[i]
+                c.token[c.n] = hot.ids[i]
+                c.w[c.n] = ws.hot_w[i]
+                c.n += ws.hot_z[i] >= threshold
+        mass = 0.0
+        for i in range(c.n):
+            mass += c.w[i]
+        if mass >= target_hi:
+            break
+        if gap_index == N_TOP_P_GAPS - 1:
+            return -1       # rounding left all of H just short of target_hi
+        gap_index += 1
+    cdef Py_ssize_t upper = top_p_prefix(&c, target_hi)
+    cdef float boundary = c.z[0]
+    for i in range(upper):
+        boundary = c.z[i] if c.z[i] < boundary else boundary
+    if not cold_below(src, ov, p.inverse_temperature, hot, ws, n_blocks, boundary):
+        return -1
+    c.n = upper
+    cdef Py_ssize_t lower = top_p_prefix(&c, p.top_p * (s.hot_mass + s.cold_lower))
+    cdef Py_ssize_t drawn = draw_index(&c, upper, uniform_double(p.seed, p.step, 0))
+    result.token = c.token[drawn]
+    if drawn < lower:
+        return HOT_ACCEPTED
+    cdef double cold = exact_cold_mass(src, ov, p.inverse_temperature, hot, ws, n_blocks, s.row_max)
+    cdef Py_ssize_t nucleus = top_p_prefix(&c, p.top_p * (s.hot_mass + cold))
+    for i in range(nucleus):
+        if c.token[i] == result.token:
+            return HOT_FALLBACK
+    result.token = c.token[draw_index(&c, nucleus, uniform_double(p.seed, p.step, 1))]
+    return HOT_FALLBACK
+
+
+cdef int sample_row_hot(const RowSource* src, const Overrides* ov, const RowParams* p,
+                        const HotSet* hot, Workspace* ws, RowResult* result) noexcept nogil:
+    """Speculative hot-vocab sampling of one row; returns its HotOutcome, or
+    HOT_FALLBACK_FULL when the caller must run the full path.
+
+    Taken only by rows whose full path must account for the whole row's
+    mass: untruncated sampling and top_p alone, without logprobs. Greedy
+    rows and rows truncated by min_p or top_k are already one max pass on the
+    full path, which the cold region's max needs anyway (HOT_NOT_TRIED).
+    When the bounds alone cannot place the nucleus inside H, the full path
+    serves the row (the token SHVS off would give); when only the draw lands
+    where the bounds cannot decide, the exact corrections documented in
+    untruncated_hot and top_p_hot serve it."""
+    if (p.greedy or p.want_logprob or p.n_top > 0 or p.min_p > 0 or p.top_k > 0
+            or hot.n == 0):
+        return HOT_NOT_TRIED
+    cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
+    cdef HotSummary s
+    if not hot_pass(src, ov, p.inverse_temperature, hot, ws, n_blocks, &s):
+        return HOT_FALLBACK_FULL
+    if p.top_p >= 1.0:
+        return untruncated_hot(src, ov, p, hot, ws, n_blocks, &s, result)
+    cdef int outcome = top_p_hot(src, ov, p, hot, ws, n_blocks, &s, result)
+    return outcome if outcome >= 0 else HOT_FALLBACK_FULL
+
+
 cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
-                                   Py_ssize_t max_entries) noexcept nogil:
+                                   Py_ssize_t max_entries, Py_ssize_t n_hot) noexcept nogil:
     cdef Workspace* ws = <Workspace*>malloc(sizeof(Workspace))
     if ws == NULL:
         return NULL
@@ -444,7 +748,12 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.cand_z = <float*>malloc(vocab * sizeof(float))
     ws.cand_token = <int32_t*>malloc(vocab * sizeof(int32_t))
     ws.cand_w = <float*>malloc(vocab * sizeof(float))
-    if (ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
+    ws.hot_z = <float*>malloc((n_hot if n_hot > 0 else 1) * sizeof(float))
+    ws.hot_w = <float*>malloc((n_hot if n_hot > 0 else 1) * sizeof(float))
+    ws.block_hot = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_total = <float*>malloc(n_blocks * sizeof(float))
+    if (ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
+            or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
             or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL):
@@ -467,6 +776,10 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.cand_z)
     free(ws.cand_token)
     free(ws.cand_w)
+    free(ws.hot_z)
+    free(ws.hot_w)
+    free(ws.block_hot)
+    free(ws.block_total)
     free(ws)
 
 
@@ -502,6 +815,8 @@ cdef struct BatchInputs:
     float* top_logprobs
     int32_t* errors
     int64_t* error_columns
+    HotSet hot                       # n == 0: SHVS off
+    int8_t* hot_outcomes
 
 
 cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept nogil:
@@ -510,11 +825,13 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     if ws == NULL:
         b.errors[r] = ERROR_OUT_OF_MEMORY
         b.error_columns[r] = -1
+        b.hot_outcomes[r] = HOT_NOT_TRIED
         return
     cdef RowSource src
     cdef RowHistory history
     cdef RowParams params
     cdef RowResult result
+    cdef Overrides ov
     src.data = b.logits + r * b.row_stride
     src.dtype = b.dtype
     src.vocab = b.vocab
@@ -543,8 +860,16 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     result.logprob = 0.0
     result.error = ERROR_NONE
     result.error_column = -1
-    sample_row(&src, &history, &params, ws, &result,
-               b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    ov.column = ws.override_column
+    ov.bias = ws.override_bias
+    ov.output_count = ws.override_count
+    ov.flags = ws.override_flags
+    build_overrides(&history, ws.entry_keys, ws.entry_scratch, &ov)
+    cdef int outcome = sample_row_hot(&src, &ov, &params, &b.hot, ws, &result)
+    if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
+        sample_row(&src, &ov, &params, ws, &result,
+                   b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    b.hot_outcomes[r] = HOT_FALLBACK if outcome == HOT_FALLBACK_FULL else outcome
     b.tokens[r] = result.token
     b.logprobs[r] = result.logprob if b.want_logprob else NAN
     b.errors[r] = result.error
@@ -565,13 +890,20 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
                  bint want_logprob, int num_threads,
                  int64_t[::1] tokens, float[::1] logprobs,
                  int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
-                 int32_t[::1] errors, int64_t[::1] error_columns):
+                 int32_t[::1] errors, int64_t[::1] error_columns,
+                 const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
+                 const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes):
     """Sample one token per row; every argument is already validated.
 
     logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
     any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
     ragged id lists are CSR (offsets of length B + 1). Outputs are written in
     place; errors[r] != ERROR_NONE marks a row that could not be sampled.
+
+    Hot set (SHVS; empty hot_ids turns it off): hot_ids int32 ascending
+    unique ids; hot_block_start int64 [n_blocks + 1] and hot_bits uint64
+    [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
+    hot_outcomes[r] receives row r's HotOutcome.
     """
     cdef Py_ssize_t batch = logits_bytes.shape[0]
     if batch == 0:
@@ -609,6 +941,11 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
     b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
     b.errors = &errors[0]
     b.error_columns = &error_columns[0]
+    b.hot.n = hot_ids.shape[0]
+    b.hot.ids = &hot_ids[0] if b.hot.n > 0 else NULL
+    b.hot.block_start = &hot_block_start[0] if b.hot.n > 0 else NULL
+    b.hot.bits = &hot_bits[0] if b.hot.n > 0 else NULL
+    b.hot_outcomes = &hot_outcomes[0]
 
     cdef Py_ssize_t n_blocks = (b.vocab + SS_BLOCK - 1) // SS_BLOCK
     cdef Py_ssize_t max_entries = 0
@@ -620,7 +957,7 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
         max_entries = entries if entries > max_entries else max_entries
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
-        ws = allocate_workspace(b.vocab, n_blocks, max_entries)
+        ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n)
         for r in prange(batch, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)

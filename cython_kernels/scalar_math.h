@@ -134,6 +134,104 @@ static inline float ss_block_max_count_nan(const float* x, int* nan_count)
     return best;
 }
 
+/* Lanes j .. j+7 of a block that the hot set claims (bit j+l of hot_bits):
+ * -1 where hot, 0 where cold. */
+static inline ss_vi ss_hot_lanes(uint64_t hot_bits, int j)
+{
+    const ss_vi lane_bit = {1, 2, 4, 8, 16, 32, 64, 128};
+    ss_vi byte = (ss_vi){} + (int32_t)((hot_bits >> j) & 0xFFu);
+    return (ss_vi)((byte & lane_bit) != 0);
+}
+
+/* The sum of the 8 lanes by halving (3 dependent adds, not 7): the lane
+ * order of a float sum is free wherever only a bound is needed. */
+static inline float ss_sum_lanes(ss_vf v)
+{
+#if defined(__clang__)
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    v += __builtin_shuffle(v, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (ss_vi){1, 0, 3, 2, 5, 4, 7, 6});
+#endif
+    return v[0];
+}
+
+/* A cheap upper bound on exp, for bounding a block's mass without an exp
+ * per token. With y = (x - x_max) * to_bits, to_bits = scale * log2(e) * 2^23,
+ * the float whose bits are trunc(y) + (127 << 23) is 2^floor(e) * (1 + frac(e))
+ * for e = y / 2^23, and 1 + f >= 2^f on [0, 1], so the term is at least
+ * exp((x - x_max) * scale) and at most 1.0615 times it (Schraudolph's exp
+ * without its correction). Truncating a negative y toward zero rounds up,
+ * keeping the bound; y is clamped at -126 * 2^23 (the smallest normal),
+ * which only raises it. The float rounding of y (relative 2e-7) is covered
+ * by the caller's margin. ss_block_bound computes the same term per lane,
+ * bit for bit, so a caller may subtract single terms from a block's sum. */
+#define SS_BOUND_FLOOR (-126.0f * 8388608.0f)
+
+static inline float ss_bound_term(float x, float x_max, float to_bits)
+{
+    float y = (x - x_max) * to_bits;
+    y = y < SS_BOUND_FLOOR ? SS_BOUND_FLOOR : y;
+    ss_bits32 term;
+    term.i = (int32_t)y + (127 << 23);
+    return term.f;
+}
+
+/* sum over the block of ss_bound_term(x_j, x_max, to_bits), x_max >= every x_j. */
+static inline float ss_block_bound(const float* x, float x_max, float to_bits)
+{
+    const ss_vf floor_bits = (ss_vf){} + SS_BOUND_FLOOR;
+    ss_vf acc = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf y = (ss_load(x + j) - x_max) * to_bits;
+        y = ss_select(y < floor_bits, floor_bits, y);
+        acc += (ss_vf)(__builtin_convertvector(y, ss_vi) + (127 << 23));
+    }
+    return ss_sum_lanes(acc);
+}
+
+/* out[i] = exp(z[i] - shift) for z[i] <= shift, vectorized, with exactly 0
+ * below e^-87 (a banned token, z = -inf, must keep weight 0). */
+static inline void ss_exp_shifted(const float* z, float shift, float* out, long n)
+{
+    long i = 0;
+    for (; i + SS_LANES <= n; i += SS_LANES) {
+        ss_vf x = ss_load(z + i) - shift;
+        ss_vf e = ss_select((ss_vi)(x < SS_EXP_FLOOR), (ss_vf){}, ss_exp_nonpositive_v(x));
+        __builtin_memcpy(out + i, &e, sizeof e);
+    }
+    for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);
+}
+
+/* sum_i a[i] * b[i] in float lanes (relative error about n / 8 * 6e-8). */
+static inline double ss_dot(const float* a, const float* b, long n)
+{
+    ss_vf acc = {};
+    long i = 0;
+    for (; i + SS_LANES <= n; i += SS_LANES) acc += ss_load(a + i) * ss_load(b + i);
+    double total = 0.0;
+    for (int l = 0; l < SS_LANES; l++) total += acc[l];
+    for (; i < n; i++) total += a[i] * b[i];
+    return total;
+}
+
+/* sum over cold lanes of exp(x_j * scale - shift), for shift >= every cold
+ * x_j * scale (the row max): the exact cold mass of the block. */
+static inline float ss_block_cold_exp_sum(const float* x, uint64_t hot_bits, float scale, float shift)
+{
+    ss_vf acc = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf term = ss_exp_nonpositive_v(ss_load(x + j) * scale - shift);
+        acc += ss_select(ss_hot_lanes(hot_bits, j), (ss_vf){}, term);
+    }
+    float s = 0.0f;
+    for (int l = 0; l < SS_LANES; l++) s += acc[l];
+    return s;
+}
+
 /* sum of mass[b] over the blocks whose max reaches threshold (float lanes:
  * it only chooses where to look; the caller checks the nucleus exactly). */
 static inline double ss_mass_at_or_above(const float* block_max, const float* mass,
