@@ -266,3 +266,111 @@ def test_empty_hot_set_is_shvs_off(zipf_row):
     off = sample(zipf_row, SamplingBatch.from_params([SamplingParams(seed=3)]),
                  return_logprobs=False)
     assert out.hot_accepted.tolist() == [-1] and out.token_ids[0] == off.token_ids[0]
+
+
+# ------------------------------------------- profiles, calibration, bench
+
+
+def small_profile(**overrides):
+    from simple_sampler.shvs import HotProfile
+
+    fields = dict(order=np.arange(100, 0, -1, dtype=np.int32), vocab_size=200,
+                  sizes=np.array([10, 50, 100]), acceptance=np.array([0.5, 0.8, 0.9]),
+                  us_per_row=np.array([30.0, 25.0, 30.0]), cost_slope_us=0.1,
+                  cost_intercept_us=15.0, fallback_us=40.0, chosen_size=50,
+                  mass=np.linspace(0.5, 1.0, 100), meta={"model": "test"})
+    fields.update(overrides)
+    return HotProfile(**fields)
+
+
+def test_profile_round_trip(tmp_path):
+    from simple_sampler.shvs import load_profile
+
+    profile = small_profile()
+    loaded = load_profile(profile.save(tmp_path / "sub" / "hot.npz"))
+    assert loaded.order.tolist() == profile.order.tolist() and loaded.chosen_size == 50
+    assert loaded.meta == {"model": "test"} and loaded.fallback_us == 40.0
+    assert loaded.hot_vocab().ids.tolist() == list(range(100, 50, -1))
+    assert loaded.hot_vocab(10).size == 10
+    with pytest.raises(ValueError, match=r"hot set size must be in \[1, 100\], got 101"):
+        loaded.hot_vocab(101)
+
+
+def test_a_file_that_is_not_a_profile_is_rejected(tmp_path):
+    from simple_sampler.shvs import load_profile
+
+    np.savez(tmp_path / "other.npz", order=np.arange(3))
+    with pytest.raises(ValueError, match="is not a hot-vocabulary profile"):
+        load_profile(tmp_path / "other.npz")
+
+
+def test_monitor_recommends_a_size_only_on_drift():
+    from simple_sampler.shvs import HotVocabMonitor
+
+    monitor = HotVocabMonitor(small_profile(), window=100, tolerance=0.05)
+    assert monitor.size == 50 and np.isnan(monitor.acceptance)
+    monitor.observe(np.array([1] * 79 + [0] * 21 + [-1] * 50, np.int8))   # -1: not tried
+    assert monitor.rows == 100 and monitor.acceptance == pytest.approx(0.79)
+    assert not monitor.drifted and monitor.recommended_size() == 50
+    monitor.observe(np.array([1] * 8 + [0] * 92, np.int8))             # acceptance fell to 0.08
+    assert monitor.drifted and monitor.acceptance == pytest.approx(0.08)
+    # the profile's acceptance scaled by 0.1: the cheapest hot set wins
+    assert monitor.recommended_size() == 10
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """A small calibration run: 3 prompts, 4 tokens each, 3 sizes."""
+    from simple_sampler.cli import main
+
+    out = tmp_path_factory.mktemp("calibrate") / "hot_vocab.npz"
+    assert main(["calibrate", "--prompts", "3", "--tokens", "4", "--sizes", "64", "512", "4096",
+                 "--repeats", "1", "--output", str(out)]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_calibrate_writes_profile_and_plot(calibrated, capsys):
+    from simple_sampler.shvs import load_profile
+
+    profile = load_profile(calibrated)
+    assert profile.vocab_size == 49152 and profile.order.size == 4096
+    assert profile.sizes.tolist() == [64, 512, 4096] and profile.chosen_size in (64, 512, 4096)
+    assert np.all(np.diff(profile.mass) >= 0) and 0 < profile.mass[-1] <= 1 + 1e-9
+    assert np.all((profile.acceptance >= 0) & (profile.acceptance <= 1))
+    assert calibrated.stat().st_size < 300_000
+    assert calibrated.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_bench_shvs_quick_json(calibrated, capsys):
+    import json
+
+    from simple_sampler.cli import main
+
+    capsys.readouterr()
+    assert main(["bench", "shvs", "--quick", "--json", "--profile", str(calibrated)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["rows"], r["vocab"], r["config"]) for r in report["results"]] == [
+        ("smollm2", 49152, "top_p"), ("smollm2", 49152, "all"),
+        ("synthetic", 151936, "top_p"), ("synthetic", 151936, "all")]
+    for r in report["results"]:
+        assert set(r) == {"rows", "vocab", "config", "hot_size", "acceptance", "us_per_row"}
+        assert set(r["us_per_row"]) == {"shvs", "full"} and min(r["us_per_row"].values()) > 0
+        assert 0 <= r["acceptance"] <= 1
+    assert report["machine"]["cores"] >= 1
+
+
+def test_synthetic_rows_keep_token_identity_and_the_quantiles():
+    from simple_sampler.bench.shvs import id_map, synthetic_hot_rows
+    from simple_sampler.rows import resample_quantiles
+
+    rng = np.random.default_rng(0)
+    real = rng.normal(size=(3, 2000)).astype(np.float32)
+    rows = synthetic_hot_rows(real, 5000)
+    mapping = id_map(5000, 2000)
+    assert len(set(mapping.tolist())) == 2000
+    np.testing.assert_array_equal(-np.sort(-rows, axis=1),
+                                  resample_quantiles(-np.sort(-real, axis=1), 5000))
+    for j in range(3):   # real tokens keep their order
+        assert np.all(np.diff(rows[j, mapping[np.argsort(-real[j])]]) <= 0)
