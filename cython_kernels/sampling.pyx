@@ -37,7 +37,7 @@ from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_exp_sum,
-                          ss_block_exp_sum, ss_bound_term, ss_dot, ss_exp_shifted, ss_block_max_count_nan,
+                          ss_block_exp_sum, ss_bound_offset, ss_bound_term, ss_exp_shifted, ss_block_max_count_nan,
                           ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
                           ss_mass_at_or_above)
 
@@ -464,9 +464,26 @@ cdef struct HotSet:
 
 cdef struct HotSummary:
     float row_max                # max z over the whole row
+    float to_bits                # the ss_bound_term scale of this row
     double hot_mass              # M_H = sum over hot of exp(z - row_max)
+    double cold_bound            # sum over cold of the bound terms, relative to row_max
+    double bound_total           # the same over every token: sizes the rounding margin
     double cold_upper            # C_ub >= the exact cold mass
     double cold_lower            # C_lb <= the exact cold mass
+
+
+cdef inline void bound_rest(const HotSummary* s, double removed, double* lower,
+                            double* upper) noexcept nogil:
+    """Bounds on the exact mass of the cold tokens whose bound terms (scaled
+    to row_max) sum to s.cold_bound - removed: each term is at least its
+    token's weight and at most COLD_BOUND_RATIO times it, the sums are off by
+    at most COLD_SUM_MARGIN of the row's bound total, and the weights the
+    bounds must hold for are rounded too (COLD_BOUND_MARGIN)."""
+    cdef double rest = s.cold_bound - removed
+    upper[0] = ((rest + COLD_SUM_MARGIN * s.bound_total) * (1.0 + COLD_BOUND_MARGIN)
+                + COLD_BOUND_SLACK)
+    rest = rest - COLD_SUM_MARGIN * s.bound_total
+    lower[0] = rest / COLD_BOUND_RATIO * (1.0 - COLD_BOUND_MARGIN) if rest > 0 else 0.0
 
 
 cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t, const HotSet* hot,
@@ -475,7 +492,8 @@ cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t
     max z (ws.block_max, hot and cold columns alike) and, relative to that
     max, ss_block_bound of all its columns less the same terms of its hot
     columns: a bound on its cold mass (ws.block_mass) and the block's bound
-    total (ws.block_total, which sizes the rounding margin). Per hot token:
+    total (ws.block_total, which sizes the rounding margin), both scaled to
+    the row max at the end. Per hot token:
     z (ws.hot_z) and exp(z - row max) (ws.hot_w); per block the hot mass
     (ws.block_hot). Returns False when the row holds a NaN or +inf, or every
     token is banned: the full path then reports it."""
@@ -484,7 +502,7 @@ cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t
     cdef Py_ssize_t ov_pos = 0
     cdef Py_ssize_t b, i, start
     cdef const float* x
-    cdef float m, v
+    cdef float m, v, offset
     cdef float total
     cdef float hot_part
     cdef float row_max = -INFINITY
@@ -500,12 +518,13 @@ cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t
             ws.block_mass[b] = 0.0
             ws.block_total[b] = 0.0
             continue
-        total = ss_block_bound(x, m, to_bits)
+        offset = ss_bound_offset(m, to_bits)
+        total = ss_block_bound(x, offset, to_bits)
         hot_part = 0.0
         for i in range(hot.block_start[b], hot.block_start[b + 1]):
             v = x[hot.ids[i] - start]
             ws.hot_z[i] = v * inv_t
-            hot_part = hot_part + ss_bound_term(v, m, to_bits)
+            hot_part = hot_part + ss_bound_term(v, offset, to_bits)
         ws.block_mass[b] = total - hot_part
         ws.block_total[b] = total
     if nan_count > 0 or row_max == INFINITY or row_max == -INFINITY:
@@ -519,18 +538,19 @@ cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t
             block_hot = block_hot + ws.hot_w[i]
         ws.block_hot[b] = block_hot
         hot_mass += block_hot
-    # The cold terms are exactly the block's terms less its hot ones; the
-    # float sums of both (and of the dot products) are off by far less than
-    # COLD_SUM_MARGIN of the blocks' scaled totals. ws.cand_w is free here.
-    cdef float* scale = ws.cand_w
+    # The cold terms are exactly the block's terms less its hot ones. Scaled
+    # to row_max here (ws.block_mass, ws.block_total) for top_p_hot's ladder.
+    cdef float* scale = ws.cand_w           # free until candidates are collected
     ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
-    cdef double slack = ss_dot(ws.block_total, scale, n_blocks)
-    cdef double upper = ss_dot(ws.block_mass, scale, n_blocks)
+    for b in range(n_blocks):
+        ws.block_mass[b] = ws.block_mass[b] * scale[b]
+        ws.block_total[b] = ws.block_total[b] * scale[b]
     out.row_max = row_max
+    out.to_bits = to_bits
     out.hot_mass = hot_mass
-    out.cold_upper = (upper + COLD_SUM_MARGIN * slack) * (1.0 + COLD_BOUND_MARGIN) + COLD_BOUND_SLACK
-    upper = upper - COLD_SUM_MARGIN * slack
-    out.cold_lower = upper / COLD_BOUND_RATIO * (1.0 - COLD_BOUND_MARGIN) if upper > 0 else 0.0
+    out.cold_bound = ss_mass_at_or_above(ws.block_max, ws.block_mass, n_blocks, -INFINITY)
+    out.bound_total = ss_mass_at_or_above(ws.block_max, ws.block_total, n_blocks, -INFINITY)
+    bound_rest(out, 0.0, &out.cold_lower, &out.cold_upper)
     return True
 
 
@@ -613,88 +633,110 @@ cdef inline int untruncated_hot(const RowSource* src, const Overrides* ov, const
     return HOT_FALLBACK
 
 
-cdef inline bint cold_below(const RowSource* src, const Overrides* ov, float inv_t,
-                            const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
-                            float level) noexcept nogil:
-    """True when every cold token has z < level; rereads only the blocks
-    whose max reaches it."""
-    cdef Py_ssize_t b, j
+cdef inline Py_ssize_t collect_above(const RowSource* src, const Overrides* ov, float inv_t,
+                                     const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
+                                     const HotSummary* s, float threshold, double* cold_mass,
+                                     double* removed) noexcept nogil:
+    """Candidates for every token with z >= threshold: hot ones from the hot
+    arrays, cold ones by rereading the blocks whose max reaches it, except
+    those whose cold bound shows that no cold token does (a cold token's
+    weight is at most its block's cold bound, give or take the rounding
+    margin). Adds the cold candidates' exact mass to cold_mass[0] and their
+    bound terms (as hot_pass scaled them) to removed[0]. Returns the count."""
+    cdef Py_ssize_t n = 0
+    cdef Py_ssize_t b, i, j, start, first
     cdef const float* x
+    cdef float offset
+    cdef int nan_count = 0
+    cdef double scale
+    cdef double level = ss_exp_nonpositive(threshold - s.row_max) * (1.0 - COLD_BOUND_MARGIN)
     for b in range(n_blocks):
-        if ws.block_max[b] < level:
+        if ws.block_max[b] < threshold:
+            continue
+        for i in range(hot.block_start[b], hot.block_start[b + 1]):
+            ws.cand_z[n] = ws.hot_z[i]
+            ws.cand_token[n] = hot.ids[i]
+            ws.cand_w[n] = ws.hot_w[i]
+            n += ws.hot_z[i] >= threshold
+        if ws.block_mass[b] + COLD_SUM_MARGIN * ws.block_total[b] < level:
             continue
         x = reread_block(src, b, ov, ws.block)
-        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - b * SS_BLOCK)):
-            if not ((hot.bits[b] >> j) & 1) and x[j] * inv_t >= level:
-                return False
-    return True
+        start = b * SS_BLOCK
+        first = n
+        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - start)):
+            ws.cand_z[n] = x[j] * inv_t
+            ws.cand_token[n] = <int32_t>j
+            n += ws.cand_z[n] >= threshold and not ((hot.bits[b] >> j) & 1)
+        if n == first:
+            continue
+        offset = ss_bound_offset(ss_block_max_count_nan(x, &nan_count), s.to_bits)
+        scale = ss_exp_nonpositive(ws.block_max[b] - s.row_max)
+        for i in range(first, n):
+            ws.cand_w[i] = ss_exp_nonpositive(ws.cand_z[i] - s.row_max)
+            cold_mass[0] += ws.cand_w[i]
+            removed[0] += ss_bound_term(x[ws.cand_token[i]], offset, s.to_bits) * scale
+            ws.cand_token[i] += <int32_t>start
+    return n
 
 
 cdef inline int top_p_hot(const RowSource* src, const Overrides* ov, const RowParams* p,
                           const HotSet* hot, Workspace* ws, Py_ssize_t n_blocks,
                           const HotSummary* s, RowResult* result) noexcept nogil:
-    """top_p alone, exactly, with S = M_H + C known only to lie in
-    [S_lb, S_ub] = [M_H + C_lb, M_H + C_ub]. Returns -1 when the bounds
-    cannot place the nucleus inside H (the caller runs the full path).
+    """top_p alone, exactly, knowing the row's mass S only within bounds.
+    Returns -1 when the bounds leave the nucleus undecided for every draw
+    (the caller runs the full path).
 
-    With the hot tokens in rank order (z descending, id ascending) and
-    cum_k the mass of the first k: the nucleus is the first J tokens,
-    J = min{k : cum_k >= p S}. J2 = min{k : cum_k >= p S_ub} >= J and
-    J1 = min{k : cum_k >= p S_lb} <= J. If the J2-th hot token lies above
-    every cold token, the first J2 hot tokens are the first J2 of the whole
-    row, so the nucleus is the first J <= J2 of them. Draw t from the first
-    J2 by mass. Rank(t) <= J1: t is in the nucleus, decided from H alone.
-    Otherwise compute S (so J) exactly; keep t if rank(t) <= J, else draw
-    afresh from the first J. For t in the nucleus,
-    P(t) = w_t / cum_J2 + (cum_J2 - cum_J) / cum_J2 * w_t / cum_J = w_t / cum_J."""
-    cdef double target_hi = p.top_p * (s.hot_mass + s.cold_upper)
-    if s.hot_mass < target_hi:
-        return -1
-    # Collect the hot tokens above the highest threshold whose blocks' hot
-    # mass can reach target_hi (a ladder of gaps below the max, as the full
-    # path does), from the blocks whose max reaches it.
+    Collect U = every token with z >= t (hot ones from the hot set, cold
+    ones by rereading the few blocks whose max reaches t), t the highest of
+    a ladder of levels below the max whose blocks can hold the nucleus. The
+    mass of U is exact; the cold tokens outside U are bounded, so
+    S in [S_lb, S_ub]. Every token outside U has z < t, so it ranks after
+    all of U: if mass(U) >= p S_ub, the nucleus is a rank-prefix of U. With
+    cum_k the mass of U's first k tokens by rank (z descending, id
+    ascending), the nucleus is the first J, J = min{k : cum_k >= p S};
+    J2 = min{k : cum_k >= p S_ub} >= J and J1 = min{k : cum_k >= p S_lb} <= J.
+    Draw t from the first J2 by mass. Rank(t) <= J1: t is in the nucleus,
+    decided without S. Otherwise compute S (so J) exactly; keep t if
+    rank(t) <= J, else draw afresh (an independent draw index) from the
+    first J. For t in the nucleus,
+    P(t) = w_t / cum_J2 + (cum_J2 - cum_J) / cum_J2 * w_t / cum_J = w_t / cum_J,
+    and no token outside it is ever returned."""
+    cdef double ladder_target = p.top_p * (s.hot_mass + s.cold_lower)
     cdef Candidates c
     c.z = ws.cand_z
     c.token = ws.cand_token
     c.w = ws.cand_w
     cdef Py_ssize_t gap_index = 0
     cdef float threshold
-    cdef double mass
-    cdef Py_ssize_t b, i
+    cdef double cold_in, removed, mass, lower, upper, target_hi
+    cdef Py_ssize_t i
     while True:
+        if gap_index == N_TOP_P_GAPS - 1:
+            return -1       # U would be the whole row: the full path's job
         threshold = s.row_max - TOP_P_GAPS[gap_index]
-        if (gap_index < N_TOP_P_GAPS - 1
-                and ss_mass_at_or_above(ws.block_max, ws.block_hot, n_blocks, threshold) < target_hi):
-            gap_index += 1
+        gap_index += 1
+        # U's mass is at most its blocks' hot mass plus their cold bounds.
+        if (ss_mass_at_or_above(ws.block_max, ws.block_hot, n_blocks, threshold)
+                + ss_mass_at_or_above(ws.block_max, ws.block_mass, n_blocks, threshold)
+                < ladder_target):
             continue
-        c.n = 0
-        for b in range(n_blocks):
-            if ws.block_max[b] < threshold:
-                continue
-            for i in range(hot.block_start[b], hot.block_start[b + 1]):
-                c.z[c.n] = ws.hot_z[i]
-                c.token[c.n] = hot.ids[i]
-                c.w[c.n] = ws.hot_w[i]
-                c.n += ws.hot_z[i] >= threshold
+        cold_in = 0.0
+        removed = 0.0
+        c.n = collect_above(src, ov, p.inverse_temperature, hot, ws, n_blocks, s, threshold,
+                            &cold_in, &removed)
+        bound_rest(s, removed, &lower, &upper)
+        target_hi = p.top_p * (s.hot_mass + cold_in + upper)
         mass = 0.0
         for i in range(c.n):
             mass += c.w[i]
         if mass >= target_hi:
             break
-        if gap_index == N_TOP_P_GAPS - 1:
-            return -1       # rounding left all of H just short of target_hi
-        gap_index += 1
-    cdef Py_ssize_t upper = top_p_prefix(&c, target_hi)
-    cdef float boundary = c.z[0]
-    for i in range(upper):
-        boundary = c.z[i] if c.z[i] < boundary else boundary
-    if not cold_below(src, ov, p.inverse_temperature, hot, ws, n_blocks, boundary):
-        return -1
-    c.n = upper
-    cdef Py_ssize_t lower = top_p_prefix(&c, p.top_p * (s.hot_mass + s.cold_lower))
-    cdef Py_ssize_t drawn = draw_index(&c, upper, uniform_double(p.seed, p.step, 0))
+    cdef Py_ssize_t upper_count = top_p_prefix(&c, target_hi)
+    c.n = upper_count
+    cdef Py_ssize_t lower_count = top_p_prefix(&c, p.top_p * (s.hot_mass + cold_in + lower))
+    cdef Py_ssize_t drawn = draw_index(&c, upper_count, uniform_double(p.seed, p.step, 0))
     result.token = c.token[drawn]
-    if drawn < lower:
+    if drawn < lower_count:
         return HOT_ACCEPTED
     cdef double cold = exact_cold_mass(src, ov, p.inverse_temperature, hot, ws, n_blocks, s.row_max)
     cdef Py_ssize_t nucleus = top_p_prefix(&c, p.top_p * (s.hot_mass + cold))

@@ -159,38 +159,47 @@ static inline float ss_sum_lanes(ss_vf v)
     return v[0];
 }
 
-/* A cheap upper bound on exp, for bounding a block's mass without an exp
- * per token. With y = (x - x_max) * to_bits, to_bits = scale * log2(e) * 2^23,
- * the float whose bits are trunc(y) + (127 << 23) is 2^floor(e) * (1 + frac(e))
- * for e = y / 2^23, and 1 + f >= 2^f on [0, 1], so the term is at least
- * exp((x - x_max) * scale) and at most 1.0615 times it (Schraudolph's exp
- * without its correction). Truncating a negative y toward zero rounds up,
- * keeping the bound; y is clamped at -126 * 2^23 (the smallest normal),
- * which only raises it. The float rounding of y (relative 2e-7) is covered
- * by the caller's margin. ss_block_bound computes the same term per lane,
- * bit for bit, so a caller may subtract single terms from a block's sum. */
-#define SS_BOUND_FLOOR (-126.0f * 8388608.0f)
+/* A cheap bound on exp, for a block's mass without an exp per token.
+ * For e = (x - x_max) * scale * log2(e) <= 0, the float whose bits are
+ * trunc(2^23 (e + 127)) is 2^floor(e) * (1 + frac(e)) (Schraudolph's exp
+ * without its correction term), and 2^f <= 1 + f <= 1.0615 * 2^f on [0, 1],
+ * so the term is between exp((x - x_max) * scale) and 1.0615 times it.
+ * 2^23 (e + 127) is computed as one fused x * to_bits + offset, with
+ * to_bits = scale * log2(e) * 2^23 and offset = 2^23 * 127 - x_max * to_bits,
+ * and clamped at 2^23 (e = -126, the smallest normal; clamping only raises
+ * a term). Its float rounding (about 2^-17 in e near 2^30) and the
+ * truncation move a term by at most 2e-5 of itself either way: the caller's
+ * margin covers that. ss_bound_term is the same term for one value. */
+#define SS_BOUND_FLOOR 8388608.0f
 
-static inline float ss_bound_term(float x, float x_max, float to_bits)
+static inline float ss_bound_offset(float x_max, float to_bits)
 {
-    float y = (x - x_max) * to_bits;
+    return 1065353216.0f - x_max * to_bits;      /* 127 * 2^23 */
+}
+
+static inline float ss_bound_term(float x, float offset, float to_bits)
+{
+    float y = __builtin_fmaf(x, to_bits, offset);
     y = y < SS_BOUND_FLOOR ? SS_BOUND_FLOOR : y;
     ss_bits32 term;
-    term.i = (int32_t)y + (127 << 23);
+    term.i = (int32_t)y;
     return term.f;
 }
 
-/* sum over the block of ss_bound_term(x_j, x_max, to_bits), x_max >= every x_j. */
-static inline float ss_block_bound(const float* x, float x_max, float to_bits)
+/* sum over the block of ss_bound_term(x_j, offset, to_bits). */
+static inline float ss_block_bound(const float* x, float offset, float to_bits)
 {
-    const ss_vf floor_bits = (ss_vf){} + SS_BOUND_FLOOR;
-    ss_vf acc = {};
+    ss_vf acc[2] = {};
     for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
-        ss_vf y = (ss_load(x + j) - x_max) * to_bits;
-        y = ss_select(y < floor_bits, floor_bits, y);
-        acc += (ss_vf)(__builtin_convertvector(y, ss_vi) + (127 << 23));
+        ss_vf y = ss_load(x + j) * to_bits + offset;
+#if defined(__AVX__)
+        y = __builtin_ia32_maxps256(y, (ss_vf){} + SS_BOUND_FLOOR);
+#else
+        y = ss_select((ss_vi)(y < SS_BOUND_FLOOR), (ss_vf){} + SS_BOUND_FLOOR, y);
+#endif
+        acc[(j / SS_LANES) & 1] += (ss_vf)__builtin_convertvector(y, ss_vi);
     }
-    return ss_sum_lanes(acc);
+    return ss_sum_lanes(acc[0] + acc[1]);
 }
 
 /* out[i] = exp(z[i] - shift) for z[i] <= shift, vectorized, with exactly 0
@@ -204,18 +213,6 @@ static inline void ss_exp_shifted(const float* z, float shift, float* out, long 
         __builtin_memcpy(out + i, &e, sizeof e);
     }
     for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);
-}
-
-/* sum_i a[i] * b[i] in float lanes (relative error about n / 8 * 6e-8). */
-static inline double ss_dot(const float* a, const float* b, long n)
-{
-    ss_vf acc = {};
-    long i = 0;
-    for (; i + SS_LANES <= n; i += SS_LANES) acc += ss_load(a + i) * ss_load(b + i);
-    double total = 0.0;
-    for (int l = 0; l < SS_LANES; l++) total += acc[l];
-    for (; i < n; i++) total += a[i] * b[i];
-    return total;
 }
 
 /* sum over cold lanes of exp(x_j * scale - shift), for shift >= every cold

@@ -272,12 +272,16 @@ def test_empty_hot_set_is_shvs_off(zipf_row):
 
 
 def small_profile(**overrides):
-    from simple_sampler.shvs import HotProfile
+    from simple_sampler.shvs import HotProfile, SizingCurve
 
+    curves = {"plain": SizingCurve(acceptance=np.array([0.5, 0.8, 0.9]),
+                                   us_per_row=np.array([30.0, 25.0, 30.0]), slope_us=0.1,
+                                   intercept_us=15.0, full_us=40.0),
+              "top_p": SizingCurve(acceptance=np.array([1.0, 1.0, 1.0]),
+                                   us_per_row=np.array([20.0, 24.0, 29.0]), slope_us=0.1,
+                                   intercept_us=19.0, full_us=45.0)}
     fields = dict(order=np.arange(100, 0, -1, dtype=np.int32), vocab_size=200,
-                  sizes=np.array([10, 50, 100]), acceptance=np.array([0.5, 0.8, 0.9]),
-                  us_per_row=np.array([30.0, 25.0, 30.0]), cost_slope_us=0.1,
-                  cost_intercept_us=15.0, fallback_us=40.0, chosen_size=50,
+                  sizes=np.array([10, 50, 100]), curves=curves, chosen_size=50,
                   mass=np.linspace(0.5, 1.0, 100), meta={"model": "test"})
     fields.update(overrides)
     return HotProfile(**fields)
@@ -289,7 +293,8 @@ def test_profile_round_trip(tmp_path):
     profile = small_profile()
     loaded = load_profile(profile.save(tmp_path / "sub" / "hot.npz"))
     assert loaded.order.tolist() == profile.order.tolist() and loaded.chosen_size == 50
-    assert loaded.meta == {"model": "test"} and loaded.fallback_us == 40.0
+    assert loaded.meta == {"model": "test"} and loaded.curves["plain"].full_us == 40.0
+    np.testing.assert_array_equal(loaded.curves["top_p"].us_per_row, [20.0, 24.0, 29.0])
     assert loaded.hot_vocab().ids.tolist() == list(range(100, 50, -1))
     assert loaded.hot_vocab(10).size == 10
     with pytest.raises(ValueError, match=r"hot set size must be in \[1, 100\], got 101"):
@@ -307,15 +312,20 @@ def test_a_file_that_is_not_a_profile_is_rejected(tmp_path):
 def test_monitor_recommends_a_size_only_on_drift():
     from simple_sampler.shvs import HotVocabMonitor
 
-    monitor = HotVocabMonitor(small_profile(), window=100, tolerance=0.05)
-    assert monitor.size == 50 and np.isnan(monitor.acceptance)
-    monitor.observe(np.array([1] * 79 + [0] * 21 + [-1] * 50, np.int8))   # -1: not tried
+    profile = small_profile()
+    monitor = HotVocabMonitor(profile, window=100, tolerance=0.05)
+    assert monitor.size == 50 and np.isnan(monitor.acceptance) and monitor.predicted == 0.8
+    plain = np.ones(150, bool)
+    plain[100:] = False                                                # top_p rows: not counted
+    monitor.observe(np.array([1] * 79 + [0] * 21 + [0] * 50, np.int8), plain)
+    monitor.observe(np.array([-1] * 10, np.int8), np.ones(10, bool))  # not tried: not counted
     assert monitor.rows == 100 and monitor.acceptance == pytest.approx(0.79)
     assert not monitor.drifted and monitor.recommended_size() == 50
-    monitor.observe(np.array([1] * 8 + [0] * 92, np.int8))             # acceptance fell to 0.08
+    monitor.observe(np.array([1] * 8 + [0] * 92, np.int8), np.ones(100, bool))
     assert monitor.drifted and monitor.acceptance == pytest.approx(0.08)
-    # the profile's acceptance scaled by 0.1: the cheapest hot set wins
+    # acceptance scaled by 0.1: a larger hot set no longer pays for itself
     assert monitor.recommended_size() == 10
+    assert np.argmax(profile.mixed_rows_per_s(0.1)) == 0
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +347,9 @@ def test_calibrate_writes_profile_and_plot(calibrated, capsys):
     assert profile.vocab_size == 49152 and profile.order.size == 4096
     assert profile.sizes.tolist() == [64, 512, 4096] and profile.chosen_size in (64, 512, 4096)
     assert np.all(np.diff(profile.mass) >= 0) and 0 < profile.mass[-1] <= 1 + 1e-9
-    assert np.all((profile.acceptance >= 0) & (profile.acceptance <= 1))
+    for curve in profile.curves.values():
+        assert np.all((curve.acceptance >= 0) & (curve.acceptance <= 1))
+        assert curve.full_us > 0 and curve.us_per_row.shape == (3,)
     assert calibrated.stat().st_size < 300_000
     assert calibrated.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

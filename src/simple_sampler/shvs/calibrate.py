@@ -8,15 +8,17 @@
 2. Every fourth prompt is held out. Over the others, accumulate each
    token's probability (softmax of the logits) at every decode step and
    order the vocabulary by that mass, hottest first.
-3. On the held-out rows, for each candidate |H|: the kernels' cost per row
-   with SHVS (top_p 0.9 alone at temperature 1, B=64, one thread; the
-   configuration whose full path must read the whole row's mass) and the
-   acceptance alpha(|H|) (rows decided from H); and the full path's cost.
-4. Fit the accepted-row cost c * |H| + c0 by least squares to
-   T(|H|) - (1 - alpha(|H|)) * T_full (a row SHVS cannot decide pays about
-   the full path on top), pick the |H| maximizing the expected rows/s
-   1 / (c |H| + c0 + (1 - alpha(|H|)) T_full), save the profile and plot
-   cost, acceptance and throughput against |H|.
+3. On the held-out rows, for each candidate |H| and each configuration SHVS
+   takes ("plain": temperature 1, no truncation, whose acceptance is the hot
+   set's mass; "top_p": top_p 0.9 alone): the kernels' cost per row with
+   SHVS (B=64, one thread) and the acceptance alpha(|H|) (rows decided
+   from H); and the full path's cost.
+4. Per configuration, fit the accepted-row cost c * |H| + c0 by least
+   squares to T(|H|) - (1 - alpha(|H|)) * T_full (a row SHVS cannot decide
+   pays about the full path on top), so its expected rows/s is
+   1 / (c |H| + c0 + (1 - alpha(|H|)) T_full). Pick the |H| maximizing the
+   rows/s of a workload split evenly between the two, save the profile and
+   plot cost, acceptance and throughput against |H|.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import numpy as np
 from ..bench.kernels import TOP_P_ONLY, make_batch, time_per_row
 from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
-from .hot_vocab import HotProfile, HotVocab, expected_rows_per_s
+from .hot_vocab import HotProfile, HotVocab, SizingCurve
 
 #: Where the profile goes by default: the sampler's folder of a Triton model repository.
 DEFAULT_OUTPUT = Path("model_repository") / "simple_sampler" / "hot_vocab.npz"
@@ -39,6 +41,8 @@ HELD_OUT_EVERY = 4
 #: How the calibration continuations are sampled.
 GENERATION = SamplingParams(temperature=1.0, top_p=0.95)
 BATCH = 64
+#: The configurations SHVS takes, measured for the sizing model.
+CONFIGS = {"plain": SamplingParams(), "top_p": TOP_P_ONLY}
 
 
 def load_calibration_prompts() -> list[dict]:
@@ -88,10 +92,11 @@ def token_mass(rows: np.ndarray) -> np.ndarray:
     return z.sum(axis=0)
 
 
-def measure(rows: np.ndarray, sizes, order: np.ndarray, repeats: int) -> dict:
-    """Cost and acceptance of SHVS at each size on `rows` (top_p 0.9 alone)."""
+def measure(rows: np.ndarray, params: SamplingParams, sizes, order: np.ndarray,
+            repeats: int) -> dict:
+    """Cost and acceptance of SHVS at each size on `rows` under `params`."""
     rows = rows[:BATCH]
-    batch = make_batch(TOP_P_ONLY, rows, 0)
+    batch = make_batch(params, rows, 0)
     run = lambda hot: sample(rows, batch, return_logprobs=False, num_threads=1, hot_vocab=hot)
     full_us = time_per_row(lambda: run(None), len(rows), repeats)
     us, acceptance = [], []
@@ -102,17 +107,19 @@ def measure(rows: np.ndarray, sizes, order: np.ndarray, repeats: int) -> dict:
     return {"full_us": full_us, "us": np.array(us), "acceptance": np.array(acceptance)}
 
 
-def fit_cost(sizes: np.ndarray, us: np.ndarray, acceptance: np.ndarray,
-             full_us: float) -> tuple[float, float, float]:
-    """(c, c0, R^2) of the least-squares line c * |H| + c0 through the
-    accepted-row cost T(|H|) - (1 - alpha(|H|)) * T_full."""
+def fit_curve(sizes: np.ndarray, measured: dict) -> tuple[SizingCurve, float]:
+    """The SizingCurve of one configuration's measurements, and the fit's
+    R^2: the least-squares line c * |H| + c0 through the accepted-row cost
+    T(|H|) - (1 - alpha(|H|)) * T_full."""
+    us, acceptance, full_us = measured["us"], measured["acceptance"], measured["full_us"]
     accepted_us = us - (1.0 - acceptance) * full_us
     design = np.stack([sizes.astype(np.float64), np.ones(len(sizes))], axis=1)
     (slope, intercept), *_ = np.linalg.lstsq(design, accepted_us, rcond=None)
     residual = accepted_us - design @ np.array([slope, intercept])
     spread = np.sum((accepted_us - accepted_us.mean()) ** 2)
     r2 = 1.0 - float(np.sum(residual ** 2) / spread) if spread > 0 else 1.0
-    return float(slope), float(intercept), r2
+    return SizingCurve(acceptance=acceptance, us_per_row=us, slope_us=float(slope),
+                       intercept_us=float(intercept), full_us=full_us), r2
 
 
 def calibrate(prompts: list[dict] | None = None, tokens: int = 48, sizes=DEFAULT_SIZES,
@@ -130,41 +137,47 @@ def calibrate(prompts: list[dict] | None = None, tokens: int = 48, sizes=DEFAULT
     order = np.lexsort((np.arange(vocab), -mass)).astype(np.int32)
     sizes = np.array(sorted({min(int(s), vocab) for s in sizes}), np.int64)
     order = order[:sizes[-1]]
-    measured = measure(held_rows, sizes, order, repeats)
-    slope, intercept, r2 = fit_cost(sizes, measured["us"], measured["acceptance"],
-                                    measured["full_us"])
-    rate = expected_rows_per_s(sizes, measured["acceptance"], slope, intercept,
-                               measured["full_us"])
-    captured = np.cumsum(mass[order]) / mass.sum()
-    return HotProfile(
-        order=order, vocab_size=vocab, sizes=sizes, acceptance=measured["acceptance"],
-        us_per_row=measured["us"], cost_slope_us=slope, cost_intercept_us=intercept,
-        fallback_us=measured["full_us"], chosen_size=int(sizes[int(np.argmax(rate))]),
-        mass=captured,
+    curves, r2 = {}, {}
+    for name, params in CONFIGS.items():
+        curves[name], r2[name] = fit_curve(sizes, measure(held_rows, params, sizes, order, repeats))
+    profile = HotProfile(
+        order=order, vocab_size=vocab, sizes=sizes, curves=curves, chosen_size=0,
+        mass=np.cumsum(mass[order]) / mass.sum(),
         meta={"model": "SmolLM2-135M-Instruct", "prompts": len(prompts),
               "held_out_prompts": len(held), "profile_rows": int(len(profile_rows)),
               "held_out_rows": int(len(held_rows)), "tokens_per_prompt": tokens,
               "measured_rows": int(min(BATCH, len(held_rows))), "fit_r2": r2,
               "generation": {"temperature": GENERATION.temperature, "top_p": GENERATION.top_p},
-              "measured_config": "top_p 0.9 alone at temperature 1, one thread"})
+              "configs": {"plain": "temperature 1, no truncation",
+                          "top_p": "top_p 0.9 alone at temperature 1"},
+              "threads": 1})
+    profile.chosen_size = int(sizes[int(np.argmax(profile.mixed_rows_per_s()))])
+    return profile
 
 
 def describe(profile: HotProfile) -> str:
-    """The fit and the choice, as `calibrate` prints them."""
+    """The fits and the choice, as `calibrate` prints them."""
     p = profile
-    rate = expected_rows_per_s(p.sizes, p.acceptance, p.cost_slope_us, p.cost_intercept_us,
-                               p.fallback_us)
-    lines = [f"profile: {p.meta['profile_rows']} rows from {p.meta['prompts'] - p.meta['held_out_prompts']} "
-             f"prompts; measured on {p.meta['measured_rows']} held-out rows "
-             f"({p.meta['measured_config']})",
-             f"cost fit: {p.cost_slope_us * 1000:.2f} ns * |H| + {p.cost_intercept_us:.1f} us "
-             f"(R^2 {p.meta['fit_r2']:.3f}); full path {p.fallback_us:.1f} us/row",
-             f"{'|H|':>7} {'mass':>7} {'accept':>7} {'us/row':>8} {'pred rows/s':>12} {'meas rows/s':>12}"]
-    for size, alpha, us, predicted in zip(p.sizes, p.acceptance, p.us_per_row, rate):
+    lines = [f"profile: {p.meta['profile_rows']} rows from "
+             f"{p.meta['prompts'] - p.meta['held_out_prompts']} prompts; measured on "
+             f"{p.meta['measured_rows']} held-out rows, B={BATCH}, one thread"]
+    for name, curve in p.curves.items():
+        lines.append(f"{name:>6} ({p.meta['configs'][name]}): accepted-row cost "
+                     f"{curve.slope_us * 1000:.2f} ns * |H| + {curve.intercept_us:.1f} us "
+                     f"(R^2 {p.meta['fit_r2'][name]:.3f}); full path {curve.full_us:.1f} us/row")
+    header = f"{'|H|':>7} {'mass':>7}"
+    for name in p.curves:
+        header += f" {name + ' acc':>10} {name + ' us':>9}"
+    lines.append(header + f" {'pred rows/s':>12} {'meas rows/s':>12}")
+    measured = 1e6 / np.mean([c.us_per_row for c in p.curves.values()], axis=0)
+    for i, (size, predicted) in enumerate(zip(p.sizes, p.mixed_rows_per_s())):
+        row = f"{size:>7} {p.mass[size - 1]:>7.4f}"
+        for curve in p.curves.values():
+            row += f" {curve.acceptance[i]:>10.3f} {curve.us_per_row[i]:>9.1f}"
         mark = "  <- chosen" if size == p.chosen_size else ""
-        lines.append(f"{size:>7} {p.mass[size - 1]:>7.4f} {alpha:>7.3f} {us:>8.1f} "
-                     f"{predicted:>12.0f} {1e6 / us:>12.0f}{mark}")
-    lines.append(f"full path alone: {1e6 / p.fallback_us:.0f} rows/s")
+        lines.append(row + f" {predicted:>12.0f} {measured[i]:>12.0f}{mark}")
+    full = 1.0 / np.mean([c.full_us for c in p.curves.values()]) * 1e6
+    lines.append(f"rows/s: an even mix of the configurations; full path alone: {full:.0f} rows/s")
     return "\n".join(lines)
 
 
@@ -178,29 +191,33 @@ def plot(profile: HotProfile, path: str | Path) -> Path:
     p = profile
     sizes = p.sizes.astype(np.float64)
     line = np.geomspace(sizes[0], sizes[-1], 200)
-    rate = expected_rows_per_s(p.sizes, p.acceptance, p.cost_slope_us, p.cost_intercept_us,
-                               p.fallback_us)
-    fig, axes = plt.subplots(3, 1, figsize=(7, 9), sharex=True)
-    axes[0].plot(sizes, p.us_per_row, "o", label="measured SHVS us/row")
-    axes[0].plot(sizes, p.us_per_row - (1 - p.acceptance) * p.fallback_us, "s",
-                 label="accepted-row cost")
-    axes[0].plot(line, p.cost_slope_us * line + p.cost_intercept_us, "-",
-                 label=f"fit {p.cost_slope_us * 1000:.2f} ns*|H| + {p.cost_intercept_us:.1f} us")
-    axes[0].axhline(p.fallback_us, color="grey", ls=":", label="full path")
-    axes[0].set_ylabel("us per row")
-    axes[1].plot(sizes, p.acceptance, "o-", label="acceptance (held-out rows)")
+    fig, axes = plt.subplots(3, 1, figsize=(7, 10), sharex=True)
+    for name, curve in p.curves.items():
+        points = axes[0].plot(sizes, curve.us_per_row, "o", label=f"{name}: measured us/row")
+        axes[0].plot(sizes, curve.us_per_row - (1 - curve.acceptance) * curve.full_us, "s",
+                     color=points[0].get_color(), mfc="none",
+                     label=f"{name}: accepted-row cost (fitted)")
+        axes[0].plot(line, curve.slope_us * line + curve.intercept_us, "-",
+                     color=points[0].get_color(),
+                     label=f"{name}: fit {curve.slope_us * 1000:.2f} ns*|H| + "
+                           f"{curve.intercept_us:.1f} us")
+        axes[0].axhline(curve.full_us, color=points[0].get_color(), ls=":",
+                        label=f"{name}: full path")
+        axes[1].plot(sizes, curve.acceptance, "o-", label=f"{name}: acceptance (held out)")
+        axes[2].plot(sizes, curve.rows_per_s(p.sizes), "o-", label=f"{name}: predicted")
     axes[1].plot(np.arange(1, p.mass.size + 1), p.mass, "-", label="calibration mass in H")
+    axes[2].plot(sizes, p.mixed_rows_per_s(), "s-", label="even mix: predicted")
+    measured = 1e6 / np.mean([c.us_per_row for c in p.curves.values()], axis=0)
+    axes[2].plot(sizes, measured, "x", label="even mix: measured")
+    axes[0].set_ylabel("us per row")
     axes[1].set_ylabel("fraction")
     axes[1].set_ylim(0, 1.02)
-    axes[2].plot(sizes, rate, "o-", label="predicted rows/s")
-    axes[2].plot(sizes, 1e6 / p.us_per_row, "x", label="measured rows/s")
-    axes[2].axhline(1e6 / p.fallback_us, color="grey", ls=":", label="full path")
     axes[2].set_ylabel("rows per second")
     axes[2].set_xlabel("|H| (hot tokens)")
     for ax in axes:
         ax.axvline(p.chosen_size, color="red", ls="--", lw=1)
         ax.set_xscale("log")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     axes[0].set_title(f"SHVS sizing, {p.meta.get('model', '')}, V={p.vocab_size}: "
                       f"chosen |H| = {p.chosen_size}")
     fig.tight_layout()

@@ -2,9 +2,10 @@
 
 A *profile* (``HotProfile``, built by ``simple-sampler calibrate``) orders a
 model's vocabulary hot-first by the probability mass the model put on each
-token over a calibration prompt set, and records the sizing model: kernel
-cost per row against |H| (c * |H| + c0), acceptance alpha(|H|) measured on
-held-out rows, the fallback cost, and the |H| that maximizes expected rows/s.
+token over a calibration prompt set, and records the sizing model per
+configuration: kernel cost per row against |H| (c * |H| + c0), acceptance
+alpha(|H|) measured on held-out rows, the fallback cost, and the |H| that
+maximizes expected rows/s.
 It is saved as one small ``.npz`` file that lives in the model repository
 next to the sampler's config. A model without a profile simply runs with
 SHVS off (``hot_vocab=None``).
@@ -83,32 +84,50 @@ class HotVocab:
 
 
 @dataclass
+class SizingCurve:
+    """One configuration's sizing measurements over ``HotProfile.sizes``.
+
+    acceptance: float64 [n], the fraction of held-out rows decided from H;
+    us_per_row: float64 [n], the measured cost per row with SHVS;
+    slope_us, intercept_us: the least-squares fit c * |H| + c0 of the
+        accepted-row cost, us_per_row - (1 - acceptance) * full_us;
+    full_us: the full path's cost per row (what an undecided row adds).
+    """
+
+    acceptance: np.ndarray
+    us_per_row: np.ndarray
+    slope_us: float
+    intercept_us: float
+    full_us: float
+
+    def rows_per_s(self, sizes) -> np.ndarray:
+        """Predicted rows/s at ``sizes`` (the measured sizes)."""
+        return expected_rows_per_s(sizes, self.acceptance, self.slope_us, self.intercept_us,
+                                   self.full_us)
+
+
+@dataclass
 class HotProfile:
     """A calibrated hot-first vocabulary order and the sizing model.
 
     order: int32 [K] token ids, hottest first (K <= vocab_size: the tail
-        beyond the largest useful size is not stored).
+        beyond the largest measured size is not stored).
     vocab_size: V of the model's rows.
-    sizes: int64 [n] candidate |H| values; acceptance: float64 [n], the
-        fraction of held-out rows SHVS decided from H at each size (top_p
-        0.9 alone, the configuration SHVS exists for); us_per_row: float64 [n],
-        measured kernel cost per row (SHVS path) at each size.
-    cost_slope_us, cost_intercept_us: the least-squares fit c * |H| + c0 of
-        the accepted-row cost; fallback_us: the full path's cost per row.
-    chosen_size: the |H| maximizing 1 / (c |H| + c0 + (1 - alpha) fallback).
-    mass: float64 [K], the calibration set's mean probability mass captured
+    sizes: int64 [n] measured |H| values.
+    curves: per configuration ("plain": temperature 1, no truncation, whose
+        acceptance is the hot set's mass, and "top_p": top_p 0.9 alone), its
+        ``SizingCurve``.
+    chosen_size: the |H| maximizing the rows/s of a workload split evenly
+        between the configurations (``mixed_rows_per_s``).
+    mass: float64 [K], the calibration rows' mean probability mass captured
         by the first k tokens of ``order`` (k = 1..K).
-    meta: free-form provenance (model, prompts, tokens generated, date).
+    meta: provenance (model, prompts, rows, tokens, fit quality).
     """
 
     order: np.ndarray
     vocab_size: int
     sizes: np.ndarray
-    acceptance: np.ndarray
-    us_per_row: np.ndarray
-    cost_slope_us: float
-    cost_intercept_us: float
-    fallback_us: float
+    curves: dict
     chosen_size: int
     mass: np.ndarray
     meta: dict = field(default_factory=dict)
@@ -120,23 +139,32 @@ class HotProfile:
             raise ValueError(f"hot set size must be in [1, {self.order.size}], got {size}")
         return HotVocab(self.order[:size], self.vocab_size)
 
-    def predicted_acceptance(self, size: int) -> float:
-        """alpha(size), interpolated between the measured sizes."""
-        return float(np.interp(size, self.sizes, self.acceptance))
+    def mixed_rows_per_s(self, plain_scale: float = 1.0) -> np.ndarray:
+        """Predicted rows/s at each size for a workload split evenly between
+        the configurations: the inverse of their mean time per row. With
+        plain_scale, the plain configuration's acceptance (the hot set's
+        mass, which domain drift moves) is first scaled by it."""
+        times = []
+        for name, curve in self.curves.items():
+            scale = plain_scale if name == "plain" else 1.0
+            alpha = np.clip(curve.acceptance * scale, 0.0, 1.0)
+            times.append(1.0 / expected_rows_per_s(self.sizes, alpha, curve.slope_us,
+                                                   curve.intercept_us, curve.full_us))
+        return 1.0 / np.mean(times, axis=0)
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as one .npz file (parents created)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         scalars = {"format": PROFILE_FORMAT, "vocab_size": self.vocab_size,
-                   "cost_slope_us": self.cost_slope_us,
-                   "cost_intercept_us": self.cost_intercept_us,
-                   "fallback_us": self.fallback_us, "chosen_size": self.chosen_size,
-                   "meta": self.meta}
+                   "chosen_size": self.chosen_size, "meta": self.meta,
+                   "fits": {name: {"slope_us": c.slope_us, "intercept_us": c.intercept_us,
+                                   "full_us": c.full_us} for name, c in self.curves.items()}}
+        arrays = {f"{name}_{key}": getattr(c, key) for name, c in self.curves.items()
+                  for key in ("acceptance", "us_per_row")}
         with open(path, "wb") as fh:
             np.savez_compressed(fh, order=self.order.astype(np.int32), sizes=self.sizes,
-                                acceptance=self.acceptance, us_per_row=self.us_per_row,
-                                mass=self.mass.astype(np.float32),
+                                mass=self.mass.astype(np.float32), **arrays,
                                 scalars=np.frombuffer(json.dumps(scalars).encode(), np.uint8))
         return path
 
@@ -151,14 +179,15 @@ def load_profile(path: str | Path) -> HotProfile:
         if scalars.get("format") != PROFILE_FORMAT:
             raise ValueError(f"{path}: profile format {scalars.get('format')!r}, "
                              f"expected {PROFILE_FORMAT!r}")
-        profile = HotProfile(
-            order=data["order"].astype(np.int32), vocab_size=int(scalars["vocab_size"]),
-            sizes=data["sizes"].astype(np.int64), acceptance=data["acceptance"].astype(np.float64),
-            us_per_row=data["us_per_row"].astype(np.float64),
-            cost_slope_us=float(scalars["cost_slope_us"]),
-            cost_intercept_us=float(scalars["cost_intercept_us"]),
-            fallback_us=float(scalars["fallback_us"]), chosen_size=int(scalars["chosen_size"]),
-            mass=data["mass"].astype(np.float64), meta=scalars["meta"])
+        curves = {name: SizingCurve(acceptance=data[f"{name}_acceptance"].astype(np.float64),
+                                    us_per_row=data[f"{name}_us_per_row"].astype(np.float64),
+                                    **fit)
+                  for name, fit in scalars["fits"].items()}
+        profile = HotProfile(order=data["order"].astype(np.int32),
+                             vocab_size=int(scalars["vocab_size"]),
+                             sizes=data["sizes"].astype(np.int64), curves=curves,
+                             chosen_size=int(scalars["chosen_size"]),
+                             mass=data["mass"].astype(np.float64), meta=scalars["meta"])
     HotVocab(profile.order, profile.vocab_size)    # validates the stored order
     return profile
 
@@ -173,13 +202,16 @@ def expected_rows_per_s(size, acceptance, slope_us: float, intercept_us: float,
 class HotVocabMonitor:
     """Tracks SHVS acceptance at run time and recommends an |H| on drift.
 
-    ``observe(out.hot_accepted)`` after each ``sample`` call; rows not tried
-    (-1) are ignored. Over a sliding window of ``window`` tried rows, drift is
-    an observed acceptance more than ``tolerance`` below (or above) the
-    profile's alpha(size). The recommendation rescales the profile's
-    acceptance curve by observed / predicted (the share of mass that moved
-    outside the calibrated order) and re-maximizes expected rows/s. It is
-    advice, never applied here (see the module docstring)."""
+    ``observe(out.hot_accepted, untruncated)`` after each ``sample`` call,
+    with ``untruncated`` marking the rows sampled without truncation
+    (temperature > 0, top_p 1, no min_p / top_k): their acceptance is the hot
+    set's share of the mass, the quantity domain drift moves. (top_p rows are
+    decided from H almost always, whatever H holds.) Over a sliding window
+    of ``window`` such rows, drift is an observed acceptance more than
+    ``tolerance`` off the profile's plain-sampling alpha(size). The
+    recommendation scales that acceptance curve by observed / predicted and
+    re-maximizes the expected rows/s. It is advice, never
+    applied here (see the module docstring)."""
 
     def __init__(self, profile: HotProfile, size: int | None = None, window: int = 4096,
                  tolerance: float = 0.05):
@@ -189,10 +221,11 @@ class HotVocabMonitor:
         self.tolerance = tolerance
         self._outcomes = np.zeros(0, np.int8)
 
-    def observe(self, hot_accepted: np.ndarray) -> None:
-        tried = np.asarray(hot_accepted, np.int8)
-        tried = tried[tried >= 0]
-        self._outcomes = np.concatenate([self._outcomes, tried])[-self.window:]
+    def observe(self, hot_accepted: np.ndarray, untruncated: np.ndarray) -> None:
+        """hot_accepted int8 [B] (SampleOutput.hot_accepted); untruncated bool [B]."""
+        outcomes = np.asarray(hot_accepted, np.int8)
+        outcomes = outcomes[np.asarray(untruncated, bool) & (outcomes >= 0)]
+        self._outcomes = np.concatenate([self._outcomes, outcomes])[-self.window:]
 
     @property
     def rows(self) -> int:
@@ -200,12 +233,14 @@ class HotVocabMonitor:
 
     @property
     def acceptance(self) -> float:
-        """Observed acceptance over the window (NaN before any tried row)."""
+        """Observed acceptance over the window (NaN before any counted row)."""
         return float(self._outcomes.mean()) if self.rows else float("nan")
 
     @property
     def predicted(self) -> float:
-        return self.profile.predicted_acceptance(self.size)
+        """The profile's plain-sampling alpha at the configured size."""
+        curve = self.profile.curves["plain"]
+        return float(np.interp(self.size, self.profile.sizes, curve.acceptance))
 
     @property
     def drifted(self) -> bool:
@@ -217,9 +252,5 @@ class HotVocabMonitor:
         size while nothing has drifted)."""
         if not self.drifted:
             return self.size
-        p = self.profile
-        scale = self.acceptance / max(self.predicted, 1e-9)
-        acceptance = np.clip(p.acceptance * scale, 0.0, 1.0)
-        rate = expected_rows_per_s(p.sizes, acceptance, p.cost_slope_us, p.cost_intercept_us,
-                                   p.fallback_us)
-        return int(p.sizes[int(np.argmax(rate))])
+        rate = self.profile.mixed_rows_per_s(self.acceptance / max(self.predicted, 1e-9))
+        return int(self.profile.sizes[int(np.argmax(rate))])
