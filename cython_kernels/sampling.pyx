@@ -37,7 +37,7 @@ from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_exp_sum,
-                          ss_block_exp_sum, ss_bound_offset, ss_bound_term, ss_exp_shifted, ss_block_max_count_nan,
+                          ss_block_exp_sum, ss_block_peak, ss_bound_term, ss_exp_shifted, ss_block_max_count_nan,
                           ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
                           ss_mass_at_or_above)
 
@@ -67,15 +67,21 @@ cdef enum:
 
 # The cold-mass bounds: ss_bound_term overestimates each term by at most
 # COLD_BOUND_RATIO; the bound is widened by COLD_BOUND_MARGIN (relative: the
-# float rounding of its terms and of the exact masses it must dominate),
-# COLD_SUM_MARGIN of each block's bound total (the float sums it is the
-# difference of) and COLD_BOUND_SLACK (blocks whose scale flushed to 0 below
-# e^-87, where the exact vector exp still returns up to e^-87).
+# float rounding of its terms, under 2e-5, and of the exact masses it must
+# dominate), COLD_SUM_MARGIN of the blocks' bound totals (the float sums it
+# is the difference of, and the scalar and vector forms of a hot token's
+# term, each under 2e-5 of the total) and COLD_BOUND_SLACK (blocks whose
+# scale flushed to 0 below e^-87, where the exact vector exp still returns
+# up to e^-87).
 cdef double COLD_BOUND_RATIO = 1.0615
 cdef double COLD_BOUND_MARGIN = 1e-4
-cdef double COLD_SUM_MARGIN = 1e-5
+cdef double COLD_SUM_MARGIN = 1e-4
 cdef double COLD_BOUND_SLACK = 1e-30
 cdef double LOG2E = 1.4426950408889634
+# hot_pass: how far (in log2 units) a block's max may rise above the running
+# reference before the block takes its own: ss_bound_term's exponent must
+# stay below 128.
+cdef float BOUND_HEADROOM = 100.0
 
 # top_p alone: gaps below the row max (in z) tried as collection thresholds,
 # the first whose blocks can hold the nucleus mass first. The last is "all".
@@ -108,6 +114,7 @@ cdef struct Workspace:
     float* hot_w             # [hot size]: exp(z - row max)
     float* block_hot         # [n_blocks]: hot mass of the block
     float* block_total       # [n_blocks]: the block's bound total (hot_pass)
+    float* block_ref         # [n_blocks]: the logit its bound terms are relative to
 
 
 cdef struct RowParams:
@@ -489,44 +496,54 @@ cdef inline void bound_rest(const HotSummary* s, double removed, double* lower,
 cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t, const HotSet* hot,
                           Workspace* ws, Py_ssize_t n_blocks, HotSummary* out) noexcept nogil:
     """One streaming pass, no exact exp outside the hot set. Per block: its
-    max z (ws.block_max, hot and cold columns alike) and, relative to that
-    max, ss_block_bound of all its columns less the same terms of its hot
-    columns: a bound on its cold mass (ws.block_mass) and the block's bound
-    total (ws.block_total, which sizes the rounding margin), both scaled to
-    the row max at the end. Per hot token:
-    z (ws.hot_z) and exp(z - row max) (ws.hot_w); per block the hot mass
-    (ws.block_hot). Returns False when the row holds a NaN or +inf, or every
-    token is banned: the full path then reports it."""
+    max z (ws.block_max, hot and cold columns alike) and ss_block_bound of
+    all its columns less the same terms of its hot columns, relative to a
+    reference logit (ws.block_ref): a bound on its cold mass (ws.block_mass)
+    and the block's bound total (ws.block_total, which sizes the rounding
+    margin), both scaled to the row max at the end. The reference is the
+    row's running max before the block, so the bound need not wait for the
+    block's own max; a block rising more than BOUND_HEADROOM above it (or
+    the first one) takes its own max instead, which keeps every term's
+    exponent in range. Per hot token: z (ws.hot_z) and exp(z - row max)
+    (ws.hot_w); per block the hot mass (ws.block_hot). Returns False when the
+    row holds a NaN or +inf, or every token is banned: the full path then
+    reports it."""
     cdef float to_bits = <float>(inv_t * LOG2E * 8388608.0)     # 2^23
+    cdef float headroom = BOUND_HEADROOM * 8388608.0
     cdef int nan_count = 0
     cdef Py_ssize_t ov_pos = 0
     cdef Py_ssize_t b, i, start
     cdef const float* x
-    cdef float m, v, offset
+    cdef float m, v
     cdef float total
     cdef float hot_part
+    cdef float ref = -INFINITY
     cdef float row_max = -INFINITY
     for b in range(n_blocks):
         x = block_logits(src, b, ov, &ov_pos, ws.block)
-        m = ss_block_max_count_nan(x, &nan_count)
+        m = ss_block_peak(x, &nan_count)
         ws.block_max[b] = m * inv_t
         row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
         start = b * SS_BLOCK
         if not (-INFINITY < m < INFINITY):
             for i in range(hot.block_start[b], hot.block_start[b + 1]):
                 ws.hot_z[i] = x[hot.ids[i] - start] * inv_t
+            ws.block_ref[b] = 0.0
             ws.block_mass[b] = 0.0
             ws.block_total[b] = 0.0
             continue
-        offset = ss_bound_offset(m, to_bits)
-        total = ss_block_bound(x, offset, to_bits)
+        if ref == -INFINITY or (m - ref) * to_bits > headroom:
+            ref = m
+        total = ss_block_bound(x, ref, to_bits)
         hot_part = 0.0
         for i in range(hot.block_start[b], hot.block_start[b + 1]):
             v = x[hot.ids[i] - start]
             ws.hot_z[i] = v * inv_t
-            hot_part = hot_part + ss_bound_term(v, offset, to_bits)
+            hot_part = hot_part + ss_bound_term(v, ref, to_bits)
+        ws.block_ref[b] = ref
         ws.block_mass[b] = total - hot_part
         ws.block_total[b] = total
+        ref = m if m > ref else ref
     if nan_count > 0 or row_max == INFINITY or row_max == -INFINITY:
         return False
     ss_exp_shifted(ws.hot_z, row_max, ws.hot_w, hot.n)
@@ -541,7 +558,9 @@ cdef inline bint hot_pass(const RowSource* src, const Overrides* ov, float inv_t
     # The cold terms are exactly the block's terms less its hot ones. Scaled
     # to row_max here (ws.block_mass, ws.block_total) for top_p_hot's ladder.
     cdef float* scale = ws.cand_w           # free until candidates are collected
-    ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
+    for b in range(n_blocks):
+        scale[b] = ws.block_ref[b] * inv_t
+    ss_exp_shifted(scale, row_max, scale, n_blocks)
     for b in range(n_blocks):
         ws.block_mass[b] = ws.block_mass[b] * scale[b]
         ws.block_total[b] = ws.block_total[b] * scale[b]
@@ -646,8 +665,6 @@ cdef inline Py_ssize_t collect_above(const RowSource* src, const Overrides* ov, 
     cdef Py_ssize_t n = 0
     cdef Py_ssize_t b, i, j, start, first
     cdef const float* x
-    cdef float offset
-    cdef int nan_count = 0
     cdef double scale
     cdef double level = ss_exp_nonpositive(threshold - s.row_max) * (1.0 - COLD_BOUND_MARGIN)
     for b in range(n_blocks):
@@ -669,12 +686,11 @@ cdef inline Py_ssize_t collect_above(const RowSource* src, const Overrides* ov, 
             n += ws.cand_z[n] >= threshold and not ((hot.bits[b] >> j) & 1)
         if n == first:
             continue
-        offset = ss_bound_offset(ss_block_max_count_nan(x, &nan_count), s.to_bits)
-        scale = ss_exp_nonpositive(ws.block_max[b] - s.row_max)
+        scale = ss_exp_nonpositive(ws.block_ref[b] * inv_t - s.row_max)
         for i in range(first, n):
             ws.cand_w[i] = ss_exp_nonpositive(ws.cand_z[i] - s.row_max)
             cold_mass[0] += ws.cand_w[i]
-            removed[0] += ss_bound_term(x[ws.cand_token[i]], offset, s.to_bits) * scale
+            removed[0] += ss_bound_term(x[ws.cand_token[i]], ws.block_ref[b], s.to_bits) * scale
             ws.cand_token[i] += <int32_t>start
     return n
 
@@ -794,8 +810,9 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.hot_w = <float*>malloc((n_hot if n_hot > 0 else 1) * sizeof(float))
     ws.block_hot = <float*>malloc(n_blocks * sizeof(float))
     ws.block_total = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_ref = <float*>malloc(n_blocks * sizeof(float))
     if (ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
-            or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
+            or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
             or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL):
@@ -822,6 +839,7 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.hot_w)
     free(ws.block_hot)
     free(ws.block_total)
+    free(ws.block_ref)
     free(ws)
 
 

@@ -159,39 +159,68 @@ static inline float ss_sum_lanes(ss_vf v)
     return v[0];
 }
 
+/* ss_block_max_count_nan with its reductions halved (max, then the NaN
+ * lanes) instead of lane by lane: a short dependency chain, for the SHVS
+ * pass, whose bound starts on it. NaN never wins a lane (vmaxps returns its
+ * second operand, the running max, when the first is NaN). */
+static inline float ss_block_peak(const float* x, int* nan_count)
+{
+    ss_vf m = (ss_vf){} - __builtin_inff();
+    ss_vi nans = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf v = ss_load(x + j);
+        nans += (ss_vi)(v != v);
+#if defined(__AVX__)
+        m = __builtin_ia32_maxps256(v, m);
+#else
+        m = ss_select((ss_vi)(v > m), v, m);
+#endif
+    }
+    *nan_count -= (int)ss_sum_lanes((ss_vf)__builtin_convertvector(nans, ss_vf));
+#if defined(__clang__)
+    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3)), m,
+                  __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
+    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5)), m,
+                  __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
+#else
+    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3})), m,
+                  __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3}));
+    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5})), m,
+                  __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5}));
+#endif
+    return m[0] > m[1] ? m[0] : m[1];
+}
+
 /* A cheap bound on exp, for a block's mass without an exp per token.
  * For e = (x - x_max) * scale * log2(e) <= 0, the float whose bits are
  * trunc(2^23 (e + 127)) is 2^floor(e) * (1 + frac(e)) (Schraudolph's exp
  * without its correction term), and 2^f <= 1 + f <= 1.0615 * 2^f on [0, 1],
  * so the term is between exp((x - x_max) * scale) and 1.0615 times it.
- * 2^23 (e + 127) is computed as one fused x * to_bits + offset, with
- * to_bits = scale * log2(e) * 2^23 and offset = 2^23 * 127 - x_max * to_bits,
+ * 2^23 (e + 127) is computed as (x - x_max) * to_bits + 127 * 2^23 with
+ * to_bits = scale * log2(e) * 2^23 (one subtraction, one fused multiply-add)
  * and clamped at 2^23 (e = -126, the smallest normal; clamping only raises
- * a term). Its float rounding (about 2^-17 in e near 2^30) and the
- * truncation move a term by at most 2e-5 of itself either way: the caller's
- * margin covers that. ss_bound_term is the same term for one value. */
+ * a term). Its float rounding (about 2^-16 in e, whatever the magnitude of
+ * x: the clamp caps |e|) and the truncation move a term by less than 2e-5
+ * of itself either way: the caller's margin covers that, and the small
+ * difference between this scalar form and the vector one below. */
 #define SS_BOUND_FLOOR 8388608.0f
+#define SS_BOUND_BIAS 1065353216.0f      /* 127 * 2^23 */
 
-static inline float ss_bound_offset(float x_max, float to_bits)
+static inline float ss_bound_term(float x, float x_max, float to_bits)
 {
-    return 1065353216.0f - x_max * to_bits;      /* 127 * 2^23 */
-}
-
-static inline float ss_bound_term(float x, float offset, float to_bits)
-{
-    float y = __builtin_fmaf(x, to_bits, offset);
+    float y = __builtin_fmaf(x - x_max, to_bits, SS_BOUND_BIAS);
     y = y < SS_BOUND_FLOOR ? SS_BOUND_FLOOR : y;
     ss_bits32 term;
     term.i = (int32_t)y;
     return term.f;
 }
 
-/* sum over the block of ss_bound_term(x_j, offset, to_bits). */
-static inline float ss_block_bound(const float* x, float offset, float to_bits)
+/* sum over the block of ss_bound_term(x_j, x_max, to_bits), x_max >= every x_j. */
+static inline float ss_block_bound(const float* x, float x_max, float to_bits)
 {
     ss_vf acc[2] = {};
     for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
-        ss_vf y = ss_load(x + j) * to_bits + offset;
+        ss_vf y = (ss_load(x + j) - x_max) * to_bits + SS_BOUND_BIAS;
 #if defined(__AVX__)
         y = __builtin_ia32_maxps256(y, (ss_vf){} + SS_BOUND_FLOOR);
 #else
