@@ -36,7 +36,7 @@ from libc.stdlib cimport free, malloc
 from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
-from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_exp_sum,
+from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_cold_at_or_above, ss_lowest_bit, ss_block_bound, ss_block_cold_exp_sum,
                           ss_block_exp_sum, ss_block_peak, ss_bound_term, ss_exp_shifted, ss_block_max_count_nan,
                           ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
                           ss_mass_at_or_above)
@@ -665,6 +665,7 @@ cdef inline Py_ssize_t collect_above(const RowSource* src, const Overrides* ov, 
     cdef Py_ssize_t n = 0
     cdef Py_ssize_t b, i, j, start, first
     cdef const float* x
+    cdef uint64_t found
     cdef double scale
     cdef double level = ss_exp_nonpositive(threshold - s.row_max) * (1.0 - COLD_BOUND_MARGIN)
     for b in range(n_blocks):
@@ -678,14 +679,17 @@ cdef inline Py_ssize_t collect_above(const RowSource* src, const Overrides* ov, 
         if ws.block_mass[b] + COLD_SUM_MARGIN * ws.block_total[b] < level:
             continue
         x = reread_block(src, b, ov, ws.block)
+        found = ss_block_cold_at_or_above(x, hot.bits[b], inv_t, threshold)
+        if found == 0:
+            continue
         start = b * SS_BLOCK
         first = n
-        for j in range(min(<Py_ssize_t>SS_BLOCK, src.vocab - start)):
+        while found:
+            j = ss_lowest_bit(found)
+            found &= found - 1
             ws.cand_z[n] = x[j] * inv_t
             ws.cand_token[n] = <int32_t>j
-            n += ws.cand_z[n] >= threshold and not ((hot.bits[b] >> j) & 1)
-        if n == first:
-            continue
+            n += 1
         scale = ss_exp_nonpositive(ws.block_ref[b] * inv_t - s.row_max)
         for i in range(first, n):
             ws.cand_w[i] = ss_exp_nonpositive(ws.cand_z[i] - s.row_max)

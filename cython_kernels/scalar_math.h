@@ -244,6 +244,28 @@ static inline void ss_exp_shifted(const float* z, float shift, float* out, long 
     for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);
 }
 
+/* Bit j set when column j is cold and x_j * scale >= threshold (the same
+ * float product the caller compares): the block's new candidates, found
+ * without a branch per column. */
+static inline uint64_t ss_block_cold_at_or_above(const float* x, uint64_t hot_bits, float scale,
+                                                 float threshold)
+{
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vi hit = (ss_vi)(ss_load(x + j) * scale >= threshold);
+#if defined(__AVX__)
+        uint64_t lanes = (uint64_t)__builtin_ia32_movmskps256((ss_vf)hit);
+#else
+        uint64_t lanes = 0;
+        for (int l = 0; l < SS_LANES; l++) lanes |= (uint64_t)(hit[l] & 1) << l;
+#endif
+        mask |= lanes << j;
+    }
+    return mask & ~hot_bits;
+}
+
+static inline int ss_lowest_bit(uint64_t v) { return __builtin_ctzll(v); }
+
 /* sum over cold lanes of exp(x_j * scale - shift), for shift >= every cold
  * x_j * scale (the row max): the exact cold mass of the block. */
 static inline float ss_block_cold_exp_sum(const float* x, uint64_t hot_bits, float scale, float shift)

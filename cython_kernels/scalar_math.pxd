@@ -7,6 +7,8 @@ cdef extern from "scalar_math.h" nogil:
     float ss_block_max_count_nan(const float* x, int* nan_count)
     float ss_block_exp_sum(const float* x, float x_max, float scale)
     void ss_exp_shifted(const float* z, float shift, float* out, long n)
+    uint64_t ss_block_cold_at_or_above(const float* x, uint64_t hot_bits, float scale, float threshold)
+    int ss_lowest_bit(uint64_t v)
     float ss_block_peak(const float* x, int* nan_count)
     float ss_bound_term(float x, float x_max, float to_bits)
     float ss_block_bound(const float* x, float x_max, float to_bits)

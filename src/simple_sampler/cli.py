@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     shvs.add_argument("--json", action="store_true", help="print one JSON object")
     shvs.add_argument("--profile", help="hot-vocabulary profile (.npz) to use; default: the "
                       "model repository's, else a calibration run")
-    shvs.add_argument("--repeats", type=int, default=15)
+    shvs.add_argument("--repeats", type=int, default=31)
     shvs.set_defaults(handler=bench_shvs)
 
     from .shvs.calibrate import DEFAULT_OUTPUT, DEFAULT_SIZES
