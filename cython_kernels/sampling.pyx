@@ -27,6 +27,13 @@ How the work stays linear and small:
   * Steps 5-7 run on the collected candidates by quickselect; nothing is
     sorted. With no truncation at all, the block masses pick a block and
     only that block is reread.
+
+Speculative hot-vocab sampling (sample_row_hot; a hot set given): for
+untruncated and top_p-alone rows without logprobs, the pass replaces the exp
+per logit by a cheap bound on the mass outside the hot set, and the row is
+decided from the hot set and the bounds (rejection for untruncated rows, a
+nucleus bracketed by the bounds for top_p) with exact corrections where
+they cannot decide. Every row keeps exactly the distribution above.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, log
@@ -36,10 +43,10 @@ from libc.stdlib cimport free, malloc
 from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
-from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_cold_at_or_above, ss_lowest_bit, ss_block_bound, ss_block_cold_exp_sum,
-                          ss_block_exp_sum, ss_block_peak, ss_bound_term, ss_exp_shifted, ss_block_max_count_nan,
-                          ss_count_at_or_above, ss_exp_nonpositive, ss_half_to_float,
-                          ss_mass_at_or_above)
+from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
+                          ss_block_cold_exp_sum, ss_block_exp_sum, ss_block_max_count_nan,
+                          ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_nonpositive,
+                          ss_exp_shifted, ss_half_to_float, ss_lowest_bit, ss_mass_at_or_above)
 
 # Storage dtypes of a logits row.
 cpdef enum Dtype:
