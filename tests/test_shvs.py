@@ -128,6 +128,17 @@ def test_logits_far_apart(params):
     check(row, params, hot)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(top_p=0.8)],
+                         ids=["plain", "p0.8"])
+def test_vocabulary_not_a_multiple_of_the_block(params):
+    rng = np.random.default_rng(5)
+    vocab = 1000                                   # the last block holds 40 columns
+    row = (-1.0 * np.log(rng.permutation(vocab) + 1.0)).astype(np.float32)
+    hot = HotVocab(np.r_[rng.choice(960, 60, replace=False), [963, 999]], vocab)
+    _, flags, _ = check(row, params, hot)
+    assert np.any(flags == 1)
+
+
 def test_power_a_one_percent_error_is_caught(zipf_row):
     """The same SHVS draws fail against distributions 1% away in TV."""
     counts, _, probs = check(zipf_row, SamplingParams(top_p=0.9), hot_sets(zipf_row)["random"])
