@@ -134,6 +134,152 @@ static inline float ss_block_max_count_nan(const float* x, int* nan_count)
     return best;
 }
 
+/* Lanes j .. j+7 of a block that the hot set claims (bit j+l of hot_bits):
+ * -1 where hot, 0 where cold. */
+static inline ss_vi ss_hot_lanes(uint64_t hot_bits, int j)
+{
+    const ss_vi lane_bit = {1, 2, 4, 8, 16, 32, 64, 128};
+    ss_vi byte = (ss_vi){} + (int32_t)((hot_bits >> j) & 0xFFu);
+    return (ss_vi)((byte & lane_bit) != 0);
+}
+
+/* The sum of the 8 lanes by halving (3 dependent adds, not 7): the lane
+ * order of a float sum is free wherever only a bound is needed. */
+static inline float ss_sum_lanes(ss_vf v)
+{
+#if defined(__clang__)
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    v += __builtin_shuffle(v, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (ss_vi){1, 0, 3, 2, 5, 4, 7, 6});
+#endif
+    return v[0];
+}
+
+/* ss_block_max_count_nan with its reductions halved (max, then the NaN
+ * lanes) instead of lane by lane: a short dependency chain, for the SHVS
+ * pass, whose bound starts on it. NaN never wins a lane (vmaxps returns its
+ * second operand, the running max, when the first is NaN). */
+static inline float ss_block_peak(const float* x, int* nan_count)
+{
+    ss_vf m = (ss_vf){} - __builtin_inff();
+    ss_vi nans = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf v = ss_load(x + j);
+        nans += (ss_vi)(v != v);
+#if defined(__AVX__)
+        m = __builtin_ia32_maxps256(v, m);
+#else
+        m = ss_select((ss_vi)(v > m), v, m);
+#endif
+    }
+    *nan_count -= (int)ss_sum_lanes((ss_vf)__builtin_convertvector(nans, ss_vf));
+#if defined(__clang__)
+    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3)), m,
+                  __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
+    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5)), m,
+                  __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
+#else
+    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3})), m,
+                  __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3}));
+    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5})), m,
+                  __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5}));
+#endif
+    return m[0] > m[1] ? m[0] : m[1];
+}
+
+/* A cheap bound on exp, for a block's mass without an exp per token.
+ * For e = (x - x_max) * scale * log2(e) <= 0, the float whose bits are
+ * trunc(2^23 (e + 127)) is 2^floor(e) * (1 + frac(e)) (Schraudolph's exp
+ * without its correction term), and 2^f <= 1 + f <= 1.0615 * 2^f on [0, 1],
+ * so the term is between exp((x - x_max) * scale) and 1.0615 times it.
+ * 2^23 (e + 127) is computed as (x - x_max) * to_bits + 127 * 2^23 with
+ * to_bits = scale * log2(e) * 2^23 (one subtraction, one fused multiply-add)
+ * and clamped at 2^23 (e = -126, the smallest normal; clamping only raises
+ * a term). Its float rounding (about 2^-16 in e, whatever the magnitude of
+ * x: the clamp caps |e|) and the truncation move a term by less than 2e-5
+ * of itself either way: the caller's margin covers that, and the small
+ * difference between this scalar form and the vector one below. */
+#define SS_BOUND_FLOOR 8388608.0f
+#define SS_BOUND_BIAS 1065353216.0f      /* 127 * 2^23 */
+
+static inline float ss_bound_term(float x, float x_max, float to_bits)
+{
+    float y = __builtin_fmaf(x - x_max, to_bits, SS_BOUND_BIAS);
+    y = y < SS_BOUND_FLOOR ? SS_BOUND_FLOOR : y;
+    ss_bits32 term;
+    term.i = (int32_t)y;
+    return term.f;
+}
+
+/* sum over the block of ss_bound_term(x_j, x_max, to_bits), x_max >= every x_j. */
+static inline float ss_block_bound(const float* x, float x_max, float to_bits)
+{
+    ss_vf acc[2] = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf y = (ss_load(x + j) - x_max) * to_bits + SS_BOUND_BIAS;
+#if defined(__AVX__)
+        y = __builtin_ia32_maxps256(y, (ss_vf){} + SS_BOUND_FLOOR);
+#else
+        y = ss_select((ss_vi)(y < SS_BOUND_FLOOR), (ss_vf){} + SS_BOUND_FLOOR, y);
+#endif
+        acc[(j / SS_LANES) & 1] += (ss_vf)__builtin_convertvector(y, ss_vi);
+    }
+    return ss_sum_lanes(acc[0] + acc[1]);
+}
+
+/* out[i] = exp(z[i] - shift) for z[i] <= shift, vectorized, with exactly 0
+ * below e^-87 (a banned token, z = -inf, must keep weight 0). */
+static inline void ss_exp_shifted(const float* z, float shift, float* out, long n)
+{
+    long i = 0;
+    for (; i + SS_LANES <= n; i += SS_LANES) {
+        ss_vf x = ss_load(z + i) - shift;
+        ss_vf e = ss_select((ss_vi)(x < SS_EXP_FLOOR), (ss_vf){}, ss_exp_nonpositive_v(x));
+        __builtin_memcpy(out + i, &e, sizeof e);
+    }
+    for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);
+}
+
+/* Bit j set when column j is cold and x_j * scale >= threshold (the same
+ * float product the caller compares): the block's new candidates, found
+ * without a branch per column. */
+static inline uint64_t ss_block_cold_at_or_above(const float* x, uint64_t hot_bits, float scale,
+                                                 float threshold)
+{
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vi hit = (ss_vi)(ss_load(x + j) * scale >= threshold);
+#if defined(__AVX__)
+        uint64_t lanes = (uint64_t)__builtin_ia32_movmskps256((ss_vf)hit);
+#else
+        uint64_t lanes = 0;
+        for (int l = 0; l < SS_LANES; l++) lanes |= (uint64_t)(hit[l] & 1) << l;
+#endif
+        mask |= lanes << j;
+    }
+    return mask & ~hot_bits;
+}
+
+static inline int ss_lowest_bit(uint64_t v) { return __builtin_ctzll(v); }
+
+/* sum over cold lanes of exp(x_j * scale - shift), for shift >= every cold
+ * x_j * scale (the row max): the exact cold mass of the block. */
+static inline float ss_block_cold_exp_sum(const float* x, uint64_t hot_bits, float scale, float shift)
+{
+    ss_vf acc = {};
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf term = ss_exp_nonpositive_v(ss_load(x + j) * scale - shift);
+        acc += ss_select(ss_hot_lanes(hot_bits, j), (ss_vf){}, term);
+    }
+    float s = 0.0f;
+    for (int l = 0; l < SS_LANES; l++) s += acc[l];
+    return s;
+}
+
 /* sum of mass[b] over the blocks whose max reaches threshold (float lanes:
  * it only chooses where to look; the caller checks the nucleus exactly). */
 static inline double ss_mass_at_or_above(const float* block_max, const float* mass,

@@ -1,4 +1,4 @@
-from libc.stdint cimport uint16_t
+from libc.stdint cimport uint16_t, uint64_t
 
 cdef extern from "scalar_math.h" nogil:
     float ss_half_to_float(uint16_t h)
@@ -6,6 +6,13 @@ cdef extern from "scalar_math.h" nogil:
     float ss_exp_nonpositive(float x)
     float ss_block_max_count_nan(const float* x, int* nan_count)
     float ss_block_exp_sum(const float* x, float x_max, float scale)
+    void ss_exp_shifted(const float* z, float shift, float* out, long n)
+    uint64_t ss_block_cold_at_or_above(const float* x, uint64_t hot_bits, float scale, float threshold)
+    int ss_lowest_bit(uint64_t v)
+    float ss_block_peak(const float* x, int* nan_count)
+    float ss_bound_term(float x, float x_max, float to_bits)
+    float ss_block_bound(const float* x, float x_max, float to_bits)
+    float ss_block_cold_exp_sum(const float* x, uint64_t hot_bits, float scale, float shift)
     double ss_mass_at_or_above(const float* block_max, const float* mass, long n_blocks, float threshold)
     long ss_count_at_or_above(const float* values, long n, float threshold)
     enum:

@@ -18,6 +18,14 @@ rows), over the whole vocabulary, before min_p / top_k / top_p truncation:
 vLLM's "processed logprobs" before truncation. ``top_logprobs`` give the n
 most likely tokens under the same distribution, most likely first, ties by
 lower token id.
+
+Hot vocabulary (SHVS): ``sample(..., hot_vocab=HotVocab)`` decides rows
+from a hot subset of the vocabulary when cheap bounds prove it exact, and
+falls back to the exact full computation otherwise; the distribution of every
+row is unchanged (see ``simple_sampler.shvs``). A seeded row's token is a
+function of (seed, step, row, parameters, hot set): it may differ between
+SHVS on and off, never between batches, positions, threads or instances that
+use the same hot set.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import numpy as np
 from . import _sampling
 from ._sampling import Dtype, RowError
 from .params import GREEDY_TEMPERATURE, History, SamplingBatch, SamplingParams
+from .shvs.hot_vocab import HotVocab
 
 #: Most top-n logprobs a call may ask for (vLLM's default max_logprobs).
 MAX_TOP_LOGPROBS = 20
@@ -47,12 +56,17 @@ _ROW_ERRORS = {
 @dataclass
 class SampleOutput:
     """token_ids int64 [B]; logprobs float32 [B] (NaN when not asked);
-    top_token_ids int32 [B, n] and top_logprobs float32 [B, n]."""
+    top_token_ids int32 [B, n] and top_logprobs float32 [B, n];
+    hot_accepted int8 [B]: 1 = decided from the hot set alone, 0 = SHVS
+    tried and the exact full-row computation was needed, -1 = not tried (no
+    hot set, or a greedy / min_p / top_k / logprob row, which the full path
+    serves in one max pass anyway)."""
 
     token_ids: np.ndarray
     logprobs: np.ndarray
     top_token_ids: np.ndarray
     top_logprobs: np.ndarray
+    hot_accepted: np.ndarray
 
 
 def default_num_threads() -> int:
@@ -89,7 +103,8 @@ def kernel_rows(logits) -> tuple[np.ndarray, int]:
 
 
 def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
-           return_logprobs: bool = True, num_threads: int | None = None) -> SampleOutput:
+           return_logprobs: bool = True, num_threads: int | None = None,
+           hot_vocab: HotVocab | None = None) -> SampleOutput:
     """Sample one token per row.
 
     logits: [B, V] (or [V]) float32 / float16 / bfloat16 rows.
@@ -98,9 +113,13 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
     return_logprobs: compute the chosen token's logprob (costs an exp per
         logit when no truncation needs the row's mass anyway).
     num_threads: threads over rows (default ``default_num_threads()``).
+    hot_vocab: a hot set for speculative hot-vocab sampling (None: off); its
+        vocab_size must equal V. Rows that ask for logprobs are served by
+        the full path, so pass return_logprobs=False to use it.
 
     Raises ValueError naming the row and field for bad parameters, token ids
-    outside [0, V), NaN or +inf logits, or a row with every token banned.
+    outside [0, V), NaN or +inf logits, a row with every token banned, or a
+    hot_vocab built for another vocabulary size.
     """
     rows, dtype = kernel_rows(logits)
     vocab = rows.shape[1] // (4 if dtype == Dtype.DTYPE_FLOAT32 else 2)
@@ -110,6 +129,9 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
                          f"got {num_top_logprobs}")
     batch.validate(vocab)
+    if hot_vocab is not None and hot_vocab.vocab_size != vocab:
+        raise ValueError(f"hot_vocab.vocab_size is {hot_vocab.vocab_size} but the logits have "
+                         f"V={vocab} columns")
     threads = default_num_threads() if num_threads is None else num_threads
     if threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {threads}")
@@ -127,7 +149,10 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         logprobs=np.empty(size, np.float32),
         top_token_ids=np.full((size, n_top), -1, np.int32),
         top_logprobs=np.full((size, n_top), -np.inf, np.float32),
+        hot_accepted=np.empty(size, np.int8),
     )
+    hot_ids, hot_block_start, hot_bits = (hot_vocab.kernel_arrays() if hot_vocab is not None
+                                          else HotVocab.EMPTY_KERNEL_ARRAYS)
     errors = np.empty(size, np.int32)
     error_columns = np.empty(size, np.int64)
     as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
@@ -148,6 +173,7 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         return_logprobs, threads,
         out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs,
         errors, error_columns,
+        hot_ids, hot_block_start, hot_bits, out.hot_accepted,
     )
     failed = np.flatnonzero(errors)
     if failed.size:

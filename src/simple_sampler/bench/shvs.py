@@ -1,0 +1,174 @@
+"""`simple-sampler bench shvs`: speculative hot-vocab sampling against the full
+path, side by side, B=64, one thread, logprobs off.
+
+Rows:
+  smollm2    ``real_rows(64)``: SmolLM2 logits on ``data/prompts.json``. The
+             hot set comes from ``data/calibration_prompts.json``, so these
+             rows are held out from it (no prompt in common).
+  synthetic  151,936-token rows built from the same real rows by
+             ``synthetic_hot_rows``: NOT MODEL OUTPUTS. The existing synthetic
+             rows (rows.synthetic_rows) permute every row afresh, so no token
+             is hot across rows and no hot set could apply; here instead the
+             49,152 real tokens keep their identity through one fixed
+             injective id map into the larger vocabulary, the rows' sorted
+             values follow the same resampled quantile function as
+             rows.synthetic_rows, and the 102,784 added ids take the
+             remaining (tail) values in a fresh random order per row. The hot
+             set is the calibration profile's order mapped through the same id
+             map: derived from other prompts, never from these rows.
+Configs: ``top_p`` = top_p 0.9 alone at temperature 1 (the full path needs
+the whole row's mass); ``all`` = bench kernels' settings (temperature 0.8,
+top_k 50, top_p 0.95, min_p 0.05, penalties over 256 history ids), which
+SHVS does not take (min_p / top_k rows are one max pass on the full path
+already), so there it measures SHVS's overhead on rows it passes on.
+Timing: shvs and full alternate within each repeat; medians are reported.
+
+``hot_first`` (measured, not an implemented path): the data plane could
+reorder the vocabulary hot-first and hand over a cold-region summary, so
+the sampler would read only the hot prefix of each row. Its cost is bounded
+below by the full kernel run on the first |H| columns of hot-first rows,
+reported as ``prefix_us`` (that kernel computes the prefix's own mass, as
+SHVS would for the hot part).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..models import cache_dir
+from ..params import SamplingBatch
+from ..rows import HEAD_RANKS, real_rows, resample_quantiles
+from ..sampling import sample
+from ..shvs.hot_vocab import HotProfile, HotVocab, load_profile
+from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, time_per_row
+
+SYNTHETIC_VOCAB = 151_936
+BATCH = 64
+CONFIGS = {"top_p": (TOP_P_ONLY, 0), "all": (ALL_FEATURES, 256)}
+
+
+def id_map(vocab: int, source_vocab: int, seed: int = 0) -> np.ndarray:
+    """int64 [source_vocab]: distinct ids in [0, vocab), the fixed place of
+    each real token in the synthetic vocabulary."""
+    return np.random.default_rng(seed).permutation(vocab)[:source_vocab]
+
+
+def synthetic_hot_rows(real: np.ndarray, vocab: int, seed: int = 0) -> np.ndarray:
+    """float32 [n, vocab] rows from real rows [n, V] (see the module docstring).
+
+    Real token t of row j goes to id id_map[t] with the value of rank pos(r)
+    of the row's resampled quantiles, r its rank in the real row: pos(r) = r
+    below HEAD_RANKS, then stretched linearly so rank V - 1 lands on
+    vocab - 1. The other ranks go to the added ids, shuffled per row."""
+    n, source = real.shape
+    mapping = id_map(vocab, source, seed)
+    added = np.setdiff1d(np.arange(vocab), mapping)
+    head = min(HEAD_RANKS, source)
+    positions = np.arange(source, dtype=np.float64)
+    positions[head:] = head + (positions[head:] - head) * (vocab - 1 - head) / (source - 1 - head)
+    positions = np.round(positions).astype(np.int64)
+    free = np.setdiff1d(np.arange(vocab), positions)
+    values = resample_quantiles(-np.sort(-real, axis=1), vocab)
+    rng = np.random.default_rng(seed + 1)
+    out = np.empty((n, vocab), np.float32)
+    for j in range(n):
+        ranked = np.lexsort((np.arange(source), -real[j]))
+        out[j, mapping[ranked]] = values[j, positions]
+        out[j, rng.permutation(added)] = values[j, free]
+    return out
+
+
+def resolve_profile(path: str | None, quick: bool) -> HotProfile:
+    """The profile at `path`; else the model repository's default; else one
+    calibrated now and cached (a smaller calibration with `quick`)."""
+    from ..shvs import calibrate
+
+    if path:
+        return load_profile(path)
+    if calibrate.DEFAULT_OUTPUT.is_file():
+        return load_profile(calibrate.DEFAULT_OUTPUT)
+    cached = cache_dir() / ("hot_vocab-smollm2-quick.npz" if quick else "hot_vocab-smollm2.npz")
+    if cached.is_file():
+        return load_profile(cached)
+    prompts = calibrate.load_calibration_prompts()
+    profile = (calibrate.calibrate(prompts[:8], tokens=16, repeats=1,
+                                   sizes=(512, 1024, 2048, 4096)) if quick
+               else calibrate.calibrate(prompts))
+    profile.save(cached)
+    return profile
+
+
+def side_by_side(rows: np.ndarray, batch: SamplingBatch, hot: HotVocab,
+                 repeats: int) -> tuple[float, float, float]:
+    """(shvs us/row, full us/row, acceptance): alternating calls, medians."""
+    run = lambda h: sample(rows, batch, return_logprobs=False, num_threads=1, hot_vocab=h)
+    acceptance = float(np.mean(run(hot).hot_accepted == 1))
+    run(None)
+    times = {"shvs": [], "full": []}
+    for _ in range(repeats):
+        for name, h in (("shvs", hot), ("full", None)):
+            start = time.perf_counter()
+            run(h)
+            times[name].append(time.perf_counter() - start)
+    us = {k: float(np.median(v)) / len(rows) * 1e6 for k, v in times.items()}
+    return us["shvs"], us["full"], acceptance
+
+
+def prefix_batch(batch: SamplingBatch, hot_ids: np.ndarray, vocab: int) -> SamplingBatch:
+    """`batch` for hot-first prefix rows: history ids renumbered to their
+    prefix column; ids outside the hot set dropped (a hot-first layout would
+    account for them in its cold-region summary)."""
+    column = np.full(vocab, -1, np.int64)
+    column[hot_ids] = np.arange(hot_ids.size)
+    fields = dict(batch.__dict__)
+    for name in ("prompt", "output"):
+        offsets, ids = fields[f"{name}_offsets"], column[np.asarray(fields[f"{name}_ids"], np.int64)]
+        kept = ids >= 0
+        fields[f"{name}_offsets"] = np.r_[0, np.cumsum(kept)].astype(np.int64)[offsets]
+        fields[f"{name}_ids"] = ids[kept]
+    return SamplingBatch(**fields)
+
+
+def prefix_us(rows: np.ndarray, batch: SamplingBatch, hot_ids: np.ndarray, repeats: int) -> float:
+    """us/row of the full kernel over the first |H| columns of hot-first rows."""
+    prefix = np.ascontiguousarray(rows[:, hot_ids])
+    local = prefix_batch(batch, hot_ids, rows.shape[1])
+    return time_per_row(lambda: sample(prefix, local, return_logprobs=False, num_threads=1),
+                        len(rows), repeats)
+
+
+def run(profile_path: str | None = None, repeats: int = 15, quick: bool = False) -> dict:
+    """{"results": [...], "hot_first": [...], "profile": {...}} as documented."""
+    profile = resolve_profile(profile_path, quick)
+    size = profile.chosen_size
+    real = real_rows(BATCH)
+    kinds = {"smollm2": (real, profile.order[:size]),
+             "synthetic": (synthetic_hot_rows(real, SYNTHETIC_VOCAB),
+                           id_map(SYNTHETIC_VOCAB, real.shape[1])[profile.order[:size]])}
+    results, hot_first = [], []
+    for kind, (rows, hot_ids) in kinds.items():
+        hot = HotVocab(hot_ids, rows.shape[1])
+        for config, (params, history) in CONFIGS.items():
+            batch = make_batch(params, rows, history)
+            shvs_us, full_us, acceptance = side_by_side(rows, batch, hot, repeats)
+            results.append({"rows": kind, "vocab": int(rows.shape[1]), "config": config,
+                            "hot_size": size, "acceptance": round(acceptance, 4),
+                            "us_per_row": {"shvs": round(shvs_us, 2), "full": round(full_us, 2)}})
+            hot_first.append({"rows": kind, "config": config, "hot_size": size,
+                              "prefix_us": round(prefix_us(rows, batch, hot_ids, repeats), 2)})
+    return {"results": results, "hot_first": hot_first,
+            "profile": {"chosen_size": size, "vocab": profile.vocab_size, **profile.meta}}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"us per row, single thread, B={BATCH}, hot set |H|={report['profile']['chosen_size']} "
+             f"from {report['profile']['prompts']} calibration prompts",
+             f"{'rows':>10} {'vocab':>7} {'config':>6} {'accept':>7} {'shvs':>8} {'full':>8} "
+             f"{'full/shvs':>9} {'hot-first prefix':>16}"]
+    for r, h in zip(report["results"], report["hot_first"]):
+        us = r["us_per_row"]
+        lines.append(f"{r['rows']:>10} {r['vocab']:>7} {r['config']:>6} {r['acceptance']:>7.3f} "
+                     f"{us['shvs']:>8.1f} {us['full']:>8.1f} {us['full'] / us['shvs']:>9.2f} "
+                     f"{h['prefix_us']:>16.1f}")
+    return "\n".join(lines)
