@@ -22,7 +22,7 @@ def column(values, dtype=np.float32):
 
 def test_defaults_match_the_python_api(logits):
     inputs = {"logits": logits, "random_seed": column([1, 2, 3], np.uint64)}
-    tokens = sample_request(decode_request(inputs))["output_ids"]
+    tokens = sample_request(decode_request(inputs))[0]["output_ids"]
     expected = sample_requests(logits, [SamplingParams(seed=s) for s in (1, 2, 3)]).token_ids
     assert tokens.dtype == np.int32 and tokens.shape == (3, 1)
     np.testing.assert_array_equal(tokens[:, 0], expected)
@@ -49,7 +49,7 @@ def test_every_input_reaches_the_kernels(logits):
         "return_log_probs": column([True, False, True], bool),
         "num_top_logprobs": column([2, 0, 1], np.int32),
     }
-    out = sample_request(decode_request(inputs))
+    out, _ = sample_request(decode_request(inputs))
     params = [
         SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.2, seed=7,
                        logit_bias={9: 3.0}, stop_token_ids=[12]),
@@ -75,7 +75,7 @@ def test_min_tokens_bans_end_ids_until_reached():
     inputs = {"logits": logits, "end_id": column([3, 3], np.int32),
               "min_tokens": column([2, 2], np.int32), "step": column([1, 2], np.int64),
               "temperature": column([0, 0])}
-    assert sample_request(decode_request(inputs))["output_ids"][:, 0].tolist() == [0, 3]
+    assert sample_request(decode_request(inputs))[0]["output_ids"][:, 0].tolist() == [0, 3]
 
 
 def test_step_defaults_to_the_generated_count(logits):
@@ -85,7 +85,7 @@ def test_step_defaults_to_the_generated_count(logits):
 
 
 def test_no_outputs_beyond_what_was_asked(logits):
-    out = sample_request(decode_request({"logits": logits}))
+    out, _ = sample_request(decode_request({"logits": logits}))
     assert set(out) == {"output_ids"}
 
 
@@ -177,7 +177,7 @@ def test_bans_travel_as_minus_infinity_bias(logits):
               for s in range(3)]
     batch = SamplingBatch.from_params(params)
     assert batch.ban_ids.size == 3
-    served = sample_request(decode_request({"logits": logits, **batch_arrays(batch)}))
+    served, _ = sample_request(decode_request({"logits": logits, **batch_arrays(batch)}))
     direct = sample(logits, batch)
     np.testing.assert_array_equal(served["output_ids"][:, 0], direct.token_ids)
     assert not np.isin(direct.token_ids, batch.ban_ids).any()

@@ -31,6 +31,9 @@ def server(tmp_path_factory):
     write_model(repository, "simple_sampler_bf16", "simple_sampler",
                 vars(SamplerConfig(sampler_instances=1, max_batch_size=MAX_BATCH,
                                    logits_datatype="TYPE_BF16", vocab_size=49_152)))
+    write_model(repository, "simple_sampler_shvs", "simple_sampler",
+                vars(SamplerConfig(sampler_instances=1, max_batch_size=MAX_BATCH, vocab_size=49_152,
+                                   hot_vocab_profile="hot_vocab.npz")))
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, shm_bytes=SHM_BYTES, log_path=log) as running:
         yield running
@@ -185,3 +188,24 @@ def test_unknown_vocabulary_width_is_refused(server, rows):
     with pytest.raises(InferenceServerException, match="logits must have 49152 columns"):
         client.sample(rows[:, :1000].astype(ml_dtypes.bfloat16))
     client.close()
+
+
+def test_hot_vocabulary_sampling_behind_the_server(server, rows):
+    """The shipped SmolLM2 profile: the same tokens as sample(hot_vocab=...)
+    in-process, and the acceptance counters on the metrics port."""
+    from simple_sampler.shvs.hot_vocab import load_profile
+    from simple_sampler.triton.install import project_file
+
+    hot_vocab = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz")).hot_vocab()
+    seeds = np.arange(len(rows), dtype=np.uint64)
+    top_p = np.where(np.arange(len(rows)) % 2, 0.9, 1.0).astype(np.float32)
+    out = SamplerClient(server.grpc_url, "grpc", model="simple_sampler_shvs").sample(
+        rows, random_seed=seeds[:, None], runtime_top_p=top_p[:, None])
+    params = [SamplingParams(seed=int(s), top_p=float(p)) for s, p in zip(seeds, top_p)]
+    expected = sample_requests(rows, params, hot_vocab=hot_vocab, return_logprobs=False)
+    np.testing.assert_array_equal(out["output_ids"][:, 0], expected.token_ids)
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    count = lambda name: float(re.search(rf'^{name}\{{[^}}]*model="simple_sampler_shvs"[^}}]*\}} (\S+)',
+                                         text, re.M).group(1))
+    assert count("simple_sampler_hot_tried_rows_total") == len(rows)
+    assert count("simple_sampler_hot_accepted_rows_total") == int((expected.hot_accepted == 1).sum()) > 0

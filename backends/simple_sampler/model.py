@@ -7,11 +7,13 @@ no state between requests (draws are keyed by seed and step), so any
 instance can serve any row.
 """
 import json
+import os
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from simple_sampler.shvs.hot_vocab import load_profile
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
 
 
@@ -31,6 +33,14 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.num_threads = int(parameters.get("num_threads", "1"))
         self.vocab_size = int(parameters.get("vocab_size", "0"))
+        profile = parameters.get("hot_vocab_profile", "")
+        self.hot_vocab = None
+        if profile:
+            path = os.path.join(args["model_repository"], profile)
+            self.hot_vocab = load_profile(path).hot_vocab()
+            if self.vocab_size and self.hot_vocab.vocab_size != self.vocab_size:
+                raise ValueError(f"{path} is for a vocabulary of {self.hot_vocab.vocab_size} "
+                                 f"tokens, the model's is {self.vocab_size}")
         labels = {"model": args["model_name"], "version": args["model_version"],
                   "instance": args["model_instance_name"]}
         # A MetricFamily must outlive its Metric objects, so both are kept.
@@ -47,26 +57,34 @@ class TritonPythonModel:
                                      "Requests refused (bad input)")
         self.duration_metric = counter("simple_sampler_sample_duration_us_total",
                                        "Time spent decoding and sampling, microseconds")
+        self.hot_tried_metric = counter("simple_sampler_hot_tried_rows_total",
+                                        "Rows SHVS tried to decide from the hot set")
+        self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
+                                           "Rows SHVS decided from the hot set alone")
 
     def execute(self, requests):
         started = time.perf_counter()
         responses = []
-        rows = failed = 0
+        rows = failed = tried = accepted = 0
         for request in requests:
             inputs = {name: pb_utils.get_input_tensor_by_name(request, name) for name in INPUT_NAMES}
             try:
                 decoded = decode_request({k: _as_array(v) for k, v in inputs.items() if v is not None},
                                          self.vocab_size)
-                outputs = sample_request(decoded, self.num_threads)
+                outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
             except RequestError as error:
                 failed += 1
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
                 continue
             rows += len(decoded)
+            tried += int((outcomes >= 0).sum())
+            accepted += int((outcomes == 1).sum())
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
         self.rows_metric.increment(rows)
         self.failed_metric.increment(failed)
+        self.hot_tried_metric.increment(tried)
+        self.hot_accepted_metric.increment(accepted)
         self.duration_metric.increment(int((time.perf_counter() - started) * 1e6))
         return responses

@@ -67,6 +67,13 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def hot_vocab_profile(args: argparse.Namespace) -> str:
+    """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
+    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (args.sampler_only or args.model)):
+        return ""
+    return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
+
+
 def serve(args: argparse.Namespace) -> int:
     from .triton import serve as serving
     from .triton.server import SamplerConfig
@@ -74,7 +81,8 @@ def serve(args: argparse.Namespace) -> int:
     sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
                             max_queue_delay_us=args.max_queue_delay_us,
                             logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
-                            num_threads=args.num_threads, vocab_size=args.vocab_size)
+                            num_threads=args.num_threads, vocab_size=args.vocab_size,
+                            hot_vocab_profile=hot_vocab_profile(args))
     llm = None if args.sampler_only else serving.LlmConfig(
         model=args.model, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
@@ -190,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "2 pays off with a GPU data plane, not on CPU)")
     server.add_argument("--sampler-shards", type=int, default=0,
                         help="concurrent sampler requests per micro-batch (0: --instances)")
+    server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
+                        help="speculative hot-vocab sampling profile (auto: the shipped one "
+                             "for the default model)")
     server.add_argument("--demo", metavar="PROMPT",
                         help="once ready, stream the answer to PROMPT, then keep serving")
     server.set_defaults(handler=serve)

@@ -151,6 +151,10 @@ class SamplingBatch:
     prompt_ids: np.ndarray
     output_offsets: np.ndarray
     output_ids: np.ndarray
+    #: bool [B]: rows whose chosen-token logprob is wanted (None: every row).
+    #: A hint to samplers: the logprob costs an exp per logit, and speculative
+    #: hot-vocab sampling cannot decide a row that wants it.
+    want_logprobs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.temperature)

@@ -24,8 +24,12 @@ def call_sampler(model_name):
         response = request.exec()
         if response.has_error():
             raise RuntimeError(f"{model_name}: {response.error().message()}")
-        return {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
-                for name in SAMPLER_OUTPUTS}
+        outputs = {}
+        for name in SAMPLER_OUTPUTS:  # output_log_probs only when a row asked
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            if tensor is not None:
+                outputs[name] = tensor.as_numpy()
+        return outputs
     return call
 
 

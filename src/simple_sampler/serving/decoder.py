@@ -67,8 +67,10 @@ AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
 
 
 def kernel_sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
-    """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``."""
-    out = sample(logits, batch)
+    """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``
+    (logprobs NaN when no row of the batch wants them)."""
+    wanted = batch.want_logprobs is None or bool(np.any(batch.want_logprobs))
+    out = sample(logits, batch, return_logprobs=wanted)
     return out.token_ids, out.logprobs
 
 
@@ -460,6 +462,7 @@ class Decoder:
             [History(s.prompt_ids, s.output_ids) for s in sequences],
             vocab_size=self.engine.vocab_size)
         batch.ban_offsets, batch.ban_ids = ragged([s.bans() for s in sequences])
+        batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
         return batch
 
     def _record(self, rows: int, forward_s: float, sampler_s: float) -> None:

@@ -63,13 +63,17 @@ def remote_sampler(call: SamplerCall, shards: int):
     async def sampler(logits: torch.Tensor, batch: SamplingBatch):
         rows = logits.numpy()
         arrays = batch_arrays(batch)
-        arrays["return_log_probs"] = np.ones((len(batch), 1), bool)
+        wanted = batch.want_logprobs
+        arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
+                                      else np.asarray(wanted, bool))[:, None]
         bounds = np.linspace(0, len(batch), min(shards, len(batch)) + 1).astype(int)
         parts = await asyncio.gather(*(
             asyncio.to_thread(call, {"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}})
             for a, b in zip(bounds[:-1], bounds[1:])))
         tokens = np.concatenate([p["output_ids"][:, 0] for p in parts]).astype(np.int64)
-        logprobs = np.concatenate([p["output_log_probs"][:, 0] for p in parts])
+        nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
+        logprobs = np.concatenate([p.get("output_log_probs", nan[:len(p["output_ids"])])[:, 0]
+                                   for p in parts])
         return tokens, logprobs
 
     return sampler

@@ -217,8 +217,11 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
     return offsets, ids, values[np.asarray(raw_ids) != PADDING].astype(np.float64)
 
 
-def sample_request(request: RowsRequest, num_threads: int = 1) -> dict[str, np.ndarray]:
-    """Sample one decoded request; returns output name -> array.
+def sample_request(request: RowsRequest, num_threads: int = 1,
+                   hot_vocab=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Sample one decoded request; returns (output name -> array, the rows'
+    SHVS outcomes int8 [B]: 1 decided from the hot set, 0 fell back, -1 not
+    tried). `hot_vocab`: a ``HotVocab`` or None (SHVS off).
 
     Raises RequestError for a row the kernels refuse (NaN or +inf logits,
     every token banned), naming the row and column.
@@ -227,7 +230,7 @@ def sample_request(request: RowsRequest, num_threads: int = 1) -> dict[str, np.n
     n_top = int(request.num_top_logprobs.max())
     try:
         out = sample(request.logits, request.batch, num_top_logprobs=n_top,
-                     return_logprobs=want_logprob, num_threads=num_threads)
+                     return_logprobs=want_logprob, num_threads=num_threads, hot_vocab=hot_vocab)
     except ValueError as error:
         raise RequestError(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
@@ -238,4 +241,4 @@ def sample_request(request: RowsRequest, num_threads: int = 1) -> dict[str, np.n
         beyond = np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None]
         outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING), out.top_token_ids)
         outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf), out.top_logprobs)
-    return outputs
+    return outputs, out.hot_accepted

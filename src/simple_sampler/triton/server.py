@@ -37,6 +37,7 @@ class SamplerConfig:
     logits_datatype: str = "TYPE_FP32"
     num_threads: int = 1
     vocab_size: int = 0
+    hot_vocab_profile: str = ""
 
     def validate(self) -> None:
         if self.sampler_instances < 1:
