@@ -47,23 +47,20 @@ def calibrate(args: argparse.Namespace) -> int:
 
 
 def bench_sampler_server(args: argparse.Namespace) -> int:
-    from .bench import machine, sampler_server
+    from .bench import sampler_server
 
     report = sampler_server.run(max_instances=args.instances, batch_size=args.batch,
                                 vocab=args.vocab, seconds=args.seconds)
-    report["machine"] = machine.describe()
-    print(json.dumps(report) if args.json else sampler_server.format_report(report))
+    print_report(args, report, sampler_server.format_report(report))
     return 0
 
 
 def bench_serve(args: argparse.Namespace) -> int:
-    from .bench import machine
     from .bench import serve as serve_bench
 
     report = serve_bench.run(concurrencies=args.concurrency, modes=args.modes,
                              max_tokens=args.max_tokens, instances=args.instances)
-    report["machine"] = machine.describe()
-    print(json.dumps(report) if args.json else serve_bench.format_report(report))
+    print_report(args, report, serve_bench.format_report(report))
     return 0
 
 

@@ -131,12 +131,12 @@ class LlmService:
                 events.append(event)
                 if event.final:
                     prefix = "" if decoded.exclude_input_in_output else \
-                        self.codec.decode(self._prompt_ids(decoded, event))
+                        self.codec.decode(self._prompt_ids(decoded))
                     send(encode_event(merge_events(events), prefix), None, True)
             if event.final:
                 return
 
-    def _prompt_ids(self, decoded, event) -> list[int]:
+    def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
