@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
@@ -113,29 +114,34 @@ def test_stop_words_and_max_tokens_set_the_finish_reason(server):
 
 
 def test_a_cancelled_stream_frees_its_slot(server):
+    """Against `llm` itself: Triton does not pass a cancellation on to an
+    ensemble step that is already running (README, "Cancellation")."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    received = []
-    client.start_stream(callback=lambda result, error: received.append((result, error)))
-    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[b"Tell me a very long story."]], dtype=object))
-    limit = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
-    limit.set_data_from_numpy(np.array([[400]], np.int32))
-    stream = grpcclient.InferInput("stream", [1, 1], "BOOL")
-    stream.set_data_from_numpy(np.array([[True]]))
-    never_end = grpcclient.InferInput("min_length", [1, 1], "INT32")  # no early end id
-    never_end.set_data_from_numpy(np.array([[400]], np.int32))
-    client.async_stream_infer("ensemble", [text, limit, stream, never_end])
+    arrivals = []
+    client.start_stream(callback=lambda result, error: arrivals.append((time.monotonic(), error)))
+    inputs = []
+    for name, value in (("text_input", np.array([[b"Tell me a very long story."]], object)),
+                        ("max_tokens", np.array([[500]], np.int32)),
+                        ("stream", np.array([[True]])),
+                        ("min_length", np.array([[500]], np.int32))):  # no early end id
+        inputs.append(grpcclient.InferInput(name, [1, 1], np_to_triton_dtype(value.dtype)))
+        inputs[-1].set_data_from_numpy(value)
+    client.async_stream_infer("llm", inputs)
     deadline = time.monotonic() + 60
-    while len(received) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(received) >= 3 and in_flight(server) == 1, [str(e) for _, e in received]
+    while len(arrivals) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(arrivals) >= 5 and in_flight(server) == 1, [str(e) for _, e in arrivals]
+    seconds_per_token = (arrivals[4][0] - arrivals[1][0]) / 3
+    cancelled_at = time.monotonic()
     client.stop_stream(cancel_requests=True)
     client.close()
-    deadline = time.monotonic() + 30
-    while in_flight(server) != 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while in_flight(server) != 0 and time.monotonic() < cancelled_at + 30:
+        time.sleep(0.05)
+    freed_after = time.monotonic() - cancelled_at
     assert in_flight(server) == 0
-    assert len(received) < 400
+    # finishing the 500 tokens would have taken far longer than that
+    assert freed_after < 0.25 * (500 - len(arrivals)) * seconds_per_token, \
+        (freed_after, seconds_per_token)
 
 
 BAD = [

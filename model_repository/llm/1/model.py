@@ -67,7 +67,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             self.service.submit(inputs, self._sender(request.get_response_sender()),
-                                request.is_cancelled)
+                                request.is_cancelled, on_done=self._report_stats)
         return None
 
     def _sender(self, response_sender):
@@ -80,10 +80,8 @@ class TritonPythonModel:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, np.expand_dims(value, 0)) for name, value in outputs.items()])
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            try:  # raises when the client has gone away; the stats still count
-                response_sender.send(response, flags=flags)
-            finally:
-                self._report_stats()
+            response_sender.send(response, flags=flags)  # raises if the client has gone
+            self._report_stats()
         return send
 
     def _report_stats(self):

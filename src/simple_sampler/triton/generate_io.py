@@ -128,7 +128,7 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
         if not text:
             raise ValueError("text_input must be a non-empty string")
     else:
-        raise ValueError("text_input is required")
+        raise ValueError("text_input (or input_ids) is required")
     request = GenerationRequest(
         text=text, prompt_ids=prompt_ids, chat=flags["apply_chat_template"],
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
@@ -147,7 +147,7 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
     apply_chat_template is true) as token ids. Raises ValueError naming the
     input."""
     if inputs.get("text_input") is None:
-        raise ValueError("text_input is required")
+        raise ValueError("text_input (or input_ids) is required")
     text = _text("text_input", _single("text_input", inputs["text_input"]))
     if not text:
         raise ValueError("text_input must be a non-empty string")

@@ -102,39 +102,67 @@ class LlmService:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def submit(self, inputs: Mapping[str, object], send: Send,
-               is_cancelled: Callable[[], bool] = lambda: False):
-        """Start one request; returns a future done when its final response
-        has been sent. Bad input is answered with one error response."""
-        return self._call(self._serve(inputs, send, is_cancelled))
+               is_cancelled: Callable[[], bool] = lambda: False,
+               on_done: Callable[[], None] = lambda: None):
+        """Start one request; returns a future done when the request has left
+        the decoder (``on_done`` is called then). Bad input is answered with
+        one error response. A ``send`` that raises (the client went away)
+        cancels the request, as ``is_cancelled()`` does."""
+        return self._call(self._serve(inputs, send, is_cancelled, on_done))
 
-    async def _serve(self, inputs, send: Send, is_cancelled) -> None:
+    async def _serve(self, inputs, send: Send, is_cancelled, on_done) -> None:
         try:
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
         except ValueError as error:
-            send(None, error, True)
+            try:
+                send(None, error, True)
+            finally:
+                on_done()
             return
+        try:
+            await self._deliver(decoded, handle, send, is_cancelled)
+        finally:
+            on_done()
+
+    async def _deliver(self, decoded, handle, send: Send, is_cancelled) -> None:
+        """Send the request's events until its final one. Cancellation is
+        polled at most every CANCEL_POLL_S, whether or not events arrive,
+        because asking Triton costs a round trip to the server process."""
         events: list[GenerationEvent] = []
+        delivering, next_poll = True, 0.0
         while True:
             try:  # Queue.get is cancellation-safe: a timeout loses no event
                 event = await asyncio.wait_for(handle.events.get(), CANCEL_POLL_S)
             except asyncio.TimeoutError:
+                event = None
+            if delivering and self.loop.time() >= next_poll:
+                next_poll = self.loop.time() + CANCEL_POLL_S
                 if is_cancelled():
                     handle.cancel()
+                    delivering = False
+            if event is None:
                 continue
-            if event.error:
-                send(None, RuntimeError(event.error), True)
-                return
-            if decoded.stream:
-                send(encode_event(event), None, event.final)
-            else:
-                events.append(event)
-                if event.final:
-                    prefix = "" if decoded.exclude_input_in_output else \
-                        self.codec.decode(self._prompt_ids(decoded))
-                    send(encode_event(merge_events(events), prefix), None, True)
+            if delivering:
+                try:
+                    self._send_event(decoded, event, events, send)
+                except Exception:  # nobody to answer: stop generating for them
+                    handle.cancel()
+                    delivering = False
             if event.final:
                 return
+
+    def _send_event(self, decoded, event: GenerationEvent, events: list, send: Send) -> None:
+        if event.error:
+            send(None, RuntimeError(event.error), True)
+        elif decoded.stream:
+            send(encode_event(event), None, event.final)
+        else:
+            events.append(event)
+            if event.final:
+                prefix = "" if decoded.exclude_input_in_output else \
+                    self.codec.decode(self._prompt_ids(decoded))
+                send(encode_event(merge_events(events), prefix), None, True)
 
     def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request
