@@ -86,3 +86,23 @@ def zipf_rows() -> np.ndarray:
         ranks = rng.permutation(vocab) + 1
         rows.append((-1.1 * np.log(ranks) + 0.3 * rng.standard_normal(vocab)).astype(np.float32))
     return rows
+
+
+#: the llm server's context: the prompt plus max_tokens must fit
+LLM_CONTEXT = 512
+
+
+@pytest.fixture(scope="session")
+def llm_server(tmp_path_factory):
+    """The whole repository (SmolLM2, 2 sampler instances) on a real
+    tritonserver, on free loopback ports, shared by the tests that talk to it."""
+    from simple_sampler.triton.serve import LlmConfig, assemble_repository
+    from simple_sampler.triton.server import SamplerConfig, TritonServer
+
+    repository = assemble_repository(
+        tmp_path_factory.mktemp("repository"),
+        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
+        LlmConfig(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2))
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    with TritonServer(repository, log_path=log) as running:
+        yield running

@@ -17,24 +17,16 @@ from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
 from simple_sampler.serving.engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.params import SamplingParams
-from simple_sampler.triton.serve import LlmConfig, assemble_repository
-from simple_sampler.triton.server import SamplerConfig, TritonServer
+from conftest import LLM_CONTEXT
 
 pytestmark = pytest.mark.slow
-CONTEXT = 512
 QUESTION = "What is the capital of France?"
 SAMPLED = dict(temperature=0.8, top_p=0.95, top_k=50, apply_chat_template=True)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    repository = assemble_repository(
-        tmp_path_factory.mktemp("repository"),
-        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(engine_max_batch_size=32, max_context=CONTEXT, sampler_shards=2))
-    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
-    with TritonServer(repository, log_path=log) as running:
-        yield running
+@pytest.fixture
+def server(llm_server):
+    return llm_server
 
 
 def grpc(server):
@@ -87,7 +79,7 @@ def test_a_seed_gives_the_same_text_as_the_sampler_in_process(server):
 
     async def run():
         codec = TextCodec.from_source()
-        decoder = Decoder(TorchEngine.from_source(max_batch_size=2, max_context=CONTEXT), codec,
+        decoder = Decoder(TorchEngine.from_source(max_batch_size=2, max_context=LLM_CONTEXT), codec,
                           "simple", threaded(), micro_batches=1)
         await decoder.start()
         handle = decoder.submit(GenerationRequest(

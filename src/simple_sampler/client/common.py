@@ -1,0 +1,142 @@
+"""What the sync and asyncio clients share: the request encoding for each
+protocol, the response decoding, the error type."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+#: ensemble input -> numpy dtype of its [1, 1] tensor
+SCALAR_TYPES = {
+    "max_tokens": np.int32, "stream": bool, "temperature": np.float32, "top_k": np.int32,
+    "top_p": np.float32, "min_p": np.float32, "repetition_penalty": np.float32,
+    "presence_penalty": np.float32, "frequency_penalty": np.float32, "random_seed": np.uint64,
+    "seed": np.uint64, "end_id": np.int32, "min_length": np.int32, "return_log_probs": bool,
+    "exclude_input_in_output": bool, "apply_chat_template": bool,
+}
+WORD_LISTS = ("stop_words", "bad_words")
+PROTOCOLS = ("grpc", "http")
+
+
+class GenerationError(RuntimeError):
+    """The server refused or failed a request; str() is the server's message."""
+
+
+@dataclass
+class Chunk:
+    """One response: new text, its token ids and logprobs, and on the last
+    one the finish reason."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    finish_reason: str = ""
+
+
+def _check_names(params: dict) -> None:
+    unknown = sorted(set(params) - set(SCALAR_TYPES) - set(WORD_LISTS))
+    if unknown:
+        raise TypeError(f"unknown generation parameter {unknown[0]!r}; known: "
+                        f"{', '.join([*SCALAR_TYPES, *WORD_LISTS])}")
+
+
+def request_arrays(prompt: str, params: dict) -> dict[str, np.ndarray]:
+    """The request's tensors, name -> [1, 1] (word lists [1, n]) numpy array."""
+    _check_names(params)
+    arrays = {"text_input": np.array([[prompt.encode()]], dtype=object)}
+    for name, value in params.items():
+        if value is None:
+            continue
+        if name in WORD_LISTS:
+            arrays[name] = np.array([[w.encode() for w in value]], dtype=object)
+        else:
+            arrays[name] = np.array([[value]], dtype=SCALAR_TYPES[name])
+    return arrays
+
+
+def grpc_inputs(infer_input: type, arrays: dict[str, np.ndarray]) -> list:
+    """tritonclient InferInputs (grpc or grpc.aio's class) holding `arrays`."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, array in arrays.items():
+        tensor = infer_input(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def http_request(url: str, model: str, prompt: str, params: dict) -> tuple[str, bytes]:
+    """(address, JSON body) of the generate or generate_stream endpoint."""
+    _check_names(params)
+    body = {"text_input": prompt, **{k: v for k, v in params.items() if v is not None}}
+    endpoint = "generate_stream" if params.get("stream") else "generate"
+    return f"http://{url}/v2/models/{model}/{endpoint}", json.dumps(body).encode()
+
+
+def sse_chunk(line: bytes) -> Chunk | None:
+    """The Chunk of one server-sent-event line of generate_stream, None for
+    lines that carry no data; an error event raises GenerationError."""
+    text = line.decode().strip()
+    if not text.startswith("data:"):
+        return None
+    return payload_chunk(json.loads(text[len("data:"):]))
+
+
+def payload_chunk(payload: dict) -> Chunk:
+    """The Chunk of one JSON response of the generate extension."""
+    if "error" in payload:
+        raise GenerationError(payload["error"])
+    return chunk_from(payload.get)
+
+
+def http_error(body: bytes) -> GenerationError:
+    try:
+        return GenerationError(json.loads(body)["error"])
+    except (ValueError, KeyError):
+        return GenerationError(body.decode(errors="replace"))
+
+
+def grpc_error(error: Exception) -> GenerationError:
+    message = getattr(error, "message", None)
+    return GenerationError(message() if callable(message) else str(error))
+
+
+def chunk_from(get: Callable[[str], object]) -> Chunk:
+    """A Chunk from an accessor name -> array-like (or None)."""
+    def values(name):
+        array = get(name)
+        return [] if array is None else np.asarray(array).reshape(-1).tolist()
+
+    def as_str(value):
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+    def first(name, default):
+        return (values(name) or [default])[0]
+
+    text, reason = values("text_output"), values("finish_reason")
+    return Chunk(as_str(text[0]) if text else "", [int(t) for t in values("output_ids")],
+                 [float(p) for p in values("output_log_probs")], float(first("cum_log_probs", 0.0)),
+                 int(first("num_input_tokens", 0)), int(first("num_output_tokens", 0)),
+                 as_str(reason[0]) if reason else "")
+
+
+class ClientBase:
+    """Settings and protocol dispatch; subclasses provide ``_grpc(arrays)``
+    and ``_http(address, body)`` returning iterators of Chunks."""
+
+    def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble",
+                 timeout_s: float = 600.0):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
+        self.url, self.protocol, self.model, self.timeout_s = url, protocol, model, timeout_s
+
+    def _run(self, prompt: str, params: dict):
+        if self.protocol == "grpc":
+            return self._grpc(request_arrays(prompt, params))
+        return self._http(*http_request(self.url, self.model, prompt, params))

@@ -1,0 +1,65 @@
+"""The blocking client: gRPC through tritonclient's stream, HTTP through
+the generate extension (which tritonclient does not cover)."""
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+import uuid
+from typing import Iterator
+
+from .common import (Chunk, ClientBase, GenerationError, chunk_from, grpc_error, grpc_inputs,
+                     http_error, payload_chunk, sse_chunk)
+
+class GenerateClient(ClientBase):
+    """protocol "grpc" (url host:8001) or "http" (url host:8000)."""
+
+    def generate(self, prompt: str, **params) -> Chunk:
+        """The whole answer in one Chunk (stream=false on the server)."""
+        chunks = list(self._run(prompt, {**params, "stream": False}))
+        if len(chunks) != 1:
+            raise GenerationError(f"expected one response, got {len(chunks)}")
+        return chunks[0]
+
+    def stream(self, prompt: str, **params) -> Iterator[Chunk]:
+        """Chunks as the server sends them (stream=true)."""
+        return self._run(prompt, {**params, "stream": True})
+
+    def _grpc(self, arrays) -> Iterator[Chunk]:
+        import tritonclient.grpc as grpcclient
+
+        inputs = grpc_inputs(grpcclient.InferInput, arrays)
+        responses: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.url)
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
+                                      enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=self.timeout_s)
+                if error is not None:
+                    raise grpc_error(error)
+                response = result.get_response()
+                if response.outputs:
+                    yield chunk_from(result.as_numpy)
+                if response.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+    def _http(self, address: str, body: bytes) -> Iterator[Chunk]:
+        request = urllib.request.Request(address, body, headers={"Content-Type": "application/json"})
+        try:
+            response = urllib.request.urlopen(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError as error:
+            raise http_error(error.read()) from None
+        with response:
+            if address.endswith("/generate"):
+                yield payload_chunk(json.loads(response.read()))
+                return
+            for line in response:
+                chunk = sse_chunk(line)
+                if chunk is not None:
+                    yield chunk

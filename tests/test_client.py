@@ -1,0 +1,109 @@
+"""The client library and `simple-sampler generate` against a real server:
+sync and asyncio, gRPC and HTTP, streamed and not; server errors surface
+with the server's message."""
+import asyncio
+import itertools
+
+import pytest
+
+from simple_sampler.cli import main
+from simple_sampler.client import AsyncGenerateClient, GenerateClient, GenerationError
+
+pytestmark = pytest.mark.slow
+QUESTION = "What is the capital of France?"
+GREEDY = dict(max_tokens=16, temperature=0.0, apply_chat_template=True,
+              exclude_input_in_output=True)
+SAMPLED = dict(max_tokens=12, temperature=0.9, top_p=0.9, apply_chat_template=True,
+               exclude_input_in_output=True)
+PROTOCOLS = ("grpc", "http")
+
+
+def url(server, protocol):
+    return server.grpc_url if protocol == "grpc" else server.http_url
+
+
+@pytest.fixture(scope="module")
+def greedy_answer(llm_server):
+    answer = GenerateClient(llm_server.grpc_url).generate(QUESTION, **GREEDY)
+    assert "Paris" in answer.text and answer.finish_reason in ("stop", "length")
+    return answer
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_sync_client_streamed_and_not(llm_server, greedy_answer, protocol):
+    client = GenerateClient(url(llm_server, protocol), protocol)
+    whole = client.generate(QUESTION, **GREEDY)
+    chunks = list(client.stream(QUESTION, **GREEDY))
+    assert whole.text == "".join(c.text for c in chunks) == greedy_answer.text
+    assert whole.token_ids == [t for c in chunks for t in c.token_ids]
+    assert [bool(c.finish_reason) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].num_output_tokens == whole.num_output_tokens == len(whole.token_ids)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_client_streamed_and_not(llm_server, greedy_answer, protocol):
+    async def run():
+        async with AsyncGenerateClient(url(llm_server, protocol), protocol) as client:
+            whole = await client.generate(QUESTION, **GREEDY)
+            chunks = [chunk async for chunk in client.stream(QUESTION, **GREEDY)]
+            return whole, chunks
+
+    whole, chunks = asyncio.run(run())
+    assert whole.text == "".join(c.text for c in chunks) == greedy_answer.text
+    assert whole.token_ids == greedy_answer.token_ids
+    assert chunks[-1].finish_reason == greedy_answer.finish_reason
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_client_runs_concurrent_requests_like_sequential_ones(llm_server, protocol):
+    seeds = [3, 4, 5, 6]
+    sequential = [GenerateClient(llm_server.grpc_url).generate(QUESTION, seed=s, **SAMPLED).text
+                  for s in seeds]
+
+    async def run():
+        async with AsyncGenerateClient(url(llm_server, protocol), protocol) as client:
+            return await asyncio.gather(*(client.generate(QUESTION, seed=s, **SAMPLED)
+                                          for s in seeds))
+
+    assert [answer.text for answer in asyncio.run(run())] == sequential
+    assert len(set(sequential)) > 1  # the seeds matter, so equality means something
+
+
+@pytest.mark.parametrize("protocol,streamed", list(itertools.product(PROTOCOLS, (False, True))))
+def test_server_errors_carry_the_server_message(llm_server, protocol, streamed):
+    message = r"top_p must be in \(0, 1\], got 1.5"
+    client = GenerateClient(url(llm_server, protocol), protocol)
+    with pytest.raises(GenerationError, match=message):
+        list(client.stream(QUESTION, top_p=1.5)) if streamed else client.generate(QUESTION,
+                                                                                    top_p=1.5)
+
+    async def run():
+        async with AsyncGenerateClient(url(llm_server, protocol), protocol) as aio:
+            if streamed:
+                return [chunk async for chunk in aio.stream(QUESTION, top_p=1.5)]
+            return await aio.generate(QUESTION, top_p=1.5)
+
+    with pytest.raises(GenerationError, match=message):
+        asyncio.run(run())
+
+
+def test_unknown_parameter_is_refused_before_sending():
+    with pytest.raises(TypeError, match="unknown generation parameter 'top_q'"):
+        GenerateClient("127.0.0.1:1").generate(QUESTION, top_q=0.5)
+    with pytest.raises(TypeError, match="unknown generation parameter 'top_q'"):
+        asyncio.run(AsyncGenerateClient("127.0.0.1:1", "http").generate(QUESTION, top_q=0.5))
+
+
+@pytest.mark.parametrize("protocol,stream", [("grpc", True), ("http", False)])
+def test_cli_prints_the_greedy_answer(llm_server, greedy_answer, capsys, protocol, stream):
+    argv = ["generate", QUESTION, "--url", url(llm_server, protocol), "--protocol", protocol,
+            "--temperature", "0", "--max-tokens", "16", *(["--stream"] if stream else [])]
+    assert main(argv) == 0
+    assert capsys.readouterr().out == greedy_answer.text + "\n"
+
+
+def test_cli_reports_a_server_error_in_one_line(llm_server, capsys):
+    argv = ["generate", QUESTION, "--url", llm_server.grpc_url, "--top-p", "1.5"]
+    assert main(argv) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "top_p must be in (0, 1], got 1.5" in error
