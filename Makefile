@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxd cython_kernels/*.h)
 
-.PHONY: install test test-fast bench serve clean
+.PHONY: install test test-fast bench serve perf clean
 
 install: $(STAMP)
 
@@ -41,5 +41,18 @@ serve: $(STAMP)
 		--metrics-port $(METRICS_PORT) --instances $(INSTANCES) \
 		--demo "What is the capital of France?"
 
+# perf_analyzer (gRPC streaming, client/perf_inputs.json) against the ensemble
+# for `simple` and `inline` at each concurrency; exports and figures in results/perf/.
+CONCURRENCY ?= 1 8 32
+PERF := .perf/bin/perf_analyzer
+$(PERF): client/install_perf_analyzer.sh
+	bash client/install_perf_analyzer.sh .perf $(PY)
+perf: $(STAMP) $(PERF)
+	mkdir -p results/perf
+	$(VENV)/bin/simple-sampler perf --perf-analyzer $(PERF) --concurrency $(CONCURRENCY) \
+		--export-dir results/perf --json > results/perf/perf.json
+	$(PY) -c "import json; from simple_sampler.bench.perf import format_table; \
+		print(format_table(json.load(open('results/perf/perf.json'))))"
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c
+	rm -rf $(VENV) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c

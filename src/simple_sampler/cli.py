@@ -64,6 +64,34 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def perf(args: argparse.Namespace) -> int:
+    from .bench import perf as perf_bench
+
+    try:
+        binary = perf_bench.find_perf_analyzer(args.perf_analyzer)
+        report = perf_bench.run(binary, concurrencies=args.concurrency, modes=args.modes,
+                                inputs=args.input_data, export_dir=args.export_dir,
+                                instances=args.instances,
+                                stability_percent=args.stability_percent)
+    except perf_bench.PerfError as error:
+        print(f"simple-sampler perf: {error}", file=sys.stderr)
+        return 1
+    print_report(args, report, perf_bench.format_table(report))
+    return 0
+
+
+def build_report(args: argparse.Namespace) -> int:
+    from . import report
+
+    try:
+        markdown = report.build(args.files, args.output_dir)
+    except report.ReportError as error:
+        print(f"simple-sampler report: {error}", file=sys.stderr)
+        return 2
+    print(markdown)
+    return 0
+
+
 def hot_vocab_profile(args: argparse.Namespace) -> str:
     """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
     if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (args.sampler_only or args.model)):
@@ -165,6 +193,30 @@ def build_parser() -> argparse.ArgumentParser:
                       "model repository's, else a calibration run")
     shvs.add_argument("--repeats", type=int, default=31)
     shvs.set_defaults(handler=bench_shvs)
+
+    perf_cmd = commands.add_parser(
+        "perf", help="perf_analyzer (gRPC streaming) against the ensemble, per sampling mode")
+    perf_cmd.add_argument("--json", action="store_true", help="print one JSON object")
+    perf_cmd.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    perf_cmd.add_argument("--modes", nargs="+", default=["simple", "inline"],
+                          choices=["simple", "simple_overlap", "inline", "inline_kernels"])
+    perf_cmd.add_argument("--instances", type=int, default=2, help="simple_sampler CPU instances")
+    perf_cmd.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: .perf/, PATH)")
+    perf_cmd.add_argument("--input-data", type=Path,
+                          help="perf_analyzer input JSON (default: client/perf_inputs.json)")
+    perf_cmd.add_argument("--export-dir", type=Path,
+                          help="keep perf_analyzer's exports and the server logs here")
+    perf_cmd.add_argument("--stability-percent", type=int, default=20)
+    perf_cmd.set_defaults(handler=perf)
+
+    report_cmd = commands.add_parser(
+        "report", help="Markdown report with PNG plots from the bench commands' --json output")
+    report_cmd.add_argument("files", nargs="+", type=Path, metavar="FILE.json",
+                            help="--json output of `bench ...` or `perf`, or a perf_analyzer "
+                            "profile export")
+    report_cmd.add_argument("--output-dir", type=Path, default=Path("results/report"),
+                            help="where report.md and the PNGs go (default: results/report)")
+    report_cmd.set_defaults(handler=build_report)
 
     server = commands.add_parser("serve", help="run tritonserver with the SIMPLE model repository")
     server.add_argument("--http-port", type=int, default=8000)

@@ -23,8 +23,10 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -86,28 +88,40 @@ def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens:
     }
 
 
+@contextmanager
+def mode_server(label: str, max_concurrency: int, instances: int = 2,
+                log_dir: Path | None = None) -> Iterator[TritonServer]:
+    """A fresh, warmed-up server running the whole repository in one of MODES."""
+    _, mode, micro_batches = next(m for m in MODES if m[0] == label)
+    repository = assemble_repository(
+        Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
+        SamplerConfig(sampler_instances=instances, max_batch_size=64, vocab_size=49_152),
+        LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
+                  engine_max_batch_size=max_concurrency, max_context=512))
+    log = log_dir / f"tritonserver-{label}.log" if log_dir else None
+    with TritonServer(repository, log_path=log) as server:
+        run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
+        yield server
+
+
 def run(concurrencies=(1, 8, 32), modes=tuple(m[0] for m in MODES), max_tokens: int = 64,
         requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None) -> dict:
     texts = prompts()
     results = []
     for label, mode, micro_batches in (m for m in MODES if m[0] in modes):
-        repository = assemble_repository(
-            Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
-            SamplerConfig(sampler_instances=instances, max_batch_size=64, vocab_size=49_152),
-            LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
-                      engine_max_batch_size=max(concurrencies), max_context=512))
-        log = log_dir / f"tritonserver-{label}.log" if log_dir else None
-        with TritonServer(repository, log_path=log) as server:
-            run_level(server, 2, 2, 8, texts)  # warm up: first prefill, first BLS calls
+        with mode_server(label, max(concurrencies), instances, log_dir) as server:
             for concurrency in concurrencies:
                 level = run_level(server, concurrency, max(2, concurrency * requests_per_client),
                                   max_tokens, texts)
                 results.append({"mode": label, "sampling_mode": mode,
                                 "micro_batches": micro_batches, **level})
-    return {"results": results,
-            "settings": {"model": "SmolLM2-135M-Instruct (CPU, float32)",
-                         "max_tokens": max_tokens, "sampler_instances": instances,
-                         "params": "temperature 1, no truncation, min_length = max_tokens"}}
+    return {"results": results, "settings": settings(max_tokens, instances)}
+
+
+def settings(max_tokens: int, instances: int) -> dict:
+    return {"model": "SmolLM2-135M-Instruct (CPU, float32)", "max_tokens": max_tokens,
+            "sampler_instances": instances,
+            "params": "temperature 1, no truncation, min_length = max_tokens"}
 
 
 def format_report(report: dict) -> str:

@@ -1,0 +1,124 @@
+"""`simple-sampler report` builds its Markdown and PNGs from small fixture JSON
+files of every kind (see tests/fixtures/report/README.md)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+from matplotlib.image import imread  # noqa: E402
+
+from simple_sampler.bench.perf import figures_from_export  # noqa: E402
+from simple_sampler.cli import main  # noqa: E402
+from simple_sampler.report import ReportError, build  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "report"
+INPUTS = sorted(FIXTURES.glob("*.json"))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str]:
+    markdown = build(INPUTS, tmp_path_factory.mktemp("report"))
+    return markdown, markdown.read_text()
+
+
+def test_every_kind_gets_its_section(report):
+    _, text = report
+    for heading in ("## Kernels: microseconds per row", "## SHVS against the full path",
+                    "## Sampler server: rows/s against instances",
+                    "## Whole server per sampling mode", "## perf_analyzer against the ensemble",
+                    "## perf_analyzer profile exports"):
+        assert heading in text
+
+
+def test_figures_and_ratios_come_from_the_inputs(report):
+    _, text = report
+    # bench serve at concurrency 32: 112.5 against 52.1 tokens/s, P95 ITL 209 against 612 ms.
+    assert "| 32 | 112.5 | 52.1 | 2.16x | 209 | 612 | 0.34x | 66% |" in text
+    # perf at concurrency 8: the simple / inline ratio of the fixture's tokens/s.
+    perf = {(r["mode"], r["concurrency"]): r for r in fixture("perf.json")["results"]}
+    ratio = perf[("simple", 8)]["tokens_per_s"] / perf[("inline", 8)]["tokens_per_s"]
+    assert f"| 8 | 36.8 | 30.2 | {ratio:.2f}x |" in text
+    # kernels: simple against the floor and torch_sort against simple, per vocab and dtype.
+    for row in fixture("kernels.json")["results"]:
+        us = row["us_per_row"]
+        assert (f"| {us['simple'] / us['floor']:.2f}x | {us['simple_top_p'] / us['floor']:.2f}x "
+                f"| {us['torch_sort'] / us['simple']:.1f}x | {row['rows']} |") in text
+    # shvs: full / shvs per row kind and config.
+    for row in fixture("shvs.json")["results"]:
+        us = row["us_per_row"]
+        assert f"| {row['rows']} | {row['vocab']} | {row['config']} |" in text
+        assert f"| {us['full'] / us['shvs']:.2f}x |" in text
+    # sampler-server: 2 instances against 1 and against in-process.
+    assert "| 2 | 17,795 | 1.60x | 1.03x |" in text
+    # the raw export's figures, computed as `simple-sampler perf` computes them
+    figures = figures_from_export(fixture("simple-c2.json"))
+    assert f"| simple-c2.json | 2 | {figures['tokens_per_s']:.1f} |" in text
+
+
+def test_every_input_names_its_command_machine_and_date(report):
+    _, text = report
+    for name in ("kernels.json", "shvs.json", "serve.json", "sampler_server.json", "perf.json"):
+        machine = fixture(name)["machine"]
+        provenance = (f"Source: `{machine['command']}`; machine: {machine['cpu']}, "
+                      f"{machine['cores']} cores; date: {machine['date']}.")
+        assert provenance in text
+    assert ("Source: `perf_analyzer --profile-export-file (simple-c2.json)`; machine unknown; "
+            "date unknown.") in text
+    # every figure's caption carries its source
+    captions = re.findall(r"^\*Figure \d+: .*\*$", text, re.M)
+    assert len(captions) == len(re.findall(r"^!\[", text, re.M)) == 11
+    assert all("Source: `" in caption and "date" in caption for caption in captions)
+
+
+def test_referenced_pngs_exist_and_are_images(report):
+    markdown, text = report
+    names = re.findall(r"^!\[[^\]]*\]\(([^)]+\.png)\)$", text, re.M)
+    assert {"01-kernels-float32.png", "02-kernels-bfloat16.png", "03-shvs.png",
+            "04-sampler-server.png", "05-serve-throughput.png", "06-serve-itl-p95.png",
+            "07-serve-sampling-share.png", "08-perf-throughput.png", "09-perf-itl-p95.png",
+            "10-perf-export-throughput.png", "11-perf-export-itl-p95.png"} == set(names)
+    assert sorted(p.name for p in markdown.parent.glob("*.png")) == sorted(names)
+    for name in names:
+        path = markdown.parent / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 10_000
+        height, width, _ = imread(path).shape
+        assert (width, height) == (700, 420)
+
+
+def test_only_the_plots_with_inputs_are_made(tmp_path):
+    markdown = build([FIXTURES / "kernels.json"], tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["01-kernels-float32.png",
+                                                               "02-kernels-bfloat16.png"]
+    assert "## SHVS" not in markdown.read_text()
+
+
+def test_unknown_json_names_the_file(tmp_path):
+    unknown = tmp_path / "mystery.json"
+    unknown.write_text(json.dumps({"results": [{"what": 1}]}))
+    with pytest.raises(ReportError, match=r"mystery\.json: not a recognized benchmark JSON"):
+        build([FIXTURES / "serve.json", unknown], tmp_path / "out")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ReportError, match=r"broken\.json: cannot read it as JSON"):
+        build([broken], tmp_path / "out")
+
+
+def test_cli_writes_the_report_and_prints_its_path(tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["report", *map(str, INPUTS), "--output-dir", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "report.md")
+    assert (out / "report.md").is_file() and len(list(out.glob("*.png"))) == 11
+
+
+def test_cli_reports_an_unknown_input(tmp_path, capsys):
+    unknown = tmp_path / "mystery.json"
+    unknown.write_text("{}")
+    assert main(["report", str(unknown), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "mystery.json: not a recognized benchmark JSON" in capsys.readouterr().err
