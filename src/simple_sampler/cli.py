@@ -109,7 +109,8 @@ def serve(args: argparse.Namespace) -> int:
                             num_threads=args.num_threads, vocab_size=args.vocab_size,
                             hot_vocab_profile=hot_vocab_profile(args))
     llm = None if args.sampler_only else serving.LlmConfig(
-        model=args.model, sampling_mode=args.sampling_mode,
+        model=args.model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
         micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
@@ -237,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve the simple_sampler model alone (no LLM)")
     server.add_argument("--model", default="",
                         help="Hugging Face directory or GGUF file (default: SmolLM2-135M-Instruct)")
+    server.add_argument("--engine", choices=["torch", "tensorrt_llm"], default="torch",
+                        help="data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs (docs/GPU.md)")
+    server.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm only")
+    server.add_argument("--pipeline-parallel-size", type=int, default=1, help="tensorrt_llm only")
     server.add_argument("--sampling-mode", default="simple",
                         choices=["simple", "inline", "inline_kernels"])
     server.add_argument("--engine-max-batch-size", type=int, default=32,

@@ -23,6 +23,12 @@ Sampling modes (``mode``):
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
   data plane, one lane, no overlap.
 
+Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) have a
+``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
+row, so each loop first asks which of its sequences are ready (waiting briefly
+for any) and steps only those, in one lane: the engine's own in-flight
+batching (and its pipeline micro-batches) replaces the decoder's lanes.
+
 Randomness: a request's step is the number of tokens it has generated, and
 an unseeded request gets one random seed at submission, so a seeded request
 yields the same tokens whatever the batch composition, lane split or mode of
@@ -290,7 +296,9 @@ class Decoder:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
-        lanes = micro_batches if mode == "simple" else 1  # inline modes cannot overlap
+        self.wait_ready = getattr(engine, "wait_ready", None)
+        # Inline modes cannot overlap; an engine with its own batches has one lane.
+        lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
         self.lanes: list[list[_Sequence]] = [[] for _ in range(lanes)]
         self.max_tokens_limit = max_tokens_limit
         self.queue: collections.deque[_Sequence] = collections.deque()
@@ -406,6 +414,11 @@ class Decoder:
                 continue
             sequences = list(lane)
             try:
+                waited_s = 0.0
+                if self.wait_ready is not None:
+                    sequences, waited_s = await self._ready(sequences)
+                    if not sequences:
+                        continue
                 batch = self._sampling_batch(sequences)
                 ids = [s.request_id for s in sequences]
                 self.activity.change(forwards=1)
@@ -425,11 +438,24 @@ class Decoder:
                     sampler_s = time.perf_counter() - started
                 else:
                     self.stats.sampling_exposed_s += local_sample_s
-                self._record(len(sequences), forward_s, sampler_s)
+                self._record(len(sequences), waited_s + forward_s, sampler_s)
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
             except Exception as error:  # noqa: BLE001 - every request must get its final event
                 for sequence in sequences:
                     self._finish(sequence, error=f"{type(error).__name__}: {error}")
+
+    async def _ready(self, sequences: list[_Sequence]) -> tuple[list[_Sequence], float]:
+        """The sequences the engine has rows for, and the seconds spent
+        waiting for them (the engine was computing: counted as data plane)."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        self.activity.change(forwards=1)
+        try:
+            ready = set(await loop.run_in_executor(self.executor, self.wait_ready,
+                                                   [s.request_id for s in sequences]))
+        finally:
+            self.activity.change(forwards=-1)
+        return [s for s in sequences if s.request_id in ready], time.perf_counter() - started
 
     def _rebalance(self, index: int) -> None:
         """Move sequences from lane ``index`` (between its steps, so they are

@@ -12,6 +12,9 @@ never looks inside it:
 * ``length(seq_id)`` is the number of tokens the sequence holds (prompt plus
   appended tokens).
 
+An engine that schedules its own batches also has ``wait_ready(seq_ids)``,
+the subset that has a row now (see ``decoder`` and ``trtllm``).
+
 Every sequence alternates ``step`` and ``append``: after ``add`` or ``append`` it
 has tokens the model has not seen yet ("pending"); ``step`` consumes them and
 ``append`` supplies the next. Stepping a sequence twice without an ``append``
@@ -35,6 +38,9 @@ from typing import Hashable, Protocol, Sequence
 import torch
 
 from .. import models
+
+ENGINES = ("torch", "tensorrt_llm")
+"""Data planes: TorchEngine (below) and TrtLlmEngine (``trtllm``, on GPUs)."""
 
 SMOLLM2 = "smollm2"
 """The model source naming the default model, SmolLM2-135M-Instruct."""

@@ -24,7 +24,7 @@ import torch
 
 from ..params import SamplingBatch
 from ..serving.decoder import Decoder, GenerationEvent
-from ..serving.engine import DEFAULT_MAX_CONTEXT, TorchEngine
+from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, TorchEngine
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
 from .sampler_client import batch_arrays
@@ -42,6 +42,9 @@ class LlmSettings:
     """The llm model's parameters (config.pbtxt): see README.md."""
 
     model: str = ""
+    engine: str = "torch"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     sampling_mode: str = "simple"
     max_batch_size: int = 32
     max_context: int = DEFAULT_MAX_CONTEXT
@@ -79,6 +82,26 @@ def remote_sampler(call: SamplerCall, shards: int):
     return sampler
 
 
+def build_engine(settings: LlmSettings):
+    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU)
+    or ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then)."""
+    source = settings.model or None
+    if settings.engine == "torch":
+        return TorchEngine.from_source(source, max_batch_size=settings.max_batch_size,
+                                       max_context=settings.max_context)
+    if settings.engine == "tensorrt_llm":
+        if not settings.model:
+            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
+                             "TensorRT-LLM engine directory (with the tokenizer's files)")
+        from ..serving.trtllm import TrtLlmEngine
+
+        return TrtLlmEngine.from_source(
+            settings.model, max_batch_size=settings.max_batch_size,
+            max_context=settings.max_context, tensor_parallel_size=settings.tensor_parallel_size,
+            pipeline_parallel_size=settings.pipeline_parallel_size)
+    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {settings.engine!r}")
+
+
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -87,8 +110,7 @@ class LlmService:
         self.settings = settings
         source = settings.model or None
         self.codec = codec or TextCodec.from_source(source)
-        self.engine = engine or TorchEngine.from_source(
-            source, max_batch_size=settings.max_batch_size, max_context=settings.max_context)
+        self.engine = engine or build_engine(settings)
         sampler = remote_sampler(sampler_call, settings.sampler_shards) if sampler_call else None
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
@@ -177,4 +199,7 @@ class LlmService:
         self._call(self.decoder.close()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
+        close_engine = getattr(self.engine, "close", None)  # TrtLlmEngine's workers and bridge
+        if close_engine is not None:
+            close_engine()
 

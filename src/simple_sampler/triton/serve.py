@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..serving.decoder import SAMPLING_MODES
+from ..serving.engine import ENGINES
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
@@ -25,7 +26,10 @@ class LlmConfig:
     """The values of the ensemble's, preprocessing's and llm's placeholders.
 
     model: "" for SmolLM2-135M-Instruct, else a local Hugging Face directory
-    or GGUF file; sampling_mode: simple | inline | inline_kernels;
+    or GGUF file; engine: torch (PyTorch, CPU) | tensorrt_llm (GPUs, model a
+    checkpoint or engine directory; docs/GPU.md), with tensor_parallel_size
+    and pipeline_parallel_size for tensorrt_llm; sampling_mode: simple |
+    inline | inline_kernels;
     engine_max_batch_size: sequences decoded together (more wait in a queue);
     micro_batches: lanes the active sequences are split into, so one is
         sampled while another's forward runs; 1 by default, since on a CPU
@@ -35,6 +39,9 @@ class LlmConfig:
     """
 
     model: str = ""
+    engine: str = "torch"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     sampling_mode: str = "simple"
     triton_max_batch_size: int = 64
     preprocessing_instances: int = 1
@@ -48,8 +55,17 @@ class LlmConfig:
         if self.sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
                              f"got {self.sampling_mode!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine == "tensorrt_llm" and not self.model:
+            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
+                             "TensorRT-LLM engine directory")
+        if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
+                             "tensorrt_llm only")
         for name in ("triton_max_batch_size", "preprocessing_instances", "engine_max_batch_size",
-                     "micro_batches", "sampler_shards"):
+                     "micro_batches", "sampler_shards", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

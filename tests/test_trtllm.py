@@ -1,0 +1,249 @@
+"""TrtLlmEngine's bridge over the fake of TensorRT-LLM's API: the decode loop
+on top of it (concurrency, pipeline micro-batches, requests joining, leaving,
+cancelled), failures, the processor in another process, and the import guard.
+The contract shared with TorchEngine is in test_engine_contract.py."""
+import asyncio
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fake_tensorrt_llm as fake
+from simple_sampler import SamplingParams
+from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.text import TextCodec
+from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
+from simple_sampler.triton.llm_service import LlmSettings, build_engine
+from simple_sampler.triton.serve import LlmConfig
+from test_decoder import VOCAB, FakeTokenizer
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    return tmp_path
+
+
+@pytest.fixture
+def make_engine(model_dir):
+    engines = []
+
+    def make(llm_class=fake.LLM, **kwargs):
+        settings = dict(max_batch_size=4, max_context=64, step_timeout_s=10)
+        engine = TrtLlmEngine.from_source(model_dir, api=(llm_class, fake.SamplingParams),
+                                          **{**settings, **kwargs})
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+
+
+class ModelEngine:
+    """The fake model's rows computed directly: the reference for the bridge."""
+
+    vocab_size, max_batch_size, max_context = VOCAB, 4, 64
+
+    def __init__(self):
+        self.tokens = {}
+
+    def add(self, seq_id, prompt_ids):
+        self.tokens[seq_id] = list(prompt_ids)
+
+    def step(self, seq_ids):
+        return torch.stack([fake.model_row(self.tokens[i], VOCAB)[:VOCAB] for i in seq_ids])
+
+    def append(self, seq_ids, token_ids):
+        for seq_id, token in zip(seq_ids, token_ids):
+            self.tokens[seq_id].append(token)
+
+    def release(self, seq_id):
+        del self.tokens[seq_id]
+
+    def length(self, seq_id):
+        return len(self.tokens[seq_id])
+
+
+def requests(count):
+    return [GenerationRequest(text="abcdefgh"[: 1 + i % 5], max_tokens=6 + i % 7,
+                              sampling=SamplingParams(temperature=1.0, seed=100 + i))
+            for i in range(count)]
+
+
+def run(engine, first, later=(), cancel=(), sampler=None):
+    """Submit `first`, then `later` once the first request has an event;
+    cancel the requests at the indices in `cancel` after their second event."""
+    seen = {}
+
+    async def collect(handle, index):
+        events = seen.setdefault(index, [])
+        async for event in handle:
+            events.append(event)
+            if index in cancel and len(events) == 2:
+                handle.cancel()
+        return events
+
+    async def main():
+        decoder = Decoder(engine, TextCodec(FakeTokenizer()), sampler=sampler or threaded(),
+                          micro_batches=2)
+        await decoder.start()
+        tasks = [asyncio.create_task(collect(decoder.submit(r), i)) for i, r in enumerate(first)]
+        while not seen.get(0):  # generation is under way
+            await asyncio.sleep(0.001)
+        tasks += [asyncio.create_task(collect(decoder.submit(r), len(first) + i))
+                  for i, r in enumerate(later)]
+        results = await asyncio.gather(*tasks)
+        await decoder.close()
+        return results, decoder
+    return asyncio.run(main())
+
+
+def tokens_of(events):
+    return [t for e in events for t in e.token_ids]
+
+
+@pytest.mark.parametrize("pipeline_parallel_size", [1, 2])
+def test_the_decode_loop_over_the_bridge_gives_the_tokens_of_the_direct_model(
+        make_engine, pipeline_parallel_size):
+    engine = make_engine(pipeline_parallel_size=pipeline_parallel_size)
+    batch = requests(9)
+    results, decoder = run(engine, batch[:3], batch[3:])
+    expected, _ = run(ModelEngine(), requests(9)[:3], requests(9)[3:])
+    assert [tokens_of(r) for r in results] == [tokens_of(r) for r in expected]
+    assert all(r[-1].finish_reason in ("stop", "length") for r in results)
+    assert len(decoder.lanes) == 1  # the engine's own batching replaces the lanes
+    iterations = engine.llm.iterations
+    assert max(len(i) for i in iterations) <= 4  # max_batch_size, the rest queued
+    if pipeline_parallel_size == 2:  # micro-batches took turns: partial iterations
+        assert any(len(i) < len(set().union(*iterations[k - 1:k + 1]))
+                   for k, i in enumerate(iterations) if k)
+    assert engine.sequences == {} and engine.exchange.by_client == {}
+
+
+def test_cancelled_requests_are_aborted_and_the_others_are_unaffected(make_engine):
+    engine = make_engine()
+    batch = [GenerationRequest(text="ab", max_tokens=40, sampling=SamplingParams(seed=i),
+                               ignore_end=True) for i in range(4)]
+    results, _ = run(engine, batch, cancel={1, 2})
+    expected, _ = run(ModelEngine(), [GenerationRequest(text="ab", max_tokens=40, ignore_end=True,
+                                                        sampling=SamplingParams(seed=i))
+                                      for i in range(4)])
+    assert [r[-1].finish_reason for r in results] == ["length", "cancelled", "cancelled", "length"]
+    assert tokens_of(results[3]) == tokens_of(expected[3])
+    assert len(engine.llm.aborted) == 4  # cancelled, and the finished ones released
+    assert not engine.llm.errors
+
+
+def test_a_failing_sampler_fails_its_rows_and_the_engine_keeps_serving(make_engine):
+    engine = make_engine()
+    calls = []
+
+    async def flaky(logits, batch):
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise RuntimeError("sampler instance died")
+        return await threaded()(logits, batch)
+
+    results, _ = run(engine, requests(4), sampler=flaky)
+    errors = [r[-1].error for r in results if r[-1].error]
+    assert errors and all("sampler instance died" in e for e in errors)
+    assert all(r[-1].final for r in results) and engine.sequences == {}
+    # Their rows were answered when they were released: nothing is stuck.
+    results, _ = run(engine, requests(5))
+    expected, _ = run(ModelEngine(), requests(5))
+    assert [tokens_of(r) for r in results] == [tokens_of(r) for r in expected]
+
+
+def test_a_stalled_engine_times_out_and_a_wrong_token_is_detected(make_engine):
+    engine = make_engine(step_timeout_s=0.3)
+    engine.add("a", [1, 2])
+    engine.llm.shutdown()  # no more iterations
+    with pytest.raises(RuntimeError, match="no row within 0.3 s"):
+        engine.step(["a"])
+
+    engine = make_engine()
+    engine.llm.choose = lambda row: 5  # a sampler that ignores the mask
+    engine.add("a", [1, 2])
+    engine.step(["a"])
+    engine.append(["a"], [7])
+    with pytest.raises(RuntimeError, match="continued with token 5 where the decision plane "
+                                           "chose 7"):
+        engine.step(["a"])
+
+
+def test_a_sequence_at_max_context_is_not_stepped(make_engine):
+    engine = make_engine(max_context=4)
+    engine.add("a", [1, 2, 3])
+    engine.step(["a"])
+    engine.append(["a"], [4])
+    with pytest.raises(ValueError, match="max_context=4"):
+        engine.step(["a"])
+
+
+class InertLLM(fake.LLM):
+    """Accepts requests, never iterates: another process calls the processor."""
+
+    def _run(self):
+        pass
+
+
+CHILD = """
+import pickle, sys, torch
+processor = pickle.load(sys.stdin.buffer)
+rows = [torch.arange(31, dtype=torch.float16).reshape(1, 1, 31) * (i + 1) for i in range(3)]
+processor([0, 1, 2], rows, [[[1, 2]], [[3]], [[4]]], None, [1, 99, 2])
+print([int(r.reshape(-1).argmax()) for r in rows], [bool(torch.isinf(r).all()) for r in rows])
+"""
+
+
+def test_the_processor_reaches_the_engine_from_another_process(make_engine):
+    engine = make_engine(llm_class=InertLLM)
+    engine.add("a", [1, 2])
+    engine.add("b", [4])  # client ids 1 and 2; 99 is a request this engine does not know
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=False)
+    child.stdin.write(pickle.dumps(engine.llm.processor))
+    child.stdin.close()
+    assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
+    rows = engine.step(["b", "a"])
+    base = torch.arange(VOCAB, dtype=torch.float32)
+    assert torch.equal(rows[0], base * 3) and torch.equal(rows[1], base)  # padding cut off
+    engine.append(["b", "a"], [11, 7])
+    output = child.stdout.read().decode().split("]")
+    assert child.wait(timeout=30) == 0
+    # Masked rows keep only the chosen token; the unknown request's row is untouched.
+    assert output[0].strip(" [") == "7, 30, 11"
+    assert "False, False, False" in output[1]
+
+
+def test_tensorrt_llm_is_imported_only_when_asked_for():
+    try:
+        import tensorrt_llm  # noqa: F401
+        pytest.skip("TensorRT-LLM is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError):
+        load_tensorrt_llm()
+    settings = LlmSettings.from_parameters({"engine": "tensorrt_llm", "model": "/nonexistent",
+                                            "tensor_parallel_size": "2",
+                                            "pipeline_parallel_size": "4"})
+    assert (settings.tensor_parallel_size, settings.pipeline_parallel_size) == (2, 4)
+    with pytest.raises(ImportError):
+        build_engine(settings)
+    with pytest.raises(ValueError, match="needs model"):
+        build_engine(LlmSettings(engine="tensorrt_llm"))
+
+
+@pytest.mark.parametrize("config, message", [
+    (LlmConfig(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
+    (LlmConfig(engine="tensorrt_llm"), "needs model"),
+    (LlmConfig(tensor_parallel_size=2), "apply to engine tensorrt_llm only"),
+    (LlmConfig(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
+])
+def test_serve_configuration_is_checked(config, message):
+    with pytest.raises(ValueError, match=message):
+        config.validate()
