@@ -67,6 +67,21 @@ class Engine(Protocol):
     def length(self, seq_id: Hashable) -> int: ...
 
 
+def sequence_of(sequences: dict, seq_id: Hashable):
+    """``sequences[seq_id]``, or a KeyError naming the unknown sequence."""
+    try:
+        return sequences[seq_id]
+    except KeyError:
+        raise KeyError(f"unknown sequence {seq_id!r}") from None
+
+
+def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
+    """ValueError naming ``name`` unless every id is in [0, vocab_size)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
+
+
 def load_model(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` for a model source: None or ``"smollm2"`` for
     SmolLM2-135M-Instruct, else a local Hugging Face model directory or a
@@ -245,15 +260,10 @@ class TorchEngine:
             return row.cached + len(row.pending)
 
     def _get(self, seq_id: Hashable) -> _Sequence:
-        try:
-            return self.sequences[seq_id]
-        except KeyError:
-            raise KeyError(f"unknown sequence {seq_id!r}") from None
+        return sequence_of(self.sequences, seq_id)
 
     def _check_ids(self, name: str, ids: list[int]) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got {bad[0]}")
+        check_token_ids(name, ids, self.vocab_size)
 
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:

@@ -58,6 +58,8 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
+from .engine import check_token_ids, sequence_of
+
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
 
@@ -413,12 +415,7 @@ class TrtLlmEngine:
             self.server.close()
 
     def _get(self, seq_id: Hashable) -> _Sequence:
-        try:
-            return self.sequences[seq_id]
-        except KeyError:
-            raise KeyError(f"unknown sequence {seq_id!r}") from None
+        return sequence_of(self.sequences, seq_id)
 
     def _check_ids(self, name: str, ids: list[int]) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{name} must be token ids in [0, {self.vocab_size}), got {bad[0]}")
+        check_token_ids(name, ids, self.vocab_size)
