@@ -79,3 +79,15 @@ def test_a_missing_binary_says_how_to_get_one(monkeypatch, tmp_path):
     binary.chmod(0o755)
     assert perf.find_perf_analyzer() == str(binary)
     assert perf.find_perf_analyzer(str(binary)) == str(binary)
+
+
+def test_a_failing_analyzer_reports_its_first_lines(tmp_path):
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text("#!/bin/sh\necho 'Error: Failed to parse --profile-export-file.'\n"
+                    "for i in $(seq 1 40); do echo \"usage line $i\"; done\nexit 99\n")
+    fake.chmod(0o755)
+    with pytest.raises(perf.PerfError) as failure:
+        perf.run_analyzer([str(fake)], "simple c=1")
+    message = str(failure.value)
+    assert "exit 99" in message and "Failed to parse --profile-export-file" in message
+    assert "usage line 40" in message and "usage line 20" not in message

@@ -76,15 +76,19 @@ def run_analyzer(command: list[str], label: str) -> None:
     print(f"[perf] {label}: {' '.join(command)}", file=sys.stderr, flush=True)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-    tail = []
+    head, tail = [], []  # perf_analyzer states an error first, then prints its usage
     for line in process.stdout:
-        tail = (tail + [line])[-20:]
+        if len(head) < 5:
+            head.append(line)
+        else:
+            tail = (tail + [line])[-15:]
         if line.strip().startswith(("Pass [", "Request concurrency", "Client:", "Throughput",
                                     "Response Throughput", "p95 latency")):
             print(f"[perf] {label}: {line.strip()}", file=sys.stderr, flush=True)
     if process.wait() != 0:
+        skipped = ["...\n"] if tail else []
         raise PerfError(f"perf_analyzer failed ({label}, exit {process.returncode}):\n"
-                        + "".join(tail))
+                        + "".join(head + skipped + tail))
 
 
 def figures_from_export(export: dict) -> dict:
@@ -136,6 +140,7 @@ def run(perf_analyzer: str, concurrencies=(1, 8, 32), modes=PERF_MODES,
             for concurrency in concurrencies:
                 export = export_dir / f"{mode}-c{concurrency}.json"
                 summary = export_dir / f"{mode}-c{concurrency}.csv"
+                export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite it
                 run_analyzer(analyzer_command(perf_analyzer, server.grpc_url, concurrency, inputs,
                                               export, summary, stability_percent),
                              f"{mode} c={concurrency}")
