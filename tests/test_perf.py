@@ -91,3 +91,20 @@ def test_a_failing_analyzer_reports_its_first_lines(tmp_path):
     message = str(failure.value)
     assert "exit 99" in message and "Failed to parse --profile-export-file" in message
     assert "usage line 40" in message and "usage line 20" not in message
+
+
+def test_a_cut_off_export_is_measured_again(tmp_path):
+    """perf_analyzer 2.50 was seen exiting 0 with its export cut off."""
+    export, runs = tmp_path / "export.json", tmp_path / "runs"
+    fake = tmp_path / "perf_analyzer"
+    whole = json.dumps(export_data := {"experiments": []})
+    fake.write_text(f"#!/bin/sh\necho run >> {runs}\n"
+                    f"if [ $(wc -l < {runs}) -eq 1 ]; then printf '{whole[:10]}' > {export}; "
+                    f"else printf '{whole}' > {export}; fi\n")
+    fake.chmod(0o755)
+    assert perf.measure([str(fake)], export, "simple c=8") == export_data
+    assert runs.read_text().count("run") == 2
+    runs.unlink()
+    fake.write_text(f"#!/bin/sh\necho run >> {runs}\nprintf '{whole[:10]}' > {export}\n")
+    with pytest.raises(perf.PerfError, match="incomplete profile export 2 times"):
+        perf.measure([str(fake)], export, "simple c=8")

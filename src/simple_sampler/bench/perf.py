@@ -126,6 +126,22 @@ def analyzer_summary(path: Path) -> dict:
             "p95_latency_ms": float(row["p95 latency"]) / 1e3}
 
 
+def measure(command: list[str], export: Path, label: str, attempts: int = 2) -> dict:
+    """Runs perf_analyzer and returns its parsed profile export. perf_analyzer
+    2.50 has been seen to exit 0 with the export cut off at a 64 KiB
+    boundary; such a level is measured again, said on stderr."""
+    for attempt in range(1, attempts + 1):
+        export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite it
+        run_analyzer(command, label)
+        try:
+            return json.loads(export.read_text())
+        except json.JSONDecodeError as error:
+            print(f"[perf] {label}: the profile export is not complete JSON ({error}; "
+                  f"{export.stat().st_size} bytes), attempt {attempt} of {attempts}",
+                  file=sys.stderr, flush=True)
+    raise PerfError(f"perf_analyzer wrote an incomplete profile export {attempts} times ({label})")
+
+
 def run(perf_analyzer: str, concurrencies=(1, 8, 32), modes=PERF_MODES,
         inputs: Path | None = None, export_dir: Path | None = None, instances: int = 2,
         stability_percent: int = 20) -> dict:
@@ -140,11 +156,9 @@ def run(perf_analyzer: str, concurrencies=(1, 8, 32), modes=PERF_MODES,
             for concurrency in concurrencies:
                 export = export_dir / f"{mode}-c{concurrency}.json"
                 summary = export_dir / f"{mode}-c{concurrency}.csv"
-                export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite it
-                run_analyzer(analyzer_command(perf_analyzer, server.grpc_url, concurrency, inputs,
-                                              export, summary, stability_percent),
-                             f"{mode} c={concurrency}")
-                figures = figures_from_export(json.loads(export.read_text()))
+                command = analyzer_command(perf_analyzer, server.grpc_url, concurrency, inputs,
+                                           export, summary, stability_percent)
+                figures = figures_from_export(measure(command, export, f"{mode} c={concurrency}"))
                 results.append({"mode": mode, **figures,
                                 "perf_analyzer": analyzer_summary(summary),
                                 "export": str(export)})
