@@ -82,6 +82,16 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
         raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
 
 
+def appended_tokens(seq_ids: Sequence[Hashable], token_ids: Sequence[int],
+                    vocab_size: int) -> list[int]:
+    """``token_ids`` as ints for an ``append``: one per sequence, each in [0, vocab_size)."""
+    tokens = [int(t) for t in token_ids]
+    if len(tokens) != len(seq_ids):
+        raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
+    check_token_ids("token_ids", tokens, vocab_size)
+    return tokens
+
+
 def load_model(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` for a model source: None or ``"smollm2"`` for
     SmolLM2-135M-Instruct, else a local Hugging Face model directory or a
@@ -190,7 +200,7 @@ class TorchEngine:
         if not 1 <= len(prompt) < self.max_context:
             raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
                              f"(max_context - 1), got {len(prompt)}")
-        self._check_ids("prompt_ids", prompt)
+        check_token_ids("prompt_ids", prompt, self.vocab_size)
         with self.state_lock:
             if seq_id in self.sequences:
                 raise ValueError(f"sequence {seq_id!r} is already active")
@@ -229,10 +239,7 @@ class TorchEngine:
         """Feed one sampled token per sequence. Raises ValueError when the
         lengths differ, a token is outside [0, vocab_size), a sequence still
         has a pending token or is already ``max_context`` tokens long."""
-        tokens = [int(t) for t in token_ids]
-        if len(tokens) != len(seq_ids):
-            raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
-        self._check_ids("token_ids", tokens)
+        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
         with self.state_lock:
             rows = [self._get(seq_id) for seq_id in seq_ids]
             for seq_id, row in zip(seq_ids, rows):
@@ -261,9 +268,6 @@ class TorchEngine:
 
     def _get(self, seq_id: Hashable) -> _Sequence:
         return sequence_of(self.sequences, seq_id)
-
-    def _check_ids(self, name: str, ids: list[int]) -> None:
-        check_token_ids(name, ids, self.vocab_size)
 
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:

@@ -58,7 +58,7 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-from .engine import check_token_ids, sequence_of
+from .engine import appended_tokens, check_token_ids, sequence_of
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
@@ -312,7 +312,7 @@ class TrtLlmEngine:
         if not 1 <= len(prompt) < self.max_context:
             raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
                              f"(max_context - 1), got {len(prompt)}")
-        self._check_ids("prompt_ids", prompt)
+        check_token_ids("prompt_ids", prompt, self.vocab_size)
         params = self.sampling_params(
             max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
             # An end id is required without a tokenizer; ignore_eos makes the
@@ -374,10 +374,7 @@ class TrtLlmEngine:
         return torch.from_numpy(rows)
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
-        tokens = [int(t) for t in token_ids]
-        if len(tokens) != len(seq_ids):
-            raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
-        self._check_ids("token_ids", tokens)
+        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
         with self.condition:
             sequences = [self._get(seq_id) for seq_id in seq_ids]
             for seq_id, sequence in zip(seq_ids, sequences):
@@ -416,6 +413,3 @@ class TrtLlmEngine:
 
     def _get(self, seq_id: Hashable) -> _Sequence:
         return sequence_of(self.sequences, seq_id)
-
-    def _check_ids(self, name: str, ids: list[int]) -> None:
-        check_token_ids(name, ids, self.vocab_size)
