@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -103,6 +104,9 @@ def serve(args: argparse.Namespace) -> int:
     from .triton import serve as serving
     from .triton.server import SamplerConfig
 
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
     sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
                             max_queue_delay_us=args.max_queue_delay_us,
                             logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
@@ -112,9 +116,11 @@ def serve(args: argparse.Namespace) -> int:
         model=args.model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
-        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances)
+        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
+        shutdown_grace_s=args.shutdown_grace)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
-                       repository=args.model_repository, log_path=args.log, demo=args.demo)
+                       repository=args.model_repository, log_path=args.log, demo=args.demo,
+                       shutdown_grace_s=args.shutdown_grace)
 
 
 GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
@@ -255,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")
+    server.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="the launcher's log (the supervisor's reloads, shutdown)")
+    server.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                        help="on SIGTERM/SIGINT, time in-flight requests get to finish before "
+                             "they end with an error (then Triton stops)")
     server.add_argument("--demo", metavar="PROMPT",
                         help="once ready, stream the answer to PROMPT, then keep serving")
     server.set_defaults(handler=serve)

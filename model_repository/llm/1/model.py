@@ -5,13 +5,14 @@ A thin adapter over ``simple_sampler.triton.llm_service``: the data plane
 sampled by the ``simple_sampler`` model's instances through BLS calls.
 """
 import json
+import logging
 import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
-from simple_sampler.triton.llm_service import LlmService, LlmSettings
+from simple_sampler.triton.llm_service import LlmService, LlmSettings, SamplerCallError, Unavailable
 
 SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
 
@@ -21,9 +22,15 @@ def call_sampler(model_name):
         request = pb_utils.InferenceRequest(
             model_name=model_name, requested_output_names=SAMPLER_OUTPUTS,
             inputs=[pb_utils.Tensor(name, value) for name, value in arrays.items()])
-        response = request.exec()
+        try:
+            response = request.exec()
+        except Exception as error:  # noqa: BLE001 - a transport failure: worth another try
+            raise SamplerCallError(f"{model_name}: {error}") from error
         if response.has_error():
-            raise RuntimeError(f"{model_name}: {response.error().message()}")
+            error = response.error()
+            # INVALID_ARG: the sampler refused these rows, and would again.
+            refused = getattr(error, "code", lambda: None)() == pb_utils.TritonError.INVALID_ARG
+            raise SamplerCallError(f"{model_name}: {error.message()}", retryable=not refused)
         outputs = {}
         for name in SAMPLER_OUTPUTS:  # output_log_probs only when a row asked
             tensor = pb_utils.get_output_tensor_by_name(response, name)
@@ -33,20 +40,36 @@ def call_sampler(model_name):
     return call
 
 
+def error_code(error):
+    """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
+    UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
+    if isinstance(error, ValueError):
+        return pb_utils.TritonError.INVALID_ARG
+    if isinstance(error, Unavailable):
+        return pb_utils.TritonError.UNAVAILABLE
+    return pb_utils.TritonError.INTERNAL
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         sampler_model = parameters.pop("sampler_model", "simple_sampler")
         settings = LlmSettings.from_parameters(parameters)
         self.service = LlmService(settings, call_sampler(sampler_model)
                                   if settings.sampling_mode == "simple" else None)
+        if not self.service.drain_on_sigterm():
+            logging.getLogger(__name__).warning(
+                "initialize() is not on the stub's main thread: SIGTERM will not drain requests")
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),
                            ("sampler_us", "Sampler time, overlapped or not"),
                            ("sampling_exposed_us", "Sampling time with no forward running"),
-                           ("busy_us", "Time a forward or a sampler was running")):
+                           ("busy_us", "Time a forward or a sampler was running"),
+                           ("sampler_retries", "Sampler requests sent again after a failure")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
                                            kind=pb_utils.MetricFamily.COUNTER)
             self.metric_families.append(family)
@@ -73,9 +96,8 @@ class TritonPythonModel:
     def _sender(self, response_sender):
         def send(outputs, error, final):
             if error is not None:
-                code = (pb_utils.TritonError.INVALID_ARG if isinstance(error, ValueError)
-                        else pb_utils.TritonError.INTERNAL)
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
+                response = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(error), error_code(error)))
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, np.expand_dims(value, 0)) for name, value in outputs.items()])
@@ -89,14 +111,15 @@ class TritonPythonModel:
             self._report_stats_locked()
 
     def _report_stats_locked(self):
-        self.in_flight.set(self.service.decoder.num_active + self.service.decoder.num_queued)
+        self.in_flight.set(self.service.decoder.num_in_flight)
         stats = self.service.stats()
-        totals = {"data_plane_us": stats.data_plane_s, "sampler_us": stats.sampler_s,
-                  "sampling_exposed_us": stats.sampling_exposed_s, "busy_us": stats.busy_s}
-        for name, seconds in totals.items():
-            micros = int(seconds * 1e6)
-            self.metrics[name].increment(micros - self.reported[name])
-            self.reported[name] = micros
+        totals = {"data_plane_us": int(stats.data_plane_s * 1e6),
+                  "sampler_us": int(stats.sampler_s * 1e6),
+                  "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
+                  "busy_us": int(stats.busy_s * 1e6), "sampler_retries": stats.sampler_retries}
+        for name, total in totals.items():
+            self.metrics[name].increment(total - self.reported[name])
+            self.reported[name] = total
 
     def finalize(self):
         self.service.close()

@@ -49,6 +49,7 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,8 @@ from ..sampling import sample
 from .engine import Engine
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
+
+log = logging.getLogger(__name__)
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
@@ -166,6 +169,9 @@ class GenerationEvent:
     cum_log_prob: float
     finish_reason: str | None = None
     error: str | None = None
+    #: with ``error``: the server could not serve it now (it is shutting
+    #: down); the same request sent again may succeed (UNAVAILABLE, 503)
+    retryable: bool = False
 
     @property
     def final(self) -> bool:
@@ -215,6 +221,7 @@ class DecoderStats:
     data_plane_s: float = 0.0
     sampler_s: float = 0.0
     sampling_exposed_s: float = 0.0
+    sampler_retries: int = 0
     steps: int = 0
     tokens: int = 0
     records: collections.deque = field(
@@ -329,6 +336,11 @@ class Decoder:
     def num_queued(self) -> int:
         return len(self.queue)
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not yet ended (queued or decoding)."""
+        return len(self.by_id)
+
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Validate, encode and queue a request; raise ValueError naming the
         bad field (the decoder keeps serving the others)."""
@@ -377,20 +389,45 @@ class Decoder:
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
 
+    def abort_all(self, error: str) -> int:
+        """End every request now with `error` (retryable: the server is
+        going away); returns how many. Sequences in a lane that is inside a
+        step leave it at that lane's next step boundary (`_reap`), so the
+        engine is never changed under a running forward."""
+        aborted = 0
+        for sequence in list(self.by_id.values()):
+            if sequence in self.queue:
+                self.queue.remove(sequence)
+            aborted += not sequence.done
+            self._finish(sequence, error=error, retryable=True, release=False)
+        for wake in self.wake:
+            wake.set()
+        return aborted
+
+    def _reap(self, lane: list[_Sequence]) -> None:
+        """Free the slots of sequences finished outside their lane's step."""
+        for sequence in [s for s in lane if s.done]:
+            lane.remove(sequence)
+            self.engine.release(sequence.request_id)
+        self._admit()
+
     def _finish(self, sequence: _Sequence, reason: str | None = None, error: str | None = None,
-                text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()):
-        """Send the one final event and free the slot."""
+                text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
+                retryable: bool = False, release: bool = True):
+        """Send the one final event and (with `release`) free the slot."""
         if sequence.done:
             return
         sequence.done = True
         self.by_id.pop(sequence.request_id, None)
-        for lane in self.lanes:
+        for lane in self.lanes if release else ():
             if sequence in lane:
                 lane.remove(sequence)
                 self.engine.release(sequence.request_id)
-        sequence.handle.events.put_nowait(self._event(sequence, text, token_ids, logprobs,
-                                                      reason, error))
-        self._admit()
+        event = self._event(sequence, text, token_ids, logprobs, reason, error)
+        event.retryable = retryable
+        sequence.handle.events.put_nowait(event)
+        if release:
+            self._admit()
 
     def _event(self, sequence: _Sequence, text: str, token_ids: Sequence[int],
                logprobs: Sequence[float], reason: str | None = None,
@@ -405,6 +442,7 @@ class Decoder:
         lane, wake = self.lanes[index], self.wake[index]
         loop = asyncio.get_running_loop()
         while True:
+            self._reap(lane)
             for sequence in [s for s in lane if s.cancelled]:
                 self._finish(sequence, FINISH_CANCELLED)
             self._rebalance(index)
@@ -441,6 +479,7 @@ class Decoder:
                 self._record(len(sequences), waited_s + forward_s, sampler_s)
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
             except Exception as error:  # noqa: BLE001 - every request must get its final event
+                log.exception("decode step of %d sequences failed", len(sequences))
                 for sequence in sequences:
                     self._finish(sequence, error=f"{type(error).__name__}: {error}")
 

@@ -15,6 +15,9 @@ instances in parallel while the data plane computes the next micro-batch.
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -29,12 +32,36 @@ from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
 from .sampler_client import batch_arrays
 
+log = logging.getLogger(__name__)
+
+
+class Unavailable(RuntimeError):
+    """The server cannot serve the request now (it is shutting down); the
+    same request may succeed later or elsewhere (UNAVAILABLE, HTTP 503)."""
+
+
+class SamplerCallError(RuntimeError):
+    """A request to the sampler model failed. ``retryable`` unless the
+    sampler refused the rows themselves (INVALID_ARG): a dead or reloading
+    instance, a transport error or a timeout are worth sending again, and a
+    seeded row gives the same token on any instance."""
+
+    def __init__(self, message: str, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable
+
+
 #: send(outputs, error, final): one response; outputs None with an error
-#: (ValueError: the request was bad; RuntimeError: generation failed).
+#: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
+#: any other error: generation failed, INTERNAL).
 Send = Callable[[dict | None, Exception | None, bool], None]
-#: call(inputs) -> outputs: one synchronous request to the sampler model.
+#: call(inputs) -> outputs: one synchronous request to the sampler model;
+#: raises SamplerCallError.
 SamplerCall = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 CANCEL_POLL_S = 0.1
+#: Sampler retries: the first wait, its doubling cap, and the time after
+#: which a shard's rows fail (a reload of the sampler model takes ~2-5 s).
+RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
 
 
 @dataclass
@@ -50,6 +77,7 @@ class LlmSettings:
     max_context: int = DEFAULT_MAX_CONTEXT
     micro_batches: int = 2
     sampler_shards: int = 2
+    shutdown_grace_s: float = 30.0
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> "LlmSettings":
@@ -60,8 +88,30 @@ class LlmSettings:
         return cls(**{k: type(getattr(cls, k))(v) for k, v in parameters.items()})
 
 
-def remote_sampler(call: SamplerCall, shards: int):
-    """An async sampler for the Decoder that asks the sampler model."""
+async def call_with_retries(call: SamplerCall, inputs: dict[str, np.ndarray],
+                            on_retry: Callable[[], None] = lambda: None,
+                            deadline_s: float = RETRY_DEADLINE_S) -> dict[str, np.ndarray]:
+    """`call(inputs)` in a thread, sent again with exponential backoff while
+    it fails with a retryable SamplerCallError and `deadline_s` has not
+    passed. The rows are the same each time, so are their tokens."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + deadline_s, RETRY_FIRST_S
+    while True:
+        try:
+            return await asyncio.to_thread(call, inputs)
+        except SamplerCallError as error:
+            if not error.retryable or loop.time() + delay > deadline:
+                raise
+            log.warning("sampler request of %d rows failed (%s); sending it again in %.2f s",
+                        len(inputs["logits"]), error, delay)
+            on_retry()
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX_S)
+
+
+def remote_sampler(call: SamplerCall, shards: int, on_retry: Callable[[], None] = lambda: None):
+    """An async sampler for the Decoder that asks the sampler model; each
+    shard is retried on its own (call_with_retries)."""
 
     async def sampler(logits: torch.Tensor, batch: SamplingBatch):
         rows = logits.numpy()
@@ -71,7 +121,8 @@ def remote_sampler(call: SamplerCall, shards: int):
                                       else np.asarray(wanted, bool))[:, None]
         bounds = np.linspace(0, len(batch), min(shards, len(batch)) + 1).astype(int)
         parts = await asyncio.gather(*(
-            asyncio.to_thread(call, {"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}})
+            call_with_retries(call, {"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}},
+                              on_retry)
             for a, b in zip(bounds[:-1], bounds[1:])))
         tokens = np.concatenate([p["output_ids"][:, 0] for p in parts]).astype(np.int64)
         nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
@@ -111,9 +162,11 @@ class LlmService:
         source = settings.model or None
         self.codec = codec or TextCodec.from_source(source)
         self.engine = engine or build_engine(settings)
-        sampler = remote_sampler(sampler_call, settings.sampler_shards) if sampler_call else None
+        sampler = remote_sampler(sampler_call, settings.sampler_shards,
+                                 self._count_retry) if sampler_call else None
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
+        self.draining = False
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="decode-loop",
                                        daemon=True)
@@ -132,11 +185,64 @@ class LlmService:
         cancels the request, as ``is_cancelled()`` does."""
         return self._call(self._serve(inputs, send, is_cancelled, on_done))
 
+    def _count_retry(self) -> None:
+        self.decoder.stats.sampler_retries += 1
+
+    def drain(self, grace_s: float | None = None):
+        """Stop admitting (new requests get Unavailable), let the requests in
+        flight finish for `grace_s` (default: the settings'), then end the
+        rest with a retryable error. Thread-safe; returns a future."""
+        grace_s = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        return self._call(self._drain(grace_s))
+
+    async def _drain(self, grace_s: float) -> int:
+        if self.draining:
+            return 0
+        self.draining = True
+        deadline = self.loop.time() + grace_s
+        log.warning("draining: %d requests in flight get %.0f s to finish",
+                    self.decoder.num_in_flight, grace_s)
+        while self.decoder.num_in_flight and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        aborted = self.decoder.abort_all(
+            f"the server is shutting down: the request did not finish within the "
+            f"{grace_s:.0f} s grace period; send it again")
+        if aborted:
+            log.warning("drained: %d requests ended with an error after the grace period", aborted)
+        return aborted
+
+    def drain_on_sigterm(self) -> bool:
+        """Start :meth:`drain` when this process gets SIGTERM (what
+        ``TritonServer.stop`` sends every stub first). Python runs signal
+        handlers only in the main thread, which the backend stub keeps in
+        its own loop, so the signal's arrival is read from a wakeup socket by
+        a thread of ours. Must be called from the main thread (a model's
+        ``initialize``); returns False where it cannot be."""
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            signal.signal(signal.SIGTERM, lambda *_: None)
+            signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            reader.close(), writer.close()
+            return False
+        self._wakeup = (reader, writer)  # the fd must stay open
+
+        def wait():
+            while reader.recv(1)[0] != signal.SIGTERM:
+                pass
+            self.drain()
+
+        threading.Thread(target=wait, name="drain-on-sigterm", daemon=True).start()
+        return True
+
     async def _serve(self, inputs, send: Send, is_cancelled, on_done) -> None:
         try:
+            if self.draining:
+                raise Unavailable("the server is shutting down and admits no new request")
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
-        except ValueError as error:
+        except (ValueError, Unavailable) as error:
             try:
                 send(None, error, True)
             finally:
@@ -176,7 +282,7 @@ class LlmService:
 
     def _send_event(self, decoded, event: GenerationEvent, events: list, send: Send) -> None:
         if event.error:
-            send(None, RuntimeError(event.error), True)
+            send(None, (Unavailable if event.retryable else RuntimeError)(event.error), True)
         elif decoded.stream:
             send(encode_event(event), None, event.final)
         else:

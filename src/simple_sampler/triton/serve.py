@@ -3,14 +3,17 @@
 The repository is assembled in a temporary directory from the project's
 ``model_repository/`` templates with the placeholders filled (the source is
 never modified), or taken as given with --model-repository. The server runs
-in the foreground: Ctrl-C or SIGTERM stops it cleanly (Triton finishes the
-requests in flight), and its exit status is ours.
+in the foreground: Ctrl-C or SIGTERM stops it cleanly (in-flight requests
+get a grace period, then a final error), and its exit status is ours. A
+model whose stub process dies is reloaded while the server runs
+(supervisor.py).
 """
 from __future__ import annotations
 
 import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from ..serving.engine import ENGINES
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
+from .supervisor import Supervisor
 
 
 @dataclass
@@ -35,7 +39,8 @@ class LlmConfig:
         sampled while another's forward runs; 1 by default, since on a CPU
         data plane a split re-reads the weights and competes for the cores
         (bench serve measures both);
-    sampler_shards: concurrent sampler requests per micro-batch.
+    sampler_shards: concurrent sampler requests per micro-batch;
+    shutdown_grace_s: on shutdown, time in-flight requests get to finish.
     """
 
     model: str = ""
@@ -50,6 +55,7 @@ class LlmConfig:
     micro_batches: int = 1
     sampler_shards: int = 2
     sampler_model: str = "simple_sampler"
+    shutdown_grace_s: float = 30.0
 
     def validate(self) -> None:
         if self.sampling_mode not in SAMPLING_MODES:
@@ -60,6 +66,8 @@ class LlmConfig:
         if self.engine == "tensorrt_llm" and not self.model:
             raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
                              "TensorRT-LLM engine directory")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
                              "tensorrt_llm only")
@@ -114,40 +122,54 @@ def show_demo(server: TritonServer, prompt: str) -> None:
 
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
         llm: LlmConfig | None = None, repository: Path | None = None,
-        log_path: Path | None = None, demo: str | None = None) -> int:
+        log_path: Path | None = None, demo: str | None = None,
+        shutdown_grace_s: float = 30.0, supervise: bool = True) -> int:
+    """Serve until SIGINT/SIGTERM: then in-flight requests get
+    `shutdown_grace_s` to finish and a final error after it, Triton stops,
+    and no stub or shared-memory region is left. With `supervise`, a model
+    whose stub process dies is reloaded (supervisor.py)."""
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
                                              sampler, llm)
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
-                              shm_bytes=shared_memory_bytes(sampler), log_path=log_path)
+                              shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
+                              shutdown_grace_s=shutdown_grace_s)
         server.start()
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
+    supervisor = Supervisor(server).start() if supervise else None
     print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
-    if demo:
-        show_demo(server, demo)
-    stopping = []
+    stopping = threading.Event()
 
     def stop(signum, _frame):
-        # Only forward here: the main thread is blocked in wait() and stops
-        # the server (with its SIGKILL fallback) once that returns.
-        stopping.append(signum)
-        server.terminate()
+        # Only note it: the main thread drains and stops the server.
+        stopping.set()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        status = server.process.wait()
+        if demo:
+            show_demo(server, demo)
+        while not stopping.is_set() and (server.process.poll() is None or (
+                supervisor is not None and supervisor.restarting.is_set())):
+            stopping.wait(0.5)
     finally:
-        server.stop()
+        if supervisor is not None:
+            supervisor.stop()
+        if stopping.is_set():
+            print(f"simple-sampler serve: stopping (in-flight requests get "
+                  f"{shutdown_grace_s:.0f} s)", flush=True)
+        status = server.stop()
+        if supervisor is not None:
+            supervisor.cleanup()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if stopping:
-        print("simple-sampler serve: stopped")
+    if stopping.is_set():
+        print("simple-sampler serve: stopped", flush=True)
         return 0
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status or 1

@@ -25,6 +25,15 @@ from .install import InstallError, TritonInstall, assemble_backends, find_triton
 #: Bytes of one logit in each configurable datatype.
 ITEMSIZE = {"TYPE_FP32": 4, "TYPE_FP16": 2, "TYPE_BF16": 2}
 MiB = 1 << 20
+#: The decode loop's gauge of requests decoding or queued (llm/1/model.py).
+IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
+#: How long past its grace a draining decode loop may take to send its errors.
+DRAIN_MARGIN_S = 5.0
+#: After the drain, how long Triton waits for its models to unload.
+TRITON_EXIT_TIMEOUT_S = 8
+#: After the grace, how long the drain's errors and Triton's exit may take
+#: before SIGKILL.
+STOP_MARGIN_S = 13.0
 
 
 @dataclass
@@ -98,6 +107,7 @@ class TritonServer:
     metrics_port: int = 0
     shm_bytes: int = 64 * MiB
     log_path: Path | None = None
+    shutdown_grace_s: float = 30.0
     extra_args: tuple[str, ...] = ()
     install: TritonInstall = field(default_factory=find_triton)
     process: subprocess.Popen | None = None
@@ -128,6 +138,13 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-default-byte-size={self.shm_bytes}",
             f"--backend-config=python,shm-growth-byte-size={self.shm_bytes}",
+            # Explicit control: the repository API can reload a model whose
+            # stub died (supervisor.py); every model is loaded at start.
+            "--model-control-mode=explicit", "--load-model=*",
+            # stop() drains the requests before it signals Triton, so Triton's
+            # own wait only covers models it cannot unload (one whose stub
+            # died never finishes unloading).
+            f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
             "--log-verbose=0", *self.extra_args,
         ]
 
@@ -191,14 +208,57 @@ class TritonServer:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM, then SIGKILL after `timeout`; removes the backend copy."""
+    def kill(self) -> None:
+        """SIGKILL the server and its stubs at once (their clients see the
+        connection close); removes the backend copy. The stubs' shared-memory
+        regions stay behind (Supervisor.cleanup removes them)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def in_flight(self) -> float:
+        """Requests the decode loop still holds (its metric; 0 without one)."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(IN_FLIGHT_METRIC))
+
+    def drain(self, grace_s: float | None = None) -> float:
+        """Ask the models to finish (SIGTERM to every stub: the decode loop
+        stops admitting, finishes its requests within `grace_s`, then ends
+        the rest with an error; stubs of other models ignore it) and wait
+        until nothing is in flight. Returns the seconds it took."""
+        from .supervisor import list_stubs
+
+        grace_s = self.shutdown_grace_s if grace_s is None else grace_s
+        started = time.monotonic()
+        for stub in list_stubs(self.process.pid):
+            try:
+                os.kill(stub.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = started + grace_s + DRAIN_MARGIN_S
+        while time.monotonic() < deadline and self.process.poll() is None and self.in_flight() > 0:
+            time.sleep(0.1)
+        return time.monotonic() - started
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Drain (in-flight requests finish or end with an error), SIGTERM,
+        and SIGKILL what is left `timeout` seconds after the start (default:
+        the grace plus STOP_MARGIN_S); removes the backend copy."""
         if self.process is None:
             return None
         if self.process.poll() is None:
+            deadline = time.monotonic() + (self.shutdown_grace_s + STOP_MARGIN_S
+                                           if timeout is None else timeout)
+            self.drain()
             self.terminate()
             try:
-                self.process.wait(timeout)
+                self.process.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()

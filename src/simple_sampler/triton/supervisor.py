@@ -1,0 +1,284 @@
+"""Keep a running Triton server's Python models alive: a dead stub comes back.
+
+Each instance of a Python-backend model is a stub process, a child of
+``tritonserver``. When one dies (killed, out of memory, a crash in native
+code), Triton 2.51's Python backend neither restarts it nor marks the model
+unready: every request routed to that instance fails with "Stub process ... is
+not healthy" for as long as the server runs, and ``/v2/health/ready`` keeps
+answering 200. (Older Python backends restarted the stub inside
+``TRITONBACKEND_ModelInstanceExecute``, for non-decoupled models only; the
+version the ``nvidia-pytriton`` wheel ships has no such path.)
+
+:class:`Supervisor` watches the stubs of its server and, when one is gone,
+reloads its model through Triton's repository API (the server runs with
+``--model-control-mode=explicit``):
+
+1. unload the model with its dependents (an ensemble over ``llm``), so that
+   ``/v2/models/<m>/ready`` answers 400 while it cannot serve;
+2. load every model that was loaded before, which starts fresh stubs;
+3. after ``orphan_grace_s``, kill what is left of the old stubs. Triton never
+   finishes unloading a model whose stub died (the old generation stays in
+   UNLOADING), so its surviving stubs would otherwise live as long as the
+   server. Their shared-memory regions, and the dead stub's, are unlinked.
+
+Reloading the model, not the one instance, is the only restart the
+repository API offers: a load with an unchanged configuration is a no-op and
+one that changes only ``instance_group`` keeps the existing (dead) instance.
+
+Requests that were routed to the dead stub fail; the decode loop re-sends
+sampler rows (``llm_service.remote_sampler``), and a seeded row gives the same
+token on any instance, so a sampler fault costs no request.
+
+A decoupled model (``llm``) is different: Triton 2.51 never ends the requests
+that were streaming from a stub that died (their clients would wait forever),
+and no API releases them. So when a decoupled model loses a stub the server
+is restarted: SIGKILL (every client sees its connection close at once, an
+error, not a hang), then a fresh start on the same ports. Readiness is
+refused (connection refused, then 400 while loading) until it is back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+SHM_DIRECTORY = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One model instance's process, as read from its command line:
+    ``stub <repo>/<model>/<version>/model.py <shm region> <size> <growth>
+    <parent pid> <python lib dir> <ipc timeout> <instance name> <runtime>``."""
+
+    pid: int
+    model: str
+    instance: str
+    shm_region: str
+
+    @classmethod
+    def from_cmdline(cls, pid: int, argv: list[str]) -> "Stub | None":
+        if len(argv) < 9 or not argv[0].endswith(STUB_EXECUTABLE):
+            return None
+        return cls(pid, Path(argv[1]).parent.parent.name, argv[8], argv[2])
+
+
+def _alive(pid: int) -> bool:
+    """False for a process that is gone or a zombie (dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def list_stubs(server_pid: int) -> list[Stub]:
+    """The live stub processes whose parent is `server_pid`."""
+    stubs = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[2]) != server_pid or stat[0] == b"Z":
+            continue
+        stub = Stub.from_cmdline(int(entry.name), [a.decode(errors="replace") for a in argv if a])
+        if stub is not None:
+            stubs.append(stub)
+    return stubs
+
+
+def unlink_shm(regions) -> list[str]:
+    """Remove the named shared-memory regions that still exist; returns them."""
+    removed = []
+    for region in regions:
+        try:
+            (SHM_DIRECTORY / region).unlink()
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("could not remove shared memory %s: %s", region, error)
+    return removed
+
+
+class Supervisor:
+    """Watches `server`'s stubs from a thread (module docstring).
+
+    `server` is a started :class:`~simple_sampler.triton.server.TritonServer`
+    running with explicit model control. ``recoveries`` counts reloads per
+    model; ``regions`` holds every shared-memory region a stub of this server
+    was seen with, so that :meth:`cleanup` can remove what a killed server
+    leaves behind.
+    """
+
+    def __init__(self, server, poll_s: float = 0.25, confirm_s: float = 0.5,
+                 orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0):
+        self.server = server
+        self.poll_s, self.confirm_s = poll_s, confirm_s
+        self.orphan_grace_s, self.load_timeout_s = orphan_grace_s, load_timeout_s
+        self.recoveries: dict[str, int] = {}
+        self.restarts = 0
+        self.restarting = threading.Event()  # the server is being replaced
+        self.decoupled: set[str] = set()
+        self.regions: set[str] = set()
+        self.tracked: dict[int, Stub] = {}  # pid -> the stub it was started as
+        self._gone_since: dict[int, float] = {}
+        self._orphans: list[tuple[float, list[Stub]]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Supervisor":
+        self._learn_models()
+        self._track(list_stubs(self.server.process.pid))
+        self._thread = threading.Thread(target=self._run, name="stub-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def cleanup(self) -> list[str]:
+        """After the server is gone: remove the regions its stubs left."""
+        return unlink_shm(sorted(self.regions))
+
+    def _learn_models(self) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.server.http_url)
+        self.decoupled = {
+            entry["name"] for entry in client.get_model_repository_index()
+            if client.get_model_config(entry["name"]).get("model_transaction_policy", {})
+            .get("decoupled")}
+
+    def _track(self, stubs: list[Stub]) -> None:
+        for stub in stubs:
+            self.tracked.setdefault(stub.pid, stub)
+            self.regions.add(stub.shm_region)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if self.server.process.poll() is not None:
+                return  # the server exited: the launcher decides what follows
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watch must outlive one failed attempt
+                log.exception("stub supervisor: check failed; retrying")
+
+    def check(self) -> list[str]:
+        """One look at the stubs; reloads the models that lost one and
+        returns their names.
+
+        A stub that Triton stopped (an unload, a reload) exits after its
+        model was finalized and Triton then removes its shared-memory region;
+        a stub that died keeps its region, because the Python backend never
+        finalizes that instance. So a stub counts as dead when its process
+        is gone and its region is still there `confirm_s` later."""
+        self._kill_orphans()
+        live = list_stubs(self.server.process.pid)
+        self._track(live)
+        live_pids = {stub.pid for stub in live}
+        now, dead = time.monotonic(), []
+        for pid, stub in list(self.tracked.items()):
+            if pid in live_pids:
+                continue
+            if not (SHM_DIRECTORY / stub.shm_region).exists():
+                del self.tracked[pid]  # stopped by Triton
+                self._gone_since.pop(pid, None)
+            elif now - self._gone_since.setdefault(pid, now) >= self.confirm_s:
+                dead.append(stub)
+        models = sorted({stub.model for stub in dead})
+        if self.decoupled & set(models):
+            self._restart(sorted(self.decoupled & set(models)), dead)
+            return models
+        for model in models:
+            lost = [s for s in dead if s.model == model]
+            log.error("model %s lost its stub process(es) %s: reloading it", model,
+                      ", ".join(f"{s.instance} (pid {s.pid})" for s in lost))
+            old = [s for s in live if s.model == model]
+            for stub in lost + old:
+                self.tracked.pop(stub.pid, None)
+                self._gone_since.pop(stub.pid, None)
+            self._reload(model)
+            self.recoveries[model] = self.recoveries.get(model, 0) + 1
+            unlink_shm(s.shm_region for s in lost)
+            self._orphans.append((time.monotonic() + self.orphan_grace_s, old))
+        if models:
+            orphans = {stub.pid for _, group in self._orphans for stub in group}
+            self._track([s for s in list_stubs(self.server.process.pid) if s.pid not in orphans])
+        return models
+
+    def _reload(self, model: str) -> None:
+        import tritonclient.http as httpclient
+
+        started = time.monotonic()
+        client = httpclient.InferenceServerClient(self.server.http_url,
+                                                  network_timeout=self.load_timeout_s)
+
+        def ready() -> set[str]:
+            return {entry["name"] for entry in client.get_model_repository_index()
+                    if entry.get("state") == "READY"}
+
+        before = ready()
+        client.unload_model(model, unload_dependents=True)
+        deadline = time.monotonic() + 10.0  # the unload itself is asynchronous
+        while model in ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        unloaded = sorted(before - ready())
+        # An ensemble's load reloads its composing models (llm, preprocessing),
+        # so load the dependents that went down, or the model alone (the
+        # sampler, which only BLS calls name).
+        for name in [m for m in unloaded if m != model] or [model]:
+            client.load_model(name)
+        if model not in ready():
+            client.load_model(model)
+        log.warning("model %s reloaded in %.1f s (loaded again: %s)", model,
+                    time.monotonic() - started, ", ".join(unloaded) or model)
+
+    def _restart(self, models: list[str], dead: list[Stub]) -> None:
+        log.error("decoupled model(s) %s lost stub(s) %s: their streams cannot end otherwise, "
+                  "restarting the server", ", ".join(models),
+                  ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
+        started = time.monotonic()
+        self.restarting.set()
+        try:
+            self.server.kill()
+            self.cleanup()
+            self.tracked.clear()
+            self._gone_since.clear()
+            self._orphans.clear()
+            self.server.start()
+            self._track(list_stubs(self.server.process.pid))
+        finally:
+            self.restarting.clear()
+        self.restarts += 1
+        log.warning("server restarted in %.1f s", time.monotonic() - started)
+
+    def _kill_orphans(self) -> None:
+        now, waiting = time.monotonic(), []
+        for deadline, stubs in self._orphans:
+            if now < deadline:
+                waiting.append((deadline, stubs))
+                continue
+            for stub in stubs:
+                if _alive(stub.pid):
+                    log.warning("killing stub %s (pid %d) of %s's unloaded generation",
+                                stub.instance, stub.pid, stub.model)
+                    try:
+                        os.kill(stub.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            unlink_shm(stub.shm_region for stub in stubs)
+        self._orphans = waiting
