@@ -1,9 +1,11 @@
 """Text generation through a real tritonserver running the whole repository
 (ensemble -> preprocessing -> llm decode loop -> simple_sampler instances),
 over HTTP generate / generate_stream and gRPC streaming."""
+import json
 import re
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -177,6 +179,31 @@ def test_unknown_stop_word_type_is_refused(server):
         time.sleep(0.05)
     client.stop_stream()
     assert errors and "stop_words" in str(errors[0]) and "BYTES" in str(errors[0])
+
+
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_a_request_without_text_input_is_a_client_error_over_http(server, path):
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/ensemble/{path}",
+                                     data=json.dumps({"max_tokens": 4}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 400
+    assert "text_input (or input_ids) is required" in refused.value.read().decode()
+
+
+def test_a_request_without_text_input_ends_its_grpc_stream_with_the_error(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    max_tokens.set_data_from_numpy(np.array([[4]], np.int32))
+    results = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    client.async_stream_infer("ensemble", [max_tokens], enable_empty_final_response=True)
+    deadline = time.monotonic() + 30
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    [(result, error)] = results
+    assert result is None and "text_input (or input_ids) is required" in str(error)
 
 
 def test_32_concurrent_streams_deliver_every_token_exactly_once(server):

@@ -1,12 +1,17 @@
 """LlmService, the llm model's logic, without Triton: every request ends with
 one final response and leaves the decoder, whether it finishes, is bad, its
-client cancels while tokens are flowing, or its client is gone."""
+client cancels while tokens are flowing, its client is gone, the sampler
+fails for a while, or the service drains for a shutdown."""
+import asyncio
 import threading
+import time
 
 import numpy as np
+import pytest
 
 from simple_sampler.serving.text import TextCodec
-from simple_sampler.triton.llm_service import LlmService, LlmSettings
+from simple_sampler.triton.llm_service import (LlmService, LlmSettings, SamplerCallError,
+                                               Unavailable, call_with_retries)
 from test_decoder import FakeEngine, FakeTokenizer
 
 MAX_TOKENS = 60
@@ -77,3 +82,94 @@ def test_a_bad_request_gets_one_error_and_is_done():
     [(outputs, error, final)] = client.responses
     assert outputs is None and final and isinstance(error, ValueError)
     assert "text_input must be a non-empty string" in str(error)
+
+
+def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
+    engine = FakeEngine(max_batch_size=2, max_context=128, delay=0.01)
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
+                         codec=TextCodec(FakeTokenizer()))
+    try:
+        quick, slow, late = Client(), Client(), Client()
+        service.submit(inputs(max_tokens=3), quick.send, on_done=quick.done.set)
+        service.submit(inputs(max_tokens=120), slow.send, on_done=slow.done.set)
+        time.sleep(0.1)
+        draining = service.drain(grace_s=0.3)
+        service.submit(inputs(max_tokens=3), late.send, on_done=late.done.set).result(timeout=10)
+        assert draining.result(timeout=10) == 1  # the slow one, at the grace's end
+        assert quick.done.wait(10) and slow.done.wait(10)
+        assert quick.responses[-1][1] is None and quick.responses[-1][2]
+        [(_, late_error, late_final)] = late.responses
+        assert isinstance(late_error, Unavailable) and late_final
+        assert "admits no new request" in str(late_error)
+        _, slow_error, slow_final = slow.responses[-1]
+        assert isinstance(slow_error, Unavailable) and slow_final
+        assert "0 s grace period" in str(slow_error)
+        assert all(error is None for _, error, _ in slow.responses[:-1])
+        assert service.decoder.num_in_flight == 0
+    finally:
+        service.close()
+    assert sorted(engine.released) == [0, 1]  # the aborted slot is freed too
+
+
+class FlakySampler:
+    """A sampler model whose first `failures` calls fail as `error` does."""
+
+    def __init__(self, failures, retryable=True):
+        self.failures, self.retryable, self.calls = failures, retryable, []
+
+    def __call__(self, arrays):
+        self.calls.append(arrays["logits"].copy())
+        if len(self.calls) <= self.failures:
+            raise SamplerCallError("simple_sampler: Stub process 'simple_sampler_0_1' is not "
+                                   "healthy.", self.retryable)
+        return {"output_ids": np.argmax(arrays["logits"], axis=1)[:, None].astype(np.int32)}
+
+
+def test_a_failed_sampler_call_is_sent_again_with_the_same_rows():
+    sampler, retries = FlakySampler(failures=2), []
+    rows = {"logits": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    outputs = asyncio.run(call_with_retries(sampler, rows, lambda: retries.append(1)))
+    assert outputs["output_ids"][:, 0].tolist() == [3, 3, 3]
+    assert len(sampler.calls) == 3 and len(retries) == 2
+    assert all(np.array_equal(call, rows["logits"]) for call in sampler.calls)
+
+
+def test_a_refused_sampler_call_is_not_sent_again():
+    sampler = FlakySampler(failures=1, retryable=False)
+    with pytest.raises(SamplerCallError, match="not healthy"):
+        asyncio.run(call_with_retries(sampler, {"logits": np.zeros((1, 4), np.float32)}))
+    assert len(sampler.calls) == 1
+
+
+def test_retries_stop_at_the_deadline():
+    sampler = FlakySampler(failures=10**6)
+    started = time.monotonic()
+    with pytest.raises(SamplerCallError):
+        asyncio.run(call_with_retries(sampler, {"logits": np.zeros((1, 4), np.float32)},
+                                      deadline_s=0.5))
+    assert time.monotonic() - started < 1.5 and 3 <= len(sampler.calls) <= 6
+
+
+def test_a_service_whose_sampler_fails_twice_serves_every_token():
+    """The decode loop through remote_sampler: two failed calls cost no
+    request and change no token."""
+    def run(failures):
+        sampler = FlakySampler(failures)
+        service = LlmService(LlmSettings(sampling_mode="simple", micro_batches=1,
+                                         sampler_shards=2),
+                             sampler_call=sampler, engine=FakeEngine(max_batch_size=4),
+                             codec=TextCodec(FakeTokenizer()))
+        try:
+            clients = [Client() for _ in range(3)]
+            for client in clients:
+                service.submit(inputs(max_tokens=6), client.send, on_done=client.done.set)
+            assert all(client.done.wait(30) for client in clients)
+            retries = service.stats().sampler_retries
+        finally:
+            service.close()
+        assert all(error is None for c in clients for _, error, _ in c.responses)
+        return [[o["output_ids"].tolist() for o, _, _ in c.responses] for c in clients], retries
+
+    clean, no_retries = run(0)
+    faulted, retries = run(2)
+    assert faulted == clean and no_retries == 0 and retries == 2

@@ -62,6 +62,8 @@ CANCEL_POLL_S = 0.1
 #: Sampler retries: the first wait, its doubling cap, and the time after
 #: which a shard's rows fail (a reload of the sampler model takes ~2-5 s).
 RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
+#: How long a drain waits for aborted sequences to leave a step in progress.
+RELEASE_WAIT_S = 5.0
 
 
 @dataclass
@@ -209,6 +211,10 @@ class LlmService:
             f"{grace_s:.0f} s grace period; send it again")
         if aborted:
             log.warning("drained: %d requests ended with an error after the grace period", aborted)
+        # Their slots are freed at their lanes' next step boundary.
+        deadline = self.loop.time() + RELEASE_WAIT_S
+        while self.decoder.num_active and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
         return aborted
 
     def drain_on_sigterm(self) -> bool:

@@ -1,0 +1,205 @@
+"""Faults on a real server: a killed sampler instance costs no request and
+changes no token; a killed decode loop ends its streams with an error at once
+and the service comes back; SIGTERM under load answers every client and
+leaves no process or shared-memory region behind. Only processes these tests
+started are killed: the stubs are found as children of their own server."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from simple_sampler.client import GenerateClient, GenerationError
+from simple_sampler.triton.serve import LlmConfig, assemble_repository
+from simple_sampler.triton.server import SamplerConfig, TritonServer, free_port
+from simple_sampler.triton.supervisor import SHM_DIRECTORY, Supervisor, list_stubs
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Tell me a story about a cat."
+SAMPLED = dict(temperature=0.7, top_p=0.9, apply_chat_template=True)
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory):
+    """The whole repository on a real server watched by a Supervisor, as
+    `simple-sampler serve` runs it."""
+    repository = assemble_repository(
+        tmp_path_factory.mktemp("repository"),
+        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
+        LlmConfig(engine_max_batch_size=32, max_context=512, sampler_shards=2))
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    server = TritonServer(repository, log_path=log, shutdown_grace_s=5).start()
+    supervisor = Supervisor(server).start()
+    try:
+        yield server, supervisor
+    finally:
+        supervisor.stop()
+        server.stop()
+        supervisor.cleanup()
+
+
+def ready(server, path="v2/health/ready") -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/{path}", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+class Streams:
+    """Concurrent seeded streams; `started` is set once each has a token."""
+
+    def __init__(self, url, seeds, **params):
+        self.tokens = {seed: [] for seed in seeds}
+        self.errors, self.ended_at = {}, {}
+        self._first = threading.Semaphore(0)
+        self.threads = [threading.Thread(target=self._run, args=(url, seed, params))
+                        for seed in seeds]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, url, seed, params):
+        first = True
+        try:
+            for chunk in GenerateClient(url, "grpc").stream(PROMPT, seed=seed, **params):
+                self.tokens[seed] += chunk.token_ids
+                if first:
+                    first = False
+                    self._first.release()
+        except GenerationError as error:
+            self.errors[seed] = str(error)
+        finally:
+            self.ended_at[seed] = time.monotonic()
+            if first:
+                self._first.release()
+
+    def wait_started(self, timeout=120):
+        for _ in self.threads:
+            assert self._first.acquire(timeout=timeout), "a stream produced no token"
+        assert not self.errors, self.errors
+
+    def join(self, timeout=300):
+        for thread in self.threads:
+            thread.join(timeout)
+        assert not any(thread.is_alive() for thread in self.threads), "a client hangs"
+        return self
+
+
+def stubs_of(server, model):
+    return [stub for stub in list_stubs(server.process.pid) if stub.model == model]
+
+
+def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
+    server, supervisor = supervised
+    seeds = range(16)
+    clean = Streams(server.grpc_url, seeds, max_tokens=32, **SAMPLED).join()
+    assert not clean.errors
+
+    faulted = Streams(server.grpc_url, seeds, max_tokens=32, **SAMPLED)
+    faulted.wait_started()
+    victim = stubs_of(server, "simple_sampler")[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    while time.monotonic() - killed_at < 30 and not (
+            supervisor.recoveries.get("simple_sampler") and
+            len(stubs_of(server, "simple_sampler")) == 2 and
+            ready(server, "v2/models/simple_sampler/ready")):
+        time.sleep(0.1)
+    restored_s = time.monotonic() - killed_at
+    faulted.join()
+
+    assert not faulted.errors
+    assert faulted.tokens == clean.tokens  # (seed, step) decide the draw, not the instance
+    assert restored_s < 30 and supervisor.recoveries["simple_sampler"] == 1
+    assert victim.pid not in {stub.pid for stub in stubs_of(server, "simple_sampler")}
+    assert not (SHM_DIRECTORY / victim.shm_region).exists()
+    with urllib.request.urlopen(server.metrics_url) as response:
+        retries = [float(line.split()[-1]) for line in response.read().decode().splitlines()
+                   if line.startswith("simple_llm_sampler_retries_total")]
+    assert retries and retries[0] >= 1  # the fault met rows in flight
+    print(f"sampler instance killed: 16 streams, 0 failed, tokens identical, "
+          f"{retries[0]:.0f} sampler requests sent again, capacity back in {restored_s:.1f} s")
+
+
+def test_a_killed_decode_loop_ends_its_streams_and_the_service_comes_back(supervised):
+    server, supervisor = supervised
+    streams = Streams(server.grpc_url, range(8), max_tokens=400, **SAMPLED)
+    streams.wait_started()
+    [llm] = stubs_of(server, "llm")
+    os.kill(llm.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    streams.join(timeout=30)
+    assert sorted(streams.errors) == list(range(8))
+    slowest_error_s = max(streams.ended_at.values()) - killed_at
+    assert slowest_error_s < 10
+
+    not_ready_seen = False
+    while time.monotonic() - killed_at < 60 and not ready(server, "v2/models/ensemble/ready"):
+        not_ready_seen = True
+        time.sleep(0.2)
+    back_s = time.monotonic() - killed_at
+    answer = GenerateClient(server.grpc_url).generate(
+        "What is the capital of France?", max_tokens=12, temperature=0, apply_chat_template=True)
+    assert not_ready_seen and back_s < 60 and "Paris" in answer.text
+    assert supervisor.restarts == 1
+    print(f"llm killed: 8 streams ended with an error within {slowest_error_s:.1f} s, "
+          f"not ready until the service was back {back_s:.1f} s after the kill")
+
+
+def test_sigterm_under_load_answers_every_client_and_leaves_nothing(tmp_path):
+    grace = 15
+    ports = [free_port() for _ in range(3)]
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port", str(ports[0]),
+         "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--instances", "1",
+         "--max-context", "512", "--shutdown-grace", str(grace),
+         "--log", str(tmp_path / "tritonserver.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in serve.stdout:  # the launcher's log lines may come first
+            if "Triton is ready" in line:
+                break
+        else:
+            pytest.fail(f"serve exited before it was ready, status {serve.wait()}")
+        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
+                                        capture_output=True, text=True).stdout.split()[0])
+        url = f"127.0.0.1:{ports[1]}"
+        long = Streams(url, range(6), max_tokens=400, **SAMPLED)
+        long.wait_started()
+        stubs = list_stubs(server_pid)
+        short = Streams(url, [100], max_tokens=8, **SAMPLED)
+        short.wait_started()
+        serve.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        late = None
+        time.sleep(1)
+        try:
+            GenerateClient(url).generate(PROMPT, max_tokens=4)
+        except GenerationError as error:
+            late = str(error)
+        status = serve.wait(timeout=grace + 30)
+        exited_s = time.monotonic() - signalled_at
+        long.join(timeout=30), short.join(timeout=30)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    output = serve.stdout.read()
+    assert status == 0, output
+    assert exited_s < grace + 15
+    assert not short.errors and len(short.tokens[100]) == 8  # finished within the grace
+    assert sorted(long.errors) == list(range(6))
+    assert all("shutting down" in error for error in long.errors.values()), long.errors
+    assert late is not None and ("shutting down" in late or "not ready" in late.lower()
+                                 or "connect" in late.lower())
+    assert len(stubs) == 3 and not [s for s in stubs if Path(f"/proc/{s.pid}").exists()]
+    assert not Path(f"/proc/{server_pid}").exists()
+    assert not [s.shm_region for s in stubs if (SHM_DIRECTORY / s.shm_region).exists()]
+    print(f"SIGTERM under load: 6 long streams ended with an error, the short one finished, "
+          f"serve exited in {exited_s:.1f} s (grace {grace} s)")
