@@ -2,16 +2,14 @@
 one final response and leaves the decoder, whether it finishes, is bad, its
 client cancels while tokens are flowing, its client is gone, the sampler
 fails for a while, or the service drains for a shutdown."""
-import asyncio
 import threading
 import time
 
 import numpy as np
-import pytest
 
 from simple_sampler.serving.text import TextCodec
-from simple_sampler.triton.llm_service import (LlmService, LlmSettings, SamplerCallError,
-                                               Unavailable, call_with_retries)
+from simple_sampler.triton.llm_service import LlmService, LlmSettings, Unavailable
+from simple_sampler.triton.sampler_pool import SamplerCallError
 from test_decoder import FakeEngine, FakeTokenizer
 
 MAX_TOKENS = 60
@@ -123,31 +121,6 @@ class FlakySampler:
             raise SamplerCallError("simple_sampler: Stub process 'simple_sampler_0_1' is not "
                                    "healthy.", self.retryable)
         return {"output_ids": np.argmax(arrays["logits"], axis=1)[:, None].astype(np.int32)}
-
-
-def test_a_failed_sampler_call_is_sent_again_with_the_same_rows():
-    sampler, retries = FlakySampler(failures=2), []
-    rows = {"logits": np.arange(12, dtype=np.float32).reshape(3, 4)}
-    outputs = asyncio.run(call_with_retries(sampler, rows, lambda: retries.append(1)))
-    assert outputs["output_ids"][:, 0].tolist() == [3, 3, 3]
-    assert len(sampler.calls) == 3 and len(retries) == 2
-    assert all(np.array_equal(call, rows["logits"]) for call in sampler.calls)
-
-
-def test_a_refused_sampler_call_is_not_sent_again():
-    sampler = FlakySampler(failures=1, retryable=False)
-    with pytest.raises(SamplerCallError, match="not healthy"):
-        asyncio.run(call_with_retries(sampler, {"logits": np.zeros((1, 4), np.float32)}))
-    assert len(sampler.calls) == 1
-
-
-def test_retries_stop_at_the_deadline():
-    sampler = FlakySampler(failures=10**6)
-    started = time.monotonic()
-    with pytest.raises(SamplerCallError):
-        asyncio.run(call_with_retries(sampler, {"logits": np.zeros((1, 4), np.float32)},
-                                      deadline_s=0.5))
-    assert time.monotonic() - started < 1.5 and 3 <= len(sampler.calls) <= 6
 
 
 def test_a_service_whose_sampler_fails_twice_serves_every_token():

@@ -117,7 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
         micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
-        shutdown_grace_s=args.shutdown_grace)
+        sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
                        shutdown_grace_s=args.shutdown_grace)
@@ -261,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")
+    server.add_argument("--sampler-endpoints", default="local", metavar="local,HOST:PORT,...",
+                        help="where the decode loop samples: 'local' (this server's instances) "
+                             "and/or the gRPC endpoints of servers started with --sampler-only; "
+                             "rows are shared by capacity, and a failed endpoint's rows go "
+                             "elsewhere")
     server.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="the launcher's log (the supervisor's reloads, shutdown)")

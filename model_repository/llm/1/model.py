@@ -12,7 +12,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
-from simple_sampler.triton.llm_service import LlmService, LlmSettings, SamplerCallError, Unavailable
+from simple_sampler.triton.llm_service import LlmService, LlmSettings, Unavailable
+from simple_sampler.triton.sampler_pool import SamplerCallError
 
 SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
 

@@ -7,10 +7,13 @@ streams the request's events through it and sends exactly one final
 response (or one error). A request whose client went away
 (``is_cancelled()``) is cancelled at its next step.
 
-In ``simple`` mode the sampler is remote: :func:`remote_sampler` splits each
-micro-batch's rows into up to ``shards`` requests to the ``simple_sampler``
-model and sends them at once, so the rows of one step are sampled on several
-instances in parallel while the data plane computes the next micro-batch.
+In ``simple`` mode the sampler is remote: a
+:class:`~simple_sampler.triton.sampler_pool.SamplerPool` splits each
+micro-batch's rows into shards for the ``simple_sampler`` model's instances,
+here (``sampler_shards`` BLS requests) and/or on the servers named in
+``sampler_endpoints``, and sends them at once, so the rows of one step are
+sampled on several instances in parallel while the data plane computes the
+next micro-batch; a shard that fails is sent again elsewhere.
 """
 from __future__ import annotations
 
@@ -23,14 +26,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
-import torch
 
-from ..params import SamplingBatch
 from ..serving.decoder import Decoder, GenerationEvent
 from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, TorchEngine
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
-from .sampler_client import batch_arrays
+from .sampler_pool import SamplerCall, build_pool
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +41,11 @@ class Unavailable(RuntimeError):
     same request may succeed later or elsewhere (UNAVAILABLE, HTTP 503)."""
 
 
-class SamplerCallError(RuntimeError):
-    """A request to the sampler model failed. ``retryable`` unless the
-    sampler refused the rows themselves (INVALID_ARG): a dead or reloading
-    instance, a transport error or a timeout are worth sending again, and a
-    seeded row gives the same token on any instance."""
-
-    def __init__(self, message: str, retryable: bool = True):
-        super().__init__(message)
-        self.retryable = retryable
-
-
 #: send(outputs, error, final): one response; outputs None with an error
 #: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
 #: any other error: generation failed, INTERNAL).
 Send = Callable[[dict | None, Exception | None, bool], None]
-#: call(inputs) -> outputs: one synchronous request to the sampler model;
-#: raises SamplerCallError.
-SamplerCall = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 CANCEL_POLL_S = 0.1
-#: Sampler retries: the first wait, its doubling cap, and the time after
-#: which a shard's rows fail (a reload of the sampler model takes ~2-5 s).
-RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
 
@@ -79,6 +63,7 @@ class LlmSettings:
     max_context: int = DEFAULT_MAX_CONTEXT
     micro_batches: int = 2
     sampler_shards: int = 2
+    sampler_endpoints: str = "local"
     shutdown_grace_s: float = 30.0
 
     @classmethod
@@ -88,51 +73,6 @@ class LlmSettings:
         if unknown:
             raise ValueError(f"unknown llm parameter {unknown[0]}; known: {', '.join(fields)}")
         return cls(**{k: type(getattr(cls, k))(v) for k, v in parameters.items()})
-
-
-async def call_with_retries(call: SamplerCall, inputs: dict[str, np.ndarray],
-                            on_retry: Callable[[], None] = lambda: None,
-                            deadline_s: float = RETRY_DEADLINE_S) -> dict[str, np.ndarray]:
-    """`call(inputs)` in a thread, sent again with exponential backoff while
-    it fails with a retryable SamplerCallError and `deadline_s` has not
-    passed. The rows are the same each time, so are their tokens."""
-    loop = asyncio.get_running_loop()
-    deadline, delay = loop.time() + deadline_s, RETRY_FIRST_S
-    while True:
-        try:
-            return await asyncio.to_thread(call, inputs)
-        except SamplerCallError as error:
-            if not error.retryable or loop.time() + delay > deadline:
-                raise
-            log.warning("sampler request of %d rows failed (%s); sending it again in %.2f s",
-                        len(inputs["logits"]), error, delay)
-            on_retry()
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, RETRY_MAX_S)
-
-
-def remote_sampler(call: SamplerCall, shards: int, on_retry: Callable[[], None] = lambda: None):
-    """An async sampler for the Decoder that asks the sampler model; each
-    shard is retried on its own (call_with_retries)."""
-
-    async def sampler(logits: torch.Tensor, batch: SamplingBatch):
-        rows = logits.numpy()
-        arrays = batch_arrays(batch)
-        wanted = batch.want_logprobs
-        arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
-                                      else np.asarray(wanted, bool))[:, None]
-        bounds = np.linspace(0, len(batch), min(shards, len(batch)) + 1).astype(int)
-        parts = await asyncio.gather(*(
-            call_with_retries(call, {"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}},
-                              on_retry)
-            for a, b in zip(bounds[:-1], bounds[1:])))
-        tokens = np.concatenate([p["output_ids"][:, 0] for p in parts]).astype(np.int64)
-        nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
-        logprobs = np.concatenate([p.get("output_log_probs", nan[:len(p["output_ids"])])[:, 0]
-                                   for p in parts])
-        return tokens, logprobs
-
-    return sampler
 
 
 def build_engine(settings: LlmSettings):
@@ -164,8 +104,8 @@ class LlmService:
         source = settings.model or None
         self.codec = codec or TextCodec.from_source(source)
         self.engine = engine or build_engine(settings)
-        sampler = remote_sampler(sampler_call, settings.sampler_shards,
-                                 self._count_retry) if sampler_call else None
+        sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
+                             self._count_retry) if settings.sampling_mode == "simple" else None
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
         self.draining = False

@@ -95,10 +95,11 @@ class SamplerClient:
         return tensors
 
     def sample(self, logits: np.ndarray | None = None, *, shm_logits: "SharedLogits | None" = None,
-               **arrays: np.ndarray) -> dict[str, np.ndarray]:
+               timeout_s: float | None = None, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Sample rows: `logits` inline, or `shm_logits` from a registered
-        region; `arrays` are the other inputs by name. Returns output name ->
-        array. Server errors raise tritonclient's InferenceServerException."""
+        region; `arrays` are the other inputs by name; `timeout_s` limits a
+        gRPC request. Returns output name -> array. Server errors raise
+        tritonclient's InferenceServerException."""
         tensors = self.inputs(arrays)
         if shm_logits is not None:
             tensor = self.module.InferInput("logits", list(shm_logits.shape), shm_logits.datatype)
@@ -106,7 +107,8 @@ class SamplerClient:
             tensors.append(tensor)
         elif logits is not None:
             tensors += self.inputs({"logits": logits})
-        result = self.client.infer(self.model, tensors)
+        limit = {"client_timeout": timeout_s} if timeout_s and self.module is grpcclient else {}
+        result = self.client.infer(self.model, tensors, **limit)
         response = result.get_response()
         names = [o["name"] if isinstance(o, dict) else o.name for o in
                  (response["outputs"] if isinstance(response, dict) else response.outputs)]

@@ -22,6 +22,7 @@ from ..serving.engine import ENGINES
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
+from .sampler_pool import parse_endpoints
 from .supervisor import Supervisor
 
 
@@ -39,7 +40,11 @@ class LlmConfig:
         sampled while another's forward runs; 1 by default, since on a CPU
         data plane a split re-reads the weights and competes for the cores
         (bench serve measures both);
-    sampler_shards: concurrent sampler requests per micro-batch;
+    sampler_shards: concurrent sampler requests per micro-batch to this
+        server's sampler instances;
+    sampler_endpoints: where rows are sampled: "local" (this server's
+        instances) and/or host:port gRPC endpoints of other servers'
+        simple_sampler model, comma-separated (sampler_pool.py);
     shutdown_grace_s: on shutdown, time in-flight requests get to finish.
     """
 
@@ -55,6 +60,7 @@ class LlmConfig:
     micro_batches: int = 1
     sampler_shards: int = 2
     sampler_model: str = "simple_sampler"
+    sampler_endpoints: str = "local"
     shutdown_grace_s: float = 30.0
 
     def validate(self) -> None:
@@ -66,6 +72,7 @@ class LlmConfig:
         if self.engine == "tensorrt_llm" and not self.model:
             raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
                              "TensorRT-LLM engine directory")
+        parse_endpoints(self.sampler_endpoints)
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):

@@ -1,0 +1,125 @@
+"""SamplerPool without a server: rows shared by capacity, a failed shard sent
+again elsewhere with the same rows (so the same tokens), a failed target left
+out and tried again later, refused rows never sent again."""
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from simple_sampler import SamplingParams
+from simple_sampler.params import History, SamplingBatch
+from simple_sampler.sampling import sample
+from simple_sampler.triton.sampler_io import decode_request, sample_request
+from simple_sampler.triton.sampler_pool import (SamplerCallError, SamplerPool, SamplerTarget,
+                                                build_pool, parse_endpoints)
+
+VOCAB = 64
+
+
+class Sampler:
+    """A sampler model in-process (the real request decoding and kernels)
+    that fails while `failing` is true, recording the rows it was sent."""
+
+    def __init__(self, failing=False, retryable=True):
+        self.failing, self.retryable, self.rows = failing, retryable, []
+
+    def __call__(self, inputs):
+        if self.failing:
+            raise SamplerCallError("Stub process 'simple_sampler_0_1' is not healthy.",
+                                   self.retryable)
+        self.rows.append(len(inputs["logits"]))
+        outputs, _ = sample_request(decode_request(inputs, VOCAB))
+        return outputs
+
+
+def step(pool, rows=12, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(rng.standard_normal((rows, VOCAB)).astype(np.float32))
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=100 + row) for row in range(rows)]
+    batch = SamplingBatch.from_params(params, [History([1, 2], [3])] * rows, [5] * rows)
+    tokens, _ = asyncio.run(pool(logits, batch))
+    return tokens, sample(logits.numpy(), batch, return_logprobs=False).token_ids
+
+
+def test_rows_are_shared_by_capacity_and_give_the_kernels_tokens():
+    small, big = Sampler(), Sampler()
+    pool = SamplerPool([SamplerTarget("a", small, 1), SamplerTarget("b", big, 3)])
+    tokens, expected = step(pool, rows=12)
+    assert tokens.tolist() == expected.tolist()
+    assert small.rows == [3] and sorted(big.rows) == [3, 3, 3]
+    assert pool.rows_sent == {"a": 3, "b": 9}
+
+
+def test_a_failing_target_hands_its_rows_to_another_and_is_probed_back():
+    broken, healthy, retries = Sampler(failing=True), Sampler(), []
+    pool = SamplerPool([SamplerTarget("broken", broken, 2), SamplerTarget("healthy", healthy, 2)],
+                       on_retry=lambda: retries.append(1), probe_after_s=0.3)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist() and len(retries) == 2
+    assert sum(healthy.rows) == 12 and pool.targets[0].failures == 2
+    healthy.rows.clear()
+    step(pool)  # while it is down, nothing is sent to it
+    assert not retries[2:] and sum(healthy.rows) == 12
+    broken.failing = False
+    time.sleep(0.35)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist() and sum(broken.rows) == 6
+    assert pool.targets[0].failures == 0
+
+
+def test_a_lone_target_is_retried_with_backoff_until_it_serves():
+    flaky, retries = Sampler(failing=True), []
+    pool = SamplerPool([SamplerTarget("local", flaky, 2)], on_retry=lambda: retries.append(1))
+
+    async def recover():
+        await asyncio.sleep(0.3)
+        flaky.failing = False
+
+    async def main():
+        logits = torch.zeros((4, VOCAB))
+        batch = SamplingBatch.from_params([SamplingParams(temperature=0.0)] * 4,
+                                          [History()] * 4)
+        result, _ = await asyncio.gather(pool(logits, batch), recover())
+        return result
+
+    tokens, _ = asyncio.run(main())
+    assert tokens.tolist() == [0] * 4 and 2 <= len(retries) <= 12
+
+
+def test_refused_rows_are_not_sent_again():
+    refusing = Sampler(failing=True, retryable=False)
+    other = Sampler()
+    pool = SamplerPool([SamplerTarget("a", refusing, 1), SamplerTarget("b", other, 1)])
+    with pytest.raises(SamplerCallError, match="not healthy"):
+        step(pool)
+    assert other.rows == [6]  # its own shard only
+
+
+def test_retries_stop_at_the_deadline():
+    pool = SamplerPool([SamplerTarget("local", Sampler(failing=True), 1)], deadline_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(SamplerCallError):
+        step(pool)
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("text, names", [
+    ("", ["local"]), ("local", ["local"]), ("local, h1:8001,h2:9001", ["local", "h1:8001", "h2:9001"]),
+])
+def test_endpoint_lists(text, names):
+    assert parse_endpoints(text) == names
+
+
+@pytest.mark.parametrize("text, message", [
+    ("h1", "host:port"), ("h1:x", "host:port"), ("local,local", "twice"),
+])
+def test_bad_endpoint_lists_name_the_setting(text, message):
+    with pytest.raises(ValueError, match=f"sampler_endpoints.*{message}"):
+        parse_endpoints(text)
+
+
+def test_local_needs_a_local_call():
+    with pytest.raises(ValueError, match="includes 'local'"):
+        build_pool("local", None, 2)
