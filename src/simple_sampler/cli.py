@@ -50,6 +50,11 @@ def calibrate(args: argparse.Namespace) -> int:
 def bench_sampler_server(args: argparse.Namespace) -> int:
     from .bench import sampler_server
 
+    if args.endpoints:
+        report = sampler_server.run_endpoints(max_endpoints=args.endpoints, batch_size=args.batch,
+                                              vocab=args.vocab, seconds=args.seconds)
+        print_report(args, report, sampler_server.format_endpoints_report(report))
+        return 0
     report = sampler_server.run(max_instances=args.instances, batch_size=args.batch,
                                 vocab=args.vocab, seconds=args.seconds)
     print_report(args, report, sampler_server.format_report(report))
@@ -181,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     server_bench.add_argument("--batch", type=int, default=64)
     server_bench.add_argument("--vocab", type=int, default=49_152)
     server_bench.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    server_bench.add_argument("--endpoints", type=int, default=0, metavar="N",
+                              help="instead: 1..N sampler-only servers (1 instance each) driven "
+                                   "by the decode loop's sampler pool over gRPC")
     server_bench.set_defaults(handler=bench_sampler_server)
     serve_bench = targets.add_parser(
         "serve", help="tokens/s, TTFT, ITL and sampling share through the whole server per mode")

@@ -11,6 +11,12 @@ The overhead breakdown at n = 1, one request in flight, comes from Triton's
 own per-model counters (queue, input handling, execute, output handling)
 and the sampler's own execute time, next to the client's round trip and the
 in-process time for the same request, for shared-memory and inline logits.
+
+With ``--endpoints N`` it measures the decision plane across servers instead:
+for k = 1 .. N sampler-only servers of one instance each, one client process
+drives the decode loop's own SamplerPool over all k endpoints (each step's
+rows split between them and sent inline over gRPC, as between hosts), with
+2k steps in flight.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ import numpy as np
 
 from ..rows import rows_for
 from ..sampling import sample
+from ..params import SamplingBatch
 from ..triton.sampler_client import SamplerClient, batch_arrays
+from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
 from ..triton.server import MiB, SamplerConfig, TritonServer, write_model
 from .kernels import ALL_FEATURES, make_batch
 
@@ -151,4 +159,72 @@ def format_report(report: dict) -> str:
     lines.append("per request at 1 instance, 1 in flight (us):")
     for key, value in report["overhead_us_per_request"].items():
         lines.append(f"  {key:<32} {value:10.1f}")
+    return "\n".join(lines)
+
+
+def pool_rows_per_s(pool: SamplerPool, rows: np.ndarray, batch: SamplingBatch, in_flight: int,
+                    seconds: float) -> float:
+    """Rows/s with `in_flight` steps of `rows` at a time through `pool`."""
+    import asyncio
+
+    import torch
+
+    logits = torch.from_numpy(rows)
+
+    async def drive() -> float:
+        await pool(logits, batch)  # warm up every connection
+        done, deadline = 0, time.perf_counter() + seconds
+
+        async def worker():
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await pool(logits, batch)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return done * len(rows) / (time.perf_counter() - start)
+
+    return asyncio.run(drive())
+
+
+def run_endpoints(max_endpoints: int = 2, batch_size: int = 64, vocab: int = 49_152,
+                  seconds: float = 5.0, log_dir: Path | None = None) -> dict:
+    rows = np.ascontiguousarray(rows_for(vocab, batch_size), np.float32)
+    batch = make_batch(ALL_FEATURES, rows, history_tokens=256)
+    shm_bytes = max(64 * MiB, 4 * rows.nbytes)
+    servers, results = [], []
+    try:
+        for index in range(max_endpoints):
+            repository = Path(tempfile.mkdtemp(prefix="simple-sampler-bench-"))
+            write_model(repository, "simple_sampler", "simple_sampler",
+                        vars(SamplerConfig(sampler_instances=1, max_batch_size=batch_size,
+                                           vocab_size=vocab)))
+            log = (log_dir / f"tritonserver-endpoint-{index}.log") if log_dir else None
+            servers.append(TritonServer(repository, shm_bytes=shm_bytes, log_path=log).start())
+        for count in range(1, max_endpoints + 1):
+            pool = SamplerPool([SamplerTarget(s.grpc_url, RemoteSampler(s.grpc_url), 1)
+                                for s in servers[:count]])
+            results.append({"endpoints": count,
+                            "rows_per_s": pool_rows_per_s(pool, rows, batch, 2 * count, seconds),
+                            "bytes_per_step": int(rows.nbytes)})
+    finally:
+        for server in servers:
+            server.stop()
+    return {"results": results,
+            "settings": {"batch": batch_size, "vocab": vocab, "rows": "smollm2"
+                         if vocab == 49_152 else "synthetic", "params": "bench kernels 'simple'",
+                         "logits": "inline over gRPC (as between hosts), float32",
+                         "instances_per_endpoint": 1, "in_flight": "2 x endpoints",
+                         "hosts": "every server on this machine (loopback)"}}
+
+
+def format_endpoints_report(report: dict) -> str:
+    lines = [f"{'endpoints':>9}  {'rows/s':>10}  {'vs 1 endpoint':>13}  {'MB per step':>11}"]
+    first = report["results"][0]["rows_per_s"]
+    for entry in report["results"]:
+        lines.append(f"{entry['endpoints']:>9}  {entry['rows_per_s']:>10.0f}  "
+                     f"{entry['rows_per_s'] / first:>12.2f}x  "
+                     f"{entry['bytes_per_step'] / 1e6:>11.1f}")
+    lines.append(f"({report['settings']['logits']}; {report['settings']['hosts']})")
     return "\n".join(lines)
