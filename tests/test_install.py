@@ -98,14 +98,21 @@ def test_each_dockerfile_installs_through_the_script_and_copies_existing_paths(d
         assert any(c[-1] == "torch==2.13.0" for c in commands)
 
 
-def test_compose_gives_every_service_shared_memory():
-    text = (ROOT / "docker" / "compose.yaml").read_text()
-    services = re.findall(r"^  (\w+):\n((?:    .*\n|\n)*)", text, re.MULTILINE)
-    assert {name for name, _ in services} == {"cpu", "gpu"}
-    for name, body in services:
-        assert re.search(r"shm_size: \d+g", body), name
-        dockerfile = re.search(r"dockerfile: (\S+)", body).group(1)
-        assert (ROOT / dockerfile).is_file()
+def test_compose_services_have_shared_memory_a_grace_and_real_endpoints():
+    import yaml
+
+    services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
+    assert {"cpu", "gpu", "sampler-a", "sampler-b", "cpu-remote"} <= set(services)
+    for name, service in services.items():
+        assert re.fullmatch(r"\d+g", service["shm_size"]), name
+        assert (ROOT / service["build"]["dockerfile"]).is_file(), name
+        # serve's default --shutdown-grace (30 s) + 15 s must fit before docker's SIGKILL
+        assert int(service["stop_grace_period"].rstrip("s")) >= 45, name
+    command = services["cpu-remote"]["command"]
+    endpoints = command[command.index("--sampler-endpoints") + 1].split(",")
+    for endpoint in endpoints[1:]:
+        host, port = endpoint.split(":")
+        assert "--sampler-only" in services[host]["command"] and port == "8001"
 
 
 @pytest.mark.slow
