@@ -7,6 +7,7 @@ no state between requests (draws are keyed by seed and step), so any
 instance can serve any row.
 """
 import json
+import logging
 import os
 import time
 
@@ -15,6 +16,8 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.shvs.hot_vocab import load_profile
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
+
+log = logging.getLogger("simple_sampler.backend")
 
 
 def _as_array(tensor):
@@ -29,6 +32,8 @@ def _as_array(tensor):
 
 class TritonPythonModel:
     def initialize(self, args):
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.num_threads = int(parameters.get("num_threads", "1"))
@@ -76,6 +81,12 @@ class TritonPythonModel:
                 failed += 1
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            except Exception as error:  # noqa: BLE001 - ours, not the client's: log, answer, go on
+                log.exception("sampling a request with inputs %s failed",
+                              ", ".join(name for name, tensor in inputs.items() if tensor is not None))
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
             rows += len(decoded)
             tried += int((outcomes >= 0).sum())
