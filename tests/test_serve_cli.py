@@ -85,3 +85,13 @@ def test_fill_template_in_place(tmp_path):
     result = subprocess.run([*COMMAND, "fill-template", "-i", str(config), "bogus:1"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "no placeholder named bogus" in result.stderr
+
+
+def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, tmp_path):
+    from simple_sampler.triton.logs import LOG_LEVEL_ENV, configure
+    from simple_sampler.triton.server import TritonServer
+
+    server = TritonServer(tmp_path, log_level="WARNING")
+    assert server.environment()[LOG_LEVEL_ENV] == "WARNING"
+    with pytest.raises(ValueError, match="log level must be one of DEBUG, INFO, WARNING, ERROR"):
+        configure("LOUD")

@@ -15,6 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.shvs.hot_vocab import load_profile
+from simple_sampler.triton import logs
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
 
 log = logging.getLogger("simple_sampler.backend")
@@ -32,8 +33,7 @@ def _as_array(tensor):
 
 class TritonPythonModel:
     def initialize(self, args):
-        logging.basicConfig(level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs.configure()
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.num_threads = int(parameters.get("num_threads", "1"))
@@ -66,6 +66,9 @@ class TritonPythonModel:
                                         "Rows SHVS tried to decide from the hot set")
         self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
                                            "Rows SHVS decided from the hot set alone")
+        log.info("%s ready: %d kernel thread(s), vocabulary %s, hot set %s",
+                 args["model_instance_name"], self.num_threads, self.vocab_size or "any",
+                 f"of {len(self.hot_vocab.ids)} ids" if self.hot_vocab else "off")
 
     def execute(self, requests):
         started = time.perf_counter()

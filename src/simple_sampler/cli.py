@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -106,11 +105,10 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .triton import serve as serving
+    from .triton import logs, serve as serving
     from .triton.server import SamplerConfig
 
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level)
 
     sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
                             max_queue_delay_us=args.max_queue_delay_us,
@@ -125,7 +123,7 @@ def serve(args: argparse.Namespace) -> int:
         sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
-                       shutdown_grace_s=args.shutdown_grace)
+                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level)
 
 
 GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
@@ -276,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "elsewhere")
     server.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="the launcher's log (the supervisor's reloads, shutdown)")
+                        help="the launcher's and every model's log level (model lines go to "
+                             "the server log)")
     server.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM/SIGINT, time in-flight requests get to finish before "
                              "they end with an error (then Triton stops)")

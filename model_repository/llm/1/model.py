@@ -12,6 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
+from simple_sampler.triton import logs
 from simple_sampler.triton.llm_service import LlmService, LlmSettings, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
@@ -53,17 +54,18 @@ def error_code(error):
 
 class TritonPythonModel:
     def initialize(self, args):
-        logging.basicConfig(level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs.configure()
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         sampler_model = parameters.pop("sampler_model", "simple_sampler")
         settings = LlmSettings.from_parameters(parameters)
         self.service = LlmService(settings, call_sampler(sampler_model)
                                   if settings.sampling_mode == "simple" else None)
+        log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():
-            logging.getLogger(__name__).warning(
-                "initialize() is not on the stub's main thread: SIGTERM will not drain requests")
+            log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
+                        "drain requests")
+        log.info("%s ready: %s", args["model_instance_name"], settings)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),

@@ -1,17 +1,23 @@
 """Text to token ids with the model's own tokenizer (chat template on request)."""
 import json
+import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.serving.text import TextCodec
+from simple_sampler.triton import logs
 from simple_sampler.triton.generate_io import encode_prompt
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        logs.configure()
         parameters = json.loads(args["model_config"]).get("parameters", {})
         self.codec = TextCodec.from_source(parameters["model"]["string_value"] or None)
+        logging.getLogger("simple_sampler.preprocessing").info(
+            "%s ready: tokenizer of %s", args["model_instance_name"],
+            parameters["model"]["string_value"] or "SmolLM2-135M-Instruct")
 
     def execute(self, requests):
         responses = []

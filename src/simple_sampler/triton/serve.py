@@ -130,7 +130,7 @@ def show_demo(server: TritonServer, prompt: str) -> None:
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
         llm: LlmConfig | None = None, repository: Path | None = None,
         log_path: Path | None = None, demo: str | None = None,
-        shutdown_grace_s: float = 30.0, supervise: bool = True) -> int:
+        shutdown_grace_s: float = 30.0, supervise: bool = True, log_level: str = "INFO") -> int:
     """Serve until SIGINT/SIGTERM: then in-flight requests get
     `shutdown_grace_s` to finish and a final error after it, Triton stops,
     and no stub or shared-memory region is left. With `supervise`, a model
@@ -142,7 +142,7 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
-                              shutdown_grace_s=shutdown_grace_s)
+                              shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         server.start()
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Mapping
 
 from . import templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
+from .logs import LOG_LEVEL_ENV
 
 #: Bytes of one logit in each configurable datatype.
 ITEMSIZE = {"TYPE_FP32": 4, "TYPE_FP16": 2, "TYPE_BF16": 2}
@@ -108,6 +109,7 @@ class TritonServer:
     shm_bytes: int = 64 * MiB
     log_path: Path | None = None
     shutdown_grace_s: float = 30.0
+    log_level: str = "INFO"
     extra_args: tuple[str, ...] = ()
     install: TritonInstall = field(default_factory=find_triton)
     process: subprocess.Popen | None = None
@@ -158,6 +160,7 @@ class TritonServer:
         if sysconfig.get_config_var("Py_ENABLE_SHARED"):
             libs.insert(0, sysconfig.get_config_var("LIBDIR"))
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
+        env[LOG_LEVEL_ENV] = self.log_level  # the models' logs.configure()
         # Model processes must import this interpreter's packages (the venv's).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
