@@ -104,22 +104,28 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
 
     faulted = Streams(server.grpc_url, seeds, max_tokens=32, **SAMPLED)
     faulted.wait_started()
-    victim = stubs_of(server, "simple_sampler")[0]
+    before = stubs_of(server, "simple_sampler")
+    victim = before[0]
     os.kill(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
+
+    def fresh():
+        return [s for s in stubs_of(server, "simple_sampler") if s not in before]
+
     while time.monotonic() - killed_at < 30 and not (
-            supervisor.recoveries.get("simple_sampler") and
-            len(stubs_of(server, "simple_sampler")) == 2 and
+            supervisor.recoveries.get("simple_sampler") and len(fresh()) == 2 and
             ready(server, "v2/models/simple_sampler/ready")):
         time.sleep(0.1)
     restored_s = time.monotonic() - killed_at
     faulted.join()
+    time.sleep(supervisor.orphan_grace_s + 1)  # the old generation's survivor is gone by then
+    assert stubs_of(server, "simple_sampler") == fresh()
 
     assert not faulted.errors
     assert faulted.tokens == clean.tokens  # (seed, step) decide the draw, not the instance
     assert restored_s < 30 and supervisor.recoveries["simple_sampler"] == 1
-    assert victim.pid not in {stub.pid for stub in stubs_of(server, "simple_sampler")}
-    assert not (SHM_DIRECTORY / victim.shm_region).exists()
+    assert not [(SHM_DIRECTORY / s.shm_region) for s in before
+                if (SHM_DIRECTORY / s.shm_region).exists()]
     with urllib.request.urlopen(server.metrics_url) as response:
         retries = [float(line.split()[-1]) for line in response.read().decode().splitlines()
                    if line.startswith("simple_llm_sampler_retries_total")]
