@@ -178,6 +178,7 @@ class LLM:
 
     build_s = 0.0  # engine build time (tests raise it)
     iteration_s = 0.0  # time one iteration takes besides the processor
+    paused = False  # no iteration starts while set (tests: let requests arrive together)
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, batched_logits_processor=None,
@@ -246,6 +247,11 @@ class LLM:
             self.condition.notify_all()
         return output
 
+    def resume(self) -> None:
+        with self.condition:
+            self.paused = False
+            self.condition.notify_all()
+
     def fail(self, client_id: int, message: str) -> None:
         """Make the engine fail a request at its next iteration (tests)."""
         with self.condition:
@@ -282,7 +288,8 @@ class LLM:
         turn = 0
         while True:
             with self.condition:
-                self.condition.wait_for(lambda: not self.running or self.requests)
+                self.condition.wait_for(lambda: not self.running or
+                                        (self.requests and not self.paused))
                 if not self.running:
                     return
                 for request in list(self.requests):

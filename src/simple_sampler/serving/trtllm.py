@@ -547,8 +547,10 @@ class TrtLlmEngine:
     def close(self) -> None:
         """Abort every live request (TensorRT-LLM's shutdown waits for active
         requests, which would otherwise run to their token limit), answer
-        what is pending, shut the engine down, free the bridge."""
+        what is pending, shut the engine down, free the bridge. Idempotent."""
         with self.condition:
+            if self.exchange.closed:
+                return
             live = list(self.sequences)
         for seq_id in live:
             self.release(seq_id)
