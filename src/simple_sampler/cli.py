@@ -114,7 +114,8 @@ def serve(args: argparse.Namespace) -> int:
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
         micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
-                       repository=args.model_repository, log_path=args.log, demo=args.demo)
+                       repository=args.model_repository, log_path=args.log, demo=args.demo,
+                       startup_timeout=args.startup_timeout)
 
 
 GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")
+    server.add_argument("--startup-timeout", type=float, metavar="SECONDS",
+                        help="how long to wait for the models to load (default: 1800 with "
+                             "--engine tensorrt_llm, which builds its engine at start; else 180)")
     server.add_argument("--demo", metavar="PROMPT",
                         help="once ready, stream the answer to PROMPT, then keep serving")
     server.set_defaults(handler=serve)

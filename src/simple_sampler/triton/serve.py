@@ -19,6 +19,7 @@ from ..serving.engine import ENGINES
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
+from .startup import default_startup_timeout
 
 
 @dataclass
@@ -114,7 +115,8 @@ def show_demo(server: TritonServer, prompt: str) -> None:
 
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
         llm: LlmConfig | None = None, repository: Path | None = None,
-        log_path: Path | None = None, demo: str | None = None) -> int:
+        log_path: Path | None = None, demo: str | None = None,
+        startup_timeout: float | None = None) -> int:
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
@@ -122,7 +124,9 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path)
-        server.start()
+        if startup_timeout is not None and not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+        server.start(startup_timeout or default_startup_timeout(llm and llm.engine))
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
