@@ -1,16 +1,47 @@
 """A fake of exactly the TensorRT-LLM API surface ``serving/trtllm.py`` uses.
 
-Written from TensorRT-LLM's documented signatures (NVIDIA/TensorRT-LLM):
+``tests/trtllm_api.json`` records each name and signature with the source
+file it was checked against (NVIDIA/TensorRT-LLM); ``test_trtllm_api.py``
+holds this fake to it. What each piece mirrors:
 
 * ``LLM(model, tensor_parallel_size, pipeline_parallel_size,
   batched_logits_processor, skip_tokenizer_init, max_batch_size,
-  max_seq_len)``: fields of ``tensorrt_llm/llmapi/llm_args.py``; the
-  processor is pickled into the executor worker (``executor/executor.py``
-  ``GenerationExecutor.create`` passes it in the worker's kwargs).
+  max_input_len, max_seq_len, max_num_tokens, enable_build_cache)``:
+  ``_tensorrt_engine/llm.py`` ``LLM.__init__`` (named parameters, the rest
+  keyword arguments checked against the fields of ``llmapi/llm_args.py``;
+  unknown ones are refused, as by its strict pydantic model). The engine is
+  built in the constructor (``_tensorrt_engine/llm.py`` ``LLM._build_model``)
+  unless the model is a prebuilt engine (config.json with ``build_config``)
+  or the build cache has it (``llmapi/build_cache.py`` ``CachedStage``,
+  keyed by the build settings and the model path): ``build_s`` models the
+  build time. Without ``max_input_len`` the limit is 1024 (``llm_args.py``
+  ``BuildConfig`` default).
 * ``LLM.generate_async(inputs, sampling_params, streaming)`` returns a
-  ``RequestOutput`` whose ``request_id`` is the executor's client id
-  (``executor/result.py``) and whose ``abort()`` cancels the request;
-  ``LLM.shutdown()``.
+  ``RequestOutput`` (``executor/result.py`` ``GenerationResult``) whose
+  ``request_id`` is the *client* id (``GenerationResult.request_id``); the
+  engine gives the request its own id, different (``executor/worker.py``
+  keeps ``_client_id_to_request_id``), and the processor gets both
+  (``req_ids``: the engine's, ``client_ids``: ours).
+* Per-request errors come *after* submission (a prompt longer than
+  ``max_input_len``: ``cpp/tensorrt_llm/batch_manager/llmRequest.cpp``
+  ``LlmRequest::validate``; any failure: ``LLM.fail``) as an error response
+  in the request's queue; only a reader sees it: ``result()`` / ``aresult()``
+  raise it (``GenerationResult._handle_response`` ->
+  ``executor/executor.py`` ``_handle_background_error`` raises
+  ``RequestError``). Like the real one, ``aresult`` needs the event loop that
+  was running when the request was created (``GenerationResultBase.__init__``
+  picks an asyncio queue only under ``has_event_loop()``).
+* ``RequestOutput.abort()`` (``GenerationResult.abort`` ->
+  ``executor/worker.py`` ``abort_request`` -> the C++ executor's
+  ``cancelRequest``) is asynchronous: the executor acts on cancelled ids at
+  iteration boundaries (``cpp/tensorrt_llm/executor/executorImpl.cpp``, its
+  execution loop), so a request aborted between iterations still takes part
+  in the next one (its row comes once more), and one aborted during an
+  iteration ends after it; either way it ends with a final (cancelled)
+  response and holds its slot until then.
+* ``LLM.shutdown()`` waits until the active requests have finished
+  (``executor/worker.py`` ``shutdown`` -> the C++ ``Executor::shutdown``):
+  a live request runs to its ``max_tokens`` first.
 * ``SamplingParams``: keyword-only fields of ``tensorrt_llm/sampling_params.py``
   (``ignore_eos`` makes the end id -1, ``executor/worker.py``).
 * ``BatchedLogitsProcessor.__call__(req_ids, logits, token_ids, stream_ptr,
@@ -20,21 +51,25 @@ Written from TensorRT-LLM's documented signatures (NVIDIA/TensorRT-LLM):
   logitsPostProcessor.cpp``), each row ``[beam, 1, padded vocab]`` as in
   ``examples/llm-api/llm_logits_processor.py``; the greedy sampler then takes
   the argmax.
+* ``BuildCacheConfig(cache_root, max_records, max_cache_storage_gb)``:
+  ``llmapi/build_cache.py``.
 
-What the fake models: in-flight batching in which every active request is in
-every iteration, or with ``pipeline_parallel_size`` p, p micro-batches that
-take turns (a request's micro-batch fixed at arrival, as the last pipeline
-stage processes them one after another); logits that are a deterministic
-function of a request's tokens; a padded vocabulary whose padding would win
-an unmasked argmax. What it does not model: CUDA (tensors are on the CPU and
-``stream_ptr`` is None), separate worker processes (the processor runs in a
-thread of this process, after a pickle round trip), timing, KV-cache limits.
+Also modelled: in-flight batching in which every scheduled request (at
+most ``max_batch_size``, in arrival order) is in every iteration, or with ``pipeline_parallel_size`` p, p micro-batches that take
+turns; logits that are a deterministic function of a request's tokens; a
+padded vocabulary whose padding would win an unmasked argmax. Not modelled:
+CUDA (tensors are on the CPU and ``stream_ptr`` is None), separate worker
+processes (the processor runs in a thread of this process, after a pickle
+round trip), KV-cache limits, iteration timing beyond ``iteration_s``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import pickle
+import queue
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +79,13 @@ import numpy as np
 import torch
 
 PADDING = 3  # vocabulary padding columns (tensor-parallel padding in the real engine)
+ENGINE_ID_OFFSET = 1000  # engine request ids start here, client ids at 1
+DEFAULT_MAX_INPUT_LEN = 1024
+__version__ = "1.0.0"  # the NGC 25.10 image's release (tensorrt_llm/version.py)
+
+
+class RequestError(RuntimeError):
+    """``executor/utils.py`` ``RequestError``: a per-request failure."""
 
 
 @dataclass(kw_only=True)
@@ -57,6 +99,13 @@ class SamplingParams:
     apply_batched_logits_processor: bool = False
 
 
+class BuildCacheConfig:
+    def __init__(self, cache_root: Optional[Path] = None, max_records: int = 10,
+                 max_cache_storage_gb: float = 256):
+        self.cache_root, self.max_records = cache_root, max_records
+        self.max_cache_storage_gb = max_cache_storage_gb
+
+
 def model_row(tokens: List[int], vocab_size: int) -> torch.Tensor:
     """The fake model: next-token logits as a function of the tokens alone."""
     generator = torch.Generator().manual_seed(zlib.crc32(np.asarray(tokens, np.int64).tobytes()))
@@ -66,89 +115,217 @@ def model_row(tokens: List[int], vocab_size: int) -> torch.Tensor:
 
 
 class RequestOutput:
+    """``GenerationResult``: responses arrive in a queue; reading them is what
+    surfaces an error."""
+
     def __init__(self, llm: "LLM", request_id: int):
         self._llm, self.request_id = llm, request_id
+        self._done = False
+        self._error: Optional[str] = None
+        self.finish_reason: Optional[str] = None
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._aqueue: Optional[asyncio.Queue] = asyncio.Queue()
+        except RuntimeError:
+            self._loop, self._aqueue = None, None
+        self._queue: queue.Queue = queue.Queue()
+
+    def _respond(self, finish_reason: Optional[str], error: Optional[str]) -> None:
+        """The engine's final response (any thread)."""
+        if self._aqueue is not None:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, (finish_reason, error))
+        else:
+            self._queue.put((finish_reason, error))
+
+    def _handle(self, response) -> None:
+        self.finish_reason, error = response
+        self._done = True
+        if error is not None:
+            raise RequestError(error)
+
+    def result(self, timeout: Optional[float] = None) -> "RequestOutput":
+        while not self._done:
+            self._handle(self._queue.get(timeout=timeout))
+        return self
+
+    async def aresult(self) -> "RequestOutput":
+        assert self._aqueue is not None, ("The asyncio event loop was not present during "
+                                          "initialization, so async operations are not available.")
+        while not self._done:
+            self._handle(await self._aqueue.get())
+        return self
 
     def abort(self) -> None:
-        self._llm.aborted.add(self.request_id)
+        self._llm._abort(self.request_id)
 
 
 @dataclass(eq=False)
 class _Request:
-    request_id: int
+    client_id: int
+    engine_id: int
     tokens: List[int]
     params: SamplingParams
     micro_batch: int
+    output: RequestOutput
     generated: int = 0
+    cancelled_at: Optional[int] = None  # the last iteration it takes part in
 
 
 class LLM:
     """Runs iterations in a thread while requests are active. ``model`` is a
-    directory whose ``config.json`` gives ``vocab_size`` (a checkpoint's)."""
+    directory whose ``config.json`` gives ``vocab_size`` (a checkpoint's) or
+    ``pretrained_config.vocab_size`` and ``build_config`` (a prebuilt engine)."""
+
+    build_s = 0.0  # engine build time (tests raise it)
+    iteration_s = 0.0  # time one iteration takes besides the processor
+    paused = False  # no iteration starts while set (tests: let requests arrive together)
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, batched_logits_processor=None,
                  skip_tokenizer_init: bool = False, max_batch_size: Optional[int] = None,
-                 max_seq_len: Optional[int] = None):
+                 max_input_len: Optional[int] = None, max_seq_len: Optional[int] = None,
+                 max_num_tokens: Optional[int] = None, enable_build_cache=False):
         self.model, self.max_batch_size, self.max_seq_len = model, max_batch_size, max_seq_len
-        self.vocab_size = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+        config = json.loads((Path(model) / "config.json").read_text())
+        self.vocab_size = config.get("vocab_size") or config["pretrained_config"]["vocab_size"]
+        self.max_input_len = max_input_len or config.get("build_config", {}).get(
+            "max_input_len", DEFAULT_MAX_INPUT_LEN)
+        self.max_num_tokens = max_num_tokens
         self.tensor_parallel_size, self.pipeline_parallel_size = (tensor_parallel_size,
                                                                   pipeline_parallel_size)
+        self.enable_build_cache = enable_build_cache
+        self.built = self._build(config)
         self.processor = pickle.loads(pickle.dumps(batched_logits_processor))
         self.requests: list[_Request] = []
-        self.aborted: set[int] = set()
-        self.finished: dict[int, List[int]] = {}  # request id -> generated tokens
+        self.finished: dict[int, List[int]] = {}  # client id -> tokens, ended by the engine
+        self.aborted: set[int] = set()  # client ids
+        self.failures: dict[int, str] = {}  # client id -> error to report at the next iteration
         self.errors: list[BaseException] = []
-        self.iterations: list[list[int]] = []  # request ids per iteration
+        self.iterations: list[list[int]] = []  # client ids per iteration
+        self.engine_ids: list[list[int]] = []  # engine ids per iteration
         self.choose = lambda row: int(row.argmax())  # the greedy sampler (tests may override)
-        self.next_id, self.arrivals = 1, 0
+        self.next_id, self.arrivals, self.count = 1, 0, 0
+        self.in_iteration = False
         self.condition = threading.Condition()
         self.running = True
         self.thread = threading.Thread(target=self._run, name="fake-trtllm", daemon=True)
         self.thread.start()
 
+    def _build(self, config: dict) -> bool:
+        """Build the engine unless it is prebuilt or cached; True if built."""
+        if "build_config" in config:
+            return False
+        cache = self.enable_build_cache
+        entry = None
+        if cache:
+            root = Path(cache.cache_root)
+            key = zlib.crc32(json.dumps([str(Path(self.model).resolve()), self.max_batch_size,
+                                         self.max_input_len, self.max_seq_len]).encode())
+            entry = root / f"engine-{key:08x}"
+            if entry.is_dir():
+                return False
+        time.sleep(self.build_s)
+        if entry is not None:
+            entry.mkdir(parents=True)
+        return True
+
     def generate_async(self, inputs: List[int], sampling_params: SamplingParams,
                        streaming: bool = False) -> RequestOutput:
         assert sampling_params.apply_batched_logits_processor and sampling_params.top_k == 1
         with self.condition:
-            request = _Request(self.next_id, list(inputs), sampling_params,
-                               self.arrivals % self.pipeline_parallel_size)
+            output = RequestOutput(self, self.next_id)
+            request = _Request(self.next_id, ENGINE_ID_OFFSET + self.next_id, list(inputs),
+                               sampling_params, self.arrivals % self.pipeline_parallel_size,
+                               output)
             self.next_id += 1
             self.arrivals += 1
+            if len(inputs) > self.max_input_len:
+                self.failures[request.client_id] = (
+                    f"Prompt length ({len(inputs)}) exceeds maximum input length "
+                    f"({self.max_input_len}).")
             self.requests.append(request)
             self.condition.notify_all()
-        return RequestOutput(self, request.request_id)
+        return output
+
+    def resume(self) -> None:
+        with self.condition:
+            self.paused = False
+            self.condition.notify_all()
+
+    def fail(self, client_id: int, message: str) -> None:
+        """Make the engine fail a request at its next iteration (tests)."""
+        with self.condition:
+            self.failures[client_id] = message
+
+    def _abort(self, client_id: int) -> None:
+        with self.condition:
+            self.aborted.add(client_id)
+            for request in self.requests:
+                if request.client_id == client_id and request.cancelled_at is None:
+                    # during an iteration: that one is its last; between: the next one
+                    request.cancelled_at = self.count if self.in_iteration else self.count + 1
 
     def shutdown(self) -> None:
+        """Waits for the active requests to finish, then stops."""
         with self.condition:
+            # (an engine whose loop is gone cannot finish them: InertLLM in tests)
+            self.condition.wait_for(lambda: not self.requests or not self.thread.is_alive(),
+                                    timeout=120)
             self.running = False
             self.condition.notify_all()
         self.thread.join(timeout=10)
+
+    def _end(self, request: _Request, finish_reason: Optional[str],
+             error: Optional[str] = None) -> None:
+        """Lock held: the request's final response."""
+        self.requests.remove(request)
+        if error is None and finish_reason != "cancelled":
+            self.finished[request.client_id] = request.tokens
+        request.output._respond(finish_reason, error)
+        self.condition.notify_all()
 
     def _run(self) -> None:
         turn = 0
         while True:
             with self.condition:
-                self.condition.wait_for(lambda: not self.running or self.requests)
+                self.condition.wait_for(lambda: not self.running or
+                                        (self.requests and not self.paused))
                 if not self.running:
                     return
-                self.requests = [r for r in self.requests if r.request_id not in self.aborted]
-                batch = [r for r in self.requests
+                for request in list(self.requests):
+                    message = self.failures.pop(request.client_id, None)
+                    if message is not None:
+                        self._end(request, None, message)
+                    elif request.cancelled_at is not None and request.cancelled_at <= self.count:
+                        self._end(request, "cancelled")
+                # The capacity scheduler (cpp/tensorrt_llm/batch_manager/
+                # capacityScheduler.cpp) schedules at most max_batch_size requests,
+                # in arrival order; the others wait (an aborted one holds its
+                # slot until it has ended).
+                scheduled = self.requests[:self.max_batch_size or len(self.requests)]
+                batch = [r for r in scheduled
                          if r.micro_batch == turn % self.pipeline_parallel_size]
                 turn += 1
+                self.count += 1  # this iteration's number
+                self.in_iteration = True
             if batch:
                 self._iterate(batch)
+            with self.condition:
+                self.in_iteration = False
+            time.sleep(self.iteration_s)
 
     def _iterate(self, batch: list[_Request]) -> None:
-        self.iterations.append([r.request_id for r in batch])
+        self.iterations.append([r.client_id for r in batch])
+        self.engine_ids.append([r.engine_id for r in batch])
         logits = [model_row(r.tokens, self.vocab_size).reshape(1, 1, -1) for r in batch]
         try:
-            self.processor([r.request_id for r in batch], logits, [[r.tokens] for r in batch],
-                           None, [r.request_id for r in batch])
+            self.processor([r.engine_id for r in batch], logits, [[r.tokens] for r in batch],
+                           None, [r.client_id for r in batch])
         except Exception as error:  # the real executor fails the iteration's requests
             self.errors.append(error)
             with self.condition:
-                self.aborted.update(r.request_id for r in batch)
+                for request in batch:
+                    self._end(request, None, f"{type(error).__name__}: {error}")
             return
         with self.condition:
             for request, row in zip(batch, logits):
@@ -156,6 +333,11 @@ class LLM:
                 request.tokens.append(token)
                 request.generated += 1
                 end_id = -1 if request.params.ignore_eos else request.params.end_id
-                if token == end_id or request.generated >= request.params.max_tokens:
-                    self.finished[request.request_id] = request.tokens
-                    self.requests.remove(request)
+                if token == end_id:
+                    self._end(request, "stop")
+                elif request.generated >= request.params.max_tokens:
+                    self._end(request, "length")
+
+
+API = (LLM, SamplingParams, BuildCacheConfig, __version__)
+"""What ``load_tensorrt_llm`` returns, faked (``trtllm.TrtLlmApi``'s fields)."""

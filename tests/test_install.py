@@ -48,9 +48,9 @@ def test_the_default_is_the_development_install():
 
 def test_the_ngc_install_keeps_the_containers_python_and_torch():
     code, commands, _ = dry_run("--system", "--python", "python3", "--no-torch", "--no-smollm2",
-                                "--extras", "serve")
+                                "--extras", "client")
     assert code == 0
-    assert commands[0] == ["python3", "-m", "pip", "install", "--quiet", f"{ROOT}[serve]"]
+    assert commands[0] == ["python3", "-m", "pip", "install", "--quiet", f"{ROOT}[client]"]
     assert commands[1][:2] == ["python3", "-c"] and len(commands) == 2  # no venv, no torch
 
 
@@ -94,6 +94,9 @@ def test_each_dockerfile_installs_through_the_script_and_copies_existing_paths(d
         assert not any("torch==" in " ".join(c) for c in commands)  # NGC's torch stays
         assert "TRITONSERVER=/opt/tritonserver/bin/tritonserver" in environment
         assert "/opt/tritonserver/backends/simple_sampler/model.py" in installs[0]
+        # No nvidia-pytriton (the serve extra) next to TensorRT-LLM's pins.
+        assert any(c[-1] == f"{ROOT}[client]" for c in commands)
+        assert "SIMPLE_SAMPLER_ENGINE_CACHE=/models/engine-cache" in environment
     else:
         assert any(c[-1] == "torch==2.13.0" for c in commands)
 

@@ -7,6 +7,8 @@ import json
 import pickle
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import torch
 import fake_tensorrt_llm as fake
 from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
 from simple_sampler.triton.llm_service import LlmSettings, build_engine
@@ -33,7 +36,7 @@ def make_engine(model_dir):
 
     def make(llm_class=fake.LLM, **kwargs):
         settings = dict(max_batch_size=4, max_context=64, step_timeout_s=10)
-        engine = TrtLlmEngine.from_source(model_dir, api=(llm_class, fake.SamplingParams),
+        engine = TrtLlmEngine.from_source(model_dir, api=(llm_class, *fake.API[1:]),
                                           **{**settings, **kwargs})
         engines.append(engine)
         return engine
@@ -118,6 +121,9 @@ def test_the_decode_loop_over_the_bridge_gives_the_tokens_of_the_direct_model(
     assert len(decoder.lanes) == 1  # the engine's own batching replaces the lanes
     iterations = engine.llm.iterations
     assert max(len(i) for i in iterations) <= 4  # max_batch_size, the rest queued
+    # The processor got the engine's ids and ours, never equal: rows were matched by ours.
+    assert not {i for it in iterations for i in it} & {i for it in engine.llm.engine_ids
+                                                         for i in it}
     if pipeline_parallel_size == 2:  # micro-batches took turns: partial iterations
         assert any(len(i) < len(set().union(*iterations[k - 1:k + 1]))
                    for k, i in enumerate(iterations) if k)
@@ -159,9 +165,8 @@ def test_a_failing_sampler_fails_its_rows_and_the_engine_keeps_serving(make_engi
 
 
 def test_a_stalled_engine_times_out_and_a_wrong_token_is_detected(make_engine):
-    engine = make_engine(step_timeout_s=0.3)
+    engine = make_engine(llm_class=InertLLM, step_timeout_s=0.3)  # no iterations
     engine.add("a", [1, 2])
-    engine.llm.shutdown()  # no more iterations
     with pytest.raises(RuntimeError, match="no row within 0.3 s"):
         engine.step(["a"])
 
@@ -247,3 +252,162 @@ def test_tensorrt_llm_is_imported_only_when_asked_for():
 def test_serve_configuration_is_checked(config, message):
     with pytest.raises(ValueError, match=message):
         config.validate()
+
+
+def test_an_engine_error_mid_generation_ends_that_request_and_the_others_continue(make_engine):
+    engine = make_engine()
+    calls = []
+
+    async def sampler(logits, batch):
+        calls.append(len(batch))
+        if len(calls) == 3:  # request 1 is live: the engine fails it after submission
+            engine.llm.fail(engine.sequences[1].client_id, "CUDA error: an illegal memory access")
+        return await threaded()(logits, batch)
+
+    batch = [GenerationRequest(text="abc", max_tokens=12, ignore_end=True,
+                               sampling=SamplingParams(seed=i)) for i in range(3)]
+    results, _ = run(engine, batch, sampler=sampler)
+    assert results[1][-1].error == ("TensorRT-LLM failed the request: RequestError: CUDA error: "
+                                    "an illegal memory access")
+    # Reported within one step: the failed request got no further token after
+    # the engine's next iteration.
+    assert len(tokens_of(results[1])) <= 4
+    expected, _ = run(ModelEngine(), [GenerationRequest(text="abc", max_tokens=12, ignore_end=True,
+                                                        sampling=SamplingParams(seed=i))
+                                      for i in range(3)])
+    for index in (0, 2):
+        assert results[index][-1].finish_reason == "length"
+        assert tokens_of(results[index]) == tokens_of(expected[index])
+    assert engine.sequences == {} and engine.exchange.by_client == {}
+
+
+def test_a_prompt_the_engine_rejects_fails_at_once_and_max_input_len_follows_max_context(
+        make_engine):
+    engine = make_engine(max_context=2000, max_batch_size=2)
+    assert engine.llm.max_input_len == 1999 and engine.llm.max_seq_len == 2000
+    engine.add("long", [i % VOCAB for i in range(1, 1500)])  # above TensorRT-LLM's default 1024
+    assert engine.wait_ready(["long"], timeout=10) == ["long"]
+    assert engine.step(["long"]).shape == (1, VOCAB)
+
+    class DefaultLimitLLM(fake.LLM):  # an engine left at max_input_len 1024
+        def __init__(self, model, **kwargs):
+            super().__init__(model, **{**kwargs, "max_input_len": None})
+
+    engine = make_engine(llm_class=DefaultLimitLLM, max_context=2000, max_batch_size=2)
+    engine.add("long", [i % VOCAB for i in range(1, 1500)])
+    engine.add("short", [1, 2])
+    assert engine.wait_ready(["long", "short"], timeout=10)
+    with pytest.raises(SequenceFailed) as failure:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            engine.step(engine.wait_ready(["long"]))
+    assert list(failure.value.failed) == ["long"]
+    assert "Prompt length (1499) exceeds maximum input length (1024)" in failure.value.failed["long"]
+    assert engine.step(["short"]).shape == (1, VOCAB)  # the other one goes on
+
+
+def test_a_request_aborted_between_iterations_is_in_one_more_and_its_row_is_not_answered(
+        make_engine):
+    class Paced(fake.LLM):
+        iteration_s = 1.0  # a pause between iterations to abort in
+        paused = True
+
+    engine = make_engine(llm_class=Paced)
+    engine.add("a", [1, 2])
+    engine.add("b", [3])
+    engine.llm.resume()  # both in the first iteration
+    ids = {key: engine.sequences[key].client_id for key in "ab"}
+    assert engine.wait_ready(["a", "b"], timeout=10) == ["a", "b"]
+    engine.step(["a", "b"])
+    request = engine.sequences["a"].request
+    engine.append(["a", "b"], [4, 5])
+    time.sleep(0.2)  # the iteration has ended; the next starts 1 s after it
+    engine.release("a")  # between iterations: the next one still has it
+    for token in (6, 7):
+        assert engine.wait_ready(["b"], timeout=10) == ["b"]
+        engine.step(["b"])
+        engine.append(["b"], [token])
+    assert engine.wait_ready(["b"], timeout=10) == ["b"]
+    iterations = [sorted(i) for i in engine.llm.iterations]
+    assert iterations[-3:] == [sorted(ids.values()), [ids["b"]], [ids["b"]]]
+    deadline = time.monotonic() + 10
+    while request.finish_reason is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert request.finish_reason == "cancelled" and ids["a"] in engine.llm.aborted
+    # b's rows followed b alone: its tokens reached the engine in order.
+    assert engine.llm.requests[0].tokens == [3, 5, 6, 7]
+
+
+def test_close_aborts_live_requests_instead_of_waiting_for_their_token_limit(make_engine):
+    class SlowLLM(fake.LLM):
+        iteration_s = 0.01  # 10,000 tokens: 100 s if shutdown waited for them
+
+    engine = make_engine(llm_class=SlowLLM, max_context=10_000)
+    engine.add("a", [1, 2])
+    assert engine.wait_ready(["a"], timeout=10) == ["a"]
+    engine.step(["a"])
+    engine.append(["a"], [3])
+    request = engine.sequences["a"].request
+    started = time.monotonic()
+    engine.close()
+    assert time.monotonic() - started < 5
+    assert request.finish_reason == "cancelled" and not engine.llm.requests
+
+
+def test_a_prebuilt_engine_is_checked_against_the_flags_and_not_rebuilt(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "pretrained_config": {"vocab_size": VOCAB},
+        "build_config": {"max_batch_size": 8, "max_input_len": 511, "max_seq_len": 512}}))
+    for kwargs, field in ((dict(max_batch_size=16, max_context=512), "max_batch_size=8"),
+                          (dict(max_batch_size=8, max_context=600), "max_input_len=511")):
+        with pytest.raises(ValueError, match=rf"prebuilt engine .* has {field}, below"):
+            TrtLlmEngine.from_source(tmp_path, api=fake.API, **kwargs)
+    engine = TrtLlmEngine.from_source(tmp_path, api=fake.API, max_batch_size=8, max_context=512)
+    try:
+        assert not engine.llm.built and engine.llm.enable_build_cache is False
+        assert engine.llm.max_input_len == 511  # the engine's own, not passed
+    finally:
+        engine.close()
+
+
+def test_a_checkpoint_is_built_once_then_loaded_from_the_build_cache(model_dir, tmp_path):
+    class SlowBuild(fake.LLM):
+        build_s = 1.0
+
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        engine = TrtLlmEngine.from_source(model_dir, api=(SlowBuild, *fake.API[1:]),
+                                          max_batch_size=2, max_context=64,
+                                          build_cache_dir=tmp_path / "cache")
+        times.append((time.monotonic() - started, engine.llm.built))
+        assert engine.llm.enable_build_cache.cache_root == tmp_path / "cache"
+        engine.close()
+    assert times[0][1] and times[0][0] >= 1.0
+    assert not times[1][1] and times[1][0] < 1.0
+
+
+def fake_module(version, tensorrt_backend=True):
+    module = types.ModuleType("tensorrt_llm")
+    module.__version__, module.LLM, module.SamplingParams = version, "pytorch LLM", fake.SamplingParams
+    modules = {"tensorrt_llm": module}
+    if tensorrt_backend:
+        modules["tensorrt_llm._tensorrt_engine"] = types.SimpleNamespace(LLM=fake.LLM)
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.BuildCacheConfig = fake.BuildCacheConfig
+    modules["tensorrt_llm.llmapi"] = llmapi
+    return modules
+
+
+def test_the_import_takes_the_tensorrt_backend_and_refuses_a_release_without_it(monkeypatch):
+    for name, module in fake_module("1.0.0").items():
+        monkeypatch.setitem(sys.modules, name, module)
+    api = load_tensorrt_llm()
+    assert api.LLM is fake.LLM and api.BuildCacheConfig is fake.BuildCacheConfig
+    assert api.version == "1.0.0"
+    monkeypatch.setitem(sys.modules, "tensorrt_llm._tensorrt_engine", None)  # import fails
+    with pytest.raises(ImportError, match=r"TensorRT-LLM 1\.0\.0 has no tensorrt_llm\."
+                                          r"_tensorrt_engine\.LLM.*PyTorch backend"):
+        load_tensorrt_llm()
+    sys.modules["tensorrt_llm"].__version__ = "0.17.0"  # 0.x: LLM is the TensorRT backend
+    assert load_tensorrt_llm().LLM == "pytorch LLM"

@@ -123,7 +123,8 @@ def serve(args: argparse.Namespace) -> int:
         sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
-                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level)
+                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level,
+                       startup_timeout=args.startup_timeout)
 
 
 GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
@@ -279,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM/SIGINT, time in-flight requests get to finish before "
                              "they end with an error (then Triton stops)")
+    server.add_argument("--startup-timeout", type=float, metavar="SECONDS",
+                        help="how long to wait for the models to load (default: 1800 with "
+                             "--engine tensorrt_llm, which builds its engine at start; else 180)")
     server.add_argument("--demo", metavar="PROMPT",
                         help="once ready, stream the answer to PROMPT, then keep serving")
     server.set_defaults(handler=serve)

@@ -61,7 +61,7 @@ import torch
 
 from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..sampling import sample
-from .engine import Engine
+from .engine import Engine, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
 
@@ -478,6 +478,10 @@ class Decoder:
                     self.stats.sampling_exposed_s += local_sample_s
                 self._record(len(sequences), waited_s + forward_s, sampler_s)
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+            except SequenceFailed as error:  # the engine failed only these: the others go on
+                for sequence in sequences:
+                    if sequence.request_id in error.failed:
+                        self._finish(sequence, error=error.failed[sequence.request_id])
             except Exception as error:  # noqa: BLE001 - every request must get its final event
                 log.exception("decode step of %d sequences failed", len(sequences))
                 for sequence in sequences:

@@ -67,6 +67,20 @@ class Engine(Protocol):
     def length(self, seq_id: Hashable) -> int: ...
 
 
+class SequenceFailed(RuntimeError):
+    """Raised by ``step`` (or ``wait_ready``'s caller's next ``step``) when
+    the engine reported that some of the stepped sequences failed on its side
+    (a request TensorRT-LLM rejected or errored after submission). ``failed``
+    maps each failed seq_id to its message. Nothing of the step was consumed:
+    the decode loop ends only those sequences with the error and steps the
+    others again."""
+
+    def __init__(self, failed: dict):
+        self.failed = dict(failed)
+        super().__init__("; ".join(f"{seq_id!r}: {message}" for seq_id, message in
+                                   self.failed.items()))
+
+
 def sequence_of(sequences: dict, seq_id: Hashable):
     """``sequences[seq_id]``, or a KeyError naming the unknown sequence."""
     try:

@@ -33,13 +33,21 @@ broadcasts the decoded tokens to the other ranks). The processor reaches
 this process through a Unix socket (request ids and tokens) and a shared
 memory block (the float32 rows, written once by the device-to-host copy).
 
+Every submitted request's result is consumed (``_ResultWatcher``): TensorRT-LLM
+reports a per-request error only to whoever reads that request's result, so
+an error after submission ends that sequence with the error (the decode loop
+gets :class:`~.engine.SequenceFailed` from ``step``) instead of leaving it
+without rows forever.
+
 Not verified here (no GPU, no TensorRT-LLM on the development machine): the
-calls into TensorRT-LLM are written from its documented signatures and
-tested against ``tests/fake_tensorrt_llm.py``; the CUDA stream handling and
-the real executor's timing are untested.
+calls into TensorRT-LLM follow its source (``tests/trtllm_api.json`` records
+each name, signature and source path) and are tested against
+``tests/fake_tensorrt_llm.py``; the CUDA stream handling and the real
+executor's timing are untested.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -53,28 +61,85 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Client, Listener
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from .engine import appended_tokens, check_token_ids, sequence_of
+from .engine import SequenceFailed, appended_tokens, check_token_ids, sequence_of
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
 
 
-def load_tensorrt_llm():
-    """``(LLM, SamplingParams)`` of TensorRT-LLM's TensorRT backend.
+ENGINE_CACHE_ENV = "SIMPLE_SAMPLER_ENGINE_CACHE"
+"""Where TensorRT-LLM's build cache keeps engines built from checkpoints
+(default ``~/.cache/simple-sampler/tensorrt_llm``): a restart with the same
+checkpoint and limits loads the engine instead of building it again."""
+DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default (llmapi/llm_args.py)
 
-    Raises ImportError when TensorRT-LLM is not installed; nothing else in
-    this project imports it."""
-    try:  # 1.x: the TensorRT backend's LLM moved here; the default LLM is PyTorch
+
+class TrtLlmApi(NamedTuple):
+    """The TensorRT-LLM names the adapter uses (``tests/trtllm_api.json``)."""
+
+    LLM: type
+    SamplingParams: type
+    BuildCacheConfig: type | None = None  # None: no build cache (engines are rebuilt)
+    version: str = "unknown"
+
+
+def load_tensorrt_llm() -> TrtLlmApi:
+    """TensorRT-LLM's TensorRT backend: the only one that calls a batched
+    logits processor.
+
+    1.x: ``tensorrt_llm._tensorrt_engine.LLM`` (``_tensorrt_engine/__init__.py``);
+    there ``tensorrt_llm.LLM`` is the PyTorch backend, which accepts the
+    processor and never calls it, so every request would hang: a 1.x or later
+    release without ``_tensorrt_engine`` is refused, naming its version. 0.x:
+    ``tensorrt_llm.LLM`` is the TensorRT backend. Raises ImportError when
+    TensorRT-LLM is not installed; nothing else in this project imports it."""
+    import tensorrt_llm
+
+    version = str(getattr(tensorrt_llm, "__version__", "unknown"))
+    try:
         from tensorrt_llm._tensorrt_engine import LLM
-    except ImportError:  # 0.x: the default LLM is the TensorRT backend
+    except ImportError:
+        if not version.startswith("0."):
+            raise ImportError(
+                f"TensorRT-LLM {version} has no tensorrt_llm._tensorrt_engine.LLM (the TensorRT "
+                f"backend), and its tensorrt_llm.LLM is the PyTorch backend, which never calls "
+                f"batched logits processors: every request would hang. Use a release with the "
+                f"TensorRT backend (0.x, or 1.x with _tensorrt_engine; docs/GPU.md)") from None
         from tensorrt_llm import LLM
     from tensorrt_llm import SamplingParams
-    return LLM, SamplingParams
+    try:  # llmapi/build_cache.py, exported by tensorrt_llm.llmapi
+        from tensorrt_llm.llmapi import BuildCacheConfig
+    except ImportError:
+        BuildCacheConfig = None
+    return TrtLlmApi(LLM, SamplingParams, BuildCacheConfig, version)
+
+
+def engine_build_config(model: str | os.PathLike) -> dict | None:
+    """A prebuilt TensorRT-LLM engine directory's ``build_config`` (its
+    config.json, written by ``tensorrt_llm/builder.py`` ``EngineConfig``), or
+    None for a Hugging Face checkpoint (built at start)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    build = config.get("build_config")
+    return build if isinstance(build, dict) else None
+
+
+def check_engine_limits(model: str | os.PathLike, build: dict, max_batch_size: int,
+                        max_context: int) -> None:
+    """ValueError naming the field when a prebuilt engine's limits are below
+    what the flags ask: TensorRT-LLM would reject (or hang) requests the
+    decode loop admits."""
+    for field, need, flag in (("max_batch_size", max_batch_size, "--engine-max-batch-size"),
+                              ("max_input_len", max_context - 1, "--max-context - 1"),
+                              ("max_seq_len", max_context, "--max-context")):
+        have = build.get(field)
+        if have is not None and int(have) < need:
+            raise ValueError(f"the prebuilt engine {model} has {field}={have}, below the {need} "
+                             f"that {flag} needs: lower the flag or rebuild the engine")
 
 
 def read_vocab_size(model: str | os.PathLike) -> int:
@@ -261,6 +326,60 @@ def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
+class _ResultWatcher:
+    """Reads the result of every submitted request, on an event loop of its
+    own.
+
+    Why: TensorRT-LLM hands a request's responses, errors included, only to
+    whoever reads its result: ``executor/result.py`` ``GenerationResult.
+    aresult()`` -> ``_aresult_step`` -> ``_handle_response``, which passes an
+    error response to ``executor/executor.py`` ``_handle_background_error``,
+    which raises it (``RequestError``) in the reader. A result nobody reads
+    keeps its error in a queue. Requests are submitted on this loop because
+    ``GenerationResult.__init__`` binds its queue to the event loop running
+    where it is created (``has_event_loop()``), and ``aresult`` needs that
+    loop. ``done(request, error)`` runs in a worker thread, never on this
+    loop, so it may take the engine's lock while ``add`` (holding it) waits
+    here for a submission."""
+
+    def __init__(self, done):
+        self.done = done
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="trtllm-results",
+                                       daemon=True)
+        self.thread.start()
+
+    def submit(self, generate):
+        """``generate()`` run on this loop; its request is watched from then on."""
+        async def submit():
+            request = generate()
+            self.loop.create_task(self._watch(request))
+            return request
+        return asyncio.run_coroutine_threadsafe(submit(), self.loop).result()
+
+    async def _watch(self, request) -> None:
+        error = None
+        try:
+            await request.aresult()
+        except Exception as failure:  # noqa: BLE001 - any failure ends only this request
+            error = f"{type(failure).__name__}: {failure}"
+        await self.loop.run_in_executor(None, self.done, request, error)
+
+    def close(self) -> None:
+        """Stop watching (the engine is shut down: no result is coming)."""
+        if self.loop.is_closed():
+            return
+
+        async def cancel():
+            for task in asyncio.all_tasks(self.loop) - {asyncio.current_task()}:
+                task.cancel()
+        asyncio.run_coroutine_threadsafe(cancel(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
 class TrtLlmEngine:
     """The :class:`~.engine.Engine` over TensorRT-LLM (module docstring).
 
@@ -272,7 +391,8 @@ class TrtLlmEngine:
     def __init__(self, model: str | os.PathLike, vocab_size: int, max_batch_size: int,
                  max_context: int, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, api=None,
-                 step_timeout_s: float = STEP_TIMEOUT_S):
+                 step_timeout_s: float = STEP_TIMEOUT_S,
+                 build_cache_dir: str | os.PathLike | None = None):
         for name, value in (("max_batch_size", max_batch_size), ("vocab_size", vocab_size),
                             ("tensor_parallel_size", tensor_parallel_size),
                             ("pipeline_parallel_size", pipeline_parallel_size)):
@@ -280,19 +400,34 @@ class TrtLlmEngine:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {max_context}")
-        llm_class, self.sampling_params = api or load_tensorrt_llm()
+        api = TrtLlmApi(*(api or load_tensorrt_llm()))
+        self.sampling_params = api.SamplingParams
         self.vocab_size, self.max_batch_size, self.max_context = vocab_size, max_batch_size, max_context
         self.step_timeout_s = step_timeout_s
+        limits = dict(max_batch_size=max_batch_size, max_seq_len=max_context)
+        build = engine_build_config(model)
+        if build is not None:  # prebuilt: its limits are fixed, check them against ours
+            check_engine_limits(model, build, max_batch_size, max_context)
+        else:
+            # Built at start: without max_input_len TensorRT-LLM's default (1024)
+            # applies and longer prompts fail; max_num_tokens must cover one prompt.
+            limits.update(max_input_len=max_context - 1,
+                          max_num_tokens=max(DEFAULT_MAX_NUM_TOKENS, max_context))
+            if api.BuildCacheConfig is not None:
+                cache = Path(build_cache_dir or os.environ.get(ENGINE_CACHE_ENV) or
+                             Path.home() / ".cache" / "simple-sampler" / "tensorrt_llm")
+                limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
         self.sequences: dict[Hashable, _Sequence] = {}
+        self.watcher = _ResultWatcher(self._request_done)
         try:
-            self.llm = llm_class(model=str(model), tensor_parallel_size=tensor_parallel_size,
-                                 pipeline_parallel_size=pipeline_parallel_size,
-                                 batched_logits_processor=self.server.processor(),
-                                 skip_tokenizer_init=True, max_batch_size=max_batch_size,
-                                 max_seq_len=max_context)
+            self.llm = api.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
+                               pipeline_parallel_size=pipeline_parallel_size,
+                               batched_logits_processor=self.server.processor(),
+                               skip_tokenizer_init=True, **limits)
         except BaseException:
+            self.watcher.close()
             self.server.close()
             raise
 
@@ -326,7 +461,10 @@ class TrtLlmEngine:
             if len(self.sequences) >= self.max_batch_size:
                 raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
                                    f"slots are taken")
-            request = self.llm.generate_async(prompt, sampling_params=params, streaming=False)
+            request = self.watcher.submit(lambda: self.llm.generate_async(
+                prompt, sampling_params=params, streaming=False))
+            # request_id is the client id (executor/result.py GenerationResult.request_id),
+            # the one the processor gets as client_ids; req_ids are the engine's own.
             sequence = _Sequence(request.request_id, request, len(prompt))
             self.sequences[seq_id] = self.exchange.by_client[sequence.client_id] = sequence
 
@@ -334,10 +472,13 @@ class TrtLlmEngine:
         """The ids among ``seq_ids`` with a row to step, waiting up to
         ``timeout`` seconds while no active sequence has one."""
         with self.condition:
+            # A failed sequence counts as ready: stepping it reports its error.
             self.condition.wait_for(
-                lambda: self.exchange.closed or any(s.row for s in self.sequences.values()),
+                lambda: self.exchange.closed or any(s.row or s.error
+                                                    for s in self.sequences.values()),
                 timeout)
-            return [i for i in seq_ids if i in self.sequences and self.sequences[i].row]
+            return [i for i in seq_ids if i in self.sequences
+                    and (self.sequences[i].row or self.sequences[i].error)]
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """The rows of ``seq_ids`` from the engine's iterations, waiting for
@@ -356,9 +497,9 @@ class TrtLlmEngine:
                                      f"tokens")
             while True:
                 sequences = [self._get(seq_id) for seq_id in seq_ids]  # KeyError if released
-                failed = [s.error for s in sequences if s.error]
-                if failed:
-                    raise RuntimeError(failed[0])
+                failed = {i: s.error for i, s in zip(seq_ids, sequences) if s.error}
+                if failed:  # nothing consumed: the others are stepped again
+                    raise SequenceFailed(failed)
                 if self.exchange.closed:
                     raise BridgeClosed("the TensorRT-LLM engine is shut down")
                 if all(s.row for s in sequences):
@@ -404,12 +545,33 @@ class TrtLlmEngine:
             return self._get(seq_id).length
 
     def close(self) -> None:
-        """Answer what is pending, shut the engine down, free the bridge."""
+        """Abort every live request (TensorRT-LLM's shutdown waits for active
+        requests, which would otherwise run to their token limit), answer
+        what is pending, shut the engine down, free the bridge. Idempotent."""
+        with self.condition:
+            if self.exchange.closed:
+                return
+            live = list(self.sequences)
+        for seq_id in live:
+            self.release(seq_id)
         self.exchange.close()
         try:
             self.llm.shutdown()
         finally:
+            self.watcher.close()
             self.server.close()
+
+    def _request_done(self, request, error: str | None) -> None:
+        """A request's result came (in the watcher's worker thread). For a
+        live sequence that is always a failure: the decode loop ends requests
+        itself (release), and the engine has no end id or stop word of its own."""
+        with self.condition:
+            sequence = self.exchange.by_client.get(request.request_id)
+            if sequence is None or sequence.request is not request:
+                return  # released: aborted by us
+            sequence.error = (f"TensorRT-LLM failed the request: {error}" if error else
+                              "TensorRT-LLM ended the request before the decode loop did")
+            self.condition.notify_all()
 
     def _get(self, seq_id: Hashable) -> _Sequence:
         return sequence_of(self.sequences, seq_id)

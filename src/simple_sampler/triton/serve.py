@@ -24,6 +24,7 @@ from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
 from .sampler_pool import parse_endpoints
 from .supervisor import Supervisor
+from .startup import default_startup_timeout
 
 
 @dataclass
@@ -130,11 +131,13 @@ def show_demo(server: TritonServer, prompt: str) -> None:
 def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
         llm: LlmConfig | None = None, repository: Path | None = None,
         log_path: Path | None = None, demo: str | None = None,
-        shutdown_grace_s: float = 30.0, supervise: bool = True, log_level: str = "INFO") -> int:
+        shutdown_grace_s: float = 30.0, supervise: bool = True, log_level: str = "INFO",
+        startup_timeout: float | None = None) -> int:
     """Serve until SIGINT/SIGTERM: then in-flight requests get
     `shutdown_grace_s` to finish and a final error after it, Triton stops,
     and no stub or shared-memory region is left. With `supervise`, a model
-    whose stub process dies is reloaded (supervisor.py)."""
+    whose stub process dies is reloaded (supervisor.py). `startup_timeout`:
+    how long the models may take to load (default per engine, startup.py)."""
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
@@ -143,11 +146,14 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
                               shutdown_grace_s=shutdown_grace_s, log_level=log_level)
-        server.start()
+        if startup_timeout is not None and not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+        startup_timeout = startup_timeout or default_startup_timeout(llm and llm.engine)
+        server.start(startup_timeout)
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
-    supervisor = Supervisor(server).start() if supervise else None
+    supervisor = Supervisor(server, startup_timeout_s=startup_timeout).start() if supervise else None
     print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from . import templates
+from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from .logs import LOG_LEVEL_ENV
 
@@ -93,6 +93,15 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+def is_system_library_dir(path: str | None) -> bool:
+    """True for the dynamic loader's default directories (/lib, /usr/lib, their
+    64-bit and multiarch variants), which need no LD_LIBRARY_PATH entry."""
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    defaults = {f"{root}{suffix}" for root in ("/lib", "/usr/lib")
+                for suffix in ("", "64", *([f"/{multiarch}"] if multiarch else []))}
+    return bool(path) and os.path.normpath(path) in defaults
+
+
 @dataclass
 class TritonServer:
     """A tritonserver process serving `repository`.
@@ -157,15 +166,21 @@ class TritonServer:
         # finds the system's copy, whose patch release may lack symbols this
         # interpreter's extension modules need (Debian's 3.11.2 under a 3.11.7
         # stdlib: `import ssl`, and so transformers, fails in every model).
-        if sysconfig.get_config_var("Py_ENABLE_SHARED"):
-            libs.insert(0, sysconfig.get_config_var("LIBDIR"))
+        # Not when LIBDIR is a system directory (a distribution's Python, e.g.
+        # NGC's /usr/lib/x86_64-linux-gnu): the loader searches it anyway, and
+        # first on the path it would shadow the CUDA forward-compatibility
+        # libraries NGC images put on LD_LIBRARY_PATH.
+        libdir = sysconfig.get_config_var("LIBDIR")
+        if sysconfig.get_config_var("Py_ENABLE_SHARED") and not is_system_library_dir(libdir):
+            libs.insert(0, libdir)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [*libs, env.get("LD_LIBRARY_PATH")]))
         env[LOG_LEVEL_ENV] = self.log_level  # the models' logs.configure()
         # Model processes must import this interpreter's packages (the venv's).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
 
-    def start(self, timeout: float = 180.0) -> "TritonServer":
+    def start(self, timeout: float = startup.DEFAULT_STARTUP_TIMEOUT_S,
+              progress_s: float = startup.PROGRESS_S) -> "TritonServer":
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if port_in_use(port):
@@ -177,7 +192,7 @@ class TritonServer:
         self.process = subprocess.Popen(self.command(backends), env=self.environment(),
                                         stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, progress_s)
         return self
 
     def ready(self) -> bool:
@@ -187,9 +202,16 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, timeout: float, progress_s: float = startup.PROGRESS_S) -> None:
+        """Poll readiness; every `progress_s` print which models are still loading."""
+        started = time.monotonic()
+        deadline, next_progress = started + timeout, started + progress_s
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_progress:
+                next_progress += progress_s
+                print(startup.progress_line(time.monotonic() - started, timeout,
+                                            startup.model_states(self.http_url)),
+                      file=sys.stderr, flush=True)
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with status {self.process.returncode} "
                                    f"before it was ready{self._log_hint()}")
@@ -197,7 +219,8 @@ class TritonServer:
                 return
             time.sleep(0.25)
         self.stop()
-        raise TimeoutError(f"tritonserver was not ready after {timeout:.0f} s{self._log_hint()}")
+        raise TimeoutError(f"tritonserver was not ready after {timeout:.0f} s (raise "
+                           f"--startup-timeout if a model is still loading){self._log_hint()}")
 
     def _log_hint(self) -> str:
         if not self.log_path:

@@ -1,0 +1,37 @@
+"""How long ``serve`` waits for Triton to become ready, and what it prints
+meanwhile: with ``--engine tensorrt_llm`` the ``llm`` model builds a
+TensorRT engine from the checkpoint while it loads (tens of minutes for a
+7-8B model; a restart loads it from TensorRT-LLM's build cache instead)."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+ENGINE_STARTUP_TIMEOUT_S = {"tensorrt_llm": 1800.0}  # an engine build at start
+PROGRESS_S = 30.0  # seconds between progress lines while the server loads
+
+
+def default_startup_timeout(engine: str | None) -> float:
+    """Seconds to wait for readiness with this data plane (None: sampler only)."""
+    return ENGINE_STARTUP_TIMEOUT_S.get(engine or "", DEFAULT_STARTUP_TIMEOUT_S)
+
+
+def model_states(http_url: str) -> str:
+    """``name STATE`` per model from Triton's repository index (POST
+    /v2/repository/index), e.g. ``llm LOADING, simple_sampler READY``; empty
+    while the server does not answer."""
+    request = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}",
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            models = json.loads(response.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return ""
+    return ", ".join(f"{m.get('name')} {m.get('state', '?')}" for m in models)
+
+
+def progress_line(elapsed_s: float, timeout_s: float, states: str) -> str:
+    return (f"simple-sampler serve: waiting for tritonserver, {elapsed_s:.0f} s of "
+            f"{timeout_s:.0f} s (--startup-timeout): {states or 'not answering yet'}")

@@ -1,0 +1,33 @@
+"""A stand-in for tritonserver in tests/test_startup.py: answers Triton's
+readiness and repository-index endpoints on --http-port, reporting the llm
+model LOADING for $READY_AFTER_S seconds (an engine build), then READY."""
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+READY_AT = time.monotonic() + float(os.environ.get("READY_AFTER_S", "0"))
+PORT = next(int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--http-port="))
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _reply(self, status, body=b""):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # /v2/health/ready
+        self._reply(200 if time.monotonic() >= READY_AT else 503)
+
+    def do_POST(self):  # /v2/repository/index
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        state = "READY" if time.monotonic() >= READY_AT else "LOADING"
+        self._reply(200, json.dumps([{"name": "llm", "version": "1", "state": state}]).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
