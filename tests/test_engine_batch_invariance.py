@@ -103,3 +103,14 @@ def test_logits_are_bitwise_equal_whatever_the_company(model_and_tokenizer):
             assert not differing, (f"{name} (order seed {seed}): logits differ at steps "
                                    f"{differing}, by up to "
                                    f"{max((alone[s] - together[s]).abs().max().item() for s in differing):.3g}")
+
+
+def test_models_it_cannot_run_invariantly_are_refused():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tiny = Qwen2ForCausalLM(Qwen2Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1,
+                                        vocab_size=16, max_position_embeddings=32))
+    with pytest.raises(ValueError, match=r"batch_invariant supports llama models \(SmolLM2\), not 'qwen2'"):
+        TorchEngine(tiny, max_batch_size=2, max_context=16, batch_invariant=True)
+    TorchEngine(tiny, max_batch_size=2, max_context=16)  # the ordinary forward takes it
