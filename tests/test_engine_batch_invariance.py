@@ -114,3 +114,25 @@ def test_models_it_cannot_run_invariantly_are_refused():
     with pytest.raises(ValueError, match=r"batch_invariant supports llama models \(SmolLM2\), not 'qwen2'"):
         TorchEngine(tiny, max_batch_size=2, max_context=16, batch_invariant=True)
     TorchEngine(tiny, max_batch_size=2, max_context=16)  # the ordinary forward takes it
+
+
+def test_the_mode_is_on_by_default_only_where_it_runs(tmp_path):
+    from simple_sampler.triton.llm_service import LlmSettings, build_engine
+    from simple_sampler.triton.serve import LlmConfig, assemble_repository
+    from simple_sampler.triton.server import SamplerConfig
+
+    assert LlmConfig().batch_invariant_on()
+    assert not LlmConfig(batch_invariant=False).batch_invariant_on()
+    assert not LlmConfig(model="/some/other/model").batch_invariant_on()
+    assert not LlmConfig(engine="tensorrt_llm", model="/m").batch_invariant_on()
+    with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
+        LlmConfig(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()
+    with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
+        build_engine(LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True))
+    for text, value in (("true", True), ("false", False), ("False", False)):
+        assert LlmSettings.from_parameters({"batch_invariant": text}).batch_invariant is value
+    with pytest.raises(ValueError, match="expected true or false, got 'yes'"):
+        LlmSettings.from_parameters({"batch_invariant": "yes"})
+    repository = assemble_repository(tmp_path, SamplerConfig(), LlmConfig())
+    config = (repository / "llm" / "config.pbtxt").read_text()
+    assert 'key: "batch_invariant"\n  value: { string_value: "true" }' in config

@@ -112,7 +112,8 @@ def serve(args: argparse.Namespace) -> int:
         model=args.model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
-        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances)
+        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
+        batch_invariant=args.batch_invariant)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo)
 
@@ -252,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "2 pays off with a GPU data plane, not on CPU)")
     server.add_argument("--sampler-shards", type=int, default=0,
                         help="concurrent sampler requests per micro-batch (0: --instances)")
+    server.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
+                        help="logits of a sequence independent of the rest of the batch, so a "
+                             "seed gives the same text at any concurrency (default: on for the "
+                             "default model on --engine torch; README gives its cost)")
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..serving.decoder import SAMPLING_MODES
+from ..serving.batch_invariant import NEEDS_TORCH
 from ..serving.engine import ENGINES
 
 from .install import InstallError
@@ -35,7 +36,10 @@ class LlmConfig:
         sampled while another's forward runs; 1 by default, since on a CPU
         data plane a split re-reads the weights and competes for the cores
         (bench serve measures both);
-    sampler_shards: concurrent sampler requests per micro-batch.
+    sampler_shards: concurrent sampler requests per micro-batch;
+    batch_invariant: the engine's batch-invariant mode (logits of a sequence
+        independent of the rest of the step); None: on for the default
+        SmolLM2 on the torch engine, off otherwise (see ``batch_invariant_on``).
     """
 
     model: str = ""
@@ -50,6 +54,15 @@ class LlmConfig:
     micro_batches: int = 1
     sampler_shards: int = 2
     sampler_model: str = "simple_sampler"
+    batch_invariant: bool | None = None
+
+    def batch_invariant_on(self) -> bool:
+        """On by default only where it is known to run: the torch engine with
+        SmolLM2 (other models may not be Llama-architecture); TensorRT-LLM's
+        kernels are not batch-invariant."""
+        if self.batch_invariant is None:
+            return self.engine == "torch" and not self.model
+        return self.batch_invariant
 
     def validate(self) -> None:
         if self.sampling_mode not in SAMPLING_MODES:
@@ -63,6 +76,8 @@ class LlmConfig:
         if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
                              "tensorrt_llm only")
+        if self.batch_invariant and self.engine != "torch":
+            raise ValueError(NEEDS_TORCH)
         for name in ("triton_max_batch_size", "preprocessing_instances", "engine_max_batch_size",
                      "micro_batches", "sampler_shards", "tensor_parallel_size",
                      "pipeline_parallel_size"):
@@ -85,7 +100,8 @@ def assemble_repository(destination: Path, sampler: SamplerConfig,
                     {k: values[k] for k in ("triton_max_batch_size", "preprocessing_instances",
                                             "model")})
         write_model(destination, "llm", "llm",
-                    {k: v for k, v in values.items() if k != "preprocessing_instances"})
+                    {**{k: v for k, v in values.items() if k != "preprocessing_instances"},
+                     "batch_invariant": str(llm.batch_invariant_on()).lower()})
     return destination
 
 
