@@ -59,7 +59,9 @@ def bench_serve(args: argparse.Namespace) -> int:
     from .bench import serve as serve_bench
 
     report = serve_bench.run(concurrencies=args.concurrency, modes=args.modes,
-                             max_tokens=args.max_tokens, instances=args.instances)
+                             max_tokens=args.max_tokens, instances=args.instances,
+                             batch_invariant=[{"on": True, "off": False, "default": None}[v]
+                                              for v in args.batch_invariant])
     print_report(args, report, serve_bench.format_report(report))
     return 0
 
@@ -186,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=["simple", "simple_overlap", "inline", "inline_kernels"])
     serve_bench.add_argument("--max-tokens", type=int, default=64)
     serve_bench.add_argument("--instances", type=int, default=2)
+    serve_bench.add_argument("--batch-invariant", nargs="+", default=["default"],
+                             choices=["default", "on", "off"],
+                             help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
