@@ -116,15 +116,11 @@ def test_models_it_cannot_run_invariantly_are_refused():
     TorchEngine(tiny, max_batch_size=2, max_context=16)  # the ordinary forward takes it
 
 
-def test_the_mode_is_on_by_default_only_where_it_runs(tmp_path):
+def test_the_setting_reaches_the_engine_and_is_refused_for_tensorrt_llm(tmp_path):
     from simple_sampler.triton.llm_service import LlmSettings, build_engine
     from simple_sampler.triton.serve import LlmConfig, assemble_repository
     from simple_sampler.triton.server import SamplerConfig
 
-    assert LlmConfig().batch_invariant_on()
-    assert not LlmConfig(batch_invariant=False).batch_invariant_on()
-    assert not LlmConfig(model="/some/other/model").batch_invariant_on()
-    assert not LlmConfig(engine="tensorrt_llm", model="/m").batch_invariant_on()
     with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
         LlmConfig(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()
     with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
@@ -133,6 +129,9 @@ def test_the_mode_is_on_by_default_only_where_it_runs(tmp_path):
         assert LlmSettings.from_parameters({"batch_invariant": text}).batch_invariant is value
     with pytest.raises(ValueError, match="expected true or false, got 'yes'"):
         LlmSettings.from_parameters({"batch_invariant": "yes"})
-    repository = assemble_repository(tmp_path, SamplerConfig(), LlmConfig())
-    config = (repository / "llm" / "config.pbtxt").read_text()
-    assert 'key: "batch_invariant"\n  value: { string_value: "true" }' in config
+    for setting in (False, True):
+        repository = assemble_repository(tmp_path / str(setting), SamplerConfig(),
+                                         LlmConfig(batch_invariant=setting))
+        config = (repository / "llm" / "config.pbtxt").read_text()
+        assert (f'key: "batch_invariant"\n  value: {{ string_value: "{str(setting).lower()}" }}'
+                in config)

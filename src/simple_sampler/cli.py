@@ -60,7 +60,7 @@ def bench_serve(args: argparse.Namespace) -> int:
 
     report = serve_bench.run(concurrencies=args.concurrency, modes=args.modes,
                              max_tokens=args.max_tokens, instances=args.instances,
-                             batch_invariant=[{"on": True, "off": False, "default": None}[v]
+                             batch_invariant=[v == "on"
                                               for v in args.batch_invariant])
     print_report(args, report, serve_bench.format_report(report))
     return 0
@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=["simple", "simple_overlap", "inline", "inline_kernels"])
     serve_bench.add_argument("--max-tokens", type=int, default=64)
     serve_bench.add_argument("--instances", type=int, default=2)
-    serve_bench.add_argument("--batch-invariant", nargs="+", default=["default"],
-                             choices=["default", "on", "off"],
+    serve_bench.add_argument("--batch-invariant", nargs="+", default=["off"],
+                             choices=["on", "off"],
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
@@ -258,10 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "2 pays off with a GPU data plane, not on CPU)")
     server.add_argument("--sampler-shards", type=int, default=0,
                         help="concurrent sampler requests per micro-batch (0: --instances)")
-    server.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction,
-                        help="logits of a sequence independent of the rest of the batch, so a "
-                             "seed gives the same text at any concurrency (default: on for the "
-                             "default model on --engine torch; README gives its cost)")
+    server.add_argument("--batch-invariant", action="store_true",
+                        help="torch engine, Llama-architecture models: logits of a sequence "
+                             "independent of the rest of the batch, so a seed gives the same "
+                             "text at any concurrency (off by default: README gives its cost)")
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")

@@ -93,9 +93,8 @@ def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens:
 @contextmanager
 def mode_server(label: str, max_concurrency: int, instances: int = 2,
                 log_dir: Path | None = None,
-                batch_invariant: bool | None = None) -> Iterator[TritonServer]:
-    """A fresh, warmed-up server running the whole repository in one of MODES
-    (``batch_invariant`` None: the server's default)."""
+                batch_invariant: bool = False) -> Iterator[TritonServer]:
+    """A fresh, warmed-up server running the whole repository in one of MODES."""
     _, mode, micro_batches = next(m for m in MODES if m[0] == label)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
@@ -103,7 +102,7 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
         LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
                   engine_max_batch_size=max_concurrency, max_context=512,
                   batch_invariant=batch_invariant))
-    suffix = "" if batch_invariant is None else f"-invariant-{batch_invariant}".lower()
+    suffix = "-invariant" if batch_invariant else ""
     log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
     with TritonServer(repository, log_path=log) as server:
         run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
@@ -112,7 +111,7 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
 
 def run(concurrencies=(1, 8, 32), modes=tuple(m[0] for m in MODES), max_tokens: int = 64,
         requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None,
-        batch_invariant=(None,)) -> dict:
+        batch_invariant=(False,)) -> dict:
     texts = prompts()
     results = []
     for label, mode, micro_batches in (m for m in MODES if m[0] in modes):
@@ -137,12 +136,12 @@ def format_report(report: dict) -> str:
     lines = [f"{'mode':<15} {'invariant':>9} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} "
              f"{'ITL p50':>8} {'ITL p95':>8} {'sampling':>8}"]
     for r in report["results"]:
-        invariant = {None: "default", True: "on", False: "off"}[r.get("batch_invariant")]
+        invariant = "on" if r.get("batch_invariant") else "off"
         lines.append(f"{r['mode']:<15} {invariant:>9} {r['concurrency']:>4} {r['tokens_per_s']:>8.1f} "
                      f"{r['ttft_ms_p50']:>8.0f}ms {r['itl_ms_p50']:>6.0f}ms {r['itl_ms_p95']:>6.0f}ms "
                      f"{r['sampling_share']:>8.3f}")
     by = {(r["mode"], r["concurrency"]): r for r in report["results"]
-          if r.get("batch_invariant") in (None, True)}
+          if not r.get("batch_invariant")}
     top = max(r["concurrency"] for r in report["results"])
     if ("simple", top) in by and ("inline", top) in by:
         s, i = by[("simple", top)], by[("inline", top)]

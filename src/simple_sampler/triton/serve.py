@@ -37,9 +37,9 @@ class LlmConfig:
         data plane a split re-reads the weights and competes for the cores
         (bench serve measures both);
     sampler_shards: concurrent sampler requests per micro-batch;
-    batch_invariant: the engine's batch-invariant mode (logits of a sequence
-        independent of the rest of the step); None: on for the default
-        SmolLM2 on the torch engine, off otherwise (see ``batch_invariant_on``).
+    batch_invariant: the torch engine's batch-invariant mode (logits of a
+        sequence independent of the rest of the step), off by default for its
+        cost (README, "Same seed, same text").
     """
 
     model: str = ""
@@ -54,15 +54,7 @@ class LlmConfig:
     micro_batches: int = 1
     sampler_shards: int = 2
     sampler_model: str = "simple_sampler"
-    batch_invariant: bool | None = None
-
-    def batch_invariant_on(self) -> bool:
-        """On by default only where it is known to run: the torch engine with
-        SmolLM2 (other models may not be Llama-architecture); TensorRT-LLM's
-        kernels are not batch-invariant."""
-        if self.batch_invariant is None:
-            return self.engine == "torch" and not self.model
-        return self.batch_invariant
+    batch_invariant: bool = False
 
     def validate(self) -> None:
         if self.sampling_mode not in SAMPLING_MODES:
@@ -101,7 +93,7 @@ def assemble_repository(destination: Path, sampler: SamplerConfig,
                                             "model")})
         write_model(destination, "llm", "llm",
                     {**{k: v for k, v in values.items() if k != "preprocessing_instances"},
-                     "batch_invariant": str(llm.batch_invariant_on()).lower()})
+                     "batch_invariant": str(llm.batch_invariant).lower()})
     return destination
 
 
