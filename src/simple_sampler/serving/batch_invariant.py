@@ -28,8 +28,9 @@ What this forward does instead:
   before every step).
 
 Prefill and decode tokens share the tiles, so there is one forward per step.
-The cost (README, "Same seed, same text") is the padding of the last tile
-and the per-sequence attention calls.
+What it costs (measured in README, "Same seed, same text"): padding rows at
+low concurrency, one pass over the weights per tile at high concurrency,
+small prefill GEMMs, and one attention call per sequence and layer.
 
 Supported: Llama-architecture causal LMs (SmolLM2, the default model), whose
 layers this module calls one by one; other models are refused with a clear
@@ -40,8 +41,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: token rows per GEMM. Every projection runs on [TILE_ROWS, in] tiles; 8
-#: measured cheapest over the concurrencies bench serve runs (README).
+#: token rows per GEMM. Every projection runs on [TILE_ROWS, in] tiles: larger
+#: tiles waste more padding at low concurrency, smaller ones re-read the weights
+#: more often at high concurrency. 8 is a middle ground, not tuned (README gives
+#: the measured cost).
 TILE_ROWS = 8
 SUPPORTED = ("llama",)
 NEEDS_TORCH = ("batch_invariant needs engine torch: TensorRT-LLM's kernels are not "
