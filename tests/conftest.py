@@ -94,7 +94,7 @@ LLM_CONTEXT = 512
 
 @pytest.fixture(scope="session")
 def llm_server(tmp_path_factory):
-    """The whole repository (SmolLM2, 2 sampler instances) on a real
+    """The whole repository (SmolLM2 in batch-invariant mode, 2 sampler instances) on a real
     tritonserver, on free loopback ports, shared by the tests that talk to it."""
     from simple_sampler.triton.serve import LlmConfig, assemble_repository
     from simple_sampler.triton.server import SamplerConfig, TritonServer
@@ -102,7 +102,8 @@ def llm_server(tmp_path_factory):
     repository = assemble_repository(
         tmp_path_factory.mktemp("repository"),
         SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2))
+        LlmConfig(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
+                  batch_invariant=True))  # the seed tests rely on it (README)
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, log_path=log) as running:
         yield running

@@ -19,9 +19,11 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0, -1].float()
 
 
-def test_logits_match_full_recompute_as_sequences_join_and_leave(model_and_tokenizer):
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_logits_match_full_recompute_as_sequences_join_and_leave(model_and_tokenizer,
+                                                                 batch_invariant):
     model, tokenizer = model_and_tokenizer
-    engine = TorchEngine(model, max_batch_size=3, max_context=64)
+    engine = TorchEngine(model, max_batch_size=3, max_context=64, batch_invariant=batch_invariant)
     texts = {"a": "The capital of France is", "b": "Once upon a time, in a small village,",
              "c": "def fibonacci(n):", "d": "1, 2, 3,"}
     tokens = {key: tokenizer(text)["input_ids"] for key, text in texts.items()}

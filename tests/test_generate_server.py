@@ -81,7 +81,10 @@ def test_a_seed_gives_the_same_text_as_the_sampler_in_process(server):
 
     async def run():
         codec = TextCodec.from_source()
-        decoder = Decoder(TorchEngine.from_source(max_batch_size=2, max_context=LLM_CONTEXT), codec,
+        # batch-invariant like the served engine: the same logits bit for bit
+        engine = TorchEngine.from_source(max_batch_size=2, max_context=LLM_CONTEXT,
+                                         batch_invariant=True)
+        decoder = Decoder(engine, codec,
                           "simple", threaded(), micro_batches=1)
         await decoder.start()
         handle = decoder.submit(GenerationRequest(

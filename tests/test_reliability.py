@@ -33,7 +33,8 @@ def supervised(tmp_path_factory):
     repository = assemble_repository(
         tmp_path_factory.mktemp("repository"),
         SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(engine_max_batch_size=32, max_context=512, sampler_shards=2))
+        LlmConfig(engine_max_batch_size=32, max_context=512, sampler_shards=2,
+                  batch_invariant=True))
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     server = TritonServer(repository, log_path=log, shutdown_grace_s=5).start()
     supervisor = Supervisor(server).start()

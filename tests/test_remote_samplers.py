@@ -36,7 +36,7 @@ def remote(tmp_path_factory):
         repository = assemble_repository(
             tmp_path_factory.mktemp("serving"),
             SamplerConfig(sampler_instances=1, max_batch_size=64, vocab_size=49_152),
-            LlmConfig(engine_max_batch_size=32, max_context=512,
+            LlmConfig(engine_max_batch_size=32, max_context=512, batch_invariant=True,
                       sampler_endpoints=",".join(s.grpc_url for s in samplers)))
         log = tmp_path_factory.mktemp("serving-log") / "tritonserver.log"
         with TritonServer(repository, log_path=log) as serving:

@@ -64,7 +64,9 @@ def bench_serve(args: argparse.Namespace) -> int:
     from .bench import serve as serve_bench
 
     report = serve_bench.run(concurrencies=args.concurrency, modes=args.modes,
-                             max_tokens=args.max_tokens, instances=args.instances)
+                             max_tokens=args.max_tokens, instances=args.instances,
+                             batch_invariant=[v == "on"
+                                              for v in args.batch_invariant])
     print_report(args, report, serve_bench.format_report(report))
     return 0
 
@@ -120,7 +122,8 @@ def serve(args: argparse.Namespace) -> int:
         pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
         micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
-        sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace)
+        sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace,
+        batch_invariant=args.batch_invariant)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
                        shutdown_grace_s=args.shutdown_grace, log_level=args.log_level,
@@ -198,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=["simple", "simple_overlap", "inline", "inline_kernels"])
     serve_bench.add_argument("--max-tokens", type=int, default=64)
     serve_bench.add_argument("--instances", type=int, default=2)
+    serve_bench.add_argument("--batch-invariant", nargs="+", default=["off"],
+                             choices=["on", "off"],
+                             help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
@@ -265,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "2 pays off with a GPU data plane, not on CPU)")
     server.add_argument("--sampler-shards", type=int, default=0,
                         help="concurrent sampler requests per micro-batch (0: --instances)")
+    server.add_argument("--batch-invariant", action="store_true",
+                        help="torch engine, Llama-architecture models: logits of a sequence "
+                             "independent of the rest of the batch, so a seed gives the same "
+                             "text at any concurrency (off by default: README gives its cost)")
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")

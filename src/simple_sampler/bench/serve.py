@@ -13,7 +13,9 @@ the clients: output tokens/s over the wall time of the level, time to first
 token, and the gaps between consecutive tokens (inter-token latency), P50
 and P95 over every request. Measured inside the server (the llm model's
 counters): the sampling share of step time = time sampling ran while no
-forward did, over the time a forward or a sampler ran.
+forward did, over the time a forward or a sampler ran. With
+``batch_invariant=(True, False)`` each mode runs on a server per setting of
+the engine's batch-invariant mode, to measure what the mode costs.
 """
 from __future__ import annotations
 
@@ -90,31 +92,37 @@ def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens:
 
 @contextmanager
 def mode_server(label: str, max_concurrency: int, instances: int = 2,
-                log_dir: Path | None = None) -> Iterator[TritonServer]:
+                log_dir: Path | None = None,
+                batch_invariant: bool = False) -> Iterator[TritonServer]:
     """A fresh, warmed-up server running the whole repository in one of MODES."""
     _, mode, micro_batches = next(m for m in MODES if m[0] == label)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
         SamplerConfig(sampler_instances=instances, max_batch_size=64, vocab_size=49_152),
         LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
-                  engine_max_batch_size=max_concurrency, max_context=512))
-    log = log_dir / f"tritonserver-{label}.log" if log_dir else None
+                  engine_max_batch_size=max_concurrency, max_context=512,
+                  batch_invariant=batch_invariant))
+    suffix = "-invariant" if batch_invariant else ""
+    log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
     with TritonServer(repository, log_path=log) as server:
         run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
         yield server
 
 
 def run(concurrencies=(1, 8, 32), modes=tuple(m[0] for m in MODES), max_tokens: int = 64,
-        requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None) -> dict:
+        requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None,
+        batch_invariant=(False,)) -> dict:
     texts = prompts()
     results = []
     for label, mode, micro_batches in (m for m in MODES if m[0] in modes):
-        with mode_server(label, max(concurrencies), instances, log_dir) as server:
-            for concurrency in concurrencies:
-                level = run_level(server, concurrency, max(2, concurrency * requests_per_client),
-                                  max_tokens, texts)
-                results.append({"mode": label, "sampling_mode": mode,
-                                "micro_batches": micro_batches, **level})
+        for invariant in batch_invariant:
+            with mode_server(label, max(concurrencies), instances, log_dir, invariant) as server:
+                for concurrency in concurrencies:
+                    level = run_level(server, concurrency,
+                                      max(2, concurrency * requests_per_client), max_tokens, texts)
+                    results.append({"mode": label, "sampling_mode": mode,
+                                    "micro_batches": micro_batches,
+                                    "batch_invariant": invariant, **level})
     return {"results": results, "settings": settings(max_tokens, instances)}
 
 
@@ -125,13 +133,15 @@ def settings(max_tokens: int, instances: int) -> dict:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"{'mode':<15} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} {'ITL p50':>8} "
-             f"{'ITL p95':>8} {'sampling':>8}"]
+    lines = [f"{'mode':<15} {'invariant':>9} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} "
+             f"{'ITL p50':>8} {'ITL p95':>8} {'sampling':>8}"]
     for r in report["results"]:
-        lines.append(f"{r['mode']:<15} {r['concurrency']:>4} {r['tokens_per_s']:>8.1f} "
+        invariant = "on" if r.get("batch_invariant") else "off"
+        lines.append(f"{r['mode']:<15} {invariant:>9} {r['concurrency']:>4} {r['tokens_per_s']:>8.1f} "
                      f"{r['ttft_ms_p50']:>8.0f}ms {r['itl_ms_p50']:>6.0f}ms {r['itl_ms_p95']:>6.0f}ms "
                      f"{r['sampling_share']:>8.3f}")
-    by = {(r["mode"], r["concurrency"]): r for r in report["results"]}
+    by = {(r["mode"], r["concurrency"]): r for r in report["results"]
+          if not r.get("batch_invariant")}
     top = max(r["concurrency"] for r in report["results"])
     if ("simple", top) in by and ("inline", top) in by:
         s, i = by[("simple", top)], by[("inline", top)]

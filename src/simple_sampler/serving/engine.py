@@ -27,6 +27,8 @@ the model's own ``forward`` (embedding, decoder layers, norm, lm_head and the
 configured attention implementation); the engine only supplies a cache object
 that writes each row's new keys and values into its slot and hands back the
 slot's history, plus a 4D mask that limits each row to its own length.
+With ``batch_invariant`` it runs ``batch_invariant.InvariantForward``
+instead, whose logits for a sequence do not depend on the rest of the step.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from typing import Hashable, Protocol, Sequence
 import torch
 
 from .. import models
+from .batch_invariant import InvariantForward
 
 ENGINES = ("torch", "tensorrt_llm")
 """Data planes: TorchEngine (below) and TrtLlmEngine (``trtllm``, on GPUs)."""
@@ -164,13 +167,20 @@ class TorchEngine:
     and one for those with several (prefill, left-padded to the longest
     prompt of the step), so a decode row is never padded to a prompt.
 
+    With ``batch_invariant`` (Llama-architecture models, SmolLM2 included) a
+    step is one forward over every row, prefill and decode together, whose
+    logits for a sequence are bitwise the same whatever the other rows of
+    the step (``batch_invariant``'s docstring says how); the intra-op thread
+    count is pinned to the one at construction, since it picks how kernels
+    split their work.
+
     Thread safety: one ``step`` runs at a time (others wait); ``add``,
     ``append``, ``release`` and ``length`` may be called from another thread
     while a step runs, for sequences that step does not include.
     """
 
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-                 max_context: int = DEFAULT_MAX_CONTEXT):
+                 max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False):
         config = model.config
         limit = getattr(config, "max_position_embeddings", None) or max_context
         if max_batch_size < 1:
@@ -192,6 +202,10 @@ class TorchEngine:
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
+        self.batch_invariant = batch_invariant
+        self.num_threads = torch.get_num_threads()
+        self.invariant_forward = (InvariantForward(model, self.keys, self.values)
+                                  if batch_invariant else None)
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None, **kwargs) -> "TorchEngine":
@@ -238,11 +252,17 @@ class TorchEngine:
                         raise ValueError(f"sequence {seq_id!r} has no pending token: "
                                          f"append the sampled token before the next step")
                 work = [(row.slot, row.cached, list(row.pending)) for row in rows]
-            logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32)
-            for prefill in (False, True):
-                group = [i for i, (_, _, pending) in enumerate(work) if (len(pending) > 1) == prefill]
-                if group:
-                    logits[group] = self._forward([work[i] for i in group])
+            if self.invariant_forward is not None:
+                if torch.get_num_threads() != self.num_threads:
+                    torch.set_num_threads(self.num_threads)
+                logits = self.invariant_forward(work)
+            else:
+                logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32)
+                for prefill in (False, True):
+                    group = [i for i, (_, _, pending) in enumerate(work)
+                             if (len(pending) > 1) == prefill]
+                    if group:
+                        logits[group] = self._forward([work[i] for i in group])
             with self.state_lock:
                 for row, (_, _, pending) in zip(rows, work):
                     row.cached += len(pending)

@@ -28,6 +28,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..serving.decoder import Decoder, GenerationEvent
+from ..serving.batch_invariant import NEEDS_TORCH
 from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, TorchEngine
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
@@ -65,6 +66,7 @@ class LlmSettings:
     sampler_shards: int = 2
     sampler_endpoints: str = "local"
     shutdown_grace_s: float = 30.0
+    batch_invariant: bool = False
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> "LlmSettings":
@@ -72,7 +74,16 @@ class LlmSettings:
         unknown = sorted(set(parameters) - set(fields))
         if unknown:
             raise ValueError(f"unknown llm parameter {unknown[0]}; known: {', '.join(fields)}")
-        return cls(**{k: type(getattr(cls, k))(v) for k, v in parameters.items()})
+        return cls(**{k: _parameter(getattr(cls, k), v) for k, v in parameters.items()})
+
+
+def _parameter(default, text: str):
+    """A config.pbtxt string as the type of the field's default (bool("false") is True)."""
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return text.lower() == "true"
+    return type(default)(text)
 
 
 def build_engine(settings: LlmSettings):
@@ -81,11 +92,14 @@ def build_engine(settings: LlmSettings):
     source = settings.model or None
     if settings.engine == "torch":
         return TorchEngine.from_source(source, max_batch_size=settings.max_batch_size,
-                                       max_context=settings.max_context)
+                                       max_context=settings.max_context,
+                                       batch_invariant=settings.batch_invariant)
     if settings.engine == "tensorrt_llm":
         if not settings.model:
             raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
                              "TensorRT-LLM engine directory (with the tokenizer's files)")
+        if settings.batch_invariant:
+            raise ValueError(NEEDS_TORCH)
         from ..serving.trtllm import TrtLlmEngine
 
         return TrtLlmEngine.from_source(

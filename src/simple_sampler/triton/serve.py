@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..serving.decoder import SAMPLING_MODES
+from ..serving.batch_invariant import NEEDS_TORCH
 from ..serving.engine import ENGINES
 
 from .install import InstallError
@@ -46,7 +47,10 @@ class LlmConfig:
     sampler_endpoints: where rows are sampled: "local" (this server's
         instances) and/or host:port gRPC endpoints of other servers'
         simple_sampler model, comma-separated (sampler_pool.py);
-    shutdown_grace_s: on shutdown, time in-flight requests get to finish.
+    shutdown_grace_s: on shutdown, time in-flight requests get to finish;
+    batch_invariant: the torch engine's batch-invariant mode (logits of a
+        sequence independent of the rest of the step), off by default for its
+        cost (README, "Same seed, same text").
     """
 
     model: str = ""
@@ -63,6 +67,7 @@ class LlmConfig:
     sampler_model: str = "simple_sampler"
     sampler_endpoints: str = "local"
     shutdown_grace_s: float = 30.0
+    batch_invariant: bool = False
 
     def validate(self) -> None:
         if self.sampling_mode not in SAMPLING_MODES:
@@ -79,6 +84,8 @@ class LlmConfig:
         if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
                              "tensorrt_llm only")
+        if self.batch_invariant and self.engine != "torch":
+            raise ValueError(NEEDS_TORCH)
         for name in ("triton_max_batch_size", "preprocessing_instances", "engine_max_batch_size",
                      "micro_batches", "sampler_shards", "tensor_parallel_size",
                      "pipeline_parallel_size"):
@@ -101,7 +108,8 @@ def assemble_repository(destination: Path, sampler: SamplerConfig,
                     {k: values[k] for k in ("triton_max_batch_size", "preprocessing_instances",
                                             "model")})
         write_model(destination, "llm", "llm",
-                    {k: v for k, v in values.items() if k != "preprocessing_instances"})
+                    {**{k: v for k, v in values.items() if k != "preprocessing_instances"},
+                     "batch_invariant": str(llm.batch_invariant).lower()})
     return destination
 
 

@@ -1,0 +1,67 @@
+"""README's promise, tried as a user would: against a real server (the
+default SmolLM2 torch engine, batch-invariant mode on), a seed gives the same
+tokens sent alone, among 15 other requests at once, and shuffled among
+other prompts of other lengths that join and leave around it.
+
+Temperature 1 with no truncation is where this breaks without the mode: the
+whole vocabulary is in play, so a draw landing near the boundary between two
+tokens flips on a last-bit difference in the logits (the issue saw 4 of 48
+seeds diverge before the mode existed). Such flips are rare per token, so
+each token's logprob is compared bitwise too: it changes with any change in
+the logits. top_p 0.9 is checked too. 12 tokens per request (min_length
+keeps every answer that long) keeps it short on 2 cores.
+"""
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from simple_sampler.client import GenerateClient
+
+pytestmark = pytest.mark.slow
+SEEDS = range(1000, 1048)
+TOKENS = 12
+PROMPT = "Write a haiku about the sea."
+OTHER_PROMPTS = ["Hi", "Name three rivers in Europe and say which country each one flows through.",
+                 "What is 2 + 2?", "Tell me a story about a dragon who learns to read, in the style "
+                 "of a bedtime story for a five year old child who likes castles."]
+SETTINGS = {"temperature 1, untruncated": dict(temperature=1.0),
+            "top_p 0.9": dict(temperature=1.0, top_p=0.9)}
+
+
+def tokens(server, prompt: str, seed: int, params: dict) -> list[tuple[int, float]]:
+    """(token, its logprob) pairs: a token flips only when a draw lands near a
+    boundary, while a logprob shows any change in the logits' last bits."""
+    answer = GenerateClient(server.grpc_url, "grpc").generate(
+        prompt, seed=seed, max_tokens=TOKENS, min_length=TOKENS, apply_chat_template=True,
+        exclude_input_in_output=True, return_log_probs=True, **params)
+    return list(zip(answer.token_ids, answer.logprobs))
+
+
+def concurrently(server, requests: list[tuple[str, int, dict]]) -> list[list[tuple[int, float]]]:
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda r: tokens(server, *r), requests))
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_seed_gives_the_same_tokens_alone_at_concurrency_16_and_mixed(llm_server, setting):
+    params = SETTINGS[setting]
+    alone = {seed: tokens(llm_server, PROMPT, seed, params) for seed in SEEDS}
+    assert all(len(t) == TOKENS for t in alone.values())
+    assert len({tuple(t for t, _ in a) for a in alone.values()}) > len(SEEDS) // 2  # sampled
+
+    crowd = dict(zip(SEEDS, concurrently(llm_server, [(PROMPT, seed, params) for seed in SEEDS])))
+
+    shuffle = random.Random(18)
+    others = [(shuffle.choice(OTHER_PROMPTS), shuffle.randrange(2**32), params) for _ in SEEDS]
+    requests = [(PROMPT, seed, params) for seed in SEEDS] + others
+    shuffle.shuffle(requests)
+    mixed = {request[1]: result for request, result in
+             zip(requests, concurrently(llm_server, requests)) if request[0] == PROMPT}
+
+    for name, run in (("concurrency 16", crowd), ("mixed", mixed)):
+        diverged = {seed: next(i for i, (a, b) in enumerate(zip(alone[seed], run[seed])) if a != b)
+                    for seed in SEEDS if run[seed] != alone[seed]}
+        assert not diverged, (f"{setting}, {name}: {len(diverged)} of {len(SEEDS)} seeds diverge "
+                              f"from their (token, logprob) pairs sent alone (seed: first "
+                              f"differing position) {diverged}")
