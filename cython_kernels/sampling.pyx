@@ -44,9 +44,10 @@ from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
-                          ss_block_cold_exp_sum, ss_block_exp_sum, ss_block_max_count_nan,
-                          ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_nonpositive,
-                          ss_exp_shifted, ss_half_to_float, ss_lowest_bit, ss_mass_at_or_above)
+                          ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_nan,
+                          ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_array_v,
+                          ss_exp_array_w, ss_exp_nonpositive, ss_exp_shifted, ss_half_to_float,
+                          ss_lowest_bit, ss_mass_at_or_above)
 
 # Storage dtypes of a logits row.
 cpdef enum Dtype:
@@ -350,19 +351,24 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.greedy or truncating))
 
-    # Pass 1: per block, max z and (when needed) mass; NaN / +inf detection.
+    # Pass 1, the only full read of the row: per block, max z and (when
+    # needed) its softmax mass relative to its own max, from one load of the
+    # block (ss_block_max_mass); NaN / +inf detection.
     cdef float row_max = -INFINITY
     cdef int nan_count = 0
     cdef Py_ssize_t ov_pos = 0
     cdef Py_ssize_t b
     cdef const float* x
     cdef float m
+    cdef float mass
     for b in range(n_blocks):
         x = block_logits(src, b, ov, &ov_pos, ws.block)
-        m = ss_block_max_count_nan(x, &nan_count)
-        ws.block_max[b] = m * inv_t
         if need_mass:
-            ws.block_mass[b] = ss_block_exp_sum(x, m, inv_t) if -INFINITY < m < INFINITY else 0.0
+            m = ss_block_max_mass(x, inv_t, &mass, &nan_count)
+            ws.block_mass[b] = mass
+        else:
+            m = ss_block_max_nan(x, &nan_count)
+        ws.block_max[b] = m * inv_t
         row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
@@ -371,10 +377,15 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         result.error = ERROR_ALL_BANNED
         return
 
+    # The online softmax's rescaling, for every block at once: each block's
+    # mass moves from its own max to the row max by exp(block max - row max),
+    # in vector lanes (cand_w is free until candidates are collected).
     cdef double row_mass = 0.0
+    cdef float* scale = ws.cand_w
     if need_mass:
+        ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
         for b in range(n_blocks):
-            ws.block_mass[b] = ws.block_mass[b] * ss_exp_nonpositive(ws.block_max[b] - row_max)
+            ws.block_mass[b] = ws.block_mass[b] * scale[b]
         for b in range(n_blocks):
             row_mass += ws.block_mass[b]
     cdef double log_row_mass = log(row_mass) if need_mass else 0.0
@@ -1032,3 +1043,19 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
         for r in prange(batch, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
+
+
+def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[::1] wide,
+               float[::1] mass):
+    """Test hook: exp of x (len a multiple of 16) by the scalar exp, the 8-lane
+    vector exp, the wide (16-lane) one and the block-mass one, as built for
+    this target."""
+    cdef Py_ssize_t n = x.shape[0]
+    cdef Py_ssize_t i
+    if n == 0:
+        return
+    with nogil:
+        for i in range(n):
+            scalar[i] = ss_exp_nonpositive(x[i])
+        ss_exp_array_v(&x[0], &vector[0], n)
+        ss_exp_array_w(&x[0], &wide[0], &mass[0], n)
