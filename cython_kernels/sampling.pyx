@@ -44,7 +44,8 @@ from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
-                          ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_nan,
+                          ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_mass_bf16,
+                          ss_block_max_nan, ss_block_max_nan_bf16,
                           ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_array_v,
                           ss_exp_array_w, ss_exp_nonpositive, ss_exp_shifted, ss_half_to_float,
                           ss_lowest_bit, ss_mass_at_or_above)
@@ -144,6 +145,14 @@ cdef struct RowResult:
     int64_t error_column
 
 
+cdef inline bint plain_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                             Py_ssize_t ov_pos) noexcept nogil:
+    """Block b is whole and no override falls in it (ov_pos: the first
+    override at or after its start): its stored logits are its logits."""
+    cdef Py_ssize_t end = (b + 1) * SS_BLOCK
+    return end <= src.vocab and not (ov_pos < ov.n and ov.column[ov_pos] < end)
+
+
 cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const Overrides* ov,
                                       Py_ssize_t* ov_pos, float* buf) noexcept nogil:
     """Penalized, pre-temperature logits of block b: SS_BLOCK floats, -inf
@@ -152,12 +161,10 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
     ov_pos[0]: first override at or after the block start; advanced past it."""
     cdef Py_ssize_t start = b * SS_BLOCK
     cdef Py_ssize_t count = min(<Py_ssize_t>SS_BLOCK, src.vocab - start)
-    cdef Py_ssize_t end = start + count
-    cdef bint patched = ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end
     cdef Py_ssize_t j
     cdef const uint16_t* half_row
     if src.dtype == DTYPE_FLOAT32:
-        if count == SS_BLOCK and not patched:
+        if plain_block(src, b, ov, ov_pos[0]):
             return <const float*>src.data + start
         for j in range(count):
             buf[j] = (<const float*>src.data)[start + j]
@@ -171,7 +178,7 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
             buf[j] = ss_bf16_to_float(half_row[j])
     for j in range(count, SS_BLOCK):
         buf[j] = -INFINITY
-    while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end:
+    while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < start + count:
         j = ov.column[ov_pos[0]] - start
         buf[j] = adjusted_logit(buf[j], ov, ov_pos[0])
         ov_pos[0] += 1
@@ -361,7 +368,18 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef const float* x
     cdef float m
     cdef float mass
+    cdef const uint16_t* half_row = <const uint16_t*>src.data
     for b in range(n_blocks):
+        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+            # widened in registers (block_logits would store a float copy)
+            if need_mass:
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nan_count)
+                ws.block_mass[b] = mass
+            else:
+                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nan_count)
+            ws.block_max[b] = m * inv_t
+            row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+            continue
         x = block_logits(src, b, ov, &ov_pos, ws.block)
         if need_mass:
             m = ss_block_max_mass(x, inv_t, &mass, &nan_count)

@@ -175,13 +175,33 @@ static inline __attribute__((always_inline)) int ss_any_w(ss_vwi v)
     return (v[0] | v[1]) != 0;
 }
 
-/* Max over a block of SS_BLOCK floats; adds 1 to *nan_count when the block
- * holds a NaN (the max is then unspecified: the row is an error row). */
-static inline float ss_block_max_nan(const float* x, int* nan_count)
+/* A block's 64 logits as four 16-lane vectors: float32 read in place, and
+ * bfloat16 widened in registers (zero-extend, shift into the high half), so
+ * no converted copy is stored and reloaded: a 16-lane load of lanes just
+ * written by narrower stores stalls on store forwarding. */
+typedef uint16_t ss_vhw __attribute__((vector_size(2 * SS_WIDE_LANES)));
+
+static inline __attribute__((always_inline)) ss_vw ss_load_bf16_w(const uint16_t* h)
 {
-    ss_vw v0 = ss_load_w(x), v1 = ss_load_w(x + 16), v2 = ss_load_w(x + 32), v3 = ss_load_w(x + 48);
-    *nan_count += ss_any_w((ss_vwi)(v0 != v0) | (ss_vwi)(v1 != v1) | (ss_vwi)(v2 != v2)
-                           | (ss_vwi)(v3 != v3));
+    ss_vhw v;
+    __builtin_memcpy(&v, h, sizeof v);
+    return (ss_vw)(__builtin_convertvector(v, ss_vwi) << 16);
+}
+
+/* Any NaN among the four vectors, as 0 or 1. */
+static inline __attribute__((always_inline)) int ss_block_has_nan(ss_vw v0, ss_vw v1, ss_vw v2,
+                                                                 ss_vw v3)
+{
+    return ss_any_w((ss_vwi)(v0 != v0) | (ss_vwi)(v1 != v1) | (ss_vwi)(v2 != v2)
+                    | (ss_vwi)(v3 != v3));
+}
+
+/* The block's max (unspecified when it holds a NaN: the row is then an
+ * error row, which *nan_count reports). */
+static inline __attribute__((always_inline)) float ss_block4_max(ss_vw v0, ss_vw v1, ss_vw v2,
+                                                                ss_vw v3, int* nan_count)
+{
+    *nan_count += ss_block_has_nan(v0, v1, v2, v3);
     return ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
 }
 
@@ -207,18 +227,16 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
 #endif
 
 /* One read of a block for both halves of its softmax summary: returns the
- * block's max m (as ss_block_max_nan) and sets *mass to
+ * block's max m (as ss_block4_max) and sets *mass to
  * sum_j exp((x_j - m) * scale) (0 when m is not finite), from the same
  * registers. The running-max rescaling of the online softmax happens across
  * blocks (sample_row scales each block's mass to the row max at the end, all
  * blocks in one vector pass); inside a block the max comes first, so every
  * exp argument is <= 0 and a block's mass lies in [1, SS_BLOCK]. */
-static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count)
+static inline __attribute__((always_inline)) float ss_block4_max_mass(
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count)
 {
-    ss_vw v0 = ss_load_w(x), v1 = ss_load_w(x + 16), v2 = ss_load_w(x + 32), v3 = ss_load_w(x + 48);
-    *nan_count += ss_any_w((ss_vwi)(v0 != v0) | (ss_vwi)(v1 != v1) | (ss_vwi)(v2 != v2)
-                           | (ss_vwi)(v3 != v3));
-    float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
+    float m = ss_block4_max(v0, v1, v2, v3, nan_count);
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
         *mass = 0.0f;
         return m;
@@ -233,6 +251,31 @@ static inline float ss_block_max_mass(const float* x, float scale, float* mass, 
     }
     *mass = ss_hsum_w(acc);
     return m;
+}
+
+static inline float ss_block_max_nan(const float* x, int* nan_count)
+{
+    return ss_block4_max(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32), ss_load_w(x + 48),
+                         nan_count);
+}
+
+static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count)
+{
+    return ss_block4_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32),
+                              ss_load_w(x + 48), scale, mass, nan_count);
+}
+
+static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
+{
+    return ss_block4_max(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
+                         ss_load_bf16_w(h + 48), nan_count);
+}
+
+static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
+                                           int* nan_count)
+{
+    return ss_block4_max_mass(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
+                              ss_load_bf16_w(h + 48), scale, mass, nan_count);
 }
 
 /* Test hooks: the vector exps over n floats (n a multiple of 16), so tests
