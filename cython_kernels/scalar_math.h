@@ -131,6 +131,9 @@ SS_DEFINE_VECTOR_EXP(ss_exp_nonpositive_v, ss_vf, ss_vi)
 /* The full-row pass works on a whole block at once in the widest vectors the
  * target has: 16 lanes (4 per block) are one AVX-512 register each, two AVX2
  * registers or four SSE2 ones elsewhere; GCC splits them itself. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #define SS_WIDE_LANES 16
 typedef float ss_vw __attribute__((vector_size(4 * SS_WIDE_LANES)));
 typedef int32_t ss_vwi __attribute__((vector_size(4 * SS_WIDE_LANES)));
@@ -143,11 +146,16 @@ static inline __attribute__((always_inline)) ss_vw ss_load_w(const float* x)
     return v;
 }
 
-/* Lane-wise max; a NaN in b wins, one in a does not (callers flag NaN apart). */
+/* Lane-wise a > b ? a : b (so a NaN in b wins, one in a does not; callers
+ * flag NaN apart): one vmaxps on AVX-512, a compare and a blend elsewhere. */
 static inline __attribute__((always_inline)) ss_vw ss_max_w(ss_vw a, ss_vw b)
 {
+#if defined(__AVX512F__)
+    return (ss_vw)_mm512_max_ps((__m512)a, (__m512)b);
+#else
     ss_vwi take_a = (ss_vwi)(a > b);
     return (ss_vw)(((ss_vwi)a & take_a) | ((ss_vwi)b & ~take_a));
+#endif
 }
 
 static inline __attribute__((always_inline)) float ss_hmax_w(ss_vw m)
@@ -209,12 +217,15 @@ static inline __attribute__((always_inline)) float ss_block4_max(ss_vw v0, ss_vw
  * wherever x >= -87. Below, a term may be up to e^-87 instead of 0, which
  * vanishes in a block sum that holds the block max's exact 1. With AVX-512,
  * vmaxps clamps in one instruction and vscalefps applies 2^n in one (it
- * handles the exponent range itself), 11 instructions in all. */
+ * handles the exponent range itself), 11 instructions in all, and a NaN
+ * lane stays NaN through all of them (vmaxps returns its second operand,
+ * x, when one is NaN), so a block's mass is NaN when the block holds one:
+ * SS_MASS_FLAGS_NAN. */
 #if defined(__AVX512F__)
-#include <immintrin.h>
+#define SS_MASS_FLAGS_NAN 1
 static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
 {
-    ss_vw clamped = (ss_vw)_mm512_max_ps((__m512)x, _mm512_set1_ps(SS_EXP_FLOOR));
+    ss_vw clamped = (ss_vw)_mm512_max_ps(_mm512_set1_ps(SS_EXP_FLOOR), (__m512)x);
     ss_vw nf = (clamped * SS_LOG2E + SS_EXP_ROUND) - SS_EXP_ROUND;
     ss_vw r = clamped - nf * SS_LN2_HI;
     r = r - nf * SS_LN2_LO;
@@ -223,6 +234,7 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
     return (ss_vw)_mm512_scalef_ps((__m512)p, (__m512)nf);
 }
 #else
+#define SS_MASS_FLAGS_NAN 0
 #define ss_exp_mass_w ss_exp_nonpositive_w
 #endif
 
@@ -236,11 +248,14 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
 static inline __attribute__((always_inline)) float ss_block4_max_mass(
     ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count)
 {
-    float m = ss_block4_max(v0, v1, v2, v3, nan_count);
+    float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
+        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
         *mass = 0.0f;
         return m;
     }
+    if (!SS_MASS_FLAGS_NAN)
+        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
     ss_vw acc;
     if (scale == 1.0f) {        /* temperature 1: the product would change nothing */
         acc = ss_exp_mass_w(v0 - m) + ss_exp_mass_w(v1 - m);
@@ -250,6 +265,8 @@ static inline __attribute__((always_inline)) float ss_block4_max_mass(
         acc += ss_exp_mass_w((v2 - m) * scale) + ss_exp_mass_w((v3 - m) * scale);
     }
     *mass = ss_hsum_w(acc);
+    if (SS_MASS_FLAGS_NAN)      /* m is finite: a NaN mass means a NaN lane */
+        *nan_count += *mass != *mass;
     return m;
 }
 

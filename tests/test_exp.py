@@ -89,6 +89,7 @@ GENERIC_CHECK = textwrap.dedent("""
     x = test_exp.inputs()
     print(test_exp.check_exp_paths(test_exp.exp_paths(x), x))
     test_exp.check_logprobs_against_float64()
+    test_exp.check_nan_found_by_the_mass_pass()
 """)
 
 
@@ -124,6 +125,46 @@ def check_logprobs_against_float64():
 
 def test_logprobs_match_float64():
     check_logprobs_against_float64()
+
+
+def check_nan_found_by_the_mass_pass():
+    """Rows whose pass computes block masses (untruncated, top_p alone,
+    logprobs) report the first NaN's column wherever it sits: among finite
+    logits (AVX-512 builds find it through the block's mass), in a block
+    otherwise -inf or +inf, in a block of NaNs only, in a partial last block."""
+    import ml_dtypes
+
+    from simple_sampler.params import SamplingParams
+    from simple_sampler.sampling import sample_requests
+
+    vocab = 64 * 6 + 10
+    placements = {"finite": ([200], {}), "with -inf": ([130], {128: 192}),
+                  "with +inf": ([70], {64: 128}), "all NaN": ([256], {}),
+                  "last block": ([390], {})}
+    for name, (columns, filled) in placements.items():
+        row = np.linspace(-3.0, 2.0, vocab).astype(np.float32)
+        for start, end in filled.items():
+            row[start:end] = -np.inf if name == "with -inf" else row[start:end]
+            if name == "with +inf":
+                row[start + 20] = np.inf
+        if name == "all NaN":
+            row[256:320] = np.nan
+        row[columns] = np.nan
+        for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+            for params, want in ((SamplingParams(), False), (SamplingParams(top_p=0.9), False),
+                                 (SamplingParams(temperature=0.7), True)):
+                try:
+                    sample_requests(row[None].astype(dtype), [params], num_threads=1,
+                                    return_logprobs=want)
+                except ValueError as error:
+                    # The NaN comes first in every row (the +inf is at column 84).
+                    assert f"NaN; found at column {min(columns)}" in str(error), (name, error)
+                else:
+                    raise AssertionError(f"no error for a NaN ({name}, {dtype})")
+
+
+def test_nan_is_found_by_the_mass_pass():
+    check_nan_found_by_the_mass_pass()
 
 
 @pytest.mark.slow
