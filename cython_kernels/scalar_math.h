@@ -200,8 +200,15 @@ static inline __attribute__((always_inline)) ss_vw ss_load_bf16_w(const uint16_t
 static inline __attribute__((always_inline)) int ss_block_has_nan(ss_vw v0, ss_vw v1, ss_vw v2,
                                                                  ss_vw v3)
 {
+#if defined(__AVX512F__)
+    /* "unordered" holds where either operand is NaN: two compares into mask
+     * registers cover the four vectors. */
+    return (_mm512_cmp_ps_mask((__m512)v0, (__m512)v1, _CMP_UNORD_Q)
+            | _mm512_cmp_ps_mask((__m512)v2, (__m512)v3, _CMP_UNORD_Q)) != 0;
+#else
     return ss_any_w((ss_vwi)(v0 != v0) | (ss_vwi)(v1 != v1) | (ss_vwi)(v2 != v2)
                     | (ss_vwi)(v3 != v3));
+#endif
 }
 
 /* The block's max (unspecified when it holds a NaN: the row is then an
