@@ -247,11 +247,15 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
 
 /* One read of a block for both halves of its softmax summary: returns the
  * block's max m (as ss_block4_max) and sets *mass to
- * sum_j exp((x_j - m) * scale) (0 when m is not finite), from the same
- * registers. The running-max rescaling of the online softmax happens across
- * blocks (sample_row scales each block's mass to the row max at the end, all
- * blocks in one vector pass); inside a block the max comes first, so every
- * exp argument is <= 0 and a block's mass lies in [1, SS_BLOCK]. */
+ * sum_j exp(x_j * scale - M), M = m * scale rounded to float (the block max
+ * z the caller stores), or 0 when m is not finite; from the same registers.
+ * Each argument is one fused multiply-add, rounded once, so the mass is
+ * relative to exactly the z the caller rescales from (exp(M - row max)); the
+ * max's own term is within half an ulp of M of exp(0) = 1. The running-max
+ * rescaling of the online softmax happens across blocks (sample_row scales
+ * every block's mass to the row max at the end, in one vector pass); inside
+ * a block the max comes first, so every argument is <= that half ulp and a
+ * block's mass lies in [1, SS_BLOCK] up to rounding. */
 static inline __attribute__((always_inline)) float ss_block4_max_mass(
     ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count)
 {
@@ -263,14 +267,9 @@ static inline __attribute__((always_inline)) float ss_block4_max_mass(
     }
     if (!SS_MASS_FLAGS_NAN)
         *nan_count += ss_block_has_nan(v0, v1, v2, v3);
-    ss_vw acc;
-    if (scale == 1.0f) {        /* temperature 1: the product would change nothing */
-        acc = ss_exp_mass_w(v0 - m) + ss_exp_mass_w(v1 - m);
-        acc += ss_exp_mass_w(v2 - m) + ss_exp_mass_w(v3 - m);
-    } else {
-        acc = ss_exp_mass_w((v0 - m) * scale) + ss_exp_mass_w((v1 - m) * scale);
-        acc += ss_exp_mass_w((v2 - m) * scale) + ss_exp_mass_w((v3 - m) * scale);
-    }
+    float shift = m * scale;
+    ss_vw acc = ss_exp_mass_w(v0 * scale - shift) + ss_exp_mass_w(v1 * scale - shift);
+    acc += ss_exp_mass_w(v2 * scale - shift) + ss_exp_mass_w(v3 * scale - shift);
     *mass = ss_hsum_w(acc);
     if (SS_MASS_FLAGS_NAN)      /* m is finite: a NaN mass means a NaN lane */
         *nan_count += *mass != *mass;
