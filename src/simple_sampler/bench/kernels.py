@@ -63,13 +63,22 @@ def make_batch(params: SamplingParams, rows: np.ndarray, history_tokens: int,
 
 def time_per_row(fn, rows: int, repeats: int) -> float:
     """Median wall time of fn() over `repeats` calls, in microseconds per row."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    return time_interleaved({"fn": fn}, rows, repeats)["fn"]
+
+
+def time_interleaved(fns: dict, rows: int, repeats: int) -> dict[str, float]:
+    """time_per_row of every fn, measured in rounds that call each fn once in
+    turn: on a machine other processes share, a burst of their load then
+    falls on every column alike instead of on whichever ran during it."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) / rows * 1e6
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) / rows * 1e6 for name, t in times.items()}
 
 
 PEER_PYTHON = Path(__file__).resolve().parents[3] / ".peer" / "bin" / "python"
@@ -132,15 +141,15 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                 rows = base.astype(ml_dtypes.bfloat16)
                 floor_rows = rows.view(np.int16)
                 torch_rows = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
-            us = {}
-            for name, params in batches.items():
-                us[name] = time_per_row(
-                    lambda: sample(rows, params, return_logprobs=False, num_threads=threads),
-                    batch, repeats)
-            us["simple_logprobs"] = time_per_row(
-                lambda: sample(rows, batches["simple"], return_logprobs=True,
-                               num_threads=threads),
-                batch, repeats)
+            def kernel(params, logprobs=False, rows=rows):
+                return lambda: sample(rows, params, return_logprobs=logprobs,
+                                      num_threads=threads)
+
+            us = time_interleaved({
+                **{name: kernel(params) for name, params in batches.items()},
+                "simple_logprobs": kernel(batches["simple"], logprobs=True),
+                "floor": lambda: floor_rows.max(axis=1),
+            }, batch, repeats)
             from ..baselines import torch_sort_sample
 
             generator = torch.Generator().manual_seed(0)
@@ -148,6 +157,7 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                 lambda: torch_sort_sample(torch_rows, batches["simple"], generator),
                 batch, baseline_repeats)
             peer = {}
+            peer_columns = ("vllm_cpu", "vllm_cpu_top_p") if peer_python else ()
             if peer_python:
                 peer = vllm_cpu_time(peer_python, rows, dtype, batches["simple"],
                                      baseline_repeats, threads)
@@ -155,7 +165,6 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                 us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
                                                      batches["simple_top_p"], baseline_repeats,
                                                      threads)["us_per_row"]
-            us["floor"] = time_per_row(lambda: floor_rows.max(axis=1), batch, repeats)
             ratios = {f"{name}_over_floor": round(us[name] / us["floor"], 2)
                       for name in ("simple", "simple_top_p", "simple_greedy", "simple_logprobs")}
             ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
@@ -165,7 +174,9 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                     us["vllm_cpu_top_p"] / us["simple_top_p"], 1)
             results.append({
                 "vocab": vocab, "batch": batch, "dtype": dtype, "rows": ROWS_SOURCE(vocab),
-                "threads": threads, "us_per_row": {k: round(v, 2) for k, v in us.items()},
+                "threads": threads,
+                "us_per_row": {k: round(us[k], 2) for k in (*batches, "simple_logprobs",
+                                                            "torch_sort", *peer_columns, "floor")},
                 "ratios": ratios,
                 **({"vllm": {"version": peer["vllm_version"], "torch": peer["torch_version"]}}
                    if peer else {}),
