@@ -346,6 +346,41 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
     return -1
 
 
+cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace* ws,
+                           Py_ssize_t n_blocks, float inv_t, bint need_mass,
+                           int* nan_count) noexcept nogil:
+    """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
+    relative to that max (ws.block_mass), from one load of the block
+    (ss_block_max_mass); counts NaN blocks. Returns the row max z."""
+    cdef float row_max = -INFINITY
+    cdef int nans = 0                   # a local: kept in a register
+    cdef Py_ssize_t ov_pos = 0
+    cdef Py_ssize_t b
+    cdef const float* x
+    cdef float m
+    cdef float mass
+    cdef const uint16_t* half_row = <const uint16_t*>src.data
+    for b in range(n_blocks):
+        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+            # widened in registers (block_logits would store a float copy)
+            if need_mass:
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans)
+                ws.block_mass[b] = mass
+            else:
+                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+        else:
+            x = block_logits(src, b, ov, &ov_pos, ws.block)
+            if need_mass:
+                m = ss_block_max_mass(x, inv_t, &mass, &nans)
+                ws.block_mass[b] = mass
+            else:
+                m = ss_block_max_nan(x, &nans)
+        ws.block_max[b] = m * inv_t
+        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+    nan_count[0] += nans
+    return row_max
+
+
 cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams* p,
                      Workspace* ws, RowResult* result, int32_t* top_tokens,
                      float* top_logprobs) noexcept nogil:
@@ -358,36 +393,14 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.greedy or truncating))
 
-    # Pass 1, the only full read of the row: per block, max z and (when
-    # needed) its softmax mass relative to its own max, from one load of the
-    # block (ss_block_max_mass); NaN / +inf detection.
-    cdef float row_max = -INFINITY
+    # Pass 1, the only full read of the row (row_pass). Two call sites with
+    # a constant need_mass: each loop is compiled for its case alone.
     cdef int nan_count = 0
-    cdef Py_ssize_t ov_pos = 0
-    cdef Py_ssize_t b
-    cdef const float* x
-    cdef float m
-    cdef float mass
-    cdef const uint16_t* half_row = <const uint16_t*>src.data
-    for b in range(n_blocks):
-        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
-            # widened in registers (block_logits would store a float copy)
-            if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nan_count)
-                ws.block_mass[b] = mass
-            else:
-                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nan_count)
-            ws.block_max[b] = m * inv_t
-            row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
-            continue
-        x = block_logits(src, b, ov, &ov_pos, ws.block)
-        if need_mass:
-            m = ss_block_max_mass(x, inv_t, &mass, &nan_count)
-            ws.block_mass[b] = mass
-        else:
-            m = ss_block_max_nan(x, &nan_count)
-        ws.block_max[b] = m * inv_t
-        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+    cdef float row_max
+    if need_mass:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, &nan_count)
+    else:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
