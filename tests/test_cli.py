@@ -9,7 +9,7 @@ from simple_sampler.cli import main
 @pytest.mark.slow
 def test_bench_kernels_json(capsys):
     assert main(["bench", "kernels", "--json", "--vocab", "49152", "4096", "--batch", "4",
-                 "--repeats", "2"]) == 0
+                 "--repeats", "2", "--no-peer"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["machine"]["cores"] >= 1 and report["machine"]["date"]
     results = report["results"]
@@ -19,9 +19,32 @@ def test_bench_kernels_json(capsys):
     for r in results:
         assert r["batch"] == 4
         us = r["us_per_row"]
-        assert set(us) >= {"simple", "simple_top_p", "simple_greedy", "torch_sort", "floor"}
+        assert set(us) == {"simple", "simple_top_p", "simple_greedy", "simple_logprobs",
+                           "torch_sort", "floor"}
         assert all(value > 0 for value in us.values())
         assert r["ratios"]["simple_over_floor"] == pytest.approx(us["simple"] / us["floor"], rel=0.02)
+        assert r["ratios"]["simple_logprobs_over_floor"] == pytest.approx(
+            us["simple_logprobs"] / us["floor"], rel=0.02)
+        assert "vllm" not in r
+
+
+@pytest.mark.slow
+def test_bench_kernels_vllm_columns_come_from_the_peer(tmp_path, capsys):
+    """The vllm_cpu columns are what the peer python reports, with its
+    version; a stand-in peer (vLLM itself never runs under make test)."""
+    peer = tmp_path / "python"
+    peer.write_text("#!/bin/sh\n"
+                    "case \"$3\" in *.npz) ;; *) exit 3 ;; esac\n"
+                    "echo '{\"us_per_row\": 5000.0, \"tokens\": [], "
+                    "\"vllm_version\": \"0.32.0\", \"torch_version\": \"2.13.0+cpu\"}'\n")
+    peer.chmod(0o755)
+    assert main(["bench", "kernels", "--json", "--vocab", "4096", "--batch", "4", "--dtype",
+                 "bfloat16", "--repeats", "2", "--peer-python", str(peer)]) == 0
+    (r,) = json.loads(capsys.readouterr().out)["results"]
+    assert r["us_per_row"]["vllm_cpu"] == 5000.0 and r["us_per_row"]["vllm_cpu_top_p"] == 5000.0
+    assert r["vllm"] == {"version": "0.32.0", "torch": "2.13.0+cpu"}
+    assert r["ratios"]["vllm_cpu_over_simple"] == pytest.approx(
+        5000.0 / r["us_per_row"]["simple"], rel=0.05)
 
 
 def test_bench_requires_a_target():

@@ -23,8 +23,10 @@ def bench_kernels(args: argparse.Namespace) -> int:
     from .bench import kernels
 
     repeats, baseline_repeats = (5, 1) if args.quick else (args.repeats, 3)
+    peer = None if args.no_peer else (args.peer_python or kernels.default_peer_python())
     results = kernels.run(vocabs=args.vocab, batch=args.batch, dtypes=args.dtype,
-                          repeats=repeats, baseline_repeats=baseline_repeats)
+                          repeats=repeats, baseline_repeats=baseline_repeats,
+                          threads=args.threads, peer_python=peer, clock=args.clock)
     print_report(args, {"results": results}, kernels.format_table(results))
     return 0
 
@@ -180,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
                          choices=["float32", "bfloat16"])
     kernels.add_argument("--repeats", type=int, default=20)
+    kernels.add_argument("--threads", type=int, default=1,
+                         help="threads for the kernels, torch and vLLM (the floor stays at 1)")
+    kernels.add_argument("--peer-python", default=None,
+                         help="a python that imports vllm, for the vllm_cpu column (default: "
+                              "this one if it can, else .peer/bin/python from `make peer`)")
+    kernels.add_argument("--no-peer", action="store_true", help="leave the vllm_cpu column out")
+    kernels.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                         help="wall: elapsed time; cpu: the process's CPU time (all threads "
+                              "summed), for single-threaded runs on a machine others share")
     kernels.set_defaults(handler=bench_kernels)
     server_bench = targets.add_parser(
         "sampler-server", help="rows/s through a real Triton server for 1..N sampler instances")
