@@ -43,6 +43,23 @@ TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_
                    "nv_inference_compute_output_duration_us")
 
 
+def bench_rows(vocab: int, batch_size: int):
+    """The benchmark's rows (real SmolLM2 rows at V=49,152), their batch
+    (bench kernels' 'simple' settings) and a shared-memory pool that fits them."""
+    rows = np.ascontiguousarray(rows_for(vocab, batch_size), np.float32)
+    return rows, make_batch(ALL_FEATURES, rows, history_tokens=256), max(64 * MiB, 4 * rows.nbytes)
+
+
+def sampler_server(instances: int, batch_size: int, vocab: int, shm_bytes: int,
+                   log: Path | None) -> TritonServer:
+    """A sampler-only server (not yet started) in a fresh repository."""
+    repository = Path(tempfile.mkdtemp(prefix="simple-sampler-bench-"))
+    write_model(repository, "simple_sampler", "simple_sampler",
+                vars(SamplerConfig(sampler_instances=instances, max_batch_size=batch_size,
+                                   vocab_size=vocab)))
+    return TritonServer(repository, shm_bytes=shm_bytes, log_path=log)
+
+
 def in_process_rows_per_s(rows: np.ndarray, batch, seconds: float) -> float:
     sample(rows, batch, num_threads=1)
     done, start = 0, time.perf_counter()
@@ -123,18 +140,12 @@ def overhead(server: TritonServer, rows: np.ndarray, arrays: dict, batch,
 
 def run(max_instances: int = 2, batch_size: int = 64, vocab: int = 49_152,
         seconds: float = 5.0, overhead_requests: int = 200, log_dir: Path | None = None) -> dict:
-    rows = np.ascontiguousarray(rows_for(vocab, batch_size), np.float32)
-    batch = make_batch(ALL_FEATURES, rows, history_tokens=256)
+    rows, batch, shm_bytes = bench_rows(vocab, batch_size)
     arrays = batch_arrays(batch)
-    shm_bytes = max(64 * MiB, 4 * rows.nbytes)
     results, breakdown = [], None
     for instances in range(1, max_instances + 1):
-        repository = Path(tempfile.mkdtemp(prefix="simple-sampler-bench-"))
-        write_model(repository, "simple_sampler", "simple_sampler",
-                    vars(SamplerConfig(sampler_instances=instances, max_batch_size=batch_size,
-                                       vocab_size=vocab)))
         log = (log_dir / f"tritonserver-{instances}.log") if log_dir else None
-        with TritonServer(repository, shm_bytes=shm_bytes, log_path=log) as server:
+        with sampler_server(instances, batch_size, vocab, shm_bytes, log) as server:
             if instances == 1:
                 breakdown = overhead(server, rows, arrays, batch, overhead_requests)
             results.append({"instances": instances,
@@ -190,18 +201,12 @@ def pool_rows_per_s(pool: SamplerPool, rows: np.ndarray, batch: SamplingBatch, i
 
 def run_endpoints(max_endpoints: int = 2, batch_size: int = 64, vocab: int = 49_152,
                   seconds: float = 5.0, log_dir: Path | None = None) -> dict:
-    rows = np.ascontiguousarray(rows_for(vocab, batch_size), np.float32)
-    batch = make_batch(ALL_FEATURES, rows, history_tokens=256)
-    shm_bytes = max(64 * MiB, 4 * rows.nbytes)
+    rows, batch, shm_bytes = bench_rows(vocab, batch_size)
     servers, results = [], []
     try:
         for index in range(max_endpoints):
-            repository = Path(tempfile.mkdtemp(prefix="simple-sampler-bench-"))
-            write_model(repository, "simple_sampler", "simple_sampler",
-                        vars(SamplerConfig(sampler_instances=1, max_batch_size=batch_size,
-                                           vocab_size=vocab)))
             log = (log_dir / f"tritonserver-endpoint-{index}.log") if log_dir else None
-            servers.append(TritonServer(repository, shm_bytes=shm_bytes, log_path=log).start())
+            servers.append(sampler_server(1, batch_size, vocab, shm_bytes, log).start())
         for count in range(1, max_endpoints + 1):
             pool = SamplerPool([SamplerTarget(s.grpc_url, RemoteSampler(s.grpc_url), 1)
                                 for s in servers[:count]])

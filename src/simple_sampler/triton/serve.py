@@ -161,7 +161,7 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
-    supervisor = Supervisor(server, startup_timeout_s=startup_timeout).start() if supervise else None
+    supervisor = Supervisor(server).start() if supervise else None
     print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)

@@ -181,6 +181,7 @@ class TritonServer:
 
     def start(self, timeout: float = startup.DEFAULT_STARTUP_TIMEOUT_S,
               progress_s: float = startup.PROGRESS_S) -> "TritonServer":
+        self._startup = (timeout, progress_s)  # start_again() waits as long
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if port_in_use(port):
@@ -242,6 +243,10 @@ class TritonServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def start_again(self) -> "TritonServer":
+        """After kill(): start on the same ports, waiting as the first start did."""
+        return self.start(*self._startup)
 
     def in_flight(self) -> float:
         """Requests the decode loop still holds (its metric; 0 without one)."""

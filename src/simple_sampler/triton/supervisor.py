@@ -123,10 +123,8 @@ class Supervisor:
     """
 
     def __init__(self, server, poll_s: float = 0.25, confirm_s: float = 0.5,
-                 orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0,
-                 startup_timeout_s: float | None = None):
+                 orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0):
         self.server = server
-        self.startup_timeout_s = startup_timeout_s  # for a restart; None: the server's default
         self.poll_s, self.confirm_s = poll_s, confirm_s
         self.orphan_grace_s, self.load_timeout_s = orphan_grace_s, load_timeout_s
         self.recoveries: dict[str, int] = {}
@@ -261,10 +259,7 @@ class Supervisor:
             self.tracked.clear()
             self._gone_since.clear()
             self._orphans.clear()
-            if self.startup_timeout_s is None:
-                self.server.start()
-            else:
-                self.server.start(self.startup_timeout_s)
+            self.server.start_again()
             self._track(list_stubs(self.server.process.pid))
         finally:
             self.restarting.clear()
