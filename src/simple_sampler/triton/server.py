@@ -22,6 +22,7 @@ from typing import Mapping
 from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from .logs import LOG_LEVEL_ENV
+from .supervisor import list_stubs, unlink_shm
 
 #: Bytes of one logit in each configurable datatype.
 ITEMSIZE = {"TYPE_FP32": 4, "TYPE_FP16": 2, "TYPE_BF16": 2}
@@ -258,16 +259,14 @@ class TritonServer:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(IN_FLIGHT_METRIC))
 
-    def drain(self, grace_s: float | None = None) -> float:
-        """Ask the models to finish (SIGTERM to every stub: the decode loop
-        stops admitting, finishes its requests within `grace_s`, then ends
-        the rest with an error; stubs of other models ignore it) and wait
-        until nothing is in flight. Returns the seconds it took."""
-        from .supervisor import list_stubs
-
+    def drain(self, stubs, grace_s: float | None = None) -> float:
+        """Ask the models to finish (SIGTERM to each of `stubs`: the decode
+        loop stops admitting, finishes its requests within `grace_s`, then
+        ends the rest with an error; stubs of other models ignore it) and
+        wait until nothing is in flight. Returns the seconds it took."""
         grace_s = self.shutdown_grace_s if grace_s is None else grace_s
         started = time.monotonic()
-        for stub in list_stubs(self.process.pid):
+        for stub in stubs:
             try:
                 os.kill(stub.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -280,19 +279,24 @@ class TritonServer:
     def stop(self, timeout: float | None = None) -> int | None:
         """Drain (in-flight requests finish or end with an error), SIGTERM,
         and SIGKILL what is left `timeout` seconds after the start (default:
-        the grace plus STOP_MARGIN_S); removes the backend copy."""
+        the grace plus STOP_MARGIN_S); removes the backend copy and the
+        shared-memory regions of the stubs it stopped."""
         if self.process is None:
             return None
         if self.process.poll() is None:
             deadline = time.monotonic() + (self.shutdown_grace_s + STOP_MARGIN_S
                                            if timeout is None else timeout)
-            self.drain()
+            stubs = list_stubs(self.process.pid)
+            self.drain(stubs)
             self.terminate()
             try:
                 self.process.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+            # Triton removes a model's region when it unloads it; a model it
+            # gave up on at its exit timeout (or a SIGKILL) leaves it behind.
+            unlink_shm(stub.shm_region for stub in stubs)
         shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
 
