@@ -73,6 +73,20 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_sim(args: argparse.Namespace) -> int:
+    from .bench import serve_sim
+
+    if args.quick:
+        report = serve_sim.run(batches=[8, 16], vocab=128_256, dtype=args.dtype,
+                               step_ms=args.step_ms, instances=args.instances, warmup=2,
+                               measure=6)
+    else:
+        report = serve_sim.run(batches=args.batch, vocab=args.vocab, dtype=args.dtype,
+                               step_ms=args.step_ms, instances=args.instances)
+    print_report(args, report, serve_sim.format_report(report))
+    return 0
+
+
 def perf(args: argparse.Namespace) -> int:
     from .bench import perf as perf_bench
 
@@ -216,6 +230,21 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=["on", "off"],
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
+
+    sim_bench = targets.add_parser(
+        "serve-sim", help="decode loop efficiency at GPU pace on a SIMULATED data plane "
+                          "(docs/SIMULATED.md)")
+    sim_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    sim_bench.add_argument("--quick", action="store_true",
+                           help="B 8 and 16, V=128,256, a short window (seconds; for tests)")
+    sim_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    sim_bench.add_argument("--vocab", type=int, default=151_936, choices=[128_256, 151_936])
+    sim_bench.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    sim_bench.add_argument("--step-ms", type=float, default=25.0,
+                           help="simulated time of a forward over the whole batch")
+    sim_bench.add_argument("--instances", type=int, default=2,
+                           help="kernel threads standing in for simple_sampler instances")
+    sim_bench.set_defaults(handler=bench_serve_sim)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

@@ -42,8 +42,9 @@ import torch
 from .. import models
 from .batch_invariant import InvariantForward
 
-ENGINES = ("torch", "tensorrt_llm")
-"""Data planes: TorchEngine (below) and TrtLlmEngine (``trtllm``, on GPUs)."""
+ENGINES = ("torch", "tensorrt_llm", "simulated")
+"""Data planes: TorchEngine (below), TrtLlmEngine (``trtllm``, on GPUs) and
+SimulatedEngine (``simulated``: GPU-paced, no model; for benchmarks)."""
 
 SMOLLM2 = "smollm2"
 """The model source naming the default model, SmolLM2-135M-Instruct."""

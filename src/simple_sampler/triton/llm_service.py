@@ -87,9 +87,17 @@ def _parameter(default, text: str):
 
 
 def build_engine(settings: LlmSettings):
-    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU)
-    or ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then)."""
+    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU),
+    ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then) or
+    ``simulated`` (SimulatedEngine, no model: ``model`` is its spec)."""
     source = settings.model or None
+    if settings.engine == "simulated":
+        if settings.batch_invariant:
+            raise ValueError(NEEDS_TORCH)
+        from ..serving.simulated import SimulatedEngine
+
+        return SimulatedEngine.from_spec(settings.model, max_batch_size=settings.max_batch_size,
+                                         max_context=settings.max_context)
     if settings.engine == "torch":
         return TorchEngine.from_source(source, max_batch_size=settings.max_batch_size,
                                        max_context=settings.max_context,

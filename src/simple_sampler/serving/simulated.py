@@ -1,0 +1,287 @@
+"""A SIMULATED data plane paced like a GPU: no model runs, every output says so.
+
+:class:`SimulatedEngine` implements the engine protocol of ``engine`` (add,
+step, append, release, length) for the regime the decision plane is built
+for, which this project's CPU data plane cannot reach: a GPU computes a
+decode step of an 8B model in 10-40 ms for B = 64-256 sequences at
+V = 128,256 (Llama 3) or 151,936 (Qwen), and the host's CPU cores are idle
+meanwhile.
+
+Step time. ``step(seq_ids)`` takes t(B) = a + b * B milliseconds, B =
+``len(seq_ids)``, and spends it *sleeping* (``time.sleep``, which releases
+the GIL and uses no core), as a host thread waiting on a GPU would. Defaults:
+
+* a = :data:`DEFAULT_STEP_A_MS` = 9.0 ms: the decode latency of
+  Llama-3-8B (bfloat16) on one H100 at batch 1 measured with SGLang's
+  ``bench_latency`` ("Decode. median latency: 0.00910 s",
+  https://gist.github.com/jerryzh168/caa3f3a87f403091b238f85f7b22c20e): the
+  cost of reading the 16 GB of weights once per step.
+* b = :data:`DEFAULT_STEP_B_MS` = 0.04 ms per sequence: NOT a published
+  measurement but a derivation: decode is bound by memory bandwidth, and
+  each sequence adds its key/value cache to the bytes a step reads:
+  Llama-3-8B holds 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes =
+  128 KiB per token, so 128 MiB for a 1,024-token context, which takes
+  0.04 ms at the H100 SXM's 3.35 TB/s HBM bandwidth (NVIDIA's data sheet).
+
+So t(64) = 11.6 ms and t(256) = 19.2 ms, inside the 10-40 ms the design
+assumes. Both are overridable (``--sim-step-a-ms``, ``--sim-step-b-ms``);
+``bench serve-sim`` uses a flat 25 ms (a = 25, b = 0) so that batches
+compare at one step time.
+
+Rows. ``step`` returns logits ``[B, V]`` in float32 or bfloat16 taken from a
+bank of :func:`simple_sampler.rows.synthetic_rows`: SmolLM2 rows whose
+sorted values (the shape of the distribution: head exactly, tail stretched
+to V) are resampled to V and randomly permuted, so what the sampler sees
+per row (entropy, top-p set sizes, the max's margin) is fitted to a real
+model; token identities mean nothing (:func:`ROWS_SOURCE` labels them). The
+bank holds ``max_batch_size + BANK_OFFSETS`` rows; step k returns the
+``B`` consecutive rows starting at offset ``k * OFFSET_STRIDE mod
+(BANK_OFFSETS + 1)``, so a sequence's row changes from step to step and
+rows differ across the sequences of a step. Which row goes to which
+sequence is arbitrary (rows carry no identity).
+
+Copies. The returned tensor is a *view* of the bank (rows ``[o, o + B)``
+are contiguous), so a step costs the CPU no B x V gather or copy, as on a
+GPU host where the device-to-host copy of the logits is a DMA that no core
+performs. The bank is shared: callers must not write into the rows (the
+kernels and the sampler pool only read them).
+
+Text. Ids beyond SmolLM2's tokenizer need a codec of their own:
+:class:`SimulatedCodec` writes id ``i`` as `` t<i>`` and reads that form
+back; it is used only with this engine (the engine's model source is a
+:class:`SimulatedSpec` string such as ``simulated:vocab=151936,...``, which
+``text.TextCodec.from_source`` maps to it), never on the normal path.
+
+Everything this engine produces is labelled "simulated data plane"
+(:attr:`SimulatedEngine.label`): logs, bench JSON and tables, the server's
+ready line.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Hashable, Sequence
+
+import torch
+
+from ..rows import ROWS_SOURCE, synthetic_rows
+from .engine import appended_tokens, check_token_ids, sequence_of
+from .text import TextCodec
+
+#: The word every output of a simulated run carries.
+LABEL = "simulated data plane"
+SPEC_PREFIX = "simulated"
+DEFAULT_VOCAB = 151_936
+VOCABS = (128_256, 151_936)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULT_DTYPE = "bfloat16"
+DEFAULT_STEP_A_MS = 9.0
+DEFAULT_STEP_B_MS = 0.04
+DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_CONTEXT = 4096
+#: Distinct step offsets into the bank (rows beyond max_batch_size).
+BANK_OFFSETS = 64
+#: Offset advance per step; odd and coprime with BANK_OFFSETS + 1 = 65, so
+#: consecutive steps do not return shifted copies of each other's rows.
+OFFSET_STRIDE = 23
+
+
+@dataclass(frozen=True)
+class SimulatedSpec:
+    """What a simulated engine simulates; its text form
+    ``simulated:vocab=151936,dtype=bfloat16,step_a_ms=9.0,step_b_ms=0.04``
+    is the llm model's ``model`` parameter with ``engine: simulated`` (so the
+    preprocessing model, which sees only ``model``, picks the same codec)."""
+
+    vocab: int = DEFAULT_VOCAB
+    dtype: str = DEFAULT_DTYPE
+    step_a_ms: float = DEFAULT_STEP_A_MS
+    step_b_ms: float = DEFAULT_STEP_B_MS
+
+    def __post_init__(self):
+        if self.vocab not in VOCABS:
+            raise ValueError(f"vocab must be one of {', '.join(map(str, VOCABS))} (Llama 3, "
+                             f"Qwen), got {self.vocab}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("step_a_ms", "step_b_ms"):
+            if not 0 <= getattr(self, name) <= 10_000:
+                raise ValueError(f"{name} must be in [0, 10000] ms, got {getattr(self, name)}")
+
+    def __str__(self) -> str:
+        return f"{SPEC_PREFIX}:" + ",".join(f"{f.name}={getattr(self, f.name)}"
+                                            for f in fields(self))
+
+    def step_ms(self, batch: int) -> float:
+        """The modelled forward time of a step of ``batch`` rows: a + b * batch."""
+        return self.step_a_ms + self.step_b_ms * batch
+
+    @staticmethod
+    def is_spec(source) -> bool:
+        text = str(source or "")
+        return text == SPEC_PREFIX or text.startswith(SPEC_PREFIX + ":")
+
+    @classmethod
+    def parse(cls, text: str) -> "SimulatedSpec":
+        """The spec of ``simulated`` or ``simulated:name=value,...`` (names
+        as the fields; absent ones keep their defaults). ValueError names a
+        bad part."""
+        if not cls.is_spec(text):
+            raise ValueError(f"a simulated engine's model must be 'simulated' or "
+                             f"'simulated:name=value,...', got {text!r}")
+        _, _, rest = str(text).partition(":")
+        types = {f.name: type(f.default) for f in fields(cls)}
+        values = {}
+        for part in filter(None, rest.split(",")):
+            name, sep, value = part.partition("=")
+            if not sep or name not in types:
+                raise ValueError(f"simulated spec part {part!r}: expected name=value with name "
+                                 f"one of {', '.join(types)}")
+            try:
+                values[name] = types[name](value)
+            except ValueError:
+                raise ValueError(f"simulated spec: {name} must be a {types[name].__name__}, "
+                                 f"got {value!r}") from None
+        return cls(**values)
+
+
+class SimulatedEngine:
+    """The GPU-paced simulated engine (module docstring).
+
+    vocab_size, max_batch_size, max_context: as ``engine.Engine``;
+    ``step`` returns ``spec.dtype`` logits ``[len(seq_ids), vocab]``, a view
+    of the bank (read-only by contract). Thread safety as TorchEngine: one
+    step at a time; add/append/release/length from other threads for
+    sequences the running step does not include.
+    """
+
+    def __init__(self, spec: SimulatedSpec = SimulatedSpec(),
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+                 max_context: int = DEFAULT_MAX_CONTEXT, seed: int = 0):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_context < 2:
+            raise ValueError(f"max_context must be >= 2, got {max_context}")
+        self.spec = spec
+        self.vocab_size = spec.vocab
+        self.max_batch_size = max_batch_size
+        self.max_context = max_context
+        rows = synthetic_rows(spec.vocab, max_batch_size + BANK_OFFSETS, seed)
+        self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
+        self.rows_source = ROWS_SOURCE(spec.vocab)
+        self.label = (f"{LABEL}: t(B) = {spec.step_a_ms:g} + {spec.step_b_ms:g} * B ms slept, "
+                      f"V={spec.vocab:,} {spec.dtype}, rows {self.rows_source}")
+        self.steps = 0
+        # seq_id -> [tokens held, whether the last one is pending]
+        self.sequences: dict[Hashable, list] = {}
+        self.state_lock = threading.Lock()
+        self.step_lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, text: str, **kwargs) -> "SimulatedEngine":
+        return cls(SimulatedSpec.parse(text), **kwargs)
+
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+        """As TorchEngine.add: ValueError for a used id, an empty or too long
+        prompt or ids outside [0, vocab); RuntimeError when all slots are taken."""
+        prompt = list(prompt_ids)
+        if not 1 <= len(prompt) < self.max_context:
+            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
+                             f"(max_context - 1), got {len(prompt)}")
+        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        with self.state_lock:
+            if seq_id in self.sequences:
+                raise ValueError(f"sequence {seq_id!r} is already active")
+            if len(self.sequences) >= self.max_batch_size:
+                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
+                                   f"slots are taken")
+            self.sequences[seq_id] = [len(prompt), True]
+
+    def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
+        """Sleep t(len(seq_ids)), return the rows (module docstring). Errors
+        as TorchEngine.step: KeyError for an unknown id, ValueError for a
+        repeated one or one with nothing pending."""
+        deadline = time.perf_counter() + self.spec.step_ms(len(seq_ids)) / 1e3
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
+        with self.step_lock:
+            with self.state_lock:
+                states = [sequence_of(self.sequences, seq_id) for seq_id in seq_ids]
+                for seq_id, state in zip(seq_ids, states):
+                    if not state[1]:
+                        raise ValueError(f"sequence {seq_id!r} has no pending token: "
+                                         f"append the sampled token before the next step")
+                for state in states:
+                    state[1] = False
+            offset = self.steps * OFFSET_STRIDE % (BANK_OFFSETS + 1)
+            self.steps += 1
+            # The "GPU" computes: this thread waits without using a core.
+            time.sleep(max(0.0, deadline - time.perf_counter()))
+        return self.bank[offset:offset + len(seq_ids)]
+
+    def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
+        """As TorchEngine.append (same ValueErrors)."""
+        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
+        with self.state_lock:
+            states = [sequence_of(self.sequences, seq_id) for seq_id in seq_ids]
+            for seq_id, state in zip(seq_ids, states):
+                if state[1]:
+                    raise ValueError(f"sequence {seq_id!r} already has a pending token: "
+                                     f"step it before appending another")
+                if state[0] >= self.max_context:
+                    raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
+                                     f"tokens")
+            for state in states:
+                state[0] += 1
+                state[1] = True
+
+    def release(self, seq_id: Hashable) -> None:
+        """Forget the sequence; unknown ids are ignored (a cancel may race a finish)."""
+        with self.state_lock:
+            self.sequences.pop(seq_id, None)
+
+    def length(self, seq_id: Hashable) -> int:
+        with self.state_lock:
+            return sequence_of(self.sequences, seq_id)[0]
+
+
+class SimulatedCodec(TextCodec):
+    """Text for a simulated engine: id ``i`` reads `` t<i>``; encoding takes
+    each whitespace-separated word ``t<i>`` (i in [0, vocab)) as id i and
+    any other word as the ids of its UTF-8 bytes, so any prompt encodes and
+    generated text round-trips. No chat template: ``chat`` is accepted and
+    ignored (the synthetic rows do not depend on the prompt). The end id is
+    ``vocab - 1``."""
+
+    def __init__(self, vocab: int = DEFAULT_VOCAB):
+        super().__init__(tokenizer=None)
+        self.vocab = vocab
+
+    @classmethod
+    def from_spec(cls, text: str) -> "SimulatedCodec":
+        return cls(SimulatedSpec.parse(text).vocab)
+
+    @property
+    def end_id(self) -> int:
+        return self.vocab - 1
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("text_input must be a non-empty string")
+        return [i for word in prompt.split() for i in self._word(word)] or \
+            list(prompt.encode())
+
+    def _word(self, word: str) -> list[int]:
+        if word[:1] == "t" and word[1:].isdigit() and int(word[1:]) < self.vocab:
+            return [int(word[1:])]
+        return list(word.encode())
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(f" t{int(i)}" for i in token_ids)
+
+    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        for word in words:
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"bad_words must be non-empty strings, got {word!r}")
+        return [self.encode(word) for word in words]
