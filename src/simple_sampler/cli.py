@@ -77,7 +77,7 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
     from .bench import serve_sim
 
     if args.quick:
-        report = serve_sim.run(batches=[8, 16], vocab=128_256, dtype=args.dtype,
+        report = serve_sim.run(batches=[8, 16], vocab=args.vocab, dtype=args.dtype,
                                step_ms=args.step_ms, instances=args.instances, warmup=2,
                                measure=6)
     else:
@@ -117,9 +117,27 @@ def build_report(args: argparse.Namespace) -> int:
 
 def hot_vocab_profile(args: argparse.Namespace) -> str:
     """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
-    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (args.sampler_only or args.model)):
+    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
+            args.sampler_only or args.model or args.engine == "simulated")):
         return ""
     return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
+
+
+def simulated_model(args: argparse.Namespace) -> tuple[str, str]:
+    """(model, logits dtype) for serve: with --engine simulated the model is
+    the simulated engine's spec and the sampler takes its dtype."""
+    if args.engine != "simulated":
+        return args.model, args.logits_dtype or "fp32"
+    from .serving.simulated import SimulatedSpec
+
+    if args.model:
+        raise ValueError("--engine simulated runs no model: leave --model out")
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}[args.sim_dtype]
+    if args.logits_dtype not in (None, dtype):
+        raise ValueError(f"--logits-dtype {args.logits_dtype} differs from the simulated "
+                         f"engine's --sim-dtype {args.sim_dtype}")
+    return str(SimulatedSpec(args.sim_vocab, args.sim_dtype, args.sim_step_a_ms,
+                             args.sim_step_b_ms)), dtype
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -127,14 +145,18 @@ def serve(args: argparse.Namespace) -> int:
     from .triton.server import SamplerConfig
 
     logs.configure(args.log_level)
-
+    try:
+        model, logits_dtype = simulated_model(args)
+    except ValueError as error:
+        print(f"simple-sampler serve: {error}", file=sys.stderr)
+        return 2
     sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
                             max_queue_delay_us=args.max_queue_delay_us,
-                            logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
+                            logits_datatype=f"TYPE_{logits_dtype.upper()}",
                             num_threads=args.num_threads, vocab_size=args.vocab_size,
                             hot_vocab_profile=hot_vocab_profile(args))
     llm = None if args.sampler_only else serving.LlmConfig(
-        model=args.model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
+        model=model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
         engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
         micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
@@ -181,6 +203,20 @@ def fill_template(args: argparse.Namespace) -> int:
         print(f"simple-sampler fill-template: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def add_simulated_flags(parser: argparse.ArgumentParser) -> None:
+    """serve's flags of the simulated engine (defaults: serving/simulated.py)."""
+    from .serving import simulated
+
+    parser.add_argument("--sim-vocab", type=int, default=simulated.DEFAULT_VOCAB,
+                        choices=simulated.VOCABS, help="--engine simulated: vocabulary size")
+    parser.add_argument("--sim-dtype", default=simulated.DEFAULT_DTYPE,
+                        choices=list(simulated.DTYPES), help="--engine simulated: logits dtype")
+    parser.add_argument("--sim-step-a-ms", type=float, default=simulated.DEFAULT_STEP_A_MS,
+                        help="--engine simulated: step time a + b * B, the a (ms)")
+    parser.add_argument("--sim-step-b-ms", type=float, default=simulated.DEFAULT_STEP_B_MS,
+                        help="--engine simulated: step time a + b * B, the b (ms per sequence)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,15 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
+    from .serving import simulated
+
     sim_bench = targets.add_parser(
         "serve-sim", help="decode loop efficiency at GPU pace on a SIMULATED data plane "
                           "(docs/SIMULATED.md)")
     sim_bench.add_argument("--json", action="store_true", help="print one JSON object")
     sim_bench.add_argument("--quick", action="store_true",
-                           help="B 8 and 16, V=128,256, a short window (seconds; for tests)")
+                           help="B 8 and 16 and a short window (seconds; for tests)")
     sim_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
-    sim_bench.add_argument("--vocab", type=int, default=151_936, choices=[128_256, 151_936])
-    sim_bench.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    sim_bench.add_argument("--vocab", type=int, default=simulated.DEFAULT_VOCAB,
+                           choices=simulated.VOCABS)
+    sim_bench.add_argument("--dtype", default=simulated.DEFAULT_DTYPE, choices=list(simulated.DTYPES))
     sim_bench.add_argument("--step-ms", type=float, default=25.0,
                            help="simulated time of a forward over the whole batch")
     sim_bench.add_argument("--instances", type=int, default=2,
@@ -286,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--max-batch-size", type=int, default=256, help="rows per sampler request")
     server.add_argument("--max-queue-delay-us", type=int, default=0,
                         help="dynamic batching delay of the sampler")
-    server.add_argument("--logits-dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    server.add_argument("--logits-dtype", choices=["fp32", "fp16", "bf16"],
+                        help="the sampler's logits (default fp32; with --engine simulated, "
+                             "its --sim-dtype)")
     server.add_argument("--num-threads", type=int, default=1, help="kernel threads per instance")
     server.add_argument("--vocab-size", type=int, default=0,
                         help="refuse logits of another width (0: accept any)")
@@ -297,8 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve the simple_sampler model alone (no LLM)")
     server.add_argument("--model", default="",
                         help="Hugging Face directory or GGUF file (default: SmolLM2-135M-Instruct)")
-    server.add_argument("--engine", choices=["torch", "tensorrt_llm"], default="torch",
-                        help="data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs (docs/GPU.md)")
+    server.add_argument("--engine", choices=["torch", "tensorrt_llm", "simulated"],
+                        default="torch",
+                        help="data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
+                             "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and "
+                             "synthetic rows, for benchmarks (docs/SIMULATED.md)")
+    add_simulated_flags(server)
     server.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm only")
     server.add_argument("--pipeline-parallel-size", type=int, default=1, help="tensorrt_llm only")
     server.add_argument("--sampling-mode", default="simple",

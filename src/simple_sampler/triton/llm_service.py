@@ -137,6 +137,12 @@ class LlmService:
         self.thread.start()
         self._call(self.decoder.start()).result()
 
+    @property
+    def data_plane(self) -> str:
+        """What computes the logits, for the ready line (the simulated
+        engine's label says it is simulated)."""
+        return getattr(self.engine, "label", type(self.engine).__name__)
+
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 

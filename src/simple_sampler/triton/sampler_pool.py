@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..params import SamplingBatch
+from ..sampling import logits_array
 from .sampler_client import SamplerClient, batch_arrays
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class SamplerPool:
             raise ValueError("a sampler pool needs at least one target")
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
-        rows = logits.numpy()
+        rows = logits_array(logits)  # bfloat16 rows stay bfloat16 (ml_dtypes)
         arrays = batch_arrays(batch)
         wanted = batch.want_logprobs
         arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..serving.decoder import SAMPLING_MODES
 from ..serving.batch_invariant import NEEDS_TORCH
 from ..serving.engine import ENGINES
+from ..serving.simulated import LABEL, SimulatedSpec
 
 from .install import InstallError
 from .server import MiB, SamplerConfig, TritonServer, write_model
@@ -35,7 +36,9 @@ class LlmConfig:
     model: "" for SmolLM2-135M-Instruct, else a local Hugging Face directory
     or GGUF file; engine: torch (PyTorch, CPU) | tensorrt_llm (GPUs, model a
     checkpoint or engine directory; docs/GPU.md), with tensor_parallel_size
-    and pipeline_parallel_size for tensorrt_llm; sampling_mode: simple |
+    and pipeline_parallel_size for tensorrt_llm | simulated (no model, a
+    GPU-paced stand-in for benchmarks; model is its ``simulated:...`` spec,
+    docs/SIMULATED.md); sampling_mode: simple |
     inline | inline_kernels;
     engine_max_batch_size: sequences decoded together (more wait in a queue);
     micro_batches: lanes the active sequences are split into, so one is
@@ -75,13 +78,18 @@ class LlmConfig:
                              f"got {self.sampling_mode!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if (self.engine == "simulated") != SimulatedSpec.is_spec(self.model):
+            raise ValueError("engine simulated takes its spec as model ('simulated:vocab=...', "
+                             "serving/simulated.py), and only it does")
+        if self.engine == "simulated":
+            SimulatedSpec.parse(self.model)
         if self.engine == "tensorrt_llm" and not self.model:
             raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
                              "TensorRT-LLM engine directory")
         parse_endpoints(self.sampler_endpoints)
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
-        if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
+        if self.engine != "tensorrt_llm" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
                              "tensorrt_llm only")
         if self.batch_invariant and self.engine != "torch":
@@ -162,7 +170,9 @@ def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: in
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(server).start() if supervise else None
-    print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+    simulated = f" ({LABEL}: {llm.model}; no model runs)" if llm and llm.engine == "simulated" \
+        else ""
+    print(f"Triton is ready{simulated}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
     stopping = threading.Event()
