@@ -100,6 +100,27 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
         raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
 
 
+def prompt_tokens(prompt_ids: Sequence[int], max_context: int, vocab_size: int) -> list[int]:
+    """``prompt_ids`` as ints for an ``add``: 1 to ``max_context - 1`` ids (room
+    is left for a generated token), each in [0, vocab_size); else ValueError."""
+    prompt = [int(t) for t in prompt_ids]
+    if not 1 <= len(prompt) < max_context:
+        raise ValueError(f"prompt_ids must hold 1 to {max_context - 1} tokens "
+                         f"(max_context - 1), got {len(prompt)}")
+    check_token_ids("prompt_ids", prompt, vocab_size)
+    return prompt
+
+
+def check_admission(sequences: dict, seq_id: Hashable, max_batch_size: int) -> None:
+    """ValueError when ``seq_id`` is already active, RuntimeError when all
+    ``max_batch_size`` slots are taken (``sequences``: the active ones)."""
+    if seq_id in sequences:
+        raise ValueError(f"sequence {seq_id!r} is already active")
+    if len(sequences) >= max_batch_size:
+        raise RuntimeError(f"no free slot: all max_batch_size={max_batch_size} "
+                           f"slots are taken")
+
+
 def appended_tokens(seq_ids: Sequence[Hashable], token_ids: Sequence[int],
                     vocab_size: int) -> list[int]:
     """``token_ids`` as ints for an ``append``: one per sequence, each in [0, vocab_size)."""
@@ -225,17 +246,9 @@ class TorchEngine:
         prompt, one longer than ``max_context - 1`` (room must be left for a
         generated token) or ids outside [0, vocab_size); RuntimeError when
         every slot is taken."""
-        prompt = [int(t) for t in prompt_ids]
-        if not 1 <= len(prompt) < self.max_context:
-            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
-                             f"(max_context - 1), got {len(prompt)}")
-        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        prompt = prompt_tokens(prompt_ids, self.max_context, self.vocab_size)
         with self.state_lock:
-            if seq_id in self.sequences:
-                raise ValueError(f"sequence {seq_id!r} is already active")
-            if not self.free_slots:
-                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
-                                   f"slots are taken")
+            check_admission(self.sequences, seq_id, self.max_batch_size)
             self.sequences[seq_id] = _Sequence(self.free_slots.pop(), 0, prompt)
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:

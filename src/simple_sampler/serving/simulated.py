@@ -66,7 +66,7 @@ from typing import Hashable, Sequence
 import torch
 
 from ..rows import ROWS_SOURCE, synthetic_rows
-from .engine import appended_tokens, check_token_ids, sequence_of
+from .engine import appended_tokens, check_admission, prompt_tokens, sequence_of
 from .text import TextCodec
 
 #: The word every output of a simulated run carries.
@@ -185,17 +185,9 @@ class SimulatedEngine:
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add: ValueError for a used id, an empty or too long
         prompt or ids outside [0, vocab); RuntimeError when all slots are taken."""
-        prompt = list(prompt_ids)
-        if not 1 <= len(prompt) < self.max_context:
-            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
-                             f"(max_context - 1), got {len(prompt)}")
-        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        prompt = prompt_tokens(prompt_ids, self.max_context, self.vocab_size)
         with self.state_lock:
-            if seq_id in self.sequences:
-                raise ValueError(f"sequence {seq_id!r} is already active")
-            if len(self.sequences) >= self.max_batch_size:
-                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
-                                   f"slots are taken")
+            check_admission(self.sequences, seq_id, self.max_batch_size)
             self.sequences[seq_id] = [len(prompt), True]
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:

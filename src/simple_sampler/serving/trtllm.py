@@ -66,7 +66,8 @@ from typing import Hashable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .engine import SequenceFailed, appended_tokens, check_token_ids, sequence_of
+from .engine import (SequenceFailed, appended_tokens, check_admission, prompt_tokens,
+                     sequence_of)
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
@@ -443,11 +444,7 @@ class TrtLlmEngine:
         return self.exchange.condition
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
-        prompt = [int(t) for t in prompt_ids]
-        if not 1 <= len(prompt) < self.max_context:
-            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
-                             f"(max_context - 1), got {len(prompt)}")
-        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        prompt = prompt_tokens(prompt_ids, self.max_context, self.vocab_size)
         params = self.sampling_params(
             max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
             # An end id is required without a tokenizer; ignore_eos makes the
@@ -456,11 +453,7 @@ class TrtLlmEngine:
         # Held while submitting, so the first row (delivered under the same
         # lock) always finds its sequence: an unknown id means a released one.
         with self.condition:
-            if seq_id in self.sequences:
-                raise ValueError(f"sequence {seq_id!r} is already active")
-            if len(self.sequences) >= self.max_batch_size:
-                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
-                                   f"slots are taken")
+            check_admission(self.sequences, seq_id, self.max_batch_size)
             request = self.watcher.submit(lambda: self.llm.generate_async(
                 prompt, sampling_params=params, streaming=False))
             # request_id is the client id (executor/result.py GenerationResult.request_id),

@@ -1,0 +1,172 @@
+"""The simulated data plane (serving/simulated.py) and `bench serve-sim`:
+the engine keeps the engine protocol, returns bank views (no copy) that vary
+per sequence and step, sleeps its modelled step time, is never the default
+and says "simulated" wherever it shows up."""
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from simple_sampler.cli import build_parser, main
+from simple_sampler.rows import synthetic_rows
+from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCodec,
+                                              SimulatedEngine, SimulatedSpec)
+from simple_sampler.serving.text import TextCodec
+from simple_sampler.triton.serve import LlmConfig
+
+VOCAB = 128_256
+FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine_rows():
+    """The rows a fresh engine's bank holds (max_batch_size 4, seed 0)."""
+    return synthetic_rows(VOCAB, 4 + BANK_OFFSETS, 0)
+
+
+def test_spec_text_round_trips_and_bad_parts_are_named():
+    spec = SimulatedSpec(vocab=128_256, dtype="float32", step_a_ms=5.0, step_b_ms=0.5)
+    assert str(spec) == "simulated:vocab=128256,dtype=float32,step_a_ms=5.0,step_b_ms=0.5"
+    assert SimulatedSpec.parse(str(spec)) == spec
+    assert SimulatedSpec.parse("simulated") == SimulatedSpec()
+    assert spec.step_ms(10) == 10.0
+    with pytest.raises(ValueError, match="vocab must be one of 128256, 151936"):
+        SimulatedSpec.parse("simulated:vocab=1000")
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        SimulatedSpec.parse("simulated:dtype=fp8")
+    with pytest.raises(ValueError, match=r"step_b_ms must be in \[0, 10000\] ms"):
+        SimulatedSpec.parse("simulated:step_b_ms=-1")
+    with pytest.raises(ValueError, match="step_a_ms must be a float"):
+        SimulatedSpec.parse("simulated:step_a_ms=fast")
+    with pytest.raises(ValueError, match="expected name=value with name one of vocab"):
+        SimulatedSpec.parse("simulated:speed=1")
+    with pytest.raises(ValueError, match="must be 'simulated'"):
+        SimulatedSpec.parse("/models/llama")
+
+
+def test_steps_return_bank_views_that_vary_per_sequence_and_step(engine_rows):
+    engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)
+    ids = ["a", "b", "c", "d"]
+    for key in ids:
+        engine.add(key, [1, 2, 3])
+    seen = []
+    for step in range(3):
+        logits = engine.step(ids)
+        assert logits.shape == (4, VOCAB) and logits.dtype == torch.float32
+        # A view of the bank: no B x V copy per step.
+        assert logits.untyped_storage().data_ptr() == engine.bank.untyped_storage().data_ptr()
+        offset = (logits.data_ptr() - engine.bank.data_ptr()) // (VOCAB * 4)
+        assert torch.equal(logits, torch.from_numpy(engine_rows[offset:offset + 4]))
+        assert len({row.argmax().item() for row in logits}) == 4  # rows differ across sequences
+        seen.append(offset)
+        engine.append(ids, [step] * 4)
+        assert [engine.length(key) for key in ids] == [4 + step] * 4
+    assert len(set(seen)) == 3  # and across steps
+
+
+def test_bfloat16_rows_are_the_float32_rows_rounded():
+    engine = SimulatedEngine(SimulatedSpec(vocab=VOCAB, step_a_ms=0.0, step_b_ms=0.0),
+                             max_batch_size=2, max_context=8)
+    engine.add(0, [5])
+    logits = engine.step([0])
+    assert logits.dtype == torch.bfloat16
+    expected = torch.from_numpy(synthetic_rows(VOCAB, 2 + BANK_OFFSETS, 0)[:1])
+    assert torch.equal(logits, expected.to(torch.bfloat16))
+
+
+def test_step_sleeps_its_modelled_time():
+    engine = SimulatedEngine(SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=20.0,
+                                           step_b_ms=5.0), max_batch_size=2, max_context=8)
+    engine.add("x", [1])
+    engine.add("y", [2])
+    started = time.perf_counter()
+    engine.step(["x", "y"])
+    assert time.perf_counter() - started >= 0.030  # t(2) = 20 + 5 * 2 ms, a lower bound
+
+
+def test_a_sequence_stops_taking_tokens_at_max_context():
+    # The rest of the protocol's errors: test_engine_contract.py.
+    engine = SimulatedEngine(FAST, max_batch_size=1, max_context=4)
+    engine.add("x", [1, 2])
+    while engine.length("x") < 4:
+        engine.step(["x"])
+        engine.append(["x"], [1])
+    engine.step(["x"])
+    with pytest.raises(ValueError, match="at max_context=4"):
+        engine.append(["x"], [1])
+
+
+def test_codec_is_chosen_by_the_spec_and_round_trips_generated_text():
+    codec = TextCodec.from_source("simulated:vocab=128256")
+    assert isinstance(codec, SimulatedCodec) and codec.end_id == VOCAB - 1
+    assert codec.decode([5, 128_000]) == " t5 t128000"
+    assert codec.encode(" t5 t128000") == [5, 128_000]
+    assert codec.encode("t5 hi") == [5, *b"hi"]
+    assert codec.encode(f"t{VOCAB}") == list(f"t{VOCAB}".encode())  # out of range: bytes
+    assert codec.bad_words_ids(["t7"]) == [[7]]
+    with pytest.raises(ValueError, match="text_input must be a non-empty string"):
+        codec.encode("")
+
+
+def test_decoder_streams_text_of_the_simulated_codec():
+    async def generate():
+        engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)
+        decoder = Decoder(engine, SimulatedCodec(VOCAB), "simple", threaded(), micro_batches=2)
+        await decoder.start()
+        try:
+            handles = [decoder.submit(GenerationRequest(text=f"t{i} t9", max_tokens=6,
+                                                        ignore_end=True))
+                       for i in range(3)]
+            return [[event async for event in handle] for handle in handles]
+        finally:
+            await decoder.close()
+
+    for events in asyncio.run(generate()):
+        ids = [t for event in events for t in event.token_ids]
+        assert len(ids) == 6 and events[-1].finish_reason == "length"
+        assert "".join(event.text for event in events) == "".join(f" t{t}" for t in ids)
+
+
+def test_never_the_default_and_the_server_config_checks_the_spec():
+    args = build_parser().parse_args(["serve"])
+    assert args.engine == "torch" and LlmConfig().engine == "torch"
+    LlmConfig(engine="simulated", model=str(SimulatedSpec())).validate()
+    with pytest.raises(ValueError, match="engine simulated takes its spec as model"):
+        LlmConfig(engine="simulated").validate()
+    with pytest.raises(ValueError, match="engine simulated takes its spec as model"):
+        LlmConfig(engine="torch", model="simulated").validate()
+    with pytest.raises(ValueError, match="vocab must be one of"):
+        LlmConfig(engine="simulated", model="simulated:vocab=5").validate()
+
+
+def test_serve_rejects_a_model_or_a_conflicting_logits_dtype(capsys):
+    assert main(["serve", "--engine", "simulated", "--model", "x"]) == 2
+    assert "--engine simulated runs no model" in capsys.readouterr().err
+    assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
+                 "--logits-dtype", "fp32"]) == 2
+    assert "differs from the simulated engine's --sim-dtype" in capsys.readouterr().err
+
+
+def test_bench_serve_sim_quick_json(capsys):
+    assert main(["bench", "serve-sim", "--quick", "--json", "--vocab", "128256",
+                 "--dtype", "float32", "--step-ms", "10"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["data_plane"].startswith(LABEL) and "machine" in report
+    rows = report["results"]
+    assert {(r["mode"], r["micro_batches"]) for r in rows} == {
+        ("simple", 1), ("simple", 2), ("inline_kernels", 1)}
+    assert {r["batch"] for r in rows} == {8, 16}
+    for r in rows:
+        assert (r["vocab"], r["dtype"], r["step_ms"]) == (VOCAB, "float32", 10.0)
+        assert r["ideal_tokens_per_s"] == pytest.approx(r["batch"] / 0.010)
+        assert r["efficiency"] == pytest.approx(r["tokens_per_s"] / r["ideal_tokens_per_s"])
+        # A pass over B rows sleeps at least step_ms on the one data-plane thread.
+        assert 0 < r["efficiency"] <= 1
+        assert 0 <= r["exposed_sampling_ms_per_step"] <= r["sampler_ms_per_step"] + 1e-9
+        assert r["loop_ms_per_step"] > 0
+        assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
+        assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
