@@ -167,6 +167,6 @@ def test_bench_serve_sim_quick_json(capsys):
         # A pass over B rows sleeps at least step_ms on the one data-plane thread.
         assert 0 < r["efficiency"] <= 1
         assert 0 <= r["exposed_sampling_ms_per_step"] <= r["sampler_ms_per_step"] + 1e-9
-        assert r["loop_ms_per_step"] > 0
+        assert r["loop_ms_per_step"] > 0 and r["loop_thread_cpu_ms_per_step"] > 0
         assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
         assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
