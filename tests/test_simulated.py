@@ -11,15 +11,21 @@ import pytest
 import torch
 
 from simple_sampler.cli import build_parser, main
+from simple_sampler.params import SamplingParams
 from simple_sampler.rows import synthetic_rows
 from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
 from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCodec,
                                               SimulatedEngine, SimulatedSpec)
-from simple_sampler.serving.text import TextCodec
-from simple_sampler.triton.serve import LlmConfig
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton.serve import assemble_repository
 
 VOCAB = 128_256
 FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return SimulatedCodec.from_source(None)
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +34,22 @@ def engine_rows():
     return synthetic_rows(VOCAB, 4 + BANK_OFFSETS, 0)
 
 
-def test_spec_text_round_trips_and_bad_parts_are_named():
-    spec = SimulatedSpec(vocab=128_256, dtype="float32", step_a_ms=5.0, step_b_ms=0.5)
-    assert str(spec) == "simulated:vocab=128256,dtype=float32,step_a_ms=5.0,step_b_ms=0.5"
-    assert SimulatedSpec.parse(str(spec)) == spec
-    assert SimulatedSpec.parse("simulated") == SimulatedSpec()
-    assert spec.step_ms(10) == 10.0
-    with pytest.raises(ValueError, match="vocab must be one of 128256, 151936"):
-        SimulatedSpec.parse("simulated:vocab=1000")
-    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
-        SimulatedSpec.parse("simulated:dtype=fp8")
-    with pytest.raises(ValueError, match=r"step_b_ms must be in \[0, 10000\] ms"):
-        SimulatedSpec.parse("simulated:step_b_ms=-1")
-    with pytest.raises(ValueError, match="step_a_ms must be a float"):
-        SimulatedSpec.parse("simulated:step_a_ms=fast")
-    with pytest.raises(ValueError, match="expected name=value with name one of vocab"):
-        SimulatedSpec.parse("simulated:speed=1")
-    with pytest.raises(ValueError, match="must be 'simulated'"):
-        SimulatedSpec.parse("/models/llama")
+def test_spec_takes_its_defaults_and_ranges_from_the_settings():
+    spec = SimulatedSpec()
+    assert (spec.vocab, spec.dtype, spec.step_a_ms, spec.step_b_ms) == (
+        LlmSettings.sim_vocab, LlmSettings.sim_dtype, LlmSettings.sim_step_a_ms,
+        LlmSettings.sim_step_b_ms) == (151_936, "bfloat16", 9.0, 0.04)
+    assert spec.step_ms(256) == pytest.approx(19.24)
+    settings = LlmSettings(engine="simulated", sim_vocab=128_256, sim_dtype="float32",
+                           sim_step_a_ms=5.0, sim_step_b_ms=0.5)
+    assert SimulatedSpec.from_settings(settings) == SimulatedSpec(128_256, "float32", 5.0, 0.5)
+    assert SimulatedSpec.from_settings(settings).describe().startswith(LABEL)
+    with pytest.raises(ValueError, match="sim_vocab must be one of 128256, 151936"):
+        SimulatedSpec(vocab=1000)
+    with pytest.raises(ValueError, match="sim_dtype must be one of float32, bfloat16"):
+        SimulatedSpec(dtype="fp8")
+    with pytest.raises(ValueError, match="sim_step_b_ms must be >= 0.0, got -1"):
+        SimulatedSpec(step_b_ms=-1.0)
 
 
 def test_steps_return_bank_views_that_vary_per_sequence_and_step(engine_rows):
@@ -100,26 +104,25 @@ def test_a_sequence_stops_taking_tokens_at_max_context():
         engine.append(["x"], [1])
 
 
-def test_codec_is_chosen_by_the_spec_and_round_trips_generated_text():
-    codec = TextCodec.from_source("simulated:vocab=128256")
-    assert isinstance(codec, SimulatedCodec) and codec.end_id == VOCAB - 1
-    assert codec.decode([5, 128_000]) == " t5 t128000"
-    assert codec.encode(" t5 t128000") == [5, 128_000]
-    assert codec.encode("t5 hi") == [5, *b"hi"]
-    assert codec.encode(f"t{VOCAB}") == list(f"t{VOCAB}".encode())  # out of range: bytes
-    assert codec.bad_words_ids(["t7"]) == [[7]]
-    with pytest.raises(ValueError, match="text_input must be a non-empty string"):
-        codec.encode("")
+def test_codec_decodes_known_ids_with_the_tokenizer_and_the_rest_as_ids(codec):
+    tokenizer = codec.tokenizer
+    hello = tokenizer("Hello world", add_special_tokens=False)["input_ids"]
+    assert codec.known == len(tokenizer) < VOCAB
+    assert codec.encode("Hello world") == hello
+    assert codec.decode(hello) == "Hello world"
+    assert codec.decode([*hello, 100_000, 128_000, *hello]) == \
+        "Hello world t100000 t128000" + tokenizer.decode(hello)
 
 
-def test_decoder_streams_text_of_the_simulated_codec():
+def test_decoder_streams_text_of_the_simulated_codec(codec):
     async def generate():
         engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)
-        decoder = Decoder(engine, SimulatedCodec(VOCAB), "simple", threaded(), micro_batches=2)
+        decoder = Decoder(engine, codec, "simple", threaded(), micro_batches=2)
         await decoder.start()
         try:
-            handles = [decoder.submit(GenerationRequest(text=f"t{i} t9", max_tokens=6,
-                                                        ignore_end=True))
+            handles = [decoder.submit(GenerationRequest(text=f"Question {i}?", chat=True,
+                                                        max_tokens=12, ignore_end=True,
+                                                        sampling=SamplingParams(seed=i)))
                        for i in range(3)]
             return [[event async for event in handle] for handle in handles]
         finally:
@@ -127,28 +130,33 @@ def test_decoder_streams_text_of_the_simulated_codec():
 
     for events in asyncio.run(generate()):
         ids = [t for event in events for t in event.token_ids]
-        assert len(ids) == 6 and events[-1].finish_reason == "length"
-        assert "".join(event.text for event in events) == "".join(f" t{t}" for t in ids)
+        assert len(ids) == 12 and events[-1].finish_reason == "length"
+        text = "".join(event.text for event in events)
+        beyond = [f" t{t}" for t in ids if t >= codec.known]
+        assert beyond and all(piece in text for piece in beyond)
+        assert sorted(beyond, key=text.index) == beyond  # in the order generated
 
 
-def test_never_the_default_and_the_server_config_checks_the_spec():
+def test_never_the_default_and_served_with_its_own_settings(tmp_path):
     args = build_parser().parse_args(["serve"])
-    assert args.engine == "torch" and LlmConfig().engine == "torch"
-    LlmConfig(engine="simulated", model=str(SimulatedSpec())).validate()
-    with pytest.raises(ValueError, match="engine simulated takes its spec as model"):
-        LlmConfig(engine="simulated").validate()
-    with pytest.raises(ValueError, match="engine simulated takes its spec as model"):
-        LlmConfig(engine="torch", model="simulated").validate()
-    with pytest.raises(ValueError, match="vocab must be one of"):
-        LlmConfig(engine="simulated", model="simulated:vocab=5").validate()
+    assert LlmSettings.from_arguments(args).engine == LlmSettings().engine == "torch"
+    args = build_parser().parse_args(["serve", "--engine", "simulated", "--sim-vocab", "128256",
+                                      "--sim-dtype", "float32", "--sim-step-a-ms", "3"])
+    settings = LlmSettings.from_arguments(args)
+    assert SimulatedSpec.from_settings(settings) == SimulatedSpec(128_256, "float32", 3.0,
+                                                                  LlmSettings.sim_step_b_ms)
+    # The llm model reads them back from its config.pbtxt.
+    repository = assemble_repository(tmp_path, SamplerSettings(), settings)
+    text = (repository / "llm" / "config.pbtxt").read_text()
+    assert 'key: "sim_vocab"\n  value: { string_value: "128256" }' in text
+    with pytest.raises(ValueError, match="tensorrt_llm only"):
+        LlmSettings(engine="simulated", tensor_parallel_size=2).validate()
 
 
-def test_serve_rejects_a_model_or_a_conflicting_logits_dtype(capsys):
-    assert main(["serve", "--engine", "simulated", "--model", "x"]) == 2
-    assert "--engine simulated runs no model" in capsys.readouterr().err
+def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
                  "--logits-dtype", "fp32"]) == 2
-    assert "differs from the simulated engine's --sim-dtype" in capsys.readouterr().err
+    assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
 
 
 def test_bench_serve_sim_quick_json(capsys):

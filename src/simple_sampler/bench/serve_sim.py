@@ -154,15 +154,15 @@ async def _measure(decoder: Decoder, timer: LoopTimer, batch: int, vocab: int, w
             "itl_ms_p95": float(np.percentile(gaps, 95)) * 1e3}
 
 
-async def run_one(mode: str, micro_batches: int, batch: int, vocab: int, dtype: str,
-                  step_ms: float, instances: int, warmup: int, measure: int) -> dict:
+async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
+                  dtype: str, step_ms: float, instances: int, warmup: int, measure: int) -> dict:
     """One row of the report: a fresh engine and decoder for (mode, micro_batches, B)."""
     spec = SimulatedSpec(vocab=vocab, dtype=dtype, step_a_ms=0.0, step_b_ms=step_ms / batch)
     engine = SimulatedEngine(spec, max_batch_size=batch,
                              max_context=PROMPT_TOKENS + warmup + measure + 4)
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if mode == "simple" else None
-    decoder = Decoder(engine, SimulatedCodec(vocab), mode, sampler, micro_batches)
+    decoder = Decoder(engine, codec, mode, sampler, micro_batches)
     timer = LoopTimer(decoder)
     await decoder.start()
     try:
@@ -178,8 +178,9 @@ async def run_one(mode: str, micro_batches: int, batch: int, vocab: int, dtype: 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
         instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES) -> dict:
     """Every (mode, micro_batches) of ``modes`` at every B of ``batches``."""
-    results = [asyncio.run(run_one(mode, micro_batches, batch, vocab, dtype, step_ms, instances,
-                                   warmup, measure))
+    codec = SimulatedCodec.from_source(None)
+    results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
+                                   instances, warmup, measure))
                for mode, _, micro_batches in modes for batch in batches]
     return {"results": results, "data_plane": data_plane(instances),
             "settings": {"rows": ROWS_SOURCE(vocab),

@@ -40,17 +40,14 @@ from typing import Hashable, Protocol, Sequence
 import torch
 
 from .. import models
+from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
-
-ENGINES = ("torch", "tensorrt_llm", "simulated")
-"""Data planes: TorchEngine (below), TrtLlmEngine (``trtllm``, on GPUs) and
-SimulatedEngine (``simulated``: GPU-paced, no model; for benchmarks)."""
 
 SMOLLM2 = "smollm2"
 """The model source naming the default model, SmolLM2-135M-Instruct."""
 
-DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_MAX_CONTEXT = 1024
+DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
+DEFAULT_MAX_CONTEXT = LlmSettings.max_context
 
 
 class Engine(Protocol):

@@ -11,12 +11,12 @@ Step time. ``step(seq_ids)`` takes t(B) = a + b * B milliseconds, B =
 ``len(seq_ids)``, and spends it *sleeping* (``time.sleep``, which releases
 the GIL and uses no core), as a host thread waiting on a GPU would. Defaults:
 
-* a = :data:`DEFAULT_STEP_A_MS` = 9.0 ms: the decode latency of
+* a = 9.0 ms (``LlmSettings.sim_step_a_ms``): the decode latency of
   Llama-3-8B (bfloat16) on one H100 at batch 1 measured with SGLang's
   ``bench_latency`` ("Decode. median latency: 0.00910 s",
   https://gist.github.com/jerryzh168/caa3f3a87f403091b238f85f7b22c20e): the
   cost of reading the 16 GB of weights once per step.
-* b = :data:`DEFAULT_STEP_B_MS` = 0.04 ms per sequence: NOT a published
+* b = 0.04 ms per sequence (``LlmSettings.sim_step_b_ms``): NOT a published
   measurement but a derivation: decode is bound by memory bandwidth, and
   each sequence adds its key/value cache to the bytes a step reads:
   Llama-3-8B holds 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes =
@@ -47,10 +47,10 @@ performs. The bank is shared: callers must not write into the rows (the
 kernels and the sampler pool only read them).
 
 Text. Ids beyond SmolLM2's tokenizer need a codec of their own:
-:class:`SimulatedCodec` writes id ``i`` as `` t<i>`` and reads that form
-back; it is used only with this engine (the engine's model source is a
-:class:`SimulatedSpec` string such as ``simulated:vocab=151936,...``, which
-``text.TextCodec.from_source`` maps to it), never on the normal path.
+:class:`SimulatedCodec` is the model's tokenizer (SmolLM2's unless
+``model`` names another) for everything it knows and writes any other id
+``i`` as `` t<i>``; the llm model uses it only with this engine, never on
+the normal path.
 
 Everything this engine produces is labelled "simulated data plane"
 (:attr:`SimulatedEngine.label`): logs, bench JSON and tables, the server's
@@ -60,24 +60,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import torch
 
 from ..rows import ROWS_SOURCE, synthetic_rows
+from ..settings import LlmSettings
 from .engine import appended_tokens, check_admission, prompt_tokens, sequence_of
 from .text import TextCodec
 
 #: The word every output of a simulated run carries.
 LABEL = "simulated data plane"
-SPEC_PREFIX = "simulated"
-DEFAULT_VOCAB = 151_936
-VOCABS = (128_256, 151_936)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DEFAULT_DTYPE = "bfloat16"
-DEFAULT_STEP_A_MS = 9.0
-DEFAULT_STEP_B_MS = 0.04
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_CONTEXT = 4096
 #: Distinct step offsets into the bank (rows beyond max_batch_size).
@@ -89,61 +84,32 @@ OFFSET_STRIDE = 23
 
 @dataclass(frozen=True)
 class SimulatedSpec:
-    """What a simulated engine simulates; its text form
-    ``simulated:vocab=151936,dtype=bfloat16,step_a_ms=9.0,step_b_ms=0.04``
-    is the llm model's ``model`` parameter with ``engine: simulated`` (so the
-    preprocessing model, which sees only ``model``, picks the same codec)."""
+    """What a simulated engine simulates: V, the logits dtype and t(B) = a + b * B.
+    Defaults and allowed values are ``LlmSettings``' ``sim_*`` settings (the
+    serve options and llm parameters of the same names)."""
 
-    vocab: int = DEFAULT_VOCAB
-    dtype: str = DEFAULT_DTYPE
-    step_a_ms: float = DEFAULT_STEP_A_MS
-    step_b_ms: float = DEFAULT_STEP_B_MS
+    vocab: int = LlmSettings.sim_vocab
+    dtype: str = LlmSettings.sim_dtype
+    step_a_ms: float = LlmSettings.sim_step_a_ms
+    step_b_ms: float = LlmSettings.sim_step_b_ms
 
     def __post_init__(self):
-        if self.vocab not in VOCABS:
-            raise ValueError(f"vocab must be one of {', '.join(map(str, VOCABS))} (Llama 3, "
-                             f"Qwen), got {self.vocab}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("step_a_ms", "step_b_ms"):
-            if not 0 <= getattr(self, name) <= 10_000:
-                raise ValueError(f"{name} must be in [0, 10000] ms, got {getattr(self, name)}")
+        LlmSettings(engine="simulated", sim_vocab=self.vocab, sim_dtype=self.dtype,
+                    sim_step_a_ms=self.step_a_ms, sim_step_b_ms=self.step_b_ms).validate()
 
-    def __str__(self) -> str:
-        return f"{SPEC_PREFIX}:" + ",".join(f"{f.name}={getattr(self, f.name)}"
-                                            for f in fields(self))
+    @classmethod
+    def from_settings(cls, settings: LlmSettings) -> "SimulatedSpec":
+        return cls(settings.sim_vocab, settings.sim_dtype, settings.sim_step_a_ms,
+                   settings.sim_step_b_ms)
 
     def step_ms(self, batch: int) -> float:
         """The modelled forward time of a step of ``batch`` rows: a + b * batch."""
         return self.step_a_ms + self.step_b_ms * batch
 
-    @staticmethod
-    def is_spec(source) -> bool:
-        text = str(source or "")
-        return text == SPEC_PREFIX or text.startswith(SPEC_PREFIX + ":")
-
-    @classmethod
-    def parse(cls, text: str) -> "SimulatedSpec":
-        """The spec of ``simulated`` or ``simulated:name=value,...`` (names
-        as the fields; absent ones keep their defaults). ValueError names a
-        bad part."""
-        if not cls.is_spec(text):
-            raise ValueError(f"a simulated engine's model must be 'simulated' or "
-                             f"'simulated:name=value,...', got {text!r}")
-        _, _, rest = str(text).partition(":")
-        types = {f.name: type(f.default) for f in fields(cls)}
-        values = {}
-        for part in filter(None, rest.split(",")):
-            name, sep, value = part.partition("=")
-            if not sep or name not in types:
-                raise ValueError(f"simulated spec part {part!r}: expected name=value with name "
-                                 f"one of {', '.join(types)}")
-            try:
-                values[name] = types[name](value)
-            except ValueError:
-                raise ValueError(f"simulated spec: {name} must be a {types[name].__name__}, "
-                                 f"got {value!r}") from None
-        return cls(**values)
+    def describe(self) -> str:
+        """The label every output of a run on this spec carries."""
+        return (f"{LABEL}: t(B) = {self.step_a_ms:g} + {self.step_b_ms:g} * B ms slept, "
+                f"V={self.vocab:,} {self.dtype}, rows {ROWS_SOURCE(self.vocab)}")
 
 
 class SimulatedEngine:
@@ -169,18 +135,12 @@ class SimulatedEngine:
         self.max_context = max_context
         rows = synthetic_rows(spec.vocab, max_batch_size + BANK_OFFSETS, seed)
         self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
-        self.rows_source = ROWS_SOURCE(spec.vocab)
-        self.label = (f"{LABEL}: t(B) = {spec.step_a_ms:g} + {spec.step_b_ms:g} * B ms slept, "
-                      f"V={spec.vocab:,} {spec.dtype}, rows {self.rows_source}")
+        self.label = spec.describe()
         self.steps = 0
         # seq_id -> [tokens held, whether the last one is pending]
         self.sequences: dict[Hashable, list] = {}
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
-
-    @classmethod
-    def from_spec(cls, text: str, **kwargs) -> "SimulatedEngine":
-        return cls(SimulatedSpec.parse(text), **kwargs)
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add: ValueError for a used id, an empty or too long
@@ -239,41 +199,27 @@ class SimulatedEngine:
 
 
 class SimulatedCodec(TextCodec):
-    """Text for a simulated engine: id ``i`` reads `` t<i>``; encoding takes
-    each whitespace-separated word ``t<i>`` (i in [0, vocab)) as id i and
-    any other word as the ids of its UTF-8 bytes, so any prompt encodes and
-    generated text round-trips. No chat template: ``chat`` is accepted and
-    ignored (the synthetic rows do not depend on the prompt). The end id is
-    ``vocab - 1``."""
+    """Text for a simulated engine: the model's tokenizer (SmolLM2's by
+    default) encodes prompts and bad words and decodes the ids it has; an id
+    beyond its vocabulary (the synthetic rows are wider: V = 128,256 or
+    151,936 against SmolLM2's 49,152) reads `` t<id>``. So the preprocessing
+    model, which knows nothing of the engine, encodes prompts exactly as the
+    llm model does."""
 
-    def __init__(self, vocab: int = DEFAULT_VOCAB):
-        super().__init__(tokenizer=None)
-        self.vocab = vocab
-
-    @classmethod
-    def from_spec(cls, text: str) -> "SimulatedCodec":
-        return cls(SimulatedSpec.parse(text).vocab)
-
-    @property
-    def end_id(self) -> int:
-        return self.vocab - 1
-
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("text_input must be a non-empty string")
-        return [i for word in prompt.split() for i in self._word(word)] or \
-            list(prompt.encode())
-
-    def _word(self, word: str) -> list[int]:
-        if word[:1] == "t" and word[1:].isdigit() and int(word[1:]) < self.vocab:
-            return [int(word[1:])]
-        return list(word.encode())
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.known = len(tokenizer)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(f" t{int(i)}" for i in token_ids)
-
-    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
-        for word in words:
-            if not isinstance(word, str) or not word:
-                raise ValueError(f"bad_words must be non-empty strings, got {word!r}")
-        return [self.encode(word) for word in words]
+        parts, run = [], []
+        for token in map(int, token_ids):
+            if token < self.known:
+                run.append(token)
+                continue
+            if run:
+                parts.append(super().decode(run))
+                run = []
+            parts.append(f" t{token}")
+        if run:
+            parts.append(super().decode(run))
+        return "".join(parts)

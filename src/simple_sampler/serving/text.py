@@ -59,12 +59,6 @@ class TextCodec:
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None) -> "TextCodec":
-        """The codec of a model source; a ``simulated:...`` spec (the
-        simulated engine's, see ``simulated``) gets ``SimulatedCodec``."""
-        from .simulated import SimulatedCodec, SimulatedSpec
-
-        if SimulatedSpec.is_spec(source):
-            return SimulatedCodec.from_spec(str(source))
         return cls(load_tokenizer(source))
 
     @property
