@@ -178,3 +178,18 @@ def test_bench_serve_sim_quick_json(capsys):
         assert r["loop_ms_per_step"] > 0 and r["loop_thread_cpu_ms_per_step"] > 0
         assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
         assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
+
+
+@pytest.mark.slow  # starts a server: about 30 s
+def test_bench_serve_sim_through_a_real_server():
+    from simple_sampler.bench import serve_sim
+
+    report = serve_sim.run_server(batches=[8], vocab=VOCAB, dtype="bfloat16", step_ms=10.0,
+                                  max_tokens=8, modes=[("simple", "simple", 2)])
+    assert report["data_plane"].startswith(LABEL) and "Triton server" in report["data_plane"]
+    (row,) = report["results"]
+    assert (row["mode"], row["micro_batches"], row["batch"], row["dtype"]) == \
+        ("simple", 2, 8, "bfloat16")
+    # Every token passed a real sampler instance (bfloat16 rows over BLS) and a 10 ms pass.
+    assert 0 < row["efficiency"] <= 1 and row["sampler_ms_per_step"] > 0
+    assert row["loop_ms_per_step"] is None  # the server does not export it

@@ -79,13 +79,15 @@ def bench_serve(args: argparse.Namespace) -> int:
 def bench_serve_sim(args: argparse.Namespace) -> int:
     from .bench import serve_sim
 
-    if args.quick:
-        report = serve_sim.run(batches=[8, 16], vocab=args.vocab, dtype=args.dtype,
-                               step_ms=args.step_ms, instances=args.instances, warmup=2,
-                               measure=6)
+    if not args.quick:
+        sizes = {"batches": args.batch}
+    elif args.server:
+        sizes = {"batches": [8, 16], "max_tokens": 16}
     else:
-        report = serve_sim.run(batches=args.batch, vocab=args.vocab, dtype=args.dtype,
-                               step_ms=args.step_ms, instances=args.instances)
+        sizes = {"batches": [8, 16], "warmup": 2, "measure": 6}
+    run = serve_sim.run_server if args.server else serve_sim.run
+    report = run(vocab=args.vocab, dtype=args.dtype, step_ms=args.step_ms,
+                 instances=args.instances, **sizes)
     print_report(args, report, serve_sim.format_report(report))
     return 0
 
@@ -248,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                            choices=sim_settings["sim_dtype"].metadata["choices"])
     sim_bench.add_argument("--step-ms", type=float, default=25.0,
                            help="simulated time of a forward over the whole batch")
+    sim_bench.add_argument("--server", action="store_true",
+                           help="through a real Triton server (serve --engine simulated) with "
+                                "streaming gRPC clients, instead of in-process")
     sim_bench.add_argument("--instances", type=int, default=2,
                            help="kernel threads standing in for simple_sampler instances")
     sim_bench.set_defaults(handler=bench_serve_sim)

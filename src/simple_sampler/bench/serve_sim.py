@@ -191,6 +191,73 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
                                        "of n rows step_ms * n / B (no cost for the split)"}}
 
 
+def server_data_plane(instances: int) -> str:
+    return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
+            f"synthetic) inside a real Triton server: preprocessing, llm and {instances} "
+            f"simple_sampler instances over BLS, gRPC streaming clients on the same machine")
+
+
+def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
+               step_ms: float = 25.0, instances: int = 2, max_tokens: int = 64,
+               modes=MODES) -> dict:
+    """The same rows through a real server (``serve --engine simulated``):
+    per (mode, micro_batches, B) a fresh server; B streaming clients each send
+    one request of ``max_tokens`` tokens (``bench serve``'s ``run_level``:
+    chat prompts, temperature 1, min_length = max_tokens) at once. Figures
+    over the whole level, ramp included (unlike the in-process window):
+    tokens/s from the clients' wall time, ITL from their arrival gaps,
+    sampler and exposed sampling from the llm model's counters. No loop
+    figures (the server does not export them)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+    from ..triton.serve import assemble_repository, shared_memory_bytes
+    from ..triton.server import TritonServer
+    from .serve import llm_counters, prompts, run_level
+
+    texts, results = prompts(), []
+    for mode, decoder_mode, micro_batches in modes:
+        for batch in batches:
+            sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
+                                      logits_dtype=SIMULATED_DTYPES[dtype])
+            llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype,
+                              sim_step_a_ms=0.0, sim_step_b_ms=step_ms / batch,
+                              sampling_mode=decoder_mode, micro_batches=micro_batches,
+                              sampler_shards=instances, engine_max_batch_size=batch,
+                              generate_max_batch_size=batch, max_context=512)
+            repository = assemble_repository(
+                Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
+            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler)) as server:
+                run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
+                before = llm_counters(server)
+                level = run_level(server, batch, batch, max_tokens, texts)
+                after = llm_counters(server)
+            passes = max_tokens  # every request yields max_tokens tokens, B rows per pass
+            ideal = batch / (step_ms / 1e3)
+            results.append({
+                "mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
+                "dtype": dtype, "step_ms": step_ms, "tokens_per_s": level["tokens_per_s"],
+                "ideal_tokens_per_s": ideal, "efficiency": level["tokens_per_s"] / ideal,
+                "exposed_sampling_ms_per_step": (after["sampling_exposed_us"]
+                                                 - before["sampling_exposed_us"]) / 1e3 / passes,
+                "sampler_ms_per_step": (after["sampler_us"] - before["sampler_us"]) / 1e3 / passes,
+                "loop_ms_per_step": None, "loop_thread_cpu_ms_per_step": None,
+                "itl_ms_p50": level["itl_ms_p50"], "itl_ms_p95": level["itl_ms_p95"]})
+    return {"results": results, "data_plane": server_data_plane(instances),
+            "settings": {"rows": ROWS_SOURCE(vocab), "sampler_instances": instances,
+                         "max_tokens": max_tokens,
+                         "params": "chat prompts, temperature 1, no truncation, "
+                                   "min_length = max_tokens",
+                         "step_model": "a full pass over B rows takes step_ms; a micro-batch "
+                                       "of n rows step_ms * n / B (no cost for the split)",
+                         "window": "the whole level, ramp included"}}
+
+
+def milliseconds(value: float | None, width: int) -> str:
+    return f"{'n/a':>{width + 2}}" if value is None else f"{value:>{width}.1f}ms"
+
+
 def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
@@ -202,7 +269,8 @@ def format_report(report: dict) -> str:
             f"{r['dtype']:>8} {r['step_ms']:>4.0f}ms {r['tokens_per_s']:>8.0f} "
             f"{r['ideal_tokens_per_s']:>8.0f} {r['efficiency']:>5.2f} "
             f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['sampler_ms_per_step']:>6.2f}ms "
-            f"{r['loop_ms_per_step']:>4.1f}ms {r['loop_thread_cpu_ms_per_step']:>4.1f}ms "
+            f"{milliseconds(r['loop_ms_per_step'], 4)} "
+            f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
             f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms")
     lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
                  "forward ran; loop = the decoder's per-step Python; thread = all CPU time of "
