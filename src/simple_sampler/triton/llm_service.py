@@ -29,7 +29,7 @@ import numpy as np
 
 from ..serving.decoder import Decoder, GenerationEvent
 from ..serving.batch_invariant import NEEDS_TORCH
-from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, TorchEngine
+from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, Closable, TorchEngine
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
 from .sampler_pool import SamplerCall, build_pool
@@ -265,7 +265,6 @@ class LlmService:
         self._call(self.decoder.close()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
-        close_engine = getattr(self.engine, "close", None)  # TrtLlmEngine's workers and bridge
-        if close_engine is not None:
-            close_engine()
+        if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
+            self.engine.close()
 
