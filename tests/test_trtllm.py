@@ -19,8 +19,8 @@ from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
 from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
-from simple_sampler.triton.llm_service import LlmSettings, build_engine
-from simple_sampler.triton.serve import LlmConfig
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.llm_service import build_engine
 from test_decoder import VOCAB, FakeTokenizer
 
 
@@ -244,10 +244,10 @@ def test_tensorrt_llm_is_imported_only_when_asked_for():
 
 
 @pytest.mark.parametrize("config, message", [
-    (LlmConfig(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
-    (LlmConfig(engine="tensorrt_llm"), "needs model"),
-    (LlmConfig(tensor_parallel_size=2), "apply to engine tensorrt_llm only"),
-    (LlmConfig(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
+    (LlmSettings(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
+    (LlmSettings(engine="tensorrt_llm"), "needs model"),
+    (LlmSettings(tensor_parallel_size=2), "apply to engine tensorrt_llm only"),
+    (LlmSettings(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
 ])
 def test_serve_configuration_is_checked(config, message):
     with pytest.raises(ValueError, match=message):

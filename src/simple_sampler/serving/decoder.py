@@ -3,9 +3,10 @@
 A :class:`Decoder` owns an :class:`~.engine.Engine` and a text codec. Requests
 are admitted up to the engine's ``max_batch_size`` (the rest wait in a FIFO
 queue) and spread over K *lanes* (micro-batches, ``micro_batches``, default
-2). Each lane loops: the engine computes the lane's logits (in a one-thread
-executor, so forwards run one at a time and the event loop stays free), the
-sampler turns them into tokens, the tokens go back to the engine. While one
+1: ``settings.LlmSettings`` says why). Each lane loops: the engine computes
+the lane's logits (in a one-thread executor, so forwards run one at a time
+and the event loop stays free), the sampler turns them into tokens, the
+tokens go back to the engine. While one
 lane waits on its sampler the engine computes the other lane's step, so with
 K >= 2 sampling leaves the critical path; K = 1 is the plain serial loop.
 A new request joins the lane with the fewest sequences, and a lane holding
@@ -61,6 +62,7 @@ import torch
 
 from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..sampling import sample
+from ..settings import SAMPLING_MODES, LlmSettings
 from .engine import Engine, SelfScheduling, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
@@ -68,7 +70,6 @@ from .text import Detokenizer, StopMatcher, TextCodec
 log = logging.getLogger(__name__)
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
-SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 TIMING_RECORDS = 4096  # per-step records kept (the oldest are dropped)
 
 SampleResult = tuple[np.ndarray, np.ndarray]
@@ -292,7 +293,8 @@ class Decoder:
     """
 
     def __init__(self, engine: Engine, codec: TextCodec, mode: str = "simple",
-                 sampler: AsyncSampler | None = None, micro_batches: int = 2,
+                 sampler: AsyncSampler | None = None,
+                 micro_batches: int = LlmSettings.micro_batches,
                  max_tokens_limit: int | None = None):
         if mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "

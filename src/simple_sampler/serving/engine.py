@@ -44,16 +44,14 @@ from typing import (Callable, Generic, Hashable, Iterator, Protocol, Sequence, T
 import torch
 
 from .. import models
+from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
-
-ENGINES = ("torch", "tensorrt_llm")
-"""Data planes: TorchEngine (below) and TrtLlmEngine (``trtllm``, on GPUs)."""
 
 SMOLLM2 = "smollm2"
 """The model source naming the default model, SmolLM2-135M-Instruct."""
 
-DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_MAX_CONTEXT = 1024
+DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
+DEFAULT_MAX_CONTEXT = LlmSettings.max_context
 
 
 class Engine(Protocol):
