@@ -29,7 +29,11 @@ early) are submitted at once and kept in flight; after ``warmup`` tokens
 per request, a window of ``measure`` tokens per request is measured.
 Per step below means per full pass over the B sequences (B tokens):
 
-* ``tokens_per_s``: tokens delivered in the window over its wall time;
+* ``tokens_per_s``: rows the data plane returned (one token each) per
+  second over the window, counted in whole forwards (:class:`ForwardClock`:
+  from the end of the last forward before the window to the end of the
+  last one in it), so that a forward which began before the window is not
+  counted in it (with two micro-batches, deliveries alone would be);
 * ``exposed_sampling_ms_per_step``: ``DecoderStats.sampling_exposed_s``
   (sampling while no forward ran: the part on the critical path);
 * ``sampler_ms_per_step``: ``DecoderStats.sampler_s`` (all sampler time,
@@ -101,8 +105,31 @@ class LoopTimer:
         return timed
 
 
-async def _measure(decoder: Decoder, timer: LoopTimer, batch: int, vocab: int, warmup: int,
-                   measure: int) -> dict:
+class ForwardClock:
+    """The end time and rows of every forward, recorded on the data-plane
+    thread by wrapping the engine's ``step`` on the instance."""
+
+    def __init__(self, engine: SimulatedEngine):
+        self.ends: list[tuple[float, int]] = []
+        step = engine.step
+
+        def timed(seq_ids):
+            logits = step(seq_ids)
+            self.ends.append((time.perf_counter(), len(seq_ids)))
+            return logits
+        engine.step = timed
+
+    def rows_per_s(self, start: float, end: float) -> float:
+        """Rows per second of the forwards that ended after the last one to
+        end by ``start`` and by ``end``, over the time between those ends.
+        Forwards run one at a time, so each of them started in that time."""
+        ends = [(t, rows) for t, rows in self.ends if t <= end]
+        first = max(i for i, (t, _) in enumerate(ends) if t <= start)
+        return sum(rows for _, rows in ends[first + 1:]) / (ends[-1][0] - ends[first][0])
+
+
+async def _measure(decoder: Decoder, timer: LoopTimer, clock: ForwardClock, batch: int,
+                   vocab: int, warmup: int, measure: int) -> dict:
     """Run B requests through a started decoder; figures of the steady window."""
     rng = np.random.default_rng(0)
     handles = [decoder.submit(GenerationRequest(
@@ -145,7 +172,7 @@ async def _measure(decoder: Decoder, timer: LoopTimer, batch: int, vocab: int, w
         marks["start"], marks["end"]
     passes = (tok1 - tok0) / batch
     gaps = np.concatenate([np.diff([t for t in times if t0 <= t <= t1]) for times in arrivals])
-    return {"tokens_per_s": (tok1 - tok0) / (t1 - t0),
+    return {"tokens_per_s": clock.rows_per_s(t0, t1),
             "exposed_sampling_ms_per_step": 1e3 * (exp1 - exp0) / passes,
             "sampler_ms_per_step": 1e3 * (smp1 - smp0) / passes,
             "loop_ms_per_step": 1e3 * (loop1 - loop0) / passes,
@@ -163,10 +190,10 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if mode == "simple" else None
     decoder = Decoder(engine, codec, mode, sampler, micro_batches)
-    timer = LoopTimer(decoder)
+    timer, clock = LoopTimer(decoder), ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, timer, batch, vocab, warmup, measure)
+        figures = await _measure(decoder, timer, clock, batch, vocab, warmup, measure)
     finally:
         await decoder.close()
     ideal = batch / (step_ms / 1e3)

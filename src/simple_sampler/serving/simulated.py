@@ -67,7 +67,7 @@ import torch
 
 from ..rows import ROWS_SOURCE, synthetic_rows
 from ..settings import LlmSettings
-from .engine import appended_tokens, check_admission, prompt_tokens, sequence_of
+from .engine import SequenceTable
 from .text import TextCodec
 
 #: The word every output of a simulated run carries.
@@ -137,35 +137,24 @@ class SimulatedEngine:
         self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
         self.label = spec.describe()
         self.steps = 0
-        # seq_id -> [tokens held, whether the last one is pending]
-        self.sequences: dict[Hashable, list] = {}
+        self.sequences: SequenceTable[_Sequence] = SequenceTable(spec.vocab, max_batch_size,
+                                                                 max_context)
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
-        """As TorchEngine.add: ValueError for a used id, an empty or too long
-        prompt or ids outside [0, vocab); RuntimeError when all slots are taken."""
-        prompt = prompt_tokens(prompt_ids, self.max_context, self.vocab_size)
+        """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
-            check_admission(self.sequences, seq_id, self.max_batch_size)
-            self.sequences[seq_id] = [len(prompt), True]
+            self.sequences.add(seq_id, prompt_ids, lambda prompt: _Sequence(len(prompt)))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Sleep t(len(seq_ids)), return the rows (module docstring). Errors
-        as TorchEngine.step: KeyError for an unknown id, ValueError for a
-        repeated one or one with nothing pending."""
+        as TorchEngine.step (SequenceTable.for_step)."""
         deadline = time.perf_counter() + self.spec.step_ms(len(seq_ids)) / 1e3
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
         with self.step_lock:
             with self.state_lock:
-                states = [sequence_of(self.sequences, seq_id) for seq_id in seq_ids]
-                for seq_id, state in zip(seq_ids, states):
-                    if not state[1]:
-                        raise ValueError(f"sequence {seq_id!r} has no pending token: "
-                                         f"append the sampled token before the next step")
-                for state in states:
-                    state[1] = False
+                for state in self.sequences.for_step(seq_ids, _has_pending):
+                    state.pending = False
             offset = self.steps * OFFSET_STRIDE % (BANK_OFFSETS + 1)
             self.steps += 1
             # The "GPU" computes: this thread waits without using a core.
@@ -173,29 +162,32 @@ class SimulatedEngine:
         return self.bank[offset:offset + len(seq_ids)]
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
-        """As TorchEngine.append (same ValueErrors)."""
-        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
+        """As TorchEngine.append (SequenceTable.for_append's errors)."""
         with self.state_lock:
-            states = [sequence_of(self.sequences, seq_id) for seq_id in seq_ids]
-            for seq_id, state in zip(seq_ids, states):
-                if state[1]:
-                    raise ValueError(f"sequence {seq_id!r} already has a pending token: "
-                                     f"step it before appending another")
-                if state[0] >= self.max_context:
-                    raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
-                                     f"tokens")
+            states, _ = self.sequences.for_append(seq_ids, token_ids, _has_pending,
+                                                  lambda state: state.length)
             for state in states:
-                state[0] += 1
-                state[1] = True
+                state.length += 1
+                state.pending = True
 
     def release(self, seq_id: Hashable) -> None:
         """Forget the sequence; unknown ids are ignored (a cancel may race a finish)."""
         with self.state_lock:
-            self.sequences.pop(seq_id, None)
+            self.sequences.release(seq_id)
 
     def length(self, seq_id: Hashable) -> int:
         with self.state_lock:
-            return sequence_of(self.sequences, seq_id)[0]
+            return self.sequences[seq_id].length
+
+
+@dataclass
+class _Sequence:
+    length: int  # tokens held, the pending one included
+    pending: bool = True  # the last token has not been stepped yet
+
+
+def _has_pending(state: _Sequence) -> bool:
+    return state.pending
 
 
 class SimulatedCodec(TextCodec):
