@@ -17,6 +17,7 @@ from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
+log = logging.getLogger("simple_sampler.llm")
 SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
 
 
@@ -61,11 +62,12 @@ class TritonPythonModel:
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None)
-        log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
-        log.info("%s ready: %s", args["model_instance_name"], settings)
+        self.instance = args["model_instance_name"]
+        log.info("%s ready: max_batch_size %s, parameters %s", self.instance,
+                 config.get("max_batch_size"), settings.parameters())
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),
@@ -126,3 +128,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        log.info("%s unloaded", self.instance)
