@@ -13,12 +13,14 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
 from simple_sampler.triton import logs
+from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
-SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
+#: The sampler's per-row outputs: the token, and its logprob when a row asked.
+SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
 
 
 def call_sampler(model_name):
