@@ -18,9 +18,9 @@ profile's prediction and recommends a new |H| when it drifts. It never
 resizes the hot set by itself: a seeded row's token is a function of the hot
 set (among its other inputs), so a hot set that followed each instance's
 traffic would let the token depend on which instance served the row. The
-recommendation is exported (metrics / logs) and applied by reconfiguring
-every instance to the same size at once. The simple_sampler backend feeds
-one monitor per instance and logs its :meth:`HotVocabMonitor.drift_warning`.
+recommendation is logged (the simple_sampler backend feeds one monitor per
+instance and logs its :meth:`HotVocabMonitor.drift_warning`) and applied by
+reconfiguring every instance to the same size at once.
 """
 from __future__ import annotations
 
