@@ -44,7 +44,7 @@ def bench_shvs(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from .shvs import calibrate
+    from .bench import calibrate
 
     calibrate.main(output=args.output, plot_path=args.plot, prompts=args.prompts,
                    tokens=args.tokens, sizes=args.sizes, repeats=args.repeats)
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("-o", "--output", type=Path, help="write here instead of in place")
     fill.set_defaults(handler=fill_template)
 
-    from .shvs.calibrate import DEFAULT_OUTPUT, DEFAULT_SIZES
+    from .bench.calibrate import DEFAULT_OUTPUT, DEFAULT_SIZES
     cal = commands.add_parser("calibrate", help="hot-vocabulary profile and SHVS sizing for SmolLM2")
     cal.add_argument("--output", default=str(DEFAULT_OUTPUT),
                      help="profile path (.npz), next to the sampler's config in the model repository")

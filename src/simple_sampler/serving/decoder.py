@@ -24,8 +24,8 @@ Sampling modes (``mode``):
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
   data plane, one lane, no overlap.
 
-Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) have a
-``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
+Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) are
+``engine.SelfScheduling``, with a ``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
 row, so each loop first asks which of its sequences are ready (waiting briefly
 for any) and steps only those, in one lane: the engine's own in-flight
 batching (and its pipeline micro-batches) replaces the decoder's lanes.
@@ -63,7 +63,7 @@ import torch
 from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..sampling import sample
 from ..settings import SAMPLING_MODES, LlmSettings
-from .engine import Engine, SequenceFailed
+from .engine import Engine, SelfScheduling, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
 
@@ -305,7 +305,7 @@ class Decoder:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
-        self.wait_ready = getattr(engine, "wait_ready", None)
+        self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
         self.lanes: list[list[_Sequence]] = [[] for _ in range(lanes)]

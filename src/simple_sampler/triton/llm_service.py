@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..serving.decoder import Decoder, GenerationEvent
-from ..serving.engine import TorchEngine
+from ..serving.engine import Closable, TorchEngine
 from ..settings import LlmSettings
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
@@ -233,7 +233,6 @@ class LlmService:
         self._call(self.decoder.close()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
-        close_engine = getattr(self.engine, "close", None)  # TrtLlmEngine's workers and bridge
-        if close_engine is not None:
-            close_engine()
+        if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
+            self.engine.close()
 
