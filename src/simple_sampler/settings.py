@@ -197,8 +197,9 @@ class LlmSettings(Settings):
     model: str = setting(
         "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
         "or engine directory for tensorrt_llm")
-    engine: str = setting("torch", "data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs "
-                          "(docs/GPU.md)", choices=ENGINES)
+    engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
+                          "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
+                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     sampling_mode: str = setting(
@@ -215,7 +216,7 @@ class LlmSettings(Settings):
         aliases=("max_batch_size",))
     max_context: int = setting(1024, "tokens per sequence, prompt and generated", minimum=2)
     # 1: on a CPU data plane a second lane re-reads the weights and competes
-    # with the sampler for the cores (README's `bench serve` figures); 2 pays
+    # with the sampler for the cores (docs/BENCHMARKS.md, `bench serve`); 2 pays
     # off when the forward runs on a GPU.
     micro_batches: int = setting(
         1, "lanes overlapping the data plane with sampling (1: none; 2 pays off with a GPU "
@@ -234,7 +235,7 @@ class LlmSettings(Settings):
     batch_invariant: bool = setting(
         False, "torch engine, Llama-architecture models: logits of a sequence independent of "
         "the rest of the batch, so a seed gives the same text at any concurrency (off by "
-        "default for its cost: docs/CONFIGURATION.md)")
+        "default for its cost: docs/SERVING.md, \"Same seed, same text\")")
     # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
     # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
     sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
