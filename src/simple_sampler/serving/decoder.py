@@ -200,11 +200,13 @@ class RequestHandle:
 
 @dataclass
 class StepRecord:
-    """One engine forward: rows, its time and its sampler's time (seconds)."""
+    """One engine forward: rows, its time, its sampler's time and the decode
+    loop's own Python time around it (seconds; see ``DecoderStats.loop_s``)."""
 
     rows: int
     data_plane_s: float
     sampler_s: float
+    loop_s: float
 
 
 @dataclass
@@ -214,12 +216,17 @@ class DecoderStats:
     ``busy_s``: time a forward or a sampler was running; ``data_plane_s``:
     forward time; ``sampler_s``: total sampler time (overlapped or not);
     ``sampling_exposed_s``: time sampling ran while no forward did, the part
-    on the critical path. ``sampling_share`` = exposed / busy.
+    on the critical path. ``sampling_share`` = exposed / busy. ``loop_s``:
+    the decode loop's own Python work (reaping and admission, building the
+    sampling batch, delivering tokens and events, appending to the engine),
+    forward and sampler time excluded: at GPU pace it is on the critical
+    path of every step, so ``loop_s / steps`` must stay well under a step.
     """
 
     busy_s: float = 0.0
     data_plane_s: float = 0.0
     sampler_s: float = 0.0
+    loop_s: float = 0.0
     sampling_exposed_s: float = 0.0
     sampler_retries: int = 0
     steps: int = 0
@@ -442,6 +449,7 @@ class Decoder:
         lane, wake = self.lanes[index], self.wake[index]
         loop = asyncio.get_running_loop()
         while True:
+            started = time.perf_counter()  # the loop's own work: up to the forward
             self._reap(lane)
             for sequence in [s for s in lane if s.cancelled]:
                 self._finish(sequence, FINISH_CANCELLED)
@@ -452,12 +460,15 @@ class Decoder:
                 continue
             sequences = list(lane)
             try:
-                waited_s = 0.0
+                waited_s = loop_s = 0.0
                 if self.wait_ready is not None:
+                    loop_s = time.perf_counter() - started
                     sequences, waited_s = await self._ready(sequences)
+                    started = time.perf_counter()
                     if not sequences:
                         continue
                 batch = self._sampling_batch(sequences)
+                loop_s += time.perf_counter() - started
                 ids = [s.request_id for s in sequences]
                 self.activity.change(forwards=1)
                 try:
@@ -476,8 +487,10 @@ class Decoder:
                     sampler_s = time.perf_counter() - started
                 else:
                     self.stats.sampling_exposed_s += local_sample_s
-                self._record(len(sequences), waited_s + forward_s, sampler_s)
+                started = time.perf_counter()
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+                loop_s += time.perf_counter() - started
+                self._record(len(sequences), waited_s + forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
                 for sequence in sequences:
                     if sequence.request_id in error.failed:
@@ -534,12 +547,13 @@ class Decoder:
         batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
         return batch
 
-    def _record(self, rows: int, forward_s: float, sampler_s: float) -> None:
+    def _record(self, rows: int, forward_s: float, sampler_s: float, loop_s: float) -> None:
         self.stats.steps += 1
         self.stats.tokens += rows
         self.stats.data_plane_s += forward_s
         self.stats.sampler_s += sampler_s
-        self.stats.records.append(StepRecord(rows, forward_s, sampler_s))
+        self.stats.loop_s += loop_s
+        self.stats.records.append(StepRecord(rows, forward_s, sampler_s, loop_s))
 
     def _deliver(self, sequences: list[_Sequence], tokens: np.ndarray, logprobs: np.ndarray):
         """Turn one step's tokens into events; feed the survivors back."""
