@@ -59,8 +59,9 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 import numpy as np
 import torch
 
-from ..params import History, SamplingBatch, SamplingParams, ragged
+from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
+from .batch_state import BatchState
 from .engine import Engine, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
@@ -275,17 +276,7 @@ class _Sequence:
     cum_log_prob: float = 0.0
     cancelled: bool = False
     done: bool = False
-
-    def bans(self) -> list[int]:
-        """Token ids banned at this step: stop ids before min_tokens, and
-        each bad word's last token where the sequence ends with its others."""
-        banned = list(self.params.stop_token_ids) \
-            if len(self.output_ids) < self.params.min_tokens else []
-        ids = self.prompt_ids + self.output_ids
-        for word in self.bad_words_ids:
-            if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
-                banned.append(word[-1])
-        return banned
+    slot: int = -1  # in the decoder's BatchState while in a lane
 
 
 class Decoder:
@@ -319,6 +310,7 @@ class Decoder:
         self.by_id: dict[int, _Sequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
+        self.state = BatchState(engine.max_batch_size, engine.max_context)
         self.activity = _Activity(self.stats)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
@@ -392,6 +384,9 @@ class Decoder:
             except (ValueError, RuntimeError) as error:
                 self._finish(sequence, error=str(error))
                 continue
+            sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
+                                           sequence.request.return_log_probs,
+                                           sequence.bad_words_ids)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
@@ -415,8 +410,13 @@ class Decoder:
         """Free the slots of sequences finished outside their lane's step."""
         for sequence in [s for s in lane if s.done]:
             lane.remove(sequence)
-            self.engine.release(sequence.request_id)
+            self._release(sequence)
         self._admit()
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
+        self.engine.release(sequence.request_id)
+        self.state.release(sequence.slot)
 
     def _finish(self, sequence: _Sequence, reason: str | None = None, error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
@@ -429,7 +429,7 @@ class Decoder:
         for lane in self.lanes if release else ():
             if sequence in lane:
                 lane.remove(sequence)
-                self.engine.release(sequence.request_id)
+                self._release(sequence)
         event = self._event(sequence, text, token_ids, logprobs, reason, error)
         event.retryable = retryable
         sequence.handle.events.put_nowait(event)
@@ -539,13 +539,9 @@ class Decoder:
         return logits, tokens, logprobs, forward_s, time.perf_counter() - started - forward_s
 
     def _sampling_batch(self, sequences: list[_Sequence]) -> SamplingBatch:
-        batch = SamplingBatch.from_params(
-            [s.params for s in sequences],
-            [History(s.prompt_ids, s.output_ids) for s in sequences],
-            vocab_size=self.engine.vocab_size)
-        batch.ban_offsets, batch.ban_ids = ragged([s.bans() for s in sequences])
-        batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
-        return batch
+        """Gathered from the persistent state (parameters were checked at submission)."""
+        return self.state.batch(np.fromiter((s.slot for s in sequences), np.int64,
+                                            len(sequences)))
 
     def _record(self, rows: int, forward_s: float, sampler_s: float, loop_s: float) -> None:
         self.stats.steps += 1
@@ -582,4 +578,6 @@ class Decoder:
                 reason = FINISH_STOP if stopped else reason
             self._finish(sequence, reason, text=text, token_ids=[token], logprobs=[logprob])
         if continuing:
+            self.state.append(np.fromiter((s.slot for s in continuing), np.int64,
+                                          len(continuing)), np.asarray(next_tokens, np.int32))
             self.engine.append([s.request_id for s in continuing], next_tokens)
