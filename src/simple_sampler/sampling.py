@@ -120,7 +120,7 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         batch (the sampler server's ``decode_request`` does), so it is not
         run again. Every other caller leaves it False: the check keeps ids
         and offsets the kernels index by inside their arrays, and costs
-        ~0.1 ms for 256 rows with 1,000-id histories (docs/COPIES.md).
+        ~0.1 ms for 256 rows with 1,000-id histories (docs/DECODE_LOOP.md).
 
     Raises ValueError naming the row and field for bad parameters, token ids
     outside [0, V), NaN or +inf logits, a row with every token banned, or a
