@@ -8,7 +8,10 @@ nothing) and so is the sampler (it returns a fixed token at once), so what
 remains is the loop's own Python: reaping and admission, gathering the
 step's SamplingBatch, detokenizing (SmolLM2's real tokenizer) and delivering
 events, appending to the engine. B requests (default 256) each with a
-``history``-token prompt (default 1,000) decode ``steps`` tokens in one lane.
+``history``-token prompt (default 1,000) decode ``steps`` tokens in one lane,
+through the decoder (``batch_state``) and, as the baseline, through
+``RebuildingDecoder`` (``rebuild``): the decoder with the per-step batch
+building it had before ``BatchState``.
 
 Side by side on the same rows it times building one step's batch both ways:
 ``BatchState.batch`` (the decoder's path) and ``SamplingBatch.from_params``
@@ -25,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from ..params import History, SamplingBatch, SamplingParams
+from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..serving.batch_state import BatchState
 from ..serving.decoder import Decoder, GenerationRequest
 from ..serving.text import TextCodec
@@ -57,6 +60,34 @@ class InstantEngine:
         pass
 
 
+class RebuildingDecoder(Decoder):
+    """Baseline: the decoder as it was before BatchState, rebuilding each
+    step's batch from the rows' params and Python-list histories (per-row
+    validation, O(B x history) packing, bans from list concatenations)."""
+
+    def _sampling_batch(self, sequences: list) -> SamplingBatch:
+        batch = SamplingBatch.from_params(
+            [s.params for s in sequences],
+            [History(s.prompt_ids, s.output_ids) for s in sequences],
+            vocab_size=self.engine.vocab_size)
+        batch.ban_offsets, batch.ban_ids = ragged([self._bans(s) for s in sequences])
+        batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
+        return batch
+
+    @staticmethod
+    def _bans(sequence) -> list[int]:
+        banned = list(sequence.params.stop_token_ids) \
+            if len(sequence.output_ids) < sequence.params.min_tokens else []
+        ids = sequence.prompt_ids + sequence.output_ids
+        for word in sequence.bad_words_ids:
+            if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
+                banned.append(word[-1])
+        return banned
+
+
+DECODERS = {"batch_state": Decoder, "rebuild": RebuildingDecoder}
+
+
 def instant_sampler(token: int, rows: int):
     """SIMULATED sampler: `token` for every row, logprob 0, at once."""
     tokens, logprobs = np.full(rows, token, np.int64), np.zeros(rows, np.float32)
@@ -73,14 +104,15 @@ def prompts(codec: TextCodec, batch: int, history: int, seed: int = 0) -> list[l
 
 
 def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history: int,
-                  steps: int) -> dict:
-    """Run B requests for `steps` tokens through a Decoder over the instant
-    engine and sampler; returns the loop's seconds per step and the steps."""
+                  steps: int, decoder_class: type[Decoder] = Decoder) -> dict:
+    """Run B requests for `steps` tokens through `decoder_class` over the
+    instant engine and sampler; returns the loop's ms per step and the steps."""
     token = codec.encode(" the")[0]
     engine = InstantEngine(batch, history + steps + 1, len(codec.tokenizer))
 
     async def run():
-        decoder = Decoder(engine, codec, sampler=instant_sampler(token, batch), micro_batches=1)
+        decoder = decoder_class(engine, codec, sampler=instant_sampler(token, batch),
+                                micro_batches=1)
         await decoder.start()
         handles = [decoder.submit(GenerationRequest(prompt_ids=ids, max_tokens=steps,
                                                     sampling=params, ignore_end=True))
@@ -92,8 +124,7 @@ def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history:
         return decoder.stats
 
     stats = asyncio.run(run())
-    return {"loop_ms_per_step": 1e3 * stats.loop_s / stats.steps, "steps": stats.steps,
-            "rows_per_step": stats.tokens / stats.steps}
+    return {"loop_ms_per_step": 1e3 * stats.loop_s / stats.steps, "steps": stats.steps}
 
 
 def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: int,
@@ -125,8 +156,10 @@ def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 2
     report = {"batch": batch, "history": history, "steps": steps, "simulated": True, "rows": []}
     for name, params in PENALTIES.items():
         built = batch_build(codec, params, batch, history, repeats)
-        report["rows"].append({"penalties": name, **loop_per_step(codec, params, batch, history,
-                                                                   steps),
+        loops = {decoder: loop_per_step(codec, params, batch, history, steps, decoder_class)
+                 for decoder, decoder_class in DECODERS.items()}
+        report["rows"].append({"penalties": name, "steps_run": loops["batch_state"]["steps"],
+                               **{f"loop_ms_{d}": r["loop_ms_per_step"] for d, r in loops.items()},
                                "batch_state_ms": built["batch_state"],
                                "from_params_ms": built["from_params"]})
     return report
@@ -135,10 +168,16 @@ def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 2
 def format_table(report: dict) -> str:
     lines = [f"decode loop, SIMULATED instant engine and sampler: B={report['batch']}, "
              f"{report['history']}-token histories, {report['steps']} steps, one lane",
-             f"{'penalties':>9} {'loop ms/step':>12} {'batch: BatchState ms':>20} "
-             f"{'from_params ms':>14} {'ratio':>6}"]
+             "loop ms/step: the decoder (BatchState) and the baseline rebuilding each step's "
+             "batch (as before BatchState);",
+             "batch ms: building one step's batch alone, BatchState.batch and "
+             "SamplingBatch.from_params",
+             f"{'penalties':>9} {'loop BatchState':>15} {'loop rebuild':>12} {'ratio':>6} "
+             f"{'batch BatchState':>16} {'batch from_params':>17} {'ratio':>6}"]
     for row in report["rows"]:
-        lines.append(f"{row['penalties']:>9} {row['loop_ms_per_step']:12.3f} "
-                     f"{row['batch_state_ms']:20.3f} {row['from_params_ms']:14.3f} "
+        lines.append(f"{row['penalties']:>9} {row['loop_ms_batch_state']:15.3f} "
+                     f"{row['loop_ms_rebuild']:12.3f} "
+                     f"{row['loop_ms_rebuild'] / row['loop_ms_batch_state']:6.1f} "
+                     f"{row['batch_state_ms']:16.3f} {row['from_params_ms']:17.3f} "
                      f"{row['from_params_ms'] / row['batch_state_ms']:6.1f}")
     return "\n".join(lines)
