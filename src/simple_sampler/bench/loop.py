@@ -151,15 +151,24 @@ def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: i
     return {name: 1e3 * float(np.median(t)) for name, t in timings.items()}
 
 
-def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 21) -> dict:
+def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 21,
+        rounds: int = 3) -> dict:
+    """Per parameter set: the median over `rounds` runs of each decoder's
+    loop ms/step, and the median of `repeats` batch builds each way."""
     codec = TextCodec.from_source()
-    report = {"batch": batch, "history": history, "steps": steps, "simulated": True, "rows": []}
+    report = {"batch": batch, "history": history, "steps": steps, "rounds": rounds,
+              "simulated": True, "rows": []}
     for name, params in PENALTIES.items():
         built = batch_build(codec, params, batch, history, repeats)
-        loops = {decoder: loop_per_step(codec, params, batch, history, steps, decoder_class)
-                 for decoder, decoder_class in DECODERS.items()}
-        report["rows"].append({"penalties": name, "steps_run": loops["batch_state"]["steps"],
-                               **{f"loop_ms_{d}": r["loop_ms_per_step"] for d, r in loops.items()},
+        runs = {decoder: [] for decoder in DECODERS}
+        for _ in range(rounds):  # alternated, so load changes hit both alike
+            for decoder, decoder_class in DECODERS.items():
+                runs[decoder].append(loop_per_step(codec, params, batch, history, steps,
+                                                   decoder_class))
+        report["rows"].append({"penalties": name, "steps_run": runs["batch_state"][0]["steps"],
+                               **{f"loop_ms_{d}": float(np.median([r["loop_ms_per_step"]
+                                                                   for r in rs]))
+                                  for d, rs in runs.items()},
                                "batch_state_ms": built["batch_state"],
                                "from_params_ms": built["from_params"]})
     return report
@@ -169,7 +178,7 @@ def format_table(report: dict) -> str:
     lines = [f"decode loop, SIMULATED instant engine and sampler: B={report['batch']}, "
              f"{report['history']}-token histories, {report['steps']} steps, one lane",
              "loop ms/step: the decoder (BatchState) and the baseline rebuilding each step's "
-             "batch (as before BatchState);",
+             f"batch (as before BatchState), median of {report['rounds']} alternated runs;",
              "batch ms: building one step's batch alone, BatchState.batch and "
              "SamplingBatch.from_params",
              f"{'penalties':>9} {'loop BatchState':>15} {'loop rebuild':>12} {'ratio':>6} "
