@@ -989,7 +989,62 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     b.error_columns[r] = result.error_column
 
 
-def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
+cdef class KernelBatch:
+    """Everything one kernel call reads and writes, packed once by
+    ``sampling.sample`` (keyword-only; every argument already validated).
+
+    logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
+    any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
+    ragged id lists are CSR (offsets of length B + 1). Outputs (tokens,
+    logprobs, top_tokens [B, n_top], top_logprobs, errors, error_columns,
+    hot_outcomes) are written in place; errors[r] != ERROR_NONE marks a row
+    that could not be sampled.
+
+    Hot set (SHVS; empty hot_ids turns it off): hot_ids int32 ascending
+    unique ids; hot_block_start int64 [n_blocks + 1] and hot_bits uint64
+    [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
+    hot_outcomes[r] receives row r's HotOutcome.
+
+    The typed memoryviews keep the arrays alive; ``inputs`` turns them into
+    the nogil ``BatchInputs`` the row functions take. Another entry point
+    over the same rows and parameters reuses it (or a subclass adds fields)
+    instead of growing a positional signature.
+    """
+    cdef const unsigned char[:, :] logits_bytes
+    cdef int dtype
+    cdef const float[::1] inverse_temperature
+    cdef const unsigned char[::1] greedy
+    cdef const int64_t[::1] top_k
+    cdef const double[::1] top_p
+    cdef const double[::1] min_p
+    cdef const float[::1] repetition
+    cdef const float[::1] presence
+    cdef const float[::1] frequency
+    cdef const uint64_t[::1] seed
+    cdef const uint64_t[::1] step
+    cdef const int64_t[::1] bias_offsets
+    cdef const int32_t[::1] bias_ids
+    cdef const float[::1] bias_values
+    cdef const int64_t[::1] ban_offsets
+    cdef const int32_t[::1] ban_ids
+    cdef const int64_t[::1] prompt_offsets
+    cdef const int32_t[::1] prompt_ids
+    cdef const int64_t[::1] output_offsets
+    cdef const int32_t[::1] output_ids
+    cdef bint want_logprob
+    cdef int num_threads
+    cdef int64_t[::1] tokens
+    cdef float[::1] logprobs
+    cdef int32_t[:, ::1] top_tokens
+    cdef float[:, ::1] top_logprobs
+    cdef int32_t[::1] errors
+    cdef int64_t[::1] error_columns
+    cdef const int32_t[::1] hot_ids
+    cdef const int64_t[::1] hot_block_start
+    cdef const uint64_t[::1] hot_bits
+    cdef int8_t[::1] hot_outcomes
+
+    def __init__(self, *, const unsigned char[:, :] logits_bytes, int dtype,
                  const float[::1] inverse_temperature, const unsigned char[::1] greedy,
                  const int64_t[::1] top_k, const double[::1] top_p, const double[::1] min_p,
                  const float[::1] repetition, const float[::1] presence,
@@ -1006,72 +1061,103 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
                  int32_t[::1] errors, int64_t[::1] error_columns,
                  const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
                  const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes):
-    """Sample one token per row; every argument is already validated.
+        self.logits_bytes = logits_bytes
+        self.dtype = dtype
+        self.inverse_temperature = inverse_temperature
+        self.greedy = greedy
+        self.top_k = top_k
+        self.top_p = top_p
+        self.min_p = min_p
+        self.repetition = repetition
+        self.presence = presence
+        self.frequency = frequency
+        self.seed = seed
+        self.step = step
+        self.bias_offsets = bias_offsets
+        self.bias_ids = bias_ids
+        self.bias_values = bias_values
+        self.ban_offsets = ban_offsets
+        self.ban_ids = ban_ids
+        self.prompt_offsets = prompt_offsets
+        self.prompt_ids = prompt_ids
+        self.output_offsets = output_offsets
+        self.output_ids = output_ids
+        self.want_logprob = want_logprob
+        self.num_threads = num_threads
+        self.tokens = tokens
+        self.logprobs = logprobs
+        self.top_tokens = top_tokens
+        self.top_logprobs = top_logprobs
+        self.errors = errors
+        self.error_columns = error_columns
+        self.hot_ids = hot_ids
+        self.hot_block_start = hot_block_start
+        self.hot_bits = hot_bits
+        self.hot_outcomes = hot_outcomes
 
-    logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
-    any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
-    ragged id lists are CSR (offsets of length B + 1). Outputs are written in
-    place; errors[r] != ERROR_NONE marks a row that could not be sampled.
+    cdef void inputs(self, BatchInputs* b) noexcept:
+        """Fill ``b`` with pointers into this batch's arrays (B >= 1)."""
+        b.logits = &self.logits_bytes[0, 0]
+        b.row_stride = self.logits_bytes.strides[0]
+        b.dtype = self.dtype
+        b.vocab = self.logits_bytes.shape[1] // (4 if self.dtype == DTYPE_FLOAT32 else 2)
+        b.inverse_temperature = &self.inverse_temperature[0]
+        b.greedy = &self.greedy[0]
+        b.top_k = &self.top_k[0]
+        b.top_p = &self.top_p[0]
+        b.min_p = &self.min_p[0]
+        b.repetition = &self.repetition[0]
+        b.presence = &self.presence[0]
+        b.frequency = &self.frequency[0]
+        b.seed = &self.seed[0]
+        b.step = &self.step[0]
+        # Empty id lists: a NULL base is never dereferenced (every count is 0).
+        b.bias_offsets = &self.bias_offsets[0]
+        b.bias_ids = &self.bias_ids[0] if self.bias_ids.shape[0] > 0 else NULL
+        b.bias_values = &self.bias_values[0] if self.bias_values.shape[0] > 0 else NULL
+        b.ban_offsets = &self.ban_offsets[0]
+        b.ban_ids = &self.ban_ids[0] if self.ban_ids.shape[0] > 0 else NULL
+        b.prompt_offsets = &self.prompt_offsets[0]
+        b.prompt_ids = &self.prompt_ids[0] if self.prompt_ids.shape[0] > 0 else NULL
+        b.output_offsets = &self.output_offsets[0]
+        b.output_ids = &self.output_ids[0] if self.output_ids.shape[0] > 0 else NULL
+        b.want_logprob = self.want_logprob
+        b.n_top = self.top_tokens.shape[1]
+        b.tokens = &self.tokens[0]
+        b.logprobs = &self.logprobs[0]
+        b.top_tokens = &self.top_tokens[0, 0] if b.n_top > 0 else NULL
+        b.top_logprobs = &self.top_logprobs[0, 0] if b.n_top > 0 else NULL
+        b.errors = &self.errors[0]
+        b.error_columns = &self.error_columns[0]
+        b.hot.n = self.hot_ids.shape[0]
+        b.hot.ids = &self.hot_ids[0] if b.hot.n > 0 else NULL
+        b.hot.block_start = &self.hot_block_start[0] if b.hot.n > 0 else NULL
+        b.hot.bits = &self.hot_bits[0] if b.hot.n > 0 else NULL
+        b.hot_outcomes = &self.hot_outcomes[0]
 
-    Hot set (SHVS; empty hot_ids turns it off): hot_ids int32 ascending
-    unique ids; hot_block_start int64 [n_blocks + 1] and hot_bits uint64
-    [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
-    hot_outcomes[r] receives row r's HotOutcome.
-    """
-    cdef Py_ssize_t batch = logits_bytes.shape[0]
-    if batch == 0:
+
+def sample_batch(KernelBatch batch not None):
+    """Sample one token per row of ``batch`` (see KernelBatch), writing its
+    outputs in place."""
+    cdef Py_ssize_t size = batch.logits_bytes.shape[0]
+    if size == 0:
         return
     cdef BatchInputs b
-    b.logits = &logits_bytes[0, 0]
-    b.row_stride = logits_bytes.strides[0]
-    b.dtype = dtype
-    b.vocab = logits_bytes.shape[1] // (4 if dtype == DTYPE_FLOAT32 else 2)
-    b.inverse_temperature = &inverse_temperature[0]
-    b.greedy = &greedy[0]
-    b.top_k = &top_k[0]
-    b.top_p = &top_p[0]
-    b.min_p = &min_p[0]
-    b.repetition = &repetition[0]
-    b.presence = &presence[0]
-    b.frequency = &frequency[0]
-    b.seed = &seed[0]
-    b.step = &step[0]
-    # Empty id lists: a NULL base is never dereferenced (every count is 0).
-    b.bias_offsets = &bias_offsets[0]
-    b.bias_ids = &bias_ids[0] if bias_ids.shape[0] > 0 else NULL
-    b.bias_values = &bias_values[0] if bias_values.shape[0] > 0 else NULL
-    b.ban_offsets = &ban_offsets[0]
-    b.ban_ids = &ban_ids[0] if ban_ids.shape[0] > 0 else NULL
-    b.prompt_offsets = &prompt_offsets[0]
-    b.prompt_ids = &prompt_ids[0] if prompt_ids.shape[0] > 0 else NULL
-    b.output_offsets = &output_offsets[0]
-    b.output_ids = &output_ids[0] if output_ids.shape[0] > 0 else NULL
-    b.want_logprob = want_logprob
-    b.n_top = top_tokens.shape[1]
-    b.tokens = &tokens[0]
-    b.logprobs = &logprobs[0]
-    b.top_tokens = &top_tokens[0, 0] if b.n_top > 0 else NULL
-    b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
-    b.errors = &errors[0]
-    b.error_columns = &error_columns[0]
-    b.hot.n = hot_ids.shape[0]
-    b.hot.ids = &hot_ids[0] if b.hot.n > 0 else NULL
-    b.hot.block_start = &hot_block_start[0] if b.hot.n > 0 else NULL
-    b.hot.bits = &hot_bits[0] if b.hot.n > 0 else NULL
-    b.hot_outcomes = &hot_outcomes[0]
+    batch.inputs(&b)
+    cdef int num_threads = batch.num_threads
 
     cdef Py_ssize_t n_blocks = (b.vocab + SS_BLOCK - 1) // SS_BLOCK
     cdef Py_ssize_t max_entries = 0
     cdef Py_ssize_t r, entries
-    for r in range(batch):
-        entries = (bias_offsets[r + 1] - bias_offsets[r] + ban_offsets[r + 1] - ban_offsets[r]
-                   + prompt_offsets[r + 1] - prompt_offsets[r]
-                   + output_offsets[r + 1] - output_offsets[r])
+    for r in range(size):
+        entries = (b.bias_offsets[r + 1] - b.bias_offsets[r] + b.ban_offsets[r + 1]
+                   - b.ban_offsets[r] + b.prompt_offsets[r + 1] - b.prompt_offsets[r]
+                   + b.output_offsets[r + 1] - b.output_offsets[r])
         max_entries = entries if entries > max_entries else max_entries
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
         ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n)
-        for r in prange(batch, schedule='dynamic'):
+        for r in prange(size, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
 
