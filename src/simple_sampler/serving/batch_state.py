@@ -36,6 +36,7 @@ SCALAR_COLUMNS = (
     ("min_tokens", np.int64, 0),
 )
 NO_IDS = np.zeros(0, np.int32)
+NO_IDS.flags.writeable = False  # shared by every empty list handed out
 
 
 class BatchState:

@@ -30,6 +30,11 @@ row, so each loop first asks which of its sequences are ready (waiting briefly
 for any) and steps only those, in one lane: the engine's own in-flight
 batching (and its pipeline micro-batches) replaces the decoder's lanes.
 
+The rows' sampling state (parameters, token histories) is kept by slot in a
+:class:`~.batch_state.BatchState` from admission to release, so a step's
+batch is gathered, not rebuilt; ``DecoderStats.loop_s`` is the loop's own
+time per step (docs/DECODE_LOOP.md).
+
 Randomness: a request's step is the number of tokens it has generated, and
 an unseeded request gets one random seed at submission, so a seeded request
 yields the same tokens whatever the batch composition, lane split or mode of
