@@ -45,7 +45,8 @@ def bench_shvs(args: argparse.Namespace) -> int:
 def bench_loop(args: argparse.Namespace) -> int:
     from .bench import loop
 
-    report = loop.run(batch=args.batch, history=args.history, steps=args.steps)
+    report = loop.run(batch=args.batch, history=args.history, steps=args.steps,
+                      rounds=args.rounds)
     print_report(args, report, loop.format_table(report))
     return 0
 
@@ -232,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     loop_bench.add_argument("--batch", type=int, default=256)
     loop_bench.add_argument("--history", type=int, default=1000, help="prompt tokens per row")
     loop_bench.add_argument("--steps", type=int, default=64)
+    loop_bench.add_argument("--rounds", type=int, default=3,
+                            help="alternated runs per decoder (the median is reported)")
     loop_bench.set_defaults(handler=bench_loop)
 
     perf_cmd = commands.add_parser(

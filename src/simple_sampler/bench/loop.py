@@ -23,6 +23,7 @@ history gathered, the worst case).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import numpy as np
@@ -123,6 +124,7 @@ def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history:
         await decoder.close()
         return decoder.stats
 
+    gc.collect()  # each run starts from a collected heap, whatever ran before it
     stats = asyncio.run(run())
     return {"loop_ms_per_step": 1e3 * stats.loop_s / stats.steps, "steps": stats.steps}
 
