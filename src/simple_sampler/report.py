@@ -408,8 +408,9 @@ def serve_sim_section(source: Source, writer: FigureWriter) -> list[str]:
     report = source.data
     results = report["results"]
     lines = [f"Data plane: **{report['data_plane']}**. Per step = per full pass over the B "
-             "sequences; efficiency = tokens/s over B / step time; loop = the decoder's "
-             "per-step Python (CPU), loop thread = all CPU of the event-loop thread.", ""]
+             "sequences; efficiency = tokens/s over B / step time; loop = the decode loop's "
+             "own Python time (DecoderStats.loop_s), loop thread = all CPU of the event-loop "
+             "thread.", ""]
     lines += table(["mode", "micro-batches", "B", "V", "dtype", "step ms", "tok/s", "ideal tok/s",
                     "efficiency", "exposed sampling ms", "exposed / step", "sampler ms",
                     "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms"],

@@ -38,14 +38,10 @@ Per step below means per full pass over the B sequences (B tokens):
   (sampling while no forward ran: the part on the critical path);
 * ``sampler_ms_per_step``: ``DecoderStats.sampler_s`` (all sampler time,
   overlapped or not);
-* ``loop_ms_per_step``: the decode loop's own Python time: the time spent
-  in the lanes' per-step work between forward and sampler, i.e. the
-  Decoder's ``_sampling_batch`` (the step's SamplingBatch), ``_deliver``
-  (tokens to events, detokenization, ``engine.append``), ``_reap``,
-  ``_rebalance`` and ``_record`` (admission and bookkeeping): their CPU
-  time on the loop thread, taken by wrapping them on the instance
-  (:class:`LoopTimer`; to be replaced by ``DecoderStats.loop_s`` once the
-  decoder records it itself);
+* ``loop_ms_per_step``: ``DecoderStats.loop_s``, the decode loop's own
+  Python time (reaping and admission, building the sampling batch,
+  delivering tokens and events, appending to the engine; wall time, so on
+  a shared machine other processes' load shows in it too);
 * ``loop_thread_cpu_ms_per_step``: all CPU time of the event-loop thread
   (``time.thread_time`` there): the above plus asyncio's scheduling and this
   bench's per-request consumers, which stand in for the service's
@@ -79,32 +75,6 @@ def data_plane(instances: int) -> str:
             f"in for {instances} simple_sampler instances")
 
 
-class LoopTimer:
-    """CPU time the event-loop thread spends in the decoder's per-step Python
-    methods (module docstring, ``loop_ms_per_step``), measured by wrapping
-    them on the instance. They never await, so ``time.thread_time`` around
-    a call is its own cost; CPU time rather than wall time, so that other
-    processes on a shared machine do not inflate it (GIL waits are left out
-    too: they show in the ITL and efficiency instead)."""
-
-    METHODS = ("_sampling_batch", "_deliver", "_reap", "_rebalance", "_record")
-
-    def __init__(self, decoder: Decoder):
-        self.seconds = 0.0
-        for name in self.METHODS:
-            setattr(decoder, name, self._timed(getattr(decoder, name)))
-
-    def _timed(self, method):
-        @functools.wraps(method)
-        def timed(*args, **kwargs):
-            started = time.thread_time()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.seconds += time.thread_time() - started
-        return timed
-
-
 class ForwardClock:
     """The end time and rows of every forward, recorded on the data-plane
     thread by wrapping the engine's ``step`` on the instance."""
@@ -128,8 +98,8 @@ class ForwardClock:
         return sum(rows for _, rows in ends[first + 1:]) / (ends[-1][0] - ends[first][0])
 
 
-async def _measure(decoder: Decoder, timer: LoopTimer, clock: ForwardClock, batch: int,
-                   vocab: int, warmup: int, measure: int) -> dict:
+async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int,
+                   warmup: int, measure: int) -> dict:
     """Run B requests through a started decoder; figures of the steady window."""
     rng = np.random.default_rng(0)
     handles = [decoder.submit(GenerationRequest(
@@ -145,7 +115,7 @@ async def _measure(decoder: Decoder, timer: LoopTimer, clock: ForwardClock, batc
     def mark(name: str) -> None:
         stats = decoder.stats
         marks[name] = (time.perf_counter(), time.thread_time(), stats.tokens,
-                       stats.sampling_exposed_s, stats.sampler_s, timer.seconds)
+                       stats.sampling_exposed_s, stats.sampler_s, stats.loop_s)
 
     async def consume(index: int, handle) -> None:
         nonlocal delivered
@@ -190,10 +160,10 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if mode == "simple" else None
     decoder = Decoder(engine, codec, mode, sampler, micro_batches)
-    timer, clock = LoopTimer(decoder), ForwardClock(engine)
+    clock = ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, timer, clock, batch, vocab, warmup, measure)
+        figures = await _measure(decoder, clock, batch, vocab, warmup, measure)
     finally:
         await decoder.close()
     ideal = batch / (step_ms / 1e3)
@@ -300,6 +270,6 @@ def format_report(report: dict) -> str:
             f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
             f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms")
     lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
-                 "forward ran; loop = the decoder's per-step Python; thread = all CPU time of "
+                 "forward ran; loop = DecoderStats.loop_s; thread = all CPU time of "
                  "the event-loop thread (loop, asyncio, the bench's consumers)")
     return "\n".join(lines)
