@@ -122,7 +122,7 @@ def test_stop_words_and_max_tokens_set_the_finish_reason(server):
 
 def test_a_cancelled_stream_frees_its_slot(server):
     """Against `llm` itself: Triton does not pass a cancellation on to an
-    ensemble step that is already running (README, "Cancellation")."""
+    ensemble step that is already running (docs/SERVING.md, "Cancellation")."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     arrivals = []
     client.start_stream(callback=lambda result, error: arrivals.append((time.monotonic(), error)))

@@ -13,11 +13,14 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
 from simple_sampler.triton import logs
+from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
-SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
+log = logging.getLogger("simple_sampler.llm")
+#: The sampler's per-row outputs: the token, and its logprob when a row asked.
+SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
 
 
 def call_sampler(model_name):
@@ -61,11 +64,12 @@ class TritonPythonModel:
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None)
-        log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
-        log.info("%s ready: %s", args["model_instance_name"], settings)
+        self.instance = args["model_instance_name"]
+        log.info("%s ready: max_batch_size %s, parameters %s", self.instance,
+                 config.get("max_batch_size"), settings.parameters())
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),
@@ -129,3 +133,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        log.info("%s unloaded", self.instance)

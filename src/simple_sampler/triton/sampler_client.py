@@ -16,6 +16,7 @@ import tritonclient.utils.shared_memory as system_shm
 from tritonclient.utils import np_to_triton_dtype
 
 from ..params import SamplingBatch
+from ..schema import SAMPLER
 from .sampler_io import PADDING, SCALAR_INPUTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
@@ -45,8 +46,7 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     """
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
-        dtype = np.int32 if field == "top_k" else np.float32
-        arrays[name] = np.asarray(getattr(batch, field), dtype=dtype)[:, None]
+        arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
     arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
     arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
     arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
