@@ -43,6 +43,15 @@ def bench_shvs(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_loop(args: argparse.Namespace) -> int:
+    from .bench import loop
+
+    report = loop.run(batch=args.batch, history=args.history, steps=args.steps,
+                      rounds=args.rounds)
+    print_report(args, report, loop.format_table(report))
+    return 0
+
+
 def calibrate(args: argparse.Namespace) -> int:
     from .bench import calibrate
 
@@ -218,6 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
                       "model repository's, else a calibration run")
     shvs.add_argument("--repeats", type=int, default=31)
     shvs.set_defaults(handler=bench_shvs)
+    loop_bench = targets.add_parser(
+        "loop", help="the decode loop's own CPU time per step (simulated instant engine and "
+                     "sampler) and its batch building against a rebuild per step")
+    loop_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    loop_bench.add_argument("--batch", type=int, default=256)
+    loop_bench.add_argument("--history", type=int, default=1000, help="prompt tokens per row")
+    loop_bench.add_argument("--steps", type=int, default=64)
+    loop_bench.add_argument("--rounds", type=int, default=3,
+                            help="alternated runs per decoder (the median is reported)")
+    loop_bench.set_defaults(handler=bench_loop)
 
     perf_cmd = commands.add_parser(
         "perf", help="perf_analyzer (gRPC streaming) against the ensemble, per sampling mode")

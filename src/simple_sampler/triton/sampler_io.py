@@ -184,7 +184,8 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
 
 def sample_request(request: RowsRequest, num_threads: int = 1,
                    hot_vocab=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Sample one decoded request; returns (output name -> array, the rows'
+    """Sample one request from ``decode_request`` (whose batch is checked, so
+    ``sample`` does not check it again); returns (output name -> array, the rows'
     SHVS outcomes int8 [B]: 1 decided from the hot set, 0 fell back, -1 not
     tried). `hot_vocab`: a ``HotVocab`` or None (SHVS off).
 
@@ -195,7 +196,8 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     n_top = int(request.num_top_logprobs.max())
     try:
         out = sample(request.logits, request.batch, num_top_logprobs=n_top,
-                     return_logprobs=want_logprob, num_threads=num_threads, hot_vocab=hot_vocab)
+                     return_logprobs=want_logprob, num_threads=num_threads, hot_vocab=hot_vocab,
+                     validated=True)  # decode_request checked the batch
     except ValueError as error:
         raise RequestError(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
