@@ -86,6 +86,8 @@ class TritonPythonModel:
                            ("sampler_us", "Sampler time, overlapped or not"),
                            ("sampling_exposed_us", "Sampling time with no forward running"),
                            ("busy_us", "Time a forward or a sampler was running"),
+                           ("loop_us", "The decode loop's own Python time, forwards and "
+                                       "samplers excluded"),
                            ("sampler_retries", "Sampler requests sent again after a failure")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
                                            kind=pb_utils.MetricFamily.COUNTER)
@@ -133,7 +135,8 @@ class TritonPythonModel:
         totals = {"data_plane_us": int(stats.data_plane_s * 1e6),
                   "sampler_us": int(stats.sampler_s * 1e6),
                   "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
-                  "busy_us": int(stats.busy_s * 1e6), "sampler_retries": stats.sampler_retries}
+                  "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
+                  "sampler_retries": stats.sampler_retries}
         for name, total in totals.items():
             self.metrics[name].increment(total - self.reported[name])
             self.reported[name] = total

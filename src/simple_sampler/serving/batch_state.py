@@ -56,10 +56,13 @@ class BatchState:
         self.prompt_length = np.zeros(slots, np.int64)
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
         self.tokens = np.zeros((slots, max_context), np.int32)
-        # Per-slot id lists, read only for the rows that have them.
+        # Per-slot id lists, read only for the rows that have them (found
+        # through the boolean columns, so rows without pay no Python).
         self.stop_ids: list[np.ndarray] = [NO_IDS] * slots
         self.bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.bad_words: dict[int, list[np.ndarray]] = {}
+        self.has_bias = np.zeros(slots, bool)
+        self.has_bad_words = np.zeros(slots, bool)
 
     def add(self, params: SamplingParams, prompt_ids: Sequence[int], want_logprobs: bool = False,
             bad_words_ids: Sequence[Sequence[int]] = ()) -> int:
@@ -81,10 +84,12 @@ class BatchState:
         self.prompt_length[slot] = self.length[slot] = len(prompt_ids)
         self.tokens[slot, :len(prompt_ids)] = prompt_ids
         self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
+        self.has_bias[slot] = bool(params.logit_bias)
         if params.logit_bias:
             self.bias[slot] = (np.fromiter(params.logit_bias, np.int32, len(params.logit_bias)),
                                np.fromiter(params.logit_bias.values(), np.float64,
                                            len(params.logit_bias)))
+        self.has_bad_words[slot] = bool(bad_words_ids)
         if bad_words_ids:
             self.bad_words[slot] = [np.asarray(word, np.int32) for word in bad_words_ids]
         return slot
@@ -93,6 +98,7 @@ class BatchState:
         """Free ``slot``; its columns are overwritten by the next ``add``."""
         self.bias.pop(slot, None)
         self.bad_words.pop(slot, None)
+        self.has_bias[slot] = self.has_bad_words[slot] = False
         self.stop_ids[slot] = NO_IDS
         self.free.append(slot)
 
@@ -119,8 +125,8 @@ class BatchState:
                                                   np.where(repetition, prompt_length, 0))
         output_offsets, output_ids = self._gather(slots, prompt_length,
                                                   np.where(penalized, length, prompt_length))
-        bias_rows = [(row, self.bias[slot]) for row, slot in enumerate(slots.tolist())
-                     if slot in self.bias] if self.bias else []
+        bias_rows = [(row, self.bias[int(slots[row])])
+                     for row in np.flatnonzero(self.has_bias[slots]).tolist()]
         bias_offsets, bias_ids = _sparse_ragged(len(slots), [(r, b[0]) for r, b in bias_rows])
         bias_values = (np.concatenate([b[1] for _, b in bias_rows]) if bias_rows
                        else np.zeros(0, np.float64))
@@ -148,15 +154,15 @@ class BatchState:
 
     def _bans(self, slots: np.ndarray, short: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(row, banned ids) for the rows that ban something this step."""
-        rows = [(int(row), self.stop_ids[slots[row]]) for row in np.flatnonzero(short)
+        rows = [(row, self.stop_ids[slots[row]]) for row in np.flatnonzero(short).tolist()
                 if self.stop_ids[slots[row]].size]
-        if not self.bad_words:
+        worded = np.flatnonzero(self.has_bad_words[slots]).tolist()
+        if not worded:
             return rows
         banned = dict(rows)
-        for row, slot in enumerate(slots.tolist()):
-            words = self.bad_words.get(slot)
-            if words is None:
-                continue
+        for row in worded:
+            slot = int(slots[row])
+            words = self.bad_words[slot]
             history = self.tokens[slot, :self.length[slot]]
             last = [word[-1] for word in words
                     if word.size == 1 or (word.size <= history.size + 1 and np.array_equal(

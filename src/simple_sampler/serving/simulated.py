@@ -201,6 +201,9 @@ class SimulatedCodec(TextCodec):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         self.known = len(tokenizer)
+        # No DecodeStream in the detokenizer: it would meet ids the tokenizer
+        # lacks. It falls back to decode() below (two decodes per token).
+        self.backend = None
 
     def decode(self, token_ids: Sequence[int]) -> str:
         parts, run = [], []
