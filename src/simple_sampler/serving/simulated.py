@@ -25,8 +25,9 @@ the GIL and uses no core), as a host thread waiting on a GPU would. Defaults:
 
 So t(64) = 11.6 ms and t(256) = 19.2 ms, inside the 10-40 ms the design
 assumes. Both are overridable (``--sim-step-a-ms``, ``--sim-step-b-ms``);
-``bench serve-sim`` uses a flat 25 ms (a = 25, b = 0) so that batches
-compare at one step time.
+``bench serve-sim`` makes a pass over its B sequences take 25 ms however
+it is split into micro-batches (a = 0, b = 25 / B), so that modes and
+batches compare against one bound.
 
 Rows. ``step`` returns logits ``[B, V]`` in float32 or bfloat16 taken from a
 bank of :func:`simple_sampler.rows.synthetic_rows`: SmolLM2 rows whose
