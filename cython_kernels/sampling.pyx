@@ -36,13 +36,14 @@ nucleus bracketed by the bounds for top_p) with exact corrections where
 they cannot decide. Every row keeps exactly the distribution above.
 """
 from cython.parallel cimport parallel, prange
-from libc.math cimport INFINITY, NAN, log
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint64_t
+from libc.math cimport INFINITY, NAN, log, nextafterf
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
-from candidates cimport Candidates, keep_at_least, select_rank, sort_prefix, top_p_prefix
+from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, sort_prefix,
+                         top_p_prefix)
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
-from philox cimport uniform_double
+from philox cimport philox4x32_10, uniform_double
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
                           ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_mass_bf16,
                           ss_block_max_nan, ss_block_max_nan_bf16,
@@ -63,6 +64,7 @@ cpdef enum RowError:
     ERROR_POSITIVE_INFINITY = 2
     ERROR_ALL_BANNED = 3
     ERROR_OUT_OF_MEMORY = 4
+    ERROR_UNLISTED_OVERRIDE = 5     # compact rows: a bias / ban / history id not handed over
 
 # Per-row SHVS outcome reported to the Python layer (SampleOutput.hot_accepted).
 cpdef enum HotOutcome:
@@ -932,22 +934,11 @@ cdef struct BatchInputs:
     int8_t* hot_outcomes
 
 
-cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept nogil:
-    """Row r of sample_batch. Its structs live on this call's stack, so rows
-    sampled by different threads share nothing but the read-only inputs."""
-    if ws == NULL:
-        b.errors[r] = ERROR_OUT_OF_MEMORY
-        b.error_columns[r] = -1
-        b.hot_outcomes[r] = HOT_NOT_TRIED
-        return
-    cdef RowSource src
+cdef void row_setup(Py_ssize_t r, Workspace* ws, const BatchInputs* b, RowParams* params,
+                    Overrides* ov) noexcept nogil:
+    """Row r's parameters and its overrides (built in ws), shared by the
+    full-row and compact-row entries."""
     cdef RowHistory history
-    cdef RowParams params
-    cdef RowResult result
-    cdef Overrides ov
-    src.data = b.logits + r * b.row_stride
-    src.dtype = b.dtype
-    src.vocab = b.vocab
     history.bias_ids = b.bias_ids + b.bias_offsets[r]
     history.bias_values = b.bias_values + b.bias_offsets[r]
     history.n_bias = b.bias_offsets[r + 1] - b.bias_offsets[r]
@@ -969,24 +960,108 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     params.step = b.step[r]
     params.n_top = b.n_top
     params.want_logprob = b.want_logprob
-    result.token = -1
-    result.logprob = 0.0
-    result.error = ERROR_NONE
-    result.error_column = -1
     ov.column = ws.override_column
     ov.bias = ws.override_bias
     ov.output_count = ws.override_count
     ov.flags = ws.override_flags
-    build_overrides(&history, ws.entry_keys, ws.entry_scratch, &ov)
+    build_overrides(&history, ws.entry_keys, ws.entry_scratch, ov)
+
+
+cdef inline void init_result(RowResult* result) noexcept nogil:
+    result.token = -1
+    result.logprob = 0.0
+    result.error = ERROR_NONE
+    result.error_column = -1
+
+
+cdef inline void store_result(Py_ssize_t r, const RowResult* result, const BatchInputs* b) noexcept nogil:
+    b.tokens[r] = result.token
+    b.logprobs[r] = result.logprob if b.want_logprob else NAN
+    b.errors[r] = result.error
+    b.error_columns[r] = result.error_column
+
+
+cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept nogil:
+    """Row r of sample_batch. Its structs live on this call's stack, so rows
+    sampled by different threads share nothing but the read-only inputs."""
+    if ws == NULL:
+        b.errors[r] = ERROR_OUT_OF_MEMORY
+        b.error_columns[r] = -1
+        b.hot_outcomes[r] = HOT_NOT_TRIED
+        return
+    cdef RowSource src
+    cdef RowParams params
+    cdef RowResult result
+    cdef Overrides ov
+    src.data = b.logits + r * b.row_stride
+    src.dtype = b.dtype
+    src.vocab = b.vocab
+    init_result(&result)
+    row_setup(r, ws, b, &params, &ov)
     cdef int outcome = sample_row_hot(&src, &ov, &params, &b.hot, ws, &result)
     if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
         sample_row(&src, &ov, &params, ws, &result,
                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
     b.hot_outcomes[r] = HOT_FALLBACK if outcome == HOT_FALLBACK_FULL else outcome
-    b.tokens[r] = result.token
-    b.logprobs[r] = result.logprob if b.want_logprob else NAN
-    b.errors[r] = result.error
-    b.error_columns[r] = result.error_column
+    store_result(r, &result, b)
+
+
+cdef void bind_params(BatchInputs* b, const float[::1] inverse_temperature,
+                      const unsigned char[::1] greedy,
+                      const int64_t[::1] top_k, const double[::1] top_p, const double[::1] min_p,
+                      const float[::1] repetition, const float[::1] presence,
+                      const float[::1] frequency, const uint64_t[::1] seed,
+                      const uint64_t[::1] step,
+                      const int64_t[::1] bias_offsets, const int32_t[::1] bias_ids,
+                      const float[::1] bias_values,
+                      const int64_t[::1] ban_offsets, const int32_t[::1] ban_ids,
+                      const int64_t[::1] prompt_offsets, const int32_t[::1] prompt_ids,
+                      const int64_t[::1] output_offsets, const int32_t[::1] output_ids,
+                      bint want_logprob, int64_t[::1] tokens, float[::1] logprobs,
+                      int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
+                      int32_t[::1] errors, int64_t[::1] error_columns):
+    """Point b at the row parameters and outputs (batch > 0; the arrays
+    outlive b's use)."""
+    b.inverse_temperature = &inverse_temperature[0]
+    b.greedy = &greedy[0]
+    b.top_k = &top_k[0]
+    b.top_p = &top_p[0]
+    b.min_p = &min_p[0]
+    b.repetition = &repetition[0]
+    b.presence = &presence[0]
+    b.frequency = &frequency[0]
+    b.seed = &seed[0]
+    b.step = &step[0]
+    # Empty id lists: a NULL base is never dereferenced (every count is 0).
+    b.bias_offsets = &bias_offsets[0]
+    b.bias_ids = &bias_ids[0] if bias_ids.shape[0] > 0 else NULL
+    b.bias_values = &bias_values[0] if bias_values.shape[0] > 0 else NULL
+    b.ban_offsets = &ban_offsets[0]
+    b.ban_ids = &ban_ids[0] if ban_ids.shape[0] > 0 else NULL
+    b.prompt_offsets = &prompt_offsets[0]
+    b.prompt_ids = &prompt_ids[0] if prompt_ids.shape[0] > 0 else NULL
+    b.output_offsets = &output_offsets[0]
+    b.output_ids = &output_ids[0] if output_ids.shape[0] > 0 else NULL
+    b.want_logprob = want_logprob
+    b.n_top = top_tokens.shape[1]
+    b.tokens = &tokens[0]
+    b.logprobs = &logprobs[0]
+    b.top_tokens = &top_tokens[0, 0] if b.n_top > 0 else NULL
+    b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
+    b.errors = &errors[0]
+    b.error_columns = &error_columns[0]
+
+
+cdef Py_ssize_t max_row_entries(const BatchInputs* b, Py_ssize_t batch) noexcept nogil:
+    """The most bias, ban and history entries of one row: the override capacity."""
+    cdef Py_ssize_t most = 0
+    cdef Py_ssize_t r, entries
+    for r in range(batch):
+        entries = (b.bias_offsets[r + 1] - b.bias_offsets[r] + b.ban_offsets[r + 1] - b.ban_offsets[r]
+                   + b.prompt_offsets[r + 1] - b.prompt_offsets[r]
+                   + b.output_offsets[r + 1] - b.output_offsets[r])
+        most = entries if entries > most else most
+    return most
 
 
 def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
@@ -1026,34 +1101,10 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
     b.row_stride = logits_bytes.strides[0]
     b.dtype = dtype
     b.vocab = logits_bytes.shape[1] // (4 if dtype == DTYPE_FLOAT32 else 2)
-    b.inverse_temperature = &inverse_temperature[0]
-    b.greedy = &greedy[0]
-    b.top_k = &top_k[0]
-    b.top_p = &top_p[0]
-    b.min_p = &min_p[0]
-    b.repetition = &repetition[0]
-    b.presence = &presence[0]
-    b.frequency = &frequency[0]
-    b.seed = &seed[0]
-    b.step = &step[0]
-    # Empty id lists: a NULL base is never dereferenced (every count is 0).
-    b.bias_offsets = &bias_offsets[0]
-    b.bias_ids = &bias_ids[0] if bias_ids.shape[0] > 0 else NULL
-    b.bias_values = &bias_values[0] if bias_values.shape[0] > 0 else NULL
-    b.ban_offsets = &ban_offsets[0]
-    b.ban_ids = &ban_ids[0] if ban_ids.shape[0] > 0 else NULL
-    b.prompt_offsets = &prompt_offsets[0]
-    b.prompt_ids = &prompt_ids[0] if prompt_ids.shape[0] > 0 else NULL
-    b.output_offsets = &output_offsets[0]
-    b.output_ids = &output_ids[0] if output_ids.shape[0] > 0 else NULL
-    b.want_logprob = want_logprob
-    b.n_top = top_tokens.shape[1]
-    b.tokens = &tokens[0]
-    b.logprobs = &logprobs[0]
-    b.top_tokens = &top_tokens[0, 0] if b.n_top > 0 else NULL
-    b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
-    b.errors = &errors[0]
-    b.error_columns = &error_columns[0]
+    bind_params(&b, inverse_temperature, greedy, top_k, top_p, min_p, repetition, presence,
+                frequency, seed, step, bias_offsets, bias_ids, bias_values, ban_offsets, ban_ids,
+                prompt_offsets, prompt_ids, output_offsets, output_ids, want_logprob,
+                tokens, logprobs, top_tokens, top_logprobs, errors, error_columns)
     b.hot.n = hot_ids.shape[0]
     b.hot.ids = &hot_ids[0] if b.hot.n > 0 else NULL
     b.hot.block_start = &hot_block_start[0] if b.hot.n > 0 else NULL
@@ -1061,19 +1112,370 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
     b.hot_outcomes = &hot_outcomes[0]
 
     cdef Py_ssize_t n_blocks = (b.vocab + SS_BLOCK - 1) // SS_BLOCK
-    cdef Py_ssize_t max_entries = 0
-    cdef Py_ssize_t r, entries
-    for r in range(batch):
-        entries = (bias_offsets[r + 1] - bias_offsets[r] + ban_offsets[r + 1] - ban_offsets[r]
-                   + prompt_offsets[r + 1] - prompt_offsets[r]
-                   + output_offsets[r + 1] - output_offsets[r])
-        max_entries = entries if entries > max_entries else max_entries
+    cdef Py_ssize_t max_entries = max_row_entries(&b, batch)
+    cdef Py_ssize_t r
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
         ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n)
         for r in prange(batch, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
+
+
+# ---------------------------------------------------------------------------
+# Hot-first handoff: compact rows (docs/HANDOFF.md has the derivation).
+#
+# A compact row is what the data plane hands over instead of the V logits:
+# the raw logits of the known ids K = H u T (the hot set H, shared by the
+# batch, and the row's touched ids T: every id its bias, bans or penalties
+# can change, plus any the data plane chose to add), and a summary of the
+# cold region C = V \ K, whose logits no override touches: its max m_C, the
+# lowest id reaching it, and S_C = sum_{i in C} exp(x_i / T - m_C / T).
+# compact_row decides the row from these in O(|K|) or says why it cannot.
+
+cpdef enum HandoffOutcome:
+    HANDOFF_DECIDED = 0     # token (and logprob) decided from the compact row
+    HANDOFF_NEED_FULL = 1   # the compact row cannot decide: sample the full row as usual
+    HANDOFF_NEED_COLD = 2   # the draw fell in C: sample the full row conditioned on C
+
+# S_C arrives as a float32 sum of float32 exps computed by another library
+# (torch, on the GPU in deployment); the decisions that depend on it hold
+# for every value within this relative margin of it (docs/HANDOFF.md).
+cdef double COLD_MASS_MARGIN = 1e-4
+# The Philox draw index whose words seed a NEED_COLD row's second request:
+# the conditional draw's stream, independent of the compact draw (index 0).
+cdef uint64_t COLD_STREAM_DRAW = 2
+
+
+cdef struct CompactRow:
+    const unsigned char* hot     # [n_hot] raw logits of the hot ids, storage dtype `dtype`
+    int dtype
+    const int32_t* hot_ids       # [n_hot] ascending
+    Py_ssize_t n_hot
+    const int32_t* touched_ids   # [n_touched] ascending, none in H
+    const float* touched_logits  # [n_touched] raw logits
+    Py_ssize_t n_touched
+    float cold_max               # max raw logit over C (-inf: C empty or all -inf)
+    int64_t cold_argmax          # lowest id in C reaching cold_max
+    double cold_mass             # S_C, relative to cold_max, at the row's temperature
+
+
+cdef inline float hot_logit(const CompactRow* row, Py_ssize_t i) noexcept nogil:
+    if row.dtype == DTYPE_FLOAT32:
+        return (<const float*>row.hot)[i]
+    if row.dtype == DTYPE_FLOAT16:
+        return ss_half_to_float((<const uint16_t*>row.hot)[i])
+    return ss_bf16_to_float((<const uint16_t*>row.hot)[i])
+
+
+cdef inline Py_ssize_t known_logits(const CompactRow* row, const Overrides* ov, float inv_t,
+                                    Candidates* c, RowResult* result) noexcept nogil:
+    """c := (z, token) of every known id in id order, z = adjusted_logit *
+    inv_t (the full path's float operations, so the same floats); a merge
+    of H, T and the row's overrides. Returns -1 with result.error set for a
+    NaN or +inf z, or an override whose column is not known (the cold
+    summary would be wrong for it)."""
+    cdef Py_ssize_t h = 0
+    cdef Py_ssize_t t = 0
+    cdef Py_ssize_t o = 0
+    cdef Py_ssize_t n = 0
+    cdef int32_t token
+    cdef float x, z
+    while h < row.n_hot or t < row.n_touched:
+        if t >= row.n_touched or (h < row.n_hot and row.hot_ids[h] < row.touched_ids[t]):
+            token = row.hot_ids[h]
+            x = hot_logit(row, h)
+            h += 1
+        else:
+            token = row.touched_ids[t]
+            x = row.touched_logits[t]
+            t += 1
+        if o < ov.n and ov.column[o] < token:
+            break
+        if o < ov.n and ov.column[o] == token:
+            x = adjusted_logit(x, ov, o)
+            o += 1
+        z = x * inv_t
+        if z != z or z == INFINITY:
+            result.error = ERROR_NAN if z != z else ERROR_POSITIVE_INFINITY
+            result.error_column = token
+            return -1
+        c.z[n] = z
+        c.token[n] = token
+        n += 1
+    if o < ov.n:
+        result.error = ERROR_UNLISTED_OVERRIDE
+        result.error_column = ov.column[o]
+        return -1
+    c.n = n
+    return n
+
+
+cdef inline Py_ssize_t count_above(const Candidates* c, float level) noexcept nogil:
+    cdef Py_ssize_t n = 0
+    cdef Py_ssize_t i
+    for i in range(c.n):
+        n += c.z[i] > level
+    return n
+
+
+cdef inline Py_ssize_t first_best(const Candidates* c) noexcept nogil:
+    """Position of the highest-ranked candidate (max z, then lowest id)."""
+    cdef Py_ssize_t best = 0
+    cdef Py_ssize_t i
+    for i in range(1, c.n):
+        if ranks_before(c, i, best):
+            best = i
+    return best
+
+
+cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams* p,
+                     Workspace* ws, RowResult* result, int32_t* top_tokens,
+                     float* top_logprobs) noexcept nogil:
+    """One compact row: returns its HandoffOutcome (result.error set: the
+    row's error instead). With zc = m_C / T (an upper bound on every cold z)
+    and M = max(max known z, zc) the row max:
+      greedy       always decided: the best known vs m_C, ties by lowest id
+                   (cold_argmax is C's lowest id at m_C);
+      untruncated  a draw on [0, W_K + W_C), W_C = S_C e^(zc - M): a known
+                   token, or NEED_COLD (the caller draws inside C);
+      min_p/top_k  decided when they exclude C (zc below the min_p level, or
+                   top_k known tokens strictly above zc); C is then out of
+                   the candidate set and the rest is the full path's;
+      top_p alone  decided when the nucleus is a prefix of the known tokens
+                   strictly above zc for every S_C within COLD_MASS_MARGIN.
+    Anything else, and top-n logprobs that C could enter: NEED_FULL."""
+    cdef Candidates c
+    c.z = ws.cand_z
+    c.token = ws.cand_token
+    c.w = ws.cand_w
+    c.n = 0
+    cdef float inv_t = p.inverse_temperature
+    if row.cold_max != row.cold_max or row.cold_max == INFINITY:
+        result.error = ERROR_NAN if row.cold_max != row.cold_max else ERROR_POSITIVE_INFINITY
+        result.error_column = row.cold_argmax
+        return HANDOFF_DECIDED
+    if known_logits(row, ov, inv_t, &c, result) < 0:
+        return HANDOFF_DECIDED
+    cdef float zc = row.cold_max * inv_t
+    cdef Py_ssize_t best = first_best(&c) if c.n > 0 else -1
+    cdef float row_max = c.z[best] if best >= 0 else -INFINITY
+    row_max = zc if zc > row_max else row_max
+    if row_max == -INFINITY:
+        result.error = ERROR_ALL_BANNED
+        return HANDOFF_DECIDED
+    ss_exp_shifted(c.z, row_max, c.w, c.n)
+    cdef double cold_weight = (row.cold_mass * ss_exp_nonpositive(zc - row_max)
+                               if zc > -INFINITY else 0.0)
+    cdef double known_mass = 0.0
+    cdef Py_ssize_t i
+    for i in range(c.n):
+        known_mass += c.w[i]
+    cdef double log_total = log(known_mass + cold_weight)
+    cdef Py_ssize_t count
+    if p.n_top > 0:
+        if count_above(&c, zc) < p.n_top:
+            return HANDOFF_NEED_FULL
+        select_rank(&c, p.n_top - 1)
+        sort_prefix(&c, p.n_top)
+        for i in range(p.n_top):
+            top_tokens[i] = c.token[i]
+            top_logprobs[i] = <float>(c.z[i] - row_max - log_total)
+        best = 0
+
+    cdef bint truncating = p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0
+    cdef double log_min_p = log(p.min_p) if p.min_p > 0 else -INFINITY
+    cdef bint cold_out = zc == -INFINITY
+    cdef double target, total_lo, total_hi, kept_mass
+    cdef Py_ssize_t upper_count
+    cdef float chosen_z
+    if p.greedy:
+        if best >= 0 and (c.z[best] > zc or (c.z[best] == zc and c.token[best] < row.cold_argmax)):
+            result.token = c.token[best]
+            chosen_z = c.z[best]
+        else:
+            result.token = row.cold_argmax
+            chosen_z = zc
+    elif not truncating:
+        target = uniform_double(p.seed, p.step, 0) * (known_mass + cold_weight)
+        if target >= known_mass:
+            # The caller adds this (the log of C's share) to the logprob of
+            # the token it draws inside C.
+            result.logprob = <float>(log(cold_weight) - log_total)
+            return HANDOFF_NEED_COLD
+        i = draw_index(&c, c.n, target / known_mass)
+        result.token = c.token[i]
+        chosen_z = c.z[i]
+    else:
+        if p.min_p > 0:
+            cold_out = cold_out or <double>zc - row_max < log_min_p
+            i = 0
+            while i < c.n:      # the full path's exact min_p boundary, in double
+                if <double>c.z[i] - row_max < log_min_p:
+                    c.n -= 1
+                    c.z[i] = c.z[c.n]
+                    c.token[i] = c.token[c.n]
+                    c.w[i] = c.w[c.n]
+                else:
+                    i += 1
+        if p.top_k > 0 and not cold_out:
+            cold_out = count_above(&c, zc) >= p.top_k
+        if cold_out:
+            # C is out of the candidate set: what is left is the full path's.
+            if p.top_k > 0 and c.n > p.top_k:
+                select_rank(&c, p.top_k - 1)
+                keep_at_least(&c, c.z[p.top_k - 1])
+            count = c.n
+            if p.top_p < 1.0:
+                kept_mass = 0.0
+                for i in range(c.n):
+                    kept_mass += c.w[i]
+                count = top_p_prefix(&c, p.top_p * kept_mass)
+        elif p.min_p > 0 or p.top_k > 0:
+            return HANDOFF_NEED_FULL        # C's survivors and their mass are unknown
+        else:
+            # top_p alone: the nucleus must end strictly above zc, where every
+            # token ranks before all of C, whatever S_C is within its margin.
+            keep_at_least(&c, nextafterf(zc, INFINITY))
+            total_lo = known_mass + cold_weight * (1.0 - COLD_MASS_MARGIN)
+            total_hi = known_mass + cold_weight * (1.0 + COLD_MASS_MARGIN)
+            kept_mass = 0.0
+            for i in range(c.n):
+                kept_mass += c.w[i]
+            if kept_mass < p.top_p * total_hi:
+                return HANDOFF_NEED_FULL
+            upper_count = top_p_prefix(&c, p.top_p * total_hi)
+            c.n = upper_count
+            count = top_p_prefix(&c, p.top_p * total_lo)
+            if count != upper_count:
+                return HANDOFF_NEED_FULL
+        i = draw_index(&c, count, uniform_double(p.seed, p.step, 0))
+        result.token = c.token[i]
+        chosen_z = c.z[i]
+    result.logprob = <float>(chosen_z - row_max - log_total)
+    return HANDOFF_DECIDED
+
+
+cdef struct CompactInputs:
+    const unsigned char* hot     # row r's hot logits start at hot + r * hot_stride
+    Py_ssize_t hot_stride
+    int dtype
+    const int32_t* hot_ids
+    Py_ssize_t n_hot
+    const int64_t* touched_offsets
+    const int32_t* touched_ids
+    const float* touched_logits
+    const float* cold_max
+    const int64_t* cold_argmax
+    const float* cold_mass
+    int8_t* outcomes
+
+
+cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
+                      const CompactInputs* k) noexcept nogil:
+    if ws == NULL:
+        b.errors[r] = ERROR_OUT_OF_MEMORY
+        b.error_columns[r] = -1
+        k.outcomes[r] = HANDOFF_DECIDED
+        return
+    cdef CompactRow row
+    cdef RowParams params
+    cdef RowResult result
+    cdef Overrides ov
+    row.hot = k.hot + r * k.hot_stride
+    row.dtype = k.dtype
+    row.hot_ids = k.hot_ids
+    row.n_hot = k.n_hot
+    row.touched_ids = k.touched_ids + k.touched_offsets[r]
+    row.touched_logits = k.touched_logits + k.touched_offsets[r]
+    row.n_touched = k.touched_offsets[r + 1] - k.touched_offsets[r]
+    row.cold_max = k.cold_max[r]
+    row.cold_argmax = k.cold_argmax[r]
+    row.cold_mass = k.cold_mass[r]
+    init_result(&result)
+    row_setup(r, ws, b, &params, &ov)
+    k.outcomes[r] = compact_row(&row, &ov, &params, ws, &result,
+                                b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    store_result(r, &result, b)
+    if k.outcomes[r] == HANDOFF_NEED_COLD:
+        b.logprobs[r] = result.logprob      # C's log share, whether logprobs are wanted or not
+
+
+def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
+                         const int32_t[::1] hot_ids, const int64_t[::1] touched_offsets,
+                         const int32_t[::1] touched_ids, const float[::1] touched_logits,
+                         const float[::1] cold_max, const int64_t[::1] cold_argmax,
+                         const float[::1] cold_mass, Py_ssize_t vocab,
+                         const float[::1] inverse_temperature, const unsigned char[::1] greedy,
+                         const int64_t[::1] top_k, const double[::1] top_p,
+                         const double[::1] min_p,
+                         const float[::1] repetition, const float[::1] presence,
+                         const float[::1] frequency, const uint64_t[::1] seed,
+                         const uint64_t[::1] step,
+                         const int64_t[::1] bias_offsets, const int32_t[::1] bias_ids,
+                         const float[::1] bias_values,
+                         const int64_t[::1] ban_offsets, const int32_t[::1] ban_ids,
+                         const int64_t[::1] prompt_offsets, const int32_t[::1] prompt_ids,
+                         const int64_t[::1] output_offsets, const int32_t[::1] output_ids,
+                         bint want_logprob, int num_threads,
+                         int64_t[::1] tokens, float[::1] logprobs,
+                         int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
+                         int32_t[::1] errors, int64_t[::1] error_columns,
+                         int8_t[::1] outcomes):
+    """Decide B compact rows; every argument is already validated.
+
+    hot_bytes: [B, n_hot * itemsize] uint8 view of the hot logits (column j
+    is hot_ids[j], ascending); dtype: DTYPE_*. touched_*: CSR (offsets
+    [B + 1]) of each row's touched ids (ascending, none hot) and their raw
+    float32 logits. cold_max float32 [B], cold_argmax int64 [B], cold_mass
+    float32 [B]: the cold summary. vocab: V. The row parameters and outputs
+    are sample_batch's. outcomes[r] receives row r's HandoffOutcome; for
+    HANDOFF_NEED_COLD, logprobs[r] holds log(W_C / Z), C's share.
+    """
+    cdef Py_ssize_t batch = cold_max.shape[0]
+    if batch == 0:
+        return
+    cdef BatchInputs b
+    b.vocab = vocab
+    bind_params(&b, inverse_temperature, greedy, top_k, top_p, min_p, repetition, presence,
+                frequency, seed, step, bias_offsets, bias_ids, bias_values, ban_offsets, ban_ids,
+                prompt_offsets, prompt_ids, output_offsets, output_ids, want_logprob,
+                tokens, logprobs, top_tokens, top_logprobs, errors, error_columns)
+    cdef CompactInputs k
+    k.n_hot = hot_ids.shape[0]
+    k.hot = &hot_bytes[0, 0] if k.n_hot > 0 else NULL
+    k.hot_stride = hot_bytes.strides[0]
+    k.dtype = dtype
+    k.hot_ids = &hot_ids[0] if k.n_hot > 0 else NULL
+    k.touched_offsets = &touched_offsets[0]
+    k.touched_ids = &touched_ids[0] if touched_ids.shape[0] > 0 else NULL
+    k.touched_logits = &touched_logits[0] if touched_logits.shape[0] > 0 else NULL
+    k.cold_max = &cold_max[0]
+    k.cold_argmax = &cold_argmax[0]
+    k.cold_mass = &cold_mass[0]
+    k.outcomes = &outcomes[0]
+    cdef Py_ssize_t max_entries = max_row_entries(&b, batch)
+    cdef Py_ssize_t r
+    cdef Workspace* ws = NULL
+    with nogil, parallel(num_threads=num_threads):
+        # Candidate arrays of V entries hold any row's K (|K| <= V); the
+        # block arrays go unused.
+        ws = allocate_workspace(vocab, 1, max_entries, 0)
+        for r in prange(batch, schedule='dynamic'):
+            compact_one(r, ws, &b, &k)
+        free_workspace(ws)
+
+
+def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64_t[::1] out):
+    """out[r]: the seed of row r's conditional draw inside C (its second
+    request keeps step[r]): 64 bits of Philox(seed[r], step[r], draw 2), a
+    stream independent of the compact draw and a function of (seed, step)
+    alone."""
+    cdef uint32_t words[4]
+    cdef Py_ssize_t r
+    for r in range(seed.shape[0]):
+        philox4x32_10(seed[r], step[r], COLD_STREAM_DRAW, words)
+        out[r] = (<uint64_t>words[0] << 32) | words[1]
 
 
 def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[::1] wide,

@@ -40,6 +40,17 @@ def bench_shvs(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_handoff(args: argparse.Namespace) -> int:
+    from .bench import handoff
+    from .handoff import DEFAULT_COLD_TOP
+
+    report = handoff.run(profile_path=args.profile, repeats=3 if args.quick else args.repeats,
+                         hot_size=args.hot_size,
+                         cold_top=DEFAULT_COLD_TOP if args.cold_top is None else args.cold_top)
+    print_report(args, report, handoff.format_table(report))
+    return 0
+
+
 def calibrate(args: argparse.Namespace) -> int:
     from .shvs import calibrate
 
@@ -224,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
                       "model repository's, else a calibration run")
     shvs.add_argument("--repeats", type=int, default=31)
     shvs.set_defaults(handler=bench_shvs)
+    handoff = targets.add_parser("handoff", help="hot-first compact rows against full rows")
+    handoff.add_argument("--quick", action="store_true", help="fewer repeats")
+    handoff.add_argument("--json", action="store_true", help="print one JSON object")
+    handoff.add_argument("--profile", help="hot-vocabulary profile (.npz); default as bench shvs")
+    handoff.add_argument("--hot-size", type=int, default=None,
+                         help="|H| (default: the profile's chosen size)")
+    handoff.add_argument("--cold-top", type=int, default=None,
+                         help="each row's largest cold logits handed over with the touched ids "
+                              "(default: handoff.DEFAULT_COLD_TOP)")
+    handoff.add_argument("--repeats", type=int, default=15)
+    handoff.set_defaults(handler=bench_handoff)
 
     perf_cmd = commands.add_parser(
         "perf", help="perf_analyzer (gRPC streaming) against the ensemble, per sampling mode")
