@@ -37,7 +37,7 @@ they cannot decide. Every row keeps exactly the distribution above.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, log, nextafterf
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, sort_prefix,
@@ -1151,6 +1151,7 @@ cdef struct CompactRow:
     const unsigned char* hot     # [n_hot] raw logits of the hot ids, storage dtype `dtype`
     int dtype
     const int32_t* hot_ids       # [n_hot] ascending
+    const int32_t* hot_position  # [V]: index of an id in hot_ids, -1 when not hot
     Py_ssize_t n_hot
     const int32_t* touched_ids   # [n_touched] ascending, none in H
     const float* touched_logits  # [n_touched] raw logits
@@ -1168,44 +1169,64 @@ cdef inline float hot_logit(const CompactRow* row, Py_ssize_t i) noexcept nogil:
     return ss_bf16_to_float((<const uint16_t*>row.hot)[i])
 
 
+cdef inline bint bad_z(float z) noexcept nogil:
+    return z != z or z == INFINITY
+
+
 cdef inline Py_ssize_t known_logits(const CompactRow* row, const Overrides* ov, float inv_t,
                                     Candidates* c, RowResult* result) noexcept nogil:
-    """c := (z, token) of every known id in id order, z = adjusted_logit *
-    inv_t (the full path's float operations, so the same floats); a merge
-    of H, T and the row's overrides. Returns -1 with result.error set for a
-    NaN or +inf z, or an override whose column is not known (the cold
-    summary would be wrong for it)."""
-    cdef Py_ssize_t h = 0
+    """c := (z, token) of every known id, the hot ones (in hot_ids order)
+    then the touched ones, z = adjusted_logit * inv_t: the full path's float
+    operations, so the same floats. Branch-free loops over the row; each
+    override finds its column through hot_position or the touched list.
+    Returns -1 with result.error set for a NaN or +inf z (the lowest such
+    id, as the full path reports), or an override whose column was not
+    handed over (the cold summary would be wrong for it)."""
+    cdef Py_ssize_t n_hot = row.n_hot
+    cdef Py_ssize_t n = n_hot + row.n_touched
+    cdef Py_ssize_t i, o, pos
     cdef Py_ssize_t t = 0
-    cdef Py_ssize_t o = 0
-    cdef Py_ssize_t n = 0
-    cdef int32_t token
-    cdef float x, z
-    while h < row.n_hot or t < row.n_touched:
-        if t >= row.n_touched or (h < row.n_hot and row.hot_ids[h] < row.touched_ids[t]):
-            token = row.hot_ids[h]
-            x = hot_logit(row, h)
-            h += 1
+    cdef const uint16_t* half = <const uint16_t*>row.hot
+    if row.dtype == DTYPE_FLOAT32:
+        for i in range(n_hot):
+            c.z[i] = (<const float*>row.hot)[i] * inv_t
+    elif row.dtype == DTYPE_FLOAT16:
+        for i in range(n_hot):
+            c.z[i] = ss_half_to_float(half[i]) * inv_t
+    else:
+        for i in range(n_hot):
+            c.z[i] = ss_bf16_to_float(half[i]) * inv_t
+    for i in range(n_hot):
+        c.token[i] = row.hot_ids[i]
+    for i in range(row.n_touched):
+        c.z[n_hot + i] = row.touched_logits[i] * inv_t
+        c.token[n_hot + i] = row.touched_ids[i]
+    cdef int32_t column
+    cdef float x
+    for o in range(ov.n):
+        column = ov.column[o]
+        pos = row.hot_position[column]
+        if pos >= 0:
+            x = hot_logit(row, pos)
         else:
-            token = row.touched_ids[t]
+            while t < row.n_touched and row.touched_ids[t] < column:
+                t += 1
+            if t == row.n_touched or row.touched_ids[t] != column:
+                result.error = ERROR_UNLISTED_OVERRIDE
+                result.error_column = column
+                return -1
+            pos = n_hot + t
             x = row.touched_logits[t]
-            t += 1
-        if o < ov.n and ov.column[o] < token:
-            break
-        if o < ov.n and ov.column[o] == token:
-            x = adjusted_logit(x, ov, o)
-            o += 1
-        z = x * inv_t
-        if z != z or z == INFINITY:
-            result.error = ERROR_NAN if z != z else ERROR_POSITIVE_INFINITY
-            result.error_column = token
-            return -1
-        c.z[n] = z
-        c.token[n] = token
-        n += 1
-    if o < ov.n:
-        result.error = ERROR_UNLISTED_OVERRIDE
-        result.error_column = ov.column[o]
+        c.z[pos] = adjusted_logit(x, ov, o) * inv_t
+    cdef int bad = 0
+    for i in range(n):
+        bad |= (c.z[i] != c.z[i]) | (c.z[i] == INFINITY)
+    if bad:
+        result.error_column = INT32_MAX
+        for i in range(n):
+            if bad_z(c.z[i]) and c.token[i] < result.error_column:
+                result.error_column = c.token[i]
+                result.error = ERROR_NAN if c.z[i] != c.z[i] else ERROR_POSITIVE_INFINITY
         return -1
     c.n = n
     return n
@@ -1219,14 +1240,74 @@ cdef inline Py_ssize_t count_above(const Candidates* c, float level) noexcept no
     return n
 
 
-cdef inline Py_ssize_t first_best(const Candidates* c) noexcept nogil:
-    """Position of the highest-ranked candidate (max z, then lowest id)."""
-    cdef Py_ssize_t best = 0
+cdef inline float max_z(const Candidates* c) noexcept nogil:
+    cdef float m = -INFINITY
     cdef Py_ssize_t i
-    for i in range(1, c.n):
-        if ranks_before(c, i, best):
+    for i in range(c.n):
+        m = c.z[i] if c.z[i] > m else m
+    return m
+
+
+cdef inline Py_ssize_t first_at(const Candidates* c, float value) noexcept nogil:
+    """Position of the lowest id whose z equals value (-1: none)."""
+    cdef Py_ssize_t best = -1
+    cdef Py_ssize_t i
+    for i in range(c.n):
+        if c.z[i] == value and (best < 0 or c.token[i] < c.token[best]):
             best = i
     return best
+
+
+cdef inline void keep_min_p(Candidates* c, float row_max, double log_min_p) noexcept nogil:
+    """Keep the items min_p keeps, by the full path's exact test in double
+    (branch-free, as keep_at_least)."""
+    cdef Py_ssize_t kept = 0
+    cdef Py_ssize_t i
+    cdef float z
+    for i in range(c.n):
+        z = c.z[i]
+        c.z[kept] = z
+        c.token[kept] = c.token[i]
+        c.w[kept] = c.w[i]
+        kept += <double>z - row_max >= log_min_p
+    c.n = kept
+
+
+cdef inline double weight_sum(const Candidates* c) noexcept nogil:
+    cdef double total = 0.0
+    cdef Py_ssize_t i
+    for i in range(c.n):
+        total += c.w[i]
+    return total
+
+
+cdef inline bint keep_nucleus_cover(Candidates* c, float row_max, float floor,
+                                    double target) noexcept nogil:
+    """Keep the items with z >= t, t the highest of row_max - TOP_P_GAPS[i]
+    (never below floor) whose items hold at least `target` mass: a set that
+    holds the nucleus, small for a peaked row (the full path's ladder,
+    top_p_threshold). False when even z >= floor falls short."""
+    cdef float level
+    cdef Py_ssize_t g, i
+    cdef float mass
+    cdef double exact
+    keep_at_least(c, floor)
+    for g in range(N_TOP_P_GAPS):
+        level = row_max - TOP_P_GAPS[g]
+        level = floor if level < floor else level
+        mass = 0.0      # a float estimate picks the level, a double sum decides
+        for i in range(c.n):
+            mass += c.w[i] if c.z[i] >= level else 0.0
+        if mass >= target * (1.0 - 1e-5) or level == floor:
+            exact = 0.0
+            for i in range(c.n):
+                exact += c.w[i] if c.z[i] >= level else 0.0
+            if exact >= target:
+                keep_at_least(c, level)
+                return True
+            if level == floor:
+                return False
+    return False
 
 
 cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams* p,
@@ -1244,35 +1325,46 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
                    the candidate set and the rest is the full path's;
       top_p alone  decided when the nucleus is a prefix of the known tokens
                    strictly above zc for every S_C within COLD_MASS_MARGIN.
-    Anything else, and top-n logprobs that C could enter: NEED_FULL."""
+    Anything else, and top-n logprobs that C could enter: NEED_FULL.
+    Exps only where a mass is needed: over every known token for logprobs,
+    untruncated and top_p-alone rows, else over the survivors of min_p /
+    top_k."""
     cdef Candidates c
     c.z = ws.cand_z
     c.token = ws.cand_token
     c.w = ws.cand_w
     c.n = 0
     cdef float inv_t = p.inverse_temperature
-    if row.cold_max != row.cold_max or row.cold_max == INFINITY:
+    if known_logits(row, ov, inv_t, &c, result) < 0:
+        if (bad_z(row.cold_max) and row.cold_argmax >= 0
+                and row.cold_argmax < result.error_column
+                and result.error != ERROR_UNLISTED_OVERRIDE):
+            result.error = ERROR_NAN if row.cold_max != row.cold_max else ERROR_POSITIVE_INFINITY
+            result.error_column = row.cold_argmax
+        return HANDOFF_DECIDED
+    if bad_z(row.cold_max):
         result.error = ERROR_NAN if row.cold_max != row.cold_max else ERROR_POSITIVE_INFINITY
         result.error_column = row.cold_argmax
         return HANDOFF_DECIDED
-    if known_logits(row, ov, inv_t, &c, result) < 0:
-        return HANDOFF_DECIDED
     cdef float zc = row.cold_max * inv_t
-    cdef Py_ssize_t best = first_best(&c) if c.n > 0 else -1
-    cdef float row_max = c.z[best] if best >= 0 else -INFINITY
-    row_max = zc if zc > row_max else row_max
+    cdef float known_max = max_z(&c)
+    cdef float row_max = zc if zc > known_max else known_max
     if row_max == -INFINITY:
         result.error = ERROR_ALL_BANNED
         return HANDOFF_DECIDED
-    ss_exp_shifted(c.z, row_max, c.w, c.n)
+    cdef bint truncating = p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0
+    cdef bint level_truncating = p.min_p > 0 or p.top_k > 0
+    cdef bint need_mass = (p.want_logprob or p.n_top > 0
+                           or not (p.greedy or level_truncating))
     cdef double cold_weight = (row.cold_mass * ss_exp_nonpositive(zc - row_max)
                                if zc > -INFINITY else 0.0)
     cdef double known_mass = 0.0
-    cdef Py_ssize_t i
-    for i in range(c.n):
-        known_mass += c.w[i]
-    cdef double log_total = log(known_mass + cold_weight)
-    cdef Py_ssize_t count
+    cdef double log_total = 0.0
+    if need_mass:
+        ss_exp_shifted(c.z, row_max, c.w, c.n)
+        known_mass = weight_sum(&c)
+        log_total = log(known_mass + cold_weight)
+    cdef Py_ssize_t i, count, upper_count
     if p.n_top > 0:
         if count_above(&c, zc) < p.n_top:
             return HANDOFF_NEED_FULL
@@ -1281,18 +1373,16 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
         for i in range(p.n_top):
             top_tokens[i] = c.token[i]
             top_logprobs[i] = <float>(c.z[i] - row_max - log_total)
-        best = 0
 
-    cdef bint truncating = p.min_p > 0 or p.top_k > 0 or p.top_p < 1.0
     cdef double log_min_p = log(p.min_p) if p.min_p > 0 else -INFINITY
     cdef bint cold_out = zc == -INFINITY
-    cdef double target, total_lo, total_hi, kept_mass
-    cdef Py_ssize_t upper_count
+    cdef double target, total_lo, total_hi
     cdef float chosen_z
     if p.greedy:
-        if best >= 0 and (c.z[best] > zc or (c.z[best] == zc and c.token[best] < row.cold_argmax)):
-            result.token = c.token[best]
-            chosen_z = c.z[best]
+        i = first_at(&c, known_max)
+        if i >= 0 and (known_max > zc or (known_max == zc and c.token[i] < row.cold_argmax)):
+            result.token = c.token[i]
+            chosen_z = known_max
         else:
             result.token = row.cold_argmax
             chosen_z = zc
@@ -1306,49 +1396,41 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
         i = draw_index(&c, c.n, target / known_mass)
         result.token = c.token[i]
         chosen_z = c.z[i]
-    else:
+    elif level_truncating:
         if p.min_p > 0:
             cold_out = cold_out or <double>zc - row_max < log_min_p
-            i = 0
-            while i < c.n:      # the full path's exact min_p boundary, in double
-                if <double>c.z[i] - row_max < log_min_p:
-                    c.n -= 1
-                    c.z[i] = c.z[c.n]
-                    c.token[i] = c.token[c.n]
-                    c.w[i] = c.w[c.n]
-                else:
-                    i += 1
+            keep_min_p(&c, row_max, log_min_p)
         if p.top_k > 0 and not cold_out:
-            cold_out = count_above(&c, zc) >= p.top_k
-        if cold_out:
-            # C is out of the candidate set: what is left is the full path's.
-            if p.top_k > 0 and c.n > p.top_k:
-                select_rank(&c, p.top_k - 1)
-                keep_at_least(&c, c.z[p.top_k - 1])
-            count = c.n
-            if p.top_p < 1.0:
-                kept_mass = 0.0
-                for i in range(c.n):
-                    kept_mass += c.w[i]
-                count = top_p_prefix(&c, p.top_p * kept_mass)
-        elif p.min_p > 0 or p.top_k > 0:
-            return HANDOFF_NEED_FULL        # C's survivors and their mass are unknown
-        else:
-            # top_p alone: the nucleus must end strictly above zc, where every
-            # token ranks before all of C, whatever S_C is within its margin.
+            # Only the known tokens strictly above zc can be among the top
+            # k when k of them are; otherwise C's survivors are unknown.
             keep_at_least(&c, nextafterf(zc, INFINITY))
-            total_lo = known_mass + cold_weight * (1.0 - COLD_MASS_MARGIN)
-            total_hi = known_mass + cold_weight * (1.0 + COLD_MASS_MARGIN)
-            kept_mass = 0.0
-            for i in range(c.n):
-                kept_mass += c.w[i]
-            if kept_mass < p.top_p * total_hi:
-                return HANDOFF_NEED_FULL
-            upper_count = top_p_prefix(&c, p.top_p * total_hi)
-            c.n = upper_count
-            count = top_p_prefix(&c, p.top_p * total_lo)
-            if count != upper_count:
-                return HANDOFF_NEED_FULL
+            cold_out = c.n >= p.top_k
+        if not cold_out:
+            return HANDOFF_NEED_FULL
+        # C is out of the candidate set: what is left is the full path's.
+        if p.top_k > 0 and c.n > p.top_k:
+            select_rank(&c, p.top_k - 1)
+            keep_at_least(&c, c.z[p.top_k - 1])
+        if not need_mass:
+            ss_exp_shifted(c.z, row_max, c.w, c.n)
+        count = c.n
+        if p.top_p < 1.0:
+            count = top_p_prefix(&c, p.top_p * weight_sum(&c))
+        i = draw_index(&c, count, uniform_double(p.seed, p.step, 0))
+        result.token = c.token[i]
+        chosen_z = c.z[i]
+    else:
+        # top_p alone: the nucleus must end strictly above zc, where every
+        # token ranks before all of C, whatever S_C is within its margin.
+        total_lo = known_mass + cold_weight * (1.0 - COLD_MASS_MARGIN)
+        total_hi = known_mass + cold_weight * (1.0 + COLD_MASS_MARGIN)
+        if not keep_nucleus_cover(&c, row_max, nextafterf(zc, INFINITY), p.top_p * total_hi):
+            return HANDOFF_NEED_FULL
+        upper_count = top_p_prefix(&c, p.top_p * total_hi)
+        c.n = upper_count
+        count = top_p_prefix(&c, p.top_p * total_lo)
+        if count != upper_count:
+            return HANDOFF_NEED_FULL
         i = draw_index(&c, count, uniform_double(p.seed, p.step, 0))
         result.token = c.token[i]
         chosen_z = c.z[i]
@@ -1361,6 +1443,7 @@ cdef struct CompactInputs:
     Py_ssize_t hot_stride
     int dtype
     const int32_t* hot_ids
+    const int32_t* hot_position
     Py_ssize_t n_hot
     const int64_t* touched_offsets
     const int32_t* touched_ids
@@ -1385,6 +1468,7 @@ cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
     row.hot = k.hot + r * k.hot_stride
     row.dtype = k.dtype
     row.hot_ids = k.hot_ids
+    row.hot_position = k.hot_position
     row.n_hot = k.n_hot
     row.touched_ids = k.touched_ids + k.touched_offsets[r]
     row.touched_logits = k.touched_logits + k.touched_offsets[r]
@@ -1402,7 +1486,8 @@ cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
 
 
 def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
-                         const int32_t[::1] hot_ids, const int64_t[::1] touched_offsets,
+                         const int32_t[::1] hot_ids, const int32_t[::1] hot_position,
+                         const int64_t[::1] touched_offsets,
                          const int32_t[::1] touched_ids, const float[::1] touched_logits,
                          const float[::1] cold_max, const int64_t[::1] cold_argmax,
                          const float[::1] cold_mass, Py_ssize_t vocab,
@@ -1425,7 +1510,8 @@ def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
     """Decide B compact rows; every argument is already validated.
 
     hot_bytes: [B, n_hot * itemsize] uint8 view of the hot logits (column j
-    is hot_ids[j], ascending); dtype: DTYPE_*. touched_*: CSR (offsets
+    is hot_ids[j], ascending); dtype: DTYPE_*. hot_position int32 [V]:
+    HotVocab.positions(). touched_*: CSR (offsets
     [B + 1]) of each row's touched ids (ascending, none hot) and their raw
     float32 logits. cold_max float32 [B], cold_argmax int64 [B], cold_mass
     float32 [B]: the cold summary. vocab: V. The row parameters and outputs
@@ -1447,6 +1533,7 @@ def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
     k.hot_stride = hot_bytes.strides[0]
     k.dtype = dtype
     k.hot_ids = &hot_ids[0] if k.n_hot > 0 else NULL
+    k.hot_position = &hot_position[0]
     k.touched_offsets = &touched_offsets[0]
     k.touched_ids = &touched_ids[0] if touched_ids.shape[0] > 0 else NULL
     k.touched_logits = &touched_logits[0] if touched_logits.shape[0] > 0 else NULL

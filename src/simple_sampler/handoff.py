@@ -170,10 +170,12 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     x[:, hot] = -torch.inf
     x[rows, ids] = -torch.inf
     if cold_top > 0:
-        extra = x.topk(min(cold_top, vocab), dim=1).indices
-        keys = torch.cat([rows * vocab + ids,
-                          torch.arange(size, device=device).repeat_interleave(extra.shape[1])
-                          * vocab + extra.flatten()])
+        values, extra = x.topk(min(cold_top, vocab), dim=1)
+        # -inf picks are ids already handed over (masked) or cold ids of
+        # weight 0, which may as well stay in C.
+        picked = values > -torch.inf
+        extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
+        keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
         keys = torch.unique(keys)           # sorted: by row, then id
         rows, ids = keys // vocab, keys % vocab
         counts = torch.bincount(rows, minlength=size)
@@ -228,16 +230,18 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> None:
             or offsets[-1] != ids.size or np.shape(rows.touched_logits) != (ids.size,)):
         raise ValueError(f"touched_offsets must be {size + 1} non-decreasing offsets from 0 to "
                          f"len(touched_ids)={ids.size}, with touched_logits of the same length")
-    if ids.size and ((ids < 0) | (ids >= vocab)).any():
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"touched_ids must be token ids in [0, {vocab}), "
                          f"got {int(ids[(ids < 0) | (ids >= vocab)][0])}")
-    row_of = np.repeat(np.arange(size), np.diff(offsets))
-    if ids.size > 1 and ((np.diff(ids) <= 0) & (np.diff(row_of) == 0)).any():
-        raise ValueError("touched_ids must be ascending and distinct within each row")
-    hot_mask = np.zeros(vocab, bool)
-    hot_mask[hot_vocab.kernel_arrays()[0]] = True
-    if ids.size and hot_mask[ids].any():
-        raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[hot_mask[ids]][0])}")
+    if ids.size > 1:
+        descending = np.diff(ids) <= 0
+        starts = offsets[1:-1]
+        descending[starts[(starts > 0) & (starts < ids.size)] - 1] = False   # row boundaries
+        if descending.any():
+            raise ValueError("touched_ids must be ascending and distinct within each row")
+    positions = hot_vocab.positions()
+    if ids.size and (positions[ids] >= 0).any():
+        raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[positions[ids] >= 0][0])}")
     argmax = np.asarray(rows.cold_argmax, np.int64)
     if ((argmax < -1) | (argmax >= vocab)).any():
         raise ValueError(f"cold_argmax must be -1 or a token id in [0, {vocab})")
@@ -268,7 +272,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     errors = np.empty(size, np.int32)
     error_columns = np.empty(size, np.int64)
     _sampling.sample_compact_batch(
-        hot_bytes, dtype, hot_vocab.kernel_arrays()[0],
+        hot_bytes, dtype, hot_vocab.kernel_arrays()[0], hot_vocab.positions(),
         np.ascontiguousarray(rows.touched_offsets, np.int64),
         np.ascontiguousarray(rows.touched_ids, np.int32),
         np.ascontiguousarray(rows.touched_logits, np.float32),
