@@ -981,13 +981,21 @@ cdef inline void store_result(Py_ssize_t r, const RowResult* result, const Batch
     b.error_columns[r] = result.error_column
 
 
+cdef inline bint out_of_memory(Py_ssize_t r, const Workspace* ws, const BatchInputs* b,
+                               int8_t outcome) noexcept nogil:
+    """No workspace (its allocation failed): row r reports it."""
+    if ws != NULL:
+        return False
+    b.errors[r] = ERROR_OUT_OF_MEMORY
+    b.error_columns[r] = -1
+    b.hot_outcomes[r] = outcome
+    return True
+
+
 cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept nogil:
     """Row r of sample_batch. Its structs live on this call's stack, so rows
     sampled by different threads share nothing but the read-only inputs."""
-    if ws == NULL:
-        b.errors[r] = ERROR_OUT_OF_MEMORY
-        b.error_columns[r] = -1
-        b.hot_outcomes[r] = HOT_NOT_TRIED
+    if out_of_memory(r, ws, b, HOT_NOT_TRIED):
         return
     cdef RowSource src
     cdef RowParams params
@@ -1006,52 +1014,6 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     store_result(r, &result, b)
 
 
-cdef void bind_params(BatchInputs* b, const float[::1] inverse_temperature,
-                      const unsigned char[::1] greedy,
-                      const int64_t[::1] top_k, const double[::1] top_p, const double[::1] min_p,
-                      const float[::1] repetition, const float[::1] presence,
-                      const float[::1] frequency, const uint64_t[::1] seed,
-                      const uint64_t[::1] step,
-                      const int64_t[::1] bias_offsets, const int32_t[::1] bias_ids,
-                      const float[::1] bias_values,
-                      const int64_t[::1] ban_offsets, const int32_t[::1] ban_ids,
-                      const int64_t[::1] prompt_offsets, const int32_t[::1] prompt_ids,
-                      const int64_t[::1] output_offsets, const int32_t[::1] output_ids,
-                      bint want_logprob, int64_t[::1] tokens, float[::1] logprobs,
-                      int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
-                      int32_t[::1] errors, int64_t[::1] error_columns):
-    """Point b at the row parameters and outputs (batch > 0; the arrays
-    outlive b's use)."""
-    b.inverse_temperature = &inverse_temperature[0]
-    b.greedy = &greedy[0]
-    b.top_k = &top_k[0]
-    b.top_p = &top_p[0]
-    b.min_p = &min_p[0]
-    b.repetition = &repetition[0]
-    b.presence = &presence[0]
-    b.frequency = &frequency[0]
-    b.seed = &seed[0]
-    b.step = &step[0]
-    # Empty id lists: a NULL base is never dereferenced (every count is 0).
-    b.bias_offsets = &bias_offsets[0]
-    b.bias_ids = &bias_ids[0] if bias_ids.shape[0] > 0 else NULL
-    b.bias_values = &bias_values[0] if bias_values.shape[0] > 0 else NULL
-    b.ban_offsets = &ban_offsets[0]
-    b.ban_ids = &ban_ids[0] if ban_ids.shape[0] > 0 else NULL
-    b.prompt_offsets = &prompt_offsets[0]
-    b.prompt_ids = &prompt_ids[0] if prompt_ids.shape[0] > 0 else NULL
-    b.output_offsets = &output_offsets[0]
-    b.output_ids = &output_ids[0] if output_ids.shape[0] > 0 else NULL
-    b.want_logprob = want_logprob
-    b.n_top = top_tokens.shape[1]
-    b.tokens = &tokens[0]
-    b.logprobs = &logprobs[0]
-    b.top_tokens = &top_tokens[0, 0] if b.n_top > 0 else NULL
-    b.top_logprobs = &top_logprobs[0, 0] if b.n_top > 0 else NULL
-    b.errors = &errors[0]
-    b.error_columns = &error_columns[0]
-
-
 cdef Py_ssize_t max_row_entries(const BatchInputs* b, Py_ssize_t batch) noexcept nogil:
     """The most bias, ban and history entries of one row: the override capacity."""
     cdef Py_ssize_t most = 0
@@ -1064,7 +1026,62 @@ cdef Py_ssize_t max_row_entries(const BatchInputs* b, Py_ssize_t batch) noexcept
     return most
 
 
-def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
+cdef class KernelBatch:
+    """Everything one kernel call reads and writes, packed once by
+    ``sampling.sample`` (keyword-only; every argument already validated).
+
+    logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
+    any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
+    ragged id lists are CSR (offsets of length B + 1). Outputs (tokens,
+    logprobs, top_tokens [B, n_top], top_logprobs, errors, error_columns,
+    hot_outcomes) are written in place; errors[r] != ERROR_NONE marks a row
+    that could not be sampled.
+
+    Hot set (SHVS; empty hot_ids turns it off): hot_ids int32 ascending
+    unique ids; hot_block_start int64 [n_blocks + 1] and hot_bits uint64
+    [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
+    hot_outcomes[r] receives row r's HotOutcome.
+
+    The typed memoryviews keep the arrays alive; ``inputs`` turns them into
+    the nogil ``BatchInputs`` the row functions take. Another entry point
+    over the same rows and parameters reuses it (or a subclass adds fields)
+    instead of growing a positional signature.
+    """
+    cdef const unsigned char[:, :] logits_bytes
+    cdef int dtype
+    cdef const float[::1] inverse_temperature
+    cdef const unsigned char[::1] greedy
+    cdef const int64_t[::1] top_k
+    cdef const double[::1] top_p
+    cdef const double[::1] min_p
+    cdef const float[::1] repetition
+    cdef const float[::1] presence
+    cdef const float[::1] frequency
+    cdef const uint64_t[::1] seed
+    cdef const uint64_t[::1] step
+    cdef const int64_t[::1] bias_offsets
+    cdef const int32_t[::1] bias_ids
+    cdef const float[::1] bias_values
+    cdef const int64_t[::1] ban_offsets
+    cdef const int32_t[::1] ban_ids
+    cdef const int64_t[::1] prompt_offsets
+    cdef const int32_t[::1] prompt_ids
+    cdef const int64_t[::1] output_offsets
+    cdef const int32_t[::1] output_ids
+    cdef bint want_logprob
+    cdef int num_threads
+    cdef int64_t[::1] tokens
+    cdef float[::1] logprobs
+    cdef int32_t[:, ::1] top_tokens
+    cdef float[:, ::1] top_logprobs
+    cdef int32_t[::1] errors
+    cdef int64_t[::1] error_columns
+    cdef const int32_t[::1] hot_ids
+    cdef const int64_t[::1] hot_block_start
+    cdef const uint64_t[::1] hot_bits
+    cdef int8_t[::1] hot_outcomes
+
+    def __init__(self, *, const unsigned char[:, :] logits_bytes, int dtype,
                  const float[::1] inverse_temperature, const unsigned char[::1] greedy,
                  const int64_t[::1] top_k, const double[::1] top_p, const double[::1] min_p,
                  const float[::1] repetition, const float[::1] presence,
@@ -1081,43 +1098,98 @@ def sample_batch(const unsigned char[:, :] logits_bytes, int dtype,
                  int32_t[::1] errors, int64_t[::1] error_columns,
                  const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
                  const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes):
-    """Sample one token per row; every argument is already validated.
+        self.logits_bytes = logits_bytes
+        self.dtype = dtype
+        self.inverse_temperature = inverse_temperature
+        self.greedy = greedy
+        self.top_k = top_k
+        self.top_p = top_p
+        self.min_p = min_p
+        self.repetition = repetition
+        self.presence = presence
+        self.frequency = frequency
+        self.seed = seed
+        self.step = step
+        self.bias_offsets = bias_offsets
+        self.bias_ids = bias_ids
+        self.bias_values = bias_values
+        self.ban_offsets = ban_offsets
+        self.ban_ids = ban_ids
+        self.prompt_offsets = prompt_offsets
+        self.prompt_ids = prompt_ids
+        self.output_offsets = output_offsets
+        self.output_ids = output_ids
+        self.want_logprob = want_logprob
+        self.num_threads = num_threads
+        self.tokens = tokens
+        self.logprobs = logprobs
+        self.top_tokens = top_tokens
+        self.top_logprobs = top_logprobs
+        self.errors = errors
+        self.error_columns = error_columns
+        self.hot_ids = hot_ids
+        self.hot_block_start = hot_block_start
+        self.hot_bits = hot_bits
+        self.hot_outcomes = hot_outcomes
 
-    logits_bytes: [B, V * itemsize] uint8 view of the rows (rows contiguous,
-    any row stride); dtype: DTYPE_*. Parameter arrays have length B; the
-    ragged id lists are CSR (offsets of length B + 1). Outputs are written in
-    place; errors[r] != ERROR_NONE marks a row that could not be sampled.
+    cdef void inputs(self, BatchInputs* b) noexcept:
+        """Fill ``b`` with pointers into this batch's arrays (B >= 1)."""
+        b.logits = &self.logits_bytes[0, 0]
+        b.row_stride = self.logits_bytes.strides[0]
+        b.dtype = self.dtype
+        b.vocab = self.logits_bytes.shape[1] // (4 if self.dtype == DTYPE_FLOAT32 else 2)
+        b.inverse_temperature = &self.inverse_temperature[0]
+        b.greedy = &self.greedy[0]
+        b.top_k = &self.top_k[0]
+        b.top_p = &self.top_p[0]
+        b.min_p = &self.min_p[0]
+        b.repetition = &self.repetition[0]
+        b.presence = &self.presence[0]
+        b.frequency = &self.frequency[0]
+        b.seed = &self.seed[0]
+        b.step = &self.step[0]
+        # Empty id lists: a NULL base is never dereferenced (every count is 0).
+        b.bias_offsets = &self.bias_offsets[0]
+        b.bias_ids = &self.bias_ids[0] if self.bias_ids.shape[0] > 0 else NULL
+        b.bias_values = &self.bias_values[0] if self.bias_values.shape[0] > 0 else NULL
+        b.ban_offsets = &self.ban_offsets[0]
+        b.ban_ids = &self.ban_ids[0] if self.ban_ids.shape[0] > 0 else NULL
+        b.prompt_offsets = &self.prompt_offsets[0]
+        b.prompt_ids = &self.prompt_ids[0] if self.prompt_ids.shape[0] > 0 else NULL
+        b.output_offsets = &self.output_offsets[0]
+        b.output_ids = &self.output_ids[0] if self.output_ids.shape[0] > 0 else NULL
+        b.want_logprob = self.want_logprob
+        b.n_top = self.top_tokens.shape[1]
+        b.tokens = &self.tokens[0]
+        b.logprobs = &self.logprobs[0]
+        b.top_tokens = &self.top_tokens[0, 0] if b.n_top > 0 else NULL
+        b.top_logprobs = &self.top_logprobs[0, 0] if b.n_top > 0 else NULL
+        b.errors = &self.errors[0]
+        b.error_columns = &self.error_columns[0]
+        b.hot.n = self.hot_ids.shape[0]
+        b.hot.ids = &self.hot_ids[0] if b.hot.n > 0 else NULL
+        b.hot.block_start = &self.hot_block_start[0] if b.hot.n > 0 else NULL
+        b.hot.bits = &self.hot_bits[0] if b.hot.n > 0 else NULL
+        b.hot_outcomes = &self.hot_outcomes[0]
 
-    Hot set (SHVS; empty hot_ids turns it off): hot_ids int32 ascending
-    unique ids; hot_block_start int64 [n_blocks + 1] and hot_bits uint64
-    [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
-    hot_outcomes[r] receives row r's HotOutcome.
-    """
-    cdef Py_ssize_t batch = logits_bytes.shape[0]
-    if batch == 0:
+
+def sample_batch(KernelBatch batch not None):
+    """Sample one token per row of ``batch`` (see KernelBatch), writing its
+    outputs in place."""
+    cdef Py_ssize_t size = batch.logits_bytes.shape[0]
+    if size == 0:
         return
     cdef BatchInputs b
-    b.logits = &logits_bytes[0, 0]
-    b.row_stride = logits_bytes.strides[0]
-    b.dtype = dtype
-    b.vocab = logits_bytes.shape[1] // (4 if dtype == DTYPE_FLOAT32 else 2)
-    bind_params(&b, inverse_temperature, greedy, top_k, top_p, min_p, repetition, presence,
-                frequency, seed, step, bias_offsets, bias_ids, bias_values, ban_offsets, ban_ids,
-                prompt_offsets, prompt_ids, output_offsets, output_ids, want_logprob,
-                tokens, logprobs, top_tokens, top_logprobs, errors, error_columns)
-    b.hot.n = hot_ids.shape[0]
-    b.hot.ids = &hot_ids[0] if b.hot.n > 0 else NULL
-    b.hot.block_start = &hot_block_start[0] if b.hot.n > 0 else NULL
-    b.hot.bits = &hot_bits[0] if b.hot.n > 0 else NULL
-    b.hot_outcomes = &hot_outcomes[0]
+    batch.inputs(&b)
+    cdef int num_threads = batch.num_threads
 
     cdef Py_ssize_t n_blocks = (b.vocab + SS_BLOCK - 1) // SS_BLOCK
-    cdef Py_ssize_t max_entries = max_row_entries(&b, batch)
+    cdef Py_ssize_t max_entries = max_row_entries(&b, size)
     cdef Py_ssize_t r
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
         ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n)
-        for r in prange(batch, schedule='dynamic'):
+        for r in prange(size, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
 
@@ -1439,37 +1511,29 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
 
 
 cdef struct CompactInputs:
-    const unsigned char* hot     # row r's hot logits start at hot + r * hot_stride
-    Py_ssize_t hot_stride
-    int dtype
-    const int32_t* hot_ids
-    const int32_t* hot_position
-    Py_ssize_t n_hot
-    const int64_t* touched_offsets
+    const int32_t* hot_position     # [V]: index of an id in the hot ids, -1 when not hot
+    const int64_t* touched_offsets  # [B + 1]
     const int32_t* touched_ids
     const float* touched_logits
-    const float* cold_max
+    const float* cold_max           # [B]
     const int64_t* cold_argmax
     const float* cold_mass
-    int8_t* outcomes
 
 
 cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
                       const CompactInputs* k) noexcept nogil:
-    if ws == NULL:
-        b.errors[r] = ERROR_OUT_OF_MEMORY
-        b.error_columns[r] = -1
-        k.outcomes[r] = HANDOFF_DECIDED
+    """Row r of sample_compact_batch (b's logits are the hot logits)."""
+    if out_of_memory(r, ws, b, HANDOFF_DECIDED):
         return
     cdef CompactRow row
     cdef RowParams params
     cdef RowResult result
     cdef Overrides ov
-    row.hot = k.hot + r * k.hot_stride
-    row.dtype = k.dtype
-    row.hot_ids = k.hot_ids
+    row.hot = b.logits + r * b.row_stride
+    row.dtype = b.dtype
+    row.hot_ids = b.hot.ids
     row.hot_position = k.hot_position
-    row.n_hot = k.n_hot
+    row.n_hot = b.hot.n
     row.touched_ids = k.touched_ids + k.touched_offsets[r]
     row.touched_logits = k.touched_logits + k.touched_offsets[r]
     row.n_touched = k.touched_offsets[r + 1] - k.touched_offsets[r]
@@ -1478,61 +1542,38 @@ cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
     row.cold_mass = k.cold_mass[r]
     init_result(&result)
     row_setup(r, ws, b, &params, &ov)
-    k.outcomes[r] = compact_row(&row, &ov, &params, ws, &result,
-                                b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    b.hot_outcomes[r] = compact_row(&row, &ov, &params, ws, &result,
+                                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
     store_result(r, &result, b)
-    if k.outcomes[r] == HANDOFF_NEED_COLD:
+    if b.hot_outcomes[r] == HANDOFF_NEED_COLD:
         b.logprobs[r] = result.logprob      # C's log share, whether logprobs are wanted or not
 
 
-def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
-                         const int32_t[::1] hot_ids, const int32_t[::1] hot_position,
-                         const int64_t[::1] touched_offsets,
+def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
+                         const int32_t[::1] hot_position, const int64_t[::1] touched_offsets,
                          const int32_t[::1] touched_ids, const float[::1] touched_logits,
                          const float[::1] cold_max, const int64_t[::1] cold_argmax,
-                         const float[::1] cold_mass, Py_ssize_t vocab,
-                         const float[::1] inverse_temperature, const unsigned char[::1] greedy,
-                         const int64_t[::1] top_k, const double[::1] top_p,
-                         const double[::1] min_p,
-                         const float[::1] repetition, const float[::1] presence,
-                         const float[::1] frequency, const uint64_t[::1] seed,
-                         const uint64_t[::1] step,
-                         const int64_t[::1] bias_offsets, const int32_t[::1] bias_ids,
-                         const float[::1] bias_values,
-                         const int64_t[::1] ban_offsets, const int32_t[::1] ban_ids,
-                         const int64_t[::1] prompt_offsets, const int32_t[::1] prompt_ids,
-                         const int64_t[::1] output_offsets, const int32_t[::1] output_ids,
-                         bint want_logprob, int num_threads,
-                         int64_t[::1] tokens, float[::1] logprobs,
-                         int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
-                         int32_t[::1] errors, int64_t[::1] error_columns,
-                         int8_t[::1] outcomes):
+                         const float[::1] cold_mass):
     """Decide B compact rows; every argument is already validated.
 
-    hot_bytes: [B, n_hot * itemsize] uint8 view of the hot logits (column j
-    is hot_ids[j], ascending); dtype: DTYPE_*. hot_position int32 [V]:
-    HotVocab.positions(). touched_*: CSR (offsets
-    [B + 1]) of each row's touched ids (ascending, none hot) and their raw
-    float32 logits. cold_max float32 [B], cold_argmax int64 [B], cold_mass
-    float32 [B]: the cold summary. vocab: V. The row parameters and outputs
-    are sample_batch's. outcomes[r] receives row r's HandoffOutcome; for
+    batch: a KernelBatch whose logits_bytes are the hot logits ([B, |H| *
+    itemsize], column j = hot_ids[j]), whose hot_ids are H ascending (its
+    block index unused) and whose hot_outcomes receive each row's
+    HandoffOutcome; parameters and other outputs as for sample_batch. For
     HANDOFF_NEED_COLD, logprobs[r] holds log(W_C / Z), C's share.
+    vocab: V. hot_position int32 [V]: HotVocab.positions(). touched_*: CSR
+    (offsets [B + 1]) of each row's touched ids (ascending, none hot) and
+    their raw float32 logits. cold_max float32 [B], cold_argmax int64 [B],
+    cold_mass float32 [B]: the cold summary.
     """
-    cdef Py_ssize_t batch = cold_max.shape[0]
-    if batch == 0:
+    cdef Py_ssize_t size = cold_max.shape[0]
+    if size == 0:
         return
     cdef BatchInputs b
+    batch.inputs(&b)
     b.vocab = vocab
-    bind_params(&b, inverse_temperature, greedy, top_k, top_p, min_p, repetition, presence,
-                frequency, seed, step, bias_offsets, bias_ids, bias_values, ban_offsets, ban_ids,
-                prompt_offsets, prompt_ids, output_offsets, output_ids, want_logprob,
-                tokens, logprobs, top_tokens, top_logprobs, errors, error_columns)
+    cdef int num_threads = batch.num_threads
     cdef CompactInputs k
-    k.n_hot = hot_ids.shape[0]
-    k.hot = &hot_bytes[0, 0] if k.n_hot > 0 else NULL
-    k.hot_stride = hot_bytes.strides[0]
-    k.dtype = dtype
-    k.hot_ids = &hot_ids[0] if k.n_hot > 0 else NULL
     k.hot_position = &hot_position[0]
     k.touched_offsets = &touched_offsets[0]
     k.touched_ids = &touched_ids[0] if touched_ids.shape[0] > 0 else NULL
@@ -1540,15 +1581,14 @@ def sample_compact_batch(const unsigned char[:, :] hot_bytes, int dtype,
     k.cold_max = &cold_max[0]
     k.cold_argmax = &cold_argmax[0]
     k.cold_mass = &cold_mass[0]
-    k.outcomes = &outcomes[0]
-    cdef Py_ssize_t max_entries = max_row_entries(&b, batch)
+    cdef Py_ssize_t max_entries = max_row_entries(&b, size)
     cdef Py_ssize_t r
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
         # Candidate arrays of V entries hold any row's K (|K| <= V); the
         # block arrays go unused.
         ws = allocate_workspace(vocab, 1, max_entries, 0)
-        for r in prange(batch, schedule='dynamic'):
+        for r in prange(size, schedule='dynamic'):
             compact_one(r, ws, &b, &k)
         free_workspace(ws)
 

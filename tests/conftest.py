@@ -106,13 +106,14 @@ LLM_CONTEXT = 512
 def llm_server(tmp_path_factory):
     """The whole repository (SmolLM2 in batch-invariant mode, 2 sampler instances) on a real
     tritonserver, on free loopback ports, shared by the tests that talk to it."""
-    from simple_sampler.triton.serve import LlmConfig, assemble_repository
-    from simple_sampler.triton.server import SamplerConfig, TritonServer
+    from simple_sampler.settings import LlmSettings, SamplerSettings
+    from simple_sampler.triton.serve import assemble_repository
+    from simple_sampler.triton.server import TritonServer
 
     repository = assemble_repository(
         tmp_path_factory.mktemp("repository"),
-        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
+        SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
+        LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
                   batch_invariant=True))  # the seed tests rely on it (README)
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, log_path=log) as running:

@@ -117,21 +117,21 @@ def test_models_it_cannot_run_invariantly_are_refused():
 
 
 def test_the_setting_reaches_the_engine_and_is_refused_for_tensorrt_llm(tmp_path):
-    from simple_sampler.triton.llm_service import LlmSettings, build_engine
-    from simple_sampler.triton.serve import LlmConfig, assemble_repository
-    from simple_sampler.triton.server import SamplerConfig
+    from simple_sampler.settings import LlmSettings, SamplerSettings
+    from simple_sampler.triton.llm_service import build_engine
+    from simple_sampler.triton.serve import assemble_repository
 
     with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
-        LlmConfig(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()
+        LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()
     with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
         build_engine(LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True))
     for text, value in (("true", True), ("false", False), ("False", False)):
         assert LlmSettings.from_parameters({"batch_invariant": text}).batch_invariant is value
-    with pytest.raises(ValueError, match="expected true or false, got 'yes'"):
+    with pytest.raises(ValueError, match="batch_invariant must be true or false, got 'yes'"):
         LlmSettings.from_parameters({"batch_invariant": "yes"})
     for setting in (False, True):
-        repository = assemble_repository(tmp_path / str(setting), SamplerConfig(),
-                                         LlmConfig(batch_invariant=setting))
+        repository = assemble_repository(tmp_path / str(setting), SamplerSettings(),
+                                         LlmSettings(batch_invariant=setting))
         config = (repository / "llm" / "config.pbtxt").read_text()
         assert (f'key: "batch_invariant"\n  value: {{ string_value: "{str(setting).lower()}" }}'
                 in config)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fake_tensorrt_llm import LLM, SamplingParams, model_row
-from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.serving.engine import (Closable, SelfScheduling, SequenceTable, TorchEngine,
+                                          load_model)
 from simple_sampler.serving.trtllm import TrtLlmEngine
 
 
@@ -52,7 +53,7 @@ def make_engine(request, tmp_path):
 
 def ready_group(engine, ids):
     """The ids the engine has rows for now (all of them without wait_ready)."""
-    if not hasattr(engine, "wait_ready"):
+    if not isinstance(engine, SelfScheduling):
         return list(ids)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # fail, not spin, if another sequence holds the rows
@@ -150,3 +151,59 @@ def test_misuse_is_reported_and_released_ids_are_reusable(make_engine):
     decode_round(engine, ["x", "y"], tokens, reference, tolerance)
     decode_round(engine, ["y", "x"], tokens, reference, tolerance)
     assert engine.length("x") == 5 and engine.length("y") == 4
+
+
+def test_capabilities_are_declared_by_protocol(make_engine):
+    engine, _, _ = make_engine(max_batch_size=1, max_context=4)
+    schedules_itself = isinstance(engine, TrtLlmEngine)
+    assert isinstance(engine, SelfScheduling) == schedules_itself
+    assert isinstance(engine, Closable) == schedules_itself
+
+
+def test_sequence_table_checks_and_messages():
+    """The helper every engine tracks its sequences with: the contract's
+    errors come from it, with a state the table does not look inside."""
+    table = SequenceTable(vocab_size=10, max_batch_size=2, max_context=4)
+    made = []
+    make = lambda prompt: made.append(prompt) or {"tokens": list(prompt), "pending": True}
+    with pytest.raises(ValueError, match=r"prompt_ids must hold 1 to 3 tokens"):
+        table.add("a", [1, 2, 3, 4], make)
+    with pytest.raises(ValueError, match=r"prompt_ids must be token ids in \[0, 10\), got 10"):
+        table.add("a", [1, 10], make)
+    assert made == []  # make runs only once every check passed
+    state = table.add("a", [1, 2], make)
+    assert table["a"] is state and made == [[1, 2]] and "a" in table and len(table) == 1
+    with pytest.raises(ValueError, match="already active"):
+        table.add("a", [1], make)
+    table.add("b", [3], make)
+    with pytest.raises(RuntimeError, match="max_batch_size=2"):
+        table.add("c", [1], make)
+    assert list(table) == ["a", "b"] and list(table.values())[0] is state
+
+    pending = lambda s: s["pending"]
+    length = lambda s: len(s["tokens"])
+    with pytest.raises(KeyError, match="unknown sequence 'c'"):
+        table.for_step(["c"], pending)
+    with pytest.raises(ValueError, match="distinct"):
+        table.for_step(["a", "a"], pending)
+    with pytest.raises(ValueError, match="'a' already has a pending token"):
+        table.for_append(["a"], [1], pending)
+    assert table.for_step(["b", "a"], pending) == [table["b"], state]
+    state["pending"] = False
+    with pytest.raises(ValueError, match="'a' has no pending token"):
+        table.for_step(["a"], pending)
+    with pytest.raises(ValueError, match="token_ids has 1 entries for 2 seq_ids"):
+        table.for_append(["a", "b"], [1], pending)
+    with pytest.raises(ValueError, match=r"token_ids must be token ids in \[0, 10\), got -1"):
+        table.for_append(["a"], [-1], pending)
+    assert table.for_append(["a"], [7.0], pending, length) == ([state], [7])
+    state["tokens"] += [7, 8]
+    with pytest.raises(ValueError, match="'a' is at max_context=4 tokens"):
+        table.for_append(["a"], [1], pending, length)
+    state["pending"] = True
+    with pytest.raises(ValueError, match="'a' is at max_context=4 tokens"):
+        table.for_step(["a"], pending, length)
+    assert table.release("a") is state and table.release("a") is None
+    with pytest.raises(KeyError, match="unknown sequence 'a'"):
+        table["a"]
+    table.add("c", [1], make)  # the slot is free again

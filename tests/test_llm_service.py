@@ -8,7 +8,8 @@ import time
 import numpy as np
 
 from simple_sampler.serving.text import TextCodec
-from simple_sampler.triton.llm_service import LlmService, LlmSettings, Unavailable
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 from test_decoder import FakeEngine, FakeTokenizer
 

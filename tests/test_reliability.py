@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from simple_sampler.client import GenerateClient, GenerationError
-from simple_sampler.triton.serve import LlmConfig, assemble_repository
-from simple_sampler.triton.server import SamplerConfig, TritonServer, free_port
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.triton.server import TritonServer, free_port
 from simple_sampler.triton.supervisor import SHM_DIRECTORY, Supervisor, list_stubs
 
 pytestmark = pytest.mark.slow
@@ -32,8 +33,8 @@ def supervised(tmp_path_factory):
     `simple-sampler serve` runs it."""
     repository = assemble_repository(
         tmp_path_factory.mktemp("repository"),
-        SamplerConfig(sampler_instances=2, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(engine_max_batch_size=32, max_context=512, sampler_shards=2,
+        SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
+        LlmSettings(engine_max_batch_size=32, max_context=512, sampler_shards=2,
                   batch_invariant=True))
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     server = TritonServer(repository, log_path=log, shutdown_grace_s=5).start()

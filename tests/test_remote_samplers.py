@@ -6,8 +6,9 @@ import urllib.request
 
 import pytest
 
-from simple_sampler.triton.serve import LlmConfig, assemble_repository
-from simple_sampler.triton.server import SamplerConfig, TritonServer
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.triton.server import TritonServer
 from test_reliability import SAMPLED, Streams
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ SEEDS = range(16)
 def sampler_server(tmp_path_factory, name):
     repository = assemble_repository(
         tmp_path_factory.mktemp(name),
-        SamplerConfig(sampler_instances=1, max_batch_size=64, vocab_size=49_152))
+        SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152))
     return TritonServer(repository, log_path=tmp_path_factory.mktemp(f"{name}-log") / "log").start()
 
 
@@ -35,8 +36,8 @@ def remote(tmp_path_factory):
     try:
         repository = assemble_repository(
             tmp_path_factory.mktemp("serving"),
-            SamplerConfig(sampler_instances=1, max_batch_size=64, vocab_size=49_152),
-            LlmConfig(engine_max_batch_size=32, max_context=512, batch_invariant=True,
+            SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152),
+            LlmSettings(engine_max_batch_size=32, max_context=512, batch_invariant=True,
                       sampler_endpoints=",".join(s.grpc_url for s in samplers)))
         log = tmp_path_factory.mktemp("serving-log") / "tritonserver.log"
         with TritonServer(repository, log_path=log) as serving:

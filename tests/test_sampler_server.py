@@ -15,7 +15,8 @@ from simple_sampler.params import SamplingParams
 from simple_sampler.rows import real_rows
 from simple_sampler.sampling import sample_requests
 from simple_sampler.triton.sampler_client import SamplerClient
-from simple_sampler.triton.server import MiB, SamplerConfig, TritonServer, write_model
+from simple_sampler.settings import SamplerSettings
+from simple_sampler.triton.server import MiB, TritonServer, write_model
 
 pytestmark = pytest.mark.slow
 INSTANCES = 2
@@ -27,13 +28,15 @@ SHM_BYTES = 16 * MiB
 def server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("repository")
     write_model(repository, "simple_sampler", "simple_sampler",
-                vars(SamplerConfig(sampler_instances=INSTANCES, max_batch_size=MAX_BATCH)))
+                SamplerSettings(sampler_instances=INSTANCES,
+                                sampler_max_batch_size=MAX_BATCH).template_values())
     write_model(repository, "simple_sampler_bf16", "simple_sampler",
-                vars(SamplerConfig(sampler_instances=1, max_batch_size=MAX_BATCH,
-                                   logits_datatype="TYPE_BF16", vocab_size=49_152)))
+                SamplerSettings(sampler_instances=1, sampler_max_batch_size=MAX_BATCH,
+                                logits_dtype="bf16", vocab_size=49_152).template_values())
     write_model(repository, "simple_sampler_shvs", "simple_sampler",
-                vars(SamplerConfig(sampler_instances=1, max_batch_size=MAX_BATCH, vocab_size=49_152,
-                                   hot_vocab_profile="hot_vocab.npz")))
+                SamplerSettings(sampler_instances=1, sampler_max_batch_size=MAX_BATCH,
+                                vocab_size=49_152,
+                                hot_vocab_profile="hot_vocab.npz").template_values())
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, shm_bytes=SHM_BYTES, log_path=log) as running:
         yield running

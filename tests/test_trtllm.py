@@ -19,8 +19,8 @@ from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
 from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
-from simple_sampler.triton.llm_service import LlmSettings, build_engine
-from simple_sampler.triton.serve import LlmConfig
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.llm_service import build_engine
 from test_decoder import VOCAB, FakeTokenizer
 
 
@@ -127,7 +127,7 @@ def test_the_decode_loop_over_the_bridge_gives_the_tokens_of_the_direct_model(
     if pipeline_parallel_size == 2:  # micro-batches took turns: partial iterations
         assert any(len(i) < len(set().union(*iterations[k - 1:k + 1]))
                    for k, i in enumerate(iterations) if k)
-    assert engine.sequences == {} and engine.exchange.by_client == {}
+    assert len(engine.sequences) == 0 and engine.exchange.by_client == {}
 
 
 def test_cancelled_requests_are_aborted_and_the_others_are_unaffected(make_engine):
@@ -157,7 +157,7 @@ def test_a_failing_sampler_fails_its_rows_and_the_engine_keeps_serving(make_engi
     results, _ = run(engine, requests(4), sampler=flaky)
     errors = [r[-1].error for r in results if r[-1].error]
     assert errors and all("sampler instance died" in e for e in errors)
-    assert all(r[-1].final for r in results) and engine.sequences == {}
+    assert all(r[-1].final for r in results) and len(engine.sequences) == 0
     # Their rows were answered when they were released: nothing is stuck.
     results, _ = run(engine, requests(5))
     expected, _ = run(ModelEngine(), requests(5))
@@ -244,10 +244,10 @@ def test_tensorrt_llm_is_imported_only_when_asked_for():
 
 
 @pytest.mark.parametrize("config, message", [
-    (LlmConfig(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
-    (LlmConfig(engine="tensorrt_llm"), "needs model"),
-    (LlmConfig(tensor_parallel_size=2), "apply to engine tensorrt_llm only"),
-    (LlmConfig(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
+    (LlmSettings(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
+    (LlmSettings(engine="tensorrt_llm"), "needs model"),
+    (LlmSettings(tensor_parallel_size=2), "apply to engine tensorrt_llm only"),
+    (LlmSettings(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
 ])
 def test_serve_configuration_is_checked(config, message):
     with pytest.raises(ValueError, match=message):
@@ -278,7 +278,7 @@ def test_an_engine_error_mid_generation_ends_that_request_and_the_others_continu
     for index in (0, 2):
         assert results[index][-1].finish_reason == "length"
         assert tokens_of(results[index]) == tokens_of(expected[index])
-    assert engine.sequences == {} and engine.exchange.by_client == {}
+    assert len(engine.sequences) == 0 and engine.exchange.by_client == {}
 
 
 def test_a_prompt_the_engine_rejects_fails_at_once_and_max_input_len_follows_max_context(

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import load_profile
 from simple_sampler.triton import logs
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
@@ -35,13 +36,12 @@ class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
         config = json.loads(args["model_config"])
-        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.num_threads = int(parameters.get("num_threads", "1"))
-        self.vocab_size = int(parameters.get("vocab_size", "0"))
-        profile = parameters.get("hot_vocab_profile", "")
+        settings = SamplerSettings.from_parameters(
+            {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
+        self.num_threads, self.vocab_size = settings.num_threads, settings.vocab_size
         self.hot_vocab = None
-        if profile:
-            path = os.path.join(args["model_repository"], profile)
+        if settings.hot_vocab_profile:
+            path = os.path.join(args["model_repository"], settings.hot_vocab_profile)
             self.hot_vocab = load_profile(path).hot_vocab()
             if self.vocab_size and self.hot_vocab.vocab_size != self.vocab_size:
                 raise ValueError(f"{path} is for a vocabulary of {self.hot_vocab.vocab_size} "

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from .settings import LlmSettings, SamplerSettings
+
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
     """One JSON object (report plus the machine) with --json, else the table."""
@@ -52,7 +54,7 @@ def bench_handoff(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from .shvs import calibrate
+    from .bench import calibrate
 
     calibrate.main(output=args.output, plot_path=args.plot, prompts=args.prompts,
                    tokens=args.tokens, sizes=args.sizes, repeats=args.repeats)
@@ -121,25 +123,16 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     from .triton import logs, serve as serving
-    from .triton.server import SamplerConfig
 
     logs.configure(args.log_level)
-
-    sampler = SamplerConfig(sampler_instances=args.instances, max_batch_size=args.max_batch_size,
-                            max_queue_delay_us=args.max_queue_delay_us,
-                            logits_datatype=f"TYPE_{args.logits_dtype.upper()}",
-                            num_threads=args.num_threads, vocab_size=args.vocab_size,
-                            hot_vocab_profile=hot_vocab_profile(args))
-    llm = None if args.sampler_only else serving.LlmConfig(
-        model=args.model, engine=args.engine, tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size, sampling_mode=args.sampling_mode,
-        engine_max_batch_size=args.engine_max_batch_size, max_context=args.max_context,
-        micro_batches=args.micro_batches, sampler_shards=args.sampler_shards or args.instances,
-        sampler_endpoints=args.sampler_endpoints, shutdown_grace_s=args.shutdown_grace,
-        batch_invariant=args.batch_invariant)
-    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port, llm=llm,
+    sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
+    # Without --sampler-shards (or with 0), one shard per local sampler instance.
+    llm = LlmSettings.from_arguments(
+        args, sampler_shards=args.sampler_shards or sampler.sampler_instances)
+    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
+                       llm=None if args.sampler_only else llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
-                       shutdown_grace_s=args.shutdown_grace, log_level=args.log_level,
+                       shutdown_grace_s=llm.shutdown_grace_s, log_level=args.log_level,
                        startup_timeout=args.startup_timeout)
 
 
@@ -275,54 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--http-port", type=int, default=8000)
     server.add_argument("--grpc-port", type=int, default=8001)
     server.add_argument("--metrics-port", type=int, default=8002)
-    server.add_argument("--instances", type=int, default=2, help="simple_sampler CPU instances")
-    server.add_argument("--max-batch-size", type=int, default=256, help="rows per sampler request")
-    server.add_argument("--max-queue-delay-us", type=int, default=0,
-                        help="dynamic batching delay of the sampler")
-    server.add_argument("--logits-dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
-    server.add_argument("--num-threads", type=int, default=1, help="kernel threads per instance")
-    server.add_argument("--vocab-size", type=int, default=0,
-                        help="refuse logits of another width (0: accept any)")
+    SamplerSettings.add_arguments(server)
     server.add_argument("--model-repository", type=Path,
                         help="serve this repository as it is instead of assembling one")
     server.add_argument("--log", type=Path, help="server log file (default: a temporary file)")
     server.add_argument("--sampler-only", action="store_true",
                         help="serve the simple_sampler model alone (no LLM)")
-    server.add_argument("--model", default="",
-                        help="Hugging Face directory or GGUF file (default: SmolLM2-135M-Instruct)")
-    server.add_argument("--engine", choices=["torch", "tensorrt_llm"], default="torch",
-                        help="data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs (docs/GPU.md)")
-    server.add_argument("--tensor-parallel-size", type=int, default=1, help="tensorrt_llm only")
-    server.add_argument("--pipeline-parallel-size", type=int, default=1, help="tensorrt_llm only")
-    server.add_argument("--sampling-mode", default="simple",
-                        choices=["simple", "inline", "inline_kernels"])
-    server.add_argument("--engine-max-batch-size", type=int, default=32,
-                        help="sequences decoded together; more wait in a queue")
-    server.add_argument("--max-context", type=int, default=1024)
-    server.add_argument("--micro-batches", type=int, default=1,
-                        help="lanes overlapping the data plane with sampling (1: none; "
-                             "2 pays off with a GPU data plane, not on CPU)")
-    server.add_argument("--sampler-shards", type=int, default=0,
-                        help="concurrent sampler requests per micro-batch (0: --instances)")
-    server.add_argument("--batch-invariant", action="store_true",
-                        help="torch engine, Llama-architecture models: logits of a sequence "
-                             "independent of the rest of the batch, so a seed gives the same "
-                             "text at any concurrency (off by default: README gives its cost)")
+    LlmSettings.add_arguments(server)
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")
-    server.add_argument("--sampler-endpoints", default="local", metavar="local,HOST:PORT,...",
-                        help="where the decode loop samples: 'local' (this server's instances) "
-                             "and/or the gRPC endpoints of servers started with --sampler-only; "
-                             "rows are shared by capacity, and a failed endpoint's rows go "
-                             "elsewhere")
     server.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="the launcher's and every model's log level (model lines go to "
                              "the server log)")
-    server.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
-                        help="on SIGTERM/SIGINT, time in-flight requests get to finish before "
-                             "they end with an error (then Triton stops)")
     server.add_argument("--startup-timeout", type=float, metavar="SECONDS",
                         help="how long to wait for the models to load (default: 1800 with "
                              "--engine tensorrt_llm, which builds its engine at start; else 180)")
@@ -350,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("-o", "--output", type=Path, help="write here instead of in place")
     fill.set_defaults(handler=fill_template)
 
-    from .shvs.calibrate import DEFAULT_OUTPUT, DEFAULT_SIZES
+    from .bench.calibrate import DEFAULT_OUTPUT, DEFAULT_SIZES
     cal = commands.add_parser("calibrate", help="hot-vocabulary profile and SHVS sizing for SmolLM2")
     cal.add_argument("--output", default=str(DEFAULT_OUTPUT),
                      help="profile path (.npz), next to the sampler's config in the model repository")

@@ -271,17 +271,21 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     outcome = np.empty(size, np.int8)
     errors = np.empty(size, np.int32)
     error_columns = np.empty(size, np.int64)
+    hot_ids, hot_block_start, hot_bits = hot_vocab.kernel_arrays()
     _sampling.sample_compact_batch(
-        hot_bytes, dtype, hot_vocab.kernel_arrays()[0], hot_vocab.positions(),
+        _sampling.KernelBatch(
+            logits_bytes=hot_bytes, dtype=dtype, **params, want_logprob=return_logprobs,
+            num_threads=threads, tokens=out.token_ids, logprobs=out.logprobs,
+            top_tokens=out.top_token_ids, top_logprobs=out.top_logprobs, errors=errors,
+            error_columns=error_columns, hot_ids=hot_ids, hot_block_start=hot_block_start,
+            hot_bits=hot_bits, hot_outcomes=outcome),
+        vocab, hot_vocab.positions(),
         np.ascontiguousarray(rows.touched_offsets, np.int64),
         np.ascontiguousarray(rows.touched_ids, np.int32),
         np.ascontiguousarray(rows.touched_logits, np.float32),
         np.ascontiguousarray(rows.cold_max, np.float32),
         np.ascontiguousarray(rows.cold_argmax, np.int64),
-        np.ascontiguousarray(rows.cold_mass, np.float32), vocab,
-        *params, return_logprobs, threads,
-        out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs,
-        errors, error_columns, outcome)
+        np.ascontiguousarray(rows.cold_mass, np.float32))
     raise_row_errors(errors, error_columns)
     out.token_ids[outcome != HandoffOutcome.HANDOFF_DECIDED] = -1
     out.hot_accepted[:] = -1

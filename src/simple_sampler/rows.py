@@ -152,7 +152,7 @@ def resample_quantiles(quantiles: np.ndarray, vocab: int) -> np.ndarray:
 def _compute_real_rows(prompts: list[dict], n: int) -> np.ndarray:
     """Run SmolLM2 over ``prompts`` and take ``n`` rows as :func:`real_rows` describes."""
     model, tokenizer = models.load_smollm2()
-    eos_ids = _eos_ids(model, tokenizer)
+    ends = eos_ids(model, tokenizer)
     steps = max(_MIN_DECODE_STEPS, 2 * math.ceil(n / len(prompts)))
     base, extra = divmod(n, len(prompts))
     taken: list[np.ndarray] = []
@@ -161,7 +161,7 @@ def _compute_real_rows(prompts: list[dict], n: int) -> np.ndarray:
         want = base + (i < extra) + carry
         if want == 0:
             continue
-        logits = _greedy_logits(model, _prompt_ids(tokenizer, prompt), steps, eos_ids)
+        logits = _greedy_logits(model, prompt_ids(tokenizer, prompt), steps, ends)
         count = min(want, len(logits))
         carry = want - count
         positions = ((np.arange(count) + 0.5) * len(logits) / count).astype(np.int64)
@@ -171,8 +171,9 @@ def _compute_real_rows(prompts: list[dict], n: int) -> np.ndarray:
     return np.concatenate(taken).astype(np.float32)
 
 
-def _prompt_ids(tokenizer, prompt: dict) -> list[int]:
-    """Token ids of a shipped prompt; chat prompts go through the chat template."""
+def prompt_ids(tokenizer, prompt: dict) -> list[int]:
+    """Token ids of a shipped prompt (``{"text", "chat"}``, see :func:`load_prompts`);
+    chat prompts go through the chat template with the generation prompt."""
     text = prompt["text"]
     if prompt["chat"]:
         text = tokenizer.apply_chat_template(
@@ -181,8 +182,8 @@ def _prompt_ids(tokenizer, prompt: dict) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    """Token ids that end a greedy continuation."""
+def eos_ids(model, tokenizer) -> set[int]:
+    """Token ids that end a continuation: the generation config's and the tokenizer's."""
     configured = model.generation_config.eos_token_id
     ids = set(configured if isinstance(configured, list) else [configured])
     ids.add(tokenizer.eos_token_id)

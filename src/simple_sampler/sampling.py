@@ -137,19 +137,20 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
                                           else HotVocab.EMPTY_KERNEL_ARRAYS)
     errors = np.empty(len(batch), np.int32)
     error_columns = np.empty(len(batch), np.int64)
-    _sampling.sample_batch(
-        rows, dtype, *params, return_logprobs, threads,
-        out.token_ids, out.logprobs, out.top_token_ids, out.top_logprobs,
-        errors, error_columns,
-        hot_ids, hot_block_start, hot_bits, out.hot_accepted,
-    )
+    _sampling.sample_batch(_sampling.KernelBatch(
+        logits_bytes=rows, dtype=dtype, **params, want_logprob=return_logprobs,
+        num_threads=threads, tokens=out.token_ids, logprobs=out.logprobs,
+        top_tokens=out.top_token_ids, top_logprobs=out.top_logprobs, errors=errors,
+        error_columns=error_columns, hot_ids=hot_ids, hot_block_start=hot_block_start,
+        hot_bits=hot_bits, hot_outcomes=out.hot_accepted,
+    ))
     raise_row_errors(errors, error_columns)
     return out
 
 
 def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
-                  num_threads: int | None) -> tuple[tuple, int]:
-    """(the kernels' row-parameter arguments, thread count) for a batch of
+                  num_threads: int | None) -> tuple[dict, int]:
+    """(the KernelBatch row-parameter fields, thread count) for a batch of
     rows of V=vocab, after checking it (shared by ``sample`` and
     ``handoff.sample_compact``)."""
     if not 0 <= num_top_logprobs <= MAX_TOP_LOGPROBS:
@@ -167,17 +168,19 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
     as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
     as_offsets = lambda a: np.ascontiguousarray(a, dtype=np.int64)
     as_f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
-    params = (
-        as_f32(inverse_temperature), greedy.astype(np.uint8),
-        top_k, np.ascontiguousarray(batch.top_p, np.float64),
-        np.ascontiguousarray(batch.min_p, np.float64),
-        as_f32(batch.repetition_penalty), as_f32(batch.presence_penalty),
-        as_f32(batch.frequency_penalty),
-        np.ascontiguousarray(batch.seed, np.uint64), np.ascontiguousarray(batch.step, np.uint64),
-        as_offsets(batch.bias_offsets), as_ids(batch.bias_ids), as_f32(batch.bias_values),
-        as_offsets(batch.ban_offsets), as_ids(batch.ban_ids),
-        as_offsets(batch.prompt_offsets), as_ids(batch.prompt_ids),
-        as_offsets(batch.output_offsets), as_ids(batch.output_ids),
+    params = dict(
+        inverse_temperature=as_f32(inverse_temperature), greedy=greedy.astype(np.uint8),
+        top_k=top_k, top_p=np.ascontiguousarray(batch.top_p, np.float64),
+        min_p=np.ascontiguousarray(batch.min_p, np.float64),
+        repetition=as_f32(batch.repetition_penalty), presence=as_f32(batch.presence_penalty),
+        frequency=as_f32(batch.frequency_penalty),
+        seed=np.ascontiguousarray(batch.seed, np.uint64),
+        step=np.ascontiguousarray(batch.step, np.uint64),
+        bias_offsets=as_offsets(batch.bias_offsets), bias_ids=as_ids(batch.bias_ids),
+        bias_values=as_f32(batch.bias_values),
+        ban_offsets=as_offsets(batch.ban_offsets), ban_ids=as_ids(batch.ban_ids),
+        prompt_offsets=as_offsets(batch.prompt_offsets), prompt_ids=as_ids(batch.prompt_ids),
+        output_offsets=as_offsets(batch.output_offsets), output_ids=as_ids(batch.output_ids),
     )
     return params, threads
 

@@ -13,7 +13,8 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
 from simple_sampler.triton import logs
-from simple_sampler.triton.llm_service import LlmService, LlmSettings, Unavailable
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
@@ -56,10 +57,9 @@ class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
         config = json.loads(args["model_config"])
-        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        sampler_model = parameters.pop("sampler_model", "simple_sampler")
-        settings = LlmSettings.from_parameters(parameters)
-        self.service = LlmService(settings, call_sampler(sampler_model)
+        settings = LlmSettings.from_parameters(
+            {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
+        self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None)
         log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():

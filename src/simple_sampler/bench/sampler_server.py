@@ -34,7 +34,8 @@ from ..sampling import sample
 from ..params import SamplingBatch
 from ..triton.sampler_client import SamplerClient, batch_arrays
 from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
-from ..triton.server import MiB, SamplerConfig, TritonServer, write_model
+from ..settings import SamplerSettings
+from ..triton.server import MiB, TritonServer, write_model
 from .kernels import ALL_FEATURES, make_batch
 
 TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",
@@ -55,8 +56,8 @@ def sampler_server(instances: int, batch_size: int, vocab: int, shm_bytes: int,
     """A sampler-only server (not yet started) in a fresh repository."""
     repository = Path(tempfile.mkdtemp(prefix="simple-sampler-bench-"))
     write_model(repository, "simple_sampler", "simple_sampler",
-                vars(SamplerConfig(sampler_instances=instances, max_batch_size=batch_size,
-                                   vocab_size=vocab)))
+                SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch_size,
+                                vocab_size=vocab).template_values())
     return TritonServer(repository, shm_bytes=shm_bytes, log_path=log)
 
 

@@ -33,8 +33,9 @@ from typing import Iterator
 import numpy as np
 
 from ..client import GenerateClient
-from ..triton.serve import LlmConfig, assemble_repository
-from ..triton.server import SamplerConfig, TritonServer
+from ..settings import LlmSettings, SamplerSettings
+from ..triton.serve import assemble_repository
+from ..triton.server import TritonServer
 
 #: (label, sampling_mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2), ("inline", "inline", 1),
@@ -98,8 +99,8 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
     _, mode, micro_batches = next(m for m in MODES if m[0] == label)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
-        SamplerConfig(sampler_instances=instances, max_batch_size=64, vocab_size=49_152),
-        LlmConfig(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
+        SamplerSettings(sampler_instances=instances, sampler_max_batch_size=64, vocab_size=49_152),
+        LlmSettings(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
                   engine_max_batch_size=max_concurrency, max_context=512,
                   batch_invariant=batch_invariant))
     suffix = "-invariant" if batch_invariant else ""

@@ -82,7 +82,7 @@ def synthetic_hot_rows(real: np.ndarray, vocab: int, seed: int = 0) -> np.ndarra
 def resolve_profile(path: str | None, quick: bool) -> HotProfile:
     """The profile at `path`; else the model repository's default; else one
     calibrated now and cached (a smaller calibration with `quick`)."""
-    from ..shvs import calibrate
+    from . import calibrate
 
     if path:
         return load_profile(path)

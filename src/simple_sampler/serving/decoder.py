@@ -3,9 +3,10 @@
 A :class:`Decoder` owns an :class:`~.engine.Engine` and a text codec. Requests
 are admitted up to the engine's ``max_batch_size`` (the rest wait in a FIFO
 queue) and spread over K *lanes* (micro-batches, ``micro_batches``, default
-2). Each lane loops: the engine computes the lane's logits (in a one-thread
-executor, so forwards run one at a time and the event loop stays free), the
-sampler turns them into tokens, the tokens go back to the engine. While one
+1: ``settings.LlmSettings`` says why). Each lane loops: the engine computes
+the lane's logits (in a one-thread executor, so forwards run one at a time
+and the event loop stays free), the sampler turns them into tokens, the
+tokens go back to the engine. While one
 lane waits on its sampler the engine computes the other lane's step, so with
 K >= 2 sampling leaves the critical path; K = 1 is the plain serial loop.
 A new request joins the lane with the fewest sequences, and a lane holding
@@ -23,8 +24,8 @@ Sampling modes (``mode``):
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
   data plane, one lane, no overlap.
 
-Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) have a
-``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
+Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) are
+``engine.SelfScheduling``, with a ``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
 row, so each loop first asks which of its sequences are ready (waiting briefly
 for any) and steps only those, in one lane: the engine's own in-flight
 batching (and its pipeline micro-batches) replaces the decoder's lanes.
@@ -61,14 +62,14 @@ import torch
 
 from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..sampling import sample
-from .engine import Engine, SequenceFailed
+from ..settings import SAMPLING_MODES, LlmSettings
+from .engine import Engine, SelfScheduling, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
-SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 TIMING_RECORDS = 4096  # per-step records kept (the oldest are dropped)
 
 SampleResult = tuple[np.ndarray, np.ndarray]
@@ -292,7 +293,8 @@ class Decoder:
     """
 
     def __init__(self, engine: Engine, codec: TextCodec, mode: str = "simple",
-                 sampler: AsyncSampler | None = None, micro_batches: int = 2,
+                 sampler: AsyncSampler | None = None,
+                 micro_batches: int = LlmSettings.micro_batches,
                  max_tokens_limit: int | None = None):
         if mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
@@ -303,7 +305,7 @@ class Decoder:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
-        self.wait_ready = getattr(engine, "wait_ready", None)
+        self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
         self.lanes: list[list[_Sequence]] = [[] for _ in range(lanes)]

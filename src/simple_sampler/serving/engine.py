@@ -12,8 +12,11 @@ never looks inside it:
 * ``length(seq_id)`` is the number of tokens the sequence holds (prompt plus
   appended tokens).
 
-An engine that schedules its own batches also has ``wait_ready(seq_ids)``,
-the subset that has a row now (see ``decoder`` and ``trtllm``).
+Optional capabilities are protocols of their own: :class:`SelfScheduling`
+(``wait_ready(seq_ids)``, the subset that has a row now, for an engine that
+schedules its own batches; see ``decoder`` and ``trtllm``) and
+:class:`Closable` (``close()``). :class:`SequenceTable` holds what every
+engine tracks per sequence and raises the contract's errors.
 
 Every sequence alternates ``step`` and ``append``: after ``add`` or ``append`` it
 has tokens the model has not seen yet ("pending"); ``step`` consumes them and
@@ -35,21 +38,20 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Hashable, Protocol, Sequence
+from typing import (Callable, Generic, Hashable, Iterator, Protocol, Sequence, TypeVar,
+                    runtime_checkable)
 
 import torch
 
 from .. import models
+from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
-
-ENGINES = ("torch", "tensorrt_llm")
-"""Data planes: TorchEngine (below) and TrtLlmEngine (``trtllm``, on GPUs)."""
 
 SMOLLM2 = "smollm2"
 """The model source naming the default model, SmolLM2-135M-Instruct."""
 
-DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_MAX_CONTEXT = 1024
+DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
+DEFAULT_MAX_CONTEXT = LlmSettings.max_context
 
 
 class Engine(Protocol):
@@ -70,6 +72,28 @@ class Engine(Protocol):
     def length(self, seq_id: Hashable) -> int: ...
 
 
+@runtime_checkable
+class SelfScheduling(Protocol):
+    """Optional capability of an :class:`Engine` that schedules its own
+    batches (``trtllm.TrtLlmEngine``): its iterations decide which sequences
+    have a row, and the decode loop steps only those. Checked with
+    ``isinstance(engine, SelfScheduling)``."""
+
+    def wait_ready(self, seq_ids: Sequence[Hashable], timeout: float = ...) -> list:
+        """The ids among ``seq_ids`` with a row to step now, waiting up to
+        ``timeout`` seconds while no active sequence has one."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """Optional capability of an :class:`Engine` that holds resources to free
+    at shutdown (worker threads, processes, shared memory). Checked with
+    ``isinstance(engine, Closable)``; ``close`` must be idempotent."""
+
+    def close(self) -> None: ...
+
+
 class SequenceFailed(RuntimeError):
     """Raised by ``step`` (or ``wait_ready``'s caller's next ``step``) when
     the engine reported that some of the stepped sequences failed on its side
@@ -84,12 +108,117 @@ class SequenceFailed(RuntimeError):
                                    self.failed.items()))
 
 
-def sequence_of(sequences: dict, seq_id: Hashable):
-    """``sequences[seq_id]``, or a KeyError naming the unknown sequence."""
-    try:
-        return sequences[seq_id]
-    except KeyError:
-        raise KeyError(f"unknown sequence {seq_id!r}") from None
+S = TypeVar("S")
+
+
+class SequenceTable(Generic[S]):
+    """An engine's active sequences by seq_id, with the checks and error
+    messages the :class:`Engine` contract fixes for every engine.
+
+    ``S`` is the engine's own per-sequence state; the table never looks
+    inside it except through the ``has_pending`` / ``length`` callables the
+    engine passes. Not locked: the engine calls it under its own lock.
+
+    * ``add(seq_id, prompt_ids, make)`` checks the prompt (1 to
+      ``max_context - 1`` ids in [0, vocab_size)), that the id is new and a
+      slot is free, then stores ``make(prompt)`` (the prompt as ints);
+    * ``[seq_id]`` is the state, or a KeyError naming the unknown sequence;
+    * ``release(seq_id)`` pops the state (None for an unknown id);
+    * ``for_step`` / ``for_append`` check a ``step`` / ``append`` call and
+      return the states (and tokens).
+    """
+
+    def __init__(self, vocab_size: int, max_batch_size: int, max_context: int):
+        self.vocab_size, self.max_batch_size, self.max_context = (vocab_size, max_batch_size,
+                                                                  max_context)
+        self.states: dict[Hashable, S] = {}
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self.states
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self.states)
+
+    def __getitem__(self, seq_id: Hashable) -> S:
+        try:
+            return self.states[seq_id]
+        except KeyError:
+            raise KeyError(f"unknown sequence {seq_id!r}") from None
+
+    def values(self):
+        return self.states.values()
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        """``prompt_ids`` as ints; ValueError unless 1 to ``max_context - 1``
+        ids (room is left for a generated token), each in [0, vocab_size)."""
+        prompt = [int(t) for t in prompt_ids]
+        if not 1 <= len(prompt) < self.max_context:
+            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
+                             f"(max_context - 1), got {len(prompt)}")
+        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        return prompt
+
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            make: Callable[[list[int]], S]) -> S:
+        """Store and return ``make(prompt)`` for a new sequence; ``make`` runs
+        only after every check passed. ValueError for a bad prompt
+        (``check_prompt``) or a used id, RuntimeError when
+        ``max_batch_size`` sequences are active."""
+        prompt = self.check_prompt(prompt_ids)
+        if seq_id in self.states:
+            raise ValueError(f"sequence {seq_id!r} is already active")
+        if len(self.states) >= self.max_batch_size:
+            raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
+                               f"slots are taken")
+        state = self.states[seq_id] = make(prompt)
+        return state
+
+    def release(self, seq_id: Hashable) -> S | None:
+        """Forget the sequence; its state, or None for an unknown id (a
+        cancel racing the sequence's own finish is harmless)."""
+        return self.states.pop(seq_id, None)
+
+    def for_step(self, seq_ids: Sequence[Hashable], has_pending: Callable[[S], bool],
+                 length: Callable[[S], int] | None = None) -> list[S]:
+        """The states of a ``step``'s ids. ValueError for a repeated id, a
+        sequence with nothing pending (stepped again without ``append``) or,
+        when ``length`` is given, one already ``max_context`` tokens long;
+        KeyError for an unknown id."""
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
+        states = [self[seq_id] for seq_id in seq_ids]
+        for seq_id, state in zip(seq_ids, states):
+            if not has_pending(state):
+                raise ValueError(f"sequence {seq_id!r} has no pending token: "
+                                 f"append the sampled token before the next step")
+            self._check_room(seq_id, state, length)
+        return states
+
+    def for_append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int],
+                   has_pending: Callable[[S], bool],
+                   length: Callable[[S], int] | None = None) -> tuple[list[S], list[int]]:
+        """(states, tokens as ints) of an ``append``. ValueError when the
+        lengths differ, a token is outside [0, vocab_size), a sequence still
+        has a pending token or, when ``length`` is given, is already
+        ``max_context`` tokens long; KeyError for an unknown id."""
+        tokens = [int(t) for t in token_ids]
+        if len(tokens) != len(seq_ids):
+            raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
+        check_token_ids("token_ids", tokens, self.vocab_size)
+        states = [self[seq_id] for seq_id in seq_ids]
+        for seq_id, state in zip(seq_ids, states):
+            if has_pending(state):
+                raise ValueError(f"sequence {seq_id!r} already has a pending token: "
+                                 f"step it before appending another")
+            self._check_room(seq_id, state, length)
+        return states, tokens
+
+    def _check_room(self, seq_id: Hashable, state: S, length: Callable[[S], int] | None) -> None:
+        if length is not None and length(state) >= self.max_context:
+            raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} tokens")
 
 
 def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
@@ -97,16 +226,6 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
-
-
-def appended_tokens(seq_ids: Sequence[Hashable], token_ids: Sequence[int],
-                    vocab_size: int) -> list[int]:
-    """``token_ids`` as ints for an ``append``: one per sequence, each in [0, vocab_size)."""
-    tokens = [int(t) for t in token_ids]
-    if len(tokens) != len(seq_ids):
-        raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
-    check_token_ids("token_ids", tokens, vocab_size)
-    return tokens
 
 
 def load_model(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
@@ -123,6 +242,10 @@ class _Sequence:
     slot: int
     cached: int  # tokens whose keys and values are in the slot
     pending: list[int]  # tokens the model has not seen yet
+
+
+def _has_pending(row: _Sequence) -> bool:
+    return bool(row.pending)
 
 
 class _SlotCacheView:
@@ -198,7 +321,8 @@ class TorchEngine:
         dtype = next(model.parameters()).dtype
         self.keys = torch.zeros(shape, dtype=dtype)
         self.values = torch.zeros(shape, dtype=dtype)
-        self.sequences: dict[Hashable, _Sequence] = {}
+        self.sequences: SequenceTable[_Sequence] = SequenceTable(self.vocab_size, max_batch_size,
+                                                                 max_context)
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
@@ -224,33 +348,18 @@ class TorchEngine:
         prompt, one longer than ``max_context - 1`` (room must be left for a
         generated token) or ids outside [0, vocab_size); RuntimeError when
         every slot is taken."""
-        prompt = [int(t) for t in prompt_ids]
-        if not 1 <= len(prompt) < self.max_context:
-            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
-                             f"(max_context - 1), got {len(prompt)}")
-        check_token_ids("prompt_ids", prompt, self.vocab_size)
         with self.state_lock:
-            if seq_id in self.sequences:
-                raise ValueError(f"sequence {seq_id!r} is already active")
-            if not self.free_slots:
-                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
-                                   f"slots are taken")
-            self.sequences[seq_id] = _Sequence(self.free_slots.pop(), 0, prompt)
+            self.sequences.add(seq_id, prompt_ids,
+                               lambda prompt: _Sequence(self.free_slots.pop(), 0, prompt))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Next-token logits of the given sequences: float32 ``[len(seq_ids),
         vocab_size]``, row i for ``seq_ids[i]``. Consumes their pending tokens.
         Raises KeyError for an unknown id, ValueError for a repeated id or a
         sequence with nothing pending (stepped again without ``append``)."""
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
         with self.step_lock:
             with self.state_lock:
-                rows = [self._get(seq_id) for seq_id in seq_ids]
-                for seq_id, row in zip(seq_ids, rows):
-                    if not row.pending:
-                        raise ValueError(f"sequence {seq_id!r} has no pending token: "
-                                         f"append the sampled token before the next step")
+                rows = self.sequences.for_step(seq_ids, _has_pending)
                 work = [(row.slot, row.cached, list(row.pending)) for row in rows]
             if self.invariant_forward is not None:
                 if torch.get_num_threads() != self.num_threads:
@@ -273,16 +382,9 @@ class TorchEngine:
         """Feed one sampled token per sequence. Raises ValueError when the
         lengths differ, a token is outside [0, vocab_size), a sequence still
         has a pending token or is already ``max_context`` tokens long."""
-        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
         with self.state_lock:
-            rows = [self._get(seq_id) for seq_id in seq_ids]
-            for seq_id, row in zip(seq_ids, rows):
-                if row.pending:
-                    raise ValueError(f"sequence {seq_id!r} already has a pending token: "
-                                     f"step it before appending another")
-                if row.cached >= self.max_context:
-                    raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
-                                     f"tokens")
+            rows, tokens = self.sequences.for_append(seq_ids, token_ids, _has_pending,
+                                                     lambda row: row.cached)
             for row, token in zip(rows, tokens):
                 row.pending = [token]
 
@@ -290,18 +392,15 @@ class TorchEngine:
         """Free the sequence's slot. Unknown ids are ignored, so a cancel that
         races with the sequence's own finish is harmless."""
         with self.state_lock:
-            row = self.sequences.pop(seq_id, None)
+            row = self.sequences.release(seq_id)
             if row is not None:
                 self.free_slots.append(row.slot)
                 self.free_slots.sort(reverse=True)
 
     def length(self, seq_id: Hashable) -> int:
         with self.state_lock:
-            row = self._get(seq_id)
+            row = self.sequences[seq_id]
             return row.cached + len(row.pending)
-
-    def _get(self, seq_id: Hashable) -> _Sequence:
-        return sequence_of(self.sequences, seq_id)
 
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:

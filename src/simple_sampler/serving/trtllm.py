@@ -66,7 +66,7 @@ from typing import Hashable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .engine import SequenceFailed, appended_tokens, check_token_ids, sequence_of
+from .engine import SequenceFailed, SequenceTable
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
@@ -176,6 +176,12 @@ class _Sequence:
     row: tuple[_Iteration, int] | None = None  # delivered, not yet stepped
     taken: tuple[_Iteration, int] | None = None  # stepped, awaiting its token
     error: str | None = None
+
+
+def _awaits_step(sequence: _Sequence) -> bool:
+    """Whether the sequence's next token is one the model has not consumed:
+    not stepped since its last append (or its prompt)."""
+    return sequence.taken is None
 
 
 class RowExchange:
@@ -419,7 +425,8 @@ class TrtLlmEngine:
                 limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
-        self.sequences: dict[Hashable, _Sequence] = {}
+        self.sequences: SequenceTable[_Sequence] = SequenceTable(vocab_size, max_batch_size,
+                                                                 max_context)
         self.watcher = _ResultWatcher(self._request_done)
         try:
             self.llm = api.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
@@ -443,30 +450,24 @@ class TrtLlmEngine:
         return self.exchange.condition
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
-        prompt = [int(t) for t in prompt_ids]
-        if not 1 <= len(prompt) < self.max_context:
-            raise ValueError(f"prompt_ids must hold 1 to {self.max_context - 1} tokens "
-                             f"(max_context - 1), got {len(prompt)}")
-        check_token_ids("prompt_ids", prompt, self.vocab_size)
+        # Held while submitting, so the first row (delivered under the same
+        # lock) always finds its sequence: an unknown id means a released one.
+        with self.condition:
+            sequence = self.sequences.add(seq_id, prompt_ids, self._submit)
+            self.exchange.by_client[sequence.client_id] = sequence
+
+    def _submit(self, prompt: list[int]) -> _Sequence:
+        """Submit a checked prompt to TensorRT-LLM (under ``condition``)."""
         params = self.sampling_params(
             max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
             # An end id is required without a tokenizer; ignore_eos makes the
             # engine use -1 instead, so it never ends a sequence by itself.
             end_id=0, pad_id=0, detokenize=False, apply_batched_logits_processor=True)
-        # Held while submitting, so the first row (delivered under the same
-        # lock) always finds its sequence: an unknown id means a released one.
-        with self.condition:
-            if seq_id in self.sequences:
-                raise ValueError(f"sequence {seq_id!r} is already active")
-            if len(self.sequences) >= self.max_batch_size:
-                raise RuntimeError(f"no free slot: all max_batch_size={self.max_batch_size} "
-                                   f"slots are taken")
-            request = self.watcher.submit(lambda: self.llm.generate_async(
-                prompt, sampling_params=params, streaming=False))
-            # request_id is the client id (executor/result.py GenerationResult.request_id),
-            # the one the processor gets as client_ids; req_ids are the engine's own.
-            sequence = _Sequence(request.request_id, request, len(prompt))
-            self.sequences[seq_id] = self.exchange.by_client[sequence.client_id] = sequence
+        request = self.watcher.submit(lambda: self.llm.generate_async(
+            prompt, sampling_params=params, streaming=False))
+        # request_id is the client id (executor/result.py GenerationResult.request_id),
+        # the one the processor gets as client_ids; req_ids are the engine's own.
+        return _Sequence(request.request_id, request, len(prompt))
 
     def wait_ready(self, seq_ids: Sequence[Hashable], timeout: float = READY_POLL_S) -> list:
         """The ids among ``seq_ids`` with a row to step, waiting up to
@@ -483,20 +484,12 @@ class TrtLlmEngine:
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """The rows of ``seq_ids`` from the engine's iterations, waiting for
         them up to ``step_timeout_s``. Errors as ``TorchEngine.step``."""
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
         deadline = time.monotonic() + self.step_timeout_s
         with self.condition:
-            for seq_id in seq_ids:
-                sequence = self._get(seq_id)
-                if sequence.taken:
-                    raise ValueError(f"sequence {seq_id!r} has no pending token: "
-                                     f"append the sampled token before the next step")
-                if sequence.length >= self.max_context:  # the engine ends it there: no row comes
-                    raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
-                                     f"tokens")
+            # At max_context the engine ends the sequence: no row comes.
+            self.sequences.for_step(seq_ids, _awaits_step, lambda sequence: sequence.length)
             while True:
-                sequences = [self._get(seq_id) for seq_id in seq_ids]  # KeyError if released
+                sequences = [self.sequences[seq_id] for seq_id in seq_ids]  # KeyError if released
                 failed = {i: s.error for i, s in zip(seq_ids, sequences) if s.error}
                 if failed:  # nothing consumed: the others are stepped again
                     raise SequenceFailed(failed)
@@ -515,13 +508,8 @@ class TrtLlmEngine:
         return torch.from_numpy(rows)
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
-        tokens = appended_tokens(seq_ids, token_ids, self.vocab_size)
         with self.condition:
-            sequences = [self._get(seq_id) for seq_id in seq_ids]
-            for seq_id, sequence in zip(seq_ids, sequences):
-                if not sequence.taken:
-                    raise ValueError(f"sequence {seq_id!r} already has a pending token: "
-                                     f"step it before appending another")
+            sequences, tokens = self.sequences.for_append(seq_ids, token_ids, _awaits_step)
             for sequence, token in zip(sequences, tokens):
                 self.exchange.answer(sequence.taken, token)
                 sequence.taken, sequence.last_token = None, token
@@ -531,7 +519,7 @@ class TrtLlmEngine:
         """Abort the request; its undelivered rows are answered with no
         token. Unknown ids are ignored, as in ``TorchEngine``."""
         with self.condition:
-            sequence = self.sequences.pop(seq_id, None)
+            sequence = self.sequences.release(seq_id)
             if sequence is None:
                 return
             del self.exchange.by_client[sequence.client_id]
@@ -542,7 +530,7 @@ class TrtLlmEngine:
 
     def length(self, seq_id: Hashable) -> int:
         with self.condition:
-            return self._get(seq_id).length
+            return self.sequences[seq_id].length
 
     def close(self) -> None:
         """Abort every live request (TensorRT-LLM's shutdown waits for active
@@ -572,6 +560,3 @@ class TrtLlmEngine:
             sequence.error = (f"TensorRT-LLM failed the request: {error}" if error else
                               "TensorRT-LLM ended the request before the decode loop did")
             self.condition.notify_all()
-
-    def _get(self, seq_id: Hashable) -> _Sequence:
-        return sequence_of(self.sequences, seq_id)

@@ -22,14 +22,13 @@ import logging
 import signal
 import socket
 import threading
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ..serving.decoder import Decoder, GenerationEvent
-from ..serving.batch_invariant import NEEDS_TORCH
-from ..serving.engine import DEFAULT_MAX_CONTEXT, ENGINES, TorchEngine
+from ..serving.engine import Closable, TorchEngine
+from ..settings import LlmSettings
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
 from .sampler_pool import SamplerCall, build_pool
@@ -51,62 +50,22 @@ CANCEL_POLL_S = 0.1
 RELEASE_WAIT_S = 5.0
 
 
-@dataclass
-class LlmSettings:
-    """The llm model's parameters (config.pbtxt): see README.md."""
-
-    model: str = ""
-    engine: str = "torch"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    sampling_mode: str = "simple"
-    max_batch_size: int = 32
-    max_context: int = DEFAULT_MAX_CONTEXT
-    micro_batches: int = 2
-    sampler_shards: int = 2
-    sampler_endpoints: str = "local"
-    shutdown_grace_s: float = 30.0
-    batch_invariant: bool = False
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> "LlmSettings":
-        fields = cls.__dataclass_fields__
-        unknown = sorted(set(parameters) - set(fields))
-        if unknown:
-            raise ValueError(f"unknown llm parameter {unknown[0]}; known: {', '.join(fields)}")
-        return cls(**{k: _parameter(getattr(cls, k), v) for k, v in parameters.items()})
-
-
-def _parameter(default, text: str):
-    """A config.pbtxt string as the type of the field's default (bool("false") is True)."""
-    if isinstance(default, bool):
-        if text.lower() not in ("true", "false"):
-            raise ValueError(f"expected true or false, got {text!r}")
-        return text.lower() == "true"
-    return type(default)(text)
-
-
 def build_engine(settings: LlmSettings):
     """The data plane the settings name: ``torch`` (TorchEngine, on the CPU)
-    or ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then)."""
-    source = settings.model or None
-    if settings.engine == "torch":
-        return TorchEngine.from_source(source, max_batch_size=settings.max_batch_size,
-                                       max_context=settings.max_context,
-                                       batch_invariant=settings.batch_invariant)
+    or ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then).
+    Raises ValueError for settings out of range (``LlmSettings.validate``)."""
+    settings.validate()
     if settings.engine == "tensorrt_llm":
-        if not settings.model:
-            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
-                             "TensorRT-LLM engine directory (with the tokenizer's files)")
-        if settings.batch_invariant:
-            raise ValueError(NEEDS_TORCH)
         from ..serving.trtllm import TrtLlmEngine
 
         return TrtLlmEngine.from_source(
-            settings.model, max_batch_size=settings.max_batch_size,
+            settings.model, max_batch_size=settings.engine_max_batch_size,
             max_context=settings.max_context, tensor_parallel_size=settings.tensor_parallel_size,
             pipeline_parallel_size=settings.pipeline_parallel_size)
-    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {settings.engine!r}")
+    return TorchEngine.from_source(settings.model or None,
+                                   max_batch_size=settings.engine_max_batch_size,
+                                   max_context=settings.max_context,
+                                   batch_invariant=settings.batch_invariant)
 
 
 class LlmService:
@@ -265,7 +224,6 @@ class LlmService:
         self._call(self.decoder.close()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
-        close_engine = getattr(self.engine, "close", None)  # TrtLlmEngine's workers and bridge
-        if close_engine is not None:
-            close_engine()
+        if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
+            self.engine.close()
 

@@ -14,106 +14,35 @@ import signal
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..serving.decoder import SAMPLING_MODES
-from ..serving.batch_invariant import NEEDS_TORCH
-from ..serving.engine import ENGINES
-
+from ..settings import LlmSettings, SamplerSettings
 from .install import InstallError
-from .server import MiB, SamplerConfig, TritonServer, write_model
-from .sampler_pool import parse_endpoints
+from .server import MiB, TritonServer, write_model
 from .supervisor import Supervisor
 from .startup import default_startup_timeout
 
 
-@dataclass
-class LlmConfig:
-    """The values of the ensemble's, preprocessing's and llm's placeholders.
-
-    model: "" for SmolLM2-135M-Instruct, else a local Hugging Face directory
-    or GGUF file; engine: torch (PyTorch, CPU) | tensorrt_llm (GPUs, model a
-    checkpoint or engine directory; docs/GPU.md), with tensor_parallel_size
-    and pipeline_parallel_size for tensorrt_llm; sampling_mode: simple |
-    inline | inline_kernels;
-    engine_max_batch_size: sequences decoded together (more wait in a queue);
-    micro_batches: lanes the active sequences are split into, so one is
-        sampled while another's forward runs; 1 by default, since on a CPU
-        data plane a split re-reads the weights and competes for the cores
-        (bench serve measures both);
-    sampler_shards: concurrent sampler requests per micro-batch to this
-        server's sampler instances;
-    sampler_endpoints: where rows are sampled: "local" (this server's
-        instances) and/or host:port gRPC endpoints of other servers'
-        simple_sampler model, comma-separated (sampler_pool.py);
-    shutdown_grace_s: on shutdown, time in-flight requests get to finish;
-    batch_invariant: the torch engine's batch-invariant mode (logits of a
-        sequence independent of the rest of the step), off by default for its
-        cost (README, "Same seed, same text").
-    """
-
-    model: str = ""
-    engine: str = "torch"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    sampling_mode: str = "simple"
-    triton_max_batch_size: int = 64
-    preprocessing_instances: int = 1
-    engine_max_batch_size: int = 32
-    max_context: int = 1024
-    micro_batches: int = 1
-    sampler_shards: int = 2
-    sampler_model: str = "simple_sampler"
-    sampler_endpoints: str = "local"
-    shutdown_grace_s: float = 30.0
-    batch_invariant: bool = False
-
-    def validate(self) -> None:
-        if self.sampling_mode not in SAMPLING_MODES:
-            raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
-                             f"got {self.sampling_mode!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.engine == "tensorrt_llm" and not self.model:
-            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
-                             "TensorRT-LLM engine directory")
-        parse_endpoints(self.sampler_endpoints)
-        if self.shutdown_grace_s < 0:
-            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
-        if self.engine == "torch" and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
-            raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
-                             "tensorrt_llm only")
-        if self.batch_invariant and self.engine != "torch":
-            raise ValueError(NEEDS_TORCH)
-        for name in ("triton_max_batch_size", "preprocessing_instances", "engine_max_batch_size",
-                     "micro_batches", "sampler_shards", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-def assemble_repository(destination: Path, sampler: SamplerConfig,
-                        llm: LlmConfig | None = None) -> Path:
+def assemble_repository(destination: Path, sampler: SamplerSettings,
+                        llm: LlmSettings | None = None) -> Path:
     """The sampler alone, or (with `llm`) the whole generation repository:
-    ensemble, preprocessing, llm and simple_sampler."""
-    sampler.validate()
-    write_model(destination, "simple_sampler", "simple_sampler", vars(sampler))
+    ensemble, preprocessing, llm and simple_sampler. Raises ValueError for
+    settings out of range."""
+    write_model(destination, "simple_sampler", "simple_sampler",
+                sampler.validate().template_values())
     if llm is not None:
-        llm.validate()
-        values = vars(llm)
+        values = llm.validate().template_values()
         write_model(destination, "ensemble", "ensemble",
-                    {"triton_max_batch_size": llm.triton_max_batch_size})
+                    {"generate_max_batch_size": llm.generate_max_batch_size})
         write_model(destination, "preprocessing", "preprocessing",
-                    {k: values[k] for k in ("triton_max_batch_size", "preprocessing_instances",
+                    {k: values[k] for k in ("generate_max_batch_size", "preprocessing_instances",
                                             "model")})
         write_model(destination, "llm", "llm",
-                    {**{k: v for k, v in values.items() if k != "preprocessing_instances"},
-                     "batch_invariant": str(llm.batch_invariant).lower()})
+                    {k: v for k, v in values.items() if k != "preprocessing_instances"})
     return destination
 
 
-def shared_memory_bytes(sampler: SamplerConfig) -> int:
+def shared_memory_bytes(sampler: SamplerSettings) -> int:
     """Per-instance pool: one full request of logits plus room for its
     parameters and outputs, at least the 64 MiB floor."""
     return max(64 * MiB, sampler.request_bytes() + 16 * MiB)
@@ -136,8 +65,8 @@ def show_demo(server: TritonServer, prompt: str) -> None:
         print(f"demo request failed: {error}", file=sys.stderr, flush=True)
 
 
-def run(sampler: SamplerConfig, http_port: int, grpc_port: int, metrics_port: int,
-        llm: LlmConfig | None = None, repository: Path | None = None,
+def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: int,
+        llm: LlmSettings | None = None, repository: Path | None = None,
         log_path: Path | None = None, demo: str | None = None,
         shutdown_grace_s: float = 30.0, supervise: bool = True, log_level: str = "INFO",
         startup_timeout: float | None = None) -> int:

@@ -24,8 +24,6 @@ from .install import InstallError, TritonInstall, assemble_backends, find_triton
 from .logs import LOG_LEVEL_ENV
 from .supervisor import list_stubs, unlink_shm
 
-#: Bytes of one logit in each configurable datatype.
-ITEMSIZE = {"TYPE_FP32": 4, "TYPE_FP16": 2, "TYPE_BF16": 2}
 MiB = 1 << 20
 #: The decode loop's gauge of requests decoding or queued (llm/1/model.py).
 IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
@@ -36,38 +34,6 @@ TRITON_EXIT_TIMEOUT_S = 8
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
 STOP_MARGIN_S = 13.0
-
-
-@dataclass
-class SamplerConfig:
-    """The values of model_repository/simple_sampler/config.pbtxt's placeholders."""
-
-    sampler_instances: int = 2
-    max_batch_size: int = 256
-    max_queue_delay_us: int = 0
-    logits_datatype: str = "TYPE_FP32"
-    num_threads: int = 1
-    vocab_size: int = 0
-    hot_vocab_profile: str = ""
-
-    def validate(self) -> None:
-        if self.sampler_instances < 1:
-            raise ValueError(f"sampler_instances must be >= 1, got {self.sampler_instances}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.logits_datatype not in ITEMSIZE:
-            raise ValueError(f"logits_datatype must be one of {', '.join(ITEMSIZE)}, "
-                             f"got {self.logits_datatype!r}")
-        if self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.vocab_size < 0:
-            raise ValueError(f"vocab_size must be >= 0 (0: any), got {self.vocab_size}")
-
-    def request_bytes(self, vocab_hint: int = 152_064) -> int:
-        """Shared memory one full request needs: max_batch_size rows of logits
-        (vocab_size, or `vocab_hint` when any vocabulary is accepted)."""
-        vocab = self.vocab_size or vocab_hint
-        return self.max_batch_size * vocab * ITEMSIZE[self.logits_datatype]
 
 
 def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench.kernels import TOP_P_ONLY, make_batch, time_per_row
 from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
-from .hot_vocab import HotProfile, HotVocab, SizingCurve
+from ..shvs.hot_vocab import HotProfile, HotVocab, SizingCurve
+from .kernels import TOP_P_ONLY, make_batch, time_per_row
 
 #: Where the profile goes by default: the sampler's folder of a Triton model repository.
 DEFAULT_OUTPUT = Path("model_repository") / "simple_sampler" / "hot_vocab.npz"
@@ -58,14 +58,14 @@ def generate_rows(prompts: list[dict], tokens: int, seed: int = 0) -> list[np.nd
     import torch
 
     from .. import models
-    from ..rows import _eos_ids, _prompt_ids
+    from ..rows import eos_ids, prompt_ids
 
     model, tokenizer = models.load_smollm2()
-    eos_ids = _eos_ids(model, tokenizer)
+    ends = eos_ids(model, tokenizer)
     out_rows = []
     with torch.no_grad():
         for p, prompt in enumerate(prompts):
-            out = model(input_ids=torch.tensor([_prompt_ids(tokenizer, prompt)]), use_cache=True,
+            out = model(input_ids=torch.tensor([prompt_ids(tokenizer, prompt)]), use_cache=True,
                         logits_to_keep=1)
             rows = []
             for step in range(tokens):
@@ -75,7 +75,7 @@ def generate_rows(prompts: list[dict], tokens: int, seed: int = 0) -> list[np.nd
                     [SamplingParams(**{**GENERATION.__dict__, "seed": seed * 1_000_003 + p})],
                     steps=[step])
                 token = int(sample(logits, batch, return_logprobs=False).token_ids[0])
-                if token in eos_ids or step == tokens - 1:
+                if token in ends or step == tokens - 1:
                     break
                 out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values,
                             use_cache=True)

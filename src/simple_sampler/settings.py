@@ -1,0 +1,250 @@
+"""Every setting of the served models, declared once.
+
+A settings class is a dataclass whose fields are made by :func:`setting`:
+type and default (the field's), allowed values (``choices`` or
+``minimum``), one line of help. From it come
+
+* the options of ``simple-sampler serve`` (:meth:`Settings.add_arguments`,
+  :meth:`Settings.from_arguments`);
+* the values of the ``${name}`` placeholders of the model's config.pbtxt
+  template (:meth:`Settings.template_values`; the template itself stays
+  hand-written so that ``simple-sampler fill-template`` keeps working, and
+  tests/test_settings.py holds its ``parameters`` entries to the fields);
+* the checks, in the launcher (:meth:`Settings.validate`) and in the model,
+  which reads its config.pbtxt ``parameters`` back
+  (:meth:`Settings.from_parameters`).
+
+Adding a setting is adding one field (plus, for a ``parameter``, its entry in
+the template). This module imports nothing heavy: the CLI parser and the
+decoder's defaults read it.
+
+"max batch size" has three meanings here, so none of ours is called just
+that: ``generate_max_batch_size`` (Triton's ``max_batch_size`` of the
+ensemble, preprocessing and llm models), ``engine_max_batch_size`` (sequences
+the data plane decodes together) and ``sampler_max_batch_size`` (Triton's
+``max_batch_size`` of the simple_sampler model: rows per sampler request).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+#: How the llm model samples (serving/decoder.py).
+SAMPLING_MODES = ("simple", "inline", "inline_kernels")
+#: The data planes (serving/engine.py, serving/trtllm.py).
+ENGINES = ("torch", "tensorrt_llm")
+#: Logits dtypes the sampler can be configured for -> bytes per logit.
+LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | None = "",
+            aliases: tuple[str, ...] = (), parameter: bool = True):
+    """One settings field.
+
+    default: the value and, by its type, how text is parsed (bool: true/false).
+    help: one line for ``serve --help`` and the docs.
+    choices / minimum: the allowed values (checked by ``validate``).
+    flag: ``serve``'s option; "" derives ``--name-with-dashes``, None: none.
+    aliases: older names still accepted, as option strings (``--x``) or
+        config.pbtxt parameter keys (bare names).
+    parameter: True when the model reads it from its config.pbtxt
+        ``parameters``; False when it fills a field of Triton's own (an
+        instance count, ``max_batch_size``, a data type).
+    """
+    return field(default=default, metadata={
+        "help": help, "choices": tuple(choices), "minimum": minimum, "flag": flag,
+        "aliases": tuple(aliases), "parameter": parameter})
+
+
+def _parse(name: str, default: Any, text: str):
+    """A config.pbtxt string as the type of the field's default (bool("false") is True)."""
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"{name} must be true or false, got {text!r}")
+        return text.lower() == "true"
+    try:
+        return type(default)(text)
+    except ValueError:
+        raise ValueError(f"{name} must be {type(default).__name__}, got {text!r}") from None
+
+
+def _text(value: Any) -> str:
+    """A value as config.pbtxt writes it (booleans in lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class Settings:
+    """What the settings dataclasses share (module docstring)."""
+
+    #: The model whose config.pbtxt the settings fill, for messages.
+    triton_model: ClassVar[str] = ""
+
+    @classmethod
+    def settings_fields(cls) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(cls)
+
+    def validate(self) -> "Settings":
+        """Raise ValueError naming the first setting out of its range; returns self."""
+        for f in self.settings_fields():
+            value, choices, minimum = getattr(self, f.name), f.metadata["choices"], \
+                f.metadata["minimum"]
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, "
+                                 f"got {value!r}")
+            if minimum is not None and value < minimum:
+                raise ValueError(f"{f.name} must be >= {minimum}, got {value}")
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Rules across settings (subclasses); ranges are validate()'s."""
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, str]):
+        """The settings a model reads from its config.pbtxt ``parameters``
+        (name -> string value), validated; absent ones keep their default."""
+        own = [f for f in cls.settings_fields() if f.metadata["parameter"]]
+        known = {name: f for f in own
+                 for name in (f.name, *(a for a in f.metadata["aliases"] if a[0] != "-"))}
+        unknown = sorted(set(parameters) - set(known))
+        if unknown:
+            raise ValueError(f"unknown {cls.triton_model} parameter {unknown[0]}; known: "
+                             f"{', '.join(f.name for f in own)}")
+        values = {known[k].name: _parse(known[k].name, known[k].default, v)
+                  for k, v in parameters.items()}
+        return cls(**values).validate()
+
+    def parameters(self) -> dict[str, str]:
+        """The config.pbtxt ``parameters`` (name -> string value)."""
+        return {f.name: _text(getattr(self, f.name)) for f in self.settings_fields()
+                if f.metadata["parameter"]}
+
+    def template_values(self) -> dict[str, str]:
+        """Every field as the text its ``${name}`` placeholder gets."""
+        return {f.name: _text(getattr(self, f.name)) for f in self.settings_fields()}
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One option per field with a flag. Options default to None (not
+        given), so the dataclass stays the only place defaults are written."""
+        for f in cls.settings_fields():
+            if f.metadata["flag"] is None:
+                continue
+            flags = [f.metadata["flag"] or "--" + f.name.replace("_", "-"),
+                     *(a for a in f.metadata["aliases"] if a[0] == "-")]
+            help = f"{f.metadata['help']} (default: {_text(f.default) or repr('')})"
+            if isinstance(f.default, bool):
+                parser.add_argument(*flags, dest=f.name, action="store_true", default=None,
+                                    help=help)
+            else:
+                parser.add_argument(*flags, dest=f.name, type=type(f.default), default=None,
+                                    choices=f.metadata["choices"] or None, help=help)
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace, **values):
+        """The settings of the options given (others keep their defaults);
+        `values` set fields the options do not carry."""
+        given = {f.name: getattr(args, f.name) for f in cls.settings_fields()
+                 if f.metadata["flag"] is not None and getattr(args, f.name, None) is not None}
+        return cls(**{**given, **values})
+
+
+@dataclass
+class SamplerSettings(Settings):
+    """The simple_sampler model (model_repository/simple_sampler/config.pbtxt)."""
+
+    triton_model: ClassVar[str] = "simple_sampler"
+
+    sampler_instances: int = setting(2, "simple_sampler CPU instances (processes)", minimum=1,
+                                     flag="--instances", parameter=False)
+    sampler_max_batch_size: int = setting(
+        256, "rows per sampler request: Triton's max_batch_size of simple_sampler; sizes its "
+        "shared memory", minimum=1, aliases=("--max-batch-size",), parameter=False)
+    max_queue_delay_us: int = setting(0, "dynamic batching delay of the sampler", minimum=0,
+                                      parameter=False)
+    logits_dtype: str = setting("fp32", "data type of the logits input",
+                                choices=tuple(LOGITS_ITEMSIZE), parameter=False)
+    num_threads: int = setting(1, "kernel threads per instance", minimum=1)
+    vocab_size: int = setting(0, "refuse logits of another width (0: accept any)", minimum=0)
+    hot_vocab_profile: str = setting(
+        "", "speculative hot-vocab sampling profile from `simple-sampler calibrate` (relative "
+        "to the model's directory; \"\": SHVS off)", flag=None)
+
+    def template_values(self) -> dict[str, str]:
+        return {**super().template_values(),
+                "logits_dtype": f"TYPE_{self.logits_dtype.upper()}"}
+
+    def request_bytes(self, vocab_hint: int = 152_064) -> int:
+        """Shared memory one full request needs: sampler_max_batch_size rows
+        of logits (vocab_size, or `vocab_hint` when any vocabulary is accepted)."""
+        vocab = self.vocab_size or vocab_hint
+        return self.sampler_max_batch_size * vocab * LOGITS_ITEMSIZE[self.logits_dtype]
+
+
+@dataclass
+class LlmSettings(Settings):
+    """The generation models: the llm model's parameters
+    (model_repository/llm/config.pbtxt) and the Triton fields of the
+    ensemble, preprocessing and llm configs."""
+
+    triton_model: ClassVar[str] = "llm"
+
+    model: str = setting(
+        "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
+        "or engine directory for tensorrt_llm")
+    engine: str = setting("torch", "data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs "
+                          "(docs/GPU.md)", choices=ENGINES)
+    tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
+    pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
+    sampling_mode: str = setting(
+        "simple", "simple: the simple_sampler model samples; inline: PyTorch in the data "
+        "plane (the baseline); inline_kernels: our kernels in the data plane",
+        choices=SAMPLING_MODES)
+    generate_max_batch_size: int = setting(
+        64, "Triton's max_batch_size of the ensemble, preprocessing and llm models (each "
+        "request holds one prompt)", minimum=1, flag=None, parameter=False)
+    preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,
+                                           parameter=False)
+    engine_max_batch_size: int = setting(
+        32, "sequences the data plane decodes together; more wait in a queue", minimum=1,
+        aliases=("max_batch_size",))
+    max_context: int = setting(1024, "tokens per sequence, prompt and generated", minimum=2)
+    # 1: on a CPU data plane a second lane re-reads the weights and competes
+    # with the sampler for the cores (README's `bench serve` figures); 2 pays
+    # off when the forward runs on a GPU.
+    micro_batches: int = setting(
+        1, "lanes overlapping the data plane with sampling (1: none; 2 pays off with a GPU "
+        "data plane, not on CPU)", minimum=1)
+    sampler_shards: int = setting(
+        2, "concurrent sampler requests per micro-batch (serve: --instances unless given)",
+        minimum=1)
+    sampler_model: str = setting("simple_sampler", "the sampler model called through BLS",
+                                 flag=None)
+    sampler_endpoints: str = setting(
+        "local", "where the decode loop samples: 'local' (this server's instances) and/or "
+        "host:port gRPC endpoints of servers started with --sampler-only, comma-separated")
+    shutdown_grace_s: float = setting(
+        30.0, "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they end "
+        "with an error (then Triton stops)", minimum=0.0, flag="--shutdown-grace")
+    batch_invariant: bool = setting(
+        False, "torch engine, Llama-architecture models: logits of a sequence independent of "
+        "the rest of the batch, so a seed gives the same text at any concurrency (off by "
+        "default for its cost: docs/CONFIGURATION.md)")
+
+    def check(self) -> None:
+        # Imported here: they pull torch, and the CLI parser reads this module.
+        from .serving.batch_invariant import NEEDS_TORCH
+        from .triton.sampler_pool import parse_endpoints
+
+        if self.engine == "tensorrt_llm" and not self.model:
+            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
+                             "TensorRT-LLM engine directory (with the tokenizer's files)")
+        if self.engine == "torch" and (self.tensor_parallel_size,
+                                       self.pipeline_parallel_size) != (1, 1):
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
+                             "tensorrt_llm only")
+        if self.batch_invariant and self.engine != "torch":
+            raise ValueError(NEEDS_TORCH)
+        parse_endpoints(self.sampler_endpoints)

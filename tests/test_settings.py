@@ -1,0 +1,134 @@
+"""One declaration per setting (simple_sampler.settings): the serve options,
+the config.pbtxt templates, the models' parsing and the defaults elsewhere
+all follow it."""
+import inspect
+import re
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from simple_sampler import cli
+from simple_sampler.serving import engine
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton import templates
+from simple_sampler.triton.install import project_file
+from simple_sampler.triton.serve import assemble_repository
+
+SETTINGS = (SamplerSettings, LlmSettings)
+
+
+def read_config(path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def template_text(model: str) -> str:
+    return project_file(f"model_repository/{model}/config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize("cls", SETTINGS)
+def test_every_setting_is_declared_with_help_and_a_checked_range(cls):
+    for f in cls.settings_fields():
+        assert f.metadata["help"], f.name
+        choices, minimum = f.metadata["choices"], f.metadata["minimum"]
+        if choices:
+            assert f.default in choices, f.name
+            with pytest.raises(ValueError, match=f"{f.name} must be one of"):
+                cls(**{f.name: "bogus"}).validate()
+        if minimum is not None:
+            assert f.default >= minimum, f.name
+            with pytest.raises(ValueError, match=f"{f.name} must be >= {minimum}, got"):
+                cls(**{f.name: type(f.default)(minimum - 1)}).validate()
+
+
+@pytest.mark.parametrize("cls", SETTINGS)
+def test_each_template_reads_exactly_the_models_parameters(cls):
+    """A model's config.pbtxt ``parameters`` are its settings' parameter
+    fields, each filled from the placeholder of the same name; every other
+    field fills a placeholder of one of the templates."""
+    text = template_text(cls.triton_model)
+    keys = re.findall(r'key: "(\w+)"\s+value: \{ string_value: "\$\{(\w+)\}" \}', text)
+    assert all(key == placeholder for key, placeholder in keys), keys
+    assert sorted(key for key, _ in keys) == sorted(cls().parameters())
+    every_placeholder = set().union(*(templates.placeholders(template_text(m))
+                                      for m in ("ensemble", "preprocessing", "llm",
+                                                "simple_sampler")))
+    assert set(cls().template_values()) <= every_placeholder
+
+
+def test_the_launcher_writes_what_the_models_read_back(tmp_path):
+    sampler = SamplerSettings(sampler_instances=3, sampler_max_batch_size=8, logits_dtype="bf16",
+                              num_threads=2, vocab_size=100, hot_vocab_profile="hot_vocab.npz")
+    llm = LlmSettings(sampling_mode="inline", engine_max_batch_size=7, max_context=300,
+                      micro_batches=2, sampler_shards=5, shutdown_grace_s=4.5,
+                      batch_invariant=True, generate_max_batch_size=9,
+                      preprocessing_instances=2)
+    repository = assemble_repository(tmp_path, sampler, llm)
+    configs = {m: read_config(repository / m / "config.pbtxt")
+               for m in ("ensemble", "preprocessing", "llm", "simple_sampler")}
+
+    def parameters(config):
+        return {k: v.string_value for k, v in config.parameters.items()}
+
+    # Triton's own fields (max_batch_size, instance counts) are not parameters.
+    assert LlmSettings.from_parameters(parameters(configs["llm"])).parameters() == \
+        llm.parameters()
+    assert SamplerSettings.from_parameters(parameters(configs["simple_sampler"])) == \
+        SamplerSettings(num_threads=2, vocab_size=100, hot_vocab_profile="hot_vocab.npz")
+    sampler_config = configs["simple_sampler"]
+    assert sampler_config.max_batch_size == 8
+    assert sampler_config.instance_group[0].count == 3
+    logits = next(t for t in sampler_config.input if t.name == "logits")
+    assert model_config_pb2.DataType.Name(logits.data_type) == "TYPE_BF16"
+    assert {m: configs[m].max_batch_size for m in ("ensemble", "preprocessing", "llm")} == \
+        dict.fromkeys(("ensemble", "preprocessing", "llm"), 9)
+    assert configs["preprocessing"].instance_group[0].count == 2
+
+
+def test_parameters_are_parsed_and_checked_by_name():
+    settings = LlmSettings.from_parameters({"batch_invariant": "TRUE", "micro_batches": "2",
+                                            "shutdown_grace_s": "1.5"})
+    assert (settings.batch_invariant, settings.micro_batches, settings.shutdown_grace_s) == \
+        (True, 2, 1.5)
+    assert LlmSettings.from_parameters(settings.parameters()) == settings
+    # The llm parameter's older name, from repositories written before the rename.
+    assert LlmSettings.from_parameters({"max_batch_size": "8"}).engine_max_batch_size == 8
+    with pytest.raises(ValueError, match="unknown llm parameter bogus; known: model, engine"):
+        LlmSettings.from_parameters({"bogus": "1"})
+    with pytest.raises(ValueError, match="micro_batches must be int, got 'two'"):
+        LlmSettings.from_parameters({"micro_batches": "two"})
+    with pytest.raises(ValueError, match="micro_batches must be >= 1, got 0"):
+        LlmSettings.from_parameters({"micro_batches": "0"})
+    with pytest.raises(ValueError, match="batch_invariant must be true or false, got 'yes'"):
+        LlmSettings.from_parameters({"batch_invariant": "yes"})
+    with pytest.raises(ValueError, match="unknown simple_sampler parameter sampler_instances"):
+        SamplerSettings.from_parameters({"sampler_instances": "2"})  # Triton's field, not ours
+
+
+def test_serve_options_come_from_the_settings():
+    parser = cli.build_parser()
+    args = parser.parse_args(["serve"])
+    assert SamplerSettings.from_arguments(args) == SamplerSettings()
+    assert LlmSettings.from_arguments(args) == LlmSettings()
+    args = parser.parse_args(["serve", "--instances", "3", "--max-batch-size", "16",
+                              "--logits-dtype", "fp16", "--engine-max-batch-size", "8",
+                              "--micro-batches", "2", "--shutdown-grace", "2",
+                              "--batch-invariant", "--model", "/m"])
+    assert SamplerSettings.from_arguments(args) == SamplerSettings(
+        sampler_instances=3, sampler_max_batch_size=16, logits_dtype="fp16")
+    assert LlmSettings.from_arguments(args) == LlmSettings(
+        engine_max_batch_size=8, micro_batches=2, shutdown_grace_s=2.0, batch_invariant=True,
+        model="/m")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--engine", "vllm"])
+    flagged = [f.name for cls in SETTINGS for f in cls.settings_fields()
+               if f.metadata["flag"] is not None]
+    assert all(hasattr(args, name) for name in flagged)
+
+
+def test_the_defaults_elsewhere_are_the_settings():
+    micro_batches = inspect.signature(Decoder).parameters["micro_batches"].default
+    assert micro_batches == LlmSettings.micro_batches == 1
+    assert (engine.DEFAULT_MAX_BATCH_SIZE, engine.DEFAULT_MAX_CONTEXT) == \
+        (LlmSettings.engine_max_batch_size, LlmSettings.max_context)
