@@ -318,3 +318,77 @@ def test_bad_input_names_the_field(zipf_row):
                                                                    for t in range(VOCAB)})])
     with pytest.raises(ValueError, match="every token is banned"):
         sample_hot_first(zipf_row[None], banned, hot)
+
+
+def _local_pool(hot, capacity=2):
+    """A SamplerPool whose targets run the sampler model's code in-process
+    (decode_request + sample_request), with the model's hot set."""
+    from simple_sampler.triton.sampler_io import decode_request, sample_request
+    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+
+    def call(inputs):
+        return sample_request(decode_request(inputs, 0, hot), 1, hot)[0]
+    return SamplerPool([SamplerTarget("local", call, capacity)])
+
+
+def test_compact_rows_through_the_sampler_io(zipf_row):
+    """compact_arrays -> decode_request -> sample_request gives
+    sample_compact's answers; bad combinations are refused by name."""
+    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_io import (RequestError, compact_arrays, decode_request,
+                                                  sample_request)
+
+    hot = hot_sets(zipf_row)["random"]
+    rng = np.random.default_rng(9)
+    params = [SamplingParams(seed=int(s), **kind) for s, kind in zip(
+        rng.integers(0, 2**63, 12), [dict(), dict(top_p=0.9, presence_penalty=-1.0),
+                                     dict(temperature=0.0), dict(top_p=0.999)] * 3)]
+    histories = [History(prompt_ids=[5, 6], output_ids=[int(t)]) for t in rng.integers(0, VOCAB, 12)]
+    batch = SamplingBatch.from_params(params, histories)
+    rows = np.broadcast_to(zipf_row, (12, VOCAB))
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(np.ascontiguousarray(rows)),
+                                hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0).cpu()
+    direct = sample_compact(compact, batch, hot)
+    inputs = {**compact_arrays(compact), **batch_arrays(batch),
+              "return_log_probs": np.ones((12, 1), bool)}
+    outputs, _ = sample_request(decode_request(inputs, VOCAB, hot), 1, hot)
+    np.testing.assert_array_equal(outputs["output_ids"][:, 0], direct.token_ids)
+    np.testing.assert_array_equal(outputs["handoff_outcome"][:, 0], direct.outcome)
+    np.testing.assert_array_equal(outputs["output_log_probs"][:, 0], direct.logprobs)
+    assert set(direct.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    with pytest.raises(RequestError, match="hot_logits needs a sampler with a hot set"):
+        decode_request(inputs, VOCAB)
+    with pytest.raises(RequestError, match="send logits or the compact rows"):
+        decode_request({**inputs, "logits": rows}, VOCAB, hot)
+    with pytest.raises(RequestError, match=r"hot_logits must have shape \[B, 700\]"):
+        decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
+
+
+def test_hot_first_sampler_through_a_pool():
+    """The decode loop's wrapper: compact rows to the pool's targets, then
+    the undecided rows whole; the same tokens as the steps run in-process,
+    whatever the sharding."""
+    import asyncio
+
+    from simple_sampler.handoff import HotFirstSampler
+    from test_invariance import make_requests, make_rows
+
+    rng = np.random.default_rng(33)
+    rows = make_rows(rng, 40)
+    params, histories, steps = make_requests(rng, 40)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
+                                batch.temperature, 16).cpu()
+    expected = sample_compact(compact, batch, hot)
+    undecided, second_batch = fallback_batch(batch, expected, compact, hot)
+    merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
+    assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    for capacity in (1, 3):
+        sampler = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16)
+        tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
+        np.testing.assert_array_equal(tokens, expected.token_ids)
+        np.testing.assert_array_equal(logprobs, expected.logprobs)
+        assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0

@@ -74,14 +74,8 @@ class CompactRows:
     def cpu(self) -> "CompactRows":
         """The same rows as numpy arrays (bfloat16 hot logits as
         ml_dtypes.bfloat16), what travels to the decision plane."""
-        def host(value):
-            return value.cpu() if isinstance(value, torch.Tensor) else value
-        hot = host(self.hot_logits)
-        if isinstance(hot, torch.Tensor):
-            hot = hot.contiguous()
-            hot = (hot.view(torch.int16).numpy().view(_numpy_dtype(hot.dtype))
-                   if hot.dtype == torch.bfloat16 else hot.numpy())
-        arrays = {name: np.asarray(host(getattr(self, name)))
+        hot = host_array(self.hot_logits)
+        arrays = {name: host_array(getattr(self, name))
                   for name in ("touched_offsets", "touched_ids", "touched_logits", "cold_max",
                                "cold_argmax", "cold_mass")}
         return CompactRows(
@@ -100,10 +94,16 @@ class CompactRows:
         return sum(np.asarray(getattr(rows, name)).nbytes for name in rows.__dict__)
 
 
-def _numpy_dtype(dtype: torch.dtype):
-    import ml_dtypes
-    return {torch.float32: np.float32, torch.float16: np.float16,
-            torch.bfloat16: ml_dtypes.bfloat16}[dtype]
+def host_array(value) -> np.ndarray:
+    """A tensor (any device) or array as a numpy array on the host, no copy
+    where none is needed; bfloat16 as ml_dtypes.bfloat16."""
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    value = value.cpu().contiguous()
+    if value.dtype == torch.bfloat16:
+        import ml_dtypes
+        return value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return value.numpy()
 
 
 def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray, np.ndarray]:
@@ -392,3 +392,47 @@ def _as_tensor(array) -> torch.Tensor:
         if array.dtype == ml_dtypes.bfloat16:
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
+
+
+class HotFirstSampler:
+    """The decode loop's sampler (``async sampler(logits, batch) ->
+    (token_ids, logprobs)``, serving/decoder.py) with the hot-first handoff:
+    it summarizes the logits where they are (``hot_first_summary``, on the
+    engine's device), sends the compact rows, then the undecided rows whole
+    (``fallback_batch``) in a second request, and merges the answers.
+
+    pool: a ``triton.sampler_pool.SamplerPool`` (``send(rows, batch)`` for
+    the compact inputs, ``pool(logits, batch)`` for full rows) whose
+    samplers hold the same hot set. ``stats`` counts rows and fallbacks."""
+
+    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP):
+        self.pool = pool
+        self.hot_vocab = hot_vocab
+        self.cold_top = cold_top
+        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
+
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
+        from .triton.sampler_io import compact_arrays
+
+        offsets, ids = touched_lists(batch, self.hot_vocab)
+        rows = hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
+                                 batch.temperature, self.cold_top).cpu()
+        outputs = await self.pool.send(compact_arrays(rows), batch)
+        size = len(batch)
+        first = HandoffOutput(
+            token_ids=outputs["output_ids"].astype(np.int64),
+            logprobs=outputs["output_log_probs"].astype(np.float32),
+            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
+            hot_accepted=np.full(size, -1, np.int8), outcome=outputs["handoff_outcome"].astype(np.int8))
+        self.stats["rows"] += size
+        self.stats["need_full"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_FULL))
+        self.stats["need_cold"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_COLD))
+        if first.undecided.any():
+            undecided, second_batch = fallback_batch(batch, first, rows, self.hot_vocab)
+            tokens, logprobs = await self.pool(logits[torch.as_tensor(undecided)].cpu(),
+                                               second_batch)
+            merge_fallback(first, undecided, SampleOutput(
+                token_ids=tokens, logprobs=logprobs, top_token_ids=first.top_token_ids[:0],
+                top_logprobs=first.top_logprobs[:0], hot_accepted=first.hot_accepted[:0]))
+        return first.token_ids, first.logprobs
+
