@@ -392,3 +392,42 @@ def test_hot_first_sampler_through_a_pool():
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
+
+
+def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
+    """LlmService with handoff hot-first and a sampler profile wraps its pool
+    in a HotFirstSampler; greedy generations equal the full rows' ones."""
+    from simple_sampler.serving.text import TextCodec
+    from simple_sampler.settings import LlmSettings
+    from simple_sampler.shvs.hot_vocab import HotProfile
+    from simple_sampler.triton.llm_service import LlmService
+    from test_decoder import VOCAB as FAKE_VOCAB, FakeEngine, FakeTokenizer
+    from test_llm_service import Client, inputs
+
+    hot = HotVocab(np.arange(2, FAKE_VOCAB, 3), FAKE_VOCAB)
+    HotProfile(order=hot.ids.astype(np.int32), vocab_size=FAKE_VOCAB, sizes=np.array([hot.size]),
+               curves={}, chosen_size=hot.size, mass=np.ones(hot.size)).save(
+        tmp_path / "simple_sampler" / "hot.npz")
+
+    def generate(handoff):
+        settings = LlmSettings(sampling_mode="simple", sampler_shards=2, handoff=handoff,
+                               hot_vocab_profile="hot.npz")
+        service = LlmService(settings, sampler_call=_local_pool(hot).targets[0].call,
+                             engine=FakeEngine(max_batch_size=4), codec=TextCodec(FakeTokenizer()),
+                             repository=str(tmp_path))
+        try:
+            clients = [Client() for _ in range(3)]
+            for client, text in zip(clients, ("a", "k", "x")):
+                service.submit({**inputs(text, max_tokens=8), "temperature": np.array([[0.0]],
+                                                                                     np.float32)},
+                               client.send, on_done=client.done.set)
+            assert all(client.done.wait(30) for client in clients)
+            sampler = service.decoder.sampler
+        finally:
+            service.close()
+        assert all(error is None for c in clients for _, error, _ in c.responses)
+        return [[o["output_ids"].tolist() for o, _, _ in c.responses] for c in clients], sampler
+
+    full, plain_pool = generate("full")
+    hot_first, wrapper = generate("hot-first")
+    assert hot_first == full and not hasattr(plain_pool, "stats") and wrapper.stats["rows"] >= 8

@@ -128,7 +128,8 @@ def serve(args: argparse.Namespace) -> int:
     sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
     # Without --sampler-shards (or with 0), one shard per local sampler instance.
     llm = LlmSettings.from_arguments(
-        args, sampler_shards=args.sampler_shards or sampler.sampler_instances)
+        args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
+        hot_vocab_profile=sampler.hot_vocab_profile)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
                        llm=None if args.sampler_only else llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,

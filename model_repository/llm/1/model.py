@@ -6,6 +6,7 @@ sampled by the ``simple_sampler`` model's instances through BLS calls.
 """
 import json
 import logging
+import os
 import threading
 
 import numpy as np
@@ -60,7 +61,8 @@ class TritonPythonModel:
         settings = LlmSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
-                                  if settings.sampling_mode == "simple" else None)
+                                  if settings.sampling_mode == "simple" else None,
+                                  repository=os.path.dirname(args["model_repository"]))
         log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
