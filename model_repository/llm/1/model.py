@@ -18,7 +18,7 @@ from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
-SAMPLER_OUTPUTS = ["output_ids", "output_log_probs"]
+SAMPLER_OUTPUTS = ["output_ids", "output_log_probs", "handoff_outcome"]
 
 
 def call_sampler(model_name):

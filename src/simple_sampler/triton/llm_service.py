@@ -102,6 +102,8 @@ class LlmService:
             from ..handoff import HotFirstSampler
 
             sampler = HotFirstSampler(sampler, hot_vocab)
+            log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
+                     hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
         self.draining = False
