@@ -1583,11 +1583,15 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     k.cold_mass = &cold_mass[0]
     cdef Py_ssize_t max_entries = max_row_entries(&b, size)
     cdef Py_ssize_t r
+    cdef Py_ssize_t max_known = 0
+    for r in range(size):
+        max_known = max(max_known, touched_offsets[r + 1] - touched_offsets[r])
+    max_known += b.hot.n
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
-        # Candidate arrays of V entries hold any row's K (|K| <= V); the
-        # block arrays go unused.
-        ws = allocate_workspace(vocab, 1, max_entries, 0)
+        # Candidate arrays sized for the largest row's K, not V (their pages
+        # would be mapped afresh every call); the block arrays go unused.
+        ws = allocate_workspace(max_known if max_known > 0 else 1, 1, max_entries, 0)
         for r in prange(size, schedule='dynamic'):
             compact_one(r, ws, &b, &k)
         free_workspace(ws)

@@ -48,7 +48,8 @@ def bench_handoff(args: argparse.Namespace) -> int:
 
     report = handoff.run(profile_path=args.profile, repeats=3 if args.quick else args.repeats,
                          hot_size=args.hot_size,
-                         cold_top=DEFAULT_COLD_TOP if args.cold_top is None else args.cold_top)
+                         cold_top=DEFAULT_COLD_TOP if args.cold_top is None else args.cold_top,
+                         clock=args.clock)
     print_report(args, report, handoff.format_table(report))
     return 0
 
@@ -239,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="each row's largest cold logits handed over with the touched ids "
                               "(default: handoff.DEFAULT_COLD_TOP)")
     handoff.add_argument("--repeats", type=int, default=15)
+    handoff.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                         help="as bench kernels' --clock")
     handoff.set_defaults(handler=bench_handoff)
 
     perf_cmd = commands.add_parser(

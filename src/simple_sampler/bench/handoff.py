@@ -49,7 +49,8 @@ def _tensor(rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(rows)
 
 
-def measure(rows: np.ndarray, batch, hot: HotVocab, cold_top: int, repeats: int) -> dict:
+def measure(rows: np.ndarray, batch, hot: HotVocab, cold_top: int, repeats: int,
+            clock: str = "wall") -> dict:
     """One vocabulary / dtype / config: us per row of each column, bytes per
     row and the fallback rate."""
     tensor = _tensor(rows)
@@ -75,7 +76,7 @@ def measure(rows: np.ndarray, batch, hot: HotVocab, cold_top: int, repeats: int)
         "full": lambda: sample(rows, batch, return_logprobs=False, num_threads=1),
         "hot_first": decide,
         "summary": summarize,
-    }, len(rows), repeats)
+    }, len(rows), repeats, clock)
     return {"bytes_per_row": {"full": int(rows.shape[1] * rows.itemsize),
                               "hot_first": round(compact.nbytes() / len(rows), 1)},
             "us_per_row": {k: round(v, 2) for k, v in us.items()},
@@ -85,7 +86,8 @@ def measure(rows: np.ndarray, batch, hot: HotVocab, cold_top: int, repeats: int)
 
 
 def run(profile_path: str | None = None, repeats: int = 15, hot_size: int | None = None,
-        cold_top: int = DEFAULT_COLD_TOP, dtypes=("float32", "bfloat16")) -> dict:
+        cold_top: int = DEFAULT_COLD_TOP, dtypes=("float32", "bfloat16"),
+        clock: str = "wall") -> dict:
     torch.set_num_threads(1)
     profile = resolve_profile(profile_path, quick=False)
     size = profile.chosen_size if hot_size is None else hot_size
@@ -104,13 +106,14 @@ def run(profile_path: str | None = None, repeats: int = 15, hot_size: int | None
                 results.append({"vocab": vocab, "batch": BATCH, "dtype": dtype, "config": config,
                                 "rows": ROWS_SOURCE(vocab) if vocab != SYNTHETIC_VOCAB else
                                 "synthetic (fitted to smollm2, hot ids kept: bench shvs)",
-                                **measure(rows, batch, hot, cold_top, repeats)})
+                                **measure(rows, batch, hot, cold_top, repeats, clock)})
     return {"results": results, "hot_size": size, "cold_top": cold_top, "threads": 1,
-            "note": SUMMARY_NOTE}
+            "clock": clock, "note": SUMMARY_NOTE}
 
 
 def format_table(report: dict) -> str:
-    lines = [f"B={BATCH}, one thread, |H|={report['hot_size']}, cold_top={report['cold_top']}; "
+    lines = [f"us per row ({report['clock']} clock), B={BATCH}, one thread, "
+             f"|H|={report['hot_size']}, cold_top={report['cold_top']}; "
              f"{report['note']}",
              f"{'vocab':>7} {'dtype':>8} {'config':>6} {'bytes full':>10} {'hot_first':>9} "
              f"{'ratio':>6} {'us full':>8} {'hot_first':>9} {'summary':>8} {'fallback':>8}  rows"]
