@@ -114,7 +114,7 @@ def llm_server(tmp_path_factory):
         tmp_path_factory.mktemp("repository"),
         SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
         LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
-                  batch_invariant=True))  # the seed tests rely on it (README)
+                  batch_invariant=True))  # the seed tests rely on it (docs/SERVING.md)
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, log_path=log) as running:
         yield running

@@ -50,3 +50,15 @@ def test_bench_kernels_vllm_columns_come_from_the_peer(tmp_path, capsys):
 def test_bench_requires_a_target():
     with pytest.raises(SystemExit):
         main(["bench"])
+
+
+def test_bench_loop_json(capsys):
+    assert main(["bench", "loop", "--json", "--batch", "4", "--history", "20",
+                 "--steps", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["simulated"] is True and report["batch"] == 4
+    assert [r["penalties"] for r in report["rows"]] == ["off", "on"]
+    for row in report["rows"]:
+        assert row["steps_run"] == 3  # one lane, every request in every step
+        assert all(row[k] > 0 for k in ("loop_ms_batch_state", "loop_ms_rebuild",
+                                         "batch_state_ms", "from_params_ms"))

@@ -230,6 +230,9 @@ def test_two_micro_batches_hide_sampling_behind_the_data_plane():
         assert all(r[-1].finish_reason == "length" for r in results)
         stats = decoder.stats
         assert stats.sampler_s >= 0.02 * stats.steps and stats.data_plane_s >= 0.02 * stats.steps
+        # the loop's own work excludes the forward and sampler waits
+        assert 0 < stats.loop_s < 0.01 * stats.steps
+        assert stats.loop_s == pytest.approx(sum(r.loop_s for r in stats.records))
         shares[lanes] = stats.sampling_share
         if lanes == 2:  # each micro-batch holds half of the sequences
             assert {len(rows) for rows in engine.steps} == {4}

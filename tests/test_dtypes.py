@@ -121,6 +121,20 @@ def test_strided_torch_rows():
     assert_identical(run(halves, params, histories), run(big[::2], params, histories))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_kernels_read_the_rows_in_place(dtype):
+    """No copy of the logits between the caller and the kernels (docs/COPIES.md),
+    strided rows included, in every dtype (no float32 upcast)."""
+    from simple_sampler.sampling import kernel_rows
+
+    big = torch.randn(8, VOCAB).to(dtype)
+    for logits in (big, big[::2]):
+        rows, _ = kernel_rows(logits)
+        assert rows.shape == (len(logits), VOCAB * big.element_size())
+        assert rows.__array_interface__["data"][0] == logits.data_ptr()
+        assert rows.strides[0] == logits.stride(0) * big.element_size()
+
+
 def test_non_cpu_torch_tensor_is_rejected():
     meta = torch.empty((1, 4), dtype=torch.float16, device="meta")
     with pytest.raises(ValueError, match="CPU"):

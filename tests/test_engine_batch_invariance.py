@@ -1,6 +1,6 @@
 """The PyTorch engine's batch-invariant mode: one sequence's logits are
-bitwise the same whatever else is in its steps (README, "Same seed, same
-text").
+bitwise the same whatever else is in its steps (docs/SERVING.md, "Same
+seed, same text").
 
 The sequence under test is fed a fixed script of tokens, so every run asks
 the engine the same question at every step; only the company changes:

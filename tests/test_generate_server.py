@@ -39,15 +39,25 @@ def http(server):
     return GenerateClient(server.http_url, "http")
 
 
-def in_flight(server) -> float:
+def llm_metric(server, name: str) -> float:
     text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return float(re.search(r"^simple_llm_requests_in_flight\{[^}]*\} (\S+)", text, re.M).group(1))
+    return float(re.search(rf"^simple_llm_{name}\{{[^}}]*\}} (\S+)", text, re.M).group(1))
+
+
+def in_flight(server) -> float:
+    return llm_metric(server, "requests_in_flight")
 
 
 def test_greedy_answer_names_paris(server):
     answer = http(server).generate(QUESTION, max_tokens=24, temperature=0.0,
                                    apply_chat_template=True, exclude_input_in_output=True)
     assert "Paris" in answer.text
+    # the decode loop's own time is exported (the llm model reports right after
+    # sending the final response, so it may lag the answer by a moment)
+    deadline = time.monotonic() + 5
+    while llm_metric(server, "loop_us_total") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 0 < llm_metric(server, "loop_us_total") < llm_metric(server, "data_plane_us_total")
     assert answer.finish_reason == "stop"
     assert answer.num_output_tokens == len(answer.token_ids) > 0
 
@@ -112,7 +122,7 @@ def test_stop_words_and_max_tokens_set_the_finish_reason(server):
 
 def test_a_cancelled_stream_frees_its_slot(server):
     """Against `llm` itself: Triton does not pass a cancellation on to an
-    ensemble step that is already running (README, "Cancellation")."""
+    ensemble step that is already running (docs/SERVING.md, "Cancellation")."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     arrivals = []
     client.start_stream(callback=lambda result, error: arrivals.append((time.monotonic(), error)))

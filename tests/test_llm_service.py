@@ -147,3 +147,37 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
     clean, no_retries = run(0)
     faulted, retries = run(2)
     assert faulted == clean and no_retries == 0 and retries == 2
+
+
+def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback(
+        monkeypatch, caplog):
+    """Not a client mistake (INVALID_ARG) but ours: one INTERNAL answer, one
+    ERROR line with the traceback, and the service serves the next request."""
+    from simple_sampler.triton import llm_service
+
+    decode = llm_service.decode_generate
+
+    def broken_once(request_inputs):
+        patch.undo()  # the next request decodes normally
+        raise KeyError("a bug")
+
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(llm_service, "decode_generate", broken_once)
+            failed = Client()
+            with caplog.at_level("ERROR", logger=llm_service.__name__):
+                service.submit(inputs(), failed.send, on_done=failed.done.set).result(60)
+        assert llm_service.decode_generate is decode
+        served = Client()
+        service.submit(inputs(max_tokens=2), served.send, on_done=served.done.set).result(60)
+    finally:
+        service.close()
+    [(outputs, error, final)] = failed.responses
+    assert outputs is None and final and type(error) is RuntimeError
+    assert str(error) == "KeyError: 'a bug'"
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info and record.exc_info[0] is KeyError
+    assert [final for _, _, final in served.responses] == [False, True]

@@ -181,3 +181,24 @@ def test_bans_travel_as_minus_infinity_bias(logits):
     direct = sample(logits, batch)
     np.testing.assert_array_equal(served["output_ids"][:, 0], direct.token_ids)
     assert not np.isin(direct.token_ids, batch.ban_ids).any()
+
+
+def test_bans_merge_into_the_bias_row_by_row():
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.triton.sampler_client import _bias_with_bans
+
+    rng = np.random.default_rng(0)
+    params = [SamplingParams(seed=r, min_tokens=int(rng.integers(0, 2)),
+                             stop_token_ids=rng.choice(8, rng.integers(0, 3), replace=False).tolist(),
+                             logit_bias={int(t): float(rng.normal())
+                                         for t in rng.choice(8, rng.integers(0, 3), replace=False)})
+              for r in range(40)]
+    batch = SamplingBatch.from_params(params)
+    assert batch.ban_ids.size and batch.bias_ids.size
+    offsets, ids, values = _bias_with_bans(batch)
+    for row, p in enumerate(params):
+        want = dict(p.logit_bias)
+        want.update({t: -np.inf for t in (p.stop_token_ids if p.min_tokens else [])})
+        a, b = offsets[row], offsets[row + 1]
+        assert dict(zip(ids[a:b].tolist(), values[a:b].tolist())) == want
+        assert len(set(ids[a:b].tolist())) == b - a

@@ -125,3 +125,18 @@ def test_bad_endpoint_lists_name_the_setting(text, message):
 def test_local_needs_a_local_call():
     with pytest.raises(ValueError, match="includes 'local'"):
         build_pool("local", None, 2)
+
+
+def test_targets_get_views_of_the_engine_logits_not_copies():
+    """docs/COPIES.md: the pool adds no copy of the rows; the one into the
+    BLS request (or the gRPC message) is the python backend's (tritonclient's)."""
+    seen = []
+
+    def target(inputs):
+        seen.append(inputs["logits"])
+        return Sampler()(inputs)
+
+    logits = torch.randn(8, VOCAB)
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(8)])
+    asyncio.run(SamplerPool([SamplerTarget("a", target, 2)])(logits, batch))
+    assert len(seen) == 2 and all(np.shares_memory(part, logits.numpy()) for part in seen)

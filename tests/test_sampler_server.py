@@ -212,3 +212,28 @@ def test_hot_vocabulary_sampling_behind_the_server(server, rows):
                                          text, re.M).group(1))
     assert count("simple_sampler_hot_tried_rows_total") == len(rows)
     assert count("simple_sampler_hot_accepted_rows_total") == int((expected.hot_accepted == 1).sum()) > 0
+
+
+def test_hot_vocab_drift_is_logged_once_with_the_recommended_size(server):
+    """Rows whose mass lies mostly outside the hot set (flat logits: 1536 of
+    49,152 ids hold 3% of it, where the profile predicts about 0.7) drift the
+    SHVS monitor of the instance; the server log gets one warning naming the
+    recommended |H|, and no line per request."""
+    def our_lines():
+        return [line for line in server.log_path.read_text().splitlines()
+                if " simple_sampler." in line]
+
+    before = our_lines()
+    client = SamplerClient(server.grpc_url, "grpc", model="simple_sampler_shvs")
+    try:
+        flat = client.share(np.zeros((MAX_BATCH, 49_152), np.float32))
+        for request in range(4096 // MAX_BATCH + 2):  # a full monitor window, and more
+            client.sample(shm_logits=flat, random_seed=column(
+                range(request * MAX_BATCH, (request + 1) * MAX_BATCH), np.uint64))
+    finally:
+        client.close()
+    new = our_lines()[len(before):]
+    assert len(new) == 1 and " WARNING simple_sampler.backend: " in new[0], new
+    acceptance, recommended = re.search(r"SHVS acceptance (\S+) over the last 4096 untruncated "
+                                        r"rows, .* recommended \|H\| = (\d+)", new[0]).groups()
+    assert float(acceptance) < 0.1 and int(recommended) > 0

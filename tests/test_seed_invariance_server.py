@@ -1,7 +1,8 @@
-"""README's promise, tried as a user would: against a real server (the
-default SmolLM2 torch engine, batch-invariant mode on), a seed gives the same
-tokens sent alone, among 15 other requests at once, and shuffled among
-other prompts of other lengths that join and leave around it.
+"""docs/SERVING.md's promise ("Same seed, same text"), tried as a user
+would: against a real server (the default SmolLM2 torch engine,
+batch-invariant mode on), a seed gives the same tokens sent alone, among 15
+other requests at once, and shuffled among other prompts of other lengths
+that join and leave around it.
 
 Temperature 1 with no truncation is where this breaks without the mode: the
 whole vocabulary is in play, so a draw landing near the boundary between two

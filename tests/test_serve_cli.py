@@ -41,6 +41,11 @@ def test_serve_answers_and_stops_on_sigint():
         stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert "stopped" in stdout
+    # The launcher's lifecycle, one log line per event (--log-level INFO, the default).
+    events = [" ".join(line.split(": ", 1)[1].split()[:2])
+              for line in stderr.splitlines() if " INFO simple_sampler." in line]
+    assert events == ["model repository", "tritonserver started", "tritonserver ready",
+                      "stopping tritonserver", "tritonserver stopped"], stderr
 
 
 def test_port_taken_is_one_clear_error():

@@ -132,3 +132,36 @@ def test_the_defaults_elsewhere_are_the_settings():
     assert micro_batches == LlmSettings.micro_batches == 1
     assert (engine.DEFAULT_MAX_BATCH_SIZE, engine.DEFAULT_MAX_CONTEXT) == \
         (LlmSettings.engine_max_batch_size, LlmSettings.max_context)
+
+
+def doc_rows(heading: str) -> list[list[str]]:
+    """The table rows (header dropped) under a ## heading of docs/CONFIGURATION.md."""
+    rows, inside = [], False
+    for line in project_file("docs/CONFIGURATION.md").read_text().splitlines():
+        if line.startswith("## "):
+            inside = line[3:].strip() == heading
+        elif inside and line.startswith("|") and not set(line) <= set("|-: "):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[1:]
+
+
+def documented(f) -> list[str]:
+    """What docs/CONFIGURATION.md's row for a settings field must say."""
+    m = f.metadata
+    flags = [] if m["flag"] is None else [m["flag"] or "--" + f.name.replace("_", "-")]
+    flags += [a for a in m["aliases"] if a[0] == "-"]
+    allowed = (", ".join(map(str, m["choices"])) if m["choices"]
+               else "" if m["minimum"] is None else f">= {m['minimum']}")
+    where = ("parameter" if m["parameter"] else "Triton field") + "".join(
+        f" (older key `{a}`)" for a in m["aliases"] if a[0] != "-")
+    default = str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
+    return [f"`{f.name}`", ", ".join(f"`{flag}`" for flag in flags), f"`{default}`", allowed,
+            where, m["help"]]
+
+
+@pytest.mark.parametrize("cls, heading", [
+    (LlmSettings, "`llm` and the text models (`LlmSettings`)"),
+    (SamplerSettings, "`simple_sampler` (`SamplerSettings`)"),
+])
+def test_the_configuration_doc_tables_are_the_settings(cls, heading):
+    assert doc_rows(heading) == [documented(f) for f in cls.settings_fields()]

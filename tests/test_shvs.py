@@ -354,6 +354,32 @@ def test_monitor_recommends_a_size_only_on_drift():
     assert np.argmax(profile.mixed_rows_per_s(0.1)) == 0
 
 
+def test_the_monitor_warns_of_drift_once_per_interval_with_the_recommended_size():
+    from simple_sampler.shvs import HotVocabMonitor
+
+    monitor = HotVocabMonitor(small_profile(), window=100, tolerance=0.05)
+    monitor.observe(np.array([1] * 79 + [0] * 21, np.int8), np.ones(100, bool))
+    assert monitor.drift_warning(now=0.0) is None                      # 0.79 vs 0.8: no drift
+    monitor.observe(np.array([1] * 8 + [0] * 92, np.int8), np.ones(100, bool))
+    warning = monitor.drift_warning(now=1.0, interval_s=600)
+    assert warning.startswith("hot-vocab drift: SHVS acceptance 0.080 over the last 100 "
+                              "untruncated rows, the profile predicts 0.800 at |H| = 50; "
+                              "recommended |H| = 10")
+    assert monitor.drift_warning(now=500.0, interval_s=600) is None    # rate-limited
+    assert monitor.drift_warning(now=601.0, interval_s=600) == warning
+
+
+def test_untruncated_rows_are_those_drawn_from_the_whole_distribution():
+    from simple_sampler.shvs.hot_vocab import untruncated_rows
+
+    params = [SamplingParams(), SamplingParams(temperature=0.7), SamplingParams(temperature=0),
+              SamplingParams(top_p=0.9), SamplingParams(min_p=0.05), SamplingParams(top_k=5),
+              SamplingParams(top_k=-1), SamplingParams(repetition_penalty=1.2)]
+    batch = SamplingBatch.from_params(params)
+    assert untruncated_rows(batch).tolist() == [True, True, False, False, False, False, True,
+                                                True]
+
+
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     """A small calibration run: 3 prompts, 4 tokens each, 3 sizes."""

@@ -15,7 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.settings import SamplerSettings
-from simple_sampler.shvs.hot_vocab import load_profile
+from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
 from simple_sampler.triton import logs
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
 
@@ -39,10 +39,13 @@ class TritonPythonModel:
         settings = SamplerSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.num_threads, self.vocab_size = settings.num_threads, settings.vocab_size
-        self.hot_vocab = None
+        self.hot_vocab = self.monitor = None
         if settings.hot_vocab_profile:
             path = os.path.join(args["model_repository"], settings.hot_vocab_profile)
-            self.hot_vocab = load_profile(path).hot_vocab()
+            profile = load_profile(path)
+            self.hot_vocab = profile.hot_vocab()
+            # Drift is only reported (logged below); the hot set never changes here.
+            self.monitor = HotVocabMonitor(profile, len(self.hot_vocab.ids))
             if self.vocab_size and self.hot_vocab.vocab_size != self.vocab_size:
                 raise ValueError(f"{path} is for a vocabulary of {self.hot_vocab.vocab_size} "
                                  f"tokens, the model's is {self.vocab_size}")
@@ -66,8 +69,9 @@ class TritonPythonModel:
                                         "Rows SHVS tried to decide from the hot set")
         self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
                                            "Rows SHVS decided from the hot set alone")
-        log.info("%s ready: %d kernel thread(s), vocabulary %s, hot set %s",
-                 args["model_instance_name"], self.num_threads, self.vocab_size or "any",
+        self.instance = args["model_instance_name"]
+        log.info("%s ready: max_batch_size %s, parameters %s, hot set %s", self.instance,
+                 config.get("max_batch_size"), settings.parameters(),
                  f"of {len(self.hot_vocab.ids)} ids" if self.hot_vocab else "off")
 
     def execute(self, requests):
@@ -94,6 +98,8 @@ class TritonPythonModel:
             rows += len(decoded)
             tried += int((outcomes >= 0).sum())
             accepted += int((outcomes == 1).sum())
+            if self.monitor is not None:
+                self.monitor.observe(outcomes, untruncated_rows(decoded.batch))
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
         self.rows_metric.increment(rows)
@@ -101,4 +107,10 @@ class TritonPythonModel:
         self.hot_tried_metric.increment(tried)
         self.hot_accepted_metric.increment(accepted)
         self.duration_metric.increment(int((time.perf_counter() - started) * 1e6))
+        drift = self.monitor and self.monitor.drift_warning(time.monotonic())
+        if drift:
+            log.warning("%s: %s", self.instance, drift)
         return responses
+
+    def finalize(self):
+        log.info("%s unloaded", self.instance)

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from .schema import ENSEMBLE
 from .settings import LlmSettings, SamplerSettings
 
 
@@ -51,6 +52,15 @@ def bench_handoff(args: argparse.Namespace) -> int:
                          cold_top=DEFAULT_COLD_TOP if args.cold_top is None else args.cold_top,
                          clock=args.clock)
     print_report(args, report, handoff.format_table(report))
+    return 0
+
+
+def bench_loop(args: argparse.Namespace) -> int:
+    from .bench import loop
+
+    report = loop.run(batch=args.batch, history=args.history, steps=args.steps,
+                      rounds=args.rounds)
+    print_report(args, report, loop.format_table(report))
     return 0
 
 
@@ -138,16 +148,16 @@ def serve(args: argparse.Namespace) -> int:
                        startup_timeout=args.startup_timeout)
 
 
-GENERATION_FLAGS = (("max_tokens", int), ("temperature", float), ("top_k", int), ("top_p", float),
-                    ("min_p", float), ("repetition_penalty", float), ("presence_penalty", float),
-                    ("frequency_penalty", float), ("seed", int), ("min_length", int),
-                    ("end_id", int))
+#: `generate` options: the ensemble's numeric scalar inputs (the seed as
+#: --seed, random_seed's alias).
+GENERATION_FLAGS = tuple(t for t in ENSEMBLE.inputs if t.scalar and t.name != "random_seed"
+                         and t.dtype not in ("BOOL", "BYTES"))
 
 
 def generate(args: argparse.Namespace) -> int:
     from .client import GenerateClient, GenerationError
 
-    params = {name: getattr(args, name) for name, _ in GENERATION_FLAGS}
+    params = {t.name: getattr(args, t.name) for t in GENERATION_FLAGS}
     params.update(stop_words=args.stop or None, bad_words=args.bad or None,
                   apply_chat_template=not args.raw, exclude_input_in_output=True)
     client = GenerateClient(args.url, args.protocol)
@@ -243,6 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
     handoff.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                          help="as bench kernels' --clock")
     handoff.set_defaults(handler=bench_handoff)
+    loop_bench = targets.add_parser(
+        "loop", help="the decode loop's own CPU time per step (simulated instant engine and "
+                     "sampler) and its batch building against a rebuild per step")
+    loop_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    loop_bench.add_argument("--batch", type=int, default=256)
+    loop_bench.add_argument("--history", type=int, default=1000, help="prompt tokens per row")
+    loop_bench.add_argument("--steps", type=int, default=64)
+    loop_bench.add_argument("--rounds", type=int, default=3,
+                            help="alternated runs per decoder (the median is reported)")
+    loop_bench.set_defaults(handler=bench_loop)
 
     perf_cmd = commands.add_parser(
         "perf", help="perf_analyzer (gRPC streaming) against the ensemble, per sampling mode")
@@ -301,9 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     gen.add_argument("--stop", action="append", help="a stop word (repeatable)")
     gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")
-    for name, kind in GENERATION_FLAGS:
-        gen.add_argument(f"--{name.replace('_', '-')}", type=kind,
-                         default=64 if name == "max_tokens" else None)
+    for tensor in GENERATION_FLAGS:
+        # max_tokens: 64 here, a better first answer than the server's 16.
+        default = 64 if tensor.name == "max_tokens" else None
+        gen.add_argument(f"--{tensor.name.replace('_', '-')}",
+                         type=float if tensor.dtype.startswith("FP") else int, default=default,
+                         help=f"{tensor.allowed} (default: {default or tensor.default})")
     gen.set_defaults(handler=generate)
 
     fill = commands.add_parser("fill-template",

@@ -249,20 +249,20 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> None:
 
 def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab, *,
                    num_top_logprobs: int = 0, return_logprobs: bool = True,
-                   num_threads: int | None = None) -> HandoffOutput:
+                   num_threads: int | None = None, validated: bool = False) -> HandoffOutput:
     """Decide each compact row (``CompactRows.cpu()`` form) or mark it
     undecided (``HandoffOutput.outcome``).
 
     batch: the rows' parameters and histories, length B (as for ``sample``).
     hot_vocab: the H the rows were summarized with. Other arguments as for
-    ``sample``. Raises ValueError for malformed compact rows, bad
+    ``sample`` (validated included). Raises ValueError for malformed compact rows, bad
     parameters, NaN / +inf logits (a cold one is reported at cold_argmax),
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
     _check_compact(rows, size, hot_vocab)
     vocab = hot_vocab.vocab_size
-    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads)
+    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
         hot_bytes, dtype = kernel_rows(rows.hot_logits)
     else:

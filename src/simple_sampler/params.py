@@ -128,7 +128,8 @@ class SamplingBatch:
     """Columnar parameters of B rows, the form the kernels (and Triton) use.
 
     Scalar columns have shape [B]. Ragged id lists are CSR pairs: offsets
-    int64 [B + 1] and values int64 (row r owns values[offsets[r]:offsets[r+1]]).
+    int64 [B + 1] and values int64 or int32 (row r owns
+    values[offsets[r]:offsets[r+1]]; the kernels take int32).
     `ban_*` holds the ids banned at this step (stop ids of rows that have not
     reached min_tokens); `bias_values` is float32 aligned with `bias_ids`.
     """

@@ -214,7 +214,7 @@ class LlmSettings(Settings):
         aliases=("max_batch_size",))
     max_context: int = setting(1024, "tokens per sequence, prompt and generated", minimum=2)
     # 1: on a CPU data plane a second lane re-reads the weights and competes
-    # with the sampler for the cores (README's `bench serve` figures); 2 pays
+    # with the sampler for the cores (docs/BENCHMARKS.md, `bench serve`); 2 pays
     # off when the forward runs on a GPU.
     micro_batches: int = setting(
         1, "lanes overlapping the data plane with sampling (1: none; 2 pays off with a GPU "
@@ -233,7 +233,7 @@ class LlmSettings(Settings):
     batch_invariant: bool = setting(
         False, "torch engine, Llama-architecture models: logits of a sequence independent of "
         "the rest of the batch, so a seed gives the same text at any concurrency (off by "
-        "default for its cost: docs/CONFIGURATION.md)")
+        "default for its cost: docs/SERVING.md, \"Same seed, same text\")")
 
     handoff: str = setting(
         "hot-first", "how rows cross to the sampler: hot-first (the hot set's logits, the "

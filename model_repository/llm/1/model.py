@@ -14,11 +14,15 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
 from simple_sampler.triton import logs
+from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
-SAMPLER_OUTPUTS = ["output_ids", "output_log_probs", "handoff_outcome"]
+log = logging.getLogger("simple_sampler.llm")
+#: The sampler's per-row outputs: the token, its logprob when a row asked, and for
+#: compact rows the handoff outcome.
+SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
 
 
 def call_sampler(model_name):
@@ -63,17 +67,20 @@ class TritonPythonModel:
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None,
                                   repository=os.path.dirname(args["model_repository"]))
-        log = logging.getLogger("simple_sampler.llm")
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
-        log.info("%s ready: %s", args["model_instance_name"], settings)
+        self.instance = args["model_instance_name"]
+        log.info("%s ready: max_batch_size %s, parameters %s", self.instance,
+                 config.get("max_batch_size"), settings.parameters())
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),
                            ("sampler_us", "Sampler time, overlapped or not"),
                            ("sampling_exposed_us", "Sampling time with no forward running"),
                            ("busy_us", "Time a forward or a sampler was running"),
+                           ("loop_us", "The decode loop's own Python time, forwards and "
+                                       "samplers excluded"),
                            ("sampler_retries", "Sampler requests sent again after a failure")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
                                            kind=pb_utils.MetricFamily.COUNTER)
@@ -121,10 +128,12 @@ class TritonPythonModel:
         totals = {"data_plane_us": int(stats.data_plane_s * 1e6),
                   "sampler_us": int(stats.sampler_s * 1e6),
                   "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
-                  "busy_us": int(stats.busy_s * 1e6), "sampler_retries": stats.sampler_retries}
+                  "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
+                  "sampler_retries": stats.sampler_retries}
         for name, total in totals.items():
             self.metrics[name].increment(total - self.reported[name])
             self.reported[name] = total
 
     def finalize(self):
         self.service.close()
+        log.info("%s unloaded", self.instance)

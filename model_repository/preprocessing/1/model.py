@@ -9,15 +9,17 @@ from simple_sampler.serving.text import TextCodec
 from simple_sampler.triton import logs
 from simple_sampler.triton.generate_io import encode_prompt
 
+log = logging.getLogger("simple_sampler.preprocessing")
+
 
 class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
         parameters = json.loads(args["model_config"]).get("parameters", {})
         self.codec = TextCodec.from_source(parameters["model"]["string_value"] or None)
-        logging.getLogger("simple_sampler.preprocessing").info(
-            "%s ready: tokenizer of %s", args["model_instance_name"],
-            parameters["model"]["string_value"] or "SmolLM2-135M-Instruct")
+        self.instance = args["model_instance_name"]
+        log.info("%s ready: tokenizer of %s", self.instance,
+                 parameters["model"]["string_value"] or "SmolLM2-135M-Instruct")
 
     def execute(self, requests):
         responses = []
@@ -30,6 +32,14 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
                 continue
+            except Exception as error:  # noqa: BLE001 - ours: log it, answer, serve the rest
+                log.exception("tokenizing a request failed")
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
+                continue
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor("input_ids", np.asarray([ids], np.int32))]))
         return responses
+
+    def finalize(self):
+        log.info("%s unloaded", self.instance)

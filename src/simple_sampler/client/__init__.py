@@ -13,7 +13,7 @@ or not, over gRPC (bidirectional stream) or HTTP (the generate extension).
         async for chunk in client.stream("Hello", max_tokens=8):
             ...
 
-Every keyword is an ensemble input (README, "Generation parameters"); an
+Every keyword is an ensemble input (docs/TENSORS.md, "Generation"); an
 unknown one raises TypeError before anything is sent. A server error raises
 :class:`GenerationError` carrying the server's message.
 """

@@ -8,15 +8,12 @@ from typing import Callable
 
 import numpy as np
 
-#: ensemble input -> numpy dtype of its [1, 1] tensor
-SCALAR_TYPES = {
-    "max_tokens": np.int32, "stream": bool, "temperature": np.float32, "top_k": np.int32,
-    "top_p": np.float32, "min_p": np.float32, "repetition_penalty": np.float32,
-    "presence_penalty": np.float32, "frequency_penalty": np.float32, "random_seed": np.uint64,
-    "seed": np.uint64, "end_id": np.int32, "min_length": np.int32, "return_log_probs": bool,
-    "exclude_input_in_output": bool, "apply_chat_template": bool,
-}
-WORD_LISTS = ("stop_words", "bad_words")
+from ..schema import ENSEMBLE
+
+PROMPT = "text_input"
+#: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
+SCALAR_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if t.scalar and t.name != PROMPT}
+WORD_LISTS = tuple(t.name for t in ENSEMBLE.inputs if not t.scalar)
 PROTOCOLS = ("grpc", "http")
 
 
@@ -48,7 +45,7 @@ def _check_names(params: dict) -> None:
 def request_arrays(prompt: str, params: dict) -> dict[str, np.ndarray]:
     """The request's tensors, name -> [1, 1] (word lists [1, n]) numpy array."""
     _check_names(params)
-    arrays = {"text_input": np.array([[prompt.encode()]], dtype=object)}
+    arrays = {PROMPT: np.array([[prompt.encode()]], dtype=object)}
     for name, value in params.items():
         if value is None:
             continue
@@ -74,7 +71,7 @@ def grpc_inputs(infer_input: type, arrays: dict[str, np.ndarray]) -> list:
 def http_request(url: str, model: str, prompt: str, params: dict) -> tuple[str, bytes]:
     """(address, JSON body) of the generate or generate_stream endpoint."""
     _check_names(params)
-    body = {"text_input": prompt, **{k: v for k, v in params.items() if v is not None}}
+    body = {PROMPT: prompt, **{k: v for k, v in params.items() if v is not None}}
     endpoint = "generate_stream" if params.get("stream") else "generate"
     return f"http://{url}/v2/models/{model}/{endpoint}", json.dumps(body).encode()
 

@@ -28,7 +28,7 @@ What this forward does instead:
   before every step).
 
 Prefill and decode tokens share the tiles, so there is one forward per step.
-What it costs (measured in README, "Same seed, same text"): padding rows at
+What it costs (measured in docs/SERVING.md, "Same seed, same text"): padding rows at
 low concurrency, one pass over the weights per tile at high concurrency,
 small prefill GEMMs, and one attention call per sequence and layer.
 
@@ -43,8 +43,8 @@ import torch.nn.functional as F
 
 #: token rows per GEMM. Every projection runs on [TILE_ROWS, in] tiles: larger
 #: tiles waste more padding at low concurrency, smaller ones re-read the weights
-#: more often at high concurrency. 8 is a middle ground, not tuned (README gives
-#: the measured cost).
+#: more often at high concurrency. 8 is a middle ground, not tuned (docs/SERVING.md
+#: gives the measured cost).
 TILE_ROWS = 8
 SUPPORTED = ("llama",)
 NEEDS_TORCH = ("batch_invariant needs engine torch: TensorRT-LLM's kernels are not "

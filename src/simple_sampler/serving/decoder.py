@@ -30,6 +30,11 @@ row, so each loop first asks which of its sequences are ready (waiting briefly
 for any) and steps only those, in one lane: the engine's own in-flight
 batching (and its pipeline micro-batches) replaces the decoder's lanes.
 
+The rows' sampling state (parameters, token histories) is kept by slot in a
+:class:`~.batch_state.BatchState` from admission to release, so a step's
+batch is gathered, not rebuilt; ``DecoderStats.loop_s`` is the loop's own
+time per step (docs/DECODE_LOOP.md).
+
 Randomness: a request's step is the number of tokens it has generated, and
 an unseeded request gets one random seed at submission, so a seeded request
 yields the same tokens whatever the batch composition, lane split or mode of
@@ -60,9 +65,10 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 import numpy as np
 import torch
 
-from ..params import History, SamplingBatch, SamplingParams, ragged
+from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
 from ..settings import SAMPLING_MODES, LlmSettings
+from .batch_state import BatchState
 from .engine import Engine, SelfScheduling, SequenceFailed
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
@@ -201,11 +207,13 @@ class RequestHandle:
 
 @dataclass
 class StepRecord:
-    """One engine forward: rows, its time and its sampler's time (seconds)."""
+    """One engine forward: rows, its time, its sampler's time and the decode
+    loop's own Python time around it (seconds; see ``DecoderStats.loop_s``)."""
 
     rows: int
     data_plane_s: float
     sampler_s: float
+    loop_s: float
 
 
 @dataclass
@@ -215,12 +223,17 @@ class DecoderStats:
     ``busy_s``: time a forward or a sampler was running; ``data_plane_s``:
     forward time; ``sampler_s``: total sampler time (overlapped or not);
     ``sampling_exposed_s``: time sampling ran while no forward did, the part
-    on the critical path. ``sampling_share`` = exposed / busy.
+    on the critical path. ``sampling_share`` = exposed / busy. ``loop_s``:
+    the decode loop's own Python work (reaping and admission, building the
+    sampling batch, delivering tokens and events, appending to the engine),
+    forward and sampler time excluded: at GPU pace it is on the critical
+    path of every step, so ``loop_s / steps`` must stay well under a step.
     """
 
     busy_s: float = 0.0
     data_plane_s: float = 0.0
     sampler_s: float = 0.0
+    loop_s: float = 0.0
     sampling_exposed_s: float = 0.0
     sampler_retries: int = 0
     steps: int = 0
@@ -269,17 +282,7 @@ class _Sequence:
     cum_log_prob: float = 0.0
     cancelled: bool = False
     done: bool = False
-
-    def bans(self) -> list[int]:
-        """Token ids banned at this step: stop ids before min_tokens, and
-        each bad word's last token where the sequence ends with its others."""
-        banned = list(self.params.stop_token_ids) \
-            if len(self.output_ids) < self.params.min_tokens else []
-        ids = self.prompt_ids + self.output_ids
-        for word in self.bad_words_ids:
-            if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
-                banned.append(word[-1])
-        return banned
+    slot: int = -1  # in the decoder's BatchState while in a lane
 
 
 class Decoder:
@@ -314,6 +317,7 @@ class Decoder:
         self.by_id: dict[int, _Sequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
+        self.state = BatchState(engine.max_batch_size, engine.max_context)
         self.activity = _Activity(self.stats)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
@@ -387,6 +391,9 @@ class Decoder:
             except (ValueError, RuntimeError) as error:
                 self._finish(sequence, error=str(error))
                 continue
+            sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
+                                           sequence.request.return_log_probs,
+                                           sequence.bad_words_ids)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
@@ -410,8 +417,13 @@ class Decoder:
         """Free the slots of sequences finished outside their lane's step."""
         for sequence in [s for s in lane if s.done]:
             lane.remove(sequence)
-            self.engine.release(sequence.request_id)
+            self._release(sequence)
         self._admit()
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
+        self.engine.release(sequence.request_id)
+        self.state.release(sequence.slot)
 
     def _finish(self, sequence: _Sequence, reason: str | None = None, error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
@@ -424,7 +436,7 @@ class Decoder:
         for lane in self.lanes if release else ():
             if sequence in lane:
                 lane.remove(sequence)
-                self.engine.release(sequence.request_id)
+                self._release(sequence)
         event = self._event(sequence, text, token_ids, logprobs, reason, error)
         event.retryable = retryable
         sequence.handle.events.put_nowait(event)
@@ -444,6 +456,7 @@ class Decoder:
         lane, wake = self.lanes[index], self.wake[index]
         loop = asyncio.get_running_loop()
         while True:
+            started = time.perf_counter()  # the loop's own work: up to the forward
             self._reap(lane)
             for sequence in [s for s in lane if s.cancelled]:
                 self._finish(sequence, FINISH_CANCELLED)
@@ -454,12 +467,15 @@ class Decoder:
                 continue
             sequences = list(lane)
             try:
-                waited_s = 0.0
+                waited_s = loop_s = 0.0
                 if self.wait_ready is not None:
+                    loop_s = time.perf_counter() - started
                     sequences, waited_s = await self._ready(sequences)
+                    started = time.perf_counter()
                     if not sequences:
                         continue
                 batch = self._sampling_batch(sequences)
+                loop_s += time.perf_counter() - started
                 ids = [s.request_id for s in sequences]
                 self.activity.change(forwards=1)
                 try:
@@ -478,8 +494,10 @@ class Decoder:
                     sampler_s = time.perf_counter() - started
                 else:
                     self.stats.sampling_exposed_s += local_sample_s
-                self._record(len(sequences), waited_s + forward_s, sampler_s)
+                started = time.perf_counter()
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+                loop_s += time.perf_counter() - started
+                self._record(len(sequences), waited_s + forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
                 for sequence in sequences:
                     if sequence.request_id in error.failed:
@@ -528,20 +546,17 @@ class Decoder:
         return logits, tokens, logprobs, forward_s, time.perf_counter() - started - forward_s
 
     def _sampling_batch(self, sequences: list[_Sequence]) -> SamplingBatch:
-        batch = SamplingBatch.from_params(
-            [s.params for s in sequences],
-            [History(s.prompt_ids, s.output_ids) for s in sequences],
-            vocab_size=self.engine.vocab_size)
-        batch.ban_offsets, batch.ban_ids = ragged([s.bans() for s in sequences])
-        batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
-        return batch
+        """Gathered from the persistent state (parameters were checked at submission)."""
+        return self.state.batch(np.fromiter((s.slot for s in sequences), np.int64,
+                                            len(sequences)))
 
-    def _record(self, rows: int, forward_s: float, sampler_s: float) -> None:
+    def _record(self, rows: int, forward_s: float, sampler_s: float, loop_s: float) -> None:
         self.stats.steps += 1
         self.stats.tokens += rows
         self.stats.data_plane_s += forward_s
         self.stats.sampler_s += sampler_s
-        self.stats.records.append(StepRecord(rows, forward_s, sampler_s))
+        self.stats.loop_s += loop_s
+        self.stats.records.append(StepRecord(rows, forward_s, sampler_s, loop_s))
 
     def _deliver(self, sequences: list[_Sequence], tokens: np.ndarray, logprobs: np.ndarray):
         """Turn one step's tokens into events; feed the survivors back."""
@@ -570,4 +585,6 @@ class Decoder:
                 reason = FINISH_STOP if stopped else reason
             self._finish(sequence, reason, text=text, token_ids=[token], logprobs=[logprob])
         if continuing:
+            self.state.append(np.fromiter((s.slot for s in continuing), np.int64,
+                                          len(continuing)), np.asarray(next_tokens, np.int32))
             self.engine.append([s.request_id for s in continuing], next_tokens)

@@ -18,8 +18,9 @@ profile's prediction and recommends a new |H| when it drifts. It never
 resizes the hot set by itself: a seeded row's token is a function of the hot
 set (among its other inputs), so a hot set that followed each instance's
 traffic would let the token depend on which instance served the row. The
-recommendation is exported (metrics / logs) and applied by reconfiguring
-every instance to the same size at once.
+recommendation is logged (the simple_sampler backend feeds one monitor per
+instance and logs its :meth:`HotVocabMonitor.drift_warning`) and applied by
+reconfiguring every instance to the same size at once.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..params import GREEDY_TEMPERATURE
 
 #: Columns per kernel block (SS_BLOCK in scalar_math.h).
 BLOCK = 64
@@ -230,6 +233,7 @@ class HotVocabMonitor:
         self.window = window
         self.tolerance = tolerance
         self._outcomes = np.zeros(0, np.int8)
+        self._warned_at = -np.inf
 
     def observe(self, hot_accepted: np.ndarray, untruncated: np.ndarray) -> None:
         """hot_accepted int8 [B] (SampleOutput.hot_accepted); untruncated bool [B]."""
@@ -264,3 +268,25 @@ class HotVocabMonitor:
             return self.size
         rate = self.profile.mixed_rows_per_s(self.acceptance / max(self.predicted, 1e-9))
         return int(self.profile.sizes[int(np.argmax(rate))])
+
+    def drift_warning(self, now: float, interval_s: float = 600.0) -> str | None:
+        """One log line on drift with the recommended |H|, at most once per
+        `interval_s` (`now`: a monotonic clock in seconds); None otherwise.
+        Rate-limited because a drifted window stays drifted for every
+        request until the instances are reconfigured."""
+        if not self.drifted or now - self._warned_at < interval_s:
+            return None
+        self._warned_at = now
+        return (f"hot-vocab drift: SHVS acceptance {self.acceptance:.3f} over the last "
+                f"{self.rows} untruncated rows, the profile predicts {self.predicted:.3f} at "
+                f"|H| = {self.size}; recommended |H| = {self.recommended_size()} (apply it to "
+                f"every instance at once: `simple-sampler calibrate`, docs/DESIGN.md)")
+
+
+def untruncated_rows(batch) -> np.ndarray:
+    """bool [B]: the rows of a ``SamplingBatch`` drawn from the whole
+    distribution (not greedy, top_p 1, no min_p, top_k 0 or -1), whose SHVS
+    acceptance is the hot set's share of the mass (what the monitor counts)."""
+    return ((np.asarray(batch.temperature) >= GREEDY_TEMPERATURE)
+            & (np.asarray(batch.top_p) >= 1.0) & (np.asarray(batch.min_p) <= 0.0)
+            & (np.asarray(batch.top_k) <= 0))

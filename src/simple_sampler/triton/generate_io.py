@@ -2,39 +2,12 @@
 decoded into a ``GenerationRequest`` and encoded back from its events.
 
 Every input has batch dimension 1 (one prompt per request, as TensorRT-LLM's
-streaming ensemble requires): scalars are [1, 1], word lists [1, N].
-
-======================= ====== ======= =====================================
-input                   dtype  dims    default, allowed
-======================= ====== ======= =====================================
-text_input              BYTES  [1]     required, non-empty UTF-8
-max_tokens              INT32  [1]     16; [1, context - 1]
-stream                  BOOL   [1]     false: one response at the end
-temperature             FP32   [1]     1.0; >= 0, < 1e-5 is greedy
-top_k                   INT32  [1]     0 (off); >= -1
-top_p                   FP32   [1]     1.0 (off); (0, 1]
-min_p                   FP32   [1]     0.0 (off); [0, 1]
-repetition_penalty      FP32   [1]     1.0; > 0
-presence_penalty        FP32   [1]     0.0; [-2, 2]
-frequency_penalty       FP32   [1]     0.0; [-2, 2]
-random_seed (or seed)   UINT64 [1]     a fresh random seed
-stop_words              BYTES  [-1]    none; generation stops before them
-bad_words               BYTES  [-1]    none; never generated
-end_id                  INT32  [1]     the tokenizer's end of sequence
-min_length              INT32  [1]     0; end id banned until reached
-return_log_probs        BOOL   [1]     false
-exclude_input_in_output BOOL   [1]     false: a non-streaming answer starts
-                                       with the prompt text (TensorRT-LLM's
-                                       behaviour); streams never repeat it
-apply_chat_template     BOOL   [1]     false: text_input is sent as one user
-                                       turn through the model's template
-======================= ====== ======= =====================================
-
-Outputs: text_output BYTES [1]; output_log_probs FP32 [N] (this response's
-tokens, when asked); cum_log_probs FP32 [1] (0 unless asked); num_input_tokens and
-num_output_tokens INT32 [1]; finish_reason BYTES [1] ("" until the last
-response, then "stop", "length" or "cancelled"); output_ids INT32 [N], this
-response's token ids.
+streaming ensemble requires): scalars are [1, 1], word lists [1, N]. The
+tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
+in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
+(this response's tokens; logprobs when asked); cum_log_probs (0 unless
+asked); num_input_tokens, num_output_tokens; finish_reason ("" until the
+last response, then "stop", "length" or "cancelled").
 """
 from __future__ import annotations
 
@@ -44,17 +17,14 @@ from typing import Mapping
 import numpy as np
 
 from ..params import SamplingParams
+from ..schema import LLM
 from ..serving.decoder import GenerationEvent, GenerationRequest
 
-#: input -> SamplingParams field, for the plain numeric parameters.
-SAMPLING_INPUTS = {
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "min_length": "min_tokens",
-}
-FLAG_INPUTS = ("stream", "return_log_probs", "exclude_input_in_output", "apply_chat_template")
-INPUT_NAMES = ("text_input", "input_ids", "max_tokens", *SAMPLING_INPUTS, "random_seed", "seed",
-               "stop_words", "bad_words", "end_id", *FLAG_INPUTS)
+#: input -> SamplingParams field, for the plain numeric parameters (the
+#: seed's two inputs are reconciled first).
+SAMPLING_INPUTS = {t.name: t.param for t in LLM.inputs if t.param and t.param != "seed"}
+FLAG_INPUTS = tuple(t.name for t in LLM.inputs if t.dtype == "BOOL")
+INPUT_NAMES = LLM.input_names
 
 
 @dataclass

@@ -187,13 +187,22 @@ class LlmService:
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
         except (ValueError, Unavailable) as error:
-            try:
-                send(None, error, True)
-            finally:
-                on_done()
+            log.debug("request refused: %s", error)
+            self._refuse(error, send, on_done)
+            return
+        except Exception as error:  # ours, not the client's: the request still gets its answer
+            log.exception("request failed before it reached the decoder")
+            self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
         try:
             await self._deliver(decoded, handle, send, is_cancelled)
+        finally:
+            on_done()
+
+    @staticmethod
+    def _refuse(error: Exception, send: Send, on_done) -> None:
+        try:
+            send(None, error, True)
         finally:
             on_done()
 

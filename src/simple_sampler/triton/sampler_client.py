@@ -15,7 +15,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as system_shm
 from tritonclient.utils import np_to_triton_dtype
 
-from ..params import SamplingBatch, ragged
+from ..params import SamplingBatch
+from ..schema import SAMPLER
 from .sampler_io import PADDING, SCALAR_INPUTS
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
@@ -45,8 +46,7 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     """
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
-        dtype = np.int32 if field == "top_k" else np.float32
-        arrays[name] = np.asarray(getattr(batch, field), dtype=dtype)[:, None]
+        arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
     arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
     arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
     arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
@@ -59,17 +59,23 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
 
 
 def _bias_with_bans(batch: SamplingBatch):
-    """CSR bias lists where every banned id is -inf (once per row)."""
-    lists = []
-    for row in range(len(batch)):
-        bias = dict(zip(batch.bias_ids[batch.bias_offsets[row]:batch.bias_offsets[row + 1]].tolist(),
-                        batch.bias_values[batch.bias_offsets[row]:batch.bias_offsets[row + 1]].tolist()))
-        for banned in batch.ban_ids[batch.ban_offsets[row]:batch.ban_offsets[row + 1]].tolist():
-            bias[banned] = -np.inf
-        lists.append(bias)
-    offsets, ids = ragged([list(b) for b in lists])
-    values = np.fromiter((v for b in lists for v in b.values()), np.float64, count=ids.size)
-    return offsets, ids, values
+    """CSR bias lists where every banned id is -inf (once per row), built
+    with numpy (no loop over rows: this runs for every step's batch)."""
+    bans = np.diff(batch.ban_offsets)
+    if not bans.any():
+        return batch.bias_offsets, batch.bias_ids, np.asarray(batch.bias_values, np.float64)
+    rows = np.arange(len(batch))
+    row = np.concatenate([np.repeat(rows, np.diff(batch.bias_offsets)), np.repeat(rows, bans)])
+    ids = np.concatenate([batch.bias_ids, batch.ban_ids]).astype(np.int64)
+    values = np.concatenate([batch.bias_values, np.full(batch.ban_ids.size, -np.inf)])
+    is_ban = np.concatenate([np.zeros(batch.bias_ids.size, bool), np.ones(batch.ban_ids.size, bool)])
+    order = np.lexsort((~is_ban, ids, row))  # by row, then id, a ban before a bias
+    row, ids, values = row[order], ids[order], values[order]
+    first = np.ones(row.size, bool)  # the first entry of each (row, id): the ban if any
+    first[1:] = (row[1:] != row[:-1]) | (ids[1:] != ids[:-1])
+    offsets = np.zeros(len(batch) + 1, np.int64)
+    np.cumsum(np.bincount(row[first], minlength=len(batch)), out=offsets[1:])
+    return offsets, ids[first], values[first]
 
 
 class SamplerClient:

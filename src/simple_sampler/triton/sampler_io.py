@@ -1,57 +1,18 @@
 """The `simple_sampler` model's tensors, decoded and checked without a server.
 
-A request carries B rows. Inputs (names follow TensorRT-LLM's engine-level
-tensors where one exists; shapes include the batch dimension):
-
-===================== ======= ======== ======================================
-input                 dtype   shape    meaning (default when absent)
-===================== ======= ======== ======================================
-logits                FP32,   [B, V]   next-token logits (required; the dtype
-                      FP16 or          is the model's configured one)
-                      BF16
-temperature           FP32    [B, 1]   1.0; < 1e-5 is greedy
-runtime_top_k         INT32   [B, 1]   0 (off; -1 also off)
-runtime_top_p         FP32    [B, 1]   1.0 (off)
-min_p                 FP32    [B, 1]   0.0 (off)
-repetition_penalty    FP32    [B, 1]   1.0
-presence_penalty      FP32    [B, 1]   0.0
-frequency_penalty     FP32    [B, 1]   0.0
-random_seed           UINT64  [B, 1]   a fresh random seed per row
-step                  INT64   [B, 1]   tokens generated so far (the count of
-                                       generated_ids); keys the draw
-prompt_ids            INT32   [B, L]   prompt ids (repetition penalty)
-generated_ids         INT32   [B, L]   generated ids (all penalties)
-logit_bias_ids        INT32   [B, L]   biased token ids
-logit_bias_values     FP32    [B, L]   their biases (same shape; finite or -inf)
-min_tokens            INT32   [B, 1]   0; end ids are banned while step < it
-end_id                INT32   [B, L]   end-of-sequence ids (min_tokens)
-return_log_probs      BOOL    [B, 1]   false
-num_top_logprobs      INT32   [B, 1]   0; at most 20
-===================== ======= ======== ======================================
-
-Compact rows (the hot-first handoff, docs/HANDOFF.md), sent INSTEAD of
-logits when the sampler has a hot set (hot_vocab_profile):
-
-===================== ======= ======== ======================================
-hot_logits            logits' [B, |H|] raw logits of the hot ids, ascending
-                      dtype
-touched_ids           INT32   [B, L]   each row's touched ids outside H,
-                                       ascending
-touched_logits        FP32    [B, L]   their raw logits (same shape)
-cold_max              FP32    [B, 1]   max raw logit of the other ids (C)
-cold_argmax           INT32   [B, 1]   the lowest id of C reaching it (-1)
-cold_mass             FP32    [B, 1]   sum over C of exp(x/T - cold_max/T)
-===================== ======= ======== ======================================
-
-They add the output ``handoff_outcome`` INT8 [B, 1] (0 decided, 1 the row is
-needed whole, 2 the row is needed whole and conditioned on C; undecided
-rows' output_ids are -1, and a row 2's output_log_probs holds C's log share).
-
-Id lists are right-padded with -1; -1 entries are padding and nothing else
-is negative. Outputs: ``output_ids`` INT32 [B, 1]; ``output_log_probs``
-FP32 [B, 1] when any row asked (NaN on rows that did not);
-``top_logprobs_ids`` INT32 / ``top_logprobs`` FP32 [B, n] when any row asked
-for n > 0 (n = the largest asked; a row that asked fewer has -1 / -inf
+A request carries B rows. The inputs' names, dtypes, defaults and ranges
+are ``schema.SAMPLER``'s (tabulated in docs/TENSORS.md); shapes include the
+batch dimension: logits [B, V] in the model's configured dtype, scalars
+[B, 1], id lists [B, L] right-padded with -1 (-1 entries are padding and
+nothing else is negative). Instead of logits, a sampler with a hot set
+(hot_vocab_profile) takes compact rows: ``schema.HANDOFF_INPUTS`` (the
+hot-first handoff, docs/HANDOFF.md), answered with the extra output
+``handoff_outcome`` INT8 [B, 1] (0 decided, 1 the row is needed whole, 2
+needed whole and conditioned on C; undecided rows' output_ids are -1 and a
+row 2's output_log_probs holds C's log share). Outputs: ``output_ids`` INT32 [B, 1];
+``output_log_probs`` FP32 [B, 1] when any row asked (NaN on rows that did
+not); ``top_logprobs_ids`` INT32 / ``top_logprobs`` FP32 [B, n] when any row
+asked for n > 0 (n = the largest asked; a row that asked fewer has -1 / -inf
 beyond its own n). The semantics are ``simple_sampler.sampling``'s.
 """
 from __future__ import annotations
@@ -64,27 +25,18 @@ import numpy as np
 
 from ..params import RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
+from ..schema import HANDOFF_INPUTS, SAMPLER
 
 PADDING = -1
 
-#: tensor name -> (SamplingBatch column, default value)
-SCALAR_INPUTS = {
-    "temperature": ("temperature", 1.0),
-    "runtime_top_k": ("top_k", 0),
-    "runtime_top_p": ("top_p", 1.0),
-    "min_p": ("min_p", 0.0),
-    "repetition_penalty": ("repetition_penalty", 1.0),
-    "presence_penalty": ("presence_penalty", 0.0),
-    "frequency_penalty": ("frequency_penalty", 0.0),
-}
-ID_LIST_INPUTS = ("prompt_ids", "generated_ids", "logit_bias_ids", "end_id")
-OPTIONAL_ROW_INPUTS = ("random_seed", "step", "min_tokens", "return_log_probs",
-                       "num_top_logprobs")
+#: tensor name -> (SamplingBatch column, default value), for the parameters RULES checks
+SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
+                 if t.param in {field for field, _, _ in RULES}}
 #: The compact form of the rows (module docstring), instead of logits.
-COMPACT_INPUTS = ("hot_logits", "touched_ids", "touched_logits", "cold_max", "cold_argmax",
-                  "cold_mass")
-INPUT_NAMES = ("logits", *COMPACT_INPUTS, *SCALAR_INPUTS, *OPTIONAL_ROW_INPUTS, *ID_LIST_INPUTS,
-               "logit_bias_values")
+COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
+ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
+                       and t.name not in COMPACT_INPUTS)
+INPUT_NAMES = SAMPLER.input_names
 
 
 class RequestError(ValueError):
@@ -291,7 +243,8 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
 
 def sample_request(request: RowsRequest, num_threads: int = 1,
                    hot_vocab=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Sample one decoded request; returns (output name -> array, the rows'
+    """Sample one request from ``decode_request`` (whose batch is checked, so
+    ``sample`` does not check it again); returns (output name -> array, the rows'
     SHVS outcomes int8 [B]: 1 decided from the hot set, 0 fell back, -1 not
     tried). `hot_vocab`: a ``HotVocab`` or None (SHVS off).
 
@@ -306,11 +259,11 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
 
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
-                                 num_threads=num_threads)
+                                 num_threads=num_threads, validated=True)
         else:
             out = sample(request.logits, request.batch, num_top_logprobs=n_top,
                          return_logprobs=want_logprob, num_threads=num_threads,
-                         hot_vocab=hot_vocab)
+                         hot_vocab=hot_vocab, validated=True)  # decode_request checked the batch
     except ValueError as error:
         raise RequestError(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}

@@ -10,6 +10,7 @@ model whose stub process dies is reloaded while the server runs
 """
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import tempfile
@@ -20,6 +21,8 @@ from ..settings import LlmSettings, SamplerSettings
 from .install import InstallError
 from .server import MiB, TritonServer, write_model
 from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 from .startup import default_startup_timeout
 
 
@@ -79,6 +82,8 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
                                              sampler, llm)
+            log.info("model repository %s: %s; %s", repository, sampler,
+                     llm or "no llm (--sampler-only)")
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path,

@@ -4,6 +4,7 @@ benchmarks alike.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +24,8 @@ from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from .logs import LOG_LEVEL_ENV
 from .supervisor import list_stubs, unlink_shm
+
+log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 #: The decode loop's gauge of requests decoding or queued (llm/1/model.py).
@@ -156,11 +159,16 @@ class TritonServer:
                                    f"choose another or stop what holds it")
         self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
         backends = assemble_backends(self._workdir, self.install)
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.command(backends), env=self.environment(),
-                                        stdout=log, stderr=subprocess.STDOUT,
+                                        stdout=output, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        log.info("tritonserver started (pid %d, repository %s, log %s)", self.process.pid,
+                 self.repository, self.log_path)
+        started = time.monotonic()
         self.wait_ready(timeout, progress_s)
+        log.info("tritonserver ready in %.1f s: HTTP %s, gRPC %s, metrics %s",
+                 time.monotonic() - started, self.http_url, self.grpc_url, self.metrics_url)
         return self
 
     def ready(self) -> bool:
@@ -253,7 +261,8 @@ class TritonServer:
             deadline = time.monotonic() + (self.shutdown_grace_s + STOP_MARGIN_S
                                            if timeout is None else timeout)
             stubs = list_stubs(self.process.pid)
-            self.drain(stubs)
+            log.info("stopping tritonserver (pid %d): %d model process(es) drained in %.1f s",
+                     self.process.pid, len(stubs), self.drain(stubs))
             self.terminate()
             try:
                 self.process.wait(max(1.0, deadline - time.monotonic()))
@@ -264,6 +273,7 @@ class TritonServer:
             # gave up on at its exit timeout (or a SIGKILL) leaves it behind.
             unlink_shm(stub.shm_region for stub in stubs)
         shutil.rmtree(self._workdir, ignore_errors=True)
+        log.info("tritonserver stopped (status %s)", self.process.returncode)
         return self.process.returncode
 
     def __enter__(self) -> "TritonServer":

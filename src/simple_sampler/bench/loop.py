@@ -1,0 +1,194 @@
+"""`simple-sampler bench loop`: the decode loop's own CPU time per step
+(``DecoderStats.loop_s / steps``) at GPU-sized batches, with the forward and
+the sampler taken out.
+
+The engine is instant and SIMULATED (no model: ``step`` returns a view of
+one preallocated logits array; ``add`` / ``append`` / ``release`` do
+nothing) and so is the sampler (it returns a fixed token at once), so what
+remains is the loop's own Python: reaping and admission, gathering the
+step's SamplingBatch, detokenizing (SmolLM2's real tokenizer) and delivering
+events, appending to the engine. B requests (default 256) each with a
+``history``-token prompt (default 1,000) decode ``steps`` tokens in one lane,
+through the decoder (``batch_state``) and, as the baseline, through
+``RebuildingDecoder`` (``rebuild``): the decoder with the per-step batch
+building it had before ``BatchState``.
+
+Side by side on the same rows it times building one step's batch both ways:
+``BatchState.batch`` (the decoder's path) and ``SamplingBatch.from_params``
+over the rows' params and Python-list histories (what the decoder did per
+step before ``BatchState``). Two parameter sets: penalties off (no history
+needed) and repetition / presence / frequency penalties on every row (every
+history gathered, the worst case).
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+import numpy as np
+import torch
+
+from ..params import History, SamplingBatch, SamplingParams, ragged
+from ..serving.batch_state import BatchState
+from ..serving.decoder import Decoder, GenerationRequest
+from ..serving.text import TextCodec
+
+PENALTIES = {"off": SamplingParams(temperature=0.8, top_p=0.95),
+             "on": SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.1,
+                                  presence_penalty=0.5, frequency_penalty=0.5)}
+LOGITS_VOCAB = 64  # the instant sampler never reads the logits
+
+
+class InstantEngine:
+    """SIMULATED engine: no forward, a preallocated logits view per step."""
+
+    def __init__(self, max_batch_size: int, max_context: int, vocab_size: int):
+        self.max_batch_size, self.max_context, self.vocab_size = \
+            max_batch_size, max_context, vocab_size
+        self.logits = torch.zeros(max_batch_size, LOGITS_VOCAB)
+
+    def add(self, seq_id, prompt_ids) -> None:
+        pass
+
+    def step(self, seq_ids) -> torch.Tensor:
+        return self.logits[:len(seq_ids)]
+
+    def append(self, seq_ids, token_ids) -> None:
+        pass
+
+    def release(self, seq_id) -> None:
+        pass
+
+
+class RebuildingDecoder(Decoder):
+    """Baseline: the decoder as it was before BatchState, rebuilding each
+    step's batch from the rows' params and Python-list histories (per-row
+    validation, O(B x history) packing, bans from list concatenations)."""
+
+    def _sampling_batch(self, sequences: list) -> SamplingBatch:
+        batch = SamplingBatch.from_params(
+            [s.params for s in sequences],
+            [History(s.prompt_ids, s.output_ids) for s in sequences],
+            vocab_size=self.engine.vocab_size)
+        batch.ban_offsets, batch.ban_ids = ragged([self._bans(s) for s in sequences])
+        batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
+        return batch
+
+    @staticmethod
+    def _bans(sequence) -> list[int]:
+        banned = list(sequence.params.stop_token_ids) \
+            if len(sequence.output_ids) < sequence.params.min_tokens else []
+        ids = sequence.prompt_ids + sequence.output_ids
+        for word in sequence.bad_words_ids:
+            if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
+                banned.append(word[-1])
+        return banned
+
+
+DECODERS = {"batch_state": Decoder, "rebuild": RebuildingDecoder}
+
+
+def instant_sampler(token: int, rows: int):
+    """SIMULATED sampler: `token` for every row, logprob 0, at once."""
+    tokens, logprobs = np.full(rows, token, np.int64), np.zeros(rows, np.float32)
+
+    async def sampler(logits, batch):
+        return tokens[:len(batch)], logprobs[:len(batch)]
+    return sampler
+
+
+def prompts(codec: TextCodec, batch: int, history: int, seed: int = 0) -> list[list[int]]:
+    """`batch` prompts of `history` ids drawn from the tokenizer's vocabulary."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, len(codec.tokenizer), (batch, history)).tolist()
+
+
+def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history: int,
+                  steps: int, decoder_class: type[Decoder] = Decoder) -> dict:
+    """Run B requests for `steps` tokens through `decoder_class` over the
+    instant engine and sampler; returns the loop's ms per step and the steps."""
+    token = codec.encode(" the")[0]
+    engine = InstantEngine(batch, history + steps + 1, len(codec.tokenizer))
+
+    async def run():
+        decoder = decoder_class(engine, codec, sampler=instant_sampler(token, batch),
+                                micro_batches=1)
+        await decoder.start()
+        handles = [decoder.submit(GenerationRequest(prompt_ids=ids, max_tokens=steps,
+                                                    sampling=params, ignore_end=True))
+                   for ids in prompts(codec, batch, history)]
+        for handle in handles:
+            async for _ in handle:
+                pass
+        await decoder.close()
+        return decoder.stats
+
+    gc.collect()  # each run starts from a collected heap, whatever ran before it
+    stats = asyncio.run(run())
+    return {"loop_ms_per_step": 1e3 * stats.loop_s / stats.steps, "steps": stats.steps}
+
+
+def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: int,
+                repeats: int) -> dict:
+    """Median ms to build one step's batch of B rows with `history`-token
+    histories (half prompt, half output): BatchState.batch vs from_params."""
+    vocab = len(codec.tokenizer)
+    params = SamplingParams(**{**params.__dict__, "seed": 1})
+    ids = prompts(codec, batch, history)
+    half = history // 2
+    state = BatchState(batch, history + 1)
+    slots = np.array([state.add(params, row[:half]) for row in ids], np.int64)
+    for column in range(half, history):
+        state.append(slots, np.array([row[column] for row in ids], np.int32))
+    histories = [History(row[:half], row[half:]) for row in ids]
+    timings = {"batch_state": [], "from_params": []}
+    for _ in range(repeats):  # alternated, so load changes hit both alike
+        started = time.perf_counter()
+        state.batch(slots)
+        timings["batch_state"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        SamplingBatch.from_params([params] * batch, histories, vocab_size=vocab)
+        timings["from_params"].append(time.perf_counter() - started)
+    return {name: 1e3 * float(np.median(t)) for name, t in timings.items()}
+
+
+def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 21,
+        rounds: int = 3) -> dict:
+    """Per parameter set: the median over `rounds` runs of each decoder's
+    loop ms/step, and the median of `repeats` batch builds each way."""
+    codec = TextCodec.from_source()
+    report = {"batch": batch, "history": history, "steps": steps, "rounds": rounds,
+              "simulated": True, "rows": []}
+    for name, params in PENALTIES.items():
+        built = batch_build(codec, params, batch, history, repeats)
+        runs = {decoder: [] for decoder in DECODERS}
+        for _ in range(rounds):  # alternated, so load changes hit both alike
+            for decoder, decoder_class in DECODERS.items():
+                runs[decoder].append(loop_per_step(codec, params, batch, history, steps,
+                                                   decoder_class))
+        report["rows"].append({"penalties": name, "steps_run": runs["batch_state"][0]["steps"],
+                               **{f"loop_ms_{d}": float(np.median([r["loop_ms_per_step"]
+                                                                   for r in rs]))
+                                  for d, rs in runs.items()},
+                               "batch_state_ms": built["batch_state"],
+                               "from_params_ms": built["from_params"]})
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [f"decode loop, SIMULATED instant engine and sampler: B={report['batch']}, "
+             f"{report['history']}-token histories, {report['steps']} steps, one lane",
+             "loop ms/step: the decoder (BatchState) and the baseline rebuilding each step's "
+             f"batch (as before BatchState), median of {report['rounds']} alternated runs;",
+             "batch ms: building one step's batch alone, BatchState.batch and "
+             "SamplingBatch.from_params",
+             f"{'penalties':>9} {'loop BatchState':>15} {'loop rebuild':>12} {'ratio':>6} "
+             f"{'batch BatchState':>16} {'batch from_params':>17} {'ratio':>6}"]
+    for row in report["rows"]:
+        lines.append(f"{row['penalties']:>9} {row['loop_ms_batch_state']:15.3f} "
+                     f"{row['loop_ms_rebuild']:12.3f} "
+                     f"{row['loop_ms_rebuild'] / row['loop_ms_batch_state']:6.1f} "
+                     f"{row['batch_state_ms']:16.3f} {row['from_params_ms']:17.3f} "
+                     f"{row['from_params_ms'] / row['batch_state_ms']:6.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Every model's tensors, declared once: name, data type, dims, whether it may
+be left out, what its absence means and what values it takes.
+
+The codecs (``triton/generate_io.py``, ``triton/sampler_io.py``,
+``triton/sampler_client.py``), the Python client (``client/common.py``) and
+``simple-sampler generate`` take names and dtypes from here; the
+``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for
+Triton and for readers, and tests/test_schema.py holds both to this module.
+Adding an input is adding one :class:`Tensor` to its model (and its entry to
+the config.pbtxt and the table).
+
+Dims are config.pbtxt's: per request row, without the batch dimension (a
+request of B rows sends [B, *dims]). Names follow TensorRT-LLM's: its
+ensemble's for the text models, its engine's tensors for the sampler.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from .params import RULES, SamplingParams
+from .sampling import MAX_TOP_LOGPROBS
+from .settings import LOGITS_ITEMSIZE, LlmSettings
+
+#: Triton data type (as its protocols name it) -> numpy dtype.
+NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
+         "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
+_ALLOWED = {name: allowed for name, _, allowed in RULES}
+_PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output of a model.
+
+    dtype: Triton's name (BYTES is config.pbtxt's TYPE_STRING); dtypes: all
+    the model can be configured for (the first is the default). param: the
+    ``SamplingParams`` field it carries, whose default and allowed range are
+    then the tensor's unless given. default / allowed: what absence means
+    and which values are accepted, as text for people (the codecs apply
+    them).
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...] = (1,)
+    optional: bool = True
+    param: str = ""
+    default: object = None
+    allowed: str = ""
+    dtypes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.param:
+            if self.default is None:
+                object.__setattr__(self, "default", _PARAM_DEFAULTS[self.param])
+            if not self.allowed:
+                object.__setattr__(self, "allowed", _ALLOWED.get(self.param, ""))
+        if not self.dtypes:
+            object.__setattr__(self, "dtypes", (self.dtype,))
+
+    @property
+    def config_type(self) -> str:
+        """The data_type config.pbtxt writes."""
+        return "TYPE_STRING" if self.dtype == "BYTES" else f"TYPE_{self.dtype}"
+
+    @property
+    def numpy(self):
+        return NUMPY[self.dtype]
+
+    @property
+    def scalar(self) -> bool:
+        """One value per row (a [B, 1] tensor)."""
+        return self.dims == (1,)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+    def input(self, name: str) -> Tensor:
+        return next(t for t in self.inputs if t.name == name)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
+def _scalar(name, dtype, default=None, allowed="", param=""):
+    return Tensor(name, dtype, param=param, default=default, allowed=allowed)
+
+
+def _sampling(top_k: str, top_p: str, temperature_allowed: str = ""):
+    """The SamplingParams both interfaces carry, top_k and top_p named as
+    TensorRT-LLM names them there."""
+    return (_scalar("temperature", "FP32", param="temperature", allowed=temperature_allowed),
+            _scalar(top_k, "INT32", param="top_k"), _scalar(top_p, "FP32", param="top_p"),
+            *(_scalar(name, "FP32", param=name) for name in
+              ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")))
+
+
+#: What a client may send the ensemble (and preprocessing, which takes them
+#: all to refuse a request without text_input: its config.pbtxt says why).
+GENERATE_INPUTS = (
+    # Optional in config.pbtxt only so that its absence reaches preprocessing,
+    # which answers it with INVALID_ARG (Triton's ensemble checks nothing).
+    _scalar("text_input", "BYTES", "required", "non-empty UTF-8"),
+    _scalar("max_tokens", "INT32", 16,
+            f"[1, context - 1]; prompt + max_tokens <= context (max_context, "
+            f"{LlmSettings.max_context})"),
+    _scalar("stream", "BOOL", False, "false: one response at the end"),
+    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy"),
+    _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
+    _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
+            param="seed"),
+    Tensor("stop_words", "BYTES", (-1,), default="none",
+           allowed="non-empty strings; the text is cut before them"),
+    Tensor("bad_words", "BYTES", (-1,), default="none",
+           allowed="non-empty strings, never generated"),
+    _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
+    _scalar("min_length", "INT32", param="min_tokens",
+            allowed=">= 0: the end id is banned until reached"),
+    _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
+    _scalar("exclude_input_in_output", "BOOL", False,
+            "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
+            "behaviour); streams never repeat it"),
+    _scalar("apply_chat_template", "BOOL", False,
+            "true: text_input is sent as one user turn through the model's template"),
+)
+GENERATE_OUTPUTS = (
+    Tensor("text_output", "BYTES", (-1,), optional=False),
+    Tensor("output_ids", "INT32", (-1,), optional=False),
+    Tensor("output_log_probs", "FP32", (-1,), optional=False),
+    Tensor("cum_log_probs", "FP32", optional=False),
+    Tensor("num_input_tokens", "INT32", optional=False),
+    Tensor("num_output_tokens", "INT32", optional=False),
+    Tensor("finish_reason", "BYTES", optional=False),
+)
+#: The prompt as token ids: preprocessing's output, llm's alternative to text_input.
+INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",
+                   allowed="token ids; replaces text_input")
+
+ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
+PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
+                      (dataclasses.replace(INPUT_IDS, optional=False),))
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS), GENERATE_OUTPUTS)
+
+
+def _id_list(name, default="none", allowed="token ids, -1 padded"):
+    return Tensor(name, "INT32", (-1,), default=default, allowed=allowed)
+
+
+_LOGITS_DTYPES = tuple(dtype.upper() for dtype in LOGITS_ITEMSIZE)
+#: The compact rows of the hot-first handoff (docs/HANDOFF.md), sent instead
+#: of logits to a sampler with a hot set.
+HANDOFF_INPUTS = (
+    Tensor("hot_logits", "FP32", (-1,), default="none (logits come whole)",
+           allowed="[B, H] raw logits of the sampler's H hot ids, ascending",
+           dtypes=_LOGITS_DTYPES),
+    _id_list("touched_ids", allowed="each row's ids outside H that bias, bans or penalties "
+                                    "change (and any others handed over), ascending, -1 padded"),
+    Tensor("touched_logits", "FP32", (-1,), default="none",
+           allowed="their raw logits, shaped as touched_ids"),
+    _scalar("cold_max", "FP32", "none", "max raw logit of the ids not handed over (C)"),
+    _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max, or -1"),
+    _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T)"),
+)
+
+SAMPLER = Model("simple_sampler", (
+    Tensor("logits", "FP32", (-1,), default="required unless hot_logits",
+           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
+    *_sampling("runtime_top_k", "runtime_top_p"),
+    _scalar("random_seed", "UINT64", "a fresh random seed per row", "[0, 2^64)",
+            param="seed"),
+    _scalar("step", "INT64", "the number of generated_ids", ">= 0; keys the draw"),
+    _id_list("prompt_ids", allowed="token ids, -1 padded (repetition penalty)"),
+    _id_list("generated_ids", allowed="token ids, -1 padded (all penalties)"),
+    _id_list("logit_bias_ids", allowed="token ids, -1 padded"),
+    Tensor("logit_bias_values", "FP32", (-1,), default="none",
+           allowed="finite or -inf, shaped as logit_bias_ids"),
+    _scalar("min_tokens", "INT32", param="min_tokens",
+            allowed=">= 0: end_id banned while step < it"),
+    _id_list("end_id", allowed="token ids, -1 padded (min_tokens)"),
+    _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
+    _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
+    *HANDOFF_INPUTS,
+), (
+    Tensor("output_ids", "INT32", optional=False),
+    Tensor("output_log_probs", "FP32", optional=False),
+    Tensor("top_logprobs_ids", "INT32", (-1,), optional=False),
+    Tensor("top_logprobs", "FP32", (-1,), optional=False),
+    Tensor("handoff_outcome", "INT8", optional=False),
+))
+
+MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, SAMPLER)}

@@ -1,0 +1,185 @@
+"""The decoder's sequences as persistent columns: a step's SamplingBatch is
+gathered with numpy, not rebuilt from Python lists.
+
+In the spirit of vLLM's ``InputBatch`` (vllm/v1/worker/gpu_input_batch.py,
+``add_request`` / ``remove_request``): a sequence holds a slot from admission
+to release; its sampling parameters, checked once at admission, live in
+numpy columns indexed by slot, and its token history (prompt, then output)
+in one preallocated ``[slots, max_context]`` int32 array that each step
+appends to in place. Building a step's batch is then index arithmetic over
+the step's slots; Python touches only the rows that need it: rows with a
+logit bias, rows still short of ``min_tokens`` (their stop ids are banned)
+and rows with bad words.
+
+Histories are sent only where a penalty reads them: the prompt for a
+repetition penalty, the output for any penalty. A row with every penalty off
+gets empty lists, which the kernels treat exactly like its full history
+(a penalty of 1 or 0 changes no logit), so its token is the same.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..params import SamplingBatch, SamplingParams
+
+#: (column, dtype, value of a free slot) for the per-row scalars.
+SCALAR_COLUMNS = (
+    ("temperature", np.float64, 1.0),
+    ("top_k", np.int64, 0),
+    ("top_p", np.float64, 1.0),
+    ("min_p", np.float64, 0.0),
+    ("repetition_penalty", np.float64, 1.0),
+    ("presence_penalty", np.float64, 0.0),
+    ("frequency_penalty", np.float64, 0.0),
+    ("min_tokens", np.int64, 0),
+)
+NO_IDS = np.zeros(0, np.int32)
+NO_IDS.flags.writeable = False  # shared by every empty list handed out
+
+
+class BatchState:
+    """Sampling state of up to ``slots`` sequences of at most ``max_context``
+    tokens each (the engine's ``max_batch_size`` and ``max_context``).
+
+    The history array is allocated zeroed and untouched, so only the pages
+    the sequences write to take memory.
+    """
+
+    def __init__(self, slots: int, max_context: int):
+        self.max_context = max_context
+        self.free = list(range(slots - 1, -1, -1))  # pop() takes the lowest
+        self.columns = {name: np.full(slots, empty, dtype) for name, dtype, empty in SCALAR_COLUMNS}
+        self.seed = np.zeros(slots, np.uint64)
+        self.want_logprobs = np.zeros(slots, bool)
+        self.prompt_length = np.zeros(slots, np.int64)
+        self.length = np.zeros(slots, np.int64)  # prompt + output tokens
+        self.tokens = np.zeros((slots, max_context), np.int32)
+        # Per-slot id lists, read only for the rows that have them (found
+        # through the boolean columns, so rows without pay no Python).
+        self.stop_ids: list[np.ndarray] = [NO_IDS] * slots
+        self.bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.bad_words: dict[int, list[np.ndarray]] = {}
+        self.has_bias = np.zeros(slots, bool)
+        self.has_bad_words = np.zeros(slots, bool)
+
+    def add(self, params: SamplingParams, prompt_ids: Sequence[int], want_logprobs: bool = False,
+            bad_words_ids: Sequence[Sequence[int]] = ()) -> int:
+        """Store a sequence; returns its slot.
+
+        ``params`` must already be validated against the vocabulary and
+        seeded (the decoder does both at submission): nothing is checked again.
+        """
+        if not self.free:
+            raise RuntimeError("no free slot in the batch state")
+        if not 0 < len(prompt_ids) <= self.max_context:
+            raise ValueError(f"prompt_ids must hold 1 to {self.max_context} tokens, "
+                             f"got {len(prompt_ids)}")
+        slot = self.free.pop()
+        for name, _, _ in SCALAR_COLUMNS:
+            self.columns[name][slot] = getattr(params, name)
+        self.seed[slot] = params.seed
+        self.want_logprobs[slot] = want_logprobs
+        self.prompt_length[slot] = self.length[slot] = len(prompt_ids)
+        self.tokens[slot, :len(prompt_ids)] = prompt_ids
+        self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
+        self.has_bias[slot] = bool(params.logit_bias)
+        if params.logit_bias:
+            self.bias[slot] = (np.fromiter(params.logit_bias, np.int32, len(params.logit_bias)),
+                               np.fromiter(params.logit_bias.values(), np.float64,
+                                           len(params.logit_bias)))
+        self.has_bad_words[slot] = bool(bad_words_ids)
+        if bad_words_ids:
+            self.bad_words[slot] = [np.asarray(word, np.int32) for word in bad_words_ids]
+        return slot
+
+    def release(self, slot: int) -> None:
+        """Free ``slot``; its columns are overwritten by the next ``add``."""
+        self.bias.pop(slot, None)
+        self.bad_words.pop(slot, None)
+        self.has_bias[slot] = self.has_bad_words[slot] = False
+        self.stop_ids[slot] = NO_IDS
+        self.free.append(slot)
+
+    def append(self, slots: np.ndarray, tokens: np.ndarray) -> None:
+        """Append one token to each of ``slots`` (int [n], distinct)."""
+        if np.any(self.length[slots] >= self.max_context):
+            raise ValueError(f"a sequence is at max_context={self.max_context} tokens")
+        self.tokens[slots, self.length[slots]] = tokens
+        self.length[slots] += 1
+
+    def batch(self, slots: np.ndarray) -> SamplingBatch:
+        """The SamplingBatch of ``slots`` (int [n]), row r for ``slots[r]``:
+        step = tokens generated, bans = stop ids while short of min_tokens
+        plus each bad word's last token where the history ends with the
+        word's others (TensorRT-LLM's bad-words semantics)."""
+        columns = {name: self.columns[name][slots] for name, _, _ in SCALAR_COLUMNS}
+        min_tokens = columns.pop("min_tokens")
+        prompt_length, length = self.prompt_length[slots], self.length[slots]
+        step = length - prompt_length
+        repetition = columns["repetition_penalty"] != 1.0
+        penalized = (repetition | (columns["presence_penalty"] != 0.0)
+                     | (columns["frequency_penalty"] != 0.0))
+        prompt_offsets, prompt_ids = self._gather(slots, np.zeros_like(prompt_length),
+                                                  np.where(repetition, prompt_length, 0))
+        output_offsets, output_ids = self._gather(slots, prompt_length,
+                                                  np.where(penalized, length, prompt_length))
+        bias_rows = [(row, self.bias[int(slots[row])])
+                     for row in np.flatnonzero(self.has_bias[slots]).tolist()]
+        bias_offsets, bias_ids = _sparse_ragged(len(slots), [(r, b[0]) for r, b in bias_rows])
+        bias_values = (np.concatenate([b[1] for _, b in bias_rows]) if bias_rows
+                       else np.zeros(0, np.float64))
+        ban_offsets, ban_ids = _sparse_ragged(len(slots), self._bans(slots, step < min_tokens))
+        return SamplingBatch(
+            **columns, seed=self.seed[slots], step=step,
+            bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
+            ban_offsets=ban_offsets, ban_ids=ban_ids,
+            prompt_offsets=prompt_offsets, prompt_ids=prompt_ids,
+            output_offsets=output_offsets, output_ids=output_ids,
+            want_logprobs=self.want_logprobs[slots])
+
+    def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray):
+        """CSR (offsets int64 [n + 1], ids int32) of ``tokens[slot, start:stop]``
+        per row, as one take over flat indices (no loop over rows)."""
+        counts = stop - start
+        offsets = np.zeros(len(slots) + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        if offsets[-1] == 0:
+            return offsets, NO_IDS
+        # index of the i-th id overall = its row's first flat index + (i - row offset)
+        first = slots.astype(np.int64) * self.max_context + start - offsets[:-1]
+        index = np.arange(offsets[-1]) + np.repeat(first, counts)
+        return offsets, self.tokens.reshape(-1).take(index)
+
+    def _bans(self, slots: np.ndarray, short: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(row, banned ids) for the rows that ban something this step."""
+        rows = [(row, self.stop_ids[slots[row]]) for row in np.flatnonzero(short).tolist()
+                if self.stop_ids[slots[row]].size]
+        worded = np.flatnonzero(self.has_bad_words[slots]).tolist()
+        if not worded:
+            return rows
+        banned = dict(rows)
+        for row in worded:
+            slot = int(slots[row])
+            words = self.bad_words[slot]
+            history = self.tokens[slot, :self.length[slot]]
+            last = [word[-1] for word in words
+                    if word.size == 1 or (word.size <= history.size + 1 and np.array_equal(
+                        history[history.size - word.size + 1:], word[:-1]))]
+            if last:
+                banned[row] = np.concatenate([banned.get(row, NO_IDS), np.asarray(last, np.int32)])
+        return sorted(banned.items())
+
+
+def _sparse_ragged(rows: int, lists: list[tuple[int, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets int64 [rows + 1], ids int32) where only the listed
+    (row, ids) pairs, in row order, are non-empty."""
+    if not lists:
+        return np.zeros(rows + 1, np.int64), NO_IDS
+    counts = np.zeros(rows, np.int64)
+    for row, ids in lists:
+        counts[row] = ids.size
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.concatenate([ids for _, ids in lists]).astype(np.int32, copy=False)

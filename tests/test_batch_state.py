@@ -1,0 +1,132 @@
+"""BatchState: the persistent columnar batch gives the rows the per-step
+rebuild (SamplingBatch.from_params) gave, and the same tokens."""
+import numpy as np
+import pytest
+
+from simple_sampler import SamplingParams
+from simple_sampler.params import History, SamplingBatch
+from simple_sampler.sampling import sample
+from simple_sampler.serving.batch_state import BatchState
+
+VOCAB = 50
+
+
+def random_params(rng: np.random.Generator, seed: int) -> SamplingParams:
+    penalties = rng.integers(0, 4)  # 0: none, 1: repetition, 2: presence, 3: frequency
+    return SamplingParams(
+        temperature=float(rng.choice([0.0, 0.7, 1.0])), top_k=int(rng.choice([0, 5])),
+        top_p=float(rng.choice([1.0, 0.9])), min_p=float(rng.choice([0.0, 0.05])),
+        repetition_penalty=1.3 if penalties == 1 else 1.0,
+        presence_penalty=0.8 if penalties == 2 else 0.0,
+        frequency_penalty=0.6 if penalties == 3 else 0.0,
+        seed=seed, min_tokens=int(rng.integers(0, 4)),
+        logit_bias={int(t): float(rng.normal()) for t in rng.choice(VOCAB, rng.integers(0, 3),
+                                                                    replace=False)},
+        stop_token_ids=[int(t) for t in rng.choice(VOCAB, rng.integers(0, 3), replace=False)])
+
+
+def grown_state(rng, rows=12, steps=5, max_context=40):
+    """A state whose rows joined at different steps, and their Python histories."""
+    state, params, histories, slots = BatchState(rows + 4, max_context), [], [], []
+    for step in range(steps):
+        for _ in range(rows // steps + 1):
+            if len(slots) < rows:
+                params.append(random_params(rng, seed=len(slots)))
+                histories.append(History(rng.integers(0, VOCAB, rng.integers(1, 9)).tolist(), []))
+                slots.append(state.add(params[-1], histories[-1].prompt_ids))
+        tokens = rng.integers(0, VOCAB, len(slots))
+        state.append(np.array(slots), tokens.astype(np.int32))
+        for history, token in zip(histories, tokens.tolist()):
+            history.output_ids.append(token)
+    return state, np.array(slots), params, histories
+
+
+def rows_of(offsets, ids):
+    return [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_batch_matches_the_rebuild_row_for_row():
+    rng = np.random.default_rng(0)
+    state, slots, params, histories = grown_state(rng)
+    order = rng.permutation(len(slots))  # a lane's rows in any slot order
+    got = state.batch(slots[order])
+    want = SamplingBatch.from_params([params[i] for i in order], [histories[i] for i in order],
+                                     vocab_size=VOCAB)
+    got.validate(VOCAB)
+    for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "seed", "step"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    for name in ("bias", "ban"):
+        assert rows_of(getattr(got, f"{name}_offsets"), getattr(got, f"{name}_ids")) == \
+            rows_of(getattr(want, f"{name}_offsets"), getattr(want, f"{name}_ids")), name
+    np.testing.assert_array_equal(got.bias_values, want.bias_values)
+    assert any(rows_of(got.ban_offsets, got.ban_ids)), "no row bans a stop id: a weak test"
+    # histories only where a penalty reads them
+    prompts, outputs = rows_of(got.prompt_offsets, got.prompt_ids), rows_of(got.output_offsets,
+                                                                            got.output_ids)
+    for row, i in enumerate(order):
+        p = params[i]
+        penalized = p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
+        assert prompts[row] == (histories[i].prompt_ids if p.repetition_penalty != 1 else [])
+        assert outputs[row] == (histories[i].output_ids if penalized else [])
+
+
+def test_same_tokens_as_the_rebuild():
+    """Rows without penalties get no history: their draws must not change."""
+    rng = np.random.default_rng(1)
+    state, slots, params, histories = grown_state(rng, rows=64)
+    logits = rng.normal(size=(len(slots), VOCAB)).astype(np.float32)
+    got = sample(logits, state.batch(slots))
+    want = sample(logits, SamplingBatch.from_params(params, histories, vocab_size=VOCAB))
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-6)
+
+
+def legacy_bad_word_bans(history: list[int], words: list[list[int]]) -> list[int]:
+    return [w[-1] for w in words if len(w) == 1 or history[len(history) - len(w) + 1:] == w[:-1]]
+
+
+def test_bad_words_ban_the_last_token_after_the_others():
+    state = BatchState(4, 20)
+    words = [[7], [3, 4], [1, 2, 9], [5, 6, 7, 8, 9, 10, 11]]  # the last is longer than the history
+    first = state.add(SamplingParams(seed=0), [1, 2], bad_words_ids=words)
+    second = state.add(SamplingParams(seed=0, min_tokens=2, stop_token_ids=[0]), [3],
+                       bad_words_ids=[[3, 8]])
+    histories, seen = {first: [1, 2], second: [3]}, []
+    for token in (3, 1, 2):
+        batch = state.batch(np.array([first, second]))
+        bans = rows_of(batch.ban_offsets, batch.ban_ids)
+        step = len(histories[second]) - 1
+        assert bans[0] == legacy_bad_word_bans(histories[first], words)
+        seen.append(bans[0])
+        assert bans[1] == ([0] if step < 2 else []) + legacy_bad_word_bans(histories[second],
+                                                                         [[3, 8]])
+        state.append(np.array([first, second]), np.array([token, token], np.int32))
+        for slot in (first, second):
+            histories[slot].append(token)
+    assert seen == [[7, 9], [7, 4], [7]]  # histories ... 1, 2 / ... 2, 3 / ... 3, 1
+
+
+def test_a_released_slot_forgets_its_sequence():
+    state = BatchState(1, 10)
+    slot = state.add(SamplingParams(seed=3, logit_bias={1: 2.0}, repetition_penalty=1.2), [4, 5],
+                     want_logprobs=True, bad_words_ids=[[6]])
+    state.append(np.array([slot]), np.array([8], np.int32))
+    state.release(slot)
+    again = state.add(SamplingParams(seed=4), [9])
+    batch = state.batch(np.array([again]))
+    assert again == slot and batch.step.tolist() == [0] and batch.seed.tolist() == [4]
+    assert batch.bias_ids.size == batch.ban_ids.size == batch.prompt_ids.size == 0
+    assert batch.want_logprobs.tolist() == [False]
+    with pytest.raises(RuntimeError, match="no free slot"):
+        state.add(SamplingParams(seed=0), [1])
+
+
+def test_histories_end_at_max_context():
+    state = BatchState(2, 3)
+    slot = state.add(SamplingParams(seed=0), [1, 2])
+    state.append(np.array([slot]), np.array([3], np.int32))
+    with pytest.raises(ValueError, match="max_context=3"):
+        state.append(np.array([slot]), np.array([4], np.int32))
+    with pytest.raises(ValueError, match="prompt_ids must hold 1 to 3 tokens"):
+        state.add(SamplingParams(seed=0), [1, 2, 3, 4])

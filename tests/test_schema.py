@@ -1,0 +1,166 @@
+"""One declaration per tensor (simple_sampler.schema): every config.pbtxt
+and the tables of docs/TENSORS.md must agree with it, name, dtype and dims,
+and the codecs take their lists from it."""
+import json
+import re
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from simple_sampler import cli, schema
+from simple_sampler.client import common
+from simple_sampler.serving.decoder import GenerationRequest
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton import generate_io, sampler_io
+from simple_sampler.triton.install import project_file
+from simple_sampler.triton.serve import assemble_repository
+
+TENSORS_DOC = project_file("docs/TENSORS.md")
+#: docs/TENSORS.md heading -> the tensors its table lists
+DOC_TABLES = {
+    "`ensemble` inputs": schema.ENSEMBLE.inputs,
+    "`ensemble` outputs": schema.ENSEMBLE.outputs,
+    "`llm` inputs beyond the ensemble's": tuple(t for t in schema.LLM.inputs
+                                                if t not in schema.ENSEMBLE.inputs),
+    "`preprocessing` outputs": schema.PREPROCESSING.outputs,
+    "`simple_sampler` inputs": schema.SAMPLER.inputs,
+    "`simple_sampler` outputs": schema.SAMPLER.outputs,
+}
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    repository = assemble_repository(tmp_path_factory.mktemp("repository"), SamplerSettings(),
+                                     LlmSettings())
+    return {name: text_format.Parse((repository / name / "config.pbtxt").read_text(),
+                                    model_config_pb2.ModelConfig())
+            for name in schema.MODELS}
+
+
+def config_mismatches(model: schema.Model, config) -> list[str]:
+    """Where a parsed config.pbtxt differs from the schema."""
+    problems = []
+    for kind, declared, written in (("input", model.inputs, config.input),
+                                    ("output", model.outputs, config.output)):
+        by_name = {t.name: t for t in written}
+        if set(by_name) != {t.name for t in declared}:
+            problems.append(f"{model.name} {kind}s {sorted(by_name)} != schema "
+                            f"{sorted(t.name for t in declared)}")
+            continue
+        for tensor in declared:
+            entry = by_name[tensor.name]
+            data_type = model_config_pb2.DataType.Name(entry.data_type)
+            if data_type not in [schema.Tensor(tensor.name, d).config_type
+                                 for d in tensor.dtypes]:
+                problems.append(f"{model.name}.{tensor.name}: {data_type}, schema {tensor.dtypes}")
+            if tuple(entry.dims) != tensor.dims:
+                problems.append(f"{model.name}.{tensor.name}: dims {list(entry.dims)}, "
+                                f"schema {list(tensor.dims)}")
+            if kind == "input" and entry.optional != tensor.optional:
+                problems.append(f"{model.name}.{tensor.name}: optional {entry.optional}")
+    return problems
+
+
+def doc_tables(text: str) -> dict[str, list[list[str]]]:
+    """heading -> rows (cells, backticks kept) of the table under each ### heading."""
+    tables, heading = {}, None
+    for line in text.splitlines():
+        if line.startswith("### "):
+            heading = line[4:].strip()
+        elif line.startswith("|") and heading and not set(line) <= set("|-: "):
+            tables.setdefault(heading, []).append([c.strip() for c in line.strip("|").split("|")])
+    return {h: rows[1:] for h, rows in tables.items()}  # the header row dropped
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def table_mismatches(tensors, rows) -> list[str]:
+    """Where a docs table differs from the schema: name, dtype, dims, and
+    for inputs the default and allowed columns."""
+    problems = []
+    names = [re.fullmatch(r"`(\w+)`", row[0]) for row in rows]
+    if None in names or [m.group(1) for m in names] != [t.name for t in tensors]:
+        return [f"names {[row[0] for row in rows]} != schema {[t.name for t in tensors]}"]
+    for tensor, row in zip(tensors, rows):
+        expected = [f"`{tensor.name}`", ", ".join(tensor.dtypes),
+                    "[" + ", ".join(map(str, tensor.dims)) + "]"]
+        if len(row) == 5:
+            expected += [_text(tensor.default), tensor.allowed]
+        if row != expected:
+            problems.append(f"{row} != schema {expected}")
+    return problems
+
+
+@pytest.mark.parametrize("name", schema.MODELS)
+def test_each_config_declares_the_schemas_tensors(configs, name):
+    assert config_mismatches(schema.MODELS[name], configs[name]) == []
+
+
+def test_a_wrong_name_or_dtype_in_a_config_is_caught(configs):
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(configs["simple_sampler"])
+    config.input[1].data_type = model_config_pb2.DataType.Value("TYPE_FP64")
+    assert config_mismatches(schema.SAMPLER, config) == [
+        f"simple_sampler.{config.input[1].name}: TYPE_FP64, schema ('FP32',)"]
+    config.input[1].name = "temprature"
+    assert "schema" in config_mismatches(schema.SAMPLER, config)[0]
+
+
+def test_the_ensemble_wires_the_schemas_tensors(configs):
+    steps = {step.model_name: step for step in configs["ensemble"].ensemble_scheduling.step}
+    ensemble = set(schema.ENSEMBLE.input_names) | set(schema.ENSEMBLE.output_names)
+    for name, step in steps.items():
+        model = schema.MODELS[name]
+        assert set(step.input_map) <= set(model.input_names), name
+        assert set(step.output_map) <= set(model.output_names), name
+        assert set(step.input_map.values()) - ensemble <= {"_input_ids"}, name
+    assert set(steps["llm"].output_map.values()) == set(schema.ENSEMBLE.output_names)
+
+
+def test_the_docs_tables_are_the_schema():
+    tables = doc_tables(TENSORS_DOC.read_text())
+    assert set(DOC_TABLES) <= set(tables), sorted(tables)
+    for heading, tensors in DOC_TABLES.items():
+        assert table_mismatches(tensors, tables[heading]) == [], heading
+
+
+def test_a_wrong_name_or_dtype_in_a_docs_table_is_caught():
+    rows = doc_tables(TENSORS_DOC.read_text())["`simple_sampler` inputs"]
+    wrong_dtype = [row[:] for row in rows]
+    wrong_dtype[2][1] = "FP32"  # runtime_top_k is INT32
+    assert len(table_mismatches(schema.SAMPLER.inputs, wrong_dtype)) == 1
+    wrong_name = [row[:] for row in rows]
+    wrong_name[2][0] = "`top_k`"
+    assert table_mismatches(schema.SAMPLER.inputs, wrong_name)[0].startswith("names")
+
+
+def test_the_codecs_and_clients_use_the_schema():
+    assert set(generate_io.INPUT_NAMES) == set(schema.LLM.input_names)
+    assert set(sampler_io.INPUT_NAMES) == set(schema.SAMPLER.input_names)
+    assert set(common.SCALAR_TYPES) | set(common.WORD_LISTS) | {common.PROMPT} == \
+        set(schema.ENSEMBLE.input_names)
+    assert {t.name for t in cli.GENERATION_FLAGS} <= set(schema.ENSEMBLE.input_names)
+    perf_inputs = json.loads(project_file("client/perf_inputs.json").read_text())["data"]
+    assert set().union(*perf_inputs) <= set(schema.ENSEMBLE.input_names)
+    # The defaults the schema states are the ones the code applies.
+    assert schema.ENSEMBLE.input("max_tokens").default == GenerationRequest.max_tokens
+    request = generate_io.decode_generate({"text_input": [[b"hi"]]}).request
+    for name, field in generate_io.SAMPLING_INPUTS.items():
+        assert getattr(request.sampling, field) == schema.ENSEMBLE.input(name).default, name
+    for name, (field, default) in sampler_io.SCALAR_INPUTS.items():
+        assert default == schema.SAMPLER.input(name).default, name
+
+
+def test_sampler_tensors_built_by_the_client_have_the_schemas_dtypes():
+    import numpy as np
+
+    from simple_sampler import SamplingParams
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.triton.sampler_client import batch_arrays
+
+    batch = SamplingBatch.from_params([SamplingParams(seed=1)] * 2)
+    for name, array in batch_arrays(batch).items():
+        assert array.dtype == np.dtype(schema.SAMPLER.input(name).numpy), name
