@@ -16,8 +16,19 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def codec():
+def native_codec():
     return TextCodec.from_source()
+
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def codec(request, native_codec):
+    """Both decode paths: the Rust tokenizer called directly (DecodeStream),
+    and transformers' decode, which tokenizers with a space clean-up take."""
+    if request.param == "native":
+        return native_codec
+    codec = TextCodec(native_codec.tokenizer)
+    codec.backend = codec._backend_decode = None
+    return codec
 
 
 def stream(codec, prompt_ids, output_ids, chunk=1):
@@ -50,6 +61,19 @@ def test_random_ids_stream_like_one_shot_decode(codec):
     for _ in range(20):
         ids = rng.integers(0, 49152, size=40).tolist()
         assert "".join(stream(codec, [], ids)) == codec.decode(ids)
+
+
+def test_decode_equals_the_tokenizers_own_decode(native_codec):
+    """codec.decode calls the Rust tokenizer directly; the text must be what
+    transformers' decode gives, special tokens and random ids included."""
+    codec = native_codec
+    assert codec.backend is not None  # SmolLM2's tokenizer takes the direct path
+    rng = np.random.default_rng(1)
+    special = list(codec.tokenizer.all_special_ids)
+    for _ in range(50):
+        ids = rng.integers(0, 49152, size=int(rng.integers(1, 30))).tolist()
+        ids.insert(int(rng.integers(0, len(ids))), special[int(rng.integers(0, len(special)))])
+        assert codec.decode(ids) == codec.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_special_tokens_are_not_emitted(codec):
