@@ -28,6 +28,7 @@ positions, threads or instances that use the same H and cold_top.
 """
 from __future__ import annotations
 
+import asyncio
 import warnings
 from dataclasses import dataclass
 
@@ -411,12 +412,18 @@ class HotFirstSampler:
         self.cold_top = cold_top
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
 
+    def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> CompactRows:
+        """The batch's compact rows (``cpu()`` form)."""
+        offsets, ids = touched_lists(batch, self.hot_vocab)
+        return hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
+                                 batch.temperature, self.cold_top).cpu()
+
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
         from .triton.sampler_io import compact_arrays
 
-        offsets, ids = touched_lists(batch, self.hot_vocab)
-        rows = hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
-                                 batch.temperature, self.cold_top).cpu()
+        # Off the event loop: on a CPU the summary is milliseconds of torch
+        # work per step (docs/HANDOFF.md), and another lane may be ready.
+        rows = await asyncio.to_thread(self.summarize, logits, batch)
         outputs = await self.pool.send(compact_arrays(rows), batch)
         size = len(batch)
         first = HandoffOutput(
