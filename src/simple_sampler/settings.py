@@ -35,6 +35,8 @@ from typing import Any, ClassVar, Mapping
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 #: The data planes (serving/engine.py, serving/trtllm.py).
 ENGINES = ("torch", "tensorrt_llm")
+#: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
+HANDOFFS = ("full", "hot-first")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -232,6 +234,18 @@ class LlmSettings(Settings):
         False, "torch engine, Llama-architecture models: logits of a sequence independent of "
         "the rest of the batch, so a seed gives the same text at any concurrency (off by "
         "default for its cost: docs/SERVING.md, \"Same seed, same text\")")
+
+    # full by default: the summary is torch work in this process (340-540
+    # us/row on a CPU, docs/HANDOFF.md) until it runs on the GPU next to the
+    # logits, against 30-45 us/row for the sampler's whole full path.
+    handoff: str = setting(
+        "full", "how rows cross to the sampler: full rows, or hot-first (the hot set's "
+        "logits, the touched ones and an exact cold summary; the rest whole only when needed: "
+        "docs/HANDOFF.md) when the sampler has a hot set and every endpoint is local",
+        choices=HANDOFFS)
+    hot_vocab_profile: str = setting(
+        "", "the sampler's hot-vocab profile, for the hot-first handoff (serve sets it from "
+        "--hot-vocab; relative to the sampler model's directory)", flag=None)
 
     def check(self) -> None:
         # Imported here: they pull torch, and the CLI parser reads this module.
