@@ -90,15 +90,15 @@ cdef inline void sort_prefix(Candidates* c, Py_ssize_t count) noexcept nogil:
 
 
 cdef inline void keep_at_least(Candidates* c, float threshold) noexcept nogil:
-    """Keep the items with z >= threshold (stable compaction)."""
+    """Keep the items with z >= threshold (stable compaction, branch-free:
+    every item is written at the next slot, which advances only when kept)."""
     cdef Py_ssize_t kept = 0
     cdef Py_ssize_t i
     for i in range(c.n):
-        if c.z[i] >= threshold:
-            c.z[kept] = c.z[i]
-            c.token[kept] = c.token[i]
-            c.w[kept] = c.w[i]
-            kept += 1
+        c.z[kept] = c.z[i]
+        c.token[kept] = c.token[i]
+        c.w[kept] = c.w[i]
+        kept += c.z[i] >= threshold
     c.n = kept
 
 

@@ -82,7 +82,7 @@ class TritonPythonModel:
             inputs = {name: pb_utils.get_input_tensor_by_name(request, name) for name in INPUT_NAMES}
             try:
                 decoded = decode_request({k: _as_array(v) for k, v in inputs.items() if v is not None},
-                                         self.vocab_size)
+                                         self.vocab_size, self.hot_vocab)
                 outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
             except RequestError as error:
                 failed += 1

@@ -44,6 +44,18 @@ def bench_shvs(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_handoff(args: argparse.Namespace) -> int:
+    from .bench import handoff
+    from .handoff import DEFAULT_COLD_TOP
+
+    report = handoff.run(profile_path=args.profile, repeats=3 if args.quick else args.repeats,
+                         hot_size=args.hot_size,
+                         cold_top=DEFAULT_COLD_TOP if args.cold_top is None else args.cold_top,
+                         clock=args.clock)
+    print_report(args, report, handoff.format_table(report))
+    return 0
+
+
 def bench_loop(args: argparse.Namespace) -> int:
     from .bench import loop
 
@@ -145,7 +157,8 @@ def serve(args: argparse.Namespace) -> int:
     sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
     # Without --sampler-shards (or with 0), one shard per local sampler instance.
     llm = LlmSettings.from_arguments(
-        args, sampler_shards=args.sampler_shards or sampler.sampler_instances)
+        args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
+        hot_vocab_profile=sampler.hot_vocab_profile)
     if llm.engine == "simulated" and not args.sampler_only:
         # The sampler takes the simulated engine's rows as they are (no cast).
         dtype = SIMULATED_DTYPES[llm.sim_dtype]
@@ -274,6 +287,19 @@ def build_parser() -> argparse.ArgumentParser:
                       "model repository's, else a calibration run")
     shvs.add_argument("--repeats", type=int, default=31)
     shvs.set_defaults(handler=bench_shvs)
+    handoff = targets.add_parser("handoff", help="hot-first compact rows against full rows")
+    handoff.add_argument("--quick", action="store_true", help="fewer repeats")
+    handoff.add_argument("--json", action="store_true", help="print one JSON object")
+    handoff.add_argument("--profile", help="hot-vocabulary profile (.npz); default as bench shvs")
+    handoff.add_argument("--hot-size", type=int, default=None,
+                         help="|H| (default: the profile's chosen size)")
+    handoff.add_argument("--cold-top", type=int, default=None,
+                         help="each row's largest cold logits handed over with the touched ids "
+                              "(default: handoff.DEFAULT_COLD_TOP)")
+    handoff.add_argument("--repeats", type=int, default=15)
+    handoff.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                         help="as bench kernels' --clock")
+    handoff.set_defaults(handler=bench_handoff)
     loop_bench = targets.add_parser(
         "loop", help="the decode loop's own CPU time per step (simulated instant engine and "
                      "sampler) and its batch building against a rebuild per step")

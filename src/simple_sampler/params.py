@@ -204,6 +204,26 @@ class SamplingBatch:
             output_offsets=output_offsets, output_ids=output_ids,
         )
 
+    def take(self, rows) -> "SamplingBatch":
+        """The batch of the given rows (int indices, in that order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        fields = {}
+        for name, value in self.__dict__.items():
+            if value is None or name.endswith(("_offsets", "_ids", "_values")):
+                continue
+            fields[name] = np.asarray(value)[rows]
+        for name, values in (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
+                             ("prompt", ("prompt_ids",)), ("output", ("output_ids",))):
+            offsets = np.asarray(getattr(self, f"{name}_offsets"), np.int64)
+            starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+            picked = np.zeros(rows.size + 1, np.int64)
+            np.cumsum(lengths, out=picked[1:])
+            index = np.repeat(starts - picked[:-1], lengths) + np.arange(picked[-1])
+            fields[f"{name}_offsets"] = picked
+            for field_name in values:
+                fields[field_name] = np.asarray(getattr(self, field_name))[index]
+        return SamplingBatch(**fields)
+
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError naming the row, the field and the allowed range."""
         batch = len(self)

@@ -50,6 +50,9 @@ _ROW_ERRORS = {
         "logits must be finite or -inf; found +inf at column {column} (after bias and penalties)",
     RowError.ERROR_ALL_BANNED: "every token is banned (-inf after bias, bans and penalties)",
     RowError.ERROR_OUT_OF_MEMORY: "out of memory allocating the sampler workspace",
+    RowError.ERROR_UNLISTED_OVERRIDE:
+        "touched_ids must list every id the row's bias, bans or penalties change; "
+        "{column} is missing",
 }
 
 
@@ -135,42 +138,48 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
     vocab = rows.shape[1] // (4 if dtype == Dtype.DTYPE_FLOAT32 else 2)
     if len(batch) != rows.shape[0]:
         raise ValueError(f"logits has {rows.shape[0]} rows but the parameters have {len(batch)}")
+    if hot_vocab is not None and hot_vocab.vocab_size != vocab:
+        raise ValueError(f"hot_vocab.vocab_size is {hot_vocab.vocab_size} but the logits have "
+                         f"V={vocab} columns")
+    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
+    out = empty_output(len(batch), min(num_top_logprobs, vocab))
+    hot_ids, hot_block_start, hot_bits = (hot_vocab.kernel_arrays() if hot_vocab is not None
+                                          else HotVocab.EMPTY_KERNEL_ARRAYS)
+    errors = np.empty(len(batch), np.int32)
+    error_columns = np.empty(len(batch), np.int64)
+    _sampling.sample_batch(_sampling.KernelBatch(
+        logits_bytes=rows, dtype=dtype, **params, want_logprob=return_logprobs,
+        num_threads=threads, tokens=out.token_ids, logprobs=out.logprobs,
+        top_tokens=out.top_token_ids, top_logprobs=out.top_logprobs, errors=errors,
+        error_columns=error_columns, hot_ids=hot_ids, hot_block_start=hot_block_start,
+        hot_bits=hot_bits, hot_outcomes=out.hot_accepted,
+    ))
+    raise_row_errors(errors, error_columns)
+    return out
+
+
+def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
+                  num_threads: int | None, validated: bool = False) -> tuple[dict, int]:
+    """(the KernelBatch row-parameter fields, thread count) for a batch of
+    rows of V=vocab, after checking it unless ``validated`` (see ``sample``;
+    shared by ``sample`` and ``handoff.sample_compact``)."""
     if not 0 <= num_top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
                          f"got {num_top_logprobs}")
     if not validated:
         batch.validate(vocab)
-    if hot_vocab is not None and hot_vocab.vocab_size != vocab:
-        raise ValueError(f"hot_vocab.vocab_size is {hot_vocab.vocab_size} but the logits have "
-                         f"V={vocab} columns")
     threads = default_num_threads() if num_threads is None else num_threads
     if threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {threads}")
-
     temperature = np.asarray(batch.temperature, dtype=np.float64)
     greedy = temperature < GREEDY_TEMPERATURE
     inverse_temperature = np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature))
     top_k = np.asarray(batch.top_k, dtype=np.int64)
     top_k = np.where((top_k <= 0) | (top_k >= vocab), 0, top_k)
-
-    size = rows.shape[0]
-    n_top = min(num_top_logprobs, vocab)
-    out = SampleOutput(
-        token_ids=np.empty(size, np.int64),
-        logprobs=np.empty(size, np.float32),
-        top_token_ids=np.full((size, n_top), -1, np.int32),
-        top_logprobs=np.full((size, n_top), -np.inf, np.float32),
-        hot_accepted=np.empty(size, np.int8),
-    )
-    hot_ids, hot_block_start, hot_bits = (hot_vocab.kernel_arrays() if hot_vocab is not None
-                                          else HotVocab.EMPTY_KERNEL_ARRAYS)
-    errors = np.empty(size, np.int32)
-    error_columns = np.empty(size, np.int64)
     as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
     as_offsets = lambda a: np.ascontiguousarray(a, dtype=np.int64)
     as_f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
-    _sampling.sample_batch(_sampling.KernelBatch(
-        logits_bytes=rows, dtype=dtype,
+    params = dict(
         inverse_temperature=as_f32(inverse_temperature), greedy=greedy.astype(np.uint8),
         top_k=top_k, top_p=np.ascontiguousarray(batch.top_p, np.float64),
         min_p=np.ascontiguousarray(batch.min_p, np.float64),
@@ -183,18 +192,28 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         ban_offsets=as_offsets(batch.ban_offsets), ban_ids=as_ids(batch.ban_ids),
         prompt_offsets=as_offsets(batch.prompt_offsets), prompt_ids=as_ids(batch.prompt_ids),
         output_offsets=as_offsets(batch.output_offsets), output_ids=as_ids(batch.output_ids),
-        want_logprob=return_logprobs, num_threads=threads,
-        tokens=out.token_ids, logprobs=out.logprobs, top_tokens=out.top_token_ids,
-        top_logprobs=out.top_logprobs, errors=errors, error_columns=error_columns,
-        hot_ids=hot_ids, hot_block_start=hot_block_start, hot_bits=hot_bits,
-        hot_outcomes=out.hot_accepted,
-    ))
+    )
+    return params, threads
+
+
+def empty_output(size: int, n_top: int) -> SampleOutput:
+    """Output buffers for `size` rows and n_top top logprobs."""
+    return SampleOutput(
+        token_ids=np.empty(size, np.int64),
+        logprobs=np.empty(size, np.float32),
+        top_token_ids=np.full((size, n_top), -1, np.int32),
+        top_logprobs=np.full((size, n_top), -np.inf, np.float32),
+        hot_accepted=np.empty(size, np.int8),
+    )
+
+
+def raise_row_errors(errors: np.ndarray, error_columns: np.ndarray) -> None:
+    """ValueError naming the first row the kernel could not sample."""
     failed = np.flatnonzero(errors)
     if failed.size:
         row = int(failed[0])
         detail = _ROW_ERRORS[int(errors[row])].format(column=int(error_columns[row]))
         raise ValueError(f"row {row}: {detail}")
-    return out
 
 
 def sample_requests(logits, params: Sequence[SamplingParams],

@@ -25,7 +25,7 @@ from .sampling import MAX_TOP_LOGPROBS
 from .settings import LOGITS_ITEMSIZE, LlmSettings
 
 #: Triton data type (as its protocols name it) -> numpy dtype.
-NUMPY = {"BOOL": np.bool_, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
+NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
          "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
 _ALLOWED = {name: allowed for name, _, allowed in RULES}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
@@ -158,10 +158,25 @@ def _id_list(name, default="none", allowed="token ids, -1 padded"):
     return Tensor(name, "INT32", (-1,), default=default, allowed=allowed)
 
 
+_LOGITS_DTYPES = tuple(dtype.upper() for dtype in LOGITS_ITEMSIZE)
+#: The compact rows of the hot-first handoff (docs/HANDOFF.md), sent instead
+#: of logits to a sampler with a hot set.
+HANDOFF_INPUTS = (
+    Tensor("hot_logits", "FP32", (-1,), default="none (logits come whole)",
+           allowed="[B, H] raw logits of the sampler's H hot ids, ascending",
+           dtypes=_LOGITS_DTYPES),
+    _id_list("touched_ids", allowed="each row's ids outside H that bias, bans or penalties "
+                                    "change (and any others handed over), ascending, -1 padded"),
+    Tensor("touched_logits", "FP32", (-1,), default="none",
+           allowed="their raw logits, shaped as touched_ids"),
+    _scalar("cold_max", "FP32", "none", "max raw logit of the ids not handed over (C)"),
+    _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max, or -1"),
+    _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T)"),
+)
+
 SAMPLER = Model("simple_sampler", (
-    Tensor("logits", "FP32", (-1,), optional=False, default="required",
-           allowed="finite or -inf; [B, V] next-token logits",
-           dtypes=tuple(dtype.upper() for dtype in LOGITS_ITEMSIZE)),
+    Tensor("logits", "FP32", (-1,), default="required unless hot_logits",
+           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
     *_sampling("runtime_top_k", "runtime_top_p"),
     _scalar("random_seed", "UINT64", "a fresh random seed per row", "[0, 2^64)",
             param="seed"),
@@ -176,11 +191,13 @@ SAMPLER = Model("simple_sampler", (
     _id_list("end_id", allowed="token ids, -1 padded (min_tokens)"),
     _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
     _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
+    *HANDOFF_INPUTS,
 ), (
     Tensor("output_ids", "INT32", optional=False),
     Tensor("output_log_probs", "FP32", optional=False),
     Tensor("top_logprobs_ids", "INT32", (-1,), optional=False),
     Tensor("top_logprobs", "FP32", (-1,), optional=False),
+    Tensor("handoff_outcome", "INT8", optional=False),
 ))
 
 MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, SAMPLER)}

@@ -36,6 +36,8 @@ SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 #: The data planes (serving/engine.py, serving/trtllm.py, and
 #: serving/simulated.py: GPU-paced, no model, for benchmarks).
 ENGINES = ("torch", "tensorrt_llm", "simulated")
+#: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
+HANDOFFS = ("full", "hot-first")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
@@ -248,6 +250,18 @@ class LlmSettings(Settings):
     sim_step_b_ms: float = setting(
         0.04, "engine simulated: b of its step time a + b * B, ms per sequence (KV-cache "
         "bytes at a 1,024-token context over H100 bandwidth)", minimum=0.0)
+
+    # full by default: the summary is torch work in this process (340-540
+    # us/row on a CPU, docs/HANDOFF.md) until it runs on the GPU next to the
+    # logits, against 30-45 us/row for the sampler's whole full path.
+    handoff: str = setting(
+        "full", "how rows cross to the sampler: full rows, or hot-first (the hot set's "
+        "logits, the touched ones and an exact cold summary; the rest whole only when needed: "
+        "docs/HANDOFF.md) when the sampler has a hot set and every endpoint is local",
+        choices=HANDOFFS)
+    hot_vocab_profile: str = setting(
+        "", "the sampler's hot-vocab profile, for the hot-first handoff (serve sets it from "
+        "--hot-vocab; relative to the sampler model's directory)", flag=None)
 
     def check(self) -> None:
         # Imported here: they pull torch, and the CLI parser reads this module.

@@ -6,6 +6,7 @@ sampled by the ``simple_sampler`` model's instances through BLS calls.
 """
 import json
 import logging
+import os
 import threading
 
 import ml_dtypes
@@ -21,7 +22,8 @@ from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
-#: The sampler's per-row outputs: the token, and its logprob when a row asked.
+#: The sampler's per-row outputs: the token, its logprob when a row asked, and for
+#: compact rows the handoff outcome.
 SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
 
 
@@ -73,7 +75,8 @@ class TritonPythonModel:
         settings = LlmSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
-                                  if settings.sampling_mode == "simple" else None)
+                                  if settings.sampling_mode == "simple" else None,
+                                  repository=os.path.dirname(args["model_repository"]))
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")

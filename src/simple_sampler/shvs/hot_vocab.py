@@ -85,6 +85,16 @@ class HotVocab:
         block_start[b + 1]], and bit j of bits[b] marks column 64 b + j."""
         return self._kernel
 
+    def positions(self) -> np.ndarray:
+        """int32 [vocab_size]: each id's index in ``kernel_arrays()[0]``, -1
+        for ids outside the set (computed once; the handoff kernel's O(1)
+        lookup of an override's column)."""
+        if getattr(self, "_positions", None) is None:
+            positions = np.full(self.vocab_size, -1, np.int32)
+            positions[self._kernel[0]] = np.arange(self.size, dtype=np.int32)
+            object.__setattr__(self, "_positions", positions)
+        return self._positions
+
 
 @dataclass
 class SizingCurve:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import threading
@@ -75,11 +76,28 @@ def build_engine(settings: LlmSettings):
                                    batch_invariant=settings.batch_invariant)
 
 
+def hot_first_vocab(settings: LlmSettings, repository: str | None):
+    """The hot set the decode loop hands rows over with (docs/HANDOFF.md), or
+    None for full rows: handoff "hot-first", a sampler profile, and only
+    local endpoints (a remote server's sampler may hold another hot set).
+    repository: the model repository's root (a relative profile is the
+    sampler model's file there)."""
+    from .sampler_pool import LOCAL, parse_endpoints
+
+    if (settings.handoff != "hot-first" or not settings.hot_vocab_profile
+            or parse_endpoints(settings.sampler_endpoints) != [LOCAL]):
+        return None
+    from ..shvs.hot_vocab import load_profile
+
+    path = os.path.join(repository or "", settings.sampler_model, settings.hot_vocab_profile)
+    return load_profile(path).hot_vocab()
+
+
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
     def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
-                 engine=None, codec: TextCodec | None = None):
+                 engine=None, codec: TextCodec | None = None, repository: str | None = None):
         self.settings = settings
         source = settings.model or None
         if codec is None and settings.engine == "simulated":
@@ -90,6 +108,13 @@ class LlmService:
         self.engine = engine or build_engine(settings)
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
                              self._count_retry) if settings.sampling_mode == "simple" else None
+        hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
+        if hot_vocab is not None:
+            from ..handoff import HotFirstSampler
+
+            sampler = HotFirstSampler(sampler, hot_vocab)
+            log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
+                     hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
         self.draining = False

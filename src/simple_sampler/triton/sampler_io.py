@@ -4,7 +4,12 @@ A request carries B rows. The inputs' names, dtypes, defaults and ranges
 are ``schema.SAMPLER``'s (tabulated in docs/TENSORS.md); shapes include the
 batch dimension: logits [B, V] in the model's configured dtype, scalars
 [B, 1], id lists [B, L] right-padded with -1 (-1 entries are padding and
-nothing else is negative). Outputs: ``output_ids`` INT32 [B, 1];
+nothing else is negative). Instead of logits, a sampler with a hot set
+(hot_vocab_profile) takes compact rows: ``schema.HANDOFF_INPUTS`` (the
+hot-first handoff, docs/HANDOFF.md), answered with the extra output
+``handoff_outcome`` INT8 [B, 1] (0 decided, 1 the row is needed whole, 2
+needed whole and conditioned on C; undecided rows' output_ids are -1 and a
+row 2's output_log_probs holds C's log share). Outputs: ``output_ids`` INT32 [B, 1];
 ``output_log_probs`` FP32 [B, 1] when any row asked (NaN on rows that did
 not); ``top_logprobs_ids`` INT32 / ``top_logprobs`` FP32 [B, n] when any row
 asked for n > 0 (n = the largest asked; a row that asked fewer has -1 / -inf
@@ -20,14 +25,17 @@ import numpy as np
 
 from ..params import RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import SAMPLER
+from ..schema import HANDOFF_INPUTS, SAMPLER
 
 PADDING = -1
 
 #: tensor name -> (SamplingBatch column, default value), for the parameters RULES checks
 SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
                  if t.param in {field for field, _, _ in RULES}}
-ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar)
+#: The compact form of the rows (module docstring), instead of logits.
+COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
+ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
+                       and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
 
 
@@ -44,6 +52,8 @@ class RowsRequest:
     batch: SamplingBatch
     return_log_probs: np.ndarray
     num_top_logprobs: np.ndarray
+    #: the compact form (``handoff.CompactRows``) when it came instead of logits
+    compact: object = None
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -87,22 +97,33 @@ def _logits_shape(logits) -> tuple[int, int]:
     return shape
 
 
-def decode_request(inputs: Mapping[str, object], vocab_size: int = 0) -> RowsRequest:
+def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
+                   hot_vocab=None) -> RowsRequest:
     """Check one request's tensors and pack them for the kernels.
 
     inputs: tensor name -> array ([B, ...], see the module table); absent
-        optional inputs may be missing or None. logits may be a CPU torch
-        tensor (BF16 reaches Python that way).
+        optional inputs may be missing or None. logits (or hot_logits) may
+        be a CPU torch tensor (BF16 reaches Python that way).
     vocab_size: when > 0, the logits must have exactly this many columns.
+    hot_vocab: the sampler's ``HotVocab`` (None: compact rows are refused).
     Raises RequestError naming the input, the row and the allowed range.
     """
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
     if unknown:
         raise RequestError(f"unknown input {unknown[0]}; the sampler takes {', '.join(INPUT_NAMES)}")
     logits = inputs.get("logits")
-    if logits is None:
+    compact = None
+    if inputs.get("hot_logits") is not None:
+        if logits is not None:
+            raise RequestError("send logits or the compact rows (hot_logits, ...), not both")
+        if hot_vocab is None:
+            raise RequestError("hot_logits needs a sampler with a hot set (hot_vocab_profile)")
+        compact = _compact_rows(inputs, hot_vocab)
+        rows, vocab = len(compact.cold_max), hot_vocab.vocab_size
+    elif logits is None:
         raise RequestError("logits is required: [B, V] next-token logits")
-    rows, vocab = _logits_shape(logits)
+    else:
+        rows, vocab = _logits_shape(logits)
     if vocab_size and vocab != vocab_size:
         raise RequestError(f"logits must have {vocab_size} columns (the model's vocabulary), "
                            f"got {vocab}")
@@ -155,7 +176,45 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0) -> RowsReq
     except ValueError as error:
         raise RequestError(str(error)) from None
     return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
-                       num_top)
+                       num_top, compact)
+
+
+def _compact_rows(inputs: Mapping, hot_vocab):
+    """``handoff.CompactRows`` from the compact inputs (shapes checked here,
+    contents by ``sample_compact``)."""
+    from ..handoff import CompactRows, host_array
+
+    hot = inputs["hot_logits"]
+    if len(tuple(hot.shape)) != 2 or hot.shape[1] != hot_vocab.size or hot.shape[0] < 1:
+        raise RequestError(f"hot_logits must have shape [B, {hot_vocab.size}] (the sampler's "
+                           f"hot set), got {list(hot.shape)}")
+    rows = hot.shape[0]
+    missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
+    if missing:
+        raise RequestError(f"hot_logits needs {', '.join(missing)} too")
+    offsets, ids = _id_lists(inputs, "touched_ids", rows, hot_vocab.vocab_size)
+    logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
+    if logits.shape != np.shape(inputs["touched_ids"]):
+        raise RequestError(f"touched_logits must have the shape of touched_ids "
+                           f"{list(np.shape(inputs['touched_ids']))}, got {list(logits.shape)}")
+    return CompactRows(
+        hot_logits=host_array(hot),
+        touched_offsets=offsets, touched_ids=ids.astype(np.int32),
+        touched_logits=logits[np.asarray(inputs["touched_ids"]) != PADDING].astype(np.float32),
+        **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
+
+
+def compact_arrays(rows) -> dict[str, np.ndarray]:
+    """The inputs that carry ``handoff.CompactRows`` (``cpu()`` form): the
+    inverse of decode_request's compact branch."""
+    from .sampler_client import padded
+
+    return {"hot_logits": rows.hot_logits,
+            "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
+            "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
+            "cold_max": np.asarray(rows.cold_max, np.float32)[:, None],
+            "cold_argmax": np.asarray(rows.cold_argmax, np.int32)[:, None],
+            "cold_mass": np.asarray(rows.cold_mass, np.float32)[:, None]}
 
 
 def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):
@@ -195,12 +254,21 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     want_logprob = bool(request.return_log_probs.any())
     n_top = int(request.num_top_logprobs.max())
     try:
-        out = sample(request.logits, request.batch, num_top_logprobs=n_top,
-                     return_logprobs=want_logprob, num_threads=num_threads, hot_vocab=hot_vocab,
-                     validated=True)  # decode_request checked the batch
+        if request.compact is not None:
+            from ..handoff import sample_compact
+
+            out = sample_compact(request.compact, request.batch, hot_vocab,
+                                 num_top_logprobs=n_top, return_logprobs=want_logprob,
+                                 num_threads=num_threads, validated=True)
+        else:
+            out = sample(request.logits, request.batch, num_top_logprobs=n_top,
+                         return_logprobs=want_logprob, num_threads=num_threads,
+                         hot_vocab=hot_vocab, validated=True)  # decode_request checked the batch
     except ValueError as error:
         raise RequestError(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
+    if request.compact is not None:
+        outputs["handoff_outcome"] = out.outcome[:, None]
     if want_logprob:
         outputs["output_log_probs"] = np.where(request.return_log_probs, out.logprobs,
                                                np.float32(np.nan))[:, None].astype(np.float32)

@@ -106,7 +106,7 @@ class RemoteSampler:
         from tritonclient.utils import InferenceServerException
 
         arrays = dict(inputs)
-        logits = arrays.pop("logits")
+        logits = arrays.pop("logits", None)        # None: compact rows (hot_logits, ...)
         try:
             return self._client().sample(logits, timeout_s=self.timeout_s, **arrays)
         except InferenceServerException as error:
@@ -134,20 +134,27 @@ class SamplerPool:
             raise ValueError("a sampler pool needs at least one target")
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
-        rows = logits_array(logits)  # bfloat16 rows stay bfloat16 (ml_dtypes)
-        arrays = batch_arrays(batch)
+        # bfloat16 rows stay bfloat16 (ml_dtypes): no cast, no copy.
+        outputs = await self.send({"logits": logits_array(logits)}, batch)
+        return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
+
+    async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch) -> dict[str, np.ndarray]:
+        """The rows (``logits``, or the compact inputs: arrays of len(batch)
+        rows) with `batch`'s parameters, sharded over the targets; returns
+        each output concatenated, [B] (output_log_probs NaN where not asked)."""
+        arrays = {**rows, **batch_arrays(batch)}
         wanted = batch.want_logprobs
         arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
                                       else np.asarray(wanted, bool))[:, None]
         shards = self.shards(len(batch))
         parts = await asyncio.gather(*(
-            self._send({"logits": rows[a:b], **{k: v[a:b] for k, v in arrays.items()}}, target)
+            self._send({k: v[a:b] for k, v in arrays.items()}, target)
             for target, a, b in shards))
-        tokens = np.concatenate([p["output_ids"][:, 0] for p in parts]).astype(np.int64)
         nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
-        logprobs = np.concatenate([p.get("output_log_probs", nan[:len(p["output_ids"])])[:, 0]
-                                   for p in parts])
-        return tokens, logprobs
+        for part in parts:
+            part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
+        return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
+                if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
 
     def shards(self, rows: int) -> list[tuple[SamplerTarget, int, int]]:
         """(target, first row, end row) for every shard of `rows` rows: the
@@ -185,7 +192,8 @@ class SamplerPool:
             if target.failures:
                 log.warning("sampler %s is serving again", target.name)
                 target.failures = 0
-            self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + len(inputs["logits"])
+            rows = len(inputs["random_seed"])
+            self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
             return outputs
 
     def _mark_down(self, target: SamplerTarget, error: Exception) -> None:

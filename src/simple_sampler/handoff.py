@@ -1,0 +1,445 @@
+"""Hot-first handoff: the data plane hands the decision plane compact rows.
+
+Instead of a row's V logits, the data plane sends (``hot_first_summary``):
+
+* the raw logits of the hot set H (a ``HotVocab``, the same for every row),
+* the raw logits of the row's *touched* ids T outside H: every id its
+  bias, bans or penalties can change (``touched_lists``), plus, optionally,
+  the row's ``cold_top`` largest logits outside H u T,
+* a summary of the cold region C = V \\ (H u T), which no override touches:
+  m_C = max logit, the lowest id reaching it, and
+  S_C = sum_{i in C} exp(x_i / T - m_C / T) at the row's temperature T
+  (T = 1 for greedy rows, as the kernels use).
+
+``sample_compact`` decides each row from that alone (the Cython
+``sample_compact_batch``, O(|H| + |T|) per row) or reports it undecided:
+``HANDOFF_NEED_FULL`` (the compact row cannot decide: the full row is
+sampled as usual, with the row's own seed) or ``HANDOFF_NEED_COLD`` (the
+draw fell in C: the full row is sampled conditioned on C, with an
+independent stream keyed by (seed, step)). ``fallback_batch`` builds that
+second request; ``merge_fallback`` folds its answer in. ``sample_hot_first``
+runs all three stages. docs/HANDOFF.md derives why the result follows
+exactly the distribution of ``sampling.sample`` on the full rows, and the
+float-error policy.
+
+A seeded row's token is a function of (seed, step, row, parameters, H,
+cold_top): it may differ from the full path's, never between batches,
+positions, threads or instances that use the same H and cold_top.
+"""
+from __future__ import annotations
+
+import asyncio
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import _sampling
+from ._sampling import Dtype, HandoffOutcome
+from .params import GREEDY_TEMPERATURE, SamplingBatch
+from .sampling import SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors
+from .shvs.hot_vocab import HotVocab
+
+#: How many of each row's largest cold logits the data plane hands over
+#: with its touched ids by default (``hot_first_summary``'s cold_top): they
+#: make top_p rows decidable (bench handoff: fallback 1/64 rows at 256 on
+#: real SmolLM2 rows in top_p, 42/64 without) for 8 bytes each.
+DEFAULT_COLD_TOP = 256
+
+
+@dataclass
+class CompactRows:
+    """B compact rows (torch tensors on the data plane's device, or numpy
+    arrays after ``cpu()``).
+
+    hot_logits: [B, |H|] in the logits' dtype; column j holds id hot_ids[j]
+        (``HotVocab.kernel_arrays()[0]``, ascending).
+    touched_offsets: int64 [B + 1]; touched_ids: int32 [N]; touched_logits:
+        float32 [N]: CSR, row r's ids touched_ids[offsets[r]:offsets[r+1]],
+        ascending, none in H, with their raw logits.
+    cold_max: float32 [B], the max raw logit over C (-inf when C is empty or
+        all -inf; NaN / +inf when C holds one, reported by the kernel).
+    cold_argmax: int32 [B], the lowest id of C reaching cold_max (-1: none).
+    cold_mass: float32 [B], S_C (0 when cold_max is -inf).
+    """
+
+    hot_logits: object
+    touched_offsets: object
+    touched_ids: object
+    touched_logits: object
+    cold_max: object
+    cold_argmax: object
+    cold_mass: object
+
+    def cpu(self) -> "CompactRows":
+        """The same rows as numpy arrays (bfloat16 hot logits as
+        ml_dtypes.bfloat16), what travels to the decision plane."""
+        hot = host_array(self.hot_logits)
+        arrays = {name: host_array(getattr(self, name))
+                  for name in ("touched_offsets", "touched_ids", "touched_logits", "cold_max",
+                               "cold_argmax", "cold_mass")}
+        return CompactRows(
+            hot_logits=hot,
+            touched_offsets=arrays["touched_offsets"].astype(np.int64),
+            touched_ids=arrays["touched_ids"].astype(np.int32),
+            touched_logits=arrays["touched_logits"].astype(np.float32),
+            cold_max=arrays["cold_max"].astype(np.float32),
+            cold_argmax=arrays["cold_argmax"].astype(np.int32),
+            cold_mass=arrays["cold_mass"].astype(np.float32))
+
+    def nbytes(self) -> int:
+        """Bytes of the compact rows as numpy arrays (``cpu()`` form), the
+        touched offsets included."""
+        rows = self.cpu()
+        return sum(np.asarray(getattr(rows, name)).nbytes for name in rows.__dict__)
+
+
+def host_array(value) -> np.ndarray:
+    """A tensor (any device) or array as a numpy array on the host, no copy
+    where none is needed; bfloat16 as ml_dtypes.bfloat16."""
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    value = value.cpu().contiguous()
+    if value.dtype == torch.bfloat16:
+        import ml_dtypes
+        return value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return value.numpy()
+
+
+def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets int64 [B + 1], ids int64) of each row's touched ids
+    outside H, ascending: its bias and ban ids, and its prompt and output
+    ids when a penalty is on (repetition != 1, presence or frequency != 0),
+    exactly the columns the kernels build overrides for."""
+    vocab = hot_vocab.vocab_size
+    size = len(batch)
+    penalized = ((np.asarray(batch.repetition_penalty) != 1.0)
+                 | (np.asarray(batch.presence_penalty) != 0.0)
+                 | (np.asarray(batch.frequency_penalty) != 0.0))
+    keys = []
+    for name, rows_on in (("bias", None), ("ban", None), ("prompt", penalized),
+                          ("output", penalized)):
+        offsets = np.asarray(getattr(batch, f"{name}_offsets"), np.int64)
+        ids = np.asarray(getattr(batch, f"{name}_ids"), np.int64)
+        rows = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets))
+        if rows_on is not None:
+            keep = np.asarray(rows_on, bool)[rows]
+            rows, ids = rows[keep], ids[keep]
+        keys.append(rows * vocab + ids)
+    keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+    hot = np.zeros(vocab, bool)
+    hot[hot_vocab.kernel_arrays()[0]] = True
+    keys = keys[~hot[keys % vocab]]
+    offsets = np.zeros(size + 1, np.int64)
+    np.cumsum(np.bincount(keys // vocab, minlength=size), out=offsets[1:])
+    return offsets, keys % vocab
+
+
+def inverse_temperatures(temperature) -> np.ndarray:
+    """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
+    logits by, which the cold mass must use too."""
+    temperature = np.asarray(temperature, np.float64)
+    greedy = temperature < GREEDY_TEMPERATURE
+    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
+
+
+@torch.no_grad()
+def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
+                      cold_top: int = 0) -> CompactRows:
+    """The data plane's side of the handoff, in torch on the logits' device.
+
+    logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
+    hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``).
+    touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
+        touched ids (``touched_lists``), ascending, none in H.
+    temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
+    cold_top: also hand over each row's cold_top largest logits outside
+        H u T as touched ids (0: none): rows whose cold region would
+        otherwise hold part of their nucleus become decidable.
+    Returns ``CompactRows`` as tensors on the logits' device (the cold
+    summary over C = V minus every id handed over).
+    """
+    size, vocab = logits.shape
+    device = logits.device
+    hot = torch.as_tensor(np.asarray(hot_ids), dtype=torch.long, device=device)
+    offsets = torch.as_tensor(np.asarray(touched_offsets), dtype=torch.long)
+    counts = (offsets[1:] - offsets[:-1]).to(device)
+    rows = torch.repeat_interleave(torch.arange(size, device=device), counts)
+    ids = torch.as_tensor(np.asarray(touched_ids), dtype=torch.long, device=device)
+    x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
+    x[:, hot] = -torch.inf
+    x[rows, ids] = -torch.inf
+    if cold_top > 0:
+        values, extra = x.topk(min(cold_top, vocab), dim=1)
+        # -inf picks are ids already handed over (masked) or cold ids of
+        # weight 0, which may as well stay in C.
+        picked = values > -torch.inf
+        extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
+        keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
+        keys = torch.unique(keys)           # sorted: by row, then id
+        rows, ids = keys // vocab, keys % vocab
+        counts = torch.bincount(rows, minlength=size)
+        x[rows, ids] = -torch.inf
+    inv_t = torch.as_tensor(inverse_temperatures(temperature), device=device)
+    cold_argmax = x.argmax(dim=1)           # the first maximal index: the lowest id
+    cold_max = x.gather(1, cold_argmax[:, None])[:, 0]
+    # z and zc with the kernels' float operations (x * inv_t), exps in
+    # float32 as theirs, summed in float64: a float32 sum of ~1e5 terms is
+    # off by ~1e-5 and its value moves with the reduction order (threads,
+    # batch shape), and a row's decision must not.
+    zc = cold_max * inv_t
+    finite = torch.isfinite(zc)
+    shift = torch.where(finite, zc, torch.zeros_like(zc))
+    cold_mass = torch.exp(x * inv_t[:, None] - shift[:, None]).sum(dim=1, dtype=torch.float64)
+    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass)).float()
+    cold_argmax = torch.where(cold_max == -torch.inf, torch.full_like(cold_argmax, -1), cold_argmax)
+    new_offsets = torch.zeros(size + 1, dtype=torch.long, device=device)
+    new_offsets[1:] = torch.cumsum(counts, 0)
+    return CompactRows(hot_logits=logits.index_select(1, hot), touched_offsets=new_offsets,
+                       touched_ids=ids, touched_logits=logits[rows, ids].float(),
+                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass)
+
+
+@dataclass
+class HandoffOutput(SampleOutput):
+    """``SampleOutput`` plus outcome int8 [B] (``HandoffOutcome``): 0 =
+    decided from the compact row; 1 = NEED_FULL; 2 = NEED_COLD, whose
+    logprobs[r] holds log(W_C / Z), C's share of the row's mass, until
+    ``merge_fallback`` replaces it. token_ids of undecided rows are -1."""
+
+    outcome: np.ndarray = None
+
+    @property
+    def undecided(self) -> np.ndarray:
+        return self.outcome != HandoffOutcome.HANDOFF_DECIDED
+
+
+def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> None:
+    vocab = hot_vocab.vocab_size
+    hot = np.asarray(rows.hot_logits)
+    if hot.shape != (size, hot_vocab.size):
+        raise ValueError(f"hot_logits must have shape [{size}, {hot_vocab.size}], "
+                         f"got {list(hot.shape)}")
+    for name in ("cold_max", "cold_argmax", "cold_mass"):
+        if np.shape(getattr(rows, name)) != (size,):
+            raise ValueError(f"{name} must have shape [{size}], "
+                             f"got {list(np.shape(getattr(rows, name)))}")
+    offsets = np.asarray(rows.touched_offsets, np.int64)
+    ids = np.asarray(rows.touched_ids, np.int64)
+    if (offsets.shape != (size + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any()
+            or offsets[-1] != ids.size or np.shape(rows.touched_logits) != (ids.size,)):
+        raise ValueError(f"touched_offsets must be {size + 1} non-decreasing offsets from 0 to "
+                         f"len(touched_ids)={ids.size}, with touched_logits of the same length")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"touched_ids must be token ids in [0, {vocab}), "
+                         f"got {int(ids[(ids < 0) | (ids >= vocab)][0])}")
+    if ids.size > 1:
+        descending = np.diff(ids) <= 0
+        starts = offsets[1:-1]
+        descending[starts[(starts > 0) & (starts < ids.size)] - 1] = False   # row boundaries
+        if descending.any():
+            raise ValueError("touched_ids must be ascending and distinct within each row")
+    positions = hot_vocab.positions()
+    if ids.size and (positions[ids] >= 0).any():
+        raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[positions[ids] >= 0][0])}")
+    argmax = np.asarray(rows.cold_argmax, np.int64)
+    if ((argmax < -1) | (argmax >= vocab)).any():
+        raise ValueError(f"cold_argmax must be -1 or a token id in [0, {vocab})")
+
+
+def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab, *,
+                   num_top_logprobs: int = 0, return_logprobs: bool = True,
+                   num_threads: int | None = None, validated: bool = False) -> HandoffOutput:
+    """Decide each compact row (``CompactRows.cpu()`` form) or mark it
+    undecided (``HandoffOutput.outcome``).
+
+    batch: the rows' parameters and histories, length B (as for ``sample``).
+    hot_vocab: the H the rows were summarized with. Other arguments as for
+    ``sample`` (validated included). Raises ValueError for malformed compact rows, bad
+    parameters, NaN / +inf logits (a cold one is reported at cold_argmax),
+    an all-banned row, or a touched list missing an id the row's overrides
+    change."""
+    size = len(batch)
+    _check_compact(rows, size, hot_vocab)
+    vocab = hot_vocab.vocab_size
+    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
+    if hot_vocab.size:
+        hot_bytes, dtype = kernel_rows(rows.hot_logits)
+    else:
+        hot_bytes, dtype = np.zeros((size, 0), np.uint8), Dtype.DTYPE_FLOAT32
+    out = empty_output(size, min(num_top_logprobs, vocab))
+    outcome = np.empty(size, np.int8)
+    errors = np.empty(size, np.int32)
+    error_columns = np.empty(size, np.int64)
+    hot_ids, hot_block_start, hot_bits = hot_vocab.kernel_arrays()
+    _sampling.sample_compact_batch(
+        _sampling.KernelBatch(
+            logits_bytes=hot_bytes, dtype=dtype, **params, want_logprob=return_logprobs,
+            num_threads=threads, tokens=out.token_ids, logprobs=out.logprobs,
+            top_tokens=out.top_token_ids, top_logprobs=out.top_logprobs, errors=errors,
+            error_columns=error_columns, hot_ids=hot_ids, hot_block_start=hot_block_start,
+            hot_bits=hot_bits, hot_outcomes=outcome),
+        vocab, hot_vocab.positions(),
+        np.ascontiguousarray(rows.touched_offsets, np.int64),
+        np.ascontiguousarray(rows.touched_ids, np.int32),
+        np.ascontiguousarray(rows.touched_logits, np.float32),
+        np.ascontiguousarray(rows.cold_max, np.float32),
+        np.ascontiguousarray(rows.cold_argmax, np.int64),
+        np.ascontiguousarray(rows.cold_mass, np.float32))
+    raise_row_errors(errors, error_columns)
+    out.token_ids[outcome != HandoffOutcome.HANDOFF_DECIDED] = -1
+    out.hot_accepted[:] = -1
+    return HandoffOutput(**out.__dict__, outcome=outcome)
+
+
+def fallback_batch(batch: SamplingBatch, first: HandoffOutput, rows: CompactRows,
+                   hot_vocab: HotVocab) -> tuple[np.ndarray, SamplingBatch]:
+    """The second request: (row indices, their SamplingBatch), to be sampled
+    by ``sample`` (or any sampler) on those rows' full logits.
+
+    NEED_FULL rows keep their parameters and seed: the full path's answer.
+    NEED_COLD rows become a draw inside C: H and the row's touched ids
+    banned, no bias, penalties or truncation (none applies inside C), and
+    the seed ``cold_stream_seeds`` derives from (seed, step), an independent
+    stream."""
+    undecided = np.flatnonzero(first.undecided)
+    second = batch.take(undecided)
+    cold = first.outcome[undecided] == HandoffOutcome.HANDOFF_NEED_COLD
+    if not cold.any():
+        return undecided, second
+    picked = np.flatnonzero(cold)
+    offsets = np.asarray(rows.touched_offsets, np.int64)
+    hot_ids = hot_vocab.kernel_arrays()[0].astype(np.int64)
+    bans = [np.asarray(second.ban_ids[second.ban_offsets[j]:second.ban_offsets[j + 1]], np.int64)
+            for j in range(len(second))]
+    for j in picked:
+        r = undecided[j]
+        bans[j] = np.concatenate([hot_ids, np.asarray(rows.touched_ids[offsets[r]:offsets[r + 1]],
+                                                      np.int64)])
+    second.ban_offsets = np.zeros(len(second) + 1, np.int64)
+    np.cumsum([b.size for b in bans], out=second.ban_offsets[1:])
+    second.ban_ids = np.concatenate(bans) if bans else np.zeros(0, np.int64)
+    seeds = np.asarray(second.seed, np.uint64).copy()
+    derived = np.empty(picked.size, np.uint64)
+    _sampling.cold_stream_seeds(np.ascontiguousarray(seeds[picked]),
+                                np.ascontiguousarray(np.asarray(second.step)[picked], np.uint64),
+                                derived)
+    seeds[picked] = derived
+    second.seed = seeds
+    for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0),
+                          ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                          ("frequency_penalty", 0.0)):
+        column = np.asarray(getattr(second, name)).copy()
+        column[picked] = neutral
+        setattr(second, name, column)
+    # No bias inside C (it only touches ids handed over); the history stays
+    # (unused: no penalty is on) for a sampler that wants one.
+    keep = np.repeat(~cold, np.diff(second.bias_offsets))
+    second.bias_offsets = np.r_[0, np.cumsum(np.where(cold, 0, np.diff(second.bias_offsets)))]
+    second.bias_ids = np.asarray(second.bias_ids)[keep]
+    second.bias_values = np.asarray(second.bias_values)[keep]
+    return undecided, second
+
+
+def merge_fallback(first: HandoffOutput, undecided: np.ndarray, second: SampleOutput) -> HandoffOutput:
+    """Fold the second request's answers (rows ``undecided`` of ``first``)
+    in place: tokens, logprobs (NEED_COLD: log P(t | C) + log(W_C / Z)),
+    and for NEED_FULL rows the top logprobs. Returns ``first``."""
+    cold = first.outcome[undecided] == HandoffOutcome.HANDOFF_NEED_COLD
+    first.token_ids[undecided] = second.token_ids
+    first.logprobs[undecided] = np.where(cold, second.logprobs + first.logprobs[undecided],
+                                         second.logprobs)
+    full = undecided[~cold]
+    if first.top_token_ids.shape[1]:
+        first.top_token_ids[full] = second.top_token_ids[~cold]
+        first.top_logprobs[full] = second.top_logprobs[~cold]
+    return first
+
+
+def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
+                     cold_top: int = DEFAULT_COLD_TOP,
+                     num_top_logprobs: int = 0, return_logprobs: bool = True,
+                     num_threads: int | None = None) -> HandoffOutput:
+    """The whole handoff on one host: summary, compact decision, then the
+    undecided rows whole. logits: [B, V] torch tensor or numpy array. The
+    result's outcome says which rows needed their full row."""
+    tensor = logits if isinstance(logits, torch.Tensor) else _as_tensor(logits)
+    offsets, ids = touched_lists(batch, hot_vocab)
+    rows = hot_first_summary(tensor, hot_vocab.kernel_arrays()[0], offsets, ids,
+                             batch.temperature, cold_top).cpu()
+    first = sample_compact(rows, batch, hot_vocab, num_top_logprobs=num_top_logprobs,
+                           return_logprobs=return_logprobs, num_threads=num_threads)
+    if not first.undecided.any():
+        return first
+    from .sampling import sample
+
+    undecided, second_batch = fallback_batch(batch, first, rows, hot_vocab)
+    second = sample(tensor[torch.as_tensor(undecided)].cpu(), second_batch,
+                    num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
+                    num_threads=num_threads)
+    return merge_fallback(first, undecided, second)
+
+
+def _as_tensor(array) -> torch.Tensor:
+    """A CPU tensor over a numpy float32 / float16 / bfloat16 array, no copy."""
+    import ml_dtypes
+
+    array = np.asarray(array)
+    with warnings.catch_warnings():
+        # A read-only array (a broadcast row) is fine: nothing here writes
+        # to the logits (hot_first_summary masks a copy).
+        warnings.simplefilter("ignore", UserWarning)
+        if array.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+
+
+class HotFirstSampler:
+    """The decode loop's sampler (``async sampler(logits, batch) ->
+    (token_ids, logprobs)``, serving/decoder.py) with the hot-first handoff:
+    it summarizes the logits where they are (``hot_first_summary``, on the
+    engine's device), sends the compact rows, then the undecided rows whole
+    (``fallback_batch``) in a second request, and merges the answers.
+
+    pool: a ``triton.sampler_pool.SamplerPool`` (``send(rows, batch)`` for
+    the compact inputs, ``pool(logits, batch)`` for full rows) whose
+    samplers hold the same hot set. ``stats`` counts rows and fallbacks."""
+
+    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP):
+        self.pool = pool
+        self.hot_vocab = hot_vocab
+        self.cold_top = cold_top
+        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
+
+    def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> CompactRows:
+        """The batch's compact rows (``cpu()`` form)."""
+        offsets, ids = touched_lists(batch, self.hot_vocab)
+        return hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
+                                 batch.temperature, self.cold_top).cpu()
+
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
+        from .triton.sampler_io import compact_arrays
+
+        # Off the event loop: on a CPU the summary is milliseconds of torch
+        # work per step (docs/HANDOFF.md), and another lane may be ready.
+        rows = await asyncio.to_thread(self.summarize, logits, batch)
+        outputs = await self.pool.send(compact_arrays(rows), batch)
+        size = len(batch)
+        first = HandoffOutput(
+            token_ids=outputs["output_ids"].astype(np.int64),
+            logprobs=outputs["output_log_probs"].astype(np.float32),
+            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
+            hot_accepted=np.full(size, -1, np.int8), outcome=outputs["handoff_outcome"].astype(np.int8))
+        self.stats["rows"] += size
+        self.stats["need_full"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_FULL))
+        self.stats["need_cold"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_COLD))
+        if first.undecided.any():
+            undecided, second_batch = fallback_batch(batch, first, rows, self.hot_vocab)
+            tokens, logprobs = await self.pool(logits[torch.as_tensor(undecided)].cpu(),
+                                               second_batch)
+            merge_fallback(first, undecided, SampleOutput(
+                token_ids=tokens, logprobs=logprobs, top_token_ids=first.top_token_ids[:0],
+                top_logprobs=first.top_logprobs[:0], hot_accepted=first.hot_accepted[:0]))
+        return first.token_ids, first.logprobs
+

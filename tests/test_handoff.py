@@ -1,0 +1,470 @@
+"""Hot-first handoff: compact rows (hot logits, touched logits, a cold
+summary) decide exactly today's distribution; the two-stage procedure
+(compact, then the undecided rows whole, conditioned on C where the draw
+fell there) matches the float64 reference; batch- and thread-invariant."""
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from conftest import (P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, repeated_batch,
+                      total_variation)
+from simple_sampler import reference
+from simple_sampler._sampling import HandoffOutcome
+from simple_sampler.handoff import (CompactRows, fallback_batch, hot_first_summary,
+                                    merge_fallback, sample_compact, sample_hot_first,
+                                    touched_lists)
+from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.sampling import sample, sample_requests
+from simple_sampler.shvs import HotVocab
+from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
+
+DRAWS = 100_000
+DECIDED, NEED_FULL, NEED_COLD = (HandoffOutcome.HANDOFF_DECIDED, HandoffOutcome.HANDOFF_NEED_FULL,
+                                 HandoffOutcome.HANDOFF_NEED_COLD)
+
+
+def as_tensor(rows):
+    rows = np.ascontiguousarray(rows)
+    if rows.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(rows)
+
+
+def tiled_compact(row, batch, hot, draws, cold_top=0):
+    """Compact rows for `draws` copies of one row: its summary (computed
+    once, from the batch's first row) repeated, not recomputed."""
+    one = batch.take([0])
+    offsets, ids = touched_lists(one, hot)
+    c = hot_first_summary(as_tensor(row[None]), hot.kernel_arrays()[0], offsets, ids,
+                          one.temperature, cold_top).cpu()
+    n = c.touched_ids.size
+    repeat = lambda a: np.repeat(a, draws)
+    return CompactRows(hot_logits=np.broadcast_to(c.hot_logits, (draws, hot.size)),
+                       touched_offsets=np.arange(draws + 1, dtype=np.int64) * n,
+                       touched_ids=np.tile(c.touched_ids, draws),
+                       touched_logits=np.tile(c.touched_logits, draws),
+                       cold_max=repeat(c.cold_max), cold_argmax=repeat(c.cold_argmax),
+                       cold_mass=repeat(c.cold_mass))
+
+
+def handoff_draws(row, params, hot, draws=DRAWS, history=None, cold_top=0,
+                  unconditioned_fallback=False):
+    """(token counts, outcomes, batch) of `draws` seeded two-stage samples of
+    one row. unconditioned_fallback: the WRONG second stage (NEED_COLD rows
+    sampled from the whole row), to show the tests catch it."""
+    batch = repeated_batch(params, draws, history)
+    compact = tiled_compact(row, batch, hot, draws, cold_top)
+    first = sample_compact(compact, batch, hot, return_logprobs=False)
+    outcome = first.outcome.copy()
+    undecided, second_batch = fallback_batch(batch, first, compact, hot)
+    if unconditioned_fallback:
+        second_batch = batch.take(undecided)
+    second = sample(np.broadcast_to(row, (undecided.size, row.size)), second_batch,
+                    return_logprobs=False)
+    merge_fallback(first, undecided, second)
+    return np.bincount(first.token_ids, minlength=row.size), outcome, batch
+
+
+def check(row, params, hot, history=None, draws=DRAWS, cold_top=0):
+    counts, outcome, batch = handoff_draws(row, params, hot, draws, history, cold_top)
+    probs = reference.probabilities(np.asarray(row, np.float32), batch, 0)
+    p_value = goodness_of_fit(counts, probs)
+    assert p_value > P_VALUE_FLOOR, (
+        f"{params}: chi-square p={p_value:.2e}, TV={total_variation(counts, probs):.4f}, "
+        f"outcomes {np.bincount(outcome, minlength=3)}")
+    return counts, outcome, probs
+
+
+GRID = [
+    SamplingParams(),
+    SamplingParams(temperature=0.6),
+    SamplingParams(top_p=0.9),
+    SamplingParams(top_p=0.5, temperature=0.7),
+    SamplingParams(top_k=40, top_p=0.9),
+    SamplingParams(min_p=0.05, temperature=0.8),
+    SamplingParams(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05),
+]
+GRID_IDS = ["plain", "t0.6", "p0.9", "p0.5-t0.7", "k40-p0.9", "minp", "all"]
+
+
+@pytest.mark.parametrize("hot_kind", ["head", "random", "misses-most-mass"])
+@pytest.mark.parametrize("params", GRID, ids=GRID_IDS)
+def test_two_stage_distribution_equals_the_reference(zipf_row, hot_kind, params):
+    check(zipf_row, params, hot_sets(zipf_row)[hot_kind])
+
+
+def test_both_fallbacks_happen_and_are_exact(zipf_row):
+    """A hot set holding the head: plain sampling falls in C on some draws
+    (NEED_COLD), top_p 0.99 reaches into C (NEED_FULL), each exact."""
+    hot = hot_sets(zipf_row)["head"]
+    _, outcome, _ = check(zipf_row, SamplingParams(), hot)
+    assert 0.01 < np.mean(outcome == NEED_COLD) < 0.9 and np.all(outcome != NEED_FULL)
+    _, outcome, _ = check(zipf_row, SamplingParams(top_p=0.99), hot)
+    assert np.all(outcome == NEED_FULL)
+    _, outcome, _ = check(zipf_row, SamplingParams(top_p=0.5), hot)
+    assert np.all(outcome == DECIDED)
+
+
+def test_mass_in_the_cold_region(zipf_row):
+    """Most of the mass outside H: the draw lands in C on most rows."""
+    _, outcome, _ = check(zipf_row, SamplingParams(temperature=1.2),
+                          hot_sets(zipf_row)["misses-most-mass"])
+    assert np.mean(outcome == NEED_COLD) > 0.9
+
+
+def test_an_unconditioned_fallback_is_caught(zipf_row):
+    """The note in docs/HANDOFF.md: sampling a NEED_COLD row from its whole
+    row (not conditioned on C) over-weights the known tokens; the same test
+    rejects it, while the conditioned fallback passes."""
+    hot = hot_sets(zipf_row)["head"]
+    counts, outcome, batch = handoff_draws(zipf_row, SamplingParams(), hot,
+                                           unconditioned_fallback=True)
+    assert np.mean(outcome == NEED_COLD) > 0.1
+    probs = reference.probabilities(zipf_row, batch, 0)
+    assert goodness_of_fit(counts, probs) < P_VALUE_FLOOR
+
+
+def test_power_a_one_percent_error_is_caught(zipf_row):
+    counts, _, probs = check(zipf_row, SamplingParams(top_p=0.9), hot_sets(zipf_row)["random"])
+    assert goodness_of_fit(counts, moved_one_percent(probs)) < P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("hot_kind", ["head", "random"])
+def test_penalties_bias_and_bans_touching_hot_and_cold_tokens(zipf_row, hot_kind):
+    """Negative presence / frequency penalties raise cold tokens, a bias
+    lifts a cold token to the top, bans hit hot and cold ids."""
+    hot = hot_sets(zipf_row)[hot_kind]
+    order = np.argsort(-zipf_row)
+    hot_ids = set(hot.ids.tolist())
+    cold = [int(t) for t in order if int(t) not in hot_ids]
+    history = History(prompt_ids=order[:25].tolist() + cold[:10],
+                      output_ids=order[5:15].tolist() * 2 + cold[3:8] * 3)
+    for params in (
+        SamplingParams(repetition_penalty=1.4, presence_penalty=0.6, frequency_penalty=0.3),
+        SamplingParams(top_p=0.8, repetition_penalty=0.7, presence_penalty=-2.0,
+                       frequency_penalty=-2.0),
+        SamplingParams(top_p=0.8, logit_bias={int(order[0]): -4.0, cold[40]: 6.0}),
+        SamplingParams(top_k=5, logit_bias={cold[200]: 9.0}),
+        SamplingParams(min_p=0.1, logit_bias={cold[300]: 9.0}, temperature=0.0),
+        SamplingParams(top_p=0.6, logit_bias={int(order[1]): -np.inf, cold[100]: 2.5},
+                       min_tokens=5, stop_token_ids=[int(order[2]), cold[0]]),
+    ):
+        check(zipf_row, params, hot, history, draws=40_000)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(top_p=0.9),
+                                    SamplingParams(temperature=0.0),
+                                    SamplingParams(top_k=3, min_p=0.01)],
+                         ids=["plain", "p0.9", "greedy", "k3"])
+def test_every_hot_token_banned(zipf_row, params):
+    hot = hot_sets(zipf_row)["head"]
+    bans = {int(t): -np.inf for t in hot.ids}
+    _, outcome, _ = check(zipf_row, SamplingParams(**{**params.__dict__, "logit_bias": bans}),
+                          hot, draws=30_000)
+    assert np.all(outcome != DECIDED) or params.temperature == 0.0
+
+
+@pytest.mark.parametrize("cold_wins", [True, False])
+def test_greedy_ties_with_the_cold_argmax(cold_wins):
+    """A hot and a cold id tie at the max: the lower id wins, as today."""
+    row = np.linspace(-5, 0, 300).astype(np.float32)
+    low, high = 40, 200
+    row[[low, high]] = 3.0
+    hot_id, cold_id = (high, low) if cold_wins else (low, high)
+    hot = HotVocab(np.array([hot_id, 7, 299]), row.size)
+    for temperature in (0.0, 9e-6):
+        counts, outcome, _ = handoff_draws(row, SamplingParams(temperature=temperature), hot,
+                                           draws=50)
+        assert counts[low] == 50 and np.all(outcome == DECIDED)
+    assert sample_requests(row, [SamplingParams(temperature=0.0)]).token_ids[0] == low
+
+
+def test_cold_top_makes_top_p_rows_decidable(zipf_row):
+    """cold_top hands the row's own largest cold logits over as touched ids:
+    the nucleus then lies in the known set and the distribution holds."""
+    hot = HotVocab(np.argsort(-zipf_row)[::2][:300], VOCAB)
+    _, without, _ = check(zipf_row, SamplingParams(top_p=0.85), hot, draws=30_000)
+    _, with_top, _ = check(zipf_row, SamplingParams(top_p=0.85), hot, draws=30_000, cold_top=2000)
+    assert np.mean(without == NEED_FULL) == 1.0 and np.mean(with_top == DECIDED) == 1.0
+
+
+def test_nucleus_boundary_within_the_mass_margin_falls_back():
+    """top_p alone whose boundary moves with S_C by less than its margin:
+    undecided (NEED_FULL), never a guess."""
+    row = np.full(64, -np.inf, np.float32)
+    row[:4] = 0.0                            # four known tokens of weight 1
+    row[10] = -1.0                           # C: one token, weight e^-1
+    hot = HotVocab(np.arange(4), 64)
+    total = 4 + np.exp(-1.0)
+    for top_p, expected in ((2.0 / total, NEED_FULL), (2.5 / total, DECIDED)):
+        _, outcome, _ = handoff_draws(row, SamplingParams(top_p=top_p), hot, draws=20)
+        assert np.all(outcome == expected), top_p
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_half_rows(zipf_row, dtype):
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    half = zipf_row.astype(dtype)
+    for params in (SamplingParams(top_p=0.9), SamplingParams()):
+        counts, _, batch = handoff_draws(half, params, hot_sets(zipf_row)["random"], draws=30_000)
+        probs = reference.probabilities(half.astype(np.float32), batch, 0)
+        assert goodness_of_fit(counts, probs) > P_VALUE_FLOOR
+
+
+def test_summary_against_float64(zipf_row):
+    rng = np.random.default_rng(1)
+    rows = np.stack([zipf_row, rng.normal(0, 4, VOCAB).astype(np.float32),
+                     np.full(VOCAB, -np.inf, np.float32)])
+    rows[2, hot_sets(zipf_row)["head"].ids[:5]] = 1.0     # no finite logit in C
+    hot = hot_sets(zipf_row)["head"]
+    batch = SamplingBatch.from_params(
+        [SamplingParams(temperature=0.7, presence_penalty=0.5), SamplingParams(temperature=0.0),
+         SamplingParams(logit_bias={3000: 1.0})],
+        [History(prompt_ids=[1, 2, int(hot.ids[0])], output_ids=[9, 9]), History(), History()])
+    offsets, ids = touched_lists(batch, hot)
+    assert offsets.tolist() == [0, 3, 3, 4] and ids.tolist() == [1, 2, 9, 3000]
+    c = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
+                          batch.temperature).cpu()
+    np.testing.assert_array_equal(c.hot_logits, rows[:, hot.kernel_arrays()[0]])
+    np.testing.assert_array_equal(c.touched_logits, rows[[0, 0, 0, 2], [1, 2, 9, 3000]])
+    for r, inv_t in ((0, 1 / 0.7), (1, 1.0)):
+        cold = np.ones(VOCAB, bool)
+        cold[hot.ids] = False
+        cold[ids[offsets[r]:offsets[r + 1]]] = False
+        x = np.where(cold, rows[r].astype(np.float64), -np.inf)
+        assert c.cold_max[r] == x.max() and c.cold_argmax[r] == np.argmax(x)
+        exact = np.exp((x - x.max()) * inv_t).sum()
+        assert abs(c.cold_mass[r] / exact - 1) < 2e-6
+    assert c.cold_max[2] == -np.inf and c.cold_argmax[2] == -1 and c.cold_mass[2] == 0
+
+
+def test_logprobs_are_the_full_paths(zipf_row):
+    """Decided rows and fallback rows alike: the chosen token's logprob and
+    the top logprobs under the whole row's softmax."""
+    rng = np.random.default_rng(5)
+    hot = hot_sets(zipf_row)["head"]
+    params = [SamplingParams(seed=int(s), **kind) for s, kind in zip(
+        rng.integers(0, 2**63, 40), [dict(), dict(top_p=0.9), dict(temperature=0.0),
+                                     dict(min_p=0.05, top_k=20), dict(top_p=0.999)] * 8)]
+    rows = np.broadcast_to(zipf_row, (40, VOCAB))
+    batch = SamplingBatch.from_params(params)
+    out = sample_hot_first(rows, batch, hot, num_top_logprobs=3, cold_top=0)
+    assert set(out.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    for r in range(40):
+        z = reference.scaled_logits(zipf_row, batch, r)
+        expected = reference.log_softmax(z)
+        assert abs(out.logprobs[r] - expected[out.token_ids[r]]) < 1e-4
+        top = reference.rank_order(z)[:3]
+        np.testing.assert_array_equal(out.top_token_ids[r], top)
+        np.testing.assert_allclose(out.top_logprobs[r], expected[top], atol=1e-4)
+    full = sample(rows, batch, num_top_logprobs=3)
+    greedy = np.asarray(batch.temperature) == 0
+    np.testing.assert_array_equal(out.token_ids[greedy], full.token_ids[greedy])
+
+
+def test_batch_position_and_thread_invariance():
+    from test_invariance import make_requests, make_rows
+
+    rng = np.random.default_rng(21)
+    count = 48
+    rows = make_rows(rng, count)
+    params, histories, steps = make_requests(rng, count)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    run = lambda r, b, threads=1: sample_hot_first(r, b, hot, num_top_logprobs=2, cold_top=16,
+                                                   num_threads=threads)
+    base = run(rows, batch)
+    assert set(base.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    for threads in (1, 2, 3):
+        again = run(rows, batch, threads)
+        np.testing.assert_array_equal(again.token_ids, base.token_ids)
+        np.testing.assert_array_equal(again.logprobs, base.logprobs)
+        np.testing.assert_array_equal(again.outcome, base.outcome)
+    perm = rng.permutation(count)
+    shuffled = run(rows[perm], batch.take(perm))
+    np.testing.assert_array_equal(shuffled.token_ids, base.token_ids[perm])
+    np.testing.assert_array_equal(shuffled.logprobs, base.logprobs[perm])
+    for r in range(0, count, 5):
+        alone = run(rows[r:r + 1], batch.take([r]))
+        assert alone.token_ids[0] == base.token_ids[r] and alone.outcome[0] == base.outcome[r]
+
+
+def test_bad_input_names_the_field(zipf_row):
+    hot = hot_sets(zipf_row)["head"]
+    batch = SamplingBatch.from_params([SamplingParams(presence_penalty=0.5, seed=1)],
+                                      [History(output_ids=[4000])])
+    offsets, ids = touched_lists(batch, hot)
+    good = hot_first_summary(torch.from_numpy(zipf_row[None]), hot.kernel_arrays()[0], offsets,
+                             ids, batch.temperature).cpu()
+    missing = CompactRows(**{**good.__dict__, "touched_offsets": np.zeros(2, np.int64),
+                             "touched_ids": np.zeros(0, np.int32),
+                             "touched_logits": np.zeros(0, np.float32)})
+    with pytest.raises(ValueError, match="row 0: touched_ids must list .* 4000 is missing"):
+        sample_compact(missing, batch, hot)
+    with pytest.raises(ValueError, match="hot_logits must have shape"):
+        sample_compact(CompactRows(**{**good.__dict__, "hot_logits": good.hot_logits[:, :5]}),
+                       batch, hot)
+    hot_id = int(hot.ids[0])
+    with pytest.raises(ValueError, match=f"touched_ids must not hold hot ids, got {hot_id}"):
+        sample_compact(CompactRows(**{**good.__dict__, "touched_ids": np.array([hot_id], np.int32)}),
+                       batch, hot)
+    for bad, column in ((np.nan, 17), (np.inf, int(hot.ids[3]))):
+        row = zipf_row.copy()
+        row[column] = bad
+        with pytest.raises(ValueError, match=f"row 0: .*column {column}"):
+            sample_hot_first(row[None], batch, hot)
+    banned = SamplingBatch.from_params([SamplingParams(logit_bias={t: -np.inf
+                                                                   for t in range(VOCAB)})])
+    with pytest.raises(ValueError, match="every token is banned"):
+        sample_hot_first(zipf_row[None], banned, hot)
+
+
+def _local_pool(hot, capacity=2):
+    """A SamplerPool whose targets run the sampler model's code in-process
+    (decode_request + sample_request), with the model's hot set."""
+    from simple_sampler.triton.sampler_io import decode_request, sample_request
+    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+
+    def call(inputs):
+        return sample_request(decode_request(inputs, 0, hot), 1, hot)[0]
+    return SamplerPool([SamplerTarget("local", call, capacity)])
+
+
+def test_compact_rows_through_the_sampler_io(zipf_row):
+    """compact_arrays -> decode_request -> sample_request gives
+    sample_compact's answers; bad combinations are refused by name."""
+    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_io import (RequestError, compact_arrays, decode_request,
+                                                  sample_request)
+
+    hot = hot_sets(zipf_row)["random"]
+    rng = np.random.default_rng(9)
+    params = [SamplingParams(seed=int(s), **kind) for s, kind in zip(
+        rng.integers(0, 2**63, 12), [dict(), dict(top_p=0.9, presence_penalty=-1.0),
+                                     dict(temperature=0.0), dict(top_p=0.999)] * 3)]
+    histories = [History(prompt_ids=[5, 6], output_ids=[int(t)]) for t in rng.integers(0, VOCAB, 12)]
+    batch = SamplingBatch.from_params(params, histories)
+    rows = np.broadcast_to(zipf_row, (12, VOCAB))
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(np.ascontiguousarray(rows)),
+                                hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0).cpu()
+    direct = sample_compact(compact, batch, hot)
+    inputs = {**compact_arrays(compact), **batch_arrays(batch),
+              "return_log_probs": np.ones((12, 1), bool)}
+    outputs, _ = sample_request(decode_request(inputs, VOCAB, hot), 1, hot)
+    np.testing.assert_array_equal(outputs["output_ids"][:, 0], direct.token_ids)
+    np.testing.assert_array_equal(outputs["handoff_outcome"][:, 0], direct.outcome)
+    np.testing.assert_array_equal(outputs["output_log_probs"][:, 0], direct.logprobs)
+    assert set(direct.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    with pytest.raises(RequestError, match="hot_logits needs a sampler with a hot set"):
+        decode_request(inputs, VOCAB)
+    with pytest.raises(RequestError, match="send logits or the compact rows"):
+        decode_request({**inputs, "logits": rows}, VOCAB, hot)
+    with pytest.raises(RequestError, match=r"hot_logits must have shape \[B, 700\]"):
+        decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
+
+
+def test_hot_first_sampler_through_a_pool():
+    """The decode loop's wrapper: compact rows to the pool's targets, then
+    the undecided rows whole; the same tokens as the steps run in-process,
+    whatever the sharding."""
+    import asyncio
+
+    from simple_sampler.handoff import HotFirstSampler
+    from test_invariance import make_requests, make_rows
+
+    rng = np.random.default_rng(33)
+    rows = make_rows(rng, 40)
+    params, histories, steps = make_requests(rng, 40)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
+                                batch.temperature, 16).cpu()
+    expected = sample_compact(compact, batch, hot)
+    undecided, second_batch = fallback_batch(batch, expected, compact, hot)
+    merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
+    assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    for capacity in (1, 3):
+        sampler = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16)
+        tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
+        np.testing.assert_array_equal(tokens, expected.token_ids)
+        np.testing.assert_array_equal(logprobs, expected.logprobs)
+        assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
+
+
+def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
+    """LlmService with handoff hot-first and a sampler profile wraps its pool
+    in a HotFirstSampler; greedy generations equal the full rows' ones."""
+    from simple_sampler.serving.text import TextCodec
+    from simple_sampler.settings import LlmSettings
+    from simple_sampler.shvs.hot_vocab import HotProfile
+    from simple_sampler.triton.llm_service import LlmService
+    from test_decoder import VOCAB as FAKE_VOCAB, FakeEngine, FakeTokenizer
+    from test_llm_service import Client, inputs
+
+    hot = HotVocab(np.arange(2, FAKE_VOCAB, 3), FAKE_VOCAB)
+    HotProfile(order=hot.ids.astype(np.int32), vocab_size=FAKE_VOCAB, sizes=np.array([hot.size]),
+               curves={}, chosen_size=hot.size, mass=np.ones(hot.size)).save(
+        tmp_path / "simple_sampler" / "hot.npz")
+
+    def generate(handoff):
+        settings = LlmSettings(sampling_mode="simple", sampler_shards=2, handoff=handoff,
+                               hot_vocab_profile="hot.npz")
+        service = LlmService(settings, sampler_call=_local_pool(hot).targets[0].call,
+                             engine=FakeEngine(max_batch_size=4), codec=TextCodec(FakeTokenizer()),
+                             repository=str(tmp_path))
+        try:
+            clients = [Client() for _ in range(3)]
+            for client, text in zip(clients, ("a", "k", "x")):
+                service.submit({**inputs(text, max_tokens=8), "temperature": np.array([[0.0]],
+                                                                                     np.float32)},
+                               client.send, on_done=client.done.set)
+            assert all(client.done.wait(30) for client in clients)
+            sampler = service.decoder.sampler
+        finally:
+            service.close()
+        assert all(error is None for c in clients for _, error, _ in c.responses)
+        return [[o["output_ids"].tolist() for o, _, _ in c.responses] for c in clients], sampler
+
+    full, plain_pool = generate("full")
+    hot_first, wrapper = generate("hot-first")
+    assert hot_first == full and not hasattr(plain_pool, "stats") and wrapper.stats["rows"] >= 8
+
+
+@pytest.mark.slow
+def test_a_real_server_generates_the_same_greedy_text_hot_first():
+    """SmolLM2 on tritonserver with the shipped profile: the compact rows
+    cross the BLS call and the sampler model; greedy text equals the full
+    rows' text, and a seeded sampled text is reproducible."""
+    import tempfile
+    from pathlib import Path
+
+    from simple_sampler.client import GenerateClient
+    from simple_sampler.settings import LlmSettings, SamplerSettings
+    from simple_sampler.triton.serve import assemble_repository
+    from simple_sampler.triton.server import TritonServer
+
+    question = "What is the capital of France?"
+    texts = {}
+    for handoff in ("hot-first", "full"):
+        with tempfile.TemporaryDirectory() as tmp:
+            repository = assemble_repository(
+                Path(tmp) / "repository",
+                SamplerSettings(sampler_instances=1, sampler_max_batch_size=16, vocab_size=49_152,
+                                hot_vocab_profile="hot_vocab.npz"),
+                LlmSettings(engine_max_batch_size=4, max_context=256, sampler_shards=1,
+                            batch_invariant=True, handoff=handoff,
+                            hot_vocab_profile="hot_vocab.npz"))
+            with TritonServer(repository, log_path=Path(tmp) / "log") as server:
+                client = GenerateClient(server.grpc_url, "grpc")
+                params = dict(max_tokens=16, apply_chat_template=True, exclude_input_in_output=True)
+                greedy = client.generate(question, temperature=0.0, **params).text
+                seeded = [client.generate(question, seed=7, top_p=0.9, **params).text
+                          for _ in range(2)]
+            log = (Path(tmp) / "log").read_text()
+        assert seeded[0] == seeded[1]
+        assert ("rows cross to the sampler hot-first" in log) == (handoff == "hot-first")
+        texts[handoff] = greedy
+    assert texts["hot-first"] == texts["full"] and "Paris" in texts["full"]
