@@ -1,6 +1,8 @@
 """The data-plane contract (serving/engine.py) for every engine: TorchEngine
-on the real SmolLM2 (slow: loads the model) and TrtLlmEngine over the fake of
-TensorRT-LLM's API (tests/fake_tensorrt_llm.py).
+on the real SmolLM2 (slow: loads the model), TrtLlmEngine over the fake of
+TensorRT-LLM's API (tests/fake_tensorrt_llm.py) and SimulatedEngine, whose
+synthetic rows depend on no token (its rows are checked in test_simulated.py;
+here only its bookkeeping and errors).
 
 Each engine comes with its model's reference row for a token list (a full
 recompute, or the fake's model), so a row that went to the wrong sequence,
@@ -16,7 +18,8 @@ import torch
 
 from fake_tensorrt_llm import LLM, SamplingParams, model_row
 from simple_sampler.serving.engine import (Closable, SelfScheduling, SequenceTable, TorchEngine,
-                                          load_model)
+                                           load_model)
+from simple_sampler.serving.simulated import SimulatedEngine, SimulatedSpec
 from simple_sampler.serving.trtllm import TrtLlmEngine
 
 
@@ -25,7 +28,8 @@ def smollm2():
     return load_model()[0]
 
 
-@pytest.fixture(params=[pytest.param("torch", marks=pytest.mark.slow), "tensorrt_llm"])
+@pytest.fixture(params=[pytest.param("torch", marks=pytest.mark.slow), "tensorrt_llm",
+                        "simulated"])
 def make_engine(request, tmp_path):
     """make_engine(max_batch_size, max_context) -> (engine, reference(tokens), tolerance)."""
     engines = []
@@ -39,6 +43,10 @@ def make_engine(request, tmp_path):
                 with torch.inference_mode():
                     return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()
             return engine, reference, 1e-3
+        if request.param == "simulated":
+            spec = SimulatedSpec(vocab=128_256, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
+            engine = SimulatedEngine(spec, max_batch_size=max_batch_size, max_context=max_context)
+            return engine, lambda tokens: torch.zeros(spec.vocab), float("inf")
         (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 50}))
         engine = TrtLlmEngine.from_source(tmp_path, max_batch_size=max_batch_size,
                                           max_context=max_context, api=(LLM, SamplingParams),

@@ -33,7 +33,8 @@ def test_every_kind_gets_its_section(report):
     for heading in ("## Kernels: microseconds per row", "## SHVS against the full path",
                     "## Sampler server: rows/s against instances",
                     "## Whole server per sampling mode", "## perf_analyzer against the ensemble",
-                    "## perf_analyzer profile exports"):
+                    "## perf_analyzer profile exports",
+                    "## Decode loop at GPU pace (simulated data plane)"):
         assert heading in text
 
 
@@ -61,11 +62,23 @@ def test_figures_and_ratios_come_from_the_inputs(report):
     # the raw export's figures, computed as `simple-sampler perf` computes them
     figures = figures_from_export(fixture("simple-c2.json"))
     assert f"| simple-c2.json | 2 | {figures['tokens_per_s']:.1f} |" in text
+    # serve-sim: efficiency and exposed sampling as a share of the step, labelled simulated.
+    sim = fixture("serve_sim.json")
+    assert f"Data plane: **{sim['data_plane']}**" in text and sim["data_plane"].startswith(
+        "simulated data plane")
+    for row in sim["results"]:
+        share = 100 * row["exposed_sampling_ms_per_step"] / row["step_ms"]
+        assert (f"| {row['mode']} | {row['micro_batches']} | {row['batch']} | "
+                f"{row['vocab']:,} | {row['dtype']} | {row['step_ms']:.1f} | "
+                f"{row['tokens_per_s']:,.0f} | {row['ideal_tokens_per_s']:,.0f} | "
+                f"{row['efficiency']:.3f} | {row['exposed_sampling_ms_per_step']:.2f} | "
+                f"{share:.1f}% |") in text
 
 
 def test_every_input_names_its_command_machine_and_date(report):
     _, text = report
-    for name in ("kernels.json", "shvs.json", "serve.json", "sampler_server.json", "perf.json"):
+    for name in ("kernels.json", "shvs.json", "serve.json", "sampler_server.json", "perf.json",
+                 "serve_sim.json"):
         machine = fixture(name)["machine"]
         provenance = (f"Source: `{machine['command']}`; machine: {machine['cpu']}, "
                       f"{machine['cores']} cores; date: {machine['date']}.")
@@ -74,7 +87,7 @@ def test_every_input_names_its_command_machine_and_date(report):
             "date unknown.") in text
     # every figure's caption carries its source
     captions = re.findall(r"^\*Figure \d+: .*\*$", text, re.M)
-    assert len(captions) == len(re.findall(r"^!\[", text, re.M)) == 11
+    assert len(captions) == len(re.findall(r"^!\[", text, re.M)) == 12
     assert all("Source: `" in caption and "date" in caption for caption in captions)
 
 
@@ -84,7 +97,8 @@ def test_referenced_pngs_exist_and_are_images(report):
     assert {"01-kernels-float32.png", "02-kernels-bfloat16.png", "03-shvs.png",
             "04-sampler-server.png", "05-serve-throughput.png", "06-serve-itl-p95.png",
             "07-serve-sampling-share.png", "08-perf-throughput.png", "09-perf-itl-p95.png",
-            "10-perf-export-throughput.png", "11-perf-export-itl-p95.png"} == set(names)
+            "10-perf-export-throughput.png", "11-perf-export-itl-p95.png",
+            "12-serve-sim-efficiency.png"} == set(names)
     assert sorted(p.name for p in markdown.parent.glob("*.png")) == sorted(names)
     for name in names:
         path = markdown.parent / name
@@ -115,7 +129,7 @@ def test_cli_writes_the_report_and_prints_its_path(tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["report", *map(str, INPUTS), "--output-dir", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report.md")
-    assert (out / "report.md").is_file() and len(list(out.glob("*.png"))) == 11
+    assert (out / "report.md").is_file() and len(list(out.glob("*.png"))) == 12
 
 
 def test_cli_reports_an_unknown_input(tmp_path, capsys):

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from .schema import ENSEMBLE
-from .settings import LlmSettings, SamplerSettings
+from .settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -97,6 +98,22 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_sim(args: argparse.Namespace) -> int:
+    from .bench import serve_sim
+
+    if not args.quick:
+        sizes = {"batches": args.batch}
+    elif args.server:
+        sizes = {"batches": [8, 16], "max_tokens": 16}
+    else:
+        sizes = {"batches": [8, 16], "warmup": 2, "measure": 6}
+    run = serve_sim.run_server if args.server else serve_sim.run
+    report = run(vocab=args.vocab, dtype=args.dtype, step_ms=args.step_ms,
+                 instances=args.instances, **sizes)
+    print_report(args, report, serve_sim.format_report(report))
+    return 0
+
+
 def perf(args: argparse.Namespace) -> int:
     from .bench import perf as perf_bench
 
@@ -127,7 +144,8 @@ def build_report(args: argparse.Namespace) -> int:
 
 def hot_vocab_profile(args: argparse.Namespace) -> str:
     """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
-    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (args.sampler_only or args.model)):
+    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
+            args.sampler_only or args.model or args.engine == "simulated")):
         return ""
     return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
 
@@ -141,6 +159,14 @@ def serve(args: argparse.Namespace) -> int:
     llm = LlmSettings.from_arguments(
         args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
         hot_vocab_profile=sampler.hot_vocab_profile)
+    if llm.engine == "simulated" and not args.sampler_only:
+        # The sampler takes the simulated engine's rows as they are (no cast).
+        dtype = SIMULATED_DTYPES[llm.sim_dtype]
+        if args.logits_dtype not in (None, dtype):
+            print(f"simple-sampler serve: --logits-dtype {args.logits_dtype} differs from the "
+                  f"simulated engine's --sim-dtype {llm.sim_dtype}", file=sys.stderr)
+            return 2
+        sampler = dataclasses.replace(sampler, logits_dtype=dtype)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
                        llm=None if args.sampler_only else llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
@@ -232,6 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
                              choices=["on", "off"],
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
+
+    sim_settings = {f.name: f for f in LlmSettings.settings_fields()}
+    sim_bench = targets.add_parser(
+        "serve-sim", help="decode loop efficiency at GPU pace on a SIMULATED data plane "
+                          "(docs/SIMULATED.md)")
+    sim_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    sim_bench.add_argument("--quick", action="store_true",
+                           help="B 8 and 16 and a short window (seconds; for tests)")
+    sim_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    sim_bench.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
+                           choices=sim_settings["sim_vocab"].metadata["choices"])
+    sim_bench.add_argument("--dtype", default=LlmSettings.sim_dtype,
+                           choices=sim_settings["sim_dtype"].metadata["choices"])
+    sim_bench.add_argument("--step-ms", type=float, default=25.0,
+                           help="simulated time of a forward over the whole batch")
+    sim_bench.add_argument("--server", action="store_true",
+                           help="through a real Triton server (serve --engine simulated) with "
+                                "streaming gRPC clients, instead of in-process")
+    sim_bench.add_argument("--instances", type=int, default=2,
+                           help="kernel threads standing in for simple_sampler instances")
+    sim_bench.set_defaults(handler=bench_serve_sim)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

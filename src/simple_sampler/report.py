@@ -1,7 +1,7 @@
 """`simple-sampler report`: the bench commands' JSON as one Markdown report
 with PNG plots.
 
-Inputs are what `simple-sampler bench kernels|shvs|sampler-server|serve
+Inputs are what `simple-sampler bench kernels|shvs|sampler-server|serve|serve-sim
 --json` and `simple-sampler perf --json` print (one object: the report plus
 a "machine" key), or raw perf_analyzer profile exports ({"experiments":
 [...]}, the file of --profile-export-file), which carry no machine. The
@@ -31,6 +31,7 @@ HEADINGS = {
     "serve": "Whole server per sampling mode",
     "perf": "perf_analyzer against the ensemble",
     "perf_export": "perf_analyzer profile exports",
+    "serve_sim": "Decode loop at GPU pace (simulated data plane)",
 }
 
 
@@ -79,6 +80,8 @@ def kind_of(data: object) -> str | None:
         return "perf_export"
     if data.get("kind") == "perf_analyzer":
         return "perf"
+    if str(data.get("data_plane", "")).startswith("simulated"):
+        return "serve_sim"
     if "in_process_rows_per_s" in data:
         return "sampler_server"
     if "hot_first" in data:
@@ -142,8 +145,8 @@ def load_sources(paths: list[Path]) -> list[Source]:
         if kind is None:
             raise ReportError(
                 f"{path}: not a recognized benchmark JSON (expected the --json output of "
-                "`simple-sampler bench kernels|shvs|sampler-server|serve` or `simple-sampler "
-                "perf`, or a perf_analyzer profile export)")
+                "`simple-sampler bench kernels|shvs|sampler-server|serve|serve-sim` or "
+                "`simple-sampler perf`, or a perf_analyzer profile export)")
         if kind == "perf_export":
             export_paths.append(path)
             exports.append(data)
@@ -399,9 +402,50 @@ def perf_section(source: Source, writer: FigureWriter) -> list[str]:
     return lines
 
 
+def serve_sim_section(source: Source, writer: FigureWriter) -> list[str]:
+    """`bench serve-sim`: per mode, micro-batches and B, efficiency against the
+    simulated data plane's bound, and where the rest of the step went."""
+    report = source.data
+    results = report["results"]
+    lines = [f"Data plane: **{report['data_plane']}**. Per step = per full pass over the B "
+             "sequences; efficiency = tokens/s over B / step time; loop = the decode loop's "
+             "own Python time (DecoderStats.loop_s), loop thread = all CPU of the event-loop "
+             "thread.", ""]
+    lines += table(["mode", "micro-batches", "B", "V", "dtype", "step ms", "tok/s", "ideal tok/s",
+                    "efficiency", "exposed sampling ms", "exposed / step", "sampler ms",
+                    "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms"],
+                   [[r["mode"], r["micro_batches"], r["batch"], f"{r['vocab']:,}", r["dtype"],
+                     number(r["step_ms"]), number(r["tokens_per_s"], 0),
+                     number(r["ideal_tokens_per_s"], 0), number(r["efficiency"], 3),
+                     number(r["exposed_sampling_ms_per_step"], 2),
+                     number(100 * r["exposed_sampling_ms_per_step"] / r["step_ms"], 1, "%"),
+                     number(r["sampler_ms_per_step"], 2), number(r["loop_ms_per_step"], 2),
+                     number(r["loop_thread_cpu_ms_per_step"], 2), number(r["itl_ms_p50"]),
+                     number(r["itl_ms_p95"])] for r in results])
+    figure, axes = writer.new()
+    lines_of = dict.fromkeys((r["mode"], r["micro_batches"]) for r in results)
+    for mode, micro_batches in lines_of:
+        points = sorted((r["batch"], r["efficiency"]) for r in results
+                        if (r["mode"], r["micro_batches"]) == (mode, micro_batches))
+        axes.plot(*zip(*points), "o-", label=f"{mode}, {micro_batches} micro-batch"
+                  + ("es" if micro_batches > 1 else ""))
+    batches = sorted({r["batch"] for r in results})
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(batches, [str(b) for b in batches])
+    axes.set_xlabel("batch (sequences in flight)")
+    axes.set_ylabel("efficiency (tokens/s over the data plane's bound)")
+    axes.set_ylim(0, 1.05)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    first = results[0]
+    title = (f"Efficiency against batch, SIMULATED data plane, V={first['vocab']:,} "
+             f"{first['dtype']}, {first['step_ms']:g} ms step")
+    return lines + writer.save(figure, "serve-sim-efficiency", title, source)
+
+
 SECTIONS = {"kernels": kernels_section, "shvs": shvs_section,
             "sampler_server": sampler_server_section, "serve": serve_section,
-            "perf": perf_section, "perf_export": perf_section}
+            "perf": perf_section, "perf_export": perf_section, "serve_sim": serve_sim_section}
 
 
 def build(paths: list[Path | str], output_dir: Path | str = DEFAULT_OUTPUT_DIR) -> Path:

@@ -78,19 +78,24 @@ def default_num_threads() -> int:
     return int(os.environ.get("SIMPLE_SAMPLER_NUM_THREADS", "1"))
 
 
-def kernel_rows(logits) -> tuple[np.ndarray, int]:
-    """(uint8 [B, V * itemsize] view of the rows, kernel dtype code), no copy
-    unless a row is not contiguous."""
+def logits_array(logits) -> np.ndarray:
+    """``logits`` (numpy, or a CPU torch tensor) as a numpy array without a
+    copy; torch bfloat16 becomes ``ml_dtypes.bfloat16``, which numpy lacks."""
     if type(logits).__module__.startswith("torch"):
         import torch
 
         if logits.device.type != "cpu":
             raise ValueError(f"logits must be on the CPU, got device {logits.device}")
         if logits.dtype == torch.bfloat16:
-            logits = logits.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        else:
-            logits = logits.numpy()
-    array = np.asarray(logits)
+            return logits.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return logits.numpy()
+    return np.asarray(logits)
+
+
+def kernel_rows(logits) -> tuple[np.ndarray, int]:
+    """(uint8 [B, V * itemsize] view of the rows, kernel dtype code), no copy
+    unless a row is not contiguous."""
+    array = logits_array(logits)
     codes = {np.dtype(np.float32): Dtype.DTYPE_FLOAT32,
              np.dtype(np.float16): Dtype.DTYPE_FLOAT16,
              np.dtype(ml_dtypes.bfloat16): Dtype.DTYPE_BFLOAT16}

@@ -33,12 +33,15 @@ from typing import Any, ClassVar, Mapping
 
 #: How the llm model samples (serving/decoder.py).
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
-#: The data planes (serving/engine.py, serving/trtllm.py).
-ENGINES = ("torch", "tensorrt_llm")
+#: The data planes (serving/engine.py, serving/trtllm.py, and
+#: serving/simulated.py: GPU-paced, no model, for benchmarks).
+ENGINES = ("torch", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: The simulated engine's logits dtypes -> the sampler's name for them.
+SIMULATED_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | None = "",
@@ -196,8 +199,9 @@ class LlmSettings(Settings):
     model: str = setting(
         "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
         "or engine directory for tensorrt_llm")
-    engine: str = setting("torch", "data plane: PyTorch on the CPU, or TensorRT-LLM on GPUs "
-                          "(docs/GPU.md)", choices=ENGINES)
+    engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
+                          "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
+                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     sampling_mode: str = setting(
@@ -234,6 +238,18 @@ class LlmSettings(Settings):
         False, "torch engine, Llama-architecture models: logits of a sequence independent of "
         "the rest of the batch, so a seed gives the same text at any concurrency (off by "
         "default for its cost: docs/SERVING.md, \"Same seed, same text\")")
+    # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
+    # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
+    sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
+                             "(Llama 3, Qwen)", choices=(128_256, 151_936))
+    sim_dtype: str = setting("bfloat16", "engine simulated: dtype of its logits",
+                             choices=tuple(SIMULATED_DTYPES))
+    sim_step_a_ms: float = setting(
+        9.0, "engine simulated: a of its step time a + b * B, ms (Llama-3-8B, H100, batch 1)",
+        minimum=0.0)
+    sim_step_b_ms: float = setting(
+        0.04, "engine simulated: b of its step time a + b * B, ms per sequence (KV-cache "
+        "bytes at a 1,024-token context over H100 bandwidth)", minimum=0.0)
 
     # full by default: the summary is torch work in this process (340-540
     # us/row on a CPU, docs/HANDOFF.md) until it runs on the GPU next to the
@@ -255,8 +271,8 @@ class LlmSettings(Settings):
         if self.engine == "tensorrt_llm" and not self.model:
             raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
                              "TensorRT-LLM engine directory (with the tokenizer's files)")
-        if self.engine == "torch" and (self.tensor_parallel_size,
-                                       self.pipeline_parallel_size) != (1, 1):
+        if self.engine != "tensorrt_llm" and (self.tensor_parallel_size,
+                                              self.pipeline_parallel_size) != (1, 1):
             raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
                              "tensorrt_llm only")
         if self.batch_invariant and self.engine != "torch":

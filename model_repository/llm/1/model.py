@@ -9,7 +9,9 @@ import logging
 import os
 import threading
 
+import ml_dtypes
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
@@ -25,11 +27,19 @@ log = logging.getLogger("simple_sampler.llm")
 SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
 
 
+def bls_input(name, value):
+    """A BLS input; numpy has no bfloat16, so those rows go through DLPack."""
+    if value.dtype == ml_dtypes.bfloat16:
+        return pb_utils.Tensor.from_dlpack(name, torch.from_numpy(value.view(np.int16))
+                                           .view(torch.bfloat16))
+    return pb_utils.Tensor(name, value)
+
+
 def call_sampler(model_name):
     def call(arrays):
         request = pb_utils.InferenceRequest(
             model_name=model_name, requested_output_names=SAMPLER_OUTPUTS,
-            inputs=[pb_utils.Tensor(name, value) for name, value in arrays.items()])
+            inputs=[bls_input(name, value) for name, value in arrays.items()])
         try:
             response = request.exec()
         except Exception as error:  # noqa: BLE001 - a transport failure: worth another try
@@ -71,8 +81,8 @@ class TritonPythonModel:
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
         self.instance = args["model_instance_name"]
-        log.info("%s ready: max_batch_size %s, parameters %s", self.instance,
-                 config.get("max_batch_size"), settings.parameters())
+        log.info("%s ready: max_batch_size %s, parameters %s; data plane: %s", self.instance,
+                 config.get("max_batch_size"), settings.parameters(), self.service.data_plane)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metric_families, self.metrics = [], {}
         for name, text in (("data_plane_us", "Data-plane forward time"),

@@ -82,11 +82,13 @@ SampleResult = tuple[np.ndarray, np.ndarray]
 AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
 
 
-def kernel_sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+def kernel_sample(logits: torch.Tensor, batch: SamplingBatch,
+                  num_threads: int | None = None) -> SampleResult:
     """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``
-    (logprobs NaN when no row of the batch wants them)."""
+    (logprobs NaN when no row of the batch wants them), its rows spread over
+    ``num_threads`` threads (default: ``sampling.default_num_threads()``)."""
     wanted = batch.want_logprobs is None or bool(np.any(batch.want_logprobs))
-    out = sample(logits, batch, return_logprobs=wanted)
+    out = sample(logits, batch, return_logprobs=wanted, num_threads=num_threads)
     return out.token_ids, out.logprobs
 
 

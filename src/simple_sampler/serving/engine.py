@@ -4,9 +4,10 @@ The decode loop (``decoder``) drives an :class:`Engine` through five calls and
 never looks inside it:
 
 * ``add(seq_id, prompt_ids)`` takes a free slot for a new sequence;
-* ``step(seq_ids)`` returns float32 logits ``[len(seq_ids), vocab_size]``, the
-  next-token distribution of exactly those sequences (any subset of the active
-  ones, in the order given), so the loop can split the batch into micro-batches;
+* ``step(seq_ids)`` returns float32 logits ``[len(seq_ids), vocab_size]`` (the
+  simulated engine, ``simulated``, also bfloat16), the next-token distribution
+  of exactly those sequences (any subset of the active ones, in the order
+  given), so the loop can split the batch into micro-batches;
 * ``append(seq_ids, token_ids)`` feeds the sampled tokens back;
 * ``release(seq_id)`` frees the slot (finished or cancelled);
 * ``length(seq_id)`` is the number of tokens the sequence holds (prompt plus

@@ -52,10 +52,17 @@ RELEASE_WAIT_S = 5.0
 
 
 def build_engine(settings: LlmSettings):
-    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU)
-    or ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then).
+    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU),
+    ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then) or
+    ``simulated`` (SimulatedEngine: no model, docs/SIMULATED.md).
     Raises ValueError for settings out of range (``LlmSettings.validate``)."""
     settings.validate()
+    if settings.engine == "simulated":
+        from ..serving.simulated import SimulatedEngine, SimulatedSpec
+
+        return SimulatedEngine(SimulatedSpec.from_settings(settings),
+                               max_batch_size=settings.engine_max_batch_size,
+                               max_context=settings.max_context)
     if settings.engine == "tensorrt_llm":
         from ..serving.trtllm import TrtLlmEngine
 
@@ -93,6 +100,10 @@ class LlmService:
                  engine=None, codec: TextCodec | None = None, repository: str | None = None):
         self.settings = settings
         source = settings.model or None
+        if codec is None and settings.engine == "simulated":
+            from ..serving.simulated import SimulatedCodec
+
+            codec = SimulatedCodec.from_source(source)
         self.codec = codec or TextCodec.from_source(source)
         self.engine = engine or build_engine(settings)
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
@@ -112,6 +123,12 @@ class LlmService:
                                        daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
+
+    @property
+    def data_plane(self) -> str:
+        """What computes the logits, for the ready line (the simulated
+        engine's label says it is simulated)."""
+        return getattr(self.engine, "label", type(self.engine).__name__)
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)

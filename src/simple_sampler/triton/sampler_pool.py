@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..params import SamplingBatch
+from ..sampling import logits_array
 from .sampler_client import SamplerClient, batch_arrays
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ class SamplerPool:
             raise ValueError("a sampler pool needs at least one target")
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
-        outputs = await self.send({"logits": logits.numpy()}, batch)
+        # bfloat16 rows stay bfloat16 (ml_dtypes): no cast, no copy.
+        outputs = await self.send({"logits": logits_array(logits)}, batch)
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch) -> dict[str, np.ndarray]:

@@ -96,7 +96,12 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(server).start() if supervise else None
-    print(f"Triton is ready: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+    simulated = ""
+    if llm is not None and llm.engine == "simulated":
+        from ..serving.simulated import SimulatedSpec
+
+        simulated = f" ({SimulatedSpec.from_settings(llm).describe()}; no model runs)"
+    print(f"Triton is ready{simulated}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
     stopping = threading.Event()

@@ -1,0 +1,275 @@
+"""`simple-sampler bench serve-sim`: the decode loop at GPU pace, on a
+SIMULATED data plane (``serving.simulated``; every output says so).
+
+In-process: ``serving.decoder.Decoder`` over a ``SimulatedEngine`` whose
+step sleeps like a host thread waiting on a GPU, so the CPU is as free as
+on a GPU host and what the measurement shows is the decision plane's and
+the decode loop's own cost. Per (mode, micro_batches, B):
+
+* ``simple``: the decoder's remote-sampler path; the sampler runs the
+  kernels in a worker thread with each micro-batch's rows spread over
+  ``instances`` kernel threads, standing in for that many ``simple_sampler``
+  instances (labelled so in the output); ``micro_batches`` 1 (serial) and 2
+  (one micro-batch sampled while the other's forward runs);
+* ``inline_kernels``: the kernels on the data-plane thread after each
+  forward, 1 thread, no overlap (the baseline).
+
+Step model: a full pass over the B sequences takes ``step_ms`` whatever the
+split: a micro-batch of n rows sleeps ``step_ms * n / B`` (a = 0,
+b = step_ms / B in ``SimulatedSpec`` terms). So every mode has the same
+ideal, ``ideal_tokens_per_s = B / step_s`` (the data plane's own bound), and
+``efficiency = tokens_per_s / ideal_tokens_per_s``. This is the best case for
+micro-batching: on a real GPU a split re-reads the weights (the ``a`` of the
+engine's default model, about 9 ms for an 8B model), which this bench leaves
+out on purpose so that the figure isolates sampling and loop exposure.
+
+Load: B requests (prompt of PROMPT_TOKENS ids, default sampling parameters:
+temperature 1, no truncation, seeded, ``ignore_end``, so none finishes
+early) are submitted at once and kept in flight; after ``warmup`` tokens
+per request, a window of ``measure`` tokens per request is measured.
+Per step below means per full pass over the B sequences (B tokens):
+
+* ``tokens_per_s``: rows the data plane returned (one token each) per
+  second over the window, counted in whole forwards (:class:`ForwardClock`:
+  from the end of the last forward before the window to the end of the
+  last one in it), so that a forward which began before the window is not
+  counted in it (with two micro-batches, deliveries alone would be);
+* ``exposed_sampling_ms_per_step``: ``DecoderStats.sampling_exposed_s``
+  (sampling while no forward ran: the part on the critical path);
+* ``sampler_ms_per_step``: ``DecoderStats.sampler_s`` (all sampler time,
+  overlapped or not);
+* ``loop_ms_per_step``: ``DecoderStats.loop_s``, the decode loop's own
+  Python time (reaping and admission, building the sampling batch,
+  delivering tokens and events, appending to the engine; wall time, so on
+  a shared machine other processes' load shows in it too);
+* ``loop_thread_cpu_ms_per_step``: all CPU time of the event-loop thread
+  (``time.thread_time`` there): the above plus asyncio's scheduling and this
+  bench's per-request consumers, which stand in for the service's
+  streaming; forwards and kernels run in other threads and are not in it;
+* ``itl_ms_p50``/``p95``: gaps between consecutive tokens of a request
+  inside the window, over all requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import numpy as np
+
+from ..params import SamplingParams
+from ..rows import ROWS_SOURCE
+from ..serving.decoder import Decoder, GenerationRequest, kernel_sample, threaded
+from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
+
+#: (mode label, decoder mode, micro_batches)
+MODES = (("simple", "simple", 1), ("simple", "simple", 2),
+         ("inline_kernels", "inline_kernels", 1))
+BATCHES = (64, 128, 256)
+PROMPT_TOKENS = 16
+
+
+def data_plane(instances: int) -> str:
+    return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
+            f"synthetic); simple mode's sampler: {instances} kernel threads in-process standing "
+            f"in for {instances} simple_sampler instances")
+
+
+class ForwardClock:
+    """The end time and rows of every forward, recorded on the data-plane
+    thread by wrapping the engine's ``step`` on the instance."""
+
+    def __init__(self, engine: SimulatedEngine):
+        self.ends: list[tuple[float, int]] = []
+        step = engine.step
+
+        def timed(seq_ids):
+            logits = step(seq_ids)
+            self.ends.append((time.perf_counter(), len(seq_ids)))
+            return logits
+        engine.step = timed
+
+    def rows_per_s(self, start: float, end: float) -> float:
+        """Rows per second of the forwards that ended after the last one to
+        end by ``start`` and by ``end``, over the time between those ends.
+        Forwards run one at a time, so each of them started in that time."""
+        ends = [(t, rows) for t, rows in self.ends if t <= end]
+        first = max(i for i, (t, _) in enumerate(ends) if t <= start)
+        return sum(rows for _, rows in ends[first + 1:]) / (ends[-1][0] - ends[first][0])
+
+
+async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int,
+                   warmup: int, measure: int) -> dict:
+    """Run B requests through a started decoder; figures of the steady window."""
+    rng = np.random.default_rng(0)
+    handles = [decoder.submit(GenerationRequest(
+        prompt_ids=rng.integers(0, vocab, PROMPT_TOKENS).tolist(),
+        max_tokens=warmup + measure + 2, ignore_end=True, sampling=SamplingParams(seed=i)))
+        for i in range(batch)]
+    start_at, end_at = warmup * batch, (warmup + measure) * batch
+    marks: dict[str, tuple] = {}
+    ended = asyncio.Event()
+    delivered = 0
+    arrivals: list[list[float]] = [[] for _ in handles]
+
+    def mark(name: str) -> None:
+        stats = decoder.stats
+        marks[name] = (time.perf_counter(), time.thread_time(), stats.tokens,
+                       stats.sampling_exposed_s, stats.sampler_s, stats.loop_s)
+
+    async def consume(index: int, handle) -> None:
+        nonlocal delivered
+        async for event in handle:
+            if event.error:
+                raise RuntimeError(f"request {index} failed: {event.error}")
+            arrivals[index].append(time.perf_counter())
+            delivered += len(event.token_ids)
+            if delivered == start_at:
+                mark("start")
+            elif delivered == end_at:
+                mark("end")
+                ended.set()
+
+    consumers = [asyncio.create_task(consume(i, h)) for i, h in enumerate(handles)]
+    waiter = asyncio.create_task(ended.wait())
+    await asyncio.wait([waiter, *consumers], return_when=asyncio.FIRST_COMPLETED)
+    for task in [waiter, *consumers]:
+        task.cancel()
+    failed = [t for t in consumers if t.done() and not t.cancelled() and t.exception()]
+    if failed:
+        raise failed[0].exception()
+    (t0, cpu0, tok0, exp0, smp0, loop0), (t1, cpu1, tok1, exp1, smp1, loop1) = \
+        marks["start"], marks["end"]
+    passes = (tok1 - tok0) / batch
+    gaps = np.concatenate([np.diff([t for t in times if t0 <= t <= t1]) for times in arrivals])
+    return {"tokens_per_s": clock.rows_per_s(t0, t1),
+            "exposed_sampling_ms_per_step": 1e3 * (exp1 - exp0) / passes,
+            "sampler_ms_per_step": 1e3 * (smp1 - smp0) / passes,
+            "loop_ms_per_step": 1e3 * (loop1 - loop0) / passes,
+            "loop_thread_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / passes,
+            "itl_ms_p50": float(np.percentile(gaps, 50)) * 1e3,
+            "itl_ms_p95": float(np.percentile(gaps, 95)) * 1e3}
+
+
+async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
+                  dtype: str, step_ms: float, instances: int, warmup: int, measure: int) -> dict:
+    """One row of the report: a fresh engine and decoder for (mode, micro_batches, B)."""
+    spec = SimulatedSpec(vocab=vocab, dtype=dtype, step_a_ms=0.0, step_b_ms=step_ms / batch)
+    engine = SimulatedEngine(spec, max_batch_size=batch,
+                             max_context=PROMPT_TOKENS + warmup + measure + 4)
+    sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
+        if mode == "simple" else None
+    decoder = Decoder(engine, codec, mode, sampler, micro_batches)
+    clock = ForwardClock(engine)
+    await decoder.start()
+    try:
+        figures = await _measure(decoder, clock, batch, vocab, warmup, measure)
+    finally:
+        await decoder.close()
+    ideal = batch / (step_ms / 1e3)
+    return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
+            "dtype": dtype, "step_ms": step_ms, **figures, "ideal_tokens_per_s": ideal,
+            "efficiency": figures["tokens_per_s"] / ideal}
+
+
+def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
+        instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES) -> dict:
+    """Every (mode, micro_batches) of ``modes`` at every B of ``batches``."""
+    codec = SimulatedCodec.from_source(None)
+    results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
+                                   instances, warmup, measure))
+               for mode, _, micro_batches in modes for batch in batches]
+    return {"results": results, "data_plane": data_plane(instances),
+            "settings": {"rows": ROWS_SOURCE(vocab),
+                         "sampler_instances": instances, "warmup_tokens": warmup,
+                         "measured_tokens": measure,
+                         "params": "temperature 1, no truncation, seeded, ignore_end",
+                         "step_model": "a full pass over B rows takes step_ms; a micro-batch "
+                                       "of n rows step_ms * n / B (no cost for the split)"}}
+
+
+def server_data_plane(instances: int) -> str:
+    return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
+            f"synthetic) inside a real Triton server: preprocessing, llm and {instances} "
+            f"simple_sampler instances over BLS, gRPC streaming clients on the same machine")
+
+
+def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
+               step_ms: float = 25.0, instances: int = 2, max_tokens: int = 64,
+               modes=MODES) -> dict:
+    """The same rows through a real server (``serve --engine simulated``):
+    per (mode, micro_batches, B) a fresh server; B streaming clients each send
+    one request of ``max_tokens`` tokens (``bench serve``'s ``run_level``:
+    chat prompts, temperature 1, min_length = max_tokens) at once. Figures
+    over the whole level, ramp included (unlike the in-process window):
+    tokens/s from the clients' wall time, ITL from their arrival gaps,
+    sampler and exposed sampling from the llm model's counters. No loop
+    figures (the server does not export them)."""
+    import tempfile
+    from pathlib import Path
+
+    from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+    from ..triton.serve import assemble_repository, shared_memory_bytes
+    from ..triton.server import TritonServer
+    from .serve import llm_counters, prompts, run_level
+
+    texts, results = prompts(), []
+    for mode, decoder_mode, micro_batches in modes:
+        for batch in batches:
+            sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
+                                      logits_dtype=SIMULATED_DTYPES[dtype])
+            llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype,
+                              sim_step_a_ms=0.0, sim_step_b_ms=step_ms / batch,
+                              sampling_mode=decoder_mode, micro_batches=micro_batches,
+                              sampler_shards=instances, engine_max_batch_size=batch,
+                              generate_max_batch_size=batch, max_context=512)
+            repository = assemble_repository(
+                Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
+            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler)) as server:
+                run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
+                before = llm_counters(server)
+                level = run_level(server, batch, batch, max_tokens, texts)
+                after = llm_counters(server)
+            passes = max_tokens  # every request yields max_tokens tokens, B rows per pass
+            ideal = batch / (step_ms / 1e3)
+            results.append({
+                "mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
+                "dtype": dtype, "step_ms": step_ms, "tokens_per_s": level["tokens_per_s"],
+                "ideal_tokens_per_s": ideal, "efficiency": level["tokens_per_s"] / ideal,
+                "exposed_sampling_ms_per_step": (after["sampling_exposed_us"]
+                                                 - before["sampling_exposed_us"]) / 1e3 / passes,
+                "sampler_ms_per_step": (after["sampler_us"] - before["sampler_us"]) / 1e3 / passes,
+                "loop_ms_per_step": None, "loop_thread_cpu_ms_per_step": None,
+                "itl_ms_p50": level["itl_ms_p50"], "itl_ms_p95": level["itl_ms_p95"]})
+    return {"results": results, "data_plane": server_data_plane(instances),
+            "settings": {"rows": ROWS_SOURCE(vocab), "sampler_instances": instances,
+                         "max_tokens": max_tokens,
+                         "params": "chat prompts, temperature 1, no truncation, "
+                                   "min_length = max_tokens",
+                         "step_model": "a full pass over B rows takes step_ms; a micro-batch "
+                                       "of n rows step_ms * n / B (no cost for the split)",
+                         "window": "the whole level, ramp included"}}
+
+
+def milliseconds(value: float | None, width: int) -> str:
+    return f"{'n/a':>{width + 2}}" if value is None else f"{value:>{width}.1f}ms"
+
+
+def format_report(report: dict) -> str:
+    lines = [f"data plane: {report['data_plane']}",
+             f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
+             f"{'ideal':>8} {'eff':>5} {'exposed':>8} {'sampler':>8} {'loop':>6} {'thread':>6} "
+             f"{'ITL p50':>8} {'ITL p95':>8}"]
+    for r in report["results"]:
+        lines.append(
+            f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
+            f"{r['dtype']:>8} {r['step_ms']:>4.0f}ms {r['tokens_per_s']:>8.0f} "
+            f"{r['ideal_tokens_per_s']:>8.0f} {r['efficiency']:>5.2f} "
+            f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['sampler_ms_per_step']:>6.2f}ms "
+            f"{milliseconds(r['loop_ms_per_step'], 4)} "
+            f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
+            f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms")
+    lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
+                 "forward ran; loop = DecoderStats.loop_s; thread = all CPU time of "
+                 "the event-loop thread (loop, asyncio, the bench's consumers)")
+    return "\n".join(lines)

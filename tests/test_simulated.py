@@ -1,0 +1,195 @@
+"""The simulated data plane (serving/simulated.py) and `bench serve-sim`:
+the engine keeps the engine protocol, returns bank views (no copy) that vary
+per sequence and step, sleeps its modelled step time, is never the default
+and says "simulated" wherever it shows up."""
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from simple_sampler.cli import build_parser, main
+from simple_sampler.params import SamplingParams
+from simple_sampler.rows import synthetic_rows
+from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCodec,
+                                              SimulatedEngine, SimulatedSpec)
+from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.triton.serve import assemble_repository
+
+VOCAB = 128_256
+FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return SimulatedCodec.from_source(None)
+
+
+@pytest.fixture(scope="module")
+def engine_rows():
+    """The rows a fresh engine's bank holds (max_batch_size 4, seed 0)."""
+    return synthetic_rows(VOCAB, 4 + BANK_OFFSETS, 0)
+
+
+def test_spec_takes_its_defaults_and_ranges_from_the_settings():
+    spec = SimulatedSpec()
+    assert (spec.vocab, spec.dtype, spec.step_a_ms, spec.step_b_ms) == (
+        LlmSettings.sim_vocab, LlmSettings.sim_dtype, LlmSettings.sim_step_a_ms,
+        LlmSettings.sim_step_b_ms) == (151_936, "bfloat16", 9.0, 0.04)
+    assert spec.step_ms(256) == pytest.approx(19.24)
+    settings = LlmSettings(engine="simulated", sim_vocab=128_256, sim_dtype="float32",
+                           sim_step_a_ms=5.0, sim_step_b_ms=0.5)
+    assert SimulatedSpec.from_settings(settings) == SimulatedSpec(128_256, "float32", 5.0, 0.5)
+    assert SimulatedSpec.from_settings(settings).describe().startswith(LABEL)
+    with pytest.raises(ValueError, match="sim_vocab must be one of 128256, 151936"):
+        SimulatedSpec(vocab=1000)
+    with pytest.raises(ValueError, match="sim_dtype must be one of float32, bfloat16"):
+        SimulatedSpec(dtype="fp8")
+    with pytest.raises(ValueError, match="sim_step_b_ms must be >= 0.0, got -1"):
+        SimulatedSpec(step_b_ms=-1.0)
+
+
+def test_steps_return_bank_views_that_vary_per_sequence_and_step(engine_rows):
+    engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)
+    ids = ["a", "b", "c", "d"]
+    for key in ids:
+        engine.add(key, [1, 2, 3])
+    seen = []
+    for step in range(3):
+        logits = engine.step(ids)
+        assert logits.shape == (4, VOCAB) and logits.dtype == torch.float32
+        # A view of the bank: no B x V copy per step.
+        assert logits.untyped_storage().data_ptr() == engine.bank.untyped_storage().data_ptr()
+        offset = (logits.data_ptr() - engine.bank.data_ptr()) // (VOCAB * 4)
+        assert torch.equal(logits, torch.from_numpy(engine_rows[offset:offset + 4]))
+        assert len({row.argmax().item() for row in logits}) == 4  # rows differ across sequences
+        seen.append(offset)
+        engine.append(ids, [step] * 4)
+        assert [engine.length(key) for key in ids] == [4 + step] * 4
+    assert len(set(seen)) == 3  # and across steps
+
+
+def test_bfloat16_rows_are_the_float32_rows_rounded():
+    engine = SimulatedEngine(SimulatedSpec(vocab=VOCAB, step_a_ms=0.0, step_b_ms=0.0),
+                             max_batch_size=2, max_context=8)
+    engine.add(0, [5])
+    logits = engine.step([0])
+    assert logits.dtype == torch.bfloat16
+    expected = torch.from_numpy(synthetic_rows(VOCAB, 2 + BANK_OFFSETS, 0)[:1])
+    assert torch.equal(logits, expected.to(torch.bfloat16))
+
+
+def test_step_sleeps_its_modelled_time():
+    engine = SimulatedEngine(SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=20.0,
+                                           step_b_ms=5.0), max_batch_size=2, max_context=8)
+    engine.add("x", [1])
+    engine.add("y", [2])
+    started = time.perf_counter()
+    engine.step(["x", "y"])
+    assert time.perf_counter() - started >= 0.030  # t(2) = 20 + 5 * 2 ms, a lower bound
+
+
+def test_a_sequence_stops_taking_tokens_at_max_context():
+    # The rest of the protocol's errors: test_engine_contract.py.
+    engine = SimulatedEngine(FAST, max_batch_size=1, max_context=4)
+    engine.add("x", [1, 2])
+    while engine.length("x") < 4:
+        engine.step(["x"])
+        engine.append(["x"], [1])
+    engine.step(["x"])
+    with pytest.raises(ValueError, match="at max_context=4"):
+        engine.append(["x"], [1])
+
+
+def test_codec_decodes_known_ids_with_the_tokenizer_and_the_rest_as_ids(codec):
+    tokenizer = codec.tokenizer
+    hello = tokenizer("Hello world", add_special_tokens=False)["input_ids"]
+    assert codec.known == len(tokenizer) < VOCAB
+    assert codec.encode("Hello world") == hello
+    assert codec.decode(hello) == "Hello world"
+    assert codec.decode([*hello, 100_000, 128_000, *hello]) == \
+        "Hello world t100000 t128000" + tokenizer.decode(hello)
+
+
+def test_decoder_streams_text_of_the_simulated_codec(codec):
+    async def generate():
+        engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)
+        decoder = Decoder(engine, codec, "simple", threaded(), micro_batches=2)
+        await decoder.start()
+        try:
+            handles = [decoder.submit(GenerationRequest(text=f"Question {i}?", chat=True,
+                                                        max_tokens=12, ignore_end=True,
+                                                        sampling=SamplingParams(seed=i)))
+                       for i in range(3)]
+            return [[event async for event in handle] for handle in handles]
+        finally:
+            await decoder.close()
+
+    for events in asyncio.run(generate()):
+        ids = [t for event in events for t in event.token_ids]
+        assert len(ids) == 12 and events[-1].finish_reason == "length"
+        text = "".join(event.text for event in events)
+        beyond = [f" t{t}" for t in ids if t >= codec.known]
+        assert beyond and all(piece in text for piece in beyond)
+        assert sorted(beyond, key=text.index) == beyond  # in the order generated
+
+
+def test_never_the_default_and_served_with_its_own_settings(tmp_path):
+    args = build_parser().parse_args(["serve"])
+    assert LlmSettings.from_arguments(args).engine == LlmSettings().engine == "torch"
+    args = build_parser().parse_args(["serve", "--engine", "simulated", "--sim-vocab", "128256",
+                                      "--sim-dtype", "float32", "--sim-step-a-ms", "3"])
+    settings = LlmSettings.from_arguments(args)
+    assert SimulatedSpec.from_settings(settings) == SimulatedSpec(128_256, "float32", 3.0,
+                                                                  LlmSettings.sim_step_b_ms)
+    # The llm model reads them back from its config.pbtxt.
+    repository = assemble_repository(tmp_path, SamplerSettings(), settings)
+    text = (repository / "llm" / "config.pbtxt").read_text()
+    assert 'key: "sim_vocab"\n  value: { string_value: "128256" }' in text
+    with pytest.raises(ValueError, match="tensorrt_llm only"):
+        LlmSettings(engine="simulated", tensor_parallel_size=2).validate()
+
+
+def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
+    assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
+                 "--logits-dtype", "fp32"]) == 2
+    assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
+
+
+def test_bench_serve_sim_quick_json(capsys):
+    assert main(["bench", "serve-sim", "--quick", "--json", "--vocab", "128256",
+                 "--dtype", "float32", "--step-ms", "10"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["data_plane"].startswith(LABEL) and "machine" in report
+    rows = report["results"]
+    assert {(r["mode"], r["micro_batches"]) for r in rows} == {
+        ("simple", 1), ("simple", 2), ("inline_kernels", 1)}
+    assert {r["batch"] for r in rows} == {8, 16}
+    for r in rows:
+        assert (r["vocab"], r["dtype"], r["step_ms"]) == (VOCAB, "float32", 10.0)
+        assert r["ideal_tokens_per_s"] == pytest.approx(r["batch"] / 0.010)
+        assert r["efficiency"] == pytest.approx(r["tokens_per_s"] / r["ideal_tokens_per_s"])
+        # A pass over B rows sleeps at least step_ms on the one data-plane thread.
+        assert 0 < r["efficiency"] <= 1
+        assert 0 <= r["exposed_sampling_ms_per_step"] <= r["sampler_ms_per_step"] + 1e-9
+        assert r["loop_ms_per_step"] > 0 and r["loop_thread_cpu_ms_per_step"] > 0
+        assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
+        assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
+
+
+@pytest.mark.slow  # starts a server: about 30 s
+def test_bench_serve_sim_through_a_real_server():
+    from simple_sampler.bench import serve_sim
+
+    report = serve_sim.run_server(batches=[8], vocab=VOCAB, dtype="bfloat16", step_ms=10.0,
+                                  max_tokens=8, modes=[("simple", "simple", 2)])
+    assert report["data_plane"].startswith(LABEL) and "Triton server" in report["data_plane"]
+    (row,) = report["results"]
+    assert (row["mode"], row["micro_batches"], row["batch"], row["dtype"]) == \
+        ("simple", 2, 8, "bfloat16")
+    # Every token passed a real sampler instance (bfloat16 rows over BLS) and a 10 ms pass.
+    assert 0 < row["efficiency"] <= 1 and row["sampler_ms_per_step"] > 0
+    assert row["loop_ms_per_step"] is None  # the server does not export it
