@@ -114,6 +114,22 @@ def test_codec_decodes_known_ids_with_the_tokenizer_and_the_rest_as_ids(codec):
         "Hello world t100000 t128000" + tokenizer.decode(hello)
 
 
+def test_streamed_text_is_the_one_shot_decode(codec):
+    """Random ids (known and past the vocabulary, a multi-byte character
+    cut by an unknown id among them) streamed one to three at a time give
+    decode()'s text."""
+    assert codec.backend is not None  # SmolLM2's tokenizer: the DecodeStream path
+    rng = np.random.default_rng(0)
+    emoji = codec.tokenizer("🦊 ü", add_special_tokens=False)["input_ids"]
+    for trial in range(40):
+        ids = rng.integers(0, VOCAB if trial % 2 else codec.known, 30).tolist()
+        ids[5:5] = emoji[:1] + [codec.known + 7] + emoji  # a character cut by an unknown id
+        chunk = 1 + trial % 3
+        detokenizer = codec.detokenizer([1, 2, 3])
+        deltas = [detokenizer.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+        assert "".join(deltas) + detokenizer.flush() == codec.decode(ids)
+
+
 def test_decoder_streams_text_of_the_simulated_codec(codec):
     async def generate():
         engine = SimulatedEngine(FAST, max_batch_size=4, max_context=64)

@@ -69,7 +69,7 @@ import torch
 from ..rows import ROWS_SOURCE, synthetic_rows
 from ..settings import LlmSettings
 from .engine import SequenceTable
-from .text import TextCodec
+from .text import DecodeStream, TextCodec
 
 #: The word every output of a simulated run carries.
 LABEL = "simulated data plane"
@@ -202,9 +202,6 @@ class SimulatedCodec(TextCodec):
     def __init__(self, tokenizer):
         super().__init__(tokenizer)
         self.known = len(tokenizer)
-        # No DecodeStream in the detokenizer: it would meet ids the tokenizer
-        # lacks. It falls back to decode() below (two decodes per token).
-        self.backend = None
 
     def decode(self, token_ids: Sequence[int]) -> str:
         parts, run = [], []
@@ -213,9 +210,55 @@ class SimulatedCodec(TextCodec):
                 run.append(token)
                 continue
             if run:
-                parts.append(super().decode(run))
+                parts.append(self.decode_run(run))
                 run = []
             parts.append(f" t{token}")
         if run:
-            parts.append(super().decode(run))
+            parts.append(self.decode_run(run))
         return "".join(parts)
+
+    def decode_run(self, token_ids: Sequence[int]) -> str:
+        """The tokenizer's decode of ids it knows."""
+        return super().decode(token_ids)
+
+    def detokenizer(self, prompt_ids: Sequence[int] = ()):
+        if self.backend is None:  # no DecodeStream: the window decoder, on decode() above
+            return super().detokenizer(prompt_ids)
+        return SimulatedDetokenizer(self)
+
+
+class SimulatedDetokenizer:
+    """Streaming text of :meth:`SimulatedCodec.decode` at the cost of the
+    tokenizer's own streaming: a run of known ids goes through ``tokenizers``'
+    ``DecodeStream`` (without context, as ``decode`` decodes each run); an id
+    past the vocabulary ends the run, releasing the run's held-back text (an
+    incomplete character as U+FFFD, as ``decode`` gives it), and reads
+    `` t<id>``. The concatenation of the deltas and ``flush`` is ``decode``
+    of the ids."""
+
+    def __init__(self, codec: SimulatedCodec):
+        self.codec = codec
+        self._start_run()
+
+    def _start_run(self) -> None:
+        self.run: list[int] = []
+        self.emitted = 0  # characters of the run's text already returned
+        self.stream = DecodeStream(skip_special_tokens=True)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        text = ""
+        for token in map(int, token_ids):
+            if token >= self.codec.known:
+                text += self.flush() + f" t{token}"
+                continue
+            self.run.append(token)
+            delta = self.stream.step(self.codec.backend, token)
+            if delta:
+                text += delta
+                self.emitted += len(delta)
+        return text
+
+    def flush(self) -> str:
+        tail = self.codec.decode_run(self.run)[self.emitted:] if self.run else ""
+        self._start_run()
+        return tail

@@ -23,6 +23,11 @@ from typing import Sequence
 from .. import models
 from .engine import SMOLLM2
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21: the detokenizer decodes its window instead
+    DecodeStream = None
+
 #: Decode replaces an incomplete UTF-8 sequence by this character.
 REPLACEMENT_CHARACTER = "\ufffd"
 
@@ -63,8 +68,9 @@ class TextCodec:
         # directly only where that clean-up is off, so the text is the same.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         direct = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
-        self.backend = backend if direct else None
         self._backend_decode = backend.decode if direct else None
+        #: the Rust tokenizer where the detokenizer may stream with DecodeStream
+        self.backend = backend if direct and DecodeStream is not None else None
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None) -> "TextCodec":
@@ -129,11 +135,8 @@ class Detokenizer:
         self.ids = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self.window_start = 0
         self.emitted_end = len(self.ids)
-        self.stream = None
-        if codec.backend is not None:
-            from tokenizers.decoders import DecodeStream
-
-            self.stream = DecodeStream(ids=list(self.ids), skip_special_tokens=True)
+        self.stream = (DecodeStream(ids=list(self.ids), skip_special_tokens=True)
+                       if codec.backend is not None else None)
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add generated ids; return the text that became stable (may be '')."""
