@@ -213,10 +213,13 @@ def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
 
 
-def test_bench_serve_sim_quick_json(capsys):
+@pytest.mark.parametrize("shvs", [False, True])
+def test_bench_serve_sim_quick_json(capsys, shvs):
     assert main(["bench", "serve-sim", "--quick", "--json", "--vocab", "128256",
-                 "--dtype", "float32", "--step-ms", "10"]) == 0
+                 "--dtype", "float32", "--step-ms", "10", *(["--shvs"] if shvs else [])]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["rows"] == HOT_ROWS_SOURCE
+    assert (report["settings"]["hot_set"] is not None) == shvs
     assert report["data_plane"].startswith(LABEL) and "machine" in report
     rows = report["results"]
     assert {(r["mode"], r["micro_batches"]) for r in rows} == {
@@ -232,6 +235,19 @@ def test_bench_serve_sim_quick_json(capsys):
         assert r["loop_ms_per_step"] > 0 and r["loop_thread_cpu_ms_per_step"] > 0
         assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
         assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
+        assert r["shvs"] == shvs
+        if shvs:
+            # temperature 1, no truncation: SHVS tries every row, and the hot
+            # set decides about the share of the mass it holds (0.6 on the
+            # bank; chance, |H| / V, would be 0.01).
+            assert 0.3 < r["shvs_acceptance"] < 0.95
+        else:
+            assert r["shvs_acceptance"] is None
+
+
+def test_bench_serve_sim_shvs_is_in_process_only(capsys):
+    assert main(["bench", "serve-sim", "--server", "--shvs"]) == 2
+    assert "in-process only" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # starts a server: about 30 s

@@ -107,6 +107,12 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
         sizes = {"batches": [8, 16], "max_tokens": 16}
     else:
         sizes = {"batches": [8, 16], "warmup": 2, "measure": 6}
+    if args.server and (args.shvs or args.profile):
+        print("simple-sampler bench serve-sim: --shvs and --profile are in-process only "
+              "(not with --server)", file=sys.stderr)
+        return 2
+    if not args.server:
+        sizes.update(shvs=args.shvs, profile_path=args.profile)
     run = serve_sim.run_server if args.server else serve_sim.run
     report = run(vocab=args.vocab, dtype=args.dtype, step_ms=args.step_ms,
                  instances=args.instances, **sizes)
@@ -278,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "streaming gRPC clients, instead of in-process")
     sim_bench.add_argument("--instances", type=int, default=2,
                            help="kernel threads standing in for simple_sampler instances")
+    sim_bench.add_argument("--shvs", action="store_true",
+                           help="the kernels use the calibrated hot set mapped into V "
+                                "(speculative hot-vocab sampling; in-process only)")
+    sim_bench.add_argument("--profile", help="hot-vocabulary profile (.npz) for --shvs; default "
+                           "as bench shvs")
     sim_bench.set_defaults(handler=bench_serve_sim)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
