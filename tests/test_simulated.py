@@ -213,11 +213,13 @@ def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("shvs", [False, True])
-def test_bench_serve_sim_quick_json(capsys, shvs):
+@pytest.mark.parametrize("shvs, top_p", [(False, 1.0), (True, 1.0), (True, 0.9)])
+def test_bench_serve_sim_quick_json(capsys, shvs, top_p):
     assert main(["bench", "serve-sim", "--quick", "--json", "--vocab", "128256",
-                 "--dtype", "float32", "--step-ms", "10", *(["--shvs"] if shvs else [])]) == 0
+                 "--dtype", "float32", "--step-ms", "10", "--top-p", str(top_p),
+                 *(["--shvs"] if shvs else [])]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert ("no truncation" in report["settings"]["params"]) == (top_p == 1.0)
     assert report["settings"]["rows"] == HOT_ROWS_SOURCE
     assert (report["settings"]["hot_set"] is not None) == shvs
     assert report["data_plane"].startswith(LABEL) and "machine" in report
@@ -226,7 +228,8 @@ def test_bench_serve_sim_quick_json(capsys, shvs):
         ("simple", 1), ("simple", 2), ("inline_kernels", 1)}
     assert {r["batch"] for r in rows} == {8, 16}
     for r in rows:
-        assert (r["vocab"], r["dtype"], r["step_ms"]) == (VOCAB, "float32", 10.0)
+        assert (r["vocab"], r["dtype"], r["step_ms"], r["top_p"]) == (VOCAB, "float32", 10.0,
+                                                                      top_p)
         assert r["ideal_tokens_per_s"] == pytest.approx(r["batch"] / 0.010)
         assert r["efficiency"] == pytest.approx(r["tokens_per_s"] / r["ideal_tokens_per_s"])
         # A pass over B rows sleeps at least step_ms on the one data-plane thread.
@@ -236,18 +239,26 @@ def test_bench_serve_sim_quick_json(capsys, shvs):
         assert r["itl_ms_p95"] >= r["itl_ms_p50"] >= 0
         assert np.isfinite(list(v for v in r.values() if isinstance(v, float))).all()
         assert r["shvs"] == shvs
-        if shvs:
+        if shvs and top_p == 1.0:
             # temperature 1, no truncation: SHVS tries every row, and the hot
             # set decides about the share of the mass it holds (0.6 on the
             # bank; chance, |H| / V, would be 0.01).
             assert 0.3 < r["shvs_acceptance"] < 0.95
+        elif shvs:
+            # top_p 0.9: decided whenever the hot set holds the nucleus (the
+            # profile measured 1.0 on held-out SmolLM2 rows at this |H|).
+            assert r["shvs_acceptance"] > 0.9
         else:
             assert r["shvs_acceptance"] is None
 
 
-def test_bench_serve_sim_shvs_is_in_process_only(capsys):
+def test_bench_serve_sim_shvs_and_top_p_are_in_process_only_and_checked(capsys):
     assert main(["bench", "serve-sim", "--server", "--shvs"]) == 2
     assert "in-process only" in capsys.readouterr().err
+    assert main(["bench", "serve-sim", "--server", "--top-p", "0.9"]) == 2
+    assert "in-process only" in capsys.readouterr().err
+    assert main(["bench", "serve-sim", "--top-p", "0"]) == 2
+    assert "top_p must be in (0, 1], got 0.0" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # starts a server: about 30 s

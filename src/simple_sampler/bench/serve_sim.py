@@ -23,9 +23,9 @@ micro-batching: on a real GPU a split re-reads the weights (the ``a`` of the
 engine's default model, about 9 ms for an 8B model), which this bench leaves
 out on purpose so that the figure isolates sampling and loop exposure.
 
-Load: B requests (prompt of PROMPT_TOKENS ids, default sampling parameters:
-temperature 1, no truncation, seeded, ``ignore_end``, so none finishes
-early) are submitted at once and kept in flight; after ``warmup`` tokens
+Load: B requests (prompt of PROMPT_TOKENS ids, temperature 1, no truncation
+unless ``top_p`` < 1 (``--top-p``, in-process only), seeded, ``ignore_end``, so
+none finishes early) are submitted at once and kept in flight; after ``warmup`` tokens
 per request, a window of ``measure`` tokens per request is measured.
 Per step below means per full pass over the B sequences (B tokens):
 
@@ -140,12 +140,13 @@ class ForwardClock:
 
 
 async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int,
-                   warmup: int, measure: int) -> dict:
+                   warmup: int, measure: int, top_p: float) -> dict:
     """Run B requests through a started decoder; figures of the steady window."""
     rng = np.random.default_rng(0)
     handles = [decoder.submit(GenerationRequest(
         prompt_ids=rng.integers(0, vocab, PROMPT_TOKENS).tolist(),
-        max_tokens=warmup + measure + 2, ignore_end=True, sampling=SamplingParams(seed=i)))
+        max_tokens=warmup + measure + 2, ignore_end=True,
+        sampling=SamplingParams(seed=i, top_p=top_p)))
         for i in range(batch)]
     start_at, end_at = warmup * batch, (warmup + measure) * batch
     marks: dict[str, tuple] = {}
@@ -194,7 +195,7 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
 
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
                   dtype: str, step_ms: float, instances: int, warmup: int, measure: int,
-                  hot_order: np.ndarray | None = None) -> dict:
+                  hot_order: np.ndarray | None = None, top_p: float = 1.0) -> dict:
     """One row of the report: a fresh engine and decoder for (mode, micro_batches, B);
     SHVS on with ``hot_order`` (SmolLM2 token ids, the hot set)."""
     spec = SimulatedSpec(vocab=vocab, dtype=dtype, step_a_ms=0.0, step_b_ms=step_ms / batch)
@@ -213,29 +214,33 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     clock = ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, clock, batch, vocab, warmup, measure)
+        figures = await _measure(decoder, clock, batch, vocab, warmup, measure, top_p)
     finally:
         await decoder.close()
     ideal = batch / (step_ms / 1e3)
     return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
-            "dtype": dtype, "step_ms": step_ms, **figures, "ideal_tokens_per_s": ideal,
+            "dtype": dtype, "step_ms": step_ms, "top_p": top_p, **figures,
+            "ideal_tokens_per_s": ideal,
             "efficiency": figures["tokens_per_s"] / ideal, "shvs": hot_sample is not None,
             "shvs_acceptance": hot_sample and hot_sample.acceptance()}
 
 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
         instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES,
-        shvs: bool = False, profile_path: str | None = None) -> dict:
+        shvs: bool = False, profile_path: str | None = None, top_p: float = 1.0) -> dict:
     """Every (mode, micro_batches) of ``modes`` at every B of ``batches``; with
     ``shvs``, the kernels use the hot set of the profile at ``profile_path``
-    (default as ``bench shvs``: ``bench.shvs.resolve_profile``)."""
+    (default as ``bench shvs``: ``bench.shvs.resolve_profile``); every request
+    samples with ``top_p`` (ValueError outside (0, 1])."""
     from .shvs import resolve_profile
+
+    SamplingParams(top_p=top_p).validate()
 
     codec = SimulatedCodec.from_source(None)
     profile = resolve_profile(profile_path, quick=False) if shvs else None
     hot_order = profile.order[:profile.chosen_size] if shvs else None
     results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
-                                   instances, warmup, measure, hot_order))
+                                   instances, warmup, measure, hot_order, top_p))
                for mode, _, micro_batches in modes for batch in batches]
     return {"results": results, "data_plane": data_plane(instances),
             "settings": {"rows": HOT_ROWS_SOURCE,
@@ -245,7 +250,9 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
                                      if shvs else None),
                          "sampler_instances": instances, "warmup_tokens": warmup,
                          "measured_tokens": measure,
-                         "params": "temperature 1, no truncation, seeded, ignore_end",
+                         "params": f"temperature 1, "
+                                   f"{'no truncation' if top_p == 1 else f'top_p {top_p:g}'}, "
+                                   f"seeded, ignore_end",
                          "step_model": "a full pass over B rows takes step_ms; a micro-batch "
                                        "of n rows step_ms * n / B (no cost for the split)"}}
 
@@ -296,7 +303,8 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
             ideal = batch / (step_ms / 1e3)
             results.append({
                 "mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
-                "dtype": dtype, "step_ms": step_ms, "tokens_per_s": level["tokens_per_s"],
+                "dtype": dtype, "step_ms": step_ms, "top_p": 1.0,
+                "tokens_per_s": level["tokens_per_s"],
                 "ideal_tokens_per_s": ideal, "efficiency": level["tokens_per_s"] / ideal,
                 "exposed_sampling_ms_per_step": (after["sampling_exposed_us"]
                                                  - before["sampling_exposed_us"]) / 1e3 / passes,
@@ -326,6 +334,7 @@ def shvs_cell(row: dict) -> str:
 
 def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
+             f"requests: {report['settings']['params']}; rows: {report['settings']['rows']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
              f"{'ideal':>8} {'eff':>5} {'exposed':>8} {'sampler':>8} {'loop':>6} {'thread':>6} "
              f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6}"]
