@@ -235,10 +235,9 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
     from .shvs import resolve_profile
 
     SamplingParams(top_p=top_p).validate()
-
     codec = SimulatedCodec.from_source(None)
     profile = resolve_profile(profile_path, quick=False) if shvs else None
-    hot_order = profile.order[:profile.chosen_size] if shvs else None
+    hot_order = profile.order[:profile.chosen_size] if profile else None
     results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
                                    instances, warmup, measure, hot_order, top_p))
                for mode, _, micro_batches in modes for batch in batches]
