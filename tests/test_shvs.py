@@ -426,8 +426,7 @@ def test_bench_shvs_quick_json(calibrated, capsys):
 
 
 def test_synthetic_rows_keep_token_identity_and_the_quantiles():
-    from simple_sampler.bench.shvs import id_map, synthetic_hot_rows
-    from simple_sampler.rows import resample_quantiles
+    from simple_sampler.rows import id_map, resample_quantiles, synthetic_hot_rows
 
     rng = np.random.default_rng(0)
     real = rng.normal(size=(3, 2000)).astype(np.float32)
@@ -438,3 +437,9 @@ def test_synthetic_rows_keep_token_identity_and_the_quantiles():
                                   resample_quantiles(-np.sort(-real, axis=1), 5000))
     for j in range(3):   # real tokens keep their order
         assert np.all(np.diff(rows[j, mapping[np.argsort(-real[j])]]) <= 0)
+    # More rows than real ones: row j comes from real row j % 3, the same
+    # values on the real tokens' ids, the added ids shuffled afresh.
+    cycled = synthetic_hot_rows(real, 5000, n=7)
+    np.testing.assert_array_equal(cycled[:3], rows)
+    np.testing.assert_array_equal(cycled[5][mapping], rows[2][mapping])
+    assert not np.array_equal(cycled[5], rows[2])

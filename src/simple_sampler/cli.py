@@ -100,6 +100,7 @@ def bench_serve(args: argparse.Namespace) -> int:
 
 def bench_serve_sim(args: argparse.Namespace) -> int:
     from .bench import serve_sim
+    from .params import SamplingParams
 
     if not args.quick:
         sizes = {"batches": args.batch}
@@ -107,6 +108,17 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
         sizes = {"batches": [8, 16], "max_tokens": 16}
     else:
         sizes = {"batches": [8, 16], "warmup": 2, "measure": 6}
+    if args.server and (args.shvs or args.profile or args.top_p != 1.0):
+        print("simple-sampler bench serve-sim: --shvs, --profile and --top-p are in-process "
+              "only (not with --server)", file=sys.stderr)
+        return 2
+    if not args.server:
+        sizes.update(shvs=args.shvs, profile_path=args.profile, top_p=args.top_p)
+    try:
+        SamplingParams(top_p=args.top_p).validate()
+    except ValueError as error:
+        print(f"simple-sampler bench serve-sim: {error}", file=sys.stderr)
+        return 2
     run = serve_sim.run_server if args.server else serve_sim.run
     report = run(vocab=args.vocab, dtype=args.dtype, step_ms=args.step_ms,
                  instances=args.instances, **sizes)
@@ -278,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 "streaming gRPC clients, instead of in-process")
     sim_bench.add_argument("--instances", type=int, default=2,
                            help="kernel threads standing in for simple_sampler instances")
+    sim_bench.add_argument("--shvs", action="store_true",
+                           help="the kernels use the calibrated hot set mapped into V "
+                                "(speculative hot-vocab sampling; in-process only)")
+    sim_bench.add_argument("--profile", help="hot-vocabulary profile (.npz) for --shvs; default "
+                           "as bench shvs")
+    sim_bench.add_argument("--top-p", type=float, default=1.0,
+                           help="every request's top_p (default 1: no truncation; in-process "
+                                "only)")
     sim_bench.set_defaults(handler=bench_serve_sim)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")

@@ -410,10 +410,11 @@ def serve_sim_section(source: Source, writer: FigureWriter) -> list[str]:
     lines = [f"Data plane: **{report['data_plane']}**. Per step = per full pass over the B "
              "sequences; efficiency = tokens/s over B / step time; loop = the decode loop's "
              "own Python time (DecoderStats.loop_s), loop thread = all CPU of the event-loop "
-             "thread.", ""]
+             "thread; SHVS = the share of rows the hot set decided (off: no hot set; files "
+             "from before `--shvs` read off).", ""]
     lines += table(["mode", "micro-batches", "B", "V", "dtype", "step ms", "tok/s", "ideal tok/s",
                     "efficiency", "exposed sampling ms", "exposed / step", "sampler ms",
-                    "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms"],
+                    "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms", "SHVS"],
                    [[r["mode"], r["micro_batches"], r["batch"], f"{r['vocab']:,}", r["dtype"],
                      number(r["step_ms"]), number(r["tokens_per_s"], 0),
                      number(r["ideal_tokens_per_s"], 0), number(r["efficiency"], 3),
@@ -421,7 +422,10 @@ def serve_sim_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(100 * r["exposed_sampling_ms_per_step"] / r["step_ms"], 1, "%"),
                      number(r["sampler_ms_per_step"], 2), number(r["loop_ms_per_step"], 2),
                      number(r["loop_thread_cpu_ms_per_step"], 2), number(r["itl_ms_p50"]),
-                     number(r["itl_ms_p95"])] for r in results])
+                     number(r["itl_ms_p95"]),
+                     number(r["shvs_acceptance"] and 100 * r["shvs_acceptance"], 1, "%")
+                     if r.get("shvs") else "off"]
+                    for r in results])
     figure, axes = writer.new()
     lines_of = dict.fromkeys((r["mode"], r["micro_batches"]) for r in results)
     for mode, micro_batches in lines_of:

@@ -13,6 +13,12 @@ and stretching the tail, and the result is randomly permuted. Only the shape of
 the distribution is fitted to SmolLM2; token identities mean nothing. Any
 result measured on them must be labelled with :func:`ROWS_SOURCE`, i.e. as
 "synthetic (fitted to smollm2)".
+
+Synthetic hot rows (:func:`synthetic_hot_rows`) are the same shape fit with
+SmolLM2's token identities kept: every real token has one fixed place in the
+larger vocabulary (:func:`id_map`), so a hot set calibrated on SmolLM2 applies
+to them once mapped there (:func:`map_hot_ids`); only the added ids are
+shuffled per row. They are labelled :data:`HOT_ROWS_SOURCE`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ ROWS_VERSION = "1"
 """Part of the real-rows cache key; bump it when the way rows are taken changes."""
 
 _MIN_DECODE_STEPS = 32
+
+
+HOT_ROWS_SOURCE = "synthetic (fitted to smollm2, real token ids kept)"
+"""The label that results on :func:`synthetic_hot_rows` must carry."""
 
 
 def ROWS_SOURCE(vocab: int) -> str:  # noqa: N802 - name fixed by the project API
@@ -122,6 +132,56 @@ def synthetic_rows(vocab: int, n: int, seed: int = 0) -> np.ndarray:
     out = np.empty((n, vocab), dtype=np.float32)
     for j in range(n):
         out[j] = resampled[j % len(resampled)][rng.permutation(vocab)]
+    return out
+
+
+def id_map(vocab: int, source_vocab: int = SMOLLM2_VOCAB, seed: int = 0) -> np.ndarray:
+    """int64 ``[source_vocab]``: distinct ids in ``[0, vocab)``, the fixed place
+    of each real token in the synthetic vocabulary of :func:`synthetic_hot_rows`."""
+    return np.random.default_rng(seed).permutation(vocab)[:source_vocab]
+
+
+def map_hot_ids(ids, vocab: int, seed: int = 0) -> np.ndarray:
+    """SmolLM2 token ids (a ``HotProfile.order`` prefix, a ``HotVocab``'s ids):
+    int ``[n]`` -> int64 ``[n]``, their ids in rows that :func:`synthetic_hot_rows`
+    made from SmolLM2 rows with the same ``vocab`` and ``seed``."""
+    return id_map(vocab, SMOLLM2_VOCAB, seed)[np.asarray(ids, np.int64)]
+
+
+def synthetic_hot_rows(real: np.ndarray, vocab: int, seed: int = 0,
+                       n: int | None = None) -> np.ndarray:
+    """float32 ``[n, vocab]`` rows that keep the token identities of ``real``
+    (float32 ``[m, V]``, ``V < vocab``); row ``j`` is made from ``real[j % m]``
+    (``n`` defaults to ``m``). NOT MODEL OUTPUTS.
+
+    Real token ``t`` goes to id ``id_map(vocab, V, seed)[t]`` with the value of
+    rank ``pos(r)`` of the real row's quantiles resampled to ``vocab``
+    (:func:`resample_quantiles`, the values of :func:`synthetic_rows`), ``r``
+    its rank in the real row (ties by id): ``pos(r) = r`` below
+    :data:`HEAD_RANKS`, then stretched linearly so that rank ``V - 1`` lands
+    on ``vocab - 1``. The other ranks' values go to the ``vocab - V`` added
+    ids in a fresh random order per row (``default_rng(seed + 1)``), so rows
+    made from the same real row differ only there. The same arguments always
+    give the same rows.
+    """
+    m, source = real.shape
+    n = m if n is None else n
+    mapping = id_map(vocab, source, seed)
+    added = np.setdiff1d(np.arange(vocab), mapping)
+    head = min(HEAD_RANKS, source)
+    positions = np.arange(source, dtype=np.float64)
+    positions[head:] = head + (positions[head:] - head) * (vocab - 1 - head) / (source - 1 - head)
+    positions = np.round(positions).astype(np.int64)
+    free = np.setdiff1d(np.arange(vocab), positions)
+    values = resample_quantiles(-np.sort(-real, axis=1), vocab)
+    # Per real row once, not per output row: where its tokens go, in rank order.
+    ranked_ids = np.stack([mapping[np.lexsort((np.arange(source), -row))] for row in real])
+    rng = np.random.default_rng(seed + 1)
+    out = np.empty((n, vocab), np.float32)
+    for j in range(n):
+        source_row = j % m
+        out[j, ranked_ids[source_row]] = values[source_row, positions]
+        out[j, rng.permutation(added)] = values[source_row, free]
     return out
 
 

@@ -17,7 +17,7 @@ their offsets, the three cold-summary values), averaged over the batch.
 fallback_rate: the share of rows the compact form could not decide.
 
 Rows: V=49,152 real SmolLM2 rows (``rows.real_rows``); V=151,936 synthetic
-rows (NOT MODEL OUTPUTS) built by ``bench.shvs.synthetic_hot_rows``, where
+rows (NOT MODEL OUTPUTS) built by ``rows.synthetic_hot_rows``, where
 the real tokens keep their identity through a fixed id map so a hot set can
 apply (``rows.synthetic_rows`` permutes each row afresh: no hot set could).
 The hot set is the shipped profile's order (its chosen size by default),
@@ -33,11 +33,11 @@ import torch
 
 from ..handoff import (DEFAULT_COLD_TOP, fallback_batch, hot_first_summary, merge_fallback, sample_compact,
                        touched_lists)
-from ..rows import ROWS_SOURCE, real_rows
+from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, map_hot_ids, real_rows, synthetic_hot_rows
 from ..sampling import sample
 from ..shvs.hot_vocab import HotVocab
 from .kernels import make_batch, time_interleaved
-from .shvs import BATCH, CONFIGS, SYNTHETIC_VOCAB, id_map, resolve_profile, synthetic_hot_rows
+from .shvs import BATCH, CONFIGS, SYNTHETIC_VOCAB, resolve_profile
 
 SUMMARY_NOTE = ("summary: the data plane's torch side measured on this CPU; in deployment it "
                 "runs on the GPU next to the logits")
@@ -94,7 +94,7 @@ def run(profile_path: str | None = None, repeats: int = 15, hot_size: int | None
     real = real_rows(BATCH)
     kinds = ((real, profile.order[:size]),
              (synthetic_hot_rows(real, SYNTHETIC_VOCAB),
-              id_map(SYNTHETIC_VOCAB, real.shape[1])[profile.order[:size]]))
+              map_hot_ids(profile.order[:size], SYNTHETIC_VOCAB)))
     results = []
     for base, ids in kinds:
         vocab = base.shape[1]
@@ -105,7 +105,7 @@ def run(profile_path: str | None = None, repeats: int = 15, hot_size: int | None
                 batch = make_batch(params, base, history)
                 results.append({"vocab": vocab, "batch": BATCH, "dtype": dtype, "config": config,
                                 "rows": ROWS_SOURCE(vocab) if vocab != SYNTHETIC_VOCAB else
-                                "synthetic (fitted to smollm2, hot ids kept: bench shvs)",
+                                HOT_ROWS_SOURCE,
                                 **measure(rows, batch, hot, cold_top, repeats, clock)})
     return {"results": results, "hot_size": size, "cold_top": cold_top, "threads": 1,
             "clock": clock, "note": SUMMARY_NOTE}

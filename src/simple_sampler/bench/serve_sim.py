@@ -23,9 +23,9 @@ micro-batching: on a real GPU a split re-reads the weights (the ``a`` of the
 engine's default model, about 9 ms for an 8B model), which this bench leaves
 out on purpose so that the figure isolates sampling and loop exposure.
 
-Load: B requests (prompt of PROMPT_TOKENS ids, default sampling parameters:
-temperature 1, no truncation, seeded, ``ignore_end``, so none finishes
-early) are submitted at once and kept in flight; after ``warmup`` tokens
+Load: B requests (prompt of PROMPT_TOKENS ids, temperature 1, no truncation
+unless ``top_p`` < 1 (``--top-p``, in-process only), seeded, ``ignore_end``, so
+none finishes early) are submitted at once and kept in flight; after ``warmup`` tokens
 per request, a window of ``measure`` tokens per request is measured.
 Per step below means per full pass over the B sequences (B tokens):
 
@@ -48,6 +48,16 @@ Per step below means per full pass over the B sequences (B tokens):
   streaming; forwards and kernels run in other threads and are not in it;
 * ``itl_ms_p50``/``p95``: gaps between consecutive tokens of a request
   inside the window, over all requests.
+
+SHVS (``--shvs``, in-process only): the kernels of both modes get the
+calibrated SmolLM2 hot set (``bench.shvs.resolve_profile``, its chosen
+size) mapped into V with the engine's id map (``rows.map_hot_ids``), as
+``sample(..., hot_vocab=..., return_logprobs=False)`` (:class:`HotSetSample`);
+the bank's rows keep SmolLM2's token ids, so the hot set covers a realistic
+share of their mass. Each row of the report carries ``shvs`` (on/off) and
+``shvs_acceptance``: the share of rows SHVS tried that the hot set decided
+(``SampleOutput.hot_accepted``), over the whole run (warmup included);
+None with SHVS off.
 """
 from __future__ import annotations
 
@@ -57,22 +67,53 @@ import time
 
 import numpy as np
 
-from ..params import SamplingParams
-from ..rows import ROWS_SOURCE
+from ..params import SamplingBatch, SamplingParams
+from ..rows import HOT_ROWS_SOURCE, map_hot_ids
+from ..sampling import sample
 from ..serving.decoder import Decoder, GenerationRequest, kernel_sample, threaded
 from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
+from ..shvs.hot_vocab import HotVocab
 
 #: (mode label, decoder mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple", "simple", 2),
          ("inline_kernels", "inline_kernels", 1))
 BATCHES = (64, 128, 256)
 PROMPT_TOKENS = 16
+#: The engines' bank seed, which fixes the id map the hot set is mapped with.
+BANK_SEED = 0
 
 
 def data_plane(instances: int) -> str:
     return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
             f"synthetic); simple mode's sampler: {instances} kernel threads in-process standing "
             f"in for {instances} simple_sampler instances")
+
+
+class HotSetSample:
+    """``kernel_sample`` with SHVS on: ``sample(..., hot_vocab=hot,
+    return_logprobs=False)`` over ``num_threads`` threads, keeping each
+    call's ``hot_accepted``. A batch in which a row asks for logprobs goes to
+    ``kernel_sample`` (SHVS serves such rows on the full path anyway; this
+    bench's requests ask none). Safe to call from several threads at once
+    (list appends)."""
+
+    def __init__(self, hot: HotVocab, num_threads: int | None = None):
+        self.hot, self.num_threads = hot, num_threads
+        self.outcomes: list[np.ndarray] = []
+
+    def __call__(self, logits, batch: SamplingBatch):
+        if batch.want_logprobs is None or np.any(batch.want_logprobs):
+            return kernel_sample(logits, batch, self.num_threads)
+        out = sample(logits, batch, return_logprobs=False, num_threads=self.num_threads,
+                     hot_vocab=self.hot)
+        self.outcomes.append(out.hot_accepted)
+        return out.token_ids, out.logprobs
+
+    def acceptance(self) -> float | None:
+        """Rows decided from the hot set / rows SHVS tried; None if none tried."""
+        outcomes = np.concatenate(self.outcomes) if self.outcomes else np.empty(0, np.int8)
+        tried = outcomes >= 0
+        return float(np.mean(outcomes[tried] == 1)) if tried.any() else None
 
 
 class ForwardClock:
@@ -99,12 +140,13 @@ class ForwardClock:
 
 
 async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int,
-                   warmup: int, measure: int) -> dict:
+                   warmup: int, measure: int, top_p: float) -> dict:
     """Run B requests through a started decoder; figures of the steady window."""
     rng = np.random.default_rng(0)
     handles = [decoder.submit(GenerationRequest(
         prompt_ids=rng.integers(0, vocab, PROMPT_TOKENS).tolist(),
-        max_tokens=warmup + measure + 2, ignore_end=True, sampling=SamplingParams(seed=i)))
+        max_tokens=warmup + measure + 2, ignore_end=True,
+        sampling=SamplingParams(seed=i, top_p=top_p)))
         for i in range(batch)]
     start_at, end_at = warmup * batch, (warmup + measure) * batch
     marks: dict[str, tuple] = {}
@@ -152,38 +194,64 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
 
 
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
-                  dtype: str, step_ms: float, instances: int, warmup: int, measure: int) -> dict:
-    """One row of the report: a fresh engine and decoder for (mode, micro_batches, B)."""
+                  dtype: str, step_ms: float, instances: int, warmup: int, measure: int,
+                  hot_order: np.ndarray | None = None, top_p: float = 1.0) -> dict:
+    """One row of the report: a fresh engine and decoder for (mode, micro_batches, B);
+    SHVS on with ``hot_order`` (SmolLM2 token ids, the hot set)."""
     spec = SimulatedSpec(vocab=vocab, dtype=dtype, step_a_ms=0.0, step_b_ms=step_ms / batch)
     engine = SimulatedEngine(spec, max_batch_size=batch,
-                             max_context=PROMPT_TOKENS + warmup + measure + 4)
-    sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
-        if mode == "simple" else None
-    decoder = Decoder(engine, codec, mode, sampler, micro_batches)
+                             max_context=PROMPT_TOKENS + warmup + measure + 4, seed=BANK_SEED)
+    threads = instances if mode == "simple" else None
+    hot_sample = None if hot_order is None else \
+        HotSetSample(HotVocab(map_hot_ids(hot_order, vocab, BANK_SEED), vocab), threads)
+    sample_fn = hot_sample or functools.partial(kernel_sample, num_threads=threads)
+    decoder = Decoder(engine, codec, mode, threaded(sample_fn) if mode == "simple" else None,
+                      micro_batches)
+    if mode == "inline_kernels":
+        # The decoder's inline path calls local_sample (decoder.kernel_sample
+        # by default) on the data-plane thread; this keeps it, SHVS on or off.
+        decoder.local_sample = sample_fn
     clock = ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, clock, batch, vocab, warmup, measure)
+        figures = await _measure(decoder, clock, batch, vocab, warmup, measure, top_p)
     finally:
         await decoder.close()
     ideal = batch / (step_ms / 1e3)
     return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
-            "dtype": dtype, "step_ms": step_ms, **figures, "ideal_tokens_per_s": ideal,
-            "efficiency": figures["tokens_per_s"] / ideal}
+            "dtype": dtype, "step_ms": step_ms, "top_p": top_p, **figures,
+            "ideal_tokens_per_s": ideal,
+            "efficiency": figures["tokens_per_s"] / ideal, "shvs": hot_sample is not None,
+            "shvs_acceptance": hot_sample and hot_sample.acceptance()}
 
 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
-        instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES) -> dict:
-    """Every (mode, micro_batches) of ``modes`` at every B of ``batches``."""
+        instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES,
+        shvs: bool = False, profile_path: str | None = None, top_p: float = 1.0) -> dict:
+    """Every (mode, micro_batches) of ``modes`` at every B of ``batches``; with
+    ``shvs``, the kernels use the hot set of the profile at ``profile_path``
+    (default as ``bench shvs``: ``bench.shvs.resolve_profile``); every request
+    samples with ``top_p`` (ValueError outside (0, 1])."""
+    from .shvs import resolve_profile
+
+    SamplingParams(top_p=top_p).validate()
     codec = SimulatedCodec.from_source(None)
+    profile = resolve_profile(profile_path, quick=False) if shvs else None
+    hot_order = profile.order[:profile.chosen_size] if profile else None
     results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
-                                   instances, warmup, measure))
+                                   instances, warmup, measure, hot_order, top_p))
                for mode, _, micro_batches in modes for batch in batches]
     return {"results": results, "data_plane": data_plane(instances),
-            "settings": {"rows": ROWS_SOURCE(vocab),
+            "settings": {"rows": HOT_ROWS_SOURCE,
+                         "hot_set": (f"SmolLM2 profile's first {profile.chosen_size} ids "
+                                     f"(calibrated on {profile.meta.get('prompts')} other "
+                                     f"prompts), mapped into V by rows.map_hot_ids"
+                                     if shvs else None),
                          "sampler_instances": instances, "warmup_tokens": warmup,
                          "measured_tokens": measure,
-                         "params": "temperature 1, no truncation, seeded, ignore_end",
+                         "params": f"temperature 1, "
+                                   f"{'no truncation' if top_p == 1 else f'top_p {top_p:g}'}, "
+                                   f"seeded, ignore_end",
                          "step_model": "a full pass over B rows takes step_ms; a micro-batch "
                                        "of n rows step_ms * n / B (no cost for the split)"}}
 
@@ -234,15 +302,17 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
             ideal = batch / (step_ms / 1e3)
             results.append({
                 "mode": mode, "micro_batches": micro_batches, "batch": batch, "vocab": vocab,
-                "dtype": dtype, "step_ms": step_ms, "tokens_per_s": level["tokens_per_s"],
+                "dtype": dtype, "step_ms": step_ms, "top_p": 1.0,
+                "tokens_per_s": level["tokens_per_s"],
                 "ideal_tokens_per_s": ideal, "efficiency": level["tokens_per_s"] / ideal,
                 "exposed_sampling_ms_per_step": (after["sampling_exposed_us"]
                                                  - before["sampling_exposed_us"]) / 1e3 / passes,
                 "sampler_ms_per_step": (after["sampler_us"] - before["sampler_us"]) / 1e3 / passes,
                 "loop_ms_per_step": None, "loop_thread_cpu_ms_per_step": None,
-                "itl_ms_p50": level["itl_ms_p50"], "itl_ms_p95": level["itl_ms_p95"]})
+                "itl_ms_p50": level["itl_ms_p50"], "itl_ms_p95": level["itl_ms_p95"],
+                "shvs": False, "shvs_acceptance": None})
     return {"results": results, "data_plane": server_data_plane(instances),
-            "settings": {"rows": ROWS_SOURCE(vocab), "sampler_instances": instances,
+            "settings": {"rows": HOT_ROWS_SOURCE, "sampler_instances": instances,
                          "max_tokens": max_tokens,
                          "params": "chat prompts, temperature 1, no truncation, "
                                    "min_length = max_tokens",
@@ -255,11 +325,18 @@ def milliseconds(value: float | None, width: int) -> str:
     return f"{'n/a':>{width + 2}}" if value is None else f"{value:>{width}.1f}ms"
 
 
+def shvs_cell(row: dict) -> str:
+    if not row["shvs"]:
+        return "off"
+    return "n/a" if row["shvs_acceptance"] is None else f"{row['shvs_acceptance']:.1%}"
+
+
 def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
+             f"requests: {report['settings']['params']}; rows: {report['settings']['rows']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
              f"{'ideal':>8} {'eff':>5} {'exposed':>8} {'sampler':>8} {'loop':>6} {'thread':>6} "
-             f"{'ITL p50':>8} {'ITL p95':>8}"]
+             f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6}"]
     for r in report["results"]:
         lines.append(
             f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
@@ -268,8 +345,10 @@ def format_report(report: dict) -> str:
             f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['sampler_ms_per_step']:>6.2f}ms "
             f"{milliseconds(r['loop_ms_per_step'], 4)} "
             f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
-            f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms")
+            f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms "
+            f"{shvs_cell(r):>6}")
     lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
                  "forward ran; loop = DecoderStats.loop_s; thread = all CPU time of "
-                 "the event-loop thread (loop, asyncio, the bench's consumers)")
+                 "the event-loop thread (loop, asyncio, the bench's consumers); shvs = "
+                 "the share of rows the hot set decided (whole run), off without --shvs")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ Rows:
              hot set comes from ``data/calibration_prompts.json``, so these
              rows are held out from it (no prompt in common).
   synthetic  151,936-token rows built from the same real rows by
-             ``synthetic_hot_rows``: NOT MODEL OUTPUTS. The existing synthetic
+             ``rows.synthetic_hot_rows``: NOT MODEL OUTPUTS. The existing synthetic
              rows (rows.synthetic_rows) permute every row afresh, so no token
              is hot across rows and no hot set could apply; here instead the
              49,152 real tokens keep their identity through one fixed
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..models import cache_dir
 from ..params import SamplingBatch
-from ..rows import HEAD_RANKS, real_rows, resample_quantiles
+from ..rows import map_hot_ids, real_rows, synthetic_hot_rows
 from ..sampling import sample
 from ..shvs.hot_vocab import HotProfile, HotVocab, load_profile
 from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, time_per_row
@@ -46,37 +46,6 @@ from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, time_per_row
 SYNTHETIC_VOCAB = 151_936
 BATCH = 64
 CONFIGS = {"top_p": (TOP_P_ONLY, 0), "all": (ALL_FEATURES, 256)}
-
-
-def id_map(vocab: int, source_vocab: int, seed: int = 0) -> np.ndarray:
-    """int64 [source_vocab]: distinct ids in [0, vocab), the fixed place of
-    each real token in the synthetic vocabulary."""
-    return np.random.default_rng(seed).permutation(vocab)[:source_vocab]
-
-
-def synthetic_hot_rows(real: np.ndarray, vocab: int, seed: int = 0) -> np.ndarray:
-    """float32 [n, vocab] rows from real rows [n, V] (see the module docstring).
-
-    Real token t of row j goes to id id_map[t] with the value of rank pos(r)
-    of the row's resampled quantiles, r its rank in the real row: pos(r) = r
-    below HEAD_RANKS, then stretched linearly so rank V - 1 lands on
-    vocab - 1. The other ranks go to the added ids, shuffled per row."""
-    n, source = real.shape
-    mapping = id_map(vocab, source, seed)
-    added = np.setdiff1d(np.arange(vocab), mapping)
-    head = min(HEAD_RANKS, source)
-    positions = np.arange(source, dtype=np.float64)
-    positions[head:] = head + (positions[head:] - head) * (vocab - 1 - head) / (source - 1 - head)
-    positions = np.round(positions).astype(np.int64)
-    free = np.setdiff1d(np.arange(vocab), positions)
-    values = resample_quantiles(-np.sort(-real, axis=1), vocab)
-    rng = np.random.default_rng(seed + 1)
-    out = np.empty((n, vocab), np.float32)
-    for j in range(n):
-        ranked = np.lexsort((np.arange(source), -real[j]))
-        out[j, mapping[ranked]] = values[j, positions]
-        out[j, rng.permutation(added)] = values[j, free]
-    return out
 
 
 def resolve_profile(path: str | None, quick: bool) -> HotProfile:
@@ -145,7 +114,7 @@ def run(profile_path: str | None = None, repeats: int = 15, quick: bool = False)
     real = real_rows(BATCH)
     kinds = {"smollm2": (real, profile.order[:size]),
              "synthetic": (synthetic_hot_rows(real, SYNTHETIC_VOCAB),
-                           id_map(SYNTHETIC_VOCAB, real.shape[1])[profile.order[:size]])}
+                           map_hot_ids(profile.order[:size], SYNTHETIC_VOCAB))}
     results, hot_first = [], []
     for kind, (rows, hot_ids) in kinds.items():
         hot = HotVocab(hot_ids, rows.shape[1])

@@ -30,16 +30,23 @@ it is split into micro-batches (a = 0, b = 25 / B), so that modes and
 batches compare against one bound.
 
 Rows. ``step`` returns logits ``[B, V]`` in float32 or bfloat16 taken from a
-bank of :func:`simple_sampler.rows.synthetic_rows`: SmolLM2 rows whose
-sorted values (the shape of the distribution: head exactly, tail stretched
-to V) are resampled to V and randomly permuted, so what the sampler sees
-per row (entropy, top-p set sizes, the max's margin) is fitted to a real
-model; token identities mean nothing (:func:`ROWS_SOURCE` labels them). The
+bank of :func:`simple_sampler.rows.synthetic_hot_rows` made from
+``real_rows(64)`` cycled: SmolLM2 rows whose sorted values (the shape of the
+distribution: head exactly, tail stretched to V) are resampled to V, with
+SmolLM2's 49,152 real tokens kept at ONE fixed id each (``rows.id_map``, the
+same for the whole bank) and the added ids taking the tail values in a fresh
+order per row. So what the sampler sees per row (entropy, top-p set sizes,
+the max's margin) is fitted to a real model, and so is which tokens are hot
+across rows: a hot set calibrated on SmolLM2 and mapped into V
+(``rows.map_hot_ids``) covers the share of a row's mass it covers on real
+rows, and SHVS acceptance is realistic (on afresh-permuted rows it would be
+chance level). Labelled :data:`~simple_sampler.rows.HOT_ROWS_SOURCE`. The
 bank holds ``max_batch_size + BANK_OFFSETS`` rows; step k returns the
 ``B`` consecutive rows starting at offset ``k * OFFSET_STRIDE mod
 (BANK_OFFSETS + 1)``, so a sequence's row changes from step to step and
-rows differ across the sequences of a step. Which row goes to which
-sequence is arbitrary (rows carry no identity).
+rows differ across the sequences of a step (rows 64 apart share their real
+tokens' values and differ in the added ids). Which row goes to which
+sequence is arbitrary (rows carry no sequence identity).
 
 Copies. The returned tensor is a *view* of the bank (rows ``[o, o + B)``
 are contiguous), so a step costs the CPU no B x V gather or copy, as on a
@@ -66,7 +73,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from ..rows import ROWS_SOURCE, synthetic_rows
+from ..rows import HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, real_rows, synthetic_hot_rows
 from ..settings import LlmSettings
 from .engine import SequenceTable
 from .text import DecodeStream, TextCodec
@@ -110,7 +117,7 @@ class SimulatedSpec:
     def describe(self) -> str:
         """The label every output of a run on this spec carries."""
         return (f"{LABEL}: t(B) = {self.step_a_ms:g} + {self.step_b_ms:g} * B ms slept, "
-                f"V={self.vocab:,} {self.dtype}, rows {ROWS_SOURCE(self.vocab)}")
+                f"V={self.vocab:,} {self.dtype}, rows {HOT_ROWS_SOURCE}")
 
 
 class SimulatedEngine:
@@ -118,7 +125,9 @@ class SimulatedEngine:
 
     vocab_size, max_batch_size, max_context: as ``engine.Engine``;
     ``step`` returns ``spec.dtype`` logits ``[len(seq_ids), vocab]``, a view
-    of the bank (read-only by contract). Thread safety as TorchEngine: one
+    of the bank (read-only by contract). ``seed`` picks the bank's id map
+    and added-id orders: map a SmolLM2 hot set with
+    ``rows.map_hot_ids(ids, spec.vocab, seed)``. Thread safety as TorchEngine: one
     step at a time; add/append/release/length from other threads for
     sequences the running step does not include.
     """
@@ -134,7 +143,8 @@ class SimulatedEngine:
         self.vocab_size = spec.vocab
         self.max_batch_size = max_batch_size
         self.max_context = max_context
-        rows = synthetic_rows(spec.vocab, max_batch_size + BANK_OFFSETS, seed)
+        rows = synthetic_hot_rows(real_rows(SYNTHETIC_SOURCE_ROWS), spec.vocab, seed,
+                                  n=max_batch_size + BANK_OFFSETS)
         self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
         self.label = spec.describe()
         self.steps = 0
