@@ -269,6 +269,8 @@ class SimulatedDetokenizer:
         return text
 
     def flush(self) -> str:
-        tail = self.codec.decode_run(self.run)[self.emitted:] if self.run else ""
+        if not self.run:  # most ids are past the vocabulary: no run to end
+            return ""
+        tail = self.codec.decode_run(self.run)[self.emitted:]
         self._start_run()
         return tail

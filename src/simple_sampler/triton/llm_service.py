@@ -23,11 +23,12 @@ import os
 import signal
 import socket
 import threading
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
-from ..serving.decoder import Decoder, GenerationEvent
+from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable, TorchEngine
 from ..settings import LlmSettings
 from ..serving.text import TextCodec
@@ -93,6 +94,22 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     return load_profile(path).hot_vocab()
 
 
+@dataclass(eq=False)
+class _Delivery:
+    """A request whose events are being sent; ``delivering`` is False once
+    its client cancelled or went away (its events are then dropped until
+    the decoder's final one)."""
+
+    handle: RequestHandle
+    is_cancelled: Callable[[], bool]
+    delivering: bool = True
+
+    def stop(self) -> None:
+        if self.delivering:
+            self.delivering = False
+            self.handle.cancel()
+
+
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -123,6 +140,8 @@ class LlmService:
                                        daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
+        self.deliveries: set[_Delivery] = set()
+        self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
     def data_plane(self) -> str:
@@ -224,31 +243,38 @@ class LlmService:
             on_done()
 
     async def _deliver(self, decoded, handle, send: Send, is_cancelled) -> None:
-        """Send the request's events until its final one. Cancellation is
-        polled at most every CANCEL_POLL_S, whether or not events arrive,
-        because asking Triton costs a round trip to the server process."""
+        """Send the request's events until its final one; whether its client
+        cancelled is asked by ``_watch_cancellations``."""
         events: list[GenerationEvent] = []
-        delivering, next_poll = True, 0.0
+        delivery = _Delivery(handle, is_cancelled)
+        self.deliveries.add(delivery)
+        try:
+            async for event in handle:
+                if delivery.delivering:
+                    try:
+                        self._send_event(decoded, event, events, send)
+                    except Exception:  # nobody to answer: stop generating for them
+                        delivery.stop()
+        finally:
+            self.deliveries.discard(delivery)
+
+    async def _watch_cancellations(self) -> None:
+        """Every CANCEL_POLL_S, ask Triton whether each request still being
+        delivered was cancelled by its client, and cancel those. One pass for
+        all requests: a timeout around each event's wait would cost a task
+        and a timer per token per request, and asking Triton costs a round
+        trip to the server process, so it is not asked per token either."""
         while True:
-            try:  # Queue.get is cancellation-safe: a timeout loses no event
-                event = await asyncio.wait_for(handle.events.get(), CANCEL_POLL_S)
-            except asyncio.TimeoutError:
-                event = None
-            if delivering and self.loop.time() >= next_poll:
-                next_poll = self.loop.time() + CANCEL_POLL_S
-                if is_cancelled():
-                    handle.cancel()
-                    delivering = False
-            if event is None:
-                continue
-            if delivering:
+            await asyncio.sleep(CANCEL_POLL_S)
+            for delivery in [d for d in self.deliveries if d.delivering]:
                 try:
-                    self._send_event(decoded, event, events, send)
-                except Exception:  # nobody to answer: stop generating for them
-                    handle.cancel()
-                    delivering = False
-            if event.final:
-                return
+                    cancelled = delivery.is_cancelled()
+                except Exception:  # noqa: BLE001 - the request is gone on Triton's side
+                    log.debug("is_cancelled failed: the request is treated as cancelled",
+                              exc_info=True)
+                    cancelled = True
+                if cancelled:
+                    delivery.stop()
 
     def _send_event(self, decoded, event: GenerationEvent, events: list, send: Send) -> None:
         if event.error:
@@ -272,6 +298,7 @@ class LlmService:
         return self.decoder.stats
 
     def close(self) -> None:
+        self.cancel_watch.cancel()
         self._call(self.decoder.close()).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
