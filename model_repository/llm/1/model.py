@@ -89,7 +89,7 @@ class TritonPythonModel:
                            ("sampler_us", "Sampler time, overlapped or not"),
                            ("sampling_exposed_us", "Sampling time with no forward running"),
                            ("busy_us", "Time a forward or a sampler was running"),
-                           ("loop_us", "The decode loop's own Python time, forwards and "
+                           ("loop_us", "CPU time of the decode loop's own Python work, forwards and "
                                        "samplers excluded"),
                            ("sampler_retries", "Sampler requests sent again after a failure")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,

@@ -38,10 +38,11 @@ Per step below means per full pass over the B sequences (B tokens):
   (sampling while no forward ran: the part on the critical path);
 * ``sampler_ms_per_step``: ``DecoderStats.sampler_s`` (all sampler time,
   overlapped or not);
-* ``loop_ms_per_step``: ``DecoderStats.loop_s``, the decode loop's own
-  Python time (reaping and admission, building the sampling batch,
-  delivering tokens and events, appending to the engine; wall time, so on
-  a shared machine other processes' load shows in it too);
+* ``loop_ms_per_step``: ``DecoderStats.loop_s``, the CPU time of the
+  decode loop's own Python work (reaping and admission, building the
+  sampling batch, delivering tokens and events, appending to the engine;
+  CPU time, so the kernel threads taking the loop's core on a 2-core
+  machine do not count in it);
 * ``loop_thread_cpu_ms_per_step``: all CPU time of the event-loop thread
   (``time.thread_time`` there): the above plus asyncio's scheduling and this
   bench's per-request consumers, which stand in for the service's
