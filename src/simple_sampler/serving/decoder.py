@@ -192,7 +192,19 @@ class RequestHandle:
 
     def __init__(self, decoder: "Decoder", request_id: int):
         self.decoder, self.request_id = decoder, request_id
-        self.events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        # A deque and one waiter, not an asyncio.Queue: the decode loop puts
+        # one event per request per step (B at a time), and the queue's
+        # bookkeeping (getters, unfinished-task count, its join Event) was a
+        # third of the delivery's cost at B=256 (profiled, docs/DECODE_LOOP.md).
+        self.pending: collections.deque[GenerationEvent] = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, event: GenerationEvent) -> None:
+        """Queue an event (on the decoder's event loop) and wake the reader."""
+        self.pending.append(event)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():  # done: its reader was cancelled
+            waiter.set_result(None)
 
     def cancel(self) -> None:
         """Ask to stop; the final event (``"cancelled"``) follows at the
@@ -201,7 +213,10 @@ class RequestHandle:
 
     async def __aiter__(self) -> AsyncIterator[GenerationEvent]:
         while True:
-            event = await self.events.get()
+            while not self.pending:
+                self.waiter = asyncio.get_running_loop().create_future()
+                await self.waiter
+            event = self.pending.popleft()
             yield event
             if event.final:
                 return
@@ -444,7 +459,7 @@ class Decoder:
                 self._release(sequence)
         event = self._event(sequence, text, token_ids, logprobs, reason, error)
         event.retryable = retryable
-        sequence.handle.events.put_nowait(event)
+        sequence.handle.put(event)
         if release:
             self._admit()
 
@@ -580,7 +595,7 @@ class Decoder:
             reason = FINISH_STOP if ended or stopped else (
                 FINISH_LENGTH if len(sequence.output_ids) >= sequence.request.max_tokens else None)
             if reason is None:
-                sequence.handle.events.put_nowait(self._event(sequence, text, [token], [logprob]))
+                sequence.handle.put(self._event(sequence, text, [token], [logprob]))
                 continuing.append(sequence)
                 next_tokens.append(token)
                 continue
