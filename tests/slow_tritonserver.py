@@ -1,14 +1,17 @@
 """A stand-in for tritonserver in tests/test_startup.py: answers Triton's
 readiness and repository-index endpoints on --http-port, reporting the llm
-model LOADING for $READY_AFTER_S seconds (an engine build), then READY."""
+model LOADING for $READY_AFTER_S seconds (an engine build), then READY, and
+an empty /metrics on --metrics-port (TritonServer waits for it too)."""
 import json
 import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 READY_AT = time.monotonic() + float(os.environ.get("READY_AFTER_S", "0"))
-PORT = next(int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--http-port="))
+PORTS = {a.split("=", 1)[0]: int(a.split("=", 1)[1]) for a in sys.argv[1:]
+         if a.startswith(("--http-port=", "--metrics-port="))}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -30,4 +33,11 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-HTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+class Metrics(Handler):
+    def do_GET(self):  # /metrics
+        self._reply(200)
+
+
+metrics = HTTPServer(("127.0.0.1", PORTS["--metrics-port"]), Metrics)
+threading.Thread(target=metrics.serve_forever, daemon=True).start()
+HTTPServer(("127.0.0.1", PORTS["--http-port"]), Handler).serve_forever()

@@ -178,8 +178,19 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
+    def metrics_up(self) -> bool:
+        """Whether the metrics endpoint answers: Triton opens it after the
+        HTTP endpoint, so /v2/health/ready may answer first (seen in CI:
+        the first scrape right after ready was refused)."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
     def wait_ready(self, timeout: float, progress_s: float = startup.PROGRESS_S) -> None:
-        """Poll readiness; every `progress_s` print which models are still loading."""
+        """Poll readiness (and the metrics endpoint); every `progress_s`
+        print which models are still loading."""
         started = time.monotonic()
         deadline, next_progress = started + timeout, started + progress_s
         while time.monotonic() < deadline:
@@ -191,7 +202,7 @@ class TritonServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with status {self.process.returncode} "
                                    f"before it was ready{self._log_hint()}")
-            if self.ready():
+            if self.ready() and self.metrics_up():
                 return
             time.sleep(0.25)
         self.stop()
