@@ -194,8 +194,8 @@ class RequestHandle:
         self.decoder, self.request_id = decoder, request_id
         # A deque and one waiter, not an asyncio.Queue: the decode loop puts
         # one event per request per step (B at a time), and the queue's
-        # bookkeeping (getters, unfinished-task count, its join Event) was a
-        # third of the delivery's cost at B=256 (profiled, docs/DECODE_LOOP.md).
+        # bookkeeping (getters, unfinished-task count, its join Event) is
+        # work nobody here uses: one reader, no join.
         self.pending: collections.deque[GenerationEvent] = collections.deque()
         self.waiter: asyncio.Future | None = None
 

@@ -61,11 +61,11 @@ class TextCodec:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        # The decode loop decodes twice per row per step; the Rust tokenizer
-        # called directly costs about a third of transformers' decode(), which
-        # wraps the same call (tokenization_utils_tokenizers.py, `_decode`) in
-        # argument conversion and an optional clean-up of spaces. Called
-        # directly only where that clean-up is off, so the text is the same.
+        # transformers' decode() wraps the Rust tokenizer's own decode
+        # (tokenization_utils_tokenizers.py, `_decode`) in argument
+        # conversion and an optional clean-up of spaces; the decode loop
+        # calls it per row, so it is called directly where that clean-up is
+        # off, which gives the same text.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         direct = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._backend_decode = backend.decode if direct else None
