@@ -1,0 +1,316 @@
+"""Logits rows in shared memory: written once by the llm process, read in
+place by the local sampler instances (docs/COPIES.md says why this and not a
+BLS tensor).
+
+A *region* is a file in /dev/shm: a 4 KiB header (magic, slot count, slot
+size, one generation number per slot) and the data after it. The llm
+process owns its regions (``RowArena``); the sampler instances map them
+read-only by name (``RowReader``), lazily on the first request that names
+one, so a restarted instance simply maps them again.
+
+* The *ring* (``RowArena.lease``): ``slots`` equal slots. A step's rows are
+  copied into a free slot once; the slot's generation is bumped when it is
+  taken and cleared when it is given back (``RowLease.release``, after every
+  shard of the step has answered). A reader checks the generation before
+  and after it samples: a slot recycled under it is an error, never a
+  silent read of another step's rows.
+* *Shared* regions (``RowArena.share``): an array the engine keeps for the
+  process's lifetime (the simulated engine's bank of rows, later a
+  TensorRT-LLM staging block the device-to-host copy lands in) copied once
+  into a region of its own; rows handed to ``lease`` that already lie in
+  such a region are referenced where they are, with no copy at all.
+
+A request names rows with ``logits_ref`` INT64 [B, 6], one row per logits
+row: (region key, slot or -1, slot generation, byte offset of the row in
+the region's data, V, kernel dtype code). The key is the owner's pid and 32
+random bits; the region's name follows from it (``region_name``).
+
+Lifetime: the owner unlinks its regions on ``close`` (the llm model's
+``finalize``) and at interpreter exit; a new arena also removes regions
+left by owners that died without closing (a SIGKILLed stub).
+"""
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ._sampling import Dtype
+
+SHM_DIR = "/dev/shm"
+PREFIX = "simple-sampler-rows-"
+HEADER_BYTES = 4096
+MAGIC = np.frombuffer(b"SSROWS01", np.uint64)[0]
+#: header words: magic, slots, slot_bytes, then one generation per slot
+HEADER_WORDS = 3
+MAX_SLOTS = HEADER_BYTES // 8 - HEADER_WORDS
+REF_COLUMNS = ("region", "slot", "generation", "offset", "vocab", "dtype")
+DTYPE_CODES = {np.dtype(np.float32): int(Dtype.DTYPE_FLOAT32),
+               np.dtype(np.float16): int(Dtype.DTYPE_FLOAT16),
+               np.dtype(ml_dtypes.bfloat16): int(Dtype.DTYPE_BFLOAT16)}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+class StaleRows(RuntimeError):
+    """The slot a reference names was given back (or reused) before the
+    reader finished: a lifetime bug on the owner's side, never a client's."""
+
+
+def region_name(key: int) -> str:
+    return f"{PREFIX}{key >> 32}-{key & 0xFFFFFFFF:08x}"
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans() -> list[str]:
+    """Unlink the regions whose owner process is gone; returns their names."""
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].split("-")[0]
+        if pid.isdigit() and not _owner_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+class _Region:
+    """One owned region, mapped read-write."""
+
+    def __init__(self, data_bytes: int, slots: int = 0, slot_bytes: int = 0):
+        if slots > MAX_SLOTS:
+            raise ValueError(f"a region holds at most {MAX_SLOTS} slots, got {slots}")
+        self.key = (os.getpid() << 32) | secrets.randbits(32)
+        self.name = region_name(self.key)
+        self.path = os.path.join(SHM_DIR, self.name)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + data_bytes)
+            self.map = mmap.mmap(fd, HEADER_BYTES + data_bytes)
+        finally:
+            os.close(fd)
+        self.header = np.ndarray(HEADER_WORDS + max(slots, 1), np.uint64, self.map)
+        self.header[:HEADER_WORDS] = (MAGIC, slots, slot_bytes)
+        self.data_bytes = data_bytes
+
+    def array(self, shape, dtype, offset: int = 0) -> np.ndarray:
+        return np.ndarray(shape, dtype, self.map, HEADER_BYTES + offset)
+
+    def contains(self, array: np.ndarray) -> int | None:
+        """The byte offset of `array`'s first element in the data, or None
+        when it is not inside this region."""
+        start = np.ndarray(0, np.uint8, self.map, HEADER_BYTES).ctypes.data
+        address = array.__array_interface__["data"][0]
+        if start <= address and address + array.nbytes <= start + self.data_bytes:
+            return address - start
+        return None
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        # The mapping itself goes with its last view (numpy arrays over it
+        # may still be alive in the caller).
+
+
+@dataclass
+class RowLease:
+    """Rows [B, V] placed in a region: ``refs(a, b)`` names rows a..b for a
+    request; ``release()`` gives the slot back (no-op for shared rows)."""
+
+    arena: "RowArena"
+    region: _Region
+    slot: int
+    generation: int
+    offset: int
+    row_stride: int
+    vocab: int
+    dtype: int
+    rows: int
+
+    def refs(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        end = self.rows if end is None else end
+        refs = np.empty((end - start, len(REF_COLUMNS)), np.int64)
+        refs[:, 0] = self.region.key
+        refs[:, 1] = self.slot
+        refs[:, 2] = self.generation
+        refs[:, 3] = self.offset + self.row_stride * np.arange(start, end)
+        refs[:, 4] = self.vocab
+        refs[:, 5] = self.dtype
+        return refs
+
+    def release(self) -> None:
+        if self.slot >= 0:
+            self.arena._release(self.slot, self.generation)
+            self.slot = -1
+
+
+class RowArena:
+    """The llm process's regions (module docstring): a ring of `slots` slots
+    of `slot_bytes` each, and the arrays it was asked to share."""
+
+    def __init__(self, slots: int, slot_bytes: int):
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"a row arena needs slots >= 1 and slot_bytes >= 1, got "
+                             f"{slots}, {slot_bytes}")
+        remove_orphans()
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self.ring = _Region(slots * slot_bytes, slots, slot_bytes)
+        self.shared: list[_Region] = []
+        self.free = list(range(slots))
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.closed = False
+        atexit.register(self.close)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.ring.name] + [region.name for region in self.shared]
+
+    def share(self, array: np.ndarray) -> np.ndarray:
+        """`array` copied once into a region of its own; returns the copy
+        (rows of it handed to ``lease`` are not copied again)."""
+        array = np.ascontiguousarray(array)
+        region = _Region(max(array.nbytes, 1))
+        self.shared.append(region)
+        view = region.array(array.shape, array.dtype)
+        view[...] = array
+        return view
+
+    def lease(self, rows: np.ndarray) -> RowLease | None:
+        """Rows [B, V] (float32 / float16 / bfloat16 numpy) in a region:
+        where they are when they already lie in a shared region, else copied
+        into a free slot. None when no slot is free or the rows do not fit
+        one (the caller sends them another way)."""
+        if rows.ndim != 2 or rows.dtype not in DTYPE_CODES:
+            raise ValueError(f"rows must be [B, V] float32, float16 or bfloat16, got "
+                             f"{rows.dtype} {list(rows.shape)}")
+        size, vocab = rows.shape
+        code = DTYPE_CODES[rows.dtype]
+        if rows.strides[1] == rows.itemsize and (size < 2 or rows.strides[0] >= vocab * rows.itemsize):
+            for region in self.shared:
+                offset = region.contains(rows)
+                if offset is not None:
+                    return RowLease(self, region, -1, 0, offset, rows.strides[0], vocab, code, size)
+        if rows.nbytes > self.slot_bytes:
+            return None
+        with self.lock:
+            if not self.free or self.closed:
+                return None
+            slot = self.free.pop()
+            self.generation += 1
+            generation = self.generation
+            self.ring.header[HEADER_WORDS + slot] = generation
+        view = self.ring.array(rows.shape, rows.dtype, slot * self.slot_bytes)
+        view[...] = rows  # the one copy on our side (on a GPU host: the DMA's destination)
+        return RowLease(self, self.ring, slot, generation, slot * self.slot_bytes,
+                        vocab * rows.itemsize, vocab, code, size)
+
+    def _release(self, slot: int, generation: int) -> None:
+        with self.lock:
+            if self.ring.header[HEADER_WORDS + slot] == generation:
+                self.ring.header[HEADER_WORDS + slot] = 0
+            self.free.append(slot)
+
+    def close(self) -> None:
+        """Unlink every region (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for region in [self.ring, *self.shared]:
+            region.unlink()
+        atexit.unregister(self.close)
+
+
+class RowReader:
+    """The sampler side: maps regions read-only by key, keeps the last
+    `max_regions` mapped (an llm model reloaded elsewhere names new ones)."""
+
+    def __init__(self, max_regions: int = 8):
+        self.max_regions = max_regions
+        self.maps: OrderedDict[int, tuple[mmap.mmap, np.ndarray]] = OrderedDict()
+
+    def _region(self, key: int):
+        found = self.maps.get(key)
+        if found is not None:
+            self.maps.move_to_end(key)
+            return found
+        path = os.path.join(SHM_DIR, region_name(key))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ValueError(f"logits_ref names region {region_name(key)}, which does not "
+                             f"exist (its llm model unloaded?)") from None
+        try:
+            mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        header = np.ndarray(HEADER_BYTES // 8, np.uint64, mapped)
+        if header[0] != MAGIC:
+            raise ValueError(f"{path} is not a row region")
+        self.maps[key] = (mapped, header)
+        while len(self.maps) > self.max_regions:
+            self.maps.popitem(last=False)  # the arrays over it keep it mapped while alive
+        return mapped, header
+
+    def rows(self, refs: np.ndarray) -> np.ndarray:
+        """The rows `refs` ([B, 6], REF_COLUMNS) name: a read-only [B, V]
+        view of the region. Raises ValueError for references that are
+        malformed or name no region, StaleRows for a slot given back."""
+        refs = np.asarray(refs)
+        if refs.ndim != 2 or refs.shape[1] != len(REF_COLUMNS) or refs.shape[0] < 1:
+            raise ValueError(f"logits_ref must have shape [B, {len(REF_COLUMNS)}] "
+                             f"({', '.join(REF_COLUMNS)}), got {list(refs.shape)}")
+        first = refs[0]
+        same = (refs[:, [0, 1, 2, 4, 5]] == first[[0, 1, 2, 4, 5]]).all()
+        if not same:
+            raise ValueError("logits_ref rows must name one region, slot, generation, V and dtype")
+        key, slot, generation, offset, vocab, code = (int(v) for v in first)
+        if code not in CODE_DTYPES or vocab < 1:
+            raise ValueError(f"logits_ref: dtype code must be one of {sorted(CODE_DTYPES)} and "
+                             f"V >= 1, got {code}, {vocab}")
+        dtype = CODE_DTYPES[code]
+        stride = int(refs[1, 3] - refs[0, 3]) if len(refs) > 1 else vocab * dtype.itemsize
+        if stride < vocab * dtype.itemsize or (np.diff(refs[:, 3]) != stride).any() or offset < 0:
+            raise ValueError("logits_ref offsets must be evenly spaced rows that do not overlap")
+        mapped, header = self._region(key)
+        slots, slot_bytes = int(header[1]), int(header[2])
+        end = offset + stride * (len(refs) - 1) + vocab * dtype.itemsize
+        if HEADER_BYTES + end > len(mapped) or (
+                slot >= 0 and (slot >= slots or not slot * slot_bytes <= offset
+                               or end > (slot + 1) * slot_bytes)):
+            raise ValueError(f"logits_ref: rows [{offset}, {end}) lie outside their slot or region")
+        self.check(refs)
+        return np.ndarray((len(refs), vocab), dtype, mapped, HEADER_BYTES + offset,
+                          (stride, dtype.itemsize))
+
+    def check(self, refs: np.ndarray) -> None:
+        """StaleRows unless the slot `refs` name still holds their generation."""
+        key, slot, generation = (int(v) for v in refs[0, :3])
+        if slot < 0:
+            return
+        header = self._region(key)[1]
+        if int(header[HEADER_WORDS + slot]) != generation:
+            raise StaleRows(f"slot {slot} of {region_name(key)} was given back before its rows "
+                            f"were sampled (generation {generation}, now "
+                            f"{int(header[HEADER_WORDS + slot])})")

@@ -1,0 +1,125 @@
+"""The shared-memory row arena: rows written once by the owner, read in
+place by other processes, slots given back only when asked, nothing left
+in /dev/shm."""
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from simple_sampler.row_arena import (PREFIX, SHM_DIR, RowArena, RowReader, StaleRows,
+                                      region_name, remove_orphans)
+
+
+def regions() -> set[str]:
+    return {name for name in os.listdir(SHM_DIR) if name.startswith(PREFIX)}
+
+
+@pytest.fixture
+def arena():
+    before = regions()
+    arena = RowArena(slots=3, slot_bytes=8 * 1000 * 4)
+    yield arena
+    arena.close()
+    assert regions() == before, "the arena left a region in /dev/shm"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_a_reader_sees_the_rows_in_place_in_their_own_dtype(arena, dtype):
+    rows = np.random.default_rng(0).standard_normal((8, 1000)).astype(dtype)
+    lease = arena.lease(rows)
+    reader = RowReader()
+    got = reader.rows(lease.refs(2, 6))
+    assert got.dtype == np.dtype(dtype) and got.shape == (4, 1000)
+    assert not got.flags.writeable
+    np.testing.assert_array_equal(got.view(np.uint8), rows[2:6].view(np.uint8))
+    # The reader's array is a view of the mapping, not a copy of it.
+    mapped = reader.maps[lease.region.key][0]
+    start = np.frombuffer(mapped, np.uint8).ctypes.data
+    assert start <= got.ctypes.data < start + len(mapped)
+
+
+def test_slots_are_reused_only_after_release_and_stale_refs_are_caught(arena):
+    rows = np.ones((2, 1000), np.float32)
+    leases = [arena.lease(rows) for _ in range(3)]
+    assert len({lease.slot for lease in leases}) == 3
+    assert arena.lease(rows) is None, "a full ring must refuse, not overwrite"
+    refs = leases[0].refs()
+    reader = RowReader()
+    reader.rows(refs)
+    leases[0].release()
+    with pytest.raises(StaleRows):
+        reader.check(refs)
+    with pytest.raises(StaleRows):
+        reader.rows(refs)
+    again = arena.lease(rows * 2)
+    assert again is not None and again.generation > leases[2].generation
+    assert reader.rows(again.refs())[0, 0] == 2.0
+
+
+def test_rows_too_big_for_a_slot_are_refused(arena):
+    assert arena.lease(np.zeros((9, 1000), np.float32)) is None
+
+
+def test_shared_rows_are_referenced_where_they_lie(arena):
+    bank = arena.share(np.arange(20 * 1000, dtype=np.float32).reshape(20, 1000))
+    free = len(arena.free)
+    lease = arena.lease(bank[5:9])
+    assert lease.slot == -1 and len(arena.free) == free, "no slot, no copy"
+    got = RowReader().rows(lease.refs(1, 3))
+    np.testing.assert_array_equal(got, bank[6:8])
+    lease.release()
+
+
+def test_bad_references_are_refused_with_the_reason(arena):
+    lease = arena.lease(np.zeros((4, 1000), np.float32))
+    reader = RowReader()
+    refs = lease.refs()
+    with pytest.raises(ValueError, match=r"shape \[B, 6\]"):
+        reader.rows(refs[:, :4])
+    bad = refs[:1].copy()
+    bad[:, 4] = 100_000  # V past the slot
+    with pytest.raises(ValueError, match="outside their slot"):
+        reader.rows(bad)
+    bad = refs.copy()
+    bad[:, 0] += 1
+    with pytest.raises(ValueError, match="does not exist"):
+        reader.rows(bad)
+    bad = refs.copy()
+    bad[1, 3] += 2
+    with pytest.raises(ValueError, match="evenly spaced"):
+        reader.rows(bad)
+
+
+READER = """
+import sys, numpy as np
+from simple_sampler.row_arena import RowReader
+refs = np.array(eval(sys.argv[1]), np.int64)
+rows = RowReader().rows(refs)
+print(float(rows.astype(np.float64).sum()), rows.flags.writeable)
+"""
+
+
+def test_another_process_maps_the_arena_by_name_read_only(arena):
+    rows = np.random.default_rng(1).standard_normal((4, 1000)).astype(np.float32)
+    lease = arena.lease(rows)
+    out = subprocess.run([sys.executable, "-c", READER, repr(lease.refs().tolist())],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert float(out[0]) == pytest.approx(float(rows.astype(np.float64).sum()), rel=1e-6)
+    assert out[1] == "False"
+
+
+def test_a_dead_owners_regions_are_removed_by_the_next_arena():
+    script = ("from simple_sampler.row_arena import RowArena; import os; "
+              "a = RowArena(1, 4096); print(a.ring.name, flush=True); os._exit(0)")
+    name = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert name in regions(), "os._exit skips atexit: the region is an orphan"
+    assert name in remove_orphans()
+    assert name not in regions()
+
+
+def test_region_names_follow_from_the_key():
+    assert region_name((1234 << 32) | 0xAB) == f"{PREFIX}1234-000000ab"
