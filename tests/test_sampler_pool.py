@@ -10,6 +10,7 @@ import torch
 
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
+from simple_sampler.row_arena import RowArena, RowReader
 from simple_sampler.sampling import sample
 from simple_sampler.triton.sampler_io import decode_request, sample_request
 from simple_sampler.triton.sampler_pool import (SamplerCallError, SamplerPool, SamplerTarget,
@@ -24,14 +25,17 @@ class Sampler:
 
     def __init__(self, failing=False, retryable=True):
         self.failing, self.retryable, self.rows, self.attempts = failing, retryable, [], 0
+        self.reader, self.by_reference = RowReader(), 0
 
     def __call__(self, inputs):
         self.attempts += 1
         if self.failing:
             raise SamplerCallError("Stub process 'simple_sampler_0_1' is not healthy.",
                                    self.retryable)
-        self.rows.append(len(inputs["logits"]))
-        outputs, _ = sample_request(decode_request(inputs, VOCAB))
+        self.by_reference += "logits_ref" in inputs
+        decoded = decode_request(inputs, VOCAB, reader=self.reader)
+        self.rows.append(len(decoded))
+        outputs, _ = sample_request(decoded)
         return outputs
 
 
@@ -140,3 +144,55 @@ def test_targets_get_views_of_the_engine_logits_not_copies():
     batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(8)])
     asyncio.run(SamplerPool([SamplerTarget("a", target, 2)])(logits, batch))
     assert len(seen) == 2 and all(np.shares_memory(part, logits.numpy()) for part in seen)
+
+
+@pytest.fixture
+def arena():
+    arena = RowArena(2, 16 * VOCAB * 4)
+    yield arena
+    arena.close()
+
+
+def test_local_targets_read_the_rows_from_the_arena_and_give_the_same_tokens(arena):
+    local, remote = Sampler(), Sampler()
+    pool = SamplerPool([SamplerTarget("local", local, 2, shares_memory=True),
+                        SamplerTarget("remote", remote, 1)], arena=arena)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist()
+    assert local.by_reference == 2 and remote.by_reference == 0, "remote gets rows inline"
+    assert sorted(arena.free) == [0, 1], "the slot is given back once every shard answered"
+
+
+def test_failover_reads_the_same_slot(arena):
+    dead, alive = Sampler(failing=True), Sampler()
+    pool = SamplerPool([SamplerTarget("dead", dead, 2, shares_memory=True),
+                        SamplerTarget("alive", alive, 2, shares_memory=True)], arena=arena)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist()
+    assert alive.by_reference == 4 and sum(alive.rows) == 12
+    assert sorted(arena.free) == [0, 1]
+
+
+def test_a_full_arena_sends_the_rows_inline(arena):
+    held = [arena.lease(np.zeros((1, VOCAB), np.float32)) for _ in range(2)]
+    local = Sampler()
+    pool = SamplerPool([SamplerTarget("local", local, 2, shares_memory=True)], arena=arena)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist() and local.by_reference == 0
+    for lease in held:
+        lease.release()
+
+
+def test_a_shard_that_fails_for_good_still_waits_for_the_others_before_the_slot_goes(arena):
+    class Slow(Sampler):
+        def __call__(self, inputs):
+            time.sleep(0.2)
+            self.reader.check(inputs["logits_ref"])  # the slot is still ours
+            return super().__call__(inputs)
+
+    refusing, slow = Sampler(failing=True, retryable=False), Slow()
+    pool = SamplerPool([SamplerTarget("refusing", refusing, 1, shares_memory=True),
+                        SamplerTarget("slow", slow, 1, shares_memory=True)], arena=arena)
+    with pytest.raises(SamplerCallError):
+        step(pool)
+    assert slow.rows == [6] and sorted(arena.free) == [0, 1]

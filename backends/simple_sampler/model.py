@@ -14,6 +14,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from simple_sampler.row_arena import RowReader
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
 from simple_sampler.triton import logs
@@ -69,6 +70,8 @@ class TritonPythonModel:
                                         "Rows SHVS tried to decide from the hot set")
         self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
                                            "Rows SHVS decided from the hot set alone")
+        # The llm model's row arena, mapped on the first request that names it.
+        self.reader = RowReader()
         self.instance = args["model_instance_name"]
         log.info("%s ready: max_batch_size %s, parameters %s, hot set %s", self.instance,
                  config.get("max_batch_size"), settings.parameters(),
@@ -82,8 +85,10 @@ class TritonPythonModel:
             inputs = {name: pb_utils.get_input_tensor_by_name(request, name) for name in INPUT_NAMES}
             try:
                 decoded = decode_request({k: _as_array(v) for k, v in inputs.items() if v is not None},
-                                         self.vocab_size, self.hot_vocab)
+                                         self.vocab_size, self.hot_vocab, self.reader)
                 outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
+                if decoded.logits_ref is not None:  # the slot must not have been reused meanwhile
+                    self.reader.check(decoded.logits_ref)
             except RequestError as error:
                 failed += 1
                 responses.append(pb_utils.InferenceResponse(

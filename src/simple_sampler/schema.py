@@ -173,9 +173,14 @@ HANDOFF_INPUTS = (
     _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max, or -1"),
     _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T)"),
 )
+#: Rows the llm process placed in its shared-memory row arena (row_arena.py),
+#: named instead of sent: same-host sampler instances only.
+LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
+                    allowed="per row: region key, slot, generation, byte offset, V, dtype code "
+                            "(row_arena.REF_COLUMNS)")
 
 SAMPLER = Model("simple_sampler", (
-    Tensor("logits", "FP32", (-1,), default="required unless hot_logits",
+    Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
            allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
     *_sampling("runtime_top_k", "runtime_top_p"),
     _scalar("random_seed", "UINT64", "a fresh random seed per row", "[0, 2^64)",
@@ -192,6 +197,7 @@ SAMPLER = Model("simple_sampler", (
     _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
     _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
     *HANDOFF_INPUTS,
+    LOGITS_REF,
 ), (
     Tensor("output_ids", "INT32", optional=False),
     Tensor("output_log_probs", "FP32", optional=False),

@@ -38,6 +38,7 @@ SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 ENGINES = ("torch", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
+ROW_TRANSPORTS = ("arena", "bls")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
@@ -259,6 +260,11 @@ class LlmSettings(Settings):
         "logits, the touched ones and an exact cold summary; the rest whole only when needed: "
         "docs/HANDOFF.md) when the sampler has a hot set and every endpoint is local",
         choices=HANDOFFS)
+    row_transport: str = setting(
+        "arena", "how full rows reach this server's sampler instances: written once into a "
+        "shared-memory arena they map (requests carry references), or inside the BLS request "
+        "(Triton copies each row three times: docs/COPIES.md); arena falls back to bls when "
+        "it cannot be set up", choices=ROW_TRANSPORTS)
     hot_vocab_profile: str = setting(
         "", "the sampler's hot-vocab profile, for the hot-first handoff (serve sets it from "
         "--hot-vocab; relative to the sampler model's directory)", flag=None)

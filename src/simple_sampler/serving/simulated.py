@@ -71,9 +71,11 @@ import time
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+import numpy as np
 import torch
 
 from ..rows import HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, real_rows, synthetic_hot_rows
+from ..sampling import logits_array
 from ..settings import LlmSettings
 from .engine import SequenceTable
 from .text import DecodeStream, TextCodec
@@ -152,6 +154,15 @@ class SimulatedEngine:
                                                                  max_context)
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
+
+    def share_rows(self, arena) -> None:
+        """Move the bank into `arena` (``row_arena.RowArena.share``): the
+        rows ``step`` returns then already lie in shared memory, where the
+        sampler instances read them, as a GPU host's device-to-host copy
+        lands in the arena (a DMA no core performs)."""
+        shared = arena.share(logits_array(self.bank))
+        self.bank = (torch.from_numpy(shared.view(np.int16)).view(torch.bfloat16)
+                     if self.bank.dtype == torch.bfloat16 else torch.from_numpy(shared))
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""

@@ -33,7 +33,7 @@ from ..serving.engine import Closable, TorchEngine
 from ..settings import LlmSettings
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
-from .sampler_pool import SamplerCall, build_pool
+from .sampler_pool import SamplerCall, build_arena, build_pool
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,10 @@ class LlmService:
             codec = SimulatedCodec.from_source(source)
         self.codec = codec or TextCodec.from_source(source)
         self.engine = engine or build_engine(settings)
+        simple = settings.sampling_mode == "simple"
+        self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
-                             self._count_retry) if settings.sampling_mode == "simple" else None
+                             self._count_retry, self.arena) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
             from ..handoff import HotFirstSampler
@@ -304,4 +306,6 @@ class LlmService:
         self.thread.join()
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()
+        if self.arena is not None:
+            self.arena.close()
 

@@ -54,6 +54,9 @@ class RowsRequest:
     num_top_logprobs: np.ndarray
     #: the compact form (``handoff.CompactRows``) when it came instead of logits
     compact: object = None
+    #: ``logits_ref`` when the logits are rows of the llm's arena (checked
+    #: again after sampling: ``row_arena.RowReader.check``)
+    logits_ref: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -98,7 +101,7 @@ def _logits_shape(logits) -> tuple[int, int]:
 
 
 def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
-                   hot_vocab=None) -> RowsRequest:
+                   hot_vocab=None, reader=None) -> RowsRequest:
     """Check one request's tensors and pack them for the kernels.
 
     inputs: tensor name -> array ([B, ...], see the module table); absent
@@ -106,6 +109,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         be a CPU torch tensor (BF16 reaches Python that way).
     vocab_size: when > 0, the logits must have exactly this many columns.
     hot_vocab: the sampler's ``HotVocab`` (None: compact rows are refused).
+    reader: a ``row_arena.RowReader`` the rows of ``logits_ref`` are read
+        through, in place (None: logits_ref is refused).
     Raises RequestError naming the input, the row and the allowed range.
     """
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
@@ -113,6 +118,16 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         raise RequestError(f"unknown input {unknown[0]}; the sampler takes {', '.join(INPUT_NAMES)}")
     logits = inputs.get("logits")
     compact = None
+    refs = inputs.get("logits_ref")
+    if refs is not None:
+        if logits is not None or inputs.get("hot_logits") is not None:
+            raise RequestError("send logits_ref, logits or the compact rows, one of them")
+        if reader is None:
+            raise RequestError("logits_ref needs a sampler on the llm model's host")
+        try:
+            logits = reader.rows(refs)
+        except ValueError as error:
+            raise RequestError(str(error)) from None
     if inputs.get("hot_logits") is not None:
         if logits is not None:
             raise RequestError("send logits or the compact rows (hot_logits, ...), not both")
@@ -176,7 +191,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     except ValueError as error:
         raise RequestError(str(error)) from None
     return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
-                       num_top, compact)
+                       num_top, compact, refs)
 
 
 def _compact_rows(inputs: Mapping, hot_vocab):

@@ -68,6 +68,8 @@ class SamplerTarget:
     name: str
     call: SamplerCall
     capacity: int = 1
+    #: on this host: takes rows of the pool's arena by reference (logits_ref)
+    shares_memory: bool = False
     down_until: float = 0.0
     failures: int = 0
 
@@ -121,10 +123,15 @@ class RemoteSampler:
 class SamplerPool:
     """The decoder's sampler over `targets` (module docstring). Call it as
     ``await pool(logits, batch)``; `on_retry` is called for every shard
-    sent again."""
+    sent again. With an `arena` (``row_arena.RowArena``), the rows go to
+    targets that share memory by reference: placed in the arena once, the
+    slot given back when every shard has answered (a retry reads the same
+    slot); other targets, and every target when no slot is free, get them
+    in the request."""
 
     targets: list[SamplerTarget]
     on_retry: Callable[[], None] = lambda: None
+    arena: object = None
     deadline_s: float = RETRY_DEADLINE_S
     probe_after_s: float = PROBE_AFTER_S
     rows_sent: dict[str, int] = field(default_factory=dict)
@@ -135,21 +142,39 @@ class SamplerPool:
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
         # bfloat16 rows stay bfloat16 (ml_dtypes): no cast, no copy.
-        outputs = await self.send({"logits": logits_array(logits)}, batch)
+        rows = logits_array(logits)
+        lease = None
+        if self.arena is not None and any(t.shares_memory for t in self.targets):
+            lease = self.arena.lease(rows)
+        try:
+            outputs = await self.send({"logits": rows}, batch, lease)
+        finally:
+            if lease is not None:
+                lease.release()
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
-    async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch) -> dict[str, np.ndarray]:
+    async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
+                   lease=None) -> dict[str, np.ndarray]:
         """The rows (``logits``, or the compact inputs: arrays of len(batch)
         rows) with `batch`'s parameters, sharded over the targets; returns
-        each output concatenated, [B] (output_log_probs NaN where not asked)."""
+        each output concatenated, [B] (output_log_probs NaN where not asked).
+        lease: the logits' place in the arena (``row_arena.RowLease``), for
+        the targets that share memory; every shard has answered or failed
+        when this returns or raises."""
         arrays = {**rows, **batch_arrays(batch)}
         wanted = batch.want_logprobs
         arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
                                       else np.asarray(wanted, bool))[:, None]
         shards = self.shards(len(batch))
+        # return_exceptions: no shard may still read the arena's slot once
+        # this returns (the caller gives it back).
         parts = await asyncio.gather(*(
-            self._send({k: v[a:b] for k, v in arrays.items()}, target)
-            for target, a, b in shards))
+            self._send({k: v[a:b] for k, v in arrays.items()}, target,
+                       lease.refs(a, b) if lease is not None else None)
+            for target, a, b in shards), return_exceptions=True)
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
         nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
         for part in parts:
             part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
@@ -167,12 +192,18 @@ class SamplerPool:
         return [(target, int(a), int(b)) for target, a, b in zip(slots, bounds[:-1], bounds[1:])
                 if b > a]
 
-    async def _send(self, inputs: dict[str, np.ndarray], target: SamplerTarget):
+    async def _send(self, inputs: dict[str, np.ndarray], target: SamplerTarget,
+                    refs: np.ndarray | None = None):
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + self.deadline_s, RETRY_FIRST_S
+        by_reference = None
+        if refs is not None:
+            by_reference = {k: v for k, v in inputs.items() if k != "logits"}
+            by_reference["logits_ref"] = refs
         while True:
             try:
-                outputs = await asyncio.to_thread(target.call, inputs)
+                sent = by_reference if by_reference and target.shares_memory else inputs
+                outputs = await asyncio.to_thread(target.call, sent)
             except SamplerCallError as error:
                 if not error.retryable or loop.time() > deadline:
                     raise
@@ -203,6 +234,30 @@ class SamplerPool:
                     "%.1f s", target.name, error, self.probe_after_s)
 
 
+def build_arena(settings, engine):
+    """The row arena for an llm model's settings (``row_transport`` arena,
+    local instances among the endpoints), or None: slots for two calls in
+    flight per micro-batch, each holding the engine's largest step in
+    float32. An engine with ``share_rows(arena)`` moves its host copy of the
+    rows into the arena (referenced there, no copy per step). A host where
+    the arena cannot be made (no /dev/shm) keeps the BLS transport."""
+    from ..row_arena import RowArena
+
+    if settings.row_transport != "arena" or LOCAL not in parse_endpoints(settings.sampler_endpoints):
+        return None
+    try:
+        arena = RowArena(2 * settings.micro_batches, engine.max_batch_size * engine.vocab_size * 4)
+    except OSError as error:
+        log.warning("row_transport arena: no shared-memory arena here (%s); rows go inside "
+                    "the BLS requests", error)
+        return None
+    if hasattr(engine, "share_rows"):
+        engine.share_rows(arena)
+    log.info("rows reach the local sampler instances through the shared-memory arena %s",
+             ", ".join(arena.names))
+    return arena
+
+
 def parse_endpoints(text: str) -> list[str]:
     """'local,host:port,...' -> the names, checked; "" means local only."""
     names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
@@ -217,18 +272,20 @@ def parse_endpoints(text: str) -> list[str]:
 
 
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,
-               on_retry: Callable[[], None] = lambda: None) -> SamplerPool:
+               on_retry: Callable[[], None] = lambda: None, arena=None) -> SamplerPool:
     """The pool for an `llm` model's `sampler_endpoints` setting: ``local``
     is `local_call` (BLS to this server's instances, `local_capacity`
-    shards), host:port a remote server's sampler model."""
+    shards; rows by reference to `arena` when given), host:port a remote
+    server's sampler model."""
     targets = []
     for name in parse_endpoints(endpoints):
         if name == LOCAL:
             if local_call is None:
                 raise ValueError("sampler_endpoints includes 'local' but this server has no "
                                  "local sampler call")
-            targets.append(SamplerTarget(LOCAL, local_call, local_capacity))
+            targets.append(SamplerTarget(LOCAL, local_call, local_capacity,
+                                         shares_memory=arena is not None))
         else:
             remote = RemoteSampler(name)
             targets.append(SamplerTarget(name, remote, remote.capacity()))
-    return SamplerPool(targets, on_retry)
+    return SamplerPool(targets, on_retry, arena=arena)
