@@ -274,3 +274,38 @@ def test_bench_serve_sim_through_a_real_server():
     # Every token passed a real sampler instance (bfloat16 rows over BLS) and a 10 ms pass.
     assert 0 < row["efficiency"] <= 1 and row["sampler_ms_per_step"] > 0
     assert row["loop_ms_per_step"] is None  # the server does not export it
+
+
+def test_the_engines_hot_first_summary_is_the_handoffs_on_its_rows(tmp_path):
+    """The summary the simulated engine hands out as part of its modelled step
+    (prepared per bank row, rows with touched ids or another temperature
+    summarized on the spot) equals ``hot_first_summary`` of the same rows."""
+    from simple_sampler.handoff import hot_first_summary
+    from simple_sampler.serving.simulated import MAPPED_PROFILE, simulated_profile
+
+    engine = SimulatedEngine(SimulatedSpec(VOCAB, "bfloat16", 0.0, 0.0), max_batch_size=8)
+    profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))
+    hot = simulated_profile(profile, VOCAB).hot_vocab(256).kernel_arrays()[0]
+    engine.prepare_hot_first(hot, 16)
+    for seq in range(8):
+        engine.add(seq, [1, 2, 3])
+    engine.step(list(range(8)))
+    logits = engine.step(list(range(8)))  # a run of bank rows past the first offset
+    offsets = np.array([0, 0, 2, 2, 2, 2, 2, 2, 2])
+    ids = np.setdiff1d(np.arange(5), hot)[:2]  # row 1 has touched ids
+    temperature = np.array([1.0, 1.0, 0.7, 1.0, 0.0, 1.0, 1.0, 1.0])  # row 2: another T
+    got = engine.hot_first_summary(logits, hot, offsets, ids, temperature, 16)
+    want = hot_first_summary(logits, hot, offsets, ids, temperature, 16).cpu()
+    for name in want.__dict__:
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)),
+                                      np.asarray(getattr(want, name)), err_msg=name)
+    # The simulated repository's sampler and handoff get the profile mapped to these ids.
+    settings = LlmSettings(engine="simulated", sim_vocab=VOCAB, handoff="hot-first",
+                           hot_vocab_profile="hot_vocab.npz")
+    repository = assemble_repository(tmp_path, SamplerSettings(hot_vocab_profile="hot_vocab.npz"),
+                                     settings)
+    mapped = load_profile(repository / "simple_sampler" / MAPPED_PROFILE)
+    assert mapped.vocab_size == VOCAB
+    np.testing.assert_array_equal(mapped.order, map_hot_ids(profile.order, VOCAB))
+    for model in ("simple_sampler", "llm"):
+        assert f'string_value: "{MAPPED_PROFILE}"' in (repository / model / "config.pbtxt").read_text()

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .schema import ENSEMBLE
-from .settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from .settings import HANDOFFS, ROW_TRANSPORTS, SIMULATED_DTYPES, LlmSettings, SamplerSettings
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -98,6 +98,16 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_row_transport(args: argparse.Namespace) -> int:
+    from .bench import row_transport
+
+    sizes = ({"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 8} if args.quick
+             else {"batches": args.batch})
+    report = row_transport.run(transports=args.transport, **sizes)
+    print_report(args, report, row_transport.format_report(report))
+    return 0
+
+
 def bench_serve_sim(args: argparse.Namespace) -> int:
     from .bench import serve_sim
     from .params import SamplingParams
@@ -114,6 +124,9 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
         return 2
     if not args.server:
         sizes.update(shvs=args.shvs, profile_path=args.profile, top_p=args.top_p)
+    else:
+        sizes.update(row_transport=args.row_transport)
+    sizes.update(handoff=args.handoff)
     try:
         SamplingParams(top_p=args.top_p).validate()
     except ValueError as error:
@@ -155,9 +168,11 @@ def build_report(args: argparse.Namespace) -> int:
 
 
 def hot_vocab_profile(args: argparse.Namespace) -> str:
-    """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
+    """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2, or
+    the simulated engine hot-first (mapped to its rows' ids)."""
+    simulated = args.engine == "simulated" and args.handoff != "hot-first"
     if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
-            args.sampler_only or args.model or args.engine == "simulated")):
+            args.sampler_only or args.model or simulated)):
         return ""
     return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
 
@@ -298,7 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
     sim_bench.add_argument("--top-p", type=float, default=1.0,
                            help="every request's top_p (default 1: no truncation; in-process "
                                 "only)")
+    sim_bench.add_argument("--handoff", choices=HANDOFFS, default="full",
+                           help="how simple mode's rows cross: full, or hot-first (the engine's "
+                                "summary as part of its modelled step)")
+    sim_bench.add_argument("--row-transport", choices=ROW_TRANSPORTS, default="arena",
+                           help="--server: full rows by the shared-memory arena or inside BLS")
     sim_bench.set_defaults(handler=bench_serve_sim)
+
+    rows_bench = targets.add_parser(
+        "row-transport", help="sampler instances' CPU per token by row transport (BLS, "
+        "shared-memory arena, hot-first) through a real server on a SIMULATED data plane")
+    rows_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    rows_bench.add_argument("--quick", action="store_true",
+                            help="one small configuration (V=128,256 float32, B=8)")
+    rows_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],
+                            choices=["bls", "arena", "hot-first"])
+    rows_bench.set_defaults(handler=bench_row_transport)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

@@ -404,17 +404,25 @@ class HotFirstSampler:
 
     pool: a ``triton.sampler_pool.SamplerPool`` (``send(rows, batch)`` for
     the compact inputs, ``pool(logits, batch)`` for full rows) whose
-    samplers hold the same hot set. ``stats`` counts rows and fallbacks."""
+    samplers hold the same hot set. summary: the engine's own summary, with
+    ``hot_first_summary``'s arguments and the ``cpu()`` form as result (the
+    simulated engine's, computed as part of its modelled GPU step); None:
+    ``hot_first_summary`` here. ``stats`` counts rows and fallbacks."""
 
-    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP):
+    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
+                 summary=None):
         self.pool = pool
         self.hot_vocab = hot_vocab
         self.cold_top = cold_top
+        self.summary = summary
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
 
     def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> CompactRows:
         """The batch's compact rows (``cpu()`` form)."""
         offsets, ids = touched_lists(batch, self.hot_vocab)
+        if self.summary is not None:
+            return self.summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
+                                batch.temperature, self.cold_top)
         return hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
                                  batch.temperature, self.cold_top).cpu()
 

@@ -194,20 +194,41 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
             "itl_ms_p95": float(np.percentile(gaps, 95)) * 1e3}
 
 
+def hot_first_sampler(engine: SimulatedEngine, hot: HotVocab, instances: int):
+    """The llm model's hot-first sampler in-process: the engine's summary
+    (its modelled GPU step), compact rows sharded over `instances` threads
+    standing in for the sampler instances (the real request decoding and
+    kernels), the undecided rows whole."""
+    from ..handoff import DEFAULT_COLD_TOP, HotFirstSampler
+    from ..triton.sampler_io import decode_request, sample_request
+    from ..triton.sampler_pool import SamplerPool, SamplerTarget
+
+    def instance(inputs):
+        return sample_request(decode_request(inputs, engine.vocab_size, hot), 1, hot)[0]
+
+    engine.prepare_hot_first(hot.kernel_arrays()[0], DEFAULT_COLD_TOP)
+    pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)])
+    return HotFirstSampler(pool, hot, summary=engine.hot_first_summary)
+
+
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
                   dtype: str, step_ms: float, instances: int, warmup: int, measure: int,
-                  hot_order: np.ndarray | None = None, top_p: float = 1.0) -> dict:
+                  hot_order: np.ndarray | None = None, top_p: float = 1.0,
+                  handoff: str = "full") -> dict:
     """One row of the report: a fresh engine and decoder for (mode, micro_batches, B);
-    SHVS on with ``hot_order`` (SmolLM2 token ids, the hot set)."""
+    SHVS on with ``hot_order`` (SmolLM2 token ids, the hot set); with handoff
+    hot-first, simple mode's rows cross hot-first (``hot_first_sampler``)."""
     spec = SimulatedSpec(vocab=vocab, dtype=dtype, step_a_ms=0.0, step_b_ms=step_ms / batch)
     engine = SimulatedEngine(spec, max_batch_size=batch,
                              max_context=PROMPT_TOKENS + warmup + measure + 4, seed=BANK_SEED)
     threads = instances if mode == "simple" else None
-    hot_sample = None if hot_order is None else \
-        HotSetSample(HotVocab(map_hot_ids(hot_order, vocab, BANK_SEED), vocab), threads)
+    hot = None if hot_order is None else HotVocab(map_hot_ids(hot_order, vocab, BANK_SEED), vocab)
+    hot_sample = None if hot is None or handoff == "hot-first" else HotSetSample(hot, threads)
     sample_fn = hot_sample or functools.partial(kernel_sample, num_threads=threads)
-    decoder = Decoder(engine, codec, mode, threaded(sample_fn) if mode == "simple" else None,
-                      micro_batches)
+    sampler = threaded(sample_fn) if mode == "simple" else None
+    if mode == "simple" and handoff == "hot-first":
+        sampler = hot_first_sampler(engine, hot, instances)
+    decoder = Decoder(engine, codec, mode, sampler, micro_batches)
     if mode == "inline_kernels":
         # The decoder's inline path calls local_sample (decoder.kernel_sample
         # by default) on the data-plane thread; this keeps it, SHVS on or off.
@@ -223,12 +244,14 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
             "dtype": dtype, "step_ms": step_ms, "top_p": top_p, **figures,
             "ideal_tokens_per_s": ideal,
             "efficiency": figures["tokens_per_s"] / ideal, "shvs": hot_sample is not None,
-            "shvs_acceptance": hot_sample and hot_sample.acceptance()}
+            "shvs_acceptance": hot_sample and hot_sample.acceptance(),
+            "handoff": handoff if mode == "simple" else "full"}
 
 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
         instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES,
-        shvs: bool = False, profile_path: str | None = None, top_p: float = 1.0) -> dict:
+        shvs: bool = False, profile_path: str | None = None, top_p: float = 1.0,
+        handoff: str = "full") -> dict:
     """Every (mode, micro_batches) of ``modes`` at every B of ``batches``; with
     ``shvs``, the kernels use the hot set of the profile at ``profile_path``
     (default as ``bench shvs``: ``bench.shvs.resolve_profile``); every request
@@ -237,17 +260,18 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
 
     SamplingParams(top_p=top_p).validate()
     codec = SimulatedCodec.from_source(None)
-    profile = resolve_profile(profile_path, quick=False) if shvs else None
+    profile = resolve_profile(profile_path, quick=False) if shvs or handoff != "full" else None
     hot_order = profile.order[:profile.chosen_size] if profile else None
     results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
-                                   instances, warmup, measure, hot_order, top_p))
+                                   instances, warmup, measure, hot_order, top_p, handoff))
                for mode, _, micro_batches in modes for batch in batches]
     return {"results": results, "data_plane": data_plane(instances),
             "settings": {"rows": HOT_ROWS_SOURCE,
                          "hot_set": (f"SmolLM2 profile's first {profile.chosen_size} ids "
                                      f"(calibrated on {profile.meta.get('prompts')} other "
                                      f"prompts), mapped into V by rows.map_hot_ids"
-                                     if shvs else None),
+                                     if profile else None),
+                         "handoff": handoff,
                          "sampler_instances": instances, "warmup_tokens": warmup,
                          "measured_tokens": measure,
                          "params": f"temperature 1, "
@@ -265,7 +289,7 @@ def server_data_plane(instances: int) -> str:
 
 def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                step_ms: float = 25.0, instances: int = 2, max_tokens: int = 64,
-               modes=MODES) -> dict:
+               modes=MODES, handoff: str = "full", row_transport: str = "arena") -> dict:
     """The same rows through a real server (``serve --engine simulated``):
     per (mode, micro_batches, B) a fresh server; B streaming clients each send
     one request of ``max_tokens`` tokens (``bench serve``'s ``run_level``:
@@ -285,9 +309,13 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     texts, results = prompts(), []
     for mode, decoder_mode, micro_batches in modes:
         for batch in batches:
+            profile = "hot_vocab.npz" if handoff == "hot-first" else ""
             sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
-                                      logits_dtype=SIMULATED_DTYPES[dtype])
+                                      logits_dtype=SIMULATED_DTYPES[dtype],
+                                      hot_vocab_profile=profile)
             llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype,
+                              handoff=handoff, row_transport=row_transport,
+                              hot_vocab_profile=profile,
                               sim_step_a_ms=0.0, sim_step_b_ms=step_ms / batch,
                               sampling_mode=decoder_mode, micro_batches=micro_batches,
                               sampler_shards=instances, engine_max_batch_size=batch,
@@ -311,7 +339,9 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                 "sampler_ms_per_step": (after["sampler_us"] - before["sampler_us"]) / 1e3 / passes,
                 "loop_ms_per_step": None, "loop_thread_cpu_ms_per_step": None,
                 "itl_ms_p50": level["itl_ms_p50"], "itl_ms_p95": level["itl_ms_p95"],
-                "shvs": False, "shvs_acceptance": None})
+                "shvs": False, "shvs_acceptance": None,
+                "handoff": handoff if mode == "simple" else "full",
+                "row_transport": row_transport})
     return {"results": results, "data_plane": server_data_plane(instances),
             "settings": {"rows": HOT_ROWS_SOURCE, "sampler_instances": instances,
                          "max_tokens": max_tokens,
@@ -337,7 +367,7 @@ def format_report(report: dict) -> str:
              f"requests: {report['settings']['params']}; rows: {report['settings']['rows']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
              f"{'ideal':>8} {'eff':>5} {'exposed':>8} {'sampler':>8} {'loop':>6} {'thread':>6} "
-             f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6}"]
+             f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6} {'handoff':>9}"]
     for r in report["results"]:
         lines.append(
             f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
@@ -347,7 +377,7 @@ def format_report(report: dict) -> str:
             f"{milliseconds(r['loop_ms_per_step'], 4)} "
             f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
             f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms "
-            f"{shvs_cell(r):>6}")
+            f"{shvs_cell(r):>6} {r.get('handoff', 'full'):>9}")
     lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
                  "forward ran; loop = DecoderStats.loop_s; thread = all CPU time of "
                  "the event-loop thread (loop, asyncio, the bench's consumers); shvs = "

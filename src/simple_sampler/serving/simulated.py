@@ -66,6 +66,7 @@ ready line.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -74,7 +75,9 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-from ..rows import HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, real_rows, synthetic_hot_rows
+from ..handoff import CompactRows, hot_first_summary, inverse_temperatures
+from ..rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
+                    synthetic_hot_rows)
 from ..sampling import logits_array
 from ..settings import LlmSettings
 from .engine import SequenceTable
@@ -90,6 +93,12 @@ BANK_OFFSETS = 64
 #: Offset advance per step; odd and coprime with BANK_OFFSETS + 1 = 65, so
 #: consecutive steps do not return shifted copies of each other's rows.
 OFFSET_STRIDE = 23
+#: The hot-first summary's modelled device time: it reads each row
+#: SUMMARY_READS times (mask and max, the exp-sum, the cold top-k) at the
+#: HBM bandwidth of b's source (H100 SXM, 3.35 TB/s); docs/SIMULATED.md.
+SUMMARY_READS = 3
+HBM_BYTES_PER_S = 3.35e12
+SUMMARY_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,19 @@ class SimulatedSpec:
         """The label every output of a run on this spec carries."""
         return (f"{LABEL}: t(B) = {self.step_a_ms:g} + {self.step_b_ms:g} * B ms slept, "
                 f"V={self.vocab:,} {self.dtype}, rows {HOT_ROWS_SOURCE}")
+
+
+#: The file a simulated repository's sampler reads its mapped hot set from.
+MAPPED_PROFILE = "hot_vocab_simulated.npz"
+
+
+def simulated_profile(profile, vocab: int, seed: int = 0):
+    """A SmolLM2 ``HotProfile`` with its order in the ids of the simulated
+    rows of `vocab` (``rows.map_hot_ids``, the engine's id map for `seed`):
+    the hot set the sampler and the hot-first handoff use on those rows."""
+    mapped = map_hot_ids(profile.order, vocab, seed).astype(np.int32)
+    return dataclasses.replace(profile, order=mapped, vocab_size=vocab,
+                               meta={**profile.meta, "mapped_to_simulated_vocab": vocab})
 
 
 class SimulatedEngine:
@@ -164,6 +186,66 @@ class SimulatedEngine:
         self.bank = (torch.from_numpy(shared.view(np.int16)).view(torch.bfloat16)
                      if self.bank.dtype == torch.bfloat16 else torch.from_numpy(shared))
 
+    def prepare_hot_first(self, hot_ids, cold_top: int) -> None:
+        """Summarize every bank row once (``handoff.hot_first_summary`` at
+        temperature 1, no touched ids): the summary ``hot_first_summary``
+        hands out for rows that need no adjustment. Done at load, like the
+        bank itself; costs about the bank's size in torch time."""
+        chunks = []
+        for start in range(0, self.bank.shape[0], SUMMARY_CHUNK):  # bounds torch's temporaries
+            rows = self.bank[start:start + SUMMARY_CHUNK]
+            chunks.append(hot_first_summary(rows, hot_ids, np.zeros(len(rows) + 1, np.int64),
+                                            np.zeros(0, np.int64), np.ones(len(rows)),
+                                            cold_top).cpu())
+        summary = _gather_compact([(chunk, row) for chunk in chunks
+                                   for row in range(len(chunk.cold_max))])
+        self.hot_first = (np.asarray(hot_ids), cold_top, summary)
+
+    def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
+                          temperature, cold_top: int):
+        """``handoff.hot_first_summary`` of `logits` (``CompactRows.cpu()``
+        form) as the modelled GPU computes it next to the logits: rows of the
+        bank at temperature 1 with no touched ids come from the summary
+        ``prepare_hot_first`` made; other rows (penalties, bias, bans, another
+        temperature, rows not from the bank) are summarized here, in torch on
+        this CPU. Sleeps the summary's modelled device time (SUMMARY_READS
+        reads of the rows at HBM_BYTES_PER_S)."""
+        started = time.perf_counter()
+        size = logits.shape[0]
+        offsets = np.asarray(touched_offsets, np.int64)
+        first = self._bank_row(logits)
+        prepared = getattr(self, "hot_first", None)
+        plain = ((np.diff(offsets) == 0) & (inverse_temperatures(temperature) == 1.0)
+                 if prepared is not None and first is not None and prepared[1] == cold_top
+                 and np.array_equal(prepared[0], np.asarray(hot_ids)) else np.zeros(size, bool))
+        own = np.flatnonzero(~plain)
+        if not own.size:  # the common case: views of the prepared rows
+            out = _slice_compact(prepared[2], first, first + size)
+            own = None
+        computed = None
+        if own is not None:
+            # Only these rows' touched lists, as CSR of their own.
+            lengths = np.diff(offsets)[own]
+            ids = np.concatenate([np.asarray(touched_ids)[offsets[r]:offsets[r + 1]]
+                                  for r in own])
+            computed = hot_first_summary(logits[torch.as_tensor(own)], hot_ids,
+                                         np.r_[0, np.cumsum(lengths)], ids,
+                                         np.asarray(temperature)[own], cold_top).cpu()
+            out = _gather_compact([(prepared[2], first + r) if plain[r] else
+                                   (computed, int(np.searchsorted(own, r))) for r in range(size)])
+        device_s = SUMMARY_READS * logits.numel() * logits.element_size() / HBM_BYTES_PER_S
+        time.sleep(max(0.0, device_s - (time.perf_counter() - started)))
+        return out
+
+    def _bank_row(self, logits: torch.Tensor) -> int | None:
+        """The bank row `logits` starts at when it is a run of bank rows."""
+        row_bytes = self.bank.stride(0) * self.bank.element_size()
+        delta = logits.data_ptr() - self.bank.data_ptr()
+        if (logits.dtype != self.bank.dtype or logits.stride() != self.bank.stride()
+                or delta % row_bytes or not 0 <= delta // row_bytes < self.bank.shape[0]):
+            return None
+        return delta // row_bytes
+
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
@@ -200,6 +282,38 @@ class SimulatedEngine:
     def length(self, seq_id: Hashable) -> int:
         with self.state_lock:
             return self.sequences[seq_id].length
+
+
+def _slice_compact(summary, start: int, end: int):
+    """Rows [start, end) of a CompactRows (cpu form), as views."""
+    a, b = summary.touched_offsets[start], summary.touched_offsets[end]
+    return CompactRows(
+        hot_logits=summary.hot_logits[start:end],
+        touched_offsets=summary.touched_offsets[start:end + 1] - a,
+        touched_ids=summary.touched_ids[a:b], touched_logits=summary.touched_logits[a:b],
+        cold_max=summary.cold_max[start:end], cold_argmax=summary.cold_argmax[start:end],
+        cold_mass=summary.cold_mass[start:end])
+
+
+def _gather_compact(source):
+    """CompactRows (cpu form) whose row r is row source[r][1] of source[r][0]."""
+    hot, lists, logits, cold = [], [], [], {"cold_max": [], "cold_argmax": [], "cold_mass": []}
+    for summary, row in source:
+        a, b = summary.touched_offsets[row], summary.touched_offsets[row + 1]
+        hot.append(summary.hot_logits[row])
+        lists.append(summary.touched_ids[a:b])
+        logits.append(summary.touched_logits[a:b])
+        for name, values in cold.items():
+            values.append(getattr(summary, name)[row])
+    offsets = np.zeros(len(source) + 1, np.int64)
+    np.cumsum([ids.size for ids in lists], out=offsets[1:])
+    return CompactRows(
+        hot_logits=np.stack(hot), touched_offsets=offsets,
+        touched_ids=np.concatenate(lists).astype(np.int32),
+        touched_logits=np.concatenate(logits).astype(np.float32),
+        cold_max=np.asarray(cold["cold_max"], np.float32),
+        cold_argmax=np.asarray(cold["cold_argmax"], np.int32),
+        cold_mass=np.asarray(cold["cold_mass"], np.float32))
 
 
 @dataclass

@@ -129,9 +129,12 @@ class LlmService:
                              self._count_retry, self.arena) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
-            from ..handoff import HotFirstSampler
+            from ..handoff import DEFAULT_COLD_TOP, HotFirstSampler
 
-            sampler = HotFirstSampler(sampler, hot_vocab)
+            if hasattr(self.engine, "prepare_hot_first"):  # a summary on the (modelled) device
+                self.engine.prepare_hot_first(hot_vocab.kernel_arrays()[0], DEFAULT_COLD_TOP)
+            sampler = HotFirstSampler(sampler, hot_vocab,
+                                      summary=getattr(self.engine, "hot_first_summary", None))
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,

@@ -10,6 +10,7 @@ model whose stub process dies is reloaded while the server runs
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -18,7 +19,7 @@ import threading
 from pathlib import Path
 
 from ..settings import LlmSettings, SamplerSettings
-from .install import InstallError
+from .install import InstallError, project_file
 from .server import MiB, TritonServer, write_model
 from .supervisor import Supervisor
 
@@ -31,6 +32,8 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
     """The sampler alone, or (with `llm`) the whole generation repository:
     ensemble, preprocessing, llm and simple_sampler. Raises ValueError for
     settings out of range."""
+    if llm is not None and llm.engine == "simulated" and sampler.hot_vocab_profile:
+        sampler, llm = _map_hot_vocab(destination, sampler, llm)
     write_model(destination, "simple_sampler", "simple_sampler",
                 sampler.validate().template_values())
     if llm is not None:
@@ -43,6 +46,25 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
         write_model(destination, "llm", "llm",
                     {k: v for k, v in values.items() if k != "preprocessing_instances"})
     return destination
+
+
+def _map_hot_vocab(destination: Path, sampler: SamplerSettings, llm: LlmSettings):
+    """The simulated engine's rows keep SmolLM2's tokens at other ids: its
+    sampler and hot-first handoff use the profile mapped to them, written
+    next to the sampler's config."""
+    from ..serving.simulated import MAPPED_PROFILE, simulated_profile
+    from ..shvs.hot_vocab import load_profile
+
+    source = Path(sampler.hot_vocab_profile)
+    if not source.is_absolute():
+        source = project_file(f"model_repository/simple_sampler/{source}")
+    profile = load_profile(source)
+    if profile.vocab_size != llm.sim_vocab:
+        simulated_profile(profile, llm.sim_vocab).save(
+            destination / "simple_sampler" / MAPPED_PROFILE)
+        sampler = dataclasses.replace(sampler, hot_vocab_profile=MAPPED_PROFILE)
+        llm = dataclasses.replace(llm, hot_vocab_profile=MAPPED_PROFILE)
+    return sampler, llm
 
 
 def shared_memory_bytes(sampler: SamplerSettings) -> int:

@@ -1,0 +1,217 @@
+"""`simple-sampler bench row-transport`: what moving rows costs the sampler
+instances, by transport, through a real server on a SIMULATED data plane
+(``serving.simulated``; every output says so).
+
+Per (V, dtype, B) and transport, one fresh server (``serve --engine
+simulated``, a 0-ms step so that the decision plane is the bottleneck and the
+figures are its cost, 2 sampler instances) serves B streaming gRPC clients
+(``bench serve``'s load: chat prompts, ``max_tokens`` tokens each with
+``min_length`` = ``max_tokens``, temperature 1, no truncation). Transports:
+
+* ``bls``: full rows inside the BLS requests (``row_transport`` bls: Triton's
+  python backend copies each row three times, docs/COPIES.md);
+* ``arena``: full rows by reference to the llm model's shared-memory arena
+  (``row_arena``; the simulated bank lies in it, as a GPU host's
+  device-to-host copy would land there);
+* ``hot-first``: compact rows (``handoff``, the summary from the engine's
+  modelled step), the undecided rows whole from the arena.
+
+Figures, per token the clients received (CPU time = utime + stime from
+/proc/<pid>/stat of each process over the level, ramp included):
+``samplers_us_per_token`` (the ``simple_sampler`` stubs together),
+``llm_us_per_token``, ``tritonserver_us_per_token``; ``rows_per_token``
+(sampler rows per token: 1 plus the hot-first fallback share);
+``bytes_per_row`` (row data the sampler reads per token: V x itemsize for
+full rows, the compact arrays plus the fallback share of full rows for
+hot-first) and its ``bytes_share`` of a full row; ``copies_per_row``
+(full-row copies on the way, whoever makes them). Beside them, measured in
+the same run on the same rows (the engine's bank) and parameters, one
+thread, CPU clock: ``kernel_us_per_row`` (``sampling.sample``, the
+``bench kernels`` path) and, for hot-first, ``compact_kernel_us_per_row``
+(``handoff.sample_compact``). ``vs_kernel`` = samplers_us_per_token /
+kernel_us_per_row.
+
+``sampler_cpu_per_token`` is the measurement for one configuration, to be
+folded into a served-cost bench.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from ..params import SamplingBatch, SamplingParams
+from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from ..serving.simulated import LABEL
+
+TRANSPORTS = {"bls": ("bls", "full"), "arena": ("arena", "full"),
+              "hot-first": ("arena", "hot-first")}
+SHAPES = ((151_936, "bfloat16"), (128_256, "float32"))
+BATCHES = (64, 256)
+INSTANCES = 2
+#: the llm model computes SmolLM2's rows behind the bank at its first start
+#: on a machine (then cached): minutes on a loaded 2-core one
+STARTUP_TIMEOUT_S = 900.0
+#: copies of a full row on the way to the sampler (docs/COPIES.md): the python
+#: backend's three for BLS; none for the arena here, where the simulated
+#: bank lies in it (on a GPU host: the device-to-host DMA into a slot)
+COPIES = {"bls": 3, "arena": 0}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of one process (all its threads), seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _sampler_rows(server) -> float:
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(r"^simple_sampler_rows_total\{[^}]*\} (\S+)", text,
+                                            re.M))
+
+
+def _processes(server) -> dict[str, list[int]]:
+    from ..triton.supervisor import list_stubs
+
+    stubs = list_stubs(server.process.pid)
+    return {"tritonserver": [server.process.pid],
+            "llm": [s.pid for s in stubs if s.model == "llm"],
+            "samplers": [s.pid for s in stubs if s.model == "simple_sampler"]}
+
+
+def _cpu(processes: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(process_cpu_s(pid) for pid in pids) for name, pids in processes.items()}
+
+
+def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
+                          instances: int = INSTANCES, max_tokens: int = 32) -> dict:
+    """CPU microseconds per received token of the server's processes
+    (``samplers``, ``llm``, ``tritonserver``) with rows sent by `transport`
+    (a TRANSPORTS key), plus sampler rows per token; one fresh server."""
+    from ..triton.serve import assemble_repository, shared_memory_bytes
+    from ..triton.server import TritonServer
+    from .serve import prompts, run_level
+
+    row_transport, handoff = TRANSPORTS[transport]
+    profile = "hot_vocab.npz" if handoff == "hot-first" else ""
+    sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
+                              logits_dtype=SIMULATED_DTYPES[dtype], hot_vocab_profile=profile)
+    llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=0.0,
+                      sim_step_b_ms=0.0, sampler_shards=instances, engine_max_batch_size=batch,
+                      generate_max_batch_size=batch, max_context=512,
+                      row_transport=row_transport, handoff=handoff, hot_vocab_profile=profile)
+    repository = assemble_repository(
+        Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler))
+    server.start(timeout=STARTUP_TIMEOUT_S)
+    try:
+        texts = prompts()
+        run_level(server, 2, 2, 8, texts)  # warm up: first steps, first calls, first mappings
+        processes = _processes(server)
+        cpu0, rows0 = _cpu(processes), _sampler_rows(server)
+        level = run_level(server, batch, batch, max_tokens, texts)
+        cpu1, rows1 = _cpu(processes), _sampler_rows(server)
+    finally:
+        server.stop()
+    tokens = batch * max_tokens  # min_length = max_tokens: every request yields them all
+    return {**{f"{name}_us_per_token": (cpu1[name] - cpu0[name]) * 1e6 / tokens
+               for name in processes},
+            "rows_per_token": (rows1 - rows0) / tokens, "tokens": tokens,
+            "tokens_per_s": level["tokens_per_s"]}
+
+
+def _batch(size: int) -> SamplingBatch:
+    return SamplingBatch.from_params([SamplingParams(seed=row) for row in range(size)])
+
+
+def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10) -> dict:
+    """us/row of the kernels on the simulated bank's first B rows, one
+    thread, CPU clock: full rows (``sample``) and compact rows
+    (``sample_compact`` on the engine's summary), the server load's
+    parameters; and the compact rows' bytes per row."""
+    from ..handoff import DEFAULT_COLD_TOP, sample_compact, touched_lists
+    from ..sampling import sample
+    from ..serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
+    from ..shvs.hot_vocab import load_profile
+    from ..triton.install import project_file
+    from .kernels import time_interleaved
+
+    engine = SimulatedEngine(SimulatedSpec(vocab, dtype, 0.0, 0.0), max_batch_size=batch)
+    profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))
+    hot = simulated_profile(profile, vocab).hot_vocab()
+    hot_ids = hot.kernel_arrays()[0]
+    engine.prepare_hot_first(hot_ids, DEFAULT_COLD_TOP)
+    rows, params = engine.bank[:batch], _batch(batch)
+    offsets, ids = touched_lists(params, hot)
+    compact = engine.hot_first_summary(rows, hot_ids, offsets, ids, params.temperature,
+                                       DEFAULT_COLD_TOP)
+    costs = time_interleaved({
+        "full": lambda: sample(rows, params, return_logprobs=False, num_threads=1),
+        "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
+                                          num_threads=1)}, batch, repeats, clock="cpu")
+    return {"kernel_us_per_row": costs["full"], "compact_kernel_us_per_row": costs["compact"],
+            "row_bytes": vocab * rows.element_size(),
+            "compact_bytes_per_row": compact.nbytes() / batch,
+            "hot_set": len(hot_ids)}
+
+
+def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens: int = 32,
+        instances: int = INSTANCES) -> dict:
+    results = []
+    for vocab, dtype in shapes:
+        for batch in batches:
+            kernels = kernel_costs(vocab, dtype, batch)
+            for transport in transports:
+                served = sampler_cpu_per_token(transport, vocab, dtype, batch, instances,
+                                               max_tokens)
+                fallback = served["rows_per_token"] - 1.0
+                if transport == "hot-first":
+                    moved = kernels["compact_bytes_per_row"] + max(0.0, fallback) * kernels["row_bytes"]
+                    copies = COPIES["arena"] * max(0.0, fallback)
+                else:
+                    moved, copies = kernels["row_bytes"], COPIES[transport]
+                results.append({
+                    "transport": transport, "vocab": vocab, "dtype": dtype, "batch": batch,
+                    **served, "bytes_per_row": moved,
+                    "bytes_share": moved / kernels["row_bytes"], "copies_per_row": copies,
+                    "kernel_us_per_row": kernels["kernel_us_per_row"],
+                    "compact_kernel_us_per_row": kernels["compact_kernel_us_per_row"],
+                    "vs_kernel": served["samplers_us_per_token"] / kernels["kernel_us_per_row"],
+                    "hot_set": kernels["hot_set"]})
+    return {"results": results,
+            "data_plane": f"{LABEL}: 0-ms step, rows synthetic; a real Triton server with "
+                          f"{instances} simple_sampler instances, gRPC streaming clients on the "
+                          f"same machine",
+            "settings": {"max_tokens": max_tokens, "instances": instances,
+                         "params": "chat prompts, temperature 1, no truncation, "
+                                   "min_length = max_tokens",
+                         "window": "the whole level, ramp included",
+                         "kernels": "same run, the bank's first B rows, one thread, CPU clock"}}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"data plane: {report['data_plane']}",
+             f"requests: {report['settings']['params']}",
+             f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
+             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'vs kern':>7} {'rows/tok':>8} "
+             f"{'bytes/row':>9} {'share':>6} {'copies':>6} {'tok/s':>7}"]
+    for r in report["results"]:
+        lines.append(
+            f"{r['transport']:<10} {r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} "
+            f"{r['samplers_us_per_token']:>7.1f}us {r['llm_us_per_token']:>6.1f}us "
+            f"{r['tritonserver_us_per_token']:>6.1f}us {r['kernel_us_per_row']:>5.1f}us "
+            f"{r['compact_kernel_us_per_row']:>5.1f}us {r['vs_kernel']:>6.2f}x "
+            f"{r['rows_per_token']:>8.3f} {r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
+            f"{r['copies_per_row']:>6.2f} {r['tokens_per_s']:>7.0f}")
+    lines.append("CPU us per received token by process (samplers: the simple_sampler stubs "
+                 "together); kernel / compact: us/row of sample / sample_compact on the same "
+                 "rows, one thread, CPU clock; vs kern = samplers / kernel; bytes/row: row data "
+                 "the sampler reads per token (hot-first: compact arrays + fallback rows); "
+                 "copies: full-row copies on the way (docs/COPIES.md)")
+    return "\n".join(lines)
