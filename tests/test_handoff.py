@@ -323,11 +323,14 @@ def test_bad_input_names_the_field(zipf_row):
 def _local_pool(hot, capacity=2):
     """A SamplerPool whose targets run the sampler model's code in-process
     (decode_request + sample_request), with the model's hot set."""
+    from simple_sampler.row_arena import RowReader
     from simple_sampler.triton.sampler_io import decode_request, sample_request
     from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
 
+    reader = RowReader()  # the fallback's full rows come from the service's arena
+
     def call(inputs):
-        return sample_request(decode_request(inputs, 0, hot), 1, hot)[0]
+        return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
 

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from simple_sampler.row_arena import RowReader
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
@@ -111,26 +112,33 @@ def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
 
 
 class FlakySampler:
-    """A sampler model whose first `failures` calls fail as `error` does."""
+    """A sampler model whose first `failures` calls fail as `error` does; it
+    reads rows inline or from the service's row arena (the default)."""
 
     def __init__(self, failures, retryable=True):
         self.failures, self.retryable, self.calls = failures, retryable, []
+        self.reader, self.by_reference = RowReader(), 0
 
     def __call__(self, arrays):
-        self.calls.append(arrays["logits"].copy())
+        if "logits_ref" in arrays:
+            self.by_reference += 1
+            rows = self.reader.rows(arrays["logits_ref"])
+        else:
+            rows = arrays["logits"]
+        self.calls.append(np.array(rows))
         if len(self.calls) <= self.failures:
             raise SamplerCallError("simple_sampler: Stub process 'simple_sampler_0_1' is not "
                                    "healthy.", self.retryable)
-        return {"output_ids": np.argmax(arrays["logits"], axis=1)[:, None].astype(np.int32)}
+        return {"output_ids": np.argmax(rows, axis=1)[:, None].astype(np.int32)}
 
 
 def test_a_service_whose_sampler_fails_twice_serves_every_token():
     """The decode loop through remote_sampler: two failed calls cost no
     request and change no token."""
-    def run(failures):
+    def run(failures, transport="arena"):
         sampler = FlakySampler(failures)
         service = LlmService(LlmSettings(sampling_mode="simple", micro_batches=1,
-                                         sampler_shards=2),
+                                         sampler_shards=2, row_transport=transport),
                              sampler_call=sampler, engine=FakeEngine(max_batch_size=4),
                              codec=TextCodec(FakeTokenizer()))
         try:
@@ -141,12 +149,16 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
             retries = service.stats().sampler_retries
         finally:
             service.close()
+        assert (sampler.by_reference > 0) == (transport == "arena")
         assert all(error is None for c in clients for _, error, _ in c.responses)
         return [[o["output_ids"].tolist() for o, _, _ in c.responses] for c in clients], retries
 
     clean, no_retries = run(0)
     faulted, retries = run(2)
     assert faulted == clean and no_retries == 0 and retries == 2
+    # The rows came from the arena, and the retried shards read the same slots.
+    bls_clean, _ = run(0, "bls")
+    assert bls_clean == clean
 
 
 def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback(
