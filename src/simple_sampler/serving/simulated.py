@@ -204,35 +204,37 @@ class SimulatedEngine:
     def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
                           temperature, cold_top: int):
         """``handoff.hot_first_summary`` of `logits` (``CompactRows.cpu()``
-        form) as the modelled GPU computes it next to the logits: rows of the
-        bank at temperature 1 with no touched ids come from the summary
-        ``prepare_hot_first`` made; other rows (penalties, bias, bans, another
-        temperature, rows not from the bank) are summarized here, in torch on
-        this CPU. Sleeps the summary's modelled device time (SUMMARY_READS
-        reads of the rows at HBM_BYTES_PER_S)."""
+        form) as the modelled GPU computes it next to the logits. Bank rows
+        at temperature 1 start from the summary ``prepare_hot_first`` made:
+        as they are without touched ids, else adjusted (``_touch``: the
+        touched ids' raw logits handed over and their terms taken out of the
+        cold mass). Rows at another temperature, rows whose touched ids hold
+        the cold argmax and rows not from the bank are summarized here in
+        torch on this CPU. Sleeps the summary's modelled device time
+        (SUMMARY_READS reads of the rows at HBM_BYTES_PER_S)."""
         started = time.perf_counter()
         size = logits.shape[0]
         offsets = np.asarray(touched_offsets, np.int64)
+        ids = np.asarray(touched_ids, np.int64)
         first = self._bank_row(logits)
         prepared = getattr(self, "hot_first", None)
-        plain = ((np.diff(offsets) == 0) & (inverse_temperatures(temperature) == 1.0)
-                 if prepared is not None and first is not None and prepared[1] == cold_top
-                 and np.array_equal(prepared[0], np.asarray(hot_ids)) else np.zeros(size, bool))
-        own = np.flatnonzero(~plain)
-        if not own.size:  # the common case: views of the prepared rows
+        own = np.ones(size, bool)
+        if (prepared is not None and first is not None and prepared[1] == cold_top
+                and np.array_equal(prepared[0], np.asarray(hot_ids))):
             out = _slice_compact(prepared[2], first, first + size)
-            own = None
-        computed = None
-        if own is not None:
-            # Only these rows' touched lists, as CSR of their own.
-            lengths = np.diff(offsets)[own]
-            ids = np.concatenate([np.asarray(touched_ids)[offsets[r]:offsets[r + 1]]
-                                  for r in own])
-            computed = hot_first_summary(logits[torch.as_tensor(own)], hot_ids,
-                                         np.r_[0, np.cumsum(lengths)], ids,
-                                         np.asarray(temperature)[own], cold_top).cpu()
-            out = _gather_compact([(prepared[2], first + r) if plain[r] else
-                                   (computed, int(np.searchsorted(own, r))) for r in range(size)])
+            own = inverse_temperatures(temperature) != 1.0
+            if ids.size:
+                out = _touch(out, logits_array(logits), offsets, ids, own)
+        if own.any():
+            rows = np.flatnonzero(own)
+            lengths = np.diff(offsets)[rows]
+            picked = np.concatenate([ids[offsets[r]:offsets[r + 1]] for r in rows])
+            computed = hot_first_summary(logits[torch.as_tensor(rows)], hot_ids,
+                                         np.r_[0, np.cumsum(lengths)], picked,
+                                         np.asarray(temperature)[rows], cold_top).cpu()
+            out = computed if own.all() else _gather_compact(
+                [(computed, int(np.searchsorted(rows, r))) if own[r] else (out, r)
+                 for r in range(size)])
         device_s = SUMMARY_READS * logits.numel() * logits.element_size() / HBM_BYTES_PER_S
         time.sleep(max(0.0, device_s - (time.perf_counter() - started)))
         return out
@@ -282,6 +284,42 @@ class SimulatedEngine:
     def length(self, seq_id: Hashable) -> int:
         with self.state_lock:
             return self.sequences[seq_id].length
+
+
+def _touch(summary: CompactRows, rows: np.ndarray, offsets: np.ndarray, ids: np.ndarray,
+           own: np.ndarray) -> CompactRows:
+    """`summary` (rows at temperature 1) with each row's touched ids (CSR
+    `offsets`, `ids`) taken out of C: handed over with their raw logits, and
+    their terms exp(x - m_C) (the kernels' float32 operations) subtracted
+    from the cold mass in float64. That leaves m_C's own term (1) in the
+    mass, so the result is within float32 rounding of a direct sum (the
+    handoff's margin, docs/HANDOFF.md, is 50 times that). A row whose
+    touched ids hold its cold argmax changes m_C: marked in `own` (in place)
+    for a summary of its own."""
+    vocab = rows.shape[1]
+    size = len(summary.cold_max)
+    row_of = np.repeat(np.arange(size), np.diff(offsets))
+    own[row_of[ids == summary.cold_argmax[row_of]]] = True
+    known = np.repeat(np.arange(size), np.diff(summary.touched_offsets)) * vocab \
+        + summary.touched_ids.astype(np.int64)
+    keys = row_of * vocab + ids
+    new = ~np.isin(keys, known)
+    x = rows[row_of[new], ids[new]].astype(np.float32)
+    zc = summary.cold_max[row_of[new]]
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.where(np.isfinite(zc), np.exp(x - zc), np.float32(0)).astype(np.float64)
+    mass = summary.cold_mass.astype(np.float64) - np.bincount(row_of[new], w, minlength=size)
+    merged = np.concatenate([known, keys[new]])
+    order = np.argsort(merged, kind="stable")
+    merged = merged[order]
+    new_offsets = np.zeros(size + 1, np.int64)
+    np.cumsum(np.bincount(merged // vocab, minlength=size), out=new_offsets[1:])
+    return CompactRows(
+        hot_logits=summary.hot_logits, touched_offsets=new_offsets,
+        touched_ids=(merged % vocab).astype(np.int32),
+        touched_logits=np.concatenate([summary.touched_logits, x])[order],
+        cold_max=summary.cold_max, cold_argmax=summary.cold_argmax,
+        cold_mass=np.maximum(mass, 0.0).astype(np.float32))
 
 
 def _slice_compact(summary, start: int, end: int):
