@@ -39,8 +39,8 @@ def generate_all(tmp_path, transport: str, handoff: str = "full"):
     before = regions()
     log = tmp_path / f"{transport}-{handoff}.log"
     server = TritonServer(repository, log_path=log, shm_bytes=shared_memory_bytes(sampler))
-    server.start(timeout=STARTUP_TIMEOUT_S)
     try:
+        server.start(timeout=STARTUP_TIMEOUT_S)
         during = regions() - before
         client = GenerateClient(server.grpc_url, "grpc")
         answers = []

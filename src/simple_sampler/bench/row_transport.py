@@ -109,8 +109,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler))
-    server.start(timeout=STARTUP_TIMEOUT_S)
     try:
+        server.start(timeout=STARTUP_TIMEOUT_S)  # inside: an interrupted start stops it too
         texts = prompts()
         run_level(server, 2, 2, 8, texts)  # warm up: first steps, first calls, first mappings
         processes = _processes(server)
