@@ -443,8 +443,8 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first():
 
     from simple_sampler.client import GenerateClient
     from simple_sampler.settings import LlmSettings, SamplerSettings
-    from simple_sampler.triton.serve import assemble_repository
-    from simple_sampler.triton.server import TritonServer
+    from simple_sampler.launch.serve import assemble_repository
+    from simple_sampler.launch.server import TritonServer
 
     question = "What is the capital of France?"
     texts = {}

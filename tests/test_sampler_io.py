@@ -5,7 +5,7 @@ import pytest
 
 from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
-from simple_sampler.triton import templates
+from simple_sampler.launch import templates
 from simple_sampler.triton.sampler_io import RequestError, decode_request, sample_request
 
 V = 50

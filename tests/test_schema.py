@@ -13,8 +13,8 @@ from simple_sampler.client import common
 from simple_sampler.serving.decoder import GenerationRequest
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.triton import generate_io, sampler_io
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 TENSORS_DOC = project_file("docs/TENSORS.md")
 #: docs/TENSORS.md heading -> the tensors its table lists

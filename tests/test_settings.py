@@ -12,9 +12,9 @@ from simple_sampler import cli
 from simple_sampler.serving import engine
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.triton import templates
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.launch import templates
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 SETTINGS = (SamplerSettings, LlmSettings)
 

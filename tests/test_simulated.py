@@ -19,8 +19,8 @@ from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCode
                                               SimulatedEngine, SimulatedSpec)
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.shvs.hot_vocab import load_profile
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 VOCAB = 128_256
 FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)

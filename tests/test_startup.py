@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simple_sampler.triton import startup
-from simple_sampler.triton.install import TritonInstall
-from simple_sampler.triton.server import TritonServer, is_system_library_dir
+from simple_sampler.launch import startup
+from simple_sampler.launch.install import TritonInstall
+from simple_sampler.launch.server import TritonServer, is_system_library_dir
 
 STAND_IN = Path(__file__).with_name("slow_tritonserver.py")
 

@@ -16,7 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
-from simple_sampler.triton import logs
+from simple_sampler import logs
 from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
 
 log = logging.getLogger("simple_sampler.backend")

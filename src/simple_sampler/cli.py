@@ -163,7 +163,8 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .triton import logs, serve as serving
+    from . import logs
+    from .launch import serve as serving
 
     logs.configure(args.log_level)
     sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
@@ -213,7 +214,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def fill_template(args: argparse.Namespace) -> int:
-    from .triton import templates
+    from .launch import templates
 
     try:
         templates.fill_file(args.input, templates.parse_assignments(args.values), args.output)

@@ -35,7 +35,7 @@ from ..params import SamplingBatch
 from ..triton.sampler_client import SamplerClient, batch_arrays
 from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
 from ..settings import SamplerSettings
-from ..triton.server import MiB, TritonServer, write_model
+from ..launch.server import MiB, TritonServer, write_model
 from .kernels import ALL_FEATURES, make_batch
 
 TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
-from .logs import LOG_LEVEL_ENV
+from ..logs import LOG_LEVEL_ENV
 from .supervisor import list_stubs, unlink_shm
 
 log = logging.getLogger(__name__)
