@@ -15,7 +15,8 @@ import random
 import pytest
 import torch
 
-from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.models import load_model
+from simple_sampler.serving.torch_engine import TorchEngine
 
 STEPS = 8
 CONTEXT = 256

@@ -210,7 +210,7 @@ def test_never_the_default_and_served_with_its_own_settings(tmp_path):
 def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
                  "--logits-dtype", "fp32"]) == 2
-    assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
+    assert "differs from the simulated engine's logits (bf16)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shvs, top_p", [(False, 1.0), (True, 1.0), (True, 0.9)])
