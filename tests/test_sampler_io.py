@@ -6,7 +6,7 @@ import pytest
 from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
 from simple_sampler.launch import templates
-from simple_sampler.triton.sampler_io import RequestError, decode_request, sample_request
+from simple_sampler.triton.sampler_codec import RequestError, decode_request, sample_request
 
 V = 50
 
@@ -154,7 +154,7 @@ def test_templates_fill_every_placeholder_and_nothing_else():
 
 def test_batch_arrays_round_trip(logits):
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_codec import batch_arrays
 
     # values exact in float32, the tensors' dtype
     params = [SamplingParams(temperature=0.5, top_k=3, seed=1, logit_bias={4: 1.5}),
@@ -170,7 +170,7 @@ def test_batch_arrays_round_trip(logits):
 def test_bans_travel_as_minus_infinity_bias(logits):
     from simple_sampler.params import SamplingBatch
     from simple_sampler.sampling import sample
-    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_codec import batch_arrays
 
     params = [SamplingParams(seed=s, min_tokens=3, stop_token_ids=[int(np.argmax(logits[s]))],
                              logit_bias={int(np.argmax(logits[s])): 1.0, 2: 0.5}, temperature=0.0)
@@ -185,7 +185,7 @@ def test_bans_travel_as_minus_infinity_bias(logits):
 
 def test_bans_merge_into_the_bias_row_by_row():
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.triton.sampler_client import _bias_with_bans
+    from simple_sampler.triton.sampler_codec import _bias_with_bans
 
     rng = np.random.default_rng(0)
     params = [SamplingParams(seed=r, min_tokens=int(rng.integers(0, 2)),

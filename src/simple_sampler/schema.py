@@ -1,7 +1,7 @@
 """Every model's tensors, declared once: name, data type, dims, whether it may
 be left out, what its absence means and what values it takes.
 
-The codecs (``triton/generate_io.py``, ``triton/sampler_io.py``,
+The codecs (``triton/generate_io.py``, ``triton/sampler_codec.py``,
 ``triton/sampler_client.py``), the Python client (``client/common.py``) and
 ``simple-sampler generate`` take names and dtypes from here; the
 ``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for

@@ -42,6 +42,10 @@ HANDOFFS = ("full", "hot-first")
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
 SIMULATED_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+#: The words every output of a run on the simulated engine starts with.
+SIMULATED_LABEL = "simulated data plane"
+#: The local instances' name in a list of sampler endpoints.
+LOCAL = "local"
 
 
 def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | None = "",
@@ -161,6 +165,19 @@ class Settings:
         return cls(**{**given, **values})
 
 
+def parse_endpoints(text: str) -> list[str]:
+    """'local,host:port,...' -> the names, checked; "" means local only."""
+    names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
+    for name in names:
+        host, _, port = name.rpartition(":")
+        if name != LOCAL and not (host and port.isdigit()):
+            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries, "
+                             f"got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"sampler_endpoints lists an entry twice: {text!r}")
+    return names
+
+
 @dataclass
 class SamplerSettings(Settings):
     """The simple_sampler model (model_repository/simple_sampler/config.pbtxt)."""
@@ -271,8 +288,6 @@ class LlmSettings(Settings):
         "--hot-vocab; relative to the sampler model's directory)", flag=None)
 
     def check(self) -> None:
-        from .triton.sampler_pool import parse_endpoints
-
         for f in self.settings_fields():
             value = getattr(self, f.name)
             if self.engine in f.metadata["required_by"] and not value:

@@ -32,7 +32,8 @@ import numpy as np
 from ..rows import rows_for
 from ..sampling import sample
 from ..params import SamplingBatch
-from ..triton.sampler_client import SamplerClient, batch_arrays
+from ..triton.sampler_client import SamplerClient
+from ..triton.sampler_codec import batch_arrays
 from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
 from ..settings import SamplerSettings
 from ..launch.server import MiB, TritonServer, write_model

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..settings import SIMULATED_DTYPES, LlmSettings
+from ..settings import SIMULATED_DTYPES, SIMULATED_LABEL, LlmSettings
 
 if TYPE_CHECKING:  # annotations only: text and engine import torch
     from .engine import Engine
@@ -101,7 +101,7 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0),
     EngineSpec("simulated", _build_simulated, _simulated_codec,
                logits_dtype=lambda settings: SIMULATED_DTYPES[settings.sim_dtype],
-               label="simulated data plane", describe=_describe_simulated, runs_model=False),
+               label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False),
 )}
 
 

@@ -74,13 +74,11 @@ from typing import Hashable, Sequence
 import torch
 
 from ..rows import HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, real_rows, synthetic_hot_rows
-from ..settings import LlmSettings
+from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
-from .engines import ENGINES
 from .text import DecodeStream, TextCodec
 
-#: The words every output of a simulated run starts with.
-LABEL = ENGINES["simulated"].label
+LABEL = SIMULATED_LABEL
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_CONTEXT = 4096

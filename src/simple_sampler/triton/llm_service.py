@@ -31,9 +31,11 @@ import numpy as np
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
-from ..settings import LlmSettings
+from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
 from .generate_io import decode_generate, encode_event, merge_events
+from .hot_first_sampler import HotFirstSampler
 from .sampler_pool import SamplerCall, build_pool
 
 log = logging.getLogger(__name__)
@@ -65,13 +67,9 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     local endpoints (a remote server's sampler may hold another hot set).
     repository: the model repository's root (a relative profile is the
     sampler model's file there)."""
-    from .sampler_pool import LOCAL, parse_endpoints
-
     if (settings.handoff != "hot-first" or not settings.hot_vocab_profile
             or parse_endpoints(settings.sampler_endpoints) != [LOCAL]):
         return None
-    from ..shvs.hot_vocab import load_profile
-
     path = os.path.join(repository or "", settings.sampler_model, settings.hot_vocab_profile)
     return load_profile(path).hot_vocab()
 
@@ -104,8 +102,6 @@ class LlmService:
                              self._count_retry) if settings.sampling_mode == "simple" else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
-            from ..handoff import HotFirstSampler
-
             sampler = HotFirstSampler(sampler, hot_vocab)
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)

@@ -1,4 +1,7 @@
-"""The `simple_sampler` model's tensors, decoded and checked without a server.
+"""The `simple_sampler` model's tensors, encoded (``batch_arrays``,
+``compact_arrays``: what the llm model and clients send) and decoded and
+checked (``decode_request``, ``sample_request``: the sampler model), without
+a server.
 
 A request carries B rows. The inputs' names, dtypes, defaults and ranges
 are ``schema.SAMPLER``'s (tabulated in docs/TENSORS.md); shapes include the
@@ -23,6 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..handoff import CompactRows, host_array, sample_compact
 from ..params import RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
 from ..schema import HANDOFF_INPUTS, SAMPLER
@@ -182,8 +186,6 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
 def _compact_rows(inputs: Mapping, hot_vocab):
     """``handoff.CompactRows`` from the compact inputs (shapes checked here,
     contents by ``sample_compact``)."""
-    from ..handoff import CompactRows, host_array
-
     hot = inputs["hot_logits"]
     if len(tuple(hot.shape)) != 2 or hot.shape[1] != hot_vocab.size or hot.shape[0] < 1:
         raise RequestError(f"hot_logits must have shape [B, {hot_vocab.size}] (the sampler's "
@@ -204,11 +206,59 @@ def _compact_rows(inputs: Mapping, hot_vocab):
         **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
 
 
+def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING) -> np.ndarray:
+    """CSR lists as a [B, L] array right-padded with `fill` (L >= 1)."""
+    lengths = np.diff(offsets)
+    out = np.full((len(lengths), max(1, int(lengths.max(initial=0)))), fill, dtype=dtype)
+    out[np.arange(out.shape[1])[None, :] < lengths[:, None]] = values
+    return out
+
+
+def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+    """The sampler inputs that carry `batch` (the inverse of decode_request).
+
+    Banned ids travel as a logit bias of -inf, which the kernels treat
+    exactly as a ban (a ban overrides any bias the same id had), so a batch
+    from the decode loop (stop ids before min_tokens, bad words) needs no
+    tensor of its own.
+    """
+    arrays = {}
+    for name, (field, _) in SCALAR_INPUTS.items():
+        arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
+    arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
+    arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
+    arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
+    arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
+    bias_offsets, bias_ids, bias_values = _bias_with_bans(batch)
+    if bias_ids.size:
+        arrays["logit_bias_ids"] = padded(bias_offsets, bias_ids)
+        arrays["logit_bias_values"] = padded(bias_offsets, bias_values, np.float32, 0.0)
+    return arrays
+
+
+def _bias_with_bans(batch: SamplingBatch):
+    """CSR bias lists where every banned id is -inf (once per row), built
+    with numpy (no loop over rows: this runs for every step's batch)."""
+    bans = np.diff(batch.ban_offsets)
+    if not bans.any():
+        return batch.bias_offsets, batch.bias_ids, np.asarray(batch.bias_values, np.float64)
+    rows = np.arange(len(batch))
+    row = np.concatenate([np.repeat(rows, np.diff(batch.bias_offsets)), np.repeat(rows, bans)])
+    ids = np.concatenate([batch.bias_ids, batch.ban_ids]).astype(np.int64)
+    values = np.concatenate([batch.bias_values, np.full(batch.ban_ids.size, -np.inf)])
+    is_ban = np.concatenate([np.zeros(batch.bias_ids.size, bool), np.ones(batch.ban_ids.size, bool)])
+    order = np.lexsort((~is_ban, ids, row))  # by row, then id, a ban before a bias
+    row, ids, values = row[order], ids[order], values[order]
+    first = np.ones(row.size, bool)  # the first entry of each (row, id): the ban if any
+    first[1:] = (row[1:] != row[:-1]) | (ids[1:] != ids[:-1])
+    offsets = np.zeros(len(batch) + 1, np.int64)
+    np.cumsum(np.bincount(row[first], minlength=len(batch)), out=offsets[1:])
+    return offsets, ids[first], values[first]
+
+
 def compact_arrays(rows) -> dict[str, np.ndarray]:
     """The inputs that carry ``handoff.CompactRows`` (``cpu()`` form): the
     inverse of decode_request's compact branch."""
-    from .sampler_client import padded
-
     return {"hot_logits": rows.hot_logits,
             "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
             "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
@@ -255,8 +305,6 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     n_top = int(request.num_top_logprobs.max())
     try:
         if request.compact is not None:
-            from ..handoff import sample_compact
-
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
                                  num_threads=num_threads, validated=True)
