@@ -330,12 +330,12 @@ def _local_pool(hot, capacity=2):
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
 
-def test_compact_rows_through_the_sampler_io(zipf_row):
+def test_compact_rows_through_the_sampler_codec(zipf_row):
     """compact_arrays -> decode_request -> sample_request gives
     sample_compact's answers; bad combinations are refused by name."""
-    from simple_sampler.triton.sampler_codec import batch_arrays
-    from simple_sampler.triton.sampler_codec import (RequestError, compact_arrays, decode_request,
-                                                  sample_request)
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
 
     hot = hot_sets(zipf_row)["random"]
     rng = np.random.default_rng(9)
@@ -356,11 +356,11 @@ def test_compact_rows_through_the_sampler_io(zipf_row):
     np.testing.assert_array_equal(outputs["handoff_outcome"][:, 0], direct.outcome)
     np.testing.assert_array_equal(outputs["output_log_probs"][:, 0], direct.logprobs)
     assert set(direct.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
-    with pytest.raises(RequestError, match="hot_logits needs a sampler with a hot set"):
+    with pytest.raises(InvalidRequest, match="hot_logits needs a sampler with a hot set"):
         decode_request(inputs, VOCAB)
-    with pytest.raises(RequestError, match="send logits or the compact rows"):
+    with pytest.raises(InvalidRequest, match="send logits or the compact rows"):
         decode_request({**inputs, "logits": rows}, VOCAB, hot)
-    with pytest.raises(RequestError, match=r"hot_logits must have shape \[B, 700\]"):
+    with pytest.raises(InvalidRequest, match=r"hot_logits must have shape \[B, 700\]"):
         decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
 
 

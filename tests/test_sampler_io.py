@@ -6,7 +6,8 @@ import pytest
 from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
 from simple_sampler.launch import templates
-from simple_sampler.triton.sampler_codec import RequestError, decode_request, sample_request
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.sampler_codec import decode_request, sample_request
 
 V = 50
 
@@ -108,7 +109,7 @@ def test_no_outputs_beyond_what_was_asked(logits):
     ("bogus", column([1, 1, 1]), "unknown input bogus"),
 ])
 def test_bad_inputs_name_the_field(logits, name, value, message):
-    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         decode_request({"logits": logits, name: value})
 
@@ -116,27 +117,27 @@ def test_bad_inputs_name_the_field(logits, name, value, message):
 def test_logit_bias_checks():
     logits = np.zeros((1, V), np.float32)
     ids = np.array([[1, 1]], np.int32)
-    with pytest.raises(RequestError, match="row 0: logit_bias names token 1 more than once"):
+    with pytest.raises(InvalidRequest, match="row 0: logit_bias names token 1 more than once"):
         decode_request({"logits": logits, "logit_bias_ids": ids,
                         "logit_bias_values": np.ones((1, 2), np.float32)})
-    with pytest.raises(RequestError, match="logit_bias_values must have the shape"):
+    with pytest.raises(InvalidRequest, match="logit_bias_values must have the shape"):
         decode_request({"logits": logits, "logit_bias_ids": ids,
                         "logit_bias_values": np.ones((1, 3), np.float32)})
-    with pytest.raises(RequestError, match="logit_bias value must be finite or -inf"):
+    with pytest.raises(InvalidRequest, match="logit_bias value must be finite or -inf"):
         decode_request({"logits": logits, "logit_bias_ids": np.array([[1]], np.int32),
                         "logit_bias_values": np.array([[np.nan]], np.float32)})
 
 
 def test_logits_checks():
-    with pytest.raises(RequestError, match="logits is required"):
+    with pytest.raises(InvalidRequest, match="logits is required"):
         decode_request({"temperature": column([1.0])})
-    with pytest.raises(RequestError, match="logits must have shape"):
+    with pytest.raises(InvalidRequest, match="logits must have shape"):
         decode_request({"logits": np.zeros((2, 3, 4), np.float32)})
-    with pytest.raises(RequestError, match="logits must have 100 columns"):
+    with pytest.raises(InvalidRequest, match="logits must have 100 columns"):
         decode_request({"logits": np.zeros((1, 99), np.float32)}, vocab_size=100)
     bad = np.zeros((2, 8), np.float32)
     bad[1, 5] = np.nan
-    with pytest.raises(RequestError, match="row 1: logits must not contain NaN; found at column 5"):
+    with pytest.raises(InvalidRequest, match="row 1: logits must not contain NaN; found at column 5"):
         sample_request(decode_request({"logits": bad}))
 
 

@@ -31,6 +31,12 @@ _ALLOWED = {name: allowed for name, _, allowed in RULES}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
+class InvalidRequest(ValueError):
+    """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
+    the message names the input and the allowed range. Raised by both codecs
+    (``triton/generate_io``, ``triton/sampler_codec``)."""
+
+
 @dataclass(frozen=True)
 class Tensor:
     """One input or output of a model.
