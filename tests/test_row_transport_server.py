@@ -11,8 +11,8 @@ import pytest
 from simple_sampler.client import GenerateClient
 from simple_sampler.row_arena import PREFIX, SHM_DIR
 from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.triton.serve import assemble_repository, shared_memory_bytes
-from simple_sampler.triton.server import TritonServer
+from simple_sampler.launch.serve import assemble_repository, shared_memory_bytes
+from simple_sampler.launch.server import TritonServer
 
 pytestmark = pytest.mark.slow
 SEEDS = (7, 8, 9, 10)

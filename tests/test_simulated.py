@@ -19,8 +19,8 @@ from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCode
                                               SimulatedEngine, SimulatedSpec)
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.shvs.hot_vocab import load_profile
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 VOCAB = 128_256
 FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
@@ -210,7 +210,7 @@ def test_never_the_default_and_served_with_its_own_settings(tmp_path):
 def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
                  "--logits-dtype", "fp32"]) == 2
-    assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
+    assert "differs from the simulated engine's logits (bf16)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shvs, top_p", [(False, 1.0), (True, 1.0), (True, 0.9)])
@@ -280,8 +280,9 @@ def test_the_engines_hot_first_summary_is_the_handoffs_on_its_rows(tmp_path):
     """The summary the simulated engine hands out as part of its modelled step
     (prepared per bank row, rows with touched ids or another temperature
     summarized on the spot) equals ``hot_first_summary`` of the same rows."""
-    from simple_sampler.handoff import hot_first_summary
-    from simple_sampler.serving.simulated import MAPPED_PROFILE, simulated_profile
+    from simple_sampler.serving.hot_first import hot_first_summary
+    from simple_sampler.launch.serve import MAPPED_PROFILE
+    from simple_sampler.serving.simulated import simulated_profile
 
     engine = SimulatedEngine(SimulatedSpec(VOCAB, "bfloat16", 0.0, 0.0), max_batch_size=8)
     profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))

@@ -77,7 +77,7 @@ def _sampler_rows(server) -> float:
 
 
 def _processes(server) -> dict[str, list[int]]:
-    from ..triton.supervisor import list_stubs
+    from ..launch.supervisor import list_stubs
 
     stubs = list_stubs(server.process.pid)
     return {"tritonserver": [server.process.pid],
@@ -94,8 +94,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     """CPU microseconds per received token of the server's processes
     (``samplers``, ``llm``, ``tritonserver``) with rows sent by `transport`
     (a TRANSPORTS key), plus sampler rows per token; one fresh server."""
-    from ..triton.serve import assemble_repository, shared_memory_bytes
-    from ..triton.server import TritonServer
+    from ..launch.serve import assemble_repository, shared_memory_bytes
+    from ..launch.server import TritonServer
     from .serve import prompts, run_level
 
     row_transport, handoff = TRANSPORTS[transport]
@@ -135,11 +135,12 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10) -> dict:
     thread, CPU clock: full rows (``sample``) and compact rows
     (``sample_compact`` on the engine's summary), the server load's
     parameters; and the compact rows' bytes per row."""
-    from ..handoff import DEFAULT_COLD_TOP, sample_compact, touched_lists
+    from ..handoff import DEFAULT_COLD_TOP, sample_compact
+    from ..serving.hot_first import touched_lists
     from ..sampling import sample
     from ..serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
     from ..shvs.hot_vocab import load_profile
-    from ..triton.install import project_file
+    from ..launch.install import project_file
     from .kernels import time_interleaved
 
     engine = SimulatedEngine(SimulatedSpec(vocab, dtype, 0.0, 0.0), max_batch_size=batch)

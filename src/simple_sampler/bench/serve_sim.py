@@ -199,8 +199,9 @@ def hot_first_sampler(engine: SimulatedEngine, hot: HotVocab, instances: int):
     (its modelled GPU step), compact rows sharded over `instances` threads
     standing in for the sampler instances (the real request decoding and
     kernels), the undecided rows whole."""
-    from ..handoff import DEFAULT_COLD_TOP, HotFirstSampler
-    from ..triton.sampler_io import decode_request, sample_request
+    from ..handoff import DEFAULT_COLD_TOP
+    from ..triton.hot_first_sampler import HotFirstSampler
+    from ..triton.sampler_codec import decode_request, sample_request
     from ..triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):
@@ -302,8 +303,8 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     from pathlib import Path
 
     from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-    from ..triton.serve import assemble_repository, shared_memory_bytes
-    from ..triton.server import TritonServer
+    from ..launch.serve import assemble_repository, shared_memory_bytes
+    from ..launch.server import TritonServer
     from .serve import llm_counters, prompts, run_level
 
     texts, results = prompts(), []

@@ -75,16 +75,16 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-from ..handoff import CompactRows, hot_first_summary, inverse_temperatures
+from ..handoff import CompactRows
 from ..rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
                     synthetic_hot_rows)
 from ..sampling import logits_array
-from ..settings import LlmSettings
+from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
+from .hot_first import hot_first_summary, inverse_temperatures
 from .text import DecodeStream, TextCodec
 
-#: The word every output of a simulated run carries.
-LABEL = "simulated data plane"
+LABEL = SIMULATED_LABEL
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_CONTEXT = 4096
@@ -131,10 +131,6 @@ class SimulatedSpec:
                 f"V={self.vocab:,} {self.dtype}, rows {HOT_ROWS_SOURCE}")
 
 
-#: The file a simulated repository's sampler reads its mapped hot set from.
-MAPPED_PROFILE = "hot_vocab_simulated.npz"
-
-
 def simulated_profile(profile, vocab: int, seed: int = 0):
     """A SmolLM2 ``HotProfile`` with its order in the ids of the simulated
     rows of `vocab` (``rows.map_hot_ids``, the engine's id map for `seed`):
@@ -172,8 +168,8 @@ class SimulatedEngine:
         self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
         self.label = spec.describe()
         self.steps = 0
-        self.sequences: SequenceTable[_Sequence] = SequenceTable(spec.vocab, max_batch_size,
-                                                                 max_context)
+        self.sequences: SequenceTable[_SimulatedSequence] = SequenceTable(
+            spec.vocab, max_batch_size, max_context)
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
 
@@ -251,7 +247,7 @@ class SimulatedEngine:
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
-            self.sequences.add(seq_id, prompt_ids, lambda prompt: _Sequence(len(prompt)))
+            self.sequences.add(seq_id, prompt_ids, lambda prompt: _SimulatedSequence(len(prompt)))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Sleep t(len(seq_ids)), return the rows (module docstring). Errors
@@ -355,12 +351,12 @@ def _gather_compact(source):
 
 
 @dataclass
-class _Sequence:
+class _SimulatedSequence:
     length: int  # tokens held, the pending one included
     pending: bool = True  # the last token has not been stepped yet
 
 
-def _has_pending(state: _Sequence) -> bool:
+def _has_pending(state: _SimulatedSequence) -> bool:
     return state.pending
 
 

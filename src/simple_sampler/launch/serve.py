@@ -18,13 +18,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import LlmSettings, SamplerSettings
 from .install import InstallError, project_file
 from .server import MiB, TritonServer, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-from .startup import default_startup_timeout
 
 
 def assemble_repository(destination: Path, sampler: SamplerSettings,
@@ -32,7 +32,7 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
     """The sampler alone, or (with `llm`) the whole generation repository:
     ensemble, preprocessing, llm and simple_sampler. Raises ValueError for
     settings out of range."""
-    if llm is not None and llm.engine == "simulated" and sampler.hot_vocab_profile:
+    if llm is not None and engine_spec(llm.engine).hot_profile and sampler.hot_vocab_profile:
         sampler, llm = _map_hot_vocab(destination, sampler, llm)
     write_model(destination, "simple_sampler", "simple_sampler",
                 sampler.validate().template_values())
@@ -48,20 +48,23 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
     return destination
 
 
+#: The file a repository's sampler reads a mapped hot set from.
+MAPPED_PROFILE = "hot_vocab_simulated.npz"
+
+
 def _map_hot_vocab(destination: Path, sampler: SamplerSettings, llm: LlmSettings):
-    """The simulated engine's rows keep SmolLM2's tokens at other ids: its
-    sampler and hot-first handoff use the profile mapped to them, written
-    next to the sampler's config."""
-    from ..serving.simulated import MAPPED_PROFILE, simulated_profile
+    """An engine whose rows keep SmolLM2's tokens at other ids (simulated):
+    its sampler and hot-first handoff use the profile mapped to them, written
+    next to the sampler's config as MAPPED_PROFILE."""
     from ..shvs.hot_vocab import load_profile
 
     source = Path(sampler.hot_vocab_profile)
     if not source.is_absolute():
         source = project_file(f"model_repository/simple_sampler/{source}")
     profile = load_profile(source)
-    if profile.vocab_size != llm.sim_vocab:
-        simulated_profile(profile, llm.sim_vocab).save(
-            destination / "simple_sampler" / MAPPED_PROFILE)
+    mapped = engine_spec(llm.engine).hot_profile(profile, llm)
+    if mapped.vocab_size != profile.vocab_size:
+        mapped.save(destination / "simple_sampler" / MAPPED_PROFILE)
         sampler = dataclasses.replace(sampler, hot_vocab_profile=MAPPED_PROFILE)
         llm = dataclasses.replace(llm, hot_vocab_profile=MAPPED_PROFILE)
     return sampler, llm
@@ -112,18 +115,14 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                               shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         if startup_timeout is not None and not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
-        startup_timeout = startup_timeout or default_startup_timeout(llm and llm.engine)
+        startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
         server.start(startup_timeout)
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(server).start() if supervise else None
-    simulated = ""
-    if llm is not None and llm.engine == "simulated":
-        from ..serving.simulated import SimulatedSpec
-
-        simulated = f" ({SimulatedSpec.from_settings(llm).describe()}; no model runs)"
-    print(f"Triton is ready{simulated}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+    described = engine_spec(llm.engine).describe(llm) if llm is not None else ""
+    print(f"Triton is ready{f' ({described})' if described else ''}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
     stopping = threading.Event()
