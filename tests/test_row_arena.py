@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simple_sampler.row_arena import (PREFIX, SHM_DIR, RowArena, RowReader, StaleRows,
-                                      region_name, remove_orphans)
+                                      pid_namespace, region_name, remove_orphans)
 
 
 def regions() -> set[str]:
@@ -121,5 +121,17 @@ def test_a_dead_owners_regions_are_removed_by_the_next_arena():
     assert name not in regions()
 
 
-def test_region_names_follow_from_the_key():
-    assert region_name((1234 << 32) | 0xAB) == f"{PREFIX}1234-000000ab"
+def test_region_names_follow_from_the_key_and_the_pid_namespace():
+    assert region_name((1234 << 32) | 0xAB, 77) == f"{PREFIX}77-1234-000000ab"
+    assert region_name((1234 << 32) | 0xAB) == f"{PREFIX}{pid_namespace()}-1234-000000ab"
+
+
+def test_regions_of_another_pid_namespace_are_never_orphans():
+    """Another container sharing /dev/shm: its owner's pid means nothing here."""
+    path = os.path.join(SHM_DIR, region_name((2 ** 22 + 1) << 32, pid_namespace() + 1))
+    open(path, "wb").close()
+    try:
+        assert os.path.basename(path) not in remove_orphans()
+        assert os.path.exists(path)
+    finally:
+        os.unlink(path)

@@ -23,11 +23,13 @@ one, so a restarted instance simply maps them again.
 A request names rows with ``logits_ref`` INT64 [B, 6], one row per logits
 row: (region key, slot or -1, slot generation, byte offset of the row in
 the region's data, V, kernel dtype code). The key is the owner's pid and 32
-random bits; the region's name follows from it (``region_name``).
+random bits; the region's name follows from it and the pid namespace, which
+the owner and the readers (stubs of one server) share (``region_name``).
 
 Lifetime: the owner unlinks its regions on ``close`` (the llm model's
 ``finalize``) and at interpreter exit; a new arena also removes regions
-left by owners that died without closing (a SIGKILLed stub).
+left by owners of its pid namespace that died without closing (a SIGKILLed
+stub).
 """
 from __future__ import annotations
 
@@ -63,8 +65,22 @@ class StaleRows(RuntimeError):
     reader finished: a lifetime bug on the owner's side, never a client's."""
 
 
-def region_name(key: int) -> str:
-    return f"{PREFIX}{key >> 32}-{key & 0xFFFFFFFF:08x}"
+def pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid; 0 where
+    it cannot be read): owner pids are compared only within it, so a region
+    of a server in another container that shares /dev/shm is never taken
+    for an orphan."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def region_name(key: int, namespace: int | None = None) -> str:
+    """The file of a region: the owner's pid namespace (the reader's own: a
+    server's stubs share one), the owner's pid and 32 random bits."""
+    namespace = pid_namespace() if namespace is None else namespace
+    return f"{PREFIX}{namespace}-{key >> 32}-{key & 0xFFFFFFFF:08x}"
 
 
 def _owner_alive(pid: int) -> bool:
@@ -78,12 +94,14 @@ def _owner_alive(pid: int) -> bool:
 
 
 def remove_orphans() -> list[str]:
-    """Unlink the regions whose owner process is gone; returns their names."""
+    """Unlink the regions of this pid namespace whose owner process is gone;
+    returns their names."""
     removed = []
+    mine = f"{PREFIX}{pid_namespace()}-"
     for name in os.listdir(SHM_DIR):
-        if not name.startswith(PREFIX):
+        if not name.startswith(mine):
             continue
-        pid = name[len(PREFIX):].split("-")[0]
+        pid = name[len(mine):].split("-")[0]
         if pid.isdigit() and not _owner_alive(int(pid)):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
@@ -165,6 +183,12 @@ class RowLease:
             self.slot = -1
 
 
+def _check_rows(rows: np.ndarray) -> None:
+    if rows.ndim != 2 or rows.dtype not in DTYPE_CODES:
+        raise ValueError(f"rows must be [B, V] float32, float16 or bfloat16, got "
+                         f"{rows.dtype} {list(rows.shape)}")
+
+
 class RowArena:
     """The llm process's regions (module docstring): a ring of `slots` slots
     of `slot_bytes` each, and the arrays it was asked to share."""
@@ -197,21 +221,29 @@ class RowArena:
         view[...] = array
         return view
 
+    def reference(self, rows: np.ndarray) -> RowLease | None:
+        """A lease of rows [B, V] that already lie in a shared region, where
+        they are (no slot, no copy); None for any other rows."""
+        _check_rows(rows)
+        size, vocab = rows.shape
+        if rows.strides[1] == rows.itemsize and (size < 2 or rows.strides[0] >= vocab * rows.itemsize):
+            for region in self.shared:
+                offset = region.contains(rows)
+                if offset is not None:
+                    return RowLease(self, region, -1, 0, offset, rows.strides[0], vocab,
+                                    DTYPE_CODES[rows.dtype], size)
+        return None
+
     def lease(self, rows: np.ndarray) -> RowLease | None:
         """Rows [B, V] (float32 / float16 / bfloat16 numpy) in a region:
         where they are when they already lie in a shared region, else copied
         into a free slot. None when no slot is free or the rows do not fit
         one (the caller sends them another way)."""
-        if rows.ndim != 2 or rows.dtype not in DTYPE_CODES:
-            raise ValueError(f"rows must be [B, V] float32, float16 or bfloat16, got "
-                             f"{rows.dtype} {list(rows.shape)}")
+        found = self.reference(rows)
+        if found is not None:
+            return found
         size, vocab = rows.shape
         code = DTYPE_CODES[rows.dtype]
-        if rows.strides[1] == rows.itemsize and (size < 2 or rows.strides[0] >= vocab * rows.itemsize):
-            for region in self.shared:
-                offset = region.contains(rows)
-                if offset is not None:
-                    return RowLease(self, region, -1, 0, offset, rows.strides[0], vocab, code, size)
         if rows.nbytes > self.slot_bytes:
             return None
         with self.lock:

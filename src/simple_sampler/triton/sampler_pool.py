@@ -145,7 +145,8 @@ class SamplerPool:
         rows = logits_array(logits)
         lease = None
         if self.arena is not None and any(t.shares_memory for t in self.targets):
-            lease = self.arena.lease(rows)
+            # A copy into a slot is B x V bytes of memcpy: off the event loop.
+            lease = self.arena.reference(rows) or await asyncio.to_thread(self.arena.lease, rows)
         try:
             outputs = await self.send({"logits": rows}, batch, lease)
         finally:
