@@ -48,6 +48,8 @@ holds this fake to it. What each piece mirrors:
   in the next one (its row comes once more), and one aborted during an
   iteration ends after it; either way it ends with a final (cancelled)
   response and holds its slot until then.
+* ``RequestOutput.outputs[0].token_ids``: the generated ids
+  (``executor/result.py`` ``GenerationResultBase.outputs``, ``CompletionOutput``).
 * ``LLM.shutdown()`` waits until the active requests have finished
   (``executor/worker.py`` ``shutdown`` -> the C++ ``Executor::shutdown``):
   a live request runs to its ``max_tokens`` first.
@@ -123,12 +125,20 @@ def model_row(tokens: List[int], vocab_size: int) -> torch.Tensor:
     return row
 
 
+@dataclass
+class CompletionOutput:
+    """``executor/result.py`` ``CompletionOutput``: one beam's generated ids."""
+
+    token_ids: List[int]
+
+
 class RequestOutput:
     """``GenerationResult``: responses arrive in a queue; reading them is what
-    surfaces an error."""
+    surfaces an error. ``outputs`` holds the beam's ids once it has finished."""
 
     def __init__(self, llm: "LLM", request_id: int):
         self._llm, self.request_id = llm, request_id
+        self.outputs: List[CompletionOutput] = []
         self._done = False
         self._error: Optional[str] = None
         self.finish_reason: Optional[str] = None
@@ -243,7 +253,7 @@ class LLM:
 
     def generate_async(self, inputs: List[int], sampling_params: SamplingParams,
                        streaming: bool = False) -> RequestOutput:
-        assert sampling_params.apply_batched_logits_processor and sampling_params.top_k == 1
+        assert sampling_params.top_k == 1  # greedy: the only sampling this fake models
         if self.max_seq_len and len(inputs) + sampling_params.max_tokens > self.max_seq_len:
             raise ValueError(f"The sum of prompt length ({len(inputs)}) and query length (0) "
                              f"max_tokens ({sampling_params.max_tokens}) should not exceed "
@@ -298,6 +308,7 @@ class LLM:
         self.requests.remove(request)
         if error is None and finish_reason != "cancelled":
             self.finished[request.client_id] = request.tokens
+        request.output.outputs = [CompletionOutput(request.tokens[request.prompt_length:])]
         request.output._respond(finish_reason, error)
         self.condition.notify_all()
 
@@ -346,9 +357,15 @@ class LLM:
         self.iterations.append([r.client_id for r in batch])
         self.engine_ids.append([r.engine_id for r in batch])
         logits = [model_row(r.tokens, self.vocab_size).reshape(1, 1, -1) for r in batch]
+        # Only the requests that opted in (logitsPostProcessor.cpp), and only
+        # when an LLM has a processor (a reference run has none).
+        opted = [(r, row) for r, row in zip(batch, logits)
+                 if r.params.apply_batched_logits_processor and self.processor is not None]
         try:
-            self.processor([r.engine_id for r in batch], logits, [[r.tokens] for r in batch],
-                           None, [r.client_id for r in batch])
+            if opted:
+                self.processor([r.engine_id for r, _ in opted], [row for _, row in opted],
+                               [[r.tokens] for r, _ in opted], None,
+                               [r.client_id for r, _ in opted])
         except Exception as error:  # the real executor fails the iteration's requests
             self.errors.append(error)
             with self.condition:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from .launch import gpu_check
 from .schema import ENSEMBLE
 from .settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
 
@@ -396,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"{tensor.allowed} (default: {default or tensor.default})")
     gen.set_defaults(handler=generate)
 
+    check = commands.add_parser("gpu-check", help="the first GPU run, checked end to end "
+                                "(docs/GPU.md); --dry-run on the simulated engine")
+    gpu_check.add_arguments(check)
+    check.set_defaults(handler=gpu_check.main)
     fill = commands.add_parser("fill-template",
                                help="fill ${name} placeholders of a config.pbtxt in place")
     fill.add_argument("-i", "--input", type=Path, required=True)

@@ -191,6 +191,50 @@ def read_vocab_size(model: str | os.PathLike) -> int:
     return int(size)
 
 
+def engine_limits(api: TrtLlmApi, model: str | os.PathLike, max_batch_size: int,
+                  max_context: int, build_cache_dir: str | os.PathLike | None = None) -> dict:
+    """The ``LLM`` keywords that fix the engine's limits: a prebuilt engine's
+    are checked against ours (``check_engine_limits``), a checkpoint is
+    built with them through the build cache. The same for the served engine
+    and ``launch.gpu_check``'s reference run, so the second loads the first's
+    cached engine."""
+    limits = dict(max_batch_size=max_batch_size, max_seq_len=max_context)
+    build = engine_build_config(model)
+    if build is not None:  # prebuilt: its limits are fixed, check them against ours
+        check_engine_limits(model, build, max_batch_size, max_context)
+        return limits
+    # Built at start: without max_input_len TensorRT-LLM's default (1024)
+    # applies and longer prompts fail; max_num_tokens must cover one prompt.
+    limits.update(max_input_len=max_context - 1,
+                  max_num_tokens=max(DEFAULT_MAX_NUM_TOKENS, max_context))
+    if api.BuildCacheConfig is not None:
+        cache = Path(build_cache_dir or os.environ.get(ENGINE_CACHE_ENV) or
+                     Path.home() / ".cache" / "simple-sampler" / "tensorrt_llm")
+        limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
+    return limits
+
+
+def greedy_reference(model: str | os.PathLike, prompt_ids: Sequence[int], max_tokens: int,
+                     max_batch_size: int, max_context: int, api=None,
+                     build_cache_dir: str | os.PathLike | None = None) -> list[int]:
+    """TensorRT-LLM's own greedy tokens for ``prompt_ids`` (the TensorRT
+    backend, no processor of ours, the same limits as the served engine):
+    ``max_tokens`` ids, the end id ignored so that any prefix compares. The
+    reference ``launch.gpu_check`` holds the served tokens to."""
+    api = TrtLlmApi(*(api or load_tensorrt_llm()))
+    llm = api.LLM(model=str(model), skip_tokenizer_init=True,
+                  **engine_limits(api, model, max_batch_size, max_context, build_cache_dir))
+    try:
+        params = api.SamplingParams(max_tokens=max_tokens, top_k=1, ignore_eos=True, end_id=0,
+                                    pad_id=0, detokenize=False)
+        output = llm.generate_async(list(prompt_ids), sampling_params=params,
+                                    streaming=False).result()
+        # RequestOutput.outputs[0]: executor/result.py CompletionOutput, the beam's new ids.
+        return [int(t) for t in output.outputs[0].token_ids]
+    finally:
+        llm.shutdown()
+
+
 class BridgeClosed(RuntimeError):
     """The engine is shutting down: rows are no longer answered."""
 
@@ -530,19 +574,7 @@ class TrtLlmEngine:
         self.sampling_params = api.SamplingParams
         self.vocab_size, self.max_batch_size, self.max_context = vocab_size, max_batch_size, max_context
         self.step_timeout_s = step_timeout_s
-        limits = dict(max_batch_size=max_batch_size, max_seq_len=max_context)
-        build = engine_build_config(model)
-        if build is not None:  # prebuilt: its limits are fixed, check them against ours
-            check_engine_limits(model, build, max_batch_size, max_context)
-        else:
-            # Built at start: without max_input_len TensorRT-LLM's default (1024)
-            # applies and longer prompts fail; max_num_tokens must cover one prompt.
-            limits.update(max_input_len=max_context - 1,
-                          max_num_tokens=max(DEFAULT_MAX_NUM_TOKENS, max_context))
-            if api.BuildCacheConfig is not None:
-                cache = Path(build_cache_dir or os.environ.get(ENGINE_CACHE_ENV) or
-                             Path.home() / ".cache" / "simple-sampler" / "tensorrt_llm")
-                limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
+        limits = engine_limits(api, model, max_batch_size, max_context, build_cache_dir)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
         self.sequences: SequenceTable[_Sequence] = SequenceTable(vocab_size, max_batch_size,
