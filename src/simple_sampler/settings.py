@@ -38,6 +38,9 @@ SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 ENGINES = ("torch", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
+#: Where the torch engine runs (serving/device.py) and its model's dtypes.
+TORCH_DEVICES = ("cpu", "cuda")
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
@@ -202,6 +205,13 @@ class LlmSettings(Settings):
     engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
                           "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
                           "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
+    device: str = setting(
+        "cpu", "torch engine: where the model runs (cuda: the current GPU; logits cross to the "
+        "sampler by one pinned device-to-host copy per step, inline sampling stays on the GPU)",
+        choices=TORCH_DEVICES)
+    torch_dtype: str = setting(
+        "float32", "torch engine: the model's dtype (bfloat16 and float16 on cuda only)",
+        choices=TORCH_DTYPES)
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
     sampling_mode: str = setting(
@@ -265,7 +275,7 @@ class LlmSettings(Settings):
 
     def check(self) -> None:
         # Imported here: they pull torch, and the CLI parser reads this module.
-        from .serving.batch_invariant import NEEDS_TORCH
+        from .serving.batch_invariant import INVARIANT_ON_CPU_ONLY, NEEDS_TORCH
         from .triton.sampler_pool import parse_endpoints
 
         if self.engine == "tensorrt_llm" and not self.model:
@@ -277,4 +287,11 @@ class LlmSettings(Settings):
                              "tensorrt_llm only")
         if self.batch_invariant and self.engine != "torch":
             raise ValueError(NEEDS_TORCH)
+        if self.engine != "torch" and (self.device, self.torch_dtype) != ("cpu", "float32"):
+            raise ValueError("device and torch_dtype apply to engine torch only")
+        if self.batch_invariant and self.device != "cpu":
+            raise ValueError(INVARIANT_ON_CPU_ONLY)
+        if self.device == "cpu" and self.torch_dtype != "float32":
+            raise ValueError(f"torch_dtype {self.torch_dtype} needs device cuda: the engine runs "
+                             f"float32 on the CPU")
         parse_endpoints(self.sampler_endpoints)

@@ -1,0 +1,57 @@
+"""--engine torch --device cuda, on a machine without a GPU: the settings'
+rules, and serving/device.py's refusals for what this machine cannot run
+(CUDA itself is never exercised here)."""
+import pytest
+import torch
+
+from simple_sampler.serving import device
+from simple_sampler.settings import LlmSettings
+
+
+def test_cpu_float32_is_the_default_and_resolves_here():
+    settings = LlmSettings().validate()
+    assert (settings.device, settings.torch_dtype) == ("cpu", "float32")
+    assert device.resolve(settings.device, settings.torch_dtype) == (torch.device("cpu"),
+                                                                      torch.float32)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (LlmSettings(device="cuda", batch_invariant=True), "batch_invariant runs on the CPU only"),
+    (LlmSettings(torch_dtype="bfloat16"), "torch_dtype bfloat16 needs device cuda"),
+    (LlmSettings(engine="simulated", device="cuda"), "apply to engine torch only"),
+    (LlmSettings(device="tpu"), "device must be one of cpu, cuda"),
+    (LlmSettings(device="cuda", torch_dtype="int8"), "torch_dtype must be one of float32"),
+])
+def test_settings_no_machine_can_run_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        settings.validate()
+
+
+def test_cuda_settings_pass_the_static_checks():
+    LlmSettings(device="cuda", torch_dtype="bfloat16").validate()
+    LlmSettings(device="cuda", torch_dtype="float16", sampling_mode="inline").validate()
+
+
+def test_cuda_is_refused_with_the_reason_when_this_torch_has_none(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(RuntimeError, match=r"device cuda: this torch \(.*\) was built without "
+                                           r"CUDA; install a CUDA build"):
+        device.resolve("cuda", "float32")
+
+
+def test_cuda_is_refused_when_no_gpu_is_visible(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible.*CUDA_VISIBLE_DEVICES"):
+        device.resolve("cuda", "float32")
+
+
+def test_bfloat16_is_refused_on_a_gpu_without_it(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(RuntimeError, match="Tesla T4 has no bfloat16 support"):
+        device.resolve("cuda", "bfloat16")
+    assert device.resolve("cuda", "float16") == (torch.device("cuda", 0), torch.float16)
