@@ -59,7 +59,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from ..serving.engines import engine_spec
+from ..settings import LlmSettings, SamplerSettings
 
 PROMPT = "The capital of France is"
 NEAR_CONTEXT_MARGIN = 8  # tokens the near-context request generates
@@ -100,26 +101,20 @@ class Options:
                            sampler_shards=self.instances).validate()
 
     def sampler_settings(self) -> SamplerSettings:
-        dtype = SIMULATED_DTYPES[LlmSettings.sim_dtype] if self.dry_run else "fp32"
+        # The rows' dtype where the engine fixes it (the simulated engine's), else float32.
+        dtype = engine_spec(self.engine).logits_dtype(self.llm_settings()) or "fp32"
         return SamplerSettings(sampler_instances=self.instances, logits_dtype=dtype)
 
 
 def codec_for(options: Options):
-    """The codec the server's preprocessing encodes with (``llm_service``)."""
-    if options.dry_run:
-        from ..serving.simulated import SimulatedCodec
-
-        return SimulatedCodec.from_source(options.model or None)
-    from ..serving.text import TextCodec
-
-    return TextCodec.from_source(options.model)
+    """The codec the server's preprocessing encodes with (the engine's)."""
+    return engine_spec(options.engine).codec(options.llm_settings())
 
 
 def simulated_reference(options: Options, prompt_ids: list[int]) -> list[int]:
     """The dry run's reference: a fresh simulated engine's own argmax."""
-    from ..triton.llm_service import build_engine
-
-    engine = build_engine(options.llm_settings())
+    settings = options.llm_settings()
+    engine = engine_spec(settings.engine).build(settings)
     engine.add(0, prompt_ids)
     tokens = []
     for index in range(options.max_tokens):
@@ -168,8 +163,8 @@ def near_context_prompt(codec, max_context: int) -> tuple[str, int]:
 
 
 def start_server(options: Options, tensor_parallel_size: int, log_path: Path):
-    from ..triton.serve import assemble_repository, shared_memory_bytes
-    from ..triton.server import TritonServer
+    from .serve import assemble_repository, shared_memory_bytes
+    from .server import TritonServer
 
     sampler = options.sampler_settings()
     repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-gpu-check-")),

@@ -47,12 +47,6 @@ import torch.nn.functional as F
 #: gives the measured cost).
 TILE_ROWS = 8
 SUPPORTED = ("llama",)
-NEEDS_TORCH = ("batch_invariant needs engine torch: TensorRT-LLM's kernels are not "
-               "batch-invariant (the sampler still is)")
-INVARIANT_ON_CPU_ONLY = (
-    "batch_invariant runs on the CPU only (device cpu): its fixed tiles were measured against "
-    "the CPU GEMM's row blocking (serving/batch_invariant.py); on CUDA, cuBLAS and the "
-    "attention kernels choose their algorithms by shape, which was never measured")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -250,7 +250,7 @@ class _Iteration:
 
 
 @dataclass(eq=False)
-class _Sequence:
+class _TrtLlmSequence:
     client_id: int
     request: object  # TensorRT-LLM's RequestOutput, kept to abort it
     length: int
@@ -260,7 +260,7 @@ class _Sequence:
     error: str | None = None
 
 
-def _awaits_step(sequence: _Sequence) -> bool:
+def _awaits_step(sequence: _TrtLlmSequence) -> bool:
     """Whether the sequence's next token is one the model has not consumed:
     not stepped since its last append (or its prompt)."""
     return sequence.taken is None
@@ -273,7 +273,7 @@ class RowExchange:
 
     def __init__(self):
         self.condition = threading.Condition()
-        self.by_client: dict[int, _Sequence] = {}
+        self.by_client: dict[int, _TrtLlmSequence] = {}
         self.closed = False
         self.bridge_s = 0.0  # the bridge's own time, summed over iterations
 
@@ -441,7 +441,7 @@ class OwnerWatch:
     ``MPIPoolExecutor``), children of the MPI runtime rather than of the
     Triton ``llm`` process that owns them; they end through ``LLM.shutdown()``
     only. When that process is killed (the supervisor restarts the server
-    with SIGKILL when ``llm`` loses its stub, ``triton/supervisor.py``) no
+    with SIGKILL when ``llm`` loses its stub, ``launch/supervisor.py``) no
     shutdown runs, and a worker would keep the GPU's memory (the KV cache
     holds most of it) while the new ``llm`` builds its own. A worker whose
     owner is gone has nobody to serve, so it exits.
@@ -577,8 +577,8 @@ class TrtLlmEngine:
         limits = engine_limits(api, model, max_batch_size, max_context, build_cache_dir)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
-        self.sequences: SequenceTable[_Sequence] = SequenceTable(vocab_size, max_batch_size,
-                                                                 max_context)
+        self.sequences: SequenceTable[_TrtLlmSequence] = SequenceTable(vocab_size, max_batch_size,
+                                                                         max_context)
         self.watcher = _ResultWatcher(self._request_done)
         try:
             self.llm = api.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
@@ -620,7 +620,7 @@ class TrtLlmEngine:
                                           lambda prompt: self._submit(prompt, max_tokens))
             self.exchange.by_client[sequence.client_id] = sequence
 
-    def _submit(self, prompt: list[int], max_tokens: int | None) -> _Sequence:
+    def _submit(self, prompt: list[int], max_tokens: int | None) -> _TrtLlmSequence:
         """Submit a checked prompt to TensorRT-LLM (under ``condition``)."""
         params = self.sampling_params(
             max_tokens=engine_max_tokens(len(prompt), self.max_context, max_tokens),
@@ -632,7 +632,7 @@ class TrtLlmEngine:
             prompt, sampling_params=params, streaming=False))
         # request_id is the client id (executor/result.py GenerationResult.request_id),
         # the one the processor gets as client_ids; req_ids are the engine's own.
-        return _Sequence(request.request_id, request, len(prompt))
+        return _TrtLlmSequence(request.request_id, request, len(prompt))
 
     def wait_ready(self, seq_ids: Sequence[Hashable], timeout: float = READY_POLL_S) -> list:
         """The ids among ``seq_ids`` with a row to step, waiting up to
