@@ -55,3 +55,37 @@ def test_bfloat16_is_refused_on_a_gpu_without_it(monkeypatch):
     with pytest.raises(RuntimeError, match="Tesla T4 has no bfloat16 support"):
         device.resolve("cuda", "bfloat16")
     assert device.resolve("cuda", "float16") == (torch.device("cuda", 0), torch.float16)
+
+
+def tiny_llama(dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+def test_the_torch_engine_builds_on_the_models_device_and_dtype():
+    from simple_sampler.serving.torch_engine import TorchEngine
+
+    engine = TorchEngine(tiny_llama(torch.bfloat16), max_batch_size=2, max_context=16,
+                         host_logits=False)
+    assert engine.device == torch.device("cpu") and engine.keys.dtype == torch.bfloat16
+    engine.add("a", [1, 2, 3], max_tokens=4)
+    rows = engine.step(["a"])
+    assert rows.dtype == torch.float32 and rows.shape == (1, 64) and rows.device.type == "cpu"
+    with pytest.raises(ValueError, match="batch_invariant runs on the CPU only, not on meta"):
+        TorchEngine(tiny_llama().to("meta"), max_batch_size=2, max_context=16,
+                    batch_invariant=True)
+
+
+def test_engine_torch_device_cuda_is_refused_here_with_the_reason():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    from simple_sampler.serving.engines import engine_spec
+
+    settings = LlmSettings(device="cuda").validate()
+    with pytest.raises(RuntimeError, match="device cuda: "):
+        engine_spec("torch").build(settings)
