@@ -35,7 +35,7 @@ def test_cuda_settings_pass_the_static_checks():
 def test_cuda_is_refused_with_the_reason_when_this_torch_has_none(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
     with pytest.raises(RuntimeError, match=r"device cuda: this torch \(.*\) was built without "
-                                           r"CUDA; install a CUDA build"):
+                                           r"CUDA; a CUDA build of torch is needed"):
         device.resolve("cuda", "float32")
 
 
@@ -89,3 +89,35 @@ def test_engine_torch_device_cuda_is_refused_here_with_the_reason():
     settings = LlmSettings(device="cuda").validate()
     with pytest.raises(RuntimeError, match="device cuda: "):
         engine_spec("torch").build(settings)
+
+
+def test_the_gpu_bench_refuses_clearly_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    from simple_sampler.cli import main
+
+    assert main(["bench", "serve-gpu", "--quick"]) == 2
+    assert "simple-sampler bench serve-gpu: device cuda: " in capsys.readouterr().err
+
+
+def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
+    """serve_gpu.run_one's logic on the CPU (the tiny model stands in for the
+    GPU one): both modes produce their figures."""
+    import asyncio
+
+    from simple_sampler.bench import serve_gpu
+    from simple_sampler.serving.text import TextCodec
+    from test_decoder import VOCAB, FakeTokenizer
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    codec = TextCodec(FakeTokenizer())
+    for mode, decoder_mode, micro_batches in serve_gpu.MODES:
+        row = asyncio.run(serve_gpu.run_one(model, codec, mode, decoder_mode, micro_batches,
+                                            batch=4, instances=1, warmup=2, measure=4,
+                                            top_p=0.9))
+        assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0

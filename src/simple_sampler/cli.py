@@ -128,6 +128,21 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_gpu(args: argparse.Namespace) -> int:
+    from .bench import serve_gpu
+
+    sizes = {"batches": [8, 16], "warmup": 2, "measure": 6} if args.quick else \
+        {"batches": args.batch}
+    try:
+        report = serve_gpu.run(args.model, args.dtype, instances=args.instances,
+                               top_p=args.top_p, **sizes)
+    except (RuntimeError, ValueError) as error:  # no CUDA here, or a dtype it lacks
+        print(f"simple-sampler bench serve-gpu: {error}", file=sys.stderr)
+        return 2
+    print_report(args, report, serve_gpu.format_report(report))
+    return 0
+
+
 def perf(args: argparse.Namespace) -> int:
     from .bench import perf as perf_bench
 
@@ -303,6 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
                            help="every request's top_p (default 1: no truncation; in-process "
                                 "only)")
     sim_bench.set_defaults(handler=bench_serve_sim)
+    gpu_bench = targets.add_parser(
+        "serve-gpu", help="the decode loop over a real model on a CUDA GPU: simple vs "
+                          "sampling on the GPU (--engine torch --device cuda; needs CUDA)")
+    gpu_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    gpu_bench.add_argument("--quick", action="store_true", help="B 8 and 16, a short window")
+    gpu_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    gpu_bench.add_argument("--model", help="Hugging Face directory (default SmolLM2-135M)")
+    gpu_bench.add_argument("--dtype", default="bfloat16",
+                           choices=LlmSettings.__dataclass_fields__["torch_dtype"]
+                           .metadata["choices"])
+    gpu_bench.add_argument("--instances", type=int, default=2,
+                           help="kernel threads standing in for simple_sampler instances")
+    gpu_bench.add_argument("--top-p", type=float, default=0.9, help="every request's top_p")
+    gpu_bench.set_defaults(handler=bench_serve_gpu)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

@@ -24,11 +24,10 @@ def resolve(device: str = "cpu", dtype: str = "float32") -> tuple[torch.device, 
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
     if torch.version.cuda is None:
         raise RuntimeError(f"device cuda: this torch ({torch.__version__}) was built without "
-                           f"CUDA; install a CUDA build of torch or use --device cpu")
+                           f"CUDA; a CUDA build of torch is needed (or device cpu)")
     if not torch.cuda.is_available():
         raise RuntimeError("device cuda: no CUDA GPU is visible to this process (check "
-                           "nvidia-smi, CUDA_VISIBLE_DEVICES and, in a container, --gpus); or "
-                           "use --device cpu")
+                           "nvidia-smi, CUDA_VISIBLE_DEVICES and, in a container, --gpus)")
     if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name()
         raise RuntimeError(f"torch_dtype bfloat16: {name} has no bfloat16 support; use "
