@@ -98,7 +98,9 @@ def engine_max_tokens(prompt_length: int, max_context: int, max_tokens: int | No
     strictly after the decode loop's last token: a request always ends by the
     loop's ``release`` (abort), never by the engine while a caller that
     appended its last token still holds it (which ``_request_done`` would
-    report as a failure). The capacity scheduler stays TensorRT-LLM's default,
+    report as a failure); where the context leaves no room for the extra
+    token the two ends coincide, and the loop's release still comes first:
+    it is what answers the last row. The capacity scheduler stays TensorRT-LLM's default,
     ``GUARANTEED_NO_EVICT`` (``llmapi/llm_args.py`` ``SchedulerConfig``): it
     reserves KV-cache blocks for prompt + ``max_tokens`` at admission and
     never pauses a started request, so with the request's own limit instead of
