@@ -105,7 +105,8 @@ if [ -n "$constrain" ]; then
         "$target" -m pip list --format=freeze > "$constraints"
         "$target" -m pip check > "$problems_before" 2>&1 || true
     fi
-    run "${pip[@]}" $editable --constraint "$constraints" "$spec"
+    # Not quiet: a conflict with what is installed must show its cause.
+    run "$target" -m pip install $editable --constraint "$constraints" "$spec"
     if [ -n "$dry_run" ]; then
         printf '%q ' "$target" -m pip check; echo
     else

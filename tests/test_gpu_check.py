@@ -39,7 +39,8 @@ def test_the_dry_run_passes_every_check_against_a_real_server(tmp_path):
     assert greedy["served"] == greedy["reference"] == checks["reference"]["figures"]["ids"]
     assert len(greedy["served"]) == 32
     assert checks["sampler"]["figures"]["sampler_requests"] > 0
-    assert checks["near_context"]["figures"]["prompt_tokens"] > 512 - 2 * gpu_check.NEAR_CONTEXT_MARGIN
+    margin = gpu_check.NEAR_CONTEXT_MARGIN
+    assert checks["near_context"]["figures"]["prompt_tokens"] > 512 - 2 * margin
     assert (tmp_path / "logs" / "tritonserver.log").stat().st_size > 0
     assert "DRY RUN" in (tmp_path / "gpu-first-run.md").read_text()
 
@@ -156,3 +157,24 @@ def test_the_tensorrt_llm_reference_is_the_engine_s_own_greedy_run(tmp_path):
     assert seen["max_seq_len"] == 64 and seen["max_input_len"] == 63
     assert seen["enable_build_cache"].cache_root == tmp_path / "cache"
     assert "batched_logits_processor" not in seen
+
+
+def test_the_reference_child_s_answer_is_found_among_tensorrt_llm_s_lines(tmp_path, monkeypatch):
+    """tensorrt_llm_reference reads the marked line from the child's log (TensorRT-LLM
+    prints its own lines around it) and reports a failed child with the log's tail."""
+    def fake_run(command, stdout, stderr):
+        stdout.write("[TensorRT-LLM] banner\n" + gpu_check.REFERENCE_MARK + "[5, 6]\n"
+                     "[TensorRT-LLM][INFO] shutdown\n")
+        return SimpleNamespace(returncode=0)
+
+    options = Options(model="/m", out=tmp_path)
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    assert gpu_check.tensorrt_llm_reference(options, [1, 2]) == [5, 6]
+
+    def failing_run(command, stdout, stderr):
+        stdout.write("[TensorRT-LLM][ERROR] out of memory\n")
+        return SimpleNamespace(returncode=1)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", failing_run)
+    with pytest.raises(RuntimeError, match="(?s)status 1.*out of memory"):
+        gpu_check.tensorrt_llm_reference(options, [1, 2])

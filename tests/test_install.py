@@ -63,8 +63,8 @@ def test_the_constrained_install_pins_what_is_there_and_checks_afterwards():
     assert freeze[:5] == ["python3", "-m", "pip", "list", "--format=freeze"]
     constraints = freeze[-1]
     assert check_before[:4] == ["python3", "-m", "pip", "check"]
-    assert install == ["python3", "-m", "pip", "install", "--quiet", "--constraint", constraints,
-                       f"{ROOT}[client]"]
+    assert install == ["python3", "-m", "pip", "install", "--constraint", constraints,
+                       f"{ROOT}[client]"]  # not quiet: a conflict shows its cause
     assert check_after == ["python3", "-m", "pip", "check"]
     assert kernels[:2] == ["python3", "-c"]
 
@@ -91,6 +91,9 @@ def test_a_constrained_install_refuses_to_move_an_installed_package(tmp_path):
                             capture_output=True, text=True, cwd=ROOT, env={
                                 **os.environ, "TMPDIR": str(tmp_path)})
     assert result.returncode != 0
+    # Refused for the constraint (pip names it), not for some other failure.
+    assert "(constraint) numpy==1.25.2" in result.stdout + result.stderr, \
+        result.stdout + result.stderr
     listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True,
                             text=True, check=True).stdout
     assert "numpy==1.25.2" in listed  # left as it was

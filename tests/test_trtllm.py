@@ -461,9 +461,8 @@ OWNER = """
 import pickle, subprocess, sys, time
 from simple_sampler.serving.trtllm import DecisionPlaneProcessor
 processor = DecisionPlaneProcessor("unused", b"key", "unused", 1, 1)
-worker = subprocess.Popen([sys.executable, "-c",
-                           "import pickle, sys, time; pickle.load(sys.stdin.buffer); time.sleep(60)"],
-                          stdin=subprocess.PIPE)
+WORKER = "import pickle, sys, time; pickle.load(sys.stdin.buffer); time.sleep(60)"
+worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE)
 worker.stdin.write(pickle.dumps(processor))
 worker.stdin.close()
 print(worker.pid, flush=True)

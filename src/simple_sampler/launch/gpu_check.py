@@ -67,6 +67,7 @@ NEAR_CONTEXT_MARGIN = 8  # tokens the near-context request generates
 FILLER = "The quick brown fox jumps over the lazy dog. "
 SEED = 1234
 RESULT_NAME = "gpu-first-run"
+REFERENCE_MARK = "simple-sampler reference ids: "  # the child's answer among TensorRT-LLM's lines
 
 
 @dataclass
@@ -127,20 +128,47 @@ def simulated_reference(options: Options, prompt_ids: list[int]) -> list[int]:
 def tensorrt_llm_reference(options: Options, prompt_ids: list[int]) -> list[int]:
     """``serving.trtllm.greedy_reference`` in a child process (its GPU memory
     and MPI workers end with it; TensorRT-LLM wants its entry point under
-    ``__main__``)."""
+    ``__main__``), its output in ``logs/reference.log``."""
     request = {"model": options.model, "prompt_ids": prompt_ids,
                "max_tokens": options.max_tokens, "max_batch_size": options.engine_max_batch_size,
                "max_context": options.max_context}
-    child = subprocess.run([sys.executable, "-m", __name__, "--reference", json.dumps(request)],
-                           capture_output=True, text=True)
-    if child.returncode != 0:
-        raise RuntimeError(f"TensorRT-LLM's greedy reference run failed (status "
-                           f"{child.returncode}):\n{child.stderr[-4000:]}")
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    log_path = options.out / "logs" / "reference.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"gpu-check: TensorRT-LLM's own greedy run (the first run builds the engine: "
+          f"minutes); its output: {log_path}", flush=True)
+    with open(log_path, "w") as log:
+        status = subprocess.run([sys.executable, "-m", __name__, "--reference",
+                                 json.dumps(request)],
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+    output = log_path.read_text(errors="replace")
+    ids = [line[len(REFERENCE_MARK):] for line in output.splitlines()
+           if line.startswith(REFERENCE_MARK)]
+    if status != 0 or not ids:
+        raise RuntimeError(f"TensorRT-LLM's greedy reference run failed (status {status}; "
+                           f"{log_path}):\n{output[-4000:]}")
+    return json.loads(ids[-1])
+
+
+SETTLE_POLL_S = 0.2
+SETTLE_TIMEOUT_S = 5.0
+WATCHED_METRICS = ("simple_llm_", "nv_inference_request_success")
 
 
 def metrics(server) -> str:
-    return urllib.request.urlopen(server.metrics_url).read().decode()
+    """The server's metrics once the counters this check reads have settled:
+    the llm model reports its counters right after it sends a request's
+    final response, so a scrape right after the answer may miss them."""
+    def watched(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(WATCHED_METRICS)]
+
+    current = urllib.request.urlopen(server.metrics_url).read().decode()
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)
+        previous, current = current, urllib.request.urlopen(server.metrics_url).read().decode()
+        if watched(previous) == watched(current):
+            break
+    return current
 
 
 def metric_sum(text: str, name: str, model: str | None = None) -> float | None:
@@ -180,9 +208,10 @@ def greedy_check(client, options: Options, reference: list[int], name: str = "gr
     served = list(answer.token_ids)
     same = served == reference[:len(served)] and (
         len(served) == options.max_tokens or answer.finish_reason == "stop")
+    first_difference = next((i for i, (a, b) in enumerate(zip(served, reference)) if a != b),
+                            len(served))
     detail = ("served greedy ids equal the reference's" if same else
-              f"served ids differ from the reference from position "
-              f"{next((i for i, (a, b) in enumerate(zip(served, reference)) if a != b), len(served))}")
+              f"served ids differ from the reference from position {first_difference}")
     return Check(name, same, detail, {"served": served, "reference": reference,
                                       "finish_reason": answer.finish_reason})
 
@@ -212,8 +241,8 @@ def near_context_check(client, codec, options: Options) -> Check:
                      {"prompt_tokens": length})
     passed = answer.num_input_tokens == length and len(answer.token_ids) == max_tokens
     return Check("near_context", passed,
-                 f"a {length}-token prompt (context {options.max_context}) got {len(answer.token_ids)}"
-                 f" of {max_tokens} tokens", {"prompt_tokens": length,
+                 f"a {length}-token prompt (context {options.max_context}) got "
+                 f"{len(answer.token_ids)} of {max_tokens} tokens", {"prompt_tokens": length,
                                              "generated": len(answer.token_ids)})
 
 
@@ -315,7 +344,8 @@ def tp2_check(options: Options, reference: list[int]) -> Check:
 
 def markdown(result: dict) -> str:
     env = result["environment"]
-    lines = [f"# First GPU run{' (DRY RUN: simulated engine, no GPU)' if result['dry_run'] else ''}",
+    title = "First GPU run" + (" (DRY RUN: simulated engine, no GPU)" if result["dry_run"] else "")
+    lines = [f"# {title}",
              "", f"Result: **{'passed' if result['passed'] else 'FAILED'}** in "
              f"{result.get('seconds', 0)} s; logs in `{result['logs']}`.", "",
              "| fact | value |", "|---|---|"]
@@ -378,7 +408,7 @@ def _reference_main(request: str) -> None:
     """The child process of :func:`tensorrt_llm_reference`: prints the ids."""
     from ..serving.trtllm import greedy_reference
 
-    print(json.dumps(greedy_reference(**json.loads(request))), flush=True)
+    print(REFERENCE_MARK + json.dumps(greedy_reference(**json.loads(request))), flush=True)
 
 
 if __name__ == "__main__":
