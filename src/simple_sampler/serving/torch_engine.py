@@ -76,7 +76,8 @@ class _SlotCacheView:
 
 
 class TorchEngine:
-    """In-flight batching engine over a Hugging Face causal LM, on the CPU.
+    """In-flight batching engine over a Hugging Face causal LM, on the CPU or a
+    CUDA GPU (where the caller put the model).
 
     The cache is two float tensors ``[layers, max_batch_size, kv_heads,
     max_context, head_dim]`` (keys, values) in the model's dtype, allocated
@@ -166,7 +167,8 @@ class TorchEngine:
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Next-token logits of the given sequences: float32 ``[len(seq_ids),
         vocab_size]`` on the host (on the engine's device with
-        ``host_logits=False``), row i for ``seq_ids[i]``. Consumes their pending tokens.
+        ``host_logits=False``), row i for ``seq_ids[i]``. Consumes their
+        pending tokens.
         Raises KeyError for an unknown id, ValueError for a repeated id or a
         sequence with nothing pending (stepped again without ``append``)."""
         with self.step_lock:
