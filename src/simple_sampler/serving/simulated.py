@@ -244,7 +244,8 @@ class SimulatedEngine:
             return None
         return delta // row_bytes
 
-    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            max_tokens: int | None = None) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
             self.sequences.add(seq_id, prompt_ids, lambda prompt: _SimulatedSequence(len(prompt)))
