@@ -77,6 +77,17 @@ def build_engine(settings: LlmSettings):
                                    batch_invariant=settings.batch_invariant)
 
 
+def build_codec(settings: LlmSettings) -> TextCodec:
+    """The text codec of the settings' model: its tokenizer, which the
+    simulated engine's codec extends to its wider synthetic vocabulary."""
+    source = settings.model or None
+    if settings.engine == "simulated":
+        from ..serving.simulated import SimulatedCodec
+
+        return SimulatedCodec.from_source(source)
+    return TextCodec.from_source(source)
+
+
 def hot_first_vocab(settings: LlmSettings, repository: str | None):
     """The hot set the decode loop hands rows over with (docs/HANDOFF.md), or
     None for full rows: handoff "hot-first", a sampler profile, and only
@@ -116,12 +127,7 @@ class LlmService:
     def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
                  engine=None, codec: TextCodec | None = None, repository: str | None = None):
         self.settings = settings
-        source = settings.model or None
-        if codec is None and settings.engine == "simulated":
-            from ..serving.simulated import SimulatedCodec
-
-            codec = SimulatedCodec.from_source(source)
-        self.codec = codec or TextCodec.from_source(source)
+        self.codec = codec or build_codec(settings)
         self.engine = engine or build_engine(settings)
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
                              self._count_retry) if settings.sampling_mode == "simple" else None
