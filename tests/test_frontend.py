@@ -48,7 +48,7 @@ def recorder():
 
 @pytest.fixture
 def client(codec, recorder):
-    return TestClient(build_app(Served(MODEL, codec, CONTEXT), recorder.generate))
+    return TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), recorder.generate))
 
 
 def chat(**fields):
@@ -105,6 +105,7 @@ BAD_CHAT = [
     (chat(stop=[""]), "stop", "non-empty"),
     (chat(stop=7), "stop", "str, list[str]"),
     (chat(logit_bias={"abc": 1.0}), "logit_bias", "token ids"),
+    (chat(logit_bias={"49152": 1.0}), "logit_bias", "[0, 49151]"),
     (chat(logit_bias={"5": "x"}), "logit_bias.5", "valid number"),
     (chat(stream_options={"include_usage": True}), "stream_options", "stream true"),
     (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x",
@@ -118,7 +119,8 @@ BAD_CHAT = [
 BAD_COMPLETION = [
     (completion(prompt=""), "prompt", "non-empty"),
     (completion(prompt=["a", "b"]), "prompt", "str, list[int]"),
-    (completion(prompt=[1, -1]), "prompt", "[0, "),
+    (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
+    (completion(prompt=[49152]), "prompt", "[0, 49151]"),
     (completion(echo=True), "echo", "not supported"),
     (completion(logprobs=5), "logprobs", "must be 0"),
     (completion(best_of=2), "best_of", "not supported"),

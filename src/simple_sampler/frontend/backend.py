@@ -17,16 +17,15 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
-from ..client import AsyncGenerateClient, Chunk
+from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
 from ..schema import LLM
 from ..settings import LlmSettings
+from ..triton.llm_service import SHUTTING_DOWN, build_codec
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
 
-#: How long the server thread gets to finish open responses when stopped.
-STOP_TIMEOUT_S = 5.0
 
 
 def model_id(settings: LlmSettings) -> str:
@@ -47,13 +46,13 @@ async def llm_settings(grpc_url: str) -> LlmSettings:
     finally:
         await client.close()
     return LlmSettings.from_parameters(
-        {key: value["string_value"] for key, value in config.get("parameters", {}).items()})
+        {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()})
 
 
 def served_by(settings: LlmSettings) -> Served:
-    from ..triton.llm_service import build_codec  # loads the tokenizer (transformers, torch)
-
-    return Served(model_id(settings), build_codec(settings), settings.max_context)
+    codec = build_codec(settings)
+    vocab_size = settings.sim_vocab if settings.engine == "simulated" else len(codec.tokenizer)
+    return Served(model_id(settings), codec, settings.max_context, vocab_size)
 
 
 class TritonBackend:
@@ -69,11 +68,22 @@ class TritonBackend:
             self.client = AsyncGenerateClient(self.grpc_url, "grpc", model=LLM.name)
         return self.client
 
-    def generate(self, plan: Plan) -> AsyncIterator[Chunk]:
-        """The llm model's responses to one request, streamed: a non-streamed
-        request is gathered by the app, so a step's cancellation poll sees any
-        client that leaves."""
-        return self._connection().stream(plan.prompt_ids, **{**plan.params, "stream": True})
+    async def generate(self, plan: Plan) -> AsyncIterator[Chunk]:
+        """The llm model's responses to one request, streamed (a non-streamed
+        request is gathered by the app). A gRPC stream carries an error's text
+        without its status: the front door checks the client's mistakes itself
+        first, so what comes this way is a shutdown (UNAVAILABLE) or ours."""
+        stream = self._connection().stream(plan.prompt_ids, **{**plan.params, "stream": True})
+        try:
+            async for chunk in stream:
+                yield chunk
+        except GenerationError as error:
+            if error.status:
+                raise
+            raise GenerationError(str(error), "UNAVAILABLE" if str(error).startswith(
+                SHUTTING_DOWN) else "INTERNAL") from None
+        finally:
+            await stream.aclose()
 
     async def ready(self) -> bool:
         import tritonclient.grpc.aio as grpcclient
@@ -93,10 +103,14 @@ class TritonBackend:
 
 class FrontendServer:
     """The front door on uvicorn in a thread of its own: ``start`` returns
-    once it listens; ``stop`` closes it (open streams are cancelled)."""
+    once it listens. ``close`` stops it listening, open responses get
+    ``grace_s`` to finish (``serve`` gives them Triton's drain meanwhile);
+    ``stop`` closes and waits for the thread."""
 
-    def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None):
+    def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None,
+                 grace_s: float = 5.0):
         self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
+        self.grace_s = grace_s
         self.thread: threading.Thread | None = None
         self.server = None
 
@@ -116,7 +130,7 @@ class FrontendServer:
         app = build_app(self.served, backend.generate, backend.ready)
         app.router.add_event_handler("shutdown", backend.close)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=STOP_TIMEOUT_S, lifespan="on")
+                                timeout_graceful_shutdown=self.grace_s, lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="openai-frontend",
                                        daemon=True)
@@ -128,13 +142,16 @@ class FrontendServer:
             self.stop()
             raise RuntimeError(f"the OpenAI frontend did not start on {self.host}:{self.port} "
                                f"(port in use?)")
-        log.info("openai frontend ready on %s (model %s)", self.url, self.served.model_id)
         return self
 
-    def stop(self) -> None:
-        if self.server is not None and self.thread is not None:
+    def close(self) -> None:
+        if self.server is not None:
             self.server.should_exit = True
-            self.thread.join(STOP_TIMEOUT_S + 5)
+
+    def stop(self) -> None:
+        self.close()
+        if self.thread is not None:
+            self.thread.join(self.grace_s + 5)
         self.server = self.thread = None
 
     def __enter__(self) -> "FrontendServer":

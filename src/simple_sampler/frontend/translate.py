@@ -35,11 +35,13 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 @dataclass
 class Served:
-    """What the front door serves: the model's id, its text codec and context."""
+    """What the front door serves: the model's id, its text codec, context and
+    vocabulary (token ids a request names must lie in [0, vocab_size))."""
 
     model_id: str
     codec: object  # serving.text.TextCodec
     max_context: int
+    vocab_size: int
 
 
 @dataclass
@@ -65,7 +67,7 @@ def _integer(name: str, value: int, input_name: str, low: int, high: int) -> int
     return value
 
 
-def _sampling_params(request: Sampling) -> dict:
+def _sampling_params(request: Sampling, served: Served) -> dict:
     """The sampling fields given, checked by params.RULES, as generate inputs."""
     params = {}
     for name, rule, allowed in RULES:
@@ -94,11 +96,11 @@ def _sampling_params(request: Sampling) -> dict:
     if request.logit_bias:
         ids = []
         for key in request.logit_bias:
-            try:
-                ids.append(_integer("logit_bias", int(key), "logit_bias_ids", 0, 2**63))
-            except ValueError:
-                raise RequestError(f"logit_bias keys must be token ids, got {key!r}",
-                                   "logit_bias") from None
+            token = int(key) if key.strip().lstrip("-").isdigit() else None
+            if token is None or not 0 <= token < served.vocab_size:
+                raise RequestError(f"logit_bias keys must be token ids in [0, "
+                                   f"{served.vocab_size - 1}], got {key!r}", "logit_bias")
+            ids.append(token)
         params["logit_bias_ids"] = ids
         params["logit_bias_values"] = list(request.logit_bias.values())
     return params
@@ -147,7 +149,8 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
     else:
         if not request.prompt:
             raise RequestError("prompt must be a non-empty list of token ids", "prompt")
-        prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, 2**63) for t in request.prompt]
+        prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
+                      for t in request.prompt]
     return _plan(request, served, False, prompt_ids, _max_tokens(
         request, served, len(prompt_ids), default=16), request.logprobs is not None)
 
@@ -178,7 +181,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
 
 def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
           max_tokens: int, logprobs: bool) -> Plan:
-    params = _sampling_params(request)
+    params = _sampling_params(request, served)
     if "min_length" in params and params["min_length"] > max_tokens:
         raise RequestError(f"min_tokens ({params['min_length']}) must be at most the maximum "
                            f"number of tokens ({max_tokens})", "min_tokens")

@@ -48,6 +48,9 @@ class Unavailable(RuntimeError):
 #: any other error: generation failed, INTERNAL).
 Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
+#: How every Unavailable message starts: a gRPC stream carries an error's
+#: text without its status, so the OpenAI front door tells a shutdown by it.
+SHUTTING_DOWN = "the server is shutting down"
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
 
@@ -187,7 +190,7 @@ class LlmService:
         while self.decoder.num_in_flight and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
         aborted = self.decoder.abort_all(
-            f"the server is shutting down: the request did not finish within the "
+            f"{SHUTTING_DOWN}: the request did not finish within the "
             f"{grace_s:.0f} s grace period; send it again")
         if aborted:
             log.warning("drained: %d requests ended with an error after the grace period", aborted)
@@ -225,7 +228,7 @@ class LlmService:
     async def _serve(self, inputs, send: Send, is_cancelled, on_done) -> None:
         try:
             if self.draining:
-                raise Unavailable("the server is shutting down and admits no new request")
+                raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
         except (ValueError, Unavailable) as error:
