@@ -3,9 +3,13 @@ SmolLM2 in batch-invariant mode, 2 sampler instances), driven by the official
 ``openai`` client and by raw HTTP for disconnects."""
 import json
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -196,3 +200,55 @@ def test_a_cancelled_ensemble_stream_keeps_generating(llm_server):
     while in_flight(llm_server) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert in_flight(llm_server) == 0
+
+
+def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
+    """`serve` with --openai-port: the API answers; SIGINT during a long stream ends the stream (with the
+    drain's error after the grace) and serve exits 0, Triton by itself."""
+    grace = 2
+    *ports, openai_port = [free_port() for _ in range(4)]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--instances", "1",
+         "--max-context", "1024", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+         "--metrics-port", str(ports[2]), "--openai-port", str(openai_port),
+         "--openai-host", "127.0.0.1", "--shutdown-grace", str(grace),
+         "--log", str(tmp_path / "tritonserver.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if "openai frontend ready on" in line:
+                break
+        else:
+            pytest.fail(f"serve exited before the frontend was ready: {''.join(output)}")
+        url = f"http://127.0.0.1:{openai_port}"
+        assert f"openai frontend ready on {url}/v1" in output[-1]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        answer = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8,
+                                                extra_body={"min_tokens": 8})
+        assert answer.usage.completion_tokens == 8
+        with httpx.Client(base_url=url, timeout=60) as http:
+            with http.stream("POST", "/v1/chat/completions", json={
+                    "model": model, "messages": STORY, "max_tokens": 900, "min_tokens": 900,
+                    "stream": True}) as response:
+                lines = response.iter_lines()
+                for _ in range(3):
+                    next(lines)
+                signalled = time.monotonic()
+                process.send_signal(signal.SIGINT)
+                rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert "shutting down" in rest[-2], rest[-2:]
+        stdout, _ = process.communicate(timeout=grace + 30)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, "".join(output) + stdout
+    assert "simple-sampler serve: stopped" in stdout
+    assert (("".join(output) + stdout).count("openai frontend ready on")) == 1
+    assert "(status 0)" in stdout  # tritonserver exited by itself, not by SIGKILL
+    assert stopped_after < grace + 15, stopped_after
