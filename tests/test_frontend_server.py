@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.frontend.backend import FrontendServer
-from simple_sampler.triton.server import free_port
+from simple_sampler.launch.server import free_port
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

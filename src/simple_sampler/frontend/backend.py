@@ -20,8 +20,9 @@ from typing import AsyncIterator
 from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
 from ..schema import LLM
+from ..serving.engines import engine_spec
 from ..settings import LlmSettings
-from ..triton.llm_service import SHUTTING_DOWN, build_codec
+from ..triton.llm_service import SHUTTING_DOWN
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,11 @@ log = logging.getLogger(__name__)
 
 def model_id(settings: LlmSettings) -> str:
     """The name clients pass as ``model``: the model's file or directory name
-    (SmolLM2's by default), marked when the engine is simulated."""
+    (SmolLM2's by default), prefixed ``simulated-`` when no model runs (the
+    simulated engine: the name is only its tokenizer's)."""
     name = Path(settings.model).name if settings.model else SMOLLM2_GGUF_NAME
     name = name.split(".")[0] if name.endswith(".gguf") else name
-    return f"simulated-{name}" if settings.engine == "simulated" else name
+    return name if engine_spec(settings.engine).runs_model else f"simulated-{name}"
 
 
 async def llm_settings(grpc_url: str) -> LlmSettings:
@@ -50,9 +52,10 @@ async def llm_settings(grpc_url: str) -> LlmSettings:
 
 
 def served_by(settings: LlmSettings) -> Served:
-    codec = build_codec(settings)
-    vocab_size = settings.sim_vocab if settings.engine == "simulated" else len(codec.tokenizer)
-    return Served(model_id(settings), codec, settings.max_context, vocab_size)
+    spec = engine_spec(settings.engine)
+    codec = spec.codec(settings)  # loads the tokenizer (transformers, torch)
+    return Served(model_id(settings), codec, settings.max_context,
+                  spec.vocab_size(settings, codec))
 
 
 class TritonBackend:
