@@ -22,7 +22,10 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -56,6 +59,9 @@ CANCEL_POLL_S = 0.1
 SHUTTING_DOWN = "the server is shutting down"
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
+#: How long close() waits for the decode loop to stop (Triton's exit
+#: timeout, launch/server.py, is 8 s for every model's unload).
+CLOSE_TIMEOUT_S = 4.0
 
 
 def build_engine(settings: LlmSettings):
@@ -274,10 +280,23 @@ class LlmService:
         return self.decoder.stats
 
     def close(self) -> None:
+        """Stop the decode loop; at most CLOSE_TIMEOUT_S, so that Triton can
+        unload the model within its exit timeout. A loop that does not stop
+        in time is logged with every thread's stack (what it waits on) and
+        left to the process's exit."""
         self.cancel_watch.cancel()
-        self._call(self.decoder.close()).result()
+        started = time.monotonic()
+        try:
+            self._call(self.decoder.close()).result(CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            stacks = "\n".join(f"thread {thread.name}:\n" + "".join(traceback.format_stack(
+                sys._current_frames()[thread.ident])) for thread in threading.enumerate()
+                if thread.ident in sys._current_frames())
+            log.error("the decode loop did not stop within %.1f s (%d sequences active); "
+                      "threads:\n%s", CLOSE_TIMEOUT_S, self.decoder.num_active, stacks)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
+        self.thread.join(CLOSE_TIMEOUT_S)
+        log.info("decode loop closed in %.1f s", time.monotonic() - started)
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()
 
