@@ -3,6 +3,7 @@ not asked (no server)."""
 import numpy as np
 import pytest
 
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.decoder import GenerationEvent
 from simple_sampler.triton.generate_io import decode_generate, encode_event
 
@@ -24,7 +25,7 @@ def test_logit_bias_inputs_become_the_sampling_params_bias():
       "logit_bias_values": np.array([[1.0, 2.0]], np.float32)}, "at most once"),
 ])
 def test_bad_logit_bias_inputs_are_refused_by_name(inputs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidRequest, match=message):
         decode_generate({"text_input": np.array([[b"hi"]], object), **inputs})
 
 

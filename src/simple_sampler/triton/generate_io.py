@@ -72,14 +72,14 @@ def _logit_bias(ids, values) -> dict[int, float]:
     if ids is None and values is None:
         return {}
     if ids is None or values is None:
-        raise ValueError("logit_bias_ids and logit_bias_values must be given together")
+        raise InvalidRequest("logit_bias_ids and logit_bias_values must be given together")
     ids, values = np.asarray(ids).reshape(-1), np.asarray(values).reshape(-1)
     if ids.size != values.size:
-        raise ValueError(f"logit_bias_values must hold one value per logit_bias_ids entry, got "
+        raise InvalidRequest(f"logit_bias_values must hold one value per logit_bias_ids entry, got "
                          f"{values.size} for {ids.size}")
     bias = {int(t): float(v) for t, v in zip(ids, values)}
     if len(bias) != ids.size:
-        raise ValueError("logit_bias_ids must name each token at most once")
+        raise InvalidRequest("logit_bias_ids must name each token at most once")
     return bias
 
 
