@@ -161,7 +161,7 @@ def test_sampling_fields_reach_the_llm_inputs_the_schema_names(client, recorder,
         temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1,
         presence_penalty=0.5, frequency_penalty=-0.5, seed=2**64 - 1, stop=["\n", "."],
         min_tokens=2, max_completion_tokens=20, logit_bias={"17": -100, "42": 2.5},
-        logprobs=True, top_logprobs=0, user="someone"))
+        logprobs=True, top_logprobs=0, user="someone", n=None, stream=None))
     assert response.status_code == 200, response.text
     plan = recorder.plans[0]
     assert plan.prompt_ids == codec.encode("Capital of France?", chat=True)

@@ -63,9 +63,9 @@ class Sampling(Strict):
     """The fields both endpoints share."""
 
     model: str
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = 1
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -84,7 +84,7 @@ class Sampling(Strict):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int]
-    echo: bool = False
+    echo: bool | None = False
     #: OpenAI: how many most likely tokens to return per position (0-5); the
     #: decode loop returns the chosen token's logprob only, so only 0 here.
     logprobs: int | None = None
@@ -111,7 +111,7 @@ class ChatMessage(Strict):
 class ChatCompletionRequest(Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
 
 

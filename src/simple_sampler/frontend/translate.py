@@ -128,7 +128,7 @@ def _common(request: Sampling, served: Served) -> None:
     if request.model != served.model_id:
         raise RequestError(f"the model {request.model!r} does not exist; this server serves "
                            f"{served.model_id!r}", "model", status=404, code="model_not_found")
-    if request.n != 1:
+    if request.n not in (None, 1):
         raise RequestError(f"n must be 1: this server returns one choice per request, got "
                            f"{request.n}", "n")
 
@@ -176,7 +176,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     except ValueError as error:
         raise RequestError(str(error), "messages") from None
     return _plan(request, served, True, prompt_ids,
-                 _max_tokens(request, served, len(prompt_ids), None, name), request.logprobs)
+                 _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs))
 
 
 def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
@@ -189,7 +189,7 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     options = request.stream_options
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
-    return Plan(chat, prompt_ids, params, request.stream,
+    return Plan(chat, prompt_ids, params, bool(request.stream),
                 options is not None and options.include_usage, logprobs)
 
 
