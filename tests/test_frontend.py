@@ -73,6 +73,8 @@ BAD_CHAT = [
     ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e9}' % MODEL,
      "max_tokens", "valid integer"),
     (chat(max_tokens=16.0), "max_tokens", "valid integer"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e999}'
+     % MODEL, "max_tokens", "valid integer"),
     (chat(max_tokens=4294967297), "max_tokens", "[1, 511]"),
     (chat(max_tokens=0), "max_tokens", "[1, 511]"),
     (chat(max_tokens=True), "max_tokens", "valid integer"),
