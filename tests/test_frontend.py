@@ -1,6 +1,7 @@
 """The OpenAI front door without a server: requests through the real ASGI app
 (FastAPI's TestClient) and the model's real tokenizer, generation replaced
 by a stand-in that records what would be sent to the llm model."""
+import asyncio
 import json
 
 import pytest
@@ -8,7 +9,9 @@ from fastapi.testclient import TestClient
 
 from simple_sampler.client import Chunk, GenerationError
 from simple_sampler.frontend.app import build_app
-from simple_sampler.frontend.translate import Served
+from simple_sampler.frontend.backend import TritonBackend
+from simple_sampler.frontend.translate import Plan, Served
+from simple_sampler.schema import SHUTTING_DOWN
 from simple_sampler.serving.text import TextCodec
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -250,3 +253,25 @@ def test_triton_errors_keep_their_meaning(client, recorder, status, http, kind, 
 def test_models_and_health(client):
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
     assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("message, status", [
+    (f"{SHUTTING_DOWN}: the request did not finish within the 2 s grace period", "UNAVAILABLE"),
+    ("RuntimeError: the sampler failed", "INTERNAL")])
+def test_a_stream_error_without_status_is_a_shutdown_or_ours(message, status):
+    """gRPC streams carry an error's text only; the backend names its status."""
+    class Failing:
+        async def stream(self, prompt_ids, **params):
+            yield Chunk("a", [1], [], 0.0, 1, 1, "")
+            raise GenerationError(message)
+
+    backend = TritonBackend("127.0.0.1:1")
+    backend.client = Failing()
+    plan = Plan(True, [1], {"max_tokens": 4}, True, False, False)
+
+    async def drain():
+        return [chunk async for chunk in backend.generate(plan)]
+
+    with pytest.raises(GenerationError) as raised:
+        asyncio.run(drain())
+    assert raised.value.status == status and str(raised.value) == message

@@ -31,6 +31,12 @@ _ALLOWED = {name: allowed for name, _, allowed in RULES}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
+#: How the generation models' UNAVAILABLE messages (a shutdown) start: a gRPC
+#: stream carries an error's text without its status, so the OpenAI front
+#: door tells a shutdown by it.
+SHUTTING_DOWN = "the server is shutting down"
+
+
 class InvalidRequest(ValueError):
     """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
     the message names the input and the allowed range. Raised by both codecs

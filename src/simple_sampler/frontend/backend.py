@@ -19,14 +19,12 @@ from typing import AsyncIterator
 
 from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
-from ..schema import LLM
+from ..schema import LLM, SHUTTING_DOWN
 from ..serving.engines import engine_spec
 from ..settings import LlmSettings
-from ..triton.llm_service import SHUTTING_DOWN
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
-
 
 
 def model_id(settings: LlmSettings) -> str:

@@ -104,6 +104,7 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
     openai = None
     if llm is not None and frontend is not None and frontend.openai_port:
+        # lazy: fastapi and uvicorn (and the tokenizer it loads) only with the API on
         from ..frontend.backend import FrontendServer
 
         try:

@@ -31,6 +31,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..schema import SHUTTING_DOWN
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
@@ -54,9 +55,6 @@ class Unavailable(RuntimeError):
 #: any other error: generation failed, INTERNAL).
 Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
-#: How every Unavailable message starts: a gRPC stream carries an error's
-#: text without its status, so the OpenAI front door tells a shutdown by it.
-SHUTTING_DOWN = "the server is shutting down"
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
 #: How long close() waits for the decode loop to stop (Triton's exit
