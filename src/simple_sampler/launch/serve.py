@@ -112,8 +112,8 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                                     grace_s=shutdown_grace_s + 5).start()
         except Exception as error:  # noqa: BLE001 - Triton is up: stop it, say why
             log.exception("the OpenAI frontend did not start")
-            print(f"simple-sampler serve: the OpenAI frontend did not start: {error}",
-                  file=sys.stderr)
+            print(f"simple-sampler serve: the OpenAI frontend did not start: {error} "
+                  f"(--openai-port 0 turns it off)", file=sys.stderr)
             if supervisor is not None:
                 supervisor.stop()
             server.stop()
