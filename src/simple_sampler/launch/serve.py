@@ -20,7 +20,7 @@ from pathlib import Path
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError
-from .server import MiB, TritonServer, write_model
+from .server import MiB, TritonServer, port_in_use, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,10 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                               shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         if startup_timeout is not None and not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+        if (llm is not None and frontend is not None and frontend.openai_port
+                and port_in_use(frontend.openai_port)):
+            raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
+                             f"choose another or stop what holds it (--openai-port 0: no API)")
         startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
         server.start(startup_timeout)
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
