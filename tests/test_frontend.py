@@ -275,3 +275,20 @@ def test_a_stream_error_without_status_is_a_shutdown_or_ours(message, status):
     with pytest.raises(GenerationError) as raised:
         asyncio.run(drain())
     assert raised.value.status == status and str(raised.value) == message
+
+
+def test_only_the_frontend_imports_fastapi_and_uvicorn():
+    import ast
+    from pathlib import Path
+
+    import simple_sampler
+
+    root = Path(simple_sampler.__file__).parent
+    importers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] in ("fastapi", "starlette", "uvicorn") for name in names):
+                importers.add(path.relative_to(root).parts[0])
+    assert importers == {"frontend"}
