@@ -277,6 +277,12 @@ class LlmService:
     def stats(self):
         return self.decoder.stats
 
+    @property
+    def bridge_s(self) -> float:
+        """The data plane's bridge time (``TrtLlmEngine.bridge_s``; 0 for
+        engines without a bridge)."""
+        return getattr(self.engine, "bridge_s", 0.0)
+
     def close(self) -> None:
         """Stop the decode loop; at most CLOSE_TIMEOUT_S, so that Triton can
         unload the model within its exit timeout. A loop that does not stop
