@@ -41,6 +41,8 @@ class EngineSpec:
     hot_profile: the shipped SmolLM2 hot profile as it applies to the
         engine's rows (the simulated bank keeps SmolLM2's tokens at other
         ids); None: not at all unless the model is SmolLM2.
+    vocab_size: the token ids its rows cover, from the settings and its
+        codec (the tokenizer's size for a real model), without building it.
     """
 
     name: str
@@ -52,6 +54,8 @@ class EngineSpec:
     describe: Callable[[LlmSettings], str] = lambda settings: ""
     runs_model: bool = True
     hot_profile: Callable | None = None
+    vocab_size: Callable[[LlmSettings, "TextCodec"], int] = \
+        lambda settings, codec: len(codec.tokenizer)
 
 
 def _build_torch(settings: LlmSettings) -> "Engine":
@@ -117,7 +121,8 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("simulated", _build_simulated, _simulated_codec,
                logits_dtype=lambda settings: SIMULATED_DTYPES[settings.sim_dtype],
                label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False,
-               hot_profile=_simulated_hot_profile),
+               hot_profile=_simulated_hot_profile,
+               vocab_size=lambda settings, codec: settings.sim_vocab),
 )}
 
 
