@@ -126,6 +126,26 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_cost(args: argparse.Namespace) -> int:
+    from .bench import serve_cost
+
+    if args.quick:
+        configs = serve_cost.plan(paces=["instant"], batches=[8], intervals=[1, 4])
+        max_tokens = 16
+    else:
+        configs = serve_cost.plan(args.pace, args.batch, args.stream_interval, args.routes)
+        max_tokens = args.max_tokens
+    if not configs or min(c.stream_interval for c in configs) < 1:
+        print("simple-sampler bench serve-cost: nothing to run, or a stream interval < 1",
+              file=sys.stderr)
+        return 2
+    report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
+                            micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
+                            profile_dir=args.profile)
+    print_report(args, report, serve_cost.format_report(report))
+    return 0
+
+
 def perf(args: argparse.Namespace) -> int:
     from .bench import perf as perf_bench
 
@@ -299,6 +319,37 @@ def build_parser() -> argparse.ArgumentParser:
                            help="every request's top_p (default 1: no truncation; in-process "
                                 "only)")
     sim_bench.set_defaults(handler=bench_serve_sim)
+
+    cost_bench = targets.add_parser(
+        "serve-cost", help="server CPU per streamed token by process, beside Triton's floor "
+                           "model, on a SIMULATED data plane (docs/SERVED_COST.md)")
+    cost_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    cost_bench.add_argument("--quick", action="store_true",
+                            help="instant pace, B 8, k 1 and 4, 16 tokens (seconds; for tests)")
+    cost_bench.add_argument("--pace", nargs="+", default=["instant", "gpu"],
+                            choices=["instant", "gpu"],
+                            help="simulated step: instant (0 ms) or gpu (a + b * B, the "
+                                 "simulated engine's defaults)")
+    cost_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256],
+                            help="concurrent streams (B)")
+    cost_bench.add_argument("--stream-interval", type=int, nargs="+", default=[1, 4, 16],
+                            help="stream_interval of the ensemble's requests (llm direct: the "
+                                 "first)")
+    cost_bench.add_argument("--routes", nargs="+", default=["floor", "ensemble", "llm"],
+                            choices=["floor", "ensemble", "llm"],
+                            help="floor model, ensemble, llm called directly")
+    cost_bench.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
+    cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
+    cost_bench.add_argument("--micro-batches", type=int, default=2,
+                            help="the decode loop's lanes")
+    cost_bench.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
+                            choices=sim_settings["sim_vocab"].metadata["choices"])
+    cost_bench.add_argument("--dtype", default=LlmSettings.sim_dtype,
+                            choices=sim_settings["sim_dtype"].metadata["choices"])
+    cost_bench.add_argument("--profile", metavar="DIR",
+                            help="run the llm stub's decode-loop thread under cProfile and "
+                                 "write DIR/llm-<pid>.prof when each server stops")
+    cost_bench.set_defaults(handler=bench_serve_cost)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

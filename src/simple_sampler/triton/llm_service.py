@@ -18,6 +18,7 @@ next micro-batch; a shard that fails is sent again elsewhere.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -50,6 +51,25 @@ Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
+
+
+#: A directory: the decode-loop thread runs under cProfile and writes
+#: llm-<pid>.prof there when the service closes (`bench serve-cost --profile`).
+PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE_DIR"
+
+
+def profiled(run: Callable[[], None], path: str) -> None:
+    """run() under cProfile (this thread only), its statistics written to `path`."""
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        run()
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+        log.info("decode-loop profile written to %s", path)
 
 
 def build_engine(settings: LlmSettings):
@@ -136,8 +156,10 @@ class LlmService:
                                settings.micro_batches)
         self.draining = False
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="decode-loop",
-                                       daemon=True)
+        profile_dir = os.environ.get(PROFILE_ENV)
+        run = self.loop.run_forever if not profile_dir else functools.partial(
+            profiled, self.loop.run_forever, os.path.join(profile_dir, f"llm-{os.getpid()}.prof"))
+        self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
         self.deliveries: set[_Delivery] = set()
