@@ -21,7 +21,9 @@ tokens to the last eighth, so ramp-up and tail are left out):
 * ``tokens_per_s``: tokens the client received over the window's wall time;
 * ``bound_tokens_per_s``: the data plane's own bound, B / (a + b * B) (one
   forward over the B sequences per token; None for the instant pace), and
-  ``efficiency`` = tokens_per_s / bound;
+  ``efficiency`` = tokens_per_s / bound; ``lanes_bound_tokens_per_s``: B /
+  (m * a + b * B), what the simulated engine allows with m micro-batches
+  (each lane's forward pays a);
 * ``cpu_us_per_token``: CPU time (utime + stime from /proc/<pid>/stat) of
   every process of the server over the window, per token received: the
   ``tritonserver`` process itself and each stub, named by its model
@@ -76,9 +78,12 @@ class Config:
     def step_ms(self) -> tuple[float, float]:
         return PACES[self.pace]
 
-    def bound(self) -> float | None:
+    def bound(self, micro_batches: int = 1) -> float | None:
+        """B / (a + b * B) tokens/s: one forward per token of every sequence.
+        With m micro-batches the simulated engine runs m forwards per pass,
+        each paying a: then B / (m * a + b * B) is all it allows."""
         a, b = self.step_ms
-        step_ms = a + b * self.batch
+        step_ms = micro_batches * a + b * self.batch
         return self.batch / (step_ms / 1e3) if step_ms else None
 
 
@@ -209,7 +214,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
             "tokens_per_response": tokens / max(1, responses_in_window)}
 
 
-def figures(config: Config, measured: dict) -> dict:
+def figures(config: Config, measured: dict, micro_batches: int) -> dict:
     tokens, cpu = measured["tokens"], measured["cpu_s"]
     per_token = {name: 1e6 * seconds / tokens for name, seconds in cpu.items()}
     samplers = sorted(name for name in per_token if name.startswith("simple_sampler"))
@@ -220,6 +225,7 @@ def figures(config: Config, measured: dict) -> dict:
             "route": config.route, "stream_interval": config.stream_interval,
             "tokens_per_s": tokens_per_s, "bound_tokens_per_s": bound,
             "efficiency": tokens_per_s / bound if bound else None,
+            "lanes_bound_tokens_per_s": config.bound(micro_batches),
             "tokens_per_response": measured["tokens_per_response"],
             "cpu_us_per_token": {
                 "tritonserver": per_token["tritonserver"],
@@ -302,7 +308,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 32, instances: in
                     asyncio.run(drive(server.grpc_url, Config(pace, 2, config.route), 4, None))
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
-                    results.append(figures(config, measured))
+                    results.append(figures(config, measured, micro_batches))
             finally:
                 server.stop()
         finally:
@@ -342,6 +348,7 @@ def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
              f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
              f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
+             f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9}"]
     for r in report["results"]:
@@ -349,13 +356,15 @@ def format_report(report: dict) -> str:
         lines.append(
             f"{pace_label(r):<15} {r['batch']:>4} {r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
-            f"{cell(r['efficiency'], '5.2f')} {r['tokens_per_response']:>7.1f} "
+            f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
+            f"{r['tokens_per_response']:>7.1f} "
             f"{cpu['server']:>7.0f} {cpu['tritonserver']:>7.0f} {cpu['llm']:>6.0f} "
             f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
             f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
             f"{cell(r['server_vs_floor'], '9.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
-                 "server = tritonserver + every stub; k = stream_interval; tok/rsp = tokens per "
+                 "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
+                 "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
                  "same pace and B; server/fl = whole server over the floor's")
     return "\n".join(lines)
