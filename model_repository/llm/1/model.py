@@ -116,7 +116,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             self.service.submit(inputs, self._sender(request.get_response_sender()),
-                                request.is_cancelled, on_done=self._report_stats)
+                                request.is_cancelled, on_done=self._request_done)
         return None
 
     def _sender(self, response_sender):
@@ -133,10 +133,16 @@ class TritonPythonModel:
                 self._report_stats()
         return send
 
+    def _request_done(self):
+        # B requests often end in the same step: one report for them, unless
+        # the last one ended (the drain waits for the in-flight gauge's 0).
+        if self.service.decoder.num_in_flight == 0 or time.monotonic() >= self.next_report:
+            self._report_stats()
+
     def _report_stats(self):
         """Every metric update is a message to the server process: done at
-        most every REPORT_INTERVAL_S while tokens stream, and whenever a
-        request ends (so the in-flight gauge reaches 0 when the last does)."""
+        most every REPORT_INTERVAL_S while requests stream, and when the
+        last request in flight ends."""
         with self.report_lock:
             self.next_report = time.monotonic() + REPORT_INTERVAL_S
             self._report_stats_locked()
