@@ -291,8 +291,15 @@ class LlmService:
             except Exception:  # nobody to answer: stop generating for them
                 log.debug("sending a response failed: the request is cancelled", exc_info=True)
                 delivery.stop()
-        if event.final and not delivery.finished.done():
-            delivery.finished.set_result(None)
+        if event.final:
+            # Never ask Triton about a request after its final response: its
+            # response factory is gone (Triton 2.51 crashes in
+            # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
+            # may come after the next cancellation pass.
+            delivery.delivering = False
+            self.deliveries.pop(delivery, None)
+            if not delivery.finished.done():
+                delivery.finished.set_result(None)
 
     async def _watch_cancellations(self) -> None:
         """Every CANCEL_POLL_S, ask Triton whether requests still being
