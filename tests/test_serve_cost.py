@@ -46,10 +46,12 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     rows = {(r["route"], r["stream_interval"]): r for r in report["results"]}
     assert set(rows) == {("floor", 1), ("ensemble", 1), ("ensemble", 4), ("llm", 1)}
     floor, one, four = rows[("floor", 1)], rows[("ensemble", 1)], rows[("ensemble", 4)]
-    # each process is charged to its own route
-    assert floor["cpu_us_per_token"]["floor"] > 0 and floor["cpu_us_per_token"]["llm"] < \
-        one["cpu_us_per_token"]["llm"]
-    assert one["cpu_us_per_token"]["samplers"] > 0 and one["cpu_us_per_token"]["client"] > 0
+    # each process is charged to its own route (/proc counts in 10 ms ticks: a
+    # quick window of the floor may show 0 for its stub)
+    assert floor["cpu_us_per_token"]["server"] > 0
+    assert floor["cpu_us_per_token"]["llm"] < one["cpu_us_per_token"]["llm"]
+    assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
+    assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
     assert one["tokens_per_response"] == pytest.approx(1.0)
     assert 3.0 <= four["tokens_per_response"] <= 4.0
     assert floor["vs_floor"] == pytest.approx(1.0) and one["vs_floor"] > 0

@@ -130,8 +130,8 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
     from .bench import serve_cost
 
     if args.quick:
-        configs = serve_cost.plan(paces=["instant"], batches=[8], intervals=[1, 4])
-        max_tokens = 16
+        configs = serve_cost.plan(paces=["instant"], batches=[16], intervals=[1, 4])
+        max_tokens = 32
     else:
         configs = serve_cost.plan(args.pace, args.batch, args.stream_interval, args.routes)
         max_tokens = args.max_tokens
@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "model, on a SIMULATED data plane (docs/SERVED_COST.md)")
     cost_bench.add_argument("--json", action="store_true", help="print one JSON object")
     cost_bench.add_argument("--quick", action="store_true",
-                            help="instant pace, B 8, k 1 and 4, 16 tokens (seconds; for tests)")
+                            help="instant pace, B 16, k 1 and 4, 32 tokens (seconds; for tests)")
     cost_bench.add_argument("--pace", nargs="+", default=["instant", "gpu"],
                             choices=["instant", "gpu"],
                             help="simulated step: instant (0 ms) or gpu (a + b * B, the "

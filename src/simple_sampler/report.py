@@ -470,15 +470,18 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
 
     lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
              "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "
-             "(floor + tritonserver) at the same pace and B.", ""]
+             "(floor + tritonserver) at the same pace and B; llm decode loop = the llm stub's "
+             "decode-loop thread (its streaming part), over the whole level.", ""]
     lines += table(["configuration", "tok/s", "bound tok/s", "efficiency",
                     "bound with the micro-batches", "tokens/response",
-                    *(name for _, name in COST_PARTS), "server", "client", "vs floor",
+                    *(name for _, name in COST_PARTS), "llm decode loop", "server", "client",
+                    "vs floor",
                     "server vs floor"],
                    [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
                      number(r["efficiency"], 2), number(r["lanes_bound_tokens_per_s"], 0),
                      number(r["tokens_per_response"], 1),
                      *(number(r["cpu_us_per_token"][key], 0) for key, _ in COST_PARTS),
+                     number(r.get("llm_loop_us_per_token"), 0),
                      number(r["cpu_us_per_token"]["server"], 0),
                      number(r["cpu_us_per_token"]["client"], 0),
                      number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x")]

@@ -30,6 +30,12 @@ tokens to the last eighth, so ramp-up and tail are left out):
   (``llm``, ``preprocessing``, ``floor``, ``simple_sampler`` instances
   summed as ``samplers`` and listed one by one), plus this process
   (``client``);
+* ``llm_loop_us_per_token``: the llm model's decode-loop CPU time
+  (``DecoderStats.loop_s``, exported as ``simple_llm_loop_us_total``: the
+  loop's own work, delivering the tokens and sending their responses) per
+  token, over the whole level: the part of the llm stub's CPU that
+  streaming costs; the rest of that stub's is mostly the sampler calls'
+  (BLS, the logits copied into shared memory) and the data-plane thread;
 * ratios to the floor at the same pace and B: ``vs_floor`` = (llm stub +
   tritonserver) / (floor stub + tritonserver), and the same for the whole
   server.
@@ -43,9 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from importlib import resources
@@ -214,6 +222,17 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
             "tokens_per_response": tokens / max(1, responses_in_window)}
 
 
+def loop_us(server) -> float:
+    """The llm model's ``simple_llm_loop_us_total`` once nothing is in flight
+    (the model reports its counters when its last request ends)."""
+    deadline = time.monotonic() + 10
+    while server.in_flight() > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(r"^simple_llm_loop_us_total\{[^}]*\} (\S+)", text,
+                                            re.M))
+
+
 def figures(config: Config, measured: dict, micro_batches: int) -> dict:
     tokens, cpu = measured["tokens"], measured["cpu_s"]
     per_token = {name: 1e6 * seconds / tokens for name, seconds in cpu.items()}
@@ -306,9 +325,13 @@ def run(configs: list[Config] | None = None, max_tokens: int = 32, instances: in
                 for config in mine:
                     # warm up the route: first steps, first BLS calls, first responses
                     asyncio.run(drive(server.grpc_url, Config(pace, 2, config.route), 4, None))
+                    loop_before = loop_us(server)
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
-                    results.append(figures(config, measured, micro_batches))
+                    row = figures(config, measured, micro_batches)
+                    row["llm_loop_us_per_token"] = (loop_us(server) - loop_before) / (
+                        config.batch * max_tokens)
+                    results.append(row)
             finally:
                 server.stop()
         finally:
@@ -349,7 +372,7 @@ def format_report(report: dict) -> str:
              f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
              f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
-             f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'floor':>6} "
+             f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9}"]
     for r in report["results"]:
         cpu = r["cpu_us_per_token"]
@@ -359,12 +382,13 @@ def format_report(report: dict) -> str:
             f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
             f"{r['tokens_per_response']:>7.1f} "
             f"{cpu['server']:>7.0f} {cpu['tritonserver']:>7.0f} {cpu['llm']:>6.0f} "
+            f"{cell(r.get('llm_loop_us_per_token'), '5.0f')} "
             f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
             f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
             f"{cell(r['server_vs_floor'], '9.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
-                 "response; vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
+                 "response; loop = the llm stub's decode-loop thread (streaming; whole level); vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
                  "same pace and B; server/fl = whole server over the floor's")
     return "\n".join(lines)
