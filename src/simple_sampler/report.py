@@ -486,7 +486,7 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r["cpu_us_per_token"]["client"], 0),
                      number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x")]
                     for r in results])
-    figure, axes = writer.new(width=max(7.0, 0.6 * len(results) + 2), height=5.0)
+    figure, axes = writer.new(width=max(7.0, 0.45 * len(results) + 2))
     positions = range(len(results))
     bottom = [0.0] * len(results)
     for key, name in COST_PARTS:
