@@ -107,8 +107,8 @@ def llm_server(tmp_path_factory):
     """The whole repository (SmolLM2 in batch-invariant mode, 2 sampler instances) on a real
     tritonserver, on free loopback ports, shared by the tests that talk to it."""
     from simple_sampler.settings import LlmSettings, SamplerSettings
-    from simple_sampler.triton.serve import assemble_repository
-    from simple_sampler.triton.server import TritonServer
+    from simple_sampler.launch.serve import assemble_repository
+    from simple_sampler.launch.server import TritonServer
 
     repository = assemble_repository(
         tmp_path_factory.mktemp("repository"),

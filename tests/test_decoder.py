@@ -9,7 +9,8 @@ import torch
 from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import (Decoder, GenerationRequest, kernel_sample,
                                             threaded)
-from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.models import load_model
+from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.models import load_model
+from simple_sampler.serving.torch_engine import TorchEngine
 
 TOLERANCE = 1e-3  # max abs logit difference, float32
 

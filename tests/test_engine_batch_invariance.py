@@ -15,7 +15,8 @@ import random
 import pytest
 import torch
 
-from simple_sampler.serving.engine import TorchEngine, load_model
+from simple_sampler.models import load_model
+from simple_sampler.serving.torch_engine import TorchEngine
 
 STEPS = 8
 CONTEXT = 256
@@ -119,7 +120,7 @@ def test_models_it_cannot_run_invariantly_are_refused():
 def test_the_setting_reaches_the_engine_and_is_refused_for_tensorrt_llm(tmp_path):
     from simple_sampler.settings import LlmSettings, SamplerSettings
     from simple_sampler.triton.llm_service import build_engine
-    from simple_sampler.triton.serve import assemble_repository
+    from simple_sampler.launch.serve import assemble_repository
 
     with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
         LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()

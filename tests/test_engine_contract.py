@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from fake_tensorrt_llm import LLM, SamplingParams, model_row
-from simple_sampler.serving.engine import (Closable, SelfScheduling, SequenceTable, TorchEngine,
-                                           load_model)
+from simple_sampler.models import load_model
+from simple_sampler.serving.engine import Closable, SelfScheduling, SequenceTable
 from simple_sampler.serving.simulated import SimulatedEngine, SimulatedSpec
+from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.trtllm import TrtLlmEngine
 
 

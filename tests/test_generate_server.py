@@ -16,7 +16,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
-from simple_sampler.serving.engine import TorchEngine
+from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.params import SamplingParams
 from conftest import LLM_CONTEXT

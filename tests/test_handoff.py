@@ -11,11 +11,10 @@ from conftest import (P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, repeate
                       total_variation)
 from simple_sampler import reference
 from simple_sampler._sampling import HandoffOutcome
-from simple_sampler.handoff import (CompactRows, fallback_batch, hot_first_summary,
-                                    merge_fallback, sample_compact, sample_hot_first,
-                                    touched_lists)
+from simple_sampler.handoff import CompactRows, fallback_batch, merge_fallback, sample_compact
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
+from simple_sampler.serving.hot_first import hot_first_summary, sample_hot_first, touched_lists
 from simple_sampler.shvs import HotVocab
 from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
 
@@ -323,7 +322,7 @@ def test_bad_input_names_the_field(zipf_row):
 def _local_pool(hot, capacity=2):
     """A SamplerPool whose targets run the sampler model's code in-process
     (decode_request + sample_request), with the model's hot set."""
-    from simple_sampler.triton.sampler_io import decode_request, sample_request
+    from simple_sampler.triton.sampler_codec import decode_request, sample_request
     from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
 
     def call(inputs):
@@ -331,12 +330,12 @@ def _local_pool(hot, capacity=2):
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
 
-def test_compact_rows_through_the_sampler_io(zipf_row):
+def test_compact_rows_through_the_sampler_codec(zipf_row):
     """compact_arrays -> decode_request -> sample_request gives
     sample_compact's answers; bad combinations are refused by name."""
-    from simple_sampler.triton.sampler_client import batch_arrays
-    from simple_sampler.triton.sampler_io import (RequestError, compact_arrays, decode_request,
-                                                  sample_request)
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
 
     hot = hot_sets(zipf_row)["random"]
     rng = np.random.default_rng(9)
@@ -357,11 +356,11 @@ def test_compact_rows_through_the_sampler_io(zipf_row):
     np.testing.assert_array_equal(outputs["handoff_outcome"][:, 0], direct.outcome)
     np.testing.assert_array_equal(outputs["output_log_probs"][:, 0], direct.logprobs)
     assert set(direct.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
-    with pytest.raises(RequestError, match="hot_logits needs a sampler with a hot set"):
+    with pytest.raises(InvalidRequest, match="hot_logits needs a sampler with a hot set"):
         decode_request(inputs, VOCAB)
-    with pytest.raises(RequestError, match="send logits or the compact rows"):
+    with pytest.raises(InvalidRequest, match="send logits or the compact rows"):
         decode_request({**inputs, "logits": rows}, VOCAB, hot)
-    with pytest.raises(RequestError, match=r"hot_logits must have shape \[B, 700\]"):
+    with pytest.raises(InvalidRequest, match=r"hot_logits must have shape \[B, 700\]"):
         decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
 
 
@@ -371,7 +370,7 @@ def test_hot_first_sampler_through_a_pool():
     whatever the sharding."""
     import asyncio
 
-    from simple_sampler.handoff import HotFirstSampler
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
     from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(33)
@@ -443,8 +442,8 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first():
 
     from simple_sampler.client import GenerateClient
     from simple_sampler.settings import LlmSettings, SamplerSettings
-    from simple_sampler.triton.serve import assemble_repository
-    from simple_sampler.triton.server import TritonServer
+    from simple_sampler.launch.serve import assemble_repository
+    from simple_sampler.launch.server import TritonServer
 
     question = "What is the capital of France?"
     texts = {}

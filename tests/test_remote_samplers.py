@@ -7,8 +7,8 @@ import urllib.request
 import pytest
 
 from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.triton.serve import assemble_repository
-from simple_sampler.triton.server import TritonServer
+from simple_sampler.launch.serve import assemble_repository
+from simple_sampler.launch.server import TritonServer
 from test_reliability import SAMPLED, Streams
 
 pytestmark = pytest.mark.slow

@@ -5,8 +5,9 @@ import pytest
 
 from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
-from simple_sampler.triton import templates
-from simple_sampler.triton.sampler_io import RequestError, decode_request, sample_request
+from simple_sampler.launch import templates
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.sampler_codec import decode_request, sample_request
 
 V = 50
 
@@ -108,7 +109,7 @@ def test_no_outputs_beyond_what_was_asked(logits):
     ("bogus", column([1, 1, 1]), "unknown input bogus"),
 ])
 def test_bad_inputs_name_the_field(logits, name, value, message):
-    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         decode_request({"logits": logits, name: value})
 
@@ -116,27 +117,27 @@ def test_bad_inputs_name_the_field(logits, name, value, message):
 def test_logit_bias_checks():
     logits = np.zeros((1, V), np.float32)
     ids = np.array([[1, 1]], np.int32)
-    with pytest.raises(RequestError, match="row 0: logit_bias names token 1 more than once"):
+    with pytest.raises(InvalidRequest, match="row 0: logit_bias names token 1 more than once"):
         decode_request({"logits": logits, "logit_bias_ids": ids,
                         "logit_bias_values": np.ones((1, 2), np.float32)})
-    with pytest.raises(RequestError, match="logit_bias_values must have the shape"):
+    with pytest.raises(InvalidRequest, match="logit_bias_values must have the shape"):
         decode_request({"logits": logits, "logit_bias_ids": ids,
                         "logit_bias_values": np.ones((1, 3), np.float32)})
-    with pytest.raises(RequestError, match="logit_bias value must be finite or -inf"):
+    with pytest.raises(InvalidRequest, match="logit_bias value must be finite or -inf"):
         decode_request({"logits": logits, "logit_bias_ids": np.array([[1]], np.int32),
                         "logit_bias_values": np.array([[np.nan]], np.float32)})
 
 
 def test_logits_checks():
-    with pytest.raises(RequestError, match="logits is required"):
+    with pytest.raises(InvalidRequest, match="logits is required"):
         decode_request({"temperature": column([1.0])})
-    with pytest.raises(RequestError, match="logits must have shape"):
+    with pytest.raises(InvalidRequest, match="logits must have shape"):
         decode_request({"logits": np.zeros((2, 3, 4), np.float32)})
-    with pytest.raises(RequestError, match="logits must have 100 columns"):
+    with pytest.raises(InvalidRequest, match="logits must have 100 columns"):
         decode_request({"logits": np.zeros((1, 99), np.float32)}, vocab_size=100)
     bad = np.zeros((2, 8), np.float32)
     bad[1, 5] = np.nan
-    with pytest.raises(RequestError, match="row 1: logits must not contain NaN; found at column 5"):
+    with pytest.raises(InvalidRequest, match="row 1: logits must not contain NaN; found at column 5"):
         sample_request(decode_request({"logits": bad}))
 
 
@@ -154,7 +155,7 @@ def test_templates_fill_every_placeholder_and_nothing_else():
 
 def test_batch_arrays_round_trip(logits):
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_codec import batch_arrays
 
     # values exact in float32, the tensors' dtype
     params = [SamplingParams(temperature=0.5, top_k=3, seed=1, logit_bias={4: 1.5}),
@@ -170,7 +171,7 @@ def test_batch_arrays_round_trip(logits):
 def test_bans_travel_as_minus_infinity_bias(logits):
     from simple_sampler.params import SamplingBatch
     from simple_sampler.sampling import sample
-    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_codec import batch_arrays
 
     params = [SamplingParams(seed=s, min_tokens=3, stop_token_ids=[int(np.argmax(logits[s]))],
                              logit_bias={int(np.argmax(logits[s])): 1.0, 2: 0.5}, temperature=0.0)
@@ -185,7 +186,7 @@ def test_bans_travel_as_minus_infinity_bias(logits):
 
 def test_bans_merge_into_the_bias_row_by_row():
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.triton.sampler_client import _bias_with_bans
+    from simple_sampler.triton.sampler_codec import _bias_with_bans
 
     rng = np.random.default_rng(0)
     params = [SamplingParams(seed=r, min_tokens=int(rng.integers(0, 2)),

@@ -11,9 +11,9 @@ import torch
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
 from simple_sampler.sampling import sample
-from simple_sampler.triton.sampler_io import decode_request, sample_request
-from simple_sampler.triton.sampler_pool import (SamplerCallError, SamplerPool, SamplerTarget,
-                                                build_pool, parse_endpoints)
+from simple_sampler.triton.sampler_codec import decode_request, sample_request
+from simple_sampler.settings import parse_endpoints
+from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget, build_pool
 
 VOCAB = 64
 

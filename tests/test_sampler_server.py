@@ -16,7 +16,7 @@ from simple_sampler.rows import real_rows
 from simple_sampler.sampling import sample_requests
 from simple_sampler.triton.sampler_client import SamplerClient
 from simple_sampler.settings import SamplerSettings
-from simple_sampler.triton.server import MiB, TritonServer, write_model
+from simple_sampler.launch.server import MiB, TritonServer, write_model
 
 pytestmark = pytest.mark.slow
 INSTANCES = 2
@@ -197,7 +197,7 @@ def test_hot_vocabulary_sampling_behind_the_server(server, rows):
     """The shipped SmolLM2 profile: the same tokens as sample(hot_vocab=...)
     in-process, and the acceptance counters on the metrics port."""
     from simple_sampler.shvs.hot_vocab import load_profile
-    from simple_sampler.triton.install import project_file
+    from simple_sampler.launch.install import project_file
 
     hot_vocab = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz")).hot_vocab()
     seeds = np.arange(len(rows), dtype=np.uint64)

@@ -12,9 +12,9 @@ from simple_sampler import cli, schema
 from simple_sampler.client import common
 from simple_sampler.serving.decoder import GenerationRequest
 from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.triton import generate_io, sampler_io
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.triton import generate_io, sampler_codec
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 TENSORS_DOC = project_file("docs/TENSORS.md")
 #: docs/TENSORS.md heading -> the tensors its table lists
@@ -139,7 +139,7 @@ def test_a_wrong_name_or_dtype_in_a_docs_table_is_caught():
 
 def test_the_codecs_and_clients_use_the_schema():
     assert set(generate_io.INPUT_NAMES) == set(schema.LLM.input_names)
-    assert set(sampler_io.INPUT_NAMES) == set(schema.SAMPLER.input_names)
+    assert set(sampler_codec.INPUT_NAMES) == set(schema.SAMPLER.input_names)
     assert set(common.SCALAR_TYPES) | set(common.WORD_LISTS) | {common.PROMPT} == \
         set(schema.ENSEMBLE.input_names)
     assert {t.name for t in cli.GENERATION_FLAGS} <= set(schema.ENSEMBLE.input_names)
@@ -150,7 +150,7 @@ def test_the_codecs_and_clients_use_the_schema():
     request = generate_io.decode_generate({"text_input": [[b"hi"]]}).request
     for name, field in generate_io.SAMPLING_INPUTS.items():
         assert getattr(request.sampling, field) == schema.ENSEMBLE.input(name).default, name
-    for name, (field, default) in sampler_io.SCALAR_INPUTS.items():
+    for name, (field, default) in sampler_codec.SCALAR_INPUTS.items():
         assert default == schema.SAMPLER.input(name).default, name
 
 
@@ -159,7 +159,7 @@ def test_sampler_tensors_built_by_the_client_have_the_schemas_dtypes():
 
     from simple_sampler import SamplingParams
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.triton.sampler_client import batch_arrays
+    from simple_sampler.triton.sampler_codec import batch_arrays
 
     batch = SamplingBatch.from_params([SamplingParams(seed=1)] * 2)
     for name, array in batch_arrays(batch).items():

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from simple_sampler.triton import install
+from simple_sampler.launch import install
 from simple_sampler.triton.sampler_client import SamplerClient
-from simple_sampler.triton.server import free_port
+from simple_sampler.launch.server import free_port
 
 COMMAND = [sys.executable, "-m", "simple_sampler.cli"]
 
@@ -93,8 +93,8 @@ def test_fill_template_in_place(tmp_path):
 
 
 def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, tmp_path):
-    from simple_sampler.triton.logs import LOG_LEVEL_ENV, configure
-    from simple_sampler.triton.server import TritonServer
+    from simple_sampler.logs import LOG_LEVEL_ENV, configure
+    from simple_sampler.launch.server import TritonServer
 
     server = TritonServer(tmp_path, log_level="WARNING")
     assert server.environment()[LOG_LEVEL_ENV] == "WARNING"

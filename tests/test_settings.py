@@ -9,12 +9,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from simple_sampler import cli
-from simple_sampler.serving import engine
+from simple_sampler.serving import torch_engine
 from simple_sampler.serving.decoder import Decoder
-from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.triton import templates
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.serving.engines import ENGINES
+from simple_sampler.settings import ENGINES as ENGINE_NAMES, LlmSettings, SamplerSettings
+from simple_sampler.launch import templates
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 SETTINGS = (SamplerSettings, LlmSettings)
 
@@ -130,8 +131,25 @@ def test_serve_options_come_from_the_settings():
 def test_the_defaults_elsewhere_are_the_settings():
     micro_batches = inspect.signature(Decoder).parameters["micro_batches"].default
     assert micro_batches == LlmSettings.micro_batches == 1
-    assert (engine.DEFAULT_MAX_BATCH_SIZE, engine.DEFAULT_MAX_CONTEXT) == \
+    assert (torch_engine.DEFAULT_MAX_BATCH_SIZE, torch_engine.DEFAULT_MAX_CONTEXT) == \
         (LlmSettings.engine_max_batch_size, LlmSettings.max_context)
+
+
+def test_the_engine_names_are_the_registrys():
+    assert ENGINE_NAMES == tuple(ENGINES)
+    assert LlmSettings.settings_fields()[1].metadata["choices"] == ENGINE_NAMES
+    scoped = {name for cls in SETTINGS for f in cls.settings_fields()
+              for name in (*f.metadata["engines"], *f.metadata["required_by"])}
+    assert scoped and scoped <= set(ENGINES)
+
+
+def test_settings_of_one_engine_are_refused_with_another():
+    with pytest.raises(ValueError, match="batch_invariant applies to engine torch only, not "
+                                         "simulated"):
+        LlmSettings(engine="simulated", batch_invariant=True).validate()
+    with pytest.raises(ValueError, match="engine tensorrt_llm needs model"):
+        LlmSettings(engine="tensorrt_llm").validate()
+    LlmSettings(engine="tensorrt_llm", model="/m", tensor_parallel_size=2).validate()
 
 
 def doc_rows(heading: str) -> list[list[str]]:

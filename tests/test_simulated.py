@@ -19,8 +19,8 @@ from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCode
                                               SimulatedEngine, SimulatedSpec)
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.shvs.hot_vocab import load_profile
-from simple_sampler.triton.install import project_file
-from simple_sampler.triton.serve import assemble_repository
+from simple_sampler.launch.install import project_file
+from simple_sampler.launch.serve import assemble_repository
 
 VOCAB = 128_256
 FAST = SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
@@ -210,7 +210,7 @@ def test_never_the_default_and_served_with_its_own_settings(tmp_path):
 def test_serve_rejects_a_logits_dtype_other_than_the_engines(capsys):
     assert main(["serve", "--engine", "simulated", "--sim-dtype", "bfloat16",
                  "--logits-dtype", "fp32"]) == 2
-    assert "differs from the simulated engine's --sim-dtype bfloat16" in capsys.readouterr().err
+    assert "differs from the simulated engine's logits (bf16)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shvs, top_p", [(False, 1.0), (True, 1.0), (True, 0.9)])

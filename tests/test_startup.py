@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from simple_sampler.triton import startup
-from simple_sampler.triton.install import TritonInstall
-from simple_sampler.triton.server import TritonServer, is_system_library_dir
+from simple_sampler.launch import startup
+from simple_sampler.serving import engines
+from simple_sampler.launch.install import TritonInstall
+from simple_sampler.launch.server import TritonServer, is_system_library_dir
 
 STAND_IN = Path(__file__).with_name("slow_tritonserver.py")
 
@@ -48,8 +49,8 @@ def test_a_startup_timeout_shorter_than_the_load_fails_naming_the_flag(slow_inst
 
 
 def test_the_default_startup_timeout_covers_an_engine_build():
-    assert startup.default_startup_timeout("tensorrt_llm") == 1800
-    assert startup.default_startup_timeout("torch") == startup.default_startup_timeout(None) == 180
+    assert engines.startup_timeout("tensorrt_llm") == 1800
+    assert engines.startup_timeout("torch") == engines.startup_timeout(None) == 180
 
 
 def test_serve_refuses_a_non_positive_startup_timeout(capsys):

@@ -1,7 +1,7 @@
 """Triton Python-based backend `simple_sampler`: logits in, tokens out.
 
 A thin adapter: tensors are decoded and checked by
-``simple_sampler.triton.sampler_io`` (tested without a server) and sampled by
+``simple_sampler.triton.sampler_codec`` (tested without a server) and sampled by
 the Cython kernels. Each model instance is its own process; the sampler keeps
 no state between requests (draws are keyed by seed and step), so any
 instance can serve any row.
@@ -16,8 +16,9 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
-from simple_sampler.triton import logs
-from simple_sampler.triton.sampler_io import INPUT_NAMES, RequestError, decode_request, sample_request
+from simple_sampler import logs
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.sampler_codec import INPUT_NAMES, decode_request, sample_request
 
 log = logging.getLogger("simple_sampler.backend")
 
@@ -84,7 +85,7 @@ class TritonPythonModel:
                 decoded = decode_request({k: _as_array(v) for k, v in inputs.items() if v is not None},
                                          self.vocab_size, self.hot_vocab)
                 outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
-            except RequestError as error:
+            except InvalidRequest as error:
                 failed += 1
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .schema import ENSEMBLE
-from .settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from .serving.engines import engine_spec
+from .settings import LlmSettings, SamplerSettings
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -177,13 +178,15 @@ def build_report(args: argparse.Namespace) -> int:
 def hot_vocab_profile(args: argparse.Namespace) -> str:
     """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2."""
     if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
-            args.sampler_only or args.model or args.engine == "simulated")):
+            args.sampler_only or args.model
+            or not engine_spec(args.engine or LlmSettings.engine).runs_model)):
         return ""
     return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .triton import logs, serve as serving
+    from . import logs
+    from .launch import serve as serving
 
     logs.configure(args.log_level)
     sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
@@ -191,12 +194,12 @@ def serve(args: argparse.Namespace) -> int:
     llm = LlmSettings.from_arguments(
         args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
         hot_vocab_profile=sampler.hot_vocab_profile)
-    if llm.engine == "simulated" and not args.sampler_only:
-        # The sampler takes the simulated engine's rows as they are (no cast).
-        dtype = SIMULATED_DTYPES[llm.sim_dtype]
+    dtype = None if args.sampler_only else engine_spec(llm.engine).logits_dtype(llm)
+    if dtype is not None:
+        # The sampler takes the engine's rows as they are (no cast).
         if args.logits_dtype not in (None, dtype):
             print(f"simple-sampler serve: --logits-dtype {args.logits_dtype} differs from the "
-                  f"simulated engine's --sim-dtype {llm.sim_dtype}", file=sys.stderr)
+                  f"{llm.engine} engine's logits ({dtype})", file=sys.stderr)
             return 2
         sampler = dataclasses.replace(sampler, logits_dtype=dtype)
     return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
@@ -233,7 +236,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def fill_template(args: argparse.Namespace) -> int:
-    from .triton import templates
+    from .launch import templates
 
     try:
         templates.fill_file(args.input, templates.parse_assignments(args.values), args.output)

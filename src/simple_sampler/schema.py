@@ -1,7 +1,7 @@
 """Every model's tensors, declared once: name, data type, dims, whether it may
 be left out, what its absence means and what values it takes.
 
-The codecs (``triton/generate_io.py``, ``triton/sampler_io.py``,
+The codecs (``triton/generate_io.py``, ``triton/sampler_codec.py``,
 ``triton/sampler_client.py``), the Python client (``client/common.py``) and
 ``simple-sampler generate`` take names and dtypes from here; the
 ``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for
@@ -29,6 +29,12 @@ NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64
          "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
 _ALLOWED = {name: allowed for name, _, allowed in RULES}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+
+
+class InvalidRequest(ValueError):
+    """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
+    the message names the input and the allowed range. Raised by both codecs
+    (``triton/generate_io``, ``triton/sampler_codec``)."""
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from typing import Any, ClassVar, Mapping
 
 #: How the llm model samples (serving/decoder.py).
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
-#: The data planes (serving/engine.py, serving/trtllm.py, and
-#: serving/simulated.py: GPU-paced, no model, for benchmarks).
+#: The data planes' names; serving/engines.py is their registry (a test
+#: holds the two equal: this module imports nothing of serving/).
 ENGINES = ("torch", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
@@ -42,10 +42,15 @@ HANDOFFS = ("full", "hot-first")
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
 SIMULATED_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+#: The words every output of a run on the simulated engine starts with.
+SIMULATED_LABEL = "simulated data plane"
+#: The local instances' name in a list of sampler endpoints.
+LOCAL = "local"
 
 
 def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | None = "",
-            aliases: tuple[str, ...] = (), parameter: bool = True):
+            aliases: tuple[str, ...] = (), parameter: bool = True,
+            engines: tuple[str, ...] = (), required_by: tuple[str, ...] = ()):
     """One settings field.
 
     default: the value and, by its type, how text is parsed (bool: true/false).
@@ -57,10 +62,14 @@ def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | No
     parameter: True when the model reads it from its config.pbtxt
         ``parameters``; False when it fills a field of Triton's own (an
         instance count, ``max_batch_size``, a data type).
+    engines: the engines it applies to (others must leave it at its default);
+        () for all.
+    required_by: the engines that need it set (not empty).
     """
     return field(default=default, metadata={
         "help": help, "choices": tuple(choices), "minimum": minimum, "flag": flag,
-        "aliases": tuple(aliases), "parameter": parameter})
+        "aliases": tuple(aliases), "parameter": parameter, "engines": tuple(engines),
+        "required_by": tuple(required_by)})
 
 
 def _parse(name: str, default: Any, text: str):
@@ -156,6 +165,19 @@ class Settings:
         return cls(**{**given, **values})
 
 
+def parse_endpoints(text: str) -> list[str]:
+    """'local,host:port,...' -> the names, checked; "" means local only."""
+    names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
+    for name in names:
+        host, _, port = name.rpartition(":")
+        if name != LOCAL and not (host and port.isdigit()):
+            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries, "
+                             f"got {name!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"sampler_endpoints lists an entry twice: {text!r}")
+    return names
+
+
 @dataclass
 class SamplerSettings(Settings):
     """The simple_sampler model (model_repository/simple_sampler/config.pbtxt)."""
@@ -198,12 +220,14 @@ class LlmSettings(Settings):
 
     model: str = setting(
         "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
-        "or engine directory for tensorrt_llm")
+        "or engine directory for tensorrt_llm", required_by=("tensorrt_llm",))
     engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
                           "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
                           "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
-    tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
-    pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1)
+    tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
+                                        engines=("tensorrt_llm",))
+    pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
+                                          engines=("tensorrt_llm",))
     sampling_mode: str = setting(
         "simple", "simple: the simple_sampler model samples; inline: PyTorch in the data "
         "plane (the baseline); inline_kernels: our kernels in the data plane",
@@ -241,7 +265,7 @@ class LlmSettings(Settings):
     batch_invariant: bool = setting(
         False, "torch engine, Llama-architecture models: logits of a sequence independent of "
         "the rest of the batch, so a seed gives the same text at any concurrency (off by "
-        "default for its cost: docs/SERVING.md, \"Same seed, same text\")")
+        "default for its cost: docs/SERVING.md, \"Same seed, same text\")", engines=("torch",))
     # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
     # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
     sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
@@ -268,17 +292,12 @@ class LlmSettings(Settings):
         "--hot-vocab; relative to the sampler model's directory)", flag=None)
 
     def check(self) -> None:
-        # Imported here: they pull torch, and the CLI parser reads this module.
-        from .serving.batch_invariant import NEEDS_TORCH
-        from .triton.sampler_pool import parse_endpoints
-
-        if self.engine == "tensorrt_llm" and not self.model:
-            raise ValueError("engine tensorrt_llm needs model: a Hugging Face checkpoint or "
-                             "TensorRT-LLM engine directory (with the tokenizer's files)")
-        if self.engine != "tensorrt_llm" and (self.tensor_parallel_size,
-                                              self.pipeline_parallel_size) != (1, 1):
-            raise ValueError("tensor_parallel_size and pipeline_parallel_size apply to engine "
-                             "tensorrt_llm only")
-        if self.batch_invariant and self.engine != "torch":
-            raise ValueError(NEEDS_TORCH)
+        for f in self.settings_fields():
+            value = getattr(self, f.name)
+            if self.engine in f.metadata["required_by"] and not value:
+                raise ValueError(f"engine {self.engine} needs {f.name}: {f.metadata['help']}")
+            if f.metadata["engines"] and self.engine not in f.metadata["engines"] \
+                    and value != f.default:
+                raise ValueError(f"{f.name} applies to engine "
+                                 f"{' or '.join(f.metadata['engines'])} only, not {self.engine}")
         parse_endpoints(self.sampler_endpoints)

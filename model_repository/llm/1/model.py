@@ -16,7 +16,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.generate_io import INPUT_NAMES
-from simple_sampler.triton import logs
+from simple_sampler import logs
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable

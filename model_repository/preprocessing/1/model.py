@@ -6,7 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.serving.text import TextCodec
-from simple_sampler.triton import logs
+from simple_sampler import logs
 from simple_sampler.triton.generate_io import encode_prompt
 
 log = logging.getLogger("simple_sampler.preprocessing")

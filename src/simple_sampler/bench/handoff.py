@@ -31,10 +31,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..handoff import (DEFAULT_COLD_TOP, fallback_batch, hot_first_summary, merge_fallback, sample_compact,
-                       touched_lists)
+from ..handoff import DEFAULT_COLD_TOP, decide_hot_first, run_now, sample_compact
 from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, map_hot_ids, real_rows, synthetic_hot_rows
 from ..sampling import sample
+from ..serving.hot_first import compact_rows
 from ..shvs.hot_vocab import HotVocab
 from .kernels import make_batch, time_interleaved
 from .shvs import BATCH, CONFIGS, SYNTHETIC_VOCAB, resolve_profile
@@ -54,22 +54,17 @@ def measure(rows: np.ndarray, batch, hot: HotVocab, cold_top: int, repeats: int,
     """One vocabulary / dtype / config: us per row of each column, bytes per
     row and the fallback rate."""
     tensor = _tensor(rows)
-    hot_ids = hot.kernel_arrays()[0]
+    options = dict(return_logprobs=False, num_threads=1)
 
     def summarize():
-        offsets, ids = touched_lists(batch, hot)
-        return hot_first_summary(tensor, hot_ids, offsets, ids, batch.temperature,
-                                 cold_top).cpu()
+        return compact_rows(tensor, batch, hot, cold_top)
 
     compact = summarize()
 
     def decide():
-        first = sample_compact(compact, batch, hot, return_logprobs=False, num_threads=1)
-        if first.undecided.any():
-            undecided, second_batch = fallback_batch(batch, first, compact, hot)
-            second = sample(rows[undecided], second_batch, return_logprobs=False, num_threads=1)
-            merge_fallback(first, undecided, second)
-        return first
+        return run_now(decide_hot_first(
+            compact, batch, hot, lambda compact, batch: sample_compact(compact, batch, hot, **options),
+            lambda undecided, second: sample(rows[undecided], second, **options)))
 
     outcome = decide().outcome
     us = time_interleaved({

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..triton.install import project_file
+from ..launch.install import project_file
 from .serve import mode_server, settings
 
 PERF_MODES = ("simple", "inline")

@@ -32,10 +32,11 @@ import numpy as np
 from ..rows import rows_for
 from ..sampling import sample
 from ..params import SamplingBatch
-from ..triton.sampler_client import SamplerClient, batch_arrays
+from ..triton.sampler_client import SamplerClient
+from ..triton.sampler_codec import batch_arrays
 from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
 from ..settings import SamplerSettings
-from ..triton.server import MiB, TritonServer, write_model
+from ..launch.server import MiB, TritonServer, write_model
 from .kernels import ALL_FEATURES, make_batch
 
 TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",

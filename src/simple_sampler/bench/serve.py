@@ -34,8 +34,8 @@ import numpy as np
 
 from ..client import GenerateClient
 from ..settings import LlmSettings, SamplerSettings
-from ..triton.serve import assemble_repository
-from ..triton.server import TritonServer
+from ..launch.serve import assemble_repository
+from ..launch.server import TritonServer
 
 #: (label, sampling_mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2), ("inline", "inline", 1),

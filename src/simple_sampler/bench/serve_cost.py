@@ -120,7 +120,7 @@ def process_cpu_s(pid: int) -> float:
 
 def server_processes(server_pid: int) -> dict[str, int]:
     """Name -> pid of the server and each stub (by model and instance)."""
-    from ..triton.supervisor import list_stubs
+    from ..launch.supervisor import list_stubs
 
     processes = {"tritonserver": server_pid}
     for stub in list_stubs(server_pid):
@@ -274,8 +274,8 @@ def add_ratios(results: list[dict]) -> None:
 
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
                      micro_batches: int, vocab: int, dtype: str) -> Path:
-    from ..triton.serve import assemble_repository
-    from ..triton.templates import fill_file
+    from ..launch.serve import assemble_repository
+    from ..launch.templates import fill_file
 
     a, b = PACES[pace]
     sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
@@ -298,8 +298,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 32, instances: in
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None) -> dict:
     """Every configuration of `configs` (default :func:`plan`), one server per pace."""
-    from ..triton.serve import shared_memory_bytes
-    from ..triton.server import TritonServer
+    from ..launch.serve import shared_memory_bytes
+    from ..launch.server import TritonServer
 
     configs = configs or plan()
     results = []

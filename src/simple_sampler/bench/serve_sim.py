@@ -278,8 +278,8 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     from pathlib import Path
 
     from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-    from ..triton.serve import assemble_repository, shared_memory_bytes
-    from ..triton.server import TritonServer
+    from ..launch.serve import assemble_repository, shared_memory_bytes
+    from ..launch.server import TritonServer
     from .serve import llm_counters, prompts, run_level
 
     texts, results = prompts(), []

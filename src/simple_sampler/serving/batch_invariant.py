@@ -47,8 +47,6 @@ import torch.nn.functional as F
 #: gives the measured cost).
 TILE_ROWS = 8
 SUPPORTED = ("llama",)
-NEEDS_TORCH = ("batch_invariant needs engine torch: TensorRT-LLM's kernels are not "
-               "batch-invariant (the sampler still is)")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -302,7 +302,7 @@ class _Activity:
 
 
 @dataclass(eq=False)
-class _Sequence:
+class _DecodeSequence:
     """A request's state inside the decoder."""
 
     request_id: int
@@ -346,10 +346,10 @@ class Decoder:
         self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
-        self.lanes: list[list[_Sequence]] = [[] for _ in range(lanes)]
+        self.lanes: list[list[_DecodeSequence]] = [[] for _ in range(lanes)]
         self.max_tokens_limit = max_tokens_limit
-        self.queue: collections.deque[_Sequence] = collections.deque()
-        self.by_id: dict[int, _Sequence] = {}
+        self.queue: collections.deque[_DecodeSequence] = collections.deque()
+        self.by_id: dict[int, _DecodeSequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
         self.state = BatchState(engine.max_batch_size, engine.max_context)
@@ -400,7 +400,7 @@ class Decoder:
             stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else [end_id]))
         request_id = next(self.ids)
         handle = RequestHandle(self, request_id)
-        sequence = _Sequence(request_id, request, handle, prompt_ids, params,
+        sequence = _DecodeSequence(request_id, request, handle, prompt_ids, params,
                              self.codec.detokenizer(prompt_ids), StopMatcher(request.stop_words),
                              self.codec.bad_words_ids(request.bad_words))
         self.by_id[request_id] = sequence
@@ -448,19 +448,20 @@ class Decoder:
             wake.set()
         return aborted
 
-    def _reap(self, lane: list[_Sequence]) -> None:
+    def _reap(self, lane: list[_DecodeSequence]) -> None:
         """Free the slots of sequences finished outside their lane's step."""
         for sequence in [s for s in lane if s.done]:
             lane.remove(sequence)
             self._release(sequence)
         self._admit()
 
-    def _release(self, sequence: _Sequence) -> None:
+    def _release(self, sequence: _DecodeSequence) -> None:
         """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
         self.engine.release(sequence.request_id)
         self.state.release(sequence.slot)
 
-    def _finish(self, sequence: _Sequence, reason: str | None = None, error: str | None = None,
+    def _finish(self, sequence: _DecodeSequence, reason: str | None = None,
+                error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
                 retryable: bool = False, release: bool = True):
         """Send the one final event and (with `release`) free the slot."""
@@ -478,7 +479,7 @@ class Decoder:
         if release:
             self._admit()
 
-    def _event(self, sequence: _Sequence, text: str, token_ids: Sequence[int],
+    def _event(self, sequence: _DecodeSequence, text: str, token_ids: Sequence[int],
                logprobs: Sequence[float], reason: str | None = None,
                error: str | None = None) -> GenerationEvent:
         asked = sequence.request.return_log_probs
@@ -542,7 +543,7 @@ class Decoder:
                 for sequence in sequences:
                     self._finish(sequence, error=f"{type(error).__name__}: {error}")
 
-    async def _ready(self, sequences: list[_Sequence]) -> tuple[list[_Sequence], float]:
+    async def _ready(self, sequences: list[_DecodeSequence]) -> tuple[list[_DecodeSequence], float]:
         """The sequences the engine has rows for, and the seconds spent
         waiting for them (the engine was computing: counted as data plane)."""
         loop = asyncio.get_running_loop()
@@ -580,7 +581,7 @@ class Decoder:
         tokens, logprobs = self.local_sample(logits, batch)
         return logits, tokens, logprobs, forward_s, time.perf_counter() - started - forward_s
 
-    def _sampling_batch(self, sequences: list[_Sequence]) -> SamplingBatch:
+    def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""
         return self.state.batch(np.fromiter((s.slot for s in sequences), np.int64,
                                             len(sequences)))
@@ -593,7 +594,7 @@ class Decoder:
         self.stats.loop_s += loop_s
         self.stats.records.append(StepRecord(rows, forward_s, sampler_s, loop_s))
 
-    def _deliver(self, sequences: list[_Sequence], tokens: np.ndarray, logprobs: np.ndarray):
+    def _deliver(self, sequences: list[_DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
         """Turn one step's tokens into events; feed the survivors back."""
         continuing, next_tokens = [], []
         for sequence, token, logprob in zip(sequences, tokens.tolist(), logprobs.tolist()):

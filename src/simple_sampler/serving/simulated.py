@@ -74,12 +74,11 @@ from typing import Hashable, Sequence
 import torch
 
 from ..rows import HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, real_rows, synthetic_hot_rows
-from ..settings import LlmSettings
+from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
 from .text import DecodeStream, TextCodec
 
-#: The word every output of a simulated run carries.
-LABEL = "simulated data plane"
+LABEL = SIMULATED_LABEL
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_CONTEXT = 4096
@@ -148,15 +147,15 @@ class SimulatedEngine:
         self.bank = torch.from_numpy(rows).to(DTYPES[spec.dtype])
         self.label = spec.describe()
         self.steps = 0
-        self.sequences: SequenceTable[_Sequence] = SequenceTable(spec.vocab, max_batch_size,
-                                                                 max_context)
+        self.sequences: SequenceTable[_SimulatedSequence] = SequenceTable(
+            spec.vocab, max_batch_size, max_context)
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
-            self.sequences.add(seq_id, prompt_ids, lambda prompt: _Sequence(len(prompt)))
+            self.sequences.add(seq_id, prompt_ids, lambda prompt: _SimulatedSequence(len(prompt)))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Sleep t(len(seq_ids)), return the rows (module docstring). Errors
@@ -192,12 +191,12 @@ class SimulatedEngine:
 
 
 @dataclass
-class _Sequence:
+class _SimulatedSequence:
     length: int  # tokens held, the pending one included
     pending: bool = True  # the last token has not been stepped yet
 
 
-def _has_pending(state: _Sequence) -> bool:
+def _has_pending(state: _SimulatedSequence) -> bool:
     return state.pending
 
 

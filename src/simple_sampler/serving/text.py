@@ -21,7 +21,6 @@ import os
 from typing import Sequence
 
 from .. import models
-from .engine import SMOLLM2
 
 try:
     from tokenizers.decoders import DecodeStream
@@ -37,22 +36,20 @@ PROMPT_CONTEXT_TOKENS = 4
 
 
 def load_tokenizer(source: str | os.PathLike | None = None):
-    """The tokenizer of a model source (see ``engine.load_model``), without
+    """The tokenizer of a model source (see ``models.load_model``), without
     loading the weights when the model directory (or its converted copy)
     already exists."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 
-    if source is None or str(source) == SMOLLM2:
+    if source is None or str(source) == models.SMOLLM2:
         directory = models.cache_dir() / models.SMOLLM2_CACHE_NAME
     elif str(source).endswith(".gguf"):
         directory = models.gguf_cache_path(source)
     else:
         directory = source
     if not os.path.isfile(os.path.join(directory, "config.json")):
-        from .engine import load_model
-
-        return load_model(source)[1]  # converts the GGUF once
+        return models.load_model(source)[1]  # converts the GGUF once
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 

@@ -168,7 +168,7 @@ class _Iteration:
 
 
 @dataclass(eq=False)
-class _Sequence:
+class _TrtLlmSequence:
     client_id: int
     request: object  # TensorRT-LLM's RequestOutput, kept to abort it
     length: int
@@ -178,7 +178,7 @@ class _Sequence:
     error: str | None = None
 
 
-def _awaits_step(sequence: _Sequence) -> bool:
+def _awaits_step(sequence: _TrtLlmSequence) -> bool:
     """Whether the sequence's next token is one the model has not consumed:
     not stepped since its last append (or its prompt)."""
     return sequence.taken is None
@@ -191,7 +191,7 @@ class RowExchange:
 
     def __init__(self):
         self.condition = threading.Condition()
-        self.by_client: dict[int, _Sequence] = {}
+        self.by_client: dict[int, _TrtLlmSequence] = {}
         self.closed = False
 
     def deliver(self, client_ids: Sequence, last_tokens: Sequence[int], rows: np.ndarray) -> list:
@@ -425,7 +425,7 @@ class TrtLlmEngine:
                 limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
-        self.sequences: SequenceTable[_Sequence] = SequenceTable(vocab_size, max_batch_size,
+        self.sequences: SequenceTable[_TrtLlmSequence] = SequenceTable(vocab_size, max_batch_size,
                                                                  max_context)
         self.watcher = _ResultWatcher(self._request_done)
         try:
@@ -456,7 +456,7 @@ class TrtLlmEngine:
             sequence = self.sequences.add(seq_id, prompt_ids, self._submit)
             self.exchange.by_client[sequence.client_id] = sequence
 
-    def _submit(self, prompt: list[int]) -> _Sequence:
+    def _submit(self, prompt: list[int]) -> _TrtLlmSequence:
         """Submit a checked prompt to TensorRT-LLM (under ``condition``)."""
         params = self.sampling_params(
             max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
@@ -467,7 +467,7 @@ class TrtLlmEngine:
             prompt, sampling_params=params, streaming=False))
         # request_id is the client id (executor/result.py GenerationResult.request_id),
         # the one the processor gets as client_ids; req_ids are the engine's own.
-        return _Sequence(request.request_id, request, len(prompt))
+        return _TrtLlmSequence(request.request_id, request, len(prompt))
 
     def wait_ready(self, seq_ids: Sequence[Hashable], timeout: float = READY_POLL_S) -> list:
         """The ids among ``seq_ids`` with a row to step, waiting up to

@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from ..params import SamplingParams
-from ..schema import LLM
+from ..schema import LLM, InvalidRequest
 from ..serving.decoder import GenerationEvent, GenerationRequest
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -44,7 +44,7 @@ def _single(name: str, array) -> object:
     """The one value of a [1, 1] (or [1]) input."""
     values = np.asarray(array).reshape(-1)
     if values.size != 1:
-        raise ValueError(f"{name} must hold one value per request (shape [1, 1]), "
+        raise InvalidRequest(f"{name} must hold one value per request (shape [1, 1]), "
                          f"got shape {list(np.shape(array))}")
     value = values[0]
     return value.item() if isinstance(value, np.generic) else value
@@ -55,18 +55,18 @@ def _text(name: str, value) -> str:
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError as error:
-            raise ValueError(f"{name} must be UTF-8 text: {error}") from None
+            raise InvalidRequest(f"{name} must be UTF-8 text: {error}") from None
     return str(value)
 
 
 def _words(name: str, array) -> list[str]:
     array = np.asarray(array, dtype=object)
     if array.ndim == 2 and array.shape[0] != 1:
-        raise ValueError(f"{name} must be one list of strings per request, got shape "
+        raise InvalidRequest(f"{name} must be one list of strings per request, got shape "
                          f"{list(array.shape)}")
     words = [_text(name, w) for w in array.reshape(-1)]
     if not all(words):
-        raise ValueError(f"{name} must be a list of non-empty strings")
+        raise InvalidRequest(f"{name} must be a list of non-empty strings")
     return words
 
 
@@ -75,13 +75,13 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
 
     inputs: name -> numpy array (absent optional inputs missing or None).
     ``input_ids`` (INT32 [1, L], from the preprocessing model) replaces
-    ``text_input`` when given. Raises ValueError naming the input; ranges are
+    ``text_input`` when given. Raises InvalidRequest naming the input; ranges are
     checked by ``GenerationRequest.validate`` when the decoder takes it.
     """
     present = {k: v for k, v in inputs.items() if v is not None}
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
-        raise ValueError(f"unknown input {unknown[0]}")
+        raise InvalidRequest(f"unknown input {unknown[0]}")
     flags = {name: bool(_single(name, present[name])) if name in present else False
              for name in FLAG_INPUTS}
     sampling = {field: _single(name, present[name])
@@ -89,20 +89,20 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
     seeds = [name for name in ("random_seed", "seed") if name in present]
     if len(seeds) == 2 and _single("seed", present["seed"]) != _single("random_seed",
                                                                         present["random_seed"]):
-        raise ValueError("seed and random_seed are the same parameter; they disagree")
+        raise InvalidRequest("seed and random_seed are the same parameter; they disagree")
     if seeds:
         sampling["seed"] = int(_single(seeds[0], present[seeds[0]]))
     if "input_ids" in present:
         ids = np.asarray(present["input_ids"])
         if ids.ndim != 2 or ids.shape[0] != 1:
-            raise ValueError(f"input_ids must have shape [1, L], got {list(ids.shape)}")
+            raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
         text, prompt_ids = None, [int(t) for t in ids[0]]
     elif "text_input" in present:
         text, prompt_ids = _text("text_input", _single("text_input", present["text_input"])), None
         if not text:
-            raise ValueError("text_input must be a non-empty string")
+            raise InvalidRequest("text_input must be a non-empty string")
     else:
-        raise ValueError("text_input (or input_ids) is required")
+        raise InvalidRequest("text_input (or input_ids) is required")
     request = GenerationRequest(
         text=text, prompt_ids=prompt_ids, chat=flags["apply_chat_template"],
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
@@ -117,19 +117,19 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
     if "stream_interval" in present:
         interval = _single("stream_interval", present["stream_interval"])
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"stream_interval must be an integer >= 1, got {interval!r}")
+            raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval)
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
     """The preprocessing step: text_input (through the chat template when
-    apply_chat_template is true) as token ids. Raises ValueError naming the
+    apply_chat_template is true) as token ids. Raises InvalidRequest naming the
     input."""
     if inputs.get("text_input") is None:
-        raise ValueError("text_input (or input_ids) is required")
+        raise InvalidRequest("text_input (or input_ids) is required")
     text = _text("text_input", _single("text_input", inputs["text_input"]))
     if not text:
-        raise ValueError("text_input must be a non-empty string")
+        raise InvalidRequest("text_input must be a non-empty string")
     chat = inputs.get("apply_chat_template")
     return codec.encode(text, bool(_single("apply_chat_template", chat)) if chat is not None
                         else False)

@@ -30,10 +30,13 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
-from ..serving.engine import Closable, TorchEngine
-from ..settings import LlmSettings
+from ..serving.engine import Closable
+from ..serving.engines import engine_spec
+from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, decode_generate, encode_event, merge_events
+from .hot_first_sampler import HotFirstSampler
 from .sampler_pool import SamplerCall, build_pool
 
 log = logging.getLogger(__name__)
@@ -75,28 +78,9 @@ def profiled(run: Callable[[], None], path: str) -> None:
 
 
 def build_engine(settings: LlmSettings):
-    """The data plane the settings name: ``torch`` (TorchEngine, on the CPU),
-    ``tensorrt_llm`` (TrtLlmEngine; imports TensorRT-LLM only then) or
-    ``simulated`` (SimulatedEngine: no model, docs/SIMULATED.md).
-    Raises ValueError for settings out of range (``LlmSettings.validate``)."""
-    settings.validate()
-    if settings.engine == "simulated":
-        from ..serving.simulated import SimulatedEngine, SimulatedSpec
-
-        return SimulatedEngine(SimulatedSpec.from_settings(settings),
-                               max_batch_size=settings.engine_max_batch_size,
-                               max_context=settings.max_context)
-    if settings.engine == "tensorrt_llm":
-        from ..serving.trtllm import TrtLlmEngine
-
-        return TrtLlmEngine.from_source(
-            settings.model, max_batch_size=settings.engine_max_batch_size,
-            max_context=settings.max_context, tensor_parallel_size=settings.tensor_parallel_size,
-            pipeline_parallel_size=settings.pipeline_parallel_size)
-    return TorchEngine.from_source(settings.model or None,
-                                   max_batch_size=settings.engine_max_batch_size,
-                                   max_context=settings.max_context,
-                                   batch_invariant=settings.batch_invariant)
+    """The data plane the settings name (``serving.engines``). Raises
+    ValueError for settings out of range (``LlmSettings.validate``)."""
+    return engine_spec(settings.validate().engine).build(settings)
 
 
 def hot_first_vocab(settings: LlmSettings, repository: str | None):
@@ -105,13 +89,9 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     local endpoints (a remote server's sampler may hold another hot set).
     repository: the model repository's root (a relative profile is the
     sampler model's file there)."""
-    from .sampler_pool import LOCAL, parse_endpoints
-
     if (settings.handoff != "hot-first" or not settings.hot_vocab_profile
             or parse_endpoints(settings.sampler_endpoints) != [LOCAL]):
         return None
-    from ..shvs.hot_vocab import load_profile
-
     path = os.path.join(repository or "", settings.sampler_model, settings.hot_vocab_profile)
     return load_profile(path).hot_vocab()
 
@@ -146,19 +126,12 @@ class LlmService:
     def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
                  engine=None, codec: TextCodec | None = None, repository: str | None = None):
         self.settings = settings
-        source = settings.model or None
-        if codec is None and settings.engine == "simulated":
-            from ..serving.simulated import SimulatedCodec
-
-            codec = SimulatedCodec.from_source(source)
-        self.codec = codec or TextCodec.from_source(source)
+        self.codec = codec or engine_spec(settings.engine).codec(settings)
         self.engine = engine or build_engine(settings)
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
                              self._count_retry) if settings.sampling_mode == "simple" else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
-            from ..handoff import HotFirstSampler
-
             sampler = HotFirstSampler(sampler, hot_vocab)
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)

@@ -31,12 +31,12 @@ import torch
 
 from ..params import SamplingBatch
 from ..sampling import logits_array
-from .sampler_client import SamplerClient, batch_arrays
+from ..settings import LOCAL, parse_endpoints
+from .sampler_client import SamplerClient
+from .sampler_codec import batch_arrays
 
 log = logging.getLogger(__name__)
 
-#: The local instances' name in a list of sampler endpoints.
-LOCAL = "local"
 #: Retries: the first wait, its doubling cap, and the time after which a
 #: shard's rows fail (a reload of the sampler model takes ~2-5 s).
 RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
@@ -201,19 +201,6 @@ class SamplerPool:
         target.down_until = time.monotonic() + self.probe_after_s
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
-
-
-def parse_endpoints(text: str) -> list[str]:
-    """'local,host:port,...' -> the names, checked; "" means local only."""
-    names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
-    for name in names:
-        host, _, port = name.rpartition(":")
-        if name != LOCAL and not (host and port.isdigit()):
-            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries, "
-                             f"got {name!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"sampler_endpoints lists an entry twice: {text!r}")
-    return names
 
 
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,

@@ -22,7 +22,8 @@ from typing import Mapping
 
 from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
-from .logs import LOG_LEVEL_ENV
+from ..logs import LOG_LEVEL_ENV
+from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from .supervisor import list_stubs, unlink_shm
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class TritonServer:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
 
-    def start(self, timeout: float = startup.DEFAULT_STARTUP_TIMEOUT_S,
+    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
               progress_s: float = startup.PROGRESS_S) -> "TritonServer":
         self._startup = (timeout, progress_s)  # start_again() waits as long
         for name in ("http_port", "grpc_port", "metrics_port"):

@@ -1,21 +1,12 @@
-"""How long ``serve`` waits for Triton to become ready, and what it prints
-meanwhile: with ``--engine tensorrt_llm`` the ``llm`` model builds a
-TensorRT engine from the checkpoint while it loads (tens of minutes for a
-7-8B model; a restart loads it from TensorRT-LLM's build cache instead)."""
+"""What ``serve`` prints while it waits for Triton to become ready (how long
+it waits is the engine's, ``serving.engines``)."""
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
 
-DEFAULT_STARTUP_TIMEOUT_S = 180.0
-ENGINE_STARTUP_TIMEOUT_S = {"tensorrt_llm": 1800.0}  # an engine build at start
 PROGRESS_S = 30.0  # seconds between progress lines while the server loads
-
-
-def default_startup_timeout(engine: str | None) -> float:
-    """Seconds to wait for readiness with this data plane (None: sampler only)."""
-    return ENGINE_STARTUP_TIMEOUT_S.get(engine or "", DEFAULT_STARTUP_TIMEOUT_S)
 
 
 def model_states(http_url: str) -> str:

@@ -115,7 +115,7 @@ def unlink_shm(regions) -> list[str]:
 class Supervisor:
     """Watches `server`'s stubs from a thread (module docstring).
 
-    `server` is a started :class:`~simple_sampler.triton.server.TritonServer`
+    `server` is a started :class:`~simple_sampler.launch.server.TritonServer`
     running with explicit model control. ``recoveries`` counts reloads per
     model; ``regions`` holds every shared-memory region a stub of this server
     was seen with, so that :meth:`cleanup` can remove what a killed server

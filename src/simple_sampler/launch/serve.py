@@ -17,13 +17,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import LlmSettings, SamplerSettings
 from .install import InstallError
 from .server import MiB, TritonServer, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-from .startup import default_startup_timeout
 
 
 def assemble_repository(destination: Path, sampler: SamplerSettings,
@@ -90,18 +90,14 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                               shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         if startup_timeout is not None and not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
-        startup_timeout = startup_timeout or default_startup_timeout(llm and llm.engine)
+        startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
         server.start(startup_timeout)
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
     supervisor = Supervisor(server).start() if supervise else None
-    simulated = ""
-    if llm is not None and llm.engine == "simulated":
-        from ..serving.simulated import SimulatedSpec
-
-        simulated = f" ({SimulatedSpec.from_settings(llm).describe()}; no model runs)"
-    print(f"Triton is ready{simulated}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
+    described = engine_spec(llm.engine).describe(llm) if llm is not None else ""
+    print(f"Triton is ready{f' ({described})' if described else ''}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
     stopping = threading.Event()

@@ -1,4 +1,7 @@
-"""The `simple_sampler` model's tensors, decoded and checked without a server.
+"""The `simple_sampler` model's tensors, encoded (``batch_arrays``,
+``compact_arrays``: what the llm model and clients send) and decoded and
+checked (``decode_request``, ``sample_request``: the sampler model), without
+a server.
 
 A request carries B rows. The inputs' names, dtypes, defaults and ranges
 are ``schema.SAMPLER``'s (tabulated in docs/TENSORS.md); shapes include the
@@ -23,9 +26,10 @@ from typing import Mapping
 
 import numpy as np
 
+from ..handoff import CompactRows, host_array, sample_compact
 from ..params import RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import HANDOFF_INPUTS, SAMPLER
+from ..schema import HANDOFF_INPUTS, SAMPLER, InvalidRequest
 
 PADDING = -1
 
@@ -37,10 +41,6 @@ COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
                        and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
-
-
-class RequestError(ValueError):
-    """A request the sampler refuses; the message names the input and the allowed range."""
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _rows_of(name: str, array: np.ndarray, rows: int, width: int | None = 1) -> 
     array = np.asarray(array)
     if array.ndim != 2 or array.shape[0] != rows or (width is not None and array.shape[1] != width):
         expected = f"[{rows}, {width if width is not None else 'L'}]"
-        raise RequestError(f"{name} must have shape {expected} (one row per logits row), "
+        raise InvalidRequest(f"{name} must have shape {expected} (one row per logits row), "
                            f"got {list(array.shape)}")
     return array
 
@@ -82,7 +82,7 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
     if not valid.all():
         row, column = np.argwhere(~valid)[0]
-        raise RequestError(f"row {row}: {name} must be token ids in [0, {vocab}) or "
+        raise InvalidRequest(f"row {row}: {name} must be token ids in [0, {vocab}) or "
                            f"{PADDING} (padding), got {padded[row, column]}")
     used = padded != PADDING
     offsets = np.zeros(rows + 1, np.int64)
@@ -93,7 +93,7 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
 def _logits_shape(logits) -> tuple[int, int]:
     shape = tuple(logits.shape)
     if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-        raise RequestError(f"logits must have shape [B, V] with B, V >= 1, got {list(shape)}")
+        raise InvalidRequest(f"logits must have shape [B, V] with B, V >= 1, got {list(shape)}")
     return shape
 
 
@@ -106,26 +106,27 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         be a CPU torch tensor (BF16 reaches Python that way).
     vocab_size: when > 0, the logits must have exactly this many columns.
     hot_vocab: the sampler's ``HotVocab`` (None: compact rows are refused).
-    Raises RequestError naming the input, the row and the allowed range.
+    Raises InvalidRequest naming the input, the row and the allowed range.
     """
     unknown = sorted(set(inputs) - set(INPUT_NAMES))
     if unknown:
-        raise RequestError(f"unknown input {unknown[0]}; the sampler takes {', '.join(INPUT_NAMES)}")
+        raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
+                             f"{', '.join(INPUT_NAMES)}")
     logits = inputs.get("logits")
     compact = None
     if inputs.get("hot_logits") is not None:
         if logits is not None:
-            raise RequestError("send logits or the compact rows (hot_logits, ...), not both")
+            raise InvalidRequest("send logits or the compact rows (hot_logits, ...), not both")
         if hot_vocab is None:
-            raise RequestError("hot_logits needs a sampler with a hot set (hot_vocab_profile)")
+            raise InvalidRequest("hot_logits needs a sampler with a hot set (hot_vocab_profile)")
         compact = _compact_rows(inputs, hot_vocab)
         rows, vocab = len(compact.cold_max), hot_vocab.vocab_size
     elif logits is None:
-        raise RequestError("logits is required: [B, V] next-token logits")
+        raise InvalidRequest("logits is required: [B, V] next-token logits")
     else:
         rows, vocab = _logits_shape(logits)
     if vocab_size and vocab != vocab_size:
-        raise RequestError(f"logits must have {vocab_size} columns (the model's vocabulary), "
+        raise InvalidRequest(f"logits must have {vocab_size} columns (the model's vocabulary), "
                            f"got {vocab}")
 
     columns = {}
@@ -136,7 +137,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         name = next(n for n, (f, _) in SCALAR_INPUTS.items() if f == field)
         message = first_violation(name, columns[field], rule(columns[field]), allowed)
         if message:
-            raise RequestError(message)
+            raise InvalidRequest(message)
 
     if inputs.get("random_seed") is None:
         seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
@@ -150,11 +151,11 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         step = _rows_of("step", inputs["step"], rows)[:, 0].astype(np.int64)
         message = first_violation("step", step, step >= 0, ">= 0")
         if message:
-            raise RequestError(message)
+            raise InvalidRequest(message)
     min_tokens = _scalar(inputs, "min_tokens", rows, 0, np.int64)
     message = first_violation("min_tokens", min_tokens, min_tokens >= 0, ">= 0")
     if message:
-        raise RequestError(message)
+        raise InvalidRequest(message)
     ban_offsets, ban_ids = _banned_end_ids(*lists["end_id"], step < min_tokens)
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
 
@@ -163,7 +164,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
                               (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
                               f"in [0, {MAX_TOP_LOGPROBS}]")
     if message:
-        raise RequestError(message)
+        raise InvalidRequest(message)
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
         bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
@@ -174,7 +175,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     try:
         batch.validate(vocab)
     except ValueError as error:
-        raise RequestError(str(error)) from None
+        raise InvalidRequest(str(error)) from None
     return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
                        num_top, compact)
 
@@ -182,20 +183,18 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
 def _compact_rows(inputs: Mapping, hot_vocab):
     """``handoff.CompactRows`` from the compact inputs (shapes checked here,
     contents by ``sample_compact``)."""
-    from ..handoff import CompactRows, host_array
-
     hot = inputs["hot_logits"]
     if len(tuple(hot.shape)) != 2 or hot.shape[1] != hot_vocab.size or hot.shape[0] < 1:
-        raise RequestError(f"hot_logits must have shape [B, {hot_vocab.size}] (the sampler's "
+        raise InvalidRequest(f"hot_logits must have shape [B, {hot_vocab.size}] (the sampler's "
                            f"hot set), got {list(hot.shape)}")
     rows = hot.shape[0]
     missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
     if missing:
-        raise RequestError(f"hot_logits needs {', '.join(missing)} too")
+        raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
     offsets, ids = _id_lists(inputs, "touched_ids", rows, hot_vocab.vocab_size)
     logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
     if logits.shape != np.shape(inputs["touched_ids"]):
-        raise RequestError(f"touched_logits must have the shape of touched_ids "
+        raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
                            f"{list(np.shape(inputs['touched_ids']))}, got {list(logits.shape)}")
     return CompactRows(
         hot_logits=host_array(hot),
@@ -204,11 +203,59 @@ def _compact_rows(inputs: Mapping, hot_vocab):
         **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
 
 
+def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING) -> np.ndarray:
+    """CSR lists as a [B, L] array right-padded with `fill` (L >= 1)."""
+    lengths = np.diff(offsets)
+    out = np.full((len(lengths), max(1, int(lengths.max(initial=0)))), fill, dtype=dtype)
+    out[np.arange(out.shape[1])[None, :] < lengths[:, None]] = values
+    return out
+
+
+def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+    """The sampler inputs that carry `batch` (the inverse of decode_request).
+
+    Banned ids travel as a logit bias of -inf, which the kernels treat
+    exactly as a ban (a ban overrides any bias the same id had), so a batch
+    from the decode loop (stop ids before min_tokens, bad words) needs no
+    tensor of its own.
+    """
+    arrays = {}
+    for name, (field, _) in SCALAR_INPUTS.items():
+        arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
+    arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
+    arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
+    arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
+    arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
+    bias_offsets, bias_ids, bias_values = _bias_with_bans(batch)
+    if bias_ids.size:
+        arrays["logit_bias_ids"] = padded(bias_offsets, bias_ids)
+        arrays["logit_bias_values"] = padded(bias_offsets, bias_values, np.float32, 0.0)
+    return arrays
+
+
+def _bias_with_bans(batch: SamplingBatch):
+    """CSR bias lists where every banned id is -inf (once per row), built
+    with numpy (no loop over rows: this runs for every step's batch)."""
+    bans = np.diff(batch.ban_offsets)
+    if not bans.any():
+        return batch.bias_offsets, batch.bias_ids, np.asarray(batch.bias_values, np.float64)
+    rows = np.arange(len(batch))
+    row = np.concatenate([np.repeat(rows, np.diff(batch.bias_offsets)), np.repeat(rows, bans)])
+    ids = np.concatenate([batch.bias_ids, batch.ban_ids]).astype(np.int64)
+    values = np.concatenate([batch.bias_values, np.full(batch.ban_ids.size, -np.inf)])
+    is_ban = np.concatenate([np.zeros(batch.bias_ids.size, bool), np.ones(batch.ban_ids.size, bool)])
+    order = np.lexsort((~is_ban, ids, row))  # by row, then id, a ban before a bias
+    row, ids, values = row[order], ids[order], values[order]
+    first = np.ones(row.size, bool)  # the first entry of each (row, id): the ban if any
+    first[1:] = (row[1:] != row[:-1]) | (ids[1:] != ids[:-1])
+    offsets = np.zeros(len(batch) + 1, np.int64)
+    np.cumsum(np.bincount(row[first], minlength=len(batch)), out=offsets[1:])
+    return offsets, ids[first], values[first]
+
+
 def compact_arrays(rows) -> dict[str, np.ndarray]:
     """The inputs that carry ``handoff.CompactRows`` (``cpu()`` form): the
     inverse of decode_request's compact branch."""
-    from .sampler_client import padded
-
     return {"hot_logits": rows.hot_logits,
             "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
             "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
@@ -233,10 +280,10 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
     if values is None and raw_ids is None:
         return offsets, ids, np.zeros(0, np.float64)
     if values is None or raw_ids is None:
-        raise RequestError("logit_bias_ids and logit_bias_values must be sent together")
+        raise InvalidRequest("logit_bias_ids and logit_bias_values must be sent together")
     values = _rows_of("logit_bias_values", values, rows, width=None)
     if values.shape != np.shape(raw_ids):
-        raise RequestError(f"logit_bias_values must have the shape of logit_bias_ids "
+        raise InvalidRequest(f"logit_bias_values must have the shape of logit_bias_ids "
                            f"{list(np.shape(raw_ids))}, got {list(values.shape)}")
     return offsets, ids, values[np.asarray(raw_ids) != PADDING].astype(np.float64)
 
@@ -248,15 +295,13 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     SHVS outcomes int8 [B]: 1 decided from the hot set, 0 fell back, -1 not
     tried). `hot_vocab`: a ``HotVocab`` or None (SHVS off).
 
-    Raises RequestError for a row the kernels refuse (NaN or +inf logits,
+    Raises InvalidRequest for a row the kernels refuse (NaN or +inf logits,
     every token banned), naming the row and column.
     """
     want_logprob = bool(request.return_log_probs.any())
     n_top = int(request.num_top_logprobs.max())
     try:
         if request.compact is not None:
-            from ..handoff import sample_compact
-
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
                                  num_threads=num_threads, validated=True)
@@ -265,7 +310,7 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
                          return_logprobs=want_logprob, num_threads=num_threads,
                          hot_vocab=hot_vocab, validated=True)  # decode_request checked the batch
     except ValueError as error:
-        raise RequestError(str(error)) from None
+        raise InvalidRequest(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
     if request.compact is not None:
         outputs["handoff_outcome"] = out.outcome[:, None]

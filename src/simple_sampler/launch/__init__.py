@@ -1,0 +1,1 @@
+"""The launcher: finds Triton, assembles the model repository, starts and supervises the server."""

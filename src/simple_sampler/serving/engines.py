@@ -1,0 +1,118 @@
+"""The data planes by name: what ``--engine NAME`` builds, tokenizes with,
+waits for at startup and labels its outputs with.
+
+Adding an engine touches its module, one :class:`EngineSpec` in
+:data:`ENGINES` and its settings (its name in ``settings.ENGINES``, fields of
+its own in ``LlmSettings`` with ``engines=(name,)``; tests/test_settings.py
+holds the names to this registry). No other module compares engine names.
+
+This module imports nothing heavy (the CLI and the launcher read it): each
+engine's module, and torch or TensorRT-LLM with it, loads when it is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..settings import SIMULATED_DTYPES, SIMULATED_LABEL, LlmSettings
+
+if TYPE_CHECKING:  # annotations only: text and engine import torch
+    from .engine import Engine
+    from .text import TextCodec
+
+#: Seconds the launcher waits for the models to load, unless an engine says more.
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One data plane.
+
+    build: the engine for validated settings.
+    codec: the text codec its token ids are decoded with.
+    startup_timeout_s: how long the launcher waits for the llm model to load.
+    logits_dtype: the sampler's name for the dtype its rows come in, which
+        the sampler is configured for; None when the rows are float32 that
+        the sampler's own ``--logits-dtype`` applies to.
+    label: what every output of a run on it is labelled with ("" for a real
+        model); ``describe`` says more, for the ready line.
+    runs_model: False when no model runs (``--model`` then names only the
+        tokenizer), so no model-specific profile applies.
+    """
+
+    name: str
+    build: Callable[[LlmSettings], "Engine"]
+    codec: Callable[[LlmSettings], "TextCodec"]
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    logits_dtype: Callable[[LlmSettings], str | None] = lambda settings: None
+    label: str = ""
+    describe: Callable[[LlmSettings], str] = lambda settings: ""
+    runs_model: bool = True
+
+
+def _build_torch(settings: LlmSettings) -> "Engine":
+    from .torch_engine import TorchEngine  # lazy: torch and transformers load for this engine only
+
+    return TorchEngine.from_source(settings.model or None,
+                                   max_batch_size=settings.engine_max_batch_size,
+                                   max_context=settings.max_context,
+                                   batch_invariant=settings.batch_invariant)
+
+
+def _build_trtllm(settings: LlmSettings) -> "Engine":
+    from .trtllm import TrtLlmEngine  # lazy: TensorRT-LLM is optional and absent without a GPU
+
+    return TrtLlmEngine.from_source(
+        settings.model, max_batch_size=settings.engine_max_batch_size,
+        max_context=settings.max_context, tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size)
+
+
+def _build_simulated(settings: LlmSettings) -> "Engine":
+    from .simulated import SimulatedEngine, SimulatedSpec  # lazy: torch
+
+    return SimulatedEngine(SimulatedSpec.from_settings(settings),
+                           max_batch_size=settings.engine_max_batch_size,
+                           max_context=settings.max_context)
+
+
+def _text_codec(settings: LlmSettings) -> "TextCodec":
+    from .text import TextCodec  # lazy: transformers
+
+    return TextCodec.from_source(settings.model or None)
+
+
+def _simulated_codec(settings: LlmSettings) -> "TextCodec":
+    from .simulated import SimulatedCodec  # lazy: torch and transformers
+
+    return SimulatedCodec.from_source(settings.model or None)
+
+
+def _describe_simulated(settings: LlmSettings) -> str:
+    from .simulated import SimulatedSpec  # lazy: torch
+
+    return f"{SimulatedSpec.from_settings(settings).describe()}; no model runs"
+
+
+ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
+    EngineSpec("torch", _build_torch, _text_codec),
+    # A TensorRT engine is built from the checkpoint while the model loads
+    # (tens of minutes for a 7-8B model; a restart reads TensorRT-LLM's cache).
+    EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0),
+    EngineSpec("simulated", _build_simulated, _simulated_codec,
+               logits_dtype=lambda settings: SIMULATED_DTYPES[settings.sim_dtype],
+               label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False),
+)}
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of a data plane; ValueError naming the known ones."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {name!r}") from None
+
+
+def startup_timeout(engine: str | None) -> float:
+    """Seconds the launcher waits for readiness with this data plane (None: sampler only)."""
+    return engine_spec(engine).startup_timeout_s if engine else DEFAULT_STARTUP_TIMEOUT_S

@@ -1,0 +1,151 @@
+"""Hot-first handoff, the data plane's side: the compact rows of a batch
+(``compact_rows``: the hot set's logits, the touched ones and an exact cold
+summary, in torch on the logits' device), and the whole handoff on one host
+(``sample_hot_first``). The decision side is ``simple_sampler.handoff``;
+docs/HANDOFF.md derives both.
+"""
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first, run_now, \
+    sample_compact
+from ..params import GREEDY_TEMPERATURE, SamplingBatch
+from ..sampling import sample
+from ..shvs.hot_vocab import HotVocab
+
+
+def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets int64 [B + 1], ids int64) of each row's touched ids
+    outside H, ascending: its bias and ban ids, and its prompt and output
+    ids when a penalty is on (repetition != 1, presence or frequency != 0),
+    exactly the columns the kernels build overrides for."""
+    vocab = hot_vocab.vocab_size
+    size = len(batch)
+    penalized = ((np.asarray(batch.repetition_penalty) != 1.0)
+                 | (np.asarray(batch.presence_penalty) != 0.0)
+                 | (np.asarray(batch.frequency_penalty) != 0.0))
+    keys = []
+    for name, rows_on in (("bias", None), ("ban", None), ("prompt", penalized),
+                          ("output", penalized)):
+        offsets = np.asarray(getattr(batch, f"{name}_offsets"), np.int64)
+        ids = np.asarray(getattr(batch, f"{name}_ids"), np.int64)
+        rows = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets))
+        if rows_on is not None:
+            keep = np.asarray(rows_on, bool)[rows]
+            rows, ids = rows[keep], ids[keep]
+        keys.append(rows * vocab + ids)
+    keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+    hot = np.zeros(vocab, bool)
+    hot[hot_vocab.kernel_arrays()[0]] = True
+    keys = keys[~hot[keys % vocab]]
+    offsets = np.zeros(size + 1, np.int64)
+    np.cumsum(np.bincount(keys // vocab, minlength=size), out=offsets[1:])
+    return offsets, keys % vocab
+
+
+def inverse_temperatures(temperature) -> np.ndarray:
+    """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
+    logits by, which the cold mass must use too."""
+    temperature = np.asarray(temperature, np.float64)
+    greedy = temperature < GREEDY_TEMPERATURE
+    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
+
+
+@torch.no_grad()
+def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
+                      cold_top: int = 0) -> CompactRows:
+    """The data plane's side of the handoff, in torch on the logits' device.
+
+    logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
+    hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``).
+    touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
+        touched ids (``touched_lists``), ascending, none in H.
+    temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
+    cold_top: also hand over each row's cold_top largest logits outside
+        H u T as touched ids (0: none): rows whose cold region would
+        otherwise hold part of their nucleus become decidable.
+    Returns ``CompactRows`` as tensors on the logits' device (the cold
+    summary over C = V minus every id handed over).
+    """
+    size, vocab = logits.shape
+    device = logits.device
+    hot = torch.as_tensor(np.asarray(hot_ids), dtype=torch.long, device=device)
+    offsets = torch.as_tensor(np.asarray(touched_offsets), dtype=torch.long)
+    counts = (offsets[1:] - offsets[:-1]).to(device)
+    rows = torch.repeat_interleave(torch.arange(size, device=device), counts)
+    ids = torch.as_tensor(np.asarray(touched_ids), dtype=torch.long, device=device)
+    x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
+    x[:, hot] = -torch.inf
+    x[rows, ids] = -torch.inf
+    if cold_top > 0:
+        values, extra = x.topk(min(cold_top, vocab), dim=1)
+        # -inf picks are ids already handed over (masked) or cold ids of
+        # weight 0, which may as well stay in C.
+        picked = values > -torch.inf
+        extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
+        keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
+        keys = torch.unique(keys)           # sorted: by row, then id
+        rows, ids = keys // vocab, keys % vocab
+        counts = torch.bincount(rows, minlength=size)
+        x[rows, ids] = -torch.inf
+    inv_t = torch.as_tensor(inverse_temperatures(temperature), device=device)
+    cold_argmax = x.argmax(dim=1)           # the first maximal index: the lowest id
+    cold_max = x.gather(1, cold_argmax[:, None])[:, 0]
+    # z and zc with the kernels' float operations (x * inv_t), exps in
+    # float32 as theirs, summed in float64: a float32 sum of ~1e5 terms is
+    # off by ~1e-5 and its value moves with the reduction order (threads,
+    # batch shape), and a row's decision must not.
+    zc = cold_max * inv_t
+    finite = torch.isfinite(zc)
+    shift = torch.where(finite, zc, torch.zeros_like(zc))
+    cold_mass = torch.exp(x * inv_t[:, None] - shift[:, None]).sum(dim=1, dtype=torch.float64)
+    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass)).float()
+    cold_argmax = torch.where(cold_max == -torch.inf, torch.full_like(cold_argmax, -1), cold_argmax)
+    new_offsets = torch.zeros(size + 1, dtype=torch.long, device=device)
+    new_offsets[1:] = torch.cumsum(counts, 0)
+    return CompactRows(hot_logits=logits.index_select(1, hot), touched_offsets=new_offsets,
+                       touched_ids=ids, touched_logits=logits[rows, ids].float(),
+                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass)
+
+
+def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab,
+                 cold_top: int = DEFAULT_COLD_TOP) -> CompactRows:
+    """The batch's compact rows in ``cpu()`` form: its touched lists, then
+    the summary on the logits' device."""
+    offsets, ids = touched_lists(batch, hot_vocab)
+    return hot_first_summary(logits, hot_vocab.kernel_arrays()[0], offsets, ids,
+                             batch.temperature, cold_top).cpu()
+
+
+def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
+                     cold_top: int = DEFAULT_COLD_TOP,
+                     num_top_logprobs: int = 0, return_logprobs: bool = True,
+                     num_threads: int | None = None) -> HandoffOutput:
+    """The whole handoff on one host: summary, compact decision, then the
+    undecided rows whole. logits: [B, V] torch tensor or numpy array. The
+    result's outcome says which rows needed their full row."""
+    tensor = logits if isinstance(logits, torch.Tensor) else _as_tensor(logits)
+    options = dict(num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
+                   num_threads=num_threads)
+    return run_now(decide_hot_first(
+        compact_rows(tensor, batch, hot_vocab, cold_top), batch, hot_vocab,
+        lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
+        lambda undecided, second: sample(tensor[torch.as_tensor(undecided)].cpu(), second,
+                                         **options)))
+
+
+def _as_tensor(array) -> torch.Tensor:
+    """A CPU tensor over a numpy float32 / float16 / bfloat16 array, no copy."""
+    array = np.asarray(array)
+    with warnings.catch_warnings():
+        # A read-only array (a broadcast row) is fine: nothing here writes
+        # to the logits (hot_first_summary masks a copy).
+        warnings.simplefilter("ignore", UserWarning)
+        if array.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)

@@ -1,0 +1,63 @@
+"""The decode loop's sampler with the hot-first handoff (docs/HANDOFF.md),
+over a :class:`~simple_sampler.triton.sampler_pool.SamplerPool`."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import torch
+
+from .._sampling import HandoffOutcome
+from ..handoff import DEFAULT_COLD_TOP, HandoffOutput, decide_hot_first
+from ..params import SamplingBatch
+from ..sampling import SampleOutput
+from ..serving.hot_first import compact_rows
+from ..shvs.hot_vocab import HotVocab
+from .sampler_codec import compact_arrays
+
+
+class HotFirstSampler:
+    """The decode loop's sampler (``async sampler(logits, batch) ->
+    (token_ids, logprobs)``, serving/decoder.py) with the hot-first handoff:
+    it summarizes the logits where they are (``compact_rows``, on the
+    engine's device), sends the compact rows, then the undecided rows whole
+    in a second request, and merges the answers (``handoff.decide_hot_first``).
+
+    pool: a ``SamplerPool`` (``send(inputs, batch)`` for the compact inputs,
+    ``pool(logits, batch)`` for full rows) whose samplers hold the same hot
+    set. ``stats`` counts rows and fallbacks."""
+
+    def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP):
+        self.pool = pool
+        self.hot_vocab = hot_vocab
+        self.cold_top = cold_top
+        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
+
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
+        # Off the event loop: on a CPU the summary is milliseconds of torch
+        # work per step (docs/HANDOFF.md), and another lane may be ready.
+        rows = await asyncio.to_thread(compact_rows, logits, batch, self.hot_vocab, self.cold_top)
+        out = await decide_hot_first(rows, batch, self.hot_vocab, self._decide,
+                                     lambda undecided, second: self._sample_full(
+                                         logits[torch.as_tensor(undecided)].cpu(), second))
+        return out.token_ids, out.logprobs
+
+    async def _decide(self, rows, batch: SamplingBatch) -> HandoffOutput:
+        outputs = await self.pool.send(compact_arrays(rows), batch)
+        size = len(batch)
+        first = HandoffOutput(
+            token_ids=outputs["output_ids"].astype(np.int64),
+            logprobs=outputs["output_log_probs"].astype(np.float32),
+            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
+            hot_accepted=np.full(size, -1, np.int8), outcome=outputs["handoff_outcome"].astype(np.int8))
+        self.stats["rows"] += size
+        self.stats["need_full"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_FULL))
+        self.stats["need_cold"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_COLD))
+        return first
+
+    async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
+        tokens, logprobs = await self.pool(logits, batch)
+        none = np.zeros((len(batch), 0))
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=none.astype(np.int32),
+                            top_logprobs=none.astype(np.float32),
+                            hot_accepted=np.full(len(batch), -1, np.int8))
