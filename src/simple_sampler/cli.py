@@ -246,6 +246,15 @@ def fill_template(args: argparse.Namespace) -> int:
     return 0
 
 
+def simulated_rows(parser: argparse.ArgumentParser) -> None:
+    """--vocab and --dtype of the simulated engine's rows (its settings' choices)."""
+    fields = {f.name: f for f in LlmSettings.settings_fields()}
+    parser.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
+                        choices=fields["sim_vocab"].metadata["choices"])
+    parser.add_argument("--dtype", default=LlmSettings.sim_dtype,
+                        choices=fields["sim_dtype"].metadata["choices"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simple-sampler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -294,7 +303,6 @@ def build_parser() -> argparse.ArgumentParser:
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
-    sim_settings = {f.name: f for f in LlmSettings.settings_fields()}
     sim_bench = targets.add_parser(
         "serve-sim", help="decode loop efficiency at GPU pace on a SIMULATED data plane "
                           "(docs/SIMULATED.md)")
@@ -302,10 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_bench.add_argument("--quick", action="store_true",
                            help="B 8 and 16 and a short window (seconds; for tests)")
     sim_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
-    sim_bench.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
-                           choices=sim_settings["sim_vocab"].metadata["choices"])
-    sim_bench.add_argument("--dtype", default=LlmSettings.sim_dtype,
-                           choices=sim_settings["sim_dtype"].metadata["choices"])
+    simulated_rows(sim_bench)
     sim_bench.add_argument("--step-ms", type=float, default=25.0,
                            help="simulated time of a forward over the whole batch")
     sim_bench.add_argument("--server", action="store_true",
@@ -345,10 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
     cost_bench.add_argument("--micro-batches", type=int, default=2,
                             help="the decode loop's lanes")
-    cost_bench.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
-                            choices=sim_settings["sim_vocab"].metadata["choices"])
-    cost_bench.add_argument("--dtype", default=LlmSettings.sim_dtype,
-                            choices=sim_settings["sim_dtype"].metadata["choices"])
+    simulated_rows(cost_bench)
     cost_bench.add_argument("--profile", metavar="DIR",
                             help="run the llm stub's decode-loop thread under cProfile and "
                                  "write DIR/llm-<pid>.prof when each server stops")
