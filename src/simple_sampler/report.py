@@ -479,7 +479,7 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                     "vs floor",
                     "server vs floor"],
                    [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
-                     number(r["efficiency"], 2), number(r["lanes_bound_tokens_per_s"], 0),
+                     number(r["efficiency"], 2), number(r.get("lanes_bound_tokens_per_s"), 0),
                      number(r["tokens_per_response"], 1),
                      *(number(r["cpu_us_per_token"][key], 0) for key, _ in COST_PARTS),
                      number(r.get("llm_loop_us_per_token"), 0),
@@ -487,7 +487,9 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r["cpu_us_per_token"]["client"], 0),
                      number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x")]
                     for r in results])
-    figure, axes = writer.new(width=max(7.0, 0.45 * len(results) + 2))
+    many = len(results) > 8  # room for the rotated labels
+    figure, axes = writer.new(width=0.5 * len(results) + 2 if many else 7.0,
+                              height=6.5 if many else 4.2)
     positions = range(len(results))
     bottom = [0.0] * len(results)
     for key, name in COST_PARTS:
@@ -498,7 +500,7 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                     fontsize=7)
     axes.set_ylabel("server CPU per token received (us)")
     axes.grid(axis="y", alpha=0.3)
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=7, ncol=len(COST_PARTS), loc="lower center", bbox_to_anchor=(0.5, 1.0))
     title = "Server CPU per streamed token by process, ours and the floor model (SIMULATED data plane)"
     return lines + writer.save(figure, "serve-cost-cpu-per-token", title, source)
 
