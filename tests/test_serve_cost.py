@@ -33,9 +33,12 @@ def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
     assert rows[2]["vs_floor"] is None  # no floor at B = 16
 
 
-def test_a_stream_interval_below_one_is_refused(capsys):
+def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
     assert main(["bench", "serve-cost", "--stream-interval", "0"]) == 2
     assert "stream interval < 1" in capsys.readouterr().err
+    assert main(["bench", "serve-cost", "--stream-interval", "16", "--max-tokens", "64"]) == 2
+    assert "--max-tokens must be at least 8 x the largest stream interval (128), got 64" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow  # starts a server with the simulated engine: 20-60 s

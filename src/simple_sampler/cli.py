@@ -141,6 +141,15 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
         print("simple-sampler bench serve-cost: nothing to run, or a stream interval < 1",
               file=sys.stderr)
         return 2
+    largest = max(c.stream_interval for c in configs)
+    if max_tokens < serve_cost.RESPONSES_PER_REQUEST * largest:
+        # tokens arrive k at a time: a window of a few responses per stream
+        # would count a burst more or less
+        print(f"simple-sampler bench serve-cost: --max-tokens must be at least "
+              f"{serve_cost.RESPONSES_PER_REQUEST} x the largest stream interval "
+              f"({serve_cost.RESPONSES_PER_REQUEST * largest}), got {max_tokens}",
+              file=sys.stderr)
+        return 2
     report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
                             micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
                             profile_dir=args.profile)
@@ -377,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     cost_bench.add_argument("--routes", nargs="+", default=["floor", "ensemble", "llm"],
                             choices=["floor", "ensemble", "llm"],
                             help="floor model, ensemble, llm called directly")
-    cost_bench.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
+    cost_bench.add_argument("--max-tokens", type=int, default=128,
+                            help="tokens per request (at least 8 x the largest stream interval)")
     cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
     cost_bench.add_argument("--micro-batches", type=int, default=2,
                             help="the decode loop's lanes")

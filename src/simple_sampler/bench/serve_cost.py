@@ -72,6 +72,9 @@ ROUTES = ("floor", "ensemble", "llm")
 PROMPT = "Tell me a story."
 FLOOR_MODEL = "floor"
 STARTUP_TIMEOUT_S = 900.0
+#: The fewest responses per request the window may see: tokens arrive k at a
+#: time, so max_tokens must be at least this many times the largest k.
+RESPONSES_PER_REQUEST = 8
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -294,7 +297,7 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
     return destination
 
 
-def run(configs: list[Config] | None = None, max_tokens: int = 32, instances: int = 2,
+def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None) -> dict:
     """Every configuration of `configs` (default :func:`plan`), one server per pace."""
