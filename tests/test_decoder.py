@@ -111,6 +111,45 @@ def test_requests_beyond_max_batch_wait_and_all_finish_once():
     assert decoder.stats.tokens == 20 and decoder.num_active == decoder.num_queued == 0
 
 
+def test_a_listener_gets_every_event_in_the_loops_pass_the_same_as_a_reader():
+    """RequestHandle.listen: each event is handed over as the loop makes it
+    (an event made before listen() first), the same events iterating gives."""
+    requests = [GenerationRequest(text=c, max_tokens=5, sampling=GREEDY) for c in "abc"]
+    read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        await decoder.start()
+        heard = [[] for _ in requests]
+        finished = [asyncio.get_running_loop().create_future() for _ in requests]
+        handles = [decoder.submit(r) for r in requests]
+        # an event made before listening (a request ended while still queued)
+        decoder.submit(GenerationRequest(text="d", max_tokens=5)).cancel()
+        late = decoder.submit(GenerationRequest(text="e", max_tokens=5))
+        late.cancel()
+        cancelled = []
+        late.listen(cancelled.append)
+        for events, done, handle in zip(heard, finished, handles):
+            def hear(event, events=events, done=done):
+                events.append(event)
+                if event.final:
+                    done.set_result(None)
+            handle.listen(hear)
+        await asyncio.gather(*finished)
+        await decoder.close()
+        return heard, cancelled
+
+    heard, cancelled = asyncio.run(main())
+
+    def seen(results):  # cum_log_prob is NaN (not asked), which equals nothing
+        return [[(e.text, e.token_ids, e.num_output_tokens, e.finish_reason) for e in events]
+                for events in results]
+
+    assert seen(heard) == seen(read) and len(heard[0]) == 5
+    assert [e.finish_reason for e in cancelled] == ["cancelled"]
+
+
 def test_end_id_stops_unless_ignored_or_before_min_tokens():
     engine = FakeEngine(script=lambda ids: END_ID if len(ids) >= 3 else next_letter(ids))
     requests = [GenerationRequest(text="a", max_tokens=6, sampling=GREEDY),

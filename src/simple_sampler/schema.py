@@ -129,6 +129,9 @@ GENERATE_INPUTS = (
             f"[1, context - 1]; prompt + max_tokens <= context (max_context, "
             f"{LlmSettings.max_context})"),
     _scalar("stream", "BOOL", False, "false: one response at the end"),
+    _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
+            ">= 1: a stream sends a response every k tokens with all of them, and always "
+            "the last (TensorRT-LLM's name)"),
     *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy"),
     _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
