@@ -5,7 +5,7 @@
 #
 #   scripts/install.sh [--python PY] [--venv DIR [--system-site-packages] | --system]
 #                      [--torch VERSION | --no-torch] [--smollm2 | --no-smollm2]
-#                      [--extras a,b] [--editable] [--dry-run]
+#                      [--extras a,b] [--editable] [--constrain-to-installed] [--dry-run]
 #
 #   --python PY      interpreter to build for (default python3); with --venv it
 #                    creates the venv, with --system packages go into its own
@@ -18,6 +18,14 @@
 #   --extras         the project's extras (default test,bench,model,serve);
 #                    bench and model pin torch, so --no-torch refuses them
 #   --editable       pip install -e (a development checkout)
+#   --constrain-to-installed
+#                    install with a constraints file made from what the target
+#                    Python already has (pip list --format=freeze): nothing
+#                    there is upgraded or downgraded, a requirement that would
+#                    need it fails the install instead; then pip check, which
+#                    fails on any problem the install added (problems the
+#                    image already had are listed, not fatal). For NGC images,
+#                    whose TensorRT-LLM pins its dependencies.
 #   --dry-run        print the commands instead of running them
 set -euo pipefail
 
@@ -31,6 +39,7 @@ editable=""
 dry_run=""
 project="$(cd "$(dirname "$0")/.." && pwd)"
 
+constrain=""
 usage() { sed -n '6,8p' "$0" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,6 +53,7 @@ while [ $# -gt 0 ]; do
         --no-smollm2) smollm2="" ;;
         --extras) extras="$2"; shift ;;
         --editable) editable=-e ;;
+        --constrain-to-installed) constrain=1 ;;
         --dry-run) dry_run=1 ;;
         *) echo "install.sh: unknown option $1" >&2; usage ;;
     esac
@@ -85,7 +95,36 @@ spec="$project"
 if [ -n "$extras" ]; then
     spec="$project[$extras]"
 fi
-run "${pip[@]}" $editable "$spec"
+if [ -n "$constrain" ]; then
+    constraints="${TMPDIR:-/tmp}/simple-sampler-installed-constraints.txt"
+    problems_before="${TMPDIR:-/tmp}/simple-sampler-pip-check-before.txt"
+    if [ -n "$dry_run" ]; then
+        printf '%q ' "$target" -m pip list --format=freeze; echo "> $constraints"
+        printf '%q ' "$target" -m pip check; echo "> $problems_before"
+    else
+        "$target" -m pip list --format=freeze > "$constraints"
+        "$target" -m pip check > "$problems_before" 2>&1 || true
+    fi
+    # Not quiet: a conflict with what is installed must show its cause.
+    run "$target" -m pip install $editable --constraint "$constraints" "$spec"
+    if [ -n "$dry_run" ]; then
+        printf '%q ' "$target" -m pip check; echo
+    else
+        problems="$("$target" -m pip check 2>&1 || true)"
+        added="$(grep -vxFf "$problems_before" <<<"$problems" | grep -v '^No broken requirements' || true)"
+        if [ -s "$problems_before" ] && ! grep -q '^No broken requirements' "$problems_before"; then
+            echo "install.sh: pip check problems the environment had before this install:" >&2
+            cat "$problems_before" >&2
+        fi
+        if [ -n "$added" ]; then
+            echo "install.sh: pip check: this install broke requirements:" >&2
+            echo "$added" >&2
+            exit 1
+        fi
+    fi
+else
+    run "${pip[@]}" $editable "$spec"
+fi
 # The kernels must have been built for this interpreter (a Triton backend
 # stub loads them into the same Python).
 run "$target" -c "import sys, sysconfig, simple_sampler._sampling as k; \

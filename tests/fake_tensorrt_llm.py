@@ -16,6 +16,15 @@ holds this fake to it. What each piece mirrors:
   keyed by the build settings and the model path): ``build_s`` models the
   build time. Without ``max_input_len`` the limit is 1024 (``llm_args.py``
   ``BuildConfig`` default).
+* ``LLM.generate_async`` refuses (ValueError, in the caller) a prompt whose
+  length plus ``max_tokens`` exceeds ``max_seq_len``: ``llmapi/llm.py``
+  ``BaseLLM._check_arguments``, TensorRT backend, chunked prefill off.
+* The capacity scheduler's default policy, ``GUARANTEED_NO_EVICT``
+  (``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp``
+  ``GuaranteedNoEvictScheduler``): with ``kv_cache_tokens`` set, a request
+  is scheduled only when the KV cache can hold its prompt plus its
+  ``max_tokens`` next to those already scheduled, in arrival order (token
+  granularity; the real cache counts blocks).
 * ``LLM.generate_async(inputs, sampling_params, streaming)`` returns a
   ``RequestOutput`` (``executor/result.py`` ``GenerationResult``) whose
   ``request_id`` is the *client* id (``GenerationResult.request_id``); the
@@ -39,6 +48,8 @@ holds this fake to it. What each piece mirrors:
   in the next one (its row comes once more), and one aborted during an
   iteration ends after it; either way it ends with a final (cancelled)
   response and holds its slot until then.
+* ``RequestOutput.outputs[0].token_ids``: the generated ids
+  (``executor/result.py`` ``GenerationResultBase.outputs``, ``CompletionOutput``).
 * ``LLM.shutdown()`` waits until the active requests have finished
   (``executor/worker.py`` ``shutdown`` -> the C++ ``Executor::shutdown``):
   a live request runs to its ``max_tokens`` first.
@@ -114,12 +125,20 @@ def model_row(tokens: List[int], vocab_size: int) -> torch.Tensor:
     return row
 
 
+@dataclass
+class CompletionOutput:
+    """``executor/result.py`` ``CompletionOutput``: one beam's generated ids."""
+
+    token_ids: List[int]
+
+
 class RequestOutput:
     """``GenerationResult``: responses arrive in a queue; reading them is what
-    surfaces an error."""
+    surfaces an error. ``outputs`` holds the beam's ids once it has finished."""
 
     def __init__(self, llm: "LLM", request_id: int):
         self._llm, self.request_id = llm, request_id
+        self.outputs: List[CompletionOutput] = []
         self._done = False
         self._error: Optional[str] = None
         self.finish_reason: Optional[str] = None
@@ -165,6 +184,7 @@ class _Request:
     engine_id: int
     tokens: List[int]
     params: SamplingParams
+    prompt_length: int
     micro_batch: int
     output: RequestOutput
     generated: int = 0
@@ -179,14 +199,16 @@ class LLM:
     build_s = 0.0  # engine build time (tests raise it)
     iteration_s = 0.0  # time one iteration takes besides the processor
     paused = False  # no iteration starts while set (tests: let requests arrive together)
+    kv_cache_tokens: Optional[int] = None  # KV-cache capacity in tokens (None: unlimited)
 
     def __init__(self, model: str, *, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, batched_logits_processor=None,
                  skip_tokenizer_init: bool = False, max_batch_size: Optional[int] = None,
                  max_input_len: Optional[int] = None, max_seq_len: Optional[int] = None,
                  max_num_tokens: Optional[int] = None, enable_build_cache=False):
-        self.model, self.max_batch_size, self.max_seq_len = model, max_batch_size, max_seq_len
+        self.model, self.max_batch_size = model, max_batch_size
         config = json.loads((Path(model) / "config.json").read_text())
+        self.max_seq_len = max_seq_len or config.get("build_config", {}).get("max_seq_len")
         self.vocab_size = config.get("vocab_size") or config["pretrained_config"]["vocab_size"]
         self.max_input_len = max_input_len or config.get("build_config", {}).get(
             "max_input_len", DEFAULT_MAX_INPUT_LEN)
@@ -231,11 +253,16 @@ class LLM:
 
     def generate_async(self, inputs: List[int], sampling_params: SamplingParams,
                        streaming: bool = False) -> RequestOutput:
-        assert sampling_params.apply_batched_logits_processor and sampling_params.top_k == 1
+        assert sampling_params.top_k == 1  # greedy: the only sampling this fake models
+        if self.max_seq_len and len(inputs) + sampling_params.max_tokens > self.max_seq_len:
+            raise ValueError(f"The sum of prompt length ({len(inputs)}) and query length (0) "
+                             f"max_tokens ({sampling_params.max_tokens}) should not exceed "
+                             f"max_seq_len ({self.max_seq_len})")
         with self.condition:
             output = RequestOutput(self, self.next_id)
             request = _Request(self.next_id, ENGINE_ID_OFFSET + self.next_id, list(inputs),
-                               sampling_params, self.arrivals % self.pipeline_parallel_size,
+                               sampling_params, len(inputs),
+                               self.arrivals % self.pipeline_parallel_size,
                                output)
             self.next_id += 1
             self.arrivals += 1
@@ -281,6 +308,7 @@ class LLM:
         self.requests.remove(request)
         if error is None and finish_reason != "cancelled":
             self.finished[request.client_id] = request.tokens
+        request.output.outputs = [CompletionOutput(request.tokens[request.prompt_length:])]
         request.output._respond(finish_reason, error)
         self.condition.notify_all()
 
@@ -302,7 +330,7 @@ class LLM:
                 # capacityScheduler.cpp) schedules at most max_batch_size requests,
                 # in arrival order; the others wait (an aborted one holds its
                 # slot until it has ended).
-                scheduled = self.requests[:self.max_batch_size or len(self.requests)]
+                scheduled = self._schedule()
                 batch = [r for r in scheduled
                          if r.micro_batch == turn % self.pipeline_parallel_size]
                 turn += 1
@@ -314,13 +342,30 @@ class LLM:
                 self.in_iteration = False
             time.sleep(self.iteration_s)
 
+    def _schedule(self) -> list[_Request]:
+        """Lock held: the requests that fit, in arrival order (module docstring)."""
+        scheduled, reserved = [], 0
+        for request in self.requests[:self.max_batch_size or len(self.requests)]:
+            need = request.prompt_length + request.params.max_tokens
+            if self.kv_cache_tokens is not None and reserved + need > self.kv_cache_tokens:
+                break
+            scheduled.append(request)
+            reserved += need
+        return scheduled
+
     def _iterate(self, batch: list[_Request]) -> None:
         self.iterations.append([r.client_id for r in batch])
         self.engine_ids.append([r.engine_id for r in batch])
         logits = [model_row(r.tokens, self.vocab_size).reshape(1, 1, -1) for r in batch]
+        # Only the requests that opted in (logitsPostProcessor.cpp), and only
+        # when an LLM has a processor (a reference run has none).
+        opted = [(r, row) for r, row in zip(batch, logits)
+                 if r.params.apply_batched_logits_processor and self.processor is not None]
         try:
-            self.processor([r.engine_id for r in batch], logits, [[r.tokens] for r in batch],
-                           None, [r.client_id for r in batch])
+            if opted:
+                self.processor([r.engine_id for r, _ in opted], [row for _, row in opted],
+                               [[r.tokens] for r, _ in opted], None,
+                               [r.client_id for r, _ in opted])
         except Exception as error:  # the real executor fails the iteration's requests
             self.errors.append(error)
             with self.condition:

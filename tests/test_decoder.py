@@ -51,7 +51,7 @@ class FakeEngine:
         self.script, self.delay = script, delay
         self.ids, self.most_active, self.released, self.steps = {}, 0, [], []
 
-    def add(self, seq_id, prompt_ids):
+    def add(self, seq_id, prompt_ids, max_tokens=None):
         assert len(self.ids) < self.max_batch_size
         self.ids[seq_id] = list(prompt_ids)
         self.most_active = max(self.most_active, len(self.ids))

@@ -216,3 +216,15 @@ def test_sequence_table_checks_and_messages():
     with pytest.raises(KeyError, match="unknown sequence 'a'"):
         table["a"]
     table.add("c", [1], make)  # the slot is free again
+
+
+def test_every_engine_takes_the_request_s_max_tokens(make_engine):
+    """add's optional max_tokens (the decode loop passes each request's own):
+    the rows do not change with it, whatever the engine does with it."""
+    engine, reference, tolerance = make_engine(max_batch_size=2, max_context=16)
+    engine.add("x", [1, 2, 3], max_tokens=4)
+    engine.add("y", [1, 2, 3])
+    ready = ready_group(engine, ["x", "y"])
+    rows = engine.step(ready)
+    for seq_id, row in zip(ready, rows):
+        assert float((row - reference([1, 2, 3])).abs().max()) <= tolerance, seq_id

@@ -3,6 +3,7 @@ Dockerfiles in docker/ (which are not built here: no Docker engine, no NGC):
 the commands it runs per option set, that every Dockerfile and the Makefile
 call it with options it accepts, that what they COPY exists, and (slow) one
 real NGC-style install into a fresh virtualenv."""
+import os
 import re
 import shlex
 import subprocess
@@ -54,6 +55,50 @@ def test_the_ngc_install_keeps_the_containers_python_and_torch():
     assert commands[1][:2] == ["python3", "-c"] and len(commands) == 2  # no venv, no torch
 
 
+def test_the_constrained_install_pins_what_is_there_and_checks_afterwards():
+    code, commands, _ = dry_run("--system", "--python", "python3", "--no-torch", "--no-smollm2",
+                                "--extras", "client", "--constrain-to-installed")
+    assert code == 0
+    freeze, check_before, install, check_after, kernels = commands
+    assert freeze[:5] == ["python3", "-m", "pip", "list", "--format=freeze"]
+    constraints = freeze[-1]
+    assert check_before[:4] == ["python3", "-m", "pip", "check"]
+    assert install == ["python3", "-m", "pip", "install", "--constraint", constraints,
+                       f"{ROOT}[client]"]  # not quiet: a conflict shows its cause
+    assert check_after == ["python3", "-m", "pip", "check"]
+    assert kernels[:2] == ["python3", "-c"]
+
+
+def test_the_client_extra_is_grpc_and_http_with_ml_dtypes_below_0_6():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert extras["client"] == ["tritonclient[grpc,http]>=2.50", "ml_dtypes>=0.4,<0.6"]
+
+
+@pytest.mark.slow
+def test_a_constrained_install_refuses_to_move_an_installed_package(tmp_path):
+    """A real install into a fresh virtualenv whose numpy is older than the
+    project needs: the constraints from what is installed make pip fail
+    instead of upgrading it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "numpy==1.25.2"], check=True)
+    result = subprocess.run(["bash", str(SCRIPT), "--system", "--python", python, "--no-torch",
+                             "--no-smollm2", "--extras", "", "--constrain-to-installed"],
+                            capture_output=True, text=True, cwd=ROOT, env={
+                                **os.environ, "TMPDIR": str(tmp_path)})
+    assert result.returncode != 0
+    # Refused for the constraint (pip names it), not for some other failure.
+    assert "(constraint) numpy==1.25.2" in result.stdout + result.stderr, \
+        result.stdout + result.stderr
+    listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "numpy==1.25.2" in listed  # left as it was
+
+
 def test_extras_that_pin_torch_are_refused_without_torch():
     code, commands, error = dry_run("--no-torch", "--extras", "test,model")
     assert code == 2 and not commands and "pin torch" in error
@@ -96,6 +141,7 @@ def test_each_dockerfile_installs_through_the_script_and_copies_existing_paths(d
         assert "/opt/tritonserver/backends/simple_sampler/model.py" in installs[0]
         # No nvidia-pytriton (the serve extra) next to TensorRT-LLM's pins.
         assert any(c[-1] == f"{ROOT}[client]" for c in commands)
+        assert ["python3", "-m", "pip", "check"] in commands  # after a constrained install
         assert "SIMPLE_SAMPLER_ENGINE_CACHE=/models/engine-cache" in environment
     else:
         assert any(c[-1] == "torch==2.13.0" for c in commands)

@@ -3,10 +3,14 @@ on top of it (concurrency, pipeline micro-batches, requests joining, leaving,
 cancelled), failures, the processor in another process, and the import guard.
 The contract shared with TorchEngine is in test_engine_contract.py."""
 import asyncio
+import contextlib
 import json
+import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -18,6 +22,7 @@ from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
 from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
+from simple_sampler.serving import trtllm
 from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import build_engine
@@ -54,7 +59,7 @@ class ModelEngine:
     def __init__(self):
         self.tokens = {}
 
-    def add(self, seq_id, prompt_ids):
+    def add(self, seq_id, prompt_ids, max_tokens=None):
         self.tokens[seq_id] = list(prompt_ids)
 
     def step(self, seq_ids):
@@ -223,6 +228,7 @@ def test_the_processor_reaches_the_engine_from_another_process(make_engine):
     # Masked rows keep only the chosen token; the unknown request's row is untouched.
     assert output[0].strip(" [") == "7, 30, 11"
     assert "False, False, False" in output[1]
+    assert engine.bridge_s > 0.0  # the processor's own time came with its rows
 
 
 def test_tensorrt_llm_is_imported_only_when_asked_for():
@@ -407,7 +413,102 @@ def test_the_import_takes_the_tensorrt_backend_and_refuses_a_release_without_it(
     assert api.version == "1.0.0"
     monkeypatch.setitem(sys.modules, "tensorrt_llm._tensorrt_engine", None)  # import fails
     with pytest.raises(ImportError, match=r"TensorRT-LLM 1\.0\.0 has no tensorrt_llm\."
-                                          r"_tensorrt_engine\.LLM.*PyTorch backend"):
+                                          r"_tensorrt_engine\.LLM.*PyTorch backend") as refused:
         load_tensorrt_llm()
+    assert isinstance(refused.value.__cause__, ImportError)  # why the import failed stays visible
     sys.modules["tensorrt_llm"].__version__ = "0.17.0"  # 0.x: LLM is the TensorRT backend
     assert load_tensorrt_llm().LLM == "pytorch LLM"
+
+
+def test_each_request_reserves_its_own_max_tokens_not_the_whole_context(make_engine):
+    class SmallCache(fake.LLM):
+        # GUARANTEED_NO_EVICT over a cache of 4 short requests: with
+        # full-context reservations (64 tokens each) only one would run at once.
+        kv_cache_tokens = 4 * (3 + 6 + 1)
+        paused = True
+
+    engine = make_engine(llm_class=SmallCache)
+    batch = [GenerationRequest(text="abc", max_tokens=6, ignore_end=True,
+                               sampling=SamplingParams(seed=i)) for i in range(4)]
+    threading.Timer(0.5, engine.llm.resume).start()  # all four queued first
+    results, _ = run(engine, batch)
+    assert all(len(tokens_of(r)) == 6 and r[-1].finish_reason == "length" for r in results)
+    assert max(len(i) for i in engine.llm.iterations) == 4
+    # The engine got one more than the request's own limit: it never ends a
+    # request before the decode loop does.
+    assert not engine.llm.errors and all(r[-1].error is None for r in results)
+
+
+@pytest.mark.parametrize("max_tokens, submitted", [(None, 61), (6, 7), (60, 61), (61, 61)])
+def test_the_submitted_max_tokens_is_the_request_s_own_plus_one_within_the_context(
+        make_engine, max_tokens, submitted):
+    engine = make_engine(llm_class=InertLLM)  # context 64, prompt 3
+    engine.add("a", [1, 2, 3], max_tokens=max_tokens)
+    assert engine.sequences["a"].request._llm.requests[0].params.max_tokens == submitted
+    with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
+        engine.add("b", [1], max_tokens=0)
+    assert "b" not in engine.sequences
+
+
+def test_the_bridge_reports_its_own_time(make_engine):
+    engine = make_engine()
+    assert engine.bridge_s == 0.0
+    run(engine, requests(3))
+    assert engine.bridge_s > 0.0
+
+
+OWNER = """
+import pickle, subprocess, sys, time
+from simple_sampler.serving.trtllm import DecisionPlaneProcessor
+processor = DecisionPlaneProcessor("unused", b"key", "unused", 1, 1)
+WORKER = "import pickle, sys, time; pickle.load(sys.stdin.buffer); time.sleep(60)"
+worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE)
+worker.stdin.write(pickle.dumps(processor))
+worker.stdin.close()
+print(worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_exits_when_the_process_that_owns_its_processor_dies():
+    """The MPI worker's case on CPU: a process unpickles the processor (as
+    TensorRT-LLM's worker does), its owner is killed (a supervisor restart),
+    and the worker exits instead of holding the GPU."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    worker_pid = int(owner.stdout.readline())
+    try:
+        time.sleep(0.5)  # the worker has unpickled the processor
+        os.kill(worker_pid, 0)  # alive while its owner is
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the worker outlived its owner")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker_pid, signal.SIGKILL)
+        owner.kill()
+
+
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_the_owner_watch_sees_the_owner_go_with_or_without_pidfd(monkeypatch, pidfd):
+    if not pidfd:
+        monkeypatch.setattr(trtllm, "OWNER_POLL_S", 0.05)
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    owner = subprocess.Popen(["sleep", "60"])
+    exits = []
+    trtllm.OwnerWatch(owner.pid, exit=exits.append).start()
+    time.sleep(0.2)
+    assert exits == []
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert exits == [trtllm.ORPHANED_EXIT_STATUS]

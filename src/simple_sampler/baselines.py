@@ -14,24 +14,32 @@ import torch
 from .params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch
 
 
-def _bin_counts(offsets: np.ndarray, ids: np.ndarray, batch: int, vocab: int) -> torch.Tensor:
-    counts = torch.zeros(batch, vocab, dtype=torch.int32)
-    rows = torch.from_numpy(np.repeat(np.arange(batch), np.diff(offsets)))
-    counts.index_put_((rows, torch.from_numpy(ids.astype(np.int64))),
-                      torch.ones(ids.size, dtype=torch.int32), accumulate=True)
+def _column(values, dtype, device: torch.device) -> torch.Tensor:
+    """A per-row parameter as a tensor on the logits' device (the inline
+    mode samples on the engine's device: the CPU, or the GPU with
+    ``--device cuda``)."""
+    return torch.from_numpy(np.asarray(values, dtype)).to(device)
+
+
+def _bin_counts(offsets: np.ndarray, ids: np.ndarray, batch: int, vocab: int,
+                device: torch.device) -> torch.Tensor:
+    counts = torch.zeros(batch, vocab, dtype=torch.int32, device=device)
+    rows = _column(np.repeat(np.arange(batch), np.diff(offsets)), np.int64, device)
+    counts.index_put_((rows, _column(ids, np.int64, device)),
+                      torch.ones(ids.size, dtype=torch.int32, device=device), accumulate=True)
     return counts
 
 
-def greedy_rows(batch: SamplingBatch) -> torch.Tensor:
+def greedy_rows(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
     """bool [B]: rows decoded greedily (temperature compared in float32)."""
-    return torch.from_numpy(np.asarray(batch.temperature, np.float32)) < GREEDY_TEMPERATURE
+    return _column(batch.temperature, np.float32, device) < GREEDY_TEMPERATURE
 
 
-def temperature_divisor(batch: SamplingBatch) -> torch.Tensor:
+def temperature_divisor(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
     """float32 [B, 1]: each row's temperature, 1 for greedy rows (whose
     logits are left as they are)."""
-    temperature = torch.from_numpy(np.asarray(batch.temperature, np.float32))
-    return torch.where(greedy_rows(batch), 1.0, temperature)[:, None]
+    temperature = _column(batch.temperature, np.float32, device)
+    return torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)[:, None]
 
 
 def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -61,20 +69,20 @@ ON_LOGITS = {"min_p": _min_p}
 ON_SORTED = {"top_k": _top_k, "top_p": _top_p}
 
 
-def _column(batch: SamplingBatch, name: str) -> torch.Tensor:
+def _parameter(batch: SamplingBatch, name: str, device: torch.device) -> torch.Tensor:
     """A parameter's column as torch computes with it: int64 or float32."""
     dtype = np.int64 if np.dtype(PARAMS[name].dtype).kind == "i" else np.float32
-    return torch.from_numpy(np.ascontiguousarray(getattr(batch, name), dtype))
+    return _column(getattr(batch, name), dtype, device)
 
 
 def truncate(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """The logits with every token a truncation drops at -inf."""
     for name, op in ON_LOGITS.items():
         if not PARAMS[name].is_off(getattr(batch, name)).all():
-            logits = op(logits, _column(batch, name))
+            logits = op(logits, _parameter(batch, name, logits.device))
     ascending, order = logits.sort(dim=-1, descending=False)
     for name, op in ON_SORTED.items():
-        ascending = op(ascending, _column(batch, name))
+        ascending = op(ascending, _parameter(batch, name, logits.device))
     return torch.empty_like(ascending).scatter_(1, order, ascending)
 
 
@@ -83,18 +91,19 @@ def torch_sort_sample(logits: torch.Tensor, batch: SamplingBatch,
     """Token ids [B] for logits [B, V] (any float dtype; computed in float32)."""
     logits = logits.float().clone()
     size, vocab = logits.shape
-    prompt = _bin_counts(batch.prompt_offsets, batch.prompt_ids, size, vocab)
-    output = _bin_counts(batch.output_offsets, batch.output_ids, size, vocab)
-    repetition = torch.from_numpy(np.asarray(batch.repetition_penalty, np.float32))[:, None]
+    device = logits.device
+    prompt = _bin_counts(batch.prompt_offsets, batch.prompt_ids, size, vocab, device)
+    output = _bin_counts(batch.output_offsets, batch.output_ids, size, vocab, device)
+    repetition = _column(batch.repetition_penalty, np.float32, device)[:, None]
     seen = (prompt > 0) | (output > 0)
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
     logits = torch.where(seen, penalized, logits)
-    logits -= torch.from_numpy(np.asarray(batch.frequency_penalty, np.float32))[:, None] * output
-    logits -= torch.from_numpy(np.asarray(batch.presence_penalty, np.float32))[:, None] * (output > 0)
-    logits /= temperature_divisor(batch)
+    logits -= _column(batch.frequency_penalty, np.float32, device)[:, None] * output
+    logits -= _column(batch.presence_penalty, np.float32, device)[:, None] * (output > 0)
+    logits /= temperature_divisor(batch, device)
 
     logits = truncate(logits, batch)
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     sampled = probs.div_(noise).argmax(dim=-1)
-    return torch.where(greedy_rows(batch), logits.argmax(dim=-1), sampled)
+    return torch.where(greedy_rows(batch, device), logits.argmax(dim=-1), sampled)

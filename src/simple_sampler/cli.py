@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec
 from .settings import LlmSettings, SamplerSettings
@@ -124,6 +125,21 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
     report = run(vocab=args.vocab, dtype=args.dtype, step_ms=args.step_ms,
                  instances=args.instances, **sizes)
     print_report(args, report, serve_sim.format_report(report))
+    return 0
+
+
+def bench_serve_gpu(args: argparse.Namespace) -> int:
+    from .bench import serve_gpu
+
+    sizes = {"batches": [8, 16], "warmup": 2, "measure": 6} if args.quick else \
+        {"batches": args.batch}
+    try:
+        report = serve_gpu.run(args.model, args.dtype, instances=args.instances,
+                               top_p=args.top_p, **sizes)
+    except (RuntimeError, ValueError) as error:  # no CUDA here, or a dtype it lacks
+        print(f"simple-sampler bench serve-gpu: {error}", file=sys.stderr)
+        return 2
+    print_report(args, report, serve_gpu.format_report(report))
     return 0
 
 
@@ -302,6 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
                            help="every request's top_p (default 1: no truncation; in-process "
                                 "only)")
     sim_bench.set_defaults(handler=bench_serve_sim)
+    gpu_bench = targets.add_parser(
+        "serve-gpu", help="the decode loop over a real model on a CUDA GPU: simple vs "
+                          "sampling on the GPU (--engine torch --device cuda; needs CUDA)")
+    gpu_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    gpu_bench.add_argument("--quick", action="store_true", help="B 8 and 16, a short window")
+    gpu_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    gpu_bench.add_argument("--model", help="Hugging Face directory (default SmolLM2-135M)")
+    gpu_bench.add_argument("--dtype", default="bfloat16",
+                           choices=LlmSettings.__dataclass_fields__["torch_dtype"]
+                           .metadata["choices"])
+    gpu_bench.add_argument("--instances", type=int, default=2,
+                           help="kernel threads standing in for simple_sampler instances")
+    gpu_bench.add_argument("--top-p", type=float, default=0.9, help="every request's top_p")
+    gpu_bench.set_defaults(handler=bench_serve_gpu)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")
@@ -399,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"{tensor.allowed} (default: {default or tensor.default})")
     gen.set_defaults(handler=generate)
 
+    check = commands.add_parser("gpu-check", help="the first GPU run, checked end to end "
+                                "(docs/GPU.md); --dry-run on the simulated engine")
+    gpu_check.add_arguments(check)
+    check.set_defaults(handler=gpu_check.main)
     fill = commands.add_parser("fill-template",
                                help="fill ${name} placeholders of a config.pbtxt in place")
     fill.add_argument("-i", "--input", type=Path, required=True)

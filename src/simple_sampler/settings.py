@@ -38,6 +38,9 @@ SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 ENGINES = ("torch", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
+#: Where the torch engine runs (serving/device.py) and its model's dtypes.
+TORCH_DEVICES = ("cpu", "cuda")
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
@@ -224,6 +227,13 @@ class LlmSettings(Settings):
     engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
                           "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
                           "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
+    device: str = setting(
+        "cpu", "torch engine: where the model runs (cuda: the current GPU; logits cross to the "
+        "sampler by one pinned device-to-host copy per step, inline sampling stays on the GPU)",
+        choices=TORCH_DEVICES, engines=("torch",))
+    torch_dtype: str = setting(
+        "float32", "torch engine: the model's dtype (bfloat16 and float16 on cuda only)",
+        choices=TORCH_DTYPES, engines=("torch",))
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
                                         engines=("tensorrt_llm",))
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
@@ -296,4 +306,13 @@ class LlmSettings(Settings):
                     and value != f.default:
                 raise ValueError(f"{f.name} applies to engine "
                                  f"{' or '.join(f.metadata['engines'])} only, not {self.engine}")
+        if self.batch_invariant and self.device != "cpu":
+            raise ValueError(
+                "batch_invariant runs on the CPU only (device cpu): its fixed tiles were measured "
+                "against the CPU GEMM's row blocking (serving/batch_invariant.py); on CUDA, "
+                "cuBLAS and the attention kernels choose their algorithms by shape, which was "
+                "never measured")
+        if self.device == "cpu" and self.torch_dtype != "float32":
+            raise ValueError(f"torch_dtype {self.torch_dtype} needs device cuda: the engine runs "
+                             f"float32 on the CPU")
         parse_endpoints(self.sampler_endpoints)

@@ -91,7 +91,9 @@ class TritonPythonModel:
                            ("busy_us", "Time a forward or a sampler was running"),
                            ("loop_us", "CPU time of the decode loop's own Python work, forwards and "
                                        "samplers excluded"),
-                           ("sampler_retries", "Sampler requests sent again after a failure")):
+                           ("sampler_retries", "Sampler requests sent again after a failure"),
+                           ("bridge_us", "TensorRT-LLM bridge's own time per iteration, summed: "
+                                         "staging rows, masking them (0 for other engines)")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
                                            kind=pb_utils.MetricFamily.COUNTER)
             self.metric_families.append(family)
@@ -139,7 +141,8 @@ class TritonPythonModel:
                   "sampler_us": int(stats.sampler_s * 1e6),
                   "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
                   "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
-                  "sampler_retries": stats.sampler_retries}
+                  "sampler_retries": stats.sampler_retries,
+                  "bridge_us": int(self.service.bridge_s * 1e6)}
         for name, total in totals.items():
             self.metrics[name].increment(total - self.reported[name])
             self.reported[name] = total

@@ -48,7 +48,7 @@ class InstantEngine:
             max_batch_size, max_context, vocab_size
         self.logits = torch.zeros(max_batch_size, LOGITS_VOCAB)
 
-    def add(self, seq_id, prompt_ids) -> None:
+    def add(self, seq_id, prompt_ids, max_tokens=None) -> None:
         pass
 
     def step(self, seq_ids) -> torch.Tensor:

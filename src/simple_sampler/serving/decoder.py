@@ -407,7 +407,8 @@ class Decoder:
         while self.queue and self.num_active < self.engine.max_batch_size:
             sequence = self.queue.popleft()
             try:
-                self.engine.add(sequence.request_id, sequence.prompt_ids)
+                self.engine.add(sequence.request_id, sequence.prompt_ids,
+                                max_tokens=sequence.request.max_tokens)
             except (ValueError, RuntimeError) as error:
                 self._finish(sequence, error=str(error))
                 continue

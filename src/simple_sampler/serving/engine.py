@@ -3,7 +3,12 @@
 The decode loop (``decoder``) drives an :class:`Engine` through five calls and
 never looks inside it:
 
-* ``add(seq_id, prompt_ids)`` takes a free slot for a new sequence;
+* ``add(seq_id, prompt_ids, max_tokens=None)`` takes a free slot for a new
+  sequence; ``max_tokens``, when given, is the most tokens the caller will
+  generate for it (the decode loop passes the request's own), so an engine
+  that reserves memory per request (TensorRT-LLM's KV-cache blocks) reserves
+  for that many instead of the whole context; engines that do not reserve
+  ignore it;
 * ``step(seq_ids)`` returns float32 logits ``[len(seq_ids), vocab_size]`` (the
   simulated engine, ``simulated``, also bfloat16), the next-token distribution
   of exactly those sequences (any subset of the active ones, in the order
@@ -42,7 +47,8 @@ class Engine(Protocol):
     max_batch_size: int
     max_context: int
 
-    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None: ...
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            max_tokens: int | None = None) -> None: ...
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor: ...
 

@@ -51,12 +51,17 @@ class EngineSpec:
 
 
 def _build_torch(settings: LlmSettings) -> "Engine":
-    from .torch_engine import TorchEngine  # lazy: torch and transformers load for this engine only
+    # lazy: torch and transformers load for this engine only
+    from .device import resolve
+    from .torch_engine import TorchEngine
 
-    return TorchEngine.from_source(settings.model or None,
+    device, dtype = resolve(settings.device, settings.torch_dtype)
+    # inline samples on the engine's device; every other mode takes host rows.
+    return TorchEngine.from_source(settings.model or None, device=device, dtype=dtype,
                                    max_batch_size=settings.engine_max_batch_size,
                                    max_context=settings.max_context,
-                                   batch_invariant=settings.batch_invariant)
+                                   batch_invariant=settings.batch_invariant,
+                                   host_logits=settings.sampling_mode != "inline")
 
 
 def _build_trtllm(settings: LlmSettings) -> "Engine":

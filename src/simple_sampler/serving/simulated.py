@@ -152,7 +152,8 @@ class SimulatedEngine:
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
 
-    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            max_tokens: int | None = None) -> None:
         """As TorchEngine.add (SequenceTable's checks and errors)."""
         with self.state_lock:
             self.sequences.add(seq_id, prompt_ids, lambda prompt: _SimulatedSequence(len(prompt)))

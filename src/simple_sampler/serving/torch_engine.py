@@ -1,14 +1,24 @@
 """PyTorch data plane: :class:`TorchEngine` (the ``torch`` engine).
 
 :class:`TorchEngine` runs a Hugging Face causal LM (SmolLM2-135M-Instruct by
-default) on the CPU with in-flight batching: sequences join and leave between
+default) on the CPU, or on a CUDA GPU (``--device cuda``), with in-flight
+batching: sequences join and leave between
 steps and each owns one slot of a preallocated key/value cache. Its forward is
 the model's own ``forward`` (embedding, decoder layers, norm, lm_head and the
 configured attention implementation); the engine only supplies a cache object
 that writes each row's new keys and values into its slot and hands back the
 slot's history, plus a 4D mask that limits each row to its own length.
 With ``batch_invariant`` it runs ``batch_invariant.InvariantForward``
-instead, whose logits for a sequence do not depend on the rest of the step.
+instead, whose logits for a sequence do not depend on the rest of the step
+(on the CPU only).
+
+On a GPU the logits reach the decision plane as on the CPU: float32 host
+rows, by one device-to-host copy per step into pinned memory (PyTorch's
+caching host allocator reuses the block, and a fresh tensor per step means a
+lane's rows are never overwritten while its sampler reads them). With
+``host_logits=False`` ``step`` returns the rows on the GPU instead, for the
+``inline`` mode, which then samples there (``serving/inline.py``).
+Not run on a GPU in this project's CI (none is available there).
 """
 from __future__ import annotations
 
@@ -66,7 +76,8 @@ class _SlotCacheView:
 
 
 class TorchEngine:
-    """In-flight batching engine over a Hugging Face causal LM, on the CPU.
+    """In-flight batching engine over a Hugging Face causal LM, on the CPU or a
+    CUDA GPU (where the caller put the model).
 
     The cache is two float tensors ``[layers, max_batch_size, kv_heads,
     max_context, head_dim]`` (keys, values) in the model's dtype, allocated
@@ -94,8 +105,12 @@ class TorchEngine:
     """
 
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-                 max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False):
+                 max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
+                 host_logits: bool = True):
         config = model.config
+        self.device = next(model.parameters()).device  # where the caller put the model
+        if batch_invariant and self.device.type != "cpu":
+            raise ValueError(f"batch_invariant runs on the CPU only, not on {self.device}")
         limit = getattr(config, "max_position_embeddings", None) or max_context
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -110,8 +125,9 @@ class TorchEngine:
         shape = (config.num_hidden_layers, max_batch_size, config.num_key_value_heads,
                  max_context, head_dim)
         dtype = next(model.parameters()).dtype
-        self.keys = torch.zeros(shape, dtype=dtype)
-        self.values = torch.zeros(shape, dtype=dtype)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.host_logits = host_logits
         self.sequences: SequenceTable[_SlotSequence] = SequenceTable(self.vocab_size,
                                                                      max_batch_size, max_context)
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest
@@ -123,19 +139,24 @@ class TorchEngine:
                                   if batch_invariant else None)
 
     @classmethod
-    def from_source(cls, source: str | os.PathLike | None = None, **kwargs) -> "TorchEngine":
-        """An engine over ``load_model(source)`` (its tokenizer is dropped;
-        ``text.Tokenizer`` loads its own)."""
-        model, _ = load_model(source)
-        return cls(model, **kwargs)
+    def from_source(cls, source: str | os.PathLike | None = None,
+                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    **kwargs) -> "TorchEngine":
+        """An engine over ``load_model(source)`` in ``dtype`` on ``device``
+        (``serving.device.resolve`` checks both first); its tokenizer is
+        dropped: ``text.Tokenizer`` loads its own."""
+        model, _ = load_model(source, dtype)
+        return cls(model.to(device), **kwargs)
 
     @property
     def num_free_slots(self) -> int:
         return len(self.free_slots)
 
-    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            max_tokens: int | None = None) -> None:
         """Take a slot for a new sequence; its prompt is prefilled by the next
-        ``step`` that includes it. Raises ValueError for a used id, an empty
+        ``step`` that includes it (``max_tokens`` is not needed: every slot
+        holds the whole context). Raises ValueError for a used id, an empty
         prompt, one longer than ``max_context - 1`` (room must be left for a
         generated token) or ids outside [0, vocab_size); RuntimeError when
         every slot is taken."""
@@ -145,7 +166,9 @@ class TorchEngine:
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Next-token logits of the given sequences: float32 ``[len(seq_ids),
-        vocab_size]``, row i for ``seq_ids[i]``. Consumes their pending tokens.
+        vocab_size]`` on the host (on the engine's device with
+        ``host_logits=False``), row i for ``seq_ids[i]``. Consumes their
+        pending tokens.
         Raises KeyError for an unknown id, ValueError for a repeated id or a
         sequence with nothing pending (stepped again without ``append``)."""
         with self.step_lock:
@@ -157,7 +180,8 @@ class TorchEngine:
                     torch.set_num_threads(self.num_threads)
                 logits = self.invariant_forward(work)
             else:
-                logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32)
+                logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32,
+                                     device=self.device)
                 for prefill in (False, True):
                     group = [i for i, (_, _, pending) in enumerate(work)
                              if (len(pending) > 1) == prefill]
@@ -167,7 +191,13 @@ class TorchEngine:
                 for row, (_, _, pending) in zip(rows, work):
                     row.cached += len(pending)
                     row.pending = []
-        return logits
+            if not self.host_logits or logits.device.type == "cpu":
+                return logits
+            # The one device-to-host copy of the step (module docstring).
+            host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+            host.copy_(logits, non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        return host
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         """Feed one sampled token per sequence. Raises ValueError when the
@@ -208,19 +238,22 @@ class TorchEngine:
         any query can attend to them. Positions stay below ``max_context``
         because only prompts (``cached == 0``) have several pending tokens.
         """
-        slots = torch.tensor([slot for slot, _, _ in work])
-        lengths = torch.tensor([len(pending) for _, _, pending in work])
+        device = self.device
+        slots = torch.tensor([slot for slot, _, _ in work], device=device)
+        lengths = torch.tensor([len(pending) for _, _, pending in work], device=device)
         width = int(lengths.max())
         padding = width - lengths
-        input_ids = torch.tensor([[0] * (width - len(pending)) + pending for _, _, pending in work])
-        starts = torch.tensor([cached for _, cached, _ in work])
-        index = torch.arange(width)[None, :]
+        input_ids = torch.tensor([[0] * (width - len(pending)) + pending
+                                  for _, _, pending in work], device=device)
+        starts = torch.tensor([cached for _, cached, _ in work], device=device)
+        index = torch.arange(width, device=device)[None, :]
         real = index >= padding[:, None]
         positions = starts[:, None] + torch.where(real, index - padding[:, None],
                                                   lengths[:, None] + index)
         kv_length = int(positions.max()) + 1
         # mask[r, 0, i, j]: query i of row r may attend to key position j.
-        mask = (torch.arange(kv_length)[None, None, :] <= positions[:, :, None])[:, None]
+        mask = (torch.arange(kv_length, device=device)[None, None, :]
+                <= positions[:, :, None])[:, None]
         cache = _SlotCacheView(self.keys, self.values, slots, positions, kv_length)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)

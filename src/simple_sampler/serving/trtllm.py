@@ -10,9 +10,9 @@ chosen tokens; the processor then sets every logit but the chosen one to
 exactly that token. So control is inverted: TensorRT-LLM drives the steps
 and :class:`TrtLlmEngine` bridges them to the :class:`~.engine.Engine` calls:
 
-* ``add`` submits a request (no end id, no stop words, ``max_tokens`` up to
-  the context: the decode loop decides when a sequence ends) and ``release``
-  aborts it;
+* ``add`` submits a request (no end id, no stop words, ``max_tokens`` one
+  above the request's own, :func:`engine_max_tokens`: the decode loop decides
+  when a sequence ends) and ``release`` aborts it;
 * ``wait_ready(seq_ids)`` says which sequences have a row from the current
   iteration; ``step`` hands those rows out; ``append`` answers them; once
   every row of the iteration is answered the processor returns and the
@@ -32,6 +32,11 @@ of the last pipeline stage runs it, ``replicate=False``, and the engine
 broadcasts the decoded tokens to the other ranks). The processor reaches
 this process through a Unix socket (request ids and tokens) and a shared
 memory block (the float32 rows, written once by the device-to-host copy).
+The processor reports its own time per call (staging the rows, masking them)
+and this process adds its copy out of the block: ``TrtLlmEngine.bridge_s``,
+the ``simple_llm_bridge_us_total`` metric. A worker whose owner (the Triton
+``llm`` process) dies exits by itself (:class:`OwnerWatch`), so a supervisor
+restart of ``llm`` does not leave it holding the GPU's memory.
 
 Every submitted request's result is consumed (``_ResultWatcher``): TensorRT-LLM
 reports a per-request error only to whoever reads that request's result, so
@@ -52,7 +57,9 @@ import contextlib
 import json
 import os
 import secrets
+import select
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -77,6 +84,39 @@ ENGINE_CACHE_ENV = "SIMPLE_SAMPLER_ENGINE_CACHE"
 (default ``~/.cache/simple-sampler/tensorrt_llm``): a restart with the same
 checkpoint and limits loads the engine instead of building it again."""
 DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default (llmapi/llm_args.py)
+OWNER_POLL_S = 1.0  # how often a worker without pidfd support looks for its owner
+ORPHANED_EXIT_STATUS = 70  # a worker's exit status once its owner has gone
+
+
+def engine_max_tokens(prompt_length: int, max_context: int, max_tokens: int | None) -> int:
+    """The ``SamplingParams.max_tokens`` a request is submitted with.
+
+    TensorRT-LLM counts generated tokens (the first one comes from the context
+    phase) and ends a request itself after the ``max_tokens``-th; every one
+    follows a call of the batched processor, so the decode loop's N tokens are
+    N calls. One more than the request's own ``max_tokens`` keeps that end
+    strictly after the decode loop's last token: a request always ends by the
+    loop's ``release`` (abort), never by the engine while a caller that
+    appended its last token still holds it (which ``_request_done`` would
+    report as a failure); where the context leaves no room for the extra
+    token the two ends coincide, and the loop's release still comes first:
+    it is what answers the last row. The capacity scheduler stays TensorRT-LLM's default,
+    ``GUARANTEED_NO_EVICT`` (``llmapi/llm_args.py`` ``SchedulerConfig``): it
+    reserves KV-cache blocks for prompt + ``max_tokens`` at admission and
+    never pauses a started request, so with the request's own limit instead of
+    the whole context it no longer caps concurrency at full-context
+    reservations, and no request is evicted and recomputed mid-generation
+    (what ``MAX_UTILIZATION`` may do when the cache fills).
+
+    Capped at the context: ``BaseLLM._check_arguments`` (``llmapi/llm.py``,
+    TensorRT backend) raises ValueError when prompt + ``max_tokens`` exceeds
+    ``max_seq_len``. Without a limit (None), the whole context, as before."""
+    room = max_context - prompt_length
+    if max_tokens is None:
+        return room
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    return min(max_tokens + 1, room)
 
 
 class TrtLlmApi(NamedTuple):
@@ -103,13 +143,13 @@ def load_tensorrt_llm() -> TrtLlmApi:
     version = str(getattr(tensorrt_llm, "__version__", "unknown"))
     try:
         from tensorrt_llm._tensorrt_engine import LLM
-    except ImportError:
+    except ImportError as missing:
         if not version.startswith("0."):
             raise ImportError(
                 f"TensorRT-LLM {version} has no tensorrt_llm._tensorrt_engine.LLM (the TensorRT "
                 f"backend), and its tensorrt_llm.LLM is the PyTorch backend, which never calls "
                 f"batched logits processors: every request would hang. Use a release with the "
-                f"TensorRT backend (0.x, or 1.x with _tensorrt_engine; docs/GPU.md)") from None
+                f"TensorRT backend (0.x, or 1.x with _tensorrt_engine; docs/GPU.md)") from missing
         from tensorrt_llm import LLM
     from tensorrt_llm import SamplingParams
     try:  # llmapi/build_cache.py, exported by tensorrt_llm.llmapi
@@ -153,6 +193,50 @@ def read_vocab_size(model: str | os.PathLike) -> int:
     return int(size)
 
 
+def engine_limits(api: TrtLlmApi, model: str | os.PathLike, max_batch_size: int,
+                  max_context: int, build_cache_dir: str | os.PathLike | None = None) -> dict:
+    """The ``LLM`` keywords that fix the engine's limits: a prebuilt engine's
+    are checked against ours (``check_engine_limits``), a checkpoint is
+    built with them through the build cache. The same for the served engine
+    and ``launch.gpu_check``'s reference run, so the second loads the first's
+    cached engine."""
+    limits = dict(max_batch_size=max_batch_size, max_seq_len=max_context)
+    build = engine_build_config(model)
+    if build is not None:  # prebuilt: its limits are fixed, check them against ours
+        check_engine_limits(model, build, max_batch_size, max_context)
+        return limits
+    # Built at start: without max_input_len TensorRT-LLM's default (1024)
+    # applies and longer prompts fail; max_num_tokens must cover one prompt.
+    limits.update(max_input_len=max_context - 1,
+                  max_num_tokens=max(DEFAULT_MAX_NUM_TOKENS, max_context))
+    if api.BuildCacheConfig is not None:
+        cache = Path(build_cache_dir or os.environ.get(ENGINE_CACHE_ENV) or
+                     Path.home() / ".cache" / "simple-sampler" / "tensorrt_llm")
+        limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
+    return limits
+
+
+def greedy_reference(model: str | os.PathLike, prompt_ids: Sequence[int], max_tokens: int,
+                     max_batch_size: int, max_context: int, api=None,
+                     build_cache_dir: str | os.PathLike | None = None) -> list[int]:
+    """TensorRT-LLM's own greedy tokens for ``prompt_ids`` (the TensorRT
+    backend, no processor of ours, the same limits as the served engine):
+    ``max_tokens`` ids, the end id ignored so that any prefix compares. The
+    reference ``launch.gpu_check`` holds the served tokens to."""
+    api = TrtLlmApi(*(api or load_tensorrt_llm()))
+    llm = api.LLM(model=str(model), skip_tokenizer_init=True,
+                  **engine_limits(api, model, max_batch_size, max_context, build_cache_dir))
+    try:
+        params = api.SamplingParams(max_tokens=max_tokens, top_k=1, ignore_eos=True, end_id=0,
+                                    pad_id=0, detokenize=False)
+        output = llm.generate_async(list(prompt_ids), sampling_params=params,
+                                    streaming=False).result()
+        # RequestOutput.outputs[0]: executor/result.py CompletionOutput, the beam's new ids.
+        return [int(t) for t in output.outputs[0].token_ids]
+    finally:
+        llm.shutdown()
+
+
 class BridgeClosed(RuntimeError):
     """The engine is shutting down: rows are no longer answered."""
 
@@ -193,6 +277,11 @@ class RowExchange:
         self.condition = threading.Condition()
         self.by_client: dict[int, _TrtLlmSequence] = {}
         self.closed = False
+        self.bridge_s = 0.0  # the bridge's own time, summed over iterations
+
+    def add_bridge_time(self, seconds: float) -> None:
+        with self.condition:
+            self.bridge_s += seconds
 
     def deliver(self, client_ids: Sequence, last_tokens: Sequence[int], rows: np.ndarray) -> list:
         """One engine iteration: block until every row is answered; return
@@ -257,14 +346,16 @@ class RowServer:
         with connection:
             while True:
                 try:
-                    client_ids, last_tokens = connection.recv()
+                    client_ids, last_tokens, processor_s = connection.recv()
                 except (EOFError, OSError):
                     return
+                started = time.perf_counter()
                 # A copy: the next iteration overwrites the block while the
                 # decode loop may still read this one's rows. (No view of the
                 # block outlives the copy, so close() can release it.)
                 rows = np.ndarray((len(client_ids), self.vocab_size), np.float32,
                                   buffer=self.shared.buf).copy()
+                self.exchange.add_bridge_time(processor_s + time.perf_counter() - started)
                 connection.send(self.exchange.deliver(client_ids, last_tokens, rows))
 
     def close(self) -> None:
@@ -277,19 +368,39 @@ class RowServer:
 class DecisionPlaneProcessor:
     """TensorRT-LLM's batched logits processor (``BatchedLogitsProcessor``'s
     ``__call__`` signature): send the rows to the decode loop, keep only the
-    token it chose. Pickled into the engine's worker; connects on first use."""
+    token it chose. Pickled into the engine's worker; connects on first use.
+
+    Unpickled in another process (TensorRT-LLM's executor worker, every rank
+    of it: the worker arguments carry the processor), it starts an
+    :class:`OwnerWatch` on the process that made it.
+
+    Each call measures its own work, everything but the wait for the tokens
+    (gathering the rows and the device-to-host copy, which also waits for the
+    engine's stream to finish the logits; launching the mask), and sends it
+    with the next call's rows (the mask's time is known only after a send).
+    Not measured: TensorRT-LLM's building of ``token_ids``, every request's
+    whole token history as Python lists, before the call
+    (``cpp/tensorrt_llm/batch_manager/logitsPostProcessor.cpp``)."""
 
     def __init__(self, address: str, authkey: bytes, shared_name: str, max_rows: int,
                  vocab_size: int):
         self.address, self.authkey, self.shared_name = address, authkey, shared_name
         self.max_rows, self.vocab_size = max_rows, vocab_size
         self.owner_pid = os.getpid()
-        self.connection = self.shared = None
+        self.connection = self.shared = self.watch = None
+        self.unreported_s = 0.0
 
     def __getstate__(self):
-        return {**self.__dict__, "connection": None, "shared": None}
+        return {**self.__dict__, "connection": None, "shared": None, "watch": None,
+                "unreported_s": 0.0}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if os.getpid() != self.owner_pid:
+            self.watch = OwnerWatch(self.owner_pid).start()
 
     def __call__(self, req_ids, logits, token_ids, stream_ptr, client_ids) -> None:
+        started = time.perf_counter()
         if len(logits) > self.max_rows:
             raise RuntimeError(f"{len(logits)} rows in one iteration, more than the "
                                f"max_batch_size={self.max_rows} the engine was set up for")
@@ -300,7 +411,9 @@ class DecisionPlaneProcessor:
                                              buffer=self.shared.buf))
         stream = None
         if logits[0].is_cuda and stream_ptr:  # the stream the engine computed the logits on
-            stream = torch.cuda.ExternalStream(stream_ptr)
+            # device=: the stream belongs to the logits' GPU, which need not be
+            # the current device of this thread.
+            stream = torch.cuda.ExternalStream(stream_ptr, device=logits[0].device)
         with _on(stream):
             # Rows are [beam 1, 1, vocab padded to the tensor-parallel size]:
             # one gather, one device-to-host copy (synchronous: pageable memory).
@@ -308,13 +421,66 @@ class DecisionPlaneProcessor:
                                 for row in logits]).float()
             staged[:len(logits)].copy_(rows)
         last_tokens = [beams[0][-1] for beams in token_ids]
-        self.connection.send((list(client_ids), last_tokens))
+        staged = time.perf_counter()
+        self.connection.send((list(client_ids), last_tokens,
+                              self.unreported_s + staged - started))
         tokens = self.connection.recv()
+        answered = time.perf_counter()
         with _on(stream):
             for row, token in zip(logits, tokens):
                 if token is not None:
                     row.fill_(float("-inf"))
                     row[..., token] = 0.0
+        self.unreported_s = time.perf_counter() - answered
+
+
+class OwnerWatch:
+    """Ends this process when the process ``owner_pid`` has gone.
+
+    Why: TensorRT-LLM runs the engine in worker processes that MPI spawns
+    (``executor/executor.py`` ``GenerationExecutor.create`` -> ``_create_ipc_executor``
+    / ``llmapi/mpi_session.py`` ``MpiPoolSession``, mpi4py's
+    ``MPIPoolExecutor``), children of the MPI runtime rather than of the
+    Triton ``llm`` process that owns them; they end through ``LLM.shutdown()``
+    only. When that process is killed (the supervisor restarts the server
+    with SIGKILL when ``llm`` loses its stub, ``launch/supervisor.py``) no
+    shutdown runs, and a worker would keep the GPU's memory (the KV cache
+    holds most of it) while the new ``llm`` builds its own. A worker whose
+    owner is gone has nobody to serve, so it exits.
+
+    A pidfd (``os.pidfd_open``, Linux 5.3) is readable once the process
+    exits, whatever reuses its pid later; without one the pid is polled
+    every ``OWNER_POLL_S``."""
+
+    def __init__(self, owner_pid: int, exit=os._exit):
+        self.owner_pid, self.exit = owner_pid, exit
+
+    def start(self) -> "OwnerWatch":
+        threading.Thread(target=self._watch, name="trtllm-owner-watch", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        try:
+            descriptor = os.pidfd_open(self.owner_pid)
+        except (AttributeError, OSError):  # no pidfd here (or the owner is already gone)
+            while _alive(self.owner_pid):
+                time.sleep(OWNER_POLL_S)
+        else:
+            select.select([descriptor], [], [])
+            os.close(descriptor)
+        print(f"simple-sampler: TensorRT-LLM worker {os.getpid()} exits: its owner, process "
+              f"{self.owner_pid} (the Triton llm model), has gone", file=sys.stderr, flush=True)
+        self.exit(ORPHANED_EXIT_STATUS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _attach(name: str, owner_pid: int) -> SharedMemory:
@@ -410,23 +576,11 @@ class TrtLlmEngine:
         self.sampling_params = api.SamplingParams
         self.vocab_size, self.max_batch_size, self.max_context = vocab_size, max_batch_size, max_context
         self.step_timeout_s = step_timeout_s
-        limits = dict(max_batch_size=max_batch_size, max_seq_len=max_context)
-        build = engine_build_config(model)
-        if build is not None:  # prebuilt: its limits are fixed, check them against ours
-            check_engine_limits(model, build, max_batch_size, max_context)
-        else:
-            # Built at start: without max_input_len TensorRT-LLM's default (1024)
-            # applies and longer prompts fail; max_num_tokens must cover one prompt.
-            limits.update(max_input_len=max_context - 1,
-                          max_num_tokens=max(DEFAULT_MAX_NUM_TOKENS, max_context))
-            if api.BuildCacheConfig is not None:
-                cache = Path(build_cache_dir or os.environ.get(ENGINE_CACHE_ENV) or
-                             Path.home() / ".cache" / "simple-sampler" / "tensorrt_llm")
-                limits["enable_build_cache"] = api.BuildCacheConfig(cache_root=cache)
+        limits = engine_limits(api, model, max_batch_size, max_context, build_cache_dir)
         self.exchange = RowExchange()
         self.server = RowServer(self.exchange, max_batch_size, vocab_size)
         self.sequences: SequenceTable[_TrtLlmSequence] = SequenceTable(vocab_size, max_batch_size,
-                                                                 max_context)
+                                                                         max_context)
         self.watcher = _ResultWatcher(self._request_done)
         try:
             self.llm = api.LLM(model=str(model), tensor_parallel_size=tensor_parallel_size,
@@ -449,17 +603,30 @@ class TrtLlmEngine:
     def condition(self) -> threading.Condition:
         return self.exchange.condition
 
-    def add(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
+    @property
+    def bridge_s(self) -> float:
+        """Seconds the bridge itself took, summed over iterations (the
+        processor's staging and masking, this side's copy out of the block;
+        ``DecisionPlaneProcessor``): the ``simple_llm_bridge_us_total`` metric."""
+        with self.condition:
+            return self.exchange.bridge_s
+
+    def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
+            max_tokens: int | None = None) -> None:
+        """Submit the sequence; ``max_tokens`` is the request's own limit
+        (the KV cache is reserved for it, :func:`engine_max_tokens`)."""
         # Held while submitting, so the first row (delivered under the same
         # lock) always finds its sequence: an unknown id means a released one.
         with self.condition:
-            sequence = self.sequences.add(seq_id, prompt_ids, self._submit)
+            sequence = self.sequences.add(seq_id, prompt_ids,
+                                          lambda prompt: self._submit(prompt, max_tokens))
             self.exchange.by_client[sequence.client_id] = sequence
 
-    def _submit(self, prompt: list[int]) -> _TrtLlmSequence:
+    def _submit(self, prompt: list[int], max_tokens: int | None) -> _TrtLlmSequence:
         """Submit a checked prompt to TensorRT-LLM (under ``condition``)."""
         params = self.sampling_params(
-            max_tokens=self.max_context - len(prompt), top_k=1, ignore_eos=True,
+            max_tokens=engine_max_tokens(len(prompt), self.max_context, max_tokens),
+            top_k=1, ignore_eos=True,
             # An end id is required without a tokenizer; ignore_eos makes the
             # engine use -1 instead, so it never ends a sequence by itself.
             end_id=0, pad_id=0, detokenize=False, apply_batched_logits_processor=True)

@@ -270,6 +270,12 @@ class LlmService:
     def stats(self):
         return self.decoder.stats
 
+    @property
+    def bridge_s(self) -> float:
+        """The data plane's bridge time (``TrtLlmEngine.bridge_s``; 0 for
+        engines without a bridge)."""
+        return getattr(self.engine, "bridge_s", 0.0)
+
     def close(self) -> None:
         self.cancel_watch.cancel()
         self._call(self.decoder.close()).result()

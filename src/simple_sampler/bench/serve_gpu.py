@@ -1,0 +1,115 @@
+"""`simple-sampler bench serve-gpu`: the decode loop over a real model on a
+CUDA GPU (``TorchEngine``, ``--device cuda``), SIMPLE against sampling on the
+GPU, in one process.
+
+Per (mode, B) a fresh engine over the same model (loaded once):
+
+* ``simple``: the logits cross to the host (one pinned device-to-host copy
+  per step) and the decision plane's kernels sample them in a worker thread,
+  each step's rows spread over ``instances`` kernel threads standing in for
+  that many ``simple_sampler`` instances (as ``bench serve-sim``); one lane;
+* ``simple_overlap``: the same with two micro-batches, one sampled while the
+  other's forward runs;
+* ``gpu_inline``: the ``inline`` mode on the engine's device: torch ops on
+  the GPU (``serving/inline.py``: penalties, temperature, a sort per row for
+  top-k / top-p, one generator per row), no copy of the rows, no overlap.
+  What a GPU sampler without FlashInfer does; its draws row by row are those
+  of vLLM's path for seeded requests (every request here is seeded).
+
+Load and window as ``bench serve-sim`` (``serve_sim._measure``): B requests
+of ``PROMPT_TOKENS`` random prompt ids, temperature 1, ``top_p`` (0.9 by
+default: the sort is the GPU baseline's cost), ``ignore_end``; after
+``warmup`` tokens per request a window of ``measure`` tokens per request:
+tokens/s counted in whole forwards, inter-token latency P50/P95, exposed
+sampling per step. The GPU, torch and the CPU are printed with the figures.
+Refuses clearly without CUDA (``serving.device.resolve``). Never run in this
+project's CI or on its development machines (no GPU there): its first figures
+come from whoever runs it on a GPU (docs/GPU.md says which figures came from
+where).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+
+from ..models import load_model
+from ..serving.decoder import Decoder, kernel_sample, threaded
+from ..serving.device import resolve
+from ..serving.text import TextCodec
+from ..serving.torch_engine import TorchEngine
+from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure
+
+#: (label, decoder mode, micro_batches)
+MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2),
+         ("gpu_inline", "inline", 1))
+BATCHES = (64, 128, 256)
+
+
+async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_batches: int,
+                  batch: int, instances: int, warmup: int, measure: int, top_p: float) -> dict:
+    engine = TorchEngine(model, max_batch_size=batch,
+                         max_context=PROMPT_TOKENS + warmup + measure + 4,
+                         host_logits=decoder_mode != "inline")
+    sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
+        if decoder_mode == "simple" else None
+    decoder = Decoder(engine, codec, decoder_mode, sampler, micro_batches)
+    clock = ForwardClock(engine)
+    await decoder.start()
+    try:
+        figures = await _measure(decoder, clock, batch, engine.vocab_size, warmup, measure,
+                                 top_p)
+    finally:
+        await decoder.close()
+    return {"mode": mode, "micro_batches": micro_batches, "batch": batch,
+            "vocab": engine.vocab_size, "top_p": top_p, **figures}
+
+
+def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
+        instances: int = 2, warmup: int = 8, measure: int = 40, top_p: float = 0.9,
+        modes=MODES) -> dict:
+    """Every mode at every B; RuntimeError (the reason) without CUDA."""
+    import torch
+
+    device, torch_dtype = resolve("cuda", dtype)
+    model, _ = load_model(model_source, torch_dtype)
+    model = model.to(device)
+    codec = TextCodec.from_source(model_source)
+    results = []
+    for mode, decoder_mode, micro_batches in modes:
+        for batch in batches:
+            results.append(asyncio.run(run_one(model, codec, mode, decoder_mode, micro_batches,
+                                               batch, instances, warmup, measure, top_p)))
+            gc.collect()
+            torch.cuda.empty_cache()  # the next engine's cache gets the freed memory
+    inline = {r["batch"]: r["tokens_per_s"] for r in results if r["mode"] == "gpu_inline"}
+    for result in results:
+        result["vs_gpu_inline"] = (result["tokens_per_s"] / inline[result["batch"]]
+                                   if result["batch"] in inline else None)
+    return {"results": results,
+            "gpu": {"name": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                    "cuda": torch.version.cuda, "dtype": dtype},
+            "settings": {"model": model_source or "SmolLM2-135M-Instruct",
+                         "sampler_instances": instances, "warmup_tokens": warmup,
+                         "measured_tokens": measure,
+                         "params": f"temperature 1, top_p {top_p:g}, seeded, ignore_end"}}
+
+
+def format_report(report: dict) -> str:
+    gpu, settings = report["gpu"], report["settings"]
+    lines = [f"data plane: TorchEngine on {gpu['name']} ({settings['model']}, {gpu['dtype']}; "
+             f"torch {gpu['torch']}, CUDA {gpu['cuda']}); simple: "
+             f"{settings['sampler_instances']} kernel threads in-process standing in for "
+             f"simple_sampler instances; gpu_inline: torch sampling on the GPU",
+             f"requests: {settings['params']}",
+             f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} {'x inline':>8} "
+             f"{'exposed':>8} {'ITL p50':>8} {'ITL p95':>8}"]
+    for r in report["results"]:
+        ratio = f"{r['vs_gpu_inline']:.2f}" if r["vs_gpu_inline"] is not None else "-"
+        lines.append(f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
+                     f"{r['tokens_per_s']:>8.0f} {ratio:>8} "
+                     f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['itl_ms_p50']:>6.1f}ms "
+                     f"{r['itl_ms_p95']:>6.1f}ms")
+    lines.append("x inline = tokens/s over gpu_inline's at the same B, measured in this run; "
+                 "exposed = sampling while no forward ran, per full pass over the B sequences")
+    return "\n".join(lines)

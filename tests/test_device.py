@@ -1,0 +1,123 @@
+"""--engine torch --device cuda, on a machine without a GPU: the settings'
+rules, and serving/device.py's refusals for what this machine cannot run
+(CUDA itself is never exercised here)."""
+import pytest
+import torch
+
+from simple_sampler.serving import device
+from simple_sampler.settings import LlmSettings
+
+
+def test_cpu_float32_is_the_default_and_resolves_here():
+    settings = LlmSettings().validate()
+    assert (settings.device, settings.torch_dtype) == ("cpu", "float32")
+    assert device.resolve(settings.device, settings.torch_dtype) == (torch.device("cpu"),
+                                                                      torch.float32)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (LlmSettings(device="cuda", batch_invariant=True), "batch_invariant runs on the CPU only"),
+    (LlmSettings(torch_dtype="bfloat16"), "torch_dtype bfloat16 needs device cuda"),
+    (LlmSettings(engine="simulated", device="cuda"), "device applies to engine torch only"),
+    (LlmSettings(device="tpu"), "device must be one of cpu, cuda"),
+    (LlmSettings(device="cuda", torch_dtype="int8"), "torch_dtype must be one of float32"),
+])
+def test_settings_no_machine_can_run_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        settings.validate()
+
+
+def test_cuda_settings_pass_the_static_checks():
+    LlmSettings(device="cuda", torch_dtype="bfloat16").validate()
+    LlmSettings(device="cuda", torch_dtype="float16", sampling_mode="inline").validate()
+
+
+def test_cuda_is_refused_with_the_reason_when_this_torch_has_none(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(RuntimeError, match=r"device cuda: this torch \(.*\) was built without "
+                                           r"CUDA; a CUDA build of torch is needed"):
+        device.resolve("cuda", "float32")
+
+
+def test_cuda_is_refused_when_no_gpu_is_visible(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible.*CUDA_VISIBLE_DEVICES"):
+        device.resolve("cuda", "float32")
+
+
+def test_bfloat16_is_refused_on_a_gpu_without_it(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(RuntimeError, match="Tesla T4 has no bfloat16 support"):
+        device.resolve("cuda", "bfloat16")
+    assert device.resolve("cuda", "float16") == (torch.device("cuda", 0), torch.float16)
+
+
+def tiny_llama(dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64)
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+def test_the_torch_engine_builds_on_the_models_device_and_dtype():
+    from simple_sampler.serving.torch_engine import TorchEngine
+
+    engine = TorchEngine(tiny_llama(torch.bfloat16), max_batch_size=2, max_context=16,
+                         host_logits=False)
+    assert engine.device == torch.device("cpu") and engine.keys.dtype == torch.bfloat16
+    engine.add("a", [1, 2, 3], max_tokens=4)
+    rows = engine.step(["a"])
+    assert rows.dtype == torch.float32 and rows.shape == (1, 64) and rows.device.type == "cpu"
+    with pytest.raises(ValueError, match="batch_invariant runs on the CPU only, not on meta"):
+        TorchEngine(tiny_llama().to("meta"), max_batch_size=2, max_context=16,
+                    batch_invariant=True)
+
+
+def test_engine_torch_device_cuda_is_refused_here_with_the_reason():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    from simple_sampler.serving.engines import engine_spec
+
+    settings = LlmSettings(device="cuda").validate()
+    with pytest.raises(RuntimeError, match="device cuda: "):
+        engine_spec("torch").build(settings)
+
+
+def test_the_gpu_bench_refuses_clearly_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    from simple_sampler.cli import main
+
+    assert main(["bench", "serve-gpu", "--quick"]) == 2
+    assert "simple-sampler bench serve-gpu: device cuda: " in capsys.readouterr().err
+
+
+def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
+    """serve_gpu.run_one's logic on the CPU (the tiny model stands in for the
+    GPU one): both modes produce their figures."""
+    import asyncio
+
+    from simple_sampler.bench import serve_gpu
+    from simple_sampler.serving.text import TextCodec
+    from test_decoder import VOCAB, FakeTokenizer
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    codec = TextCodec(FakeTokenizer())
+    for mode, decoder_mode, micro_batches in serve_gpu.MODES:
+        row = asyncio.run(serve_gpu.run_one(model, codec, mode, decoder_mode, micro_batches,
+                                            batch=4, instances=1, warmup=2, measure=4,
+                                            top_p=0.9))
+        assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0
