@@ -19,9 +19,11 @@ $(STAMP): $(BUILD_INPUTS) scripts/install.sh
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
+	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)

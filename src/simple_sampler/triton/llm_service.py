@@ -26,8 +26,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-import numpy as np
-
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
