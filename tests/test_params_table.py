@@ -10,7 +10,8 @@ import pytest
 from simple_sampler import baselines, reference, schema
 from simple_sampler.handoff import FALLBACK_NEUTRAL
 from simple_sampler.params import PARAMS, RULES, TRUNCATIONS, SamplingBatch, SamplingParams, any_on
-from simple_sampler.sampling import kernel_params
+from simple_sampler import _sampling
+from simple_sampler.sampling import KERNEL_FIELDS, ROW_SCALARS, kernel_params
 from simple_sampler.serving.batch_state import SCALAR_COLUMNS, BatchState
 from simple_sampler.shvs.hot_vocab import untruncated_rows
 from simple_sampler.triton.sampler_codec import SCALAR_INPUTS, batch_arrays, decode_request
@@ -57,6 +58,17 @@ def test_derived_places_are_the_tables_projections():
             assert np.dtype(tensor.numpy).kind == np.dtype(param.dtype).kind
 
 
+def test_the_kernels_row_struct_is_the_tables_projection():
+    """sampling.ROW_SCALARS (from the table) has the layout of the C struct
+    RowScalars (cython_kernels/row_scalars.pxd): same fields, offsets, size."""
+    assert list(KERNEL_FIELDS) == [p.name for p in RULES]
+    assert ROW_SCALARS.names == (*(name for p in RULES for name, _, _ in KERNEL_FIELDS[p.name]),
+                                 "seed", "step")
+    size, offsets = _sampling.row_scalars_layout()
+    assert ROW_SCALARS.itemsize == size
+    assert {name: ROW_SCALARS.fields[name][1] for name in ROW_SCALARS.names} == offsets
+
+
 def one_row(**params) -> SamplingBatch:
     return SamplingBatch.from_params([SamplingParams(seed=1, **params)])
 
@@ -71,10 +83,11 @@ def test_each_parameter_reaches_every_derived_place(param):
     assert untruncated_rows(on)[0] == (not param.truncates)
     assert untruncated_rows(neutral)[0]
 
-    # The kernels' row parameters see it.
-    kernel_on, _ = kernel_params(on, VOCAB, 0, 1)
-    kernel_neutral, _ = kernel_params(neutral, VOCAB, 0, 1)
-    assert any(not np.array_equal(kernel_on[k], kernel_neutral[k]) for k in kernel_on)
+    # The kernels' row scalars see it, in its own fields.
+    kernel_on = kernel_params(on, VOCAB, 0, 1)[0]["scalars"]
+    kernel_neutral = kernel_params(neutral, VOCAB, 0, 1)[0]["scalars"]
+    changed = {name for name in ROW_SCALARS.names if kernel_on[name] != kernel_neutral[name]}
+    assert changed and changed <= {name for name, _, _ in KERNEL_FIELDS[param.name]}
 
     # The persistent batch keeps it; the sampler codec carries it both ways.
     state = BatchState(2, 8)
