@@ -30,14 +30,16 @@ bench: $(STAMP)
 	$(VENV)/bin/simple-sampler bench kernels
 
 # Triton with the whole repository (SmolLM2 on CPU, the SIMPLE sampler on
-# $(INSTANCES) CPU instances); streams one answer, then serves until Ctrl-C.
+# $(INSTANCES) CPU instances) and the OpenAI-compatible API on $(OPENAI_PORT);
+# streams one answer, then serves until Ctrl-C.
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 INSTANCES ?= 2
 serve: $(STAMP)
 	$(VENV)/bin/simple-sampler serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-		--metrics-port $(METRICS_PORT) --instances $(INSTANCES) \
+		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) --instances $(INSTANCES) \
 		--demo "What is the capital of France?"
 
 # perf_analyzer (gRPC streaming, client/perf_inputs.json) against the ensemble

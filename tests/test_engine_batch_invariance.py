@@ -122,9 +122,9 @@ def test_the_setting_reaches_the_engine_and_is_refused_for_tensorrt_llm(tmp_path
     from simple_sampler.triton.llm_service import build_engine
     from simple_sampler.launch.serve import assemble_repository
 
-    with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
+    with pytest.raises(ValueError, match="batch_invariant applies to engine torch only, not tensorrt_llm"):
         LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True).validate()
-    with pytest.raises(ValueError, match="TensorRT-LLM's kernels are not batch-invariant"):
+    with pytest.raises(ValueError, match="batch_invariant applies to engine torch only, not tensorrt_llm"):
         build_engine(LlmSettings(engine="tensorrt_llm", model="/m", batch_invariant=True))
     for text, value in (("true", True), ("false", False), ("False", False)):
         assert LlmSettings.from_parameters({"batch_invariant": text}).batch_invariant is value

@@ -10,8 +10,9 @@ test). A module may import modules of its own layer or of a lower one:
     serving  serving/: the llm process's engine room, no Triton
     triton   triton/: code that runs inside Triton's models
     client   client/: the generate clients
+    frontend frontend/: the OpenAI-compatible API (a client of llm; serve starts it)
     launch   launch/: the launcher (finds, assembles, starts, supervises)
-    tools    bench/, report, frontend/
+    tools    bench/, report
     cli      cli
 """
 import ast
@@ -28,8 +29,9 @@ LAYERS = (
     ("serving", ("serving",)),
     ("triton", ("triton",)),
     ("client", ("client",)),
+    ("frontend", ("frontend",)),
     ("launch", ("launch",)),
-    ("tools", ("bench", "report", "frontend")),
+    ("tools", ("bench", "report")),
     ("cli", ("cli",)),
 )
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}

@@ -139,8 +139,9 @@ def test_each_dockerfile_installs_through_the_script_and_copies_existing_paths(d
         assert not any("torch==" in " ".join(c) for c in commands)  # NGC's torch stays
         assert "TRITONSERVER=/opt/tritonserver/bin/tritonserver" in environment
         assert "/opt/tritonserver/backends/simple_sampler/model.py" in installs[0]
-        # No nvidia-pytriton (the serve extra) next to TensorRT-LLM's pins.
-        assert any(c[-1] == f"{ROOT}[client]" for c in commands)
+        # No nvidia-pytriton (the serve extra) next to TensorRT-LLM's pins; the
+        # OpenAI-compatible API's packages (the frontend extra), which serve starts.
+        assert any(c[-1] == f"{ROOT}[client,frontend]" for c in commands)
         assert ["python3", "-m", "pip", "check"] in commands  # after a constrained install
         assert "SIMPLE_SAMPLER_ENGINE_CACHE=/models/engine-cache" in environment
     else:

@@ -2,6 +2,7 @@
 one final response and leaves the decoder, whether it finishes, is bad, its
 client cancels while tokens are flowing, its client is gone, the sampler
 fails for a while, or the service drains for a shutdown."""
+import asyncio
 import threading
 import time
 
@@ -181,3 +182,27 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.exc_info and record.exc_info[0] is KeyError
     assert [final for _, _, final in served.responses] == [False, True]
+
+
+def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):
+    """Triton gives every model 8 s to unload at exit: a decode loop that
+    does not stop must not hold the model past it (docs/RELIABILITY.md)."""
+    from simple_sampler.triton import llm_service
+
+    monkeypatch.setattr(llm_service, "CLOSE_TIMEOUT_S", 0.5)
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    stuck = threading.Event()
+
+    async def never_closes():
+        stuck.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(service.decoder, "close", never_closes)
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger=llm_service.__name__):
+        service.close()
+    assert stuck.is_set() and time.monotonic() - started < 3
+    assert "did not stop within 0.5 s" in caplog.text
+    assert "thread decode-loop" in caplog.text

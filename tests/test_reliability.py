@@ -167,7 +167,7 @@ def test_sigterm_under_load_answers_every_client_and_leaves_nothing(tmp_path):
     serve = subprocess.Popen(
         [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port", str(ports[0]),
          "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--instances", "1",
-         "--max-context", "512", "--shutdown-grace", str(grace),
+         "--max-context", "512", "--shutdown-grace", str(grace), "--openai-port", "0",
          "--log", str(tmp_path / "tritonserver.log")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -60,6 +60,19 @@ def test_port_taken_is_one_clear_error():
     assert "Traceback" not in stderr
 
 
+def test_openai_port_taken_is_one_clear_error_before_triton_starts():
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        process = serve("--http-port", str(free_port()), "--grpc-port", str(free_port()),
+                        "--metrics-port", str(free_port()), "--openai-port", str(taken))
+        stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert f"port {taken} (openai port) is already in use" in stderr
+    assert "Traceback" not in stderr and "tritonserver started" not in stderr
+
+
 def test_missing_server_binary_is_one_clear_error():
     env = {**os.environ, "TRITONSERVER": "/nonexistent/tritonserver"}
     _, stderr = serve("--http-port", str(free_port()), env=env).communicate(timeout=60)

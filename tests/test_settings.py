@@ -12,7 +12,8 @@ from simple_sampler import cli
 from simple_sampler.serving import torch_engine
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.engines import ENGINES
-from simple_sampler.settings import ENGINES as ENGINE_NAMES, LlmSettings, SamplerSettings
+from simple_sampler.settings import (ENGINES as ENGINE_NAMES, FrontendSettings, LlmSettings,
+                                     SamplerSettings)
 from simple_sampler.launch import templates
 from simple_sampler.launch.install import project_file
 from simple_sampler.launch.serve import assemble_repository
@@ -163,14 +164,15 @@ def doc_rows(heading: str) -> list[list[str]]:
     return rows[1:]
 
 
-def documented(f) -> list[str]:
-    """What docs/CONFIGURATION.md's row for a settings field must say."""
+def documented(cls, f) -> list[str]:
+    """What docs/CONFIGURATION.md's row for a settings field must say (no
+    config.pbtxt holds the front door's: "-")."""
     m = f.metadata
     flags = [] if m["flag"] is None else [m["flag"] or "--" + f.name.replace("_", "-")]
     flags += [a for a in m["aliases"] if a[0] == "-"]
     allowed = (", ".join(map(str, m["choices"])) if m["choices"]
                else "" if m["minimum"] is None else f">= {m['minimum']}")
-    where = ("parameter" if m["parameter"] else "Triton field") + "".join(
+    where = ("parameter" if m["parameter"] else "Triton field" if cls.triton_model else "-") + "".join(
         f" (older key `{a}`)" for a in m["aliases"] if a[0] != "-")
     default = str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
     return [f"`{f.name}`", ", ".join(f"`{flag}`" for flag in flags), f"`{default}`", allowed,
@@ -180,6 +182,7 @@ def documented(f) -> list[str]:
 @pytest.mark.parametrize("cls, heading", [
     (LlmSettings, "`llm` and the text models (`LlmSettings`)"),
     (SamplerSettings, "`simple_sampler` (`SamplerSettings`)"),
+    (FrontendSettings, "The OpenAI-compatible API (`FrontendSettings`)"),
 ])
 def test_the_configuration_doc_tables_are_the_settings(cls, heading):
-    assert doc_rows(heading) == [documented(f) for f in cls.settings_fields()]
+    assert doc_rows(heading) == [documented(cls, f) for f in cls.settings_fields()]

@@ -10,7 +10,7 @@ from pathlib import Path
 from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec
-from .settings import LlmSettings, SamplerSettings
+from .settings import FrontendSettings, LlmSettings, SamplerSettings
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -202,7 +202,8 @@ def serve(args: argparse.Namespace) -> int:
                        llm=None if args.sampler_only else llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
                        shutdown_grace_s=llm.shutdown_grace_s, log_level=args.log_level,
-                       startup_timeout=args.startup_timeout)
+                       startup_timeout=args.startup_timeout,
+                       frontend=FrontendSettings.from_arguments(args).validate())
 
 
 #: `generate` options: the ensemble's numeric scalar inputs (the seed as
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--sampler-only", action="store_true",
                         help="serve the simple_sampler model alone (no LLM)")
     LlmSettings.add_arguments(server)
+    FrontendSettings.add_arguments(server)
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
                         help="speculative hot-vocab sampling profile (auto: the shipped one "
                              "for the default model)")

@@ -33,6 +33,12 @@ _TRITON_DTYPE = {"i": "INT32", "f": "FP32"}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
+#: How the generation models' UNAVAILABLE messages (a shutdown) start: a gRPC
+#: stream carries an error's text without its status, so the OpenAI front
+#: door tells a shutdown by it.
+SHUTTING_DOWN = "the server is shutting down"
+
+
 class InvalidRequest(ValueError):
     """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
     the message names the input and the allowed range. Raised by both codecs
@@ -133,6 +139,10 @@ GENERATE_INPUTS = (
            allowed="non-empty strings; the text is cut before them"),
     Tensor("bad_words", "BYTES", (-1,), default="none",
            allowed="non-empty strings, never generated"),
+    Tensor("logit_bias_ids", "INT32", (-1,), default="none",
+           allowed="token ids in [0, V), each at most once"),
+    Tensor("logit_bias_values", "FP32", (-1,), default="none",
+           allowed="finite or -inf, one per logit_bias_ids entry: added to its logit"),
     _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end id is banned until reached"),

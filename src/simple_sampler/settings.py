@@ -316,3 +316,15 @@ class LlmSettings(Settings):
             raise ValueError(f"torch_dtype {self.torch_dtype} needs device cuda: the engine runs "
                              f"float32 on the CPU")
         parse_endpoints(self.sampler_endpoints)
+
+
+@dataclass
+class FrontendSettings(Settings):
+    """The OpenAI-compatible front door ``serve`` starts beside Triton
+    (src/simple_sampler/frontend/, docs/OPENAI.md); no model reads these."""
+
+    openai_port: int = setting(
+        9000, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+        "/v1/models); 0: off", minimum=0, parameter=False)
+    openai_host: str = setting("0.0.0.0", "address the OpenAI-compatible API listens on",
+                               parameter=False)

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ..schema import ENSEMBLE
+from ..schema import ENSEMBLE, INPUT_IDS
 
 PROMPT = "text_input"
 #: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
 SCALAR_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if t.scalar and t.name != PROMPT}
-WORD_LISTS = tuple(t.name for t in ENSEMBLE.inputs if not t.scalar)
+#: ensemble input -> numpy dtype of its [1, n] list (BYTES: strings)
+LIST_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if not t.scalar}
+WORD_LISTS = tuple(name for name, dtype in LIST_TYPES.items() if dtype is np.object_)
 PROTOCOLS = ("grpc", "http")
 
 
 class GenerationError(RuntimeError):
-    """The server refused or failed a request; str() is the server's message."""
+    """The server refused or failed a request; str() is the server's message,
+    ``status`` gRPC's status code name when the server gave one
+    (``INVALID_ARGUMENT``: the request was bad; ``UNAVAILABLE``: try again)."""
+
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -36,21 +44,28 @@ class Chunk:
 
 
 def _check_names(params: dict) -> None:
-    unknown = sorted(set(params) - set(SCALAR_TYPES) - set(WORD_LISTS))
+    unknown = sorted(set(params) - set(SCALAR_TYPES) - set(LIST_TYPES))
     if unknown:
         raise TypeError(f"unknown generation parameter {unknown[0]!r}; known: "
-                        f"{', '.join([*SCALAR_TYPES, *WORD_LISTS])}")
+                        f"{', '.join([*SCALAR_TYPES, *LIST_TYPES])}")
 
 
-def request_arrays(prompt: str, params: dict) -> dict[str, np.ndarray]:
-    """The request's tensors, name -> [1, 1] (word lists [1, n]) numpy array."""
+def request_arrays(prompt: str | Sequence[int], params: dict) -> dict[str, np.ndarray]:
+    """The request's tensors, name -> [1, 1] (lists [1, n]) numpy array. A
+    prompt given as token ids is sent as ``input_ids`` (the ``llm`` model's
+    input: the ensemble takes text)."""
     _check_names(params)
-    arrays = {PROMPT: np.array([[prompt.encode()]], dtype=object)}
+    if isinstance(prompt, str):
+        arrays = {PROMPT: np.array([[prompt.encode()]], dtype=object)}
+    else:
+        arrays = {INPUT_IDS.name: np.array([list(prompt)], dtype=INPUT_IDS.numpy)}
     for name, value in params.items():
         if value is None:
             continue
         if name in WORD_LISTS:
             arrays[name] = np.array([[w.encode() for w in value]], dtype=object)
+        elif name in LIST_TYPES:
+            arrays[name] = np.array([list(value)], dtype=LIST_TYPES[name])
         else:
             arrays[name] = np.array([[value]], dtype=SCALAR_TYPES[name])
     return arrays
@@ -100,8 +115,10 @@ def http_error(body: bytes) -> GenerationError:
 
 
 def grpc_error(error: Exception) -> GenerationError:
-    message = getattr(error, "message", None)
-    return GenerationError(message() if callable(message) else str(error))
+    message, status = getattr(error, "message", None), getattr(error, "status", None)
+    status = (status() if callable(status) else status) or ""
+    return GenerationError(message() if callable(message) else str(error),
+                           str(status).removeprefix("StatusCode."))
 
 
 def chunk_from(get: Callable[[str], object]) -> Chunk:

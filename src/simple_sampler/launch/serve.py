@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
-from ..settings import LlmSettings, SamplerSettings
+from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError
-from .server import MiB, TritonServer, write_model
+from .server import MiB, TritonServer, port_in_use, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,14 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         llm: LlmSettings | None = None, repository: Path | None = None,
         log_path: Path | None = None, demo: str | None = None,
         shutdown_grace_s: float = 30.0, supervise: bool = True, log_level: str = "INFO",
-        startup_timeout: float | None = None) -> int:
+        startup_timeout: float | None = None, frontend: FrontendSettings | None = None) -> int:
     """Serve until SIGINT/SIGTERM: then in-flight requests get
     `shutdown_grace_s` to finish and a final error after it, Triton stops,
     and no stub or shared-memory region is left. With `supervise`, a model
     whose stub process dies is reloaded (supervisor.py). `startup_timeout`:
-    how long the models may take to load (default per engine, startup.py)."""
+    how long the models may take to load (default per engine, startup.py).
+    `frontend`: the OpenAI-compatible API, started once Triton is ready
+    (with an llm; port 0: off) and stopped before Triton."""
     try:
         if repository is None:
             repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
@@ -90,6 +92,10 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                               shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         if startup_timeout is not None and not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+        if (llm is not None and frontend is not None and frontend.openai_port
+                and port_in_use(frontend.openai_port)):
+            raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
+                             f"choose another or stop what holds it (--openai-port 0: no API)")
         startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
         server.start(startup_timeout)
     except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
@@ -100,6 +106,24 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
     print(f"Triton is ready{f' ({described})' if described else ''}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
           f"metrics {server.metrics_url}")
     print(f"model repository: {repository}; server log: {log_path}", flush=True)
+    openai = None
+    if llm is not None and frontend is not None and frontend.openai_port:
+        # lazy: fastapi and uvicorn (and the tokenizer it loads) only with the API on
+        from ..frontend.backend import FrontendServer
+
+        try:
+            openai = FrontendServer(server.grpc_url, frontend.openai_host, frontend.openai_port,
+                                    grace_s=shutdown_grace_s + 5).start()
+        except Exception as error:  # noqa: BLE001 - Triton is up: stop it, say why
+            log.exception("the OpenAI frontend did not start")
+            print(f"simple-sampler serve: the OpenAI frontend did not start: {error} "
+                  f"(--openai-port 0 turns it off)", file=sys.stderr)
+            if supervisor is not None:
+                supervisor.stop()
+            server.stop()
+            return 2
+        print(f"openai frontend ready on {openai.url}/v1 (model {openai.served.model_id})",
+              flush=True)
     stopping = threading.Event()
 
     def stop(signum, _frame):
@@ -114,12 +138,16 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
                 supervisor is not None and supervisor.restarting.is_set())):
             stopping.wait(0.5)
     finally:
+        if openai is not None:  # first: no new request reaches a server going away
+            openai.close()
         if supervisor is not None:
             supervisor.stop()
         if stopping.is_set():
             print(f"simple-sampler serve: stopping (in-flight requests get "
                   f"{shutdown_grace_s:.0f} s)", flush=True)
-        status = server.stop()
+        status = server.stop()  # drains: open OpenAI responses finish or get its error
+        if openai is not None:
+            openai.stop()
         if supervisor is not None:
             supervisor.cleanup()
         for s, handler in previous.items():

@@ -38,6 +38,8 @@ class EngineSpec:
         model); ``describe`` says more, for the ready line.
     runs_model: False when no model runs (``--model`` then names only the
         tokenizer), so no model-specific profile applies.
+    vocab_size: the token ids its rows cover, from the settings and its
+        codec (the tokenizer's size for a real model), without building it.
     """
 
     name: str
@@ -48,6 +50,8 @@ class EngineSpec:
     label: str = ""
     describe: Callable[[LlmSettings], str] = lambda settings: ""
     runs_model: bool = True
+    vocab_size: Callable[[LlmSettings, "TextCodec"], int] = \
+        lambda settings, codec: len(codec.tokenizer)
 
 
 def _build_torch(settings: LlmSettings) -> "Engine":
@@ -106,7 +110,8 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0),
     EngineSpec("simulated", _build_simulated, _simulated_codec,
                logits_dtype=lambda settings: SIMULATED_DTYPES[settings.sim_dtype],
-               label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False),
+               label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False,
+               vocab_size=lambda settings, codec: settings.sim_vocab),
 )}
 
 

@@ -18,7 +18,7 @@ stop-word matching.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .. import models
 
@@ -87,10 +87,22 @@ class TextCodec:
             raise ValueError("text_input must be a non-empty string")
         if not chat:
             return list(self.tokenizer(prompt)["input_ids"])
+        return self.encode_chat([{"role": "user", "content": prompt}])
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Token ids of a conversation (``{"role", "content"}`` turns) through
+        the model's chat template, with the assistant's turn opened. Raises
+        ValueError on a model without a chat template or a conversation the
+        template refuses (its message)."""
         if not self.tokenizer.chat_template:
             raise ValueError("chat was requested but the model has no chat template")
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        from jinja2.exceptions import TemplateError
+
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+        except TemplateError as error:  # a template's raise_exception(): the client's turns
+            raise ValueError(f"messages: the chat template refused them: {error}") from None
         # The template already holds any special tokens the model wants.
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 

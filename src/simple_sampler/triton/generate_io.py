@@ -5,7 +5,7 @@ Every input has batch dimension 1 (one prompt per request, as TensorRT-LLM's
 streaming ensemble requires): scalars are [1, 1], word lists [1, N]. The
 tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
-(this response's tokens; logprobs when asked); cum_log_probs (0 unless
+(this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs (0 unless
 asked); num_input_tokens, num_output_tokens; finish_reason ("" until the
 last response, then "stop", "length" or "cancelled").
 """
@@ -66,6 +66,23 @@ def _words(name: str, array) -> list[str]:
     return words
 
 
+def _logit_bias(ids, values) -> dict[int, float]:
+    """logit_bias_ids [1, N] and logit_bias_values [1, N] as {token id: bias};
+    the ids' range is checked against the vocabulary by the decoder."""
+    if ids is None and values is None:
+        return {}
+    if ids is None or values is None:
+        raise InvalidRequest("logit_bias_ids and logit_bias_values must be given together")
+    ids, values = np.asarray(ids).reshape(-1), np.asarray(values).reshape(-1)
+    if ids.size != values.size:
+        raise InvalidRequest(f"logit_bias_values must hold one value per logit_bias_ids entry, got "
+                         f"{values.size} for {ids.size}")
+    bias = {int(t): float(v) for t, v in zip(ids, values)}
+    if len(bias) != ids.size:
+        raise InvalidRequest("logit_bias_ids must name each token at most once")
+    return bias
+
+
 def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
     """Turn the tensors of one request into a GenerationRequest.
 
@@ -88,6 +105,8 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
         raise InvalidRequest("seed and random_seed are the same parameter; they disagree")
     if seeds:
         sampling["seed"] = int(_single(seeds[0], present[seeds[0]]))
+    sampling["logit_bias"] = _logit_bias(present.get("logit_bias_ids"),
+                                         present.get("logit_bias_values"))
     if "input_ids" in present:
         ids = np.asarray(present["input_ids"])
         if ids.ndim != 2 or ids.shape[0] != 1:
@@ -131,7 +150,10 @@ def encode_event(event: GenerationEvent, prefix: str = "") -> dict[str, np.ndarr
     return {
         "text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
         "output_ids": np.asarray(event.token_ids, dtype=np.int32),
-        "output_log_probs": np.asarray(event.logprobs, dtype=np.float32),
+        # 0.0 per token when not asked, as cum_log_probs: an empty tensor
+        # here made perf_analyzer 2.50 write garbage into its JSON export.
+        "output_log_probs": np.asarray(event.logprobs or [0.0] * len(event.token_ids),
+                                       dtype=np.float32),
         # 0 when not asked, as TensorRT-LLM does (NaN is not valid JSON).
         "cum_log_probs": np.array([0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob],
                                   dtype=np.float32),

@@ -22,10 +22,14 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ..schema import SHUTTING_DOWN
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
@@ -51,6 +55,9 @@ Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
+#: How long close() waits for the decode loop to stop (Triton's exit
+#: timeout, launch/server.py, is 8 s for every model's unload).
+CLOSE_TIMEOUT_S = 4.0
 
 
 def build_engine(settings: LlmSettings):
@@ -152,7 +159,7 @@ class LlmService:
         while self.decoder.num_in_flight and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
         aborted = self.decoder.abort_all(
-            f"the server is shutting down: the request did not finish within the "
+            f"{SHUTTING_DOWN}: the request did not finish within the "
             f"{grace_s:.0f} s grace period; send it again")
         if aborted:
             log.warning("drained: %d requests ended with an error after the grace period", aborted)
@@ -190,7 +197,7 @@ class LlmService:
     async def _serve(self, inputs, send: Send, is_cancelled, on_done) -> None:
         try:
             if self.draining:
-                raise Unavailable("the server is shutting down and admits no new request")
+                raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
         except (ValueError, Unavailable) as error:
@@ -275,10 +282,23 @@ class LlmService:
         return getattr(self.engine, "bridge_s", 0.0)
 
     def close(self) -> None:
+        """Stop the decode loop; at most CLOSE_TIMEOUT_S, so that Triton can
+        unload the model within its exit timeout. A loop that does not stop
+        in time is logged with every thread's stack (what it waits on) and
+        left to the process's exit."""
         self.cancel_watch.cancel()
-        self._call(self.decoder.close()).result()
+        started = time.monotonic()
+        try:
+            self._call(self.decoder.close()).result(CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            stacks = "\n".join(f"thread {thread.name}:\n" + "".join(traceback.format_stack(
+                sys._current_frames()[thread.ident])) for thread in threading.enumerate()
+                if thread.ident in sys._current_frames())
+            log.error("the decode loop did not stop within %.1f s (%d sequences active); "
+                      "threads:\n%s", CLOSE_TIMEOUT_S, self.decoder.num_active, stacks)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
+        self.thread.join(CLOSE_TIMEOUT_S)
+        log.info("decode loop closed in %.1f s", time.monotonic() - started)
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()
 

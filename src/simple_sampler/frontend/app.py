@@ -1,0 +1,172 @@
+"""The ASGI application: OpenAI's routes over a ``generate`` callable.
+
+``build_app(served, generate)``: ``generate(plan)`` is an async iterator of
+the ``llm`` model's responses (``client.Chunk``) for one request
+(``backend.py`` streams them from Triton over gRPC; tests pass a fake). Every
+error is OpenAI's error object: a client's mistake 400 (or 404 for an
+unknown model or path), Triton's refusal of a request as it refuses it
+(INVALID_ARGUMENT 400, UNAVAILABLE 503), anything else 500 with the
+traceback in the log.
+
+A client that leaves stops its generation: a streamed response is cancelled
+by Starlette when the connection closes, a non-streamed one is watched every
+``DISCONNECT_POLL_S``; either way the gRPC stream to ``llm`` is cancelled,
+which the decode loop sees at its next cancellation poll.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..client import Chunk, GenerationError
+from . import translate
+from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
+from .translate import Plan, Served
+
+log = logging.getLogger(__name__)
+
+Generate = Callable[[Plan], AsyncIterator[Chunk]]
+DISCONNECT_POLL_S = 0.1
+#: gRPC status of a Triton error -> (HTTP status, OpenAI error type)
+STATUSES = {"INVALID_ARGUMENT": (400, "invalid_request_error"),
+            "UNAVAILABLE": (503, "service_unavailable"),
+            "NOT_FOUND": (503, "service_unavailable")}
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None,
+           code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+def generation_error(error: GenerationError) -> JSONResponse:
+    status, kind = STATUSES.get(error.status, (500, "internal_server_error"))
+    if status == 500:
+        log.error("generation failed: %s (%s)", error, error.status or "no status")
+    return _error(status, str(error), kind)
+
+
+async def _first(chunks: AsyncIterator[Chunk]) -> Chunk:
+    """The first response, so that a refused request is answered with its
+    status, not with a stream that starts 200 and then fails."""
+    try:
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        raise GenerationError("the server ended the stream without a response") from None
+
+
+async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
+                  served: Served) -> AsyncIterator[bytes]:
+    try:
+        chunk, opening = first, True
+        while True:
+            for event in translate.stream_events(plan, chunk, served, opening):
+                yield translate.sse(event)
+            opening = False
+            if chunk.finish_reason:
+                break
+            chunk = await chunks.__anext__()
+    except GenerationError as error:
+        yield translate.sse(generation_error(error).body.decode())
+    except StopAsyncIteration:
+        yield translate.sse(error_body("the server ended the stream early",
+                                       "internal_server_error"))
+    finally:
+        await chunks.aclose()
+    yield translate.sse("[DONE]")
+
+
+async def _collect(request: Request, chunks: AsyncIterator[Chunk]) -> list[Chunk] | None:
+    """Every response of a non-streamed request, or None when its client
+    went away first (the generation is then cancelled)."""
+    async def every():
+        return [chunk async for chunk in chunks]
+
+    task = asyncio.ensure_future(every())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                log.info("client went away: its generation is cancelled")
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await chunks.aclose()
+
+
+def build_app(served: Served, generate: Generate,
+              ready: Callable[[], Awaitable[bool]] | None = None) -> FastAPI:
+    """The front door (module docstring). ``ready()``: whether the model
+    behind it serves (``/health``)."""
+    app = FastAPI(title="SIMPLE for Triton: OpenAI-compatible API", docs_url=None,
+                  redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestError)
+    async def request_error(_request, error: RequestError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(GenerationError)
+    async def refused(_request, error: GenerationError):
+        return generation_error(error)
+
+    @app.exception_handler(RequestValidationError)  # FastAPI's 422 is OpenAI's 400
+    async def invalid(_request, error: RequestValidationError):
+        first = error.errors()[0]
+        param = ".".join(str(p) for p in first["loc"][1:]) or None
+        return _error(400, f"{param}: {first['msg']}", "invalid_request_error", param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, error: HTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return _error(error.status_code, str(error.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def internal(_request, error: Exception):
+        log.exception("request failed")
+        return _error(500, f"{type(error).__name__}: {error}", "internal_server_error")
+
+    @app.get("/health")
+    async def health():
+        if ready is not None and not await ready():
+            return _error(503, "the model is not ready", "service_unavailable")
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models():
+        return translate.models_list(served)
+
+    async def serve(request: Request, model, plan_for) -> Response:
+        plan = plan_for(parse(model, await request.body()), served)
+        chunks = generate(plan)
+        if plan.stream:
+            try:
+                first = await _first(chunks)
+            except BaseException:
+                await chunks.aclose()
+                raise
+            return StreamingResponse(_events(plan, first, chunks, served),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        answer = await _collect(request, chunks)
+        if answer is None:  # nobody to answer
+            return Response(status_code=499)
+        return JSONResponse(translate.response(plan, answer, served))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serve(request, CompletionRequest, translate.plan_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await serve(request, ChatCompletionRequest, translate.plan_chat)
+
+    return app

@@ -1,0 +1,162 @@
+"""The front door's Triton side and its server: what the ``llm`` model serves
+(read from its own configuration, so the front door and the decode loop
+agree on the model, its tokenizer and its context), generation over gRPC
+streaming, and the uvicorn server that ``serve`` runs in a thread.
+
+Requests go to ``llm``, not ``ensemble``: Triton 2.51 does not pass a
+client's cancellation on to an ensemble step that is already running
+(docs/SERVING.md, "Cancellation"), so only a direct call stops the work of a
+client that leaves.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from ..client import AsyncGenerateClient, Chunk, GenerationError
+from ..models import SMOLLM2_GGUF_NAME
+from ..schema import LLM, SHUTTING_DOWN
+from ..serving.engines import engine_spec
+from ..settings import LlmSettings
+from .translate import Plan, Served
+
+log = logging.getLogger(__name__)
+
+
+def model_id(settings: LlmSettings) -> str:
+    """The name clients pass as ``model``: the model's file or directory name
+    (SmolLM2's by default), prefixed ``simulated-`` when no model runs (the
+    simulated engine: the name is only its tokenizer's)."""
+    name = Path(settings.model).name if settings.model else SMOLLM2_GGUF_NAME
+    name = name.split(".")[0] if name.endswith(".gguf") else name
+    return name if engine_spec(settings.engine).runs_model else f"simulated-{name}"
+
+
+async def llm_settings(grpc_url: str) -> LlmSettings:
+    """The settings the running ``llm`` model was configured with."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        config = (await client.get_model_config(LLM.name, as_json=True))["config"]
+    finally:
+        await client.close()
+    return LlmSettings.from_parameters(
+        {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()})
+
+
+def served_by(settings: LlmSettings) -> Served:
+    spec = engine_spec(settings.engine)
+    codec = spec.codec(settings)  # loads the tokenizer (transformers, torch)
+    return Served(model_id(settings), codec, settings.max_context,
+                  spec.vocab_size(settings, codec))
+
+
+class TritonBackend:
+    """Generation over one gRPC connection to Triton (made on the server's
+    event loop, which grpc.aio binds it to)."""
+
+    def __init__(self, grpc_url: str):
+        self.grpc_url = grpc_url
+        self.client: AsyncGenerateClient | None = None
+
+    def _connection(self) -> AsyncGenerateClient:
+        if self.client is None:
+            self.client = AsyncGenerateClient(self.grpc_url, "grpc", model=LLM.name)
+        return self.client
+
+    async def generate(self, plan: Plan) -> AsyncIterator[Chunk]:
+        """The llm model's responses to one request, streamed (a non-streamed
+        request is gathered by the app). A gRPC stream carries an error's text
+        without its status: the front door checks the client's mistakes itself
+        first, so what comes this way is a shutdown (UNAVAILABLE) or ours."""
+        stream = self._connection().stream(plan.prompt_ids, **{**plan.params, "stream": True})
+        try:
+            async for chunk in stream:
+                yield chunk
+        except GenerationError as error:
+            if error.status:
+                raise
+            raise GenerationError(str(error), "UNAVAILABLE" if str(error).startswith(
+                SHUTTING_DOWN) else "INTERNAL") from None
+        finally:
+            await stream.aclose()
+
+    async def ready(self) -> bool:
+        import tritonclient.grpc.aio as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            return bool(await client.is_model_ready(LLM.name))
+        except Exception:  # noqa: BLE001 - Triton unreachable: not ready
+            return False
+        finally:
+            await client.close()
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+class FrontendServer:
+    """The front door on uvicorn in a thread of its own: ``start`` returns
+    once it listens. ``close`` stops it listening, open responses get
+    ``grace_s`` to finish (``serve`` gives them Triton's drain meanwhile);
+    ``stop`` closes and waits for the thread."""
+
+    def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None,
+                 grace_s: float = 5.0):
+        self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
+        self.grace_s = grace_s
+        self.thread: threading.Thread | None = None
+        self.server = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> "FrontendServer":
+        import uvicorn
+
+        from .app import build_app
+
+        if self.served is None:
+            self.served = served_by(asyncio.run(llm_settings(self.grpc_url)))
+        backend = TritonBackend(self.grpc_url)
+        app = build_app(self.served, backend.generate, backend.ready)
+        app.router.add_event_handler("shutdown", backend.close)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=self.grace_s, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="openai-frontend",
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.server.started:
+            self.stop()
+            raise RuntimeError(f"the OpenAI frontend did not start on {self.host}:{self.port} "
+                               f"(port in use?)")
+        return self
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def stop(self) -> None:
+        self.close()
+        if self.thread is not None:
+            self.thread.join(self.grace_s + 5)
+        self.server = self.thread = None
+
+    def __enter__(self) -> "FrontendServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""The OpenAI request bodies this front door accepts, as pydantic models, and
+OpenAI's error shape.
+
+Types are strict where the OpenAI API is (an integer field refuses ``16.0``,
+``1e9`` and ``"16"``; a number field refuses strings and non-finite values,
+so ``1e999`` and ``NaN`` are errors, not infinities), and every model forbids
+fields it does not know, so a misspelt ``temprature`` is a 400 naming it
+instead of a default silently applied. Standard OpenAI fields this server
+does not implement are refused by name as "not supported" unless they are
+null (or ``user``, an end-user label with no effect on the answer). Ranges
+that depend on the served model (``max_tokens`` against its context) and
+the sampling parameters' ranges (``params.RULES``) are checked when the
+request is translated (``translate.py``), not here.
+
+Follows OpenAI's API reference for ``/v1/completions`` and
+``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
+``repetition_penalty`` and ``min_tokens`` are vLLM's (vllm-project/vllm,
+``vllm/entrypoints/openai/protocol.py``, ``CompletionRequest`` and
+``ChatCompletionRequest``).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+#: OpenAI's request fields this server does not implement (refused by name
+#: unless null); everything else not declared below is an unknown field.
+UNSUPPORTED = frozenset({
+    "suffix", "best_of", "tools", "tool_choice", "functions", "function_call",
+    "parallel_tool_calls", "response_format", "audio", "modalities", "prediction",
+    "reasoning_effort", "web_search_options", "service_tier", "store", "metadata",
+})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name in sorted(UNSUPPORTED & data.keys()):
+                if data[name] is not None:
+                    raise UnsupportedField(name)
+            data = {k: v for k, v in data.items() if k not in UNSUPPORTED}
+        return data
+
+
+class UnsupportedField(ValueError):
+    """A standard OpenAI field this server does not implement."""
+
+    def __init__(self, name: str):
+        super().__init__(f"{name} is not supported by this server")
+        self.field = name
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Sampling(Strict):
+    """The fields both endpoints share."""
+
+    model: str
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+    # vLLM's extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int]
+    echo: bool | None = False
+    #: OpenAI: how many most likely tokens to return per position (0-5); the
+    #: decode loop returns the chosen token's logprob only, so only 0 here.
+    logprobs: int | None = None
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        """The turn's text; text parts joined with newlines, as vLLM does
+        (vllm/entrypoints/chat_utils.py, ``_parse_chat_message_content_parts``)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+
+
+class RequestError(ValueError):
+    """A client mistake: answered 400 in OpenAI's error shape.
+
+    param: the request field it concerns (dotted path), or None."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.param, self.status, self.code, self.kind = param, status, code, kind
+
+    def body(self) -> dict:
+        return error_body(str(self), self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+_TYPE_TAGS = ("str", "int", "float", "bool")
+
+
+def _is_tag(part) -> bool:
+    """A union member's tag in an error location ("str", "list[int]"), not a field."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
+
+
+def _location(loc) -> str:
+    return ".".join(str(part) for part in loc if not _is_tag(part))
+
+
+def parse(model: type[Strict], body: bytes) -> Strict:
+    """The request ``body`` (JSON) as ``model``; raises RequestError naming
+    the first field that is missing, unknown, unsupported or of the wrong
+    type."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise RequestError(f"the body is not valid JSON: {first['msg']}") from None
+        if first["type"] == "value_error" and isinstance(first.get("ctx", {}).get("error"),
+                                                         UnsupportedField):
+            unsupported = first["ctx"]["error"]
+            raise RequestError(str(unsupported), unsupported.field,
+                               code="unsupported_parameter") from None
+        if first["type"] == "model_type":
+            raise RequestError("the body must be a JSON object") from None
+        param = _location(first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise RequestError(f"unknown field {param}", param,
+                               code="unknown_parameter") from None
+        if first["type"] == "missing":
+            raise RequestError(f"{param} is required", param) from None
+        tags = [part for e in error.errors(include_url=False) if (_location(e["loc"]) + ".").startswith(param + ".")
+                for part in e["loc"] if _is_tag(part)]
+        if tags:  # a union: name its members rather than the first one's complaint
+            raise RequestError(f"{param} must be one of: {', '.join(dict.fromkeys(tags))}; got "
+                               f"{first['input']!r}", param) from None
+        raise RequestError(f"{param}: {first['msg']}, got {first['input']!r}", param) from None

@@ -1,0 +1,270 @@
+"""OpenAI requests to generation requests of the ``llm`` model, and its
+responses back to OpenAI's objects. No server here: this is the front
+door's logic, tested without one.
+
+Requests: the prompt is tokenized here, chat turns through the model's own
+chat template (``TextCodec.encode_chat``, the path preprocessing uses), and
+sent to ``llm`` as ``input_ids``: calling ``llm`` directly is what lets a
+client that leaves stop its generation (docs/SERVING.md, "Cancellation").
+Each sampling field goes to the input ``schema`` names for its
+``SamplingParams`` field and is checked by ``params.RULES``, the rules the
+decode loop applies, so the front door and the server cannot disagree on a
+range; integer fields are also held to their tensor's data type (an INT32
+``max_tokens`` of 4294967297 is a 400, not a wrapped 1).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..client import Chunk
+from ..params import RULES
+from ..schema import GENERATE_INPUTS, INPUT_IDS
+from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
+
+#: SamplingParams field -> the generate input carrying it (seed: ``seed``).
+PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
+_INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
+#: finish reasons the decode loop sends that OpenAI clients know
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+@dataclass
+class Served:
+    """What the front door serves: the model's id, its text codec, context and
+    vocabulary (token ids a request names must lie in [0, vocab_size))."""
+
+    model_id: str
+    codec: object  # serving.text.TextCodec
+    max_context: int
+    vocab_size: int
+
+
+@dataclass
+class Plan:
+    """One OpenAI request as a generation of the ``llm`` model."""
+
+    chat: bool
+    prompt_ids: list[int]
+    params: dict            # generate input -> value (client.request_arrays' params)
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _integer(name: str, value: int, input_name: str, low: int, high: int) -> int:
+    """value in [low, high] and in the range of the input's integer dtype."""
+    info = np.iinfo(_INPUT_DTYPES[input_name])
+    low, high = max(low, int(info.min)), min(high, int(info.max))
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be an integer in [{low}, {high}], got {value}", name)
+    return value
+
+
+def _sampling_params(request: Sampling, served: Served) -> dict:
+    """The sampling fields given, checked by params.RULES, as generate inputs."""
+    params = {}
+    for name, rule, allowed in ((p.name, p.rule, p.allowed) for p in RULES):
+        value = getattr(request, name)
+        if value is None:
+            continue
+        if not rule(np.float64(value)):
+            raise RequestError(f"{name} must be {allowed}, got {value!r}", name)
+        info = np.iinfo(_INPUT_DTYPES[PARAM_INPUTS[name]]) if isinstance(value, int) else None
+        if info is not None and value > info.max:
+            raise RequestError(f"{name} must be {allowed} and at most {info.max}, got {value}",
+                               name)
+        params[PARAM_INPUTS[name]] = value
+    if request.seed is not None:
+        params[PARAM_INPUTS["seed"]] = _integer("seed", request.seed, PARAM_INPUTS["seed"],
+                                                0, 2**64 - 1)
+    if request.min_tokens is not None:
+        params[PARAM_INPUTS["min_tokens"]] = _integer(
+            "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)
+    if request.stop is not None:
+        stop = [request.stop] if isinstance(request.stop, str) else request.stop
+        if not all(stop):
+            raise RequestError("stop must be a non-empty string or a list of them", "stop")
+        if stop:
+            params["stop_words"] = stop
+    if request.logit_bias:
+        ids = []
+        for key in request.logit_bias:
+            token = int(key) if key.strip().lstrip("-").isdigit() else None
+            if token is None or not 0 <= token < served.vocab_size:
+                raise RequestError(f"logit_bias keys must be token ids in [0, "
+                                   f"{served.vocab_size - 1}], got {key!r}", "logit_bias")
+            ids.append(token)
+        params["logit_bias_ids"] = ids
+        params["logit_bias_values"] = list(request.logit_bias.values())
+    return params
+
+
+def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
+                name: str = "max_tokens") -> int:
+    given = getattr(request, name)
+    room = served.max_context - prompt_length
+    if given is None:
+        if default is None or default > room:  # chat: what the context leaves
+            default = room
+        if default < 1:
+            raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
+                               f"context ({served.max_context} tokens)", "messages")
+        return default
+    _integer(name, given, "max_tokens", 1, served.max_context - 1)
+    if given > room:
+        raise RequestError(f"the prompt ({prompt_length} tokens) plus {name} ({given}) must be "
+                           f"at most the context, {served.max_context} tokens", name)
+    return given
+
+
+def _common(request: Sampling, served: Served) -> None:
+    if request.model != served.model_id:
+        raise RequestError(f"the model {request.model!r} does not exist; this server serves "
+                           f"{served.model_id!r}", "model", status=404, code="model_not_found")
+    if request.n not in (None, 1):
+        raise RequestError(f"n must be 1: this server returns one choice per request, got "
+                           f"{request.n}", "n")
+
+
+def plan_completion(request: CompletionRequest, served: Served) -> Plan:
+    """The generation a /v1/completions request asks for (RequestError if bad)."""
+    _common(request, served)
+    if request.echo:
+        raise RequestError("echo is not supported by this server", "echo",
+                           code="unsupported_parameter")
+    if request.logprobs not in (None, 0):
+        raise RequestError(f"logprobs must be 0 (the chosen token's logprob; top "
+                           f"alternatives are not returned), got {request.logprobs}", "logprobs")
+    if isinstance(request.prompt, str):
+        if not request.prompt:
+            raise RequestError("prompt must be a non-empty string", "prompt")
+        prompt_ids = served.codec.encode(request.prompt)
+    else:
+        if not request.prompt:
+            raise RequestError("prompt must be a non-empty list of token ids", "prompt")
+        prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
+                      for t in request.prompt]
+    return _plan(request, served, False, prompt_ids, _max_tokens(
+        request, served, len(prompt_ids), default=16), request.logprobs is not None)
+
+
+def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
+    """The generation a /v1/chat/completions request asks for (RequestError if bad)."""
+    _common(request, served)
+    if not request.messages:
+        raise RequestError("messages must hold at least one message", "messages")
+    if request.top_logprobs not in (None, 0):
+        raise RequestError(f"top_logprobs must be 0: the decode loop returns the chosen "
+                           f"token's logprob only, got {request.top_logprobs}", "top_logprobs")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise RequestError("top_logprobs needs logprobs true", "top_logprobs")
+    if None not in (request.max_tokens, request.max_completion_tokens) and \
+            request.max_tokens != request.max_completion_tokens:
+        raise RequestError("max_tokens and max_completion_tokens are the same limit; they "
+                           "disagree", "max_completion_tokens")
+    name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+    try:
+        prompt_ids = served.codec.encode_chat(
+            [{"role": m.role, "content": m.text} for m in request.messages])
+    except ValueError as error:
+        raise RequestError(str(error), "messages") from None
+    return _plan(request, served, True, prompt_ids,
+                 _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs))
+
+
+def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
+          max_tokens: int, logprobs: bool) -> Plan:
+    params = _sampling_params(request, served)
+    if "min_length" in params and params["min_length"] > max_tokens:
+        raise RequestError(f"min_tokens ({params['min_length']}) must be at most the maximum "
+                           f"number of tokens ({max_tokens})", "min_tokens")
+    params.update(max_tokens=max_tokens, return_log_probs=logprobs)
+    options = request.stream_options
+    if options is not None and not request.stream:
+        raise RequestError("stream_options is only allowed with stream true", "stream_options")
+    return Plan(chat, prompt_ids, params, bool(request.stream),
+                options is not None and options.include_usage, logprobs)
+
+
+# --- responses ----------------------------------------------------------
+
+
+def usage(chunk: Chunk) -> dict:
+    return {"prompt_tokens": chunk.num_input_tokens,
+            "completion_tokens": chunk.num_output_tokens,
+            "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens}
+
+
+def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
+    """OpenAI's logprobs object of these chunks' tokens (None unless asked)."""
+    if not plan.logprobs:
+        return None
+    pairs = [(t, p) for c in chunks for t, p in zip(c.token_ids, c.logprobs)]
+    tokens = [codec.decode([t]) for t, _ in pairs]
+    if plan.chat:
+        return {"content": [{"token": text, "logprob": p, "bytes": list(text.encode()),
+                             "top_logprobs": []} for text, (_, p) in zip(tokens, pairs)]}
+    return {"tokens": tokens, "token_logprobs": [p for _, p in pairs],
+            "top_logprobs": None, "text_offset": None}
+
+
+def _finish(chunk: Chunk) -> str | None:
+    return FINISH_REASONS.get(chunk.finish_reason, chunk.finish_reason) or None
+
+
+def _object(plan: Plan, kind: str, model_id: str) -> dict:
+    return {"id": f"{'chatcmpl' if plan.chat else 'cmpl'}-{plan.id}", "object": kind,
+            "created": plan.created, "model": model_id}
+
+
+def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
+    """The whole answer of a non-streamed request."""
+    text = "".join(c.text for c in chunks)
+    choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
+              "finish_reason": _finish(chunks[-1])}
+    if plan.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    kind = "chat.completion" if plan.chat else "text_completion"
+    return {**_object(plan, kind, served.model_id), "choices": [choice],
+            "usage": usage(chunks[-1])}
+
+
+def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool) -> list[dict]:
+    """The stream objects one response of the llm model becomes: with chat
+    the first opens the assistant's turn; the last carries the finish
+    reason, and then (``include_usage``) a chunk of usage with no choices."""
+    kind = "chat.completion.chunk" if plan.chat else "text_completion"
+    choice = {"index": 0, "logprobs": _logprobs(plan, [chunk], served.codec),
+              "finish_reason": _finish(chunk)}
+    if plan.chat:
+        choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
+            {"content": chunk.text}
+    else:
+        choice["text"] = chunk.text
+    events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
+    if plan.include_usage:
+        events[0]["usage"] = None
+        if chunk.finish_reason:
+            events.append({**_object(plan, kind, served.model_id), "choices": [],
+                           "usage": usage(chunk)})
+    return events
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event (``[DONE]`` ends the stream)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def models_list(served: Served) -> dict:
+    return {"object": "list", "data": [{"id": served.model_id, "object": "model",
+                                        "created": 0, "owned_by": "simple-sampler"}]}

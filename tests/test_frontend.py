@@ -1,0 +1,294 @@
+"""The OpenAI front door without a server: requests through the real ASGI app
+(FastAPI's TestClient) and the model's real tokenizer, generation replaced
+by a stand-in that records what would be sent to the llm model."""
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from simple_sampler.client import Chunk, GenerationError
+from simple_sampler.frontend.app import build_app
+from simple_sampler.frontend.backend import TritonBackend
+from simple_sampler.frontend.translate import Plan, Served
+from simple_sampler.schema import SHUTTING_DOWN
+from simple_sampler.serving.text import TextCodec
+
+MODEL = "SmolLM2-135M-Instruct"
+CONTEXT = 512
+
+
+class Recorder:
+    """generate(plan): two responses of one token each (or a given error)."""
+
+    def __init__(self):
+        self.plans, self.error, self.closed = [], None, 0
+
+    def generate(self, plan):
+        self.plans.append(plan)
+
+        async def chunks():
+            try:
+                if self.error is not None:
+                    raise self.error
+                n = len(plan.prompt_ids)
+                yield Chunk(" Paris", [3], [-0.5], -0.5, n, 1, "")
+                yield Chunk(".", [4], [-0.25], -0.75, n, 2, "stop")
+            finally:
+                self.closed += 1
+        return chunks()
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec.from_source()
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+@pytest.fixture
+def client(codec, recorder):
+    return TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), recorder.generate))
+
+
+def chat(**fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}],
+            **fields}
+
+
+def completion(**fields):
+    return {"model": MODEL, "prompt": "The capital of France is", **fields}
+
+
+def post(client, path, body):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return client.post(path, content=data, headers={"Content-Type": "application/json"})
+
+
+# (body or raw JSON text, the field the error must name, text the message must hold)
+BAD_CHAT = [
+    ('{"model": ', None, "not valid JSON"),
+    ("[1, 2]", None, "JSON object"),
+    (chat(max_tokens="16"), "max_tokens", "valid integer"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e9}' % MODEL,
+     "max_tokens", "valid integer"),
+    (chat(max_tokens=16.0), "max_tokens", "valid integer"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e999}'
+     % MODEL, "max_tokens", "valid integer"),
+    (chat(max_tokens=4294967297), "max_tokens", "[1, 511]"),
+    (chat(max_tokens=0), "max_tokens", "[1, 511]"),
+    (chat(max_tokens=True), "max_tokens", "valid integer"),
+    (chat(max_completion_tokens=512), "max_completion_tokens", "[1, 511]"),
+    (chat(max_tokens=8, max_completion_tokens=9), "max_completion_tokens", "disagree"),
+    (chat(temperature="NaN"), "temperature", "valid number"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": 1e999}'
+     % MODEL, "temperature", "finite"),
+    ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
+     % MODEL, "temperature", "finite"),
+    (chat(temperature=-0.5), "temperature", "a finite value >= 0"),
+    (chat(top_p=0), "top_p", "in (0, 1]"),
+    (chat(top_p=1.5), "top_p", "in (0, 1]"),
+    (chat(top_k=-2), "top_k", ">= -1"),
+    (chat(top_k=2**31), "top_k", ">= -1 (0 or -1 disables it) and at most 2147483647"),
+    (chat(min_p=2.0), "min_p", "in [0, 1]"),
+    (chat(repetition_penalty=0), "repetition_penalty", "a finite value > 0"),
+    (chat(presence_penalty=2.5), "presence_penalty", "in [-2, 2]"),
+    (chat(frequency_penalty=-3), "frequency_penalty", "in [-2, 2]"),
+    (chat(seed=-1), "seed", "[0, 18446744073709551615]"),
+    (chat(seed=2**64), "seed", "[0, 18446744073709551615]"),
+    (chat(seed=1.5), "seed", "valid integer"),
+    (chat(min_tokens=-1), "min_tokens", "[0, 2147483647]"),
+    (chat(min_tokens=20, max_tokens=10), "min_tokens", "at most"),
+    (chat(n=2), "n", "n must be 1"),
+    (chat(temprature=0.5), "temprature", "unknown field"),
+    (chat(tools=[{"type": "function"}]), "tools", "not supported"),
+    (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (chat(logprobs=True, top_logprobs=5), "top_logprobs", "must be 0"),
+    (chat(stop=[""]), "stop", "non-empty"),
+    (chat(stop=7), "stop", "str, list[str]"),
+    (chat(logit_bias={"abc": 1.0}), "logit_bias", "token ids"),
+    (chat(logit_bias={"49152": 1.0}), "logit_bias", "[0, 49151]"),
+    (chat(logit_bias={"5": "x"}), "logit_bias.5", "valid number"),
+    (chat(stream_options={"include_usage": True}), "stream_options", "stream true"),
+    (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x",
+     "unknown field"),
+    (chat(messages=[]), "messages", "at least one"),
+    (chat(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "Input should be"),
+    (chat(messages=[{"role": "user"}]), "messages.0.content", "required"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model", "required"),
+    (chat(stream="yes"), "stream", "valid boolean"),
+]
+BAD_COMPLETION = [
+    (completion(prompt=""), "prompt", "non-empty"),
+    (completion(prompt=["a", "b"]), "prompt", "str, list[int]"),
+    (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
+    (completion(prompt=[49152]), "prompt", "[0, 49151]"),
+    (completion(echo=True), "echo", "not supported"),
+    (completion(logprobs=5), "logprobs", "must be 0"),
+    (completion(best_of=2), "best_of", "not supported"),
+    (completion(suffix="x"), "suffix", "not supported"),
+    (completion(max_tokens=600), "max_tokens", "[1, 511]"),
+    (completion(prompt=[1] * 500, max_tokens=100), "max_tokens", "at most the context"),
+]
+
+
+@pytest.mark.parametrize("path,body,param,text", [
+    *(("/v1/chat/completions", *case) for case in BAD_CHAT),
+    *(("/v1/completions", *case) for case in BAD_COMPLETION)])
+def test_a_malformed_request_is_a_400_naming_the_field(client, recorder, path, body, param, text):
+    response = post(client, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param, error
+    if text:
+        assert text in error["message"], error
+    if param:
+        assert param.split(".")[0] in error["message"], error
+    assert recorder.plans == []  # nothing reached the model
+
+
+def test_an_unknown_model_or_path_answers_404_in_openai_shape(client):
+    response = post(client, "/v1/chat/completions", chat(model="gpt-4"))
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+    assert MODEL in response.json()["error"]["message"]
+    response = client.get("/v1/nothing")
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+
+
+def test_sampling_fields_reach_the_llm_inputs_the_schema_names(client, recorder, codec):
+    response = post(client, "/v1/chat/completions", chat(
+        temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1,
+        presence_penalty=0.5, frequency_penalty=-0.5, seed=2**64 - 1, stop=["\n", "."],
+        min_tokens=2, max_completion_tokens=20, logit_bias={"17": -100, "42": 2.5},
+        logprobs=True, top_logprobs=0, user="someone", n=None, stream=None))
+    assert response.status_code == 200, response.text
+    plan = recorder.plans[0]
+    assert plan.prompt_ids == codec.encode("Capital of France?", chat=True)
+    assert plan.params == {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+        "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "seed": 2**64 - 1, "stop_words": ["\n", "."], "min_length": 2, "max_tokens": 20,
+        "logit_bias_ids": [17, 42], "logit_bias_values": [-100.0, 2.5],
+        "return_log_probs": True}
+
+
+def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):
+    turns = [{"role": "system", "content": "Answer in one word."},
+             {"role": "user", "content": "Capital of France?"},
+             {"role": "assistant", "content": "Paris."},
+             {"role": "user", "content": [{"type": "text", "text": "And"},
+                                          {"type": "text", "text": "of Italy?"}]}]
+    assert post(client, "/v1/chat/completions", chat(messages=turns)).status_code == 200
+    plan = recorder.plans[0]
+    expected = codec.encode_chat([*({"role": t["role"], "content": t["content"]}
+                                    for t in turns[:3]), {"role": "user", "content": "And\nof Italy?"}])
+    assert plan.prompt_ids == expected
+    assert plan.params["max_tokens"] == CONTEXT - len(expected)
+    assert plan.params["return_log_probs"] is False
+    # a completion's default is OpenAI's 16
+    assert post(client, "/v1/completions", completion()).status_code == 200
+    assert recorder.plans[1].params == {"max_tokens": 16, "return_log_probs": False}
+    assert recorder.plans[1].prompt_ids == codec.encode("The capital of France is")
+
+
+def test_a_non_streamed_answer_is_openais_object(client):
+    body = post(client, "/v1/chat/completions", chat(logprobs=True)).json()
+    assert body["object"] == "chat.completion" and body["model"] == MODEL
+    choice, = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": " Paris."}
+    assert choice["finish_reason"] == "stop"
+    assert [(c["logprob"]) for c in choice["logprobs"]["content"]] == [-0.5, -0.25]
+    assert body["usage"]["completion_tokens"] == 2
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 2
+    body = post(client, "/v1/completions", completion(logprobs=0)).json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == " Paris."
+    assert body["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.25]
+
+
+def events(response):
+    lines = [line for line in response.text.split("\n\n") if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+def test_a_stream_is_server_sent_events_ending_with_done(client, recorder):
+    response = post(client, "/v1/chat/completions",
+                    chat(stream=True, stream_options={"include_usage": True}))
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = events(response)
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 3
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": " Paris"}
+    assert chunks[1]["choices"][0]["delta"] == {"content": "."}
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:2]] == [None, "stop"]
+    assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 2
+    assert recorder.plans[0].stream and recorder.closed == 1
+    text = "".join(c["choices"][0]["text"] for c in events(
+        post(client, "/v1/completions", completion(stream=True))))
+    assert text == " Paris."
+
+
+@pytest.mark.parametrize("status,http,kind", [
+    ("INVALID_ARGUMENT", 400, "invalid_request_error"),
+    ("UNAVAILABLE", 503, "service_unavailable"),
+    ("INTERNAL", 500, "internal_server_error")])
+@pytest.mark.parametrize("stream", [False, True])
+def test_triton_errors_keep_their_meaning(client, recorder, status, http, kind, stream):
+    recorder.error = GenerationError("end_id must be a token id in [0, 49152), got 99999",
+                                     status)
+    response = post(client, "/v1/chat/completions", chat(stream=stream))
+    assert response.status_code == http
+    assert response.json()["error"]["type"] == kind
+    assert "end_id must be" in response.json()["error"]["message"]
+    assert recorder.closed == 1
+
+
+def test_models_and_health(client):
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("message, status", [
+    (f"{SHUTTING_DOWN}: the request did not finish within the 2 s grace period", "UNAVAILABLE"),
+    ("RuntimeError: the sampler failed", "INTERNAL")])
+def test_a_stream_error_without_status_is_a_shutdown_or_ours(message, status):
+    """gRPC streams carry an error's text only; the backend names its status."""
+    class Failing:
+        async def stream(self, prompt_ids, **params):
+            yield Chunk("a", [1], [], 0.0, 1, 1, "")
+            raise GenerationError(message)
+
+    backend = TritonBackend("127.0.0.1:1")
+    backend.client = Failing()
+    plan = Plan(True, [1], {"max_tokens": 4}, True, False, False)
+
+    async def drain():
+        return [chunk async for chunk in backend.generate(plan)]
+
+    with pytest.raises(GenerationError) as raised:
+        asyncio.run(drain())
+    assert raised.value.status == status and str(raised.value) == message
+
+
+def test_only_the_frontend_imports_fastapi_and_uvicorn():
+    import ast
+    from pathlib import Path
+
+    import simple_sampler
+
+    root = Path(simple_sampler.__file__).parent
+    importers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name.split(".")[0] in ("fastapi", "starlette", "uvicorn") for name in names):
+                importers.add(path.relative_to(root).parts[0])
+    assert importers == {"frontend"}

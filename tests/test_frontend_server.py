@@ -1,0 +1,254 @@
+"""The OpenAI front door against a real tritonserver (the shared llm_server:
+SmolLM2 in batch-invariant mode, 2 sampler instances), driven by the official
+``openai`` client and by raw HTTP for disconnects."""
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+from simple_sampler.frontend.backend import FrontendServer
+from simple_sampler.launch.server import free_port
+
+pytestmark = pytest.mark.slow
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Tell me a very long story about a dragon."}]
+
+
+@pytest.fixture(scope="module")
+def frontend(llm_server):
+    with FrontendServer(llm_server.grpc_url, "127.0.0.1", free_port()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(frontend):
+    return openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
+
+
+def metric(server, pattern: str) -> float:
+    """The sum of every series of a metric on the server's metrics port."""
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{pattern}(?:\{{[^}}]*\}})? (\S+)", text, re.M))
+
+
+def in_flight(server) -> float:
+    return metric(server, "simple_llm_requests_in_flight")
+
+
+def rows_sampled(server) -> float:
+    return metric(server, "simple_sampler_rows_total")
+
+
+def test_models_lists_the_served_model(client, frontend):
+    assert [m.id for m in client.models.list().data] == [frontend.served.model_id]
+
+
+def test_chat_and_completion_answer_streamed_and_not(client, frontend):
+    model = frontend.served.model_id
+    answer = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,
+                                            max_tokens=24)
+    assert "Paris" in answer.choices[0].message.content
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    prompt_tokens = len(frontend.served.codec.encode("What is the capital of France?", chat=True))
+    assert answer.usage.prompt_tokens == prompt_tokens
+    streamed = list(client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == answer.choices[0].message.content
+    assert streamed[-1].usage.completion_tokens == answer.usage.completion_tokens
+    completion = client.completions.create(model=model, prompt="The capital of France is",
+                                           temperature=0, max_tokens=8)
+    assert "Paris" in completion.choices[0].text
+    assert completion.usage.completion_tokens == 8 or completion.choices[0].finish_reason == "stop"
+    pieces = client.completions.create(model=model, prompt="The capital of France is",
+                                       temperature=0, max_tokens=8, stream=True)
+    assert "".join(p.choices[0].text for p in pieces) == completion.choices[0].text
+
+
+def test_a_seed_gives_the_same_text_streamed_or_not(client, frontend):
+    model = frontend.served.model_id
+    sampled = dict(model=model, messages=STORY, temperature=1.0, top_p=0.95, max_tokens=20)
+    first = client.chat.completions.create(seed=7, **sampled).choices[0].message.content
+    again = client.chat.completions.create(seed=7, **sampled).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        seed=7, stream=True, **sampled))
+    other = [client.chat.completions.create(seed=s, **sampled).choices[0].message.content
+             for s in (8, 9)]
+    assert first == again == streamed
+    assert any(text != first for text in other)
+
+
+def test_usage_and_logprobs_count_every_generated_token(client, frontend):
+    answer = client.chat.completions.create(
+        model=frontend.served.model_id, messages=STORY, max_tokens=12, seed=3, logprobs=True,
+        extra_body={"min_tokens": 12})
+    tokens = answer.choices[0].logprobs.content
+    assert answer.usage.completion_tokens == len(tokens) == 12
+    assert answer.choices[0].finish_reason == "length"
+    assert all(t.logprob <= 0 and np.isfinite(t.logprob) for t in tokens)
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
+
+
+def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
+    with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
+        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,
+                                       temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match=r"logit_bias keys must be token ids in \[0, 49151\]"):
+        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,
+                                       logit_bias={"999999": 1})
+
+
+def long_request(frontend, stream: bool) -> dict:
+    return {"model": frontend.served.model_id, "messages": STORY, "max_tokens": 400,
+            "min_tokens": 400, "stream": stream}
+
+
+def wait_until_generating(server, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while in_flight(server) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert in_flight(server) == 1
+
+
+def stops_within(server) -> tuple[float, float]:
+    """(seconds until no request is in flight, rows sampled in the second after)."""
+    left = time.monotonic()
+    while in_flight(server) != 0 and time.monotonic() < left + 30:
+        time.sleep(0.02)
+    stopped_after = time.monotonic() - left
+    rows = rows_sampled(server)
+    time.sleep(1.0)
+    return stopped_after, rows_sampled(server) - rows
+
+
+def test_a_client_leaving_a_stream_stops_its_generation(frontend, llm_server):
+    rows_before = rows_sampled(llm_server)
+    with httpx.Client(base_url=frontend.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions",
+                         json=long_request(frontend, stream=True)) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            received = 0
+            for line in lines:
+                received += line.startswith("data: ")
+                if received == 5:
+                    break
+            assert in_flight(llm_server) == 1
+    # the connection is closed here
+    stopped_after, rows_after = stops_within(llm_server)
+    assert stopped_after < 1.0, stopped_after
+    assert rows_after == 0
+    assert rows_sampled(llm_server) - rows_before < 100  # far from the 400 asked
+
+
+def test_a_client_aborting_a_non_streamed_request_stops_its_generation(frontend, llm_server):
+    rows_before = rows_sampled(llm_server)
+    body = json.dumps(long_request(frontend, stream=False)).encode()
+    with socket.create_connection((frontend.host, frontend.port)) as connection:
+        connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n"
+                           b"Content-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        wait_until_generating(llm_server)
+        time.sleep(0.5)
+    # the connection is closed here, before any answer
+    stopped_after, rows_after = stops_within(llm_server)
+    assert stopped_after < 1.0, stopped_after
+    assert rows_after == 0
+    assert rows_sampled(llm_server) - rows_before < 200
+
+
+def test_a_cancelled_ensemble_stream_keeps_generating(llm_server):
+    """What the front door avoids by calling llm: Triton 2.51 does not pass a
+    gRPC client's cancellation on to the ensemble's running llm step
+    (docs/SERVING.md, "Cancellation"). If this starts failing, Triton does."""
+    client = grpcclient.InferenceServerClient(llm_server.grpc_url)
+    arrivals = []
+    client.start_stream(callback=lambda result, error: arrivals.append(error))
+    inputs = []
+    for name, value in (("text_input", np.array([[b"Tell me a very long story."]], object)),
+                        ("max_tokens", np.array([[60]], np.int32)),
+                        ("min_length", np.array([[60]], np.int32)),
+                        ("stream", np.array([[True]]))):
+        inputs.append(grpcclient.InferInput(name, [1, 1], np_to_triton_dtype(value.dtype)))
+        inputs[-1].set_data_from_numpy(value)
+    client.async_stream_infer("ensemble", inputs)
+    deadline = time.monotonic() + 60
+    while len(arrivals) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    rows = rows_sampled(llm_server)
+    time.sleep(1.0)
+    assert in_flight(llm_server) == 1 and rows_sampled(llm_server) > rows
+    # it ends at max_tokens, unseen
+    deadline = time.monotonic() + 60
+    while in_flight(llm_server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_flight(llm_server) == 0
+
+
+def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
+    """`serve` with --openai-port: the API answers; SIGINT during a long stream ends the stream (with the
+    drain's error after the grace) and serve exits 0, Triton by itself."""
+    grace = 2
+    *ports, openai_port = [free_port() for _ in range(4)]
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--instances", "1",
+         "--max-context", "1024", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+         "--metrics-port", str(ports[2]), "--openai-port", str(openai_port),
+         "--openai-host", "127.0.0.1", "--shutdown-grace", str(grace),
+         "--log", str(tmp_path / "tritonserver.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if "openai frontend ready on" in line:
+                break
+        else:
+            pytest.fail(f"serve exited before the frontend was ready: {''.join(output)}")
+        url = f"http://127.0.0.1:{openai_port}"
+        assert f"openai frontend ready on {url}/v1" in output[-1]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        answer = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8,
+                                                extra_body={"min_tokens": 8})
+        assert answer.usage.completion_tokens == 8
+        with httpx.Client(base_url=url, timeout=60) as http:
+            with http.stream("POST", "/v1/chat/completions", json={
+                    "model": model, "messages": STORY, "max_tokens": 900, "min_tokens": 900,
+                    "stream": True}) as response:
+                lines = response.iter_lines()
+                for _ in range(3):
+                    next(lines)
+                signalled = time.monotonic()
+                process.send_signal(signal.SIGINT)
+                rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert "shutting down" in rest[-2], rest[-2:]
+        stdout, _ = process.communicate(timeout=grace + 30)
+        stopped_after = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, "".join(output) + stdout
+    assert "simple-sampler serve: stopped" in stdout
+    assert (("".join(output) + stdout).count("openai frontend ready on")) == 1
+    assert "(status 0)" in stdout  # tritonserver exited by itself, not by SIGKILL
+    assert stopped_after < grace + 15, stopped_after
