@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from simple_sampler import baselines, reference, schema
+from simple_sampler.frontend.protocol import Sampling
 from simple_sampler.handoff import FALLBACK_NEUTRAL
 from simple_sampler.params import PARAMS, RULES, TRUNCATIONS, SamplingBatch, SamplingParams, any_on
 from simple_sampler import _sampling
@@ -42,6 +43,8 @@ def test_hand_written_declarations_match_the_table():
     # Each implementation of the semantics has an op for each truncation.
     assert set(reference.TRUNCATE) == {p.name for p in TRUNCATIONS}
     assert set(baselines.ON_LOGITS) | set(baselines.ON_SORTED) == {p.name for p in TRUNCATIONS}
+    # The OpenAI front door declares each (as vLLM's extensions where OpenAI has none).
+    assert {p.name for p in RULES} <= set(Sampling.model_fields)
 
 
 def test_derived_places_are_the_tables_projections():
