@@ -3,7 +3,6 @@
 over HTTP generate / generate_stream and gRPC streaming."""
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.request

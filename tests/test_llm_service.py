@@ -14,7 +14,7 @@ from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
-from test_decoder import FakeEngine, FakeTokenizer
+from fakes import FakeEngine, FakeTokenizer
 
 MAX_TOKENS = 60
 

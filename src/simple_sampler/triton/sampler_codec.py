@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from ..handoff import CompactRows, host_array, sample_compact
-from ..params import RULES, SamplingBatch, first_violation
+from ..params import PARAMS, RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
 from ..schema import HANDOFF_INPUTS, SAMPLER, InvalidRequest
 
@@ -35,7 +35,7 @@ PADDING = -1
 
 #: tensor name -> (SamplingBatch column, default value), for the parameters RULES checks
 SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
-                 if t.param in {field for field, _, _ in RULES}}
+                 if t.param in PARAMS}
 #: The compact form of the rows (module docstring), instead of logits.
 COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
@@ -146,11 +146,11 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
 
     columns = {}
     for name, (field, default) in SCALAR_INPUTS.items():
-        dtype = np.int64 if field == "top_k" else np.float64
-        columns[field] = _scalar(inputs, name, rows, default, dtype)
-    for field, rule, allowed in RULES:
-        name = next(n for n, (f, _) in SCALAR_INPUTS.items() if f == field)
-        message = first_violation(name, columns[field], rule(columns[field]), allowed)
+        columns[field] = _scalar(inputs, name, rows, default, PARAMS[field].dtype)
+    for param in RULES:
+        name = next(n for n, (f, _) in SCALAR_INPUTS.items() if f == param.name)
+        message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
+                                  param.allowed)
         if message:
             raise InvalidRequest(message)
 
