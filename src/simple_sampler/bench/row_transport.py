@@ -42,7 +42,6 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 
 from ..params import SamplingBatch, SamplingParams
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings

@@ -392,6 +392,7 @@ def format_report(report: dict) -> str:
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
-                 "response; loop = the llm stub's decode-loop thread (streaming; whole level); vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
+                 "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
+                 "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
                  "same pace and B; server/fl = whole server over the floor's")
     return "\n".join(lines)

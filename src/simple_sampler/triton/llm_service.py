@@ -30,7 +30,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import numpy as np
 
 from ..handoff import DEFAULT_COLD_TOP
 from ..schema import SHUTTING_DOWN
