@@ -187,8 +187,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         prompt_offsets=lists["prompt_ids"][0], prompt_ids=lists["prompt_ids"][1],
         output_offsets=generated_offsets, output_ids=lists["generated_ids"][1],
     )
-    try:
-        batch.validate(vocab)
+    try:  # the scalars, steps and ids were checked above, the offsets built here
+        batch.validate_bias(vocab)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
     return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
