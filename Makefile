@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Re-install when the project's build inputs change; otherwise reuse the venv.
 STAMP := $(VENV)/.installed
-BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxd cython_kernels/*.h)
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxi cython_kernels/*.pxd cython_kernels/*.h)
 
 .PHONY: install test test-fast bench serve perf peer clean
 
@@ -19,9 +19,11 @@ $(STAMP): $(BUILD_INPUTS) scripts/install.sh
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
+	$(PY) -m ruff check src tests
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)

@@ -66,9 +66,10 @@ holds this fake to it. What each piece mirrors:
   ``llmapi/build_cache.py``.
 
 Also modelled: in-flight batching in which every scheduled request (at
-most ``max_batch_size``, in arrival order) is in every iteration, or with ``pipeline_parallel_size`` p, p micro-batches that take
-turns; logits that are a deterministic function of a request's tokens; a
-padded vocabulary whose padding would win an unmasked argmax. Not modelled:
+most ``max_batch_size``, in arrival order) is in every iteration, or with
+``pipeline_parallel_size`` p, p micro-batches that take turns; logits that
+are a deterministic function of a request's tokens; a padded vocabulary
+whose padding would win an unmasked argmax. Not modelled:
 CUDA (tensors are on the CPU and ``stream_ptr`` is None), separate worker
 processes (the processor runs in a thread of this process, after a pickle
 round trip), KV-cache limits, iteration timing beyond ``iteration_s``.

@@ -1,10 +1,8 @@
 """The decode loop: scheduling, finishing and cancellation with a fake engine
 and tokenizer; seed invariance and the answer with the real SmolLM2."""
 import asyncio
-import time
 
 import pytest
-import torch
 
 from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import (Decoder, GenerationRequest, kernel_sample,
@@ -13,69 +11,9 @@ from simple_sampler.models import load_model
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-END_ID = 0
-VOCAB = 1 + len(LETTERS) + 1  # end id, letters, space
+from fakes import END_ID, LETTERS, FakeEngine, FakeTokenizer, next_letter
+
 GREEDY = SamplingParams(temperature=0.0)
-
-
-class FakeTokenizer:
-    """One token per character: 0 is the end of sequence, then a-z and ' '."""
-
-    eos_token_id = END_ID
-    chat_template = None
-    alphabet = "\0" + LETTERS + " "
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [self.alphabet.index(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(self.alphabet[i] for i in ids if i != END_ID or not skip_special_tokens)
-
-
-def next_letter(ids):
-    """a -> b -> ... -> z -> a, as token ids."""
-    return ids[-1] % len(LETTERS) + 1
-
-
-class FakeEngine:
-    """Logits peaked at `script(ids)` (10), the letter after it second (5).
-
-    Records every step's rows, the most sequences active at once and every
-    release; `delay` seconds of sleep per step stand in for the forward."""
-
-    vocab_size = VOCAB
-
-    def __init__(self, max_batch_size=4, max_context=64, script=next_letter, delay=0.0):
-        self.max_batch_size, self.max_context = max_batch_size, max_context
-        self.script, self.delay = script, delay
-        self.ids, self.most_active, self.released, self.steps = {}, 0, [], []
-
-    def add(self, seq_id, prompt_ids, max_tokens=None):
-        assert len(self.ids) < self.max_batch_size
-        self.ids[seq_id] = list(prompt_ids)
-        self.most_active = max(self.most_active, len(self.ids))
-
-    def step(self, seq_ids):
-        time.sleep(self.delay)
-        self.steps.append(list(seq_ids))
-        logits = torch.full((len(seq_ids), VOCAB), -10.0)
-        for row, seq_id in enumerate(seq_ids):
-            target = self.script(self.ids[seq_id])
-            logits[row, target] = 10.0
-            logits[row, next_letter([target])] = 5.0
-        return logits
-
-    def append(self, seq_ids, token_ids):
-        for seq_id, token in zip(seq_ids, token_ids):
-            self.ids[seq_id].append(token)
-
-    def release(self, seq_id):
-        self.released.append(seq_id)
-        del self.ids[seq_id]
-
-    def length(self, seq_id):
-        return len(self.ids[seq_id])
 
 
 async def collect(handle):
@@ -109,6 +47,45 @@ def test_requests_beyond_max_batch_wait_and_all_finish_once():
         start = LETTERS.index(prompt) + 1
         assert text_of(events) == LETTERS[start:start + 4]
     assert decoder.stats.tokens == 20 and decoder.num_active == decoder.num_queued == 0
+
+
+def test_a_listener_gets_every_event_in_the_loops_pass_the_same_as_a_reader():
+    """RequestHandle.listen: each event is handed over as the loop makes it
+    (an event made before listen() first), the same events iterating gives."""
+    requests = [GenerationRequest(text=c, max_tokens=5, sampling=GREEDY) for c in "abc"]
+    read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        await decoder.start()
+        heard = [[] for _ in requests]
+        finished = [asyncio.get_running_loop().create_future() for _ in requests]
+        handles = [decoder.submit(r) for r in requests]
+        # an event made before listening (a request ended while still queued)
+        decoder.submit(GenerationRequest(text="d", max_tokens=5)).cancel()
+        late = decoder.submit(GenerationRequest(text="e", max_tokens=5))
+        late.cancel()
+        cancelled = []
+        late.listen(cancelled.append)
+        for events, done, handle in zip(heard, finished, handles):
+            def hear(event, events=events, done=done):
+                events.append(event)
+                if event.final:
+                    done.set_result(None)
+            handle.listen(hear)
+        await asyncio.gather(*finished)
+        await decoder.close()
+        return heard, cancelled
+
+    heard, cancelled = asyncio.run(main())
+
+    def seen(results):  # cum_log_prob is NaN (not asked), which equals nothing
+        return [[(e.text, e.token_ids, e.num_output_tokens, e.finish_reason) for e in events]
+                for events in results]
+
+    assert seen(heard) == seen(read) and len(heard[0]) == 5
+    assert [e.finish_reason for e in cancelled] == ["cancelled"]
 
 
 def test_end_id_stops_unless_ignored_or_before_min_tokens():

@@ -107,7 +107,7 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
 
     from simple_sampler.bench import serve_gpu
     from simple_sampler.serving.text import TextCodec
-    from test_decoder import VOCAB, FakeTokenizer
+    from fakes import VOCAB, FakeTokenizer
 
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -411,7 +411,7 @@ def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
     from simple_sampler.settings import LlmSettings
     from simple_sampler.shvs.hot_vocab import HotProfile
     from simple_sampler.triton.llm_service import LlmService
-    from test_decoder import VOCAB as FAKE_VOCAB, FakeEngine, FakeTokenizer
+    from fakes import VOCAB as FAKE_VOCAB, FakeEngine, FakeTokenizer
     from test_llm_service import Client, inputs
 
     hot = HotVocab(np.arange(2, FAKE_VOCAB, 3), FAKE_VOCAB)

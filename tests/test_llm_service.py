@@ -7,13 +7,14 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from simple_sampler.row_arena import RowReader
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
-from test_decoder import FakeEngine, FakeTokenizer
+from fakes import FakeEngine, FakeTokenizer
 
 MAX_TOKENS = 60
 
@@ -194,6 +195,69 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.exc_info and record.exc_info[0] is KeyError
     assert [final for _, _, final in served.responses] == [False, True]
+
+
+def run_requests(requests, settings=None):
+    """Each request's responses, served one after another by one service."""
+    service = LlmService(settings or LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    try:
+        clients = []
+        for request in requests:
+            clients.append(Client())
+            service.submit(request, clients[-1].send, on_done=clients[-1].done.set).result(60)
+    finally:
+        service.close()
+    return [client.responses for client in clients]
+
+
+def seeded(stream, interval=None, logprobs=False):
+    request = {**inputs(max_tokens=23, stream=stream),
+               "random_seed": np.array([[7]], np.uint64),
+               "temperature": np.array([[4.0]], np.float32),  # the second letter is drawn too
+               "min_length": np.array([[23]], np.int32),  # no early end
+               "exclude_input_in_output": np.array([[True]]),
+               "return_log_probs": np.array([[logprobs]])}
+    if interval is not None:
+        request["stream_interval"] = np.array([[interval]], np.int32)
+    return request
+
+
+def joined(responses):
+    assert all(error is None for _, error, _ in responses)
+    return ("".join(o["text_output"][0].decode() for o, _, _ in responses),
+            [t for o, _, _ in responses for t in o["output_ids"].tolist()])
+
+
+def test_stream_interval_sends_every_kth_token_and_the_same_generation():
+    one, four, whole, four_logprobs = run_requests(
+        [seeded(True), seeded(True, 4), seeded(False), seeded(True, 4, logprobs=True)])
+    text, ids = joined(whole)
+    assert len(ids) == 23 and len(set(ids)) > 2  # sampled, not one letter repeated
+    assert joined(one) == joined(four) == joined(four_logprobs) == (text, ids)
+    assert [len(o["output_ids"]) for o, _, _ in four] == [4] * 5 + [3]
+    assert [final for _, _, final in four] == [False] * 5 + [True]
+    # before the last response only the text and the ids (and logprobs when asked)
+    assert {frozenset(o) for o, _, _ in four[:-1]} == {frozenset({"text_output", "output_ids"})}
+    assert set(four_logprobs[0][0]) == {"text_output", "output_ids", "output_log_probs",
+                                        "cum_log_probs"}
+    assert len(four[-1][0]) == 7 and four[-1][0]["finish_reason"][0] == b"length"
+    assert [p for o, _, _ in four_logprobs for p in o["output_log_probs"].tolist()] == \
+        pytest.approx(run_requests([seeded(False, logprobs=True)])[0][0][0]["output_log_probs"])
+
+
+def test_the_servers_stream_interval_is_the_default_and_a_request_overrides_it():
+    default, own = run_requests([seeded(True), seeded(True, 1)],
+                                LlmSettings(sampling_mode="inline_kernels", stream_interval=16))
+    assert [len(o["output_ids"]) for o, _, _ in default] == [16, 7]
+    assert len(own) == 23 and joined(own) == joined(default)
+
+
+def test_a_stream_interval_below_one_is_refused():
+    [[(outputs, error, final)]] = run_requests([seeded(True, 0)])
+    assert outputs is None and final and isinstance(error, ValueError)
+    assert "stream_interval must be an integer >= 1, got 0" in str(error)
 
 
 def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):

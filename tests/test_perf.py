@@ -2,7 +2,6 @@
 export, the command line it runs, and its errors (the end-to-end run is
 `make perf`, which needs the perf_analyzer binary)."""
 import json
-from pathlib import Path
 
 import pytest
 

@@ -4,7 +4,6 @@ instance, and bad requests refused while good ones keep being served."""
 import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np

@@ -176,7 +176,10 @@ def test_decoder_streams_text_of_the_simulated_codec(codec):
                                                         max_tokens=12, ignore_end=True,
                                                         sampling=SamplingParams(seed=i)))
                        for i in range(3)]
-            return [[event async for event in handle] for handle in handles]
+            answers = []
+            for handle in handles:
+                answers.append([event async for event in handle])
+            return answers
         finally:
             await decoder.close()
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from simple_sampler.launch import startup
 from simple_sampler.serving import engines
 from simple_sampler.launch.install import TritonInstall
 from simple_sampler.launch.server import TritonServer, is_system_library_dir

@@ -26,7 +26,7 @@ from simple_sampler.serving import trtllm
 from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import build_engine
-from test_decoder import VOCAB, FakeTokenizer
+from fakes import VOCAB, FakeTokenizer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .params import GREEDY_TEMPERATURE, SamplingBatch
+from .params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch
 
 
 def _column(values, dtype, device: torch.device) -> torch.Tensor:
@@ -30,6 +30,62 @@ def _bin_counts(offsets: np.ndarray, ids: np.ndarray, batch: int, vocab: int,
     return counts
 
 
+def greedy_rows(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+    """bool [B]: rows decoded greedily (temperature compared in float32)."""
+    return _column(batch.temperature, np.float32, device) < GREEDY_TEMPERATURE
+
+
+def temperature_divisor(batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+    """float32 [B, 1]: each row's temperature, 1 for greedy rows (whose
+    logits are left as they are)."""
+    temperature = _column(batch.temperature, np.float32, device)
+    return torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)[:, None]
+
+
+def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < min_p[:, None] * top, -float("inf"))
+
+
+def _top_k(ascending: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    vocab = ascending.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
+    kth = ascending.gather(1, (vocab - k)[:, None])
+    return ascending.masked_fill(ascending < kth, -float("inf"))
+
+
+def _top_p(ascending: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    outside = cumulative <= (1 - top_p)[:, None]
+    outside[:, -1] = False
+    return ascending.masked_fill(outside, -float("inf"))
+
+
+#: The truncations of ``params.TRUNCATIONS`` in the order applied: those on
+#: the logits (skipped when no row has it on), then one ascending sort for
+#: those on sorted logits (vLLM's apply_top_k_top_p).
+ON_LOGITS = {"min_p": _min_p}
+ON_SORTED = {"top_k": _top_k, "top_p": _top_p}
+
+
+def _parameter(batch: SamplingBatch, name: str, device: torch.device) -> torch.Tensor:
+    """A parameter's column as torch computes with it: int64 or float32."""
+    dtype = np.int64 if np.dtype(PARAMS[name].dtype).kind == "i" else np.float32
+    return _column(getattr(batch, name), dtype, device)
+
+
+def truncate(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The logits with every token a truncation drops at -inf."""
+    for name, op in ON_LOGITS.items():
+        if not PARAMS[name].is_off(getattr(batch, name)).all():
+            logits = op(logits, _parameter(batch, name, logits.device))
+    ascending, order = logits.sort(dim=-1, descending=False)
+    for name, op in ON_SORTED.items():
+        ascending = op(ascending, _parameter(batch, name, logits.device))
+    return torch.empty_like(ascending).scatter_(1, order, ascending)
+
+
 def torch_sort_sample(logits: torch.Tensor, batch: SamplingBatch,
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """Token ids [B] for logits [B, V] (any float dtype; computed in float32)."""
@@ -44,30 +100,10 @@ def torch_sort_sample(logits: torch.Tensor, batch: SamplingBatch,
     logits = torch.where(seen, penalized, logits)
     logits -= _column(batch.frequency_penalty, np.float32, device)[:, None] * output
     logits -= _column(batch.presence_penalty, np.float32, device)[:, None] * (output > 0)
+    logits /= temperature_divisor(batch, device)
 
-    temperature = _column(batch.temperature, np.float32, device)
-    greedy = temperature < GREEDY_TEMPERATURE
-    logits /= torch.where(greedy, 1.0, temperature)[:, None]
-
-    min_p = _column(batch.min_p, np.float32, device)
-    if bool((min_p > 0).any()):
-        probs = logits.softmax(dim=-1)
-        top = probs.amax(dim=-1, keepdim=True)
-        logits = logits.masked_fill(probs < min_p[:, None] * top, -float("inf"))
-
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    top_k = _column(batch.top_k, np.int64, device)
-    k = torch.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
-    kth = sorted_logits.gather(1, (vocab - k)[:, None])
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, -float("inf"))
-    top_p = _column(batch.top_p, np.float32, device)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    outside = cumulative <= (1 - top_p)[:, None]
-    outside[:, -1] = False
-    sorted_logits = sorted_logits.masked_fill(outside, -float("inf"))
-    logits = torch.empty_like(sorted_logits).scatter_(1, order, sorted_logits)
-
+    logits = truncate(logits, batch)
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     sampled = probs.div_(noise).argmax(dim=-1)
-    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+    return torch.where(greedy_rows(batch, device), logits.argmax(dim=-1), sampled)

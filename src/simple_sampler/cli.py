@@ -141,6 +141,35 @@ def bench_serve_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_cost(args: argparse.Namespace) -> int:
+    from .bench import serve_cost
+
+    if args.quick:
+        configs = serve_cost.plan(paces=["instant"], batches=[16], intervals=[1, 4])
+        max_tokens = 32
+    else:
+        configs = serve_cost.plan(args.pace, args.batch, args.stream_interval, args.routes)
+        max_tokens = args.max_tokens
+    if not configs or min(c.stream_interval for c in configs) < 1:
+        print("simple-sampler bench serve-cost: nothing to run, or a stream interval < 1",
+              file=sys.stderr)
+        return 2
+    largest = max(c.stream_interval for c in configs)
+    if max_tokens < serve_cost.RESPONSES_PER_REQUEST * largest:
+        # tokens arrive k at a time: a window of a few responses per stream
+        # would count a burst more or less
+        print(f"simple-sampler bench serve-cost: --max-tokens must be at least "
+              f"{serve_cost.RESPONSES_PER_REQUEST} x the largest stream interval "
+              f"({serve_cost.RESPONSES_PER_REQUEST * largest}), got {max_tokens}",
+              file=sys.stderr)
+        return 2
+    report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
+                            micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
+                            profile_dir=args.profile)
+    print_report(args, report, serve_cost.format_report(report))
+    return 0
+
+
 def bench_serve_gpu(args: argparse.Namespace) -> int:
     from .bench import serve_gpu
 
@@ -258,6 +287,15 @@ def fill_template(args: argparse.Namespace) -> int:
     return 0
 
 
+def simulated_rows(parser: argparse.ArgumentParser) -> None:
+    """--vocab and --dtype of the simulated engine's rows (its settings' choices)."""
+    fields = {f.name: f for f in LlmSettings.settings_fields()}
+    parser.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
+                        choices=fields["sim_vocab"].metadata["choices"])
+    parser.add_argument("--dtype", default=LlmSettings.sim_dtype,
+                        choices=fields["sim_dtype"].metadata["choices"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simple-sampler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -306,7 +344,6 @@ def build_parser() -> argparse.ArgumentParser:
                              help="engine batch-invariant mode per server ('on off': its cost)")
     serve_bench.set_defaults(handler=bench_serve)
 
-    sim_settings = {f.name: f for f in LlmSettings.settings_fields()}
     sim_bench = targets.add_parser(
         "serve-sim", help="decode loop efficiency at GPU pace on a SIMULATED data plane "
                           "(docs/SIMULATED.md)")
@@ -314,10 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_bench.add_argument("--quick", action="store_true",
                            help="B 8 and 16 and a short window (seconds; for tests)")
     sim_bench.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
-    sim_bench.add_argument("--vocab", type=int, default=LlmSettings.sim_vocab,
-                           choices=sim_settings["sim_vocab"].metadata["choices"])
-    sim_bench.add_argument("--dtype", default=LlmSettings.sim_dtype,
-                           choices=sim_settings["sim_dtype"].metadata["choices"])
+    simulated_rows(sim_bench)
     sim_bench.add_argument("--step-ms", type=float, default=25.0,
                            help="simulated time of a forward over the whole batch")
     sim_bench.add_argument("--server", action="store_true",
@@ -364,6 +398,35 @@ def build_parser() -> argparse.ArgumentParser:
     rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],
                             choices=["bls", "arena", "hot-first"])
     rows_bench.set_defaults(handler=bench_row_transport)
+
+    cost_bench = targets.add_parser(
+        "serve-cost", help="server CPU per streamed token by process, beside Triton's floor "
+                           "model, on a SIMULATED data plane (docs/SERVED_COST.md)")
+    cost_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    cost_bench.add_argument("--quick", action="store_true",
+                            help="instant pace, B 16, k 1 and 4, 32 tokens (seconds; for tests)")
+    cost_bench.add_argument("--pace", nargs="+", default=["instant", "gpu"],
+                            choices=["instant", "gpu"],
+                            help="simulated step: instant (0 ms) or gpu (a + b * B, the "
+                                 "simulated engine's defaults)")
+    cost_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256],
+                            help="concurrent streams (B)")
+    cost_bench.add_argument("--stream-interval", type=int, nargs="+", default=[1, 4, 16],
+                            help="stream_interval of the ensemble's requests (llm direct: the "
+                                 "first)")
+    cost_bench.add_argument("--routes", nargs="+", default=["floor", "ensemble", "llm"],
+                            choices=["floor", "ensemble", "llm"],
+                            help="floor model, ensemble, llm called directly")
+    cost_bench.add_argument("--max-tokens", type=int, default=128,
+                            help="tokens per request (at least 8 x the largest stream interval)")
+    cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
+    cost_bench.add_argument("--micro-batches", type=int, default=2,
+                            help="the decode loop's lanes")
+    simulated_rows(cost_bench)
+    cost_bench.add_argument("--profile", metavar="DIR",
+                            help="run the llm stub's decode-loop thread under cProfile and "
+                                 "write DIR/llm-<pid>.prof when each server stops")
+    cost_bench.set_defaults(handler=bench_serve_cost)
 
     shvs = targets.add_parser("shvs", help="speculative hot-vocab sampling against the full path")
     shvs.add_argument("--quick", action="store_true", help="fewer repeats, a smaller profile run")

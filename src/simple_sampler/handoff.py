@@ -39,7 +39,7 @@ import torch
 
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
-from .params import SamplingBatch
+from .params import RULES, SamplingBatch
 from .sampling import SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors
 from .shvs.hot_vocab import HotVocab
 
@@ -201,6 +201,11 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     return HandoffOutput(**out.__dict__, outcome=outcome)
 
 
+#: What a NEED_COLD row's draw inside C turns off: penalties and truncation
+#: (it keeps its temperature).
+FALLBACK_NEUTRAL = tuple(p for p in RULES if p.kind != "scale")
+
+
 def fallback_batch(batch: SamplingBatch, first: HandoffOutput, rows: CompactRows,
                    hot_vocab: HotVocab) -> tuple[np.ndarray, SamplingBatch]:
     """The second request: (row indices, their SamplingBatch), to be sampled
@@ -235,12 +240,10 @@ def fallback_batch(batch: SamplingBatch, first: HandoffOutput, rows: CompactRows
                                 derived)
     seeds[picked] = derived
     second.seed = seeds
-    for name, neutral in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0),
-                          ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
-                          ("frequency_penalty", 0.0)):
-        column = np.asarray(getattr(second, name)).copy()
-        column[picked] = neutral
-        setattr(second, name, column)
+    for param in FALLBACK_NEUTRAL:
+        column = np.asarray(getattr(second, param.name)).copy()
+        column[picked] = param.neutral
+        setattr(second, param.name, column)
     # No bias inside C (it only touches ids handed over); the history stays
     # (unused: no penalty is on) for a sampler that wants one.
     keep = np.repeat(~cold, np.diff(second.bias_offsets))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -32,17 +32,69 @@ import numpy as np
 GREEDY_TEMPERATURE = 1e-5
 PENALTY_LIMIT = 2.0
 
-# (field, predicate over a numpy column, allowed range as the error states it)
-RULES = (
-    ("temperature", lambda v: np.isfinite(v) & (v >= 0), "a finite value >= 0"),
-    ("top_k", lambda v: v >= -1, ">= -1 (0 or -1 disables it)"),
-    ("top_p", lambda v: (v > 0) & (v <= 1), "in (0, 1]"),
-    ("min_p", lambda v: (v >= 0) & (v <= 1), "in [0, 1]"),
-    ("repetition_penalty", lambda v: np.isfinite(v) & (v > 0), "a finite value > 0"),
-    ("presence_penalty", lambda v: np.abs(v) <= PENALTY_LIMIT, "in [-2, 2]"),
-    ("frequency_penalty", lambda v: np.abs(v) <= PENALTY_LIMIT, "in [-2, 2]"),
-)
 
+
+class Param(NamedTuple):
+    """One per-row scalar sampling parameter: its ``SamplingBatch`` column
+    (dtype), the value that leaves the distribution unchanged (also the
+    ``SamplingParams`` default), the predicate a numpy column must pass and the
+    allowed range as an error states it, its kind and which values turn it off.
+
+    kind: ``scale`` (temperature: divides the logits), ``penalty`` (reads the
+    history) or ``truncation`` (drops tokens from the distribution). Everything
+    else is derived from this table: the checks, the batch columns
+    (``serving/batch_state``), the schema's tensors (``schema``), the
+    hot-first fallback's neutral values (``handoff``), the hot-set eligibility
+    (``shvs/hot_vocab.untruncated_rows``), the truncation of the inline path
+    and of the baselines; ``tests/test_params_table.py`` pins each.
+    """
+
+    name: str
+    dtype: type
+    neutral: float | int
+    rule: Callable[[np.ndarray], np.ndarray]
+    allowed: str
+    kind: str
+    #: rows where it changes nothing (None: the column equals ``neutral``)
+    off: Callable[[np.ndarray], np.ndarray] | None = None
+
+    @property
+    def truncates(self) -> bool:
+        return self.kind == "truncation"
+
+    def is_off(self, column) -> np.ndarray:
+        column = np.asarray(column)
+        return column == self.neutral if self.off is None else self.off(column)
+
+
+RULES = (
+    Param("temperature", np.float64, 1.0, lambda v: np.isfinite(v) & (v >= 0),
+          "a finite value >= 0", "scale"),
+    Param("top_k", np.int64, 0, lambda v: v >= -1, ">= -1 (0 or -1 disables it)", "truncation",
+          off=lambda v: v <= 0),
+    Param("top_p", np.float64, 1.0, lambda v: (v > 0) & (v <= 1), "in (0, 1]", "truncation"),
+    Param("min_p", np.float64, 0.0, lambda v: (v >= 0) & (v <= 1), "in [0, 1]", "truncation"),
+    Param("repetition_penalty", np.float64, 1.0, lambda v: np.isfinite(v) & (v > 0),
+          "a finite value > 0", "penalty"),
+    Param("presence_penalty", np.float64, 0.0, lambda v: np.abs(v) <= PENALTY_LIMIT,
+          "in [-2, 2]", "penalty"),
+    Param("frequency_penalty", np.float64, 0.0, lambda v: np.abs(v) <= PENALTY_LIMIT,
+          "in [-2, 2]", "penalty"),
+)
+PARAMS = {p.name: p for p in RULES}
+#: The truncations, in the order SIMPLE.md applies them (min_p, top_k, top_p).
+TRUNCATIONS = tuple(PARAMS[name] for name in ("min_p", "top_k", "top_p"))
+assert {p.name for p in TRUNCATIONS} == {p.name for p in RULES if p.truncates}, \
+    "a truncating parameter needs its place in TRUNCATIONS"
+
+
+def any_on(batch, kind: str) -> np.ndarray:
+    """bool [B]: rows of a ``SamplingBatch`` with a parameter of ``kind`` on."""
+    on = np.zeros(len(batch), bool)
+    for param in RULES:
+        if param.kind == kind:
+            on |= ~param.is_off(getattr(batch, param.name))
+    return on
 
 def first_violation(name: str, values: np.ndarray, ok: np.ndarray, allowed: str,
                     offsets: np.ndarray | None = None) -> str | None:
@@ -87,10 +139,10 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first field out of range."""
-        for name, rule, allowed in RULES:
-            value = float(getattr(self, name))
-            if not rule(np.float64(value)):
-                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        for param in RULES:
+            value = float(getattr(self, param.name))
+            if not param.rule(np.float64(value)):
+                raise ValueError(f"{param.name} must be {param.allowed}, got {value!r}")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64) or None, got {self.seed!r}")
         if self.min_tokens < 0:
@@ -184,15 +236,9 @@ class SamplingBatch:
         ban_offsets, ban_ids = ragged(bans)
         prompt_offsets, prompt_ids = ragged([h.prompt_ids for h in histories])
         output_offsets, output_ids = ragged([h.output_ids for h in histories])
-        column = lambda name, dtype: np.asarray([getattr(p, name) for p in params], dtype=dtype)
         return cls(
-            temperature=column("temperature", np.float64),
-            top_k=column("top_k", np.int64),
-            top_p=column("top_p", np.float64),
-            min_p=column("min_p", np.float64),
-            repetition_penalty=column("repetition_penalty", np.float64),
-            presence_penalty=column("presence_penalty", np.float64),
-            frequency_penalty=column("frequency_penalty", np.float64),
+            **{column.name: np.asarray([getattr(p, column.name) for p in params], column.dtype)
+               for column in RULES},
             seed=np.asarray([p.seed if p.seed is not None else secrets.randbits(64)
                              for p in params], dtype=np.uint64),
             step=np.asarray(steps, dtype=np.int64),
@@ -227,11 +273,12 @@ class SamplingBatch:
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError naming the row, the field and the allowed range."""
         batch = len(self)
-        for name, rule, allowed in RULES:
-            values = np.asarray(getattr(self, name))
+        for param in RULES:
+            values = np.asarray(getattr(self, param.name))
             if values.shape != (batch,):
-                raise ValueError(f"{name} must have shape [{batch}], got {list(values.shape)}")
-            message = first_violation(name, values, rule(values), allowed)
+                raise ValueError(f"{param.name} must have shape [{batch}], "
+                                 f"got {list(values.shape)}")
+            message = first_violation(param.name, values, param.rule(values), param.allowed)
             if message:
                 raise ValueError(message)
         step = np.asarray(self.step)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .params import GREEDY_TEMPERATURE, SamplingBatch
+from .params import GREEDY_TEMPERATURE, TRUNCATIONS, SamplingBatch
 
 
 def penalized_logits(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
@@ -53,6 +53,31 @@ def rank_order(z: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(z.size), -z))
 
 
+def _min_p(z: np.ndarray, keep: np.ndarray, min_p: float) -> np.ndarray:
+    return keep & ((z - z.max()) >= np.log(min_p))
+
+
+def _top_k(z: np.ndarray, keep: np.ndarray, k: int) -> np.ndarray:
+    if not 0 < k < z.size:
+        return keep
+    kth = np.sort(z[keep])[::-1][k - 1] if keep.sum() > k else -np.inf
+    return keep & (z >= kth)
+
+
+def _top_p(z: np.ndarray, keep: np.ndarray, top_p: float) -> np.ndarray:
+    weights = np.where(keep, np.exp(np.where(keep, z - z.max(), 0.0)), 0.0)
+    order = rank_order(np.where(keep, z, -np.inf))
+    ordered = weights[order]
+    before = np.concatenate(([0.0], np.cumsum(ordered)[:-1]))
+    nucleus = np.zeros_like(keep)
+    nucleus[order[before < top_p * ordered.sum()]] = True
+    return keep & nucleus
+
+
+#: Each truncation of ``params.TRUNCATIONS``: (z, kept so far, value) -> kept.
+TRUNCATE = {"min_p": _min_p, "top_k": _top_k, "top_p": _top_p}
+
+
 def probabilities(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
     """Exact probability of each token for row r (float64, sums to 1)."""
     z = scaled_logits(row, batch, r)
@@ -60,23 +85,10 @@ def probabilities(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
         probs = np.zeros(z.size)
         probs[int(np.argmax(z))] = 1.0
         return probs
-    top = z.max()
     keep = np.isfinite(z)
-    min_p = float(batch.min_p[r])
-    if min_p > 0:
-        keep &= (z - top) >= np.log(min_p)
-    k = int(batch.top_k[r])
-    if 0 < k < z.size:
-        kth = np.sort(z[keep])[::-1][k - 1] if keep.sum() > k else -np.inf
-        keep &= z >= kth
-    weights = np.where(keep, np.exp(np.where(keep, z - top, 0.0)), 0.0)
-    top_p = float(batch.top_p[r])
-    if top_p < 1:
-        order = rank_order(np.where(keep, z, -np.inf))
-        ordered = weights[order]
-        before = np.concatenate(([0.0], np.cumsum(ordered)[:-1]))
-        nucleus = before < top_p * ordered.sum()
-        trimmed = np.zeros_like(weights)
-        trimmed[order[nucleus]] = ordered[nucleus]
-        weights = trimmed
+    for param in TRUNCATIONS:
+        value = np.asarray(getattr(batch, param.name))[r]
+        if not param.is_off(value):
+            keep = TRUNCATE[param.name](z, keep, value.item())
+    weights = np.where(keep, np.exp(np.where(keep, z - z.max(), 0.0)), 0.0)
     return weights / weights.sum()

@@ -33,6 +33,7 @@ HEADINGS = {
     "perf": "perf_analyzer against the ensemble",
     "perf_export": "perf_analyzer profile exports",
     "serve_sim": "Decode loop at GPU pace (simulated data plane)",
+    "serve_cost": "Server CPU per streamed token, beside Triton's floor (simulated data plane)",
 }
 
 
@@ -81,14 +82,16 @@ def kind_of(data: object) -> str | None:
         return "perf_export"
     if data.get("kind") == "perf_analyzer":
         return "perf"
+    results = data.get("results")
+    first = results[0] if isinstance(results, list) and results else None
+    if isinstance(first, dict) and "cpu_us_per_token" in first:
+        return "serve_cost"
     if str(data.get("data_plane", "")).startswith(ENGINES["simulated"].label):
         return "serve_sim"
     if "in_process_rows_per_s" in data:
         return "sampler_server"
     if "hot_first" in data:
         return "shvs"
-    results = data.get("results")
-    first = results[0] if isinstance(results, list) and results else None
     if isinstance(first, dict) and "us_per_row" in first and "dtype" in first:
         return "kernels"
     if isinstance(first, dict) and "mode" in first and "sampling_share" in first:
@@ -146,7 +149,7 @@ def load_sources(paths: list[Path]) -> list[Source]:
         if kind is None:
             raise ReportError(
                 f"{path}: not a recognized benchmark JSON (expected the --json output of "
-                "`simple-sampler bench kernels|shvs|sampler-server|serve|serve-sim` or "
+                "`simple-sampler bench kernels|shvs|sampler-server|serve|serve-sim|serve-cost` or "
                 "`simple-sampler perf`, or a perf_analyzer profile export)")
         if kind == "perf_export":
             export_paths.append(path)
@@ -448,9 +451,64 @@ def serve_sim_section(source: Source, writer: FigureWriter) -> list[str]:
     return lines + writer.save(figure, "serve-sim-efficiency", title, source)
 
 
+#: serve-cost's processes, stacked in this order.
+COST_PARTS = (("tritonserver", "tritonserver"), ("llm", "llm stub"), ("floor", "floor stub"),
+              ("samplers", "sampler stubs"), ("preprocessing", "preprocessing stub"))
+
+
+def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
+    """`bench serve-cost`: per configuration, tokens/s against the bound and
+    server CPU per token by process, with its ratio to the floor model's;
+    a stacked bar per configuration (ours and the floor side by side)."""
+    report = source.data
+    results = report["results"]
+
+    def label(r):
+        a, b = r["step_ms"]
+        pace = "instant" if not (a or b) else f"{a:g}+{b:g}*B ms"
+        k = f", k={r['stream_interval']}" if r["route"] != "floor" else ""
+        return f"{r['route']}{k}, {pace}, B={r['batch']}"
+
+    lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
+             "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "
+             "(floor + tritonserver) at the same pace and B; llm decode loop = the llm stub's "
+             "decode-loop thread (its streaming part), over the whole level.", ""]
+    lines += table(["configuration", "tok/s", "bound tok/s", "efficiency",
+                    "bound with the micro-batches", "tokens/response",
+                    *(name for _, name in COST_PARTS), "llm decode loop", "server", "client",
+                    "vs floor",
+                    "server vs floor"],
+                   [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
+                     number(r["efficiency"], 2), number(r.get("lanes_bound_tokens_per_s"), 0),
+                     number(r["tokens_per_response"], 1),
+                     *(number(r["cpu_us_per_token"][key], 0) for key, _ in COST_PARTS),
+                     number(r.get("llm_loop_us_per_token"), 0),
+                     number(r["cpu_us_per_token"]["server"], 0),
+                     number(r["cpu_us_per_token"]["client"], 0),
+                     number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x")]
+                    for r in results])
+    many = len(results) > 8  # room for the rotated labels
+    figure, axes = writer.new(width=0.5 * len(results) + 2 if many else 7.0,
+                              height=6.5 if many else 4.2)
+    positions = range(len(results))
+    bottom = [0.0] * len(results)
+    for key, name in COST_PARTS:
+        values = [r["cpu_us_per_token"][key] for r in results]
+        axes.bar(positions, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    axes.set_xticks(list(positions), [label(r) for r in results], rotation=60, ha="right",
+                    fontsize=7)
+    axes.set_ylabel("server CPU per token received (us)")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7, ncol=len(COST_PARTS), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    title = "Server CPU per streamed token by process, ours and the floor model (SIMULATED data plane)"
+    return lines + writer.save(figure, "serve-cost-cpu-per-token", title, source)
+
+
 SECTIONS = {"kernels": kernels_section, "shvs": shvs_section,
             "sampler_server": sampler_server_section, "serve": serve_section,
-            "perf": perf_section, "perf_export": perf_section, "serve_sim": serve_sim_section}
+            "perf": perf_section, "perf_export": perf_section, "serve_sim": serve_sim_section,
+            "serve_cost": serve_cost_section}
 
 
 def build(paths: list[Path | str], output_dir: Path | str = DEFAULT_OUTPUT_DIR) -> Path:

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _sampling
 from ._sampling import Dtype, RowError
-from .params import GREEDY_TEMPERATURE, History, SamplingBatch, SamplingParams
+from .params import GREEDY_TEMPERATURE, RULES, History, SamplingBatch, SamplingParams
 from .shvs.hot_vocab import HotVocab
 
 #: Most top-n logprobs a call may ask for (vLLM's default max_logprobs).
@@ -158,6 +158,40 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
     return out
 
 
+def _greedy(temperature: np.ndarray, vocab: int) -> np.ndarray:
+    return temperature < GREEDY_TEMPERATURE
+
+
+def _inverse_temperature(temperature: np.ndarray, vocab: int) -> np.ndarray:
+    greedy = _greedy(temperature, vocab)
+    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature))
+
+
+def _top_k(top_k: np.ndarray, vocab: int) -> np.ndarray:
+    return np.where((top_k <= 0) | (top_k >= vocab), 0, top_k)
+
+
+#: How the kernels read a parameter of ``params.RULES`` when not as its column:
+#: its fields of the C struct ``RowScalars`` (cython_kernels/row_scalars.pxd),
+#: each (name, dtype, conversion from the batch column and V, None: as it is).
+_KERNEL_CONVERSIONS = {
+    "temperature": (("inverse_temperature", np.float32, _inverse_temperature),
+                    ("greedy", np.uint8, _greedy)),
+    "top_k": (("top_k", np.int64, _top_k),),
+    "repetition_penalty": (("repetition_penalty", np.float32, None),),
+    "presence_penalty": (("presence_penalty", np.float32, None),),
+    "frequency_penalty": (("frequency_penalty", np.float32, None),),
+}
+#: Every parameter's fields; the others are their column as it is.
+KERNEL_FIELDS = {p.name: _KERNEL_CONVERSIONS.get(p.name, ((p.name, p.dtype, None),))
+                 for p in RULES}
+#: One row's kernel scalars: the table's parameters in its order, then the
+#: draw's key; aligned as C lays out ``RowScalars``.
+ROW_SCALARS = np.dtype([(name, dtype) for param in RULES
+                        for name, dtype, _ in KERNEL_FIELDS[param.name]]
+                       + [("seed", np.uint64), ("step", np.uint64)], align=True)
+
+
 def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
                   num_threads: int | None, validated: bool = False) -> tuple[dict, int]:
     """(the KernelBatch row-parameter fields, thread count) for a batch of
@@ -171,24 +205,19 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
     threads = default_num_threads() if num_threads is None else num_threads
     if threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {threads}")
-    temperature = np.asarray(batch.temperature, dtype=np.float64)
-    greedy = temperature < GREEDY_TEMPERATURE
-    inverse_temperature = np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature))
-    top_k = np.asarray(batch.top_k, dtype=np.int64)
-    top_k = np.where((top_k <= 0) | (top_k >= vocab), 0, top_k)
+    scalars = np.empty(len(batch), ROW_SCALARS)
+    for param in RULES:
+        column = np.asarray(getattr(batch, param.name), param.dtype)
+        for name, _, convert in KERNEL_FIELDS[param.name]:
+            scalars[name] = column if convert is None else convert(column, vocab)
+    scalars["seed"] = batch.seed
+    scalars["step"] = batch.step
     as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
     as_offsets = lambda a: np.ascontiguousarray(a, dtype=np.int64)
-    as_f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32)
     params = dict(
-        inverse_temperature=as_f32(inverse_temperature), greedy=greedy.astype(np.uint8),
-        top_k=top_k, top_p=np.ascontiguousarray(batch.top_p, np.float64),
-        min_p=np.ascontiguousarray(batch.min_p, np.float64),
-        repetition=as_f32(batch.repetition_penalty), presence=as_f32(batch.presence_penalty),
-        frequency=as_f32(batch.frequency_penalty),
-        seed=np.ascontiguousarray(batch.seed, np.uint64),
-        step=np.ascontiguousarray(batch.step, np.uint64),
+        scalars=scalars,
         bias_offsets=as_offsets(batch.bias_offsets), bias_ids=as_ids(batch.bias_ids),
-        bias_values=as_f32(batch.bias_values),
+        bias_values=np.ascontiguousarray(batch.bias_values, np.float32),
         ban_offsets=as_offsets(batch.ban_offsets), ban_ids=as_ids(batch.ban_ids),
         prompt_offsets=as_offsets(batch.prompt_offsets), prompt_ids=as_ids(batch.prompt_ids),
         output_offsets=as_offsets(batch.output_offsets), output_ids=as_ids(batch.output_ids),

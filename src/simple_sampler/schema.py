@@ -27,7 +27,9 @@ from .settings import LOGITS_ITEMSIZE, LlmSettings
 #: Triton data type (as its protocols name it) -> numpy dtype.
 NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
          "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
-_ALLOWED = {name: allowed for name, _, allowed in RULES}
+_ALLOWED = {param.name: param.allowed for param in RULES}
+#: A parameter's Triton type by its numpy kind (the wire carries 32 bits).
+_TRITON_DTYPE = {"i": "INT32", "f": "FP32"}
 _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
 
 
@@ -111,12 +113,12 @@ def _scalar(name, dtype, default=None, allowed="", param=""):
 
 
 def _sampling(top_k: str, top_p: str, temperature_allowed: str = ""):
-    """The SamplingParams both interfaces carry, top_k and top_p named as
-    TensorRT-LLM names them there."""
-    return (_scalar("temperature", "FP32", param="temperature", allowed=temperature_allowed),
-            _scalar(top_k, "INT32", param="top_k"), _scalar(top_p, "FP32", param="top_p"),
-            *(_scalar(name, "FP32", param=name) for name in
-              ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")))
+    """The SamplingParams both interfaces carry (one tensor per ``params.RULES``
+    entry), top_k and top_p named as TensorRT-LLM names them there."""
+    names = {"top_k": top_k, "top_p": top_p}
+    allowed = {"temperature": temperature_allowed}
+    return tuple(_scalar(names.get(p.name, p.name), _TRITON_DTYPE[np.dtype(p.dtype).kind],
+                         param=p.name, allowed=allowed.get(p.name, "")) for p in RULES)
 
 
 #: What a client may send the ensemble (and preprocessing, which takes them
@@ -129,6 +131,9 @@ GENERATE_INPUTS = (
             f"[1, context - 1]; prompt + max_tokens <= context (max_context, "
             f"{LlmSettings.max_context})"),
     _scalar("stream", "BOOL", False, "false: one response at the end"),
+    _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
+            ">= 1: a stream sends a response every k tokens with all of them, and always "
+            "the last (TensorRT-LLM's name)"),
     *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy"),
     _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",

@@ -261,6 +261,10 @@ class LlmSettings(Settings):
     sampler_shards: int = setting(
         2, "concurrent sampler requests per micro-batch (serve: --instances unless given)",
         minimum=1)
+    stream_interval: int = setting(
+        1, "a stream's tokens per response unless its request sets stream_interval (the "
+        "last response may hold fewer): fewer responses cost the server less per token",
+        minimum=1)
     sampler_model: str = setting("simple_sampler", "the sampler model called through BLS",
                                  flag=None)
     sampler_endpoints: str = setting(

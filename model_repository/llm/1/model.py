@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +26,8 @@ log = logging.getLogger("simple_sampler.llm")
 #: The sampler's per-row outputs: the token, its logprob when a row asked, and for
 #: compact rows the handoff outcome.
 SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
+#: How often the counters and the in-flight gauge are sent while tokens stream.
+REPORT_INTERVAL_S = 0.5
 
 
 def bls_input(name, value):
@@ -105,6 +108,7 @@ class TritonPythonModel:
         self.in_flight = family.Metric(labels=labels)
         self.reported = {name: 0 for name in self.metrics}
         self.report_lock = threading.Lock()
+        self.next_report = 0.0
 
     def execute(self, requests):
         for request in requests:
@@ -114,7 +118,7 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             self.service.submit(inputs, self._sender(request.get_response_sender()),
-                                request.is_cancelled, on_done=self._report_stats)
+                                request.is_cancelled, on_done=self._request_done)
         return None
 
     def _sender(self, response_sender):
@@ -124,14 +128,25 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(error), error_code(error)))
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(name, np.expand_dims(value, 0)) for name, value in outputs.items()])
+                    pb_utils.Tensor(name, value[None]) for name, value in outputs.items()])
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             response_sender.send(response, flags=flags)  # raises if the client has gone
-            self._report_stats()
+            if time.monotonic() >= self.next_report:
+                self._report_stats()
         return send
 
+    def _request_done(self):
+        # B requests often end in the same step: one report for them, unless
+        # the last one ended (the drain waits for the in-flight gauge's 0).
+        if self.service.decoder.num_in_flight == 0 or time.monotonic() >= self.next_report:
+            self._report_stats()
+
     def _report_stats(self):
+        """Every metric update is a message to the server process: done at
+        most every REPORT_INTERVAL_S while requests stream, and when the
+        last request in flight ends."""
         with self.report_lock:
+            self.next_report = time.monotonic() + REPORT_INTERVAL_S
             self._report_stats_locked()
 
     def _report_stats_locked(self):

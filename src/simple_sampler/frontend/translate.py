@@ -70,7 +70,7 @@ def _integer(name: str, value: int, input_name: str, low: int, high: int) -> int
 def _sampling_params(request: Sampling, served: Served) -> dict:
     """The sampling fields given, checked by params.RULES, as generate inputs."""
     params = {}
-    for name, rule, allowed in RULES:
+    for name, rule, allowed in ((p.name, p.rule, p.allowed) for p in RULES):
         value = getattr(request, name)
         if value is None:
             continue

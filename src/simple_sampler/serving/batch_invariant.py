@@ -101,8 +101,9 @@ class InvariantForward:
         hidden = self.model.model.embed_tokens(ids)
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
+            tiles = map(layer.input_layernorm, self._tiles(hidden))
             q, k, v = (torch.cat(parts) for parts in zip(*(
-                (attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)) for h in map(layer.input_layernorm, self._tiles(hidden)))))
+                (attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)) for h in tiles)))
             q = self._rope(q.view(-1, self.heads, self.head_dim), cos, sin)
             k = self._rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
             v = v.view(-1, self.kv_heads, self.head_dim)

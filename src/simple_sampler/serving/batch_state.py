@@ -22,19 +22,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..params import SamplingBatch, SamplingParams
+from ..params import RULES, SamplingBatch, SamplingParams
 
-#: (column, dtype, value of a free slot) for the per-row scalars.
-SCALAR_COLUMNS = (
-    ("temperature", np.float64, 1.0),
-    ("top_k", np.int64, 0),
-    ("top_p", np.float64, 1.0),
-    ("min_p", np.float64, 0.0),
-    ("repetition_penalty", np.float64, 1.0),
-    ("presence_penalty", np.float64, 0.0),
-    ("frequency_penalty", np.float64, 0.0),
-    ("min_tokens", np.int64, 0),
-)
+#: (column, dtype, value of a free slot) for the per-row scalars: the
+#: parameters' table, and min_tokens (turned into bans when a batch is built).
+SCALAR_COLUMNS = (*((p.name, p.dtype, p.neutral) for p in RULES), ("min_tokens", np.int64, 0))
 NO_IDS = np.zeros(0, np.int32)
 NO_IDS.flags.writeable = False  # shared by every empty list handed out
 

@@ -14,7 +14,7 @@ import torch
 
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first, run_now, \
     sample_compact
-from ..params import GREEDY_TEMPERATURE, SamplingBatch
+from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
 from ..sampling import sample
 from ..shvs.hot_vocab import HotVocab
 
@@ -26,9 +26,7 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     exactly the columns the kernels build overrides for."""
     vocab = hot_vocab.vocab_size
     size = len(batch)
-    penalized = ((np.asarray(batch.repetition_penalty) != 1.0)
-                 | (np.asarray(batch.presence_penalty) != 0.0)
-                 | (np.asarray(batch.frequency_penalty) != 0.0))
+    penalized = any_on(batch, "penalty")
     keys = []
     for name, rows_on in (("bias", None), ("ban", None), ("prompt", penalized),
                           ("output", penalized)):

@@ -34,8 +34,8 @@ import hashlib
 import numpy as np
 import torch
 
-from ..baselines import torch_sort_sample
-from ..params import GREEDY_TEMPERATURE, SamplingBatch, SamplingParams
+from ..baselines import temperature_divisor, torch_sort_sample
+from ..params import GREEDY_TEMPERATURE, TRUNCATIONS, SamplingBatch, SamplingParams
 
 
 def _flat_keys(offsets: np.ndarray, ids: np.ndarray, vocab: int,
@@ -71,8 +71,7 @@ def scaled_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     generated, counts = torch.unique(output, return_counts=True)
     flat[generated] -= (_per_row(batch.frequency_penalty, generated, vocab) * counts
                         + _per_row(batch.presence_penalty, generated, vocab))
-    temperature = torch.from_numpy(np.asarray(batch.temperature, np.float32)).to(device)
-    return z / torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature)[:, None]
+    return z / temperature_divisor(batch, device)
 
 
 def row_generator(seed: int, step: int, device: torch.device = torch.device("cpu")
@@ -94,8 +93,8 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray
     for row in np.flatnonzero(np.asarray(batch.temperature) >= GREEDY_TEMPERATURE):
         # z is already penalized and scaled: only truncation and the draw remain.
         truncation = SamplingBatch.from_params([SamplingParams(
-            temperature=1.0, top_k=int(batch.top_k[row]), top_p=float(batch.top_p[row]),
-            min_p=float(batch.min_p[row]), seed=0)])
+            temperature=1.0, seed=0,
+            **{p.name: np.asarray(getattr(batch, p.name))[row].item() for p in TRUNCATIONS})])
         generator = row_generator(int(batch.seed[row]), int(batch.step[row]), z.device)
         tokens[row] = torch_sort_sample(z[row:row + 1], truncation, generator)[0]
     logprobs = z.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..params import GREEDY_TEMPERATURE
+from ..params import GREEDY_TEMPERATURE, any_on
 
 #: Columns per kernel block (SS_BLOCK in scalar_math.h).
 BLOCK = 64
@@ -285,8 +285,6 @@ class HotVocabMonitor:
 
 def untruncated_rows(batch) -> np.ndarray:
     """bool [B]: the rows of a ``SamplingBatch`` drawn from the whole
-    distribution (not greedy, top_p 1, no min_p, top_k 0 or -1), whose SHVS
+    distribution (not greedy, every truncation of ``params.RULES`` off), whose SHVS
     acceptance is the hot set's share of the mass (what the monitor counts)."""
-    return ((np.asarray(batch.temperature) >= GREEDY_TEMPERATURE)
-            & (np.asarray(batch.top_p) >= 1.0) & (np.asarray(batch.min_p) <= 0.0)
-            & (np.asarray(batch.top_k) <= 0))
+    return (np.asarray(batch.temperature) >= GREEDY_TEMPERATURE) & ~any_on(batch, "truncation")

@@ -5,9 +5,11 @@ Every input has batch dimension 1 (one prompt per request, as TensorRT-LLM's
 streaming ensemble requires): scalars are [1, 1], word lists [1, N]. The
 tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
-(this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs (0 unless
-asked); num_input_tokens, num_output_tokens; finish_reason ("" until the
-last response, then "stop", "length" or "cancelled").
+(this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs
+(0 unless asked); num_input_tokens, num_output_tokens; finish_reason ("stop",
+"length" or "cancelled"). A stream's responses before its last carry only
+text_output and output_ids (and the two logprob outputs when asked), every
+``stream_interval`` tokens (``encode_event``).
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ class DecodedRequest:
     request: GenerationRequest
     stream: bool
     exclude_input_in_output: bool
+    #: tokens per streamed response; None: the server's (LlmSettings.stream_interval)
+    stream_interval: int | None = None
 
 
 def _single(name: str, array) -> object:
@@ -128,7 +132,12 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
     )
-    return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"])
+    interval = None
+    if "stream_interval" in present:
+        interval = _single("stream_interval", present["stream_interval"])
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
+    return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval)
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
@@ -145,22 +154,29 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
                         else False)
 
 
-def encode_event(event: GenerationEvent, prefix: str = "") -> dict[str, np.ndarray]:
-    """The output tensors of one response (see the module table)."""
-    return {
-        "text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
-        "output_ids": np.asarray(event.token_ids, dtype=np.int32),
+def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
+                 logprobs: bool = True) -> dict[str, np.ndarray]:
+    """The output tensors of one response (see the module table). A stream's
+    responses before its last (``full`` False) carry only text_output and
+    output_ids, plus output_log_probs and cum_log_probs when the request
+    asked for logprobs (``logprobs``): every output is one more tensor for
+    this process, Triton, the ensemble and gRPC to build and copy per token.
+    The last response (and a non-streamed answer) carries all seven."""
+    outputs = {"text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
+               "output_ids": np.array(event.token_ids, dtype=np.int32)}
+    if full or logprobs:
         # 0.0 per token when not asked, as cum_log_probs: an empty tensor
         # here made perf_analyzer 2.50 write garbage into its JSON export.
-        "output_log_probs": np.asarray(event.logprobs or [0.0] * len(event.token_ids),
-                                       dtype=np.float32),
+        outputs["output_log_probs"] = np.array(
+            event.logprobs or [0.0] * len(event.token_ids), dtype=np.float32)
         # 0 when not asked, as TensorRT-LLM does (NaN is not valid JSON).
-        "cum_log_probs": np.array([0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob],
-                                  dtype=np.float32),
-        "num_input_tokens": np.array([event.num_input_tokens], dtype=np.int32),
-        "num_output_tokens": np.array([event.num_output_tokens], dtype=np.int32),
-        "finish_reason": np.array([(event.finish_reason or "").encode()], dtype=object),
-    }
+        outputs["cum_log_probs"] = np.array(
+            [0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob], dtype=np.float32)
+    if full:
+        outputs["num_input_tokens"] = np.array([event.num_input_tokens], dtype=np.int32)
+        outputs["num_output_tokens"] = np.array([event.num_output_tokens], dtype=np.int32)
+        outputs["finish_reason"] = np.array([(event.finish_reason or "").encode()], dtype=object)
+    return outputs
 
 
 def merge_events(events: list[GenerationEvent]) -> GenerationEvent:

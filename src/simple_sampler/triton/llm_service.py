@@ -18,6 +18,7 @@ next micro-batch; a shard that fails is sent again elsewhere.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -26,10 +27,9 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import numpy as np
 
 from ..handoff import DEFAULT_COLD_TOP
 from ..schema import SHUTTING_DOWN
@@ -39,7 +39,7 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
-from .generate_io import decode_generate, encode_event, merge_events
+from .generate_io import DecodedRequest, decode_generate, encode_event, merge_events
 from .hot_first_sampler import HotFirstSampler
 from .sampler_pool import SamplerCall, build_arena, build_pool
 
@@ -56,11 +56,34 @@ class Unavailable(RuntimeError):
 #: any other error: generation failed, INTERNAL).
 Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
+#: The most requests asked whether they were cancelled per poll.
+CANCEL_CHECKS_PER_POLL = 16
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
 #: How long close() waits for the decode loop to stop (Triton's exit
 #: timeout, launch/server.py, is 8 s for every model's unload).
 CLOSE_TIMEOUT_S = 4.0
+
+
+#: A directory: the decode-loop thread runs under cProfile and writes
+#: llm-<pid>.prof there when the service closes (`bench serve-cost --profile`).
+PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE_DIR"
+
+
+def profiled(run: Callable[[], None], path: str) -> None:
+    """run() under cProfile (this thread only), its statistics written to
+    `path`. Timed in the thread's CPU time, not wall time: what the stub
+    spends, not how long a send waited for the server."""
+    import cProfile
+
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    try:
+        run()
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+        log.info("decode-loop profile written to %s", path)
 
 
 def build_engine(settings: LlmSettings):
@@ -84,13 +107,21 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
 
 @dataclass(eq=False)
 class _Delivery:
-    """A request whose events are being sent; ``delivering`` is False once
+    """A request whose events are being sent. ``delivering`` is False once
     its client cancelled or went away (its events are then dropped until
-    the decoder's final one)."""
+    the decoder's final one). ``held`` are the events not sent yet: a
+    stream's last ones until ``interval`` tokens are due, a non-streamed
+    request's all until its end."""
 
     handle: RequestHandle
+    decoded: DecodedRequest
+    send: Send
     is_cancelled: Callable[[], bool]
+    interval: int
+    finished: asyncio.Future
     delivering: bool = True
+    held: list[GenerationEvent] = field(default_factory=list)
+    held_tokens: int = 0
 
     def stop(self) -> None:
         if self.delivering:
@@ -122,11 +153,13 @@ class LlmService:
                                settings.micro_batches)
         self.draining = False
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="decode-loop",
-                                       daemon=True)
+        profile_dir = os.environ.get(PROFILE_ENV)
+        run = self.loop.run_forever if not profile_dir else functools.partial(
+            profiled, self.loop.run_forever, os.path.join(profile_dir, f"llm-{os.getpid()}.prof"))
+        self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
-        self.deliveries: set[_Delivery] = set()
+        self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -216,9 +249,17 @@ class LlmService:
             log.exception("request failed before it reached the decoder")
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
+        delivery = _Delivery(handle, decoded, send, is_cancelled,
+                             decoded.stream_interval or self.settings.stream_interval,
+                             self.loop.create_future())
+        self.deliveries[delivery] = None
         try:
-            await self._deliver(decoded, handle, send, is_cancelled)
+            # The decode loop hands each event to _on_event as it makes it:
+            # a step's responses go out in its one pass over the rows.
+            handle.listen(functools.partial(self._on_event, delivery))
+            await delivery.finished
         finally:
+            self.deliveries.pop(delivery, None)
             on_done()
 
     @staticmethod
@@ -228,31 +269,42 @@ class LlmService:
         finally:
             on_done()
 
-    async def _deliver(self, decoded, handle, send: Send, is_cancelled) -> None:
-        """Send the request's events until its final one; whether its client
-        cancelled is asked by ``_watch_cancellations``."""
-        events: list[GenerationEvent] = []
-        delivery = _Delivery(handle, is_cancelled)
-        self.deliveries.add(delivery)
-        try:
-            async for event in handle:
-                if delivery.delivering:
-                    try:
-                        self._send_event(decoded, event, events, send)
-                    except Exception:  # nobody to answer: stop generating for them
-                        delivery.stop()
-        finally:
-            self.deliveries.discard(delivery)
+    def _on_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
+        """On the decode loop, for every event of the request; never raises
+        (it runs inside the loop's pass over a step's rows)."""
+        if delivery.delivering:
+            try:
+                self._send_event(delivery, event)
+            except Exception:  # nobody to answer: stop generating for them
+                log.debug("sending a response failed: the request is cancelled", exc_info=True)
+                delivery.stop()
+        if event.final:
+            # Never ask Triton about a request after its final response: its
+            # response factory is gone (Triton 2.51 crashes in
+            # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
+            # may come after the next cancellation pass.
+            delivery.delivering = False
+            self.deliveries.pop(delivery, None)
+            if not delivery.finished.done():
+                delivery.finished.set_result(None)
 
     async def _watch_cancellations(self) -> None:
-        """Every CANCEL_POLL_S, ask Triton whether each request still being
-        delivered was cancelled by its client, and cancel those. One pass for
-        all requests: a timeout around each event's wait would cost a task
-        and a timer per token per request, and asking Triton costs a round
-        trip to the server process, so it is not asked per token either."""
+        """Every CANCEL_POLL_S, ask Triton whether requests still being
+        delivered were cancelled by their clients, and cancel those. Asking
+        costs a round trip to the server process (both processes' CPU), so
+        at most CANCEL_CHECKS_PER_POLL requests are asked per pass, in turn:
+        with many requests in flight each is asked less often, but the cost
+        per second stays bounded. Not asked per token either: a timeout
+        around each event would cost a task and a timer per token."""
+        turn = 0
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            for delivery in [d for d in self.deliveries if d.delivering]:
+            live = [d for d in self.deliveries if d.delivering]
+            if len(live) > CANCEL_CHECKS_PER_POLL:
+                turn %= len(live)
+                live = (live[turn:] + live[:turn])[:CANCEL_CHECKS_PER_POLL]
+                turn += CANCEL_CHECKS_PER_POLL
+            for delivery in live:
                 try:
                     cancelled = delivery.is_cancelled()
                 except Exception:  # noqa: BLE001 - the request is gone on Triton's side
@@ -262,17 +314,33 @@ class LlmService:
                 if cancelled:
                     delivery.stop()
 
-    def _send_event(self, decoded, event: GenerationEvent, events: list, send: Send) -> None:
+    def _send_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
+        """One response per `interval` tokens of a stream (and always the
+        last), or one at the end; an error ends the request at once."""
+        decoded, send = delivery.decoded, delivery.send
         if event.error:
+            if decoded.stream and delivery.held:  # the tokens made before it
+                self._flush(delivery, final=False)
             send(None, (Unavailable if event.retryable else RuntimeError)(event.error), True)
-        elif decoded.stream:
-            send(encode_event(event), None, event.final)
-        else:
-            events.append(event)
-            if event.final:
-                prefix = "" if decoded.exclude_input_in_output else \
-                    self.codec.decode(self._prompt_ids(decoded))
-                send(encode_event(merge_events(events), prefix), None, True)
+            return
+        if decoded.stream and delivery.interval == 1:
+            send(encode_event(event, full=event.final,
+                              logprobs=decoded.request.return_log_probs), None, event.final)
+            return
+        delivery.held.append(event)
+        delivery.held_tokens += len(event.token_ids)
+        if event.final or (decoded.stream and delivery.held_tokens >= delivery.interval):
+            self._flush(delivery, event.final)
+
+    def _flush(self, delivery: _Delivery, final: bool) -> None:
+        """Send the held events as one response."""
+        decoded = delivery.decoded
+        prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
+            self.codec.decode(self._prompt_ids(decoded))
+        event = merge_events(delivery.held) if len(delivery.held) > 1 else delivery.held[0]
+        delivery.held, delivery.held_tokens = [], 0
+        delivery.send(encode_event(event, prefix, full=final or not decoded.stream,
+                                   logprobs=decoded.request.return_log_probs), None, final)
 
     def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request

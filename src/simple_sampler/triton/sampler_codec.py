@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from ..handoff import CompactRows, host_array, sample_compact
-from ..params import RULES, SamplingBatch, first_violation
+from ..params import PARAMS, RULES, SamplingBatch, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
 from ..schema import HANDOFF_INPUTS, SAMPLER, InvalidRequest
 
@@ -35,16 +35,16 @@ PADDING = -1
 
 #: tensor name -> (SamplingBatch column, default value), for the parameters RULES checks
 SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
-                 if t.param in {field for field, _, _ in RULES}}
+                 if t.param in PARAMS}
 #: The compact form of the rows (module docstring), instead of logits.
 COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
                        and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
 _KNOWN_INPUTS = frozenset(INPUT_NAMES)
-#: (tensor name, SamplingBatch column, rule, allowed) for every RULES column
-_RULE_INPUTS = tuple((name, field, rule, allowed) for field, rule, allowed in RULES
-                     for name, (column, _) in SCALAR_INPUTS.items() if column == field)
+#: (tensor name, its RULES entry) for every checked column
+_RULE_INPUTS = tuple((name, param) for param in RULES
+                     for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
 
 
 @dataclass
@@ -153,10 +153,10 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
 
     columns = {}
     for name, (field, default) in SCALAR_INPUTS.items():
-        dtype = np.int64 if field == "top_k" else np.float64
-        columns[field] = _scalar(inputs, name, rows, default, dtype)
-    for name, field, rule, allowed in _RULE_INPUTS:
-        message = first_violation(name, columns[field], rule(columns[field]), allowed)
+        columns[field] = _scalar(inputs, name, rows, default, PARAMS[field].dtype)
+    for name, param in _RULE_INPUTS:
+        message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
+                                  param.allowed)
         if message:
             raise InvalidRequest(message)
 

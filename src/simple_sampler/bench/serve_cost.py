@@ -1,0 +1,398 @@
+"""`simple-sampler bench serve-cost`: what streaming a token through Triton
+costs the server's CPU, by process, beside Triton's own floor, on a
+SIMULATED data plane (``serving.simulated``; every output says so).
+
+Per pace (the simulated engine's step time a + b * B ms: ``instant``, 0 ms,
+or ``gpu``, 9 + 0.04 * B, docs/SIMULATED.md) one real server runs the whole
+repository (ensemble, preprocessing, llm with the decode loop, the
+``simple_sampler`` instances) plus the **floor model** (``bench/floor``: a
+decoupled Python model that does no work and streams one INT32 token per
+request per step at the same pace; it lives in the bench, not in
+model_repository/). Per configuration (pace, B, route, stream_interval) B
+requests of ``max_tokens`` tokens each run at once, driven by ONE asyncio
+client in this process (``tritonclient.grpc.aio``, one gRPC stream per
+request, every token counted from ``output_ids``). Routes: ``ensemble`` (the
+user-facing model), ``llm`` (the llm model called directly with
+``text_input``: no ensemble hop, no preprocessing) and ``floor``.
+
+Measured over a window inside each level (from the first eighth of its
+tokens to the last eighth, so ramp-up and tail are left out):
+
+* ``tokens_per_s``: tokens the client received over the window's wall time;
+* ``bound_tokens_per_s``: the data plane's own bound, B / (a + b * B) (one
+  forward over the B sequences per token; None for the instant pace), and
+  ``efficiency`` = tokens_per_s / bound; ``lanes_bound_tokens_per_s``: B /
+  (m * a + b * B), what the simulated engine allows with m micro-batches
+  (each lane's forward pays a);
+* ``cpu_us_per_token``: CPU time (utime + stime from /proc/<pid>/stat) of
+  every process of the server over the window, per token received: the
+  ``tritonserver`` process itself and each stub, named by its model
+  (``llm``, ``preprocessing``, ``floor``, ``simple_sampler`` instances
+  summed as ``samplers`` and listed one by one), plus this process
+  (``client``);
+* ``llm_loop_us_per_token``: the llm model's decode-loop CPU time
+  (``DecoderStats.loop_s``, exported as ``simple_llm_loop_us_total``: the
+  loop's own work, delivering the tokens and sending their responses) per
+  token, over the whole level: the part of the llm stub's CPU that
+  streaming costs; the rest of that stub's is mostly the sampler calls'
+  (BLS, the logits copied into shared memory) and the data-plane thread;
+* ratios to the floor at the same pace and B: ``vs_floor`` = (llm stub +
+  tritonserver) / (floor stub + tritonserver), and the same for the whole
+  server.
+
+With ``profile_dir`` the llm stub runs its decode-loop thread (where every
+token is turned into a response and sent) under cProfile and writes
+``llm-<pid>.prof`` there when the server stops (``llm_service``,
+``PROFILE_ENV``).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ..serving.simulated import LABEL
+from ..triton.llm_service import PROFILE_ENV
+from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+
+#: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
+PACES = {"instant": (0.0, 0.0),
+         "gpu": (LlmSettings.sim_step_a_ms, LlmSettings.sim_step_b_ms)}
+ROUTES = ("floor", "ensemble", "llm")
+PROMPT = "Tell me a story."
+FLOOR_MODEL = "floor"
+STARTUP_TIMEOUT_S = 900.0
+#: The fewest responses per request the window may see: tokens arrive k at a
+#: time, so max_tokens must be at least this many times the largest k.
+RESPONSES_PER_REQUEST = 8
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Config:
+    pace: str
+    batch: int
+    route: str
+    stream_interval: int = 1
+
+    @property
+    def step_ms(self) -> tuple[float, float]:
+        return PACES[self.pace]
+
+    def bound(self, micro_batches: int = 1) -> float | None:
+        """B / (a + b * B) tokens/s: one forward per token of every sequence.
+        With m micro-batches the simulated engine runs m forwards per pass,
+        each paying a: then B / (m * a + b * B) is all it allows."""
+        a, b = self.step_ms
+        step_ms = micro_batches * a + b * self.batch
+        return self.batch / (step_ms / 1e3) if step_ms else None
+
+
+def plan(paces=("instant", "gpu"), batches=(64, 256), intervals=(1, 4, 16),
+         routes=ROUTES) -> list[Config]:
+    """Per pace and B: the floor, the ensemble at each stream_interval, llm
+    directly at the first (the ensemble hop's cost)."""
+    configs = []
+    for pace in paces:
+        for batch in batches:
+            if "floor" in routes:
+                configs.append(Config(pace, batch, "floor"))
+            if "ensemble" in routes:
+                configs += [Config(pace, batch, "ensemble", k) for k in intervals]
+            if "llm" in routes:
+                configs.append(Config(pace, batch, "llm", intervals[0]))
+    return configs
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of one process (all its threads), seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def server_processes(server_pid: int) -> dict[str, int]:
+    """Name -> pid of the server and each stub (by model and instance)."""
+    from ..launch.supervisor import list_stubs
+
+    processes = {"tritonserver": server_pid}
+    for stub in list_stubs(server_pid):
+        name = stub.model if stub.model != "simple_sampler" else stub.instance
+        processes[name] = stub.pid
+    return processes
+
+
+class Meter:
+    """CPU seconds of the named processes, read at two marks."""
+
+    def __init__(self, processes: dict[str, int]):
+        self.processes = {**processes, "client": os.getpid()}
+        self.marks: list[tuple[float, int, dict[str, float]]] = []
+
+    def mark(self, tokens: int) -> None:
+        """Now, with `tokens` received so far."""
+        self.marks.append((time.perf_counter(), tokens,
+                           {name: process_cpu_s(pid) for name, pid in self.processes.items()}))
+
+    def window(self) -> tuple[float, int, dict[str, float]]:
+        """Seconds, tokens and CPU seconds per process between the first and last marks."""
+        (t0, tokens0, cpu0), (t1, tokens1, cpu1) = self.marks[0], self.marks[-1]
+        return t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0}
+
+
+def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int):
+    import tritonclient.grpc.aio as grpcclient
+
+    if route == "floor":
+        arrays = {"max_tokens": np.array([[max_tokens]], np.int32)}
+    else:
+        arrays = {"text_input": np.array([[PROMPT.encode()]], object),
+                  "max_tokens": np.array([[max_tokens]], np.int32),
+                  "min_length": np.array([[max_tokens]], np.int32),  # no early end
+                  "stream": np.array([[True]]),
+                  "random_seed": np.array([[seed]], np.uint64)}
+        if stream_interval != 1:
+            arrays["stream_interval"] = np.array([[stream_interval]], np.int32)
+    inputs = []
+    for name, value in arrays.items():
+        tensor = grpcclient.InferInput(name, list(value.shape),
+                                       "BYTES" if value.dtype == object else
+                                       {np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL",
+                                        np.dtype(np.uint64): "UINT64"}[value.dtype])
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) -> dict:
+    """B concurrent streams of max_tokens tokens; marks `meter` at the window's ends."""
+    import tritonclient.grpc.aio as grpcclient
+
+    model = FLOOR_MODEL if config.route == "floor" else config.route
+    total = config.batch * max_tokens
+    start_at, end_at = total // 8, total - total // 8
+    delivered, responses_in_window = 0, 0
+    client = grpcclient.InferenceServerClient(url)
+
+    async def one(index: int) -> None:
+        nonlocal delivered, responses_in_window
+        request = {"model_name": model, "request_id": uuid.uuid4().hex,
+                   "inputs": request_inputs(config.route, max_tokens, config.stream_interval,
+                                            index)}
+
+        async def requests():
+            yield request
+
+        stream = client.stream_infer(requests())
+        received = 0
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    raise RuntimeError(f"{model} request {index}: {error}")
+                tokens = result.as_numpy("output_ids")
+                count = 0 if tokens is None else tokens.size
+                before, received, delivered = delivered, received + count, delivered + count
+                if meter is not None:
+                    if before < start_at <= delivered or before < end_at <= delivered:
+                        meter.mark(delivered)
+                    if start_at <= before < end_at:
+                        responses_in_window += 1
+                if received >= max_tokens:
+                    return
+            raise RuntimeError(f"{model} request {index}: the stream ended after {received} "
+                               f"of {max_tokens} tokens")
+        finally:
+            stream.cancel()
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(config.batch)))
+    finally:
+        await client.close()
+    if meter is None:
+        return {}
+    seconds, tokens, cpu = meter.window()
+    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens,
+            "tokens_per_response": tokens / max(1, responses_in_window)}
+
+
+def loop_us(server) -> float:
+    """The llm model's ``simple_llm_loop_us_total`` once nothing is in flight
+    (the model reports its counters when its last request ends)."""
+    deadline = time.monotonic() + 10
+    while server.in_flight() > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    return sum(float(v) for v in re.findall(r"^simple_llm_loop_us_total\{[^}]*\} (\S+)", text,
+                                            re.M))
+
+
+def figures(config: Config, measured: dict, micro_batches: int) -> dict:
+    tokens, cpu = measured["tokens"], measured["cpu_s"]
+    per_token = {name: 1e6 * seconds / tokens for name, seconds in cpu.items()}
+    samplers = sorted(name for name in per_token if name.startswith("simple_sampler"))
+    server = {name: us for name, us in per_token.items() if name != "client"}
+    bound = config.bound()
+    tokens_per_s = tokens / measured["seconds"]
+    return {"pace": config.pace, "step_ms": list(config.step_ms), "batch": config.batch,
+            "route": config.route, "stream_interval": config.stream_interval,
+            "tokens_per_s": tokens_per_s, "bound_tokens_per_s": bound,
+            "efficiency": tokens_per_s / bound if bound else None,
+            "lanes_bound_tokens_per_s": config.bound(micro_batches),
+            "tokens_per_response": measured["tokens_per_response"],
+            "cpu_us_per_token": {
+                "tritonserver": per_token["tritonserver"],
+                "llm": per_token.get("llm", 0.0),
+                "floor": per_token.get("floor", 0.0),
+                "preprocessing": per_token.get("preprocessing", 0.0),
+                "samplers": sum(per_token[name] for name in samplers),
+                "server": sum(server.values()),
+                "client": per_token["client"]},
+            "sampler_us_per_token": {name: per_token[name] for name in samplers}}
+
+
+def add_ratios(results: list[dict]) -> None:
+    """Each row's cost over the floor's at the same pace and B."""
+    floors = {(r["pace"], r["batch"]): r for r in results if r["route"] == "floor"}
+    for row in results:
+        floor = floors.get((row["pace"], row["batch"]))
+        cpu = row["cpu_us_per_token"]
+        if floor is None:
+            row["vs_floor"] = row["server_vs_floor"] = None
+            continue
+        base = floor["cpu_us_per_token"]
+        row["vs_floor"] = (cpu["llm"] + cpu["floor"] + cpu["tritonserver"]) / \
+            (base["floor"] + base["tritonserver"])
+        row["server_vs_floor"] = cpu["server"] / base["server"]
+
+
+def build_repository(destination: Path, pace: str, batch: int, instances: int,
+                     micro_batches: int, vocab: int, dtype: str) -> Path:
+    from ..launch.serve import assemble_repository
+    from ..launch.templates import fill_file
+
+    a, b = PACES[pace]
+    sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
+                              logits_dtype=SIMULATED_DTYPES[dtype])
+    llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
+                      sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
+                      engine_max_batch_size=batch, generate_max_batch_size=batch,
+                      max_context=512)
+    assemble_repository(destination, sampler, llm)
+    floor = destination / FLOOR_MODEL
+    source = resources.files("simple_sampler.bench").joinpath("floor")
+    (floor / "1").mkdir(parents=True)
+    shutil.copyfile(str(source.joinpath("model.py")), floor / "1" / "model.py")
+    shutil.copyfile(str(source.joinpath("config.pbtxt")), floor / "config.pbtxt")
+    fill_file(floor / "config.pbtxt", {"max_batch_size": batch, "step_a_ms": a, "step_b_ms": b})
+    return destination
+
+
+def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
+        micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
+        profile_dir: str | None = None) -> dict:
+    """Every configuration of `configs` (default :func:`plan`), one server per pace."""
+    from ..launch.serve import shared_memory_bytes
+    from ..launch.server import TritonServer
+
+    configs = configs or plan()
+    results = []
+    for pace in dict.fromkeys(c.pace for c in configs):
+        mine = [c for c in configs if c.pace == pace]
+        largest = max(c.batch for c in mine)
+        repository = build_repository(
+            Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
+            instances, micro_batches, vocab, dtype)
+        sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=largest,
+                                  logits_dtype=SIMULATED_DTYPES[dtype])
+        previous = os.environ.get(PROFILE_ENV)
+        if profile_dir:
+            Path(profile_dir).mkdir(parents=True, exist_ok=True)
+            os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
+        try:
+            server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
+                                  log_path=repository.parent / f"{repository.name}.log")
+            # The simulated engine's first start computes SmolLM2's rows (then cached).
+            server.start(STARTUP_TIMEOUT_S)
+            try:
+                processes = server_processes(server.process.pid)
+                for config in mine:
+                    # warm up the route: first steps, first BLS calls, first responses
+                    asyncio.run(drive(server.grpc_url, Config(pace, 2, config.route), 4, None))
+                    loop_before = loop_us(server)
+                    meter = Meter(processes)
+                    measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
+                    row = figures(config, measured, micro_batches)
+                    row["llm_loop_us_per_token"] = (loop_us(server) - loop_before) / (
+                        config.batch * max_tokens)
+                    results.append(row)
+            finally:
+                server.stop()
+        finally:
+            if profile_dir:
+                os.environ.pop(PROFILE_ENV) if previous is None else \
+                    os.environ.__setitem__(PROFILE_ENV, previous)
+            shutil.rmtree(repository, ignore_errors=True)
+    add_ratios(results)
+    return {"results": results, "data_plane": data_plane(instances, micro_batches),
+            "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
+                         "micro_batches": micro_batches, "max_tokens": max_tokens,
+                         "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
+                                   "stream per request",
+                         "params": "temperature 1, no truncation, seeded, min_length = "
+                                   "max_tokens",
+                         "window": "from the first eighth of the level's tokens to the last",
+                         "profile_dir": profile_dir}}
+
+
+def data_plane(instances: int, micro_batches: int) -> str:
+    return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
+            f"synthetic) inside a real Triton server: ensemble, preprocessing, llm "
+            f"({micro_batches} micro-batches) and {instances} simple_sampler instances; "
+            f"beside it the floor model (bench/floor: no work, one INT32 token per request "
+            f"per step)")
+
+
+def pace_label(row: dict) -> str:
+    a, b = row["step_ms"]
+    return "instant" if not (a or b) else f"{a:g}+{b:g}*B ms"
+
+
+def format_report(report: dict) -> str:
+    def cell(value, spec):
+        return f"{'-':>{len(format(0, spec))}}" if value is None else format(value, spec)
+
+    lines = [f"data plane: {report['data_plane']}",
+             f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
+             f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
+             f"{'lanes':>7} "
+             f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
+             f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9}"]
+    for r in report["results"]:
+        cpu = r["cpu_us_per_token"]
+        lines.append(
+            f"{pace_label(r):<15} {r['batch']:>4} {r['route']:<9} {r['stream_interval']:>3} "
+            f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
+            f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
+            f"{r['tokens_per_response']:>7.1f} "
+            f"{cpu['server']:>7.0f} {cpu['tritonserver']:>7.0f} {cpu['llm']:>6.0f} "
+            f"{cell(r.get('llm_loop_us_per_token'), '5.0f')} "
+            f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
+            f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
+            f"{cell(r['server_vs_floor'], '9.2f')}")
+    lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
+                 "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
+                 "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
+                 "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
+                 "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
+                 "same pace and B; server/fl = whole server over the floor's")
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""`bench serve-cost`: its plan and ratios without a server, and one quick run
+through a real server with the floor model beside the project's models."""
+import json
+
+import pytest
+
+from simple_sampler.bench import serve_cost
+from simple_sampler.cli import main
+from simple_sampler.serving.simulated import LABEL
+
+
+def test_the_plan_puts_the_floor_beside_every_pace_and_batch():
+    configs = serve_cost.plan(paces=["instant", "gpu"], batches=[64], intervals=[1, 4])
+    assert [(c.pace, c.route, c.stream_interval) for c in configs] == [
+        ("instant", "floor", 1), ("instant", "ensemble", 1), ("instant", "ensemble", 4),
+        ("instant", "llm", 1), ("gpu", "floor", 1), ("gpu", "ensemble", 1),
+        ("gpu", "ensemble", 4), ("gpu", "llm", 1)]
+    assert configs[0].bound() is None
+    # 9 + 0.04 * 64 ms per step: 64 tokens per 11.56 ms
+    assert configs[4].bound() == pytest.approx(64 / 11.56e-3)
+
+
+def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
+    def row(route, triton, llm=0.0, floor=0.0, batch=8):
+        cpu = {"tritonserver": triton, "llm": llm, "floor": floor, "preprocessing": 0.0,
+               "samplers": 0.0, "client": 5.0}
+        cpu["server"] = triton + llm + floor
+        return {"pace": "instant", "batch": batch, "route": route, "cpu_us_per_token": cpu}
+
+    rows = [row("floor", 70, floor=30), row("ensemble", 150, llm=150), row("llm", 100, llm=50, batch=16)]
+    serve_cost.add_ratios(rows)
+    assert rows[0]["vs_floor"] == 1.0 and rows[1]["vs_floor"] == 3.0
+    assert rows[2]["vs_floor"] is None  # no floor at B = 16
+
+
+def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
+    assert main(["bench", "serve-cost", "--stream-interval", "0"]) == 2
+    assert "stream interval < 1" in capsys.readouterr().err
+    assert main(["bench", "serve-cost", "--stream-interval", "16", "--max-tokens", "64"]) == 2
+    assert "--max-tokens must be at least 8 x the largest stream interval (128), got 64" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts a server with the simulated engine: 20-60 s
+def test_serve_cost_quick_through_a_real_server(capsys):
+    assert main(["bench", "serve-cost", "--quick", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["data_plane"].startswith(LABEL) and "floor model" in report["data_plane"]
+    rows = {(r["route"], r["stream_interval"]): r for r in report["results"]}
+    assert set(rows) == {("floor", 1), ("ensemble", 1), ("ensemble", 4), ("llm", 1)}
+    floor, one, four = rows[("floor", 1)], rows[("ensemble", 1)], rows[("ensemble", 4)]
+    # each process is charged to its own route (/proc counts in 10 ms ticks: a
+    # quick window of the floor may show 0 for its stub)
+    assert floor["cpu_us_per_token"]["server"] > 0
+    assert floor["cpu_us_per_token"]["llm"] < one["cpu_us_per_token"]["llm"]
+    assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
+    assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
+    assert one["tokens_per_response"] == pytest.approx(1.0)
+    assert 3.0 <= four["tokens_per_response"] <= 4.0
+    assert floor["vs_floor"] == pytest.approx(1.0) and one["vs_floor"] > 0
