@@ -21,6 +21,7 @@ def test_bench_row_transport_quick_json(capsys):
         assert (r["vocab"], r["dtype"], r["batch"]) == (128_256, "float32", 8)
         assert r["samplers_us_per_token"] > 0 and r["llm_us_per_token"] > 0
         assert r["kernel_us_per_row"] > 0 and r["compact_kernel_us_per_row"] > 0
+        assert abs(r["codec_us_per_row"]) < r["kernel_us_per_row"]  # ours, beside the kernel
         assert r["vs_kernel"] == pytest.approx(r["samplers_us_per_token"] / r["kernel_us_per_row"])
     row_bytes = 128_256 * 4
     assert rows["bls"]["bytes_per_row"] == rows["arena"]["bytes_per_row"] == row_bytes

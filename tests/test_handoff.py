@@ -319,9 +319,10 @@ def test_bad_input_names_the_field(zipf_row):
         sample_hot_first(zipf_row[None], banned, hot)
 
 
-def _local_pool(hot, capacity=2):
+def _local_pool(hot, capacity=2, requests=None):
     """A SamplerPool whose targets run the sampler model's code in-process
-    (decode_request + sample_request), with the model's hot set."""
+    (decode_request + sample_request), with the model's hot set; `requests`
+    (a list) gets each request's (compact or full, rows)."""
     from simple_sampler.row_arena import RowReader
     from simple_sampler.triton.sampler_codec import decode_request, sample_request
     from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
@@ -329,6 +330,9 @@ def _local_pool(hot, capacity=2):
     reader = RowReader()  # the fallback's full rows come from the service's arena
 
     def call(inputs):
+        if requests is not None:
+            requests.append(("compact" if "hot_logits" in inputs else "full",
+                             len(inputs["random_seed"])))
         return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
@@ -389,11 +393,15 @@ def test_hot_first_sampler_through_a_pool():
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
     assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
     for capacity in (1, 3):
-        sampler = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16)
+        requests = []
+        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16)
         tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
+        assert [rows for kind, rows in requests if kind == "full"] == [len(undecided)], \
+            "the undecided rows go in one request, whatever the pool's capacity"
+        assert sum(1 for kind, _ in requests if kind == "compact") == capacity
 
 
 def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):

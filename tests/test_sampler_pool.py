@@ -57,6 +57,15 @@ def test_rows_are_shared_by_capacity_and_give_the_kernels_tokens():
     assert pool.rows_sent == {"a": 3, "b": 9}
 
 
+def test_most_shards_caps_the_requests_on_the_largest_targets():
+    small, big = Sampler(), Sampler()
+    pool = SamplerPool([SamplerTarget("small", small, 1), SamplerTarget("big", big, 3)])
+    assert [(t.name, a, b) for t, a, b in pool.shards(12, most=1)] == [("big", 0, 12)]
+    assert [(t.name, a, b) for t, a, b in pool.shards(12, most=2)] == [("big", 0, 6),
+                                                                       ("big", 6, 12)]
+    assert len(pool.shards(12)) == 4
+
+
 def test_a_failing_target_hands_its_rows_to_another_and_is_probed_back():
     broken, healthy, retries = Sampler(failing=True), Sampler(), []
     pool = SamplerPool([SamplerTarget("broken", broken, 2), SamplerTarget("healthy", healthy, 2)],

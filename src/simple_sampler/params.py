@@ -293,6 +293,12 @@ class SamplingBatch:
                 raise ValueError(f"{name}_offsets must be {batch + 1} non-decreasing offsets "
                                  f"from 0 to len({name}_ids)={ids.size}")
             check_token_ids(f"{name}_ids", ids, offsets, vocab_size)
+        self.validate_bias(vocab_size)
+
+    def validate_bias(self, vocab_size: int) -> None:
+        """The part of ``validate`` that a decoder which built the offsets
+        and range-checked every id itself still needs (sampler_codec): bias
+        values finite or -inf, no id twice in a row's bias."""
         bias = np.asarray(self.bias_values, dtype=np.float64)
         if bias.size == 0:
             return

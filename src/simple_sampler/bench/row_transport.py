@@ -28,7 +28,11 @@ hot-first) and its ``bytes_share`` of a full row; ``copies_per_row``
 the same run on the same rows (the engine's bank) and parameters, one
 thread, CPU clock: ``kernel_us_per_row`` (``sampling.sample``, the
 ``bench kernels`` path) and, for hot-first, ``compact_kernel_us_per_row``
-(``handoff.sample_compact``). ``vs_kernel`` = samplers_us_per_token /
+(``handoff.sample_compact``), and ``codec_us_per_row``: what the stub's own
+Python adds per row to the kernel (``decode_request`` + ``sample_request``
+over arena references, one request per instance, minus the kernel on
+the same mapped rows), the
+part of ``vs_kernel`` that is ours; the rest is the python backend's. ``vs_kernel`` = samplers_us_per_token /
 kernel_us_per_row.
 
 ``sampler_cpu_per_token`` is the measurement for one configuration, to be
@@ -42,6 +46,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 
 from ..params import SamplingBatch, SamplingParams
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
@@ -129,10 +134,41 @@ def _batch(size: int) -> SamplingBatch:
     return SamplingBatch.from_params([SamplingParams(seed=row) for row in range(size)])
 
 
-def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10) -> dict:
+def _stub_requests(rows, params: SamplingBatch, instances: int):
+    """A function doing what the sampler instances' ``execute`` does in
+    Python for one step of `rows` over the arena (``decode_request``,
+    ``sample_request``, the slot check), one request per instance as the
+    pool shards them, and one that runs just the kernel (``sample``) on the
+    same mapped rows; the caller closes the returned arena."""
+    from ..row_arena import RowArena, RowReader
+    from ..sampling import logits_array, sample
+    from ..triton.sampler_codec import batch_arrays, decode_request, sample_request
+
+    host = logits_array(rows)
+    arena = RowArena(1, host.nbytes)
+    lease, reader = arena.lease(host), RowReader()
+    arrays = {**batch_arrays(params), "return_log_probs": np.zeros((len(params), 1), bool)}
+    bounds = np.linspace(0, len(params), instances + 1).astype(int)
+    requests = [{**{k: v[a:b] for k, v in arrays.items()}, "logits_ref": lease.refs(a, b)}
+                for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def step():
+        for inputs in requests:
+            request = decode_request(inputs, host.shape[1], None, reader)
+            sample_request(request, 1)
+            reader.check(request.logits_ref)
+
+    mapped = reader.rows(lease.refs())
+    return step, lambda: sample(mapped, params, return_logprobs=False, num_threads=1), arena
+
+
+def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
+                 instances: int = INSTANCES) -> dict:
     """us/row of the kernels on the simulated bank's first B rows, one
-    thread, CPU clock: full rows (``sample``) and compact rows
-    (``sample_compact`` on the engine's summary), the server load's
+    thread, CPU clock: full rows (``sample``), compact rows
+    (``sample_compact`` on the engine's summary), and the sampler stub's
+    Python work for full rows from the arena in `instances` requests
+    (``_stub_requests``: the kernel plus our decoding), the server load's
     parameters; and the compact rows' bytes per row."""
     from ..handoff import DEFAULT_COLD_TOP, sample_compact
     from ..serving.hot_first import touched_lists
@@ -151,11 +187,17 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10) -> dict:
     offsets, ids = touched_lists(params, hot)
     compact = engine.hot_first_summary(rows, hot_ids, offsets, ids, params.temperature,
                                        DEFAULT_COLD_TOP)
-    costs = time_interleaved({
-        "full": lambda: sample(rows, params, return_logprobs=False, num_threads=1),
-        "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
-                                          num_threads=1)}, batch, repeats, clock="cpu")
+    stub, mapped_kernel, arena = _stub_requests(rows, params, instances)
+    try:
+        costs = time_interleaved({
+            "full": lambda: sample(rows, params, return_logprobs=False, num_threads=1),
+            "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
+                                              num_threads=1),
+            "stub": stub, "mapped": mapped_kernel}, batch, repeats, clock="cpu")
+    finally:
+        arena.close()
     return {"kernel_us_per_row": costs["full"], "compact_kernel_us_per_row": costs["compact"],
+            "codec_us_per_row": costs["stub"] - costs["mapped"],
             "row_bytes": vocab * rows.element_size(),
             "compact_bytes_per_row": compact.nbytes() / batch,
             "hot_set": len(hot_ids)}
@@ -166,7 +208,7 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
     results = []
     for vocab, dtype in shapes:
         for batch in batches:
-            kernels = kernel_costs(vocab, dtype, batch)
+            kernels = kernel_costs(vocab, dtype, batch, instances=instances)
             for transport in transports:
                 served = sampler_cpu_per_token(transport, vocab, dtype, batch, instances,
                                                max_tokens)
@@ -182,6 +224,7 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
                     "bytes_share": moved / kernels["row_bytes"], "copies_per_row": copies,
                     "kernel_us_per_row": kernels["kernel_us_per_row"],
                     "compact_kernel_us_per_row": kernels["compact_kernel_us_per_row"],
+                    "codec_us_per_row": kernels["codec_us_per_row"],
                     "vs_kernel": served["samplers_us_per_token"] / kernels["kernel_us_per_row"],
                     "hot_set": kernels["hot_set"]})
     return {"results": results,
@@ -199,19 +242,22 @@ def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
              f"requests: {report['settings']['params']}",
              f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
-             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'vs kern':>7} {'rows/tok':>8} "
+             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'vs kern':>7} {'rows/tok':>8} "
              f"{'bytes/row':>9} {'share':>6} {'copies':>6} {'tok/s':>7}"]
     for r in report["results"]:
         lines.append(
             f"{r['transport']:<10} {r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} "
             f"{r['samplers_us_per_token']:>7.1f}us {r['llm_us_per_token']:>6.1f}us "
             f"{r['tritonserver_us_per_token']:>6.1f}us {r['kernel_us_per_row']:>5.1f}us "
-            f"{r['compact_kernel_us_per_row']:>5.1f}us {r['vs_kernel']:>6.2f}x "
+            f"{r['compact_kernel_us_per_row']:>5.1f}us {r['codec_us_per_row']:>5.1f}us "
+            f"{r['vs_kernel']:>6.2f}x "
             f"{r['rows_per_token']:>8.3f} {r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
             f"{r['copies_per_row']:>6.2f} {r['tokens_per_s']:>7.0f}")
     lines.append("CPU us per received token by process (samplers: the simple_sampler stubs "
                  "together); kernel / compact: us/row of sample / sample_compact on the same "
-                 "rows, one thread, CPU clock; vs kern = samplers / kernel; bytes/row: row data "
-                 "the sampler reads per token (hot-first: compact arrays + fallback rows); "
+                 "rows, one thread, CPU clock; codec: what the stub's decoding adds to the "
+                 "kernel per row (in process, full rows from the arena, one request per "
+                 "instance); vs kern = samplers / kernel; bytes/row: row data the sampler "
+                 "reads per token (hot-first: compact arrays + fallback rows); "
                  "copies: full-row copies on the way (docs/COPIES.md)")
     return "\n".join(lines)

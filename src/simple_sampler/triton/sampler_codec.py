@@ -41,6 +41,10 @@ COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
                        and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
+_KNOWN_INPUTS = frozenset(INPUT_NAMES)
+#: (tensor name, its RULES entry) for every checked column
+_RULE_INPUTS = tuple((name, param) for param in RULES
+                     for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
 
 
 @dataclass
@@ -81,9 +85,12 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     """CSR (offsets, ids) of a -1 padded [B, L] input; validates every id."""
     if inputs.get(name) is None:
         return np.zeros(rows + 1, np.int64), np.zeros(0, np.int64)
-    padded = _rows_of(name, inputs[name], rows, width=None).astype(np.int64)
-    valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
-    if not valid.all():
+    padded = _rows_of(name, inputs[name], rows, width=None)
+    if padded.dtype.kind not in "iu":
+        padded = padded.astype(np.int64)
+    # PADDING is the only negative value allowed: two reductions decide it
+    if padded.size and (padded.min() < PADDING or padded.max() >= vocab):
+        valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
         row, column = np.argwhere(~valid)[0]
         raise InvalidRequest(f"row {row}: {name} must be token ids in [0, {vocab}) or "
                            f"{PADDING} (padding), got {padded[row, column]}")
@@ -113,7 +120,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         through, in place (None: logits_ref is refused).
     Raises InvalidRequest naming the input, the row and the allowed range.
     """
-    unknown = sorted(set(inputs) - set(INPUT_NAMES))
+    unknown = sorted(inputs.keys() - _KNOWN_INPUTS)
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
                              f"{', '.join(INPUT_NAMES)}")
@@ -147,8 +154,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     columns = {}
     for name, (field, default) in SCALAR_INPUTS.items():
         columns[field] = _scalar(inputs, name, rows, default, PARAMS[field].dtype)
-    for param in RULES:
-        name = next(n for n, (f, _) in SCALAR_INPUTS.items() if f == param.name)
+    for name, param in _RULE_INPUTS:
         message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
                                   param.allowed)
         if message:
@@ -187,8 +193,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         prompt_offsets=lists["prompt_ids"][0], prompt_ids=lists["prompt_ids"][1],
         output_offsets=generated_offsets, output_ids=lists["generated_ids"][1],
     )
-    try:
-        batch.validate(vocab)
+    try:  # the scalars, steps and ids were checked above, the offsets built here
+        batch.validate_bias(vocab)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
     return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),

@@ -140,7 +140,8 @@ class SamplerPool:
         if not self.targets:
             raise ValueError("a sampler pool needs at least one target")
 
-    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch,
+                       most_shards: int | None = None):
         # bfloat16 rows stay bfloat16 (ml_dtypes): no cast, no copy.
         rows = logits_array(logits)
         lease = None
@@ -148,25 +149,26 @@ class SamplerPool:
             # A copy into a slot is B x V bytes of memcpy: off the event loop.
             lease = self.arena.reference(rows) or await asyncio.to_thread(self.arena.lease, rows)
         try:
-            outputs = await self.send({"logits": rows}, batch, lease)
+            outputs = await self.send({"logits": rows}, batch, lease, most_shards)
         finally:
             if lease is not None:
                 lease.release()
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
-                   lease=None) -> dict[str, np.ndarray]:
+                   lease=None, most_shards: int | None = None) -> dict[str, np.ndarray]:
         """The rows (``logits``, or the compact inputs: arrays of len(batch)
         rows) with `batch`'s parameters, sharded over the targets; returns
         each output concatenated, [B] (output_log_probs NaN where not asked).
         lease: the logits' place in the arena (``row_arena.RowLease``), for
         the targets that share memory; every shard has answered or failed
-        when this returns or raises."""
+        when this returns or raises. most_shards: at most that many requests
+        (``shards``)."""
         arrays = {**rows, **batch_arrays(batch)}
         wanted = batch.want_logprobs
         arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
                                       else np.asarray(wanted, bool))[:, None]
-        shards = self.shards(len(batch))
+        shards = self.shards(len(batch), most_shards)
         # return_exceptions: no shard may still read the arena's slot once
         # this returns (the caller gives it back).
         parts = await asyncio.gather(*(
@@ -182,13 +184,18 @@ class SamplerPool:
         return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
                 if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
 
-    def shards(self, rows: int) -> list[tuple[SamplerTarget, int, int]]:
+    def shards(self, rows: int, most: int | None = None) -> list[tuple[SamplerTarget, int, int]]:
         """(target, first row, end row) for every shard of `rows` rows: the
         targets that are up share them in proportion to their capacity (all
-        of them, if none is up), one shard per instance."""
+        of them, if none is up), one shard per instance, at most `most`
+        shards (the largest targets first): a few rows are not worth the
+        fixed cost of one request per instance."""
         now = time.monotonic()
         targets = [t for t in self.targets if t.is_up(now)] or self.targets
-        slots = [t for t in targets for _ in range(t.capacity)][:max(rows, 1)]
+        if most is not None:
+            targets = sorted(targets, key=lambda t: -t.capacity)
+        limit = rows if most is None else min(rows, most)
+        slots = [t for t in targets for _ in range(t.capacity)][:max(limit, 1)]
         bounds = np.linspace(0, rows, len(slots) + 1).astype(int)
         return [(target, int(a), int(b)) for target, a, b in zip(slots, bounds[:-1], bounds[1:])
                 if b > a]
