@@ -2,67 +2,22 @@
 
 :class:`SimulatedEngine` implements the engine protocol of ``engine`` (add,
 step, append, release, length) for the regime the decision plane is built
-for, which this project's CPU data plane cannot reach: a GPU computes a
-decode step of an 8B model in 10-40 ms for B = 64-256 sequences at
-V = 128,256 (Llama 3) or 151,936 (Qwen), and the host's CPU cores are idle
-meanwhile.
+for: a GPU decode step of 10-40 ms with the host's CPU cores idle.
 
-Step time. ``step(seq_ids)`` takes t(B) = a + b * B milliseconds, B =
-``len(seq_ids)``, and spends it *sleeping* (``time.sleep``, which releases
-the GIL and uses no core), as a host thread waiting on a GPU would. Defaults:
+* ``step(seq_ids)`` *sleeps* (releasing the GIL) t(B) = a + b * B ms,
+  B = ``len(seq_ids)`` (``LlmSettings.sim_step_a_ms``, ``sim_step_b_ms``),
+  and returns logits ``[B, V]`` (float32 or bfloat16) from a bank of
+  :func:`simple_sampler.rows.synthetic_hot_rows`; the rows change from step
+  to step and differ across a step's sequences.
+* The returned tensor is a *view* of the shared bank (no B x V gather, as a
+  device-to-host DMA costs no core): callers must not write into it.
+* :class:`SimulatedCodec` is the model's tokenizer for the ids it knows and
+  writes any other id ``i`` as `` t<i>``; used only with this engine.
+* Everything it produces is labelled "simulated data plane"
+  (:attr:`SimulatedEngine.label`).
 
-* a = 9.0 ms (``LlmSettings.sim_step_a_ms``): the decode latency of
-  Llama-3-8B (bfloat16) on one H100 at batch 1 measured with SGLang's
-  ``bench_latency`` ("Decode. median latency: 0.00910 s",
-  https://gist.github.com/jerryzh168/caa3f3a87f403091b238f85f7b22c20e): the
-  cost of reading the 16 GB of weights once per step.
-* b = 0.04 ms per sequence (``LlmSettings.sim_step_b_ms``): NOT a published
-  measurement but a derivation: decode is bound by memory bandwidth, and
-  each sequence adds its key/value cache to the bytes a step reads:
-  Llama-3-8B holds 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes =
-  128 KiB per token, so 128 MiB for a 1,024-token context, which takes
-  0.04 ms at the H100 SXM's 3.35 TB/s HBM bandwidth (NVIDIA's data sheet).
-
-So t(64) = 11.6 ms and t(256) = 19.2 ms, inside the 10-40 ms the design
-assumes. Both are overridable (``--sim-step-a-ms``, ``--sim-step-b-ms``);
-``bench serve-sim`` makes a pass over its B sequences take 25 ms however
-it is split into micro-batches (a = 0, b = 25 / B), so that modes and
-batches compare against one bound.
-
-Rows. ``step`` returns logits ``[B, V]`` in float32 or bfloat16 taken from a
-bank of :func:`simple_sampler.rows.synthetic_hot_rows` made from
-``real_rows(64)`` cycled: SmolLM2 rows whose sorted values (the shape of the
-distribution: head exactly, tail stretched to V) are resampled to V, with
-SmolLM2's 49,152 real tokens kept at ONE fixed id each (``rows.id_map``, the
-same for the whole bank) and the added ids taking the tail values in a fresh
-order per row. So what the sampler sees per row (entropy, top-p set sizes,
-the max's margin) is fitted to a real model, and so is which tokens are hot
-across rows: a hot set calibrated on SmolLM2 and mapped into V
-(``rows.map_hot_ids``) covers the share of a row's mass it covers on real
-rows, and SHVS acceptance is realistic (on afresh-permuted rows it would be
-chance level). Labelled :data:`~simple_sampler.rows.HOT_ROWS_SOURCE`. The
-bank holds ``max_batch_size + BANK_OFFSETS`` rows; step k returns the
-``B`` consecutive rows starting at offset ``k * OFFSET_STRIDE mod
-(BANK_OFFSETS + 1)``, so a sequence's row changes from step to step and
-rows differ across the sequences of a step (rows 64 apart share their real
-tokens' values and differ in the added ids). Which row goes to which
-sequence is arbitrary (rows carry no sequence identity).
-
-Copies. The returned tensor is a *view* of the bank (rows ``[o, o + B)``
-are contiguous), so a step costs the CPU no B x V gather or copy, as on a
-GPU host where the device-to-host copy of the logits is a DMA that no core
-performs. The bank is shared: callers must not write into the rows (the
-kernels and the sampler pool only read them).
-
-Text. Ids beyond SmolLM2's tokenizer need a codec of their own:
-:class:`SimulatedCodec` is the model's tokenizer (SmolLM2's unless
-``model`` names another) for everything it knows and writes any other id
-``i`` as `` t<i>``; the llm model uses it only with this engine, never on
-the normal path.
-
-Everything this engine produces is labelled "simulated data plane"
-(:attr:`SimulatedEngine.label`): logs, bench JSON and tables, the server's
-ready line.
+The step model's sources (a measured, b derived), the bank and why its rows
+keep real token ids: docs/SIMULATED.md.
 """
 from __future__ import annotations
 
