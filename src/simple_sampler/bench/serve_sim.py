@@ -1,64 +1,19 @@
 """`simple-sampler bench serve-sim`: the decode loop at GPU pace, on a
 SIMULATED data plane (``serving.simulated``; every output says so).
 
-In-process: ``serving.decoder.Decoder`` over a ``SimulatedEngine`` whose
-step sleeps like a host thread waiting on a GPU, so the CPU is as free as
-on a GPU host and what the measurement shows is the decision plane's and
-the decode loop's own cost. Per (mode, micro_batches, B):
+In-process, ``serving.decoder.Decoder`` runs over a ``SimulatedEngine`` whose
+step sleeps like a host thread waiting on a GPU, per (mode, micro_batches, B):
+``simple`` (the sampler's kernels in a worker thread over ``instances`` kernel
+threads, 1 or 2 micro-batches) and ``inline_kernels`` (the baseline: kernels on
+the data-plane thread). A full pass over the B sequences takes ``step_ms``
+however it is split, so every mode has the same ideal, ``B / step_s``, and
+``efficiency = tokens_per_s / ideal_tokens_per_s``. ``tokens_per_s`` is counted
+in whole forwards (:class:`ForwardClock`); the other columns come from
+``DecoderStats``. ``--shvs`` samples with the calibrated hot set
+(:class:`HotSetSample`) and reports its acceptance; ``--server`` runs the same
+through a real server.
 
-* ``simple``: the decoder's remote-sampler path; the sampler runs the
-  kernels in a worker thread with each micro-batch's rows spread over
-  ``instances`` kernel threads, standing in for that many ``simple_sampler``
-  instances (labelled so in the output); ``micro_batches`` 1 (serial) and 2
-  (one micro-batch sampled while the other's forward runs);
-* ``inline_kernels``: the kernels on the data-plane thread after each
-  forward, 1 thread, no overlap (the baseline).
-
-Step model: a full pass over the B sequences takes ``step_ms`` whatever the
-split: a micro-batch of n rows sleeps ``step_ms * n / B`` (a = 0,
-b = step_ms / B in ``SimulatedSpec`` terms). So every mode has the same
-ideal, ``ideal_tokens_per_s = B / step_s`` (the data plane's own bound), and
-``efficiency = tokens_per_s / ideal_tokens_per_s``. This is the best case for
-micro-batching: on a real GPU a split re-reads the weights (the ``a`` of the
-engine's default model, about 9 ms for an 8B model), which this bench leaves
-out on purpose so that the figure isolates sampling and loop exposure.
-
-Load: B requests (prompt of PROMPT_TOKENS ids, temperature 1, no truncation
-unless ``top_p`` < 1 (``--top-p``, in-process only), seeded, ``ignore_end``, so
-none finishes early) are submitted at once and kept in flight; after ``warmup`` tokens
-per request, a window of ``measure`` tokens per request is measured.
-Per step below means per full pass over the B sequences (B tokens):
-
-* ``tokens_per_s``: rows the data plane returned (one token each) per
-  second over the window, counted in whole forwards (:class:`ForwardClock`:
-  from the end of the last forward before the window to the end of the
-  last one in it), so that a forward which began before the window is not
-  counted in it (with two micro-batches, deliveries alone would be);
-* ``exposed_sampling_ms_per_step``: ``DecoderStats.sampling_exposed_s``
-  (sampling while no forward ran: the part on the critical path);
-* ``sampler_ms_per_step``: ``DecoderStats.sampler_s`` (all sampler time,
-  overlapped or not);
-* ``loop_ms_per_step``: ``DecoderStats.loop_s``, the CPU time of the
-  decode loop's own Python work (reaping and admission, building the
-  sampling batch, delivering tokens and events, appending to the engine;
-  CPU time, so the kernel threads taking the loop's core on a 2-core
-  machine do not count in it);
-* ``loop_thread_cpu_ms_per_step``: all CPU time of the event-loop thread
-  (``time.thread_time`` there): the above plus asyncio's scheduling and this
-  bench's per-request consumers, which stand in for the service's
-  streaming; forwards and kernels run in other threads and are not in it;
-* ``itl_ms_p50``/``p95``: gaps between consecutive tokens of a request
-  inside the window, over all requests.
-
-SHVS (``--shvs``, in-process only): the kernels of both modes get the
-calibrated SmolLM2 hot set (``bench.shvs.resolve_profile``, its chosen
-size) mapped into V with the engine's id map (``rows.map_hot_ids``), as
-``sample(..., hot_vocab=..., return_logprobs=False)`` (:class:`HotSetSample`);
-the bank's rows keep SmolLM2's token ids, so the hot set covers a realistic
-share of their mass. Each row of the report carries ``shvs`` (on/off) and
-``shvs_acceptance``: the share of rows SHVS tried that the hot set decided
-(``SampleOutput.hot_accepted``), over the whole run (warmup included);
-None with SHVS off.
+The step model, the load, every column and how to read them: docs/SIMULATED.md.
 """
 from __future__ import annotations
 

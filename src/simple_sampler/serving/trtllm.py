@@ -1,54 +1,29 @@
 """TensorRT-LLM as the data plane, with every token chosen by the decision plane.
 
-The stock engine runs unmodified through TensorRT-LLM's Python LLM API (the
-TensorRT backend, tensor and pipeline parallel as configured). Each of its
-iterations calls one *batched logits processor* with the rows of the
-requests it scheduled; ours hands those rows to the decode loop and waits.
-The loop samples them (the ``simple_sampler`` instances) and appends the
-chosen tokens; the processor then sets every logit but the chosen one to
--inf, and the engine's own sampler, configured greedy (top_k 1), picks
-exactly that token. So control is inverted: TensorRT-LLM drives the steps
-and :class:`TrtLlmEngine` bridges them to the :class:`~.engine.Engine` calls:
+The stock engine runs unmodified through TensorRT-LLM's Python LLM API. Each
+iteration calls one *batched logits processor* with the scheduled requests' rows;
+ours hands them to the decode loop, waits for the chosen tokens, then sets every
+other logit to -inf so that the engine's own greedy sampler (top_k 1) takes exactly
+that token. :class:`TrtLlmEngine` bridges this inverted control to the
+:class:`~.engine.Engine` calls:
 
-* ``add`` submits a request (no end id, no stop words, ``max_tokens`` one
-  above the request's own, :func:`engine_max_tokens`: the decode loop decides
-  when a sequence ends) and ``release`` aborts it;
+* ``add`` submits a request (no end id, no stop words, ``max_tokens`` from
+  :func:`engine_max_tokens`: the decode loop decides when a sequence ends);
+  ``release`` aborts it;
 * ``wait_ready(seq_ids)`` says which sequences have a row from the current
-  iteration; ``step`` hands those rows out; ``append`` answers them; once
-  every row of the iteration is answered the processor returns and the
-  engine moves on. Sequences are stepped in lockstep: a sequence's next row
-  comes only after all rows of the current iteration are answered.
+  iteration, ``step`` hands those rows out, ``append`` answers them; sequences
+  are stepped in lockstep (the next rows come once all of an iteration's are
+  answered);
+* an error after submission ends that sequence (``step`` raises
+  :class:`~.engine.SequenceFailed`), since every result is consumed
+  (``_ResultWatcher``);
+* the processor's worker reaches this process through a Unix socket and a
+  shared-memory block, reports its time (``TrtLlmEngine.bridge_s``), and exits
+  when its owner dies (:class:`OwnerWatch`).
 
-Why this route (docs/GPU.md has the sources): the Triton ``tensorrtllm`` C++
-backend takes no logits processor; per-request processors (the only kind the
-PyTorch backend runs) are called one request at a time, so a blocking round
-trip per row would serialize the batch; a one-token request per step with
-KV-cache reuse and ``return_generation_logits`` would schedule every step as
-a new context request.
-
-Processes: TensorRT-LLM pickles the processor into its executor worker
-(an MPI rank; with tensor parallelism only the first tensor-parallel rank
-of the last pipeline stage runs it, ``replicate=False``, and the engine
-broadcasts the decoded tokens to the other ranks). The processor reaches
-this process through a Unix socket (request ids and tokens) and a shared
-memory block (the float32 rows, written once by the device-to-host copy).
-The processor reports its own time per call (staging the rows, masking them)
-and this process adds its copy out of the block: ``TrtLlmEngine.bridge_s``,
-the ``simple_llm_bridge_us_total`` metric. A worker whose owner (the Triton
-``llm`` process) dies exits by itself (:class:`OwnerWatch`), so a supervisor
-restart of ``llm`` does not leave it holding the GPU's memory.
-
-Every submitted request's result is consumed (``_ResultWatcher``): TensorRT-LLM
-reports a per-request error only to whoever reads that request's result, so
-an error after submission ends that sequence with the error (the decode loop
-gets :class:`~.engine.SequenceFailed` from ``step``) instead of leaving it
-without rows forever.
-
-Not verified here (no GPU, no TensorRT-LLM on the development machine): the
-calls into TensorRT-LLM follow its source (``tests/trtllm_api.json`` records
-each name, signature and source path) and are tested against
-``tests/fake_tensorrt_llm.py``; the CUDA stream handling and the real
-executor's timing are untested.
+Not verified here (no GPU, no TensorRT-LLM): the calls follow TensorRT-LLM's source
+(``tests/trtllm_api.json``) and are tested against ``tests/fake_tensorrt_llm.py``.
+Why this route, the processes and ranks, and what is unverified: docs/GPU.md.
 """
 from __future__ import annotations
 
