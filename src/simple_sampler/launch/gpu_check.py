@@ -1,47 +1,16 @@
 """`simple-sampler gpu-check`: the first run on a GPU host, checked end to end.
 
-Run inside the NGC image (``scripts/gpu_first_run.sh`` calls it; docs/GPU.md,
-"First GPU run"), it writes one result, ``gpu-first-run.json`` and
-``gpu-first-run.md`` in ``--out``, and exits 0 only when every check that
-ran passed. In order:
+Run inside the NGC image (``scripts/gpu_first_run.sh`` calls it), it takes
+TensorRT-LLM's own greedy reference *before* starting the server (in a child
+process, so its GPU memory is gone by then), starts ``serve``'s repository on
+free loopback ports, runs the checks in order (reference, server, greedy,
+seeded, sampler, near context, bridge, tp2: skipped and said so with one GPU),
+writes ``gpu-first-run.json`` and ``gpu-first-run.md`` in ``--out`` and exits 0
+only when every check that ran passed. ``--dry-run`` runs the same checks on
+``--engine simulated`` so CI tests the logic (tests/test_gpu_check.py).
 
-1. **reference**: TensorRT-LLM's own greedy tokens for the prompt, taken
-   *before* the server starts (a second engine next to the server's, whose
-   KV cache takes most of the free memory, would run out of it): the
-   TensorRT backend (``tensorrt_llm._tensorrt_engine.LLM``), the limits the
-   served engine gets (``serving.trtllm.engine_limits``: the same
-   ``max_seq_len``, and the build cache, so the server then loads that
-   engine), token ids in (the prompt encoded by the server's own codec,
-   no chat template), token ids out. In a child process, so its GPU memory
-   is gone before the server starts.
-2. **server**: ``serve``'s repository with the engine, started here on free
-   loopback ports, its log under ``--out/logs``.
-3. **greedy**: the same prompt through the server (temperature 0, no chat
-   template): its token ids must be a prefix of the reference's (all of
-   them, or up to the end id where the server stopped).
-4. **seeded**: one seeded sampled request sent twice, each alone: the same
-   ids both times.
-5. **sampler**: the ``simple_sampler`` model answered requests during 3-4
-   (Triton's ``nv_inference_request_success``) and the decode loop counted
-   sampler time (``simple_llm_sampler_us_total``): the CPU sampler decided
-   the tokens.
-6. **near context**: a prompt a few tokens short of ``--max-context`` (over
-   TensorRT-LLM's default ``max_input_len`` of 1024 with the default
-   2048) is answered to the context's end.
-7. **bridge**: ``simple_llm_bridge_us_total`` per engine iteration over the
-   greedy request (one request: one row per iteration); with TensorRT-LLM
-   it must be above 0.
-8. **tp2**: with two or more GPUs visible, a server with
-   ``--tensor-parallel-size 2`` must give the reference's greedy ids too;
-   skipped (and said so) otherwise.
-
-``--dry-run`` runs the same checks on ``--engine simulated`` (no GPU, no
-TensorRT-LLM: the reference is a greedy run of a fresh simulated engine in
-this process, the engine's own argmax), so CI tests the script's logic
-(tests/test_gpu_check.py). The simulated engine's rows depend on its step
-count, not on the tokens (``serving/simulated.py``), and repeat every
-``BANK_OFFSETS + 1`` steps: there the seeded requests are that many tokens
-long (and never end early), so the second starts on the rows the first did.
+What each check passes on, what a failure means, and the dry run's rules:
+docs/GPU.md, "First GPU run, step by step" (4. Run the check).
 """
 from __future__ import annotations
 
