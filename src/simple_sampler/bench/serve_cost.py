@@ -2,48 +2,18 @@
 costs the server's CPU, by process, beside Triton's own floor, on a
 SIMULATED data plane (``serving.simulated``; every output says so).
 
-Per pace (the simulated engine's step time a + b * B ms: ``instant``, 0 ms,
-or ``gpu``, 9 + 0.04 * B, docs/SIMULATED.md) one real server runs the whole
-repository (ensemble, preprocessing, llm with the decode loop, the
-``simple_sampler`` instances) plus the **floor model** (``bench/floor``: a
-decoupled Python model that does no work and streams one INT32 token per
-request per step at the same pace; it lives in the bench, not in
-model_repository/). Per configuration (pace, B, route, stream_interval) B
-requests of ``max_tokens`` tokens each run at once, driven by ONE asyncio
-client in this process (``tritonclient.grpc.aio``, one gRPC stream per
-request, every token counted from ``output_ids``). Routes: ``ensemble`` (the
-user-facing model), ``llm`` (the llm model called directly with
-``text_input``: no ensemble hop, no preprocessing) and ``floor``.
+Per pace (``instant`` or ``gpu``) one real server runs the whole repository
+plus the **floor model** (``bench/floor``: a decoupled Python model that does
+no work and streams one token per request per step at the same pace; it lives
+in the bench, not in model_repository/). Per configuration (pace, B, route
+``ensemble``/``llm``/``floor``, stream_interval) B requests run at once from
+ONE asyncio client in this process, and each level reports tokens/s against
+the data plane's bound, CPU per token of every server process (from /proc)
+and of the client, the decode loop's CPU per token, and the ratios to the
+floor. With ``profile_dir`` the llm stub's decode-loop thread runs under
+cProfile (``llm_service``, ``PROFILE_ENV``).
 
-Measured over a window inside each level (from the first eighth of its
-tokens to the last eighth, so ramp-up and tail are left out):
-
-* ``tokens_per_s``: tokens the client received over the window's wall time;
-* ``bound_tokens_per_s``: the data plane's own bound, B / (a + b * B) (one
-  forward over the B sequences per token; None for the instant pace), and
-  ``efficiency`` = tokens_per_s / bound; ``lanes_bound_tokens_per_s``: B /
-  (m * a + b * B), what the simulated engine allows with m micro-batches
-  (each lane's forward pays a);
-* ``cpu_us_per_token``: CPU time (utime + stime from /proc/<pid>/stat) of
-  every process of the server over the window, per token received: the
-  ``tritonserver`` process itself and each stub, named by its model
-  (``llm``, ``preprocessing``, ``floor``, ``simple_sampler`` instances
-  summed as ``samplers`` and listed one by one), plus this process
-  (``client``);
-* ``llm_loop_us_per_token``: the llm model's decode-loop CPU time
-  (``DecoderStats.loop_s``, exported as ``simple_llm_loop_us_total``: the
-  loop's own work, delivering the tokens and sending their responses) per
-  token, over the whole level: the part of the llm stub's CPU that
-  streaming costs; the rest of that stub's is mostly the sampler calls'
-  (BLS, the logits copied into shared memory) and the data-plane thread;
-* ratios to the floor at the same pace and B: ``vs_floor`` = (llm stub +
-  tritonserver) / (floor stub + tritonserver), and the same for the whole
-  server.
-
-With ``profile_dir`` the llm stub runs its decode-loop thread (where every
-token is turned into a response and sent) under cProfile and writes
-``llm-<pid>.prof`` there when the server stops (``llm_service``,
-``PROFILE_ENV``).
+The load, the window, every column and how to read them: docs/SERVED_COST.md.
 """
 from __future__ import annotations
 
