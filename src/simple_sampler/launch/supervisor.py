@@ -1,40 +1,21 @@
 """Keep a running Triton server's Python models alive: a dead stub comes back.
 
-Each instance of a Python-backend model is a stub process, a child of
-``tritonserver``. When one dies (killed, out of memory, a crash in native
-code), Triton 2.51's Python backend neither restarts it nor marks the model
-unready: every request routed to that instance fails with "Stub process ... is
-not healthy" for as long as the server runs, and ``/v2/health/ready`` keeps
-answering 200. (Older Python backends restarted the stub inside
-``TRITONBACKEND_ModelInstanceExecute``, for non-decoupled models only; the
-version the ``nvidia-pytriton`` wheel ships has no such path.)
+Triton 2.51's Python backend neither restarts a dead stub nor marks its model
+unready. :class:`Supervisor` watches the stubs of its server (run with
+``--model-control-mode=explicit``) and, when one is gone:
 
-:class:`Supervisor` watches the stubs of its server and, when one is gone,
-reloads its model through Triton's repository API (the server runs with
-``--model-control-mode=explicit``):
+* for an ordinary model: unloads it with its dependents (``/v2/models/<m>/ready``
+  answers 400 meanwhile), loads every model that was loaded before (fresh
+  stubs), and after ``orphan_grace_s`` kills what is left of the old stubs and
+  unlinks their shared-memory regions and the dead stub's;
+* for a decoupled model (``llm``), whose streaming requests Triton would never
+  end: SIGKILLs the server (every client sees its connection close, an error,
+  not a hang) and starts it again on the same ports.
 
-1. unload the model with its dependents (an ensemble over ``llm``), so that
-   ``/v2/models/<m>/ready`` answers 400 while it cannot serve;
-2. load every model that was loaded before, which starts fresh stubs;
-3. after ``orphan_grace_s``, kill what is left of the old stubs. Triton never
-   finishes unloading a model whose stub died (the old generation stays in
-   UNLOADING), so its surviving stubs would otherwise live as long as the
-   server. Their shared-memory regions, and the dead stub's, are unlinked.
-
-Reloading the model, not the one instance, is the only restart the
-repository API offers: a load with an unchanged configuration is a no-op and
-one that changes only ``instance_group`` keeps the existing (dead) instance.
-
-Requests that were routed to the dead stub fail; the decode loop re-sends
-sampler rows (``llm_service.remote_sampler``), and a seeded row gives the same
-token on any instance, so a sampler fault costs no request.
-
-A decoupled model (``llm``) is different: Triton 2.51 never ends the requests
-that were streaming from a stub that died (their clients would wait forever),
-and no API releases them. So when a decoupled model loses a stub the server
-is restarted: SIGKILL (every client sees its connection close at once, an
-error, not a hang), then a fresh start on the same ports. Readiness is
-refused (connection refused, then 400 while loading) until it is back.
+Requests routed to the dead stub fail; the decode loop re-sends sampler rows
+and a seeded row gives the same token on any instance, so a sampler fault costs
+no request. Why the model and not the instance is reloaded, how a death is told
+from an unload, and how each case is tested: docs/RELIABILITY.md.
 """
 from __future__ import annotations
 

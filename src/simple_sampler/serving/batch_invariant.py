@@ -2,39 +2,20 @@
 step are bitwise the same whatever the other sequences in the step, their
 count, their lengths and their order.
 
-Why the engine's ordinary forward is not (measured on torch 2.13 CPU, MKL):
-
-* **GEMM blocking depends on M**, the number of rows: a row of
-  ``linear(x, W)`` differs in the last bits between M = 1, M = 2-3 and
-  M >= 4 (q/k/v/o shapes) or M = 2-15, 16-63 and 64+ (MLP and lm_head
-  shapes), so a sequence's hidden states change with the batch size. Within
-  one call shape the row's position and the other rows' values did not
-  matter in the same measurements.
-* **Padding changes the attention's reductions**: a batched step pads every
-  row's keys to the longest sequence (and left-pads prompts to the longest
-  prompt); masked positions add exact zeros, but the vectorized softmax and
-  value sums group their terms by the padded length.
-* **The thread count** picks how kernels split their work.
-
-What this forward does instead:
-
-* every token-wise part (norms, projections, MLP, the final norm and
-  lm_head) runs on tiles of exactly ``tile_rows`` token rows, the last one
-  padded with zero rows, so every GEMM has the same M whatever the batch;
-* attention runs per sequence over exactly its own cached keys and values
-  (no padding, no other sequence), read in place from its cache slot;
-* rotary embeddings come from a table computed once for every position;
-* the engine pins the thread count it was built with (``torch`` restores it
-  before every step).
-
-Prefill and decode tokens share the tiles, so there is one forward per step.
-What it costs (measured in docs/SERVING.md, "Same seed, same text"): padding rows at
-low concurrency, one pass over the weights per tile at high concurrency,
-small prefill GEMMs, and one attention call per sequence and layer.
+How: every token-wise part (norms, projections, MLP, the final norm and
+lm_head) runs on tiles of exactly ``tile_rows`` token rows (the last padded
+with zero rows), so every GEMM has the same M whatever the batch; attention
+runs per sequence over exactly its own cached keys and values, in place; rotary
+embeddings come from a table computed once; the engine pins its thread count.
+Prefill and decode tokens share the tiles: one forward per step.
 
 Supported: Llama-architecture causal LMs (SmolLM2, the default model), whose
 layers this module calls one by one; other models are refused with a clear
 error rather than served without the guarantee.
+
+Why the ordinary forward is not invariant (GEMM blocking by M, padded
+attention, thread counts), what is tested and what the mode costs:
+docs/SERVING.md, "Same seed, same text".
 """
 from __future__ import annotations
 
