@@ -1,42 +1,15 @@
 """`simple-sampler bench row-transport`: what moving rows costs the sampler
-instances, by transport, through a real server on a SIMULATED data plane
-(``serving.simulated``; every output says so).
+instances, by transport (``bls``, ``arena``, ``hot-first``), through a real
+server on a SIMULATED data plane (``serving.simulated``; every output says so).
 
-Per (V, dtype, B) and transport, one fresh server (``serve --engine
-simulated``, a 0-ms step so that the decision plane is the bottleneck and the
-figures are its cost, 2 sampler instances) serves B streaming gRPC clients
-(``bench serve``'s load: chat prompts, ``max_tokens`` tokens each with
-``min_length`` = ``max_tokens``, temperature 1, no truncation). Transports:
-
-* ``bls``: full rows inside the BLS requests (``row_transport`` bls: Triton's
-  python backend copies each row three times, docs/COPIES.md);
-* ``arena``: full rows by reference to the llm model's shared-memory arena
-  (``row_arena``; the simulated bank lies in it, as a GPU host's
-  device-to-host copy would land there);
-* ``hot-first``: compact rows (``handoff``, the summary from the engine's
-  modelled step), the undecided rows whole from the arena.
-
-Figures, per token the clients received (CPU time = utime + stime from
-/proc/<pid>/stat of each process over the level, ramp included):
-``samplers_us_per_token`` (the ``simple_sampler`` stubs together),
-``llm_us_per_token``, ``tritonserver_us_per_token``; ``rows_per_token``
-(sampler rows per token: 1 plus the hot-first fallback share);
-``bytes_per_row`` (row data the sampler reads per token: V x itemsize for
-full rows, the compact arrays plus the fallback share of full rows for
-hot-first) and its ``bytes_share`` of a full row; ``copies_per_row``
-(full-row copies on the way, whoever makes them). Beside them, measured in
-the same run on the same rows (the engine's bank) and parameters, one
-thread, CPU clock: ``kernel_us_per_row`` (``sampling.sample``, the
-``bench kernels`` path) and, for hot-first, ``compact_kernel_us_per_row``
-(``handoff.sample_compact``), and ``codec_us_per_row``: what the stub's own
-Python adds per row to the kernel (``decode_request`` + ``sample_request``
-over arena references, one request per instance, minus the kernel on
-the same mapped rows), the
-part of ``vs_kernel`` that is ours; the rest is the python backend's. ``vs_kernel`` = samplers_us_per_token /
-kernel_us_per_row.
-
+Per (V, dtype, B) and transport, one fresh server with a 0-ms step serves B
+streaming gRPC clients; the figures are per token the clients received: CPU
+per process from /proc, rows, bytes and full-row copies per row, beside the
+kernels' us/row and the stub codec's on the same rows in the same run.
 ``sampler_cpu_per_token`` is the measurement for one configuration, to be
 folded into a served-cost bench.
+
+The load, the transports and every column: docs/BENCHMARKS.md, "Row transport".
 """
 from __future__ import annotations
 
