@@ -1,34 +1,18 @@
 """`simple-sampler bench shvs`: speculative hot-vocab sampling against the full
 path, side by side, B=64, one thread, logprobs off.
 
-Rows:
-  smollm2    ``real_rows(64)``: SmolLM2 logits on ``data/prompts.json``. The
-             hot set comes from ``data/calibration_prompts.json``, so these
-             rows are held out from it (no prompt in common).
-  synthetic  151,936-token rows built from the same real rows by
-             ``rows.synthetic_hot_rows``: NOT MODEL OUTPUTS. The existing synthetic
-             rows (rows.synthetic_rows) permute every row afresh, so no token
-             is hot across rows and no hot set could apply; here instead the
-             49,152 real tokens keep their identity through one fixed
-             injective id map into the larger vocabulary, the rows' sorted
-             values follow the same resampled quantile function as
-             rows.synthetic_rows, and the 102,784 added ids take the
-             remaining (tail) values in a fresh random order per row. The hot
-             set is the calibration profile's order mapped through the same id
-             map: derived from other prompts, never from these rows.
-Configs: ``top_p`` = top_p 0.9 alone at temperature 1 (the full path needs
-the whole row's mass); ``all`` = bench kernels' settings (temperature 0.8,
-top_k 50, top_p 0.95, min_p 0.05, penalties over 256 history ids), which
-SHVS does not take (min_p / top_k rows are one max pass on the full path
-already), so there it measures SHVS's overhead on rows it passes on.
-Timing: shvs and full alternate within each repeat; medians are reported.
+Rows ``smollm2`` (real SmolLM2 rows, held out from the calibration prompts)
+and ``synthetic`` (151,936-token rows from ``rows.synthetic_hot_rows``: NOT
+MODEL OUTPUTS; the real tokens keep their identity through one fixed id map,
+so the calibrated hot set, mapped the same way, applies); configs ``top_p``
+and ``all`` (bench kernels' settings, which SHVS passes on to the full path).
+shvs and full alternate within each repeat; medians are reported.
+``prefix_us`` is the full kernel on the first |H| columns of hot-first rows:
+a lower bound for a data plane that hands over only the hot prefix (measured,
+not an implemented path here).
 
-``hot_first`` (measured, not an implemented path): the data plane could
-reorder the vocabulary hot-first and hand over a cold-region summary, so
-the sampler would read only the hot prefix of each row. Its cost is bounded
-below by the full kernel run on the first |H| columns of hot-first rows,
-reported as ``prefix_us`` (that kernel computes the prefix's own mass, as
-SHVS would for the hot part).
+What the rows, configurations and columns mean and how to read them:
+docs/BENCHMARKS.md, "SHVS against the full path".
 """
 from __future__ import annotations
 
