@@ -2,30 +2,19 @@
 CUDA GPU (``TorchEngine``, ``--device cuda``), SIMPLE against sampling on the
 GPU, in one process.
 
-Per (mode, B) a fresh engine over the same model (loaded once):
+Per (mode, B) a fresh engine over the same model (loaded once): ``simple``
+(one pinned device-to-host copy per step, the kernels in a worker thread over
+``instances`` kernel threads, as ``bench serve-sim``), ``simple_overlap`` (the
+same with two micro-batches) and ``gpu_inline`` (``serving/inline.py``'s torch
+ops on the GPU: a sort per row for top-k / top-p, one generator per row, no
+copy, no overlap; vLLM's draws for seeded requests, and every request here is
+seeded). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
+``top_p`` 0.9 by default (the sort is the GPU baseline's cost). Refuses clearly
+without CUDA (``serving.device.resolve``); never run in this project's CI or on
+its development machines (no GPU there).
 
-* ``simple``: the logits cross to the host (one pinned device-to-host copy
-  per step) and the decision plane's kernels sample them in a worker thread,
-  each step's rows spread over ``instances`` kernel threads standing in for
-  that many ``simple_sampler`` instances (as ``bench serve-sim``); one lane;
-* ``simple_overlap``: the same with two micro-batches, one sampled while the
-  other's forward runs;
-* ``gpu_inline``: the ``inline`` mode on the engine's device: torch ops on
-  the GPU (``serving/inline.py``: penalties, temperature, a sort per row for
-  top-k / top-p, one generator per row), no copy of the rows, no overlap.
-  What a GPU sampler without FlashInfer does; its draws row by row are those
-  of vLLM's path for seeded requests (every request here is seeded).
-
-Load and window as ``bench serve-sim`` (``serve_sim._measure``): B requests
-of ``PROMPT_TOKENS`` random prompt ids, temperature 1, ``top_p`` (0.9 by
-default: the sort is the GPU baseline's cost), ``ignore_end``; after
-``warmup`` tokens per request a window of ``measure`` tokens per request:
-tokens/s counted in whole forwards, inter-token latency P50/P95, exposed
-sampling per step. The GPU, torch and the CPU are printed with the figures.
-Refuses clearly without CUDA (``serving.device.resolve``). Never run in this
-project's CI or on its development machines (no GPU there): its first figures
-come from whoever runs it on a GPU (docs/GPU.md says which figures came from
-where).
+The engine on CUDA, the modes and what the bench prints: docs/GPU.md, "The
+PyTorch data plane on CUDA".
 """
 from __future__ import annotations
 
