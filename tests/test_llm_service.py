@@ -78,6 +78,16 @@ def test_a_client_that_is_gone_cancels_its_request():
     assert len(engine.steps) < MAX_TOKENS // 2
 
 
+def test_a_cancelled_request_still_ends_with_the_final_flag_alone():
+    """Triton holds a decoupled request until its final flag; without it the
+    llm model never unloads (a stop after clients left timed out)."""
+    client = Client(after=3)
+    serve(client, inputs())
+    *tokens, last = client.responses
+    assert len(tokens) >= 3 and all(not final for _, _, final in tokens)
+    assert last == (None, None, True)
+
+
 def test_a_bad_request_gets_one_error_and_is_done():
     client = Client()
     serve(client, inputs(text=""))

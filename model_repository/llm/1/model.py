@@ -123,7 +123,9 @@ class TritonPythonModel:
 
     def _sender(self, response_sender):
         def send(outputs, error, final):
-            if error is not None:
+            if outputs is None and error is None:  # the final flag alone
+                response = None
+            elif error is not None:
                 response = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), error_code(error)))
             else:

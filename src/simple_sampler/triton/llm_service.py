@@ -53,7 +53,8 @@ class Unavailable(RuntimeError):
 
 #: send(outputs, error, final): one response; outputs None with an error
 #: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
-#: any other error: generation failed, INTERNAL).
+#: any other error: generation failed, INTERNAL); outputs and error None:
+#: the final flag alone, for a request whose client cancelled or went away.
 Send = Callable[[dict | None, Exception | None, bool], None]
 CANCEL_POLL_S = 0.1
 #: The most requests asked whether they were cancelled per poll.
@@ -272,12 +273,22 @@ class LlmService:
     def _on_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
         """On the decode loop, for every event of the request; never raises
         (it runs inside the loop's pass over a step's rows)."""
+        answered = False
         if delivery.delivering:
             try:
                 self._send_event(delivery, event)
+                answered = event.final or event.error is not None
             except Exception:  # nobody to answer: stop generating for them
                 log.debug("sending a response failed: the request is cancelled", exc_info=True)
                 delivery.stop()
+        if event.final and not answered:
+            # A cancelled request still ends with the final flag: until it
+            # does, Triton holds the request, and the model cannot unload
+            # (serve's stop after a load whose clients left timed out on it).
+            try:
+                delivery.send(None, None, True)
+            except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
+                log.debug("the final flag of a cancelled request was refused", exc_info=True)
         if event.final:
             # Never ask Triton about a request after its final response: its
             # response factory is gone (Triton 2.51 crashes in
