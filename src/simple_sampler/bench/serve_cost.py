@@ -38,7 +38,10 @@ from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
 #: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
 PACES = {"instant": (0.0, 0.0),
          "gpu": (LlmSettings.sim_step_a_ms, LlmSettings.sim_step_b_ms)}
-ROUTES = ("floor", "ensemble", "llm")
+#: floor-llm: the floor model sent the llm route's inputs, answering in the
+#: llm model's response shape (bench/floor/model.py): Triton's cost of our
+#: request and response shape, none of our own work.
+ROUTES = ("floor", "floor-llm", "ensemble", "llm")
 PROMPT = "Tell me a story."
 FLOOR_MODEL = "floor"
 STARTUP_TIMEOUT_S = 900.0
@@ -75,8 +78,8 @@ def plan(paces=("instant", "gpu"), batches=(64, 256), intervals=(1, 4, 16),
     configs = []
     for pace in paces:
         for batch in batches:
-            if "floor" in routes:
-                configs.append(Config(pace, batch, "floor"))
+            configs += [Config(pace, batch, route) for route in ("floor", "floor-llm")
+                        if route in routes]
             if "ensemble" in routes:
                 configs += [Config(pace, batch, "ensemble", k) for k in intervals]
             if "llm" in routes:
@@ -123,7 +126,7 @@ class Meter:
 def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int):
     import tritonclient.grpc.aio as grpcclient
 
-    if route == "floor":
+    if route == FLOOR_MODEL:
         arrays = {"max_tokens": np.array([[max_tokens]], np.int32)}
     else:
         arrays = {"text_input": np.array([[PROMPT.encode()]], object),
@@ -148,7 +151,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
     """B concurrent streams of max_tokens tokens; marks `meter` at the window's ends."""
     import tritonclient.grpc.aio as grpcclient
 
-    model = FLOOR_MODEL if config.route == "floor" else config.route
+    model = FLOOR_MODEL if config.route.startswith(FLOOR_MODEL) else config.route
     total = config.batch * max_tokens
     start_at, end_at = total // 8, total - total // 8
     delivered, responses_in_window = 0, 0
@@ -246,7 +249,8 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
-                     micro_batches: int, vocab: int, dtype: str) -> Path:
+                     micro_batches: int, vocab: int, dtype: str,
+                     sampling_mode: str = LlmSettings.sampling_mode) -> Path:
     from ..launch.serve import assemble_repository
     from ..launch.templates import fill_file
 
@@ -256,7 +260,7 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
     llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
                       sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
                       engine_max_batch_size=batch, generate_max_batch_size=batch,
-                      max_context=512)
+                      max_context=512, sampling_mode=sampling_mode)
     assemble_repository(destination, sampler, llm)
     floor = destination / FLOOR_MODEL
     source = resources.files("simple_sampler.bench").joinpath("floor")
@@ -269,8 +273,11 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
-        profile_dir: str | None = None) -> dict:
-    """Every configuration of `configs` (default :func:`plan`), one server per pace."""
+        profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode) -> dict:
+    """Every configuration of `configs` (default :func:`plan`), one server per pace.
+    `sampling_mode` other than "simple" samples in the llm stub (no BLS
+    request per step, the sampler instances idle): tritonserver's column is
+    then streaming alone."""
     from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
@@ -281,7 +288,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
         largest = max(c.batch for c in mine)
         repository = build_repository(
             Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
-            instances, micro_batches, vocab, dtype)
+            instances, micro_batches, vocab, dtype, sampling_mode)
         sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=largest,
                                   logits_dtype=SIMULATED_DTYPES[dtype])
         previous = os.environ.get(PROFILE_ENV)
@@ -313,8 +320,9 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     os.environ.__setitem__(PROFILE_ENV, previous)
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
-    return {"results": results, "data_plane": data_plane(instances, micro_batches),
+    return {"results": results, "data_plane": data_plane(instances, micro_batches, sampling_mode),
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
+                         "sampling_mode": sampling_mode,
                          "micro_batches": micro_batches, "max_tokens": max_tokens,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",
@@ -324,10 +332,12 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                          "profile_dir": profile_dir}}
 
 
-def data_plane(instances: int, micro_batches: int) -> str:
+def data_plane(instances: int, micro_batches: int, sampling_mode: str = "simple") -> str:
+    sampling = (f"{instances} simple_sampler instances" if sampling_mode == "simple" else
+                f"sampling {sampling_mode} in the llm stub (the sampler instances idle)")
     return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
             f"synthetic) inside a real Triton server: ensemble, preprocessing, llm "
-            f"({micro_batches} micro-batches) and {instances} simple_sampler instances; "
+            f"({micro_batches} micro-batches) and {sampling}; "
             f"beside it the floor model (bench/floor: no work, one INT32 token per request "
             f"per step)")
 

@@ -67,24 +67,38 @@ CLOSE_TIMEOUT_S = 4.0
 
 
 #: A directory: the decode-loop thread runs under cProfile and writes
-#: llm-<pid>.prof there when the service closes (`bench serve-cost --profile`).
+#: llm-<pid>.prof there when the service starts draining (SIGTERM, what the
+#: server's stop sends first) or closes (`bench serve-cost --profile`).
 PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE_DIR"
 
 
-def profiled(run: Callable[[], None], path: str) -> None:
-    """run() under cProfile (this thread only), its statistics written to
-    `path`. Timed in the thread's CPU time, not wall time: what the stub
-    spends, not how long a send waited for the server."""
-    import cProfile
+class LoopProfile:
+    """cProfile of the decode-loop thread, timed in the thread's CPU time,
+    not wall time: what the stub spends, not how long a send waited for the
+    server. Written by the loop thread itself (a profiler is per thread) at
+    the drain's start: Triton's stop may time out unloading the model
+    before ``close`` runs, and the profile must not be lost with it."""
 
-    profile = cProfile.Profile(time.thread_time)
-    profile.enable()
-    try:
-        run()
-    finally:
-        profile.disable()
-        profile.dump_stats(path)
-        log.info("decode-loop profile written to %s", path)
+    def __init__(self, path: str):
+        import cProfile
+
+        self.path = path
+        self.profile = cProfile.Profile(time.thread_time)
+        self.written = False
+
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.profile.enable()
+        try:
+            loop.run_forever()
+        finally:
+            self.write()
+
+    def write(self) -> None:
+        """On the loop thread; once."""
+        if not self.written:
+            self.written = True
+            self.profile.dump_stats(self.path)  # disables it first
+            log.info("decode-loop profile written to %s", self.path)
 
 
 def build_engine(settings: LlmSettings):
@@ -155,8 +169,10 @@ class LlmService:
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
-        run = self.loop.run_forever if not profile_dir else functools.partial(
-            profiled, self.loop.run_forever, os.path.join(profile_dir, f"llm-{os.getpid()}.prof"))
+        self.profile = LoopProfile(os.path.join(profile_dir, f"llm-{os.getpid()}.prof")) \
+            if profile_dir else None
+        run = self.loop.run_forever if self.profile is None else functools.partial(
+            self.profile.run, self.loop)
         self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
@@ -195,6 +211,8 @@ class LlmService:
         if self.draining:
             return 0
         self.draining = True
+        if self.profile is not None:
+            self.profile.write()
         deadline = self.loop.time() + grace_s
         log.warning("draining: %d requests in flight get %.0f s to finish",
                     self.decoder.num_in_flight, grace_s)
