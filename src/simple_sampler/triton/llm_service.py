@@ -177,6 +177,8 @@ class LlmService:
         self.thread.start()
         self._call(self.decoder.start()).result()
         self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
+        #: a step's events, answered in one burst once the step's pass is over
+        self.outbox: list[tuple[_Delivery, GenerationEvent]] = []
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -274,7 +276,7 @@ class LlmService:
         self.deliveries[delivery] = None
         try:
             # The decode loop hands each event to _on_event as it makes it:
-            # a step's responses go out in its one pass over the rows.
+            # a step's responses go out in one burst after its pass.
             handle.listen(functools.partial(self._on_event, delivery))
             await delivery.finished
         finally:
@@ -289,8 +291,30 @@ class LlmService:
             on_done()
 
     def _on_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """On the decode loop, for every event of the request; never raises
-        (it runs inside the loop's pass over a step's rows)."""
+        """On the decode loop, for every event of the request, inside the
+        loop's pass over a step's rows: queued, and the step's responses
+        sent back to back once the pass is over (``_send_outbox``). Each
+        send is a round trip to the server process (the stub waits until
+        Triton has taken the response: python_backend's
+        ``ResponseSender::Send``); sends spaced out by the pass's own work
+        each find Triton's threads asleep and pay their wake-ups, where a
+        burst finds them awake."""
+        if not self.outbox:
+            self.loop.call_soon(self._send_outbox)
+        self.outbox.append((delivery, event))
+
+    def _send_outbox(self) -> None:
+        """The queued responses, in order; their CPU counts as the decode
+        loop's own (``DecoderStats.loop_s``), as when they went out inside
+        the pass."""
+        started = time.thread_time()
+        outbox, self.outbox = self.outbox, []
+        for delivery, event in outbox:
+            self._answer(delivery, event)
+        self.decoder.stats.loop_s += time.thread_time() - started
+
+    def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
+        """Send what `event` makes of the request's answer; never raises."""
         answered = False
         if delivery.delivering:
             try:
