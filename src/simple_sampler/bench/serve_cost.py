@@ -105,22 +105,43 @@ def server_processes(server_pid: int) -> dict[str, int]:
     return processes
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of all the process's
+    threads so far: each time a thread slept (waiting for a message, a lock)
+    or was preempted. A count, so unlike CPU time it barely moves with the
+    machine's load: what a cut of wake-ups buys shows here first."""
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status", "rb") as status:
+                for line in status:
+                    if b"ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                        switches += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return switches
+
+
 class Meter:
-    """CPU seconds of the named processes, read at two marks."""
+    """CPU seconds and context switches of the named processes, read at two marks."""
 
     def __init__(self, processes: dict[str, int]):
         self.processes = {**processes, "client": os.getpid()}
-        self.marks: list[tuple[float, int, dict[str, float]]] = []
+        self.marks: list[tuple[float, int, dict[str, float], dict[str, int]]] = []
 
     def mark(self, tokens: int) -> None:
         """Now, with `tokens` received so far."""
         self.marks.append((time.perf_counter(), tokens,
-                           {name: process_cpu_s(pid) for name, pid in self.processes.items()}))
+                           {name: process_cpu_s(pid) for name, pid in self.processes.items()},
+                           {name: context_switches(pid)
+                            for name, pid in self.processes.items()}))
 
-    def window(self) -> tuple[float, int, dict[str, float]]:
-        """Seconds, tokens and CPU seconds per process between the first and last marks."""
-        (t0, tokens0, cpu0), (t1, tokens1, cpu1) = self.marks[0], self.marks[-1]
-        return t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0}
+    def window(self) -> tuple[float, int, dict[str, float], dict[str, int]]:
+        """Seconds, tokens, CPU seconds and context switches per process
+        between the first and last marks."""
+        (t0, tokens0, cpu0, cs0), (t1, tokens1, cpu1, cs1) = self.marks[0], self.marks[-1]
+        return (t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0},
+                {name: cs1[name] - cs0[name] for name in cs0})
 
 
 def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int):
@@ -193,8 +214,8 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
         await client.close()
     if meter is None:
         return {}
-    seconds, tokens, cpu = meter.window()
-    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens,
+    seconds, tokens, cpu, switches = meter.window()
+    return {"seconds": seconds, "cpu_s": cpu, "switches": switches, "tokens": tokens,
             "tokens_per_response": tokens / max(1, responses_in_window)}
 
 
@@ -230,7 +251,9 @@ def figures(config: Config, measured: dict, micro_batches: int) -> dict:
                 "samplers": sum(per_token[name] for name in samplers),
                 "server": sum(server.values()),
                 "client": per_token["client"]},
-            "sampler_us_per_token": {name: per_token[name] for name in samplers}}
+            "sampler_us_per_token": {name: per_token[name] for name in samplers},
+            "switches_per_token": {name: count / tokens
+                                   for name, count in measured["switches"].items()}}
 
 
 def add_ratios(results: list[dict]) -> None:
@@ -356,9 +379,13 @@ def format_report(report: dict) -> str:
              f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
-             f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9}"]
+             f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
+             f"{'cs:trit':>7} {'cs:stub':>7}"]
     for r in report["results"]:
         cpu = r["cpu_us_per_token"]
+        switches = r.get("switches_per_token", {})  # reports from before the column: none
+        stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
+                                     else "llm")
         lines.append(
             f"{pace_label(r):<15} {r['batch']:>4} {r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
@@ -368,11 +395,14 @@ def format_report(report: dict) -> str:
             f"{cell(r.get('llm_loop_us_per_token'), '5.0f')} "
             f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
             f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
-            f"{cell(r['server_vs_floor'], '9.2f')}")
+            f"{cell(r['server_vs_floor'], '9.2f')} "
+            f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
                  "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
-                 "same pace and B; server/fl = whole server over the floor's")
+                 "same pace and B; server/fl = whole server over the floor's; cs = context "
+                 "switches per token (/proc/<pid>/task/*/status) of tritonserver and of the "
+                 "route's stub (llm or floor)")
     return "\n".join(lines)
