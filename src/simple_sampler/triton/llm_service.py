@@ -55,7 +55,11 @@ class Unavailable(RuntimeError):
 #: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
 #: any other error: generation failed, INTERNAL); outputs and error None:
 #: the final flag alone, for a request whose client cancelled or went away.
-Send = Callable[[dict | None, Exception | None, bool], None]
+#: It sends the response, or builds it and returns a Transmit that sends it
+#: (raising as send would): the service then sends a step's built responses
+#: back to back.
+Transmit = Callable[[], None]
+Send = Callable[[dict | None, Exception | None, bool], Transmit | None]
 CANCEL_POLL_S = 0.1
 #: The most requests asked whether they were cancelled per poll.
 CANCEL_CHECKS_PER_POLL = 16
@@ -179,6 +183,8 @@ class LlmService:
         self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
         #: a step's events, answered in one burst once the step's pass is over
         self.outbox: list[tuple[_Delivery, GenerationEvent]] = []
+        #: the responses built from them, to send back to back
+        self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -286,7 +292,9 @@ class LlmService:
     @staticmethod
     def _refuse(error: Exception, send: Send, on_done) -> None:
         try:
-            send(None, error, True)
+            transmit = send(None, error, True)
+            if transmit is not None:
+                transmit()
         finally:
             on_done()
 
@@ -298,7 +306,9 @@ class LlmService:
         Triton has taken the response: python_backend's
         ``ResponseSender::Send``); sends spaced out by the pass's own work
         each find Triton's threads asleep and pay their wake-ups, where a
-        burst finds them awake."""
+        burst finds them awake. The responses are built first and then
+        sent (a ``Send`` may return a ``Transmit``), so that nothing but
+        the sends themselves runs between them."""
         if not self.outbox:
             self.loop.call_soon(self._send_outbox)
         self.outbox.append((delivery, event))
@@ -311,10 +321,38 @@ class LlmService:
         outbox, self.outbox = self.outbox, []
         for delivery, event in outbox:
             self._answer(delivery, event)
+        transmits, self.transmits = self.transmits, []
+        for delivery, transmit, final in transmits:
+            try:
+                transmit()
+            except Exception:  # nobody to answer: stop generating for them
+                log.debug("sending a response failed: the request is cancelled", exc_info=True)
+                delivery.stop()
+                if final:
+                    self._final_flag(delivery)
         self.decoder.stats.loop_s += time.thread_time() - started
 
+    def _send(self, delivery: _Delivery, outputs: dict | None, error: Exception | None,
+              final: bool) -> None:
+        """One response of `delivery`: sent, or built and queued to be sent."""
+        transmit = delivery.send(outputs, error, final)
+        if transmit is not None:
+            self.transmits.append((delivery, transmit, final))
+
+    @staticmethod
+    def _final_flag(delivery: _Delivery) -> None:
+        """A cancelled request still ends with the final flag: until it
+        does, Triton holds the request, and the model cannot unload
+        (serve's stop after a load whose clients left timed out on it)."""
+        try:
+            transmit = delivery.send(None, None, True)
+            if transmit is not None:
+                transmit()
+        except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
+            log.debug("the final flag of a cancelled request was refused", exc_info=True)
+
     def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """Send what `event` makes of the request's answer; never raises."""
+        """Send (or queue) what `event` makes of the request's answer; never raises."""
         answered = False
         if delivery.delivering:
             try:
@@ -324,13 +362,7 @@ class LlmService:
                 log.debug("sending a response failed: the request is cancelled", exc_info=True)
                 delivery.stop()
         if event.final and not answered:
-            # A cancelled request still ends with the final flag: until it
-            # does, Triton holds the request, and the model cannot unload
-            # (serve's stop after a load whose clients left timed out on it).
-            try:
-                delivery.send(None, None, True)
-            except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
-                log.debug("the final flag of a cancelled request was refused", exc_info=True)
+            self._final_flag(delivery)
         if event.final:
             # Never ask Triton about a request after its final response: its
             # response factory is gone (Triton 2.51 crashes in
@@ -370,15 +402,17 @@ class LlmService:
     def _send_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
         """One response per `interval` tokens of a stream (and always the
         last), or one at the end; an error ends the request at once."""
-        decoded, send = delivery.decoded, delivery.send
+        decoded = delivery.decoded
         if event.error:
             if decoded.stream and delivery.held:  # the tokens made before it
                 self._flush(delivery, final=False)
-            send(None, (Unavailable if event.retryable else RuntimeError)(event.error), True)
+            self._send(delivery, None,
+                       (Unavailable if event.retryable else RuntimeError)(event.error), True)
             return
         if decoded.stream and delivery.interval == 1:
-            send(encode_event(event, full=event.final,
-                              logprobs=decoded.request.return_log_probs), None, event.final)
+            self._send(delivery, encode_event(event, full=event.final,
+                                              logprobs=decoded.request.return_log_probs),
+                       None, event.final)
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
@@ -392,8 +426,9 @@ class LlmService:
             self.codec.decode(self._prompt_ids(decoded))
         event = merge_events(delivery.held) if len(delivery.held) > 1 else delivery.held[0]
         delivery.held, delivery.held_tokens = [], 0
-        delivery.send(encode_event(event, prefix, full=final or not decoded.stream,
-                                   logprobs=decoded.request.return_log_probs), None, final)
+        self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
+                                          logprobs=decoded.request.return_log_probs),
+                   None, final)
 
     def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request
