@@ -106,16 +106,17 @@ def server_processes(server_pid: int) -> dict[str, int]:
 
 
 def context_switches(pid: int) -> int:
-    """Voluntary and involuntary context switches of all the process's
-    threads so far: each time a thread slept (waiting for a message, a lock)
-    or was preempted. A count, so unlike CPU time it barely moves with the
-    machine's load: what a cut of wake-ups buys shows here first."""
+    """Voluntary context switches of all the process's threads so far: each
+    time a thread went to sleep waiting (for a message, a lock), to be woken
+    again. A count of the process's own waits: unlike CPU time and
+    preemptions (involuntary switches, not counted) it barely moves with the
+    machine's load, so what a cut of wake-ups buys shows here first."""
     switches = 0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{task}/status", "rb") as status:
                 for line in status:
-                    if b"ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                    if line.startswith(b"voluntary_ctxt_switches:"):
                         switches += int(line.split()[1])
         except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
             continue
@@ -402,7 +403,7 @@ def format_report(report: dict) -> str:
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
                  "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
-                 "same pace and B; server/fl = whole server over the floor's; cs = context "
-                 "switches per token (/proc/<pid>/task/*/status) of tritonserver and of the "
-                 "route's stub (llm or floor)")
+                 "same pace and B; server/fl = whole server over the floor's; cs = voluntary "
+                 "context switches per token (/proc/<pid>/task/*/status) of tritonserver and "
+                 "of the route's stub (llm or floor)")
     return "\n".join(lines)
