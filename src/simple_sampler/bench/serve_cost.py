@@ -363,7 +363,7 @@ def data_plane(instances: int, micro_batches: int, sampling_mode: str = "simple"
             f"synthetic) inside a real Triton server: ensemble, preprocessing, llm "
             f"({micro_batches} micro-batches) and {sampling}; "
             f"beside it the floor model (bench/floor: no work, one INT32 token per request "
-            f"per step)")
+            f"per step; on the floor-llm route the llm model's outputs instead)")
 
 
 def pace_label(row: dict) -> str:
