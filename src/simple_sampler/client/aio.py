@@ -3,11 +3,12 @@ through aiohttp (what tritonclient.http.aio is built on) for the generate
 extension."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import AsyncIterator
 
-from .common import (Chunk, ClientBase, GenerationError, chunk_from, grpc_error, grpc_inputs,
-                     http_error, payload_chunk, sse_chunk)
+from .common import (STREAM_END_TIMEOUT_S, Chunk, ClientBase, GenerationError, chunk_from,
+                     grpc_error, grpc_inputs, http_error, payload_chunk, sse_chunk)
 
 
 class AsyncGenerateClient(ClientBase):
@@ -60,19 +61,26 @@ class AsyncGenerateClient(ClientBase):
             yield request
 
         # grpc.aio cannot ask for Triton's empty final response, so the end is
-        # the response that carries a finish_reason: the decode loop's last one.
+        # the response that carries a finish_reason (the decode loop's last
+        # one) or an error (the decode loop sends it final).
         responses = self._connect().stream_infer(one_request(), stream_timeout=self.timeout_s)
+        ended = False
         try:
             async for result, error in responses:
                 if error is not None:
+                    ended = await _stream_ended(responses)
                     raise grpc_error(error)
                 chunk = chunk_from(result.as_numpy)
-                yield chunk
                 if chunk.finish_reason:
+                    ended = await _stream_ended(responses)
+                    yield chunk
                     return
+                yield chunk
+            ended = True
             raise GenerationError("the stream ended before the final response")
         finally:
-            responses.cancel()
+            if not ended:  # a caller leaving early: cancelling stops the generation
+                responses.cancel()
 
     async def _http(self, address: str, body: bytes) -> AsyncIterator[Chunk]:
         async with self._connect().post(
@@ -86,3 +94,22 @@ class AsyncGenerateClient(ClientBase):
                 chunk = sse_chunk(line)
                 if chunk is not None:
                     yield chunk
+
+
+async def _stream_ended(responses) -> bool:
+    """Wait for Triton to end a call whose request had its final response;
+    True if it did within STREAM_END_TIMEOUT_S. Cancelling such a call
+    instead races Triton 2.51's gRPC stream handler (server
+    src/grpc/stream_infer_handler.cc, ModelStreamInferHandler::Process and
+    InferHandlerState::Context::HandleCancellation, r24.10; upstream fixed the
+    race in 25.05, "Fix gRPC cancellation race condition", #8078): the
+    request's state is then never released, it holds the InferenceRequest
+    and with it the model, and Triton's stop waits its whole exit timeout
+    for a model that never unloads (docs/RELIABILITY.md, "Stopping")."""
+    try:
+        async with asyncio.timeout(STREAM_END_TIMEOUT_S):
+            async for _ in responses:
+                pass
+    except Exception:  # noqa: BLE001 - the call failed or hung: the caller cancels it
+        return False
+    return True

@@ -33,6 +33,7 @@ class GenerateClient(ClientBase):
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        final = False
         try:
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)
@@ -41,12 +42,17 @@ class GenerateClient(ClientBase):
                 if error is not None:
                     raise grpc_error(error)
                 response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                if final:  # let Triton end the call before the caller goes on (aio._stream_ended)
+                    client.stop_stream(cancel_requests=False)
                 if response.outputs:
                     yield chunk_from(result.as_numpy)
-                if response.parameters["triton_final_response"].bool_param:
+                if final:
                     return
         finally:
-            client.stop_stream(cancel_requests=True)
+            # A caller leaving early (or an error, whose flags a callback
+            # cannot read): cancelling stops the generation.
+            client.stop_stream(cancel_requests=not final)
             client.close()
 
     def _http(self, address: str, body: bytes) -> Iterator[Chunk]:

@@ -1,0 +1,105 @@
+"""How the asyncio client ends a gRPC stream, against a fake call: a request
+whose final response (or error) came is left for Triton to end, never
+cancelled (a cancel racing Triton 2.51's end of the call leaks the request,
+and the model never unloads: docs/RELIABILITY.md, "Stopping"); a caller
+leaving early cancels it (that stops the generation)."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from simple_sampler.client import AsyncGenerateClient, GenerationError
+from simple_sampler.client import aio
+
+
+class Result:
+    def __init__(self, text: str, finish_reason: str = ""):
+        self.arrays = {"text_output": np.array([text.encode()], dtype=object)}
+        if finish_reason:
+            self.arrays["finish_reason"] = np.array([finish_reason.encode()], dtype=object)
+
+    def as_numpy(self, name):
+        return self.arrays.get(name)
+
+
+class Error(Exception):
+    def message(self):
+        return "shutting down"
+
+
+class FakeCall:
+    """tritonclient.grpc.aio's stream: (result, error) pairs, then the end
+    of the call (Triton's OK status) unless `hangs`."""
+
+    def __init__(self, responses, hangs: bool = False):
+        self.responses, self.hangs = list(responses), hangs
+        self.cancelled = self.ended = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.responses:
+            return self.responses.pop(0)
+        if self.hangs:
+            await asyncio.sleep(3600)
+        self.ended = True
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakeConnection:
+    def __init__(self, call: FakeCall):
+        self.call = call
+
+    def stream_infer(self, requests, stream_timeout=None):
+        return self.call
+
+    async def close(self):
+        pass
+
+
+def client_of(call: FakeCall) -> AsyncGenerateClient:
+    client = AsyncGenerateClient("127.0.0.1:1", "grpc", model="llm")
+    client._connection = FakeConnection(call)
+    return client
+
+
+async def first_chunks(client, count: int):
+    stream = client.stream("hi", max_tokens=4)
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == count:
+            break
+    await stream.aclose()
+    return chunks
+
+
+def test_a_finished_stream_is_left_for_triton_to_end_not_cancelled():
+    call = FakeCall([(Result("a"), None), (Result("b", "length"), None)])
+    chunks = asyncio.run(first_chunks(client_of(call), 2))
+    assert [c.text for c in chunks] == ["a", "b"] and chunks[-1].finish_reason == "length"
+    assert call.ended and not call.cancelled
+
+
+def test_an_error_ends_the_request_and_is_left_for_triton_to_end():
+    call = FakeCall([(Result("a"), None), (None, Error())])
+    with pytest.raises(GenerationError, match="shutting down"):
+        asyncio.run(first_chunks(client_of(call), 3))
+    assert call.ended and not call.cancelled
+
+
+def test_a_caller_leaving_mid_stream_cancels_it():
+    call = FakeCall([(Result("a"), None), (Result("b"), None), (Result("c", "length"), None)])
+    assert [c.text for c in asyncio.run(first_chunks(client_of(call), 1))] == ["a"]
+    assert call.cancelled and not call.ended
+
+
+def test_a_stream_that_does_not_end_after_its_final_response_is_cancelled(monkeypatch):
+    monkeypatch.setattr(aio, "STREAM_END_TIMEOUT_S", 0.05)
+    call = FakeCall([(Result("a", "stop"), None)], hangs=True)
+    assert [c.finish_reason for c in asyncio.run(first_chunks(client_of(call), 1))] == ["stop"]
+    assert call.cancelled
