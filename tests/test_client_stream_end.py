@@ -1,14 +1,16 @@
-"""How the asyncio client ends a gRPC stream, against a fake call: a request
+"""How the clients end a gRPC stream, against fake calls: a request
 whose final response (or error) came is left for Triton to end, never
 cancelled (a cancel racing Triton 2.51's end of the call leaks the request,
 and the model never unloads: docs/RELIABILITY.md, "Stopping"); a caller
 leaving early cancels it (that stops the generation)."""
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tritonclient.grpc
 
-from simple_sampler.client import AsyncGenerateClient, GenerationError
+from simple_sampler.client import AsyncGenerateClient, GenerateClient, GenerationError
 from simple_sampler.client import aio
 
 
@@ -103,3 +105,60 @@ def test_a_stream_that_does_not_end_after_its_final_response_is_cancelled(monkey
     call = FakeCall([(Result("a", "stop"), None)], hangs=True)
     assert [c.finish_reason for c in asyncio.run(first_chunks(client_of(call), 1))] == ["stop"]
     assert call.cancelled
+
+
+class SyncResult(Result):
+    def __init__(self, text: str, finish_reason: str = "", final: bool = False):
+        super().__init__(text, finish_reason)
+        flag = SimpleNamespace(bool_param=final)
+        self.response = SimpleNamespace(outputs=[text] if text else [],
+                                        parameters={"triton_final_response": flag})
+
+    def get_response(self):
+        return self.response
+
+
+class FakeSyncClient:
+    """tritonclient.grpc's client: the stream's callback gets `responses`;
+    records how the stream was stopped."""
+    responses: list = []
+    stops: list = []
+
+    def __init__(self, url):
+        pass
+
+    def start_stream(self, callback, stream_timeout=None):
+        self.callback = callback
+
+    def async_stream_infer(self, model, inputs, **kwargs):
+        for result, error in self.responses:
+            self.callback(result, error)
+
+    def stop_stream(self, cancel_requests=False):
+        if not FakeSyncClient.stops:
+            FakeSyncClient.stops.append(cancel_requests)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("responses, count, cancelled", [
+    ([(SyncResult("a"), None), (SyncResult("b", "length"), None), (SyncResult("", final=True), None)],
+     3, False),
+    ([(SyncResult("a"), None), (None, Error())], 3, False),
+    ([(SyncResult("a"), None), (SyncResult("b"), None)], 1, True),
+], ids=["final-flag", "error", "caller-leaves"])
+def test_the_sync_client_cancels_only_a_stream_its_caller_left(monkeypatch, responses, count,
+                                                              cancelled):
+    monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeSyncClient)
+    monkeypatch.setattr(FakeSyncClient, "responses", responses)
+    monkeypatch.setattr(FakeSyncClient, "stops", [])
+    stream = GenerateClient("127.0.0.1:1", "grpc", model="llm").stream("hi", max_tokens=4)
+    try:
+        for index, _ in enumerate(stream, 1):
+            if index == count:
+                break
+    except GenerationError:
+        pass
+    stream.close()
+    assert FakeSyncClient.stops == [cancelled]

@@ -99,13 +99,15 @@ class AsyncGenerateClient(ClientBase):
 async def _stream_ended(responses) -> bool:
     """Wait for Triton to end a call whose request had its final response;
     True if it did within STREAM_END_TIMEOUT_S. Cancelling such a call
-    instead races Triton 2.51's gRPC stream handler (server
-    src/grpc/stream_infer_handler.cc, ModelStreamInferHandler::Process and
-    InferHandlerState::Context::HandleCancellation, r24.10; upstream fixed the
-    race in 25.05, "Fix gRPC cancellation race condition", #8078): the
-    request's state is then never released, it holds the InferenceRequest
-    and with it the model, and Triton's stop waits its whole exit timeout
-    for a model that never unloads (docs/RELIABILITY.md, "Stopping")."""
+    instead races Triton 2.51's gRPC stream handler (server r24.10,
+    src/grpc/infer_handler.h, InferHandlerState::Context::
+    IssueRequestCancellation and HandleCancellation): a cancellation that
+    reaches a state whose Finish is already issued (PARTIAL_COMPLETION) marks
+    it CANCELLATION_ISSUED and waits for a response callback that never comes
+    (seen in its verbose log: "Waiting for the callback to retrieve
+    cancellation", never released). The state keeps its InferenceRequest and
+    so the model, which never unloads: Triton's stop waits out its exit
+    timeout (docs/RELIABILITY.md, "Stopping")."""
     try:
         async with asyncio.timeout(STREAM_END_TIMEOUT_S):
             async for _ in responses:
