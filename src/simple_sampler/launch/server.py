@@ -24,7 +24,7 @@ from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
-from .supervisor import list_stubs, unlink_shm
+from .supervisor import arena_regions, list_stubs, unlink_shm
 
 log = logging.getLogger(__name__)
 
@@ -281,9 +281,15 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-            # Triton removes a model's region when it unloads it; a model it
-            # gave up on at its exit timeout (or a SIGKILL) leaves it behind.
-            unlink_shm(stub.shm_region for stub in stubs)
+            # Triton removes a model's region when it unloads it, and the
+            # model's finalize its row arena; a model Triton gave up on at its
+            # exit timeout (or a SIGKILL) leaves both behind.
+            left = unlink_shm([*(stub.shm_region for stub in stubs),
+                               *arena_regions(stub.pid for stub in stubs)])
+            if self.process.returncode != 0:
+                log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
+                            "memory its models left: %s", self.process.returncode,
+                            ", ".join(left) or "none")
         shutil.rmtree(self._workdir, ignore_errors=True)
         log.info("tritonserver stopped (status %s)", self.process.returncode)
         return self.process.returncode
