@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -275,6 +276,9 @@ def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
                 lines = response.iter_lines()
                 for _ in range(3):
                     next(lines)
+                # serve's drain waits on this gauge, which may lag a new
+                # request by the llm model's 0.5 s report period
+                wait_until_generating(SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports[2]}/metrics"))
                 signalled = time.monotonic()
                 process.send_signal(signal.SIGINT)
                 rest = [line for line in lines if line]
@@ -290,6 +294,7 @@ def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
     assert "simple-sampler serve: stopped" in stdout
     assert (("".join(output) + stdout).count("openai frontend ready on")) == 1
     assert "(status 0)" in stdout  # tritonserver exited by itself, not at its exit timeout
+    assert re.search(r"drained in [1-9]", stdout), stdout  # the long stream: for the grace
     assert stopped_after < grace + TRITON_EXIT_TIMEOUT_S, stopped_after
     assert len(stubs) == 3
     assert not arena_regions(stub.pid for stub in stubs)
