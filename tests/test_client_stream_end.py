@@ -1,7 +1,7 @@
 """How the clients end a gRPC stream, against fake calls: a request
 whose final response (or error) came is left for Triton to end, never
 cancelled (a cancel racing Triton 2.51's end of the call leaks the request,
-and the model never unloads: docs/RELIABILITY.md, "Stopping"); a caller
+and the model never unloads: docs/RELIABILITY.md, "Stopping after a load"); a caller
 leaving early cancels it (that stops the generation)."""
 import asyncio
 from types import SimpleNamespace

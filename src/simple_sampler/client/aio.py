@@ -107,7 +107,7 @@ async def _stream_ended(responses) -> bool:
     (seen in its verbose log: "Waiting for the callback to retrieve
     cancellation", never released). The state keeps its InferenceRequest and
     so the model, which never unloads: Triton's stop waits out its exit
-    timeout (docs/RELIABILITY.md, "Stopping")."""
+    timeout (docs/RELIABILITY.md, "Stopping after a load")."""
     try:
         async with asyncio.timeout(STREAM_END_TIMEOUT_S):
             async for _ in responses:
