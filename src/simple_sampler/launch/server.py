@@ -33,11 +33,15 @@ MiB = 1 << 20
 IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
 #: How long past its grace a draining decode loop may take to send its errors.
 DRAIN_MARGIN_S = 5.0
-#: After the drain, how long Triton waits for its models to unload.
-TRITON_EXIT_TIMEOUT_S = 8
+#: After the drain, how long Triton waits for its models to unload: each
+#: model's finalize, then its stub process's exit (Python's teardown), which
+#: took up to 6 s on a loaded 2-core machine (load average 9) after a load.
+#: Triton exits as soon as they are unloaded; only a model that never
+#: unloads waits all of it.
+TRITON_EXIT_TIMEOUT_S = 15
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
-STOP_MARGIN_S = 13.0
+STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
 
 
 def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
