@@ -31,10 +31,10 @@ class Error(Exception):
 
 class FakeCall:
     """tritonclient.grpc.aio's stream: (result, error) pairs, then the end
-    of the call (Triton's OK status) unless `hangs`."""
+    of the call (Triton's OK status) unless `hangs`, or once `end` is set."""
 
-    def __init__(self, responses, hangs: bool = False):
-        self.responses, self.hangs = list(responses), hangs
+    def __init__(self, responses, hangs: bool = False, end: asyncio.Event | None = None):
+        self.responses, self.hangs, self.end = list(responses), hangs, end
         self.cancelled = self.ended = False
 
     def __aiter__(self):
@@ -45,6 +45,8 @@ class FakeCall:
             return self.responses.pop(0)
         if self.hangs:
             await asyncio.sleep(3600)
+        if self.end is not None:
+            await self.end.wait()
         self.ended = True
         raise StopAsyncIteration
 
@@ -98,6 +100,22 @@ def test_a_caller_leaving_mid_stream_cancels_it():
     call = FakeCall([(Result("a"), None), (Result("b"), None), (Result("c", "length"), None)])
     assert [c.text for c in asyncio.run(first_chunks(client_of(call), 1))] == ["a"]
     assert call.cancelled and not call.ended
+
+
+def test_a_caller_cancelled_while_its_finished_call_ends_leaves_it_to_end():
+    async def run():
+        end = asyncio.Event()
+        call = FakeCall([(Result("a", "stop"), None)], end=end)
+        reader = asyncio.ensure_future(first_chunks(client_of(call), 1))
+        await asyncio.sleep(0.01)  # the final response came: the call is ending
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        end.set()
+        await asyncio.sleep(0.01)
+        return call
+    call = asyncio.run(run())
+    assert call.ended and not call.cancelled
 
 
 def test_a_stream_that_does_not_end_after_its_final_response_is_cancelled(monkeypatch):
