@@ -122,9 +122,11 @@ async def _let_triton_end(responses) -> None:
     state keeps its InferenceRequest and so the model, which never unloads:
     Triton's stop waits out its exit timeout (docs/RELIABILITY.md, "Stopping
     after a load")."""
-    try:
-        async with asyncio.timeout(STREAM_END_TIMEOUT_S):
-            async for _ in responses:
-                pass
+    async def drain() -> None:
+        async for _ in responses:
+            pass
+
+    try:  # wait_for, not asyncio.timeout: NGC's Triton images run Python 3.10
+        await asyncio.wait_for(drain(), STREAM_END_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the call failed or hung: cancelling ends it here
         responses.cancel()
