@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..client.aio import _let_triton_end
 from ..serving.simulated import LABEL
 from ..triton.llm_service import PROFILE_ENV
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
@@ -189,7 +190,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
             yield request
 
         stream = client.stream_infer(requests())
-        received = 0
+        received, finished = 0, False
         try:
             async for result, error in stream:
                 if error is not None:
@@ -203,11 +204,16 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
                     if start_at <= before < end_at:
                         responses_in_window += 1
                 if received >= max_tokens:
+                    # left for Triton to end: cancelling a finished call races
+                    # Triton 2.51's stream handler, and the model never unloads
+                    finished = True
+                    await _let_triton_end(stream)
                     return
             raise RuntimeError(f"{model} request {index}: the stream ended after {received} "
                                f"of {max_tokens} tokens")
         finally:
-            stream.cancel()
+            if not finished:
+                stream.cancel()
 
     try:
         await asyncio.gather(*(one(i) for i in range(config.batch)))
