@@ -27,9 +27,9 @@ from typing import Mapping
 import numpy as np
 
 from ..handoff import CompactRows, host_array, sample_compact
-from ..params import PARAMS, RULES, SamplingBatch, first_violation
+from ..params import PARAMS, RULES, SamplingBatch, any_on, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import HANDOFF_INPUTS, SAMPLER, InvalidRequest
+from ..schema import HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
 
 PADDING = -1
 
@@ -45,6 +45,8 @@ _KNOWN_INPUTS = frozenset(INPUT_NAMES)
 #: (tensor name, its RULES entry) for every checked column
 _RULE_INPUTS = tuple((name, param) for param in RULES
                      for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
+#: The inputs ``row_scalars`` packs (schema.ROW_SCALARS_RECORD's fields).
+PACKED_INPUTS = ROW_SCALARS_RECORD.names
 
 
 @dataclass
@@ -124,6 +126,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
                              f"{', '.join(INPUT_NAMES)}")
+    if inputs.get("row_scalars") is not None:
+        inputs = _unpacked(inputs)
     logits = inputs.get("logits")
     compact = None
     refs = inputs.get("logits_ref")
@@ -201,6 +205,24 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
                        num_top, compact, refs)
 
 
+def _unpacked(inputs: Mapping) -> dict:
+    """`inputs` with ``row_scalars`` replaced by the [B, 1] inputs it packs
+    (views of its fields), checked then as if they had come one by one."""
+    packed = np.asarray(inputs["row_scalars"])
+    both = [name for name in PACKED_INPUTS if inputs.get(name) is not None]
+    if both:
+        raise InvalidRequest(f"row_scalars carries {both[0]}: send one of them, not both")
+    if (packed.ndim != 2 or packed.shape[1] != ROW_SCALARS_RECORD.itemsize
+            or packed.dtype != np.uint8):
+        raise InvalidRequest(f"row_scalars must be UINT8 [B, {ROW_SCALARS_RECORD.itemsize}] "
+                             f"(schema.ROW_SCALARS_RECORD), got {packed.dtype} "
+                             f"{list(packed.shape)}")
+    records = np.ascontiguousarray(packed).view(ROW_SCALARS_RECORD)
+    unpacked = {name: value for name, value in inputs.items() if name != "row_scalars"}
+    unpacked.update((name, records[name]) for name in PACKED_INPUTS)  # [B, 1] each
+    return unpacked
+
+
 def _compact_rows(inputs: Mapping, hot_vocab):
     """``handoff.CompactRows`` from the compact inputs (shapes checked here,
     contents by ``sample_compact``)."""
@@ -232,14 +254,24 @@ def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING
     return out
 
 
-def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+def batch_arrays(batch: SamplingBatch, packed: bool = False) -> dict[str, np.ndarray]:
     """The sampler inputs that carry `batch` (the inverse of decode_request).
 
     Banned ids travel as a logit bias of -inf, which the kernels treat
     exactly as a ban (a ban overrides any bias the same id had), so a batch
     from the decode loop (stop ids before min_tokens, bad words) needs no
     tensor of its own.
+
+    packed: the fewest tensors (the sampler pool's form; each tensor costs
+    the python backend per request, docs/COPIES.md): every per-row
+    parameter in ``row_scalars``, return_log_probs from ``want_logprobs``
+    (None: every row) among them; the bans as ``end_id`` with min_tokens =
+    step + 1 (banned at this step, exactly as above); the histories only
+    for the rows with a penalty on (no other row reads them), and not at
+    all when none has.
     """
+    if packed:
+        return _packed_arrays(batch)
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
         arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
@@ -251,6 +283,32 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     if bias_ids.size:
         arrays["logit_bias_ids"] = padded(bias_offsets, bias_ids)
         arrays["logit_bias_values"] = padded(bias_offsets, bias_values, np.float32, 0.0)
+    return arrays
+
+
+def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+    size = len(batch)
+    records = np.zeros(size, ROW_SCALARS_RECORD)
+    for name, (field, _) in SCALAR_INPUTS.items():
+        records[name] = getattr(batch, field)
+    records["random_seed"] = batch.seed
+    records["step"] = batch.step
+    records["return_log_probs"] = True if batch.want_logprobs is None else batch.want_logprobs
+    arrays = {"row_scalars": records.view(np.uint8).reshape(size, ROW_SCALARS_RECORD.itemsize)}
+    bans = np.diff(batch.ban_offsets)
+    if bans.any():
+        records["min_tokens"] = np.where(bans > 0, np.asarray(batch.step, np.int64) + 1, 0)
+        arrays["end_id"] = padded(batch.ban_offsets, batch.ban_ids)
+    if np.size(batch.bias_ids):
+        arrays["logit_bias_ids"] = padded(batch.bias_offsets, batch.bias_ids)
+        arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values, np.float32, 0.0)
+    penalized = any_on(batch, "penalty")
+    if penalized.any():
+        for name, offsets, ids in (("prompt_ids", batch.prompt_offsets, batch.prompt_ids),
+                                   ("generated_ids", batch.output_offsets, batch.output_ids)):
+            lengths = np.where(penalized, np.diff(offsets), 0)
+            kept = np.repeat(penalized, np.diff(offsets))
+            arrays[name] = padded(np.r_[0, np.cumsum(lengths)], np.asarray(ids)[kept])
     return arrays
 
 
