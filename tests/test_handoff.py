@@ -332,7 +332,7 @@ def _local_pool(hot, capacity=2, requests=None):
     def call(inputs):
         if requests is not None:
             requests.append(("compact" if "hot_logits" in inputs else "full",
-                             len(inputs["random_seed"])))
+                             len(inputs["row_scalars"])))
         return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
@@ -392,16 +392,18 @@ def test_hot_first_sampler_through_a_pool():
     undecided, second_batch = fallback_batch(batch, expected, compact, hot)
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
     assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
-    for capacity in (1, 3):
+    for capacity, per_request, compact_requests in ((1, 8, 1), (3, 8, 3), (3, 16, 3), (3, 40, 1)):
         requests = []
-        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16)
+        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16,
+                                  rows_per_request=per_request)
         tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
         assert [rows for kind, rows in requests if kind == "full"] == [len(undecided)], \
             "the undecided rows go in one request, whatever the pool's capacity"
-        assert sum(1 for kind, _ in requests if kind == "compact") == capacity
+        assert sum(1 for kind, _ in requests if kind == "compact") == compact_requests, \
+            "a request per instance, but at least rows_per_request rows in each"
 
 
 def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
