@@ -123,6 +123,13 @@ def _batch(size: int) -> SamplingBatch:
     return SamplingBatch.from_params([SamplingParams(seed=row) for row in range(size)])
 
 
+def _requests(arrays: dict, size: int, shards: int) -> list[dict]:
+    """`arrays` split into `shards` requests as the pool splits a step."""
+    bounds = np.linspace(0, size, shards + 1).astype(int)
+    return [({k: v[a:b] for k, v in arrays.items()}, a, b)
+            for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
 def _stub_requests(rows, params: SamplingBatch, instances: int):
     """A function doing what the sampler instances' ``execute`` does in
     Python for one step of `rows` over the arena (``decode_request``,
@@ -137,10 +144,8 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     arena = RowArena(1, host.nbytes)
     lease, reader = arena.lease(host), RowReader()
     params.want_logprobs = np.zeros(len(params), bool)
-    arrays = batch_arrays(params, packed=True)  # as the pool sends them
-    bounds = np.linspace(0, len(params), instances + 1).astype(int)
-    requests = [{**{k: v[a:b] for k, v in arrays.items()}, "logits_ref": lease.refs(a, b)}
-                for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    requests = [{**inputs, "logits_ref": lease.refs(a, b)} for inputs, a, b in
+                _requests(batch_arrays(params, packed=True), len(params), instances)]
 
     def step():
         for inputs in requests:
@@ -152,14 +157,33 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     return step, lambda: sample(mapped, params, return_logprobs=False, num_threads=1), arena
 
 
+def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int):
+    """The sampler instances' Python for one step of compact rows, in the
+    requests ``HotFirstSampler`` makes of them (``decode_request`` +
+    ``sample_request`` with the hot set)."""
+    from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
+    from ..triton.sampler_codec import batch_arrays, compact_arrays, decode_request, sample_request
+
+    params.want_logprobs = np.zeros(len(params), bool)
+    shards = min(instances, -(-len(params) // COMPACT_ROWS_PER_REQUEST))
+    requests = [inputs for inputs, _, _ in _requests(
+        {**compact_arrays(compact), **batch_arrays(params, packed=True)}, len(params), shards)]
+
+    def step():
+        for inputs in requests:
+            sample_request(decode_request(inputs, hot.vocab_size, hot), 1, hot)
+    return step
+
+
 def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
                  instances: int = INSTANCES) -> dict:
     """us/row of the kernels on the simulated bank's first B rows, one
     thread, CPU clock: full rows (``sample``), compact rows
     (``sample_compact`` on the engine's summary), and the sampler stub's
     Python work for full rows from the arena in `instances` requests
-    (``_stub_requests``: the kernel plus our decoding), the server load's
-    parameters; and the compact rows' bytes per row."""
+    (``_stub_requests``: the kernel plus our decoding) and for compact rows
+    (``_stub_compact_requests``), the server load's parameters; and the
+    compact rows' bytes per row."""
     from ..handoff import DEFAULT_COLD_TOP, sample_compact
     from ..serving.hot_first import touched_lists
     from ..sampling import sample
@@ -183,11 +207,14 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
             "full": lambda: sample(rows, params, return_logprobs=False, num_threads=1),
             "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
                                               num_threads=1),
-            "stub": stub, "mapped": mapped_kernel}, batch, repeats, clock="cpu")
+            "stub": stub, "mapped": mapped_kernel,
+            "compact_stub": _stub_compact_requests(compact, params, hot, instances)},
+            batch, repeats, clock="cpu")
     finally:
         arena.close()
     return {"kernel_us_per_row": costs["full"], "compact_kernel_us_per_row": costs["compact"],
             "codec_us_per_row": costs["stub"] - costs["mapped"],
+            "compact_codec_us_per_row": costs["compact_stub"] - costs["compact"],
             "row_bytes": vocab * rows.element_size(),
             "compact_bytes_per_row": compact.nbytes() / batch,
             "hot_set": len(hot_ids)}
@@ -221,6 +248,7 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
                     "kernel_us_per_row": kernels["kernel_us_per_row"],
                     "compact_kernel_us_per_row": kernels["compact_kernel_us_per_row"],
                     "codec_us_per_row": kernels["codec_us_per_row"],
+                    "compact_codec_us_per_row": kernels["compact_codec_us_per_row"],
                     "vs_kernel": served["samplers_us_per_token"] / kernels["kernel_us_per_row"],
                     "hot_set": kernels["hot_set"]})
     return {"results": results,
@@ -238,7 +266,8 @@ def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
              f"requests: {report['settings']['params']}",
              f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
-             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'vs kern':>7} {'rows/tok':>8} "
+             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'c.codec':>7} {'vs kern':>7} "
+             f"{'rows/tok':>8} "
              f"{'fallback':>8} {'bytes/row':>9} {'share':>6} {'copies':>6} {'faults':>6} "
              f"{'tok/s':>7}"]
     for r in report["results"]:
@@ -247,6 +276,7 @@ def format_report(report: dict) -> str:
             f"{r['samplers_us_per_token']:>7.1f}us {r['llm_us_per_token']:>6.1f}us "
             f"{r['tritonserver_us_per_token']:>6.1f}us {r['kernel_us_per_row']:>5.1f}us "
             f"{r['compact_kernel_us_per_row']:>5.1f}us {r['codec_us_per_row']:>5.1f}us "
+            f"{r['compact_codec_us_per_row']:>5.1f}us "
             f"{r['vs_kernel']:>6.2f}x "
             f"{r['rows_per_token']:>8.3f} "
             f"{'-' if r['fallback_rate'] is None else format(r['fallback_rate'], '.2%'):>8} "
@@ -257,7 +287,8 @@ def format_report(report: dict) -> str:
                  "together); kernel / compact: us/row of sample / sample_compact on the same "
                  "rows, one thread, CPU clock; codec: what the stub's decoding adds to the "
                  "kernel per row (in process, full rows from the arena, one request per "
-                 "instance); vs kern = samplers / kernel; fallback: hot-first rows sent "
+                 "instance); c.codec: the same for compact rows (hot-first's requests); "
+                 "vs kern = samplers / kernel; fallback: hot-first rows sent "
                  "again whole (rows/tok - 1); bytes/row: row data the sampler "
                  "reads per token (hot-first: compact arrays + fallback rows); "
                  "copies: full-row copies on the way (docs/COPIES.md); faults: the "
