@@ -308,6 +308,17 @@ def test_bad_input_names_the_field(zipf_row):
     with pytest.raises(ValueError, match=f"touched_ids must not hold hot ids, got {hot_id}"):
         sample_compact(CompactRows(**{**good.__dict__, "touched_ids": np.array([hot_id], np.int32)}),
                        batch, hot)
+    cold = [t for t in range(VOCAB) if hot.positions()[t] < 0][:2]
+    two = {"touched_offsets": np.array([0, 2]), "touched_logits": np.zeros(2, np.float32)}
+    for changed, message in (
+            ({"touched_ids": np.array([VOCAB], np.int32)}, rf"token ids in \[0, {VOCAB}\), got {VOCAB}"),
+            ({"touched_ids": np.array([-3], np.int64)}, r"got -3"),
+            ({"touched_ids": np.array([2**40], np.int64)}, rf"got {2**40}"),
+            ({**two, "touched_ids": np.array(cold[::-1], np.int32)}, "ascending and distinct"),
+            ({**two, "touched_ids": np.array([cold[0]] * 2, np.int32)}, "ascending and distinct"),
+            ({"cold_argmax": np.array([VOCAB])}, r"cold_argmax must be -1 or a token id")):
+        with pytest.raises(ValueError, match=message):
+            sample_compact(CompactRows(**{**good.__dict__, **changed}), batch, hot)
     for bad, column in ((np.nan, 17), (np.inf, int(hot.ids[3]))):
         row = zipf_row.copy()
         row[column] = bad
