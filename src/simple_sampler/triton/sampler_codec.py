@@ -87,7 +87,12 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     """CSR (offsets, ids) of a -1 padded [B, L] input; validates every id."""
     if inputs.get(name) is None:
         return np.zeros(rows + 1, np.int64), np.zeros(0, np.int64)
-    padded = _rows_of(name, inputs[name], rows, width=None)
+    return _id_lists_and_mask(name, inputs[name], rows, vocab)[:2]
+
+
+def _id_lists_and_mask(name: str, padded, rows: int, vocab: int):
+    """_id_lists of a present input, and its mask of the entries that are not padding."""
+    padded = _rows_of(name, padded, rows, width=None)
     if padded.dtype.kind not in "iu":
         padded = padded.astype(np.int64)
     # PADDING is the only negative value allowed: two reductions decide it
@@ -99,7 +104,7 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     used = padded != PADDING
     offsets = np.zeros(rows + 1, np.int64)
     np.cumsum(used.sum(axis=1), out=offsets[1:])
-    return offsets, padded[used]
+    return offsets, padded[used], used
 
 
 def _logits_shape(logits) -> tuple[int, int]:
@@ -234,15 +239,16 @@ def _compact_rows(inputs: Mapping, hot_vocab):
     missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
-    offsets, ids = _id_lists(inputs, "touched_ids", rows, hot_vocab.vocab_size)
+    offsets, ids, used = _id_lists_and_mask("touched_ids", inputs["touched_ids"], rows,
+                                            hot_vocab.vocab_size)
     logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
-    if logits.shape != np.shape(inputs["touched_ids"]):
+    if logits.shape != used.shape:
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
-                           f"{list(np.shape(inputs['touched_ids']))}, got {list(logits.shape)}")
+                           f"{list(used.shape)}, got {list(logits.shape)}")
     return CompactRows(
         hot_logits=host_array(hot),
-        touched_offsets=offsets, touched_ids=ids.astype(np.int32),
-        touched_logits=logits[np.asarray(inputs["touched_ids"]) != PADDING].astype(np.float32),
+        touched_offsets=offsets, touched_ids=ids.astype(np.int32, copy=False),
+        touched_logits=logits[used].astype(np.float32, copy=False),
         **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
 
 
