@@ -131,8 +131,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
                              f"{', '.join(INPUT_NAMES)}")
-    if inputs.get("row_scalars") is not None:
-        inputs = _unpacked(inputs)
+    records = _records(inputs) if inputs.get("row_scalars") is not None else None
     logits = inputs.get("logits")
     compact = None
     refs = inputs.get("logits_ref")
@@ -160,36 +159,46 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         raise InvalidRequest(f"logits must have {vocab_size} columns (the model's vocabulary), "
                            f"got {vocab}")
 
-    columns = {}
-    for name, (field, default) in SCALAR_INPUTS.items():
-        columns[field] = _scalar(inputs, name, rows, default, PARAMS[field].dtype)
+    if records is None:
+        def scalar(name, default, dtype):
+            return _scalar(inputs, name, rows, default, dtype)
+    else:
+        if len(records) != rows:
+            raise InvalidRequest(f"row_scalars must have shape [{rows}, "
+                                 f"{ROW_SCALARS_RECORD.itemsize}] (one row per logits row), "
+                                 f"got [{len(records)}, {ROW_SCALARS_RECORD.itemsize}]")
+
+        def scalar(name, default, dtype):
+            return records[name].astype(dtype)
+    columns = {field: scalar(name, default, PARAMS[field].dtype)
+               for name, (field, default) in SCALAR_INPUTS.items()}
     for name, param in _RULE_INPUTS:
         message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
                                   param.allowed)
         if message:
             raise InvalidRequest(message)
 
-    if inputs.get("random_seed") is None:
+    if records is None and inputs.get("random_seed") is None:
         seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
     else:
-        seed = _rows_of("random_seed", inputs["random_seed"], rows)[:, 0].astype(np.uint64)
+        seed = scalar("random_seed", None, np.uint64)
     lists = {name: _id_lists(inputs, name, rows, vocab) for name in ID_LIST_INPUTS}
     generated_offsets = lists["generated_ids"][0]
-    if inputs.get("step") is None:
+    if records is None and inputs.get("step") is None:
         step = np.diff(generated_offsets)
     else:
-        step = _rows_of("step", inputs["step"], rows)[:, 0].astype(np.int64)
+        step = scalar("step", None, np.int64)
         message = first_violation("step", step, step >= 0, ">= 0")
         if message:
             raise InvalidRequest(message)
-    min_tokens = _scalar(inputs, "min_tokens", rows, 0, np.int64)
+    min_tokens = scalar("min_tokens", 0, np.int64)
     message = first_violation("min_tokens", min_tokens, min_tokens >= 0, ">= 0")
     if message:
         raise InvalidRequest(message)
     ban_offsets, ban_ids = _banned_end_ids(*lists["end_id"], step < min_tokens)
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
 
-    num_top = _scalar(inputs, "num_top_logprobs", rows, 0, np.int64)
+    num_top = scalar("num_top_logprobs", 0, np.int64)
     message = first_violation("num_top_logprobs", num_top,
                               (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
                               f"in [0, {MAX_TOP_LOGPROBS}]")
@@ -206,13 +215,13 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         batch.validate_bias(vocab)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
-    return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
+    return RowsRequest(logits, batch, scalar("return_log_probs", False, bool),
                        num_top, compact, refs)
 
 
-def _unpacked(inputs: Mapping) -> dict:
-    """`inputs` with ``row_scalars`` replaced by the [B, 1] inputs it packs
-    (views of its fields), checked then as if they had come one by one."""
+def _records(inputs: Mapping) -> np.ndarray:
+    """``row_scalars`` as ROW_SCALARS_RECORD [B] (a view), after checking
+    that none of the inputs it packs came too."""
     packed = np.asarray(inputs["row_scalars"])
     both = [name for name in PACKED_INPUTS if inputs.get(name) is not None]
     if both:
@@ -222,10 +231,7 @@ def _unpacked(inputs: Mapping) -> dict:
         raise InvalidRequest(f"row_scalars must be UINT8 [B, {ROW_SCALARS_RECORD.itemsize}] "
                              f"(schema.ROW_SCALARS_RECORD), got {packed.dtype} "
                              f"{list(packed.shape)}")
-    records = np.ascontiguousarray(packed).view(ROW_SCALARS_RECORD)
-    unpacked = {name: value for name, value in inputs.items() if name != "row_scalars"}
-    unpacked.update((name, records[name]) for name in PACKED_INPUTS)  # [B, 1] each
-    return unpacked
+    return np.ascontiguousarray(packed).view(ROW_SCALARS_RECORD)[:, 0]
 
 
 def _compact_rows(inputs: Mapping, hot_vocab):
