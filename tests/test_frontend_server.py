@@ -1,6 +1,7 @@
 """The OpenAI front door against a real tritonserver (the shared llm_server:
 SmolLM2 in batch-invariant mode, 2 sampler instances), driven by the official
 ``openai`` client and by raw HTTP for disconnects."""
+import asyncio
 import json
 import re
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -19,7 +21,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.frontend.backend import FrontendServer
-from simple_sampler.launch.server import free_port
+from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S, free_port
+from simple_sampler.launch.supervisor import SHM_DIRECTORY, arena_regions, list_stubs
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -202,9 +205,42 @@ def test_a_cancelled_ensemble_stream_keeps_generating(llm_server):
     assert in_flight(llm_server) == 0
 
 
-def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
-    """`serve` with --openai-port: the API answers; SIGINT during a long stream ends the stream (with the
-    drain's error after the grace) and serve exits 0, Triton by itself."""
+def streamed_load(url: str, model: str, requests: int = 16, concurrency: int = 8) -> int:
+    """Streamed chats as AIPerf's chat endpoint sends them (`concurrency` at
+    a time), every fourth one left after 3 chunks by its client; returns how
+    many finished."""
+    async def run() -> int:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(index: int) -> bool:
+            async with slots:
+                stream = await client.chat.completions.create(
+                    model=model, messages=STORY, max_tokens=32, stream=True,
+                    extra_body={"min_tokens": 32})
+                async with stream:
+                    chunks = 0
+                    async for _ in stream:
+                        chunks += 1
+                        if index % 4 == 3 and chunks == 3:
+                            return False
+                return True
+
+        try:
+            return sum(await asyncio.gather(*(one(i) for i in range(requests))))
+        finally:
+            await client.close()
+    return asyncio.run(run())
+
+
+def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
+    """`serve` with --openai-port: the API answers; after a streamed load
+    (some clients leaving mid-stream), SIGINT during a long stream ends the
+    stream (with the drain's error after the grace) and serve exits 0 within
+    the grace and a few seconds, Triton by itself (no model left loaded for
+    its exit timeout), and no shared-memory region is left. Without the
+    clients' clean end of finished gRPC streams (client/aio.py,
+    _let_triton_end) Triton waited out its exit timeout with llm loaded."""
     grace = 2
     *ports, openai_port = [free_port() for _ in range(4)]
     process = subprocess.Popen(
@@ -224,11 +260,15 @@ def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
             pytest.fail(f"serve exited before the frontend was ready: {''.join(output)}")
         url = f"http://127.0.0.1:{openai_port}"
         assert f"openai frontend ready on {url}/v1" in output[-1]
+        server_pid = int(re.search(r"tritonserver started \(pid (\d+)", "".join(output))[1])
+        stubs = list_stubs(server_pid)
+        assert arena_regions(stub.pid for stub in stubs)  # llm's rows to its sampler
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         answer = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8,
                                                 extra_body={"min_tokens": 8})
         assert answer.usage.completion_tokens == 8
+        assert streamed_load(url, model) == 12
         with httpx.Client(base_url=url, timeout=60) as http:
             with http.stream("POST", "/v1/chat/completions", json={
                     "model": model, "messages": STORY, "max_tokens": 900, "min_tokens": 900,
@@ -236,6 +276,9 @@ def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
                 lines = response.iter_lines()
                 for _ in range(3):
                     next(lines)
+                # serve's drain waits on this gauge, which may lag a new
+                # request by the llm model's 0.5 s report period
+                wait_until_generating(SimpleNamespace(metrics_url=f"http://127.0.0.1:{ports[2]}/metrics"))
                 signalled = time.monotonic()
                 process.send_signal(signal.SIGINT)
                 rest = [line for line in lines if line]
@@ -250,5 +293,9 @@ def test_serve_starts_the_frontend_and_stops_it_cleanly_mid_stream(tmp_path):
     assert process.returncode == 0, "".join(output) + stdout
     assert "simple-sampler serve: stopped" in stdout
     assert (("".join(output) + stdout).count("openai frontend ready on")) == 1
-    assert "(status 0)" in stdout  # tritonserver exited by itself, not by SIGKILL
-    assert stopped_after < grace + 15, stopped_after
+    assert "(status 0)" in stdout  # tritonserver exited by itself, not at its exit timeout
+    assert re.search(r"drained in [1-9]", stdout), stdout  # the long stream: for the grace
+    assert stopped_after < grace + TRITON_EXIT_TIMEOUT_S, stopped_after
+    assert len(stubs) == 3
+    assert not arena_regions(stub.pid for stub in stubs)
+    assert not [s.shm_region for s in stubs if (SHM_DIRECTORY / s.shm_region).exists()]

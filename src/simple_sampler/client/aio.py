@@ -3,11 +3,12 @@ through aiohttp (what tritonclient.http.aio is built on) for the generate
 extension."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import AsyncIterator
 
-from .common import (Chunk, ClientBase, GenerationError, chunk_from, grpc_error, grpc_inputs,
-                     http_error, payload_chunk, sse_chunk)
+from .common import (STREAM_END_TIMEOUT_S, Chunk, ClientBase, GenerationError, chunk_from,
+                     grpc_error, grpc_inputs, http_error, payload_chunk, sse_chunk)
 
 
 class AsyncGenerateClient(ClientBase):
@@ -60,19 +61,26 @@ class AsyncGenerateClient(ClientBase):
             yield request
 
         # grpc.aio cannot ask for Triton's empty final response, so the end is
-        # the response that carries a finish_reason: the decode loop's last one.
+        # the response that carries a finish_reason (the decode loop's last
+        # one) or an error (the decode loop sends it final).
         responses = self._connect().stream_infer(one_request(), stream_timeout=self.timeout_s)
+        ending = None
         try:
             async for result, error in responses:
+                chunk = None if error is not None else chunk_from(result.as_numpy)
+                if error is not None or chunk.finish_reason:
+                    ending = _end_call(responses)
+                    # a caller cancelled meanwhile leaves the call to end by itself
+                    await asyncio.shield(ending)
                 if error is not None:
                     raise grpc_error(error)
-                chunk = chunk_from(result.as_numpy)
                 yield chunk
-                if chunk.finish_reason:
+                if ending is not None:
                     return
             raise GenerationError("the stream ended before the final response")
         finally:
-            responses.cancel()
+            if ending is None:  # a caller leaving early: cancelling stops the generation
+                responses.cancel()
 
     async def _http(self, address: str, body: bytes) -> AsyncIterator[Chunk]:
         async with self._connect().post(
@@ -86,3 +94,39 @@ class AsyncGenerateClient(ClientBase):
                 chunk = sse_chunk(line)
                 if chunk is not None:
                     yield chunk
+
+
+#: The calls being left for Triton to end: a strong reference to their tasks
+#: (the event loop keeps only weak ones, and grpc.aio cancels a call that is
+#: collected unfinished).
+_ENDING: set[asyncio.Task] = set()
+
+
+def _end_call(responses) -> asyncio.Task:
+    task = asyncio.ensure_future(_let_triton_end(responses))
+    _ENDING.add(task)
+    task.add_done_callback(_ENDING.discard)
+    return task
+
+
+async def _let_triton_end(responses) -> None:
+    """Wait for Triton to end a call whose request had its final response
+    (or an error); cancel it only if it has not ended within
+    STREAM_END_TIMEOUT_S. Cancelling such a call at once races Triton 2.51's
+    gRPC stream handler (server r24.10, src/grpc/infer_handler.h,
+    InferHandlerState::Context::IssueRequestCancellation and
+    HandleCancellation): a cancellation that reaches a state whose Finish is
+    already issued (PARTIAL_COMPLETION) marks it CANCELLATION_ISSUED and waits
+    for a response callback that never comes (seen in its verbose log:
+    "Waiting for the callback to retrieve cancellation", never released). The
+    state keeps its InferenceRequest and so the model, which never unloads:
+    Triton's stop waits out its exit timeout (docs/RELIABILITY.md, "Stopping
+    after a load")."""
+    async def drain() -> None:
+        async for _ in responses:
+            pass
+
+    try:  # wait_for, not asyncio.timeout: NGC's Triton images run Python 3.10
+        await asyncio.wait_for(drain(), STREAM_END_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - the call failed or hung: cancelling ends it here
+        responses.cancel()

@@ -32,21 +32,29 @@ class GenerateClient(ClientBase):
         inputs = grpc_inputs(grpcclient.InferInput, arrays)
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)),
+                            stream_timeout=self.timeout_s)
+        ended = False
         try:
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
                                       enable_empty_final_response=True)
             while True:
                 result, error = responses.get(timeout=self.timeout_s)
+                # The request's end: its final flag, or an error (the decode
+                # loop sends every error final). Triton ends the call then;
+                # cancelling it instead races Triton 2.51 (aio._let_triton_end).
+                ended = error is not None or \
+                    result.get_response().parameters["triton_final_response"].bool_param
+                if ended:
+                    client.stop_stream(cancel_requests=False)
                 if error is not None:
                     raise grpc_error(error)
-                response = result.get_response()
-                if response.outputs:
+                if result.get_response().outputs:
                     yield chunk_from(result.as_numpy)
-                if response.parameters["triton_final_response"].bool_param:
+                if ended:
                     return
         finally:
-            client.stop_stream(cancel_requests=True)
+            client.stop_stream(cancel_requests=not ended)  # a caller leaving early: stop it
             client.close()
 
     def _http(self, address: str, body: bytes) -> Iterator[Chunk]:

@@ -177,8 +177,12 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
             supervisor.cleanup()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if stopping.is_set():
+    if stopping.is_set() and status == 0:
         print("simple-sampler serve: stopped", flush=True)
         return 0
+    if stopping.is_set():  # Triton gave up on a model at its exit timeout, or was killed
+        print(f"simple-sampler serve: stopped, but tritonserver exited with status {status} "
+              f"(a model did not unload in time: see {log_path})", file=sys.stderr)
+        return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status or 1

@@ -24,7 +24,7 @@ from . import startup, templates
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
-from .supervisor import list_stubs, unlink_shm
+from .supervisor import arena_regions, list_stubs, unlink_shm
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,15 @@ MiB = 1 << 20
 IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
 #: How long past its grace a draining decode loop may take to send its errors.
 DRAIN_MARGIN_S = 5.0
-#: After the drain, how long Triton waits for its models to unload.
-TRITON_EXIT_TIMEOUT_S = 8
+#: After the drain, how long Triton waits for its models to unload: each
+#: model's finalize, then its stub process's exit (Python's teardown), which
+#: took up to 6 s on a loaded 2-core machine (load average 9) after a load.
+#: Triton exits as soon as they are unloaded; only a model that never
+#: unloads waits all of it.
+TRITON_EXIT_TIMEOUT_S = 15
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
-STOP_MARGIN_S = 13.0
+STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
 
 
 def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
@@ -281,9 +285,15 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-            # Triton removes a model's region when it unloads it; a model it
-            # gave up on at its exit timeout (or a SIGKILL) leaves it behind.
-            unlink_shm(stub.shm_region for stub in stubs)
+            # Triton removes a model's region when it unloads it, and the
+            # model's finalize its row arena; a model Triton gave up on at its
+            # exit timeout (or a SIGKILL) leaves both behind.
+            left = unlink_shm([*(stub.shm_region for stub in stubs),
+                               *arena_regions(stub.pid for stub in stubs)])
+            if self.process.returncode != 0:
+                log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
+                            "memory its models left: %s", self.process.returncode,
+                            ", ".join(left) or "none")
         shutil.rmtree(self._workdir, ignore_errors=True)
         log.info("tritonserver stopped (status %s)", self.process.returncode)
         return self.process.returncode

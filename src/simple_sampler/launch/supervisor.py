@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import row_arena
+
 log = logging.getLogger(__name__)
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
@@ -77,6 +79,16 @@ def list_stubs(server_pid: int) -> list[Stub]:
         if stub is not None:
             stubs.append(stub)
     return stubs
+
+
+def arena_regions(pids) -> list[str]:
+    """The row-arena regions (row_arena.py) the processes `pids` own: a stub
+    that Triton gave up on at its exit timeout, or that was SIGKILLed, never
+    ran its model's finalize, which removes them."""
+    prefixes = tuple(f"{row_arena.PREFIX}{row_arena.pid_namespace()}-{pid}-" for pid in pids)
+    if not prefixes:
+        return []
+    return sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(prefixes))
 
 
 def unlink_shm(regions) -> list[str]:

@@ -61,8 +61,8 @@ CANCEL_POLL_S = 0.1
 CANCEL_CHECKS_PER_POLL = 16
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
-#: How long close() waits for the decode loop to stop (Triton's exit
-#: timeout, launch/server.py, is 8 s for every model's unload).
+#: How long close() waits for the decode loop to stop (well within Triton's
+#: exit timeout for every model's unload, launch/server.py).
 CLOSE_TIMEOUT_S = 4.0
 
 
