@@ -429,6 +429,32 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
         free_workspace(ws)
 
 
+def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
+                      const int32_t[::1] hot_position, const int64_t[::1] cold_argmax):
+    """One pass over compact rows' touched ids (CSR: offsets [B + 1], the
+    offsets already checked) and cold argmaxes, V = len(hot_position):
+    (problem, index), problem 0 when all are good, 1 ids[index] outside
+    [0, V), 2 ids[index] not above the id before it in its row, 3 ids[index]
+    hot, 4 cold_argmax[index] outside [-1, V). The numpy checks it replaces
+    made a pass (and a temporary) each, per request."""
+    cdef Py_ssize_t vocab = hot_position.shape[0]
+    cdef Py_ssize_t r, i
+    cdef int32_t token
+    for r in range(offsets.shape[0] - 1):
+        for i in range(offsets[r], offsets[r + 1]):
+            token = ids[i]
+            if token < 0 or token >= vocab:
+                return 1, i
+            if i > offsets[r] and token <= ids[i - 1]:
+                return 2, i
+            if hot_position[token] >= 0:
+                return 3, i
+    for r in range(cold_argmax.shape[0]):
+        if cold_argmax[r] < -1 or cold_argmax[r] >= vocab:
+            return 4, r
+    return 0, 0
+
+
 def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64_t[::1] out):
     """out[r]: the seed of row r's conditional draw inside C (its second
     request keeps step[r]): 64 bits of Philox(seed[r], step[r], draw 2), a

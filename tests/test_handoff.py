@@ -308,6 +308,17 @@ def test_bad_input_names_the_field(zipf_row):
     with pytest.raises(ValueError, match=f"touched_ids must not hold hot ids, got {hot_id}"):
         sample_compact(CompactRows(**{**good.__dict__, "touched_ids": np.array([hot_id], np.int32)}),
                        batch, hot)
+    cold = [t for t in range(VOCAB) if hot.positions()[t] < 0][:2]
+    two = {"touched_offsets": np.array([0, 2]), "touched_logits": np.zeros(2, np.float32)}
+    for changed, message in (
+            ({"touched_ids": np.array([VOCAB], np.int32)}, rf"token ids in \[0, {VOCAB}\), got {VOCAB}"),
+            ({"touched_ids": np.array([-3], np.int64)}, r"got -3"),
+            ({"touched_ids": np.array([2**40], np.int64)}, rf"got {2**40}"),
+            ({**two, "touched_ids": np.array(cold[::-1], np.int32)}, "ascending and distinct"),
+            ({**two, "touched_ids": np.array([cold[0]] * 2, np.int32)}, "ascending and distinct"),
+            ({"cold_argmax": np.array([VOCAB])}, r"cold_argmax must be -1 or a token id")):
+        with pytest.raises(ValueError, match=message):
+            sample_compact(CompactRows(**{**good.__dict__, **changed}), batch, hot)
     for bad, column in ((np.nan, 17), (np.inf, int(hot.ids[3]))):
         row = zipf_row.copy()
         row[column] = bad
@@ -332,7 +343,7 @@ def _local_pool(hot, capacity=2, requests=None):
     def call(inputs):
         if requests is not None:
             requests.append(("compact" if "hot_logits" in inputs else "full",
-                             len(inputs["random_seed"])))
+                             len(inputs["row_scalars"])))
         return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
     return SamplerPool([SamplerTarget("local", call, capacity)])
 
@@ -392,16 +403,18 @@ def test_hot_first_sampler_through_a_pool():
     undecided, second_batch = fallback_batch(batch, expected, compact, hot)
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
     assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
-    for capacity in (1, 3):
+    for capacity, per_request, compact_requests in ((1, 8, 1), (3, 8, 3), (3, 16, 3), (3, 40, 1)):
         requests = []
-        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16)
+        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16,
+                                  rows_per_request=per_request)
         tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
         assert [rows for kind, rows in requests if kind == "full"] == [len(undecided)], \
             "the undecided rows go in one request, whatever the pool's capacity"
-        assert sum(1 for kind, _ in requests if kind == "compact") == capacity
+        assert sum(1 for kind, _ in requests if kind == "compact") == compact_requests, \
+            "a request per instance, but at least rows_per_request rows in each"
 
 
 def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):

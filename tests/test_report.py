@@ -36,7 +36,8 @@ def test_every_kind_gets_its_section(report):
                     "## perf_analyzer profile exports",
                     "## Decode loop at GPU pace (simulated data plane)",
                     "## Server CPU per streamed token, beside Triton's floor (simulated data "
-                    "plane)"):
+                    "plane)",
+                    "## Sampler stubs' CPU per token by row transport (simulated data plane)"):
         assert heading in text
 
 
@@ -48,6 +49,16 @@ def test_serve_cost_rows_show_cpu_by_process_and_the_ratio_to_the_floor(report):
                 f"{cpu['samplers']:,.0f} |") in text
         assert f"| {row['vs_floor']:.2f}x | {row['server_vs_floor']:.2f}x |" in text
     assert "serve-cost-cpu-per-token.png" in text
+
+
+def test_row_transport_rows_show_each_transport_beside_the_kernel(report):
+    _, text = report
+    for row in fixture("row_transport.json")["results"]:
+        fallback = "-" if row["fallback_rate"] is None else f"{row['fallback_rate']:.2%}"
+        assert (f"| {row['transport']} | {row['vocab']:,} | {row['dtype']} | {row['batch']} | "
+                f"{row['samplers_us_per_token']:,.1f} |") in text
+        assert f"| {row['vs_kernel']:.2f}x | {fallback} |" in text
+    assert "row-transport-cpu-per-token.png" in text
 
 
 def test_figures_and_ratios_come_from_the_inputs(report):
@@ -104,7 +115,7 @@ def test_serve_sim_rows_show_their_shvs_acceptance(tmp_path):
 def test_every_input_names_its_command_machine_and_date(report):
     _, text = report
     for name in ("kernels.json", "shvs.json", "serve.json", "sampler_server.json", "perf.json",
-                 "serve_sim.json", "serve_cost.json"):
+                 "serve_sim.json", "serve_cost.json", "row_transport.json"):
         machine = fixture(name)["machine"]
         provenance = (f"Source: `{machine['command']}`; machine: {machine['cpu']}, "
                       f"{machine['cores']} cores; date: {machine['date']}.")
@@ -113,7 +124,7 @@ def test_every_input_names_its_command_machine_and_date(report):
             "date unknown.") in text
     # every figure's caption carries its source
     captions = re.findall(r"^\*Figure \d+: .*\*$", text, re.M)
-    assert len(captions) == len(re.findall(r"^!\[", text, re.M)) == 13
+    assert len(captions) == len(re.findall(r"^!\[", text, re.M)) == 14
     assert all("Source: `" in caption and "date" in caption for caption in captions)
 
 
@@ -124,7 +135,8 @@ def test_referenced_pngs_exist_and_are_images(report):
             "04-sampler-server.png", "05-serve-throughput.png", "06-serve-itl-p95.png",
             "07-serve-sampling-share.png", "08-perf-throughput.png", "09-perf-itl-p95.png",
             "10-perf-export-throughput.png", "11-perf-export-itl-p95.png",
-            "12-serve-sim-efficiency.png", "13-serve-cost-cpu-per-token.png"} == set(names)
+            "12-serve-sim-efficiency.png", "13-serve-cost-cpu-per-token.png",
+            "14-row-transport-cpu-per-token.png"} == set(names)
     assert sorted(p.name for p in markdown.parent.glob("*.png")) == sorted(names)
     for name in names:
         path = markdown.parent / name
@@ -155,7 +167,7 @@ def test_cli_writes_the_report_and_prints_its_path(tmp_path, capsys):
     out = tmp_path / "cli"
     assert main(["report", *map(str, INPUTS), "--output-dir", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report.md")
-    assert (out / "report.md").is_file() and len(list(out.glob("*.png"))) == 13
+    assert (out / "report.md").is_file() and len(list(out.glob("*.png"))) == 14
 
 
 def test_cli_reports_an_unknown_input(tmp_path, capsys):

@@ -13,6 +13,7 @@ from simple_sampler.row_arena import PREFIX, SHM_DIR
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository, shared_memory_bytes
 from simple_sampler.launch.server import TritonServer
+from simple_sampler.launch.supervisor import list_stubs
 
 pytestmark = pytest.mark.slow
 SEEDS = (7, 8, 9, 10)
@@ -23,8 +24,13 @@ PARAMS = ({"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.8, "top_
           {"temperature": 1.0, "top_k": 50, "repetition_penalty": 1.2})
 
 
-def regions() -> set[str]:
-    return {name for name in os.listdir(SHM_DIR) if name.startswith(PREFIX)}
+def regions(owners=None) -> set[str]:
+    """The row regions in /dev/shm; of `owners` (pids) only when given: other
+    servers on the machine (other jobs) make and unlink regions of their own."""
+    found = {name for name in os.listdir(SHM_DIR) if name.startswith(PREFIX)}
+    if owners is None:
+        return found
+    return {name for name in found if any(f"-{pid}-" in name for pid in owners)}
 
 
 def generate_all(tmp_path, transport: str, handoff: str = "full"):
@@ -36,12 +42,12 @@ def generate_all(tmp_path, transport: str, handoff: str = "full"):
                       max_context=256, sampler_shards=2, row_transport=transport,
                       handoff=handoff, hot_vocab_profile=profile)
     repository = assemble_repository(tmp_path / f"{transport}-{handoff}", sampler, llm)
-    before = regions()
     log = tmp_path / f"{transport}-{handoff}.log"
     server = TritonServer(repository, log_path=log, shm_bytes=shared_memory_bytes(sampler))
     try:
         server.start(timeout=STARTUP_TIMEOUT_S)
-        during = regions() - before
+        owners = [stub.pid for stub in list_stubs(server.process.pid) if stub.model == "llm"]
+        during = regions(owners)
         client = GenerateClient(server.grpc_url, "grpc")
         answers = []
         for params in PARAMS:
@@ -52,7 +58,7 @@ def generate_all(tmp_path, transport: str, handoff: str = "full"):
                 answers.append((answer.token_ids, answer.logprobs))
     finally:
         server.stop()
-    assert regions() - before == set(), f"{transport}: a region outlived the server"
+    assert regions(owners) == set(), f"{transport}: a region outlived the server"
     return answers, during, log.read_text()
 
 

@@ -203,3 +203,59 @@ def test_bans_merge_into_the_bias_row_by_row():
         a, b = offsets[row], offsets[row + 1]
         assert dict(zip(ids[a:b].tolist(), values[a:b].tolist())) == want
         assert len(set(ids[a:b].tolist())) == b - a
+
+
+def test_packed_form_gives_the_same_outputs_with_fewer_tensors():
+    """batch_arrays(packed=True), the sampler pool's form: one row_scalars
+    record per row, bans as end_id (min_tokens = step + 1), histories only for
+    rows with a penalty; every output identical to the one-tensor-each form."""
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.triton.sampler_codec import batch_arrays
+
+    rng = np.random.default_rng(1)
+    vocab = 64
+    rows = rng.normal(0, 3, (12, vocab)).astype(np.float32)
+    params = [SamplingParams(seed=r, temperature=[0.0, 0.7, 1.3][r % 3], top_p=[1.0, 0.8][r % 2],
+                             top_k=[0, 5, 40][r % 3], repetition_penalty=[1.0, 1.3][r % 4 == 1],
+                             frequency_penalty=[0.0, 0.5][r % 5 == 2], min_tokens=r % 3,
+                             stop_token_ids=[int(np.argmax(rows[r])), 3],
+                             logit_bias={int(np.argmax(rows[r])): 2.0, 9: -1.0} if r % 2 else {})
+              for r in range(12)]
+    histories = [History(rng.integers(0, vocab, r).tolist(), rng.integers(0, vocab, r % 4).tolist())
+                 for r in range(12)]
+    batch = SamplingBatch.from_params(params, histories, vocab_size=vocab)
+    batch.want_logprobs = np.arange(12) % 2 == 0
+    assert batch.ban_ids.size and batch.bias_ids.size
+    separate = {**batch_arrays(batch), "return_log_probs": batch.want_logprobs[:, None]}
+    packed = batch_arrays(batch, packed=True)
+    assert "temperature" not in packed and packed["row_scalars"].dtype == np.uint8
+    assert len(packed) < len(separate)
+    # rows without a penalty send no history
+    assert (packed["prompt_ids"][[0, 3, 4]] == -1).all() and (packed["prompt_ids"][1] != -1).any()
+    one, _ = sample_request(decode_request({"logits": rows, **separate}))
+    other, _ = sample_request(decode_request({"logits": rows, **packed}))
+    assert one.keys() == other.keys()
+    for name in one:
+        np.testing.assert_array_equal(one[name], other[name], err_msg=name)
+    # no penalty anywhere: no history at all
+    plain = SamplingBatch.from_params([SamplingParams(seed=1)], [History([1, 2], [3])])
+    assert "prompt_ids" not in batch_arrays(plain, packed=True)
+
+
+def test_packed_scalars_are_checked_like_the_separate_tensors(logits):
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.schema import ROW_SCALARS_RECORD
+    from simple_sampler.triton.sampler_codec import batch_arrays
+
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(len(logits))])
+    packed = batch_arrays(batch, packed=True)
+    records = packed["row_scalars"].copy().view(ROW_SCALARS_RECORD)
+    records["runtime_top_p"][1] = 1.5
+    with pytest.raises(InvalidRequest, match=r"row 1: runtime_top_p must be in \(0, 1\], got 1.5"):
+        decode_request({"logits": logits, "row_scalars": records.view(np.uint8)})
+    with pytest.raises(InvalidRequest, match="row_scalars carries temperature"):
+        decode_request({"logits": logits, **packed, "temperature": np.ones((len(logits), 1))})
+    with pytest.raises(InvalidRequest, match=r"row_scalars must be UINT8 \[B, 64\]"):
+        decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:, :8]})
+    with pytest.raises(InvalidRequest, match="must have shape"):
+        decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:1]})

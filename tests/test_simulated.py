@@ -52,7 +52,7 @@ def test_spec_takes_its_defaults_and_ranges_from_the_settings():
                            sim_step_a_ms=5.0, sim_step_b_ms=0.5)
     assert SimulatedSpec.from_settings(settings) == SimulatedSpec(128_256, "float32", 5.0, 0.5)
     assert SimulatedSpec.from_settings(settings).describe().startswith(LABEL)
-    with pytest.raises(ValueError, match="sim_vocab must be one of 128256, 151936"):
+    with pytest.raises(ValueError, match="sim_vocab must be one of 49152, 128256, 151936"):
         SimulatedSpec(vocab=1000)
     with pytest.raises(ValueError, match="sim_dtype must be one of float32, bfloat16"):
         SimulatedSpec(dtype="fp8")

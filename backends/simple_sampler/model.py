@@ -11,7 +11,6 @@ import logging
 import os
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.row_arena import RowReader
@@ -108,9 +107,10 @@ class TritonPythonModel:
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
             rows += len(decoded)
-            tried += int((outcomes >= 0).sum())
+            tried_here = int((outcomes >= 0).sum())
+            tried += tried_here
             accepted += int((outcomes == 1).sum())
-            if self.monitor is not None:
+            if self.monitor is not None and tried_here:  # it counts tried rows only
                 self.monitor.observe(outcomes, untruncated_rows(decoded.batch))
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))

@@ -101,12 +101,23 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vocab_shape(text: str) -> tuple[int, str]:
+    """V:DTYPE (a simulated engine's vocabulary and logits dtype)."""
+    from .settings import SIMULATED_DTYPES
+
+    vocab, _, dtype = text.partition(":")
+    if not vocab.isdigit() or int(vocab) < 1 or dtype not in SIMULATED_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected V:DTYPE with V >= 1 and DTYPE one of {', '.join(SIMULATED_DTYPES)}")
+    return int(vocab), dtype
+
+
 def bench_row_transport(args: argparse.Namespace) -> int:
     from .bench import row_transport
 
     sizes = ({"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 8} if args.quick
-             else {"batches": args.batch})
-    report = row_transport.run(transports=args.transport, **sizes)
+             else {"batches": args.batch, "shapes": args.shape or row_transport.SHAPES})
+    report = row_transport.run(transports=args.transport, profile_dir=args.profile, **sizes)
     print_report(args, report, row_transport.format_report(report))
     return 0
 
@@ -398,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     rows_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],
                             choices=["bls", "arena", "hot-first"])
+    rows_bench.add_argument("--shape", nargs="+", type=_vocab_shape, metavar="V:DTYPE",
+                            help="vocabulary sizes and logits dtypes (float32, bfloat16); "
+                                 "default: V=151,936 bfloat16, 128,256 float32, 49,152 bfloat16")
+    rows_bench.add_argument("--profile", metavar="DIR",
+                            help="write each configuration's sampler stub profiles "
+                                 "(execute, thread CPU) under DIR (docs/COPIES.md)")
     rows_bench.set_defaults(handler=bench_row_transport)
 
     cost_bench = targets.add_parser(

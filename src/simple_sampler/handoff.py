@@ -123,7 +123,9 @@ class HandoffOutput(SampleOutput):
         return self.outcome != HandoffOutcome.HANDOFF_DECIDED
 
 
-def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> None:
+def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> tuple:
+    """Raise ValueError for malformed compact rows; returns the kernel's
+    (touched offsets int64, ids int32, cold_argmax int64) arrays."""
     vocab = hot_vocab.vocab_size
     hot = np.asarray(rows.hot_logits)
     if hot.shape != (size, hot_vocab.size):
@@ -133,27 +135,27 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> None:
         if np.shape(getattr(rows, name)) != (size,):
             raise ValueError(f"{name} must have shape [{size}], "
                              f"got {list(np.shape(getattr(rows, name)))}")
-    offsets = np.asarray(rows.touched_offsets, np.int64)
-    ids = np.asarray(rows.touched_ids, np.int64)
-    if (offsets.shape != (size + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any()
+    offsets = np.ascontiguousarray(rows.touched_offsets, np.int64)
+    ids = np.ascontiguousarray(rows.touched_ids)
+    if (offsets.shape != (size + 1,) or offsets[0] != 0 or (offsets[1:] < offsets[:-1]).any()
             or offsets[-1] != ids.size or np.shape(rows.touched_logits) != (ids.size,)):
         raise ValueError(f"touched_offsets must be {size + 1} non-decreasing offsets from 0 to "
                          f"len(touched_ids)={ids.size}, with touched_logits of the same length")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        raise ValueError(f"touched_ids must be token ids in [0, {vocab}), "
-                         f"got {int(ids[(ids < 0) | (ids >= vocab)][0])}")
-    if ids.size > 1:
-        descending = np.diff(ids) <= 0
-        starts = offsets[1:-1]
-        descending[starts[(starts > 0) & (starts < ids.size)] - 1] = False   # row boundaries
-        if descending.any():
-            raise ValueError("touched_ids must be ascending and distinct within each row")
-    positions = hot_vocab.positions()
-    if ids.size and (positions[ids] >= 0).any():
-        raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[positions[ids] >= 0][0])}")
-    argmax = np.asarray(rows.cold_argmax, np.int64)
-    if ((argmax < -1) | (argmax >= vocab)).any():
+    range_message = f"touched_ids must be token ids in [0, {vocab}), got {{}}"
+    if ids.dtype != np.int32 and ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(range_message.format(int(ids[(ids < 0) | (ids >= vocab)][0])))
+    ids = np.ascontiguousarray(ids, np.int32)  # int32 ids: the C pass checks their range
+    argmax = np.ascontiguousarray(rows.cold_argmax, np.int64)
+    problem, index = _sampling.check_compact_ids(offsets, ids, hot_vocab.positions(), argmax)
+    if problem == 1:
+        raise ValueError(range_message.format(int(ids[index])))
+    if problem == 2:
+        raise ValueError("touched_ids must be ascending and distinct within each row")
+    if problem == 3:
+        raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[index])}")
+    if problem == 4:
         raise ValueError(f"cold_argmax must be -1 or a token id in [0, {vocab})")
+    return offsets, ids, argmax
 
 
 def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab, *,
@@ -169,7 +171,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
-    _check_compact(rows, size, hot_vocab)
+    touched_offsets, touched_ids, cold_argmax = _check_compact(rows, size, hot_vocab)
     vocab = hot_vocab.vocab_size
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
@@ -189,11 +191,9 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
             error_columns=error_columns, hot_ids=hot_ids, hot_block_start=hot_block_start,
             hot_bits=hot_bits, hot_outcomes=outcome),
         vocab, hot_vocab.positions(),
-        np.ascontiguousarray(rows.touched_offsets, np.int64),
-        np.ascontiguousarray(rows.touched_ids, np.int32),
+        touched_offsets, touched_ids,
         np.ascontiguousarray(rows.touched_logits, np.float32),
-        np.ascontiguousarray(rows.cold_max, np.float32),
-        np.ascontiguousarray(rows.cold_argmax, np.int64),
+        np.ascontiguousarray(rows.cold_max, np.float32), cold_argmax,
         np.ascontiguousarray(rows.cold_mass, np.float32))
     raise_row_errors(errors, error_columns)
     out.token_ids[outcome != HandoffOutcome.HANDOFF_DECIDED] = -1

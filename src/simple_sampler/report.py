@@ -34,6 +34,7 @@ HEADINGS = {
     "perf_export": "perf_analyzer profile exports",
     "serve_sim": "Decode loop at GPU pace (simulated data plane)",
     "serve_cost": "Server CPU per streamed token, beside Triton's floor (simulated data plane)",
+    "row_transport": "Sampler stubs' CPU per token by row transport (simulated data plane)",
 }
 
 
@@ -86,6 +87,8 @@ def kind_of(data: object) -> str | None:
     first = results[0] if isinstance(results, list) and results else None
     if isinstance(first, dict) and "cpu_us_per_token" in first:
         return "serve_cost"
+    if isinstance(first, dict) and "samplers_us_per_token" in first and "transport" in first:
+        return "row_transport"
     if str(data.get("data_plane", "")).startswith(ENGINES["simulated"].label):
         return "serve_sim"
     if "in_process_rows_per_s" in data:
@@ -515,10 +518,56 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
     return lines + writer.save(figure, "serve-cost-cpu-per-token", title, source)
 
 
+def row_transport_section(source: Source, writer: FigureWriter) -> list[str]:
+    """`bench row-transport`: per (V, dtype, B) and transport, the sampler
+    stubs' CPU per token beside the kernels' us/row of the same run, the
+    other processes, bytes and the hot-first fallback rate; bars of the
+    stubs' CPU per configuration, one per transport, the kernel marked."""
+    report = source.data
+    results = report["results"]
+    lines = [f"Data plane: **{report['data_plane']}**. Requests: {report['settings']['params']}. "
+             "CPU: microseconds per token received (utime + stime from /proc); kernel / "
+             "compact kernel: us/row of the kernels on the same rows in the same run; codec / "
+             "compact codec: what the stub's own Python adds per row (in process); vs kernel = "
+             "sampler stubs / kernel; fallback: hot-first rows sent again whole.", ""]
+    lines += table(["transport", "V", "dtype", "B", "sampler stubs", "llm stub", "tritonserver",
+                    "kernel", "compact kernel", "codec", "compact codec", "vs kernel",
+                    "fallback", "bytes/row", "share of a row", "tok/s"],
+                   [[r["transport"], f"{r['vocab']:,}", r["dtype"], r["batch"],
+                     number(r["samplers_us_per_token"]), number(r["llm_us_per_token"]),
+                     number(r["tritonserver_us_per_token"]), number(r["kernel_us_per_row"]),
+                     number(r["compact_kernel_us_per_row"]), number(r["codec_us_per_row"]),
+                     number(r.get("compact_codec_us_per_row")), number(r["vs_kernel"], 2, "x"),
+                     "-" if r.get("fallback_rate") is None else f"{r['fallback_rate']:.2%}",
+                     number(r["bytes_per_row"], 0), f"{r['bytes_share']:.1%}",
+                     number(r["tokens_per_s"], 0)] for r in results])
+    configurations = list(dict.fromkeys((r["vocab"], r["dtype"], r["batch"]) for r in results))
+    transports = list(dict.fromkeys(r["transport"] for r in results))
+    by_key = {(r["vocab"], r["dtype"], r["batch"], r["transport"]): r for r in results}
+    figure, axes = writer.new(width=max(7.0, 1.2 * len(configurations) + 2))
+    width = 0.8 / len(transports)
+    for i, transport in enumerate(transports):
+        found = [(j, by_key[(*c, transport)]) for j, c in enumerate(configurations)
+                 if (*c, transport) in by_key]
+        axes.bar([j + (i - (len(transports) - 1) / 2) * width for j, _ in found],
+                 [r["samplers_us_per_token"] for _, r in found], width, label=transport)
+    kernels = {c: r["kernel_us_per_row"] for r in results
+               for c in [(r["vocab"], r["dtype"], r["batch"])]}
+    axes.scatter(range(len(configurations)), [kernels[c] for c in configurations], marker="_",
+                 s=900, color="black", zorder=3, label="kernel us/row (full rows)")
+    axes.set_xticks(range(len(configurations)),
+                    [f"V={v:,} {d}\nB={b}" for v, d, b in configurations], fontsize=7)
+    axes.set_ylabel("sampler stubs' CPU per token received (us)")
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=7)
+    title = "Sampler stubs' CPU per token by row transport (SIMULATED data plane)"
+    return lines + writer.save(figure, "row-transport-cpu-per-token", title, source)
+
+
 SECTIONS = {"kernels": kernels_section, "shvs": shvs_section,
             "sampler_server": sampler_server_section, "serve": serve_section,
             "perf": perf_section, "perf_export": perf_section, "serve_sim": serve_sim_section,
-            "serve_cost": serve_cost_section}
+            "serve_cost": serve_cost_section, "row_transport": row_transport_section}
 
 
 def build(paths: list[Path | str], output_dir: Path | str = DEFAULT_OUTPUT_DIR) -> Path:

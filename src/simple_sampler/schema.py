@@ -25,8 +25,8 @@ from .sampling import MAX_TOP_LOGPROBS
 from .settings import LOGITS_ITEMSIZE, LlmSettings
 
 #: Triton data type (as its protocols name it) -> numpy dtype.
-NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
-         "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
+NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
+         "INT64": np.int64, "UINT64": np.uint64, "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
 _ALLOWED = {param.name: param.allowed for param in RULES}
 #: A parameter's Triton type by its numpy kind (the wire carries 32 bits).
 _TRITON_DTYPE = {"i": "INT32", "f": "FP32"}
@@ -199,24 +199,44 @@ HANDOFF_INPUTS = (
 LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
                     allowed="per row: region key, slot, generation, byte offset, V, dtype code "
                             "(row_arena.REF_COLUMNS)")
-
-SAMPLER = Model("simple_sampler", (
-    Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
-           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
+#: The sampler's per-row parameters, one [B, 1] tensor each, or all of them
+#: packed into ``row_scalars`` (ROW_SCALARS_RECORD).
+_SAMPLER_SCALARS = (
     *_sampling("runtime_top_k", "runtime_top_p"),
     _scalar("random_seed", "UINT64", "a fresh random seed per row", "[0, 2^64)",
             param="seed"),
     _scalar("step", "INT64", "the number of generated_ids", ">= 0; keys the draw"),
+    _scalar("min_tokens", "INT32", param="min_tokens",
+            allowed=">= 0: end_id banned while step < it"),
+    _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
+    _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
+)
+#: One row's parameters as one record: the scalar tensors above, in that
+#: order and dtype, aligned as C aligns a struct of them.
+ROW_SCALARS_RECORD = np.dtype([(t.name, t.numpy) for t in _SAMPLER_SCALARS], align=True)
+#: The parameters of every row in one tensor: each tensor crossing BLS costs
+#: the python backend a shared-memory allocation, a copy and a Python object
+#: on both sides (docs/COPIES.md, "Profiling the sampler stub").
+ROW_SCALARS = Tensor(
+    "row_scalars", "UINT8", (-1,), default="none (each parameter its own tensor)",
+    allowed=f"[B, {ROW_SCALARS_RECORD.itemsize}]: per row one record of "
+            f"{', '.join(t.name for t in _SAMPLER_SCALARS)} in those tensors' dtypes, "
+            f"little-endian, C struct alignment (schema.ROW_SCALARS_RECORD); every field "
+            f"is sent (no defaults), and none of those tensors with it")
+
+SAMPLER = Model("simple_sampler", (
+    Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
+           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
+    *_SAMPLER_SCALARS[:9],
     _id_list("prompt_ids", allowed="token ids, -1 padded (repetition penalty)"),
     _id_list("generated_ids", allowed="token ids, -1 padded (all penalties)"),
     _id_list("logit_bias_ids", allowed="token ids, -1 padded"),
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
            allowed="finite or -inf, shaped as logit_bias_ids"),
-    _scalar("min_tokens", "INT32", param="min_tokens",
-            allowed=">= 0: end_id banned while step < it"),
+    _SAMPLER_SCALARS[9],
     _id_list("end_id", allowed="token ids, -1 padded (min_tokens)"),
-    _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
-    _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
+    *_SAMPLER_SCALARS[10:],
+    ROW_SCALARS,
     *HANDOFF_INPUTS,
     LOGITS_REF,
 ), (

@@ -280,7 +280,7 @@ class LlmSettings(Settings):
     # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
     # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
     sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
-                             "(Llama 3, Qwen)", choices=(128_256, 151_936))
+                             "(SmolLM2's own, Llama 3, Qwen)", choices=(49_152, 128_256, 151_936))
     sim_dtype: str = setting("bfloat16", "engine simulated: dtype of its logits",
                              choices=tuple(SIMULATED_DTYPES))
     sim_step_a_ms: float = setting(

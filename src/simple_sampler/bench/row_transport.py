@@ -27,7 +27,9 @@ from ..serving.simulated import LABEL
 
 TRANSPORTS = {"bls": ("bls", "full"), "arena": ("arena", "full"),
               "hot-first": ("arena", "hot-first")}
-SHAPES = ((151_936, "bfloat16"), (128_256, "float32"))
+#: (V, dtype): Qwen2.5's and Llama-3's vocabularies, and SmolLM2's in the
+#: first one's dtype (hot-first's cost should not depend on V)
+SHAPES = ((151_936, "bfloat16"), (128_256, "float32"), (49_152, "bfloat16"))
 BATCHES = (64, 256)
 INSTANCES = 2
 #: the llm model computes SmolLM2's rows behind the bank at its first start
@@ -40,11 +42,11 @@ COPIES = {"bls": 3, "arena": 0}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of one process (all its threads), seconds."""
+def process_stat(pid: int) -> tuple[float, int]:
+    """(utime + stime in seconds, minor page faults) of one process."""
     with open(f"/proc/{pid}/stat", "rb") as stat:
         fields = stat.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[7])
 
 
 def _sampler_rows(server) -> float:
@@ -63,16 +65,23 @@ def _processes(server) -> dict[str, list[int]]:
 
 
 def _cpu(processes: dict[str, list[int]]) -> dict[str, float]:
-    return {name: sum(process_cpu_s(pid) for pid in pids) for name, pids in processes.items()}
+    """CPU seconds by process group, and the samplers' minor page faults."""
+    stats = {name: [process_stat(pid) for pid in pids] for name, pids in processes.items()}
+    return {**{name: sum(cpu for cpu, _ in found) for name, found in stats.items()},
+            "sampler_faults": sum(faults for _, faults in stats["samplers"])}
 
 
 def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
-                          instances: int = INSTANCES, max_tokens: int = 32) -> dict:
+                          instances: int = INSTANCES, max_tokens: int = 32,
+                          profile_dir: str | None = None) -> dict:
     """CPU microseconds per received token of the server's processes
     (``samplers``, ``llm``, ``tritonserver``) with rows sent by `transport`
-    (a TRANSPORTS key), plus sampler rows per token; one fresh server."""
+    (a TRANSPORTS key), plus sampler rows and the samplers' minor page faults
+    per token; one fresh server. profile_dir: the sampler stubs' ``execute``
+    profiles go there (``triton/stub_profile``; warm-up included)."""
     from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
+    from ..triton.stub_profile import PROFILE_ENV
     from .serve import prompts, run_level
 
     row_transport, handoff = TRANSPORTS[transport]
@@ -86,6 +95,9 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler))
+    previous = os.environ.pop(PROFILE_ENV, None)
+    if profile_dir:
+        os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
     try:
         server.start(timeout=STARTUP_TIMEOUT_S)  # inside: an interrupted start stops it too
         texts = prompts()
@@ -96,15 +108,26 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         cpu1, rows1 = _cpu(processes), _sampler_rows(server)
     finally:
         server.stop()
+        os.environ.pop(PROFILE_ENV, None)
+        if previous is not None:
+            os.environ[PROFILE_ENV] = previous
     tokens = batch * max_tokens  # min_length = max_tokens: every request yields them all
     return {**{f"{name}_us_per_token": (cpu1[name] - cpu0[name]) * 1e6 / tokens
                for name in processes},
+            "sampler_faults_per_token": (cpu1["sampler_faults"] - cpu0["sampler_faults"]) / tokens,
             "rows_per_token": (rows1 - rows0) / tokens, "tokens": tokens,
             "tokens_per_s": level["tokens_per_s"]}
 
 
 def _batch(size: int) -> SamplingBatch:
     return SamplingBatch.from_params([SamplingParams(seed=row) for row in range(size)])
+
+
+def _requests(arrays: dict, size: int, shards: int) -> list[dict]:
+    """`arrays` split into `shards` requests as the pool splits a step."""
+    bounds = np.linspace(0, size, shards + 1).astype(int)
+    return [({k: v[a:b] for k, v in arrays.items()}, a, b)
+            for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def _stub_requests(rows, params: SamplingBatch, instances: int):
@@ -120,10 +143,9 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     host = logits_array(rows)
     arena = RowArena(1, host.nbytes)
     lease, reader = arena.lease(host), RowReader()
-    arrays = {**batch_arrays(params), "return_log_probs": np.zeros((len(params), 1), bool)}
-    bounds = np.linspace(0, len(params), instances + 1).astype(int)
-    requests = [{**{k: v[a:b] for k, v in arrays.items()}, "logits_ref": lease.refs(a, b)}
-                for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    params.want_logprobs = np.zeros(len(params), bool)
+    requests = [{**inputs, "logits_ref": lease.refs(a, b)} for inputs, a, b in
+                _requests(batch_arrays(params, packed=True), len(params), instances)]
 
     def step():
         for inputs in requests:
@@ -135,14 +157,33 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     return step, lambda: sample(mapped, params, return_logprobs=False, num_threads=1), arena
 
 
+def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int):
+    """The sampler instances' Python for one step of compact rows, in the
+    requests ``HotFirstSampler`` makes of them (``decode_request`` +
+    ``sample_request`` with the hot set)."""
+    from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
+    from ..triton.sampler_codec import batch_arrays, compact_arrays, decode_request, sample_request
+
+    params.want_logprobs = np.zeros(len(params), bool)
+    shards = min(instances, -(-len(params) // COMPACT_ROWS_PER_REQUEST))
+    requests = [inputs for inputs, _, _ in _requests(
+        {**compact_arrays(compact), **batch_arrays(params, packed=True)}, len(params), shards)]
+
+    def step():
+        for inputs in requests:
+            sample_request(decode_request(inputs, hot.vocab_size, hot), 1, hot)
+    return step
+
+
 def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
                  instances: int = INSTANCES) -> dict:
     """us/row of the kernels on the simulated bank's first B rows, one
     thread, CPU clock: full rows (``sample``), compact rows
     (``sample_compact`` on the engine's summary), and the sampler stub's
     Python work for full rows from the arena in `instances` requests
-    (``_stub_requests``: the kernel plus our decoding), the server load's
-    parameters; and the compact rows' bytes per row."""
+    (``_stub_requests``: the kernel plus our decoding) and for compact rows
+    (``_stub_compact_requests``), the server load's parameters; and the
+    compact rows' bytes per row."""
     from ..handoff import DEFAULT_COLD_TOP, sample_compact
     from ..serving.hot_first import touched_lists
     from ..sampling import sample
@@ -166,25 +207,33 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
             "full": lambda: sample(rows, params, return_logprobs=False, num_threads=1),
             "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
                                               num_threads=1),
-            "stub": stub, "mapped": mapped_kernel}, batch, repeats, clock="cpu")
+            "stub": stub, "mapped": mapped_kernel,
+            "compact_stub": _stub_compact_requests(compact, params, hot, instances)},
+            batch, repeats, clock="cpu")
     finally:
         arena.close()
     return {"kernel_us_per_row": costs["full"], "compact_kernel_us_per_row": costs["compact"],
             "codec_us_per_row": costs["stub"] - costs["mapped"],
+            "compact_codec_us_per_row": costs["compact_stub"] - costs["compact"],
             "row_bytes": vocab * rows.element_size(),
             "compact_bytes_per_row": compact.nbytes() / batch,
             "hot_set": len(hot_ids)}
 
 
 def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens: int = 32,
-        instances: int = INSTANCES) -> dict:
+        instances: int = INSTANCES, profile_dir: str | None = None) -> dict:
+    """Every (V, dtype) x B x transport (module docstring). profile_dir: each
+    configuration's sampler stub profiles in ``<transport>-<V>-<dtype>-<B>/``
+    under it."""
     results = []
     for vocab, dtype in shapes:
         for batch in batches:
             kernels = kernel_costs(vocab, dtype, batch, instances=instances)
             for transport in transports:
+                profile = (os.path.join(profile_dir, f"{transport}-{vocab}-{dtype}-{batch}")
+                           if profile_dir else None)
                 served = sampler_cpu_per_token(transport, vocab, dtype, batch, instances,
-                                               max_tokens)
+                                               max_tokens, profile)
                 fallback = served["rows_per_token"] - 1.0
                 if transport == "hot-first":
                     moved = kernels["compact_bytes_per_row"] + max(0.0, fallback) * kernels["row_bytes"]
@@ -193,11 +242,13 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
                     moved, copies = kernels["row_bytes"], COPIES[transport]
                 results.append({
                     "transport": transport, "vocab": vocab, "dtype": dtype, "batch": batch,
-                    **served, "bytes_per_row": moved,
+                    **served, "fallback_rate": max(0.0, fallback) if transport == "hot-first"
+                    else None, "bytes_per_row": moved,
                     "bytes_share": moved / kernels["row_bytes"], "copies_per_row": copies,
                     "kernel_us_per_row": kernels["kernel_us_per_row"],
                     "compact_kernel_us_per_row": kernels["compact_kernel_us_per_row"],
                     "codec_us_per_row": kernels["codec_us_per_row"],
+                    "compact_codec_us_per_row": kernels["compact_codec_us_per_row"],
                     "vs_kernel": served["samplers_us_per_token"] / kernels["kernel_us_per_row"],
                     "hot_set": kernels["hot_set"]})
     return {"results": results,
@@ -215,22 +266,31 @@ def format_report(report: dict) -> str:
     lines = [f"data plane: {report['data_plane']}",
              f"requests: {report['settings']['params']}",
              f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
-             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'vs kern':>7} {'rows/tok':>8} "
-             f"{'bytes/row':>9} {'share':>6} {'copies':>6} {'tok/s':>7}"]
+             f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'c.codec':>7} {'vs kern':>7} "
+             f"{'rows/tok':>8} "
+             f"{'fallback':>8} {'bytes/row':>9} {'share':>6} {'copies':>6} {'faults':>6} "
+             f"{'tok/s':>7}"]
     for r in report["results"]:
         lines.append(
             f"{r['transport']:<10} {r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} "
             f"{r['samplers_us_per_token']:>7.1f}us {r['llm_us_per_token']:>6.1f}us "
             f"{r['tritonserver_us_per_token']:>6.1f}us {r['kernel_us_per_row']:>5.1f}us "
             f"{r['compact_kernel_us_per_row']:>5.1f}us {r['codec_us_per_row']:>5.1f}us "
+            f"{r['compact_codec_us_per_row']:>5.1f}us "
             f"{r['vs_kernel']:>6.2f}x "
-            f"{r['rows_per_token']:>8.3f} {r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
-            f"{r['copies_per_row']:>6.2f} {r['tokens_per_s']:>7.0f}")
+            f"{r['rows_per_token']:>8.3f} "
+            f"{'-' if r['fallback_rate'] is None else format(r['fallback_rate'], '.2%'):>8} "
+            f"{r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
+            f"{r['copies_per_row']:>6.2f} {r['sampler_faults_per_token']:>6.1f} "
+            f"{r['tokens_per_s']:>7.0f}")
     lines.append("CPU us per received token by process (samplers: the simple_sampler stubs "
                  "together); kernel / compact: us/row of sample / sample_compact on the same "
                  "rows, one thread, CPU clock; codec: what the stub's decoding adds to the "
                  "kernel per row (in process, full rows from the arena, one request per "
-                 "instance); vs kern = samplers / kernel; bytes/row: row data the sampler "
+                 "instance); c.codec: the same for compact rows (hot-first's requests); "
+                 "vs kern = samplers / kernel; fallback: hot-first rows sent "
+                 "again whole (rows/tok - 1); bytes/row: row data the sampler "
                  "reads per token (hot-first: compact arrays + fallback rows); "
-                 "copies: full-row copies on the way (docs/COPIES.md)")
+                 "copies: full-row copies on the way (docs/COPIES.md); faults: the "
+                 "samplers' minor page faults per token (first touches of mapped rows)")
     return "\n".join(lines)

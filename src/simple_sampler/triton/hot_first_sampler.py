@@ -15,6 +15,12 @@ from ..serving.hot_first import compact_rows
 from ..shvs.hot_vocab import HotVocab
 from .sampler_codec import compact_arrays
 
+#: Compact rows per request at least (but one request per instance at most):
+#: a request costs a sampler stub a fixed share (tensors, decoding, its
+#: response: about as much as 100 compact rows' kernel time, docs/COPIES.md),
+#: so a step of a few dozen rows is not worth splitting over the instances.
+COMPACT_ROWS_PER_REQUEST = 128
+
 
 class HotFirstSampler:
     """The decode loop's sampler (``async sampler(logits, batch) ->
@@ -27,14 +33,16 @@ class HotFirstSampler:
     pool: a ``SamplerPool`` (``send(inputs, batch)`` for the compact inputs,
     ``pool(logits, batch)`` for full rows) whose samplers hold the same hot
     set. summary: the engine's own summary (``compact_rows``), None for
-    ``hot_first_summary`` here. ``stats`` counts rows and fallbacks."""
+    ``hot_first_summary`` here. rows_per_request: compact rows per request
+    at least (COMPACT_ROWS_PER_REQUEST). ``stats`` counts rows and fallbacks."""
 
     def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
-                 summary=None):
+                 summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST):
         self.pool = pool
         self.hot_vocab = hot_vocab
         self.cold_top = cold_top
         self.summary = summary
+        self.rows_per_request = rows_per_request
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
@@ -48,8 +56,9 @@ class HotFirstSampler:
         return out.token_ids, out.logprobs
 
     async def _decide(self, rows, batch: SamplingBatch) -> HandoffOutput:
-        outputs = await self.pool.send(compact_arrays(rows), batch)
         size = len(batch)
+        outputs = await self.pool.send(compact_arrays(rows), batch,
+                                       most_shards=-(-size // self.rows_per_request))
         first = HandoffOutput(
             token_ids=outputs["output_ids"].astype(np.int64),
             logprobs=outputs["output_log_probs"].astype(np.float32),

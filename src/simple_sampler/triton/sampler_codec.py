@@ -27,9 +27,9 @@ from typing import Mapping
 import numpy as np
 
 from ..handoff import CompactRows, host_array, sample_compact
-from ..params import PARAMS, RULES, SamplingBatch, first_violation
+from ..params import PARAMS, RULES, SamplingBatch, any_on, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import HANDOFF_INPUTS, SAMPLER, InvalidRequest
+from ..schema import HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
 
 PADDING = -1
 
@@ -45,6 +45,8 @@ _KNOWN_INPUTS = frozenset(INPUT_NAMES)
 #: (tensor name, its RULES entry) for every checked column
 _RULE_INPUTS = tuple((name, param) for param in RULES
                      for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
+#: The inputs ``row_scalars`` packs (schema.ROW_SCALARS_RECORD's fields).
+PACKED_INPUTS = ROW_SCALARS_RECORD.names
 
 
 @dataclass
@@ -85,7 +87,12 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     """CSR (offsets, ids) of a -1 padded [B, L] input; validates every id."""
     if inputs.get(name) is None:
         return np.zeros(rows + 1, np.int64), np.zeros(0, np.int64)
-    padded = _rows_of(name, inputs[name], rows, width=None)
+    return _id_lists_and_mask(name, inputs[name], rows, vocab)[:2]
+
+
+def _id_lists_and_mask(name: str, padded, rows: int, vocab: int):
+    """_id_lists of a present input, and its mask of the entries that are not padding."""
+    padded = _rows_of(name, padded, rows, width=None)
     if padded.dtype.kind not in "iu":
         padded = padded.astype(np.int64)
     # PADDING is the only negative value allowed: two reductions decide it
@@ -97,7 +104,7 @@ def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.nda
     used = padded != PADDING
     offsets = np.zeros(rows + 1, np.int64)
     np.cumsum(used.sum(axis=1), out=offsets[1:])
-    return offsets, padded[used]
+    return offsets, padded[used], used
 
 
 def _logits_shape(logits) -> tuple[int, int]:
@@ -124,6 +131,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
                              f"{', '.join(INPUT_NAMES)}")
+    records = _records(inputs) if inputs.get("row_scalars") is not None else None
     logits = inputs.get("logits")
     compact = None
     refs = inputs.get("logits_ref")
@@ -151,36 +159,46 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         raise InvalidRequest(f"logits must have {vocab_size} columns (the model's vocabulary), "
                            f"got {vocab}")
 
-    columns = {}
-    for name, (field, default) in SCALAR_INPUTS.items():
-        columns[field] = _scalar(inputs, name, rows, default, PARAMS[field].dtype)
+    if records is None:
+        def scalar(name, default, dtype):
+            return _scalar(inputs, name, rows, default, dtype)
+    else:
+        if len(records) != rows:
+            raise InvalidRequest(f"row_scalars must have shape [{rows}, "
+                                 f"{ROW_SCALARS_RECORD.itemsize}] (one row per logits row), "
+                                 f"got [{len(records)}, {ROW_SCALARS_RECORD.itemsize}]")
+
+        def scalar(name, default, dtype):
+            return records[name].astype(dtype)
+    columns = {field: scalar(name, default, PARAMS[field].dtype)
+               for name, (field, default) in SCALAR_INPUTS.items()}
     for name, param in _RULE_INPUTS:
         message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
                                   param.allowed)
         if message:
             raise InvalidRequest(message)
 
-    if inputs.get("random_seed") is None:
+    if records is None and inputs.get("random_seed") is None:
         seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
     else:
-        seed = _rows_of("random_seed", inputs["random_seed"], rows)[:, 0].astype(np.uint64)
+        seed = scalar("random_seed", None, np.uint64)
     lists = {name: _id_lists(inputs, name, rows, vocab) for name in ID_LIST_INPUTS}
     generated_offsets = lists["generated_ids"][0]
-    if inputs.get("step") is None:
+    if records is None and inputs.get("step") is None:
         step = np.diff(generated_offsets)
     else:
-        step = _rows_of("step", inputs["step"], rows)[:, 0].astype(np.int64)
+        step = scalar("step", None, np.int64)
         message = first_violation("step", step, step >= 0, ">= 0")
         if message:
             raise InvalidRequest(message)
-    min_tokens = _scalar(inputs, "min_tokens", rows, 0, np.int64)
+    min_tokens = scalar("min_tokens", 0, np.int64)
     message = first_violation("min_tokens", min_tokens, min_tokens >= 0, ">= 0")
     if message:
         raise InvalidRequest(message)
     ban_offsets, ban_ids = _banned_end_ids(*lists["end_id"], step < min_tokens)
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
 
-    num_top = _scalar(inputs, "num_top_logprobs", rows, 0, np.int64)
+    num_top = scalar("num_top_logprobs", 0, np.int64)
     message = first_violation("num_top_logprobs", num_top,
                               (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
                               f"in [0, {MAX_TOP_LOGPROBS}]")
@@ -197,8 +215,23 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         batch.validate_bias(vocab)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
-    return RowsRequest(logits, batch, _scalar(inputs, "return_log_probs", rows, False, bool),
+    return RowsRequest(logits, batch, scalar("return_log_probs", False, bool),
                        num_top, compact, refs)
+
+
+def _records(inputs: Mapping) -> np.ndarray:
+    """``row_scalars`` as ROW_SCALARS_RECORD [B] (a view), after checking
+    that none of the inputs it packs came too."""
+    packed = np.asarray(inputs["row_scalars"])
+    both = [name for name in PACKED_INPUTS if inputs.get(name) is not None]
+    if both:
+        raise InvalidRequest(f"row_scalars carries {both[0]}: send one of them, not both")
+    if (packed.ndim != 2 or packed.shape[1] != ROW_SCALARS_RECORD.itemsize
+            or packed.dtype != np.uint8):
+        raise InvalidRequest(f"row_scalars must be UINT8 [B, {ROW_SCALARS_RECORD.itemsize}] "
+                             f"(schema.ROW_SCALARS_RECORD), got {packed.dtype} "
+                             f"{list(packed.shape)}")
+    return np.ascontiguousarray(packed).view(ROW_SCALARS_RECORD)[:, 0]
 
 
 def _compact_rows(inputs: Mapping, hot_vocab):
@@ -212,15 +245,16 @@ def _compact_rows(inputs: Mapping, hot_vocab):
     missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
-    offsets, ids = _id_lists(inputs, "touched_ids", rows, hot_vocab.vocab_size)
+    offsets, ids, used = _id_lists_and_mask("touched_ids", inputs["touched_ids"], rows,
+                                            hot_vocab.vocab_size)
     logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
-    if logits.shape != np.shape(inputs["touched_ids"]):
+    if logits.shape != used.shape:
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
-                           f"{list(np.shape(inputs['touched_ids']))}, got {list(logits.shape)}")
+                           f"{list(used.shape)}, got {list(logits.shape)}")
     return CompactRows(
         hot_logits=host_array(hot),
-        touched_offsets=offsets, touched_ids=ids.astype(np.int32),
-        touched_logits=logits[np.asarray(inputs["touched_ids"]) != PADDING].astype(np.float32),
+        touched_offsets=offsets, touched_ids=ids.astype(np.int32, copy=False),
+        touched_logits=logits[used].astype(np.float32, copy=False),
         **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
 
 
@@ -232,14 +266,24 @@ def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING
     return out
 
 
-def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+def batch_arrays(batch: SamplingBatch, packed: bool = False) -> dict[str, np.ndarray]:
     """The sampler inputs that carry `batch` (the inverse of decode_request).
 
     Banned ids travel as a logit bias of -inf, which the kernels treat
     exactly as a ban (a ban overrides any bias the same id had), so a batch
     from the decode loop (stop ids before min_tokens, bad words) needs no
     tensor of its own.
+
+    packed: the fewest tensors (the sampler pool's form; each tensor costs
+    the python backend per request, docs/COPIES.md): every per-row
+    parameter in ``row_scalars``, return_log_probs from ``want_logprobs``
+    (None: every row) among them; the bans as ``end_id`` with min_tokens =
+    step + 1 (banned at this step, exactly as above); the histories only
+    for the rows with a penalty on (no other row reads them), and not at
+    all when none has.
     """
+    if packed:
+        return _packed_arrays(batch)
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
         arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
@@ -251,6 +295,32 @@ def batch_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     if bias_ids.size:
         arrays["logit_bias_ids"] = padded(bias_offsets, bias_ids)
         arrays["logit_bias_values"] = padded(bias_offsets, bias_values, np.float32, 0.0)
+    return arrays
+
+
+def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
+    size = len(batch)
+    records = np.zeros(size, ROW_SCALARS_RECORD)
+    for name, (field, _) in SCALAR_INPUTS.items():
+        records[name] = getattr(batch, field)
+    records["random_seed"] = batch.seed
+    records["step"] = batch.step
+    records["return_log_probs"] = True if batch.want_logprobs is None else batch.want_logprobs
+    arrays = {"row_scalars": records.view(np.uint8).reshape(size, ROW_SCALARS_RECORD.itemsize)}
+    bans = np.diff(batch.ban_offsets)
+    if bans.any():
+        records["min_tokens"] = np.where(bans > 0, np.asarray(batch.step, np.int64) + 1, 0)
+        arrays["end_id"] = padded(batch.ban_offsets, batch.ban_ids)
+    if np.size(batch.bias_ids):
+        arrays["logit_bias_ids"] = padded(batch.bias_offsets, batch.bias_ids)
+        arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values, np.float32, 0.0)
+    penalized = any_on(batch, "penalty")
+    if penalized.any():
+        for name, offsets, ids in (("prompt_ids", batch.prompt_offsets, batch.prompt_ids),
+                                   ("generated_ids", batch.output_offsets, batch.output_ids)):
+            lengths = np.where(penalized, np.diff(offsets), 0)
+            kept = np.repeat(penalized, np.diff(offsets))
+            arrays[name] = padded(np.r_[0, np.cumsum(lengths)], np.asarray(ids)[kept])
     return arrays
 
 

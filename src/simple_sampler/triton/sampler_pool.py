@@ -164,10 +164,8 @@ class SamplerPool:
         the targets that share memory; every shard has answered or failed
         when this returns or raises. most_shards: at most that many requests
         (``shards``)."""
-        arrays = {**rows, **batch_arrays(batch)}
-        wanted = batch.want_logprobs
-        arrays["return_log_probs"] = (np.ones(len(batch), bool) if wanted is None
-                                      else np.asarray(wanted, bool))[:, None]
+        # packed: the fewest tensors per request (batch_arrays)
+        arrays = {**rows, **batch_arrays(batch, packed=True)}
         shards = self.shards(len(batch), most_shards)
         # return_exceptions: no shard may still read the arena's slot once
         # this returns (the caller gives it back).
@@ -231,7 +229,7 @@ class SamplerPool:
             if target.failures:
                 log.warning("sampler %s is serving again", target.name)
                 target.failures = 0
-            rows = len(inputs["random_seed"])
+            rows = len(inputs["row_scalars"])
             self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
             return outputs
 
