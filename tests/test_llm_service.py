@@ -41,6 +41,17 @@ class Client:
         return self.after is not None and not self.fail and len(self.responses) >= self.after
 
 
+class BuildingClient(Client):
+    """As the llm model's sender: send builds the response and returns what
+    sends it (``llm_service.Transmit``), which raises when the client is gone."""
+
+    def send(self, outputs, error, final):
+        return lambda: Client.send(self, outputs, error, final)
+
+
+CLIENTS = pytest.mark.parametrize("client_type", [Client, BuildingClient])
+
+
 def serve(client, request, delay=0.01):
     engine = FakeEngine(max_batch_size=2, max_context=128, delay=delay)
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
@@ -55,41 +66,46 @@ def serve(client, request, delay=0.01):
     return engine
 
 
-def test_a_finished_stream_sends_every_token_then_one_final_response():
-    client = Client()
+@CLIENTS
+def test_a_finished_stream_sends_every_token_then_one_final_response(client_type):
+    client = client_type()
     engine = serve(client, inputs(max_tokens=5))
     assert [final for _, _, final in client.responses] == [False] * 4 + [True]
     texts = [outputs["text_output"][0].decode() for outputs, _, _ in client.responses]
     assert "".join(texts) == "bcdef" and engine.released == [0]
 
 
-def test_cancelling_while_tokens_flow_stops_generation():
-    client = Client(after=3)  # tokens arrive every 10 ms, faster than the 100 ms poll
+@CLIENTS
+def test_cancelling_while_tokens_flow_stops_generation(client_type):
+    client = client_type(after=3)  # tokens arrive every 10 ms, faster than the 100 ms poll
     engine = serve(client, inputs())
     assert engine.released == [0]
     assert len(engine.steps) < MAX_TOKENS // 2
     assert len(client.responses) < MAX_TOKENS // 2
 
 
-def test_a_client_that_is_gone_cancels_its_request():
-    client = Client(after=2, fail=True)
+@CLIENTS
+def test_a_client_that_is_gone_cancels_its_request(client_type):
+    client = client_type(after=2, fail=True)
     engine = serve(client, inputs())
     assert len(client.responses) == 2 and engine.released == [0]
     assert len(engine.steps) < MAX_TOKENS // 2
 
 
-def test_a_cancelled_request_still_ends_with_the_final_flag_alone():
+@CLIENTS
+def test_a_cancelled_request_still_ends_with_the_final_flag_alone(client_type):
     """Triton holds a decoupled request until its final flag; without it the
     llm model never unloads (a stop after clients left timed out)."""
-    client = Client(after=3)
+    client = client_type(after=3)
     serve(client, inputs())
     *tokens, last = client.responses
     assert len(tokens) >= 3 and all(not final for _, _, final in tokens)
     assert last == (None, None, True)
 
 
-def test_a_bad_request_gets_one_error_and_is_done():
-    client = Client()
+@CLIENTS
+def test_a_bad_request_gets_one_error_and_is_done(client_type):
+    client = client_type()
     serve(client, inputs(text=""))
     [(outputs, error, final)] = client.responses
     assert outputs is None and final and isinstance(error, ValueError)

@@ -12,12 +12,13 @@ from simple_sampler.serving.simulated import LABEL
 def test_the_plan_puts_the_floor_beside_every_pace_and_batch():
     configs = serve_cost.plan(paces=["instant", "gpu"], batches=[64], intervals=[1, 4])
     assert [(c.pace, c.route, c.stream_interval) for c in configs] == [
-        ("instant", "floor", 1), ("instant", "ensemble", 1), ("instant", "ensemble", 4),
-        ("instant", "llm", 1), ("gpu", "floor", 1), ("gpu", "ensemble", 1),
-        ("gpu", "ensemble", 4), ("gpu", "llm", 1)]
+        ("instant", "floor", 1), ("instant", "floor-llm", 1), ("instant", "ensemble", 1),
+        ("instant", "ensemble", 4), ("instant", "llm", 1), ("gpu", "floor", 1),
+        ("gpu", "floor-llm", 1), ("gpu", "ensemble", 1), ("gpu", "ensemble", 4),
+        ("gpu", "llm", 1)]
     assert configs[0].bound() is None
     # 9 + 0.04 * 64 ms per step: 64 tokens per 11.56 ms
-    assert configs[4].bound() == pytest.approx(64 / 11.56e-3)
+    assert configs[5].bound() == pytest.approx(64 / 11.56e-3)
 
 
 def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
@@ -47,8 +48,12 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["data_plane"].startswith(LABEL) and "floor model" in report["data_plane"]
     rows = {(r["route"], r["stream_interval"]): r for r in report["results"]}
-    assert set(rows) == {("floor", 1), ("ensemble", 1), ("ensemble", 4), ("llm", 1)}
+    assert set(rows) == {("floor", 1), ("floor-llm", 1), ("ensemble", 1), ("ensemble", 4),
+                         ("llm", 1)}
     floor, one, four = rows[("floor", 1)], rows[("ensemble", 1)], rows[("ensemble", 4)]
+    # the floor in the llm model's response shape: the floor stub's CPU, no llm stub's
+    shaped = rows[("floor-llm", 1)]["cpu_us_per_token"]
+    assert shaped["floor"] > 0 and shaped["llm"] < one["cpu_us_per_token"]["llm"]
     # each process is charged to its own route (/proc counts in 10 ms ticks: a
     # quick window of the floor may show 0 for its stub)
     assert floor["cpu_us_per_token"]["server"] > 0

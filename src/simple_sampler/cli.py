@@ -10,7 +10,8 @@ from pathlib import Path
 from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec
-from .settings import HANDOFFS, ROW_TRANSPORTS, FrontendSettings, LlmSettings, SamplerSettings
+from .settings import (HANDOFFS, ROW_TRANSPORTS, SAMPLING_MODES, FrontendSettings, LlmSettings,
+                       SamplerSettings)
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -176,7 +177,7 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
         return 2
     report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
                             micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
-                            profile_dir=args.profile)
+                            profile_dir=args.profile, sampling_mode=args.sampling_mode)
     print_report(args, report, serve_cost.format_report(report))
     return 0
 
@@ -431,14 +432,20 @@ def build_parser() -> argparse.ArgumentParser:
     cost_bench.add_argument("--stream-interval", type=int, nargs="+", default=[1, 4, 16],
                             help="stream_interval of the ensemble's requests (llm direct: the "
                                  "first)")
-    cost_bench.add_argument("--routes", nargs="+", default=["floor", "ensemble", "llm"],
-                            choices=["floor", "ensemble", "llm"],
-                            help="floor model, ensemble, llm called directly")
+    routes = ["floor", "floor-llm", "ensemble", "llm"]  # bench.serve_cost.ROUTES (torch: lazy)
+    cost_bench.add_argument("--routes", nargs="+", default=routes, choices=routes,
+                            help="floor model, the floor model in the llm model's request and "
+                                 "response shape, ensemble, llm called directly")
     cost_bench.add_argument("--max-tokens", type=int, default=128,
                             help="tokens per request (at least 8 x the largest stream interval)")
     cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
     cost_bench.add_argument("--micro-batches", type=int, default=2,
                             help="the decode loop's lanes")
+    cost_bench.add_argument("--sampling-mode", default=LlmSettings.sampling_mode,
+                            choices=SAMPLING_MODES,
+                            help="simple: the sampler instances (a BLS request per shard per "
+                                 "step); inline_kernels: in the llm stub, so that tritonserver's "
+                                 "column is streaming alone")
     simulated_rows(cost_bench)
     cost_bench.add_argument("--profile", metavar="DIR",
                             help="run the llm stub's decode-loop thread under cProfile and "

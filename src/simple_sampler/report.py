@@ -459,6 +459,14 @@ COST_PARTS = (("tritonserver", "tritonserver"), ("llm", "llm stub"), ("floor", "
               ("samplers", "sampler stubs"), ("preprocessing", "preprocessing stub"))
 
 
+def switches(row: dict) -> list[str]:
+    """Voluntary context switches per token of tritonserver and of the
+    route's stub (llm or floor); absent from reports made before them."""
+    counts = row.get("switches_per_token", {})
+    stub = "floor" if row["route"].startswith("floor") else "llm"
+    return [number(counts.get("tritonserver"), 2), number(counts.get(stub), 2)]
+
+
 def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
     """`bench serve-cost`: per configuration, tokens/s against the bound and
     server CPU per token by process, with its ratio to the floor model's;
@@ -469,18 +477,19 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
     def label(r):
         a, b = r["step_ms"]
         pace = "instant" if not (a or b) else f"{a:g}+{b:g}*B ms"
-        k = f", k={r['stream_interval']}" if r["route"] != "floor" else ""
+        k = f", k={r['stream_interval']}" if not r["route"].startswith("floor") else ""
         return f"{r['route']}{k}, {pace}, B={r['batch']}"
 
     lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
              "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "
              "(floor + tritonserver) at the same pace and B; llm decode loop = the llm stub's "
-             "decode-loop thread (its streaming part), over the whole level.", ""]
+             "decode-loop thread (its streaming part), over the whole level; switches: "
+             "voluntary context switches per token (a thread slept and was woken).", ""]
     lines += table(["configuration", "tok/s", "bound tok/s", "efficiency",
                     "bound with the micro-batches", "tokens/response",
                     *(name for _, name in COST_PARTS), "llm decode loop", "server", "client",
-                    "vs floor",
-                    "server vs floor"],
+                    "vs floor", "server vs floor", "tritonserver switches/token",
+                    "stub switches/token"],
                    [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
                      number(r["efficiency"], 2), number(r.get("lanes_bound_tokens_per_s"), 0),
                      number(r["tokens_per_response"], 1),
@@ -488,7 +497,8 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r.get("llm_loop_us_per_token"), 0),
                      number(r["cpu_us_per_token"]["server"], 0),
                      number(r["cpu_us_per_token"]["client"], 0),
-                     number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x")]
+                     number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x"),
+                     *switches(r)]
                     for r in results])
     many = len(results) > 8  # room for the rotated labels
     figure, axes = writer.new(width=0.5 * len(results) + 2 if many else 7.0,

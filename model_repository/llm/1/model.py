@@ -123,6 +123,7 @@ class TritonPythonModel:
 
     def _sender(self, response_sender):
         def send(outputs, error, final):
+            """Builds the response; the service sends it (``llm_service.Send``)."""
             if outputs is None and error is None:  # the final flag alone
                 response = None
             elif error is not None:
@@ -132,9 +133,12 @@ class TritonPythonModel:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, value[None]) for name, value in outputs.items()])
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            response_sender.send(response, flags=flags)  # raises if the client has gone
-            if time.monotonic() >= self.next_report:
-                self._report_stats()
+
+            def transmit():
+                response_sender.send(response, flags=flags)  # raises if the client has gone
+                if time.monotonic() >= self.next_report:
+                    self._report_stats()
+            return transmit
         return send
 
     def _request_done(self):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..client.aio import _let_triton_end
 from ..serving.simulated import LABEL
 from ..triton.llm_service import PROFILE_ENV
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
@@ -38,7 +39,10 @@ from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
 #: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
 PACES = {"instant": (0.0, 0.0),
          "gpu": (LlmSettings.sim_step_a_ms, LlmSettings.sim_step_b_ms)}
-ROUTES = ("floor", "ensemble", "llm")
+#: floor-llm: the floor model sent the llm route's inputs, answering in the
+#: llm model's response shape (bench/floor/model.py): Triton's cost of our
+#: request and response shape, none of our own work.
+ROUTES = ("floor", "floor-llm", "ensemble", "llm")
 PROMPT = "Tell me a story."
 FLOOR_MODEL = "floor"
 STARTUP_TIMEOUT_S = 900.0
@@ -75,8 +79,8 @@ def plan(paces=("instant", "gpu"), batches=(64, 256), intervals=(1, 4, 16),
     configs = []
     for pace in paces:
         for batch in batches:
-            if "floor" in routes:
-                configs.append(Config(pace, batch, "floor"))
+            configs += [Config(pace, batch, route) for route in ("floor", "floor-llm")
+                        if route in routes]
             if "ensemble" in routes:
                 configs += [Config(pace, batch, "ensemble", k) for k in intervals]
             if "llm" in routes:
@@ -102,28 +106,50 @@ def server_processes(server_pid: int) -> dict[str, int]:
     return processes
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary context switches of all the process's threads so far: each
+    time a thread went to sleep waiting (for a message, a lock), to be woken
+    again. A count of the process's own waits: unlike CPU time and
+    preemptions (involuntary switches, not counted) it barely moves with the
+    machine's load, so what a cut of wake-ups buys shows here first."""
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"voluntary_ctxt_switches:"):
+                        switches += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return switches
+
+
 class Meter:
-    """CPU seconds of the named processes, read at two marks."""
+    """CPU seconds and context switches of the named processes, read at two marks."""
 
     def __init__(self, processes: dict[str, int]):
         self.processes = {**processes, "client": os.getpid()}
-        self.marks: list[tuple[float, int, dict[str, float]]] = []
+        self.marks: list[tuple[float, int, dict[str, float], dict[str, int]]] = []
 
     def mark(self, tokens: int) -> None:
         """Now, with `tokens` received so far."""
         self.marks.append((time.perf_counter(), tokens,
-                           {name: process_cpu_s(pid) for name, pid in self.processes.items()}))
+                           {name: process_cpu_s(pid) for name, pid in self.processes.items()},
+                           {name: context_switches(pid)
+                            for name, pid in self.processes.items()}))
 
-    def window(self) -> tuple[float, int, dict[str, float]]:
-        """Seconds, tokens and CPU seconds per process between the first and last marks."""
-        (t0, tokens0, cpu0), (t1, tokens1, cpu1) = self.marks[0], self.marks[-1]
-        return t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0}
+    def window(self) -> tuple[float, int, dict[str, float], dict[str, int]]:
+        """Seconds, tokens, CPU seconds and context switches per process
+        between the first and last marks."""
+        (t0, tokens0, cpu0, cs0), (t1, tokens1, cpu1, cs1) = self.marks[0], self.marks[-1]
+        return (t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0},
+                {name: cs1[name] - cs0[name] for name in cs0})
 
 
 def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int):
     import tritonclient.grpc.aio as grpcclient
 
-    if route == "floor":
+    if route == FLOOR_MODEL:
         arrays = {"max_tokens": np.array([[max_tokens]], np.int32)}
     else:
         arrays = {"text_input": np.array([[PROMPT.encode()]], object),
@@ -148,7 +174,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
     """B concurrent streams of max_tokens tokens; marks `meter` at the window's ends."""
     import tritonclient.grpc.aio as grpcclient
 
-    model = FLOOR_MODEL if config.route == "floor" else config.route
+    model = FLOOR_MODEL if config.route.startswith(FLOOR_MODEL) else config.route
     total = config.batch * max_tokens
     start_at, end_at = total // 8, total - total // 8
     delivered, responses_in_window = 0, 0
@@ -164,7 +190,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
             yield request
 
         stream = client.stream_infer(requests())
-        received = 0
+        received, finished = 0, False
         try:
             async for result, error in stream:
                 if error is not None:
@@ -178,11 +204,16 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
                     if start_at <= before < end_at:
                         responses_in_window += 1
                 if received >= max_tokens:
+                    # left for Triton to end: cancelling a finished call races
+                    # Triton 2.51's stream handler, and the model never unloads
+                    finished = True
+                    await _let_triton_end(stream)
                     return
             raise RuntimeError(f"{model} request {index}: the stream ended after {received} "
                                f"of {max_tokens} tokens")
         finally:
-            stream.cancel()
+            if not finished:
+                stream.cancel()
 
     try:
         await asyncio.gather(*(one(i) for i in range(config.batch)))
@@ -190,8 +221,8 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
         await client.close()
     if meter is None:
         return {}
-    seconds, tokens, cpu = meter.window()
-    return {"seconds": seconds, "cpu_s": cpu, "tokens": tokens,
+    seconds, tokens, cpu, switches = meter.window()
+    return {"seconds": seconds, "cpu_s": cpu, "switches": switches, "tokens": tokens,
             "tokens_per_response": tokens / max(1, responses_in_window)}
 
 
@@ -227,7 +258,9 @@ def figures(config: Config, measured: dict, micro_batches: int) -> dict:
                 "samplers": sum(per_token[name] for name in samplers),
                 "server": sum(server.values()),
                 "client": per_token["client"]},
-            "sampler_us_per_token": {name: per_token[name] for name in samplers}}
+            "sampler_us_per_token": {name: per_token[name] for name in samplers},
+            "switches_per_token": {name: count / tokens
+                                   for name, count in measured["switches"].items()}}
 
 
 def add_ratios(results: list[dict]) -> None:
@@ -246,7 +279,8 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
-                     micro_batches: int, vocab: int, dtype: str) -> Path:
+                     micro_batches: int, vocab: int, dtype: str,
+                     sampling_mode: str = LlmSettings.sampling_mode) -> Path:
     from ..launch.serve import assemble_repository
     from ..launch.templates import fill_file
 
@@ -256,7 +290,7 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
     llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
                       sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
                       engine_max_batch_size=batch, generate_max_batch_size=batch,
-                      max_context=512)
+                      max_context=512, sampling_mode=sampling_mode)
     assemble_repository(destination, sampler, llm)
     floor = destination / FLOOR_MODEL
     source = resources.files("simple_sampler.bench").joinpath("floor")
@@ -269,8 +303,11 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
-        profile_dir: str | None = None) -> dict:
-    """Every configuration of `configs` (default :func:`plan`), one server per pace."""
+        profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode) -> dict:
+    """Every configuration of `configs` (default :func:`plan`), one server per pace.
+    `sampling_mode` other than "simple" samples in the llm stub (no BLS
+    request per step, the sampler instances idle): tritonserver's column is
+    then streaming alone."""
     from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
@@ -281,7 +318,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
         largest = max(c.batch for c in mine)
         repository = build_repository(
             Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
-            instances, micro_batches, vocab, dtype)
+            instances, micro_batches, vocab, dtype, sampling_mode)
         sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=largest,
                                   logits_dtype=SIMULATED_DTYPES[dtype])
         previous = os.environ.get(PROFILE_ENV)
@@ -313,8 +350,9 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     os.environ.__setitem__(PROFILE_ENV, previous)
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
-    return {"results": results, "data_plane": data_plane(instances, micro_batches),
+    return {"results": results, "data_plane": data_plane(instances, micro_batches, sampling_mode),
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
+                         "sampling_mode": sampling_mode,
                          "micro_batches": micro_batches, "max_tokens": max_tokens,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",
@@ -324,12 +362,14 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                          "profile_dir": profile_dir}}
 
 
-def data_plane(instances: int, micro_batches: int) -> str:
+def data_plane(instances: int, micro_batches: int, sampling_mode: str = "simple") -> str:
+    sampling = (f"{instances} simple_sampler instances" if sampling_mode == "simple" else
+                f"sampling {sampling_mode} in the llm stub (the sampler instances idle)")
     return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
             f"synthetic) inside a real Triton server: ensemble, preprocessing, llm "
-            f"({micro_batches} micro-batches) and {instances} simple_sampler instances; "
+            f"({micro_batches} micro-batches) and {sampling}; "
             f"beside it the floor model (bench/floor: no work, one INT32 token per request "
-            f"per step)")
+            f"per step; on the floor-llm route the llm model's outputs instead)")
 
 
 def pace_label(row: dict) -> str:
@@ -346,9 +386,13 @@ def format_report(report: dict) -> str:
              f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
-             f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9}"]
+             f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
+             f"{'cs:trit':>7} {'cs:stub':>7}"]
     for r in report["results"]:
         cpu = r["cpu_us_per_token"]
+        switches = r.get("switches_per_token", {})  # reports from before the column: none
+        stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
+                                     else "llm")
         lines.append(
             f"{pace_label(r):<15} {r['batch']:>4} {r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
@@ -358,11 +402,14 @@ def format_report(report: dict) -> str:
             f"{cell(r.get('llm_loop_us_per_token'), '5.0f')} "
             f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
             f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
-            f"{cell(r['server_vs_floor'], '9.2f')}")
+            f"{cell(r['server_vs_floor'], '9.2f')} "
+            f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
                  "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
-                 "same pace and B; server/fl = whole server over the floor's")
+                 "same pace and B; server/fl = whole server over the floor's; cs = voluntary "
+                 "context switches per token (/proc/<pid>/task/*/status) of tritonserver and "
+                 "of the route's stub (llm or floor)")
     return "\n".join(lines)

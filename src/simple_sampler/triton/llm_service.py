@@ -55,7 +55,11 @@ class Unavailable(RuntimeError):
 #: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
 #: any other error: generation failed, INTERNAL); outputs and error None:
 #: the final flag alone, for a request whose client cancelled or went away.
-Send = Callable[[dict | None, Exception | None, bool], None]
+#: It sends the response, or builds it and returns a Transmit that sends it
+#: (raising as send would): the service then sends a step's built responses
+#: back to back.
+Transmit = Callable[[], None]
+Send = Callable[[dict | None, Exception | None, bool], Transmit | None]
 CANCEL_POLL_S = 0.1
 #: The most requests asked whether they were cancelled per poll.
 CANCEL_CHECKS_PER_POLL = 16
@@ -67,24 +71,38 @@ CLOSE_TIMEOUT_S = 4.0
 
 
 #: A directory: the decode-loop thread runs under cProfile and writes
-#: llm-<pid>.prof there when the service closes (`bench serve-cost --profile`).
+#: llm-<pid>.prof there when the service starts draining (SIGTERM, what the
+#: server's stop sends first) or closes (`bench serve-cost --profile`).
 PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE_DIR"
 
 
-def profiled(run: Callable[[], None], path: str) -> None:
-    """run() under cProfile (this thread only), its statistics written to
-    `path`. Timed in the thread's CPU time, not wall time: what the stub
-    spends, not how long a send waited for the server."""
-    import cProfile
+class LoopProfile:
+    """cProfile of the decode-loop thread, timed in the thread's CPU time,
+    not wall time: what the stub spends, not how long a send waited for the
+    server. Written by the loop thread itself (a profiler is per thread) at
+    the drain's start: Triton's stop may time out unloading the model
+    before ``close`` runs, and the profile must not be lost with it."""
 
-    profile = cProfile.Profile(time.thread_time)
-    profile.enable()
-    try:
-        run()
-    finally:
-        profile.disable()
-        profile.dump_stats(path)
-        log.info("decode-loop profile written to %s", path)
+    def __init__(self, path: str):
+        import cProfile
+
+        self.path = path
+        self.profile = cProfile.Profile(time.thread_time)
+        self.written = False
+
+    def run(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.profile.enable()
+        try:
+            loop.run_forever()
+        finally:
+            self.write()
+
+    def write(self) -> None:
+        """On the loop thread; once."""
+        if not self.written:
+            self.written = True
+            self.profile.dump_stats(self.path)  # disables it first
+            log.info("decode-loop profile written to %s", self.path)
 
 
 def build_engine(settings: LlmSettings):
@@ -155,12 +173,18 @@ class LlmService:
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
-        run = self.loop.run_forever if not profile_dir else functools.partial(
-            profiled, self.loop.run_forever, os.path.join(profile_dir, f"llm-{os.getpid()}.prof"))
+        self.profile = LoopProfile(os.path.join(profile_dir, f"llm-{os.getpid()}.prof")) \
+            if profile_dir else None
+        run = self.loop.run_forever if self.profile is None else functools.partial(
+            self.profile.run, self.loop)
         self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
         self._call(self.decoder.start()).result()
         self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
+        #: a step's events, answered in one burst once the step's pass is over
+        self.outbox: list[tuple[_Delivery, GenerationEvent]] = []
+        #: the responses built from them, to send back to back
+        self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -195,6 +219,8 @@ class LlmService:
         if self.draining:
             return 0
         self.draining = True
+        if self.profile is not None:
+            self.profile.write()
         deadline = self.loop.time() + grace_s
         log.warning("draining: %d requests in flight get %.0f s to finish",
                     self.decoder.num_in_flight, grace_s)
@@ -256,7 +282,7 @@ class LlmService:
         self.deliveries[delivery] = None
         try:
             # The decode loop hands each event to _on_event as it makes it:
-            # a step's responses go out in its one pass over the rows.
+            # a step's responses go out in one burst after its pass.
             handle.listen(functools.partial(self._on_event, delivery))
             await delivery.finished
         finally:
@@ -266,13 +292,67 @@ class LlmService:
     @staticmethod
     def _refuse(error: Exception, send: Send, on_done) -> None:
         try:
-            send(None, error, True)
+            transmit = send(None, error, True)
+            if transmit is not None:
+                transmit()
         finally:
             on_done()
 
     def _on_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """On the decode loop, for every event of the request; never raises
-        (it runs inside the loop's pass over a step's rows)."""
+        """On the decode loop, for every event of the request, inside the
+        loop's pass over a step's rows: queued, and the step's responses
+        sent back to back once the pass is over (``_send_outbox``). Each
+        send is a round trip to the server process (the stub waits until
+        Triton has taken the response: python_backend's
+        ``ResponseSender::Send``); sends spaced out by the pass's own work
+        each find Triton's threads asleep and pay their wake-ups, where a
+        burst finds them awake. The responses are built first and then
+        sent (a ``Send`` may return a ``Transmit``), so that nothing but
+        the sends themselves runs between them."""
+        if not self.outbox:
+            self.loop.call_soon(self._send_outbox)
+        self.outbox.append((delivery, event))
+
+    def _send_outbox(self) -> None:
+        """The queued responses, in order; their CPU counts as the decode
+        loop's own (``DecoderStats.loop_s``), as when they went out inside
+        the pass."""
+        started = time.thread_time()
+        outbox, self.outbox = self.outbox, []
+        for delivery, event in outbox:
+            self._answer(delivery, event)
+        transmits, self.transmits = self.transmits, []
+        for delivery, transmit, final in transmits:
+            try:
+                transmit()
+            except Exception:  # nobody to answer: stop generating for them
+                log.debug("sending a response failed: the request is cancelled", exc_info=True)
+                delivery.stop()
+                if final:
+                    self._final_flag(delivery)
+        self.decoder.stats.loop_s += time.thread_time() - started
+
+    def _send(self, delivery: _Delivery, outputs: dict | None, error: Exception | None,
+              final: bool) -> None:
+        """One response of `delivery`: sent, or built and queued to be sent."""
+        transmit = delivery.send(outputs, error, final)
+        if transmit is not None:
+            self.transmits.append((delivery, transmit, final))
+
+    @staticmethod
+    def _final_flag(delivery: _Delivery) -> None:
+        """A cancelled request still ends with the final flag: until it
+        does, Triton holds the request, and the model cannot unload
+        (serve's stop after a load whose clients left timed out on it)."""
+        try:
+            transmit = delivery.send(None, None, True)
+            if transmit is not None:
+                transmit()
+        except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
+            log.debug("the final flag of a cancelled request was refused", exc_info=True)
+
+    def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
+        """Send (or queue) what `event` makes of the request's answer; never raises."""
         answered = False
         if delivery.delivering:
             try:
@@ -282,13 +362,7 @@ class LlmService:
                 log.debug("sending a response failed: the request is cancelled", exc_info=True)
                 delivery.stop()
         if event.final and not answered:
-            # A cancelled request still ends with the final flag: until it
-            # does, Triton holds the request, and the model cannot unload
-            # (serve's stop after a load whose clients left timed out on it).
-            try:
-                delivery.send(None, None, True)
-            except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
-                log.debug("the final flag of a cancelled request was refused", exc_info=True)
+            self._final_flag(delivery)
         if event.final:
             # Never ask Triton about a request after its final response: its
             # response factory is gone (Triton 2.51 crashes in
@@ -328,15 +402,17 @@ class LlmService:
     def _send_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
         """One response per `interval` tokens of a stream (and always the
         last), or one at the end; an error ends the request at once."""
-        decoded, send = delivery.decoded, delivery.send
+        decoded = delivery.decoded
         if event.error:
             if decoded.stream and delivery.held:  # the tokens made before it
                 self._flush(delivery, final=False)
-            send(None, (Unavailable if event.retryable else RuntimeError)(event.error), True)
+            self._send(delivery, None,
+                       (Unavailable if event.retryable else RuntimeError)(event.error), True)
             return
         if decoded.stream and delivery.interval == 1:
-            send(encode_event(event, full=event.final,
-                              logprobs=decoded.request.return_log_probs), None, event.final)
+            self._send(delivery, encode_event(event, full=event.final,
+                                              logprobs=decoded.request.return_log_probs),
+                       None, event.final)
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
@@ -350,8 +426,9 @@ class LlmService:
             self.codec.decode(self._prompt_ids(decoded))
         event = merge_events(delivery.held) if len(delivery.held) > 1 else delivery.held[0]
         delivery.held, delivery.held_tokens = [], 0
-        delivery.send(encode_event(event, prefix, full=final or not decoded.stream,
-                                   logprobs=decoded.request.return_log_probs), None, final)
+        self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
+                                          logprobs=decoded.request.return_log_probs),
+                   None, final)
 
     def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request

@@ -1,5 +1,5 @@
 """Triton's floor for streaming tokens: a decoupled Python model that does no
-work and streams one INT32 token per request per step.
+work and streams one token per request per step.
 
 `simple-sampler bench serve-cost` copies this directory into the temporary
 repository of each server it starts, beside the project's models, and drives
@@ -10,6 +10,15 @@ It is not part of the served repository (model_repository/).
 A step: sleep a + b * n ms (the same pace as the simulated engine's, the
 ``step_a_ms`` / ``step_b_ms`` parameters), then one response per active
 request holding one token, the last one flagged final.
+
+Two response shapes, by request: a request of ``max_tokens`` alone gets one
+INT32 output (``output_ids``), the least Triton can carry; a request that
+sends the llm model's inputs (``text_input`` among them: the bench's
+``floor-llm`` route) gets what the llm model sends a stream with
+``stream_interval`` 1 (``generate_io.encode_event``): ``text_output`` (BYTES)
+and ``output_ids`` per token, and all seven outputs on the last response.
+The difference between the two is Triton's cost of our response shape,
+without any of our own work.
 """
 import json
 import threading
@@ -17,6 +26,10 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+#: The llm model's inputs the floor-llm route sends (read, as the llm model
+#: reads them, then ignored).
+LLM_INPUTS = ("text_input", "min_length", "stream", "random_seed", "stream_interval")
 
 
 class TritonPythonModel:
@@ -35,8 +48,14 @@ class TritonPythonModel:
         with self.lock:
             for request in requests:
                 max_tokens = pb_utils.get_input_tensor_by_name(request, "max_tokens")
+                llm_inputs = [pb_utils.get_input_tensor_by_name(request, name)
+                              for name in LLM_INPUTS]
+                llm_shape = llm_inputs[0] is not None
+                for tensor in llm_inputs:
+                    if tensor is not None:
+                        tensor.as_numpy()
                 self.arrived.append([request.get_response_sender(),
-                                     int(max_tokens.as_numpy().reshape(-1)[0])])
+                                     int(max_tokens.as_numpy().reshape(-1)[0]), llm_shape])
         self.wake.set()
         return None
 
@@ -51,14 +70,30 @@ class TritonPythonModel:
                 continue
             time.sleep(self.step_a_s + self.step_b_s * len(active))
             token = np.array([[step]], np.int32)
+            text = np.array([[f" t{step}".encode()]], object)
             step += 1
             for entry in active:
                 entry[1] -= 1
-                entry[0].send(pb_utils.InferenceResponse([pb_utils.Tensor("output_ids", token)]),
-                              flags=0 if entry[1] else pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                final = not entry[1]
+                outputs = [pb_utils.Tensor("output_ids", token)]
+                if entry[2]:
+                    outputs.append(pb_utils.Tensor("text_output", text))
+                    if final:
+                        outputs += last_outputs()
+                entry[0].send(pb_utils.InferenceResponse(outputs),
+                              flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
             active = [entry for entry in active if entry[1]]
 
     def finalize(self):
         self.running = False
         self.wake.set()
         self.thread.join()
+
+
+def last_outputs():
+    """The outputs only a stream's last response carries (values immaterial)."""
+    return [pb_utils.Tensor("output_log_probs", np.zeros((1, 1), np.float32)),
+            pb_utils.Tensor("cum_log_probs", np.zeros((1, 1), np.float32)),
+            pb_utils.Tensor("num_input_tokens", np.ones((1, 1), np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.ones((1, 1), np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([[b"length"]], object))]
