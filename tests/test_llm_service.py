@@ -52,13 +52,13 @@ class BuildingClient(Client):
 CLIENTS = pytest.mark.parametrize("client_type", [Client, BuildingClient])
 
 
-def serve(client, request, delay=0.01):
+def serve(client, request, delay=0.01, on_admitted=lambda service: None):
     engine = FakeEngine(max_batch_size=2, max_context=128, delay=delay)
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
                          codec=TextCodec(FakeTokenizer()))
     try:
-        service.submit(request, client.send, client.is_cancelled,
-                       on_done=client.done.set).result(timeout=60)
+        service.submit(request, client.send, client.is_cancelled, on_done=client.done.set,
+                       on_admitted=lambda: on_admitted(service)).result(timeout=60)
         assert client.done.is_set()
         assert service.decoder.num_active == 0 and service.decoder.num_queued == 0
     finally:
@@ -94,13 +94,24 @@ def test_a_client_that_is_gone_cancels_its_request(client_type):
 
 @CLIENTS
 def test_a_cancelled_request_still_ends_with_the_final_flag_alone(client_type):
-    """Triton holds a decoupled request until its final flag; without it the
-    llm model never unloads (a stop after clients left timed out)."""
+    """python_backend deletes a decoupled request's response factory only on
+    its final flag (python_be.cc, ResponseSendDecoupled)."""
     client = client_type(after=3)
     serve(client, inputs())
     *tokens, last = client.responses
     assert len(tokens) >= 3 and all(not final for _, _, final in tokens)
     assert last == (None, None, True)
+
+
+def test_admission_is_announced_once_the_decoder_holds_the_request():
+    """The llm model reports its in-flight gauge then: `serve` stops Triton
+    once the gauge reads 0, so it must not read 0 while a request is held."""
+    held = []
+    serve(Client(), inputs(max_tokens=3), on_admitted=lambda s: held.append(s.decoder.num_in_flight))
+    assert held == [1]
+    refused = []
+    serve(Client(), inputs(text=""), on_admitted=lambda s: refused.append(1))
+    assert refused == []
 
 
 @CLIENTS

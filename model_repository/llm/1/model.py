@@ -109,6 +109,7 @@ class TritonPythonModel:
         self.reported = {name: 0 for name in self.metrics}
         self.report_lock = threading.Lock()
         self.next_report = 0.0
+        self.reported_in_flight = 0
 
     def execute(self, requests):
         for request in requests:
@@ -118,7 +119,8 @@ class TritonPythonModel:
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
             self.service.submit(inputs, self._sender(request.get_response_sender()),
-                                request.is_cancelled, on_done=self._request_done)
+                                request.is_cancelled, on_done=self._request_done,
+                                on_admitted=self._request_admitted)
         return None
 
     def _sender(self, response_sender):
@@ -141,6 +143,12 @@ class TritonPythonModel:
             return transmit
         return send
 
+    def _request_admitted(self):
+        # The gauge must not read 0 while a request is held: `serve` stops
+        # Triton once it reads 0 after the drain (launch.server.drain).
+        if self.reported_in_flight == 0:
+            self._report_stats()
+
     def _request_done(self):
         # B requests often end in the same step: one report for them, unless
         # the last one ended (the drain waits for the in-flight gauge's 0).
@@ -156,7 +164,8 @@ class TritonPythonModel:
             self._report_stats_locked()
 
     def _report_stats_locked(self):
-        self.in_flight.set(self.service.decoder.num_in_flight)
+        self.reported_in_flight = self.service.decoder.num_in_flight
+        self.in_flight.set(self.reported_in_flight)
         stats = self.service.stats()
         totals = {"data_plane_us": int(stats.data_plane_s * 1e6),
                   "sampler_us": int(stats.sampler_s * 1e6),

@@ -198,12 +198,14 @@ class LlmService:
 
     def submit(self, inputs: Mapping[str, object], send: Send,
                is_cancelled: Callable[[], bool] = lambda: False,
-               on_done: Callable[[], None] = lambda: None):
+               on_done: Callable[[], None] = lambda: None,
+               on_admitted: Callable[[], None] = lambda: None):
         """Start one request; returns a future done when the request has left
-        the decoder (``on_done`` is called then). Bad input is answered with
-        one error response. A ``send`` that raises (the client went away)
-        cancels the request, as ``is_cancelled()`` does."""
-        return self._call(self._serve(inputs, send, is_cancelled, on_done))
+        the decoder (``on_done`` is called then; ``on_admitted``, on the decode
+        loop, once the decoder holds it). Bad input is answered with one error
+        response. A ``send`` that raises (the client went away) cancels the
+        request, as ``is_cancelled()`` does."""
+        return self._call(self._serve(inputs, send, is_cancelled, on_done, on_admitted))
 
     def _count_retry(self) -> None:
         self.decoder.stats.sampler_retries += 1
@@ -262,7 +264,7 @@ class LlmService:
         threading.Thread(target=wait, name="drain-on-sigterm", daemon=True).start()
         return True
 
-    async def _serve(self, inputs, send: Send, is_cancelled, on_done) -> None:
+    async def _serve(self, inputs, send: Send, is_cancelled, on_done, on_admitted) -> None:
         try:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
@@ -276,6 +278,7 @@ class LlmService:
             log.exception("request failed before it reached the decoder")
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
+        on_admitted()
         delivery = _Delivery(handle, decoded, send, is_cancelled,
                              decoded.stream_interval or self.settings.stream_interval,
                              self.loop.create_future())
