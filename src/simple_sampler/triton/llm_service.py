@@ -357,16 +357,17 @@ class LlmService:
     def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
         """Send (or queue) what `event` makes of the request's answer; never raises."""
         answered = False
+        final = event.final  # a property: read once per event
         if delivery.delivering:
             try:
-                self._send_event(delivery, event)
-                answered = event.final or event.error is not None
+                self._send_event(delivery, event, final)
+                answered = final
             except Exception:  # nobody to answer: stop generating for them
                 log.debug("sending a response failed: the request is cancelled", exc_info=True)
                 delivery.stop()
-        if event.final and not answered:
+        if final and not answered:
             self._final_flag(delivery)
-        if event.final:
+        if final:
             # Never ask Triton about a request after its final response: its
             # response factory is gone (Triton 2.51 crashes in
             # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
@@ -402,9 +403,10 @@ class LlmService:
                 if cancelled:
                     delivery.stop()
 
-    def _send_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
+    def _send_event(self, delivery: _Delivery, event: GenerationEvent, final: bool) -> None:
         """One response per `interval` tokens of a stream (and always the
-        last), or one at the end; an error ends the request at once."""
+        last), or one at the end; an error ends the request at once.
+        ``final``: ``event.final``."""
         decoded = delivery.decoded
         if event.error:
             if decoded.stream and delivery.held:  # the tokens made before it
@@ -413,14 +415,14 @@ class LlmService:
                        (Unavailable if event.retryable else RuntimeError)(event.error), True)
             return
         if decoded.stream and delivery.interval == 1:
-            self._send(delivery, encode_event(event, full=event.final,
+            self._send(delivery, encode_event(event, full=final,
                                               logprobs=decoded.request.return_log_probs),
-                       None, event.final)
+                       None, final)
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
-        if event.final or (decoded.stream and delivery.held_tokens >= delivery.interval):
-            self._flush(delivery, event.final)
+        if final or (decoded.stream and delivery.held_tokens >= delivery.interval):
+            self._flush(delivery, final)
 
     def _flush(self, delivery: _Delivery, final: bool) -> None:
         """Send the held events as one response."""
