@@ -611,8 +611,11 @@ class Decoder:
             sequence.output_ids.append(token)
             sequence.cum_log_prob += logprob
             ended = token in sequence.params.stop_token_ids  # the end id, unless ignore_end
-            text, stopped = ("", False) if ended else \
-                sequence.stop.feed(sequence.detokenizer.push([token]))
+            text, stopped = "", False
+            if not ended:
+                text = sequence.detokenizer.push([token])
+                if sequence.stop.stop_words:  # without any, feed() returns the text as it is
+                    text, stopped = sequence.stop.feed(text)
             reason = FINISH_STOP if ended or stopped else (
                 FINISH_LENGTH if len(sequence.output_ids) >= sequence.request.max_tokens else None)
             if reason is None:
