@@ -198,7 +198,6 @@ class RequestHandle:
         # work nobody here uses: one reader, no join.
         self.pending: collections.deque[GenerationEvent] = collections.deque()
         self.waiter: asyncio.Future | None = None
-        self.listener: Callable[[GenerationEvent], None] | None = None
 
     def listen(self, listener: Callable[[GenerationEvent], None]) -> None:
         """Hand every event to ``listener`` as the decode loop makes it,
@@ -206,16 +205,15 @@ class RequestHandle:
         loop's one pass over the step's rows, with no reader coroutine to
         wake per event. Events already made go first. Call on the decoder's
         event loop; the handle is then no longer iterable."""
-        self.listener = listener
+        # The listener replaces put() on this handle: the decode loop's
+        # put(event) is then the listener's call itself, no call in between.
+        self.put = listener
         while self.pending:
             listener(self.pending.popleft())
 
     def put(self, event: GenerationEvent) -> None:
-        """Queue an event (on the decoder's event loop) and wake the reader,
-        or hand it to the listener."""
-        if self.listener is not None:
-            self.listener(event)
-            return
+        """Queue an event (on the decoder's event loop) and wake the reader
+        (``listen`` replaces it)."""
         self.pending.append(event)
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():  # done: its reader was cancelled
