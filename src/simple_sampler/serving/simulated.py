@@ -374,7 +374,9 @@ class SimulatedDetokenizer:
         text = ""
         for token in map(int, token_ids):
             if token >= self.codec.known:
-                text += self.flush() + f" t{token}"
+                if self.run:  # flush() has a run to end: not so for most ids
+                    text += self.flush()
+                text += f" t{token}"
                 continue
             self.run.append(token)
             delta = self.stream.step(self.codec.backend, token)
