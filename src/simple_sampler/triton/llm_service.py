@@ -322,8 +322,19 @@ class LlmService:
         the pass."""
         started = time.thread_time()
         outbox, self.outbox = self.outbox, []
-        for delivery, event in outbox:
-            self._answer(delivery, event)
+        for delivery, event in outbox:  # what each event makes of its answer; never raises
+            final = event.final  # a property: read once per event
+            answered = False
+            if delivery.delivering:
+                try:
+                    self._send_event(delivery, event, final)
+                    answered = final
+                except Exception:  # nobody to answer: stop generating for them
+                    log.debug("sending a response failed: the request is cancelled",
+                              exc_info=True)
+                    delivery.stop()
+            if final:
+                self._end(delivery, answered)
         transmits, self.transmits = self.transmits, []
         for delivery, transmit, final in transmits:
             try:
@@ -354,28 +365,19 @@ class LlmService:
         except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
             log.debug("the final flag of a cancelled request was refused", exc_info=True)
 
-    def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """Send (or queue) what `event` makes of the request's answer; never raises."""
-        answered = False
-        final = event.final  # a property: read once per event
-        if delivery.delivering:
-            try:
-                self._send_event(delivery, event, final)
-                answered = final
-            except Exception:  # nobody to answer: stop generating for them
-                log.debug("sending a response failed: the request is cancelled", exc_info=True)
-                delivery.stop()
-        if final and not answered:
+    def _end(self, delivery: _Delivery, answered: bool) -> None:
+        """After the request's final event: the final flag unless its final
+        response was sent (``answered``), and the request leaves."""
+        if not answered:
             self._final_flag(delivery)
-        if final:
-            # Never ask Triton about a request after its final response: its
-            # response factory is gone (Triton 2.51 crashes in
-            # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
-            # may come after the next cancellation pass.
-            delivery.delivering = False
-            self.deliveries.pop(delivery, None)
-            if not delivery.finished.done():
-                delivery.finished.set_result(None)
+        # Never ask Triton about a request after its final response: its
+        # response factory is gone (Triton 2.51 crashes in
+        # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
+        # may come after the next cancellation pass.
+        delivery.delivering = False
+        self.deliveries.pop(delivery, None)
+        if not delivery.finished.done():
+            delivery.finished.set_result(None)
 
     async def _watch_cancellations(self) -> None:
         """Every CANCEL_POLL_S, ask Triton whether requests still being
