@@ -13,7 +13,7 @@ from simple_sampler.params import History, SamplingBatch
 from simple_sampler.row_arena import RowArena, RowReader
 from simple_sampler.sampling import sample
 from simple_sampler.triton.sampler_codec import decode_request, sample_request
-from simple_sampler.settings import parse_endpoints
+from simple_sampler.settings import LlmSettings, parse_endpoints
 from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget, build_pool
 
 VOCAB = 64
@@ -50,7 +50,7 @@ def step(pool, rows=12, seed=0):
 
 def test_rows_are_shared_by_capacity_and_give_the_kernels_tokens():
     small, big = Sampler(), Sampler()
-    pool = SamplerPool([SamplerTarget("a", small, 1), SamplerTarget("b", big, 3)])
+    pool = SamplerPool([SamplerTarget("a", small, 1), SamplerTarget("b", big, 3)], min_rows=1)
     tokens, expected = step(pool, rows=12)
     assert tokens.tolist() == expected.tolist()
     assert small.rows == [3] and sorted(big.rows) == [3, 3, 3]
@@ -59,17 +59,64 @@ def test_rows_are_shared_by_capacity_and_give_the_kernels_tokens():
 
 def test_most_shards_caps_the_requests_on_the_largest_targets():
     small, big = Sampler(), Sampler()
-    pool = SamplerPool([SamplerTarget("small", small, 1), SamplerTarget("big", big, 3)])
+    pool = SamplerPool([SamplerTarget("small", small, 1), SamplerTarget("big", big, 3)],
+                       min_rows=1)
     assert [(t.name, a, b) for t, a, b in pool.shards(12, most=1)] == [("big", 0, 12)]
     assert [(t.name, a, b) for t, a, b in pool.shards(12, most=2)] == [("big", 0, 6),
                                                                        ("big", 6, 12)]
     assert len(pool.shards(12)) == 4
 
 
+def named(shards):
+    return [(target.name, first, end) for target, first, end in shards]
+
+
+def test_a_step_of_few_rows_is_one_shard_on_the_slots_in_turn():
+    pool = SamplerPool([SamplerTarget("a", Sampler(), 1), SamplerTarget("b", Sampler(), 2)],
+                       min_rows=8)
+    # fewer than twice the minimum: one request, each call on the next slot
+    assert [named(pool.shards(15)) for _ in range(4)] == [
+        [("a", 0, 15)], [("b", 0, 15)], [("b", 0, 15)], [("a", 0, 15)]]
+    # twice the minimum: two shards, the turn going on from there
+    assert named(pool.shards(16)) == [("b", 0, 8), ("b", 8, 16)]
+    assert named(pool.shards(16)) == [("a", 0, 8), ("b", 8, 16)]
+
+
+def test_many_rows_are_one_shard_per_slot_as_before():
+    pool = SamplerPool([SamplerTarget("a", Sampler(), 1), SamplerTarget("b", Sampler(), 2)],
+                       min_rows=8)
+    pool.shards(8)  # a turn taken does not move a full split
+    assert named(pool.shards(24)) == [("a", 0, 8), ("b", 8, 16), ("b", 16, 24)]
+    assert named(pool.shards(200)) == [("a", 0, 66), ("b", 66, 133), ("b", 133, 200)]
+
+
+def test_the_turn_skips_a_target_that_is_down():
+    pool = SamplerPool([SamplerTarget("a", Sampler(), 1), SamplerTarget("b", Sampler(), 1),
+                        SamplerTarget("c", Sampler(), 1)], min_rows=64)
+    pool.targets[1].down_until = time.monotonic() + 60
+    assert [named(pool.shards(10))[0][0] for _ in range(4)] == ["a", "c", "a", "c"]
+    assert named(pool.shards(128)) == [("a", 0, 64), ("c", 64, 128)]
+
+
+def test_the_default_minimum_is_the_settings_and_the_tokens_do_not_depend_on_it():
+    assert SamplerPool([SamplerTarget("a", Sampler(), 2)]).min_rows == \
+        LlmSettings.sampler_shard_min_rows
+    results = []
+    for min_rows in (1, 5, 64):
+        samplers = [Sampler(), Sampler()]
+        pool = SamplerPool([SamplerTarget("a", samplers[0], 2), SamplerTarget("b", samplers[1], 1)],
+                           min_rows=min_rows)
+        tokens, expected = step(pool, rows=12)
+        assert tokens.tolist() == expected.tolist()
+        results.append((tokens.tolist(), len(samplers[0].rows) + len(samplers[1].rows)))
+    assert [shards for _, shards in results] == [3, 2, 1]
+    assert results[0][0] == results[1][0] == results[2][0]
+
+
 def test_a_failing_target_hands_its_rows_to_another_and_is_probed_back():
     broken, healthy, retries = Sampler(failing=True), Sampler(), []
     pool = SamplerPool([SamplerTarget("broken", broken, 2), SamplerTarget("healthy", healthy, 2)],
-                       on_retry=lambda: retries.append(1), probe_after_s=0.3)
+                       on_retry=lambda: retries.append(1), probe_after_s=0.3, min_rows=1)
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist() and len(retries) == 2
     assert sum(healthy.rows) == 12 and pool.targets[0].failures == 2
@@ -105,7 +152,8 @@ def test_a_lone_target_is_retried_with_backoff_until_it_serves():
 def test_refused_rows_are_not_sent_again():
     refusing = Sampler(failing=True, retryable=False)
     other = Sampler()
-    pool = SamplerPool([SamplerTarget("a", refusing, 1), SamplerTarget("b", other, 1)])
+    pool = SamplerPool([SamplerTarget("a", refusing, 1), SamplerTarget("b", other, 1)],
+                       min_rows=1)
     with pytest.raises(SamplerCallError, match="not healthy"):
         step(pool)
     assert refusing.attempts == 1 and pool.targets[0].failures == 0
@@ -151,7 +199,7 @@ def test_targets_get_views_of_the_engine_logits_not_copies():
 
     logits = torch.randn(8, VOCAB)
     batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(8)])
-    asyncio.run(SamplerPool([SamplerTarget("a", target, 2)])(logits, batch))
+    asyncio.run(SamplerPool([SamplerTarget("a", target, 2)], min_rows=1)(logits, batch))
     assert len(seen) == 2 and all(np.shares_memory(part, logits.numpy()) for part in seen)
 
 
@@ -165,7 +213,7 @@ def arena():
 def test_local_targets_read_the_rows_from_the_arena_and_give_the_same_tokens(arena):
     local, remote = Sampler(), Sampler()
     pool = SamplerPool([SamplerTarget("local", local, 2, shares_memory=True),
-                        SamplerTarget("remote", remote, 1)], arena=arena)
+                        SamplerTarget("remote", remote, 1)], arena=arena, min_rows=1)
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist()
     assert local.by_reference == 2 and remote.by_reference == 0, "remote gets rows inline"
@@ -175,7 +223,8 @@ def test_local_targets_read_the_rows_from_the_arena_and_give_the_same_tokens(are
 def test_failover_reads_the_same_slot(arena):
     dead, alive = Sampler(failing=True), Sampler()
     pool = SamplerPool([SamplerTarget("dead", dead, 2, shares_memory=True),
-                        SamplerTarget("alive", alive, 2, shares_memory=True)], arena=arena)
+                        SamplerTarget("alive", alive, 2, shares_memory=True)], arena=arena,
+                       min_rows=1)
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist()
     assert alive.by_reference == 4 and sum(alive.rows) == 12
@@ -201,7 +250,8 @@ def test_a_shard_that_fails_for_good_still_waits_for_the_others_before_the_slot_
 
     refusing, slow = Sampler(failing=True, retryable=False), Slow()
     pool = SamplerPool([SamplerTarget("refusing", refusing, 1, shares_memory=True),
-                        SamplerTarget("slow", slow, 1, shares_memory=True)], arena=arena)
+                        SamplerTarget("slow", slow, 1, shares_memory=True)], arena=arena,
+                       min_rows=1)
     with pytest.raises(SamplerCallError):
         step(pool)
     assert slow.rows == [6] and sorted(arena.free) == [0, 1]

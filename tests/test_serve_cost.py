@@ -63,3 +63,10 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert one["tokens_per_response"] == pytest.approx(1.0)
     assert 3.0 <= four["tokens_per_response"] <= 4.0
     assert floor["vs_floor"] == pytest.approx(1.0) and one["vs_floor"] > 0
+
+
+def test_the_llm_model_gets_the_shard_minimum_asked_for(tmp_path):
+    repository = serve_cost.build_repository(tmp_path / "repository", "instant", 16, 2, 2,
+                                             151_936, "bfloat16", shard_min_rows=3)
+    config = (repository / "llm" / "config.pbtxt").read_text()
+    assert 'key: "sampler_shard_min_rows"\n  value: { string_value: "3" }' in config

@@ -177,7 +177,8 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
         return 2
     report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
                             micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
-                            profile_dir=args.profile, sampling_mode=args.sampling_mode)
+                            profile_dir=args.profile, sampling_mode=args.sampling_mode,
+                            shard_min_rows=args.sampler_shard_min_rows)
     print_report(args, report, serve_cost.format_report(report))
     return 0
 
@@ -446,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="simple: the sampler instances (a BLS request per shard per "
                                  "step); inline_kernels: in the llm stub, so that tritonserver's "
                                  "column is streaming alone")
+    cost_bench.add_argument("--sampler-shard-min-rows", type=int,
+                            default=LlmSettings.sampler_shard_min_rows,
+                            help="full rows per sampler request at least (1: one request per "
+                                 "instance per step, whatever the rows)")
     simulated_rows(cost_bench)
     cost_bench.add_argument("--profile", metavar="DIR",
                             help="run the llm stub's decode-loop thread under cProfile and "

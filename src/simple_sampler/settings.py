@@ -261,6 +261,14 @@ class LlmSettings(Settings):
     sampler_shards: int = setting(
         2, "concurrent sampler requests per micro-batch (serve: --instances unless given)",
         minimum=1)
+    # 64: a request's fixed cost (llm stub, tritonserver, a sampler stub: a
+    # few hundred us) near a twentieth of 64 full rows' kernel (~75 us each
+    # at V = 151,936), and < 128 rows on one instance still hide under a GPU
+    # step (docs/CONFIGURATION.md, below the LlmSettings table).
+    sampler_shard_min_rows: int = setting(
+        64, "full rows per sampler request at least: a micro-batch step of fewer than twice "
+        "as many goes to one instance, the instances taken in turn (1: one request per "
+        "instance whatever the rows)", minimum=1)
     stream_interval: int = setting(
         1, "a stream's tokens per response unless its request sets stream_interval (the "
         "last response may hold fewer): fewer responses cost the server less per token",

@@ -280,7 +280,8 @@ def add_ratios(results: list[dict]) -> None:
 
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
                      micro_batches: int, vocab: int, dtype: str,
-                     sampling_mode: str = LlmSettings.sampling_mode) -> Path:
+                     sampling_mode: str = LlmSettings.sampling_mode,
+                     shard_min_rows: int = LlmSettings.sampler_shard_min_rows) -> Path:
     from ..launch.serve import assemble_repository
     from ..launch.templates import fill_file
 
@@ -290,7 +291,8 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
     llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
                       sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
                       engine_max_batch_size=batch, generate_max_batch_size=batch,
-                      max_context=512, sampling_mode=sampling_mode)
+                      max_context=512, sampling_mode=sampling_mode,
+                      sampler_shard_min_rows=shard_min_rows)
     assemble_repository(destination, sampler, llm)
     floor = destination / FLOOR_MODEL
     source = resources.files("simple_sampler.bench").joinpath("floor")
@@ -303,11 +305,13 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
-        profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode) -> dict:
+        profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
+        shard_min_rows: int = LlmSettings.sampler_shard_min_rows) -> dict:
     """Every configuration of `configs` (default :func:`plan`), one server per pace.
     `sampling_mode` other than "simple" samples in the llm stub (no BLS
     request per step, the sampler instances idle): tritonserver's column is
-    then streaming alone."""
+    then streaming alone. shard_min_rows: the llm model's
+    `sampler_shard_min_rows`."""
     from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
@@ -318,7 +322,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
         largest = max(c.batch for c in mine)
         repository = build_repository(
             Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
-            instances, micro_batches, vocab, dtype, sampling_mode)
+            instances, micro_batches, vocab, dtype, sampling_mode, shard_min_rows)
         sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=largest,
                                   logits_dtype=SIMULATED_DTYPES[dtype])
         previous = os.environ.get(PROFILE_ENV)
@@ -352,7 +356,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     add_ratios(results)
     return {"results": results, "data_plane": data_plane(instances, micro_batches, sampling_mode),
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
-                         "sampling_mode": sampling_mode,
+                         "sampling_mode": sampling_mode, "sampler_shard_min_rows": shard_min_rows,
                          "micro_batches": micro_batches, "max_tokens": max_tokens,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",

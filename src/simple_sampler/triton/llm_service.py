@@ -159,7 +159,8 @@ class LlmService:
         simple = settings.sampling_mode == "simple"
         self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
         sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
-                             self._count_retry, self.arena) if simple else None
+                             self._count_retry, self.arena,
+                             settings.sampler_shard_min_rows) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
             if hasattr(self.engine, "prepare_hot_first"):  # a summary on the (modelled) device

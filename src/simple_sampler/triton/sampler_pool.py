@@ -4,7 +4,11 @@
 
 A step's rows are split over the targets that are up in proportion to their
 capacity (a target's instance count), and each target's part into one shard
-per instance, all sent at once. A shard whose request fails for a reason that
+per instance, all sent at once; but no shard of full rows holds fewer than
+``min_rows`` (``LlmSettings.sampler_shard_min_rows``, where the default is
+reasoned): a step of few rows goes to fewer instances, taken in turn from
+one step to the next, so every instance still gets work and two lanes'
+steps land on different instances. A shard whose request fails for a reason that
 is not the rows' own (a dead instance, a server that went away, a timeout) is
 sent again at once to another target that is up, and the target that failed
 is marked down for ``probe_after_s``; after that it is tried again with the
@@ -31,7 +35,7 @@ import torch
 
 from ..params import SamplingBatch
 from ..sampling import logits_array
-from ..settings import LOCAL, parse_endpoints
+from ..settings import LOCAL, LlmSettings, parse_endpoints
 from .sampler_client import SamplerClient
 from .sampler_codec import batch_arrays
 
@@ -127,7 +131,7 @@ class SamplerPool:
     targets that share memory by reference: placed in the arena once, the
     slot given back when every shard has answered (a retry reads the same
     slot); other targets, and every target when no slot is free, get them
-    in the request."""
+    in the request. min_rows: full rows per shard at least (``shards``)."""
 
     targets: list[SamplerTarget]
     on_retry: Callable[[], None] = lambda: None
@@ -135,6 +139,9 @@ class SamplerPool:
     deadline_s: float = RETRY_DEADLINE_S
     probe_after_s: float = PROBE_AFTER_S
     rows_sent: dict[str, int] = field(default_factory=dict)
+    min_rows: int = LlmSettings.sampler_shard_min_rows
+    #: the capacity slot the next step of fewer shards than slots starts at
+    turn: int = 0
 
     def __post_init__(self):
         if not self.targets:
@@ -185,15 +192,23 @@ class SamplerPool:
     def shards(self, rows: int, most: int | None = None) -> list[tuple[SamplerTarget, int, int]]:
         """(target, first row, end row) for every shard of `rows` rows: the
         targets that are up share them in proportion to their capacity (all
-        of them, if none is up), one shard per instance, at most `most`
-        shards (the largest targets first): a few rows are not worth the
-        fixed cost of one request per instance."""
+        of them, if none is up), one shard per instance: a few rows are not
+        worth the fixed cost of one request per instance, so at most `most`
+        shards (the largest targets first: the hot-first compact rows' own
+        rule) or, without `most`, shards of `min_rows` rows at least, on the
+        capacity slots taken in turn from one call to the next."""
         now = time.monotonic()
         targets = [t for t in self.targets if t.is_up(now)] or self.targets
         if most is not None:
             targets = sorted(targets, key=lambda t: -t.capacity)
-        limit = rows if most is None else min(rows, most)
-        slots = [t for t in targets for _ in range(t.capacity)][:max(limit, 1)]
+        slots = [t for t in targets for _ in range(t.capacity)]
+        if most is not None:
+            slots = slots[:max(min(rows, most), 1)]
+        else:
+            count = max(1, rows // self.min_rows)
+            if count < len(slots):
+                first, self.turn = self.turn % len(slots), self.turn + count
+                slots = [slots[(first + i) % len(slots)] for i in range(count)]
         bounds = np.linspace(0, rows, len(slots) + 1).astype(int)
         return [(target, int(a), int(b)) for target, a, b in zip(slots, bounds[:-1], bounds[1:])
                 if b > a]
@@ -265,11 +280,12 @@ def build_arena(settings, engine):
 
 
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,
-               on_retry: Callable[[], None] = lambda: None, arena=None) -> SamplerPool:
+               on_retry: Callable[[], None] = lambda: None, arena=None,
+               min_rows: int = LlmSettings.sampler_shard_min_rows) -> SamplerPool:
     """The pool for an `llm` model's `sampler_endpoints` setting: ``local``
     is `local_call` (BLS to this server's instances, `local_capacity`
     shards; rows by reference to `arena` when given), host:port a remote
-    server's sampler model."""
+    server's sampler model; min_rows: its `sampler_shard_min_rows`."""
     targets = []
     for name in parse_endpoints(endpoints):
         if name == LOCAL:
@@ -281,4 +297,4 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
         else:
             remote = RemoteSampler(name)
             targets.append(SamplerTarget(name, remote, remote.capacity()))
-    return SamplerPool(targets, on_retry, arena=arena)
+    return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows)
