@@ -4,6 +4,7 @@ A thin adapter over ``simple_sampler.triton.llm_service``: the data plane
 (PyTorch engine) runs in this process; in ``simple`` mode each step's rows are
 sampled by the ``simple_sampler`` model's instances through BLS calls.
 """
+import functools
 import json
 import logging
 import os
@@ -134,13 +135,13 @@ class TritonPythonModel:
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, value[None]) for name, value in outputs.items()])
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-
-            def transmit():
-                response_sender.send(response, flags=flags)  # raises if the client has gone
-                if time.monotonic() >= self.next_report:
-                    self._report_stats()
-            return transmit
+            if time.monotonic() >= self.next_report:  # once per report interval, not per send
+                self._report_stats()
+            # A partial, not a Python function: the service calls it per response.
+            # It raises if the client has gone.
+            return functools.partial(response_sender.send, response,
+                                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                                     if final else 0)
         return send
 
     def _request_admitted(self):

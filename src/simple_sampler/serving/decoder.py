@@ -198,7 +198,6 @@ class RequestHandle:
         # work nobody here uses: one reader, no join.
         self.pending: collections.deque[GenerationEvent] = collections.deque()
         self.waiter: asyncio.Future | None = None
-        self.listener: Callable[[GenerationEvent], None] | None = None
 
     def listen(self, listener: Callable[[GenerationEvent], None]) -> None:
         """Hand every event to ``listener`` as the decode loop makes it,
@@ -206,16 +205,15 @@ class RequestHandle:
         loop's one pass over the step's rows, with no reader coroutine to
         wake per event. Events already made go first. Call on the decoder's
         event loop; the handle is then no longer iterable."""
-        self.listener = listener
+        # The listener replaces put() on this handle: the decode loop's
+        # put(event) is then the listener's call itself, no call in between.
+        self.put = listener
         while self.pending:
             listener(self.pending.popleft())
 
     def put(self, event: GenerationEvent) -> None:
-        """Queue an event (on the decoder's event loop) and wake the reader,
-        or hand it to the listener."""
-        if self.listener is not None:
-            self.listener(event)
-            return
+        """Queue an event (on the decoder's event loop) and wake the reader
+        (``listen`` replaces it)."""
         self.pending.append(event)
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():  # done: its reader was cancelled
@@ -314,6 +312,7 @@ class _DecodeSequence:
     stop: StopMatcher
     bad_words_ids: list[list[int]]
     output_ids: list[int] = field(default_factory=list)
+    num_input_tokens: int = 0  # len(prompt_ids), kept for every event
     cum_log_prob: float = 0.0
     cancelled: bool = False
     done: bool = False
@@ -402,7 +401,8 @@ class Decoder:
         handle = RequestHandle(self, request_id)
         sequence = _DecodeSequence(request_id, request, handle, prompt_ids, params,
                              self.codec.detokenizer(prompt_ids), StopMatcher(request.stop_words),
-                             self.codec.bad_words_ids(request.bad_words))
+                             self.codec.bad_words_ids(request.bad_words),
+                             num_input_tokens=len(prompt_ids))
         self.by_id[request_id] = sequence
         self.queue.append(sequence)
         self._admit()
@@ -474,19 +474,22 @@ class Decoder:
             if sequence in lane:
                 lane.remove(sequence)
                 self._release(sequence)
-        event = self._event(sequence, text, token_ids, logprobs, reason, error)
+        event = self._event(sequence, text, list(token_ids), list(logprobs), reason, error)
         event.retryable = retryable
         sequence.handle.put(event)
         if release:
             self._admit()
 
-    def _event(self, sequence: _DecodeSequence, text: str, token_ids: Sequence[int],
-               logprobs: Sequence[float], reason: str | None = None,
+    @staticmethod
+    def _event(sequence: _DecodeSequence, text: str, token_ids: list[int],
+               logprobs: list[float], reason: str | None = None,
                error: str | None = None) -> GenerationEvent:
+        """The event owns ``token_ids`` and ``logprobs`` (fresh lists: one
+        event per token, so no copy)."""
         asked = sequence.request.return_log_probs
         return GenerationEvent(
-            sequence.request_id, text, list(token_ids), list(logprobs) if asked else [],
-            len(sequence.prompt_ids), len(sequence.output_ids),
+            sequence.request_id, text, token_ids, logprobs if asked else [],
+            sequence.num_input_tokens, len(sequence.output_ids),
             sequence.cum_log_prob if asked else float("nan"), reason, error)
 
     async def _lane(self, index: int) -> None:
@@ -584,8 +587,7 @@ class Decoder:
 
     def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""
-        return self.state.batch(np.fromiter((s.slot for s in sequences), np.int64,
-                                            len(sequences)))
+        return self.state.batch(np.array([s.slot for s in sequences], np.int64))
 
     def _record(self, rows: int, forward_s: float, sampler_s: float, loop_s: float) -> None:
         self.stats.steps += 1
@@ -607,8 +609,11 @@ class Decoder:
             sequence.output_ids.append(token)
             sequence.cum_log_prob += logprob
             ended = token in sequence.params.stop_token_ids  # the end id, unless ignore_end
-            text, stopped = ("", False) if ended else \
-                sequence.stop.feed(sequence.detokenizer.push([token]))
+            text, stopped = "", False
+            if not ended:
+                text = sequence.detokenizer.push([token])
+                if sequence.stop.stop_words:  # without any, feed() returns the text as it is
+                    text, stopped = sequence.stop.feed(text)
             reason = FINISH_STOP if ended or stopped else (
                 FINISH_LENGTH if len(sequence.output_ids) >= sequence.request.max_tokens else None)
             if reason is None:
@@ -622,6 +627,6 @@ class Decoder:
                 reason = FINISH_STOP if stopped else reason
             self._finish(sequence, reason, text=text, token_ids=[token], logprobs=[logprob])
         if continuing:
-            self.state.append(np.fromiter((s.slot for s in continuing), np.int64,
-                                          len(continuing)), np.asarray(next_tokens, np.int32))
+            self.state.append(np.array([s.slot for s in continuing], np.int64),
+                              np.asarray(next_tokens, np.int32))
             self.engine.append([s.request_id for s in continuing], next_tokens)

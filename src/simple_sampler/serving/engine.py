@@ -176,12 +176,12 @@ class SequenceTable(Generic[S]):
         KeyError for an unknown id."""
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids must be distinct, got {list(seq_ids)}")
-        states = [self[seq_id] for seq_id in seq_ids]
+        states = self._states(seq_ids)
         for seq_id, state in zip(seq_ids, states):
             if not has_pending(state):
                 raise ValueError(f"sequence {seq_id!r} has no pending token: "
                                  f"append the sampled token before the next step")
-            self._check_room(seq_id, state, length)
+        self._check_room(seq_ids, states, length)
         return states
 
     def for_append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int],
@@ -195,17 +195,32 @@ class SequenceTable(Generic[S]):
         if len(tokens) != len(seq_ids):
             raise ValueError(f"token_ids has {len(tokens)} entries for {len(seq_ids)} seq_ids")
         check_token_ids("token_ids", tokens, self.vocab_size)
-        states = [self[seq_id] for seq_id in seq_ids]
+        states = self._states(seq_ids)
         for seq_id, state in zip(seq_ids, states):
             if has_pending(state):
                 raise ValueError(f"sequence {seq_id!r} already has a pending token: "
                                  f"step it before appending another")
-            self._check_room(seq_id, state, length)
+        self._check_room(seq_ids, states, length)
         return states, tokens
 
-    def _check_room(self, seq_id: Hashable, state: S, length: Callable[[S], int] | None) -> None:
-        if length is not None and length(state) >= self.max_context:
-            raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} tokens")
+    def _states(self, seq_ids: Sequence[Hashable]) -> list[S]:
+        """The states of ``seq_ids``; KeyError naming the first unknown one.
+        Read from the dict directly (the decode loop asks for every row of
+        every step), ``__getitem__``'s message only for an unknown id."""
+        try:
+            return [self.states[seq_id] for seq_id in seq_ids]
+        except KeyError:
+            return [self[seq_id] for seq_id in seq_ids]
+
+    def _check_room(self, seq_ids: Sequence[Hashable], states: list[S],
+                    length: Callable[[S], int] | None) -> None:
+        """ValueError naming the first sequence already ``max_context`` tokens long."""
+        if length is None:
+            return
+        for seq_id, state in zip(seq_ids, states):
+            if length(state) >= self.max_context:
+                raise ValueError(f"sequence {seq_id!r} is at max_context={self.max_context} "
+                                 f"tokens")
 
 
 def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> None:

@@ -22,6 +22,7 @@ keep real token ids: docs/SIMULATED.md.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -222,8 +223,7 @@ class SimulatedEngine:
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         """As TorchEngine.append (SequenceTable.for_append's errors)."""
         with self.state_lock:
-            states, _ = self.sequences.for_append(seq_ids, token_ids, _has_pending,
-                                                  lambda state: state.length)
+            states, _ = self.sequences.for_append(seq_ids, token_ids, _has_pending, _length)
             for state in states:
                 state.length += 1
                 state.pending = True
@@ -312,8 +312,10 @@ class _SimulatedSequence:
     pending: bool = True  # the last token has not been stepped yet
 
 
-def _has_pending(state: _SimulatedSequence) -> bool:
-    return state.pending
+# Read for every row of every step: attrgetters, not Python functions, so
+# that the check costs no Python call per row.
+_has_pending = operator.attrgetter("pending")
+_length = operator.attrgetter("length")
 
 
 class SimulatedCodec(TextCodec):
@@ -374,7 +376,9 @@ class SimulatedDetokenizer:
         text = ""
         for token in map(int, token_ids):
             if token >= self.codec.known:
-                text += self.flush() + f" t{token}"
+                if self.run:  # flush() has a run to end: not so for most ids
+                    text += self.flush()
+                text += f" t{token}"
                 continue
             self.run.append(token)
             delta = self.stream.step(self.codec.backend, token)

@@ -323,8 +323,19 @@ class LlmService:
         the pass."""
         started = time.thread_time()
         outbox, self.outbox = self.outbox, []
-        for delivery, event in outbox:
-            self._answer(delivery, event)
+        for delivery, event in outbox:  # what each event makes of its answer; never raises
+            final = event.final  # a property: read once per event
+            answered = False
+            if delivery.delivering:
+                try:
+                    self._send_event(delivery, event, final)
+                    answered = final
+                except Exception:  # nobody to answer: stop generating for them
+                    log.debug("sending a response failed: the request is cancelled",
+                              exc_info=True)
+                    delivery.stop()
+            if final:
+                self._end(delivery, answered)
         transmits, self.transmits = self.transmits, []
         for delivery, transmit, final in transmits:
             try:
@@ -355,27 +366,19 @@ class LlmService:
         except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
             log.debug("the final flag of a cancelled request was refused", exc_info=True)
 
-    def _answer(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """Send (or queue) what `event` makes of the request's answer; never raises."""
-        answered = False
-        if delivery.delivering:
-            try:
-                self._send_event(delivery, event)
-                answered = event.final or event.error is not None
-            except Exception:  # nobody to answer: stop generating for them
-                log.debug("sending a response failed: the request is cancelled", exc_info=True)
-                delivery.stop()
-        if event.final and not answered:
+    def _end(self, delivery: _Delivery, answered: bool) -> None:
+        """After the request's final event: the final flag unless its final
+        response was sent (``answered``), and the request leaves."""
+        if not answered:
             self._final_flag(delivery)
-        if event.final:
-            # Never ask Triton about a request after its final response: its
-            # response factory is gone (Triton 2.51 crashes in
-            # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
-            # may come after the next cancellation pass.
-            delivery.delivering = False
-            self.deliveries.pop(delivery, None)
-            if not delivery.finished.done():
-                delivery.finished.set_result(None)
+        # Never ask Triton about a request after its final response: its
+        # response factory is gone (Triton 2.51 crashes in
+        # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
+        # may come after the next cancellation pass.
+        delivery.delivering = False
+        self.deliveries.pop(delivery, None)
+        if not delivery.finished.done():
+            delivery.finished.set_result(None)
 
     async def _watch_cancellations(self) -> None:
         """Every CANCEL_POLL_S, ask Triton whether requests still being
@@ -403,9 +406,10 @@ class LlmService:
                 if cancelled:
                     delivery.stop()
 
-    def _send_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
+    def _send_event(self, delivery: _Delivery, event: GenerationEvent, final: bool) -> None:
         """One response per `interval` tokens of a stream (and always the
-        last), or one at the end; an error ends the request at once."""
+        last), or one at the end; an error ends the request at once.
+        ``final``: ``event.final``."""
         decoded = delivery.decoded
         if event.error:
             if decoded.stream and delivery.held:  # the tokens made before it
@@ -414,14 +418,14 @@ class LlmService:
                        (Unavailable if event.retryable else RuntimeError)(event.error), True)
             return
         if decoded.stream and delivery.interval == 1:
-            self._send(delivery, encode_event(event, full=event.final,
+            self._send(delivery, encode_event(event, full=final,
                                               logprobs=decoded.request.return_log_probs),
-                       None, event.final)
+                       None, final)
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
-        if event.final or (decoded.stream and delivery.held_tokens >= delivery.interval):
-            self._flush(delivery, event.final)
+        if final or (decoded.stream and delivery.held_tokens >= delivery.interval):
+            self._flush(delivery, final)
 
     def _flush(self, delivery: _Delivery, final: bool) -> None:
         """Send the held events as one response."""
