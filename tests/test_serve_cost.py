@@ -51,9 +51,10 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert set(rows) == {("floor", 1), ("floor-llm", 1), ("ensemble", 1), ("ensemble", 4),
                          ("llm", 1)}
     floor, one, four = rows[("floor", 1)], rows[("ensemble", 1)], rows[("ensemble", 4)]
-    # the floor in the llm model's response shape: the floor stub's CPU, no llm stub's
+    # the floor in the llm model's response shape: charged to the server, not the llm
+    # stub (the floor stub's own share of a quick window may be under one 10 ms tick)
     shaped = rows[("floor-llm", 1)]["cpu_us_per_token"]
-    assert shaped["floor"] > 0 and shaped["llm"] < one["cpu_us_per_token"]["llm"]
+    assert shaped["server"] > 0 and shaped["llm"] < one["cpu_us_per_token"]["llm"]
     # each process is charged to its own route (/proc counts in 10 ms ticks: a
     # quick window of the floor may show 0 for its stub)
     assert floor["cpu_us_per_token"]["server"] > 0
