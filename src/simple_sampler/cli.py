@@ -115,7 +115,9 @@ def _vocab_shape(text: str) -> tuple[int, str]:
 def bench_row_transport(args: argparse.Namespace) -> int:
     from .bench import row_transport
 
-    sizes = ({"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 8} if args.quick
+    # quick: 8 x 64 tokens, so a stub's CPU over the level spans several of
+    # /proc's 10 ms ticks (8 x 8 tokens showed 0 for the hot-first samplers)
+    sizes = ({"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 64} if args.quick
              else {"batches": args.batch, "shapes": args.shape or row_transport.SHAPES})
     report = row_transport.run(transports=args.transport, profile_dir=args.profile, **sizes)
     print_report(args, report, row_transport.format_report(report))
@@ -406,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
         "shared-memory arena, hot-first) through a real server on a SIMULATED data plane")
     rows_bench.add_argument("--json", action="store_true", help="print one JSON object")
     rows_bench.add_argument("--quick", action="store_true",
-                            help="one small configuration (V=128,256 float32, B=8)")
+                            help="one small configuration (V=128,256 float32, B=8, 64 tokens each)")
     rows_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],
                             choices=["bls", "arena", "hot-first"])
