@@ -240,7 +240,7 @@ def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
     the grace and a few seconds, Triton by itself (no model left loaded for
     its exit timeout), and no shared-memory region is left. Without the
     clients' clean end of finished gRPC streams (client/aio.py,
-    _let_triton_end) Triton waited out its exit timeout with llm loaded."""
+    let_triton_end) Triton waited out its exit timeout with llm loaded."""
     grace = 2
     *ports, openai_port = [free_port() for _ in range(4)]
     process = subprocess.Popen(

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..client.aio import _let_triton_end
+from ..client.aio import let_triton_end
 from ..serving.simulated import LABEL
 from ..triton.llm_service import PROFILE_ENV
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
@@ -207,7 +207,7 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
                     # left for Triton to end: cancelling a finished call races
                     # Triton 2.51's stream handler, and the model never unloads
                     finished = True
-                    await _let_triton_end(stream)
+                    await let_triton_end(stream)
                     return
             raise RuntimeError(f"{model} request {index}: the stream ended after {received} "
                                f"of {max_tokens} tokens")

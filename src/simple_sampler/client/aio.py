@@ -103,13 +103,13 @@ _ENDING: set[asyncio.Task] = set()
 
 
 def _end_call(responses) -> asyncio.Task:
-    task = asyncio.ensure_future(_let_triton_end(responses))
+    task = asyncio.ensure_future(let_triton_end(responses))
     _ENDING.add(task)
     task.add_done_callback(_ENDING.discard)
     return task
 
 
-async def _let_triton_end(responses) -> None:
+async def let_triton_end(responses) -> None:
     """Wait for Triton to end a call whose request had its final response
     (or an error); cancel it only if it has not ended within
     STREAM_END_TIMEOUT_S. Cancelling such a call at once races Triton 2.51's

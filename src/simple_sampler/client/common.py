@@ -18,7 +18,7 @@ LIST_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if not t.scalar}
 WORD_LISTS = tuple(name for name, dtype in LIST_TYPES.items() if dtype is np.object_)
 PROTOCOLS = ("grpc", "http")
 #: How long a gRPC stream whose request had its final response may take to
-#: end before the client cancels it (aio._let_triton_end says why it waits).
+#: end before the client cancels it (aio.let_triton_end says why it waits).
 STREAM_END_TIMEOUT_S = 5.0
 
 

@@ -42,7 +42,7 @@ class GenerateClient(ClientBase):
                 result, error = responses.get(timeout=self.timeout_s)
                 # The request's end: its final flag, or an error (the decode
                 # loop sends every error final). Triton ends the call then;
-                # cancelling it instead races Triton 2.51 (aio._let_triton_end).
+                # cancelling it instead races Triton 2.51 (aio.let_triton_end).
                 ended = error is not None or \
                     result.get_response().parameters["triton_final_response"].bool_param
                 if ended:
