@@ -28,7 +28,9 @@ def test_bench_row_transport_quick_json(capsys):
     assert (rows["bls"]["copies_per_row"], rows["arena"]["copies_per_row"]) == (3, 0)
     assert rows["bls"]["rows_per_token"] == pytest.approx(1.0)
     hot = rows["hot-first"]
-    assert hot["rows_per_token"] >= 1.0  # plus the undecided rows sent whole
-    compact = hot["bytes_per_row"] - (hot["rows_per_token"] - 1) * row_bytes
+    # the undecided rows are read whole from the arena in the same request
+    assert hot["rows_per_token"] == pytest.approx(1.0)
+    assert hot["fallback_rate"] == pytest.approx(hot["in_place_per_token"])
+    compact = hot["bytes_per_row"] - hot["fallback_rate"] * row_bytes
     assert 0 < compact < 0.03 * row_bytes  # |H| = 1,536 float32 + 256 cold ids, 8 B each
     assert hot["bytes_share"] < rows["arena"]["bytes_share"] == 1.0

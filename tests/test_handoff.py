@@ -330,22 +330,30 @@ def test_bad_input_names_the_field(zipf_row):
         sample_hot_first(zipf_row[None], banned, hot)
 
 
-def _local_pool(hot, capacity=2, requests=None):
-    """A SamplerPool whose targets run the sampler model's code in-process
-    (decode_request + sample_request), with the model's hot set; `requests`
-    (a list) gets each request's (compact or full, rows)."""
+def _local_call(hot, requests=None):
+    """The sampler model's code in-process (decode_request +
+    sample_request), with the model's hot set; `requests` (a list) gets
+    each request's (compact or full, rows, by reference or not)."""
     from simple_sampler.row_arena import RowReader
     from simple_sampler.triton.sampler_codec import decode_request, sample_request
-    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
 
-    reader = RowReader()  # the fallback's full rows come from the service's arena
+    reader = RowReader()  # full rows come from the service's arena by reference
 
     def call(inputs):
         if requests is not None:
             requests.append(("compact" if "hot_logits" in inputs else "full",
-                             len(inputs["row_scalars"])))
+                             len(inputs["row_scalars"]), "logits_ref" in inputs))
         return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
-    return SamplerPool([SamplerTarget("local", call, capacity)])
+    return call
+
+
+def _local_pool(hot, capacity=2, requests=None, arena=None):
+    """A SamplerPool of one target running ``_local_call``; with `arena`, the
+    target maps it (rows by reference)."""
+    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+
+    return SamplerPool([SamplerTarget("local", _local_call(hot, requests), capacity,
+                                      shares_memory=arena is not None)], arena=arena)
 
 
 def test_compact_rows_through_the_sampler_codec(zipf_row):
@@ -411,10 +419,123 @@ def test_hot_first_sampler_through_a_pool():
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
-        assert [rows for kind, rows in requests if kind == "full"] == [len(undecided)], \
+        assert [rows for kind, rows, _ in requests if kind == "full"] == [len(undecided)], \
             "the undecided rows go in one request, whatever the pool's capacity"
-        assert sum(1 for kind, _ in requests if kind == "compact") == compact_requests, \
+        assert sum(1 for kind, _, _ in requests if kind == "compact") == compact_requests, \
             "a request per instance, but at least rows_per_request rows in each"
+
+
+def _two_rounds_and_in_place(rows, batch, hot, arena, targets=None, capacity=2):
+    """(the two-round path's HotFirstSampler answers, the answers and
+    sampler with the rows shared in `arena`, its requests); `targets`: the
+    second pool's targets (default: one that maps the arena)."""
+    import asyncio
+
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+    from simple_sampler.triton.sampler_pool import SamplerPool
+
+    two_rounds = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16, rows_per_request=8)
+    expected = asyncio.run(two_rounds(torch.from_numpy(rows), batch))
+    shared = torch.from_numpy(arena.share(rows))  # as the simulated engine's bank
+    requests = []
+    pool = (SamplerPool(targets, arena=arena) if targets is not None
+            else _local_pool(hot, capacity, requests, arena))
+    sampler = HotFirstSampler(pool, hot, cold_top=16, rows_per_request=8)
+    return expected, asyncio.run(sampler(shared, batch)), sampler, requests, two_rounds
+
+
+def test_undecided_rows_with_mapped_full_rows_are_decided_in_the_same_request():
+    """Compact requests that carry the full rows by reference (logits_ref)
+    decide NEED_FULL and NEED_COLD rows in place: no second request, and
+    row for row the two-round path's tokens and logprobs, over many seeds
+    and the rows' own return_log_probs."""
+    from simple_sampler.row_arena import RowArena
+    from test_invariance import make_requests, make_rows
+
+    totals = {"need_full": 0, "need_cold": 0, "in_place": 0}
+    for seed in range(8):
+        rng = np.random.default_rng(100 + seed)
+        rows = make_rows(rng, 48)
+        params, histories, steps = make_requests(rng, 48, seed_base=1000 * seed)
+        batch = SamplingBatch.from_params(params, histories, steps)
+        if seed % 2:
+            batch.want_logprobs = rng.random(48) < 0.3
+        hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+        arena = RowArena(1, 4096)
+        try:
+            expected, got, sampler, requests, two_rounds = _two_rounds_and_in_place(
+                rows, batch, hot, arena)
+        finally:
+            arena.close()
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+        assert all(kind == "compact" and by_reference for kind, _, by_reference in requests), \
+            "every row decided in the compact requests"
+        assert sampler.stats["in_place"] == sampler.stats["need_full"] + sampler.stats["need_cold"]
+        assert two_rounds.stats["in_place"] == 0
+        for name in totals:
+            totals[name] += sampler.stats[name]
+    assert totals["need_full"] > 10 and totals["need_cold"] > 10, totals
+
+
+def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
+    """logits_ref beside the compact rows must name exactly their rows; not
+    beside logits."""
+    from simple_sampler.row_arena import RowArena, RowReader
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays, decode_request
+
+    hot = hot_sets(zipf_row)["random"]
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(4)])
+    rows = np.ascontiguousarray(np.broadcast_to(zipf_row, (4, VOCAB)))
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
+                                batch.temperature, 0).cpu()
+    arena = RowArena(1, 4096)
+    try:
+        lease = arena.reference(arena.share(rows))
+        inputs = {**compact_arrays(compact), **batch_arrays(batch, packed=True)}
+        reader = RowReader()
+        decoded = decode_request({**inputs, "logits_ref": lease.refs()}, VOCAB, hot, reader)
+        assert decoded.logits.shape == (4, VOCAB) and decoded.compact is not None
+        with pytest.raises(InvalidRequest, match=r"must name their 4 full rows of V=4096, got \[3"):
+            decode_request({**inputs, "logits_ref": lease.refs(0, 3)}, VOCAB, hot, reader)
+        with pytest.raises(InvalidRequest, match="send logits_ref or logits, not both"):
+            decode_request({**batch_arrays(batch, packed=True), "logits": rows,
+                            "logits_ref": lease.refs()}, VOCAB, hot, reader)
+    finally:
+        arena.close()
+
+
+def test_a_target_without_the_arena_keeps_the_second_round():
+    """A target that does not map the arena (a remote server) gets the
+    compact rows alone; its undecided rows go whole in a second request;
+    the tokens are the same as everywhere."""
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.triton.sampler_pool import SamplerTarget
+    from test_invariance import make_requests, make_rows
+
+    rng = np.random.default_rng(7)
+    rows = make_rows(rng, 64)
+    params, histories, steps = make_requests(rng, 64)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    local, remote = [], []
+    arena = RowArena(1, 4096)
+    try:
+        expected, got, sampler, _, _ = _two_rounds_and_in_place(
+            rows, batch, hot, arena,
+            [SamplerTarget("local", _local_call(hot, local), 1, shares_memory=True),
+             SamplerTarget("remote", _local_call(hot, remote), 1)])
+    finally:
+        arena.close()
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+    assert [by_reference for kind, _, by_reference in local if kind == "compact"] == [True]
+    assert [by_reference for kind, _, by_reference in remote if kind == "compact"] == [False]
+    second = [request for request in local + remote if request[0] == "full"]
+    assert len(second) == 1 and 0 < sampler.stats["in_place"] < sampler.stats["need_full"] + \
+        sampler.stats["need_cold"], sampler.stats
 
 
 def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):

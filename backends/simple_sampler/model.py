@@ -71,6 +71,9 @@ class TritonPythonModel:
                                         "Rows SHVS tried to decide from the hot set")
         self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
                                            "Rows SHVS decided from the hot set alone")
+        self.in_place_metric = counter("simple_sampler_handoff_full_rows_total",
+                                       "Undecided compact rows decided from their full rows "
+                                       "(logits_ref) in the same request")
         # The llm model's row arena, mapped on the first request that names it.
         self.reader = RowReader()
         self.instance = args["model_instance_name"]
@@ -85,7 +88,7 @@ class TritonPythonModel:
     def _execute(self, requests):
         started = time.perf_counter()
         responses = []
-        rows = failed = tried = accepted = 0
+        rows = failed = tried = accepted = in_place = 0
         for request in requests:
             # One pass over the request's tensors: pb_utils.get_input_tensor_by_name
             # rebuilds request.inputs() and scans it on every call (a name each).
@@ -107,6 +110,8 @@ class TritonPythonModel:
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
             rows += len(decoded)
+            if decoded.compact is not None and decoded.logits is not None:
+                in_place += int((outputs["handoff_outcome"] != 0).sum())
             tried_here = int((outcomes >= 0).sum())
             tried += tried_here
             accepted += int((outcomes == 1).sum())
@@ -119,6 +124,7 @@ class TritonPythonModel:
         for metric, value in ((self.rows_metric, rows), (self.failed_metric, failed),
                               (self.hot_tried_metric, tried),
                               (self.hot_accepted_metric, accepted),
+                              (self.in_place_metric, in_place),
                               (self.duration_metric, int((time.perf_counter() - started) * 1e6))):
             if value:
                 metric.increment(value)

@@ -40,7 +40,8 @@ import torch
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
 from .params import RULES, SamplingBatch
-from .sampling import SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors
+from .sampling import (SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors,
+                       sample)
 from .shvs.hot_vocab import HotVocab
 
 #: How many of each row's largest cold logits the data plane hands over
@@ -266,6 +267,25 @@ def merge_fallback(first: HandoffOutput, undecided: np.ndarray, second: SampleOu
         first.top_token_ids[full] = second.top_token_ids[~cold]
         first.top_logprobs[full] = second.top_logprobs[~cold]
     return first
+
+
+def decide_from_full_rows(first: HandoffOutput, rows: CompactRows, batch: SamplingBatch,
+                          hot_vocab: HotVocab, full_rows, want_logprobs: np.ndarray, *,
+                          num_top_logprobs: int = 0, num_threads: int | None = None) -> HandoffOutput:
+    """The second round in place, where the undecided rows' full rows are at
+    hand (``full_rows`` [B, V], the compact rows' own, e.g. mapped from the
+    llm model's arena): ``fallback_batch``, ``sample`` with the hot set on
+    those rows, ``merge_fallback``, exactly what the second request's sampler
+    would do, so the tokens are the two-round path's. want_logprobs: bool
+    [B], the rows that asked (the second request's return_logprobs is theirs
+    among the undecided rows). Returns ``first``, its undecided rows' tokens
+    filled in (their outcome kept: it says which rows read a full row)."""
+    undecided, second = fallback_batch(batch, first, rows, hot_vocab)
+    # fallback_batch derives from a checked batch, checked touched ids and H
+    full = sample(np.asarray(full_rows)[undecided], second, num_top_logprobs=num_top_logprobs,
+                  return_logprobs=bool(want_logprobs[undecided].any()), num_threads=num_threads,
+                  hot_vocab=hot_vocab, validated=True)
+    return merge_fallback(first, undecided, full)
 
 
 async def decide_hot_first(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,

@@ -49,10 +49,13 @@ def process_stat(pid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[7])
 
 
-def _sampler_rows(server) -> float:
+def _sampler_rows(server) -> tuple[float, float]:
+    """(rows the sampler instances were sent, undecided compact rows they
+    decided from their full rows in place), over every instance."""
     text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(r"^simple_sampler_rows_total\{[^}]*\} (\S+)", text,
-                                            re.M))
+    return tuple(sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
+                 for name in ("simple_sampler_rows_total",
+                              "simple_sampler_handoff_full_rows_total"))
 
 
 def _processes(server) -> dict[str, list[int]]:
@@ -115,7 +118,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     return {**{f"{name}_us_per_token": (cpu1[name] - cpu0[name]) * 1e6 / tokens
                for name in processes},
             "sampler_faults_per_token": (cpu1["sampler_faults"] - cpu0["sampler_faults"]) / tokens,
-            "rows_per_token": (rows1 - rows0) / tokens, "tokens": tokens,
+            "rows_per_token": (rows1[0] - rows0[0]) / tokens,
+            "in_place_per_token": (rows1[1] - rows0[1]) / tokens, "tokens": tokens,
             "tokens_per_s": level["tokens_per_s"]}
 
 
@@ -234,7 +238,8 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
                            if profile_dir else None)
                 served = sampler_cpu_per_token(transport, vocab, dtype, batch, instances,
                                                max_tokens, profile)
-                fallback = served["rows_per_token"] - 1.0
+                # undecided rows: sent again whole, or read whole in place
+                fallback = served["rows_per_token"] - 1.0 + served["in_place_per_token"]
                 if transport == "hot-first":
                     moved = kernels["compact_bytes_per_row"] + max(0.0, fallback) * kernels["row_bytes"]
                     copies = COPIES["arena"] * max(0.0, fallback)
@@ -288,9 +293,10 @@ def format_report(report: dict) -> str:
                  "rows, one thread, CPU clock; codec: what the stub's decoding adds to the "
                  "kernel per row (in process, full rows from the arena, one request per "
                  "instance); c.codec: the same for compact rows (hot-first's requests); "
-                 "vs kern = samplers / kernel; fallback: hot-first rows sent "
-                 "again whole (rows/tok - 1); bytes/row: row data the sampler "
-                 "reads per token (hot-first: compact arrays + fallback rows); "
+                 "vs kern = samplers / kernel; fallback: hot-first rows undecided "
+                 "by their compact row, read whole in the same request from the arena "
+                 "(in place) or sent again whole (rows/tok - 1); bytes/row: row data the "
+                 "sampler reads per token (hot-first: compact arrays + fallback rows); "
                  "copies: full-row copies on the way (docs/COPIES.md); faults: the "
                  "samplers' minor page faults per token (first touches of mapped rows)")
     return "\n".join(lines)

@@ -28,13 +28,18 @@ class HotFirstSampler:
     it summarizes the logits where they are (``compact_rows``, on the
     engine's device), sends the compact rows, then the undecided rows whole
     in a second request (one, not one per instance), and merges the answers
-    (``handoff.decide_hot_first``).
+    (``handoff.decide_hot_first``). When the full rows already lie in the
+    pool's arena (``SamplerPool.reference``), the compact requests to the
+    instances that map it carry them by reference and those instances decide
+    their undecided rows in place (``handoff.decide_from_full_rows``): no
+    second request, the same tokens.
 
     pool: a ``SamplerPool`` (``send(inputs, batch)`` for the compact inputs,
     ``pool(logits, batch)`` for full rows) whose samplers hold the same hot
     set. summary: the engine's own summary (``compact_rows``), None for
     ``hot_first_summary`` here. rows_per_request: compact rows per request
-    at least (COMPACT_ROWS_PER_REQUEST). ``stats`` counts rows and fallbacks."""
+    at least (COMPACT_ROWS_PER_REQUEST). ``stats`` counts rows, fallbacks, and
+    the fallbacks decided in place."""
 
     def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
                  summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST):
@@ -43,31 +48,39 @@ class HotFirstSampler:
         self.cold_top = cold_top
         self.summary = summary
         self.rows_per_request = rows_per_request
-        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0}
+        self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
         # Off the event loop: on a CPU the summary is milliseconds of torch
         # work per step (docs/HANDOFF.md), and another lane may be ready.
         rows = await asyncio.to_thread(compact_rows, logits, batch, self.hot_vocab, self.cold_top,
                                        self.summary)
-        out = await decide_hot_first(rows, batch, self.hot_vocab, self._decide,
+        # Full rows already in the arena go along by reference: the samplers
+        # that map it decide their undecided rows in the same request.
+        full_rows = self.pool.reference(logits)
+        out = await decide_hot_first(rows, batch, self.hot_vocab,
+                                     lambda rows, batch: self._decide(rows, batch, full_rows),
                                      lambda undecided, second: self._sample_full(
                                          logits[torch.as_tensor(undecided)].cpu(), second))
         return out.token_ids, out.logprobs
 
-    async def _decide(self, rows, batch: SamplingBatch) -> HandoffOutput:
+    async def _decide(self, rows, batch: SamplingBatch, full_rows=None) -> HandoffOutput:
         size = len(batch)
-        outputs = await self.pool.send(compact_arrays(rows), batch,
+        outputs = await self.pool.send(compact_arrays(rows), batch, full_rows,
                                        most_shards=-(-size // self.rows_per_request))
-        first = HandoffOutput(
-            token_ids=outputs["output_ids"].astype(np.int64),
-            logprobs=outputs["output_log_probs"].astype(np.float32),
-            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
-            hot_accepted=np.full(size, -1, np.int8), outcome=outputs["handoff_outcome"].astype(np.int8))
+        outcome = outputs["handoff_outcome"].astype(np.int8)
+        token_ids = outputs["output_ids"].astype(np.int64)
         self.stats["rows"] += size
-        self.stats["need_full"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_FULL))
-        self.stats["need_cold"] += int(np.sum(first.outcome == HandoffOutcome.HANDOFF_NEED_COLD))
-        return first
+        self.stats["need_full"] += int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_FULL))
+        self.stats["need_cold"] += int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_COLD))
+        # An undecided row with a token was decided from its full row in place.
+        in_place = (outcome != HandoffOutcome.HANDOFF_DECIDED) & (token_ids >= 0)
+        self.stats["in_place"] += int(in_place.sum())
+        outcome[in_place] = HandoffOutcome.HANDOFF_DECIDED
+        return HandoffOutput(
+            token_ids=token_ids, logprobs=outputs["output_log_probs"].astype(np.float32),
+            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
+            hot_accepted=np.full(size, -1, np.int8), outcome=outcome)
 
     async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         # One request: the undecided rows are ~2% of a step, and every

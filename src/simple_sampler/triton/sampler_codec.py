@@ -12,7 +12,10 @@ nothing else is negative). Instead of logits, a sampler with a hot set
 hot-first handoff, docs/HANDOFF.md), answered with the extra output
 ``handoff_outcome`` INT8 [B, 1] (0 decided, 1 the row is needed whole, 2
 needed whole and conditioned on C; undecided rows' output_ids are -1 and a
-row 2's output_log_probs holds C's log share). Outputs: ``output_ids`` INT32 [B, 1];
+row 2's output_log_probs holds C's log share, unless the request also
+carried ``logits_ref`` naming the rows' full rows in the llm's arena: then
+the sampler decides them from those in the same request, as the second
+round would, and their output_ids hold the token, their outcome still 1 or 2). Outputs: ``output_ids`` INT32 [B, 1];
 ``output_log_probs`` FP32 [B, 1] when any row asked (NaN on rows that did
 not); ``top_logprobs_ids`` INT32 / ``top_logprobs`` FP32 [B, n] when any row
 asked for n > 0 (n = the largest asked; a row that asked fewer has -1 / -inf
@@ -26,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..handoff import CompactRows, host_array, sample_compact
+from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import PARAMS, RULES, SamplingBatch, any_on, first_violation
 from ..sampling import MAX_TOP_LOGPROBS, sample
 from ..schema import HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
@@ -136,8 +139,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     compact = None
     refs = inputs.get("logits_ref")
     if refs is not None:
-        if logits is not None or inputs.get("hot_logits") is not None:
-            raise InvalidRequest("send logits_ref, logits or the compact rows, one of them")
+        if logits is not None:
+            raise InvalidRequest("send logits_ref or logits, not both")
         if reader is None:
             raise InvalidRequest("logits_ref needs a sampler on the llm model's host")
         try:
@@ -145,12 +148,15 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         except ValueError as error:
             raise InvalidRequest(str(error)) from None
     if inputs.get("hot_logits") is not None:
-        if logits is not None:
+        if inputs.get("logits") is not None:
             raise InvalidRequest("send logits or the compact rows (hot_logits, ...), not both")
         if hot_vocab is None:
             raise InvalidRequest("hot_logits needs a sampler with a hot set (hot_vocab_profile)")
         compact = _compact_rows(inputs, hot_vocab)
         rows, vocab = len(compact.cold_max), hot_vocab.vocab_size
+        if logits is not None and tuple(logits.shape) != (rows, vocab):
+            raise InvalidRequest(f"logits_ref with compact rows must name their {rows} full rows "
+                                 f"of V={vocab}, got {list(logits.shape)}")
     elif logits is None:
         raise InvalidRequest("logits is required: [B, V] next-token logits")
     else:
@@ -396,6 +402,10 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
                                  num_threads=num_threads, validated=True)
+            if request.logits is not None and out.undecided.any():  # their full rows are mapped
+                decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
+                                      request.logits, request.return_log_probs,
+                                      num_top_logprobs=n_top, num_threads=num_threads)
         else:
             out = sample(request.logits, request.batch, num_top_logprobs=n_top,
                          return_logprobs=want_logprob, num_threads=num_threads,

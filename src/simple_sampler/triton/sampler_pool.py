@@ -162,6 +162,16 @@ class SamplerPool:
                 lease.release()
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
+    def reference(self, logits: torch.Tensor):
+        """A lease of `logits` where they already lie in the arena (a shared
+        region: the simulated engine's bank, a device-to-host copy landed
+        there), for the targets that share memory; None when there is no
+        arena, no such target, or the rows lie elsewhere (no copy is made)."""
+        if (self.arena is None or logits.device.type != "cpu"
+                or not any(t.shares_memory for t in self.targets)):
+            return None
+        return self.arena.reference(logits_array(logits))
+
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
                    lease=None, most_shards: int | None = None) -> dict[str, np.ndarray]:
         """The rows (``logits``, or the compact inputs: arrays of len(batch)
