@@ -23,6 +23,7 @@ from tritonclient.utils import np_to_triton_dtype
 from simple_sampler.frontend.backend import FrontendServer
 from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S, free_port
 from simple_sampler.launch.supervisor import SHM_DIRECTORY, arena_regions, list_stubs
+from simple_sampler.triton.counters import wait_for_counter
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -50,8 +51,11 @@ def in_flight(server) -> float:
     return metric(server, "simple_llm_requests_in_flight")
 
 
-def rows_sampled(server) -> float:
-    return metric(server, "simple_sampler_rows_total")
+def rows_sampled(server, settled: bool = False) -> float:
+    """settled: once every count made until now has arrived (the sampler
+    instances send theirs in batches: triton.counters)."""
+    return wait_for_counter(server.metrics_url, "simple_sampler_rows_total", lambda _: True,
+                            settled_after=time.monotonic() if settled else None)
 
 
 def test_models_lists_the_served_model(client, frontend):
@@ -134,13 +138,13 @@ def stops_within(server) -> tuple[float, float]:
     while in_flight(server) != 0 and time.monotonic() < left + 30:
         time.sleep(0.02)
     stopped_after = time.monotonic() - left
-    rows = rows_sampled(server)
+    rows = rows_sampled(server, settled=True)
     time.sleep(1.0)
-    return stopped_after, rows_sampled(server) - rows
+    return stopped_after, rows_sampled(server, settled=True) - rows
 
 
 def test_a_client_leaving_a_stream_stops_its_generation(frontend, llm_server):
-    rows_before = rows_sampled(llm_server)
+    rows_before = rows_sampled(llm_server, settled=True)
     with httpx.Client(base_url=frontend.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions",
                          json=long_request(frontend, stream=True)) as response:
@@ -160,7 +164,7 @@ def test_a_client_leaving_a_stream_stops_its_generation(frontend, llm_server):
 
 
 def test_a_client_aborting_a_non_streamed_request_stops_its_generation(frontend, llm_server):
-    rows_before = rows_sampled(llm_server)
+    rows_before = rows_sampled(llm_server, settled=True)
     body = json.dumps(long_request(frontend, stream=False)).encode()
     with socket.create_connection((frontend.host, frontend.port)) as connection:
         connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n"

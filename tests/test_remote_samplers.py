@@ -1,14 +1,12 @@
 """The decision plane across servers: the decode loop samples on two
 sampler-only Triton servers over gRPC (no local instance), gives the tokens a
 single server gives, and loses no request when one of them stops mid-load."""
-import re
-import urllib.request
-
 import pytest
 
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer
+from simple_sampler.triton.counters import read_counter, wait_for_counter
 from test_reliability import SAMPLED, Streams
 
 pytestmark = pytest.mark.slow
@@ -21,12 +19,6 @@ def sampler_server(tmp_path_factory, name):
         tmp_path_factory.mktemp(name),
         SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152))
     return TritonServer(repository, log_path=tmp_path_factory.mktemp(f"{name}-log") / "log").start()
-
-
-def metric(server, name) -> float:
-    with urllib.request.urlopen(server.metrics_url) as response:
-        text = response.read().decode()
-    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +45,9 @@ def test_two_sampler_servers_give_the_tokens_of_one_server(remote, llm_server):
     spread = Streams(serving.grpc_url, SEEDS, max_tokens=24, **SAMPLED).join()
     assert not alone.errors and not spread.errors
     assert spread.tokens == alone.tokens
-    rows = [metric(server, "simple_sampler_rows_total") for server in samplers]
-    assert all(count > 0 for count in rows)  # both endpoints sampled
+    # both endpoints sampled (their counts come in batches: triton.counters)
+    rows = [wait_for_counter(server.metrics_url, "simple_sampler_rows_total", lambda n: n > 0)
+            for server in samplers]
     print(f"rows sampled per endpoint: {rows}")
 
 
@@ -68,4 +61,4 @@ def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, llm_server):
     assert not streams.errors
     assert streams.tokens == expected.tokens
     assert samplers[1].process.poll() is not None
-    assert metric(serving, "simple_llm_sampler_retries_total") >= 1  # rows met the stop
+    assert read_counter(serving.metrics_url, "simple_llm_sampler_retries_total") >= 1  # rows met the stop

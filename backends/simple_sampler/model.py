@@ -18,6 +18,7 @@ from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
 from simple_sampler import logs
 from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.counters import BatchedCounters
 from simple_sampler.triton.sampler_codec import decode_request, sample_request
 from simple_sampler.triton.stub_profile import StubProfile
 
@@ -62,18 +63,20 @@ class TritonPythonModel:
             self.metric_families.append(family)
             return family.Metric(labels=labels)
 
-        self.rows_metric = counter("simple_sampler_rows_total", "Rows sampled")
-        self.failed_metric = counter("simple_sampler_failed_requests_total",
-                                     "Requests refused (bad input)")
-        self.duration_metric = counter("simple_sampler_sample_duration_us_total",
-                                       "Time spent decoding and sampling, microseconds")
-        self.hot_tried_metric = counter("simple_sampler_hot_tried_rows_total",
-                                        "Rows SHVS tried to decide from the hot set")
-        self.hot_accepted_metric = counter("simple_sampler_hot_accepted_rows_total",
-                                           "Rows SHVS decided from the hot set alone")
-        self.in_place_metric = counter("simple_sampler_handoff_full_rows_total",
-                                       "Undecided compact rows decided from their full rows "
-                                       "(logits_ref) in the same request")
+        # Sent in batches, not per request: each increment is a round trip.
+        self.counters = BatchedCounters({
+            "rows": counter("simple_sampler_rows_total", "Rows sampled"),
+            "failed": counter("simple_sampler_failed_requests_total",
+                              "Requests refused (bad input)"),
+            "duration_us": counter("simple_sampler_sample_duration_us_total",
+                                   "Time spent decoding and sampling, microseconds"),
+            "hot_tried": counter("simple_sampler_hot_tried_rows_total",
+                                 "Rows SHVS tried to decide from the hot set"),
+            "hot_accepted": counter("simple_sampler_hot_accepted_rows_total",
+                                    "Rows SHVS decided from the hot set alone"),
+            "in_place": counter("simple_sampler_handoff_full_rows_total",
+                                "Undecided compact rows decided from their full rows "
+                                "(logits_ref) in the same request")})
         # The llm model's row arena, mapped on the first request that names it.
         self.reader = RowReader()
         self.instance = args["model_instance_name"]
@@ -119,21 +122,16 @@ class TritonPythonModel:
                 self.monitor.observe(outcomes, untruncated_rows(decoded.batch))
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
-        # Each increment is a blocking round trip to the backend process
-        # (python_backend src/metric.cc, Metric::SendIncrementRequest): none for a zero.
-        for metric, value in ((self.rows_metric, rows), (self.failed_metric, failed),
-                              (self.hot_tried_metric, tried),
-                              (self.hot_accepted_metric, accepted),
-                              (self.in_place_metric, in_place),
-                              (self.duration_metric, int((time.perf_counter() - started) * 1e6))):
-            if value:
-                metric.increment(value)
+        self.counters.add({"rows": rows, "failed": failed, "hot_tried": tried,
+                           "hot_accepted": accepted, "in_place": in_place,
+                           "duration_us": int((time.perf_counter() - started) * 1e6)})
         drift = self.monitor and self.monitor.drift_warning(time.monotonic())
         if drift:
             log.warning("%s: %s", self.instance, drift)
         return responses
 
     def finalize(self):
+        self.counters.close()
         profile = self.profile.dump()
         if profile:
             log.info("%s: execute's profile (thread CPU time) in %s", self.instance, profile)

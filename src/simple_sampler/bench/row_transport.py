@@ -14,9 +14,8 @@ The load, the transports and every column: docs/BENCHMARKS.md, "Row transport".
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-import urllib.request
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,13 +48,17 @@ def process_stat(pid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[7])
 
 
-def _sampler_rows(server) -> tuple[float, float]:
+def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = None):
     """(rows the sampler instances were sent, undecided compact rows they
-    decided from their full rows in place), over every instance."""
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return tuple(sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
-                 for name in ("simple_sampler_rows_total",
-                              "simple_sampler_handoff_full_rows_total"))
+    decided from their full rows in place), over every instance, once the
+    rows are at least `at_least` and every count made before
+    `settled_after` has arrived (the instances send theirs in batches:
+    ``triton.counters``)."""
+    from ..triton.counters import read_counter, wait_for_counter
+
+    rows = wait_for_counter(server.metrics_url, "simple_sampler_rows_total",
+                            lambda value: value >= at_least, settled_after=settled_after)
+    return rows, read_counter(server.metrics_url, "simple_sampler_handoff_full_rows_total")
 
 
 def _processes(server) -> dict[str, list[int]]:
@@ -106,9 +109,12 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         texts = prompts()
         run_level(server, 2, 2, 8, texts)  # warm up: first steps, first calls, first mappings
         processes = _processes(server)
-        cpu0, rows0 = _cpu(processes), _sampler_rows(server)
+        rows0 = _sampler_rows(server, settled_after=time.monotonic())
+        cpu0 = _cpu(processes)
         level = run_level(server, batch, batch, max_tokens, texts)
-        cpu1, rows1 = _cpu(processes), _sampler_rows(server)
+        cpu1 = _cpu(processes)
+        # every token took a row at least
+        rows1 = _sampler_rows(server, rows0[0] + batch * max_tokens, time.monotonic())
     finally:
         server.stop()
         os.environ.pop(PROFILE_ENV, None)

@@ -32,6 +32,7 @@ import numpy as np
 from ..rows import rows_for
 from ..sampling import sample
 from ..params import SamplingBatch
+from ..triton.counters import wait_for_counter
 from ..triton.sampler_client import SamplerClient
 from ..triton.sampler_codec import batch_arrays
 from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
@@ -101,7 +102,10 @@ def serve_rows_per_s(server: TritonServer, rows: np.ndarray, arrays: dict, in_fl
 
 
 def metric_totals(server: TritonServer) -> dict[str, float]:
-    """Sum of each counter over the sampler's instances and versions."""
+    """Sum of each counter over the sampler's instances and versions, once
+    the instances have sent every count so far (in batches: triton.counters)."""
+    wait_for_counter(server.metrics_url, "simple_sampler_sample_duration_us_total",
+                     lambda _: True, settled_after=time.monotonic())
     text = urllib.request.urlopen(server.metrics_url).read().decode()
     totals = {}
     for name in (*TRITON_COUNTERS, "simple_sampler_sample_duration_us_total"):
