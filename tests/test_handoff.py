@@ -507,6 +507,31 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
         arena.close()
 
 
+@pytest.mark.parametrize("dtype, bad, message", [
+    (np.int32, -5, r"touched_ids must be token ids in \[0, 4096\), got -5"),
+    (np.int32, 4096, r"touched_ids must be token ids in \[0, 4096\), got 4096"),
+    (np.int64, 5000, r"row 0: touched_ids must be token ids in \[0, 4096\) or -1 \(padding\), "
+                     r"got 5000")])
+def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad, message):
+    """decode_request leaves the range of int32 touched ids to the kernel
+    pass of sample_compact: either way the request is refused by name."""
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
+
+    hot = hot_sets(zipf_row)["random"]
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(2)])
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(np.ascontiguousarray(
+        np.broadcast_to(zipf_row, (2, VOCAB)))), hot.kernel_arrays()[0], offsets, ids,
+        batch.temperature, 4).cpu()
+    inputs = {**compact_arrays(compact), **batch_arrays(batch, packed=True)}
+    touched = inputs["touched_ids"].astype(dtype)
+    touched[0, 0] = bad
+    with pytest.raises(InvalidRequest, match=message):
+        sample_request(decode_request({**inputs, "touched_ids": touched}, VOCAB, hot), 1, hot)
+
+
 def test_a_target_without_the_arena_keeps_the_second_round():
     """A target that does not map the arena (a remote server) gets the
     compact rows alone; its undecided rows go whole in a second request;

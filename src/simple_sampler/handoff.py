@@ -110,6 +110,10 @@ def host_array(value) -> np.ndarray:
     return value.numpy()
 
 
+#: an enum member's lookup is two Python calls, on every request
+_DECIDED = int(HandoffOutcome.HANDOFF_DECIDED)
+
+
 @dataclass
 class HandoffOutput(SampleOutput):
     """``SampleOutput`` plus outcome int8 [B] (``HandoffOutcome``): 0 =
@@ -121,27 +125,21 @@ class HandoffOutput(SampleOutput):
 
     @property
     def undecided(self) -> np.ndarray:
-        return self.outcome != HandoffOutcome.HANDOFF_DECIDED
+        return self.outcome != _DECIDED
 
 
-def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> tuple:
+def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
+                   shapes_checked: bool = False) -> tuple:
     """Raise ValueError for malformed compact rows; returns the kernel's
-    (touched offsets int64, ids int32, cold_argmax int64) arrays."""
+    (touched offsets int64, ids int32, cold_argmax int64) arrays.
+    shapes_checked: the caller checked every shape and built the offsets
+    (``sampler_codec.decode_request``): only the kernel pass over the ids
+    is left."""
     vocab = hot_vocab.vocab_size
-    hot = np.asarray(rows.hot_logits)
-    if hot.shape != (size, hot_vocab.size):
-        raise ValueError(f"hot_logits must have shape [{size}, {hot_vocab.size}], "
-                         f"got {list(hot.shape)}")
-    for name in ("cold_max", "cold_argmax", "cold_mass"):
-        if np.shape(getattr(rows, name)) != (size,):
-            raise ValueError(f"{name} must have shape [{size}], "
-                             f"got {list(np.shape(getattr(rows, name)))}")
     offsets = np.ascontiguousarray(rows.touched_offsets, np.int64)
     ids = np.ascontiguousarray(rows.touched_ids)
-    if (offsets.shape != (size + 1,) or offsets[0] != 0 or (offsets[1:] < offsets[:-1]).any()
-            or offsets[-1] != ids.size or np.shape(rows.touched_logits) != (ids.size,)):
-        raise ValueError(f"touched_offsets must be {size + 1} non-decreasing offsets from 0 to "
-                         f"len(touched_ids)={ids.size}, with touched_logits of the same length")
+    if not shapes_checked:
+        _check_compact_shapes(rows, size, hot_vocab, offsets, ids)
     range_message = f"touched_ids must be token ids in [0, {vocab}), got {{}}"
     if ids.dtype != np.int32 and ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(range_message.format(int(ids[(ids < 0) | (ids >= vocab)][0])))
@@ -159,20 +157,41 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab) -> tuple:
     return offsets, ids, argmax
 
 
+def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
+                          offsets: np.ndarray, ids: np.ndarray) -> None:
+    hot = np.asarray(rows.hot_logits)
+    if hot.shape != (size, hot_vocab.size):
+        raise ValueError(f"hot_logits must have shape [{size}, {hot_vocab.size}], "
+                         f"got {list(hot.shape)}")
+    for name in ("cold_max", "cold_argmax", "cold_mass"):
+        if np.shape(getattr(rows, name)) != (size,):
+            raise ValueError(f"{name} must have shape [{size}], "
+                             f"got {list(np.shape(getattr(rows, name)))}")
+    if (offsets.shape != (size + 1,) or offsets[0] != 0 or (offsets[1:] < offsets[:-1]).any()
+            or offsets[-1] != ids.size or np.shape(rows.touched_logits) != (ids.size,)):
+        raise ValueError(f"touched_offsets must be {size + 1} non-decreasing offsets from 0 to "
+                         f"len(touched_ids)={ids.size}, with touched_logits of the same length")
+
+
 def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab, *,
                    num_top_logprobs: int = 0, return_logprobs: bool = True,
-                   num_threads: int | None = None, validated: bool = False) -> HandoffOutput:
+                   num_threads: int | None = None, validated: bool = False,
+                   shapes_checked: bool = False) -> HandoffOutput:
     """Decide each compact row (``CompactRows.cpu()`` form) or mark it
     undecided (``HandoffOutput.outcome``).
 
     batch: the rows' parameters and histories, length B (as for ``sample``).
     hot_vocab: the H the rows were summarized with. Other arguments as for
-    ``sample`` (validated included). Raises ValueError for malformed compact rows, bad
+    ``sample`` (validated included); shapes_checked: the compact rows come
+    from ``sampler_codec.decode_request``, which checked their shapes and
+    built their offsets (their ids are checked here all the same). Raises
+    ValueError for malformed compact rows, bad
     parameters, NaN / +inf logits (a cold one is reported at cold_argmax),
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
-    touched_offsets, touched_ids, cold_argmax = _check_compact(rows, size, hot_vocab)
+    touched_offsets, touched_ids, cold_argmax = _check_compact(rows, size, hot_vocab,
+                                                               shapes_checked)
     vocab = hot_vocab.vocab_size
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
@@ -197,7 +216,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         np.ascontiguousarray(rows.cold_max, np.float32), cold_argmax,
         np.ascontiguousarray(rows.cold_mass, np.float32))
     raise_row_errors(errors, error_columns)
-    out.token_ids[outcome != HandoffOutcome.HANDOFF_DECIDED] = -1
+    out.token_ids[outcome != _DECIDED] = -1
     out.hot_accepted[:] = -1
     return HandoffOutput(**out.__dict__, outcome=outcome)
 

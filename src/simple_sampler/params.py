@@ -109,6 +109,19 @@ def first_violation(name: str, values: np.ndarray, ok: np.ndarray, allowed: str,
     return f"row {row}: {name} must be {allowed}, got {value!r}"
 
 
+def first_failed_check(checks) -> str | None:
+    """``first_violation`` of the first failing check among `checks`, each
+    (name, values, ok, allowed) with one value per row, or None; when all
+    pass (every good request), one reduction over them."""
+    if np.logical_and.reduce([ok for _, _, ok, _ in checks], axis=None):
+        return None
+    for name, values, ok, allowed in checks:
+        message = first_violation(name, values, ok, allowed)
+        if message:
+            return message
+    return None
+
+
 def check_token_ids(name: str, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
     """Token ids of a CSR list must lie in [0, vocab_size)."""
     message = first_violation(name, ids, (ids >= 0) & (ids < vocab_size),

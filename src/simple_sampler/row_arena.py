@@ -317,7 +317,7 @@ class RowReader:
         same = (refs[:, [0, 1, 2, 4, 5]] == first[[0, 1, 2, 4, 5]]).all()
         if not same:
             raise ValueError("logits_ref rows must name one region, slot, generation, V and dtype")
-        key, slot, generation, offset, vocab, code = (int(v) for v in first)
+        key, slot, generation, offset, vocab, code = first.tolist()
         if code not in CODE_DTYPES or vocab < 1:
             raise ValueError(f"logits_ref: dtype code must be one of {sorted(CODE_DTYPES)} and "
                              f"V >= 1, got {code}, {vocab}")
@@ -338,7 +338,7 @@ class RowReader:
 
     def check(self, refs: np.ndarray) -> None:
         """StaleRows unless the slot `refs` name still holds their generation."""
-        key, slot, generation = (int(v) for v in refs[0, :3])
+        key, slot, generation = refs[0, :3].tolist()
         if slot < 0:
             return
         header = self._region(key)[1]

@@ -92,13 +92,16 @@ def logits_array(logits) -> np.ndarray:
     return np.asarray(logits)
 
 
+_KERNEL_DTYPES = {np.dtype(np.float32): Dtype.DTYPE_FLOAT32,
+                  np.dtype(np.float16): Dtype.DTYPE_FLOAT16,
+                  np.dtype(ml_dtypes.bfloat16): Dtype.DTYPE_BFLOAT16}
+
+
 def kernel_rows(logits) -> tuple[np.ndarray, int]:
     """(uint8 [B, V * itemsize] view of the rows, kernel dtype code), no copy
     unless a row is not contiguous."""
     array = logits_array(logits)
-    codes = {np.dtype(np.float32): Dtype.DTYPE_FLOAT32,
-             np.dtype(np.float16): Dtype.DTYPE_FLOAT16,
-             np.dtype(ml_dtypes.bfloat16): Dtype.DTYPE_BFLOAT16}
+    codes = _KERNEL_DTYPES
     if array.dtype not in codes:
         raise ValueError(f"logits must be float32, float16 or bfloat16, got {array.dtype}")
     if array.ndim == 1:
@@ -212,15 +215,18 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
             scalars[name] = column if convert is None else convert(column, vocab)
     scalars["seed"] = batch.seed
     scalars["step"] = batch.step
-    as_ids = lambda a: np.ascontiguousarray(a, dtype=np.int32)
-    as_offsets = lambda a: np.ascontiguousarray(a, dtype=np.int64)
+    contiguous = np.ascontiguousarray
     params = dict(
         scalars=scalars,
-        bias_offsets=as_offsets(batch.bias_offsets), bias_ids=as_ids(batch.bias_ids),
-        bias_values=np.ascontiguousarray(batch.bias_values, np.float32),
-        ban_offsets=as_offsets(batch.ban_offsets), ban_ids=as_ids(batch.ban_ids),
-        prompt_offsets=as_offsets(batch.prompt_offsets), prompt_ids=as_ids(batch.prompt_ids),
-        output_offsets=as_offsets(batch.output_offsets), output_ids=as_ids(batch.output_ids),
+        bias_offsets=contiguous(batch.bias_offsets, np.int64),
+        bias_ids=contiguous(batch.bias_ids, np.int32),
+        bias_values=contiguous(batch.bias_values, np.float32),
+        ban_offsets=contiguous(batch.ban_offsets, np.int64),
+        ban_ids=contiguous(batch.ban_ids, np.int32),
+        prompt_offsets=contiguous(batch.prompt_offsets, np.int64),
+        prompt_ids=contiguous(batch.prompt_ids, np.int32),
+        output_offsets=contiguous(batch.output_offsets, np.int64),
+        output_ids=contiguous(batch.output_ids, np.int32),
     )
     return params, threads
 

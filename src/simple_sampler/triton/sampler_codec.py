@@ -30,7 +30,7 @@ from typing import Mapping
 import numpy as np
 
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
-from ..params import PARAMS, RULES, SamplingBatch, any_on, first_violation
+from ..params import PARAMS, RULES, SamplingBatch, any_on, first_failed_check
 from ..sampling import MAX_TOP_LOGPROBS, sample
 from ..schema import HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
 
@@ -86,20 +86,18 @@ def _scalar(inputs: Mapping, name: str, rows: int, default, dtype) -> np.ndarray
     return _rows_of(name, inputs[name], rows)[:, 0].astype(dtype)
 
 
-def _id_lists(inputs: Mapping, name: str, rows: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (offsets, ids) of a -1 padded [B, L] input; validates every id."""
-    if inputs.get(name) is None:
-        return np.zeros(rows + 1, np.int64), np.zeros(0, np.int64)
-    return _id_lists_and_mask(name, inputs[name], rows, vocab)[:2]
+_NO_IDS = np.zeros(0, np.int64)
 
 
-def _id_lists_and_mask(name: str, padded, rows: int, vocab: int):
-    """_id_lists of a present input, and its mask of the entries that are not padding."""
+def _id_lists_and_mask(name: str, padded, rows: int, vocab: int, checked: bool = True):
+    """CSR (offsets, ids) of a -1 padded [B, L] input, and its mask of the
+    entries that are not padding; validates every id unless not `checked`
+    (int32 ids whose range a kernel pass checks anyway)."""
     padded = _rows_of(name, padded, rows, width=None)
     if padded.dtype.kind not in "iu":
         padded = padded.astype(np.int64)
     # PADDING is the only negative value allowed: two reductions decide it
-    if padded.size and (padded.min() < PADDING or padded.max() >= vocab):
+    if checked and padded.size and (padded.min() < PADDING or padded.max() >= vocab):
         valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
         row, column = np.argwhere(~valid)[0]
         raise InvalidRequest(f"row {row}: {name} must be token ids in [0, {vocab}) or "
@@ -178,38 +176,39 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
             return records[name].astype(dtype)
     columns = {field: scalar(name, default, PARAMS[field].dtype)
                for name, (field, default) in SCALAR_INPUTS.items()}
-    for name, param in _RULE_INPUTS:
-        message = first_violation(name, columns[param.name], param.rule(columns[param.name]),
-                                  param.allowed)
-        if message:
-            raise InvalidRequest(message)
+    # absent: every row's history length (the lists are read below)
+    step = (scalar("step", None, np.int64)
+            if records is not None or inputs.get("step") is not None else None)
+    min_tokens = scalar("min_tokens", 0, np.int64)
+    num_top = scalar("num_top_logprobs", 0, np.int64)
+    checks = [(name, columns[param.name], param.rule(columns[param.name]), param.allowed)
+              for name, param in _RULE_INPUTS]
+    if step is not None:
+        checks.append(("step", step, step >= 0, ">= 0"))
+    checks += [("min_tokens", min_tokens, min_tokens >= 0, ">= 0"),
+               ("num_top_logprobs", num_top, (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
+                f"in [0, {MAX_TOP_LOGPROBS}]")]
+    message = first_failed_check(checks)
+    if message:
+        raise InvalidRequest(message)
 
     if records is None and inputs.get("random_seed") is None:
         seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
     else:
         seed = scalar("random_seed", None, np.uint64)
-    lists = {name: _id_lists(inputs, name, rows, vocab) for name in ID_LIST_INPUTS}
+    # An absent list is no ids for any row: one empty CSR shared by all of
+    # them (nothing writes into a decoded batch's arrays).
+    no_lists = (np.zeros(rows + 1, np.int64), _NO_IDS)
+    lists = {name: no_lists if inputs.get(name) is None
+             else _id_lists_and_mask(name, inputs[name], rows, vocab)[:2]
+             for name in ID_LIST_INPUTS}
     generated_offsets = lists["generated_ids"][0]
-    if records is None and inputs.get("step") is None:
+    if step is None:
         step = np.diff(generated_offsets)
-    else:
-        step = scalar("step", None, np.int64)
-        message = first_violation("step", step, step >= 0, ">= 0")
-        if message:
-            raise InvalidRequest(message)
-    min_tokens = scalar("min_tokens", 0, np.int64)
-    message = first_violation("min_tokens", min_tokens, min_tokens >= 0, ">= 0")
-    if message:
-        raise InvalidRequest(message)
-    ban_offsets, ban_ids = _banned_end_ids(*lists["end_id"], step < min_tokens)
+    end_ids = lists["end_id"]
+    ban_offsets, ban_ids = (end_ids if not end_ids[1].size
+                            else _banned_end_ids(*end_ids, step < min_tokens))
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
-
-    num_top = scalar("num_top_logprobs", 0, np.int64)
-    message = first_violation("num_top_logprobs", num_top,
-                              (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
-                              f"in [0, {MAX_TOP_LOGPROBS}]")
-    if message:
-        raise InvalidRequest(message)
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
         bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
@@ -251,8 +250,10 @@ def _compact_rows(inputs: Mapping, hot_vocab):
     missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
-    offsets, ids, used = _id_lists_and_mask("touched_ids", inputs["touched_ids"], rows,
-                                            hot_vocab.vocab_size)
+    touched = inputs["touched_ids"]
+    # int32 ids: sample_compact's kernel pass checks their range
+    offsets, ids, used = _id_lists_and_mask("touched_ids", touched, rows, hot_vocab.vocab_size,
+                                            checked=np.asarray(touched).dtype != np.int32)
     logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
     if logits.shape != used.shape:
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
@@ -401,7 +402,7 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
         if request.compact is not None:
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
-                                 num_threads=num_threads, validated=True)
+                                 num_threads=num_threads, validated=True, shapes_checked=True)
             if request.logits is not None and out.undecided.any():  # their full rows are mapped
                 decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
                                       request.logits, request.return_log_probs,
