@@ -8,6 +8,7 @@ the server starts with (docs/COPIES.md, "Profiling the sampler stub")::
 
     SIMPLE_SAMPLER_PROFILE=/tmp/prof simple-sampler bench row-transport ...
     python -m pstats /tmp/prof/simple_sampler_0_0.prof   # sort tottime, stats 20
+    python -m simple_sampler.triton.stub_profile /tmp/prof/*.prof  # calls per request
 
 The wrapper sees only the Python side of ``execute`` (our decode, the
 kernels, pb_utils calls); the stub's C++ work between calls (reading the
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import cProfile
 import os
+import pstats
 import re
+import sys
 import time
 
 PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE"
@@ -45,3 +48,46 @@ class StubProfile:
         os.makedirs(self.directory, exist_ok=True)
         self.profiler.dump_stats(self.path)
         return self.path
+
+
+#: What ``calls_per_request`` lists: the request's decoding and sampling,
+#: their checks, the fallback's full-row sampling, and the metric round trips.
+PROFILED_FUNCTIONS = ("decode_request", "sample_request", "sample_compact", "_check_compact",
+                      "sample", "increment")
+
+
+def calls_per_request(paths) -> dict:
+    """From stub profiles (one or more instances' ``.prof``): requests (calls
+    of ``decode_request``), Python calls per request in all, and for each of
+    PROFILED_FUNCTIONS its calls per request and its cumulative share of
+    ``execute``'s CPU time. Counts do not depend on the machine's load;
+    the shares do, somewhat."""
+    stats = pstats.Stats(*paths)  # the instances' same functions added up
+    by_name = {}
+    for (_, _, name), (_, calls, _, cumulative, _) in stats.stats.items():
+        method = re.match(r"<method '(\w+)'", name)  # a C method, e.g. Metric.increment
+        found = by_name.setdefault(method.group(1) if method else name, [0, 0.0])
+        found[0] += calls
+        found[1] += cumulative
+    requests = by_name.get("decode_request", [0])[0]
+    if not requests:
+        raise ValueError(f"no decode_request call in {', '.join(map(str, paths))}")
+    execute_s = by_name["_execute"][1]  # what StubProfile.run profiles
+    return {"requests": requests, "calls_per_request": stats.total_calls / requests,
+            "functions": {name: {"calls_per_request": by_name.get(name, [0])[0] / requests,
+                                 "share": by_name.get(name, [0, 0.0])[1] / execute_s}
+                          for name in PROFILED_FUNCTIONS}}
+
+
+def main(argv: list[str]) -> int:
+    summary = calls_per_request(argv)
+    print(f"{summary['requests']} requests, {summary['calls_per_request']:.0f} Python calls "
+          f"per request in execute")
+    for name, found in summary["functions"].items():
+        print(f"  {name:<16} {found['calls_per_request']:6.2f} calls/request  "
+              f"{found['share']:6.1%} of execute (cumulative)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
