@@ -1,5 +1,6 @@
 """SIMPLE_SAMPLER_PROFILE: the sampler stub's execute under cProfile, one
 .prof per instance (docs/COPIES.md, "Profiling the sampler stub")."""
+import math
 import pstats
 
 from simple_sampler.triton.stub_profile import PROFILE_ENV, StubProfile
@@ -48,6 +49,7 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
             sample_request(decode_request(request))
         metric.increment(len(requests))
         {}.get("x")
+        math.sqrt(len(requests))
 
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
     paths = []
@@ -56,10 +58,11 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
         profile.run(_execute, requests)
         paths.append(profile.dump())
     monkeypatch.setattr(stub_profile, "PROFILED_FUNCTIONS",
-                        (*stub_profile.PROFILED_FUNCTIONS, "get"))
+                        (*stub_profile.PROFILED_FUNCTIONS, "get", "sqrt"))
     summary = stub_profile.calls_per_request(paths)
     assert summary["requests"] == 4
     assert summary["functions"]["get"]["calls_per_request"] == 0.5  # a C method (dict.get)
+    assert summary["functions"]["sqrt"]["calls_per_request"] == 0.5  # a C function, as pb_utils'
     functions = summary["functions"]
     assert functions["decode_request"]["calls_per_request"] == 1.0
     assert functions["increment"]["calls_per_request"] == 0.5  # Python method, by name

@@ -253,19 +253,17 @@ def fallback_batch(batch: SamplingBatch, first: HandoffOutput, rows: CompactRows
     second.ban_offsets = np.zeros(len(second) + 1, np.int64)
     np.cumsum([b.size for b in bans], out=second.ban_offsets[1:])
     second.ban_ids = np.concatenate(bans) if bans else np.zeros(0, np.int64)
-    seeds = np.asarray(second.seed, np.uint64).copy()
+    # take's arrays are new: changed in place
+    seeds = second.seed = np.asarray(second.seed, np.uint64)
     derived = np.empty(picked.size, np.uint64)
-    _sampling.cold_stream_seeds(np.ascontiguousarray(seeds[picked]),
-                                np.ascontiguousarray(np.asarray(second.step)[picked], np.uint64),
-                                derived)
+    _sampling.cold_stream_seeds(seeds[picked], second.step[picked].astype(np.uint64), derived)
     seeds[picked] = derived
-    second.seed = seeds
     for param in FALLBACK_NEUTRAL:
-        column = np.asarray(getattr(second, param.name)).copy()
-        column[picked] = param.neutral
-        setattr(second, param.name, column)
+        getattr(second, param.name)[picked] = param.neutral
     # No bias inside C (it only touches ids handed over); the history stays
     # (unused: no penalty is on) for a sampler that wants one.
+    if not second.bias_offsets[-1]:
+        return undecided, second
     keep = np.repeat(~cold, np.diff(second.bias_offsets))
     second.bias_offsets = np.r_[0, np.cumsum(np.where(cold, 0, np.diff(second.bias_offsets)))]
     second.bias_ids = np.asarray(second.bias_ids)[keep]

@@ -188,6 +188,13 @@ def ragged(lists: Sequence[Sequence[int]], dtype=np.int32) -> tuple[np.ndarray, 
     return offsets, values
 
 
+#: SamplingBatch's id lists: (name of the offsets' prefix, the value arrays)
+_ID_LISTS = (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
+             ("prompt", ("prompt_ids",)), ("output", ("output_ids",)))
+#: SamplingBatch's per-row columns
+_ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs")
+
+
 @dataclass
 class SamplingBatch:
     """Columnar parameters of B rows, the form the kernels (and Triton) use.
@@ -264,20 +271,23 @@ class SamplingBatch:
         )
 
     def take(self, rows) -> "SamplingBatch":
-        """The batch of the given rows (int indices, in that order)."""
+        """The batch of the given rows (int indices, in that order): new
+        arrays, none shared with this batch's (the hot-first fallback changes
+        them in place)."""
         rows = np.asarray(rows, dtype=np.int64)
-        fields = {}
-        for name, value in self.__dict__.items():
-            if value is None or name.endswith(("_offsets", "_ids", "_values")):
-                continue
-            fields[name] = np.asarray(value)[rows]
-        for name, values in (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
-                             ("prompt", ("prompt_ids",)), ("output", ("output_ids",))):
+        fields = {name: np.asarray(value)[rows] for name in _ROW_COLUMNS
+                  if (value := getattr(self, name)) is not None}
+        for name, values in _ID_LISTS:
             offsets = np.asarray(getattr(self, f"{name}_offsets"), np.int64)
+            if not offsets[-1]:  # no row has any: the common case, a few calls
+                fields[f"{name}_offsets"] = np.zeros(rows.size + 1, np.int64)
+                for field_name in values:
+                    fields[field_name] = np.asarray(getattr(self, field_name))[:0].copy()
+                continue
             starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
             picked = np.zeros(rows.size + 1, np.int64)
-            np.cumsum(lengths, out=picked[1:])
-            index = np.repeat(starts - picked[:-1], lengths) + np.arange(picked[-1])
+            lengths.cumsum(out=picked[1:])  # the methods: numpy's functions add calls
+            index = (starts - picked[:-1]).repeat(lengths) + np.arange(picked[-1])
             fields[f"{name}_offsets"] = picked
             for field_name in values:
                 fields[field_name] = np.asarray(getattr(self, field_name))[index]

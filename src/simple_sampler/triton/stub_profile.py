@@ -65,8 +65,10 @@ def calls_per_request(paths) -> dict:
     stats = pstats.Stats(*paths)  # the instances' same functions added up
     by_name = {}
     for (_, _, name), (_, calls, _, cumulative, _) in stats.stats.items():
-        method = re.match(r"<method '(\w+)'", name)  # a C method, e.g. Metric.increment
-        found = by_name.setdefault(method.group(1) if method else name, [0, 0.0])
+        # C functions by their own name: "<method 'get' of 'dict' objects>",
+        # "<built-in method c_python_backend_utils.increment>" (Metric.increment)
+        c_function = re.match(r"<(?:built-in )?method '?(?:\w+\.)*(\w+)", name)
+        found = by_name.setdefault(c_function.group(1) if c_function else name, [0, 0.0])
         found[0] += calls
         found[1] += cumulative
     requests = by_name.get("decode_request", [0])[0]
