@@ -61,6 +61,7 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
                         (*stub_profile.PROFILED_FUNCTIONS, "get", "sqrt"))
     summary = stub_profile.calls_per_request(paths)
     assert summary["requests"] == 4
+    assert summary["compact_requests"] == 0 and summary["calls_per_compact_request"] is None
     assert summary["functions"]["get"]["calls_per_request"] == 0.5  # a C method (dict.get)
     assert summary["functions"]["sqrt"]["calls_per_request"] == 0.5  # a C function, as pb_utils'
     functions = summary["functions"]

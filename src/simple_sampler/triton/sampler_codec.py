@@ -50,6 +50,7 @@ _RULE_INPUTS = tuple((name, param) for param in RULES
                      for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
 #: The inputs ``row_scalars`` packs (schema.ROW_SCALARS_RECORD's fields).
 PACKED_INPUTS = ROW_SCALARS_RECORD.names
+_PACKED_SET = frozenset(PACKED_INPUTS)
 
 
 @dataclass
@@ -228,7 +229,8 @@ def _records(inputs: Mapping) -> np.ndarray:
     """``row_scalars`` as ROW_SCALARS_RECORD [B] (a view), after checking
     that none of the inputs it packs came too."""
     packed = np.asarray(inputs["row_scalars"])
-    both = [name for name in PACKED_INPUTS if inputs.get(name) is not None]
+    # only the inputs that came are looked at (none, from the pool)
+    both = sorted(name for name in inputs.keys() & _PACKED_SET if inputs[name] is not None)
     if both:
         raise InvalidRequest(f"row_scalars carries {both[0]}: send one of them, not both")
     if (packed.ndim != 2 or packed.shape[1] != ROW_SCALARS_RECORD.itemsize

@@ -75,7 +75,10 @@ def calls_per_request(paths) -> dict:
     if not requests:
         raise ValueError(f"no decode_request call in {', '.join(map(str, paths))}")
     execute_s = by_name["_execute"][1]  # what StubProfile.run profiles
+    compact = by_name.get("sample_compact", [0])[0]  # hot-first: one request a step (B <= 128)
     return {"requests": requests, "calls_per_request": stats.total_calls / requests,
+            "compact_requests": compact,
+            "calls_per_compact_request": stats.total_calls / compact if compact else None,
             "functions": {name: {"calls_per_request": by_name.get(name, [0])[0] / requests,
                                  "share": by_name.get(name, [0, 0.0])[1] / execute_s}
                           for name in PROFILED_FUNCTIONS}}
@@ -85,6 +88,10 @@ def main(argv: list[str]) -> int:
     summary = calls_per_request(argv)
     print(f"{summary['requests']} requests, {summary['calls_per_request']:.0f} Python calls "
           f"per request in execute")
+    if summary["compact_requests"]:
+        print(f"{summary['compact_requests']} of them compact: "
+              f"{summary['calls_per_compact_request']:.0f} Python calls in all per compact "
+              f"request (every request's calls over the compact ones)")
     for name, found in summary["functions"].items():
         print(f"  {name:<16} {found['calls_per_request']:6.2f} calls/request  "
               f"{found['share']:6.1%} of execute (cumulative)")
