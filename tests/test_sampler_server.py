@@ -105,7 +105,16 @@ def instance_rows(server) -> dict[str, float]:
     return {instance: float(value) for instance, value in found}
 
 
+def settled_rows(server, at_least: float = 0.0) -> float:
+    """simple_sampler_rows_total over the instances once every count made
+    so far has arrived (they send theirs in batches: triton.counters)."""
+    return wait_for_counter(server.metrics_url, "simple_sampler_rows_total",
+                            lambda total: total >= at_least, labels='model="simple_sampler"',
+                            settled_after=time.monotonic())
+
+
 def test_concurrent_clients_spread_over_every_instance(server, rows):
+    settled_rows(server)  # the tests before this one counted, too
     before = instance_rows(server)
 
     def one_client(index: int):
@@ -123,10 +132,7 @@ def test_concurrent_clients_spread_over_every_instance(server, rows):
         for results in pool.map(one_client, range(8)):
             for got, expected in results:
                 np.testing.assert_array_equal(got, expected)
-    # the instances send their counts in batches (triton.counters): poll
-    wait_for_counter(server.metrics_url, "simple_sampler_rows_total",
-                     lambda total: total >= sum(before.values()) + 8 * 6 * len(rows),
-                     labels='model="simple_sampler"')
+    settled_rows(server, sum(before.values()) + 8 * 6 * len(rows))
     after = instance_rows(server)
     assert len(after) == INSTANCES
     served = {name: after[name] - before.get(name, 0.0) for name in after}
