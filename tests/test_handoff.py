@@ -563,6 +563,62 @@ def test_a_target_without_the_arena_keeps_the_second_round():
         sampler.stats["need_cold"], sampler.stats
 
 
+@pytest.mark.parametrize("survivor_maps_the_arena", [True, False])
+def test_a_dead_instance_mid_step_gives_the_same_tokens_hot_first(survivor_maps_the_arena):
+    """Failover with the full rows by reference: the compact request sent
+    again to an instance that maps the arena decides its undecided rows
+    there; to one that does not, they go whole in a second request; the
+    tokens are the two-round path's either way."""
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerTarget
+    from test_invariance import make_requests, make_rows
+
+    def dead(inputs):
+        raise SamplerCallError("Stub process 'simple_sampler_0_0' is not healthy.")
+
+    rng = np.random.default_rng(11)
+    rows = make_rows(rng, 32)
+    params, histories, steps = make_requests(rng, 32)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    survivor = []
+    arena = RowArena(1, 4096)
+    try:
+        expected, got, sampler, _, _ = _two_rounds_and_in_place(
+            rows, batch, hot, arena,
+            [SamplerTarget("dead", dead, 2, shares_memory=True),
+             SamplerTarget("alive", _local_call(hot, survivor), 1,
+                           shares_memory=survivor_maps_the_arena)])
+    finally:
+        arena.close()
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+    undecided = sampler.stats["need_full"] + sampler.stats["need_cold"]
+    assert undecided > 0
+    second = [rows for kind, rows, _ in survivor if kind == "full"]
+    if survivor_maps_the_arena:
+        assert sampler.stats["in_place"] == undecided and not second
+    else:
+        assert sampler.stats["in_place"] == 0 and second == [undecided]
+
+
+def test_rows_off_the_cpu_or_outside_the_arena_are_not_referenced():
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+
+    arena = RowArena(1, 4096)
+    try:
+        shared = torch.from_numpy(arena.share(np.zeros((4, 8), np.float32)))
+        pool = SamplerPool([SamplerTarget("local", None, 1, shares_memory=True)], arena=arena)
+        assert pool.reference(shared[1:3]).refs().shape == (2, 6)
+        assert pool.reference(torch.zeros(4, 8)) is None  # not in a shared region
+        assert pool.reference(torch.empty(4, 8, device="meta")) is None  # on a device
+        pool.targets[0].shares_memory = False
+        assert pool.reference(shared) is None  # no instance maps the arena
+    finally:
+        arena.close()
+
+
 def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
     """LlmService with handoff hot-first and a sampler profile wraps its pool
     in a HotFirstSampler; greedy generations equal the full rows' ones."""
