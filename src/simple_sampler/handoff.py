@@ -111,7 +111,7 @@ def host_array(value) -> np.ndarray:
 
 
 #: an enum member's lookup is two Python calls, on every request
-_DECIDED = int(HandoffOutcome.HANDOFF_DECIDED)
+_DECIDED, _NEED_COLD = int(HandoffOutcome.HANDOFF_DECIDED), int(HandoffOutcome.HANDOFF_NEED_COLD)
 
 
 @dataclass
@@ -238,7 +238,7 @@ def fallback_batch(batch: SamplingBatch, first: HandoffOutput, rows: CompactRows
     stream."""
     undecided = np.flatnonzero(first.undecided)
     second = batch.take(undecided)
-    cold = first.outcome[undecided] == HandoffOutcome.HANDOFF_NEED_COLD
+    cold = first.outcome[undecided] == _NEED_COLD
     if not cold.any():
         return undecided, second
     picked = np.flatnonzero(cold)
@@ -275,7 +275,7 @@ def merge_fallback(first: HandoffOutput, undecided: np.ndarray, second: SampleOu
     """Fold the second request's answers (rows ``undecided`` of ``first``)
     in place: tokens, logprobs (NEED_COLD: log P(t | C) + log(W_C / Z)),
     and for NEED_FULL rows the top logprobs. Returns ``first``."""
-    cold = first.outcome[undecided] == HandoffOutcome.HANDOFF_NEED_COLD
+    cold = first.outcome[undecided] == _NEED_COLD
     first.token_ids[undecided] = second.token_ids
     first.logprobs[undecided] = np.where(cold, second.logprobs + first.logprobs[undecided],
                                          second.logprobs)

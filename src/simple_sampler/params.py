@@ -275,14 +275,15 @@ class SamplingBatch:
         arrays, none shared with this batch's (the hot-first fallback changes
         them in place)."""
         rows = np.asarray(rows, dtype=np.int64)
+        columns = self.__dict__  # by key: a getattr per field is a call per field
         fields = {name: np.asarray(value)[rows] for name in _ROW_COLUMNS
-                  if (value := getattr(self, name)) is not None}
+                  if (value := columns[name]) is not None}
         for name, values in _ID_LISTS:
-            offsets = np.asarray(getattr(self, f"{name}_offsets"), np.int64)
+            offsets = np.asarray(columns[f"{name}_offsets"], np.int64)
             if not offsets[-1]:  # no row has any: the common case, a few calls
                 fields[f"{name}_offsets"] = np.zeros(rows.size + 1, np.int64)
                 for field_name in values:
-                    fields[field_name] = np.asarray(getattr(self, field_name))[:0].copy()
+                    fields[field_name] = np.asarray(columns[field_name])[:0].copy()
                 continue
             starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
             picked = np.zeros(rows.size + 1, np.int64)
@@ -290,7 +291,7 @@ class SamplingBatch:
             index = (starts - picked[:-1]).repeat(lengths) + np.arange(picked[-1])
             fields[f"{name}_offsets"] = picked
             for field_name in values:
-                fields[field_name] = np.asarray(getattr(self, field_name))[index]
+                fields[field_name] = np.asarray(columns[field_name])[index]
         return SamplingBatch(**fields)
 
     def validate(self, vocab_size: int) -> None:
