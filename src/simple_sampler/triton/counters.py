@@ -9,7 +9,10 @@ round trips per request. ``BatchedCounters`` adds the counts up in the
 instance and sends them at most every REPORT_INTERVAL_S (the llm model's
 reporting interval too), from ``execute`` when a send is due, else from a
 small thread once the instance went idle, and at ``close``: every count
-arrives, at most about REPORT_INTERVAL_S late. A reader of the metrics port
+arrives, at most about REPORT_INTERVAL_S late. (A send from that thread is
+safe: the parent applies metric messages on its own thread,
+python_backend src/python_be.cc ``StubToParentMQMonitor``, not the one
+running ``execute`` or ``finalize``; pybind keeps the GIL while it waits.) A reader of the metrics port
 therefore polls until the value it expects (``wait_for_counter``).
 """
 from __future__ import annotations
