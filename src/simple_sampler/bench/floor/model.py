@@ -9,7 +9,10 @@ It is not part of the served repository (model_repository/).
 
 A step: sleep a + b * n ms (the same pace as the simulated engine's, the
 ``step_a_ms`` / ``step_b_ms`` parameters), then one response per active
-request holding one token, the last one flagged final.
+request holding one token, the last one flagged final. The responses go out
+from a second thread while the next step sleeps, at most one step behind (as
+the llm model sends a step's responses during the next forward): at GPU
+pace the floor's throughput is then the step's, not the step's plus B sends.
 
 Two response shapes, by request: a request of ``max_tokens`` alone gets one
 INT32 output (``output_ids``), the least Triton can carry; a request that
@@ -21,6 +24,7 @@ The difference between the two is Triton's cost of our response shape,
 without any of our own work.
 """
 import json
+import queue
 import threading
 import time
 
@@ -41,6 +45,10 @@ class TritonPythonModel:
         self.wake = threading.Event()
         self.arrived: list[list] = []
         self.running = True
+        #: a step's responses, sent by the sender thread; one step may wait
+        self.steps: queue.Queue = queue.Queue(maxsize=1)
+        self.sender = threading.Thread(target=self._send_steps, name="floor-send", daemon=True)
+        self.sender.start()
         self.thread = threading.Thread(target=self._loop, name="floor-loop", daemon=True)
         self.thread.start()
 
@@ -69,25 +77,37 @@ class TritonPythonModel:
                 self.wake.clear()
                 continue
             time.sleep(self.step_a_s + self.step_b_s * len(active))
-            token = np.array([[step]], np.int32)
-            text = np.array([[f" t{step}".encode()]], object)
-            step += 1
+            sends = []
             for entry in active:
                 entry[1] -= 1
-                final = not entry[1]
+                sends.append((entry[0], entry[2], not entry[1]))
+            self.steps.put((step, sends))
+            step += 1
+            active = [entry for entry in active if entry[1]]
+
+    def _send_steps(self):
+        while True:
+            item = self.steps.get()
+            if item is None:
+                return
+            step, sends = item
+            token = np.array([[step]], np.int32)
+            text = np.array([[f" t{step}".encode()]], object)
+            for sender, llm_shape, final in sends:
                 outputs = [pb_utils.Tensor("output_ids", token)]
-                if entry[2]:
+                if llm_shape:
                     outputs.append(pb_utils.Tensor("text_output", text))
                     if final:
                         outputs += last_outputs()
-                entry[0].send(pb_utils.InferenceResponse(outputs),
-                              flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-            active = [entry for entry in active if entry[1]]
+                sender.send(pb_utils.InferenceResponse(outputs),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def finalize(self):
         self.running = False
         self.wake.set()
         self.thread.join()
+        self.steps.put(None)
+        self.sender.join()
 
 
 def last_outputs():
