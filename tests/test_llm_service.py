@@ -49,6 +49,13 @@ class BuildingClient(Client):
         return lambda: Client.send(self, outputs, error, final)
 
 
+def text_of(outputs):
+    """A response's text_output: a str from a step's tokens (SendTokens),
+    bytes otherwise (encode_event); Triton sends both as the same bytes."""
+    text = outputs["text_output"][0]
+    return text if isinstance(text, str) else text.decode()
+
+
 CLIENTS = pytest.mark.parametrize("client_type", [Client, BuildingClient])
 
 
@@ -71,7 +78,7 @@ def test_a_finished_stream_sends_every_token_then_one_final_response(client_type
     client = client_type()
     engine = serve(client, inputs(max_tokens=5))
     assert [final for _, _, final in client.responses] == [False] * 4 + [True]
-    texts = [outputs["text_output"][0].decode() for outputs, _, _ in client.responses]
+    texts = [text_of(outputs) for outputs, _, _ in client.responses]
     assert "".join(texts) == "bcdef" and engine.released == [0]
 
 
@@ -263,7 +270,7 @@ def seeded(stream, interval=None, logprobs=False):
 
 def joined(responses):
     assert all(error is None for _, error, _ in responses)
-    return ("".join(o["text_output"][0].decode() for o, _, _ in responses),
+    return ("".join(text_of(o) for o, _, _ in responses),
             [t for o, _, _ in responses for t in o["output_ids"].tolist()])
 
 
