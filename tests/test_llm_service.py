@@ -326,3 +326,18 @@ def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):
     assert stuck.is_set() and time.monotonic() - started < 3
     assert "did not stop within 0.5 s" in caplog.text
     assert "thread decode-loop" in caplog.text
+
+
+def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
+    """Rows with stop words take the step path too (the decoder matches them):
+    the streamed text stops before the word, as the non-streamed answer does."""
+    def stopped(stream, interval=None):
+        request = {**seeded(stream, interval), "stop_words": np.array([[b"fgh"]], object)}
+        return request
+
+    one, four, whole = run_requests([stopped(True), stopped(True, 4), stopped(False)])
+    text, ids = joined(whole)
+    assert "fgh" not in text and 0 < len(ids) < 23
+    assert joined(one) == joined(four) == (text, ids)
+    assert [final for _, _, final in one] == [False] * (len(ids) - 1) + [True]
+    assert one[-1][0]["finish_reason"][0] == b"stop"
