@@ -341,3 +341,32 @@ def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
     assert joined(one) == joined(four) == (text, ids)
     assert [final for _, _, final in one] == [False] * (len(ids) - 1) + [True]
     assert one[-1][0]["finish_reason"][0] == b"stop"
+
+
+def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(caplog):
+    """A bug of ours answering a step's tokens (LlmService._answer_step):
+    logged with its traceback, its requests end (cancelled: the final flag),
+    none hangs, and the next request is served."""
+    from simple_sampler.triton import llm_service
+
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    answer = service._answer_step
+
+    def broken_once(*step):
+        service._answer_step = answer
+        raise KeyError("a bug")
+
+    service._answer_step = broken_once
+    try:
+        failed, served = Client(), Client()
+        with caplog.at_level("ERROR", logger=llm_service.__name__):
+            service.submit(inputs(), failed.send, on_done=failed.done.set).result(60)
+        service.submit(inputs(max_tokens=3), served.send, on_done=served.done.set).result(60)
+    finally:
+        service.close()
+    assert failed.responses[-1] == (None, None, True) and len(failed.responses) < MAX_TOKENS
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info[0] is KeyError and "their requests are cancelled" in record.message
+    assert [final for _, _, final in served.responses] == [False, False, True]

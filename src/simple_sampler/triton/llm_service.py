@@ -369,7 +369,13 @@ class LlmService:
         outbox, self.outbox = self.outbox, []
         for delivery, event in outbox:  # what each event makes of its answer; never raises
             if delivery is None:
-                self._answer_step(*event)
+                try:
+                    self._answer_step(*event)
+                except Exception:  # ours: the step's requests end, cancelled, not hung
+                    log.exception("answering a step's tokens failed: their requests are cancelled")
+                    for handle, text in zip(event[0], event[1]):
+                        if text is not None:
+                            handle.sink.stop()
                 continue
             final = event.final  # a property: read once per event
             answered = False
