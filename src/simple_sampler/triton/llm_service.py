@@ -383,19 +383,16 @@ class LlmService:
                 try:
                     self._send_event(delivery, event, final)
                     answered = final
-                except Exception:  # nobody to answer: stop generating for them
-                    log.debug("sending a response failed: the request is cancelled",
-                              exc_info=True)
-                    delivery.stop()
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
             if final:
                 self._end(delivery, answered)
         transmits, self.transmits = self.transmits, []
         for delivery, transmit, final in transmits:
             try:
                 transmit()
-            except Exception:  # nobody to answer: stop generating for them
-                log.debug("sending a response failed: the request is cancelled", exc_info=True)
-                delivery.stop()
+            except Exception:  # noqa: BLE001 - the client has gone
+                self._gone(delivery)
                 if final:
                     self._final_flag(delivery)
         self.decoder.stats.loop_s += time.thread_time() - started
@@ -423,10 +420,8 @@ class LlmService:
             if delivery.each_token:
                 try:
                     transmit = delivery.send_tokens(text_rows[row], id_rows[row])
-                except Exception:  # nobody to answer: stop generating for them
-                    log.debug("sending a response failed: the request is cancelled",
-                              exc_info=True)
-                    delivery.stop()
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
                     continue
                 if transmit is not None:
                     transmits.append((delivery, transmit, False))
@@ -437,10 +432,15 @@ class LlmService:
             if delivery.decoded.stream and delivery.held_tokens >= delivery.interval:
                 try:
                     self._flush(delivery, final=False)
-                except Exception:  # nobody to answer: stop generating for them
-                    log.debug("sending a response failed: the request is cancelled",
-                              exc_info=True)
-                    delivery.stop()
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
+
+    @staticmethod
+    def _gone(delivery: _Delivery) -> None:
+        """In the handler of a response that could not be built or sent:
+        nobody to answer, so stop generating for them."""
+        log.debug("sending a response failed: the request is cancelled", exc_info=True)
+        delivery.stop()
 
     def _send(self, delivery: _Delivery, outputs: dict | None, error: Exception | None,
               final: bool) -> None:
