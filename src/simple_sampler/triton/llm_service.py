@@ -137,8 +137,8 @@ class _Delivery:
     its client cancelled or went away (its events are then dropped until
     the decoder's final one). ``held`` are the events not sent yet: a
     stream's last ones until ``interval`` tokens are due, a non-streamed
-    request's all until its end; ``texts`` and ``ids`` the tokens held
-    that came by step (``LlmService._answer_step``), before ``held``."""
+    request's all until its end; ``tokens`` the (text, id) of the tokens
+    held that came by step (``LlmService._answer_step``), before ``held``."""
 
     handle: RequestHandle
     decoded: DecodedRequest
@@ -149,8 +149,7 @@ class _Delivery:
     finished: asyncio.Future
     delivering: bool = True
     held: list[GenerationEvent] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
+    tokens: list[tuple[str, int]] = field(default_factory=list)
     held_tokens: int = 0
     #: a response per token: a stream at stream_interval 1 (read per token)
     each_token: bool = field(init=False)
@@ -426,8 +425,7 @@ class LlmService:
                 if transmit is not None:
                     transmits.append((delivery, transmit, False))
                 continue
-            delivery.texts.append(text)
-            delivery.ids.append(token_list[row])
+            delivery.tokens.append((text, token_list[row]))
             delivery.held_tokens += 1
             if delivery.decoded.stream and delivery.held_tokens >= delivery.interval:
                 try:
@@ -528,10 +526,11 @@ class LlmService:
         prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
             self.codec.decode(self._prompt_ids(decoded))
         events = delivery.held
-        if delivery.ids:  # the tokens that came by step come first, as one event
-            events.insert(0, GenerationEvent(delivery.handle.request_id, "".join(delivery.texts),
-                                             delivery.ids, [], 0, 0, float("nan")))
-            delivery.texts, delivery.ids = [], []
+        if delivery.tokens:  # the tokens that came by step come first, as one event
+            texts, ids = zip(*delivery.tokens)
+            events.insert(0, GenerationEvent(delivery.handle.request_id, "".join(texts),
+                                             list(ids), [], 0, 0, float("nan")))
+            delivery.tokens = []
         event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
