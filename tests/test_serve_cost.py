@@ -32,6 +32,16 @@ def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
     serve_cost.add_ratios(rows)
     assert rows[0]["vs_floor"] == 1.0 and rows[1]["vs_floor"] == 3.0
     assert rows[2]["vs_floor"] is None  # no floor at B = 16
+    # a floor whose window read no /proc tick has no ratio, rather than a division by 0
+    idle = [row("floor", 0), row("ensemble", 150, llm=150)]
+    serve_cost.add_ratios(idle)
+    assert idle[1]["vs_floor"] is None and idle[1]["server_vs_floor"] is None
+    # one floor per Python thread pool size: each row against its own server's
+    pools = [row("floor", 70, floor=30), row("floor", 35, floor=15), row("ensemble", 150, llm=150)]
+    for entry, pool in zip(pools, (32, 6, 6)):
+        entry["python_thread_pool"] = pool
+    serve_cost.add_ratios(pools)
+    assert pools[2]["vs_floor"] == 6.0
 
 
 def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
@@ -51,19 +61,20 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert set(rows) == {("floor", 1), ("floor-llm", 1), ("ensemble", 1), ("ensemble", 4),
                          ("llm", 1)}
     floor, one, four = rows[("floor", 1)], rows[("ensemble", 1)], rows[("ensemble", 4)]
-    # the floor in the llm model's response shape: charged to the server, not the llm
-    # stub (the floor stub's own share of a quick window may be under one 10 ms tick)
+    # the floor routes are not charged to the llm stub (their own share of a quick
+    # window may be under one 10 ms /proc tick: a cheap floor can read 0)
     shaped = rows[("floor-llm", 1)]["cpu_us_per_token"]
-    assert shaped["server"] > 0 and shaped["llm"] < one["cpu_us_per_token"]["llm"]
-    # each process is charged to its own route (/proc counts in 10 ms ticks: a
-    # quick window of the floor may show 0 for its stub)
-    assert floor["cpu_us_per_token"]["server"] > 0
+    assert shaped["llm"] < one["cpu_us_per_token"]["llm"]
     assert floor["cpu_us_per_token"]["llm"] < one["cpu_us_per_token"]["llm"]
     assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
     assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
     assert one["tokens_per_response"] == pytest.approx(1.0)
     assert 3.0 <= four["tokens_per_response"] <= 4.0
-    assert floor["vs_floor"] == pytest.approx(1.0) and one["vs_floor"] > 0
+    # the floor's own ratio is 1, or none where its quick window read no /proc tick
+    streaming = floor["cpu_us_per_token"]["floor"] + floor["cpu_us_per_token"]["tritonserver"]
+    assert floor["vs_floor"] == (pytest.approx(1.0) if streaming else None)
+    assert one["vs_floor"] is None if not streaming else one["vs_floor"] > 0
+    assert one["python_thread_pool"] == report["settings"]["python_thread_pools"][0]
 
 
 def test_the_llm_model_gets_the_shard_minimum_asked_for(tmp_path):
@@ -86,7 +97,7 @@ def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):
         per_token(token)
     profile.disable()
     profile.dump_stats(tmp_path / "llm-1.prof")
-    calls = serve_cost.profile_calls(tmp_path / "llm-1.prof", tokens=40, pace="instant")
+    calls = serve_cost.profile_calls(tmp_path / "llm-1.prof", tokens=40, server="instant")
     top = dict(calls["top"])
     assert top[f"test_serve_cost.py:{per_token.__code__.co_firstlineno}(per_token)"] == 1.0
     assert top["{method 'append' of 'list' objects}"] == 1.0

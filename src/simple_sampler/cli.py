@@ -180,7 +180,8 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
     report = serve_cost.run(configs, max_tokens=max_tokens, instances=args.instances,
                             micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
                             profile_dir=args.profile, sampling_mode=args.sampling_mode,
-                            shard_min_rows=args.sampler_shard_min_rows)
+                            shard_min_rows=args.sampler_shard_min_rows,
+                            python_thread_pools=args.python_thread_pool)
     print_report(args, report, serve_cost.format_report(report))
     return 0
 
@@ -453,6 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
                             default=LlmSettings.sampler_shard_min_rows,
                             help="full rows per sampler request at least (1: one request per "
                                  "instance per step, whatever the rows)")
+    cost_bench.add_argument("--python-thread-pool", type=int, nargs="+", default=None,
+                            metavar="N", help="the Python backend's thread-pool-size, one "
+                            "server per size (default: what serve gives these settings; "
+                            "Triton's own default is 32)")
     simulated_rows(cost_bench)
     cost_bench.add_argument("--profile", metavar="DIR",
                             help="run the llm stub's decode-loop thread under cProfile and "

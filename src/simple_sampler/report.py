@@ -474,11 +474,14 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
     report = source.data
     results = report["results"]
 
+    pools = {r.get("python_thread_pool") for r in results}
+
     def label(r):
         a, b = r["step_ms"]
         pace = "instant" if not (a or b) else f"{a:g}+{b:g}*B ms"
         k = f", k={r['stream_interval']}" if not r["route"].startswith("floor") else ""
-        return f"{r['route']}{k}, {pace}, B={r['batch']}"
+        pool = f", pool {r['python_thread_pool']}" if len(pools) > 1 else ""
+        return f"{r['route']}{k}, {pace}, B={r['batch']}{pool}"
 
     lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
              "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "

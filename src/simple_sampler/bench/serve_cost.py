@@ -20,6 +20,7 @@ The load, the window, every column and how to read them: docs/SERVED_COST.md.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import pstats
 import re
@@ -272,17 +273,20 @@ def figures(config: Config, measured: dict, micro_batches: int) -> dict:
 
 def add_ratios(results: list[dict]) -> None:
     """Each row's cost over the floor's at the same pace and B."""
-    floors = {(r["pace"], r["batch"]): r for r in results if r["route"] == "floor"}
+    floors = {(r["pace"], r["batch"], r.get("python_thread_pool")): r for r in results
+              if r["route"] == "floor"}
     for row in results:
-        floor = floors.get((row["pace"], row["batch"]))
+        floor = floors.get((row["pace"], row["batch"], row.get("python_thread_pool")))
         cpu = row["cpu_us_per_token"]
         if floor is None:
             row["vs_floor"] = row["server_vs_floor"] = None
             continue
         base = floor["cpu_us_per_token"]
-        row["vs_floor"] = (cpu["llm"] + cpu["floor"] + cpu["tritonserver"]) / \
-            (base["floor"] + base["tritonserver"])
-        row["server_vs_floor"] = cpu["server"] / base["server"]
+        streaming = base["floor"] + base["tritonserver"]
+        # /proc counts 10 ms ticks: a short window of a cheap floor may read 0
+        row["vs_floor"] = (cpu["llm"] + cpu["floor"] + cpu["tritonserver"]) / streaming \
+            if streaming else None
+        row["server_vs_floor"] = cpu["server"] / base["server"] if base["server"] else None
 
 
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
@@ -313,18 +317,23 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
-        shard_min_rows: int = LlmSettings.sampler_shard_min_rows) -> dict:
+        shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
+        python_thread_pools: list[int] | None = None) -> dict:
     """Every configuration of `configs` (default :func:`plan`), one server per pace.
     `sampling_mode` other than "simple" samples in the llm stub (no BLS
     request per step, the sampler instances idle): tritonserver's column is
     then streaming alone. shard_min_rows: the llm model's
-    `sampler_shard_min_rows`."""
-    from ..launch.serve import shared_memory_bytes
+    `sampler_shard_min_rows`. python_thread_pools: one server per pool size
+    and pace (the Python backend's `thread-pool-size`; default what `serve`
+    gives these settings, ``launch.serve.python_thread_pool_size``)."""
+    from ..launch.serve import python_thread_pool_size, shared_memory_bytes
     from ..launch.server import TritonServer
 
     configs = configs or plan()
+    pools = python_thread_pools or [python_thread_pool_size(
+        LlmSettings(micro_batches=micro_batches, sampler_shards=instances))]
     results, profiles = [], []
-    for pace in dict.fromkeys(c.pace for c in configs):
+    for pool, pace in itertools.product(pools, dict.fromkeys(c.pace for c in configs)):
         mine = [c for c in configs if c.pace == pace]
         largest = max(c.batch for c in mine)
         repository = build_repository(
@@ -338,7 +347,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
         try:
             server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
-                                  log_path=repository.parent / f"{repository.name}.log")
+                                  log_path=repository.parent / f"{repository.name}.log",
+                                  python_thread_pool=pool)
             # The simulated engine's first start computes SmolLM2's rows (then cached).
             server.start(STARTUP_TIMEOUT_S)
             try:
@@ -351,6 +361,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
                     row = figures(config, measured, micro_batches)
+                    row["python_thread_pool"] = pool
                     row["llm_loop_us_per_token"] = (loop_us(server) - loop_before) / (
                         config.batch * max_tokens)
                     results.append(row)
@@ -359,7 +370,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             if profile_dir and "llm" in processes:
                 profiles.append(profile_calls(
                     Path(profile_dir) / f"llm-{processes['llm']}.prof",
-                    llm_tokens(mine, max_tokens), pace))
+                    llm_tokens(mine, max_tokens), f"{pace}, thread pool {pool}"))
         finally:
             if profile_dir:
                 os.environ.pop(PROFILE_ENV) if previous is None else \
@@ -370,6 +381,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
                          "sampling_mode": sampling_mode, "sampler_shard_min_rows": shard_min_rows,
                          "micro_batches": micro_batches, "max_tokens": max_tokens,
+                         "python_thread_pools": pools,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",
                          "params": "temperature 1, no truncation, seeded, min_length = "
@@ -385,17 +397,19 @@ def llm_tokens(configs: list[Config], max_tokens: int) -> int:
                if c.route in ("ensemble", "llm"))
 
 
-def profile_calls(path: Path, tokens: int, pace: str = "", top: int = PROFILE_TOP) -> dict:
+def profile_calls(path: Path, tokens: int, server: str = "", top: int = PROFILE_TOP) -> dict:
     """The decode-loop thread's calls per token from its cProfile file:
     in total and by function (cProfile's count: Python functions and the
     C functions Python code calls directly; a C function called from C,
-    e.g. through a ``functools.partial``, is not counted). Counts do not
-    depend on the machine's load, where times do."""
+    e.g. through a ``functools.partial``, is not counted). What is paid per
+    token counts the same on any machine under any load, where times do not
+    (what is paid per step, the event loop's callbacks, moves a little with
+    how the steps interleave). `server` labels the server it was read from."""
     stats = pstats.Stats(str(path))
     by_function = sorted(((calls / tokens, function_name(function))
                           for function, (_, calls, *_rest) in stats.stats.items()),
                          reverse=True)
-    return {"pace": pace, "file": str(path), "tokens": tokens,
+    return {"server": server, "file": str(path), "tokens": tokens,
             "calls_per_token": stats.total_calls / tokens,
             "top": [[name, per_token] for per_token, name in by_function[:top]]}
 
@@ -408,7 +422,7 @@ def function_name(function: tuple[str, int, str]) -> str:
 
 
 def format_profile(profile: dict) -> str:
-    lines = [f"decode-loop calls per token ({profile['pace']}, {profile['tokens']} tokens, "
+    lines = [f"decode-loop calls per token ({profile['server']}, {profile['tokens']} tokens, "
              f"{profile['file']}): {profile['calls_per_token']:.1f}"]
     lines += [f"  {per_token:7.2f}  {name}" for name, per_token in profile["top"]]
     return "\n".join(lines)
@@ -435,7 +449,7 @@ def format_report(report: dict) -> str:
 
     lines = [f"data plane: {report['data_plane']}",
              f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
-             f"{'pace':<15} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
+             f"{'pace':<15} {'pool':>4} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
@@ -446,7 +460,8 @@ def format_report(report: dict) -> str:
         stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
                                      else "llm")
         lines.append(
-            f"{pace_label(r):<15} {r['batch']:>4} {r['route']:<9} {r['stream_interval']:>3} "
+            f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} {r['batch']:>4} "
+            f"{r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
             f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
             f"{r['tokens_per_response']:>7.1f} "
@@ -457,6 +472,7 @@ def format_report(report: dict) -> str:
             f"{cell(r['server_vs_floor'], '9.2f')} "
             f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
+                 "pool = the Python backend's thread-pool-size; "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
