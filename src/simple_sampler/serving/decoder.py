@@ -47,7 +47,9 @@ or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
 exactly one final event; a request rejected by validation raises ValueError
 from :meth:`Decoder.submit` instead. The end id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
-in ``text``.
+in ``text``. A consumer that streams many requests (the llm model) takes
+their other tokens a step at a time instead (``Decoder.on_step``,
+``RequestHandle.listen`` with a sink): no event per token, one call per step.
 """
 from __future__ import annotations
 
