@@ -88,6 +88,42 @@ def test_a_listener_gets_every_event_in_the_loops_pass_the_same_as_a_reader():
     assert [e.finish_reason for e in cancelled] == ["cancelled"]
 
 
+def test_a_listener_with_a_sink_gets_a_steps_tokens_at_once_then_the_final_event():
+    """Decoder.on_step: the tokens that end no request come once per step,
+    every row of the step in one call; the final event still comes to the
+    listener; together they are what a reader iterates."""
+    requests = [GenerationRequest(text=c, max_tokens=5, sampling=GREEDY) for c in "abc"]
+    read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        stepped = {index: [] for index in range(len(requests))}
+        calls = []
+
+        def on_step(handles, texts, tokens):
+            calls.append(sum(text is not None for text in texts))
+            for handle, text, token in zip(handles, texts, tokens.tolist()):
+                if text is not None:
+                    stepped[handle.sink].append((text, token))
+
+        decoder.on_step = on_step
+        await decoder.start()
+        finals = [asyncio.get_running_loop().create_future() for _ in requests]
+        for index, request in enumerate(requests):
+            decoder.submit(request).listen(finals[index].set_result, sink=index)
+        finals = await asyncio.gather(*finals)
+        await decoder.close()
+        return stepped, finals, calls
+
+    stepped, finals, calls = asyncio.run(main())
+    for index, events in enumerate(read):
+        assert stepped[index] == [(e.text, e.token_ids[0]) for e in events[:-1]]
+        assert (finals[index].text, finals[index].token_ids, finals[index].finish_reason) == \
+            (events[-1].text, events[-1].token_ids, "length")
+    assert max(calls) == 2 and sum(calls) == 3 * 4  # both rows of a step in one call
+
+
 def test_end_id_stops_unless_ignored_or_before_min_tokens():
     engine = FakeEngine(script=lambda ids: END_ID if len(ids) >= 3 else next_letter(ids))
     requests = [GenerationRequest(text="a", max_tokens=6, sampling=GREEDY),

@@ -5,7 +5,8 @@ import pytest
 
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.decoder import GenerationEvent
-from simple_sampler.triton.generate_io import decode_generate, encode_event
+from simple_sampler.triton.generate_io import (decode_generate, encode_event,
+                                             install_byte_serializer)
 
 
 def test_logit_bias_inputs_become_the_sampling_params_bias():
@@ -37,3 +38,32 @@ def test_output_log_probs_are_zero_per_token_when_not_asked():
     assert outputs["cum_log_probs"].tolist() == [0.0]
     asked = encode_event(GenerationEvent(0, " Paris", [3], [-0.5], 5, 1, -0.5))
     assert asked["output_log_probs"].tolist() == [-0.5]
+
+
+def python_backend_utils():
+    """python_backend's own triton_python_backend_utils (numpy and the
+    standard library only), from the Triton install the servers run."""
+    import importlib.util
+
+    from simple_sampler.launch.install import find_triton
+
+    path = find_triton().python_backend / "triton_python_backend_utils.py"
+    spec = importlib.util.spec_from_file_location("python_backend_utils_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("array", [
+    np.array([["é, Paris"]], object), np.array([[b"\x00tail\x00"]], object),
+    np.array([[""]], object), np.array([b"x"], object), np.array([[" t151000"]], object)[0:1],
+    np.array([["a", "bc"]], object), np.array([[b"a"], [b"\xff"]], object),
+    np.array([[7]], object), np.array([b"abc"], np.bytes_), np.zeros((1, 0), object)])
+def test_the_one_element_byte_serializer_gives_python_backends_bytes(array):
+    pb_utils = python_backend_utils()
+    general = pb_utils.serialize_byte_tensor
+    expected = general(array)
+    install_byte_serializer(pb_utils)
+    install_byte_serializer(pb_utils)  # once
+    assert pb_utils.serialize_byte_tensor.general is general
+    assert pb_utils.serialize_byte_tensor(array) == expected

@@ -49,6 +49,13 @@ class BuildingClient(Client):
         return lambda: Client.send(self, outputs, error, final)
 
 
+def text_of(outputs):
+    """A response's text_output: a str from a step's tokens (SendTokens),
+    bytes otherwise (encode_event); Triton sends both as the same bytes."""
+    text = outputs["text_output"][0]
+    return text if isinstance(text, str) else text.decode()
+
+
 CLIENTS = pytest.mark.parametrize("client_type", [Client, BuildingClient])
 
 
@@ -69,9 +76,10 @@ def serve(client, request, delay=0.01, on_admitted=lambda service: None):
 @CLIENTS
 def test_a_finished_stream_sends_every_token_then_one_final_response(client_type):
     client = client_type()
-    engine = serve(client, inputs(max_tokens=5))
+    # greedy: at temperature 1 the fake's runner-up letter (e^-5 as likely) came now and then
+    engine = serve(client, {**inputs(max_tokens=5), "temperature": np.array([[0.0]], np.float32)})
     assert [final for _, _, final in client.responses] == [False] * 4 + [True]
-    texts = [outputs["text_output"][0].decode() for outputs, _, _ in client.responses]
+    texts = [text_of(outputs) for outputs, _, _ in client.responses]
     assert "".join(texts) == "bcdef" and engine.released == [0]
 
 
@@ -263,7 +271,7 @@ def seeded(stream, interval=None, logprobs=False):
 
 def joined(responses):
     assert all(error is None for _, error, _ in responses)
-    return ("".join(o["text_output"][0].decode() for o, _, _ in responses),
+    return ("".join(text_of(o) for o, _, _ in responses),
             [t for o, _, _ in responses for t in o["output_ids"].tolist()])
 
 
@@ -319,3 +327,47 @@ def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):
     assert stuck.is_set() and time.monotonic() - started < 3
     assert "did not stop within 0.5 s" in caplog.text
     assert "thread decode-loop" in caplog.text
+
+
+def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
+    """Rows with stop words take the step path too (the decoder matches them):
+    the streamed text stops before the word, as the non-streamed answer does."""
+    def stopped(stream, interval=None):
+        request = {**seeded(stream, interval), "stop_words": np.array([[b"fgh"]], object)}
+        return request
+
+    one, four, whole = run_requests([stopped(True), stopped(True, 4), stopped(False)])
+    text, ids = joined(whole)
+    assert "fgh" not in text and 0 < len(ids) < 23
+    assert joined(one) == joined(four) == (text, ids)
+    assert [final for _, _, final in one] == [False] * (len(ids) - 1) + [True]
+    assert one[-1][0]["finish_reason"][0] == b"stop"
+
+
+def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(caplog):
+    """A bug of ours answering a step's tokens (LlmService._answer_step):
+    logged with its traceback, its requests end (cancelled: the final flag),
+    none hangs, and the next request is served."""
+    from simple_sampler.triton import llm_service
+
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    answer = service._answer_step
+
+    def broken_once(*step):
+        service._answer_step = answer
+        raise KeyError("a bug")
+
+    service._answer_step = broken_once
+    try:
+        failed, served = Client(), Client()
+        with caplog.at_level("ERROR", logger=llm_service.__name__):
+            service.submit(inputs(), failed.send, on_done=failed.done.set).result(60)
+        service.submit(inputs(max_tokens=3), served.send, on_done=served.done.set).result(60)
+    finally:
+        service.close()
+    assert failed.responses[-1] == (None, None, True) and len(failed.responses) < MAX_TOKENS
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info[0] is KeyError and "their requests are cancelled" in record.message
+    assert [final for _, _, final in served.responses] == [False, False, True]

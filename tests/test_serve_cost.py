@@ -82,3 +82,26 @@ def test_the_llm_model_gets_the_shard_minimum_asked_for(tmp_path):
                                              151_936, "bfloat16", shard_min_rows=3)
     config = (repository / "llm" / "config.pbtxt").read_text()
     assert 'key: "sampler_shard_min_rows"\n  value: { string_value: "3" }' in config
+
+
+def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):
+    """Counts, not times: a function called once per token reads 1.0."""
+    import cProfile
+
+    def per_token(token):
+        return [token].append(token)
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for token in range(40):
+        per_token(token)
+    profile.disable()
+    profile.dump_stats(tmp_path / "llm-1.prof")
+    calls = serve_cost.profile_calls(tmp_path / "llm-1.prof", tokens=40, server="instant")
+    top = dict(calls["top"])
+    assert top[f"test_serve_cost.py:{per_token.__code__.co_firstlineno}(per_token)"] == 1.0
+    assert top["{method 'append' of 'list' objects}"] == 1.0
+    assert calls["calls_per_token"] >= 2.0
+    assert "decode-loop calls per token (instant, 40 tokens" in serve_cost.format_profile(calls)
+    assert serve_cost.llm_tokens([serve_cost.Config("instant", 4, "floor"),
+                                  serve_cost.Config("instant", 4, "llm")], 10) == 48

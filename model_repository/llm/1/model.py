@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from simple_sampler.triton.generate_io import INPUT_NAMES
+from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializer
 from simple_sampler import logs
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
@@ -62,6 +62,14 @@ def call_sampler(model_name):
     return call
 
 
+def send_tokens(response_sender, text_output, output_ids):
+    """``llm_service.SendTokens``: a stream's token, its two tensors straight
+    from the service's step arrays (already [1, 1]); sent by the service."""
+    return functools.partial(response_sender.send, pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor("text_output", text_output),
+                        pb_utils.Tensor("output_ids", output_ids)]))
+
+
 def error_code(error):
     """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
     UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
@@ -75,12 +83,14 @@ def error_code(error):
 class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
+        install_byte_serializer(pb_utils)  # text_output per token: generate_io says why
         config = json.loads(args["model_config"])
         settings = LlmSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None,
-                                  repository=os.path.dirname(args["model_repository"]))
+                                  repository=os.path.dirname(args["model_repository"]),
+                                  on_burst=self._report_if_due)
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
@@ -119,9 +129,10 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     inputs[name] = tensor.as_numpy()
-            self.service.submit(inputs, self._sender(request.get_response_sender()),
-                                request.is_cancelled, on_done=self._request_done,
-                                on_admitted=self._request_admitted)
+            sender = request.get_response_sender()
+            self.service.submit(inputs, self._sender(sender), request.is_cancelled,
+                                on_done=self._request_done, on_admitted=self._request_admitted,
+                                send_tokens=functools.partial(send_tokens, sender))
         return None
 
     def _sender(self, response_sender):
@@ -135,14 +146,17 @@ class TritonPythonModel:
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, value[None]) for name, value in outputs.items()])
-            if time.monotonic() >= self.next_report:  # once per report interval, not per send
-                self._report_stats()
             # A partial, not a Python function: the service calls it per response.
             # It raises if the client has gone.
             return functools.partial(response_sender.send, response,
                                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                                      if final else 0)
         return send
+
+    def _report_if_due(self):
+        """After each burst of responses: once per report interval, not per send."""
+        if time.monotonic() >= self.next_report:
+            self._report_stats()
 
     def _request_admitted(self):
         # The gauge must not read 0 while a request is held: `serve` stops

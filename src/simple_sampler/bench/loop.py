@@ -69,17 +69,16 @@ class RebuildingDecoder(Decoder):
     def _sampling_batch(self, sequences: list) -> SamplingBatch:
         batch = SamplingBatch.from_params(
             [s.params for s in sequences],
-            [History(s.prompt_ids, s.output_ids) for s in sequences],
+            [History(s.prompt_ids, self.output_ids(s)) for s in sequences],
             vocab_size=self.engine.vocab_size)
         batch.ban_offsets, batch.ban_ids = ragged([self._bans(s) for s in sequences])
         batch.want_logprobs = np.array([s.request.return_log_probs for s in sequences], bool)
         return batch
 
-    @staticmethod
-    def _bans(sequence) -> list[int]:
+    def _bans(self, sequence) -> list[int]:
         banned = list(sequence.params.stop_token_ids) \
-            if len(sequence.output_ids) < sequence.params.min_tokens else []
-        ids = sequence.prompt_ids + sequence.output_ids
+            if sequence.generated < sequence.params.min_tokens else []
+        ids = sequence.prompt_ids + self.output_ids(sequence)
         for word in sequence.bad_words_ids:
             if len(word) == 1 or ids[len(ids) - len(word) + 1:] == word[:-1]:
                 banned.append(word[-1])

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..client import GenerateClient
 from ..settings import LlmSettings, SamplerSettings
-from ..launch.serve import assemble_repository
+from ..launch.serve import assemble_repository, python_thread_pool_size
 from ..launch.server import TritonServer
 
 #: (label, sampling_mode, micro_batches)
@@ -97,15 +97,17 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
                 batch_invariant: bool = False) -> Iterator[TritonServer]:
     """A fresh, warmed-up server running the whole repository in one of MODES."""
     _, mode, micro_batches = next(m for m in MODES if m[0] == label)
+    llm = LlmSettings(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
+                      engine_max_batch_size=max_concurrency, max_context=512,
+                      batch_invariant=batch_invariant)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
         SamplerSettings(sampler_instances=instances, sampler_max_batch_size=64, vocab_size=49_152),
-        LlmSettings(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
-                  engine_max_batch_size=max_concurrency, max_context=512,
-                  batch_invariant=batch_invariant))
+        llm)
     suffix = "-invariant" if batch_invariant else ""
     log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
-    with TritonServer(repository, log_path=log) as server:
+    with TritonServer(repository, log_path=log,
+                      python_thread_pool=python_thread_pool_size(llm)) as server:
         run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
         yield server
 

@@ -11,7 +11,9 @@ ONE asyncio client in this process, and each level reports tokens/s against
 the data plane's bound, CPU per token of every server process (from /proc)
 and of the client, the decode loop's CPU per token, and the ratios to the
 floor. With ``profile_dir`` the llm stub's decode-loop thread runs under
-cProfile (``llm_service``, ``PROFILE_ENV``).
+cProfile (``llm_service``, ``PROFILE_ENV``), and the report lists its calls
+per token by function (``profile_calls``): counts, not times, so they do not
+move with the machine's load.
 
 The load, the window, every column and how to read them: docs/SERVED_COST.md.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import pstats
 import re
 import shutil
 import tempfile
@@ -51,6 +54,10 @@ STARTUP_TIMEOUT_S = 900.0
 #: time, so max_tokens must be at least this many times the largest k.
 RESPONSES_PER_REQUEST = 8
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: Each route's warm-up before its level: requests of WARM_UP_TOKENS tokens.
+WARM_UP_REQUESTS, WARM_UP_TOKENS = 2, 4
+#: Functions listed per profile, most calls per token first.
+PROFILE_TOP = 30
 
 
 @dataclass(frozen=True)
@@ -325,7 +332,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     configs = configs or plan()
     pools = python_thread_pools or [python_thread_pool_size(
         LlmSettings(micro_batches=micro_batches, sampler_shards=instances))]
-    results = []
+    results, profiles = [], []
     for pool, pace in itertools.product(pools, dict.fromkeys(c.pace for c in configs)):
         mine = [c for c in configs if c.pace == pace]
         largest = max(c.batch for c in mine)
@@ -348,7 +355,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                 processes = server_processes(server.process.pid)
                 for config in mine:
                     # warm up the route: first steps, first BLS calls, first responses
-                    asyncio.run(drive(server.grpc_url, Config(pace, 2, config.route), 4, None))
+                    asyncio.run(drive(server.grpc_url, Config(pace, WARM_UP_REQUESTS, config.route),
+                                      WARM_UP_TOKENS, None))
                     loop_before = loop_us(server)
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
@@ -359,13 +367,17 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     results.append(row)
             finally:
                 server.stop()
+            if profile_dir and "llm" in processes:
+                profiles.append(profile_calls(
+                    Path(profile_dir) / f"llm-{processes['llm']}.prof",
+                    llm_tokens(mine, max_tokens), f"{pace}, thread pool {pool}"))
         finally:
             if profile_dir:
                 os.environ.pop(PROFILE_ENV) if previous is None else \
                     os.environ.__setitem__(PROFILE_ENV, previous)
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
-    return {"results": results, "data_plane": data_plane(instances, micro_batches, sampling_mode),
+    return {"results": results, "profiles": profiles, "data_plane": data_plane(instances, micro_batches, sampling_mode),
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
                          "sampling_mode": sampling_mode, "sampler_shard_min_rows": shard_min_rows,
                          "micro_batches": micro_batches, "max_tokens": max_tokens,
@@ -376,6 +388,44 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                                    "max_tokens",
                          "window": "from the first eighth of the level's tokens to the last",
                          "profile_dir": profile_dir}}
+
+
+def llm_tokens(configs: list[Config], max_tokens: int) -> int:
+    """Tokens the llm model generated for `configs` (one server's), warm-ups
+    included: what its decode-loop profile is divided by."""
+    return sum(c.batch * max_tokens + WARM_UP_REQUESTS * WARM_UP_TOKENS for c in configs
+               if c.route in ("ensemble", "llm"))
+
+
+def profile_calls(path: Path, tokens: int, server: str = "", top: int = PROFILE_TOP) -> dict:
+    """The decode-loop thread's calls per token from its cProfile file:
+    in total and by function (cProfile's count: Python functions and the
+    C functions Python code calls directly; a C function called from C,
+    e.g. through a ``functools.partial``, is not counted). What is paid per
+    token counts the same on any machine under any load, where times do not
+    (what is paid per step, the event loop's callbacks, moves a little with
+    how the steps interleave). `server` labels the server it was read from."""
+    stats = pstats.Stats(str(path))
+    by_function = sorted(((calls / tokens, function_name(function))
+                          for function, (_, calls, *_rest) in stats.stats.items()),
+                         reverse=True)
+    return {"server": server, "file": str(path), "tokens": tokens,
+            "calls_per_token": stats.total_calls / tokens,
+            "top": [[name, per_token] for per_token, name in by_function[:top]]}
+
+
+def function_name(function: tuple[str, int, str]) -> str:
+    """file:line(name) with the file's name alone (the servers' model
+    directories are temporary); a C function as pstats names it."""
+    file, line, name = function
+    return pstats.func_std_string(function) if file == "~" else f"{Path(file).name}:{line}({name})"
+
+
+def format_profile(profile: dict) -> str:
+    lines = [f"decode-loop calls per token ({profile['server']}, {profile['tokens']} tokens, "
+             f"{profile['file']}): {profile['calls_per_token']:.1f}"]
+    lines += [f"  {per_token:7.2f}  {name}" for name, per_token in profile["top"]]
+    return "\n".join(lines)
 
 
 def data_plane(instances: int, micro_batches: int, sampling_mode: str = "simple") -> str:
@@ -430,4 +480,5 @@ def format_report(report: dict) -> str:
                  "same pace and B; server/fl = whole server over the floor's; cs = voluntary "
                  "context switches per token (/proc/<pid>/task/*/status) of tritonserver and "
                  "of the route's stub (llm or floor)")
+    lines += [format_profile(profile) for profile in report.get("profiles", ())]
     return "\n".join(lines)

@@ -47,7 +47,9 @@ or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
 exactly one final event; a request rejected by validation raises ValueError
 from :meth:`Decoder.submit` instead. The end id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
-in ``text``.
+in ``text``. A consumer that streams many requests (the llm model) takes
+their other tokens a step at a time instead (``Decoder.on_step``,
+``RequestHandle.listen`` with a sink): no event per token, one call per step.
 """
 from __future__ import annotations
 
@@ -198,16 +200,27 @@ class RequestHandle:
         # work nobody here uses: one reader, no join.
         self.pending: collections.deque[GenerationEvent] = collections.deque()
         self.waiter: asyncio.Future | None = None
+        self.sink: object = None  # listen()
 
-    def listen(self, listener: Callable[[GenerationEvent], None]) -> None:
+    def listen(self, listener: Callable[[GenerationEvent], None], sink: object = None) -> None:
         """Hand every event to ``listener`` as the decode loop makes it,
         instead of iterating: a step's events are then delivered in the
         loop's one pass over the step's rows, with no reader coroutine to
         wake per event. Events already made go first. Call on the decoder's
-        event loop; the handle is then no longer iterable."""
+        event loop; the handle is then no longer iterable.
+
+        With a ``sink`` (anything the consumer finds its request by) and the
+        decoder's ``on_step`` set, a token that does not end the request
+        makes no event: the step's such tokens go to ``on_step`` together,
+        once per step (``Decoder._deliver``); the final event still comes
+        to ``listener``."""
         # The listener replaces put() on this handle: the decode loop's
         # put(event) is then the listener's call itself, no call in between.
         self.put = listener
+        self.sink = sink
+        sequence = self.decoder.by_id.get(self.request_id)
+        if sequence is not None:
+            sequence.stepped = sink is not None and self.decoder.on_step is not None
         while self.pending:
             listener(self.pending.popleft())
 
@@ -311,11 +324,17 @@ class _DecodeSequence:
     detokenizer: Detokenizer
     stop: StopMatcher
     bad_words_ids: list[list[int]]
-    output_ids: list[int] = field(default_factory=list)
     num_input_tokens: int = 0  # len(prompt_ids), kept for every event
+    #: tokens generated; the ids themselves are in the decoder's BatchState
+    #: (``Decoder.output_ids``)
+    generated: int = 0
+    max_tokens: int = 0  # request.max_tokens, read per token
+    stop_ids: frozenset = frozenset()  # params.stop_token_ids, tested per token
     cum_log_prob: float = 0.0
     cancelled: bool = False
     done: bool = False
+    #: its tokens that do not end it go to Decoder.on_step (RequestHandle.listen)
+    stepped: bool = False
     slot: int = -1  # in the decoder's BatchState while in a lane
 
 
@@ -356,6 +375,13 @@ class Decoder:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
         self.wake: list[asyncio.Event] = []
+        #: on_step(handles, texts, tokens): once per step, the tokens of
+        #: listened-to requests (``RequestHandle.listen``'s sink) that did not
+        #: end them: row r's request is handles[r], its new text texts[r]
+        #: (None: row r is not one of them) and its token tokens[r] (the
+        #: step's int array); set before requests arrive
+        self.on_step: Callable[[list[RequestHandle], list[str | None], np.ndarray], None] \
+            | None = None
 
     async def start(self) -> None:
         self.wake = [asyncio.Event() for _ in self.lanes]
@@ -400,9 +426,12 @@ class Decoder:
         request_id = next(self.ids)
         handle = RequestHandle(self, request_id)
         sequence = _DecodeSequence(request_id, request, handle, prompt_ids, params,
-                             self.codec.detokenizer(prompt_ids), StopMatcher(request.stop_words),
-                             self.codec.bad_words_ids(request.bad_words),
-                             num_input_tokens=len(prompt_ids))
+                                   self.codec.detokenizer(prompt_ids),
+                                   StopMatcher(request.stop_words),
+                                   self.codec.bad_words_ids(request.bad_words),
+                                   num_input_tokens=len(prompt_ids),
+                                   max_tokens=request.max_tokens,
+                                   stop_ids=frozenset(params.stop_token_ids))
         self.by_id[request_id] = sequence
         self.queue.append(sequence)
         self._admit()
@@ -489,7 +518,7 @@ class Decoder:
         asked = sequence.request.return_log_probs
         return GenerationEvent(
             sequence.request_id, text, token_ids, logprobs if asked else [],
-            sequence.num_input_tokens, len(sequence.output_ids),
+            sequence.num_input_tokens, sequence.generated,
             sequence.cum_log_prob if asked else float("nan"), reason, error)
 
     async def _lane(self, index: int) -> None:
@@ -597,36 +626,68 @@ class Decoder:
         self.stats.loop_s += loop_s
         self.stats.records.append(StepRecord(rows, forward_s, sampler_s, loop_s))
 
+    def output_ids(self, sequence: _DecodeSequence) -> list[int]:
+        """The ids a sequence in a lane has generated (its history in the
+        batch state: the decode loop keeps no list of its own)."""
+        state, slot = self.state, sequence.slot
+        return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
+
     def _deliver(self, sequences: list[_DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
-        """Turn one step's tokens into events; feed the survivors back."""
-        continuing, next_tokens = [], []
-        for sequence, token, logprob in zip(sequences, tokens.tolist(), logprobs.tolist()):
+        """Turn one step's tokens into deliveries, in one pass over the rows;
+        feed the survivors back.
+
+        A row whose token ends its request (an end or stop id, a stop
+        string, max_tokens) makes the request's final event. Any other row
+        of a stepped request (``RequestHandle.listen`` with a sink) costs
+        only its detokenizer step: its text goes into the step's ``texts``,
+        and ``on_step`` gets them all after the pass; a row of any other
+        request makes an event. The rows that go on are appended to the
+        batch state and the engine by index arrays, not one by one."""
+        rows = len(sequences)
+        token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+        texts: list[str | None] = [None] * rows
+        going_on = [False] * rows
+        stepped = False
+        for row, sequence in enumerate(sequences):
             if sequence.done:
                 continue
             if sequence.cancelled:
                 self._finish(sequence, FINISH_CANCELLED)
                 continue
-            sequence.output_ids.append(token)
-            sequence.cum_log_prob += logprob
-            ended = token in sequence.params.stop_token_ids  # the end id, unless ignore_end
+            token = token_list[row]
+            sequence.generated += 1
+            sequence.cum_log_prob += logprob_list[row]
+            ended = token in sequence.stop_ids  # the end id, unless ignore_end
             text, stopped = "", False
             if not ended:
-                text = sequence.detokenizer.push([token])
+                text = sequence.detokenizer.push_token(token)
                 if sequence.stop.stop_words:  # without any, feed() returns the text as it is
                     text, stopped = sequence.stop.feed(text)
-            reason = FINISH_STOP if ended or stopped else (
-                FINISH_LENGTH if len(sequence.output_ids) >= sequence.request.max_tokens else None)
-            if reason is None:
-                sequence.handle.put(self._event(sequence, text, [token], [logprob]))
-                continuing.append(sequence)
-                next_tokens.append(token)
+            if ended or stopped or sequence.generated >= sequence.max_tokens:
+                self._last(sequence, token, logprob_list[row], text, ended or stopped, stopped)
                 continue
-            if not stopped:  # the end of the stream: release held-back text
-                tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
-                text += tail + sequence.stop.flush()
-                reason = FINISH_STOP if stopped else reason
-            self._finish(sequence, reason, text=text, token_ids=[token], logprobs=[logprob])
-        if continuing:
-            self.state.append(np.array([s.slot for s in continuing], np.int64),
-                              np.asarray(next_tokens, np.int32))
-            self.engine.append([s.request_id for s in continuing], next_tokens)
+            going_on[row] = True
+            if sequence.stepped:
+                texts[row], stepped = text, True
+            else:
+                sequence.handle.put(self._event(sequence, text, [token], [logprob_list[row]]))
+        if stepped:
+            self.on_step([s.handle for s in sequences], texts, tokens)
+        kept = np.flatnonzero(going_on)
+        if kept.size:
+            kept_list = kept.tolist()
+            self.state.append(np.array([sequences[r].slot for r in kept_list], np.int64),
+                              tokens[kept].astype(np.int32))
+            self.engine.append([sequences[r].request_id for r in kept_list],
+                               [token_list[r] for r in kept_list])
+
+    def _last(self, sequence: _DecodeSequence, token: int, logprob: float, text: str,
+              stop: bool, stopped: bool) -> None:
+        """The final event of a sequence whose `token` ended it: `stop` (an
+        end or stop id, or a stop string: `stopped`) or its length. The
+        held-back text is released unless a stop string cut it."""
+        if not stopped:
+            tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
+            text += tail + sequence.stop.flush()
+        self._finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH, text=text,
+                     token_ids=[token], logprobs=[logprob])

@@ -370,26 +370,30 @@ class SimulatedDetokenizer:
     def _start_run(self) -> None:
         self.run: list[int] = []
         self.emitted = 0  # characters of the run's text already returned
+        self.held = False  # the stream's last step held its text back (None)
         self.stream = DecodeStream(skip_special_tokens=True)
 
     def push(self, token_ids: Sequence[int]) -> str:
-        text = ""
-        for token in map(int, token_ids):
-            if token >= self.codec.known:
-                if self.run:  # flush() has a run to end: not so for most ids
-                    text += self.flush()
-                text += f" t{token}"
-                continue
-            self.run.append(token)
-            delta = self.stream.step(self.codec.backend, token)
-            if delta:
-                text += delta
-                self.emitted += len(delta)
-        return text
+        return "".join(map(self.push_token, map(int, token_ids)))
+
+    def push_token(self, token: int) -> str:
+        """``push([token])`` for one int id (the decode loop's call per token)."""
+        if token >= self.codec.known:
+            # flush() has a run to end: not so for most ids
+            return self.flush() + f" t{token}" if self.run else f" t{token}"
+        self.run.append(token)
+        delta = self.stream.step(self.codec.backend, token)
+        self.held = delta is None
+        if delta:
+            self.emitted += len(delta)
+            return delta
+        return ""
 
     def flush(self) -> str:
         if not self.run:  # most ids are past the vocabulary: no run to end
             return ""
-        tail = self.codec.decode_run(self.run)[self.emitted:]
+        # A stream whose last step gave text holds nothing back: the run's
+        # text is what it returned, no decode needed to end it.
+        tail = self.codec.decode_run(self.run)[self.emitted:] if self.held else ""
         self._start_run()
         return tail

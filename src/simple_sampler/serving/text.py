@@ -144,6 +144,7 @@ class Detokenizer:
         self.ids = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self.window_start = 0
         self.emitted_end = len(self.ids)
+        self.backend = codec.backend
         self.stream = (DecodeStream(ids=list(self.ids), skip_special_tokens=True)
                        if codec.backend is not None else None)
 
@@ -152,14 +153,20 @@ class Detokenizer:
         if self.stream is None:
             self.ids.extend(int(t) for t in token_ids)
             return self._advance(final=False)
-        text = ""
-        for token in token_ids:
-            self.ids.append(int(token))
-            delta = self.stream.step(self.codec.backend, int(token))
-            if delta is not None:
-                text += delta
-                self.window_start, self.emitted_end = self.emitted_end, len(self.ids)
-        return text
+        return "".join(map(self.push_token, map(int, token_ids)))
+
+    def push_token(self, token: int) -> str:
+        """``push([token])`` for one int id, the decode loop's call per
+        token: with ``DecodeStream``, its one native step and the window's
+        bookkeeping, nothing else."""
+        if self.stream is None:
+            return self.push((token,))
+        self.ids.append(token)
+        delta = self.stream.step(self.backend, token)
+        if delta is None:
+            return ""
+        self.window_start, self.emitted_end = self.emitted_end, len(self.ids)
+        return delta
 
     def flush(self) -> str:
         """The rest of the text at the end of the sequence, held-back

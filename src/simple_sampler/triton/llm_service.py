@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import numpy as np
 
 from ..handoff import DEFAULT_COLD_TOP
 from ..schema import SHUTTING_DOWN
@@ -60,6 +61,12 @@ class Unavailable(RuntimeError):
 #: back to back.
 Transmit = Callable[[], None]
 Send = Callable[[dict | None, Exception | None, bool], Transmit | None]
+#: send_tokens(text_output, output_ids): a stream's response of one token
+#: that does not end it, built (a Transmit returned) or sent: text_output an
+#: object array [1, 1] holding a str, output_ids int32 [1, 1], both ready
+#: for Triton (views of the step's arrays). The llm model builds the response
+#: from them directly; without one, they go through ``Send`` as outputs.
+SendTokens = Callable[[np.ndarray, np.ndarray], Transmit | None]
 CANCEL_POLL_S = 0.1
 #: The most requests asked whether they were cancelled per poll.
 CANCEL_CHECKS_PER_POLL = 16
@@ -130,17 +137,25 @@ class _Delivery:
     its client cancelled or went away (its events are then dropped until
     the decoder's final one). ``held`` are the events not sent yet: a
     stream's last ones until ``interval`` tokens are due, a non-streamed
-    request's all until its end."""
+    request's all until its end; ``tokens`` the (text, id) of the tokens
+    held that came by step (``LlmService._answer_step``), before ``held``."""
 
     handle: RequestHandle
     decoded: DecodedRequest
     send: Send
+    send_tokens: SendTokens
     is_cancelled: Callable[[], bool]
     interval: int
     finished: asyncio.Future
     delivering: bool = True
     held: list[GenerationEvent] = field(default_factory=list)
+    tokens: list[tuple[str, int]] = field(default_factory=list)
     held_tokens: int = 0
+    #: a response per token: a stream at stream_interval 1 (read per token)
+    each_token: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.each_token = self.decoded.stream and self.interval == 1
 
     def stop(self) -> None:
         if self.delivering:
@@ -148,12 +163,22 @@ class _Delivery:
             self.handle.cancel()
 
 
+def _tokens_as_outputs(send: Send, text: np.ndarray, ids: np.ndarray) -> Transmit | None:
+    """``SendTokens`` through a ``Send`` (a caller that gave none): the two
+    outputs, without the batch dimension the llm model adds."""
+    return send({"text_output": text[0], "output_ids": ids[0]}, None, False)
+
+
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
     def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
-                 engine=None, codec: TextCodec | None = None, repository: str | None = None):
+                 engine=None, codec: TextCodec | None = None, repository: str | None = None,
+                 on_burst: Callable[[], None] = lambda: None):
+        """on_burst: called on the decode loop after each burst of responses
+        (the llm model reports its metrics then when they are due)."""
         self.settings = settings
+        self.on_burst = on_burst
         self.codec = codec or engine_spec(settings.engine).codec(settings)
         self.engine = engine or build_engine(settings)
         simple = settings.sampling_mode == "simple"
@@ -171,6 +196,7 @@ class LlmService:
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
+        self.decoder.on_step = self._on_step
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
@@ -182,8 +208,9 @@ class LlmService:
         self.thread.start()
         self._call(self.decoder.start()).result()
         self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
-        #: a step's events, answered in one burst once the step's pass is over
-        self.outbox: list[tuple[_Delivery, GenerationEvent]] = []
+        #: a step's events and tokens (delivery None: a step's, _on_step's
+        #: arguments), answered in one burst once the step's pass is over
+        self.outbox: list[tuple[_Delivery | None, GenerationEvent | tuple]] = []
         #: the responses built from them, to send back to back
         self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
         self.cancel_watch = self._call(self._watch_cancellations())
@@ -200,13 +227,17 @@ class LlmService:
     def submit(self, inputs: Mapping[str, object], send: Send,
                is_cancelled: Callable[[], bool] = lambda: False,
                on_done: Callable[[], None] = lambda: None,
-               on_admitted: Callable[[], None] = lambda: None):
+               on_admitted: Callable[[], None] = lambda: None,
+               send_tokens: SendTokens | None = None):
         """Start one request; returns a future done when the request has left
         the decoder (``on_done`` is called then; ``on_admitted``, on the decode
         loop, once the decoder holds it). Bad input is answered with one error
-        response. A ``send`` that raises (the client went away) cancels the
-        request, as ``is_cancelled()`` does."""
-        return self._call(self._serve(inputs, send, is_cancelled, on_done, on_admitted))
+        response. A ``send`` (or ``send_tokens``) that raises (the client went
+        away) cancels the request, as ``is_cancelled()`` does."""
+        if send_tokens is None:
+            send_tokens = functools.partial(_tokens_as_outputs, send)
+        return self._call(self._serve(inputs, send, send_tokens, is_cancelled, on_done,
+                                      on_admitted))
 
     def _count_retry(self) -> None:
         self.decoder.stats.sampler_retries += 1
@@ -265,7 +296,8 @@ class LlmService:
         threading.Thread(target=wait, name="drain-on-sigterm", daemon=True).start()
         return True
 
-    async def _serve(self, inputs, send: Send, is_cancelled, on_done, on_admitted) -> None:
+    async def _serve(self, inputs, send: Send, send_tokens: SendTokens, is_cancelled, on_done,
+                     on_admitted) -> None:
         try:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
@@ -280,14 +312,17 @@ class LlmService:
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
         on_admitted()
-        delivery = _Delivery(handle, decoded, send, is_cancelled,
+        delivery = _Delivery(handle, decoded, send, send_tokens, is_cancelled,
                              decoded.stream_interval or self.settings.stream_interval,
                              self.loop.create_future())
         self.deliveries[delivery] = None
         try:
-            # The decode loop hands each event to _on_event as it makes it:
-            # a step's responses go out in one burst after its pass.
-            handle.listen(functools.partial(self._on_event, delivery))
+            # The decode loop hands each event to _on_event as it makes it,
+            # and the tokens that do not end a request to _on_step, a step's
+            # at once (a request asking for logprobs: events, which carry
+            # them): a step's responses go out in one burst after its pass.
+            handle.listen(functools.partial(self._on_event, delivery),
+                          None if decoded.request.return_log_probs else delivery)
             await delivery.finished
         finally:
             self.deliveries.pop(delivery, None)
@@ -317,6 +352,14 @@ class LlmService:
             self.loop.call_soon(self._send_outbox)
         self.outbox.append((delivery, event))
 
+    def _on_step(self, handles: list[RequestHandle], texts: list[str | None],
+                 tokens: np.ndarray) -> None:
+        """``Decoder.on_step``: a step's tokens that end no request, queued
+        as ``_on_event`` queues an event."""
+        if not self.outbox:
+            self.loop.call_soon(self._send_outbox)
+        self.outbox.append((None, (handles, texts, tokens)))
+
     def _send_outbox(self) -> None:
         """The queued responses, in order; their CPU counts as the decode
         loop's own (``DecoderStats.loop_s``), as when they went out inside
@@ -324,28 +367,78 @@ class LlmService:
         started = time.thread_time()
         outbox, self.outbox = self.outbox, []
         for delivery, event in outbox:  # what each event makes of its answer; never raises
+            if delivery is None:
+                try:
+                    self._answer_step(*event)
+                except Exception:  # ours: the step's requests end, cancelled, not hung
+                    log.exception("answering a step's tokens failed: their requests are cancelled")
+                    for handle, text in zip(event[0], event[1]):
+                        if text is not None:
+                            handle.sink.stop()
+                continue
             final = event.final  # a property: read once per event
             answered = False
             if delivery.delivering:
                 try:
                     self._send_event(delivery, event, final)
                     answered = final
-                except Exception:  # nobody to answer: stop generating for them
-                    log.debug("sending a response failed: the request is cancelled",
-                              exc_info=True)
-                    delivery.stop()
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
             if final:
                 self._end(delivery, answered)
         transmits, self.transmits = self.transmits, []
         for delivery, transmit, final in transmits:
             try:
                 transmit()
-            except Exception:  # nobody to answer: stop generating for them
-                log.debug("sending a response failed: the request is cancelled", exc_info=True)
-                delivery.stop()
+            except Exception:  # noqa: BLE001 - the client has gone
+                self._gone(delivery)
                 if final:
                     self._final_flag(delivery)
         self.decoder.stats.loop_s += time.thread_time() - started
+        self.on_burst()
+
+    def _answer_step(self, handles: list[RequestHandle], texts: list[str | None],
+                     tokens: np.ndarray) -> None:
+        """A step's tokens that end no request (row r: ``texts[r]`` not
+        None), each request's in one pass: a stream at stream_interval 1
+        gets its response built from row r of two arrays made once for the
+        step (no event, no outputs dict, no array per token); any other
+        holds the token until its ``interval`` is due (a stream) or its end."""
+        rows = len(texts)
+        text_rows = np.empty((rows, 1, 1), object)
+        text_rows[:, 0, 0] = texts
+        id_rows = tokens.astype(np.int32).reshape(rows, 1, 1)
+        token_list = tokens.tolist()
+        transmits = self.transmits
+        for row, text in enumerate(texts):
+            if text is None:
+                continue
+            delivery = handles[row].sink
+            if not delivery.delivering:
+                continue
+            if delivery.each_token:
+                try:
+                    transmit = delivery.send_tokens(text_rows[row], id_rows[row])
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
+                    continue
+                if transmit is not None:
+                    transmits.append((delivery, transmit, False))
+                continue
+            delivery.tokens.append((text, token_list[row]))
+            delivery.held_tokens += 1
+            if delivery.decoded.stream and delivery.held_tokens >= delivery.interval:
+                try:
+                    self._flush(delivery, final=False)
+                except Exception:  # noqa: BLE001 - the client has gone
+                    self._gone(delivery)
+
+    @staticmethod
+    def _gone(delivery: _Delivery) -> None:
+        """In the handler of a response that could not be built or sent:
+        nobody to answer, so stop generating for them."""
+        log.debug("sending a response failed: the request is cancelled", exc_info=True)
+        delivery.stop()
 
     def _send(self, delivery: _Delivery, outputs: dict | None, error: Exception | None,
               final: bool) -> None:
@@ -412,7 +505,7 @@ class LlmService:
         ``final``: ``event.final``."""
         decoded = delivery.decoded
         if event.error:
-            if decoded.stream and delivery.held:  # the tokens made before it
+            if decoded.stream and delivery.held_tokens:  # the tokens made before it
                 self._flush(delivery, final=False)
             self._send(delivery, None,
                        (Unavailable if event.retryable else RuntimeError)(event.error), True)
@@ -432,7 +525,13 @@ class LlmService:
         decoded = delivery.decoded
         prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
             self.codec.decode(self._prompt_ids(decoded))
-        event = merge_events(delivery.held) if len(delivery.held) > 1 else delivery.held[0]
+        events = delivery.held
+        if delivery.tokens:  # the tokens that came by step come first, as one event
+            texts, ids = zip(*delivery.tokens)
+            events.insert(0, GenerationEvent(delivery.handle.request_id, "".join(texts),
+                                             list(ids), [], 0, 0, float("nan")))
+            delivery.tokens = []
+        event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
                                           logprobs=decoded.request.return_log_probs),
