@@ -167,21 +167,26 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     return step, lambda: sample(mapped, params, return_logprobs=False, num_threads=1), arena
 
 
-def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int):
+def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, arena, rows):
     """The sampler instances' Python for one step of compact rows, in the
     requests ``HotFirstSampler`` makes of them (``decode_request`` +
-    ``sample_request`` with the hot set)."""
+    ``sample_request`` with the hot set), each with its full rows by
+    reference beside it as the served path sends them (the rows shared in
+    `arena`, as the simulated engine's bank is)."""
+    from ..row_arena import RowReader
+    from ..sampling import logits_array
     from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
     from ..triton.sampler_codec import batch_arrays, compact_arrays, decode_request, sample_request
 
     params.want_logprobs = np.zeros(len(params), bool)
+    lease, reader = arena.reference(arena.share(logits_array(rows))), RowReader()
     shards = min(instances, -(-len(params) // COMPACT_ROWS_PER_REQUEST))
-    requests = [inputs for inputs, _, _ in _requests(
+    requests = [{**inputs, "logits_ref": lease.refs(a, b)} for inputs, a, b in _requests(
         {**compact_arrays(compact), **batch_arrays(params, packed=True)}, len(params), shards)]
 
     def step():
         for inputs in requests:
-            sample_request(decode_request(inputs, hot.vocab_size, hot), 1, hot)
+            sample_request(decode_request(inputs, hot.vocab_size, hot, reader), 1, hot)
     return step
 
 
@@ -218,7 +223,8 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
             "compact": lambda: sample_compact(compact, params, hot, return_logprobs=False,
                                               num_threads=1),
             "stub": stub, "mapped": mapped_kernel,
-            "compact_stub": _stub_compact_requests(compact, params, hot, instances)},
+            "compact_stub": _stub_compact_requests(compact, params, hot, instances, arena,
+                                                   rows)},
             batch, repeats, clock="cpu")
     finally:
         arena.close()
@@ -298,7 +304,8 @@ def format_report(report: dict) -> str:
                  "together); kernel / compact: us/row of sample / sample_compact on the same "
                  "rows, one thread, CPU clock; codec: what the stub's decoding adds to the "
                  "kernel per row (in process, full rows from the arena, one request per "
-                 "instance); c.codec: the same for compact rows (hot-first's requests); "
+                 "instance); c.codec: the same for compact rows (hot-first's requests, "
+                 "full rows by reference beside them); "
                  "vs kern = samplers / kernel; fallback: hot-first rows undecided "
                  "by their compact row, read whole in the same request from the arena "
                  "(in place) or sent again whole (rows/tok - 1); bytes/row: row data the "
