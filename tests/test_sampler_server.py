@@ -1,7 +1,6 @@
 """The sampler behind a real tritonserver (free loopback ports), over HTTP
 and gRPC: same tokens as the kernels called directly, spread over every
 instance, and bad requests refused while good ones keep being served."""
-import os
 import re
 import time
 import urllib.request
@@ -252,12 +251,3 @@ def test_hot_vocab_drift_is_logged_once_with_the_recommended_size(server):
     acceptance, recommended = re.search(r"SHVS acceptance (\S+) over the last 4096 untruncated "
                                         r"rows, .* recommended \|H\| = (\d+)", new[0]).groups()
     assert float(acceptance) < 0.1 and int(recommended) > 0
-
-
-def test_the_python_backends_thread_pool_is_the_servers_small_one(server):
-    # 4 Python model instances here; with Triton's default pool (32 threads
-    # each, python_be.cc) tritonserver would hold over 4 x 32 threads.
-    with open(f"/proc/{server.process.pid}/cmdline", "rb") as cmdline:
-        assert f"thread-pool-size={server.python_thread_pool}".encode() in cmdline.read()
-    threads = len(os.listdir(f"/proc/{server.process.pid}/task"))
-    assert threads < 4 * 32

@@ -112,15 +112,3 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
     assert server.environment()[LOG_LEVEL_ENV] == "WARNING"
     with pytest.raises(ValueError, match="log level must be one of DEBUG, INFO, WARNING, ERROR"):
         configure("LOUD")
-
-
-def test_the_python_thread_pool_holds_the_bls_requests_in_flight():
-    from simple_sampler.launch.serve import python_thread_pool_size
-    from simple_sampler.launch.server import PYTHON_THREAD_POOL_MIN
-    from simple_sampler.settings import LlmSettings
-
-    assert python_thread_pool_size(None) == PYTHON_THREAD_POOL_MIN
-    # one BLS request per sampler shard per lane, each holding a pool thread, plus two
-    assert python_thread_pool_size(LlmSettings(micro_batches=2, sampler_shards=8)) == 18
-    assert python_thread_pool_size(LlmSettings(micro_batches=1, sampler_shards=1)) == \
-        PYTHON_THREAD_POOL_MIN

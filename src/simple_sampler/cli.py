@@ -456,8 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "instance per step, whatever the rows)")
     cost_bench.add_argument("--python-thread-pool", type=int, nargs="+", default=None,
                             metavar="N", help="the Python backend's thread-pool-size, one "
-                            "server per size (default: what serve gives these settings; "
-                            "Triton's own default is 32)")
+                            "server per size (default: Triton's own, 32, as serve runs it)")
     simulated_rows(cost_bench)
     cost_bench.add_argument("--profile", metavar="DIR",
                             help="run the llm stub's decode-loop thread under cProfile and "

@@ -85,7 +85,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     (a TRANSPORTS key), plus sampler rows and the samplers' minor page faults
     per token; one fresh server. profile_dir: the sampler stubs' ``execute``
     profiles go there (``triton/stub_profile``; warm-up included)."""
-    from ..launch.serve import assemble_repository, python_thread_pool_size, shared_memory_bytes
+    from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
     from ..triton.stub_profile import PROFILE_ENV
     from .serve import prompts, run_level
@@ -100,8 +100,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
                       row_transport=row_transport, handoff=handoff, hot_vocab_profile=profile)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
-    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
-                          python_thread_pool=python_thread_pool_size(llm))
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler))
     previous = os.environ.pop(PROFILE_ENV, None)
     if profile_dir:
         os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..client import GenerateClient
 from ..settings import LlmSettings, SamplerSettings
-from ..launch.serve import assemble_repository, python_thread_pool_size
+from ..launch.serve import assemble_repository
 from ..launch.server import TritonServer
 
 #: (label, sampling_mode, micro_batches)
@@ -106,8 +106,7 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
         llm)
     suffix = "-invariant" if batch_invariant else ""
     log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
-    with TritonServer(repository, log_path=log,
-                      python_thread_pool=python_thread_pool_size(llm)) as server:
+    with TritonServer(repository, log_path=log) as server:
         run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
         yield server
 

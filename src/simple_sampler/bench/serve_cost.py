@@ -324,14 +324,13 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     request per step, the sampler instances idle): tritonserver's column is
     then streaming alone. shard_min_rows: the llm model's
     `sampler_shard_min_rows`. python_thread_pools: one server per pool size
-    and pace (the Python backend's `thread-pool-size`; default what `serve`
-    gives these settings, ``launch.serve.python_thread_pool_size``)."""
-    from ..launch.serve import python_thread_pool_size, shared_memory_bytes
+    and pace (the Python backend's `thread-pool-size`; None or absent:
+    Triton's default, as `serve` starts it)."""
+    from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
     configs = configs or plan()
-    pools = python_thread_pools or [python_thread_pool_size(
-        LlmSettings(micro_batches=micro_batches, sampler_shards=instances))]
+    pools = python_thread_pools or [None]
     results, profiles = [], []
     for pool, pace in itertools.product(pools, dict.fromkeys(c.pace for c in configs)):
         mine = [c for c in configs if c.pace == pace]
@@ -472,7 +471,7 @@ def format_report(report: dict) -> str:
             f"{cell(r['server_vs_floor'], '9.2f')} "
             f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
-                 "pool = the Python backend's thread-pool-size; "
+                 "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "

@@ -258,7 +258,7 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     from pathlib import Path
 
     from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-    from ..launch.serve import assemble_repository, python_thread_pool_size, shared_memory_bytes
+    from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
     from .serve import llm_counters, prompts, run_level
 
@@ -278,8 +278,7 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                               generate_max_batch_size=batch, max_context=512)
             repository = assemble_repository(
                 Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
-            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
-                              python_thread_pool=python_thread_pool_size(llm)) as server:
+            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler)) as server:
                 run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
                 before = llm_counters(server)
                 level = run_level(server, batch, batch, max_tokens, texts)

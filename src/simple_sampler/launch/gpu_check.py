@@ -160,15 +160,14 @@ def near_context_prompt(codec, max_context: int) -> tuple[str, int]:
 
 
 def start_server(options: Options, tensor_parallel_size: int, log_path: Path):
-    from .serve import assemble_repository, python_thread_pool_size, shared_memory_bytes
+    from .serve import assemble_repository, shared_memory_bytes
     from .server import TritonServer
 
     sampler, llm = options.sampler_settings(), options.llm_settings(tensor_parallel_size)
     repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-gpu-check-")),
                                      sampler, llm)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
-                          python_thread_pool=python_thread_pool_size(llm))
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log_path)
     return server.start(options.startup_timeout)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError, project_file
-from .server import PYTHON_THREAD_POOL_MIN, MiB, TritonServer, port_in_use, write_model
+from .server import MiB, TritonServer, port_in_use, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -76,15 +76,6 @@ def shared_memory_bytes(sampler: SamplerSettings) -> int:
     return max(64 * MiB, sampler.request_bytes() + 16 * MiB)
 
 
-def python_thread_pool_size(llm: LlmSettings | None) -> int:
-    """The Python backend's thread pool per model instance for a server with
-    `llm`: its BLS requests in flight at once (one per sampler shard per
-    lane) plus two for the responses the stub streams meanwhile, and at
-    least PYTHON_THREAD_POOL_MIN (server.py says why small)."""
-    in_flight = llm.micro_batches * llm.sampler_shards if llm is not None else 0
-    return max(PYTHON_THREAD_POOL_MIN, in_flight + 2)
-
-
 def show_demo(server: TritonServer, prompt: str) -> None:
     """Stream one answer over gRPC, as a user's client would."""
     from ..client import GenerateClient, GenerationError
@@ -123,8 +114,7 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
         server = TritonServer(repository, http_port, grpc_port, metrics_port,
                               shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
-                              shutdown_grace_s=shutdown_grace_s, log_level=log_level,
-                              python_thread_pool=python_thread_pool_size(llm))
+                              shutdown_grace_s=shutdown_grace_s, log_level=log_level)
         if startup_timeout is not None and not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
         if (llm is not None and frontend is not None and frontend.openai_port

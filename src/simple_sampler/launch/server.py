@@ -77,16 +77,6 @@ def is_system_library_dir(path: str | None) -> bool:
     return bool(path) and os.path.normpath(path) in defaults
 
 
-#: The Python backend's thread pool per model instance (`thread-pool-size`,
-#: python_backend src/python_be.cc: default 32). Every response a decoupled
-#: stub sends and every BLS request it makes is a task posted to that pool
-#: (ModelInstanceState::StubToParentMQMonitor); with 32 threads each task
-#: wakes an idle thread of its own, and on a small host those wake-ups are
-#: most of tritonserver's CPU per streamed token (docs/SERVED_COST.md, "The
-#: Python backend's thread pool"). A BLS request holds a pool thread until
-#: its model answers, so the pool must hold the llm model's BLS requests in
-#: flight plus room for responses: `launch.serve.python_thread_pool_size`.
-PYTHON_THREAD_POOL_MIN = 4
 
 
 @dataclass
@@ -96,8 +86,9 @@ class TritonServer:
     Ports of 0 are replaced by free loopback ports. `shm_bytes` sizes the
     Python backend's per-instance shared-memory pool (initial size and
     growth step): at least one full request plus its outputs.
-    `python_thread_pool`: the Python backend's `thread-pool-size`
-    (PYTHON_THREAD_POOL_MIN's comment says why it is small).
+    `python_thread_pool`: the Python backend's `thread-pool-size` per model
+    instance (python_backend src/python_be.cc); None: Triton's default, 32
+    (docs/SERVED_COST.md, "The Python backend's thread pool").
     """
 
     repository: Path
@@ -105,7 +96,7 @@ class TritonServer:
     grpc_port: int = 0
     metrics_port: int = 0
     shm_bytes: int = 64 * MiB
-    python_thread_pool: int = PYTHON_THREAD_POOL_MIN
+    python_thread_pool: int | None = None
     log_path: Path | None = None
     shutdown_grace_s: float = 30.0
     log_level: str = "INFO"
@@ -139,7 +130,8 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-default-byte-size={self.shm_bytes}",
             f"--backend-config=python,shm-growth-byte-size={self.shm_bytes}",
-            f"--backend-config=python,thread-pool-size={self.python_thread_pool}",
+            *([f"--backend-config=python,thread-pool-size={self.python_thread_pool}"]
+              if self.python_thread_pool else []),
             # Explicit control: the repository API can reload a model whose
             # stub died (supervisor.py); every model is loaded at start.
             "--model-control-mode=explicit", "--load-model=*",
