@@ -198,7 +198,8 @@ HANDOFF_INPUTS = (
 #: named instead of sent: same-host sampler instances only.
 LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
                     allowed="per row: region key, slot, generation, byte offset, V, dtype code "
-                            "(row_arena.REF_COLUMNS)")
+                            "(row_arena.REF_COLUMNS); beside compact rows, their full rows for "
+                            "the rows the compact ones cannot decide")
 #: The sampler's per-row parameters, one [B, 1] tensor each, or all of them
 #: packed into ``row_scalars`` (ROW_SCALARS_RECORD).
 _SAMPLER_SCALARS = (

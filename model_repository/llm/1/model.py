@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from simple_sampler.triton.counters import REPORT_INTERVAL_S
 from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializer
 from simple_sampler import logs
 from simple_sampler.schema import SAMPLER
@@ -27,8 +28,6 @@ log = logging.getLogger("simple_sampler.llm")
 #: The sampler's per-row outputs: the token, its logprob when a row asked, and for
 #: compact rows the handoff outcome.
 SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
-#: How often the counters and the in-flight gauge are sent while tokens stream.
-REPORT_INTERVAL_S = 0.5
 
 
 def bls_input(name, value):
