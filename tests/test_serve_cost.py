@@ -42,6 +42,14 @@ def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
         entry["python_thread_pool"] = pool
     serve_cost.add_ratios(pools)
     assert pools[2]["vs_floor"] == 6.0
+    # and per decode-loop lanes and handoff: a server of its own each
+    variants = [row("floor", 70, floor=30), row("floor", 35, floor=15),
+                row("ensemble", 150, llm=150), row("ensemble", 150, llm=150)]
+    for entry, (lanes, handoff) in zip(variants, [(2, "full"), (1, "hot-first"), (2, "full"),
+                                                  (1, "hot-first")]):
+        entry.update(micro_batches=lanes, handoff=handoff)
+    serve_cost.add_ratios(variants)
+    assert variants[2]["vs_floor"] == 3.0 and variants[3]["vs_floor"] == 6.0
 
 
 def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
@@ -82,6 +90,21 @@ def test_the_llm_model_gets_the_shard_minimum_asked_for(tmp_path):
                                              151_936, "bfloat16", shard_min_rows=3)
     config = (repository / "llm" / "config.pbtxt").read_text()
     assert 'key: "sampler_shard_min_rows"\n  value: { string_value: "3" }' in config
+
+
+def test_a_hot_first_server_hands_compact_rows_to_a_sampler_with_the_hot_set(tmp_path):
+    repository = serve_cost.build_repository(tmp_path / "repository", "gpu", 64, 2, 1,
+                                             151_936, "bfloat16", handoff="hot-first")
+    llm = (repository / "llm" / "config.pbtxt").read_text()
+    sampler = (repository / "simple_sampler" / "config.pbtxt").read_text()
+    assert 'key: "handoff"\n  value: { string_value: "hot-first" }' in llm
+    assert 'key: "micro_batches"\n  value: { string_value: "1" }' in llm
+    # the simulated engine's vocabulary gets the hot set mapped onto it (launch.serve)
+    profile = 'key: "hot_vocab_profile"\n  value: { string_value: "hot_vocab_simulated.npz" }'
+    assert profile in llm and profile in sampler
+    assert (repository / "simple_sampler" / "hot_vocab_simulated.npz").is_file()
+    full = serve_cost.build_repository(tmp_path / "full", "gpu", 64, 2, 2, 151_936, "bfloat16")
+    assert 'string_value: "hot-first"' not in (full / "llm" / "config.pbtxt").read_text()
 
 
 def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):

@@ -181,7 +181,8 @@ def bench_serve_cost(args: argparse.Namespace) -> int:
                             micro_batches=args.micro_batches, vocab=args.vocab, dtype=args.dtype,
                             profile_dir=args.profile, sampling_mode=args.sampling_mode,
                             shard_min_rows=args.sampler_shard_min_rows,
-                            python_thread_pools=args.python_thread_pool)
+                            python_thread_pools=args.python_thread_pool,
+                            handoffs=args.handoff)
     print_report(args, report, serve_cost.format_report(report))
     return 0
 
@@ -443,8 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     cost_bench.add_argument("--max-tokens", type=int, default=128,
                             help="tokens per request (at least 8 x the largest stream interval)")
     cost_bench.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
-    cost_bench.add_argument("--micro-batches", type=int, default=2,
-                            help="the decode loop's lanes")
+    cost_bench.add_argument("--micro-batches", type=int, nargs="+", default=[2],
+                            help="the decode loop's lanes (several: one server each)")
+    cost_bench.add_argument("--handoff", nargs="+", choices=HANDOFFS, default=[LlmSettings.handoff],
+                            help="rows to the sampler: full, or hot-first's compact rows with "
+                                 "the repository's hot set (several: one server each)")
     cost_bench.add_argument("--sampling-mode", default=LlmSettings.sampling_mode,
                             choices=SAMPLING_MODES,
                             help="simple: the sampler instances (a BLS request per shard per "

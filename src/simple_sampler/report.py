@@ -474,14 +474,17 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
     report = source.data
     results = report["results"]
 
-    pools = {r.get("python_thread_pool") for r in results}
+    # what tells a run's servers apart, named where it differs between them
+    varied = {"python_thread_pool": "pool {}", "micro_batches": "m={}", "handoff": "{}"}
+    varied = {key: text for key, text in varied.items()
+              if len({r.get(key) for r in results}) > 1}
 
     def label(r):
         a, b = r["step_ms"]
         pace = "instant" if not (a or b) else f"{a:g}+{b:g}*B ms"
         k = f", k={r['stream_interval']}" if not r["route"].startswith("floor") else ""
-        pool = f", pool {r['python_thread_pool']}" if len(pools) > 1 else ""
-        return f"{r['route']}{k}, {pace}, B={r['batch']}{pool}"
+        server = "".join(f", {text.format(r.get(key))}" for key, text in varied.items())
+        return f"{r['route']}{k}, {pace}, B={r['batch']}{server}"
 
     lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
              "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "

@@ -58,6 +58,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARM_UP_REQUESTS, WARM_UP_TOKENS = 2, 4
 #: Functions listed per profile, most calls per token first.
 PROFILE_TOP = 30
+#: What may differ between a run's servers (a row's keys, each its own floor).
+VARIANT = ("python_thread_pool", "micro_batches", "handoff")
+#: The sampler's hot set for hot-first (model_repository/simple_sampler/).
+HOT_VOCAB_PROFILE = "hot_vocab.npz"
 
 
 @dataclass(frozen=True)
@@ -272,11 +276,14 @@ def figures(config: Config, measured: dict, micro_batches: int) -> dict:
 
 
 def add_ratios(results: list[dict]) -> None:
-    """Each row's cost over the floor's at the same pace and B."""
-    floors = {(r["pace"], r["batch"], r.get("python_thread_pool")): r for r in results
-              if r["route"] == "floor"}
+    """Each row's cost over the floor's at the same pace and B, on the same
+    server (variant)."""
+    def key(row):
+        return (row["pace"], row["batch"], *(row.get(name) for name in VARIANT))
+
+    floors = {key(r): r for r in results if r["route"] == "floor"}
     for row in results:
-        floor = floors.get((row["pace"], row["batch"], row.get("python_thread_pool")))
+        floor = floors.get(key(row))
         cpu = row["cpu_us_per_token"]
         if floor is None:
             row["vs_floor"] = row["server_vs_floor"] = None
@@ -289,21 +296,31 @@ def add_ratios(results: list[dict]) -> None:
         row["server_vs_floor"] = cpu["server"] / base["server"] if base["server"] else None
 
 
+def sampler_settings(batch: int, instances: int, dtype: str,
+                     handoff: str = LlmSettings.handoff) -> SamplerSettings:
+    """The sampler instances' settings; hot-first gives them the repository's
+    hot set (``row_transport``'s servers do the same)."""
+    return SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
+                           logits_dtype=SIMULATED_DTYPES[dtype],
+                           hot_vocab_profile=HOT_VOCAB_PROFILE if handoff == "hot-first" else "")
+
+
 def build_repository(destination: Path, pace: str, batch: int, instances: int,
                      micro_batches: int, vocab: int, dtype: str,
                      sampling_mode: str = LlmSettings.sampling_mode,
-                     shard_min_rows: int = LlmSettings.sampler_shard_min_rows) -> Path:
+                     shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
+                     handoff: str = LlmSettings.handoff) -> Path:
     from ..launch.serve import assemble_repository
     from ..launch.templates import fill_file
 
     a, b = PACES[pace]
-    sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
-                              logits_dtype=SIMULATED_DTYPES[dtype])
+    sampler = sampler_settings(batch, instances, dtype, handoff)
     llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
                       sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
                       engine_max_batch_size=batch, generate_max_batch_size=batch,
                       max_context=512, sampling_mode=sampling_mode,
-                      sampler_shard_min_rows=shard_min_rows)
+                      sampler_shard_min_rows=shard_min_rows, handoff=handoff,
+                      hot_vocab_profile=sampler.hot_vocab_profile)
     assemble_repository(destination, sampler, llm)
     floor = destination / FLOOR_MODEL
     source = resources.files("simple_sampler.bench").joinpath("floor")
@@ -315,31 +332,38 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 
 
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
-        micro_batches: int = 2, vocab: int = 151_936, dtype: str = "bfloat16",
+        micro_batches: int | list[int] = 2, vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
         shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
-        python_thread_pools: list[int] | None = None) -> dict:
-    """Every configuration of `configs` (default :func:`plan`), one server per pace.
-    `sampling_mode` other than "simple" samples in the llm stub (no BLS
-    request per step, the sampler instances idle): tritonserver's column is
-    then streaming alone. shard_min_rows: the llm model's
-    `sampler_shard_min_rows`. python_thread_pools: one server per pool size
-    and pace (the Python backend's `thread-pool-size`; None or absent:
-    Triton's default, as `serve` starts it)."""
+        python_thread_pools: list[int] | None = None,
+        handoffs: list[str] | None = None) -> dict:
+    """Every configuration of `configs` (default :func:`plan`), one server per
+    pace and server variant: each python_thread_pools size (the Python
+    backend's `thread-pool-size`; None or absent: Triton's default, as
+    `serve` starts it) x each micro_batches count (the decode loop's lanes)
+    x each handoff (full rows, or hot-first's compact rows with the hot set
+    the repository ships). Every variant serves its own floor, and each row's
+    ratios are to its own server's. `sampling_mode` other than "simple"
+    samples in the llm stub (no BLS request per step, the sampler instances
+    idle): tritonserver's column is then streaming alone. shard_min_rows:
+    the llm model's `sampler_shard_min_rows`."""
     from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
     configs = configs or plan()
     pools = python_thread_pools or [None]
+    lanes = [micro_batches] if isinstance(micro_batches, int) else list(micro_batches)
+    handoffs = handoffs or [LlmSettings.handoff]
     results, profiles = [], []
-    for pool, pace in itertools.product(pools, dict.fromkeys(c.pace for c in configs)):
+    for pool, lane_count, handoff, pace in itertools.product(
+            pools, lanes, handoffs, dict.fromkeys(c.pace for c in configs)):
         mine = [c for c in configs if c.pace == pace]
         largest = max(c.batch for c in mine)
         repository = build_repository(
             Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
-            instances, micro_batches, vocab, dtype, sampling_mode, shard_min_rows)
-        sampler = SamplerSettings(sampler_instances=instances, sampler_max_batch_size=largest,
-                                  logits_dtype=SIMULATED_DTYPES[dtype])
+            instances, lane_count, vocab, dtype, sampling_mode, shard_min_rows, handoff)
+        sampler = sampler_settings(largest, instances, dtype, handoff)
+        variant = {"python_thread_pool": pool, "micro_batches": lane_count, "handoff": handoff}
         previous = os.environ.get(PROFILE_ENV)
         if profile_dir:
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
@@ -359,8 +383,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     loop_before = loop_us(server)
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
-                    row = figures(config, measured, micro_batches)
-                    row["python_thread_pool"] = pool
+                    row = {**figures(config, measured, lane_count), **variant}
                     row["llm_loop_us_per_token"] = (loop_us(server) - loop_before) / (
                         config.batch * max_tokens)
                     results.append(row)
@@ -369,17 +392,19 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             if profile_dir and "llm" in processes:
                 profiles.append(profile_calls(
                     Path(profile_dir) / f"llm-{processes['llm']}.prof",
-                    llm_tokens(mine, max_tokens), f"{pace}, thread pool {pool}"))
+                    llm_tokens(mine, max_tokens),
+                    f"{pace}, thread pool {pool}, {lane_count} micro-batches, {handoff}"))
         finally:
             if profile_dir:
                 os.environ.pop(PROFILE_ENV) if previous is None else \
                     os.environ.__setitem__(PROFILE_ENV, previous)
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
-    return {"results": results, "profiles": profiles, "data_plane": data_plane(instances, micro_batches, sampling_mode),
+    return {"results": results, "profiles": profiles,
+            "data_plane": data_plane(instances, lanes, sampling_mode, handoffs),
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
                          "sampling_mode": sampling_mode, "sampler_shard_min_rows": shard_min_rows,
-                         "micro_batches": micro_batches, "max_tokens": max_tokens,
+                         "micro_batches": lanes, "handoffs": handoffs, "max_tokens": max_tokens,
                          "python_thread_pools": pools,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",
@@ -427,12 +452,16 @@ def format_profile(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def data_plane(instances: int, micro_batches: int, sampling_mode: str = "simple") -> str:
-    sampling = (f"{instances} simple_sampler instances" if sampling_mode == "simple" else
-                f"sampling {sampling_mode} in the llm stub (the sampler instances idle)")
+def data_plane(instances: int, micro_batches: list[int], sampling_mode: str = "simple",
+               handoffs: list[str] = (LlmSettings.handoff,)) -> str:
+    rows = " or ".join("compact rows (hot-first: the step model charges the summary)"
+                       if handoff == "hot-first" else "full rows" for handoff in handoffs)
+    sampling = (f"{instances} simple_sampler instances ({rows})" if sampling_mode == "simple"
+                else f"sampling {sampling_mode} in the llm stub (the sampler instances idle)")
+    lanes = " or ".join(str(m) for m in micro_batches)
     return (f"{LABEL} (serving.simulated.SimulatedEngine: the forward sleeps, rows are "
             f"synthetic) inside a real Triton server: ensemble, preprocessing, llm "
-            f"({micro_batches} micro-batches) and {sampling}; "
+            f"({lanes} micro-batches) and {sampling}; "
             f"beside it the floor model (bench/floor: no work, one INT32 token per request "
             f"per step; on the floor-llm route the llm model's outputs instead)")
 
@@ -448,7 +477,8 @@ def format_report(report: dict) -> str:
 
     lines = [f"data plane: {report['data_plane']}",
              f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
-             f"{'pace':<15} {'pool':>4} {'B':>4} {'route':<9} {'k':>3} {'tok/s':>7} {'bound':>7} {'eff':>5} "
+             f"{'pace':<15} {'pool':>4} {'m':>2} {'handoff':<9} {'B':>4} {'route':<9} {'k':>3} "
+             f"{'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
@@ -459,7 +489,8 @@ def format_report(report: dict) -> str:
         stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
                                      else "llm")
         lines.append(
-            f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} {r['batch']:>4} "
+            f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} "
+            f"{cell(r.get('micro_batches'), '2d')} {r.get('handoff', '-'):<9} {r['batch']:>4} "
             f"{r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
             f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
@@ -472,6 +503,8 @@ def format_report(report: dict) -> str:
             f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
+                 "m = the decode loop's micro-batches; handoff = full or compact (hot-first) "
+                 "rows to the sampler; "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "
