@@ -304,8 +304,8 @@ static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float
 #else
 /* Without AVX-512 the block is eight 8-lane vectors. GCC (12) lowers a
  * compare of 16-lane vectors that no register holds lane by lane, with a
- * branch each: the 16-lane pass above ran 25x slower on AVX2 (Zen 3) than
- * on AVX-512. The arithmetic is the 16-lane pass's, in its order: a 16-lane
+ * branch each: on AVX2 (Zen 3) the 16-lane pass above made a row 3-7x
+ * slower (docs/results/kernels-2026-11-26-avx2.md). The arithmetic is the 16-lane pass's, in its order: a 16-lane
  * vector k (floats 16k .. 16k+15) is the pair (w[2k], w[2k+1]), so each
  * lane's mass terms are added as there and the horizontal sum starts with
  * the same halves (low + high), and the mass is the same float bit for bit

@@ -2,7 +2,7 @@
 we ship for: AVX2 (`x86-64-v3`, the Docker images' target, and `-march=native`
 on AMD Zen 3) and AVX-512. GCC lowers a compare of vectors wider than any
 register of the target lane by lane, with a scalar compare and a branch per
-lane; the 16-lane block pass did that on AVX2 and ran 5-8x slower
+lane; the 16-lane block pass did that on AVX2 and made a row 3-7x slower
 (docs/results/kernels-2026-11-26-avx2.md). This counts the scalar float
 compares in the compiled block functions instead of timing them. Baseline
 x86-64 (SSE2) is not held to it: its 8-lane compares are still split."""

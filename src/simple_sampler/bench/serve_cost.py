@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -332,7 +333,7 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
 
 
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
-        micro_batches: int | list[int] = 2, vocab: int = 151_936, dtype: str = "bfloat16",
+        micro_batches: Sequence[int] = (2,), vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
         shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
         python_thread_pools: list[int] | None = None,
@@ -352,7 +353,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
 
     configs = configs or plan()
     pools = python_thread_pools or [None]
-    lanes = [micro_batches] if isinstance(micro_batches, int) else list(micro_batches)
+    lanes = list(micro_batches)
     handoffs = handoffs or [LlmSettings.handoff]
     results, profiles = [], []
     for pool, lane_count, handoff, pace in itertools.product(
@@ -452,8 +453,8 @@ def format_profile(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def data_plane(instances: int, micro_batches: list[int], sampling_mode: str = "simple",
-               handoffs: list[str] = (LlmSettings.handoff,)) -> str:
+def data_plane(instances: int, micro_batches: Sequence[int], sampling_mode: str = "simple",
+               handoffs: Sequence[str] = (LlmSettings.handoff,)) -> str:
     rows = " or ".join("compact rows (hot-first: the step model charges the summary)"
                        if handoff == "hot-first" else "full rows" for handoff in handoffs)
     sampling = (f"{instances} simple_sampler instances ({rows})" if sampling_mode == "simple"
