@@ -31,6 +31,8 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     for name, rows_on in (("bias", None), ("ban", None), ("prompt", penalized),
                           ("output", penalized)):
         offsets = np.asarray(getattr(batch, f"{name}_offsets"), np.int64)
+        if not offsets[-1] or (rows_on is not None and not rows_on.any()):
+            continue
         ids = np.asarray(getattr(batch, f"{name}_ids"), np.int64)
         rows = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets))
         if rows_on is not None:
@@ -38,9 +40,8 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
             rows, ids = rows[keep], ids[keep]
         keys.append(rows * vocab + ids)
     keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
-    hot = np.zeros(vocab, bool)
-    hot[hot_vocab.kernel_arrays()[0]] = True
-    keys = keys[~hot[keys % vocab]]
+    # per step: the hot set's position table is built once per HotVocab
+    keys = keys[hot_vocab.positions()[keys % vocab] < 0]
     offsets = np.zeros(size + 1, np.int64)
     np.cumsum(np.bincount(keys // vocab, minlength=size), out=offsets[1:])
     return offsets, keys % vocab

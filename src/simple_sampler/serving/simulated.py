@@ -253,23 +253,24 @@ def _touch(summary: CompactRows, rows: np.ndarray, offsets: np.ndarray, ids: np.
     row_of = np.repeat(np.arange(size), np.diff(offsets))
     own[row_of[ids == summary.cold_argmax[row_of]]] = True
     known = np.repeat(np.arange(size), np.diff(summary.touched_offsets)) * vocab \
-        + summary.touched_ids.astype(np.int64)
+        + summary.touched_ids.astype(np.int64)  # ascending: by row, then id
     keys = row_of * vocab + ids
-    new = ~np.isin(keys, known)
+    # Per step: searches in the sorted keys, not a set operation or a sort
+    # of the ~cold_top * B ids already handed over.
+    at = np.searchsorted(known, keys)
+    new = known[np.minimum(at, known.size - 1)] != keys if known.size else np.ones(keys.size, bool)
     x = rows[row_of[new], ids[new]].astype(np.float32)
     zc = summary.cold_max[row_of[new]]
     with np.errstate(invalid="ignore", over="ignore"):
         w = np.where(np.isfinite(zc), np.exp(x - zc), np.float32(0)).astype(np.float64)
     mass = summary.cold_mass.astype(np.float64) - np.bincount(row_of[new], w, minlength=size)
-    merged = np.concatenate([known, keys[new]])
-    order = np.argsort(merged, kind="stable")
-    merged = merged[order]
-    new_offsets = np.zeros(size + 1, np.int64)
-    np.cumsum(np.bincount(merged // vocab, minlength=size), out=new_offsets[1:])
+    added = np.zeros(size + 1, np.int64)
+    np.cumsum(np.bincount(row_of[new], minlength=size), out=added[1:])
+    # keys are ascending too: each goes in before the first known key above it
     return CompactRows(
-        hot_logits=summary.hot_logits, touched_offsets=new_offsets,
-        touched_ids=(merged % vocab).astype(np.int32),
-        touched_logits=np.concatenate([summary.touched_logits, x])[order],
+        hot_logits=summary.hot_logits, touched_offsets=summary.touched_offsets + added,
+        touched_ids=np.insert(summary.touched_ids, at[new], ids[new].astype(np.int32)),
+        touched_logits=np.insert(summary.touched_logits, at[new], x),
         cold_max=summary.cold_max, cold_argmax=summary.cold_argmax,
         cold_mass=np.maximum(mass, 0.0).astype(np.float32))
 
