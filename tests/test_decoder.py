@@ -1,6 +1,7 @@
 """The decode loop: scheduling, finishing and cancellation with a fake engine
 and tokenizer; seed invariance and the answer with the real SmolLM2."""
 import asyncio
+import time
 
 import pytest
 
@@ -229,6 +230,31 @@ def test_bad_requests_are_rejected_with_the_field_and_range(request_args, messag
         await decoder.close()
         return served
     assert asyncio.run(main())[-1].finish_reason == "length"
+
+
+def test_a_forward_waiting_for_a_busy_decode_loop_is_counted():
+    """Two lanes: while one lane's sampler holds the loop thread (a blocking
+    sleep), the other lane's short forward ends and its rows wait for the
+    loop: ``forward_wait_s``. A sampler that awaits instead leaves the loop
+    free, and the wait is the thread hand-offs alone."""
+    def sampler(blocking):
+        async def sample(logits, batch):
+            if blocking:
+                time.sleep(0.03)
+            else:
+                await asyncio.sleep(0.03)
+            return kernel_sample(logits, batch)
+        return sample
+
+    waits = {}
+    for blocking in (True, False):
+        engine = FakeEngine(max_batch_size=8, delay=0.005)
+        requests = [GenerationRequest(text=c, max_tokens=8, sampling=GREEDY) for c in "abcdefgh"]
+        results, decoder = generate(engine, requests, sampler=sampler(blocking), micro_batches=2)
+        assert all(r[-1].finish_reason == "length" for r in results)
+        waits[blocking] = decoder.stats.forward_wait_s / decoder.stats.steps
+    assert waits[True] > 0.01  # of the 25 ms the other lane's sampler still held the loop
+    assert 0 <= waits[False] < waits[True] / 3
 
 
 def test_two_micro_batches_hide_sampling_behind_the_data_plane():

@@ -76,6 +76,10 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert floor["cpu_us_per_token"]["llm"] < one["cpu_us_per_token"]["llm"]
     assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
     assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
+    assert floor["llm_ms_per_step"] == {"forward": None, "sampler": None, "forward_wait": None}
+    # instant pace: a forward is the engine's bookkeeping, the sampler a BLS round trip
+    steps = one["llm_ms_per_step"]
+    assert 0 <= steps["forward"] < steps["sampler"] and steps["forward_wait"] >= 0
     assert one["tokens_per_response"] == pytest.approx(1.0)
     assert 3.0 <= four["tokens_per_response"] <= 4.0
     # the floor's own ratio is 1, or none where its quick window read no /proc tick

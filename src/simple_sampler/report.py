@@ -490,12 +490,16 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
              "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "
              "(floor + tritonserver) at the same pace and B; llm decode loop = the llm stub's "
              "decode-loop thread (its streaming part), over the whole level; switches: "
-             "voluntary context switches per token (a thread slept and was woken).", ""]
+             "voluntary context switches per token (a thread slept and was woken); per llm "
+             "step (ms, over the whole level): the forward, the forward's wait (for the "
+             "data-plane thread to start it and for the decode loop to take its rows) and the "
+             "sampler (wall, overlapped or not).", ""]
     lines += table(["configuration", "tok/s", "bound tok/s", "efficiency",
                     "bound with the micro-batches", "tokens/response",
                     *(name for _, name in COST_PARTS), "llm decode loop", "server", "client",
                     "vs floor", "server vs floor", "tritonserver switches/token",
-                    "stub switches/token"],
+                    "stub switches/token", "forward ms/step", "forward wait ms/step",
+                    "sampler ms/step"],
                    [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
                      number(r["efficiency"], 2), number(r.get("lanes_bound_tokens_per_s"), 0),
                      number(r["tokens_per_response"], 1),
@@ -504,7 +508,9 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r["cpu_us_per_token"]["server"], 0),
                      number(r["cpu_us_per_token"]["client"], 0),
                      number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x"),
-                     *switches(r)]
+                     *switches(r),
+                     *(number((r.get("llm_ms_per_step") or {}).get(key), 1)
+                       for key in ("forward", "forward_wait", "sampler"))]
                     for r in results])
     many = len(results) > 8  # room for the rotated labels
     figure, axes = writer.new(width=0.5 * len(results) + 2 if many else 7.0,

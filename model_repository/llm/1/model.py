@@ -104,6 +104,10 @@ class TritonPythonModel:
                            ("busy_us", "Time a forward or a sampler was running"),
                            ("loop_us", "CPU time of the decode loop's own Python work, forwards and "
                                        "samplers excluded"),
+                           ("forward_wait_us", "Time forwards waited for the data-plane thread "
+                                               "to start them and for the decode loop to take "
+                                               "their rows"),
+                           ("steps", "Decode steps (one forward each)"),
                            ("sampler_retries", "Sampler requests sent again after a failure"),
                            ("bridge_us", "TensorRT-LLM bridge's own time per iteration, summed: "
                                          "staging rows, masking them (0 for other engines)")):
@@ -185,6 +189,7 @@ class TritonPythonModel:
                   "sampler_us": int(stats.sampler_s * 1e6),
                   "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
                   "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
+                  "forward_wait_us": int(stats.forward_wait_s * 1e6), "steps": stats.steps,
                   "sampler_retries": stats.sampler_retries,
                   "bridge_us": int(self.service.bridge_s * 1e6)}
         for name, total in totals.items():

@@ -239,15 +239,33 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
             "tokens_per_response": tokens / max(1, responses_in_window)}
 
 
-def loop_us(server) -> float:
-    """The llm model's ``simple_llm_loop_us_total`` once nothing is in flight
-    (the model reports its counters when its last request ends)."""
+#: The llm model's counters (``simple_llm_<name>_total``) read around a level.
+LLM_COUNTERS = ("loop_us", "steps", "data_plane_us", "sampler_us", "forward_wait_us")
+
+
+def llm_counters(server) -> dict[str, float]:
+    """The llm model's LLM_COUNTERS once nothing is in flight (the model
+    reports its counters when its last request ends)."""
     deadline = time.monotonic() + 10
     while server.in_flight() > 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(r"^simple_llm_loop_us_total\{[^}]*\} (\S+)", text,
-                                            re.M))
+    return {name: sum(float(v) for v in re.findall(
+        rf"^simple_llm_{name}_total\{{[^}}]*\}} (\S+)", text, re.M)) for name in LLM_COUNTERS}
+
+
+def step_figures(before: dict, after: dict, tokens: int) -> dict:
+    """Over a level: the decode loop's CPU per token, and per step (ms) the
+    forward, the sampler (wall, overlapped or not) and the forward's wait
+    for the data-plane thread and the decode loop (``DecoderStats``)."""
+    delta = {name: after[name] - before[name] for name in LLM_COUNTERS}
+    steps = delta["steps"]
+    per_step = {key: delta[f"{key}_us"] / 1e3 / steps if steps else None
+                for key in ("data_plane", "sampler", "forward_wait")}
+    return {"llm_loop_us_per_token": delta["loop_us"] / tokens,
+            "llm_ms_per_step": {"forward": per_step["data_plane"],
+                                "sampler": per_step["sampler"],
+                                "forward_wait": per_step["forward_wait"]}}
 
 
 def figures(config: Config, measured: dict, micro_batches: int) -> dict:
@@ -381,12 +399,12 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     # warm up the route: first steps, first BLS calls, first responses
                     asyncio.run(drive(server.grpc_url, Config(pace, WARM_UP_REQUESTS, config.route),
                                       WARM_UP_TOKENS, None))
-                    loop_before = loop_us(server)
+                    counters = llm_counters(server)
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
-                    row = {**figures(config, measured, lane_count), **variant}
-                    row["llm_loop_us_per_token"] = (loop_us(server) - loop_before) / (
-                        config.batch * max_tokens)
+                    row = {**figures(config, measured, lane_count), **variant,
+                           **step_figures(counters, llm_counters(server),
+                                          config.batch * max_tokens)}
                     results.append(row)
             finally:
                 server.stop()
@@ -483,12 +501,13 @@ def format_report(report: dict) -> str:
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
-             f"{'cs:trit':>7} {'cs:stub':>7}"]
+             f"{'cs:trit':>7} {'cs:stub':>7} {'fwd ms':>6} {'wait':>5} {'sampl ms':>8}"]
     for r in report["results"]:
         cpu = r["cpu_us_per_token"]
         switches = r.get("switches_per_token", {})  # reports from before the column: none
         stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
                                      else "llm")
+        step = r.get("llm_ms_per_step") or {}  # reports from before the columns: none
         lines.append(
             f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} "
             f"{cell(r.get('micro_batches'), '2d')} {r.get('handoff', '-'):<9} {r['batch']:>4} "
@@ -501,7 +520,9 @@ def format_report(report: dict) -> str:
             f"{cpu['floor']:>6.0f} {cpu['samplers']:>6.0f} {cpu['preprocessing']:>5.0f} "
             f"{cpu['client']:>7.0f} {cell(r['vs_floor'], '8.2f')} "
             f"{cell(r['server_vs_floor'], '9.2f')} "
-            f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')}")
+            f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')} "
+            f"{cell(step.get('forward'), '6.1f')} {cell(step.get('forward_wait'), '5.1f')} "
+            f"{cell(step.get('sampler'), '8.1f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
                  "m = the decode loop's micro-batches; handoff = full or compact (hot-first) "
@@ -512,6 +533,9 @@ def format_report(report: dict) -> str:
                  "vs floor = (llm + tritonserver) / (floor + tritonserver) at the "
                  "same pace and B; server/fl = whole server over the floor's; cs = voluntary "
                  "context switches per token (/proc/<pid>/task/*/status) of tritonserver and "
-                 "of the route's stub (llm or floor)")
+                 "of the route's stub (llm or floor); per llm step (ms, whole level): fwd = the "
+                 "forward, wait = the forward waiting for the data-plane thread to start it and "
+                 "for the decode loop to take its rows, sampl = the sampler (wall, overlapped "
+                 "or not)")
     lines += [format_profile(profile) for profile in report.get("profiles", ())]
     return "\n".join(lines)

@@ -274,6 +274,11 @@ class DecoderStats:
     steps`` must stay well under a step. CPU rather than wall time, so that
     on a small machine the time the sampler's threads take the loop thread's
     core does not count as the loop's: a GPU host has cores to spare.
+    ``forward_wait_s``: wall time a step's forward waited on either side,
+    for the data-plane thread to start it after the loop handed it over and
+    for the loop to take its rows once it was done: the decode loop busy
+    with other work (answering the step before, another lane) while the
+    data plane sat idle, on the critical path of every step.
     """
 
     busy_s: float = 0.0
@@ -281,6 +286,7 @@ class DecoderStats:
     sampler_s: float = 0.0
     loop_s: float = 0.0
     sampling_exposed_s: float = 0.0
+    forward_wait_s: float = 0.0
     sampler_retries: int = 0
     steps: int = 0
     tokens: int = 0
@@ -547,11 +553,13 @@ class Decoder:
                 loop_s += time.thread_time() - started
                 ids = [s.request_id for s in sequences]
                 self.activity.change(forwards=1)
+                handed_over = time.perf_counter()
                 try:
-                    logits, tokens, logprobs, forward_s, local_sample_s = await loop.run_in_executor(
-                        self.executor, self._data_plane_step, ids, batch)
+                    logits, tokens, logprobs, forward_s, local_sample_s, started, done = \
+                        await loop.run_in_executor(self.executor, self._data_plane_step, ids, batch)
                 finally:
                     self.activity.change(forwards=-1)
+                self.stats.forward_wait_s += (started - handed_over) + (time.perf_counter() - done)
                 sampler_s = local_sample_s
                 if self.local_sample is None:
                     started = time.perf_counter()
@@ -605,14 +613,17 @@ class Decoder:
 
     def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
         """In the data-plane thread: the forward, then in inline modes the
-        sampling. Returns (logits, tokens, logprobs, forward_s, sample_s)."""
+        sampling. Returns (logits, tokens, logprobs, forward_s, sample_s,
+        started, done): the last two ``time.perf_counter()`` readings, when
+        the thread began and ended the step."""
         started = time.perf_counter()
         logits = self.engine.step(ids)
         forward_s = time.perf_counter() - started
         if self.local_sample is None:
-            return logits, None, None, forward_s, 0.0
+            return logits, None, None, forward_s, 0.0, started, time.perf_counter()
         tokens, logprobs = self.local_sample(logits, batch)
-        return logits, tokens, logprobs, forward_s, time.perf_counter() - started - forward_s
+        done = time.perf_counter()
+        return logits, tokens, logprobs, forward_s, done - started - forward_s, started, done
 
     def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""
