@@ -111,6 +111,30 @@ def test_a_cancelled_request_still_ends_with_the_final_flag_alone(client_type):
     assert last == (None, None, True)
 
 
+def test_a_request_is_done_only_once_its_final_response_went_out():
+    """The decode loop hands built responses to a sender thread; ``on_done``
+    (the llm model's in-flight gauge, which a drain waits on) must not run
+    while the final response is still queued there."""
+    client = BuildingClient()
+    final_sent_when_done = []
+
+    def on_done():
+        final_sent_when_done.append(bool(client.responses) and client.responses[-1][2])
+        client.done.set()
+
+    engine = FakeEngine(max_batch_size=2, max_context=128, delay=0.001)
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
+                         codec=TextCodec(FakeTokenizer()))
+    try:
+        for _ in range(5):
+            client.responses.clear()
+            service.submit(inputs(max_tokens=8), client.send, client.is_cancelled,
+                           on_done=on_done).result(timeout=60)
+    finally:
+        service.close()
+    assert final_sent_when_done == [True] * 5
+
+
 def test_admission_is_announced_once_the_decoder_holds_the_request():
     """The llm model reports its in-flight gauge then: `serve` stops Triton
     once the gauge reads 0, so it must not read 0 while a request is held."""
