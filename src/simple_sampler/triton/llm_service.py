@@ -21,7 +21,6 @@ import asyncio
 import functools
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -113,66 +112,6 @@ class LoopProfile:
             log.info("decode-loop profile written to %s", self.path)
 
 
-class _Sender:
-    """The thread that sends the decode loop's built responses, in the
-    order they were queued. A send is a round trip to the server process
-    (python_backend ``ResponseSender::Send`` waits, with the GIL released,
-    until Triton has taken the response), so a step's B sends on the
-    decode-loop thread held the loop for B round trips: the forward it had
-    just started finished long before the loop could sample its rows (at
-    B = 64 on 2 cores, 11 ms per step of a 33 ms step period). Here the
-    loop hands a burst over and goes on. Back on the loop: a request's
-    final response once sent (``on_final_sent(delivery)``: the request is
-    done only then), and a send that raised, the client gone
-    (``on_failed(delivery, final)``). At most ``MAX_BURSTS_QUEUED`` bursts
-    wait: a loop further ahead than that waits for the sends, as it did
-    when it sent them."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_final_sent, on_failed):
-        self.loop = loop
-        self.on_final_sent = on_final_sent
-        self.on_failed = on_failed
-        self.bursts: queue.Queue = queue.Queue(maxsize=MAX_BURSTS_QUEUED)
-        #: the thread's CPU seconds, its sends included (the decode loop's
-        #: streaming part, as when the loop sent them)
-        self.cpu_s = 0.0
-        self.thread = threading.Thread(target=self._run, name="llm-send", daemon=True)
-        self.thread.start()
-
-    def put(self, burst: list[tuple["_Delivery", "Transmit", bool]]) -> None:
-        self.bursts.put(burst)
-
-    def close(self, timeout_s: float) -> None:
-        """After every queued burst is sent."""
-        self.bursts.put(None)
-        self.thread.join(timeout_s)
-
-    def _run(self) -> None:
-        while (burst := self.bursts.get()) is not None:
-            started = time.thread_time()
-            for delivery, transmit, final in burst:
-                try:
-                    transmit()
-                except Exception:  # noqa: BLE001 - the client has gone
-                    log.debug("sending a response failed: the request is cancelled",
-                              exc_info=True)
-                    self._on_loop(self.on_failed, delivery, final)
-                else:
-                    if final:
-                        self._on_loop(self.on_final_sent, delivery)
-            self.cpu_s += time.thread_time() - started
-
-    def _on_loop(self, callback, *args) -> None:
-        try:
-            self.loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop has closed: nobody waits on the request any more
-            pass
-
-
-#: Bursts of responses (a step's each) built and not yet sent, at most.
-MAX_BURSTS_QUEUED = 2
-
-
 def build_engine(settings: LlmSettings):
     """The data plane the settings name (``serving.engines``). Raises
     ValueError for settings out of range (``LlmSettings.validate``)."""
@@ -230,16 +169,6 @@ def _tokens_as_outputs(send: Send, text: np.ndarray, ids: np.ndarray) -> Transmi
     return send({"text_output": text[0], "output_ids": ids[0]}, None, False)
 
 
-def _ignore_refusal(transmit: Transmit) -> Transmit:
-    """A final flag's send: Triton may refuse a gone request's response."""
-    def send() -> None:
-        try:
-            transmit()
-        except Exception:  # noqa: BLE001
-            log.debug("the final flag of a cancelled request was refused", exc_info=True)
-    return send
-
-
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -284,7 +213,6 @@ class LlmService:
         self.outbox: list[tuple[_Delivery | None, GenerationEvent | tuple]] = []
         #: the responses built from them, to send back to back
         self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
-        self.sender = _Sender(self.loop, self._finished, self._send_failed)
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -458,39 +386,16 @@ class LlmService:
                     self._gone(delivery)
             if final:
                 self._end(delivery, answered)
-        self._hand_over()
+        transmits, self.transmits = self.transmits, []
+        for delivery, transmit, final in transmits:
+            try:
+                transmit()
+            except Exception:  # noqa: BLE001 - the client has gone
+                self._gone(delivery)
+                if final:
+                    self._final_flag(delivery)
         self.decoder.stats.loop_s += time.thread_time() - started
         self.on_burst()
-
-    def _hand_over(self) -> None:
-        """The responses built so far, to the sender thread as one burst."""
-        if self.transmits:
-            transmits, self.transmits = self.transmits, []
-            self.sender.put(transmits)
-
-    def _send_failed(self, delivery: _Delivery, final: bool) -> None:
-        """On the decode loop: a response of `delivery` could not be sent;
-        if it was the final one, the final flag alone goes instead."""
-        self._gone(delivery)
-        if final:
-            self._final_flag(delivery)
-            if self._final_queued(delivery):
-                self._hand_over()
-            else:
-                self._finished(delivery)
-
-    def _final_queued(self, delivery: _Delivery) -> bool:
-        """Whether the last response queued is `delivery`'s final one (the
-        sender then finishes the request once it is sent)."""
-        return bool(self.transmits) and self.transmits[-1][0] is delivery \
-            and self.transmits[-1][2]
-
-    @staticmethod
-    def _finished(delivery: _Delivery) -> None:
-        """On the decode loop: the request's final response has gone out
-        (or none can): its ``submit`` future completes, ``on_done`` runs."""
-        if not delivery.finished.done():
-            delivery.finished.set_result(None)
 
     def _answer_step(self, handles: list[RequestHandle], texts: list[str | None],
                      tokens: np.ndarray) -> None:
@@ -542,19 +447,17 @@ class LlmService:
         if transmit is not None:
             self.transmits.append((delivery, transmit, final))
 
-    def _final_flag(self, delivery: _Delivery) -> None:
+    @staticmethod
+    def _final_flag(delivery: _Delivery) -> None:
         """A cancelled request still ends with the final flag: until it
         does, Triton holds the request, and the model cannot unload
-        (serve's stop after a load whose clients left timed out on it).
-        Queued behind the request's responses built before it (sent with
-        the next ``_hand_over``)."""
+        (serve's stop after a load whose clients left timed out on it)."""
         try:
             transmit = delivery.send(None, None, True)
+            if transmit is not None:
+                transmit()
         except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
             log.debug("the final flag of a cancelled request was refused", exc_info=True)
-            return
-        if transmit is not None:
-            self.transmits.append((delivery, _ignore_refusal(transmit), True))
 
     def _end(self, delivery: _Delivery, answered: bool) -> None:
         """After the request's final event: the final flag unless its final
@@ -567,8 +470,8 @@ class LlmService:
         # may come after the next cancellation pass.
         delivery.delivering = False
         self.deliveries.pop(delivery, None)
-        if not self._final_queued(delivery):  # sent already, or nothing can be
-            self._finished(delivery)
+        if not delivery.finished.done():
+            delivery.finished.set_result(None)
 
     async def _watch_cancellations(self) -> None:
         """Every CANCEL_POLL_S, ask Triton whether requests still being
@@ -644,12 +547,6 @@ class LlmService:
         return self.decoder.stats
 
     @property
-    def send_s(self) -> float:
-        """CPU seconds of the sender thread: the decode loop's responses'
-        sends (``DecoderStats.loop_s`` has the rest of its streaming work)."""
-        return self.sender.cpu_s
-
-    @property
     def bridge_s(self) -> float:
         """The data plane's bridge time (``TrtLlmEngine.bridge_s``; 0 for
         engines without a bridge)."""
@@ -672,7 +569,6 @@ class LlmService:
                       "threads:\n%s", CLOSE_TIMEOUT_S, self.decoder.num_active, stacks)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CLOSE_TIMEOUT_S)
-        self.sender.close(CLOSE_TIMEOUT_S)
         log.info("decode loop closed in %.1f s", time.monotonic() - started)
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()
