@@ -555,11 +555,11 @@ class Decoder:
                 self.activity.change(forwards=1)
                 handed_over = time.perf_counter()
                 try:
-                    logits, tokens, logprobs, forward_s, local_sample_s, started, done = \
+                    logits, tokens, logprobs, forward_s, local_sample_s, began, ended = \
                         await loop.run_in_executor(self.executor, self._data_plane_step, ids, batch)
                 finally:
                     self.activity.change(forwards=-1)
-                self.stats.forward_wait_s += (started - handed_over) + (time.perf_counter() - done)
+                self.stats.forward_wait_s += (began - handed_over) + (time.perf_counter() - ended)
                 sampler_s = local_sample_s
                 if self.local_sample is None:
                     started = time.perf_counter()
