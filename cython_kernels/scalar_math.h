@@ -88,6 +88,42 @@ static inline ss_vf ss_select(ss_vi mask, ss_vf if_true, ss_vf if_false)
     return (ss_vf)(((ss_vi)if_true & mask) | ((ss_vi)if_false & ~mask));
 }
 
+/* Lane-wise a > b ? a : b (a NaN in b wins, one in a does not). */
+static inline __attribute__((always_inline)) ss_vf ss_max_v(ss_vf a, ss_vf b)
+{
+    return ss_select((ss_vi)(a > b), a, b);
+}
+
+/* The max of the 8 lanes by halving. */
+static inline __attribute__((always_inline)) float ss_hmax_v(ss_vf m)
+{
+#if defined(__clang__)
+    m = ss_max_v(m, __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
+    m = ss_max_v(m, __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
+#else
+    m = ss_max_v(m, __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3}));
+    m = ss_max_v(m, __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5}));
+#endif
+    return m[0] > m[1] ? m[0] : m[1];
+}
+
+/* The sum of the 8 lanes by halving (3 dependent adds, not 7): lanes 4 apart,
+ * then 2 apart, then the last pair, the order ss_hsum_w ends with (the
+ * 8-lane row pass's mass relies on it being the same float). */
+static inline float ss_sum_lanes(ss_vf v)
+{
+#if defined(__clang__)
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    v += __builtin_shuffle(v, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (ss_vi){1, 0, 3, 2, 5, 4, 7, 6});
+#endif
+    return v[0];
+}
+
 /* The vector exp, any lane count: exp(x) for x <= 0 with relative error
  * below 3e-7 (measured against float64 by tests/test_exp.py), exactly 0 for
  * x < -87 and for -inf (a banned token keeps weight 0; NaN lanes give
@@ -319,11 +355,6 @@ static inline __attribute__((always_inline)) ss_vf ss_load_bf16_v(const uint16_t
     return (ss_vf)(__builtin_convertvector(v, ss_vi) << 16);
 }
 
-static inline __attribute__((always_inline)) ss_vf ss_max_v(ss_vf a, ss_vf b)
-{
-    return ss_select((ss_vi)(a > b), a, b);
-}
-
 static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w, int* nan_count)
 {
     ss_vi nan = (ss_vi)(w[0] != w[0]);
@@ -335,9 +366,7 @@ static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w,
     nan |= __builtin_shufflevector(nan, nan, 4, 5, 6, 7, 0, 1, 2, 3);
     nan |= __builtin_shufflevector(nan, nan, 2, 3, 0, 1, 6, 7, 4, 5);
     *nan_count += (nan[0] | nan[1]) != 0;
-    m = ss_max_v(m, __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
-    m = ss_max_v(m, __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
-    return m[0] > m[1] ? m[0] : m[1];
+    return ss_hmax_v(m);
 }
 
 static inline __attribute__((always_inline)) float ss_block8_max_mass(
@@ -353,10 +382,7 @@ static inline __attribute__((always_inline)) float ss_block8_max_mass(
                + (ss_exp_nonpositive_v(w[4] * scale - shift) + ss_exp_nonpositive_v(w[6] * scale - shift));
     ss_vf hi = (ss_exp_nonpositive_v(w[1] * scale - shift) + ss_exp_nonpositive_v(w[3] * scale - shift))
                + (ss_exp_nonpositive_v(w[5] * scale - shift) + ss_exp_nonpositive_v(w[7] * scale - shift));
-    ss_vf v = lo + hi;
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-    *mass = v[0] + v[1];
+    *mass = ss_sum_lanes(lo + hi);
     return m;
 }
 
@@ -419,22 +445,6 @@ static inline ss_vi ss_hot_lanes(uint64_t hot_bits, int j)
     return (ss_vi)((byte & lane_bit) != 0);
 }
 
-/* The sum of the 8 lanes by halving (3 dependent adds, not 7): the lane
- * order of a float sum is free wherever only a bound is needed. */
-static inline float ss_sum_lanes(ss_vf v)
-{
-#if defined(__clang__)
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-#else
-    v += __builtin_shuffle(v, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3});
-    v += __builtin_shuffle(v, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5});
-    v += __builtin_shuffle(v, (ss_vi){1, 0, 3, 2, 5, 4, 7, 6});
-#endif
-    return v[0];
-}
-
 /* A block's max and NaN count with its reductions halved (max, then the NaN
  * lanes) instead of lane by lane: a short dependency chain, for the SHVS
  * pass, whose bound starts on it. NaN never wins a lane (vmaxps returns its
@@ -453,18 +463,7 @@ static inline float ss_block_peak(const float* x, int* nan_count)
 #endif
     }
     *nan_count -= (int)ss_sum_lanes((ss_vf)__builtin_convertvector(nans, ss_vf));
-#if defined(__clang__)
-    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3)), m,
-                  __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3));
-    m = ss_select((ss_vi)(m > __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5)), m,
-                  __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5));
-#else
-    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3})), m,
-                  __builtin_shuffle(m, (ss_vi){4, 5, 6, 7, 0, 1, 2, 3}));
-    m = ss_select((ss_vi)(m > __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5})), m,
-                  __builtin_shuffle(m, (ss_vi){2, 3, 0, 1, 6, 7, 4, 5}));
-#endif
-    return m[0] > m[1] ? m[0] : m[1];
+    return ss_hmax_v(m);
 }
 
 /* A cheap bound on exp, for a block's mass without an exp per token.
