@@ -260,12 +260,11 @@ def step_figures(before: dict, after: dict, tokens: int) -> dict:
     for the data-plane thread and the decode loop (``DecoderStats``)."""
     delta = {name: after[name] - before[name] for name in LLM_COUNTERS}
     steps = delta["steps"]
-    per_step = {key: delta[f"{key}_us"] / 1e3 / steps if steps else None
-                for key in ("data_plane", "sampler", "forward_wait")}
     return {"llm_loop_us_per_token": delta["loop_us"] / tokens,
-            "llm_ms_per_step": {"forward": per_step["data_plane"],
-                                "sampler": per_step["sampler"],
-                                "forward_wait": per_step["forward_wait"]}}
+            "llm_ms_per_step": {key: delta[counter] / 1e3 / steps if steps else None
+                                for key, counter in (("forward", "data_plane_us"),
+                                                     ("sampler", "sampler_us"),
+                                                     ("forward_wait", "forward_wait_us"))}}
 
 
 def figures(config: Config, measured: dict, micro_batches: int) -> dict:
