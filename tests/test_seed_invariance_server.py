@@ -9,8 +9,9 @@ whole vocabulary is in play, so a draw landing near the boundary between two
 tokens flips on a last-bit difference in the logits (the issue saw 4 of 48
 seeds diverge before the mode existed). Such flips are rare per token, so
 each token's logprob is compared bitwise too: it changes with any change in
-the logits. top_p 0.9 is checked too. 12 tokens per request (min_length
-keeps every answer that long) keeps it short on 2 cores.
+the logits. top_p 0.9 is checked too, in the same runs (its requests are
+part of the company the untruncated ones keep). 12 tokens per request
+(min_length keeps every answer that long) keeps it short on 2 cores.
 """
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -20,14 +21,17 @@ import pytest
 from simple_sampler.client import GenerateClient
 
 pytestmark = pytest.mark.slow
-SEEDS = range(1000, 1048)
 TOKENS = 12
 PROMPT = "Write a haiku about the sea."
 OTHER_PROMPTS = ["Hi", "Name three rivers in Europe and say which country each one flows through.",
                  "What is 2 + 2?", "Tell me a story about a dragon who learns to read, in the style "
                  "of a bedtime story for a five year old child who likes castles."]
-SETTINGS = {"temperature 1, untruncated": dict(temperature=1.0),
-            "top_p 0.9": dict(temperature=1.0, top_p=0.9)}
+#: setting -> (its parameters, its seeds): the untruncated rows, where a
+#: flip is likeliest, get most of them
+SETTINGS = {"temperature 1, untruncated": (dict(temperature=1.0), range(1000, 1032)),
+            "top_p 0.9": (dict(temperature=1.0, top_p=0.9), range(1032, 1048))}
+SEEDS = {seed: (setting, params) for setting, (params, seeds) in SETTINGS.items()
+         for seed in seeds}
 
 
 def tokens(server, prompt: str, seed: int, params: dict) -> list[tuple[int, float]]:
@@ -44,25 +48,28 @@ def concurrently(server, requests: list[tuple[str, int, dict]]) -> list[list[tup
         return list(pool.map(lambda r: tokens(server, *r), requests))
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
-def test_a_seed_gives_the_same_tokens_alone_at_concurrency_16_and_mixed(llm_server, setting):
-    params = SETTINGS[setting]
-    alone = {seed: tokens(llm_server, PROMPT, seed, params) for seed in SEEDS}
+def test_a_seed_gives_the_same_tokens_alone_at_concurrency_16_and_mixed(llm_server):
+    alone = {seed: tokens(llm_server, PROMPT, seed, params)
+             for seed, (_, params) in SEEDS.items()}
     assert all(len(t) == TOKENS for t in alone.values())
-    assert len({tuple(t for t, _ in a) for a in alone.values()}) > len(SEEDS) // 2  # sampled
+    for setting, (_, seeds) in SETTINGS.items():  # sampled, not one answer
+        assert len({tuple(t for t, _ in alone[seed]) for seed in seeds}) > len(seeds) // 2, setting
 
-    crowd = dict(zip(SEEDS, concurrently(llm_server, [(PROMPT, seed, params) for seed in SEEDS])))
+    ours = [(PROMPT, seed, params) for seed, (_, params) in SEEDS.items()]
+    crowd = dict(zip(SEEDS, concurrently(llm_server, ours)))
 
     shuffle = random.Random(18)
-    others = [(shuffle.choice(OTHER_PROMPTS), shuffle.randrange(2**32), params) for _ in SEEDS]
-    requests = [(PROMPT, seed, params) for seed in SEEDS] + others
+    others = [(shuffle.choice(OTHER_PROMPTS), shuffle.randrange(2**32),
+               shuffle.choice(list(SETTINGS.values()))[0]) for _ in SEEDS]
+    requests = ours + others
     shuffle.shuffle(requests)
     mixed = {request[1]: result for request, result in
              zip(requests, concurrently(llm_server, requests)) if request[0] == PROMPT}
 
     for name, run in (("concurrency 16", crowd), ("mixed", mixed)):
-        diverged = {seed: next(i for i, (a, b) in enumerate(zip(alone[seed], run[seed])) if a != b)
+        diverged = {(SEEDS[seed][0], seed): next(i for i, (a, b) in
+                                                 enumerate(zip(alone[seed], run[seed])) if a != b)
                     for seed in SEEDS if run[seed] != alone[seed]}
-        assert not diverged, (f"{setting}, {name}: {len(diverged)} of {len(SEEDS)} seeds diverge "
-                              f"from their (token, logprob) pairs sent alone (seed: first "
+        assert not diverged, (f"{name}: {len(diverged)} of {len(SEEDS)} seeds diverge from "
+                              f"their (token, logprob) pairs sent alone ((setting, seed): first "
                               f"differing position) {diverged}")
