@@ -467,6 +467,20 @@ def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64
         out[r] = (<uint64_t>words[0] << 32) | words[1]
 
 
+def cold_draw_uniforms(const uint64_t[::1] seed, const uint64_t[::1] step, double[::1] out):
+    """out[r]: the uniform in [0, 1) of row r's draw inside C, on the
+    stream ``cold_stream_seeds`` names: draw 0 of Philox(that seed,
+    step[r]), the uniform the second request's untruncated draw uses, so a
+    data plane that draws the cold token itself (``hot_first_summary``'s
+    cold_draws) spends the same randomness, independent of the compact
+    draw."""
+    cdef uint32_t words[4]
+    cdef Py_ssize_t r
+    for r in range(seed.shape[0]):
+        philox4x32_10(seed[r], step[r], COLD_STREAM_DRAW, words)
+        out[r] = uniform_double((<uint64_t>words[0] << 32) | words[1], step[r], 0)
+
+
 def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[::1] wide,
                float[::1] mass):
     """Test hook: exp of x (len a multiple of 16) by the scalar exp, the 8-lane

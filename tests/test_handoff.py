@@ -11,7 +11,8 @@ from conftest import (P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, repeate
                       total_variation)
 from simple_sampler import reference
 from simple_sampler._sampling import HandoffOutcome
-from simple_sampler.handoff import CompactRows, fallback_batch, merge_fallback, sample_compact
+from simple_sampler.handoff import (CompactRows, cold_draws, fallback_batch, merge_fallback,
+                                    sample_compact)
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
 from simple_sampler.serving.hot_first import hot_first_summary, sample_hot_first, touched_lists
@@ -238,9 +239,16 @@ def test_summary_against_float64(zipf_row):
     assert c.cold_max[2] == -np.inf and c.cold_argmax[2] == -1 and c.cold_mass[2] == 0
 
 
-def test_logprobs_are_the_full_paths(zipf_row):
-    """Decided rows and fallback rows alike: the chosen token's logprob and
-    the top logprobs under the whole row's softmax."""
+def outcomes_seen(cold_draw: bool) -> set:
+    """The outcomes a mixed batch shows: no NEED_COLD with the cold draw."""
+    return {DECIDED, NEED_FULL} if cold_draw else {DECIDED, NEED_FULL, NEED_COLD}
+
+
+@pytest.mark.parametrize("cold_draw", [False, True])
+def test_logprobs_are_the_full_paths(zipf_row, cold_draw):
+    """Decided rows and fallback rows alike (with the data plane's cold
+    tokens, the rows that drew in C are decided too): the chosen token's
+    logprob and the top logprobs under the whole row's softmax."""
     rng = np.random.default_rng(5)
     hot = hot_sets(zipf_row)["head"]
     params = [SamplingParams(seed=int(s), **kind) for s, kind in zip(
@@ -248,8 +256,9 @@ def test_logprobs_are_the_full_paths(zipf_row):
                                      dict(min_p=0.05, top_k=20), dict(top_p=0.999)] * 8)]
     rows = np.broadcast_to(zipf_row, (40, VOCAB))
     batch = SamplingBatch.from_params(params)
-    out = sample_hot_first(rows, batch, hot, num_top_logprobs=3, cold_top=0)
-    assert set(out.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    out = sample_hot_first(rows, batch, hot, num_top_logprobs=3, cold_top=0, cold_draw=cold_draw)
+    assert set(out.outcome.tolist()) == outcomes_seen(cold_draw)
+    assert (~np.isin(out.token_ids, hot.ids)).any()  # tokens drawn in C
     for r in range(40):
         z = reference.scaled_logits(zipf_row, batch, r)
         expected = reference.log_softmax(z)
@@ -262,7 +271,8 @@ def test_logprobs_are_the_full_paths(zipf_row):
     np.testing.assert_array_equal(out.token_ids[greedy], full.token_ids[greedy])
 
 
-def test_batch_position_and_thread_invariance():
+@pytest.mark.parametrize("cold_draw", [False, True])
+def test_batch_position_and_thread_invariance(cold_draw):
     from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(21)
@@ -272,9 +282,9 @@ def test_batch_position_and_thread_invariance():
     batch = SamplingBatch.from_params(params, histories, steps)
     hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
     run = lambda r, b, threads=1: sample_hot_first(r, b, hot, num_top_logprobs=2, cold_top=16,
-                                                   num_threads=threads)
+                                                   num_threads=threads, cold_draw=cold_draw)
     base = run(rows, batch)
-    assert set(base.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    assert set(base.outcome.tolist()) == outcomes_seen(cold_draw)
     for threads in (1, 2, 3):
         again = run(rows, batch, threads)
         np.testing.assert_array_equal(again.token_ids, base.token_ids)
@@ -390,10 +400,11 @@ def test_compact_rows_through_the_sampler_codec(zipf_row):
         decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
 
 
-def test_hot_first_sampler_through_a_pool():
+@pytest.mark.parametrize("cold_draw", [False, True])
+def test_hot_first_sampler_through_a_pool(cold_draw):
     """The decode loop's wrapper: compact rows to the pool's targets, then
     the undecided rows whole; the same tokens as the steps run in-process,
-    whatever the sharding."""
+    whatever the sharding, with the cold tokens drawn or not."""
     import asyncio
 
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
@@ -406,15 +417,15 @@ def test_hot_first_sampler_through_a_pool():
     hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
     offsets, ids = touched_lists(batch, hot)
     compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
-                                batch.temperature, 16).cpu()
+                                batch.temperature, 16, cold_draws(batch) if cold_draw else None).cpu()
     expected = sample_compact(compact, batch, hot)
     undecided, second_batch = fallback_batch(batch, expected, compact, hot)
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
-    assert set(expected.outcome.tolist()) == {DECIDED, NEED_FULL, NEED_COLD}
+    assert set(expected.outcome.tolist()) == outcomes_seen(cold_draw)
     for capacity, per_request, compact_requests in ((1, 8, 1), (3, 8, 3), (3, 16, 3), (3, 40, 1)):
         requests = []
         sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16,
-                                  rows_per_request=per_request)
+                                  rows_per_request=per_request, cold_draw=cold_draw)
         tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
@@ -434,13 +445,15 @@ def _two_rounds_and_in_place(rows, batch, hot, arena, targets=None, capacity=2):
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
     from simple_sampler.triton.sampler_pool import SamplerPool
 
-    two_rounds = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16, rows_per_request=8)
+    # Without the cold draw: the NEED_COLD rows' second round is what is tested.
+    two_rounds = HotFirstSampler(_local_pool(hot, capacity), hot, cold_top=16, rows_per_request=8,
+                                 cold_draw=False)
     expected = asyncio.run(two_rounds(torch.from_numpy(rows), batch))
     shared = torch.from_numpy(arena.share(rows))  # as the simulated engine's bank
     requests = []
     pool = (SamplerPool(targets, arena=arena) if targets is not None
             else _local_pool(hot, capacity, requests, arena))
-    sampler = HotFirstSampler(pool, hot, cold_top=16, rows_per_request=8)
+    sampler = HotFirstSampler(pool, hot, cold_top=16, rows_per_request=8, cold_draw=False)
     return expected, asyncio.run(sampler(shared, batch)), sampler, requests, two_rounds
 
 

@@ -321,3 +321,42 @@ def test_the_engines_hot_first_summary_is_the_handoffs_on_its_rows(tmp_path):
     np.testing.assert_array_equal(mapped.order, map_hot_ids(profile.order, VOCAB))
     for model in ("simple_sampler", "llm"):
         assert f'string_value: "{MAPPED_PROFILE}"' in (repository / model / "config.pbtxt").read_text()
+
+
+def test_the_engines_cold_draw_picks_the_whole_rows_token():
+    """The block walk over the prepared rows (``_ColdBlocks``, touched ids
+    taken out) picks the token ``hot_first_summary``'s cumulative sum over
+    the whole row picks, but for the float32 exps' rounding (torch's and
+    numpy's may differ in the last bit)."""
+    from simple_sampler.serving.hot_first import hot_first_summary
+    from simple_sampler.serving.simulated import simulated_profile
+
+    engine = SimulatedEngine(SimulatedSpec(VOCAB, "bfloat16", 0.0, 0.0), max_batch_size=32)
+    profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))
+    hot = simulated_profile(profile, VOCAB).hot_vocab(256).kernel_arrays()[0]
+    engine.prepare_hot_first(hot, 16)
+    logits = engine.bank[3:35]
+    rng = np.random.default_rng(8)
+    # every row touches one id (an end id before min_length), row 5 a second
+    touched = np.setdiff1d(np.arange(64), hot)
+    offsets = np.r_[0, np.arange(1, 33) + (np.arange(1, 33) > 5)]
+    ids = np.insert(np.full(32, touched[0]), 6, touched[1])
+    agree = total = 0
+    for _ in range(16):
+        draws = rng.random(32)
+        draws[rng.random(32) < 0.2] = np.nan
+        got = engine.hot_first_summary(logits, hot, offsets, ids, np.ones(32), 16, draws)
+        want = hot_first_summary(logits, hot, offsets, ids, np.ones(32), 16, draws).cpu()
+        drawn = np.isfinite(draws)
+        assert (got.cold_token[~drawn] == -1).all() and (got.cold_token[drawn] >= 0).all()
+        # Where a touched id was among a row's cold top, torch hands over
+        # the next one instead: another C, as valid; such rows are skipped.
+        alike = np.array([np.array_equal(*(s.touched_ids[s.touched_offsets[r]:
+                                                         s.touched_offsets[r + 1]]
+                                           for s in (got, want))) for r in range(32)])
+        assert alike.sum() >= 24
+        agree += int((got.cold_token == want.cold_token)[drawn & alike].sum())
+        total += int((drawn & alike).sum())
+        same = got.cold_token == want.cold_token
+        np.testing.assert_array_equal(got.cold_token_logit[same], want.cold_token_logit[same])
+    assert agree >= 0.98 * total, f"{agree} of {total} cold tokens agree"

@@ -39,10 +39,10 @@ import torch
 
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
-from .params import RULES, SamplingBatch
+from .params import GREEDY_TEMPERATURE, RULES, SamplingBatch
 from .sampling import (SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors,
                        sample)
-from .shvs.hot_vocab import HotVocab
+from .shvs.hot_vocab import HotVocab, untruncated_rows
 
 #: How many of each row's largest cold logits the data plane hands over
 #: with its touched ids by default (``hot_first_summary``'s cold_top): they
@@ -65,6 +65,11 @@ class CompactRows:
         all -inf; NaN / +inf when C holds one, reported by the kernel).
     cold_argmax: int32 [B], the lowest id of C reaching cold_max (-1: none).
     cold_mass: float32 [B], S_C (0 when cold_max is -inf).
+    cold_token: int32 [B] or None: a token the data plane drew inside C
+        with P(t) = w_t / W_C on the row's cold stream (``cold_draws``), -1
+        for a row it did not draw; a NEED_COLD row with one is decided with
+        it, no full row needed. cold_token_logit: float32 [B], its raw logit
+        (for its logprob). Both None: no row has one.
     """
 
     hot_logits: object
@@ -74,6 +79,8 @@ class CompactRows:
     cold_max: object
     cold_argmax: object
     cold_mass: object
+    cold_token: object = None
+    cold_token_logit: object = None
 
     def cpu(self) -> "CompactRows":
         """The same rows as numpy arrays (bfloat16 hot logits as
@@ -82,6 +89,9 @@ class CompactRows:
         arrays = {name: host_array(getattr(self, name))
                   for name in ("touched_offsets", "touched_ids", "touched_logits", "cold_max",
                                "cold_argmax", "cold_mass")}
+        drawn = {} if self.cold_token is None else {
+            "cold_token": host_array(self.cold_token).astype(np.int32),
+            "cold_token_logit": host_array(self.cold_token_logit).astype(np.float32)}
         return CompactRows(
             hot_logits=hot,
             touched_offsets=arrays["touched_offsets"].astype(np.int64),
@@ -89,13 +99,14 @@ class CompactRows:
             touched_logits=arrays["touched_logits"].astype(np.float32),
             cold_max=arrays["cold_max"].astype(np.float32),
             cold_argmax=arrays["cold_argmax"].astype(np.int32),
-            cold_mass=arrays["cold_mass"].astype(np.float32))
+            cold_mass=arrays["cold_mass"].astype(np.float32), **drawn)
 
     def nbytes(self) -> int:
         """Bytes of the compact rows as numpy arrays (``cpu()`` form), the
-        touched offsets included."""
+        touched offsets and the cold tokens included."""
         rows = self.cpu()
-        return sum(np.asarray(getattr(rows, name)).nbytes for name in rows.__dict__)
+        return sum(np.asarray(value).nbytes for value in rows.__dict__.values()
+                   if value is not None)
 
 
 def host_array(value) -> np.ndarray:
@@ -154,7 +165,32 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
         raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[index])}")
     if problem == 4:
         raise ValueError(f"cold_argmax must be -1 or a token id in [0, {vocab})")
+    if rows.cold_token is not None:
+        _check_cold_tokens(rows, offsets, ids, hot_vocab)
     return offsets, ids, argmax
+
+
+def _check_cold_tokens(rows: CompactRows, offsets: np.ndarray, ids: np.ndarray,
+                       hot_vocab: HotVocab) -> None:
+    """A drawn cold token must be an id of C: in range, neither hot nor
+    touched, its logit finite and at most cold_max (a token from anywhere
+    else would skew the row's distribution)."""
+    vocab = hot_vocab.vocab_size
+    tokens = np.asarray(rows.cold_token, np.int64)
+    if tokens.size and (tokens.min() < -1 or tokens.max() >= vocab):
+        raise ValueError(f"cold_token must be -1 or a token id in [0, {vocab})")
+    drawn = np.flatnonzero(tokens >= 0)
+    if not drawn.size:
+        return
+    picked = tokens[drawn]
+    keys = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets)) * vocab + ids
+    found = np.minimum(np.searchsorted(keys, drawn * vocab + picked), max(keys.size - 1, 0))
+    touched = keys.size and (keys[found] == drawn * vocab + picked).any()
+    logit = np.asarray(rows.cold_token_logit, np.float32)[drawn]
+    if ((hot_vocab.positions()[picked] >= 0).any() or touched
+            or not (np.isfinite(logit) & (logit <= np.asarray(rows.cold_max)[drawn])).all()):
+        raise ValueError("cold_token must be an id of the cold region (not hot, not touched), "
+                         "with a finite cold_token_logit <= cold_max")
 
 
 def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
@@ -163,7 +199,10 @@ def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
     if hot.shape != (size, hot_vocab.size):
         raise ValueError(f"hot_logits must have shape [{size}, {hot_vocab.size}], "
                          f"got {list(hot.shape)}")
-    for name in ("cold_max", "cold_argmax", "cold_mass"):
+    if (rows.cold_token is None) != (rows.cold_token_logit is None):
+        raise ValueError("cold_token and cold_token_logit must come together")
+    for name in ("cold_max", "cold_argmax", "cold_mass") + (
+            () if rows.cold_token is None else ("cold_token", "cold_token_logit")):
         if np.shape(getattr(rows, name)) != (size,):
             raise ValueError(f"{name} must have shape [{size}], "
                              f"got {list(np.shape(getattr(rows, name)))}")
@@ -216,9 +255,57 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         np.ascontiguousarray(rows.cold_max, np.float32), cold_argmax,
         np.ascontiguousarray(rows.cold_mass, np.float32))
     raise_row_errors(errors, error_columns)
+    if rows.cold_token is not None:
+        _take_cold_tokens(out, outcome, rows, batch)
     out.token_ids[outcome != _DECIDED] = -1
     out.hot_accepted[:] = -1
     return HandoffOutput(**out.__dict__, outcome=outcome)
+
+
+def inverse_temperatures(temperature) -> np.ndarray:
+    """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
+    logits by, which the cold mass must use too."""
+    temperature = np.asarray(temperature, np.float64)
+    greedy = temperature < GREEDY_TEMPERATURE
+    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
+
+
+def cold_draws(batch: SamplingBatch) -> np.ndarray:
+    """float64 [B]: each row's uniform for a draw inside C on its cold stream
+    (``_sampling.cold_draw_uniforms``: the randomness the second request's
+    draw would use), NaN for the rows that never reach NEED_COLD (greedy,
+    truncated). What a data plane needs to draw the cold token itself
+    (``serving.hot_first.hot_first_summary``): u * W_C along C in id
+    order."""
+    size = len(batch)
+    out = np.full(size, np.nan)
+    rows = np.flatnonzero(untruncated_rows(batch))
+    if rows.size:
+        drawn = np.empty(rows.size)
+        _sampling.cold_draw_uniforms(np.ascontiguousarray(np.asarray(batch.seed)[rows], np.uint64),
+                                     np.ascontiguousarray(np.asarray(batch.step)[rows], np.uint64),
+                                     drawn)
+        out[rows] = drawn
+    return out
+
+
+def _take_cold_tokens(out: SampleOutput, outcome: np.ndarray, rows: CompactRows,
+                      batch: SamplingBatch) -> None:
+    """Decide the NEED_COLD rows that came with a drawn cold token (in
+    place): the token, and its logprob log(W_C / Z) + log(w_t / W_C), the
+    second round's sum (``merge_fallback``) with w_t / W_C from the summary:
+    (z_t - zc) - log S_C."""
+    tokens = np.asarray(rows.cold_token)
+    cold = np.flatnonzero((outcome == _NEED_COLD) & (tokens >= 0))
+    if not cold.size:
+        return
+    inv_t = inverse_temperatures(np.asarray(batch.temperature)[cold])
+    z = np.asarray(rows.cold_token_logit, np.float32)[cold] * inv_t
+    zc = np.asarray(rows.cold_max, np.float32)[cold] * inv_t
+    out.token_ids[cold] = tokens[cold]
+    out.logprobs[cold] = (out.logprobs[cold] + (z.astype(np.float64) - zc)
+                          - np.log(np.asarray(rows.cold_mass, np.float64)[cold]))
+    outcome[cold] = _DECIDED
 
 
 #: What a NEED_COLD row's draw inside C turns off: penalties and truncation

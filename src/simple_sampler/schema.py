@@ -194,6 +194,14 @@ HANDOFF_INPUTS = (
     _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max, or -1"),
     _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T)"),
 )
+#: With compact rows, optionally: a token the data plane drew inside C on the
+#: row's cold stream (handoff.cold_draws), which decides a NEED_COLD row
+#: without its full row.
+COLD_DRAW_INPUTS = (
+    _scalar("cold_token", "INT32", "none (-1: not drawn)",
+            "-1, or an id of C drawn with P(t) = w_t / W_C on the row's cold stream"),
+    _scalar("cold_token_logit", "FP32", "none", "cold_token's raw logit (<= cold_max)"),
+)
 #: Rows the llm process placed in its shared-memory row arena (row_arena.py),
 #: named instead of sent: same-host sampler instances only.
 LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
@@ -239,6 +247,7 @@ SAMPLER = Model("simple_sampler", (
     *_SAMPLER_SCALARS[10:],
     ROW_SCALARS,
     *HANDOFF_INPUTS,
+    *COLD_DRAW_INPUTS,
     LOGITS_REF,
 ), (
     Tensor("output_ids", "INT32", optional=False),

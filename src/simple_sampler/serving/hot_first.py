@@ -12,9 +12,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first, run_now, \
-    sample_compact
-from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
+from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
+    decide_hot_first, inverse_temperatures, run_now, sample_compact
+from ..params import SamplingBatch, any_on
 from ..sampling import sample
 from ..shvs.hot_vocab import HotVocab
 
@@ -47,17 +47,9 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     return offsets, keys % vocab
 
 
-def inverse_temperatures(temperature) -> np.ndarray:
-    """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
-    logits by, which the cold mass must use too."""
-    temperature = np.asarray(temperature, np.float64)
-    greedy = temperature < GREEDY_TEMPERATURE
-    return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
-
-
 @torch.no_grad()
 def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
-                      cold_top: int = 0) -> CompactRows:
+                      cold_top: int = 0, draws=None) -> CompactRows:
     """The data plane's side of the handoff, in torch on the logits' device.
 
     logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
@@ -68,6 +60,12 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     cold_top: also hand over each row's cold_top largest logits outside
         H u T as touched ids (0: none): rows whose cold region would
         otherwise hold part of their nucleus become decidable.
+    draws: float64 [B] (``handoff.cold_draws``) or None: each row's uniform
+        on its cold stream, NaN for none. With it, every row with a finite
+        draw and a cold mass also gets its cold token (the id where u * W_C
+        falls along C's weights in id order, a cumulative sum in float64):
+        a row the decision finds NEED_COLD is then decided with it, no full
+        row needed. One more pass over the rows, on their device.
     Returns ``CompactRows`` as tensors on the logits' device (the cold
     summary over C = V minus every id handed over).
     """
@@ -102,42 +100,74 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     zc = cold_max * inv_t
     finite = torch.isfinite(zc)
     shift = torch.where(finite, zc, torch.zeros_like(zc))
-    cold_mass = torch.exp(x * inv_t[:, None] - shift[:, None]).sum(dim=1, dtype=torch.float64)
-    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass)).float()
+    weights = torch.exp(x * inv_t[:, None] - shift[:, None])
+    cold_mass = weights.sum(dim=1, dtype=torch.float64)
+    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass))
+    drawn = {} if draws is None else dict(zip(
+        ("cold_token", "cold_token_logit"), _cold_tokens(logits, weights, cold_mass, draws)))
     cold_argmax = torch.where(cold_max == -torch.inf, torch.full_like(cold_argmax, -1), cold_argmax)
     new_offsets = torch.zeros(size + 1, dtype=torch.long, device=device)
     new_offsets[1:] = torch.cumsum(counts, 0)
     return CompactRows(hot_logits=logits.index_select(1, hot), touched_offsets=new_offsets,
                        touched_ids=ids, touched_logits=logits[rows, ids].float(),
-                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass)
+                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass.float(),
+                       **drawn)
+
+
+def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, cold_mass: torch.Tensor, draws):
+    """(cold_token int32 [B], cold_token_logit float32 [B]) on the logits'
+    device: for each row with a finite draw u and a positive cold mass, the
+    id where u * W falls along its weights' float64 cumulative sum (a zero
+    weight, an id handed over, is never picked), -1 and 0 elsewhere."""
+    size, vocab = weights.shape
+    device = weights.device
+    token = torch.full((size,), -1, dtype=torch.int32, device=device)
+    token_logit = torch.zeros(size, dtype=torch.float32, device=device)
+    u = torch.as_tensor(np.asarray(draws, np.float64), device=device)
+    rows = torch.nonzero(torch.isfinite(u) & (cold_mass > 0)).flatten()
+    if rows.numel():
+        cumulative = weights[rows].double().cumsum(dim=1)
+        target = u[rows] * cumulative[:, -1]
+        picked = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
+        # u < 1, but u * W may round up to W: then the last id of weight > 0
+        last = vocab - 1 - (weights[rows].flip(1) > 0).int().argmax(dim=1)
+        picked = torch.where(picked >= vocab, last, picked)
+        token[rows] = picked.int()
+        token_logit[rows] = logits[rows, picked].float()
+    return token, token_logit
 
 
 def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab,
-                 cold_top: int = DEFAULT_COLD_TOP, summary=None) -> CompactRows:
+                 cold_top: int = DEFAULT_COLD_TOP, summary=None,
+                 cold_draw: bool = True) -> CompactRows:
     """The batch's compact rows in ``cpu()`` form: its touched lists, then
     the summary on the logits' device: `summary`, an engine's own (with
     ``hot_first_summary``'s arguments, returning the ``cpu()`` form: the
-    simulated engine's, part of its modelled step), or ``hot_first_summary``."""
+    simulated engine's, part of its modelled step), or ``hot_first_summary``.
+    cold_draw: with each untruncated row's cold token (docs/HANDOFF.md,
+    "The cold draw"); False leaves NEED_COLD rows to the second round."""
     offsets, ids = touched_lists(batch, hot_vocab)
+    draws = cold_draws(batch) if cold_draw else None
     if summary is not None:
         return summary(logits, hot_vocab.kernel_arrays()[0], offsets, ids, batch.temperature,
-                       cold_top)
+                       cold_top, draws)
     return hot_first_summary(logits, hot_vocab.kernel_arrays()[0], offsets, ids,
-                             batch.temperature, cold_top).cpu()
+                             batch.temperature, cold_top, draws).cpu()
 
 
 def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
                      cold_top: int = DEFAULT_COLD_TOP,
                      num_top_logprobs: int = 0, return_logprobs: bool = True,
-                     num_threads: int | None = None) -> HandoffOutput:
-    """The whole handoff on one host: summary, compact decision, then the
-    undecided rows whole. logits: [B, V] torch tensor or numpy array. The
-    result's outcome says which rows needed their full row."""
+                     num_threads: int | None = None, cold_draw: bool = True) -> HandoffOutput:
+    """The whole handoff on one host: summary (cold tokens drawn unless not
+    `cold_draw`), compact decision, then the undecided rows whole. logits:
+    [B, V] torch tensor or numpy array. The result's outcome says which rows
+    needed their full row."""
     tensor = logits if isinstance(logits, torch.Tensor) else _as_tensor(logits)
     options = dict(num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
                    num_threads=num_threads)
     return run_now(decide_hot_first(
-        compact_rows(tensor, batch, hot_vocab, cold_top), batch, hot_vocab,
+        compact_rows(tensor, batch, hot_vocab, cold_top, cold_draw=cold_draw), batch, hot_vocab,
         lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
         lambda undecided, second: sample(tensor[torch.as_tensor(undecided)].cpu(), second,
                                          **options)))

@@ -31,13 +31,13 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-from ..handoff import CompactRows
+from ..handoff import CompactRows, inverse_temperatures
 from ..rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
                     synthetic_hot_rows)
 from ..sampling import logits_array
 from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
-from .hot_first import hot_first_summary, inverse_temperatures
+from .hot_first import hot_first_summary
 from .text import DecodeStream, TextCodec
 
 LABEL = SIMULATED_LABEL
@@ -50,11 +50,15 @@ BANK_OFFSETS = 64
 #: consecutive steps do not return shifted copies of each other's rows.
 OFFSET_STRIDE = 23
 #: The hot-first summary's modelled device time: it reads each row
-#: SUMMARY_READS times (mask and max, the exp-sum, the cold top-k) at the
-#: HBM bandwidth of b's source (H100 SXM, 3.35 TB/s); docs/SIMULATED.md.
-SUMMARY_READS = 3
+#: SUMMARY_READS times (mask and max, the exp-sum, the cold top-k, the cold
+#: draw's cumulative sum) at the HBM bandwidth of b's source (H100 SXM,
+#: 3.35 TB/s); docs/SIMULATED.md.
+SUMMARY_READS = 4
 HBM_BYTES_PER_S = 3.35e12
 SUMMARY_CHUNK = 32
+#: Ids per block of the prepared cold weights: a cold draw finds its block
+#: in the bank row's block masses, then walks that block alone.
+COLD_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -152,17 +156,19 @@ class SimulatedEngine:
         summary = _gather_compact([(chunk, row) for chunk in chunks
                                    for row in range(len(chunk.cold_max))])
         self.hot_first = (np.asarray(hot_ids), cold_top, summary)
+        self.cold_blocks = _ColdBlocks(logits_array(self.bank), np.asarray(hot_ids), summary)
 
     def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
-                          temperature, cold_top: int):
+                          temperature, cold_top: int, draws=None):
         """``handoff.hot_first_summary`` of `logits` (``CompactRows.cpu()``
         form) as the modelled GPU computes it next to the logits. Bank rows
         at temperature 1 start from the summary ``prepare_hot_first`` made:
         as they are without touched ids, else adjusted (``_touch``: the
         touched ids' raw logits handed over and their terms taken out of the
-        cold mass). Rows at another temperature, rows whose touched ids hold
-        the cold argmax and rows not from the bank are summarized here in
-        torch on this CPU. Sleeps the summary's modelled device time
+        cold mass), and draw their cold tokens from its block masses
+        (``_ColdBlocks``). Rows at another temperature, rows whose touched
+        ids hold the cold argmax and rows not from the bank are summarized
+        here in torch on this CPU. Sleeps the summary's modelled device time
         (SUMMARY_READS reads of the rows at HBM_BYTES_PER_S)."""
         started = time.perf_counter()
         size = logits.shape[0]
@@ -175,15 +181,21 @@ class SimulatedEngine:
                 and np.array_equal(prepared[0], np.asarray(hot_ids))):
             out = _slice_compact(prepared[2], first, first + size)
             own = inverse_temperatures(temperature) != 1.0
+            added = (np.zeros(0, np.int64),) * 2 + (np.zeros(0),)
+            rows = logits_array(logits)
             if ids.size:
-                out = _touch(out, logits_array(logits), offsets, ids, own)
+                out, added = _touch(out, rows, offsets, ids, own)
+            if draws is not None:
+                out = self.cold_blocks.draw(out, rows, first, np.where(own, np.nan, draws),
+                                            *added)
         if own.any():
             rows = np.flatnonzero(own)
             lengths = np.diff(offsets)[rows]
             picked = np.concatenate([ids[offsets[r]:offsets[r + 1]] for r in rows])
             computed = hot_first_summary(logits[torch.as_tensor(rows)], hot_ids,
                                          np.r_[0, np.cumsum(lengths)], picked,
-                                         np.asarray(temperature)[rows], cold_top).cpu()
+                                         np.asarray(temperature)[rows], cold_top,
+                                         None if draws is None else np.asarray(draws)[rows]).cpu()
             out = computed if own.all() else _gather_compact(
                 [(computed, int(np.searchsorted(rows, r))) if own[r] else (out, r)
                  for r in range(size)])
@@ -247,7 +259,8 @@ def _touch(summary: CompactRows, rows: np.ndarray, offsets: np.ndarray, ids: np.
     mass, so the result is within float32 rounding of a direct sum (the
     handoff's margin, docs/HANDOFF.md, is 50 times that). A row whose
     touched ids hold its cold argmax changes m_C: marked in `own` (in place)
-    for a summary of its own."""
+    for a summary of its own. Returns the summary and the ids added (row,
+    id, their term), which the cold draw takes out of its blocks too."""
     vocab = rows.shape[1]
     size = len(summary.cold_max)
     row_of = np.repeat(np.arange(size), np.diff(offsets))
@@ -272,7 +285,88 @@ def _touch(summary: CompactRows, rows: np.ndarray, offsets: np.ndarray, ids: np.
         touched_ids=np.insert(summary.touched_ids, at[new], ids[new].astype(np.int32)),
         touched_logits=np.insert(summary.touched_logits, at[new], x),
         cold_max=summary.cold_max, cold_argmax=summary.cold_argmax,
-        cold_mass=np.maximum(mass, 0.0).astype(np.float32))
+        cold_mass=np.maximum(mass, 0.0).astype(np.float32)), (row_of[new], ids[new], w)
+
+
+class _ColdBlocks:
+    """The cold draw (``hot_first_summary``'s draws) for the bank's
+    prepared rows (temperature 1), without a pass over the row per step:
+    each bank row's cold weights exp(x - m_C) (the kernels' float32
+    operations; 0 for the ids its summary handed over) summed per block of
+    COLD_BLOCK ids in float64, and a bitmap of the ids handed over. A draw
+    finds the block where u * W falls in the cumulative block masses (less
+    the terms of the ids a request's touched lists add), then walks that
+    block's weights, recomputed the same way: the id ``_cold_tokens`` picks
+    from the whole row, up to the rounding of the sums' order."""
+
+    def __init__(self, bank: np.ndarray, hot_ids: np.ndarray, summary: CompactRows):
+        size, vocab = bank.shape
+        self.vocab = vocab
+        blocks = -(-vocab // COLD_BLOCK)
+        self.mass = np.zeros((size, blocks))
+        self.known = np.zeros((size, blocks * COLD_BLOCK // 8), np.uint8)
+        offsets = summary.touched_offsets
+        for start in range(0, size, SUMMARY_CHUNK):  # bounds the temporaries
+            end = min(size, start + SUMMARY_CHUNK)
+            known = np.zeros((end - start, blocks * COLD_BLOCK), bool)
+            known[:, vocab:] = True
+            known[:, hot_ids] = True
+            known[np.repeat(np.arange(end - start), np.diff(offsets[start:end + 1])),
+                  summary.touched_ids[offsets[start]:offsets[end]]] = True
+            weights = np.zeros(known.shape)
+            weights[:, :vocab] = self.weights(bank[start:end], summary.cold_max[start:end])
+            weights[known] = 0.0
+            self.mass[start:end] = weights.reshape(end - start, blocks, COLD_BLOCK).sum(axis=2)
+            self.known[start:end] = np.packbits(known, axis=1, bitorder="little")
+
+    @staticmethod
+    def weights(x, cold_max) -> np.ndarray:
+        """exp(x - m_C) as the kernels compute it (float32), 0 where m_C is
+        not finite."""
+        zc = np.asarray(cold_max, np.float32)[:, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where(np.isfinite(zc), np.exp(np.asarray(x, np.float32) - zc),
+                            np.float32(0))
+
+    def draw(self, summary: CompactRows, logits: np.ndarray, first: int, draws, added_rows,
+             added_ids, added_weights) -> CompactRows:
+        """`summary` of `logits` (bank rows first.., adjusted by ``_touch``,
+        which added `added_*`) with cold tokens for its rows with a finite draw and a
+        cold mass: -1 elsewhere, and where the sums' rounding leaves the
+        walk on no weight (the row then takes the second round)."""
+        size = len(summary.cold_max)
+        token = np.full(size, -1, np.int32)
+        token_logit = np.zeros(size, np.float32)
+        rows = np.flatnonzero(np.isfinite(draws) & (summary.cold_mass > 0))
+        if rows.size:
+            bank_rows = first + rows
+            mass = self.mass[bank_rows]
+            at = np.searchsorted(rows, added_rows)
+            hit = at < rows.size
+            hit[hit] = rows[at[hit]] == added_rows[hit]
+            np.subtract.at(mass, (at[hit], added_ids[hit] // COLD_BLOCK), added_weights[hit])
+            np.maximum(mass, 0.0, out=mass)
+            cumulative = np.cumsum(mass, axis=1)
+            total = cumulative[:, -1]
+            target = np.minimum(np.asarray(draws)[rows] * total, np.nextafter(total, 0))
+            block = np.argmax(cumulative > target[:, None], axis=1)
+            picked = np.arange(rows.size)
+            before = cumulative[picked, block] - mass[picked, block]
+            columns = block[:, None] * COLD_BLOCK + np.arange(COLD_BLOCK)
+            x = logits[rows[:, None], np.minimum(columns, self.vocab - 1)].astype(np.float32)
+            bits = self.known[bank_rows[:, None],
+                              block[:, None] * (COLD_BLOCK // 8) + np.arange(COLD_BLOCK // 8)]
+            weights = self.weights(x, summary.cold_max[rows]).astype(np.float64)
+            weights[np.unpackbits(bits, axis=1, bitorder="little").astype(bool)] = 0.0
+            inside = hit.copy()
+            inside[hit] = added_ids[hit] // COLD_BLOCK == block[at[hit]]
+            weights[at[inside], added_ids[inside] % COLD_BLOCK] = 0.0
+            walk = before[:, None] + np.cumsum(weights, axis=1) > target[:, None]
+            index = np.argmax(walk, axis=1)
+            ok = walk[picked, index] & (weights[picked, index] > 0)
+            token[rows[ok]] = columns[picked, index][ok]
+            token_logit[rows[ok]] = x[picked, index][ok]
+        return dataclasses.replace(summary, cold_token=token, cold_token_logit=token_logit)
 
 
 def _slice_compact(summary, start: int, end: int):
@@ -283,12 +377,21 @@ def _slice_compact(summary, start: int, end: int):
         touched_offsets=summary.touched_offsets[start:end + 1] - a,
         touched_ids=summary.touched_ids[a:b], touched_logits=summary.touched_logits[a:b],
         cold_max=summary.cold_max[start:end], cold_argmax=summary.cold_argmax[start:end],
-        cold_mass=summary.cold_mass[start:end])
+        cold_mass=summary.cold_mass[start:end],
+        **{name: getattr(summary, name)[start:end] for name in _DRAWN
+           if getattr(summary, name) is not None})
+
+
+#: CompactRows' optional per-row arrays (the data plane's cold draw)
+_DRAWN = ("cold_token", "cold_token_logit")
 
 
 def _gather_compact(source):
-    """CompactRows (cpu form) whose row r is row source[r][1] of source[r][0]."""
+    """CompactRows (cpu form) whose row r is row source[r][1] of source[r][0]
+    (cold tokens when every source has them)."""
     hot, lists, logits, cold = [], [], [], {"cold_max": [], "cold_argmax": [], "cold_mass": []}
+    if all(summary.cold_token is not None for summary, _ in source):
+        cold.update({name: [] for name in _DRAWN})
     for summary, row in source:
         a, b = summary.touched_offsets[row], summary.touched_offsets[row + 1]
         hot.append(summary.hot_logits[row])
@@ -304,7 +407,9 @@ def _gather_compact(source):
         touched_logits=np.concatenate(logits).astype(np.float32),
         cold_max=np.asarray(cold["cold_max"], np.float32),
         cold_argmax=np.asarray(cold["cold_argmax"], np.int32),
-        cold_mass=np.asarray(cold["cold_mass"], np.float32))
+        cold_mass=np.asarray(cold["cold_mass"], np.float32),
+        **{name: np.asarray(cold[name], dtype) for name, dtype in zip(_DRAWN, (np.int32, np.float32))
+           if name in cold})
 
 
 @dataclass

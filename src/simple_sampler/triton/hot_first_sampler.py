@@ -26,8 +26,10 @@ class HotFirstSampler:
     """The decode loop's sampler (``async sampler(logits, batch) ->
     (token_ids, logprobs)``, serving/decoder.py) with the hot-first handoff:
     it summarizes the logits where they are (``compact_rows``, on the
-    engine's device), sends the compact rows, then the undecided rows whole
-    in a second request (one, not one per instance), and merges the answers
+    engine's device, each untruncated row's cold token drawn there too, so
+    a draw landing in C needs no full row: docs/HANDOFF.md, "The cold
+    draw"), sends the compact rows, then the undecided rows whole in a
+    second request (one, not one per instance), and merges the answers
     (``handoff.decide_hot_first``). When the full rows already lie in the
     pool's arena (``SamplerPool.reference``), the compact requests to the
     instances that map it carry them by reference and those instances decide
@@ -38,23 +40,26 @@ class HotFirstSampler:
     ``pool(logits, batch)`` for full rows) whose samplers hold the same hot
     set. summary: the engine's own summary (``compact_rows``), None for
     ``hot_first_summary`` here. rows_per_request: compact rows per request
-    at least (COMPACT_ROWS_PER_REQUEST). ``stats`` counts rows, fallbacks, and
-    the fallbacks decided in place."""
+    at least (COMPACT_ROWS_PER_REQUEST). cold_draw: draw the cold tokens
+    with the summary (``compact_rows``). ``stats`` counts rows, fallbacks,
+    and the fallbacks decided in place."""
 
     def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
-                 summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST):
+                 summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST,
+                 cold_draw: bool = True):
         self.pool = pool
         self.hot_vocab = hot_vocab
         self.cold_top = cold_top
         self.summary = summary
         self.rows_per_request = rows_per_request
+        self.cold_draw = cold_draw
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
         # Off the event loop: on a CPU the summary is milliseconds of torch
         # work per step (docs/HANDOFF.md), and another lane may be ready.
         rows = await asyncio.to_thread(compact_rows, logits, batch, self.hot_vocab, self.cold_top,
-                                       self.summary)
+                                       self.summary, self.cold_draw)
         # Full rows already in the arena go along by reference: the samplers
         # that map it decide their undecided rows in the same request.
         full_rows = self.pool.reference(logits)

@@ -32,7 +32,7 @@ import numpy as np
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import PARAMS, RULES, SamplingBatch, any_on, first_failed_check
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
+from ..schema import COLD_DRAW_INPUTS, HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
 
 PADDING = -1
 
@@ -41,6 +41,8 @@ SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
                  if t.param in PARAMS}
 #: The compact form of the rows (module docstring), instead of logits.
 COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
+#: With compact rows, optionally: the data plane's cold draw (both or neither).
+COLD_DRAW_NAMES = tuple(t.name for t in COLD_DRAW_INPUTS)
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
                        and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
@@ -156,6 +158,9 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         if logits is not None and tuple(logits.shape) != (rows, vocab):
             raise InvalidRequest(f"logits_ref with compact rows must name their {rows} full rows "
                                  f"of V={vocab}, got {list(logits.shape)}")
+    elif any(inputs.get(name) is not None for name in COLD_DRAW_NAMES):
+        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} come with compact rows "
+                             f"(hot_logits, ...)")
     elif logits is None:
         raise InvalidRequest("logits is required: [B, V] next-token logits")
     else:
@@ -260,11 +265,15 @@ def _compact_rows(inputs: Mapping, hot_vocab):
     if logits.shape != used.shape:
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
                            f"{list(used.shape)}, got {list(logits.shape)}")
+    sent = [name for name in COLD_DRAW_NAMES if inputs.get(name) is not None]
+    if sent and len(sent) != len(COLD_DRAW_NAMES):
+        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} must be sent together")
     return CompactRows(
         hot_logits=host_array(hot),
         touched_offsets=offsets, touched_ids=ids.astype(np.int32, copy=False),
         touched_logits=logits[used].astype(np.float32, copy=False),
-        **{name: _rows_of(name, inputs[name], rows)[:, 0] for name in COMPACT_INPUTS[3:]})
+        **{name: _rows_of(name, inputs[name], rows)[:, 0]
+           for name in COMPACT_INPUTS[3:] + tuple(sent)})
 
 
 def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING) -> np.ndarray:
@@ -356,12 +365,16 @@ def _bias_with_bans(batch: SamplingBatch):
 def compact_arrays(rows) -> dict[str, np.ndarray]:
     """The inputs that carry ``handoff.CompactRows`` (``cpu()`` form): the
     inverse of decode_request's compact branch."""
-    return {"hot_logits": rows.hot_logits,
-            "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
-            "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
-            "cold_max": np.asarray(rows.cold_max, np.float32)[:, None],
-            "cold_argmax": np.asarray(rows.cold_argmax, np.int32)[:, None],
-            "cold_mass": np.asarray(rows.cold_mass, np.float32)[:, None]}
+    arrays = {"hot_logits": rows.hot_logits,
+              "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
+              "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
+              "cold_max": np.asarray(rows.cold_max, np.float32)[:, None],
+              "cold_argmax": np.asarray(rows.cold_argmax, np.int32)[:, None],
+              "cold_mass": np.asarray(rows.cold_mass, np.float32)[:, None]}
+    if rows.cold_token is not None:
+        arrays["cold_token"] = np.asarray(rows.cold_token, np.int32)[:, None]
+        arrays["cold_token_logit"] = np.asarray(rows.cold_token_logit, np.float32)[:, None]
+    return arrays
 
 
 def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):

@@ -1,0 +1,158 @@
+"""The data plane's cold draw (docs/HANDOFF.md, "The cold draw"): a token
+drawn inside C next to the logits, which decides a NEED_COLD row with no
+full row. The two-stage result with it matches the float64 reference; a
+wrong cold draw is caught by the same test; the token is a function of
+(seed, step, row); the simulated engine's block walk picks the whole row's
+token; the sampler's codec carries and checks it."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import P_VALUE_FLOOR, goodness_of_fit, repeated_batch, total_variation
+from simple_sampler import reference
+from simple_sampler._sampling import HandoffOutcome
+from simple_sampler.handoff import CompactRows, cold_draws, sample_compact
+from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.serving.hot_first import hot_first_summary, sample_hot_first, touched_lists
+from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
+
+DRAWS = 100_000
+CHUNK = 4096  # rows summarized at a time: bounds the [rows, V] temporaries
+DECIDED, NEED_COLD = HandoffOutcome.HANDOFF_DECIDED, HandoffOutcome.HANDOFF_NEED_COLD
+
+
+def summarized(row, batch, hot, draws):
+    """Compact rows (cpu form) of len(batch) copies of `row`, each with its
+    cold token from `draws`, in chunks."""
+    parts = []
+    for start in range(0, len(batch), CHUNK):
+        part = batch.take(np.arange(start, min(len(batch), start + CHUNK)))
+        offsets, ids = touched_lists(part, hot)
+        rows = torch.from_numpy(row).expand(len(part), row.size)
+        parts.append(hot_first_summary(rows, hot.kernel_arrays()[0], offsets, ids,
+                                       part.temperature, 0, draws[start:start + len(part)]).cpu())
+    return CompactRows(
+        hot_logits=np.concatenate([p.hot_logits for p in parts]),
+        touched_offsets=np.r_[0, np.cumsum(np.concatenate([np.diff(p.touched_offsets)
+                                                           for p in parts]))],
+        **{name: np.concatenate([getattr(p, name) for p in parts])
+           for name in ("touched_ids", "touched_logits", "cold_max", "cold_argmax", "cold_mass",
+                        "cold_token", "cold_token_logit")})
+
+
+def drawn_counts(row, params, hot, draws=None):
+    batch = repeated_batch(params, DRAWS)
+    compact = summarized(row, batch, hot, cold_draws(batch) if draws is None else draws)
+    out = sample_compact(compact, batch, hot, return_logprobs=False)
+    return out, compact, batch
+
+
+@pytest.mark.parametrize("hot_kind, params", [
+    ("head", SamplingParams()),
+    ("misses-most-mass", SamplingParams(temperature=1.2)),
+])
+def test_compact_rows_with_cold_tokens_follow_the_reference(zipf_row, hot_kind, params):
+    """Every row decided in one round, the tokens exactly distributed."""
+    hot = hot_sets(zipf_row)[hot_kind]
+    out, compact, batch = drawn_counts(zipf_row, params, hot)
+    cold = np.asarray(compact.cold_token) >= 0
+    assert cold.all() and (out.outcome == DECIDED).all()
+    counts = np.bincount(out.token_ids, minlength=VOCAB)
+    in_cold = np.ones(VOCAB, bool)
+    in_cold[hot.ids] = False
+    assert 0.01 < counts[in_cold].sum() / DRAWS  # the cold tokens were used
+    probs = reference.probabilities(zipf_row, batch, 0)
+    p_value = goodness_of_fit(counts, probs)
+    assert p_value > P_VALUE_FLOOR, f"p={p_value:.2e}, TV={total_variation(counts, probs):.4f}"
+
+
+def test_a_wrong_cold_draw_is_caught(zipf_row):
+    """Cold tokens drawn uniformly over C instead of by weight: the same
+    test rejects them."""
+    hot = hot_sets(zipf_row)["head"]
+    batch = repeated_batch(SamplingParams(), DRAWS)
+    compact = summarized(zipf_row, batch, hot, cold_draws(batch))
+    cold_ids = np.setdiff1d(np.arange(VOCAB), hot.ids)
+    rng = np.random.default_rng(4)
+    compact.cold_token = rng.choice(cold_ids, DRAWS).astype(np.int32)
+    compact.cold_token_logit = zipf_row[compact.cold_token]
+    out = sample_compact(compact, batch, hot, return_logprobs=False)
+    counts = np.bincount(out.token_ids, minlength=VOCAB)
+    assert goodness_of_fit(counts, reference.probabilities(zipf_row, batch, 0)) < P_VALUE_FLOOR
+
+
+def test_cold_tokens_and_their_logprobs_match_the_second_round(zipf_row):
+    """Rows that drew in C: the cold token's logprob is the whole row's;
+    rows that cannot reach C (greedy, truncated) get no draw."""
+    hot = hot_sets(zipf_row)["head"]
+    rng = np.random.default_rng(7)
+    params = [SamplingParams(seed=int(s), **kind) for s, kind in zip(
+        rng.integers(0, 2**63, 60), [dict(), dict(temperature=1.3), dict(temperature=0.0),
+                                     dict(top_p=0.9)] * 15)]
+    batch = SamplingBatch.from_params(params, [History()] * 60, list(rng.integers(0, 50, 60)))
+    draws = cold_draws(batch)
+    untruncated = np.asarray(batch.temperature) > 0.5
+    untruncated &= np.asarray(batch.top_p) == 1.0
+    assert np.isfinite(draws[untruncated]).all() and np.isnan(draws[~untruncated]).all()
+    rows = np.broadcast_to(zipf_row, (60, VOCAB))
+    out = sample_hot_first(rows, batch, hot, cold_top=0)
+    assert (out.outcome != NEED_COLD).all()
+    in_cold = ~np.isin(out.token_ids, hot.ids)
+    assert in_cold[untruncated].sum() >= 3
+    for r in np.flatnonzero(in_cold):
+        expected = reference.log_softmax(reference.scaled_logits(zipf_row, batch, r))
+        assert abs(out.logprobs[r] - expected[out.token_ids[r]]) < 1e-4
+
+
+def test_a_cold_token_is_a_function_of_seed_step_and_row(zipf_row):
+    """Alone or among other rows, in any order: the same cold token."""
+    hot = hot_sets(zipf_row)["random"]
+    rng = np.random.default_rng(11)
+    rows = np.stack([zipf_row, rng.normal(0, 3, VOCAB).astype(np.float32),
+                     zipf_row[::-1].copy(), rng.normal(0, 1, VOCAB).astype(np.float32)])
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in (1, 2, 3, 4)],
+                                      [History()] * 4, [5, 6, 7, 8])
+
+    def tokens(picked):
+        part = batch.take(picked)
+        offsets, ids = touched_lists(part, hot)
+        return hot_first_summary(torch.from_numpy(rows[picked]), hot.kernel_arrays()[0],
+                                 offsets, ids, part.temperature, 8, cold_draws(part)).cpu()
+    base = tokens(np.arange(4))
+    assert (base.cold_token >= 0).all()
+    for picked in ([3, 1, 0, 2], [2], [1, 3]):
+        again = tokens(np.asarray(picked))
+        np.testing.assert_array_equal(again.cold_token, base.cold_token[picked])
+        np.testing.assert_array_equal(again.cold_token_logit, base.cold_token_logit[picked])
+    np.testing.assert_array_equal(base.cold_token_logit, rows[np.arange(4), base.cold_token])
+
+
+def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
+
+    hot = hot_sets(zipf_row)["head"]
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(40)])
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(zipf_row).expand(40, VOCAB),
+                                hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0,
+                                cold_draws(batch)).cpu()
+    direct = sample_compact(compact, batch, hot)
+    inputs = {**compact_arrays(compact), **batch_arrays(batch),
+              "return_log_probs": np.ones((40, 1), bool)}
+    outputs, _ = sample_request(decode_request(inputs, VOCAB, hot), 1, hot)
+    np.testing.assert_array_equal(outputs["output_ids"][:, 0], direct.token_ids)
+    np.testing.assert_array_equal(outputs["output_log_probs"][:, 0], direct.logprobs)
+    assert (outputs["handoff_outcome"] == DECIDED).all()
+    assert (~np.isin(direct.token_ids, hot.ids)).any()
+    drawn = {"cold_token": inputs["cold_token"], "cold_token_logit": inputs["cold_token_logit"]}
+    with pytest.raises(InvalidRequest, match="come with compact rows"):
+        decode_request({"logits": np.broadcast_to(zipf_row, (40, VOCAB)), **drawn}, VOCAB, hot)
+    with pytest.raises(InvalidRequest, match="must be sent together"):
+        decode_request({**inputs, "cold_token_logit": None}, VOCAB, hot)
+    hot_token = np.full((40, 1), hot.ids[0], np.int32)
+    for bad, message in ((hot_token, "cold_token must be an id of the cold region"),
+                         (np.full((40, 1), VOCAB, np.int32), r"cold_token must be -1 or a token id")):
+        with pytest.raises(InvalidRequest, match=message):
+            sample_request(decode_request({**inputs, "cold_token": bad}, VOCAB, hot), 1, hot)
