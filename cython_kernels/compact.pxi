@@ -37,12 +37,17 @@ cdef struct CompactRow:
     double cold_mass             # S_C, relative to cold_max, at the row's temperature
 
 
+cdef inline float stored_logit(const unsigned char* row, int dtype, Py_ssize_t i) noexcept nogil:
+    """Logit i of a row stored in `dtype`, as float32."""
+    if dtype == DTYPE_FLOAT32:
+        return (<const float*>row)[i]
+    if dtype == DTYPE_FLOAT16:
+        return ss_half_to_float((<const uint16_t*>row)[i])
+    return ss_bf16_to_float((<const uint16_t*>row)[i])
+
+
 cdef inline float hot_logit(const CompactRow* row, Py_ssize_t i) noexcept nogil:
-    if row.dtype == DTYPE_FLOAT32:
-        return (<const float*>row.hot)[i]
-    if row.dtype == DTYPE_FLOAT16:
-        return ss_half_to_float((<const uint16_t*>row.hot)[i])
-    return ss_bf16_to_float((<const uint16_t*>row.hot)[i])
+    return stored_logit(row.hot, row.dtype, i)
 
 
 cdef inline bint bad_z(float z) noexcept nogil:

@@ -34,7 +34,8 @@ import torch
 from ..handoff import CompactRows, inverse_temperatures
 from ..rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
                     synthetic_hot_rows)
-from ..sampling import logits_array
+from .. import _sampling
+from ..sampling import kernel_rows, logits_array
 from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
 from .hot_first import hot_first_summary
@@ -58,7 +59,7 @@ HBM_BYTES_PER_S = 3.35e12
 SUMMARY_CHUNK = 32
 #: Ids per block of the prepared cold weights: a cold draw finds its block
 #: in the bank row's block masses, then walks that block alone.
-COLD_BLOCK = 1024
+COLD_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class SimulatedEngine:
         summary = _gather_compact([(chunk, row) for chunk in chunks
                                    for row in range(len(chunk.cold_max))])
         self.hot_first = (np.asarray(hot_ids), cold_top, summary)
-        self.cold_blocks = _ColdBlocks(logits_array(self.bank), np.asarray(hot_ids), summary)
+        self.cold_blocks = _ColdBlocks(self.bank, np.asarray(hot_ids), summary)
 
     def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
                           temperature, cold_top: int, draws=None):
@@ -186,7 +187,7 @@ class SimulatedEngine:
             if ids.size:
                 out, added = _touch(out, rows, offsets, ids, own)
             if draws is not None:
-                out = self.cold_blocks.draw(out, rows, first, np.where(own, np.nan, draws),
+                out = self.cold_blocks.draw(out, logits, first, np.where(own, np.nan, draws),
                                             *added)
         if own.any():
             rows = np.flatnonzero(own)
@@ -291,81 +292,50 @@ def _touch(summary: CompactRows, rows: np.ndarray, offsets: np.ndarray, ids: np.
 class _ColdBlocks:
     """The cold draw (``hot_first_summary``'s draws) for the bank's
     prepared rows (temperature 1), without a pass over the row per step:
-    each bank row's cold weights exp(x - m_C) (the kernels' float32
-    operations; 0 for the ids its summary handed over) summed per block of
-    COLD_BLOCK ids in float64, and a bitmap of the ids handed over. A draw
-    finds the block where u * W falls in the cumulative block masses (less
-    the terms of the ids a request's touched lists add), then walks that
-    block's weights, recomputed the same way: the id ``_cold_tokens`` picks
-    from the whole row, up to the rounding of the sums' order."""
+    each bank row's cold weights exp(x - m_C) (float32; 0 for the ids its
+    summary handed over, a bitmap) summed per block of COLD_BLOCK ids in
+    float64 at load (``_sampling.cold_block_masses``). A draw walks the
+    block masses, less the terms of the ids the request's touched lists
+    add, to the block where u * W falls, then that block's weights
+    (``_sampling.walk_cold_blocks``): the id ``_cold_tokens`` picks from the
+    whole row, up to the rounding of the sums' order and of the exps."""
 
-    def __init__(self, bank: np.ndarray, hot_ids: np.ndarray, summary: CompactRows):
+    def __init__(self, bank, hot_ids: np.ndarray, summary: CompactRows):
+        rows, self.dtype = kernel_rows(bank)
         size, vocab = bank.shape
-        self.vocab = vocab
-        blocks = -(-vocab // COLD_BLOCK)
-        self.mass = np.zeros((size, blocks))
-        self.known = np.zeros((size, blocks * COLD_BLOCK // 8), np.uint8)
+        self.known = np.zeros((size, -(-vocab // 8)), np.uint8)
         offsets = summary.touched_offsets
         for start in range(0, size, SUMMARY_CHUNK):  # bounds the temporaries
             end = min(size, start + SUMMARY_CHUNK)
-            known = np.zeros((end - start, blocks * COLD_BLOCK), bool)
-            known[:, vocab:] = True
+            known = np.zeros((end - start, vocab), bool)
             known[:, hot_ids] = True
             known[np.repeat(np.arange(end - start), np.diff(offsets[start:end + 1])),
                   summary.touched_ids[offsets[start]:offsets[end]]] = True
-            weights = np.zeros(known.shape)
-            weights[:, :vocab] = self.weights(bank[start:end], summary.cold_max[start:end])
-            weights[known] = 0.0
-            self.mass[start:end] = weights.reshape(end - start, blocks, COLD_BLOCK).sum(axis=2)
             self.known[start:end] = np.packbits(known, axis=1, bitorder="little")
+        self.mass = np.empty((size, -(-vocab // COLD_BLOCK)))
+        _sampling.cold_block_masses(rows, self.dtype, self.known,
+                                    np.ascontiguousarray(summary.cold_max, np.float32),
+                                    COLD_BLOCK, self.mass)
 
-    @staticmethod
-    def weights(x, cold_max) -> np.ndarray:
-        """exp(x - m_C) as the kernels compute it (float32), 0 where m_C is
-        not finite."""
-        zc = np.asarray(cold_max, np.float32)[:, None]
-        with np.errstate(invalid="ignore", over="ignore"):
-            return np.where(np.isfinite(zc), np.exp(np.asarray(x, np.float32) - zc),
-                            np.float32(0))
-
-    def draw(self, summary: CompactRows, logits: np.ndarray, first: int, draws, added_rows,
-             added_ids, added_weights) -> CompactRows:
+    def draw(self, summary: CompactRows, logits, first: int, draws, added_rows, added_ids,
+             added_weights) -> CompactRows:
         """`summary` of `logits` (bank rows first.., adjusted by ``_touch``,
-        which added `added_*`) with cold tokens for its rows with a finite draw and a
-        cold mass: -1 elsewhere, and where the sums' rounding leaves the
-        walk on no weight (the row then takes the second round)."""
+        which added `added_*`, by row) with a cold token for each row with a
+        finite draw and a cold mass (-1 elsewhere, and where the sums'
+        rounding leaves the walk on no weight: that row takes the second
+        round)."""
         size = len(summary.cold_max)
         token = np.full(size, -1, np.int32)
         token_logit = np.zeros(size, np.float32)
-        rows = np.flatnonzero(np.isfinite(draws) & (summary.cold_mass > 0))
-        if rows.size:
-            bank_rows = first + rows
-            mass = self.mass[bank_rows]
-            at = np.searchsorted(rows, added_rows)
-            hit = at < rows.size
-            hit[hit] = rows[at[hit]] == added_rows[hit]
-            np.subtract.at(mass, (at[hit], added_ids[hit] // COLD_BLOCK), added_weights[hit])
-            np.maximum(mass, 0.0, out=mass)
-            cumulative = np.cumsum(mass, axis=1)
-            total = cumulative[:, -1]
-            target = np.minimum(np.asarray(draws)[rows] * total, np.nextafter(total, 0))
-            block = np.argmax(cumulative > target[:, None], axis=1)
-            picked = np.arange(rows.size)
-            before = cumulative[picked, block] - mass[picked, block]
-            columns = block[:, None] * COLD_BLOCK + np.arange(COLD_BLOCK)
-            x = logits[rows[:, None], np.minimum(columns, self.vocab - 1)].astype(np.float32)
-            bits = self.known[bank_rows[:, None],
-                              block[:, None] * (COLD_BLOCK // 8) + np.arange(COLD_BLOCK // 8)]
-            weights = self.weights(x, summary.cold_max[rows]).astype(np.float64)
-            weights[np.unpackbits(bits, axis=1, bitorder="little").astype(bool)] = 0.0
-            inside = hit.copy()
-            inside[hit] = added_ids[hit] // COLD_BLOCK == block[at[hit]]
-            weights[at[inside], added_ids[inside] % COLD_BLOCK] = 0.0
-            walk = before[:, None] + np.cumsum(weights, axis=1) > target[:, None]
-            index = np.argmax(walk, axis=1)
-            ok = walk[picked, index] & (weights[picked, index] > 0)
-            token[rows[ok]] = columns[picked, index][ok]
-            token_logit[rows[ok]] = x[picked, index][ok]
+        offsets = np.zeros(size + 1, np.int64)
+        np.cumsum(np.bincount(added_rows, minlength=size), out=offsets[1:])
+        _sampling.walk_cold_blocks(
+            kernel_rows(logits)[0], self.dtype, self.known, self.mass,
+            np.arange(first, first + size, dtype=np.int64),
+            np.ascontiguousarray(summary.cold_max, np.float32),
+            np.ascontiguousarray(draws, np.float64), offsets,
+            np.ascontiguousarray(added_ids, np.int64),
+            np.ascontiguousarray(added_weights, np.float64), COLD_BLOCK, token, token_logit)
         return dataclasses.replace(summary, cold_token=token, cold_token_logit=token_logit)
 
 
