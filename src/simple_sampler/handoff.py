@@ -18,8 +18,9 @@ Instead of a row's V logits, the data plane sends (``hot_first_summary``):
 ``HANDOFF_NEED_FULL`` (the compact row cannot decide: the full row is
 sampled as usual, with the row's own seed) or ``HANDOFF_NEED_COLD`` (the
 draw fell in C: the full row is sampled conditioned on C, with an
-independent stream keyed by (seed, step)). ``fallback_batch`` builds that
-second request; ``merge_fallback`` folds its answer in. ``decide_hot_first``
+independent stream keyed by (seed, step), unless the data plane drew the
+row's cold token on that stream, ``cold_draws``: then it is decided with
+it). ``fallback_batch`` builds that second request; ``merge_fallback`` folds its answer in. ``decide_hot_first``
 runs the rounds for every caller (``serving.hot_first.sample_hot_first`` on
 one host, ``triton.hot_first_sampler`` over the sampler pool). docs/HANDOFF.md derives why the result follows
 exactly the distribution of ``sampling.sample`` on the full rows, and the
