@@ -183,9 +183,8 @@ class SimulatedEngine:
             out = _slice_compact(prepared[2], first, first + size)
             own = inverse_temperatures(temperature) != 1.0
             added = (np.zeros(0, np.int64),) * 2 + (np.zeros(0),)
-            rows = logits_array(logits)
             if ids.size:
-                out, added = _touch(out, rows, offsets, ids, own)
+                out, added = _touch(out, logits_array(logits), offsets, ids, own)
             if draws is not None:
                 out = self.cold_blocks.draw(out, logits, first, np.where(own, np.nan, draws),
                                             *added)
