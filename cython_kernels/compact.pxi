@@ -182,6 +182,69 @@ cdef inline double weight_sum(const Candidates* c) noexcept nogil:
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
+cdef inline double block_weight_sums(const Candidates* c, double* sums) noexcept nogil:
+    """sums[b] := the weights of candidates [64 b, 64 b + 64) summed in 8
+    lanes (a fixed order: the same sums for the same candidates, whatever
+    the batch); returns the sums added in block order, the candidates'
+    mass."""
+    cdef double lanes[8]
+    cdef double total = 0.0
+    cdef Py_ssize_t i, j, end
+    cdef Py_ssize_t start = 0
+    cdef Py_ssize_t b = 0
+    while start < c.n:
+        end = start + DRAW_BLOCK if start + DRAW_BLOCK < c.n else c.n
+        for j in range(8):
+            lanes[j] = 0.0
+        if end - start == DRAW_BLOCK:
+            for i in range(start, end, 8):
+                for j in range(8):
+                    lanes[j] += c.w[i + j]
+        else:
+            for i in range(start, end):
+                lanes[(i - start) % 8] += c.w[i]
+        sums[b] = (((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                   + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])))
+        total += sums[b]
+        start += DRAW_BLOCK
+        b += 1
+    return total
+
+
+cdef inline Py_ssize_t draw_by_block_sums(const Candidates* c, const double* sums,
+                                          double target) noexcept nogil:
+    """Inverse-CDF draw in array order for a target in [0, the mass
+    block_weight_sums returned): the block where the running sum of the
+    block sums passes target, then the candidate inside it where the running
+    sum does; the block's last candidate of positive weight when rounding
+    leaves target unreached inside it."""
+    cdef double acc = 0.0
+    cdef double before_chosen = 0.0
+    cdef Py_ssize_t i, end
+    cdef Py_ssize_t chosen = 0
+    cdef Py_ssize_t start = 0
+    cdef Py_ssize_t b = 0
+    while start < c.n:
+        if sums[b] > 0:
+            chosen = start
+            before_chosen = acc
+            acc += sums[b]
+            if acc > target:
+                break
+        start += DRAW_BLOCK
+        b += 1
+    end = chosen + DRAW_BLOCK if chosen + DRAW_BLOCK < c.n else c.n
+    acc = before_chosen
+    cdef Py_ssize_t last_positive = chosen
+    for i in range(chosen, end):
+        if c.w[i] > 0:
+            acc += c.w[i]
+            last_positive = i
+            if acc > target:
+                return i
+    return last_positive
+
+
 cdef inline bint keep_nucleus_cover(Candidates* c, float row_max, float floor,
                                     double target) noexcept nogil:
     """Keep the items with z >= t, t the highest of row_max - TOP_P_GAPS[i]
@@ -263,10 +326,12 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
     cdef double log_total = 0.0
     if need_mass:
         ss_exp_shifted(c.z, row_max, c.w, c.n)
-        known_mass = weight_sum(&c)
+        known_mass = block_weight_sums(&c, ws.cand_block_w)
         log_total = log(known_mass + cold_weight)
     cdef Py_ssize_t i, count, upper_count
+    cdef bint reordered = False     # the block sums no longer match c's order
     if p.n_top > 0:
+        reordered = True
         if count_above(&c, zc) < p.n_top:
             return HANDOFF_NEED_FULL
         select_rank(&c, p.n_top - 1)
@@ -294,7 +359,9 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
             # the token it draws inside C.
             result.logprob = <float>(log(cold_weight) - log_total)
             return HANDOFF_NEED_COLD
-        i = draw_index(&c, c.n, target / known_mass)
+        if reordered:
+            target = target / known_mass * block_weight_sums(&c, ws.cand_block_w)
+        i = draw_by_block_sums(&c, ws.cand_block_w, target)
         result.token = c.token[i]
         chosen_z = c.z[i]
     elif level_truncating:

@@ -15,6 +15,12 @@ cdef struct RowSource:
     Py_ssize_t vocab
 
 
+# Candidates per block of a compact row's untruncated draw: their masses are
+# summed per block once (with the row's mass), so the draw crosses whole
+# blocks and walks inside one, not a running sum over every known id twice.
+cdef Py_ssize_t DRAW_BLOCK = 64
+
+
 cdef struct Workspace:
     float block[SS_BLOCK]
     float* block_max         # [n_blocks]: max z of the block
@@ -28,6 +34,7 @@ cdef struct Workspace:
     float* cand_z            # [vocab]
     int32_t* cand_token
     float* cand_w
+    double* cand_block_w     # [vocab / 64 + 1]: the candidates' mass per block of 64 (compact rows)
     float* hot_z             # [hot size]: z of the hot tokens, in id order
     float* hot_w             # [hot size]: exp(z - row max)
     float* block_hot         # [n_blocks]: hot mass of the block
@@ -438,6 +445,7 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.cand_z = <float*>malloc(vocab * sizeof(float))
     ws.cand_token = <int32_t*>malloc(vocab * sizeof(int32_t))
     ws.cand_w = <float*>malloc(vocab * sizeof(float))
+    ws.cand_block_w = <double*>malloc((vocab // DRAW_BLOCK + 1) * sizeof(double))
     ws.hot_z = <float*>malloc((n_hot if n_hot > 0 else 1) * sizeof(float))
     ws.hot_w = <float*>malloc((n_hot if n_hot > 0 else 1) * sizeof(float))
     ws.block_hot = <float*>malloc(n_blocks * sizeof(float))
@@ -447,7 +455,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
             or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
-            or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL):
+            or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL
+            or ws.cand_block_w == NULL):
         free_workspace(ws)
         return NULL
     return ws
@@ -467,6 +476,7 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.cand_z)
     free(ws.cand_token)
     free(ws.cand_w)
+    free(ws.cand_block_w)
     free(ws.hot_z)
     free(ws.hot_w)
     free(ws.block_hot)

@@ -140,13 +140,16 @@ class HandoffOutput(SampleOutput):
         return self.outcome != _DECIDED
 
 
+_NO_COLD_TOKENS = (np.empty(0, np.int64), np.empty(0, np.float32))
+
+
 def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
                    shapes_checked: bool = False) -> tuple:
     """Raise ValueError for malformed compact rows; returns the kernel's
-    (touched offsets int64, ids int32, cold_argmax int64) arrays.
-    shapes_checked: the caller checked every shape and built the offsets
-    (``sampler_codec.decode_request``): only the kernel pass over the ids
-    is left."""
+    (touched offsets int64, ids int32, cold_argmax int64, cold_max float32)
+    arrays. shapes_checked: the caller checked every shape and built the
+    offsets (``sampler_codec.decode_request``): only the kernel pass over
+    the ids (and the cold tokens) is left."""
     vocab = hot_vocab.vocab_size
     offsets = np.ascontiguousarray(rows.touched_offsets, np.int64)
     ids = np.ascontiguousarray(rows.touched_ids)
@@ -157,7 +160,12 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
         raise ValueError(range_message.format(int(ids[(ids < 0) | (ids >= vocab)][0])))
     ids = np.ascontiguousarray(ids, np.int32)  # int32 ids: the C pass checks their range
     argmax = np.ascontiguousarray(rows.cold_argmax, np.int64)
-    problem, index = _sampling.check_compact_ids(offsets, ids, hot_vocab.positions(), argmax)
+    cold_max = np.ascontiguousarray(rows.cold_max, np.float32)
+    tokens, token_logits = _NO_COLD_TOKENS if rows.cold_token is None else (
+        np.ascontiguousarray(rows.cold_token, np.int64),
+        np.ascontiguousarray(rows.cold_token_logit, np.float32))
+    problem, index = _sampling.check_compact_ids(offsets, ids, hot_vocab.kernel_arrays()[2], vocab,
+                                                 argmax, tokens, token_logits, cold_max)
     if problem == 1:
         raise ValueError(range_message.format(int(ids[index])))
     if problem == 2:
@@ -166,32 +174,12 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
         raise ValueError(f"touched_ids must not hold hot ids, got {int(ids[index])}")
     if problem == 4:
         raise ValueError(f"cold_argmax must be -1 or a token id in [0, {vocab})")
-    if rows.cold_token is not None:
-        _check_cold_tokens(rows, offsets, ids, hot_vocab)
-    return offsets, ids, argmax
-
-
-def _check_cold_tokens(rows: CompactRows, offsets: np.ndarray, ids: np.ndarray,
-                       hot_vocab: HotVocab) -> None:
-    """A drawn cold token must be an id of C: in range, neither hot nor
-    touched, its logit finite and at most cold_max (a token from anywhere
-    else would skew the row's distribution)."""
-    vocab = hot_vocab.vocab_size
-    tokens = np.asarray(rows.cold_token, np.int64)
-    if tokens.size and (tokens.min() < -1 or tokens.max() >= vocab):
+    if problem == 5:
         raise ValueError(f"cold_token must be -1 or a token id in [0, {vocab})")
-    drawn = np.flatnonzero(tokens >= 0)
-    if not drawn.size:
-        return
-    picked = tokens[drawn]
-    keys = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets)) * vocab + ids
-    found = np.minimum(np.searchsorted(keys, drawn * vocab + picked), max(keys.size - 1, 0))
-    touched = keys.size and (keys[found] == drawn * vocab + picked).any()
-    logit = np.asarray(rows.cold_token_logit, np.float32)[drawn]
-    if ((hot_vocab.positions()[picked] >= 0).any() or touched
-            or not (np.isfinite(logit) & (logit <= np.asarray(rows.cold_max)[drawn])).all()):
+    if problem == 6:  # a token from anywhere else would skew the row's distribution
         raise ValueError("cold_token must be an id of the cold region (not hot, not touched), "
                          "with a finite cold_token_logit <= cold_max")
+    return offsets, ids, argmax, cold_max
 
 
 def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
@@ -230,8 +218,8 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
-    touched_offsets, touched_ids, cold_argmax = _check_compact(rows, size, hot_vocab,
-                                                               shapes_checked)
+    touched_offsets, touched_ids, cold_argmax, cold_max = _check_compact(rows, size, hot_vocab,
+                                                                         shapes_checked)
     vocab = hot_vocab.vocab_size
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
@@ -253,7 +241,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         vocab, hot_vocab.positions(),
         touched_offsets, touched_ids,
         np.ascontiguousarray(rows.touched_logits, np.float32),
-        np.ascontiguousarray(rows.cold_max, np.float32), cold_argmax,
+        cold_max, cold_argmax,
         np.ascontiguousarray(rows.cold_mass, np.float32))
     raise_row_errors(errors, error_columns)
     if rows.cold_token is not None:
