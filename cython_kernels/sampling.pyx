@@ -202,6 +202,8 @@ cdef struct CompactInputs:
     const float* cold_max           # [B]
     const int64_t* cold_argmax
     const float* cold_mass
+    const int64_t* cold_token       # [B] the data plane's draw inside C, -1 none (NULL: none sent)
+    const float* cold_token_logit
 
 
 cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
@@ -226,6 +228,20 @@ cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
     row.cold_mass = k.cold_mass[r]
     cdef int outcome = compact_row(&row, &ov, &params, ws, &result,
                                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    cdef float inv_t
+    if outcome == HANDOFF_NEED_COLD and k.cold_token != NULL and k.cold_token[r] >= 0:
+        # The data plane drew the token inside C (docs/HANDOFF.md, "The cold
+        # draw"): its logprob is C's log share plus log(w_t / W_C) =
+        # (z_t - zc) - log S_C, the second round's sum.
+        inv_t = params.scalars.inverse_temperature
+        result.token = k.cold_token[r]
+        result.logprob = <float>(<double>result.logprob
+                                 + (<double>(k.cold_token_logit[r] * inv_t)
+                                    - <double>(row.cold_max * inv_t))
+                                 - log(<double>row.cold_mass))
+        outcome = HANDOFF_DECIDED
+    if outcome != HANDOFF_DECIDED:
+        result.token = -1
     finish_row(r, &result, outcome, b)
     if outcome == HANDOFF_NEED_COLD:
         b.logprobs[r] = result.logprob      # C's log share, whether logprobs are wanted or not
@@ -385,7 +401,8 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
                          const int32_t[::1] hot_position, const int64_t[::1] touched_offsets,
                          const int32_t[::1] touched_ids, const float[::1] touched_logits,
                          const float[::1] cold_max, const int64_t[::1] cold_argmax,
-                         const float[::1] cold_mass):
+                         const float[::1] cold_mass, const int64_t[::1] cold_token,
+                         const float[::1] cold_token_logit):
     """Decide B compact rows; every argument is already validated.
 
     batch: a KernelBatch whose logits_bytes are the hot logits ([B, |H| *
@@ -396,7 +413,10 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     vocab: V. hot_position int32 [V]: HotVocab.positions(). touched_*: CSR
     (offsets [B + 1]) of each row's touched ids (ascending, none hot) and
     their raw float32 logits. cold_max float32 [B], cold_argmax int64 [B],
-    cold_mass float32 [B]: the cold summary.
+    cold_mass float32 [B]: the cold summary. cold_token int64 [B] (-1:
+    none) and cold_token_logit float32 [B], or both empty: the data plane's
+    draws inside C, checked by check_compact_ids; a NEED_COLD row with one
+    is decided with it. Undecided rows' tokens are -1.
     """
     cdef Py_ssize_t size = cold_max.shape[0]
     if size == 0:
@@ -413,6 +433,8 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     k.cold_max = &cold_max[0]
     k.cold_argmax = &cold_argmax[0]
     k.cold_mass = &cold_mass[0]
+    k.cold_token = &cold_token[0] if cold_token.shape[0] > 0 else NULL
+    k.cold_token_logit = &cold_token_logit[0] if cold_token.shape[0] > 0 else NULL
     cdef Py_ssize_t max_entries = max_row_entries(&b, size)
     cdef Py_ssize_t r
     cdef Py_ssize_t max_known = 0

@@ -146,7 +146,8 @@ _NO_COLD_TOKENS = (np.empty(0, np.int64), np.empty(0, np.float32))
 def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
                    shapes_checked: bool = False) -> tuple:
     """Raise ValueError for malformed compact rows; returns the kernel's
-    (touched offsets int64, ids int32, cold_argmax int64, cold_max float32)
+    (touched offsets int64, ids int32, cold_argmax int64, cold_max float32,
+    cold_token int64, cold_token_logit float32: empty when none came)
     arrays. shapes_checked: the caller checked every shape and built the
     offsets (``sampler_codec.decode_request``): only the kernel pass over
     the ids (and the cold tokens) is left."""
@@ -179,7 +180,7 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
     if problem == 6:  # a token from anywhere else would skew the row's distribution
         raise ValueError("cold_token must be an id of the cold region (not hot, not touched), "
                          "with a finite cold_token_logit <= cold_max")
-    return offsets, ids, argmax, cold_max
+    return offsets, ids, argmax, cold_max, tokens, token_logits
 
 
 def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
@@ -218,8 +219,8 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
-    touched_offsets, touched_ids, cold_argmax, cold_max = _check_compact(rows, size, hot_vocab,
-                                                                         shapes_checked)
+    touched_offsets, touched_ids, cold_argmax, cold_max, cold_token, cold_token_logit = (
+        _check_compact(rows, size, hot_vocab, shapes_checked))
     vocab = hot_vocab.vocab_size
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
@@ -241,12 +242,9 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         vocab, hot_vocab.positions(),
         touched_offsets, touched_ids,
         np.ascontiguousarray(rows.touched_logits, np.float32),
-        cold_max, cold_argmax,
-        np.ascontiguousarray(rows.cold_mass, np.float32))
+        cold_max, cold_argmax, np.ascontiguousarray(rows.cold_mass, np.float32),
+        cold_token, cold_token_logit)
     raise_row_errors(errors, error_columns)
-    if rows.cold_token is not None:
-        _take_cold_tokens(out, outcome, rows, batch)
-    out.token_ids[outcome != _DECIDED] = -1
     out.hot_accepted[:] = -1
     return HandoffOutput(**out.__dict__, outcome=outcome)
 
@@ -276,25 +274,6 @@ def cold_draws(batch: SamplingBatch) -> np.ndarray:
                                      drawn)
         out[rows] = drawn
     return out
-
-
-def _take_cold_tokens(out: SampleOutput, outcome: np.ndarray, rows: CompactRows,
-                      batch: SamplingBatch) -> None:
-    """Decide the NEED_COLD rows that came with a drawn cold token (in
-    place): the token, and its logprob log(W_C / Z) + log(w_t / W_C), the
-    second round's sum (``merge_fallback``) with w_t / W_C from the summary:
-    (z_t - zc) - log S_C."""
-    tokens = np.asarray(rows.cold_token)
-    cold = np.flatnonzero((outcome == _NEED_COLD) & (tokens >= 0))
-    if not cold.size:
-        return
-    inv_t = inverse_temperatures(np.asarray(batch.temperature)[cold])
-    z = np.asarray(rows.cold_token_logit, np.float32)[cold] * inv_t
-    zc = np.asarray(rows.cold_max, np.float32)[cold] * inv_t
-    out.token_ids[cold] = tokens[cold]
-    out.logprobs[cold] = (out.logprobs[cold] + (z.astype(np.float64) - zc)
-                          - np.log(np.asarray(rows.cold_mass, np.float64)[cold]))
-    outcome[cold] = _DECIDED
 
 
 #: What a NEED_COLD row's draw inside C turns off: penalties and truncation

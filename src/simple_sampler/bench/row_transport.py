@@ -58,7 +58,9 @@ def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = N
 
     rows = wait_for_counter(server.metrics_url, "simple_sampler_rows_total",
                             lambda value: value >= at_least, settled_after=settled_after)
-    return rows, read_counter(server.metrics_url, "simple_sampler_handoff_full_rows_total")
+    return (rows, read_counter(server.metrics_url, "simple_sampler_handoff_full_rows_total"),
+            read_counter(server.metrics_url, "nv_inference_request_success",
+                         'model="simple_sampler"'))
 
 
 def _processes(server) -> dict[str, list[int]]:
@@ -83,7 +85,9 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     """CPU microseconds per received token of the server's processes
     (``samplers``, ``llm``, ``tritonserver``) with rows sent by `transport`
     (a TRANSPORTS key), plus sampler rows and the samplers' minor page faults
-    per token; one fresh server. profile_dir: the sampler stubs' ``execute``
+    per token, and the rows per sampler request (Triton's own request count:
+    a request costs a stub a fixed share, so the shape of the load's steps
+    matters as much as the rows); one fresh server. profile_dir: the sampler stubs' ``execute``
     profiles go there (``triton/stub_profile``; warm-up included)."""
     from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
@@ -126,6 +130,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
             "sampler_faults_per_token": (cpu1["sampler_faults"] - cpu0["sampler_faults"]) / tokens,
             "rows_per_token": (rows1[0] - rows0[0]) / tokens,
             "in_place_per_token": (rows1[1] - rows0[1]) / tokens, "tokens": tokens,
+            "rows_per_request": (rows1[0] - rows0[0]) / max(1.0, rows1[2] - rows0[2]),
             "tokens_per_s": level["tokens_per_s"]}
 
 
@@ -285,7 +290,7 @@ def format_report(report: dict) -> str:
              f"requests: {report['settings']['params']}",
              f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
              f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'c.codec':>7} {'vs kern':>7} "
-             f"{'rows/tok':>8} "
+             f"{'rows/tok':>8} {'rows/req':>8} "
              f"{'fallback':>8} {'bytes/row':>9} {'share':>6} {'copies':>6} {'faults':>6} "
              f"{'tok/s':>7}"]
     for r in report["results"]:
@@ -296,7 +301,7 @@ def format_report(report: dict) -> str:
             f"{r['compact_kernel_us_per_row']:>5.1f}us {r['codec_us_per_row']:>5.1f}us "
             f"{r['compact_codec_us_per_row']:>5.1f}us "
             f"{r['vs_kernel']:>6.2f}x "
-            f"{r['rows_per_token']:>8.3f} "
+            f"{r['rows_per_token']:>8.3f} {r['rows_per_request']:>8.1f} "
             f"{'-' if r['fallback_rate'] is None else format(r['fallback_rate'], '.2%'):>8} "
             f"{r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
             f"{r['copies_per_row']:>6.2f} {r['sampler_faults_per_token']:>6.1f} "
@@ -307,7 +312,8 @@ def format_report(report: dict) -> str:
                  "kernel per row (in process, full rows from the arena, one request per "
                  "instance); c.codec: the same for compact rows (hot-first's requests, "
                  "full rows by reference beside them); "
-                 "vs kern = samplers / kernel; fallback: hot-first rows undecided "
+                 "vs kern = samplers / kernel; rows/req: rows per sampler request "
+                 "(Triton's count; the load's steps are ragged); fallback: hot-first rows undecided "
                  "by their compact row, read whole in the same request from the arena "
                  "(in place) or sent again whole (rows/tok - 1); bytes/row: row data the "
                  "sampler reads per token (hot-first: compact arrays + fallback rows); "
