@@ -23,6 +23,10 @@ def test_bench_row_transport_quick_json(capsys):
         assert r["kernel_us_per_row"] > 0 and r["compact_kernel_us_per_row"] > 0
         assert abs(r["codec_us_per_row"]) < r["kernel_us_per_row"]  # ours, beside the kernel
         assert r["vs_kernel"] == pytest.approx(r["samplers_us_per_token"] / r["kernel_us_per_row"])
+        # Triton's request count: at least one row each, at most the B streams' rows
+        assert 1.0 <= r["rows_per_request"] <= 8
+        assert r["samplers_us_per_request"] == pytest.approx(
+            r["samplers_us_per_token"] * r["rows_per_request"] / r["rows_per_token"])
     row_bytes = 128_256 * 4
     assert rows["bls"]["bytes_per_row"] == rows["arena"]["bytes_per_row"] == row_bytes
     assert (rows["bls"]["copies_per_row"], rows["arena"]["copies_per_row"]) == (3, 0)

@@ -131,6 +131,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
             "rows_per_token": (rows1[0] - rows0[0]) / tokens,
             "in_place_per_token": (rows1[1] - rows0[1]) / tokens, "tokens": tokens,
             "rows_per_request": (rows1[0] - rows0[0]) / max(1.0, rows1[2] - rows0[2]),
+            "samplers_us_per_request": (cpu1["samplers"] - cpu0["samplers"]) * 1e6
+            / max(1.0, rows1[2] - rows0[2]),
             "tokens_per_s": level["tokens_per_s"]}
 
 
@@ -290,7 +292,7 @@ def format_report(report: dict) -> str:
              f"requests: {report['settings']['params']}",
              f"{'transport':<10} {'V':>7} {'dtype':>8} {'B':>4} {'samplers':>9} {'llm':>8} "
              f"{'triton':>8} {'kernel':>7} {'compact':>7} {'codec':>7} {'c.codec':>7} {'vs kern':>7} "
-             f"{'rows/tok':>8} {'rows/req':>8} "
+             f"{'rows/tok':>8} {'rows/req':>8} {'s.us/req':>8} "
              f"{'fallback':>8} {'bytes/row':>9} {'share':>6} {'copies':>6} {'faults':>6} "
              f"{'tok/s':>7}"]
     for r in report["results"]:
@@ -302,6 +304,7 @@ def format_report(report: dict) -> str:
             f"{r['compact_codec_us_per_row']:>5.1f}us "
             f"{r['vs_kernel']:>6.2f}x "
             f"{r['rows_per_token']:>8.3f} {r['rows_per_request']:>8.1f} "
+            f"{r['samplers_us_per_request']:>8.0f} "
             f"{'-' if r['fallback_rate'] is None else format(r['fallback_rate'], '.2%'):>8} "
             f"{r['bytes_per_row']:>9.0f} {r['bytes_share']:>6.1%} "
             f"{r['copies_per_row']:>6.2f} {r['sampler_faults_per_token']:>6.1f} "
@@ -313,7 +316,8 @@ def format_report(report: dict) -> str:
                  "instance); c.codec: the same for compact rows (hot-first's requests, "
                  "full rows by reference beside them); "
                  "vs kern = samplers / kernel; rows/req: rows per sampler request "
-                 "(Triton's count; the load's steps are ragged); fallback: hot-first rows undecided "
+                 "(Triton's count; the load's steps are ragged); s.us/req: the samplers' "
+                 "CPU per request (what a request costs them, whatever its rows); fallback: hot-first rows undecided "
                  "by their compact row, read whole in the same request from the arena "
                  "(in place) or sent again whole (rows/tok - 1); bytes/row: row data the "
                  "sampler reads per token (hot-first: compact arrays + fallback rows); "
