@@ -42,6 +42,8 @@ sample_compact_batch). The parts are included, not separate modules, so the
 row functions stay static C functions of one translation unit that the
 compiler can inline across parts, as before the split.
 """
+import numpy as np
+
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, expf, log, nextafter, nextafterf
 from libc.stdint cimport INT32_MAX, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -515,6 +517,51 @@ def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
                 or logit > cold_max[r]):
             return 6, r
     return 0, 0
+
+
+def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, ::1] values=None):
+    """CSR of a -1 padded [B, L] int32 id list input (PADDING anywhere in a
+    row): (offsets int64 [B + 1], ids int32 [n], the float32 values at those
+    entries of `values` [B, L] or None, bad), bad the flat index of the first
+    entry that is neither -1 nor in [0, vocab) (offsets, ids and values None
+    then), -1 when all are good. Two passes over the ids where numpy made a
+    mask, a cumsum and a boolean gather per array, per request."""
+    cdef Py_ssize_t rows = padded.shape[0]
+    cdef Py_ssize_t width = padded.shape[1]
+    cdef Py_ssize_t r, j
+    cdef Py_ssize_t n = 0
+    cdef int32_t token
+    offsets = np.empty(rows + 1, np.int64)
+    cdef int64_t[::1] offset = offsets
+    offset[0] = 0
+    for r in range(rows):
+        for j in range(width):
+            token = padded[r, j]
+            if token != -1:
+                if token < 0 or token >= vocab:
+                    return None, None, None, r * width + j
+                n += 1
+        offset[r + 1] = n
+    ids = np.empty(n, np.int32)
+    cdef int32_t[::1] out = ids
+    taken = None if values is None else np.empty(n, np.float32)
+    cdef float[::1] taken_view
+    n = 0
+    if values is None:
+        for r in range(rows):
+            for j in range(width):
+                if padded[r, j] != -1:
+                    out[n] = padded[r, j]
+                    n += 1
+    else:
+        taken_view = taken
+        for r in range(rows):
+            for j in range(width):
+                if padded[r, j] != -1:
+                    out[n] = padded[r, j]
+                    taken_view[n] = values[r, j]
+                    n += 1
+    return offsets, ids, taken, -1
 
 
 def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64_t[::1] out):

@@ -520,17 +520,16 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
         arena.close()
 
 
-@pytest.mark.parametrize("dtype, bad, message", [
-    (np.int32, -5, r"touched_ids must be token ids in \[0, 4096\), got -5"),
-    (np.int32, 4096, r"touched_ids must be token ids in \[0, 4096\), got 4096"),
-    (np.int64, 5000, r"row 0: touched_ids must be token ids in \[0, 4096\) or -1 \(padding\), "
-                     r"got 5000")])
-def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad, message):
-    """decode_request leaves the range of int32 touched ids to the kernel
-    pass of sample_compact: either way the request is refused by name."""
+@pytest.mark.parametrize("dtype, bad", [(np.int32, -5), (np.int32, 4096), (np.int64, 5000)])
+def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad):
+    """decode_request checks int32 touched ids in its Cython pass and
+    others through numpy: either way the request is refused by name, row
+    and range."""
     from simple_sampler.schema import InvalidRequest
     from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
                                                      sample_request)
+
+    message = rf"row 0: touched_ids must be token ids in \[0, 4096\) or -1 \(padding\), got {bad}"
 
     hot = hot_sets(zipf_row)["random"]
     batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(2)])

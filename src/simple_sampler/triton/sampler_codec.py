@@ -29,6 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .. import _sampling
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import PARAMS, RULES, SamplingBatch, any_on, first_failed_check
 from ..sampling import MAX_TOP_LOGPROBS, sample
@@ -92,23 +93,34 @@ def _scalar(inputs: Mapping, name: str, rows: int, default, dtype) -> np.ndarray
 _NO_IDS = np.zeros(0, np.int64)
 
 
-def _id_lists_and_mask(name: str, padded, rows: int, vocab: int, checked: bool = True):
-    """CSR (offsets, ids) of a -1 padded [B, L] input, and its mask of the
-    entries that are not padding; validates every id unless not `checked`
-    (int32 ids whose range a kernel pass checks anyway)."""
+def _id_lists(name: str, padded, rows: int, vocab: int, values=None):
+    """CSR (offsets int64, ids) of a -1 padded [B, L] input with every id
+    checked, and the float32 entries of `values` (same shape) at those ids
+    when given. int32 ids (the schema's) in one Cython pass
+    (``_sampling.padded_lists``), others through numpy."""
     padded = _rows_of(name, padded, rows, width=None)
+    if padded.dtype == np.int32:
+        offsets, ids, taken, bad = _sampling.padded_lists(
+            np.ascontiguousarray(padded), vocab,
+            None if values is None else np.ascontiguousarray(values, np.float32))
+        if bad >= 0:
+            _refuse_ids(name, vocab, *divmod(bad, padded.shape[1]), padded)
+        return offsets, ids, taken
     if padded.dtype.kind not in "iu":
         padded = padded.astype(np.int64)
     # PADDING is the only negative value allowed: two reductions decide it
-    if checked and padded.size and (padded.min() < PADDING or padded.max() >= vocab):
+    if padded.size and (padded.min() < PADDING or padded.max() >= vocab):
         valid = (padded == PADDING) | ((padded >= 0) & (padded < vocab))
-        row, column = np.argwhere(~valid)[0]
-        raise InvalidRequest(f"row {row}: {name} must be token ids in [0, {vocab}) or "
-                           f"{PADDING} (padding), got {padded[row, column]}")
+        _refuse_ids(name, vocab, *np.argwhere(~valid)[0], padded)
     used = padded != PADDING
     offsets = np.zeros(rows + 1, np.int64)
     np.cumsum(used.sum(axis=1), out=offsets[1:])
-    return offsets, padded[used], used
+    return offsets, padded[used], None if values is None else values[used].astype(np.float32)
+
+
+def _refuse_ids(name: str, vocab: int, row: int, column: int, padded) -> None:
+    raise InvalidRequest(f"row {row}: {name} must be token ids in [0, {vocab}) or "
+                         f"{PADDING} (padding), got {padded[row, column]}")
 
 
 def _logits_shape(logits) -> tuple[int, int]:
@@ -206,7 +218,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     # them (nothing writes into a decoded batch's arrays).
     no_lists = (np.zeros(rows + 1, np.int64), _NO_IDS)
     lists = {name: no_lists if inputs.get(name) is None
-             else _id_lists_and_mask(name, inputs[name], rows, vocab)[:2]
+             else _id_lists(name, inputs[name], rows, vocab)[:2]
              for name in ID_LIST_INPUTS}
     generated_offsets = lists["generated_ids"][0]
     if step is None:
@@ -257,21 +269,19 @@ def _compact_rows(inputs: Mapping, hot_vocab):
     missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
-    touched = inputs["touched_ids"]
-    # int32 ids: sample_compact's kernel pass checks their range
-    offsets, ids, used = _id_lists_and_mask("touched_ids", touched, rows, hot_vocab.vocab_size,
-                                            checked=np.asarray(touched).dtype != np.int32)
+    touched = _rows_of("touched_ids", inputs["touched_ids"], rows, width=None)
     logits = _rows_of("touched_logits", inputs["touched_logits"], rows, width=None)
-    if logits.shape != used.shape:
+    if logits.shape != touched.shape:
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
-                           f"{list(used.shape)}, got {list(logits.shape)}")
+                           f"{list(touched.shape)}, got {list(logits.shape)}")
+    offsets, ids, logits = _id_lists("touched_ids", touched, rows, hot_vocab.vocab_size, logits)
     sent = [name for name in COLD_DRAW_NAMES if inputs.get(name) is not None]
     if sent and len(sent) != len(COLD_DRAW_NAMES):
         raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} must be sent together")
     return CompactRows(
         hot_logits=host_array(hot),
         touched_offsets=offsets, touched_ids=ids.astype(np.int32, copy=False),
-        touched_logits=logits[used].astype(np.float32, copy=False),
+        touched_logits=logits,
         **{name: _rows_of(name, inputs[name], rows)[:, 0]
            for name in COMPACT_INPUTS[3:] + tuple(sent)})
 
