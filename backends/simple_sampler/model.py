@@ -25,14 +25,15 @@ from simple_sampler.triton.stub_profile import StubProfile
 log = logging.getLogger("simple_sampler.backend")
 
 
-def _as_array(tensor):
-    """numpy for every dtype numpy has; a CPU torch tensor for BF16."""
-    try:
-        return tensor.as_numpy()
-    except pb_utils.TritonModelException:  # BF16 has no numpy dtype: go through DLPack
+def _as_array(tensor, bf16: bool):
+    """numpy for every dtype numpy has; a CPU torch tensor for BF16, which
+    has no numpy dtype (python_backend's ``PbTensor::AsNumpy`` throws for it:
+    the config's dtype decides, not a raised exception per request)."""
+    if bf16:
         from torch.utils.dlpack import from_dlpack
 
         return from_dlpack(tensor.to_dlpack())
+    return tensor.as_numpy()
 
 
 class TritonPythonModel:
@@ -42,6 +43,8 @@ class TritonPythonModel:
         settings = SamplerSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.num_threads, self.vocab_size = settings.num_threads, settings.vocab_size
+        self.bf16_inputs = frozenset(tensor["name"] for tensor in config["input"]
+                                     if tensor["data_type"] == "TYPE_BF16")
         self.hot_vocab = self.monitor = None
         if settings.hot_vocab_profile:
             path = os.path.join(args["model_repository"], settings.hot_vocab_profile)
@@ -97,7 +100,8 @@ class TritonPythonModel:
             # rebuilds request.inputs() and scans it on every call (a name each).
             inputs = {tensor.name(): tensor for tensor in request.inputs()}
             try:
-                decoded = decode_request({k: _as_array(v) for k, v in inputs.items()},
+                decoded = decode_request({k: _as_array(v, k in self.bf16_inputs)
+                                          for k, v in inputs.items()},
                                          self.vocab_size, self.hot_vocab, self.reader)
                 outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
                 if decoded.logits_ref is not None:  # the slot must not have been reused meanwhile
