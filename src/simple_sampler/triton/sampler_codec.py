@@ -389,8 +389,11 @@ def compact_arrays(rows) -> dict[str, np.ndarray]:
 
 def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):
     """End ids of the rows still short of min_tokens, as CSR."""
-    keep = np.repeat(before_min_tokens, np.diff(offsets))
-    counts = np.diff(offsets) * before_min_tokens
+    if before_min_tokens.all():  # every row short of min_tokens: its end ids as they came
+        return offsets, ids
+    lengths = np.diff(offsets)
+    keep = np.repeat(before_min_tokens, lengths)
+    counts = lengths * before_min_tokens
     ban_offsets = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=ban_offsets[1:])
     return ban_offsets, ids[keep]
