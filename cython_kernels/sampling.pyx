@@ -528,6 +528,9 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
     mask, a cumsum and a boolean gather per array, per request."""
     cdef Py_ssize_t rows = padded.shape[0]
     cdef Py_ssize_t width = padded.shape[1]
+    if values is not None and (values.shape[0] != rows or values.shape[1] != width):
+        raise ValueError(f"values must have the ids' shape [{rows}, {width}], "
+                         f"got [{values.shape[0]}, {values.shape[1]}]")
     cdef Py_ssize_t r, j
     cdef Py_ssize_t n = 0
     cdef int32_t token

@@ -259,3 +259,25 @@ def test_packed_scalars_are_checked_like_the_separate_tensors(logits):
         decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:, :8]})
     with pytest.raises(InvalidRequest, match="must have shape"):
         decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:1]})
+
+
+def test_padded_int32_lists_decode_as_numpy_does():
+    """The Cython pass (int32) and the numpy one (int64) give the same CSR
+    and values for padding anywhere in a row, and name the same bad entry."""
+    from simple_sampler.triton.sampler_codec import _id_lists
+
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, V, (6, 9))
+    ids[rng.random(ids.shape) < 0.4] = -1
+    ids[2] = -1  # a row of padding only
+    values = rng.standard_normal(ids.shape).astype(np.float32)
+    fast = _id_lists("touched_ids", ids.astype(np.int32), 6, V, values)
+    slow = _id_lists("touched_ids", ids.astype(np.int64), 6, V, values)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+    assert fast[1].dtype == np.int32 and fast[2].dtype == np.float32
+    ids[4, 3] = V
+    for dtype in (np.int32, np.int64):
+        with pytest.raises(InvalidRequest, match=rf"row 4: touched_ids must be token ids in "
+                                                 rf"\[0, {V}\) or -1 \(padding\), got {V}"):
+            _id_lists("touched_ids", ids.astype(dtype), 6, V)
