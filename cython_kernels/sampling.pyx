@@ -547,23 +547,19 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
         offset[r + 1] = n
     ids = np.empty(n, np.int32)
     cdef int32_t[::1] out = ids
-    taken = None if values is None else np.empty(n, np.float32)
+    cdef bint with_values = values is not None
+    taken = np.empty(n, np.float32) if with_values else None
     cdef float[::1] taken_view
-    n = 0
-    if values is None:
-        for r in range(rows):
-            for j in range(width):
-                if padded[r, j] != -1:
-                    out[n] = padded[r, j]
-                    n += 1
-    else:
+    if with_values:
         taken_view = taken
-        for r in range(rows):
-            for j in range(width):
-                if padded[r, j] != -1:
-                    out[n] = padded[r, j]
+    n = 0
+    for r in range(rows):
+        for j in range(width):
+            if padded[r, j] != -1:
+                out[n] = padded[r, j]
+                if with_values:
                     taken_view[n] = values[r, j]
-                    n += 1
+                n += 1
     return offsets, ids, taken, -1
 
 

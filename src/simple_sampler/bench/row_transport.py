@@ -50,7 +50,8 @@ def process_stat(pid: int) -> tuple[float, int]:
 
 def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = None):
     """(rows the sampler instances were sent, undecided compact rows they
-    decided from their full rows in place), over every instance, once the
+    decided from their full rows in place, the requests Triton counted for
+    the sampler model), over every instance, once the
     rows are at least `at_least` and every count made before
     `settled_after` has arrived (the instances send theirs in batches:
     ``triton.counters``)."""
@@ -125,14 +126,14 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         if previous is not None:
             os.environ[PROFILE_ENV] = previous
     tokens = batch * max_tokens  # min_length = max_tokens: every request yields them all
+    requests = max(1.0, rows1[2] - rows0[2])
     return {**{f"{name}_us_per_token": (cpu1[name] - cpu0[name]) * 1e6 / tokens
                for name in processes},
             "sampler_faults_per_token": (cpu1["sampler_faults"] - cpu0["sampler_faults"]) / tokens,
             "rows_per_token": (rows1[0] - rows0[0]) / tokens,
             "in_place_per_token": (rows1[1] - rows0[1]) / tokens, "tokens": tokens,
-            "rows_per_request": (rows1[0] - rows0[0]) / max(1.0, rows1[2] - rows0[2]),
-            "samplers_us_per_request": (cpu1["samplers"] - cpu0["samplers"]) * 1e6
-            / max(1.0, rows1[2] - rows0[2]),
+            "rows_per_request": (rows1[0] - rows0[0]) / requests,
+            "samplers_us_per_request": (cpu1["samplers"] - cpu0["samplers"]) * 1e6 / requests,
             "tokens_per_s": level["tokens_per_s"]}
 
 
