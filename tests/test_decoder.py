@@ -12,7 +12,7 @@ from simple_sampler.models import load_model
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 
-from fakes import END_ID, LETTERS, FakeEngine, FakeTokenizer, next_letter
+from fakes import END_ID, LETTERS, VOCAB, FakeEngine, FakeTokenizer, next_letter
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -204,6 +204,33 @@ def test_a_failing_sampler_errors_its_rows_and_the_decoder_keeps_serving():
     failed, served = asyncio.run(main())
     assert len(failed) == 1 and "decision plane unavailable" in failed[0].error
     assert text_of(served) == "bc" and served[-1].finish_reason == "length"
+
+
+def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it():
+    """A sampler with ``summarize`` (the hot-first summary's place) has it
+    run in the data-plane thread behind the forward, on the step's rows and
+    batch, and gets its result as the third argument; tokens are as ever."""
+    import threading
+
+    class Split:
+        def __init__(self):
+            self.summarized, self.received = [], []
+
+        def summarize(self, logits, batch):
+            self.summarized.append(threading.current_thread().name)
+            return ("summary of", len(batch), tuple(logits.shape))
+
+        async def __call__(self, logits, batch, summary=None):
+            self.received.append(summary)
+            return kernel_sample(logits, batch)
+
+    sampler = Split()
+    (events,), _ = generate(FakeEngine(), [GenerationRequest(text="a", max_tokens=3,
+                                                             sampling=GREEDY)], sampler=sampler)
+    assert text_of(events) == "bcd"
+    assert len(sampler.summarized) == 3
+    assert all(name.startswith("data-plane") for name in sampler.summarized)
+    assert sampler.received == [("summary of", 1, (1, VOCAB))] * 3
 
 
 @pytest.mark.parametrize("request_args, message", [

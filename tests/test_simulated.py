@@ -128,6 +128,49 @@ def test_step_sleeps_its_modelled_time():
     assert time.perf_counter() - started >= 0.030  # t(2) = 20 + 5 * 2 ms, a lower bound
 
 
+def test_step_then_models_the_work_behind_the_forward_as_device_time():
+    """``step_then``: the rows' follow-up work (the hot-first summary) runs
+    on this CPU while the forward is modelled, so the step takes t(B) plus
+    the follow-up's modelled device time, not t(B) plus the emulation's own
+    time; the engine-protocol helper gives every other engine the plain
+    sequence."""
+    from simple_sampler.serving.engine import step_then
+    from simple_sampler.serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
+
+    engine = SimulatedEngine(SimulatedSpec(vocab=VOCAB, dtype="float32", step_a_ms=150.0,
+                                           step_b_ms=0.0), max_batch_size=2, max_context=8)
+    engine.add("x", [1])
+    engine.add("y", [2])
+    hot = np.arange(0, VOCAB, 97)
+
+    def emulate(rows):  # 60 ms of CPU, then the summary with its device time
+        deadline = time.perf_counter() + 0.060
+        while time.perf_counter() < deadline:
+            pass
+        return engine.hot_first_summary(rows, hot, np.zeros(3, np.int64), np.zeros(0, np.int64),
+                                        np.ones(2), 0)
+
+    started = time.perf_counter()
+    rows, summary = step_then(engine, ["x", "y"], emulate)
+    took = time.perf_counter() - started
+    device_s = SUMMARY_READS * rows.numel() * rows.element_size() / HBM_BYTES_PER_S
+    assert 0.150 + device_s <= took < 0.150 + 0.060  # overlapped, not 210 ms
+    assert summary.hot_logits.shape == (2, hot.size)
+    np.testing.assert_array_equal(np.asarray(summary.hot_logits), rows[:, hot].numpy())
+    assert engine.queued.device_s is None  # no step is modelling any more
+
+    class Plain:  # an engine without step_then: the step, then the work
+        calls = []
+
+        def step(self, seq_ids):
+            self.calls.append("step")
+            return torch.zeros(len(seq_ids), 4)
+
+    plain = Plain()
+    rows, after = step_then(plain, [1, 2], lambda rows: plain.calls.append("then") or rows.shape)
+    assert plain.calls == ["step", "then"] and after == (2, 4)
+
+
 def test_a_sequence_stops_taking_tokens_at_max_context():
     # The rest of the protocol's errors: test_engine_contract.py.
     engine = SimulatedEngine(FAST, max_batch_size=1, max_context=4)

@@ -18,7 +18,12 @@ Sampling modes (``mode``):
   ``async def sample(logits, batch) -> (token_ids, logprobs)`` (logits float32
   ``[n, V]``, ``batch`` a :class:`SamplingBatch` of n rows; returns int64
   ``[n]`` and float32 ``[n]``): the decision plane, remote in a server
-  (:func:`threaded` wraps a local function for tests);
+  (:func:`threaded` wraps a local function for tests). A sampler with a
+  data-plane half (``summarize(logits, batch)``: the hot-first summary,
+  ``triton.hot_first_sampler``) has it run in the data-plane thread right
+  behind the forward (``engine.step_then``: where a GPU engine's stream
+  holds the rows, and where the simulated engine models it as device
+  time), and is then called ``sampler(logits, batch, summary)``;
 * ``inline``: torch sampling in the data plane right after the forward
   (``inline.sample_torch``), one lane, no overlap: the baseline;
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
@@ -71,7 +76,7 @@ from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
 from ..settings import SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
-from .engine import Engine, SelfScheduling, SequenceFailed
+from .engine import Engine, SelfScheduling, SequenceFailed, step_then
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
 
@@ -367,6 +372,8 @@ class Decoder:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
+        #: the sampler's data-plane half (module docstring), or None
+        self.summarize = getattr(sampler, "summarize", None) if mode == "simple" else None
         self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
@@ -555,7 +562,7 @@ class Decoder:
                 self.activity.change(forwards=1)
                 handed_over = time.perf_counter()
                 try:
-                    logits, tokens, logprobs, forward_s, local_sample_s, began, ended = \
+                    logits, summary, tokens, logprobs, forward_s, local_sample_s, began, ended = \
                         await loop.run_in_executor(self.executor, self._data_plane_step, ids, batch)
                 finally:
                     self.activity.change(forwards=-1)
@@ -565,7 +572,8 @@ class Decoder:
                     started = time.perf_counter()
                     self.activity.change(samplers=1)
                     try:
-                        tokens, logprobs = await self.sampler(logits, batch)
+                        tokens, logprobs = await (self.sampler(logits, batch) if summary is None
+                                                  else self.sampler(logits, batch, summary))
                     finally:
                         self.activity.change(samplers=-1)
                     sampler_s = time.perf_counter() - started
@@ -612,18 +620,26 @@ class Decoder:
             self.wake[target].set()
 
     def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
-        """In the data-plane thread: the forward, then in inline modes the
-        sampling. Returns (logits, tokens, logprobs, forward_s, sample_s,
-        started, done): the last two ``time.perf_counter()`` readings, when
-        the thread began and ended the step."""
+        """In the data-plane thread: the forward and the sampler's
+        data-plane half (forward_s counts both: data-plane time), then in
+        inline modes the sampling. Returns (logits, summary, tokens,
+        logprobs, forward_s, sample_s, started, done): summary None without
+        a data-plane half, the last two ``time.perf_counter()`` readings
+        when the thread began and ended the step."""
         started = time.perf_counter()
-        logits = self.engine.step(ids)
+        summary = None
+        if self.summarize is None:
+            logits = self.engine.step(ids)
+        else:
+            logits, summary = step_then(self.engine, ids,
+                                        lambda rows: self.summarize(rows, batch))
         forward_s = time.perf_counter() - started
         if self.local_sample is None:
-            return logits, None, None, forward_s, 0.0, started, time.perf_counter()
+            return logits, summary, None, None, forward_s, 0.0, started, time.perf_counter()
         tokens, logprobs = self.local_sample(logits, batch)
         done = time.perf_counter()
-        return logits, tokens, logprobs, forward_s, done - started - forward_s, started, done
+        return (logits, None, tokens, logprobs, forward_s, done - started - forward_s, started,
+                done)
 
     def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""

@@ -20,7 +20,9 @@ never looks inside it:
 
 Optional capabilities are protocols of their own: :class:`SelfScheduling`
 (``wait_ready(seq_ids)``, the subset that has a row now, for an engine that
-schedules its own batches; see ``decoder`` and ``trtllm``) and
+schedules its own batches; see ``decoder`` and ``trtllm``),
+:class:`StepsThen` (``step_then(seq_ids, then)``: device work on the rows
+queued behind the forward, for an engine that models its device time) and
 :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
 engine tracks per sequence and raises the contract's errors.
 
@@ -38,6 +40,8 @@ from typing import (TYPE_CHECKING, Callable, Generic, Hashable, Iterator, Protoc
 
 if TYPE_CHECKING:  # the contract needs torch only to name step's return type
     import torch
+
+T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -70,6 +74,31 @@ class SelfScheduling(Protocol):
         """The ids among ``seq_ids`` with a row to step now, waiting up to
         ``timeout`` seconds while no active sequence has one."""
         ...
+
+
+@runtime_checkable
+class StepsThen(Protocol):
+    """Optional capability of an :class:`Engine` whose device time is
+    modelled (``simulated.SimulatedEngine``): ``step_then(seq_ids, then)``
+    is ``step(seq_ids)`` followed by ``then(rows)`` as device work queued
+    behind the forward (the hot-first summary), and returns ``(rows,
+    then(rows))``. The engine charges ``then`` its modelled device time, not
+    its emulation's CPU time. Any other engine gets ``step_then``, the plain
+    sequence."""
+
+    def step_then(self, seq_ids: Sequence[Hashable],
+                  then: Callable[[torch.Tensor], T]) -> tuple[torch.Tensor, T]: ...
+
+
+def step_then(engine: Engine, seq_ids: Sequence[Hashable],
+              then: Callable[[torch.Tensor], T]) -> tuple[torch.Tensor, T]:
+    """``engine.step(seq_ids)``, then ``then`` of its rows in the same
+    thread (where a GPU engine's stream holds them), through the engine's
+    own ``step_then`` when it models its device time (:class:`StepsThen`)."""
+    if isinstance(engine, StepsThen):
+        return engine.step_then(seq_ids, then)
+    rows = engine.step(seq_ids)
+    return rows, then(rows)
 
 
 @runtime_checkable

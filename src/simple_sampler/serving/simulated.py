@@ -133,6 +133,9 @@ class SimulatedEngine:
             spec.vocab, max_batch_size, max_context)
         self.state_lock = threading.Lock()
         self.step_lock = threading.Lock()
+        #: ``device_s``: the device time queued behind the forward
+        #: ``step_then`` is modelling in this thread (None: no such step)
+        self.queued = threading.local()
 
     def share_rows(self, arena) -> None:
         """Move the bank into `arena` (``row_arena.RowArena.share``): the
@@ -169,8 +172,10 @@ class SimulatedEngine:
         cold mass), and draw their cold tokens from its block masses
         (``_ColdBlocks``). Rows at another temperature, rows whose touched
         ids hold the cold argmax and rows not from the bank are summarized
-        here in torch on this CPU. Sleeps the summary's modelled device time
-        (SUMMARY_READS reads of the rows at HBM_BYTES_PER_S)."""
+        here in torch on this CPU. Takes the summary's modelled device time
+        (SUMMARY_READS reads of the rows at HBM_BYTES_PER_S): sleeps what
+        the computing here did not already take, or, called by ``step_then``,
+        adds it to that step's."""
         started = time.perf_counter()
         size = logits.shape[0]
         offsets = np.asarray(touched_offsets, np.int64)
@@ -200,7 +205,11 @@ class SimulatedEngine:
                 [(computed, int(np.searchsorted(rows, r))) if own[r] else (out, r)
                  for r in range(size)])
         device_s = SUMMARY_READS * logits.numel() * logits.element_size() / HBM_BYTES_PER_S
-        time.sleep(max(0.0, device_s - (time.perf_counter() - started)))
+        queued = getattr(self.queued, "device_s", None)
+        if queued is not None:  # inside step_then: charged behind the forward
+            self.queued.device_s = queued + device_s
+        else:
+            time.sleep(max(0.0, device_s - (time.perf_counter() - started)))
         return out
 
     def _bank_row(self, logits: torch.Tensor) -> int | None:
@@ -221,6 +230,16 @@ class SimulatedEngine:
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Sleep t(len(seq_ids)), return the rows (module docstring). Errors
         as TorchEngine.step (SequenceTable.for_step)."""
+        return self.step_then(seq_ids, None)[0]
+
+    def step_then(self, seq_ids: Sequence[Hashable], then):
+        """``engine.StepsThen``: the step's rows and ``then(rows)`` (None
+        without `then`), at t(len(seq_ids)) plus the device time `then`
+        charged (``hot_first_summary``). The rows are the bank's, known
+        before the modelled forward ends, so `then`'s emulation runs on this
+        CPU while the forward is modelled (inside its sleep), as the GPU
+        would queue it behind the forward: the step takes max(t(B), the
+        emulation) plus `then`'s device time, not their sum."""
         deadline = time.perf_counter() + self.spec.step_ms(len(seq_ids)) / 1e3
         with self.step_lock:
             with self.state_lock:
@@ -228,9 +247,18 @@ class SimulatedEngine:
                     state.pending = False
             offset = self.steps * OFFSET_STRIDE % (BANK_OFFSETS + 1)
             self.steps += 1
+            rows = self.bank[offset:offset + len(seq_ids)]
+            result = None
+            if then is not None:
+                self.queued.device_s = 0.0
+                try:
+                    result = then(rows)
+                    deadline += self.queued.device_s
+                finally:
+                    self.queued.device_s = None
             # The "GPU" computes: this thread waits without using a core.
             time.sleep(max(0.0, deadline - time.perf_counter()))
-        return self.bank[offset:offset + len(seq_ids)]
+        return rows, result
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         """As TorchEngine.append (SequenceTable.for_append's errors)."""

@@ -55,11 +55,18 @@ class HotFirstSampler:
         self.cold_draw = cold_draw
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
-    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch):
-        # Off the event loop: on a CPU the summary is milliseconds of torch
-        # work per step (docs/HANDOFF.md), and another lane may be ready.
-        rows = await asyncio.to_thread(compact_rows, logits, batch, self.hot_vocab, self.cold_top,
-                                       self.summary, self.cold_draw)
+    def summarize(self, logits: torch.Tensor, batch: SamplingBatch):
+        """The data plane's half: the batch's compact rows (``compact_rows``).
+        The decode loop runs it in its data-plane thread right behind the
+        forward (serving/decoder.py), and passes the result to ``__call__``."""
+        return compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
+                            self.cold_draw)
+
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, rows=None):
+        if rows is None:
+            # Off the event loop: on a CPU the summary is milliseconds of
+            # torch work per step (docs/HANDOFF.md), and another lane may be ready.
+            rows = await asyncio.to_thread(self.summarize, logits, batch)
         # Full rows already in the arena go along by reference: the samplers
         # that map it decide their undecided rows in the same request.
         full_rows = self.pool.reference(logits)
