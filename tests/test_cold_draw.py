@@ -156,3 +156,46 @@ def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
                          (np.full((40, 1), VOCAB, np.int32), r"cold_token must be -1 or a token id")):
         with pytest.raises(InvalidRequest, match=message):
             sample_request(decode_request({**inputs, "cold_token": bad}, VOCAB, hot), 1, hot)
+
+
+@pytest.mark.parametrize("drawn", [False, True])
+def test_the_packed_cold_summary_decodes_as_its_five_tensors(zipf_row, drawn):
+    """``compact_arrays(packed=True)`` sends the cold summary as one
+    ``cold_summary`` record per row (the llm model's form); the sampler
+    answers it exactly as the five tensors, with or without cold tokens
+    (none drawn: cold_token -1 on every row), and refuses it by name when
+    it is malformed, comes with a field it packs, or comes without
+    compact rows."""
+    from simple_sampler.schema import COLD_SUMMARY_RECORD, InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
+
+    hot = hot_sets(zipf_row)["head"]
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(40)])
+    offsets, ids = touched_lists(batch, hot)
+    compact = hot_first_summary(torch.from_numpy(zipf_row).expand(40, VOCAB),
+                                hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0,
+                                cold_draws(batch) if drawn else None).cpu()
+    scalars = batch_arrays(batch, packed=True)
+    separate, packed = (compact_arrays(compact, packed=flag) for flag in (False, True))
+    assert packed.keys() == {"hot_logits", "touched_ids", "touched_logits", "cold_summary"}
+    assert packed["cold_summary"].dtype == np.uint8
+    assert packed["cold_summary"].shape == (40, COLD_SUMMARY_RECORD.itemsize)
+    answers = [sample_request(decode_request({**arrays, **scalars}, VOCAB, hot), 1, hot)[0]
+               for arrays in (separate, packed)]
+    for name in answers[0]:
+        np.testing.assert_array_equal(answers[1][name], answers[0][name], err_msg=name)
+    # without cold tokens some rows stay undecided (NEED_COLD): the forms still agree
+    assert (answers[0]["handoff_outcome"] != DECIDED).any() != drawn
+    inputs = {**packed, **scalars}
+    with pytest.raises(InvalidRequest, match="cold_summary carries cold_mass: send one"):
+        decode_request({**inputs, "cold_mass": separate["cold_mass"]}, VOCAB, hot)
+    with pytest.raises(InvalidRequest, match=r"cold_summary must be UINT8 \[40, 20\]"):
+        decode_request({**inputs, "cold_summary": packed["cold_summary"][:, :12]}, VOCAB, hot)
+    with pytest.raises(InvalidRequest, match=r"cold_summary must be UINT8 \[40, 20\]"):
+        decode_request({**inputs, "cold_summary": packed["cold_summary"][:39]}, VOCAB, hot)
+    with pytest.raises(InvalidRequest, match="come with compact rows"):
+        decode_request({"logits": np.broadcast_to(zipf_row, (40, VOCAB)),
+                        "cold_summary": packed["cold_summary"]}, VOCAB, hot)
+    with pytest.raises(InvalidRequest, match="hot_logits needs touched_logits too"):
+        decode_request({**inputs, "touched_logits": None}, VOCAB, hot)

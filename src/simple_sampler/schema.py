@@ -202,6 +202,18 @@ COLD_DRAW_INPUTS = (
             "-1, or an id of C drawn with P(t) = w_t / W_C on the row's cold stream"),
     _scalar("cold_token_logit", "FP32", "none", "cold_token's raw logit (<= cold_max)"),
 )
+#: The cold summary's five fields (HANDOFF_INPUTS[3:], COLD_DRAW_INPUTS) as
+#: one record per row, aligned as C aligns a struct of them.
+COLD_SUMMARY_FIELDS = (*HANDOFF_INPUTS[3:], *COLD_DRAW_INPUTS)
+COLD_SUMMARY_RECORD = np.dtype([(t.name, t.numpy) for t in COLD_SUMMARY_FIELDS], align=True)
+#: Every row's cold summary in one tensor, as row_scalars packs the
+#: parameters: each tensor crossing BLS costs both sides (docs/COPIES.md).
+COLD_SUMMARY = Tensor(
+    "cold_summary", "UINT8", (-1,), default="none (each field its own tensor)",
+    allowed=f"[B, {COLD_SUMMARY_RECORD.itemsize}]: per row one record of "
+            f"{', '.join(t.name for t in COLD_SUMMARY_FIELDS)} in those tensors' dtypes, "
+            f"little-endian, C struct alignment (schema.COLD_SUMMARY_RECORD); cold_token -1 "
+            f"where none was drawn; none of those tensors with it")
 #: Rows the llm process placed in its shared-memory row arena (row_arena.py),
 #: named instead of sent: same-host sampler instances only.
 LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
@@ -248,6 +260,7 @@ SAMPLER = Model("simple_sampler", (
     ROW_SCALARS,
     *HANDOFF_INPUTS,
     *COLD_DRAW_INPUTS,
+    COLD_SUMMARY,
     LOGITS_REF,
 ), (
     Tensor("output_ids", "INT32", optional=False),

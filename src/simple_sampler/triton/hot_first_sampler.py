@@ -78,7 +78,7 @@ class HotFirstSampler:
 
     async def _decide(self, rows, batch: SamplingBatch, full_rows=None) -> HandoffOutput:
         size = len(batch)
-        outputs = await self.pool.send(compact_arrays(rows), batch, full_rows,
+        outputs = await self.pool.send(compact_arrays(rows, packed=True), batch, full_rows,
                                        most_shards=-(-size // self.rows_per_request))
         outcome = outputs["handoff_outcome"].astype(np.int8)
         token_ids = outputs["output_ids"].astype(np.int64)

@@ -33,7 +33,8 @@ from .. import _sampling
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import PARAMS, RULES, SamplingBatch, any_on, first_failed_check
 from ..sampling import MAX_TOP_LOGPROBS, sample
-from ..schema import COLD_DRAW_INPUTS, HANDOFF_INPUTS, ROW_SCALARS_RECORD, SAMPLER, InvalidRequest
+from ..schema import (COLD_DRAW_INPUTS, COLD_SUMMARY_RECORD, HANDOFF_INPUTS, ROW_SCALARS_RECORD,
+                      SAMPLER, InvalidRequest)
 
 PADDING = -1
 
@@ -44,6 +45,8 @@ SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
 COMPACT_INPUTS = tuple(t.name for t in HANDOFF_INPUTS)
 #: With compact rows, optionally: the data plane's cold draw (both or neither).
 COLD_DRAW_NAMES = tuple(t.name for t in COLD_DRAW_INPUTS)
+#: The inputs ``cold_summary`` packs (schema.COLD_SUMMARY_RECORD's fields).
+COLD_SUMMARY_NAMES = COLD_SUMMARY_RECORD.names
 ID_LIST_INPUTS = tuple(t.name for t in SAMPLER.inputs if t.dtype == "INT32" and not t.scalar
                        and t.name not in COMPACT_INPUTS)
 INPUT_NAMES = SAMPLER.input_names
@@ -170,9 +173,9 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         if logits is not None and tuple(logits.shape) != (rows, vocab):
             raise InvalidRequest(f"logits_ref with compact rows must name their {rows} full rows "
                                  f"of V={vocab}, got {list(logits.shape)}")
-    elif any(inputs.get(name) is not None for name in COLD_DRAW_NAMES):
-        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} come with compact rows "
-                             f"(hot_logits, ...)")
+    elif any(inputs.get(name) is not None for name in (*COLD_DRAW_NAMES, "cold_summary")):
+        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} (or cold_summary) come with "
+                             f"compact rows (hot_logits, ...)")
     elif logits is None:
         raise InvalidRequest("logits is required: [B, V] next-token logits")
     else:
@@ -266,7 +269,12 @@ def _compact_rows(inputs: Mapping, hot_vocab):
         raise InvalidRequest(f"hot_logits must have shape [B, {hot_vocab.size}] (the sampler's "
                            f"hot set), got {list(hot.shape)}")
     rows = hot.shape[0]
-    missing = [name for name in COMPACT_INPUTS if inputs.get(name) is None]
+    packed = inputs.get("cold_summary")
+    if packed is not None:
+        cold = _cold_summary(inputs, packed, rows)
+    missing = [name for name in COMPACT_INPUTS[:3] if inputs.get(name) is None]
+    if packed is None:
+        missing += [name for name in COMPACT_INPUTS[3:] if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
     touched = _rows_of("touched_ids", inputs["touched_ids"], rows, width=None)
@@ -275,15 +283,33 @@ def _compact_rows(inputs: Mapping, hot_vocab):
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
                            f"{list(touched.shape)}, got {list(logits.shape)}")
     offsets, ids, logits = _id_lists("touched_ids", touched, rows, hot_vocab.vocab_size, logits)
-    sent = [name for name in COLD_DRAW_NAMES if inputs.get(name) is not None]
-    if sent and len(sent) != len(COLD_DRAW_NAMES):
-        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} must be sent together")
+    if packed is None:
+        sent = [name for name in COLD_DRAW_NAMES if inputs.get(name) is not None]
+        if sent and len(sent) != len(COLD_DRAW_NAMES):
+            raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} must be sent together")
+        cold = {name: _rows_of(name, inputs[name], rows)[:, 0]
+                for name in COMPACT_INPUTS[3:] + tuple(sent)}
     return CompactRows(
         hot_logits=host_array(hot),
         touched_offsets=offsets, touched_ids=ids.astype(np.int32, copy=False),
-        touched_logits=logits,
-        **{name: _rows_of(name, inputs[name], rows)[:, 0]
-           for name in COMPACT_INPUTS[3:] + tuple(sent)})
+        touched_logits=logits, **cold)
+
+
+def _cold_summary(inputs: Mapping, packed, rows: int) -> dict[str, np.ndarray]:
+    """``cold_summary`` as CompactRows' cold fields (views of its records),
+    after checking that none of the inputs it packs came too."""
+    both = [name for name in COLD_SUMMARY_NAMES if inputs.get(name) is not None]
+    if both:
+        raise InvalidRequest(f"cold_summary carries {both[0]}: send one of them, not both")
+    packed = np.asarray(packed)
+    if (packed.dtype != np.uint8
+            or packed.shape != (rows, COLD_SUMMARY_RECORD.itemsize)):
+        raise InvalidRequest(f"cold_summary must be UINT8 [{rows}, "
+                             f"{COLD_SUMMARY_RECORD.itemsize}] (schema.COLD_SUMMARY_RECORD, "
+                             f"one row per hot_logits row), got {packed.dtype} "
+                             f"{list(packed.shape)}")
+    records = np.ascontiguousarray(packed).view(COLD_SUMMARY_RECORD)[:, 0]
+    return {name: records[name] for name in COLD_SUMMARY_NAMES}
 
 
 def padded(offsets: np.ndarray, values: np.ndarray, dtype=np.int32, fill=PADDING) -> np.ndarray:
@@ -372,18 +398,24 @@ def _bias_with_bans(batch: SamplingBatch):
     return offsets, ids[first], values[first]
 
 
-def compact_arrays(rows) -> dict[str, np.ndarray]:
+def compact_arrays(rows, packed: bool = False) -> dict[str, np.ndarray]:
     """The inputs that carry ``handoff.CompactRows`` (``cpu()`` form): the
-    inverse of decode_request's compact branch."""
+    inverse of decode_request's compact branch. packed: the cold summary
+    in one ``cold_summary`` tensor (the fewest tensors: the llm model's
+    form), its cold_token -1 on every row when `rows` has none."""
     arrays = {"hot_logits": rows.hot_logits,
               "touched_ids": padded(rows.touched_offsets, rows.touched_ids),
-              "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0),
-              "cold_max": np.asarray(rows.cold_max, np.float32)[:, None],
-              "cold_argmax": np.asarray(rows.cold_argmax, np.int32)[:, None],
-              "cold_mass": np.asarray(rows.cold_mass, np.float32)[:, None]}
-    if rows.cold_token is not None:
-        arrays["cold_token"] = np.asarray(rows.cold_token, np.int32)[:, None]
-        arrays["cold_token_logit"] = np.asarray(rows.cold_token_logit, np.float32)[:, None]
+              "touched_logits": padded(rows.touched_offsets, rows.touched_logits, np.float32, 0.0)}
+    names = COLD_SUMMARY_NAMES if rows.cold_token is not None else COMPACT_INPUTS[3:]
+    if packed:
+        records = np.zeros(len(rows.cold_max), COLD_SUMMARY_RECORD)
+        records["cold_token"] = -1
+        for name in names:
+            records[name] = getattr(rows, name)
+        arrays["cold_summary"] = records.view(np.uint8).reshape(len(records), -1)
+        return arrays
+    for name in names:
+        arrays[name] = np.asarray(getattr(rows, name), COLD_SUMMARY_RECORD[name])[:, None]
     return arrays
 
 
