@@ -233,6 +233,42 @@ def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it
     assert sampler.received == [("summary of", 1, (1, VOCAB))] * 3
 
 
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_lane(
+        micro_batches):
+    """With one lane, a sampler's ``sample_now`` answers in the data-plane
+    thread right after its data-plane half; where it gives way (None) the
+    event loop awaits the sampler. With two lanes it is never used (it
+    would hold the other lane's forward)."""
+    import threading
+
+    class Sync:
+        def __init__(self):
+            self.now, self.awaited = [], 0
+
+        def summarize(self, logits, batch):
+            return len(batch)
+
+        def sample_now(self, logits, batch, summary):
+            self.now.append(threading.current_thread().name)
+            return None if len(self.now) % 2 else kernel_sample(logits, batch)
+
+        async def __call__(self, logits, batch, summary=None):
+            self.awaited += 1
+            return kernel_sample(logits, batch)
+
+    sampler = Sync()
+    (events,), _ = generate(FakeEngine(), [GenerationRequest(text="a", max_tokens=4,
+                                                             sampling=GREEDY)],
+                            sampler=sampler, micro_batches=micro_batches)
+    assert text_of(events) == "bcde"
+    if micro_batches == 1:
+        assert len(sampler.now) == 4 and sampler.awaited == 2
+        assert all(name.startswith("data-plane") for name in sampler.now)
+    else:
+        assert sampler.now == [] and sampler.awaited == 4
+
+
 @pytest.mark.parametrize("request_args, message", [
     (dict(text=""), "text_input must be a non-empty string"),
     (dict(text=None), "exactly one of text_input and prompt_ids"),

@@ -2,6 +2,8 @@
 summary) decide exactly today's distribution; the two-stage procedure
 (compact, then the undecided rows whole, conditioned on C where the draw
 fell there) matches the float64 reference; batch- and thread-invariant."""
+import time
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -489,6 +491,65 @@ def test_undecided_rows_with_mapped_full_rows_are_decided_in_the_same_request():
         for name in totals:
             totals[name] += sampler.stats[name]
     assert totals["need_full"] > 10 and totals["need_cold"] > 10, totals
+
+
+def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_cannot():
+    """``HotFirstSampler.sample_now`` (the decode loop's one-lane path, in
+    its data-plane thread): with the full rows in the arena, one compact
+    request answers every row, with the event loop's tokens and logprobs;
+    rows not in the arena, a step of several requests, and a failed request
+    (its target marked down, a retry counted) give way (None), and a
+    refused one raises."""
+    import asyncio
+
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+    from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget
+    from test_invariance import make_requests, make_rows
+
+    rng = np.random.default_rng(71)
+    rows = make_rows(rng, 48)
+    params, histories, steps = make_requests(rng, 48)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    arena = RowArena(1, 4096)
+    try:
+        expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16)(
+            torch.from_numpy(rows), batch))
+        shared = torch.from_numpy(arena.share(rows))
+        requests = []
+        sampler = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16)
+        summary = sampler.summarize(shared, batch)
+        tokens, logprobs = sampler.sample_now(shared, batch, summary)
+        np.testing.assert_array_equal(tokens, expected[0])
+        np.testing.assert_array_equal(logprobs, expected[1])
+        assert requests == [("compact", 48, True)]
+        assert sampler.stats["in_place"] > 0, "undecided rows were decided in the same request"
+        # not in the arena: the event loop's two rounds
+        assert sampler.sample_now(torch.from_numpy(rows), batch,
+                                  sampler.summarize(torch.from_numpy(rows), batch)) is None
+        # more than one request for the step
+        split = HotFirstSampler(_local_pool(hot, 2, None, arena), hot, cold_top=16,
+                                rows_per_request=8)
+        assert split.sample_now(shared, batch, summary) is None
+
+        def failing(retryable):
+            def call(inputs):
+                raise SamplerCallError("instance gone", retryable=retryable)
+            return call
+
+        retries = []
+        pool = SamplerPool([SamplerTarget("local", failing(True), 2, shares_memory=True)],
+                           on_retry=lambda: retries.append(1), arena=arena)
+        failed = HotFirstSampler(pool, hot, cold_top=16)
+        assert failed.sample_now(shared, batch, summary) is None
+        assert retries == [1] and not pool.targets[0].is_up(time.monotonic())
+        pool = SamplerPool([SamplerTarget("local", failing(False), 2, shares_memory=True)],
+                           arena=arena)
+        with pytest.raises(SamplerCallError, match="instance gone"):
+            HotFirstSampler(pool, hot, cold_top=16).sample_now(shared, batch, summary)
+    finally:
+        arena.close()
 
 
 def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):

@@ -23,7 +23,12 @@ Sampling modes (``mode``):
   ``triton.hot_first_sampler``) has it run in the data-plane thread right
   behind the forward (``engine.step_then``: where a GPU engine's stream
   holds the rows, and where the simulated engine models it as device
-  time), and is then called ``sampler(logits, batch, summary)``;
+  time), and is then called ``sampler(logits, batch, summary)``. With one
+  lane, such a sampler's synchronous path (``sample_now(logits, batch,
+  summary)``: one request, answered in that thread) runs there too, right
+  after it, with no hop to the event loop and back; it returns None when it
+  cannot answer so (a failed request, rows it cannot send that way), and
+  the event loop awaits the sampler as ever;
 * ``inline``: torch sampling in the data plane right after the forward
   (``inline.sample_torch``), one lane, no overlap: the baseline;
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
@@ -378,6 +383,10 @@ class Decoder:
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
         self.lanes: list[list[_DecodeSequence]] = [[] for _ in range(lanes)]
+        #: the sampler's synchronous path (module docstring): one lane only,
+        #: since it holds the data-plane thread while the sampler answers
+        self.sample_now = getattr(sampler, "sample_now", None) if self.summarize and lanes == 1 \
+            else None
         self.max_tokens_limit = max_tokens_limit
         self.queue: collections.deque[_DecodeSequence] = collections.deque()
         self.by_id: dict[int, _DecodeSequence] = {}
@@ -568,7 +577,7 @@ class Decoder:
                     self.activity.change(forwards=-1)
                 self.stats.forward_wait_s += (began - handed_over) + (time.perf_counter() - ended)
                 sampler_s = local_sample_s
-                if self.local_sample is None:
+                if tokens is None:  # not sampled in the data-plane thread
                     started = time.perf_counter()
                     self.activity.change(samplers=1)
                     try:
@@ -622,10 +631,12 @@ class Decoder:
     def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
         """In the data-plane thread: the forward and the sampler's
         data-plane half (forward_s counts both: data-plane time), then in
-        inline modes the sampling. Returns (logits, summary, tokens,
-        logprobs, forward_s, sample_s, started, done): summary None without
-        a data-plane half, the last two ``time.perf_counter()`` readings
-        when the thread began and ended the step."""
+        inline modes the sampling, or the sampler's synchronous path.
+        Returns (logits, summary, tokens, logprobs, forward_s, sample_s,
+        started, done): summary None without a data-plane half, tokens None
+        when the rows are still to be sampled, the last two
+        ``time.perf_counter()`` readings when the thread began and ended the
+        step."""
         started = time.perf_counter()
         summary = None
         if self.summarize is None:
@@ -634,9 +645,14 @@ class Decoder:
             logits, summary = step_then(self.engine, ids,
                                         lambda rows: self.summarize(rows, batch))
         forward_s = time.perf_counter() - started
-        if self.local_sample is None:
+        sampled = None
+        if self.sample_now is not None:
+            sampled = self.sample_now(logits, batch, summary)
+        elif self.local_sample is not None:
+            sampled = self.local_sample(logits, batch)
+        if sampled is None:  # the event loop awaits the sampler
             return logits, summary, None, None, forward_s, 0.0, started, time.perf_counter()
-        tokens, logprobs = self.local_sample(logits, batch)
+        tokens, logprobs = sampled
         done = time.perf_counter()
         return (logits, None, tokens, logprobs, forward_s, done - started - forward_s, started,
                 done)

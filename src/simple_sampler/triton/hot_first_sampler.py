@@ -76,10 +76,37 @@ class HotFirstSampler:
                                          logits[torch.as_tensor(undecided)].cpu(), second))
         return out.token_ids, out.logprobs
 
+    def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, rows):
+        """The synchronous path (serving/decoder.py), in the data-plane
+        thread: `rows` (``summarize``'s) in one request, answered here
+        (``SamplerPool.send_now``), when the full rows lie in the arena (an
+        undecided row is decided in that same request). (token_ids,
+        logprobs), or None when it cannot answer so: the rows are not in
+        the arena, a step of more than one request, the request failed (the
+        event loop's ``__call__`` sends them again, with the pool's failover:
+        a row's draw is keyed by its seed and step, so the tokens are the
+        same)."""
+        full_rows = self.pool.reference(logits)
+        if full_rows is None:
+            return None
+        outputs = self.pool.send_now(compact_arrays(rows, packed=True), batch, full_rows,
+                                     most_shards=self._most_shards(len(batch)))
+        if outputs is None:
+            return None
+        out = self._handoff_output(outputs, len(batch))
+        if out.undecided.any():  # the sampler mapped no full row: the event loop's rounds
+            return None
+        return out.token_ids, out.logprobs
+
+    def _most_shards(self, rows: int) -> int:
+        return -(-rows // self.rows_per_request)
+
     async def _decide(self, rows, batch: SamplingBatch, full_rows=None) -> HandoffOutput:
-        size = len(batch)
         outputs = await self.pool.send(compact_arrays(rows, packed=True), batch, full_rows,
-                                       most_shards=-(-size // self.rows_per_request))
+                                       most_shards=self._most_shards(len(batch)))
+        return self._handoff_output(outputs, len(batch))
+
+    def _handoff_output(self, outputs, size: int) -> HandoffOutput:
         outcome = outputs["handoff_outcome"].astype(np.int8)
         token_ids = outputs["output_ids"].astype(np.int64)
         self.stats["rows"] += size

@@ -181,8 +181,7 @@ class SamplerPool:
         the targets that share memory; every shard has answered or failed
         when this returns or raises. most_shards: at most that many requests
         (``shards``)."""
-        # packed: the fewest tensors per request (batch_arrays)
-        arrays = {**rows, **batch_arrays(batch, packed=True)}
+        arrays = self._arrays(rows, batch)
         shards = self.shards(len(batch), most_shards)
         # return_exceptions: no shard may still read the arena's slot once
         # this returns (the caller gives it back).
@@ -198,6 +197,40 @@ class SamplerPool:
             part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
         return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
                 if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
+
+    def send_now(self, rows: dict[str, np.ndarray], batch: SamplingBatch, lease=None,
+                 most_shards: int | None = None) -> dict[str, np.ndarray] | None:
+        """``send`` in this thread, when the rows make one request to a
+        target that is up and it answers: its outputs ([B]), else None (more
+        than one shard; the target failed, and is marked down: ``send``
+        sends the rows again elsewhere). The caller's thread waits for the
+        answer: no hop to the event loop and back."""
+        shards = self.shards(len(batch), most_shards)
+        if len(shards) != 1 or not shards[0][0].is_up(time.monotonic()):
+            return None
+        target = shards[0][0]
+        inputs = self._arrays(rows, batch)
+        if lease is not None and target.shares_memory:
+            inputs = {k: v for k, v in inputs.items() if k != "logits"}
+            inputs["logits_ref"] = lease.refs()
+        try:
+            outputs = target.call(inputs)
+        except SamplerCallError as error:
+            if not error.retryable:
+                raise
+            self._mark_down(target, error)
+            self.on_retry()
+            return None
+        self._served(target, len(batch))
+        if "output_log_probs" not in outputs:  # no row asked
+            outputs["output_log_probs"] = np.full((len(batch), 1), np.nan, np.float32)
+        return {name: value[:, 0] for name, value in outputs.items()
+                if value.ndim == 2 and value.shape[1] == 1}
+
+    @staticmethod
+    def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch) -> dict[str, np.ndarray]:
+        # packed: the fewest tensors per request (batch_arrays)
+        return {**rows, **batch_arrays(batch, packed=True)}
 
     def shards(self, rows: int, most: int | None = None) -> list[tuple[SamplerTarget, int, int]]:
         """(target, first row, end row) for every shard of `rows` rows: the
@@ -251,12 +284,14 @@ class SamplerPool:
                 delay = min(2 * delay, RETRY_MAX_S)
                 target = min(self.targets, key=lambda t: t.down_until)
                 continue
-            if target.failures:
-                log.warning("sampler %s is serving again", target.name)
-                target.failures = 0
-            rows = len(inputs["row_scalars"])
-            self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
+            self._served(target, len(inputs["row_scalars"]))
             return outputs
+
+    def _served(self, target: SamplerTarget, rows: int) -> None:
+        if target.failures:
+            log.warning("sampler %s is serving again", target.name)
+            target.failures = 0
+        self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
 
     def _mark_down(self, target: SamplerTarget, error: Exception) -> None:
         target.failures += 1
