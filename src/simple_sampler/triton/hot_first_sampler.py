@@ -13,7 +13,7 @@ from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.hot_first import compact_rows
 from ..shvs.hot_vocab import HotVocab
-from .sampler_codec import compact_arrays
+from .sampler_codec import batch_arrays, compact_arrays
 
 #: Compact rows per request at least (but one request per instance at most):
 #: a request costs a sampler stub a fixed share (tensors, decoding, its
@@ -56,29 +56,34 @@ class HotFirstSampler:
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
     def summarize(self, logits: torch.Tensor, batch: SamplingBatch):
-        """The data plane's half: the batch's compact rows (``compact_rows``).
+        """The data plane's half, (compact rows, the batch's packed
+        parameters): the batch's compact rows (``compact_rows``) and its
+        request parameters (``batch_arrays(batch, packed=True)``: they
+        depend on the batch alone, so they are ready when the summary is).
         The decode loop runs it in its data-plane thread right behind the
         forward (serving/decoder.py), and passes the result to ``__call__``."""
-        return compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
-                            self.cold_draw)
+        return (compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
+                             self.cold_draw), batch_arrays(batch, packed=True))
 
-    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, rows=None):
-        if rows is None:
+    async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
+        if summary is None:
             # Off the event loop: on a CPU the summary is milliseconds of
             # torch work per step (docs/HANDOFF.md), and another lane may be ready.
-            rows = await asyncio.to_thread(self.summarize, logits, batch)
+            summary = await asyncio.to_thread(self.summarize, logits, batch)
+        rows, scalars = summary
         # Full rows already in the arena go along by reference: the samplers
         # that map it decide their undecided rows in the same request.
         full_rows = self.pool.reference(logits)
         out = await decide_hot_first(rows, batch, self.hot_vocab,
-                                     lambda rows, batch: self._decide(rows, batch, full_rows),
+                                     lambda rows, batch: self._decide(rows, batch, full_rows,
+                                                                      scalars),
                                      lambda undecided, second: self._sample_full(
                                          logits[torch.as_tensor(undecided)].cpu(), second))
         return out.token_ids, out.logprobs
 
-    def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, rows):
+    def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):
         """The synchronous path (serving/decoder.py), in the data-plane
-        thread: `rows` (``summarize``'s) in one request, answered here
+        thread: the compact rows of `summary` (``summarize``'s) in one request, answered here
         (``SamplerPool.send_now``), when the full rows lie in the arena (an
         undecided row is decided in that same request). (token_ids,
         logprobs), or None when it cannot answer so: the rows are not in
@@ -89,8 +94,9 @@ class HotFirstSampler:
         full_rows = self.pool.reference(logits)
         if full_rows is None:
             return None
+        rows, scalars = summary
         outputs = self.pool.send_now(compact_arrays(rows, packed=True), batch, full_rows,
-                                     most_shards=self._most_shards(len(batch)))
+                                     most_shards=self._most_shards(len(batch)), scalars=scalars)
         if outputs is None:
             return None
         out = self._handoff_output(outputs, len(batch))
@@ -101,9 +107,10 @@ class HotFirstSampler:
     def _most_shards(self, rows: int) -> int:
         return -(-rows // self.rows_per_request)
 
-    async def _decide(self, rows, batch: SamplingBatch, full_rows=None) -> HandoffOutput:
+    async def _decide(self, rows, batch: SamplingBatch, full_rows=None,
+                      scalars=None) -> HandoffOutput:
         outputs = await self.pool.send(compact_arrays(rows, packed=True), batch, full_rows,
-                                       most_shards=self._most_shards(len(batch)))
+                                       most_shards=self._most_shards(len(batch)), scalars=scalars)
         return self._handoff_output(outputs, len(batch))
 
     def _handoff_output(self, outputs, size: int) -> HandoffOutput:

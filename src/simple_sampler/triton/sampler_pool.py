@@ -173,15 +173,17 @@ class SamplerPool:
         return self.arena.reference(logits_array(logits))
 
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
-                   lease=None, most_shards: int | None = None) -> dict[str, np.ndarray]:
+                   lease=None, most_shards: int | None = None,
+                   scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The rows (``logits``, or the compact inputs: arrays of len(batch)
         rows) with `batch`'s parameters, sharded over the targets; returns
         each output concatenated, [B] (output_log_probs NaN where not asked).
         lease: the logits' place in the arena (``row_arena.RowLease``), for
         the targets that share memory; every shard has answered or failed
         when this returns or raises. most_shards: at most that many requests
-        (``shards``)."""
-        arrays = self._arrays(rows, batch)
+        (``shards``). scalars: ``batch_arrays(batch, packed=True)``, when
+        the caller has it already."""
+        arrays = self._arrays(rows, batch, scalars)
         shards = self.shards(len(batch), most_shards)
         # return_exceptions: no shard may still read the arena's slot once
         # this returns (the caller gives it back).
@@ -199,7 +201,8 @@ class SamplerPool:
                 if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
 
     def send_now(self, rows: dict[str, np.ndarray], batch: SamplingBatch, lease=None,
-                 most_shards: int | None = None) -> dict[str, np.ndarray] | None:
+                 most_shards: int | None = None,
+                 scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
         """``send`` in this thread, when the rows make one request to a
         target that is up and it answers: its outputs ([B]), else None (more
         than one shard; the target failed, and is marked down: ``send``
@@ -209,7 +212,7 @@ class SamplerPool:
         if len(shards) != 1 or not shards[0][0].is_up(time.monotonic()):
             return None
         target = shards[0][0]
-        inputs = self._arrays(rows, batch)
+        inputs = self._arrays(rows, batch, scalars)
         if lease is not None and target.shares_memory:
             inputs = {k: v for k, v in inputs.items() if k != "logits"}
             inputs["logits_ref"] = lease.refs()
@@ -228,9 +231,10 @@ class SamplerPool:
                 if value.ndim == 2 and value.shape[1] == 1}
 
     @staticmethod
-    def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch) -> dict[str, np.ndarray]:
+    def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch,
+                scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         # packed: the fewest tensors per request (batch_arrays)
-        return {**rows, **batch_arrays(batch, packed=True)}
+        return {**rows, **(batch_arrays(batch, packed=True) if scalars is None else scalars)}
 
     def shards(self, rows: int, most: int | None = None) -> list[tuple[SamplerTarget, int, int]]:
         """(target, first row, end row) for every shard of `rows` rows: the
