@@ -533,7 +533,8 @@ def format_report(report: dict) -> str:
                  "same pace and B; server/fl = whole server over the floor's; cs = voluntary "
                  "context switches per token (/proc/<pid>/task/*/status) of tritonserver and "
                  "of the route's stub (llm or floor); per llm step (ms, whole level): fwd = the "
-                 "forward, wait = the forward waiting for the data-plane thread to start it and "
+                 "forward (with the hot-first summary, which runs behind it), wait = the "
+                 "forward waiting for the data-plane thread to start it and "
                  "for the decode loop to take its rows, sampl = the sampler (wall, overlapped "
                  "or not)")
     lines += [format_profile(profile) for profile in report.get("profiles", ())]
