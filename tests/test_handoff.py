@@ -497,9 +497,9 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
     """``HotFirstSampler.sample_now`` (the decode loop's one-lane path, in
     its data-plane thread): with the full rows in the arena, one compact
     request answers every row, with the event loop's tokens and logprobs;
-    rows not in the arena, a step of several requests, and a failed request
-    (its target marked down, a retry counted) give way (None), and a
-    refused one raises."""
+    rows not in the arena, a step of several requests, a target that cannot
+    map the arena and a failed request (its target marked down, a retry
+    counted) give way (None), and a refused one raises."""
     import asyncio
 
     from simple_sampler.row_arena import RowArena
@@ -524,6 +524,7 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
         np.testing.assert_array_equal(tokens, expected[0])
         np.testing.assert_array_equal(logprobs, expected[1])
         assert requests == [("compact", 48, True)]
+        assert sampler.stats["rows"] == 48
         assert sampler.stats["in_place"] > 0, "undecided rows were decided in the same request"
         # not in the arena: the event loop's two rounds
         assert sampler.sample_now(torch.from_numpy(rows), batch,
@@ -538,6 +539,14 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
                 raise SamplerCallError("instance gone", retryable=retryable)
             return call
 
+        # a target that cannot map the arena (a remote one) is not sent to
+        calls = []
+        pool = SamplerPool([SamplerTarget("remote", calls.append, 2),
+                            SamplerTarget("local", calls.append, 1, shares_memory=True)],
+                           arena=arena)
+        assert HotFirstSampler(pool, hot, cold_top=16).sample_now(shared, batch,
+                                                                  summary) is None
+        assert calls == []
         retries = []
         pool = SamplerPool([SamplerTarget("local", failing(True), 2, shares_memory=True)],
                            on_retry=lambda: retries.append(1), arena=arena)

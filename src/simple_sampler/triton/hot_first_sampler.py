@@ -83,14 +83,14 @@ class HotFirstSampler:
 
     def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):
         """The synchronous path (serving/decoder.py), in the data-plane
-        thread: the compact rows of `summary` (``summarize``'s) in one request, answered here
-        (``SamplerPool.send_now``), when the full rows lie in the arena (an
-        undecided row is decided in that same request). (token_ids,
-        logprobs), or None when it cannot answer so: the rows are not in
-        the arena, a step of more than one request, the request failed (the
-        event loop's ``__call__`` sends them again, with the pool's failover:
-        a row's draw is keyed by its seed and step, so the tokens are the
-        same)."""
+        thread: the compact rows of `summary` (``summarize``'s) in one
+        request, answered here (``SamplerPool.send_now``), when the full
+        rows lie in the arena (an undecided row is decided in that same
+        request). (token_ids, logprobs), or None when it cannot answer so:
+        the rows are not in the arena, a step of more than one request, the
+        request failed (the event loop's ``__call__`` sends them again, with
+        the pool's failover: a row's draw is keyed by its seed and step, so
+        the tokens are the same)."""
         full_rows = self.pool.reference(logits)
         if full_rows is None:
             return None
@@ -99,9 +99,10 @@ class HotFirstSampler:
                                      most_shards=self._most_shards(len(batch)), scalars=scalars)
         if outputs is None:
             return None
-        out = self._handoff_output(outputs, len(batch))
+        out, counts = self._handoff_output(outputs, len(batch))
         if out.undecided.any():  # the sampler mapped no full row: the event loop's rounds
             return None
+        self._count(counts)
         return out.token_ids, out.logprobs
 
     def _most_shards(self, rows: int) -> int:
@@ -111,22 +112,30 @@ class HotFirstSampler:
                       scalars=None) -> HandoffOutput:
         outputs = await self.pool.send(compact_arrays(rows, packed=True), batch, full_rows,
                                        most_shards=self._most_shards(len(batch)), scalars=scalars)
-        return self._handoff_output(outputs, len(batch))
+        out, counts = self._handoff_output(outputs, len(batch))
+        self._count(counts)
+        return out
 
-    def _handoff_output(self, outputs, size: int) -> HandoffOutput:
+    @staticmethod
+    def _handoff_output(outputs, size: int) -> tuple[HandoffOutput, dict[str, int]]:
+        """The sampler's answer as a HandoffOutput, and what it adds to ``stats``."""
         outcome = outputs["handoff_outcome"].astype(np.int8)
         token_ids = outputs["output_ids"].astype(np.int64)
-        self.stats["rows"] += size
-        self.stats["need_full"] += int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_FULL))
-        self.stats["need_cold"] += int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_COLD))
         # An undecided row with a token was decided from its full row in place.
         in_place = (outcome != HandoffOutcome.HANDOFF_DECIDED) & (token_ids >= 0)
-        self.stats["in_place"] += int(in_place.sum())
+        counts = {"rows": size,
+                  "need_full": int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_FULL)),
+                  "need_cold": int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_COLD)),
+                  "in_place": int(in_place.sum())}
         outcome[in_place] = HandoffOutcome.HANDOFF_DECIDED
         return HandoffOutput(
             token_ids=token_ids, logprobs=outputs["output_log_probs"].astype(np.float32),
             top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
-            hot_accepted=np.full(size, -1, np.int8), outcome=outcome)
+            hot_accepted=np.full(size, -1, np.int8), outcome=outcome), counts
+
+    def _count(self, counts: dict[str, int]) -> None:
+        for name, count in counts.items():
+            self.stats[name] += count
 
     async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         # One request: the undecided rows are ~2% of a step, and every

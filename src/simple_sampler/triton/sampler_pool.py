@@ -204,16 +204,19 @@ class SamplerPool:
                  most_shards: int | None = None,
                  scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
         """``send`` in this thread, when the rows make one request to a
-        target that is up and it answers: its outputs ([B]), else None (more
-        than one shard; the target failed, and is marked down: ``send``
-        sends the rows again elsewhere). The caller's thread waits for the
-        answer: no hop to the event loop and back."""
+        target that is up (and, given a `lease`, maps the arena) and it
+        answers: its outputs ([B]), else None (more than one shard; a target
+        that cannot read the lease; the target failed, and is marked down:
+        ``send`` sends the rows again elsewhere). The caller's thread waits
+        for the answer: no hop to the event loop and back."""
         shards = self.shards(len(batch), most_shards)
         if len(shards) != 1 or not shards[0][0].is_up(time.monotonic()):
             return None
         target = shards[0][0]
+        if lease is not None and not target.shares_memory:
+            return None
         inputs = self._arrays(rows, batch, scalars)
-        if lease is not None and target.shares_memory:
+        if lease is not None:
             inputs = {k: v for k, v in inputs.items() if k != "logits"}
             inputs["logits_ref"] = lease.refs()
         try:
