@@ -206,10 +206,13 @@ def test_a_failing_sampler_errors_its_rows_and_the_decoder_keeps_serving():
     assert text_of(served) == "bc" and served[-1].finish_reason == "length"
 
 
-def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it():
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it(micro_batches):
     """A sampler with ``summarize`` (the hot-first summary's place) has it
     run in the data-plane thread behind the forward, on the step's rows and
-    batch, and gets its result as the third argument; tokens are as ever."""
+    batch, and gets its result as the third argument; tokens are as ever.
+    With two lanes on an engine that does not model its device time it is
+    left to the sampler (it would hold the other lane's forward)."""
     import threading
 
     class Split:
@@ -226,8 +229,12 @@ def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it
 
     sampler = Split()
     (events,), _ = generate(FakeEngine(), [GenerationRequest(text="a", max_tokens=3,
-                                                             sampling=GREEDY)], sampler=sampler)
+                                                             sampling=GREEDY)],
+                            sampler=sampler, micro_batches=micro_batches)
     assert text_of(events) == "bcd"
+    if micro_batches == 2:
+        assert sampler.summarized == [] and sampler.received == [None] * 3
+        return
     assert len(sampler.summarized) == 3
     assert all(name.startswith("data-plane") for name in sampler.summarized)
     assert sampler.received == [("summary of", 1, (1, VOCAB))] * 3
@@ -251,20 +258,25 @@ def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_l
 
         def sample_now(self, logits, batch, summary):
             self.now.append(threading.current_thread().name)
-            return None if len(self.now) % 2 else kernel_sample(logits, batch)
+            if len(self.now) % 2:  # gives way after a while: still sampling time
+                time.sleep(0.02)
+                return None
+            return kernel_sample(logits, batch)
 
         async def __call__(self, logits, batch, summary=None):
             self.awaited += 1
             return kernel_sample(logits, batch)
 
     sampler = Sync()
-    (events,), _ = generate(FakeEngine(), [GenerationRequest(text="a", max_tokens=4,
-                                                             sampling=GREEDY)],
-                            sampler=sampler, micro_batches=micro_batches)
+    (events,), decoder = generate(FakeEngine(), [GenerationRequest(text="a", max_tokens=4,
+                                                                   sampling=GREEDY)],
+                                  sampler=sampler, micro_batches=micro_batches)
     assert text_of(events) == "bcde"
     if micro_batches == 1:
         assert len(sampler.now) == 4 and sampler.awaited == 2
         assert all(name.startswith("data-plane") for name in sampler.now)
+        # the two that gave way count as sampling, exposed (nothing overlapped them)
+        assert decoder.stats.sampler_s >= 0.04 and decoder.stats.sampling_exposed_s >= 0.04
     else:
         assert sampler.now == [] and sampler.awaited == 4
 

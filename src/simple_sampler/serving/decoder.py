@@ -23,7 +23,9 @@ Sampling modes (``mode``):
   ``triton.hot_first_sampler``) has it run in the data-plane thread right
   behind the forward (``engine.step_then``: where a GPU engine's stream
   holds the rows, and where the simulated engine models it as device
-  time), and is then called ``sampler(logits, batch, summary)``. With one
+  time; with several lanes only on such an engine, since elsewhere it would
+  hold the other lane's forward), and is then called
+  ``sampler(logits, batch, summary)``. With one
   lane, such a sampler's synchronous path (``sample_now(logits, batch,
   summary)``: one request, answered in that thread) runs there too, right
   after it, with no hop to the event loop and back; it returns None when it
@@ -81,7 +83,7 @@ from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
 from ..settings import SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
-from .engine import Engine, SelfScheduling, SequenceFailed, step_then
+from .engine import Engine, SelfScheduling, SequenceFailed, StepsThen, step_then
 from .inline import sample_torch
 from .text import Detokenizer, StopMatcher, TextCodec
 
@@ -377,12 +379,16 @@ class Decoder:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
-        #: the sampler's data-plane half (module docstring), or None
-        self.summarize = getattr(sampler, "summarize", None) if mode == "simple" else None
         self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
         self.lanes: list[list[_DecodeSequence]] = [[] for _ in range(lanes)]
+        #: the sampler's data-plane half (module docstring), or None: with
+        #: several lanes only where the engine models it as device time, since
+        #: on any other engine it would hold the other lane's forward
+        self.summarize = (getattr(sampler, "summarize", None)
+                          if mode == "simple" and (lanes == 1 or isinstance(engine, StepsThen))
+                          else None)
         #: the sampler's synchronous path (module docstring): one lane only,
         #: since it holds the data-plane thread while the sampler answers
         self.sample_now = getattr(sampler, "sample_now", None) if self.summarize and lanes == 1 \
@@ -576,6 +582,8 @@ class Decoder:
                 finally:
                     self.activity.change(forwards=-1)
                 self.stats.forward_wait_s += (began - handed_over) + (time.perf_counter() - ended)
+                # sampled in the data-plane thread (or tried to): nothing overlapped it
+                self.stats.sampling_exposed_s += local_sample_s
                 sampler_s = local_sample_s
                 if tokens is None:  # not sampled in the data-plane thread
                     started = time.perf_counter()
@@ -585,9 +593,7 @@ class Decoder:
                                                   else self.sampler(logits, batch, summary))
                     finally:
                         self.activity.change(samplers=-1)
-                    sampler_s = time.perf_counter() - started
-                else:
-                    self.stats.sampling_exposed_s += local_sample_s
+                    sampler_s += time.perf_counter() - started
                 started = time.thread_time()
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
                 loop_s += time.thread_time() - started
@@ -634,7 +640,8 @@ class Decoder:
         inline modes the sampling, or the sampler's synchronous path.
         Returns (logits, summary, tokens, logprobs, forward_s, sample_s,
         started, done): summary None without a data-plane half, tokens None
-        when the rows are still to be sampled, the last two
+        when the rows are still to be sampled (sample_s then the time of a
+        synchronous path that gave way), the last two
         ``time.perf_counter()`` readings when the thread began and ended the
         step."""
         started = time.perf_counter()
@@ -650,12 +657,12 @@ class Decoder:
             sampled = self.sample_now(logits, batch, summary)
         elif self.local_sample is not None:
             sampled = self.local_sample(logits, batch)
-        if sampled is None:  # the event loop awaits the sampler
-            return logits, summary, None, None, forward_s, 0.0, started, time.perf_counter()
-        tokens, logprobs = sampled
         done = time.perf_counter()
-        return (logits, None, tokens, logprobs, forward_s, done - started - forward_s, started,
-                done)
+        sample_s = done - started - forward_s  # a synchronous path that gave way included
+        if sampled is None:  # the event loop awaits the sampler
+            return logits, summary, None, None, forward_s, sample_s, started, done
+        tokens, logprobs = sampled
+        return logits, None, tokens, logprobs, forward_s, sample_s, started, done
 
     def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""

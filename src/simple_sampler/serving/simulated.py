@@ -238,8 +238,9 @@ class SimulatedEngine:
         charged (``hot_first_summary``). The rows are the bank's, known
         before the modelled forward ends, so `then`'s emulation runs on this
         CPU while the forward is modelled (inside its sleep), as the GPU
-        would queue it behind the forward: the step takes max(t(B), the
-        emulation) plus `then`'s device time, not their sum."""
+        would queue it behind the forward: the step takes t(B) plus `then`'s
+        device time, or the emulation's own time if that is longer, not
+        their sum."""
         deadline = time.perf_counter() + self.spec.step_ms(len(seq_ids)) / 1e3
         with self.step_lock:
             with self.state_lock:
