@@ -202,18 +202,30 @@ COLD_DRAW_INPUTS = (
             "-1, or an id of C drawn with P(t) = w_t / W_C on the row's cold stream"),
     _scalar("cold_token_logit", "FP32", "none", "cold_token's raw logit (<= cold_max)"),
 )
-#: The cold summary's five fields (HANDOFF_INPUTS[3:], COLD_DRAW_INPUTS) as
-#: one record per row, aligned as C aligns a struct of them.
+
+
+def _packed(name: str, fields: tuple, record: str, default: str, rule: str):
+    """(the record dtype, the UINT8 tensor) that carry `fields` (scalar
+    tensors) as one record per row, aligned as C aligns a struct of them;
+    `record` names the dtype here, `rule` says what a record must hold.
+    Each tensor crossing BLS costs the python backend a shared-memory
+    allocation, a copy and a Python object on both sides (docs/COPIES.md,
+    "Profiling the sampler stub"): the packed tensor is one."""
+    dtype = np.dtype([(t.name, t.numpy) for t in fields], align=True)
+    return dtype, Tensor(
+        name, "UINT8", (-1,), default=default,
+        allowed=f"[B, {dtype.itemsize}]: per row one record of "
+                f"{', '.join(t.name for t in fields)} in those tensors' dtypes, little-endian, "
+                f"C struct alignment (schema.{record}); {rule}, and none of those tensors "
+                f"with it")
+
+
+#: The cold summary's five fields (HANDOFF_INPUTS[3:], COLD_DRAW_INPUTS), every
+#: row's in one tensor, as row_scalars packs the parameters.
 COLD_SUMMARY_FIELDS = (*HANDOFF_INPUTS[3:], *COLD_DRAW_INPUTS)
-COLD_SUMMARY_RECORD = np.dtype([(t.name, t.numpy) for t in COLD_SUMMARY_FIELDS], align=True)
-#: Every row's cold summary in one tensor, as row_scalars packs the
-#: parameters: each tensor crossing BLS costs both sides (docs/COPIES.md).
-COLD_SUMMARY = Tensor(
-    "cold_summary", "UINT8", (-1,), default="none (each field its own tensor)",
-    allowed=f"[B, {COLD_SUMMARY_RECORD.itemsize}]: per row one record of "
-            f"{', '.join(t.name for t in COLD_SUMMARY_FIELDS)} in those tensors' dtypes, "
-            f"little-endian, C struct alignment (schema.COLD_SUMMARY_RECORD); cold_token -1 "
-            f"where none was drawn; none of those tensors with it")
+COLD_SUMMARY_RECORD, COLD_SUMMARY = _packed(
+    "cold_summary", COLD_SUMMARY_FIELDS, "COLD_SUMMARY_RECORD", "none (each field its own tensor)",
+    "cold_token -1 where none was drawn")
 #: Rows the llm process placed in its shared-memory row arena (row_arena.py),
 #: named instead of sent: same-host sampler instances only.
 LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
@@ -232,18 +244,11 @@ _SAMPLER_SCALARS = (
     _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
     _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
 )
-#: One row's parameters as one record: the scalar tensors above, in that
-#: order and dtype, aligned as C aligns a struct of them.
-ROW_SCALARS_RECORD = np.dtype([(t.name, t.numpy) for t in _SAMPLER_SCALARS], align=True)
-#: The parameters of every row in one tensor: each tensor crossing BLS costs
-#: the python backend a shared-memory allocation, a copy and a Python object
-#: on both sides (docs/COPIES.md, "Profiling the sampler stub").
-ROW_SCALARS = Tensor(
-    "row_scalars", "UINT8", (-1,), default="none (each parameter its own tensor)",
-    allowed=f"[B, {ROW_SCALARS_RECORD.itemsize}]: per row one record of "
-            f"{', '.join(t.name for t in _SAMPLER_SCALARS)} in those tensors' dtypes, "
-            f"little-endian, C struct alignment (schema.ROW_SCALARS_RECORD); every field "
-            f"is sent (no defaults), and none of those tensors with it")
+#: The parameters of every row in one tensor: the scalar tensors above, in
+#: that order and dtype, one record per row.
+ROW_SCALARS_RECORD, ROW_SCALARS = _packed(
+    "row_scalars", _SAMPLER_SCALARS, "ROW_SCALARS_RECORD", "none (each parameter its own tensor)",
+    "every field is sent (no defaults)")
 
 SAMPLER = Model("simple_sampler", (
     Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
