@@ -194,11 +194,7 @@ class SamplerPool:
         for part in parts:
             if isinstance(part, BaseException):
                 raise part
-        nan = np.full((len(batch), 1), np.nan, np.float32)  # no row of a shard asked
-        for part in parts:
-            part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
-        return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
-                if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
+        return _per_row(parts, len(batch))
 
     def send_now(self, rows: dict[str, np.ndarray], batch: SamplingBatch, lease=None,
                  most_shards: int | None = None,
@@ -217,8 +213,7 @@ class SamplerPool:
             return None
         inputs = self._arrays(rows, batch, scalars)
         if lease is not None:
-            inputs = {k: v for k, v in inputs.items() if k != "logits"}
-            inputs["logits_ref"] = lease.refs()
+            inputs = _by_reference(inputs, lease.refs())
         try:
             outputs = target.call(inputs)
         except SamplerCallError as error:
@@ -228,10 +223,7 @@ class SamplerPool:
             self.on_retry()
             return None
         self._served(target, len(batch))
-        if "output_log_probs" not in outputs:  # no row asked
-            outputs["output_log_probs"] = np.full((len(batch), 1), np.nan, np.float32)
-        return {name: value[:, 0] for name, value in outputs.items()
-                if value.ndim == 2 and value.shape[1] == 1}
+        return _per_row([outputs], len(batch))
 
     @staticmethod
     def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch,
@@ -267,10 +259,7 @@ class SamplerPool:
                     refs: np.ndarray | None = None):
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + self.deadline_s, RETRY_FIRST_S
-        by_reference = None
-        if refs is not None:
-            by_reference = {k: v for k, v in inputs.items() if k != "logits"}
-            by_reference["logits_ref"] = refs
+        by_reference = _by_reference(inputs, refs) if refs is not None else None
         while True:
             try:
                 sent = by_reference if by_reference and target.shares_memory else inputs
@@ -305,6 +294,23 @@ class SamplerPool:
         target.down_until = time.monotonic() + self.probe_after_s
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
+
+
+def _by_reference(inputs: dict[str, np.ndarray], refs: np.ndarray) -> dict[str, np.ndarray]:
+    """`inputs` with the rows named by `refs` (logits_ref) instead of sent."""
+    sent = {k: v for k, v in inputs.items() if k != "logits"}
+    sent["logits_ref"] = refs
+    return sent
+
+
+def _per_row(parts: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndarray]:
+    """The [n, 1] outputs of the shards' answers, in order, concatenated to
+    [rows]; output_log_probs NaN for a shard none of whose rows asked."""
+    nan = np.full((rows, 1), np.nan, np.float32)
+    for part in parts:
+        part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
+    return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
+            if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
 
 
 def build_arena(settings, engine):
