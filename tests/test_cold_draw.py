@@ -127,17 +127,24 @@ def test_a_cold_token_is_a_function_of_seed_step_and_row(zipf_row):
     np.testing.assert_array_equal(base.cold_token_logit, rows[np.arange(4), base.cold_token])
 
 
-def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
-    from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request)
-
+def _forty_compact_rows(zipf_row, drawn: bool):
+    """(hot set, batch, compact rows): 40 seeded untruncated copies of
+    `zipf_row` summarized with the "head" hot set, cold tokens drawn or not."""
     hot = hot_sets(zipf_row)["head"]
     batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(40)])
     offsets, ids = touched_lists(batch, hot)
     compact = hot_first_summary(torch.from_numpy(zipf_row).expand(40, VOCAB),
                                 hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0,
-                                cold_draws(batch)).cpu()
+                                cold_draws(batch) if drawn else None).cpu()
+    return hot, batch, compact
+
+
+def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
+    from simple_sampler.schema import InvalidRequest
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     sample_request)
+
+    hot, batch, compact = _forty_compact_rows(zipf_row, drawn=True)
     direct = sample_compact(compact, batch, hot)
     inputs = {**compact_arrays(compact), **batch_arrays(batch),
               "return_log_probs": np.ones((40, 1), bool)}
@@ -170,12 +177,7 @@ def test_the_packed_cold_summary_decodes_as_its_five_tensors(zipf_row, drawn):
     from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
                                                      sample_request)
 
-    hot = hot_sets(zipf_row)["head"]
-    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(40)])
-    offsets, ids = touched_lists(batch, hot)
-    compact = hot_first_summary(torch.from_numpy(zipf_row).expand(40, VOCAB),
-                                hot.kernel_arrays()[0], offsets, ids, batch.temperature, 0,
-                                cold_draws(batch) if drawn else None).cpu()
+    hot, batch, compact = _forty_compact_rows(zipf_row, drawn)
     scalars = batch_arrays(batch, packed=True)
     separate, packed = (compact_arrays(compact, packed=flag) for flag in (False, True))
     assert packed.keys() == {"hot_logits", "touched_ids", "touched_logits", "cold_summary"}

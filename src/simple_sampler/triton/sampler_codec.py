@@ -270,11 +270,8 @@ def _compact_rows(inputs: Mapping, hot_vocab):
                            f"hot set), got {list(hot.shape)}")
     rows = hot.shape[0]
     packed = inputs.get("cold_summary")
-    if packed is not None:
-        cold = _cold_summary(inputs, packed, rows)
-    missing = [name for name in COMPACT_INPUTS[:3] if inputs.get(name) is None]
-    if packed is None:
-        missing += [name for name in COMPACT_INPUTS[3:] if inputs.get(name) is None]
+    needed = COMPACT_INPUTS[:3] if packed is not None else COMPACT_INPUTS
+    missing = [name for name in needed if inputs.get(name) is None]
     if missing:
         raise InvalidRequest(f"hot_logits needs {', '.join(missing)} too")
     touched = _rows_of("touched_ids", inputs["touched_ids"], rows, width=None)
@@ -283,7 +280,9 @@ def _compact_rows(inputs: Mapping, hot_vocab):
         raise InvalidRequest(f"touched_logits must have the shape of touched_ids "
                            f"{list(touched.shape)}, got {list(logits.shape)}")
     offsets, ids, logits = _id_lists("touched_ids", touched, rows, hot_vocab.vocab_size, logits)
-    if packed is None:
+    if packed is not None:
+        cold = _cold_summary(inputs, packed, rows)
+    else:
         sent = [name for name in COLD_DRAW_NAMES if inputs.get(name) is not None]
         if sent and len(sent) != len(COLD_DRAW_NAMES):
             raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} must be sent together")
