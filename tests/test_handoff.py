@@ -13,11 +13,12 @@ from conftest import (P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, repeate
                       total_variation)
 from simple_sampler import reference
 from simple_sampler._sampling import HandoffOutcome
-from simple_sampler.handoff import (CompactRows, cold_draws, fallback_batch, merge_fallback,
+from simple_sampler.handoff import (CompactRows, fallback_batch, merge_fallback,
                                     sample_compact)
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
-from simple_sampler.serving.hot_first import hot_first_summary, sample_hot_first, touched_lists
+from simple_sampler.serving.hot_first import (compact_rows, hot_first_summary, row_cold_tops,
+                                              sample_hot_first, touched_lists)
 from simple_sampler.shvs import HotVocab
 from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
 
@@ -189,6 +190,23 @@ def test_cold_top_makes_top_p_rows_decidable(zipf_row):
     _, without, _ = check(zipf_row, SamplingParams(top_p=0.85), hot, draws=30_000)
     _, with_top, _ = check(zipf_row, SamplingParams(top_p=0.85), hot, draws=30_000, cold_top=2000)
     assert np.mean(without == NEED_FULL) == 1.0 and np.mean(with_top == DECIDED) == 1.0
+
+
+def test_only_the_rows_that_need_cold_ids_carry_them(zipf_row):
+    """row_cold_tops: truncated rows hand their largest cold logits over;
+    greedy rows (always decided) and untruncated rows with a cold token
+    (a draw in C takes it) carry none, unless the cold draw is off, and
+    are decided all the same."""
+    hot = hot_sets(zipf_row)["head"]
+    batch = SamplingBatch.from_params([
+        SamplingParams(seed=1), SamplingParams(temperature=0.0), SamplingParams(top_p=0.9, seed=2),
+        SamplingParams(top_k=50, seed=3), SamplingParams(min_p=0.05, seed=4)])
+    assert row_cold_tops(batch, 16, cold_draw=True).tolist() == [0, 0, 16, 16, 16]
+    assert row_cold_tops(batch, 16, cold_draw=False).tolist() == [16, 0, 16, 16, 16]
+    rows = compact_rows(torch.from_numpy(zipf_row).expand(5, VOCAB), batch, hot, 16)
+    assert np.diff(rows.touched_offsets).tolist() == [0, 0, 16, 16, 16]
+    assert (rows.cold_token[[0]] >= 0).all() and (rows.cold_token[1:] == -1).all()
+    assert (sample_compact(rows, batch, hot).outcome[:2] == DECIDED).all()
 
 
 def test_nucleus_boundary_within_the_mass_margin_falls_back():
@@ -417,9 +435,7 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
     params, histories, steps = make_requests(rng, 40)
     batch = SamplingBatch.from_params(params, histories, steps)
     hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
-    offsets, ids = touched_lists(batch, hot)
-    compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets, ids,
-                                batch.temperature, 16, cold_draws(batch) if cold_draw else None).cpu()
+    compact = compact_rows(torch.from_numpy(rows), batch, hot, 16, cold_draw=cold_draw)
     expected = sample_compact(compact, batch, hot)
     undecided, second_batch = fallback_batch(batch, expected, compact, hot)
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))

@@ -207,8 +207,8 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
     (``_stub_requests``: the kernel plus our decoding) and for compact rows
     (``_stub_compact_requests``), the server load's parameters; and the
     compact rows' bytes per row."""
-    from ..handoff import DEFAULT_COLD_TOP, cold_draws, sample_compact
-    from ..serving.hot_first import touched_lists
+    from ..handoff import DEFAULT_COLD_TOP, sample_compact
+    from ..serving.hot_first import compact_rows
     from ..sampling import sample
     from ..serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
     from ..shvs.hot_vocab import load_profile
@@ -221,10 +221,8 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
     hot_ids = hot.kernel_arrays()[0]
     engine.prepare_hot_first(hot_ids, DEFAULT_COLD_TOP)
     rows, params = engine.bank[:batch], _batch(batch)
-    offsets, ids = touched_lists(params, hot)
-    # with the cold tokens, as the served path's summary (compact_rows) has them
-    compact = engine.hot_first_summary(rows, hot_ids, offsets, ids, params.temperature,
-                                       DEFAULT_COLD_TOP, cold_draws(params))
+    # the served path's compact rows: cold tokens drawn, cold ids where needed
+    compact = compact_rows(rows, params, hot, summary=engine.hot_first_summary)
     stub, mapped_kernel, arena = _stub_requests(rows, params, instances)
     try:
         costs = time_interleaved({

@@ -14,9 +14,9 @@ import torch
 
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
     decide_hot_first, inverse_temperatures, run_now, sample_compact
-from ..params import SamplingBatch, any_on
+from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
 from ..sampling import sample
-from ..shvs.hot_vocab import HotVocab
+from ..shvs.hot_vocab import HotVocab, untruncated_rows
 
 
 def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray, np.ndarray]:
@@ -57,9 +57,10 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
         touched ids (``touched_lists``), ascending, none in H.
     temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
-    cold_top: also hand over each row's cold_top largest logits outside
-        H u T as touched ids (0: none): rows whose cold region would
-        otherwise hold part of their nucleus become decidable.
+    cold_top: int, or int [B] one per row (``row_cold_tops``): also hand
+        over each row's cold_top largest logits outside H u T as touched
+        ids (0: none): rows whose cold region would otherwise hold part of
+        their nucleus become decidable.
     draws: float64 [B] (``handoff.cold_draws``) or None: each row's uniform
         on its cold stream, NaN for none. With it, every row with a finite
         draw and a cold mass also gets its cold token (the id where u * W_C
@@ -79,11 +80,16 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
     x[:, hot] = -torch.inf
     x[rows, ids] = -torch.inf
-    if cold_top > 0:
-        values, extra = x.topk(min(cold_top, vocab), dim=1)
+    tops = np.broadcast_to(np.asarray(cold_top, np.int64), (size,))
+    most = int(tops.max(initial=0))
+    if most > 0:
+        values, extra = x.topk(min(most, vocab), dim=1)  # sorted: a row's k first
         # -inf picks are ids already handed over (masked) or cold ids of
         # weight 0, which may as well stay in C.
         picked = values > -torch.inf
+        if (tops != most).any():
+            picked &= (torch.arange(extra.shape[1], device=device)[None, :]
+                       < torch.tensor(tops, device=device)[:, None])
         extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
         keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
         keys = torch.unique(keys)           # sorted: by row, then id
@@ -137,6 +143,21 @@ def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, cold_mass: torch.T
     return token, token_logit
 
 
+def row_cold_tops(batch: SamplingBatch, cold_top: int, cold_draw: bool) -> np.ndarray:
+    """int64 [B]: each row's cold_top (``hot_first_summary``): `cold_top`
+    for the rows the compact decision could leave undecided without their
+    largest cold logits, 0 for the others, which would only carry them
+    (8 bytes an id, and the kernel's work on them). Undecidable without
+    them: truncated rows (a nucleus or top-k reaching into C), and, without
+    the cold draw, untruncated ones (a draw landing in C). Always decided:
+    greedy rows (the cold argmax is known) and untruncated rows with a cold
+    token drawn (a draw in C takes it). A function of the row's own
+    parameters: batch-invariant, as the token must be."""
+    sampled = np.asarray(batch.temperature) >= GREEDY_TEMPERATURE
+    undecidable = sampled & ~untruncated_rows(batch) if cold_draw else sampled
+    return np.where(undecidable, cold_top, 0).astype(np.int64)
+
+
 def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab,
                  cold_top: int = DEFAULT_COLD_TOP, summary=None,
                  cold_draw: bool = True) -> CompactRows:
@@ -144,15 +165,17 @@ def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab
     the summary on the logits' device: `summary`, an engine's own (with
     ``hot_first_summary``'s arguments, returning the ``cpu()`` form: the
     simulated engine's, part of its modelled step), or ``hot_first_summary``.
-    cold_draw: with each untruncated row's cold token (docs/HANDOFF.md,
-    "The cold draw"); False leaves NEED_COLD rows to the second round."""
+    cold_top: for the rows that need it (``row_cold_tops``). cold_draw:
+    with each untruncated row's cold token (docs/HANDOFF.md, "The cold
+    draw"); False leaves NEED_COLD rows to the second round."""
     offsets, ids = touched_lists(batch, hot_vocab)
     draws = cold_draws(batch) if cold_draw else None
+    tops = row_cold_tops(batch, cold_top, cold_draw)
     if summary is not None:
         return summary(logits, hot_vocab.kernel_arrays()[0], offsets, ids, batch.temperature,
-                       cold_top, draws)
+                       tops, draws)
     return hot_first_summary(logits, hot_vocab.kernel_arrays()[0], offsets, ids,
-                             batch.temperature, cold_top, draws).cpu()
+                             batch.temperature, tops, draws).cpu()
 
 
 def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,

@@ -148,45 +148,62 @@ class SimulatedEngine:
 
     def prepare_hot_first(self, hot_ids, cold_top: int) -> None:
         """Summarize every bank row once (``handoff.hot_first_summary`` at
-        temperature 1, no touched ids): the summary ``hot_first_summary``
-        hands out for rows that need no adjustment. Done at load, like the
-        bank itself; costs about the bank's size in torch time."""
-        chunks = []
-        for start in range(0, self.bank.shape[0], SUMMARY_CHUNK):  # bounds torch's temporaries
-            rows = self.bank[start:start + SUMMARY_CHUNK]
-            chunks.append(hot_first_summary(rows, hot_ids, np.zeros(len(rows) + 1, np.int64),
-                                            np.zeros(0, np.int64), np.ones(len(rows)),
-                                            cold_top).cpu())
-        summary = _gather_compact([(chunk, row) for chunk in chunks
-                                   for row in range(len(chunk.cold_max))])
-        self.hot_first = (np.asarray(hot_ids), cold_top, summary)
-        self.cold_blocks = _ColdBlocks(self.bank, np.asarray(hot_ids), summary)
+        temperature 1, no touched ids), with no cold ids handed over and
+        with `cold_top` of them (``hot_first.row_cold_tops`` gives a row one
+        or the other): the summaries ``hot_first_summary`` hands out for
+        rows that need no adjustment, and the cold draw's block masses over
+        the first. Done at load, like the bank itself; costs about twice the
+        bank's size in torch time."""
+        summaries = {}
+        for top in dict.fromkeys((0, cold_top)):
+            chunks = []
+            for start in range(0, self.bank.shape[0], SUMMARY_CHUNK):  # bounds the temporaries
+                rows = self.bank[start:start + SUMMARY_CHUNK]
+                chunks.append(hot_first_summary(rows, hot_ids, np.zeros(len(rows) + 1, np.int64),
+                                                np.zeros(0, np.int64), np.ones(len(rows)),
+                                                top).cpu())
+            summaries[top] = _gather_compact([(chunk, row) for chunk in chunks
+                                              for row in range(len(chunk.cold_max))])
+        self.hot_first = (np.asarray(hot_ids), summaries)
+        # Only rows without cold ids draw (row_cold_tops): blocks for those.
+        self.cold_blocks = _ColdBlocks(self.bank, np.asarray(hot_ids), summaries[0])
 
     def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
-                          temperature, cold_top: int, draws=None):
+                          temperature, cold_top, draws=None):
         """``handoff.hot_first_summary`` of `logits` (``CompactRows.cpu()``
         form) as the modelled GPU computes it next to the logits. Bank rows
-        at temperature 1 start from the summary ``prepare_hot_first`` made:
-        as they are without touched ids, else adjusted (``_touch``: the
-        touched ids' raw logits handed over and their terms taken out of the
-        cold mass), and draw their cold tokens from its block masses
-        (``_ColdBlocks``). Rows at another temperature, rows whose touched
-        ids hold the cold argmax and rows not from the bank are summarized
-        here in torch on this CPU. Takes the summary's modelled device time
-        (SUMMARY_READS reads of the rows at HBM_BYTES_PER_S): sleeps what
-        the computing here did not already take, or, called by ``step_then``,
-        adds it to that step's."""
+        at temperature 1 with a prepared cold_top start from the summary
+        ``prepare_hot_first`` made: as they are without touched ids, else
+        adjusted (``_touch``: the touched ids' raw logits handed over and
+        their terms taken out of the cold mass), and those without cold ids
+        draw their cold tokens from its block masses (``_ColdBlocks``). Rows
+        at another temperature or cold_top, rows with cold ids and a draw,
+        rows whose touched ids hold the cold argmax and rows not from the
+        bank are summarized here in torch on this CPU. Takes the summary's
+        modelled device time (SUMMARY_READS reads of the rows at
+        HBM_BYTES_PER_S): sleeps what the computing here did not already
+        take, or, called by ``step_then``, adds it to that step's."""
         started = time.perf_counter()
         size = logits.shape[0]
         offsets = np.asarray(touched_offsets, np.int64)
         ids = np.asarray(touched_ids, np.int64)
+        tops = np.broadcast_to(np.asarray(cold_top, np.int64), (size,))
         first = self._bank_row(logits)
         prepared = getattr(self, "hot_first", None)
         own = np.ones(size, bool)
-        if (prepared is not None and first is not None and prepared[1] == cold_top
+        if (prepared is not None and first is not None
                 and np.array_equal(prepared[0], np.asarray(hot_ids))):
-            out = _slice_compact(prepared[2], first, first + size)
-            own = inverse_temperatures(temperature) != 1.0
+            summaries = prepared[1]
+            own = (inverse_temperatures(temperature) != 1.0) | ~np.isin(tops, list(summaries))
+            if draws is not None:  # only the cold-id-free rows have block masses
+                own |= np.isfinite(draws) & (tops != 0)
+            kept = np.unique(tops[~own])
+            if kept.size <= 1:  # one prepared summary (own rows are replaced below)
+                out = _slice_compact(summaries[int(kept[0]) if kept.size else 0], first,
+                                     first + size)
+            else:
+                out = _gather_compact([(summaries[int(tops[r]) if not own[r] else 0], first + r)
+                                       for r in range(size)])
             added = (np.zeros(0, np.int64),) * 2 + (np.zeros(0),)
             if ids.size:
                 out, added = _touch(out, logits_array(logits), offsets, ids, own)
@@ -199,7 +216,7 @@ class SimulatedEngine:
             picked = np.concatenate([ids[offsets[r]:offsets[r + 1]] for r in rows])
             computed = hot_first_summary(logits[torch.as_tensor(rows)], hot_ids,
                                          np.r_[0, np.cumsum(lengths)], picked,
-                                         np.asarray(temperature)[rows], cold_top,
+                                         np.asarray(temperature)[rows], tops[rows],
                                          None if draws is None else np.asarray(draws)[rows]).cpu()
             out = computed if own.all() else _gather_compact(
                 [(computed, int(np.searchsorted(rows, r))) if own[r] else (out, r)
