@@ -91,6 +91,14 @@ def test_bad_references_are_refused_with_the_reason(arena):
     bad[1, 3] += 2
     with pytest.raises(ValueError, match="evenly spaced"):
         reader.rows(bad)
+    bad = refs.copy()
+    bad[-1, 2] += 1  # another generation on one row
+    with pytest.raises(ValueError, match="one region, slot, generation"):
+        reader.rows(bad)
+    bad = refs.copy()
+    bad[:, 3] = bad[0, 3] + np.arange(len(bad))  # rows a byte apart
+    with pytest.raises(ValueError, match="do not overlap"):
+        reader.rows(bad)
 
 
 READER = """

@@ -54,6 +54,8 @@ MAGIC = np.frombuffer(b"SSROWS01", np.uint64)[0]
 HEADER_WORDS = 3
 MAX_SLOTS = HEADER_BYTES // 8 - HEADER_WORDS
 REF_COLUMNS = ("region", "slot", "generation", "offset", "vocab", "dtype")
+#: What each column of a request's next row adds, in strides: the offset alone.
+_OFFSET_STEP = np.array([column == "offset" for column in REF_COLUMNS], np.int64)
 DTYPE_CODES = {np.dtype(np.float32): int(Dtype.DTYPE_FLOAT32),
                np.dtype(np.float16): int(Dtype.DTYPE_FLOAT16),
                np.dtype(ml_dtypes.bfloat16): int(Dtype.DTYPE_BFLOAT16)}
@@ -313,17 +315,18 @@ class RowReader:
         if refs.ndim != 2 or refs.shape[1] != len(REF_COLUMNS) or refs.shape[0] < 1:
             raise ValueError(f"logits_ref must have shape [B, {len(REF_COLUMNS)}] "
                              f"({', '.join(REF_COLUMNS)}), got {list(refs.shape)}")
-        first = refs[0]
-        # slices, not a fancy index: this runs on every request
-        if not ((refs[:, :3] == first[:3]).all() and (refs[:, 4:] == first[4:]).all()):
-            raise ValueError("logits_ref rows must name one region, slot, generation, V and dtype")
-        key, slot, generation, offset, vocab, code = first.tolist()
+        key, slot, generation, offset, vocab, code = refs[0].tolist()
         if code not in CODE_DTYPES or vocab < 1:
             raise ValueError(f"logits_ref: dtype code must be one of {sorted(CODE_DTYPES)} and "
                              f"V >= 1, got {code}, {vocab}")
         dtype = CODE_DTYPES[code]
-        stride = int(refs[1, 3] - refs[0, 3]) if len(refs) > 1 else vocab * dtype.itemsize
-        if stride < vocab * dtype.itemsize or (np.diff(refs[:, 3]) != stride).any() or offset < 0:
+        stride = int(refs[1, 3] - offset) if len(refs) > 1 else vocab * dtype.itemsize
+        # every row as the first, its offset a stride further: one comparison
+        expected = refs[0] + _OFFSET_STEP * stride * np.arange(len(refs))[:, None]
+        if not (refs == expected).all():
+            raise ValueError("logits_ref rows must name one region, slot, generation, V and "
+                             "dtype, at evenly spaced offsets")
+        if stride < vocab * dtype.itemsize or offset < 0:
             raise ValueError("logits_ref offsets must be evenly spaced rows that do not overlap")
         mapped, header = self._region(key)
         slots, slot_bytes = int(header[1]), int(header[2])
@@ -332,17 +335,21 @@ class RowReader:
                 slot >= 0 and (slot >= slots or not slot * slot_bytes <= offset
                                or end > (slot + 1) * slot_bytes)):
             raise ValueError(f"logits_ref: rows [{offset}, {end}) lie outside their slot or region")
-        self.check(refs)
+        _check_generation(header, key, slot, generation)
         return np.ndarray((len(refs), vocab), dtype, mapped, HEADER_BYTES + offset,
                           (stride, dtype.itemsize))
 
     def check(self, refs: np.ndarray) -> None:
         """StaleRows unless the slot `refs` name still holds their generation."""
         key, slot, generation = refs[0, :3].tolist()
-        if slot < 0:
-            return
-        header = self._region(key)[1]
-        if int(header[HEADER_WORDS + slot]) != generation:
-            raise StaleRows(f"slot {slot} of {region_name(key)} was given back before its rows "
-                            f"were sampled (generation {generation}, now "
-                            f"{int(header[HEADER_WORDS + slot])})")
+        if slot >= 0:
+            _check_generation(self._region(key)[1], key, slot, generation)
+
+
+def _check_generation(header: np.ndarray, key: int, slot: int, generation: int) -> None:
+    """StaleRows unless `slot` (>= 0: shared rows have none) of the region
+    with `header` still holds `generation`."""
+    if slot >= 0 and int(header[HEADER_WORDS + slot]) != generation:
+        raise StaleRows(f"slot {slot} of {region_name(key)} was given back before its rows "
+                        f"were sampled (generation {generation}, now "
+                        f"{int(header[HEADER_WORDS + slot])})")

@@ -56,6 +56,12 @@ _RULE_INPUTS = tuple((name, param) for param in RULES
                      for name, (column, _) in SCALAR_INPUTS.items() if column == param.name)
 #: The inputs ``row_scalars`` packs (schema.ROW_SCALARS_RECORD's fields).
 PACKED_INPUTS = ROW_SCALARS_RECORD.names
+#: The dtype each per-row scalar input is decoded to (the batch's columns').
+_DECODED = {**{name: PARAMS[field].dtype for name, (field, _) in SCALAR_INPUTS.items()},
+            "random_seed": np.uint64, "step": np.int64, "min_tokens": np.int64,
+            "num_top_logprobs": np.int64, "return_log_probs": np.bool_}
+#: ``row_scalars``' records in those dtypes: one astype decodes every column.
+_DECODED_RECORD = np.dtype([(name, _DECODED[name]) for name in PACKED_INPUTS])
 _PACKED_SET = frozenset(PACKED_INPUTS)
 
 
@@ -185,23 +191,23 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
                            f"got {vocab}")
 
     if records is None:
-        def scalar(name, default, dtype):
-            return _scalar(inputs, name, rows, default, dtype)
+        def scalar(name, default):
+            return _scalar(inputs, name, rows, default, _DECODED[name])
     else:
         if len(records) != rows:
             raise InvalidRequest(f"row_scalars must have shape [{rows}, "
                                  f"{ROW_SCALARS_RECORD.itemsize}] (one row per logits row), "
                                  f"got [{len(records)}, {ROW_SCALARS_RECORD.itemsize}]")
+        decoded = records.astype(_DECODED_RECORD)
 
-        def scalar(name, default, dtype):
-            return records[name].astype(dtype)
-    columns = {field: scalar(name, default, PARAMS[field].dtype)
-               for name, (field, default) in SCALAR_INPUTS.items()}
+        def scalar(name, default):
+            return decoded[name]
+    columns = {field: scalar(name, default) for name, (field, default) in SCALAR_INPUTS.items()}
     # absent: every row's history length (the lists are read below)
-    step = (scalar("step", None, np.int64)
+    step = (scalar("step", None)
             if records is not None or inputs.get("step") is not None else None)
-    min_tokens = scalar("min_tokens", 0, np.int64)
-    num_top = scalar("num_top_logprobs", 0, np.int64)
+    min_tokens = scalar("min_tokens", 0)
+    num_top = scalar("num_top_logprobs", 0)
     checks = [(name, columns[param.name], param.rule(columns[param.name]), param.allowed)
               for name, param in _RULE_INPUTS]
     if step is not None:
@@ -216,7 +222,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     if records is None and inputs.get("random_seed") is None:
         seed = np.fromiter((secrets.randbits(64) for _ in range(rows)), np.uint64, rows)
     else:
-        seed = scalar("random_seed", None, np.uint64)
+        seed = scalar("random_seed", None)
     # An absent list is no ids for any row: one empty CSR shared by all of
     # them (nothing writes into a decoded batch's arrays).
     no_lists = (np.zeros(rows + 1, np.int64), _NO_IDS)
@@ -241,7 +247,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         batch.validate_bias(vocab)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
-    return RowsRequest(logits, batch, scalar("return_log_probs", False, bool),
+    return RowsRequest(logits, batch, scalar("return_log_probs", False),
                        num_top, compact, refs)
 
 
