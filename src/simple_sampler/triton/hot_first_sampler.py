@@ -3,12 +3,13 @@ over a :class:`~simple_sampler.triton.sampler_pool.SamplerPool`."""
 from __future__ import annotations
 
 import asyncio
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .._sampling import HandoffOutcome
-from ..handoff import DEFAULT_COLD_TOP, HandoffOutput, decide_hot_first
+from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.hot_first import compact_rows
@@ -20,6 +21,20 @@ from .sampler_codec import batch_arrays, compact_arrays
 #: response: about as much as 100 compact rows' kernel time, docs/COPIES.md),
 #: so a step of a few dozen rows is not worth splitting over the instances.
 COMPACT_ROWS_PER_REQUEST = 128
+
+
+class StepSummary(NamedTuple):
+    """``HotFirstSampler.summarize``'s result: a step's compact rows, their
+    inputs (``compact_arrays(rows, packed=True)``), the parameters'
+    (``batch_arrays(batch, packed=True)``), and the full rows' lease where
+    they already lie in the pool's arena (``SamplerPool.reference``; None
+    elsewhere): the compact requests to the instances that map it carry
+    them by reference, and those decide their undecided rows in place."""
+
+    rows: CompactRows
+    inputs: dict[str, np.ndarray]
+    scalars: dict[str, np.ndarray]
+    full_rows: object = None
 
 
 class HotFirstSampler:
@@ -55,28 +70,26 @@ class HotFirstSampler:
         self.cold_draw = cold_draw
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
-    def summarize(self, logits: torch.Tensor, batch: SamplingBatch):
-        """The data plane's half, (compact rows, the batch's packed
-        parameters): the batch's compact rows (``compact_rows``) and its
-        request parameters (``batch_arrays(batch, packed=True)``: they
-        depend on the batch alone, so they are ready when the summary is).
-        The decode loop runs it in its data-plane thread right behind the
-        forward (serving/decoder.py), and passes the result to ``__call__``."""
-        return (compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
-                             self.cold_draw), batch_arrays(batch, packed=True))
+    def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> StepSummary:
+        """The data plane's half: the batch's compact rows (``compact_rows``)
+        and the request's inputs, ready to send (the compact rows' and the
+        parameters', ``batch_arrays(batch, packed=True)``, which depend on
+        the batch alone). The decode loop runs it in its data-plane thread
+        right behind the forward (serving/decoder.py), where an engine that
+        models the summary as device time (the simulated one) hides it, and
+        passes the result to ``__call__`` or ``sample_now``."""
+        rows = compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
+                            self.cold_draw)
+        return StepSummary(rows, compact_arrays(rows, packed=True),
+                           batch_arrays(batch, packed=True), self.pool.reference(logits))
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
         if summary is None:
             # Off the event loop: on a CPU the summary is milliseconds of
             # torch work per step (docs/HANDOFF.md), and another lane may be ready.
             summary = await asyncio.to_thread(self.summarize, logits, batch)
-        rows, scalars = summary
-        # Full rows already in the arena go along by reference: the samplers
-        # that map it decide their undecided rows in the same request.
-        full_rows = self.pool.reference(logits)
-        out = await decide_hot_first(rows, batch, self.hot_vocab,
-                                     lambda rows, batch: self._decide(rows, batch, full_rows,
-                                                                      scalars),
+        out = await decide_hot_first(summary.rows, batch, self.hot_vocab,
+                                     lambda rows, batch: self._decide(summary, batch),
                                      lambda undecided, second: self._sample_full(
                                          logits[torch.as_tensor(undecided)].cpu(), second))
         return out.token_ids, out.logprobs
@@ -91,12 +104,11 @@ class HotFirstSampler:
         request failed (the event loop's ``__call__`` sends them again, with
         the pool's failover: a row's draw is keyed by its seed and step, so
         the tokens are the same)."""
-        full_rows = self.pool.reference(logits)
-        if full_rows is None:
+        if summary.full_rows is None:
             return None
-        rows, scalars = summary
-        outputs = self.pool.send_now(compact_arrays(rows, packed=True), batch, full_rows,
-                                     most_shards=self._most_shards(len(batch)), scalars=scalars)
+        outputs = self.pool.send_now(summary.inputs, batch, summary.full_rows,
+                                     most_shards=self._most_shards(len(batch)),
+                                     scalars=summary.scalars)
         if outputs is None:
             return None
         out, counts = self._handoff_output(outputs, len(batch))
@@ -108,10 +120,10 @@ class HotFirstSampler:
     def _most_shards(self, rows: int) -> int:
         return -(-rows // self.rows_per_request)
 
-    async def _decide(self, rows, batch: SamplingBatch, full_rows=None,
-                      scalars=None) -> HandoffOutput:
-        outputs = await self.pool.send(compact_arrays(rows, packed=True), batch, full_rows,
-                                       most_shards=self._most_shards(len(batch)), scalars=scalars)
+    async def _decide(self, summary: StepSummary, batch: SamplingBatch) -> HandoffOutput:
+        outputs = await self.pool.send(summary.inputs, batch, summary.full_rows,
+                                       most_shards=self._most_shards(len(batch)),
+                                       scalars=summary.scalars)
         out, counts = self._handoff_output(outputs, len(batch))
         self._count(counts)
         return out

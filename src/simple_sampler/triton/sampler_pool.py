@@ -251,9 +251,9 @@ class SamplerPool:
             if count < len(slots):
                 first, self.turn = self.turn % len(slots), self.turn + count
                 slots = [slots[(first + i) % len(slots)] for i in range(count)]
-        bounds = np.linspace(0, rows, len(slots) + 1).astype(int)
-        return [(target, int(a), int(b)) for target, a, b in zip(slots, bounds[:-1], bounds[1:])
-                if b > a]
+        count = len(slots)
+        bounds = [rows * i // count for i in range(count + 1)]  # exact, no float
+        return [(target, a, b) for target, a, b in zip(slots, bounds[:-1], bounds[1:]) if b > a]
 
     async def _send(self, inputs: dict[str, np.ndarray], target: SamplerTarget,
                     refs: np.ndarray | None = None):
