@@ -135,39 +135,6 @@ def test_a_request_is_done_only_once_its_final_response_went_out():
     assert final_sent_when_done == [True] * 5
 
 
-def test_a_burst_of_responses_goes_out_in_turns_letting_a_step_in_between():
-    """A step's responses go out TRANSMIT_CHUNK at a time: what became
-    ready meanwhile (a forward that ended: its tokens and the next
-    forward) runs between two turns, not after the whole burst; the
-    responses keep their order."""
-    from simple_sampler.triton.llm_service import TRANSMIT_CHUNK
-
-    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
-                         engine=FakeEngine(max_batch_size=2, max_context=128),
-                         codec=TextCodec(FakeTokenizer()))
-    sent = []
-
-    def transmit(i):
-        def send():
-            sent.append(i)
-            if i == 2:  # a forward ends while the first turn is sending
-                service.loop.call_soon(sent.append, "step")
-        return send
-
-    async def burst():
-        service.transmits = [(None, transmit(i), False) for i in range(2 * TRANSMIT_CHUNK + 3)]
-        service.transmitting = True
-        service._transmit()
-        while service.transmitting:
-            await asyncio.sleep(0)
-
-    try:
-        service._call(burst()).result(timeout=10)
-    finally:
-        service.close()
-    assert sent == [*range(TRANSMIT_CHUNK), "step", *range(TRANSMIT_CHUNK, 2 * TRANSMIT_CHUNK + 3)]
-
-
 def test_admission_is_announced_once_the_decoder_holds_the_request():
     """The llm model reports its in-flight gauge then: `serve` stops Triton
     once the gauge reads 0, so it must not read 0 while a request is held."""

@@ -75,11 +75,6 @@ RELEASE_WAIT_S = 5.0
 #: How long close() waits for the decode loop to stop (well within Triton's
 #: exit timeout for every model's unload, launch/server.py).
 CLOSE_TIMEOUT_S = 4.0
-#: Responses sent per turn of the decode loop. A step's burst (one per
-#: stream at stream_interval 1, B of them) goes out in turns of this many,
-#: so that a forward that ended meanwhile gets its tokens delivered and the
-#: next forward started between two turns, not after the whole burst.
-TRANSMIT_CHUNK = 16
 
 
 #: A directory: the decode-loop thread runs under cProfile and writes
@@ -158,9 +153,6 @@ class _Delivery:
     held_tokens: int = 0
     #: a response per token: a stream at stream_interval 1 (read per token)
     each_token: bool = field(init=False)
-    #: its final response waits among the responses to send: ``finished``
-    #: is set once that is sent (``LlmService._transmit``)
-    final_queued: bool = False
 
     def __post_init__(self) -> None:
         self.each_token = self.decoded.stream and self.interval == 1
@@ -219,10 +211,8 @@ class LlmService:
         #: a step's events and tokens (delivery None: a step's, _on_step's
         #: arguments), answered in one burst once the step's pass is over
         self.outbox: list[tuple[_Delivery | None, GenerationEvent | tuple]] = []
-        #: the responses built from them, to send in order (``_transmit``)
+        #: the responses built from them, to send back to back
         self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
-        #: a turn of ``_transmit`` is due on the loop
-        self.transmitting = False
         self.cancel_watch = self._call(self._watch_cancellations())
 
     @property
@@ -371,9 +361,9 @@ class LlmService:
         self.outbox.append((None, (handles, texts, tokens)))
 
     def _send_outbox(self) -> None:
-        """The queued events' responses, built in order, then sent
-        (``_transmit``); their CPU counts as the decode loop's own
-        (``DecoderStats.loop_s``), as when they went out inside the pass."""
+        """The queued responses, in order; their CPU counts as the decode
+        loop's own (``DecoderStats.loop_s``), as when they went out inside
+        the pass."""
         started = time.thread_time()
         outbox, self.outbox = self.outbox, []
         for delivery, event in outbox:  # what each event makes of its answer; never raises
@@ -396,46 +386,16 @@ class LlmService:
                     self._gone(delivery)
             if final:
                 self._end(delivery, answered)
-        self.decoder.stats.loop_s += time.thread_time() - started
-        if self.transmits and not self.transmitting:
-            self.transmitting = True
-            self._transmit()
-
-    def _transmit(self) -> None:
-        """Send the first TRANSMIT_CHUNK responses built, back to back (a
-        burst finds Triton's threads awake), and schedule the rest for the
-        loop's next turn: callbacks that became ready meanwhile (a forward
-        that ended: its tokens, and the next forward) go first. The order
-        of the responses is kept: later steps' are built behind these. A
-        request's ``finished`` is set when its final response is sent."""
-        started = time.thread_time()
-        chunk, self.transmits = self.transmits[:TRANSMIT_CHUNK], self.transmits[TRANSMIT_CHUNK:]
-        for delivery, transmit, final in chunk:
+        transmits, self.transmits = self.transmits, []
+        for delivery, transmit, final in transmits:
             try:
                 transmit()
             except Exception:  # noqa: BLE001 - the client has gone
                 self._gone(delivery)
                 if final:
                     self._final_flag(delivery)
-            if final and not delivery.finished.done():
-                delivery.finished.set_result(None)
-        if self.transmits:
-            self.loop.call_soon(self._transmit)
-        else:
-            self.transmitting = False
-            self.on_burst()
         self.decoder.stats.loop_s += time.thread_time() - started
-
-    def _flush_transmits(self) -> None:
-        """Send every response still queued, here (after the loop stopped):
-        each request's final one among them, or Triton holds the request."""
-        transmits, self.transmits = self.transmits, []
-        for delivery, transmit, final in transmits:
-            try:
-                transmit()
-            except Exception:  # noqa: BLE001 - the client has gone
-                if final:
-                    self._final_flag(delivery)
+        self.on_burst()
 
     def _answer_step(self, handles: list[RequestHandle], texts: list[str | None],
                      tokens: np.ndarray) -> None:
@@ -486,7 +446,6 @@ class LlmService:
         transmit = delivery.send(outputs, error, final)
         if transmit is not None:
             self.transmits.append((delivery, transmit, final))
-            delivery.final_queued = delivery.final_queued or final
 
     @staticmethod
     def _final_flag(delivery: _Delivery) -> None:
@@ -504,27 +463,15 @@ class LlmService:
         """After the request's final event: the final flag unless its final
         response was sent (``answered``), and the request leaves."""
         if not answered:
-            # behind the responses queued before it, as any final one
-            self._send_final_flag(delivery)
+            self._final_flag(delivery)
         # Never ask Triton about a request after its final response: its
         # response factory is gone (Triton 2.51 crashes in
         # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
         # may come after the next cancellation pass.
         delivery.delivering = False
         self.deliveries.pop(delivery, None)
-        if not delivery.final_queued and not delivery.finished.done():
+        if not delivery.finished.done():
             delivery.finished.set_result(None)
-
-    def _send_final_flag(self, delivery: _Delivery) -> None:
-        """The final flag alone, queued behind the delivery's responses
-        (sent at once when none waits)."""
-        if not any(queued is delivery for queued, _, _ in self.transmits):
-            self._final_flag(delivery)
-            return
-        try:
-            self._send(delivery, None, None, True)
-        except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
-            log.debug("the final flag of a cancelled request was refused", exc_info=True)
 
     async def _watch_cancellations(self) -> None:
         """Every CANCEL_POLL_S, ask Triton whether requests still being
@@ -622,8 +569,6 @@ class LlmService:
                       "threads:\n%s", CLOSE_TIMEOUT_S, self.decoder.num_active, stacks)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CLOSE_TIMEOUT_S)
-        if not self.thread.is_alive():
-            self._flush_transmits()
         log.info("decode loop closed in %.1f s", time.monotonic() - started)
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()
