@@ -52,6 +52,17 @@ def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
     assert variants[2]["vs_floor"] == 3.0 and variants[3]["vs_floor"] == 6.0
 
 
+def test_sampler_figures_are_per_request_and_per_step():
+    before = {"requests": 10, "execute_cpu_us": 5_000}
+    after = {"requests": 110, "execute_cpu_us": 105_000}
+    # 100 requests for 64 x 100 tokens at 30 us a token, over 50 steps
+    got = serve_cost.sampler_figures(before, after, 30.0, 6_400, 50)
+    assert got == {"sampler_requests_per_step": 2.0,
+                   "sampler_us_per_request": {"stubs": 1_920.0, "execute": 1_000.0}}
+    assert serve_cost.sampler_figures(before, before, 30.0, 6_400, 50)[
+        "sampler_us_per_request"] is None
+
+
 def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
     assert main(["bench", "serve-cost", "--stream-interval", "0"]) == 2
     assert "stream interval < 1" in capsys.readouterr().err
@@ -77,6 +88,10 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
     assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
     assert floor["llm_ms_per_step"] == {"forward": None, "sampler": None, "forward_wait": None}
+    # every step asks the sampler instances at least once; their execute's CPU is counted
+    assert floor["sampler_requests_per_step"] is None and floor["sampler_us_per_request"] is None
+    assert one["sampler_requests_per_step"] >= 1
+    assert one["sampler_us_per_request"]["execute"] > 0
     # instant pace: a forward is the engine's bookkeeping, the sampler a BLS round trip
     steps = one["llm_ms_per_step"]
     assert 0 <= steps["forward"] < steps["sampler"] and steps["forward_wait"] >= 0

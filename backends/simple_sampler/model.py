@@ -79,7 +79,11 @@ class TritonPythonModel:
                                     "Rows SHVS decided from the hot set alone"),
             "in_place": counter("simple_sampler_handoff_full_rows_total",
                                 "Undecided compact rows decided from their full rows "
-                                "(logits_ref) in the same request")})
+                                "(logits_ref) in the same request"),
+            "execute_cpu_us": counter("simple_sampler_execute_cpu_us_total",
+                                      "CPU time of execute's thread, microseconds: decoding, "
+                                      "kernels, responses (the rest of the stub's CPU is the "
+                                      "Python backend's own)")})
         # The llm model's row arena, mapped on the first request that names it.
         self.reader = RowReader()
         self.instance = args["model_instance_name"]
@@ -89,9 +93,14 @@ class TritonPythonModel:
                  f"of {len(self.hot_vocab.ids)} ids" if self.hot_vocab else "off")
 
     def execute(self, requests):
-        return self.profile.run(self._execute, requests)
+        started = time.thread_time()
+        responses, counts = self.profile.run(self._execute, requests)
+        counts["execute_cpu_us"] = int((time.thread_time() - started) * 1e6)
+        self.counters.add(counts)
+        return responses
 
     def _execute(self, requests):
+        """(the responses, the counts they add)."""
         started = time.perf_counter()
         responses = []
         rows = failed = tried = accepted = in_place = 0
@@ -126,13 +135,12 @@ class TritonPythonModel:
                 self.monitor.observe(outcomes, untruncated_rows(decoded.batch))
             responses.append(pb_utils.InferenceResponse(
                 output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
-        self.counters.add({"rows": rows, "failed": failed, "hot_tried": tried,
-                           "hot_accepted": accepted, "in_place": in_place,
-                           "duration_us": int((time.perf_counter() - started) * 1e6)})
         drift = self.monitor and self.monitor.drift_warning(time.monotonic())
         if drift:
             log.warning("%s: %s", self.instance, drift)
-        return responses
+        return responses, {"rows": rows, "failed": failed, "hot_tried": tried,
+                           "hot_accepted": accepted, "in_place": in_place,
+                           "duration_us": int((time.perf_counter() - started) * 1e6)}
 
     def finalize(self):
         self.counters.close()

@@ -493,13 +493,16 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
              "voluntary context switches per token (a thread slept and was woken); per llm "
              "step (ms, over the whole level): the forward, the forward's wait (for the "
              "data-plane thread to start it and for the decode loop to take its rows) and the "
-             "sampler (wall, overlapped or not).", ""]
+             "sampler (wall, overlapped or not); sampler requests per llm step, and per request "
+             "the sampler stubs' CPU and the part of it in execute (ours: decoding, kernels, "
+             "responses; the rest is the Python backend's own), over the whole level.", ""]
     lines += table(["configuration", "tok/s", "bound tok/s", "efficiency",
                     "bound with the micro-batches", "tokens/response",
                     *(name for _, name in COST_PARTS), "llm decode loop", "server", "client",
                     "vs floor", "server vs floor", "tritonserver switches/token",
                     "stub switches/token", "forward ms/step", "forward wait ms/step",
-                    "sampler ms/step"],
+                    "sampler ms/step", "sampler requests/step", "sampler stubs us/request",
+                    "of it in execute us/request"],
                    [[label(r), number(r["tokens_per_s"], 0), number(r["bound_tokens_per_s"], 0),
                      number(r["efficiency"], 2), number(r.get("lanes_bound_tokens_per_s"), 0),
                      number(r["tokens_per_response"], 1),
@@ -510,7 +513,10 @@ def serve_cost_section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r["vs_floor"], 2, "x"), number(r["server_vs_floor"], 2, "x"),
                      *switches(r),
                      *(number((r.get("llm_ms_per_step") or {}).get(key), 1)
-                       for key in ("forward", "forward_wait", "sampler"))]
+                       for key in ("forward", "forward_wait", "sampler")),
+                     number(r.get("sampler_requests_per_step"), 2),
+                     *(number((r.get("sampler_us_per_request") or {}).get(key), 0)
+                       for key in ("stubs", "execute"))]
                     for r in results])
     many = len(results) > 8  # room for the rotated labels
     figure, axes = writer.new(width=0.5 * len(results) + 2 if many else 7.0,

@@ -267,6 +267,36 @@ def step_figures(before: dict, after: dict, tokens: int) -> dict:
                                                      ("forward_wait", "forward_wait_us"))}}
 
 
+def sampler_counters(server) -> dict[str, float]:
+    """Triton's count of the sampler model's requests, and the CPU its
+    instances spent in ``execute`` (``simple_sampler_execute_cpu_us_total``),
+    once every count made so far has arrived (the instances send theirs in
+    batches: ``triton.counters``)."""
+    from ..triton.counters import read_counter, wait_for_counter
+
+    return {"execute_cpu_us": wait_for_counter(
+                server.metrics_url, "simple_sampler_execute_cpu_us_total", lambda _: True,
+                settled_after=time.monotonic()),
+            "requests": read_counter(server.metrics_url, "nv_inference_request_success",
+                                     'model="simple_sampler"')}
+
+
+def sampler_figures(before: dict, after: dict, samplers_us_per_token: float, tokens: int,
+                    steps: float) -> dict:
+    """Over a level: the sampler requests per llm step, and per request
+    the sampler stubs' CPU (their CPU per token over the window times the
+    level's tokens per request) and the part of it in ``execute`` (our
+    decoding, kernels and responses, over the whole level); the rest is the
+    Python backend's own work on the request and its response."""
+    requests = after["requests"] - before["requests"]
+    if not requests:
+        return {"sampler_requests_per_step": None, "sampler_us_per_request": None}
+    return {"sampler_requests_per_step": requests / steps if steps else None,
+            "sampler_us_per_request": {
+                "stubs": samplers_us_per_token * tokens / requests,
+                "execute": (after["execute_cpu_us"] - before["execute_cpu_us"]) / requests}}
+
+
 def figures(config: Config, measured: dict, micro_batches: int) -> dict:
     tokens, cpu = measured["tokens"], measured["cpu_s"]
     per_token = {name: 1e6 * seconds / tokens for name, seconds in cpu.items()}
@@ -399,11 +429,21 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     asyncio.run(drive(server.grpc_url, Config(pace, WARM_UP_REQUESTS, config.route),
                                       WARM_UP_TOKENS, None))
                     counters = llm_counters(server)
+                    sampled = not config.route.startswith(FLOOR_MODEL)
+                    sampler_before = sampler_counters(server) if sampled else None
                     meter = Meter(processes)
                     measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
+                    tokens = config.batch * max_tokens
+                    # the samplers' counts first: settling them gives the llm model's
+                    # report, sent as its last request ended, time to arrive too
+                    sampler_after = sampler_counters(server) if sampled else None
+                    after = llm_counters(server)
                     row = {**figures(config, measured, lane_count), **variant,
-                           **step_figures(counters, llm_counters(server),
-                                          config.batch * max_tokens)}
+                           **step_figures(counters, after, tokens)}
+                    row.update(sampler_figures(
+                        sampler_before, sampler_after, row["cpu_us_per_token"]["samplers"],
+                        tokens, after["steps"] - counters["steps"]) if sampled
+                        else {"sampler_requests_per_step": None, "sampler_us_per_request": None})
                     results.append(row)
             finally:
                 server.stop()
@@ -500,13 +540,15 @@ def format_report(report: dict) -> str:
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
              f"{'sampl':>6} {'prep':>5} {'client':>7} {'vs floor':>8} {'server/fl':>9} "
-             f"{'cs:trit':>7} {'cs:stub':>7} {'fwd ms':>6} {'wait':>5} {'sampl ms':>8}"]
+             f"{'cs:trit':>7} {'cs:stub':>7} {'fwd ms':>6} {'wait':>5} {'sampl ms':>8} "
+             f"{'rq/step':>7} {'us/rq':>6} {'exec':>6}"]
     for r in report["results"]:
         cpu = r["cpu_us_per_token"]
         switches = r.get("switches_per_token", {})  # reports from before the column: none
         stub_switches = switches.get(FLOOR_MODEL if r["route"].startswith(FLOOR_MODEL)
                                      else "llm")
         step = r.get("llm_ms_per_step") or {}  # reports from before the columns: none
+        per_request = r.get("sampler_us_per_request") or {}
         lines.append(
             f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} "
             f"{cell(r.get('micro_batches'), '2d')} {r.get('handoff', '-'):<9} {r['batch']:>4} "
@@ -521,7 +563,9 @@ def format_report(report: dict) -> str:
             f"{cell(r['server_vs_floor'], '9.2f')} "
             f"{cell(switches.get('tritonserver'), '7.2f')} {cell(stub_switches, '7.2f')} "
             f"{cell(step.get('forward'), '6.1f')} {cell(step.get('forward_wait'), '5.1f')} "
-            f"{cell(step.get('sampler'), '8.1f')}")
+            f"{cell(step.get('sampler'), '8.1f')} "
+            f"{cell(r.get('sampler_requests_per_step'), '7.2f')} "
+            f"{cell(per_request.get('stubs'), '6.0f')} {cell(per_request.get('execute'), '6.0f')}")
     lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
                  "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
                  "m = the decode loop's micro-batches; handoff = full or compact (hot-first) "
@@ -536,6 +580,8 @@ def format_report(report: dict) -> str:
                  "forward (with the hot-first summary, which runs behind it), wait = the "
                  "forward waiting for the data-plane thread to start it and "
                  "for the decode loop to take its rows, sampl = the sampler (wall, overlapped "
-                 "or not)")
+                 "or not); sampler requests (whole level): rq/step = per llm step, us/rq = the "
+                 "sampler stubs' CPU per request, exec = the part of it in execute (ours: "
+                 "decoding, kernels, responses; the rest is the Python backend's own)")
     lines += [format_profile(profile) for profile in report.get("profiles", ())]
     return "\n".join(lines)
