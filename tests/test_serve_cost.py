@@ -88,9 +88,10 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
     assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
     assert floor["llm_ms_per_step"] == {"forward": None, "sampler": None, "forward_wait": None}
-    # every step asks the sampler instances at least once; their execute's CPU is counted
+    # the sampler instances' requests and their execute's CPU are counted (Triton's request
+    # count and the llm's step count are read at slightly different moments: no ratio of 1)
     assert floor["sampler_requests_per_step"] is None and floor["sampler_us_per_request"] is None
-    assert one["sampler_requests_per_step"] >= 1
+    assert one["sampler_requests_per_step"] > 0
     assert one["sampler_us_per_request"]["execute"] > 0
     # instant pace: a forward is the engine's bookkeeping, the sampler a BLS round trip
     steps = one["llm_ms_per_step"]

@@ -281,15 +281,15 @@ def sampler_counters(server) -> dict[str, float]:
                                      'model="simple_sampler"')}
 
 
-def sampler_figures(before: dict, after: dict, samplers_us_per_token: float, tokens: int,
-                    steps: float) -> dict:
+def sampler_figures(before: dict | None, after: dict | None, samplers_us_per_token: float,
+                    tokens: int, steps: float) -> dict:
     """Over a level: the sampler requests per llm step, and per request
     the sampler stubs' CPU (their CPU per token over the window times the
     level's tokens per request) and the part of it in ``execute`` (our
     decoding, kernels and responses, over the whole level); the rest is the
     Python backend's own work on the request and its response."""
-    requests = after["requests"] - before["requests"]
-    if not requests:
+    requests = after["requests"] - before["requests"] if before is not None else 0
+    if not requests:  # a floor route, or no request reached the samplers
         return {"sampler_requests_per_step": None, "sampler_us_per_request": None}
     return {"sampler_requests_per_step": requests / steps if steps else None,
             "sampler_us_per_request": {
@@ -442,8 +442,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                            **step_figures(counters, after, tokens)}
                     row.update(sampler_figures(
                         sampler_before, sampler_after, row["cpu_us_per_token"]["samplers"],
-                        tokens, after["steps"] - counters["steps"]) if sampled
-                        else {"sampler_requests_per_step": None, "sampler_us_per_request": None})
+                        tokens, after["steps"] - counters["steps"]))
                     results.append(row)
             finally:
                 server.stop()
