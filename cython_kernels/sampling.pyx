@@ -48,6 +48,7 @@ from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, expf, log, nextafter, nextafterf
 from libc.stdint cimport INT32_MAX, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, sort_prefix,
                          top_p_prefix)
@@ -561,6 +562,132 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
                     taken_view[n] = values[r, j]
                 n += 1
     return offsets, ids, taken, -1
+
+
+# How packed_row_scalars reads a field of a packed record (numpy's dtype of
+# the field: sampler_codec maps one to the other).
+cpdef enum FieldType:
+    FIELD_FLOAT32 = 0
+    FIELD_FLOAT64 = 1
+    FIELD_INT32 = 2
+    FIELD_INT64 = 3
+    FIELD_UINT64 = 4
+    FIELD_BOOL = 5
+
+# The rows of packed_row_scalars' `fields`: the record fields RowScalars is
+# built from, in this order (PACKED_KERNEL_FIELDS names them for Python).
+cdef enum:
+    KERNEL_TEMPERATURE = 0
+    KERNEL_TOP_K = 1
+    KERNEL_TOP_P = 2
+    KERNEL_MIN_P = 3
+    KERNEL_REPETITION_PENALTY = 4
+    KERNEL_PRESENCE_PENALTY = 5
+    KERNEL_FREQUENCY_PENALTY = 6
+    KERNEL_SEED = 7
+    KERNEL_STEP = 8
+    KERNEL_NUM_TOP_LOGPROBS = 9
+    KERNEL_FIELDS = 10
+
+#: Each row of packed_row_scalars' `fields` by the parameter (or sampler
+#: input) it holds.
+PACKED_KERNEL_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                        "presence_penalty", "frequency_penalty", "seed", "step",
+                        "num_top_logprobs")
+
+
+cdef inline int64_t field_integer(const uint8_t* record, const int64_t* field) noexcept nogil:
+    """An integer or bool field, exactly (memcpy: a record need not be aligned)."""
+    cdef int32_t i32
+    cdef int64_t i64
+    if field[1] == FIELD_INT32:
+        memcpy(&i32, record + field[0], 4)
+        return i32
+    if field[1] == FIELD_BOOL:
+        return record[field[0]] != 0
+    memcpy(&i64, record + field[0], 8)
+    return i64
+
+
+cdef inline double field_value(const uint8_t* record, const int64_t* field) noexcept nogil:
+    """Any field as a double (exact for floats and for integers below 2**53,
+    as numpy's float64 comparisons read them)."""
+    cdef float f32
+    cdef double f64
+    cdef uint64_t u64
+    if field[1] == FIELD_FLOAT32:
+        memcpy(&f32, record + field[0], 4)
+        return f32
+    if field[1] == FIELD_FLOAT64:
+        memcpy(&f64, record + field[0], 8)
+        return f64
+    if field[1] == FIELD_UINT64:
+        memcpy(&u64, record + field[0], 8)
+        return <double>u64
+    return <double>field_integer(record, field)
+
+
+cdef Py_ssize_t packed_rows(const uint8_t[:, ::1] records, const int64_t[:, ::1] fields,
+                            const int64_t[:, ::1] checked, const double[:, ::1] bounds,
+                            Py_ssize_t vocab, double greedy_below, RowScalars* out,
+                            bint* any_top) noexcept nogil:
+    cdef Py_ssize_t r, c
+    cdef const uint8_t* record
+    cdef double value, temperature
+    cdef bint ok
+    cdef int64_t top_k
+    cdef uint64_t seed
+    for r in range(records.shape[0]):
+        record = &records[r, 0]
+        for c in range(checked.shape[0]):
+            value = field_value(record, &checked[c, 0])
+            ok = value > bounds[c, 0] if bounds[c, 2] != 0 else value >= bounds[c, 0]
+            ok = ok and (value < bounds[c, 1] if bounds[c, 3] != 0 else value <= bounds[c, 1])
+            if not ok:
+                return r
+        temperature = field_value(record, &fields[KERNEL_TEMPERATURE, 0])
+        out[r].greedy = temperature < greedy_below
+        out[r].inverse_temperature = 1.0 if out[r].greedy else <float>(1.0 / temperature)
+        top_k = field_integer(record, &fields[KERNEL_TOP_K, 0])
+        out[r].top_k = 0 if top_k <= 0 or top_k >= vocab else top_k
+        out[r].top_p = field_value(record, &fields[KERNEL_TOP_P, 0])
+        out[r].min_p = field_value(record, &fields[KERNEL_MIN_P, 0])
+        out[r].repetition_penalty = <float>field_value(record, &fields[KERNEL_REPETITION_PENALTY, 0])
+        out[r].presence_penalty = <float>field_value(record, &fields[KERNEL_PRESENCE_PENALTY, 0])
+        out[r].frequency_penalty = <float>field_value(record, &fields[KERNEL_FREQUENCY_PENALTY, 0])
+        memcpy(&seed, record + fields[KERNEL_SEED, 0], 8)
+        out[r].seed = seed
+        out[r].step = <uint64_t>field_integer(record, &fields[KERNEL_STEP, 0])
+        any_top[0] = any_top[0] or field_integer(record, &fields[KERNEL_NUM_TOP_LOGPROBS, 0]) != 0
+    return -1
+
+
+def packed_row_scalars(const uint8_t[:, ::1] records, const int64_t[:, ::1] fields,
+                       const int64_t[:, ::1] checked, const double[:, ::1] bounds,
+                       Py_ssize_t vocab, double greedy_below, RowScalars[::1] out):
+    """The kernels' RowScalars of B packed records (``row_scalars``), every
+    record checked first, in one pass where numpy made several per field.
+
+    records: uint8 [B, itemsize], one record per row. fields: int64
+    [len(PACKED_KERNEL_FIELDS), 2], (byte offset, FieldType) of the
+    record fields PACKED_KERNEL_FIELDS names, in its order. checked: int64 [K, 2], (offset,
+    FieldType) of each checked field; bounds: float64 [K, 4], its allowed
+    interval (low, high, low open, high open: params.Interval; NaN never
+    passes). vocab: V (top_k >= V is off). greedy_below: a temperature
+    below it is greedy. out: RowScalars [B], filled as sampling.kernel_params
+    fills it (1 / T, greedy, top_k 0 when off, the floats widened or kept).
+    Returns (the first row failing a check, -1 when none: out is then
+    complete; whether any row asks for top logprobs)."""
+    cdef bint any_top = False
+    if fields.shape[0] != KERNEL_FIELDS or bounds.shape[0] != checked.shape[0]:
+        raise ValueError(f"fields must be [{KERNEL_FIELDS}, 2] and bounds one row per check")
+    if out.shape[0] != records.shape[0]:
+        raise ValueError(f"out must have one RowScalars per record ({records.shape[0]})")
+    cdef Py_ssize_t failed = -1
+    if records.shape[0] > 0:
+        failed = packed_rows(records, fields, checked, bounds, vocab, greedy_below, &out[0],
+                             &any_top)
+    return failed, bool(any_top)
 
 
 def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64_t[::1] out):

@@ -281,3 +281,124 @@ def test_padded_int32_lists_decode_as_numpy_does():
         with pytest.raises(InvalidRequest, match=rf"row 4: touched_ids must be token ids in "
                                                  rf"\[0, {V}\) or -1 \(padding\), got {V}"):
             _id_lists("touched_ids", ids.astype(dtype), 6, V)
+
+
+def test_packed_records_are_checked_and_converted_as_numpy_does():
+    """``_sampling.packed_row_scalars`` (the C pass of decode_request's path
+    for the llm model's compact requests) refuses exactly the records the
+    general path refuses, reports the first of them, and builds the kernel
+    scalars ``kernel_params`` builds, field by field, over the edge values
+    of every field of ROW_SCALARS_RECORD."""
+    from simple_sampler import _sampling
+    from simple_sampler.params import GREEDY_TEMPERATURE
+    from simple_sampler.sampling import ROW_SCALARS, kernel_params
+    from simple_sampler.schema import ROW_SCALARS_RECORD
+    from simple_sampler.triton import sampler_codec as codec
+
+    above_one, above_two = np.nextafter(np.float32(1), 2), np.nextafter(np.float32(2), 3)
+    edges = {"temperature": [0.0, 1e-6, 9.99e-6, 1e-5, 0.7, 3.0, np.inf, -1e-9, np.nan],
+             "runtime_top_k": [-2, -1, 0, 1, 7, V - 1, V, V + 1, 2**31 - 1, -2**31],
+             "runtime_top_p": [0.0, 1e-9, 0.5, 1.0, above_one, -0.5, np.nan, np.inf],
+             "min_p": [0.0, 0.3, 1.0, above_one, -1e-7, np.nan],
+             "repetition_penalty": [0.0, 1e-3, 1.0, 1.7, np.inf, -1.0, np.nan],
+             "presence_penalty": [-above_two, -2.0, 0.0, 2.0, above_two, np.nan],
+             "frequency_penalty": [-above_two, -2.0, 0.5, 2.0, above_two, np.inf],
+             "random_seed": [0, 1, 2**63, 2**64 - 1],
+             "step": [-1, 0, 3, 2**40, -2**63],
+             "min_tokens": [-1, 0, 5],
+             "return_log_probs": [False, True],
+             "num_top_logprobs": [-1, 0, 1, 20, 21]}
+    good = {"temperature": 0.7, "runtime_top_k": 0, "runtime_top_p": 1.0, "min_p": 0.0,
+            "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "random_seed": 5, "step": 3, "min_tokens": 0, "return_log_probs": True,
+            "num_top_logprobs": 0}
+    rng = np.random.default_rng(11)
+    records = np.zeros(800, ROW_SCALARS_RECORD)
+    for name, value in good.items():
+        records[name] = value
+    names = list(edges)
+    for row in range(len(records)):  # one or two fields of each row on an edge value
+        for name in rng.choice(names, rng.integers(1, 3), replace=False):
+            values = edges[name]
+            records[name][row] = values[rng.integers(len(values))]
+
+    def c_pass(records):
+        scalars = np.empty(len(records), ROW_SCALARS)
+        failed, any_top = _sampling.packed_row_scalars(
+            records.view(np.uint8).reshape(len(records), -1), codec._RECORD_FIELDS,
+            codec._RECORD_CHECKED, codec._RECORD_BOUNDS, V, GREEDY_TEMPERATURE, scalars)
+        return failed, any_top, scalars
+
+    refused = []
+    for row in range(len(records)):
+        one = records[row:row + 1]
+        failed, any_top, scalars = c_pass(one)
+        try:
+            decoded = codec._decode_general(
+                {"logits": np.zeros((1, V), np.float32),
+                 "row_scalars": one.view(np.uint8).reshape(1, -1)},
+                V, None, None)
+        except InvalidRequest:
+            assert failed == 0, f"row {row}: {one} refused by numpy, passed in C"
+            refused.append(row)
+            continue
+        assert failed == -1, f"row {row}: {one} passed numpy, refused in C"
+        assert any_top == bool(one["num_top_logprobs"][0])
+        expected = kernel_params(decoded.batch, V, 0, 1, validated=True)[0]["scalars"]
+        for field in ROW_SCALARS.names:
+            np.testing.assert_array_equal(scalars[field], expected[field], err_msg=f"row {row} {field}")
+    assert 0.2 < len(refused) / len(records) < 0.8, "the edges must give good and bad rows"
+    assert c_pass(records)[0] == refused[0]
+
+
+def test_the_llm_models_compact_requests_decode_as_the_general_path():
+    """decode_request takes the llm model's packed compact requests by its C
+    path (``_plain_compact``) and gives sample_request exactly the general
+    path's outputs; a request it does not take (penalties: histories; top
+    logprobs; a bad record) goes the general way, with the general errors."""
+    import torch
+
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.serving.hot_first import compact_rows
+    from simple_sampler.shvs import HotVocab
+    from simple_sampler.triton import sampler_codec as codec
+    from simple_sampler.schema import ROW_SCALARS_RECORD
+
+    vocab, rows = 3000, 40
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    hot = HotVocab(rng.choice(vocab, 400, replace=False), vocab)
+    logits[:, hot.ids] += 3
+    kinds = [dict(), dict(temperature=0.0), dict(top_p=0.9), dict(top_k=20), dict(min_p=0.2),
+             dict(temperature=1.7, top_p=0.5), dict(top_k=3, top_p=0.8)]
+    params = [SamplingParams(seed=int(s), **kinds[r % len(kinds)])
+              for r, s in enumerate(rng.integers(0, 2**63, rows))]
+    batch = SamplingBatch.from_params(params, steps=rng.integers(0, 100, rows).tolist())
+    batch.want_logprobs = np.arange(rows) % 3 == 0
+    compact = compact_rows(torch.from_numpy(logits), batch, hot)
+    inputs = {**codec.compact_arrays(compact, packed=True), **codec.batch_arrays(batch, packed=True)}
+    assert inputs.keys() == set(codec._PLAIN_COMPACT)
+
+    def both(inputs):
+        plain = codec.decode_request(inputs, vocab, hot)
+        general = codec._decode_general(inputs, vocab, hot, None)
+        return plain, codec.sample_request(plain, 1, hot), codec.sample_request(general, 1, hot)
+
+    plain, (fast, fast_outcomes), (slow, slow_outcomes) = both(inputs)
+    assert plain.kernel_scalars is not None, "the llm model's form must take the C path"
+    assert fast.keys() == slow.keys() == {"output_ids", "handoff_outcome", "output_log_probs"}
+    for name in fast:
+        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+    np.testing.assert_array_equal(fast_outcomes, slow_outcomes)
+    assert (fast["output_ids"] >= 0).mean() > 0.5
+    assert np.isnan(fast["output_log_probs"][~batch.want_logprobs]).all()
+
+    records = inputs["row_scalars"].copy().view(ROW_SCALARS_RECORD)
+    records["num_top_logprobs"][5] = 2
+    plain, (fast, _), (slow, _) = both({**inputs, "row_scalars": records.view(np.uint8)})
+    assert plain.kernel_scalars is None and "top_logprobs" in fast
+    for name in fast:
+        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+    records["runtime_top_p"][7] = 0.0
+    with pytest.raises(InvalidRequest, match=r"row 7: runtime_top_p must be in \(0, 1\], got 0.0"):
+        codec.decode_request({**inputs, "row_scalars": records.view(np.uint8)}, vocab, hot)

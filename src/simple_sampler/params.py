@@ -33,6 +33,27 @@ GREEDY_TEMPERATURE = 1e-5
 PENALTY_LIMIT = 2.0
 
 
+class Interval(NamedTuple):
+    """Allowed values from low to high, each end open or closed (NaN never
+    passes). Called on a value or numpy array: the bool mask of the allowed
+    values. Bounds, not code, so that the sampler's C pass over packed
+    records (``sampler_codec``) checks by the same rules."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __call__(self, values) -> np.ndarray:
+        values = np.asarray(values)
+        above = values > self.low if self.low_open else values >= self.low
+        below = values < self.high if self.high_open else values <= self.high
+        return above & below
+
+
+#: >= 0 and finite (integers: >= 0)
+NON_NEGATIVE = Interval(0.0, np.inf, high_open=True)
+
 
 class Param(NamedTuple):
     """One per-row scalar sampling parameter: its ``SamplingBatch`` column
@@ -52,7 +73,7 @@ class Param(NamedTuple):
     name: str
     dtype: type
     neutral: float | int
-    rule: Callable[[np.ndarray], np.ndarray]
+    rule: Interval
     allowed: str
     kind: str
     #: rows where it changes nothing (None: the column equals ``neutral``)
@@ -68,17 +89,16 @@ class Param(NamedTuple):
 
 
 RULES = (
-    Param("temperature", np.float64, 1.0, lambda v: np.isfinite(v) & (v >= 0),
-          "a finite value >= 0", "scale"),
-    Param("top_k", np.int64, 0, lambda v: v >= -1, ">= -1 (0 or -1 disables it)", "truncation",
-          off=lambda v: v <= 0),
-    Param("top_p", np.float64, 1.0, lambda v: (v > 0) & (v <= 1), "in (0, 1]", "truncation"),
-    Param("min_p", np.float64, 0.0, lambda v: (v >= 0) & (v <= 1), "in [0, 1]", "truncation"),
-    Param("repetition_penalty", np.float64, 1.0, lambda v: np.isfinite(v) & (v > 0),
+    Param("temperature", np.float64, 1.0, NON_NEGATIVE, "a finite value >= 0", "scale"),
+    Param("top_k", np.int64, 0, Interval(-1, np.inf, high_open=True),
+          ">= -1 (0 or -1 disables it)", "truncation", off=lambda v: v <= 0),
+    Param("top_p", np.float64, 1.0, Interval(0.0, 1.0, low_open=True), "in (0, 1]", "truncation"),
+    Param("min_p", np.float64, 0.0, Interval(0.0, 1.0), "in [0, 1]", "truncation"),
+    Param("repetition_penalty", np.float64, 1.0, Interval(0.0, np.inf, True, True),
           "a finite value > 0", "penalty"),
-    Param("presence_penalty", np.float64, 0.0, lambda v: np.abs(v) <= PENALTY_LIMIT,
+    Param("presence_penalty", np.float64, 0.0, Interval(-PENALTY_LIMIT, PENALTY_LIMIT),
           "in [-2, 2]", "penalty"),
-    Param("frequency_penalty", np.float64, 0.0, lambda v: np.abs(v) <= PENALTY_LIMIT,
+    Param("frequency_penalty", np.float64, 0.0, Interval(-PENALTY_LIMIT, PENALTY_LIMIT),
           "in [-2, 2]", "penalty"),
 )
 PARAMS = {p.name: p for p in RULES}

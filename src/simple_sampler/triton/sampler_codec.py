@@ -30,9 +30,11 @@ from typing import Mapping
 import numpy as np
 
 from .. import _sampling
+from .._sampling import FieldType
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
-from ..params import PARAMS, RULES, SamplingBatch, any_on, first_failed_check
-from ..sampling import MAX_TOP_LOGPROBS, sample
+from ..params import (GREEDY_TEMPERATURE, NON_NEGATIVE, PARAMS, RULES, Interval, SamplingBatch,
+                      any_on, first_failed_check)
+from ..sampling import MAX_TOP_LOGPROBS, ROW_SCALARS, sample
 from ..schema import (COLD_DRAW_INPUTS, COLD_SUMMARY_RECORD, HANDOFF_INPUTS, ROW_SCALARS_RECORD,
                       SAMPLER, InvalidRequest)
 
@@ -63,6 +65,38 @@ _DECODED = {**{name: PARAMS[field].dtype for name, (field, _) in SCALAR_INPUTS.i
 #: ``row_scalars``' records in those dtypes: one astype decodes every column.
 _DECODED_RECORD = np.dtype([(name, _DECODED[name]) for name in PACKED_INPUTS])
 _PACKED_SET = frozenset(PACKED_INPUTS)
+#: decode_request's checks beyond params.RULES: (input, its interval, the
+#: allowed range as an error states it).
+_EXTRA_CHECKS = (("step", NON_NEGATIVE, ">= 0"), ("min_tokens", NON_NEGATIVE, ">= 0"),
+                 ("num_top_logprobs", Interval(0, MAX_TOP_LOGPROBS), f"in [0, {MAX_TOP_LOGPROBS}]"))
+
+#: The llm model's own compact requests (``hot_first_sampler``: the packed
+#: parameters, the compact rows, their full rows by reference or not), which
+#: ``_plain_compact`` decodes.
+_PLAIN_COMPACT = ("row_scalars", "hot_logits", "touched_ids", "touched_logits", "cold_summary")
+_PLAIN_COMPACT_INPUTS = frozenset((*_PLAIN_COMPACT, "logits_ref"))
+_FIELD_TYPES = {np.dtype(dtype): int(code) for dtype, code in (
+    (np.float32, FieldType.FIELD_FLOAT32), (np.float64, FieldType.FIELD_FLOAT64),
+    (np.int32, FieldType.FIELD_INT32), (np.int64, FieldType.FIELD_INT64),
+    (np.uint64, FieldType.FIELD_UINT64), (np.bool_, FieldType.FIELD_BOOL))}
+
+
+def _field(name: str) -> tuple[int, int]:
+    """(byte offset, _sampling.FieldType) of input `name` in ROW_SCALARS_RECORD."""
+    dtype, offset = ROW_SCALARS_RECORD.fields[name][:2]
+    return offset, _FIELD_TYPES[dtype]
+
+
+_INPUT_OF = {**{field: name for name, (field, _) in SCALAR_INPUTS.items()}, "seed": "random_seed"}
+#: ``_sampling.packed_row_scalars``' fields, checks and bounds for ROW_SCALARS_RECORD:
+#: the checks are RULES' and _EXTRA_CHECKS', their intervals as they are.
+_RECORD_FIELDS = np.array([_field(_INPUT_OF.get(name, name))
+                           for name in _sampling.PACKED_KERNEL_FIELDS], np.int64)
+_RECORD_CHECKS = (*((name, param.rule) for name, param in _RULE_INPUTS),
+                  *((name, rule) for name, rule, _ in _EXTRA_CHECKS))
+_RECORD_CHECKED = np.array([_field(name) for name, _ in _RECORD_CHECKS], np.int64)
+_RECORD_BOUNDS = np.array([(rule.low, rule.high, rule.low_open, rule.high_open)
+                           for _, rule in _RECORD_CHECKS], np.float64)
 
 
 @dataclass
@@ -79,6 +113,9 @@ class RowsRequest:
     #: ``logits_ref`` when the logits are rows of the llm's arena (checked
     #: again after sampling: ``row_arena.RowReader.check``)
     logits_ref: np.ndarray | None = None
+    #: the batch's kernel scalars (``sampling.ROW_SCALARS``) when decoding
+    #: built them (``_plain_compact``), else None
+    kernel_scalars: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -152,6 +189,16 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         through, in place (None: logits_ref is refused).
     Raises InvalidRequest naming the input, the row and the allowed range.
     """
+    if hot_vocab is not None and inputs.keys() <= _PLAIN_COMPACT_INPUTS:
+        plain = _plain_compact(inputs, vocab_size, hot_vocab, reader)
+        if plain is not None:
+            return plain
+    return _decode_general(inputs, vocab_size, hot_vocab, reader)
+
+
+def _decode_general(inputs: Mapping[str, object], vocab_size: int, hot_vocab,
+                    reader) -> RowsRequest:
+    """decode_request for every form of request."""
     unknown = sorted(inputs.keys() - _KNOWN_INPUTS)
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
@@ -210,11 +257,9 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     num_top = scalar("num_top_logprobs", 0)
     checks = [(name, columns[param.name], param.rule(columns[param.name]), param.allowed)
               for name, param in _RULE_INPUTS]
-    if step is not None:
-        checks.append(("step", step, step >= 0, ">= 0"))
-    checks += [("min_tokens", min_tokens, min_tokens >= 0, ">= 0"),
-               ("num_top_logprobs", num_top, (num_top >= 0) & (num_top <= MAX_TOP_LOGPROBS),
-                f"in [0, {MAX_TOP_LOGPROBS}]")]
+    extra = {"step": step, "min_tokens": min_tokens, "num_top_logprobs": num_top}
+    checks += [(name, extra[name], rule(extra[name]), allowed)
+               for name, rule, allowed in _EXTRA_CHECKS if extra[name] is not None]
     message = first_failed_check(checks)
     if message:
         raise InvalidRequest(message)
@@ -249,6 +294,70 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         raise InvalidRequest(str(error)) from None
     return RowsRequest(logits, batch, scalar("return_log_probs", False),
                        num_top, compact, refs)
+
+
+def _plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader) -> RowsRequest | None:
+    """decode_request for the llm model's own compact requests (_PLAIN_COMPACT,
+    and logits_ref or not: no id lists, no top logprobs), where every input
+    has the dtype and shape that form gives it: the records checked and
+    turned into the kernels' scalars in one C pass
+    (``_sampling.packed_row_scalars``, by RULES' intervals) and the touched
+    lists in another, a few dozen Python calls where the general path takes
+    a few hundred (docs/COPIES.md). None for anything else, a record that
+    fails a check included: decode_request then decodes the request the
+    general way, and names what is wrong. The compact rows' contents are
+    checked by ``sample_compact`` on either path."""
+    if any(inputs.get(name) is None for name in _PLAIN_COMPACT):
+        return None
+    packed, hot, touched, touched_logits, cold = (inputs[name] for name in _PLAIN_COMPACT)
+    rows, vocab = len(packed), hot_vocab.vocab_size
+    if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8
+            and packed.shape == (rows, ROW_SCALARS_RECORD.itemsize)
+            and isinstance(cold, np.ndarray) and cold.dtype == np.uint8
+            and cold.shape == (rows, COLD_SUMMARY_RECORD.itemsize)
+            and isinstance(touched, np.ndarray) and touched.dtype == np.int32
+            and isinstance(touched_logits, np.ndarray) and touched_logits.dtype == np.float32
+            and touched.ndim == 2 and touched.shape == touched_logits.shape
+            and len(touched) == rows and tuple(hot.shape) == (rows, hot_vocab.size)
+            and rows > 0 and vocab_size in (0, vocab)):
+        return None
+    scalars = np.empty(rows, ROW_SCALARS)
+    packed = np.ascontiguousarray(packed)
+    failed, any_top = _sampling.packed_row_scalars(packed, _RECORD_FIELDS, _RECORD_CHECKED,
+                                                   _RECORD_BOUNDS, vocab, GREEDY_TEMPERATURE,
+                                                   scalars)
+    if failed >= 0 or any_top:
+        return None
+    offsets, ids, logits, bad = _sampling.padded_lists(
+        np.ascontiguousarray(touched), vocab, np.ascontiguousarray(touched_logits))
+    if bad >= 0:
+        return None
+    full_rows, refs = None, inputs.get("logits_ref")
+    if refs is not None:
+        if reader is None:
+            return None
+        try:
+            full_rows = reader.rows(refs)
+        except ValueError:
+            return None
+        if full_rows.shape != (rows, vocab):
+            return None
+    decoded = packed.view(ROW_SCALARS_RECORD)[:, 0].astype(_DECODED_RECORD)
+    cold = np.ascontiguousarray(cold).view(COLD_SUMMARY_RECORD)[:, 0]
+    # No id lists: one empty CSR shared by all of them (nothing writes into
+    # a decoded batch's arrays).
+    no_offsets = np.zeros(rows + 1, np.int64)
+    batch = SamplingBatch(
+        **{field: decoded[name] for name, (field, _) in SCALAR_INPUTS.items()},
+        seed=decoded["random_seed"], step=decoded["step"],
+        bias_offsets=no_offsets, bias_ids=_NO_IDS, bias_values=np.zeros(0, np.float64),
+        ban_offsets=no_offsets, ban_ids=_NO_IDS, prompt_offsets=no_offsets, prompt_ids=_NO_IDS,
+        output_offsets=no_offsets, output_ids=_NO_IDS)
+    compact = CompactRows(hot_logits=host_array(hot), touched_offsets=offsets,
+                          touched_ids=ids, touched_logits=logits,
+                          **{name: cold[name] for name in COLD_SUMMARY_NAMES})
+    return RowsRequest(full_rows, batch, decoded["return_log_probs"],
+                       decoded["num_top_logprobs"], compact, refs, scalars)
 
 
 def _records(inputs: Mapping) -> np.ndarray:
@@ -467,7 +576,8 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
         if request.compact is not None:
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
-                                 num_threads=num_threads, validated=True, shapes_checked=True)
+                                 num_threads=num_threads, validated=True, shapes_checked=True,
+                                 scalars=request.kernel_scalars)
             if request.logits is not None and out.undecided.any():  # their full rows are mapped
                 decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
                                       request.logits, request.return_log_probs,
