@@ -371,13 +371,16 @@ def test_the_llm_models_compact_requests_decode_as_the_general_path():
     logits[:, hot.ids] += 3
     kinds = [dict(), dict(temperature=0.0), dict(top_p=0.9), dict(top_k=20), dict(min_p=0.2),
              dict(temperature=1.7, top_p=0.5), dict(top_k=3, top_p=0.8)]
-    params = [SamplingParams(seed=int(s), **kinds[r % len(kinds)])
+    # some rows short of min_tokens: their stop ids (a hot one, a cold one) banned
+    stops = [int(hot.ids[0]), int(np.setdiff1d(np.arange(vocab), hot.ids)[0])]
+    params = [SamplingParams(seed=int(s), **kinds[r % len(kinds)], min_tokens=(r % 2) * 10,
+                             stop_token_ids=stops)
               for r, s in enumerate(rng.integers(0, 2**63, rows))]
     batch = SamplingBatch.from_params(params, steps=rng.integers(0, 100, rows).tolist())
     batch.want_logprobs = np.arange(rows) % 3 == 0
     compact = compact_rows(torch.from_numpy(logits), batch, hot)
     inputs = {**codec.compact_arrays(compact, packed=True), **codec.batch_arrays(batch, packed=True)}
-    assert inputs.keys() == set(codec._PLAIN_COMPACT)
+    assert inputs.keys() == {*codec._PLAIN_COMPACT, "end_id"}
 
     def both(inputs):
         plain = codec.decode_request(inputs, vocab, hot)
@@ -386,6 +389,7 @@ def test_the_llm_models_compact_requests_decode_as_the_general_path():
 
     plain, (fast, fast_outcomes), (slow, slow_outcomes) = both(inputs)
     assert plain.kernel_scalars is not None, "the llm model's form must take the C path"
+    assert np.array_equal(np.diff(plain.batch.ban_offsets), (np.arange(rows) % 2) * 2)
     assert fast.keys() == slow.keys() == {"output_ids", "handoff_outcome", "output_log_probs"}
     for name in fast:
         np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)

@@ -74,7 +74,7 @@ _EXTRA_CHECKS = (("step", NON_NEGATIVE, ">= 0"), ("min_tokens", NON_NEGATIVE, ">
 #: parameters, the compact rows, their full rows by reference or not), which
 #: ``_plain_compact`` decodes.
 _PLAIN_COMPACT = ("row_scalars", "hot_logits", "touched_ids", "touched_logits", "cold_summary")
-_PLAIN_COMPACT_INPUTS = frozenset((*_PLAIN_COMPACT, "logits_ref"))
+_PLAIN_COMPACT_INPUTS = frozenset((*_PLAIN_COMPACT, "logits_ref", "end_id"))
 _FIELD_TYPES = {np.dtype(dtype): int(code) for dtype, code in (
     (np.float32, FieldType.FIELD_FLOAT32), (np.float64, FieldType.FIELD_FLOAT64),
     (np.int32, FieldType.FIELD_INT32), (np.int64, FieldType.FIELD_INT64),
@@ -277,9 +277,7 @@ def _decode_general(inputs: Mapping[str, object], vocab_size: int, hot_vocab,
     generated_offsets = lists["generated_ids"][0]
     if step is None:
         step = np.diff(generated_offsets)
-    end_ids = lists["end_id"]
-    ban_offsets, ban_ids = (end_ids if not end_ids[1].size
-                            else _banned_end_ids(*end_ids, step < min_tokens))
+    ban_offsets, ban_ids = _bans(lists["end_id"], step, min_tokens)
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
@@ -298,7 +296,7 @@ def _decode_general(inputs: Mapping[str, object], vocab_size: int, hot_vocab,
 
 def _plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader) -> RowsRequest | None:
     """decode_request for the llm model's own compact requests (_PLAIN_COMPACT,
-    and logits_ref or not: no id lists, no top logprobs), where every input
+    logits_ref and end_id or not: no other id list, no top logprobs), where every input
     has the dtype and shape that form gives it: the records checked and
     turned into the kernels' scalars in one C pass
     (``_sampling.packed_row_scalars``, by RULES' intervals) and the touched
@@ -343,15 +341,25 @@ def _plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader) -> RowsR
         if full_rows.shape != (rows, vocab):
             return None
     decoded = packed.view(ROW_SCALARS_RECORD)[:, 0].astype(_DECODED_RECORD)
-    cold = np.ascontiguousarray(cold).view(COLD_SUMMARY_RECORD)[:, 0]
-    # No id lists: one empty CSR shared by all of them (nothing writes into
-    # a decoded batch's arrays).
+    # Absent id lists: one empty CSR shared by all of them (nothing writes
+    # into a decoded batch's arrays).
     no_offsets = np.zeros(rows + 1, np.int64)
+    bans = no_offsets, _NO_IDS
+    end_id = inputs.get("end_id")
+    if end_id is not None:
+        if not (isinstance(end_id, np.ndarray) and end_id.dtype == np.int32
+                and end_id.ndim == 2 and len(end_id) == rows):
+            return None
+        end_offsets, end_ids, _, bad = _sampling.padded_lists(np.ascontiguousarray(end_id), vocab)
+        if bad >= 0:
+            return None
+        bans = _bans((end_offsets, end_ids), decoded["step"], decoded["min_tokens"])
+    cold = np.ascontiguousarray(cold).view(COLD_SUMMARY_RECORD)[:, 0]
     batch = SamplingBatch(
         **{field: decoded[name] for name, (field, _) in SCALAR_INPUTS.items()},
         seed=decoded["random_seed"], step=decoded["step"],
         bias_offsets=no_offsets, bias_ids=_NO_IDS, bias_values=np.zeros(0, np.float64),
-        ban_offsets=no_offsets, ban_ids=_NO_IDS, prompt_offsets=no_offsets, prompt_ids=_NO_IDS,
+        ban_offsets=bans[0], ban_ids=bans[1], prompt_offsets=no_offsets, prompt_ids=_NO_IDS,
         output_offsets=no_offsets, output_ids=_NO_IDS)
     compact = CompactRows(hot_logits=host_array(hot), touched_offsets=offsets,
                           touched_ids=ids, touched_logits=logits,
@@ -531,6 +539,11 @@ def compact_arrays(rows, packed: bool = False) -> dict[str, np.ndarray]:
     for name in names:
         arrays[name] = np.asarray(getattr(rows, name), COLD_SUMMARY_RECORD[name])[:, None]
     return arrays
+
+
+def _bans(end_ids: tuple[np.ndarray, np.ndarray], step: np.ndarray, min_tokens: np.ndarray):
+    """The ban lists (CSR) of the rows' end ids (CSR) at their steps."""
+    return end_ids if not end_ids[1].size else _banned_end_ids(*end_ids, step < min_tokens)
 
 
 def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):
