@@ -564,8 +564,8 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
     return offsets, ids, taken, -1
 
 
-# How packed_row_scalars reads a field of a packed record (numpy's dtype of
-# the field: sampler_codec maps one to the other).
+# How packed_row_scalars reads and writes a field (numpy's dtype of the
+# field: sampler_codec maps one to the other).
 cpdef enum FieldType:
     FIELD_FLOAT32 = 0
     FIELD_FLOAT64 = 1
@@ -574,30 +574,22 @@ cpdef enum FieldType:
     FIELD_UINT64 = 4
     FIELD_BOOL = 5
 
-# The rows of packed_row_scalars' `fields`: the record fields RowScalars is
-# built from, in this order (PACKED_KERNEL_FIELDS names them for Python).
+# The rows of packed_row_scalars' `special`: the record fields it converts
+# (sampling.KERNEL_FIELDS) or only looks at, in this order.
 cdef enum:
-    KERNEL_TEMPERATURE = 0
-    KERNEL_TOP_K = 1
-    KERNEL_TOP_P = 2
-    KERNEL_MIN_P = 3
-    KERNEL_REPETITION_PENALTY = 4
-    KERNEL_PRESENCE_PENALTY = 5
-    KERNEL_FREQUENCY_PENALTY = 6
-    KERNEL_SEED = 7
-    KERNEL_STEP = 8
-    KERNEL_NUM_TOP_LOGPROBS = 9
-    KERNEL_FIELDS = 10
+    SPECIAL_TEMPERATURE = 0
+    SPECIAL_TOP_K = 1
+    SPECIAL_NUM_TOP_LOGPROBS = 2
+    SPECIAL_FIELDS = 3
 
-#: Each row of packed_row_scalars' `fields` by the parameter (or sampler
-#: input) it holds.
-PACKED_KERNEL_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                        "presence_penalty", "frequency_penalty", "seed", "step",
-                        "num_top_logprobs")
+
+cdef inline bint integer_field(int64_t kind) noexcept nogil:
+    return kind != FIELD_FLOAT32 and kind != FIELD_FLOAT64
 
 
 cdef inline int64_t field_integer(const uint8_t* record, const int64_t* field) noexcept nogil:
-    """An integer or bool field, exactly (memcpy: a record need not be aligned)."""
+    """An integer or bool field exactly (a uint64 as its bits; memcpy: a
+    record need not be aligned)."""
     cdef int32_t i32
     cdef int64_t i64
     if field[1] == FIELD_INT32:
@@ -610,8 +602,8 @@ cdef inline int64_t field_integer(const uint8_t* record, const int64_t* field) n
 
 
 cdef inline double field_value(const uint8_t* record, const int64_t* field) noexcept nogil:
-    """Any field as a double (exact for floats and for integers below 2**53,
-    as numpy's float64 comparisons read them)."""
+    """Any field as a double (exact for floats and for integers below 2**53;
+    numpy compares in float64 too)."""
     cdef float f32
     cdef double f64
     cdef uint64_t u64
@@ -627,16 +619,40 @@ cdef inline double field_value(const uint8_t* record, const int64_t* field) noex
     return <double>field_integer(record, field)
 
 
-cdef Py_ssize_t packed_rows(const uint8_t[:, ::1] records, const int64_t[:, ::1] fields,
-                            const int64_t[:, ::1] checked, const double[:, ::1] bounds,
-                            Py_ssize_t vocab, double greedy_below, RowScalars* out,
-                            bint* any_top) noexcept nogil:
+cdef inline void copy_field(const uint8_t* record, const int64_t* source, uint8_t* target,
+                            const int64_t* destination) noexcept nogil:
+    """A record field into a RowScalars field as numpy's assignment casts it
+    (floats through a double, integers by their bits)."""
+    cdef float f32
+    cdef double f64
+    cdef int64_t i64
+    cdef int32_t i32
+    if integer_field(destination[1]):
+        i64 = field_integer(record, source)
+        if destination[1] == FIELD_INT32:
+            i32 = <int32_t>i64
+            memcpy(target + destination[0], &i32, 4)
+        elif destination[1] == FIELD_BOOL:
+            target[destination[0]] = i64 != 0
+        else:
+            memcpy(target + destination[0], &i64, 8)
+    elif destination[1] == FIELD_FLOAT32:
+        f32 = <float>field_value(record, source)
+        memcpy(target + destination[0], &f32, 4)
+    else:
+        f64 = field_value(record, source)
+        memcpy(target + destination[0], &f64, 8)
+
+
+cdef Py_ssize_t packed_rows(const uint8_t[:, ::1] records, const int64_t[:, ::1] copies,
+                            const int64_t[:, ::1] special, const int64_t[:, ::1] checked,
+                            const double[:, ::1] bounds, Py_ssize_t vocab, double greedy_below,
+                            RowScalars* out, bint* any_top) noexcept nogil:
     cdef Py_ssize_t r, c
     cdef const uint8_t* record
     cdef double value, temperature
     cdef bint ok
     cdef int64_t top_k
-    cdef uint64_t seed
     for r in range(records.shape[0]):
         record = &records[r, 0]
         for c in range(checked.shape[0]):
@@ -645,48 +661,45 @@ cdef Py_ssize_t packed_rows(const uint8_t[:, ::1] records, const int64_t[:, ::1]
             ok = ok and (value < bounds[c, 1] if bounds[c, 3] != 0 else value <= bounds[c, 1])
             if not ok:
                 return r
-        temperature = field_value(record, &fields[KERNEL_TEMPERATURE, 0])
+        for c in range(copies.shape[0]):
+            copy_field(record, &copies[c, 0], <uint8_t*>&out[r], &copies[c, 2])
+        temperature = field_value(record, &special[SPECIAL_TEMPERATURE, 0])
         out[r].greedy = temperature < greedy_below
         out[r].inverse_temperature = 1.0 if out[r].greedy else <float>(1.0 / temperature)
-        top_k = field_integer(record, &fields[KERNEL_TOP_K, 0])
+        top_k = field_integer(record, &special[SPECIAL_TOP_K, 0])
         out[r].top_k = 0 if top_k <= 0 or top_k >= vocab else top_k
-        out[r].top_p = field_value(record, &fields[KERNEL_TOP_P, 0])
-        out[r].min_p = field_value(record, &fields[KERNEL_MIN_P, 0])
-        out[r].repetition_penalty = <float>field_value(record, &fields[KERNEL_REPETITION_PENALTY, 0])
-        out[r].presence_penalty = <float>field_value(record, &fields[KERNEL_PRESENCE_PENALTY, 0])
-        out[r].frequency_penalty = <float>field_value(record, &fields[KERNEL_FREQUENCY_PENALTY, 0])
-        memcpy(&seed, record + fields[KERNEL_SEED, 0], 8)
-        out[r].seed = seed
-        out[r].step = <uint64_t>field_integer(record, &fields[KERNEL_STEP, 0])
-        any_top[0] = any_top[0] or field_integer(record, &fields[KERNEL_NUM_TOP_LOGPROBS, 0]) != 0
+        any_top[0] = any_top[0] or field_integer(record, &special[SPECIAL_NUM_TOP_LOGPROBS, 0]) != 0
     return -1
 
 
-def packed_row_scalars(const uint8_t[:, ::1] records, const int64_t[:, ::1] fields,
-                       const int64_t[:, ::1] checked, const double[:, ::1] bounds,
-                       Py_ssize_t vocab, double greedy_below, RowScalars[::1] out):
+def packed_row_scalars(const uint8_t[:, ::1] records, const int64_t[:, ::1] copies,
+                       const int64_t[:, ::1] special, const int64_t[:, ::1] checked,
+                       const double[:, ::1] bounds, Py_ssize_t vocab, double greedy_below,
+                       RowScalars[::1] out):
     """The kernels' RowScalars of B packed records (``row_scalars``), every
     record checked first, in one pass where numpy made several per field.
 
-    records: uint8 [B, itemsize], one record per row. fields: int64
-    [len(PACKED_KERNEL_FIELDS), 2], (byte offset, FieldType) of the
-    record fields PACKED_KERNEL_FIELDS names, in its order. checked: int64 [K, 2], (offset,
-    FieldType) of each checked field; bounds: float64 [K, 4], its allowed
-    interval (low, high, low open, high open: params.Interval; NaN never
-    passes). vocab: V (top_k >= V is off). greedy_below: a temperature
-    below it is greedy. out: RowScalars [B], filled as sampling.kernel_params
-    fills it (1 / T, greedy, top_k 0 when off, the floats widened or kept).
+    records: uint8 [B, itemsize], one record per row. checked: int64 [K, 2],
+    (byte offset, FieldType) of each checked field; bounds: float64 [K, 4],
+    its allowed interval (low, high, low open, high open: params.Interval;
+    NaN never passes). copies: int64 [C, 4], (record offset, FieldType,
+    RowScalars offset, FieldType) of each RowScalars field taken as it is
+    (sampling.KERNEL_FIELDS), cast as numpy casts. special: int64 [3, 2],
+    (offset, FieldType) of the temperature (1 / T and greedy, T below
+    greedy_below), top_k (0 when <= 0 or >= vocab) and num_top_logprobs
+    fields. out: RowScalars [B], filled as sampling.kernel_params fills it.
     Returns (the first row failing a check, -1 when none: out is then
     complete; whether any row asks for top logprobs)."""
     cdef bint any_top = False
-    if fields.shape[0] != KERNEL_FIELDS or bounds.shape[0] != checked.shape[0]:
-        raise ValueError(f"fields must be [{KERNEL_FIELDS}, 2] and bounds one row per check")
+    if (copies.shape[1] != 4 or special.shape[0] != SPECIAL_FIELDS or checked.shape[1] != 2
+            or bounds.shape[0] != checked.shape[0] or bounds.shape[1] != 4):
+        raise ValueError("copies must be [C, 4], special [3, 2], checked [K, 2], bounds [K, 4]")
     if out.shape[0] != records.shape[0]:
         raise ValueError(f"out must have one RowScalars per record ({records.shape[0]})")
     cdef Py_ssize_t failed = -1
     if records.shape[0] > 0:
-        failed = packed_rows(records, fields, checked, bounds, vocab, greedy_below, &out[0],
-                             &any_top)
+        failed = packed_rows(records, copies, special, checked, bounds, vocab, greedy_below,
+                             &out[0], &any_top)
     return failed, bool(any_top)
 
 

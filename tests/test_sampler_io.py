@@ -325,8 +325,9 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     def c_pass(records):
         scalars = np.empty(len(records), ROW_SCALARS)
         failed, any_top = _sampling.packed_row_scalars(
-            records.view(np.uint8).reshape(len(records), -1), codec._RECORD_FIELDS,
-            codec._RECORD_CHECKED, codec._RECORD_BOUNDS, V, GREEDY_TEMPERATURE, scalars)
+            records.view(np.uint8).reshape(len(records), -1), codec._RECORD_COPIES,
+            codec._RECORD_SPECIAL, codec._RECORD_CHECKED, codec._RECORD_BOUNDS, V,
+            GREEDY_TEMPERATURE, scalars)
         return failed, any_top, scalars
 
     refused = []

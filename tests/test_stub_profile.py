@@ -73,3 +73,5 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
     assert summary["calls_per_request"] > 2
     assert stub_profile.main(paths) == 0
     assert "4 requests" in capsys.readouterr().out
+    assert stub_profile.main([str(tmp_path)]) == 0, "a directory stands for its profiles"
+    assert "4 requests" in capsys.readouterr().out

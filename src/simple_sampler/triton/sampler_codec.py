@@ -34,7 +34,7 @@ from .._sampling import FieldType
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import (GREEDY_TEMPERATURE, NON_NEGATIVE, PARAMS, RULES, Interval, SamplingBatch,
                       any_on, first_failed_check)
-from ..sampling import MAX_TOP_LOGPROBS, ROW_SCALARS, sample
+from ..sampling import KERNEL_FIELDS, MAX_TOP_LOGPROBS, ROW_SCALARS, sample
 from ..schema import (COLD_DRAW_INPUTS, COLD_SUMMARY_RECORD, HANDOFF_INPUTS, ROW_SCALARS_RECORD,
                       SAMPLER, InvalidRequest)
 
@@ -81,17 +81,24 @@ _FIELD_TYPES = {np.dtype(dtype): int(code) for dtype, code in (
     (np.uint64, FieldType.FIELD_UINT64), (np.bool_, FieldType.FIELD_BOOL))}
 
 
-def _field(name: str) -> tuple[int, int]:
-    """(byte offset, _sampling.FieldType) of input `name` in ROW_SCALARS_RECORD."""
-    dtype, offset = ROW_SCALARS_RECORD.fields[name][:2]
+def _field(name: str, record: np.dtype = ROW_SCALARS_RECORD) -> tuple[int, int]:
+    """(byte offset, _sampling.FieldType) of field `name` of `record`."""
+    dtype, offset = record.fields[name][:2]
     return offset, _FIELD_TYPES[dtype]
 
 
 _INPUT_OF = {**{field: name for name, (field, _) in SCALAR_INPUTS.items()}, "seed": "random_seed"}
-#: ``_sampling.packed_row_scalars``' fields, checks and bounds for ROW_SCALARS_RECORD:
-#: the checks are RULES' and _EXTRA_CHECKS', their intervals as they are.
-_RECORD_FIELDS = np.array([_field(_INPUT_OF.get(name, name))
-                           for name in _sampling.PACKED_KERNEL_FIELDS], np.int64)
+#: ``_sampling.packed_row_scalars``' tables for ROW_SCALARS_RECORD: the
+#: kernel fields taken as they are (each from its input's field), the
+#: fields it converts or reads (its SPECIAL_* order), the checks (RULES'
+#: and _EXTRA_CHECKS', their intervals as they are).
+_RECORD_COPIES = np.array([(*_field(_INPUT_OF.get(param, param)), *_field(name, ROW_SCALARS))
+                           for param, fields in (*KERNEL_FIELDS.items(),
+                                                 ("seed", (("seed", None, None),)),
+                                                 ("step", (("step", None, None),)))
+                           for name, _, convert in fields if convert is None], np.int64)
+_RECORD_SPECIAL = np.array([_field(_INPUT_OF.get(name, name))
+                            for name in ("temperature", "top_k", "num_top_logprobs")], np.int64)
 _RECORD_CHECKS = (*((name, param.rule) for name, param in _RULE_INPUTS),
                   *((name, rule) for name, rule, _ in _EXTRA_CHECKS))
 _RECORD_CHECKED = np.array([_field(name) for name, _ in _RECORD_CHECKS], np.int64)
@@ -321,9 +328,9 @@ def _plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader) -> RowsR
         return None
     scalars = np.empty(rows, ROW_SCALARS)
     packed = np.ascontiguousarray(packed)
-    failed, any_top = _sampling.packed_row_scalars(packed, _RECORD_FIELDS, _RECORD_CHECKED,
-                                                   _RECORD_BOUNDS, vocab, GREEDY_TEMPERATURE,
-                                                   scalars)
+    failed, any_top = _sampling.packed_row_scalars(packed, _RECORD_COPIES, _RECORD_SPECIAL,
+                                                   _RECORD_CHECKED, _RECORD_BOUNDS, vocab,
+                                                   GREEDY_TEMPERATURE, scalars)
     if failed >= 0 or any_top:
         return None
     offsets, ids, logits, bad = _sampling.padded_lists(

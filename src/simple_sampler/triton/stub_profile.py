@@ -8,7 +8,7 @@ the server starts with (docs/COPIES.md, "Profiling the sampler stub")::
 
     SIMPLE_SAMPLER_PROFILE=/tmp/prof simple-sampler bench row-transport ...
     python -m pstats /tmp/prof/simple_sampler_0_0.prof   # sort tottime, stats 20
-    python -m simple_sampler.triton.stub_profile /tmp/prof/*.prof  # calls per request
+    python -m simple_sampler.triton.stub_profile /tmp/prof  # calls per request
 
 The wrapper sees only the Python side of ``execute`` (our decode, the
 kernels, pb_utils calls); the stub's C++ work between calls (reading the
@@ -23,6 +23,7 @@ import pstats
 import re
 import sys
 import time
+from pathlib import Path
 
 PROFILE_ENV = "SIMPLE_SAMPLER_PROFILE"
 
@@ -50,10 +51,11 @@ class StubProfile:
         return self.path
 
 
-#: What ``calls_per_request`` lists: the request's decoding and sampling,
-#: their checks, the fallback's full-row sampling, and the metric round trips.
-PROFILED_FUNCTIONS = ("decode_request", "sample_request", "sample_compact", "_check_compact",
-                      "sample", "increment")
+#: What ``calls_per_request`` lists: the request's decoding (by the llm
+#: model's compact form's C path or the general one) and sampling, their
+#: checks, the fallback's full-row sampling, and the metric round trips.
+PROFILED_FUNCTIONS = ("decode_request", "_plain_compact", "_decode_general", "sample_request",
+                      "sample_compact", "_check_compact", "sample", "increment")
 
 
 def calls_per_request(paths) -> dict:
@@ -85,7 +87,10 @@ def calls_per_request(paths) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    summary = calls_per_request(argv)
+    # a directory stands for the profiles in it (what $SIMPLE_SAMPLER_PROFILE named)
+    paths = [str(found) for path in argv
+             for found in (sorted(Path(path).glob("*.prof")) if Path(path).is_dir() else [path])]
+    summary = calls_per_request(paths)
     print(f"{summary['requests']} requests, {summary['calls_per_request']:.0f} Python calls "
           f"per request in execute")
     if summary["compact_requests"]:
