@@ -47,8 +47,8 @@ import numpy as np
 from cython.parallel cimport parallel, prange
 from libc.math cimport INFINITY, NAN, expf, log, nextafter, nextafterf
 from libc.stdint cimport INT32_MAX, int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
 
 from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, sort_prefix,
                          top_p_prefix)
@@ -400,6 +400,25 @@ def sample_batch(KernelBatch batch not None):
         free_workspace(ws)
 
 
+cdef void decide_compact_rows(const BatchInputs* b, const CompactInputs* k, Py_ssize_t size,
+                              int num_threads) noexcept nogil:
+    """compact_one over rows [0, size) on num_threads threads."""
+    cdef Py_ssize_t max_entries = max_row_entries(b, size)
+    cdef Py_ssize_t r
+    cdef Py_ssize_t max_known = 0
+    for r in range(size):
+        max_known = max(max_known, k.touched_offsets[r + 1] - k.touched_offsets[r])
+    max_known += b.hot.n
+    cdef Workspace* ws = NULL
+    with parallel(num_threads=num_threads):
+        # Candidate arrays sized for the largest row's K, not V (their pages
+        # would be mapped afresh every call); the block arrays go unused.
+        ws = allocate_workspace(max_known if max_known > 0 else 1, 1, max_entries, 0)
+        for r in prange(size, schedule='dynamic'):
+            compact_one(r, ws, b, k)
+        free_workspace(ws)
+
+
 def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
                          const int32_t[::1] hot_position, const int64_t[::1] touched_offsets,
                          const int32_t[::1] touched_ids, const float[::1] touched_logits,
@@ -438,20 +457,7 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     k.cold_mass = &cold_mass[0]
     k.cold_token = &cold_token[0] if cold_token.shape[0] > 0 else NULL
     k.cold_token_logit = &cold_token_logit[0] if cold_token.shape[0] > 0 else NULL
-    cdef Py_ssize_t max_entries = max_row_entries(&b, size)
-    cdef Py_ssize_t r
-    cdef Py_ssize_t max_known = 0
-    for r in range(size):
-        max_known = max(max_known, touched_offsets[r + 1] - touched_offsets[r])
-    max_known += b.hot.n
-    cdef Workspace* ws = NULL
-    with nogil, parallel(num_threads=num_threads):
-        # Candidate arrays sized for the largest row's K, not V (their pages
-        # would be mapped afresh every call); the block arrays go unused.
-        ws = allocate_workspace(max_known if max_known > 0 else 1, 1, max_entries, 0)
-        for r in prange(size, schedule='dynamic'):
-            compact_one(r, ws, &b, &k)
-        free_workspace(ws)
+    decide_compact_rows(&b, &k, size, num_threads)
 
 
 cdef inline bint hot_bit(const uint64_t* hot_bits, int64_t token) noexcept nogil:
@@ -471,6 +477,50 @@ cdef inline bint in_sorted(const int32_t* ids, Py_ssize_t n, int64_t token) noex
     return lo < n and ids[lo] == token
 
 
+cdef int compact_ids_problem(const int64_t* offsets, const int32_t* ids, Py_ssize_t rows,
+                             const uint64_t* hot_bits, Py_ssize_t vocab,
+                             const int64_t* cold_argmax, const int64_t* cold_token,
+                             const float* cold_token_logit, const float* cold_max,
+                             Py_ssize_t* index) noexcept nogil:
+    """check_compact_ids over pointers (cold_token NULL: none); index[0]
+    receives the index the problem names."""
+    cdef Py_ssize_t r, i
+    cdef int32_t token
+    cdef int64_t drawn
+    cdef float logit
+    for r in range(rows):
+        for i in range(offsets[r], offsets[r + 1]):
+            token = ids[i]
+            index[0] = i
+            if token < 0 or token >= vocab:
+                return 1
+            if i > offsets[r] and token <= ids[i - 1]:
+                return 2
+            if hot_bit(hot_bits, token):
+                return 3
+    for r in range(rows):
+        index[0] = r
+        if cold_argmax[r] < -1 or cold_argmax[r] >= vocab:
+            return 4
+    if cold_token == NULL:
+        return 0
+    for r in range(rows):
+        index[0] = r
+        drawn = cold_token[r]
+        if drawn < -1 or drawn >= vocab:
+            return 5
+        if drawn < 0:
+            continue
+        logit = cold_token_logit[r]
+        if (hot_bit(hot_bits, drawn)
+                or in_sorted(ids + offsets[r] if ids != NULL else NULL,
+                             offsets[r + 1] - offsets[r], drawn)
+                or logit != logit or logit == INFINITY or logit == -INFINITY
+                or logit > cold_max[r]):
+            return 6
+    return 0
+
+
 def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
                       const uint64_t[::1] hot_bits, Py_ssize_t vocab,
                       const int64_t[::1] cold_argmax, const int64_t[::1] cold_token,
@@ -487,37 +537,14 @@ def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
     cold region (hot, or touched in its row) or its logit not finite or
     above cold_max[index]. The numpy checks it replaces made a pass (and a
     temporary) each, per request."""
-    cdef Py_ssize_t rows = offsets.shape[0] - 1
-    cdef Py_ssize_t r, i
-    cdef int32_t token
-    cdef int64_t drawn
-    cdef float logit
-    for r in range(rows):
-        for i in range(offsets[r], offsets[r + 1]):
-            token = ids[i]
-            if token < 0 or token >= vocab:
-                return 1, i
-            if i > offsets[r] and token <= ids[i - 1]:
-                return 2, i
-            if hot_bit(&hot_bits[0], token):
-                return 3, i
-    for r in range(cold_argmax.shape[0]):
-        if cold_argmax[r] < -1 or cold_argmax[r] >= vocab:
-            return 4, r
-    for r in range(cold_token.shape[0]):
-        drawn = cold_token[r]
-        if drawn < -1 or drawn >= vocab:
-            return 5, r
-        if drawn < 0:
-            continue
-        logit = cold_token_logit[r]
-        if (hot_bit(&hot_bits[0], drawn)
-                or in_sorted(&ids[0] + offsets[r] if ids.shape[0] else NULL,
-                             offsets[r + 1] - offsets[r], drawn)
-                or logit != logit or logit == INFINITY or logit == -INFINITY
-                or logit > cold_max[r]):
-            return 6, r
-    return 0, 0
+    cdef Py_ssize_t index = 0
+    cdef int problem = compact_ids_problem(
+        &offsets[0], &ids[0] if ids.shape[0] else NULL, offsets.shape[0] - 1, &hot_bits[0], vocab,
+        &cold_argmax[0] if cold_argmax.shape[0] else NULL,
+        &cold_token[0] if cold_token.shape[0] else NULL,
+        &cold_token_logit[0] if cold_token.shape[0] else NULL,
+        &cold_max[0] if cold_max.shape[0] else NULL, &index)
+    return problem, (index if problem else 0)
 
 
 def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, ::1] values=None):
@@ -525,43 +552,42 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
     row): (offsets int64 [B + 1], ids int32 [n], the float32 values at those
     entries of `values` [B, L] or None, bad), bad the flat index of the first
     entry that is neither -1 nor in [0, vocab) (offsets, ids and values None
-    then), -1 when all are good. Two passes over the ids where numpy made a
-    mask, a cumsum and a boolean gather per array, per request."""
+    then), -1 when all are good. Two passes over the ids (``padded_csr``)
+    where numpy made a mask, a cumsum and a gather per array, per request."""
     cdef Py_ssize_t rows = padded.shape[0]
     cdef Py_ssize_t width = padded.shape[1]
-    if values is not None and (values.shape[0] != rows or values.shape[1] != width):
+    cdef bint with_values = values is not None
+    if with_values and (values.shape[0] != rows or values.shape[1] != width):
         raise ValueError(f"values must have the ids' shape [{rows}, {width}], "
                          f"got [{values.shape[0]}, {values.shape[1]}]")
-    cdef Py_ssize_t r, j
-    cdef Py_ssize_t n = 0
-    cdef int32_t token
     offsets = np.empty(rows + 1, np.int64)
     cdef int64_t[::1] offset = offsets
-    offset[0] = 0
-    for r in range(rows):
-        for j in range(width):
-            token = padded[r, j]
-            if token != -1:
-                if token < 0 or token >= vocab:
-                    return None, None, None, r * width + j
-                n += 1
-        offset[r + 1] = n
-    ids = np.empty(n, np.int32)
-    cdef int32_t[::1] out = ids
-    cdef bint with_values = values is not None
-    taken = np.empty(n, np.float32) if with_values else None
-    cdef float[::1] taken_view
-    if with_values:
-        taken_view = taken
-    n = 0
-    for r in range(rows):
-        for j in range(width):
-            if padded[r, j] != -1:
-                out[n] = padded[r, j]
-                if with_values:
-                    taken_view[n] = values[r, j]
-                n += 1
-    return offsets, ids, taken, -1
+    cdef int32_t* ids = NULL
+    cdef float* taken = NULL
+    cdef Py_ssize_t bad, n
+    cdef int32_t[::1] ids_out
+    cdef float[::1] taken_out
+    try:
+        # values' entries for a padding-only (or empty) input: none to take
+        bad = padded_csr(padded, &values[0, 0] if with_values and rows * width else NULL,
+                         vocab, NULL, &offset[0], &ids, &taken)
+        if bad == -2:
+            raise MemoryError()
+        if bad >= 0:
+            return None, None, None, bad
+        n = offset[rows]
+        out_ids = np.empty(n, np.int32)
+        out_taken = np.empty(n, np.float32) if with_values else None
+        if n:
+            ids_out = out_ids
+            memcpy(&ids_out[0], ids, n * sizeof(int32_t))
+            if with_values:
+                taken_out = out_taken
+                memcpy(&taken_out[0], taken, n * sizeof(float))
+        return offsets, out_ids, out_taken, -1
+    finally:
+        free(ids)
+        free(taken)
 
 
 # How packed_row_scalars reads and writes a field (numpy's dtype of the
@@ -580,7 +606,48 @@ cdef enum:
     SPECIAL_TEMPERATURE = 0
     SPECIAL_TOP_K = 1
     SPECIAL_NUM_TOP_LOGPROBS = 2
-    SPECIAL_FIELDS = 3
+    SPECIAL_MIN_TOKENS = 3
+    SPECIAL_RETURN_LOG_PROBS = 4
+    SPECIAL_FIELDS = 5
+
+#: PackedLayout's special fields by the sampler input each holds, in order.
+PACKED_SPECIAL_FIELDS = ("temperature", "top_k", "num_top_logprobs", "min_tokens",
+                         "return_log_probs")
+#: PackedLayout's cold summary fields, in the order CompactInputs takes them.
+PACKED_COLD_FIELDS = ("cold_max", "cold_argmax", "cold_mass", "cold_token", "cold_token_logit")
+
+
+cdef class PackedLayout:
+    """Where the packed records' fields are and what they must hold, built
+    once (sampler_codec) for ``packed_row_scalars`` and
+    ``decide_packed_compact``.
+
+    checked: int64 [K, 2], (byte offset, FieldType) of each checked field;
+    bounds: float64 [K, 4], its allowed interval (low, high, low open, high
+    open: params.Interval; NaN never passes). copies: int64 [C, 4], (record
+    offset, FieldType, RowScalars offset, FieldType) of each RowScalars
+    field taken as it is (sampling.KERNEL_FIELDS), cast as numpy casts.
+    special: int64 [5, 2], (offset, FieldType) of the fields
+    PACKED_SPECIAL_FIELDS names (temperature: 1 / T and greedy, T below
+    greedy_below; top_k: 0 when <= 0 or >= V). cold: int64 [5, 2], the
+    cold summary record's fields PACKED_COLD_FIELDS names."""
+    cdef const int64_t[:, ::1] checked
+    cdef const double[:, ::1] bounds
+    cdef const int64_t[:, ::1] copies
+    cdef const int64_t[:, ::1] special
+    cdef const int64_t[:, ::1] cold
+    cdef double greedy_below
+
+    def __init__(self, *, const int64_t[:, ::1] checked, const double[:, ::1] bounds,
+                 const int64_t[:, ::1] copies, const int64_t[:, ::1] special,
+                 const int64_t[:, ::1] cold, double greedy_below):
+        if (checked.shape[1] != 2 or bounds.shape[0] != checked.shape[0] or bounds.shape[1] != 4
+                or copies.shape[1] != 4 or special.shape[0] != SPECIAL_FIELDS
+                or special.shape[1] != 2 or cold.shape[0] != 5 or cold.shape[1] != 2):
+            raise ValueError("checked must be [K, 2], bounds [K, 4], copies [C, 4], "
+                             f"special [{SPECIAL_FIELDS}, 2], cold [5, 2]")
+        self.checked, self.bounds, self.copies = checked, bounds, copies
+        self.special, self.cold, self.greedy_below = special, cold, greedy_below
 
 
 cdef inline bint integer_field(int64_t kind) noexcept nogil:
@@ -644,63 +711,305 @@ cdef inline void copy_field(const uint8_t* record, const int64_t* source, uint8_
         memcpy(target + destination[0], &f64, 8)
 
 
-cdef Py_ssize_t packed_rows(const uint8_t[:, ::1] records, const int64_t[:, ::1] copies,
-                            const int64_t[:, ::1] special, const int64_t[:, ::1] checked,
-                            const double[:, ::1] bounds, Py_ssize_t vocab, double greedy_below,
-                            RowScalars* out, bint* any_top) noexcept nogil:
+cdef Py_ssize_t packed_rows(PackedLayout layout, const uint8_t[:, ::1] records,
+                            Py_ssize_t vocab, RowScalars* out, uint8_t* want,
+                            int64_t* min_tokens, bint* any_top) noexcept:
+    """packed_row_scalars' pass; want and min_tokens [B] receive each row's
+    return_log_probs and min_tokens. Returns the first row failing a check,
+    -1 when none."""
     cdef Py_ssize_t r, c
     cdef const uint8_t* record
     cdef double value, temperature
     cdef bint ok
     cdef int64_t top_k
-    for r in range(records.shape[0]):
-        record = &records[r, 0]
-        for c in range(checked.shape[0]):
-            value = field_value(record, &checked[c, 0])
-            ok = value > bounds[c, 0] if bounds[c, 2] != 0 else value >= bounds[c, 0]
-            ok = ok and (value < bounds[c, 1] if bounds[c, 3] != 0 else value <= bounds[c, 1])
-            if not ok:
-                return r
-        for c in range(copies.shape[0]):
-            copy_field(record, &copies[c, 0], <uint8_t*>&out[r], &copies[c, 2])
-        temperature = field_value(record, &special[SPECIAL_TEMPERATURE, 0])
-        out[r].greedy = temperature < greedy_below
-        out[r].inverse_temperature = 1.0 if out[r].greedy else <float>(1.0 / temperature)
-        top_k = field_integer(record, &special[SPECIAL_TOP_K, 0])
-        out[r].top_k = 0 if top_k <= 0 or top_k >= vocab else top_k
-        any_top[0] = any_top[0] or field_integer(record, &special[SPECIAL_NUM_TOP_LOGPROBS, 0]) != 0
+    cdef const int64_t[:, ::1] checked = layout.checked
+    cdef const double[:, ::1] bounds = layout.bounds
+    cdef const int64_t[:, ::1] copies = layout.copies
+    cdef const int64_t[:, ::1] special = layout.special
+    with nogil:
+        for r in range(records.shape[0]):
+            record = &records[r, 0]
+            for c in range(checked.shape[0]):
+                value = field_value(record, &checked[c, 0])
+                ok = value > bounds[c, 0] if bounds[c, 2] != 0 else value >= bounds[c, 0]
+                ok = ok and (value < bounds[c, 1] if bounds[c, 3] != 0 else value <= bounds[c, 1])
+                if not ok:
+                    return r
+            for c in range(copies.shape[0]):
+                copy_field(record, &copies[c, 0], <uint8_t*>&out[r], &copies[c, 2])
+            temperature = field_value(record, &special[SPECIAL_TEMPERATURE, 0])
+            out[r].greedy = temperature < layout.greedy_below
+            out[r].inverse_temperature = 1.0 if out[r].greedy else <float>(1.0 / temperature)
+            top_k = field_integer(record, &special[SPECIAL_TOP_K, 0])
+            out[r].top_k = 0 if top_k <= 0 or top_k >= vocab else top_k
+            any_top[0] = (any_top[0]
+                          or field_integer(record, &special[SPECIAL_NUM_TOP_LOGPROBS, 0]) != 0)
+            want[r] = field_integer(record, &special[SPECIAL_RETURN_LOG_PROBS, 0]) != 0
+            min_tokens[r] = field_integer(record, &special[SPECIAL_MIN_TOKENS, 0])
     return -1
 
 
-def packed_row_scalars(const uint8_t[:, ::1] records, const int64_t[:, ::1] copies,
-                       const int64_t[:, ::1] special, const int64_t[:, ::1] checked,
-                       const double[:, ::1] bounds, Py_ssize_t vocab, double greedy_below,
-                       RowScalars[::1] out):
-    """The kernels' RowScalars of B packed records (``row_scalars``), every
-    record checked first, in one pass where numpy made several per field.
-
-    records: uint8 [B, itemsize], one record per row. checked: int64 [K, 2],
-    (byte offset, FieldType) of each checked field; bounds: float64 [K, 4],
-    its allowed interval (low, high, low open, high open: params.Interval;
-    NaN never passes). copies: int64 [C, 4], (record offset, FieldType,
-    RowScalars offset, FieldType) of each RowScalars field taken as it is
-    (sampling.KERNEL_FIELDS), cast as numpy casts. special: int64 [3, 2],
-    (offset, FieldType) of the temperature (1 / T and greedy, T below
-    greedy_below), top_k (0 when <= 0 or >= vocab) and num_top_logprobs
-    fields. out: RowScalars [B], filled as sampling.kernel_params fills it.
-    Returns (the first row failing a check, -1 when none: out is then
-    complete; whether any row asks for top logprobs)."""
+def packed_row_scalars(PackedLayout layout not None, const uint8_t[:, ::1] records,
+                       Py_ssize_t vocab, RowScalars[::1] out):
+    """The kernels' RowScalars of B packed records (``row_scalars``: uint8
+    [B, itemsize]) by ``layout``, every record checked first: the pass
+    ``decide_packed_compact`` makes, on its own (tests/test_sampler_io.py
+    holds it to the numpy checks and ``sampling.kernel_params``). out:
+    RowScalars [B], filled as kernel_params fills it. Returns (the first
+    row failing a check, -1 when none: out is then complete; whether any
+    row asks for top logprobs)."""
     cdef bint any_top = False
-    if (copies.shape[1] != 4 or special.shape[0] != SPECIAL_FIELDS or checked.shape[1] != 2
-            or bounds.shape[0] != checked.shape[0] or bounds.shape[1] != 4):
-        raise ValueError("copies must be [C, 4], special [3, 2], checked [K, 2], bounds [K, 4]")
     if out.shape[0] != records.shape[0]:
         raise ValueError(f"out must have one RowScalars per record ({records.shape[0]})")
-    cdef Py_ssize_t failed = -1
-    if records.shape[0] > 0:
-        failed = packed_rows(records, copies, special, checked, bounds, vocab, greedy_below,
-                             &out[0], &any_top)
+    if records.shape[0] == 0:
+        return -1, False
+    want = np.empty(records.shape[0], np.uint8)
+    min_tokens = np.empty(records.shape[0], np.int64)
+    cdef uint8_t[::1] want_view = want
+    cdef int64_t[::1] min_view = min_tokens
+    cdef Py_ssize_t failed = packed_rows(layout, records, vocab, &out[0], &want_view[0],
+                                         &min_view[0], &any_top)
     return failed, bool(any_top)
+
+
+cdef Py_ssize_t padded_csr(const int32_t[:, ::1] padded, const float* values, Py_ssize_t vocab,
+                           const uint8_t* keep, int64_t* offsets, int32_t** ids,
+                           float** taken) noexcept nogil:
+    """padded_lists over malloc'd arrays: the CSR of a -1 padded int32 [B, L]
+    id list into offsets [B + 1] (the caller's), ids and, when values
+    ([B, L]) is not NULL, the values at them (malloc'd, the caller frees);
+    rows with keep[r] == 0 (keep not NULL) left empty, their ids checked
+    all the same. Returns -1, the flat index of the first entry neither -1
+    nor in [0, vocab), or -2 when out of memory."""
+    cdef Py_ssize_t rows = padded.shape[0]
+    cdef Py_ssize_t width = padded.shape[1]
+    cdef Py_ssize_t r, j
+    cdef Py_ssize_t n = 0
+    cdef int32_t token
+    offsets[0] = 0
+    for r in range(rows):
+        for j in range(width):
+            token = padded[r, j]
+            if token != -1:
+                if token < 0 or token >= vocab:
+                    return r * width + j
+                if keep == NULL or keep[r]:
+                    n += 1
+        offsets[r + 1] = n
+    ids[0] = <int32_t*>malloc((n if n > 0 else 1) * sizeof(int32_t))
+    if values != NULL:
+        taken[0] = <float*>malloc((n if n > 0 else 1) * sizeof(float))
+    if ids[0] == NULL or (values != NULL and taken[0] == NULL):
+        return -2
+    n = 0
+    for r in range(rows):
+        if keep != NULL and not keep[r]:
+            continue
+        for j in range(width):
+            if padded[r, j] != -1:
+                ids[0][n] = padded[r, j]
+                if values != NULL:
+                    taken[0][n] = values[r * width + j]
+                n += 1
+    return -1
+
+
+cdef struct PackedScratch:
+    # what decide_packed_compact allocates (NULL-initialized, freed at once)
+    RowScalars* scalars
+    uint8_t* want
+    uint8_t* banned_rows
+    int64_t* min_tokens
+    int64_t* zero_offsets
+    int64_t* touched_offsets
+    int32_t* touched_ids
+    float* touched_logits
+    int64_t* ban_offsets
+    int32_t* ban_ids
+    float* cold_max
+    int64_t* cold_argmax
+    float* cold_mass
+    int64_t* cold_token
+    float* cold_token_logit
+    int64_t* tokens
+    float* logprobs
+    int32_t* errors
+    int64_t* error_columns
+
+
+cdef void free_scratch(PackedScratch* m) noexcept nogil:
+    free(m.scalars); free(m.want); free(m.banned_rows); free(m.min_tokens)
+    free(m.zero_offsets); free(m.touched_offsets); free(m.touched_ids); free(m.touched_logits)
+    free(m.ban_offsets); free(m.ban_ids); free(m.cold_max); free(m.cold_argmax)
+    free(m.cold_mass); free(m.cold_token); free(m.cold_token_logit); free(m.tokens)
+    free(m.logprobs); free(m.errors); free(m.error_columns)
+
+
+cdef bint allocate_scratch(PackedScratch* m, Py_ssize_t size) noexcept nogil:
+    memset(m, 0, sizeof(PackedScratch))
+    m.scalars = <RowScalars*>malloc(size * sizeof(RowScalars))
+    m.want = <uint8_t*>malloc(size)
+    m.banned_rows = <uint8_t*>malloc(size)
+    m.min_tokens = <int64_t*>malloc(size * sizeof(int64_t))
+    m.zero_offsets = <int64_t*>calloc(size + 1, sizeof(int64_t))
+    m.touched_offsets = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    m.ban_offsets = <int64_t*>malloc((size + 1) * sizeof(int64_t))
+    m.cold_max = <float*>malloc(size * sizeof(float))
+    m.cold_argmax = <int64_t*>malloc(size * sizeof(int64_t))
+    m.cold_mass = <float*>malloc(size * sizeof(float))
+    m.cold_token = <int64_t*>malloc(size * sizeof(int64_t))
+    m.cold_token_logit = <float*>malloc(size * sizeof(float))
+    m.tokens = <int64_t*>malloc(size * sizeof(int64_t))
+    m.logprobs = <float*>malloc(size * sizeof(float))
+    m.errors = <int32_t*>malloc(size * sizeof(int32_t))
+    m.error_columns = <int64_t*>malloc(size * sizeof(int64_t))
+    return not (m.scalars == NULL or m.want == NULL or m.banned_rows == NULL
+                or m.min_tokens == NULL or m.zero_offsets == NULL or m.touched_offsets == NULL
+                or m.ban_offsets == NULL or m.cold_max == NULL or m.cold_argmax == NULL
+                or m.cold_mass == NULL or m.cold_token == NULL or m.cold_token_logit == NULL
+                or m.tokens == NULL or m.logprobs == NULL or m.errors == NULL
+                or m.error_columns == NULL)
+
+
+cdef bint decide_packed_rows(PackedScratch* m, const int64_t[:, ::1] cold,
+                             const unsigned char[:, ::1] hot_bytes, int dtype,
+                             const int32_t[:, ::1] touched_ids, const float[:, ::1] touched_logits,
+                             const uint8_t[:, ::1] cold_summary, const int32_t[:, ::1] end_ids,
+                             const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
+                             const uint64_t[::1] hot_bits, const int32_t[::1] hot_position,
+                             Py_ssize_t vocab, int num_threads, int32_t[:, ::1] tokens,
+                             int8_t[:, ::1] outcomes, float[:, ::1] logprobs,
+                             bint* any_logprob) noexcept nogil:
+    """decide_packed_compact after the records' pass (m.scalars, m.want,
+    m.min_tokens filled): False where the general path must take over."""
+    cdef Py_ssize_t size = hot_bytes.shape[0]
+    cdef Py_ssize_t r
+    cdef Py_ssize_t index = 0
+    cdef const uint8_t* record
+    cdef BatchInputs b
+    cdef CompactInputs k
+    if padded_csr(touched_ids, &touched_logits[0, 0] if touched_ids.shape[1] else NULL,
+                  vocab, NULL, m.touched_offsets, &m.touched_ids, &m.touched_logits) != -1:
+        return False
+    for r in range(size):
+        record = &cold_summary[r, 0]
+        m.cold_max[r] = <float>field_value(record, &cold[0, 0])
+        m.cold_argmax[r] = field_integer(record, &cold[1, 0])
+        m.cold_mass[r] = <float>field_value(record, &cold[2, 0])
+        m.cold_token[r] = field_integer(record, &cold[3, 0])
+        m.cold_token_logit[r] = <float>field_value(record, &cold[4, 0])
+        m.banned_rows[r] = <int64_t>m.scalars[r].step < m.min_tokens[r]
+        any_logprob[0] = any_logprob[0] or m.want[r]
+    if compact_ids_problem(m.touched_offsets, m.touched_ids, size, &hot_bits[0], vocab,
+                           m.cold_argmax, m.cold_token, m.cold_token_logit, m.cold_max,
+                           &index) != 0:
+        return False
+    if end_ids.shape[1] == 0:
+        memset(m.ban_offsets, 0, (size + 1) * sizeof(int64_t))
+    elif padded_csr(end_ids, NULL, vocab, m.banned_rows, m.ban_offsets, &m.ban_ids,
+                    NULL) != -1:
+        return False
+    b.logits = &hot_bytes[0, 0]
+    b.row_stride = hot_bytes.strides[0]
+    b.dtype = dtype
+    b.vocab = vocab
+    b.scalars = m.scalars
+    # no bias, prompt or output lists: zero offsets, NULL ids (never read)
+    b.bias_offsets = m.zero_offsets
+    b.bias_ids = NULL
+    b.bias_values = NULL
+    b.ban_offsets = m.ban_offsets
+    b.ban_ids = m.ban_ids
+    b.prompt_offsets = m.zero_offsets
+    b.prompt_ids = NULL
+    b.output_offsets = m.zero_offsets
+    b.output_ids = NULL
+    b.want_logprob = any_logprob[0]
+    b.n_top = 0
+    b.tokens = m.tokens
+    b.logprobs = m.logprobs
+    b.top_tokens = NULL
+    b.top_logprobs = NULL
+    b.errors = m.errors
+    b.error_columns = m.error_columns
+    b.hot.n = hot_ids.shape[0]
+    b.hot.ids = &hot_ids[0]
+    b.hot.block_start = &hot_block_start[0]
+    b.hot.bits = &hot_bits[0]
+    b.hot_outcomes = &outcomes[0, 0]
+    k.hot_position = &hot_position[0]
+    k.touched_offsets = m.touched_offsets
+    k.touched_ids = m.touched_ids
+    k.touched_logits = m.touched_logits
+    k.cold_max = m.cold_max
+    k.cold_argmax = m.cold_argmax
+    k.cold_mass = m.cold_mass
+    k.cold_token = m.cold_token
+    k.cold_token_logit = m.cold_token_logit
+    decide_compact_rows(&b, &k, size, num_threads)
+    for r in range(size):
+        if m.errors[r] != ERROR_NONE:
+            return False
+        tokens[r, 0] = <int32_t>m.tokens[r]
+        logprobs[r, 0] = m.logprobs[r] if m.want[r] else NAN
+    return True
+
+
+def decide_packed_compact(PackedLayout layout not None, const uint8_t[:, ::1] records,
+                          const unsigned char[:, ::1] hot_bytes, int dtype,
+                          const int32_t[:, ::1] touched_ids, const float[:, ::1] touched_logits,
+                          const uint8_t[:, ::1] cold_summary, const int32_t[:, ::1] end_ids,
+                          const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
+                          const uint64_t[::1] hot_bits, const int32_t[::1] hot_position,
+                          Py_ssize_t vocab, int num_threads, int32_t[:, ::1] tokens,
+                          int8_t[:, ::1] outcomes, float[:, ::1] logprobs):
+    """The llm model's compact request (its packed form: sampler_codec's
+    ``_PLAIN_COMPACT``, end_id or not) checked and decided in one call: the
+    records by ``layout`` (``packed_row_scalars``' pass), the touched and
+    end ids as padded_lists reads them (end ids banned on rows whose step is
+    below their min_tokens), the ids as check_compact_ids checks them, the
+    rows as sample_compact_batch decides them. Shapes are the caller's to
+    check: records [B, itemsize], hot_bytes [B, |H| * itemsize] (dtype a
+    Dtype), touched_ids / touched_logits [B, L], cold_summary [B, 20]
+    (schema.COLD_SUMMARY_RECORD), end_ids [B, L'] (L' = 0: none); the hot
+    set's kernel arrays and positions (HotVocab); outputs tokens int32
+    [B, 1] (-1 for undecided rows), outcomes int8 [B, 1] (HandoffOutcome)
+    and logprobs float32 [B, 1] (NaN on rows that did not ask; C's log
+    share on NEED_COLD rows that did).
+
+    Returns (decided, any_logprob): decided False leaves the outputs
+    undefined, for a request this call does not take (a row asks for top
+    logprobs) or one the general path must refuse by name (a record, id or
+    logit the checks or kernels refuse): decode_request and sample_request
+    then give the same outputs or the error. any_logprob: some row asked
+    for its logprob (output_log_probs is sent)."""
+    cdef Py_ssize_t size = records.shape[0]
+    if (size < 1 or hot_bytes.shape[0] != size or touched_ids.shape[0] != size
+            or touched_logits.shape[0] != size or touched_logits.shape[1] != touched_ids.shape[1]
+            or cold_summary.shape[0] != size or end_ids.shape[0] != size
+            or tokens.shape[0] != size or outcomes.shape[0] != size or logprobs.shape[0] != size
+            or hot_position.shape[0] != vocab or hot_ids.shape[0] == 0):
+        raise ValueError("decide_packed_compact: inputs and outputs must have B >= 1 rows "
+                         "and the hot set's arrays V and |H| > 0 entries")
+    cdef PackedScratch m
+    cdef bint any_top = False
+    cdef bint any_logprob = False
+    cdef bint decided = False
+    try:
+        if not allocate_scratch(&m, size):
+            raise MemoryError()
+        if packed_rows(layout, records, vocab, m.scalars, m.want, m.min_tokens, &any_top) >= 0:
+            return False, False
+        if any_top:
+            return False, False
+        with nogil:
+            decided = decide_packed_rows(&m, layout.cold, hot_bytes, dtype, touched_ids,
+                                         touched_logits, cold_summary, end_ids, hot_ids,
+                                         hot_block_start, hot_bits, hot_position, vocab,
+                                         num_threads, tokens, outcomes, logprobs, &any_logprob)
+        return decided, bool(decided and any_logprob)
+    finally:
+        free_scratch(&m)
 
 
 def cold_stream_seeds(const uint64_t[::1] seed, const uint64_t[::1] step, uint64_t[::1] out):

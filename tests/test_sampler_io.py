@@ -284,13 +284,12 @@ def test_padded_int32_lists_decode_as_numpy_does():
 
 
 def test_packed_records_are_checked_and_converted_as_numpy_does():
-    """``_sampling.packed_row_scalars`` (the C pass of decode_request's path
-    for the llm model's compact requests) refuses exactly the records the
-    general path refuses, reports the first of them, and builds the kernel
+    """``_sampling.packed_row_scalars`` (the records' pass of serve_request's
+    C path for the llm model's compact requests) refuses exactly the records
+    decode_request refuses, reports the first of them, and builds the kernel
     scalars ``kernel_params`` builds, field by field, over the edge values
     of every field of ROW_SCALARS_RECORD."""
     from simple_sampler import _sampling
-    from simple_sampler.params import GREEDY_TEMPERATURE
     from simple_sampler.sampling import ROW_SCALARS, kernel_params
     from simple_sampler.schema import ROW_SCALARS_RECORD
     from simple_sampler.triton import sampler_codec as codec
@@ -325,9 +324,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     def c_pass(records):
         scalars = np.empty(len(records), ROW_SCALARS)
         failed, any_top = _sampling.packed_row_scalars(
-            records.view(np.uint8).reshape(len(records), -1), codec._RECORD_COPIES,
-            codec._RECORD_SPECIAL, codec._RECORD_CHECKED, codec._RECORD_BOUNDS, V,
-            GREEDY_TEMPERATURE, scalars)
+            codec.PACKED_LAYOUT, records.view(np.uint8).reshape(len(records), -1), V, scalars)
         return failed, any_top, scalars
 
     refused = []
@@ -335,7 +332,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
         one = records[row:row + 1]
         failed, any_top, scalars = c_pass(one)
         try:
-            decoded = codec._decode_general(
+            decoded = codec.decode_request(
                 {"logits": np.zeros((1, V), np.float32),
                  "row_scalars": one.view(np.uint8).reshape(1, -1)},
                 V, None, None)
@@ -352,11 +349,12 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     assert c_pass(records)[0] == refused[0]
 
 
-def test_the_llm_models_compact_requests_decode_as_the_general_path():
-    """decode_request takes the llm model's packed compact requests by its C
-    path (``_plain_compact``) and gives sample_request exactly the general
-    path's outputs; a request it does not take (penalties: histories; top
-    logprobs; a bad record) goes the general way, with the general errors."""
+def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_them():
+    """serve_request decides the llm model's packed compact requests in one
+    C call (``_serve_plain_compact``) with exactly the outputs of the general
+    path (decode_request + sample_request); a request that call does not
+    take (top logprobs, a bad record, a bad id) goes the general way, with
+    the general outputs or errors."""
     import torch
 
     from simple_sampler.params import SamplingBatch
@@ -382,28 +380,39 @@ def test_the_llm_models_compact_requests_decode_as_the_general_path():
     compact = compact_rows(torch.from_numpy(logits), batch, hot)
     inputs = {**codec.compact_arrays(compact, packed=True), **codec.batch_arrays(batch, packed=True)}
     assert inputs.keys() == {*codec._PLAIN_COMPACT, "end_id"}
+    # the banned stop ids change the rows that have them: tokens differ without the bans
+    assert not np.array_equal(
+        codec.serve_request({k: v for k, v in inputs.items() if k != "end_id"}, vocab,
+                            hot).outputs["output_ids"],
+        codec.serve_request(inputs, vocab, hot).outputs["output_ids"])
 
     def both(inputs):
-        plain = codec.decode_request(inputs, vocab, hot)
-        general = codec._decode_general(inputs, vocab, hot, None)
-        return plain, codec.sample_request(plain, 1, hot), codec.sample_request(general, 1, hot)
+        general = codec.sample_request(codec.decode_request(inputs, vocab, hot), 1, hot)
+        return (codec._serve_plain_compact(inputs, vocab, hot, None, 1),
+                codec.serve_request(inputs, vocab, hot), general)
 
-    plain, (fast, fast_outcomes), (slow, slow_outcomes) = both(inputs)
-    assert plain.kernel_scalars is not None, "the llm model's form must take the C path"
-    assert np.array_equal(np.diff(plain.batch.ban_offsets), (np.arange(rows) % 2) * 2)
-    assert fast.keys() == slow.keys() == {"output_ids", "handoff_outcome", "output_log_probs"}
-    for name in fast:
-        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
-    np.testing.assert_array_equal(fast_outcomes, slow_outcomes)
-    assert (fast["output_ids"] >= 0).mean() > 0.5
-    assert np.isnan(fast["output_log_probs"][~batch.want_logprobs]).all()
+    plain, served, (outputs, outcomes) = both(inputs)
+    assert plain is not None, "the llm model's form must take the C path"
+    assert served.outputs.keys() == outputs.keys() == {"output_ids", "handoff_outcome",
+                                                        "output_log_probs"}
+    for name in outputs:
+        np.testing.assert_array_equal(served.outputs[name], outputs[name], err_msg=name)
+        assert served.outputs[name].dtype == outputs[name].dtype, name
+    np.testing.assert_array_equal(served.outcomes, outcomes)
+    assert served.batch is None and served.rows == rows and served.in_place == 0
+    assert (outputs["output_ids"] >= 0).mean() > 0.5
+    assert np.isnan(outputs["output_log_probs"][~batch.want_logprobs]).all()
 
     records = inputs["row_scalars"].copy().view(ROW_SCALARS_RECORD)
     records["num_top_logprobs"][5] = 2
-    plain, (fast, _), (slow, _) = both({**inputs, "row_scalars": records.view(np.uint8)})
-    assert plain.kernel_scalars is None and "top_logprobs" in fast
-    for name in fast:
-        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+    plain, served, (outputs, _) = both({**inputs, "row_scalars": records.view(np.uint8)})
+    assert plain is None and "top_logprobs" in served.outputs
+    for name in outputs:
+        np.testing.assert_array_equal(served.outputs[name], outputs[name], err_msg=name)
     records["runtime_top_p"][7] = 0.0
     with pytest.raises(InvalidRequest, match=r"row 7: runtime_top_p must be in \(0, 1\], got 0.0"):
-        codec.decode_request({**inputs, "row_scalars": records.view(np.uint8)}, vocab, hot)
+        codec.serve_request({**inputs, "row_scalars": records.view(np.uint8)}, vocab, hot)
+    touched = inputs["touched_ids"].copy()
+    touched[3, 0] = hot.ids[1]  # a hot id among the touched ones
+    with pytest.raises(InvalidRequest, match=f"touched_ids must not hold hot ids, got {hot.ids[1]}"):
+        codec.serve_request({**inputs, "touched_ids": touched}, vocab, hot)

@@ -29,7 +29,7 @@ def test_on_writes_one_profile_per_instance_with_the_calls(monkeypatch, tmp_path
 
 
 def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_path, capsys):
-    """Requests are decode_request's calls over every instance; each listed
+    """Requests are serve_request's calls over every instance; each listed
     function's calls per request and share of _execute, C methods by name."""
     from simple_sampler.triton import stub_profile
 
@@ -44,9 +44,12 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
     def sample_request(decoded):
         return decoded
 
+    def serve_request(inputs):
+        return sample_request(decode_request(inputs))
+
     def _execute(requests):
         for request in requests:
-            sample_request(decode_request(request))
+            serve_request(request)
         metric.increment(len(requests))
         {}.get("x")
         math.sqrt(len(requests))
@@ -66,6 +69,8 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
     assert summary["functions"]["sqrt"]["calls_per_request"] == 0.5  # a C function, as pb_utils'
     functions = summary["functions"]
     assert functions["decode_request"]["calls_per_request"] == 1.0
+    assert functions["serve_request"]["calls_per_request"] == 1.0
+    assert functions["_serve_plain_compact"] == {"calls_per_request": 0.0, "share": 0.0}
     assert functions["increment"]["calls_per_request"] == 0.5  # Python method, by name
     assert functions["sample_compact"] == {"calls_per_request": 0.0, "share": 0.0}
     assert 0 < functions["sample_request"]["share"] < functions["decode_request"]["share"] <= 1

@@ -1,8 +1,8 @@
 """Triton Python-based backend `simple_sampler`: logits in, tokens out.
 
-A thin adapter: tensors are decoded and checked by
-``simple_sampler.triton.sampler_codec`` (tested without a server) and sampled by
-the Cython kernels. Each model instance is its own process; the sampler keeps
+A thin adapter: tensors are decoded, checked and sampled by
+``simple_sampler.triton.sampler_codec.serve_request`` (tested without a
+server) and the Cython kernels. Each model instance is its own process; the sampler keeps
 no state between requests (draws are keyed by seed and step), so any
 instance can serve any row.
 """
@@ -19,7 +19,7 @@ from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untrunc
 from simple_sampler import logs
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.counters import BatchedCounters
-from simple_sampler.triton.sampler_codec import decode_request, sample_request
+from simple_sampler.triton.sampler_codec import serve_request
 from simple_sampler.triton.stub_profile import StubProfile
 
 log = logging.getLogger("simple_sampler.backend")
@@ -109,12 +109,10 @@ class TritonPythonModel:
             # rebuilds request.inputs() and scans it on every call (a name each).
             inputs = {tensor.name(): tensor for tensor in request.inputs()}
             try:
-                decoded = decode_request({k: _as_array(v, k in self.bf16_inputs)
-                                          for k, v in inputs.items()},
-                                         self.vocab_size, self.hot_vocab, self.reader)
-                outputs, outcomes = sample_request(decoded, self.num_threads, self.hot_vocab)
-                if decoded.logits_ref is not None:  # the slot must not have been reused meanwhile
-                    self.reader.check(decoded.logits_ref)
+                served = serve_request({k: _as_array(v, k in self.bf16_inputs)
+                                        for k, v in inputs.items()},
+                                       self.vocab_size, self.hot_vocab, self.reader,
+                                       self.num_threads)
             except InvalidRequest as error:
                 failed += 1
                 responses.append(pb_utils.InferenceResponse(
@@ -125,16 +123,16 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
-            rows += len(decoded)
-            if decoded.compact is not None and decoded.logits is not None:
-                in_place += int((outputs["handoff_outcome"] != 0).sum())
-            tried_here = int((outcomes >= 0).sum())
-            tried += tried_here
-            accepted += int((outcomes == 1).sum())
-            if self.monitor is not None and tried_here:  # it counts tried rows only
-                self.monitor.observe(outcomes, untruncated_rows(decoded.batch))
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]))
+            rows += served.rows
+            in_place += served.in_place
+            if served.batch is not None:  # else decided in C: no row was tried by SHVS
+                tried_here = int((served.outcomes >= 0).sum())
+                tried += tried_here
+                accepted += int((served.outcomes == 1).sum())
+                if self.monitor is not None and tried_here:  # it counts tried rows only
+                    self.monitor.observe(served.outcomes, untruncated_rows(served.batch))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(name, value) for name, value in served.outputs.items()]))
         drift = self.monitor and self.monitor.drift_warning(time.monotonic())
         if drift:
             log.warning("%s: %s", self.instance, drift)

@@ -205,7 +205,7 @@ def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
 def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab, *,
                    num_top_logprobs: int = 0, return_logprobs: bool = True,
                    num_threads: int | None = None, validated: bool = False,
-                   shapes_checked: bool = False, scalars: np.ndarray | None = None) -> HandoffOutput:
+                   shapes_checked: bool = False) -> HandoffOutput:
     """Decide each compact row (``CompactRows.cpu()`` form) or mark it
     undecided (``HandoffOutput.outcome``).
 
@@ -213,9 +213,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     hot_vocab: the H the rows were summarized with. Other arguments as for
     ``sample`` (validated included); shapes_checked: the compact rows come
     from ``sampler_codec.decode_request``, which checked their shapes and
-    built their offsets (their ids are checked here all the same); scalars:
-    the batch's kernel scalars when already built (``sampling.kernel_params``).
-    Raises
+    built their offsets (their ids are checked here all the same). Raises
     ValueError for malformed compact rows, bad
     parameters, NaN / +inf logits (a cold one is reported at cold_argmax),
     an all-banned row, or a touched list missing an id the row's overrides
@@ -224,8 +222,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     touched_offsets, touched_ids, cold_argmax, cold_max, cold_token, cold_token_logit = (
         _check_compact(rows, size, hot_vocab, shapes_checked))
     vocab = hot_vocab.vocab_size
-    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated,
-                                    scalars)
+    params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
         hot_bytes, dtype = kernel_rows(rows.hot_logits)
     else:

@@ -196,13 +196,10 @@ ROW_SCALARS = np.dtype([(name, dtype) for param in RULES
 
 
 def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
-                  num_threads: int | None, validated: bool = False,
-                  scalars: np.ndarray | None = None) -> tuple[dict, int]:
+                  num_threads: int | None, validated: bool = False) -> tuple[dict, int]:
     """(the KernelBatch row-parameter fields, thread count) for a batch of
     rows of V=vocab, after checking it unless ``validated`` (see ``sample``;
-    shared by ``sample`` and ``handoff.sample_compact``). scalars: the
-    batch's ROW_SCALARS already built (``_sampling.packed_row_scalars``,
-    from checked records), None to build them here."""
+    shared by ``sample`` and ``handoff.sample_compact``)."""
     if not 0 <= num_top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
                          f"got {num_top_logprobs}")
@@ -211,15 +208,14 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
     threads = default_num_threads() if num_threads is None else num_threads
     if threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {threads}")
-    if scalars is None:
-        scalars = np.empty(len(batch), ROW_SCALARS)
-        columns = batch.__dict__  # by key: a getattr is a call, on every request
-        for param in RULES:
-            column = np.asarray(columns[param.name], param.dtype)
-            for name, _, convert in KERNEL_FIELDS[param.name]:
-                scalars[name] = column if convert is None else convert(column, vocab)
-        scalars["seed"] = batch.seed
-        scalars["step"] = batch.step
+    scalars = np.empty(len(batch), ROW_SCALARS)
+    columns = batch.__dict__  # by key: a getattr is a call, on every request
+    for param in RULES:
+        column = np.asarray(columns[param.name], param.dtype)
+        for name, _, convert in KERNEL_FIELDS[param.name]:
+            scalars[name] = column if convert is None else convert(column, vocab)
+    scalars["seed"] = batch.seed
+    scalars["step"] = batch.step
     contiguous = np.ascontiguousarray
     params = dict(
         scalars=scalars,

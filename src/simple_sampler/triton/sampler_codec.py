@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .._sampling import FieldType
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
 from ..params import (GREEDY_TEMPERATURE, NON_NEGATIVE, PARAMS, RULES, Interval, SamplingBatch,
                       any_on, first_failed_check)
-from ..sampling import KERNEL_FIELDS, MAX_TOP_LOGPROBS, ROW_SCALARS, sample
+from ..sampling import KERNEL_FIELDS, MAX_TOP_LOGPROBS, ROW_SCALARS, kernel_rows, sample
 from ..schema import (COLD_DRAW_INPUTS, COLD_SUMMARY_RECORD, HANDOFF_INPUTS, ROW_SCALARS_RECORD,
                       SAMPLER, InvalidRequest)
 
@@ -71,8 +71,8 @@ _EXTRA_CHECKS = (("step", NON_NEGATIVE, ">= 0"), ("min_tokens", NON_NEGATIVE, ">
                  ("num_top_logprobs", Interval(0, MAX_TOP_LOGPROBS), f"in [0, {MAX_TOP_LOGPROBS}]"))
 
 #: The llm model's own compact requests (``hot_first_sampler``: the packed
-#: parameters, the compact rows, their full rows by reference or not), which
-#: ``_plain_compact`` decodes.
+#: parameters, the compact rows, their full rows by reference and the rows'
+#: end ids or not), which ``serve_request`` decides in one C call.
 _PLAIN_COMPACT = ("row_scalars", "hot_logits", "touched_ids", "touched_logits", "cold_summary")
 _PLAIN_COMPACT_INPUTS = frozenset((*_PLAIN_COMPACT, "logits_ref", "end_id"))
 _FIELD_TYPES = {np.dtype(dtype): int(code) for dtype, code in (
@@ -88,22 +88,27 @@ def _field(name: str, record: np.dtype = ROW_SCALARS_RECORD) -> tuple[int, int]:
 
 
 _INPUT_OF = {**{field: name for name, (field, _) in SCALAR_INPUTS.items()}, "seed": "random_seed"}
-#: ``_sampling.packed_row_scalars``' tables for ROW_SCALARS_RECORD: the
-#: kernel fields taken as they are (each from its input's field), the
-#: fields it converts or reads (its SPECIAL_* order), the checks (RULES'
-#: and _EXTRA_CHECKS', their intervals as they are).
-_RECORD_COPIES = np.array([(*_field(_INPUT_OF.get(param, param)), *_field(name, ROW_SCALARS))
-                           for param, fields in (*KERNEL_FIELDS.items(),
-                                                 ("seed", (("seed", None, None),)),
-                                                 ("step", (("step", None, None),)))
-                           for name, _, convert in fields if convert is None], np.int64)
-_RECORD_SPECIAL = np.array([_field(_INPUT_OF.get(name, name))
-                            for name in ("temperature", "top_k", "num_top_logprobs")], np.int64)
+#: The checks of a packed record: RULES' and _EXTRA_CHECKS', by input.
 _RECORD_CHECKS = (*((name, param.rule) for name, param in _RULE_INPUTS),
                   *((name, rule) for name, rule, _ in _EXTRA_CHECKS))
-_RECORD_CHECKED = np.array([_field(name) for name, _ in _RECORD_CHECKS], np.int64)
-_RECORD_BOUNDS = np.array([(rule.low, rule.high, rule.low_open, rule.high_open)
-                           for _, rule in _RECORD_CHECKS], np.float64)
+#: ROW_SCALARS_RECORD's layout for the C pass over the records (its
+#: checks' bounds; the kernel fields taken as they are, each from its
+#: input's field; the fields it converts or reads; the cold summary's).
+PACKED_LAYOUT = _sampling.PackedLayout(
+    checked=np.array([_field(name) for name, _ in _RECORD_CHECKS], np.int64),
+    bounds=np.array([(rule.low, rule.high, rule.low_open, rule.high_open)
+                     for _, rule in _RECORD_CHECKS], np.float64),
+    copies=np.array([(*_field(_INPUT_OF.get(param, param)), *_field(name, ROW_SCALARS))
+                     for param, fields in (*KERNEL_FIELDS.items(),
+                                           ("seed", (("seed", None, None),)),
+                                           ("step", (("step", None, None),)))
+                     for name, _, convert in fields if convert is None], np.int64),
+    special=np.array([_field(_INPUT_OF.get(name, name))
+                      for name in _sampling.PACKED_SPECIAL_FIELDS], np.int64),
+    cold=np.array([_field(name, COLD_SUMMARY_RECORD) for name in _sampling.PACKED_COLD_FIELDS],
+                  np.int64),
+    greedy_below=GREEDY_TEMPERATURE)
+
 
 
 @dataclass
@@ -120,9 +125,6 @@ class RowsRequest:
     #: ``logits_ref`` when the logits are rows of the llm's arena (checked
     #: again after sampling: ``row_arena.RowReader.check``)
     logits_ref: np.ndarray | None = None
-    #: the batch's kernel scalars (``sampling.ROW_SCALARS``) when decoding
-    #: built them (``_plain_compact``), else None
-    kernel_scalars: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -196,16 +198,6 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         through, in place (None: logits_ref is refused).
     Raises InvalidRequest naming the input, the row and the allowed range.
     """
-    if hot_vocab is not None and inputs.keys() <= _PLAIN_COMPACT_INPUTS:
-        plain = _plain_compact(inputs, vocab_size, hot_vocab, reader)
-        if plain is not None:
-            return plain
-    return _decode_general(inputs, vocab_size, hot_vocab, reader)
-
-
-def _decode_general(inputs: Mapping[str, object], vocab_size: int, hot_vocab,
-                    reader) -> RowsRequest:
-    """decode_request for every form of request."""
     unknown = sorted(inputs.keys() - _KNOWN_INPUTS)
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}; the sampler takes "
@@ -299,80 +291,6 @@ def _decode_general(inputs: Mapping[str, object], vocab_size: int, hot_vocab,
         raise InvalidRequest(str(error)) from None
     return RowsRequest(logits, batch, scalar("return_log_probs", False),
                        num_top, compact, refs)
-
-
-def _plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader) -> RowsRequest | None:
-    """decode_request for the llm model's own compact requests (_PLAIN_COMPACT,
-    logits_ref and end_id or not: no other id list, no top logprobs), where every input
-    has the dtype and shape that form gives it: the records checked and
-    turned into the kernels' scalars in one C pass
-    (``_sampling.packed_row_scalars``, by RULES' intervals) and the touched
-    lists in another, a few dozen Python calls where the general path takes
-    a few hundred (docs/COPIES.md). None for anything else, a record that
-    fails a check included: decode_request then decodes the request the
-    general way, and names what is wrong. The compact rows' contents are
-    checked by ``sample_compact`` on either path."""
-    if any(inputs.get(name) is None for name in _PLAIN_COMPACT):
-        return None
-    packed, hot, touched, touched_logits, cold = (inputs[name] for name in _PLAIN_COMPACT)
-    rows, vocab = len(packed), hot_vocab.vocab_size
-    if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8
-            and packed.shape == (rows, ROW_SCALARS_RECORD.itemsize)
-            and isinstance(cold, np.ndarray) and cold.dtype == np.uint8
-            and cold.shape == (rows, COLD_SUMMARY_RECORD.itemsize)
-            and isinstance(touched, np.ndarray) and touched.dtype == np.int32
-            and isinstance(touched_logits, np.ndarray) and touched_logits.dtype == np.float32
-            and touched.ndim == 2 and touched.shape == touched_logits.shape
-            and len(touched) == rows and tuple(hot.shape) == (rows, hot_vocab.size)
-            and rows > 0 and vocab_size in (0, vocab)):
-        return None
-    scalars = np.empty(rows, ROW_SCALARS)
-    packed = np.ascontiguousarray(packed)
-    failed, any_top = _sampling.packed_row_scalars(packed, _RECORD_COPIES, _RECORD_SPECIAL,
-                                                   _RECORD_CHECKED, _RECORD_BOUNDS, vocab,
-                                                   GREEDY_TEMPERATURE, scalars)
-    if failed >= 0 or any_top:
-        return None
-    offsets, ids, logits, bad = _sampling.padded_lists(
-        np.ascontiguousarray(touched), vocab, np.ascontiguousarray(touched_logits))
-    if bad >= 0:
-        return None
-    full_rows, refs = None, inputs.get("logits_ref")
-    if refs is not None:
-        if reader is None:
-            return None
-        try:
-            full_rows = reader.rows(refs)
-        except ValueError:
-            return None
-        if full_rows.shape != (rows, vocab):
-            return None
-    decoded = packed.view(ROW_SCALARS_RECORD)[:, 0].astype(_DECODED_RECORD)
-    # Absent id lists: one empty CSR shared by all of them (nothing writes
-    # into a decoded batch's arrays).
-    no_offsets = np.zeros(rows + 1, np.int64)
-    bans = no_offsets, _NO_IDS
-    end_id = inputs.get("end_id")
-    if end_id is not None:
-        if not (isinstance(end_id, np.ndarray) and end_id.dtype == np.int32
-                and end_id.ndim == 2 and len(end_id) == rows):
-            return None
-        end_offsets, end_ids, _, bad = _sampling.padded_lists(np.ascontiguousarray(end_id), vocab)
-        if bad >= 0:
-            return None
-        bans = _bans((end_offsets, end_ids), decoded["step"], decoded["min_tokens"])
-    cold = np.ascontiguousarray(cold).view(COLD_SUMMARY_RECORD)[:, 0]
-    batch = SamplingBatch(
-        **{field: decoded[name] for name, (field, _) in SCALAR_INPUTS.items()},
-        seed=decoded["random_seed"], step=decoded["step"],
-        bias_offsets=no_offsets, bias_ids=_NO_IDS, bias_values=np.zeros(0, np.float64),
-        ban_offsets=bans[0], ban_ids=bans[1], prompt_offsets=no_offsets, prompt_ids=_NO_IDS,
-        output_offsets=no_offsets, output_ids=_NO_IDS)
-    compact = CompactRows(hot_logits=host_array(hot), touched_offsets=offsets,
-                          touched_ids=ids, touched_logits=logits,
-                          **{name: cold[name] for name in COLD_SUMMARY_NAMES})
-    return RowsRequest(full_rows, batch, decoded["return_log_probs"],
-                       decoded["num_top_logprobs"], compact, refs, scalars)
 
 
 def _records(inputs: Mapping) -> np.ndarray:
@@ -580,6 +498,101 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
     return offsets, ids, values[np.asarray(raw_ids) != PADDING].astype(np.float64)
 
 
+class Served(NamedTuple):
+    """``serve_request``'s answer: the output tensors, the rows' SHVS
+    outcomes (as ``sample_request``'s), the rows, how many undecided compact
+    rows were decided from their full rows in place, and the decoded batch
+    (None where the C path decided the request: no row was tried by SHVS)."""
+
+    outputs: dict[str, np.ndarray]
+    outcomes: np.ndarray
+    rows: int
+    in_place: int
+    batch: SamplingBatch | None
+
+
+def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=None,
+                  reader=None, num_threads: int = 1) -> Served:
+    """One request to the sampler model, what its ``execute`` runs:
+    ``decode_request``, ``sample_request`` and, for rows read from the
+    llm's arena, the check that their slot was not reused meanwhile
+    (``RowReader.check``, StaleRows). The llm model's own compact requests
+    (_PLAIN_COMPACT, end_id and logits_ref or not) are decided by one C call
+    (``_sampling.decide_packed_compact``) where the general path makes a
+    few hundred Python calls (docs/COPIES.md); a request that call does not
+    take (top logprobs, or anything it would refuse: the general path names
+    what is wrong), and one whose undecided rows are to be decided from
+    their full rows in place, goes the general way: the same outputs
+    (tests/test_sampler_io.py). Raises InvalidRequest as decode_request and
+    sample_request do."""
+    if hot_vocab is not None and inputs.keys() <= _PLAIN_COMPACT_INPUTS:
+        served = _serve_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
+        if served is not None:
+            return served
+    request = decode_request(inputs, vocab_size, hot_vocab, reader)
+    outputs, outcomes = sample_request(request, num_threads, hot_vocab)
+    if request.logits_ref is not None:
+        reader.check(request.logits_ref)
+    in_place = (int((outputs["handoff_outcome"] != 0).sum())
+                if request.compact is not None and request.logits is not None else 0)
+    return Served(outputs, outcomes, len(request), in_place, request.batch)
+
+
+def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
+                         num_threads: int) -> Served | None:
+    """serve_request's C path, or None where the general one must answer."""
+    if any(inputs.get(name) is None for name in _PLAIN_COMPACT):
+        return None
+    packed, hot, touched, touched_logits, cold = (inputs[name] for name in _PLAIN_COMPACT)
+    end_ids, refs = inputs.get("end_id"), inputs.get("logits_ref")
+    rows, vocab = len(packed), hot_vocab.vocab_size
+    if end_ids is None:
+        end_ids = np.empty((rows, 0), np.int32)
+    if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8
+            and packed.shape == (rows, ROW_SCALARS_RECORD.itemsize)
+            and isinstance(cold, np.ndarray) and cold.dtype == np.uint8
+            and cold.shape == (rows, COLD_SUMMARY_RECORD.itemsize)
+            and isinstance(touched, np.ndarray) and touched.dtype == np.int32
+            and isinstance(touched_logits, np.ndarray) and touched_logits.dtype == np.float32
+            and touched.ndim == 2 and touched.shape == touched_logits.shape
+            and isinstance(end_ids, np.ndarray) and end_ids.dtype == np.int32
+            and end_ids.ndim == 2 and len(end_ids) == len(touched) == rows
+            and tuple(hot.shape) == (rows, hot_vocab.size) and hot_vocab.size
+            and rows > 0 and vocab_size in (0, vocab)):
+        return None
+    if refs is not None:
+        if reader is None:
+            return None
+        try:
+            if reader.rows(refs).shape != (rows, vocab):
+                return None
+        except ValueError:
+            return None
+    try:
+        hot_bytes, dtype = kernel_rows(hot)
+    except ValueError:
+        return None
+    tokens = np.empty((rows, 1), np.int32)
+    outcome = np.empty((rows, 1), np.int8)
+    logprobs = np.empty((rows, 1), np.float32)
+    contiguous = np.ascontiguousarray
+    hot_ids, hot_block_start, hot_bits = hot_vocab.kernel_arrays()
+    decided, any_logprob = _sampling.decide_packed_compact(
+        PACKED_LAYOUT, contiguous(packed), contiguous(hot_bytes), dtype, contiguous(touched),
+        contiguous(touched_logits), contiguous(cold), contiguous(end_ids), hot_ids,
+        hot_block_start, hot_bits, hot_vocab.positions(), vocab, num_threads, tokens, outcome,
+        logprobs)
+    # undecided rows beside their full rows: decided in place, the general way
+    if not decided or (refs is not None and outcome.any()):
+        return None
+    if refs is not None:
+        reader.check(refs)
+    outputs = {"output_ids": tokens, "handoff_outcome": outcome}
+    if any_logprob:
+        outputs["output_log_probs"] = logprobs
+    return Served(outputs, np.full(rows, -1, np.int8), rows, 0, None)
+
+
 def sample_request(request: RowsRequest, num_threads: int = 1,
                    hot_vocab=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Sample one request from ``decode_request`` (whose batch is checked, so
@@ -596,8 +609,7 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
         if request.compact is not None:
             out = sample_compact(request.compact, request.batch, hot_vocab,
                                  num_top_logprobs=n_top, return_logprobs=want_logprob,
-                                 num_threads=num_threads, validated=True, shapes_checked=True,
-                                 scalars=request.kernel_scalars)
+                                 num_threads=num_threads, validated=True, shapes_checked=True)
             if request.logits is not None and out.undecided.any():  # their full rows are mapped
                 decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
                                       request.logits, request.return_log_probs,

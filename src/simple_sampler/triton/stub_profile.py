@@ -51,16 +51,17 @@ class StubProfile:
         return self.path
 
 
-#: What ``calls_per_request`` lists: the request's decoding (by the llm
-#: model's compact form's C path or the general one) and sampling, their
-#: checks, the fallback's full-row sampling, and the metric round trips.
-PROFILED_FUNCTIONS = ("decode_request", "_plain_compact", "_decode_general", "sample_request",
-                      "sample_compact", "_check_compact", "sample", "increment")
+#: What ``calls_per_request`` lists: the request (``serve_request``), the
+#: C path's share of it (the llm model's compact form), the general path's
+#: decoding and sampling, their checks, the fallback's full-row sampling,
+#: and the metric round trips.
+PROFILED_FUNCTIONS = ("serve_request", "_serve_plain_compact", "decode_request",
+                      "sample_request", "sample_compact", "_check_compact", "sample", "increment")
 
 
 def calls_per_request(paths) -> dict:
     """From stub profiles (one or more instances' ``.prof``): requests (calls
-    of ``decode_request``), Python calls per request in all, and for each of
+    of ``serve_request``), Python calls per request in all, and for each of
     PROFILED_FUNCTIONS its calls per request and its cumulative share of
     ``execute``'s CPU time. Counts do not depend on the machine's load;
     the shares do, somewhat."""
@@ -73,11 +74,12 @@ def calls_per_request(paths) -> dict:
         found = by_name.setdefault(c_function.group(1) if c_function else name, [0, 0.0])
         found[0] += calls
         found[1] += cumulative
-    requests = by_name.get("decode_request", [0])[0]
+    requests = by_name.get("serve_request", [0])[0]
     if not requests:
-        raise ValueError(f"no decode_request call in {', '.join(map(str, paths))}")
+        raise ValueError(f"no serve_request call in {', '.join(map(str, paths))}")
     execute_s = by_name["_execute"][1]  # what StubProfile.run profiles
-    compact = by_name.get("sample_compact", [0])[0]  # hot-first: one request a step (B <= 128)
+    # hot-first: one request a step (B <= 128), by the C path or the general one
+    compact = max(by_name.get(name, [0])[0] for name in ("_serve_plain_compact", "sample_compact"))
     return {"requests": requests, "calls_per_request": stats.total_calls / requests,
             "compact_requests": compact,
             "calls_per_compact_request": stats.total_calls / compact if compact else None,
