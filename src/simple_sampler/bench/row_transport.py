@@ -150,13 +150,13 @@ def _requests(arrays: dict, size: int, shards: int) -> list[dict]:
 
 def _stub_requests(rows, params: SamplingBatch, instances: int):
     """A function doing what the sampler instances' ``execute`` does in
-    Python for one step of `rows` over the arena (``decode_request``,
-    ``sample_request``, the slot check), one request per instance as the
-    pool shards them, and one that runs just the kernel (``sample``) on the
-    same mapped rows; the caller closes the returned arena."""
+    Python for one step of `rows` over the arena (``serve_request``: decoding,
+    sampling, the slot check), one request per instance as the pool shards
+    them, and one that runs just the kernel (``sample``) on the same mapped
+    rows; the caller closes the returned arena."""
     from ..row_arena import RowArena, RowReader
     from ..sampling import logits_array, sample
-    from ..triton.sampler_codec import batch_arrays, decode_request, sample_request
+    from ..triton.sampler_codec import batch_arrays, serve_request
 
     host = logits_array(rows)
     arena = RowArena(1, host.nbytes)
@@ -167,9 +167,7 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
 
     def step():
         for inputs in requests:
-            request = decode_request(inputs, host.shape[1], None, reader)
-            sample_request(request, 1)
-            reader.check(request.logits_ref)
+            serve_request(inputs, host.shape[1], None, reader)
 
     mapped = reader.rows(lease.refs())
     return step, lambda: sample(mapped, params, return_logprobs=False, num_threads=1), arena
@@ -177,24 +175,25 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
 
 def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, arena, rows):
     """The sampler instances' Python for one step of compact rows, in the
-    requests ``HotFirstSampler`` makes of them (``decode_request`` +
-    ``sample_request`` with the hot set), each with its full rows by
+    requests ``HotFirstSampler`` makes of them (its packed form, through
+    ``serve_request`` with the hot set), each with its full rows by
     reference beside it as the served path sends them (the rows shared in
     `arena`, as the simulated engine's bank is)."""
     from ..row_arena import RowReader
     from ..sampling import logits_array
     from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
-    from ..triton.sampler_codec import batch_arrays, compact_arrays, decode_request, sample_request
+    from ..triton.sampler_codec import batch_arrays, compact_arrays, serve_request
 
     params.want_logprobs = np.zeros(len(params), bool)
     lease, reader = arena.reference(arena.share(logits_array(rows))), RowReader()
     shards = min(instances, -(-len(params) // COMPACT_ROWS_PER_REQUEST))
     requests = [{**inputs, "logits_ref": lease.refs(a, b)} for inputs, a, b in _requests(
-        {**compact_arrays(compact), **batch_arrays(params, packed=True)}, len(params), shards)]
+        {**compact_arrays(compact, packed=True), **batch_arrays(params, packed=True)},
+        len(params), shards)]
 
     def step():
         for inputs in requests:
-            sample_request(decode_request(inputs, hot.vocab_size, hot, reader), 1, hot)
+            serve_request(inputs, hot.vocab_size, hot, reader)
     return step
 
 
