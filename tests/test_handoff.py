@@ -361,11 +361,12 @@ def test_bad_input_names_the_field(zipf_row):
 
 
 def _local_call(hot, requests=None):
-    """The sampler model's code in-process (decode_request +
-    sample_request), with the model's hot set; `requests` (a list) gets
-    each request's (compact or full, rows, by reference or not)."""
+    """The sampler model's code in-process (``serve_request``: the llm
+    model's compact requests by its C path), with the model's hot set;
+    `requests` (a list) gets each request's (compact or full, rows, by
+    reference or not)."""
     from simple_sampler.row_arena import RowReader
-    from simple_sampler.triton.sampler_codec import decode_request, sample_request
+    from simple_sampler.triton.sampler_codec import serve_request
 
     reader = RowReader()  # full rows come from the service's arena by reference
 
@@ -373,7 +374,7 @@ def _local_call(hot, requests=None):
         if requests is not None:
             requests.append(("compact" if "hot_logits" in inputs else "full",
                              len(inputs["row_scalars"]), "logits_ref" in inputs))
-        return sample_request(decode_request(inputs, 0, hot, reader), 1, hot)[0]
+        return serve_request(inputs, 0, hot, reader).outputs
     return call
 
 
@@ -582,7 +583,8 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
     beside logits."""
     from simple_sampler.row_arena import RowArena, RowReader
     from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays, decode_request
+    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
+                                                     serve_request)
 
     hot = hot_sets(zipf_row)["random"]
     batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(4)])
@@ -599,6 +601,13 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
         assert decoded.logits.shape == (4, VOCAB) and decoded.compact is not None
         with pytest.raises(InvalidRequest, match=r"must name their 4 full rows of V=4096, got \[3"):
             decode_request({**inputs, "logits_ref": lease.refs(0, 3)}, VOCAB, hot, reader)
+        # the llm model's form, which serve_request decides in C: refused the same way
+        packed = {**compact_arrays(compact, packed=True), **batch_arrays(batch, packed=True)}
+        assert serve_request({**packed, "logits_ref": lease.refs()}, VOCAB, hot, reader).rows == 4
+        with pytest.raises(InvalidRequest, match=r"must name their 4 full rows of V=4096, got \[3"):
+            serve_request({**packed, "logits_ref": lease.refs(0, 3)}, VOCAB, hot, reader)
+        with pytest.raises(InvalidRequest, match="logits_ref needs a sampler on the llm model's"):
+            serve_request({**packed, "logits_ref": lease.refs()}, VOCAB, hot, None)
         with pytest.raises(InvalidRequest, match="send logits_ref or logits, not both"):
             decode_request({**batch_arrays(batch, packed=True), "logits": rows,
                             "logits_ref": lease.refs()}, VOCAB, hot, reader)
@@ -613,7 +622,7 @@ def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad):
     and range."""
     from simple_sampler.schema import InvalidRequest
     from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request)
+                                                     sample_request, serve_request)
 
     message = rf"row 0: touched_ids must be token ids in \[0, 4096\) or -1 \(padding\), got {bad}"
 
@@ -628,6 +637,9 @@ def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad):
     touched[0, 0] = bad
     with pytest.raises(InvalidRequest, match=message):
         sample_request(decode_request({**inputs, "touched_ids": touched}, VOCAB, hot), 1, hot)
+    packed = {**compact_arrays(compact, packed=True), **batch_arrays(batch, packed=True)}
+    with pytest.raises(InvalidRequest, match=message):  # the C path leaves it to the general one
+        serve_request({**packed, "touched_ids": touched}, VOCAB, hot)
 
 
 def test_a_target_without_the_arena_keeps_the_second_round():
