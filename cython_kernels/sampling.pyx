@@ -457,7 +457,8 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     k.cold_mass = &cold_mass[0]
     k.cold_token = &cold_token[0] if cold_token.shape[0] > 0 else NULL
     k.cold_token_logit = &cold_token_logit[0] if cold_token.shape[0] > 0 else NULL
-    decide_compact_rows(&b, &k, size, num_threads)
+    with nogil:
+        decide_compact_rows(&b, &k, size, num_threads)
 
 
 cdef inline bint hot_bit(const uint64_t* hot_bits, int64_t token) noexcept nogil:
@@ -537,9 +538,14 @@ def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
     cold region (hot, or touched in its row) or its logit not finite or
     above cold_max[index]. The numpy checks it replaces made a pass (and a
     temporary) each, per request."""
+    cdef Py_ssize_t rows = offsets.shape[0] - 1
+    if (cold_argmax.shape[0] != rows or cold_max.shape[0] != rows
+            or cold_token.shape[0] not in (0, rows) or cold_token_logit.shape[0] != cold_token.shape[0]):
+        raise ValueError(f"cold_argmax and cold_max must have {rows} entries, cold_token and "
+                         f"cold_token_logit {rows} or none")
     cdef Py_ssize_t index = 0
     cdef int problem = compact_ids_problem(
-        &offsets[0], &ids[0] if ids.shape[0] else NULL, offsets.shape[0] - 1, &hot_bits[0], vocab,
+        &offsets[0], &ids[0] if ids.shape[0] else NULL, rows, &hot_bits[0], vocab,
         &cold_argmax[0] if cold_argmax.shape[0] else NULL,
         &cold_token[0] if cold_token.shape[0] else NULL,
         &cold_token_logit[0] if cold_token.shape[0] else NULL,
@@ -630,17 +636,22 @@ cdef class PackedLayout:
     special: int64 [5, 2], (offset, FieldType) of the fields
     PACKED_SPECIAL_FIELDS names (temperature: 1 / T and greedy, T below
     greedy_below; top_k: 0 when <= 0 or >= V). cold: int64 [5, 2], the
-    cold summary record's fields PACKED_COLD_FIELDS names."""
+    cold summary record's fields PACKED_COLD_FIELDS names. record_size,
+    cold_size: the bytes of a record and of a cold summary record, which
+    the entries require of their inputs' rows."""
     cdef const int64_t[:, ::1] checked
     cdef const double[:, ::1] bounds
     cdef const int64_t[:, ::1] copies
     cdef const int64_t[:, ::1] special
     cdef const int64_t[:, ::1] cold
     cdef double greedy_below
+    cdef Py_ssize_t record_size
+    cdef Py_ssize_t cold_size
 
     def __init__(self, *, const int64_t[:, ::1] checked, const double[:, ::1] bounds,
                  const int64_t[:, ::1] copies, const int64_t[:, ::1] special,
-                 const int64_t[:, ::1] cold, double greedy_below):
+                 const int64_t[:, ::1] cold, double greedy_below, Py_ssize_t record_size,
+                 Py_ssize_t cold_size):
         if (checked.shape[1] != 2 or bounds.shape[0] != checked.shape[0] or bounds.shape[1] != 4
                 or copies.shape[1] != 4 or special.shape[0] != SPECIAL_FIELDS
                 or special.shape[1] != 2 or cold.shape[0] != 5 or cold.shape[1] != 2):
@@ -648,6 +659,24 @@ cdef class PackedLayout:
                              f"special [{SPECIAL_FIELDS}, 2], cold [5, 2]")
         self.checked, self.bounds, self.copies = checked, bounds, copies
         self.special, self.cold, self.greedy_below = special, cold, greedy_below
+        # every field must lie inside its record: the passes read and write by them
+        self.record_size, self.cold_size = record_size, cold_size
+        if not (fields_inside(checked, 0, record_size) and fields_inside(copies, 0, record_size)
+                and fields_inside(copies, 2, sizeof(RowScalars))
+                and fields_inside(special, 0, record_size) and fields_inside(cold, 0, cold_size)):
+            raise ValueError("a field lies outside its record (record_size, cold_size, "
+                             "RowScalars)")
+
+
+cdef bint fields_inside(const int64_t[:, ::1] table, Py_ssize_t column, Py_ssize_t size):
+    """Every (offset, FieldType) pair at `column` of `table` within `size` bytes."""
+    cdef Py_ssize_t i, width
+    for i in range(table.shape[0]):
+        kind = table[i, column + 1]
+        width = 1 if kind == FIELD_BOOL else 4 if kind in (FIELD_FLOAT32, FIELD_INT32) else 8
+        if not 0 <= table[i, column] <= size - width:
+            return False
+    return True
 
 
 cdef inline bint integer_field(int64_t kind) noexcept nogil:
@@ -759,8 +788,9 @@ def packed_row_scalars(PackedLayout layout not None, const uint8_t[:, ::1] recor
     row failing a check, -1 when none: out is then complete; whether any
     row asks for top logprobs)."""
     cdef bint any_top = False
-    if out.shape[0] != records.shape[0]:
-        raise ValueError(f"out must have one RowScalars per record ({records.shape[0]})")
+    if out.shape[0] != records.shape[0] or records.shape[1] != layout.record_size:
+        raise ValueError(f"records must be [B, {layout.record_size}] and out one RowScalars "
+                         f"per record")
     if records.shape[0] == 0:
         return -1, False
     want = np.empty(records.shape[0], np.uint8)
@@ -988,9 +1018,11 @@ def decide_packed_compact(PackedLayout layout not None, const uint8_t[:, ::1] re
             or touched_logits.shape[0] != size or touched_logits.shape[1] != touched_ids.shape[1]
             or cold_summary.shape[0] != size or end_ids.shape[0] != size
             or tokens.shape[0] != size or outcomes.shape[0] != size or logprobs.shape[0] != size
-            or hot_position.shape[0] != vocab or hot_ids.shape[0] == 0):
-        raise ValueError("decide_packed_compact: inputs and outputs must have B >= 1 rows "
-                         "and the hot set's arrays V and |H| > 0 entries")
+            or hot_position.shape[0] != vocab or hot_ids.shape[0] == 0
+            or records.shape[1] != layout.record_size or cold_summary.shape[1] != layout.cold_size):
+        raise ValueError("decide_packed_compact: inputs and outputs must have B >= 1 rows, "
+                         "records and cold summaries the layout's sizes, and the hot set's "
+                         "arrays V and |H| > 0 entries")
     cdef PackedScratch m
     cdef bint any_top = False
     cdef bint any_logprob = False

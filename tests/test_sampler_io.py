@@ -416,3 +416,27 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
     touched[3, 0] = hot.ids[1]  # a hot id among the touched ones
     with pytest.raises(InvalidRequest, match=f"touched_ids must not hold hot ids, got {hot.ids[1]}"):
         codec.serve_request({**inputs, "touched_ids": touched}, vocab, hot)
+
+
+def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
+    """A layout whose field lies outside its record, records of another
+    size, and cold arrays shorter than the rows are refused, not read."""
+    from simple_sampler import _sampling
+    from simple_sampler.sampling import ROW_SCALARS
+    from simple_sampler.triton import sampler_codec as codec
+
+    layout = codec.PACKED_LAYOUT
+    with pytest.raises(ValueError, match=r"records must be \[B, 64\]"):
+        _sampling.packed_row_scalars(layout, np.zeros((2, 60), np.uint8), V,
+                                     np.empty(2, ROW_SCALARS))
+    cold = np.array([[60, int(_sampling.FieldType.FIELD_FLOAT32)]] * 5, np.int64)
+    with pytest.raises(ValueError, match="outside its record"):
+        _sampling.PackedLayout(checked=np.zeros((0, 2), np.int64), bounds=np.zeros((0, 4)),
+                               copies=np.zeros((0, 4), np.int64),
+                               special=np.zeros((5, 2), np.int64), cold=cold, greedy_below=1e-5,
+                               record_size=64, cold_size=20)
+    hot_bits = np.zeros(1, np.uint64)
+    with pytest.raises(ValueError, match="cold_argmax and cold_max must have 2 entries"):
+        _sampling.check_compact_ids(np.zeros(3, np.int64), np.zeros(0, np.int32), hot_bits, V,
+                                    np.zeros(1, np.int64), np.zeros(0, np.int64),
+                                    np.zeros(0, np.float32), np.zeros(2, np.float32))

@@ -411,3 +411,26 @@ def test_the_engines_cold_draw_picks_the_whole_rows_token():
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
     for name in ("cold_token", "cold_token_logit"):
         np.testing.assert_array_equal(getattr(got, name)[tops > 0], getattr(want, name)[tops > 0])
+
+
+def test_the_bench_clock_counts_every_forward_hot_first_or_not():
+    """bench serve-sim's ForwardClock records a forward whether the decode
+    loop calls the engine's step or its step_then (the hot-first summary
+    behind the forward), once each; an engine without step_then by step."""
+    from simple_sampler.bench.serve_sim import ForwardClock
+
+    engine = SimulatedEngine(SimulatedSpec(VOCAB, "bfloat16", 0.0, 0.0), max_batch_size=8)
+    clock = ForwardClock(engine)
+    for seq in ("a", "b"):
+        engine.add(seq, [1, 2])
+    engine.step(["a", "b"])
+    engine.append(["a"], [3])
+    engine.step_then(["a"], lambda rows: len(rows))
+    assert [rows for _, rows in clock.ends] == [2, 1]
+
+    class Plain:
+        def step(self, seq_ids):
+            return seq_ids
+    plain = Plain()
+    plain_clock = ForwardClock(plain)
+    assert plain.step(["x"]) == ["x"] and [rows for _, rows in plain_clock.ends] == [1]

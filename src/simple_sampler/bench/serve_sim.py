@@ -27,6 +27,7 @@ from ..params import SamplingBatch, SamplingParams
 from ..rows import HOT_ROWS_SOURCE, map_hot_ids
 from ..sampling import sample
 from ..serving.decoder import Decoder, GenerationRequest, kernel_sample, threaded
+from ..serving.engine import StepsThen
 from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
 from ..shvs.hot_vocab import HotVocab
 
@@ -74,17 +75,21 @@ class HotSetSample:
 
 class ForwardClock:
     """The end time and rows of every forward, recorded on the data-plane
-    thread by wrapping the engine's ``step`` on the instance."""
+    thread by wrapping the engine's forward on the instance: ``step_then``
+    where the engine has one (``engine.StepsThen``: the simulated engine's
+    ``step`` calls it, and the decode loop calls it alone for a step with
+    follow-up work, the hot-first summary), else ``step``."""
 
-    def __init__(self, engine: SimulatedEngine):
+    def __init__(self, engine):
         self.ends: list[tuple[float, int]] = []
-        step = engine.step
+        name = "step_then" if isinstance(engine, StepsThen) else "step"
+        forward = getattr(engine, name)
 
-        def timed(seq_ids):
-            logits = step(seq_ids)
+        def timed(seq_ids, *then):
+            result = forward(seq_ids, *then)
             self.ends.append((time.perf_counter(), len(seq_ids)))
-            return logits
-        engine.step = timed
+            return result
+        setattr(engine, name, timed)
 
     def rows_per_s(self, start: float, end: float) -> float:
         """Rows per second of the forwards that ended after the last one to
@@ -152,15 +157,15 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
 def hot_first_sampler(engine: SimulatedEngine, hot: HotVocab, instances: int):
     """The llm model's hot-first sampler in-process: the engine's summary
     (its modelled GPU step), compact rows sharded over `instances` threads
-    standing in for the sampler instances (the real request decoding and
-    kernels), the undecided rows whole."""
+    standing in for the sampler instances (the sampler model's own code,
+    ``serve_request``), the undecided rows whole."""
     from ..handoff import DEFAULT_COLD_TOP
     from ..triton.hot_first_sampler import HotFirstSampler
-    from ..triton.sampler_codec import decode_request, sample_request
+    from ..triton.sampler_codec import serve_request
     from ..triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):
-        return sample_request(decode_request(inputs, engine.vocab_size, hot), 1, hot)[0]
+        return serve_request(inputs, engine.vocab_size, hot).outputs
 
     engine.prepare_hot_first(hot.kernel_arrays()[0], DEFAULT_COLD_TOP)
     pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)])

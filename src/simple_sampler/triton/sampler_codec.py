@@ -1,7 +1,8 @@
 """The `simple_sampler` model's tensors, encoded (``batch_arrays``,
-``compact_arrays``: what the llm model and clients send) and decoded and
-checked (``decode_request``, ``sample_request``: the sampler model), without
-a server.
+``compact_arrays``: what the llm model and clients send) and decoded,
+checked and sampled (``serve_request``, the sampler model's entry: the llm
+model's compact requests by one C call, every other request by
+``decode_request`` and ``sample_request``), without a server.
 
 A request carries B rows. The inputs' names, dtypes, defaults and ranges
 are ``schema.SAMPLER``'s (tabulated in docs/TENSORS.md); shapes include the
@@ -107,7 +108,8 @@ PACKED_LAYOUT = _sampling.PackedLayout(
                       for name in _sampling.PACKED_SPECIAL_FIELDS], np.int64),
     cold=np.array([_field(name, COLD_SUMMARY_RECORD) for name in _sampling.PACKED_COLD_FIELDS],
                   np.int64),
-    greedy_below=GREEDY_TEMPERATURE)
+    greedy_below=GREEDY_TEMPERATURE, record_size=ROW_SCALARS_RECORD.itemsize,
+    cold_size=COLD_SUMMARY_RECORD.itemsize)
 
 
 
@@ -525,7 +527,8 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     their full rows in place, goes the general way: the same outputs
     (tests/test_sampler_io.py). Raises InvalidRequest as decode_request and
     sample_request do."""
-    if hot_vocab is not None and inputs.keys() <= _PLAIN_COMPACT_INPUTS:
+    if (hot_vocab is not None and inputs.get("hot_logits") is not None
+            and inputs.keys() <= _PLAIN_COMPACT_INPUTS):
         served = _serve_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
         if served is not None:
             return served
@@ -545,11 +548,12 @@ def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
         return None
     packed, hot, touched, touched_logits, cold = (inputs[name] for name in _PLAIN_COMPACT)
     end_ids, refs = inputs.get("end_id"), inputs.get("logits_ref")
+    if not (isinstance(packed, np.ndarray) and packed.ndim == 2 and num_threads >= 1):
+        return None
     rows, vocab = len(packed), hot_vocab.vocab_size
     if end_ids is None:
         end_ids = np.empty((rows, 0), np.int32)
-    if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8
-            and packed.shape == (rows, ROW_SCALARS_RECORD.itemsize)
+    if not (packed.dtype == np.uint8 and packed.shape == (rows, ROW_SCALARS_RECORD.itemsize)
             and isinstance(cold, np.ndarray) and cold.dtype == np.uint8
             and cold.shape == (rows, COLD_SUMMARY_RECORD.itemsize)
             and isinstance(touched, np.ndarray) and touched.dtype == np.int32

@@ -78,7 +78,8 @@ def calls_per_request(paths) -> dict:
     if not requests:
         raise ValueError(f"no serve_request call in {', '.join(map(str, paths))}")
     execute_s = by_name["_execute"][1]  # what StubProfile.run profiles
-    # hot-first: one request a step (B <= 128), by the C path or the general one
+    # hot-first: one request a step (B <= 128), by the C path (tried for compact
+    # requests only) or the general one
     compact = max(by_name.get(name, [0])[0] for name in ("_serve_plain_compact", "sample_compact"))
     return {"requests": requests, "calls_per_request": stats.total_calls / requests,
             "compact_requests": compact,
