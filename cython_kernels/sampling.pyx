@@ -558,8 +558,9 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
     row): (offsets int64 [B + 1], ids int32 [n], the float32 values at those
     entries of `values` [B, L] or None, bad), bad the flat index of the first
     entry that is neither -1 nor in [0, vocab) (offsets, ids and values None
-    then), -1 when all are good. Two passes over the ids (``padded_csr``)
-    where numpy made a mask, a cumsum and a gather per array, per request."""
+    then), -1 when all are good. Two passes over the ids (``padded_count``,
+    ``padded_fill``) where numpy made a mask, a cumsum and a gather per
+    array, per request."""
     cdef Py_ssize_t rows = padded.shape[0]
     cdef Py_ssize_t width = padded.shape[1]
     cdef bint with_values = values is not None
@@ -568,32 +569,19 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
                          f"got [{values.shape[0]}, {values.shape[1]}]")
     offsets = np.empty(rows + 1, np.int64)
     cdef int64_t[::1] offset = offsets
-    cdef int32_t* ids = NULL
-    cdef float* taken = NULL
-    cdef Py_ssize_t bad, n
-    cdef int32_t[::1] ids_out
+    cdef Py_ssize_t bad = padded_count(padded, vocab, NULL, &offset[0])
+    if bad >= 0:
+        return None, None, None, bad
+    out_ids = np.empty(offset[rows], np.int32)
+    out_taken = np.empty(offset[rows], np.float32) if with_values else None
+    cdef int32_t[::1] ids_out = out_ids
     cdef float[::1] taken_out
-    try:
-        # values' entries for a padding-only (or empty) input: none to take
-        bad = padded_csr(padded, &values[0, 0] if with_values and rows * width else NULL,
-                         vocab, NULL, &offset[0], &ids, &taken)
-        if bad == -2:
-            raise MemoryError()
-        if bad >= 0:
-            return None, None, None, bad
-        n = offset[rows]
-        out_ids = np.empty(n, np.int32)
-        out_taken = np.empty(n, np.float32) if with_values else None
-        if n:
-            ids_out = out_ids
-            memcpy(&ids_out[0], ids, n * sizeof(int32_t))
-            if with_values:
-                taken_out = out_taken
-                memcpy(&taken_out[0], taken, n * sizeof(float))
-        return offsets, out_ids, out_taken, -1
-    finally:
-        free(ids)
-        free(taken)
+    if offset[rows]:
+        if with_values:
+            taken_out = out_taken
+        padded_fill(padded, &values[0, 0] if with_values else NULL, NULL, &ids_out[0],
+                    &taken_out[0] if with_values else NULL)
+    return offsets, out_ids, out_taken, -1
 
 
 # How packed_row_scalars reads and writes a field (numpy's dtype of the
@@ -802,22 +790,18 @@ def packed_row_scalars(PackedLayout layout not None, const uint8_t[:, ::1] recor
     return failed, bool(any_top)
 
 
-cdef Py_ssize_t padded_csr(const int32_t[:, ::1] padded, const float* values, Py_ssize_t vocab,
-                           const uint8_t* keep, int64_t* offsets, int32_t** ids,
-                           float** taken) noexcept nogil:
-    """padded_lists over malloc'd arrays: the CSR of a -1 padded int32 [B, L]
-    id list into offsets [B + 1] (the caller's), ids and, when values
-    ([B, L]) is not NULL, the values at them (malloc'd, the caller frees);
-    rows with keep[r] == 0 (keep not NULL) left empty, their ids checked
-    all the same. Returns -1, the flat index of the first entry neither -1
-    nor in [0, vocab), or -2 when out of memory."""
-    cdef Py_ssize_t rows = padded.shape[0]
+cdef Py_ssize_t padded_count(const int32_t[:, ::1] padded, Py_ssize_t vocab,
+                             const uint8_t* keep, int64_t* offsets) noexcept nogil:
+    """The first pass of a -1 padded int32 [B, L] id list to CSR: every id
+    checked, offsets [B + 1] (the caller's) of the rows' ids, rows with
+    keep[r] == 0 (keep not NULL) left empty. Returns -1, or the flat index
+    of the first entry neither -1 nor in [0, vocab)."""
     cdef Py_ssize_t width = padded.shape[1]
     cdef Py_ssize_t r, j
     cdef Py_ssize_t n = 0
     cdef int32_t token
     offsets[0] = 0
-    for r in range(rows):
+    for r in range(padded.shape[0]):
         for j in range(width):
             token = padded[r, j]
             if token != -1:
@@ -826,21 +810,43 @@ cdef Py_ssize_t padded_csr(const int32_t[:, ::1] padded, const float* values, Py
                 if keep == NULL or keep[r]:
                     n += 1
         offsets[r + 1] = n
+    return -1
+
+
+cdef void padded_fill(const int32_t[:, ::1] padded, const float* values, const uint8_t* keep,
+                      int32_t* ids, float* taken) noexcept nogil:
+    """The second pass: the kept rows' ids into ids [offsets[B]] and, when
+    values ([B, L]) is not NULL, the values at them into taken."""
+    cdef Py_ssize_t width = padded.shape[1]
+    cdef Py_ssize_t r, j
+    cdef Py_ssize_t n = 0
+    for r in range(padded.shape[0]):
+        if keep != NULL and not keep[r]:
+            continue
+        for j in range(width):
+            if padded[r, j] != -1:
+                ids[n] = padded[r, j]
+                if values != NULL:
+                    taken[n] = values[r * width + j]
+                n += 1
+
+
+cdef Py_ssize_t padded_csr(const int32_t[:, ::1] padded, const float* values, Py_ssize_t vocab,
+                           const uint8_t* keep, int64_t* offsets, int32_t** ids,
+                           float** taken) noexcept nogil:
+    """padded_count and padded_fill into malloc'd ids and (values not NULL)
+    taken, which the caller frees. Returns padded_count's answer, or -2
+    when out of memory."""
+    cdef Py_ssize_t bad = padded_count(padded, vocab, keep, offsets)
+    if bad != -1:
+        return bad
+    cdef Py_ssize_t n = offsets[padded.shape[0]]
     ids[0] = <int32_t*>malloc((n if n > 0 else 1) * sizeof(int32_t))
     if values != NULL:
         taken[0] = <float*>malloc((n if n > 0 else 1) * sizeof(float))
     if ids[0] == NULL or (values != NULL and taken[0] == NULL):
         return -2
-    n = 0
-    for r in range(rows):
-        if keep != NULL and not keep[r]:
-            continue
-        for j in range(width):
-            if padded[r, j] != -1:
-                ids[0][n] = padded[r, j]
-                if values != NULL:
-                    taken[0][n] = values[r * width + j]
-                n += 1
+    padded_fill(padded, values, keep, ids[0], taken[0] if values != NULL else NULL)
     return -1
 
 

@@ -278,7 +278,9 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     generated_offsets = lists["generated_ids"][0]
     if step is None:
         step = np.diff(generated_offsets)
-    ban_offsets, ban_ids = _bans(lists["end_id"], step, min_tokens)
+    end_ids = lists["end_id"]
+    ban_offsets, ban_ids = (end_ids if not end_ids[1].size
+                            else _banned_end_ids(*end_ids, step < min_tokens))
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
@@ -466,11 +468,6 @@ def compact_arrays(rows, packed: bool = False) -> dict[str, np.ndarray]:
     for name in names:
         arrays[name] = np.asarray(getattr(rows, name), COLD_SUMMARY_RECORD[name])[:, None]
     return arrays
-
-
-def _bans(end_ids: tuple[np.ndarray, np.ndarray], step: np.ndarray, min_tokens: np.ndarray):
-    """The ban lists (CSR) of the rows' end ids (CSR) at their steps."""
-    return end_ids if not end_ids[1].size else _banned_end_ids(*end_ids, step < min_tokens)
 
 
 def _banned_end_ids(offsets: np.ndarray, ids: np.ndarray, before_min_tokens: np.ndarray):
