@@ -615,6 +615,40 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
         arena.close()
 
 
+def test_references_are_resolved_only_for_rows_the_compact_decision_leaves(zipf_row):
+    """On serve_request's C path the full rows behind logits_ref are read
+    (mapped, their slot's generation checked) only for an undecided row: a
+    slot given back meanwhile costs nothing when every row is decided from
+    its compact form, and is caught when a row needs it."""
+    from simple_sampler.row_arena import RowArena, RowReader, StaleRows
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays, serve_request
+
+    hot = hot_sets(zipf_row)["head"]  # top_p 0.5 decided from it, 0.99 needs the full row
+    rows = np.ascontiguousarray(np.broadcast_to(zipf_row, (4, VOCAB)))
+    arena = RowArena(1, rows.nbytes)
+    try:
+        lease = arena.lease(rows)
+        refs = lease.refs()
+        lease.release()  # given back: the references are stale
+        for top_p, decided in ((0.5, True), (0.99, False)):
+            batch = SamplingBatch.from_params([SamplingParams(seed=s, top_p=top_p)
+                                               for s in range(4)])
+            offsets, ids = touched_lists(batch, hot)
+            compact = hot_first_summary(torch.from_numpy(rows), hot.kernel_arrays()[0], offsets,
+                                        ids, batch.temperature, 0).cpu()
+            packed = {**compact_arrays(compact, packed=True), **batch_arrays(batch, packed=True),
+                      "logits_ref": refs}
+            if decided:
+                served = serve_request(packed, VOCAB, hot, RowReader())
+                assert served.rows == 4 and served.in_place == 0
+                assert np.all(served.outputs["handoff_outcome"] == DECIDED)
+            else:
+                with pytest.raises(StaleRows, match="was given back"):
+                    serve_request(packed, VOCAB, hot, RowReader())
+    finally:
+        arena.close()
+
+
 @pytest.mark.parametrize("dtype, bad", [(np.int32, -5), (np.int32, 4096), (np.int64, 5000)])
 def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad):
     """decode_request checks int32 touched ids in its Cython pass and

@@ -25,17 +25,6 @@ from simple_sampler.triton.stub_profile import StubProfile
 log = logging.getLogger("simple_sampler.backend")
 
 
-def _as_array(tensor, bf16: bool):
-    """numpy for every dtype numpy has; a CPU torch tensor for BF16, which
-    has no numpy dtype (python_backend's ``PbTensor::AsNumpy`` throws for it:
-    the config's dtype decides, not a raised exception per request)."""
-    if bf16:
-        from torch.utils.dlpack import from_dlpack
-
-        return from_dlpack(tensor.to_dlpack())
-    return tensor.as_numpy()
-
-
 class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
@@ -43,8 +32,14 @@ class TritonPythonModel:
         settings = SamplerSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.num_threads, self.vocab_size = settings.num_threads, settings.vocab_size
+        # numpy for every dtype numpy has; a CPU torch tensor for BF16, which has
+        # no numpy dtype (python_backend's ``PbTensor::AsNumpy`` throws for it:
+        # the config's dtype decides, not a raised exception per request).
         self.bf16_inputs = frozenset(tensor["name"] for tensor in config["input"]
                                      if tensor["data_type"] == "TYPE_BF16")
+        if self.bf16_inputs:
+            from torch.utils.dlpack import from_dlpack
+            self.from_dlpack = from_dlpack
         self.hot_vocab = self.monitor = None
         if settings.hot_vocab_profile:
             path = os.path.join(args["model_repository"], settings.hot_vocab_profile)
@@ -107,11 +102,12 @@ class TritonPythonModel:
         for request in requests:
             # One pass over the request's tensors: pb_utils.get_input_tensor_by_name
             # rebuilds request.inputs() and scans it on every call (a name each).
-            inputs = {tensor.name(): tensor for tensor in request.inputs()}
+            tensors, bf16 = request.inputs(), self.bf16_inputs
             try:
-                served = serve_request({k: _as_array(v, k in self.bf16_inputs)
-                                        for k, v in inputs.items()},
-                                       self.vocab_size, self.hot_vocab, self.reader,
+                inputs = {name: self.from_dlpack(tensor.to_dlpack()) if name in bf16
+                          else tensor.as_numpy()
+                          for tensor in tensors for name in (tensor.name(),)}
+                served = serve_request(inputs, self.vocab_size, self.hot_vocab, self.reader,
                                        self.num_threads)
             except InvalidRequest as error:
                 failed += 1
@@ -119,7 +115,8 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
                 continue
             except Exception as error:  # noqa: BLE001 - ours, not the client's: log, answer, go on
-                log.exception("sampling a request with inputs %s failed", ", ".join(inputs))
+                log.exception("sampling a request with inputs %s failed",
+                              ", ".join(tensor.name() for tensor in tensors))
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue

@@ -33,6 +33,7 @@ import numpy as np
 from .. import _sampling
 from .._sampling import FieldType
 from ..handoff import CompactRows, decide_from_full_rows, host_array, sample_compact
+from ..row_arena import REF_COLUMNS
 from ..params import (GREEDY_TEMPERATURE, NON_NEGATIVE, PARAMS, RULES, Interval, SamplingBatch,
                       any_on, first_failed_check)
 from ..sampling import KERNEL_FIELDS, MAX_TOP_LOGPROBS, ROW_SCALARS, kernel_rows, sample
@@ -522,8 +523,11 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     take (top logprobs, or anything it would refuse: the general path names
     what is wrong), and one whose undecided rows are to be decided from
     their full rows in place, goes the general way: the same outputs
-    (tests/test_sampler_io.py). Raises InvalidRequest as decode_request and
-    sample_request do."""
+    (tests/test_sampler_io.py). On the C path ``logits_ref`` is resolved
+    (mapped, its region, slot and generation checked) only when a row is
+    left undecided, the only case that reads it; a request that references
+    the wrong number of rows is refused either way. Raises InvalidRequest as
+    decode_request and sample_request do."""
     if (hot_vocab is not None and inputs.get("hot_logits") is not None
             and inputs.keys() <= _PLAIN_COMPACT_INPUTS):
         served = _serve_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
@@ -561,14 +565,13 @@ def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
             and tuple(hot.shape) == (rows, hot_vocab.size) and hot_vocab.size
             and rows > 0 and vocab_size in (0, vocab)):
         return None
-    if refs is not None:
-        if reader is None:
-            return None
-        try:
-            if reader.rows(refs).shape != (rows, vocab):
-                return None
-        except ValueError:
-            return None
+    # The full rows are read only for a row the compact decision leaves
+    # undecided, and then the general path maps and checks them; here only
+    # their count, so that a reference is never taken for rows it cannot name.
+    if refs is not None and not (reader is not None and isinstance(refs, np.ndarray)
+                                 and refs.shape == (rows, len(REF_COLUMNS))
+                                 and refs.dtype == np.int64):
+        return None
     try:
         hot_bytes, dtype = kernel_rows(hot)
     except ValueError:
@@ -586,8 +589,6 @@ def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
     # undecided rows beside their full rows: decided in place, the general way
     if not decided or (refs is not None and outcome.any()):
         return None
-    if refs is not None:
-        reader.check(refs)
     outputs = {"output_ids": tokens, "handoff_outcome": outcome}
     if any_logprob:
         outputs["output_log_probs"] = logprobs
