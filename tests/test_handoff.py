@@ -455,6 +455,57 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
             "a request per instance, but at least rows_per_request rows in each"
 
 
+def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():
+    """The decode loop's compact requests name the full rows (logits_ref)
+    only when a row may need them (``hot_first.undecidable_rows``: a
+    truncated row, or any sampled row without the cold draw); without, the
+    synchronous path answers wherever the rows lie, the event loop's tokens.
+    A row left undecided all the same takes the event loop's second round."""
+    import asyncio
+
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.serving.hot_first import undecidable_rows
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+    from test_invariance import make_rows
+
+    rng = np.random.default_rng(72)
+    rows = make_rows(rng, 24)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    kinds = [dict(), dict(temperature=0.0), dict(temperature=0.7, repetition_penalty=1.2)]
+    plain = SamplingBatch.from_params([SamplingParams(seed=s, **kinds[s % 3]) for s in range(24)])
+    truncated = SamplingBatch.from_params([SamplingParams(seed=s, top_p=0.9) if s == 5
+                                           else SamplingParams(seed=s) for s in range(24)])
+    assert not undecidable_rows(plain, True).any() and undecidable_rows(plain, False).any()
+    assert undecidable_rows(truncated, True).tolist() == [s == 5 for s in range(24)]
+    arena = RowArena(1, 4096)
+    try:
+        shared = torch.from_numpy(arena.share(rows))
+        for batch, cold_draw, by_reference in ((plain, True, False), (plain, False, True),
+                                               (truncated, True, True)):
+            expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16,
+                                                   cold_draw=cold_draw)(shared, batch))
+            requests = []
+            sampler = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16,
+                                      cold_draw=cold_draw)
+            tokens, logprobs = sampler.sample_now(shared, batch, sampler.summarize(shared, batch))
+            np.testing.assert_array_equal(tokens, expected[0])
+            np.testing.assert_array_equal(logprobs, expected[1])
+            assert requests == [("compact", 24, by_reference)]
+        # rows outside the arena, none undecidable: answered all the same
+        outside = torch.from_numpy(rows)
+        sampler = HotFirstSampler(_local_pool(hot), hot, cold_top=16)
+        assert sampler.sample_now(outside, plain, sampler.summarize(outside, plain)) is not None
+        # a row left undecided without its full row: the event loop's rounds
+        requests = []
+        sampler = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16,
+                                  cold_draw=False)
+        summary = sampler.summarize(shared, plain)._replace(full_rows=None, undecidable=False)
+        assert sampler.sample_now(shared, plain, summary) is None
+        assert requests == [("compact", 24, False)]
+    finally:
+        arena.close()
+
+
 def _two_rounds_and_in_place(rows, batch, hot, arena, targets=None, capacity=2):
     """(the two-round path's HotFirstSampler answers, the answers and
     sampler with the rows shared in `arena`, its requests); `targets`: the

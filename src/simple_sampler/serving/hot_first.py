@@ -143,19 +143,26 @@ def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, cold_mass: torch.T
     return token, token_logit
 
 
+def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:
+    """bool [B]: the rows the compact decision may leave undecided for want
+    of their full row (NEED_FULL, NEED_COLD): truncated rows (a nucleus or
+    top-k reaching into C), and, without the cold draw, untruncated ones (a
+    draw landing in C). Always decided: greedy rows (the cold argmax is
+    known) and untruncated rows with a cold token drawn (a draw in C takes
+    it). Top logprobs can leave a row undecided too; the decode loop's
+    compact requests never ask them. A function of the rows' own parameters."""
+    sampled = np.asarray(batch.temperature) >= GREEDY_TEMPERATURE
+    return sampled & ~untruncated_rows(batch) if cold_draw else sampled
+
+
 def row_cold_tops(batch: SamplingBatch, cold_top: int, cold_draw: bool) -> np.ndarray:
     """int64 [B]: each row's cold_top (``hot_first_summary``): `cold_top`
     for the rows the compact decision could leave undecided without their
-    largest cold logits, 0 for the others, which would only carry them
-    (8 bytes an id, and the kernel's work on them). Undecidable without
-    them: truncated rows (a nucleus or top-k reaching into C), and, without
-    the cold draw, untruncated ones (a draw landing in C). Always decided:
-    greedy rows (the cold argmax is known) and untruncated rows with a cold
-    token drawn (a draw in C takes it). A function of the row's own
-    parameters: batch-invariant, as the token must be."""
-    sampled = np.asarray(batch.temperature) >= GREEDY_TEMPERATURE
-    undecidable = sampled & ~untruncated_rows(batch) if cold_draw else sampled
-    return np.where(undecidable, cold_top, 0).astype(np.int64)
+    largest cold logits (``undecidable_rows``), 0 for the others, which
+    would only carry them (8 bytes an id, and the kernel's work on them).
+    A function of the row's own parameters: batch-invariant, as the token
+    must be."""
+    return np.where(undecidable_rows(batch, cold_draw), cold_top, 0).astype(np.int64)
 
 
 def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab,

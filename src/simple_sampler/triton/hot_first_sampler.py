@@ -12,7 +12,7 @@ from .._sampling import HandoffOutcome
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
-from ..serving.hot_first import compact_rows
+from ..serving.hot_first import compact_rows, undecidable_rows
 from ..shvs.hot_vocab import HotVocab
 from .sampler_codec import batch_arrays, compact_arrays
 
@@ -28,13 +28,16 @@ class StepSummary(NamedTuple):
     inputs (``compact_arrays(rows, packed=True)``), the parameters'
     (``batch_arrays(batch, packed=True)``), and the full rows' lease where
     they already lie in the pool's arena (``SamplerPool.reference``; None
-    elsewhere): the compact requests to the instances that map it carry
-    them by reference, and those decide their undecided rows in place."""
+    elsewhere, and where no row may be left undecided): the compact
+    requests to the instances that map it carry them by reference, and
+    those decide their undecided rows in place. undecidable: a row may be
+    left undecided (``hot_first.undecidable_rows``)."""
 
     rows: CompactRows
     inputs: dict[str, np.ndarray]
     scalars: dict[str, np.ndarray]
     full_rows: object = None
+    undecidable: bool = True
 
 
 class HotFirstSampler:
@@ -80,8 +83,12 @@ class HotFirstSampler:
         passes the result to ``__call__`` or ``sample_now``."""
         rows = compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
                             self.cold_draw)
+        # A reference costs the sampler its checks; a row that ends undecided
+        # all the same (none should) takes the second round.
+        undecidable = bool(undecidable_rows(batch, self.cold_draw).any())
         return StepSummary(rows, compact_arrays(rows, packed=True),
-                           batch_arrays(batch, packed=True), self.pool.reference(logits))
+                           batch_arrays(batch, packed=True),
+                           self.pool.reference(logits) if undecidable else None, undecidable)
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
         if summary is None:
@@ -97,14 +104,15 @@ class HotFirstSampler:
     def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):
         """The synchronous path (serving/decoder.py), in the data-plane
         thread: the compact rows of `summary` (``summarize``'s) in one
-        request, answered here (``SamplerPool.send_now``), when the full
-        rows lie in the arena (an undecided row is decided in that same
-        request). (token_ids, logprobs), or None when it cannot answer so:
-        the rows are not in the arena, a step of more than one request, the
-        request failed (the event loop's ``__call__`` sends them again, with
+        request, answered here (``SamplerPool.send_now``), when no row may
+        be left undecided or the full rows lie in the arena (an undecided
+        row is decided in that same request). (token_ids, logprobs), or None
+        when it cannot answer so: a row may need its full row and the rows
+        are not in the arena, a row was left undecided all the same, a step
+        of more than one request, the request failed (the event loop's ``__call__`` sends them again, with
         the pool's failover: a row's draw is keyed by its seed and step, so
         the tokens are the same)."""
-        if summary.full_rows is None:
+        if summary.undecidable and summary.full_rows is None:
             return None
         outputs = self.pool.send_now(summary.inputs, batch, summary.full_rows,
                                      most_shards=self._most_shards(len(batch)),
