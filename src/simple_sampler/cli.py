@@ -118,7 +118,8 @@ def bench_row_transport(args: argparse.Namespace) -> int:
     # quick: 8 x 64 tokens, so a stub's CPU over the level spans several of
     # /proc's 10 ms ticks (8 x 8 tokens showed 0 for the hot-first samplers)
     sizes = ({"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 64} if args.quick
-             else {"batches": args.batch, "shapes": args.shape or row_transport.SHAPES})
+             else {"batches": args.batch, "shapes": args.shape or row_transport.SHAPES,
+                   "max_tokens": args.max_tokens})
     report = row_transport.run(transports=args.transport, profile_dir=args.profile, **sizes)
     print_report(args, report, row_transport.format_report(report))
     return 0
@@ -412,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     rows_bench.add_argument("--quick", action="store_true",
                             help="one small configuration (V=128,256 float32, B=8, 64 tokens each)")
     rows_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    rows_bench.add_argument("--max-tokens", type=int, default=32,
+                            help="tokens per stream (more: /proc's 10 ms CPU ticks weigh less "
+                                 "in the per-token figures)")
     rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],
                             choices=["bls", "arena", "hot-first"])
     rows_bench.add_argument("--shape", nargs="+", type=_vocab_shape, metavar="V:DTYPE",
