@@ -460,7 +460,8 @@ def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():
     only when a row may need them (``hot_first.undecidable_rows``: a
     truncated row, or any sampled row without the cold draw); without, the
     synchronous path answers wherever the rows lie, the event loop's tokens.
-    A row left undecided all the same takes the event loop's second round."""
+    A row left undecided all the same is sent once more with its full row
+    where it lies in the arena, else takes the event loop's second round."""
     import asyncio
 
     from simple_sampler.row_arena import RowArena
@@ -495,13 +496,27 @@ def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():
         outside = torch.from_numpy(rows)
         sampler = HotFirstSampler(_local_pool(hot), hot, cold_top=16)
         assert sampler.sample_now(outside, plain, sampler.summarize(outside, plain)) is not None
-        # a row left undecided without its full row: the event loop's rounds
+        # rows left undecided all the same (told none could be): sent once more
+        # with their full rows, or, outside the arena, the event loop's two rounds
+        expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16,
+                                               cold_draw=False)(shared, plain))
         requests = []
         sampler = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16,
                                   cold_draw=False)
-        summary = sampler.summarize(shared, plain)._replace(full_rows=None, undecidable=False)
+        summary = sampler.summarize(shared, plain)._replace(undecidable=False)
+        tokens, logprobs = sampler.sample_now(shared, plain, summary)
+        np.testing.assert_array_equal(tokens, expected[0])
+        np.testing.assert_array_equal(logprobs, expected[1])
+        assert requests == [("compact", 24, False), ("compact", 24, True)]
+        assert sampler.stats["in_place"] > 0
+        requests.clear()
+        summary = summary._replace(full_rows=None)
         assert sampler.sample_now(shared, plain, summary) is None
-        assert requests == [("compact", 24, False)]
+        tokens, logprobs = asyncio.run(sampler(shared, plain, summary))
+        np.testing.assert_array_equal(tokens, expected[0])
+        np.testing.assert_array_equal(logprobs, expected[1])
+        assert [(kind, by_reference) for kind, _, by_reference in requests] == [
+            ("compact", False), ("compact", False), ("full", False)]
     finally:
         arena.close()
 
@@ -655,6 +670,10 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
         # the llm model's form, which serve_request decides in C: refused the same way
         packed = {**compact_arrays(compact, packed=True), **batch_arrays(batch, packed=True)}
         assert serve_request({**packed, "logits_ref": lease.refs()}, VOCAB, hot, reader).rows == 4
+        # references of another dtype go the general way, which reads (and here refuses) them
+        with pytest.raises(InvalidRequest, match="logits_ref names region"):
+            serve_request({**packed, "logits_ref": lease.refs().astype(np.int32)}, VOCAB, hot,
+                          reader)
         with pytest.raises(InvalidRequest, match=r"must name their 4 full rows of V=4096, got \[3"):
             serve_request({**packed, "logits_ref": lease.refs(0, 3)}, VOCAB, hot, reader)
         with pytest.raises(InvalidRequest, match="logits_ref needs a sampler on the llm model's"):

@@ -101,6 +101,13 @@ def bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _vocab_shape(text: str) -> tuple[int, str]:
     """V:DTYPE (a simulated engine's vocabulary and logits dtype)."""
     from .settings import SIMULATED_DTYPES
@@ -413,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     rows_bench.add_argument("--quick", action="store_true",
                             help="one small configuration (V=128,256 float32, B=8, 64 tokens each)")
     rows_bench.add_argument("--batch", type=int, nargs="+", default=[64, 256])
-    rows_bench.add_argument("--max-tokens", type=int, default=32,
+    rows_bench.add_argument("--max-tokens", type=_positive_int, default=32,
                             help="tokens per stream (more: /proc's 10 ms CPU ticks weigh less "
                                  "in the per-token figures)")
     rows_bench.add_argument("--transport", nargs="+", default=["bls", "arena", "hot-first"],

@@ -177,19 +177,23 @@ def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, 
     """The sampler instances' Python for one step of compact rows, in the
     requests ``HotFirstSampler`` makes of them (its packed form, through
     ``serve_request`` with the hot set), each with its full rows by
-    reference beside it as the served path sends them (the rows shared in
-    `arena`, as the simulated engine's bank is)."""
+    reference beside it where the served path sends them (a row may be left
+    undecided: ``hot_first.undecidable_rows``; the rows shared in `arena`,
+    as the simulated engine's bank is)."""
     from ..row_arena import RowReader
     from ..sampling import logits_array
+    from ..serving.hot_first import undecidable_rows
     from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
     from ..triton.sampler_codec import batch_arrays, compact_arrays, serve_request
 
     params.want_logprobs = np.zeros(len(params), bool)
     lease, reader = arena.reference(arena.share(logits_array(rows))), RowReader()
+    by_reference = bool(undecidable_rows(params, True).any())
     shards = min(instances, -(-len(params) // COMPACT_ROWS_PER_REQUEST))
-    requests = [{**inputs, "logits_ref": lease.refs(a, b)} for inputs, a, b in _requests(
-        {**compact_arrays(compact, packed=True), **batch_arrays(params, packed=True)},
-        len(params), shards)]
+    requests = [{**inputs, **({"logits_ref": lease.refs(a, b)} if by_reference else {})}
+                for inputs, a, b in _requests(
+                    {**compact_arrays(compact, packed=True), **batch_arrays(params, packed=True)},
+                    len(params), shards)]
 
     def step():
         for inputs in requests:

@@ -28,10 +28,11 @@ class StepSummary(NamedTuple):
     inputs (``compact_arrays(rows, packed=True)``), the parameters'
     (``batch_arrays(batch, packed=True)``), and the full rows' lease where
     they already lie in the pool's arena (``SamplerPool.reference``; None
-    elsewhere, and where no row may be left undecided): the compact
-    requests to the instances that map it carry them by reference, and
-    those decide their undecided rows in place. undecidable: a row may be
-    left undecided (``hot_first.undecidable_rows``)."""
+    elsewhere): when a row may be left undecided (`undecidable`,
+    ``hot_first.undecidable_rows``), the compact requests to the instances
+    that map it carry them by reference, and those decide their undecided
+    rows in place; otherwise the requests name no full row (a reference
+    costs the sampler its checks)."""
 
     rows: CompactRows
     inputs: dict[str, np.ndarray]
@@ -49,7 +50,8 @@ class HotFirstSampler:
     draw"), sends the compact rows, then the undecided rows whole in a
     second request (one, not one per instance), and merges the answers
     (``handoff.decide_hot_first``). When the full rows already lie in the
-    pool's arena (``SamplerPool.reference``), the compact requests to the
+    pool's arena (``SamplerPool.reference``) and a row may be left
+    undecided (``hot_first.undecidable_rows``), the compact requests to the
     instances that map it carry them by reference and those instances decide
     their undecided rows in place (``handoff.decide_from_full_rows``): no
     second request, the same tokens.
@@ -83,12 +85,9 @@ class HotFirstSampler:
         passes the result to ``__call__`` or ``sample_now``."""
         rows = compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
                             self.cold_draw)
-        # A reference costs the sampler its checks; a row that ends undecided
-        # all the same (none should) takes the second round.
-        undecidable = bool(undecidable_rows(batch, self.cold_draw).any())
         return StepSummary(rows, compact_arrays(rows, packed=True),
-                           batch_arrays(batch, packed=True),
-                           self.pool.reference(logits) if undecidable else None, undecidable)
+                           batch_arrays(batch, packed=True), self.pool.reference(logits),
+                           bool(undecidable_rows(batch, self.cold_draw).any()))
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
         if summary is None:
@@ -106,30 +105,46 @@ class HotFirstSampler:
         thread: the compact rows of `summary` (``summarize``'s) in one
         request, answered here (``SamplerPool.send_now``), when no row may
         be left undecided or the full rows lie in the arena (an undecided
-        row is decided in that same request). (token_ids, logprobs), or None
-        when it cannot answer so: a row may need its full row and the rows
-        are not in the arena, a row was left undecided all the same, a step
-        of more than one request, the request failed (the event loop's ``__call__`` sends them again, with
-        the pool's failover: a row's draw is keyed by its seed and step, so
-        the tokens are the same)."""
-        if summary.undecidable and summary.full_rows is None:
+        row is decided in that same request). A row left undecided all the
+        same (the simulated engine's cold draw finds no weight where the
+        sums round so) is sent once more with the full rows, where they lie
+        in the arena. (token_ids, logprobs), or None when it cannot answer
+        so: a row may need its full row and the rows are not in the arena, a
+        row left undecided without them, a step of more than one request,
+        the request failed (the event loop's ``__call__`` sends them again,
+        with the pool's failover: a row's draw is keyed by its seed and
+        step, so the tokens are the same)."""
+        lease = self._lease(summary)
+        if summary.undecidable and lease is None:
             return None
-        outputs = self.pool.send_now(summary.inputs, batch, summary.full_rows,
-                                     most_shards=self._most_shards(len(batch)),
-                                     scalars=summary.scalars)
-        if outputs is None:
+        answer = self._send_now(summary, batch, lease)
+        if (answer is not None and answer[0].undecided.any() and lease is None
+                and summary.full_rows is not None):
+            answer = self._send_now(summary, batch, summary.full_rows)
+        if answer is None or answer[0].undecided.any():  # no full row mapped: two rounds
             return None
-        out, counts = self._handoff_output(outputs, len(batch))
-        if out.undecided.any():  # the sampler mapped no full row: the event loop's rounds
-            return None
+        out, counts = answer
         self._count(counts)
         return out.token_ids, out.logprobs
+
+    @staticmethod
+    def _lease(summary: StepSummary):
+        """The full rows' lease to send beside the compact rows: only where
+        a row may be left undecided."""
+        return summary.full_rows if summary.undecidable else None
+
+    def _send_now(self, summary: StepSummary, batch: SamplingBatch,
+                  lease) -> tuple[HandoffOutput, dict[str, int]] | None:
+        outputs = self.pool.send_now(summary.inputs, batch, lease,
+                                     most_shards=self._most_shards(len(batch)),
+                                     scalars=summary.scalars)
+        return None if outputs is None else self._handoff_output(outputs, len(batch))
 
     def _most_shards(self, rows: int) -> int:
         return -(-rows // self.rows_per_request)
 
     async def _decide(self, summary: StepSummary, batch: SamplingBatch) -> HandoffOutput:
-        outputs = await self.pool.send(summary.inputs, batch, summary.full_rows,
+        outputs = await self.pool.send(summary.inputs, batch, self._lease(summary),
                                        most_shards=self._most_shards(len(batch)),
                                        scalars=summary.scalars)
         out, counts = self._handoff_output(outputs, len(batch))
