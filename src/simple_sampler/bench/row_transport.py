@@ -13,6 +13,7 @@ The load, the transports and every column: docs/BENCHMARKS.md, "Row transport".
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -93,7 +94,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
     from ..triton.stub_profile import PROFILE_ENV
-    from .serve import prompts, run_level
+    from .serve_cost import WARM_UP_TOKENS, Config, drive
 
     row_transport, handoff = TRANSPORTS[transport]
     profile = "hot_vocab.npz" if handoff == "hot-first" else ""
@@ -111,12 +112,16 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
     try:
         server.start(timeout=STARTUP_TIMEOUT_S)  # inside: an interrupted start stops it too
-        texts = prompts()
-        run_level(server, 2, 2, 8, texts)  # warm up: first steps, first calls, first mappings
+        # serve-cost's light client: one asyncio process, not a thread per stream,
+        # whose scheduling would make the decode loop's steps ragged
+        # warm up: first steps, first calls, first mappings
+        asyncio.run(drive(server.grpc_url, Config("instant", 2, "ensemble"), WARM_UP_TOKENS, None))
         processes = _processes(server)
         rows0 = _sampler_rows(server, settled_after=time.monotonic())
         cpu0 = _cpu(processes)
-        level = run_level(server, batch, batch, max_tokens, texts)
+        started = time.perf_counter()
+        asyncio.run(drive(server.grpc_url, Config("instant", batch, "ensemble"), max_tokens, None))
+        seconds = time.perf_counter() - started
         cpu1 = _cpu(processes)
         # every token took a row at least
         rows1 = _sampler_rows(server, rows0[0] + batch * max_tokens, time.monotonic())
@@ -134,7 +139,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
             "in_place_per_token": (rows1[1] - rows0[1]) / tokens, "tokens": tokens,
             "rows_per_request": (rows1[0] - rows0[0]) / requests,
             "samplers_us_per_request": (cpu1["samplers"] - cpu0["samplers"]) * 1e6 / requests,
-            "tokens_per_s": level["tokens_per_s"]}
+            "tokens_per_s": tokens / seconds}
 
 
 def _batch(size: int) -> SamplingBatch:
@@ -280,11 +285,11 @@ def run(shapes=SHAPES, batches=BATCHES, transports=tuple(TRANSPORTS), max_tokens
                     "hot_set": kernels["hot_set"]})
     return {"results": results,
             "data_plane": f"{LABEL}: 0-ms step, rows synthetic; a real Triton server with "
-                          f"{instances} simple_sampler instances, gRPC streaming clients on the "
-                          f"same machine",
+                          f"{instances} simple_sampler instances, B gRPC streams from one asyncio "
+                          f"client process on the same machine",
             "settings": {"max_tokens": max_tokens, "instances": instances,
-                         "params": "chat prompts, temperature 1, no truncation, "
-                                   "min_length = max_tokens",
+                         "params": "bench serve-cost's prompt and client, temperature 1, "
+                                   "no truncation, min_length = max_tokens",
                          "window": "the whole level, ramp included",
                          "kernels": "same run, the bank's first B rows, one thread, CPU clock"}}
 
