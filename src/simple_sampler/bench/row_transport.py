@@ -3,7 +3,7 @@ instances, by transport (``bls``, ``arena``, ``hot-first``), through a real
 server on a SIMULATED data plane (``serving.simulated``; every output says so).
 
 Per (V, dtype, B) and transport, one fresh server with a 0-ms step serves B
-streaming gRPC clients; the figures are per token the clients received: CPU
+gRPC streams from one asyncio client; the figures are per token the clients received: CPU
 per process from /proc, rows, bytes and full-row copies per row, beside the
 kernels' us/row and the stub codec's on the same rows in the same run.
 ``sampler_cpu_per_token`` is the measurement for one configuration, to be
@@ -94,7 +94,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
     from ..triton.stub_profile import PROFILE_ENV
-    from .serve_cost import WARM_UP_TOKENS, Config, drive
+    from .serve_cost import WARM_UP_REQUESTS, WARM_UP_TOKENS, Config, drive
 
     row_transport, handoff = TRANSPORTS[transport]
     profile = "hot_vocab.npz" if handoff == "hot-first" else ""
@@ -115,7 +115,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         # serve-cost's light client: one asyncio process, not a thread per stream,
         # whose scheduling would make the decode loop's steps ragged
         # warm up: first steps, first calls, first mappings
-        asyncio.run(drive(server.grpc_url, Config("instant", 2, "ensemble"), WARM_UP_TOKENS, None))
+        asyncio.run(drive(server.grpc_url, Config("instant", WARM_UP_REQUESTS, "ensemble"),
+                          WARM_UP_TOKENS, None))
         processes = _processes(server)
         rows0 = _sampler_rows(server, settled_after=time.monotonic())
         cpu0 = _cpu(processes)
@@ -323,7 +324,7 @@ def format_report(report: dict) -> str:
                  "instance); c.codec: the same for compact rows (hot-first's requests, "
                  "full rows by reference beside them); "
                  "vs kern = samplers / kernel; rows/req: rows per sampler request "
-                 "(Triton's count; the load's steps are ragged); s.us/req: the samplers' "
+                 "(Triton's count); s.us/req: the samplers' "
                  "CPU per request (what a request costs them, whatever its rows); fallback: hot-first rows undecided "
                  "by their compact row, read whole in the same request from the arena "
                  "(in place) or sent again whole (rows/tok - 1); bytes/row: row data the "
