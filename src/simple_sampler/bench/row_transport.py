@@ -112,9 +112,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
         os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
     try:
         server.start(timeout=STARTUP_TIMEOUT_S)  # inside: an interrupted start stops it too
-        # serve-cost's light client: one asyncio process, not a thread per stream,
-        # whose scheduling would make the decode loop's steps ragged
-        # warm up: first steps, first calls, first mappings
+        # serve-cost's light client (one asyncio process: a thread per stream would
+        # make the decode loop's steps ragged); warm up first: first steps, calls, mappings
         asyncio.run(drive(server.grpc_url, Config("instant", WARM_UP_REQUESTS, "ensemble"),
                           WARM_UP_TOKENS, None))
         processes = _processes(server)
