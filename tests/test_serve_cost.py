@@ -32,6 +32,10 @@ def test_ratios_are_taken_against_the_floor_at_the_same_pace_and_batch():
     serve_cost.add_ratios(rows)
     assert rows[0]["vs_floor"] == 1.0 and rows[1]["vs_floor"] == 3.0
     assert rows[2]["vs_floor"] is None  # no floor at B = 16
+    # an idle llm stub's tick in the floor's window is not the floor's streaming cost
+    ticked = [row("floor", 70, llm=10, floor=30), row("ensemble", 150, llm=150)]
+    serve_cost.add_ratios(ticked)
+    assert ticked[0]["vs_floor"] == 1.0 and ticked[1]["vs_floor"] == 3.0
     # a floor whose window read no /proc tick has no ratio, rather than a division by 0
     idle = [row("floor", 0), row("ensemble", 150, llm=150)]
     serve_cost.add_ratios(idle)

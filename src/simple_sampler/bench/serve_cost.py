@@ -329,6 +329,13 @@ def add_ratios(results: list[dict]) -> None:
     def key(row):
         return (row["pace"], row["batch"], *(row.get(name) for name in VARIANT))
 
+    def streaming(row):
+        # the stubs that stream the route's tokens, and tritonserver; an idle
+        # llm stub's tick during the floor's window is not the floor's cost
+        cpu = row["cpu_us_per_token"]
+        stubs = cpu["floor"] if row["route"] == "floor" else cpu["floor"] + cpu["llm"]
+        return stubs + cpu["tritonserver"]
+
     floors = {key(r): r for r in results if r["route"] == "floor"}
     for row in results:
         floor = floors.get(key(row))
@@ -337,10 +344,8 @@ def add_ratios(results: list[dict]) -> None:
             row["vs_floor"] = row["server_vs_floor"] = None
             continue
         base = floor["cpu_us_per_token"]
-        streaming = base["floor"] + base["tritonserver"]
         # /proc counts 10 ms ticks: a short window of a cheap floor may read 0
-        row["vs_floor"] = (cpu["llm"] + cpu["floor"] + cpu["tritonserver"]) / streaming \
-            if streaming else None
+        row["vs_floor"] = streaming(row) / streaming(floor) if streaming(floor) else None
         row["server_vs_floor"] = cpu["server"] / base["server"] if base["server"] else None
 
 
