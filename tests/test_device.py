@@ -121,3 +121,58 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
                                             batch=4, instances=1, warmup=2, measure=4,
                                             top_p=0.9))
         assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0
+
+
+@pytest.mark.slow  # loads SmolLM2's tokenizer
+def test_random_weights_take_the_directorys_architecture_and_tokenizer(tmp_path):
+    from transformers import LlamaConfig
+
+    from simple_sampler.models import random_model
+    from simple_sampler.serving.text import load_tokenizer
+
+    with pytest.raises(FileNotFoundError, match="random weights need a model directory with "
+                                                "config.json"):
+        random_model(tmp_path)
+    LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    load_tokenizer(None).save_pretrained(tmp_path)  # only config and tokenizer: no weights
+    model, tokenizer = random_model(tmp_path, torch.bfloat16)
+    again, _ = random_model(tmp_path, torch.bfloat16)
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 49_152
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and not model.training
+    assert tokenizer.eos_token_id == load_tokenizer(None).eos_token_id
+    # the same seed, the same weights: one run's step times repeat the other's model
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    assert not torch.equal(model.lm_head.weight, random_model(tmp_path, torch.bfloat16,
+                                                              seed=1)[0].lm_head.weight)
+
+
+def test_the_summary_bench_refuses_clearly_without_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    from simple_sampler.cli import main
+
+    assert main(["bench", "summary-gpu", "--quick"]) == 2
+    assert "simple-sampler bench summary-gpu: device cuda: " in capsys.readouterr().err
+
+
+@pytest.mark.slow  # SmolLM2's real rows (cached after the first run)
+def test_the_summary_bench_runs_on_the_cpu_against_the_modelled_charge(capsys):
+    import json
+
+    from simple_sampler.cli import main
+
+    assert main(["bench", "summary-gpu", "--device", "cpu", "--quick", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "not where a GPU host runs it" in report["device"]
+    assert [(r["config"], r["batch"], r["vocab"]) for r in report["results"]] == [
+        ("plain", 8, 49_152), ("top_p", 8, 49_152)]
+    for row in report["results"]:
+        # four float32 reads of 8 rows of 49,152 at 3.35 TB/s
+        assert row["modelled_ms"] == pytest.approx(4 * 8 * 49_152 * 4 / 3.35e12 * 1e3, abs=1e-4)
+        assert row["ms_per_step"]["summary"] > 0 and row["ms_per_step"]["full_copy"] > 0
+        assert row["summary_vs_modelled"] == pytest.approx(
+            row["ms_per_step"]["summary"] / row["modelled_ms"], rel=0.05)
+        # the compact rows carry the hot set's logits and a few ids, not the row
+        assert row["bytes_per_row"]["full"] == 49_152 * 4
+        assert report["hot_size"] * 4 < row["bytes_per_row"]["compact"] < 0.1 * 49_152 * 4

@@ -59,6 +59,20 @@ def bench_handoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_summary_gpu(args: argparse.Namespace) -> int:
+    from .bench import summary_gpu
+
+    sizes = {"shapes": ((49_152, "float32"),), "batches": (8,), "configs": ("plain", "top_p"),
+             "repeats": 3} if args.quick else {"batches": args.batch, "repeats": args.repeats}
+    try:
+        report = summary_gpu.run(args.device, profile_path=args.profile, **sizes)
+    except (RuntimeError, ValueError) as error:  # no CUDA here, or a dtype it lacks
+        print(f"simple-sampler bench summary-gpu: {error}", file=sys.stderr)
+        return 2
+    print_report(args, report, summary_gpu.format_report(report))
+    return 0
+
+
 def bench_loop(args: argparse.Namespace) -> int:
     from .bench import loop
 
@@ -202,8 +216,8 @@ def bench_serve_gpu(args: argparse.Namespace) -> int:
         {"batches": args.batch}
     try:
         report = serve_gpu.run(args.model, args.dtype, instances=args.instances,
-                               top_p=args.top_p, **sizes)
-    except (RuntimeError, ValueError) as error:  # no CUDA here, or a dtype it lacks
+                               top_p=args.top_p, random_weights=args.random_weights, **sizes)
+    except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a dtype it lacks
         print(f"simple-sampler bench serve-gpu: {error}", file=sys.stderr)
         return 2
     print_report(args, report, serve_gpu.format_report(report))
@@ -411,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     gpu_bench.add_argument("--instances", type=int, default=2,
                            help="kernel threads standing in for simple_sampler instances")
     gpu_bench.add_argument("--top-p", type=float, default=0.9, help="every request's top_p")
+    gpu_bench.add_argument("--random-weights", action="store_true",
+                           help="--model's architecture and tokenizer with fresh weights (its "
+                                "config.json and tokenizer files suffice): its step times, "
+                                "not its tokens")
     gpu_bench.set_defaults(handler=bench_serve_gpu)
 
     rows_bench = targets.add_parser(
@@ -498,6 +516,19 @@ def build_parser() -> argparse.ArgumentParser:
     handoff.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                          help="as bench kernels' --clock")
     handoff.set_defaults(handler=bench_handoff)
+    summary_bench = targets.add_parser(
+        "summary-gpu", help="the hot-first summary on the logits' device against the full "
+                            "rows' copy to the host and the simulated engine's charge for it")
+    summary_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    summary_bench.add_argument("--quick", action="store_true",
+                               help="V 49,152 float32, B 8, two configs, 3 rounds")
+    summary_bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                               help="where the rows lie (cpu: this CPU, for a check only)")
+    summary_bench.add_argument("--batch", type=_positive_int, nargs="+", default=[64, 256])
+    summary_bench.add_argument("--repeats", type=_positive_int, default=20)
+    summary_bench.add_argument("--profile", help="hot-vocabulary profile (.npz); default as "
+                                                 "bench shvs")
+    summary_bench.set_defaults(handler=bench_summary_gpu)
     loop_bench = targets.add_parser(
         "loop", help="the decode loop's own CPU time per step (simulated instant engine and "
                      "sampler) and its batch building against a rebuild per step")

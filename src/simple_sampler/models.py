@@ -177,6 +177,25 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def random_model(directory: str | os.PathLike, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """``(model, tokenizer)`` with a Hugging Face directory's architecture and
+    tokenizer and weights drawn afresh (its config's initializer, `seed`):
+    the same shapes and so the same time per step as the trained model where
+    only the config and tokenizer files can be had (a device that cannot
+    fetch the weights); its tokens mean nothing."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(directory).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"random weights need a model directory with config.json: {path}")
+    torch.manual_seed(seed)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def load_model(source: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` for a model source: None or ``"smollm2"`` for
     SmolLM2-135M-Instruct, else a local Hugging Face model directory or a

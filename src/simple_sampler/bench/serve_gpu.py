@@ -22,7 +22,7 @@ import asyncio
 import functools
 import gc
 
-from ..models import load_model
+from ..models import load_model, random_model
 from ..serving.decoder import Decoder, kernel_sample, threaded
 from ..serving.device import resolve
 from ..serving.text import TextCodec
@@ -56,12 +56,17 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
 
 def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
         instances: int = 2, warmup: int = 8, measure: int = 40, top_p: float = 0.9,
-        modes=MODES) -> dict:
-    """Every mode at every B; RuntimeError (the reason) without CUDA."""
+        modes=MODES, random_weights: bool = False) -> dict:
+    """Every mode at every B; RuntimeError (the reason) without CUDA.
+    random_weights: the model directory's architecture with fresh weights
+    (``models.random_model``): the step times of the model, not its tokens."""
     import torch
 
     device, torch_dtype = resolve("cuda", dtype)
-    model, _ = load_model(model_source, torch_dtype)
+    if random_weights and model_source is None:
+        raise ValueError("--random-weights needs --model DIR (its config.json and tokenizer)")
+    model, _ = (random_model(model_source, torch_dtype) if random_weights
+                else load_model(model_source, torch_dtype))
     model = model.to(device)
     codec = TextCodec.from_source(model_source)
     results = []
@@ -78,7 +83,9 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
     return {"results": results,
             "gpu": {"name": torch.cuda.get_device_name(device), "torch": torch.__version__,
                     "cuda": torch.version.cuda, "dtype": dtype},
-            "settings": {"model": model_source or "SmolLM2-135M-Instruct",
+            "settings": {"model": (model_source or "SmolLM2-135M-Instruct")
+                         + (", RANDOM WEIGHTS (its shapes, not its tokens)" if random_weights
+                            else ""),
                          "sampler_instances": instances, "warmup_tokens": warmup,
                          "measured_tokens": measure,
                          "params": f"temperature 1, top_p {top_p:g}, seeded, ignore_end"}}

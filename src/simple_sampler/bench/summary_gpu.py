@@ -1,0 +1,145 @@
+"""`simple-sampler bench summary-gpu`: the hot-first handoff's data-plane
+side where a GPU host runs it, on the device next to the logits, against the
+full rows' device-to-host copy and against what the simulated engine charges
+for it.
+
+Per (V, dtype, B, config), on the same rows in one run, wall time per step
+(the median of interleaved rounds, ``kernels.time_interleaved``):
+  summary    ``hot_first.compact_rows`` on rows already on the device: the
+             touched lists on the host, ``hot_first_summary`` on the device
+             (mask H and the touched ids, the cold top-k where a row needs
+             it, max and argmax, the exp-sum, the cold draw), and the compact
+             rows' copy to the host (``cpu()``, which waits for the device):
+             what the decode loop's data-plane thread spends on a step
+  full_copy  the full rows into a pinned host buffer, one copy, waited for:
+             what crosses per step without the handoff
+  modelled   ``SimulatedEngine``'s charge for the summary,
+             ``SUMMARY_READS * B * V * itemsize / HBM_BYTES_PER_S``
+             (docs/SIMULATED.md); measured / modelled says how far that
+             model is from this device
+bytes per row: full = V * itemsize; compact = the ``cpu()`` form's arrays.
+
+Rows: real SmolLM2 rows at V = 49,152 (``rows.real_rows``, tiled to B);
+synthetic rows with real token ids kept at other V (``rows.synthetic_hot_rows``,
+NOT MODEL OUTPUTS), the shipped hot set mapped to them, as ``bench handoff``.
+Configs: ``plain`` (temperature 1: untruncated, each row's cold token drawn),
+and ``bench shvs``'s ``top_p`` (0.9: truncated, cold_top ids handed over)
+and ``all`` (every feature, 256 history ids: touched ids).
+
+``--device cpu`` runs the same on this CPU (the tests do); the figures that
+mean something come from a GPU. No TensorRT-LLM is involved.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..handoff import DEFAULT_COLD_TOP
+from ..params import SamplingParams
+from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
+    synthetic_hot_rows
+from ..serving.device import DTYPES, resolve
+from ..serving.hot_first import compact_rows
+from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
+from ..shvs.hot_vocab import HotVocab
+from .kernels import make_batch, time_interleaved
+from .shvs import CONFIGS, resolve_profile
+
+#: (V, dtype): issue 24's two shapes, and SmolLM2's real rows
+SHAPES = ((151_936, "bfloat16"), (128_256, "float32"), (49_152, "bfloat16"))
+BATCHES = (64, 256)
+PLAIN = SamplingParams(temperature=1.0)
+SUMMARY_CONFIGS = {"plain": (PLAIN, 0), **CONFIGS}
+
+
+def modelled_ms(batch: int, vocab: int, dtype: str) -> float:
+    """The simulated engine's device time for one step's summary, in ms."""
+    itemsize = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    return SUMMARY_READS * batch * vocab * itemsize / HBM_BYTES_PER_S * 1e3
+
+
+def _rows(real: np.ndarray, vocab: int, batch: int) -> np.ndarray:
+    if vocab == SMOLLM2_VOCAB:
+        return real[np.arange(batch) % len(real)]
+    return synthetic_hot_rows(real, vocab, n=batch)
+
+
+def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotVocab,
+            cold_top: int, repeats: int) -> dict:
+    """One shape and config: ms per step of summary and full_copy, bytes per row."""
+    tensor = torch.from_numpy(rows).to(device=device, dtype=DTYPES[dtype])
+    pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=device.type == "cuda")
+
+    def wait():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def full_copy():
+        pinned.copy_(tensor, non_blocking=True)
+        wait()
+
+    def summary():
+        return compact_rows(tensor, batch, hot, cold_top)
+
+    compact = summary()
+    size = len(rows)
+    wait()
+    per_row = time_interleaved({"summary": summary, "full_copy": full_copy}, size, repeats)
+    return {"ms_per_step": {name: round(us * size / 1e3, 4) for name, us in per_row.items()},
+            "bytes_per_row": {"full": int(rows.shape[1] * tensor.element_size()),
+                              "compact": round(compact.nbytes() / size, 1)}}
+
+
+def run(device_name: str = "cuda", shapes=SHAPES, batches=BATCHES, configs=None,
+        repeats: int = 20, profile_path: str | None = None,
+        cold_top: int = DEFAULT_COLD_TOP) -> dict:
+    """Every shape, B and config; RuntimeError (the reason) where the device
+    cannot run."""
+    device, _ = resolve(device_name, "float32")
+    for _, dtype in shapes:
+        resolve(device_name, dtype)
+    profile = resolve_profile(profile_path, quick=False)
+    order = profile.order[:profile.chosen_size]
+    real = real_rows(64)
+    results = []
+    for vocab, dtype in shapes:
+        ids = order if vocab == SMOLLM2_VOCAB else map_hot_ids(order, vocab)
+        hot = HotVocab(ids, vocab)
+        for size in batches:
+            rows = _rows(real, vocab, size)
+            for config in configs or SUMMARY_CONFIGS:
+                params, history = SUMMARY_CONFIGS[config]
+                figures = measure(device, rows, dtype, make_batch(params, rows, history), hot,
+                                  cold_top, repeats)
+                model = modelled_ms(size, vocab, dtype)
+                results.append({"vocab": vocab, "dtype": dtype, "batch": size, "config": config,
+                                "rows": ROWS_SOURCE(vocab) if vocab == SMOLLM2_VOCAB
+                                else HOT_ROWS_SOURCE,
+                                **figures, "modelled_ms": round(model, 4),
+                                "summary_vs_modelled": round(
+                                    figures["ms_per_step"]["summary"] / model, 2)})
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else "this CPU (not where a GPU host runs it)")
+    return {"results": results, "device": where, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "hot_size": len(order), "cold_top": cold_top,
+            "repeats": repeats}
+
+
+def format_report(report: dict) -> str:
+    lines = [f"hot-first summary on {report['device']} (torch {report['torch']}, CUDA "
+             f"{report['cuda']}), |H|={report['hot_size']}, cold_top={report['cold_top']}; "
+             f"ms per step, wall, median of {report['repeats']} interleaved rounds",
+             f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'full copy':>9} "
+             f"{'modelled':>8} {'x model':>7} {'bytes full':>10} {'compact':>8} {'ratio':>6}"
+             f"  rows"]
+    for r in report["results"]:
+        ms, b = r["ms_per_step"], r["bytes_per_row"]
+        lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} {r['config']:>6} "
+                     f"{ms['summary']:>8.3f} {ms['full_copy']:>9.3f} {r['modelled_ms']:>8.3f} "
+                     f"{r['summary_vs_modelled']:>7.1f} {b['full']:>10} {b['compact']:>8.0f} "
+                     f"{b['compact'] / b['full']:>6.1%}  {r['rows']}")
+    lines.append("summary = compact_rows on device-resident rows, its copy to the host "
+                 "included; full copy = the rows into pinned host memory; modelled = the "
+                 "simulated engine's charge (SUMMARY_READS reads of the rows at "
+                 "HBM_BYTES_PER_S, docs/SIMULATED.md); x model = summary / modelled")
+    return "\n".join(lines)
