@@ -99,13 +99,16 @@ def format_report(report: dict) -> str:
              f"simple_sampler instances; gpu_inline: torch sampling on the GPU",
              f"requests: {settings['params']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} {'x inline':>8} "
-             f"{'exposed':>8} {'ITL p50':>8} {'ITL p95':>8}"]
+             f"{'forward':>8} {'exposed':>8} {'ITL p50':>8} {'ITL p95':>8}"]
     for r in report["results"]:
         ratio = f"{r['vs_gpu_inline']:.2f}" if r["vs_gpu_inline"] is not None else "-"
         lines.append(f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
                      f"{r['tokens_per_s']:>8.0f} {ratio:>8} "
+                     f"{r['forward_ms_per_step']:>6.2f}ms "
                      f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['itl_ms_p50']:>6.1f}ms "
                      f"{r['itl_ms_p95']:>6.1f}ms")
     lines.append("x inline = tokens/s over gpu_inline's at the same B, measured in this run; "
-                 "exposed = sampling while no forward ran, per full pass over the B sequences")
+                 "forward = the engine's steps (forward, logits to the host or, for gpu_inline, "
+                 "left on the GPU) and exposed = sampling while no forward ran, each per full "
+                 "pass over the B sequences")
     return "\n".join(lines)

@@ -82,14 +82,21 @@ class ForwardClock:
 
     def __init__(self, engine):
         self.ends: list[tuple[float, int]] = []
+        self.seconds: list[float] = []  # each forward's own duration, in step with ends
         name = "step_then" if isinstance(engine, StepsThen) else "step"
         forward = getattr(engine, name)
 
         def timed(seq_ids, *then):
+            start = time.perf_counter()
             result = forward(seq_ids, *then)
             self.ends.append((time.perf_counter(), len(seq_ids)))
+            self.seconds.append(self.ends[-1][0] - start)
             return result
         setattr(engine, name, timed)
+
+    def forward_seconds(self, start: float, end: float) -> float:
+        """The forwards' own time, summed over those that ended in (start, end]."""
+        return sum(s for (t, _), s in zip(self.ends, self.seconds) if start < t <= end)
 
     def rows_per_s(self, start: float, end: float) -> float:
         """Rows per second of the forwards that ended after the last one to
@@ -148,6 +155,7 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
     return {"tokens_per_s": clock.rows_per_s(t0, t1),
             "exposed_sampling_ms_per_step": 1e3 * (exp1 - exp0) / passes,
             "sampler_ms_per_step": 1e3 * (smp1 - smp0) / passes,
+            "forward_ms_per_step": 1e3 * clock.forward_seconds(t0, t1) / passes,
             "loop_ms_per_step": 1e3 * (loop1 - loop0) / passes,
             "loop_thread_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / passes,
             "itl_ms_p50": float(np.percentile(gaps, 50)) * 1e3,

@@ -11,6 +11,8 @@ Per (V, dtype, B, config), on the same rows in one run, wall time per step
              it, max and argmax, the exp-sum, the cold draw), and the compact
              rows' copy to the host (``cpu()``, which waits for the device):
              what the decode loop's data-plane thread spends on a step
+  device     ``hot_first_summary`` alone on the same step's touched lists,
+             cold_tops and draws, waited for, its result left on the device
   full_copy  the full rows into a pinned host buffer, one copy, waited for:
              what crosses per step without the handoff
   modelled   ``SimulatedEngine``'s charge for the summary,
@@ -34,12 +36,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP
+from ..handoff import DEFAULT_COLD_TOP, cold_draws
 from ..params import SamplingParams
 from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
     synthetic_hot_rows
 from ..serving.device import DTYPES, resolve
-from ..serving.hot_first import compact_rows
+from ..serving.hot_first import compact_rows, hot_first_summary, row_cold_tops, touched_lists
 from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
 from ..shvs.hot_vocab import HotVocab
 from .kernels import make_batch, time_interleaved
@@ -81,10 +83,19 @@ def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotV
     def summary():
         return compact_rows(tensor, batch, hot, cold_top)
 
+    offsets, ids = touched_lists(batch, hot)
+    arguments = (hot.kernel_arrays()[0], offsets, ids, batch.temperature,
+                 row_cold_tops(batch, cold_top, True), cold_draws(batch))
+
+    def on_device():
+        hot_first_summary(tensor, *arguments)
+        wait()
+
     compact = summary()
     size = len(rows)
     wait()
-    per_row = time_interleaved({"summary": summary, "full_copy": full_copy}, size, repeats)
+    per_row = time_interleaved({"summary": summary, "device": on_device,
+                                "full_copy": full_copy}, size, repeats)
     return {"ms_per_step": {name: round(us * size / 1e3, 4) for name, us in per_row.items()},
             "bytes_per_row": {"full": int(rows.shape[1] * tensor.element_size()),
                               "compact": round(compact.nbytes() / size, 1)}}
@@ -129,17 +140,20 @@ def format_report(report: dict) -> str:
     lines = [f"hot-first summary on {report['device']} (torch {report['torch']}, CUDA "
              f"{report['cuda']}), |H|={report['hot_size']}, cold_top={report['cold_top']}; "
              f"ms per step, wall, median of {report['repeats']} interleaved rounds",
-             f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'full copy':>9} "
+             f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'device':>7} "
+             f"{'full copy':>9} "
              f"{'modelled':>8} {'x model':>7} {'bytes full':>10} {'compact':>8} {'ratio':>6}"
              f"  rows"]
     for r in report["results"]:
         ms, b = r["ms_per_step"], r["bytes_per_row"]
         lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} {r['config']:>6} "
-                     f"{ms['summary']:>8.3f} {ms['full_copy']:>9.3f} {r['modelled_ms']:>8.3f} "
+                     f"{ms['summary']:>8.3f} {ms['device']:>7.3f} {ms['full_copy']:>9.3f} "
+                     f"{r['modelled_ms']:>8.3f} "
                      f"{r['summary_vs_modelled']:>7.1f} {b['full']:>10} {b['compact']:>8.0f} "
                      f"{b['compact'] / b['full']:>6.1%}  {r['rows']}")
     lines.append("summary = compact_rows on device-resident rows, its copy to the host "
-                 "included; full copy = the rows into pinned host memory; modelled = the "
+                 "included; device = hot_first_summary alone, its result left on the device; "
+                 "full copy = the rows into pinned host memory; modelled = the "
                  "simulated engine's charge (SUMMARY_READS reads of the rows at "
                  "HBM_BYTES_PER_S, docs/SIMULATED.md); x model = summary / modelled")
     return "\n".join(lines)
