@@ -22,12 +22,14 @@ Not run on a GPU in this project's CI (none is available there).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import torch
+import torch.nn.attention
 
 from ..models import load_model
 from ..settings import LlmSettings
@@ -255,6 +257,24 @@ class TorchEngine:
         mask = (torch.arange(kv_length, device=device)[None, None, :]
                 <= positions[:, :, None])[:, None]
         cache = _SlotCacheView(self.keys, self.values, slots, positions, kv_length)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with _attention_backends(device):
+            out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float()
+
+
+#: SDPA's backends on CUDA, without cuDNN's: torch 2.11 picks cuDNN attention
+#: for a masked bfloat16 query on an H100 and builds a cuDNN graph for every
+#: new key length, which a decode step always has: 1.5-1.8 ms of CPU per
+#: layer call, 58% of a step's CPU, in a torch profile of TorchEngine.step
+#: (docs/results/serve-gpu-2026-11-27.md). The memory-efficient kernel takes
+#: the same boolean mask with no plan to build.
+_CUDA_ATTENTION = [torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+                   torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                   torch.nn.attention.SDPBackend.MATH]
+
+
+def _attention_backends(device: torch.device):
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.nn.attention.sdpa_kernel(_CUDA_ATTENTION)
