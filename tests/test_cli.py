@@ -26,6 +26,15 @@ def test_bench_kernels_json(capsys):
         assert r["ratios"]["simple_logprobs_over_floor"] == pytest.approx(
             us["simple_logprobs"] / us["floor"], rel=0.02)
         assert "vllm" not in r
+        assert r["temperatures"] == {"simple": 0.8, "simple_top_p": 1.0}
+
+
+@pytest.mark.slow
+def test_bench_kernels_temperature_is_the_sampled_configs(capsys):
+    assert main(["bench", "kernels", "--vocab", "4096", "--batch", "4", "--dtype", "float32",
+                 "--repeats", "2", "--no-peer", "--temperature", "2"]) == 0
+    table = capsys.readouterr().out
+    assert "simple at temperature 2, simple_top_p at temperature 2" in table.splitlines()[0]
 
 
 @pytest.mark.slow

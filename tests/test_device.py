@@ -178,3 +178,16 @@ def test_the_summary_bench_runs_on_the_cpu_against_the_modelled_charge(capsys):
         # the compact rows carry the hot set's logits and a few ids, not the row
         assert row["bytes_per_row"]["full"] == 49_152 * 4
         assert report["hot_size"] * 4 < row["bytes_per_row"]["compact"] < 0.1 * 49_152 * 4
+
+
+def test_the_cuda_forward_leaves_cudnn_attention_out():
+    """cuDNN's SDPA plans a graph per new key length, i.e. every decode step
+    (results/gpu-2026-11-27.md); the CPU forward keeps torch's own choice."""
+    from torch.nn.attention import SDPBackend
+
+    from simple_sampler.serving import torch_engine
+
+    assert SDPBackend.CUDNN_ATTENTION not in torch_engine._CUDA_ATTENTION
+    assert SDPBackend.EFFICIENT_ATTENTION in torch_engine._CUDA_ATTENTION  # takes a bool mask
+    with torch_engine._attention_backends(torch.device("cpu")) as chosen:
+        assert chosen is None

@@ -33,7 +33,8 @@ def bench_kernels(args: argparse.Namespace) -> int:
     peer = None if args.no_peer else (args.peer_python or kernels.default_peer_python())
     results = kernels.run(vocabs=args.vocab, batch=args.batch, dtypes=args.dtype,
                           repeats=repeats, baseline_repeats=baseline_repeats,
-                          threads=args.threads, peer_python=peer, clock=args.clock)
+                          threads=args.threads, peer_python=peer, clock=args.clock,
+                          temperature=args.temperature)
     print_report(args, {"results": results}, kernels.format_table(results))
     return 0
 
@@ -348,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
                          choices=["float32", "bfloat16"])
     kernels.add_argument("--repeats", type=int, default=20)
+    kernels.add_argument("--temperature", type=float, default=None,
+                         help="the sampled configs' temperature (default: theirs, 0.8 and 1)")
     kernels.add_argument("--threads", type=int, default=1,
                          help="threads for the kernels, torch and vLLM (the floor stays at 1)")
     kernels.add_argument("--peer-python", default=None,

@@ -26,6 +26,7 @@ import os
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ml_dtypes
@@ -127,16 +128,22 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
 
 def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 20,
         baseline_repeats: int = 3, history_tokens: int = 256, threads: int = 1,
-        peer_python: str | None = None, clock: str = "wall") -> list[dict]:
+        peer_python: str | None = None, clock: str = "wall",
+        temperature: float | None = None) -> list[dict]:
+    """temperature: the sampled configs' (``simple``, ``simple_top_p``) in place
+    of their own (0.8 and 1): a higher one broadens the nucleus, the top-p
+    path's slow case."""
     import torch
 
     torch.set_num_threads(threads)
+    sampled = {name: params if temperature is None else replace(params, temperature=temperature)
+               for name, params in (("simple", ALL_FEATURES), ("simple_top_p", TOP_P_ONLY))}
     results = []
     for vocab in vocabs:
         base = rows_for(vocab, batch)
         batches = {
-            "simple": make_batch(ALL_FEATURES, base, history_tokens),
-            "simple_top_p": make_batch(TOP_P_ONLY, base, 0),
+            "simple": make_batch(sampled["simple"], base, history_tokens),
+            "simple_top_p": make_batch(sampled["simple_top_p"], base, 0),
             "simple_greedy": make_batch(GREEDY, base, 0),
         }
         for dtype in dtypes:
@@ -182,6 +189,7 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
             results.append({
                 "vocab": vocab, "batch": batch, "dtype": dtype, "rows": ROWS_SOURCE(vocab),
                 "threads": threads, "clock": clock,
+                "temperatures": {name: params.temperature for name, params in sampled.items()},
                 "us_per_row": {k: round(us[k], 2) for k in (*batches, "simple_logprobs",
                                                             "torch_sort", *peer_columns, "floor")},
                 "ratios": ratios,
@@ -198,6 +206,8 @@ def format_table(results: list[dict]) -> str:
         return ""
     lines = [f"us per row ({results[0].get('clock', 'wall')} clock), {results[0]['threads']}"
              f" thread(s), B={results[0]['batch']}"
+             + "".join(f", {name} at temperature {t:g}"
+                       for name, t in results[0].get("temperatures", {}).items())
              + (f", vLLM {results[0]['vllm']['version']}" if "vllm" in results[0] else ""),
              f"{'vocab':>7} {'dtype':>8} " + " ".join(f"{c:>15}" for c in columns)
              + f" {'simple/floor':>12} {'top_p/floor':>11} {'lp/floor':>8} {'torch/simple':>12}"
