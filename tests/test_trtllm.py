@@ -231,6 +231,48 @@ def test_the_processor_reaches_the_engine_from_another_process(make_engine):
     assert engine.bridge_s > 0.0  # the processor's own time came with its rows
 
 
+def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine):
+    """With an arena (``share_rows``) a step over an iteration's rows in order
+    is a view of the staging block, which the arena references in place and
+    a sampler instance's reader maps; another order is a copy."""
+    from simple_sampler.row_arena import RowArena, RowReader
+
+    engine = make_engine(llm_class=InertLLM)
+    arena = RowArena(2, 4 * VOCAB * 4)
+    try:
+        engine.share_rows(arena)
+        assert engine.server.region.name in arena.names
+        engine.add("a", [1, 2])
+        engine.add("b", [4])  # client ids 1 and 2
+        last = [2, 4]  # the tokens the engine last consumed, per client id
+        for order, tokens in ((["a", "b"], [7, 11]), (["b", "a"], [12, 8])):
+            rows = [torch.arange(31, dtype=torch.float16).reshape(1, 1, 31) * (i + 1)
+                    for i in range(2)]
+            call = threading.Thread(target=engine.llm.processor,
+                                    args=([0, 1], rows, [[[last[0]]], [[last[1]]]], None,
+                                          [1, 2]))
+            call.start()
+            assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
+            stepped = engine.step(order).numpy()
+            base = torch.arange(VOCAB, dtype=torch.float32).numpy()
+            expected = [base * (1 + ["a", "b"].index(i)) for i in order]
+            assert (stepped == expected).all()
+            lease = arena.reference(stepped)
+            if order == ["a", "b"]:  # the iteration's rows in order: where they landed
+                assert lease is not None and lease.slot == -1
+                assert lease.region is engine.server.region
+                assert (RowReader().rows(lease.refs()) == expected).all()
+            else:  # gathered into a copy: the arena would put it in a slot
+                assert lease is None
+            engine.append(order, tokens)
+            call.join(timeout=30)
+            assert not call.is_alive()
+            last = [tokens[order.index("a")], tokens[order.index("b")]]
+            assert [int(r.reshape(-1).argmax()) for r in rows] == last  # masked to the choice
+    finally:
+        arena.close()
+
+
 def test_tensorrt_llm_is_imported_only_when_asked_for():
     try:
         import tensorrt_llm  # noqa: F401

@@ -15,10 +15,11 @@ one, so a restarted instance simply maps them again.
   and after it samples: a slot recycled under it is an error, never a
   silent read of another step's rows.
 * *Shared* regions (``RowArena.share``): an array the engine keeps for the
-  process's lifetime (the simulated engine's bank of rows, later a
-  TensorRT-LLM staging block the device-to-host copy lands in) copied once
-  into a region of its own; rows handed to ``lease`` that already lie in
-  such a region are referenced where they are, with no copy at all.
+  process's lifetime (the simulated engine's bank of rows) copied once
+  into a region of its own, and regions adopted from their owner
+  (``RowArena.adopt``: the TensorRT-LLM bridge's staging block, which the
+  device-to-host copy lands in); rows handed to ``lease`` that already lie
+  in such a region are referenced where they are, with no copy at all.
 
 A request names rows with ``logits_ref`` INT64 [B, 6], one row per logits
 row: (region key, slot or -1, slot generation, byte offset of the row in
@@ -113,8 +114,12 @@ def remove_orphans() -> list[str]:
     return removed
 
 
-class _Region:
-    """One owned region, mapped read-write."""
+class Region:
+    """One owned region, mapped read-write: the arena's ring and shared
+    arrays, and the TensorRT-LLM bridge's staging block (whose owner, the
+    bridge, hands it to an arena with ``RowArena.adopt``). Another process
+    writes into the data by opening ``name`` in /dev/shm (shm_open's
+    namespace) at ``HEADER_BYTES``."""
 
     def __init__(self, data_bytes: int, slots: int = 0, slot_bytes: int = 0):
         if slots > MAX_SLOTS:
@@ -159,7 +164,7 @@ class RowLease:
     request; ``release()`` gives the slot back (no-op for shared rows)."""
 
     arena: "RowArena"
-    region: _Region
+    region: Region
     slot: int
     generation: int
     offset: int
@@ -201,8 +206,9 @@ class RowArena:
                              f"{slots}, {slot_bytes}")
         remove_orphans()
         self.slots, self.slot_bytes = slots, slot_bytes
-        self.ring = _Region(slots * slot_bytes, slots, slot_bytes)
-        self.shared: list[_Region] = []
+        self.ring = Region(slots * slot_bytes, slots, slot_bytes)
+        self.shared: list[Region] = []
+        self.adopted: list[Region] = []  # referenced like shared ones; their owners unlink them
         self.free = list(range(slots))
         self.lock = threading.Lock()
         self.generation = 0
@@ -211,17 +217,25 @@ class RowArena:
 
     @property
     def names(self) -> list[str]:
-        return [self.ring.name] + [region.name for region in self.shared]
+        return [self.ring.name] + [region.name for region in (*self.shared, *self.adopted)]
 
     def share(self, array: np.ndarray) -> np.ndarray:
         """`array` copied once into a region of its own; returns the copy
         (rows of it handed to ``lease`` are not copied again)."""
         array = np.ascontiguousarray(array)
-        region = _Region(max(array.nbytes, 1))
+        region = Region(max(array.nbytes, 1))
         self.shared.append(region)
         view = region.array(array.shape, array.dtype)
         view[...] = array
         return view
+
+    def adopt(self, region: Region) -> None:
+        """Rows that lie in `region`, a region owned elsewhere in this
+        process that outlives the arena (the TensorRT-LLM bridge's staging
+        block, which the device-to-host copy lands in), are referenced
+        where they are, as rows of ``share``'s regions; ``close`` leaves
+        it to its owner."""
+        self.adopted.append(region)
 
     def reference(self, rows: np.ndarray) -> RowLease | None:
         """A lease of rows [B, V] that already lie in a shared region, where
@@ -229,7 +243,7 @@ class RowArena:
         _check_rows(rows)
         size, vocab = rows.shape
         if rows.strides[1] == rows.itemsize and (size < 2 or rows.strides[0] >= vocab * rows.itemsize):
-            for region in self.shared:
+            for region in (*self.shared, *self.adopted):
                 offset = region.contains(rows)
                 if offset is not None:
                     return RowLease(self, region, -1, 0, offset, rows.strides[0], vocab,

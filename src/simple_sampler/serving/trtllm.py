@@ -48,6 +48,7 @@ from typing import Hashable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from ..row_arena import HEADER_BYTES, Region
 from .engine import SequenceFailed, SequenceTable
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
@@ -294,11 +295,15 @@ class RowExchange:
 
 class RowServer:
     """This process's end of the processor's connection: a Unix socket for
-    ids and tokens, a shared memory block of ``max_rows`` float32 rows."""
+    ids and tokens, and the staging block the processor copies an
+    iteration's rows into, ``max_rows`` float32 rows in a row-arena region
+    (``row_arena.Region``), so an arena that adopts it (``TrtLlmEngine.share_rows``)
+    sends the sampler instances references to the rows where they landed."""
 
     def __init__(self, exchange: RowExchange, max_rows: int, vocab_size: int):
         self.exchange, self.max_rows, self.vocab_size = exchange, max_rows, vocab_size
-        self.shared = SharedMemory(create=True, size=max_rows * vocab_size * 4)
+        self.region = Region(max_rows * vocab_size * 4)
+        self.staging = self.region.array((max_rows, vocab_size), np.float32)
         self.directory = tempfile.mkdtemp(prefix="simple-sampler-trtllm-")
         self.authkey = secrets.token_bytes(32)
         self.listener = Listener(os.path.join(self.directory, "rows.sock"), "AF_UNIX",
@@ -306,7 +311,7 @@ class RowServer:
         threading.Thread(target=self._accept, name="trtllm-rows", daemon=True).start()
 
     def processor(self) -> "DecisionPlaneProcessor":
-        return DecisionPlaneProcessor(self.listener.address, self.authkey, self.shared.name,
+        return DecisionPlaneProcessor(self.listener.address, self.authkey, self.region.name,
                                       self.max_rows, self.vocab_size)
 
     def _accept(self) -> None:
@@ -324,19 +329,17 @@ class RowServer:
                     client_ids, last_tokens, processor_s = connection.recv()
                 except (EOFError, OSError):
                     return
-                started = time.perf_counter()
-                # A copy: the next iteration overwrites the block while the
-                # decode loop may still read this one's rows. (No view of the
-                # block outlives the copy, so close() can release it.)
-                rows = np.ndarray((len(client_ids), self.vocab_size), np.float32,
-                                  buffer=self.shared.buf).copy()
-                self.exchange.add_bridge_time(processor_s + time.perf_counter() - started)
-                connection.send(self.exchange.deliver(client_ids, last_tokens, rows))
+                # A view, no copy: the processor writes the next iteration's
+                # rows only after deliver returns, once every row of this one
+                # is answered, and a row is read (stepped, sampled, resent on
+                # failover) only before its answer.
+                self.exchange.add_bridge_time(processor_s)
+                connection.send(self.exchange.deliver(client_ids, last_tokens,
+                                                      self.staging[:len(client_ids)]))
 
     def close(self) -> None:
         self.listener.close()
-        self.shared.close()
-        self.shared.unlink()
+        self.region.unlink()  # the mapping goes with its last view
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -380,10 +383,10 @@ class DecisionPlaneProcessor:
             raise RuntimeError(f"{len(logits)} rows in one iteration, more than the "
                                f"max_batch_size={self.max_rows} the engine was set up for")
         if self.connection is None:
-            self.shared = _attach(self.shared_name, self.owner_pid)
+            self.shared = _attach(self.shared_name)
             self.connection = Client(self.address, "AF_UNIX", authkey=self.authkey)
         staged = torch.from_numpy(np.ndarray((self.max_rows, self.vocab_size), np.float32,
-                                             buffer=self.shared.buf))
+                                             buffer=self.shared.buf, offset=HEADER_BYTES))
         stream = None
         if logits[0].is_cuda and stream_ptr:  # the stream the engine computed the logits on
             # device=: the stream belongs to the logits' GPU, which need not be
@@ -458,14 +461,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _attach(name: str, owner_pid: int) -> SharedMemory:
-    """The engine's shared block, seen from the processor. Before Python 3.13
-    attaching registers the block with this process's resource tracker,
-    which would unlink it when this (worker) process exits (CPython issue
-    82300); the creating process stays its only owner."""
+def _attach(name: str) -> SharedMemory:
+    """The engine's staging block (a ``row_arena.Region``), seen from the
+    processor. Before Python 3.13 attaching registers the block with this
+    process's resource tracker, which would unlink it when this process
+    exits (CPython issue 82300); its owner, the ``RowServer``, unlinks it."""
     shared = SharedMemory(name=name)
-    if os.getpid() != owner_pid:
-        resource_tracker.unregister(shared._name, "shared_memory")
+    resource_tracker.unregister(shared._name, "shared_memory")
     return shared
 
 
@@ -527,6 +529,18 @@ class _ResultWatcher:
             self.loop.close()
 
 
+def _rows_of(places: list, vocab_size: int) -> np.ndarray:
+    """The rows at `places` ((iteration, index) each): a view of the staging
+    block where they are one iteration's consecutive rows in order (a step
+    over every row the engine delivered, the common case), else a copy."""
+    if not places:
+        return np.empty((0, vocab_size), np.float32)
+    iteration, first = places[0]
+    if all(it is iteration and index == first + k for k, (it, index) in enumerate(places)):
+        return iteration.rows[first:first + len(places)]
+    return np.stack([it.rows[index] for it, index in places])
+
+
 class TrtLlmEngine:
     """The :class:`~.engine.Engine` over TensorRT-LLM (module docstring).
 
@@ -581,8 +595,9 @@ class TrtLlmEngine:
     @property
     def bridge_s(self) -> float:
         """Seconds the bridge itself took, summed over iterations (the
-        processor's staging and masking, this side's copy out of the block;
-        ``DecisionPlaneProcessor``): the ``simple_llm_bridge_us_total`` metric."""
+        processor's staging and masking, ``DecisionPlaneProcessor``; this
+        side reads the staged rows in place): the
+        ``simple_llm_bridge_us_total`` metric."""
         with self.condition:
             return self.exchange.bridge_s
 
@@ -642,12 +657,16 @@ class TrtLlmEngine:
                 if not self.condition.wait(deadline - time.monotonic()):
                     raise RuntimeError(f"TensorRT-LLM delivered no row within "
                                        f"{self.step_timeout_s} s")
-            rows = np.stack([iteration.rows[index] for iteration, index in
-                             (s.row for s in sequences)]) if sequences else \
-                np.empty((0, self.vocab_size), np.float32)
+            rows = _rows_of([s.row for s in sequences], self.vocab_size)
             for sequence in sequences:
                 sequence.taken, sequence.row = sequence.row, None
         return torch.from_numpy(rows)
+
+    def share_rows(self, arena) -> None:
+        """Let `arena` (``row_arena.RowArena``) reference the rows where the
+        processor stages them (``RowArena.adopt``): the sampler instances
+        then read each row where the device-to-host copy put it."""
+        arena.adopt(self.server.region)
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         with self.condition:
