@@ -121,7 +121,7 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
                                             batch=4, instances=1, warmup=2, measure=4,
                                             top_p=0.9))
         assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0
-        assert 0 < row["forward_ms_per_step"] < row["itl_ms_p95"] * 4
+        assert row["forward_ms_per_step"] > 0
 
 
 @pytest.mark.slow  # loads SmolLM2's tokenizer
@@ -191,3 +191,8 @@ def test_the_cuda_forward_leaves_cudnn_attention_out():
     assert SDPBackend.EFFICIENT_ATTENTION in torch_engine._CUDA_ATTENTION  # takes a bool mask
     with torch_engine._attention_backends(torch.device("cpu")) as chosen:
         assert chosen is None
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    with torch_engine._attention_backends(torch.device("cuda")):  # flags only: no GPU needed
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == was

@@ -218,7 +218,8 @@ def bench_serve_gpu(args: argparse.Namespace) -> int:
     try:
         report = serve_gpu.run(args.model, args.dtype, instances=args.instances,
                                top_p=args.top_p, random_weights=args.random_weights, **sizes)
-    except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a dtype it lacks
+    except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a dtype it
+        # lacks, --random-weights without --model or a directory without config.json
         print(f"simple-sampler bench serve-gpu: {error}", file=sys.stderr)
         return 2
     print_report(args, report, serve_gpu.format_report(report))

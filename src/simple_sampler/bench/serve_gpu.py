@@ -108,7 +108,8 @@ def format_report(report: dict) -> str:
                      f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['itl_ms_p50']:>6.1f}ms "
                      f"{r['itl_ms_p95']:>6.1f}ms")
     lines.append("x inline = tokens/s over gpu_inline's at the same B, measured in this run; "
-                 "forward = the engine's steps (forward, logits to the host or, for gpu_inline, "
-                 "left on the GPU) and exposed = sampling while no forward ran, each per full "
+                 "forward = the engine's steps (the forward and the logits' copy to the host; "
+                 "for gpu_inline, whose logits stay on the GPU, the launches alone, the GPU's "
+                 "time falling in its sampling) and exposed = sampling while no forward ran, each per full "
                  "pass over the B sequences")
     return "\n".join(lines)

@@ -89,13 +89,16 @@ class ForwardClock:
         def timed(seq_ids, *then):
             start = time.perf_counter()
             result = forward(seq_ids, *then)
-            self.ends.append((time.perf_counter(), len(seq_ids)))
-            self.seconds.append(self.ends[-1][0] - start)
+            end = time.perf_counter()
+            self.ends.append((end, len(seq_ids)))
+            self.seconds.append(end - start)
             return result
         setattr(engine, name, timed)
 
     def forward_seconds(self, start: float, end: float) -> float:
-        """The forwards' own time, summed over those that ended in (start, end]."""
+        """The forwards' own time, summed over those that ended in (start, end]
+        (with ``step_then``, the simulated engine's, the modelled device time
+        of the work behind the forward, the hot-first summary, included)."""
         return sum(s for (t, _), s in zip(self.ends, self.seconds) if start < t <= end)
 
     def rows_per_s(self, start: float, end: float) -> float:

@@ -68,7 +68,8 @@ def _rows(real: np.ndarray, vocab: int, batch: int) -> np.ndarray:
 
 def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotVocab,
             cold_top: int, repeats: int) -> dict:
-    """One shape and config: ms per step of summary and full_copy, bytes per row."""
+    """One shape and config: ms per step of summary, device and full_copy
+    (module docstring), bytes per row."""
     tensor = torch.from_numpy(rows).to(device=device, dtype=DTYPES[dtype])
     pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=device.type == "cuda")
 

@@ -267,8 +267,11 @@ class TorchEngine:
 #: for a masked bfloat16 query on an H100 and builds a cuDNN graph for every
 #: new key length, which a decode step always has: 1.5-1.8 ms of CPU per
 #: layer call, 58% of a step's CPU, in a torch profile of TorchEngine.step
-#: (docs/results/serve-gpu-2026-11-27.md). The memory-efficient kernel takes
-#: the same boolean mask with no plan to build.
+#: (docs/results/gpu-2026-11-27.md). The memory-efficient kernel takes the
+#: same boolean mask with no plan to build. ``sdpa_kernel`` sets torch's
+#: process-wide backend flags and restores them on exit: a forward runs under
+#: the engine's step lock, and a second engine stepping at the same moment in
+#: another thread could leave cuDNN's SDPA off after both (harmless here).
 _CUDA_ATTENTION = [torch.nn.attention.SDPBackend.FLASH_ATTENTION,
                    torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
                    torch.nn.attention.SDPBackend.MATH]
