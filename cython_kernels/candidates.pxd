@@ -90,8 +90,9 @@ cdef inline void sort_prefix(Candidates* c, Py_ssize_t count) noexcept nogil:
 
 
 cdef inline void keep_at_least(Candidates* c, float threshold) noexcept nogil:
-    """Keep the items with z >= threshold (stable compaction, branch-free:
-    every item is written at the next slot, which advances only when kept)."""
+    """Keep the items with z >= threshold (stable compaction: past the
+    first item dropped, every item is written at the next slot, which
+    advances only when kept, with no branch)."""
     cdef Py_ssize_t kept = 0
     cdef Py_ssize_t i
     # read-only up to the first item dropped: where the candidates were
