@@ -36,12 +36,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP, cold_draws
+from ..handoff import DEFAULT_COLD_TOP
 from ..params import SamplingParams
 from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
     synthetic_hot_rows
 from ..serving.device import DTYPES, resolve
-from ..serving.hot_first import compact_rows, hot_first_summary, row_cold_tops, touched_lists
+from ..serving.hot_first import compact_rows, hot_first_summary
 from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
 from ..shvs.hot_vocab import HotVocab
 from .kernels import make_batch, time_interleaved
@@ -84,15 +84,20 @@ def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotV
     def summary():
         return compact_rows(tensor, batch, hot, cold_top)
 
-    offsets, ids = touched_lists(batch, hot)
-    arguments = (hot.kernel_arrays()[0], offsets, ids, batch.temperature,
-                 row_cold_tops(batch, cold_top, True), cold_draws(batch))
+    # the step's summary arguments as compact_rows composes them, kept
+    # through its summary hook
+    arguments = []
+
+    def kept(*step):
+        arguments[:] = step[1:]
+        return hot_first_summary(*step).cpu()
+
+    compact = compact_rows(tensor, batch, hot, cold_top, summary=kept)
 
     def on_device():
         hot_first_summary(tensor, *arguments)
         wait()
 
-    compact = summary()
     size = len(rows)
     wait()
     per_row = time_interleaved({"summary": summary, "device": on_device,
