@@ -265,9 +265,9 @@ class TorchEngine:
 
 #: SDPA's backends on CUDA, without cuDNN's: torch 2.11 picks cuDNN attention
 #: for a masked bfloat16 query on an H100 and builds a cuDNN graph for every
-#: new key length, which a decode step always has: 1.5-1.8 ms of CPU per
-#: layer call, 58% of a step's CPU, in a torch profile of TorchEngine.step
-#: (docs/results/gpu-2026-11-27.md). The memory-efficient kernel takes the
+#: new key length, which a decode step always has: the largest item of a
+#: step's CPU in a torch profile of TorchEngine.step; bench serve-gpu's
+#: forward fell from 82-197 to 32-43 ms a pass (docs/results/gpu-2026-11-27.md). The memory-efficient kernel takes the
 #: same boolean mask with no plan to build. ``sdpa_kernel`` sets torch's
 #: process-wide backend flags and restores them on exit: a forward runs under
 #: the engine's step lock, and a second engine stepping at the same moment in
