@@ -201,3 +201,34 @@ def test_the_packed_cold_summary_decodes_as_its_five_tensors(zipf_row, drawn):
                         "cold_summary": packed["cold_summary"]}, VOCAB, hot)
     with pytest.raises(InvalidRequest, match="hot_logits needs touched_logits too"):
         decode_request({**inputs, "touched_logits": None}, VOCAB, hot)
+
+
+def test_the_two_level_cold_draw_picks_the_whole_rows_token():
+    """The cold token found by block masses, then inside one block, is the
+    id a float64 cumulative sum over the whole row picks (numpy's, in id
+    order), for draws anywhere in (0, 1), u next to 1 included: at a V with a
+    short last block, with ids handed over (weight 0) and a whole block of
+    them; never a handed-over id."""
+    from simple_sampler.serving.hot_first import COLD_DRAW_BLOCK, _block_masses, _cold_tokens
+
+    vocab, size = 3 * COLD_DRAW_BLOCK + 517, 48
+    rng = np.random.default_rng(5)
+    logits = torch.from_numpy(rng.normal(0, 2, (size, vocab)).astype(np.float32))
+    weights = torch.exp(logits - logits.max(dim=1, keepdim=True).values)
+    weights[:, rng.choice(vocab, 700, replace=False)] = 0.0
+    weights[:, COLD_DRAW_BLOCK:2 * COLD_DRAW_BLOCK] = 0.0
+    weights[:, -3:] = 0.0
+    u = rng.random(size)
+    u[:4] = [0.0, np.nextafter(1.0, 0.0), 0.5, np.nan]
+    token, token_logit = _cold_tokens(logits, weights, _block_masses(weights),
+                                      torch.ones(size, dtype=torch.bool), torch.from_numpy(u))
+    token = token.numpy()
+    cumulative = np.cumsum(weights.numpy().astype(np.float64), axis=1)
+    for r in range(size):
+        if np.isnan(u[r]):
+            assert token[r] == -1 and token_logit[r] == 0
+            continue
+        expected = np.searchsorted(cumulative[r], u[r] * cumulative[r, -1], side="right")
+        expected = min(expected, np.flatnonzero(weights[r].numpy() > 0)[-1])
+        assert token[r] == expected, (r, u[r])
+        assert weights[r, token[r]] > 0 and token_logit[r] == logits[r, token[r]]

@@ -178,6 +178,8 @@ def test_the_summary_bench_runs_on_the_cpu_against_the_modelled_charge(capsys):
         # the compact rows carry the hot set's logits and a few ids, not the row
         assert row["bytes_per_row"]["full"] == 49_152 * 4
         assert report["hot_size"] * 4 < row["bytes_per_row"]["compact"] < 0.1 * 49_152 * 4
+        # the same torch on the same CPU: nothing may differ
+        assert row["against_cpu"] == {"rows_differing": 0, "max_mass_rel_diff": 0.0}
 
 
 def test_the_cuda_forward_leaves_cudnn_attention_out():

@@ -20,6 +20,9 @@ Per (V, dtype, B, config), on the same rows in one run, wall time per step
              (docs/SIMULATED.md); measured / modelled says how far that
              model is from this device
 bytes per row: full = V * itemsize; compact = the ``cpu()`` form's arrays.
+against_cpu: the device's compact rows against ``hot_first_summary`` in torch on
+this host's CPU on the same inputs (``against_cpu``): the GPU path is checked
+where it runs.
 
 Rows: real SmolLM2 rows at V = 49,152 (``rows.real_rows``, tiled to B);
 synthetic rows with real token ids kept at other V (``rows.synthetic_hot_rows``,
@@ -36,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP
+from ..handoff import DEFAULT_COLD_TOP, CompactRows
 from ..params import SamplingParams
 from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
     synthetic_hot_rows
@@ -104,7 +107,29 @@ def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotV
                                 "full_copy": full_copy}, size, repeats)
     return {"ms_per_step": {name: round(us * size / 1e3, 4) for name, us in per_row.items()},
             "bytes_per_row": {"full": int(rows.shape[1] * tensor.element_size()),
-                              "compact": round(compact.nbytes() / size, 1)}}
+                              "compact": round(compact.nbytes() / size, 1)},
+            "against_cpu": against_cpu(compact,
+                                       hot_first_summary(tensor.cpu(), *arguments).cpu())}
+
+
+def against_cpu(rows: CompactRows, cpu: CompactRows) -> dict:
+    """How the device's compact rows differ from this host's CPU torch on
+    the same inputs: rows with any id, raw logit or cold token not equal
+    (a tie of the cold top-k broken another way counts), and the largest
+    relative difference of the cold masses (exps and sums rounded in
+    another order: ~1e-7 is float32 rounding)."""
+    def per_row(compact):
+        offsets = compact.touched_offsets
+        return [(compact.hot_logits[r].tobytes(), compact.touched_ids[offsets[r]:offsets[r + 1]]
+                 .tobytes(), compact.touched_logits[offsets[r]:offsets[r + 1]].tobytes(),
+                 compact.cold_max[r], compact.cold_argmax[r],
+                 None if compact.cold_token is None else compact.cold_token[r])
+                for r in range(len(compact.cold_max))]
+    differing = sum(a != b for a, b in zip(per_row(rows), per_row(cpu)))
+    mass, reference = rows.cold_mass.astype(np.float64), cpu.cold_mass.astype(np.float64)
+    scale = np.maximum(np.abs(reference), np.finfo(np.float32).tiny)
+    return {"rows_differing": int(differing),
+            "max_mass_rel_diff": float(np.max(np.abs(mass - reference) / scale, initial=0.0))}
 
 
 def run(device_name: str = "cuda", shapes=SHAPES, batches=BATCHES, configs=None,
@@ -149,17 +174,21 @@ def format_report(report: dict) -> str:
              f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'device':>7} "
              f"{'full copy':>9} "
              f"{'modelled':>8} {'x model':>7} {'bytes full':>10} {'compact':>8} {'ratio':>6}"
-             f"  rows"]
+             f" {'vs cpu':>6} {'mass':>7}  rows"]
     for r in report["results"]:
         ms, b = r["ms_per_step"], r["bytes_per_row"]
         lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} {r['config']:>6} "
                      f"{ms['summary']:>8.3f} {ms['device']:>7.3f} {ms['full_copy']:>9.3f} "
                      f"{r['modelled_ms']:>8.3f} "
                      f"{r['summary_vs_modelled']:>7.1f} {b['full']:>10} {b['compact']:>8.0f} "
-                     f"{b['compact'] / b['full']:>6.1%}  {r['rows']}")
+                     f"{b['compact'] / b['full']:>6.1%} {r['against_cpu']['rows_differing']:>6} "
+                     f"{r['against_cpu']['max_mass_rel_diff']:>7.0e}  {r['rows']}")
     lines.append("summary = compact_rows on device-resident rows, its copy to the host "
                  "included; device = hot_first_summary alone, its result left on the device; "
                  "full copy = the rows into pinned host memory; modelled = the "
                  "simulated engine's charge (SUMMARY_READS reads of the rows at "
-                 "HBM_BYTES_PER_S, docs/SIMULATED.md); x model = summary / modelled")
+                 "HBM_BYTES_PER_S, docs/SIMULATED.md); x model = summary / modelled; "
+                 "vs cpu = rows whose compact row differs from this host's CPU torch on the "
+                 "same inputs (ids, raw logits, cold token), mass = the largest relative "
+                 "difference of their cold masses")
     return "\n".join(lines)

@@ -47,13 +47,58 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     return offsets, keys % vocab
 
 
+#: Ids per block of the cold draw's two-level walk (``_cold_tokens``): the
+#: float64 cumulative sum runs over a row's block masses, then inside the one
+#: block the draw lands in, so no float64 copy of the rows is ever made.
+COLD_DRAW_BLOCK = 1024
+
+#: (device, vocab) -> (hot ids array, its ids on the device, a bool [V] mask
+#: of them): the hot set crosses to the device once, not once per step. An
+#: entry serves the array it was made from (the same object, as
+#: ``HotVocab.kernel_arrays()`` hands out), never an equal-looking other.
+_DEVICE_HOT_SETS: dict = {}
+
+
+def _hot_set_on(device: torch.device, hot_ids, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (str(device), vocab)
+    entry = _DEVICE_HOT_SETS.get(key)
+    if entry is None or entry[0] is not hot_ids:
+        ids = torch.as_tensor(np.asarray(hot_ids, np.int64)).to(device)
+        mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        mask[ids] = True
+        entry = _DEVICE_HOT_SETS[key] = (hot_ids, ids, mask)
+    return entry[1], entry[2]
+
+
+def _to_device(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """The host arrays as tensors on `device`, in one transfer: a step's
+    small inputs (touched keys, 1 / T, draws, cold_tops) cost one copy, not
+    one each. Each array keeps its dtype (8-byte dtypes first keep every
+    piece aligned)."""
+    arrays = [np.ascontiguousarray(array) for array in arrays]
+    if device.type == "cpu":  # copies: the result must not alias the caller's arrays
+        return [torch.tensor(array) for array in arrays]
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
+    ends = np.cumsum([arrays[i].nbytes for i in order])
+    packed = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
+    for i, end in zip(order, ends):
+        packed[end - arrays[i].nbytes:end] = arrays[i].view(np.uint8)
+    moved = torch.from_numpy(packed).to(device)
+    out = [None] * len(arrays)
+    for i, end in zip(order, ends):
+        piece = moved[end - arrays[i].nbytes:end]
+        out[i] = piece.view(torch.from_numpy(arrays[i][:0]).dtype)
+    return out
+
+
 @torch.no_grad()
 def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
                       cold_top: int = 0, draws=None) -> CompactRows:
     """The data plane's side of the handoff, in torch on the logits' device.
 
     logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
-    hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``).
+    hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``;
+        kept on the device per array object, ``_hot_set_on``).
     touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
         touched ids (``touched_lists``), ascending, none in H.
     temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
@@ -64,83 +109,122 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     draws: float64 [B] (``handoff.cold_draws``) or None: each row's uniform
         on its cold stream, NaN for none. With it, every row with a finite
         draw and a cold mass also gets its cold token (the id where u * W_C
-        falls along C's weights in id order, a cumulative sum in float64):
-        a row the decision finds NEED_COLD is then decided with it, no full
-        row needed. One more pass over the rows, on their device.
+        falls along C's weights in id order, float64 sums over blocks of
+        COLD_DRAW_BLOCK ids, then inside one): a row the decision finds
+        NEED_COLD is then decided with it, no full row needed.
     Returns ``CompactRows`` as tensors on the logits' device (the cold
-    summary over C = V minus every id handed over).
+    summary over C = V minus every id handed over), in the dtypes of its
+    ``cpu()`` form.
+
+    Written for a GPU's stream: one transfer of the step's inputs, no wait
+    for the device until the touched lists' final length is read (only
+    with cold_top > 0, after everything else is queued), and the rows read
+    in the logits' own dtype, with one float32 copy for the weights.
     """
     size, vocab = logits.shape
     device = logits.device
-    hot = torch.as_tensor(np.asarray(hot_ids), dtype=torch.long, device=device)
-    offsets = torch.as_tensor(np.asarray(touched_offsets), dtype=torch.long)
-    counts = (offsets[1:] - offsets[:-1]).to(device)
-    rows = torch.repeat_interleave(torch.arange(size, device=device), counts)
-    ids = torch.as_tensor(np.asarray(touched_ids), dtype=torch.long, device=device)
-    x = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
-    x[:, hot] = -torch.inf
-    x[rows, ids] = -torch.inf
+    hot, handed = _hot_set_on(device, hot_ids, vocab)
+    offsets = np.asarray(touched_offsets, np.int64)
+    keys = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets)) * vocab \
+        + np.asarray(touched_ids, np.int64)
     tops = np.broadcast_to(np.asarray(cold_top, np.int64), (size,))
-    most = int(tops.max(initial=0))
+    most = min(int(tops.max(initial=0)), vocab)
+    drawn = np.full(size, np.nan) if draws is None else np.asarray(draws, np.float64)
+    offsets_on, keys_on, inv_t, u, tops_on = _to_device(
+        device, offsets, keys, inverse_temperatures(temperature), drawn, tops)
+    x = logits.masked_fill(handed, -torch.inf).contiguous()  # in the logits' dtype: exact
+    flat = x.view(-1)
+    flat.index_fill_(0, keys_on, -torch.inf)
+    rows_of = torch.arange(size, device=device)
     if most > 0:
-        values, extra = x.topk(min(most, vocab), dim=1)  # sorted: a row's k first
+        values, extra = x.topk(most, dim=1)  # sorted: a row's k first
         # -inf picks are ids already handed over (masked) or cold ids of
         # weight 0, which may as well stay in C.
-        picked = values > -torch.inf
-        if (tops != most).any():
-            picked &= (torch.arange(extra.shape[1], device=device)[None, :]
-                       < torch.tensor(tops, device=device)[:, None])
-        extra_rows = torch.arange(size, device=device)[:, None].expand_as(extra)[picked]
-        keys = torch.cat([rows * vocab + ids, extra_rows * vocab + extra[picked]])
-        keys = torch.unique(keys)           # sorted: by row, then id
-        rows, ids = keys // vocab, keys % vocab
-        counts = torch.bincount(rows, minlength=size)
-        x[rows, ids] = -torch.inf
-    inv_t = torch.as_tensor(inverse_temperatures(temperature), device=device)
+        picked = (values > -torch.inf) & (torch.arange(most, device=device)[None, :]
+                                          < tops_on[:, None])
+        extra_keys = rows_of[:, None] * vocab + extra
+        flat.index_put_((extra_keys.view(-1),), torch.where(picked, -torch.inf, values).view(-1))
+        # distinct from the touched keys (those were masked); the rest sort last
+        keys_on, _ = torch.sort(torch.cat([keys_on, torch.where(
+            picked, extra_keys, size * vocab).view(-1)]))
+        counts_on = offsets_on.diff() + picked.sum(dim=1)
+    else:
+        counts_on = None
     cold_argmax = x.argmax(dim=1)           # the first maximal index: the lowest id
-    cold_max = x.gather(1, cold_argmax[:, None])[:, 0]
+    cold_max = x.gather(1, cold_argmax[:, None])[:, 0].float()
     # z and zc with the kernels' float operations (x * inv_t), exps in
-    # float32 as theirs, summed in float64: a float32 sum of ~1e5 terms is
-    # off by ~1e-5 and its value moves with the reduction order (threads,
-    # batch shape), and a row's decision must not.
+    # float32 as theirs, summed in float64 per block: a float32 sum of ~1e5
+    # terms is off by ~1e-5 and its value moves with the reduction order
+    # (threads, batch shape), and a row's decision must not.
     zc = cold_max * inv_t
     finite = torch.isfinite(zc)
     shift = torch.where(finite, zc, torch.zeros_like(zc))
-    weights = torch.exp(x * inv_t[:, None] - shift[:, None])
-    cold_mass = weights.sum(dim=1, dtype=torch.float64)
-    cold_mass = torch.where(finite, cold_mass, torch.zeros_like(cold_mass))
-    drawn = {} if draws is None else dict(zip(
-        ("cold_token", "cold_token_logit"), _cold_tokens(logits, weights, cold_mass, draws)))
-    cold_argmax = torch.where(cold_max == -torch.inf, torch.full_like(cold_argmax, -1), cold_argmax)
-    new_offsets = torch.zeros(size + 1, dtype=torch.long, device=device)
-    new_offsets[1:] = torch.cumsum(counts, 0)
-    return CompactRows(hot_logits=logits.index_select(1, hot), touched_offsets=new_offsets,
-                       touched_ids=ids, touched_logits=logits[rows, ids].float(),
+    weights = x.float() if x.dtype != torch.float32 else x
+    weights.mul_(inv_t[:, None]).sub_(shift[:, None]).exp_()
+    blocks = _block_masses(weights)
+    cold_mass = torch.where(finite, blocks.sum(dim=1), 0.0)
+    cold = {}
+    if draws is not None:
+        cold["cold_token"], cold["cold_token_logit"] = _cold_tokens(logits, weights, blocks,
+                                                                    finite, u)
+    cold_argmax = torch.where(cold_max == -torch.inf, -1, cold_argmax).int()
+    hot_logits = logits.index_select(1, hot)
+    if counts_on is not None:
+        offsets_on = torch.zeros_like(offsets_on)
+        torch.cumsum(counts_on, 0, out=offsets_on[1:])
+        keys_on = keys_on[:int(offsets_on[-1])]  # waits: every kernel is queued by now
+    touched_rows, touched_ids = keys_on // vocab, keys_on % vocab
+    return CompactRows(hot_logits=hot_logits, touched_offsets=offsets_on,
+                       touched_ids=touched_ids.int(),
+                       touched_logits=logits[touched_rows, touched_ids].float(),
                        cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass.float(),
-                       **drawn)
+                       **cold)
 
 
-def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, cold_mass: torch.Tensor, draws):
+def _block_masses(weights: torch.Tensor) -> torch.Tensor:
+    """float64 [B, ceil(V / COLD_DRAW_BLOCK)]: each row's weights summed per
+    block of COLD_DRAW_BLOCK ids (the last block may be shorter)."""
+    size, vocab = weights.shape
+    whole = vocab // COLD_DRAW_BLOCK
+    full = weights.as_strided((size, whole, COLD_DRAW_BLOCK), (vocab, COLD_DRAW_BLOCK, 1))
+    masses = [full.sum(dim=2, dtype=torch.float64)]
+    if vocab % COLD_DRAW_BLOCK:
+        masses.append(weights[:, whole * COLD_DRAW_BLOCK:].sum(dim=1, dtype=torch.float64,
+                                                               keepdim=True))
+    return torch.cat(masses, dim=1)
+
+
+def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, blocks: torch.Tensor,
+                 finite: torch.Tensor, u: torch.Tensor):
     """(cold_token int32 [B], cold_token_logit float32 [B]) on the logits'
-    device: for each row with a finite draw u and a positive cold mass, the
-    id where u * W falls along its weights' float64 cumulative sum (a zero
-    weight, an id handed over, is never picked), -1 and 0 elsewhere."""
+    device: for each row with a finite draw u and a positive cold mass W
+    (the sum of its block masses `blocks`), the id where u * W falls along
+    its weights' float64 cumulative sum: the block by the block masses' sum,
+    then the id inside it (a zero weight, an id handed over, is never
+    picked); -1 and 0 elsewhere. weights: float32 [B, V], 0 for the ids
+    handed over."""
     size, vocab = weights.shape
     device = weights.device
-    token = torch.full((size,), -1, dtype=torch.int32, device=device)
-    token_logit = torch.zeros(size, dtype=torch.float32, device=device)
-    u = torch.as_tensor(np.asarray(draws, np.float64), device=device)
-    rows = torch.nonzero(torch.isfinite(u) & (cold_mass > 0)).flatten()
-    if rows.numel():
-        cumulative = weights[rows].double().cumsum(dim=1)
-        target = u[rows] * cumulative[:, -1]
-        picked = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
-        # u < 1, but u * W may round up to W: then the last id of weight > 0
-        last = vocab - 1 - (weights[rows].flip(1) > 0).int().argmax(dim=1)
-        picked = torch.where(picked >= vocab, last, picked)
-        token[rows] = picked.int()
-        token_logit[rows] = logits[rows, picked].float()
-    return token, token_logit
+    cumulative = blocks.cumsum(dim=1)
+    total = cumulative[:, -1]
+    drawing = torch.isfinite(u) & finite & (total > 0)
+    # u < 1, but u * W may round up to W: below W, a positive weight holds it
+    target = torch.minimum(torch.where(drawing, u, 0.0) * total,
+                           torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
+    block = block.clamp_(max=blocks.shape[1] - 1)
+    before = torch.where(block > 0, cumulative.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0],
+                         0.0)
+    columns = block[:, None] * COLD_DRAW_BLOCK + torch.arange(COLD_DRAW_BLOCK, device=device)
+    inside = weights.gather(1, columns.clamp(max=vocab - 1)).double() * (columns < vocab)
+    within = before[:, None] + inside.cumsum(dim=1)
+    offset = torch.searchsorted(within, target[:, None], right=True)[:, 0]
+    # the block's own sum may round below the target: its last weight > 0
+    last = COLD_DRAW_BLOCK - 1 - (inside.flip(1) > 0).int().argmax(dim=1)
+    token = block * COLD_DRAW_BLOCK + torch.where(offset < COLD_DRAW_BLOCK, offset, last)
+    token_logit = logits.gather(1, token.clamp(max=vocab - 1)[:, None])[:, 0].float()
+    return (torch.where(drawing, token, -1).int(),
+            torch.where(drawing, token_logit, torch.zeros_like(token_logit)))
 
 
 def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:
