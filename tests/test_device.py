@@ -172,7 +172,7 @@ def test_the_summary_bench_runs_on_the_cpu_against_the_modelled_charge(capsys):
         # four float32 reads of 8 rows of 49,152 at 3.35 TB/s
         assert row["modelled_ms"] == pytest.approx(4 * 8 * 49_152 * 4 / 3.35e12 * 1e3, abs=1e-4)
         assert min(row["ms_per_step"].values()) > 0 and set(row["ms_per_step"]) == {
-            "summary", "device", "full_copy"}
+            "summary", "graphed", "device", "full_copy"}
         assert row["summary_vs_modelled"] == pytest.approx(
             row["ms_per_step"]["summary"] / row["modelled_ms"], rel=0.05)
         # the compact rows carry the hot set's logits and a few ids, not the row
@@ -180,6 +180,7 @@ def test_the_summary_bench_runs_on_the_cpu_against_the_modelled_charge(capsys):
         assert report["hot_size"] * 4 < row["bytes_per_row"]["compact"] < 0.1 * 49_152 * 4
         # the same torch on the same CPU: nothing may differ
         assert row["against_cpu"] == {"rows_differing": 0, "max_mass_rel_diff": 0.0}
+        assert row["graphed_against_cpu"] == row["against_cpu"]  # eager off a GPU
 
 
 def test_the_cuda_forward_leaves_cudnn_attention_out():

@@ -11,6 +11,9 @@ Per (V, dtype, B, config), on the same rows in one run, wall time per step
              it, max and argmax, the exp-sum, the cold draw), and the compact
              rows' copy to the host (``cpu()``, which waits for the device):
              what the decode loop's data-plane thread spends on a step
+  graphed    the same with the summary replayed as a CUDA graph
+             (``summary_graph.GraphedSummary``, an engine's summary hook;
+             the eager summary off a GPU)
   device     ``hot_first_summary`` alone on the same step's touched lists,
              cold_tops and draws, waited for, its result left on the device
   full_copy  the full rows into a pinned host buffer, one copy, waited for:
@@ -20,9 +23,9 @@ Per (V, dtype, B, config), on the same rows in one run, wall time per step
              (docs/SIMULATED.md); measured / modelled says how far that
              model is from this device
 bytes per row: full = V * itemsize; compact = the ``cpu()`` form's arrays.
-against_cpu: the device's compact rows against ``hot_first_summary`` in torch on
-this host's CPU on the same inputs (``against_cpu``): the GPU path is checked
-where it runs.
+against_cpu, graphed_against_cpu: the device's compact rows (eager, graphed)
+against ``hot_first_summary`` in torch on this host's CPU on the same inputs
+(``against_cpu``): the GPU paths are checked where they run.
 
 Rows: real SmolLM2 rows at V = 49,152 (``rows.real_rows``, tiled to B);
 synthetic rows with real token ids kept at other V (``rows.synthetic_hot_rows``,
@@ -45,6 +48,7 @@ from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, rea
     synthetic_hot_rows
 from ..serving.device import DTYPES, resolve
 from ..serving.hot_first import compact_rows, hot_first_summary
+from ..serving.summary_graph import GraphedSummary
 from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
 from ..shvs.hot_vocab import HotVocab
 from .kernels import make_batch, time_interleaved
@@ -87,6 +91,11 @@ def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotV
     def summary():
         return compact_rows(tensor, batch, hot, cold_top)
 
+    graphs = GraphedSummary()
+
+    def graphed():
+        return compact_rows(tensor, batch, hot, cold_top, summary=graphs)
+
     # the step's summary arguments as compact_rows composes them, kept
     # through its summary hook
     arguments = []
@@ -103,13 +112,15 @@ def measure(device: torch.device, rows: np.ndarray, dtype: str, batch, hot: HotV
 
     size = len(rows)
     wait()
-    per_row = time_interleaved({"summary": summary, "device": on_device,
+    per_row = time_interleaved({"summary": summary, "graphed": graphed, "device": on_device,
                                 "full_copy": full_copy}, size, repeats)
+    on_cpu = hot_first_summary(tensor.cpu(), *arguments).cpu()
     return {"ms_per_step": {name: round(us * size / 1e3, 4) for name, us in per_row.items()},
             "bytes_per_row": {"full": int(rows.shape[1] * tensor.element_size()),
                               "compact": round(compact.nbytes() / size, 1)},
-            "against_cpu": against_cpu(compact,
-                                       hot_first_summary(tensor.cpu(), *arguments).cpu())}
+            "against_cpu": against_cpu(compact, on_cpu),
+            "graphed_against_cpu": against_cpu(graphed(), on_cpu),
+            "graph_refused": "; ".join(graphs.refused.values()) or None}
 
 
 def against_cpu(rows: CompactRows, cpu: CompactRows) -> dict:
@@ -171,24 +182,32 @@ def format_report(report: dict) -> str:
     lines = [f"hot-first summary on {report['device']} (torch {report['torch']}, CUDA "
              f"{report['cuda']}), |H|={report['hot_size']}, cold_top={report['cold_top']}; "
              f"ms per step, wall, median of {report['repeats']} interleaved rounds",
-             f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'device':>7} "
+             f"{'vocab':>7} {'dtype':>8} {'B':>4} {'config':>6} {'summary':>8} {'graphed':>7} "
+             f"{'device':>7} "
              f"{'full copy':>9} "
              f"{'modelled':>8} {'x model':>7} {'bytes full':>10} {'compact':>8} {'ratio':>6}"
-             f" {'vs cpu':>6} {'mass':>7}  rows"]
+             f" {'vs cpu':>6} {'mass':>7} {'graph vs cpu':>12}  rows"]
     for r in report["results"]:
         ms, b = r["ms_per_step"], r["bytes_per_row"]
         lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['batch']:>4} {r['config']:>6} "
-                     f"{ms['summary']:>8.3f} {ms['device']:>7.3f} {ms['full_copy']:>9.3f} "
+                     f"{ms['summary']:>8.3f} {ms['graphed']:>7.3f} {ms['device']:>7.3f} "
+                     f"{ms['full_copy']:>9.3f} "
                      f"{r['modelled_ms']:>8.3f} "
                      f"{r['summary_vs_modelled']:>7.1f} {b['full']:>10} {b['compact']:>8.0f} "
                      f"{b['compact'] / b['full']:>6.1%} {r['against_cpu']['rows_differing']:>6} "
-                     f"{r['against_cpu']['max_mass_rel_diff']:>7.0e}  {r['rows']}")
+                     f"{r['against_cpu']['max_mass_rel_diff']:>7.0e} "
+                     f"{r['graphed_against_cpu']['rows_differing']:>12}  {r['rows']}")
+    for r in report["results"]:
+        if r.get("graph_refused"):
+            lines.append(f"  graphed ran eager at V={r['vocab']} B={r['batch']} {r['config']}: "
+                         f"{r['graph_refused']}")
     lines.append("summary = compact_rows on device-resident rows, its copy to the host "
-                 "included; device = hot_first_summary alone, its result left on the device; "
+                 "included; graphed = the same, the summary a replayed CUDA graph; "
+                 "device = hot_first_summary alone, its result left on the device; "
                  "full copy = the rows into pinned host memory; modelled = the "
                  "simulated engine's charge (SUMMARY_READS reads of the rows at "
                  "HBM_BYTES_PER_S, docs/SIMULATED.md); x model = summary / modelled; "
                  "vs cpu = rows whose compact row differs from this host's CPU torch on the "
                  "same inputs (ids, raw logits, cold token), mass = the largest relative "
-                 "difference of their cold masses")
+                 "difference of their cold masses; graph vs cpu = the same count for graphed")
     return "\n".join(lines)

@@ -59,7 +59,7 @@ COLD_DRAW_BLOCK = 1024
 _DEVICE_HOT_SETS: dict = {}
 
 
-def _hot_set_on(device: torch.device, hot_ids, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def hot_set_on(device: torch.device, hot_ids, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     key = (str(device), vocab)
     entry = _DEVICE_HOT_SETS.get(key)
     if entry is None or entry[0] is not hot_ids:
@@ -98,7 +98,7 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
 
     logits: [B, V] float32 / float16 / bfloat16 tensor (any device).
     hot_ids: int [|H|] ascending distinct ids (``HotVocab.kernel_arrays()[0]``;
-        kept on the device per array object, ``_hot_set_on``).
+        kept on the device per array object, ``hot_set_on``).
     touched_offsets int [B + 1], touched_ids int [N]: CSR of each row's
         touched ids (``touched_lists``), ascending, none in H.
     temperature: [B] the rows' temperatures (< 1e-5: greedy, mass at T = 1).
@@ -116,40 +116,64 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     summary over C = V minus every id handed over), in the dtypes of its
     ``cpu()`` form.
 
-    Written for a GPU's stream: one transfer of the step's inputs, no wait
-    for the device until the touched lists' final length is read (only
-    with cold_top > 0, after everything else is queued), and the rows read
-    in the logits' own dtype, with one float32 copy for the weights.
+    Written for a GPU's stream (``summarize``): one transfer of the step's
+    inputs, no wait for the device until the touched lists' final length is
+    read (only with cold_top > 0, after everything is queued).
     """
     size, vocab = logits.shape
-    device = logits.device
-    hot, handed = _hot_set_on(device, hot_ids, vocab)
+    hot, handed = hot_set_on(logits.device, hot_ids, vocab)
+    inputs, most = step_inputs(size, vocab, touched_offsets, touched_ids, temperature,
+                                cold_top, draws)
+    out = summarize(logits, hot, handed, most, draws is not None,
+                     *_to_device(logits.device, *inputs))
+    # with cold ids the lists' length is known once they are sorted on the device
+    total = int(out["touched_offsets"][-1]) if most else inputs[1].size
+    out["touched_ids"], out["touched_logits"] = (out["touched_ids"][:total],
+                                                 out["touched_logits"][:total])
+    return CompactRows(**out)
+
+
+def step_inputs(size: int, vocab: int, touched_offsets, touched_ids, temperature, cold_top,
+                 draws) -> tuple[tuple[np.ndarray, ...], int]:
+    """``summarize``'s host inputs (offsets int64 [B + 1], touched keys
+    row * V + id int64 [N], their count int64 [1], 1 / T float32 [B], draws
+    float64 [B] (NaN: none), cold_tops int64 [B]) and the largest cold_top."""
     offsets = np.asarray(touched_offsets, np.int64)
     keys = np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets)) * vocab \
         + np.asarray(touched_ids, np.int64)
     tops = np.broadcast_to(np.asarray(cold_top, np.int64), (size,))
-    most = min(int(tops.max(initial=0)), vocab)
-    drawn = np.full(size, np.nan) if draws is None else np.asarray(draws, np.float64)
-    offsets_on, keys_on, inv_t, u, tops_on = _to_device(
-        device, offsets, keys, inverse_temperatures(temperature), drawn, tops)
-    x = logits.masked_fill(handed, -torch.inf).contiguous()  # in the logits' dtype: exact
+    uniforms = np.full(size, np.nan) if draws is None else np.asarray(draws, np.float64)
+    return ((offsets, keys, np.array([keys.size], np.int64), inverse_temperatures(temperature),
+             uniforms, tops), min(int(tops.max(initial=0)), vocab))
+
+
+def summarize(logits: torch.Tensor, hot: torch.Tensor, handed: torch.Tensor, most: int,
+               drawn: bool, offsets, keys, count, inv_t, u, tops) -> dict:
+    """``hot_first_summary``'s work on the device: ``CompactRows``' fields
+    as tensors, the touched ones over every key of `keys` (those past
+    `count` sort last) and the cold ids; the caller trims them to the
+    offsets' last. No shape here depends on the data and nothing waits for
+    the device: a stream runs it as queued. Passes over the [B, V] rows:
+    mask (in the rows' dtype), argmax, float32 weights (x / T), shift,
+    exp, block masses; with cold_top > 0 a top-k."""
+    size, vocab = logits.shape
+    device = logits.device
+    x = torch.where(handed, -torch.inf, logits).contiguous()  # the logits' dtype: exact
     flat = x.view(-1)
-    flat.index_fill_(0, keys_on, -torch.inf)
-    rows_of = torch.arange(size, device=device)
-    if most > 0:
+    flat.index_fill_(0, keys, -torch.inf)
+    if most:
         values, extra = x.topk(most, dim=1)  # sorted: a row's k first
         # -inf picks are ids already handed over (masked) or cold ids of
         # weight 0, which may as well stay in C.
-        picked = (values > -torch.inf) & (torch.arange(most, device=device)[None, :]
-                                          < tops_on[:, None])
-        extra_keys = rows_of[:, None] * vocab + extra
-        flat.index_put_((extra_keys.view(-1),), torch.where(picked, -torch.inf, values).view(-1))
-        # distinct from the touched keys (those were masked); the rest sort last
-        keys_on, _ = torch.sort(torch.cat([keys_on, torch.where(
-            picked, extra_keys, size * vocab).view(-1)]))
-        counts_on = offsets_on.diff() + picked.sum(dim=1)
-    else:
-        counts_on = None
+        picked = (values > -torch.inf) & (torch.arange(most, device=device) < tops[:, None])
+        extra += torch.arange(size, device=device)[:, None] * vocab
+        flat.index_put_((extra.view(-1),), torch.where(picked, -torch.inf, values).view(-1))
+        beyond = size * vocab  # distinct from every touched key (masked before): sorts last
+        keys = torch.sort(torch.cat([
+            torch.where(torch.arange(keys.numel(), device=device) < count, keys, beyond),
+            torch.where(picked, extra, beyond).view(-1)])).values
+        offsets = torch.nn.functional.pad(torch.cumsum(offsets.diff() + picked.sum(dim=1), 0),
+                                          (1, 0))
     cold_argmax = x.argmax(dim=1)           # the first maximal index: the lowest id
     cold_max = x.gather(1, cold_argmax[:, None])[:, 0].float()
     # z and zc with the kernels' float operations (x * inv_t), exps in
@@ -158,27 +182,19 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     # (threads, batch shape), and a row's decision must not.
     zc = cold_max * inv_t
     finite = torch.isfinite(zc)
-    shift = torch.where(finite, zc, torch.zeros_like(zc))
-    weights = x.float() if x.dtype != torch.float32 else x
-    weights.mul_(inv_t[:, None]).sub_(shift[:, None]).exp_()
+    weights = torch.mul(x, inv_t[:, None])  # float32 (x converted exactly)
+    weights.sub_(torch.where(finite, zc, 0.0)[:, None]).exp_()
     blocks = _block_masses(weights)
-    cold_mass = torch.where(finite, blocks.sum(dim=1), 0.0)
-    cold = {}
-    if draws is not None:
-        cold["cold_token"], cold["cold_token_logit"] = _cold_tokens(logits, weights, blocks,
-                                                                    finite, u)
-    cold_argmax = torch.where(cold_max == -torch.inf, -1, cold_argmax).int()
-    hot_logits = logits.index_select(1, hot)
-    if counts_on is not None:
-        offsets_on = torch.zeros_like(offsets_on)
-        torch.cumsum(counts_on, 0, out=offsets_on[1:])
-        keys_on = keys_on[:int(offsets_on[-1])]  # waits: every kernel is queued by now
-    touched_rows, touched_ids = keys_on // vocab, keys_on % vocab
-    return CompactRows(hot_logits=hot_logits, touched_offsets=offsets_on,
-                       touched_ids=touched_ids.int(),
-                       touched_logits=logits[touched_rows, touched_ids].float(),
-                       cold_max=cold_max, cold_argmax=cold_argmax, cold_mass=cold_mass.float(),
-                       **cold)
+    out = {"hot_logits": logits.index_select(1, hot), "touched_offsets": offsets,
+           "touched_ids": (keys % vocab).int(),
+           "touched_logits": logits[(keys // vocab).clamp_(max=size - 1), keys % vocab].float(),
+           "cold_max": cold_max, "cold_argmax": torch.where(cold_max == -torch.inf, -1,
+                                                            cold_argmax).int(),
+           "cold_mass": torch.where(finite, blocks.sum(dim=1), 0.0).float()}
+    if drawn:
+        out["cold_token"], out["cold_token_logit"] = _cold_tokens(logits, weights, blocks,
+                                                                  finite, u)
+    return out
 
 
 def _block_masses(weights: torch.Tensor) -> torch.Tensor:
@@ -187,11 +203,11 @@ def _block_masses(weights: torch.Tensor) -> torch.Tensor:
     size, vocab = weights.shape
     whole = vocab // COLD_DRAW_BLOCK
     full = weights.as_strided((size, whole, COLD_DRAW_BLOCK), (vocab, COLD_DRAW_BLOCK, 1))
-    masses = [full.sum(dim=2, dtype=torch.float64)]
-    if vocab % COLD_DRAW_BLOCK:
-        masses.append(weights[:, whole * COLD_DRAW_BLOCK:].sum(dim=1, dtype=torch.float64,
-                                                               keepdim=True))
-    return torch.cat(masses, dim=1)
+    if vocab == whole * COLD_DRAW_BLOCK:
+        return full.sum(dim=2, dtype=torch.float64)
+    return torch.cat([full.sum(dim=2, dtype=torch.float64),
+                      weights[:, whole * COLD_DRAW_BLOCK:].sum(dim=1, dtype=torch.float64,
+                                                               keepdim=True)], dim=1)
 
 
 def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, blocks: torch.Tensor,
@@ -203,28 +219,28 @@ def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, blocks: torch.Tens
     then the id inside it (a zero weight, an id handed over, is never
     picked); -1 and 0 elsewhere. weights: float32 [B, V], 0 for the ids
     handed over."""
-    size, vocab = weights.shape
-    device = weights.device
+    vocab = weights.shape[1]
     cumulative = blocks.cumsum(dim=1)
     total = cumulative[:, -1]
     drawing = torch.isfinite(u) & finite & (total > 0)
     # u < 1, but u * W may round up to W: below W, a positive weight holds it
-    target = torch.minimum(torch.where(drawing, u, 0.0) * total,
-                           torch.nextafter(total, torch.zeros_like(total)))
-    block = torch.searchsorted(cumulative, target[:, None], right=True)[:, 0]
-    block = block.clamp_(max=blocks.shape[1] - 1)
-    before = torch.where(block > 0, cumulative.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0],
-                         0.0)
-    columns = block[:, None] * COLD_DRAW_BLOCK + torch.arange(COLD_DRAW_BLOCK, device=device)
-    inside = weights.gather(1, columns.clamp(max=vocab - 1)).double() * (columns < vocab)
-    within = before[:, None] + inside.cumsum(dim=1)
-    offset = torch.searchsorted(within, target[:, None], right=True)[:, 0]
-    # the block's own sum may round below the target: its last weight > 0
-    last = COLD_DRAW_BLOCK - 1 - (inside.flip(1) > 0).int().argmax(dim=1)
-    token = block * COLD_DRAW_BLOCK + torch.where(offset < COLD_DRAW_BLOCK, offset, last)
-    token_logit = logits.gather(1, token.clamp(max=vocab - 1)[:, None])[:, 0].float()
-    return (torch.where(drawing, token, -1).int(),
-            torch.where(drawing, token_logit, torch.zeros_like(token_logit)))
+    target = torch.minimum(u.nan_to_num(0.0) * total, torch.nextafter(total, total.new_zeros(())))
+    block = torch.searchsorted(cumulative, target[:, None], right=True).clamp_(
+        max=blocks.shape[1] - 1)
+    # the cumulative sum before the block: exactly the one searchsorted compared
+    before = torch.nn.functional.pad(cumulative, (1, 0)).gather(1, block)
+    columns = block * COLD_DRAW_BLOCK + torch.arange(COLD_DRAW_BLOCK, device=weights.device)
+    inside = weights.gather(1, columns.clamp(max=vocab - 1)).double()
+    if vocab % COLD_DRAW_BLOCK:  # the short last block: its columns past V weigh 0
+        inside.masked_fill_(columns >= vocab, 0.0)
+    offset = torch.searchsorted(before + inside.cumsum(dim=1), target[:, None], right=True)
+    # the block's own sum may round below the target: then its last weight > 0
+    last = torch.where(inside > 0, columns, -1).amax(dim=1, keepdim=True)
+    token = torch.where(offset < COLD_DRAW_BLOCK, columns.gather(1, offset.clamp(
+        max=COLD_DRAW_BLOCK - 1)), last)
+    token_logit = logits.gather(1, token.clamp(0, vocab - 1))[:, 0].float()
+    return (torch.where(drawing, token[:, 0], -1).int(),
+            torch.where(drawing, token_logit, 0.0))
 
 
 def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:

@@ -1,0 +1,136 @@
+"""The hot-first summary as a replayed CUDA graph: ``hot_first.summarize``
+captured once per step shape, then replayed, so a step costs the host one
+graph launch and two copies instead of about sixty kernel launches. On an
+H100 host eager torch spends more on launching the summary's small kernels
+than the device spends running them (docs/results/gpu-2026-11-27b.md).
+
+``GraphedSummary`` is an engine's ``hot_first_summary`` hook
+(``hot_first.compact_rows``'s `summary`): same arguments, the ``cpu()``
+form back. Off a CUDA device it is ``hot_first_summary``. It runs only
+where CUDA does: `bench summary-gpu` checks its rows against the CPU's and
+times it beside the eager summary; the tests here cannot reach it.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from ..handoff import CompactRows, host_arrays
+from .hot_first import hot_set_on, step_inputs, summarize, hot_first_summary
+
+log = logging.getLogger(__name__)
+
+#: Captured steps kept (least recently used goes first): each holds its
+#: rows' copy and the summary's [B, V] temporaries (about 4 bytes a logit
+#: beyond the logits' own), so a few hundred MB at B = 256, V = 151,936.
+MAX_GRAPHS = 8
+#: Fewest touched keys a step is captured for; more round up to a power
+#: of two, so a step's history length changes the graph only at doublings.
+MIN_KEYS = 256
+
+
+class GraphedSummary:
+    """``hot_first.hot_first_summary(...).cpu()`` by replayed CUDA graphs.
+
+    A graph serves one (device, B, V, dtype, hot set, key capacity, largest
+    cold_top, draws or not); the touched keys are padded to the capacity
+    with a key of row 0's first hot id (masked already: writing -inf there
+    again changes nothing). Not thread-safe: one engine step at a time, as
+    the decode loop calls it."""
+
+    def __init__(self, max_graphs: int = MAX_GRAPHS):
+        self.max_graphs = max_graphs
+        self.graphs: OrderedDict = OrderedDict()
+        #: step shape -> why its capture failed (it then runs eager)
+        self.refused: dict = {}
+
+    def __call__(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
+                 cold_top=0, draws=None) -> CompactRows:
+        eager = (logits.device.type != "cuda" or len(hot_ids) == 0)
+        if not eager:
+            size, vocab = logits.shape
+            inputs, most = step_inputs(size, vocab, touched_offsets, touched_ids, temperature,
+                                       cold_top, draws)
+            capacity = max(MIN_KEYS, 1 << int(inputs[1].size - 1).bit_length())
+            key = (str(logits.device), size, vocab, logits.dtype, capacity, most,
+                   draws is not None)
+            eager = key in self.refused
+        if eager:
+            return hot_first_summary(logits, hot_ids, touched_offsets, touched_ids, temperature,
+                                     cold_top, draws).cpu()
+        step = self.graphs.pop(key, None)
+        if step is None or step.hot_ids is not hot_ids:
+            while len(self.graphs) >= self.max_graphs:
+                self.graphs.popitem(last=False)
+            try:
+                step = _CapturedStep(logits, hot_ids, inputs, capacity, most, draws is not None)
+            except RuntimeError as error:  # an op this torch cannot capture
+                self.refused[key] = f"{type(error).__name__}: {error}"
+                log.warning("hot-first summary: no CUDA graph for B=%d V=%d %s, eager from "
+                               "now on: %s", size, vocab, logits.dtype, error)
+                return self(logits, hot_ids, touched_offsets, touched_ids, temperature,
+                            cold_top, draws)
+        self.graphs[key] = step
+        return step.run(logits, inputs)
+
+
+class _CapturedStep:
+    """One step shape's graph: static input buffers (the rows' copy, the
+    packed small inputs in pinned host memory and on the device), the
+    captured ``summarize`` and its output tensors."""
+
+    def __init__(self, logits: torch.Tensor, hot_ids, inputs, capacity: int, most: int,
+                 drawn: bool):
+        device = logits.device
+        size, vocab = logits.shape
+        self.hot_ids, self.capacity = hot_ids, capacity
+        self.hot, self.handed = hot_set_on(device, hot_ids, vocab)
+        self.filler = int(np.asarray(hot_ids)[0])  # row 0's key of a hot id
+        shapes = [(size + 1, np.int64), (capacity, np.int64), (1, np.int64),
+                  (size, np.float32), (size, np.float64), (size, np.int64)]
+        order = sorted(range(len(shapes)), key=lambda i: -np.dtype(shapes[i][1]).itemsize)
+        self.spans, start = [None] * len(shapes), 0
+        for i in order:  # 8-byte dtypes first: every piece aligned
+            count, dtype = shapes[i]
+            self.spans[i] = (start, start + count * np.dtype(dtype).itemsize, dtype)
+            start = self.spans[i][1]
+        self.host = torch.empty(start, dtype=torch.uint8, pin_memory=True)
+        self.device_inputs = torch.empty(start, dtype=torch.uint8, device=device)
+        views = [self.device_inputs[a:b].view(torch.from_numpy(np.empty(0, dtype)).dtype)
+                 for a, b, dtype in self.spans]
+        self.logits = torch.empty((size, vocab), dtype=logits.dtype, device=device)
+        self._load(logits, inputs)
+        arguments = (self.logits, self.hot, self.handed, most, drawn, *views)
+        side = torch.cuda.Stream(device)  # warm-up off the capture, as torch.cuda.graphs asks
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            summarize(*arguments)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = summarize(*arguments)
+        self.names = list(self.out)
+        self.most = most
+
+    def _load(self, logits: torch.Tensor, inputs) -> None:
+        packed = self.host.numpy()
+        offsets, keys, *rest = inputs
+        padded = np.full(self.capacity, self.filler, np.int64)
+        padded[:keys.size] = keys
+        for (a, b, dtype), array in zip(self.spans, (offsets, padded, *rest)):
+            packed[a:b] = np.ascontiguousarray(array, dtype).view(np.uint8)
+        # synchronous from pinned memory: the buffer is rewritten next step
+        self.device_inputs.copy_(self.host)
+        self.logits.copy_(logits)
+
+    def run(self, logits: torch.Tensor, inputs) -> CompactRows:
+        self._load(logits, inputs)
+        self.graph.replay()
+        arrays = dict(zip(self.names, host_arrays([self.out[name] for name in self.names])))
+        total = int(arrays["touched_offsets"][-1]) if self.most else inputs[1].size
+        arrays["touched_ids"] = arrays["touched_ids"][:total]
+        arrays["touched_logits"] = arrays["touched_logits"][:total]
+        return CompactRows(**arrays)
