@@ -907,3 +907,26 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first():
         assert ("rows cross to the sampler hot-first" in log) == (handoff == "hot-first")
         texts[handoff] = greedy
     assert texts["hot-first"] == texts["full"] and "Paris" in texts["full"]
+
+
+def test_touched_lists_are_each_rows_bias_and_penalized_history_outside_h():
+    """Per row, ascending and without repeats: its bias ids, and its prompt
+    and output ids where a penalty is on, less the hot set's."""
+    rng = np.random.default_rng(0)
+    vocab = 5000
+    hot = HotVocab(rng.choice(vocab, 700, replace=False), vocab)
+    for _ in range(20):
+        size = int(rng.integers(1, 30))
+        params = [SamplingParams(repetition_penalty=1.1 if rng.random() < 0.5 else 1.0,
+                                 logit_bias={int(i): 1.0 for i in rng.choice(
+                                     vocab, int(rng.integers(0, 5)), replace=False)})
+                  for _ in range(size)]
+        histories = [History(prompt_ids=list(rng.integers(0, vocab, int(rng.integers(0, 60)))),
+                             output_ids=list(rng.integers(0, vocab, int(rng.integers(0, 60)))))
+                     for _ in range(size)]
+        offsets, ids = touched_lists(SamplingBatch.from_params(params, histories), hot)
+        for r in range(size):
+            expected = set(params[r].logit_bias)
+            if params[r].repetition_penalty != 1.0:
+                expected |= set(histories[r].prompt_ids) | set(histories[r].output_ids)
+            assert ids[offsets[r]:offsets[r + 1]].tolist() == sorted(expected - set(hot.ids.tolist()))
