@@ -220,7 +220,8 @@ def test_the_processor_reaches_the_engine_from_another_process(make_engine):
     child.stdin.close()
     assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
     rows = engine.step(["b", "a"])
-    base = torch.arange(VOCAB, dtype=torch.float32)
+    assert rows.dtype == torch.float16  # staged in the logits' own dtype: no float32 upcast
+    base = torch.arange(VOCAB, dtype=torch.float16)
     assert torch.equal(rows[0], base * 3) and torch.equal(rows[1], base)  # padding cut off
     engine.append(["b", "a"], [11, 7])
     output = child.stdout.read().decode().split("]")
@@ -253,7 +254,9 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
                                           [1, 2]))
             call.start()
             assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
-            stepped = engine.step(order).numpy()
+            stepped = engine.step(order)
+            assert stepped.dtype == torch.float16  # the logits' own dtype
+            stepped = stepped.numpy()
             base = torch.arange(VOCAB, dtype=torch.float32).numpy()
             expected = [base * (1 + ["a", "b"].index(i)) for i in order]
             assert (stepped == expected).all()
@@ -271,6 +274,36 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
             assert [int(r.reshape(-1).argmax()) for r in rows] == last  # masked to the choice
     finally:
         arena.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the processor's "
+                    "device path (run where there is one: docs/GPU.md)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_rows_land_in_their_dtype_in_the_page_locked_block(make_engine, dtype):
+    """What TensorRT-LLM hands the processor on a GPU, without TensorRT-LLM:
+    rows on the device, padded, computed on a stream of the engine's. They
+    are staged in their own dtype in the page-locked block, equal to the
+    device's, and masked to the chosen tokens on that stream."""
+    engine = make_engine(llm_class=InertLLM)
+    engine.add("a", [1, 2])
+    engine.add("b", [4])  # client ids 1 and 2
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        rows = [torch.randn(1, 1, VOCAB + fake.PADDING, device="cuda").to(dtype)
+                for _ in range(2)]
+    stream.synchronize()
+    expected = torch.stack([row.reshape(-1)[:VOCAB].cpu() for row in rows])
+    call = threading.Thread(target=engine.llm.processor,
+                            args=([0, 1], rows, [[[2]], [[4]]], stream.cuda_stream, [1, 2]))
+    call.start()
+    assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
+    stepped = engine.step(["a", "b"])
+    assert stepped.dtype == dtype and torch.equal(stepped, expected)
+    engine.append(["a", "b"], [5, 6])
+    call.join(timeout=30)
+    assert not call.is_alive() and engine.llm.processor.page_locked is True
+    stream.synchronize()
+    assert [int(row.reshape(-1).argmax()) for row in rows] == [5, 6]
 
 
 def test_tensorrt_llm_is_imported_only_when_asked_for():

@@ -92,6 +92,23 @@ def logits_array(logits) -> np.ndarray:
     return np.asarray(logits)
 
 
+def logits_tensor(array):
+    """A numpy float32 / float16 / bfloat16 (``ml_dtypes``) array as a CPU
+    torch tensor over the same memory, no copy: ``logits_array``'s inverse.
+    A read-only array gives a tensor nothing may write to (torch warns of
+    that, and is silenced here: the logits are only read)."""
+    import warnings
+
+    import torch
+
+    array = np.asarray(array)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if array.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+
+
 _KERNEL_DTYPES = {np.dtype(np.float32): Dtype.DTYPE_FLOAT32,
                   np.dtype(np.float16): Dtype.DTYPE_FLOAT16,
                   np.dtype(ml_dtypes.bfloat16): Dtype.DTYPE_BFLOAT16}

@@ -6,16 +6,14 @@ docs/HANDOFF.md derives both.
 """
 from __future__ import annotations
 
-import warnings
 
-import ml_dtypes
 import numpy as np
 import torch
 
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
     decide_hot_first, inverse_temperatures, run_now, sample_compact
 from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
-from ..sampling import sample
+from ..sampling import logits_tensor, sample
 from ..shvs.hot_vocab import HotVocab, untruncated_rows
 
 
@@ -299,7 +297,7 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
     `cold_draw`), compact decision, then the undecided rows whole. logits:
     [B, V] torch tensor or numpy array. The result's outcome says which rows
     needed their full row."""
-    tensor = logits if isinstance(logits, torch.Tensor) else _as_tensor(logits)
+    tensor = logits if isinstance(logits, torch.Tensor) else logits_tensor(logits)
     options = dict(num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
                    num_threads=num_threads)
     return run_now(decide_hot_first(
@@ -308,14 +306,3 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
         lambda undecided, second: sample(tensor[torch.as_tensor(undecided)].cpu(), second,
                                          **options)))
 
-
-def _as_tensor(array) -> torch.Tensor:
-    """A CPU tensor over a numpy float32 / float16 / bfloat16 array, no copy."""
-    array = np.asarray(array)
-    with warnings.catch_warnings():
-        # A read-only array (a broadcast row) is fine: nothing here writes
-        # to the logits (hot_first_summary masks a copy).
-        warnings.simplefilter("ignore", UserWarning)
-        if array.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(array)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
+import logging
 import os
 import secrets
 import select
@@ -45,11 +47,15 @@ from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Hashable, NamedTuple, Sequence
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from ..row_arena import HEADER_BYTES, Region
+from ..sampling import logits_tensor
 from .engine import SequenceFailed, SequenceTable
+
+log = logging.getLogger(__name__)
 
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
@@ -62,6 +68,9 @@ checkpoint and limits loads the engine instead of building it again."""
 DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default (llmapi/llm_args.py)
 OWNER_POLL_S = 1.0  # how often a worker without pidfd support looks for its owner
 ORPHANED_EXIT_STATUS = 70  # a worker's exit status once its owner has gone
+#: The rows' dtypes the staging block holds as they come (by name, as the
+#: processor reports each iteration's): any other is staged as float32.
+STAGED_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def engine_max_tokens(prompt_length: int, max_context: int, max_tokens: int | None) -> int:
@@ -296,14 +305,17 @@ class RowExchange:
 class RowServer:
     """This process's end of the processor's connection: a Unix socket for
     ids and tokens, and the staging block the processor copies an
-    iteration's rows into, ``max_rows`` float32 rows in a row-arena region
+    iteration's rows into, ``max_rows`` rows in the logits' own dtype
+    (``STAGED_DTYPES``; room for float32) in a row-arena region
     (``row_arena.Region``), so an arena that adopts it (``TrtLlmEngine.share_rows``)
     sends the sampler instances references to the rows where they landed."""
 
     def __init__(self, exchange: RowExchange, max_rows: int, vocab_size: int):
         self.exchange, self.max_rows, self.vocab_size = exchange, max_rows, vocab_size
         self.region = Region(max_rows * vocab_size * 4)
-        self.staging = self.region.array((max_rows, vocab_size), np.float32)
+        #: the block's rows by dtype name: views of the same bytes
+        self.staging = {name: self.region.array((max_rows, vocab_size), dtype)
+                        for name, dtype in STAGED_DTYPES.items()}
         self.directory = tempfile.mkdtemp(prefix="simple-sampler-trtllm-")
         self.authkey = secrets.token_bytes(32)
         self.listener = Listener(os.path.join(self.directory, "rows.sock"), "AF_UNIX",
@@ -326,7 +338,7 @@ class RowServer:
         with connection:
             while True:
                 try:
-                    client_ids, last_tokens, processor_s = connection.recv()
+                    client_ids, last_tokens, processor_s, dtype = connection.recv()
                 except (EOFError, OSError):
                     return
                 # A view, no copy: the processor writes the next iteration's
@@ -335,7 +347,7 @@ class RowServer:
                 # failover) only before its answer.
                 self.exchange.add_bridge_time(processor_s)
                 connection.send(self.exchange.deliver(client_ids, last_tokens,
-                                                      self.staging[:len(client_ids)]))
+                                                      self.staging[dtype][:len(client_ids)]))
 
     def close(self) -> None:
         self.listener.close()
@@ -367,10 +379,26 @@ class DecisionPlaneProcessor:
         self.owner_pid = os.getpid()
         self.connection = self.shared = self.watch = None
         self.unreported_s = 0.0
+        #: whether CUDA page-locked the staging block (``_page_lock``); None: not tried
+        self.page_locked = None
 
     def __getstate__(self):
         return {**self.__dict__, "connection": None, "shared": None, "watch": None,
-                "unreported_s": 0.0}
+                "unreported_s": 0.0, "page_locked": None}
+
+    def _page_lock(self) -> None:
+        """Register the staging block with CUDA (``cudaHostRegister``), once,
+        when the first rows come from a GPU: their device-to-host copy then
+        lands by DMA in the block itself, with no pass through the driver's
+        pinned bounce buffer that pageable memory takes. The block stays
+        mapped and registered for this process's life. If CUDA refuses, the
+        copy still works, pageable (logged once)."""
+        buffer = self.shared.buf
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        error = torch.cuda.cudart().cudaHostRegister(address, buffer.nbytes, 0)
+        self.page_locked = int(error) == 0
+        if not self.page_locked:
+            log.warning("the staging block stays pageable: cudaHostRegister returned %s", error)
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -385,8 +413,8 @@ class DecisionPlaneProcessor:
         if self.connection is None:
             self.shared = _attach(self.shared_name)
             self.connection = Client(self.address, "AF_UNIX", authkey=self.authkey)
-        staged = torch.from_numpy(np.ndarray((self.max_rows, self.vocab_size), np.float32,
-                                             buffer=self.shared.buf, offset=HEADER_BYTES))
+        if logits[0].is_cuda and self.page_locked is None:
+            self._page_lock()
         stream = None
         if logits[0].is_cuda and stream_ptr:  # the stream the engine computed the logits on
             # device=: the stream belongs to the logits' GPU, which need not be
@@ -394,14 +422,21 @@ class DecisionPlaneProcessor:
             stream = torch.cuda.ExternalStream(stream_ptr, device=logits[0].device)
         with _on(stream):
             # Rows are [beam 1, 1, vocab padded to the tensor-parallel size]:
-            # one gather, one device-to-host copy (synchronous: pageable memory).
+            # one gather, one device-to-host copy (synchronous: pageable
+            # memory), in the logits' own dtype: the kernels read bf16 and fp16.
             rows = torch.stack([row.reshape(-1, row.shape[-1])[0, :self.vocab_size]
-                                for row in logits]).float()
-            staged[:len(logits)].copy_(rows)
+                                for row in logits])
+            dtype = str(rows.dtype).removeprefix("torch.")
+            if dtype not in STAGED_DTYPES:
+                rows, dtype = rows.float(), "float32"
+            block = logits_tensor(np.ndarray((self.max_rows, self.vocab_size),
+                                             STAGED_DTYPES[dtype], buffer=self.shared.buf,
+                                             offset=HEADER_BYTES))
+            block[:len(logits)].copy_(rows)
         last_tokens = [beams[0][-1] for beams in token_ids]
         staged = time.perf_counter()
         self.connection.send((list(client_ids), last_tokens,
-                              self.unreported_s + staged - started))
+                              self.unreported_s + staged - started, dtype))
         tokens = self.connection.recv()
         answered = time.perf_counter()
         with _on(stream):
@@ -660,7 +695,7 @@ class TrtLlmEngine:
             rows = _rows_of([s.row for s in sequences], self.vocab_size)
             for sequence in sequences:
                 sequence.taken, sequence.row = sequence.row, None
-        return torch.from_numpy(rows)
+        return logits_tensor(rows)
 
     def share_rows(self, arena) -> None:
         """Let `arena` (``row_arena.RowArena``) reference the rows where the
