@@ -220,8 +220,8 @@ def test_the_processor_reaches_the_engine_from_another_process(make_engine):
     child.stdin.close()
     assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
     rows = engine.step(["b", "a"])
-    assert rows.dtype == torch.float16  # staged in the logits' own dtype: no float32 upcast
-    base = torch.arange(VOCAB, dtype=torch.float16)
+    assert rows.dtype == torch.float32  # the engine's logits dtype (its config names none)
+    base = torch.arange(VOCAB, dtype=torch.float32)
     assert torch.equal(rows[0], base * 3) and torch.equal(rows[1], base)  # padding cut off
     engine.append(["b", "a"], [11, 7])
     output = child.stdout.read().decode().split("]")
@@ -238,7 +238,7 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
     a sampler instance's reader maps; another order is a copy."""
     from simple_sampler.row_arena import RowArena, RowReader
 
-    engine = make_engine(llm_class=InertLLM)
+    engine = make_engine(llm_class=InertLLM, logits_dtype="fp16")  # as the rows: no cast
     arena = RowArena(2, 4 * VOCAB * 4)
     try:
         engine.share_rows(arena)
@@ -255,7 +255,7 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
             call.start()
             assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
             stepped = engine.step(order)
-            assert stepped.dtype == torch.float16  # the logits' own dtype
+            assert stepped.dtype == torch.float16  # staged as they came
             stepped = stepped.numpy()
             base = torch.arange(VOCAB, dtype=torch.float32).numpy()
             expected = [base * (1 + ["a", "b"].index(i)) for i in order]
@@ -278,13 +278,16 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the processor's "
                     "device path (run where there is one: docs/GPU.md)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_rows_land_in_their_dtype_in_the_page_locked_block(make_engine, dtype):
+@pytest.mark.parametrize("dtype, staged", [(torch.bfloat16, "bf16"), (torch.float32, "fp32"),
+                                           (torch.bfloat16, "fp32")])
+def test_cuda_rows_land_in_the_page_locked_block_in_the_engines_dtype(make_engine, dtype,
+                                                                       staged):
     """What TensorRT-LLM hands the processor on a GPU, without TensorRT-LLM:
     rows on the device, padded, computed on a stream of the engine's. They
-    are staged in their own dtype in the page-locked block, equal to the
+    are staged in the engine's logits dtype (cast on the device only where
+    the rows disagree with it) in the page-locked block, equal to the
     device's, and masked to the chosen tokens on that stream."""
-    engine = make_engine(llm_class=InertLLM)
+    engine = make_engine(llm_class=InertLLM, logits_dtype=staged)
     engine.add("a", [1, 2])
     engine.add("b", [4])  # client ids 1 and 2
     stream = torch.cuda.Stream()
@@ -292,18 +295,40 @@ def test_cuda_rows_land_in_their_dtype_in_the_page_locked_block(make_engine, dty
         rows = [torch.randn(1, 1, VOCAB + fake.PADDING, device="cuda").to(dtype)
                 for _ in range(2)]
     stream.synchronize()
-    expected = torch.stack([row.reshape(-1)[:VOCAB].cpu() for row in rows])
+    as_staged = trtllm.STAGED_DTYPES[staged][1]
+    expected = torch.stack([row.reshape(-1)[:VOCAB].to(as_staged).cpu() for row in rows])
     call = threading.Thread(target=engine.llm.processor,
                             args=([0, 1], rows, [[[2]], [[4]]], stream.cuda_stream, [1, 2]))
     call.start()
     assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
     stepped = engine.step(["a", "b"])
-    assert stepped.dtype == dtype and torch.equal(stepped, expected)
+    assert stepped.dtype == as_staged and torch.equal(stepped, expected)
     engine.append(["a", "b"], [5, 6])
     call.join(timeout=30)
     assert not call.is_alive() and engine.llm.processor.page_locked is True
     stream.synchronize()
     assert [int(row.reshape(-1).argmax()) for row in rows] == [5, 6]
+
+
+def test_the_logits_dtype_comes_from_a_prebuilt_engines_config(tmp_path):
+    """A prebuilt engine's pretrained_config.logits_dtype sets the staging
+    block's dtype and the sampler's (the engine spec); a checkpoint's config
+    names none: float32."""
+    from simple_sampler.serving.engines import engine_spec
+    from simple_sampler.settings import LlmSettings
+
+    spec = engine_spec("tensorrt_llm")
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    assert trtllm.read_logits_dtype(tmp_path) is None
+    assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm", model=str(tmp_path))) is None
+    for name, expected in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")):
+        (tmp_path / "config.json").write_text(json.dumps(
+            {"pretrained_config": {"vocab_size": VOCAB, "logits_dtype": name},
+             "build_config": {}}))
+        assert trtllm.read_logits_dtype(tmp_path) == expected
+        assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm",
+                                             model=str(tmp_path))) == expected
+    assert trtllm.read_logits_dtype(tmp_path / "absent") is None
 
 
 def test_tensorrt_llm_is_imported_only_when_asked_for():

@@ -9,8 +9,9 @@ never looks inside it:
   that reserves memory per request (TensorRT-LLM's KV-cache blocks) reserves
   for that many instead of the whole context; engines that do not reserve
   ignore it;
-* ``step(seq_ids)`` returns float32 logits ``[len(seq_ids), vocab_size]`` (the
-  simulated engine, ``simulated``, also bfloat16), the next-token distribution
+* ``step(seq_ids)`` returns logits ``[len(seq_ids), vocab_size]``, float32 or
+  the dtype its ``engines.EngineSpec.logits_dtype`` names (the simulated
+  engine's, a prebuilt TensorRT-LLM engine's), the next-token distribution
   of exactly those sequences (any subset of the active ones, in the order
   given), so the loop can split the batch into micro-batches;
 * ``append(seq_ids, token_ids)`` feeds the sampled tokens back;

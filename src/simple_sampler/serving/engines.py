@@ -32,8 +32,9 @@ class EngineSpec:
     codec: the text codec its token ids are decoded with.
     startup_timeout_s: how long the launcher waits for the llm model to load.
     logits_dtype: the sampler's name for the dtype its rows come in, which
-        the sampler is configured for; None when the rows are float32 that
-        the sampler's own ``--logits-dtype`` applies to.
+        the sampler is configured for (the simulated engine's ``sim_dtype``,
+        a prebuilt TensorRT-LLM engine's ``logits_dtype``); None when the
+        rows are float32 that the sampler's own ``--logits-dtype`` applies to.
     label: what every output of a run on it is labelled with ("" for a real
         model); ``describe`` says more, for the ready line.
     runs_model: False when no model runs (``--model`` then names only the
@@ -95,6 +96,12 @@ def _text_codec(settings: LlmSettings) -> "TextCodec":
     return TextCodec.from_source(settings.model or None)
 
 
+def _trtllm_logits_dtype(settings: LlmSettings) -> str | None:
+    from .trtllm import read_logits_dtype  # lazy: torch
+
+    return read_logits_dtype(settings.model) if settings.model else None
+
+
 def _simulated_codec(settings: LlmSettings) -> "TextCodec":
     from .simulated import SimulatedCodec  # lazy: torch and transformers
 
@@ -117,7 +124,8 @@ ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("torch", _build_torch, _text_codec),
     # A TensorRT engine is built from the checkpoint while the model loads
     # (tens of minutes for a 7-8B model; a restart reads TensorRT-LLM's cache).
-    EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0),
+    EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0,
+               logits_dtype=_trtllm_logits_dtype),
     EngineSpec("simulated", _build_simulated, _simulated_codec,
                logits_dtype=lambda settings: SIMULATED_DTYPES[settings.sim_dtype],
                label=SIMULATED_LABEL, describe=_describe_simulated, runs_model=False,

@@ -68,9 +68,10 @@ checkpoint and limits loads the engine instead of building it again."""
 DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default (llmapi/llm_args.py)
 OWNER_POLL_S = 1.0  # how often a worker without pidfd support looks for its owner
 ORPHANED_EXIT_STATUS = 70  # a worker's exit status once its owner has gone
-#: The rows' dtypes the staging block holds as they come (by name, as the
-#: processor reports each iteration's): any other is staged as float32.
-STAGED_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+#: The sampler's name for a rows dtype -> (numpy dtype, torch dtype): what
+#: the staging block may hold (``read_logits_dtype``).
+STAGED_DTYPES = {"fp32": (np.float32, torch.float32), "fp16": (np.float16, torch.float16),
+                 "bf16": (ml_dtypes.bfloat16, torch.bfloat16)}
 
 
 def engine_max_tokens(prompt_length: int, max_context: int, max_tokens: int | None) -> int:
@@ -165,6 +166,21 @@ def check_engine_limits(model: str | os.PathLike, build: dict, max_batch_size: i
         if have is not None and int(have) < need:
             raise ValueError(f"the prebuilt engine {model} has {field}={have}, below the {need} "
                              f"that {flag} needs: lower the flag or rebuild the engine")
+
+
+def read_logits_dtype(model: str | os.PathLike) -> str | None:
+    """The sampler's name (fp32, fp16, bf16) for the dtype a prebuilt
+    engine's rows come in (``config.json``: ``pretrained_config.logits_dtype``,
+    TensorRT-LLM's ``PretrainedConfig``): the dtype the processor stages
+    them in and the sampler is configured for (``engines.ENGINES``). None
+    for a Hugging Face checkpoint or a config that says nothing: float32,
+    TensorRT-LLM's default logits dtype."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dtype = (config.get("pretrained_config") or {}).get("logits_dtype")
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype)
 
 
 def read_vocab_size(model: str | os.PathLike) -> int:
@@ -305,17 +321,18 @@ class RowExchange:
 class RowServer:
     """This process's end of the processor's connection: a Unix socket for
     ids and tokens, and the staging block the processor copies an
-    iteration's rows into, ``max_rows`` rows in the logits' own dtype
-    (``STAGED_DTYPES``; room for float32) in a row-arena region
-    (``row_arena.Region``), so an arena that adopts it (``TrtLlmEngine.share_rows``)
-    sends the sampler instances references to the rows where they landed."""
+    iteration's rows into, ``max_rows`` rows of ``dtype`` (``STAGED_DTYPES``,
+    the engine's logits dtype) in a row-arena region (``row_arena.Region``),
+    so an arena that adopts it (``TrtLlmEngine.share_rows``) sends the
+    sampler instances references to the rows where they landed."""
 
-    def __init__(self, exchange: RowExchange, max_rows: int, vocab_size: int):
+    def __init__(self, exchange: RowExchange, max_rows: int, vocab_size: int,
+                 dtype: str = "fp32"):
         self.exchange, self.max_rows, self.vocab_size = exchange, max_rows, vocab_size
-        self.region = Region(max_rows * vocab_size * 4)
-        #: the block's rows by dtype name: views of the same bytes
-        self.staging = {name: self.region.array((max_rows, vocab_size), dtype)
-                        for name, dtype in STAGED_DTYPES.items()}
+        self.dtype = dtype
+        array_dtype = np.dtype(STAGED_DTYPES[dtype][0])
+        self.region = Region(max_rows * vocab_size * array_dtype.itemsize)
+        self.staging = self.region.array((max_rows, vocab_size), array_dtype)
         self.directory = tempfile.mkdtemp(prefix="simple-sampler-trtllm-")
         self.authkey = secrets.token_bytes(32)
         self.listener = Listener(os.path.join(self.directory, "rows.sock"), "AF_UNIX",
@@ -324,7 +341,7 @@ class RowServer:
 
     def processor(self) -> "DecisionPlaneProcessor":
         return DecisionPlaneProcessor(self.listener.address, self.authkey, self.region.name,
-                                      self.max_rows, self.vocab_size)
+                                      self.max_rows, self.vocab_size, self.dtype)
 
     def _accept(self) -> None:
         while True:
@@ -338,7 +355,7 @@ class RowServer:
         with connection:
             while True:
                 try:
-                    client_ids, last_tokens, processor_s, dtype = connection.recv()
+                    client_ids, last_tokens, processor_s = connection.recv()
                 except (EOFError, OSError):
                     return
                 # A view, no copy: the processor writes the next iteration's
@@ -347,7 +364,7 @@ class RowServer:
                 # failover) only before its answer.
                 self.exchange.add_bridge_time(processor_s)
                 connection.send(self.exchange.deliver(client_ids, last_tokens,
-                                                      self.staging[dtype][:len(client_ids)]))
+                                                      self.staging[:len(client_ids)]))
 
     def close(self) -> None:
         self.listener.close()
@@ -373,9 +390,9 @@ class DecisionPlaneProcessor:
     (``cpp/tensorrt_llm/batch_manager/logitsPostProcessor.cpp``)."""
 
     def __init__(self, address: str, authkey: bytes, shared_name: str, max_rows: int,
-                 vocab_size: int):
+                 vocab_size: int, dtype: str = "fp32"):
         self.address, self.authkey, self.shared_name = address, authkey, shared_name
-        self.max_rows, self.vocab_size = max_rows, vocab_size
+        self.max_rows, self.vocab_size, self.dtype = max_rows, vocab_size, dtype
         self.owner_pid = os.getpid()
         self.connection = self.shared = self.watch = None
         self.unreported_s = 0.0
@@ -422,21 +439,19 @@ class DecisionPlaneProcessor:
             stream = torch.cuda.ExternalStream(stream_ptr, device=logits[0].device)
         with _on(stream):
             # Rows are [beam 1, 1, vocab padded to the tensor-parallel size]:
-            # one gather, one device-to-host copy (synchronous: pageable
-            # memory), in the logits' own dtype: the kernels read bf16 and fp16.
+            # one gather, one device-to-host copy into the block, in the
+            # block's dtype (the engine's logits dtype, read_logits_dtype:
+            # no cast unless the rows disagree with the engine's config).
+            array_dtype, tensor_dtype = STAGED_DTYPES[self.dtype]
             rows = torch.stack([row.reshape(-1, row.shape[-1])[0, :self.vocab_size]
-                                for row in logits])
-            dtype = str(rows.dtype).removeprefix("torch.")
-            if dtype not in STAGED_DTYPES:
-                rows, dtype = rows.float(), "float32"
-            block = logits_tensor(np.ndarray((self.max_rows, self.vocab_size),
-                                             STAGED_DTYPES[dtype], buffer=self.shared.buf,
-                                             offset=HEADER_BYTES))
+                                for row in logits]).to(tensor_dtype)
+            block = logits_tensor(np.ndarray((self.max_rows, self.vocab_size), array_dtype,
+                                             buffer=self.shared.buf, offset=HEADER_BYTES))
             block[:len(logits)].copy_(rows)
         last_tokens = [beams[0][-1] for beams in token_ids]
         staged = time.perf_counter()
         self.connection.send((list(client_ids), last_tokens,
-                              self.unreported_s + staged - started, dtype))
+                              self.unreported_s + staged - started))
         tokens = self.connection.recv()
         answered = time.perf_counter()
         with _on(stream):
@@ -588,7 +603,7 @@ class TrtLlmEngine:
                  max_context: int, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, api=None,
                  step_timeout_s: float = STEP_TIMEOUT_S,
-                 build_cache_dir: str | os.PathLike | None = None):
+                 build_cache_dir: str | os.PathLike | None = None, logits_dtype: str = "fp32"):
         for name, value in (("max_batch_size", max_batch_size), ("vocab_size", vocab_size),
                             ("tensor_parallel_size", tensor_parallel_size),
                             ("pipeline_parallel_size", pipeline_parallel_size)):
@@ -602,7 +617,7 @@ class TrtLlmEngine:
         self.step_timeout_s = step_timeout_s
         limits = engine_limits(api, model, max_batch_size, max_context, build_cache_dir)
         self.exchange = RowExchange()
-        self.server = RowServer(self.exchange, max_batch_size, vocab_size)
+        self.server = RowServer(self.exchange, max_batch_size, vocab_size, logits_dtype)
         self.sequences: SequenceTable[_TrtLlmSequence] = SequenceTable(vocab_size, max_batch_size,
                                                                          max_context)
         self.watcher = _ResultWatcher(self._request_done)
@@ -618,10 +633,12 @@ class TrtLlmEngine:
 
     @classmethod
     def from_source(cls, model: str | os.PathLike, api=None, **kwargs) -> "TrtLlmEngine":
-        """An engine over ``model``, its vocabulary read from its config.json
-        (TensorRT-LLM is imported first: its absence is the error to report)."""
+        """An engine over ``model``, its vocabulary and logits dtype read from
+        its config.json (TensorRT-LLM is imported first: its absence is the
+        error to report)."""
         api = api or load_tensorrt_llm()
-        return cls(model, read_vocab_size(model), api=api, **kwargs)
+        return cls(model, read_vocab_size(model), api=api,
+                   **{"logits_dtype": read_logits_dtype(model) or "fp32", **kwargs})
 
     @property
     def condition(self) -> threading.Condition:
