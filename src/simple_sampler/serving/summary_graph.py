@@ -32,14 +32,29 @@ MAX_GRAPHS = 8
 MIN_KEYS = 256
 
 
+def row_bucket(size: int) -> int:
+    """The rows a step of `size` rows is captured for: itself up to 8, else
+    rounded up to a multiple of an eighth of the power of two above it
+    (four buckets per doubling: 10, 12, 14, 16, 20, ..., 224, 256, ...), so
+    a decode loop whose batch changes every step replays a few graphs
+    instead of capturing one per size; the padded rows cost at most a
+    quarter more device work and nothing else."""
+    if size <= 8:
+        return size
+    step = 1 << ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
 class GraphedSummary:
     """``hot_first.hot_first_summary(...).cpu()`` by replayed CUDA graphs.
 
-    A graph serves one (device, B, V, dtype, hot set, key capacity, largest
-    cold_top, draws or not); the touched keys are padded to the capacity
-    with a key of row 0's first hot id (masked already: writing -inf there
-    again changes nothing). Not thread-safe: one engine step at a time, as
-    the decode loop calls it."""
+    A graph serves one (device, rows bucket, V, dtype, hot set, key
+    capacity, largest cold_top, draws or not): B rounds up to
+    ``row_bucket(B)``, the padded rows touching nothing, drawing nothing
+    and handing no cold ids over (their outputs are dropped); the touched
+    keys are padded to the capacity with a key of row 0's first hot id
+    (masked already: writing -inf there again changes nothing). Not
+    thread-safe: one engine step at a time, as the decode loop calls it."""
 
     def __init__(self, max_graphs: int = MAX_GRAPHS):
         self.max_graphs = max_graphs
@@ -54,27 +69,44 @@ class GraphedSummary:
             size, vocab = logits.shape
             inputs, most = step_inputs(size, vocab, touched_offsets, touched_ids, temperature,
                                        cold_top, draws)
+            rows = row_bucket(size)
             capacity = max(MIN_KEYS, 1 << int(inputs[1].size - 1).bit_length())
-            key = (str(logits.device), size, vocab, logits.dtype, capacity, most,
+            key = (str(logits.device), rows, vocab, logits.dtype, capacity, most,
                    draws is not None)
             eager = key in self.refused
         if eager:
             return hot_first_summary(logits, hot_ids, touched_offsets, touched_ids, temperature,
                                      cold_top, draws).cpu()
+        inputs = padded_inputs(inputs, rows)
         step = self.graphs.pop(key, None)
         if step is None or step.hot_ids is not hot_ids:
             while len(self.graphs) >= self.max_graphs:
                 self.graphs.popitem(last=False)
             try:
-                step = _CapturedStep(logits, hot_ids, inputs, capacity, most, draws is not None)
+                step = _CapturedStep(logits, rows, hot_ids, inputs, capacity, most,
+                                     draws is not None)
             except RuntimeError as error:  # an op this torch cannot capture
                 self.refused[key] = f"{type(error).__name__}: {error}"
                 log.warning("hot-first summary: no CUDA graph for B=%d V=%d %s, eager from "
-                               "now on: %s", size, vocab, logits.dtype, error)
+                            "now on: %s", rows, vocab, logits.dtype, error)
                 return self(logits, hot_ids, touched_offsets, touched_ids, temperature,
                             cold_top, draws)
         self.graphs[key] = step
         return step.run(logits, inputs)
+
+
+def padded_inputs(inputs, rows: int):
+    """``step_inputs``' arrays for `rows` rows: the rows past the step's
+    own have no touched ids (their offsets repeat the last), 1 / T = 1, no
+    draw and no cold ids."""
+    offsets, keys, count, inv_t, uniforms, tops = inputs
+    extra = rows - len(inv_t)
+    if not extra:
+        return inputs
+    return (np.concatenate([offsets, np.full(extra, offsets[-1])]), keys, count,
+            np.concatenate([inv_t, np.ones(extra, inv_t.dtype)]),
+            np.concatenate([uniforms, np.full(extra, np.nan)]),
+            np.concatenate([tops, np.zeros(extra, np.int64)]))
 
 
 class _CapturedStep:
@@ -82,13 +114,13 @@ class _CapturedStep:
     packed small inputs in pinned host memory and on the device), the
     captured ``summarize`` and its output tensors."""
 
-    def __init__(self, logits: torch.Tensor, hot_ids, inputs, capacity: int, most: int,
-                 drawn: bool):
+    def __init__(self, logits: torch.Tensor, rows: int, hot_ids, inputs, capacity: int,
+                 most: int, drawn: bool):
         device = logits.device
-        size, vocab = logits.shape
+        size, vocab = rows, logits.shape[1]
         self.hot_ids, self.capacity = hot_ids, capacity
         self.hot, self.handed = hot_set_on(device, hot_ids, vocab)
-        self.filler = int(np.asarray(hot_ids)[0])  # row 0's key of a hot id
+        self.filler = int(np.asarray(hot_ids)[0])  # row 0's key of a hot id: padded_keys
         shapes = [(size + 1, np.int64), (capacity, np.int64), (1, np.int64),
                   (size, np.float32), (size, np.float64), (size, np.int64)]
         order = sorted(range(len(shapes)), key=lambda i: -np.dtype(shapes[i][1]).itemsize)
@@ -101,7 +133,8 @@ class _CapturedStep:
         self.device_inputs = torch.empty(start, dtype=torch.uint8, device=device)
         views = [self.device_inputs[a:b].view(torch.from_numpy(np.empty(0, dtype)).dtype)
                  for a, b, dtype in self.spans]
-        self.logits = torch.empty((size, vocab), dtype=logits.dtype, device=device)
+        # zeroed: the padded rows' logits are never the step's, but finite
+        self.logits = torch.zeros((size, vocab), dtype=logits.dtype, device=device)
         self._load(logits, inputs)
         arguments = (self.logits, self.hot, self.handed, most, drawn, *views)
         side = torch.cuda.Stream(device)  # warm-up off the capture, as torch.cuda.graphs asks
@@ -113,24 +146,38 @@ class _CapturedStep:
         with torch.cuda.graph(self.graph):
             self.out = summarize(*arguments)
         self.names = list(self.out)
-        self.most = most
 
     def _load(self, logits: torch.Tensor, inputs) -> None:
         packed = self.host.numpy()
         offsets, keys, *rest = inputs
-        padded = np.full(self.capacity, self.filler, np.int64)
-        padded[:keys.size] = keys
+        padded = padded_keys(keys, self.capacity, self.filler)
         for (a, b, dtype), array in zip(self.spans, (offsets, padded, *rest)):
             packed[a:b] = np.ascontiguousarray(array, dtype).view(np.uint8)
         # synchronous from pinned memory: the buffer is rewritten next step
         self.device_inputs.copy_(self.host)
-        self.logits.copy_(logits)
+        self.logits[:len(logits)].copy_(logits)
 
     def run(self, logits: torch.Tensor, inputs) -> CompactRows:
         self._load(logits, inputs)
         self.graph.replay()
-        arrays = dict(zip(self.names, host_arrays([self.out[name] for name in self.names])))
-        total = int(arrays["touched_offsets"][-1]) if self.most else inputs[1].size
-        arrays["touched_ids"] = arrays["touched_ids"][:total]
-        arrays["touched_logits"] = arrays["touched_logits"][:total]
-        return CompactRows(**arrays)
+        return own_rows(dict(zip(self.names, host_arrays([self.out[name]
+                                                            for name in self.names]))),
+                        len(logits))
+
+
+def padded_keys(keys: np.ndarray, capacity: int, filler: int) -> np.ndarray:
+    """int64 [capacity]: the step's touched keys, then `filler` (row 0's key
+    of a hot id: masked already, so masking it again changes nothing)."""
+    padded = np.full(capacity, filler, np.int64)
+    padded[:keys.size] = keys
+    return padded
+
+
+def own_rows(arrays: dict, size: int) -> CompactRows:
+    """``summarize``'s outputs on the host (a padded step's) as the step's
+    own `size` rows: its touched lists end where its last row's do."""
+    offsets = arrays.pop("touched_offsets")[:size + 1]
+    touched = {name: arrays.pop(name)[:int(offsets[-1])]
+               for name in ("touched_ids", "touched_logits")}
+    return CompactRows(touched_offsets=offsets, **touched,
+                       **{name: array[:size] for name, array in arrays.items()})
