@@ -313,14 +313,14 @@ def test_cuda_rows_land_in_the_page_locked_block_in_the_engines_dtype(make_engin
 def test_the_logits_dtype_comes_from_a_prebuilt_engines_config(tmp_path):
     """A prebuilt engine's pretrained_config.logits_dtype sets the staging
     block's dtype and the sampler's (the engine spec); a checkpoint's config
-    names none: float32."""
+    names none: float32 for both."""
     from simple_sampler.serving.engines import engine_spec
     from simple_sampler.settings import LlmSettings
 
     spec = engine_spec("tensorrt_llm")
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
     assert trtllm.read_logits_dtype(tmp_path) is None
-    assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm", model=str(tmp_path))) is None
+    assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm", model=str(tmp_path))) == "fp32"
     for name, expected in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")):
         (tmp_path / "config.json").write_text(json.dumps(
             {"pretrained_config": {"vocab_size": VOCAB, "logits_dtype": name},

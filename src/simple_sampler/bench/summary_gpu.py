@@ -12,7 +12,7 @@ Per (V, dtype, B, config), on the same rows in one run, wall time per step
              rows' copy to the host (``cpu()``, which waits for the device):
              what the decode loop's data-plane thread spends on a step
   graphed    the same with the summary replayed as a CUDA graph
-             (``summary_graph.GraphedSummary``, an engine's summary hook;
+             (``summary_graph.GraphedSummary``, shaped as an engine's summary hook;
              the eager summary off a GPU)
   device     ``hot_first_summary`` alone on the same step's touched lists,
              cold_tops and draws, waited for, its result left on the device

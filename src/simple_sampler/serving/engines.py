@@ -97,9 +97,11 @@ def _text_codec(settings: LlmSettings) -> "TextCodec":
 
 
 def _trtllm_logits_dtype(settings: LlmSettings) -> str | None:
+    """What the bridge stages the rows in (``TrtLlmEngine.from_source``):
+    the sampler must be configured for the same."""
     from .trtllm import read_logits_dtype  # lazy: torch
 
-    return read_logits_dtype(settings.model) if settings.model else None
+    return (read_logits_dtype(settings.model) or "fp32") if settings.model else None
 
 
 def _simulated_codec(settings: LlmSettings) -> "TextCodec":

@@ -87,7 +87,9 @@ def _to_device(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
     packed = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
     for i, end in zip(order, ends):
         packed[end - arrays[i].nbytes:end] = arrays[i].view(np.uint8)
-    moved = torch.from_numpy(packed).to(device)
+    # pinned and queued: a copy from pageable memory would wait for
+    # everything queued before it (the forward that made the logits)
+    moved = torch.from_numpy(packed).pin_memory().to(device, non_blocking=True)
     out = [None] * len(arrays)
     for i, end in zip(order, ends):
         piece = moved[end - arrays[i].nbytes:end]
@@ -242,6 +244,9 @@ def _cold_tokens(logits: torch.Tensor, weights: torch.Tensor, blocks: torch.Tens
     last = torch.where(inside > 0, columns, -1).amax(dim=1, keepdim=True)
     token = torch.where(offset < COLD_DRAW_BLOCK, columns.gather(1, offset.clamp(
         max=COLD_DRAW_BLOCK - 1)), last)
+    # a CUDA cumsum is a parallel scan: if its rounding left the block with
+    # no positive weight, the row takes the second round
+    drawing &= token[:, 0] >= 0
     token_logit = logits.gather(1, token.clamp(0, vocab - 1))[:, 0].float()
     return (torch.where(drawing, token[:, 0], -1).int(),
             torch.where(drawing, token_logit, 0.0))

@@ -51,9 +51,10 @@ BANK_OFFSETS = 64
 #: consecutive steps do not return shifted copies of each other's rows.
 OFFSET_STRIDE = 23
 #: The hot-first summary's modelled device time: it reads each row
-#: SUMMARY_READS times (mask and max, the exp-sum, the cold top-k, the cold
-#: draw's cumulative sum) at the HBM bandwidth of b's source (H100 SXM,
-#: 3.35 TB/s); docs/SIMULATED.md.
+#: SUMMARY_READS times (mask and max, the exp-sum, the cold top-k, and one
+#: kept from when the cold draw summed the whole row: it now uses the
+#: exp-sum's block masses, so the charge errs high) at the HBM bandwidth of
+#: b's source (H100 SXM, 3.35 TB/s); docs/SIMULATED.md.
 SUMMARY_READS = 4
 HBM_BYTES_PER_S = 3.35e12
 SUMMARY_CHUNK = 32

@@ -4,15 +4,19 @@ graph launch and two copies instead of about sixty kernel launches. On an
 H100 host eager torch spends more on launching the summary's small kernels
 than the device spends running them (docs/results/gpu-2026-11-27b.md).
 
-``GraphedSummary`` is an engine's ``hot_first_summary`` hook
+``GraphedSummary`` has the shape of an engine's ``hot_first_summary`` hook
 (``hot_first.compact_rows``'s `summary`): same arguments, the ``cpu()``
-form back. Off a CUDA device it is ``hot_first_summary``. It runs only
-where CUDA does: `bench summary-gpu` checks its rows against the CPU's and
-times it beside the eager summary; the tests here cannot reach it.
+form back. Off a CUDA device it is ``hot_first_summary``. No engine serves
+through it yet: the torch engine hands the decode loop host rows in every
+mode that samples on the CPU, and TensorRT-LLM's rows reach the host in its
+processor (docs/HANDOFF.md, the limits). `bench summary-gpu` checks its
+rows against the CPU's and times it beside the eager summary; the capture
+and replay need CUDA, so the tests here reach only the padding.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -24,8 +28,10 @@ from .hot_first import hot_set_on, step_inputs, summarize, hot_first_summary
 log = logging.getLogger(__name__)
 
 #: Captured steps kept (least recently used goes first): each holds its
-#: rows' copy and the summary's [B, V] temporaries (about 4 bytes a logit
-#: beyond the logits' own), so a few hundred MB at B = 256, V = 151,936.
+#: rows' copy and the summary's [B, V] temporaries (the masked rows in their
+#: dtype and float32 weights: 6 bytes a logit for bf16, 8 for float32,
+#: beyond the copy), about 311 MB at B = 256, V = 151,936 bf16: 2.5 GB for
+#: eight.
 MAX_GRAPHS = 8
 #: Fewest touched keys a step is captured for; more round up to a power
 #: of two, so a step's history length changes the graph only at doublings.
@@ -53,17 +59,24 @@ class GraphedSummary:
     ``row_bucket(B)``, the padded rows touching nothing, drawing nothing
     and handing no cold ids over (their outputs are dropped); the touched
     keys are padded to the capacity with a key of row 0's first hot id
-    (masked already: writing -inf there again changes nothing). Not
-    thread-safe: one engine step at a time, as the decode loop calls it."""
+    (masked already: writing -inf there again changes nothing). Calls
+    are serialized (a lock): the buffers and graphs are shared."""
 
     def __init__(self, max_graphs: int = MAX_GRAPHS):
         self.max_graphs = max_graphs
+        self.lock = threading.Lock()
         self.graphs: OrderedDict = OrderedDict()
         #: step shape -> why its capture failed (it then runs eager)
         self.refused: dict = {}
 
     def __call__(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
                  cold_top=0, draws=None) -> CompactRows:
+        with self.lock:
+            return self._summary(logits, hot_ids, touched_offsets, touched_ids, temperature,
+                                 cold_top, draws)
+
+    def _summary(self, logits, hot_ids, touched_offsets, touched_ids, temperature, cold_top,
+                 draws) -> CompactRows:
         eager = (logits.device.type != "cuda" or len(hot_ids) == 0)
         if not eager:
             size, vocab = logits.shape
@@ -89,8 +102,8 @@ class GraphedSummary:
                 self.refused[key] = f"{type(error).__name__}: {error}"
                 log.warning("hot-first summary: no CUDA graph for B=%d V=%d %s, eager from "
                             "now on: %s", rows, vocab, logits.dtype, error)
-                return self(logits, hot_ids, touched_offsets, touched_ids, temperature,
-                            cold_top, draws)
+                return self._summary(logits, hot_ids, touched_offsets, touched_ids,
+                                     temperature, cold_top, draws)
         self.graphs[key] = step
         return step.run(logits, inputs)
 
@@ -133,7 +146,8 @@ class _CapturedStep:
         self.device_inputs = torch.empty(start, dtype=torch.uint8, device=device)
         views = [self.device_inputs[a:b].view(torch.from_numpy(np.empty(0, dtype)).dtype)
                  for a, b, dtype in self.spans]
-        # zeroed: the padded rows' logits are never the step's, but finite
+        # the padded rows hold zeros, or a larger earlier step's rows: never
+        # this step's, and rows do not mix
         self.logits = torch.zeros((size, vocab), dtype=logits.dtype, device=device)
         self._load(logits, inputs)
         arguments = (self.logits, self.hot, self.handed, most, drawn, *views)
@@ -143,7 +157,7 @@ class _CapturedStep:
             summarize(*arguments)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.out = summarize(*arguments)
         self.names = list(self.out)
 
@@ -153,8 +167,9 @@ class _CapturedStep:
         padded = padded_keys(keys, self.capacity, self.filler)
         for (a, b, dtype), array in zip(self.spans, (offsets, padded, *rest)):
             packed[a:b] = np.ascontiguousarray(array, dtype).view(np.uint8)
-        # synchronous from pinned memory: the buffer is rewritten next step
-        self.device_inputs.copy_(self.host)
+        # from pinned memory, queued: the last step's copy ended before its
+        # results came back, so rewriting the buffer above was safe
+        self.device_inputs.copy_(self.host, non_blocking=True)
         self.logits[:len(logits)].copy_(logits)
 
     def run(self, logits: torch.Tensor, inputs) -> CompactRows:

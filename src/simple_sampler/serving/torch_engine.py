@@ -35,7 +35,6 @@ from ..models import load_model
 from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
 from .engine import SequenceTable
-from .summary_graph import GraphedSummary
 
 DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
 DEFAULT_MAX_CONTEXT = LlmSettings.max_context
@@ -131,9 +130,6 @@ class TorchEngine:
         self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self.host_logits = host_logits
-        # the hot-first summary next to the logits: graphed on a GPU (the
-        # decode loop's compact_rows hook), eager hot_first_summary elsewhere
-        self.hot_first_summary = GraphedSummary() if self.device.type == "cuda" else None
         self.sequences: SequenceTable[_SlotSequence] = SequenceTable(self.vocab_size,
                                                                      max_batch_size, max_context)
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest

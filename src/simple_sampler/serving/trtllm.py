@@ -57,6 +57,10 @@ from .engine import SequenceFailed, SequenceTable
 
 log = logging.getLogger(__name__)
 
+#: cudaHostRegisterPortable (cuda_runtime_api.h): the registration is seen
+#: by every CUDA context, not only the current device's
+CUDA_HOST_REGISTER_PORTABLE = 1
+
 READY_POLL_S = 0.05  # longest wait_ready blocks, so the decode loop sees cancellations
 STEP_TIMEOUT_S = 600.0  # a step waiting longer means the engine stopped producing rows
 
@@ -398,10 +402,11 @@ class DecisionPlaneProcessor:
         self.unreported_s = 0.0
         #: whether CUDA page-locked the staging block (``_page_lock``); None: not tried
         self.page_locked = None
+        self.warned_cast = False
 
     def __getstate__(self):
         return {**self.__dict__, "connection": None, "shared": None, "watch": None,
-                "unreported_s": 0.0, "page_locked": None}
+                "unreported_s": 0.0, "page_locked": None, "warned_cast": False}
 
     def _page_lock(self) -> None:
         """Register the staging block with CUDA (``cudaHostRegister``), once,
@@ -412,7 +417,9 @@ class DecisionPlaneProcessor:
         copy still works, pageable (logged once)."""
         buffer = self.shared.buf
         address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-        error = torch.cuda.cudart().cudaHostRegister(address, buffer.nbytes, 0)
+        # portable: pinned for every device's context, whichever GPU the rows are on
+        error = torch.cuda.cudart().cudaHostRegister(address, buffer.nbytes,
+                                                     CUDA_HOST_REGISTER_PORTABLE)
         self.page_locked = int(error) == 0
         if not self.page_locked:
             log.warning("the staging block stays pageable: cudaHostRegister returned %s", error)
@@ -444,7 +451,13 @@ class DecisionPlaneProcessor:
             # no cast unless the rows disagree with the engine's config).
             array_dtype, tensor_dtype = STAGED_DTYPES[self.dtype]
             rows = torch.stack([row.reshape(-1, row.shape[-1])[0, :self.vocab_size]
-                                for row in logits]).to(tensor_dtype)
+                                for row in logits])
+            if rows.dtype != tensor_dtype:
+                if not self.warned_cast:
+                    log.warning("the engine's rows are %s, its config.json says %s: cast on "
+                                "the device", rows.dtype, self.dtype)
+                    self.warned_cast = True
+                rows = rows.to(tensor_dtype)
             block = logits_tensor(np.ndarray((self.max_rows, self.vocab_size), array_dtype,
                                              buffer=self.shared.buf, offset=HEADER_BYTES))
             block[:len(logits)].copy_(rows)
@@ -579,12 +592,12 @@ class _ResultWatcher:
             self.loop.close()
 
 
-def _rows_of(places: list, vocab_size: int) -> np.ndarray:
+def _rows_of(places: list, staging: np.ndarray) -> np.ndarray:
     """The rows at `places` ((iteration, index) each): a view of the staging
     block where they are one iteration's consecutive rows in order (a step
     over every row the engine delivered, the common case), else a copy."""
     if not places:
-        return np.empty((0, vocab_size), np.float32)
+        return staging[:0]
     iteration, first = places[0]
     if all(it is iteration and index == first + k for k, (it, index) in enumerate(places)):
         return iteration.rows[first:first + len(places)]
@@ -709,7 +722,7 @@ class TrtLlmEngine:
                 if not self.condition.wait(deadline - time.monotonic()):
                     raise RuntimeError(f"TensorRT-LLM delivered no row within "
                                        f"{self.step_timeout_s} s")
-            rows = _rows_of([s.row for s in sequences], self.vocab_size)
+            rows = _rows_of([s.row for s in sequences], self.server.staging)
             for sequence in sequences:
                 sequence.taken, sequence.row = sequence.row, None
         return logits_tensor(rows)
