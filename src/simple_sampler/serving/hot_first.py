@@ -41,7 +41,8 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     # per step: the hot set's position table is built once per HotVocab
     keys = keys[hot_vocab.positions()[keys % vocab] < 0]
     # sorted and deduplicated by hand: numpy 2's np.unique hashes first,
-    # ~5x slower on a step's 1e5 keys (a GPU host's whole summary, else)
+    # which was most of a GPU host's summary for rows with long histories
+    # (docs/results/gpu-2026-11-27b.md)
     keys.sort()
     first = np.ones(keys.size, bool)
     np.not_equal(keys[1:], keys[:-1], out=first[1:])
