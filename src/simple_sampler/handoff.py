@@ -93,6 +93,17 @@ class CompactRows:
                               else array.astype(_COMPACT_TYPES[name], copy=False)
                               for name, array in zip(names, arrays)})
 
+    def rows(self, start: int, end: int) -> "CompactRows":
+        """Rows [start, end) of the ``cpu()`` form, as views (the touched
+        offsets rebased to the first of them)."""
+        a, b = self.touched_offsets[start], self.touched_offsets[end]
+        return CompactRows(
+            hot_logits=self.hot_logits[start:end],
+            touched_offsets=self.touched_offsets[start:end + 1] - a,
+            touched_ids=self.touched_ids[a:b], touched_logits=self.touched_logits[a:b],
+            **{name: None if value is None else value[start:end]
+               for name, value in vars(self).items() if name not in _CSR_FIELDS})
+
     def nbytes(self) -> int:
         """Bytes of the compact rows as numpy arrays (``cpu()`` form), the
         touched offsets and the cold tokens included."""
@@ -136,6 +147,8 @@ def _numpy_of(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+#: CompactRows' fields that ``rows`` slices by the touched offsets, not by row
+_CSR_FIELDS = ("hot_logits", "touched_offsets", "touched_ids", "touched_logits")
 #: CompactRows' fields in their cpu() dtypes (None: the logits' own)
 _COMPACT_TYPES = {"hot_logits": None, "touched_offsets": np.int64, "touched_ids": np.int32,
                   "touched_logits": np.float32, "cold_max": np.float32, "cold_argmax": np.int32,

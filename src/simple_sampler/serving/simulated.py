@@ -200,8 +200,7 @@ class SimulatedEngine:
                 own |= np.isfinite(draws) & (tops != 0)
             kept = np.unique(tops[~own])
             if kept.size <= 1:  # one prepared summary (own rows are replaced below)
-                out = _slice_compact(summaries[int(kept[0]) if kept.size else 0], first,
-                                     first + size)
+                out = summaries[int(kept[0]) if kept.size else 0].rows(first, first + size)
             else:
                 out = _gather_compact([(summaries[int(tops[r]) if not own[r] else 0], first + r)
                                        for r in range(size)])
@@ -383,19 +382,6 @@ class _ColdBlocks:
             np.ascontiguousarray(added_ids, np.int64),
             np.ascontiguousarray(added_weights, np.float64), COLD_BLOCK, token, token_logit)
         return dataclasses.replace(summary, cold_token=token, cold_token_logit=token_logit)
-
-
-def _slice_compact(summary, start: int, end: int):
-    """Rows [start, end) of a CompactRows (cpu form), as views."""
-    a, b = summary.touched_offsets[start], summary.touched_offsets[end]
-    return CompactRows(
-        hot_logits=summary.hot_logits[start:end],
-        touched_offsets=summary.touched_offsets[start:end + 1] - a,
-        touched_ids=summary.touched_ids[a:b], touched_logits=summary.touched_logits[a:b],
-        cold_max=summary.cold_max[start:end], cold_argmax=summary.cold_argmax[start:end],
-        cold_mass=summary.cold_mass[start:end],
-        **{name: getattr(summary, name)[start:end] for name in _DRAWN
-           if getattr(summary, name) is not None})
 
 
 #: CompactRows' optional per-row arrays (the data plane's cold draw)

@@ -191,8 +191,4 @@ def padded_keys(keys: np.ndarray, capacity: int, filler: int) -> np.ndarray:
 def own_rows(arrays: dict, size: int) -> CompactRows:
     """``summarize``'s outputs on the host (a padded step's) as the step's
     own `size` rows: its touched lists end where its last row's do."""
-    offsets = arrays.pop("touched_offsets")[:size + 1]
-    touched = {name: arrays.pop(name)[:int(offsets[-1])]
-               for name in ("touched_ids", "touched_logits")}
-    return CompactRows(touched_offsets=offsets, **touched,
-                       **{name: array[:size] for name, array in arrays.items()})
+    return CompactRows(**arrays).rows(0, size)
