@@ -1,11 +1,13 @@
 """--engine torch --device cuda, on a machine without a GPU: the settings'
 rules, and serving/device.py's refusals for what this machine cannot run
 (CUDA itself is never exercised here)."""
+import numpy as np
 import pytest
 import torch
 
 from simple_sampler.serving import device
 from simple_sampler.settings import LlmSettings
+from simple_sampler.shvs.hot_vocab import HotVocab
 
 
 def test_cpu_float32_is_the_default_and_resolves_here():
@@ -116,12 +118,17 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
     codec = TextCodec(FakeTokenizer())
-    for mode, decoder_mode, micro_batches in serve_gpu.MODES:
+    hot = HotVocab(np.arange(0, VOCAB, 3), VOCAB)
+    for mode, decoder_mode, micro_batches, handoff in serve_gpu.MODES:
         row = asyncio.run(serve_gpu.run_one(model, codec, mode, decoder_mode, micro_batches,
                                             batch=4, instances=1, warmup=2, measure=4,
-                                            top_p=0.9))
+                                            top_p=0.9, handoff=handoff, hot=hot))
         assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0
         assert row["forward_ms_per_step"] > 0
+        assert row["data_plane_ms_per_step"] >= row["forward_ms_per_step"]
+        # hot-first: the tiny vocabulary's cold ids are all handed over
+        # (cold_top 256 > V), so no row needs its full row
+        assert row["fallback_rate"] == (0.0 if handoff == "hot-first" else None)
 
 
 @pytest.mark.slow  # loads SmolLM2's tokenizer

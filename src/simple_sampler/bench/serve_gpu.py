@@ -5,7 +5,14 @@ GPU, in one process.
 Per (mode, B) a fresh engine over the same model (loaded once): ``simple``
 (one pinned device-to-host copy per step, the kernels in a worker thread over
 ``instances`` kernel threads, as ``bench serve-sim``), ``simple_overlap`` (the
-same with two micro-batches) and ``gpu_inline`` (``serving/inline.py``'s torch
+same with two micro-batches), ``simple_hot_first`` (one micro-batch, the rows
+crossing hot-first as the llm model sends them with ``--handoff hot-first``:
+they stay on the GPU, the summary is replayed there as a CUDA graph
+(``TorchEngine.prepare_hot_first``, ``summary_graph.GraphedSummary``), the
+compact rows go to ``instances`` threads running the sampler model's own code
+(``serve_sim.hot_first_sampler``) and only an undecided row crosses whole;
+the hot set is the shipped SmolLM2 profile's, so the model must have
+SmolLM2's vocabulary) and ``gpu_inline`` (``serving/inline.py``'s torch
 ops on the GPU: a sort per row for top-k / top-p, one generator per row, no
 copy, no overlap; vLLM's draws for seeded requests, and every request here is
 seeded). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
@@ -27,21 +34,27 @@ from ..serving.decoder import Decoder, kernel_sample, threaded
 from ..serving.device import resolve
 from ..serving.text import TextCodec
 from ..serving.torch_engine import TorchEngine
-from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure
+from ..shvs.hot_vocab import HotVocab
+from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure, hot_first_sampler
+from .shvs import resolve_profile
 
-#: (label, decoder mode, micro_batches)
-MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2),
-         ("gpu_inline", "inline", 1))
+#: (label, decoder mode, micro_batches, handoff)
+MODES = (("simple", "simple", 1, "full"), ("simple_overlap", "simple", 2, "full"),
+         ("simple_hot_first", "simple", 1, "hot-first"), ("gpu_inline", "inline", 1, "full"))
 BATCHES = (64, 128, 256)
 
 
 async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_batches: int,
-                  batch: int, instances: int, warmup: int, measure: int, top_p: float) -> dict:
+                  batch: int, instances: int, warmup: int, measure: int, top_p: float,
+                  handoff: str = "full", hot: HotVocab | None = None) -> dict:
+    """One row of the report; `hot`: the hot set, for handoff hot-first."""
     engine = TorchEngine(model, max_batch_size=batch,
                          max_context=PROMPT_TOKENS + warmup + measure + 4,
                          host_logits=decoder_mode != "inline")
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if decoder_mode == "simple" else None
+    if handoff == "hot-first":
+        sampler = hot_first_sampler(engine, hot, instances)
     decoder = Decoder(engine, codec, decoder_mode, sampler, micro_batches)
     clock = ForwardClock(engine)
     await decoder.start()
@@ -50,8 +63,11 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
                                  top_p)
     finally:
         await decoder.close()
-    return {"mode": mode, "micro_batches": micro_batches, "batch": batch,
-            "vocab": engine.vocab_size, "top_p": top_p, **figures}
+    stats = getattr(sampler, "stats", None)  # the hot-first sampler's rows and fallbacks
+    return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "handoff": handoff,
+            "vocab": engine.vocab_size, "top_p": top_p,
+            "fallback_rate": stats["need_full"] / stats["rows"] if stats and stats["rows"]
+            else None, **figures}
 
 
 def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
@@ -69,11 +85,15 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
                 else load_model(model_source, torch_dtype))
     model = model.to(device)
     codec = TextCodec.from_source(model_source)
+    hot = resolve_profile(None, quick=False).hot_vocab()
+    if hot.vocab_size != model.config.vocab_size:  # the profile is SmolLM2's
+        modes = [m for m in modes if m[3] != "hot-first"]
     results = []
-    for mode, decoder_mode, micro_batches in modes:
+    for mode, decoder_mode, micro_batches, handoff in modes:
         for batch in batches:
             results.append(asyncio.run(run_one(model, codec, mode, decoder_mode, micro_batches,
-                                               batch, instances, warmup, measure, top_p)))
+                                               batch, instances, warmup, measure, top_p,
+                                               handoff, hot)))
             gc.collect()
             torch.cuda.empty_cache()  # the next engine's cache gets the freed memory
     inline = {r["batch"]: r["tokens_per_s"] for r in results if r["mode"] == "gpu_inline"}
@@ -86,7 +106,8 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
             "settings": {"model": (model_source or "SmolLM2-135M-Instruct")
                          + (", RANDOM WEIGHTS (its shapes, not its tokens)" if random_weights
                             else ""),
-                         "sampler_instances": instances, "warmup_tokens": warmup,
+                         "sampler_instances": instances, "hot_set": hot.size,
+                         "warmup_tokens": warmup,
                          "measured_tokens": measure,
                          "params": f"temperature 1, top_p {top_p:g}, seeded, ignore_end"}}
 
@@ -98,18 +119,27 @@ def format_report(report: dict) -> str:
              f"{settings['sampler_instances']} kernel threads in-process standing in for "
              f"simple_sampler instances; gpu_inline: torch sampling on the GPU",
              f"requests: {settings['params']}",
-             f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} {'x inline':>8} "
-             f"{'forward':>8} {'exposed':>8} {'ITL p50':>8} {'ITL p95':>8}"]
+             f"{'mode':<17} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} {'x inline':>8} "
+             f"{'forward':>8} {'summary':>8} {'exposed':>8} {'ITL p50':>8} {'ITL p95':>8} "
+             f"{'fallback':>8}"]
     for r in report["results"]:
         ratio = f"{r['vs_gpu_inline']:.2f}" if r["vs_gpu_inline"] is not None else "-"
-        lines.append(f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
+        fallback, summary = "-", "-"
+        if r["handoff"] == "hot-first":
+            fallback = f"{100 * r['fallback_rate']:.1f}%"
+            summary = f"{r['data_plane_ms_per_step'] - r['forward_ms_per_step']:.2f}ms"
+        lines.append(f"{r['mode']:<17} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
                      f"{r['tokens_per_s']:>8.0f} {ratio:>8} "
-                     f"{r['forward_ms_per_step']:>6.2f}ms "
+                     f"{r['forward_ms_per_step']:>6.2f}ms {summary:>8} "
                      f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['itl_ms_p50']:>6.1f}ms "
-                     f"{r['itl_ms_p95']:>6.1f}ms")
+                     f"{r['itl_ms_p95']:>6.1f}ms {fallback:>8}")
     lines.append("x inline = tokens/s over gpu_inline's at the same B, measured in this run; "
                  "forward = the engine's steps (the forward and the logits' copy to the host; "
                  "for gpu_inline, whose logits stay on the GPU, the launches alone, the GPU's "
-                 "time falling in its sampling) and exposed = sampling while no forward ran, each per full "
-                 "pass over the B sequences")
+                 "time falling in its sampling; for simple_hot_first, whose rows stay on the "
+                 "GPU, the launches alone, the GPU's time falling in its summary), summary = "
+                 "simple_hot_first's summary behind the forward in the data-plane thread (the "
+                 "graphed summary and the compact rows' copy to the host) and exposed = "
+                 "sampling while no forward ran, each per full pass over the B sequences; "
+                 f"fallback = rows simple_hot_first sent whole (|H| = {settings['hot_set']})")
     return "\n".join(lines)

@@ -128,7 +128,8 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
     def mark(name: str) -> None:
         stats = decoder.stats
         marks[name] = (time.perf_counter(), time.thread_time(), stats.tokens,
-                       stats.sampling_exposed_s, stats.sampler_s, stats.loop_s)
+                       stats.sampling_exposed_s, stats.sampler_s, stats.loop_s,
+                       stats.data_plane_s)
 
     async def consume(index: int, handle) -> None:
         nonlocal delivered
@@ -151,7 +152,7 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
     failed = [t for t in consumers if t.done() and not t.cancelled() and t.exception()]
     if failed:
         raise failed[0].exception()
-    (t0, cpu0, tok0, exp0, smp0, loop0), (t1, cpu1, tok1, exp1, smp1, loop1) = \
+    (t0, cpu0, tok0, exp0, smp0, loop0, dp0), (t1, cpu1, tok1, exp1, smp1, loop1, dp1) = \
         marks["start"], marks["end"]
     passes = (tok1 - tok0) / batch
     gaps = np.concatenate([np.diff([t for t in times if t0 <= t <= t1]) for times in arrivals])
@@ -159,28 +160,31 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
             "exposed_sampling_ms_per_step": 1e3 * (exp1 - exp0) / passes,
             "sampler_ms_per_step": 1e3 * (smp1 - smp0) / passes,
             "forward_ms_per_step": 1e3 * clock.forward_seconds(t0, t1) / passes,
+            # the decoder's data-plane time: the forward and the work run
+            # behind it in the data-plane thread (the hot-first summary)
+            "data_plane_ms_per_step": 1e3 * (dp1 - dp0) / passes,
             "loop_ms_per_step": 1e3 * (loop1 - loop0) / passes,
             "loop_thread_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / passes,
             "itl_ms_p50": float(np.percentile(gaps, 50)) * 1e3,
             "itl_ms_p95": float(np.percentile(gaps, 95)) * 1e3}
 
 
-def hot_first_sampler(engine: SimulatedEngine, hot: HotVocab, instances: int):
+def hot_first_sampler(engine, hot: HotVocab, instances: int):
     """The llm model's hot-first sampler in-process: the engine's summary
-    (its modelled GPU step), compact rows sharded over `instances` threads
-    standing in for the sampler instances (the sampler model's own code,
-    ``serve_request``), the undecided rows whole."""
-    from ..handoff import DEFAULT_COLD_TOP
-    from ..triton.hot_first_sampler import HotFirstSampler
+    (the simulated engine's modelled GPU step, the torch engine's CUDA
+    graph: ``triton.hot_first_sampler.hot_first_sampler``), compact rows
+    sharded over `instances` threads standing in for the sampler instances
+    (the sampler model's own code, ``serve_request``), the undecided rows
+    whole."""
+    from ..triton import hot_first_sampler as hot_first
     from ..triton.sampler_codec import serve_request
     from ..triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):
         return serve_request(inputs, engine.vocab_size, hot).outputs
 
-    engine.prepare_hot_first(hot.kernel_arrays()[0], DEFAULT_COLD_TOP)
     pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)])
-    return HotFirstSampler(pool, hot, summary=engine.hot_first_summary)
+    return hot_first.hot_first_sampler(engine, pool, hot)
 
 
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,

@@ -23,7 +23,9 @@ Optional capabilities are protocols of their own: :class:`SelfScheduling`
 (``wait_ready(seq_ids)``, the subset that has a row now, for an engine that
 schedules its own batches; see ``decoder`` and ``trtllm``),
 :class:`StepsThen` (``step_then(seq_ids, then)``: device work on the rows
-queued behind the forward, for an engine that models its device time) and
+queued behind the forward, for an engine that models its device time),
+:class:`SummarizesHotFirst` (``prepare_hot_first`` and ``hot_first_summary``:
+the hot-first summary computed where the engine's rows are) and
 :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
 engine tracks per sequence and raises the contract's errors.
 
@@ -100,6 +102,25 @@ def step_then(engine: Engine, seq_ids: Sequence[Hashable],
         return engine.step_then(seq_ids, then)
     rows = engine.step(seq_ids)
     return rows, then(rows)
+
+
+@runtime_checkable
+class SummarizesHotFirst(Protocol):
+    """Optional capability of an :class:`Engine` that computes the hot-first
+    summary (docs/HANDOFF.md) where its rows are: the simulated engine
+    models it as device time, the torch engine on CUDA keeps its rows on
+    the device and replays the summary there as a CUDA graph. The llm model
+    calls ``prepare_hot_first(hot_ids, cold_top)`` once, when its rows cross
+    hot-first (after it, ``step``'s rows may be on the engine's device), and
+    hands ``hot_first_summary`` to ``hot_first.compact_rows`` as its
+    `summary`: ``hot_first.hot_first_summary``'s arguments, the
+    ``CompactRows.cpu()`` form back. Checked with
+    ``isinstance(engine, SummarizesHotFirst)``."""
+
+    def prepare_hot_first(self, hot_ids, cold_top: int) -> None: ...
+
+    def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
+                          temperature, cold_top=0, draws=None): ...
 
 
 @runtime_checkable

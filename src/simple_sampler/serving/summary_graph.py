@@ -6,12 +6,14 @@ than the device spends running them (docs/results/gpu-2026-11-27b.md).
 
 ``GraphedSummary`` has the shape of an engine's ``hot_first_summary`` hook
 (``hot_first.compact_rows``'s `summary`): same arguments, the ``cpu()``
-form back. Off a CUDA device it is ``hot_first_summary``. No engine serves
-through it yet: the torch engine hands the decode loop host rows in every
-mode that samples on the CPU, and TensorRT-LLM's rows reach the host in its
-processor (docs/HANDOFF.md, the limits). `bench summary-gpu` checks its
-rows against the CPU's and times it beside the eager summary; the capture
-and replay need CUDA, so the tests here reach only the padding.
+form back. Off a CUDA device it is ``hot_first_summary``. The torch engine
+serves through it (``TorchEngine.prepare_hot_first``: its rows then stay on
+the GPU); TensorRT-LLM's rows still reach the host in its processor
+(docs/HANDOFF.md, the limits). `bench summary-gpu` checks its rows against
+the CPU's and times it beside the eager summary, and `bench serve-gpu`'s
+``simple_hot_first`` serves through it; the capture and replay need CUDA,
+so the tests here reach only the padding (tests/test_torch_hot_first.py
+runs the engine's path on a GPU where one is visible).
 """
 from __future__ import annotations
 

@@ -17,7 +17,11 @@ rows, by one device-to-host copy per step into pinned memory (PyTorch's
 caching host allocator reuses the block, and a fresh tensor per step means a
 lane's rows are never overwritten while its sampler reads them). With
 ``host_logits=False`` ``step`` returns the rows on the GPU instead, for the
-``inline`` mode, which then samples there (``serving/inline.py``).
+``inline`` mode, which then samples there (``serving/inline.py``), and for
+rows that cross hot-first (``prepare_hot_first``): the summary is computed
+on the GPU next to the rows, as a replayed CUDA graph
+(``summary_graph.GraphedSummary``), and only the compact rows, and an
+undecided row whole, cross to the host (docs/HANDOFF.md).
 Not run on a GPU in this project's CI (none is available there).
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..models import load_model
 from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
 from .engine import SequenceTable
+from .summary_graph import GraphedSummary
 
 DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
 DEFAULT_MAX_CONTEXT = LlmSettings.max_context
@@ -139,6 +144,9 @@ class TorchEngine:
         self.num_threads = torch.get_num_threads()
         self.invariant_forward = (InvariantForward(model, self.keys, self.values)
                                   if batch_invariant else None)
+        #: ``engine.SummarizesHotFirst``'s summary: graphs on CUDA, eager
+        #: torch elsewhere (``GraphedSummary`` captures nothing until called)
+        self.hot_first_summary = GraphedSummary()
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None,
@@ -200,6 +208,16 @@ class TorchEngine:
             host.copy_(logits, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
         return host
+
+    def prepare_hot_first(self, hot_ids, cold_top: int) -> None:
+        """``engine.SummarizesHotFirst``: from now on ``step`` returns the
+        rows where the forward left them (``host_logits=False``), so that
+        on a GPU ``hot_first_summary`` runs next to them and no full row
+        crosses to the host unless the decision needs it (the hot-first
+        sampler then fetches only the undecided rows). On the CPU the rows
+        are the host's anyway. Nothing is precomputed: the hot set crosses
+        to the device with the first summary (``hot_first.hot_set_on``)."""
+        self.host_logits = False
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         """Feed one sampled token per sequence. Raises ValueError when the

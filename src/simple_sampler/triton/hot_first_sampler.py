@@ -12,6 +12,7 @@ from .._sampling import HandoffOutcome
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
+from ..serving.engine import SummarizesHotFirst
 from ..serving.hot_first import compact_rows, undecidable_rows
 from ..shvs.hot_vocab import HotVocab
 from .sampler_codec import batch_arrays, compact_arrays
@@ -180,3 +181,16 @@ class HotFirstSampler:
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=none.astype(np.int32),
                             top_logprobs=none.astype(np.float32),
                             hot_accepted=np.full(len(batch), -1, np.int8))
+
+
+def hot_first_sampler(engine, pool, hot_vocab: HotVocab) -> HotFirstSampler:
+    """The decode loop's sampler over `pool` with the rows crossing
+    hot-first: summarized by the engine where its rows are, when it can
+    (``engine.SummarizesHotFirst``, prepared here: the simulated engine's
+    modelled device, the torch engine's GPU), else by ``hot_first_summary``
+    in torch wherever ``step``'s rows are."""
+    summary = None
+    if isinstance(engine, SummarizesHotFirst):
+        engine.prepare_hot_first(hot_vocab.kernel_arrays()[0], DEFAULT_COLD_TOP)
+        summary = engine.hot_first_summary
+    return HotFirstSampler(pool, hot_vocab, summary=summary)

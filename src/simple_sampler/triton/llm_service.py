@@ -32,7 +32,6 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..handoff import DEFAULT_COLD_TOP
 from ..schema import SHUTTING_DOWN
 from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
 from ..serving.engine import Closable
@@ -41,7 +40,7 @@ from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, decode_generate, encode_event, merge_events
-from .hot_first_sampler import HotFirstSampler
+from .hot_first_sampler import hot_first_sampler
 from .sampler_pool import SamplerCall, build_arena, build_pool
 
 log = logging.getLogger(__name__)
@@ -188,10 +187,7 @@ class LlmService:
                              settings.sampler_shard_min_rows) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
-            if hasattr(self.engine, "prepare_hot_first"):  # a summary on the (modelled) device
-                self.engine.prepare_hot_first(hot_vocab.kernel_arrays()[0], DEFAULT_COLD_TOP)
-            sampler = HotFirstSampler(sampler, hot_vocab,
-                                      summary=getattr(self.engine, "hot_first_summary", None))
+            sampler = hot_first_sampler(self.engine, sampler, hot_vocab)
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
