@@ -49,7 +49,7 @@ class HotFirstSampler:
     engine's device, each untruncated row's cold token drawn there too, so
     a draw landing in C needs no full row: docs/HANDOFF.md, "The cold
     draw"), sends the compact rows, then the undecided rows whole in a
-    second request (one, not one per instance), and merges the answers
+    second request (sharded as full rows are: one request for a few), and merges the answers
     (``handoff.decide_hot_first``). When the full rows already lie in the
     pool's arena (``SamplerPool.reference``) and a row may be left
     undecided (``hot_first.undecidable_rows``), the compact requests to the
@@ -174,9 +174,12 @@ class HotFirstSampler:
             self.stats[name] += count
 
     async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
-        # One request: the undecided rows are ~2% of a step, and every
-        # request costs a stub a fixed share of the compact rows' whole cost.
-        tokens, logprobs = await self.pool(logits, batch, most_shards=1)
+        # The pool's own rule for full rows (shards of sampler_shard_min_rows
+        # rows at least): the undecided rows are ~2% of a step, one request,
+        # but where the hot set stops covering the rows (a flat model, top_p
+        # reaching past H: every row) a step's worth is sharded as full rows
+        # are (docs/results/gpu-2026-11-27c.md).
+        tokens, logprobs = await self.pool(logits, batch)
         none = np.zeros((len(batch), 0))
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=none.astype(np.int32),
                             top_logprobs=none.astype(np.float32),
