@@ -34,9 +34,10 @@ from ..serving.decoder import Decoder, kernel_sample, threaded
 from ..serving.device import resolve
 from ..serving.text import TextCodec
 from ..serving.torch_engine import TorchEngine
-from ..shvs.hot_vocab import HotVocab
+from ..launch.install import project_file
+from ..shvs.hot_vocab import HotVocab, load_profile
+from .calibrate import DEFAULT_OUTPUT
 from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure, hot_first_sampler
-from .shvs import resolve_profile
 
 #: (label, decoder mode, micro_batches, handoff)
 MODES = (("simple", "simple", 1, "full"), ("simple_overlap", "simple", 2, "full"),
@@ -85,7 +86,8 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
                 else load_model(model_source, torch_dtype))
     model = model.to(device)
     codec = TextCodec.from_source(model_source)
-    hot = resolve_profile(None, quick=False).hot_vocab()
+    # the shipped profile, wherever the bench runs from (never a calibration)
+    hot = load_profile(project_file(str(DEFAULT_OUTPUT))).hot_vocab()
     if hot.vocab_size != model.config.vocab_size:  # the profile is SmolLM2's
         modes = [m for m in modes if m[3] != "hot-first"]
     results = []
