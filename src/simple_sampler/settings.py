@@ -298,9 +298,11 @@ class LlmSettings(Settings):
         0.04, "engine simulated: b of its step time a + b * B, ms per sequence (KV-cache "
         "bytes at a 1,024-token context over H100 bandwidth)", minimum=0.0)
 
-    # full by default: the summary is torch work in this process (340-540
-    # us/row on a CPU, docs/HANDOFF.md) until it runs on the GPU next to the
-    # logits, against 30-45 us/row for the sampler's whole full path.
+    # full by default: on a CPU engine the summary is torch work in this
+    # process (340-540 us/row, docs/HANDOFF.md) against 30-45 us/row for the
+    # sampler's whole full path; the torch engine on CUDA runs it next to the
+    # logits, measured only in-process with random weights so far
+    # (docs/results/gpu-2026-11-27c.md).
     handoff: str = setting(
         "full", "how rows cross to the sampler: full rows, or hot-first (the hot set's "
         "logits, the touched ones and an exact cold summary; the rest whole only when needed: "
