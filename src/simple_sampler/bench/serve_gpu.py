@@ -65,10 +65,11 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
     finally:
         await decoder.close()
     stats = getattr(sampler, "stats", None)  # the hot-first sampler's rows and fallbacks
+    # a row the compact decision left NEED_FULL or NEED_COLD went whole
+    fallback = (stats["need_full"] + stats["need_cold"]) / stats["rows"] \
+        if stats and stats["rows"] else None
     return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "handoff": handoff,
-            "vocab": engine.vocab_size, "top_p": top_p,
-            "fallback_rate": stats["need_full"] / stats["rows"] if stats and stats["rows"]
-            else None, **figures}
+            "vocab": engine.vocab_size, "top_p": top_p, "fallback_rate": fallback, **figures}
 
 
 def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
