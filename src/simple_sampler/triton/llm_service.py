@@ -122,9 +122,17 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     None for full rows: handoff "hot-first", a sampler profile, and only
     local endpoints (a remote server's sampler may hold another hot set).
     repository: the model repository's root (a relative profile is the
-    sampler model's file there)."""
-    if (settings.handoff != "hot-first" or not settings.hot_vocab_profile
-            or parse_endpoints(settings.sampler_endpoints) != [LOCAL]):
+    sampler model's file there). Logs a warning, naming why, when hot-first
+    was asked for and full rows will cross all the same."""
+    if settings.handoff != "hot-first":
+        return None
+    refused = ("the sampler has no hot-vocab profile (serve --hot-vocab PROFILE.npz: the "
+               "shipped one is SmolLM2's, `simple-sampler calibrate` makes one)"
+               if not settings.hot_vocab_profile else
+               "a sampler endpoint is remote, and its hot set may not be this one"
+               if parse_endpoints(settings.sampler_endpoints) != [LOCAL] else None)
+    if refused:
+        log.warning("handoff hot-first: full rows cross to the sampler instead: %s", refused)
         return None
     path = os.path.join(repository or "", settings.sampler_model, settings.hot_vocab_profile)
     return load_profile(path).hot_vocab()
