@@ -49,8 +49,8 @@ class HotFirstSampler:
     engine's device, each untruncated row's cold token drawn there too, so
     a draw landing in C needs no full row: docs/HANDOFF.md, "The cold
     draw"), sends the compact rows, then the undecided rows whole in a
-    second request (sharded as full rows are: one request for a few), and merges the answers
-    (``handoff.decide_hot_first``). When the full rows already lie in the
+    second request (sharded as full rows are: one request for a few), and
+    merges the answers (``handoff.decide_hot_first``). When the full rows already lie in the
     pool's arena (``SamplerPool.reference``) and a row may be left
     undecided (``hot_first.undecidable_rows``), the compact requests to the
     instances that map it carry them by reference and those instances decide

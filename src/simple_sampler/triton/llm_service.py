@@ -126,11 +126,12 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     was asked for and full rows will cross all the same."""
     if settings.handoff != "hot-first":
         return None
-    refused = ("the sampler has no hot-vocab profile (serve --hot-vocab PROFILE.npz: the "
-               "shipped one is SmolLM2's, `simple-sampler calibrate` makes one)"
-               if not settings.hot_vocab_profile else
-               "a sampler endpoint is remote, and its hot set may not be this one"
-               if parse_endpoints(settings.sampler_endpoints) != [LOCAL] else None)
+    refused = None
+    if not settings.hot_vocab_profile:
+        refused = ("the sampler has no hot-vocab profile (serve --hot-vocab PROFILE.npz: the "
+                   "shipped one is SmolLM2's, `simple-sampler calibrate` makes one)")
+    elif parse_endpoints(settings.sampler_endpoints) != [LOCAL]:
+        refused = "a sampler endpoint is remote, and its hot set may not be this one"
     if refused:
         log.warning("handoff hot-first: full rows cross to the sampler instead: %s", refused)
         return None
