@@ -130,7 +130,7 @@ def format_report(report: dict) -> str:
         fallback, summary = "-", "-"
         if r["handoff"] == "hot-first":
             fallback = f"{100 * r['fallback_rate']:.1f}%"
-            summary = f"{r['data_plane_ms_per_step'] - r['forward_ms_per_step']:.2f}ms"
+            summary = f"{r['summary_ms_per_step']:.2f}ms"
         lines.append(f"{r['mode']:<17} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
                      f"{r['tokens_per_s']:>8.0f} {ratio:>8} "
                      f"{r['forward_ms_per_step']:>6.2f}ms {summary:>8} "

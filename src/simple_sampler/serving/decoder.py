@@ -276,7 +276,11 @@ class DecoderStats:
     """Cumulative timings (seconds) since the decoder started.
 
     ``busy_s``: time a forward or a sampler was running; ``data_plane_s``:
-    forward time; ``sampler_s``: total sampler time (overlapped or not);
+    forward time, the sampler's data-plane half included; ``summary_s``:
+    that half alone (the hot-first summary: ``summarize``), timed around it
+    in the data-plane thread (with ``engine.StepsThen``, the simulated
+    engine's, its emulation on this CPU, not the device time it models);
+    ``sampler_s``: total sampler time (overlapped or not);
     ``sampling_exposed_s``: time sampling ran while no forward did, the part
     on the critical path. ``sampling_share`` = exposed / busy. ``loop_s``:
     the CPU time (``time.thread_time``) of the decode loop's own Python work
@@ -295,6 +299,7 @@ class DecoderStats:
 
     busy_s: float = 0.0
     data_plane_s: float = 0.0
+    summary_s: float = 0.0
     sampler_s: float = 0.0
     loop_s: float = 0.0
     sampling_exposed_s: float = 0.0
@@ -650,7 +655,7 @@ class Decoder:
             logits = self.engine.step(ids)
         else:
             logits, summary = step_then(self.engine, ids,
-                                        lambda rows: self.summarize(rows, batch))
+                                        lambda rows: self._timed_summary(rows, batch))
         forward_s = time.perf_counter() - started
         sampled = None
         if self.sample_now is not None:
@@ -663,6 +668,15 @@ class Decoder:
             return logits, summary, None, None, forward_s, sample_s, started, done
         tokens, logprobs = sampled
         return logits, None, tokens, logprobs, forward_s, sample_s, started, done
+
+    def _timed_summary(self, logits, batch: SamplingBatch):
+        """``summarize``, its time added to ``stats.summary_s`` (the
+        data-plane thread is the only writer)."""
+        started = time.perf_counter()
+        try:
+            return self.summarize(logits, batch)
+        finally:
+            self.stats.summary_s += time.perf_counter() - started
 
     def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""
