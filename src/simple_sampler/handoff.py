@@ -36,13 +36,12 @@ import inspect
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
 from .params import GREEDY_TEMPERATURE, RULES, SamplingBatch
-from .sampling import (SampleOutput, empty_output, kernel_params, kernel_rows, raise_row_errors,
-                       sample)
+from .sampling import (SampleOutput, empty_output, is_torch_tensor, kernel_params, kernel_rows,
+                       logits_array, raise_row_errors, sample)
 from .shvs.hot_vocab import HotVocab, untruncated_rows
 
 #: How many of each row's largest cold logits the data plane hands over
@@ -115,9 +114,9 @@ class CompactRows:
 def host_array(value) -> np.ndarray:
     """A tensor (any device) or array as a numpy array on the host, no copy
     where none is needed; bfloat16 as ml_dtypes.bfloat16."""
-    if not isinstance(value, torch.Tensor):
+    if not is_torch_tensor(value):
         return np.asarray(value)
-    return _numpy_of(value.cpu().contiguous())
+    return logits_array(value.cpu().contiguous())
 
 
 def host_arrays(values) -> list[np.ndarray]:
@@ -125,26 +124,21 @@ def host_arrays(values) -> list[np.ndarray]:
     in one transfer (their bytes packed on the device), not one each: a
     device-to-host copy waits for the device and costs ~10 us of setup
     whatever its size."""
-    devices = {value.device for value in values if isinstance(value, torch.Tensor)}
-    if len(devices) != 1 or next(iter(devices)).type == "cpu" \
-            or not all(isinstance(value, torch.Tensor) for value in values):
+    if not all(is_torch_tensor(value) for value in values) \
+            or len({value.device for value in values}) != 1 or values[0].device.type == "cpu":
         return [host_array(value) for value in values]
+    import torch
+
     # 8-byte dtypes first: every piece starts aligned to its itemsize
     order = sorted(range(len(values)), key=lambda i: -values[i].element_size())
     packed = torch.cat([values[i].contiguous().view(-1).view(torch.uint8) for i in order]).cpu()
     out, start = [None] * len(values), 0
     for i in order:
         end = start + values[i].numel() * values[i].element_size()
-        out[i] = _numpy_of(packed[start:end].view(values[i].dtype).view(values[i].shape))
+        out[i] = logits_array(packed[start:end].view(values[i].dtype).view(values[i].shape))
         start = end
     return out
 
-
-def _numpy_of(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
 
 
 #: CompactRows' fields that ``rows`` slices by the touched offsets, not by row

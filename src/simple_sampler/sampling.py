@@ -78,10 +78,17 @@ def default_num_threads() -> int:
     return int(os.environ.get("SIMPLE_SAMPLER_NUM_THREADS", "1"))
 
 
+def is_torch_tensor(value) -> bool:
+    """Whether `value` is a torch tensor, without importing torch: the
+    sampler instances get numpy arrays, and importing torch costs each of
+    them seconds of CPU as it starts."""
+    return type(value).__module__.startswith("torch")
+
+
 def logits_array(logits) -> np.ndarray:
     """``logits`` (numpy, or a CPU torch tensor) as a numpy array without a
     copy; torch bfloat16 becomes ``ml_dtypes.bfloat16``, which numpy lacks."""
-    if type(logits).__module__.startswith("torch"):
+    if is_torch_tensor(logits):
         import torch
 
         if logits.device.type != "cpu":

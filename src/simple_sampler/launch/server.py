@@ -139,6 +139,12 @@ class TritonServer:
             # own wait only covers models it cannot unload (one whose stub
             # died never finishes unloading).
             f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
+            # Every config.pbtxt is complete (launch.serve writes it); with
+            # auto-complete on, the Python backend starts one extra stub per
+            # model only to ask it for its config (python_be.cc,
+            # ModelState::LaunchAutoCompleteStubProcess), each importing the
+            # model's modules: several seconds of a small host's start.
+            "--disable-auto-complete-config",
             "--log-verbose=0", *self.extra_args,
         ]
 
