@@ -160,3 +160,20 @@ def test_the_light_modules_import_no_torch(module):
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'tensorrt_llm') "
             f"if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_sampler_model_starts_without_torch():
+    """The sampler model's modules (backends/simple_sampler/model.py) leave
+    torch unimported: each instance would spend seconds of CPU importing it
+    as it starts, for nothing (its inputs are numpy; a BF16 input, where the
+    config has one, brings torch in for DLPack)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; import simple_sampler.triton.sampler_codec, simple_sampler.row_arena, "
+             "simple_sampler.shvs.hot_vocab, simple_sampler.triton.counters, "
+             "simple_sampler.triton.stub_profile, simple_sampler.settings, simple_sampler.logs; "
+             "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "False"
