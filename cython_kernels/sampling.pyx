@@ -35,8 +35,9 @@ decided from the hot set and the bounds (rejection for untruncated rows, a
 nucleus bracketed by the bounds for top_p) with exact corrections where
 they cannot decide. Every row keeps exactly the distribution above.
 
-One extension, four parts: row.pxi (row sampling), hot_set.pxi (SHVS),
-compact.pxi (hot-first compact rows) and this file (the entries: KernelBatch,
+One extension, five parts: row.pxi (row sampling), hot_set.pxi (SHVS),
+compact.pxi (hot-first compact rows), dlpack.pxi (reading a bfloat16
+input's DLPack capsule without torch) and this file (the entries: KernelBatch,
 the per-row prologue and epilogue every entry shares, sample_batch,
 sample_compact_batch). The parts are included, not separate modules, so the
 row functions stay static C functions of one translation unit that the
@@ -90,6 +91,7 @@ cdef enum:
 include "row.pxi"
 include "hot_set.pxi"
 include "compact.pxi"
+include "dlpack.pxi"
 
 
 cdef struct BatchInputs:

@@ -14,6 +14,7 @@ import time
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.row_arena import RowReader
+from simple_sampler.sampling import dlpack_array
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
 from simple_sampler import logs
@@ -32,14 +33,11 @@ class TritonPythonModel:
         settings = SamplerSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
         self.num_threads, self.vocab_size = settings.num_threads, settings.vocab_size
-        # numpy for every dtype numpy has; a CPU torch tensor for BF16, which has
-        # no numpy dtype (python_backend's ``PbTensor::AsNumpy`` throws for it:
-        # the config's dtype decides, not a raised exception per request).
+        # numpy for every dtype; BF16, which python_backend's ``as_numpy``
+        # refuses (src/pb_tensor.cc, ``PbTensor::AsNumpy``), through its DLPack
+        # capsule (the config's dtype decides, not a raised exception per request).
         self.bf16_inputs = frozenset(tensor["name"] for tensor in config["input"]
                                      if tensor["data_type"] == "TYPE_BF16")
-        if self.bf16_inputs:
-            from torch.utils.dlpack import from_dlpack
-            self.from_dlpack = from_dlpack
         self.hot_vocab = self.monitor = None
         if settings.hot_vocab_profile:
             path = os.path.join(args["model_repository"], settings.hot_vocab_profile)
@@ -104,7 +102,7 @@ class TritonPythonModel:
             # rebuilds request.inputs() and scans it on every call (a name each).
             tensors, bf16 = request.inputs(), self.bf16_inputs
             try:
-                inputs = {name: self.from_dlpack(tensor.to_dlpack()) if name in bf16
+                inputs = {name: dlpack_array(tensor.to_dlpack()) if name in bf16
                           else tensor.as_numpy()
                           for tensor in tensors for name in (tensor.name(),)}
                 served = serve_request(inputs, self.vocab_size, self.hot_vocab, self.reader,

@@ -99,6 +99,26 @@ def logits_array(logits) -> np.ndarray:
     return np.asarray(logits)
 
 
+#: DLPack (type code, bits) -> numpy dtype, the logits' dtypes
+_DLPACK_DTYPES = {(2, 32): np.dtype(np.float32), (2, 16): np.dtype(np.float16),
+                  (4, 16): np.dtype(ml_dtypes.bfloat16)}
+
+
+def dlpack_array(capsule) -> np.ndarray:
+    """A CPU float32 / float16 / bfloat16 tensor's DLPack capsule (unconsumed,
+    e.g. a Triton ``pb_utils.Tensor.to_dlpack()``) as a read-only numpy
+    array over the same memory, bfloat16 as ``ml_dtypes.bfloat16``: what
+    numpy's own ``from_dlpack`` refuses, without torch. The array keeps the
+    tensor alive. ValueError (naming why) for any other capsule
+    (``_sampling.DLPackBytes``) or dtype."""
+    raw = _sampling.DLPackBytes(capsule)
+    dtype = _DLPACK_DTYPES.get((raw.code, raw.bits))
+    if dtype is None:
+        raise ValueError(f"a DLPack logits tensor must be float32, float16 or bfloat16, got "
+                         f"type code {raw.code} of {raw.bits} bits")
+    return np.frombuffer(raw, dtype).reshape(raw.shape)
+
+
 def logits_tensor(array):
     """A numpy float32 / float16 / bfloat16 (``ml_dtypes``) array as a CPU
     torch tensor over the same memory, no copy: ``logits_array``'s inverse.

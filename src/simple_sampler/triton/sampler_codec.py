@@ -579,13 +579,14 @@ def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
     tokens = np.empty((rows, 1), np.int32)
     outcome = np.empty((rows, 1), np.int8)
     logprobs = np.empty((rows, 1), np.float32)
-    contiguous = np.ascontiguousarray
     hot_ids, hot_block_start, hot_bits = hot_vocab.kernel_arrays()
-    decided, any_logprob = _sampling.decide_packed_compact(
-        PACKED_LAYOUT, contiguous(packed), contiguous(hot_bytes), dtype, contiguous(touched),
-        contiguous(touched_logits), contiguous(cold), contiguous(end_ids), hot_ids,
-        hot_block_start, hot_bits, hot_vocab.positions(), vocab, num_threads, tokens, outcome,
-        logprobs)
+    try:
+        decided, any_logprob = _sampling.decide_packed_compact(
+            PACKED_LAYOUT, packed, hot_bytes, dtype, touched, touched_logits, cold, end_ids,
+            hot_ids, hot_block_start, hot_bits, hot_vocab.positions(), vocab, num_threads,
+            tokens, outcome, logprobs)
+    except ValueError:  # an array that is not C-contiguous (Triton's never are)
+        return None
     # undecided rows beside their full rows: decided in place, the general way
     if not decided or (refs is not None and outcome.any()):
         return None
