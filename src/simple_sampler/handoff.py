@@ -140,7 +140,6 @@ def host_arrays(values) -> list[np.ndarray]:
     return out
 
 
-
 #: CompactRows' fields that ``rows`` slices by the touched offsets, not by row
 _CSR_FIELDS = ("hot_logits", "touched_offsets", "touched_ids", "touched_logits")
 #: CompactRows' fields in their cpu() dtypes (None: the logits' own)
