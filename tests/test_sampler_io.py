@@ -393,8 +393,8 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
 
     plain, served, (outputs, outcomes) = both(inputs)
     assert plain is not None, "the llm model's form must take the C path"
-    assert served.outputs.keys() == outputs.keys() == {"output_ids", "handoff_outcome",
-                                                        "output_log_probs"}
+    # every row decided (the cold draw): no handoff_outcome sent, either way
+    assert served.outputs.keys() == outputs.keys() == {"output_ids", "output_log_probs"}
     for name in outputs:
         np.testing.assert_array_equal(served.outputs[name], outputs[name], err_msg=name)
         assert served.outputs[name].dtype == outputs[name].dtype, name
@@ -402,6 +402,18 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
     assert served.batch is None and served.rows == rows and served.in_place == 0
     assert (outputs["output_ids"] >= 0).mean() > 0.5
     assert np.isnan(outputs["output_log_probs"][~batch.want_logprobs]).all()
+
+    # rows whose mass is mostly cold, without the cold draw, are left undecided:
+    # then the outcome is sent
+    cold = torch.from_numpy(rng.normal(0, 2, (rows, vocab)).astype(np.float32))
+    undrawn = {**inputs, **codec.compact_arrays(compact_rows(cold, batch, hot, cold_draw=False),
+                                                packed=True)}
+    plain, served, (outputs, _) = both(undrawn)
+    assert plain is not None and "handoff_outcome" in served.outputs
+    assert served.outputs.keys() == outputs.keys()
+    for name in outputs:
+        np.testing.assert_array_equal(served.outputs[name], outputs[name], err_msg=name)
+    assert 0 < (outputs["handoff_outcome"] != 0).sum() < rows
 
     # rows that are not C-contiguous (Triton's never are) go the general way
     wide = np.zeros((rows, 2 * hot.size), inputs["hot_logits"].dtype)

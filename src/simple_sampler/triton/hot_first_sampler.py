@@ -15,7 +15,7 @@ from ..sampling import SampleOutput
 from ..serving.engine import SummarizesHotFirst
 from ..serving.hot_first import compact_rows, undecidable_rows
 from ..shvs.hot_vocab import HotVocab
-from .sampler_codec import batch_arrays, compact_arrays
+from .sampler_codec import batch_arrays, compact_arrays, outcome_of
 
 #: Compact rows per request at least (but one request per instance at most):
 #: a request costs a sampler stub a fixed share (tensors, decoding, its
@@ -155,7 +155,7 @@ class HotFirstSampler:
     @staticmethod
     def _handoff_output(outputs, size: int) -> tuple[HandoffOutput, dict[str, int]]:
         """The sampler's answer as a HandoffOutput, and what it adds to ``stats``."""
-        outcome = outputs["handoff_outcome"].astype(np.int8)
+        outcome = outcome_of(outputs, size).reshape(size).astype(np.int8)
         token_ids = outputs["output_ids"].astype(np.int64)
         # An undecided row with a token was decided from its full row in place.
         in_place = (outcome != HandoffOutcome.HANDOFF_DECIDED) & (token_ids >= 0)

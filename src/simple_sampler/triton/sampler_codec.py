@@ -11,7 +11,9 @@ batch dimension: logits [B, V] in the model's configured dtype, scalars
 nothing else is negative). Instead of logits, a sampler with a hot set
 (hot_vocab_profile) takes compact rows: ``schema.HANDOFF_INPUTS`` (the
 hot-first handoff, docs/HANDOFF.md), answered with the extra output
-``handoff_outcome`` INT8 [B, 1] (0 decided, 1 the row is needed whole, 2
+``handoff_outcome`` INT8 [B, 1] when a row is left undecided (absent: every
+row decided, the common case; one tensor fewer to build, copy through the
+server and read per request) (0 decided, 1 the row is needed whole, 2
 needed whole and conditioned on C; undecided rows' output_ids are -1 and a
 row 2's output_log_probs holds C's log share, unless the request also
 carried ``logits_ref`` naming the rows' full rows in the llm's arena: then
@@ -498,6 +500,19 @@ def _logit_bias(inputs: Mapping, rows: int, id_lists: tuple[np.ndarray, np.ndarr
     return offsets, ids, values[np.asarray(raw_ids) != PADDING].astype(np.float64)
 
 
+def decided_all(outcome: np.ndarray) -> bool:
+    """No row left undecided: ``handoff_outcome`` is then not sent (the
+    reader takes its absence for all 0, ``outcome_of``)."""
+    return not outcome.any()
+
+
+def outcome_of(outputs: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
+    """A compact request's ``handoff_outcome`` [rows, 1] int8, all 0
+    (decided) where the sampler sent none (``decided_all``)."""
+    outcome = outputs.get("handoff_outcome")
+    return np.zeros((rows, 1), np.int8) if outcome is None else outcome
+
+
 class Served(NamedTuple):
     """``serve_request``'s answer: the output tensors, the rows' SHVS
     outcomes (as ``sample_request``'s), the rows, how many undecided compact
@@ -537,8 +552,9 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     outputs, outcomes = sample_request(request, num_threads, hot_vocab)
     if request.logits_ref is not None:
         reader.check(request.logits_ref)
-    in_place = (int((outputs["handoff_outcome"] != 0).sum())
-                if request.compact is not None and request.logits is not None else 0)
+    outcome = outputs.get("handoff_outcome")
+    in_place = (int((outcome != 0).sum())
+                if outcome is not None and request.logits is not None else 0)
     return Served(outputs, outcomes, len(request), in_place, request.batch)
 
 
@@ -590,7 +606,9 @@ def _serve_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
     # undecided rows beside their full rows: decided in place, the general way
     if not decided or (refs is not None and outcome.any()):
         return None
-    outputs = {"output_ids": tokens, "handoff_outcome": outcome}
+    outputs = {"output_ids": tokens}
+    if not decided_all(outcome):
+        outputs["handoff_outcome"] = outcome
     if any_logprob:
         outputs["output_log_probs"] = logprobs
     return Served(outputs, np.full(rows, -1, np.int8), rows, 0, None)
@@ -624,7 +642,7 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
     outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
-    if request.compact is not None:
+    if request.compact is not None and not decided_all(out.outcome):
         outputs["handoff_outcome"] = out.outcome[:, None]
     if want_logprob:
         outputs["output_log_probs"] = np.where(request.return_log_probs, out.logprobs,

@@ -37,7 +37,7 @@ from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from .sampler_client import SamplerClient
-from .sampler_codec import batch_arrays
+from .sampler_codec import batch_arrays, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -305,10 +305,15 @@ def _by_reference(inputs: dict[str, np.ndarray], refs: np.ndarray) -> dict[str, 
 
 def _per_row(parts: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndarray]:
     """The [n, 1] outputs of the shards' answers, in order, concatenated to
-    [rows]; output_log_probs NaN for a shard none of whose rows asked."""
+    [rows]; output_log_probs NaN for a shard none of whose rows asked, and
+    for compact rows handoff_outcome 0 for a shard that sent none (every
+    row decided: ``sampler_codec.decided_all``)."""
     nan = np.full((rows, 1), np.nan, np.float32)
+    compact = any("handoff_outcome" in part for part in parts)
     for part in parts:
         part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
+        if compact:
+            part["handoff_outcome"] = outcome_of(part, len(part["output_ids"]))
     return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
             if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
 
