@@ -40,6 +40,8 @@ cdef struct Workspace:
     float* block_hot         # [n_blocks]: hot mass of the block
     float* block_total       # [n_blocks]: the block's bound total (hot_pass)
     float* block_ref         # [n_blocks]: the logit its bound terms are relative to
+    double* bucket_mass      # [NUCLEUS_BUCKETS]: broad rows' truncation (nucleus.pxi)
+    float* block_kept        # [n_blocks]: mass ranked before a cut, per block (nucleus.pxi)
 
 
 cdef struct RowParams:
@@ -354,9 +356,14 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
             threshold = bound if bound > threshold else threshold
         if top_p_alone:
             threshold = top_p_threshold(ws, n_blocks, row_max, p.scalars.top_p * row_mass, &gap_index)
+    # A broad truncation (min_p and top_p without top_k, most of the row
+    # above the threshold) is drawn by rejection (nucleus.pxi), collecting nothing.
+    cdef bint broad = (truncating and p.scalars.top_k <= 0
+                       and is_broad(ws, n_blocks, threshold))
+    cdef float min_p_z = min_p_floor(row_max, log_min_p) if broad and p.scalars.min_p > 0 else -INFINITY
     # The top-n logprobs need n tokens collected: n blocks whose max reaches the threshold.
-    cdef float collect_at = threshold
-    if p.n_top > 0 and ss_count_at_or_above(ws.block_max, n_blocks, threshold) < p.n_top:
+    cdef float collect_at = INFINITY if broad else threshold
+    if p.n_top > 0 and ss_count_at_or_above(ws.block_max, n_blocks, collect_at) < p.n_top:
         collect_at = count_lower_bound(ws, n_blocks, row_max, p.n_top)
 
     cdef Candidates c
@@ -368,7 +375,7 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef double nucleus_mass
     if collect_at < INFINITY:
         c.n = collect(src, ov, inv_t, ws, n_blocks, collect_at, row_max)
-        while top_p_alone and threshold > -INFINITY:
+        while top_p_alone and not broad and threshold > -INFINITY:
             nucleus_mass = 0.0
             for i in range(c.n):
                 if c.z[i] >= threshold:
@@ -395,6 +402,9 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     elif not truncating:
         u = uniform_double(p.scalars.seed, p.scalars.step, 0)
         result.token = draw_from_blocks(src, ov, inv_t, ws, n_blocks, row_max, row_mass, u, NULL)
+    elif broad:
+        result.token = sample_broad(src, ov, p, ws, n_blocks, row_max, min_p_z,
+                                    row_mass if top_p_alone else -1.0)
     else:
         keep_at_least(&c, threshold)
         if p.scalars.min_p > 0:
@@ -451,7 +461,9 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.block_hot = <float*>malloc(n_blocks * sizeof(float))
     ws.block_total = <float*>malloc(n_blocks * sizeof(float))
     ws.block_ref = <float*>malloc(n_blocks * sizeof(float))
-    if (ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
+    ws.bucket_mass = <double*>malloc(NUCLEUS_BUCKETS * sizeof(double))
+    ws.block_kept = <float*>malloc(n_blocks * sizeof(float))
+    if (ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
             or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
@@ -482,4 +494,6 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.block_hot)
     free(ws.block_total)
     free(ws.block_ref)
+    free(ws.bucket_mass)
+    free(ws.block_kept)
     free(ws)

@@ -518,6 +518,18 @@ static inline void ss_exp_shifted(const float* z, float shift, float* out, long 
     for (; i < n; i++) out[i] = ss_exp_nonpositive(z[i] - shift);
 }
 
+/* A compare's lanes (-1 or 0) as the low SS_LANES bits. */
+static inline uint64_t ss_lane_bits(ss_vi hit)
+{
+#if defined(__AVX__)
+    return (uint64_t)__builtin_ia32_movmskps256((ss_vf)hit);
+#else
+    uint64_t lanes = 0;
+    for (int l = 0; l < SS_LANES; l++) lanes |= (uint64_t)(hit[l] & 1) << l;
+    return lanes;
+#endif
+}
+
 /* Bit j set when column j is cold and x_j * scale >= threshold (the same
  * float product the caller compares): the block's new candidates, found
  * without a branch per column. */
@@ -526,14 +538,7 @@ static inline uint64_t ss_block_cold_at_or_above(const float* x, uint64_t hot_bi
 {
     uint64_t mask = 0;
     for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
-        ss_vi hit = (ss_vi)(ss_load(x + j) * scale >= threshold);
-#if defined(__AVX__)
-        uint64_t lanes = (uint64_t)__builtin_ia32_movmskps256((ss_vf)hit);
-#else
-        uint64_t lanes = 0;
-        for (int l = 0; l < SS_LANES; l++) lanes |= (uint64_t)(hit[l] & 1) << l;
-#endif
-        mask |= lanes << j;
+        mask |= ss_lane_bits((ss_vi)(ss_load(x + j) * scale >= threshold)) << j;
     }
     return mask & ~hot_bits;
 }

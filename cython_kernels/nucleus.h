@@ -1,0 +1,84 @@
+/* The bucketed truncation of broad rows (nucleus.pxi): a block's z, weights
+ * and buckets, computed by one compiled function for every pass over a row.
+ */
+#ifndef SIMPLE_SAMPLER_NUCLEUS_H
+#define SIMPLE_SAMPLER_NUCLEUS_H
+
+#include "scalar_math.h"
+
+/* For the SS_BLOCK logits x of a block: z_j = x_j * inv_t, w_j =
+ * exp(z_j - z_max) and bucket_j = (int)((z_max - z_j) * scale) capped at
+ * last_bucket, written to z, w and bucket (for the 8-lane groups that hold a
+ * returned lane; the others are left as they were); returns the lanes with
+ * z_j >= z_floor as bits (lanes past the row end hold -inf and are never
+ * set), and with only_bucket >= 0 just those of them in that bucket.
+ *
+ * Every rounding is a separate IEEE operation on the stored z, so the
+ * bucket is a non-increasing function of z (ties share one) and the order
+ * "z descending, then id" never crosses a bucket boundary. noinline and no
+ * FP contraction: each pass over a row (histogram, boundary, draw) calls
+ * this one compiled copy, so a lane gets the same z, w and bucket in every
+ * pass; an inlined or cloned copy could fuse z_max - x * inv_t into an FMA in one pass
+ * and not in another. */
+__attribute__((noinline, noclone, optimize("fp-contract=off")))
+static uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float z_floor,
+                                float scale, int32_t last_bucket, int32_t only_bucket,
+                                float* z, float* w, int32_t* bucket)
+{
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf zv = ss_load(x + j) * inv_t;
+        ss_vf below_max = z_max - zv;
+        /* capped before the conversion, which is undefined past INT_MAX */
+        ss_vf scaled = below_max * scale;
+        scaled = ss_select((ss_vi)(scaled < (float)last_bucket), scaled,
+                           (ss_vf){} + (float)last_bucket);
+        ss_vi b = __builtin_convertvector(scaled, ss_vi);
+        ss_vi hit = (ss_vi)(zv >= z_floor);
+        if (only_bucket >= 0)
+            hit &= (ss_vi)(b == only_bucket);
+        uint64_t lanes = ss_lane_bits(hit);
+        /* one bucket's lanes are rare: the exp only where one is set (it is
+         * lane by lane, so a lane's w does not depend on its neighbours) */
+        if (lanes == 0)
+            continue;
+        ss_vf wv = ss_exp_nonpositive_v(zv - z_max);
+        __builtin_memcpy(z + j, &zv, sizeof zv);
+        __builtin_memcpy(w + j, &wv, sizeof wv);
+        __builtin_memcpy(bucket + j, &b, sizeof b);
+        mask |= lanes << j;
+    }
+    return mask;
+}
+
+/* The mass of a block's tokens ranked before a cut: sum of w_j =
+ * exp(z_j - z_max), z_j = x_j * inv_t, over the lanes with z_j > z_cut, or
+ * z_j == z_cut and j < lane_cut (the cut token's column relative to this
+ * block, clamped to [0, SS_BLOCK]: ties in earlier blocks rank before it,
+ * ties in later ones after it). With w non-NULL, also each lane's w and the
+ * kept lanes as bits (*kept), for a draw that walks the block. One compiled
+ * copy for the same reason as ss_bucket_terms: the walk must see the lanes'
+ * weights as the block's mass summed them. */
+__attribute__((noinline, noclone, optimize("fp-contract=off")))
+static float ss_block_mass_before(const float* x, float inv_t, float z_max, float z_cut,
+                                  int32_t lane_cut, float* w, uint64_t* kept)
+{
+    ss_vf acc = {};
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf zv = ss_load(x + j) * inv_t;
+        ss_vf wv = ss_exp_nonpositive_v(zv - z_max);
+        ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
+        ss_vi keep = (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
+        acc += ss_select(keep, wv, (ss_vf){});
+        if (w) {
+            __builtin_memcpy(w + j, &wv, sizeof wv);
+            mask |= ss_lane_bits(keep) << j;
+        }
+    }
+    if (w)
+        *kept = mask;
+    return ss_sum_lanes(acc);
+}
+
+#endif

@@ -1,0 +1,113 @@
+"""Broad rows: min_p and top_p where most of the vocabulary survives (a high
+temperature, an untrained model's flat row), drawn by rejection and, after
+MAX_REJECTION_ROUNDS rejections, by buckets (cython_kernels/nucleus.pxi):
+exactly the float64 reference's distribution, in every dtype."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import P_VALUE_FLOOR, draw_counts, goodness_of_fit, moved_one_percent, total_variation
+from simple_sampler import reference
+from simple_sampler.params import History, SamplingParams
+from simple_sampler.sampling import sample
+
+VOCAB = 4096
+DRAWS = 60_000
+
+
+def flat_row(seed=5, vocab=VOCAB, scale=0.02):
+    """An untrained model's row: N(0, scale) logits."""
+    return (np.random.default_rng(seed).standard_normal(vocab) * scale).astype(np.float32)
+
+
+def tied_row(seed=6, vocab=VOCAB):
+    """Broad, with every value shared by a hundred tokens or so: ties at
+    every possible nucleus boundary."""
+    return np.round(np.random.default_rng(seed).normal(0, 0.3, vocab), 1).astype(np.float32)
+
+
+def check(row, params, draws=DRAWS, history=None):
+    counts, batch = draw_counts(row, params, draws, history)
+    probs = reference.probabilities(np.asarray(row, np.float32), batch, 0)
+    p_value = goodness_of_fit(counts, probs)
+    assert p_value > P_VALUE_FLOOR, (
+        f"{params}: chi-square p={p_value:.2e}, TV={total_variation(counts, probs):.4f}")
+    return counts, probs
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=2.0, top_p=0.95),
+    SamplingParams(top_p=0.9),
+    SamplingParams(temperature=0.7, top_p=0.5),
+    SamplingParams(top_p=0.05),               # many rejections: the bucket path serves some
+    SamplingParams(top_p=1 - 1e-7),
+    SamplingParams(min_p=0.9),
+    SamplingParams(temperature=1.5, min_p=0.5, top_p=0.8),
+    SamplingParams(temperature=0.3, min_p=0.02, top_p=0.95, repetition_penalty=1.3,
+                   presence_penalty=0.5, logit_bias={7: 0.3, 4000: -0.2}),
+], ids=["T2-p.95", "p.9", "T.7-p.5", "p.05", "p-1e-7", "minp.9", "minp-p", "penalties"])
+@pytest.mark.parametrize("make_row", [flat_row, tied_row], ids=["flat", "tied"])
+def test_broad_rows_follow_the_reference(make_row, params):
+    history = History(prompt_ids=list(range(0, 300, 3)), output_ids=[7, 7, 11, 4000])
+    check(make_row(), params, history=history)
+
+
+def test_the_statistic_fails_a_distribution_one_percent_off():
+    counts, probs = check(flat_row(), SamplingParams(temperature=2.0, top_p=0.95))
+    assert goodness_of_fit(counts, moved_one_percent(probs)) < P_VALUE_FLOOR
+
+
+def test_a_nucleus_boundary_inside_a_tie_is_cut_by_token_id():
+    """All tokens tied: the nucleus is the lowest ids whose mass reaches top_p."""
+    row = np.full(VOCAB, 0.5, np.float32)
+    counts, _ = check(row, SamplingParams(top_p=0.25), draws=20_000)
+    assert np.flatnonzero(counts).max() == VOCAB // 4 - 1
+
+
+def test_min_p_at_its_edge_keeps_exactly_the_tokens_at_the_bound():
+    """A token whose probability is exactly min_p times the max's is kept, and
+    the next float below is not."""
+    row = flat_row()
+    top = float(row.max())
+    row[100] = np.float32(top + np.log(0.5))                       # at the bound
+    row[200] = np.nextafter(row[100], np.float32(-np.inf))          # just under
+    counts, probs = check(row, SamplingParams(min_p=0.5), draws=20_000)
+    assert probs[100] > 0 and probs[200] == 0 and counts[200] == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_precision_broad_rows(dtype):
+    row = flat_row(scale=0.5).astype(dtype)
+    for params in (SamplingParams(temperature=2.0, top_p=0.95), SamplingParams(min_p=0.2, top_p=0.7)):
+        counts, batch = draw_counts(row, params, 40_000)
+        probs = reference.probabilities(row.astype(np.float32), batch, 0)
+        assert goodness_of_fit(counts, probs) > P_VALUE_FLOOR, params
+
+
+def test_top_logprobs_of_a_broad_row():
+    row = flat_row()
+    from simple_sampler.params import SamplingBatch
+
+    batch = SamplingBatch.from_params([SamplingParams(temperature=2.0, top_p=0.9, seed=3)])
+    out = sample(row[None], batch, num_top_logprobs=5, return_logprobs=True)
+    z = row.astype(np.float64) / 2.0
+    logp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    best = np.lexsort((np.arange(VOCAB), -logp))[:5]
+    assert out.top_token_ids[0].tolist() == best.tolist()
+    np.testing.assert_allclose(out.top_logprobs[0], logp[best], atol=2e-5)
+    np.testing.assert_allclose(out.logprobs[0], logp[out.token_ids[0]], atol=2e-5)
+
+
+def test_seeded_tokens_do_not_depend_on_batch_position_or_threads():
+    from simple_sampler.params import SamplingBatch
+
+    rows = np.stack([flat_row(seed) for seed in range(24)])
+    params = [SamplingParams(temperature=2.0, top_p=0.3, seed=100 + i) if i % 2 else
+              SamplingParams(min_p=0.7, top_p=0.2, seed=100 + i) for i in range(24)]
+    alone = [int(sample(rows[i:i + 1], SamplingBatch.from_params([params[i]]), num_threads=1)
+                 .token_ids[0]) for i in range(24)]
+    order = np.random.default_rng(0).permutation(24)
+    for threads in (1, 2, 3):
+        shuffled = sample(rows[order], SamplingBatch.from_params([params[i] for i in order]),
+                          num_threads=threads).token_ids
+        assert [int(t) for t in shuffled] == [alone[i] for i in order]
