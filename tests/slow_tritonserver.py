@@ -40,7 +40,23 @@ class Metrics(Handler):
         self._reply(200)
 
 
-grpc = socket.create_server(("127.0.0.1", PORTS["--grpc-port"]))  # accepts, never answers
-metrics = HTTPServer(("127.0.0.1", PORTS["--metrics-port"]), Metrics)
-threading.Thread(target=metrics.serve_forever, daemon=True).start()
-HTTPServer(("127.0.0.1", PORTS["--http-port"]), Handler).serve_forever()
+def install(directory):
+    """A TritonInstall in `directory` whose 'tritonserver' is this stand-in
+    (its llm model loads for $READY_AFTER_S seconds)."""
+    from simple_sampler.launch.install import TritonInstall
+
+    backend = directory / "python"
+    backend.mkdir()
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (backend / name).write_text("")
+    server = directory / "tritonserver"
+    server.write_text(f"#!/bin/sh\nexec {sys.executable} {__file__} \"$@\"\n")
+    server.chmod(0o755)
+    return TritonInstall(server, (), backend, backend / "libtriton_python.so")
+
+
+if __name__ == "__main__":
+    grpc = socket.create_server(("127.0.0.1", PORTS["--grpc-port"]))  # accepts, never answers
+    metrics = HTTPServer(("127.0.0.1", PORTS["--metrics-port"]), Metrics)
+    threading.Thread(target=metrics.serve_forever, daemon=True).start()
+    HTTPServer(("127.0.0.1", PORTS["--http-port"]), Handler).serve_forever()

@@ -220,8 +220,8 @@ class TritonServer:
         if output is not subprocess.DEVNULL:
             output.close()  # the children hold their own copies
         self.launched_at = time.monotonic()
-        log.info("tritonserver started (pid %d, repository %s, log %s)", self.process.pid,
-                 self.repository, self.log_path)
+        log.info("tritonserver started (pid %d, repository %s, log %s, lifeline pid %d)",
+                 self.process.pid, self.repository, self.log_path, self.watcher.pid)
         return self
 
     def ready(self) -> bool:
