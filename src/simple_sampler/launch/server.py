@@ -196,7 +196,7 @@ class TritonServer:
         self.was_ready = False
         self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
         backends = assemble_backends(self._workdir, self.install)
-        output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         # The watcher first, so that no moment exists where a server runs
         # without one: it learns the server's pid through the pipe and ends
         # the server's process group when the pipe's write end (held only
