@@ -119,7 +119,9 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
             ready(server, "v2/models/simple_sampler/ready")):
         time.sleep(0.1)
     restored_s = time.monotonic() - killed_at
+    reloaded_at = killed_at + restored_s
     faulted.join()
+    in_flight_through_reload = min(faulted.ended_at.values()) > reloaded_at
     time.sleep(supervisor.orphan_grace_s + 1)  # the old generation's survivor is gone by then
     assert stubs_of(server, "simple_sampler") == fresh()
 
@@ -131,9 +133,15 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
     with urllib.request.urlopen(server.metrics_url) as response:
         retries = [float(line.split()[-1]) for line in response.read().decode().splitlines()
                    if line.startswith("simple_llm_sampler_retries_total")]
-    assert retries and retries[0] >= 1  # the fault met rows in flight
+    # What must hold is above: no request failed, no token changed. How many
+    # sampler requests were sent again is reported, not asserted: it depends
+    # on whether a request was on the killed instance at the kill, which the
+    # test cannot see (under load, 16 streams decoding through the whole
+    # reload were once seen with none).
+    assert retries
     print(f"sampler instance killed: 16 streams, 0 failed, tokens identical, "
-          f"{retries[0]:.0f} sampler requests sent again, capacity back in {restored_s:.1f} s")
+          f"{retries[0]:.0f} sampler requests sent again (rows in flight through the reload: "
+          f"{in_flight_through_reload}), capacity back in {restored_s:.1f} s")
 
 
 def test_a_killed_decode_loop_ends_its_streams_and_the_service_comes_back(supervised):
@@ -143,22 +151,31 @@ def test_a_killed_decode_loop_ends_its_streams_and_the_service_comes_back(superv
     [llm] = stubs_of(server, "llm")
     os.kill(llm.pid, signal.SIGKILL)
     killed_at = time.monotonic()
+    # The supervisor sees a decoupled stub's death at once (pidfd) and
+    # restarts the server: readiness goes false within about 0.1 s.
+    while ready(server) and time.monotonic() - killed_at < 10:
+        time.sleep(0.01)
+    unready_after_s = time.monotonic() - killed_at
+    assert unready_after_s < 2.0
     streams.join(timeout=30)
     assert sorted(streams.errors) == list(range(8))
     slowest_error_s = max(streams.ended_at.values()) - killed_at
     assert slowest_error_s < 10
 
-    not_ready_seen = False
-    while time.monotonic() - killed_at < 60 and not ready(server, "v2/models/ensemble/ready"):
-        not_ready_seen = True
+    # Back is what the next request needs: the restart done (the old
+    # server's readiness, before its kill, does not count) and the new
+    # server's endpoints and ensemble ready.
+    while time.monotonic() - killed_at < 60 and not (
+            supervisor.restarts == 1 and not supervisor.restarting.is_set()
+            and server.endpoints_ready() and ready(server, "v2/models/ensemble/ready")):
         time.sleep(0.2)
     back_s = time.monotonic() - killed_at
     answer = GenerateClient(server.grpc_url).generate(
         "What is the capital of France?", max_tokens=12, temperature=0, apply_chat_template=True)
-    assert not_ready_seen and back_s < 60 and "Paris" in answer.text
+    assert back_s < 60 and "Paris" in answer.text
     assert supervisor.restarts == 1
-    print(f"llm killed: 8 streams ended with an error within {slowest_error_s:.1f} s, "
-          f"not ready until the service was back {back_s:.1f} s after the kill")
+    print(f"llm killed: not ready {unready_after_s:.2f} s after the kill, 8 streams ended with "
+          f"an error within {slowest_error_s:.1f} s, the service back {back_s:.1f} s after it")
 
 
 def test_sigterm_under_load_answers_every_client_and_leaves_nothing(tmp_path):

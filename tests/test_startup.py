@@ -2,30 +2,20 @@
 model loads, and the library path the server is started with. The server is
 a stand-in (tests/slow_tritonserver.py): its readiness comes after a delay, as
 Triton's does while the llm model builds a TensorRT engine."""
-import sys
 from pathlib import Path
 
 import pytest
+import slow_tritonserver
 
 from simple_sampler.serving import engines
-from simple_sampler.launch.install import TritonInstall
 from simple_sampler.launch.server import TritonServer, is_system_library_dir
-
-STAND_IN = Path(__file__).with_name("slow_tritonserver.py")
 
 
 @pytest.fixture
 def slow_install(tmp_path, monkeypatch):
     """An install whose 'tritonserver' loads its llm model for READY_AFTER_S seconds."""
-    backend = tmp_path / "python"
-    backend.mkdir()
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        (backend / name).write_text("")
-    server = tmp_path / "tritonserver"
-    server.write_text(f"#!/bin/sh\nexec {sys.executable} {STAND_IN} \"$@\"\n")
-    server.chmod(0o755)
     monkeypatch.setenv("READY_AFTER_S", "3")
-    return TritonInstall(server, (), backend, backend / "libtriton_python.so")
+    return slow_tritonserver.install(tmp_path)
 
 
 def test_a_slow_model_load_is_waited_for_with_progress_lines(slow_install, tmp_path, capsys):

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
@@ -106,7 +106,12 @@ class FrontendServer:
     """The front door on uvicorn in a thread of its own: ``start`` returns
     once it listens. ``close`` stops it listening, open responses get
     ``grace_s`` to finish (``serve`` gives them Triton's drain meanwhile);
-    ``stop`` closes and waits for the thread."""
+    ``stop`` closes and waits for the thread.
+
+    ``prepare`` does the slow part (the web stack's import, the tokenizer's
+    load: seconds on a small host) and may run in another thread before
+    Triton is ready, so that ``serve``'s main thread never blocks on it and
+    a signal can stop the start at any moment."""
 
     def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None,
                  grace_s: float = 5.0):
@@ -120,13 +125,29 @@ class FrontendServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, timeout_s: float = 120.0) -> "FrontendServer":
+    def prepare(self, settings: LlmSettings | None = None) -> "FrontendServer":
+        """Import the web stack and load what the front door serves: from
+        `settings` (the llm model's, as the launcher wrote them), or else
+        from the running ``llm`` model's configuration."""
+        import uvicorn  # noqa: F401 - imported here, not in start
+
+        from . import app  # noqa: F401
+
+        if self.served is None:
+            if settings is None:
+                settings = asyncio.run(llm_settings(self.grpc_url))
+            self.served = served_by(settings)
+        return self
+
+    def start(self, timeout_s: float = 120.0,
+              stop_requested: Callable[[], bool] | None = None) -> "FrontendServer":
+        """Listen (after ``prepare``, which it runs if it has not run);
+        returns early, not listening, once `stop_requested()`."""
         import uvicorn
 
         from .app import build_app
 
-        if self.served is None:
-            self.served = served_by(asyncio.run(llm_settings(self.grpc_url)))
+        self.prepare()
         backend = TritonBackend(self.grpc_url)
         app = build_app(self.served, backend.generate, backend.ready)
         app.router.add_event_handler("shutdown", backend.close)
@@ -138,6 +159,9 @@ class FrontendServer:
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            if stop_requested is not None and stop_requested():
+                self.stop()
+                return self
             time.sleep(0.05)
         if not self.server.started:
             self.stop()

@@ -3,10 +3,12 @@
 The repository is assembled in a temporary directory from the project's
 ``model_repository/`` templates with the placeholders filled (the source is
 never modified), or taken as given with --model-repository. The server runs
-in the foreground: Ctrl-C or SIGTERM stops it cleanly (in-flight requests
-get a grace period, then a final error), and its exit status is ours. A
-model whose stub process dies is reloaded while the server runs
-(supervisor.py).
+in the foreground: Ctrl-C or SIGTERM stops it cleanly at any moment, from
+the first line of `run` on (while the models load, while the front door
+starts, while serving: in-flight requests get a grace period, then a final
+error). Nothing is left behind, and a launcher killed without warning takes
+its server with it (lifeline.py). A model whose stub process dies is
+reloaded while the server runs (supervisor.py).
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ import signal
 import sys
 import tempfile
 import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError, project_file
-from .server import MiB, TritonServer, port_in_use, write_model
+from .server import MiB, StartInterrupted, TritonServer, port_in_use, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -76,8 +81,9 @@ def shared_memory_bytes(sampler: SamplerSettings) -> int:
     return max(64 * MiB, sampler.request_bytes() + 16 * MiB)
 
 
-def show_demo(server: TritonServer, prompt: str) -> None:
-    """Stream one answer over gRPC, as a user's client would."""
+def show_demo(server: TritonServer, prompt: str, stopping: threading.Event) -> None:
+    """Stream one answer over gRPC, as a user's client would; a stop ends
+    it (the stream is cancelled, which stops its generation)."""
     from ..client import GenerateClient, GenerationError
 
     print(f"\n> {prompt}\n", flush=True)
@@ -86,11 +92,63 @@ def show_demo(server: TritonServer, prompt: str) -> None:
                 prompt, max_tokens=64, apply_chat_template=True, temperature=0.7, top_p=0.9,
                 seed=0):
             print(chunk.text, end="", flush=True)
+            if stopping.is_set():
+                print(flush=True)
+                return
         print(f"\n\n(curl -s http://{server.http_url}/v2/models/ensemble/generate -d "
               f"'{{\"text_input\": \"Hello\", \"max_tokens\": 16}}')\nCtrl-C stops the server.",
               flush=True)
     except GenerationError as error:
         print(f"demo request failed: {error}", file=sys.stderr, flush=True)
+
+
+#: How long the front door may take to answer /health once it listens and
+#: Triton is ready (it asks Triton whether llm is ready).
+FRONTDOOR_HEALTH_TIMEOUT_S = 60.0
+
+
+class Preparation(threading.Thread):
+    """The front door's slow start (FrontendServer.prepare) off the main
+    thread, which keeps watching for a stop meanwhile. A daemon: a stop
+    during it just leaves it behind with the process."""
+
+    def __init__(self, frontdoor, settings: LlmSettings | None):
+        super().__init__(name="openai-frontend-prepare", daemon=True)
+        self.frontdoor, self.settings, self.error = frontdoor, settings, None
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            self.frontdoor.prepare(self.settings)
+        except Exception as error:  # noqa: BLE001 - reported by serve, with the traceback
+            log.exception("the OpenAI frontend could not be prepared")
+            self.error = error
+        else:
+            log.info("openai frontend prepared in %.1f s (tokenizer of %s)",
+                     time.monotonic() - started, self.frontdoor.served.model_id)
+
+
+def wait_for(condition, stopping: threading.Event, timeout_s: float,
+             poll_s: float = 0.1) -> bool:
+    """Poll `condition()` until it holds (True), a stop, or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not stopping.is_set() and time.monotonic() < deadline:
+        if condition():
+            return True
+        stopping.wait(poll_s)
+    return False
+
+
+def frontdoor_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+class StartFailed(Exception):
+    """A start that cannot go on: its message is the one line `serve` prints."""
 
 
 def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: int,
@@ -103,52 +161,15 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
     and no stub or shared-memory region is left. With `supervise`, a model
     whose stub process dies is reloaded (supervisor.py). `startup_timeout`:
     how long the models may take to load (default per engine, startup.py).
-    `frontend`: the OpenAI-compatible API, started once Triton is ready
-    (with an llm; port 0: off) and stopped before Triton."""
-    try:
-        if repository is None:
-            repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")),
-                                             sampler, llm)
-            log.info("model repository %s: %s; %s", repository, sampler,
-                     llm or "no llm (--sampler-only)")
-        log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
-        server = TritonServer(repository, http_port, grpc_port, metrics_port,
-                              shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
-                              shutdown_grace_s=shutdown_grace_s, log_level=log_level)
-        if startup_timeout is not None and not startup_timeout > 0:
-            raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
-        if (llm is not None and frontend is not None and frontend.openai_port
-                and port_in_use(frontend.openai_port)):
-            raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
-                             f"choose another or stop what holds it (--openai-port 0: no API)")
-        startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
-        server.start(startup_timeout)
-    except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
-        print(f"simple-sampler serve: {error}", file=sys.stderr)
-        return 2
-    supervisor = Supervisor(server).start() if supervise else None
-    described = engine_spec(llm.engine).describe(llm) if llm is not None else ""
-    print(f"Triton is ready{f' ({described})' if described else ''}: HTTP {server.http_url}, gRPC {server.grpc_url}, "
-          f"metrics {server.metrics_url}")
-    print(f"model repository: {repository}; server log: {log_path}", flush=True)
-    openai = None
-    if llm is not None and frontend is not None and frontend.openai_port:
-        # lazy: fastapi and uvicorn (and the tokenizer it loads) only with the API on
-        from ..frontend.backend import FrontendServer
+    `frontend`: the OpenAI-compatible API (with an llm; port 0: off),
+    prepared while Triton loads and stopped before Triton.
 
-        try:
-            openai = FrontendServer(server.grpc_url, frontend.openai_host, frontend.openai_port,
-                                    grace_s=shutdown_grace_s + 5).start()
-        except Exception as error:  # noqa: BLE001 - Triton is up: stop it, say why
-            log.exception("the OpenAI frontend did not start")
-            print(f"simple-sampler serve: the OpenAI frontend did not start: {error} "
-                  f"(--openai-port 0 turns it off)", file=sys.stderr)
-            if supervisor is not None:
-                supervisor.stop()
-            server.stop()
-            return 2
-        print(f"openai frontend ready on {openai.url}/v1 (model {openai.served.model_id})",
-              flush=True)
+    SIGINT and SIGTERM only set an event, from this function's first line
+    to its last: every wait polls it, so a stop at any moment ends in the
+    same cleanup, and no KeyboardInterrupt can escape it. "Ready" is printed
+    once every endpoint asked for answers. Exit status: 0 after a stop that
+    left nothing (while starting too), 1 when Triton had to be killed at its
+    exit timeout or died by itself, 2 when it could not start."""
     stopping = threading.Event()
 
     def stop(signum, _frame):
@@ -157,27 +178,81 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        return _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
+                    log_path, demo, shutdown_grace_s, supervise, log_level, startup_timeout,
+                    frontend)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository, log_path, demo,
+         shutdown_grace_s, supervise, log_level, startup_timeout, frontend) -> int:
+    server = supervisor = openai = None
+    status = None
+    try:
+        try:
+            assembled = repository is None
+            if assembled:
+                repository = assemble_repository(
+                    Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")), sampler, llm)
+                log.info("model repository %s: %s; %s", repository, sampler,
+                         llm or "no llm (--sampler-only)")
+            log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
+            server = TritonServer(repository, http_port, grpc_port, metrics_port,
+                                  shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
+                                  shutdown_grace_s=shutdown_grace_s, log_level=log_level)
+            if startup_timeout is not None and not startup_timeout > 0:
+                raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+            wants_api = llm is not None and frontend is not None and bool(frontend.openai_port)
+            if wants_api and port_in_use(frontend.openai_port):
+                raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
+                                 f"choose another or stop what holds it (--openai-port 0: no API)")
+            startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
+            preparation = None
+            if wants_api:
+                # lazy: fastapi and uvicorn (and the tokenizer) only with the API on
+                from ..frontend.backend import FrontendServer
+
+                openai = FrontendServer(server.grpc_url, frontend.openai_host,
+                                        frontend.openai_port, grace_s=shutdown_grace_s + 5)
+                if assembled:  # the llm's settings are ours: prepare while Triton loads
+                    preparation = Preparation(openai, llm)
+                    preparation.start()
+            if stopping.is_set():
+                raise StartInterrupted("stopped before tritonserver was started")
+            server.launch()
+            server.wait_ready(startup_timeout, stop_requested=stopping.is_set)
+        except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
+            print(f"simple-sampler serve: {error}", file=sys.stderr)
+            return 2
+        supervisor = Supervisor(server).start() if supervise else None
+        if openai is not None:
+            try:
+                start_frontdoor(openai, preparation, stopping)
+            except StartFailed as error:
+                print(f"simple-sampler serve: the OpenAI frontend did not start: {error} "
+                      f"(--openai-port 0 turns it off)", file=sys.stderr)
+                return 2
+        if stopping.is_set():
+            raise StartInterrupted("stopped before every endpoint answered")
+        described = engine_spec(llm.engine).describe(llm) if llm is not None else ""
+        print(f"Triton is ready{f' ({described})' if described else ''}: HTTP {server.http_url}, "
+              f"gRPC {server.grpc_url}, metrics {server.metrics_url}")
+        print(f"model repository: {repository}; server log: {log_path}", flush=True)
+        if openai is not None:
+            print(f"openai frontend ready on {openai.url}/v1 (model {openai.served.model_id})",
+                  flush=True)
         if demo:
-            show_demo(server, demo)
+            show_demo(server, demo, stopping)
         while not stopping.is_set() and (server.process.poll() is None or (
                 supervisor is not None and supervisor.restarting.is_set())):
             stopping.wait(0.5)
+    except StartInterrupted:
+        pass  # the cleanup below; stopping is set
     finally:
-        if openai is not None:  # first: no new request reaches a server going away
-            openai.close()
-        if supervisor is not None:
-            supervisor.stop()
-        if stopping.is_set():
-            print(f"simple-sampler serve: stopping (in-flight requests get "
-                  f"{shutdown_grace_s:.0f} s)", flush=True)
-        status = server.stop()  # drains: open OpenAI responses finish or get its error
-        if openai is not None:
-            openai.stop()
-        if supervisor is not None:
-            supervisor.cleanup()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if stopping.is_set() and status == 0:
+        status = _stop(server, supervisor, openai, stopping, shutdown_grace_s)
+    if stopping.is_set() and (status == 0 or not server.was_ready):
         print("simple-sampler serve: stopped", flush=True)
         return 0
     if stopping.is_set():  # Triton gave up on a model at its exit timeout, or was killed
@@ -186,3 +261,51 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status or 1
+
+
+def start_frontdoor(openai, preparation: Preparation | None, stopping: threading.Event) -> None:
+    """Finish the front door's start once Triton is ready: its preparation
+    (here, in a thread, when the repository was not ours), listening, and
+    its /health answering 200. Returns early on a stop; raises StartFailed."""
+    if preparation is None:
+        preparation = Preparation(openai, None)
+        preparation.start()
+    while preparation.is_alive() and not stopping.is_set():
+        preparation.join(0.1)
+    if stopping.is_set():
+        return
+    if preparation.error is not None:
+        raise StartFailed(str(preparation.error))
+    try:
+        openai.start(stop_requested=stopping.is_set)
+    except Exception as error:  # noqa: BLE001 - Triton is up: stop it, say why
+        log.exception("the OpenAI frontend did not start")
+        raise StartFailed(str(error)) from error
+    if stopping.is_set():
+        return
+    if not wait_for(lambda: frontdoor_healthy(openai.url), stopping, FRONTDOOR_HEALTH_TIMEOUT_S):
+        if not stopping.is_set():
+            raise StartFailed(f"{openai.url}/health did not answer 200 within "
+                              f"{FRONTDOOR_HEALTH_TIMEOUT_S:.0f} s")
+
+
+def _stop(server, supervisor, openai, stopping: threading.Event, shutdown_grace_s: float):
+    """The one cleanup of every way `run` ends; returns tritonserver's status."""
+    if openai is not None:  # first: no new request reaches a server going away
+        openai.close()
+    if supervisor is not None:
+        supervisor.stop()
+    if server is None:
+        return None
+    if stopping.is_set():
+        if server.was_ready:
+            print(f"simple-sampler serve: stopping (in-flight requests get "
+                  f"{shutdown_grace_s:.0f} s)", flush=True)
+        else:
+            print("simple-sampler serve: stopping before it was ready", flush=True)
+    status = server.stop()  # drains: open OpenAI responses finish or get its error
+    if openai is not None:
+        openai.stop()
+    if supervisor is not None:
+        supervisor.cleanup()
+    return status

@@ -18,13 +18,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from . import startup, templates
+from .startup import StartInterrupted
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
-from .supervisor import arena_regions, list_stubs, unlink_shm
+from .processes import end_group, list_stubs, unlink_shm
+from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ TRITON_EXIT_TIMEOUT_S = 15
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
 STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
+#: The watcher that ends the server when its launcher dies (lifeline.py).
+LIFELINE = Path(__file__).with_name("lifeline.py")
 
 
 def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
@@ -103,6 +107,9 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     install: TritonInstall = field(default_factory=find_triton)
     process: subprocess.Popen | None = None
+    watcher: subprocess.Popen | None = None
+    was_ready: bool = False  # wait_ready saw every endpoint answer
+    launched_at: float = 0.0  # time.monotonic() of the last launch
 
     def __post_init__(self):
         self.http_port = self.http_port or free_port()
@@ -169,25 +176,52 @@ class TritonServer:
         return env
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
-              progress_s: float = startup.PROGRESS_S) -> "TritonServer":
+              progress_s: float = startup.PROGRESS_S,
+              stop_requested: Callable[[], bool] | None = None) -> "TritonServer":
+        """Launch the server and wait until every endpoint answers (wait_ready)."""
         self._startup = (timeout, progress_s)  # start_again() waits as long
+        self.launch()
+        self.wait_ready(timeout, progress_s, stop_requested)
+        return self
+
+    def launch(self) -> "TritonServer":
+        """Start tritonserver in a session of its own (a Ctrl-C in the
+        launcher's terminal is the launcher's to handle) with its lifeline
+        watcher beside it; returns at once."""
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if port_in_use(port):
                 raise InstallError(f"port {port} ({name.replace('_', ' ')}) is already in use; "
                                    f"choose another or stop what holds it")
+        self.was_ready = False
         self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
         backends = assemble_backends(self._workdir, self.install)
         output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command(backends), env=self.environment(),
-                                        stdout=output, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        log.info("tritonserver started (pid %d, repository %s, log %s)", self.process.pid,
-                 self.repository, self.log_path)
-        started = time.monotonic()
-        self.wait_ready(timeout, progress_s)
-        log.info("tritonserver ready in %.1f s: HTTP %s, gRPC %s, metrics %s",
-                 time.monotonic() - started, self.http_url, self.grpc_url, self.metrics_url)
+        # The watcher first, so that no moment exists where a server runs
+        # without one: it learns the server's pid through the pipe and ends
+        # the server's process group when the pipe's write end (held only
+        # here) closes, however this process exits (lifeline.py).
+        read_end, self._lifeline = os.pipe()  # neither end is inherited by exec
+        try:
+            self.watcher = subprocess.Popen(
+                [sys.executable, "-E", "-s", str(LIFELINE), str(read_end), arena_prefix()],
+                pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=output,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(read_end)
+        try:
+            self.process = subprocess.Popen(self.command(backends), env=self.environment(),
+                                            stdout=output, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        except BaseException:
+            self._release_lifeline()  # nothing to watch: the watcher exits
+            raise
+        os.write(self._lifeline, f"{self.process.pid}\n".encode())
+        if output is not subprocess.DEVNULL:
+            output.close()  # the children hold their own copies
+        self.launched_at = time.monotonic()
+        log.info("tritonserver started (pid %d, repository %s, log %s, lifeline pid %d)",
+                 self.process.pid, self.repository, self.log_path, self.watcher.pid)
         return self
 
     def ready(self) -> bool:
@@ -207,12 +241,31 @@ class TritonServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-    def wait_ready(self, timeout: float, progress_s: float = startup.PROGRESS_S) -> None:
-        """Poll readiness (and the metrics endpoint); every `progress_s`
-        print which models are still loading."""
+    def grpc_up(self) -> bool:
+        """Whether the gRPC port accepts a connection (the port `generate`
+        and the OpenAI front door use)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def endpoints_ready(self) -> bool:
+        """Ready as a client needs it: HTTP says ready and the gRPC and
+        metrics ports answer (Triton opens them one after another)."""
+        return self.ready() and self.grpc_up() and self.metrics_up()
+
+    def wait_ready(self, timeout: float, progress_s: float = startup.PROGRESS_S,
+                   stop_requested: Callable[[], bool] | None = None) -> None:
+        """Poll readiness (every endpoint, endpoints_ready); every
+        `progress_s` print which models are still loading. Raises
+        StartInterrupted, the server stopped, once `stop_requested()`."""
         started = time.monotonic()
         deadline, next_progress = started + timeout, started + progress_s
         while time.monotonic() < deadline:
+            if stop_requested is not None and stop_requested():
+                self.stop()
+                raise StartInterrupted("stopped while tritonserver was starting")
             if time.monotonic() >= next_progress:
                 next_progress += progress_s
                 print(startup.progress_line(time.monotonic() - started, timeout,
@@ -221,7 +274,11 @@ class TritonServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with status {self.process.returncode} "
                                    f"before it was ready{self._log_hint()}")
-            if self.ready() and self.metrics_up():
+            if self.endpoints_ready():
+                self.was_ready = True
+                log.info("tritonserver ready in %.1f s: HTTP %s, gRPC %s, metrics %s",
+                         time.monotonic() - self.launched_at, self.http_url, self.grpc_url,
+                         self.metrics_url)
                 return
             time.sleep(0.25)
         self.stop()
@@ -240,18 +297,36 @@ class TritonServer:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
 
-    def kill(self) -> None:
+    def kill(self) -> list[str]:
         """SIGKILL the server and its stubs at once (their clients see the
-        connection close); removes the backend copy. The stubs' shared-memory
-        regions stay behind (Supervisor.cleanup removes them)."""
+        connection close) and remove the shared memory the stubs held and
+        the backend copy; returns the regions removed."""
+        removed = []
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            killed, removed = end_group(self.process.pid, arena_prefix())
             self.process.wait()
+            log.info("tritonserver killed: %d process(es), shared memory removed: %s",
+                     len(killed), ", ".join(removed) or "none")
+        self._release_lifeline()
         shutil.rmtree(self._workdir, ignore_errors=True)
+        return removed
 
-    def start_again(self) -> "TritonServer":
+    def _release_lifeline(self) -> None:
+        """The server is gone: close the watcher's pipe, so that it exits."""
+        if getattr(self, "_lifeline", None) is None:
+            return
+        os.close(self._lifeline)
+        self._lifeline = None
+        try:
+            self.watcher.wait(10)
+        except subprocess.TimeoutExpired:
+            log.warning("the lifeline watcher (pid %d) did not exit: killed", self.watcher.pid)
+            self.watcher.kill()
+            self.watcher.wait()
+
+    def start_again(self, stop_requested: Callable[[], bool] | None = None) -> "TritonServer":
         """After kill(): start on the same ports, waiting as the first start did."""
-        return self.start(*self._startup)
+        return self.start(*self._startup, stop_requested=stop_requested)
 
     def in_flight(self) -> float:
         """Requests the decode loop still holds (its metric; 0 without one)."""
@@ -287,6 +362,13 @@ class TritonServer:
         shared-memory regions of the stubs it stopped."""
         if self.process is None:
             return None
+        if self.process.poll() is None and not self.was_ready:
+            # Stopped while starting: no client was served, so nothing is
+            # drained; Triton loads its models before it reads a signal, so
+            # only a kill ends it at once. kill() removes the stubs' regions.
+            self.kill()
+            log.info("tritonserver stopped before it was ready")
+            return self.process.returncode
         if self.process.poll() is None:
             deadline = time.monotonic() + (self.shutdown_grace_s + STOP_MARGIN_S
                                            if timeout is None else timeout)
@@ -308,6 +390,7 @@ class TritonServer:
                 log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
                             "memory its models left: %s", self.process.returncode,
                             ", ".join(left) or "none")
+        self._release_lifeline()
         shutil.rmtree(self._workdir, ignore_errors=True)
         log.info("tritonserver stopped (status %s)", self.process.returncode)
         return self.process.returncode

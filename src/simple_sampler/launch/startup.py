@@ -9,6 +9,10 @@ import urllib.request
 PROGRESS_S = 30.0  # seconds between progress lines while the server loads
 
 
+class StartInterrupted(Exception):
+    """The launcher was asked to stop while the server was starting."""
+
+
 def model_states(http_url: str) -> str:
     """``name STATE`` per model from Triton's repository index (POST
     /v2/repository/index), e.g. ``llm LOADING, simple_sampler READY``; empty

@@ -21,88 +21,35 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from .. import row_arena
+# Re-exported: the process listing lives in processes.py (standard library
+# only) so that the lifeline watcher can use it without importing the package.
+from .processes import (  # noqa: F401
+    SHM_DIRECTORY, STUB_EXECUTABLE, Stub, alive as _alive, list_stubs, unlink_shm)
+from .startup import StartInterrupted
 
 log = logging.getLogger(__name__)
 
-STUB_EXECUTABLE = "triton_python_backend_stub"
-SHM_DIRECTORY = Path("/dev/shm")
 
-
-@dataclass(frozen=True)
-class Stub:
-    """One model instance's process, as read from its command line:
-    ``stub <repo>/<model>/<version>/model.py <shm region> <size> <growth>
-    <parent pid> <python lib dir> <ipc timeout> <instance name> <runtime>``."""
-
-    pid: int
-    model: str
-    instance: str
-    shm_region: str
-
-    @classmethod
-    def from_cmdline(cls, pid: int, argv: list[str]) -> "Stub | None":
-        if len(argv) < 9 or not argv[0].endswith(STUB_EXECUTABLE):
-            return None
-        return cls(pid, Path(argv[1]).parent.parent.name, argv[8], argv[2])
-
-
-def _alive(pid: int) -> bool:
-    """False for a process that is gone or a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def list_stubs(server_pid: int) -> list[Stub]:
-    """The live stub processes whose parent is `server_pid`."""
-    stubs = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[2]) != server_pid or stat[0] == b"Z":
-            continue
-        stub = Stub.from_cmdline(int(entry.name), [a.decode(errors="replace") for a in argv if a])
-        if stub is not None:
-            stubs.append(stub)
-    return stubs
+def arena_prefix() -> str:
+    """The name prefix of this pid namespace's row arenas, before the owner's
+    pid (row_arena.py)."""
+    return f"{row_arena.PREFIX}{row_arena.pid_namespace()}-"
 
 
 def arena_regions(pids) -> list[str]:
     """The row-arena regions (row_arena.py) the processes `pids` own: a stub
     that Triton gave up on at its exit timeout, or that was SIGKILLed, never
     ran its model's finalize, which removes them."""
-    prefixes = tuple(f"{row_arena.PREFIX}{row_arena.pid_namespace()}-{pid}-" for pid in pids)
+    prefixes = tuple(f"{arena_prefix()}{pid}-" for pid in pids)
     if not prefixes:
         return []
     return sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(prefixes))
-
-
-def unlink_shm(regions) -> list[str]:
-    """Remove the named shared-memory regions that still exist; returns them."""
-    removed = []
-    for region in regions:
-        try:
-            (SHM_DIRECTORY / region).unlink()
-            removed.append(region)
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            log.warning("could not remove shared memory %s: %s", region, error)
-    return removed
 
 
 class Supervisor:
@@ -116,9 +63,17 @@ class Supervisor:
     """
 
     def __init__(self, server, poll_s: float = 0.25, confirm_s: float = 0.5,
-                 orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0):
+                 orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0,
+                 decoupled_confirm_s: float = 0.1):
         self.server = server
         self.poll_s, self.confirm_s = poll_s, confirm_s
+        # A decoupled model's death is seen at once (a pidfd wakes the watch)
+        # and confirmed sooner: until the restart, the server still answers
+        # ready and routes requests to the dead stub. Nothing unloads such a
+        # model while it is supervised, so the short look is only against
+        # the instant between a stub's exit and Triton removing its region.
+        self.decoupled_confirm_s = decoupled_confirm_s
+        self._pidfds: dict[int, int] = {}  # decoupled stubs' pid -> pidfd
         self.orphan_grace_s, self.load_timeout_s = orphan_grace_s, load_timeout_s
         self.recoveries: dict[str, int] = {}
         self.restarts = 0
@@ -160,15 +115,39 @@ class Supervisor:
         for stub in stubs:
             self.tracked.setdefault(stub.pid, stub)
             self.regions.add(stub.shm_region)
+            if stub.model in self.decoupled and stub.pid not in self._pidfds:
+                try:
+                    self._pidfds[stub.pid] = os.pidfd_open(stub.pid)
+                except (OSError, AttributeError):  # gone already, or no pidfd: polled
+                    pass
+
+    def _forget_pidfds(self) -> None:
+        for pid in [pid for pid in self._pidfds if pid not in self.tracked]:
+            os.close(self._pidfds.pop(pid))
+
+    def _wait(self) -> bool:
+        """Sleep `poll_s`, or less when a decoupled stub exits; True once stopped."""
+        if self._pidfds:
+            select.select(list(self._pidfds.values()), [], [], self.poll_s)
+        else:
+            self._stop.wait(self.poll_s)
+        return self._stop.is_set()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            if self.server.process.poll() is not None:
-                return  # the server exited: the launcher decides what follows
-            try:
-                self.check()
-            except Exception:  # noqa: BLE001 - the watch must outlive one failed attempt
-                log.exception("stub supervisor: check failed; retrying")
+        try:
+            while not self._wait():
+                if self.server.process.poll() is not None:
+                    return  # the server exited: the launcher decides what follows
+                try:
+                    self.check()
+                except StartInterrupted:
+                    return  # stopped during a restart: the launcher stops the server
+                except Exception:  # noqa: BLE001 - the watch must outlive one failed attempt
+                    log.exception("stub supervisor: check failed; retrying")
+        finally:
+            for fd in self._pidfds.values():
+                os.close(fd)
+            self._pidfds.clear()
 
     def check(self) -> list[str]:
         """One look at the stubs; reloads the models that lost one and
@@ -187,11 +166,17 @@ class Supervisor:
         for pid, stub in list(self.tracked.items()):
             if pid in live_pids:
                 continue
-            if not (SHM_DIRECTORY / stub.shm_region).exists():
+            region = SHM_DIRECTORY / stub.shm_region
+            if stub.model in self.decoupled and region.exists() and pid not in self._gone_since:
+                self._gone_since[pid] = now
+                time.sleep(self.decoupled_confirm_s)
+            if not region.exists():
                 del self.tracked[pid]  # stopped by Triton
                 self._gone_since.pop(pid, None)
-            elif now - self._gone_since.setdefault(pid, now) >= self.confirm_s:
+            elif stub.model in self.decoupled or (
+                    now - self._gone_since.setdefault(pid, now) >= self.confirm_s):
                 dead.append(stub)
+        self._forget_pidfds()
         models = sorted({stub.model for stub in dead})
         if self.decoupled & set(models):
             self._restart(sorted(self.decoupled & set(models)), dead)
@@ -252,7 +237,8 @@ class Supervisor:
             self.tracked.clear()
             self._gone_since.clear()
             self._orphans.clear()
-            self.server.start_again()
+            self._forget_pidfds()
+            self.server.start_again(stop_requested=self._stop.is_set)
             self._track(list_stubs(self.server.process.pid))
         finally:
             self.restarting.clear()

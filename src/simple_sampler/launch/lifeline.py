@@ -1,0 +1,62 @@
+"""The watch that ends a Triton server when its launcher dies without
+warning (``kill -9``, the OOM killer, a CI timeout): run as a script by
+``TritonServer.launch`` (server.py), in a session of its own, as
+
+    python lifeline.py <read end of a pipe>
+
+The launcher holds the pipe's only write end and writes tritonserver's pid
+into it once the server is started. Nothing has to run in the launcher for
+the watch to work: when the launcher exits, however it exits, the kernel
+closes its end and this process reads end-of-file. Then tritonserver's
+process group (the server and its stubs, started in a session of their own)
+is killed and the stubs' shared memory removed (processes.end_group). A
+launcher that stops its server itself closes the pipe once the server is
+gone: the group is empty then, and this process just exits.
+
+Standard library only, and processes.py is loaded by its path, not through
+the package: importing ``simple_sampler`` would import numpy and the kernels,
+seconds on a loaded machine for a process that only waits.
+"""
+import importlib.util
+import os
+import signal
+import sys
+from pathlib import Path
+
+#: The row arenas' name prefix before the owner pid (row_arena.PREFIX and the
+#: pid namespace), passed by the launcher: the package is not imported here.
+ARENA_PREFIX_ARG = 2
+
+
+def _processes_module():
+    path = Path(__file__).with_name("processes.py")
+    spec = importlib.util.spec_from_file_location("simple_sampler_lifeline_processes", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> int:
+    # Ctrl-C in the launcher's terminal, or a hang-up, is the launcher's to
+    # handle; this process ends only with the launcher.
+    for number in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    read_end, arena_prefix = int(argv[1]), argv[ARENA_PREFIX_ARG]
+    received = b""
+    while chunk := os.read(read_end, 64):
+        received += chunk
+    if not received.strip().isdigit():
+        return 0  # the launcher went before it started a server
+    server_pid = int(received.split()[0])
+    processes = _processes_module()
+    killed, removed = processes.end_group(server_pid, arena_prefix)
+    if killed:  # the launcher did not stop its server: say what was ended
+        print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is "
+              f"gone; killed {len(killed)} process(es) {killed}, removed shared memory "
+              f"{removed or 'none'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

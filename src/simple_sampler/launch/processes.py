@@ -1,0 +1,129 @@
+"""A Triton server's processes, read from /proc, and how to end them all.
+
+Standard library only, imported by path (not through the package) by the
+lifeline watcher (lifeline.py), which must start in milliseconds and must not
+import numpy or the kernels: it only reads /proc, signals processes and
+removes files in /dev/shm.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+SHM_DIRECTORY = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One model instance's process, as read from its command line:
+    ``stub <repo>/<model>/<version>/model.py <shm region> <size> <growth>
+    <parent pid> <python lib dir> <ipc timeout> <instance name> <runtime>``."""
+
+    pid: int
+    model: str
+    instance: str
+    shm_region: str
+
+    @classmethod
+    def from_cmdline(cls, pid: int, argv: list[str]) -> "Stub | None":
+        if len(argv) < 9 or not argv[0].endswith(STUB_EXECUTABLE):
+            return None
+        return cls(pid, Path(argv[1]).parent.parent.name, argv[8], argv[2])
+
+
+def alive(pid: int) -> bool:
+    """False for a process that is gone or a zombie (dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _processes():
+    """(pid, state, parent pid, process group, argv) of every readable process."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        yield (int(entry.name), stat[0], int(stat[1]), int(stat[2]),
+               [a.decode(errors="replace") for a in argv if a])
+
+
+def list_stubs(server_pid: int) -> list[Stub]:
+    """The live stub processes whose parent is `server_pid`."""
+    stubs = []
+    for pid, state, parent, _group, argv in _processes():
+        if parent != server_pid or state == b"Z":
+            continue
+        stub = Stub.from_cmdline(pid, argv)
+        if stub is not None:
+            stubs.append(stub)
+    return stubs
+
+
+def group_members(group: int) -> dict[int, list[str]]:
+    """pid -> argv of the live processes of process group `group` (a server
+    started in a session of its own: tritonserver and its stubs)."""
+    return {pid: argv for pid, state, _parent, pgid, argv in _processes()
+            if pgid == group and state != b"Z" and pid != os.getpid()}
+
+
+def unlink_shm(regions) -> list[str]:
+    """Remove the named shared-memory regions that still exist; returns them."""
+    removed = []
+    for region in regions:
+        try:
+            (SHM_DIRECTORY / region).unlink()
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            print(f"could not remove shared memory {region}: {error}", flush=True)
+    return removed
+
+
+def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tuple[list[int], list[str]]:
+    """SIGKILL every process of `group` and remove the shared memory its
+    stubs held: each stub's region and the row arenas named
+    ``<arena_prefix><stub pid>-...`` (row_arena.py). Returns (the pids
+    killed, the regions removed).
+
+    The group is frozen (SIGSTOP) first and listed again until no new member
+    appears, so that no stub forked between the listing and the kill is
+    missed; a killed process's regions are removed once it is gone (a stub
+    still alive could map them again)."""
+    frozen: dict[int, list[str]] = {}
+    while True:
+        fresh = {pid: argv for pid, argv in group_members(group).items() if pid not in frozen}
+        if not fresh:
+            break
+        for pid in fresh:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        frozen.update(fresh)
+    stubs = [stub for pid, argv in frozen.items()
+             if (stub := Stub.from_cmdline(pid, argv)) is not None]
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + settle_s
+    while any(alive(pid) for pid in frozen) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    arenas = tuple(f"{arena_prefix}{stub.pid}-" for stub in stubs) if arena_prefix else ()
+    regions = [stub.shm_region for stub in stubs]
+    if arenas:
+        regions += sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(arenas))
+    return sorted(frozen), unlink_shm(regions)

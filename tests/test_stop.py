@@ -1,0 +1,278 @@
+"""`serve` stopped at any moment leaves nothing behind: a SIGINT or SIGTERM
+before Triton starts, while its models load and the front door prepares,
+right after Triton is ready, or once every port answers ends in the same
+clean stop; a launcher killed without warning (SIGKILL) takes its server
+with it (launch/lifeline.py). Each case asserts, within a bound: no process
+holding the run's model repository, no lifeline watcher, no shared-memory
+region of the run's stubs, every port free.
+
+The server is the simulated engine's (no model weights to load: the
+cheapest whole repository with the OpenAI front door), one sampler
+instance. Only processes these tests started are signalled."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import slow_tritonserver
+
+from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs
+from simple_sampler.launch.server import TritonServer, free_port, port_in_use
+from simple_sampler.launch.supervisor import arena_prefix
+
+#: How long after the signal everything must be gone (the issue's bound for
+#: a killed launcher; a clean stop of an idle server takes about 5 s).
+GONE_WITHIN_S = 15.0
+#: A stop while serving: the drain (nothing in flight) and Triton's exit,
+#: within its exit timeout; slower on a loaded 2-core machine.
+SERVING_STOP_S = 30.0
+
+
+class ServeRun:
+    """`simple-sampler serve` on free loopback ports with the OpenAI port,
+    its output read as it comes, the stubs of its server recorded as they
+    appear (their regions are what a stop must remove)."""
+
+    def __init__(self, tmp_path):
+        self.ports = dict(http=free_port(), grpc=free_port(), metrics=free_port(),
+                          openai=free_port())
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
+             "--instances", "1", "--shutdown-grace", "5", "--openai-host", "127.0.0.1",
+             "--log", str(tmp_path / "tritonserver.log"),
+             *(arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port)))],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.server_pid = self.lifeline_pid = self.repository = None
+        self.stubs = {}
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if match := re.search(r"model repository (\S+): ", line):
+                self.repository = match[1]
+            if match := re.search(r"tritonserver started \(pid (\d+).*lifeline pid (\d+)", line):
+                self.server_pid, self.lifeline_pid = int(match[1]), int(match[2])
+
+    def _watch(self):
+        while self.process.poll() is None:
+            if self.server_pid is not None:
+                self.stubs.update((stub.pid, stub) for stub in list_stubs(self.server_pid))
+            time.sleep(0.05)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            assert self.process.poll() is None, f"serve exited before {text!r}:\n{self.output}"
+            assert time.monotonic() < deadline, f"no {text!r} in {timeout_s} s:\n{self.output}"
+            time.sleep(0.02)
+
+    def signal(self, number: int) -> float:
+        self.process.send_signal(number)
+        return time.monotonic()
+
+    def leftovers(self) -> dict:
+        """What the run left: processes holding its repository (tritonserver,
+        the stubs) or its lifeline watcher, its stubs' regions and row
+        arenas, its ports still taken."""
+        held = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or not alive(int(entry.name)):
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if (self.repository and self.repository in argv) or int(entry.name) == self.lifeline_pid:
+                held.append(int(entry.name))
+        arenas = tuple(f"{arena_prefix()}{pid}-" for pid in self.stubs)
+        regions = [stub.shm_region for stub in self.stubs.values()
+                   if (SHM_DIRECTORY / stub.shm_region).exists()]
+        regions += [name for name in os.listdir(SHM_DIRECTORY) if arenas and name.startswith(arenas)]
+        ports = [port for port in self.ports.values() if port_in_use(port)]
+        return {key: value for key, value in
+                dict(processes=held, regions=regions, ports=ports).items() if value}
+
+    def gone_within(self, signalled_at: float, bound_s: float = GONE_WITHIN_S) -> float:
+        """Seconds from the signal until nothing is left; fails past `bound_s`."""
+        while (left := self.leftovers()) and time.monotonic() - signalled_at < bound_s:
+            time.sleep(0.1)
+        assert not left, f"left after {bound_s} s: {left}\n{self.output}"
+        return time.monotonic() - signalled_at
+
+    def stopped(self, signalled_at: float, timeout_s: float) -> tuple[int, float]:
+        """(exit status, seconds from the signal)."""
+        try:
+            status = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"serve still running {timeout_s} s after the signal:\n{self.output}")
+        return status, time.monotonic() - signalled_at
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def serve_run(tmp_path):
+    run = ServeRun(tmp_path)
+    try:
+        yield run
+    finally:
+        run.close()
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@pytest.mark.slow
+def test_sigint_at_one_second_leaves_nothing(serve_run):
+    """Within its first second `serve` may still be importing (Python's own
+    KeyboardInterrupt: status -SIGINT, nothing started) or starting (its
+    handler: a clean stop, status 0)."""
+    time.sleep(max(0.0, serve_run.started_at + 1.0 - time.monotonic()))
+    signalled = serve_run.signal(signal.SIGINT)
+    try:
+        status = serve_run.process.wait(GONE_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        # Before serve.run's handler, a KeyboardInterrupt raised inside an
+        # import can be swallowed by it (seen once by hand): serve then starts.
+        # Not covered yet (docs/RELIABILITY.md); stop it as a user would.
+        signalled = serve_run.signal(signal.SIGINT)
+        serve_run.stopped(signalled, SERVING_STOP_S)
+        serve_run.gone_within(signalled)
+        pytest.xfail("a SIGINT during the package's imports was swallowed")
+    assert status in (0, -signal.SIGINT), serve_run.output
+    serve_run.gone_within(signalled)
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_models_load_and_the_front_door_prepares(serve_run):
+    """The front door's tokenizer and web stack load in a thread while
+    Triton loads its models: a SIGTERM then stops both, status 0."""
+    serve_run.wait_for("tritonserver started")
+    signalled = serve_run.signal(signal.SIGTERM)
+    status, stop_s = serve_run.stopped(signalled, GONE_WITHIN_S)
+    assert status == 0, serve_run.output
+    assert "openai frontend ready" not in serve_run.output
+    assert "stopping before it was ready" in serve_run.output
+    print(f"SIGTERM while loading: exit 0 in {stop_s:.1f} s, "
+          f"gone in {serve_run.gone_within(signalled):.1f} s")
+
+
+@pytest.mark.slow
+def test_sigint_right_after_triton_is_ready_while_the_front_door_starts(serve_run):
+    serve_run.wait_for("tritonserver ready")
+    signalled = serve_run.signal(signal.SIGINT)
+    status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
+    assert status == 0, serve_run.output
+    assert "simple-sampler serve: stopped" in serve_run.output
+    print(f"SIGINT right after Triton's ready: exit 0 in {stop_s:.1f} s, "
+          f"gone in {serve_run.gone_within(signalled):.1f} s")
+
+
+@pytest.mark.slow
+def test_ready_means_every_port_answers_and_sigint_then_leaves_nothing(serve_run):
+    serve_run.wait_for("openai frontend ready on")
+    ports = serve_run.ports
+    # "ready" is printed once: each endpoint answers at that moment
+    assert answers(f"http://127.0.0.1:{ports['http']}/v2/health/ready")
+    assert answers(f"http://127.0.0.1:{ports['openai']}/health")
+    assert answers(f"http://127.0.0.1:{ports['metrics']}/metrics")
+    socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=5).close()
+    assert serve_run.output.count("Triton is ready") == 1
+    assert len(serve_run.stubs) >= 3  # preprocessing, llm, the sampler
+    signalled = serve_run.signal(signal.SIGINT)
+    status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
+    assert status == 0, serve_run.output
+    print(f"SIGINT while serving: exit 0 in {stop_s:.1f} s, "
+          f"gone in {serve_run.gone_within(signalled):.1f} s")
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_takes_its_server_with_it(serve_run):
+    serve_run.wait_for("tritonserver ready")
+    assert serve_run.stubs
+    signalled = serve_run.signal(signal.SIGKILL)
+    assert serve_run.stopped(signalled, 5)[0] == -signal.SIGKILL
+    gone_s = serve_run.gone_within(signalled)
+    assert "the launcher of tritonserver" in Path(
+        re.search(r"log (\S+), lifeline", serve_run.output)[1]).read_text()
+    print(f"launcher SIGKILLed: tritonserver, {len(serve_run.stubs)} stubs and their regions "
+          f"gone in {gone_s:.1f} s")
+
+
+LAUNCHER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import slow_tritonserver
+from simple_sampler.launch.server import TritonServer
+server = TritonServer(Path(sys.argv[1]) / "repository", install=slow_tritonserver.install(Path(sys.argv[1])))
+server.start(timeout=60)
+print(server.process.pid, server.watcher.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_fixture_or_bench_process_takes_its_server_with_it(tmp_path):
+    """Every TritonServer has its lifeline, whoever starts it: a test run
+    or a bench killed without warning leaves no server behind (a stand-in
+    tritonserver here, tests/slow_tritonserver.py: no model to load)."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "READY_AFTER_S": "0"})
+    try:
+        server_pid, watcher_pid = map(int, launcher.stdout.readline().split())
+        launcher.kill()
+        killed_at = time.monotonic()
+        launcher.wait()
+        while (alive(server_pid) or alive(watcher_pid)) and time.monotonic() - killed_at < 15:
+            time.sleep(0.05)
+        assert not alive(server_pid) and not alive(watcher_pid)
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_a_stopped_server_releases_its_lifeline(tmp_path, monkeypatch):
+    monkeypatch.setenv("READY_AFTER_S", "0")
+    server = TritonServer(tmp_path / "repository", install=slow_tritonserver.install(tmp_path))
+    server.start(timeout=60)
+    watcher = server.watcher
+    assert alive(watcher.pid)
+    server.stop()
+    assert watcher.poll() is not None and not alive(server.process.pid)
+
+
+def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("READY_AFTER_S", "30")
+    server = TritonServer(tmp_path / "repository", install=slow_tritonserver.install(tmp_path))
+    asked = time.monotonic() + 1.0
+    from simple_sampler.launch.startup import StartInterrupted
+
+    with pytest.raises(StartInterrupted):
+        server.start(timeout=60, stop_requested=lambda: time.monotonic() > asked)
+    assert time.monotonic() - asked < 5
+    assert server.process.poll() is not None and server.watcher.poll() is not None
