@@ -12,10 +12,10 @@ they stay on the GPU, the summary is replayed there as a CUDA graph
 compact rows go to ``instances`` threads running the sampler model's own code
 (``serve_sim.hot_first_sampler``) and only an undecided row crosses whole;
 the hot set is the shipped SmolLM2 profile's, so the model must have
-SmolLM2's vocabulary) and ``gpu_inline`` (``serving/inline.py``'s torch
-ops on the GPU: a sort per row for top-k / top-p, one generator per row, no
-copy, no overlap; vLLM's draws for seeded requests, and every request here is
-seeded). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
+SmolLM2's vocabulary) and ``gpu_inline`` (``serving/inline.py``: the whole
+batch in one pass of torch ops on the GPU, vLLM v1's native design: penalties
+by scatter, one batched sort for top-k / top-p, one draw per row keyed by
+(seed, step); no copy of the rows, no overlap). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
 ``top_p`` 0.9 by default (the sort is the GPU baseline's cost). Refuses clearly
 without CUDA (``serving.device.resolve``); never run in this project's CI or on
 its development machines (no GPU there).
