@@ -15,7 +15,7 @@ Decode is *slot-major*: a step over bucket ``b`` computes rows for slots
 ``0 .. b-1`` (b the smallest of :data:`BUCKETS` above the highest slot
 stepped), so the cache is read in place, never gathered, and every shape is
 fixed: on CUDA each bucket's step is captured once as a CUDA graph
-(``torch.cuda.graph``, one memory pool) and replayed; on the CPU it runs
+(``torch.cuda.graph``, at its first use, one memory pool) and replayed; on the CPU it runs
 eagerly. A slot the step does not include (a sequence left for another
 micro-batch, or a free slot) computes a row that is thrown away; it writes its
 key and value at a position no query has read yet (its sequence's next one),
@@ -49,6 +49,7 @@ without CUDA.
 from __future__ import annotations
 
 import os
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -168,10 +169,16 @@ class StaticForward:
 
 
 class DecodeGraphs:
-    """:meth:`StaticForward.decode` per bucket: captured as a CUDA graph on
-    CUDA (all buckets at construction, one memory pool, largest first), eager
-    elsewhere. Each bucket owns static ``tokens`` / ``positions`` inputs and
-    ``logits`` / ``argmax`` outputs, overwritten by the next replay."""
+    """:meth:`StaticForward.decode` per bucket: on CUDA each bucket is
+    captured as a CUDA graph the first time it is replayed (one memory pool
+    for all), eager elsewhere. Each bucket owns static ``tokens`` /
+    ``positions`` inputs and ``logits`` / ``argmax`` outputs, overwritten by
+    the next replay.
+
+    The capture's warm-up runs the bucket's forward on the inputs as they
+    are, which the replay then runs again: it writes the same keys and values
+    at the same positions (or, before any step, a position no query has read
+    yet: module docstring)."""
 
     def __init__(self, forward: StaticForward, buckets: Sequence[int]):
         self.forward = forward
@@ -182,32 +189,26 @@ class DecodeGraphs:
                                       device=device)) for b in buckets}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        if self.graphed:
-            self._capture(sorted(buckets, reverse=True))
+        self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
 
     def _run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         with _attention_backends(self.forward.keys.device):
             logits = self.forward.decode(*self.inputs[bucket])
         return logits, logits.argmax(dim=-1)
 
-    def _capture(self, buckets: list[int]) -> None:
-        """Warm each bucket up on a side stream, then capture it. The warm-up
-        writes keys at the last position of slots 0 .. b-1: never read before
-        a real token overwrites it (module docstring)."""
-        pool = None
+    def _capture(self, bucket: int) -> None:
+        """Warm the bucket up on a side stream (as torch.cuda.graphs'
+        documentation asks), then capture it into the shared pool."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for bucket in buckets:
-                for _ in range(2):
-                    self._run(bucket)
+            for _ in range(2):
+                self._run(bucket)
         torch.cuda.current_stream().wait_stream(stream)
-        for bucket in buckets:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self._run(bucket)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs[bucket] = self._run(bucket)
+        self.graphs[bucket] = graph
 
     def bucket(self, rows: int) -> int:
         """The smallest bucket of at least ``rows`` rows."""
@@ -218,6 +219,8 @@ class DecodeGraphs:
         they are now: its static outputs on CUDA, fresh tensors elsewhere."""
         if not self.graphed:
             return self._run(bucket)
+        if bucket not in self.graphs:
+            self._capture(bucket)
         self.graphs[bucket].replay()
         return self.outputs[bucket]
 
@@ -285,6 +288,75 @@ class StaticEngine(TorchEngine):
         with _attention_backends(self.device):
             return self.static.prefill([pending for _, _, pending in work],
                                        [slot for slot, _, _ in work])
+
+
+def forward_only_ms(engine: StaticEngine, steps: int) -> float:
+    """The data plane alone: ms per decode step of every active sequence,
+    replayed ``steps`` times with each step's argmax fed back on the device
+    (no host copy, no sampler, no Python per row). The sequences must hold
+    slots ``0 .. n-1`` and have been stepped once (prefilled) with their
+    token appended; their keys and values advance as in serving, but not
+    the engine's bookkeeping: the engine is spent afterwards."""
+    with engine.state_lock:
+        rows = sorted((row.slot, row.cached, row.pending) for row in engine.sequences.values())
+    if [slot for slot, _, _ in rows] != list(range(len(rows))):
+        raise ValueError("forward_only needs the sequences in slots 0 .. n-1")
+    if (max(cached for _, cached, _ in rows) + steps > engine.max_context
+            or any(len(p) != 1 for _, _, p in rows)):
+        raise ValueError("forward_only needs one pending token each and room for the steps")
+    bucket = engine.graphs.bucket(len(rows))
+    if bucket != len(rows):
+        raise ValueError(f"forward_only runs a whole bucket: {len(rows)} sequences, bucket "
+                         f"{bucket}")
+    tokens, positions = engine.graphs.inputs[bucket]
+    tokens.copy_(torch.tensor([p[0] for _, _, p in rows]))
+    positions.copy_(torch.tensor([cached for _, cached, _ in rows]))
+    _, argmax = engine.graphs.replay(bucket)  # captures on CUDA: outside the window
+    _synchronize(engine.device)
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        tokens.copy_(argmax)
+        positions.add_(1)
+        _, argmax = engine.graphs.replay(bucket)
+    _synchronize(engine.device)
+    return (time.perf_counter() - start) / max(1, steps - 1) * 1e3
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bytes_per_step(engine: StaticEngine, rows: int) -> dict[str, int]:
+    """What one decode step of bucket ``rows`` reads from device memory at
+    the least: every weight once (the embedding table's ``rows`` rows only,
+    unless it is also the output layer) and the static cache's window of
+    every row, keys and values (reads of the whole window: the step's
+    attention runs over all of it, masked)."""
+    model = engine.model
+    embedding = model.model.embed_tokens.weight
+    tied = embedding.data_ptr() == model.lm_head.weight.data_ptr()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not tied:  # lm_head reads its own matrix; of the embedding only the rows' ids
+        weights -= embedding.numel() * embedding.element_size()
+        weights += rows * embedding.shape[1] * embedding.element_size()
+    cache = 2 * engine.keys[:, :rows].numel() * engine.keys.element_size()
+    return {"weights": weights, "kv_cache": cache, "total": weights + cache}
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second of a device-to-device copy (read plus write), the
+    best of ``repeats``: the HBM estimate's bandwidth."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() / best
 
 
 def config_path(name: str | os.PathLike) -> Path:
