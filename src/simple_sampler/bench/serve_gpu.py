@@ -79,13 +79,18 @@ def rows_label(rows: str, vocab: int) -> str:
             else f"fitted: {HOT_ROWS_SOURCE}, NOT MODEL OUTPUTS")
 
 
+@functools.lru_cache(maxsize=2)
+def _fitted_host_rows(vocab: int):
+    real = real_rows(FITTED_BANK)
+    return real if vocab == SMOLLM2_VOCAB else synthetic_hot_rows(real, vocab)
+
+
 def fitted_bank(vocab: int, device):
-    """float32 [FITTED_BANK, vocab] on the device (module docstring)."""
+    """float32 [FITTED_BANK, vocab] on the device (module docstring); the
+    host rows are made once per V."""
     import torch
 
-    real = real_rows(FITTED_BANK)
-    bank = real if vocab == SMOLLM2_VOCAB else synthetic_hot_rows(real, vocab)
-    return torch.from_numpy(bank).to(device)
+    return torch.from_numpy(_fitted_host_rows(vocab)).to(device)
 
 
 def substitute_rows(engine, bank) -> None:
@@ -192,14 +197,16 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
         instances: int = 2, warmup: int = 8, measure: int = 40, top_p=(0.9,),
         modes=MODES, random_weights: bool = False, model_config: str | None = None,
         engine: str = "static", rows=("flat",), forward_only: bool = True,
-        device: str = "cuda") -> dict:
+        device: str = "cuda", loaded: tuple | None = None) -> dict:
     """Every mode at every (rows, top_p, B), and forward_only at every B
     (static engine); RuntimeError (the reason) without CUDA (``device`` cpu:
-    the tests' tiny runs, figures that mean nothing)."""
+    the tests' tiny runs, figures that mean nothing). ``loaded``: ``load``'s
+    (model, codec, label), to run several times over one model."""
     import torch
 
     device, torch_dtype = resolve(device, dtype)
-    model, codec, label = load(model_source, model_config, random_weights, device, torch_dtype)
+    model, codec, label = loaded or load(model_source, model_config, random_weights, device,
+                                         torch_dtype)
     vocab = model.config.vocab_size
     hot = hot_set(vocab)
     results = []
