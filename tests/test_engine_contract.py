@@ -29,7 +29,7 @@ def smollm2():
     return load_model()[0]
 
 
-@pytest.fixture(params=[pytest.param("torch", marks=pytest.mark.slow), "tensorrt_llm",
+@pytest.fixture(params=[pytest.param("torch", marks=pytest.mark.slow), "static", "tensorrt_llm",
                         "simulated"])
 def make_engine(request, tmp_path):
     """make_engine(max_batch_size, max_context) -> (engine, reference(tokens), tolerance)."""
@@ -44,6 +44,13 @@ def make_engine(request, tmp_path):
                 with torch.inference_mode():
                     return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()
             return engine, reference, 1e-3
+        if request.param == "static":  # a tiny random Llama (tests/test_static_decode.py)
+            from test_static_decode import reference_logits, tiny
+            from simple_sampler.serving.static_decode import StaticEngine
+
+            model = tiny("llama")
+            engine = StaticEngine(model, max_batch_size=max_batch_size, max_context=max_context)
+            return engine, lambda tokens: reference_logits(model, tokens), 1e-4
         if request.param == "simulated":
             spec = SimulatedSpec(vocab=128_256, dtype="float32", step_a_ms=0.0, step_b_ms=0.0)
             engine = SimulatedEngine(spec, max_batch_size=max_batch_size, max_context=max_context)

@@ -217,7 +217,9 @@ def bench_serve_gpu(args: argparse.Namespace) -> int:
         {"batches": args.batch}
     try:
         report = serve_gpu.run(args.model, args.dtype, instances=args.instances,
-                               top_p=args.top_p, random_weights=args.random_weights, **sizes)
+                               top_p=args.top_p, random_weights=args.random_weights,
+                               model_config=args.model_config, engine=args.engine,
+                               rows=args.rows, **sizes)
     except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a dtype it
         # lacks, --random-weights without --model or a directory without config.json
         print(f"simple-sampler bench serve-gpu: {error}", file=sys.stderr)
@@ -428,7 +430,17 @@ def build_parser() -> argparse.ArgumentParser:
                            .metadata["choices"])
     gpu_bench.add_argument("--instances", type=int, default=2,
                            help="kernel threads standing in for simple_sampler instances")
-    gpu_bench.add_argument("--top-p", type=float, default=0.9, help="every request's top_p")
+    gpu_bench.add_argument("--top-p", type=float, nargs="+", default=[0.9],
+                           help="every request's top_p, one run per value")
+    gpu_bench.add_argument("--model-config",
+                           help="a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
+                                "llama-3.1-8b) or a config.json: random weights on the device")
+    gpu_bench.add_argument("--engine", choices=["static", "eager"], default="static",
+                           help="static: static KV cache, CUDA graphs per batch bucket (and "
+                                "forward_only, the bound); eager: the Hugging Face forward")
+    gpu_bench.add_argument("--rows", nargs="+", choices=["flat", "fitted"], default=["flat"],
+                           help="the forward's own rows, or rows fitted to SmolLM2's "
+                                "substituted after it")
     gpu_bench.add_argument("--random-weights", action="store_true",
                            help="--model's architecture and tokenizer with fresh weights (its "
                                 "config.json and tokenizer files suffice): its step times, "

@@ -12,16 +12,35 @@ they stay on the GPU, the summary is replayed there as a CUDA graph
 compact rows go to ``instances`` threads running the sampler model's own code
 (``serve_sim.hot_first_sampler``) and only an undecided row crosses whole;
 the hot set is the shipped SmolLM2 profile's, so the model must have
-SmolLM2's vocabulary) and ``gpu_inline`` (``serving/inline.py``'s torch
-ops on the GPU: a sort per row for top-k / top-p, one generator per row, no
-copy, no overlap; vLLM's draws for seeded requests, and every request here is
-seeded). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
+SmolLM2's vocabulary) and ``gpu_inline`` (``serving/inline.py``: the whole
+batch in one pass of torch ops on the GPU, vLLM v1's native design: penalties
+by scatter, one batched sort for top-k / top-p, one draw per row keyed by
+(seed, step); no copy of the rows, no overlap). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
 ``top_p`` 0.9 by default (the sort is the GPU baseline's cost). Refuses clearly
 without CUDA (``serving.device.resolve``); never run in this project's CI or on
 its development machines (no GPU there).
 
+The data plane (``--engine``): ``static`` (default; ``serving/static_decode``:
+a static KV cache, the decode step replayed as CUDA graphs per batch bucket,
+GPU-bound) or ``eager`` (``TorchEngine``: the Hugging Face forward, launch
+bound). ``--model-config NAME`` (a shipped config: smollm2-135m,
+qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, or a config.json) draws random
+weights on the device: the model's step times, not its tokens.
+
+``forward_only`` (static engine): the data plane's bound, the decode step
+replayed with its argmax fed back on the device (no host copy, no sampler),
+beside an HBM estimate: the bytes a step must read (weights once, the static
+cache's window) over the device's measured copy bandwidth.
+
+Rows (``--rows``): ``flat`` are the forward's own (a random model's rows are
+nearly flat: the sampler's worst case); ``fitted`` replaces them, after the
+real forward and inside the step, with rows fitted to SmolLM2's (real rows at
+V = 49,152, ``rows.synthetic_hot_rows`` at other V: NOT MODEL OUTPUTS, real
+token ids kept, so the shipped hot set maps onto them): the step's time is the
+model's, the rows realistic. Every result carries its rows' label.
+
 The engine on CUDA, the modes and what the bench prints: docs/GPU.md, "The
-PyTorch data plane on CUDA".
+PyTorch data plane on CUDA" and "GPU-bound data plane".
 """
 from __future__ import annotations
 
@@ -30,8 +49,11 @@ import functools
 import gc
 
 from ..models import load_model, random_model
+from ..rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synthetic_hot_rows
 from ..serving.decoder import Decoder, kernel_sample, threaded
 from ..serving.device import resolve
+from ..serving.static_decode import (StaticEngine, bytes_per_step, copy_bandwidth,
+                                     forward_only_ms, model_from_config)
 from ..serving.text import TextCodec
 from ..serving.torch_engine import TorchEngine
 from ..launch.install import project_file
@@ -39,19 +61,68 @@ from ..shvs.hot_vocab import HotVocab, load_profile
 from .calibrate import DEFAULT_OUTPUT
 from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure, hot_first_sampler
 
-#: (label, decoder mode, micro_batches, handoff)
+#: (label, decoder mode, micro_batches, handoff); forward_only runs no decoder
 MODES = (("simple", "simple", 1, "full"), ("simple_overlap", "simple", 2, "full"),
          ("simple_hot_first", "simple", 1, "hot-first"), ("gpu_inline", "inline", 1, "full"))
+FORWARD_ONLY = "forward_only"
 BATCHES = (64, 128, 256)
+ENGINES = {"static": StaticEngine, "eager": TorchEngine}
+ROWS = ("flat", "fitted")
+#: fitted rows per bank: a row's is picked by its slot and position
+FITTED_BANK = 64
+
+
+def rows_label(rows: str, vocab: int) -> str:
+    if rows == "flat":
+        return "flat (the model's own rows)"
+    return ("fitted: real SmolLM2 rows" if vocab == SMOLLM2_VOCAB
+            else f"fitted: {HOT_ROWS_SOURCE}, NOT MODEL OUTPUTS")
+
+
+@functools.lru_cache(maxsize=2)
+def _fitted_host_rows(vocab: int):
+    real = real_rows(FITTED_BANK)
+    return real if vocab == SMOLLM2_VOCAB else synthetic_hot_rows(real, vocab)
+
+
+def fitted_bank(vocab: int, device):
+    """float32 [FITTED_BANK, vocab] on the device (module docstring); the
+    host rows are made once per V."""
+    import torch
+
+    return torch.from_numpy(_fitted_host_rows(vocab)).to(device)
+
+
+def substitute_rows(engine, bank) -> None:
+    """The engine's forward, then each row replaced by a bank row picked by
+    its (slot, position): on the device, before the host copy."""
+    import torch
+
+    forward = engine._forward
+
+    def fitted(work):
+        logits = forward(work)
+        picks = torch.tensor([(slot * 7 + cached) % bank.shape[0] for slot, cached, _ in work],
+                             device=bank.device)
+        return bank.index_select(0, picks).to(logits.dtype)
+    engine._forward = fitted
+
+
+def make_engine(model, engine: str, batch: int, warmup: int, measure: int, host_logits: bool):
+    return ENGINES[engine](model, max_batch_size=batch,
+                           max_context=PROMPT_TOKENS + warmup + measure + 4,
+                           host_logits=host_logits)
 
 
 async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_batches: int,
                   batch: int, instances: int, warmup: int, measure: int, top_p: float,
-                  handoff: str = "full", hot: HotVocab | None = None) -> dict:
-    """One row of the report; `hot`: the hot set, for handoff hot-first."""
-    engine = TorchEngine(model, max_batch_size=batch,
-                         max_context=PROMPT_TOKENS + warmup + measure + 4,
-                         host_logits=decoder_mode != "inline")
+                  handoff: str = "full", hot: HotVocab | None = None, engine_kind: str = "eager",
+                  bank=None) -> dict:
+    """One row of the report; `hot`: the hot set, for handoff hot-first;
+    `bank`: fitted rows to substitute (None: the forward's own)."""
+    engine = make_engine(model, engine_kind, batch, warmup, measure, decoder_mode != "inline")
+    if bank is not None:
+        substitute_rows(engine, bank)
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if decoder_mode == "simple" else None
     if handoff == "hot-first":
@@ -69,80 +140,146 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
     fallback = (stats["need_full"] + stats["need_cold"]) / stats["rows"] \
         if stats and stats["rows"] else None
     return {"mode": mode, "micro_batches": micro_batches, "batch": batch, "handoff": handoff,
-            "vocab": engine.vocab_size, "top_p": top_p, "fallback_rate": fallback, **figures}
+            "vocab": engine.vocab_size, "top_p": top_p, "fallback_rate": fallback,
+            "sampler_threads": instances if decoder_mode == "simple" else 0, **figures}
 
 
-def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
-        instances: int = 2, warmup: int = 8, measure: int = 40, top_p: float = 0.9,
-        modes=MODES, random_weights: bool = False) -> dict:
-    """Every mode at every B; RuntimeError (the reason) without CUDA.
-    random_weights: the model directory's architecture with fresh weights
-    (``models.random_model``): the step times of the model, not its tokens."""
-    import torch
+def run_forward_only(model, batch: int, warmup: int, measure: int, bandwidth: float) -> dict:
+    """forward_only at B: B sequences prefilled, then ``warmup + measure``
+    decode steps replayed on the device; ms per step beside the HBM estimate."""
+    import numpy as np
 
-    device, torch_dtype = resolve("cuda", dtype)
+    engine = make_engine(model, "static", batch, warmup, measure, False)
+    rng = np.random.default_rng(0)
+    ids = list(range(batch))
+    for i in ids:
+        engine.add(i, rng.integers(0, engine.vocab_size, PROMPT_TOKENS).tolist())
+    engine.append(ids, engine.step(ids).argmax(dim=-1).tolist())  # the eager prefill
+    ms = forward_only_ms(engine, warmup + measure)  # its first replay (the capture) untimed
+    read = bytes_per_step(engine, batch)
+    estimate_ms = read["total"] / bandwidth * 1e3
+    return {"mode": FORWARD_ONLY, "rows": "-", "micro_batches": 1, "batch": batch,
+            "handoff": "-",
+            "vocab": engine.vocab_size, "top_p": None, "fallback_rate": None,
+            "sampler_threads": 0, "tokens_per_s": batch / (ms / 1e3),
+            "ms_per_step": ms, "hbm_estimate_ms": estimate_ms, "vs_hbm_estimate": ms / estimate_ms,
+            "bytes_per_step": read, "forward_ms_per_step": ms,
+            "exposed_sampling_ms_per_step": 0.0, "summary_ms_per_step": 0.0,
+            "itl_ms_p50": ms, "itl_ms_p95": ms}
+
+
+def load(model_source, model_config, random_weights: bool, device, torch_dtype):
+    """(model on the device, codec, label)."""
+    from ..serving.simulated import SimulatedCodec
+
+    if model_config is not None:
+        model = model_from_config(model_config, device, torch_dtype)
+        # SmolLM2's tokenizer decodes its ids; wider ids read " t<id>" (never shown here)
+        return model, SimulatedCodec.from_source(None), \
+            f"--model-config {model_config}, RANDOM WEIGHTS (its shapes, not its tokens)"
     if random_weights and model_source is None:
         raise ValueError("--random-weights needs --model DIR (its config.json and tokenizer)")
     model, _ = (random_model(model_source, torch_dtype) if random_weights
                 else load_model(model_source, torch_dtype))
-    model = model.to(device)
-    codec = TextCodec.from_source(model_source)
-    # the shipped profile, wherever the bench runs from (never a calibration)
+    label = (model_source or "SmolLM2-135M-Instruct") + (
+        ", RANDOM WEIGHTS (its shapes, not its tokens)" if random_weights else "")
+    return model.to(device), TextCodec.from_source(model_source), label
+
+
+def hot_set(vocab: int) -> HotVocab:
+    """The shipped SmolLM2 profile's hot set, mapped as the fitted rows map
+    SmolLM2's ids at another V (the same ``rows.id_map``)."""
     hot = load_profile(project_file(str(DEFAULT_OUTPUT))).hot_vocab()
-    if hot.vocab_size != model.config.vocab_size:  # the profile is SmolLM2's
-        modes = [m for m in modes if m[3] != "hot-first"]
+    return hot if vocab == hot.vocab_size else HotVocab(map_hot_ids(hot.ids, vocab), vocab)
+
+
+def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHES,
+        instances: int = 2, warmup: int = 8, measure: int = 40, top_p=(0.9,),
+        modes=MODES, random_weights: bool = False, model_config: str | None = None,
+        engine: str = "static", rows=("flat",), forward_only: bool = True,
+        device: str = "cuda", loaded: tuple | None = None) -> dict:
+    """Every mode at every (rows, top_p, B), and forward_only at every B
+    (static engine); RuntimeError (the reason) without CUDA (``device`` cpu:
+    the tests' tiny runs, figures that mean nothing). ``loaded``: ``load``'s
+    (model, codec, label), to run several times over one model."""
+    import torch
+
+    device, torch_dtype = resolve(device, dtype)
+    model, codec, label = loaded or load(model_source, model_config, random_weights, device,
+                                         torch_dtype)
+    vocab = model.config.vocab_size
+    hot = hot_set(vocab)
     results = []
-    for mode, decoder_mode, micro_batches, handoff in modes:
-        for batch in batches:
-            results.append(asyncio.run(run_one(model, codec, mode, decoder_mode, micro_batches,
-                                               batch, instances, warmup, measure, top_p,
-                                               handoff, hot)))
-            gc.collect()
+    cells = [(r, p, m, b) for r in rows for p in top_p for m in modes for b in batches]
+    if forward_only and engine == "static":
+        bandwidth = copy_bandwidth(device)
+        results += [run_forward_only(model, b, warmup, measure, bandwidth) for b in batches]
+    banks = {r: None if r == "flat" else fitted_bank(vocab, device) for r in rows}
+    for rows_kind, p, (mode, decoder_mode, micro_batches, handoff), batch in cells:
+        result = asyncio.run(run_one(model, codec, mode, decoder_mode, micro_batches, batch,
+                                     instances, warmup, measure, p, handoff, hot, engine,
+                                     banks[rows_kind]))
+        results.append({**result, "rows": rows_label(rows_kind, vocab)})
+        gc.collect()
+        if device.type == "cuda":
             torch.cuda.empty_cache()  # the next engine's cache gets the freed memory
-    inline = {r["batch"]: r["tokens_per_s"] for r in results if r["mode"] == "gpu_inline"}
-    for result in results:
-        result["vs_gpu_inline"] = (result["tokens_per_s"] / inline[result["batch"]]
-                                   if result["batch"] in inline else None)
-    return {"results": results,
-            "gpu": {"name": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "dtype": dtype},
-            "settings": {"model": (model_source or "SmolLM2-135M-Instruct")
-                         + (", RANDOM WEIGHTS (its shapes, not its tokens)" if random_weights
-                            else ""),
-                         "sampler_instances": instances, "hot_set": hot.size,
-                         "warmup_tokens": warmup,
-                         "measured_tokens": measure,
-                         "params": f"temperature 1, top_p {top_p:g}, seeded, ignore_end"}}
+    return {"results": add_ratios(results),
+            "gpu": {"name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                             else "CPU (not a GPU: figures mean nothing)"),
+                    "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype,
+                    "copy_bandwidth_gb_s": bandwidth / 1e9 if forward_only and engine == "static"
+                    else None},
+            "settings": {"model": label, "engine": engine, "sampler_instances": instances,
+                         "hot_set": hot.size, "warmup_tokens": warmup, "measured_tokens": measure,
+                         "params": "temperature 1, top_p as listed, seeded, ignore_end"}}
+
+
+def add_ratios(results: list[dict]) -> list[dict]:
+    """Each result's tokens/s over gpu_inline's and over forward_only's at
+    the same (rows, top_p, B) and B."""
+    inline = {(r["rows"], r["top_p"], r["batch"]): r["tokens_per_s"]
+              for r in results if r["mode"] == "gpu_inline"}
+    bound = {r["batch"]: r["tokens_per_s"] for r in results if r["mode"] == FORWARD_ONLY}
+    for r in results:
+        key = (r.get("rows"), r["top_p"], r["batch"])
+        r["vs_gpu_inline"] = r["tokens_per_s"] / inline[key] if key in inline else None
+        r["vs_forward_only"] = (r["tokens_per_s"] / bound[r["batch"]]
+                                if r["batch"] in bound else None)
+    return results
 
 
 def format_report(report: dict) -> str:
     gpu, settings = report["gpu"], report["settings"]
-    lines = [f"data plane: TorchEngine on {gpu['name']} ({settings['model']}, {gpu['dtype']}; "
-             f"torch {gpu['torch']}, CUDA {gpu['cuda']}); simple: "
+    bandwidth = gpu.get("copy_bandwidth_gb_s")
+    lines = [f"data plane: {settings.get('engine', 'eager')} engine on {gpu['name']} "
+             f"({settings['model']}, {gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}"
+             + (f"; copy bandwidth {bandwidth:.0f} GB/s" if bandwidth else "") + "); simple: "
              f"{settings['sampler_instances']} kernel threads in-process standing in for "
-             f"simple_sampler instances; gpu_inline: torch sampling on the GPU",
+             f"simple_sampler instances; gpu_inline: one batched torch pass on the GPU",
              f"requests: {settings['params']}",
-             f"{'mode':<17} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} {'x inline':>8} "
-             f"{'forward':>8} {'summary':>8} {'exposed':>8} {'ITL p50':>8} {'ITL p95':>8} "
-             f"{'fallback':>8}"]
+             f"{'mode':<17} {'rows':<7} {'top_p':>5} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} "
+             f"{'x inline':>8} {'x bound':>7} {'forward':>8} {'exposed':>8} {'ITL p50':>8} "
+             f"{'ITL p95':>8} {'thr':>3} {'fallback':>8} {'HBM est':>8}"]
     for r in report["results"]:
-        ratio = f"{r['vs_gpu_inline']:.2f}" if r["vs_gpu_inline"] is not None else "-"
-        fallback, summary = "-", "-"
-        if r["handoff"] == "hot-first":
-            fallback = f"{100 * r['fallback_rate']:.1f}%"
-            summary = f"{r['summary_ms_per_step']:.2f}ms"
-        lines.append(f"{r['mode']:<17} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
-                     f"{r['tokens_per_s']:>8.0f} {ratio:>8} "
-                     f"{r['forward_ms_per_step']:>6.2f}ms {summary:>8} "
+        ratio = lambda key: f"{r[key]:.2f}" if r.get(key) is not None else "-"  # noqa: E731
+        fallback = f"{100 * r['fallback_rate']:.1f}%" if r.get("fallback_rate") is not None \
+            else "-"
+        estimate = f"{r['hbm_estimate_ms']:.2f}ms" if "hbm_estimate_ms" in r else "-"
+        top_p = f"{r['top_p']:g}" if r.get("top_p") is not None else "-"
+        lines.append(f"{r['mode']:<17} {r.get('rows', 'flat').split(' ')[0].rstrip(':'):<7} "
+                     f"{top_p:>5} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
+                     f"{r['tokens_per_s']:>8.0f} {ratio('vs_gpu_inline'):>8} "
+                     f"{ratio('vs_forward_only'):>7} {r['forward_ms_per_step']:>6.2f}ms "
                      f"{r['exposed_sampling_ms_per_step']:>6.2f}ms {r['itl_ms_p50']:>6.1f}ms "
-                     f"{r['itl_ms_p95']:>6.1f}ms {fallback:>8}")
-    lines.append("x inline = tokens/s over gpu_inline's at the same B, measured in this run; "
-                 "forward = the engine's steps (the forward and the logits' copy to the host; "
-                 "for gpu_inline, whose logits stay on the GPU, the launches alone, the GPU's "
-                 "time falling in its sampling; for simple_hot_first, whose rows stay on the "
-                 "GPU, the launches alone, the GPU's time falling in its summary), summary = "
-                 "simple_hot_first's summary behind the forward in the data-plane thread (the "
-                 "graphed summary and the compact rows' copy to the host) and exposed = "
-                 "sampling while no forward ran, each per full pass over the B sequences; "
-                 f"fallback = rows simple_hot_first sent whole (|H| = {settings['hot_set']})")
+                     f"{r['itl_ms_p95']:>6.1f}ms {r.get('sampler_threads', 0):>3} {fallback:>8} "
+                     f"{estimate:>8}")
+    labels = sorted({r["rows"] for r in report["results"] if r.get("rows", "-") != "-"})
+    lines.append("x inline / x bound = tokens/s over gpu_inline's at the same rows, top_p and "
+                 "B / over forward_only's at the same B, measured in this run; forward = the "
+                 "engine's steps (forward_only: the replayed decode step alone, argmax fed back "
+                 "on the device); exposed = sampling while no forward ran, per full pass over "
+                 "the B sequences; thr = sampler threads; HBM est = (weights + the static "
+                 "cache's window) / the measured copy bandwidth; fallback = rows "
+                 f"simple_hot_first sent whole (|H| = {settings['hot_set']}); rows: "
+                 + "; ".join(labels))
     return "\n".join(lines)

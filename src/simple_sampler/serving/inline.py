@@ -1,101 +1,230 @@
-"""Sampling inside the data plane with PyTorch: the ``inline`` baseline mode.
+"""Sampling inside the data plane with PyTorch: the ``inline`` baseline mode,
+the in-line sampler a user would pick (vLLM v1's design), in ONE batched pass.
 
-This is what users run today (vLLM-style): the engine's process samples its
-own logits with torch, sort-based top-k / top-p
-(``baselines.torch_sort_sample``), on the critical path of every step.
+Every row of the step goes through the same handful of whole-batch torch ops,
+on the logits' device (the GPU with ``--engine torch --device cuda``, where it
+is bench serve-gpu's ``gpu_inline``): there is no Python loop over rows, so a
+batch of 256 issues the same kernels as a batch of 2
+(tests/test_inline.py counts them). In the sampler's order (SIMPLE.md,
+"Sampling semantics"):
 
-Semantics are the sampler's (SIMPLE.md order): logit_bias and bans, then
-repetition / presence / frequency penalties over the history, greedy below
-``GREEDY_TEMPERATURE``, temperature, min_p, top_k, top_p, one draw. The
-distribution is the same up to float32 rounding and the order of tied
-logits. Two differences, both from torch:
+1. logit_bias by one ``index_add_`` and bans by one ``index_fill_`` over the
+   flattened [B * V] logits;
+2. penalties by scatter over the histories (only when some row has one on):
+   repetition over the prompt and output ids, presence and frequency over the
+   output ids, each a gather and a write of the touched (row, id) pairs, never
+   a [B, V] count table;
+3. greedy rows take the argmax of those logits (lowest id on ties);
+4. the others are divided by their temperature;
+5-7. min_p, top_k and top_p as masks over ONE batched descending sort of the
+   rows (a stable sort: ties by lower id, as the float64 reference ranks them),
+   as vLLM's native path does (``vllm/v1/sample/ops/topk_topp_sampler.py``,
+   ``apply_top_k_top_p_pytorch``: one ``sort`` of [B, V], top-k by gathering
+   the k-th value, top-p by a cumulative sum of the sorted probabilities). Each
+   mask is a prefix of the sorted row, so what is kept is the first
+   ``n_keep`` columns; without any top_k / top_p in the batch there is no sort;
+8. one draw per row by inverse CDF: a uniform keyed by (seed, step) alone
+   (``row_uniforms``: SplitMix64 on the host, B numbers per step), scaled by
+   the kept mass and looked up with one batched ``searchsorted`` in the
+   cumulative weights (in sorted order the cumulative sum of step 7 is reused).
 
-* randomness: each row draws with its own ``torch.Generator`` seeded from
-  (seed, step), so a seeded request is reproducible and batch-invariant, but
-  its tokens differ from the ``simple`` mode's (Philox in the kernels);
-* rows are drawn one at a time, because ``torch_sort_sample`` takes one
-  generator per call (vLLM does the same for seeded requests).
+Randomness differs from the kernels (Philox in C): a seeded row's token is a
+deterministic function of (seed, step, its logits), independent of the batch
+and of the row's position (given logits that are), but not the kernels'
+token. Noise keyed by (seed, step, token) for an exponential race
+(``vllm/v1/sample/ops/topk_topp_sampler.py``, ``random_sample``; its CPU path
+hashes per (seed, token) with SplitMix64) was considered: without a fused
+kernel it costs some twenty elementwise int64 passes over [B, V] per step in
+eager torch, where one uniform per row and the cumulative sum cost one pass;
+the distribution is the same (tests/test_inline.py, chi-square against the
+float64 reference).
 
-Everything runs on the logits' device: on the CPU with the CPU engines, on
-the GPU with ``--engine torch --device cuda`` (the engine then hands its
-logits over without the device-to-host copy), where it is the GPU-inline
-baseline: torch ops, a sort per row with truncation, no FlashInfer; its
-row-by-row draws are one generator per row, as vLLM's path for seeded
-requests (unseeded ones it draws in one batch).
+Exactness guards: a token of zero weight (banned, truncated, underflowed) is
+never drawn, whatever the float rounding of a parallel cumulative sum: in
+sorted order the draw is clamped to the kept prefix, in vocabulary order it
+takes the first column whose cumulative weight passes the target AND whose
+weight is positive (the top token when rounding leaves none: a case of
+probability of the order of float32's epsilon).
 
 Logprobs are those of ``simple_sampler.sample``: the chosen token's
 log-probability under softmax of the penalized, temperature-scaled logits
 (temperature 1 for greedy rows), before truncation.
+
+Run here on the CPU only; the same ops on CUDA are tested under a CUDA skip
+(tests/test_inline.py) and have NOT been run on a GPU yet.
 """
 from __future__ import annotations
 
-import hashlib
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..baselines import temperature_divisor, torch_sort_sample
-from ..params import GREEDY_TEMPERATURE, TRUNCATIONS, SamplingBatch, SamplingParams
+from ..params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch, any_on
+
+_U64 = np.uint64
+#: SplitMix64's constants (Steele, Lea, Flood 2014; the finalizer of
+#: java.util.SplittableRandom), as vLLM's CPU Gumbel path keys its noise
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+#: the largest float32 below 1: a uniform that rounds to 1 would select past the kept mass
+_BELOW_ONE = np.nextafter(np.float32(1.0), np.float32(0.0))
 
 
-def _flat_keys(offsets: np.ndarray, ids: np.ndarray, vocab: int,
-               device: torch.device) -> torch.Tensor:
-    """Positions in the flattened [B * V] logits of a CSR id list: int64."""
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer over a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + _GOLDEN
+        x = (x ^ (x >> _U64(30))) * _MIX1
+        x = (x ^ (x >> _U64(27))) * _MIX2
+        return x ^ (x >> _U64(31))
+
+
+def row_uniforms(seed, step) -> np.ndarray:
+    """float32 [B] in (0, 1): each row's uniform, keyed by (seed, step) only,
+    never by the batch or the row's position."""
+    seed = np.asarray(seed).astype(_U64)
+    key = _splitmix64(seed ^ _splitmix64(np.asarray(step).astype(_U64)))
+    uniform = ((key >> _U64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+    return np.minimum(uniform.astype(np.float32), _BELOW_ONE)
+
+
+class _RowColumns(NamedTuple):
+    """Per-row parameters on the device, [B, 1] each, from ONE host-to-device copy."""
+
+    greedy: torch.Tensor       # bool
+    divisor: torch.Tensor      # temperature, 1 for greedy rows
+    log_min_p: torch.Tensor    # -inf where min_p is off
+    top_k: torch.Tensor        # int64, V where off
+    top_p: torch.Tensor
+    uniform: torch.Tensor
+
+
+def _row_columns(batch: SamplingBatch, vocab: int, device: torch.device) -> _RowColumns:
+    temperature = np.asarray(batch.temperature, np.float32)
+    greedy = temperature < GREEDY_TEMPERATURE
+    top_k = np.asarray(batch.top_k, np.int64)
+    top_k = np.where(PARAMS["top_k"].is_off(top_k) | (top_k >= vocab), vocab, top_k)
+    with np.errstate(divide="ignore"):
+        log_min_p = np.log(np.asarray(batch.min_p, np.float64))
+    # top_k as float32 is exact: vocabularies stay below 2**24 ids
+    table = np.stack([greedy, np.where(greedy, 1.0, temperature), log_min_p, top_k,
+                      batch.top_p, row_uniforms(batch.seed, batch.step)], axis=1)
+    columns = torch.from_numpy(table.astype(np.float32)).to(device).split(1, dim=1)
+    return _RowColumns(columns[0] > 0, columns[1], columns[2], columns[3].long(),
+                       columns[4], columns[5])
+
+
+def _flat_keys(offsets, ids, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in the flattened [B * V] logits, row of each) of a CSR id list."""
     rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    return torch.from_numpy(rows * vocab + np.asarray(ids, dtype=np.int64)).to(device)
+    return rows * vocab + np.asarray(ids, dtype=np.int64), rows
 
 
-def _per_row(values, keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A per-row float32 column broadcast to flattened positions ``keys``."""
-    return torch.from_numpy(np.asarray(values, np.float32)).to(keys.device)[keys // vocab]
+def _to(device: torch.device, *arrays) -> list[torch.Tensor]:
+    return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
 
 
-def scaled_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """z for every row: bias, bans and penalties applied, divided by the
-    temperature (1 for greedy rows). float32 [B, V], a new tensor.
+def _apply_penalties(flat: torch.Tensor, batch: SamplingBatch, vocab: int) -> None:
+    """Repetition, then presence and frequency, in place on the flattened
+    logits, touching only the (row, id) pairs of the histories. A pair listed
+    twice is written twice with the same value (gathered before the write),
+    so no ``unique`` is needed; frequency adds -f once per occurrence."""
+    prompt, prompt_rows = _flat_keys(batch.prompt_offsets, batch.prompt_ids, vocab)
+    output, output_rows = _flat_keys(batch.output_offsets, batch.output_ids, vocab)
+    repetition = np.asarray(batch.repetition_penalty, np.float32)
+    seen, seen_rows = np.concatenate([prompt, output]), np.concatenate([prompt_rows, output_rows])
+    seen, penalty = _to(flat.device, seen, repetition[seen_rows])
+    values = flat[seen]
+    flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    presence = np.asarray(batch.presence_penalty, np.float32)[output_rows]
+    frequency = np.asarray(batch.frequency_penalty, np.float32)[output_rows]
+    output, presence, frequency = _to(flat.device, output, presence, frequency)
+    flat[output] = flat[output] - presence
+    flat.index_add_(0, output, -frequency)
 
-    Penalties touch only the (row, id) pairs in the histories, not the whole
-    [B, V] matrix."""
-    z = logits.float().clone()
-    size, vocab = z.shape
-    device = z.device
+
+def penalized_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Steps 1-2 for every row: float32 [B, V], a new tensor."""
+    z = logits.to(torch.float32, copy=True)
+    vocab = z.shape[-1]
     flat = z.view(-1)
-    flat.index_add_(0, _flat_keys(batch.bias_offsets, batch.bias_ids, vocab, device),
-                    torch.from_numpy(np.asarray(batch.bias_values, np.float32)).to(device))
-    flat[_flat_keys(batch.ban_offsets, batch.ban_ids, vocab, device)] = -torch.inf
-    output = _flat_keys(batch.output_offsets, batch.output_ids, vocab, device)
-    seen = torch.unique(torch.cat([_flat_keys(batch.prompt_offsets, batch.prompt_ids, vocab,
-                                              device), output]))
-    penalty = _per_row(batch.repetition_penalty, seen, vocab)
-    flat[seen] = torch.where(flat[seen] > 0, flat[seen] / penalty, flat[seen] * penalty)
-    generated, counts = torch.unique(output, return_counts=True)
-    flat[generated] -= (_per_row(batch.frequency_penalty, generated, vocab) * counts
-                        + _per_row(batch.presence_penalty, generated, vocab))
-    return z / temperature_divisor(batch, device)
+    if np.asarray(batch.bias_ids).size:
+        keys, _ = _flat_keys(batch.bias_offsets, batch.bias_ids, vocab)
+        keys, values = _to(z.device, keys, np.asarray(batch.bias_values, np.float32))
+        flat.index_add_(0, keys, values)
+    if np.asarray(batch.ban_ids).size:
+        keys, _ = _flat_keys(batch.ban_offsets, batch.ban_ids, vocab)
+        flat.index_fill_(0, *_to(z.device, keys), -torch.inf)
+    if any_on(batch, "penalty").any():
+        _apply_penalties(flat, batch, vocab)
+    return z
 
 
-def row_generator(seed: int, step: int, device: torch.device = torch.device("cpu")
-                  ) -> torch.Generator:
-    """A torch generator keyed by (seed, step) only, never by batch position
-    (on ``device``: a draw needs a generator of its tensor's device)."""
-    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little"))
+def _draw_in_vocabulary_order(z: torch.Tensor, top: torch.Tensor, columns: _RowColumns,
+                              min_p: bool, fallback: torch.Tensor) -> torch.Tensor:
+    """Token ids [B] when no row has top_k or top_p on: no sort."""
+    shifted = z - top
+    weights = shifted.exp()
+    if min_p:
+        weights.masked_fill_(shifted < columns.log_min_p, 0.0)
+    cumulative = weights.cumsum(dim=-1)
+    target = columns.uniform * cumulative[:, -1:]
+    passed = (cumulative > target) & (weights > 0)
+    first = passed.to(torch.uint8).argmax(dim=-1, keepdim=True)
+    found = passed.gather(1, first)
+    return torch.where(found, first, fallback[:, None])[:, 0]
+
+
+def _draw_sorted(z: torch.Tensor, columns: _RowColumns, min_p: bool, top_k: bool,
+                 top_p: bool) -> torch.Tensor:
+    """Token ids [B] from one descending sort: min_p, top_k, top_p as prefix masks."""
+    ranked, order = z.sort(dim=-1, descending=True, stable=True)
+    shifted = ranked - ranked[:, :1]
+    weights = shifted.exp()
+    keep = weights > 0
+    if min_p:
+        keep &= shifted >= columns.log_min_p
+    if top_k:  # ties at the k-th value are kept
+        keep &= ranked >= ranked.gather(1, columns.top_k - 1)
+    weights.masked_fill_(~keep, 0.0)
+    cumulative = weights.cumsum(dim=-1)
+    if top_p:  # the smallest prefix whose mass reaches top_p: mass before < top_p
+        keep &= (cumulative - weights) < columns.top_p * cumulative[:, -1:]
+    # the kept prefix's length; a first False found, not a count, so that an
+    # ulp's disorder in a parallel cumulative sum cannot extend it
+    vocab = z.shape[-1]
+    dropped = ~keep
+    kept = torch.where(dropped.any(dim=-1, keepdim=True),
+                       dropped.to(torch.uint8).argmax(dim=-1, keepdim=True), vocab)
+    target = columns.uniform * cumulative.gather(1, kept - 1)
+    index = torch.minimum(torch.searchsorted(cumulative, target, right=True), kept - 1)
+    return order.gather(1, index)[:, 0]
 
 
 def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Sample one token per row of float logits [B, V] with torch.
+    """Sample one token per row of float logits [B, V] with torch, all rows
+    in one batched pass on the logits' device.
 
-    Returns ``(token_ids int64 [B], logprobs float32 [B])`` (module docstring).
+    Returns ``(token_ids int64 [B], logprobs float32 [B])`` on the host, by
+    one device-to-host copy (module docstring).
     """
-    batch.validate(logits.shape[-1])
-    z = scaled_logits(logits, batch)
-    tokens = z.argmax(dim=-1)  # the greedy rows' answer; the others are drawn below
-    for row in np.flatnonzero(np.asarray(batch.temperature) >= GREEDY_TEMPERATURE):
-        # z is already penalized and scaled: only truncation and the draw remain.
-        truncation = SamplingBatch.from_params([SamplingParams(
-            temperature=1.0, seed=0,
-            **{p.name: np.asarray(getattr(batch, p.name))[row].item() for p in TRUNCATIONS})])
-        generator = row_generator(int(batch.seed[row]), int(batch.step[row]), z.device)
-        tokens[row] = torch_sort_sample(z[row:row + 1], truncation, generator)[0]
-    logprobs = z.log_softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens.cpu().numpy().astype(np.int64), logprobs.cpu().numpy().astype(np.float32)
+    vocab = logits.shape[-1]
+    batch.validate(vocab)
+    columns = _row_columns(batch, vocab, logits.device)
+    z = penalized_logits(logits, batch)
+    greedy_tokens = z.argmax(dim=-1)
+    z.div_(columns.divisor)
+    log_total = torch.logsumexp(z, dim=-1, keepdim=True)
+    on = {name: not PARAMS[name].is_off(getattr(batch, name)).all()
+          for name in ("min_p", "top_k", "top_p")}
+    if on["top_k"] or on["top_p"]:
+        drawn = _draw_sorted(z, columns, on["min_p"], on["top_k"], on["top_p"])
+    else:
+        drawn = _draw_in_vocabulary_order(z, z.amax(dim=-1, keepdim=True), columns,
+                                          on["min_p"], greedy_tokens)
+    tokens = torch.where(columns.greedy[:, 0], greedy_tokens, drawn)
+    logprobs = z.gather(1, tokens[:, None]) - log_total
+    # token ids below 2**53 are exact in float64: one copy for both
+    host = torch.cat([tokens[:, None].double(), logprobs.double()], dim=1).cpu().numpy()
+    return host[:, 0].astype(np.int64), host[:, 1].astype(np.float32)

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# One command on one GPU host (Python 3.12 + a CUDA build of PyTorch and
+# transformers; no Triton, no network): the CUDA tests of the GPU-bound data
+# plane and the in-line baseline, then `bench serve-gpu` on the static engine
+# for every shipped shape, B in {64, 256}, top_p in {1.0, 0.95}, rows in
+# {flat, fitted}, modes forward_only, gpu_inline, simple, simple_hot_first.
+# Writes JSON and Markdown per shape and a dated README.md (machine, commit,
+# command) under the output folder. Sized to finish in under 8 minutes: each
+# shape gets a time limit, and a shape cut off says so in the README.
+#
+#   scripts/gpu_bench.sh --prepare DIR   # HERE (a machine with `make install`
+#                                        # done): SmolLM2's tokenizer and real
+#                                        # rows into DIR (~15 MB), for the host
+#   SIMPLE_SAMPLER_CACHE=DIR scripts/gpu_bench.sh [OUTPUT_DIR]   # on the GPU host
+#
+# NOT RUN ON A GPU YET (written where none was available): the first GPU
+# session runs it as it is and reads the README it writes.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
+
+if [[ "${1:-}" == "--prepare" ]]; then
+    target="${2:?--prepare DIR}"
+    cache="${SIMPLE_SAMPLER_CACHE:-$HOME/.cache/simple-sampler}"
+    "$ROOT/.venv/bin/python" -c "from simple_sampler.rows import real_rows; real_rows(64)" || exit 1
+    mkdir -p "$target/smollm2-135m-instruct"
+    cp "$cache"/real_rows-v*-n64.npy "$target/" || exit 1
+    for name in config.json tokenizer.json tokenizer_config.json chat_template.jinja \
+                generation_config.json; do  # no weights: the host draws its own
+        [[ -f "$cache/smollm2-135m-instruct/$name" ]] && cp "$cache/smollm2-135m-instruct/$name" \
+            "$target/smollm2-135m-instruct/"
+    done
+    du -sh "$target"
+    exit 0
+fi
+
+OUT_DIR="${1:-${OUT:-$ROOT/results/gpu-bench-$(date -u +%Y%m%dT%H%M%SZ)}}"
+mkdir -p "$OUT_DIR"
+SHAPES="${SHAPES:-llama-3.2-1b qwen2.5-0.5b llama-3.1-8b smollm2-135m}"
+SHAPE_LIMIT_S="${SHAPE_LIMIT_S:-85}"
+README="$OUT_DIR/README.md"
+commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown}")"
+{
+    echo "# gpu_bench.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S)"
+    echo "- commit: $commit"
+    echo "- machine: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'nvidia-smi absent'); $(nproc) CPUs"
+    echo "- python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1)"
+} > "$README"
+
+# The Cython kernels (the simple modes' sampler) for this Python: built in
+# place when they do not import; without them only forward_only and gpu_inline run.
+if ! "$PYTHON" -c "import simple_sampler._sampling" 2>/dev/null; then
+    (cd "$ROOT" && "$PYTHON" setup.py build_ext --inplace > "$OUT_DIR/build_ext.log" 2>&1) \
+        && echo "- kernels: built in place for this Python" >> "$README" \
+        || echo "- kernels: NOT BUILT (build_ext.log): simple modes skipped" >> "$README"
+fi
+
+echo "## CUDA tests" >> "$README"
+if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
+    (cd "$ROOT" && timeout 90 "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
+        tests/test_inline.py tests/test_static_decode.py) > "$OUT_DIR/cuda_tests.log" 2>&1
+    echo "exit $?: $(tail -1 "$OUT_DIR/cuda_tests.log")" >> "$README"
+else
+    echo "skipped: pytest or scipy missing on this host" >> "$README"
+fi
+
+echo "## bench serve-gpu (static engine)" >> "$README"
+for shape in $SHAPES; do
+    timeout "$SHAPE_LIMIT_S" "$PYTHON" - "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1 <<'EOF'
+import json
+import sys
+
+from simple_sampler.bench import serve_gpu
+
+shape, out = sys.argv[1], sys.argv[2]
+try:
+    import simple_sampler._sampling  # noqa: F401
+    wanted = ("simple", "simple_hot_first", "gpu_inline")
+except ImportError:
+    wanted = ("gpu_inline",)
+modes = [m for m in serve_gpu.MODES if m[0] in wanted]
+device, dtype = serve_gpu.resolve("cuda", "bfloat16")
+loaded = serve_gpu.load(None, shape, False, device, dtype)
+merged = None
+# one (rows, top_p) at a time, written as it ends: a shape cut off keeps what it ran
+for index, (rows, top_p) in enumerate([(r, p) for r in ("flat", "fitted") for p in (1.0, 0.95)]):
+    part = serve_gpu.run(model_config=shape, dtype="bfloat16", batches=(64, 256), instances=8,
+                         warmup=4, measure=16, top_p=(top_p,), modes=modes, rows=(rows,),
+                         forward_only=index == 0, loaded=loaded)
+    if merged is None:
+        merged = part
+    else:
+        merged["results"] = serve_gpu.add_ratios(merged["results"] + part["results"])
+    report = merged
+    with open(f"{out}/serve-gpu-{shape}.json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(f"{out}/serve-gpu-{shape}.md", "w") as f:
+        f.write(f"# bench serve-gpu --model-config {shape}\n\n```\n")
+        f.write(serve_gpu.format_report(report) + "\n```\n")
+print(serve_gpu.format_report(report))
+EOF
+    status=$?
+    case $status in
+        0) echo "- $shape: serve-gpu-$shape.md" >> "$README" ;;
+        124) echo "- $shape: CUT OFF after ${SHAPE_LIMIT_S}s (serve-gpu-$shape.log)" >> "$README" ;;
+        *) echo "- $shape: FAILED, exit $status: $(tail -1 "$OUT_DIR/serve-gpu-$shape.log")" \
+               >> "$README" ;;
+    esac
+done
+cat "$README"

@@ -1,0 +1,389 @@
+"""A GPU-bound data plane: :class:`StaticEngine` (``TorchEngine``'s slots and
+contract, a static decode step replayed as CUDA graphs).
+
+The decode forward is written here over a Hugging Face Llama / Qwen2 model's
+own modules and weights, the way pytorch-labs' gpt-fast writes its
+``Transformer`` (``model.py``: ``KVCache.update`` by ``index_copy_`` at the
+input positions, RoPE from a precomputed table, ``scaled_dot_product_attention``
+over the whole static cache with a mask, SwiGLU): RMSNorm, the projections and
+the MLP are the checkpoint's own modules (so the arithmetic is the Hugging Face
+forward's), RoPE is looked up in a table the model's ``rotary_emb`` fills once,
+and attention runs over the static cache ``[slots, kv_heads, max_context,
+head_dim]`` per layer, which ``TorchEngine`` allocates.
+
+Decode is *slot-major*: a step over bucket ``b`` computes rows for slots
+``0 .. b-1`` (b the smallest of :data:`BUCKETS` above the highest slot
+stepped), so the cache is read in place, never gathered, and every shape is
+fixed: on CUDA each bucket's step is captured once as a CUDA graph
+(``torch.cuda.graph``, at its first use, one memory pool) and replayed; on the CPU it runs
+eagerly. A slot the step does not include (a sequence left for another
+micro-batch, or a free slot) computes a row that is thrown away; it writes its
+key and value at a position no query has read yet (its sequence's next one),
+which the sequence's own next token overwrites before any query attends to it,
+the same argument as ``TorchEngine._forward``'s padding. The cost: a step
+over a subset of the active slots (micro-batches) computes the whole bucket.
+
+Grouped-query attention without repeating the keys: the query heads of one
+key/value head are laid out as SDPA's query length, so the query tensor is
+``[b, kv_heads, group, head_dim]`` against keys ``[b, kv_heads, context,
+head_dim]`` and one boolean mask ``[b, 1, 1, context]`` (position <= the
+row's own) serves every head; SDPA's memory-efficient kernel takes it on CUDA.
+
+Prefill (a prompt of several tokens) is eager: the prompts of a step,
+right-padded, through the same layers with causal attention over their own
+keys, written to their slots.
+
+Batch-invariant mode stays with ``TorchEngine`` on the CPU (this engine
+refuses it): a bucket's row count changes how a matmul splits its work.
+
+Shapes without weights: :func:`model_from_config` builds a shipped
+``config.json`` (``simple_sampler/model_configs/``: SmolLM2-135M,
+Qwen2.5-0.5B, Llama-3.2-1B, Llama-3.1-8B) with random weights drawn on the
+device: the step times of those models, not their tokens.
+
+Tested on the CPU against the Hugging Face eager forward
+(tests/test_static_decode.py). The CUDA path (graph capture and replay) has
+NOT been run: no GPU was available where it was written; its tests skip
+without CUDA.
+"""
+from __future__ import annotations
+
+import os
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
+    _attention_backends
+
+#: batch-size buckets a decode step is padded to (one CUDA graph each)
+BUCKETS = (1, 8, 16, 32, 64, 128, 256)
+#: the architectures the static forward covers (their layers: RMSNorm, RoPE,
+#: GQA attention with optional q/k/v bias, SwiGLU MLP)
+FAMILIES = ("llama", "qwen2")
+#: shipped configs by name: ``--model-config NAME`` (or a path to a config.json)
+SHIPPED_CONFIGS = ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b")
+
+
+def buckets_for(max_batch_size: int) -> tuple[int, ...]:
+    """The buckets up to ``max_batch_size``, which is always one."""
+    return tuple(sorted({b for b in BUCKETS if b < max_batch_size} | {max_batch_size}))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's rotate-half RoPE (``apply_rotary_pos_emb``)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class StaticForward:
+    """The decode and prefill forwards over a Llama / Qwen2 model's modules
+    and a static cache (module docstring). Not thread-safe: the engine calls
+    it under its step lock."""
+
+    def __init__(self, model, keys: torch.Tensor, values: torch.Tensor):
+        config = model.config
+        if config.model_type not in FAMILIES:
+            raise ValueError(f"the static decode step covers {', '.join(FAMILIES)} models, "
+                             f"not {config.model_type!r}")
+        self.model, self.keys, self.values = model, keys, values
+        self.layers = model.model.layers
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = keys.shape[-1]
+        context = keys.shape[-2]
+        dtype, device = keys.dtype, keys.device
+        positions = torch.arange(context, device=device)[None]
+        with torch.inference_mode():  # the model's own RoPE (its scaling rules), once
+            cos, sin = model.model.rotary_emb(torch.empty(0, dtype=dtype, device=device),
+                                              positions)
+        self.cos, self.sin = cos[0], sin[0]  # [context, head_dim]
+        self.context_index = torch.arange(context, device=device)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits float32 ``[b, V]`` of one token per slot ``0 .. b-1``
+        (``tokens``, ``positions``: int64 ``[b]`` on the device), its key and
+        value written at ``positions``. Fixed shapes for a given b, no host
+        synchronization: the body of a CUDA graph."""
+        rows = tokens.shape[0]
+        group = self.heads // self.kv_heads
+        cos = self.cos[positions][:, None, None, :]  # [b, 1, 1, head_dim]
+        sin = self.sin[positions][:, None, None, :]
+        mask = (self.context_index[None, :] <= positions[:, None])[:, None, None, :]
+        slots = torch.arange(rows, device=tokens.device)
+        hidden = self.model.model.embed_tokens(tokens)  # [b, hidden]
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attention.q_proj(x).view(rows, self.kv_heads, group, self.head_dim)
+            k = attention.k_proj(x).view(rows, self.kv_heads, 1, self.head_dim)
+            v = attention.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)[:, :, 0]
+            keys, values = self.keys[index, :rows], self.values[index, :rows]
+            keys[slots, :, positions] = k
+            values[slots, :, positions] = v
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            hidden = hidden + attention.o_proj(out.reshape(rows, self.heads * self.head_dim))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.model.lm_head(self.model.model.norm(hidden)).float()
+
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
+        """Logits float32 ``[len(prompts), V]`` after each prompt's last
+        token, the prompts' keys and values written to positions ``0 ..
+        len - 1`` of their slots (eager; right padding writes positions a
+        later token overwrites before any query reads them)."""
+        device = self.keys.device
+        width = max(len(p) for p in prompts)
+        rows = len(prompts)
+        tokens = torch.tensor([list(p) + [0] * (width - len(p)) for p in prompts], device=device)
+        slot_index = torch.tensor(list(slots), device=device)[:, None]
+        position = self.context_index[:width]
+        cos, sin = self.cos[:width], self.sin[:width]  # broadcast over [rows, heads, width, D]
+        hidden = self.model.model.embed_tokens(tokens)  # [rows, width, hidden]
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            shape = (rows, width, -1, self.head_dim)
+            q = _rope(attention.q_proj(x).view(shape).transpose(1, 2), cos, sin)
+            k = _rope(attention.k_proj(x).view(shape).transpose(1, 2), cos, sin)
+            v = attention.v_proj(x).view(shape).transpose(1, 2)
+            self.keys[index][slot_index, :, position[None, :]] = k.transpose(1, 2)
+            self.values[index][slot_index, :, position[None, :]] = v.transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out = out.transpose(1, 2).reshape(rows, width, self.heads * self.head_dim)
+            hidden = hidden + attention.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+        hidden = hidden[torch.arange(rows, device=device), last]
+        return self.model.lm_head(self.model.model.norm(hidden)).float()
+
+
+class DecodeGraphs:
+    """:meth:`StaticForward.decode` per bucket: on CUDA each bucket is
+    captured as a CUDA graph the first time it is replayed (one memory pool
+    for all), eager elsewhere. Each bucket owns static ``tokens`` /
+    ``positions`` inputs and ``logits`` / ``argmax`` outputs, overwritten by
+    the next replay.
+
+    The capture's warm-up runs the bucket's forward on the inputs as they
+    are, which the replay then runs again: it writes the same keys and values
+    at the same positions (or, before any step, a position no query has read
+    yet: module docstring)."""
+
+    def __init__(self, forward: StaticForward, buckets: Sequence[int]):
+        self.forward = forward
+        device = forward.keys.device
+        self.graphed = device.type == "cuda"
+        self.inputs = {b: (torch.zeros(b, dtype=torch.long, device=device),
+                           torch.full((b,), forward.keys.shape[-2] - 1, dtype=torch.long,
+                                      device=device)) for b in buckets}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
+
+    def _run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with _attention_backends(self.forward.keys.device):
+            logits = self.forward.decode(*self.inputs[bucket])
+        return logits, logits.argmax(dim=-1)
+
+    def _capture(self, bucket: int) -> None:
+        """Warm the bucket up on a side stream (as torch.cuda.graphs'
+        documentation asks), then capture it into the shared pool."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.outputs[bucket] = self._run(bucket)
+        self.graphs[bucket] = graph
+
+    def bucket(self, rows: int) -> int:
+        """The smallest bucket of at least ``rows`` rows."""
+        return min(b for b in self.inputs if b >= rows)
+
+    def replay(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits float32 [b, V], argmax [b]) for the bucket's inputs as
+        they are now: its static outputs on CUDA, fresh tensors elsewhere."""
+        if not self.graphed:
+            return self._run(bucket)
+        if bucket not in self.graphs:
+            self._capture(bucket)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket]
+
+
+class StaticEngine(TorchEngine):
+    """``TorchEngine`` (slots, contract, host copy, hot-first) whose decode
+    rows run :class:`StaticForward` through :class:`DecodeGraphs` and whose
+    prompts run its eager prefill (module docstring)."""
+
+    def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+                 max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
+                 host_logits: bool = True):
+        if batch_invariant:
+            raise ValueError("batch_invariant runs with TorchEngine on the CPU only; the "
+                             "static decode step's buckets change how a matmul splits")
+        super().__init__(model, max_batch_size=max_batch_size, max_context=max_context,
+                         host_logits=host_logits)
+        self.static = StaticForward(model, self.keys, self.values)
+        self.graphs = DecodeGraphs(self.static, buckets_for(max_batch_size))
+
+    @classmethod
+    def from_config(cls, config: str | os.PathLike, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32, seed: int = 0,
+                    **kwargs) -> "StaticEngine":
+        """An engine over :func:`model_from_config` (random weights)."""
+        return cls(model_from_config(config, device, dtype, seed), **kwargs)
+
+    def _slot_inputs(self, work) -> tuple[int, torch.Tensor]:
+        """(bucket, int64 [2, b] tokens and positions for slots 0 .. b-1):
+        the stepped slots' pending token at its position, every other slot a
+        token at its sequence's next position (free slots: the last)."""
+        bucket = self.graphs.bucket(max(slot for slot, _, _ in work) + 1)
+        last = self.max_context - 1
+        table = torch.zeros(2, bucket, dtype=torch.long)
+        table[1] = last
+        with self.state_lock:
+            for row in self.sequences.values():
+                if row.slot < bucket:
+                    table[1, row.slot] = min(row.cached, last)
+        for slot, cached, pending in work:
+            table[0, slot], table[1, slot] = pending[0], cached
+        return bucket, table
+
+    def decode_rows(self, work) -> torch.Tensor:
+        """float32 [len(work), V] for rows ``(slot, cached, [token])``, by one
+        replay of their bucket: a fresh tensor (the graph's outputs are
+        overwritten by the next replay, while a sampler may still read these)."""
+        bucket, table = self._slot_inputs(work)
+        tokens, positions = self.graphs.inputs[bucket]
+        tokens.copy_(table[0])
+        positions.copy_(table[1])
+        logits, _ = self.graphs.replay(bucket)
+        slots = torch.tensor([slot for slot, _, _ in work], device=self.device)
+        return logits.index_select(0, slots)
+
+    def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """``TorchEngine.step``'s forward over one group: decode rows by
+        replay, prompts by the eager prefill (only prompts have several
+        pending tokens, and they start at position 0). ``step`` runs the
+        decode group first: the replay writes a not-yet-prefilled slot's
+        position 0, which the prefill after it overwrites."""
+        if all(len(pending) == 1 for _, _, pending in work):
+            return self.decode_rows(work)
+        assert all(cached == 0 for _, cached, _ in work), "several pending tokens after a prompt"
+        with _attention_backends(self.device):
+            return self.static.prefill([pending for _, _, pending in work],
+                                       [slot for slot, _, _ in work])
+
+
+def forward_only_ms(engine: StaticEngine, steps: int) -> float:
+    """The data plane alone: ms per decode step of every active sequence,
+    replayed ``steps`` times with each step's argmax fed back on the device
+    (no host copy, no sampler, no Python per row). The sequences must hold
+    slots ``0 .. n-1`` and have been stepped once (prefilled) with their
+    token appended; their keys and values advance as in serving, but not
+    the engine's bookkeeping: the engine is spent afterwards."""
+    with engine.state_lock:
+        rows = sorted((row.slot, row.cached, row.pending) for row in engine.sequences.values())
+    if [slot for slot, _, _ in rows] != list(range(len(rows))):
+        raise ValueError("forward_only needs the sequences in slots 0 .. n-1")
+    if (max(cached for _, cached, _ in rows) + steps > engine.max_context
+            or any(len(p) != 1 for _, _, p in rows)):
+        raise ValueError("forward_only needs one pending token each and room for the steps")
+    bucket = engine.graphs.bucket(len(rows))
+    if bucket != len(rows):
+        raise ValueError(f"forward_only runs a whole bucket: {len(rows)} sequences, bucket "
+                         f"{bucket}")
+    tokens, positions = engine.graphs.inputs[bucket]
+    tokens.copy_(torch.tensor([p[0] for _, _, p in rows]))
+    positions.copy_(torch.tensor([cached for _, cached, _ in rows]))
+    _, argmax = engine.graphs.replay(bucket)  # captures on CUDA: outside the window
+    _synchronize(engine.device)
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        tokens.copy_(argmax)
+        positions.add_(1)
+        _, argmax = engine.graphs.replay(bucket)
+    _synchronize(engine.device)
+    return (time.perf_counter() - start) / max(1, steps - 1) * 1e3
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bytes_per_step(engine: StaticEngine, rows: int) -> dict[str, int]:
+    """What one decode step of bucket ``rows`` reads from device memory at
+    the least: every weight once (the embedding table's ``rows`` rows only,
+    unless it is also the output layer) and the static cache's window of
+    every row, keys and values (reads of the whole window: the step's
+    attention runs over all of it, masked)."""
+    model = engine.model
+    embedding = model.model.embed_tokens.weight
+    tied = embedding.data_ptr() == model.lm_head.weight.data_ptr()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not tied:  # lm_head reads its own matrix; of the embedding only the rows' ids
+        weights -= embedding.numel() * embedding.element_size()
+        weights += rows * embedding.shape[1] * embedding.element_size()
+    cache = 2 * engine.keys[:, :rows].numel() * engine.keys.element_size()
+    return {"weights": weights, "kv_cache": cache, "total": weights + cache}
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second of a device-to-device copy (read plus write), the
+    best of ``repeats``: the HBM estimate's bandwidth."""
+    source = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() / best
+
+
+def config_path(name: str | os.PathLike) -> Path:
+    """A shipped config by name (:data:`SHIPPED_CONFIGS`) or a config.json's
+    path; FileNotFoundError naming both when it is neither."""
+    if str(name) in SHIPPED_CONFIGS:
+        return Path(str(resources.files("simple_sampler") / "model_configs" / f"{name}.json"))
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"model config must be one of {', '.join(SHIPPED_CONFIGS)} or "
+                                f"a config.json, got {str(name)!r}")
+    return path
+
+
+def model_from_config(config: str | os.PathLike, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A causal LM of a config.json's architecture with random weights
+    (its initializer, ``seed``), allocated and drawn on ``device``: the shapes
+    and so the step time of the model, none of its tokens."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = config_path(config)
+    torch.manual_seed(seed)
+    hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    return model.eval()
