@@ -32,7 +32,7 @@ LAYERS = (
     ("frontend", ("frontend",)),
     ("launch", ("launch",)),
     ("tools", ("bench", "report")),
-    ("cli", ("cli",)),
+    ("cli", ("cli", "console")),
 )
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 

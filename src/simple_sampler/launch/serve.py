@@ -177,6 +177,10 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
         stopping.set()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    # The command's entry (console.py) notes signals from its first line; one
+    # noted before this line stops the start as one after it would.
+    if any(getattr(handler, "received", None) for handler in previous.values()):
+        stopping.set()
     try:
         return _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                     log_path, demo, shutdown_grace_s, supervise, log_level, startup_timeout,
