@@ -67,13 +67,16 @@ static float ss_block_mass_before(const float* x, float inv_t, float z_max, floa
     uint64_t mask = 0;
     for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
         ss_vf zv = ss_load(x + j) * inv_t;
-        ss_vf wv = ss_exp_nonpositive_v(zv - z_max);
         ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
         ss_vi keep = (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
+        uint64_t lanes = ss_lane_bits(keep);
+        if (lanes == 0)         /* the exp only where a lane is kept (it is lane by lane) */
+            continue;
+        ss_vf wv = ss_exp_nonpositive_v(zv - z_max);
         acc += ss_select(keep, wv, (ss_vf){});
         if (w) {
             __builtin_memcpy(w + j, &wv, sizeof wv);
-            mask |= ss_lane_bits(keep) << j;
+            mask |= lanes << j;
         }
     }
     if (w)

@@ -19,22 +19,35 @@ def test_bench_kernels_json(capsys):
     for r in results:
         assert r["batch"] == 4
         us = r["us_per_row"]
-        assert set(us) == {"simple", "simple_top_p", "simple_greedy", "simple_logprobs",
-                           "torch_sort", "floor"}
+        assert set(us) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
+                           "simple_logprobs", "torch_sort", "floor"}
         assert all(value > 0 for value in us.values())
         assert r["ratios"]["simple_over_floor"] == pytest.approx(us["simple"] / us["floor"], rel=0.02)
         assert r["ratios"]["simple_logprobs_over_floor"] == pytest.approx(
             us["simple_logprobs"] / us["floor"], rel=0.02)
         assert "vllm" not in r
-        assert r["temperatures"] == {"simple": 0.8, "simple_top_p": 1.0}
+        assert r["temperatures"] == {"simple": 0.8, "simple_top_p": 1.0, "simple_min_p": 1.0}
+    worst = report["worst_over_floor"]
+    assert set(worst) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
+                          "simple_logprobs"}
+    assert worst["simple"]["ratio"] == max(r["ratios"]["simple_over_floor"] for r in results)
 
 
 @pytest.mark.slow
-def test_bench_kernels_temperature_is_the_sampled_configs(capsys):
+def test_bench_kernels_takes_several_temperatures_and_row_kinds(capsys):
+    assert main(["bench", "kernels", "--json", "--vocab", "4096", "--batch", "4", "--dtype",
+                 "float32", "--repeats", "2", "--no-peer", "--temperature", "1", "2",
+                 "--rows", "flat", "heavy"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [(r["rows"].split()[0], r["temperatures"]["simple_top_p"]) for r in results] == [
+        ("flat", 1.0), ("flat", 2.0), ("heavy", 1.0), ("heavy", 2.0)]
+    assert all(set(r["temperatures"].values()) == {r["temperatures"]["simple"]} for r in results)
     assert main(["bench", "kernels", "--vocab", "4096", "--batch", "4", "--dtype", "float32",
                  "--repeats", "2", "--no-peer", "--temperature", "2"]) == 0
     table = capsys.readouterr().out
-    assert "simple at temperature 2, simple_top_p at temperature 2" in table.splitlines()[0]
+    assert "T: the temperature of every sampled config." in table
+    assert table.splitlines()[2].split()[2] == "2"
+    assert "worst ratio to the floor per config over this run:" in table
 
 
 @pytest.mark.slow

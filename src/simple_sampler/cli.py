@@ -34,8 +34,9 @@ def bench_kernels(args: argparse.Namespace) -> int:
     results = kernels.run(vocabs=args.vocab, batch=args.batch, dtypes=args.dtype,
                           repeats=repeats, baseline_repeats=baseline_repeats,
                           threads=args.threads, peer_python=peer, clock=args.clock,
-                          temperature=args.temperature)
-    print_report(args, {"results": results}, kernels.format_table(results))
+                          temperatures=args.temperature or [None], rows=args.rows or [None])
+    print_report(args, {"results": results, "worst_over_floor": kernels.worst_over_floor(results)},
+                 kernels.format_table(results))
     return 0
 
 
@@ -352,8 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"],
                          choices=["float32", "bfloat16"])
     kernels.add_argument("--repeats", type=int, default=20)
-    kernels.add_argument("--temperature", type=float, default=None,
-                         help="the sampled configs' temperature (default: theirs, 0.8 and 1)")
+    kernels.add_argument("--temperature", type=float, nargs="+", default=None,
+                         help="the sampled configs' temperatures, each a set of cells (default:"
+                              " theirs, 0.8 and 1)")
+    kernels.add_argument("--rows", nargs="+", default=None, choices=["flat", "heavy", "fitted", "real"],
+                         help="row kinds, each a set of cells (default: real SmolLM2 rows at"
+                              " V=49,152, fitted ones elsewhere)")
     kernels.add_argument("--threads", type=int, default=1,
                          help="threads for the kernels, torch and vLLM (the floor stays at 1)")
     kernels.add_argument("--peer-python", default=None,

@@ -5,6 +5,7 @@ For each vocabulary and dtype, on the same B rows in one run:
                   min_p 0.05, repetition 1.1, presence 0.5, frequency 0.5,
                   256 history tokens per row (128 prompt + 128 output)
   simple_top_p    top_p 0.9 alone at temperature 1 (needs the row's whole mass)
+  simple_min_p    min_p 0.05 alone at temperature 1
   simple_greedy   temperature 0
   simple_logprobs `simple` plus the chosen token's logprob (a full-row exp)
   torch_sort      the vLLM-style PyTorch sampler (baselines.py), `simple`'s settings
@@ -17,7 +18,11 @@ For each vocabulary and dtype, on the same B rows in one run:
                   since numpy has no bfloat16 max)
 `threads` threads (kernel num_threads, torch.set_num_threads, the peer's too);
 the floor is numpy's, single-threaded whatever `threads` is.
-Rows: real SmolLM2 logits at V=49,152; synthetic rows fitted to them otherwise.
+Rows (`rows`, several kinds in one run): by default real SmolLM2 logits at
+V=49,152 and synthetic rows fitted to them otherwise; or one of ROW_KINDS.
+Temperatures (`temperatures`, several in one run) replace the sampled
+configs' own. The worst ratio to the floor of each config over every cell of
+the run is reported last (`worst_over_floor`).
 """
 from __future__ import annotations
 
@@ -41,7 +46,37 @@ ALL_FEATURES = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05,
                               repetition_penalty=1.1, presence_penalty=0.5,
                               frequency_penalty=0.5)
 TOP_P_ONLY = SamplingParams(top_p=0.9)
+MIN_P_ONLY = SamplingParams(min_p=0.05)
 GREEDY = SamplingParams(temperature=0.0)
+#: the kernels' configs, each reported against the floor
+KERNEL_CONFIGS = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs")
+#: flat: an untrained (random-weight) model's row, N(0, 0.02): every nucleus is broad.
+#: heavy: a power-law head over a Gaussian bulk, -1.1 ln(rank) + 0.3 N(0, 1).
+#: fitted: synthetic rows fitted to SmolLM2's at every V. real: SmolLM2's own (V = 49,152 only).
+ROW_KINDS = ("flat", "heavy", "fitted", "real")
+
+
+def rows_of_kind(kind: str | None, vocab: int, n: int, seed: int = 0) -> tuple[np.ndarray, str]:
+    """float32 [n, vocab] rows of a ROW_KINDS kind (None: rows_for's choice)
+    and the label the results carry."""
+    from ..rows import SMOLLM2_VOCAB, real_rows, synthetic_rows
+
+    rng = np.random.default_rng(seed)
+    if kind is None:
+        return rows_for(vocab, n, seed), ROWS_SOURCE(vocab)
+    if kind == "flat":
+        return (0.02 * rng.standard_normal((n, vocab))).astype(np.float32), "flat N(0, 0.02)"
+    if kind == "heavy":
+        ranks = np.argsort(rng.random((n, vocab)), axis=1) + 1.0
+        rows = -1.1 * np.log(ranks) + 0.3 * rng.standard_normal((n, vocab))
+        return rows.astype(np.float32), "heavy (power-law head)"
+    if kind == "fitted":
+        return synthetic_rows(vocab, n, seed), "synthetic (fitted to smollm2)"
+    if kind == "real":
+        if vocab != SMOLLM2_VOCAB:
+            raise ValueError(f"real rows are SmolLM2's, V = {SMOLLM2_VOCAB:,}; asked for {vocab:,}")
+        return real_rows(n), "smollm2"
+    raise ValueError(f"rows must be one of {ROW_KINDS}, got {kind!r}")
 
 
 def make_batch(params: SamplingParams, rows: np.ndarray, history_tokens: int,
@@ -129,89 +164,120 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
 def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 20,
         baseline_repeats: int = 3, history_tokens: int = 256, threads: int = 1,
         peer_python: str | None = None, clock: str = "wall",
-        temperature: float | None = None) -> list[dict]:
-    """temperature: the sampled configs' (``simple``, ``simple_top_p``) in place
-    of their own (0.8 and 1): a higher one broadens the nucleus, the top-p
-    path's slow case."""
+        temperatures=(None,), rows=(None,)) -> list[dict]:
+    """One result per rows kind x vocabulary x temperature x dtype.
+
+    temperatures: each replaces the sampled configs' own (``simple``,
+    ``simple_top_p``, ``simple_min_p``; None: theirs, 0.8 and 1); a higher
+    one broadens the nucleus. rows: ROW_KINDS kinds (None: rows_for's)."""
     import torch
 
     torch.set_num_threads(threads)
-    sampled = {name: params if temperature is None else replace(params, temperature=temperature)
-               for name, params in (("simple", ALL_FEATURES), ("simple_top_p", TOP_P_ONLY))}
     results = []
-    for vocab in vocabs:
-        base = rows_for(vocab, batch)
-        batches = {
-            "simple": make_batch(sampled["simple"], base, history_tokens),
-            "simple_top_p": make_batch(sampled["simple_top_p"], base, 0),
-            "simple_greedy": make_batch(GREEDY, base, 0),
-        }
-        for dtype in dtypes:
-            if dtype == "float32":
-                rows = np.ascontiguousarray(base, np.float32)
-                floor_rows = rows
-                torch_rows = torch.from_numpy(rows)
-            else:
-                rows = base.astype(ml_dtypes.bfloat16)
-                floor_rows = rows.view(np.int16)
-                torch_rows = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16)
-            def kernel(params, logprobs=False, rows=rows):
-                return lambda: sample(rows, params, return_logprobs=logprobs,
-                                      num_threads=threads)
-
-            us = time_interleaved({
-                **{name: kernel(params) for name, params in batches.items()},
-                "simple_logprobs": kernel(batches["simple"], logprobs=True),
-                "floor": lambda: floor_rows.max(axis=1),
-            }, batch, repeats, clock)
-            from ..baselines import torch_sort_sample
-
-            generator = torch.Generator().manual_seed(0)
-            us["torch_sort"] = time_per_row(
-                lambda: torch_sort_sample(torch_rows, batches["simple"], generator),
-                batch, baseline_repeats, clock)
-            peer = {}
-            peer_columns = ("vllm_cpu", "vllm_cpu_top_p") if peer_python else ()
-            if peer_python:
-                peer = vllm_cpu_time(peer_python, rows, dtype, batches["simple"],
-                                     baseline_repeats, threads, clock)
-                us["vllm_cpu"] = peer["us_per_row"]
-                us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
-                                                     batches["simple_top_p"], baseline_repeats,
-                                                     threads, clock)["us_per_row"]
-            ratios = {f"{name}_over_floor": round(us[name] / us["floor"], 2)
-                      for name in ("simple", "simple_top_p", "simple_greedy", "simple_logprobs")}
-            ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
-            if peer:
-                ratios["vllm_cpu_over_simple"] = round(us["vllm_cpu"] / us["simple"], 1)
-                ratios["vllm_cpu_top_p_over_simple_top_p"] = round(
-                    us["vllm_cpu_top_p"] / us["simple_top_p"], 1)
-            results.append({
-                "vocab": vocab, "batch": batch, "dtype": dtype, "rows": ROWS_SOURCE(vocab),
-                "threads": threads, "clock": clock,
-                "temperatures": {name: params.temperature for name, params in sampled.items()},
-                "us_per_row": {k: round(us[k], 2) for k in (*batches, "simple_logprobs",
-                                                            "torch_sort", *peer_columns, "floor")},
-                "ratios": ratios,
-                **({"vllm": {"version": peer["vllm_version"], "torch": peer["torch_version"]}}
-                   if peer else {}),
-            })
+    for kind in rows:
+        for vocab in vocabs:
+            base, label = rows_of_kind(kind, vocab, batch)
+            for temperature in temperatures:
+                results += _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats,
+                                     history_tokens, threads, peer_python, clock, temperature)
     return results
 
 
+def _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats, history_tokens,
+              threads, peer_python, clock, temperature) -> list[dict]:
+    sampled = {name: params if temperature is None else replace(params, temperature=temperature)
+               for name, params in (("simple", ALL_FEATURES), ("simple_top_p", TOP_P_ONLY),
+                                    ("simple_min_p", MIN_P_ONLY))}
+    batches = {
+        "simple": make_batch(sampled["simple"], base, history_tokens),
+        "simple_top_p": make_batch(sampled["simple_top_p"], base, 0),
+        "simple_min_p": make_batch(sampled["simple_min_p"], base, 0),
+        "simple_greedy": make_batch(GREEDY, base, 0),
+    }
+    results = []
+    for dtype in dtypes:
+        if dtype == "float32":
+            rows = np.ascontiguousarray(base, np.float32)
+            floor_rows = rows
+        else:
+            rows = base.astype(ml_dtypes.bfloat16)
+            floor_rows = rows.view(np.int16)
+        us = _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_repeats,
+                           threads, clock)
+        peer = {}
+        if peer_python:
+            peer = vllm_cpu_time(peer_python, rows, dtype, batches["simple"],
+                                 baseline_repeats, threads, clock)
+            us["vllm_cpu"] = peer["us_per_row"]
+            us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
+                                                 batches["simple_top_p"], baseline_repeats,
+                                                 threads, clock)["us_per_row"]
+        ratios = {f"{name}_over_floor": round(us[name] / us["floor"], 2) for name in KERNEL_CONFIGS}
+        ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
+        if peer:
+            ratios["vllm_cpu_over_simple"] = round(us["vllm_cpu"] / us["simple"], 1)
+            ratios["vllm_cpu_top_p_over_simple_top_p"] = round(
+                us["vllm_cpu_top_p"] / us["simple_top_p"], 1)
+        results.append({
+            "vocab": vocab, "batch": batch, "dtype": dtype, "rows": label,
+            "threads": threads, "clock": clock,
+            "temperatures": {name: params.temperature for name, params in sampled.items()},
+            "us_per_row": {k: round(v, 2) for k, v in us.items()},
+            "ratios": ratios,
+            **({"vllm": {"version": peer["vllm_version"], "torch": peer["torch_version"]}}
+               if peer else {}),
+        })
+    return results
+
+
+def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_repeats, threads,
+                  clock) -> dict[str, float]:
+    """us per row of every kernel config and the floor, interleaved, then torch_sort."""
+    import torch
+
+    from ..baselines import torch_sort_sample
+
+    def kernel(params, logprobs=False):
+        return lambda: sample(rows, params, return_logprobs=logprobs, num_threads=threads)
+
+    us = time_interleaved({
+        **{name: kernel(params) for name, params in batches.items()},
+        "simple_logprobs": kernel(batches["simple"], logprobs=True),
+        "floor": lambda: floor_rows.max(axis=1),
+    }, batch, repeats, clock)
+    torch_rows = (torch.from_numpy(rows) if dtype == "float32"
+                  else torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16))
+    generator = torch.Generator().manual_seed(0)
+    us["torch_sort"] = time_per_row(
+        lambda: torch_sort_sample(torch_rows, batches["simple"], generator),
+        batch, baseline_repeats, clock)
+    return us
+
+
+def worst_over_floor(results: list[dict]) -> dict[str, dict]:
+    """Per kernel config, its largest ratio to the floor over the run's cells,
+    with the cell (vocab, dtype, rows, temperature) where it happened."""
+    worst = {}
+    for name in KERNEL_CONFIGS:
+        cell = max(results, key=lambda r: r["ratios"][f"{name}_over_floor"])
+        worst[name] = {"ratio": cell["ratios"][f"{name}_over_floor"], "vocab": cell["vocab"],
+                       "dtype": cell["dtype"], "rows": cell["rows"],
+                       "temperature": cell["temperatures"].get(name, 0.0 if "greedy" in name
+                                                               else cell["temperatures"]["simple"])}
+    return worst
+
+
 def format_table(results: list[dict]) -> str:
-    columns = ("simple", "simple_top_p", "simple_greedy", "simple_logprobs", "torch_sort",
-               "vllm_cpu", "vllm_cpu_top_p", "floor")
+    columns = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs",
+               "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor")
     if not results:
         return ""
     lines = [f"us per row ({results[0].get('clock', 'wall')} clock), {results[0]['threads']}"
              f" thread(s), B={results[0]['batch']}"
-             + "".join(f", {name} at temperature {t:g}"
-                       for name, t in results[0].get("temperatures", {}).items())
              + (f", vLLM {results[0]['vllm']['version']}" if "vllm" in results[0] else ""),
-             f"{'vocab':>7} {'dtype':>8} " + " ".join(f"{c:>15}" for c in columns)
-             + f" {'simple/floor':>12} {'top_p/floor':>11} {'lp/floor':>8} {'torch/simple':>12}"
-             f" {'vllm/simple':>11} {'vllm_p/top_p':>12}  rows"]
+             f"{'vocab':>7} {'dtype':>8} {'T':>4} " + " ".join(f"{c:>15}" for c in columns)
+             + f" {'simple/floor':>12} {'top_p/floor':>11} {'min_p/floor':>11} {'lp/floor':>8}"
+             f" {'torch/simple':>12} {'vllm/simple':>11} {'vllm_p/top_p':>12}  rows"]
 
     def cell(value, width, digits):
         return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
@@ -219,12 +285,20 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         us = r["us_per_row"]
         ratios = r["ratios"]
-        lines.append(f"{r['vocab']:>7} {r['dtype']:>8} "
+        lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['temperatures']['simple_top_p']:>4g} "
                      + " ".join(cell(us.get(c), 15, 1) for c in columns)
                      + f" {ratios['simple_over_floor']:>12.2f}"
                      f" {ratios['simple_top_p_over_floor']:>11.2f}"
+                     f" {ratios['simple_min_p_over_floor']:>11.2f}"
                      f" {ratios['simple_logprobs_over_floor']:>8.2f}"
                      f" {ratios['torch_sort_over_simple']:>12.1f}"
                      f" {cell(ratios.get('vllm_cpu_over_simple'), 11, 1)}"
                      f" {cell(ratios.get('vllm_cpu_top_p_over_simple_top_p'), 12, 1)}  {r['rows']}")
+    lines += ["", "T: the sampled configs' temperature (simple's own is 0.8 where T is 1)."
+              if all(r["temperatures"]["simple"] == 0.8 for r in results) else
+              "T: the temperature of every sampled config.", "",
+              "worst ratio to the floor per config over this run:"]
+    for name, worst in worst_over_floor(results).items():
+        lines.append(f"  {name:<16} {worst['ratio']:>6.2f}x  (V={worst['vocab']:,} {worst['dtype']},"
+                     f" T={worst['temperature']:g}, {worst['rows']})")
     return "\n".join(lines)
