@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxi cython_kernels/*.pxd cython_kernels/*.h)
 
-.PHONY: install test test-fast bench serve perf peer clean
+.PHONY: install install-gpu-host test test-fast bench serve perf peer clean
 
 install: $(STAMP)
 
@@ -16,6 +16,16 @@ install: $(STAMP)
 $(STAMP): $(BUILD_INPUTS) scripts/install.sh
 	bash scripts/install.sh --python $(PYTHON) --venv $(VENV) --torch 2.13.0 --smollm2 \
 		--extras test,bench,model,serve --editable
+	touch $(STAMP)
+
+# A GPU host without Docker (docs/GPU.md, "Without Docker"): the venv keeps the
+# CUDA torch $(PYTHON) imports and puts numpy<2 first (Triton 2.51's Python 3.12
+# stub crashes on numpy 2). It stamps the venv, so `make test` and `make serve`
+# use it as it is (after a change to the build inputs, run this target again:
+# a plain `make install` would put the CPU torch in the venv).
+install-gpu-host:
+	bash scripts/install.sh --python $(PYTHON) --venv $(VENV) --host-torch --numpy "<2" \
+		--smollm2 --extras test,bench,model,serve --editable
 	touch $(STAMP)
 
 test: $(STAMP)

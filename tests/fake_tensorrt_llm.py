@@ -7,10 +7,11 @@ holds this fake to it. What each piece mirrors:
 * ``LLM(model, tensor_parallel_size, pipeline_parallel_size,
   batched_logits_processor, skip_tokenizer_init, max_batch_size,
   max_input_len, max_seq_len, max_num_tokens, enable_build_cache)``:
-  ``_tensorrt_engine/llm.py`` ``LLM.__init__`` (named parameters, the rest
+  ``llmapi/llm.py`` ``_TrtLLM.__init__`` (what 1.0's ``_tensorrt_engine.LLM``
+  is; later releases moved it to ``_tensorrt_engine/llm.py``; named parameters, the rest
   keyword arguments checked against the fields of ``llmapi/llm_args.py``;
   unknown ones are refused, as by its strict pydantic model). The engine is
-  built in the constructor (``_tensorrt_engine/llm.py`` ``LLM._build_model``)
+  built in the constructor (``llmapi/llm.py`` ``_TrtLLM._build_model``)
   unless the model is a prebuilt engine (config.json with ``build_config``)
   or the build cache has it (``llmapi/build_cache.py`` ``CachedStage``,
   keyed by the build settings and the model path): ``build_s`` models the
@@ -26,7 +27,8 @@ holds this fake to it. What each piece mirrors:
   ``max_tokens`` next to those already scheduled, in arrival order (token
   granularity; the real cache counts blocks).
 * ``LLM.generate_async(inputs, sampling_params, streaming)`` returns a
-  ``RequestOutput`` (``executor/result.py`` ``GenerationResult``) whose
+  ``RequestOutput`` (``llmapi/llm.py``, a ``GenerationResult`` of
+  ``executor/result.py``) whose
   ``request_id`` is the *client* id (``GenerationResult.request_id``); the
   engine gives the request its own id, different (``executor/worker.py``
   keeps ``_client_id_to_request_id``), and the processor gets both

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -128,7 +129,8 @@ def test_a_failed_run_is_written_and_exits_1(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpu_check, "run_checks", broken)
     args = SimpleNamespace(model="/m", dry_run=False, out=str(tmp_path), max_context=2048,
-                           max_tokens=32, instances=2, startup_timeout=10.0)
+                           max_tokens=32, instances=2, startup_timeout=10.0,
+                           reference_timeout=10.0)
     assert gpu_check.main(args) == 1
     result = json.loads((tmp_path / "gpu-first-run.json").read_text())
     assert not result["passed"] and "status 1" in result["checks"][0]["detail"]
@@ -159,22 +161,73 @@ def test_the_tensorrt_llm_reference_is_the_engine_s_own_greedy_run(tmp_path):
     assert "batched_logits_processor" not in seen
 
 
-def test_the_reference_child_s_answer_is_found_among_tensorrt_llm_s_lines(tmp_path, monkeypatch):
-    """tensorrt_llm_reference reads the marked line from the child's log (TensorRT-LLM
+def child(script: str) -> list[str]:
+    return [sys.executable, "-c", script]
+
+
+def test_the_reference_child_s_answer_is_found_among_tensorrt_llm_s_lines(tmp_path):
+    """run_reference_child reads the marked line from the child's log (TensorRT-LLM
     prints its own lines around it) and reports a failed child with the log's tail."""
-    def fake_run(command, stdout, stderr):
-        stdout.write("[TensorRT-LLM] banner\n" + gpu_check.REFERENCE_MARK + "[5, 6]\n"
-                     "[TensorRT-LLM][INFO] shutdown\n")
-        return SimpleNamespace(returncode=0)
-
-    options = Options(model="/m", out=tmp_path)
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
-    assert gpu_check.tensorrt_llm_reference(options, [1, 2]) == [5, 6]
-
-    def failing_run(command, stdout, stderr):
-        stdout.write("[TensorRT-LLM][ERROR] out of memory\n")
-        return SimpleNamespace(returncode=1)
-
-    monkeypatch.setattr(gpu_check.subprocess, "run", failing_run)
+    log = tmp_path / "reference.log"
+    answering = child(f"print('[TensorRT-LLM] banner'); print({gpu_check.REFERENCE_MARK!r} + "
+                      f"'[5, 6]'); print('[TensorRT-LLM][INFO] shutdown')")
+    assert gpu_check.run_reference_child(answering, log, timeout_s=30) == [5, 6]
+    failing = child("import sys; print('[TensorRT-LLM][ERROR] out of memory'); sys.exit(1)")
     with pytest.raises(RuntimeError, match="(?s)status 1.*out of memory"):
-        gpu_check.tensorrt_llm_reference(options, [1, 2])
+        gpu_check.run_reference_child(failing, log, timeout_s=30)
+
+
+def test_a_reference_run_that_hangs_at_exit_is_stopped_and_its_ids_kept(tmp_path, capsys):
+    """The LLM API can hang at exit after its answer: the check goes on with
+    the ids, says so, and the child (with the process it started) is gone."""
+    pid_file = tmp_path / "grandchild.pid"
+    hanging = child("import subprocess, sys, time; "
+                    "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                    f"open({str(pid_file)!r}, 'w').write(str(g.pid)); "
+                    f"print({gpu_check.REFERENCE_MARK!r} + '[7, 8]', flush=True); "
+                    "time.sleep(60)")
+    started = time.monotonic()
+    ids = gpu_check.run_reference_child(hanging, tmp_path / "reference.log", timeout_s=30,
+                                        exit_grace_s=1.0)
+    assert ids == [7, 8] and time.monotonic() - started < 20
+    assert "had not exited 1 s later" in capsys.readouterr().out
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10  # signalled with its group; its exit is not awaited
+    while alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(grandchild)  # the whole process group went
+
+
+def test_a_reference_run_without_ids_times_out_with_a_clear_message(tmp_path):
+    silent = child("import time; print('[TensorRT-LLM] building the engine', flush=True); "
+                   "time.sleep(60)")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)no ids within 1 s \\(--reference-timeout\\)"
+                       ".*building the engine"):
+        gpu_check.run_reference_child(silent, tmp_path / "reference.log", timeout_s=1.0)
+    assert time.monotonic() - started < 20
+
+
+def test_the_reference_runs_as_the_server_s_stubs_do_and_takes_its_timeout(tmp_path, monkeypatch):
+    """Not under mpirun, this interpreter first on PATH, isolated (-I) as the
+    Python backend's stubs are; --reference-timeout reaches the run."""
+    seen = {}
+
+    def fake_run(command, log_path, timeout_s, env=None):
+        seen.update(command=command, timeout_s=timeout_s, env=env)
+        return [1]
+
+    monkeypatch.setattr(gpu_check, "run_reference_child", fake_run)
+    options = Options(model="/m", out=tmp_path, reference_timeout=42.0)
+    assert gpu_check.tensorrt_llm_reference(options, [1, 2]) == [1]
+    assert seen["command"][:4] == [sys.executable, "-I", "-m", gpu_check.__name__]
+    assert "mpirun" not in " ".join(seen["command"]) and seen["timeout_s"] == 42.0
+    assert seen["env"]["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+
+
+def alive(pid: int) -> bool:
+    """Running: a zombie (ended, not yet reaped by whoever adopted it) is not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

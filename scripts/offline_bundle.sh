@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The offline bundle: everything a GPU host without network needs to serve
+# with Triton 2.51 from the nvidia-pytriton wheel, over the host's own Python
+# 3.12 and CUDA PyTorch (docs/GPU.md, "Without network";
+# ../shared/design/OFFLINE_GPU.md has the facts it rests on). Run where PyPI is
+# reachable (any Linux, any Python >= 3.10 with pip); copy OUT to the target and
+# run OUT/install.sh there.
+#
+#   scripts/offline_bundle.sh OUT [--python PY]
+#
+# OUT gets, at most 45 MiB together (checked at the end):
+#   triton.tar.xz       the minimal Triton set: tritonserver, the Python backend,
+#                       the Python 3.12 stub, the wheel's bundled libraries but
+#                       its 3.13 libpython, in the wheel's own layout
+#                       (pytriton/tritonserver/..., nvidia_pytriton.libs/), which
+#                       launch/install.py finds by `pytriton` on sys.path
+#   overlay.tar.xz      cp312 wheels unpacked (--no-deps --target), .so
+#                       stripped: numpy 1.26 (the stub crashes on numpy 2),
+#                       tritonclient and what its grpc and http clients import
+#   libpython3.12.so.1.0.xz
+#                       the 3.12 stub links it; a stock host may lack it
+#                       (written when PY is a 3.12 with a shared library)
+#   project.tar.xz      this checkout's tracked files (git archive HEAD)
+#   install.sh          scripts/offline_install.sh: the target's installer
+#   MANIFEST            what is in each file, with the versions
+set -euo pipefail
+
+python=python3
+out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --python) python="$2"; shift ;;
+        -*) echo "offline_bundle.sh: unknown option $1" >&2; exit 2 ;;
+        *) out="$1" ;;
+    esac
+    shift
+done
+if [ -z "$out" ]; then
+    sed -n '9p' "$0" >&2
+    exit 2
+fi
+project="$(cd "$(dirname "$0")/.." && pwd)"
+budget_bytes=$((45 * 1024 * 1024))
+
+PYTRITON=nvidia-pytriton==0.7.0
+# The versions OFFLINE_GPU.md tested with numpy 1.26 and the 3.12 stub. Pinned:
+# ml_dtypes 0.6 requires numpy >= 2; tritonclient 2.73's generated code
+# requires protobuf >= 6.33.5 and grpcio >= 1.81.1. No aiohttp: only the
+# asyncio HTTP client (client/aio.py with http) uses it, and serve does not.
+OVERLAY=(numpy==1.26.4 ml_dtypes==0.5.4 tritonclient==2.73.0 grpcio==1.85.3
+         protobuf==6.33.6 python-rapidjson==1.25 gevent==26.9.0 geventhttpclient==2.6.1
+         greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1 urllib3==2.8.0
+         certifi==2026.10.19.post1 packaging==26.4)
+# Wheels for the target, not for this machine: CPython 3.12 on x86-64 Linux.
+TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3
+        --abi none --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64
+        --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+        --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any)
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/simple-sampler-bundle-XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+
+echo "offline_bundle.sh: downloading $PYTRITON and the overlay's wheels (cp312)"
+"$python" -m pip download --quiet --no-deps "${TARGET[@]}" --dest "$work/wheels" "$PYTRITON" \
+    "${OVERLAY[@]}"
+"$python" -m pip install --quiet --no-deps "${TARGET[@]}" --target "$work/overlay" \
+    "${OVERLAY[@]}" --no-index --find-links "$work/wheels"
+if command -v strip > /dev/null; then
+    # Debug symbols: a third of some of these libraries, never used on the target.
+    find "$work/overlay" -name '*.so*' -type f -exec strip --strip-unneeded {} + 2> /dev/null || true
+fi
+rm -rf "$work/overlay/bin"  # console scripts with this machine's interpreter in them
+
+git -C "$project" archive --format=tar HEAD > "$work/project.tar"
+cp "$project/scripts/offline_install.sh" "$out/install.sh"
+chmod +x "$out/install.sh"
+
+"$python" - "$work" "$out" "$project" "$budget_bytes" <<'EOF'
+"""Packs the parts (lzma preset 9: no xz binary is needed on either side)."""
+import glob
+import io
+import lzma
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+work, out, project, budget = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+STUB = "pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub"
+TRITON_FILES = ("pytriton/tritonserver/bin/tritonserver",
+                "pytriton/tritonserver/backends/python/libtriton_python.so",
+                "pytriton/tritonserver/backends/python/triton_python_backend_utils.py", STUB)
+
+
+def xz_tar(path: Path, members) -> None:
+    """members: (name in the archive, bytes, mode)."""
+    with lzma.open(path, "wb", preset=9) as raw, tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data, mode in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+
+
+def wheel_members(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        for entry in archive.infolist():
+            name = entry.filename
+            keep = name in TRITON_FILES or (name.startswith("nvidia_pytriton.libs/")
+                                            and not entry.is_dir() and "libpython3" not in name)
+            if keep:
+                # Executable bits live in the zip's external attributes (unix mode << 16).
+                yield name, archive.read(entry), (entry.external_attr >> 16) & 0o777 or 0o644
+
+
+def tree_members(root: Path):
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            yield str(path.relative_to(root)), path.read_bytes(), path.stat().st_mode & 0o777
+
+
+[wheel] = glob.glob(str(work / "wheels" / "nvidia_pytriton-*.whl"))
+triton = list(wheel_members(Path(wheel)))
+assert {n for n, _, _ in triton} >= set(TRITON_FILES), "the wheel's layout changed"
+xz_tar(out / "triton.tar.xz", triton)
+xz_tar(out / "overlay.tar.xz", tree_members(work / "overlay"))
+with lzma.open(out / "project.tar.xz", "wb", preset=9) as packed:
+    packed.write((work / "project.tar").read_bytes())
+
+libpython = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent") / "libpython3.12.so.1.0"
+if sys.version_info[:2] == (3, 12) and libpython.is_file():
+    stripped = work / libpython.name
+    shutil.copyfile(libpython, stripped)
+    if shutil.which("strip"):  # its debug symbols are four fifths of it
+        subprocess.run(["strip", "--strip-unneeded", str(stripped)], check=True)
+    with lzma.open(out / "libpython3.12.so.1.0.xz", "wb", preset=9) as packed:
+        packed.write(stripped.read_bytes())
+else:
+    print(f"offline_bundle.sh: no libpython3.12.so.1.0 fallback ({sys.executable} is not a "
+          f"Python 3.12 with a shared library): the target must have its own", file=sys.stderr)
+    (out / "libpython3.12.so.1.0.xz").unlink(missing_ok=True)
+
+overlay = sorted(p.name for p in (work / "overlay").iterdir() if p.name.endswith(".dist-info"))
+sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "MANIFEST"}
+lines = [f"{name} {size}" for name, size in sizes.items()]
+lines += ["", f"triton: {Path(wheel).name} ({len(triton)} files)", "overlay: " + " ".join(overlay)]
+(out / "MANIFEST").write_text("\n".join(lines) + "\n")
+total = sum(p.stat().st_size for p in out.iterdir())
+print(f"offline_bundle.sh: {out} holds {total / 2**20:.1f} MiB in {len(sizes) + 1} files")
+if total > budget:
+    sys.exit(f"offline_bundle.sh: {total} bytes, over the budget of {budget} (45 MiB)")
+EOF
