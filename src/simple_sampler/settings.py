@@ -35,11 +35,11 @@ from typing import Any, ClassVar, Mapping
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 #: The data planes' names; serving/engines.py is their registry (a test
 #: holds the two equal: this module imports nothing of serving/).
-ENGINES = ("torch", "tensorrt_llm", "simulated")
+ENGINES = ("torch", "static", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
 ROW_TRANSPORTS = ("arena", "bls")
-#: Where the torch engine runs (serving/device.py) and its model's dtypes.
+#: Where the torch and static engines run (serving/device.py) and their model's dtypes.
 TORCH_DEVICES = ("cpu", "cuda")
 TORCH_DTYPES = ("float32", "bfloat16", "float16")
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
@@ -225,16 +225,24 @@ class LlmSettings(Settings):
     model: str = setting(
         "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
         "or engine directory for tensorrt_llm", required_by=("tensorrt_llm",))
-    engine: str = setting("torch", "data plane: PyTorch on the CPU, TensorRT-LLM on GPUs "
-                          "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
-                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
+    engine: str = setting("torch", "data plane: PyTorch on the CPU, static (PyTorch with a "
+                          "static KV cache, the decode step replayed as CUDA graphs on cuda, "
+                          "eager on cpu), TensorRT-LLM on GPUs (docs/GPU.md), or simulated: no "
+                          "model, GPU-paced sleeps and synthetic rows, for benchmarks "
+                          "(docs/SIMULATED.md)", choices=ENGINES)
     device: str = setting(
-        "cpu", "torch engine: where the model runs (cuda: the current GPU; logits cross to the "
-        "sampler by one pinned device-to-host copy per step, inline sampling stays on the GPU)",
-        choices=TORCH_DEVICES, engines=("torch",))
+        "cpu", "torch and static engines: where the model runs (cuda: the current GPU; logits "
+        "cross to the sampler by one pinned device-to-host copy per step, inline sampling stays "
+        "on the GPU)",
+        choices=TORCH_DEVICES, engines=("torch", "static"))
     torch_dtype: str = setting(
-        "float32", "torch engine: the model's dtype (bfloat16 and float16 on cuda only)",
-        choices=TORCH_DTYPES, engines=("torch",))
+        "float32", "torch and static engines: the model's dtype (bfloat16 and float16 on cuda "
+        "only)",
+        choices=TORCH_DTYPES, engines=("torch", "static"))
+    model_config: str = setting(
+        "", "static engine: a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
+        "llama-3.1-8b) or a config.json, RANDOM WEIGHTS drawn on the device (its step times, "
+        "not its tokens); \"\": --model's weights", engines=("static",))
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
                                         engines=("tensorrt_llm",))
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,

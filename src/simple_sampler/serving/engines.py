@@ -11,6 +11,7 @@ engine's module, and torch or TensorRT-LLM with it, loads when it is built.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:  # annotations only: text and engine import torch
     from .engine import Engine
     from .text import TextCodec
 
+#: What every output of a run over random weights says (``--model-config``).
+RANDOM_WEIGHTS_LABEL = "RANDOM WEIGHTS (the shape's step times, not its tokens)"
 #: Seconds the launcher waits for the models to load, unless an engine says more.
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
 
@@ -73,6 +76,59 @@ def _build_torch(settings: LlmSettings) -> "Engine":
                                    host_logits=settings.sampling_mode != "inline")
 
 
+def _build_static(settings: LlmSettings) -> "Engine":
+    # lazy: torch and transformers load for this engine only
+    from .device import resolve
+    from .static_decode import StaticEngine
+
+    device, dtype = resolve(settings.device, settings.torch_dtype)
+    sizes = {"max_batch_size": settings.engine_max_batch_size,
+             "max_context": settings.max_context,
+             "host_logits": settings.sampling_mode != "inline"}
+    if settings.model_config:  # random weights of a shipped or given shape
+        return StaticEngine.from_config(settings.model_config, device=device, dtype=dtype,
+                                        **sizes)
+    return StaticEngine.from_source(settings.model or None, device=device, dtype=dtype, **sizes)
+
+
+def _static_codec(settings: LlmSettings) -> "TextCodec":
+    """--model's tokenizer; with --model-config, SmolLM2's (or --model's),
+    ids beyond it decoded as placeholders: a random model's tokens mean
+    nothing, and its vocabulary may be wider than the tokenizer's."""
+    if not settings.model_config:
+        return _text_codec(settings)
+    return _simulated_codec(settings)
+
+
+def _config_vocab_size(model_config: str) -> int:
+    from .static_decode import config_path  # lazy: torch
+
+    return int(json.loads(config_path(model_config).read_text())["vocab_size"])
+
+
+def _static_vocab_size(settings: LlmSettings, codec: "TextCodec") -> int:
+    return (_config_vocab_size(settings.model_config) if settings.model_config
+            else len(codec.tokenizer))
+
+
+def _static_hot_profile(profile, settings: LlmSettings):
+    """The shipped SmolLM2 hot set at a random-weight shape of another
+    vocabulary: mapped to its ids as the simulated engine's (its rows are
+    nearly flat, so which ids are hot matters little; they must be in range)."""
+    from .simulated import simulated_profile  # lazy: torch
+
+    vocab = (_config_vocab_size(settings.model_config) if settings.model_config
+             else profile.vocab_size)
+    return profile if vocab == profile.vocab_size else simulated_profile(profile, vocab)
+
+
+def _describe_static(settings: LlmSettings) -> str:
+    if not settings.model_config:
+        return f"static decode step on {settings.device}"
+    return (f"static decode step on {settings.device}, --model-config {settings.model_config}: "
+            f"{RANDOM_WEIGHTS_LABEL}")
+
+
 def _build_trtllm(settings: LlmSettings) -> "Engine":
     from .trtllm import TrtLlmEngine  # lazy: TensorRT-LLM is optional and absent without a GPU
 
@@ -124,6 +180,10 @@ def _describe_simulated(settings: LlmSettings) -> str:
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
     EngineSpec("torch", _build_torch, _text_codec),
+    # The decode step replayed as CUDA graphs (eager on the CPU): the first
+    # step of each batch bucket captures its graph, after the model loads.
+    EngineSpec("static", _build_static, _static_codec, describe=_describe_static,
+               hot_profile=_static_hot_profile, vocab_size=_static_vocab_size),
     # A TensorRT engine is built from the checkpoint while the model loads
     # (tens of minutes for a 7-8B model; a restart reads TensorRT-LLM's cache).
     EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0,
