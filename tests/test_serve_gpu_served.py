@@ -56,3 +56,43 @@ def test_the_hot_set_is_mapped_to_a_wider_shapes_ids():
     assert wide.vocab_size == 151_936 and int(wide.order.max()) < 151_936
     same = spec.hot_profile(profile, LlmSettings(engine="static", model_config="smollm2-135m"))
     assert same is profile
+
+
+@pytest.mark.slow  # two real servers on a tiny random-weight shape: 45-60 s on 2 cores
+def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
+    """simple (full rows over the arena) and inline, the comparison's two
+    ends; simple_hot_first's server is the same with --handoff hot-first (a
+    third start would double the test's time: `bench serve-gpu-served
+    --device cpu --quick` runs all three)."""
+    from simple_sampler.bench import serve_gpu_served as served
+
+    modes = [m for m in served.MODES if m.name in ("simple", "inline")]
+    report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
+                        modes=modes, max_tokens=8, instances=1, log_dir=tmp_path / "logs")
+    assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
+    assert [r["mode"] for r in report["results"]] == ["simple", "inline"]
+    for row in report["results"]:
+        assert row["rows"] == "flat (random weights)" and row["batch"] == 2
+        for key in ("tokens_per_s", "itl_ms_p50", "itl_ms_p95", "server_cores_busy",
+                    "forward_only_tokens_per_s", "efficiency", "vs_inline"):
+            assert row[key] > 0, key
+        assert row["cpu_us_per_token"]["server"] > 0
+        assert row["llm_ms_per_step"]["forward"] > 0
+    (bound,) = report["forward_only"]
+    assert bound["tokens_per_s"] > 0 and bound["hbm_estimate_ms"] > 0
+    for server in report["servers"]:  # stopped cleanly, its log kept
+        assert server["exit_status"] == 0 and server["left_in_dev_shm"] == []
+        assert (tmp_path / "logs" / f"{server['mode']}.log").stat().st_size > 0
+    markdown = served.format_report(report)
+    assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
+
+
+def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):
+    import torch
+
+    from simple_sampler.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert main(["bench", "serve-gpu-served", "--quick"]) == 2  # --device cuda by default
+    assert "simple-sampler bench serve-gpu-served: device cuda:" in capsys.readouterr().err

@@ -229,6 +229,25 @@ def bench_serve_gpu(args: argparse.Namespace) -> int:
     return 0
 
 
+def bench_serve_gpu_served(args: argparse.Namespace) -> int:
+    from .bench import serve_gpu_served as served
+
+    sizes = {"batches": [4], "top_ps": [0.95], "max_tokens": 16} if args.quick else \
+        {"batches": args.batch, "top_ps": args.top_p, "max_tokens": args.max_tokens}
+    try:
+        report = served.run(args.device, args.model_config, args.model, args.dtype,
+                            modes=[m for m in served.MODES if m.name in args.modes],
+                            instances=args.instances, micro_batches=args.micro_batches,
+                            log_dir=args.log_dir, **sizes)
+    except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a bad shape
+        print(f"simple-sampler bench serve-gpu-served: {error}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        Path(args.markdown).write_text(served.format_report(report) + "\n")
+    print_report(args, report, served.format_report(report))
+    return 0
+
+
 def perf(args: argparse.Namespace) -> int:
     from .bench import perf as perf_bench
 
@@ -451,6 +470,33 @@ def build_parser() -> argparse.ArgumentParser:
                                 "config.json and tokenizer files suffice): its step times, "
                                 "not its tokens")
     gpu_bench.set_defaults(handler=bench_serve_gpu)
+
+    served_bench = targets.add_parser(
+        "serve-gpu-served", help="real servers on the static engine (--device cuda), driven "
+        "over gRPC: simple, simple hot-first and inline against the forward-only bound")
+    served_bench.add_argument("--model-config", default="llama-3.2-1b",
+                              help="a shipped shape or a config.json: RANDOM WEIGHTS")
+    served_bench.add_argument("--model", help="a checkpoint directory instead (its weights)")
+    served_bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                              help="cpu: the tests' runs, figures that mean nothing")
+    served_bench.add_argument("--json", action="store_true", help="print one JSON object")
+    served_bench.add_argument("--quick", action="store_true",
+                              help="B 4, top_p 0.95, 16 tokens (for tests)")
+    served_bench.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                              help="default: bfloat16 on cuda, float32 on cpu")
+    served_bench.add_argument("--batch", type=_positive_int, nargs="+", default=[64, 256])
+    served_bench.add_argument("--top-p", type=float, nargs="+", default=[1.0, 0.95])
+    served_bench.add_argument("--modes", nargs="+", default=["simple", "simple_hot_first",
+                                                             "inline"],
+                              choices=["simple", "simple_hot_first", "inline"])
+    served_bench.add_argument("--max-tokens", type=_positive_int, default=128)
+    served_bench.add_argument("--instances", type=_positive_int, default=2,
+                              help="simple_sampler instances")
+    served_bench.add_argument("--micro-batches", type=_positive_int, default=1)
+    served_bench.add_argument("--log-dir", help="where the servers' logs go (default: a "
+                                                "temporary folder, named in the report)")
+    served_bench.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
+    served_bench.set_defaults(handler=bench_serve_gpu_served)
 
     rows_bench = targets.add_parser(
         "row-transport", help="sampler instances' CPU per token by row transport (BLS, "

@@ -159,7 +159,8 @@ class Meter:
                 {name: cs1[name] - cs0[name] for name in cs0})
 
 
-def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int):
+def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int,
+                   top_p: float | None = None):
     import tritonclient.grpc.aio as grpcclient
 
     if route == FLOOR_MODEL:
@@ -172,38 +173,44 @@ def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int)
                   "random_seed": np.array([[seed]], np.uint64)}
         if stream_interval != 1:
             arrays["stream_interval"] = np.array([[stream_interval]], np.int32)
+        if top_p is not None:
+            arrays["top_p"] = np.array([[top_p]], np.float32)
     inputs = []
     for name, value in arrays.items():
         tensor = grpcclient.InferInput(name, list(value.shape),
                                        "BYTES" if value.dtype == object else
                                        {np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL",
-                                        np.dtype(np.uint64): "UINT64"}[value.dtype])
+                                        np.dtype(np.uint64): "UINT64",
+                                        np.dtype(np.float32): "FP32"}[value.dtype])
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
     return inputs
 
 
-async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) -> dict:
-    """B concurrent streams of max_tokens tokens; marks `meter` at the window's ends."""
+async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None,
+                top_p: float | None = None) -> dict:
+    """B concurrent streams of max_tokens tokens (each with `top_p` when
+    given); marks `meter` at the window's ends. The inter-token latencies
+    are a stream's gaps between responses within the window, per token."""
     import tritonclient.grpc.aio as grpcclient
 
     model = FLOOR_MODEL if config.route.startswith(FLOOR_MODEL) else config.route
     total = config.batch * max_tokens
     start_at, end_at = total // 8, total - total // 8
-    delivered, responses_in_window = 0, 0
+    delivered, responses_in_window, gaps_ms = 0, 0, []
     client = grpcclient.InferenceServerClient(url)
 
     async def one(index: int) -> None:
         nonlocal delivered, responses_in_window
         request = {"model_name": model, "request_id": uuid.uuid4().hex,
                    "inputs": request_inputs(config.route, max_tokens, config.stream_interval,
-                                            index)}
+                                            index, top_p)}
 
         async def requests():
             yield request
 
         stream = client.stream_infer(requests())
-        received, finished = 0, False
+        received, finished, last = 0, False, None
         try:
             async for result, error in stream:
                 if error is not None:
@@ -212,10 +219,14 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
                 count = 0 if tokens is None else tokens.size
                 before, received, delivered = delivered, received + count, delivered + count
                 if meter is not None:
+                    now = time.perf_counter()
                     if before < start_at <= delivered or before < end_at <= delivered:
                         meter.mark(delivered)
                     if start_at <= before < end_at:
                         responses_in_window += 1
+                        if last is not None and count:
+                            gaps_ms.append((now - last) * 1e3 / count)
+                    last = now if count else last
                 if received >= max_tokens:
                     # left for Triton to end: cancelling a finished call races
                     # Triton 2.51's stream handler, and the model never unloads
@@ -236,7 +247,9 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None) 
         return {}
     seconds, tokens, cpu, switches = meter.window()
     return {"seconds": seconds, "cpu_s": cpu, "switches": switches, "tokens": tokens,
-            "tokens_per_response": tokens / max(1, responses_in_window)}
+            "tokens_per_response": tokens / max(1, responses_in_window),
+            "itl_ms_p50": float(np.percentile(gaps_ms, 50)) if gaps_ms else None,
+            "itl_ms_p95": float(np.percentile(gaps_ms, 95)) if gaps_ms else None}
 
 
 #: The llm model's counters (``simple_llm_<name>_total``) read around a level.

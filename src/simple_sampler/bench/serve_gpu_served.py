@@ -1,0 +1,284 @@
+"""`simple-sampler bench serve-gpu-served`: the served GPU benchmark (issue
+43, item 4): real Triton servers on the static data plane (``--engine static
+--device cuda``), driven over gRPC from this host, beside the data plane's
+bound measured in this process.
+
+Per sampling mode one server (``serving.engines``' ``static`` engine over a
+shipped shape's random weights, ``--model-config``, or a checkpoint,
+``--model``): ``simple`` (full rows to the simple_sampler instances over the
+shared-memory arena), ``simple_hot_first`` (the same with ``--handoff
+hot-first``: the hot set's logits and a summary cross, the rest only when
+needed) and ``inline`` (``serving/inline.py``'s batched ``gpu_inline``, in
+the llm model, on the engine's device). Per (B, top_p) on each server: B
+streams of a few tokens to warm up (each batch bucket's CUDA graph is
+captured by its first step), then B concurrent streamed requests of
+``max_tokens`` tokens from one asyncio client (``serve_cost.drive``), measured
+between the first and last eighth of their tokens: tokens/s, ITL p50/p95, CPU
+per token of every server process and of the client (``serve_cost.Meter``,
+from /proc), and the **server cores busy** (all server processes' CPU seconds
+over the window's seconds: one GPU, so cores per GPU).
+
+The bound (``forward_only``): ``bench serve-gpu``'s, in this process, before
+any server starts: the decode step replayed with its argmax fed back on the
+device, no host copy, no sampler, over the same shape, dtype, device and
+static cache length (``max_context``) as the servers'. efficiency = a mode's
+tokens/s over the bound's at the same B.
+
+Random weights give nearly flat rows (the sampler's worst case): every
+output names its rows. On the CPU (``--device cpu``, the tests) the figures
+mean nothing. The CUDA path has NOT run: no GPU was available where this was
+written; ``scripts/gpu_served_run.sh`` is the first thing to run on one.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..launch.serve import assemble_repository, shared_memory_bytes
+from ..serving.engines import startup_timeout
+from ..settings import LlmSettings
+from .serve_cost import (Meter, drive, figures, llm_counters, sampler_settings,
+                         server_processes, step_figures)
+from .serve_cost import Config as Load
+
+KIND = "serve-gpu-served"
+BATCHES = (64, 256)
+TOP_PS = (1.0, 0.95)
+#: The shape the issue's goal is stated at (V >= 128K).
+DEFAULT_SHAPE = "llama-3.2-1b"
+#: A prompt's tokens at most (the ensemble's "Tell me a story." with or
+#: without a chat template): the static cache holds it and max_tokens.
+PROMPT_ROOM = 64
+#: Each (B, top_p)'s warm-up: B streams of this many tokens.
+WARM_UP_TOKENS = 4
+#: forward_only's untimed steps before its window (the first one captures).
+FORWARD_WARM_UP = 8
+#: The route every request takes: what a user's client calls.
+ROUTE = "ensemble"
+
+
+@dataclass(frozen=True)
+class ServedMode:
+    """One server: its label, the llm model's sampling mode and handoff."""
+
+    name: str
+    sampling_mode: str
+    handoff: str
+
+
+MODES = (ServedMode("simple", "simple", "full"),
+         ServedMode("simple_hot_first", "simple", "hot-first"),
+         ServedMode("inline", "inline", "full"))
+
+
+def rows_label(model_config: str | None) -> str:
+    return ("flat (random weights)" if model_config
+            else "the checkpoint's own rows (its weights)")
+
+
+def settled_llm_counters(server, before: dict, timeout_s: float = 10.0) -> dict:
+    """``serve_cost.llm_counters`` once the llm model's report of the level
+    has arrived (it sends it as its last request ends): steps moved on."""
+    deadline = time.monotonic() + timeout_s
+    while (after := llm_counters(server))["steps"] <= before["steps"] \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return after
+
+
+def left_in_dev_shm(stubs) -> list[str]:
+    """What a stopped server's stubs left in /dev/shm: their Python-backend
+    regions and row arenas (``TritonServer.stop`` removes both)."""
+    from ..launch.processes import SHM_DIRECTORY
+    from ..launch.supervisor import arena_regions
+
+    return [stub.shm_region for stub in stubs if (SHM_DIRECTORY / stub.shm_region).exists()] \
+        + arena_regions(stub.pid for stub in stubs)
+
+
+def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str | None,
+                    model: str | None, largest: int, instances: int, micro_batches: int,
+                    max_context: int, hot_vocab_profile: str) -> LlmSettings:
+    """The llm model's settings for one mode's server."""
+    return LlmSettings(engine="static", device=device, torch_dtype=dtype,
+                       model_config=model_config or "", model=model or "",
+                       sampling_mode=mode.sampling_mode, handoff=mode.handoff,
+                       engine_max_batch_size=largest, generate_max_batch_size=largest,
+                       max_context=max_context, micro_batches=micro_batches,
+                       sampler_shards=instances, hot_vocab_profile=hot_vocab_profile)
+
+
+def forward_only_bounds(device: str, dtype: str, model_config: str | None, model: str | None,
+                        batches, max_context: int) -> tuple[dict[int, dict], dict]:
+    """forward_only per B (``serve_gpu.run_forward_only``) over a static cache
+    of ``max_context`` positions, as the servers'; and what it ran on. The
+    model is freed before the servers start."""
+    import torch
+
+    from ..serving.device import resolve
+    from ..serving.static_decode import copy_bandwidth
+    from .serve_gpu import load, run_forward_only
+    from .serve_sim import PROMPT_TOKENS
+
+    torch_device, torch_dtype = resolve(device, dtype)
+    loaded, _, label = load(model, model_config, False, torch_device, torch_dtype)
+    # a smaller copy on the CPU: the tests' runs, where the figure means nothing
+    bandwidth = copy_bandwidth(torch_device, 512 if torch_device.type == "cuda" else 16)
+    # run_forward_only's cache: PROMPT_TOKENS + warm-up + measured + 4 positions
+    measure = max_context - PROMPT_TOKENS - 4 - FORWARD_WARM_UP
+    bounds = {b: run_forward_only(loaded, b, FORWARD_WARM_UP, measure, bandwidth)
+              for b in batches}
+    gpu = {"name": (torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda"
+                    else "CPU (not a GPU: figures mean nothing)"),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "dtype": dtype,
+           "copy_bandwidth_gb_s": bandwidth / 1e9, "model": label,
+           "vocab": loaded.config.vocab_size}
+    del loaded
+    gc.collect()
+    if torch_device.type == "cuda":
+        torch.cuda.empty_cache()
+    return bounds, gpu
+
+
+def measure_cell(server, processes: dict[str, int], mode: ServedMode, batch: int, top_p: float,
+                 max_tokens: int, micro_batches: int) -> dict:
+    """One (mode, B, top_p): a warm-up, then the measured level."""
+    load = Load("instant", batch, ROUTE)  # the pace is the simulated engine's: unused
+    asyncio.run(drive(server.grpc_url, load, WARM_UP_TOKENS, None, top_p))
+    before = llm_counters(server)
+    measured = asyncio.run(drive(server.grpc_url, load, max_tokens, Meter(processes), top_p))
+    after = settled_llm_counters(server, before)
+    cost = figures(load, measured, micro_batches)
+    cpu = {name: us for name, us in cost["cpu_us_per_token"].items() if name != "floor"}
+    return {"mode": mode.name, "sampling_mode": mode.sampling_mode, "handoff": mode.handoff,
+            "batch": batch, "top_p": top_p, "micro_batches": micro_batches,
+            "tokens_per_s": cost["tokens_per_s"],
+            "itl_ms_p50": measured["itl_ms_p50"], "itl_ms_p95": measured["itl_ms_p95"],
+            "tokens_per_response": cost["tokens_per_response"], "cpu_us_per_token": cpu,
+            "sampler_us_per_token": cost["sampler_us_per_token"],
+            # CPU seconds of every server process per second of the window
+            "server_cores_busy": cpu["server"] * cost["tokens_per_s"] / 1e6,
+            **step_figures(before, after, batch * max_tokens)}
+
+
+def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: int,
+               log_dir: Path) -> tuple[list[dict], dict]:
+    """One mode's server: started, measured at every (B, top_p), stopped
+    (its log kept in ``log_dir``); its rows, and what it ran and left."""
+    from ..launch.processes import list_stubs
+    from ..launch.server import TritonServer
+
+    largest = max(batches)
+    sampler = sampler_settings(largest, settings["instances"], "float32", mode.handoff)
+    llm = static_settings(mode, largest=largest, hot_vocab_profile=sampler.hot_vocab_profile,
+                          **settings)
+    repository = assemble_repository(
+        Path(tempfile.mkdtemp(prefix="simple-sampler-served-gpu-")), sampler, llm)
+    log = log_dir / f"{mode.name}.log"
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log)
+    stubs = []
+    try:
+        server.start(startup_timeout("static"))
+        stubs = list_stubs(server.process.pid)
+        processes = server_processes(server.process.pid)
+        rows = [measure_cell(server, processes, mode, b, p, max_tokens,
+                             settings["micro_batches"]) for b in batches for p in top_ps]
+    finally:
+        status = server.stop()
+        shutil.rmtree(repository, ignore_errors=True)
+    return rows, {"mode": mode.name, "log": str(log), "exit_status": status,
+                  "processes": sorted(processes), "left_in_dev_shm": left_in_dev_shm(stubs)}
+
+
+def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
+        model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
+        modes=MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
+        log_dir: str | Path | None = None) -> dict:
+    """Every mode's server at every (B, top_p), and forward_only at every B.
+    dtype: bfloat16 on cuda, float32 on the CPU unless given. RuntimeError
+    (the reason) when ``device`` cannot run here."""
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    model_config = None if model else model_config
+    max_context = PROMPT_ROOM + max_tokens
+    bounds, gpu = forward_only_bounds(device, dtype, model_config, model, batches, max_context)
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="served-gpu-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    settings = {"device": device, "dtype": dtype, "model_config": model_config, "model": model,
+                "instances": instances, "micro_batches": micro_batches,
+                "max_context": max_context}
+    rows = rows_label(model_config)
+    results, servers = [], []
+    for mode in modes:
+        rows_of_mode, server = run_server(mode, settings, batches, top_ps, max_tokens, logs)
+        results += rows_of_mode
+        servers.append(server)
+    for row in results:
+        bound = bounds[row["batch"]]["tokens_per_s"]
+        row.update(rows=rows, vocab=gpu["vocab"], forward_only_tokens_per_s=bound,
+                   efficiency=row["tokens_per_s"] / bound)
+    inline = {(r["batch"], r["top_p"]): r["tokens_per_s"] for r in results
+              if r["mode"] == "inline"}
+    for row in results:
+        key = (row["batch"], row["top_p"])
+        row["vs_inline"] = row["tokens_per_s"] / inline[key] if key in inline else None
+    return {"kind": KIND, "rows": rows, "results": results,
+            "forward_only": [{**bounds[b], "rows": rows} for b in batches], "gpu": gpu,
+            "server_logs": str(logs), "servers": servers,
+            "settings": {**settings, "max_tokens": max_tokens, "route": ROUTE,
+                         "warm_up_tokens": WARM_UP_TOKENS,
+                         "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
+                                   "stream per request, on this host",
+                         "params": "temperature 1, top_p as listed, seeded, min_length = "
+                                   "max_tokens",
+                         "window": "from the first eighth of a level's tokens to the last"}}
+
+
+def _cell(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(report: dict) -> str:
+    """A Markdown report: what ran, the bound, one row per (mode, B, top_p)."""
+    gpu, settings = report["gpu"], report["settings"]
+    lines = [f"# bench {KIND}: served on {gpu['name']}", "",
+             f"- data plane: static engine on {settings['device']} ({gpu['model']}, "
+             f"{gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}; static cache "
+             f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es))",
+             f"- rows: **{report['rows']}**",
+             f"- sampler: {settings['instances']} simple_sampler instances; inline: the batched "
+             f"gpu_inline in the llm model",
+             f"- client: {settings['client']}; route {settings['route']}; requests: "
+             f"{settings['params']}, {settings['max_tokens']} tokens; window: "
+             f"{settings['window']}",
+             f"- server logs: {report['server_logs']}", "",
+             "| B | forward_only tok/s | ms/step | HBM estimate ms |", "|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | "
+              f"{r['hbm_estimate_ms']:.2f} |" for r in report["forward_only"]]
+    lines += ["", "| mode | B | top_p | tok/s | efficiency | x inline | ITL p50 ms | ITL p95 ms "
+              "| server cores busy | server us/tok | tritonserver | llm | preprocessing | "
+              "samplers | client | forward ms/step | sampler ms/step |",
+              "|" + "---|" * 17]
+    for r in report["results"]:
+        cpu, step = r["cpu_us_per_token"], r["llm_ms_per_step"]
+        lines.append(
+            f"| {r['mode']} | {r['batch']} | {r['top_p']:g} | {r['tokens_per_s']:.0f} | "
+            f"{r['efficiency']:.2f} | {_cell(r['vs_inline'], '.2f')} | "
+            f"{_cell(r['itl_ms_p50'], '.1f')} | {_cell(r['itl_ms_p95'], '.1f')} | "
+            f"{r['server_cores_busy']:.2f} | {cpu['server']:.0f} | {cpu['tritonserver']:.0f} | "
+            f"{cpu['llm']:.0f} | {cpu['preprocessing']:.0f} | {cpu['samplers']:.0f} | "
+            f"{cpu['client']:.0f} | {_cell(step['forward'], '.2f')} | "
+            f"{_cell(step['sampler'], '.2f')} |")
+    lines += ["", "efficiency = tok/s over forward_only's at the same B (the data plane alone, "
+              "in-process, argmax fed back on the device); x inline = over inline's at the same "
+              "B and top_p; CPU columns: microseconds per token received (utime + stime from "
+              "/proc); server cores busy = every server process's CPU seconds per second of "
+              "the window (one GPU). Rows: " + report["rows"] + "."]
+    lines += ["", "| server | exit status | left in /dev/shm | log |", "|---|---|---|---|"]
+    lines += [f"| {s['mode']} | {s['exit_status']} | {', '.join(s['left_in_dev_shm']) or 'none'} "
+              f"| {s['log']} |" for s in report["servers"]]
+    return "\n".join(lines)
