@@ -96,3 +96,21 @@ def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):
         pytest.skip("a GPU is here")
     assert main(["bench", "serve-gpu-served", "--quick"]) == 2  # --device cuda by default
     assert "simple-sampler bench serve-gpu-served: device cuda:" in capsys.readouterr().err
+
+
+def test_the_run_script_says_what_it_needs(tmp_path):
+    """Its usage, and the tokenizer it needs, checked before any server starts
+    (its dry run on the CPU: BENCH_ARGS="--device cpu --quick", by hand)."""
+    import os
+    import subprocess
+
+    from simple_sampler.launch.install import project_file
+
+    script = str(project_file("scripts/gpu_served_run.sh"))
+    usage = subprocess.run(["bash", script], capture_output=True, text=True)
+    assert usage.returncode == 2 and "OUT [--bundle DIR]" in usage.stderr
+    missing = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True,
+                             text=True, env={**os.environ, "SIMPLE_SAMPLER_CACHE": str(tmp_path)})
+    assert missing.returncode == 1 and "no SmolLM2 tokenizer" in missing.stderr
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "- commit: " in readme and "no SmolLM2 tokenizer" in readme
