@@ -74,7 +74,8 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     for row in report["results"]:
         assert row["rows"] == "flat (random weights)" and row["batch"] == 2
         for key in ("tokens_per_s", "itl_ms_p50", "itl_ms_p95", "server_cores_busy",
-                    "forward_only_tokens_per_s", "efficiency", "vs_inline"):
+                    "client_cores_busy", "forward_only_tokens_per_s", "efficiency",
+                    "vs_inline"):
             assert row[key] > 0, key
         assert row["cpu_us_per_token"]["server"] > 0
         assert row["llm_ms_per_step"]["forward"] > 0

@@ -238,7 +238,8 @@ def bench_serve_gpu_served(args: argparse.Namespace) -> int:
         report = served.run(args.device, args.model_config, args.model, args.dtype,
                             modes=[m for m in served.MODES if m.name in args.modes],
                             instances=args.instances, micro_batches=args.micro_batches,
-                            log_dir=args.log_dir, **sizes)
+                            stream_interval=args.stream_interval, log_dir=args.log_dir,
+                            **sizes)
     except (RuntimeError, ValueError, FileNotFoundError) as error:  # no CUDA, a bad shape
         print(f"simple-sampler bench serve-gpu-served: {error}", file=sys.stderr)
         return 2
@@ -493,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     served_bench.add_argument("--instances", type=_positive_int, default=2,
                               help="simple_sampler instances")
     served_bench.add_argument("--micro-batches", type=_positive_int, default=1)
+    served_bench.add_argument("--stream-interval", type=_positive_int, default=1,
+                              help="tokens per response (more: less client and server work)")
     served_bench.add_argument("--log-dir", help="where the servers' logs go (default: a "
                                                 "temporary folder, named in the report)")
     served_bench.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")

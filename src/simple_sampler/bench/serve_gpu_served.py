@@ -42,8 +42,8 @@ from pathlib import Path
 from ..launch.serve import assemble_repository, shared_memory_bytes
 from ..serving.engines import startup_timeout
 from ..settings import LlmSettings
-from .serve_cost import (Meter, drive, figures, llm_counters, sampler_settings,
-                         server_processes, step_figures)
+from .serve_cost import (RESPONSES_PER_REQUEST, Meter, drive, figures, llm_counters,
+                         sampler_settings, server_processes, step_figures)
 from .serve_cost import Config as Load
 
 KIND = "serve-gpu-served"
@@ -103,13 +103,15 @@ def left_in_dev_shm(stubs) -> list[str]:
 
 def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str | None,
                     model: str | None, largest: int, instances: int, micro_batches: int,
-                    max_context: int, hot_vocab_profile: str) -> LlmSettings:
+                    stream_interval: int, max_context: int,
+                    hot_vocab_profile: str) -> LlmSettings:
     """The llm model's settings for one mode's server."""
     return LlmSettings(engine="static", device=device, torch_dtype=dtype,
                        model_config=model_config or "", model=model or "",
                        sampling_mode=mode.sampling_mode, handoff=mode.handoff,
                        engine_max_batch_size=largest, generate_max_batch_size=largest,
                        max_context=max_context, micro_batches=micro_batches,
+                       stream_interval=stream_interval,
                        sampler_shards=instances, hot_vocab_profile=hot_vocab_profile)
 
 
@@ -146,23 +148,27 @@ def forward_only_bounds(device: str, dtype: str, model_config: str | None, model
 
 
 def measure_cell(server, processes: dict[str, int], mode: ServedMode, batch: int, top_p: float,
-                 max_tokens: int, micro_batches: int) -> dict:
+                 max_tokens: int, settings: dict) -> dict:
     """One (mode, B, top_p): a warm-up, then the measured level."""
-    load = Load("instant", batch, ROUTE)  # the pace is the simulated engine's: unused
+    # the pace is the simulated engine's: unused here
+    load = Load("instant", batch, ROUTE, settings["stream_interval"])
     asyncio.run(drive(server.grpc_url, load, WARM_UP_TOKENS, None, top_p))
     before = llm_counters(server)
     measured = asyncio.run(drive(server.grpc_url, load, max_tokens, Meter(processes), top_p))
     after = settled_llm_counters(server, before)
-    cost = figures(load, measured, micro_batches)
+    cost = figures(load, measured, settings["micro_batches"])
     cpu = {name: us for name, us in cost["cpu_us_per_token"].items() if name != "floor"}
     return {"mode": mode.name, "sampling_mode": mode.sampling_mode, "handoff": mode.handoff,
-            "batch": batch, "top_p": top_p, "micro_batches": micro_batches,
+            "batch": batch, "top_p": top_p, "micro_batches": settings["micro_batches"],
+            "stream_interval": settings["stream_interval"],
             "tokens_per_s": cost["tokens_per_s"],
             "itl_ms_p50": measured["itl_ms_p50"], "itl_ms_p95": measured["itl_ms_p95"],
             "tokens_per_response": cost["tokens_per_response"], "cpu_us_per_token": cpu,
             "sampler_us_per_token": cost["sampler_us_per_token"],
             # CPU seconds of every server process per second of the window
             "server_cores_busy": cpu["server"] * cost["tokens_per_s"] / 1e6,
+            # near 1: the one client process may be what limits tokens/s
+            "client_cores_busy": cpu["client"] * cost["tokens_per_s"] / 1e6,
             **step_figures(before, after, batch * max_tokens)}
 
 
@@ -186,8 +192,8 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
         server.start(startup_timeout("static"))
         stubs = list_stubs(server.process.pid)
         processes = server_processes(server.process.pid)
-        rows = [measure_cell(server, processes, mode, b, p, max_tokens,
-                             settings["micro_batches"]) for b in batches for p in top_ps]
+        rows = [measure_cell(server, processes, mode, b, p, max_tokens, settings)
+                for b in batches for p in top_ps]
     finally:
         status = server.stop()
         shutil.rmtree(repository, ignore_errors=True)
@@ -198,10 +204,13 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
 def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
         modes=MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
-        log_dir: str | Path | None = None) -> dict:
+        stream_interval: int = 1, log_dir: str | Path | None = None) -> dict:
     """Every mode's server at every (B, top_p), and forward_only at every B.
     dtype: bfloat16 on cuda, float32 on the CPU unless given. RuntimeError
     (the reason) when ``device`` cannot run here."""
+    if max_tokens < RESPONSES_PER_REQUEST * stream_interval:
+        raise ValueError(f"max_tokens must be at least {RESPONSES_PER_REQUEST} x the stream "
+                         f"interval ({RESPONSES_PER_REQUEST * stream_interval}), got {max_tokens}")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     model_config = None if model else model_config
     max_context = PROMPT_ROOM + max_tokens
@@ -210,7 +219,7 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
     logs.mkdir(parents=True, exist_ok=True)
     settings = {"device": device, "dtype": dtype, "model_config": model_config, "model": model,
                 "instances": instances, "micro_batches": micro_batches,
-                "max_context": max_context}
+                "stream_interval": stream_interval, "max_context": max_context}
     rows = rows_label(model_config)
     results, servers = [], []
     for mode in modes:
@@ -248,7 +257,8 @@ def format_report(report: dict) -> str:
     lines = [f"# bench {KIND}: served on {gpu['name']}", "",
              f"- data plane: static engine on {settings['device']} ({gpu['model']}, "
              f"{gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}; static cache "
-             f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es))",
+             f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es); "
+             f"stream_interval {settings['stream_interval']})",
              f"- rows: **{report['rows']}**",
              f"- sampler: {settings['instances']} simple_sampler instances; inline: the batched "
              f"gpu_inline in the llm model",
@@ -260,16 +270,17 @@ def format_report(report: dict) -> str:
     lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | "
               f"{r['hbm_estimate_ms']:.2f} |" for r in report["forward_only"]]
     lines += ["", "| mode | B | top_p | tok/s | efficiency | x inline | ITL p50 ms | ITL p95 ms "
-              "| server cores busy | server us/tok | tritonserver | llm | preprocessing | "
-              "samplers | client | forward ms/step | sampler ms/step |",
-              "|" + "---|" * 17]
+              "| server cores busy | client cores busy | server us/tok | tritonserver | llm | "
+              "preprocessing | samplers | client | forward ms/step | sampler ms/step |",
+              "|" + "---|" * 18]
     for r in report["results"]:
         cpu, step = r["cpu_us_per_token"], r["llm_ms_per_step"]
         lines.append(
             f"| {r['mode']} | {r['batch']} | {r['top_p']:g} | {r['tokens_per_s']:.0f} | "
             f"{r['efficiency']:.2f} | {_cell(r['vs_inline'], '.2f')} | "
             f"{_cell(r['itl_ms_p50'], '.1f')} | {_cell(r['itl_ms_p95'], '.1f')} | "
-            f"{r['server_cores_busy']:.2f} | {cpu['server']:.0f} | {cpu['tritonserver']:.0f} | "
+            f"{r['server_cores_busy']:.2f} | {r['client_cores_busy']:.2f} | "
+            f"{cpu['server']:.0f} | {cpu['tritonserver']:.0f} | "
             f"{cpu['llm']:.0f} | {cpu['preprocessing']:.0f} | {cpu['samplers']:.0f} | "
             f"{cpu['client']:.0f} | {_cell(step['forward'], '.2f')} | "
             f"{_cell(step['sampler'], '.2f')} |")
@@ -277,7 +288,8 @@ def format_report(report: dict) -> str:
               "in-process, argmax fed back on the device); x inline = over inline's at the same "
               "B and top_p; CPU columns: microseconds per token received (utime + stime from "
               "/proc); server cores busy = every server process's CPU seconds per second of "
-              "the window (one GPU). Rows: " + report["rows"] + "."]
+              "the window (one GPU); client cores busy near 1: the one client process may be "
+              "what limits tok/s. Rows: " + report["rows"] + "."]
     lines += ["", "| server | exit status | left in /dev/shm | log |", "|---|---|---|---|"]
     lines += [f"| {s['mode']} | {s['exit_status']} | {', '.join(s['left_in_dev_shm']) or 'none'} "
               f"| {s['log']} |" for s in report["servers"]]
