@@ -74,9 +74,9 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     for row in report["results"]:
         assert row["rows"] == "flat (random weights)" and row["batch"] == 2
         for key in ("tokens_per_s", "itl_ms_p50", "itl_ms_p95", "server_cores_busy",
-                    "client_cores_busy", "forward_only_tokens_per_s", "efficiency",
-                    "vs_inline"):
+                    "forward_only_tokens_per_s", "efficiency", "vs_inline"):
             assert row[key] > 0, key
+        assert row["client_cores_busy"] >= 0  # /proc's 10 ms ticks: a short window may read 0
         assert row["cpu_us_per_token"]["server"] > 0
         assert row["llm_ms_per_step"]["forward"] > 0
     (bound,) = report["forward_only"]
