@@ -119,7 +119,8 @@ print(f"\nservers stopped cleanly: {'yes' if not left and not status else 'NO'}"
       + (f"; exit statuses {status}" if status else "") + (f"; left {left}" if left else ""))
 EOF
        ;;
-    124|137) echo "**CUT OFF after ${BENCH_LIMIT_S} s** (bench.log, server-logs/)" >> "$readme" ;;
+    124|137) echo "**CUT OFF after ${BENCH_LIMIT_S} s** (bench.log, server-logs/; the modes" \
+                  "measured before: server-logs/partial.json)" >> "$readme" ;;
     *) echo "**FAILED, exit $status**: $(tail -3 "$out/bench.log")" >> "$readme" ;;
 esac
 cat "$readme"

@@ -84,6 +84,8 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     for server in report["servers"]:  # stopped cleanly, its log kept
         assert server["exit_status"] == 0 and server["left_in_dev_shm"] == []
         assert (tmp_path / "logs" / f"{server['mode']}.log").stat().st_size > 0
+    partial = json.loads((tmp_path / "logs" / served.PARTIAL).read_text())
+    assert [r["mode"] for r in partial["results"]] == ["simple", "inline"]
     markdown = served.format_report(report)
     assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import shutil
 import tempfile
 import time
@@ -60,6 +61,8 @@ WARM_UP_TOKENS = 4
 FORWARD_WARM_UP = 8
 #: The route every request takes: what a user's client calls.
 ROUTE = "ensemble"
+#: The results so far, in the log folder, rewritten after each server.
+PARTIAL = "partial.json"
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,10 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         rows_of_mode, server = run_server(mode, settings, batches, top_ps, max_tokens, logs)
         results += rows_of_mode
         servers.append(server)
+        # what a run cut off before its end keeps: the modes measured so far
+        (logs / PARTIAL).write_text(json.dumps({"kind": KIND, "rows": rows, "results": results,
+                                                "forward_only": list(bounds.values()),
+                                                "servers": servers}, default=str))
     for row in results:
         bound = bounds[row["batch"]]["tokens_per_s"]
         row.update(rows=rows, vocab=gpu["vocab"], forward_only_tokens_per_s=bound,
