@@ -59,6 +59,34 @@ static uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float 
  * kept lanes as bits (*kept), for a draw that walks the block. One compiled
  * copy for the same reason as ss_bucket_terms: the walk must see the lanes'
  * weights as the block's mass summed them. */
+#if defined(__AVX512F__)
+/* 16-lane form (the row pass's width on AVX-512): the same terms and kept
+ * lanes, the exp per 16-lane group that holds a kept lane. */
+__attribute__((noinline, noclone, optimize("fp-contract=off")))
+static float ss_block_mass_before(const float* x, float inv_t, float z_max, float z_cut,
+                                  int32_t lane_cut, float* w, uint64_t* kept)
+{
+    ss_vw acc = {};
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_WIDE_LANES) {
+        ss_vw zv = ss_load_w(x + j) * inv_t;
+        ss_vwi lane = (ss_vwi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + j;
+        ss_vwi keep = (ss_vwi)(zv > z_cut) | ((ss_vwi)(zv == z_cut) & (ss_vwi)(lane < lane_cut));
+        uint64_t lanes = _mm512_test_epi32_mask((__m512i)keep, (__m512i)keep);
+        if (lanes == 0)
+            continue;
+        ss_vw wv = ss_exp_nonpositive_w(zv - z_max);
+        acc += (ss_vw)((ss_vwi)wv & keep);
+        if (w) {
+            __builtin_memcpy(w + j, &wv, sizeof wv);
+            mask |= lanes << j;
+        }
+    }
+    if (w)
+        *kept = mask;
+    return ss_hsum_w(acc);
+}
+#else
 __attribute__((noinline, noclone, optimize("fp-contract=off")))
 static float ss_block_mass_before(const float* x, float inv_t, float z_max, float z_cut,
                                   int32_t lane_cut, float* w, uint64_t* kept)
@@ -83,5 +111,7 @@ static float ss_block_mass_before(const float* x, float inv_t, float z_max, floa
         *kept = mask;
     return ss_sum_lanes(acc);
 }
+
+#endif
 
 #endif

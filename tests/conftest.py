@@ -6,11 +6,19 @@ from scipy import stats
 
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample
+from simple_sampler.shvs import HotVocab
 
 #: A fit is rejected below this p-value. Seeds are fixed, so every test is
 #: deterministic; the power checks in test_exactness.py show that a
 #: distribution 1% off in total variation falls far below it.
 P_VALUE_FLOOR = 1e-4
+
+#: A value that turns each sampling parameter of params.RULES on (exact in
+#: float32, the wire's type). A parameter added to the table needs one here:
+#: test_params_table's key check fails first; the truncations' values are
+#: then drawn through SHVS (test_shvs) and the compact rows (test_handoff).
+PARAM_ON = {"temperature": 0.5, "top_k": 5, "top_p": 0.75, "min_p": 0.25,
+            "repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": -0.5}
 
 
 def repeated_batch(params: SamplingParams, draws: int, history: History | None = None,
@@ -96,6 +104,80 @@ def zipf_rows() -> np.ndarray:
         ranks = rng.permutation(vocab) + 1
         rows.append((-1.1 * np.log(ranks) + 0.3 * rng.standard_normal(vocab)).astype(np.float32))
     return rows
+
+
+#: the width of `make_rows`' rows and `make_requests`' token ids
+MIXED_VOCAB = 5000
+
+
+def make_rows(rng, count, vocab=MIXED_VOCAB):
+    """float32 [count, vocab] rows: power-law heads over Gaussian bulks, every
+    third row flat (broad truncations), 7 columns -inf."""
+    ranks = np.argsort(rng.random((count, vocab)), axis=1) + 1.0
+    rows = -1.1 * np.log(ranks) + 0.4 * rng.standard_normal((count, vocab))
+    rows[::3] = 0.02 * rng.standard_normal((len(rows[::3]), vocab))   # flat: broad truncations
+    rows[:, rng.integers(0, vocab, 7)] = -np.inf
+    return rows.astype(np.float32)
+
+
+def make_requests(rng, count, seed_base=0, vocab=MIXED_VOCAB):
+    """A mixed set of rows: every truncation kind, greedy, penalties, bias,
+    min_tokens bans, different seeds, steps and histories."""
+    kinds = [
+        dict(),
+        dict(temperature=0.0),
+        dict(temperature=0.7, top_p=0.9),
+        dict(temperature=1.3, top_k=40),
+        dict(top_k=20, min_p=0.05),
+        dict(min_p=0.1),
+        dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02),
+        dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4),
+        dict(temperature=0.0, repetition_penalty=1.2),
+        dict(top_p=0.5, repetition_penalty=0.9, presence_penalty=-0.5),
+        dict(temperature=2.0),
+        dict(top_p=0.99, frequency_penalty=-0.3),
+    ]
+    params, histories, steps = [], [], []
+    for i in range(count):
+        kind = dict(kinds[i % len(kinds)])
+        if rng.random() < 0.4:
+            kind["logit_bias"] = {int(t): float(rng.normal(0, 3))
+                                  for t in rng.choice(vocab, 4, replace=False)}
+        if rng.random() < 0.3:
+            kind["min_tokens"] = 4
+            kind["stop_token_ids"] = [int(t) for t in rng.choice(vocab, 2, replace=False)]
+        params.append(SamplingParams(seed=seed_base + int(rng.integers(0, 2**63)), **kind))
+        histories.append(History(
+            prompt_ids=rng.integers(0, vocab, int(rng.integers(0, 40))).tolist(),
+            output_ids=rng.integers(0, vocab, int(rng.integers(0, 8))).tolist()))
+        steps.append(int(rng.integers(0, 1000)))
+    return params, histories, steps
+
+
+#: the width of `zipf_row`
+ZIPF_VOCAB = 4096
+
+
+@pytest.fixture(scope="session")
+def zipf_row() -> np.ndarray:
+    """One 4,096-token row shaped like LLM logits (the SHVS, handoff and cold
+    draw tests' row; `hot_sets` gives its hot sets)."""
+    rng = np.random.default_rng(99)
+    return (-1.1 * np.log(rng.permutation(ZIPF_VOCAB) + 1.0)
+            + 0.3 * rng.standard_normal(ZIPF_VOCAB)).astype(np.float32)
+
+
+def hot_sets(row: np.ndarray) -> dict[str, HotVocab]:
+    """Hot sets from kind to kind: covering the head, missing most of the
+    mass (the coldest tokens), random, and one token."""
+    order = np.argsort(-row)
+    rng = np.random.default_rng(3)
+    return {
+        "head": HotVocab(order[:600], row.size),
+        "misses-most-mass": HotVocab(order[-1500:], row.size),
+        "random": HotVocab(rng.choice(row.size, 700, replace=False), row.size),
+        "one-token": HotVocab(order[:1], row.size),
+    }
 
 
 #: the llm server's context: the prompt plus max_tokens must fit

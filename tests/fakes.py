@@ -1,8 +1,15 @@
-"""Fakes shared by the tests: a one-character-per-token tokenizer and an
-engine whose logits follow a script (no model, no torch forward)."""
+"""Fakes and helpers shared by the tests: a one-character-per-token
+tokenizer, an engine whose logits follow a script (no model, no torch
+forward), tiny random-weight Hugging Face models, the llm model's request
+tensors and a recording client, and concurrent seeded streams against a
+real server."""
+import threading
 import time
 
+import numpy as np
 import torch
+
+from simple_sampler.client import GenerateClient, GenerationError
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 END_ID = 0
@@ -66,3 +73,98 @@ class FakeEngine:
 
     def length(self, seq_id):
         return len(self.ids[seq_id])
+
+
+def tiny(family: str, dtype=torch.float32, device="cpu"):
+    """A tiny random-weight (seeded) Llama or Qwen2 of transformers: "llama" or "qwen2"."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if family == "llama":  # Llama-3's scaled RoPE, as the shipped 1B and 8B configs
+        model = LlamaForCausalLM(LlamaConfig(**shape, rope_theta=500000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
+    else:  # q/k/v biases
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
+    return model.eval().to(device, dtype)
+
+
+def reference_logits(model, ids: list[int]) -> torch.Tensor:
+    """The next-token logits after `ids`: the full recompute, no cache."""
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].float()
+
+
+#: the llm model's requests' max_tokens unless a test says otherwise
+MAX_TOKENS = 60
+
+
+def inputs(text="a", max_tokens=MAX_TOKENS, stream=True):
+    """The llm model's input tensors for one request."""
+    return {"text_input": np.array([[text.encode()]], dtype=object),
+            "max_tokens": np.array([[max_tokens]], np.int32),
+            "stream": np.array([[stream]])}
+
+
+class Client:
+    """Records responses; cancels (or fails, as a vanished client does) after `after`."""
+
+    def __init__(self, after=None, fail=False):
+        self.after, self.fail = after, fail
+        self.responses, self.done = [], threading.Event()
+
+    def send(self, outputs, error, final):
+        if self.fail and len(self.responses) >= self.after:
+            raise RuntimeError("Unable to send response: the client has gone")
+        self.responses.append((outputs, error, final))
+
+    def is_cancelled(self):
+        return self.after is not None and not self.fail and len(self.responses) >= self.after
+
+
+
+#: the prompt `Streams` sends, and sampling parameters that really sample
+PROMPT = "Tell me a story about a cat."
+SAMPLED = dict(temperature=0.7, top_p=0.9, apply_chat_template=True)
+
+
+class Streams:
+    """Concurrent seeded streams of PROMPT to a server's ensemble over gRPC;
+    `started` is set once each has a token."""
+
+    def __init__(self, url, seeds, **params):
+        self.tokens = {seed: [] for seed in seeds}
+        self.errors, self.ended_at = {}, {}
+        self._first = threading.Semaphore(0)
+        self.threads = [threading.Thread(target=self._run, args=(url, seed, params))
+                        for seed in seeds]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, url, seed, params):
+        first = True
+        try:
+            for chunk in GenerateClient(url, "grpc").stream(PROMPT, seed=seed, **params):
+                self.tokens[seed] += chunk.token_ids
+                if first:
+                    first = False
+                    self._first.release()
+        except GenerationError as error:
+            self.errors[seed] = str(error)
+        finally:
+            self.ended_at[seed] = time.monotonic()
+            if first:
+                self._first.release()
+
+    def wait_started(self, timeout=120):
+        for _ in self.threads:
+            assert self._first.acquire(timeout=timeout), "a stream produced no token"
+        assert not self.errors, self.errors
+
+    def join(self, timeout=300):
+        for thread in self.threads:
+            thread.join(timeout)
+        assert not any(thread.is_alive() for thread in self.threads), "a client hangs"
+        return self

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import P_VALUE_FLOOR, goodness_of_fit, repeated_batch, total_variation
+from conftest import ZIPF_VOCAB as VOCAB
+from conftest import P_VALUE_FLOOR, goodness_of_fit, hot_sets, repeated_batch, total_variation
 from simple_sampler import reference
 from simple_sampler._sampling import HandoffOutcome
 from simple_sampler.handoff import CompactRows, cold_draws, sample_compact
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.serving.hot_first import hot_first_summary, sample_hot_first, touched_lists
-from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
 
 DRAWS = 100_000
 CHUNK = 4096  # rows summarized at a time: bounds the [rows, V] temporaries

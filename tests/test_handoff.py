@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, repeated_batch,
-                      total_variation)
+from conftest import ZIPF_VOCAB as VOCAB
+from conftest import (P_VALUE_FLOOR, PARAM_ON, goodness_of_fit, hot_sets, make_requests, make_rows,
+                      moved_one_percent, repeated_batch, total_variation)
 from simple_sampler import reference
 from simple_sampler._sampling import HandoffOutcome
 from simple_sampler.handoff import (CompactRows, fallback_batch, merge_fallback,
                                     sample_compact)
-from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.params import TRUNCATIONS, History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
 from simple_sampler.serving.hot_first import (compact_rows, hot_first_summary, row_cold_tops,
                                               sample_hot_first, touched_lists)
 from simple_sampler.shvs import HotVocab
-from test_shvs import VOCAB, hot_sets, zipf_row  # noqa: F401 - zipf_row is a fixture
 
 DRAWS = 100_000
 DECIDED, NEED_FULL, NEED_COLD = (HandoffOutcome.HANDOFF_DECIDED, HandoffOutcome.HANDOFF_NEED_FULL,
@@ -95,6 +95,21 @@ GRID_IDS = ["plain", "t0.6", "p0.9", "p0.5-t0.7", "k40-p0.9", "minp", "all"]
 @pytest.mark.parametrize("params", GRID, ids=GRID_IDS)
 def test_two_stage_distribution_equals_the_reference(zipf_row, hot_kind, params):
     check(zipf_row, params, hot_sets(zipf_row)[hot_kind])
+
+
+@pytest.mark.parametrize("hot_kind", ["head", "whole"])
+@pytest.mark.parametrize("param", TRUNCATIONS, ids=lambda p: p.name)
+def test_each_truncation_of_the_table_is_applied(zipf_row, param, hot_kind):
+    """Every truncation of params.RULES, alone, through the compact rows
+    (GRID is written by hand) against the reference: one missed in
+    level_truncated (cython_kernels/row.pxi) is drawn as an untruncated row;
+    one missed in compact_row (compact.pxi) is drawn untruncated where the
+    cold region is empty (the whole vocabulary hot), a row decided there."""
+    hot = (HotVocab(np.arange(VOCAB), VOCAB) if hot_kind == "whole"
+           else hot_sets(zipf_row)[hot_kind])
+    params = SamplingParams(**{param.name: PARAM_ON[param.name]})
+    _, _, probs = check(zipf_row, params, hot, draws=20_000)
+    assert 0 < np.count_nonzero(probs) < probs.size // 2, "the value truncates this row"
 
 
 def test_both_fallbacks_happen_and_are_exact(zipf_row):
@@ -293,7 +308,6 @@ def test_logprobs_are_the_full_paths(zipf_row, cold_draw):
 
 @pytest.mark.parametrize("cold_draw", [False, True])
 def test_batch_position_and_thread_invariance(cold_draw):
-    from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(21)
     count = 48
@@ -429,7 +443,6 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
     import asyncio
 
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
-    from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(33)
     rows = make_rows(rng, 40)
@@ -467,7 +480,6 @@ def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():
     from simple_sampler.row_arena import RowArena
     from simple_sampler.serving.hot_first import undecidable_rows
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
-    from test_invariance import make_rows
 
     rng = np.random.default_rng(72)
     rows = make_rows(rng, 24)
@@ -548,7 +560,6 @@ def test_undecided_rows_with_mapped_full_rows_are_decided_in_the_same_request():
     row for row the two-round path's tokens and logprobs, over many seeds
     and the rows' own return_log_probs."""
     from simple_sampler.row_arena import RowArena
-    from test_invariance import make_requests, make_rows
 
     totals = {"need_full": 0, "need_cold": 0, "in_place": 0}
     for seed in range(8):
@@ -588,7 +599,6 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
     from simple_sampler.row_arena import RowArena
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
     from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget
-    from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(71)
     rows = make_rows(rng, 48)
@@ -752,7 +762,6 @@ def test_a_target_without_the_arena_keeps_the_second_round():
     the tokens are the same as everywhere."""
     from simple_sampler.row_arena import RowArena
     from simple_sampler.triton.sampler_pool import SamplerTarget
-    from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(7)
     rows = make_rows(rng, 64)
@@ -785,7 +794,6 @@ def test_a_dead_instance_mid_step_gives_the_same_tokens_hot_first(survivor_maps_
     tokens are the two-round path's either way."""
     from simple_sampler.row_arena import RowArena
     from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerTarget
-    from test_invariance import make_requests, make_rows
 
     def dead(inputs):
         raise SamplerCallError("Stub process 'simple_sampler_0_0' is not healthy.")
@@ -841,7 +849,7 @@ def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
     from simple_sampler.shvs.hot_vocab import HotProfile
     from simple_sampler.triton.llm_service import LlmService
     from fakes import VOCAB as FAKE_VOCAB, FakeEngine, FakeTokenizer
-    from test_llm_service import Client, inputs
+    from fakes import Client, inputs
 
     hot = HotVocab(np.arange(2, FAKE_VOCAB, 3), FAKE_VOCAB)
     HotProfile(order=hot.ids.astype(np.int32), vocab_size=FAKE_VOCAB, sizes=np.array([hot.size]),
@@ -873,40 +881,38 @@ def test_the_decode_loop_hands_rows_over_hot_first(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_server_generates_the_same_greedy_text_hot_first():
+def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_path):
     """SmolLM2 on tritonserver with the shipped profile: the compact rows
     cross the BLS call and the sampler model; greedy text equals the full
-    rows' text, and a seeded sampled text is reproducible."""
-    import tempfile
-    from pathlib import Path
-
+    rows' text (the shared llm_server's: the same engine settings, batch-
+    invariant), and a seeded sampled text is reproducible on both."""
+    from conftest import LLM_CONTEXT
     from simple_sampler.client import GenerateClient
     from simple_sampler.settings import LlmSettings, SamplerSettings
     from simple_sampler.launch.serve import assemble_repository
     from simple_sampler.launch.server import TritonServer
 
     question = "What is the capital of France?"
-    texts = {}
-    for handoff in ("hot-first", "full"):
-        with tempfile.TemporaryDirectory() as tmp:
-            repository = assemble_repository(
-                Path(tmp) / "repository",
-                SamplerSettings(sampler_instances=1, sampler_max_batch_size=16, vocab_size=49_152,
-                                hot_vocab_profile="hot_vocab.npz"),
-                LlmSettings(engine_max_batch_size=4, max_context=256, sampler_shards=1,
-                            batch_invariant=True, handoff=handoff,
-                            hot_vocab_profile="hot_vocab.npz"))
-            with TritonServer(repository, log_path=Path(tmp) / "log") as server:
-                client = GenerateClient(server.grpc_url, "grpc")
-                params = dict(max_tokens=16, apply_chat_template=True, exclude_input_in_output=True)
-                greedy = client.generate(question, temperature=0.0, **params).text
-                seeded = [client.generate(question, seed=7, top_p=0.9, **params).text
-                          for _ in range(2)]
-            log = (Path(tmp) / "log").read_text()
+
+    def greedy_text(server):
+        client = GenerateClient(server.grpc_url, "grpc")
+        params = dict(max_tokens=16, apply_chat_template=True, exclude_input_in_output=True)
+        seeded = [client.generate(question, seed=7, top_p=0.9, **params).text for _ in range(2)]
         assert seeded[0] == seeded[1]
-        assert ("rows cross to the sampler hot-first" in log) == (handoff == "hot-first")
-        texts[handoff] = greedy
-    assert texts["hot-first"] == texts["full"] and "Paris" in texts["full"]
+        return client.generate(question, temperature=0.0, **params).text
+
+    repository = assemble_repository(
+        tmp_path / "repository",
+        SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152,
+                        hot_vocab_profile="hot_vocab.npz"),
+        LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=1,
+                    batch_invariant=True, handoff="hot-first", hot_vocab_profile="hot_vocab.npz"))
+    with TritonServer(repository, log_path=tmp_path / "log") as server:
+        hot_first = greedy_text(server)
+    assert "rows cross to the sampler hot-first" in (tmp_path / "log").read_text()
+    full = greedy_text(llm_server)
+    assert "rows cross to the sampler hot-first" not in llm_server.log_path.read_text()
+    assert hot_first == full and "Paris" in full
 
 
 def test_touched_lists_are_each_rows_bias_and_penalized_history_outside_h():

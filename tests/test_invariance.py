@@ -4,53 +4,12 @@ it, its position, the batch size, the row stride or the thread count."""
 import numpy as np
 import pytest
 
+from conftest import MIXED_VOCAB as VOCAB
+from conftest import make_requests, make_rows
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
 
-VOCAB = 5000
 N_TOP = 5
-
-
-def make_rows(rng, count, vocab=VOCAB):
-    ranks = np.argsort(rng.random((count, vocab)), axis=1) + 1.0
-    rows = -1.1 * np.log(ranks) + 0.4 * rng.standard_normal((count, vocab))
-    rows[::3] = 0.02 * rng.standard_normal((len(rows[::3]), vocab))   # flat: broad truncations
-    rows[:, rng.integers(0, vocab, 7)] = -np.inf
-    return rows.astype(np.float32)
-
-
-def make_requests(rng, count, seed_base=0, vocab=VOCAB):
-    """A mixed set of rows: every truncation kind, greedy, penalties, bias,
-    min_tokens bans, different seeds, steps and histories."""
-    kinds = [
-        dict(),
-        dict(temperature=0.0),
-        dict(temperature=0.7, top_p=0.9),
-        dict(temperature=1.3, top_k=40),
-        dict(top_k=20, min_p=0.05),
-        dict(min_p=0.1),
-        dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02),
-        dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.4),
-        dict(temperature=0.0, repetition_penalty=1.2),
-        dict(top_p=0.5, repetition_penalty=0.9, presence_penalty=-0.5),
-        dict(temperature=2.0),
-        dict(top_p=0.99, frequency_penalty=-0.3),
-    ]
-    params, histories, steps = [], [], []
-    for i in range(count):
-        kind = dict(kinds[i % len(kinds)])
-        if rng.random() < 0.4:
-            kind["logit_bias"] = {int(t): float(rng.normal(0, 3))
-                                  for t in rng.choice(vocab, 4, replace=False)}
-        if rng.random() < 0.3:
-            kind["min_tokens"] = 4
-            kind["stop_token_ids"] = [int(t) for t in rng.choice(vocab, 2, replace=False)]
-        params.append(SamplingParams(seed=seed_base + int(rng.integers(0, 2**63)), **kind))
-        histories.append(History(
-            prompt_ids=rng.integers(0, vocab, int(rng.integers(0, 40))).tolist(),
-            output_ids=rng.integers(0, vocab, int(rng.integers(0, 8))).tolist()))
-        steps.append(int(rng.integers(0, 1000)))
-    return params, histories, steps
 
 
 @pytest.fixture(scope="module")

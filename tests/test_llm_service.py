@@ -14,31 +14,7 @@ from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import LlmService, Unavailable
 from simple_sampler.triton.sampler_pool import SamplerCallError
-from fakes import FakeEngine, FakeTokenizer
-
-MAX_TOKENS = 60
-
-
-def inputs(text="a", max_tokens=MAX_TOKENS, stream=True):
-    return {"text_input": np.array([[text.encode()]], dtype=object),
-            "max_tokens": np.array([[max_tokens]], np.int32),
-            "stream": np.array([[stream]])}
-
-
-class Client:
-    """Records responses; cancels (or fails, as a vanished client does) after `after`."""
-
-    def __init__(self, after=None, fail=False):
-        self.after, self.fail = after, fail
-        self.responses, self.done = [], threading.Event()
-
-    def send(self, outputs, error, final):
-        if self.fail and len(self.responses) >= self.after:
-            raise RuntimeError("Unable to send response: the client has gone")
-        self.responses.append((outputs, error, final))
-
-    def is_cancelled(self):
-        return self.after is not None and not self.fail and len(self.responses) >= self.after
+from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
 
 
 class BuildingClient(Client):

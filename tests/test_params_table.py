@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from conftest import PARAM_ON as ON
 from simple_sampler import baselines, reference, schema
 from simple_sampler.frontend.protocol import Sampling
 from simple_sampler.handoff import FALLBACK_NEUTRAL
@@ -18,10 +19,6 @@ from simple_sampler.shvs.hot_vocab import untruncated_rows
 from simple_sampler.triton.sampler_codec import SCALAR_INPUTS, batch_arrays, decode_request
 
 VOCAB = 32
-#: A value that turns each parameter on (exact in float32, the wire's type).
-#: A parameter added to the table needs one here: the key check fails first.
-ON = {"temperature": 0.5, "top_k": 5, "top_p": 0.75, "min_p": 0.25,
-      "repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": -0.5}
 
 
 def test_every_parameter_has_an_on_value_that_passes_its_rule():

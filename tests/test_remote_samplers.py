@@ -1,53 +1,57 @@
 """The decision plane across servers: the decode loop samples on two
-sampler-only Triton servers over gRPC (no local instance), gives the tokens a
-single server gives, and loses no request when one of them stops mid-load."""
+sampler endpoints over gRPC (no local instance), gives the tokens a single
+server gives, and loses no request when one of them stops mid-load. The
+endpoints: the shared llm_server's own sampler model (never stopped) and a
+sampler-only server (stopped by the second test)."""
+import time
+
 import pytest
 
+from fakes import SAMPLED, Streams
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.triton.counters import read_counter, wait_for_counter
-from test_reliability import SAMPLED, Streams
 
 pytestmark = pytest.mark.slow
 
 SEEDS = range(16)
-
-
-def sampler_server(tmp_path_factory, name):
-    repository = assemble_repository(
-        tmp_path_factory.mktemp(name),
-        SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152))
-    return TritonServer(repository, log_path=tmp_path_factory.mktemp(f"{name}-log") / "log").start()
+ROWS = "simple_sampler_rows_total"
 
 
 @pytest.fixture(scope="module")
-def remote(tmp_path_factory):
-    """Two sampler-only servers and a serving server that uses only them."""
-    samplers = [sampler_server(tmp_path_factory, name) for name in ("sampler-a", "sampler-b")]
+def remote(tmp_path_factory, llm_server):
+    """A sampler-only server, and a serving server that samples only on it
+    and on llm_server's sampler model."""
+    sampler = SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152)
+    alone = TritonServer(assemble_repository(tmp_path_factory.mktemp("sampler"), sampler),
+                         log_path=tmp_path_factory.mktemp("sampler-log") / "log").start()
+    samplers = [llm_server, alone]
     try:
         repository = assemble_repository(
-            tmp_path_factory.mktemp("serving"),
-            SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152),
+            tmp_path_factory.mktemp("serving"), sampler,
             LlmSettings(engine_max_batch_size=32, max_context=512, batch_invariant=True,
-                      sampler_endpoints=",".join(s.grpc_url for s in samplers)))
+                        sampler_endpoints=",".join(s.grpc_url for s in samplers)))
         log = tmp_path_factory.mktemp("serving-log") / "tritonserver.log"
         with TritonServer(repository, log_path=log) as serving:
             yield serving, samplers
     finally:
-        for server in samplers:
-            server.stop()
+        alone.stop()
 
 
 def test_two_sampler_servers_give_the_tokens_of_one_server(remote, llm_server):
     serving, samplers = remote
     alone = Streams(llm_server.grpc_url, SEEDS, max_tokens=24, **SAMPLED).join()
+    # llm_server samples for itself too: its count once `alone` has all arrived
+    # (the counts come in batches: triton.counters)
+    before = wait_for_counter(llm_server.metrics_url, ROWS, lambda _: True,
+                              settled_after=time.monotonic())
     spread = Streams(serving.grpc_url, SEEDS, max_tokens=24, **SAMPLED).join()
     assert not alone.errors and not spread.errors
     assert spread.tokens == alone.tokens
-    # both endpoints sampled (their counts come in batches: triton.counters)
-    rows = [wait_for_counter(server.metrics_url, "simple_sampler_rows_total", lambda n: n > 0)
-            for server in samplers]
+    # both endpoints sampled
+    rows = [wait_for_counter(llm_server.metrics_url, ROWS, lambda n: n > before) - before,
+            wait_for_counter(samplers[1].metrics_url, ROWS, lambda n: n > 0)]
     print(f"rows sampled per endpoint: {rows}")
 
 

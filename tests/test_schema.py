@@ -120,6 +120,24 @@ def test_the_ensemble_wires_the_schemas_tensors(configs):
     assert set(steps["llm"].output_map.values()) == set(schema.ENSEMBLE.output_names)
 
 
+#: Ensemble inputs that preprocessing turns into input_ids: llm is given
+#: those ids instead. Every other ensemble input reaches llm by its own name.
+TOKENIZED = {"text_input", "apply_chat_template"}
+
+
+def test_every_ensemble_input_reaches_preprocessing_and_llm(configs):
+    """Complete, not a subset: an input added to the schema (a new sampling
+    parameter) and not wired to llm in model_repository/ensemble/config.pbtxt
+    would be dropped silently by Triton's ensemble."""
+    steps = {step.model_name: dict(step.input_map)
+             for step in configs["ensemble"].ensemble_scheduling.step}
+    inputs = schema.ENSEMBLE.input_names
+    assert TOKENIZED <= set(inputs)
+    assert steps["preprocessing"] == {name: name for name in inputs}
+    assert steps["llm"] == {**{name: name for name in inputs if name not in TOKENIZED},
+                            "input_ids": "_input_ids"}
+
+
 def test_the_docs_tables_are_the_schema():
     tables = doc_tables(TENSORS_DOC.read_text())
     assert set(DOC_TABLES) <= set(tables), sorted(tables)

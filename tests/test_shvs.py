@@ -4,14 +4,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import P_VALUE_FLOOR, goodness_of_fit, repeated_batch, total_variation
+from conftest import ZIPF_VOCAB as VOCAB
+from conftest import (P_VALUE_FLOOR, PARAM_ON, goodness_of_fit, hot_sets, make_requests, make_rows,
+                      repeated_batch, total_variation)
 from simple_sampler import reference
-from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.params import TRUNCATIONS, History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
 from simple_sampler.shvs import HotVocab
 
 DRAWS = 100_000
-VOCAB = 4096
 
 
 def hot_draws(row, params, hot_vocab, draws=DRAWS, history=None, **kwargs):
@@ -30,26 +31,6 @@ def check(row, params, hot_vocab, history=None, draws=DRAWS):
         f"{params}: chi-square p={p_value:.2e}, TV={total_variation(counts, probs):.4f}, "
         f"accepted {np.mean(flags == 1):.3f}")
     return counts, flags, probs
-
-
-@pytest.fixture(scope="module")
-def zipf_row():
-    rng = np.random.default_rng(99)
-    return (-1.1 * np.log(rng.permutation(VOCAB) + 1.0)
-            + 0.3 * rng.standard_normal(VOCAB)).astype(np.float32)
-
-
-def hot_sets(row):
-    """Hot sets from kind to kind: covering the head, missing most of the
-    mass (the coldest tokens), random, and one token."""
-    order = np.argsort(-row)
-    rng = np.random.default_rng(3)
-    return {
-        "head": HotVocab(order[:600], row.size),
-        "misses-most-mass": HotVocab(order[-1500:], row.size),
-        "random": HotVocab(rng.choice(row.size, 700, replace=False), row.size),
-        "one-token": HotVocab(order[:1], row.size),
-    }
 
 
 GRID = [
@@ -75,6 +56,16 @@ def test_distribution_equals_the_reference(zipf_row, hot_kind, params):
     _, flags, _ = check(zipf_row, params, hot)
     tried = params.top_k <= 0 and params.min_p <= 0
     assert (np.all(flags >= 0) if tried else np.all(flags == -1))
+
+
+@pytest.mark.parametrize("param", TRUNCATIONS, ids=lambda p: p.name)
+def test_each_truncation_of_the_table_is_applied(zipf_row, param):
+    """Every truncation of params.RULES, alone, through SHVS (GRID is written
+    by hand): one the kernels' level_truncated (cython_kernels/row.pxi)
+    misses is drawn as an untruncated row, outside the reference's support."""
+    params = SamplingParams(**{param.name: PARAM_ON[param.name]})
+    _, _, probs = check(zipf_row, params, hot_sets(zipf_row)["head"], draws=20_000)
+    assert 0 < np.count_nonzero(probs) < probs.size // 2, "the value truncates this row"
 
 
 @pytest.mark.slow
@@ -212,7 +203,6 @@ def test_rows_shvs_does_not_take_report_not_tried(zipf_row):
 
 
 def test_batch_position_and_thread_invariance():
-    from test_invariance import make_requests, make_rows
 
     rng = np.random.default_rng(21)
     count = 48

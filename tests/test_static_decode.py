@@ -6,32 +6,13 @@ GPU (none here: that path has not run)."""
 import pytest
 import torch
 
+from fakes import reference_logits, tiny
 from simple_sampler.serving.static_decode import (SHIPPED_CONFIGS, StaticEngine, buckets_for,
                                                   config_path, model_from_config)
 
 TOLERANCE = 1e-4  # max abs logit difference, float32
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
                           reason="no CUDA GPU here (the CUDA-graph path is unrun)")
-
-
-def tiny(family: str, dtype=torch.float32, device="cpu"):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    shape = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    if family == "llama":  # Llama-3's scaled RoPE, as the shipped 1B and 8B configs
-        model = LlamaForCausalLM(LlamaConfig(**shape, rope_theta=500000.0, rope_scaling={
-            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
-    else:  # q/k/v biases
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
-    return model.eval().to(device, dtype)
-
-
-def reference_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].float()
 
 
 def run_schedule(engine, model, tolerance=TOLERANCE):

@@ -225,11 +225,11 @@ class LlmSettings(Settings):
     model: str = setting(
         "", "Hugging Face directory or GGUF file (\"\": SmolLM2-135M-Instruct); a checkpoint "
         "or engine directory for tensorrt_llm", required_by=("tensorrt_llm",))
-    engine: str = setting("torch", "data plane: PyTorch on the CPU, static (PyTorch with a "
-                          "static KV cache, the decode step replayed as CUDA graphs on cuda, "
-                          "eager on cpu), TensorRT-LLM on GPUs (docs/GPU.md), or simulated: no "
-                          "model, GPU-paced sleeps and synthetic rows, for benchmarks "
-                          "(docs/SIMULATED.md)", choices=ENGINES)
+    engine: str = setting("torch", "data plane: PyTorch on the CPU or a CUDA GPU (device), "
+                          "static (PyTorch with a static KV cache, the decode step replayed as "
+                          "CUDA graphs on cuda, eager on cpu), TensorRT-LLM on GPUs "
+                          "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
+                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
     device: str = setting(
         "cpu", "torch and static engines: where the model runs (cuda: the current GPU; logits "
         "cross to the sampler by one pinned device-to-host copy per step, inline sampling stays "
@@ -290,9 +290,10 @@ class LlmSettings(Settings):
         30.0, "on SIGTERM/SIGINT, seconds in-flight requests get to finish before they end "
         "with an error (then Triton stops)", minimum=0.0, flag="--shutdown-grace")
     batch_invariant: bool = setting(
-        False, "torch engine, Llama-architecture models: logits of a sequence independent of "
-        "the rest of the batch, so a seed gives the same text at any concurrency (off by "
-        "default for its cost: docs/SERVING.md, \"Same seed, same text\")", engines=("torch",))
+        False, "torch engine on the CPU (device cpu), Llama-architecture models: logits of a "
+        "sequence independent of the rest of the batch, so a seed gives the same text at any "
+        "concurrency (off by default for its cost: docs/SERVING.md, \"Same seed, same text\")",
+        engines=("torch",))
     # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
     # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
     sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
