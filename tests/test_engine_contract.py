@@ -64,7 +64,7 @@ FACTORIES = {"torch": _torch, "static": _static, "simulated": _simulated,
              "tensorrt_llm": _tensorrt_llm}
 #: engines held to the contract that the registry does not build
 #: TODO: drop "static" here once serving/engines.ENGINES registers StaticEngine.
-UNREGISTERED = ("static",)
+UNREGISTERED = ()
 SLOW = {"torch"}  # loads SmolLM2
 CONTRACT_ENGINES = (*ENGINES, *UNREGISTERED)
 
