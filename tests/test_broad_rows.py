@@ -6,9 +6,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import P_VALUE_FLOOR, draw_counts, goodness_of_fit, moved_one_percent, total_variation
+from conftest import (PARAM_ON, P_VALUE_FLOOR, draw_counts, goodness_of_fit, moved_one_percent,
+                      total_variation)
 from simple_sampler import reference
-from simple_sampler.params import History, SamplingParams
+from simple_sampler.params import TRUNCATIONS, History, SamplingParams
 from simple_sampler.sampling import sample
 
 VOCAB = 4096
@@ -111,3 +112,16 @@ def test_seeded_tokens_do_not_depend_on_batch_position_or_threads():
         shuffled = sample(rows[order], SamplingBatch.from_params([params[i] for i in order]),
                           num_threads=threads).token_ids
         assert [int(t) for t in shuffled] == [alone[i] for i in order]
+
+
+@pytest.mark.parametrize("param", TRUNCATIONS, ids=lambda p: p.name)
+def test_each_truncation_of_the_table_on_a_broad_row(param):
+    """Every truncation of params.RULES, alone and beside top_p, on a flat row
+    at a high temperature: a new one that the broad path (nucleus.pxi: min_p
+    and top_p only, routed there by sample_row in row.pxi) does not apply is
+    drawn outside the reference's support."""
+    value = {"top_p": 0.3, "min_p": 0.5}.get(param.name, PARAM_ON[param.name])
+    for params in (SamplingParams(temperature=2.0, **{param.name: value}),
+                   SamplingParams(temperature=2.0, **{"top_p": 0.9, param.name: value})):
+        _, probs = check(flat_row(scale=0.5), params, draws=20_000)
+        assert 0 < np.count_nonzero(probs) < probs.size * 0.95, "the value truncates this row"
