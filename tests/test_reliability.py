@@ -121,10 +121,11 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
     victim = before[0]
     retries_before = sampler_retries(server)
     # Rows must be on the victim when it fails, or the test proves nothing
-    # about them. A plain kill cannot see that: on a loaded machine the
-    # supervisor (0.75 s to confirm a death, then the unload) was seen to
-    # take the instance away before the decode loop's next step reached it
-    # (0 retries with 16 streams decoding). So the victim is frozen first:
+    # about them. A plain kill cannot see that: on a loaded machine 16
+    # streams decoding through the reload once counted 0 retries (most
+    # likely the supervisor, 0.75 s to confirm a death, unloaded the
+    # instance before the decode loop's next step reached it). So the
+    # victim is frozen first:
     # the next request Triton gives it waits on a stub that answers nothing,
     # fails with "Stub process ... is not healthy" within about 2 s, and the
     # decode loop sends its rows again (a retry counted); then it is killed.

@@ -45,12 +45,24 @@ class ServeRun:
         self.ports = dict(http=free_port(), grpc=free_port(), metrics=free_port(),
                           openai=free_port())
         self.started_at = time.monotonic()
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
-             "--instances", "1", "--shutdown-grace", "5", "--openai-host", "127.0.0.1",
-             "--log", str(tmp_path / "tritonserver.log"),
-             *(arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port)))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # serve starts with SIGINT at its default, as from a terminal. A test
+        # run that ignores SIGINT (a background job of a non-interactive
+        # shell, as CI runners and `cmd &` start it) would pass SIG_IGN on
+        # through exec, and Python then installs no SIGINT handler of its
+        # own: a SIGINT before console.py's first line would be dropped by
+        # the kernel (seen: the signal at 0.1 s lost, serve started and ran).
+        # A Python-level handler is reset to SIG_DFL at exec.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine",
+                 "simulated", "--instances", "1", "--shutdown-grace", "5", "--openai-host",
+                 "127.0.0.1", "--log", str(tmp_path / "tritonserver.log"),
+                 *(arg for name, port in self.ports.items()
+                   for arg in (f"--{name}-port", str(port)))],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.lines: list[str] = []
         self.server_pid = self.lifeline_pid = self.repository = None
         self.stubs = {}
