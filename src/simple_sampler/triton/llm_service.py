@@ -577,8 +577,9 @@ class LlmService:
         # pb_stub.cc), so a BLS call then in flight waits forever, and its
         # thread (the loop's executor's, not a daemon) keeps the stub from
         # exiting: Triton never finishes unloading llm and exits with status
-        # 1 at its exit timeout. Seen under load: a shard's retry ("Server
-        # not ready", Triton stopping) sent 40 ms before the unload.
+        # 1 at its exit timeout. Seen once under load: the stub lived on
+        # after its finalize, a shard's retry of "Server not ready" (Triton
+        # stopping) due about 40 ms before the unload.
         try:
             self._call(self.loop.shutdown_default_executor()).result(CLOSE_TIMEOUT_S)
         except TimeoutError:
