@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import slow_tritonserver
 
-from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs
+from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs, mapped_regions
 from simple_sampler.launch.server import TritonServer, free_port, port_in_use
 from simple_sampler.launch.supervisor import arena_prefix
 
@@ -66,6 +66,7 @@ class ServeRun:
         self.lines: list[str] = []
         self.server_pid = self.lifeline_pid = self.repository = None
         self.stubs = {}
+        self.mapped: set[str] = set()  # backend regions the server was seen to map
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -81,6 +82,9 @@ class ServeRun:
         while self.process.poll() is None:
             if self.server_pid is not None:
                 self.stubs.update((stub.pid, stub) for stub in list_stubs(self.server_pid))
+                # Triton maps a stub's region before the stub starts: one
+                # stopped in that moment leaves a region no stub names.
+                self.mapped.update(mapped_regions(self.server_pid))
             time.sleep(0.05)
 
     @property
@@ -113,8 +117,8 @@ class ServeRun:
             if (self.repository and self.repository in argv) or int(entry.name) == self.lifeline_pid:
                 held.append(int(entry.name))
         arenas = tuple(f"{arena_prefix()}{pid}-" for pid in self.stubs)
-        regions = [stub.shm_region for stub in self.stubs.values()
-                   if (SHM_DIRECTORY / stub.shm_region).exists()]
+        regions = sorted(name for name in {stub.shm_region for stub in self.stubs.values()}
+                         | self.mapped if (SHM_DIRECTORY / name).exists())
         regions += [name for name in os.listdir(SHM_DIRECTORY) if arenas and name.startswith(arenas)]
         ports = [port for port in self.ports.values() if port_in_use(port)]
         return {key: value for key, value in
