@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import slow_tritonserver
 
-from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs
+from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs, mapped_regions
 from simple_sampler.launch.server import TritonServer, free_port, port_in_use
 from simple_sampler.launch.supervisor import arena_prefix
 
@@ -45,15 +45,28 @@ class ServeRun:
         self.ports = dict(http=free_port(), grpc=free_port(), metrics=free_port(),
                           openai=free_port())
         self.started_at = time.monotonic()
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
-             "--instances", "1", "--shutdown-grace", "5", "--openai-host", "127.0.0.1",
-             "--log", str(tmp_path / "tritonserver.log"),
-             *(arg for name, port in self.ports.items() for arg in (f"--{name}-port", str(port)))],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # serve starts with SIGINT at its default, as from a terminal. A test
+        # run that ignores SIGINT (a background job of a non-interactive
+        # shell, as CI runners and `cmd &` start it) would pass SIG_IGN on
+        # through exec, and Python then installs no SIGINT handler of its
+        # own: a SIGINT before console.py's first line would be dropped by
+        # the kernel (seen: the signal at 0.1 s lost, serve started and ran).
+        # A Python-level handler is reset to SIG_DFL at exec.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine",
+                 "simulated", "--instances", "1", "--shutdown-grace", "5", "--openai-host",
+                 "127.0.0.1", "--log", str(tmp_path / "tritonserver.log"),
+                 *(arg for name, port in self.ports.items()
+                   for arg in (f"--{name}-port", str(port)))],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.lines: list[str] = []
         self.server_pid = self.lifeline_pid = self.repository = None
         self.stubs = {}
+        self.mapped: set[str] = set()  # backend regions the server was seen to map
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -69,6 +82,9 @@ class ServeRun:
         while self.process.poll() is None:
             if self.server_pid is not None:
                 self.stubs.update((stub.pid, stub) for stub in list_stubs(self.server_pid))
+                # Triton maps a stub's region before the stub starts: one
+                # stopped in that moment leaves a region no stub names.
+                self.mapped.update(mapped_regions(self.server_pid))
             time.sleep(0.05)
 
     @property
@@ -101,8 +117,8 @@ class ServeRun:
             if (self.repository and self.repository in argv) or int(entry.name) == self.lifeline_pid:
                 held.append(int(entry.name))
         arenas = tuple(f"{arena_prefix()}{pid}-" for pid in self.stubs)
-        regions = [stub.shm_region for stub in self.stubs.values()
-                   if (SHM_DIRECTORY / stub.shm_region).exists()]
+        regions = sorted(name for name in {stub.shm_region for stub in self.stubs.values()}
+                         | self.mapped if (SHM_DIRECTORY / name).exists())
         regions += [name for name in os.listdir(SHM_DIRECTORY) if arenas and name.startswith(arenas)]
         ports = [port for port in self.ports.values() if port_in_use(port)]
         return {key: value for key, value in

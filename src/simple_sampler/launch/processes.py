@@ -8,6 +8,7 @@ removes files in /dev/shm.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -70,6 +71,30 @@ def list_stubs(server_pid: int) -> list[Stub]:
     return stubs
 
 
+#: The Python backend's per-instance regions: ``triton_python_backend_shm_region_<uuid>``,
+#: or ``triton_<backend>_shm_region_<uuid>`` for a backend built on it (simple_sampler's).
+BACKEND_REGION = re.compile(r"^triton_\w*_shm_region_[0-9a-f-]+$")
+
+
+def mapped_regions(pid: int) -> set[str]:
+    """The backend regions (BACKEND_REGION) that process `pid` maps. Triton
+    creates and maps a stub's region before it starts the stub, so a server
+    stopped in that moment holds a region that no stub's command line names
+    yet; its maps do."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return set()
+    names = set()
+    for line in lines:
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        path = fields[5].removesuffix(" (deleted)").strip() if len(fields) == 6 else ""
+        if path.startswith(f"{SHM_DIRECTORY}/") and BACKEND_REGION.match(Path(path).name):
+            names.add(Path(path).name)
+    return names
+
+
 def group_members(group: int) -> dict[int, list[str]]:
     """pid -> argv of the live processes of process group `group` (a server
     started in a session of its own: tritonserver and its stubs)."""
@@ -114,6 +139,8 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
         frozen.update(fresh)
     stubs = [stub for pid, argv in frozen.items()
              if (stub := Stub.from_cmdline(pid, argv)) is not None]
+    # Read while frozen: the regions of stubs Triton was just starting too.
+    mapped = set().union(*(mapped_regions(pid) for pid in frozen)) if frozen else set()
     for pid in frozen:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -123,7 +150,7 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
     while any(alive(pid) for pid in frozen) and time.monotonic() < deadline:
         time.sleep(0.02)
     arenas = tuple(f"{arena_prefix}{stub.pid}-" for stub in stubs) if arena_prefix else ()
-    regions = [stub.shm_region for stub in stubs]
+    regions = sorted({stub.shm_region for stub in stubs} | mapped)
     if arenas:
         regions += sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(arenas))
     return sorted(frozen), unlink_shm(regions)

@@ -25,7 +25,7 @@ from .startup import StartInterrupted
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
-from .processes import end_group, list_stubs, unlink_shm
+from .processes import SHM_DIRECTORY, alive, end_group, list_stubs, unlink_shm
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,10 @@ class TritonServer:
     process: subprocess.Popen | None = None
     watcher: subprocess.Popen | None = None
     was_ready: bool = False  # wait_ready saw every endpoint answer
+    #: pids of the stubs of model generations Triton will never finish
+    #: unloading (a stub died under a request: abandon()); stop() does not
+    #: wait out Triton's exit timeout for them.
+    abandoned: set[int] = field(default_factory=set)
     launched_at: float = 0.0  # time.monotonic() of the last launch
 
     def __post_init__(self):
@@ -193,7 +197,7 @@ class TritonServer:
             if port_in_use(port):
                 raise InstallError(f"port {port} ({name.replace('_', ' ')}) is already in use; "
                                    f"choose another or stop what holds it")
-        self.was_ready = False
+        self.was_ready, self.abandoned = False, set()
         self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
         backends = assemble_backends(self._workdir, self.install)
         output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
@@ -376,24 +380,67 @@ class TritonServer:
             log.info("stopping tritonserver (pid %d): %d model process(es) drained in %.1f s",
                      self.process.pid, len(stubs), self.drain(stubs))
             self.terminate()
-            try:
-                self.process.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            status = self._wait_exit(max(deadline, time.monotonic() + 1.0),
+                                     [s for s in stubs if s.pid not in self.abandoned])
             # Triton removes a model's region when it unloads it, and the
             # model's finalize its row arena; a model Triton gave up on at its
             # exit timeout (or a SIGKILL) leaves both behind.
             left = unlink_shm([*(stub.shm_region for stub in stubs),
                                *arena_regions(stub.pid for stub in stubs)])
-            if self.process.returncode != 0:
+            if status != 0:
                 log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
-                            "memory its models left: %s", self.process.returncode,
-                            ", ".join(left) or "none")
+                            "memory its models left: %s", status, ", ".join(left) or "none")
+        else:
+            status = self.process.returncode
         self._release_lifeline()
         shutil.rmtree(self._workdir, ignore_errors=True)
-        log.info("tritonserver stopped (status %s)", self.process.returncode)
-        return self.process.returncode
+        log.info("tritonserver stopped (status %s)", status)
+        return status
+
+    def abandon(self, stubs) -> None:
+        """Note `stubs` as a model generation Triton will never finish
+        unloading: the supervisor reloaded their model after one of them died.
+
+        Why it never unloads (Triton 2.51's Python backend, python_be.cc):
+        each request an instance executes gets a response factory
+        (TRITONBACKEND_ResponseFactoryNew, in SaveRequestsToSharedMemory),
+        which holds a reference to the model; the stub deletes it when it is
+        done with the request. When the stub is dead, ProcessRequests returns
+        its "Stub process ... is not healthy" error before that, so the
+        factory of every request that met the dead stub is never deleted and
+        the old model object is never destroyed: it stays UNLOADING, its
+        surviving instances are never finalized, and at exit Triton waits
+        out --exit-timeout-secs for it ("Found 1 live models") and exits
+        with status 1. stop() ends Triton once every other model is
+        unloaded instead (_wait_exit)."""
+        self.abandoned.update(stub.pid for stub in stubs)
+
+    def _wait_exit(self, deadline: float, stubs) -> int:
+        """After SIGTERM: Triton's status once it exits, SIGKILL at `deadline`.
+        With an abandoned generation (abandon()), Triton's own exit can only
+        come at its exit timeout, with status 1; so once every stub in
+        `stubs` (the current generations') has exited and Triton removed its
+        region, which is the last step of a model's unload, nothing but the
+        abandoned generation is left: the group is killed and the stop
+        counts as clean (0)."""
+        while True:
+            try:
+                return self.process.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() >= deadline:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                return self.process.wait()
+            if self.abandoned and not any(
+                    alive(stub.pid) or (SHM_DIRECTORY / stub.shm_region).exists()
+                    for stub in stubs):
+                killed, _ = end_group(self.process.pid, arena_prefix())
+                self.process.wait()
+                log.info("tritonserver unloaded every model but the abandoned generation of "
+                         "a stub that died (pids %s), which it never finishes unloading: "
+                         "ended it (%d process(es)) rather than wait out its exit timeout",
+                         ", ".join(map(str, sorted(self.abandoned))), len(killed))
+                return 0
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -189,6 +189,10 @@ class Supervisor:
             for stub in lost + old:
                 self.tracked.pop(stub.pid, None)
                 self._gone_since.pop(stub.pid, None)
+            # Before the reload: a stop that starts meanwhile must not wait
+            # for this generation either (TritonServer.abandon says why it
+            # never finishes unloading).
+            self.server.abandon(lost + old)
             self._reload(model)
             self.recoveries[model] = self.recoveries.get(model, 0) + 1
             unlink_shm(s.shm_region for s in lost)

@@ -572,6 +572,19 @@ class LlmService:
                 if thread.ident in sys._current_frames())
             log.error("the decode loop did not stop within %.1f s (%d sequences active); "
                       "threads:\n%s", CLOSE_TIMEOUT_S, self.decoder.num_active, stacks)
+        # No sampler request may still wait when finalize returns: the stub
+        # stops reading the server's answers right after it (python_backend
+        # pb_stub.cc), so a BLS call then in flight waits forever, and its
+        # thread (the loop's executor's, not a daemon) keeps the stub from
+        # exiting: Triton never finishes unloading llm and exits with status
+        # 1 at its exit timeout. Seen once under load: the stub lived on
+        # after its finalize, a shard's retry of "Server not ready" (Triton
+        # stopping) due about 40 ms before the unload.
+        try:
+            self._call(self.loop.shutdown_default_executor()).result(CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            log.error("a sampler request was still in flight %.1f s after the decode loop "
+                      "stopped: this process may not exit", CLOSE_TIMEOUT_S)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CLOSE_TIMEOUT_S)
         log.info("decode loop closed in %.1f s", time.monotonic() - started)
