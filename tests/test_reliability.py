@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fakes import PROMPT, SAMPLED, Streams
 from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
@@ -24,9 +25,6 @@ from simple_sampler.launch.processes import alive
 from simple_sampler.launch.supervisor import SHM_DIRECTORY, Supervisor, list_stubs
 
 pytestmark = pytest.mark.slow
-
-PROMPT = "Tell me a story about a cat."
-SAMPLED = dict(temperature=0.7, top_p=0.9, apply_chat_template=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,45 +53,6 @@ def ready(server, path="v2/health/ready") -> bool:
             return response.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
-
-
-class Streams:
-    """Concurrent seeded streams; `started` is set once each has a token."""
-
-    def __init__(self, url, seeds, **params):
-        self.tokens = {seed: [] for seed in seeds}
-        self.errors, self.ended_at = {}, {}
-        self._first = threading.Semaphore(0)
-        self.threads = [threading.Thread(target=self._run, args=(url, seed, params))
-                        for seed in seeds]
-        for thread in self.threads:
-            thread.start()
-
-    def _run(self, url, seed, params):
-        first = True
-        try:
-            for chunk in GenerateClient(url, "grpc").stream(PROMPT, seed=seed, **params):
-                self.tokens[seed] += chunk.token_ids
-                if first:
-                    first = False
-                    self._first.release()
-        except GenerationError as error:
-            self.errors[seed] = str(error)
-        finally:
-            self.ended_at[seed] = time.monotonic()
-            if first:
-                self._first.release()
-
-    def wait_started(self, timeout=120):
-        for _ in self.threads:
-            assert self._first.acquire(timeout=timeout), "a stream produced no token"
-        assert not self.errors, self.errors
-
-    def join(self, timeout=300):
-        for thread in self.threads:
-            thread.join(timeout)
-        assert not any(thread.is_alive() for thread in self.threads), "a client hangs"
-        return self
 
 
 def stubs_of(server, model):
