@@ -20,7 +20,7 @@ def test_cpu_float32_is_the_default_and_resolves_here():
 @pytest.mark.parametrize("settings, message", [
     (LlmSettings(device="cuda", batch_invariant=True), "batch_invariant runs on the CPU only"),
     (LlmSettings(torch_dtype="bfloat16"), "torch_dtype bfloat16 needs device cuda"),
-    (LlmSettings(engine="simulated", device="cuda"), "device applies to engine torch only"),
+    (LlmSettings(engine="simulated", device="cuda"), "device applies to engine torch or static only"),
     (LlmSettings(device="tpu"), "device must be one of cpu, cuda"),
     (LlmSettings(device="cuda", torch_dtype="int8"), "torch_dtype must be one of float32"),
 ])

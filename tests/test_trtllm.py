@@ -402,7 +402,7 @@ def test_tensorrt_llm_is_imported_only_when_asked_for():
 
 
 @pytest.mark.parametrize("config, message", [
-    (LlmSettings(engine="vllm"), "engine must be one of torch, tensorrt_llm"),
+    (LlmSettings(engine="vllm"), "engine must be one of torch, static, tensorrt_llm, simulated"),
     (LlmSettings(engine="tensorrt_llm"), "needs model"),
     (LlmSettings(tensor_parallel_size=2), "applies to engine tensorrt_llm only"),
     (LlmSettings(engine="tensorrt_llm", model="/m", pipeline_parallel_size=0), "must be >= 1"),
