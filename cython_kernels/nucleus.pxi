@@ -28,7 +28,7 @@ cdef enum:
 
 cdef inline bint is_broad(const Workspace* ws, Py_ssize_t n_blocks, float threshold) noexcept nogil:
     """More than a sixteenth of the blocks reach the collection threshold: a
-    candidate set too large to select among cheaply, taken by buckets."""
+    candidate set too large to select among cheaply, drawn by sample_broad."""
     return ss_count_at_or_above(ws.block_max, n_blocks, threshold) * 16 > n_blocks
 
 
