@@ -33,6 +33,11 @@ from typing import Any, ClassVar, Mapping
 
 #: How the llm model samples (serving/decoder.py).
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
+#: The whole-server benches' modes (bench serve, perf) -> (sampling mode,
+#: micro-batches): simple_overlap is no sampling mode of its own but simple
+#: with the batch split in two, so that sampling one half overlaps the other's forward.
+SERVED_MODES = {"simple": ("simple", 1), "simple_overlap": ("simple", 2),
+                "inline": ("inline", 1), "inline_kernels": ("inline_kernels", 1)}
 #: The data planes' names; serving/engines.py is their registry (a test
 #: holds the two equal: this module imports nothing of serving/).
 ENGINES = ("torch", "static", "tensorrt_llm", "simulated")

@@ -33,13 +33,10 @@ from typing import Iterator
 import numpy as np
 
 from ..client import GenerateClient
-from ..settings import LlmSettings, SamplerSettings
+from ..settings import SERVED_MODES, LlmSettings, SamplerSettings
 from ..launch.serve import assemble_repository
 from ..launch.server import TritonServer
 
-#: (label, sampling_mode, micro_batches)
-MODES = (("simple", "simple", 1), ("simple_overlap", "simple", 2), ("inline", "inline", 1),
-         ("inline_kernels", "inline_kernels", 1))
 COUNTERS = ("sampling_exposed_us", "busy_us", "data_plane_us", "sampler_us")
 
 
@@ -95,8 +92,8 @@ def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens:
 def mode_server(label: str, max_concurrency: int, instances: int = 2,
                 log_dir: Path | None = None,
                 batch_invariant: bool = False) -> Iterator[TritonServer]:
-    """A fresh, warmed-up server running the whole repository in one of MODES."""
-    _, mode, micro_batches = next(m for m in MODES if m[0] == label)
+    """A fresh, warmed-up server running the whole repository in one of SERVED_MODES."""
+    mode, micro_batches = SERVED_MODES[label]
     llm = LlmSettings(sampling_mode=mode, micro_batches=micro_batches, sampler_shards=instances,
                       engine_max_batch_size=max_concurrency, max_context=512,
                       batch_invariant=batch_invariant)
@@ -111,12 +108,13 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
         yield server
 
 
-def run(concurrencies=(1, 8, 32), modes=tuple(m[0] for m in MODES), max_tokens: int = 64,
+def run(concurrencies=(1, 8, 32), modes=tuple(SERVED_MODES), max_tokens: int = 64,
         requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None,
         batch_invariant=(False,)) -> dict:
     texts = prompts()
     results = []
-    for label, mode, micro_batches in (m for m in MODES if m[0] in modes):
+    for label, (mode, micro_batches) in ((m, SERVED_MODES[m]) for m in SERVED_MODES
+                                         if m in modes):
         for invariant in batch_invariant:
             with mode_server(label, max(concurrencies), instances, log_dir, invariant) as server:
                 for concurrency in concurrencies:
