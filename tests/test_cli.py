@@ -1,9 +1,15 @@
-"""`simple-sampler bench kernels --json` prints the documented JSON object."""
+"""`simple-sampler bench ...`: the documented JSON objects, and the bench
+subcommands built from the registry of bench specs."""
+import argparse
 import json
+from pathlib import Path
 
 import pytest
 
-from simple_sampler.cli import main
+import simple_sampler.bench
+from simple_sampler.bench.spec import given
+from simple_sampler.bench.specs import registry
+from simple_sampler.cli import build_parser, main
 
 
 @pytest.mark.slow
@@ -84,3 +90,35 @@ def test_bench_loop_json(capsys):
         assert row["steps_run"] == 3  # one lane, every request in every step
         assert all(row[k] > 0 for k in ("loop_ms_batch_state", "loop_ms_rebuild",
                                          "batch_state_ms", "from_params_ms"))
+    assert report["kind"] == "loop"
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices
+
+
+def test_the_bench_subcommands_are_the_registry():
+    """`bench NAME` for every spec in bench/specs/ and nothing else; each with
+    --json, --quick where its spec says what it means, and its spec to run."""
+    targets = subcommands(subcommands(build_parser())["bench"])
+    assert list(targets) == list(registry()) and len(targets) >= 12
+    for name, spec in registry().items():
+        options = {action.dest for action in targets[name]._actions}
+        assert "json" in options and ("quick" in options) == bool(spec.quick), name
+        assert targets[name].get_default("spec") is spec
+
+
+def test_every_bench_has_its_help_heading_and_measuring_module():
+    package = Path(simple_sampler.bench.__file__).parent
+    for name, spec in registry().items():
+        assert spec.help and spec.heading, name
+        assert (package / f"{name.replace('-', '_')}.py").is_file(), name
+        assert all(callable(f) for f in (spec.arguments, spec.measure, spec.table, spec.section))
+
+
+def test_an_option_left_out_keeps_the_run_default():
+    """Options not given reach run() as its own defaults (one home each):
+    given() passes only what the command line set."""
+    args = build_parser().parse_args(["bench", "kernels", "--batch", "8"])
+    assert given(args, batch="batch", vocabs="vocab", repeats="repeats") == {"batch": 8}

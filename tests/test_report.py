@@ -11,7 +11,8 @@ from matplotlib.image import imread  # noqa: E402
 
 from simple_sampler.bench.perf import figures_from_export  # noqa: E402
 from simple_sampler.cli import main  # noqa: E402
-from simple_sampler.report import ReportError, build  # noqa: E402
+from simple_sampler.bench.specs import registry  # noqa: E402
+from simple_sampler.report import ReportError, build, headings  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
 INPUTS = sorted(FIXTURES.glob("*.json"))
@@ -29,16 +30,14 @@ def report(tmp_path_factory) -> tuple[Path, str]:
 
 
 def test_every_kind_gets_its_section(report):
+    """Every registered bench (each has a fixture) and perf's two kinds, each
+    section with its table."""
     _, text = report
-    for heading in ("## Kernels: microseconds per row", "## SHVS against the full path",
-                    "## Sampler server: rows/s against instances",
-                    "## Whole server per sampling mode", "## perf_analyzer against the ensemble",
-                    "## perf_analyzer profile exports",
-                    "## Decode loop at GPU pace (simulated data plane)",
-                    "## Server CPU per streamed token, beside Triton's floor (simulated data "
-                    "plane)",
-                    "## Sampler stubs' CPU per token by row transport (simulated data plane)"):
-        assert heading in text
+    drawn = {section.splitlines()[0]: section for section in re.split(r"^## ", text, flags=re.M)[1:]}
+    assert set(drawn) == set(headings().values())
+    assert set(registry()) < set(headings())
+    for heading, section in drawn.items():
+        assert re.search(r"^\|---\|", section, re.M), heading
 
 
 def test_serve_cost_rows_show_cpu_by_process_and_the_ratio_to_the_floor(report):
@@ -131,12 +130,13 @@ def test_every_input_names_its_command_machine_and_date(report):
 def test_referenced_pngs_exist_and_are_images(report):
     markdown, text = report
     names = re.findall(r"^!\[[^\]]*\]\(([^)]+\.png)\)$", text, re.M)
-    assert {"01-kernels-float32.png", "02-kernels-bfloat16.png", "03-shvs.png",
-            "04-sampler-server.png", "05-serve-throughput.png", "06-serve-itl-p95.png",
-            "07-serve-sampling-share.png", "08-perf-throughput.png", "09-perf-itl-p95.png",
-            "10-perf-export-throughput.png", "11-perf-export-itl-p95.png",
-            "12-serve-sim-efficiency.png", "13-serve-cost-cpu-per-token.png",
-            "14-row-transport-cpu-per-token.png"} == set(names)
+    # sections in the benches' name order, then perf's
+    assert {"01-kernels-float32.png", "02-kernels-bfloat16.png",
+            "03-row-transport-cpu-per-token.png", "04-sampler-server.png",
+            "05-serve-throughput.png", "06-serve-itl-p95.png", "07-serve-sampling-share.png",
+            "08-serve-cost-cpu-per-token.png", "09-serve-sim-efficiency.png", "10-shvs.png",
+            "11-perf-throughput.png", "12-perf-itl-p95.png", "13-perf-export-throughput.png",
+            "14-perf-export-itl-p95.png"} == set(names)
     assert sorted(p.name for p in markdown.parent.glob("*.png")) == sorted(names)
     for name in names:
         path = markdown.parent / name

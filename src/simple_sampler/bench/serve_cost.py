@@ -29,7 +29,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,6 +41,7 @@ from ..client.aio import let_triton_end
 from ..serving.simulated import LABEL
 from ..triton.llm_service import PROFILE_ENV
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from .spec import UsageError
 
 #: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
 PACES = {"instant": (0.0, 0.0),
@@ -397,6 +399,64 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
     return destination
 
 
+def check_plan(configs: list[Config], max_tokens: int) -> None:
+    """UsageError unless `configs` has something to run, every stream
+    interval is at least 1, and max_tokens holds RESPONSES_PER_REQUEST
+    responses of the largest: tokens arrive k at a time, and a window of a
+    few responses per stream would count a burst more or less."""
+    if not configs or min(c.stream_interval for c in configs) < 1:
+        raise UsageError("nothing to run, or a stream interval < 1")
+    largest = max(c.stream_interval for c in configs)
+    if max_tokens < RESPONSES_PER_REQUEST * largest:
+        raise UsageError(f"--max-tokens must be at least {RESPONSES_PER_REQUEST} x the largest "
+                         f"stream interval ({RESPONSES_PER_REQUEST * largest}), got {max_tokens}")
+
+
+@contextmanager
+def llm_profiles(profile_dir: str | None) -> Iterator[None]:
+    """With `profile_dir`, the servers started inside profile their llm
+    stub's decode loop into it (PROFILE_ENV); the variable as it was after."""
+    if not profile_dir:
+        yield
+        return
+    previous = os.environ.get(PROFILE_ENV)
+    Path(profile_dir).mkdir(parents=True, exist_ok=True)
+    os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(PROFILE_ENV)
+        else:
+            os.environ[PROFILE_ENV] = previous
+
+
+def measure_server(server, processes: dict[str, int], configs: list[Config], max_tokens: int,
+                   micro_batches: int) -> list[dict]:
+    """One row per configuration of `configs` (one pace), each route warmed
+    up first, on the running `server` whose `processes` the meter reads."""
+    rows = []
+    for config in configs:
+        # warm up the route: first steps, first BLS calls, first responses
+        asyncio.run(drive(server.grpc_url, Config(config.pace, WARM_UP_REQUESTS, config.route),
+                          WARM_UP_TOKENS, None))
+        counters = llm_counters(server)
+        sampled = not config.route.startswith(FLOOR_MODEL)
+        sampler_before = sampler_counters(server) if sampled else None
+        measured = asyncio.run(drive(server.grpc_url, config, max_tokens, Meter(processes)))
+        tokens = config.batch * max_tokens
+        # the samplers' counts first: settling them gives the llm model's
+        # report, sent as its last request ended, time to arrive too
+        sampler_after = sampler_counters(server) if sampled else None
+        after = llm_counters(server)
+        row = {**figures(config, measured, micro_batches), **step_figures(counters, after, tokens)}
+        row.update(sampler_figures(sampler_before, sampler_after,
+                                   row["cpu_us_per_token"]["samplers"], tokens,
+                                   after["steps"] - counters["steps"]))
+        rows.append(row)
+    return rows
+
+
 def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: int = 2,
         micro_batches: Sequence[int] = (2,), vocab: int = 151_936, dtype: str = "bfloat16",
         profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
@@ -416,7 +476,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     from ..launch.serve import shared_memory_bytes
     from ..launch.server import TritonServer
 
-    configs = configs or plan()
+    configs = plan() if configs is None else configs
+    check_plan(configs, max_tokens)
     pools = python_thread_pools or [None]
     lanes = list(micro_batches)
     handoffs = handoffs or [LlmSettings.handoff]
@@ -430,49 +491,25 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             instances, lane_count, vocab, dtype, sampling_mode, shard_min_rows, handoff)
         sampler = sampler_settings(largest, instances, dtype, handoff)
         variant = {"python_thread_pool": pool, "micro_batches": lane_count, "handoff": handoff}
-        previous = os.environ.get(PROFILE_ENV)
-        if profile_dir:
-            Path(profile_dir).mkdir(parents=True, exist_ok=True)
-            os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
         try:
-            server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
-                                  log_path=repository.parent / f"{repository.name}.log",
-                                  python_thread_pool=pool)
-            # The simulated engine's first start computes SmolLM2's rows (then cached).
-            server.start(STARTUP_TIMEOUT_S)
-            try:
-                processes = server_processes(server.process.pid)
-                for config in mine:
-                    # warm up the route: first steps, first BLS calls, first responses
-                    asyncio.run(drive(server.grpc_url, Config(pace, WARM_UP_REQUESTS, config.route),
-                                      WARM_UP_TOKENS, None))
-                    counters = llm_counters(server)
-                    sampled = not config.route.startswith(FLOOR_MODEL)
-                    sampler_before = sampler_counters(server) if sampled else None
-                    meter = Meter(processes)
-                    measured = asyncio.run(drive(server.grpc_url, config, max_tokens, meter))
-                    tokens = config.batch * max_tokens
-                    # the samplers' counts first: settling them gives the llm model's
-                    # report, sent as its last request ended, time to arrive too
-                    sampler_after = sampler_counters(server) if sampled else None
-                    after = llm_counters(server)
-                    row = {**figures(config, measured, lane_count), **variant,
-                           **step_figures(counters, after, tokens)}
-                    row.update(sampler_figures(
-                        sampler_before, sampler_after, row["cpu_us_per_token"]["samplers"],
-                        tokens, after["steps"] - counters["steps"]))
-                    results.append(row)
-            finally:
-                server.stop()
-            if profile_dir and "llm" in processes:
-                profiles.append(profile_calls(
-                    Path(profile_dir) / f"llm-{processes['llm']}.prof",
-                    llm_tokens(mine, max_tokens),
-                    f"{pace}, thread pool {pool}, {lane_count} micro-batches, {handoff}"))
+            with llm_profiles(profile_dir):
+                server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
+                                      log_path=repository.parent / f"{repository.name}.log",
+                                      python_thread_pool=pool)
+                # The simulated engine's first start computes SmolLM2's rows (then cached).
+                server.start(STARTUP_TIMEOUT_S)
+                try:
+                    processes = server_processes(server.process.pid)
+                    results += [{**row, **variant} for row in
+                                measure_server(server, processes, mine, max_tokens, lane_count)]
+                finally:
+                    server.stop()
+                if profile_dir and "llm" in processes:
+                    profiles.append(profile_calls(
+                        Path(profile_dir) / f"llm-{processes['llm']}.prof",
+                        llm_tokens(mine, max_tokens),
+                        f"{pace}, thread pool {pool}, {lane_count} micro-batches, {handoff}"))
         finally:
-            if profile_dir:
-                os.environ.pop(PROFILE_ENV) if previous is None else \
-                    os.environ.__setitem__(PROFILE_ENV, previous)
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
     return {"results": results, "profiles": profiles,

@@ -91,7 +91,7 @@ def prefix_us(rows: np.ndarray, batch: SamplingBatch, hot_ids: np.ndarray, repea
                         len(rows), repeats)
 
 
-def run(profile_path: str | None = None, repeats: int = 15, quick: bool = False) -> dict:
+def run(profile_path: str | None = None, repeats: int = 31, quick: bool = False) -> dict:
     """{"results": [...], "hot_first": [...], "profile": {...}} as documented."""
     profile = resolve_profile(profile_path, quick)
     size = profile.chosen_size

@@ -1,0 +1,69 @@
+"""`bench serve-gpu-served`: real servers on the static engine, driven over gRPC."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ...settings import TORCH_DTYPES
+from ..markdown import FigureWriter, Source
+from ..spec import BenchSpec, given, positive_int
+
+#: --quick: one small cell (for tests).
+QUICK = {"batches": [4], "top_ps": [0.95], "max_tokens": 16}
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-config", help="a shipped shape or a config.json: RANDOM "
+                        "WEIGHTS (default llama-3.2-1b)")
+    parser.add_argument("--model", help="a checkpoint directory instead (its weights)")
+    parser.add_argument("--device", choices=["cuda", "cpu"],
+                        help="cuda (default); cpu: the tests' runs, figures that mean nothing")
+    parser.add_argument("--dtype", choices=TORCH_DTYPES,
+                        help="default: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--batch", type=positive_int, nargs="+")
+    parser.add_argument("--top-p", type=float, nargs="+")
+    parser.add_argument("--modes", nargs="+", choices=["simple", "simple_hot_first", "inline"])
+    parser.add_argument("--max-tokens", type=positive_int)
+    parser.add_argument("--instances", type=positive_int, help="simple_sampler instances")
+    parser.add_argument("--micro-batches", type=positive_int)
+    parser.add_argument("--stream-interval", type=positive_int,
+                        help="tokens per response (more: less client and server work)")
+    parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
+                                          "temporary folder, named in the report)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from .. import serve_gpu_served as served
+
+    sizes = {**QUICK} if args.quick else given(args, batches="batch", top_ps="top_p",
+                                              max_tokens="max_tokens")
+    if args.modes:
+        sizes["modes"] = [mode for mode in served.MODES if mode.name in args.modes]
+    report = served.run(model=args.model, dtype=args.dtype, log_dir=args.log_dir, **sizes,
+                        **given(args, device="device", model_config="model_config",
+                                instances="instances", micro_batches="micro_batches",
+                                stream_interval="stream_interval"))
+    if args.markdown:
+        Path(args.markdown).write_text(served.format_report(report) + "\n")
+    return report
+
+
+def terminal_table(report: dict) -> str:
+    from ..serve_gpu_served import format_report
+
+    return format_report(report)
+
+
+def section(source: Source, writer: FigureWriter) -> list[str]:
+    """The bench's own Markdown, under the report's heading instead of its own."""
+    return terminal_table(source.data).splitlines()[2:] + [""]
+
+
+SPEC = BenchSpec(
+    name="serve-gpu-served", help="real servers on the static engine (--device cuda), driven "
+    "over gRPC: simple, simple hot-first and inline against the forward-only bound",
+    heading="Served on a GPU: real servers on the static engine",
+    arguments=arguments, measure=measure, table=terminal_table, section=section,
+    quick="B 4, top_p 0.95, 16 tokens (for tests)",
+    errors=(RuntimeError, ValueError, FileNotFoundError))  # no CUDA, a bad shape
