@@ -34,8 +34,8 @@ class BenchSpec:
     measure: runs it with the parsed options; returns the report (a dict).
     table: the report as the terminal's text.
     section: the report as Markdown lines, its figures saved by the writer.
-    quick: --quick's help (the sizes it sets are the spec module's QUICK);
-        None where the bench has no --quick.
+    quick: --quick's help (the sizes it sets are the spec module's QUICK
+        constants); None where the bench has no --quick.
     errors: exceptions meaning "cannot run here" (no CUDA, ...): a message
         and exit 2, as UsageError.
     """
