@@ -2,6 +2,7 @@
 subcommands built from the registry of bench specs."""
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,26 @@ def test_an_option_left_out_keeps_the_run_default():
     given() passes only what the command line set."""
     args = build_parser().parse_args(["bench", "kernels", "--batch", "8"])
     assert given(args, batch="batch", vocabs="vocab", repeats="repeats") == {"batch": 8}
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTED = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md")),
+              *sorted((ROOT / "scripts").glob("*.sh"))]
+
+
+def test_every_documented_bench_invocation_names_a_bench_and_its_options():
+    """Each `simple-sampler bench NAME --option ...` in the docs, the Makefile
+    and scripts/ names a registered bench and options it takes."""
+    targets = subcommands(subcommands(build_parser())["bench"])
+    found = 0
+    for path in DOCUMENTED:
+        # a script may continue the command line onto a line of its own
+        start = r"(?:^\s*|simple-sampler |cli )" if path.suffix == ".sh" else r"simple-sampler "
+        for line in path.read_text().splitlines():
+            for name, rest in re.findall(start + r"bench ([a-z][a-z-]*)([^`]*)", line):
+                assert name in targets, f"{path.name}: {line}"
+                options = {o for a in targets[name]._actions for o in a.option_strings}
+                unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest)) - options
+                assert not unknown, f"{path.name}: {line} ({unknown})"
+                found += 1
+    assert found > 30

@@ -23,11 +23,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
                              "llama-3.1-8b) or a config.json: random weights on the device")
     parser.add_argument("--engine", choices=["static", "eager"],
-                        help="static (default): static KV cache, CUDA graphs per batch bucket "
-                             "(and forward_only, the bound); eager: the Hugging Face forward")
+                        help="static: static KV cache, CUDA graphs per batch bucket (and "
+                             "forward_only, the bound); eager: the Hugging Face forward")
     parser.add_argument("--rows", nargs="+", choices=["flat", "fitted"],
-                        help="the forward's own rows (flat, the default), or rows fitted to "
-                             "SmolLM2's substituted after it")
+                        help="the forward's own rows, or rows fitted to SmolLM2's substituted "
+                             "after it")
     parser.add_argument("--random-weights", action="store_true",
                         help="--model's architecture and tokenizer with fresh weights (its "
                              "config.json and tokenizer files suffice): its step times, "

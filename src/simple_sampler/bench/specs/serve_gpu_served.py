@@ -13,11 +13,11 @@ QUICK = {"batches": [4], "top_ps": [0.95], "max_tokens": 16}
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-config", help="a shipped shape or a config.json: RANDOM "
-                        "WEIGHTS (default llama-3.2-1b)")
+    parser.add_argument("--model-config",
+                        help="a shipped shape or a config.json: RANDOM WEIGHTS")
     parser.add_argument("--model", help="a checkpoint directory instead (its weights)")
     parser.add_argument("--device", choices=["cuda", "cpu"],
-                        help="cuda (default); cpu: the tests' runs, figures that mean nothing")
+                        help="cpu: the tests' runs, figures that mean nothing")
     parser.add_argument("--dtype", choices=TORCH_DTYPES,
                         help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--batch", type=positive_int, nargs="+")

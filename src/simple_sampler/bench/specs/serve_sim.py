@@ -31,11 +31,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="every request's top_p (default 1: no "
                         "truncation; in-process only)")
     parser.add_argument("--handoff", choices=HANDOFFS,
-                        help="how simple mode's rows cross: full (default), or hot-first (the "
-                             "engine's summary as part of its modelled step)")
+                        help="how simple mode's rows cross: full, or hot-first (the engine's "
+                             "summary as part of its modelled step)")
     parser.add_argument("--row-transport", choices=ROW_TRANSPORTS,
-                        help="--server: full rows by the shared-memory arena (default) or "
-                             "inside BLS")
+                        help="--server: full rows by the shared-memory arena or inside BLS")
 
 
 def measure(args: argparse.Namespace) -> dict:

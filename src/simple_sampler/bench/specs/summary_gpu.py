@@ -14,7 +14,7 @@ QUICK = {"shapes": ((49_152, "float32"),), "batches": (8,), "configs": ("plain",
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"],
-                        help="where the rows lie (default cuda; cpu: this CPU, for a check only)")
+                        help="where the rows lie (cpu: this CPU, for a check only)")
     parser.add_argument("--batch", type=positive_int, nargs="+")
     parser.add_argument("--repeats", type=positive_int)
     parser.add_argument("--profile", help="hot-vocabulary profile (.npz); default as bench shvs")
