@@ -146,7 +146,14 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
 
     consumers = [asyncio.create_task(consume(i, h)) for i, h in enumerate(handles)]
     waiter = asyncio.create_task(ended.wait())
-    await asyncio.wait([waiter, *consumers], return_when=asyncio.FIRST_COMPLETED)
+    pending = {waiter, *consumers}
+    # a consumer may drain all its tokens before the others are read (a
+    # loaded event loop), so one finishing does not end the window
+    while pending and not ended.is_set():
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in done if not t.cancelled() and t.exception()]
+        if failed:
+            break
     for task in [waiter, *consumers]:
         task.cancel()
     failed = [t for t in consumers if t.done() and not t.cancelled() and t.exception()]
