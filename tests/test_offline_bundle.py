@@ -94,8 +94,9 @@ def run(command, **kwargs) -> str:
 
 
 def children(pid: int) -> list[int]:
-    return [int(child) for child in
-            Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """The child processes of `pid`, whichever of its threads started them."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
 
 
 @pytest.mark.slow
@@ -149,7 +150,11 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
         assert "".join(chunk.text for chunk in chunks).strip()
     finally:
         serve.send_signal(signal.SIGINT)
-        stdout, stderr = serve.communicate(timeout=90)
+        try:
+            _, stderr = serve.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            serve.kill()  # its lifeline process then ends tritonserver and the stubs
+            raise
     assert serve.returncode == 0, stderr
     assert "tritonserver stopped (status 0)" in stderr
     deadline = time.monotonic() + 10
