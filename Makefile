@@ -29,9 +29,9 @@ install-gpu-host:
 	touch $(STAMP)
 
 # tests/test_offline_bundle.py installs the offline bundle over this stand-in
-# for a GPU host (scripts/offline_host.sh: a Python 3.12 venv, .offline-host,
-# with PyPI's torch, about 4.7 GB, made once); none where no Python 3.12 is
-# found, and that test skips.
+# for a GPU host (scripts/offline_host.sh: a Python 3.12 venv with PyPI's
+# torch, about 4.7 GB, made once per machine beside the model cache); none
+# where no Python 3.12 is found, and that test skips.
 offline-host:
 	bash scripts/offline_host.sh
 
@@ -88,4 +88,4 @@ $(PEER)/.installed:
 peer: $(PEER)/.installed
 
 clean:
-	rm -rf $(VENV) $(PEER) .offline-host .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c
+	rm -rf $(VENV) $(PEER) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c
