@@ -20,9 +20,11 @@
 #   (default python3); without --bundle the checkout's .venv (make
 #   install-gpu-host) or python3.
 # SmolLM2's tokenizer (the prompts' and the random shapes' text) must be in
-#   the cache: $SIMPLE_SAMPLER_CACHE, else DIR/cache of the bundle, else
-#   ~/.cache/simple-sampler (`scripts/gpu_bench.sh --prepare DIR` where there
-#   is network makes one to copy over).
+#   the cache: with --bundle, the bundle's (its install's env.sh sets
+#   SIMPLE_SAMPLER_CACHE to OUT/install/cache unless it is set); without,
+#   $SIMPLE_SAMPLER_CACHE, else ~/.cache/simple-sampler
+#   (`scripts/gpu_bench.sh --prepare DIR` where there is network makes one to
+#   copy over).
 # BENCH_ARGS: more options for the benchmark, e.g. "--instances 4" or, for a
 #   dry run on a CPU host, "--device cpu --quick".
 #
@@ -72,8 +74,6 @@ if [ -n "$bundle" ]; then
     commit="$("$python" -c 'import sys, tarfile
 print(tarfile.open(sys.argv[1]).pax_headers.get("comment", "unknown"))' \
         "$bundle/project.tar.xz" 2> /dev/null || echo unknown)"
-    [ -n "${SIMPLE_SAMPLER_CACHE:-}" ] || [ ! -d "$bundle/cache" ] \
-        || export SIMPLE_SAMPLER_CACHE="$bundle/cache"
 else
     python="${PYTHON:-$ROOT/.venv/bin/python}"
     [ -x "$python" ] || python=python3
@@ -95,7 +95,7 @@ cache="${SIMPLE_SAMPLER_CACHE:-$HOME/.cache/simple-sampler}"
 if [ -z "$model" ] && [ ! -f "$cache/smollm2-135m-instruct/tokenizer.json" ]; then
     fail "no SmolLM2 tokenizer in $cache/smollm2-135m-instruct: run" \
          "\`scripts/gpu_bench.sh --prepare DIR\` where there is network, copy DIR here and set" \
-         "SIMPLE_SAMPLER_CACHE=DIR (or put it in the bundle as DIR/cache)"
+         "SIMPLE_SAMPLER_CACHE=DIR (a bundle carries it: --bundle)"
 fi
 
 # -- the benchmark -----------------------------------------------------------------

@@ -6,18 +6,21 @@
 #   ./install.sh DEST [--python PY]
 #
 # PY (default python3) is the host's Python 3.12 whose CUDA torch is used.
-# Checks first, each failure saying what to do: Python 3.12, torch, gcc and
-# Python.h (the kernels are compiled here, for this CPU), Cython and setuptools
-# (the build), libpython3.12.so.1.0 (the Triton stub links it; the bundle's
-# copy is used when the host has none), /dev/shm's size (a warning). Then:
-# DEST/venv over the host's torch (a .pth after the venv's own site-packages,
-# as scripts/install.sh --host-torch makes it), the bundle's Triton set and
+# Checks first, each failure saying what to do: Python 3.12, torch,
+# transformers (tokenizers, --engine torch), gcc and Python.h (the kernels are
+# compiled here, for this CPU), Cython and setuptools (the build),
+# libpython3.12.so.1.0 (the Triton stub links it; the bundle's copy is used
+# when the host has none), /dev/shm's size (a warning). Then: DEST/venv over
+# the host's torch (a .pth after the venv's own site-packages, as
+# scripts/install.sh --host-torch makes it), the bundle's Triton set and
 # overlay (numpy 1.26, tritonclient) unpacked into it, the project in
 # DEST/simple-sampler with its kernels built in place, a `simple-sampler`
-# command, and checks that the stubs' environment (an isolated interpreter,
-# as the Python backend runs it) imports numpy below 2 and the kernels, and
-# that tritonserver and the stub find every library. Prints the line to
-# source: DEST/env.sh.
+# command, DEST/cache (SIMPLE_SAMPLER_CACHE) holding SmolLM2's tokenizer and
+# the files of the bundle's cache/ folder if it has one (`scripts/gpu_bench.sh
+# --prepare`'s real rows), and checks that the stubs' environment (an isolated
+# interpreter, as the Python backend runs it) imports numpy below 2 and the
+# kernels and loads the tokenizer, and that tritonserver and the stub find
+# every library. Prints the line to source: DEST/env.sh.
 set -euo pipefail
 
 bundle="$(cd "$(dirname "$0")" && pwd)"
@@ -45,6 +48,8 @@ version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
     "Python 3.12; give --python the host's Python 3.12 (the one with its CUDA torch)"
 torch_site="$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" \
     || fail "$python cannot import torch (above): give --python the Python 3.12 whose torch to use"
+"$python" -c 'import transformers' || fail "$python cannot import transformers (above): the" \
+    "tokenizers and --engine torch's models need it: copy its wheels here and pip install them"
 command -v gcc > /dev/null || fail "no gcc: the sampling kernels are compiled on this host" \
     "(Ubuntu: apt install gcc, from a local mirror or a .deb)"
 include="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
@@ -79,6 +84,7 @@ dest="$(cd "$dest" && pwd)"
 venv_python="$dest/venv/bin/python"
 "$venv_python" - "$bundle" "$dest" "$torch_site" "$libpython_dir" <<'EOF'
 import lzma
+import shutil
 import sys
 import sysconfig
 import tarfile
@@ -87,10 +93,12 @@ from pathlib import Path
 bundle, dest, torch_site, libpython_dir = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 site = Path(sysconfig.get_path("purelib"))
 for part, where in (("triton.tar.xz", site), ("overlay.tar.xz", site),
-                    ("project.tar.xz", dest / "simple-sampler")):
+                    ("project.tar.xz", dest / "simple-sampler"), ("tokenizer.tar.xz", dest / "cache")):
     where.mkdir(parents=True, exist_ok=True)
     with tarfile.open(bundle / part) as tar:
         tar.extractall(where, filter="data")
+if (bundle / "cache").is_dir():
+    shutil.copytree(bundle / "cache", dest / "cache", dirs_exist_ok=True)
 if libpython_dir:
     Path(libpython_dir).mkdir(parents=True, exist_ok=True)
     with lzma.open(bundle / "libpython3.12.so.1.0.xz") as packed:
@@ -112,22 +120,26 @@ lib_path="${libpython_dir:+$libpython_dir:}"
 cat > "$dest/env.sh" <<EOF
 # simple-sampler from the offline bundle: source this file, then run simple-sampler.
 export PATH="$dest/venv/bin:\$PATH"
+export SIMPLE_SAMPLER_CACHE="\${SIMPLE_SAMPLER_CACHE:-$dest/cache}"
 ${libpython_dir:+export LD_LIBRARY_PATH="$libpython_dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"}
 EOF
 
 # -- checks of the result -----------------------------------------------------
 # The stubs' environment: the venv's interpreter isolated (-I), as the Python
 # backend starts it (PYTHONPATH ignored, .pth files honoured).
-LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:-}" "$venv_python" -I -c '
+LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:-}" SIMPLE_SAMPLER_CACHE="$dest/cache" "$venv_python" -I -c '
 import sys
 import numpy, torch, tritonclient.grpc, tritonclient.http, ml_dtypes
 import simple_sampler._sampling as kernels
+from simple_sampler import models
+from simple_sampler.serving.text import load_tokenizer
 if int(numpy.__version__.split(".")[0]) >= 2:
     sys.exit(f"install.sh: the stubs would import numpy {numpy.__version__} ({numpy.__file__}): "
              "Triton 2.51s Python 3.12 stub crashes on numpy 2")
 print("install.sh: the stubs import numpy", numpy.__version__, "from", numpy.__file__)
 print("install.sh: torch", torch.__version__, "from", torch.__file__, "cuda", torch.cuda.is_available())
 print("install.sh: kernels", kernels.__file__)
+print("install.sh: tokenizer of", len(load_tokenizer()), "tokens in", models.cache_dir())
 ' || fail "the stubs' environment is not usable (above)"
 site="$("$venv_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 triton="$site/pytriton/tritonserver"
@@ -141,4 +153,6 @@ echo "  source $dest/env.sh"
 echo "  simple-sampler serve --engine torch --device cuda --model DIR --openai-port 0 \\"
 echo "      --demo \"What is the capital of France?\""
 echo "(DIR: a Hugging Face checkpoint on this host; the bundle carries no weights and no"
-echo "fastapi/uvicorn for the OpenAI-compatible API, hence --openai-port 0)"
+echo "fastapi/uvicorn for the OpenAI-compatible API, hence --openai-port 0). Without a"
+echo "checkpoint: --engine static --model-config NAME (a shipped shape, random weights),"
+echo "whose text is the bundle's SmolLM2 tokenizer in $dest/cache."
