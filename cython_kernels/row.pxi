@@ -122,23 +122,36 @@ cdef inline float count_lower_bound(const Workspace* ws, Py_ssize_t n_blocks, fl
                                     Py_ssize_t k) noexcept nogil:
     """A threshold t with at least k blocks whose max reaches it, so at least
     k tokens have z >= t: a lower bound on the k-th largest z, found by
-    counting block maxima over a ladder of gaps and then bisecting."""
+    counting block maxima over a ladder of gaps below the row max and then
+    bisecting until at most k + k / 2 blocks reach it (or the bisection runs
+    out of floats between two levels: block maxima tied at one value), so a
+    collection at t rereads about k blocks whatever the row's spread. Each
+    count is one vectorized pass over the block maxima."""
+    if ss_count_at_or_above(ws.block_max, n_blocks, row_max) >= k:
+        return row_max
+    cdef float missed = row_max         # fewer than k blocks reach it
     cdef float gap = 0.5
-    cdef float near = 0.0
-    while ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap) < k:
+    cdef Py_ssize_t reaching = ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap)
+    while reaching < k:
         if gap > 64:
             return -INFINITY
-        near = gap
+        missed = row_max - gap
         gap = 2 * gap
+        reaching = ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap)
+    cdef float reached = row_max - gap  # k or more blocks reach it
     cdef float middle
-    cdef int step
-    for step in range(6):
-        middle = 0.5 * (near + gap)
-        if ss_count_at_or_above(ws.block_max, n_blocks, row_max - middle) >= k:
-            gap = middle
+    cdef Py_ssize_t count
+    while reaching > k + k // 2:
+        middle = 0.5 * (reached + missed)
+        if middle == reached or middle == missed:
+            break
+        count = ss_count_at_or_above(ws.block_max, n_blocks, middle)
+        if count >= k:
+            reached = middle
+            reaching = count
         else:
-            near = middle
-    return row_max - gap
+            missed = middle
+    return reached
 
 
 cdef inline int find_bad_column(const RowSource* src, const Overrides* ov, float inverse_temperature,
