@@ -25,6 +25,8 @@ cdef struct Workspace:
     float block[SS_BLOCK]
     float* block_max         # [n_blocks]: max z of the block
     float* block_mass        # [n_blocks]: its softmax mass, relative to the row max
+    float* block_scale       # [n_blocks]: exp(block max - row max), its mass's rescaling
+    float* terms             # [n_blocks * SS_BLOCK]: exp(z - block max) per column (top_p alone)
     uint64_t* entry_keys     # [max_entries]: bias, ban and history entries
     uint64_t* entry_scratch
     int32_t* override_column # [max_entries]: Overrides arrays
@@ -104,18 +106,37 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
     return buf
 
 
-cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
-                                      float* buf) noexcept nogil:
+cdef inline Py_ssize_t first_override_at(const Overrides* ov, Py_ssize_t column) noexcept nogil:
+    """The first override at or after `column` (ov.n when none)."""
     cdef Py_ssize_t lo = 0
     cdef Py_ssize_t hi = ov.n
     cdef Py_ssize_t mid
-    while lo < hi:          # first override at or after the block start
+    while lo < hi:
         mid = (lo + hi) >> 1
-        if ov.column[mid] < b * SS_BLOCK:
+        if ov.column[mid] < column:
             lo = mid + 1
         else:
             hi = mid
-    return block_logits(src, b, ov, &lo, buf)
+    return lo
+
+
+cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                                      float* buf) noexcept nogil:
+    cdef Py_ssize_t ov_pos = first_override_at(ov, b * SS_BLOCK)
+    return block_logits(src, b, ov, &ov_pos, buf)
+
+
+cdef inline const void* reread_block_stored(const RowSource* src, Py_ssize_t b,
+                                            const Overrides* ov, float* buf,
+                                            bint* bf16) noexcept nogil:
+    """Block b for a block function that widens bfloat16 itself: a plain
+    bfloat16 block as stored (bf16[0] set), any other as reread_block's
+    floats."""
+    cdef Py_ssize_t ov_pos = first_override_at(ov, b * SS_BLOCK)
+    bf16[0] = src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos)
+    if bf16[0]:
+        return <const uint16_t*>src.data + b * SS_BLOCK
+    return block_logits(src, b, ov, &ov_pos, buf)
 
 
 cdef inline float count_lower_bound(const Workspace* ws, Py_ssize_t n_blocks, float row_max,
@@ -280,10 +301,11 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
 
 cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace* ws,
                            Py_ssize_t n_blocks, float inv_t, bint need_mass,
-                           int* nan_count) noexcept nogil:
+                           bint keep_terms, int* nan_count) noexcept nogil:
     """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
     relative to that max (ws.block_mass), from one load of the block
-    (ss_block_max_mass); counts NaN blocks. Returns the row max z."""
+    (ss_block_max_mass), with keep_terms also its terms (ws.terms); counts
+    NaN blocks. Returns the row max z."""
     cdef float row_max = -INFINITY
     cdef int nans = 0                   # a local: kept in a register
     cdef Py_ssize_t ov_pos = 0
@@ -292,18 +314,21 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     cdef float m
     cdef float mass
     cdef const uint16_t* half_row = <const uint16_t*>src.data
+    cdef float* terms = NULL
     for b in range(n_blocks):
+        if keep_terms:
+            terms = ws.terms + b * SS_BLOCK
         if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
             # widened in registers (block_logits would store a float copy)
             if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans)
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms)
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
             if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans)
+                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms)
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan(x, &nans)
@@ -325,14 +350,17 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.scalars.greedy or truncating))
 
-    # Pass 1, the only full read of the row (row_pass). Two call sites with
-    # a constant need_mass: each loop is compiled for its case alone.
+    # Pass 1, the only full read of the row (row_pass). Call sites with
+    # constant flags: each loop is compiled for its case alone. top_p alone
+    # keeps the terms for the rejection test of a broad row (nucleus.pxi).
     cdef int nan_count = 0
     cdef float row_max
-    if need_mass:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, &nan_count)
+    if top_p_alone:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, True, &nan_count)
+    elif need_mass:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, False, &nan_count)
     else:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, &nan_count)
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, False, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
@@ -341,10 +369,10 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         return
 
     # The online softmax's rescaling, for every block at once: each block's
-    # mass moves from its own max to the row max by exp(block max - row max),
-    # in vector lanes (cand_w is free until candidates are collected).
+    # mass moves from its own max to the row max by exp(block max - row max)
+    # (ws.block_scale, kept for the terms), in vector lanes.
     cdef double row_mass = 0.0
-    cdef float* scale = ws.cand_w
+    cdef float* scale = ws.block_scale
     if need_mass:
         ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
         for b in range(n_blocks):
@@ -459,6 +487,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
     ws.block_max = <float*>malloc(n_blocks * sizeof(float))
     ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_scale = <float*>malloc(n_blocks * sizeof(float))
+    ws.terms = <float*>malloc(n_blocks * SS_BLOCK * sizeof(float))
     ws.entry_keys = <uint64_t*>malloc(entries * sizeof(uint64_t))
     ws.entry_scratch = <uint64_t*>malloc(entries * sizeof(uint64_t))
     ws.override_column = <int32_t*>malloc(entries * sizeof(int32_t))
@@ -477,7 +507,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.bucket_mass = <double*>malloc(NUCLEUS_BUCKETS * sizeof(double))
     ws.block_kept = <float*>malloc(n_blocks * sizeof(float))
     if (ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
-            or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
+            or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL
+            or ws.block_scale == NULL or ws.terms == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
             or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL
@@ -492,6 +523,8 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
         return
     free(ws.block_max)
     free(ws.block_mass)
+    free(ws.block_scale)
+    free(ws.terms)
     free(ws.entry_keys)
     free(ws.entry_scratch)
     free(ws.override_column)
