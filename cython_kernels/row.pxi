@@ -301,11 +301,11 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
 
 cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace* ws,
                            Py_ssize_t n_blocks, float inv_t, bint need_mass,
-                           bint keep_terms, int* nan_count) noexcept nogil:
+                           float* kept_terms, int* nan_count) noexcept nogil:
     """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
     relative to that max (ws.block_mass), from one load of the block
-    (ss_block_max_mass), with keep_terms also its terms (ws.terms); counts
-    NaN blocks. Returns the row max z."""
+    (ss_block_max_mass), and its terms into kept_terms (ws.terms, or NULL
+    for none); counts NaN blocks. Returns the row max z."""
     cdef float row_max = -INFINITY
     cdef int nans = 0                   # a local: kept in a register
     cdef Py_ssize_t ov_pos = 0
@@ -316,8 +316,8 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     cdef const uint16_t* half_row = <const uint16_t*>src.data
     cdef float* terms = NULL
     for b in range(n_blocks):
-        if keep_terms:
-            terms = ws.terms + b * SS_BLOCK
+        if kept_terms != NULL:
+            terms = kept_terms + b * SS_BLOCK
         if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
             # widened in registers (block_logits would store a float copy)
             if need_mass:
@@ -350,17 +350,18 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.scalars.greedy or truncating))
 
-    # Pass 1, the only full read of the row (row_pass). Call sites with
-    # constant flags: each loop is compiled for its case alone. top_p alone
-    # keeps the terms for the rejection test of a broad row (nucleus.pxi).
+    # Pass 1, the only full read of the row (row_pass). Two call sites with
+    # a constant need_mass: each loop is compiled for its case alone (a third
+    # site left GCC calling one copy with the flags at run time, 10-25% slower
+    # on bfloat16). top_p alone keeps the terms for the rejection test of a
+    # broad row (nucleus.pxi).
     cdef int nan_count = 0
     cdef float row_max
-    if top_p_alone:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, True, &nan_count)
-    elif need_mass:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, False, &nan_count)
+    if need_mass:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True,
+                           ws.terms if top_p_alone else NULL, &nan_count)
     else:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, False, &nan_count)
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, NULL, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
