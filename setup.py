@@ -1,7 +1,7 @@
 """Builds the Cython kernels in cython_kernels/ as simple_sampler._sampling.
 
-One extension: sampling.pyx includes its parts (row.pxi, hot_set.pxi,
-compact.pxi) and cimports the .pxd headers, so the row functions stay in one
+One extension: sampling.pyx includes its parts (row.pxi, nucleus.pxi,
+hot_set.pxi, compact.pxi, ...) and cimports the .pxd headers, so the row functions stay in one
 translation unit (docs/INTERNALS.md, The kernels); cythonize follows the
 includes to decide when to rebuild.
 

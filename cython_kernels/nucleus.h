@@ -58,18 +58,35 @@ static uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float 
  * ties in later ones after it). With w non-NULL, also each lane's w and the
  * kept lanes as bits (*kept), for a draw that walks the block. One compiled
  * copy for the same reason as ss_bucket_terms: the walk must see the lanes'
- * weights as the block's mass summed them. */
+ * weights as the block's mass summed them. x holds the block's logits as
+ * floats, or with bf16 set as the stored bfloat16 row, widened in registers
+ * (the same floats: a converted copy would be stored and reloaded, and the
+ * reloads stall on store forwarding). */
+/* The 8-lane group j of a block, as z = x * inv_t (*z), and its lanes ranked
+ * before the cut (returned: -1 where kept): z > z_cut, or z == z_cut and the
+ * column below lane_cut. */
+static inline __attribute__((always_inline)) ss_vi ss_kept_lanes_v(
+    const void* x, int bf16, float inv_t, float z_cut, int32_t lane_cut, int j, ss_vf* z)
+{
+    ss_vf zv = (bf16 ? ss_load_bf16_v((const uint16_t*)x + j) : ss_load((const float*)x + j))
+               * inv_t;
+    ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
+    *z = zv;
+    return (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
+}
+
 #if defined(__AVX512F__)
 /* 16-lane form (the row pass's width on AVX-512): the same terms and kept
  * lanes, the exp per 16-lane group that holds a kept lane. */
 __attribute__((noinline, noclone, optimize("fp-contract=off")))
-static float ss_block_mass_before(const float* x, float inv_t, float z_max, float z_cut,
-                                  int32_t lane_cut, float* w, uint64_t* kept)
+static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
+                                  float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
 {
     ss_vw acc = {};
     uint64_t mask = 0;
     for (int j = 0; j < SS_BLOCK; j += SS_WIDE_LANES) {
-        ss_vw zv = ss_load_w(x + j) * inv_t;
+        ss_vw zv = (bf16 ? ss_load_bf16_w((const uint16_t*)x + j) : ss_load_w((const float*)x + j))
+                   * inv_t;
         ss_vwi lane = (ss_vwi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + j;
         ss_vwi keep = (ss_vwi)(zv > z_cut) | ((ss_vwi)(zv == z_cut) & (ss_vwi)(lane < lane_cut));
         uint64_t lanes = _mm512_test_epi32_mask((__m512i)keep, (__m512i)keep);
@@ -88,15 +105,14 @@ static float ss_block_mass_before(const float* x, float inv_t, float z_max, floa
 }
 #else
 __attribute__((noinline, noclone, optimize("fp-contract=off")))
-static float ss_block_mass_before(const float* x, float inv_t, float z_max, float z_cut,
-                                  int32_t lane_cut, float* w, uint64_t* kept)
+static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
+                                  float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
 {
     ss_vf acc = {};
     uint64_t mask = 0;
     for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
-        ss_vf zv = ss_load(x + j) * inv_t;
-        ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
-        ss_vi keep = (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
+        ss_vf zv;
+        ss_vi keep = ss_kept_lanes_v(x, bf16, inv_t, z_cut, lane_cut, j, &zv);
         uint64_t lanes = ss_lane_bits(keep);
         if (lanes == 0)         /* the exp only where a lane is kept (it is lane by lane) */
             continue;
@@ -113,5 +129,26 @@ static float ss_block_mass_before(const float* x, float inv_t, float z_max, floa
 }
 
 #endif
+
+/* ss_block_mass_before from the terms the row pass kept (terms: the block's
+ * SS_BLOCK values exp(z_j - block max), ss_block_max_mass's), with no exp:
+ * the sum of the kept lanes' terms, and the kept lanes as bits (*kept). The
+ * caller scales it by the block's exp(block max - row max), so the masses
+ * before a cut are the row pass's own terms, the ones the row mass summed. */
+static inline float ss_block_terms_before(const void* x, int bf16, float inv_t,
+                                          const float* terms, float z_cut, int32_t lane_cut,
+                                          uint64_t* kept)
+{
+    ss_vf acc = {};
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_LANES) {
+        ss_vf zv;
+        ss_vi keep = ss_kept_lanes_v(x, bf16, inv_t, z_cut, lane_cut, j, &zv);
+        acc += ss_select(keep, ss_load(terms + j), (ss_vf){});
+        mask |= ss_lane_bits(keep) << j;
+    }
+    *kept = mask;
+    return ss_sum_lanes(acc);
+}
 
 #endif

@@ -219,29 +219,40 @@ cdef int64_t sample_by_buckets(const RowSource* src, const Overrides* ov, const 
 
 cdef inline double masses_before(const RowSource* src, const Overrides* ov, Workspace* ws,
                                  Py_ssize_t n_blocks, float inv_t, float row_max, float z_cut,
-                                 int64_t id_cut) noexcept nogil:
+                                 int64_t id_cut, bint with_terms) noexcept nogil:
     """Each block's mass ranked before the cut (z_cut, id_cut) into
-    ws.block_kept (ss_block_mass_before); returns their sum. Blocks whose max
-    is below z_cut hold none and are not read."""
+    ws.block_kept (ss_block_mass_before; with_terms: the row pass's terms
+    ws.terms summed instead, ss_block_terms_before); returns their sum.
+    Blocks whose max is below z_cut hold none and are not read."""
     cdef double total = 0.0
     cdef Py_ssize_t b
     cdef int64_t lane_cut
+    cdef const void* x
+    cdef bint bf16
+    cdef uint64_t kept
     for b in range(n_blocks):
         if ws.block_max[b] < z_cut:
             ws.block_kept[b] = 0.0
             continue
         lane_cut = min(max(id_cut - b * SS_BLOCK, <int64_t>0), <int64_t>SS_BLOCK)
-        ws.block_kept[b] = ss_block_mass_before(reread_block(src, b, ov, ws.block), inv_t, row_max,
-                                                z_cut, <int32_t>lane_cut, NULL, NULL)
+        x = reread_block_stored(src, b, ov, ws.block, &bf16)
+        if with_terms:
+            ws.block_kept[b] = ws.block_scale[b] * ss_block_terms_before(
+                x, bf16, inv_t, ws.terms + b * SS_BLOCK, z_cut, <int32_t>lane_cut, &kept)
+        else:
+            ws.block_kept[b] = ss_block_mass_before(x, bf16, inv_t, row_max, z_cut,
+                                                    <int32_t>lane_cut, NULL, NULL)
         total += ws.block_kept[b]
     return total
 
 
 cdef inline int64_t draw_before(const RowSource* src, const Overrides* ov, Workspace* ws,
                                 Py_ssize_t n_blocks, float inv_t, float row_max, float z_cut,
-                                int64_t id_cut, double total, double u) noexcept nogil:
+                                int64_t id_cut, double total, double u,
+                                bint with_terms) noexcept nogil:
     """A token ranked before the cut, drawn by mass with uniform u: a block
-    by ws.block_kept (as masses_before left them), then a column in it."""
+    by ws.block_kept (as masses_before left them, with_terms the same), then
+    a column in it."""
     cdef double target = u * total
     cdef double acc = 0.0
     cdef double before_chosen = 0.0
@@ -259,11 +270,18 @@ cdef inline int64_t draw_before(const RowSource* src, const Overrides* ov, Works
     cdef float w[SS_BLOCK]
     cdef uint64_t kept = 0
     cdef int64_t lane_cut = min(max(id_cut - chosen * SS_BLOCK, <int64_t>0), <int64_t>SS_BLOCK)
-    ss_block_mass_before(reread_block(src, chosen, ov, ws.block), inv_t, row_max, z_cut,
-                         <int32_t>lane_cut, w, &kept)
+    cdef bint bf16
+    cdef const void* x = reread_block_stored(src, chosen, ov, ws.block, &bf16)
+    cdef int j
+    if with_terms:
+        ss_block_terms_before(x, bf16, inv_t, ws.terms + chosen * SS_BLOCK, z_cut,
+                              <int32_t>lane_cut, &kept)
+        for j in range(SS_BLOCK):
+            w[j] = ws.block_scale[chosen] * ws.terms[chosen * SS_BLOCK + j]
+    else:
+        ss_block_mass_before(x, bf16, inv_t, row_max, z_cut, <int32_t>lane_cut, w, &kept)
     acc = before_chosen
     cdef int64_t last_positive = -1
-    cdef int j
     while kept:
         j = ss_lowest_bit(kept)
         kept &= kept - 1
@@ -282,8 +300,10 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
     top of this file). z_floor: min_p's floor (min_p_floor), -inf without
     min_p; row_mass: the whole row's mass from the row pass when the kept
     tokens are all of them (top_p alone: their block masses are
-    ws.block_mass), < 0 otherwise."""
+    ws.block_mass, and the row pass kept their terms, which the rejection
+    test then sums without an exp), < 0 otherwise."""
     cdef float inv_t = p.scalars.inverse_temperature
+    cdef bint with_terms = row_mass >= 0
     cdef double kept_mass
     cdef int64_t token
     if row_mass >= 0:
@@ -292,9 +312,10 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
                                  uniform_double(p.scalars.seed, p.scalars.step, 0), NULL)
     else:
         # "before (z_floor, V)": every token with z >= z_floor
-        kept_mass = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_floor, src.vocab)
+        kept_mass = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_floor, src.vocab,
+                                  False)
         token = draw_before(src, ov, ws, n_blocks, inv_t, row_max, z_floor, src.vocab, kept_mass,
-                            uniform_double(p.scalars.seed, p.scalars.step, 0))
+                            uniform_double(p.scalars.seed, p.scalars.step, 0), False)
     if p.scalars.top_p >= 1.0:
         return token
     cdef double target = p.scalars.top_p * kept_mass
@@ -305,11 +326,13 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
     for round_index in range(1, MAX_REJECTION_ROUNDS + 1):
         x = reread_block(src, token // SS_BLOCK, ov, ws.block)
         z_token = x[token % SS_BLOCK] * inv_t
-        mass_before = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_token, token)
+        mass_before = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_token, token,
+                                    with_terms)
         if mass_before < target:
             return token
         token = draw_before(src, ov, ws, n_blocks, inv_t, row_max, z_token, token, mass_before,
-                            uniform_double(p.scalars.seed, p.scalars.step, round_index))
+                            uniform_double(p.scalars.seed, p.scalars.step, round_index),
+                            with_terms)
     return sample_by_buckets(src, ov, p, ws, n_blocks, row_max, z_floor if row_mass < 0 else
                              top_p_floor(row_max, row_mass, p.scalars.top_p, src.vocab),
                              row_mass, MAX_REJECTION_ROUNDS + 1)

@@ -25,6 +25,8 @@ cdef struct Workspace:
     float block[SS_BLOCK]
     float* block_max         # [n_blocks]: max z of the block
     float* block_mass        # [n_blocks]: its softmax mass, relative to the row max
+    float* block_scale       # [n_blocks]: exp(block max - row max), its mass's rescaling
+    float* terms             # [n_blocks * SS_BLOCK]: exp(z - block max) per column (top_p alone)
     uint64_t* entry_keys     # [max_entries]: bias, ban and history entries
     uint64_t* entry_scratch
     int32_t* override_column # [max_entries]: Overrides arrays
@@ -104,41 +106,73 @@ cdef inline const float* block_logits(const RowSource* src, Py_ssize_t b, const 
     return buf
 
 
-cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
-                                      float* buf) noexcept nogil:
+cdef inline Py_ssize_t first_override_at(const Overrides* ov, Py_ssize_t column) noexcept nogil:
+    """The first override at or after `column` (ov.n when none)."""
     cdef Py_ssize_t lo = 0
     cdef Py_ssize_t hi = ov.n
     cdef Py_ssize_t mid
-    while lo < hi:          # first override at or after the block start
+    while lo < hi:
         mid = (lo + hi) >> 1
-        if ov.column[mid] < b * SS_BLOCK:
+        if ov.column[mid] < column:
             lo = mid + 1
         else:
             hi = mid
-    return block_logits(src, b, ov, &lo, buf)
+    return lo
+
+
+cdef inline const float* reread_block(const RowSource* src, Py_ssize_t b, const Overrides* ov,
+                                      float* buf) noexcept nogil:
+    cdef Py_ssize_t ov_pos = first_override_at(ov, b * SS_BLOCK)
+    return block_logits(src, b, ov, &ov_pos, buf)
+
+
+cdef inline const void* reread_block_stored(const RowSource* src, Py_ssize_t b,
+                                            const Overrides* ov, float* buf,
+                                            bint* bf16) noexcept nogil:
+    """Block b for a block function that widens bfloat16 itself: a plain
+    bfloat16 block as stored (bf16[0] set), any other as reread_block's
+    floats."""
+    cdef Py_ssize_t ov_pos = first_override_at(ov, b * SS_BLOCK)
+    bf16[0] = src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos)
+    if bf16[0]:
+        return <const uint16_t*>src.data + b * SS_BLOCK
+    return block_logits(src, b, ov, &ov_pos, buf)
 
 
 cdef inline float count_lower_bound(const Workspace* ws, Py_ssize_t n_blocks, float row_max,
                                     Py_ssize_t k) noexcept nogil:
     """A threshold t with at least k blocks whose max reaches it, so at least
     k tokens have z >= t: a lower bound on the k-th largest z, found by
-    counting block maxima over a ladder of gaps and then bisecting."""
+    counting block maxima over a ladder of gaps below the row max and then
+    bisecting until at most k + k / 2 blocks reach it (or the bisection runs
+    out of floats between two levels: block maxima tied at one value), so a
+    collection at t rereads about k blocks whatever the row's spread. Each
+    count is one vectorized pass over the block maxima."""
+    if ss_count_at_or_above(ws.block_max, n_blocks, row_max) >= k:
+        return row_max
+    cdef float missed = row_max         # fewer than k blocks reach it
     cdef float gap = 0.5
-    cdef float near = 0.0
-    while ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap) < k:
+    cdef Py_ssize_t reaching = ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap)
+    while reaching < k:
         if gap > 64:
             return -INFINITY
-        near = gap
+        missed = row_max - gap
         gap = 2 * gap
+        reaching = ss_count_at_or_above(ws.block_max, n_blocks, row_max - gap)
+    cdef float reached = row_max - gap  # k or more blocks reach it
     cdef float middle
-    cdef int step
-    for step in range(6):
-        middle = 0.5 * (near + gap)
-        if ss_count_at_or_above(ws.block_max, n_blocks, row_max - middle) >= k:
-            gap = middle
+    cdef Py_ssize_t count
+    while reaching > k + k // 2:
+        middle = 0.5 * (reached + missed)
+        if middle == reached or middle == missed:
+            break
+        count = ss_count_at_or_above(ws.block_max, n_blocks, middle)
+        if count >= k:
+            reached = middle
+            reaching = count
         else:
-            near = middle
-    return row_max - gap
+            missed = middle
+    return reached
 
 
 cdef inline int find_bad_column(const RowSource* src, const Overrides* ov, float inverse_temperature,
@@ -267,10 +301,11 @@ cdef inline int64_t first_argmax(const RowSource* src, const Overrides* ov, cons
 
 cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace* ws,
                            Py_ssize_t n_blocks, float inv_t, bint need_mass,
-                           int* nan_count) noexcept nogil:
+                           float* kept_terms, int* nan_count) noexcept nogil:
     """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
     relative to that max (ws.block_mass), from one load of the block
-    (ss_block_max_mass); counts NaN blocks. Returns the row max z."""
+    (ss_block_max_mass), and its terms into kept_terms (ws.terms, or NULL
+    for none); counts NaN blocks. Returns the row max z."""
     cdef float row_max = -INFINITY
     cdef int nans = 0                   # a local: kept in a register
     cdef Py_ssize_t ov_pos = 0
@@ -279,18 +314,21 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     cdef float m
     cdef float mass
     cdef const uint16_t* half_row = <const uint16_t*>src.data
+    cdef float* terms = NULL
     for b in range(n_blocks):
+        if kept_terms != NULL:
+            terms = kept_terms + b * SS_BLOCK
         if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
             # widened in registers (block_logits would store a float copy)
             if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans)
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms)
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
             if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans)
+                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms)
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan(x, &nans)
@@ -313,13 +351,17 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
                            or not (p.scalars.greedy or truncating))
 
     # Pass 1, the only full read of the row (row_pass). Two call sites with
-    # a constant need_mass: each loop is compiled for its case alone.
+    # a constant need_mass: each loop is compiled for its case alone (a third
+    # site left GCC calling one copy with the flags at run time, 10-25% slower
+    # on bfloat16). top_p alone keeps the terms for the rejection test of a
+    # broad row (nucleus.pxi).
     cdef int nan_count = 0
     cdef float row_max
     if need_mass:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, &nan_count)
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True,
+                           ws.terms if top_p_alone else NULL, &nan_count)
     else:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, &nan_count)
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, NULL, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
         return
@@ -328,10 +370,10 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         return
 
     # The online softmax's rescaling, for every block at once: each block's
-    # mass moves from its own max to the row max by exp(block max - row max),
-    # in vector lanes (cand_w is free until candidates are collected).
+    # mass moves from its own max to the row max by exp(block max - row max)
+    # (ws.block_scale, kept for the terms), in vector lanes.
     cdef double row_mass = 0.0
-    cdef float* scale = ws.cand_w
+    cdef float* scale = ws.block_scale
     if need_mass:
         ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
         for b in range(n_blocks):
@@ -446,6 +488,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
     ws.block_max = <float*>malloc(n_blocks * sizeof(float))
     ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
+    ws.block_scale = <float*>malloc(n_blocks * sizeof(float))
+    ws.terms = <float*>malloc(n_blocks * SS_BLOCK * sizeof(float))
     ws.entry_keys = <uint64_t*>malloc(entries * sizeof(uint64_t))
     ws.entry_scratch = <uint64_t*>malloc(entries * sizeof(uint64_t))
     ws.override_column = <int32_t*>malloc(entries * sizeof(int32_t))
@@ -464,7 +508,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.bucket_mass = <double*>malloc(NUCLEUS_BUCKETS * sizeof(double))
     ws.block_kept = <float*>malloc(n_blocks * sizeof(float))
     if (ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
-            or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL or ws.entry_keys == NULL
+            or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL
+            or ws.block_scale == NULL or ws.terms == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
             or ws.override_count == NULL or ws.override_flags == NULL
             or ws.cand_z == NULL or ws.cand_token == NULL or ws.cand_w == NULL
@@ -479,6 +524,8 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
         return
     free(ws.block_max)
     free(ws.block_mass)
+    free(ws.block_scale)
+    free(ws.terms)
     free(ws.entry_keys)
     free(ws.entry_scratch)
     free(ws.override_column)

@@ -232,6 +232,15 @@ static inline __attribute__((always_inline)) ss_vw ss_load_bf16_w(const uint16_t
     return (ss_vw)(__builtin_convertvector(v, ss_vwi) << 16);
 }
 
+typedef uint16_t ss_vh __attribute__((vector_size(2 * SS_LANES)));
+
+static inline __attribute__((always_inline)) ss_vf ss_load_bf16_v(const uint16_t* h)
+{
+    ss_vh v;
+    __builtin_memcpy(&v, h, sizeof v);
+    return (ss_vf)(__builtin_convertvector(v, ss_vi) << 16);
+}
+
 /* Any NaN among the four vectors, as 0 or 1. */
 static inline __attribute__((always_inline)) int ss_block_has_nan(ss_vw v0, ss_vw v1, ss_vw v2,
                                                                  ss_vw v3)
@@ -291,9 +300,12 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
  * rescaling of the online softmax happens across blocks (sample_row scales
  * every block's mass to the row max at the end, in one vector pass); inside
  * a block the max comes first, so every argument is <= that half ulp and a
- * block's mass lies in [1, SS_BLOCK] up to rounding. */
+ * block's mass lies in [1, SS_BLOCK] up to rounding. With terms non-NULL,
+ * the SS_BLOCK terms exp(z_j - M) are stored there too (untouched when m is
+ * not finite), for a later pass that sums some of them without an exp. */
 static inline __attribute__((always_inline)) float ss_block4_max_mass(
-    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count)
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count,
+    float* terms)
 {
     float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
@@ -304,8 +316,16 @@ static inline __attribute__((always_inline)) float ss_block4_max_mass(
     if (!SS_MASS_FLAGS_NAN)
         *nan_count += ss_block_has_nan(v0, v1, v2, v3);
     float shift = m * scale;
-    ss_vw acc = ss_exp_mass_w(v0 * scale - shift) + ss_exp_mass_w(v1 * scale - shift);
-    acc += ss_exp_mass_w(v2 * scale - shift) + ss_exp_mass_w(v3 * scale - shift);
+    ss_vw e0 = ss_exp_mass_w(v0 * scale - shift), e1 = ss_exp_mass_w(v1 * scale - shift);
+    ss_vw e2 = ss_exp_mass_w(v2 * scale - shift), e3 = ss_exp_mass_w(v3 * scale - shift);
+    if (terms) {
+        __builtin_memcpy(terms, &e0, sizeof e0);
+        __builtin_memcpy(terms + 16, &e1, sizeof e1);
+        __builtin_memcpy(terms + 32, &e2, sizeof e2);
+        __builtin_memcpy(terms + 48, &e3, sizeof e3);
+    }
+    ss_vw acc = e0 + e1;
+    acc += e2 + e3;
     *mass = ss_hsum_w(acc);
     if (SS_MASS_FLAGS_NAN)      /* m is finite: a NaN mass means a NaN lane */
         *nan_count += *mass != *mass;
@@ -319,10 +339,11 @@ static inline float ss_block_max_nan(const float* x, int* nan_count)
                          nan_count);
 }
 
-static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count)
+static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count,
+                                      float* terms)
 {
     return ss_block4_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32),
-                              ss_load_w(x + 48), scale, mass, nan_count);
+                              ss_load_w(x + 48), scale, mass, nan_count, terms);
 }
 
 static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
@@ -332,10 +353,10 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
 }
 
 static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
-                                           int* nan_count)
+                                           int* nan_count, float* terms)
 {
     return ss_block4_max_mass(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
-                              ss_load_bf16_w(h + 48), scale, mass, nan_count);
+                              ss_load_bf16_w(h + 48), scale, mass, nan_count, terms);
 }
 #else
 /* Without AVX-512 the block is eight 8-lane vectors. GCC (12) lowers a
@@ -346,15 +367,6 @@ static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float
  * lane's mass terms are added as there and the horizontal sum starts with
  * the same halves (low + high), and the mass is the same float bit for bit
  * on a given target; the max is order-free. */
-typedef uint16_t ss_vh __attribute__((vector_size(2 * SS_LANES)));
-
-static inline __attribute__((always_inline)) ss_vf ss_load_bf16_v(const uint16_t* h)
-{
-    ss_vh v;
-    __builtin_memcpy(&v, h, sizeof v);
-    return (ss_vf)(__builtin_convertvector(v, ss_vi) << 16);
-}
-
 static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w, int* nan_count)
 {
     ss_vi nan = (ss_vi)(w[0] != w[0]);
@@ -370,7 +382,7 @@ static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w,
 }
 
 static inline __attribute__((always_inline)) float ss_block8_max_mass(
-    const ss_vf* w, float scale, float* mass, int* nan_count)
+    const ss_vf* w, float scale, float* mass, int* nan_count, float* terms)
 {
     float m = ss_block8_max(w, nan_count);
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
@@ -378,10 +390,13 @@ static inline __attribute__((always_inline)) float ss_block8_max_mass(
         return m;
     }
     float shift = m * scale;
-    ss_vf lo = (ss_exp_nonpositive_v(w[0] * scale - shift) + ss_exp_nonpositive_v(w[2] * scale - shift))
-               + (ss_exp_nonpositive_v(w[4] * scale - shift) + ss_exp_nonpositive_v(w[6] * scale - shift));
-    ss_vf hi = (ss_exp_nonpositive_v(w[1] * scale - shift) + ss_exp_nonpositive_v(w[3] * scale - shift))
-               + (ss_exp_nonpositive_v(w[5] * scale - shift) + ss_exp_nonpositive_v(w[7] * scale - shift));
+    ss_vf e[SS_BLOCK / SS_LANES];
+    for (int k = 0; k < SS_BLOCK / SS_LANES; k++)
+        e[k] = ss_exp_nonpositive_v(w[k] * scale - shift);
+    if (terms)
+        __builtin_memcpy(terms, e, sizeof e);
+    ss_vf lo = (e[0] + e[2]) + (e[4] + e[6]);
+    ss_vf hi = (e[1] + e[3]) + (e[5] + e[7]);
     *mass = ss_sum_lanes(lo + hi);
     return m;
 }
@@ -396,10 +411,11 @@ static inline float ss_block_max_nan(const float* x, int* nan_count)
     return ss_block8_max(w, nan_count);
 }
 
-static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count)
+static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count,
+                                      float* terms)
 {
     SS_LOAD_BLOCK8(w, ss_load, x);
-    return ss_block8_max_mass(w, scale, mass, nan_count);
+    return ss_block8_max_mass(w, scale, mass, nan_count, terms);
 }
 
 static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
@@ -409,10 +425,10 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
 }
 
 static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
-                                           int* nan_count)
+                                           int* nan_count, float* terms)
 {
     SS_LOAD_BLOCK8(w, ss_load_bf16_v, h);
-    return ss_block8_max_mass(w, scale, mass, nan_count);
+    return ss_block8_max_mass(w, scale, mass, nan_count, terms);
 }
 #endif
 

@@ -99,6 +99,34 @@ def test_top_logprobs_of_a_broad_row():
     np.testing.assert_allclose(out.logprobs[0], logp[out.token_ids[0]], atol=2e-5)
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=2.0, top_k=5),
+    SamplingParams(temperature=2.0, top_k=20, top_p=0.95, min_p=0.05),
+], ids=["k5", "k20-p-minp"])
+@pytest.mark.parametrize("make_row", [flat_row, tied_row], ids=["flat", "tied"])
+def test_top_k_on_a_broad_row(make_row, params):
+    """top_k collects at a level k block maxima reach, bisected down to about
+    k blocks (row.pxi, count_lower_bound): on a flat row every block's max
+    is near the row max, and on a tied one many share it."""
+    check(make_row(), params, draws=30_000)
+
+
+@pytest.mark.parametrize("make_row", [flat_row, tied_row], ids=["flat", "tied"])
+def test_top_logprobs_of_a_broad_row_with_ties(make_row):
+    """The top-n logprobs, n = MAX_TOP_LOGPROBS, collected at count_lower_bound's level."""
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.sampling import MAX_TOP_LOGPROBS
+
+    row = make_row()
+    batch = SamplingBatch.from_params([SamplingParams(temperature=2.0, seed=3)])
+    out = sample(row[None], batch, num_top_logprobs=MAX_TOP_LOGPROBS)
+    z = row.astype(np.float64) / 2.0
+    logp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    best = np.lexsort((np.arange(VOCAB), -logp))[:MAX_TOP_LOGPROBS]
+    assert out.top_token_ids[0].tolist() == best.tolist()
+    np.testing.assert_allclose(out.top_logprobs[0], logp[best], atol=2e-5)
+
+
 def test_seeded_tokens_do_not_depend_on_batch_position_or_threads():
     from simple_sampler.params import SamplingBatch
 
