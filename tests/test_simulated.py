@@ -14,7 +14,9 @@ from simple_sampler.cli import build_parser, main
 from simple_sampler.params import SamplingParams
 from simple_sampler.rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
                                   synthetic_hot_rows, synthetic_rows)
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCodec,
                                               SimulatedEngine, SimulatedSpec)
 from simple_sampler.settings import LlmSettings, SamplerSettings

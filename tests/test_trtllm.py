@@ -19,7 +19,9 @@ import torch
 
 import fake_tensorrt_llm as fake
 from simple_sampler import SamplingParams
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving import trtllm

@@ -26,7 +26,9 @@ import numpy as np
 from ..params import SamplingBatch, SamplingParams
 from ..rows import HOT_ROWS_SOURCE, map_hot_ids
 from ..sampling import sample
-from ..serving.decoder import Decoder, GenerationRequest, kernel_sample, threaded
+from ..serving.decoder import Decoder
+from ..serving.samplers import kernel_sample, threaded
+from ..serving.generation import GenerationRequest
 from ..serving.engine import StepsThen
 from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
 from ..shvs.hot_vocab import HotVocab

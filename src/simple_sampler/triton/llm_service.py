@@ -33,7 +33,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..schema import SHUTTING_DOWN
-from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
+from ..serving.decoder import Decoder
+from ..serving.generation import GenerationEvent, RequestHandle
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
