@@ -170,7 +170,7 @@ def test_the_sampler_model_starts_without_torch():
     import subprocess
     import sys
 
-    probe = ("import sys; import simple_sampler.triton.sampler_codec, simple_sampler.row_arena, "
+    probe = ("import sys; import simple_sampler.triton.sampler_serve, simple_sampler.row_arena, "
              "simple_sampler.shvs.hot_vocab, simple_sampler.triton.counters, "
              "simple_sampler.triton.stub_profile, simple_sampler.settings, simple_sampler.logs; "
              "print('torch' in sys.modules)")

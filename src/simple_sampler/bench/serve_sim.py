@@ -179,7 +179,7 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int):
     (the sampler model's own code, ``serve_request``), the undecided rows
     whole."""
     from ..triton import hot_first_sampler as hot_first
-    from ..triton.sampler_codec import serve_request
+    from ..triton.sampler_serve import serve_request
     from ..triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):
