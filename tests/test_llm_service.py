@@ -12,14 +12,15 @@ import pytest
 from simple_sampler.row_arena import RowReader
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.llm_service import LlmService, Unavailable
+from simple_sampler.triton.llm_delivery import Unavailable
+from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_pool import SamplerCallError
 from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
 
 
 class BuildingClient(Client):
     """As the llm model's sender: send builds the response and returns what
-    sends it (``llm_service.Transmit``), which raises when the client is gone."""
+    sends it (``llm_delivery.Transmit``), which raises when the client is gone."""
 
     def send(self, outputs, error, final):
         return lambda: Client.send(self, outputs, error, final)
@@ -345,24 +346,24 @@ def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
 
 
 def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(caplog):
-    """A bug of ours answering a step's tokens (LlmService._answer_step):
+    """A bug of ours answering a step's tokens (Deliveries._answer_step):
     logged with its traceback, its requests end (cancelled: the final flag),
     none hangs, and the next request is served."""
-    from simple_sampler.triton import llm_service
+    from simple_sampler.triton import llm_delivery
 
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
                          codec=TextCodec(FakeTokenizer()))
-    answer = service._answer_step
+    answer = service.deliveries._answer_step
 
     def broken_once(*step):
-        service._answer_step = answer
+        service.deliveries._answer_step = answer
         raise KeyError("a bug")
 
-    service._answer_step = broken_once
+    service.deliveries._answer_step = broken_once
     try:
         failed, served = Client(), Client()
-        with caplog.at_level("ERROR", logger=llm_service.__name__):
+        with caplog.at_level("ERROR", logger=llm_delivery.__name__):
             service.submit(inputs(), failed.send, on_done=failed.done.set).result(60)
         service.submit(inputs(max_tokens=3), served.send, on_done=served.done.set).result(60)
     finally:

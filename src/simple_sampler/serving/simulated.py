@@ -114,6 +114,8 @@ class SimulatedEngine:
     sequences the running step does not include.
     """
 
+    bridge_s = 0.0  # in process: no bridge
+
     def __init__(self, spec: SimulatedSpec = SimulatedSpec(),
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, seed: int = 0):

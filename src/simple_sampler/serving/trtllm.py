@@ -146,6 +146,8 @@ class TrtLlmEngine:
     Thread safety: every call may come from any thread.
     """
 
+    label = "TrtLlmEngine"
+
     def __init__(self, model: str | os.PathLike, vocab_size: int, max_batch_size: int,
                  max_context: int, tensor_parallel_size: int = 1,
                  pipeline_parallel_size: int = 1, api=None,
