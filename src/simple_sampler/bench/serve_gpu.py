@@ -171,7 +171,7 @@ def run_forward_only(model, batch: int, warmup: int, measure: int, bandwidth: fl
 
 def load(model_source, model_config, random_weights: bool, device, torch_dtype):
     """(model on the device, codec, label)."""
-    from ..serving.simulated import SimulatedCodec
+    from ..serving.simulated_text import SimulatedCodec
 
     if model_config is not None:
         model = model_from_config(model_config, device, torch_dtype)

@@ -30,7 +30,8 @@ from ..serving.decoder import Decoder
 from ..serving.samplers import kernel_sample, threaded
 from ..serving.generation import GenerationRequest
 from ..serving.engine import StepsThen
-from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
+from ..serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
+from ..serving.simulated_text import SimulatedCodec
 from ..shvs.hot_vocab import HotVocab
 
 #: (mode label, decoder mode, micro_batches)

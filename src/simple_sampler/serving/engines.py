@@ -160,7 +160,7 @@ def _trtllm_logits_dtype(settings: LlmSettings) -> str | None:
 
 
 def _simulated_codec(settings: LlmSettings) -> "TextCodec":
-    from .simulated import SimulatedCodec  # lazy: torch and transformers
+    from .simulated_text import SimulatedCodec  # lazy: transformers
 
     return SimulatedCodec.from_source(settings.model or None)
 
