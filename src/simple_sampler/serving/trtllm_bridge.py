@@ -30,6 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from ..pids import alive
 from ..row_arena import HEADER_BYTES, Region
 from ..sampling import logits_tensor
 
@@ -331,7 +332,7 @@ class OwnerWatch:
         try:
             descriptor = os.pidfd_open(self.owner_pid)
         except (AttributeError, OSError):  # no pidfd here (or the owner is already gone)
-            while _alive(self.owner_pid):
+            while alive(self.owner_pid):
                 time.sleep(OWNER_POLL_S)
         else:
             select.select([descriptor], [], [])
@@ -339,16 +340,6 @@ class OwnerWatch:
         print(f"simple-sampler: TensorRT-LLM worker {os.getpid()} exits: its owner, process "
               f"{self.owner_pid} (the Triton llm model), has gone", file=sys.stderr, flush=True)
         self.exit(ORPHANED_EXIT_STATUS)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _attach(name: str) -> SharedMemory:
