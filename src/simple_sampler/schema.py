@@ -2,7 +2,7 @@
 be left out, what its absence means and what values it takes.
 
 The codecs (``triton/generate_io.py``, ``triton/sampler_codec.py``,
-``triton/sampler_client.py``), the Python client (``client/common.py``) and
+``triton/sampler_decode.py``, ``triton/sampler_client.py``), the Python client (``client/common.py``) and
 ``simple-sampler generate`` take names and dtypes from here; the
 ``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for
 Triton and for readers, and tests/test_schema.py holds both to this module.
