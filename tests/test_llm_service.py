@@ -209,17 +209,19 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
     assert bls_clean == clean
 
 
+@pytest.mark.parametrize("bug", [KeyError, ValueError])
 def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback(
-        monkeypatch, caplog):
-    """Not a client mistake (INVALID_ARG) but ours: one INTERNAL answer, one
-    ERROR line with the traceback, and the service serves the next request."""
+        monkeypatch, caplog, bug):
+    """Not a client mistake (INVALID_ARG: schema.InvalidRequest alone, not any
+    ValueError) but ours: one INTERNAL answer, one ERROR line with the
+    traceback, and the service serves the next request."""
     from simple_sampler.triton import llm_service
 
     decode = llm_service.decode_generate
 
     def broken_once(request_inputs):
         patch.undo()  # the next request decodes normally
-        raise KeyError("a bug")
+        raise bug("a bug")
 
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
@@ -237,9 +239,9 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
         service.close()
     [(outputs, error, final)] = failed.responses
     assert outputs is None and final and type(error) is RuntimeError
-    assert str(error) == "KeyError: 'a bug'"
+    assert str(error) == f"{bug.__name__}: {bug('a bug')}"
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert record.exc_info and record.exc_info[0] is KeyError
+    assert record.exc_info and record.exc_info[0] is bug
     assert [final for _, _, final in served.responses] == [False, True]
 
 

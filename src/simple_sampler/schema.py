@@ -40,9 +40,13 @@ SHUTTING_DOWN = "the server is shutting down"
 
 
 class InvalidRequest(ValueError):
-    """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
-    the message names the input and the allowed range. Raised by both codecs
-    (``triton/generate_io``, ``triton/sampler_codec``)."""
+    """A request refused as the client's mistake (INVALID_ARG, HTTP 400); the
+    message names the input and the allowed range. The one type every
+    client mistake is raised as (subclasses allowed: the front door's
+    ``frontend.protocol.RequestError``), by the codecs (``triton/generate_io``,
+    ``triton/sampler_decode``), the request's checks (``serving/generation``,
+    ``serving/text``) and the front door; what the models and the front door
+    answer 400 for, anything else being ours (5xx)."""
 
 
 @dataclass(frozen=True)

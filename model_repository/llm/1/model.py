@@ -21,6 +21,7 @@ from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializ
 from simple_sampler import logs
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.llm_delivery import Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_pool import SamplerCallError
@@ -73,7 +74,7 @@ def send_tokens(response_sender, text_output, output_ids):
 def error_code(error):
     """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
     UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
-    if isinstance(error, ValueError):
+    if isinstance(error, InvalidRequest):
         return pb_utils.TritonError.INVALID_ARG
     if isinstance(error, Unavailable):
         return pb_utils.TritonError.UNAVAILABLE

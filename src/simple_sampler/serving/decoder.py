@@ -182,7 +182,7 @@ class Decoder:
         return len(self.by_id)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Validate, encode and queue a request; raise ValueError naming the
+        """Validate, encode and queue a request; raise InvalidRequest naming the
         bad field (the decoder keeps serving the others)."""
         engine = self.engine
         request.validate(engine.vocab_size, engine.max_context,

@@ -6,7 +6,7 @@ Events (:class:`GenerationEvent`) carry one generated token each; the last
 one has ``finish_reason`` (TensorRT-LLM / OpenAI naming): ``"stop"`` (end id
 or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
 ``error`` when the step or sampler failed. Every submitted request gets
-exactly one final event; a request rejected by validation raises ValueError
+exactly one final event; a request rejected by validation raises InvalidRequest
 from ``Decoder.submit`` instead. The end id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
 in ``text``. A consumer that streams many requests (the llm model) takes
@@ -23,6 +23,7 @@ from typing import AsyncIterator, Callable, Sequence
 import numpy as np
 
 from ..params import SamplingParams
+from ..schema import InvalidRequest
 from .text import Detokenizer, StopMatcher
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
@@ -30,7 +31,7 @@ FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
 
 def _string_list(name: str, value) -> None:
     if isinstance(value, str) or not all(isinstance(w, str) and w for w in value):
-        raise ValueError(f"{name} must be a list of non-empty strings, got {value!r}")
+        raise InvalidRequest(f"{name} must be a list of non-empty strings, got {value!r}")
 
 
 @dataclass
@@ -58,32 +59,35 @@ class GenerationRequest:
 
     def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
                  max_tokens_limit: int | None = None) -> None:
-        """Raise ValueError naming the field and its allowed range.
+        """Raise InvalidRequest naming the field and its allowed range.
 
         ``prompt_length`` (once known) must leave room for ``max_tokens`` in
         ``max_context``; ``max_tokens_limit`` defaults to ``max_context - 1``.
         """
         if (self.text is None) == (self.prompt_ids is None):
-            raise ValueError("give exactly one of text_input and prompt_ids")
+            raise InvalidRequest("give exactly one of text_input and prompt_ids")
         if self.text is not None and (not isinstance(self.text, str) or not self.text):
-            raise ValueError("text_input must be a non-empty string")
+            raise InvalidRequest("text_input must be a non-empty string")
         if self.prompt_ids is not None:
             ids = list(self.prompt_ids)
             if not ids or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
                                   for t in ids):
-                raise ValueError(f"prompt_ids must be a non-empty list of token ids in "
+                raise InvalidRequest(f"prompt_ids must be a non-empty list of token ids in "
                                  f"[0, {vocab_size})")
         limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
                 or not 1 <= self.max_tokens <= limit:
-            raise ValueError(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
+            raise InvalidRequest(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
         if prompt_length is not None and prompt_length + self.max_tokens > max_context:
-            raise ValueError(f"the prompt ({prompt_length} tokens) plus max_tokens "
+            raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
                              f"({self.max_tokens}) must be at most the context, {max_context} "
                              f"tokens")
-        self.sampling.validate(vocab_size)
+        try:
+            self.sampling.validate(vocab_size)
+        except ValueError as error:  # params' checks are not the request's alone
+            raise InvalidRequest(str(error)) from None
         if self.end_id is not None and not 0 <= self.end_id < vocab_size:
-            raise ValueError(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
+            raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
         _string_list("bad_words", self.bad_words)
 

@@ -26,7 +26,7 @@ class Unavailable(RuntimeError):
 
 
 #: send(outputs, error, final): one response; outputs None with an error
-#: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
+#: (schema.InvalidRequest: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
 #: any other error: generation failed, INTERNAL); outputs and error None:
 #: the final flag alone, for a request whose client cancelled or went away.
 #: It sends the response, or builds it and returns a Transmit that sends it

@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Callable, Mapping
 
-from ..schema import SHUTTING_DOWN
+from ..schema import SHUTTING_DOWN, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
@@ -240,7 +240,7 @@ class LlmService:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
-        except (ValueError, Unavailable) as error:
+        except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
             self._refuse(error, send, on_done)
             return
