@@ -353,7 +353,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
 
 def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_them():
     """serve_request decides the llm model's packed compact requests in one
-    C call (``_serve_plain_compact``) with exactly the outputs of the general
+    C call (``decide_plain_compact``) with exactly the outputs of the general
     path (decode_request + sample_request); a request that call does not
     take (top logprobs, a bad record, a bad id) goes the general way, with
     the general outputs or errors."""

@@ -58,15 +58,20 @@ PACKED_LAYOUT = _sampling.PackedLayout(
     cold_size=COLD_SUMMARY_RECORD.itemsize)
 
 
+def is_plain_compact(inputs: Mapping, hot_vocab) -> bool:
+    """Whether a request has the form of the llm model's own compact requests
+    (``_PLAIN_COMPACT_INPUTS`` alone), the one ``decide_plain_compact`` tries."""
+    return (hot_vocab is not None and inputs.get("hot_logits") is not None
+            and inputs.keys() <= _PLAIN_COMPACT_INPUTS)
+
+
 def decide_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
                          num_threads: int) -> dict[str, np.ndarray] | None:
     """The output tensors of one of the llm model's own compact requests
-    (``_PLAIN_COMPACT``, end_id and logits_ref or not), decided in one C
-    call; None where the general path must answer (another request, one the
-    call would refuse, or undecided rows beside their full rows)."""
-    if (hot_vocab is None or inputs.get("hot_logits") is None
-            or not inputs.keys() <= _PLAIN_COMPACT_INPUTS
-            or any(inputs.get(name) is None for name in _PLAIN_COMPACT)):
+    (``is_plain_compact``), decided in one C call; None where the general
+    path must answer (one the call would refuse, or undecided rows beside
+    their full rows)."""
+    if any(inputs.get(name) is None for name in _PLAIN_COMPACT):
         return None
     packed, hot, touched, touched_logits, cold = (inputs[name] for name in _PLAIN_COMPACT)
     end_ids, refs = inputs.get("end_id"), inputs.get("logits_ref")

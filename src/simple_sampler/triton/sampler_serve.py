@@ -14,7 +14,7 @@ from ..sampling import sample
 from ..schema import InvalidRequest
 from .sampler_codec import PADDING, decided_all
 from .sampler_decode import RowsRequest, decode_request
-from .sampler_packed import decide_plain_compact
+from .sampler_packed import decide_plain_compact, is_plain_compact
 
 class SamplerAnswer(NamedTuple):
     """``serve_request``'s answer: the output tensors, the rows' SHVS
@@ -46,10 +46,11 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     left undecided, the only case that reads it; a request that references
     the wrong number of rows is refused either way. Raises InvalidRequest as
     decode_request and sample_request do."""
-    outputs = decide_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
-    if outputs is not None:
-        rows = len(outputs["output_ids"])
-        return SamplerAnswer(outputs, np.full(rows, -1, np.int8), rows, 0, None)
+    if is_plain_compact(inputs, hot_vocab):
+        outputs = decide_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
+        if outputs is not None:
+            rows = len(outputs["output_ids"])
+            return SamplerAnswer(outputs, np.full(rows, -1, np.int8), rows, 0, None)
     request = decode_request(inputs, vocab_size, hot_vocab, reader)
     outputs, outcomes = sample_request(request, num_threads, hot_vocab)
     if request.logits_ref is not None:
