@@ -116,7 +116,7 @@ class Deliveries:
         self.outbox.append((delivery, event))
 
     def on_step(self, handles: list[RequestHandle], texts: list[str | None],
-                 tokens: np.ndarray) -> None:
+                tokens: np.ndarray) -> None:
         """``Decoder.on_step``: a step's tokens that end no request, queued
         as ``on_event`` queues an event."""
         if not self.outbox:
