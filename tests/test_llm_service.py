@@ -240,7 +240,8 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
     [(outputs, error, final)] = failed.responses
     assert outputs is None and final and type(error) is RuntimeError
     assert str(error) == f"{bug.__name__}: {bug('a bug')}"
-    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    [record] = [r for r in caplog.records  # ours, not a GC'd loop's asyncio lines
+                if r.levelname == "ERROR" and r.name == llm_service.__name__]
     assert record.exc_info and record.exc_info[0] is bug
     assert [final for _, _, final in served.responses] == [False, True]
 
@@ -371,7 +372,8 @@ def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(c
     finally:
         service.close()
     assert failed.responses[-1] == (None, None, True) and len(failed.responses) < MAX_TOKENS
-    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    [record] = [r for r in caplog.records  # ours, not a GC'd loop's asyncio lines
+                if r.levelname == "ERROR" and r.name == llm_delivery.__name__]
     assert record.exc_info[0] is KeyError and "their requests are cancelled" in record.message
     assert [final for _, _, final in served.responses] == [False, False, True]
 
