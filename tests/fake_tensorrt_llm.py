@@ -1,4 +1,4 @@
-"""A fake of exactly the TensorRT-LLM API surface ``serving/trtllm.py`` uses.
+"""A fake of exactly the TensorRT-LLM API surface ``serving/trtllm*.py`` uses.
 
 ``tests/trtllm_api.json`` records each name and signature with the source
 file it was checked against (NVIDIA/TensorRT-LLM); ``test_trtllm_api.py``
@@ -388,4 +388,4 @@ class LLM:
 
 
 API = (LLM, SamplingParams, BuildCacheConfig, __version__)
-"""What ``load_tensorrt_llm`` returns, faked (``trtllm.TrtLlmApi``'s fields)."""
+"""What ``load_tensorrt_llm`` returns, faked (``trtllm_api.TrtLlmApi``'s fields)."""

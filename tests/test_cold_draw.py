@@ -141,8 +141,9 @@ def _forty_compact_rows(zipf_row, drawn: bool):
 
 def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
     from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request)
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import sample_request
 
     hot, batch, compact = _forty_compact_rows(zipf_row, drawn=True)
     direct = sample_compact(compact, batch, hot)
@@ -174,8 +175,9 @@ def test_the_packed_cold_summary_decodes_as_its_five_tensors(zipf_row, drawn):
     it is malformed, comes with a field it packs, or comes without
     compact rows."""
     from simple_sampler.schema import COLD_SUMMARY_RECORD, InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request)
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import sample_request
 
     hot, batch, compact = _forty_compact_rows(zipf_row, drawn)
     scalars = batch_arrays(batch, packed=True)

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from simple_sampler import SamplingParams
-from simple_sampler.serving.decoder import (Decoder, GenerationRequest, kernel_sample,
-                                            threaded)
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import kernel_sample, threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.models import load_model
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec

@@ -19,7 +19,7 @@ import torch
 from fake_tensorrt_llm import LLM, SamplingParams, model_row
 from fakes import reference_logits, tiny
 from simple_sampler.models import load_model
-from simple_sampler.serving.engine import Closable, SelfScheduling, SequenceTable
+from simple_sampler.serving.engine import Closable, Engine, SelfScheduling, SequenceTable
 from simple_sampler.serving.engines import ENGINES
 from simple_sampler.serving.simulated import SimulatedEngine, SimulatedSpec
 from simple_sampler.serving.static_decode import StaticEngine
@@ -202,6 +202,18 @@ def test_capabilities_are_declared_by_protocol(make_engine):
     schedules_itself = isinstance(engine, TrtLlmEngine)
     assert isinstance(engine, SelfScheduling) == schedules_itself
     assert isinstance(engine, Closable) == schedules_itself
+
+
+def test_every_engine_has_the_contract_s_attributes(make_engine):
+    """Every attribute the contract declares (the llm model reads ``label``
+    and ``bridge_s`` from any engine, never through getattr with a default)."""
+    engine, _, _ = make_engine(max_batch_size=1, max_context=4)
+    missing = [name for name in Engine.__annotations__ if not hasattr(engine, name)]
+    assert not missing, missing
+    assert isinstance(engine.label, str) and engine.label
+    bridged = isinstance(engine, TrtLlmEngine)  # the only engine with a bridge across processes
+    assert isinstance(engine.bridge_s, float) and (engine.bridge_s >= 0.0 if bridged
+                                                   else engine.bridge_s == 0.0)
 
 
 def test_sequence_table_checks_and_messages():

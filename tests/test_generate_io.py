@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.serving.decoder import GenerationEvent
+from simple_sampler.serving.generation import GenerationEvent
 from simple_sampler.triton.generate_io import (decode_generate, encode_event,
                                              install_byte_serializer)
 

@@ -14,7 +14,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.client import GenerateClient, GenerationError
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.params import SamplingParams

@@ -15,7 +15,7 @@ import pytest
 import fake_tensorrt_llm as fake
 from simple_sampler.launch import gpu_check
 from simple_sampler.launch.gpu_check import Options
-from simple_sampler.serving.trtllm import greedy_reference
+from simple_sampler.serving.trtllm_api import greedy_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ["reference", "server", "greedy", "seeded", "sampler", "bridge", "near_context", "tp2"]

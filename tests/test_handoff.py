@@ -380,7 +380,7 @@ def _local_call(hot, requests=None):
     `requests` (a list) gets each request's (compact or full, rows, by
     reference or not)."""
     from simple_sampler.row_arena import RowReader
-    from simple_sampler.triton.sampler_codec import serve_request
+    from simple_sampler.triton.sampler_serve import serve_request
 
     reader = RowReader()  # full rows come from the service's arena by reference
 
@@ -405,8 +405,9 @@ def test_compact_rows_through_the_sampler_codec(zipf_row):
     """compact_arrays -> decode_request -> sample_request gives
     sample_compact's answers; bad combinations are refused by name."""
     from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request)
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import sample_request
 
     hot = hot_sets(zipf_row)["random"]
     rng = np.random.default_rng(9)
@@ -659,8 +660,9 @@ def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
     beside logits."""
     from simple_sampler.row_arena import RowArena, RowReader
     from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     serve_request)
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import serve_request
 
     hot = hot_sets(zipf_row)["random"]
     batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(4)])
@@ -701,7 +703,8 @@ def test_references_are_resolved_only_for_rows_the_compact_decision_leaves(zipf_
     slot given back meanwhile costs nothing when every row is decided from
     its compact form, and is caught when a row needs it."""
     from simple_sampler.row_arena import RowArena, RowReader, StaleRows
-    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays, serve_request
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_serve import serve_request
 
     hot = hot_sets(zipf_row)["head"]  # top_p 0.5 decided from it, 0.99 needs the full row
     rows = np.ascontiguousarray(np.broadcast_to(zipf_row, (4, VOCAB)))
@@ -735,8 +738,9 @@ def test_touched_ids_out_of_range_are_refused_by_name(zipf_row, dtype, bad):
     others through numpy: either way the request is refused by name, row
     and range."""
     from simple_sampler.schema import InvalidRequest
-    from simple_sampler.triton.sampler_codec import (batch_arrays, compact_arrays, decode_request,
-                                                     sample_request, serve_request)
+    from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import sample_request, serve_request
 
     message = rf"row 0: touched_ids must be token ids in \[0, 4096\) or -1 \(padding\), got {bad}"
 

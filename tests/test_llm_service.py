@@ -12,14 +12,15 @@ import pytest
 from simple_sampler.row_arena import RowReader
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.llm_service import LlmService, Unavailable
+from simple_sampler.triton.llm_delivery import Unavailable
+from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_pool import SamplerCallError
 from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
 
 
 class BuildingClient(Client):
     """As the llm model's sender: send builds the response and returns what
-    sends it (``llm_service.Transmit``), which raises when the client is gone."""
+    sends it (``llm_delivery.Transmit``), which raises when the client is gone."""
 
     def send(self, outputs, error, final):
         return lambda: Client.send(self, outputs, error, final)
@@ -208,17 +209,19 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
     assert bls_clean == clean
 
 
+@pytest.mark.parametrize("bug", [KeyError, ValueError])
 def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback(
-        monkeypatch, caplog):
-    """Not a client mistake (INVALID_ARG) but ours: one INTERNAL answer, one
-    ERROR line with the traceback, and the service serves the next request."""
+        monkeypatch, caplog, bug):
+    """Not a client mistake (INVALID_ARG: schema.InvalidRequest alone, not any
+    ValueError) but ours: one INTERNAL answer, one ERROR line with the
+    traceback, and the service serves the next request."""
     from simple_sampler.triton import llm_service
 
     decode = llm_service.decode_generate
 
     def broken_once(request_inputs):
         patch.undo()  # the next request decodes normally
-        raise KeyError("a bug")
+        raise bug("a bug")
 
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
@@ -236,9 +239,10 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
         service.close()
     [(outputs, error, final)] = failed.responses
     assert outputs is None and final and type(error) is RuntimeError
-    assert str(error) == "KeyError: 'a bug'"
-    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert record.exc_info and record.exc_info[0] is KeyError
+    assert str(error) == f"{bug.__name__}: {bug('a bug')}"
+    [record] = [r for r in caplog.records  # ours, not a GC'd loop's asyncio lines
+                if r.levelname == "ERROR" and r.name == llm_service.__name__]
+    assert record.exc_info and record.exc_info[0] is bug
     assert [final for _, _, final in served.responses] == [False, True]
 
 
@@ -345,30 +349,31 @@ def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
 
 
 def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(caplog):
-    """A bug of ours answering a step's tokens (LlmService._answer_step):
+    """A bug of ours answering a step's tokens (Deliveries._answer_step):
     logged with its traceback, its requests end (cancelled: the final flag),
     none hangs, and the next request is served."""
-    from simple_sampler.triton import llm_service
+    from simple_sampler.triton import llm_delivery
 
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
                          codec=TextCodec(FakeTokenizer()))
-    answer = service._answer_step
+    answer = service.deliveries._answer_step
 
     def broken_once(*step):
-        service._answer_step = answer
+        service.deliveries._answer_step = answer
         raise KeyError("a bug")
 
-    service._answer_step = broken_once
+    service.deliveries._answer_step = broken_once
     try:
         failed, served = Client(), Client()
-        with caplog.at_level("ERROR", logger=llm_service.__name__):
+        with caplog.at_level("ERROR", logger=llm_delivery.__name__):
             service.submit(inputs(), failed.send, on_done=failed.done.set).result(60)
         service.submit(inputs(max_tokens=3), served.send, on_done=served.done.set).result(60)
     finally:
         service.close()
     assert failed.responses[-1] == (None, None, True) and len(failed.responses) < MAX_TOKENS
-    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    [record] = [r for r in caplog.records  # ours, not a GC'd loop's asyncio lines
+                if r.levelname == "ERROR" and r.name == llm_delivery.__name__]
     assert record.exc_info[0] is KeyError and "their requests are cancelled" in record.message
     assert [final for _, _, final in served.responses] == [False, False, True]
 

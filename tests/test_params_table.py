@@ -16,7 +16,8 @@ from simple_sampler import _sampling
 from simple_sampler.sampling import KERNEL_FIELDS, ROW_SCALARS, kernel_params
 from simple_sampler.serving.batch_state import SCALAR_COLUMNS, BatchState
 from simple_sampler.shvs.hot_vocab import untruncated_rows
-from simple_sampler.triton.sampler_codec import SCALAR_INPUTS, batch_arrays, decode_request
+from simple_sampler.triton.sampler_codec import SCALAR_INPUTS, batch_arrays
+from simple_sampler.triton.sampler_decode import decode_request
 
 VOCAB = 32
 

@@ -21,7 +21,7 @@ from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer, free_port
-from simple_sampler.launch.processes import alive
+from simple_sampler.pids import alive
 from simple_sampler.launch.supervisor import SHM_DIRECTORY, Supervisor, list_stubs
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,8 @@ from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
 from simple_sampler.launch import templates
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.triton.sampler_codec import decode_request, sample_request
+from simple_sampler.triton.sampler_decode import decode_request
+from simple_sampler.triton.sampler_serve import sample_request
 
 V = 50
 
@@ -264,7 +265,7 @@ def test_packed_scalars_are_checked_like_the_separate_tensors(logits):
 def test_padded_int32_lists_decode_as_numpy_does():
     """The Cython pass (int32) and the numpy one (int64) give the same CSR
     and values for padding anywhere in a row, and name the same bad entry."""
-    from simple_sampler.triton.sampler_codec import _id_lists
+    from simple_sampler.triton.sampler_decode import _id_lists
 
     rng = np.random.default_rng(5)
     ids = rng.integers(0, V, (6, 9))
@@ -292,7 +293,8 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     from simple_sampler import _sampling
     from simple_sampler.sampling import ROW_SCALARS, kernel_params
     from simple_sampler.schema import ROW_SCALARS_RECORD
-    from simple_sampler.triton import sampler_codec as codec
+    from simple_sampler.triton import sampler_decode
+    from simple_sampler.triton import sampler_packed
 
     above_one, above_two = np.nextafter(np.float32(1), 2), np.nextafter(np.float32(2), 3)
     edges = {"temperature": [0.0, 1e-6, 9.99e-6, 1e-5, 0.7, 3.0, np.inf, -1e-9, np.nan],
@@ -324,7 +326,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     def c_pass(records):
         scalars = np.empty(len(records), ROW_SCALARS)
         failed, any_top = _sampling.packed_row_scalars(
-            codec.PACKED_LAYOUT, records.view(np.uint8).reshape(len(records), -1), V, scalars)
+            sampler_packed.PACKED_LAYOUT, records.view(np.uint8).reshape(len(records), -1), V, scalars)
         return failed, any_top, scalars
 
     refused = []
@@ -332,7 +334,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
         one = records[row:row + 1]
         failed, any_top, scalars = c_pass(one)
         try:
-            decoded = codec.decode_request(
+            decoded = sampler_decode.decode_request(
                 {"logits": np.zeros((1, V), np.float32),
                  "row_scalars": one.view(np.uint8).reshape(1, -1)},
                 V, None, None)
@@ -351,7 +353,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
 
 def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_them():
     """serve_request decides the llm model's packed compact requests in one
-    C call (``_serve_plain_compact``) with exactly the outputs of the general
+    C call (``decide_plain_compact``) with exactly the outputs of the general
     path (decode_request + sample_request); a request that call does not
     take (top logprobs, a bad record, a bad id) goes the general way, with
     the general outputs or errors."""
@@ -361,6 +363,9 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
     from simple_sampler.serving.hot_first import compact_rows
     from simple_sampler.shvs import HotVocab
     from simple_sampler.triton import sampler_codec as codec
+    from simple_sampler.triton import sampler_decode
+    from simple_sampler.triton import sampler_packed
+    from simple_sampler.triton import sampler_serve
     from simple_sampler.schema import ROW_SCALARS_RECORD
 
     vocab, rows = 3000, 40
@@ -379,17 +384,17 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
     batch.want_logprobs = np.arange(rows) % 3 == 0
     compact = compact_rows(torch.from_numpy(logits), batch, hot)
     inputs = {**codec.compact_arrays(compact, packed=True), **codec.batch_arrays(batch, packed=True)}
-    assert inputs.keys() == {*codec._PLAIN_COMPACT, "end_id"}
+    assert inputs.keys() == {*sampler_packed._PLAIN_COMPACT, "end_id"}
     # the banned stop ids change the rows that have them: tokens differ without the bans
     assert not np.array_equal(
-        codec.serve_request({k: v for k, v in inputs.items() if k != "end_id"}, vocab,
+        sampler_serve.serve_request({k: v for k, v in inputs.items() if k != "end_id"}, vocab,
                             hot).outputs["output_ids"],
-        codec.serve_request(inputs, vocab, hot).outputs["output_ids"])
+        sampler_serve.serve_request(inputs, vocab, hot).outputs["output_ids"])
 
     def both(inputs):
-        general = codec.sample_request(codec.decode_request(inputs, vocab, hot), 1, hot)
-        return (codec._serve_plain_compact(inputs, vocab, hot, None, 1),
-                codec.serve_request(inputs, vocab, hot), general)
+        general = sampler_serve.sample_request(sampler_decode.decode_request(inputs, vocab, hot), 1, hot)
+        return (sampler_packed.decide_plain_compact(inputs, vocab, hot, None, 1),
+                sampler_serve.serve_request(inputs, vocab, hot), general)
 
     plain, served, (outputs, outcomes) = both(inputs)
     assert plain is not None, "the llm model's form must take the C path"
@@ -431,11 +436,11 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
         np.testing.assert_array_equal(served.outputs[name], outputs[name], err_msg=name)
     records["runtime_top_p"][7] = 0.0
     with pytest.raises(InvalidRequest, match=r"row 7: runtime_top_p must be in \(0, 1\], got 0.0"):
-        codec.serve_request({**inputs, "row_scalars": records.view(np.uint8)}, vocab, hot)
+        sampler_serve.serve_request({**inputs, "row_scalars": records.view(np.uint8)}, vocab, hot)
     touched = inputs["touched_ids"].copy()
     touched[3, 0] = hot.ids[1]  # a hot id among the touched ones
     with pytest.raises(InvalidRequest, match=f"touched_ids must not hold hot ids, got {hot.ids[1]}"):
-        codec.serve_request({**inputs, "touched_ids": touched}, vocab, hot)
+        sampler_serve.serve_request({**inputs, "touched_ids": touched}, vocab, hot)
 
 
 def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
@@ -443,9 +448,9 @@ def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
     size, and cold arrays shorter than the rows are refused, not read."""
     from simple_sampler import _sampling
     from simple_sampler.sampling import ROW_SCALARS
-    from simple_sampler.triton import sampler_codec as codec
+    from simple_sampler.triton import sampler_packed
 
-    layout = codec.PACKED_LAYOUT
+    layout = sampler_packed.PACKED_LAYOUT
     with pytest.raises(ValueError, match=r"records must be \[B, 64\]"):
         _sampling.packed_row_scalars(layout, np.zeros((2, 60), np.uint8), V,
                                      np.empty(2, ROW_SCALARS))

@@ -12,7 +12,8 @@ from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
 from simple_sampler.row_arena import RowArena, RowReader
 from simple_sampler.sampling import sample
-from simple_sampler.triton.sampler_codec import decode_request, sample_request
+from simple_sampler.triton.sampler_decode import decode_request
+from simple_sampler.triton.sampler_serve import sample_request
 from simple_sampler.settings import LlmSettings, parse_endpoints
 from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget, build_pool
 

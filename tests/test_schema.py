@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2
 
 from simple_sampler import cli, schema
 from simple_sampler.client import common
-from simple_sampler.serving.decoder import GenerationRequest
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.triton import generate_io, sampler_codec
 from simple_sampler.launch.install import project_file

@@ -14,9 +14,11 @@ from simple_sampler.cli import build_parser, main
 from simple_sampler.params import SamplingParams
 from simple_sampler.rows import (HOT_ROWS_SOURCE, SYNTHETIC_SOURCE_ROWS, map_hot_ids, real_rows,
                                   synthetic_hot_rows, synthetic_rows)
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
-from simple_sampler.serving.simulated import (BANK_OFFSETS, LABEL, SimulatedCodec,
-                                              SimulatedEngine, SimulatedSpec)
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
+from simple_sampler.serving.simulated import BANK_OFFSETS, LABEL, SimulatedEngine, SimulatedSpec
+from simple_sampler.serving.simulated_text import SimulatedCodec
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.shvs.hot_vocab import load_profile
 from simple_sampler.launch.install import project_file

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import slow_tritonserver
 
-from simple_sampler.launch.processes import SHM_DIRECTORY, alive, list_stubs, mapped_regions
+from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs, mapped_regions
+from simple_sampler.pids import alive
 from simple_sampler.launch.server import TritonServer, free_port, port_in_use
 from simple_sampler.launch.supervisor import arena_prefix
 

@@ -70,7 +70,7 @@ def test_calls_per_request_from_the_profiles_of_two_instances(monkeypatch, tmp_p
     functions = summary["functions"]
     assert functions["decode_request"]["calls_per_request"] == 1.0
     assert functions["serve_request"]["calls_per_request"] == 1.0
-    assert functions["_serve_plain_compact"] == {"calls_per_request": 0.0, "share": 0.0}
+    assert functions["decide_plain_compact"] == {"calls_per_request": 0.0, "share": 0.0}
     assert functions["increment"]["calls_per_request"] == 0.5  # Python method, by name
     assert functions["sample_compact"] == {"calls_per_request": 0.0, "share": 0.0}
     assert 0 < functions["sample_request"]["share"] < functions["decode_request"]["share"] <= 1

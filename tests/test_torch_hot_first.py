@@ -15,7 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fakes import FakeTokenizer
 from simple_sampler.bench.serve_sim import hot_first_sampler
 from simple_sampler.params import SamplingParams
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.engine import SummarizesHotFirst
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving.torch_engine import TorchEngine

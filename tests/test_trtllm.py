@@ -19,11 +19,14 @@ import torch
 
 import fake_tensorrt_llm as fake
 from simple_sampler import SamplingParams
-from simple_sampler.serving.decoder import Decoder, GenerationRequest, threaded
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.samplers import threaded
+from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.engine import SequenceFailed
 from simple_sampler.serving.text import TextCodec
-from simple_sampler.serving import trtllm
-from simple_sampler.serving.trtllm import TrtLlmEngine, load_tensorrt_llm
+from simple_sampler.serving import trtllm_api, trtllm_bridge
+from simple_sampler.serving.trtllm import TrtLlmEngine
+from simple_sampler.serving.trtllm_api import load_tensorrt_llm
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import build_engine
 from fakes import VOCAB, FakeTokenizer
@@ -295,7 +298,7 @@ def test_cuda_rows_land_in_the_page_locked_block_in_the_engines_dtype(make_engin
         rows = [torch.randn(1, 1, VOCAB + fake.PADDING, device="cuda").to(dtype)
                 for _ in range(2)]
     stream.synchronize()
-    as_staged = trtllm.STAGED_DTYPES[staged][1]
+    as_staged = trtllm_bridge.STAGED_DTYPES[staged][1]
     expected = torch.stack([row.reshape(-1)[:VOCAB].to(as_staged).cpu() for row in rows])
     call = threading.Thread(target=engine.llm.processor,
                             args=([0, 1], rows, [[[2]], [[4]]], stream.cuda_stream, [1, 2]))
@@ -350,14 +353,14 @@ def test_a_refused_page_lock_leaves_no_cuda_error_on_the_engines_thread(
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
     monkeypatch.setattr(torch.cuda, "set_device", cudart.set_device)
     processor = make_engine(llm_class=InertLLM).llm.processor
-    processor.shared = trtllm._attach(processor.shared_name)
+    processor.shared = trtllm_bridge._attach(processor.shared_name)
     device = torch.device("cuda", 1)
-    with caplog.at_level("WARNING", logger=trtllm.__name__):
+    with caplog.at_level("WARNING", logger=trtllm_bridge.__name__):
         processor._page_lock(device)
     cudart.launch_check()  # the engine thread's next launch: no stale error
     [(thread, on_device, size, flags)] = cudart.registered
     assert thread is not threading.current_thread() and on_device == device
-    assert size == processor.shared.buf.nbytes and flags == trtllm.CUDA_HOST_REGISTER_PORTABLE
+    assert size == processor.shared.buf.nbytes and flags == trtllm_bridge.CUDA_HOST_REGISTER_PORTABLE
     assert processor.page_locked is (result == 0)
     assert ("stays pageable: cudaHostRegister returned 801" in caplog.text) is bool(result)
 
@@ -371,16 +374,16 @@ def test_the_logits_dtype_comes_from_a_prebuilt_engines_config(tmp_path):
 
     spec = engine_spec("tensorrt_llm")
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
-    assert trtllm.read_logits_dtype(tmp_path) is None
+    assert trtllm_api.read_logits_dtype(tmp_path) is None
     assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm", model=str(tmp_path))) == "fp32"
     for name, expected in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32")):
         (tmp_path / "config.json").write_text(json.dumps(
             {"pretrained_config": {"vocab_size": VOCAB, "logits_dtype": name},
              "build_config": {}}))
-        assert trtllm.read_logits_dtype(tmp_path) == expected
+        assert trtllm_api.read_logits_dtype(tmp_path) == expected
         assert spec.logits_dtype(LlmSettings(engine="tensorrt_llm",
                                              model=str(tmp_path))) == expected
-    assert trtllm.read_logits_dtype(tmp_path / "absent") is None
+    assert trtllm_api.read_logits_dtype(tmp_path / "absent") is None
 
 
 def test_tensorrt_llm_is_imported_only_when_asked_for():
@@ -611,7 +614,7 @@ def test_the_bridge_reports_its_own_time(make_engine):
 
 OWNER = """
 import pickle, subprocess, sys, time
-from simple_sampler.serving.trtllm import DecisionPlaneProcessor
+from simple_sampler.serving.trtllm_bridge import DecisionPlaneProcessor
 processor = DecisionPlaneProcessor("unused", b"key", "unused", 1, 1)
 WORKER = "import pickle, sys, time; pickle.load(sys.stdin.buffer); time.sleep(60)"
 worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE)
@@ -651,11 +654,11 @@ def test_a_worker_exits_when_the_process_that_owns_its_processor_dies():
 @pytest.mark.parametrize("pidfd", [True, False])
 def test_the_owner_watch_sees_the_owner_go_with_or_without_pidfd(monkeypatch, pidfd):
     if not pidfd:
-        monkeypatch.setattr(trtllm, "OWNER_POLL_S", 0.05)
+        monkeypatch.setattr(trtllm_bridge, "OWNER_POLL_S", 0.05)
         monkeypatch.delattr(os, "pidfd_open", raising=False)
     owner = subprocess.Popen(["sleep", "60"])
     exits = []
-    trtllm.OwnerWatch(owner.pid, exit=exits.append).start()
+    trtllm_bridge.OwnerWatch(owner.pid, exit=exits.append).start()
     time.sleep(0.2)
     assert exits == []
     owner.kill()
@@ -663,4 +666,4 @@ def test_the_owner_watch_sees_the_owner_go_with_or_without_pidfd(monkeypatch, pi
     deadline = time.monotonic() + 10
     while not exits and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert exits == [trtllm.ORPHANED_EXIT_STATUS]
+    assert exits == [trtllm_bridge.ORPHANED_EXIT_STATUS]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import fake_tensorrt_llm as fake
-from simple_sampler.serving.trtllm import DecisionPlaneProcessor, TrtLlmEngine
+from simple_sampler.serving.trtllm import TrtLlmEngine
+from simple_sampler.serving.trtllm_bridge import DecisionPlaneProcessor
 
 API = json.loads(Path(__file__).with_name("trtllm_api.json").read_text())["names"]
 

@@ -1,7 +1,7 @@
 """Triton Python-based backend `simple_sampler`: logits in, tokens out.
 
 A thin adapter: tensors are decoded, checked and sampled by
-``simple_sampler.triton.sampler_codec.serve_request`` (tested without a
+``simple_sampler.triton.sampler_serve.serve_request`` (tested without a
 server) and the Cython kernels. Each model instance is its own process; the sampler keeps
 no state between requests (draws are keyed by seed and step), so any
 instance can serve any row.
@@ -20,7 +20,7 @@ from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untrunc
 from simple_sampler import logs
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.counters import BatchedCounters
-from simple_sampler.triton.sampler_codec import serve_request
+from simple_sampler.triton.sampler_serve import serve_request
 from simple_sampler.triton.stub_profile import StubProfile
 
 log = logging.getLogger("simple_sampler.backend")

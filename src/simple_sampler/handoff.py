@@ -175,7 +175,7 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
     (touched offsets int64, ids int32, cold_argmax int64, cold_max float32,
     cold_token int64, cold_token_logit float32: empty when none came)
     arrays. shapes_checked: the caller checked every shape and built the
-    offsets (``sampler_codec.decode_request``): only the kernel pass over
+    offsets (``sampler_decode.decode_request``): only the kernel pass over
     the ids (and the cold tokens) is left."""
     vocab = hot_vocab.vocab_size
     offsets = np.ascontiguousarray(rows.touched_offsets, np.int64)
@@ -238,7 +238,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     batch: the rows' parameters and histories, length B (as for ``sample``).
     hot_vocab: the H the rows were summarized with. Other arguments as for
     ``sample`` (validated included); shapes_checked: the compact rows come
-    from ``sampler_codec.decode_request``, which checked their shapes and
+    from ``sampler_decode.decode_request``, which checked their shapes and
     built their offsets (their ids are checked here all the same). Raises
     ValueError for malformed compact rows, bad
     parameters, NaN / +inf logits (a cold one is reported at cold_argmax),

@@ -37,7 +37,7 @@ class Interval(NamedTuple):
     """Allowed values from low to high, each end open or closed (NaN never
     passes). Called on a value or numpy array: the bool mask of the allowed
     values. Bounds, not code, so that the sampler's C pass over packed
-    records (``sampler_codec``) checks by the same rules."""
+    records (``sampler_packed``) checks by the same rules."""
 
     low: float
     high: float
@@ -341,7 +341,7 @@ class SamplingBatch:
 
     def validate_bias(self, vocab_size: int) -> None:
         """The part of ``validate`` that a decoder which built the offsets
-        and range-checked every id itself still needs (sampler_codec): bias
+        and range-checked every id itself still needs (sampler_decode): bias
         values finite or -inf, no id twice in a row's bias."""
         bias = np.asarray(self.bias_values, dtype=np.float64)
         if bias.size == 0:

@@ -46,6 +46,7 @@ import ml_dtypes
 import numpy as np
 
 from ._sampling import Dtype
+from .pids import alive
 
 SHM_DIR = "/dev/shm"
 PREFIX = "simple-sampler-rows-"
@@ -86,16 +87,6 @@ def region_name(key: int, namespace: int | None = None) -> str:
     return f"{PREFIX}{namespace}-{key >> 32}-{key & 0xFFFFFFFF:08x}"
 
 
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_orphans() -> list[str]:
     """Unlink the regions of this pid namespace whose owner process is gone;
     returns their names."""
@@ -105,7 +96,7 @@ def remove_orphans() -> list[str]:
         if not name.startswith(mine):
             continue
         pid = name[len(mine):].split("-")[0]
-        if pid.isdigit() and not _owner_alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(name)

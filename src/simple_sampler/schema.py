@@ -2,7 +2,7 @@
 be left out, what its absence means and what values it takes.
 
 The codecs (``triton/generate_io.py``, ``triton/sampler_codec.py``,
-``triton/sampler_client.py``), the Python client (``client/common.py``) and
+``triton/sampler_decode.py``, ``triton/sampler_client.py``), the Python client (``client/common.py``) and
 ``simple-sampler generate`` take names and dtypes from here; the
 ``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for
 Triton and for readers, and tests/test_schema.py holds both to this module.
@@ -40,9 +40,13 @@ SHUTTING_DOWN = "the server is shutting down"
 
 
 class InvalidRequest(ValueError):
-    """A request a model refuses, the client's mistake (INVALID_ARG, HTTP 400);
-    the message names the input and the allowed range. Raised by both codecs
-    (``triton/generate_io``, ``triton/sampler_codec``)."""
+    """A request refused as the client's mistake (INVALID_ARG, HTTP 400); the
+    message names the input and the allowed range. The one type every
+    client mistake is raised as (subclasses allowed: the front door's
+    ``frontend.protocol.RequestError``), by the codecs (``triton/generate_io``,
+    ``triton/sampler_decode``), the request's checks (``serving/generation``,
+    ``serving/text``) and the front door; what the models and the front door
+    answer 400 for, anything else being ours (5xx)."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializ
 from simple_sampler import logs
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.llm_service import LlmService, Unavailable
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.llm_delivery import Unavailable
+from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
@@ -62,7 +64,7 @@ def call_sampler(model_name):
 
 
 def send_tokens(response_sender, text_output, output_ids):
-    """``llm_service.SendTokens``: a stream's token, its two tensors straight
+    """``llm_delivery.SendTokens``: a stream's token, its two tensors straight
     from the service's step arrays (already [1, 1]); sent by the service."""
     return functools.partial(response_sender.send, pb_utils.InferenceResponse(
         output_tensors=[pb_utils.Tensor("text_output", text_output),
@@ -72,7 +74,7 @@ def send_tokens(response_sender, text_output, output_ids):
 def error_code(error):
     """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
     UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
-    if isinstance(error, ValueError):
+    if isinstance(error, InvalidRequest):
         return pb_utils.TritonError.INVALID_ARG
     if isinstance(error, Unavailable):
         return pb_utils.TritonError.UNAVAILABLE
@@ -140,7 +142,7 @@ class TritonPythonModel:
 
     def _sender(self, response_sender):
         def send(outputs, error, final):
-            """Builds the response; the service sends it (``llm_service.Send``)."""
+            """Builds the response; the service sends it (``llm_delivery.Send``)."""
             if outputs is None and error is None:  # the final flag alone
                 response = None
             elif error is not None:

@@ -7,6 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.serving.text import TextCodec
 from simple_sampler import logs
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.generate_io import encode_prompt
 
 log = logging.getLogger("simple_sampler.preprocessing")
@@ -28,7 +29,7 @@ class TritonPythonModel:
                       if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             try:
                 ids = encode_prompt(self.codec, inputs)
-            except ValueError as error:
+            except InvalidRequest as error:
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
                 continue

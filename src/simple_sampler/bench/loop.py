@@ -31,7 +31,8 @@ import torch
 
 from ..params import History, SamplingBatch, SamplingParams, ragged
 from ..serving.batch_state import BatchState
-from ..serving.decoder import Decoder, GenerationRequest
+from ..serving.decoder import Decoder
+from ..serving.generation import GenerationRequest
 from ..serving.text import TextCodec
 
 PENALTIES = {"off": SamplingParams(temperature=0.8, top_p=0.95),

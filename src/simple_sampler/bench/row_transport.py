@@ -161,7 +161,8 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     rows; the caller closes the returned arena."""
     from ..row_arena import RowArena, RowReader
     from ..sampling import logits_array, sample
-    from ..triton.sampler_codec import batch_arrays, serve_request
+    from ..triton.sampler_codec import batch_arrays
+    from ..triton.sampler_serve import serve_request
 
     host = logits_array(rows)
     arena = RowArena(1, host.nbytes)
@@ -189,7 +190,8 @@ def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, 
     from ..sampling import logits_array
     from ..serving.hot_first import undecidable_rows
     from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
-    from ..triton.sampler_codec import batch_arrays, compact_arrays, serve_request
+    from ..triton.sampler_codec import batch_arrays, compact_arrays
+    from ..triton.sampler_serve import serve_request
 
     params.want_logprobs = np.zeros(len(params), bool)
     lease, reader = arena.reference(arena.share(logits_array(rows))), RowReader()

@@ -50,7 +50,8 @@ import gc
 
 from ..models import load_model, random_model
 from ..rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synthetic_hot_rows
-from ..serving.decoder import Decoder, kernel_sample, threaded
+from ..serving.decoder import Decoder
+from ..serving.samplers import kernel_sample, threaded
 from ..serving.device import resolve
 from ..serving.static_decode import (StaticEngine, bytes_per_step, copy_bandwidth,
                                      forward_only_ms, model_from_config)
@@ -170,7 +171,7 @@ def run_forward_only(model, batch: int, warmup: int, measure: int, bandwidth: fl
 
 def load(model_source, model_config, random_weights: bool, device, torch_dtype):
     """(model on the device, codec, label)."""
-    from ..serving.simulated import SimulatedCodec
+    from ..serving.simulated_text import SimulatedCodec
 
     if model_config is not None:
         model = model_from_config(model_config, device, torch_dtype)

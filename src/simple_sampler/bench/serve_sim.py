@@ -26,9 +26,12 @@ import numpy as np
 from ..params import SamplingBatch, SamplingParams
 from ..rows import HOT_ROWS_SOURCE, map_hot_ids
 from ..sampling import sample
-from ..serving.decoder import Decoder, GenerationRequest, kernel_sample, threaded
+from ..serving.decoder import Decoder
+from ..serving.samplers import kernel_sample, threaded
+from ..serving.generation import GenerationRequest
 from ..serving.engine import StepsThen
-from ..serving.simulated import LABEL, SimulatedCodec, SimulatedEngine, SimulatedSpec
+from ..serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
+from ..serving.simulated_text import SimulatedCodec
 from ..shvs.hot_vocab import HotVocab
 
 #: (mode label, decoder mode, micro_batches)
@@ -184,7 +187,7 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int):
     (the sampler model's own code, ``serve_request``), the undecided rows
     whole."""
     from ..triton import hot_first_sampler as hot_first
-    from ..triton.sampler_codec import serve_request
+    from ..triton.sampler_serve import serve_request
     from ..triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
+from ..schema import InvalidRequest
 from . import translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
 from .translate import Plan, Served
@@ -110,9 +111,11 @@ def build_app(served: Served, generate: Generate,
     app = FastAPI(title="SIMPLE for Triton: OpenAI-compatible API", docs_url=None,
                   redoc_url=None, openapi_url=None)
 
-    @app.exception_handler(RequestError)
-    async def request_error(_request, error: RequestError):
-        return JSONResponse(error.body(), status_code=error.status)
+    @app.exception_handler(InvalidRequest)  # the client's mistake, RequestError or not
+    async def request_error(_request, error: InvalidRequest):
+        if isinstance(error, RequestError):
+            return JSONResponse(error.body(), status_code=error.status)
+        return _error(400, str(error), "invalid_request_error")
 
     @app.exception_handler(GenerationError)
     async def refused(_request, error: GenerationError):

@@ -24,6 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from ..schema import InvalidRequest
+
 #: OpenAI's request fields this server does not implement (refused by name
 #: unless null); everything else not declared below is an unknown field.
 UNSUPPORTED = frozenset({
@@ -115,8 +117,9 @@ class ChatCompletionRequest(Sampling):
     top_logprobs: int | None = None
 
 
-class RequestError(ValueError):
-    """A client mistake: answered 400 in OpenAI's error shape.
+class RequestError(InvalidRequest):
+    """A client mistake (``schema.InvalidRequest``), in OpenAI's error shape:
+    its status (400 unless said), field, code and type.
 
     param: the request field it concerns (dotted path), or None."""
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..client import Chunk
 from ..params import RULES
-from ..schema import GENERATE_INPUTS, INPUT_IDS
+from ..schema import GENERATE_INPUTS, INPUT_IDS, InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
@@ -173,7 +173,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     try:
         prompt_ids = served.codec.encode_chat(
             [{"role": m.role, "content": m.text} for m in request.messages])
-    except ValueError as error:
+    except InvalidRequest as error:
         raise RequestError(str(error), "messages") from None
     return _plan(request, served, True, prompt_ids,
                  _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs))

@@ -197,7 +197,7 @@ def run_reference_child(command: list[str], log_path: Path, timeout_s: float,
 
 
 def tensorrt_llm_reference(options: Options, prompt_ids: list[int]) -> list[int]:
-    """``serving.trtllm.greedy_reference`` in a child process (its GPU memory
+    """``serving.trtllm_api.greedy_reference`` in a child process (its GPU memory
     and MPI workers end with it; TensorRT-LLM wants its entry point under
     ``__main__``), its output in ``logs/reference.log``, within
     ``options.reference_timeout`` (``run_reference_child``)."""
@@ -474,7 +474,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _reference_main(request: str) -> None:
     """The child process of :func:`tensorrt_llm_reference`: prints the ids."""
-    from ..serving.trtllm import greedy_reference
+    from ..serving.trtllm_api import greedy_reference
 
     print(REFERENCE_MARK + json.dumps(greedy_reference(**json.loads(request))), flush=True)
 

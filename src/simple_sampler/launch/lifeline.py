@@ -13,9 +13,10 @@ is killed and the stubs' shared memory removed (processes.end_group). A
 launcher that stops its server itself closes the pipe once the server is
 gone: the group is empty then, and this process just exits.
 
-Standard library only, and processes.py is loaded by its path, not through
-the package: importing ``simple_sampler`` would import numpy and the kernels,
-seconds on a loaded machine for a process that only waits.
+Standard library only (processes.py adds ``simple_sampler.pids``, which
+imports nothing else), and processes.py is loaded by its path, not through
+the package's modules: those would import numpy and the kernels, seconds on
+a loaded machine for a process that only waits.
 """
 import importlib.util
 import os

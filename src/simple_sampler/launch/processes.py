@@ -1,9 +1,9 @@
 """A Triton server's processes, read from /proc, and how to end them all.
 
-Standard library only, imported by path (not through the package) by the
-lifeline watcher (lifeline.py), which must start in milliseconds and must not
-import numpy or the kernels: it only reads /proc, signals processes and
-removes files in /dev/shm.
+Standard library and ``simple_sampler.pids`` only, imported by path (not
+through the package) by the lifeline watcher (lifeline.py), which must start
+in milliseconds and must not import numpy or the kernels: it only reads
+/proc, signals processes and removes files in /dev/shm.
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+# Absolute: the lifeline loads this file by its path, outside the package.
+from simple_sampler.pids import alive
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
 SHM_DIRECTORY = Path("/dev/shm")
@@ -34,15 +37,6 @@ class Stub:
         if len(argv) < 9 or not argv[0].endswith(STUB_EXECUTABLE):
             return None
         return cls(pid, Path(argv[1]).parent.parent.name, argv[8], argv[2])
-
-
-def alive(pid: int) -> bool:
-    """False for a process that is gone or a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _processes():

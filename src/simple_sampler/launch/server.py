@@ -25,7 +25,8 @@ from .startup import StartInterrupted
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
-from .processes import SHM_DIRECTORY, alive, end_group, list_stubs, unlink_shm
+from ..pids import alive
+from .processes import SHM_DIRECTORY, end_group, list_stubs, unlink_shm
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)

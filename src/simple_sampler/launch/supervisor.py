@@ -27,10 +27,11 @@ import threading
 import time
 
 from .. import row_arena
+from ..pids import alive
 # Re-exported: the process listing lives in processes.py (standard library
 # only) so that the lifeline watcher can use it without importing the package.
 from .processes import (  # noqa: F401
-    SHM_DIRECTORY, STUB_EXECUTABLE, Stub, alive as _alive, list_stubs, unlink_shm)
+    SHM_DIRECTORY, STUB_EXECUTABLE, Stub, list_stubs, unlink_shm)
 from .startup import StartInterrupted
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class Supervisor:
                 waiting.append((deadline, stubs))
                 continue
             for stub in stubs:
-                if _alive(stub.pid):
+                if alive(stub.pid):
                     log.warning("killing stub %s (pid %d) of %s's unloaded generation",
                                 stub.instance, stub.pid, stub.model)
                     try:

@@ -52,16 +52,8 @@ an unseeded request gets one random seed at submission, so a seeded request
 yields the same tokens whatever the batch composition, lane split or mode of
 admission.
 
-Events (:class:`GenerationEvent`) carry one generated token each; the last
-one has ``finish_reason`` (TensorRT-LLM / OpenAI naming): ``"stop"`` (end id
-or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
-``error`` when the step or sampler failed. Every submitted request gets
-exactly one final event; a request rejected by validation raises ValueError
-from :meth:`Decoder.submit` instead. The end id and the tokens of a stop
-word count as generated tokens and are in ``token_ids``; their text is not
-in ``text``. A consumer that streams many requests (the llm model) takes
-their other tokens a step at a time instead (``Decoder.on_step``,
-``RequestHandle.listen`` with a sink): no event per token, one call per step.
+Requests, their events and handles: ``serving/generation.py``; the loop's
+timings: ``serving/decoder_stats.py``.
 """
 from __future__ import annotations
 
@@ -73,292 +65,41 @@ import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ..params import SamplingBatch, SamplingParams
-from ..sampling import sample
+from ..params import SamplingBatch
 from ..settings import SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
+from .decoder_stats import Activity, DecoderStats
 from .engine import Engine, SelfScheduling, SequenceFailed, StepsThen, step_then
+from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
+                         GenerationEvent, GenerationRequest, RequestHandle)
 from .inline import sample_torch
-from .text import Detokenizer, StopMatcher, TextCodec
+from .samplers import AsyncSampler, SampleResult, kernel_sample
+from .text import StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
 
-FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
-TIMING_RECORDS = 4096  # per-step records kept (the oldest are dropped)
 
-SampleResult = tuple[np.ndarray, np.ndarray]
-AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
+@dataclass(frozen=True, slots=True)
+class DataPlaneStep:
+    """One step as the data-plane thread ran it (``Decoder._data_plane_step``)."""
 
-
-def kernel_sample(logits: torch.Tensor, batch: SamplingBatch,
-                  num_threads: int | None = None) -> SampleResult:
-    """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``
-    (logprobs NaN when no row of the batch wants them), its rows spread over
-    ``num_threads`` threads (default: ``sampling.default_num_threads()``)."""
-    wanted = batch.want_logprobs is None or bool(np.any(batch.want_logprobs))
-    out = sample(logits, batch, return_logprobs=wanted, num_threads=num_threads)
-    return out.token_ids, out.logprobs
-
-
-def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = kernel_sample
-             ) -> AsyncSampler:
-    """An async sampler running ``sample_fn`` in a worker thread: a stand-in
-    for the remote decision plane (the kernels release the GIL)."""
-    async def sampler(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
-        return await asyncio.to_thread(sample_fn, logits, batch)
-    return sampler
-
-
-def _string_list(name: str, value) -> None:
-    if isinstance(value, str) or not all(isinstance(w, str) and w for w in value):
-        raise ValueError(f"{name} must be a list of non-empty strings, got {value!r}")
-
-
-@dataclass
-class GenerationRequest:
-    """One generation. Give ``text`` (encoded with the model's tokenizer,
-    through the chat template when ``chat``) or ``prompt_ids``.
-
-    ``end_id`` defaults to the tokenizer's end-of-sequence id; it stops the
-    generation unless ``ignore_end``, and ``sampling.min_tokens`` bans it
-    until that many tokens exist. ``stop_words`` end the generation (text cut
-    before the word); ``bad_words`` are never generated (each word's last
-    token is banned whenever the sequence ends with the word's other tokens).
-    """
-
-    text: str | None = None
-    prompt_ids: Sequence[int] | None = None
-    chat: bool = False
-    max_tokens: int = 16
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    end_id: int | None = None
-    ignore_end: bool = False
-    stop_words: Sequence[str] = ()
-    bad_words: Sequence[str] = ()
-    return_log_probs: bool = False
-
-    def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
-                 max_tokens_limit: int | None = None) -> None:
-        """Raise ValueError naming the field and its allowed range.
-
-        ``prompt_length`` (once known) must leave room for ``max_tokens`` in
-        ``max_context``; ``max_tokens_limit`` defaults to ``max_context - 1``.
-        """
-        if (self.text is None) == (self.prompt_ids is None):
-            raise ValueError("give exactly one of text_input and prompt_ids")
-        if self.text is not None and (not isinstance(self.text, str) or not self.text):
-            raise ValueError("text_input must be a non-empty string")
-        if self.prompt_ids is not None:
-            ids = list(self.prompt_ids)
-            if not ids or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
-                                  for t in ids):
-                raise ValueError(f"prompt_ids must be a non-empty list of token ids in "
-                                 f"[0, {vocab_size})")
-        limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
-                or not 1 <= self.max_tokens <= limit:
-            raise ValueError(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
-        if prompt_length is not None and prompt_length + self.max_tokens > max_context:
-            raise ValueError(f"the prompt ({prompt_length} tokens) plus max_tokens "
-                             f"({self.max_tokens}) must be at most the context, {max_context} "
-                             f"tokens")
-        self.sampling.validate(vocab_size)
-        if self.end_id is not None and not 0 <= self.end_id < vocab_size:
-            raise ValueError(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
-        _string_list("stop_words", self.stop_words)
-        _string_list("bad_words", self.bad_words)
-
-
-@dataclass
-class GenerationEvent:
-    """One step of a request's stream. ``text`` is the new stable text (may
-    be ''); ``token_ids`` and ``logprobs`` the tokens generated this step
-    (logprobs empty unless ``return_log_probs``); ``cum_log_prob`` their
-    running sum (NaN unless asked). The final event has ``finish_reason`` or
-    ``error`` set."""
-
-    request_id: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    num_input_tokens: int
-    num_output_tokens: int
-    cum_log_prob: float
-    finish_reason: str | None = None
-    error: str | None = None
-    #: with ``error``: the server could not serve it now (it is shutting
-    #: down); the same request sent again may succeed (UNAVAILABLE, 503)
-    retryable: bool = False
-
-    @property
-    def final(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
-
-
-class RequestHandle:
-    """A submitted request: iterate it for its events, ``cancel()`` to stop it."""
-
-    def __init__(self, decoder: "Decoder", request_id: int):
-        self.decoder, self.request_id = decoder, request_id
-        # A deque and one waiter, not an asyncio.Queue: the decode loop puts
-        # one event per request per step (B at a time), and the queue's
-        # bookkeeping (getters, unfinished-task count, its join Event) is
-        # work nobody here uses: one reader, no join.
-        self.pending: collections.deque[GenerationEvent] = collections.deque()
-        self.waiter: asyncio.Future | None = None
-        self.sink: object = None  # listen()
-
-    def listen(self, listener: Callable[[GenerationEvent], None], sink: object = None) -> None:
-        """Hand every event to ``listener`` as the decode loop makes it,
-        instead of iterating: a step's events are then delivered in the
-        loop's one pass over the step's rows, with no reader coroutine to
-        wake per event. Events already made go first. Call on the decoder's
-        event loop; the handle is then no longer iterable.
-
-        With a ``sink`` (anything the consumer finds its request by) and the
-        decoder's ``on_step`` set, a token that does not end the request
-        makes no event: the step's such tokens go to ``on_step`` together,
-        once per step (``Decoder._deliver``); the final event still comes
-        to ``listener``."""
-        # The listener replaces put() on this handle: the decode loop's
-        # put(event) is then the listener's call itself, no call in between.
-        self.put = listener
-        self.sink = sink
-        sequence = self.decoder.by_id.get(self.request_id)
-        if sequence is not None:
-            sequence.stepped = sink is not None and self.decoder.on_step is not None
-        while self.pending:
-            listener(self.pending.popleft())
-
-    def put(self, event: GenerationEvent) -> None:
-        """Queue an event (on the decoder's event loop) and wake the reader
-        (``listen`` replaces it)."""
-        self.pending.append(event)
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():  # done: its reader was cancelled
-            waiter.set_result(None)
-
-    def cancel(self) -> None:
-        """Ask to stop; the final event (``"cancelled"``) follows at the
-        request's next step, or at once while it is still queued."""
-        self.decoder._cancel(self.request_id)
-
-    async def __aiter__(self) -> AsyncIterator[GenerationEvent]:
-        while True:
-            while not self.pending:
-                self.waiter = asyncio.get_running_loop().create_future()
-                await self.waiter
-            event = self.pending.popleft()
-            yield event
-            if event.final:
-                return
-
-
-@dataclass
-class StepRecord:
-    """One engine forward: rows, its time, its sampler's time and the decode
-    loop's own Python time around it (seconds; see ``DecoderStats.loop_s``)."""
-
-    rows: int
-    data_plane_s: float
-    sampler_s: float
-    loop_s: float
-
-
-@dataclass
-class DecoderStats:
-    """Cumulative timings (seconds) since the decoder started.
-
-    ``busy_s``: time a forward or a sampler was running; ``data_plane_s``:
-    forward time, the sampler's data-plane half included; ``summary_s``:
-    that half alone (the hot-first summary: ``summarize``), timed around it
-    in the data-plane thread (with ``engine.StepsThen``, the simulated
-    engine's, its emulation on this CPU, not the device time it models);
-    ``sampler_s``: total sampler time (overlapped or not);
-    ``sampling_exposed_s``: time sampling ran while no forward did, the part
-    on the critical path. ``sampling_share`` = exposed / busy. ``loop_s``:
-    the CPU time (``time.thread_time``) of the decode loop's own Python work
-    (reaping and admission, building the sampling batch, delivering tokens
-    and events, appending to the engine), forward and sampler time excluded:
-    at GPU pace it is on the critical path of every step, so ``loop_s /
-    steps`` must stay well under a step. CPU rather than wall time, so that
-    on a small machine the time the sampler's threads take the loop thread's
-    core does not count as the loop's: a GPU host has cores to spare.
-    ``forward_wait_s``: wall time a step's forward waited on either side,
-    for the data-plane thread to start it after the loop handed it over and
-    for the loop to take its rows once it was done: the decode loop busy
-    with other work (answering the step before, another lane) while the
-    data plane sat idle, on the critical path of every step.
-    """
-
-    busy_s: float = 0.0
-    data_plane_s: float = 0.0
-    summary_s: float = 0.0
-    sampler_s: float = 0.0
-    loop_s: float = 0.0
-    sampling_exposed_s: float = 0.0
-    forward_wait_s: float = 0.0
-    sampler_retries: int = 0
-    steps: int = 0
-    tokens: int = 0
-    records: collections.deque = field(
-        default_factory=lambda: collections.deque(maxlen=TIMING_RECORDS))
-
-    @property
-    def sampling_share(self) -> float:
-        return self.sampling_exposed_s / self.busy_s if self.busy_s else 0.0
-
-
-class _Activity:
-    """Counts forwards and samplers in flight on the event loop and turns
-    their overlap into ``busy_s`` and ``sampling_exposed_s``."""
-
-    def __init__(self, stats: DecoderStats):
-        self.stats = stats
-        self.forwards = self.samplers = 0
-        self.since = time.perf_counter()
-
-    def change(self, forwards: int = 0, samplers: int = 0) -> None:
-        now = time.perf_counter()
-        elapsed, self.since = now - self.since, now
-        if self.forwards or self.samplers:
-            self.stats.busy_s += elapsed
-        if self.samplers and not self.forwards:
-            self.stats.sampling_exposed_s += elapsed
-        self.forwards += forwards
-        self.samplers += samplers
-
-
-@dataclass(eq=False)
-class _DecodeSequence:
-    """A request's state inside the decoder."""
-
-    request_id: int
-    request: GenerationRequest
-    handle: RequestHandle
-    prompt_ids: list[int]
-    params: SamplingParams  # seeded, end id among the stop ids
-    detokenizer: Detokenizer
-    stop: StopMatcher
-    bad_words_ids: list[list[int]]
-    num_input_tokens: int = 0  # len(prompt_ids), kept for every event
-    #: tokens generated; the ids themselves are in the decoder's BatchState
-    #: (``Decoder.output_ids``)
-    generated: int = 0
-    max_tokens: int = 0  # request.max_tokens, read per token
-    stop_ids: frozenset = frozenset()  # params.stop_token_ids, tested per token
-    cum_log_prob: float = 0.0
-    cancelled: bool = False
-    done: bool = False
-    #: its tokens that do not end it go to Decoder.on_step (RequestHandle.listen)
-    stepped: bool = False
-    slot: int = -1  # in the decoder's BatchState while in a lane
+    logits: torch.Tensor
+    #: the sampler's data-plane half's result; None without one, or once sampled
+    summary: object
+    #: (tokens, logprobs) when sampled in the thread; None: the event loop awaits the sampler
+    sampled: SampleResult | None
+    forward_s: float  # the forward and the data-plane half: data-plane time
+    #: the sampling in the thread, or the time of a synchronous path that gave way
+    sample_s: float
+    #: ``time.perf_counter()`` when the thread began and ended the step
+    began: float
+    ended: float
 
 
 class Decoder:
@@ -387,7 +128,7 @@ class Decoder:
         self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
-        self.lanes: list[list[_DecodeSequence]] = [[] for _ in range(lanes)]
+        self.lanes: list[list[DecodeSequence]] = [[] for _ in range(lanes)]
         #: the sampler's data-plane half (module docstring), or None: with
         #: several lanes only where the engine models it as device time, since
         #: on any other engine it would hold the other lane's forward
@@ -399,12 +140,12 @@ class Decoder:
         self.sample_now = getattr(sampler, "sample_now", None) if self.summarize and lanes == 1 \
             else None
         self.max_tokens_limit = max_tokens_limit
-        self.queue: collections.deque[_DecodeSequence] = collections.deque()
-        self.by_id: dict[int, _DecodeSequence] = {}
+        self.queue: collections.deque[DecodeSequence] = collections.deque()
+        self.by_id: dict[int, DecodeSequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
         self.state = BatchState(engine.max_batch_size, engine.max_context)
-        self.activity = _Activity(self.stats)
+        self.activity = Activity(self.stats)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
         self.wake: list[asyncio.Event] = []
@@ -441,7 +182,7 @@ class Decoder:
         return len(self.by_id)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Validate, encode and queue a request; raise ValueError naming the
+        """Validate, encode and queue a request; raise InvalidRequest naming the
         bad field (the decoder keeps serving the others)."""
         engine = self.engine
         request.validate(engine.vocab_size, engine.max_context,
@@ -458,7 +199,7 @@ class Decoder:
             stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else [end_id]))
         request_id = next(self.ids)
         handle = RequestHandle(self, request_id)
-        sequence = _DecodeSequence(request_id, request, handle, prompt_ids, params,
+        sequence = DecodeSequence(request_id, request, handle, prompt_ids, params,
                                    self.codec.detokenizer(prompt_ids),
                                    StopMatcher(request.stop_words),
                                    self.codec.bad_words_ids(request.bad_words),
@@ -470,7 +211,8 @@ class Decoder:
         self._admit()
         return handle
 
-    def _cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int) -> None:
+        """Stop a request (``RequestHandle.cancel``)."""
         sequence = self.by_id.get(request_id)
         if sequence is None:
             return
@@ -511,19 +253,19 @@ class Decoder:
             wake.set()
         return aborted
 
-    def _reap(self, lane: list[_DecodeSequence]) -> None:
+    def _reap(self, lane: list[DecodeSequence]) -> None:
         """Free the slots of sequences finished outside their lane's step."""
         for sequence in [s for s in lane if s.done]:
             lane.remove(sequence)
             self._release(sequence)
         self._admit()
 
-    def _release(self, sequence: _DecodeSequence) -> None:
+    def _release(self, sequence: DecodeSequence) -> None:
         """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
         self.engine.release(sequence.request_id)
         self.state.release(sequence.slot)
 
-    def _finish(self, sequence: _DecodeSequence, reason: str | None = None,
+    def _finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
                 retryable: bool = False, release: bool = True):
@@ -543,7 +285,7 @@ class Decoder:
             self._admit()
 
     @staticmethod
-    def _event(sequence: _DecodeSequence, text: str, token_ids: list[int],
+    def _event(sequence: DecodeSequence, text: str, token_ids: list[int],
                logprobs: list[float], reason: str | None = None,
                error: str | None = None) -> GenerationEvent:
         """The event owns ``token_ids`` and ``logprobs`` (fresh lists: one
@@ -582,27 +324,31 @@ class Decoder:
                 self.activity.change(forwards=1)
                 handed_over = time.perf_counter()
                 try:
-                    logits, summary, tokens, logprobs, forward_s, local_sample_s, began, ended = \
-                        await loop.run_in_executor(self.executor, self._data_plane_step, ids, batch)
+                    step = await loop.run_in_executor(self.executor, self._data_plane_step, ids,
+                                                      batch)
                 finally:
                     self.activity.change(forwards=-1)
-                self.stats.forward_wait_s += (began - handed_over) + (time.perf_counter() - ended)
+                self.stats.forward_wait_s += ((step.began - handed_over)
+                                              + (time.perf_counter() - step.ended))
                 # sampled in the data-plane thread (or tried to): nothing overlapped it
-                self.stats.sampling_exposed_s += local_sample_s
-                sampler_s = local_sample_s
-                if tokens is None:  # not sampled in the data-plane thread
+                self.stats.sampling_exposed_s += step.sample_s
+                sampler_s = step.sample_s
+                if step.sampled is None:  # not sampled in the data-plane thread
                     started = time.perf_counter()
                     self.activity.change(samplers=1)
                     try:
-                        tokens, logprobs = await (self.sampler(logits, batch) if summary is None
-                                                  else self.sampler(logits, batch, summary))
+                        tokens, logprobs = await (
+                            self.sampler(step.logits, batch) if step.summary is None
+                            else self.sampler(step.logits, batch, step.summary))
                     finally:
                         self.activity.change(samplers=-1)
                     sampler_s += time.perf_counter() - started
+                else:
+                    tokens, logprobs = step.sampled
                 started = time.thread_time()
                 self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
                 loop_s += time.thread_time() - started
-                self._record(len(sequences), waited_s + forward_s, sampler_s, loop_s)
+                self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
                 for sequence in sequences:
                     if sequence.request_id in error.failed:
@@ -612,7 +358,7 @@ class Decoder:
                 for sequence in sequences:
                     self._finish(sequence, error=f"{type(error).__name__}: {error}")
 
-    async def _ready(self, sequences: list[_DecodeSequence]) -> tuple[list[_DecodeSequence], float]:
+    async def _ready(self, sequences: list[DecodeSequence]) -> tuple[list[DecodeSequence], float]:
         """The sequences the engine has rows for, and the seconds spent
         waiting for them (the engine was computing: counted as data plane)."""
         loop = asyncio.get_running_loop()
@@ -639,35 +385,26 @@ class Decoder:
             self.lanes[target].append(lane.pop())
             self.wake[target].set()
 
-    def _data_plane_step(self, ids: list[int], batch: SamplingBatch):
+    def _data_plane_step(self, ids: list[int], batch: SamplingBatch) -> DataPlaneStep:
         """In the data-plane thread: the forward and the sampler's
-        data-plane half (forward_s counts both: data-plane time), then in
-        inline modes the sampling, or the sampler's synchronous path.
-        Returns (logits, summary, tokens, logprobs, forward_s, sample_s,
-        started, done): summary None without a data-plane half, tokens None
-        when the rows are still to be sampled (sample_s then the time of a
-        synchronous path that gave way), the last two
-        ``time.perf_counter()`` readings when the thread began and ended the
-        step."""
-        started = time.perf_counter()
+        data-plane half, then in inline modes the sampling, or the sampler's
+        synchronous path."""
+        began = time.perf_counter()
         summary = None
         if self.summarize is None:
             logits = self.engine.step(ids)
         else:
             logits, summary = step_then(self.engine, ids,
                                         lambda rows: self._timed_summary(rows, batch))
-        forward_s = time.perf_counter() - started
+        forward_s = time.perf_counter() - began
         sampled = None
         if self.sample_now is not None:
             sampled = self.sample_now(logits, batch, summary)
         elif self.local_sample is not None:
             sampled = self.local_sample(logits, batch)
-        done = time.perf_counter()
-        sample_s = done - started - forward_s  # a synchronous path that gave way included
-        if sampled is None:  # the event loop awaits the sampler
-            return logits, summary, None, None, forward_s, sample_s, started, done
-        tokens, logprobs = sampled
-        return logits, None, tokens, logprobs, forward_s, sample_s, started, done
+        ended = time.perf_counter()
+        return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
+                             forward_s, ended - began - forward_s, began, ended)
 
     def _timed_summary(self, logits, batch: SamplingBatch):
         """``summarize``, its time added to ``stats.summary_s`` (the
@@ -678,25 +415,17 @@ class Decoder:
         finally:
             self.stats.summary_s += time.perf_counter() - started
 
-    def _sampling_batch(self, sequences: list[_DecodeSequence]) -> SamplingBatch:
+    def _sampling_batch(self, sequences: list[DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""
         return self.state.batch(np.array([s.slot for s in sequences], np.int64))
 
-    def _record(self, rows: int, forward_s: float, sampler_s: float, loop_s: float) -> None:
-        self.stats.steps += 1
-        self.stats.tokens += rows
-        self.stats.data_plane_s += forward_s
-        self.stats.sampler_s += sampler_s
-        self.stats.loop_s += loop_s
-        self.stats.records.append(StepRecord(rows, forward_s, sampler_s, loop_s))
-
-    def output_ids(self, sequence: _DecodeSequence) -> list[int]:
+    def output_ids(self, sequence: DecodeSequence) -> list[int]:
         """The ids a sequence in a lane has generated (its history in the
         batch state: the decode loop keeps no list of its own)."""
         state, slot = self.state, sequence.slot
         return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
 
-    def _deliver(self, sequences: list[_DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
+    def _deliver(self, sequences: list[DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
         """Turn one step's tokens into deliveries, in one pass over the rows;
         feed the survivors back.
 
@@ -745,7 +474,7 @@ class Decoder:
             self.engine.append([sequences[r].request_id for r in kept_list],
                                [token_list[r] for r in kept_list])
 
-    def _last(self, sequence: _DecodeSequence, token: int, logprob: float, text: str,
+    def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
               stop: bool, stopped: bool) -> None:
         """The final event of a sequence whose `token` ended it: `stop` (an
         end or stop id, or a stop string: `stopped`) or its length. The

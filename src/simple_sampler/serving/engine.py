@@ -17,7 +17,9 @@ never looks inside it:
 * ``append(seq_ids, token_ids)`` feeds the sampled tokens back;
 * ``release(seq_id)`` frees the slot (finished or cancelled);
 * ``length(seq_id)`` is the number of tokens the sequence holds (prompt plus
-  appended tokens).
+  appended tokens);
+* ``label`` and ``bridge_s`` say what it is and how long its bridge to the
+  decode loop took (the llm model reports both).
 
 Optional capabilities are protocols of their own: :class:`SelfScheduling`
 (``wait_ready(seq_ids)``, the subset that has a row now, for an engine that
@@ -53,6 +55,13 @@ class Engine(Protocol):
     vocab_size: int
     max_batch_size: int
     max_context: int
+    #: what computes the logits, as the llm model's ready line names it (the
+    #: simulated engine's says it is simulated)
+    label: str
+    #: seconds spent bridging rows to the decode loop across processes,
+    #: summed (``TrtLlmEngine``'s processor; 0.0 for an in-process engine):
+    #: the ``simple_llm_bridge_us_total`` metric
+    bridge_s: float
 
     def add(self, seq_id: Hashable, prompt_ids: Sequence[int],
             max_tokens: int | None = None) -> None: ...

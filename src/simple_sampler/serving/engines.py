@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ..settings import SIMULATED_DTYPES, SIMULATED_LABEL, LlmSettings
+from .trtllm_api import read_logits_dtype
 
 if TYPE_CHECKING:  # annotations only: text and engine import torch
     from .engine import Engine
@@ -155,13 +156,11 @@ def _text_codec(settings: LlmSettings) -> "TextCodec":
 def _trtllm_logits_dtype(settings: LlmSettings) -> str | None:
     """What the bridge stages the rows in (``TrtLlmEngine.from_source``):
     the sampler must be configured for the same."""
-    from .trtllm import read_logits_dtype  # lazy: torch
-
     return (read_logits_dtype(settings.model) or "fp32") if settings.model else None
 
 
 def _simulated_codec(settings: LlmSettings) -> "TextCodec":
-    from .simulated import SimulatedCodec  # lazy: torch and transformers
+    from .simulated_text import SimulatedCodec  # lazy: transformers
 
     return SimulatedCodec.from_source(settings.model or None)
 

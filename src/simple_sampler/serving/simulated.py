@@ -11,8 +11,8 @@ for: a GPU decode step of 10-40 ms with the host's CPU cores idle.
   to step and differ across a step's sequences.
 * The returned tensor is a *view* of the shared bank (no B x V gather, as a
   device-to-host DMA costs no core): callers must not write into it.
-* :class:`SimulatedCodec` is the model's tokenizer for the ids it knows and
-  writes any other id ``i`` as `` t<i>``; used only with this engine.
+* ``simulated_text.SimulatedCodec`` is the model's tokenizer for the ids it
+  knows and writes any other id ``i`` as `` t<i>``; used only with this engine.
 * Everything it produces is labelled "simulated data plane"
   (:attr:`SimulatedEngine.label`).
 
@@ -39,7 +39,6 @@ from ..sampling import kernel_rows, logits_array
 from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
 from .hot_first import hot_first_summary
-from .text import DecodeStream, TextCodec
 
 LABEL = SIMULATED_LABEL
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -113,6 +112,8 @@ class SimulatedEngine:
     step at a time; add/append/release/length from other threads for
     sequences the running step does not include.
     """
+
+    bridge_s = 0.0  # in process: no bridge
 
     def __init__(self, spec: SimulatedSpec = SimulatedSpec(),
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
@@ -424,84 +425,3 @@ class _SimulatedSequence:
 # that the check costs no Python call per row.
 _has_pending = operator.attrgetter("pending")
 _length = operator.attrgetter("length")
-
-
-class SimulatedCodec(TextCodec):
-    """Text for a simulated engine: the model's tokenizer (SmolLM2's by
-    default) encodes prompts and bad words and decodes the ids it has; an id
-    beyond its vocabulary (the synthetic rows are wider: V = 128,256 or
-    151,936 against SmolLM2's 49,152) reads `` t<id>``. So the preprocessing
-    model, which knows nothing of the engine, encodes prompts exactly as the
-    llm model does."""
-
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)
-        self.known = len(tokenizer)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        parts, run = [], []
-        for token in map(int, token_ids):
-            if token < self.known:
-                run.append(token)
-                continue
-            if run:
-                parts.append(self.decode_run(run))
-                run = []
-            parts.append(f" t{token}")
-        if run:
-            parts.append(self.decode_run(run))
-        return "".join(parts)
-
-    def decode_run(self, token_ids: Sequence[int]) -> str:
-        """The tokenizer's decode of ids it knows."""
-        return super().decode(token_ids)
-
-    def detokenizer(self, prompt_ids: Sequence[int] = ()):
-        if self.backend is None:  # no DecodeStream: the window decoder, on decode() above
-            return super().detokenizer(prompt_ids)
-        return SimulatedDetokenizer(self)
-
-
-class SimulatedDetokenizer:
-    """Streaming text of :meth:`SimulatedCodec.decode` at the cost of the
-    tokenizer's own streaming: a run of known ids goes through ``tokenizers``'
-    ``DecodeStream`` (without context, as ``decode`` decodes each run); an id
-    past the vocabulary ends the run, releasing the run's held-back text (an
-    incomplete character as U+FFFD, as ``decode`` gives it), and reads
-    `` t<id>``. The concatenation of the deltas and ``flush`` is ``decode``
-    of the ids."""
-
-    def __init__(self, codec: SimulatedCodec):
-        self.codec = codec
-        self._start_run()
-
-    def _start_run(self) -> None:
-        self.run: list[int] = []
-        self.emitted = 0  # characters of the run's text already returned
-        self.held = False  # the stream's last step held its text back (None)
-        self.stream = DecodeStream(skip_special_tokens=True)
-
-    def push(self, token_ids: Sequence[int]) -> str:
-        return "".join(map(self.push_token, map(int, token_ids)))
-
-    def push_token(self, token: int) -> str:
-        """``push([token])`` for one int id (the decode loop's call per token)."""
-        if token >= self.codec.known:
-            # flush() has a run to end: not so for most ids
-            return self.flush() + f" t{token}" if self.run else f" t{token}"
-        self.run.append(token)
-        delta = self.stream.step(self.codec.backend, token)
-        self.held = delta is None
-        if delta:
-            self.emitted += len(delta)
-            return delta
-        return ""
-
-    def flush(self) -> str:
-        if not self.run:  # most ids are past the vocabulary: no run to end
-            return ""
-        # A stream whose last step gave text holds nothing back: the run's
-        # text is what it returned, no decode needed to end it.
-        tail = self.codec.decode_run(self.run)[self.emitted:] if self.held else ""
-        self._start_run()
-        return tail

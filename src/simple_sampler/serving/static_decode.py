@@ -230,6 +230,8 @@ class StaticEngine(TorchEngine):
     rows run :class:`StaticForward` through :class:`DecodeGraphs` and whose
     prompts run its eager prefill (module docstring)."""
 
+    label = "StaticEngine"
+
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
                  host_logits: bool = True):

@@ -21,6 +21,7 @@ import os
 from typing import Mapping, Sequence
 
 from .. import models
+from ..schema import InvalidRequest
 
 try:
     from tokenizers.decoders import DecodeStream
@@ -81,10 +82,10 @@ class TextCodec:
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of ``prompt``; with ``chat`` it is sent as one user turn
         through the model's chat template, with the assistant's turn opened.
-        Raises ValueError for an empty prompt or ``chat`` on a model without a
+        Raises InvalidRequest for an empty prompt or ``chat`` on a model without a
         chat template."""
         if not isinstance(prompt, str) or not prompt:
-            raise ValueError("text_input must be a non-empty string")
+            raise InvalidRequest("text_input must be a non-empty string")
         if not chat:
             return list(self.tokenizer(prompt)["input_ids"])
         return self.encode_chat([{"role": "user", "content": prompt}])
@@ -92,17 +93,17 @@ class TextCodec:
     def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
         the model's chat template, with the assistant's turn opened. Raises
-        ValueError on a model without a chat template or a conversation the
+        InvalidRequest on a model without a chat template or a conversation the
         template refuses (its message)."""
         if not self.tokenizer.chat_template:
-            raise ValueError("chat was requested but the model has no chat template")
+            raise InvalidRequest("chat was requested but the model has no chat template")
         from jinja2.exceptions import TemplateError
 
         try:
             rendered = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
         except TemplateError as error:  # a template's raise_exception(): the client's turns
-            raise ValueError(f"messages: the chat template refused them: {error}") from None
+            raise InvalidRequest(f"messages: the chat template refused them: {error}") from None
         # The template already holds any special tokens the model wants.
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
@@ -114,12 +115,12 @@ class TextCodec:
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Each bad word as the id sequence the model would generate for it
-        (encoded without special tokens). Raises ValueError for a non-string
+        (encoded without special tokens). Raises InvalidRequest for a non-string
         or empty word."""
         lists = []
         for word in words:
             if not isinstance(word, str) or not word:
-                raise ValueError(f"bad_words must be non-empty strings, got {word!r}")
+                raise InvalidRequest(f"bad_words must be non-empty strings, got {word!r}")
             lists.append(list(self.tokenizer(word, add_special_tokens=False)["input_ids"]))
         return lists
 
@@ -194,7 +195,7 @@ class StopMatcher:
     def __init__(self, stop_words: Sequence[str] = ()):
         for word in stop_words:
             if not isinstance(word, str) or not word:
-                raise ValueError(f"stop_words must be non-empty strings, got {word!r}")
+                raise InvalidRequest(f"stop_words must be non-empty strings, got {word!r}")
         self.stop_words = list(stop_words)
         self.held = ""
         self.stopped = False

@@ -111,6 +111,9 @@ class TorchEngine:
     while a step runs, for sequences that step does not include.
     """
 
+    label = "TorchEngine"
+    bridge_s = 0.0  # in process: no bridge
+
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
                  host_logits: bool = True):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..params import SamplingParams
 from ..schema import LLM, InvalidRequest
-from ..serving.decoder import GenerationEvent, GenerationRequest
+from ..serving.generation import GenerationEvent, GenerationRequest
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
 #: seed's two inputs are reconciled first).

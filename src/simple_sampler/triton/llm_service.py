@@ -27,48 +27,24 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import numpy as np
-
-from ..schema import SHUTTING_DOWN
-from ..serving.decoder import Decoder, GenerationEvent, RequestHandle
+from ..schema import SHUTTING_DOWN, InvalidRequest
+from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
-from .generate_io import DecodedRequest, decode_generate, encode_event, merge_events
+from .generate_io import decode_generate
+from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
+                           tokens_as_outputs)
 from .hot_first_sampler import hot_first_sampler
 from .sampler_pool import SamplerCall, build_arena, build_pool
 
 log = logging.getLogger(__name__)
 
 
-class Unavailable(RuntimeError):
-    """The server cannot serve the request now (it is shutting down); the
-    same request may succeed later or elsewhere (UNAVAILABLE, HTTP 503)."""
-
-
-#: send(outputs, error, final): one response; outputs None with an error
-#: (ValueError: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
-#: any other error: generation failed, INTERNAL); outputs and error None:
-#: the final flag alone, for a request whose client cancelled or went away.
-#: It sends the response, or builds it and returns a Transmit that sends it
-#: (raising as send would): the service then sends a step's built responses
-#: back to back.
-Transmit = Callable[[], None]
-Send = Callable[[dict | None, Exception | None, bool], Transmit | None]
-#: send_tokens(text_output, output_ids): a stream's response of one token
-#: that does not end it, built (a Transmit returned) or sent: text_output an
-#: object array [1, 1] holding a str, output_ids int32 [1, 1], both ready
-#: for Triton (views of the step's arrays). The llm model builds the response
-#: from them directly; without one, they go through ``Send`` as outputs.
-SendTokens = Callable[[np.ndarray, np.ndarray], Transmit | None]
-CANCEL_POLL_S = 0.1
-#: The most requests asked whether they were cancelled per poll.
-CANCEL_CHECKS_PER_POLL = 16
 #: How long a drain waits for aborted sequences to leave a step in progress.
 RELEASE_WAIT_S = 5.0
 #: How long close() waits for the decode loop to stop (well within Triton's
@@ -139,44 +115,6 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     return load_profile(path).hot_vocab()
 
 
-@dataclass(eq=False)
-class _Delivery:
-    """A request whose events are being sent. ``delivering`` is False once
-    its client cancelled or went away (its events are then dropped until
-    the decoder's final one). ``held`` are the events not sent yet: a
-    stream's last ones until ``interval`` tokens are due, a non-streamed
-    request's all until its end; ``tokens`` the (text, id) of the tokens
-    held that came by step (``LlmService._answer_step``), before ``held``."""
-
-    handle: RequestHandle
-    decoded: DecodedRequest
-    send: Send
-    send_tokens: SendTokens
-    is_cancelled: Callable[[], bool]
-    interval: int
-    finished: asyncio.Future
-    delivering: bool = True
-    held: list[GenerationEvent] = field(default_factory=list)
-    tokens: list[tuple[str, int]] = field(default_factory=list)
-    held_tokens: int = 0
-    #: a response per token: a stream at stream_interval 1 (read per token)
-    each_token: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.each_token = self.decoded.stream and self.interval == 1
-
-    def stop(self) -> None:
-        if self.delivering:
-            self.delivering = False
-            self.handle.cancel()
-
-
-def _tokens_as_outputs(send: Send, text: np.ndarray, ids: np.ndarray) -> Transmit | None:
-    """``SendTokens`` through a ``Send`` (a caller that gave none): the two
-    outputs, without the batch dimension the llm model adds."""
-    return send({"text_output": text[0], "output_ids": ids[0]}, None, False)
-
-
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -186,7 +124,6 @@ class LlmService:
         """on_burst: called on the decode loop after each burst of responses
         (the llm model reports its metrics then when they are due)."""
         self.settings = settings
-        self.on_burst = on_burst
         self.codec = codec or engine_spec(settings.engine).codec(settings)
         self.engine = engine or build_engine(settings)
         simple = settings.sampling_mode == "simple"
@@ -201,7 +138,6 @@ class LlmService:
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches)
-        self.decoder.on_step = self._on_step
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
@@ -211,20 +147,16 @@ class LlmService:
             self.profile.run, self.loop)
         self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
+        self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst)
+        self.decoder.on_step = self.deliveries.on_step
         self._call(self.decoder.start()).result()
-        self.deliveries: dict[_Delivery, None] = {}  # in order, for turns
-        #: a step's events and tokens (delivery None: a step's, _on_step's
-        #: arguments), answered in one burst once the step's pass is over
-        self.outbox: list[tuple[_Delivery | None, GenerationEvent | tuple]] = []
-        #: the responses built from them, to send back to back
-        self.transmits: list[tuple[_Delivery, Transmit, bool]] = []
-        self.cancel_watch = self._call(self._watch_cancellations())
+        self.cancel_watch = self._call(self.deliveries.watch_cancellations())
 
     @property
     def data_plane(self) -> str:
         """What computes the logits, for the ready line (the simulated
         engine's label says it is simulated)."""
-        return getattr(self.engine, "label", type(self.engine).__name__)
+        return self.engine.label
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
@@ -240,7 +172,7 @@ class LlmService:
         response. A ``send`` (or ``send_tokens``) that raises (the client went
         away) cancels the request, as ``is_cancelled()`` does."""
         if send_tokens is None:
-            send_tokens = functools.partial(_tokens_as_outputs, send)
+            send_tokens = functools.partial(tokens_as_outputs, send)
         return self._call(self._serve(inputs, send, send_tokens, is_cancelled, on_done,
                                       on_admitted))
 
@@ -308,7 +240,7 @@ class LlmService:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs)
             handle = self.decoder.submit(decoded.request)
-        except (ValueError, Unavailable) as error:
+        except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
             self._refuse(error, send, on_done)
             return
@@ -317,20 +249,20 @@ class LlmService:
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
         on_admitted()
-        delivery = _Delivery(handle, decoded, send, send_tokens, is_cancelled,
+        delivery = Delivery(handle, decoded, send, send_tokens, is_cancelled,
                              decoded.stream_interval or self.settings.stream_interval,
                              self.loop.create_future())
-        self.deliveries[delivery] = None
+        self.deliveries.live[delivery] = None
         try:
-            # The decode loop hands each event to _on_event as it makes it,
-            # and the tokens that do not end a request to _on_step, a step's
+            # The decode loop hands each event to on_event as it makes it,
+            # and the tokens that do not end a request to on_step, a step's
             # at once (a request asking for logprobs: events, which carry
             # them): a step's responses go out in one burst after its pass.
-            handle.listen(functools.partial(self._on_event, delivery),
+            handle.listen(functools.partial(self.deliveries.on_event, delivery),
                           None if decoded.request.return_log_probs else delivery)
             await delivery.finished
         finally:
-            self.deliveries.pop(delivery, None)
+            self.deliveries.live.pop(delivery, None)
             on_done()
 
     @staticmethod
@@ -342,220 +274,13 @@ class LlmService:
         finally:
             on_done()
 
-    def _on_event(self, delivery: _Delivery, event: GenerationEvent) -> None:
-        """On the decode loop, for every event of the request, inside the
-        loop's pass over a step's rows: queued, and the step's responses
-        sent back to back once the pass is over (``_send_outbox``). Each
-        send is a round trip to the server process (the stub waits until
-        Triton has taken the response: python_backend's
-        ``ResponseSender::Send``); sends spaced out by the pass's own work
-        each find Triton's threads asleep and pay their wake-ups, where a
-        burst finds them awake. The responses are built first and then
-        sent (a ``Send`` may return a ``Transmit``), so that nothing but
-        the sends themselves runs between them."""
-        if not self.outbox:
-            self.loop.call_soon(self._send_outbox)
-        self.outbox.append((delivery, event))
-
-    def _on_step(self, handles: list[RequestHandle], texts: list[str | None],
-                 tokens: np.ndarray) -> None:
-        """``Decoder.on_step``: a step's tokens that end no request, queued
-        as ``_on_event`` queues an event."""
-        if not self.outbox:
-            self.loop.call_soon(self._send_outbox)
-        self.outbox.append((None, (handles, texts, tokens)))
-
-    def _send_outbox(self) -> None:
-        """The queued responses, in order; their CPU counts as the decode
-        loop's own (``DecoderStats.loop_s``), as when they went out inside
-        the pass."""
-        started = time.thread_time()
-        outbox, self.outbox = self.outbox, []
-        for delivery, event in outbox:  # what each event makes of its answer; never raises
-            if delivery is None:
-                try:
-                    self._answer_step(*event)
-                except Exception:  # ours: the step's requests end, cancelled, not hung
-                    log.exception("answering a step's tokens failed: their requests are cancelled")
-                    for handle, text in zip(event[0], event[1]):
-                        if text is not None:
-                            handle.sink.stop()
-                continue
-            final = event.final  # a property: read once per event
-            answered = False
-            if delivery.delivering:
-                try:
-                    self._send_event(delivery, event, final)
-                    answered = final
-                except Exception:  # noqa: BLE001 - the client has gone
-                    self._gone(delivery)
-            if final:
-                self._end(delivery, answered)
-        transmits, self.transmits = self.transmits, []
-        for delivery, transmit, final in transmits:
-            try:
-                transmit()
-            except Exception:  # noqa: BLE001 - the client has gone
-                self._gone(delivery)
-                if final:
-                    self._final_flag(delivery)
-        self.decoder.stats.loop_s += time.thread_time() - started
-        self.on_burst()
-
-    def _answer_step(self, handles: list[RequestHandle], texts: list[str | None],
-                     tokens: np.ndarray) -> None:
-        """A step's tokens that end no request (row r: ``texts[r]`` not
-        None), each request's in one pass: a stream at stream_interval 1
-        gets its response built from row r of two arrays made once for the
-        step (no event, no outputs dict, no array per token); any other
-        holds the token until its ``interval`` is due (a stream) or its end."""
-        rows = len(texts)
-        text_rows = np.empty((rows, 1, 1), object)
-        text_rows[:, 0, 0] = texts
-        id_rows = tokens.astype(np.int32).reshape(rows, 1, 1)
-        token_list = tokens.tolist()
-        transmits = self.transmits
-        for row, text in enumerate(texts):
-            if text is None:
-                continue
-            delivery = handles[row].sink
-            if not delivery.delivering:
-                continue
-            if delivery.each_token:
-                try:
-                    transmit = delivery.send_tokens(text_rows[row], id_rows[row])
-                except Exception:  # noqa: BLE001 - the client has gone
-                    self._gone(delivery)
-                    continue
-                if transmit is not None:
-                    transmits.append((delivery, transmit, False))
-                continue
-            delivery.tokens.append((text, token_list[row]))
-            delivery.held_tokens += 1
-            if delivery.decoded.stream and delivery.held_tokens >= delivery.interval:
-                try:
-                    self._flush(delivery, final=False)
-                except Exception:  # noqa: BLE001 - the client has gone
-                    self._gone(delivery)
-
-    @staticmethod
-    def _gone(delivery: _Delivery) -> None:
-        """In the handler of a response that could not be built or sent:
-        nobody to answer, so stop generating for them."""
-        log.debug("sending a response failed: the request is cancelled", exc_info=True)
-        delivery.stop()
-
-    def _send(self, delivery: _Delivery, outputs: dict | None, error: Exception | None,
-              final: bool) -> None:
-        """One response of `delivery`: sent, or built and queued to be sent."""
-        transmit = delivery.send(outputs, error, final)
-        if transmit is not None:
-            self.transmits.append((delivery, transmit, final))
-
-    @staticmethod
-    def _final_flag(delivery: _Delivery) -> None:
-        """A cancelled request still ends with the final flag: until it
-        does, Triton holds the request, and the model cannot unload
-        (serve's stop after a load whose clients left timed out on it)."""
-        try:
-            transmit = delivery.send(None, None, True)
-            if transmit is not None:
-                transmit()
-        except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response
-            log.debug("the final flag of a cancelled request was refused", exc_info=True)
-
-    def _end(self, delivery: _Delivery, answered: bool) -> None:
-        """After the request's final event: the final flag unless its final
-        response was sent (``answered``), and the request leaves."""
-        if not answered:
-            self._final_flag(delivery)
-        # Never ask Triton about a request after its final response: its
-        # response factory is gone (Triton 2.51 crashes in
-        # TRITONBACKEND_ResponseFactoryIsCancelled), and _serve's wake-up
-        # may come after the next cancellation pass.
-        delivery.delivering = False
-        self.deliveries.pop(delivery, None)
-        if not delivery.finished.done():
-            delivery.finished.set_result(None)
-
-    async def _watch_cancellations(self) -> None:
-        """Every CANCEL_POLL_S, ask Triton whether requests still being
-        delivered were cancelled by their clients, and cancel those. Asking
-        costs a round trip to the server process (both processes' CPU), so
-        at most CANCEL_CHECKS_PER_POLL requests are asked per pass, in turn:
-        with many requests in flight each is asked less often, but the cost
-        per second stays bounded. Not asked per token either: a timeout
-        around each event would cost a task and a timer per token."""
-        turn = 0
-        while True:
-            await asyncio.sleep(CANCEL_POLL_S)
-            live = [d for d in self.deliveries if d.delivering]
-            if len(live) > CANCEL_CHECKS_PER_POLL:
-                turn %= len(live)
-                live = (live[turn:] + live[:turn])[:CANCEL_CHECKS_PER_POLL]
-                turn += CANCEL_CHECKS_PER_POLL
-            for delivery in live:
-                try:
-                    cancelled = delivery.is_cancelled()
-                except Exception:  # noqa: BLE001 - the request is gone on Triton's side
-                    log.debug("is_cancelled failed: the request is treated as cancelled",
-                              exc_info=True)
-                    cancelled = True
-                if cancelled:
-                    delivery.stop()
-
-    def _send_event(self, delivery: _Delivery, event: GenerationEvent, final: bool) -> None:
-        """One response per `interval` tokens of a stream (and always the
-        last), or one at the end; an error ends the request at once.
-        ``final``: ``event.final``."""
-        decoded = delivery.decoded
-        if event.error:
-            if decoded.stream and delivery.held_tokens:  # the tokens made before it
-                self._flush(delivery, final=False)
-            self._send(delivery, None,
-                       (Unavailable if event.retryable else RuntimeError)(event.error), True)
-            return
-        if decoded.stream and delivery.interval == 1:
-            self._send(delivery, encode_event(event, full=final,
-                                              logprobs=decoded.request.return_log_probs),
-                       None, final)
-            return
-        delivery.held.append(event)
-        delivery.held_tokens += len(event.token_ids)
-        if final or (decoded.stream and delivery.held_tokens >= delivery.interval):
-            self._flush(delivery, final)
-
-    def _flush(self, delivery: _Delivery, final: bool) -> None:
-        """Send the held events as one response."""
-        decoded = delivery.decoded
-        prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
-            self.codec.decode(self._prompt_ids(decoded))
-        events = delivery.held
-        if delivery.tokens:  # the tokens that came by step come first, as one event
-            texts, ids = zip(*delivery.tokens)
-            events.insert(0, GenerationEvent(delivery.handle.request_id, "".join(texts),
-                                             list(ids), [], 0, 0, float("nan")))
-            delivery.tokens = []
-        event = merge_events(events) if len(events) > 1 else events[0]
-        delivery.held, delivery.held_tokens = [], 0
-        self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
-                                          logprobs=decoded.request.return_log_probs),
-                   None, final)
-
-    def _prompt_ids(self, decoded) -> list[int]:
-        request = decoded.request
-        if request.prompt_ids is not None:
-            return list(request.prompt_ids)
-        return self.codec.encode(request.text, request.chat)
-
     def stats(self):
         return self.decoder.stats
 
     @property
     def bridge_s(self) -> float:
-        """The data plane's bridge time (``TrtLlmEngine.bridge_s``; 0 for
-        engines without a bridge)."""
-        return getattr(self.engine, "bridge_s", 0.0)
+        """The data plane's bridge time (``Engine.bridge_s``)."""
+        return self.engine.bridge_s
 
     def close(self) -> None:
         """Stop the decode loop; at most CLOSE_TIMEOUT_S, so that Triton can

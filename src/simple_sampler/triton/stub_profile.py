@@ -55,7 +55,7 @@ class StubProfile:
 #: C path's share of it (the llm model's compact form), the general path's
 #: decoding and sampling, their checks, the fallback's full-row sampling,
 #: and the metric round trips.
-PROFILED_FUNCTIONS = ("serve_request", "_serve_plain_compact", "decode_request",
+PROFILED_FUNCTIONS = ("serve_request", "decide_plain_compact", "decode_request",
                       "sample_request", "sample_compact", "_check_compact", "sample", "increment")
 
 
@@ -80,7 +80,7 @@ def calls_per_request(paths) -> dict:
     execute_s = by_name["_execute"][1]  # what StubProfile.run profiles
     # hot-first: one request a step (B <= 128), by the C path (tried for compact
     # requests only) or the general one
-    compact = max(by_name.get(name, [0])[0] for name in ("_serve_plain_compact", "sample_compact"))
+    compact = max(by_name.get(name, [0])[0] for name in ("decide_plain_compact", "sample_compact"))
     return {"requests": requests, "calls_per_request": stats.total_calls / requests,
             "compact_requests": compact,
             "calls_per_compact_request": stats.total_calls / compact if compact else None,

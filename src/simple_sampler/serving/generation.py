@@ -1,0 +1,204 @@
+"""A generation as the decode loop's callers see it: the request, its events
+and the handle it is followed by; and its state inside the loop
+(:class:`DecodeSequence`; the loop itself: ``serving/decoder.py``).
+
+Events (:class:`GenerationEvent`) carry one generated token each; the last
+one has ``finish_reason`` (TensorRT-LLM / OpenAI naming): ``"stop"`` (end id
+or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
+``error`` when the step or sampler failed. Every submitted request gets
+exactly one final event; a request rejected by validation raises InvalidRequest
+from ``Decoder.submit`` instead. The end id and the tokens of a stop
+word count as generated tokens and are in ``token_ids``; their text is not
+in ``text``. A consumer that streams many requests (the llm model) takes
+their other tokens a step at a time instead (``Decoder.on_step``,
+:meth:`RequestHandle.listen` with a sink): no event per token, one call per step.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable, Sequence
+
+import numpy as np
+
+from ..params import SamplingParams
+from ..schema import InvalidRequest
+from .text import Detokenizer, StopMatcher
+
+FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
+
+
+def _string_list(name: str, value) -> None:
+    if isinstance(value, str) or not all(isinstance(w, str) and w for w in value):
+        raise InvalidRequest(f"{name} must be a list of non-empty strings, got {value!r}")
+
+
+@dataclass
+class GenerationRequest:
+    """One generation. Give ``text`` (encoded with the model's tokenizer,
+    through the chat template when ``chat``) or ``prompt_ids``.
+
+    ``end_id`` defaults to the tokenizer's end-of-sequence id; it stops the
+    generation unless ``ignore_end``, and ``sampling.min_tokens`` bans it
+    until that many tokens exist. ``stop_words`` end the generation (text cut
+    before the word); ``bad_words`` are never generated (each word's last
+    token is banned whenever the sequence ends with the word's other tokens).
+    """
+
+    text: str | None = None
+    prompt_ids: Sequence[int] | None = None
+    chat: bool = False
+    max_tokens: int = 16
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None
+    ignore_end: bool = False
+    stop_words: Sequence[str] = ()
+    bad_words: Sequence[str] = ()
+    return_log_probs: bool = False
+
+    def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
+                 max_tokens_limit: int | None = None) -> None:
+        """Raise InvalidRequest naming the field and its allowed range.
+
+        ``prompt_length`` (once known) must leave room for ``max_tokens`` in
+        ``max_context``; ``max_tokens_limit`` defaults to ``max_context - 1``.
+        """
+        if (self.text is None) == (self.prompt_ids is None):
+            raise InvalidRequest("give exactly one of text_input and prompt_ids")
+        if self.text is not None and (not isinstance(self.text, str) or not self.text):
+            raise InvalidRequest("text_input must be a non-empty string")
+        if self.prompt_ids is not None:
+            ids = list(self.prompt_ids)
+            if not ids or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
+                                  for t in ids):
+                raise InvalidRequest(f"prompt_ids must be a non-empty list of token ids in "
+                                 f"[0, {vocab_size})")
+        limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
+                or not 1 <= self.max_tokens <= limit:
+            raise InvalidRequest(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
+        if prompt_length is not None and prompt_length + self.max_tokens > max_context:
+            raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
+                             f"({self.max_tokens}) must be at most the context, {max_context} "
+                             f"tokens")
+        try:
+            self.sampling.validate(vocab_size)
+        except ValueError as error:  # params' checks are not the request's alone
+            raise InvalidRequest(str(error)) from None
+        if self.end_id is not None and not 0 <= self.end_id < vocab_size:
+            raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
+        _string_list("stop_words", self.stop_words)
+        _string_list("bad_words", self.bad_words)
+
+
+@dataclass
+class GenerationEvent:
+    """One step of a request's stream. ``text`` is the new stable text (may
+    be ''); ``token_ids`` and ``logprobs`` the tokens generated this step
+    (logprobs empty unless ``return_log_probs``); ``cum_log_prob`` their
+    running sum (NaN unless asked). The final event has ``finish_reason`` or
+    ``error`` set."""
+
+    request_id: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    num_input_tokens: int
+    num_output_tokens: int
+    cum_log_prob: float
+    finish_reason: str | None = None
+    error: str | None = None
+    #: with ``error``: the server could not serve it now (it is shutting
+    #: down); the same request sent again may succeed (UNAVAILABLE, 503)
+    retryable: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+class RequestHandle:
+    """A submitted request: iterate it for its events, ``cancel()`` to stop it."""
+
+    def __init__(self, decoder, request_id: int):
+        # decoder: the Decoder that made it (unannotated: decoder.py imports this module)
+        self.decoder, self.request_id = decoder, request_id
+        # A deque and one waiter, not an asyncio.Queue: the decode loop puts
+        # one event per request per step (B at a time), and the queue's
+        # bookkeeping (getters, unfinished-task count, its join Event) is
+        # work nobody here uses: one reader, no join.
+        self.pending: collections.deque[GenerationEvent] = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.sink: object = None  # listen()
+
+    def listen(self, listener: Callable[[GenerationEvent], None], sink: object = None) -> None:
+        """Hand every event to ``listener`` as the decode loop makes it,
+        instead of iterating: a step's events are then delivered in the
+        loop's one pass over the step's rows, with no reader coroutine to
+        wake per event. Events already made go first. Call on the decoder's
+        event loop; the handle is then no longer iterable.
+
+        With a ``sink`` (anything the consumer finds its request by) and the
+        decoder's ``on_step`` set, a token that does not end the request
+        makes no event: the step's such tokens go to ``on_step`` together,
+        once per step (``Decoder._deliver``); the final event still comes
+        to ``listener``."""
+        # The listener replaces put() on this handle: the decode loop's
+        # put(event) is then the listener's call itself, no call in between.
+        self.put = listener
+        self.sink = sink
+        sequence = self.decoder.by_id.get(self.request_id)
+        if sequence is not None:
+            sequence.stepped = sink is not None and self.decoder.on_step is not None
+        while self.pending:
+            listener(self.pending.popleft())
+
+    def put(self, event: GenerationEvent) -> None:
+        """Queue an event (on the decoder's event loop) and wake the reader
+        (``listen`` replaces it)."""
+        self.pending.append(event)
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():  # done: its reader was cancelled
+            waiter.set_result(None)
+
+    def cancel(self) -> None:
+        """Ask to stop; the final event (``"cancelled"``) follows at the
+        request's next step, or at once while it is still queued."""
+        self.decoder.cancel(self.request_id)
+
+    async def __aiter__(self) -> AsyncIterator[GenerationEvent]:
+        while True:
+            while not self.pending:
+                self.waiter = asyncio.get_running_loop().create_future()
+                await self.waiter
+            event = self.pending.popleft()
+            yield event
+            if event.final:
+                return
+
+
+@dataclass(eq=False)
+class DecodeSequence:
+    """A request's state inside the decoder."""
+
+    request_id: int
+    request: GenerationRequest
+    handle: RequestHandle
+    prompt_ids: list[int]
+    params: SamplingParams  # seeded, end id among the stop ids
+    detokenizer: Detokenizer
+    stop: StopMatcher
+    bad_words_ids: list[list[int]]
+    num_input_tokens: int = 0  # len(prompt_ids), kept for every event
+    #: tokens generated; the ids themselves are in the decoder's BatchState
+    #: (``Decoder.output_ids``)
+    generated: int = 0
+    max_tokens: int = 0  # request.max_tokens, read per token
+    stop_ids: frozenset = frozenset()  # params.stop_token_ids, tested per token
+    cum_log_prob: float = 0.0
+    cancelled: bool = False
+    done: bool = False
+    #: its tokens that do not end it go to Decoder.on_step (RequestHandle.listen)
+    stepped: bool = False
+    slot: int = -1  # in the decoder's BatchState while in a lane

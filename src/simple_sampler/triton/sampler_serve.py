@@ -1,0 +1,101 @@
+"""The sampler model's requests served: decoded (``sampler_decode``) or
+taken by the C path (``sampler_packed``), sampled, and answered with the
+output tensors (``serve_request``, what ``backends/simple_sampler/model.py``
+runs per request)."""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import numpy as np
+
+from ..handoff import decide_from_full_rows, sample_compact
+from ..params import SamplingBatch
+from ..sampling import sample
+from ..schema import InvalidRequest
+from .sampler_codec import PADDING, decided_all
+from .sampler_decode import RowsRequest, decode_request
+from .sampler_packed import decide_plain_compact, is_plain_compact
+
+class SamplerAnswer(NamedTuple):
+    """``serve_request``'s answer: the output tensors, the rows' SHVS
+    outcomes (as ``sample_request``'s), the rows, how many undecided compact
+    rows were decided from their full rows in place, and the decoded batch
+    (None where the C path decided the request: no row was tried by SHVS)."""
+
+    outputs: dict[str, np.ndarray]
+    outcomes: np.ndarray
+    rows: int
+    in_place: int
+    batch: SamplingBatch | None
+
+
+def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=None,
+                  reader=None, num_threads: int = 1) -> SamplerAnswer:
+    """One request to the sampler model, what its ``execute`` runs:
+    ``decode_request``, ``sample_request`` and, for rows read from the
+    llm's arena, the check that their slot was not reused meanwhile
+    (``RowReader.check``, StaleRows). The llm model's own compact requests
+    (``sampler_packed.decide_plain_compact``) are decided by one C call
+    (``_sampling.decide_packed_compact``) where the general path makes a
+    few hundred Python calls (docs/COPIES.md); a request that call does not
+    take (top logprobs, or anything it would refuse: the general path names
+    what is wrong), and one whose undecided rows are to be decided from
+    their full rows in place, goes the general way: the same outputs
+    (tests/test_sampler_io.py). On the C path ``logits_ref`` is resolved
+    (mapped, its region, slot and generation checked) only when a row is
+    left undecided, the only case that reads it; a request that references
+    the wrong number of rows is refused either way. Raises InvalidRequest as
+    decode_request and sample_request do."""
+    if is_plain_compact(inputs, hot_vocab):
+        outputs = decide_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
+        if outputs is not None:
+            rows = len(outputs["output_ids"])
+            return SamplerAnswer(outputs, np.full(rows, -1, np.int8), rows, 0, None)
+    request = decode_request(inputs, vocab_size, hot_vocab, reader)
+    outputs, outcomes = sample_request(request, num_threads, hot_vocab)
+    if request.logits_ref is not None:
+        reader.check(request.logits_ref)
+    outcome = outputs.get("handoff_outcome")
+    in_place = (int((outcome != 0).sum())
+                if outcome is not None and request.logits is not None else 0)
+    return SamplerAnswer(outputs, outcomes, len(request), in_place, request.batch)
+
+
+def sample_request(request: RowsRequest, num_threads: int = 1,
+                   hot_vocab=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Sample one request from ``decode_request`` (whose batch is checked, so
+    ``sample`` does not check it again); returns (output name -> array, the rows'
+    SHVS outcomes int8 [B]: 1 decided from the hot set, 0 fell back, -1 not
+    tried). `hot_vocab`: a ``HotVocab`` or None (SHVS off).
+
+    Raises InvalidRequest for a row the kernels refuse (NaN or +inf logits,
+    every token banned), naming the row and column.
+    """
+    want_logprob = bool(request.return_log_probs.any())
+    n_top = int(request.num_top_logprobs.max())
+    try:
+        if request.compact is not None:
+            out = sample_compact(request.compact, request.batch, hot_vocab,
+                                 num_top_logprobs=n_top, return_logprobs=want_logprob,
+                                 num_threads=num_threads, validated=True, shapes_checked=True)
+            if request.logits is not None and out.undecided.any():  # their full rows are mapped
+                decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
+                                      request.logits, request.return_log_probs,
+                                      num_top_logprobs=n_top, num_threads=num_threads)
+        else:
+            out = sample(request.logits, request.batch, num_top_logprobs=n_top,
+                         return_logprobs=want_logprob, num_threads=num_threads,
+                         hot_vocab=hot_vocab, validated=True)  # decode_request checked the batch
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+    outputs = {"output_ids": out.token_ids.astype(np.int32)[:, None]}
+    if request.compact is not None and not decided_all(out.outcome):
+        outputs["handoff_outcome"] = out.outcome[:, None]
+    if want_logprob:
+        outputs["output_log_probs"] = np.where(request.return_log_probs, out.logprobs,
+                                               np.float32(np.nan))[:, None].astype(np.float32)
+    if n_top:
+        beyond = np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None]
+        outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING), out.top_token_ids)
+        outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf), out.top_logprobs)
+    return outputs, out.hot_accepted
