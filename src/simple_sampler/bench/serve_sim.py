@@ -216,7 +216,7 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
         sampler = hot_first_sampler(engine, hot, instances)
     decoder = Decoder(engine, codec, mode, sampler, micro_batches)
     if mode == "inline_kernels":
-        # The decoder's inline path calls local_sample (decoder.kernel_sample
+        # The decoder's inline path calls local_sample (samplers.kernel_sample
         # by default) on the data-plane thread; this keeps it, SHVS on or off.
         decoder.local_sample = sample_fn
     clock = ForwardClock(engine)
