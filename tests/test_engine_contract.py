@@ -62,23 +62,18 @@ def _tensorrt_llm(request, tmp_path, max_batch_size, max_context):
 #: reference(tokens), tolerance): a test instance of each engine and its model's row
 FACTORIES = {"torch": _torch, "static": _static, "simulated": _simulated,
              "tensorrt_llm": _tensorrt_llm}
-#: engines held to the contract that the registry does not build
-#: TODO: drop "static" here once serving/engines.ENGINES registers StaticEngine.
-UNREGISTERED = ()
 SLOW = {"torch"}  # loads SmolLM2
-CONTRACT_ENGINES = (*ENGINES, *UNREGISTERED)
 
 
 def test_every_registered_engine_is_held_to_the_contract():
-    assert not set(UNREGISTERED) & set(ENGINES), "registered now: drop it from UNREGISTERED"
-    assert set(FACTORIES) == set(CONTRACT_ENGINES), "an engine of ENGINES needs a factory here"
+    assert set(FACTORIES) == set(ENGINES), "an engine of ENGINES needs a factory here"
 
 
 @pytest.fixture(params=[pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
-                        for name in CONTRACT_ENGINES])
+                        for name in ENGINES])
 def make_engine(request, tmp_path):
     """make_engine(max_batch_size, max_context) -> (engine, reference(tokens), tolerance),
-    for each engine of the registry (serving/engines.ENGINES) and UNREGISTERED."""
+    for each engine of the registry (serving/engines.ENGINES)."""
     if request.param not in FACTORIES:
         pytest.fail(f"engine {request.param!r} has no factory in FACTORIES")
     made = []

@@ -8,7 +8,7 @@ import pytest
 from simple_sampler.cli import build_parser
 from simple_sampler.serving.engines import ENGINES, engine_spec
 from simple_sampler.serving.static_decode import config_path
-from simple_sampler.settings import ENGINES as ENGINE_NAMES, LlmSettings
+from simple_sampler.settings import ENGINE_NAMES, LlmSettings
 
 
 def tiny_config(folder, **changes):

@@ -12,7 +12,7 @@ from simple_sampler import cli
 from simple_sampler.serving import torch_engine
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.engines import ENGINES
-from simple_sampler.settings import (ENGINES as ENGINE_NAMES, FrontendSettings, LlmSettings,
+from simple_sampler.settings import (ENGINE_NAMES, FrontendSettings, LlmSettings,
                                      SamplerSettings)
 from simple_sampler.launch import templates
 from simple_sampler.launch.install import project_file

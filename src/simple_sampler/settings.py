@@ -40,7 +40,7 @@ SERVED_MODES = {"simple": ("simple", 1), "simple_overlap": ("simple", 2),
                 "inline": ("inline", 1), "inline_kernels": ("inline_kernels", 1)}
 #: The data planes' names; serving/engines.py is their registry (a test
 #: holds the two equal: this module imports nothing of serving/).
-ENGINES = ("torch", "static", "tensorrt_llm", "simulated")
+ENGINE_NAMES = ("torch", "static", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
 ROW_TRANSPORTS = ("arena", "bls")
@@ -234,7 +234,7 @@ class LlmSettings(Settings):
                           "static (PyTorch with a static KV cache, the decode step replayed as "
                           "CUDA graphs on cuda, eager on cpu), TensorRT-LLM on GPUs "
                           "(docs/GPU.md), or simulated: no model, GPU-paced sleeps and synthetic "
-                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINES)
+                          "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINE_NAMES)
     device: str = setting(
         "cpu", "torch and static engines: where the model runs (cuda: the current GPU; logits "
         "cross to the sampler by one pinned device-to-host copy per step, inline sampling stays "
