@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from simple_sampler.bench import serve_cost
+from simple_sampler.bench import loop_profile, serve_cost
 from simple_sampler.cli import main
 from simple_sampler.serving.simulated import LABEL
 
@@ -144,11 +144,11 @@ def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):
         per_token(token)
     profile.disable()
     profile.dump_stats(tmp_path / "llm-1.prof")
-    calls = serve_cost.profile_calls(tmp_path / "llm-1.prof", tokens=40, server="instant")
+    calls = loop_profile.profile_calls(tmp_path / "llm-1.prof", tokens=40, server="instant")
     top = dict(calls["top"])
     assert top[f"test_serve_cost.py:{per_token.__code__.co_firstlineno}(per_token)"] == 1.0
     assert top["{method 'append' of 'list' objects}"] == 1.0
     assert calls["calls_per_token"] >= 2.0
-    assert "decode-loop calls per token (instant, 40 tokens" in serve_cost.format_profile(calls)
+    assert "decode-loop calls per token (instant, 40 tokens" in loop_profile.format_profile(calls)
     assert serve_cost.llm_tokens([serve_cost.Config("instant", 4, "floor"),
                                   serve_cost.Config("instant", 4, "llm")], 10) == 48

@@ -24,6 +24,7 @@ import numpy as np
 from ..params import SamplingBatch, SamplingParams
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
 from ..serving.simulated import LABEL
+from .server_meter import process_stat
 
 TRANSPORTS = {"bls": ("bls", "full"), "arena": ("arena", "full"),
               "hot-first": ("arena", "hot-first")}
@@ -39,14 +40,6 @@ STARTUP_TIMEOUT_S = 900.0
 #: backend's three for BLS; none for the arena here, where the simulated
 #: bank lies in it (on a GPU host: the device-to-host DMA into a slot)
 COPIES = {"bls": 3, "arena": 0}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_stat(pid: int) -> tuple[float, int]:
-    """(utime + stime in seconds, minor page faults) of one process."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[7])
 
 
 def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = None):

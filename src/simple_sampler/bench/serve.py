@@ -20,10 +20,8 @@ the engine's batch-invariant mode, to measure what the mode costs.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from importlib import resources
@@ -36,6 +34,7 @@ from ..client import GenerateClient
 from ..settings import SERVED_MODES, LlmSettings, SamplerSettings
 from ..launch.serve import assemble_repository
 from ..launch.server import TritonServer
+from .server_meter import llm_counters
 
 COUNTERS = ("sampling_exposed_us", "busy_us", "data_plane_us", "sampler_us")
 
@@ -43,13 +42,6 @@ COUNTERS = ("sampling_exposed_us", "busy_us", "data_plane_us", "sampler_us")
 def prompts() -> list[str]:
     data = resources.files("simple_sampler").joinpath("data/prompts.json").read_text()
     return [p if isinstance(p, str) else p["text"] for p in json.loads(data)]
-
-
-def llm_counters(server: TritonServer) -> dict[str, float]:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return {name: sum(float(v) for v in re.findall(rf"^simple_llm_{name}_total\{{[^}}]*\}} (\S+)",
-                                                      text, re.M))
-            for name in COUNTERS}
 
 
 def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int) -> dict:
@@ -66,13 +58,13 @@ def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int)
 def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens: int,
               texts: list[str]) -> dict:
     client = GenerateClient(server.grpc_url, "grpc")
-    before = llm_counters(server)
+    before = llm_counters(server, COUNTERS)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda i: one_request(client, texts[i % len(texts)], max_tokens, i),
                                 range(requests)))
     wall = time.perf_counter() - start
-    after = llm_counters(server)
+    after = llm_counters(server, COUNTERS)
     delta = {k: after[k] - before[k] for k in COUNTERS}
     gaps = np.concatenate([r["gaps"] for r in results]) * 1e3
     return {

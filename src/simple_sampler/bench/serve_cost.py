@@ -12,7 +12,7 @@ the data plane's bound, CPU per token of every server process (from /proc)
 and of the client, the decode loop's CPU per token, and the ratios to the
 floor. With ``profile_dir`` the llm stub's decode-loop thread runs under
 cProfile (``llm_service``, ``PROFILE_ENV``), and the report lists its calls
-per token by function (``profile_calls``): counts, not times, so they do not
+per token by function (``loop_profile.profile_calls``): counts, not times, so they do not
 move with the machine's load.
 
 The load, the window, every column and how to read them: docs/SERVED_COST.md.
@@ -21,16 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import pstats
-import re
 import shutil
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -39,8 +34,9 @@ import numpy as np
 
 from ..client.aio import let_triton_end
 from ..serving.simulated import LABEL
-from ..triton.llm_service import PROFILE_ENV
 from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from .loop_profile import format_profile, llm_profiles, profile_calls
+from .server_meter import LLM_COUNTERS, Meter, llm_counters, sampler_counters, server_processes
 from .spec import UsageError
 
 #: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
@@ -56,11 +52,8 @@ STARTUP_TIMEOUT_S = 900.0
 #: The fewest responses per request the window may see: tokens arrive k at a
 #: time, so max_tokens must be at least this many times the largest k.
 RESPONSES_PER_REQUEST = 8
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Each route's warm-up before its level: requests of WARM_UP_TOKENS tokens.
 WARM_UP_REQUESTS, WARM_UP_TOKENS = 2, 4
-#: Functions listed per profile, most calls per token first.
-PROFILE_TOP = 30
 #: What may differ between a run's servers (a row's keys, each its own floor).
 VARIANT = ("python_thread_pool", "micro_batches", "handoff")
 #: The sampler's hot set for hot-first (model_repository/simple_sampler/).
@@ -101,64 +94,6 @@ def plan(paces=("instant", "gpu"), batches=(64, 256), intervals=(1, 4, 16),
             if "llm" in routes:
                 configs.append(Config(pace, batch, "llm", intervals[0]))
     return configs
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of one process (all its threads), seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def server_processes(server_pid: int) -> dict[str, int]:
-    """Name -> pid of the server and each stub (by model and instance)."""
-    from ..launch.supervisor import list_stubs
-
-    processes = {"tritonserver": server_pid}
-    for stub in list_stubs(server_pid):
-        name = stub.model if stub.model != "simple_sampler" else stub.instance
-        processes[name] = stub.pid
-    return processes
-
-
-def context_switches(pid: int) -> int:
-    """Voluntary context switches of all the process's threads so far: each
-    time a thread went to sleep waiting (for a message, a lock), to be woken
-    again. A count of the process's own waits: unlike CPU time and
-    preemptions (involuntary switches, not counted) it barely moves with the
-    machine's load, so what a cut of wake-ups buys shows here first."""
-    switches = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/status", "rb") as status:
-                for line in status:
-                    if line.startswith(b"voluntary_ctxt_switches:"):
-                        switches += int(line.split()[1])
-        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile
-            continue
-    return switches
-
-
-class Meter:
-    """CPU seconds and context switches of the named processes, read at two marks."""
-
-    def __init__(self, processes: dict[str, int]):
-        self.processes = {**processes, "client": os.getpid()}
-        self.marks: list[tuple[float, int, dict[str, float], dict[str, int]]] = []
-
-    def mark(self, tokens: int) -> None:
-        """Now, with `tokens` received so far."""
-        self.marks.append((time.perf_counter(), tokens,
-                           {name: process_cpu_s(pid) for name, pid in self.processes.items()},
-                           {name: context_switches(pid)
-                            for name, pid in self.processes.items()}))
-
-    def window(self) -> tuple[float, int, dict[str, float], dict[str, int]]:
-        """Seconds, tokens, CPU seconds and context switches per process
-        between the first and last marks."""
-        (t0, tokens0, cpu0, cs0), (t1, tokens1, cpu1, cs1) = self.marks[0], self.marks[-1]
-        return (t1 - t0, tokens1 - tokens0, {name: cpu1[name] - cpu0[name] for name in cpu0},
-                {name: cs1[name] - cs0[name] for name in cs0})
 
 
 def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int,
@@ -254,21 +189,6 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None,
             "itl_ms_p95": float(np.percentile(gaps_ms, 95)) if gaps_ms else None}
 
 
-#: The llm model's counters (``simple_llm_<name>_total``) read around a level.
-LLM_COUNTERS = ("loop_us", "steps", "data_plane_us", "sampler_us", "forward_wait_us")
-
-
-def llm_counters(server) -> dict[str, float]:
-    """The llm model's LLM_COUNTERS once nothing is in flight (the model
-    reports its counters when its last request ends)."""
-    deadline = time.monotonic() + 10
-    while server.in_flight() > 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return {name: sum(float(v) for v in re.findall(
-        rf"^simple_llm_{name}_total\{{[^}}]*\}} (\S+)", text, re.M)) for name in LLM_COUNTERS}
-
-
 def step_figures(before: dict, after: dict, tokens: int) -> dict:
     """Over a level: the decode loop's CPU per token, and per step (ms) the
     forward, the sampler (wall, overlapped or not) and the forward's wait
@@ -280,20 +200,6 @@ def step_figures(before: dict, after: dict, tokens: int) -> dict:
                                 for key, counter in (("forward", "data_plane_us"),
                                                      ("sampler", "sampler_us"),
                                                      ("forward_wait", "forward_wait_us"))}}
-
-
-def sampler_counters(server) -> dict[str, float]:
-    """Triton's count of the sampler model's requests, and the CPU its
-    instances spent in ``execute`` (``simple_sampler_execute_cpu_us_total``),
-    once every count made so far has arrived (the instances send theirs in
-    batches: ``triton.counters``)."""
-    from ..triton.counters import read_counter, wait_for_counter
-
-    return {"execute_cpu_us": wait_for_counter(
-                server.metrics_url, "simple_sampler_execute_cpu_us_total", lambda _: True,
-                settled_after=time.monotonic()),
-            "requests": read_counter(server.metrics_url, "nv_inference_request_success",
-                                     'model="simple_sampler"')}
 
 
 def sampler_figures(before: dict | None, after: dict | None, samplers_us_per_token: float,
@@ -412,25 +318,6 @@ def check_plan(configs: list[Config], max_tokens: int) -> None:
                          f"stream interval ({RESPONSES_PER_REQUEST * largest}), got {max_tokens}")
 
 
-@contextmanager
-def llm_profiles(profile_dir: str | None) -> Iterator[None]:
-    """With `profile_dir`, the servers started inside profile their llm
-    stub's decode loop into it (PROFILE_ENV); the variable as it was after."""
-    if not profile_dir:
-        yield
-        return
-    previous = os.environ.get(PROFILE_ENV)
-    Path(profile_dir).mkdir(parents=True, exist_ok=True)
-    os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(PROFILE_ENV)
-        else:
-            os.environ[PROFILE_ENV] = previous
-
-
 def measure_server(server, processes: dict[str, int], configs: list[Config], max_tokens: int,
                    micro_batches: int) -> list[dict]:
     """One row per configuration of `configs` (one pace), each route warmed
@@ -531,37 +418,6 @@ def llm_tokens(configs: list[Config], max_tokens: int) -> int:
     included: what its decode-loop profile is divided by."""
     return sum(c.batch * max_tokens + WARM_UP_REQUESTS * WARM_UP_TOKENS for c in configs
                if c.route in ("ensemble", "llm"))
-
-
-def profile_calls(path: Path, tokens: int, server: str = "", top: int = PROFILE_TOP) -> dict:
-    """The decode-loop thread's calls per token from its cProfile file:
-    in total and by function (cProfile's count: Python functions and the
-    C functions Python code calls directly; a C function called from C,
-    e.g. through a ``functools.partial``, is not counted). What is paid per
-    token counts the same on any machine under any load, where times do not
-    (what is paid per step, the event loop's callbacks, moves a little with
-    how the steps interleave). `server` labels the server it was read from."""
-    stats = pstats.Stats(str(path))
-    by_function = sorted(((calls / tokens, function_name(function))
-                          for function, (_, calls, *_rest) in stats.stats.items()),
-                         reverse=True)
-    return {"server": server, "file": str(path), "tokens": tokens,
-            "calls_per_token": stats.total_calls / tokens,
-            "top": [[name, per_token] for per_token, name in by_function[:top]]}
-
-
-def function_name(function: tuple[str, int, str]) -> str:
-    """file:line(name) with the file's name alone (the servers' model
-    directories are temporary); a C function as pstats names it."""
-    file, line, name = function
-    return pstats.func_std_string(function) if file == "~" else f"{Path(file).name}:{line}({name})"
-
-
-def format_profile(profile: dict) -> str:
-    lines = [f"decode-loop calls per token ({profile['server']}, {profile['tokens']} tokens, "
-             f"{profile['file']}): {profile['calls_per_token']:.1f}"]
-    lines += [f"  {per_token:7.2f}  {name}" for name, per_token in profile["top"]]
-    return "\n".join(lines)
 
 
 def data_plane(instances: int, micro_batches: Sequence[int], sampling_mode: str = "simple",

@@ -14,7 +14,7 @@ streams of a few tokens to warm up (each batch bucket's CUDA graph is
 captured by its first step), then B concurrent streamed requests of
 ``max_tokens`` tokens from one asyncio client (``serve_cost.drive``), measured
 between the first and last eighth of their tokens: tokens/s, ITL p50/p95, CPU
-per token of every server process and of the client (``serve_cost.Meter``,
+per token of every server process and of the client (``server_meter.Meter``,
 from /proc), and the **server cores busy** (all server processes' CPU seconds
 over the window's seconds: one GPU, so cores per GPU).
 
@@ -43,8 +43,8 @@ from pathlib import Path
 from ..launch.serve import assemble_repository, shared_memory_bytes
 from ..serving.engines import startup_timeout
 from ..settings import LlmSettings
-from .serve_cost import (RESPONSES_PER_REQUEST, Meter, drive, figures, llm_counters,
-                         sampler_settings, server_processes, step_figures)
+from .serve_cost import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
+from .server_meter import Meter, llm_counters, server_processes
 from .serve_cost import Config as Load
 
 KIND = "serve-gpu-served"
@@ -85,7 +85,7 @@ def rows_label(model_config: str | None) -> str:
 
 
 def settled_llm_counters(server, before: dict, timeout_s: float = 10.0) -> dict:
-    """``serve_cost.llm_counters`` once the llm model's report of the level
+    """``server_meter.llm_counters`` once the llm model's report of the level
     has arrived (it sends it as its last request ends): steps moved on."""
     deadline = time.monotonic() + timeout_s
     while (after := llm_counters(server))["steps"] <= before["steps"] \

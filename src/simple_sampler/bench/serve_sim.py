@@ -290,7 +290,8 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
     from ..launch.serve import assemble_repository, shared_memory_bytes
     from ..launch.server import TritonServer
-    from .serve import llm_counters, prompts, run_level
+    from .serve import COUNTERS, prompts, run_level
+    from .server_meter import llm_counters
 
     texts, results = prompts(), []
     for mode, decoder_mode, micro_batches in modes:
@@ -310,9 +311,9 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                 Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
             with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler)) as server:
                 run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
-                before = llm_counters(server)
+                before = llm_counters(server, COUNTERS)
                 level = run_level(server, batch, batch, max_tokens, texts)
-                after = llm_counters(server)
+                after = llm_counters(server, COUNTERS)
             passes = max_tokens  # every request yields max_tokens tokens, B rows per pass
             ideal = batch / (step_ms / 1e3)
             results.append({
