@@ -54,19 +54,27 @@ def test_async_client_streamed_and_not(llm_server, greedy_answer, protocol):
     assert chunks[-1].finish_reason == greedy_answer.finish_reason
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_async_client_runs_concurrent_requests_like_sequential_ones(llm_server, protocol):
-    seeds = [3, 4, 5, 6]
-    sequential = [GenerateClient(llm_server.grpc_url).generate(QUESTION, seed=s, **SAMPLED).text
-                  for s in seeds]
+SEEDS = [3, 4, 5, 6]
 
+
+@pytest.fixture(scope="module")
+def sequential_answers(llm_server):
+    """SEEDS' sampled answers, one request at a time (sync, gRPC)."""
+    answers = [GenerateClient(llm_server.grpc_url).generate(QUESTION, seed=s, **SAMPLED).text
+               for s in SEEDS]
+    assert len(set(answers)) > 1  # the seeds matter, so equality means something
+    return answers
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_async_client_runs_concurrent_requests_like_sequential_ones(llm_server, protocol,
+                                                                    sequential_answers):
     async def run():
         async with AsyncGenerateClient(url(llm_server, protocol), protocol) as client:
             return await asyncio.gather(*(client.generate(QUESTION, seed=s, **SAMPLED)
-                                          for s in seeds))
+                                          for s in SEEDS))
 
-    assert [answer.text for answer in asyncio.run(run())] == sequential
-    assert len(set(sequential)) > 1  # the seeds matter, so equality means something
+    assert [answer.text for answer in asyncio.run(run())] == sequential_answers
 
 
 @pytest.mark.parametrize("protocol,streamed", list(itertools.product(PROTOCOLS, (False, True))))

@@ -111,7 +111,10 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
         time.sleep(0.1)
     restored_s = time.monotonic() - killed_at
     faulted.join()
-    time.sleep(supervisor.orphan_grace_s + 1)  # the old generation's survivor is gone by then
+    # the old generation's survivor is killed orphan_grace_s after the reload
+    deadline = time.monotonic() + supervisor.orphan_grace_s + 5
+    while stubs_of(server, "simple_sampler") != fresh() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert stubs_of(server, "simple_sampler") == fresh()
 
     assert not faulted.errors
