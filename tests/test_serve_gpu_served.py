@@ -68,7 +68,9 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
 
     modes = [m for m in served.MODES if m.name in ("simple", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
-                        modes=modes, max_tokens=8, instances=1, log_dir=tmp_path / "logs")
+                        # a window of 24 of each stream's 32 tokens: long enough that
+                        # the server's CPU, read from /proc in 10 ms ticks, is not 0
+                        modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs")
     assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
     assert [r["mode"] for r in report["results"]] == ["simple", "inline"]
     for row in report["results"]:
