@@ -8,7 +8,8 @@
 #
 # REF: the "before" commit. Each of ROUNDS rounds runs before, then after;
 # OUT_DIR/{before,after}-N.json are `bench kernels --json` outputs, and the
-# tables are printed as they come. Run it alone on a quiet machine.
+# tables are printed as they come, then the before/after table
+# (scripts/kernels_ab_table.py). Run it alone on a quiet machine.
 set -euo pipefail
 ref="$1"; rounds="$2"; out="$3"; shift 3
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,3 +33,5 @@ for round in $(seq 1 "$rounds"); do
         PYTHONPATH="$src" "$python" -c "import json, sys; from simple_sampler.bench.kernels import format_table; print(format_table(json.load(open(sys.argv[1]))['results']))" "$out/$side-$round.json"
     done
 done
+echo "== before / after (scripts/kernels_ab_table.py $out)"
+"$python" "$here/scripts/kernels_ab_table.py" "$out"
