@@ -37,7 +37,7 @@ offline-host:
 
 test: $(STAMP) offline-host
 	$(PY) -m ruff check src tests
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m ruff check src tests
