@@ -22,7 +22,8 @@ from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer, free_port
 from simple_sampler.pids import alive
-from simple_sampler.launch.supervisor import SHM_DIRECTORY, Supervisor, list_stubs
+from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
+from simple_sampler.launch.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 from simple_sampler.cli import main
 from simple_sampler.client import GenerateClient
 from simple_sampler.launch import server as server_module
-from simple_sampler.launch.supervisor import list_stubs
+from simple_sampler.launch.processes import list_stubs
 from simple_sampler.row_arena import PREFIX, SHM_DIR
 from simple_sampler.serving.simulated import LABEL
 

@@ -59,7 +59,7 @@ def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = N
 
 
 def _processes(server) -> dict[str, list[int]]:
-    from ..launch.supervisor import list_stubs
+    from ..launch.processes import list_stubs
 
     stubs = list_stubs(server.process.pid)
     return {"tritonserver": [server.process.pid],

@@ -27,7 +27,7 @@ def process_cpu_s(pid: int) -> float:
 
 def server_processes(server_pid: int) -> dict[str, int]:
     """Name -> pid of the server and each stub (by model and instance)."""
-    from ..launch.supervisor import list_stubs
+    from ..launch.processes import list_stubs
 
     processes = {"tritonserver": server_pid}
     for stub in list_stubs(server_pid):

@@ -28,10 +28,7 @@ import time
 
 from .. import row_arena
 from ..pids import alive
-# Re-exported: the process listing lives in processes.py (standard library
-# only) so that the lifeline watcher can use it without importing the package.
-from .processes import (  # noqa: F401
-    SHM_DIRECTORY, STUB_EXECUTABLE, Stub, list_stubs, unlink_shm)
+from .processes import SHM_DIRECTORY, Stub, list_stubs, unlink_shm
 from .startup import StartInterrupted
 
 log = logging.getLogger(__name__)
