@@ -2,7 +2,7 @@
 waits for at startup and labels its outputs with.
 
 Adding an engine touches its module, one :class:`EngineSpec` in
-:data:`ENGINES` and its settings (its name in ``settings.ENGINES``, fields of
+:data:`ENGINES` and its settings (its name in ``settings.ENGINE_NAMES``, fields of
 its own in ``LlmSettings`` with ``engines=(name,)``; tests/test_settings.py
 holds the names to this registry). No other module compares engine names.
 
