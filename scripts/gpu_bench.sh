@@ -13,6 +13,9 @@
 #                                        # rows into DIR (~15 MB), for the host
 #   SIMPLE_SAMPLER_CACHE=DIR scripts/gpu_bench.sh [OUTPUT_DIR]   # on the GPU host
 #
+# DEVICE=cpu (float32) is a dry run of the script on a CPU host: figures that
+# mean nothing. CUDA_TESTS_LIMIT_S (default 90) bounds the CUDA tests.
+#
 # NOT RUN ON A GPU YET (written where none was available): the first GPU
 # session runs it as it is and reads the README it writes.
 set -uo pipefail
@@ -40,12 +43,13 @@ OUT_DIR="${1:-${OUT:-$ROOT/results/gpu-bench-$(date -u +%Y%m%dT%H%M%SZ)}}"
 mkdir -p "$OUT_DIR"
 SHAPES="${SHAPES:-llama-3.2-1b qwen2.5-0.5b llama-3.1-8b smollm2-135m}"
 SHAPE_LIMIT_S="${SHAPE_LIMIT_S:-85}"
+export DEVICE="${DEVICE:-cuda}"
 README="$OUT_DIR/README.md"
 commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown}")"
 {
     echo "# gpu_bench.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
-    echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S)"
+    echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S, DEVICE=$DEVICE)"
     echo "- commit: $commit"
     echo "- machine: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'nvidia-smi absent'); $(nproc) CPUs"
     echo "- python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1)"
@@ -61,7 +65,7 @@ fi
 
 echo "## CUDA tests" >> "$README"
 if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
-    (cd "$ROOT" && timeout 90 "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
+    (cd "$ROOT" && timeout "${CUDA_TESTS_LIMIT_S:-90}" "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
         tests/test_inline.py tests/test_static_decode.py) > "$OUT_DIR/cuda_tests.log" 2>&1
     echo "exit $?: $(tail -1 "$OUT_DIR/cuda_tests.log")" >> "$README"
 else
@@ -72,6 +76,7 @@ echo "## bench serve-gpu (static engine)" >> "$README"
 for shape in $SHAPES; do
     timeout "$SHAPE_LIMIT_S" "$PYTHON" - "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1 <<'EOF'
 import json
+import os
 import sys
 
 from simple_sampler.bench import serve_gpu
@@ -83,12 +88,13 @@ try:
 except ImportError:
     wanted = ("gpu_inline",)
 modes = [m for m in serve_gpu.MODES if m[0] in wanted]
-device, dtype = serve_gpu.resolve("cuda", "bfloat16")
+dtype_name = "bfloat16" if os.environ["DEVICE"] == "cuda" else "float32"
+device, dtype = serve_gpu.resolve(os.environ["DEVICE"], dtype_name)
 loaded = serve_gpu.load(None, shape, False, device, dtype)
 merged = None
 # one (rows, top_p) at a time, written as it ends: a shape cut off keeps what it ran
 for index, (rows, top_p) in enumerate([(r, p) for r in ("flat", "fitted") for p in (1.0, 0.95)]):
-    part = serve_gpu.run(model_config=shape, dtype="bfloat16", batches=(64, 256), instances=8,
+    part = serve_gpu.run(model_config=shape, dtype=dtype_name, device=os.environ["DEVICE"], batches=(64, 256), instances=8,
                          warmup=4, measure=16, top_p=(top_p,), modes=modes, rows=(rows,),
                          forward_only=index == 0, loaded=loaded)
     if merged is None:

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One GPU call for both GPU issues, inside a fixed time: the served run from
+# the offline bundle (scripts/gpu_served_run.sh: install, real Triton servers
+# on the static CUDA engine, issue 43), then the in-process bench
+# (scripts/gpu_bench.sh: CUDA tests, serve-gpu per shape with flat and fitted
+# rows, issue 42) with the time that is left, over the interpreter and kernels
+# the install made. Everything lands in WORK; OUT gets two files (a device
+# call brings back at most eight): README.md (both phases' READMEs and times)
+# and results.tar.gz (WORK without the install, logs included).
+#
+#   scripts/gpu_session.sh BUNDLE OUT [WORK]
+#
+# SESSION_S (default 560): the whole run's seconds; SERVED_LIMIT_S (default
+# 280) bounds the served benchmark; SERVED_ARGS (default "--instances 8") are
+# its options; SHAPES: gpu_bench.sh's (default "llama-3.2-1b llama-3.1-8b").
+# GIT_COMMIT: the commit, where the checkout has no .git. DEVICE=cpu with
+# SERVED_ARGS="--device cpu --quick" is a dry run on a CPU host.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bundle="${1:?usage: scripts/gpu_session.sh BUNDLE OUT [WORK]}"
+out="${2:?usage: scripts/gpu_session.sh BUNDLE OUT [WORK]}"
+work="${3:-/tmp/gpu-session}"
+session_s="${SESSION_S:-560}"
+started=$(date +%s)
+commit="${GIT_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2> /dev/null || echo unknown)}"
+elapsed() { echo $(( $(date +%s) - started )); }
+mkdir -p "$out" "$work"
+summary="$work/README.md"
+{
+    echo "# gpu_session.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "- command: \`$0 $*\` (SESSION_S=$session_s, SERVED_LIMIT_S=${SERVED_LIMIT_S:-280}," \
+         "SERVED_ARGS=\"${SERVED_ARGS:---instances 8}\", SHAPES=\"${SHAPES:-llama-3.2-1b llama-3.1-8b}\")"
+    echo "- commit: $commit"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+        2> /dev/null | sed 's/^/- gpu: /'
+    echo "- cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+} > "$summary"
+
+# -- 1. served (install + real servers) ----------------------------------------------
+BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8}" \
+    bash "$ROOT/scripts/gpu_served_run.sh" "$work/served" --bundle "$bundle" \
+    --python "${HOST_PYTHON:-python3}" > "$work/served-run.log" 2>&1
+echo "- served run: exit $?, done at $(elapsed) s" >> "$summary"
+
+# -- 2. in-process, with the time left ---------------------------------------------------
+install="$work/served/install"
+if [ -x "$install/venv/bin/python" ] && "$install/venv/bin/python" -c 'import simple_sampler._sampling' 2> /dev/null; then
+    project="$install/simple-sampler" python="$install/venv/bin/python"
+    export SIMPLE_SAMPLER_CACHE="$install/cache"
+else  # the install failed: the host's Python over this checkout (gpu_bench.sh builds the kernels)
+    project="$ROOT" python="${HOST_PYTHON:-python3}"
+fi
+shapes="${SHAPES:-llama-3.2-1b llama-3.1-8b}"
+count=$(wc -w <<< "$shapes")
+left=$(( session_s - $(elapsed) - 15 ))
+tests_s=$(( left / 5 < 90 ? left / 5 : 90 ))
+shape_s=$(( (left - tests_s) / count ))
+if [ "$shape_s" -ge 20 ]; then
+    GIT_COMMIT="$commit" PYTHON="$python" SHAPES="$shapes" \
+        SHAPE_LIMIT_S="$shape_s" CUDA_TESTS_LIMIT_S="$tests_s" \
+        bash "$project/scripts/gpu_bench.sh" "$work/bench" > "$work/bench-run.log" 2>&1
+    echo "- in-process bench: exit $?, $shape_s s a shape, done at $(elapsed) s" >> "$summary"
+else
+    echo "- in-process bench: NOT RUN, $left s left" >> "$summary"
+fi
+
+# -- results back: a few files ----------------------------------------------------------
+{
+    echo
+    cat "$work/served/README.md" 2> /dev/null || echo "(no served README: $(tail -3 "$work/served-run.log"))"
+    echo
+    cat "$work/bench/README.md" 2> /dev/null || echo "(no bench README)"
+} >> "$summary"
+cp "$summary" "$out/README.md"
+tar czf "$out/results.tar.gz" -C "$work" --exclude=served/install . 2> /dev/null
+ls -la "$out"
+cat "$summary"
