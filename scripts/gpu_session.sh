@@ -45,12 +45,32 @@ BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8}
 echo "- served run: exit $?, done at $(elapsed) s" >> "$summary"
 
 # -- 2. in-process, with the time left ---------------------------------------------------
-install="$work/served/install"
-if [ -x "$install/venv/bin/python" ] && "$install/venv/bin/python" -c 'import simple_sampler._sampling' 2> /dev/null; then
-    project="$install/simple-sampler" python="$install/venv/bin/python"
+# The host's own Python (numpy 2: the CUDA tests need its scipy, which the
+# install's venv, on numpy 1.26 for the stubs, hides) over the installed
+# project, whose kernels use no numpy C API; over this checkout when the
+# install did not get that far (gpu_bench.sh then builds the kernels).
+python="${HOST_PYTHON:-python3}" install="$work/served/install"
+if PYTHONPATH="$install/simple-sampler/src" "$python" -c 'import simple_sampler._sampling' 2> /dev/null; then
+    project="$install/simple-sampler"
+else
+    project="$ROOT"
+fi
+if [ -d "$install/cache" ]; then
     export SIMPLE_SAMPLER_CACHE="$install/cache"
-else  # the install failed: the host's Python over this checkout (gpu_bench.sh builds the kernels)
-    project="$ROOT" python="${HOST_PYTHON:-python3}"
+else  # the bundle's tokenizer and real rows, as its install.sh places them
+    export SIMPLE_SAMPLER_CACHE="$work/cache"
+    "$python" - "$bundle" "$SIMPLE_SAMPLER_CACHE" <<'EOF'
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+bundle, cache = Path(sys.argv[1]), Path(sys.argv[2])
+with tarfile.open(bundle / "tokenizer.tar.xz") as tar:
+    tar.extractall(cache, filter="data")
+if (bundle / "cache").is_dir():
+    shutil.copytree(bundle / "cache", cache, dirs_exist_ok=True)
+EOF
 fi
 shapes="${SHAPES:-llama-3.2-1b llama-3.1-8b}"
 count=$(wc -w <<< "$shapes")

@@ -2,10 +2,10 @@
 # A stand-in for the offline bundle's GPU host on a machine without a GPU, for
 # tests/test_offline_bundle.py (`make test` makes it through `make
 # offline-host`): a Python 3.12 venv holding what such a host has
-# (../shared/design/OFFLINE_GPU.md): torch, numpy 2, transformers, Cython and
-# setuptools. The torch is the project's pin (pyproject.toml, the model extra)
-# from PyPI, which serves Linux only CUDA builds for Python 3.12: with its
-# nvidia libraries about 4.7 GB, a few minutes with network. So it is made once
+# (../shared/design/OFFLINE_GPU.md): torch, numpy 2, transformers, scipy,
+# scikit-learn, Cython and setuptools. The torch is the project's pin (the
+# model extra) from PyPI, which serves Linux only CUDA builds for Python 3.12:
+# about 4.7 GB with its nvidia libraries, minutes with network. Made once
 # per machine, beside the model cache ($SIMPLE_SAMPLER_CACHE, else
 # ~/.cache/simple-sampler: offline-host-py312), for every checkout there, and
 # again when those requirements change.
@@ -56,7 +56,9 @@ mapfile -t requirements < <("$python312" -c "import sys, tomllib
 extras = tomllib.load(open(sys.argv[1], 'rb'))['project']['optional-dependencies']
 print('\n'.join(r for r in extras['model'] if r.startswith(('torch', 'transformers'))))" \
     "$project/pyproject.toml")
-requirements+=("numpy>=2" Cython setuptools)
+# scipy and scikit-learn as the GPU image has them, built for numpy 2: the
+# bundle's venv (numpy 1.26) must hide them (scripts/offline_install.sh).
+requirements+=("numpy>=2" "scipy>=1.16" scikit-learn Cython setuptools)
 mkdir -p "$(dirname "$host")"
 exec 9> "$host.lock"
 flock 9  # one maker at a time: checkouts of this machine share it

@@ -108,6 +108,14 @@ if libpython_dir:
 (site / "simple-sampler-host-torch.pth").write_text(
     f"import site; site.addsitedir({torch_site!r})\n")
 (site / "simple-sampler-src.pth").write_text(str(dest / "simple-sampler" / "src") + "\n")
+# The host's scipy and scikit-learn are built for numpy 2: under the venv's
+# numpy 1.26 scipy fails at import (np.long), and transformers imports
+# scikit-learn (which imports scipy) when it finds it, as 5.17's generation
+# utilities do at import (seen on the first GPU host, 2026-11-28). None in
+# sys.modules makes both absent: find_spec says None, import raises
+# ModuleNotFoundError. Nothing the stubs run needs either.
+(site / "simple-sampler-numpy1-guard.pth").write_text(
+    "import sys; [sys.modules.setdefault(name, None) for name in ('scipy', 'sklearn')]\n")
 command = dest / "venv" / "bin" / "simple-sampler"
 command.write_text(f"#!{dest}/venv/bin/python\nimport sys\nfrom simple_sampler.cli import main\n"
                    "sys.exit(main())\n")
@@ -130,6 +138,7 @@ EOF
 LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:-}" SIMPLE_SAMPLER_CACHE="$dest/cache" "$venv_python" -I -c '
 import sys
 import numpy, torch, tritonclient.grpc, tritonclient.http, ml_dtypes
+from transformers import AutoModelForCausalLM, GenerationMixin  # the static and torch engines
 import simple_sampler._sampling as kernels
 from simple_sampler import models
 from simple_sampler.serving.text import load_tokenizer
