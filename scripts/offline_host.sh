@@ -58,7 +58,7 @@ print('\n'.join(r for r in extras['model'] if r.startswith(('torch', 'transforme
     "$project/pyproject.toml")
 # scipy and scikit-learn as the GPU image has them, built for numpy 2: the
 # bundle's venv (numpy 1.26) must hide them (scripts/offline_install.sh).
-requirements+=("numpy>=2" "scipy>=1.16" scikit-learn Cython setuptools)
+requirements+=("numpy>=2" "scipy>=1.16" scikit-learn ml_dtypes Cython setuptools)
 mkdir -p "$(dirname "$host")"
 exec 9> "$host.lock"
 flock 9  # one maker at a time: checkouts of this machine share it

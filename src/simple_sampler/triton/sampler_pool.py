@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -36,8 +36,11 @@ import torch
 from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..settings import LOCAL, LlmSettings, parse_endpoints
-from .sampler_client import SamplerClient
 from .sampler_codec import batch_arrays, outcome_of
+
+if TYPE_CHECKING:  # imported where a remote target is called: the in-process
+    # benches (bench serve-gpu) run on hosts without tritonclient
+    from .sampler_client import SamplerClient
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class RemoteSampler:
     def _client(self) -> SamplerClient:
         client = getattr(self._local, "client", None)
         if client is None:
+            from .sampler_client import SamplerClient
+
             client = self._local.client = SamplerClient(self.url, "grpc", self.model)
         return client
 
