@@ -286,6 +286,7 @@ cdef inline int top_p_hot(const RowSource* src, const Overrides* ov, const RowPa
     c.token = ws.cand_token
     c.w = ws.cand_w
     cdef Py_ssize_t gap_index = 0
+    cdef Py_ssize_t reaching
     cdef float threshold
     cdef double cold_in, removed, mass, lower, upper, target_hi
     cdef Py_ssize_t i
@@ -299,6 +300,13 @@ cdef inline int top_p_hot(const RowSource* src, const Overrides* ov, const RowPa
                 + ss_mass_at_or_above(ws.block_max, ws.block_mass, n_blocks, threshold)
                 < ladder_target):
             continue
+        # A nucleus reaching over most blocks of a long row (a flat or hot
+        # row) would be collected and ranked by quickselect here, up to 20x
+        # the full path's cost, which is linear at any breadth (nucleus.pxi);
+        # up to 128 blocks (8,192 logits) cost little either way.
+        reaching = ss_count_at_or_above(ws.block_max, n_blocks, threshold)
+        if reaching > n_blocks // 2 and reaching > 128:
+            return -1
         cold_in = 0.0
         removed = 0.0
         c.n = collect_above(src, ov, p.scalars.inverse_temperature, hot, ws, n_blocks, s, threshold,

@@ -433,3 +433,19 @@ def test_synthetic_rows_keep_token_identity_and_the_quantiles():
     np.testing.assert_array_equal(cycled[:3], rows)
     np.testing.assert_array_equal(cycled[5][mapping], rows[2][mapping])
     assert not np.array_equal(cycled[5], rows[2])
+
+
+def test_a_flat_long_row_goes_to_the_full_path_at_once():
+    """top_p on a flat row of a real vocabulary: the nucleus reaches over most
+    blocks, so SHVS hands the row to the full path (the token SHVS off gives)
+    instead of collecting and ranking ~V candidates (20x the full path's cost
+    before: docs/results/gpu-2026-11-28.md)."""
+    rng = np.random.default_rng(21)
+    vocab, rows = 151_936, 8
+    logits = (0.05 * rng.standard_normal((rows, vocab))).astype(np.float32)
+    hot = HotVocab(np.sort(rng.choice(vocab, 1536, replace=False)), vocab)
+    batch = SamplingBatch.from_params([SamplingParams(top_p=0.95, seed=s) for s in range(rows)])
+    with_hot = sample(logits, batch, hot_vocab=hot, return_logprobs=False)
+    without = sample(logits, batch, return_logprobs=False)
+    assert np.all(with_hot.hot_accepted == 0)
+    np.testing.assert_array_equal(with_hot.token_ids, without.token_ids)
