@@ -16,8 +16,8 @@
 # DEVICE=cpu (float32) is a dry run of the script on a CPU host: figures that
 # mean nothing. CUDA_TESTS_LIMIT_S (default 90) bounds the CUDA tests.
 #
-# NOT RUN ON A GPU YET (written where none was available): the first GPU
-# session runs it as it is and reads the README it writes.
+# First run on an H200 through scripts/gpu_session.sh:
+# docs/results/gpu-2026-11-28.md.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

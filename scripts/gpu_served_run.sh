@@ -28,8 +28,8 @@
 # BENCH_ARGS: more options for the benchmark, e.g. "--instances 4" or, for a
 #   dry run on a CPU host, "--device cpu --quick".
 #
-# NOT RUN ON A GPU YET (written where none was available; its dry run on the
-# CPU is tested): the first GPU session runs it as it is and reads README.md.
+# First run on an H200 through scripts/gpu_session.sh:
+# docs/results/gpu-2026-11-28.md. Its dry run on the CPU is tested.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

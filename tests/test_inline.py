@@ -14,7 +14,7 @@ from simple_sampler.reference import probabilities
 from simple_sampler.serving.inline import row_uniforms, sample_torch
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA GPU here (the CUDA path is unrun)"))]
+    not torch.cuda.is_available(), reason="no CUDA GPU here"))]
 HISTORY = History(prompt_ids=[0, 1, 2, 9], output_ids=[3, 3, 4, 5, 3])
 #: each a case for the whole batch; MIXED puts several in one batch
 CASES = {

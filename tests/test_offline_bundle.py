@@ -3,7 +3,7 @@
 The cheap parts: the target's checks refuse a wrong host before anything is
 made, each saying what to do; the overlay keeps the stubs' environment below
 numpy 2. The slow one: the bundle built (--fast), installed over a stand-in
-for the GPU host (scripts/offline_host.sh: Python 3.12, torch, numpy 2), and
+for the GPU host (scripts/offline_host.sh: Python 3.12, torch, numpy 2, scipy), and
 the simulated engine served from the bundle's own Triton, overlay and
 tokenizer, answering one streamed request, then stopped with nothing left."""
 import os
@@ -126,6 +126,11 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
     installed = run(["bash", bundle / "install.sh", dest, "--python", python], timeout=600)
     assert f"numpy 1.26.4 from {dest}/venv/" in installed
     assert f"tokenizer of 49152 tokens in {dest}/cache" in installed
+    # The host's scipy and scikit-learn (built for numpy 2) import there and
+    # are hidden from the stubs' environment, where they would fail on numpy 1.26.
+    hidden = "import importlib.util as u; print([u.find_spec(n) is None for n in ('scipy', 'sklearn')])"
+    assert run([python, "-c", hidden]).strip() == "[False, False]"
+    assert run([dest / "venv" / "bin" / "python", "-I", "-c", hidden]).strip() == "[True, True]"
 
     ports = [free_port() for _ in range(3)]
     env = {k: v for k, v in os.environ.items() if k not in ("SIMPLE_SAMPLER_CACHE", "PYTHONPATH")}

@@ -17,8 +17,8 @@ batch in one pass of torch ops on the GPU, vLLM v1's native design: penalties
 by scatter, one batched sort for top-k / top-p, one draw per row keyed by
 (seed, step); no copy of the rows, no overlap). Load and window as ``bench serve-sim`` (``serve_sim._measure``), with
 ``top_p`` 0.9 by default (the sort is the GPU baseline's cost). Refuses clearly
-without CUDA (``serving.device.resolve``); never run in this project's CI or on
-its development machines (no GPU there).
+without CUDA (``serving.device.resolve``); run on an H200 once
+(docs/results/gpu-2026-11-28.md), never in this project's CI (no GPU there).
 
 The data plane (``--engine``): ``static`` (default; ``serving/static_decode``:
 a static KV cache, the decode step replayed as CUDA graphs per batch bucket,

@@ -26,8 +26,8 @@ tokens/s over the bound's at the same B.
 
 Random weights give nearly flat rows (the sampler's worst case): every
 output names its rows. On the CPU (``--device cpu``, the tests) the figures
-mean nothing. The CUDA path has NOT run: no GPU was available where this was
-written; ``scripts/gpu_served_run.sh`` is the first thing to run on one.
+mean nothing. Run on an H200 once, from the offline bundle
+(``scripts/gpu_session.sh``; docs/results/gpu-2026-11-28.md).
 """
 from __future__ import annotations
 
