@@ -243,8 +243,8 @@ class LlmSettings(Settings):
         "on the GPU)",
         choices=TORCH_DEVICES, engines=("torch", "static"))
     torch_dtype: str = setting(
-        "float32", "torch and static engines: the model's dtype (bfloat16 and float16 on cuda "
-        "only)",
+        "float32", "torch and static engines: the model's dtype, and its logits' (the sampler's "
+        "logits_dtype follows it; bfloat16 and float16 on cuda only)",
         choices=tuple(TORCH_DTYPES), engines=("torch", "static"))
     model_config: str = setting(
         "", "static engine: a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
