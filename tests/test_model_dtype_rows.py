@@ -30,10 +30,12 @@ SEEDED = [SamplingParams(seed=s, temperature=1.0) for s in range(3)] + [
     SamplingParams(temperature=0.0)]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the graphs' outputs, the host copy)"))])
 @pytest.mark.parametrize("engine_class", [TorchEngine, StaticEngine])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_rows_come_in_the_models_dtype(engine_class, dtype):
-    engine = engine_class(tiny("llama", dtype), max_batch_size=4, max_context=16)
+def test_the_rows_come_in_the_models_dtype(engine_class, dtype, device):
+    engine = engine_class(tiny("llama", dtype, device), max_batch_size=4, max_context=16)
     assert engine.logits_dtype == dtype
     engine.add("a", [1, 2, 3])
     engine.add("b", [4])
@@ -41,7 +43,7 @@ def test_the_rows_come_in_the_models_dtype(engine_class, dtype):
     engine.append(["a", "b"], prefilled.float().argmax(dim=-1).tolist())
     engine.add("c", [5, 6])
     for rows in (prefilled, engine.step(["b", "a", "c"])):  # decode and prefill together
-        assert rows.dtype == dtype and rows.shape[1] == 97
+        assert rows.dtype == dtype and rows.shape[1] == 97 and rows.device.type == "cpu"
         assert torch.isfinite(rows).all()
 
 
