@@ -77,7 +77,7 @@ def test_the_torch_engine_builds_on_the_models_device_and_dtype():
     assert engine.device == torch.device("cpu") and engine.keys.dtype == torch.bfloat16
     engine.add("a", [1, 2, 3], max_tokens=4)
     rows = engine.step(["a"])
-    assert rows.dtype == torch.float32 and rows.shape == (1, 64) and rows.device.type == "cpu"
+    assert rows.dtype == torch.bfloat16 and rows.shape == (1, 64) and rows.device.type == "cpu"
     with pytest.raises(ValueError, match="batch_invariant runs on the CPU only, not on meta"):
         TorchEngine(tiny_llama().to("meta"), max_batch_size=2, max_context=16,
                     batch_invariant=True)

@@ -44,13 +44,15 @@ ENGINE_NAMES = ("torch", "static", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
 ROW_TRANSPORTS = ("arena", "bls")
-#: Where the torch and static engines run (serving/device.py) and their model's dtypes.
+#: Where the torch and static engines run (serving/device.py).
 TORCH_DEVICES = ("cpu", "cuda")
-TORCH_DTYPES = ("float32", "bfloat16", "float16")
+#: The torch and static engines' model dtypes -> the sampler's name for
+#: their logits, which come in the model's dtype (serving/torch_engine.py).
+TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: The simulated engine's logits dtypes -> the sampler's name for them.
-SIMULATED_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+SIMULATED_DTYPES = {name: TORCH_DTYPES[name] for name in ("float32", "bfloat16")}
 #: The words every output of a run on the simulated engine starts with.
 SIMULATED_LABEL = "simulated data plane"
 #: The local instances' name in a list of sampler endpoints.
@@ -241,9 +243,9 @@ class LlmSettings(Settings):
         "on the GPU)",
         choices=TORCH_DEVICES, engines=("torch", "static"))
     torch_dtype: str = setting(
-        "float32", "torch and static engines: the model's dtype (bfloat16 and float16 on cuda "
-        "only)",
-        choices=TORCH_DTYPES, engines=("torch", "static"))
+        "float32", "torch and static engines: the model's dtype, and its logits' (the sampler's "
+        "logits_dtype follows it; bfloat16 and float16 on cuda only)",
+        choices=tuple(TORCH_DTYPES), engines=("torch", "static"))
     model_config: str = setting(
         "", "static engine: a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
         "llama-3.1-8b) or a config.json, RANDOM WEIGHTS drawn on the device (its step times, "

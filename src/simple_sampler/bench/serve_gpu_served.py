@@ -37,11 +37,11 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..launch.serve import assemble_repository, shared_memory_bytes
-from ..serving.engines import startup_timeout
+from ..serving.engines import engine_spec, startup_timeout
 from ..settings import LlmSettings
 from .serve_cost import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
 from .server_meter import Meter, llm_counters, server_processes
@@ -186,6 +186,8 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     sampler = sampler_settings(largest, settings["instances"], "float32", mode.handoff)
     llm = static_settings(mode, largest=largest, hot_vocab_profile=sampler.hot_vocab_profile,
                           **settings)
+    # the engine's rows as they come (bfloat16 on a GPU), as ``serve`` configures it
+    sampler = replace(sampler, logits_dtype=engine_spec(llm.engine).logits_dtype(llm))
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-served-gpu-")), sampler, llm)
     log = log_dir / f"{mode.name}.log"

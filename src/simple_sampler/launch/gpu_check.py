@@ -75,7 +75,7 @@ class Options:
                            sampler_shards=self.instances).validate()
 
     def sampler_settings(self) -> SamplerSettings:
-        # The rows' dtype where the engine fixes it (the simulated engine's), else float32.
+        # The dtype the engine's rows come in (EngineSpec.logits_dtype), else float32.
         dtype = engine_spec(self.engine).logits_dtype(self.llm_settings()) or "fp32"
         return SamplerSettings(sampler_instances=self.instances, logits_dtype=dtype)
 

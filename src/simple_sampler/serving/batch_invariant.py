@@ -108,7 +108,7 @@ class InvariantForward:
                                 for h, m in zip(self._tiles(hidden), self._tiles(mixed))])
         last = self._padded(hidden[[end - 1 for end in ends]])
         logits = torch.cat([self.model.lm_head(self.model.model.norm(h)) for h in self._tiles(last)])
-        return logits[:len(work)].float()
+        return logits[:len(work)]
 
     @staticmethod
     def _block_out(layer, hidden: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,10 @@ more than its share hands sequences to the smallest lane between its steps.
 Sampling modes (``mode``):
 
 * ``simple``: ``sampler`` is an async callable
-  ``async def sample(logits, batch) -> (token_ids, logprobs)`` (logits float32
-  ``[n, V]``, ``batch`` a :class:`SamplingBatch` of n rows; returns int64
-  ``[n]`` and float32 ``[n]``): the decision plane, remote in a server
+  ``async def sample(logits, batch) -> (token_ids, logprobs)`` (logits
+  ``[n, V]`` in the engine's dtype, float32, bfloat16 or float16; ``batch``
+  a :class:`SamplingBatch` of n rows; returns int64 ``[n]`` and float32
+  ``[n]``): the decision plane, remote in a server
   (:func:`threaded` wraps a local function for tests). A sampler with a
   data-plane half (``summarize(logits, batch)``: the hot-first summary,
   ``triton.hot_first_sampler``) has it run in the data-plane thread right

@@ -10,8 +10,9 @@ never looks inside it:
   for that many instead of the whole context; engines that do not reserve
   ignore it;
 * ``step(seq_ids)`` returns logits ``[len(seq_ids), vocab_size]``, float32 or
-  the dtype its ``engines.EngineSpec.logits_dtype`` names (the simulated
-  engine's, a prebuilt TensorRT-LLM engine's), the next-token distribution
+  the dtype its ``engines.EngineSpec.logits_dtype`` names (the torch and
+  static engines' model dtype, the simulated engine's, a prebuilt
+  TensorRT-LLM engine's), the next-token distribution
   of exactly those sequences (any subset of the active ones, in the order
   given), so the loop can split the batch into micro-batches;
 * ``append(seq_ids, token_ids)`` feeds the sampled tokens back;

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..settings import SIMULATED_DTYPES, SIMULATED_LABEL, LlmSettings
+from ..settings import SIMULATED_DTYPES, SIMULATED_LABEL, TORCH_DTYPES, LlmSettings
 from .trtllm_api import read_logits_dtype
 
 if TYPE_CHECKING:  # annotations only: text and engine import torch
@@ -36,9 +36,10 @@ class EngineSpec:
     codec: the text codec its token ids are decoded with.
     startup_timeout_s: how long the launcher waits for the llm model to load.
     logits_dtype: the sampler's name for the dtype its rows come in, which
-        the sampler is configured for (the simulated engine's ``sim_dtype``,
-        a prebuilt TensorRT-LLM engine's ``logits_dtype``); None when the
-        rows are float32 that the sampler's own ``--logits-dtype`` applies to.
+        the sampler is configured for (the torch and static engines'
+        ``torch_dtype``, the simulated engine's ``sim_dtype``, a prebuilt
+        TensorRT-LLM engine's ``logits_dtype``); None when the rows are
+        float32 that the sampler's own ``--logits-dtype`` applies to.
     label: what every output of a run on it is labelled with ("" for a real
         model); ``describe`` says more, for the ready line.
     runs_model: False when no model runs (``--model`` then names only the
@@ -153,6 +154,11 @@ def _text_codec(settings: LlmSettings) -> "TextCodec":
     return TextCodec.from_source(settings.model or None)
 
 
+def _torch_logits_dtype(settings: LlmSettings) -> str:
+    """The model's dtype: the torch and static engines' rows are not widened."""
+    return TORCH_DTYPES[settings.torch_dtype]
+
+
 def _trtllm_logits_dtype(settings: LlmSettings) -> str | None:
     """What the bridge stages the rows in (``TrtLlmEngine.from_source``):
     the sampler must be configured for the same."""
@@ -178,11 +184,12 @@ def _describe_simulated(settings: LlmSettings) -> str:
 
 
 ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (
-    EngineSpec("torch", _build_torch, _text_codec),
+    EngineSpec("torch", _build_torch, _text_codec, logits_dtype=_torch_logits_dtype),
     # The decode step replayed as CUDA graphs (eager on the CPU): the first
     # step of each batch bucket captures its graph, after the model loads.
-    EngineSpec("static", _build_static, _static_codec, describe=_describe_static,
-               hot_profile=_static_hot_profile, vocab_size=_static_vocab_size),
+    EngineSpec("static", _build_static, _static_codec, logits_dtype=_torch_logits_dtype,
+               describe=_describe_static, hot_profile=_static_hot_profile,
+               vocab_size=_static_vocab_size),
     # A TensorRT engine is built from the checkpoint while the model loads
     # (tens of minutes for a 7-8B model; a restart reads TensorRT-LLM's cache).
     EngineSpec("tensorrt_llm", _build_trtllm, _text_codec, startup_timeout_s=1800.0,

@@ -110,7 +110,8 @@ class StaticForward:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits float32 ``[b, V]`` of one token per slot ``0 .. b-1``
+        """Logits in the model's dtype ``[b, V]`` (not widened:
+        ``torch_engine``'s module docstring) of one token per slot ``0 .. b-1``
         (``tokens``, ``positions``: int64 ``[b]`` on the device), its key and
         value written at ``positions``. Fixed shapes for a given b, no host
         synchronization: the body of a CUDA graph."""
@@ -134,11 +135,11 @@ class StaticForward:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             hidden = hidden + attention.o_proj(out.reshape(rows, self.heads * self.head_dim))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.lm_head(self.model.model.norm(hidden)).float()
+        return self.model.lm_head(self.model.model.norm(hidden))
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
-        """Logits float32 ``[len(prompts), V]`` after each prompt's last
+        """Logits in the model's dtype ``[len(prompts), V]`` after each prompt's last
         token, the prompts' keys and values written to positions ``0 ..
         len - 1`` of their slots (eager; right padding writes positions a
         later token overwrites before any query reads them)."""
@@ -165,7 +166,7 @@ class StaticForward:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = torch.tensor([len(p) - 1 for p in prompts], device=device)
         hidden = hidden[torch.arange(rows, device=device), last]
-        return self.model.lm_head(self.model.model.norm(hidden)).float()
+        return self.model.lm_head(self.model.model.norm(hidden))
 
 
 class DecodeGraphs:
@@ -215,7 +216,7 @@ class DecodeGraphs:
         return min(b for b in self.inputs if b >= rows)
 
     def replay(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits float32 [b, V], argmax [b]) for the bucket's inputs as
+        """(logits [b, V] in the model's dtype, argmax [b]) for the bucket's inputs as
         they are now: its static outputs on CUDA, fresh tensors elsewhere."""
         if not self.graphed:
             return self._run(bucket)
@@ -267,7 +268,7 @@ class StaticEngine(TorchEngine):
         return bucket, table
 
     def decode_rows(self, work) -> torch.Tensor:
-        """float32 [len(work), V] for rows ``(slot, cached, [token])``, by one
+        """``logits_dtype`` [len(work), V] for rows ``(slot, cached, [token])``, by one
         replay of their bucket: a fresh tensor (the graph's outputs are
         overwritten by the next replay, while a sampler may still read these)."""
         bucket, table = self._slot_inputs(work)

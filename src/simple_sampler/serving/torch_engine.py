@@ -12,8 +12,12 @@ With ``batch_invariant`` it runs ``batch_invariant.InvariantForward``
 instead, whose logits for a sequence do not depend on the rest of the step
 (on the CPU only).
 
-On a GPU the logits reach the decision plane as on the CPU: float32 host
-rows, by one device-to-host copy per step into pinned memory (PyTorch's
+The logits are rows in the model's dtype (float32, bfloat16 or float16):
+the lm_head computed them in it, so widening them would add no information,
+only bytes (twice the device-to-host copy and the row arena's slot), and the
+kernels read bfloat16 and float16 rows as they are.
+On a GPU the logits reach the decision plane as on the CPU: host rows, by
+one device-to-host copy per step into pinned memory (PyTorch's
 caching host allocator reuses the block, and a fresh tensor per step means a
 lane's rows are never overwritten while its sampler reads them). With
 ``host_logits=False`` ``step`` returns the rows on the GPU instead, for the
@@ -135,6 +139,8 @@ class TorchEngine:
         shape = (config.num_hidden_layers, max_batch_size, config.num_key_value_heads,
                  max_context, head_dim)
         dtype = next(model.parameters()).dtype
+        #: what ``step`` returns its rows in: the model's own (module docstring)
+        self.logits_dtype = dtype
         self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self.host_logits = host_logits
@@ -178,8 +184,8 @@ class TorchEngine:
                                lambda prompt: _SlotSequence(self.free_slots.pop(), 0, prompt))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
-        """Next-token logits of the given sequences: float32 ``[len(seq_ids),
-        vocab_size]`` on the host (on the engine's device with
+        """Next-token logits of the given sequences: ``logits_dtype``
+        ``[len(seq_ids), vocab_size]`` on the host (on the engine's device with
         ``host_logits=False``), row i for ``seq_ids[i]``. Consumes their
         pending tokens.
         Raises KeyError for an unknown id, ValueError for a repeated id or a
@@ -193,7 +199,7 @@ class TorchEngine:
                     torch.set_num_threads(self.num_threads)
                 logits = self.invariant_forward(work)
             else:
-                logits = torch.empty(len(work), self.vocab_size, dtype=torch.float32,
+                logits = torch.empty(len(work), self.vocab_size, dtype=self.logits_dtype,
                                      device=self.device)
                 for prefill in (False, True):
                     group = [i for i, (_, _, pending) in enumerate(work)
@@ -249,8 +255,8 @@ class TorchEngine:
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
         """One model forward over rows ``(slot, cached, pending)``. Returns
-        float32 ``[rows, vocab]``: the logits after each row's last pending
-        token.
+        ``logits_dtype`` ``[rows, vocab]``: the logits after each row's last
+        pending token.
 
         Rows are left-padded to the longest pending list (q tokens), so every
         row's last token sits at query index q - 1 and the model computes
@@ -281,7 +287,7 @@ class TorchEngine:
         with _attention_backends(device):
             out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()
+        return out.logits[:, -1]
 
 
 #: SDPA's backends on CUDA, without cuDNN's: torch 2.11 picks cuDNN attention

@@ -14,7 +14,7 @@ QUICK = {"batches": [8, 16], "warmup": 2, "measure": 6}
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, nargs="+")
     parser.add_argument("--model", help="Hugging Face directory (default SmolLM2-135M)")
-    parser.add_argument("--dtype", choices=TORCH_DTYPES)
+    parser.add_argument("--dtype", choices=tuple(TORCH_DTYPES))
     parser.add_argument("--instances", type=int,
                         help="kernel threads standing in for simple_sampler instances")
     parser.add_argument("--top-p", type=float, nargs="+",

@@ -18,7 +18,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="a checkpoint directory instead (its weights)")
     parser.add_argument("--device", choices=["cuda", "cpu"],
                         help="cpu: the tests' runs, figures that mean nothing")
-    parser.add_argument("--dtype", choices=TORCH_DTYPES,
+    parser.add_argument("--dtype", choices=tuple(TORCH_DTYPES),
                         help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--batch", type=positive_int, nargs="+")
     parser.add_argument("--top-p", type=float, nargs="+")
