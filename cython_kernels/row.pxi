@@ -372,10 +372,11 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     # constant arguments. top_p alone keeps the terms of the blocks near the
     # row max for the rejection test of a broad row (TERMS_GAP, nucleus.pxi),
     # at a site of its own: the terms chosen at run time in the mass site
-    # made fitted float32 rows 10-15% slower even with no term stored. With
-    # three sites GCC keeps row_pass out of line (two sites: inlined, and a
-    # third once cost bfloat16 rows 10-25%; with this loop, bench kernels on
-    # a shared host saw bfloat16 rows within 3% of two sites).
+    # made fitted float32 rows 10-15% slower even with no term stored, and
+    # float32 logprobs 10% slower. With three sites GCC keeps row_pass out of
+    # line (two sites: inlined, and a third once cost bfloat16 rows 10-25%;
+    # with this loop, bench kernels on a shared host saw bfloat16 rows 0-5%
+    # slower than with two sites).
     cdef int nan_count = 0
     cdef float row_max
     if top_p_alone:
