@@ -219,11 +219,12 @@ cdef int64_t sample_by_buckets(const RowSource* src, const Overrides* ov, const 
 
 cdef inline double masses_before(const RowSource* src, const Overrides* ov, Workspace* ws,
                                  Py_ssize_t n_blocks, float inv_t, float row_max, float z_cut,
-                                 int64_t id_cut, bint with_terms) noexcept nogil:
+                                 int64_t id_cut, float terms_from) noexcept nogil:
     """Each block's mass ranked before the cut (z_cut, id_cut) into
-    ws.block_kept (ss_block_mass_before; with_terms: the row pass's terms
-    ws.terms summed instead, ss_block_terms_before); returns their sum.
-    Blocks whose max is below z_cut hold none and are not read."""
+    ws.block_kept (ss_block_mass_before; in the blocks whose max reaches
+    terms_from, which kept their terms (terms_floor; +inf: none), the row
+    pass's terms ws.terms summed instead, ss_block_terms_before); returns
+    their sum. Blocks whose max is below z_cut hold none and are not read."""
     cdef double total = 0.0
     cdef Py_ssize_t b
     cdef int64_t lane_cut
@@ -236,7 +237,7 @@ cdef inline double masses_before(const RowSource* src, const Overrides* ov, Work
             continue
         lane_cut = min(max(id_cut - b * SS_BLOCK, <int64_t>0), <int64_t>SS_BLOCK)
         x = reread_block_stored(src, b, ov, ws.block, &bf16)
-        if with_terms:
+        if ws.block_max[b] >= terms_from:
             ws.block_kept[b] = ws.block_scale[b] * ss_block_terms_before(
                 x, bf16, inv_t, ws.terms + b * SS_BLOCK, z_cut, <int32_t>lane_cut, &kept)
         else:
@@ -249,9 +250,9 @@ cdef inline double masses_before(const RowSource* src, const Overrides* ov, Work
 cdef inline int64_t draw_before(const RowSource* src, const Overrides* ov, Workspace* ws,
                                 Py_ssize_t n_blocks, float inv_t, float row_max, float z_cut,
                                 int64_t id_cut, double total, double u,
-                                bint with_terms) noexcept nogil:
+                                float terms_from) noexcept nogil:
     """A token ranked before the cut, drawn by mass with uniform u: a block
-    by ws.block_kept (as masses_before left them, with_terms the same), then
+    by ws.block_kept (as masses_before left them, terms_from the same), then
     a column in it."""
     cdef double target = u * total
     cdef double acc = 0.0
@@ -273,7 +274,7 @@ cdef inline int64_t draw_before(const RowSource* src, const Overrides* ov, Works
     cdef bint bf16
     cdef const void* x = reread_block_stored(src, chosen, ov, ws.block, &bf16)
     cdef int j
-    if with_terms:
+    if ws.block_max[chosen] >= terms_from:
         ss_block_terms_before(x, bf16, inv_t, ws.terms + chosen * SS_BLOCK, z_cut,
                               <int32_t>lane_cut, &kept)
         for j in range(SS_BLOCK):
@@ -300,10 +301,11 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
     top of this file). z_floor: min_p's floor (min_p_floor), -inf without
     min_p; row_mass: the whole row's mass from the row pass when the kept
     tokens are all of them (top_p alone: their block masses are
-    ws.block_mass, and the row pass kept their terms, which the rejection
-    test then sums without an exp), < 0 otherwise."""
+    ws.block_mass, and the row pass kept the terms of the blocks near the
+    row max, which the rejection test then sums without an exp), < 0
+    otherwise."""
     cdef float inv_t = p.scalars.inverse_temperature
-    cdef bint with_terms = row_mass >= 0
+    cdef float terms_from = terms_floor(row_max) if row_mass >= 0 else INFINITY
     cdef double kept_mass
     cdef int64_t token
     if row_mass >= 0:
@@ -313,9 +315,9 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
     else:
         # "before (z_floor, V)": every token with z >= z_floor
         kept_mass = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_floor, src.vocab,
-                                  False)
+                                  INFINITY)
         token = draw_before(src, ov, ws, n_blocks, inv_t, row_max, z_floor, src.vocab, kept_mass,
-                            uniform_double(p.scalars.seed, p.scalars.step, 0), False)
+                            uniform_double(p.scalars.seed, p.scalars.step, 0), INFINITY)
     if p.scalars.top_p >= 1.0:
         return token
     cdef double target = p.scalars.top_p * kept_mass
@@ -327,12 +329,12 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
         x = reread_block(src, token // SS_BLOCK, ov, ws.block)
         z_token = x[token % SS_BLOCK] * inv_t
         mass_before = masses_before(src, ov, ws, n_blocks, inv_t, row_max, z_token, token,
-                                    with_terms)
+                                    terms_from)
         if mass_before < target:
             return token
         token = draw_before(src, ov, ws, n_blocks, inv_t, row_max, z_token, token, mass_before,
                             uniform_double(p.scalars.seed, p.scalars.step, round_index),
-                            with_terms)
+                            terms_from)
     return sample_by_buckets(src, ov, p, ws, n_blocks, row_max, z_floor if row_mass < 0 else
                              top_p_floor(row_max, row_mass, p.scalars.top_p, src.vocab),
                              row_mass, MAX_REJECTION_ROUNDS + 1)

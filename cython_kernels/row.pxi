@@ -20,13 +20,29 @@ cdef struct RowSource:
 # blocks and walks inside one, not a running sum over every known id twice.
 cdef Py_ssize_t DRAW_BLOCK = 64
 
+# top_p alone keeps the row pass's terms (ws.terms) only for the blocks whose
+# max z is within TERMS_GAP of the row max as the pass reaches them, so every
+# block within it of the final row max has them (terms_floor). A broad row's
+# rejection test reads a block only for a token at or below the block's max,
+# which for a block further down is a token under e^-8 of the top token's
+# weight: it recomputes that block's exps instead. A peaked row, which takes
+# the candidate path and never reads terms, stores a few percent of its
+# blocks, not a float per column (that made fitted float32 rows 16-41% slower).
+cdef float TERMS_GAP = 8.0
+
+
+cdef inline float terms_floor(float row_max) noexcept nogil:
+    """The least block max z whose block kept its terms, given the row max
+    as the row pass knew it (-inf: every block so far)."""
+    return row_max - TERMS_GAP
+
 
 cdef struct Workspace:
     float block[SS_BLOCK]
     float* block_max         # [n_blocks]: max z of the block
     float* block_mass        # [n_blocks]: its softmax mass, relative to the row max
     float* block_scale       # [n_blocks]: exp(block max - row max), its mass's rescaling
-    float* terms             # [n_blocks * SS_BLOCK]: exp(z - block max) per column (top_p alone)
+    float* terms             # [n_blocks * SS_BLOCK]: exp(z - block max) per column (top_p alone; TERMS_GAP)
     uint64_t* entry_keys     # [max_entries]: bias, ban and history entries
     uint64_t* entry_scratch
     int32_t* override_column # [max_entries]: Overrides arrays
@@ -305,7 +321,8 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
     relative to that max (ws.block_mass), from one load of the block
     (ss_block_max_mass), and its terms into kept_terms (ws.terms, or NULL
-    for none); counts NaN blocks. Returns the row max z."""
+    for none) where its max reaches terms_floor of the running row max;
+    counts NaN blocks. Returns the row max z."""
     cdef float row_max = -INFINITY
     cdef int nans = 0                   # a local: kept in a register
     cdef Py_ssize_t ov_pos = 0
@@ -321,14 +338,15 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
         if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
             # widened in registers (block_logits would store a float copy)
             if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms)
+                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
+                                           terms_floor(row_max))
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
             if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms)
+                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max))
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan(x, &nans)
@@ -350,16 +368,21 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     cdef bint need_mass = (p.want_logprob or p.n_top > 0 or top_p_alone
                            or not (p.scalars.greedy or truncating))
 
-    # Pass 1, the only full read of the row (row_pass). Two call sites with
-    # a constant need_mass: each loop is compiled for its case alone (a third
-    # site left GCC calling one copy with the flags at run time, 10-25% slower
-    # on bfloat16). top_p alone keeps the terms for the rejection test of a
-    # broad row (nucleus.pxi).
+    # Pass 1, the only full read of the row (row_pass). Each call site passes
+    # constant arguments. top_p alone keeps the terms of the blocks near the
+    # row max for the rejection test of a broad row (TERMS_GAP, nucleus.pxi),
+    # at a site of its own: the terms chosen at run time in the mass site
+    # made fitted float32 rows 10-15% slower even with no term stored, and
+    # float32 logprobs 10% slower. With three sites GCC keeps row_pass out of
+    # line (two sites: inlined, and a third once cost bfloat16 rows 10-25%;
+    # with this loop, bench kernels on a shared host saw bfloat16 rows 0-5%
+    # slower than with two sites).
     cdef int nan_count = 0
     cdef float row_max
-    if need_mass:
-        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True,
-                           ws.terms if top_p_alone else NULL, &nan_count)
+    if top_p_alone:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, ws.terms, &nan_count)
+    elif need_mass:
+        row_max = row_pass(src, ov, ws, n_blocks, inv_t, True, NULL, &nan_count)
     else:
         row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, NULL, &nan_count)
     if nan_count > 0 or row_max == INFINITY:

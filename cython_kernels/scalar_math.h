@@ -300,12 +300,14 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
  * rescaling of the online softmax happens across blocks (sample_row scales
  * every block's mass to the row max at the end, in one vector pass); inside
  * a block the max comes first, so every argument is <= that half ulp and a
- * block's mass lies in [1, SS_BLOCK] up to rounding. With terms non-NULL,
- * the SS_BLOCK terms exp(z_j - M) are stored there too (untouched when m is
- * not finite), for a later pass that sums some of them without an exp. */
+ * block's mass lies in [1, SS_BLOCK] up to rounding. With terms non-NULL
+ * and M >= terms_floor, the SS_BLOCK terms exp(z_j - M) are stored there too
+ * (untouched otherwise, and when m is not finite), for a later pass that sums
+ * some of them without an exp; the floor spares the stores of blocks that
+ * pass will not read. */
 static inline __attribute__((always_inline)) float ss_block4_max_mass(
     ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count,
-    float* terms)
+    float* terms, float terms_floor)
 {
     float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
@@ -318,7 +320,7 @@ static inline __attribute__((always_inline)) float ss_block4_max_mass(
     float shift = m * scale;
     ss_vw e0 = ss_exp_mass_w(v0 * scale - shift), e1 = ss_exp_mass_w(v1 * scale - shift);
     ss_vw e2 = ss_exp_mass_w(v2 * scale - shift), e3 = ss_exp_mass_w(v3 * scale - shift);
-    if (terms) {
+    if (terms && shift >= terms_floor) {
         __builtin_memcpy(terms, &e0, sizeof e0);
         __builtin_memcpy(terms + 16, &e1, sizeof e1);
         __builtin_memcpy(terms + 32, &e2, sizeof e2);
@@ -340,10 +342,10 @@ static inline float ss_block_max_nan(const float* x, int* nan_count)
 }
 
 static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count,
-                                      float* terms)
+                                      float* terms, float terms_floor)
 {
     return ss_block4_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32),
-                              ss_load_w(x + 48), scale, mass, nan_count, terms);
+                              ss_load_w(x + 48), scale, mass, nan_count, terms, terms_floor);
 }
 
 static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
@@ -353,10 +355,10 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
 }
 
 static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
-                                           int* nan_count, float* terms)
+                                           int* nan_count, float* terms, float terms_floor)
 {
     return ss_block4_max_mass(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
-                              ss_load_bf16_w(h + 48), scale, mass, nan_count, terms);
+                              ss_load_bf16_w(h + 48), scale, mass, nan_count, terms, terms_floor);
 }
 #else
 /* Without AVX-512 the block is eight 8-lane vectors. GCC (12) lowers a
@@ -382,7 +384,7 @@ static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w,
 }
 
 static inline __attribute__((always_inline)) float ss_block8_max_mass(
-    const ss_vf* w, float scale, float* mass, int* nan_count, float* terms)
+    const ss_vf* w, float scale, float* mass, int* nan_count, float* terms, float terms_floor)
 {
     float m = ss_block8_max(w, nan_count);
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
@@ -393,7 +395,7 @@ static inline __attribute__((always_inline)) float ss_block8_max_mass(
     ss_vf e[SS_BLOCK / SS_LANES];
     for (int k = 0; k < SS_BLOCK / SS_LANES; k++)
         e[k] = ss_exp_nonpositive_v(w[k] * scale - shift);
-    if (terms)
+    if (terms && shift >= terms_floor)
         __builtin_memcpy(terms, e, sizeof e);
     ss_vf lo = (e[0] + e[2]) + (e[4] + e[6]);
     ss_vf hi = (e[1] + e[3]) + (e[5] + e[7]);
@@ -412,10 +414,10 @@ static inline float ss_block_max_nan(const float* x, int* nan_count)
 }
 
 static inline float ss_block_max_mass(const float* x, float scale, float* mass, int* nan_count,
-                                      float* terms)
+                                      float* terms, float terms_floor)
 {
     SS_LOAD_BLOCK8(w, ss_load, x);
-    return ss_block8_max_mass(w, scale, mass, nan_count, terms);
+    return ss_block8_max_mass(w, scale, mass, nan_count, terms, terms_floor);
 }
 
 static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
@@ -425,10 +427,10 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
 }
 
 static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
-                                           int* nan_count, float* terms)
+                                           int* nan_count, float* terms, float terms_floor)
 {
     SS_LOAD_BLOCK8(w, ss_load_bf16_v, h);
-    return ss_block8_max_mass(w, scale, mass, nan_count, terms);
+    return ss_block8_max_mass(w, scale, mass, nan_count, terms, terms_floor);
 }
 #endif
 

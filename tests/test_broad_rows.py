@@ -85,6 +85,28 @@ def test_half_precision_broad_rows(dtype):
         assert goodness_of_fit(counts, probs) > P_VALUE_FLOOR, params
 
 
+def deep_row(seed=7, vocab=VOCAB):
+    """Eight tokens at 0 and the rest N(-9.2, 0.5), holding 5% of the mass:
+    top_p 0.97 reaches into them, and about half their blocks have a max
+    within 8 (row.pxi's TERMS_GAP) of the row max, whose terms the row pass
+    keeps for top_p alone, the others not."""
+    row = (np.random.default_rng(seed).standard_normal(vocab) * 0.5 - 9.2).astype(np.float32)
+    row[np.arange(8) * (vocab // 8) + 3] = 0.0
+    return row
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_top_p_alone_reaching_blocks_with_and_without_kept_terms(dtype):
+    row = deep_row().astype(dtype)
+    block_max = row.astype(np.float32).reshape(-1, 64).max(axis=1)
+    assert 8 < np.count_nonzero(block_max >= -8.0) < block_max.size - 8, "both kinds of block"
+    params = SamplingParams(top_p=0.97)
+    counts, batch = draw_counts(row, params, DRAWS)
+    probs = reference.probabilities(row.astype(np.float32), batch, 0)
+    assert 8 < np.count_nonzero(probs) < probs.size - 8, "the nucleus ends among the low tokens"
+    assert goodness_of_fit(counts, probs) > P_VALUE_FLOOR, params
+
+
 def test_top_logprobs_of_a_broad_row():
     row = flat_row()
     from simple_sampler.params import SamplingBatch

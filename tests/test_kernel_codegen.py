@@ -22,9 +22,9 @@ pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or GCC is None,
 BLOCK_FUNCTIONS = """
 #include "scalar_math.h"
 float block_max_mass(const float* x, float s, float* m, int* n)
-{ return ss_block_max_mass(x, s, m, n, 0); }
+{ return ss_block_max_mass(x, s, m, n, 0, 0); }
 float block_max_mass_bf16(const uint16_t* h, float s, float* m, int* n)
-{ return ss_block_max_mass_bf16(h, s, m, n, 0); }
+{ return ss_block_max_mass_bf16(h, s, m, n, 0, 0); }
 float block_max_nan(const float* x, int* n) { return ss_block_max_nan(x, n); }
 float block_max_nan_bf16(const uint16_t* h, int* n) { return ss_block_max_nan_bf16(h, n); }
 """
