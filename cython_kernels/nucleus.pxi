@@ -305,7 +305,7 @@ cdef int64_t sample_broad(const RowSource* src, const Overrides* ov, const RowPa
     row max, which the rejection test then sums without an exp), < 0
     otherwise."""
     cdef float inv_t = p.scalars.inverse_temperature
-    cdef float terms_from = terms_floor(row_max) if row_mass >= 0 else INFINITY
+    cdef float terms_from = terms_floor(row_max, src.dtype) if row_mass >= 0 else INFINITY
     cdef double kept_mass
     cdef int64_t token
     if row_mass >= 0:

@@ -20,21 +20,24 @@ cdef struct RowSource:
 # blocks and walks inside one, not a running sum over every known id twice.
 cdef Py_ssize_t DRAW_BLOCK = 64
 
-# top_p alone keeps the row pass's terms (ws.terms) only for the blocks whose
-# max z is within TERMS_GAP of the row max as the pass reaches them, so every
-# block within it of the final row max has them (terms_floor). A broad row's
-# rejection test reads a block only for a token at or below the block's max,
-# which for a block further down is a token under e^-8 of the top token's
-# weight: it recomputes that block's exps instead. A peaked row, which takes
-# the candidate path and never reads terms, stores a few percent of its
-# blocks, not a float per column (that made fitted float32 rows 16-41% slower).
+# top_p alone keeps the row pass's terms (ws.terms) of a float32 row only for
+# the blocks whose max z is within TERMS_GAP of the row max as the pass reaches
+# them, so every block within it of the final row max has them (terms_floor). A
+# broad row's rejection test reads a block only for a token at or below the
+# block's max, which for a block further down is a token under e^-8 of the top
+# token's weight: it recomputes that block's exps instead. A peaked float32
+# row, which takes the candidate path and never reads terms, stores a few
+# percent of its blocks, not a float per column (that made fitted float32 rows
+# 16-41% slower). A bfloat16 row keeps every block's: its pass is bound by the
+# exps, not the stores, and recomputing them made fitted bfloat16 rows at
+# T >= 1.5 up to 24% slower (docs/results/kernels-2026-11-28c-terms.md).
 cdef float TERMS_GAP = 8.0
 
 
-cdef inline float terms_floor(float row_max) noexcept nogil:
+cdef inline float terms_floor(float row_max, int dtype) noexcept nogil:
     """The least block max z whose block kept its terms, given the row max
-    as the row pass knew it (-inf: every block so far)."""
-    return row_max - TERMS_GAP
+    as the row pass knew it (-inf: every block)."""
+    return -INFINITY if dtype == DTYPE_BFLOAT16 else row_max - TERMS_GAP
 
 
 cdef struct Workspace:
@@ -339,14 +342,14 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
             # widened in registers (block_logits would store a float copy)
             if need_mass:
                 m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
-                                           terms_floor(row_max))
+                                           terms_floor(row_max, src.dtype))
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
             if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max))
+                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max, src.dtype))
                 ws.block_mass[b] = mass
             else:
                 m = ss_block_max_nan(x, &nans)

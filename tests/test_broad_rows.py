@@ -89,7 +89,8 @@ def deep_row(seed=7, vocab=VOCAB):
     """Eight tokens at 0 and the rest N(-9.2, 0.5), holding 5% of the mass:
     top_p 0.97 reaches into them, and about half their blocks have a max
     within 8 (row.pxi's TERMS_GAP) of the row max, whose terms the row pass
-    keeps for top_p alone, the others not."""
+    keeps for top_p alone on a float32 row, the others not (a bfloat16 row
+    keeps every block's)."""
     row = (np.random.default_rng(seed).standard_normal(vocab) * 0.5 - 9.2).astype(np.float32)
     row[np.arange(8) * (vocab // 8) + 3] = 0.0
     return row
