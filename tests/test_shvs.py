@@ -407,7 +407,10 @@ def test_bench_shvs_quick_json(calibrated, capsys):
     report = json.loads(capsys.readouterr().out)
     assert [(r["rows"], r["vocab"], r["config"]) for r in report["results"]] == [
         ("smollm2", 49152, "top_p"), ("smollm2", 49152, "all"),
-        ("synthetic", 151936, "top_p"), ("synthetic", 151936, "all")]
+        ("synthetic", 151936, "top_p"), ("synthetic", 151936, "all"),
+        ("flat", 151936, "top_p"), ("flat", 151936, "all")]
+    # the hot set holds almost none of a flat row's mass: every row goes whole
+    assert all(r["acceptance"] == 0 for r in report["results"] if r["rows"] == "flat")
     for r in report["results"]:
         assert set(r) == {"rows", "vocab", "config", "hot_size", "acceptance", "us_per_row"}
         assert set(r["us_per_row"]) == {"shvs", "full"} and min(r["us_per_row"].values()) > 0

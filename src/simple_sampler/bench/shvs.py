@@ -1,10 +1,12 @@
 """`simple-sampler bench shvs`: speculative hot-vocab sampling against the full
 path, side by side, B=64, one thread, logprobs off.
 
-Rows ``smollm2`` (real SmolLM2 rows, held out from the calibration prompts)
-and ``synthetic`` (151,936-token rows from ``rows.synthetic_hot_rows``: NOT
+Rows ``smollm2`` (real SmolLM2 rows, held out from the calibration prompts),
+``synthetic`` (151,936-token rows from ``rows.synthetic_hot_rows``: NOT
 MODEL OUTPUTS; the real tokens keep their identity through one fixed id map,
-so the calibrated hot set, mapped the same way, applies); configs ``top_p``
+so the calibrated hot set, mapped the same way, applies) and ``flat``
+(bench kernels' flat rows at that V, an untrained model's: the hot set holds
+almost none of the mass, so SHVS must hand every row over cheaply); configs ``top_p``
 and ``all`` (bench kernels' settings, which SHVS passes on to the full path).
 shvs and full alternate within each repeat; medians are reported.
 ``prefix_us`` is the full kernel on the first |H| columns of hot-first rows:
@@ -25,7 +27,7 @@ from ..params import SamplingBatch
 from ..rows import map_hot_ids, real_rows, synthetic_hot_rows
 from ..sampling import sample
 from ..shvs.hot_vocab import HotProfile, HotVocab, load_profile
-from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, time_per_row
+from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, rows_of_kind, time_per_row
 
 SYNTHETIC_VOCAB = 151_936
 BATCH = 64
@@ -96,9 +98,10 @@ def run(profile_path: str | None = None, repeats: int = 31, quick: bool = False)
     profile = resolve_profile(profile_path, quick)
     size = profile.chosen_size
     real = real_rows(BATCH)
+    mapped = map_hot_ids(profile.order[:size], SYNTHETIC_VOCAB)
     kinds = {"smollm2": (real, profile.order[:size]),
-             "synthetic": (synthetic_hot_rows(real, SYNTHETIC_VOCAB),
-                           map_hot_ids(profile.order[:size], SYNTHETIC_VOCAB))}
+             "synthetic": (synthetic_hot_rows(real, SYNTHETIC_VOCAB), mapped),
+             "flat": (rows_of_kind("flat", SYNTHETIC_VOCAB, BATCH)[0], mapped)}
     results, hot_first = [], []
     for kind, (rows, hot_ids) in kinds.items():
         hot = HotVocab(hot_ids, rows.shape[1])
