@@ -301,9 +301,10 @@ cdef inline int top_p_hot(const RowSource* src, const Overrides* ov, const RowPa
                 < ladder_target):
             continue
         # A nucleus reaching over most blocks of a long row (a flat or hot
-        # row) would be collected and ranked by quickselect here, up to 20x
-        # the full path's cost, which is linear at any breadth (nucleus.pxi);
-        # up to 128 blocks (8,192 logits) cost little either way.
+        # row) would be collected and ranked by quickselect here: 34x the full
+        # path's cost on flat rows (docs/results/shvs-2026-11-28.md), which is
+        # linear at any breadth (nucleus.pxi). Up to 128 blocks (8,192 logits)
+        # cost little either way.
         reaching = ss_count_at_or_above(ws.block_max, n_blocks, threshold)
         if reaching > n_blocks // 2 and reaching > 128:
             return -1

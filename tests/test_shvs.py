@@ -441,8 +441,8 @@ def test_synthetic_rows_keep_token_identity_and_the_quantiles():
 def test_a_flat_long_row_goes_to_the_full_path_at_once():
     """top_p on a flat row of a real vocabulary: the nucleus reaches over most
     blocks, so SHVS hands the row to the full path (the token SHVS off gives)
-    instead of collecting and ranking ~V candidates (20x the full path's cost
-    before: docs/results/gpu-2026-11-28.md)."""
+    instead of collecting and ranking ~V candidates (34x the full path's cost
+    before: docs/results/shvs-2026-11-28.md)."""
     rng = np.random.default_rng(21)
     vocab, rows = 151_936, 8
     logits = (0.05 * rng.standard_normal((rows, vocab))).astype(np.float32)
