@@ -55,23 +55,9 @@ if PYTHONPATH="$install/simple-sampler/src" "$python" -c 'import simple_sampler.
 else
     project="$ROOT"
 fi
-if [ -d "$install/cache" ]; then
-    export SIMPLE_SAMPLER_CACHE="$install/cache"
-else  # the bundle's tokenizer and real rows, as its install.sh places them
-    export SIMPLE_SAMPLER_CACHE="$work/cache"
-    "$python" - "$bundle" "$SIMPLE_SAMPLER_CACHE" <<'EOF'
-import shutil
-import sys
-import tarfile
-from pathlib import Path
-
-bundle, cache = Path(sys.argv[1]), Path(sys.argv[2])
-with tarfile.open(bundle / "tokenizer.tar.xz") as tar:
-    tar.extractall(cache, filter="data")
-if (bundle / "cache").is_dir():
-    shutil.copytree(bundle / "cache", cache, dirs_exist_ok=True)
-EOF
-fi
+# the install's cache (SmolLM2's tokenizer, the bundle's real rows); an install
+# that stopped before making it leaves SIMPLE_SAMPLER_CACHE as given
+[ -d "$install/cache" ] && export SIMPLE_SAMPLER_CACHE="$install/cache"
 shapes="${SHAPES:-llama-3.2-1b llama-3.1-8b}"
 count=$(wc -w <<< "$shapes")
 left=$(( session_s - $(elapsed) - 15 ))
