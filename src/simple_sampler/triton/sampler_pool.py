@@ -168,14 +168,17 @@ class SamplerPool:
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
     def reference(self, logits: torch.Tensor):
-        """A lease of `logits` where they already lie in the arena (a shared
-        region: the simulated engine's bank, a device-to-host copy landed
-        there), for the targets that share memory; None when there is no
-        arena, no such target, or the rows lie elsewhere (no copy is made)."""
+        """A lease of `logits` where they already lie in a shared region of
+        the arena (the simulated engine's bank, the TensorRT-LLM bridge's
+        staging block), for the targets that share memory; None when there
+        is no arena, no such target, or the rows lie elsewhere (no copy is
+        made). Rows in a ring slot the engine took (``RowArena.take``) are
+        not claimed: the caller (the hot-first sampler) never gives its
+        lease back, and the slot comes back when the rows die."""
         if (self.arena is None or logits.device.type != "cpu"
                 or not any(t.shares_memory for t in self.targets)):
             return None
-        return self.arena.reference(logits_array(logits))
+        return self.arena.reference(logits_array(logits), claim=False)
 
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
                    lease=None, most_shards: int | None = None,
