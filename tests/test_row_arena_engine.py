@@ -5,15 +5,19 @@ nobody claims comes back, no free slot falls back to a fresh tensor, and
 the ring is page-locked once for a GPU, a refusal leaving no CUDA error
 behind. The staging itself runs here on CPU tensors; the page-lock and the
 stream's synchronize are the GPU's alone (the last test, on a GPU)."""
+import types
+
 import pytest
 import torch
 
 from fakes import PerThreadCudart
 from simple_sampler.row_arena import RowArena
 from simple_sampler.sampling import logits_array
-from simple_sampler.serving.device import CUDA_HOST_REGISTER_PORTABLE
+from simple_sampler.serving.device import CUDA_HOST_REGISTER_PORTABLE, DTYPES as TORCH_DTYPES
 from simple_sampler.serving.static_decode import StaticEngine
 from simple_sampler.serving.torch_engine import TorchEngine, stage_rows
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.sampler_pool import build_arena
 from test_model_dtype_rows import SEEDED, full_row_pool
 from test_torch_hot_first import VOCAB, generate, tiny_model
 
@@ -30,6 +34,21 @@ def arena():
 def slot_of(arena: RowArena, rows: torch.Tensor) -> int | None:
     offset = arena.ring.contains(logits_array(rows))
     return None if offset is None else offset // arena.slot_bytes
+
+
+@pytest.mark.parametrize("torch_dtype, itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_a_slot_holds_the_largest_step_in_the_models_dtype(torch_dtype, itemsize):
+    """``build_arena`` sizes the slots for the engine's rows as they come
+    (``EngineSpec.logits_dtype``): bfloat16 rows are not widened to fit."""
+    settings = LlmSettings(engine="torch", device="cuda", torch_dtype=torch_dtype)
+    engine = types.SimpleNamespace(max_batch_size=8, vocab_size=VOCAB)
+    arena = build_arena(settings, engine)
+    try:
+        assert arena.slot_bytes == 8 * VOCAB * itemsize
+        rows = torch.randn(8, VOCAB).to(TORCH_DTYPES[torch_dtype])
+        assert slot_of(arena, stage_rows(rows, arena)) is not None
+    finally:
+        arena.close()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

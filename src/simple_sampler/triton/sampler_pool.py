@@ -35,7 +35,8 @@ import torch
 
 from ..params import SamplingBatch
 from ..sampling import logits_array
-from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..serving.engines import engine_spec
+from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
 from .sampler_codec import batch_arrays, outcome_of
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
@@ -329,16 +330,19 @@ def _per_row(parts: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndar
 def build_arena(settings, engine):
     """The row arena for an llm model's settings (``row_transport`` arena,
     local instances among the endpoints), or None: slots for two calls in
-    flight per micro-batch, each holding the engine's largest step in
-    float32. An engine with ``share_rows(arena)`` moves its host copy of the
-    rows into the arena (referenced there, no copy per step). A host where
-    the arena cannot be made (no /dev/shm) keeps the BLS transport."""
+    flight per micro-batch, each holding the engine's largest step in the
+    dtype its rows come in (``EngineSpec.logits_dtype``; float32 where it
+    names none). An engine with ``share_rows(arena)`` moves its host copy
+    of the rows into the arena (referenced there, no copy per step). A host
+    where the arena cannot be made (no /dev/shm) keeps the BLS transport."""
     from ..row_arena import RowArena
 
     if settings.row_transport != "arena" or LOCAL not in parse_endpoints(settings.sampler_endpoints):
         return None
+    itemsize = LOGITS_ITEMSIZE[engine_spec(settings.engine).logits_dtype(settings) or "fp32"]
     try:
-        arena = RowArena(2 * settings.micro_batches, engine.max_batch_size * engine.vocab_size * 4)
+        arena = RowArena(2 * settings.micro_batches,
+                         engine.max_batch_size * engine.vocab_size * itemsize)
     except OSError as error:
         log.warning("row_transport arena: no shared-memory arena here (%s); rows go inside "
                     "the BLS requests", error)
