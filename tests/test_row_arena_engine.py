@@ -121,7 +121,7 @@ def test_the_ring_is_page_locked_once_for_the_engines_gpu(arena, monkeypatch, ca
                     "copy into the page-locked ring (run where there is one: docs/GPU.md)")
 @pytest.mark.parametrize("engine_class", [TorchEngine, StaticEngine])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_a_gpu_each_steps_rows_lie_in_the_arena_and_draw_the_same_tokens(
+def test_on_cuda_each_steps_rows_lie_in_the_arena_and_draw_the_same_tokens(
         arena, engine_class, dtype):
     def engine():
         return engine_class(tiny_model("cuda").to(dtype), max_batch_size=8, max_context=32)
