@@ -330,7 +330,9 @@ def stage_rows(rows: torch.Tensor, arena=None) -> torch.Tensor:
     rows are read."""
     slot = None
     if arena is not None:
-        slot = arena.take(tuple(rows.shape), logits_array(rows.new_empty(0, device="cpu")).dtype)
+        # the numpy dtype of host rows like these (bfloat16: ml_dtypes')
+        dtype = logits_array(rows.new_empty(0, device="cpu")).dtype
+        slot = arena.take(tuple(rows.shape), dtype)
     if slot is None:
         host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
     else:

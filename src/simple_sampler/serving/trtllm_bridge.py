@@ -209,7 +209,7 @@ class DecisionPlaneProcessor:
                 "unreported_s": 0.0, "page_locked": None, "warned_cast": False}
 
     def _page_lock(self, device: torch.device) -> None:
-        """Register the staging block with CUDA (``device.page_lock``), once,
+        """Register the staging block with CUDA (``serving.device.page_lock``), once,
         when the first rows come from a GPU: their device-to-host copy then
         lands by DMA in the block itself. The block stays mapped and
         registered for this process's life. If CUDA refuses, the copy still
