@@ -1,8 +1,8 @@
 """Fakes and helpers shared by the tests: a one-character-per-token
 tokenizer, an engine whose logits follow a script (no model, no torch
 forward), tiny random-weight Hugging Face models, the llm model's request
-tensors and a recording client, and concurrent seeded streams against a
-real server."""
+tensors and a recording client, concurrent seeded streams against a
+real server, and a CUDA runtime whose last error is kept per thread."""
 import threading
 import time
 
@@ -168,3 +168,32 @@ class Streams:
             thread.join(timeout)
         assert not any(thread.is_alive() for thread in self.threads), "a client hangs"
         return self
+
+
+class PerThreadCudart:
+    """``torch.cuda.cudart()`` as far as ``serving.device.page_lock`` uses it
+    (with ``set_device`` for ``torch.cuda.set_device``), with the CUDA
+    runtime's last error, which is kept per host thread: a call that fails
+    leaves its code there, and torch's check after the thread's next kernel
+    launch (``C10_CUDA_KERNEL_LAUNCH_CHECK``: ``cudaGetLastError``) raises it."""
+
+    def __init__(self, result: int):
+        self.result = result
+        self.last_error = threading.local()
+        self.device = threading.local()
+        self.registered = []  # (thread, device, size, flags)
+
+    def set_device(self, device):
+        self.device.current = device
+
+    def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
+        self.registered.append((threading.current_thread(), getattr(self.device, "current",
+                                                                    None), size, flags))
+        if self.result:
+            self.last_error.code = self.result
+        return self.result
+
+    def launch_check(self):
+        code, self.last_error.code = getattr(self.last_error, "code", 0), 0
+        if code:
+            raise RuntimeError(f"CUDA error {code} (raised at the next kernel launch)")

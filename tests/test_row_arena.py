@@ -73,6 +73,72 @@ def test_shared_rows_are_referenced_where_they_lie(arena):
     lease.release()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_taken_slot_filled_in_place_is_claimed_once_with_no_copy(arena, dtype):
+    view = arena.take((4, 1000), dtype)
+    assert view.dtype == np.dtype(dtype) and view.flags.writeable
+    view[...] = np.arange(4000, dtype=np.float32).reshape(4, 1000).astype(dtype)
+    free = len(arena.free)
+    rows = view.view(np.int16).view(dtype)  # another array over the same memory, as torch's
+    lease = arena.reference(rows)
+    assert lease.slot >= 0 and len(arena.free) == free, "the taken slot, no other"
+    assert arena.ring.contains(view) == lease.offset
+    got = RowReader().rows(lease.refs(1, 3))
+    np.testing.assert_array_equal(got.view(np.uint8), view[1:3].view(np.uint8))
+    assert arena.reference(rows) is None, "claimed once: a second claim finds no taken slot"
+    again = arena.lease(view)
+    assert again.slot not in (-1, lease.slot), "not claimed again: copied like any rows"
+    again.release()
+    lease.release()
+    del view, rows
+    assert sorted(arena.free) == [0, 1, 2], "each slot given back once, by its lease"
+
+
+def test_a_taken_slot_nobody_claims_comes_back_when_its_rows_die(arena):
+    view = arena.take((2, 1000), np.float32)
+    slot = arena.ring.contains(view) // arena.slot_bytes
+    rows = view[:]  # the last array over the slot keeps it
+    del view
+    assert slot not in arena.free
+    del rows
+    assert sorted(arena.free) == [0, 1, 2] and not arena.taken
+    assert int(arena.ring.header[3 + slot]) == 0, "its generation cleared"
+
+
+def test_only_exactly_the_taken_view_is_claimed(arena):
+    view = arena.take((4, 1000), np.float32)
+    view[...] = 1.0
+    for other in (view[1:], view[:2], view[:, :500], view.astype(np.float16)):
+        lease = arena.reference(other)
+        assert lease is None or lease.slot == -1
+    lease = arena.lease(view[:2])  # copied into another slot
+    assert lease.slot != arena.ring.contains(view) // arena.slot_bytes
+    lease.release()
+    assert arena.reference(view) is not None
+
+
+def test_a_reader_of_a_recycled_taken_slot_fails_loudly(arena):
+    view = arena.take((2, 1000), np.float32)
+    view[...] = 1.0
+    lease = arena.lease(view)
+    refs, reader = lease.refs(), RowReader()
+    reader.rows(refs)
+    lease.release()
+    del view
+    recycled = [arena.take((2, 1000), np.float32) for _ in range(3)]
+    assert all(v is not None for v in recycled) and arena.take((2, 1000), np.float32) is None
+    with pytest.raises(StaleRows):
+        reader.rows(refs)
+    with pytest.raises(StaleRows):
+        reader.check(refs)
+
+
+def test_take_refuses_rows_that_do_not_fit_a_slot(arena):
+    assert arena.take((9, 1000), np.float32) is None
+    assert arena.take((16, 1000), ml_dtypes.bfloat16) is not None, "half the bytes fit"
+    assert arena.take((2, 1000), np.int32) is None
+
+
 def test_bad_references_are_refused_with_the_reason(arena):
     lease = arena.lease(np.zeros((4, 1000), np.float32))
     reader = RowReader()

@@ -221,6 +221,31 @@ def test_local_targets_read_the_rows_from_the_arena_and_give_the_same_tokens(are
     assert sorted(arena.free) == [0, 1], "the slot is given back once every shard answered"
 
 
+def test_rows_in_a_slot_the_engine_took_are_claimed_there_and_given_back_once(arena):
+    """``torch_engine.stage_rows``' rows: the pool sends references to the
+    slot they lie in (no copy into another) and gives it back after the
+    answers; ``reference`` (the hot-first sampler's, never given back) does
+    not claim it."""
+    local = Sampler()
+    pool = SamplerPool([SamplerTarget("local", local, 2, shares_memory=True)], arena=arena,
+                       min_rows=1)
+    logits = torch.randn(12, VOCAB)
+    staged = torch.from_numpy(arena.take((12, VOCAB), np.float32))
+    staged.copy_(logits)
+    copies = []
+    lease = arena.lease
+    arena.lease = lambda rows: copies.append(rows) or lease(rows)
+    assert pool.reference(staged) is None and arena.taken, "not claimed for hot-first"
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(12)])
+    tokens, _ = asyncio.run(pool(staged, batch))
+    assert not copies and local.by_reference == 2 and not arena.taken
+    assert sorted(arena.free) == [0, 1]
+    assert tokens.tolist() == asyncio.run(SamplerPool([SamplerTarget("a", Sampler())])(
+        logits, batch))[0].tolist()
+    del staged
+    assert sorted(arena.free) == [0, 1], "given back once, by the pool"
+
+
 def test_failover_reads_the_same_slot(arena):
     dead, alive = Sampler(failing=True), Sampler()
     pool = SamplerPool([SamplerTarget("dead", dead, 2, shares_memory=True),

@@ -20,6 +20,7 @@ import torch
 import fake_tensorrt_llm as fake
 from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.device import CUDA_HOST_REGISTER_PORTABLE
 from simple_sampler.serving.samplers import threaded
 from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.engine import SequenceFailed
@@ -29,7 +30,7 @@ from simple_sampler.serving.trtllm import TrtLlmEngine
 from simple_sampler.serving.trtllm_api import load_tensorrt_llm
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import build_engine
-from fakes import VOCAB, FakeTokenizer
+from fakes import VOCAB, FakeTokenizer, PerThreadCudart
 
 
 @pytest.fixture
@@ -313,34 +314,6 @@ def test_cuda_rows_land_in_the_page_locked_block_in_the_engines_dtype(make_engin
     assert [int(row.reshape(-1).argmax()) for row in rows] == [5, 6]
 
 
-class PerThreadCudart:
-    """``torch.cuda.cudart()`` as far as the processor uses it, with the CUDA
-    runtime's last error, which is kept per host thread: a call that fails
-    leaves its code there, and torch's check after the thread's next kernel
-    launch (``C10_CUDA_KERNEL_LAUNCH_CHECK``: ``cudaGetLastError``) raises it."""
-
-    def __init__(self, result: int):
-        self.result = result
-        self.last_error = threading.local()
-        self.device = threading.local()
-        self.registered = []  # (thread, device, size, flags)
-
-    def set_device(self, device):
-        self.device.current = device
-
-    def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
-        self.registered.append((threading.current_thread(), getattr(self.device, "current",
-                                                                    None), size, flags))
-        if self.result:
-            self.last_error.code = self.result
-        return self.result
-
-    def launch_check(self):
-        code, self.last_error.code = getattr(self.last_error, "code", 0), 0
-        if code:
-            raise RuntimeError(f"CUDA error {code} (raised at the next kernel launch)")
-
-
 @pytest.mark.parametrize("result", [0, 801])  # success, cudaErrorNotSupported
 def test_a_refused_page_lock_leaves_no_cuda_error_on_the_engines_thread(
         make_engine, monkeypatch, caplog, result):
@@ -360,7 +333,7 @@ def test_a_refused_page_lock_leaves_no_cuda_error_on_the_engines_thread(
     cudart.launch_check()  # the engine thread's next launch: no stale error
     [(thread, on_device, size, flags)] = cudart.registered
     assert thread is not threading.current_thread() and on_device == device
-    assert size == processor.shared.buf.nbytes and flags == trtllm_bridge.CUDA_HOST_REGISTER_PORTABLE
+    assert size == processor.shared.buf.nbytes and flags == CUDA_HOST_REGISTER_PORTABLE
     assert processor.page_locked is (result == 0)
     assert ("stays pageable: cudaHostRegister returned 801" in caplog.text) is bool(result)
 

@@ -14,6 +14,11 @@ one, so a restarted instance simply maps them again.
   shard of the step has answered). A reader checks the generation before
   and after it samples: a slot recycled under it is an error, never a
   silent read of another step's rows.
+  A producer can also take a slot before its rows exist (``RowArena.take``:
+  the torch engine's device-to-host copy lands in it) and hand the filled
+  view on; ``lease`` / ``reference`` of exactly that view claim the slot
+  with no copy. A taken slot nobody claims comes back by itself when the
+  last array over it dies.
 * *Shared* regions (``RowArena.share``): an array the engine keeps for the
   process's lifetime (the simulated engine's bank of rows) copied once
   into a region of its own, and regions adopted from their owner
@@ -39,6 +44,7 @@ import mmap
 import os
 import secrets
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -131,10 +137,16 @@ class Region:
     def array(self, shape, dtype, offset: int = 0) -> np.ndarray:
         return np.ndarray(shape, dtype, self.map, HEADER_BYTES + offset)
 
+    @property
+    def data_address(self) -> int:
+        """The address of the data's first byte in this process (what
+        ``cudaHostRegister`` page-locks)."""
+        return np.ndarray(0, np.uint8, self.map, HEADER_BYTES).ctypes.data
+
     def contains(self, array: np.ndarray) -> int | None:
         """The byte offset of `array`'s first element in the data, or None
         when it is not inside this region."""
-        start = np.ndarray(0, np.uint8, self.map, HEADER_BYTES).ctypes.data
+        start = self.data_address
         address = array.__array_interface__["data"][0]
         if start <= address and address + array.nbytes <= start + self.data_bytes:
             return address - start
@@ -181,6 +193,16 @@ class RowLease:
             self.slot = -1
 
 
+@dataclass
+class _Taken:
+    """A slot ``RowArena.take`` handed out, not claimed yet."""
+
+    generation: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    finalizer: weakref.finalize
+
+
 def _check_rows(rows: np.ndarray) -> None:
     if rows.ndim != 2 or rows.dtype not in DTYPE_CODES:
         raise ValueError(f"rows must be [B, V] float32, float16 or bfloat16, got "
@@ -201,7 +223,12 @@ class RowArena:
         self.shared: list[Region] = []
         self.adopted: list[Region] = []  # referenced like shared ones; their owners unlink them
         self.free = list(range(slots))
-        self.lock = threading.Lock()
+        #: slots handed out by ``take`` and not claimed yet: slot -> _Taken
+        self.taken: dict[int, _Taken] = {}
+        # Reentrant: a taken view's finalizer gives its slot back under it,
+        # and the cyclic garbage collector may run that finalizer inside any
+        # allocation, a locked section of this thread's included.
+        self.lock = threading.RLock()
         self.generation = 0
         self.closed = False
         atexit.register(self.close)
@@ -228,9 +255,11 @@ class RowArena:
         it to its owner."""
         self.adopted.append(region)
 
-    def reference(self, rows: np.ndarray) -> RowLease | None:
-        """A lease of rows [B, V] that already lie in a shared region, where
-        they are (no slot, no copy); None for any other rows."""
+    def reference(self, rows: np.ndarray, claim: bool = True) -> RowLease | None:
+        """A lease of rows [B, V] where they already lie: in a shared region
+        (no slot, no copy), or, with `claim`, exactly filling a view
+        ``take`` handed out, whose slot the lease then holds (claimed once:
+        the caller releases it); None for any other rows."""
         _check_rows(rows)
         size, vocab = rows.shape
         if rows.strides[1] == rows.itemsize and (size < 2 or rows.strides[0] >= vocab * rows.itemsize):
@@ -239,19 +268,49 @@ class RowArena:
                 if offset is not None:
                     return RowLease(self, region, -1, 0, offset, rows.strides[0], vocab,
                                     DTYPE_CODES[rows.dtype], size)
-        return None
+        return self._claim(rows) if claim else None
+
+    def take(self, shape: tuple[int, int], dtype) -> np.ndarray | None:
+        """A free slot's writable view of rows `shape` [B, V] in `dtype`, for
+        the producer to fill before handing it on (the torch engine's
+        device-to-host copy lands in it); None when no slot is free or the
+        rows do not fit one (the producer puts them elsewhere). ``lease`` or
+        ``reference`` of exactly this view claims the slot; unclaimed, the
+        slot comes back by itself once the last array over the view is gone
+        (the rows went another way, or the step failed)."""
+        if np.dtype(dtype) not in DTYPE_CODES:
+            return None
+        taken = self._take_slot(shape, dtype)
+        if taken is None:
+            return None
+        view, slot, generation = taken
+        with self.lock:
+            self.taken[slot] = _Taken(generation, view.shape, view.dtype, weakref.finalize(
+                view, self._give_back_unclaimed, slot, generation))
+        return view
 
     def lease(self, rows: np.ndarray) -> RowLease | None:
         """Rows [B, V] (float32 / float16 / bfloat16 numpy) in a region:
-        where they are when they already lie in a shared region, else copied
-        into a free slot. None when no slot is free or the rows do not fit
-        one (the caller sends them another way)."""
+        where they are when they already lie in a shared region or fill a
+        view ``take`` handed out, else copied into a free slot. None when no
+        slot is free or the rows do not fit one (the caller sends them
+        another way)."""
         found = self.reference(rows)
         if found is not None:
             return found
-        size, vocab = rows.shape
-        code = DTYPE_CODES[rows.dtype]
-        if rows.nbytes > self.slot_bytes:
+        taken = self._take_slot(rows.shape, rows.dtype)
+        if taken is None:
+            return None
+        view, slot, generation = taken
+        view[...] = rows  # the one copy on our side
+        return self._slot_lease(rows, slot, generation)
+
+    def _take_slot(self, shape: tuple[int, int], dtype) -> tuple[np.ndarray, int, int] | None:
+        """A free slot, now taken (its generation bumped): (a view of rows
+        `shape` in `dtype` over it, slot, generation); None when the rows do
+        not fit a slot, none is free or the arena is closed."""
+        dtype = np.dtype(dtype)
+        if shape[0] * shape[1] * dtype.itemsize > self.slot_bytes:
             return None
         with self.lock:
             if not self.free or self.closed:
@@ -260,10 +319,35 @@ class RowArena:
             self.generation += 1
             generation = self.generation
             self.ring.header[HEADER_WORDS + slot] = generation
-        view = self.ring.array(rows.shape, rows.dtype, slot * self.slot_bytes)
-        view[...] = rows  # the one copy on our side (on a GPU host: the DMA's destination)
+        return self.ring.array(shape, dtype, slot * self.slot_bytes), slot, generation
+
+    def _slot_lease(self, rows: np.ndarray, slot: int, generation: int) -> RowLease:
+        size, vocab = rows.shape
         return RowLease(self, self.ring, slot, generation, slot * self.slot_bytes,
-                        vocab * rows.itemsize, vocab, code, size)
+                        vocab * rows.itemsize, vocab, DTYPE_CODES[rows.dtype], size)
+
+    def _claim(self, rows: np.ndarray) -> RowLease | None:
+        """The lease of the taken slot `rows` fill exactly, claimed (its
+        finalizer dropped); None for any other rows."""
+        offset = self.ring.contains(rows)
+        if offset is None or offset % self.slot_bytes or not rows.flags.c_contiguous:
+            return None
+        slot = offset // self.slot_bytes
+        with self.lock:
+            taken = self.taken.get(slot)
+            if taken is None or taken.shape != rows.shape or taken.dtype != rows.dtype:
+                return None
+            del self.taken[slot]
+        taken.finalizer.detach()
+        return self._slot_lease(rows, slot, taken.generation)
+
+    def _give_back_unclaimed(self, slot: int, generation: int) -> None:
+        """A taken view's finalizer: its slot back, unless it was claimed."""
+        with self.lock:
+            taken = self.taken.get(slot)
+            if taken is not None and taken.generation == generation:
+                del self.taken[slot]
+                self._release(slot, generation)
 
     def _release(self, slot: int, generation: int) -> None:
         with self.lock:

@@ -239,8 +239,9 @@ class LlmSettings(Settings):
                           "rows, for benchmarks (docs/SIMULATED.md)", choices=ENGINE_NAMES)
     device: str = setting(
         "cpu", "torch and static engines: where the model runs (cuda: the current GPU; logits "
-        "cross to the sampler by one pinned device-to-host copy per step, inline sampling stays "
-        "on the GPU)",
+        "cross to the sampler by one device-to-host copy per step, into a page-locked slot of "
+        "the row arena when it serves them, else into pinned memory; inline sampling stays on "
+        "the GPU)",
         choices=TORCH_DEVICES, engines=("torch", "static"))
     torch_dtype: str = setting(
         "float32", "torch and static engines: the model's dtype, and its logits' (the sampler's "

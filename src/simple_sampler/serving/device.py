@@ -1,5 +1,6 @@
 """Where the torch engine runs: ``LlmSettings.device`` and ``torch_dtype``
-resolved against this machine, with the refusals a user can act on.
+resolved against this machine, with the refusals a user can act on; and
+host memory page-locked for a GPU's copies (:func:`page_lock`).
 
 ``settings.LlmSettings.check`` refuses what is wrong on any machine (a
 dtype other than float32 on the CPU, batch_invariant on CUDA, these settings
@@ -8,7 +9,13 @@ torch built without CUDA, no visible GPU, bfloat16 on a GPU without it.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
+
+#: cudaHostRegisterPortable (cuda_runtime_api.h): the registration is seen
+#: by every CUDA context, not only the current device's
+CUDA_HOST_REGISTER_PORTABLE = 1
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,3 +40,43 @@ def resolve(device: str = "cpu", dtype: str = "float32") -> tuple[torch.device, 
         raise RuntimeError(f"torch_dtype bfloat16: {name} has no bfloat16 support; use "
                            f"float16 or float32")
     return torch.device("cuda", torch.cuda.current_device()), DTYPES[dtype]
+
+
+def page_lock(address: int, nbytes: int, device: torch.device) -> str | None:
+    """Register `nbytes` of host memory at `address` with CUDA
+    (``cudaHostRegister``, portable: pinned for every device's context,
+    whichever GPU the rows come from), so that a device-to-host copy lands
+    in it by DMA, with no pass through the driver's pinned bounce buffer
+    that pageable memory takes. Returns None when CUDA registered it, else
+    why not (the copies still work, pageable). The memory must stay mapped
+    while registered: its owner keeps it for the process's life.
+
+    The call runs on a short-lived thread of its own. A refused
+    ``cudaHostRegister`` also sets the CUDA runtime's last error, which is
+    kept per host thread until ``cudaGetLastError`` reads and resets it;
+    torch's binding (``torch/csrc/cuda/shared/cudart.cpp``,
+    ``initCudartBindings``, ``"cudaHostRegister"``) only returns the code
+    (``C10_CUDA_ERROR_HANDLED`` is ``EXPR``, ``c10/cuda/CUDAException.h``)
+    and exposes no ``cudaGetLastError``. Left on the caller's thread, its
+    next kernel launch (torch checks ``cudaGetLastError`` after each launch,
+    ``C10_CUDA_KERNEL_LAUNCH_CHECK``) would raise that stale error and fail
+    the step. On a thread of its own the error ends with the thread."""
+    outcome = {}
+
+    def register() -> None:
+        try:
+            # `device`: a new thread's current device is 0, whose context
+            # this process (another tensor-parallel rank's GPU) may not hold.
+            torch.cuda.set_device(device)
+            outcome["error"] = torch.cuda.cudart().cudaHostRegister(
+                address, nbytes, CUDA_HOST_REGISTER_PORTABLE)
+        except Exception as error:  # noqa: BLE001 - reported to the caller, copies still work
+            outcome["error"] = f"{type(error).__name__}: {error}"
+
+    thread = threading.Thread(target=register, name="cuda-host-register")
+    thread.start()
+    thread.join()
+    error = outcome["error"]  # torch's cudaError (0: success), or what was raised
+    if not isinstance(error, str) and int(error) == 0:
+        return None
+    return f"cudaHostRegister returned {error}"

@@ -17,9 +17,14 @@ the lm_head computed them in it, so widening them would add no information,
 only bytes (twice the device-to-host copy and the row arena's slot), and the
 kernels read bfloat16 and float16 rows as they are.
 On a GPU the logits reach the decision plane as on the CPU: host rows, by
-one device-to-host copy per step into pinned memory (PyTorch's
-caching host allocator reuses the block, and a fresh tensor per step means a
-lane's rows are never overwritten while its sampler reads them). With
+one device-to-host copy per step (``stage_rows``). With a row arena
+(``share_rows``: served ``simple``, whose local sampler instances read the
+rows from shared memory) the copy lands in a slot of the arena's
+page-locked ring, where the instances read the rows, and the sampler pool
+copies them no more; otherwise (no arena, or no free slot) in a fresh
+pinned tensor (PyTorch's caching host allocator reuses the block, and a
+fresh tensor per step means a lane's rows are never overwritten while its
+sampler reads them). With
 ``host_logits=False`` ``step`` returns the rows on the GPU instead, for the
 ``inline`` mode, which then samples there (``serving/inline.py``), and for
 rows that cross hot-first (``prepare_hot_first``): the summary is computed
@@ -31,6 +36,7 @@ Not run on a GPU in this project's CI (none is available there).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -40,10 +46,14 @@ import torch
 import torch.nn.attention
 
 from ..models import load_model
+from ..sampling import logits_array, logits_tensor
 from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
+from .device import page_lock
 from .engine import SequenceTable
 from .summary_graph import GraphedSummary
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE = LlmSettings.engine_max_batch_size
 DEFAULT_MAX_CONTEXT = LlmSettings.max_context
@@ -144,6 +154,8 @@ class TorchEngine:
         self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self.host_logits = host_logits
+        #: the row arena the device-to-host copy lands in (``share_rows``)
+        self.arena = None
         self.sequences: SequenceTable[_SlotSequence] = SequenceTable(self.vocab_size,
                                                                      max_batch_size, max_context)
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest
@@ -212,11 +224,29 @@ class TorchEngine:
                     row.pending = []
             if not self.host_logits or logits.device.type == "cpu":
                 return logits
-            # The one device-to-host copy of the step (module docstring).
-            host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
-            host.copy_(logits, non_blocking=True)
+            host = stage_rows(logits, self.arena)
             torch.cuda.current_stream(self.device).synchronize()
         return host
+
+    def share_rows(self, arena) -> None:
+        """On a GPU, land each step's device-to-host copy in a slot of
+        `arena` (``row_arena.RowArena.take``), whose ring is page-locked for
+        the engine's device here, once: the sampler pool claims the slot
+        (``RowArena.reference``) instead of copying the rows into one. If
+        CUDA refuses to page-lock the ring, the copy still lands there,
+        through the driver's bounce buffer (logged).
+
+        On the CPU nothing changes: the rows are the forward's own output,
+        already on the host, so a copy into a slot here would not replace a
+        copy, only move the pool's one (made off the event loop, beside the
+        next lane's forward) onto the data-plane thread, ahead of the next
+        forward."""
+        if self.device.type != "cuda":
+            return
+        refused = page_lock(arena.ring.data_address, arena.ring.data_bytes, self.device)
+        if refused:
+            log.warning("the row arena's ring stays pageable: %s", refused)
+        self.arena = arena
 
     def prepare_hot_first(self, hot_ids, cold_top: int) -> None:
         """``engine.SummarizesHotFirst``: from now on ``step`` returns the
@@ -288,6 +318,27 @@ class TorchEngine:
             out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]
+
+
+def stage_rows(rows: torch.Tensor, arena=None) -> torch.Tensor:
+    """The step's one device-to-host copy: `rows` copied (non_blocking) to
+    a host tensor in their own dtype, in a slot taken for them from `arena`
+    (``row_arena.RowArena.take``: the pool claims it, no copy of its own;
+    left unclaimed, it comes back when the tensor dies) or, with no arena
+    or no free slot, in a fresh tensor, pinned when the rows are on a GPU.
+    The caller waits for the copy (its stream's synchronize) before the
+    rows are read."""
+    slot = None
+    if arena is not None:
+        # the numpy dtype of host rows like these (bfloat16: ml_dtypes')
+        dtype = logits_array(rows.new_empty(0, device="cpu")).dtype
+        slot = arena.take(tuple(rows.shape), dtype)
+    if slot is None:
+        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=rows.is_cuda)
+    else:
+        host = logits_tensor(slot)
+    host.copy_(rows, non_blocking=True)
+    return host
 
 
 #: SDPA's backends on CUDA, without cuDNN's: torch 2.11 picks cuDNN attention

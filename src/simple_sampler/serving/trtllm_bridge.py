@@ -33,12 +33,10 @@ import torch
 from ..pids import alive
 from ..row_arena import HEADER_BYTES, Region
 from ..sampling import logits_tensor
+from .device import page_lock
 
 log = logging.getLogger(__name__)
 
-#: cudaHostRegisterPortable (cuda_runtime_api.h): the registration is seen
-#: by every CUDA context, not only the current device's
-CUDA_HOST_REGISTER_PORTABLE = 1
 OWNER_POLL_S = 1.0  # how often a worker without pidfd support looks for its owner
 ORPHANED_EXIT_STATUS = 70  # a worker's exit status once its owner has gone
 #: The sampler's name for a rows dtype -> (numpy dtype, torch dtype): what
@@ -211,46 +209,17 @@ class DecisionPlaneProcessor:
                 "unreported_s": 0.0, "page_locked": None, "warned_cast": False}
 
     def _page_lock(self, device: torch.device) -> None:
-        """Register the staging block with CUDA (``cudaHostRegister``), once,
+        """Register the staging block with CUDA (``serving.device.page_lock``), once,
         when the first rows come from a GPU: their device-to-host copy then
-        lands by DMA in the block itself, with no pass through the driver's
-        pinned bounce buffer that pageable memory takes. The block stays
-        mapped and registered for this process's life. If CUDA refuses, the
-        copy still works, pageable (logged once).
-
-        The call runs on a short-lived thread of its own. A refused
-        ``cudaHostRegister`` also sets the CUDA runtime's last error, which is
-        kept per host thread until ``cudaGetLastError`` reads and resets it;
-        torch's binding (``torch/csrc/cuda/shared/cudart.cpp``,
-        ``initCudartBindings``, ``"cudaHostRegister"``) only returns the code
-        (``C10_CUDA_ERROR_HANDLED`` is ``EXPR``, ``c10/cuda/CUDAException.h``)
-        and exposes no ``cudaGetLastError``. Left on the engine's thread, the
-        next kernel launch there (the gather below: torch checks
-        ``cudaGetLastError`` after each launch, ``C10_CUDA_KERNEL_LAUNCH_CHECK``)
-        would raise that stale error and fail the iteration's requests. On a
-        thread of its own the error ends with the thread."""
+        lands by DMA in the block itself. The block stays mapped and
+        registered for this process's life. If CUDA refuses, the copy still
+        works, pageable (logged once)."""
         buffer = self.shared.buf
-        address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-        outcome = {}
-
-        def register() -> None:
-            try:
-                # The rows' GPU: a new thread's current device is 0, whose
-                # context this process (another TP rank's GPU) may not hold.
-                torch.cuda.set_device(device)
-                # portable: pinned for every device's context, whichever GPU the rows are on
-                outcome["error"] = torch.cuda.cudart().cudaHostRegister(
-                    address, buffer.nbytes, CUDA_HOST_REGISTER_PORTABLE)
-            except Exception as error:  # noqa: BLE001 - reported below, the copy still works
-                outcome["error"] = f"{type(error).__name__}: {error}"
-
-        thread = threading.Thread(target=register, name="trtllm-host-register")
-        thread.start()
-        thread.join()
-        error = outcome["error"]  # torch's cudaError (0: success), or what was raised
-        self.page_locked = not isinstance(error, str) and int(error) == 0
-        if not self.page_locked:
-            log.warning("the staging block stays pageable: cudaHostRegister returned %s", error)
+        refused = page_lock(ctypes.addressof(ctypes.c_char.from_buffer(buffer)), buffer.nbytes,
+                            device)
+        self.page_locked = refused is None
+        if refused:
+            log.warning("the staging block stays pageable: %s", refused)
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -35,7 +35,8 @@ import torch
 
 from ..params import SamplingBatch
 from ..sampling import logits_array
-from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..serving.engines import engine_spec
+from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
 from .sampler_codec import batch_arrays, outcome_of
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
@@ -168,14 +169,17 @@ class SamplerPool:
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
     def reference(self, logits: torch.Tensor):
-        """A lease of `logits` where they already lie in the arena (a shared
-        region: the simulated engine's bank, a device-to-host copy landed
-        there), for the targets that share memory; None when there is no
-        arena, no such target, or the rows lie elsewhere (no copy is made)."""
+        """A lease of `logits` where they already lie in a shared region of
+        the arena (the simulated engine's bank, the TensorRT-LLM bridge's
+        staging block), for the targets that share memory; None when there
+        is no arena, no such target, or the rows lie elsewhere (no copy is
+        made). Rows in a ring slot the engine took (``RowArena.take``) are
+        not claimed: the caller (the hot-first sampler) never gives its
+        lease back, and the slot comes back when the rows die."""
         if (self.arena is None or logits.device.type != "cpu"
                 or not any(t.shares_memory for t in self.targets)):
             return None
-        return self.arena.reference(logits_array(logits))
+        return self.arena.reference(logits_array(logits), claim=False)
 
     async def send(self, rows: dict[str, np.ndarray], batch: SamplingBatch,
                    lease=None, most_shards: int | None = None,
@@ -326,16 +330,19 @@ def _per_row(parts: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndar
 def build_arena(settings, engine):
     """The row arena for an llm model's settings (``row_transport`` arena,
     local instances among the endpoints), or None: slots for two calls in
-    flight per micro-batch, each holding the engine's largest step in
-    float32. An engine with ``share_rows(arena)`` moves its host copy of the
-    rows into the arena (referenced there, no copy per step). A host where
-    the arena cannot be made (no /dev/shm) keeps the BLS transport."""
+    flight per micro-batch, each holding the engine's largest step in the
+    dtype its rows come in (``EngineSpec.logits_dtype``; float32 where it
+    names none). An engine with ``share_rows(arena)`` moves its host copy
+    of the rows into the arena (referenced there, no copy per step). A host
+    where the arena cannot be made (no /dev/shm) keeps the BLS transport."""
     from ..row_arena import RowArena
 
     if settings.row_transport != "arena" or LOCAL not in parse_endpoints(settings.sampler_endpoints):
         return None
+    itemsize = LOGITS_ITEMSIZE[engine_spec(settings.engine).logits_dtype(settings) or "fp32"]
     try:
-        arena = RowArena(2 * settings.micro_batches, engine.max_batch_size * engine.vocab_size * 4)
+        arena = RowArena(2 * settings.micro_batches,
+                         engine.max_batch_size * engine.vocab_size * itemsize)
     except OSError as error:
         log.warning("row_transport arena: no shared-memory arena here (%s); rows go inside "
                     "the BLS requests", error)
