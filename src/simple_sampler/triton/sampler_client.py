@@ -6,6 +6,7 @@ only the small parameter tensors travel in the request). The tensors are
 """
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Mapping
 
@@ -14,10 +15,12 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as system_shm
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+#: how long ``close`` waits for the server to let go of a region
+UNREGISTER_WAIT_S = 10.0
 
 
 def triton_dtype(array: np.ndarray) -> str:
@@ -77,11 +80,30 @@ class SamplerClient:
         return shared
 
     def close(self) -> None:
-        for name, shared in self._regions:
-            self.client.unregister_system_shared_memory(name)
-            shared.destroy()
-        self._regions.clear()
-        self.client.close()
+        try:
+            for name, shared in self._regions:
+                self._unregister(name)
+                shared.destroy()
+        finally:
+            self._regions.clear()
+            self.client.close()
+
+    def _unregister(self, name: str) -> None:
+        """Unregister region `name`, waiting while the server still holds it.
+        Triton counts the in-flight requests that reference a region and
+        refuses to unregister it until they are released ("... it is
+        currently in use"); a request may be released only after its
+        response has reached the client, so a close right after the last
+        answer can come first (seen with the machine under load)."""
+        deadline = time.monotonic() + UNREGISTER_WAIT_S
+        while True:
+            try:
+                self.client.unregister_system_shared_memory(name)
+                return
+            except InferenceServerException as error:
+                if "currently in use" not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
 
 
 class SharedLogits:
