@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import SAMPLED_SEEDS, SAMPLED_TOKENS, llm_server_settings
 from fakes import PROMPT, SAMPLED, Streams
 from simple_sampler.client import GenerateClient, GenerationError
-from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer, free_port
 from simple_sampler.pids import alive
@@ -31,12 +31,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def supervised(tmp_path_factory):
     """The whole repository on a real server watched by a Supervisor, as
-    `simple-sampler serve` runs it."""
-    repository = assemble_repository(
-        tmp_path_factory.mktemp("repository"),
-        SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
-        LlmSettings(engine_max_batch_size=32, max_context=512, sampler_shards=2,
-                  batch_invariant=True))
+    `simple-sampler serve` runs it, with llm_server's settings (so that
+    `sampled_tokens` are its tokens too)."""
+    repository = assemble_repository(tmp_path_factory.mktemp("repository"),
+                                     *llm_server_settings())
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     server = TritonServer(repository, log_path=log, shutdown_grace_s=5).start()
     supervisor = Supervisor(server).start()
@@ -69,13 +67,9 @@ def sampler_retries(server) -> float:
                if line.startswith("simple_llm_sampler_retries_total"))
 
 
-def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
+def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised, sampled_tokens):
     server, supervisor = supervised
-    seeds = range(16)
-    clean = Streams(server.grpc_url, seeds, max_tokens=64, **SAMPLED).join()
-    assert not clean.errors
-
-    faulted = Streams(server.grpc_url, seeds, max_tokens=64, **SAMPLED)
+    faulted = Streams(server.grpc_url, SAMPLED_SEEDS, max_tokens=SAMPLED_TOKENS, **SAMPLED)
     faulted.wait_started()
     before = stubs_of(server, "simple_sampler")
     victim = before[0]
@@ -119,7 +113,7 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised):
     assert stubs_of(server, "simple_sampler") == fresh()
 
     assert not faulted.errors
-    assert faulted.tokens == clean.tokens  # (seed, step) decide the draw, not the instance
+    assert faulted.tokens == sampled_tokens  # (seed, step) decide the draw, not the instance
     assert restored_s < 30 and supervisor.recoveries["simple_sampler"] == 1
     assert not [(SHM_DIRECTORY / s.shm_region) for s in before
                 if (SHM_DIRECTORY / s.shm_region).exists()]
