@@ -188,13 +188,16 @@ class Output:
 
 def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leaves_nothing(
         tmp_path):
-    """24 requests in flight, on a server whose sampler model was reloaded
+    """8 requests in flight, on a server whose sampler model was reloaded
     after one of its instances died under a request: the stop still ends
     with status 0 within the grace plus Triton's exit timeout. (The
     generation of the dead stub never finishes unloading in Triton 2.51,
     TritonServer.abandon; before, Triton waited out its exit timeout for it
-    and exited with status 1.)"""
-    grace = 15
+    and exited with status 1.) The stop takes the whole grace, which the
+    long streams outlast; it only has to let the short stream finish (8
+    tokens among 8 streams), as 8 s did beside two busy processes on 2
+    cores."""
+    grace = 8
     ports = [free_port() for _ in range(3)]
     serve = subprocess.Popen(
         [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port", str(ports[0]),
@@ -234,7 +237,7 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
                 and ready(server, "v2/models/ensemble/ready")):
             time.sleep(0.1)
 
-        long = Streams(url, range(23), max_tokens=400, **SAMPLED)
+        long = Streams(url, range(7), max_tokens=400, **SAMPLED)
         long.wait_started()
         stubs = list_stubs(server_pid)
         short = Streams(url, [100], max_tokens=8, **SAMPLED)
@@ -242,6 +245,9 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
         serve.send_signal(signal.SIGTERM)
         signalled_at = time.monotonic()
         late = None
+        # serve has begun the stop (however late a loaded machine runs it),
+        # and its SIGTERM has had a second to reach the decode loop
+        assert output.wait_for("simple-sampler serve: stopping", 60), output.text()
         time.sleep(1)
         try:
             GenerateClient(url).generate(PROMPT, max_tokens=4)
@@ -258,7 +264,7 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
     assert status == 0, output.text()
     assert exited_s < grace + 15, output.text()
     assert not short.errors and len(short.tokens[100]) == 8  # finished within the grace
-    assert sorted(long.errors) == list(range(23))
+    assert sorted(long.errors) == list(range(7))
     assert all("shutting down" in error for error in long.errors.values()), long.errors
     assert late is not None and ("shutting down" in late or "not ready" in late.lower()
                                  or "connect" in late.lower())
@@ -267,5 +273,5 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
     assert not [s for s in [victim, *stubs] if alive(s.pid)]
     assert not alive(server_pid)
     assert not [s.shm_region for s in [victim, *stubs] if (SHM_DIRECTORY / s.shm_region).exists()]
-    print(f"SIGTERM under load after a sampler fault: 23 long streams ended with an error, the "
+    print(f"SIGTERM under load after a sampler fault: 7 long streams ended with an error, the "
           f"short one finished, serve exited with status 0 in {exited_s:.1f} s (grace {grace} s)")
