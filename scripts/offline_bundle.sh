@@ -76,7 +76,8 @@ mkdir -p "$out"
 echo "offline_bundle.sh: downloading $PYTRITON and the overlay's wheels (cp312)"
 "$python" -m pip download --quiet --no-deps "${TARGET[@]}" --dest "$work/wheels" "$PYTRITON" \
     "${OVERLAY[@]}"
-"$python" -m pip install --quiet --no-deps "${TARGET[@]}" --target "$work/overlay" \
+# --no-compile: the packing leaves __pycache__ out, so byte-compiling is wasted.
+"$python" -m pip install --quiet --no-deps --no-compile "${TARGET[@]}" --target "$work/overlay" \
     "${OVERLAY[@]}" --no-index --find-links "$work/wheels"
 if command -v strip > /dev/null; then
     # Debug symbols: a third of some of these libraries, never used on the target.

@@ -184,19 +184,45 @@ def hot_sets(row: np.ndarray) -> dict[str, HotVocab]:
 LLM_CONTEXT = 512
 
 
+def llm_server_settings():
+    """llm_server's settings (SmolLM2 in batch-invariant mode, 2 sampler
+    instances), fresh: a test that must stop or kill its server starts one
+    with these, and `sampled_tokens` from llm_server are then its tokens too."""
+    from simple_sampler.settings import LlmSettings, SamplerSettings
+
+    return (SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
+            LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
+                        batch_invariant=True))  # the seed tests rely on it (docs/SERVING.md)
+
+
 @pytest.fixture(scope="session")
 def llm_server(tmp_path_factory):
-    """The whole repository (SmolLM2 in batch-invariant mode, 2 sampler instances) on a real
-    tritonserver, on free loopback ports, shared by the tests that talk to it."""
-    from simple_sampler.settings import LlmSettings, SamplerSettings
+    """The whole repository on a real tritonserver (`llm_server_settings`), on
+    free loopback ports, shared by the tests that talk to it."""
     from simple_sampler.launch.serve import assemble_repository
     from simple_sampler.launch.server import TritonServer
 
-    repository = assemble_repository(
-        tmp_path_factory.mktemp("repository"),
-        SamplerSettings(sampler_instances=2, sampler_max_batch_size=64, vocab_size=49_152),
-        LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=2,
-                  batch_invariant=True))  # the seed tests rely on it (docs/SERVING.md)
+    repository = assemble_repository(tmp_path_factory.mktemp("repository"), *llm_server_settings())
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     with TritonServer(repository, log_path=log) as running:
         yield running
+
+
+#: `sampled_tokens`' seeds and length
+SAMPLED_SEEDS, SAMPLED_TOKENS = range(16), 64
+
+
+@pytest.fixture(scope="session")
+def sampled_tokens(llm_server) -> dict[int, list[int]]:
+    """{seed: tokens}: SAMPLED_SEEDS' streams of fakes.PROMPT (fakes.SAMPLED,
+    SAMPLED_TOKENS tokens) from llm_server, 16 at once. (seed, step) decide
+    each draw on batch-invariant logits, so a server of the same settings
+    gives them at any concurrency, and a run with a smaller max_tokens gives
+    a prefix of them: the reference of the tests that fault or spread such a
+    server, made once for all of them."""
+    from fakes import SAMPLED, Streams
+
+    streams = Streams(llm_server.grpc_url, SAMPLED_SEEDS, max_tokens=SAMPLED_TOKENS,
+                      **SAMPLED).join()
+    assert not streams.errors, streams.errors
+    return streams.tokens

@@ -55,7 +55,7 @@ def test_greedy_answer_names_paris(server):
     assert "Paris" in answer.text
     # the decode loop's own time is exported (the llm model reports right after
     # sending the final response, so it may lag the answer by a moment)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while llm_metric(server, "loop_us_total") == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert 0 < llm_metric(server, "loop_us_total") < llm_metric(server, "data_plane_us_total")

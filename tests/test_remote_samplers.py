@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from conftest import SAMPLED_SEEDS
 from fakes import SAMPLED, Streams
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.serve import assemble_repository
@@ -15,7 +16,6 @@ from simple_sampler.triton.counters import read_counter, wait_for_counter
 
 pytestmark = pytest.mark.slow
 
-SEEDS = range(16)
 TOKENS = 32
 ROWS = "simple_sampler_rows_total"
 
@@ -40,39 +40,28 @@ def remote(tmp_path_factory, llm_server):
         alone.stop()
 
 
-@pytest.fixture(scope="module")
-def one_server_tokens(llm_server):
-    """SEEDS' TOKENS tokens from llm_server alone, for both tests: (seed,
-    step) decide each draw on batch-invariant logits, so a run with a
-    smaller max_tokens gives a prefix of them."""
-    alone = Streams(llm_server.grpc_url, SEEDS, max_tokens=TOKENS, **SAMPLED).join()
-    assert not alone.errors
-    return alone.tokens
-
-
-def test_two_sampler_servers_give_the_tokens_of_one_server(remote, llm_server,
-                                                           one_server_tokens):
+def test_two_sampler_servers_give_the_tokens_of_one_server(remote, llm_server, sampled_tokens):
     serving, samplers = remote
     # llm_server samples for itself too: its count once every earlier one has
     # arrived (the counts come in batches: triton.counters)
     before = wait_for_counter(llm_server.metrics_url, ROWS, lambda _: True,
                               settled_after=time.monotonic())
-    spread = Streams(serving.grpc_url, SEEDS, max_tokens=24, **SAMPLED).join()
+    spread = Streams(serving.grpc_url, SAMPLED_SEEDS, max_tokens=24, **SAMPLED).join()
     assert not spread.errors
-    assert spread.tokens == {seed: tokens[:24] for seed, tokens in one_server_tokens.items()}
+    assert spread.tokens == {seed: tokens[:24] for seed, tokens in sampled_tokens.items()}
     # both endpoints sampled
     rows = [wait_for_counter(llm_server.metrics_url, ROWS, lambda n: n > before) - before,
             wait_for_counter(samplers[1].metrics_url, ROWS, lambda n: n > 0)]
     print(f"rows sampled per endpoint: {rows}")
 
 
-def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, one_server_tokens):
+def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, sampled_tokens):
     serving, samplers = remote
-    streams = Streams(serving.grpc_url, SEEDS, max_tokens=TOKENS, **SAMPLED)
+    streams = Streams(serving.grpc_url, SAMPLED_SEEDS, max_tokens=TOKENS, **SAMPLED)
     streams.wait_started()
     samplers[1].stop()
     streams.join()
     assert not streams.errors
-    assert streams.tokens == one_server_tokens
+    assert streams.tokens == {seed: tokens[:TOKENS] for seed, tokens in sampled_tokens.items()}
     assert samplers[1].process.poll() is not None
     assert read_counter(serving.metrics_url, "simple_llm_sampler_retries_total") >= 1  # rows met the stop

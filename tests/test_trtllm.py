@@ -455,7 +455,10 @@ def test_a_request_aborted_between_iterations_is_in_one_more_and_its_row_is_not_
     engine.step(["a", "b"])
     request = engine.sequences["a"].request
     engine.append(["a", "b"], [4, 5])
-    time.sleep(0.2)  # the iteration has ended; the next starts 1 s after it
+    deadline = time.monotonic() + 10
+    while engine.llm.in_iteration and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.llm.in_iteration  # it has ended; the next starts 1 s after it
     engine.release("a")  # between iterations: the next one still has it
     for token in (6, 7):
         assert engine.wait_ready(["b"], timeout=10) == ["b"]
@@ -589,7 +592,8 @@ OWNER = """
 import pickle, subprocess, sys, time
 from simple_sampler.serving.trtllm_bridge import DecisionPlaneProcessor
 processor = DecisionPlaneProcessor("unused", b"key", "unused", 1, 1)
-WORKER = "import pickle, sys, time; pickle.load(sys.stdin.buffer); time.sleep(60)"
+WORKER = ("import pickle, sys, time; pickle.load(sys.stdin.buffer); print('unpickled', flush=True); "
+          "time.sleep(60)")
 worker = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE)
 worker.stdin.write(pickle.dumps(processor))
 worker.stdin.close()
@@ -603,13 +607,16 @@ def test_a_worker_exits_when_the_process_that_owns_its_processor_dies():
     TensorRT-LLM's worker does), its owner is killed (a supervisor restart),
     and the worker exits instead of holding the GPU."""
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
-    worker_pid = int(owner.stdout.readline())
+    # the owner's pid line and the worker's "unpickled" (it writes to its
+    # owner's stdout), in either order: then the worker watches its owner
+    lines = {owner.stdout.readline().strip() for _ in range(2)}
+    assert "unpickled" in lines, lines
+    [worker_pid] = [int(line) for line in lines if line.isdigit()]
     try:
-        time.sleep(0.5)  # the worker has unpickled the processor
         os.kill(worker_pid, 0)  # alive while its owner is
         owner.send_signal(signal.SIGKILL)
-        owner.wait(timeout=10)
-        deadline = time.monotonic() + 10
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 os.kill(worker_pid, 0)
