@@ -339,11 +339,22 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     cdef float pair_max[2]
     cdef float pair_mass[2]
     cdef int k
+    if not need_mass:
+        for b in range(n_blocks):
+            if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+                # widened in registers (block_logits would store a float copy)
+                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+            else:
+                m = ss_block_max_nan(block_logits(src, b, ov, &ov_pos, ws.block), &nans)
+            ws.block_max[b] = m * inv_t
+            row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+        nan_count[0] += nans
+        return row_max
     b = 0
     while b < n_blocks:
         if kept_terms != NULL:
             terms = kept_terms + b * SS_BLOCK
-        if need_mass and src.dtype != DTYPE_FLOAT16 and plain_block(src, b + 1, ov, ov_pos):
+        if src.dtype != DTYPE_FLOAT16 and plain_block(src, b + 1, ov, ov_pos):
             # Blocks b and b + 1 of a row read in place (float32, bfloat16),
             # whole and with no override (the first override at or after b's
             # start lies past b + 1's end): both maxima first, then both
@@ -362,20 +373,12 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
                 b += 1
             continue
         if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
-            # widened in registers (block_logits would store a float copy)
-            if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
-                                           terms_floor(row_max, src.dtype))
-                ws.block_mass[b] = mass
-            else:
-                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+            m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
+                                       terms_floor(row_max, src.dtype))
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
-            if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max, src.dtype))
-                ws.block_mass[b] = mass
-            else:
-                m = ss_block_max_nan(x, &nans)
+            m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max, src.dtype))
+        ws.block_mass[b] = mass
         ws.block_max[b] = m * inv_t
         row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
         b += 1
