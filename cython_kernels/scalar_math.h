@@ -443,7 +443,7 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
 
 /* Blocks x and x + SS_BLOCK as ss_block_max_mass(_bf16) gives them, each
  * block's max into max[k] and mass into mass[k] (ss_block4_pair_max_mass). */
-static inline void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
                                           int* nan_count, float* terms, float terms_floor)
 {
     ss_block4_pair_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32), ss_load_w(x + 48),
@@ -451,7 +451,7 @@ static inline void ss_block_pair_max_mass(const float* x, float scale, float* ma
                             ss_load_w(x + 112), scale, max, mass, nan_count, terms, terms_floor);
 }
 
-static inline void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
                                                float* mass, int* nan_count, float* terms,
                                                float terms_floor)
 {
@@ -543,7 +543,7 @@ static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float
 
 /* The AVX-512 pair's contract, one block after the other: eight 8-lane
  * vectors a block already keep the exp units busy through a block's max. */
-static inline void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
                                           int* nan_count, float* terms, float terms_floor)
 {
     for (int k = 0; k < 2; k++)
@@ -551,7 +551,7 @@ static inline void ss_block_pair_max_mass(const float* x, float scale, float* ma
                                    terms ? terms + k * SS_BLOCK : terms, terms_floor);
 }
 
-static inline void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
                                                float* mass, int* nan_count, float* terms,
                                                float terms_floor)
 {
