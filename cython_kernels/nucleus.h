@@ -76,32 +76,49 @@ static inline __attribute__((always_inline)) ss_vi ss_kept_lanes_v(
 }
 
 #if defined(__AVX512F__)
+/* ss_kept_lanes_v for the 16-lane group j of a block, its z given, as a mask
+ * register. */
+static inline __attribute__((always_inline)) __mmask16 ss_kept_lanes_w(ss_vw z, float z_cut,
+                                                                      int32_t lane_cut, int j)
+{
+    const __m512 cut = _mm512_set1_ps(z_cut);
+    __m512i lane = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
+                                                     2, 1, 0), _mm512_set1_epi32(j));
+    return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GT_OQ)
+           | (_mm512_cmp_ps_mask((__m512)z, cut, _CMP_EQ_OQ)
+              & _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(lane_cut)));
+}
+
+static inline __attribute__((always_inline)) ss_vw ss_block_z_w(const void* x, int bf16, int j,
+                                                                float inv_t)
+{
+    return (bf16 ? ss_load_bf16_w((const uint16_t*)x + j) : ss_load_w((const float*)x + j)) * inv_t;
+}
+
 /* 16-lane form (the row pass's width on AVX-512): the same terms and kept
- * lanes, the exp per 16-lane group that holds a kept lane. */
+ * lanes, the exp per 16-lane group that holds a kept lane, the kept lanes a
+ * mask register that adds the terms and is the kept bits. */
 __attribute__((noinline, noclone, optimize("fp-contract=off")))
 static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
                                   float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
 {
-    ss_vw acc = {};
+    __m512 acc = _mm512_setzero_ps();
     uint64_t mask = 0;
     for (int j = 0; j < SS_BLOCK; j += SS_WIDE_LANES) {
-        ss_vw zv = (bf16 ? ss_load_bf16_w((const uint16_t*)x + j) : ss_load_w((const float*)x + j))
-                   * inv_t;
-        ss_vwi lane = (ss_vwi){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + j;
-        ss_vwi keep = (ss_vwi)(zv > z_cut) | ((ss_vwi)(zv == z_cut) & (ss_vwi)(lane < lane_cut));
-        uint64_t lanes = _mm512_test_epi32_mask((__m512i)keep, (__m512i)keep);
-        if (lanes == 0)
+        ss_vw zv = ss_block_z_w(x, bf16, j, inv_t);
+        __mmask16 keep = ss_kept_lanes_w(zv, z_cut, lane_cut, j);
+        if (keep == 0)
             continue;
         ss_vw wv = ss_exp_nonpositive_w(zv - z_max);
-        acc += (ss_vw)((ss_vwi)wv & keep);
+        acc = _mm512_mask_add_ps(acc, keep, acc, (__m512)wv);
         if (w) {
             __builtin_memcpy(w + j, &wv, sizeof wv);
-            mask |= lanes << j;
+            mask |= (uint64_t)keep << j;
         }
     }
     if (w)
         *kept = mask;
-    return ss_hsum_w(acc);
+    return ss_hsum_w((ss_vw)acc);
 }
 #else
 __attribute__((noinline, noclone, optimize("fp-contract=off")))
@@ -135,6 +152,24 @@ static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_
  * the sum of the kept lanes' terms, and the kept lanes as bits (*kept). The
  * caller scales it by the block's exp(block max - row max), so the masses
  * before a cut are the row pass's own terms, the ones the row mass summed. */
+#if defined(__AVX512F__)
+/* 16 lanes at a time, as ss_block_mass_before's 16-lane form (the 8-lane
+ * form below takes twice the groups, each with a lane-bits extraction). */
+static inline float ss_block_terms_before(const void* x, int bf16, float inv_t,
+                                          const float* terms, float z_cut, int32_t lane_cut,
+                                          uint64_t* kept)
+{
+    __m512 acc = _mm512_setzero_ps();
+    uint64_t mask = 0;
+    for (int j = 0; j < SS_BLOCK; j += SS_WIDE_LANES) {
+        __mmask16 keep = ss_kept_lanes_w(ss_block_z_w(x, bf16, j, inv_t), z_cut, lane_cut, j);
+        acc = _mm512_mask_add_ps(acc, keep, acc, _mm512_loadu_ps(terms + j));
+        mask |= (uint64_t)keep << j;
+    }
+    *kept = mask;
+    return ss_hsum_w((ss_vw)acc);
+}
+#else
 static inline float ss_block_terms_before(const void* x, int bf16, float inv_t,
                                           const float* terms, float z_cut, int32_t lane_cut,
                                           uint64_t* kept)
@@ -150,5 +185,6 @@ static inline float ss_block_terms_before(const void* x, int bf16, float inv_t,
     *kept = mask;
     return ss_sum_lanes(acc);
 }
+#endif
 
 #endif

@@ -323,9 +323,10 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
                            float* kept_terms, int* nan_count) noexcept nogil:
     """Per block, max z (ws.block_max) and, with need_mass, its softmax mass
     relative to that max (ws.block_mass), from one load of the block
-    (ss_block_max_mass), and its terms into kept_terms (ws.terms, or NULL
-    for none) where its max reaches terms_floor of the running row max;
-    counts NaN blocks. Returns the row max z."""
+    (ss_block_max_mass; two blocks at a time where both are plain), and its
+    terms into kept_terms (ws.terms, or NULL for none) where its max reaches
+    terms_floor of the running row max (as it stood before the block, or
+    before its pair); counts NaN blocks. Returns the row max z."""
     cdef float row_max = -INFINITY
     cdef int nans = 0                   # a local: kept in a register
     cdef Py_ssize_t ov_pos = 0
@@ -335,26 +336,52 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     cdef float mass
     cdef const uint16_t* half_row = <const uint16_t*>src.data
     cdef float* terms = NULL
-    for b in range(n_blocks):
+    cdef float pair_max[2]
+    cdef float pair_mass[2]
+    cdef int k
+    if not need_mass:
+        for b in range(n_blocks):
+            if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+                # widened in registers (block_logits would store a float copy)
+                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+            else:
+                m = ss_block_max_nan(block_logits(src, b, ov, &ov_pos, ws.block), &nans)
+            ws.block_max[b] = m * inv_t
+            row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+        nan_count[0] += nans
+        return row_max
+    b = 0
+    while b < n_blocks:
         if kept_terms != NULL:
             terms = kept_terms + b * SS_BLOCK
-        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
-            # widened in registers (block_logits would store a float copy)
-            if need_mass:
-                m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
-                                           terms_floor(row_max, src.dtype))
-                ws.block_mass[b] = mass
+        if src.dtype != DTYPE_FLOAT16 and plain_block(src, b + 1, ov, ov_pos):
+            # Blocks b and b + 1 of a row read in place (float32, bfloat16),
+            # whole and with no override (the first override at or after b's
+            # start lies past b + 1's end): both maxima first, then both
+            # masses (ss_block_pair_max_mass), the floats the single blocks
+            # below would give.
+            if src.dtype == DTYPE_BFLOAT16:
+                ss_block_pair_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, pair_max, pair_mass,
+                                            &nans, terms, terms_floor(row_max, src.dtype))
             else:
-                m = ss_block_max_nan_bf16(half_row + b * SS_BLOCK, &nans)
+                ss_block_pair_max_mass(<const float*>src.data + b * SS_BLOCK, inv_t, pair_max,
+                                       pair_mass, &nans, terms, terms_floor(row_max, src.dtype))
+            for k in range(2):
+                ws.block_mass[b] = pair_mass[k]
+                ws.block_max[b] = pair_max[k] * inv_t
+                row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+                b += 1
+            continue
+        if src.dtype == DTYPE_BFLOAT16 and plain_block(src, b, ov, ov_pos):
+            m = ss_block_max_mass_bf16(half_row + b * SS_BLOCK, inv_t, &mass, &nans, terms,
+                                       terms_floor(row_max, src.dtype))
         else:
             x = block_logits(src, b, ov, &ov_pos, ws.block)
-            if need_mass:
-                m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max, src.dtype))
-                ws.block_mass[b] = mass
-            else:
-                m = ss_block_max_nan(x, &nans)
+            m = ss_block_max_mass(x, inv_t, &mass, &nans, terms, terms_floor(row_max, src.dtype))
+        ws.block_mass[b] = mass
         ws.block_max[b] = m * inv_t
         row_max = ws.block_max[b] if ws.block_max[b] > row_max else row_max
+        b += 1
     nan_count[0] += nans
     return row_max
 

@@ -124,23 +124,26 @@ static inline float ss_sum_lanes(ss_vf v)
     return v[0];
 }
 
-/* The vector exp, any lane count: exp(x) for x <= 0 with relative error
- * below 3e-7 (measured against float64 by tests/test_exp.py), exactly 0 for
- * x < -87 and for -inf (a banned token keeps weight 0; NaN lanes give
- * unspecified values, so callers detect NaN themselves). 13 vector
- * operations, no table, no division, no fast-math:
+/* The vector exp: exp(x) for x <= 0 with relative error below 3e-7
+ * (measured against float64 by tests/test_exp.py), exactly 0 for x < -87
+ * and for -inf (a banned token keeps weight 0; NaN lanes give unspecified
+ * values, so callers detect NaN themselves). No table, no division, no
+ * fast-math:
  *   n = round(x * log2 e) by adding 1.5 * 2^23 (the float's low mantissa
  *       bits then hold n; valid for |n| < 2^22);
- *   r = x - n ln2 in two FMA steps (Cody-Waite), |r| <= ln2 / 2;
+ *   r = x - n ln2 in two fused steps (Cody-Waite), |r| <= ln2 / 2;
  *   exp(r) by a degree-5 polynomial fitted to the relative error on
  *       [-ln2/2, ln2/2] with p(0) = 1 exactly (fitting error 9e-8, float
  *       evaluation included 1.5e-7), so a block's max term is exactly 1;
- *   2^n by adding n to the result's exponent field: for x >= -87, n >= -126
- *       and when n = -126 then r > 0, so the exponent never leaves the
- *       normal range and no denormal is ever formed.
- * Written with GCC/Clang vector extensions only: the same source is AVX-512
- * (16 lanes per instruction), AVX2 or SSE2 depending on SIMPLE_SAMPLER_MARCH;
- * the compiler turns the selects into vmaxps / blends. */
+ *   2^n by adding n to the result's exponent field (vscalefps on AVX-512):
+ *       for x >= -87, n >= -126 and when n = -126 then r > 0, so the
+ *       exponent never leaves the normal range and no denormal is ever formed.
+ * Every multiply-add is fused where the target has FMA, by intrinsic, not by
+ * the compiler's contraction: the broad-row passes (nucleus.h) are compiled
+ * with fp-contract=off so their z is the same float in every pass, and
+ * there an exp left to contraction came out as separate multiplies and adds:
+ * twice the instructions, and other floats than the row pass's. So every exp
+ * below is the same float for the same x in every pass and at every width. */
 #define SS_EXP_ROUND 12582912.0f            /* 1.5 * 2^23 */
 #define SS_EXP_ROUND_BITS 0x4b400000
 #define SS_EXP_P1 9.999997020e-01f
@@ -148,32 +151,86 @@ static inline float ss_sum_lanes(ss_vf v)
 #define SS_EXP_P3 1.666763574e-01f
 #define SS_EXP_P4 4.189793393e-02f
 #define SS_EXP_P5 8.290312253e-03f
-#define SS_DEFINE_VECTOR_EXP(name, vf, vi)                                             \
-static inline __attribute__((always_inline)) vf name(vf x)                            \
-{                                                                                    \
-    vi below = (vi)(x < SS_EXP_FLOOR);                                               \
-    vf clamped = (vf)((below & (vi)((vf){} + SS_EXP_FLOOR)) | (~below & (vi)x));     \
-    vf t = clamped * SS_LOG2E + SS_EXP_ROUND;                                        \
-    vf nf = t - SS_EXP_ROUND;                                                        \
-    vf r = clamped - nf * SS_LN2_HI;                                                 \
-    r = r - nf * SS_LN2_LO;                                                          \
-    vf p = ((((SS_EXP_P5 * r + SS_EXP_P4) * r + SS_EXP_P3) * r + SS_EXP_P2) * r      \
-            + SS_EXP_P1) * r + 1.0f;                                                 \
-    vi bits = (vi)p + (((vi)t - SS_EXP_ROUND_BITS) << 23);                           \
-    return (vf)(bits & ~below);                                                      \
+
+#if defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* a * b + c, rounded once where the target has FMA, whatever the caller's
+ * fp-contract (without FMA nothing fuses it, contraction on or off). */
+static inline __attribute__((always_inline)) ss_vf ss_fma_v(ss_vf a, ss_vf b, ss_vf c)
+{
+#if defined(__FMA__)
+    return (ss_vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
 }
-SS_DEFINE_VECTOR_EXP(ss_exp_nonpositive_v, ss_vf, ss_vi)
+
+static inline __attribute__((always_inline)) ss_vf ss_exp_nonpositive_v(ss_vf x)
+{
+    const ss_vf zero = {};
+    ss_vi below = (ss_vi)(x < SS_EXP_FLOOR);
+    ss_vf clamped = ss_select(below, zero + SS_EXP_FLOOR, x);
+    ss_vf t = ss_fma_v(clamped, zero + SS_LOG2E, zero + SS_EXP_ROUND);
+    ss_vf nf = t - SS_EXP_ROUND;
+    ss_vf r = ss_fma_v(-nf, zero + SS_LN2_HI, clamped);
+    r = ss_fma_v(-nf, zero + SS_LN2_LO, r);
+    ss_vf p = ss_fma_v(zero + SS_EXP_P5, r, zero + SS_EXP_P4);
+    p = ss_fma_v(p, r, zero + SS_EXP_P3);
+    p = ss_fma_v(p, r, zero + SS_EXP_P2);
+    p = ss_fma_v(p, r, zero + SS_EXP_P1);
+    p = ss_fma_v(p, r, zero + 1.0f);
+    ss_vi bits = (ss_vi)p + (((ss_vi)t - SS_EXP_ROUND_BITS) << 23);
+    return (ss_vf)(bits & ~below);
+}
 
 /* The full-row pass works on a whole block at once in the widest vectors the
  * target has: 16 lanes (4 per block) are one AVX-512 register each, two AVX2
  * registers or four SSE2 ones elsewhere; GCC splits them itself. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #define SS_WIDE_LANES 16
 typedef float ss_vw __attribute__((vector_size(4 * SS_WIDE_LANES)));
 typedef int32_t ss_vwi __attribute__((vector_size(4 * SS_WIDE_LANES)));
-SS_DEFINE_VECTOR_EXP(ss_exp_nonpositive_w, ss_vw, ss_vwi)
+
+#if defined(__AVX512F__)
+/* ss_exp_nonpositive_v's arithmetic on 16 lanes: vmaxps clamps in one
+ * instruction (a NaN lane stays NaN: vmaxps returns its second operand, x,
+ * when one is NaN) and vscalefps applies 2^n in one, the same float as the
+ * exponent add wherever x >= -87. zero_below: 0 below -87 and for -inf
+ * through the scaling's zero-masking (one compare more); otherwise such a
+ * lane is e^-87 (the block-mass terms, ss_exp_mass_w). */
+static inline __attribute__((always_inline)) ss_vw ss_exp_scaled_w(ss_vw x, int zero_below)
+{
+    const __m512 floor = _mm512_set1_ps(SS_EXP_FLOOR);
+    __m512 clamped = _mm512_max_ps(floor, (__m512)x);
+    __m512 t = _mm512_fmadd_ps(clamped, _mm512_set1_ps(SS_LOG2E), _mm512_set1_ps(SS_EXP_ROUND));
+    __m512 nf = _mm512_sub_ps(t, _mm512_set1_ps(SS_EXP_ROUND));
+    __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(SS_LN2_HI), clamped);
+    r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(SS_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(SS_EXP_P5), r, _mm512_set1_ps(SS_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SS_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SS_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SS_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    if (zero_below)
+        return (ss_vw)_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask((__m512)x, floor, _CMP_GE_OQ),
+                                             p, nf);
+    return (ss_vw)_mm512_scalef_ps(p, nf);
+}
+
+static inline __attribute__((always_inline)) ss_vw ss_exp_nonpositive_w(ss_vw x)
+{
+    return ss_exp_scaled_w(x, 1);
+}
+#else
+/* Two 8-lane exps: the same floats as ss_exp_nonpositive_v lane for lane. */
+static inline __attribute__((always_inline)) ss_vw ss_exp_nonpositive_w(ss_vw x)
+{
+    ss_vf lo = ss_exp_nonpositive_v(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
+    ss_vf hi = ss_exp_nonpositive_v(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#endif
 
 static inline __attribute__((always_inline)) ss_vw ss_load_w(const float* x)
 {
@@ -227,9 +284,18 @@ typedef uint16_t ss_vhw __attribute__((vector_size(2 * SS_WIDE_LANES)));
 
 static inline __attribute__((always_inline)) ss_vw ss_load_bf16_w(const uint16_t* h)
 {
+#if defined(__AVX512F__)
+    /* One 16-lane vpmovzxwd and one shift: GCC tunes znver4 to 256-bit
+     * vectors and split the generic conversion below into halves, extracts
+     * and inserts, five instructions per 16 lanes, which made a bfloat16
+     * row's exp pass slower than a float32 row's. */
+    return (ss_vw)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)h)),
+                                    16);
+#else
     ss_vhw v;
     __builtin_memcpy(&v, h, sizeof v);
     return (ss_vw)(__builtin_convertvector(v, ss_vwi) << 16);
+#endif
 }
 
 typedef uint16_t ss_vh __attribute__((vector_size(2 * SS_LANES)));
@@ -267,23 +333,15 @@ static inline __attribute__((always_inline)) float ss_block4_max(ss_vw v0, ss_vw
 
 /* The exp of a block-mass term, x <= 0: ss_exp_nonpositive_w's values
  * wherever x >= -87. Below, a term may be up to e^-87 instead of 0, which
- * vanishes in a block sum that holds the block max's exact 1. With AVX-512,
- * vmaxps clamps in one instruction and vscalefps applies 2^n in one (it
- * handles the exponent range itself), 11 instructions in all, and a NaN
- * lane stays NaN through all of them (vmaxps returns its second operand,
- * x, when one is NaN), so a block's mass is NaN when the block holds one:
- * SS_MASS_FLAGS_NAN. */
+ * vanishes in a block sum that holds the block max's exact 1. With AVX-512
+ * that spares the zero-masking's compare, 11 instructions in all, and a NaN
+ * lane stays NaN through all of them, so a block's mass is NaN when the
+ * block holds one: SS_MASS_FLAGS_NAN. */
 #if defined(__AVX512F__)
 #define SS_MASS_FLAGS_NAN 1
 static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
 {
-    ss_vw clamped = (ss_vw)_mm512_max_ps(_mm512_set1_ps(SS_EXP_FLOOR), (__m512)x);
-    ss_vw nf = (clamped * SS_LOG2E + SS_EXP_ROUND) - SS_EXP_ROUND;
-    ss_vw r = clamped - nf * SS_LN2_HI;
-    r = r - nf * SS_LN2_LO;
-    ss_vw p = ((((SS_EXP_P5 * r + SS_EXP_P4) * r + SS_EXP_P3) * r + SS_EXP_P2) * r
-               + SS_EXP_P1) * r + 1.0f;
-    return (ss_vw)_mm512_scalef_ps((__m512)p, (__m512)nf);
+    return ss_exp_scaled_w(x, 0);
 }
 #else
 #define SS_MASS_FLAGS_NAN 0
@@ -304,12 +362,11 @@ static inline __attribute__((always_inline)) ss_vw ss_exp_mass_w(ss_vw x)
  * and M >= terms_floor, the SS_BLOCK terms exp(z_j - M) are stored there too
  * (untouched otherwise, and when m is not finite), for a later pass that sums
  * some of them without an exp; the floor spares the stores of blocks that
- * pass will not read. */
-static inline __attribute__((always_inline)) float ss_block4_max_mass(
-    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count,
+ * pass will not read. ss_block4_mass_at is the same given the block's max m. */
+static inline __attribute__((always_inline)) float ss_block4_mass_at(
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float m, float scale, float* mass, int* nan_count,
     float* terms, float terms_floor)
 {
-    float m = ss_hmax_w(ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3)));
     if (!(m > -__builtin_inff() && m < __builtin_inff())) {
         *nan_count += ss_block_has_nan(v0, v1, v2, v3);
         *mass = 0.0f;
@@ -334,6 +391,36 @@ static inline __attribute__((always_inline)) float ss_block4_max_mass(
     return m;
 }
 
+static inline __attribute__((always_inline)) ss_vw ss_max4_w(ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3)
+{
+    return ss_max_w(ss_max_w(v0, v1), ss_max_w(v2, v3));
+}
+
+static inline __attribute__((always_inline)) float ss_block4_max_mass(
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, float scale, float* mass, int* nan_count,
+    float* terms, float terms_floor)
+{
+    return ss_block4_mass_at(v0, v1, v2, v3, ss_hmax_w(ss_max4_w(v0, v1, v2, v3)), scale, mass,
+                             nan_count, terms, terms_floor);
+}
+
+/* ss_block4_max_mass of two consecutive blocks (v, w), both maxima first: a
+ * block's exps wait on its max (a reduction tree, then the horizontal max),
+ * so one block at a time leaves the exp units idle through that chain; with
+ * the second block's max computed beside the first block's exps they are
+ * not. Each block's max, mass and terms are the floats ss_block4_max_mass
+ * gives it (terms + SS_BLOCK: the second block's). */
+static inline __attribute__((always_inline)) void ss_block4_pair_max_mass(
+    ss_vw v0, ss_vw v1, ss_vw v2, ss_vw v3, ss_vw w0, ss_vw w1, ss_vw w2, ss_vw w3, float scale,
+    float* max, float* mass, int* nan_count, float* terms, float terms_floor)
+{
+    max[0] = ss_hmax_w(ss_max4_w(v0, v1, v2, v3));
+    max[1] = ss_hmax_w(ss_max4_w(w0, w1, w2, w3));
+    ss_block4_mass_at(v0, v1, v2, v3, max[0], scale, &mass[0], nan_count, terms, terms_floor);
+    ss_block4_mass_at(w0, w1, w2, w3, max[1], scale, &mass[1], nan_count,
+                      terms ? terms + SS_BLOCK : terms, terms_floor);
+}
+
 #if defined(__AVX512F__)
 static inline float ss_block_max_nan(const float* x, int* nan_count)
 {
@@ -354,6 +441,26 @@ static inline float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
                          ss_load_bf16_w(h + 48), nan_count);
 }
 
+/* Blocks x and x + SS_BLOCK as ss_block_max_mass(_bf16) gives them, each
+ * block's max into max[k] and mass into mass[k] (ss_block4_pair_max_mass). */
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
+                                          int* nan_count, float* terms, float terms_floor)
+{
+    ss_block4_pair_max_mass(ss_load_w(x), ss_load_w(x + 16), ss_load_w(x + 32), ss_load_w(x + 48),
+                            ss_load_w(x + 64), ss_load_w(x + 80), ss_load_w(x + 96),
+                            ss_load_w(x + 112), scale, max, mass, nan_count, terms, terms_floor);
+}
+
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
+                                               float* mass, int* nan_count, float* terms,
+                                               float terms_floor)
+{
+    ss_block4_pair_max_mass(ss_load_bf16_w(h), ss_load_bf16_w(h + 16), ss_load_bf16_w(h + 32),
+                            ss_load_bf16_w(h + 48), ss_load_bf16_w(h + 64), ss_load_bf16_w(h + 80),
+                            ss_load_bf16_w(h + 96), ss_load_bf16_w(h + 112), scale, max, mass,
+                            nan_count, terms, terms_floor);
+}
+
 static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass,
                                            int* nan_count, float* terms, float terms_floor)
 {
@@ -364,11 +471,12 @@ static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float
 /* Without AVX-512 the block is eight 8-lane vectors. GCC (12) lowers a
  * compare of 16-lane vectors that no register holds lane by lane, with a
  * branch each: on AVX2 (Zen 3) the 16-lane pass above made a row 3-7x
- * slower (docs/results/kernels-2026-11-26-avx2.md). The arithmetic is the 16-lane pass's, in its order: a 16-lane
- * vector k (floats 16k .. 16k+15) is the pair (w[2k], w[2k+1]), so each
- * lane's mass terms are added as there and the horizontal sum starts with
- * the same halves (low + high), and the mass is the same float bit for bit
- * on a given target; the max is order-free. */
+ * slower (docs/results/kernels-2026-11-26-avx2.md). The arithmetic is the
+ * 16-lane pass's, in its order: a 16-lane vector k (floats 16k ..
+ * 16k+15) is the pair (w[2k], w[2k+1]), so each lane's mass terms are added
+ * as there and the horizontal sum starts with the same halves (low + high),
+ * and the mass is the same float bit for bit on a given target; the max is
+ * order-free. */
 static inline __attribute__((always_inline)) float ss_block8_max(const ss_vf* w, int* nan_count)
 {
     ss_vi nan = (ss_vi)(w[0] != w[0]);
@@ -431,6 +539,25 @@ static inline float ss_block_max_mass_bf16(const uint16_t* h, float scale, float
 {
     SS_LOAD_BLOCK8(w, ss_load_bf16_v, h);
     return ss_block8_max_mass(w, scale, mass, nan_count, terms, terms_floor);
+}
+
+/* The AVX-512 pair's contract, one block after the other: eight 8-lane
+ * vectors a block already keep the exp units busy through a block's max. */
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
+                                          int* nan_count, float* terms, float terms_floor)
+{
+    for (int k = 0; k < 2; k++)
+        max[k] = ss_block_max_mass(x + k * SS_BLOCK, scale, &mass[k], nan_count,
+                                   terms ? terms + k * SS_BLOCK : terms, terms_floor);
+}
+
+static inline __attribute__((always_inline)) void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max,
+                                               float* mass, int* nan_count, float* terms,
+                                               float terms_floor)
+{
+    for (int k = 0; k < 2; k++)
+        max[k] = ss_block_max_mass_bf16(h + k * SS_BLOCK, scale, &mass[k], nan_count,
+                                        terms ? terms + k * SS_BLOCK : terms, terms_floor);
 }
 #endif
 

@@ -10,6 +10,10 @@ cdef extern from "scalar_math.h" nogil:
     float ss_block_max_nan_bf16(const uint16_t* h, int* nan_count)
     float ss_block_max_mass_bf16(const uint16_t* h, float scale, float* mass, int* nan_count,
                                  float* terms, float terms_floor)
+    void ss_block_pair_max_mass(const float* x, float scale, float* max, float* mass,
+                                int* nan_count, float* terms, float terms_floor)
+    void ss_block_pair_max_mass_bf16(const uint16_t* h, float scale, float* max, float* mass,
+                                     int* nan_count, float* terms, float terms_floor)
     void ss_exp_array_v(const float* x, float* out, long n)
     void ss_exp_array_w(const float* x, float* out, float* mass_out, long n)
     void ss_exp_shifted(const float* z, float shift, float* out, long n)

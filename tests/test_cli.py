@@ -27,17 +27,23 @@ def test_bench_kernels_json(capsys):
         assert r["batch"] == 4
         us = r["us_per_row"]
         assert set(us) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
-                           "simple_logprobs", "torch_sort", "floor"}
+                           "simple_logprobs", "torch_sort", "floor", "exp_floor"}
         assert all(value > 0 for value in us.values())
         assert r["ratios"]["simple_over_floor"] == pytest.approx(us["simple"] / us["floor"], rel=0.02)
         assert r["ratios"]["simple_logprobs_over_floor"] == pytest.approx(
             us["simple_logprobs"] / us["floor"], rel=0.02)
+        assert r["ratios"]["simple_top_p_over_exp_floor"] == pytest.approx(
+            us["simple_top_p"] / us["exp_floor"], rel=0.02)
         assert "vllm" not in r
         assert r["temperatures"] == {"simple": 0.8, "simple_top_p": 1.0, "simple_min_p": 1.0}
     worst = report["worst_over_floor"]
     assert set(worst) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
                           "simple_logprobs"}
     assert worst["simple"]["ratio"] == max(r["ratios"]["simple_over_floor"] for r in results)
+    over_exp = report["worst_over_exp_floor"]
+    assert set(over_exp) == set(worst)
+    assert over_exp["simple_min_p"]["ratio"] == max(r["ratios"]["simple_min_p_over_exp_floor"]
+                                                    for r in results)
 
 
 @pytest.mark.slow
@@ -54,7 +60,26 @@ def test_bench_kernels_takes_several_temperatures_and_row_kinds(capsys):
     table = capsys.readouterr().out
     assert "T: the temperature of every sampled config." in table
     assert table.splitlines()[2].split()[2] == "2"
-    assert "worst ratio to the floor per config over this run:" in table
+    assert "worst ratio to the floor per config over this run (and to the exp floor):" in table
+    assert re.search(r"^  simple_top_p .*x the exp floor", table, re.M)
+
+
+@pytest.mark.slow
+def test_bench_kernels_leaves_the_exp_floor_out_for_kernels_without_it(capsys, monkeypatch):
+    """Kernels built before row_mass (scripts/kernels_ab.sh's "before" side):
+    the run goes on without the exp floor and its ratios."""
+    from simple_sampler import _sampling
+
+    monkeypatch.delattr(_sampling, "row_mass")
+    assert main(["bench", "kernels", "--json", "--vocab", "4096", "--batch", "4", "--dtype",
+                 "float32", "--repeats", "2", "--no-peer"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (r,) = report["results"]
+    assert "exp_floor" not in r["us_per_row"] and "simple_over_exp_floor" not in r["ratios"]
+    assert report["worst_over_exp_floor"] == {} and report["worst_over_floor"]
+    assert main(["bench", "kernels", "--vocab", "4096", "--batch", "4", "--dtype", "float32",
+                 "--repeats", "2", "--no-peer"]) == 0
+    assert "the exp floor  (" not in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -80,6 +80,29 @@ def test_the_vector_exps_agree_with_each_other_and_the_scalar_one():
     np.testing.assert_allclose(paths["vector"], paths["scalar"], rtol=5e-7, atol=0)
 
 
+def test_the_bench_row_mass_is_the_float64_mass():
+    """_sampling.row_mass, the exp floor of `bench kernels`: every row's
+    softmax mass in float32 and bfloat16, a partial last block and -inf
+    included, within float rounding of float64's."""
+    import ml_dtypes
+
+    from simple_sampler.sampling import kernel_rows
+
+    rng = np.random.default_rng(5)
+    rows = (3.0 * rng.standard_normal((4, 64 * 40 + 17))).astype(np.float32)
+    rows[1, rng.integers(0, rows.shape[1], 300)] = -np.inf
+    rows[2] -= 150.0
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        stored = rows.astype(dtype)
+        masses = np.full(len(rows), np.nan)
+        _sampling.row_mass(*kernel_rows(stored), masses)
+        exact = stored.astype(np.float64)
+        exact = np.exp(exact - exact.max(axis=1, keepdims=True)).sum(axis=1)
+        np.testing.assert_allclose(masses, exact, rtol=1e-6)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        _sampling.row_mass(*kernel_rows(rows.astype(np.float16)), masses)
+
+
 GENERIC_CHECK = textwrap.dedent("""
     import sys
     sys.path[:0] = [sys.argv[1], sys.argv[2]]

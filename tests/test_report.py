@@ -69,10 +69,14 @@ def test_figures_and_ratios_come_from_the_inputs(report):
     ratio = perf[("simple", 8)]["tokens_per_s"] / perf[("inline", 8)]["tokens_per_s"]
     simple, inline = perf[("simple", 8)]["tokens_per_s"], perf[("inline", 8)]["tokens_per_s"]
     assert f"| 8 | {simple:.1f} | {inline:.1f} | {ratio:.2f}x |" in text
-    # kernels: simple against the floor and torch_sort against simple, per vocab and dtype.
+    # kernels: simple against the floor, top_p and logprobs against the exp floor and
+    # torch_sort against simple, per vocab and dtype.
     for row in fixture("kernels.json")["results"]:
         us = row["us_per_row"]
-        assert (f"| {us['simple'] / us['floor']:.2f}x | {us['simple_top_p'] / us['floor']:.2f}x "
+        assert (f"| {us['floor']:,.1f} | {us['exp_floor']:,.1f} "
+                f"| {us['simple'] / us['floor']:.2f}x | {us['simple_top_p'] / us['floor']:.2f}x "
+                f"| {us['simple_top_p'] / us['exp_floor']:.2f}x "
+                f"| {us['simple_logprobs'] / us['exp_floor']:.2f}x "
                 f"| {us['torch_sort'] / us['simple']:.1f}x | {row['rows']} |") in text
     # shvs: full / shvs per row kind and config.
     for row in fixture("shvs.json")["results"]:
@@ -150,6 +154,20 @@ def test_only_the_plots_with_inputs_are_made(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["01-kernels-float32.png",
                                                                "02-kernels-bfloat16.png"]
     assert "## SHVS" not in markdown.read_text()
+
+
+def test_kernels_runs_without_the_exp_floor_show_it_as_missing(tmp_path):
+    """A run whose kernels predate the exp floor (scripts/kernels_ab.sh's
+    "before" side) renders, its exp-floor cells n/a."""
+    kernels = fixture("kernels.json")
+    for row in kernels["results"]:
+        del row["us_per_row"]["exp_floor"]
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps(kernels))
+    rows = [line for line in build([path], tmp_path / "out").read_text().splitlines()
+            if line.startswith(("| 49152 |", "| 4096 |"))]
+    assert len(rows) == len(kernels["results"])
+    assert all(row.split(" | ").count("n/a") == 3 for row in rows)
 
 
 def test_unknown_json_names_the_file(tmp_path):

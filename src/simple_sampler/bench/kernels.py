@@ -17,13 +17,20 @@ For each vocabulary and dtype, on the same B rows in one run:
                   rows: the max of their int16 bit patterns, the same bytes read,
                   since numpy has no bfloat16 max); the fastest of its rounds,
                   where the kernels report their median (see _time_configs)
+  exp_floor       the kernels' own row mass (_sampling.row_mass): one read of each
+                  row, the row pass's vector exp of every logit and its sum, and
+                  nothing else; its fastest round. What a config that needs the row's
+                  mass cannot go below: its ratio to it is the share of passes above
+                  the exp, its ratio to `floor` includes the exp itself. Left out
+                  (with its ratios) for kernels built before it, as the "before" side
+                  of scripts/kernels_ab.sh may be
 `threads` threads (kernel num_threads, torch.set_num_threads, the peer's too);
 the floor is numpy's, single-threaded whatever `threads` is.
 Rows (`rows`, several kinds in one run): by default real SmolLM2 logits at
 V=49,152 and synthetic rows fitted to them otherwise; or one of ROW_KINDS.
 Temperatures (`temperatures`, several in one run) replace the sampled
-configs' own. The worst ratio to the floor of each config over every cell of
-the run is reported last (`worst_over_floor`).
+configs' own. The worst ratio to each floor of each config over every cell of
+the run is reported last (`worst_over_floor`, `worst_over_exp_floor`).
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ import numpy as np
 
 from ..params import History, SamplingBatch, SamplingParams
 from ..rows import ROWS_SOURCE, rows_for
-from ..sampling import sample
+from ..sampling import kernel_rows, sample
 
 VOCABS = (49_152, 128_256, 151_936)
 ALL_FEATURES = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05,
@@ -49,8 +56,10 @@ ALL_FEATURES = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05,
 TOP_P_ONLY = SamplingParams(top_p=0.9)
 MIN_P_ONLY = SamplingParams(min_p=0.05)
 GREEDY = SamplingParams(temperature=0.0)
-#: the kernels' configs, each reported against the floor
+#: the kernels' configs, each reported against both floors
 KERNEL_CONFIGS = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs")
+#: the reference columns: a read of every row, and a read with an exp per logit
+FLOORS = ("floor", "exp_floor")
 #: flat: an untrained (random-weight) model's row, N(0, 0.02): every nucleus is broad.
 #: heavy: a power-law head over a Gaussian bulk, -1.1 ln(rank) + 0.3 N(0, 1).
 #: fitted: synthetic rows fitted to SmolLM2's at every V. real: SmolLM2's own (V = 49,152 only).
@@ -216,7 +225,8 @@ def _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats, hist
             us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
                                                  batches["simple_top_p"], baseline_repeats,
                                                  threads, clock)["us_per_row"]
-        ratios = {f"{name}_over_floor": round(us[name] / us["floor"], 2) for name in KERNEL_CONFIGS}
+        ratios = {f"{name}_over_{floor}": round(us[name] / us[floor], 2)
+                  for floor in FLOORS if floor in us for name in KERNEL_CONFIGS}
         ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
         if peer:
             ratios["vllm_cpu_over_simple"] = round(us["vllm_cpu"] / us["simple"], 1)
@@ -243,10 +253,17 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
     median left the bfloat16 floor 12-30 us between cells of one shape), and
     its fastest round is still a full read of every row, in the same cache
     state as the kernels' calls (each round's floor follows a kernel's read of
-    the same rows)."""
+    the same rows). The exp floor likewise."""
     import torch
 
+    from .. import _sampling
     from ..baselines import torch_sort_sample
+
+    floors = {"floor": lambda: floor_rows.max(axis=1)}
+    if hasattr(_sampling, "row_mass"):
+        rows_bytes, dtype_code = kernel_rows(rows)
+        masses = np.empty(len(rows), np.float64)
+        floors["exp_floor"] = lambda: _sampling.row_mass(rows_bytes, dtype_code, masses)
 
     def kernel(params, logprobs=False):
         return lambda: sample(rows, params, return_logprobs=logprobs, num_threads=threads)
@@ -254,8 +271,8 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
     us = time_interleaved({
         **{name: kernel(params) for name, params in batches.items()},
         "simple_logprobs": kernel(batches["simple"], logprobs=True),
-        "floor": lambda: floor_rows.max(axis=1),
-    }, batch, repeats, clock, fastest=("floor",))
+        **floors,
+    }, batch, repeats, clock, fastest=FLOORS)
     torch_rows = (torch.from_numpy(rows) if dtype == "float32"
                   else torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16))
     generator = torch.Generator().manual_seed(0)
@@ -265,30 +282,39 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
     return us
 
 
-def worst_over_floor(results: list[dict]) -> dict[str, dict]:
-    """Per kernel config, its largest ratio to the floor over the run's cells,
-    with the cell (vocab, dtype, rows, temperature) where it happened."""
+def worst_over(results: list[dict], floor: str = "floor") -> dict[str, dict]:
+    """Per kernel config, its largest ratio to `floor` (one of FLOORS) over the
+    run's cells that have that floor, with the cell (vocab, dtype, rows,
+    temperature) where it happened; empty when none has it."""
     worst = {}
-    for name in KERNEL_CONFIGS:
-        cell = max(results, key=lambda r: r["ratios"][f"{name}_over_floor"])
-        worst[name] = {"ratio": cell["ratios"][f"{name}_over_floor"], "vocab": cell["vocab"],
+    measured = [r for r in results if floor in r["us_per_row"]]
+    for name in KERNEL_CONFIGS if measured else ():
+        cell = max(measured, key=lambda r: r["ratios"][f"{name}_over_{floor}"])
+        worst[name] = {"ratio": cell["ratios"][f"{name}_over_{floor}"], "vocab": cell["vocab"],
                        "dtype": cell["dtype"], "rows": cell["rows"],
                        "temperature": cell["temperatures"].get(name, 0.0 if "greedy" in name
                                                                else cell["temperatures"]["simple"])}
     return worst
 
 
+#: the table's ratio columns: (heading, config) against each floor
+RATIO_COLUMNS = (("simple", "simple"), ("top_p", "simple_top_p"), ("min_p", "simple_min_p"),
+                 ("lp", "simple_logprobs"))
+
+
 def format_table(results: list[dict]) -> str:
     columns = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs",
-               "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor")
+               "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor", "exp_floor")
     if not results:
         return ""
+    ratio_headings = [f"{label}/{'floor' if floor == 'floor' else 'exp'}"
+                      for floor in FLOORS for label, _ in RATIO_COLUMNS]
     lines = [f"us per row ({results[0].get('clock', 'wall')} clock), {results[0]['threads']}"
              f" thread(s), B={results[0]['batch']}"
              + (f", vLLM {results[0]['vllm']['version']}" if "vllm" in results[0] else ""),
              f"{'vocab':>7} {'dtype':>8} {'T':>4} " + " ".join(f"{c:>15}" for c in columns)
-             + f" {'simple/floor':>12} {'top_p/floor':>11} {'min_p/floor':>11} {'lp/floor':>8}"
-             f" {'torch/simple':>12} {'vllm/simple':>11} {'vllm_p/top_p':>12}  rows"]
+             + "".join(f" {h:>12}" for h in ratio_headings)
+             + f" {'torch/simple':>12} {'vllm/simple':>11} {'vllm_p/top_p':>12}  rows"]
 
     def cell(value, width, digits):
         return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
@@ -298,18 +324,22 @@ def format_table(results: list[dict]) -> str:
         ratios = r["ratios"]
         lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['temperatures']['simple_top_p']:>4g} "
                      + " ".join(cell(us.get(c), 15, 1) for c in columns)
-                     + f" {ratios['simple_over_floor']:>12.2f}"
-                     f" {ratios['simple_top_p_over_floor']:>11.2f}"
-                     f" {ratios['simple_min_p_over_floor']:>11.2f}"
-                     f" {ratios['simple_logprobs_over_floor']:>8.2f}"
-                     f" {ratios['torch_sort_over_simple']:>12.1f}"
+                     + "".join(f" {cell(ratios.get(f'{name}_over_{floor}'), 12, 2)}"
+                               for floor in FLOORS for _, name in RATIO_COLUMNS)
+                     + f" {ratios['torch_sort_over_simple']:>12.1f}"
                      f" {cell(ratios.get('vllm_cpu_over_simple'), 11, 1)}"
                      f" {cell(ratios.get('vllm_cpu_top_p_over_simple_top_p'), 12, 1)}  {r['rows']}")
     lines += ["", "T: the sampled configs' temperature (simple's own is 0.8 where T is 1)."
               if all(r["temperatures"]["simple"] == 0.8 for r in results) else
               "T: the temperature of every sampled config.", "",
-              "worst ratio to the floor per config over this run:"]
-    for name, worst in worst_over_floor(results).items():
+              "exp_floor: one read of each row with the kernels' exp of every logit and its sum.",
+              "", "worst ratio to the floor per config over this run (and to the exp floor):"]
+    over_exp = worst_over(results, "exp_floor")
+    for name, worst in worst_over(results).items():
         lines.append(f"  {name:<16} {worst['ratio']:>6.2f}x  (V={worst['vocab']:,} {worst['dtype']},"
-                     f" T={worst['temperature']:g}, {worst['rows']})")
+                     f" T={worst['temperature']:g}, {worst['rows']})"
+                     + (f"   {over_exp[name]['ratio']:>6.2f}x the exp floor"
+                        f"  (V={over_exp[name]['vocab']:,} {over_exp[name]['dtype']},"
+                        f" T={over_exp[name]['temperature']:g}, {over_exp[name]['rows']})"
+                        if name in over_exp else ""))
     return "\n".join(lines)

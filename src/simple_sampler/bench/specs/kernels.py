@@ -1,4 +1,4 @@
-"""`bench kernels`: kernel us/row against torch sort and a numpy floor."""
+"""`bench kernels`: kernel us/row against torch sort, a numpy floor and the exp floor."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from ..spec import BenchSpec, given
 #: --quick: fewer repeats of the kernels and of the baselines.
 QUICK = {"repeats": 5, "baseline_repeats": 1}
 KERNEL_COLUMNS = ("simple", "simple_top_p", "simple_greedy", "simple_logprobs", "torch_sort",
-                  "floor")
+                  "floor", "exp_floor")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +42,8 @@ def measure(args: argparse.Namespace) -> dict:
         peer_python=peer, **(QUICK if args.quick else given(args, repeats="repeats")),
         **given(args, vocabs="vocab", batch="batch", dtypes="dtype", threads="threads",
                 clock="clock", temperatures="temperature", rows="rows"))
-    return {"results": results, "worst_over_floor": kernels.worst_over_floor(results)}
+    return {"results": results, "worst_over_floor": kernels.worst_over(results),
+            "worst_over_exp_floor": kernels.worst_over(results, "exp_floor")}
 
 
 def terminal_table(report: dict) -> str:
@@ -53,27 +54,34 @@ def terminal_table(report: dict) -> str:
 
 def section(source: Source, writer: FigureWriter) -> list[str]:
     """`bench kernels`: the us/row table with ratios and, per dtype, us/row against
-    vocabulary (log y) with torch_sort and the floor. Returns Markdown lines;
-    `writer` saves the figures."""
+    vocabulary (log y) with torch_sort and both floors. Returns Markdown lines;
+    `writer` saves the figures. A run without the exp floor (kernels built
+    before it) shows n/a there."""
     results = source.data["results"]
-    lines = [f"us per row, single thread, B={results[0]['batch']}; ratios from these columns.",
-             ""]
+    lines = [f"us per row, single thread, B={results[0]['batch']}; ratios from these columns."
+             " exp_floor: one read of each row with the kernels' exp of every logit and its"
+             " sum, what a config that needs the row's mass cannot go below.", ""]
     rows = []
     for r in results:
         us = r["us_per_row"]
-        rows.append([r["vocab"], r["dtype"], *(number(us[c]) for c in KERNEL_COLUMNS),
+        exp_floor = us.get("exp_floor")
+        rows.append([r["vocab"], r["dtype"], *(number(us.get(c)) for c in KERNEL_COLUMNS),
                      number(us["simple"] / us["floor"], 2, "x"),
                      number(us["simple_top_p"] / us["floor"], 2, "x"),
+                     number(us["simple_top_p"] / exp_floor if exp_floor else None, 2, "x"),
+                     number(us["simple_logprobs"] / exp_floor if exp_floor else None, 2, "x"),
                      number(us["torch_sort"] / us["simple"], 1, "x"), r["rows"]])
     lines += table(["vocab", "dtype", *KERNEL_COLUMNS, "simple/floor", "top_p/floor",
-                    "torch_sort/simple", "rows"], rows)
+                    "top_p/exp_floor", "logprobs/exp_floor", "torch_sort/simple", "rows"], rows)
     for dtype in dict.fromkeys(r["dtype"] for r in results):
         chosen = sorted((r for r in results if r["dtype"] == dtype), key=lambda r: r["vocab"])
         figure, axes = writer.new()
         vocabs = [r["vocab"] for r in chosen]
         for column in KERNEL_COLUMNS:
-            # The baseline and the floor dashed, so the kernels stand out between them.
-            style = {"torch_sort": "s--", "floor": "k^--"}.get(column, "o-")
+            if any(column not in r["us_per_row"] for r in chosen):
+                continue
+            # The baseline and the floors dashed, so the kernels stand out between them.
+            style = {"torch_sort": "s--", "floor": "k^--", "exp_floor": "kv--"}.get(column, "o-")
             axes.plot(vocabs, [r["us_per_row"][column] for r in chosen], style, label=column)
         axes.set_yscale("log")
         axes.set_xticks(vocabs, [f"{v:,}" for v in vocabs])
@@ -87,6 +95,6 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
 
 
 SPEC = BenchSpec(
-    name="kernels", help="kernel us/row against torch sort and a numpy floor",
+    name="kernels", help="kernel us/row against torch sort, a numpy floor and the exp floor",
     heading="Kernels: microseconds per row", arguments=arguments, measure=measure,
     table=terminal_table, section=section, quick="fewer repeats (under a minute)")
