@@ -66,24 +66,25 @@ def test_models_lists_the_served_model(client, frontend):
 
 def test_chat_and_completion_answer_streamed_and_not(client, frontend):
     model = frontend.served.model_id
-    answer = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,
-                                            max_tokens=24)
+    chat = dict(model=model, messages=QUESTION, temperature=0, max_tokens=24)
+    completing = dict(model=model, prompt="The capital of France is", temperature=0, max_tokens=8)
+    # at once: greedy on llm_server's batch-invariant logits, whatever the company
+    with ThreadPoolExecutor(4) as pool:
+        answer, streamed, completion, pieces = [request.result() for request in (
+            pool.submit(lambda: client.chat.completions.create(**chat)),
+            pool.submit(lambda: list(client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, **chat))),
+            pool.submit(lambda: client.completions.create(**completing)),
+            pool.submit(lambda: list(client.completions.create(stream=True, **completing))))]
     assert "Paris" in answer.choices[0].message.content
     assert answer.choices[0].finish_reason in ("stop", "length")
     prompt_tokens = len(frontend.served.codec.encode("What is the capital of France?", chat=True))
     assert answer.usage.prompt_tokens == prompt_tokens
-    streamed = list(client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=0, max_tokens=24, stream=True,
-        stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == answer.choices[0].message.content
     assert streamed[-1].usage.completion_tokens == answer.usage.completion_tokens
-    completion = client.completions.create(model=model, prompt="The capital of France is",
-                                           temperature=0, max_tokens=8)
     assert "Paris" in completion.choices[0].text
     assert completion.usage.completion_tokens == 8 or completion.choices[0].finish_reason == "stop"
-    pieces = client.completions.create(model=model, prompt="The capital of France is",
-                                       temperature=0, max_tokens=8, stream=True)
     assert "".join(p.choices[0].text for p in pieces) == completion.choices[0].text
 
 
