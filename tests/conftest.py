@@ -216,7 +216,7 @@ SAMPLED_SEEDS, SAMPLED_TOKENS = range(16), 64
 def sampled_tokens(llm_server) -> dict[int, list[int]]:
     """{seed: tokens}: SAMPLED_SEEDS' streams of fakes.PROMPT (fakes.SAMPLED,
     SAMPLED_TOKENS tokens) from llm_server, 16 at once. (seed, step) decide
-    each draw on batch-invariant logits, so a server of the same settings
+    each draw on batch-invariant logits, so a server of the same engine settings
     gives them at any concurrency, and a run with a smaller max_tokens gives
     a prefix of them: the reference of the tests that fault or spread such a
     server, made once for all of them."""

@@ -3,6 +3,7 @@ sync and asyncio, gRPC and HTTP, streamed and not; server errors surface
 with the server's message."""
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -31,9 +32,13 @@ def greedy_answer(llm_server):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_sync_client_streamed_and_not(llm_server, greedy_answer, protocol):
-    client = GenerateClient(url(llm_server, protocol), protocol)
-    whole = client.generate(QUESTION, **GREEDY)
-    chunks = list(client.stream(QUESTION, **GREEDY))
+    def client():
+        return GenerateClient(url(llm_server, protocol), protocol)
+
+    with ThreadPoolExecutor(2) as pool:  # at once: greedy on batch-invariant logits either way
+        whole = pool.submit(lambda: client().generate(QUESTION, **GREEDY))
+        chunks = pool.submit(lambda: list(client().stream(QUESTION, **GREEDY)))
+        whole, chunks = whole.result(), chunks.result()
     assert whole.text == "".join(c.text for c in chunks) == greedy_answer.text
     assert whole.token_ids == [t for c in chunks for t in c.token_ids]
     assert [bool(c.finish_reason) for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -44,9 +49,10 @@ def test_sync_client_streamed_and_not(llm_server, greedy_answer, protocol):
 def test_async_client_streamed_and_not(llm_server, greedy_answer, protocol):
     async def run():
         async with AsyncGenerateClient(url(llm_server, protocol), protocol) as client:
-            whole = await client.generate(QUESTION, **GREEDY)
-            chunks = [chunk async for chunk in client.stream(QUESTION, **GREEDY)]
-            return whole, chunks
+            async def streamed():
+                return [chunk async for chunk in client.stream(QUESTION, **GREEDY)]
+
+            return await asyncio.gather(client.generate(QUESTION, **GREEDY), streamed())
 
     whole, chunks = asyncio.run(run())
     assert whole.text == "".join(c.text for c in chunks) == greedy_answer.text

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -65,37 +66,46 @@ def test_models_lists_the_served_model(client, frontend):
 
 def test_chat_and_completion_answer_streamed_and_not(client, frontend):
     model = frontend.served.model_id
-    answer = client.chat.completions.create(model=model, messages=QUESTION, temperature=0,
-                                            max_tokens=24)
+    chat = dict(model=model, messages=QUESTION, temperature=0, max_tokens=24)
+    completing = dict(model=model, prompt="The capital of France is", temperature=0, max_tokens=8)
+    # at once: greedy on llm_server's batch-invariant logits, whatever the company
+    with ThreadPoolExecutor(4) as pool:
+        answer, streamed, completion, pieces = [request.result() for request in (
+            pool.submit(lambda: client.chat.completions.create(**chat)),
+            pool.submit(lambda: list(client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, **chat))),
+            pool.submit(lambda: client.completions.create(**completing)),
+            pool.submit(lambda: list(client.completions.create(stream=True, **completing))))]
     assert "Paris" in answer.choices[0].message.content
     assert answer.choices[0].finish_reason in ("stop", "length")
     prompt_tokens = len(frontend.served.codec.encode("What is the capital of France?", chat=True))
     assert answer.usage.prompt_tokens == prompt_tokens
-    streamed = list(client.chat.completions.create(
-        model=model, messages=QUESTION, temperature=0, max_tokens=24, stream=True,
-        stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == answer.choices[0].message.content
     assert streamed[-1].usage.completion_tokens == answer.usage.completion_tokens
-    completion = client.completions.create(model=model, prompt="The capital of France is",
-                                           temperature=0, max_tokens=8)
     assert "Paris" in completion.choices[0].text
     assert completion.usage.completion_tokens == 8 or completion.choices[0].finish_reason == "stop"
-    pieces = client.completions.create(model=model, prompt="The capital of France is",
-                                       temperature=0, max_tokens=8, stream=True)
     assert "".join(p.choices[0].text for p in pieces) == completion.choices[0].text
 
 
 def test_a_seed_gives_the_same_text_streamed_or_not(client, frontend):
     model = frontend.served.model_id
     sampled = dict(model=model, messages=STORY, temperature=1.0, top_p=0.95, max_tokens=20)
-    first = client.chat.completions.create(seed=7, **sampled).choices[0].message.content
-    again = client.chat.completions.create(seed=7, **sampled).choices[0].message.content
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        seed=7, stream=True, **sampled))
-    other = [client.chat.completions.create(seed=s, **sampled).choices[0].message.content
-             for s in (8, 9)]
-    assert first == again == streamed
+
+    def answer(seed: int) -> str:
+        return client.chat.completions.create(seed=seed, **sampled).choices[0].message.content
+
+    def streamed(seed: int) -> str:
+        return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            seed=seed, stream=True, **sampled))
+
+    # all at once: llm_server's batch-invariant mode makes the company
+    # irrelevant to a seed's text (test_seed_invariance_server)
+    with ThreadPoolExecutor(5) as pool:
+        first, again, streamed_text, *other = [request.result() for request in (
+            pool.submit(answer, 7), pool.submit(answer, 7), pool.submit(streamed, 7),
+            pool.submit(answer, 8), pool.submit(answer, 9))]
+    assert first == again == streamed_text
     assert any(text != first for text in other)
 
 

@@ -893,6 +893,8 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
     cross the BLS call and the sampler model; greedy text equals the full
     rows' text (the shared llm_server's: the same engine settings, batch-
     invariant), and a seeded sampled text is reproducible on both."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from conftest import LLM_CONTEXT
     from simple_sampler.client import GenerateClient
     from simple_sampler.settings import LlmSettings, SamplerSettings
@@ -902,11 +904,17 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
     question = "What is the capital of France?"
 
     def greedy_text(server):
-        client = GenerateClient(server.grpc_url, "grpc")
-        params = dict(max_tokens=16, apply_chat_template=True, exclude_input_in_output=True)
-        seeded = [client.generate(question, seed=7, top_p=0.9, **params).text for _ in range(2)]
-        assert seeded[0] == seeded[1]
-        return client.generate(question, temperature=0.0, **params).text
+        def text(**sampling):
+            return GenerateClient(server.grpc_url, "grpc").generate(
+                question, max_tokens=16, apply_chat_template=True, exclude_input_in_output=True,
+                **sampling).text
+
+        # at once: batch-invariant, so the company changes no token
+        with ThreadPoolExecutor(3) as pool:
+            seeded = [pool.submit(text, seed=7, top_p=0.9) for _ in range(2)]
+            greedy = pool.submit(text, temperature=0.0)
+            assert seeded[0].result() == seeded[1].result()
+            return greedy.result()
 
     repository = assemble_repository(
         tmp_path / "repository",
