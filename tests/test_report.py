@@ -11,7 +11,7 @@ from matplotlib.image import imread  # noqa: E402
 
 from simple_sampler.bench.perf import figures_from_export  # noqa: E402
 from simple_sampler.cli import main  # noqa: E402
-from simple_sampler.bench.specs import registry  # noqa: E402
+from simple_sampler.bench import registry  # noqa: E402
 from simple_sampler.report import ReportError, build, headings  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"

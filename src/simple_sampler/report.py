@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .bench.markdown import FigureWriter, Source, number, per_mode_plot, simple_vs_inline, table
 from .bench.perf import PerfError, figures_from_export
-from .bench.specs import registry
+from .bench import registry
 
 DEFAULT_OUTPUT_DIR = Path("results/report")
 #: The kinds that are no bench: `perf --json` and raw perf_analyzer exports.

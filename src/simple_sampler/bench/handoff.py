@@ -36,7 +36,7 @@ from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, map_hot_ids, real_rows, synthet
 from ..sampling import sample
 from ..serving.hot_first import compact_rows
 from ..shvs.hot_vocab import HotVocab
-from .kernels import make_batch, time_interleaved
+from .kernels.measuring import make_batch, time_interleaved
 from .shvs import BATCH, CONFIGS, SYNTHETIC_VOCAB, resolve_profile
 
 SUMMARY_NOTE = ("summary: the data plane's torch side measured on this CPU; in deployment it "

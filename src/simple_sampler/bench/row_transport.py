@@ -216,7 +216,7 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
     from ..serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
     from ..shvs.hot_vocab import load_profile
     from ..launch.install import project_file
-    from .kernels import time_interleaved
+    from .kernels.measuring import time_interleaved
 
     engine = SimulatedEngine(SimulatedSpec(vocab, dtype, 0.0, 0.0), max_batch_size=batch)
     profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))

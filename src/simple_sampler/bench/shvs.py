@@ -27,7 +27,7 @@ from ..params import SamplingBatch
 from ..rows import map_hot_ids, real_rows, synthetic_hot_rows
 from ..sampling import sample
 from ..shvs.hot_vocab import HotProfile, HotVocab, load_profile
-from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, rows_of_kind, time_per_row
+from .kernels.measuring import ALL_FEATURES, TOP_P_ONLY, make_batch, rows_of_kind, time_per_row
 
 SYNTHETIC_VOCAB = 151_936
 BATCH = 64

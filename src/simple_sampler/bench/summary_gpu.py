@@ -51,7 +51,7 @@ from ..serving.hot_first import compact_rows, hot_first_summary
 from ..serving.summary_graph import GraphedSummary
 from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
 from ..shvs.hot_vocab import HotVocab
-from .kernels import make_batch, time_interleaved
+from .kernels.measuring import make_batch, time_interleaved
 from .shvs import CONFIGS, resolve_profile
 
 #: (V, dtype): issue 24's two shapes, and SmolLM2's real rows
