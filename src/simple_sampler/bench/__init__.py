@@ -23,7 +23,5 @@ def registry() -> dict[str, BenchSpec]:
     adding a bench touches no list: each package in bench/ is a bench and must
     have a SPEC; the plain modules are not imported."""
     specs = [importlib.import_module(f"{__name__}.{found.name}").SPEC
-             for found in pkgutil.iter_modules(__path__) if found.ispkg and found.name != "specs"]
-    from .specs import registry as not_yet_moved
-    specs += list(not_yet_moved().values())
+             for found in pkgutil.iter_modules(__path__) if found.ispkg]
     return {spec.name: spec for spec in sorted(specs, key=lambda spec: spec.name)}

@@ -19,7 +19,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import serve
+    from . import measuring as serve
 
     invariant = {} if args.batch_invariant is None else {
         "batch_invariant": [value == "on" for value in args.batch_invariant]}
@@ -28,7 +28,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

@@ -19,7 +19,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import sampler_server
+    from . import measuring as sampler_server
 
     sizes = given(args, batch_size="batch", vocab="vocab", seconds="seconds")
     if args.endpoints:
@@ -33,7 +33,7 @@ def endpoints(report: dict) -> bool:
 
 
 def terminal_table(report: dict) -> str:
-    from ..sampler_server import format_endpoints_report, format_report
+    from .measuring import format_endpoints_report, format_report
 
     return (format_endpoints_report if endpoints(report) else format_report)(report)
 
