@@ -1,5 +1,8 @@
 """`bench sampler-server`: rows/s through a real Triton server for 1..N
-sampler instances, or 1..N sampler-only servers."""
+sampler instances, or 1..N sampler-only servers.
+
+example.json: a published run (docs/BENCHMARKS.md), its sampler-server counters
+that the table does not print filled in."""
 from __future__ import annotations
 
 import argparse

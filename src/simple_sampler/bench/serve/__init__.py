@@ -1,5 +1,8 @@
 """`bench serve`: tokens/s, TTFT, ITL and sampling share through the whole
-server per mode."""
+server per mode.
+
+example.json: a published run (docs/BENCHMARKS.md) trimmed to two modes and
+concurrency 1 and 32."""
 from __future__ import annotations
 
 import argparse
