@@ -4,9 +4,9 @@ A bench is a package here, bench/NAME/ (docs/INTERNALS.md, "Adding a bench"):
 its `__init__` is its spec, `SPEC = BenchSpec(...)` (bench/spec.py), a light
 module that imports its measuring code (NAME/measuring.py, which may import
 torch) only inside `measure` and `table`, since building the command line
-imports every spec. The plain modules beside them (calibrate, markdown, spec,
-server_meter, ...) serve the benches and are none; floor/ is a Triton model
-folder, no package.
+imports every spec. The plain modules beside them (calibrate and perf, commands
+of their own, and the benches' shared helpers) are no bench; floor/ is a
+Triton model folder.
 """
 from __future__ import annotations
 
