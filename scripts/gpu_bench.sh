@@ -79,7 +79,7 @@ import json
 import os
 import sys
 
-from simple_sampler.bench import serve_gpu
+from simple_sampler.bench.serve_gpu import measuring as serve_gpu
 
 shape, out = sys.argv[1], sys.argv[2]
 try:

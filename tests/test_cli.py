@@ -3,13 +3,15 @@ subcommands built from the registry of bench specs."""
 import argparse
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import simple_sampler.bench
+from simple_sampler.bench import registry
 from simple_sampler.bench.spec import given
-from simple_sampler.bench.specs import registry
 from simple_sampler.cli import build_parser, main
 
 
@@ -125,7 +127,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_the_bench_subcommands_are_the_registry():
-    """`bench NAME` for every spec in bench/specs/ and nothing else; each with
+    """`bench NAME` for every bench package in bench/ and nothing else; each with
     --json, --quick where its spec says what it means, and its spec to run."""
     targets = subcommands(subcommands(build_parser())["bench"])
     assert list(targets) == list(registry()) and len(targets) >= 12
@@ -139,7 +141,7 @@ def test_every_bench_has_its_help_heading_and_measuring_module():
     package = Path(simple_sampler.bench.__file__).parent
     for name, spec in registry().items():
         assert spec.help and spec.heading, name
-        assert (package / f"{name.replace('-', '_')}.py").is_file(), name
+        assert (package / name.replace('-', '_') / "measuring.py").is_file(), name
         assert all(callable(f) for f in (spec.arguments, spec.measure, spec.table, spec.section))
 
 
@@ -171,3 +173,16 @@ def test_every_documented_bench_invocation_names_a_bench_and_its_options():
                 assert not unknown, f"{path.name}: {line} ({unknown})"
                 found += 1
     assert found > 30
+
+
+def test_building_the_parser_imports_the_specs_alone():
+    """Every bench's spec is imported to build the command line; their
+    measuring modules (which may import torch) and the plain modules beside
+    them (calibrate, perf, the helpers) are not, nor is torch."""
+    code = ("import json, sys; from simple_sampler.cli import build_parser; build_parser(); "
+            "print(json.dumps([m for m in sys.modules if m == 'torch' "
+            "or m.startswith('simple_sampler.bench')]))")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    specs = {f"simple_sampler.bench.{name.replace('-', '_')}" for name in registry()}
+    assert set(json.loads(done.stdout)) == {"simple_sampler.bench", "simple_sampler.bench.spec",
+                                            "simple_sampler.bench.markdown", *specs}

@@ -107,7 +107,7 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
     GPU one): both modes produce their figures."""
     import asyncio
 
-    from simple_sampler.bench import serve_gpu
+    from simple_sampler.bench.serve_gpu import measuring as serve_gpu
     from simple_sampler.serving.text import TextCodec
     from fakes import VOCAB, FakeTokenizer
 

@@ -11,7 +11,7 @@ import torch
 
 from fakes import tiny
 from simple_sampler import cli
-from simple_sampler.bench.serve_sim import hot_first_sampler
+from simple_sampler.bench.serve_sim.measuring import hot_first_sampler
 from simple_sampler.params import SamplingBatch, SamplingParams
 from simple_sampler.row_arena import RowArena, RowReader
 from simple_sampler.serving.engines import engine_spec
@@ -124,7 +124,7 @@ def test_the_sampler_is_configured_for_the_models_dtype(engine, capsys):
 
 
 def test_the_served_gpu_bench_configures_its_samplers_for_the_engines_rows(monkeypatch):
-    from simple_sampler.bench import serve_gpu_served as served
+    from simple_sampler.bench.serve_gpu_served import measuring as served
 
     repositories = []
 

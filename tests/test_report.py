@@ -1,5 +1,6 @@
-"""`simple-sampler report` builds its Markdown and PNGs from small fixture JSON
-files of every kind (see tests/fixtures/report/README.md)."""
+"""`simple-sampler report` builds its Markdown and PNGs from small JSON inputs of
+every kind: each bench's example output (bench/NAME/example.json) and perf's
+two kinds (tests/fixtures/report/, see its README.md)."""
 import json
 import re
 from pathlib import Path
@@ -9,18 +10,25 @@ import pytest
 pytest.importorskip("matplotlib")
 from matplotlib.image import imread  # noqa: E402
 
+import simple_sampler.bench  # noqa: E402
+from simple_sampler.bench import registry  # noqa: E402
 from simple_sampler.bench.perf import figures_from_export  # noqa: E402
 from simple_sampler.cli import main  # noqa: E402
-from simple_sampler.bench.specs import registry  # noqa: E402
 from simple_sampler.report import ReportError, build, headings  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures" / "report"
-INPUTS = sorted(FIXTURES.glob("*.json"))
+BENCHES = Path(simple_sampler.bench.__file__).parent
+PERF_FIXTURES = Path(__file__).parent / "fixtures" / "report"
+INPUTS = sorted(BENCHES.glob("*/example.json")) + sorted(PERF_FIXTURES.glob("*.json"))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def fixture(name: str) -> dict:
-    return json.loads((FIXTURES / name).read_text())
+def example(bench: str) -> Path:
+    """`bench NAME`'s example --json output, in its package."""
+    return BENCHES / bench.replace("-", "_") / "example.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +38,9 @@ def report(tmp_path_factory) -> tuple[Path, str]:
 
 
 def test_every_kind_gets_its_section(report):
-    """Every registered bench (each has a fixture) and perf's two kinds, each
+    """Every registered bench (each has its example) and perf's two kinds, each
     section with its table."""
+    assert [name for name in registry() if not example(name).is_file()] == []
     _, text = report
     drawn = {section.splitlines()[0]: section for section in re.split(r"^## ", text, flags=re.M)[1:]}
     assert set(drawn) == set(headings().values())
@@ -42,7 +51,7 @@ def test_every_kind_gets_its_section(report):
 
 def test_serve_cost_rows_show_cpu_by_process_and_the_ratio_to_the_floor(report):
     _, text = report
-    for row in fixture("serve_cost.json")["results"]:
+    for row in load(example("serve-cost"))["results"]:
         cpu = row["cpu_us_per_token"]
         assert (f"| {cpu['tritonserver']:,.0f} | {cpu['llm']:,.0f} | {cpu['floor']:,.0f} | "
                 f"{cpu['samplers']:,.0f} |") in text
@@ -52,7 +61,7 @@ def test_serve_cost_rows_show_cpu_by_process_and_the_ratio_to_the_floor(report):
 
 def test_row_transport_rows_show_each_transport_beside_the_kernel(report):
     _, text = report
-    for row in fixture("row_transport.json")["results"]:
+    for row in load(example("row-transport"))["results"]:
         fallback = "-" if row["fallback_rate"] is None else f"{row['fallback_rate']:.2%}"
         assert (f"| {row['transport']} | {row['vocab']:,} | {row['dtype']} | {row['batch']} | "
                 f"{row['samplers_us_per_token']:,.1f} |") in text
@@ -65,13 +74,13 @@ def test_figures_and_ratios_come_from_the_inputs(report):
     # bench serve at concurrency 32: 112.5 against 52.1 tokens/s, P95 ITL 209 against 612 ms.
     assert "| 32 | 112.5 | 52.1 | 2.16x | 209 | 612 | 0.34x | 66% |" in text
     # perf at concurrency 8: the simple / inline ratio of the fixture's tokens/s.
-    perf = {(r["mode"], r["concurrency"]): r for r in fixture("perf.json")["results"]}
+    perf = {(r["mode"], r["concurrency"]): r for r in load(PERF_FIXTURES / "perf.json")["results"]}
     ratio = perf[("simple", 8)]["tokens_per_s"] / perf[("inline", 8)]["tokens_per_s"]
     simple, inline = perf[("simple", 8)]["tokens_per_s"], perf[("inline", 8)]["tokens_per_s"]
     assert f"| 8 | {simple:.1f} | {inline:.1f} | {ratio:.2f}x |" in text
     # kernels: simple against the floor, top_p and logprobs against the exp floor and
     # torch_sort against simple, per vocab and dtype.
-    for row in fixture("kernels.json")["results"]:
+    for row in load(example("kernels"))["results"]:
         us = row["us_per_row"]
         assert (f"| {us['floor']:,.1f} | {us['exp_floor']:,.1f} "
                 f"| {us['simple'] / us['floor']:.2f}x | {us['simple_top_p'] / us['floor']:.2f}x "
@@ -79,17 +88,17 @@ def test_figures_and_ratios_come_from_the_inputs(report):
                 f"| {us['simple_logprobs'] / us['exp_floor']:.2f}x "
                 f"| {us['torch_sort'] / us['simple']:.1f}x | {row['rows']} |") in text
     # shvs: full / shvs per row kind and config.
-    for row in fixture("shvs.json")["results"]:
+    for row in load(example("shvs"))["results"]:
         us = row["us_per_row"]
         assert f"| {row['rows']} | {row['vocab']} | {row['config']} |" in text
         assert f"| {us['full'] / us['shvs']:.2f}x |" in text
     # sampler-server: 2 instances against 1 and against in-process.
     assert "| 2 | 17,795 | 1.60x | 1.03x |" in text
     # the raw export's figures, computed as `simple-sampler perf` computes them
-    figures = figures_from_export(fixture("simple-c2.json"))
+    figures = figures_from_export(load(PERF_FIXTURES / "simple-c2.json"))
     assert f"| simple-c2.json | 2 | {figures['tokens_per_s']:.1f} |" in text
     # serve-sim: efficiency and exposed sampling as a share of the step, labelled simulated.
-    sim = fixture("serve_sim.json")
+    sim = load(example("serve-sim"))
     assert f"Data plane: **{sim['data_plane']}**" in text and sim["data_plane"].startswith(
         "simulated data plane")
     for row in sim["results"]:
@@ -104,7 +113,7 @@ def test_figures_and_ratios_come_from_the_inputs(report):
 def test_serve_sim_rows_show_their_shvs_acceptance(tmp_path):
     """--shvs rows show the hot set's acceptance; rows without SHVS, and files
     from before the option, read off."""
-    sim = fixture("serve_sim.json")
+    sim = load(example("serve-sim"))
     sim["results"][0].update(shvs=True, shvs_acceptance=0.631)
     path = tmp_path / "serve_sim_shvs.json"
     path.write_text(json.dumps(sim))
@@ -117,9 +126,10 @@ def test_serve_sim_rows_show_their_shvs_acceptance(tmp_path):
 
 def test_every_input_names_its_command_machine_and_date(report):
     _, text = report
-    for name in ("kernels.json", "shvs.json", "serve.json", "sampler_server.json", "perf.json",
-                 "serve_sim.json", "serve_cost.json", "row_transport.json"):
-        machine = fixture(name)["machine"]
+    for path in INPUTS:
+        if path.name == "simple-c2.json":  # a raw export: no machine
+            continue
+        machine = load(path)["machine"]
         provenance = (f"Source: `{machine['command']}`; machine: {machine['cpu']}, "
                       f"{machine['cores']} cores; date: {machine['date']}.")
         assert provenance in text
@@ -150,7 +160,7 @@ def test_referenced_pngs_exist_and_are_images(report):
 
 
 def test_only_the_plots_with_inputs_are_made(tmp_path):
-    markdown = build([FIXTURES / "kernels.json"], tmp_path)
+    markdown = build([example("kernels")], tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["01-kernels-float32.png",
                                                                "02-kernels-bfloat16.png"]
     assert "## SHVS" not in markdown.read_text()
@@ -159,7 +169,7 @@ def test_only_the_plots_with_inputs_are_made(tmp_path):
 def test_kernels_runs_without_the_exp_floor_show_it_as_missing(tmp_path):
     """A run whose kernels predate the exp floor (scripts/kernels_ab.sh's
     "before" side) renders, its exp-floor cells n/a."""
-    kernels = fixture("kernels.json")
+    kernels = load(example("kernels"))
     for row in kernels["results"]:
         del row["us_per_row"]["exp_floor"]
     path = tmp_path / "kernels.json"
@@ -174,7 +184,7 @@ def test_unknown_json_names_the_file(tmp_path):
     unknown = tmp_path / "mystery.json"
     unknown.write_text(json.dumps({"results": [{"what": 1}]}))
     with pytest.raises(ReportError, match=r"mystery\.json: not a recognized benchmark JSON"):
-        build([FIXTURES / "serve.json", unknown], tmp_path / "out")
+        build([example("serve"), unknown], tmp_path / "out")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(ReportError, match=r"broken\.json: cannot read it as JSON"):

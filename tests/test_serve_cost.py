@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from simple_sampler.bench import loop_profile, serve_cost
+from simple_sampler.bench import loop_profile
+from simple_sampler.bench.serve_cost import measuring as serve_cost
 from simple_sampler.cli import main
 from simple_sampler.serving.simulated import LABEL
 

@@ -64,7 +64,7 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     ends; simple_hot_first's server is the same with --handoff hot-first (a
     third start would double the test's time: `bench serve-gpu-served
     --device cpu --quick` runs all three)."""
-    from simple_sampler.bench import serve_gpu_served as served
+    from simple_sampler.bench.serve_gpu_served import measuring as served
 
     modes = [m for m in served.MODES if m.name in ("simple", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],

@@ -314,7 +314,7 @@ def test_bench_serve_sim_shvs_and_top_p_are_in_process_only_and_checked(capsys):
 
 @pytest.mark.slow  # starts a server: about 30 s
 def test_bench_serve_sim_through_a_real_server():
-    from simple_sampler.bench import serve_sim
+    from simple_sampler.bench.serve_sim import measuring as serve_sim
 
     report = serve_sim.run_server(batches=[8], vocab=VOCAB, dtype="bfloat16", step_ms=10.0,
                                   max_tokens=8, modes=[("simple", "simple", 2)])
@@ -422,7 +422,7 @@ def test_the_bench_clock_counts_every_forward_hot_first_or_not():
     """bench serve-sim's ForwardClock records a forward whether the decode
     loop calls the engine's step or its step_then (the hot-first summary
     behind the forward), once each; an engine without step_then by step."""
-    from simple_sampler.bench.serve_sim import ForwardClock
+    from simple_sampler.bench.serve_sim.measuring import ForwardClock
 
     engine = SimulatedEngine(SimulatedSpec(VOCAB, "bfloat16", 0.0, 0.0), max_batch_size=8)
     clock = ForwardClock(engine)

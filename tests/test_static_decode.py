@@ -173,7 +173,7 @@ def test_forward_only_replays_the_greedy_tokens_and_counts_the_bytes_it_reads():
 def test_the_gpu_bench_runs_every_cell_on_the_cpu(tmp_path):
     import json
 
-    from simple_sampler.bench import serve_gpu
+    from simple_sampler.bench.serve_gpu import measuring as serve_gpu
 
     config = json.loads(config_path("smollm2-135m").read_text())
     config.update(num_hidden_layers=1, hidden_size=32, intermediate_size=32,

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fakes import FakeTokenizer
-from simple_sampler.bench.serve_sim import hot_first_sampler
+from simple_sampler.bench.serve_sim.measuring import hot_first_sampler
 from simple_sampler.params import SamplingParams
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.samplers import threaded

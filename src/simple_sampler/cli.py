@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .bench.spec import UsageError, given
-from .bench.specs import registry
+from .bench import registry
 from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec

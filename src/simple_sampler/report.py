@@ -5,7 +5,7 @@ Inputs are what `simple-sampler bench NAME --json` and `simple-sampler perf
 --json` print (one object: the report, its "kind" and a "machine" key), or
 raw perf_analyzer profile exports ({"experiments": [...]}, the file of
 --profile-export-file), which carry no machine. A bench's "kind" is its
-name, and its spec (bench/specs/) draws its section. Every table and figure
+name, and its spec (bench/NAME/__init__.py) draws its section. Every table and figure
 names the command, machine and date its figures came from, in the Markdown
 and in a footnote inside each PNG (bench/markdown.py).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .bench.markdown import FigureWriter, Source, number, per_mode_plot, simple_vs_inline, table
 from .bench.perf import PerfError, figures_from_export
-from .bench.specs import registry
+from .bench import registry
 
 DEFAULT_OUTPUT_DIR = Path("results/report")
 #: The kinds that are no bench: `perf --json` and raw perf_analyzer exports.

@@ -32,7 +32,7 @@ import numpy as np
 from ..params import SamplingBatch, SamplingParams
 from ..sampling import sample
 from ..shvs.hot_vocab import HotProfile, HotVocab, SizingCurve
-from .kernels import TOP_P_ONLY, make_batch, time_per_row
+from .kernels.measuring import TOP_P_ONLY, make_batch, time_per_row
 
 #: Where the profile goes by default: the sampler's folder of a Triton model repository.
 DEFAULT_OUTPUT = Path("model_repository") / "simple_sampler" / "hot_vocab.npz"

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..launch.install import project_file
-from .serve import mode_server, settings
+from .serve.measuring import mode_server, settings
 
 PERF_MODES = ("simple", "inline")
 STABLE_WINDOWS = 3  # perf_analyzer's default: the measurement is the last three windows

@@ -2,9 +2,10 @@
 `simple-sampler report` are both built from it (docs/INTERNALS.md, "Adding
 a bench").
 
-A spec lives in bench/specs/NAME.py, a light module: building the command
-line imports every spec, and a measuring module (bench/NAME.py) imports
-torch, so a spec imports its module only inside `measure` and `table`.
+A spec is a bench package's `__init__` (bench/NAME/), a light module:
+building the command line imports every spec, and its measuring module
+(bench/NAME/measuring.py) may import torch, so a spec imports it only inside
+`measure` and `table`.
 Options the command line leaves out are not passed to the module's run(),
 whose signature keeps their defaults (`given`).
 """

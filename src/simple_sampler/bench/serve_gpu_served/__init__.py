@@ -34,7 +34,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import serve_gpu_served as served
+    from . import measuring as served
 
     sizes = {**QUICK} if args.quick else given(args, batches="batch", top_ps="top_p",
                                               max_tokens="max_tokens")
@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve_gpu_served import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

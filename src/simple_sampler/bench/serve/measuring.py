@@ -30,11 +30,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ..client import GenerateClient
-from ..settings import SERVED_MODES, LlmSettings, SamplerSettings
-from ..launch.serve import assemble_repository
-from ..launch.server import TritonServer
-from .server_meter import llm_counters
+from ...client import GenerateClient
+from ...settings import SERVED_MODES, LlmSettings, SamplerSettings
+from ...launch.serve import assemble_repository
+from ...launch.server import TritonServer
+from ..server_meter import llm_counters
 
 COUNTERS = ("sampling_exposed_us", "busy_us", "data_plane_us", "sampler_us")
 

@@ -39,7 +39,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     from ...params import SamplingParams
-    from .. import serve_sim
+    from . import measuring as serve_sim
 
     if args.server and (args.shvs or args.profile or args.top_p not in (None, 1.0)):
         raise UsageError("--shvs, --profile and --top-p are in-process only (not with --server)")
@@ -60,7 +60,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve_sim import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

@@ -22,12 +22,12 @@ import time
 
 import numpy as np
 
-from ..models import cache_dir
-from ..params import SamplingBatch
-from ..rows import map_hot_ids, real_rows, synthetic_hot_rows
-from ..sampling import sample
-from ..shvs.hot_vocab import HotProfile, HotVocab, load_profile
-from .kernels import ALL_FEATURES, TOP_P_ONLY, make_batch, rows_of_kind, time_per_row
+from ...models import cache_dir
+from ...params import SamplingBatch
+from ...rows import map_hot_ids, real_rows, synthetic_hot_rows
+from ...sampling import sample
+from ...shvs.hot_vocab import HotProfile, HotVocab, load_profile
+from ..kernels.measuring import ALL_FEATURES, TOP_P_ONLY, make_batch, rows_of_kind, time_per_row
 
 SYNTHETIC_VOCAB = 151_936
 BATCH = 64
@@ -37,7 +37,7 @@ CONFIGS = {"top_p": (TOP_P_ONLY, 0), "all": (ALL_FEATURES, 256)}
 def resolve_profile(path: str | None, quick: bool) -> HotProfile:
     """The profile at `path`; else the model repository's default; else one
     calibrated now and cached (a smaller calibration with `quick`)."""
-    from . import calibrate
+    from .. import calibrate
 
     if path:
         return load_profile(path)

@@ -35,7 +35,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import kernels
+    from . import measuring as kernels
 
     peer = None if args.no_peer else (args.peer_python or kernels.default_peer_python())
     results = kernels.run(
@@ -47,7 +47,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..kernels import format_table
+    from .measuring import format_table
 
     return format_table(report["results"])
 

@@ -17,14 +17,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import shvs
+    from . import measuring as shvs
 
     return shvs.run(profile_path=args.profile,
                     **(QUICK if args.quick else given(args, repeats="repeats")))
 
 
 def terminal_table(report: dict) -> str:
-    from ..shvs import format_table
+    from .measuring import format_table
 
     return format_table(report)
 

@@ -45,9 +45,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ..params import History, SamplingBatch, SamplingParams
-from ..rows import ROWS_SOURCE, rows_for
-from ..sampling import kernel_rows, sample
+from ...params import History, SamplingBatch, SamplingParams
+from ...rows import ROWS_SOURCE, rows_for
+from ...sampling import kernel_rows, sample
 
 VOCABS = (49_152, 128_256, 151_936)
 ALL_FEATURES = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, min_p=0.05,
@@ -69,7 +69,7 @@ ROW_KINDS = ("flat", "heavy", "fitted", "real")
 def rows_of_kind(kind: str | None, vocab: int, n: int, seed: int = 0) -> tuple[np.ndarray, str]:
     """float32 [n, vocab] rows of a ROW_KINDS kind (None: rows_for's choice)
     and the label the results carry."""
-    from ..rows import SMOLLM2_VOCAB, real_rows, synthetic_rows
+    from ...rows import SMOLLM2_VOCAB, real_rows, synthetic_rows
 
     rng = np.random.default_rng(seed)
     if kind is None:
@@ -137,7 +137,7 @@ def time_interleaved(fns: dict, rows: int, repeats: int, clock: str = "wall",
             for name, t in times.items()}
 
 
-PEER_PYTHON = Path(__file__).resolve().parents[3] / ".peer" / "bin" / "python"
+PEER_PYTHON = Path(__file__).resolve().parents[4] / ".peer" / "bin" / "python"
 
 
 def default_peer_python() -> str | None:
@@ -164,8 +164,8 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
         path = os.path.join(tmp, "case.npz")
         np.savez(path, **case)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        # -P: the script's own folder (bench/, which holds a kernels.py) stays
-        # off sys.path, where vllm's imports would find it.
+        # -P: the script's own folder (bench/kernels/, which holds our modules) stays
+        # off sys.path, where vllm's imports would find them.
         done = subprocess.run([peer_python, "-P", str(Path(__file__).with_name("vllm_peer.py")), path,
                                str(repeats), str(threads), clock],
                               capture_output=True, text=True, env=env, check=False)
@@ -256,8 +256,8 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
     the same rows). The exp floor likewise."""
     import torch
 
-    from .. import _sampling
-    from ..baselines import torch_sort_sample
+    from ... import _sampling
+    from ...baselines import torch_sort_sample
 
     floors = {"floor": lambda: floor_rows.max(axis=1)}
     if hasattr(_sampling, "row_mass"):

@@ -23,16 +23,16 @@ import time
 
 import numpy as np
 
-from ..params import SamplingBatch, SamplingParams
-from ..rows import HOT_ROWS_SOURCE, map_hot_ids
-from ..sampling import sample
-from ..serving.decoder import Decoder
-from ..serving.samplers import kernel_sample, threaded
-from ..serving.generation import GenerationRequest
-from ..serving.engine import StepsThen
-from ..serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
-from ..serving.simulated_text import SimulatedCodec
-from ..shvs.hot_vocab import HotVocab
+from ...params import SamplingBatch, SamplingParams
+from ...rows import HOT_ROWS_SOURCE, map_hot_ids
+from ...sampling import sample
+from ...serving.decoder import Decoder
+from ...serving.samplers import kernel_sample, threaded
+from ...serving.generation import GenerationRequest
+from ...serving.engine import StepsThen
+from ...serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
+from ...serving.simulated_text import SimulatedCodec
+from ...shvs.hot_vocab import HotVocab
 
 #: (mode label, decoder mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple", "simple", 2),
@@ -186,9 +186,9 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int):
     sharded over `instances` threads standing in for the sampler instances
     (the sampler model's own code, ``serve_request``), the undecided rows
     whole."""
-    from ..triton import hot_first_sampler as hot_first
-    from ..triton.sampler_serve import serve_request
-    from ..triton.sampler_pool import SamplerPool, SamplerTarget
+    from ...triton import hot_first_sampler as hot_first
+    from ...triton.sampler_serve import serve_request
+    from ...triton.sampler_pool import SamplerPool, SamplerTarget
 
     def instance(inputs):
         return serve_request(inputs, engine.vocab_size, hot).outputs
@@ -240,9 +240,9 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
         handoff: str = "full") -> dict:
     """Every (mode, micro_batches) of ``modes`` at every B of ``batches``; with
     ``shvs``, the kernels use the hot set of the profile at ``profile_path``
-    (default as ``bench shvs``: ``bench.shvs.resolve_profile``); every request
+    (default as ``bench shvs``: ``bench.shvs.measuring.resolve_profile``); every request
     samples with ``top_p`` (ValueError outside (0, 1])."""
-    from .shvs import resolve_profile
+    from ..shvs.measuring import resolve_profile
 
     SamplingParams(top_p=top_p).validate()
     codec = SimulatedCodec.from_source(None)
@@ -287,11 +287,11 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     import tempfile
     from pathlib import Path
 
-    from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-    from ..launch.serve import assemble_repository, shared_memory_bytes
-    from ..launch.server import TritonServer
-    from .serve import COUNTERS, prompts, run_level
-    from .server_meter import llm_counters
+    from ...settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+    from ...launch.serve import assemble_repository, shared_memory_bytes
+    from ...launch.server import TritonServer
+    from ..serve.measuring import COUNTERS, prompts, run_level
+    from ..server_meter import llm_counters
 
     texts, results = prompts(), []
     for mode, decoder_mode, micro_batches in modes:

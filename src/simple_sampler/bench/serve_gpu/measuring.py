@@ -48,19 +48,19 @@ import asyncio
 import functools
 import gc
 
-from ..models import load_model, random_model
-from ..rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synthetic_hot_rows
-from ..serving.decoder import Decoder
-from ..serving.samplers import kernel_sample, threaded
-from ..serving.device import resolve
-from ..serving.static_decode import (StaticEngine, bytes_per_step, copy_bandwidth,
+from ...models import load_model, random_model
+from ...rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synthetic_hot_rows
+from ...serving.decoder import Decoder
+from ...serving.samplers import kernel_sample, threaded
+from ...serving.device import resolve
+from ...serving.static_decode import (StaticEngine, bytes_per_step, copy_bandwidth,
                                      forward_only_ms, model_from_config)
-from ..serving.text import TextCodec
-from ..serving.torch_engine import TorchEngine
-from ..launch.install import project_file
-from ..shvs.hot_vocab import HotVocab, load_profile
-from .calibrate import DEFAULT_OUTPUT
-from .serve_sim import PROMPT_TOKENS, ForwardClock, _measure, hot_first_sampler
+from ...serving.text import TextCodec
+from ...serving.torch_engine import TorchEngine
+from ...launch.install import project_file
+from ...shvs.hot_vocab import HotVocab, load_profile
+from ..calibrate import DEFAULT_OUTPUT
+from ..serve_sim.measuring import PROMPT_TOKENS, ForwardClock, _measure, hot_first_sampler
 
 #: (label, decoder mode, micro_batches, handoff); forward_only runs no decoder
 MODES = (("simple", "simple", 1, "full"), ("simple_overlap", "simple", 2, "full"),
@@ -171,7 +171,7 @@ def run_forward_only(model, batch: int, warmup: int, measure: int, bandwidth: fl
 
 def load(model_source, model_config, random_weights: bool, device, torch_dtype):
     """(model on the device, codec, label)."""
-    from ..serving.simulated_text import SimulatedCodec
+    from ...serving.simulated_text import SimulatedCodec
 
     if model_config is not None:
         model = model_from_config(model_config, device, torch_dtype)

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..client.aio import let_triton_end
-from ..serving.simulated import LABEL
-from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-from .loop_profile import format_profile, llm_profiles, profile_calls
-from .server_meter import LLM_COUNTERS, Meter, llm_counters, sampler_counters, server_processes
-from .spec import UsageError
+from ...client.aio import let_triton_end
+from ...serving.simulated import LABEL
+from ...settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from ..loop_profile import format_profile, llm_profiles, profile_calls
+from ..server_meter import LLM_COUNTERS, Meter, llm_counters, sampler_counters, server_processes
+from ..spec import UsageError
 
 #: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
 PACES = {"instant": (0.0, 0.0),
@@ -284,8 +284,8 @@ def build_repository(destination: Path, pace: str, batch: int, instances: int,
                      sampling_mode: str = LlmSettings.sampling_mode,
                      shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
                      handoff: str = LlmSettings.handoff) -> Path:
-    from ..launch.serve import assemble_repository
-    from ..launch.templates import fill_file
+    from ...launch.serve import assemble_repository
+    from ...launch.templates import fill_file
 
     a, b = PACES[pace]
     sampler = sampler_settings(batch, instances, dtype, handoff)
@@ -360,8 +360,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     samples in the llm stub (no BLS request per step, the sampler instances
     idle): tritonserver's column is then streaming alone. shard_min_rows:
     the llm model's `sampler_shard_min_rows`."""
-    from ..launch.serve import shared_memory_bytes
-    from ..launch.server import TritonServer
+    from ...launch.serve import shared_memory_bytes
+    from ...launch.server import TritonServer
 
     configs = plan() if configs is None else configs
     check_plan(configs, max_tokens)

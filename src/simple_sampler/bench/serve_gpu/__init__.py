@@ -35,7 +35,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import serve_gpu
+    from . import measuring as serve_gpu
 
     sizes = QUICK if args.quick else given(args, batches="batch")
     return serve_gpu.run(args.model, random_weights=args.random_weights,
@@ -45,7 +45,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve_gpu import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

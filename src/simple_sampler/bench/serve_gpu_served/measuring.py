@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..launch.serve import assemble_repository, shared_memory_bytes
-from ..serving.engines import engine_spec, startup_timeout
-from ..settings import LlmSettings
-from .serve_cost import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
-from .server_meter import Meter, llm_counters, server_processes
-from .serve_cost import Config as Load
+from ...launch.serve import assemble_repository, shared_memory_bytes
+from ...serving.engines import engine_spec, startup_timeout
+from ...settings import LlmSettings
+from ..serve_cost.measuring import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
+from ..server_meter import Meter, llm_counters, server_processes
+from ..serve_cost.measuring import Config as Load
 
 KIND = "serve-gpu-served"
 BATCHES = (64, 256)
@@ -97,8 +97,8 @@ def settled_llm_counters(server, before: dict, timeout_s: float = 10.0) -> dict:
 def left_in_dev_shm(stubs) -> list[str]:
     """What a stopped server's stubs left in /dev/shm: their Python-backend
     regions and row arenas (``TritonServer.stop`` removes both)."""
-    from ..launch.processes import SHM_DIRECTORY
-    from ..launch.supervisor import arena_regions
+    from ...launch.processes import SHM_DIRECTORY
+    from ...launch.supervisor import arena_regions
 
     return [stub.shm_region for stub in stubs if (SHM_DIRECTORY / stub.shm_region).exists()] \
         + arena_regions(stub.pid for stub in stubs)
@@ -125,10 +125,10 @@ def forward_only_bounds(device: str, dtype: str, model_config: str | None, model
     model is freed before the servers start."""
     import torch
 
-    from ..serving.device import resolve
-    from ..serving.static_decode import copy_bandwidth
-    from .serve_gpu import load, run_forward_only
-    from .serve_sim import PROMPT_TOKENS
+    from ...serving.device import resolve
+    from ...serving.static_decode import copy_bandwidth
+    from ..serve_gpu.measuring import load, run_forward_only
+    from ..serve_sim.measuring import PROMPT_TOKENS
 
     torch_device, torch_dtype = resolve(device, dtype)
     loaded, _, label = load(model, model_config, False, torch_device, torch_dtype)
@@ -179,8 +179,8 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
                log_dir: Path) -> tuple[list[dict], dict]:
     """One mode's server: started, measured at every (B, top_p), stopped
     (its log kept in ``log_dir``); its rows, and what it ran and left."""
-    from ..launch.processes import list_stubs
-    from ..launch.server import TritonServer
+    from ...launch.processes import list_stubs
+    from ...launch.server import TritonServer
 
     largest = max(batches)
     sampler = sampler_settings(largest, settings["instances"], "float32", mode.handoff)

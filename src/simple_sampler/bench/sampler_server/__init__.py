@@ -1,5 +1,8 @@
 """`bench sampler-server`: rows/s through a real Triton server for 1..N
-sampler instances, or 1..N sampler-only servers."""
+sampler instances, or 1..N sampler-only servers.
+
+example.json: a published run (docs/BENCHMARKS.md), its sampler-server counters
+that the table does not print filled in."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +22,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import sampler_server
+    from . import measuring as sampler_server
 
     sizes = given(args, batch_size="batch", vocab="vocab", seconds="seconds")
     if args.endpoints:
@@ -33,7 +36,7 @@ def endpoints(report: dict) -> bool:
 
 
 def terminal_table(report: dict) -> str:
-    from ..sampler_server import format_endpoints_report, format_report
+    from .measuring import format_endpoints_report, format_report
 
     return (format_endpoints_report if endpoints(report) else format_report)(report)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..params import SamplingBatch, SamplingParams
-from ..settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-from ..serving.simulated import LABEL
-from .server_meter import process_stat
+from ...params import SamplingBatch, SamplingParams
+from ...settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from ...serving.simulated import LABEL
+from ..server_meter import process_stat
 
 TRANSPORTS = {"bls": ("bls", "full"), "arena": ("arena", "full"),
               "hot-first": ("arena", "hot-first")}
@@ -49,7 +49,7 @@ def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = N
     rows are at least `at_least` and every count made before
     `settled_after` has arrived (the instances send theirs in batches:
     ``triton.counters``)."""
-    from ..triton.counters import read_counter, wait_for_counter
+    from ...triton.counters import read_counter, wait_for_counter
 
     rows = wait_for_counter(server.metrics_url, "simple_sampler_rows_total",
                             lambda value: value >= at_least, settled_after=settled_after)
@@ -59,7 +59,7 @@ def _sampler_rows(server, at_least: float = 0.0, settled_after: float | None = N
 
 
 def _processes(server) -> dict[str, list[int]]:
-    from ..launch.processes import list_stubs
+    from ...launch.processes import list_stubs
 
     stubs = list_stubs(server.process.pid)
     return {"tritonserver": [server.process.pid],
@@ -84,10 +84,10 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     a request costs a stub a fixed share, so the shape of the load's steps
     matters as much as the rows); one fresh server. profile_dir: the sampler stubs' ``execute``
     profiles go there (``triton/stub_profile``; warm-up included)."""
-    from ..launch.serve import assemble_repository, shared_memory_bytes
-    from ..launch.server import TritonServer
-    from ..triton.stub_profile import PROFILE_ENV
-    from .serve_cost import WARM_UP_REQUESTS, WARM_UP_TOKENS, Config, drive
+    from ...launch.serve import assemble_repository, shared_memory_bytes
+    from ...launch.server import TritonServer
+    from ...triton.stub_profile import PROFILE_ENV
+    from ..serve_cost.measuring import WARM_UP_REQUESTS, WARM_UP_TOKENS, Config, drive
 
     row_transport, handoff = TRANSPORTS[transport]
     profile = "hot_vocab.npz" if handoff == "hot-first" else ""
@@ -152,10 +152,10 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     sampling, the slot check), one request per instance as the pool shards
     them, and one that runs just the kernel (``sample``) on the same mapped
     rows; the caller closes the returned arena."""
-    from ..row_arena import RowArena, RowReader
-    from ..sampling import logits_array, sample
-    from ..triton.sampler_codec import batch_arrays
-    from ..triton.sampler_serve import serve_request
+    from ...row_arena import RowArena, RowReader
+    from ...sampling import logits_array, sample
+    from ...triton.sampler_codec import batch_arrays
+    from ...triton.sampler_serve import serve_request
 
     host = logits_array(rows)
     arena = RowArena(1, host.nbytes)
@@ -179,12 +179,12 @@ def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, 
     reference beside it where the served path sends them (a row may be left
     undecided: ``hot_first.undecidable_rows``; the rows shared in `arena`,
     as the simulated engine's bank is)."""
-    from ..row_arena import RowReader
-    from ..sampling import logits_array
-    from ..serving.hot_first import undecidable_rows
-    from ..triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
-    from ..triton.sampler_codec import batch_arrays, compact_arrays
-    from ..triton.sampler_serve import serve_request
+    from ...row_arena import RowReader
+    from ...sampling import logits_array
+    from ...serving.hot_first import undecidable_rows
+    from ...triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
+    from ...triton.sampler_codec import batch_arrays, compact_arrays
+    from ...triton.sampler_serve import serve_request
 
     params.want_logprobs = np.zeros(len(params), bool)
     lease, reader = arena.reference(arena.share(logits_array(rows))), RowReader()
@@ -210,13 +210,13 @@ def kernel_costs(vocab: int, dtype: str, batch: int, repeats: int = 10,
     (``_stub_requests``: the kernel plus our decoding) and for compact rows
     (``_stub_compact_requests``), the server load's parameters; and the
     compact rows' bytes per row."""
-    from ..handoff import DEFAULT_COLD_TOP, sample_compact
-    from ..serving.hot_first import compact_rows
-    from ..sampling import sample
-    from ..serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
-    from ..shvs.hot_vocab import load_profile
-    from ..launch.install import project_file
-    from .kernels import time_interleaved
+    from ...handoff import DEFAULT_COLD_TOP, sample_compact
+    from ...serving.hot_first import compact_rows
+    from ...sampling import sample
+    from ...serving.simulated import SimulatedEngine, SimulatedSpec, simulated_profile
+    from ...shvs.hot_vocab import load_profile
+    from ...launch.install import project_file
+    from ..kernels.measuring import time_interleaved
 
     engine = SimulatedEngine(SimulatedSpec(vocab, dtype, 0.0, 0.0), max_batch_size=batch)
     profile = load_profile(project_file("model_repository/simple_sampler/hot_vocab.npz"))

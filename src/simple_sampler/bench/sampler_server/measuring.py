@@ -29,16 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..rows import rows_for
-from ..sampling import sample
-from ..params import SamplingBatch
-from ..triton.counters import wait_for_counter
-from ..triton.sampler_client import SamplerClient
-from ..triton.sampler_codec import batch_arrays
-from ..triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
-from ..settings import SamplerSettings
-from ..launch.server import MiB, TritonServer, write_model
-from .kernels import ALL_FEATURES, make_batch
+from ...rows import rows_for
+from ...sampling import sample
+from ...params import SamplingBatch
+from ...triton.counters import wait_for_counter
+from ...triton.sampler_client import SamplerClient
+from ...triton.sampler_codec import batch_arrays
+from ...triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
+from ...settings import SamplerSettings
+from ...launch.server import MiB, TritonServer, write_model
+from ..kernels.measuring import ALL_FEATURES, make_batch
 
 TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",
                    "nv_inference_compute_input_duration_us",

@@ -42,17 +42,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP, CompactRows
-from ..params import SamplingParams
-from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
+from ...handoff import DEFAULT_COLD_TOP, CompactRows
+from ...params import SamplingParams
+from ...rows import HOT_ROWS_SOURCE, ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, \
     synthetic_hot_rows
-from ..serving.device import DTYPES, resolve
-from ..serving.hot_first import compact_rows, hot_first_summary
-from ..serving.summary_graph import GraphedSummary
-from ..serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
-from ..shvs.hot_vocab import HotVocab
-from .kernels import make_batch, time_interleaved
-from .shvs import CONFIGS, resolve_profile
+from ...serving.device import DTYPES, resolve
+from ...serving.hot_first import compact_rows, hot_first_summary
+from ...serving.summary_graph import GraphedSummary
+from ...serving.simulated import HBM_BYTES_PER_S, SUMMARY_READS
+from ...shvs.hot_vocab import HotVocab
+from ..kernels.measuring import make_batch, time_interleaved
+from ..shvs.measuring import CONFIGS, resolve_profile
 
 #: (V, dtype): issue 24's two shapes, and SmolLM2's real rows
 SHAPES = ((151_936, "bfloat16"), (128_256, "float32"), (49_152, "bfloat16"))

@@ -29,11 +29,11 @@ import time
 import numpy as np
 import torch
 
-from ..params import History, SamplingBatch, SamplingParams, ragged
-from ..serving.batch_state import BatchState
-from ..serving.decoder import Decoder
-from ..serving.generation import GenerationRequest
-from ..serving.text import TextCodec
+from ...params import History, SamplingBatch, SamplingParams, ragged
+from ...serving.batch_state import BatchState
+from ...serving.decoder import Decoder
+from ...serving.generation import GenerationRequest
+from ...serving.text import TextCodec
 
 PENALTIES = {"off": SamplingParams(temperature=0.8, top_p=0.95),
              "on": SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.1,

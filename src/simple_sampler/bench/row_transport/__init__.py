@@ -27,7 +27,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import row_transport
+    from . import measuring as row_transport
 
     sizes = QUICK if args.quick else given(args, batches="batch", shapes="shape",
                                            max_tokens="max_tokens")
@@ -36,7 +36,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..row_transport import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

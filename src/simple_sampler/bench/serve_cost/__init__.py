@@ -49,7 +49,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import serve_cost
+    from . import measuring as serve_cost
 
     if args.quick:
         configs, tokens = serve_cost.plan(**QUICK_PLAN), {"max_tokens": QUICK_TOKENS}
@@ -66,7 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve_cost import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

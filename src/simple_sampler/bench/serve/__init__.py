@@ -1,5 +1,8 @@
 """`bench serve`: tokens/s, TTFT, ITL and sampling share through the whole
-server per mode."""
+server per mode.
+
+example.json: a published run (docs/BENCHMARKS.md) trimmed to two modes and
+concurrency 1 and 32."""
 from __future__ import annotations
 
 import argparse
@@ -19,7 +22,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import serve
+    from . import measuring as serve
 
     invariant = {} if args.batch_invariant is None else {
         "batch_invariant": [value == "on" for value in args.batch_invariant]}
@@ -28,7 +31,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..serve import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

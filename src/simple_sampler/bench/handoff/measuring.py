@@ -31,13 +31,13 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..handoff import DEFAULT_COLD_TOP, decide_hot_first, run_now, sample_compact
-from ..rows import HOT_ROWS_SOURCE, ROWS_SOURCE, map_hot_ids, real_rows, synthetic_hot_rows
-from ..sampling import sample
-from ..serving.hot_first import compact_rows
-from ..shvs.hot_vocab import HotVocab
-from .kernels import make_batch, time_interleaved
-from .shvs import BATCH, CONFIGS, SYNTHETIC_VOCAB, resolve_profile
+from ...handoff import DEFAULT_COLD_TOP, decide_hot_first, run_now, sample_compact
+from ...rows import HOT_ROWS_SOURCE, ROWS_SOURCE, map_hot_ids, real_rows, synthetic_hot_rows
+from ...sampling import sample
+from ...serving.hot_first import compact_rows
+from ...shvs.hot_vocab import HotVocab
+from ..kernels.measuring import make_batch, time_interleaved
+from ..shvs.measuring import BATCH, CONFIGS, SYNTHETIC_VOCAB, resolve_profile
 
 SUMMARY_NOTE = ("summary: the data plane's torch side measured on this CPU; in deployment it "
                 "runs on the GPU next to the logits")

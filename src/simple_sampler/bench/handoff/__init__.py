@@ -21,7 +21,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import handoff
+    from . import measuring as handoff
 
     return handoff.run(profile_path=args.profile,
                        **(QUICK if args.quick else given(args, repeats="repeats")),
@@ -29,7 +29,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..handoff import format_table
+    from .measuring import format_table
 
     return format_table(report)
 

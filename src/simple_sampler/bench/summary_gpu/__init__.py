@@ -21,7 +21,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import summary_gpu
+    from . import measuring as summary_gpu
 
     sizes = QUICK if args.quick else given(args, batches="batch", repeats="repeats")
     return summary_gpu.run(profile_path=args.profile, **given(args, device_name="device"),
@@ -29,7 +29,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def terminal_table(report: dict) -> str:
-    from ..summary_gpu import format_report
+    from .measuring import format_report
 
     return format_report(report)
 

@@ -16,14 +16,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from .. import loop
+    from . import measuring as loop
 
     return loop.run(**given(args, batch="batch", history="history", steps="steps",
                             rounds="rounds"))
 
 
 def terminal_table(report: dict) -> str:
-    from ..loop import format_table
+    from .measuring import format_table
 
     return format_table(report)
 
