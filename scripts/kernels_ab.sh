@@ -30,7 +30,7 @@ for round in $(seq 1 "$rounds"); do
         src="$here/src"; [ "$side" = before ] && src="$work/before-src"
         echo "== $side (round $round): kernels of $([ "$side" = before ] && echo "$ref" || git -C "$here" rev-parse --short HEAD)"
         PYTHONPATH="$src" "$python" -m simple_sampler.cli bench kernels --json "$@" > "$out/$side-$round.json"
-        PYTHONPATH="$src" "$python" -c "import json, sys; from simple_sampler.bench.kernels import format_table; print(format_table(json.load(open(sys.argv[1]))['results']))" "$out/$side-$round.json"
+        PYTHONPATH="$src" "$python" -c "import json, sys; from simple_sampler.bench.kernels.measuring import format_table; print(format_table(json.load(open(sys.argv[1]))['results']))" "$out/$side-$round.json"
     done
 done
 echo "== before / after (scripts/kernels_ab_table.py $out)"
