@@ -57,7 +57,8 @@ from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, s
                          top_p_prefix)
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport philox4x32_10, uniform_double
-from nucleus cimport ss_block_mass_before, ss_block_terms_before, ss_bucket_terms
+from nucleus cimport (ss_block_mass_before, ss_block_terms_before, ss_blocks_mass_before,
+                     ss_bucket_terms)
 from row_scalars cimport RowScalars, row_scalars_offsets
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
                           ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_mass_bf16,
