@@ -66,14 +66,20 @@ static uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float 
  * reloads stall on store forwarding). */
 /* The 8-lane group j of a block, as z = x * inv_t (*z), and its lanes ranked
  * before the cut (returned: -1 where kept): z > z_cut, or z == z_cut and the
- * column below lane_cut. */
+ * column below lane_cut. Every block but the cut token's has the cut past its
+ * end (lane_cut = SS_BLOCK: z >= z_cut) or before its start (0: z > z_cut),
+ * one compare, the same lanes (NaN in neither). */
 static inline __attribute__((always_inline)) ss_vi ss_kept_lanes_v(
     const void* x, int bf16, float inv_t, float z_cut, int32_t lane_cut, int j, ss_vf* z)
 {
     ss_vf zv = (bf16 ? ss_load_bf16_v((const uint16_t*)x + j) : ss_load((const float*)x + j))
                * inv_t;
-    ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
     *z = zv;
+    if (lane_cut >= SS_BLOCK)
+        return (ss_vi)(zv >= z_cut);
+    if (lane_cut <= 0)
+        return (ss_vi)(zv > z_cut);
+    ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
     return (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
 }
 
@@ -84,6 +90,10 @@ static inline __attribute__((always_inline)) __mmask16 ss_kept_lanes_w(ss_vw z, 
                                                                       int32_t lane_cut, int j)
 {
     const __m512 cut = _mm512_set1_ps(z_cut);
+    if (lane_cut >= SS_BLOCK)
+        return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GE_OQ);
+    if (lane_cut <= 0)
+        return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GT_OQ);
     __m512i lane = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
                                                      2, 1, 0), _mm512_set1_epi32(j));
     return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GT_OQ)
