@@ -514,10 +514,16 @@ def row_mass(const unsigned char[:, ::1] rows_bytes, int dtype, double[::1] mass
     cdef Py_ssize_t r
     cdef float row_max
     cdef int nans = 0
+    # need_mass is read at run time: a fourth call site passing the constant
+    # True made GCC clone row_pass for the sites that need the mass and then
+    # inline the max-only one, its clone's last caller, into sample_row, which
+    # made greedy, simple and min_p slower on float32 rows. With no constant
+    # here sample_row's three sites compile as they do without this hook.
+    cdef volatile bint need_mass = True
     with nogil:
         for r in range(size):
             src.data = &rows_bytes[r, 0]
-            row_max = row_pass(&src, &no_overrides, ws, n_blocks, 1.0, True, NULL, &nans)
+            row_max = row_pass(&src, &no_overrides, ws, n_blocks, 1.0, need_mass, NULL, &nans)
             mass[r] = masses_at_row_max(ws, n_blocks, row_max)
     free_workspace(ws)
 
