@@ -394,13 +394,12 @@ cdef inline double masses_at_row_max(Workspace* ws, Py_ssize_t n_blocks,
     the row's mass, their sum."""
     cdef Py_ssize_t b
     cdef double row_mass = 0.0
-    cdef float* mass = ws.block_mass
     cdef float* scale = ws.block_scale
     ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
     for b in range(n_blocks):
-        mass[b] = mass[b] * scale[b]
+        ws.block_mass[b] = ws.block_mass[b] * scale[b]
     for b in range(n_blocks):
-        row_mass += mass[b]
+        row_mass += ws.block_mass[b]
     return row_mass
 
 
