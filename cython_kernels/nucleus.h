@@ -4,6 +4,8 @@
 #ifndef SIMPLE_SAMPLER_NUCLEUS_H
 #define SIMPLE_SAMPLER_NUCLEUS_H
 
+#include <stddef.h>
+
 #include "scalar_math.h"
 
 /* For the SS_BLOCK logits x of a block: z_j = x_j * inv_t, w_j =
@@ -64,14 +66,20 @@ static uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float 
  * reloads stall on store forwarding). */
 /* The 8-lane group j of a block, as z = x * inv_t (*z), and its lanes ranked
  * before the cut (returned: -1 where kept): z > z_cut, or z == z_cut and the
- * column below lane_cut. */
+ * column below lane_cut. Every block but the cut token's has the cut past its
+ * end (lane_cut = SS_BLOCK: z >= z_cut) or before its start (0: z > z_cut),
+ * one compare, the same lanes (NaN in neither). */
 static inline __attribute__((always_inline)) ss_vi ss_kept_lanes_v(
     const void* x, int bf16, float inv_t, float z_cut, int32_t lane_cut, int j, ss_vf* z)
 {
     ss_vf zv = (bf16 ? ss_load_bf16_v((const uint16_t*)x + j) : ss_load((const float*)x + j))
                * inv_t;
-    ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
     *z = zv;
+    if (lane_cut >= SS_BLOCK)
+        return (ss_vi)(zv >= z_cut);
+    if (lane_cut <= 0)
+        return (ss_vi)(zv > z_cut);
+    ss_vi lane = (ss_vi){0, 1, 2, 3, 4, 5, 6, 7} + j;
     return (ss_vi)(zv > z_cut) | ((ss_vi)(zv == z_cut) & (ss_vi)(lane < lane_cut));
 }
 
@@ -82,6 +90,10 @@ static inline __attribute__((always_inline)) __mmask16 ss_kept_lanes_w(ss_vw z, 
                                                                       int32_t lane_cut, int j)
 {
     const __m512 cut = _mm512_set1_ps(z_cut);
+    if (lane_cut >= SS_BLOCK)
+        return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GE_OQ);
+    if (lane_cut <= 0)
+        return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GT_OQ);
     __m512i lane = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
                                                      2, 1, 0), _mm512_set1_epi32(j));
     return _mm512_cmp_ps_mask((__m512)z, cut, _CMP_GT_OQ)
@@ -98,9 +110,9 @@ static inline __attribute__((always_inline)) ss_vw ss_block_z_w(const void* x, i
 /* 16-lane form (the row pass's width on AVX-512): the same terms and kept
  * lanes, the exp per 16-lane group that holds a kept lane, the kept lanes a
  * mask register that adds the terms and is the kept bits. */
-__attribute__((noinline, noclone, optimize("fp-contract=off")))
-static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
-                                  float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
+static inline __attribute__((always_inline)) float ss_block_mass_before_at(
+    const void* x, int bf16, float inv_t, float z_max, float z_cut, int32_t lane_cut, float* w,
+    uint64_t* kept)
 {
     __m512 acc = _mm512_setzero_ps();
     uint64_t mask = 0;
@@ -121,9 +133,9 @@ static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_
     return ss_hsum_w((ss_vw)acc);
 }
 #else
-__attribute__((noinline, noclone, optimize("fp-contract=off")))
-static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
-                                  float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
+static inline __attribute__((always_inline)) float ss_block_mass_before_at(
+    const void* x, int bf16, float inv_t, float z_max, float z_cut, int32_t lane_cut, float* w,
+    uint64_t* kept)
 {
     ss_vf acc = {};
     uint64_t mask = 0;
@@ -146,6 +158,15 @@ static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_
 }
 
 #endif
+
+/* ss_block_mass_before_at as one compiled copy (see above), for the walk of
+ * the block a draw lands in (draw_before). */
+__attribute__((noinline, noclone, optimize("fp-contract=off")))
+static float ss_block_mass_before(const void* x, int bf16, float inv_t, float z_max,
+                                  float z_cut, int32_t lane_cut, float* w, uint64_t* kept)
+{
+    return ss_block_mass_before_at(x, bf16, inv_t, z_max, z_cut, lane_cut, w, kept);
+}
 
 /* ss_block_mass_before from the terms the row pass kept (terms: the block's
  * SS_BLOCK values exp(z_j - block max), ss_block_max_mass's), with no exp:
@@ -186,5 +207,44 @@ static inline float ss_block_terms_before(const void* x, int bf16, float inv_t,
     return ss_sum_lanes(acc);
 }
 #endif
+
+/* Each block's mass ranked before the cut (z_cut, id_cut) for blocks
+ * [first, last) in one call (masses_before's pass over a row): block b's
+ * SS_BLOCK logits at x + (b - first) * SS_BLOCK (floats, or with bf16 the
+ * stored bfloat16s), its mass into kept[b] (0, its logits unread, when its
+ * max z is below z_cut) and added to *total in block order. A block whose max
+ * reaches terms_from sums the row pass's terms, scaled by block_scale[b]
+ * (ss_block_terms_before); any other sums its exps (ss_block_mass_before_at).
+ * The floats are a call per block's: this copy is compiled with the same
+ * fp-contract=off, and a run of plain blocks in one call spares each block a
+ * call, its reread and the horizontal sum's wait before the next block. */
+__attribute__((noinline, noclone, optimize("fp-contract=off")))
+static void ss_blocks_mass_before(const void* x, int bf16, ptrdiff_t first, ptrdiff_t last,
+                                  const float* block_max, const float* block_scale,
+                                  const float* terms, float terms_from, float inv_t,
+                                  float z_max, float z_cut, int64_t id_cut, float* kept,
+                                  double* total)
+{
+    double sum = *total;
+    uint64_t bits;
+    for (ptrdiff_t b = first; b < last; b++) {
+        if (block_max[b] < z_cut) {
+            kept[b] = 0.0f;
+            continue;
+        }
+        int64_t lane_cut = id_cut - b * SS_BLOCK;
+        lane_cut = lane_cut < 0 ? 0 : lane_cut > SS_BLOCK ? SS_BLOCK : lane_cut;
+        ptrdiff_t offset = (b - first) * SS_BLOCK;
+        const void* block = bf16 ? (const void*)((const uint16_t*)x + offset)
+                                 : (const void*)((const float*)x + offset);
+        kept[b] = block_max[b] >= terms_from
+            ? block_scale[b] * ss_block_terms_before(block, bf16, inv_t, terms + b * SS_BLOCK,
+                                                     z_cut, (int32_t)lane_cut, &bits)
+            : ss_block_mass_before_at(block, bf16, inv_t, z_max, z_cut, (int32_t)lane_cut,
+                                      NULL, NULL);
+        sum += kept[b];
+    }
+    *total = sum;
+}
 
 #endif

@@ -1,4 +1,4 @@
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cdef extern from "nucleus.h" nogil:
     uint64_t ss_bucket_terms(const float* x, float inv_t, float z_max, float z_floor, float scale,
@@ -8,3 +8,7 @@ cdef extern from "nucleus.h" nogil:
                                int32_t lane_cut, float* w, uint64_t* kept)
     float ss_block_terms_before(const void* x, bint bf16, float inv_t, const float* terms,
                                 float z_cut, int32_t lane_cut, uint64_t* kept)
+    void ss_blocks_mass_before(const void* x, bint bf16, Py_ssize_t first, Py_ssize_t last,
+                               const float* block_max, const float* block_scale,
+                               const float* terms, float terms_from, float inv_t, float z_max,
+                               float z_cut, int64_t id_cut, float* kept, double* total)

@@ -217,33 +217,48 @@ cdef int64_t sample_by_buckets(const RowSource* src, const Overrides* ov, const 
     return last_positive
 
 
+cdef inline Py_ssize_t plain_run_end(const RowSource* src, const Overrides* ov,
+                                     Py_ssize_t b) noexcept nogil:
+    """The end of the run of plain blocks (plain_block: whole, no override)
+    from block b of a row read in place (float32, bfloat16): b itself when
+    block b is not plain."""
+    if src.dtype == DTYPE_FLOAT16:
+        return b
+    cdef Py_ssize_t ov_pos = first_override_at(ov, b * SS_BLOCK)
+    cdef Py_ssize_t end_column = ov.column[ov_pos] if ov_pos < ov.n else src.vocab
+    return max(b, min(end_column, src.vocab) // SS_BLOCK)
+
+
 cdef inline double masses_before(const RowSource* src, const Overrides* ov, Workspace* ws,
                                  Py_ssize_t n_blocks, float inv_t, float row_max, float z_cut,
                                  int64_t id_cut, float terms_from) noexcept nogil:
     """Each block's mass ranked before the cut (z_cut, id_cut) into
-    ws.block_kept (ss_block_mass_before; in the blocks whose max reaches
-    terms_from, which kept their terms (terms_floor; +inf: none), the row
-    pass's terms ws.terms summed instead, ss_block_terms_before); returns
-    their sum. Blocks whose max is below z_cut hold none and are not read."""
+    ws.block_kept (ss_blocks_mass_before: the exps of ss_block_mass_before,
+    or in the blocks whose max reaches terms_from, which kept their terms
+    (terms_floor; +inf: none), the row pass's terms ws.terms summed); returns
+    their sum. Blocks whose max is below z_cut hold none and are not read.
+    Each run of plain blocks goes to it in one call, read in place; any other
+    block alone, as reread_block_stored gives it."""
     cdef double total = 0.0
-    cdef Py_ssize_t b
-    cdef int64_t lane_cut
+    cdef Py_ssize_t b = 0
+    cdef Py_ssize_t end
     cdef const void* x
     cdef bint bf16
-    cdef uint64_t kept
-    for b in range(n_blocks):
-        if ws.block_max[b] < z_cut:
+    while b < n_blocks:
+        end = plain_run_end(src, ov, b)
+        if end > b:
+            bf16 = src.dtype == DTYPE_BFLOAT16
+            x = <const char*>src.data + b * SS_BLOCK * (2 if bf16 else 4)
+        elif ws.block_max[b] < z_cut:
             ws.block_kept[b] = 0.0
+            b += 1
             continue
-        lane_cut = min(max(id_cut - b * SS_BLOCK, <int64_t>0), <int64_t>SS_BLOCK)
-        x = reread_block_stored(src, b, ov, ws.block, &bf16)
-        if ws.block_max[b] >= terms_from:
-            ws.block_kept[b] = ws.block_scale[b] * ss_block_terms_before(
-                x, bf16, inv_t, ws.terms + b * SS_BLOCK, z_cut, <int32_t>lane_cut, &kept)
         else:
-            ws.block_kept[b] = ss_block_mass_before(x, bf16, inv_t, row_max, z_cut,
-                                                    <int32_t>lane_cut, NULL, NULL)
-        total += ws.block_kept[b]
+            end = b + 1
+            x = reread_block_stored(src, b, ov, ws.block, &bf16)
+        ss_blocks_mass_before(x, bf16, b, end, ws.block_max, ws.block_scale, ws.terms,
+                              terms_from, inv_t, row_max, z_cut, id_cut, ws.block_kept, &total)
+        b = end
     return total
 
 

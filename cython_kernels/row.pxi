@@ -386,6 +386,23 @@ cdef inline float row_pass(const RowSource* src, const Overrides* ov, Workspace*
     return row_max
 
 
+cdef inline double masses_at_row_max(Workspace* ws, Py_ssize_t n_blocks,
+                                     float row_max) noexcept nogil:
+    """The online softmax's rescaling after row_pass, for every block at once:
+    each block's mass moves from its own max to the row max by exp(block max
+    - row max) (ws.block_scale, kept for the terms), in vector lanes. Returns
+    the row's mass, their sum."""
+    cdef Py_ssize_t b
+    cdef double row_mass = 0.0
+    cdef float* scale = ws.block_scale
+    ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
+    for b in range(n_blocks):
+        ws.block_mass[b] = ws.block_mass[b] * scale[b]
+    for b in range(n_blocks):
+        row_mass += ws.block_mass[b]
+    return row_mass
+
+
 cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams* p,
                      Workspace* ws, RowResult* result, int32_t* top_tokens,
                      float* top_logprobs) noexcept nogil:
@@ -422,17 +439,7 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         result.error = ERROR_ALL_BANNED
         return
 
-    # The online softmax's rescaling, for every block at once: each block's
-    # mass moves from its own max to the row max by exp(block max - row max)
-    # (ws.block_scale, kept for the terms), in vector lanes.
-    cdef double row_mass = 0.0
-    cdef float* scale = ws.block_scale
-    if need_mass:
-        ss_exp_shifted(ws.block_max, row_max, scale, n_blocks)
-        for b in range(n_blocks):
-            ws.block_mass[b] = ws.block_mass[b] * scale[b]
-        for b in range(n_blocks):
-            row_mass += ws.block_mass[b]
+    cdef double row_mass = masses_at_row_max(ws, n_blocks, row_max) if need_mass else 0.0
     cdef double log_row_mass = log(row_mass) if need_mass else 0.0
 
     # Collection threshold: every token that can survive 5-7 has z >= it.

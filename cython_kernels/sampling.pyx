@@ -57,7 +57,8 @@ from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, s
                          top_p_prefix)
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport philox4x32_10, uniform_double
-from nucleus cimport ss_block_mass_before, ss_block_terms_before, ss_bucket_terms
+from nucleus cimport (ss_block_mass_before, ss_block_terms_before, ss_blocks_mass_before,
+                     ss_bucket_terms)
 from row_scalars cimport RowScalars, row_scalars_offsets
 from scalar_math cimport (SS_BLOCK, ss_bf16_to_float, ss_block_bound, ss_block_cold_at_or_above,
                           ss_block_cold_exp_sum, ss_block_max_mass, ss_block_max_mass_bf16,
@@ -490,72 +491,41 @@ def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[:
 
 def row_mass(const unsigned char[:, ::1] rows_bytes, int dtype, double[::1] mass):
     """Bench hook, the exp floor of `bench kernels`: each row's softmax mass
-    sum_j exp(x_j - max x) into mass[r], by the row pass's own block functions
-    (one read, one vector exp per logit, two blocks at a time, the block sums
-    moved to the row max at the end, as sample_row does) and nothing else. rows_bytes: [B, V *
-    itemsize] of float32 or bfloat16 rows (dtype). The masses are returned
-    so that no compiler can drop the exps."""
+    sum_j exp(x_j - max x) into mass[r], by sample_row's own first pass
+    (row_pass with no overrides and T = 1: one read, one vector exp per
+    logit) and its rescaling of the block masses to the row max, and nothing
+    else. rows_bytes: [B, V * itemsize] of float32 or bfloat16 rows (dtype).
+    The masses are returned so that no compiler can drop the exps."""
     cdef Py_ssize_t size = rows_bytes.shape[0]
     cdef Py_ssize_t itemsize = 4 if dtype == DTYPE_FLOAT32 else 2
     if dtype != DTYPE_FLOAT32 and dtype != DTYPE_BFLOAT16:
         raise ValueError("row_mass reads float32 or bfloat16 rows")
     if size == 0:
         return
-    cdef Py_ssize_t vocab = rows_bytes.shape[1] // itemsize
-    cdef Py_ssize_t n_blocks = (vocab + SS_BLOCK - 1) // SS_BLOCK
-    cdef float tail[SS_BLOCK]
-    cdef Py_ssize_t j
-    cdef float* block_max = <float*>malloc(n_blocks * sizeof(float))
-    cdef float* block_mass = <float*>malloc(n_blocks * sizeof(float))
-    cdef float* scale = <float*>malloc(n_blocks * sizeof(float))
-    cdef Py_ssize_t r, b
-    cdef float row_max
-    cdef double total
-    cdef int nans = 0
-    cdef const unsigned char* row
-    with nogil:
-        if block_max != NULL and block_mass != NULL and scale != NULL:
-            for r in range(size):
-                row = &rows_bytes[r, 0]
-                row_max = -INFINITY
-                b = 0
-                while (b + 2) * SS_BLOCK <= vocab:
-                    if dtype == DTYPE_BFLOAT16:
-                        ss_block_pair_max_mass_bf16(<const uint16_t*>row + b * SS_BLOCK, 1.0,
-                                                    &block_max[b], &block_mass[b], &nans, NULL,
-                                                    INFINITY)
-                    else:
-                        ss_block_pair_max_mass(<const float*>row + b * SS_BLOCK, 1.0,
-                                               &block_max[b], &block_mass[b], &nans, NULL,
-                                               INFINITY)
-                    row_max = max(row_max, block_max[b], block_max[b + 1])
-                    b += 2
-                for b in range(b, n_blocks):
-                    if (b + 1) * SS_BLOCK > vocab:     # the last, partial block
-                        for j in range(SS_BLOCK):
-                            tail[j] = -INFINITY if b * SS_BLOCK + j >= vocab else (
-                                (<const float*>row)[b * SS_BLOCK + j] if dtype == DTYPE_FLOAT32
-                                else ss_bf16_to_float((<const uint16_t*>row)[b * SS_BLOCK + j]))
-                        block_max[b] = ss_block_max_mass(tail, 1.0, &block_mass[b], &nans, NULL,
-                                                         INFINITY)
-                    elif dtype == DTYPE_BFLOAT16:
-                        block_max[b] = ss_block_max_mass_bf16(
-                            <const uint16_t*>row + b * SS_BLOCK, 1.0, &block_mass[b], &nans,
-                            NULL, INFINITY)
-                    else:
-                        block_max[b] = ss_block_max_mass(<const float*>row + b * SS_BLOCK, 1.0,
-                                                         &block_mass[b], &nans, NULL, INFINITY)
-                    row_max = block_max[b] if block_max[b] > row_max else row_max
-                ss_exp_shifted(block_max, row_max, scale, n_blocks)
-                total = 0.0
-                for b in range(n_blocks):
-                    total += block_mass[b] * scale[b]
-                mass[r] = total
-    free(block_max)
-    free(block_mass)
-    free(scale)
-    if block_max == NULL or block_mass == NULL or scale == NULL:
+    cdef RowSource src
+    src.dtype = dtype
+    src.vocab = rows_bytes.shape[1] // itemsize
+    cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
+    cdef Overrides no_overrides
+    no_overrides.n = 0
+    cdef Workspace* ws = allocate_workspace(src.vocab, n_blocks, 0, 0)
+    if ws == NULL:
         raise MemoryError()
+    cdef Py_ssize_t r
+    cdef float row_max
+    cdef int nans = 0
+    # need_mass is read at run time: a fourth call site passing the constant
+    # True made GCC clone row_pass for the sites that need the mass and then
+    # inline the max-only one, its clone's last caller, into sample_row, which
+    # made greedy, simple and min_p slower on float32 rows. With no constant
+    # here sample_row's three sites compile as they do without this hook.
+    cdef volatile bint need_mass = True
+    with nogil:
+        for r in range(size):
+            src.data = &rows_bytes[r, 0]
+            row_max = row_pass(&src, &no_overrides, ws, n_blocks, 1.0, need_mass, NULL, &nans)
+            mass[r] = masses_at_row_max(ws, n_blocks, row_max)
+    free_workspace(ws)
 
 
 def row_scalars_layout():

@@ -81,24 +81,28 @@ def test_the_vector_exps_agree_with_each_other_and_the_scalar_one():
 
 
 def test_the_bench_row_mass_is_the_float64_mass():
-    """_sampling.row_mass, the exp floor of `bench kernels`: every row's
-    softmax mass in float32 and bfloat16, a partial last block and -inf
-    included, within float rounding of float64's."""
+    """_sampling.row_mass, the exp floor of `bench kernels` (the row pass
+    itself, at T = 1): every row's softmax mass in float32 and bfloat16
+    within float rounding of float64's: peaked, -inf, shifted and flat
+    (N(0, 0.02)) rows; widths with a partial last block, with an odd count
+    of whole blocks (the pass's last block unpaired) and of one block."""
     import ml_dtypes
 
     from simple_sampler.sampling import kernel_rows
 
     rng = np.random.default_rng(5)
-    rows = (3.0 * rng.standard_normal((4, 64 * 40 + 17))).astype(np.float32)
-    rows[1, rng.integers(0, rows.shape[1], 300)] = -np.inf
-    rows[2] -= 150.0
-    for dtype in (np.float32, ml_dtypes.bfloat16):
-        stored = rows.astype(dtype)
-        masses = np.full(len(rows), np.nan)
-        _sampling.row_mass(*kernel_rows(stored), masses)
-        exact = stored.astype(np.float64)
-        exact = np.exp(exact - exact.max(axis=1, keepdims=True)).sum(axis=1)
-        np.testing.assert_allclose(masses, exact, rtol=1e-6)
+    for vocab in (64 * 40 + 17, 64 * 41, 64):
+        rows = (3.0 * rng.standard_normal((5, vocab))).astype(np.float32)
+        rows[1, rng.integers(0, vocab, vocab // 8)] = -np.inf
+        rows[2] -= 150.0
+        rows[3] = 0.02 * rng.standard_normal(vocab)
+        for dtype in (np.float32, ml_dtypes.bfloat16):
+            stored = rows.astype(dtype)
+            masses = np.full(len(rows), np.nan)
+            _sampling.row_mass(*kernel_rows(stored), masses)
+            exact = stored.astype(np.float64)
+            exact = np.exp(exact - exact.max(axis=1, keepdims=True)).sum(axis=1)
+            np.testing.assert_allclose(masses, exact, rtol=1e-6, err_msg=f"{vocab} {dtype}")
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         _sampling.row_mass(*kernel_rows(rows.astype(np.float16)), masses)
 
