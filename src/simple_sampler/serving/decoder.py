@@ -146,16 +146,31 @@ class Decoder:
         self.ids = itertools.count()
         self.stats = DecoderStats()
         self.state = BatchState(engine.max_batch_size, engine.max_context)
+        slots = engine.max_batch_size
+        #: per slot, what ``_deliver`` tests for every row of a step in numpy:
+        #: a `quiet` row (stepped, no stop strings, no logprobs, at most one
+        #: stop id) needs no Python for a token that neither ends it
+        #: (`end_id`, -1: none; `max_tokens`) nor is due to ``on_step``
+        #: (`due_at`: its generated count then, every `interval` tokens)
+        self.quiet = np.zeros(slots, bool)
+        self.stepped = np.zeros(slots, bool)
+        self.end_id = np.full(slots, -1, np.int64)
+        self.max_tokens = np.zeros(slots, np.int64)
+        self.due_at = np.zeros(slots, np.int64)
+        self.interval = np.zeros(slots, np.int64)
+        #: requests cancelled or ended while in a lane (their rows take the
+        #: per-row path until they leave it)
+        self.interrupted: set[int] = set()
         self.activity = Activity(self.stats)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
         self.wake: list[asyncio.Event] = []
-        #: on_step(handles, texts, tokens): once per step, the tokens of
-        #: listened-to requests (``RequestHandle.listen``'s sink) that did not
-        #: end them: row r's request is handles[r], its new text texts[r]
-        #: (None: row r is not one of them) and its token tokens[r] (the
-        #: step's int array); set before requests arrive
-        self.on_step: Callable[[list[RequestHandle], list[str | None], np.ndarray], None] \
+        #: on_step(handles, texts, ids): once per step with any due, the
+        #: tokens of listened-to requests (``RequestHandle.listen``'s sink)
+        #: that did not end them, each request's `interval` at a time: the
+        #: i-th request due is handles[i], its new text texts[i] and its
+        #: ids ids[i] (int32 [1, n], its own copy); set before requests arrive
+        self.on_step: Callable[[list[RequestHandle], list[str], list[np.ndarray]], None] \
             | None = None
 
     async def start(self) -> None:
@@ -221,6 +236,8 @@ class Decoder:
         if sequence in self.queue:
             self.queue.remove(sequence)
             self._finish(sequence, FINISH_CANCELLED)
+        else:  # in a lane: its row takes the per-row path
+            self.interrupted.add(request_id)
 
     def _admit(self) -> None:
         """Move queued requests into free slots, each to the smallest lane."""
@@ -235,9 +252,31 @@ class Decoder:
             sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
                                            sequence.request.return_log_probs,
                                            sequence.bad_words_ids)
+            self._set_columns(sequence)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
+
+    def step_tokens(self, sequence: DecodeSequence, interval: int) -> None:
+        """``RequestHandle.listen`` with a sink: `sequence`'s tokens that
+        end it not go to ``on_step``, `interval` at a time (0: none)."""
+        sequence.stepped, sequence.interval = True, interval
+        if sequence.slot >= 0 and not sequence.done:  # admitted: else at admission
+            self._set_columns(sequence)
+
+    def _set_columns(self, sequence: DecodeSequence) -> None:
+        """`sequence`'s row of the per-slot columns ``_deliver`` reads."""
+        slot = sequence.slot
+        self.stepped[slot] = sequence.stepped
+        self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
+                            and not sequence.request.return_log_probs
+                            and len(sequence.stop_ids) <= 1)
+        self.end_id[slot] = next(iter(sequence.stop_ids), -1)
+        self.max_tokens[slot] = sequence.max_tokens
+        self.interval[slot] = sequence.interval
+        # interval 0: never due (no request generates that many tokens)
+        self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
+                             else np.iinfo(np.int64).max)
 
     def abort_all(self, error: str) -> int:
         """End every request now with `error` (retryable: the server is
@@ -265,6 +304,8 @@ class Decoder:
         """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
         self.engine.release(sequence.request_id)
         self.state.release(sequence.slot)
+        self.quiet[sequence.slot] = self.stepped[sequence.slot] = False
+        self.interrupted.discard(sequence.request_id)
 
     def _finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
@@ -273,17 +314,45 @@ class Decoder:
         """Send the one final event and (with `release`) free the slot."""
         if sequence.done:
             return
+        held_text, held_ids = self._held(sequence)  # before the slot is freed
         sequence.done = True
+        if not release and sequence.slot >= 0:  # in a lane until _reap takes it out
+            self.interrupted.add(sequence.request_id)
         self.by_id.pop(sequence.request_id, None)
         for lane in self.lanes if release else ():
             if sequence in lane:
                 lane.remove(sequence)
                 self._release(sequence)
-        event = self._event(sequence, text, list(token_ids), list(logprobs), reason, error)
+        event = self._event(sequence, held_text + text, held_ids + list(token_ids),
+                            list(logprobs), reason, error)
         event.retryable = retryable
         sequence.handle.put(event)
         if release:
             self._admit()
+
+    def _catch_up(self, sequence: DecodeSequence) -> None:
+        """Push a stepped sequence's tokens in its history that the
+        detokenizer has not had yet; their text joins `held_text`."""
+        state, slot = self.state, sequence.slot
+        start, length = int(state.prompt_length[slot]), int(state.length[slot])
+        if start + sequence.pushed < length:
+            sequence.held_text += sequence.detokenizer.push(
+                state.tokens[slot, start + sequence.pushed:length].tolist())
+            sequence.pushed = length - start
+
+    def _held(self, sequence: DecodeSequence) -> tuple[str, list[int]]:
+        """The text and ids of a stepped sequence's tokens not handed out yet
+        (tokens that went on: in its history), now counted as handed out."""
+        if not sequence.stepped or sequence.slot < 0 or sequence.done:
+            return "", []
+        self._catch_up(sequence)
+        state, slot = self.state, sequence.slot
+        start, length = int(state.prompt_length[slot]), int(state.length[slot])
+        text, ids = sequence.held_text, state.tokens[slot, start + sequence.delivered:length].tolist()
+        sequence.held_text, sequence.delivered = "", length - start
+        # a final token (not in the history) is counted already
+        sequence.generated = max(sequence.generated, sequence.delivered)
+        return text, ids
 
     @staticmethod
     def _event(sequence: DecodeSequence, text: str, token_ids: list[int],
@@ -347,7 +416,7 @@ class Decoder:
                 else:
                     tokens, logprobs = step.sampled
                 started = time.thread_time()
-                self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+                self._deliver(sequences, ids, np.asarray(tokens), np.asarray(logprobs))
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -426,55 +495,100 @@ class Decoder:
         state, slot = self.state, sequence.slot
         return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
 
-    def _deliver(self, sequences: list[DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
-        """Turn one step's tokens into deliveries, in one pass over the rows;
-        feed the survivors back.
+    def _deliver(self, sequences: list[DecodeSequence], ids: list[int], tokens: np.ndarray,
+                 logprobs: np.ndarray) -> None:
+        """Turn one step's tokens into deliveries; feed the survivors back
+        (`ids`: the rows' request ids).
 
-        A row whose token ends its request (an end or stop id, a stop
-        string, max_tokens) makes the request's final event. Any other row
-        of a stepped request (``RequestHandle.listen`` with a sink) costs
-        only its detokenizer step: its text goes into the step's ``texts``,
-        and ``on_step`` gets them all after the pass; a row of any other
-        request makes an event. The rows that go on are appended to the
-        batch state and the engine by index arrays, not one by one."""
+        What every row needs is found in numpy first (the per-slot columns):
+        a quiet row (``_set_columns``) whose token neither ends its request
+        nor is due to ``on_step`` costs no Python at all, its token only
+        appended to its history. The other rows take one pass: a row whose
+        token ends its request (an end or stop id, a stop string,
+        max_tokens) makes the request's final event, with the tokens it
+        held; a row of a stepped request with stop strings (or logprobs)
+        pushes its token through the detokenizer and holds its text; a row
+        of any other request makes an event. Then the rows due to
+        ``on_step`` go to it at once: each its text (the held ids pushed
+        through its detokenizer now) and its ids since its last. The rows
+        that go on are appended to the batch state and the engine by index
+        arrays, not one by one."""
         rows = len(sequences)
-        token_list, logprob_list = tokens.tolist(), logprobs.tolist()
-        texts: list[str | None] = [None] * rows
-        going_on = [False] * rows
-        stepped = False
-        for row, sequence in enumerate(sequences):
-            if sequence.done:
-                continue
-            if sequence.cancelled:
-                self._finish(sequence, FINISH_CANCELLED)
-                continue
-            token = token_list[row]
-            sequence.generated += 1
-            sequence.cum_log_prob += logprob_list[row]
-            ended = token in sequence.stop_ids  # the end id, unless ignore_end
-            text, stopped = "", False
-            if not ended:
-                text = sequence.detokenizer.push_token(token)
-                if sequence.stop.stop_words:  # without any, feed() returns the text as it is
-                    text, stopped = sequence.stop.feed(text)
-            if ended or stopped or sequence.generated >= sequence.max_tokens:
-                self._last(sequence, token, logprob_list[row], text, ended or stopped, stopped)
-                continue
-            going_on[row] = True
-            if sequence.stepped:
-                texts[row], stepped = text, True
-            else:
-                sequence.handle.put(self._event(sequence, text, [token], [logprob_list[row]]))
-        if stepped:
-            self.on_step([s.handle for s in sequences], texts, tokens)
+        slots = np.array([s.slot for s in sequences], np.int64)
+        generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
+        ends = (tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
+        each = ends | ~self.quiet[slots]
+        if self.interrupted:
+            each |= np.fromiter((s.request_id in self.interrupted for s in sequences), bool, rows)
+        going_on = np.ones(rows, bool)
+        for row in np.flatnonzero(each).tolist():
+            going_on[row] = self._deliver_row(sequences[row], int(tokens[row]),
+                                              float(logprobs[row]), int(generated[row]))
         kept = np.flatnonzero(going_on)
-        if kept.size:
+        if kept.size == rows:
+            self.state.append(slots, tokens.astype(np.int32))
+            self.engine.append(ids, tokens.tolist())
+        elif kept.size:
             kept_list = kept.tolist()
-            self.state.append(np.array([sequences[r].slot for r in kept_list], np.int64),
-                              tokens[kept].astype(np.int32))
-            self.engine.append([sequences[r].request_id for r in kept_list],
-                               [token_list[r] for r in kept_list])
+            self.state.append(slots[kept], tokens[kept].astype(np.int32))
+            self.engine.append([ids[r] for r in kept_list], tokens[kept].tolist())
+        if self.on_step is not None:
+            due = kept[self.stepped[slots[kept]] & (generated[kept] >= self.due_at[slots[kept]])]
+            if due.size:
+                self._hand_over([sequences[r] for r in due.tolist()], slots[due], generated[due])
 
+    def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
+                     generated: int) -> bool:
+        """``_deliver``'s pass for one row that needs Python; whether it goes on."""
+        if sequence.done:
+            return False
+        if sequence.cancelled:
+            self._finish(sequence, FINISH_CANCELLED)
+            return False
+        sequence.cum_log_prob += logprob
+        ended = token in sequence.stop_ids  # the end id, unless ignore_end
+        text, stopped = "", False
+        if sequence.stepped:
+            self._catch_up(sequence)  # a quiet row's held ids come before this token
+        if not ended:
+            text = sequence.detokenizer.push_token(token)
+            if sequence.stop.stop_words:  # without any, feed() returns the text as it is
+                text, stopped = sequence.stop.feed(text)
+        if ended or stopped or generated >= sequence.max_tokens:
+            sequence.generated = generated
+            self._last(sequence, token, logprob, text, ended or stopped, stopped)
+            return False
+        if sequence.stepped:
+            sequence.held_text += text
+            sequence.pushed += 1
+        else:
+            sequence.generated = sequence.delivered = generated
+            sequence.handle.put(self._event(sequence, text, [token], [logprob]))
+        return True
+
+    def _hand_over(self, sequences: list[DecodeSequence], slots: np.ndarray,
+                   generated: np.ndarray) -> None:
+        """``on_step`` for the rows due: each sequence's held tokens (since
+        it last handed any out, all in its history now), their text and ids
+        (int32 [1, n], ready for Triton)."""
+        state = self.state
+        texts = []
+        for sequence in sequences:
+            self._catch_up(sequence)
+            texts.append(sequence.held_text)
+            sequence.held_text = ""
+        counts = generated - np.array([s.delivered for s in sequences], np.int64)
+        ends = state.prompt_length[slots] + generated
+        for sequence, count in zip(sequences, generated.tolist()):
+            sequence.generated = sequence.delivered = count
+        self.due_at[slots] += self.interval[slots]
+        if np.all(counts == counts[0]):  # every row holds as many: one gather
+            columns = ends[:, None] - counts[0] + np.arange(counts[0])
+            ids = list(state.tokens[slots[:, None], columns][:, None, :])
+        else:
+            ids = [state.tokens[slot, end - count:end][None].copy()
+                   for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist())]
+        self.on_step([s.handle for s in sequences], texts, ids)
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
               stop: bool, stopped: bool) -> None:
         """The final event of a sequence whose `token` ended it: `stop` (an

@@ -256,10 +256,13 @@ class LlmService:
         try:
             # The decode loop hands each event to on_event as it makes it,
             # and the tokens that do not end a request to on_step, a step's
-            # at once (a request asking for logprobs: events, which carry
-            # them): a step's responses go out in one burst after its pass.
+            # due at once, a stream's `interval` at a time and a whole
+            # answer's with its final event (a request asking for logprobs:
+            # events, which carry them): a step's responses go out in one
+            # burst after its pass.
             handle.listen(functools.partial(self.deliveries.on_event, delivery),
-                          None if decoded.request.return_log_probs else delivery)
+                          None if decoded.request.return_log_probs else delivery,
+                          delivery.interval if decoded.stream else 0)
             await delivery.finished
         finally:
             self.deliveries.live.pop(delivery, None)
