@@ -129,6 +129,40 @@ def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_e
     assert finals[3].finish_reason == "stop" and "ef" not in finals[3].text
 
 
+@pytest.mark.parametrize("interval", [2, 0])
+def test_a_sink_taken_after_some_events_continues_the_same_text(interval):
+    """Tokens made before listen(sink) came as events (pushed through the
+    detokenizer one by one); the ones after come to on_step: together, the
+    text and ids a reader gets, none pushed twice."""
+    request = GenerationRequest(text="a", max_tokens=9, sampling=GREEDY)
+    [read], _ = generate(FakeEngine(max_batch_size=2), [request], mode="simple",
+                         sampler=threaded())
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        chunks, events = [], []
+        decoder.on_step = lambda handles, texts, ids: chunks.extend(
+            (text, row[0].tolist()) for text, row in zip(texts, ids))
+        await decoder.start()
+        handle = decoder.submit(request)
+        while len(handle.pending) < 3:  # three tokens made as events, not read yet
+            await asyncio.sleep(0.001)
+        final = asyncio.get_running_loop().create_future()
+        handle.listen(lambda e: final.set_result(e) if e.final else events.append(e),
+                      sink=0, interval=interval)
+        last = await final
+        await decoder.close()
+        return events, chunks, last
+
+    events, chunks, last = asyncio.run(main())
+    assert len(events) >= 3 and bool(chunks) == bool(interval)
+    assert "".join(e.text for e in events) + "".join(t for t, _ in chunks) + last.text == \
+        "".join(e.text for e in read)
+    assert [t for e in events for t in e.token_ids] + [t for _, ids in chunks for t in ids] \
+        + last.token_ids == [t for e in read for t in e.token_ids]
+
+
 def listen_with_sink(requests, interval):
     """Each request listened to with a sink (its index) and `interval`:
     what on_step handed over per request ((text, ids) per call), the final

@@ -562,33 +562,41 @@ class Decoder:
             sequence.held_text += text
             sequence.pushed += 1
         else:
-            sequence.generated = sequence.delivered = generated
+            sequence.generated = sequence.delivered = sequence.pushed = generated
             sequence.handle.put(self._event(sequence, text, [token], [logprob]))
         return True
 
     def _hand_over(self, sequences: list[DecodeSequence], slots: np.ndarray,
                    generated: np.ndarray) -> None:
-        """``on_step`` for the rows due: each sequence's held tokens (since
-        it last handed any out, all in its history now), their text and ids
-        (int32 [1, n], ready for Triton)."""
+        """``on_step`` for the rows due: each sequence's `interval` tokens
+        since it last handed any out (all in its history now), their text
+        and ids (int32 [1, n], ready for Triton). A quiet row's ids are
+        pushed through its detokenizer now (one id alone: ``push_token``,
+        as at stream_interval 1); any other row's text is held already."""
         state = self.state
-        texts = []
-        for sequence in sequences:
-            self._catch_up(sequence)
-            texts.append(sequence.held_text)
-            sequence.held_text = ""
-        counts = generated - np.array([s.delivered for s in sequences], np.int64)
-        ends = state.prompt_length[slots] + generated
-        for sequence, count in zip(sequences, generated.tolist()):
-            sequence.generated = sequence.delivered = count
-        self.due_at[slots] += self.interval[slots]
+        counts = self.interval[slots]  # due exactly every interval tokens
+        ends = state.length[slots]
+        self.due_at[slots] += counts
         if np.all(counts == counts[0]):  # every row holds as many: one gather
-            columns = ends[:, None] - counts[0] + np.arange(counts[0])
-            ids = list(state.tokens[slots[:, None], columns][:, None, :])
+            block = state.tokens[slots[:, None], ends[:, None] - counts[0] + np.arange(counts[0])]
+            ids, id_lists = list(block[:, None, :]), block.tolist()
         else:
             ids = [state.tokens[slot, end - count:end][None].copy()
                    for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist())]
+            id_lists = [row[0].tolist() for row in ids]
+        texts = []
+        for sequence, held, quiet, count in zip(sequences, id_lists, self.quiet[slots].tolist(),
+                                                generated.tolist()):
+            if quiet:
+                texts.append(sequence.detokenizer.push_token(held[0]) if len(held) == 1
+                             else sequence.detokenizer.push(held))
+                sequence.pushed = count
+            else:
+                texts.append(sequence.held_text)
+                sequence.held_text = ""
+            sequence.generated = sequence.delivered = count
         self.on_step([s.handle for s in sequences], texts, ids)
+
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
               stop: bool, stopped: bool) -> None:
         """The final event of a sequence whose `token` ended it: `stop` (an
