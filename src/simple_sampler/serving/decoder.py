@@ -584,16 +584,16 @@ class Decoder:
             ids = [state.tokens[slot, end - count:end][None].copy()
                    for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist())]
             id_lists = [row[0].tolist() for row in ids]
-        texts = []
-        for sequence, held, quiet, count in zip(sequences, id_lists, self.quiet[slots].tolist(),
-                                                generated.tolist()):
+        single = bool(counts.max() == 1)  # stream_interval 1: one id each
+        texts = [""] * len(sequences)
+        for row, (sequence, held, quiet, count) in enumerate(zip(
+                sequences, id_lists, self.quiet[slots].tolist(), generated.tolist())):
             if quiet:
-                texts.append(sequence.detokenizer.push_token(held[0]) if len(held) == 1
-                             else sequence.detokenizer.push(held))
+                texts[row] = (sequence.detokenizer.push_token(held[0]) if single
+                              else sequence.detokenizer.push(held))
                 sequence.pushed = count
             else:
-                texts.append(sequence.held_text)
-                sequence.held_text = ""
+                texts[row], sequence.held_text = sequence.held_text, ""
             sequence.generated = sequence.delivered = count
         self.on_step([s.handle for s in sequences], texts, ids)
 

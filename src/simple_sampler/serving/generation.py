@@ -11,7 +11,8 @@ from ``Decoder.submit`` instead. The end id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
 in ``text``. A consumer that streams many requests (the llm model) takes
 their other tokens a step at a time instead (``Decoder.on_step``,
-:meth:`RequestHandle.listen` with a sink): no event per token, one call per step.
+:meth:`RequestHandle.listen` with a sink): no event per token, one call per
+step for the requests due, each request's tokens ``interval`` at a time.
 """
 from __future__ import annotations
 
