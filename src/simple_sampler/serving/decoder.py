@@ -258,8 +258,9 @@ class Decoder:
             self.wake[lane].set()
 
     def step_tokens(self, sequence: DecodeSequence, interval: int) -> None:
-        """``RequestHandle.listen`` with a sink: `sequence`'s tokens that
-        end it not go to ``on_step``, `interval` at a time (0: none)."""
+        """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
+        not end it go to ``on_step``, `interval` at a time (0: none, all of
+        them with the final event)."""
         sequence.stepped, sequence.interval = True, interval
         if sequence.slot >= 0 and not sequence.done:  # admitted: else at admission
             self._set_columns(sequence)
