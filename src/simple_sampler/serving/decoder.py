@@ -79,6 +79,7 @@ from .decoder_stats import Activity, DecoderStats
 from .engine import Engine, SelfScheduling, SequenceFailed, StepsThen, step_then
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          GenerationEvent, GenerationRequest, RequestHandle)
+from .step_tokens import StepTokens
 from .inline import sample_torch
 from .samplers import AsyncSampler, SampleResult, kernel_sample
 from .text import StopMatcher, TextCodec
@@ -146,18 +147,8 @@ class Decoder:
         self.ids = itertools.count()
         self.stats = DecoderStats()
         self.state = BatchState(engine.max_batch_size, engine.max_context)
-        slots = engine.max_batch_size
-        #: per slot, what ``_deliver`` tests for every row of a step in numpy:
-        #: a `quiet` row (stepped, no stop strings, no logprobs, at most one
-        #: stop id) needs no Python for a token that neither ends it
-        #: (`end_id`, -1: none; `max_tokens`) nor is due to ``on_step``
-        #: (`due_at`: its generated count then, every `interval` tokens)
-        self.quiet = np.zeros(slots, bool)
-        self.stepped = np.zeros(slots, bool)
-        self.end_id = np.full(slots, -1, np.int64)
-        self.max_tokens = np.zeros(slots, np.int64)
-        self.due_at = np.zeros(slots, np.int64)
-        self.interval = np.zeros(slots, np.int64)
+        #: what a step's tokens become: events, on_step's hand-outs, held tokens
+        self.step_tokens = StepTokens(self)
         #: requests cancelled or ended while in a lane (their rows take the
         #: per-row path until they leave it)
         self.interrupted: set[int] = set()
@@ -252,32 +243,10 @@ class Decoder:
             sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
                                            sequence.request.return_log_probs,
                                            sequence.bad_words_ids)
-            self._set_columns(sequence)
+            self.step_tokens.admit(sequence)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
-
-    def step_tokens(self, sequence: DecodeSequence, interval: int) -> None:
-        """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
-        not end it go to ``on_step``, `interval` at a time (0: none, all of
-        them with the final event)."""
-        sequence.stepped, sequence.interval = True, interval
-        if sequence.slot >= 0 and not sequence.done:  # admitted: else at admission
-            self._set_columns(sequence)
-
-    def _set_columns(self, sequence: DecodeSequence) -> None:
-        """`sequence`'s row of the per-slot columns ``_deliver`` reads."""
-        slot = sequence.slot
-        self.stepped[slot] = sequence.stepped
-        self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
-                            and not sequence.request.return_log_probs
-                            and len(sequence.stop_ids) <= 1)
-        self.end_id[slot] = next(iter(sequence.stop_ids), -1)
-        self.max_tokens[slot] = sequence.max_tokens
-        self.interval[slot] = sequence.interval
-        # interval 0: never due (no request generates that many tokens)
-        self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
-                             else np.iinfo(np.int64).max)
 
     def abort_all(self, error: str) -> int:
         """End every request now with `error` (retryable: the server is
@@ -305,7 +274,7 @@ class Decoder:
         """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
         self.engine.release(sequence.request_id)
         self.state.release(sequence.slot)
-        self.quiet[sequence.slot] = self.stepped[sequence.slot] = False
+        self.step_tokens.release(sequence.slot)
         self.interrupted.discard(sequence.request_id)
 
     def _finish(self, sequence: DecodeSequence, reason: str | None = None,
@@ -315,7 +284,7 @@ class Decoder:
         """Send the one final event and (with `release`) free the slot."""
         if sequence.done:
             return
-        held_text, held_ids = self._held(sequence)  # before the slot is freed
+        held_text, held_ids = self.step_tokens.take(sequence)  # before the slot is freed
         sequence.done = True
         if not release and sequence.slot >= 0:  # in a lane until _reap takes it out
             self.interrupted.add(sequence.request_id)
@@ -330,30 +299,6 @@ class Decoder:
         sequence.handle.put(event)
         if release:
             self._admit()
-
-    def _catch_up(self, sequence: DecodeSequence) -> None:
-        """Push a stepped sequence's tokens in its history that the
-        detokenizer has not had yet; their text joins `held_text`."""
-        state, slot = self.state, sequence.slot
-        start, length = int(state.prompt_length[slot]), int(state.length[slot])
-        if start + sequence.pushed < length:
-            sequence.held_text += sequence.detokenizer.push(
-                state.tokens[slot, start + sequence.pushed:length].tolist())
-            sequence.pushed = length - start
-
-    def _held(self, sequence: DecodeSequence) -> tuple[str, list[int]]:
-        """The text and ids of a stepped sequence's tokens not handed out yet
-        (tokens that went on: in its history), now counted as handed out."""
-        if not sequence.stepped or sequence.slot < 0 or sequence.done:
-            return "", []
-        self._catch_up(sequence)
-        state, slot = self.state, sequence.slot
-        start, length = int(state.prompt_length[slot]), int(state.length[slot])
-        text, ids = sequence.held_text, state.tokens[slot, start + sequence.delivered:length].tolist()
-        sequence.held_text, sequence.delivered = "", length - start
-        # a final token (not in the history) is counted already
-        sequence.generated = max(sequence.generated, sequence.delivered)
-        return text, ids
 
     @staticmethod
     def _event(sequence: DecodeSequence, text: str, token_ids: list[int],
@@ -417,7 +362,7 @@ class Decoder:
                 else:
                     tokens, logprobs = step.sampled
                 started = time.thread_time()
-                self._deliver(sequences, ids, np.asarray(tokens), np.asarray(logprobs))
+                self.step_tokens.deliver(sequences, ids, np.asarray(tokens), np.asarray(logprobs))
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -495,108 +440,6 @@ class Decoder:
         batch state: the decode loop keeps no list of its own)."""
         state, slot = self.state, sequence.slot
         return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
-
-    def _deliver(self, sequences: list[DecodeSequence], ids: list[int], tokens: np.ndarray,
-                 logprobs: np.ndarray) -> None:
-        """Turn one step's tokens into deliveries; feed the survivors back
-        (`ids`: the rows' request ids).
-
-        What every row needs is found in numpy first (the per-slot columns):
-        a quiet row (``_set_columns``) whose token neither ends its request
-        nor is due to ``on_step`` costs no Python at all, its token only
-        appended to its history. The other rows take one pass: a row whose
-        token ends its request (an end or stop id, a stop string,
-        max_tokens) makes the request's final event, with the tokens it
-        held; a row of a stepped request with stop strings (or logprobs)
-        pushes its token through the detokenizer and holds its text; a row
-        of any other request makes an event. Then the rows due to
-        ``on_step`` go to it at once: each its text (the held ids pushed
-        through its detokenizer now) and its ids since its last. The rows
-        that go on are appended to the batch state and the engine by index
-        arrays, not one by one."""
-        rows = len(sequences)
-        slots = np.array([s.slot for s in sequences], np.int64)
-        generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
-        ends = (tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
-        each = ends | ~self.quiet[slots]
-        if self.interrupted:
-            each |= np.fromiter((s.request_id in self.interrupted for s in sequences), bool, rows)
-        going_on = np.ones(rows, bool)
-        for row in np.flatnonzero(each).tolist():
-            going_on[row] = self._deliver_row(sequences[row], int(tokens[row]),
-                                              float(logprobs[row]), int(generated[row]))
-        kept = np.flatnonzero(going_on)
-        if kept.size == rows:
-            self.state.append(slots, tokens.astype(np.int32))
-            self.engine.append(ids, tokens.tolist())
-        elif kept.size:
-            kept_list = kept.tolist()
-            self.state.append(slots[kept], tokens[kept].astype(np.int32))
-            self.engine.append([ids[r] for r in kept_list], tokens[kept].tolist())
-        if self.on_step is not None:
-            due = kept[self.stepped[slots[kept]] & (generated[kept] >= self.due_at[slots[kept]])]
-            if due.size:
-                self._hand_over([sequences[r] for r in due.tolist()], slots[due], generated[due])
-
-    def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
-                     generated: int) -> bool:
-        """``_deliver``'s pass for one row that needs Python; whether it goes on."""
-        if sequence.done:
-            return False
-        if sequence.cancelled:
-            self._finish(sequence, FINISH_CANCELLED)
-            return False
-        sequence.cum_log_prob += logprob
-        ended = token in sequence.stop_ids  # the end id, unless ignore_end
-        text, stopped = "", False
-        if sequence.stepped:
-            self._catch_up(sequence)  # a quiet row's held ids come before this token
-        if not ended:
-            text = sequence.detokenizer.push_token(token)
-            if sequence.stop.stop_words:  # without any, feed() returns the text as it is
-                text, stopped = sequence.stop.feed(text)
-        if ended or stopped or generated >= sequence.max_tokens:
-            sequence.generated = generated
-            self._last(sequence, token, logprob, text, ended or stopped, stopped)
-            return False
-        if sequence.stepped:
-            sequence.held_text += text
-            sequence.pushed += 1
-        else:
-            sequence.generated = sequence.delivered = sequence.pushed = generated
-            sequence.handle.put(self._event(sequence, text, [token], [logprob]))
-        return True
-
-    def _hand_over(self, sequences: list[DecodeSequence], slots: np.ndarray,
-                   generated: np.ndarray) -> None:
-        """``on_step`` for the rows due: each sequence's `interval` tokens
-        since it last handed any out (all in its history now), their text
-        and ids (int32 [1, n], ready for Triton). A quiet row's ids are
-        pushed through its detokenizer now (one id alone: ``push_token``,
-        as at stream_interval 1); any other row's text is held already."""
-        state = self.state
-        counts = self.interval[slots]  # due exactly every interval tokens
-        ends = state.length[slots]
-        self.due_at[slots] += counts
-        if np.all(counts == counts[0]):  # every row holds as many: one gather
-            block = state.tokens[slots[:, None], ends[:, None] - counts[0] + np.arange(counts[0])]
-            ids, id_lists = list(block[:, None, :]), block.tolist()
-        else:
-            ids = [state.tokens[slot, end - count:end][None].copy()
-                   for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist())]
-            id_lists = [row[0].tolist() for row in ids]
-        single = bool(counts.max() == 1)  # stream_interval 1: one id each
-        texts = [""] * len(sequences)
-        for row, (sequence, held, quiet, count) in enumerate(zip(
-                sequences, id_lists, self.quiet[slots].tolist(), generated.tolist())):
-            if quiet:
-                texts[row] = (sequence.detokenizer.push_token(held[0]) if single
-                              else sequence.detokenizer.push(held))
-                sequence.pushed = count
-            else:
-                texts[row], sequence.held_text = sequence.held_text, ""
-            sequence.generated = sequence.delivered = count
-        self.on_step([s.handle for s in sequences], texts, ids)
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
               stop: bool, stopped: bool) -> None:

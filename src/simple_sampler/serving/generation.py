@@ -145,7 +145,7 @@ class RequestHandle:
         decoder's ``on_step`` set, a token that does not end the request
         makes no event: the request's tokens go to ``on_step`` ``interval``
         at a time (0: never), with those of the other requests due in the
-        same step (``Decoder._deliver``); the final event still comes to
+        same step (``StepTokens.deliver``); the final event still comes to
         ``listener``, holding every token not handed to ``on_step``."""
         # The listener replaces put() on this handle: the decode loop's
         # put(event) is then the listener's call itself, no call in between.
@@ -153,7 +153,7 @@ class RequestHandle:
         self.sink = sink
         sequence = self.decoder.by_id.get(self.request_id)
         if sequence is not None and sink is not None and self.decoder.on_step is not None:
-            self.decoder.step_tokens(sequence, interval)
+            self.decoder.step_tokens.listen(sequence, interval)
         while self.pending:
             listener(self.pending.popleft())
 
@@ -195,7 +195,7 @@ class DecodeSequence:
     bad_words_ids: list[list[int]]
     num_input_tokens: int = 0  # len(prompt_ids), kept for every event
     #: tokens generated as of its last event or ``on_step`` (a stepped
-    #: request's count per step is its BatchState length, ``Decoder._deliver``);
+    #: request's count per step is its BatchState length, ``StepTokens.deliver``);
     #: the ids themselves are in the decoder's BatchState (``Decoder.output_ids``)
     generated: int = 0
     max_tokens: int = 0  # request.max_tokens, read per token
