@@ -82,6 +82,32 @@ def test_same_tokens_as_the_rebuild():
     np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-6)
 
 
+@pytest.mark.parametrize("most_stop_ids", [1, 2])
+def test_a_steps_bans_in_numpy_are_the_per_row_passs(most_stop_ids):
+    """Rows with at most one stop id (the end id alone, the usual request)
+    get their bans from the columns; they are the per-row pass's bans, for
+    rows short of min_tokens and not, beside a row with no stop id (and,
+    with two, through the pass itself)."""
+    from simple_sampler.serving.batch_state import _sparse_ragged
+
+    rng = np.random.default_rng(2)
+    state, slots = BatchState(24, 16), []
+    for row in range(20):
+        stops = rng.choice(VOCAB, rng.integers(0, most_stop_ids + 1), replace=False).tolist()
+        slots.append(state.add(SamplingParams(seed=row, min_tokens=int(rng.integers(0, 4)),
+                                              stop_token_ids=stops), [1, 2]))
+    slots, banned = np.array(slots), 0
+    for token in range(4):
+        short = state.length[slots] - state.prompt_length[slots] < state.columns["min_tokens"][slots]
+        got = state._ban_lists(slots, short)
+        want = _sparse_ragged(len(slots), state._bans(slots, short))
+        assert rows_of(*got) == rows_of(*want) and got[1].dtype == want[1].dtype == np.int32
+        np.testing.assert_array_equal(state.batch(slots).ban_offsets, want[0])
+        banned += want[1].size
+        state.append(slots, np.full(len(slots), token, np.int32))
+    assert banned, "no row banned a stop id: a weak test"
+
+
 def legacy_bad_word_bans(history: list[int], words: list[list[int]]) -> list[int]:
     return [w[-1] for w in words if len(w) == 1 or history[len(history) - len(w) + 1:] == w[:-1]]
 

@@ -3,6 +3,7 @@ and tokenizer; seed invariance and the answer with the real SmolLM2."""
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 from simple_sampler import SamplingParams
@@ -96,34 +97,99 @@ def test_a_listener_with_a_sink_gets_a_steps_tokens_at_once_then_the_final_event
     listener; together they are what a reader iterates."""
     requests = [GenerationRequest(text=c, max_tokens=5, sampling=GREEDY) for c in "abc"]
     read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
+    stepped, finals, calls = listen_with_sink(requests, interval=1)
+    for index, events in enumerate(read):
+        assert stepped[index] == [(e.text, e.token_ids) for e in events[:-1]]
+        assert (finals[index].text, finals[index].token_ids, finals[index].finish_reason) == \
+            (events[-1].text, events[-1].token_ids, "length")
+    assert max(calls) == 2 and sum(calls) == 3 * 4  # both rows of a step in one call
 
+
+@pytest.mark.parametrize("interval", [2, 3, 0])
+def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_event(interval):
+    """listen(sink, interval): a request's tokens come to on_step `interval`
+    at a time (0: none), the text of those ids (detokenized when handed
+    out), and the final event holds every token not handed out yet; all
+    together are what a reader iterates, stop strings and end ids too."""
+    requests = [GenerationRequest(text=c, max_tokens=7, sampling=GREEDY) for c in "abc"]
+    requests.append(GenerationRequest(text="a", max_tokens=7, sampling=GREEDY, stop_words=["ef"]))
+    requests.append(GenerationRequest(prompt_ids=[4], end_id=7, max_tokens=7,  # d; g ends it
+                                      sampling=GREEDY))
+    read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
+    stepped, finals, _ = listen_with_sink(requests, interval)
+    for index, events in enumerate(read):
+        chunks = stepped[index]
+        assert all(len(ids) == interval for _, ids in chunks) and (interval or not chunks)
+        final = finals[index]
+        assert "".join(text for text, _ in chunks) + final.text == "".join(e.text for e in events)
+        assert [t for _, ids in chunks for t in ids] + final.token_ids == \
+            [t for e in events for t in e.token_ids]
+        assert (final.finish_reason, final.num_output_tokens) == \
+            (events[-1].finish_reason, events[-1].num_output_tokens)
+    assert finals[3].finish_reason == "stop" and "ef" not in finals[3].text
+
+
+@pytest.mark.parametrize("interval", [2, 0])
+def test_a_sink_taken_after_some_events_continues_the_same_text(interval):
+    """Tokens made before listen(sink) came as events (pushed through the
+    detokenizer one by one); the ones after come to on_step: together, the
+    text and ids a reader gets, none pushed twice."""
+    request = GenerationRequest(text="a", max_tokens=9, sampling=GREEDY)
+    [read], _ = generate(FakeEngine(max_batch_size=2), [request], mode="simple",
+                         sampler=threaded())
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        chunks, events = [], []
+        decoder.on_step = lambda handles, texts, ids: chunks.extend(
+            (text, row[0].tolist()) for text, row in zip(texts, ids))
+        await decoder.start()
+        handle = decoder.submit(request)
+        while len(handle.pending) < 3:  # three tokens made as events, not read yet
+            await asyncio.sleep(0.001)
+        final = asyncio.get_running_loop().create_future()
+        handle.listen(lambda e: final.set_result(e) if e.final else events.append(e),
+                      sink=0, interval=interval)
+        last = await final
+        await decoder.close()
+        return events, chunks, last
+
+    events, chunks, last = asyncio.run(main())
+    assert len(events) >= 3 and bool(chunks) == bool(interval)
+    assert "".join(e.text for e in events) + "".join(t for t, _ in chunks) + last.text == \
+        "".join(e.text for e in read)
+    assert [t for e in events for t in e.token_ids] + [t for _, ids in chunks for t in ids] \
+        + last.token_ids == [t for e in read for t in e.token_ids]
+
+
+def listen_with_sink(requests, interval):
+    """Each request listened to with a sink (its index) and `interval`:
+    what on_step handed over per request ((text, ids) per call), the final
+    events, and how many requests each on_step call held."""
     async def main():
         decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
                           threaded())
         stepped = {index: [] for index in range(len(requests))}
         calls = []
 
-        def on_step(handles, texts, tokens):
-            calls.append(sum(text is not None for text in texts))
-            for handle, text, token in zip(handles, texts, tokens.tolist()):
-                if text is not None:
-                    stepped[handle.sink].append((text, token))
+        def on_step(handles, texts, ids):
+            calls.append(len(handles))
+            for handle, text, row in zip(handles, texts, ids):
+                assert row.dtype == np.int32 and row.shape[0] == 1
+                stepped[handle.sink].append((text, row[0].tolist()))
 
         decoder.on_step = on_step
         await decoder.start()
         finals = [asyncio.get_running_loop().create_future() for _ in requests]
         for index, request in enumerate(requests):
-            decoder.submit(request).listen(finals[index].set_result, sink=index)
+            decoder.submit(request).listen(finals[index].set_result, sink=index,
+                                           interval=interval)
         finals = await asyncio.gather(*finals)
         await decoder.close()
         return stepped, finals, calls
 
-    stepped, finals, calls = asyncio.run(main())
-    for index, events in enumerate(read):
-        assert stepped[index] == [(e.text, e.token_ids[0]) for e in events[:-1]]
-        assert (finals[index].text, finals[index].token_ids, finals[index].finish_reason) == \
-            (events[-1].text, events[-1].token_ids, "length")
-    assert max(calls) == 2 and sum(calls) == 3 * 4  # both rows of a step in one call
+    return asyncio.run(main())
 
 
 def test_end_id_stops_unless_ignored_or_before_min_tokens():

@@ -597,7 +597,8 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
     request answers every row, with the event loop's tokens and logprobs;
     rows not in the arena, a step of several requests, a target that cannot
     map the arena and a failed request (its target marked down, a retry
-    counted) give way (None), and a refused one raises."""
+    counted) give way (None), and a refused one raises. A step of several
+    requests is answered so too, the requests sent at once."""
     import asyncio
 
     from simple_sampler.row_arena import RowArena
@@ -626,10 +627,14 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
         # not in the arena: the event loop's two rounds
         assert sampler.sample_now(torch.from_numpy(rows), batch,
                                   sampler.summarize(torch.from_numpy(rows), batch)) is None
-        # more than one request for the step
-        split = HotFirstSampler(_local_pool(hot, 2, None, arena), hot, cold_top=16,
+        # more than one request for the step: sent at once, the same answers
+        requests.clear()
+        split = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16,
                                 rows_per_request=8)
-        assert split.sample_now(shared, batch, summary) is None
+        tokens, logprobs = split.sample_now(shared, batch, summary)
+        np.testing.assert_array_equal(tokens, expected[0])
+        np.testing.assert_array_equal(logprobs, expected[1])
+        assert requests == [("compact", 24, True)] * 2 and split.stats["rows"] == 48
 
         def failing(retryable):
             def call(inputs):
@@ -650,6 +655,14 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
         failed = HotFirstSampler(pool, hot, cold_top=16)
         assert failed.sample_now(shared, batch, summary) is None
         assert retries == [1] and not pool.targets[0].is_up(time.monotonic())
+        # one request of the step's two fails: given way, only its target marked down
+        pool = SamplerPool([SamplerTarget("gone", failing(True), 1, shares_memory=True),
+                            SamplerTarget("local", _local_call(hot), 1, shares_memory=True)],
+                           on_retry=lambda: retries.append(2), arena=arena)
+        assert HotFirstSampler(pool, hot, cold_top=16, rows_per_request=24).sample_now(
+            shared, batch, summary) is None
+        assert retries == [1, 2] and [t.is_up(time.monotonic()) for t in pool.targets] == \
+            [False, True]
         pool = SamplerPool([SamplerTarget("local", failing(False), 2, shares_memory=True)],
                            arena=arena)
         with pytest.raises(SamplerCallError, match="instance gone"):

@@ -209,8 +209,11 @@ def test_streamed_text_is_the_one_shot_decode(codec):
         ids = rng.integers(0, VOCAB if trial % 2 else codec.known, 30).tolist()
         ids[5:5] = emoji[:1] + [codec.known + 7] + emoji  # a character cut by an unknown id
         chunk = 1 + trial % 3
-        detokenizer = codec.detokenizer([1, 2, 3])
+        detokenizer, each = codec.detokenizer([1, 2, 3]), codec.detokenizer([1, 2, 3])
         deltas = [detokenizer.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+        # push of a chunk is push_token of each of its ids in turn
+        assert deltas == ["".join(map(each.push_token, ids[i:i + chunk]))
+                          for i in range(0, len(ids), chunk)]
         assert "".join(deltas) + detokenizer.flush() == codec.decode(ids)
 
 

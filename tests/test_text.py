@@ -63,6 +63,25 @@ def test_random_ids_stream_like_one_shot_decode(codec):
         assert "".join(stream(codec, [], ids)) == codec.decode(ids)
 
 
+@pytest.mark.parametrize("chunk", [2, 5, 16])
+def test_pushing_ids_together_gives_each_ids_text_in_turn(native_codec, chunk):
+    """Detokenizer.push of several ids (the decode loop's call for a
+    stream's held tokens) is push_token of each in turn: the same text, and
+    the detokenizer left in the same state (the next deltas and the flush
+    alike), multi-byte characters split across the chunks included."""
+    rng = np.random.default_rng(1)
+    samples = [native_codec.tokenizer(text, add_special_tokens=False)["input_ids"]
+               for text in TEXTS] + [rng.integers(0, 49152, size=48).tolist() for _ in range(10)]
+    prompt_ids = native_codec.encode("Say something:")
+    for ids in samples:
+        one, many = native_codec.detokenizer(prompt_ids), native_codec.detokenizer(prompt_ids)
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            assert many.push(np.asarray(part)) == "".join(map(one.push_token, part))
+            assert (many.window_start, many.emitted_end) == (one.window_start, one.emitted_end)
+        assert many.flush() == one.flush()
+
+
 def test_decode_equals_the_tokenizers_own_decode(native_codec):
     """codec.decode calls the Rust tokenizer directly; the text must be what
     transformers' decode gives, special tokens and random ids included."""

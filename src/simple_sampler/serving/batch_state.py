@@ -51,6 +51,10 @@ class BatchState:
         # Per-slot id lists, read only for the rows that have them (found
         # through the boolean columns, so rows without pay no Python).
         self.stop_ids: list[np.ndarray] = [NO_IDS] * slots
+        # ... and the usual case as columns (a request's end id alone), so
+        # that a step's bans need no Python per row
+        self.stop_count = np.zeros(slots, np.int64)
+        self.single_stop = np.zeros(slots, np.int32)  # the stop id where stop_count is 1
         self.bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.bad_words: dict[int, list[np.ndarray]] = {}
         self.has_bias = np.zeros(slots, bool)
@@ -76,6 +80,8 @@ class BatchState:
         self.prompt_length[slot] = self.length[slot] = len(prompt_ids)
         self.tokens[slot, :len(prompt_ids)] = prompt_ids
         self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
+        self.stop_count[slot] = self.stop_ids[slot].size
+        self.single_stop[slot] = self.stop_ids[slot][0] if self.stop_ids[slot].size == 1 else 0
         self.has_bias[slot] = bool(params.logit_bias)
         if params.logit_bias:
             self.bias[slot] = (np.fromiter(params.logit_bias, np.int32, len(params.logit_bias)),
@@ -92,6 +98,7 @@ class BatchState:
         self.bad_words.pop(slot, None)
         self.has_bias[slot] = self.has_bad_words[slot] = False
         self.stop_ids[slot] = NO_IDS
+        self.stop_count[slot] = 0
         self.free.append(slot)
 
     def append(self, slots: np.ndarray, tokens: np.ndarray) -> None:
@@ -122,7 +129,7 @@ class BatchState:
         bias_offsets, bias_ids = _sparse_ragged(len(slots), [(r, b[0]) for r, b in bias_rows])
         bias_values = (np.concatenate([b[1] for _, b in bias_rows]) if bias_rows
                        else np.zeros(0, np.float64))
-        ban_offsets, ban_ids = _sparse_ragged(len(slots), self._bans(slots, step < min_tokens))
+        ban_offsets, ban_ids = self._ban_lists(slots, step < min_tokens)
         return SamplingBatch(
             **columns, seed=self.seed[slots], step=step,
             bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
@@ -143,6 +150,17 @@ class BatchState:
         first = slots.astype(np.int64) * self.max_context + start - offsets[:-1]
         index = np.arange(offsets[-1]) + np.repeat(first, counts)
         return offsets, self.tokens.reshape(-1).take(index)
+
+    def _ban_lists(self, slots: np.ndarray, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """CSR (offsets, ids) of the step's bans (``batch``): in numpy where
+        every row short of min_tokens has at most one stop id and no row has
+        bad words, else ``_bans``' pass over the rows that ban something."""
+        counts = np.where(short, self.stop_count[slots], 0)
+        if counts.max(initial=0) > 1 or self.has_bad_words[slots].any():
+            return _sparse_ragged(len(slots), self._bans(slots, short))
+        offsets = np.zeros(len(slots) + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return offsets, self.single_stop[slots][counts == 1] if offsets[-1] else NO_IDS
 
     def _bans(self, slots: np.ndarray, short: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(row, banned ids) for the rows that ban something this step."""

@@ -79,6 +79,7 @@ from .decoder_stats import Activity, DecoderStats
 from .engine import Engine, SelfScheduling, SequenceFailed, StepsThen, step_then
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          GenerationEvent, GenerationRequest, RequestHandle)
+from .step_tokens import StepTokens
 from .inline import sample_torch
 from .samplers import AsyncSampler, SampleResult, kernel_sample
 from .text import StopMatcher, TextCodec
@@ -146,16 +147,21 @@ class Decoder:
         self.ids = itertools.count()
         self.stats = DecoderStats()
         self.state = BatchState(engine.max_batch_size, engine.max_context)
+        #: what a step's tokens become: events, on_step's hand-outs, held tokens
+        self.step_tokens = StepTokens(self)
+        #: requests cancelled or ended while in a lane (their rows take the
+        #: per-row path until they leave it)
+        self.interrupted: set[int] = set()
         self.activity = Activity(self.stats)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
         self.tasks: list[asyncio.Task] = []
         self.wake: list[asyncio.Event] = []
-        #: on_step(handles, texts, tokens): once per step, the tokens of
-        #: listened-to requests (``RequestHandle.listen``'s sink) that did not
-        #: end them: row r's request is handles[r], its new text texts[r]
-        #: (None: row r is not one of them) and its token tokens[r] (the
-        #: step's int array); set before requests arrive
-        self.on_step: Callable[[list[RequestHandle], list[str | None], np.ndarray], None] \
+        #: on_step(handles, texts, ids): once per step with any due, the
+        #: tokens of listened-to requests (``RequestHandle.listen``'s sink)
+        #: that did not end them, each request's `interval` at a time: the
+        #: i-th request due is handles[i], its new text texts[i] and its
+        #: ids ids[i] (int32 [1, n], its own copy); set before requests arrive
+        self.on_step: Callable[[list[RequestHandle], list[str], list[np.ndarray]], None] \
             | None = None
 
     async def start(self) -> None:
@@ -221,6 +227,8 @@ class Decoder:
         if sequence in self.queue:
             self.queue.remove(sequence)
             self._finish(sequence, FINISH_CANCELLED)
+        else:  # in a lane: its row takes the per-row path
+            self.interrupted.add(request_id)
 
     def _admit(self) -> None:
         """Move queued requests into free slots, each to the smallest lane."""
@@ -235,6 +243,7 @@ class Decoder:
             sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
                                            sequence.request.return_log_probs,
                                            sequence.bad_words_ids)
+            self.step_tokens.admit(sequence)
             lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
@@ -265,6 +274,8 @@ class Decoder:
         """Free a sequence's engine slot and batch-state slot (it has left its lane)."""
         self.engine.release(sequence.request_id)
         self.state.release(sequence.slot)
+        self.step_tokens.release(sequence.slot)
+        self.interrupted.discard(sequence.request_id)
 
     def _finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
@@ -273,13 +284,17 @@ class Decoder:
         """Send the one final event and (with `release`) free the slot."""
         if sequence.done:
             return
+        held_text, held_ids = self.step_tokens.take(sequence)  # before the slot is freed
         sequence.done = True
+        if not release and sequence.slot >= 0:  # in a lane until _reap takes it out
+            self.interrupted.add(sequence.request_id)
         self.by_id.pop(sequence.request_id, None)
         for lane in self.lanes if release else ():
             if sequence in lane:
                 lane.remove(sequence)
                 self._release(sequence)
-        event = self._event(sequence, text, list(token_ids), list(logprobs), reason, error)
+        event = self._event(sequence, held_text + text, held_ids + list(token_ids),
+                            list(logprobs), reason, error)
         event.retryable = retryable
         sequence.handle.put(event)
         if release:
@@ -347,7 +362,7 @@ class Decoder:
                 else:
                     tokens, logprobs = step.sampled
                 started = time.thread_time()
-                self._deliver(sequences, np.asarray(tokens), np.asarray(logprobs))
+                self.step_tokens.deliver(sequences, ids, np.asarray(tokens), np.asarray(logprobs))
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -425,55 +440,6 @@ class Decoder:
         batch state: the decode loop keeps no list of its own)."""
         state, slot = self.state, sequence.slot
         return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
-
-    def _deliver(self, sequences: list[DecodeSequence], tokens: np.ndarray, logprobs: np.ndarray):
-        """Turn one step's tokens into deliveries, in one pass over the rows;
-        feed the survivors back.
-
-        A row whose token ends its request (an end or stop id, a stop
-        string, max_tokens) makes the request's final event. Any other row
-        of a stepped request (``RequestHandle.listen`` with a sink) costs
-        only its detokenizer step: its text goes into the step's ``texts``,
-        and ``on_step`` gets them all after the pass; a row of any other
-        request makes an event. The rows that go on are appended to the
-        batch state and the engine by index arrays, not one by one."""
-        rows = len(sequences)
-        token_list, logprob_list = tokens.tolist(), logprobs.tolist()
-        texts: list[str | None] = [None] * rows
-        going_on = [False] * rows
-        stepped = False
-        for row, sequence in enumerate(sequences):
-            if sequence.done:
-                continue
-            if sequence.cancelled:
-                self._finish(sequence, FINISH_CANCELLED)
-                continue
-            token = token_list[row]
-            sequence.generated += 1
-            sequence.cum_log_prob += logprob_list[row]
-            ended = token in sequence.stop_ids  # the end id, unless ignore_end
-            text, stopped = "", False
-            if not ended:
-                text = sequence.detokenizer.push_token(token)
-                if sequence.stop.stop_words:  # without any, feed() returns the text as it is
-                    text, stopped = sequence.stop.feed(text)
-            if ended or stopped or sequence.generated >= sequence.max_tokens:
-                self._last(sequence, token, logprob_list[row], text, ended or stopped, stopped)
-                continue
-            going_on[row] = True
-            if sequence.stepped:
-                texts[row], stepped = text, True
-            else:
-                sequence.handle.put(self._event(sequence, text, [token], [logprob_list[row]]))
-        if stepped:
-            self.on_step([s.handle for s in sequences], texts, tokens)
-        kept = np.flatnonzero(going_on)
-        if kept.size:
-            kept_list = kept.tolist()
-            self.state.append(np.array([sequences[r].slot for r in kept_list], np.int64),
-                              tokens[kept].astype(np.int32))
-            self.engine.append([sequences[r].request_id for r in kept_list],
-                               [token_list[r] for r in kept_list])
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
               stop: bool, stopped: bool) -> None:

@@ -11,7 +11,8 @@ from ``Decoder.submit`` instead. The end id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
 in ``text``. A consumer that streams many requests (the llm model) takes
 their other tokens a step at a time instead (``Decoder.on_step``,
-:meth:`RequestHandle.listen` with a sink): no event per token, one call per step.
+:meth:`RequestHandle.listen` with a sink): no event per token, one call per
+step for the requests due, each request's tokens ``interval`` at a time.
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ class RequestHandle:
         self.waiter: asyncio.Future | None = None
         self.sink: object = None  # listen()
 
-    def listen(self, listener: Callable[[GenerationEvent], None], sink: object = None) -> None:
+    def listen(self, listener: Callable[[GenerationEvent], None], sink: object = None,
+               interval: int = 1) -> None:
         """Hand every event to ``listener`` as the decode loop makes it,
         instead of iterating: a step's events are then delivered in the
         loop's one pass over the step's rows, with no reader coroutine to
@@ -141,16 +143,17 @@ class RequestHandle:
 
         With a ``sink`` (anything the consumer finds its request by) and the
         decoder's ``on_step`` set, a token that does not end the request
-        makes no event: the step's such tokens go to ``on_step`` together,
-        once per step (``Decoder._deliver``); the final event still comes
-        to ``listener``."""
+        makes no event: the request's tokens go to ``on_step`` ``interval``
+        at a time (0: never), with those of the other requests due in the
+        same step (``StepTokens.deliver``); the final event still comes to
+        ``listener``, holding every token not handed to ``on_step``."""
         # The listener replaces put() on this handle: the decode loop's
         # put(event) is then the listener's call itself, no call in between.
         self.put = listener
         self.sink = sink
         sequence = self.decoder.by_id.get(self.request_id)
-        if sequence is not None:
-            sequence.stepped = sink is not None and self.decoder.on_step is not None
+        if sequence is not None and sink is not None and self.decoder.on_step is not None:
+            self.decoder.step_tokens.listen(sequence, interval)
         while self.pending:
             listener(self.pending.popleft())
 
@@ -191,14 +194,24 @@ class DecodeSequence:
     stop: StopMatcher
     bad_words_ids: list[list[int]]
     num_input_tokens: int = 0  # len(prompt_ids), kept for every event
-    #: tokens generated; the ids themselves are in the decoder's BatchState
-    #: (``Decoder.output_ids``)
+    #: tokens generated as of its last event or ``on_step`` (a stepped
+    #: request's count per step is its BatchState length, ``StepTokens.deliver``);
+    #: the ids themselves are in the decoder's BatchState (``Decoder.output_ids``)
     generated: int = 0
     max_tokens: int = 0  # request.max_tokens, read per token
     stop_ids: frozenset = frozenset()  # params.stop_token_ids, tested per token
     cum_log_prob: float = 0.0
     cancelled: bool = False
     done: bool = False
-    #: its tokens that do not end it go to Decoder.on_step (RequestHandle.listen)
+    #: its tokens that do not end it go to Decoder.on_step, `interval` at a
+    #: time (0: with the final event alone; RequestHandle.listen)
     stepped: bool = False
+    interval: int = 1
+    #: tokens handed out (events, on_step) and tokens pushed through the
+    #: detokenizer: a stepped request without stop words pushes its tokens
+    #: only when they are handed out; with stop words, each as it comes,
+    #: its text held in `held_text` until then
+    delivered: int = 0
+    pushed: int = 0
+    held_text: str = ""
     slot: int = -1  # in the decoder's BatchState while in a lane

@@ -64,7 +64,23 @@ class SimulatedDetokenizer:
         self.stream = DecodeStream(skip_special_tokens=True)
 
     def push(self, token_ids: Sequence[int]) -> str:
-        return "".join(map(self.push_token, map(int, token_ids)))
+        """``push_token`` of each id in turn, in one loop (the decode loop's
+        call for a stream's held tokens)."""
+        known, backend = self.codec.known, self.codec.backend
+        parts = []
+        for token in map(int, token_ids):
+            if token >= known:
+                if self.run:
+                    parts.append(self.flush())
+                parts.append(f" t{token}")
+                continue
+            self.run.append(token)
+            delta = self.stream.step(backend, token)
+            self.held = delta is None
+            if delta:
+                self.emitted += len(delta)
+                parts.append(delta)
+        return "".join(parts)
 
     def push_token(self, token: int) -> str:
         """``push([token])`` for one int id (the decode loop's call per token)."""

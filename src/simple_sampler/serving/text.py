@@ -150,11 +150,31 @@ class Detokenizer:
                        if codec.backend is not None else None)
 
     def push(self, token_ids: Sequence[int]) -> str:
-        """Add generated ids; return the text that became stable (may be '')."""
+        """Add generated ids; return the text that became stable (may be '').
+        With ``DecodeStream``, the same text as ``push_token`` of each id in
+        turn (one native step per id, the window's bookkeeping once): the
+        decode loop's call for a stream's tokens held until its response."""
         if self.stream is None:
             self.ids.extend(int(t) for t in token_ids)
             return self._advance(final=False)
-        return "".join(map(self.push_token, map(int, token_ids)))
+        ids = list(map(int, token_ids))
+        step, backend = self.stream.step, self.backend
+        deltas = [step(backend, token) for token in ids]
+        base = len(self.ids)
+        self.ids += ids
+        # The window as push_token leaves it: from the second-last emission's
+        # end (or the emitted end before these ids) to the last emission's.
+        last = len(deltas) - 1
+        while last >= 0 and deltas[last] is None:
+            last -= 1
+        if last < 0:
+            return ""
+        before = last - 1
+        while before >= 0 and deltas[before] is None:
+            before -= 1
+        self.window_start = base + before + 1 if before >= 0 else self.emitted_end
+        self.emitted_end = base + last + 1
+        return "".join(filter(None, deltas))
 
     def push_token(self, token: int) -> str:
         """``push([token])`` for one int id, the decode loop's call per

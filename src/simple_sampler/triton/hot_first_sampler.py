@@ -103,16 +103,18 @@ class HotFirstSampler:
 
     def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):
         """The synchronous path (serving/decoder.py), in the data-plane
-        thread: the compact rows of `summary` (``summarize``'s) in one
-        request, answered here (``SamplerPool.send_now``), when no row may
+        thread: the compact rows of `summary` (``summarize``'s) in the
+        step's requests (one per instance, at most ``rows_per_request`` rows
+        apart: ``_most_shards``), answered here (``SamplerPool.send_now``:
+        sent at once, the first from this thread), when no row may
         be left undecided or the full rows lie in the arena (an undecided
         row is decided in that same request). A row left undecided all the
         same (the simulated engine's cold draw finds no weight where the
         sums round so) is sent once more with the full rows, where they lie
         in the arena. (token_ids, logprobs), or None when it cannot answer
         so: a row may need its full row and the rows are not in the arena, a
-        row left undecided without them, a step of more than one request,
-        the request failed (the event loop's ``__call__`` sends them again,
+        row left undecided without them, a target down or unable to map
+        the arena, a request failed (the event loop's ``__call__`` sends them again,
         with the pool's failover: a row's draw is keyed by its seed and
         step, so the tokens are the same)."""
         lease = self._lease(summary)

@@ -5,6 +5,7 @@ The service that admits the requests: ``llm_service.LlmService``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,10 +35,10 @@ class Unavailable(RuntimeError):
 #: back to back.
 Transmit = Callable[[], None]
 Send = Callable[[dict | None, Exception | None, bool], Transmit | None]
-#: send_tokens(text_output, output_ids): a stream's response of one token
-#: that does not end it, built (a Transmit returned) or sent: text_output an
-#: object array [1, 1] holding a str, output_ids int32 [1, 1], both ready
-#: for Triton (views of the step's arrays). The llm model builds the response
+#: send_tokens(text_output, output_ids): a stream's response of tokens
+#: that do not end it, built (a Transmit returned) or sent: text_output an
+#: object array [1, 1] holding a str, output_ids int32 [1, n], both ready
+#: for Triton (views of arrays made once for the step). The llm model builds the response
 #: from them directly; without one, they go through ``Send`` as outputs.
 SendTokens = Callable[[np.ndarray, np.ndarray], Transmit | None]
 CANCEL_POLL_S = 0.1
@@ -51,8 +52,9 @@ class Delivery:
     its client cancelled or went away (its events are then dropped until
     the decoder's final one). ``held`` are the events not sent yet: a
     stream's last ones until ``interval`` tokens are due, a non-streamed
-    request's all until its end; ``tokens`` the (text, id) of the tokens
-    held that came by step (``Deliveries._answer_step``), before ``held``."""
+    request's all until its end (a request whose tokens come by step,
+    ``Deliveries._answer_step``, has them held by the decoder instead,
+    ``interval`` at a time, the rest with its final event)."""
 
     handle: RequestHandle
     decoded: DecodedRequest
@@ -63,13 +65,7 @@ class Delivery:
     finished: asyncio.Future
     delivering: bool = True
     held: list[GenerationEvent] = field(default_factory=list)
-    tokens: list[tuple[str, int]] = field(default_factory=list)
     held_tokens: int = 0
-    #: a response per token: a stream at stream_interval 1 (read per token)
-    each_token: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.each_token = self.decoded.stream and self.interval == 1
 
     def stop(self) -> None:
         if self.delivering:
@@ -115,13 +111,13 @@ class Deliveries:
             self.loop.call_soon(self._send_outbox)
         self.outbox.append((delivery, event))
 
-    def on_step(self, handles: list[RequestHandle], texts: list[str | None],
-                tokens: np.ndarray) -> None:
+    def on_step(self, handles: list[RequestHandle], texts: list[str],
+                ids: list[np.ndarray]) -> None:
         """``Decoder.on_step``: a step's tokens that end no request, queued
         as ``on_event`` queues an event."""
         if not self.outbox:
             self.loop.call_soon(self._send_outbox)
-        self.outbox.append((None, (handles, texts, tokens)))
+        self.outbox.append((None, (handles, texts, ids)))
 
     def _send_outbox(self) -> None:
         """The queued responses, in order; their CPU counts as the decode
@@ -135,9 +131,8 @@ class Deliveries:
                     self._answer_step(*event)
                 except Exception:  # ours: the step's requests end, cancelled, not hung
                     log.exception("answering a step's tokens failed: their requests are cancelled")
-                    for handle, text in zip(event[0], event[1]):
-                        if text is not None:
-                            handle.sink.stop()
+                    for handle in event[0]:
+                        handle.sink.stop()
                 continue
             final = event.final  # a property: read once per event
             answered = False
@@ -160,41 +155,26 @@ class Deliveries:
         self.stats.loop_s += time.thread_time() - started
         self.on_burst()
 
-    def _answer_step(self, handles: list[RequestHandle], texts: list[str | None],
-                     tokens: np.ndarray) -> None:
-        """A step's tokens that end no request (row r: ``texts[r]`` not
-        None), each request's in one pass: a stream at stream_interval 1
-        gets its response built from row r of two arrays made once for the
-        step (no event, no outputs dict, no array per token); any other
-        holds the token until its ``interval`` is due (a stream) or its end."""
-        rows = len(texts)
-        text_rows = np.empty((rows, 1, 1), object)
+    def _answer_step(self, handles: list[RequestHandle], texts: list[str],
+                     ids: list[np.ndarray]) -> None:
+        """A step's tokens that end no request, the ones due of each
+        request (``Decoder.on_step``): each request's response built from
+        its text, in a row of one array made for the step, and its ids (no
+        event, no outputs dict)."""
+        text_rows = np.empty((len(texts), 1, 1), object)
         text_rows[:, 0, 0] = texts
-        id_rows = tokens.astype(np.int32).reshape(rows, 1, 1)
-        token_list = tokens.tolist()
         transmits = self.transmits
-        for row, text in enumerate(texts):
-            if text is None:
-                continue
-            delivery = handles[row].sink
+        for handle, text, id_row in zip(handles, text_rows, ids):
+            delivery = handle.sink
             if not delivery.delivering:
                 continue
-            if delivery.each_token:
-                try:
-                    transmit = delivery.send_tokens(text_rows[row], id_rows[row])
-                except Exception:  # noqa: BLE001 - the client has gone
-                    self._gone(delivery)
-                    continue
-                if transmit is not None:
-                    transmits.append((delivery, transmit, False))
+            try:
+                transmit = delivery.send_tokens(text, id_row)
+            except Exception:  # noqa: BLE001 - the client has gone
+                self._gone(delivery)
                 continue
-            delivery.tokens.append((text, token_list[row]))
-            delivery.held_tokens += 1
-            if delivery.decoded.stream and delivery.held_tokens >= delivery.interval:
-                try:
-                    self._flush(delivery, final=False)
-                except Exception:  # noqa: BLE001 - the client has gone
-                    self._gone(delivery)
+            if transmit is not None:
+                transmits.append((delivery, transmit, False))
 
     @staticmethod
     def _gone(delivery: Delivery) -> None:
@@ -268,6 +248,9 @@ class Deliveries:
         ``final``: ``event.final``."""
         decoded = delivery.decoded
         if event.error:
+            if decoded.stream and event.token_ids:  # the tokens the decoder held for it
+                delivery.held.append(dataclasses.replace(event, error=None))
+                delivery.held_tokens += len(event.token_ids)
             if decoded.stream and delivery.held_tokens:  # the tokens made before it
                 self._flush(delivery, final=False)
             self._send(delivery, None,
@@ -289,11 +272,6 @@ class Deliveries:
         prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
             self.codec.decode(self._prompt_ids(decoded))
         events = delivery.held
-        if delivery.tokens:  # the tokens that came by step come first, as one event
-            texts, ids = zip(*delivery.tokens)
-            events.insert(0, GenerationEvent(delivery.handle.request_id, "".join(texts),
-                                             list(ids), [], 0, 0, float("nan")))
-            delivery.tokens = []
         event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,

@@ -128,9 +128,9 @@ class LlmService:
         self.engine = engine or build_engine(settings)
         simple = settings.sampling_mode == "simple"
         self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
-        sampler = build_pool(settings.sampler_endpoints, sampler_call, settings.sampler_shards,
-                             self._count_retry, self.arena,
-                             settings.sampler_shard_min_rows) if simple else None
+        self.pool = sampler = build_pool(
+            settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
+            self.arena, settings.sampler_shard_min_rows) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
             sampler = hot_first_sampler(self.engine, sampler, hot_vocab)
@@ -256,10 +256,13 @@ class LlmService:
         try:
             # The decode loop hands each event to on_event as it makes it,
             # and the tokens that do not end a request to on_step, a step's
-            # at once (a request asking for logprobs: events, which carry
-            # them): a step's responses go out in one burst after its pass.
+            # due at once, a stream's `interval` at a time and a whole
+            # answer's with its final event (a request asking for logprobs:
+            # events, which carry them): a step's responses go out in one
+            # burst after its pass.
             handle.listen(functools.partial(self.deliveries.on_event, delivery),
-                          None if decoded.request.return_log_probs else delivery)
+                          None if decoded.request.return_log_probs else delivery,
+                          delivery.interval if decoded.stream else 0)
             await delivery.finished
         finally:
             self.deliveries.live.pop(delivery, None)
@@ -312,6 +315,8 @@ class LlmService:
                       "stopped: this process may not exit", CLOSE_TIMEOUT_S)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CLOSE_TIMEOUT_S)
+        if self.pool is not None:
+            self.pool.close()
         log.info("decode loop closed in %.1f s", time.monotonic() - started)
         if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
             self.engine.close()

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -148,6 +149,7 @@ class SamplerPool:
     min_rows: int = LlmSettings.sampler_shard_min_rows
     #: the capacity slot the next step of fewer shards than slots starts at
     turn: int = 0
+    helpers: ThreadPoolExecutor | None = None  # _helpers
 
     def __post_init__(self):
         if not self.targets:
@@ -208,31 +210,51 @@ class SamplerPool:
     def send_now(self, rows: dict[str, np.ndarray], batch: SamplingBatch, lease=None,
                  most_shards: int | None = None,
                  scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
-        """``send`` in this thread, when the rows make one request to a
-        target that is up (and, given a `lease`, maps the arena) and it
-        answers: its outputs ([B]), else None (more than one shard; a target
-        that cannot read the lease; the target failed, and is marked down:
-        ``send`` sends the rows again elsewhere). The caller's thread waits
-        for the answer: no hop to the event loop and back."""
+        """``send`` in this thread, when every shard of the rows goes to a
+        target that is up (and, given a `lease`, maps the arena) and each
+        answers: their outputs ([B]), else None (a target down or unable to
+        read the lease; a shard failed, its target marked down: ``send``
+        sends the rows again elsewhere). The first shard is sent from this
+        thread, the others at once from the pool's own threads, and this
+        thread waits for every answer: no hop to the event loop and back."""
         shards = self.shards(len(batch), most_shards)
-        if len(shards) != 1 or not shards[0][0].is_up(time.monotonic()):
-            return None
-        target = shards[0][0]
-        if lease is not None and not target.shares_memory:
+        now = time.monotonic()
+        if any(not target.is_up(now) or (lease is not None and not target.shares_memory)
+               for target, _, _ in shards):
             return None
         inputs = self._arrays(rows, batch, scalars)
+        parts = [{k: v[a:b] for k, v in inputs.items()} if len(shards) > 1 else inputs
+                 for _, a, b in shards]
         if lease is not None:
-            inputs = _by_reference(inputs, lease.refs())
-        try:
-            outputs = target.call(inputs)
-        except SamplerCallError as error:
-            if not error.retryable:
-                raise
-            self._mark_down(target, error)
-            self.on_retry()
+            parts = [_by_reference(part, lease.refs(a, b))
+                     for part, (_, a, b) in zip(parts, shards)]
+        others = [self._helpers(len(shards) - 1).submit(_answer, target.call, part)
+                  for (target, _, _), part in zip(shards[1:], parts[1:])]
+        answers = [_answer(shards[0][0].call, parts[0])] + [f.result() for f in others]
+        for (target, _, _), answer in zip(shards, answers):  # every shard has answered
+            if isinstance(answer, SamplerCallError):
+                if not answer.retryable:
+                    raise answer
+                self._mark_down(target, answer)
+                self.on_retry()
+        if any(isinstance(answer, SamplerCallError) for answer in answers):
             return None
-        self._served(target, len(batch))
-        return _per_row([outputs], len(batch))
+        for target, a, b in shards:
+            self._served(target, b - a)
+        return _per_row(answers, len(batch))
+
+    def close(self) -> None:
+        """Stop ``send_now``'s threads (idle once the decode loop has stopped)."""
+        if self.helpers is not None:
+            self.helpers.shutdown(wait=True)
+
+    def _helpers(self, count: int) -> ThreadPoolExecutor:
+        """The threads that send ``send_now``'s other shards (at least `count`)."""
+        if self.helpers is None or self.helpers._max_workers < count:
+            if self.helpers is not None:
+                self.helpers.shutdown(wait=True)
+            self.helpers = ThreadPoolExecutor(count, thread_name_prefix="sampler-shard")
+        return self.helpers
 
     @staticmethod
     def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch,
@@ -303,6 +325,14 @@ class SamplerPool:
         target.down_until = time.monotonic() + self.probe_after_s
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
+
+
+def _answer(call: SamplerCall, inputs: dict[str, np.ndarray]):
+    """A shard's outputs, or the SamplerCallError it failed with."""
+    try:
+        return call(inputs)
+    except SamplerCallError as error:
+        return error
 
 
 def _by_reference(inputs: dict[str, np.ndarray], refs: np.ndarray) -> dict[str, np.ndarray]:

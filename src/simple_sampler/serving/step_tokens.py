@@ -1,0 +1,197 @@
+"""What one step's tokens become (``StepTokens``, the decode loop's pass
+after each step): events, final events, tokens handed to ``on_step``, and
+the tokens a stepped request holds until then, found with per-slot columns
+read for every row of the step in numpy.
+
+A request listened to with a sink (``RequestHandle.listen``) has its tokens
+that do not end it handed to ``Decoder.on_step`` `interval` at a time, and
+the rest with its final event. Until then they are only in its history (the
+decoder's ``BatchState``), and a *quiet* request's are not even detokenized:
+its held ids go through its detokenizer when they are handed out. So a
+quiet row whose token neither ends its request nor is due costs the step no
+Python. Quiet: stepped, no stop strings (their text is matched token by
+token), no logprobs (events carry them), at most one stop id (compared in
+numpy).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .generation import FINISH_CANCELLED, DecodeSequence, RequestHandle
+
+#: due_at of a request that is never due (interval 0): no request generates that many tokens
+NEVER = np.iinfo(np.int64).max
+
+
+class StepTokens:
+    """A decoder's step pass (module docstring). Per batch-state slot:
+    `quiet`, `stepped`, `end_id` (the one stop id, -1: none),
+    `max_tokens`, `interval` and `due_at` (the generated count at which the
+    request's next tokens are handed out); and each stepped sequence's held
+    tokens. `decoder`: the ``Decoder`` whose state, engine, events and
+    ``on_step`` it serves (unannotated: decoder.py imports this module)."""
+
+    def __init__(self, decoder):
+        self.decoder, self.state = decoder, decoder.state
+        slots = len(self.state.length)
+        self.quiet = np.zeros(slots, bool)
+        self.stepped = np.zeros(slots, bool)
+        self.end_id = np.full(slots, -1, np.int64)
+        self.max_tokens = np.zeros(slots, np.int64)
+        self.due_at = np.zeros(slots, np.int64)
+        self.interval = np.zeros(slots, np.int64)
+
+    def listen(self, sequence: DecodeSequence, interval: int) -> None:
+        """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
+        not end it go to ``on_step``, `interval` at a time (0: none, all of
+        them with the final event)."""
+        sequence.stepped, sequence.interval = True, interval
+        if sequence.slot >= 0 and not sequence.done:  # admitted: else at admission
+            self.admit(sequence)
+
+    def admit(self, sequence: DecodeSequence) -> None:
+        """`sequence`'s row of the columns (at admission, or at listen once admitted)."""
+        slot = sequence.slot
+        self.stepped[slot] = sequence.stepped
+        self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
+                            and not sequence.request.return_log_probs
+                            and len(sequence.stop_ids) <= 1)
+        self.end_id[slot] = next(iter(sequence.stop_ids), -1)
+        self.max_tokens[slot] = sequence.max_tokens
+        self.interval[slot] = sequence.interval
+        self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
+                             else NEVER)
+
+    def release(self, slot: int) -> None:
+        self.quiet[slot] = self.stepped[slot] = False
+
+    def deliver(self, sequences: list[DecodeSequence], ids: list[int], tokens: np.ndarray,
+                logprobs: np.ndarray) -> None:
+        """Turn one step's tokens into deliveries; feed the survivors back
+        (`ids`: the rows' request ids).
+
+        What every row needs is found in numpy first (the columns): a quiet
+        row whose token neither ends its request nor is due to ``on_step``
+        costs no Python at all, its token only appended to its history
+        (module docstring). The other rows take one pass: a row whose
+        token ends its request (an end or stop id, a stop string,
+        max_tokens) makes the request's final event, with the tokens it
+        held; a row of a stepped request with stop strings (or logprobs)
+        pushes its token through the detokenizer and holds its text; a row
+        of any other request makes an event. Then the rows due to
+        ``on_step`` go to it at once: each its text (the held ids pushed
+        through its detokenizer now) and its ids since its last. The rows
+        that go on are appended to the batch state and the engine by index
+        arrays, not one by one."""
+        rows = len(sequences)
+        slots = np.array([s.slot for s in sequences], np.int64)
+        generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
+        each = ((tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
+                | ~self.quiet[slots])
+        interrupted = self.decoder.interrupted
+        if interrupted:
+            each |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)
+        going_on = np.ones(rows, bool)
+        for row in np.flatnonzero(each).tolist():
+            going_on[row] = self._deliver_row(sequences[row], int(tokens[row]),
+                                              float(logprobs[row]), int(generated[row]))
+        kept = np.flatnonzero(going_on)
+        if kept.size == rows:
+            self.state.append(slots, tokens.astype(np.int32))
+            self.decoder.engine.append(ids, tokens.tolist())
+        elif kept.size:
+            kept_list = kept.tolist()
+            self.state.append(slots[kept], tokens[kept].astype(np.int32))
+            self.decoder.engine.append([ids[r] for r in kept_list], tokens[kept].tolist())
+        if self.decoder.on_step is not None:
+            due = kept[self.stepped[slots[kept]]
+                       & (generated[kept] >= self.due_at[slots[kept]])]
+            if due.size:
+                self.decoder.on_step(*self.hand_over([sequences[r] for r in due.tolist()],
+                                                     slots[due], generated[due]))
+
+    def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
+                     generated: int) -> bool:
+        """``deliver``'s pass for one row that needs Python; whether it goes on."""
+        if sequence.done:
+            return False
+        if sequence.cancelled:
+            self.decoder._finish(sequence, FINISH_CANCELLED)
+            return False
+        sequence.cum_log_prob += logprob
+        ended = token in sequence.stop_ids  # the end id, unless ignore_end
+        text, stopped = "", False
+        if sequence.stepped:
+            self.catch_up(sequence)  # a quiet row's held ids come before this token
+        if not ended:
+            text = sequence.detokenizer.push_token(token)
+            if sequence.stop.stop_words:  # without any, feed() returns the text as it is
+                text, stopped = sequence.stop.feed(text)
+        if ended or stopped or generated >= sequence.max_tokens:
+            sequence.generated = generated
+            self.decoder._last(sequence, token, logprob, text, ended or stopped, stopped)
+            return False
+        if sequence.stepped:
+            sequence.held_text += text
+            sequence.pushed += 1
+        else:
+            sequence.generated = sequence.delivered = sequence.pushed = generated
+            sequence.handle.put(self.decoder._event(sequence, text, [token], [logprob]))
+        return True
+
+    def catch_up(self, sequence: DecodeSequence) -> None:
+        """Push a stepped sequence's tokens in its history that the
+        detokenizer has not had yet; their text joins `held_text`."""
+        state, slot = self.state, sequence.slot
+        start, length = int(state.prompt_length[slot]), int(state.length[slot])
+        if start + sequence.pushed < length:
+            sequence.held_text += sequence.detokenizer.push(
+                state.tokens[slot, start + sequence.pushed:length].tolist())
+            sequence.pushed = length - start
+
+    def take(self, sequence: DecodeSequence) -> tuple[str, list[int]]:
+        """The text and ids of a stepped sequence's tokens not handed out yet
+        (tokens that went on: in its history), now counted as handed out."""
+        if not sequence.stepped or sequence.slot < 0 or sequence.done:
+            return "", []
+        self.catch_up(sequence)
+        state, slot = self.state, sequence.slot
+        start, length = int(state.prompt_length[slot]), int(state.length[slot])
+        text, ids = sequence.held_text, state.tokens[slot, start + sequence.delivered:length].tolist()
+        sequence.held_text, sequence.delivered = "", length - start
+        # a final token (not in the history) is counted already
+        sequence.generated = max(sequence.generated, sequence.delivered)
+        return text, ids
+
+    def hand_over(self, sequences: list[DecodeSequence], slots: np.ndarray,
+                  generated: np.ndarray
+                  ) -> tuple[list[RequestHandle], list[str], list[np.ndarray]]:
+        """``on_step``'s arguments for the rows due: each sequence's
+        `interval` tokens since it last handed any out (all in its history
+        now), their text and ids (int32 [1, n], ready for Triton). A quiet
+        row's ids are pushed through its detokenizer now (one id alone:
+        ``push_token``, as at stream_interval 1); any other row's text is
+        held already."""
+        state = self.state
+        counts = self.interval[slots]  # due exactly every interval tokens
+        ends = state.length[slots]
+        self.due_at[slots] += counts
+        if np.all(counts == counts[0]):  # every row holds as many: one gather
+            block = state.tokens[slots[:, None], ends[:, None] - counts[0] + np.arange(counts[0])]
+            ids, id_lists = list(block[:, None, :]), block.tolist()
+        else:
+            ids = [state.tokens[slot, end - count:end][None].copy()
+                   for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist())]
+            id_lists = [row[0].tolist() for row in ids]
+        single = bool(counts.max() == 1)  # stream_interval 1: one id each
+        texts = [""] * len(sequences)
+        for row, (sequence, held, quiet, count) in enumerate(zip(
+                sequences, id_lists, self.quiet[slots].tolist(), generated.tolist())):
+            if quiet:
+                texts[row] = (sequence.detokenizer.push_token(held[0]) if single
+                              else sequence.detokenizer.push(held))
+                sequence.pushed = count
+            else:
+                texts[row], sequence.held_text = sequence.held_text, ""
+            sequence.generated = sequence.delivered = count
+        return [s.handle for s in sequences], texts, ids
