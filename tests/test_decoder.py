@@ -8,7 +8,8 @@ import pytest
 
 from simple_sampler import SamplingParams
 from simple_sampler.serving.decoder import Decoder
-from simple_sampler.serving.samplers import kernel_sample, threaded
+from simple_sampler.serving.samplers import (SamplesNow, SummarizesOnDataPlane, kernel_sample,
+                                             threaded)
 from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.models import load_model
 from simple_sampler.serving.torch_engine import TorchEngine
@@ -305,6 +306,17 @@ def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it
     assert len(sampler.summarized) == 3
     assert all(name.startswith("data-plane") for name in sampler.summarized)
     assert sampler.received == [("summary of", 1, (1, VOCAB))] * 3
+
+
+def test_the_hot_first_sampler_declares_both_halves_and_a_plain_sampler_neither():
+    """The decoder finds a sampler's halves by these protocols: the served
+    hot-first sampler must match both, the kernels' async stand-in none."""
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+
+    assert issubclass(HotFirstSampler, SummarizesOnDataPlane)
+    assert issubclass(HotFirstSampler, SamplesNow)
+    plain = threaded()
+    assert not isinstance(plain, SummarizesOnDataPlane) and not isinstance(plain, SamplesNow)
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])

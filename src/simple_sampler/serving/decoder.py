@@ -81,7 +81,8 @@ from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSeq
                          GenerationEvent, GenerationRequest, RequestHandle)
 from .step_tokens import StepTokens
 from .inline import sample_torch
-from .samplers import AsyncSampler, SampleResult, kernel_sample
+from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataPlane,
+                       kernel_sample)
 from .text import StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
@@ -134,13 +135,14 @@ class Decoder:
         #: the sampler's data-plane half (module docstring), or None: with
         #: several lanes only where the engine models it as device time, since
         #: on any other engine it would hold the other lane's forward
-        self.summarize = (getattr(sampler, "summarize", None)
-                          if mode == "simple" and (lanes == 1 or isinstance(engine, StepsThen))
-                          else None)
+        self.summarize = (sampler.summarize
+                          if isinstance(sampler, SummarizesOnDataPlane) and mode == "simple"
+                          and (lanes == 1 or isinstance(engine, StepsThen)) else None)
         #: the sampler's synchronous path (module docstring): one lane only,
         #: since it holds the data-plane thread while the sampler answers
-        self.sample_now = getattr(sampler, "sample_now", None) if self.summarize and lanes == 1 \
-            else None
+        self.sample_now = (sampler.sample_now
+                           if self.summarize and lanes == 1 and isinstance(sampler, SamplesNow)
+                           else None)
         self.max_tokens_limit = max_tokens_limit
         self.queue: collections.deque[DecodeSequence] = collections.deque()
         self.by_id: dict[int, DecodeSequence] = {}

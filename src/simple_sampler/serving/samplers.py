@@ -4,7 +4,7 @@ stand-in for the remote decision plane (:func:`threaded`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -14,6 +14,28 @@ from ..sampling import sample
 
 SampleResult = tuple[np.ndarray, np.ndarray]
 AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
+
+
+@runtime_checkable
+class SummarizesOnDataPlane(Protocol):
+    """Optional capability of an :data:`AsyncSampler` split in two halves
+    (``triton/hot_first_sampler.HotFirstSampler``): ``summarize`` runs on the
+    data plane's thread right after the forward (the hot-first summary), and
+    the sampler is then awaited with its result as ``summary=``. Checked
+    with ``isinstance(sampler, SummarizesOnDataPlane)``."""
+
+    def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> Any: ...
+
+
+@runtime_checkable
+class SamplesNow(Protocol):
+    """Optional capability of a :class:`SummarizesOnDataPlane` sampler: its
+    synchronous path, ``sample_now(logits, batch, summary)``, which answers
+    the step on the data plane's thread (a result) or declines (None: the
+    async path follows). Checked with ``isinstance(sampler, SamplesNow)``."""
+
+    def sample_now(self, logits: torch.Tensor, batch: SamplingBatch,
+                   summary: Any) -> Any: ...
 
 
 def kernel_sample(logits: torch.Tensor, batch: SamplingBatch,
