@@ -149,7 +149,8 @@ class SamplerPool:
     min_rows: int = LlmSettings.sampler_shard_min_rows
     #: the capacity slot the next step of fewer shards than slots starts at
     turn: int = 0
-    helpers: ThreadPoolExecutor | None = None  # _helpers
+    #: the threads that send ``send_now``'s shards after its first (made on first use)
+    helpers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if not self.targets:
@@ -228,7 +229,7 @@ class SamplerPool:
         if lease is not None:
             parts = [_by_reference(part, lease.refs(a, b))
                      for part, (_, a, b) in zip(parts, shards)]
-        others = [self._helpers(len(shards) - 1).submit(_answer, target.call, part)
+        others = [self._helpers().submit(_answer, target.call, part)
                   for (target, _, _), part in zip(shards[1:], parts[1:])]
         answers = [_answer(shards[0][0].call, parts[0])] + [f.result() for f in others]
         for (target, _, _), answer in zip(shards, answers):  # every shard has answered
@@ -248,12 +249,12 @@ class SamplerPool:
         if self.helpers is not None:
             self.helpers.shutdown(wait=True)
 
-    def _helpers(self, count: int) -> ThreadPoolExecutor:
-        """The threads that send ``send_now``'s other shards (at least `count`)."""
-        if self.helpers is None or self.helpers._max_workers < count:
-            if self.helpers is not None:
-                self.helpers.shutdown(wait=True)
-            self.helpers = ThreadPoolExecutor(count, thread_name_prefix="sampler-shard")
+    def _helpers(self) -> ThreadPoolExecutor:
+        """``helpers``: one thread per capacity slot but the first, since a
+        step has at most one shard per slot (``shards``)."""
+        if self.helpers is None:
+            slots = sum(target.capacity for target in self.targets)
+            self.helpers = ThreadPoolExecutor(max(1, slots - 1), thread_name_prefix="sampler-shard")
         return self.helpers
 
     @staticmethod
