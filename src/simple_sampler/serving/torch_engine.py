@@ -211,13 +211,7 @@ class TorchEngine:
                     torch.set_num_threads(self.num_threads)
                 logits = self.invariant_forward(work)
             else:
-                logits = torch.empty(len(work), self.vocab_size, dtype=self.logits_dtype,
-                                     device=self.device)
-                for prefill in (False, True):
-                    group = [i for i, (_, _, pending) in enumerate(work)
-                             if (len(pending) > 1) == prefill]
-                    if group:
-                        logits[group] = self._forward([work[i] for i in group])
+                logits = self._forward_groups(work)
             with self.state_lock:
                 for row, (_, _, pending) in zip(rows, work):
                     row.cached += len(pending)
@@ -227,6 +221,21 @@ class TorchEngine:
             host = stage_rows(logits, self.arena)
             torch.cuda.current_stream(self.device).synchronize()
         return host
+
+    def _forward_groups(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """The step's rows: one forward when every row decodes or every row
+        is a prompt (its output as it is: no copy of the step's rows), else
+        the decode rows' forward, then the prompts', gathered into one
+        tensor in ``work``'s order."""
+        prefill = [len(pending) > 1 for _, _, pending in work]
+        if not any(prefill) or all(prefill):
+            return self._forward(work)
+        logits = torch.empty(len(work), self.vocab_size, dtype=self.logits_dtype,
+                             device=self.device)
+        for kind in (False, True):
+            group = [i for i, is_prompt in enumerate(prefill) if is_prompt == kind]
+            logits[group] = self._forward([work[i] for i in group])
+        return logits
 
     def share_rows(self, arena) -> None:
         """On a GPU, land each step's device-to-host copy in a slot of
