@@ -1,6 +1,8 @@
 """The decode loop: scheduling, finishing and cancellation with a fake engine
-and tokenizer; seed invariance and the answer with the real SmolLM2."""
+and tokenizer; seed invariance and the answer with the real SmolLM2; each
+with steps launched ahead and not."""
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -18,6 +20,20 @@ from simple_sampler.serving.text import TextCodec
 from fakes import END_ID, LETTERS, VOCAB, FakeEngine, FakeTokenizer, next_letter
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(autouse=True, params=["off", "on"])
+def launch_ahead(request, monkeypatch):
+    """Every test with each step launched after its step before has made
+    its events (off) and before (on: ``Decoder.overlap``), where the
+    test's own decoder does not choose."""
+    init = Decoder.__init__
+
+    def with_launch_ahead(self, *args, **kwargs):
+        kwargs.setdefault("launch_ahead", request.param)
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(Decoder, "__init__", with_launch_ahead)
+    return request.param
 
 
 async def collect(handle):
@@ -492,3 +508,89 @@ def test_greedy_chat_answer_names_paris(smollm2, mode):
     assert "Paris" in text_of(events) and events[-1].finish_reason == "stop"
     assert events[-1].token_ids == [codec.end_id]
     assert abs(events[-1].cum_log_prob - sum(e.logprobs[0] for e in events)) < 1e-3
+
+
+class CountingEngine(FakeEngine):
+    """FakeEngine that counts the steps begun, for a listener to wait on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.begun = 0
+        self.changed = threading.Condition()
+
+    def step(self, seq_ids):
+        with self.changed:
+            self.begun += 1
+            self.changed.notify_all()
+        return super().step(seq_ids)
+
+    def wait_for(self, steps: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.begun >= steps, timeout)
+
+
+@pytest.mark.parametrize("stop_words", [[], ["zz"]])
+def test_a_step_is_launched_before_the_step_before_it_makes_its_events(launch_ahead,
+                                                                      stop_words):
+    """launch_ahead on: the k-th token's event is made while step k + 1 runs
+    (its listener finds that step begun, waiting as long as it must); off,
+    or with stop strings (which only the event's text can find), it is made
+    before that step begins (the listener waits in vain)."""
+    ahead = launch_ahead == "on" and not stop_words
+    timeout = 10.0 if ahead else 0.3
+    engine = CountingEngine(max_batch_size=2)
+    found = []
+
+    async def main():
+        decoder = Decoder(engine, TextCodec(FakeTokenizer()), "simple", threaded())
+        await decoder.start()
+        done = asyncio.get_running_loop().create_future()
+
+        def hear(event):
+            if event.final:
+                done.set_result(event)
+            else:  # step 1 (the prompt's) made token 1: step k + 1 is the next
+                found.append(engine.wait_for(event.num_output_tokens + 1, timeout))
+        decoder.submit(GenerationRequest(text="a", max_tokens=4, sampling=GREEDY,
+                                         stop_words=stop_words)).listen(hear)
+        final = await done
+        await decoder.close()
+        return final
+
+    final = asyncio.run(main())
+    assert final.num_output_tokens == 4 and final.finish_reason == "length"
+    assert found == [ahead] * 3
+
+
+def test_a_failing_event_pass_errors_its_rows_and_the_decoder_keeps_serving():
+    """A step's event pass that raises (here a listener) ends that step's
+    requests with the error; with the next step launched ahead, its rows
+    leave their slots only after it (the engine is never changed under a
+    running forward), and the decoder serves the next request."""
+    engine = FakeEngine(max_batch_size=2)
+
+    async def main():
+        decoder = Decoder(engine, TextCodec(FakeTokenizer()), "simple", threaded())
+        await decoder.start()
+        finals = [asyncio.get_running_loop().create_future() for _ in range(2)]
+
+        def listener(done, fail_at):
+            def hear(event):
+                if event.final:
+                    done.set_result(event)
+                elif event.num_output_tokens == fail_at:
+                    raise RuntimeError("listener broke")
+            return hear
+        for done, fail_at in zip(finals, (2, None)):
+            decoder.submit(GenerationRequest(text="a", max_tokens=6, sampling=GREEDY)).listen(
+                listener(done, fail_at))
+        ended = await asyncio.gather(*finals)
+        served = await collect(decoder.submit(GenerationRequest(text="b", max_tokens=3,
+                                                                sampling=GREEDY)))
+        await decoder.close()
+        return ended, served
+
+    ended, served = asyncio.run(main())
+    assert all("listener broke" in event.error for event in ended)
+    assert text_of(served) == "cde" and served[-1].finish_reason == "length"
+    assert sorted(engine.released) == [0, 1, 2] and not engine.ids

@@ -48,6 +48,8 @@ ROW_TRANSPORTS = ("arena", "bls")
 TORCH_DEVICES = ("cpu", "cuda")
 #: The torch and static engines' model dtypes -> the sampler's name for
 #: their logits, which come in the model's dtype (serving/torch_engine.py).
+#: ``LlmSettings.launch_ahead``'s values
+LAUNCH_AHEAD = ("auto", "on", "off")
 TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -274,6 +276,11 @@ class LlmSettings(Settings):
     micro_batches: int = setting(
         1, "lanes overlapping the data plane with sampling (1: none; 2 pays off with a GPU "
         "data plane, not on CPU)", minimum=1)
+    launch_ahead: str = setting(
+        "auto", "launch a step's forward before the step before it has made its events "
+        "(their Python then runs beside the forward; not for requests with stop strings): on, "
+        "off, or auto: on where the forward leaves the host's cores free (a GPU, the "
+        "simulated engine)", choices=LAUNCH_AHEAD)
     sampler_shards: int = setting(
         2, "concurrent sampler requests per micro-batch (serve: --instances unless given)",
         minimum=1)

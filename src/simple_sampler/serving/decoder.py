@@ -37,6 +37,17 @@ Sampling modes (``mode``):
 * ``inline_kernels``: the Cython kernels (``simple_sampler.sample``) in the
   data plane, one lane, no overlap.
 
+Launching ahead (``launch_ahead``, ``LlmSettings.launch_ahead``): once a
+step is sampled, the tokens that go on are fed back and the lane's next
+step is handed to the data-plane thread before this step's events and
+final events are made, so their Python runs beside the next forward
+(``StepTokens.deliver``'s `then`). It needs to know which rows go on before
+their text is made, so a step with a request that has stop strings is
+answered first, then launched. A request admitted meanwhile joins the step
+after. On by default where the forward leaves the host's cores free
+(``engine.ComputesOffHost``: a GPU, the simulated engine); on a CPU data
+plane the events' Python would take a core from the forward.
+
 Engines that schedule their own batches (TensorRT-LLM, ``trtllm``) are
 ``engine.SelfScheduling``, with a ``wait_ready(seq_ids)`` method: their iterations decide which sequences have a
 row, so each loop first asks which of its sequences are ready (waiting briefly
@@ -54,7 +65,8 @@ yields the same tokens whatever the batch composition, lane split or mode of
 admission.
 
 Requests, their events and handles: ``serving/generation.py``; the loop's
-timings: ``serving/decoder_stats.py``.
+timings: ``serving/decoder_stats.py``; a step's data-plane side (its thread,
+the sampler): ``serving/data_plane.py``.
 """
 from __future__ import annotations
 
@@ -65,44 +77,23 @@ import itertools
 import logging
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from ..params import SamplingBatch
-from ..settings import SAMPLING_MODES, LlmSettings
+from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
-from .decoder_stats import Activity, DecoderStats
-from .engine import Engine, SelfScheduling, SequenceFailed, StepsThen, step_then
+from .data_plane import DataPlane, Launched
+from .decoder_stats import DecoderStats
+from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          GenerationEvent, GenerationRequest, RequestHandle)
 from .step_tokens import StepTokens
-from .inline import sample_torch
-from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataPlane,
-                       kernel_sample)
+from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DataPlaneStep:
-    """One step as the data-plane thread ran it (``Decoder._data_plane_step``)."""
-
-    logits: torch.Tensor
-    #: the sampler's data-plane half's result; None without one, or once sampled
-    summary: object
-    #: (tokens, logprobs) when sampled in the thread; None: the event loop awaits the sampler
-    sampled: SampleResult | None
-    forward_s: float  # the forward and the data-plane half: data-plane time
-    #: the sampling in the thread, or the time of a synchronous path that gave way
-    sample_s: float
-    #: ``time.perf_counter()`` when the thread began and ended the step
-    began: float
-    ended: float
 
 
 class Decoder:
@@ -118,7 +109,8 @@ class Decoder:
     def __init__(self, engine: Engine, codec: TextCodec, mode: str = "simple",
                  sampler: AsyncSampler | None = None,
                  micro_batches: int = LlmSettings.micro_batches,
-                 max_tokens_limit: int | None = None):
+                 max_tokens_limit: int | None = None,
+                 launch_ahead: str = LlmSettings.launch_ahead):
         if mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
                              f"got {mode!r}")
@@ -126,24 +118,21 @@ class Decoder:
             raise ValueError("sampling_mode 'simple' needs a sampler")
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        if launch_ahead not in LAUNCH_AHEAD:
+            raise ValueError(f"launch_ahead must be one of {', '.join(LAUNCH_AHEAD)}, "
+                             f"got {launch_ahead!r}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
-        self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
-        self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
+        self.self_scheduling = isinstance(engine, SelfScheduling)
         # Inline modes cannot overlap; an engine with its own batches has one lane.
-        lanes = micro_batches if mode == "simple" and self.wait_ready is None else 1
+        lanes = micro_batches if mode == "simple" and not self.self_scheduling else 1
         self.lanes: list[list[DecodeSequence]] = [[] for _ in range(lanes)]
-        #: the sampler's data-plane half (module docstring), or None: with
-        #: several lanes only where the engine models it as device time, since
-        #: on any other engine it would hold the other lane's forward
-        self.summarize = (sampler.summarize
-                          if isinstance(sampler, SummarizesOnDataPlane) and mode == "simple"
-                          and (lanes == 1 or isinstance(engine, StepsThen)) else None)
-        #: the sampler's synchronous path (module docstring): one lane only,
-        #: since it holds the data-plane thread while the sampler answers
-        self.sample_now = (sampler.sample_now
-                           if self.summarize and lanes == 1 and isinstance(sampler, SamplesNow)
-                           else None)
         self.max_tokens_limit = max_tokens_limit
+        #: launch each step before the step before it makes its events
+        #: (``StepTokens.deliver``'s `then`); never with an engine that
+        #: schedules its own batches (it asks which sequences are ready)
+        self.overlap = not self.self_scheduling and (
+            launch_ahead == "on" or launch_ahead == "auto"
+            and isinstance(engine, ComputesOffHost) and engine.off_host)
         self.queue: collections.deque[DecodeSequence] = collections.deque()
         self.by_id: dict[int, DecodeSequence] = {}
         self.ids = itertools.count()
@@ -154,8 +143,8 @@ class Decoder:
         #: requests cancelled or ended while in a lane (their rows take the
         #: per-row path until they leave it)
         self.interrupted: set[int] = set()
-        self.activity = Activity(self.stats)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
+        #: the data-plane side of a lane's step: its thread, the sampler
+        self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
         self.tasks: list[asyncio.Task] = []
         self.wake: list[asyncio.Event] = []
         #: on_step(handles, texts, ids): once per step with any due, the
@@ -175,7 +164,7 @@ class Decoder:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.executor.shutdown(wait=True)
+        self.data_plane.executor.shutdown(wait=True)
 
     @property
     def num_active(self) -> int:
@@ -315,56 +304,45 @@ class Decoder:
             sequence.cum_log_prob if asked else float("nan"), reason, error)
 
     async def _lane(self, index: int) -> None:
-        lane, wake = self.lanes[index], self.wake[index]
-        loop = asyncio.get_running_loop()
+        wake = self.wake[index]
+        ahead: Launched | None = None  # the next step, launched before this one's events
         while True:
-            started = time.thread_time()  # the loop's own work: up to the forward
-            self._reap(lane)
-            for sequence in [s for s in lane if s.cancelled]:
-                self._finish(sequence, FINISH_CANCELLED)
-            self._rebalance(index)
-            if not lane:
-                wake.clear()
-                await wake.wait()
-                continue
-            sequences = list(lane)
+            launched, ahead = ahead, None
+            if launched is None:
+                started = time.thread_time()  # the loop's own work: up to the forward
+                sequences = self._prelude(index)
+                if not sequences:
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                loop_s = time.thread_time() - started
+            else:
+                sequences, loop_s = launched.sequences, launched.loop_s
             try:
-                waited_s = loop_s = 0.0
-                if self.wait_ready is not None:
-                    loop_s = time.thread_time() - started
-                    sequences, waited_s = await self._ready(sequences)
+                waited_s = 0.0
+                if launched is None:
+                    if self.self_scheduling:
+                        ready, waited_s = await self.data_plane.ready(
+                            [s.request_id for s in sequences])
+                        sequences = [s for s in sequences if s.request_id in ready]
+                        if not sequences:
+                            continue
                     started = time.thread_time()
-                    if not sequences:
-                        continue
-                batch = self._sampling_batch(sequences)
-                loop_s += time.thread_time() - started
-                ids = [s.request_id for s in sequences]
-                self.activity.change(forwards=1)
-                handed_over = time.perf_counter()
-                try:
-                    step = await loop.run_in_executor(self.executor, self._data_plane_step, ids,
-                                                      batch)
-                finally:
-                    self.activity.change(forwards=-1)
-                self.stats.forward_wait_s += ((step.began - handed_over)
-                                              + (time.perf_counter() - step.ended))
-                # sampled in the data-plane thread (or tried to): nothing overlapped it
-                self.stats.sampling_exposed_s += step.sample_s
-                sampler_s = step.sample_s
-                if step.sampled is None:  # not sampled in the data-plane thread
-                    started = time.perf_counter()
-                    self.activity.change(samplers=1)
-                    try:
-                        tokens, logprobs = await (
-                            self.sampler(step.logits, batch) if step.summary is None
-                            else self.sampler(step.logits, batch, step.summary))
-                    finally:
-                        self.activity.change(samplers=-1)
-                    sampler_s += time.perf_counter() - started
-                else:
-                    tokens, logprobs = step.sampled
+                    launched = self._launch(sequences, loop_s)
+                    loop_s += time.thread_time() - started
+                step = await self.data_plane.landed(launched)
+                tokens, logprobs, sampler_s = await self.data_plane.sampled(step, launched.batch)
                 started = time.thread_time()
-                self.step_tokens.deliver(sequences, ids, np.asarray(tokens), np.asarray(logprobs))
+
+                def launch_ahead(ending: set[int]) -> None:
+                    nonlocal ahead
+                    following = self._prelude(index, ending)
+                    if following:
+                        ahead = self._launch(following, 0.0)
+
+                self.step_tokens.deliver(sequences, launched.ids, np.asarray(tokens),
+                                         np.asarray(logprobs),
+                                         launch_ahead if self.overlap else None)
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -373,65 +351,45 @@ class Decoder:
                         self._finish(sequence, error=error.failed[sequence.request_id])
             except Exception as error:  # noqa: BLE001 - every request must get its final event
                 log.exception("decode step of %d sequences failed", len(sequences))
+                # a sequence in a step launched ahead leaves its lane after that step
+                stepping = set(ahead.ids) if ahead is not None else set()
                 for sequence in sequences:
-                    self._finish(sequence, error=f"{type(error).__name__}: {error}")
+                    self._finish(sequence, error=f"{type(error).__name__}: {error}",
+                                 release=sequence.request_id not in stepping)
 
-    async def _ready(self, sequences: list[DecodeSequence]) -> tuple[list[DecodeSequence], float]:
-        """The sequences the engine has rows for, and the seconds spent
-        waiting for them (the engine was computing: counted as data plane)."""
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        self.activity.change(forwards=1)
-        try:
-            ready = set(await loop.run_in_executor(self.executor, self.wait_ready,
-                                                   [s.request_id for s in sequences]))
-        finally:
-            self.activity.change(forwards=-1)
-        return [s for s in sequences if s.request_id in ready], time.perf_counter() - started
+    def _prelude(self, index: int, ending: set[int] = frozenset()) -> list[DecodeSequence]:
+        """Lane `index`'s sequences for its next step, after its bookkeeping
+        between steps: finished ones reaped, cancelled ones finished,
+        sequences handed to smaller lanes. `ending`: request ids of the step
+        just answered whose rows end there but whose final events are not
+        made yet (``StepTokens.deliver``'s `then`): they stay in the lane,
+        out of the step."""
+        lane = self.lanes[index]
+        self._reap(lane)
+        for sequence in [s for s in lane if s.cancelled]:
+            self._finish(sequence, FINISH_CANCELLED)
+        self._rebalance(index, ending)
+        return [s for s in lane if s.request_id not in ending]
 
-    def _rebalance(self, index: int) -> None:
+    def _launch(self, sequences: list[DecodeSequence], loop_s: float) -> Launched:
+        return self.data_plane.launch(sequences, self._sampling_batch(sequences), loop_s)
+
+    def _rebalance(self, index: int, staying: set[int] = frozenset()) -> None:
         """Move sequences from lane ``index`` (between its steps, so they are
         idle) to the smallest lanes while it holds more than its share:
         finishing requests would otherwise leave one lane with all the work
-        and nothing to overlap it with."""
+        and nothing to overlap it with. `staying`: request ids that keep
+        their lane (ending: ``_prelude``)."""
         lane = self.lanes[index]
         share = -(-self.num_active // len(self.lanes))  # ceil
         while len(lane) > share:
             target = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
-            if len(self.lanes[target]) + 1 >= len(lane):
+            movable = next((s for s in reversed(lane) if s.request_id not in staying), None)
+            if movable is None or len(self.lanes[target]) + 1 >= len(lane):
                 return
-            self.lanes[target].append(lane.pop())
+            lane.remove(movable)
+            self.lanes[target].append(movable)
             self.wake[target].set()
-
-    def _data_plane_step(self, ids: list[int], batch: SamplingBatch) -> DataPlaneStep:
-        """In the data-plane thread: the forward and the sampler's
-        data-plane half, then in inline modes the sampling, or the sampler's
-        synchronous path."""
-        began = time.perf_counter()
-        summary = None
-        if self.summarize is None:
-            logits = self.engine.step(ids)
-        else:
-            logits, summary = step_then(self.engine, ids,
-                                        lambda rows: self._timed_summary(rows, batch))
-        forward_s = time.perf_counter() - began
-        sampled = None
-        if self.sample_now is not None:
-            sampled = self.sample_now(logits, batch, summary)
-        elif self.local_sample is not None:
-            sampled = self.local_sample(logits, batch)
-        ended = time.perf_counter()
-        return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
-                             forward_s, ended - began - forward_s, began, ended)
-
-    def _timed_summary(self, logits, batch: SamplingBatch):
-        """``summarize``, its time added to ``stats.summary_s`` (the
-        data-plane thread is the only writer)."""
-        started = time.perf_counter()
-        try:
-            return self.summarize(logits, batch)
-        finally:
-            self.stats.summary_s += time.perf_counter() - started
 
     def _sampling_batch(self, sequences: list[DecodeSequence]) -> SamplingBatch:
         """Gathered from the persistent state (parameters were checked at submission)."""

@@ -22,7 +22,8 @@ never looks inside it:
 * ``label`` and ``bridge_s`` say what it is and how long its bridge to the
   decode loop took (the llm model reports both).
 
-Optional capabilities are protocols of their own: :class:`SelfScheduling`
+Optional capabilities are protocols of their own: :class:`ComputesOffHost`
+(``off_host``: the forward leaves the host's cores free), :class:`SelfScheduling`
 (``wait_ready(seq_ids)``, the subset that has a row now, for an engine that
 schedules its own batches; see ``decoder`` and ``trtllm``),
 :class:`StepsThen` (``step_then(seq_ids, then)``: device work on the rows
@@ -74,6 +75,18 @@ class Engine(Protocol):
     def release(self, seq_id: Hashable) -> None: ...
 
     def length(self, seq_id: Hashable) -> int: ...
+
+
+@runtime_checkable
+class ComputesOffHost(Protocol):
+    """Optional capability of an :class:`Engine` that says whether its
+    forward leaves the host's cores free (``off_host``: a GPU's, or the
+    simulated engine's modelled device time), so that the decode loop's own
+    Python can run beside it (``LlmSettings.launch_ahead``). Checked with
+    ``isinstance(engine, ComputesOffHost)``; an engine without it counts as
+    on the host."""
+
+    off_host: bool
 
 
 @runtime_checkable

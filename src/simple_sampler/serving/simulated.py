@@ -114,6 +114,8 @@ class SimulatedEngine:
     """
 
     bridge_s = 0.0  # in process: no bridge
+    #: ``engine.ComputesOffHost``: its forward is modelled device time
+    off_host = True
 
     def __init__(self, spec: SimulatedSpec = SimulatedSpec(),
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,

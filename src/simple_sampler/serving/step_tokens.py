@@ -15,6 +15,8 @@ numpy).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .generation import FINISH_CANCELLED, DecodeSequence, RequestHandle
@@ -40,6 +42,8 @@ class StepTokens:
         self.max_tokens = np.zeros(slots, np.int64)
         self.due_at = np.zeros(slots, np.int64)
         self.interval = np.zeros(slots, np.int64)
+        #: whether the slot's request has stop strings (found in its text)
+        self.stop_words = np.zeros(slots, bool)
 
     def listen(self, sequence: DecodeSequence, interval: int) -> None:
         """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
@@ -57,6 +61,7 @@ class StepTokens:
                             and not sequence.request.return_log_probs
                             and len(sequence.stop_ids) <= 1)
         self.end_id[slot] = next(iter(sequence.stop_ids), -1)
+        self.stop_words[slot] = bool(sequence.stop.stop_words)
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
         self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
@@ -66,7 +71,8 @@ class StepTokens:
         self.quiet[slot] = self.stepped[slot] = False
 
     def deliver(self, sequences: list[DecodeSequence], ids: list[int], tokens: np.ndarray,
-                logprobs: np.ndarray) -> None:
+                logprobs: np.ndarray,
+                then: Callable[[set[int]], None] | None = None) -> None:
         """Turn one step's tokens into deliveries; feed the survivors back
         (`ids`: the rows' request ids).
 
@@ -82,7 +88,14 @@ class StepTokens:
         ``on_step`` go to it at once: each its text (the held ids pushed
         through its detokenizer now) and its ids since its last. The rows
         that go on are appended to the batch state and the engine by index
-        arrays, not one by one."""
+        arrays, not one by one.
+
+        `then` (the decoder's next step, launched early): when no row's
+        request has stop strings, which rows go on is known before the
+        per-row pass (:meth:`_goes_on`), so they are fed back first and
+        `then` is called with the request ids of the rows that end here (no
+        longer stepped) before the per-row pass and ``on_step``: their Python runs
+        while the next forward does."""
         rows = len(sequences)
         slots = np.array([s.slot for s in sequences], np.int64)
         generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
@@ -91,24 +104,48 @@ class StepTokens:
         interrupted = self.decoder.interrupted
         if interrupted:
             each |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)
+        python_rows = np.flatnonzero(each).tolist()
         going_on = np.ones(rows, bool)
-        for row in np.flatnonzero(each).tolist():
-            going_on[row] = self._deliver_row(sequences[row], int(tokens[row]),
-                                              float(logprobs[row]), int(generated[row]))
-        kept = np.flatnonzero(going_on)
-        if kept.size == rows:
-            self.state.append(slots, tokens.astype(np.int32))
-            self.decoder.engine.append(ids, tokens.tolist())
-        elif kept.size:
-            kept_list = kept.tolist()
-            self.state.append(slots[kept], tokens[kept].astype(np.int32))
-            self.decoder.engine.append([ids[r] for r in kept_list], tokens[kept].tolist())
+        early = then is not None and not self.stop_words[slots[each]].any()
+        if early:
+            for row in python_rows:
+                going_on[row] = self._goes_on(sequences[row], int(tokens[row]),
+                                              int(generated[row]))
+            kept = self._feed_back(slots, ids, tokens, going_on)
+            then({ids[row] for row in np.flatnonzero(~going_on).tolist()})
+        for row in python_rows:
+            went_on = self._deliver_row(sequences[row], int(tokens[row]), float(logprobs[row]),
+                                        int(generated[row]))
+            if not early:
+                going_on[row] = went_on
+        if not early:
+            kept = self._feed_back(slots, ids, tokens, going_on)
         if self.decoder.on_step is not None:
             due = kept[self.stepped[slots[kept]]
                        & (generated[kept] >= self.due_at[slots[kept]])]
             if due.size:
                 self.decoder.on_step(*self.hand_over([sequences[r] for r in due.tolist()],
                                                      slots[due], generated[due]))
+
+    def _feed_back(self, slots: np.ndarray, ids: list[int], tokens: np.ndarray,
+                   going_on: np.ndarray) -> np.ndarray:
+        """Append the tokens of the rows that go on to the batch state and
+        the engine; their row indices."""
+        kept = np.flatnonzero(going_on)
+        if kept.size == len(ids):
+            self.state.append(slots, tokens.astype(np.int32))
+            self.decoder.engine.append(ids, tokens.tolist())
+        elif kept.size:
+            self.state.append(slots[kept], tokens[kept].astype(np.int32))
+            self.decoder.engine.append([ids[r] for r in kept.tolist()], tokens[kept].tolist())
+        return kept
+
+    @staticmethod
+    def _goes_on(sequence: DecodeSequence, token: int, generated: int) -> bool:
+        """Whether a row of a request without stop strings goes on: what
+        :meth:`_deliver_row` will answer for it, known before it runs."""
+        return not (sequence.done or sequence.cancelled or token in sequence.stop_ids
+                    or generated >= sequence.max_tokens)
 
     def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
                      generated: int) -> bool:
@@ -121,8 +158,8 @@ class StepTokens:
         sequence.cum_log_prob += logprob
         ended = token in sequence.stop_ids  # the end id, unless ignore_end
         text, stopped = "", False
-        if sequence.stepped:
-            self.catch_up(sequence)  # a quiet row's held ids come before this token
+        if sequence.stepped:  # a quiet row's held ids come before this token
+            self.catch_up(sequence, generated - 1)
         if not ended:
             text = sequence.detokenizer.push_token(token)
             if sequence.stop.stop_words:  # without any, feed() returns the text as it is
@@ -139,11 +176,14 @@ class StepTokens:
             sequence.handle.put(self.decoder._event(sequence, text, [token], [logprob]))
         return True
 
-    def catch_up(self, sequence: DecodeSequence) -> None:
+    def catch_up(self, sequence: DecodeSequence, upto: int | None = None) -> None:
         """Push a stepped sequence's tokens in its history that the
-        detokenizer has not had yet; their text joins `held_text`."""
+        detokenizer has not had yet, of its first `upto` generated (default
+        all: a step's token fed back early is in the history before its row's
+        pass); their text joins `held_text`."""
         state, slot = self.state, sequence.slot
-        start, length = int(state.prompt_length[slot]), int(state.length[slot])
+        start = int(state.prompt_length[slot])
+        length = int(state.length[slot]) if upto is None else start + upto
         if start + sequence.pushed < length:
             sequence.held_text += sequence.detokenizer.push(
                 state.tokens[slot, start + sequence.pushed:length].tolist())

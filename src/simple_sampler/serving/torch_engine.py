@@ -133,6 +133,8 @@ class TorchEngine:
                  host_logits: bool = True):
         config = model.config
         self.device = next(model.parameters()).device  # where the caller put the model
+        #: ``engine.ComputesOffHost``: on a GPU the forward leaves the host's cores free
+        self.off_host = self.device.type != "cpu"
         if batch_invariant and self.device.type != "cpu":
             raise ValueError(f"batch_invariant runs on the CPU only, not on {self.device}")
         limit = getattr(config, "max_position_embeddings", None) or max_context

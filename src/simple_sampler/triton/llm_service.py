@@ -137,7 +137,7 @@ class LlmService:
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
-                               settings.micro_batches)
+                               settings.micro_batches, launch_ahead=settings.launch_ahead)
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)

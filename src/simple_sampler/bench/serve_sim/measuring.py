@@ -218,7 +218,7 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     if mode == "inline_kernels":
         # The decoder's inline path calls local_sample (samplers.kernel_sample
         # by default) on the data-plane thread; this keeps it, SHVS on or off.
-        decoder.local_sample = sample_fn
+        decoder.data_plane.local_sample = sample_fn
     clock = ForwardClock(engine)
     await decoder.start()
     try:

@@ -1,0 +1,167 @@
+"""The data-plane side of a decode-loop lane's step (``decoder.Decoder``):
+the step handed to the one data-plane thread (``DataPlane.launch``), its
+rows taken back (``landed``), and sampled (``sampled``): in that thread
+right behind the forward (inline modes, a sampler's synchronous path) or by
+awaiting the decision plane on the event loop.
+
+A sampler with a data-plane half (``summarize(logits, batch)``: the
+hot-first summary) has it run in the data-plane thread right behind the
+forward (``engine.step_then``), with several lanes only where the engine
+models it as device time (``engine.StepsThen``), since elsewhere it would
+hold the other lane's forward; with one lane, such a sampler's synchronous
+path (``sample_now``) runs there too (``decoder``'s module docstring).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..params import SamplingBatch
+from .decoder_stats import Activity, DecoderStats
+from .engine import Engine, SelfScheduling, StepsThen, step_then
+from .generation import DecodeSequence
+from .inline import sample_torch
+from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataPlane,
+                       kernel_sample)
+
+
+@dataclass(frozen=True, slots=True)
+class DataPlaneStep:
+    """One step as the data-plane thread ran it (``DataPlane.step``)."""
+
+    logits: torch.Tensor
+    #: the sampler's data-plane half's result; None without one, or once sampled
+    summary: object
+    #: (tokens, logprobs) when sampled in the thread; None: the event loop awaits the sampler
+    sampled: SampleResult | None
+    forward_s: float  # the forward and the data-plane half: data-plane time
+    #: the sampling in the thread, or the time of a synchronous path that gave way
+    sample_s: float
+    #: ``time.perf_counter()`` when the thread began and ended the step
+    began: float
+    ended: float
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A step handed to the data-plane thread (``DataPlane.launch``)."""
+
+    sequences: list[DecodeSequence]
+    ids: list[int]
+    batch: SamplingBatch
+    future: asyncio.Future
+    handed_over: float  # time.perf_counter() at the hand-over
+    loop_s: float  # the loop's own time for the step before it was launched
+
+
+class DataPlane:
+    """The engine's one thread and the sampler, for a decoder of `lanes`
+    lanes in sampling `mode` (module docstring); its timings go to
+    `stats`."""
+
+    def __init__(self, engine: Engine, mode: str, sampler: AsyncSampler | None, lanes: int,
+                 stats: DecoderStats):
+        self.engine, self.sampler, self.stats = engine, sampler, stats
+        self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
+        self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
+        #: the sampler's data-plane half (module docstring), or None: with
+        #: several lanes only where the engine models it as device time, since
+        #: on any other engine it would hold the other lane's forward
+        self.summarize = (sampler.summarize
+                          if isinstance(sampler, SummarizesOnDataPlane) and mode == "simple"
+                          and (lanes == 1 or isinstance(engine, StepsThen)) else None)
+        #: the sampler's synchronous path (module docstring): one lane only,
+        #: since it holds the data-plane thread while the sampler answers
+        self.sample_now = (sampler.sample_now
+                           if self.summarize and lanes == 1 and isinstance(sampler, SamplesNow)
+                           else None)
+        self.activity = Activity(stats)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
+
+    def launch(self, sequences: list[DecodeSequence], batch: SamplingBatch,
+               loop_s: float) -> Launched:
+        """Hand the step of `sequences` (its sampling `batch`) to the
+        data-plane thread; the step as launched."""
+        ids = [s.request_id for s in sequences]
+        self.activity.change(forwards=1)
+        handed_over = time.perf_counter()
+        future = asyncio.get_running_loop().run_in_executor(self.executor, self.step, ids,
+                                                            batch)
+        return Launched(sequences, ids, batch, future, handed_over, loop_s)
+
+    async def landed(self, launched: Launched) -> DataPlaneStep:
+        """The launched step's result, the data plane's idle time on either
+        side of it counted (``DecoderStats.forward_wait_s``)."""
+        awaited = time.perf_counter()
+        try:
+            step = await launched.future
+        finally:
+            self.activity.change(forwards=-1)
+        self.stats.forward_wait_s += ((step.began - launched.handed_over)
+                                      + max(0.0, time.perf_counter() - max(step.ended, awaited)))
+        return step
+
+    async def sampled(self, step: DataPlaneStep, batch: SamplingBatch
+                      ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(tokens, logprobs, sampler seconds) of a landed step: sampled in
+        the data-plane thread, or by awaiting the sampler now."""
+        # sampled in the data-plane thread (or tried to): nothing overlapped it
+        self.stats.sampling_exposed_s += step.sample_s
+        if step.sampled is not None:
+            return (*step.sampled, step.sample_s)
+        started = time.perf_counter()
+        self.activity.change(samplers=1)
+        try:
+            tokens, logprobs = await (self.sampler(step.logits, batch) if step.summary is None
+                                      else self.sampler(step.logits, batch, step.summary))
+        finally:
+            self.activity.change(samplers=-1)
+        return tokens, logprobs, step.sample_s + time.perf_counter() - started
+
+    async def ready(self, ids: Sequence[int]) -> tuple[set, float]:
+        """The ids the engine has rows for (``engine.SelfScheduling``), and
+        the seconds spent waiting for them (the engine was computing:
+        counted as data plane)."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        self.activity.change(forwards=1)
+        try:
+            ready = set(await loop.run_in_executor(self.executor, self.wait_ready, list(ids)))
+        finally:
+            self.activity.change(forwards=-1)
+        return ready, time.perf_counter() - started
+
+    def step(self, ids: list[int], batch: SamplingBatch) -> DataPlaneStep:
+        """In the data-plane thread: the forward and the sampler's
+        data-plane half, then in inline modes the sampling, or the sampler's
+        synchronous path."""
+        began = time.perf_counter()
+        summary = None
+        if self.summarize is None:
+            logits = self.engine.step(ids)
+        else:
+            logits, summary = step_then(self.engine, ids,
+                                        lambda rows: self._timed_summary(rows, batch))
+        forward_s = time.perf_counter() - began
+        sampled = None
+        if self.sample_now is not None:
+            sampled = self.sample_now(logits, batch, summary)
+        elif self.local_sample is not None:
+            sampled = self.local_sample(logits, batch)
+        ended = time.perf_counter()
+        return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
+                             forward_s, ended - began - forward_s, began, ended)
+
+    def _timed_summary(self, logits, batch: SamplingBatch):
+        """``summarize``, its time added to ``stats.summary_s`` (the
+        data-plane thread is the only writer)."""
+        started = time.perf_counter()
+        try:
+            return self.summarize(logits, batch)
+        finally:
+            self.stats.summary_s += time.perf_counter() - started
