@@ -110,18 +110,21 @@ def test_figures_and_ratios_come_from_the_inputs(report):
                 f"{share:.1f}% |") in text
 
 
-def test_serve_sim_rows_show_their_shvs_acceptance(tmp_path):
-    """--shvs rows show the hot set's acceptance; rows without SHVS, and files
-    from before the option, read off."""
+def test_serve_sim_rows_show_their_shvs_acceptance_and_launch_ahead(tmp_path):
+    """--shvs rows show the hot set's acceptance, rows without SHVS, and files
+    from before the option, read off; rows launched ahead read on, files from
+    before launch_ahead off."""
     sim = load(example("serve-sim"))
-    sim["results"][0].update(shvs=True, shvs_acceptance=0.631)
+    sim["results"][0].update(shvs=True, shvs_acceptance=0.631, launch_ahead="on")
+    for result in sim["results"][1:]:
+        result.pop("launch_ahead", None)
     path = tmp_path / "serve_sim_shvs.json"
     path.write_text(json.dumps(sim))
     rows = [line for line in build([path], tmp_path / "out").read_text().splitlines()
             if line.startswith(("| simple |", "| inline_kernels |"))]
     assert len(rows) == len(sim["results"]) > 1
-    assert rows[0].endswith("| 63.1% |")
-    assert all(row.endswith("| off |") for row in rows[1:])
+    assert rows[0].endswith("| 63.1% | on |")
+    assert all(row.endswith("| off | off |") for row in rows[1:])
 
 
 def test_every_input_names_its_command_machine_and_date(report):

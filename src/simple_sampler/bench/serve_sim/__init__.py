@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...settings import HANDOFFS, ROW_TRANSPORTS
+from ...settings import HANDOFFS, LAUNCH_AHEAD, ROW_TRANSPORTS
 from ..markdown import FigureWriter, Source, number, table
 from ..spec import BenchSpec, UsageError, given, simulated_rows
 
@@ -33,6 +33,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handoff", choices=HANDOFFS,
                         help="how simple mode's rows cross: full, or hot-first (the engine's "
                              "summary as part of its modelled step)")
+    parser.add_argument("--launch-ahead", nargs="+", choices=LAUNCH_AHEAD,
+                        help="the decoder's launch_ahead, each value a set of rows side by side "
+                             "(default auto: on, the engine is simulated; in-process only)")
     parser.add_argument("--row-transport", choices=ROW_TRANSPORTS,
                         help="--server: full rows by the shared-memory arena or inside BLS")
 
@@ -41,8 +44,10 @@ def measure(args: argparse.Namespace) -> dict:
     from ...params import SamplingParams
     from . import measuring as serve_sim
 
-    if args.server and (args.shvs or args.profile or args.top_p not in (None, 1.0)):
-        raise UsageError("--shvs, --profile and --top-p are in-process only (not with --server)")
+    if args.server and (args.shvs or args.profile or args.top_p not in (None, 1.0)
+                        or args.launch_ahead):
+        raise UsageError("--shvs, --profile, --top-p and --launch-ahead are in-process only "
+                         "(not with --server)")
     if args.top_p is not None:
         try:
             SamplingParams(top_p=args.top_p).validate()
@@ -56,7 +61,13 @@ def measure(args: argparse.Namespace) -> dict:
                                     **given(args, row_transport="row_transport"))
     sizes = QUICK if args.quick else given(args, batches="batch")
     return serve_sim.run(**common, **sizes, shvs=args.shvs, profile_path=args.profile,
-                         **given(args, top_p="top_p"))
+                         **given(args, top_p="top_p", launch_ahead="launch_ahead"))
+
+
+def launched_ahead(result: dict) -> str:
+    """Whether the result's steps were launched ahead (off: files from before
+    ``launch_ahead``, which had no such thing)."""
+    return result.get("launch_ahead", "off")
 
 
 def terminal_table(report: dict) -> str:
@@ -77,7 +88,8 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
              "from before `--shvs` read off).", ""]
     lines += table(["mode", "micro-batches", "B", "V", "dtype", "step ms", "tok/s", "ideal tok/s",
                     "efficiency", "exposed sampling ms", "exposed / step", "sampler ms",
-                    "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms", "SHVS"],
+                    "loop ms", "loop thread CPU ms", "ITL P50 ms", "ITL P95 ms", "SHVS",
+                    "launched ahead"],
                    [[r["mode"], r["micro_batches"], r["batch"], f"{r['vocab']:,}", r["dtype"],
                      number(r["step_ms"]), number(r["tokens_per_s"], 0),
                      number(r["ideal_tokens_per_s"], 0), number(r["efficiency"], 3),
@@ -87,15 +99,18 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
                      number(r["loop_thread_cpu_ms_per_step"], 2), number(r["itl_ms_p50"]),
                      number(r["itl_ms_p95"]),
                      number(r["shvs_acceptance"] and 100 * r["shvs_acceptance"], 1, "%")
-                     if r.get("shvs") else "off"]
+                     if r.get("shvs") else "off", launched_ahead(r)]
                     for r in results])
     figure, axes = writer.new()
-    lines_of = dict.fromkeys((r["mode"], r["micro_batches"]) for r in results)
-    for mode, micro_batches in lines_of:
+    lines_of = dict.fromkeys((r["mode"], r["micro_batches"], launched_ahead(r))
+                             for r in results)
+    for mode, micro_batches, ahead in lines_of:
         points = sorted((r["batch"], r["efficiency"]) for r in results
-                        if (r["mode"], r["micro_batches"]) == (mode, micro_batches))
+                        if (r["mode"], r["micro_batches"], launched_ahead(r))
+                        == (mode, micro_batches, ahead))
         axes.plot(*zip(*points), "o-", label=f"{mode}, {micro_batches} micro-batch"
-                  + ("es" if micro_batches > 1 else ""))
+                  + ("es" if micro_batches > 1 else "")
+                  + (", launched ahead" if ahead == "on" else ""))
     batches = sorted({r["batch"] for r in results})
     axes.set_xscale("log", base=2)
     axes.set_xticks(batches, [str(b) for b in batches])

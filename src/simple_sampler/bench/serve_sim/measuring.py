@@ -33,6 +33,7 @@ from ...serving.engine import StepsThen
 from ...serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
 from ...serving.simulated_text import SimulatedCodec
 from ...shvs.hot_vocab import HotVocab
+from . import launched_ahead
 
 #: (mode label, decoder mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple", "simple", 2),
@@ -200,7 +201,7 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int):
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
                   dtype: str, step_ms: float, instances: int, warmup: int, measure: int,
                   hot_order: np.ndarray | None = None, top_p: float = 1.0,
-                  handoff: str = "full") -> dict:
+                  handoff: str = "full", launch_ahead: str = "auto") -> dict:
     """One row of the report: a fresh engine and decoder for (mode, micro_batches, B);
     SHVS on with ``hot_order`` (SmolLM2 token ids, the hot set); with handoff
     hot-first, simple mode's rows cross hot-first (``hot_first_sampler``)."""
@@ -214,7 +215,7 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     sampler = threaded(sample_fn) if mode == "simple" else None
     if mode == "simple" and handoff == "hot-first":
         sampler = hot_first_sampler(engine, hot, instances)
-    decoder = Decoder(engine, codec, mode, sampler, micro_batches)
+    decoder = Decoder(engine, codec, mode, sampler, micro_batches, launch_ahead=launch_ahead)
     if mode == "inline_kernels":
         # The decoder's inline path calls local_sample (samplers.kernel_sample
         # by default) on the data-plane thread; this keeps it, SHVS on or off.
@@ -231,14 +232,17 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
             "ideal_tokens_per_s": ideal,
             "efficiency": figures["tokens_per_s"] / ideal, "shvs": hot_sample is not None,
             "shvs_acceptance": hot_sample and hot_sample.acceptance(),
-            "handoff": handoff if mode == "simple" else "full"}
+            "handoff": handoff if mode == "simple" else "full",
+            "launch_ahead": "on" if decoder.overlap else "off"}
 
 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
         instances: int = 2, warmup: int = 8, measure: int = 40, modes=MODES,
         shvs: bool = False, profile_path: str | None = None, top_p: float = 1.0,
-        handoff: str = "full") -> dict:
-    """Every (mode, micro_batches) of ``modes`` at every B of ``batches``; with
+        handoff: str = "full", launch_ahead=("auto",)) -> dict:
+    """Every (mode, micro_batches) of ``modes`` at every B of ``batches``, for
+    each decoder setting of ``launch_ahead`` (auto: on, the engine is
+    simulated); with
     ``shvs``, the kernels use the hot set of the profile at ``profile_path``
     (default as ``bench shvs``: ``bench.shvs.measuring.resolve_profile``); every request
     samples with ``top_p`` (ValueError outside (0, 1])."""
@@ -249,8 +253,9 @@ def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms:
     profile = resolve_profile(profile_path, quick=False) if shvs or handoff != "full" else None
     hot_order = profile.order[:profile.chosen_size] if profile else None
     results = [asyncio.run(run_one(codec, mode, micro_batches, batch, vocab, dtype, step_ms,
-                                   instances, warmup, measure, hot_order, top_p, handoff))
-               for mode, _, micro_batches in modes for batch in batches]
+                                   instances, warmup, measure, hot_order, top_p, handoff, ahead))
+               for mode, _, micro_batches in modes for batch in batches
+               for ahead in launch_ahead]
     return {"results": results, "data_plane": data_plane(instances),
             "settings": {"rows": HOT_ROWS_SOURCE,
                          "hot_set": (f"SmolLM2 profile's first {profile.chosen_size} ids "
@@ -354,7 +359,7 @@ def format_report(report: dict) -> str:
              f"requests: {report['settings']['params']}; rows: {report['settings']['rows']}",
              f"{'mode':<15} {'mb':>2} {'B':>4} {'V':>7} {'dtype':>8} {'step':>5} {'tok/s':>8} "
              f"{'ideal':>8} {'eff':>5} {'exposed':>8} {'sampler':>8} {'loop':>6} {'thread':>6} "
-             f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6} {'handoff':>9}"]
+             f"{'ITL p50':>8} {'ITL p95':>8} {'shvs':>6} {'handoff':>9} {'ahead':>5}"]
     for r in report["results"]:
         lines.append(
             f"{r['mode']:<15} {r['micro_batches']:>2} {r['batch']:>4} {r['vocab']:>7} "
@@ -364,9 +369,11 @@ def format_report(report: dict) -> str:
             f"{milliseconds(r['loop_ms_per_step'], 4)} "
             f"{milliseconds(r['loop_thread_cpu_ms_per_step'], 4)} "
             f"{r['itl_ms_p50']:>6.1f}ms {r['itl_ms_p95']:>6.1f}ms "
-            f"{shvs_cell(r):>6} {r.get('handoff', 'full'):>9}")
+            f"{shvs_cell(r):>6} {r.get('handoff', 'full'):>9} {launched_ahead(r):>5}")
     lines.append("per step = per full pass over the B sequences; exposed = sampling while no "
                  "forward ran; loop = DecoderStats.loop_s; thread = all CPU time of "
                  "the event-loop thread (loop, asyncio, the bench's consumers); shvs = "
-                 "the share of rows the hot set decided (whole run), off without --shvs")
+                 "the share of rows the hot set decided (whole run), off without --shvs; "
+                 "ahead = each step launched before the step before it made its events "
+                 "(launch_ahead)")
     return "\n".join(lines)
