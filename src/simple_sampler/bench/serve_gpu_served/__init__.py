@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...settings import TORCH_DTYPES
+from ...settings import LAUNCH_AHEAD, TORCH_DTYPES
 from ..markdown import FigureWriter, Source
 from ..spec import BenchSpec, given, positive_int
 
@@ -28,6 +28,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batches", type=positive_int)
     parser.add_argument("--stream-interval", type=positive_int,
                         help="tokens per response (more: less client and server work)")
+    parser.add_argument("--launch-ahead", choices=LAUNCH_AHEAD,
+                        help="the llm model's launch_ahead (default auto: on, on a GPU)")
     parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
                                           "temporary folder, named in the report)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
@@ -43,7 +45,8 @@ def measure(args: argparse.Namespace) -> dict:
     report = served.run(model=args.model, dtype=args.dtype, log_dir=args.log_dir, **sizes,
                         **given(args, device="device", model_config="model_config",
                                 instances="instances", micro_batches="micro_batches",
-                                stream_interval="stream_interval"))
+                                stream_interval="stream_interval",
+                                launch_ahead="launch_ahead"))
     if args.markdown:
         Path(args.markdown).write_text(served.format_report(report) + "\n")
     return report

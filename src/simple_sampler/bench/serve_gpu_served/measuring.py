@@ -106,15 +106,15 @@ def left_in_dev_shm(stubs) -> list[str]:
 
 def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str | None,
                     model: str | None, largest: int, instances: int, micro_batches: int,
-                    stream_interval: int, max_context: int,
-                    hot_vocab_profile: str) -> LlmSettings:
+                    stream_interval: int, max_context: int, hot_vocab_profile: str,
+                    launch_ahead: str = LlmSettings.launch_ahead) -> LlmSettings:
     """The llm model's settings for one mode's server."""
     return LlmSettings(engine="static", device=device, torch_dtype=dtype,
                        model_config=model_config or "", model=model or "",
                        sampling_mode=mode.sampling_mode, handoff=mode.handoff,
                        engine_max_batch_size=largest, generate_max_batch_size=largest,
                        max_context=max_context, micro_batches=micro_batches,
-                       stream_interval=stream_interval,
+                       stream_interval=stream_interval, launch_ahead=launch_ahead,
                        sampler_shards=instances, hot_vocab_profile=hot_vocab_profile)
 
 
@@ -209,7 +209,8 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
 def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
         modes=MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
-        stream_interval: int = 1, log_dir: str | Path | None = None) -> dict:
+        stream_interval: int = 1, log_dir: str | Path | None = None,
+        launch_ahead: str = LlmSettings.launch_ahead) -> dict:
     """Every mode's server at every (B, top_p), and forward_only at every B.
     dtype: bfloat16 on cuda, float32 on the CPU unless given. RuntimeError
     (the reason) when ``device`` cannot run here."""
@@ -224,7 +225,8 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
     logs.mkdir(parents=True, exist_ok=True)
     settings = {"device": device, "dtype": dtype, "model_config": model_config, "model": model,
                 "instances": instances, "micro_batches": micro_batches,
-                "stream_interval": stream_interval, "max_context": max_context}
+                "stream_interval": stream_interval, "max_context": max_context,
+                "launch_ahead": launch_ahead}
     rows = rows_label(model_config)
     results, servers = [], []
     for mode in modes:
@@ -267,7 +269,8 @@ def format_report(report: dict) -> str:
              f"- data plane: static engine on {settings['device']} ({gpu['model']}, "
              f"{gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}; static cache "
              f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es); "
-             f"stream_interval {settings['stream_interval']})",
+             f"stream_interval {settings['stream_interval']}; launch_ahead "
+             f"{settings.get('launch_ahead', 'off (before the setting)')})",
              f"- rows: **{report['rows']}**",
              f"- sampler: {settings['instances']} simple_sampler instances; inline: the batched "
              f"gpu_inline in the llm model",
