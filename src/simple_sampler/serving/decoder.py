@@ -76,6 +76,7 @@ import dataclasses
 import itertools
 import logging
 import secrets
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -94,6 +95,13 @@ from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
+
+#: the interpreter's switch interval while steps are launched ahead: the
+#: data-plane thread needs the GIL for its step's Python (inputs, the graph's
+#: launch) while the loop thread makes the step before's events, and a
+#: thread waiting on the GIL gets it only after the holder's switch interval
+#: (Python's default: 5 ms, a whole GPU step) or when the holder blocks
+LAUNCH_AHEAD_SWITCH_S = 0.0005
 
 
 class Decoder:
@@ -133,6 +141,7 @@ class Decoder:
         self.overlap = not self.self_scheduling and (
             launch_ahead == "on" or launch_ahead == "auto"
             and isinstance(engine, ComputesOffHost) and engine.off_host)
+        self.switch_interval: float | None = None  # the one ``start`` replaced
         self.queue: collections.deque[DecodeSequence] = collections.deque()
         self.by_id: dict[int, DecodeSequence] = {}
         self.ids = itertools.count()
@@ -156,6 +165,12 @@ class Decoder:
             | None = None
 
     async def start(self) -> None:
+        """Start the lanes; launching ahead, lower the interpreter's switch
+        interval (process-wide, restored by ``close``) to
+        :data:`LAUNCH_AHEAD_SWITCH_S`."""
+        if self.overlap:
+            self.switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.switch_interval, LAUNCH_AHEAD_SWITCH_S))
         self.wake = [asyncio.Event() for _ in self.lanes]
         self.tasks = [asyncio.create_task(self._lane(i)) for i in range(len(self.lanes))]
 
@@ -164,6 +179,8 @@ class Decoder:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.switch_interval is not None:
+            sys.setswitchinterval(self.switch_interval)
         self.data_plane.executor.shutdown(wait=True)
 
     @property

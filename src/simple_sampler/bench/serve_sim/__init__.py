@@ -64,12 +64,6 @@ def measure(args: argparse.Namespace) -> dict:
                          **given(args, top_p="top_p", launch_ahead="launch_ahead"))
 
 
-def launched_ahead(result: dict) -> str:
-    """Whether the result's steps were launched ahead (off: files from before
-    ``launch_ahead``, which had no such thing)."""
-    return result.get("launch_ahead", "off")
-
-
 def terminal_table(report: dict) -> str:
     from .measuring import format_report
 
@@ -79,6 +73,8 @@ def terminal_table(report: dict) -> str:
 def section(source: Source, writer: FigureWriter) -> list[str]:
     """`bench serve-sim`: per mode, micro-batches and B, efficiency against the
     simulated data plane's bound, and where the rest of the step went."""
+    from .measuring import launched_ahead
+
     report = source.data
     results = report["results"]
     lines = [f"Data plane: **{report['data_plane']}**. Per step = per full pass over the B "

@@ -33,7 +33,6 @@ from ...serving.engine import StepsThen
 from ...serving.simulated import LABEL, SimulatedEngine, SimulatedSpec
 from ...serving.simulated_text import SimulatedCodec
 from ...shvs.hot_vocab import HotVocab
-from . import launched_ahead
 
 #: (mode label, decoder mode, micro_batches)
 MODES = (("simple", "simple", 1), ("simple", "simple", 2),
@@ -352,6 +351,12 @@ def shvs_cell(row: dict) -> str:
     if not row["shvs"]:
         return "off"
     return "n/a" if row["shvs_acceptance"] is None else f"{row['shvs_acceptance']:.1%}"
+
+
+def launched_ahead(result: dict) -> str:
+    """Whether the result's steps were launched ahead (off: files from before
+    ``launch_ahead``, which had no such thing)."""
+    return result.get("launch_ahead", "off")
 
 
 def format_report(report: dict) -> str:
