@@ -57,6 +57,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
     _attention_backends
 
@@ -72,16 +73,6 @@ SHIPPED_CONFIGS = ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b
 def buckets_for(max_batch_size: int) -> tuple[int, ...]:
     """The buckets up to ``max_batch_size``, which is always one."""
     return tuple(sorted({b for b in BUCKETS if b < max_batch_size} | {max_batch_size}))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's rotate-half RoPE (``apply_rotary_pos_emb``)."""
-    return x * cos + _rotate_half(x) * sin
 
 
 class StaticForward:
@@ -128,7 +119,7 @@ class StaticForward:
             q = attention.q_proj(x).view(rows, self.kv_heads, group, self.head_dim)
             k = attention.k_proj(x).view(rows, self.kv_heads, 1, self.head_dim)
             v = attention.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)[:, :, 0]
+            q, k = rope(q, cos, sin), rope(k, cos, sin)[:, :, 0]
             keys, values = self.keys[index, :rows], self.values[index, :rows]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
@@ -155,8 +146,8 @@ class StaticForward:
             attention = layer.self_attn
             x = layer.input_layernorm(hidden)
             shape = (rows, width, -1, self.head_dim)
-            q = _rope(attention.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-            k = _rope(attention.k_proj(x).view(shape).transpose(1, 2), cos, sin)
+            q = rope(attention.q_proj(x).view(shape).transpose(1, 2), cos, sin)
+            k = rope(attention.k_proj(x).view(shape).transpose(1, 2), cos, sin)
             v = attention.v_proj(x).view(shape).transpose(1, 2)
             self.keys[index][slot_index, :, position[None, :]] = k.transpose(1, 2)
             self.values[index][slot_index, :, position[None, :]] = v.transpose(1, 2)
@@ -229,19 +220,23 @@ class DecodeGraphs:
 class StaticEngine(TorchEngine):
     """``TorchEngine`` (slots, contract, host copy, hot-first) whose decode
     rows run :class:`StaticForward` through :class:`DecodeGraphs` and whose
-    prompts run its eager prefill (module docstring)."""
+    prompts run its eager prefill (module docstring). ``compile_decode``:
+    the decode step compiled over fused weights (``compiled_decode``); off
+    by default."""
 
     label = "StaticEngine"
 
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
-                 host_logits: bool = True):
+                 host_logits: bool = True, compile_decode: bool = False):
         if batch_invariant:
             raise ValueError("batch_invariant runs with TorchEngine on the CPU only; the "
                              "static decode step's buckets change how a matmul splits")
         super().__init__(model, max_batch_size=max_batch_size, max_context=max_context,
                          host_logits=host_logits)
         self.static = StaticForward(model, self.keys, self.values)
+        if compile_decode:
+            self.static = CompiledForward(self.static)
         self.graphs = DecodeGraphs(self.static, buckets_for(max_batch_size))
 
     @classmethod
