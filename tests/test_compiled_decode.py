@@ -4,6 +4,7 @@ tiny random-weight Llama and Qwen2 models, on the CPU (inductor's C++
 backend): the fused weights' projections, logits within float32 rounding and
 the same greedy tokens over steps that change bucket, a compile that fails.
 The CUDA-graph test skips without a GPU (none here: that path has not run)."""
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -77,16 +78,21 @@ def test_the_compiled_step_matches_the_eager_step(family):
     assert recompiled == [0] * 4, recompiled
 
 
-def test_a_compile_that_fails_names_the_option_and_its_cause(monkeypatch):
+def broken_compiled_step():
+    """compiled_decode.compiled_step's functions over a backend that fails
+    as inductor does without a C++ compiler (fresh code objects: dynamo's
+    cache holds the real ones)."""
     def broken(graph, example_inputs):
         raise RuntimeError("no C++ compiler here")
 
-    def compiled_step():  # fresh code objects: dynamo's cache holds the real ones
-        wrap = lambda function: torch.compile(  # noqa: E731
-            lambda *args: function(*args), backend=broken, fullgraph=True)
-        return (wrap(compiled_decode.decode_inputs), wrap(compiled_decode.decode_layer),
-                wrap(compiled_decode.decode_head))
-    monkeypatch.setattr(compiled_decode, "compiled_step", compiled_step)
+    wrap = lambda function: torch.compile(  # noqa: E731
+        lambda *args: function(*args), backend=broken, fullgraph=True)
+    return (wrap(compiled_decode.decode_inputs), wrap(compiled_decode.decode_layer),
+            wrap(compiled_decode.decode_head))
+
+
+def test_a_compile_that_fails_names_the_option_and_its_cause(monkeypatch):
+    monkeypatch.setattr(compiled_decode, "compiled_step", broken_compiled_step)
     engine = StaticEngine(tiny("llama"), max_batch_size=8, max_context=16, compile_decode=True)
     engine.add("x", [1, 2])
     engine.step(["x"])  # the prompt: eager prefill
@@ -115,3 +121,75 @@ def test_cuda_graphs_replay_the_compiled_step(family):
     assert engine.graphs.graphed and not engine.graphs.graphs
     run_schedule(engine, model, tolerance=1e-3)
     assert engine.graphs.graphs and set(engine.graphs.graphs) <= {1, 8, 9}
+
+
+def tiny_bench_model():
+    """(model, codec, label) for serve_gpu.run: a one-layer Llama over the
+    fake tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fakes import VOCAB, FakeTokenizer
+    from simple_sampler.serving.text import TextCodec
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    return model, TextCodec(FakeTokenizer()), "tiny"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_gpu_bench_runs_both_decode_steps(monkeypatch, broken):
+    """bench serve-gpu with --decode-step eager compiled on the CPU (figures
+    that mean nothing): forward_only and gpu_inline on both steps, ratios
+    within a step; a compile that fails leaves the eager rows and says why."""
+    from simple_sampler.bench.serve_gpu import measuring as serve_gpu
+    from simple_sampler.shvs import HotVocab
+
+    # the shipped profile's hot set needs SmolLM2's vocabulary; no mode here reads it
+    monkeypatch.setattr(serve_gpu, "hot_set", lambda vocab: HotVocab(np.arange(3), vocab))
+    if broken:
+        monkeypatch.setattr(compiled_decode, "compiled_step", broken_compiled_step)
+    modes = [m for m in serve_gpu.MODES if m[0] == "gpu_inline"]
+    report = serve_gpu.run(dtype="float32", batches=[8, 16], warmup=2, measure=4, modes=modes,
+                           device="cpu", loaded=tiny_bench_model(),
+                           decode_steps=("eager", "compiled"))
+    results = {(r["mode"], r["batch"]): r for r in report["results"]}
+    expected = {(mode, b) for mode in ("forward_only", "gpu_inline") for b in (8, 16)}
+    if broken:
+        assert set(results) == expected
+        assert "no C++ compiler here" in report["errors"]["compiled"]
+        assert "compiled decode step FAILED, its rows left out: compile_decode: " \
+            in serve_gpu.format_report(report)
+        return
+    assert set(results) == expected | {(f"{m}_compiled", b) for m, b in expected}
+    assert report["errors"] == {}
+    for (mode, batch), r in results.items():
+        step = "compiled" if mode.endswith("_compiled") else "eager"
+        assert r["decode_step"] == step and r["tokens_per_s"] > 0
+        bound = results[(serve_gpu.step_label("forward_only", step), batch)]
+        assert r["vs_forward_only"] == pytest.approx(r["tokens_per_s"] / bound["tokens_per_s"])
+    compiled = results[("forward_only_compiled", 8)]
+    assert compiled["setup_s"] > 0 and results[("forward_only_compiled", 16)]["graphs_compiled"] == 0
+    assert "forward_only_compiled" in serve_gpu.format_report(report)
+
+
+def test_serve_takes_the_option_for_the_static_engine_only(tmp_path):
+    """``serve --engine static --compile-decode``: the registry's builder
+    passes it on (construction only: the compile waits for the first
+    step); another engine refuses it."""
+    import json
+
+    from simple_sampler.serving.compiled_decode import CompiledForward
+    from simple_sampler.serving.engines import ENGINES
+    from simple_sampler.settings import LlmSettings
+
+    config = tiny("llama").config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    settings = LlmSettings(engine="static", model_config=str(tmp_path), compile_decode=True,
+                           engine_max_batch_size=4, max_context=16).validate()
+    engine = ENGINES["static"].build(settings)
+    assert isinstance(engine.static, CompiledForward)
+    assert ENGINES["static"].describe(settings).startswith("compiled static decode step on cpu")
+    with pytest.raises(ValueError, match="compile_decode applies to engine static only"):
+        LlmSettings(compile_decode=True).validate()

@@ -217,8 +217,10 @@ class CompiledForward:
                                             *_batch_dynamic(tokens, positions))
             _batch_dynamic(hidden, cos, sin, mask)
             for index, weights in enumerate(self.layers):
-                hidden = layer(self.shape, hidden, cos, sin, mask, positions,
-                               self.keys[index], self.values[index], weights)
+                # the cache's slots too: engines of another max_batch_size share the graph
+                keys, values = _batch_dynamic(self.keys[index], self.values[index])
+                hidden = layer(self.shape, hidden, cos, sin, mask, positions, keys, values,
+                               weights)
             return head(hidden, self.norm, self.shape.eps, self.output)
         except torch._dynamo.exc.TorchDynamoException as error:
             raise CompileDecodeError(

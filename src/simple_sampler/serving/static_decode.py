@@ -57,6 +57,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..settings import LlmSettings
 from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
     _attention_backends
@@ -228,7 +229,8 @@ class StaticEngine(TorchEngine):
 
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
-                 host_logits: bool = True, compile_decode: bool = False):
+                 host_logits: bool = True,
+                 compile_decode: bool = LlmSettings.compile_decode):
         if batch_invariant:
             raise ValueError("batch_invariant runs with TorchEngine on the CPU only; the "
                              "static decode step's buckets change how a matmul splits")
@@ -316,17 +318,18 @@ def forward_only_ms(engine: StaticEngine, steps: int) -> float:
     tokens.copy_(torch.tensor([p[0] for _, _, p in rows]))
     positions.copy_(torch.tensor([cached for _, cached, _ in rows]))
     _, argmax = engine.graphs.replay(bucket)  # captures on CUDA: outside the window
-    _synchronize(engine.device)
+    synchronize(engine.device)
     start = time.perf_counter()
     for _ in range(steps - 1):
         tokens.copy_(argmax)
         positions.add_(1)
         _, argmax = engine.graphs.replay(bucket)
-    _synchronize(engine.device)
+    synchronize(engine.device)
     return (time.perf_counter() - start) / max(1, steps - 1) * 1e3
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's work (CUDA); nothing elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -355,10 +358,10 @@ def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
     target = torch.empty_like(source)
     best = float("inf")
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         target.copy_(source)
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * source.numel() / best
 
