@@ -6,8 +6,8 @@ pytorch-labs' gpt-fast reaches the memory bound.
 Why: the eager decode step launches some 40 kernels per layer (Hugging Face's
 RMSNorm is about 8 elementwise kernels in float32, RoPE about 5 per tensor,
 separate q / k / v and gate / up GEMMs, the cache writes, the residual adds);
-even replayed as a CUDA graph each costs a few microseconds, a floor of about
-3 ms a step on an H200 for the small shapes (docs/results/gpu-2026-11-28.md).
+even replayed as a CUDA graph each costs a few microseconds: a floor under the
+small shapes' step that does not move with B (docs/results/gpu-2026-11-28.md).
 Here inductor fuses the elementwise work (RMSNorm, RoPE, SiLU times up, the
 residual adds) into a few kernels per layer, and two GEMMs are fused by their
 weights:
@@ -28,16 +28,21 @@ RoPE from the same table, grouped-query attention over the static cache with
 the same boolean mask, SwiGLU. Float32 logits equal the eager step's within
 float32 rounding (tests/test_compiled_decode.py).
 
-Shapes and recompiles: the batch dimension (the bucket) is marked dynamic
-(``torch._dynamo.maybe_mark_dynamic``) so that one graph serves every bucket
-above 1; dynamo specializes a dimension of size 1, so bucket 1 compiles once
-more. The compiled functions are built once per process and per layer shape
-(:func:`compiled_step`) and shared by every engine: a second engine of the same
-model compiles nothing. Measured on a loaded 2-core CPU host (inductor's C++
-backend, the tests' two-layer models): the first bucket compiles in seconds,
-each later bucket of 2 rows or more recompiles nothing, bucket 1 compiles once.
-The GPU (Triton) compile time has NOT been measured: ``bench serve-gpu`` reports
-it (``compile_s``).
+Shapes and recompiles: the batch dimension (the bucket) and the cache's slot
+dimension are marked dynamic (``torch._dynamo.maybe_mark_dynamic``), so one
+graph serves every bucket above 1 and every engine of the same model, whatever
+its max_batch_size; dynamo specializes a dimension of size 1, so bucket 1
+compiles once more. The compiled functions are built once per process
+(:func:`compiled_step`); dynamo keeps a graph per guarded layer shape (a
+model with q/k/v biases is another). What was measured, on the CPU only
+(inductor's C++ backend, tests/test_compiled_decode.py's two-layer models and
+one-off runs like them): three graphs for the first bucket
+(inputs, layer, head), none for any later bucket above 1 nor for a second
+engine of another max_batch_size, three for bucket 1, one more for the Qwen2
+layer (its biases); the first compile takes seconds to tens of seconds on a
+loaded 2-core host, the later ones about a second (not figures to quote). The
+GPU (Triton) compile time has NOT been measured: ``bench serve-gpu`` reports
+it (forward_only's ``setup_s``, with the graph's capture).
 
 CUDA graphs: :class:`~.static_decode.DecodeGraphs` captures this decode as it
 captures the eager one (its warm-up runs compile, before the capture), so
