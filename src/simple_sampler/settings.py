@@ -258,8 +258,8 @@ class LlmSettings(Settings):
         "not its tokens); \"\": --model's weights", engines=("static",))
     compile_decode: bool = setting(
         False, "static engine: the decode step compiled (torch.compile over fused q/k/v and "
-        "gate/up weights, serving/compiled_decode.py; NOT yet run on a GPU); each new bucket's "
-        "first step compiles first", engines=("static",))
+        "gate/up weights, serving/compiled_decode.py; NOT yet run on a GPU); its first decode step (and bucket 1's) "
+        "compiles first", engines=("static",))
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
                                         engines=("tensorrt_llm",))
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,

@@ -41,6 +41,10 @@ Shapes without weights: :func:`model_from_config` builds a shipped
 Qwen2.5-0.5B, Llama-3.2-1B, Llama-3.1-8B) with random weights drawn on the
 device: the step times of those models, not their tokens.
 
+``compile_decode`` swaps the decode step for its compiled form
+(``compiled_decode.CompiledForward``: torch.compile over fused q/k/v and
+gate/up weights), captured per bucket the same way; off by default.
+
 Tested on the CPU against the Hugging Face eager forward
 (tests/test_static_decode.py). The CUDA path (graph capture and replay) has
 NOT been run: no GPU was available where it was written; its tests skip
