@@ -138,18 +138,23 @@ def tiny_bench_model():
     return model, TextCodec(FakeTokenizer()), "tiny"
 
 
-@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("broken", [None, "compiling", "running"])
 def test_the_gpu_bench_runs_both_decode_steps(monkeypatch, broken):
     """bench serve-gpu with --decode-step eager compiled on the CPU (figures
     that mean nothing): forward_only and gpu_inline on both steps, ratios
-    within a step; a compile that fails leaves the eager rows and says why."""
+    within a step; a compiled step that fails, compiling or running, leaves
+    the eager rows and says why."""
     from simple_sampler.bench.serve_gpu import measuring as serve_gpu
     from simple_sampler.shvs import HotVocab
 
     # the shipped profile's hot set needs SmolLM2's vocabulary; no mode here reads it
     monkeypatch.setattr(serve_gpu, "hot_set", lambda vocab: HotVocab(np.arange(3), vocab))
-    if broken:
+    if broken == "compiling":
         monkeypatch.setattr(compiled_decode, "compiled_step", broken_compiled_step)
+    if broken == "running":
+        def fails(*args):
+            raise RuntimeError("CUDA error: an illegal memory access")
+        monkeypatch.setattr(compiled_decode.CompiledForward, "decode", fails)
     modes = [m for m in serve_gpu.MODES if m[0] == "gpu_inline"]
     report = serve_gpu.run(dtype="float32", batches=[8, 16], warmup=2, measure=4, modes=modes,
                            device="cpu", loaded=tiny_bench_model(),
@@ -157,9 +162,11 @@ def test_the_gpu_bench_runs_both_decode_steps(monkeypatch, broken):
     results = {(r["mode"], r["batch"]): r for r in report["results"]}
     expected = {(mode, b) for mode in ("forward_only", "gpu_inline") for b in (8, 16)}
     if broken:
+        cause = {"compiling": "compile_decode: torch.compile could not build the decode step",
+                 "running": "RuntimeError: CUDA error: an illegal memory access"}[broken]
         assert set(results) == expected
-        assert "no C++ compiler here" in report["errors"]["compiled"]
-        assert "compiled decode step FAILED, its rows left out: compile_decode: " \
+        assert report["errors"]["compiled"].startswith(cause)
+        assert f"compiled decode step FAILED, its rows left out: {cause}" \
             in serve_gpu.format_report(report)
         return
     assert set(results) == expected | {(f"{m}_compiled", b) for m, b in expected}

@@ -38,8 +38,8 @@ Decode steps (``--decode-step``, static engine): ``eager`` (default) and
 ``serving/compiled_decode``: torch.compile over fused weights); every mode,
 forward_only included, runs once per step listed, a compiled row's mode
 suffixed ``_compiled`` and its ratios taken against the compiled rows. A
-compile that fails is reported (``errors``) and the compiled rows left out:
-the eager rows still run.
+compiled step that fails, compiling or running, is reported (``errors``) and
+its rows left out: the eager rows still run.
 
 Rows (``--rows``): ``flat`` are the forward's own (a random model's rows are
 nearly flat: the sampler's worst case); ``fitted`` replaces them, after the
@@ -254,13 +254,19 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
     results, errors = [], {}
 
     def attempt(step: str, measure_one) -> None:
-        """One result on ``step`` unless that step failed to compile before."""
+        """One result on ``step`` unless that step failed before."""
         if step in errors:
             return
         try:
             results.append(measure_one())
-        except CompileDecodeError as error:
-            errors[step] = str(error)
+        except Exception as error:
+            if step == "eager":
+                raise
+            # the compiled step has not run on a GPU yet: its failure, compiling
+            # (CompileDecodeError names the option) or running, is reported, and
+            # the eager rows still run
+            errors[step] = (str(error) if isinstance(error, CompileDecodeError)
+                            else f"{type(error).__name__}: {error}")
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next engine's cache gets the freed memory
