@@ -26,7 +26,9 @@ The arithmetic is :class:`~.static_decode.StaticForward`'s: RMSNorm exactly as
 ``LlamaRMSNorm`` computes it (float32 variance, cast back, times the weight),
 RoPE from the same table, grouped-query attention over the static cache with
 the same boolean mask, SwiGLU. Float32 logits equal the eager step's within
-float32 rounding (tests/test_compiled_decode.py).
+float32 rounding (tests/test_compiled_decode.py). In bfloat16 they are close,
+not equal: inductor keeps a fused kernel's intermediates in float32 where the
+eager step rounds after each op, so a near-tie can pick another greedy token.
 
 Shapes and recompiles: the batch dimension (the bucket) and the cache's slot
 dimension are marked dynamic (``torch._dynamo.maybe_mark_dynamic``), so one
