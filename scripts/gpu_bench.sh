@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One command on one GPU host (Python 3.12 + a CUDA build of PyTorch and
 # transformers; no Triton, no network): the CUDA tests of the GPU-bound data
-# plane and the in-line baseline, then `bench serve-gpu` on the static engine
-# for every shipped shape, B in {64, 256}, top_p in {1.0, 0.95}, rows in
-# {flat, fitted}, modes forward_only, gpu_inline, simple, simple_hot_first.
-# Writes JSON and Markdown per shape and a dated README.md (machine, commit,
-# command) under the output folder. Sized to finish in under 8 minutes: each
-# shape gets a time limit, and a shape cut off says so in the README.
+# plane and the in-line baseline, then the compiled decode step's CUDA test,
+# then per shipped shape: forward_only on the eager and the compiled decode
+# step (`bench serve-gpu --decode-step eager compiled`, B in {64, 256}), then
+# `bench serve-gpu` on the static engine, B in {64, 256}, top_p in {1.0,
+# 0.95}, rows in {flat, fitted}, modes forward_only, gpu_inline, simple,
+# simple_hot_first. Writes JSON and Markdown per shape and a dated README.md
+# (machine, commit, command) under the output folder. Sized to finish in
+# under 8 minutes: each shape gets a time limit, and a shape cut off says so
+# in the README.
 #
 #   scripts/gpu_bench.sh --prepare DIR   # HERE (a machine with `make install`
 #                                        # done): SmolLM2's tokenizer and real
@@ -14,7 +17,11 @@
 #   SIMPLE_SAMPLER_CACHE=DIR scripts/gpu_bench.sh [OUTPUT_DIR]   # on the GPU host
 #
 # DEVICE=cpu (float32) is a dry run of the script on a CPU host: figures that
-# mean nothing. CUDA_TESTS_LIMIT_S (default 90) bounds the CUDA tests.
+# mean nothing. CUDA_TESTS_LIMIT_S (default 90) bounds the CUDA tests,
+# COMPILED_TESTS_LIMIT_S (default 60) the compiled step's. COMPILED_LIMIT_S
+# (default half of SHAPE_LIMIT_S) bounds a shape's forward_only on both steps,
+# out of its SHAPE_LIMIT_S: torch.compile's time on the host is unknown; a
+# compile cut off says so in the README and leaves the shape the rest.
 #
 # First run on an H200 through scripts/gpu_session.sh:
 # docs/results/gpu-2026-11-28.md.
@@ -43,13 +50,15 @@ OUT_DIR="${1:-${OUT:-$ROOT/results/gpu-bench-$(date -u +%Y%m%dT%H%M%SZ)}}"
 mkdir -p "$OUT_DIR"
 SHAPES="${SHAPES:-llama-3.2-1b qwen2.5-0.5b llama-3.1-8b smollm2-135m}"
 SHAPE_LIMIT_S="${SHAPE_LIMIT_S:-85}"
+COMPILED_LIMIT_S="${COMPILED_LIMIT_S:-$(( SHAPE_LIMIT_S / 2 ))}"
 export DEVICE="${DEVICE:-cuda}"
 README="$OUT_DIR/README.md"
 commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown}")"
 {
     echo "# gpu_bench.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
-    echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S, DEVICE=$DEVICE)"
+    echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S," \
+         "COMPILED_LIMIT_S=$COMPILED_LIMIT_S, DEVICE=$DEVICE)"
     echo "- commit: $commit"
     echo "- machine: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'nvidia-smi absent'); $(nproc) CPUs"
     echo "- python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1)"
@@ -68,51 +77,39 @@ if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
     (cd "$ROOT" && timeout "${CUDA_TESTS_LIMIT_S:-90}" "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
         tests/test_inline.py tests/test_static_decode.py tests/test_row_arena_engine.py) > "$OUT_DIR/cuda_tests.log" 2>&1
     echo "exit $?: $(tail -1 "$OUT_DIR/cuda_tests.log")" >> "$README"
+    # apart: its compile's time on the host is unknown (a cut-off reads exit 124)
+    (cd "$ROOT" && timeout "${COMPILED_TESTS_LIMIT_S:-60}" "$PYTHON" -m pytest -q -p no:cacheprovider \
+        -k cuda tests/test_compiled_decode.py) > "$OUT_DIR/compiled_tests.log" 2>&1
+    echo "compiled decode step: exit $?: $(tail -1 "$OUT_DIR/compiled_tests.log")" >> "$README"
 else
     echo "skipped: pytest or scipy missing on this host" >> "$README"
 fi
 
 echo "## bench serve-gpu (static engine)" >> "$README"
 for shape in $SHAPES; do
-    timeout "$SHAPE_LIMIT_S" "$PYTHON" - "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1 <<'EOF'
-import json
-import os
-import sys
-
-from simple_sampler.bench.serve_gpu import measuring as serve_gpu
-
-shape, out = sys.argv[1], sys.argv[2]
-try:
-    import simple_sampler._sampling  # noqa: F401
-    wanted = ("simple", "simple_hot_first", "gpu_inline")
-except ImportError:
-    wanted = ("gpu_inline",)
-modes = [m for m in serve_gpu.MODES if m[0] in wanted]
-dtype_name = "bfloat16" if os.environ["DEVICE"] == "cuda" else "float32"
-device, dtype = serve_gpu.resolve(os.environ["DEVICE"], dtype_name)
-loaded = serve_gpu.load(None, shape, False, device, dtype)
-merged = None
-# one (rows, top_p) at a time, written as it ends: a shape cut off keeps what it ran
-for index, (rows, top_p) in enumerate([(r, p) for r in ("flat", "fitted") for p in (1.0, 0.95)]):
-    part = serve_gpu.run(model_config=shape, dtype=dtype_name, device=os.environ["DEVICE"], batches=(64, 256), instances=8,
-                         warmup=4, measure=16, top_p=(top_p,), modes=modes, rows=(rows,),
-                         forward_only=index == 0, loaded=loaded)
-    if merged is None:
-        merged = part
-    else:
-        merged["results"] = serve_gpu.add_ratios(merged["results"] + part["results"])
-    report = merged
-    with open(f"{out}/serve-gpu-{shape}.json", "w") as f:
-        json.dump(report, f, indent=1)
-    with open(f"{out}/serve-gpu-{shape}.md", "w") as f:
-        f.write(f"# bench serve-gpu --model-config {shape}\n\n```\n")
-        f.write(serve_gpu.format_report(report) + "\n```\n")
-print(serve_gpu.format_report(report))
-EOF
+    started=$(date +%s)
+    # forward_only, eager then compiled, B 64 then 256 (scripts/gpu_bench_shape.py)
+    timeout "$COMPILED_LIMIT_S" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" compiled "$shape" \
+        "$OUT_DIR" > "$OUT_DIR/serve-gpu-compiled-$shape.log" 2>&1
+    status=$?
+    case $status in
+        0) echo "- $shape, forward_only eager and compiled: serve-gpu-compiled-$shape.md" \
+                "$(grep -ho 'compiled decode step FAILED.*' "$OUT_DIR/serve-gpu-compiled-$shape.md")" \
+                >> "$README" ;;
+        124) echo "- $shape, forward_only eager and compiled: CUT OFF after ${COMPILED_LIMIT_S}s" \
+                  "(torch.compile or the runs did not finish; what ended is in" \
+                  "serve-gpu-compiled-$shape.md, serve-gpu-compiled-$shape.log)" >> "$README" ;;
+        *) echo "- $shape, forward_only eager and compiled: FAILED, exit $status:" \
+                "$(tail -1 "$OUT_DIR/serve-gpu-compiled-$shape.log")" >> "$README" ;;
+    esac
+    left=$(( SHAPE_LIMIT_S - ($(date +%s) - started) ))
+    timeout "$(( left > 1 ? left : 1 ))" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" served \
+        "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1
     status=$?
     case $status in
         0) echo "- $shape: serve-gpu-$shape.md" >> "$README" ;;
-        124) echo "- $shape: CUT OFF after ${SHAPE_LIMIT_S}s (serve-gpu-$shape.log)" >> "$README" ;;
+        124) echo "- $shape: CUT OFF after ${left}s, what was left of ${SHAPE_LIMIT_S}s" \
+                  "(serve-gpu-$shape.log)" >> "$README" ;;
         *) echo "- $shape: FAILED, exit $status: $(tail -1 "$OUT_DIR/serve-gpu-$shape.log")" \
                >> "$README" ;;
     esac

@@ -2,9 +2,10 @@
 # One GPU call for both GPU issues, inside a fixed time: the served run from
 # the offline bundle (scripts/gpu_served_run.sh: install, real Triton servers
 # on the static CUDA engine, issue 43), then the in-process bench
-# (scripts/gpu_bench.sh: CUDA tests, serve-gpu per shape with flat and fitted
-# rows, issue 42) with the time that is left, over the interpreter and kernels
-# the install made. Everything lands in WORK; OUT gets two files (a device
+# (scripts/gpu_bench.sh: CUDA tests, the compiled decode step's CUDA test,
+# per shape forward_only on the eager and the compiled decode step and
+# serve-gpu with flat and fitted rows, issue 42) with the time that is
+# left, over the interpreter and kernels the install made. Everything lands in WORK; OUT gets two files (a device
 # call brings back at most eight): README.md (both phases' READMEs and times)
 # and results.tar.gz (WORK without the install, logs included).
 #
@@ -62,10 +63,12 @@ shapes="${SHAPES:-llama-3.2-1b llama-3.1-8b}"
 count=$(wc -w <<< "$shapes")
 left=$(( session_s - $(elapsed) - 15 ))
 tests_s=$(( left / 5 < 90 ? left / 5 : 90 ))
-shape_s=$(( (left - tests_s) / count ))
+compiled_tests_s=$(( left / 8 < 60 ? left / 8 : 60 ))  # torch.compile of two tiny models
+shape_s=$(( (left - tests_s - compiled_tests_s) / count ))
 if [ "$shape_s" -ge 20 ]; then
     GIT_COMMIT="$commit" PYTHON="$python" SHAPES="$shapes" \
         SHAPE_LIMIT_S="$shape_s" CUDA_TESTS_LIMIT_S="$tests_s" \
+        COMPILED_TESTS_LIMIT_S="$compiled_tests_s" \
         bash "$project/scripts/gpu_bench.sh" "$work/bench" > "$work/bench-run.log" 2>&1
     echo "- in-process bench: exit $?, $shape_s s a shape, done at $(elapsed) s" >> "$summary"
 else

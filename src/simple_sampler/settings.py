@@ -53,6 +53,9 @@ LAUNCH_AHEAD = ("auto", "on", "off")
 TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: Logits dtypes the sampler can be configured for -> bytes per logit.
 LOGITS_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: The static engine's decode steps (bench serve-gpu --decode-step): as
+#: written, or compiled (its compile_decode).
+DECODE_STEPS = ("eager", "compiled")
 #: The simulated engine's logits dtypes -> the sampler's name for them.
 SIMULATED_DTYPES = {name: TORCH_DTYPES[name] for name in ("float32", "bfloat16")}
 #: The words every output of a run on the simulated engine starts with.
@@ -253,6 +256,10 @@ class LlmSettings(Settings):
         "", "static engine: a shipped shape (smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
         "llama-3.1-8b) or a config.json, RANDOM WEIGHTS drawn on the device (its step times, "
         "not its tokens); \"\": --model's weights", engines=("static",))
+    compile_decode: bool = setting(
+        False, "static engine: the decode step compiled (torch.compile over fused q/k/v and "
+        "gate/up weights, serving/compiled_decode.py; NOT yet run on a GPU); its first decode step (and bucket 1's) "
+        "compiles first", engines=("static",))
     tensor_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,
                                         engines=("tensorrt_llm",))
     pipeline_parallel_size: int = setting(1, "tensorrt_llm only", minimum=1,

@@ -86,7 +86,8 @@ def _build_static(settings: LlmSettings) -> "Engine":
     device, dtype = resolve(settings.device, settings.torch_dtype)
     sizes = {"max_batch_size": settings.engine_max_batch_size,
              "max_context": settings.max_context,
-             "host_logits": settings.sampling_mode != "inline"}
+             "host_logits": settings.sampling_mode != "inline",
+             "compile_decode": settings.compile_decode}
     if settings.model_config:  # random weights of a shipped or given shape
         return StaticEngine.from_config(settings.model_config, device=device, dtype=dtype,
                                         **sizes)
@@ -125,10 +126,10 @@ def _static_hot_profile(profile, settings: LlmSettings):
 
 
 def _describe_static(settings: LlmSettings) -> str:
+    step = f"{'compiled ' if settings.compile_decode else ''}static decode step on {settings.device}"
     if not settings.model_config:
-        return f"static decode step on {settings.device}"
-    return (f"static decode step on {settings.device}, --model-config {settings.model_config}: "
-            f"{RANDOM_WEIGHTS_LABEL}")
+        return step
+    return f"{step}, --model-config {settings.model_config}: {RANDOM_WEIGHTS_LABEL}"
 
 
 def _build_trtllm(settings: LlmSettings) -> "Engine":

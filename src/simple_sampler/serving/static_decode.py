@@ -41,6 +41,10 @@ Shapes without weights: :func:`model_from_config` builds a shipped
 Qwen2.5-0.5B, Llama-3.2-1B, Llama-3.1-8B) with random weights drawn on the
 device: the step times of those models, not their tokens.
 
+``compile_decode`` swaps the decode step for its compiled form
+(``compiled_decode.CompiledForward``: torch.compile over fused q/k/v and
+gate/up weights), captured per bucket the same way; off by default.
+
 Tested on the CPU against the Hugging Face eager forward
 (tests/test_static_decode.py). The CUDA path (graph capture and replay) has
 NOT been run: no GPU was available where it was written; its tests skip
@@ -57,6 +61,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..settings import LlmSettings
+from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
     _attention_backends
 
@@ -72,16 +78,6 @@ SHIPPED_CONFIGS = ("smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b
 def buckets_for(max_batch_size: int) -> tuple[int, ...]:
     """The buckets up to ``max_batch_size``, which is always one."""
     return tuple(sorted({b for b in BUCKETS if b < max_batch_size} | {max_batch_size}))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's rotate-half RoPE (``apply_rotary_pos_emb``)."""
-    return x * cos + _rotate_half(x) * sin
 
 
 class StaticForward:
@@ -128,7 +124,7 @@ class StaticForward:
             q = attention.q_proj(x).view(rows, self.kv_heads, group, self.head_dim)
             k = attention.k_proj(x).view(rows, self.kv_heads, 1, self.head_dim)
             v = attention.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)[:, :, 0]
+            q, k = rope(q, cos, sin), rope(k, cos, sin)[:, :, 0]
             keys, values = self.keys[index, :rows], self.values[index, :rows]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
@@ -155,8 +151,8 @@ class StaticForward:
             attention = layer.self_attn
             x = layer.input_layernorm(hidden)
             shape = (rows, width, -1, self.head_dim)
-            q = _rope(attention.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-            k = _rope(attention.k_proj(x).view(shape).transpose(1, 2), cos, sin)
+            q = rope(attention.q_proj(x).view(shape).transpose(1, 2), cos, sin)
+            k = rope(attention.k_proj(x).view(shape).transpose(1, 2), cos, sin)
             v = attention.v_proj(x).view(shape).transpose(1, 2)
             self.keys[index][slot_index, :, position[None, :]] = k.transpose(1, 2)
             self.values[index][slot_index, :, position[None, :]] = v.transpose(1, 2)
@@ -229,19 +225,24 @@ class DecodeGraphs:
 class StaticEngine(TorchEngine):
     """``TorchEngine`` (slots, contract, host copy, hot-first) whose decode
     rows run :class:`StaticForward` through :class:`DecodeGraphs` and whose
-    prompts run its eager prefill (module docstring)."""
+    prompts run its eager prefill (module docstring). ``compile_decode``:
+    the decode step compiled over fused weights (``compiled_decode``); off
+    by default."""
 
     label = "StaticEngine"
 
     def __init__(self, model, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
                  max_context: int = DEFAULT_MAX_CONTEXT, batch_invariant: bool = False,
-                 host_logits: bool = True):
+                 host_logits: bool = True,
+                 compile_decode: bool = LlmSettings.compile_decode):
         if batch_invariant:
             raise ValueError("batch_invariant runs with TorchEngine on the CPU only; the "
                              "static decode step's buckets change how a matmul splits")
         super().__init__(model, max_batch_size=max_batch_size, max_context=max_context,
                          host_logits=host_logits)
         self.static = StaticForward(model, self.keys, self.values)
+        if compile_decode:
+            self.static = CompiledForward(self.static)
         self.graphs = DecodeGraphs(self.static, buckets_for(max_batch_size))
 
     @classmethod
@@ -321,17 +322,18 @@ def forward_only_ms(engine: StaticEngine, steps: int) -> float:
     tokens.copy_(torch.tensor([p[0] for _, _, p in rows]))
     positions.copy_(torch.tensor([cached for _, cached, _ in rows]))
     _, argmax = engine.graphs.replay(bucket)  # captures on CUDA: outside the window
-    _synchronize(engine.device)
+    synchronize(engine.device)
     start = time.perf_counter()
     for _ in range(steps - 1):
         tokens.copy_(argmax)
         positions.add_(1)
         _, argmax = engine.graphs.replay(bucket)
-    _synchronize(engine.device)
+    synchronize(engine.device)
     return (time.perf_counter() - start) / max(1, steps - 1) * 1e3
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's work (CUDA); nothing elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -360,10 +362,10 @@ def copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5)
     target = torch.empty_like(source)
     best = float("inf")
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         target.copy_(source)
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * source.numel() / best
 

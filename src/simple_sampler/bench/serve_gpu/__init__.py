@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...settings import TORCH_DTYPES
+from ...settings import DECODE_STEPS, TORCH_DTYPES
 from ..markdown import FigureWriter, Source, number, table
 from ..spec import BenchSpec, given
 
@@ -25,6 +25,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["static", "eager"],
                         help="static: static KV cache, CUDA graphs per batch bucket (and "
                              "forward_only, the bound); eager: the Hugging Face forward")
+    parser.add_argument("--decode-step", nargs="+", choices=DECODE_STEPS,
+                        help="static engine: every mode (forward_only too) once per step "
+                             "listed; compiled: torch.compile over fused weights, its rows "
+                             "suffixed _compiled, its compile time in forward_only's setup")
     parser.add_argument("--rows", nargs="+", choices=["flat", "fitted"],
                         help="the forward's own rows, or rows fitted to SmolLM2's substituted "
                              "after it")
@@ -41,7 +45,7 @@ def measure(args: argparse.Namespace) -> dict:
     return serve_gpu.run(args.model, random_weights=args.random_weights,
                          model_config=args.model_config, **sizes,
                          **given(args, dtype="dtype", instances="instances", top_p="top_p",
-                                 engine="engine", rows="rows"))
+                                 engine="engine", rows="rows", decode_steps="decode_step"))
 
 
 def terminal_table(report: dict) -> str:
@@ -62,16 +66,21 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
     lines = [f"Data plane: {settings.get('engine', 'eager')} engine on {gpu['name']} "
              f"({settings['model']}, {gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}); "
              f"simple: {settings['sampler_instances']} kernel threads in-process; x inline / x "
-             "bound: tokens/s over gpu_inline's at the same rows, top_p and B / over "
-             "forward_only's at the same B.", ""]
+             "bound: tokens/s over gpu_inline's at the same decode step, rows, top_p and B / "
+             "over forward_only's at the same step and B (_compiled: the compiled decode "
+             "step); setup s: forward_only's first replay (capture; _compiled: torch.compile "
+             "too).", ""]
+    lines += [f"{step} decode step FAILED, its rows left out: {error}"
+              for step, error in report.get("errors", {}).items()]
     return lines + table(
         ["mode", "rows", "top_p", "micro-batches", "B", "V", "tok/s", "x inline", "x bound",
-         "forward ms/step", "exposed sampling ms/step", "ITL P50 ms", "ITL P95 ms"],
+         "forward ms/step", "exposed sampling ms/step", "ITL P50 ms", "ITL P95 ms", "setup s"],
         [[r["mode"], r.get("rows", "-"), number(r.get("top_p"), 2), r["micro_batches"],
           r["batch"], f"{r['vocab']:,}", number(r["tokens_per_s"], 0),
           ratio(r.get("vs_gpu_inline")), ratio(r.get("vs_forward_only")),
           number(r["forward_ms_per_step"], 2), number(r["exposed_sampling_ms_per_step"], 2),
-          number(r["itl_ms_p50"]), number(r["itl_ms_p95"])] for r in report["results"]])
+          number(r["itl_ms_p50"]), number(r["itl_ms_p95"]), number(r.get("setup_s"), 1)]
+         for r in report["results"]])
 
 
 SPEC = BenchSpec(
