@@ -14,6 +14,7 @@ path (``sample_now``) runs there too (``decoder``'s module docstring).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,15 @@ from .generation import DecodeSequence
 from .inline import sample_torch
 from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataPlane,
                        kernel_sample)
+
+
+#: how long ``launch`` waits, holding no GIL, for a free data-plane thread
+#: to begin the step it was handed: the thread needs the GIL for the step's
+#: Python (its inputs, the graph's launch) and would otherwise wait for the
+#: event loop's next blocking call or the switch interval (the loop goes on to
+#: the bench's or the server's own Python: measured 0.6-0.9 ms at B = 256 in
+#: ``bench serve-sim``, longer where the events' pass follows a launch ahead)
+LAUNCH_WAIT_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +100,11 @@ class DataPlane:
         ids = [s.request_id for s in sequences]
         self.activity.change(forwards=1)
         handed_over = time.perf_counter()
+        began = threading.Event()
         future = asyncio.get_running_loop().run_in_executor(self.executor, self.step, ids,
-                                                            batch)
+                                                            batch, began)
+        if self.activity.forwards == 1:  # the thread is free: let it take the GIL now
+            began.wait(LAUNCH_WAIT_S)
         return Launched(sequences, ids, batch, future, handed_over, loop_s)
 
     async def landed(self, launched: Launched) -> DataPlaneStep:
@@ -136,11 +149,14 @@ class DataPlane:
             self.activity.change(forwards=-1)
         return ready, time.perf_counter() - started
 
-    def step(self, ids: list[int], batch: SamplingBatch) -> DataPlaneStep:
+    def step(self, ids: list[int], batch: SamplingBatch,
+             started: threading.Event | None = None) -> DataPlaneStep:
         """In the data-plane thread: the forward and the sampler's
         data-plane half, then in inline modes the sampling, or the sampler's
-        synchronous path."""
+        synchronous path; `started` set as it begins."""
         began = time.perf_counter()
+        if started is not None:
+            started.set()
         summary = None
         if self.summarize is None:
             logits = self.engine.step(ids)
