@@ -16,6 +16,9 @@
 #                                        # rows into DIR (~15 MB), for the host
 #   SIMPLE_SAMPLER_CACHE=DIR scripts/gpu_bench.sh [OUTPUT_DIR]   # on the GPU host
 #
+# `bench engine-step` (ENGINE_STEP_LIMIT_S, default 45) times the static
+# engine's host work per decode step, the rows' copy to the host included.
+#
 # DEVICE=cpu (float32) is a dry run of the script on a CPU host: figures that
 # mean nothing. CUDA_TESTS_LIMIT_S (default 90) bounds the CUDA tests,
 # COMPILED_TESTS_LIMIT_S (default 60) the compiled step's. COMPILED_LIMIT_S
@@ -84,6 +87,13 @@ if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
 else
     echo "skipped: pytest or scipy missing on this host" >> "$README"
 fi
+
+echo "## bench engine-step (the static engine's host time per decode step)" >> "$README"
+# llama-3.2-1b's vocabulary, one narrow layer: the step's host work, the rows' copy to the host included
+dtype_name=$([[ "$DEVICE" == cuda ]] && echo bfloat16 || echo float32)
+(cd "$ROOT" && timeout "${ENGINE_STEP_LIMIT_S:-45}" "$PYTHON" -m simple_sampler.cli bench engine-step \
+    --device "$DEVICE" --dtype "$dtype_name" --batch 64 256) > "$OUT_DIR/engine-step.md" 2>&1
+echo "exit $?: engine-step.md" >> "$README"
 
 echo "## bench serve-gpu (static engine)" >> "$README"
 for shape in $SHAPES; do
