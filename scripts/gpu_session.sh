@@ -3,7 +3,7 @@
 # the offline bundle (scripts/gpu_served_run.sh: install, real Triton servers
 # on the static CUDA engine, issue 43), then the in-process bench
 # (scripts/gpu_bench.sh: CUDA tests, the compiled decode step's CUDA test,
-# per shape forward_only on the eager and the compiled decode step and
+# bench engine-step, per shape forward_only on the eager and the compiled decode step and
 # serve-gpu with flat and fitted rows, issue 42) with the time that is
 # left, over the interpreter and kernels the install made. Everything lands in WORK; OUT gets two files (a device
 # call brings back at most eight): README.md (both phases' READMEs and times)
@@ -64,11 +64,12 @@ count=$(wc -w <<< "$shapes")
 left=$(( session_s - $(elapsed) - 15 ))
 tests_s=$(( left / 5 < 90 ? left / 5 : 90 ))
 compiled_tests_s=$(( left / 8 < 60 ? left / 8 : 60 ))  # torch.compile of two tiny models
-shape_s=$(( (left - tests_s - compiled_tests_s) / count ))
+engine_step_s=$(( left / 10 < 45 ? left / 10 : 45 ))  # bench engine-step: two buckets' capture
+shape_s=$(( (left - tests_s - compiled_tests_s - engine_step_s) / count ))
 if [ "$shape_s" -ge 20 ]; then
     GIT_COMMIT="$commit" PYTHON="$python" SHAPES="$shapes" \
         SHAPE_LIMIT_S="$shape_s" CUDA_TESTS_LIMIT_S="$tests_s" \
-        COMPILED_TESTS_LIMIT_S="$compiled_tests_s" \
+        COMPILED_TESTS_LIMIT_S="$compiled_tests_s" ENGINE_STEP_LIMIT_S="$engine_step_s" \
         bash "$project/scripts/gpu_bench.sh" "$work/bench" > "$work/bench-run.log" 2>&1
     echo "- in-process bench: exit $?, $shape_s s a shape, done at $(elapsed) s" >> "$summary"
 else
