@@ -65,7 +65,7 @@ count=$(wc -w <<< "$shapes")
 left=$(( session_s - $(elapsed) - 15 ))
 tests_s=$(( left / 5 < 90 ? left / 5 : 90 ))
 compiled_tests_s=$(( left / 8 < 60 ? left / 8 : 60 ))  # torch.compile of two tiny models
-engine_step_s=$(( left / 10 < 45 ? left / 10 : 45 ))  # bench engine-step: two buckets' capture
+engine_step_s=30  # bench engine-step: the imports, a one-layer model, two buckets' capture
 shape_s=$(( (left - tests_s - compiled_tests_s - engine_step_s) / count ))
 if [ "$shape_s" -ge 20 ]; then
     GIT_COMMIT="$commit" PYTHON="$python" SHAPES="$shapes" \
