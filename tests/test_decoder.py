@@ -132,6 +132,12 @@ def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_e
     requests.append(GenerationRequest(text="a", max_tokens=7, sampling=GREEDY, stop_words=["ef"]))
     requests.append(GenerationRequest(prompt_ids=[4], end_id=7, max_tokens=7,  # d; g ends it
                                       sampling=GREEDY))
+    # rows that take the per-row pass every step: logprobs, two stop ids (h or the end id)
+    requests.append(GenerationRequest(text="b", max_tokens=7, sampling=GREEDY,
+                                      return_log_probs=True))
+    requests.append(GenerationRequest(prompt_ids=[4], max_tokens=7,
+                                      sampling=SamplingParams(temperature=0.0,
+                                                              stop_token_ids=[8])))
     read, _ = generate(FakeEngine(max_batch_size=2), requests, mode="simple", sampler=threaded())
     stepped, finals, _ = listen_with_sink(requests, interval)
     for index, events in enumerate(read):
@@ -144,6 +150,7 @@ def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_e
         assert (final.finish_reason, final.num_output_tokens) == \
             (events[-1].finish_reason, events[-1].num_output_tokens)
     assert finals[3].finish_reason == "stop" and "ef" not in finals[3].text
+    assert finals[6].finish_reason == "stop" and finals[6].token_ids[-1] == 8
 
 
 @pytest.mark.parametrize("interval", [2, 0])
