@@ -44,6 +44,8 @@ class StepTokens:
         self.interval = np.zeros(slots, np.int64)
         #: whether the slot's request has stop strings (found in its text)
         self.stop_words = np.zeros(slots, bool)
+        #: whether it has stop ids besides `end_id` (found by a set lookup)
+        self.more_stop_ids = np.zeros(slots, bool)
 
     def listen(self, sequence: DecodeSequence, interval: int) -> None:
         """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
@@ -62,6 +64,7 @@ class StepTokens:
                             and len(sequence.stop_ids) <= 1)
         self.end_id[slot] = next(iter(sequence.stop_ids), -1)
         self.stop_words[slot] = bool(sequence.stop.stop_words)
+        self.more_stop_ids[slot] = len(sequence.stop_ids) > 1
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
         self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
@@ -92,25 +95,23 @@ class StepTokens:
 
         `then` (the decoder's next step, launched early): when no row's
         request has stop strings, which rows go on is known before the
-        per-row pass (:meth:`_goes_on`), so they are fed back first and
+        per-row pass (:meth:`_going_on`), so they are fed back first and
         `then` is called with the request ids of the rows that end here (no
         longer stepped) before the per-row pass and ``on_step``: their Python runs
         while the next forward does."""
         rows = len(sequences)
         slots = np.array([s.slot for s in sequences], np.int64)
         generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
-        each = ((tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
-                | ~self.quiet[slots])
+        ending = (tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
         interrupted = self.decoder.interrupted
         if interrupted:
-            each |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)
+            ending |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)
+        each = ending | ~self.quiet[slots]
         python_rows = np.flatnonzero(each).tolist()
         going_on = np.ones(rows, bool)
         early = then is not None and not self.stop_words[slots[each]].any()
         if early:
-            for row in python_rows:
-                going_on[row] = self._goes_on(sequences[row], int(tokens[row]),
-                                              int(generated[row]))
+            going_on = self._going_on(sequences, tokens, slots, ending)
             kept = self._feed_back(slots, ids, tokens, going_on)
             then({ids[row] for row in np.flatnonzero(~going_on).tolist()})
         for row in python_rows:
@@ -140,12 +141,17 @@ class StepTokens:
             self.decoder.engine.append([ids[r] for r in kept.tolist()], tokens[kept].tolist())
         return kept
 
-    @staticmethod
-    def _goes_on(sequence: DecodeSequence, token: int, generated: int) -> bool:
-        """Whether a row of a request without stop strings goes on: what
-        :meth:`_deliver_row` will answer for it, known before it runs."""
-        return not (sequence.done or sequence.cancelled or token in sequence.stop_ids
-                    or generated >= sequence.max_tokens)
+    def _going_on(self, sequences: list[DecodeSequence], tokens: np.ndarray,
+                  slots: np.ndarray, ending: np.ndarray) -> np.ndarray:
+        """Which rows of requests without stop strings go on: what
+        :meth:`_deliver_row` will answer for each, known before it runs.
+        `ending`: the rows ended by their end id or length, or interrupted
+        (a cancelled or finished request is in ``Decoder.interrupted``); a
+        request with more stop ids looks its token up."""
+        going_on = ~ending
+        for row in np.flatnonzero(going_on & self.more_stop_ids[slots]).tolist():
+            going_on[row] = int(tokens[row]) not in sequences[row].stop_ids
+        return going_on
 
     def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
                      generated: int) -> bool:
