@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.frontend.backend import FrontendServer
-from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S, free_port
+from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S, free_port, free_ports
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.triton.counters import wait_for_counter
@@ -257,7 +257,7 @@ def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
     clients' clean end of finished gRPC streams (client/aio.py,
     let_triton_end) Triton waited out its exit timeout with llm loaded."""
     grace = 2
-    *ports, openai_port = [free_port() for _ in range(4)]
+    *ports, openai_port = free_ports(4)
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--instances", "1",
          "--max-context", "1024", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),

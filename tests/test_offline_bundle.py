@@ -20,7 +20,7 @@ import pytest
 from simple_sampler import models
 from simple_sampler.client import GenerateClient
 from simple_sampler.launch.processes import alive, list_stubs, mapped_regions
-from simple_sampler.launch.server import free_port
+from simple_sampler.launch.server import free_ports
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.rows import ROWS_VERSION, SYNTHETIC_SOURCE_ROWS, real_rows
 
@@ -132,7 +132,7 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
     assert run([python, "-c", hidden]).strip() == "[False, False]"
     assert run([dest / "venv" / "bin" / "python", "-I", "-c", hidden]).strip() == "[True, True]"
 
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     env = {k: v for k, v in os.environ.items() if k not in ("SIMPLE_SAMPLER_CACHE", "PYTHONPATH")}
     serve = subprocess.Popen(
         ["bash", "-c", f'source "{dest}/env.sh" && exec simple-sampler serve --engine simulated '

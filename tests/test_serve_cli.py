@@ -11,7 +11,7 @@ import pytest
 
 from simple_sampler.launch import install
 from simple_sampler.triton.sampler_client import SamplerClient
-from simple_sampler.launch.server import free_port
+from simple_sampler.launch.server import TritonServer, free_port, free_ports
 
 COMMAND = [sys.executable, "-m", "simple_sampler.cli"]
 
@@ -23,7 +23,7 @@ def serve(*args, env=None):
 
 @pytest.mark.slow
 def test_serve_answers_and_stops_on_sigint():
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     process = serve("--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
                     "--metrics-port", str(ports[2]), "--instances", "1", "--sampler-only")
     try:
@@ -47,13 +47,27 @@ def test_serve_answers_and_stops_on_sigint():
                       "stopping tritonserver", "tritonserver stopped"], stderr
 
 
+def test_free_ports_are_distinct_and_leave_the_taken_out(tmp_path):
+    """Probes bound and closed one at a time could be given one port twice
+    (Triton refused an HTTP port equal to its metrics port in a CI run)."""
+    for _ in range(200):
+        ports = free_ports(4, {free_port()})
+        assert len(set(ports)) == 4
+    taken = free_ports(50)
+    assert not set(free_ports(20, set(taken))) & set(taken)
+    server = TritonServer(tmp_path, grpc_port=taken[0])
+    ports = (server.http_port, server.grpc_port, server.metrics_port)
+    assert server.grpc_port == taken[0] and len(set(ports)) == 3
+
+
 def test_port_taken_is_one_clear_error():
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        process = serve("--http-port", str(taken), "--grpc-port", str(free_port()),
-                        "--metrics-port", str(free_port()))
+        grpc, metrics = free_ports(2, {taken})
+        process = serve("--http-port", str(taken), "--grpc-port", str(grpc),
+                        "--metrics-port", str(metrics))
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert f"port {taken} (http port) is already in use" in stderr
@@ -65,8 +79,9 @@ def test_openai_port_taken_is_one_clear_error_before_triton_starts():
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        process = serve("--http-port", str(free_port()), "--grpc-port", str(free_port()),
-                        "--metrics-port", str(free_port()), "--openai-port", str(taken))
+        http, grpc, metrics = free_ports(3, {taken})
+        process = serve("--http-port", str(http), "--grpc-port", str(grpc),
+                        "--metrics-port", str(metrics), "--openai-port", str(taken))
         stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert f"port {taken} (openai port) is already in use" in stderr

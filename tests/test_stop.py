@@ -26,7 +26,7 @@ import slow_tritonserver
 
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs, mapped_regions
 from simple_sampler.pids import alive
-from simple_sampler.launch.server import TritonServer, free_port, port_in_use
+from simple_sampler.launch.server import TritonServer, free_ports, port_in_use
 from simple_sampler.launch.supervisor import arena_prefix
 
 #: How long after the signal everything must be gone (the issue's bound for
@@ -43,8 +43,7 @@ class ServeRun:
     appear (their regions are what a stop must remove)."""
 
     def __init__(self, tmp_path):
-        self.ports = dict(http=free_port(), grpc=free_port(), metrics=free_port(),
-                          openai=free_port())
+        self.ports = dict(zip(("http", "grpc", "metrics", "openai"), free_ports(4)))
         self.started_at = time.monotonic()
         # serve starts with SIGINT at its default, as from a terminal. A test
         # run that ignores SIGINT (a background job of a non-interactive

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from . import startup, templates
 from .startup import StartInterrupted
@@ -57,10 +57,28 @@ def write_model(repository: Path, name: str, template: str, values: Mapping[str,
     return target
 
 
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """`count` distinct loopback ports free now, none of them in `taken`.
+    Each probe stays bound until all are chosen: probes bound and closed one
+    at a time can be given the same port twice (it happened: Triton then
+    refused an HTTP port equal to its metrics port)."""
+    probes, ports = [], []
+    try:
+        while len(ports) < count:
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probes.append(probe)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+    finally:
+        for probe in probes:
+            probe.close()
+    return ports
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def port_in_use(port: int) -> bool:
@@ -117,9 +135,11 @@ class TritonServer:
     launched_at: float = 0.0  # time.monotonic() of the last launch
 
     def __post_init__(self):
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        names = [name for name in ("http_port", "grpc_port", "metrics_port")
+                 if not getattr(self, name)]
+        given = {self.http_port, self.grpc_port, self.metrics_port}
+        for name, port in zip(names, free_ports(len(names), given)):
+            setattr(self, name, port)
 
     @property
     def http_url(self) -> str:
