@@ -34,9 +34,9 @@ from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataP
 #: how long ``launch`` waits, holding no GIL, for a free data-plane thread
 #: to begin the step it was handed: the thread needs the GIL for the step's
 #: Python (its inputs, the graph's launch) and would otherwise wait for the
-#: event loop's next blocking call or the switch interval (the loop goes on to
-#: the bench's or the server's own Python: measured 0.6-0.9 ms at B = 256 in
-#: ``bench serve-sim``, longer where the events' pass follows a launch ahead)
+#: event loop's next blocking call or the switch interval, while the loop
+#: goes on to the bench's or the server's own Python (or, launching ahead,
+#: the events of the step before)
 LAUNCH_WAIT_S = 0.002
 
 

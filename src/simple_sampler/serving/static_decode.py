@@ -257,8 +257,9 @@ class StaticEngine(TorchEngine):
         the stepped slots' pending token at its position, every other slot a
         token at its sequence's next position (free slots: the last). Built
         in lists and made a tensor once: setting a tensor's elements one by
-        one cost about 10 us a row (2.4 ms a step at B = 256 on this
-        project's CPU host), as much as the H200's whole decode step."""
+        one made most of the step's host time (``bench engine-step``,
+        docs/results/host-side-2026-11-29.md), about as much at B = 256 as
+        the H200's whole decode step."""
         bucket = self.graphs.bucket(max(slot for slot, _, _ in work) + 1)
         last = self.max_context - 1
         tokens, positions = [0] * bucket, [last] * bucket
