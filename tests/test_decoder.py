@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(autouse=True, params=["off", "on"])
 def launch_ahead(request, monkeypatch):
     """Every test with each step launched after its step before has made
-    its events (off) and before (on: ``Decoder.overlap``), where the
+    its events (off) and before (on: ``Decoder.launches_ahead``), where the
     test's own decoder does not choose."""
     init = Decoder.__init__
 

@@ -138,7 +138,7 @@ class Decoder:
         #: launch each step before the step before it makes its events
         #: (``StepTokens.deliver``'s `then`); never with an engine that
         #: schedules its own batches (it asks which sequences are ready)
-        self.overlap = not self.self_scheduling and (
+        self.launches_ahead = not self.self_scheduling and (
             launch_ahead == "on" or launch_ahead == "auto"
             and isinstance(engine, ComputesOffHost) and engine.off_host)
         self.switch_interval: float | None = None  # the one ``start`` replaced
@@ -168,7 +168,7 @@ class Decoder:
         """Start the lanes; launching ahead, lower the interpreter's switch
         interval (process-wide, restored by ``close``) to
         :data:`LAUNCH_AHEAD_SWITCH_S`."""
-        if self.overlap:
+        if self.launches_ahead:
             self.switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(min(self.switch_interval, LAUNCH_AHEAD_SWITCH_S))
         self.wake = [asyncio.Event() for _ in self.lanes]
@@ -359,7 +359,7 @@ class Decoder:
 
                 self.step_tokens.deliver(sequences, launched.ids, np.asarray(tokens),
                                          np.asarray(logprobs),
-                                         launch_ahead if self.overlap else None)
+                                         launch_ahead if self.launches_ahead else None)
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on

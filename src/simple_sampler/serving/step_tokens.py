@@ -108,17 +108,17 @@ class StepTokens:
             ending |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)
         each = ending | ~self.quiet[slots]
         python_rows = np.flatnonzero(each).tolist()
-        going_on = np.ones(rows, bool)
         early = then is not None and not self.stop_words[slots[each]].any()
         if early:
             going_on = self._going_on(sequences, tokens, slots, ending)
             kept = self._feed_back(slots, ids, tokens, going_on)
             then({ids[row] for row in np.flatnonzero(~going_on).tolist()})
+        else:
+            going_on = np.ones(rows, bool)
         for row in python_rows:
             went_on = self._deliver_row(sequences[row], int(tokens[row]), float(logprobs[row]),
                                         int(generated[row]))
-            if not early:
-                going_on[row] = went_on
+            going_on[row] &= went_on  # launched early: what _going_on found already
         if not early:
             kept = self._feed_back(slots, ids, tokens, going_on)
         if self.decoder.on_step is not None:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from ...serving.static_decode import StaticEngine, config_path, model_from_config
+from ...serving.static_decode import (StaticEngine, config_path, model_from_config,
+                                      synchronize)
 
 #: the bucket sizes a GPU step runs at B = 64 and 256 (bench serve-gpu's)
 BATCHES = (64, 256)
@@ -52,13 +53,11 @@ def cut_config(model_config: str, layers: int, hidden: int, vocab: int | None,
 
 def _timed(function, steps: int, device: torch.device) -> float:
     """ms per call of `function` over `steps` calls, the device waited for."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         function()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - start) / steps * 1e3
 
 

@@ -162,7 +162,7 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
         if stats and stats["rows"] else None
     return {"mode": step_label(mode, decode_step), "decode_step": decode_step,
             "micro_batches": micro_batches, "batch": batch, "handoff": handoff,
-            "launch_ahead": "on" if decoder.overlap else "off",
+            "launch_ahead": "on" if decoder.launches_ahead else "off",
             "vocab": engine.vocab_size, "top_p": top_p, "fallback_rate": fallback,
             "sampler_threads": instances if decoder_mode == "simple" else 0, **figures}
 

@@ -232,7 +232,7 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
             "efficiency": figures["tokens_per_s"] / ideal, "shvs": hot_sample is not None,
             "shvs_acceptance": hot_sample and hot_sample.acceptance(),
             "handoff": handoff if mode == "simple" else "full",
-            "launch_ahead": "on" if decoder.overlap else "off"}
+            "launch_ahead": "on" if decoder.launches_ahead else "off"}
 
 
 def run(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16", step_ms: float = 25.0,
