@@ -68,17 +68,15 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
 
     modes = [m for m in served.MODES if m.name in ("simple", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
-                        # a window of 24 of each stream's 32 tokens: long enough that
-                        # the server's CPU, read from /proc in 10 ms ticks, is not 0
                         modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs")
     assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
     assert [r["mode"] for r in report["results"]] == ["simple", "inline"]
     for row in report["results"]:
         assert row["rows"] == "flat (random weights)" and row["batch"] == 2
         for key in ("tokens_per_s", "itl_ms_p50", "itl_ms_p95", "server_cores_busy",
-                    "forward_only_tokens_per_s", "efficiency", "vs_inline"):
+                    "forward_only_tokens_per_s", "efficiency", "vs_inline",
+                    "client_cores_busy"):
             assert row[key] > 0, key
-        assert row["client_cores_busy"] >= 0  # /proc's 10 ms ticks: a short window may read 0
         assert row["cpu_us_per_token"]["server"] > 0
         assert row["llm_ms_per_step"]["forward"] > 0
     (bound,) = report["forward_only"]

@@ -7,16 +7,13 @@ import argparse
 from ..markdown import FigureWriter, Source, number, table
 from ..spec import BenchSpec, given, positive_int, vocab_shape
 
-# 8 x 64 tokens, so a stub's CPU over the level spans several of /proc's
-# 10 ms ticks (8 x 8 tokens showed 0 for the hot-first samplers)
 QUICK = {"shapes": [(128_256, "float32")], "batches": [8], "max_tokens": 64}
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, nargs="+")
     parser.add_argument("--max-tokens", type=positive_int,
-                        help="tokens per stream (more: /proc's 10 ms CPU ticks weigh less "
-                             "in the per-token figures)")
+                        help="tokens per stream")
     parser.add_argument("--transport", nargs="+", choices=["bls", "arena", "hot-first"])
     parser.add_argument("--shape", nargs="+", type=vocab_shape, metavar="V:DTYPE",
                         help="vocabulary sizes and logits dtypes (float32, bfloat16); "
@@ -49,7 +46,7 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
     report = source.data
     results = report["results"]
     lines = [f"Data plane: **{report['data_plane']}**. Requests: {report['settings']['params']}. "
-             "CPU: microseconds per token received (utime + stime from /proc); kernel / "
+             "CPU: microseconds per token received (each process's CPU clock); kernel / "
              "compact kernel: us/row of the kernels on the same rows in the same run; codec / "
              "compact codec: what the stub's own Python adds per row (in process); vs kernel = "
              "sampler stubs / kernel; fallback: hot-first rows sent again whole.", ""]

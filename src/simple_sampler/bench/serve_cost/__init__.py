@@ -104,7 +104,7 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
         return f"{r['route']}{k}, {pace}, B={r['batch']}{server}"
 
     lines = [f"Data plane: **{report['data_plane']}**. CPU: microseconds of each process per "
-             "token received (utime + stime from /proc); vs floor = (llm + tritonserver) over "
+             "token received (each process's CPU clock); vs floor = (llm + tritonserver) over "
              "(floor + tritonserver) at the same pace and B; llm decode loop = the llm stub's "
              "decode-loop thread (its streaming part), over the whole level; switches: "
              "voluntary context switches per token (a thread slept and was woken); per llm "

@@ -265,7 +265,6 @@ def add_ratios(results: list[dict]) -> None:
             row["vs_floor"] = row["server_vs_floor"] = None
             continue
         base = floor["cpu_us_per_token"]
-        # /proc counts 10 ms ticks: a short window of a cheap floor may read 0
         row["vs_floor"] = streaming(row) / streaming(floor) if streaming(floor) else None
         row["server_vs_floor"] = cpu["server"] / base["server"] if base["server"] else None
 
@@ -476,7 +475,7 @@ def format_report(report: dict) -> str:
             f"{cell(step.get('sampler'), '8.1f')} "
             f"{cell(r.get('sampler_requests_per_step'), '7.2f')} "
             f"{cell(per_request.get('stubs'), '6.0f')} {cell(per_request.get('execute'), '6.0f')}")
-    lines.append("CPU columns: microseconds per token received (utime + stime from /proc); "
+    lines.append("CPU columns: microseconds per token received (each process's CPU clock); "
                  "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
                  "m = the decode loop's micro-batches; handoff = full or compact (hot-first) "
                  "rows to the sampler; "

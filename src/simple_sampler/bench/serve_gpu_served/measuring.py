@@ -298,8 +298,8 @@ def format_report(report: dict) -> str:
             f"{_cell(step['sampler'], '.2f')} |")
     lines += ["", "efficiency = tok/s over forward_only's at the same B (the data plane alone, "
               "in-process, argmax fed back on the device); x inline = over inline's at the same "
-              "B and top_p; CPU columns: microseconds per token received (utime + stime from "
-              "/proc); server cores busy = every server process's CPU seconds per second of "
+              "B and top_p; CPU columns: microseconds per token received (each process's CPU "
+              "clock); server cores busy = every server process's CPU seconds per second of "
               "the window (one GPU); client cores busy near 1: the one client process may be "
               "what limits tok/s. Rows: " + report["rows"] + "."]
     lines += ["", "| server | exit status | left in /dev/shm | log |", "|---|---|---|---|"]

@@ -1,0 +1,37 @@
+"""The served benches' CPU reading of other processes (bench/server_meter)."""
+import subprocess
+import sys
+import time
+
+from simple_sampler.bench.server_meter import process_stat
+
+SPIN = """
+import sys, threading, time
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+thread = threading.Thread(target=spin, args=(0.003,))
+thread.start(); thread.join()  # an ended thread's CPU still counts
+print("spun", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_few_milliseconds_of_another_process_read_as_more_than_nothing():
+    """/proc/<pid>/stat counts 10 ms ticks, where 3 ms would read 0 or 10; the
+    process's CPU clock sees the 3 ms of a thread that has already ended."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n" + SPIN],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.2)
+        before, _ = process_stat(child.pid)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "spun"
+        after, faults = process_stat(child.pid)
+        assert 0.003 <= after - before < 0.009  # the spin, a thread's start and a print
+        assert faults > 0
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
