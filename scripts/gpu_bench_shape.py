@@ -8,8 +8,8 @@ it ran.
 PHASE ``compiled``: forward_only on the eager, then the compiled decode step
 (``--decode-step eager compiled``), B 64 then 256 -> serve-gpu-compiled-SHAPE.
 PHASE ``served``: the modes at B 64 and 256 per (rows, top_p), forward_only
-with the first -> serve-gpu-SHAPE (simple and simple_hot_first only where the
-kernels import).
+with the first -> serve-gpu-SHAPE (simple, simple_hot_first and, on fitted
+rows, simple_overlap only where the kernels import).
 """
 import json
 import os
@@ -32,12 +32,20 @@ def parts(phase: str) -> tuple[str, str, list[dict]]:
         wanted = ("simple", "simple_hot_first", "gpu_inline")
     except ImportError:
         wanted = ("gpu_inline",)
-    modes = [m for m in serve_gpu.MODES if m[0] in wanted]
     cells = [(rows, top_p) for rows in ("flat", "fitted") for top_p in (1.0, 0.95)]
     return ("serve-gpu-{shape}", "--model-config {shape}",
-            [{"modes": modes, "batches": BATCHES, "instances": 8, "top_p": (top_p,),
-              "rows": (rows,), "forward_only": index == 0}
+            [{"modes": modes(wanted, rows), "batches": BATCHES, "instances": 8,
+              "top_p": (top_p,), "rows": (rows,), "forward_only": index == 0}
              for index, (rows, top_p) in enumerate(cells)])
+
+
+def modes(wanted: tuple[str, ...], rows: str) -> list[tuple]:
+    """serve-gpu's modes by name; with fitted rows also simple_overlap (two
+    lanes, each its own window of the static engine's slots), where the
+    kernels import."""
+    if rows == "fitted" and "simple" in wanted:
+        wanted += ("simple_overlap",)
+    return [m for m in serve_gpu.MODES if m[0] in wanted]
 
 
 def main(phase: str, shape: str, out: str) -> None:

@@ -75,12 +75,12 @@ class FakeEngine:
         return len(self.ids[seq_id])
 
 
-def tiny(family: str, dtype=torch.float32, device="cpu"):
+def tiny(family: str, dtype=torch.float32, device="cpu", vocab_size=97):
     """A tiny random-weight (seeded) Llama or Qwen2 of transformers: "llama" or "qwen2"."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     if family == "llama":  # Llama-3's scaled RoPE, as the shipped 1B and 8B configs
         model = LlamaForCausalLM(LlamaConfig(**shape, rope_theta=500000.0, rope_scaling={

@@ -152,7 +152,7 @@ def test_the_gpu_bench_runs_both_decode_steps(monkeypatch, broken):
     if broken == "compiling":
         monkeypatch.setattr(compiled_decode, "compiled_step", broken_compiled_step)
     if broken == "running":
-        def fails(*args):
+        def fails(*args, **kwargs):
             raise RuntimeError("CUDA error: an illegal memory access")
         monkeypatch.setattr(compiled_decode.CompiledForward, "decode", fails)
     modes = [m for m in serve_gpu.MODES if m[0] == "gpu_inline"]
@@ -200,3 +200,32 @@ def test_serve_takes_the_option_for_the_static_engine_only(tmp_path):
     assert ENGINES["static"].describe(settings).startswith("compiled static decode step on cpu")
     with pytest.raises(ValueError, match="compile_decode applies to engine static only"):
         LlmSettings(compile_decode=True).validate()
+
+
+def test_the_compiled_step_over_a_lanes_window_matches_the_eager_step():
+    """Two lanes' windows (``split_slots``): the second window's steps read
+    the cache from its first slot on; the same logits and cache as the
+    eager step's, and that window compiles no graph of its own."""
+    model = tiny("llama")
+    eager = StaticEngine(model, max_batch_size=16, max_context=32)
+    compiled = StaticEngine(model, max_batch_size=16, max_context=32, compile_decode=True)
+    for engine in (eager, compiled):
+        engine.split_slots(2)
+        for key in range(6):
+            engine.add(key, [key + 1, 2], lane=key % 2)
+    worst, graphs = 0.0, []
+    for index, stepped in enumerate([range(6), [0, 2, 4], [1, 3, 5], [5, 1], [0, 2, 4], [3]]):
+        stepped = list(stepped)
+        before = unique_graphs()
+        expected, got = eager.step(stepped), compiled.step(stepped)
+        if index > 0:  # the first step is the prompts' (both windows): eager prefill
+            graphs.append(unique_graphs() - before)
+        worst = max(worst, (expected - got).abs().max().item())
+        tokens = expected.argmax(dim=-1).tolist()
+        assert got.argmax(dim=-1).tolist() == tokens, stepped
+        for engine in (eager, compiled):
+            engine.append(stepped, tokens)
+    assert [eager.sequences[k].slot for k in range(6)] == [0, 8, 1, 9, 2, 10]
+    assert worst < TOLERANCE, worst
+    assert torch.allclose(eager.keys, compiled.keys, atol=TOLERANCE)
+    assert graphs[1:] == [0] * 4, graphs  # window 1 first at the second decode step

@@ -14,10 +14,11 @@ from simple_sampler.serving.samplers import (SamplesNow, SummarizesOnDataPlane, 
                                              threaded)
 from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.models import load_model
+from simple_sampler.serving.static_decode import StaticEngine
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 
-from fakes import END_ID, LETTERS, VOCAB, FakeEngine, FakeTokenizer, next_letter
+from fakes import END_ID, LETTERS, VOCAB, FakeEngine, FakeTokenizer, next_letter, tiny
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -463,6 +464,34 @@ def test_lanes_are_rebalanced_when_requests_finish():
     results, _ = generate(engine, requests, sampler=threaded(), micro_batches=2)
     assert [len(events) for events in results] == [8, 1, 8, 1]
     assert [len(rows) for rows in engine.steps[-4:]] == [1, 1, 1, 1]
+
+
+def test_two_lanes_on_the_static_engine_keep_to_their_windows_of_slots():
+    """engine.SplitsSlots: the decoder splits the static engine's slots
+    between its two lanes; every decode step stays in one lane's window (so
+    it computes that window only), both windows are used, and the greedy
+    tokens are one lane's."""
+    model = tiny("llama", vocab_size=VOCAB)
+    requests = [GenerationRequest(text=text, max_tokens=6, sampling=GREEDY)
+                for text in ("ab", "cde", "f", "ghij", "kl", "mno")]
+
+    def run(micro_batches):
+        engine = StaticEngine(model, max_batch_size=8, max_context=32)
+        steps = []
+        step = engine.step
+        engine.step = lambda ids: steps.append(
+            [engine.sequences[i].slot for i in ids]) or step(ids)
+        results, decoder = generate(engine, requests, sampler=threaded(),
+                                    micro_batches=micro_batches)
+        return [[i for e in events for i in e.token_ids] for events in results], engine, steps
+
+    one_lane, _, _ = run(1)
+    two_lanes, engine, steps = run(2)
+    assert engine.windows == [range(0, 4), range(4, 8)]
+    windows = [{w.start for w in engine.windows if all(s in w for s in slots)} for slots in steps]
+    assert all(len(found) == 1 for found in windows), steps
+    assert set().union(*windows) == {0, 4}
+    assert two_lanes == one_lane and all(one_lane)
 
 
 # With the real model.

@@ -179,13 +179,14 @@ def test_the_gpu_bench_runs_every_cell_on_the_cpu(tmp_path):
     config.update(num_hidden_layers=1, hidden_size=32, intermediate_size=32,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    modes = [m for m in serve_gpu.MODES if m[0] in ("simple", "gpu_inline")]
+    # simple_overlap: two lanes, each stepping its own window of the slots
+    modes = [m for m in serve_gpu.MODES if m[0] in ("simple", "simple_overlap", "gpu_inline")]
     report = serve_gpu.run(dtype="float32", batches=[8], instances=1, warmup=2, measure=4,
                            top_p=(1.0, 0.95), modes=modes, model_config=str(tmp_path),
                            rows=("flat", "fitted"), device="cpu")
     results = report["results"]
     assert [(r["mode"], r["top_p"]) for r in results[:1]] == [("forward_only", None)]
-    assert len(results) == 1 + 2 * 2 * 2
+    assert len(results) == 1 + 3 * 2 * 2
     bound = results[0]
     assert bound["hbm_estimate_ms"] > 0 and bound["vs_hbm_estimate"] > 0
     assert {r["rows"] for r in results[1:]} == {"flat (the model's own rows)",
@@ -194,3 +195,49 @@ def test_the_gpu_bench_runs_every_cell_on_the_cpu(tmp_path):
         assert r["tokens_per_s"] > 0 and r["vs_forward_only"] > 0 and r["vs_gpu_inline"] > 0
     assert "RANDOM WEIGHTS" in report["settings"]["model"]
     assert "forward_only" in serve_gpu.format_report(report)
+
+
+def test_lane_windows_step_their_own_slots_only():
+    """split_slots(2): each lane's sequences in a window of slots of its own,
+    and a lane's step computes its window's bucket, not every slot; the rows
+    are still the full recompute's."""
+    model = tiny("llama")
+    engine = StaticEngine(model, max_batch_size=16, max_context=32)
+    engine.split_slots(2)
+    assert engine.windows == [range(0, 8), range(8, 16)]
+    computed = []
+    decode = engine.static.decode
+    engine.static.decode = lambda t, p, start=0: computed.append((start, len(t))) or decode(
+        t, p, start)
+    prompts = {"a": [1, 2, 3], "b": [4], "c": [5, 6], "d": [7, 8, 9, 10], "e": [11]}
+    lanes = {"a": 0, "b": 0, "c": 1, "d": 1, "e": 1}
+    tokens = {key: list(p) for key, p in prompts.items()}
+    for key, prompt in prompts.items():
+        engine.add(key, prompt, lane=lanes[key])
+    assert [engine.sequences[k].slot for k in prompts] == [0, 1, 8, 9, 10]
+    assert (engine.free_in_lane(0), engine.free_in_lane(1)) == (6, 5)
+    for subset in (["a", "b"], ["c", "d", "e"], ["e", "c"], ["b"], ["d", "c", "e"], ["a"]):
+        logits = engine.step(subset)
+        chosen = logits.argmax(dim=-1).tolist()
+        for row, key in enumerate(subset):
+            expected = reference_logits(model, tokens[key])
+            assert (logits[row] - expected).abs().max().item() < TOLERANCE
+        engine.append(subset, chosen)
+        for key, token in zip(subset, chosen):
+            tokens[key].append(token)
+    # decode steps only (prefills are eager): each within one window, 8 rows at most
+    assert computed and {start for start, _ in computed} == {0, 8}
+    assert all(rows <= 8 for _, rows in computed)
+    engine.release("c")
+    engine.add("f", [3], lane=1)
+    assert engine.sequences["f"].slot == 8  # the window's lowest free slot
+    with pytest.raises(ValueError, match="one lane's window"):
+        engine.step(["a", "f"])
+    with pytest.raises(RuntimeError, match="split_slots while sequences hold slots"):
+        engine.split_slots(2)
+    for key in [f"x{i}" for i in range(5)]:
+        engine.add(key, [1], lane=1)
+    with pytest.raises(RuntimeError, match="every slot of lane 1's window is taken"):
+        engine.add("y", [1], lane=1)
+    with pytest.raises(ValueError, match=r"lanes must be in \[1, 16\]"):
+        StaticEngine(model, max_batch_size=16, max_context=8).split_slots(17)

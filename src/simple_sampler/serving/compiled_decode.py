@@ -150,9 +150,10 @@ def decode_inputs(embedding: torch.Tensor, cos_table: torch.Tensor, sin_table: t
 def decode_layer(shape: LayerShape, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  mask: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                  values: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """One decoder layer over one token per slot ``0 .. b-1`` (``hidden``
-    [b, hidden]), its key and value written into the layer's cache ``keys``
-    / ``values`` [slots, kv_heads, context, head_dim] at ``positions``; the
+    """One decoder layer over one token per slot ``0 .. b-1`` of ``keys``
+    (``hidden`` [b, hidden]), its key and value written into the layer's
+    cache ``keys`` / ``values`` [slots, kv_heads, context, head_dim] (the
+    slots from a window's first) at ``positions``; the
     layer's output [b, hidden]. ``StaticForward.decode``'s loop body."""
     rows = hidden.shape[0]
     group, dim = shape.heads // shape.kv_heads, shape.head_dim
@@ -214,9 +215,11 @@ class CompiledForward:
         return self.eager.prefill(prompts, slots)
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor,
+               start: int = 0) -> torch.Tensor:
         """``StaticForward.decode``'s contract, compiled: logits in the model's
-        dtype [b, V]; CompileDecodeError when torch.compile fails."""
+        dtype [b, V] of slots ``start .. start+b-1``; CompileDecodeError when
+        torch.compile fails."""
         inputs, layer, head = compiled_step()
         try:
             hidden, cos, sin, mask = inputs(self.embedding, self.eager.cos, self.eager.sin,
@@ -224,8 +227,10 @@ class CompiledForward:
                                             *_batch_dynamic(tokens, positions))
             _batch_dynamic(hidden, cos, sin, mask)
             for index, weights in enumerate(self.layers):
-                # the cache's slots too: engines of another max_batch_size share the graph
-                keys, values = _batch_dynamic(self.keys[index], self.values[index])
+                # the cache's slots too: engines of another max_batch_size, and
+                # windows of slots (a view from `start`), share the graph
+                keys, values = _batch_dynamic(self.keys[index, start:],
+                                              self.values[index, start:])
                 hidden = layer(self.shape, hidden, cos, sin, mask, positions, keys, values,
                                weights)
             return head(hidden, self.norm, self.shape.eps, self.output)

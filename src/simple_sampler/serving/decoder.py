@@ -10,7 +10,10 @@ tokens go back to the engine. While one
 lane waits on its sampler the engine computes the other lane's step, so with
 K >= 2 sampling leaves the critical path; K = 1 is the plain serial loop.
 A new request joins the lane with the fewest sequences, and a lane holding
-more than its share hands sequences to the smallest lane between its steps.
+more than its share hands sequences to the smallest lane between its steps;
+on an engine whose step computes a window of slots whole
+(``engine.SplitsSlots``: the static engine) each lane owns a window, and a
+sequence stays in the lane whose window holds its slot.
 
 Sampling modes (``mode``):
 
@@ -87,7 +90,7 @@ from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
 from .decoder_stats import DecoderStats
-from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed
+from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          GenerationEvent, GenerationRequest, RequestHandle)
 from .step_tokens import StepTokens
@@ -134,6 +137,11 @@ class Decoder:
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and not self.self_scheduling else 1
         self.lanes: list[list[DecodeSequence]] = [[] for _ in range(lanes)]
+        #: each lane's sequences in a window of slots of its own, never moved
+        #: (``engine.SplitsSlots``: a step computes its window whole)
+        self.windowed = lanes > 1 and isinstance(engine, SplitsSlots)
+        if self.windowed:
+            engine.split_slots(lanes)
         self.max_tokens_limit = max_tokens_limit
         #: launch each step before the step before it makes its events
         #: (``StepTokens.deliver``'s `then`); never with an engine that
@@ -239,12 +247,20 @@ class Decoder:
             self.interrupted.add(request_id)
 
     def _admit(self) -> None:
-        """Move queued requests into free slots, each to the smallest lane."""
+        """Move queued requests into free slots, each to the smallest lane
+        (with windows, the smallest whose window has a free slot)."""
         while self.queue and self.num_active < self.engine.max_batch_size:
+            lanes = range(len(self.lanes))
+            if self.windowed:
+                lanes = [i for i in lanes if self.engine.free_in_lane(i)]
+            lane = min(lanes, key=lambda i: len(self.lanes[i]), default=None)
+            if lane is None:  # the free slots are held by finished rows until _reap
+                return
             sequence = self.queue.popleft()
+            where = {"lane": lane} if self.windowed else {}
             try:
                 self.engine.add(sequence.request_id, sequence.prompt_ids,
-                                max_tokens=sequence.request.max_tokens)
+                                max_tokens=sequence.request.max_tokens, **where)
             except (ValueError, RuntimeError) as error:
                 self._finish(sequence, error=str(error))
                 continue
@@ -252,7 +268,6 @@ class Decoder:
                                            sequence.request.return_log_probs,
                                            sequence.bad_words_ids)
             self.step_tokens.admit(sequence)
-            lane = min(range(len(self.lanes)), key=lambda i: len(self.lanes[i]))
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
 
@@ -396,7 +411,10 @@ class Decoder:
         idle) to the smallest lanes while it holds more than its share:
         finishing requests would otherwise leave one lane with all the work
         and nothing to overlap it with. `staying`: request ids that keep
-        their lane (ending: ``_prelude``)."""
+        their lane (ending: ``_prelude``). Not with windows of slots: a
+        sequence's slot, and so its lane, is fixed; admissions even them out."""
+        if self.windowed:
+            return
         lane = self.lanes[index]
         share = -(-self.num_active // len(self.lanes))  # ceil
         while len(lane) > share:

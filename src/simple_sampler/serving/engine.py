@@ -29,8 +29,11 @@ schedules its own batches; see ``decoder`` and ``trtllm``),
 :class:`StepsThen` (``step_then(seq_ids, then)``: device work on the rows
 queued behind the forward, for an engine that models its device time),
 :class:`SummarizesHotFirst` (``prepare_hot_first`` and ``hot_first_summary``:
-the hot-first summary computed where the engine's rows are) and
-:class:`Closable` (``close()``). :class:`SequenceTable` holds what every
+the hot-first summary computed where the engine's rows are),
+:class:`SplitsSlots` (``split_slots(lanes)``, ``add(..., lane=)``,
+``free_in_lane(lane)``: each of the decode loop's lanes keeps its sequences in
+a window of slots of its own, for an engine whose step computes a window of
+slots whole) and :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
 engine tracks per sequence and raises the contract's errors.
 
 Every sequence alternates ``step`` and ``append``: after ``add`` or ``append`` it
@@ -144,6 +147,24 @@ class SummarizesHotFirst(Protocol):
 
     def hot_first_summary(self, logits: torch.Tensor, hot_ids, touched_offsets, touched_ids,
                           temperature, cold_top=0, draws=None): ...
+
+
+@runtime_checkable
+class SplitsSlots(Protocol):
+    """Optional capability of an :class:`Engine` whose decode step computes
+    a contiguous window of slots whole, the slots it was not asked for
+    included (``static_decode.StaticEngine``: fixed shapes for its CUDA
+    graphs). Without windows, a lane stepping half the sequences would pay
+    for all of them. The decode loop calls ``split_slots(lanes)`` once,
+    before any ``add``: the slots are cut into that many windows, one per
+    lane. It then admits each sequence to a lane with ``add(..., lane=i)``
+    (the lowest free slot of window i), picks the lane by
+    ``free_in_lane(i)`` (free slots left in window i) and never moves a
+    sequence to another lane. Checked with ``isinstance(engine, SplitsSlots)``."""
+
+    def split_slots(self, lanes: int) -> None: ...
+
+    def free_in_lane(self, lane: int) -> int: ...
 
 
 @runtime_checkable

@@ -11,17 +11,23 @@ forward's), RoPE is looked up in a table the model's ``rotary_emb`` fills once,
 and attention runs over the static cache ``[slots, kv_heads, max_context,
 head_dim]`` per layer, which ``TorchEngine`` allocates.
 
-Decode is *slot-major*: a step over bucket ``b`` computes rows for slots
-``0 .. b-1`` (b the smallest of :data:`BUCKETS` above the highest slot
-stepped), so the cache is read in place, never gathered, and every shape is
-fixed: on CUDA each bucket's step is captured once as a CUDA graph
-(``torch.cuda.graph``, at its first use, one memory pool) and replayed; on the CPU it runs
-eagerly. A slot the step does not include (a sequence left for another
-micro-batch, or a free slot) computes a row that is thrown away; it writes its
-key and value at a position no query has read yet (its sequence's next one),
-which the sequence's own next token overwrites before any query attends to it,
-the same argument as ``TorchEngine._forward``'s padding. The cost: a step
-over a subset of the active slots (micro-batches) computes the whole bucket.
+Decode is *slot-major*: a step over bucket ``b`` of a window of slots
+starting at ``s`` computes rows for slots ``s .. s+b-1`` (b the smallest of
+:data:`BUCKETS` above the highest slot stepped, counted from s), so the cache
+is read in place, never gathered, and every shape is fixed: on CUDA each
+(window, bucket) step is captured once as a CUDA graph (``torch.cuda.graph``,
+at its first use, one memory pool) and replayed; on the CPU it runs eagerly.
+A slot the step does not include (a sequence left for a later step, or a
+free slot) computes a row that is thrown away; it writes its key and value at
+a position no query has read yet (its sequence's next one), which the
+sequence's own next token overwrites before any query attends to it, the same
+argument as ``TorchEngine._forward``'s padding.
+
+Windows: one, all the slots, unless the decode loop's lanes (micro-batches)
+split them (``engine.SplitsSlots``): then each lane's sequences hold slots in
+a window of their own, ``max_batch_size / lanes`` wide, and a lane's step
+computes its window's bucket only. Without that, a lane stepping half the
+sequences would compute all of them: two lanes, twice the forward.
 
 Grouped-query attention without repeating the keys: the query heads of one
 key/value head are laid out as SDPA's query length, so the query tensor is
@@ -64,7 +70,7 @@ import torch.nn.functional as F
 from ..settings import LlmSettings
 from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
-    _attention_backends
+    _attention_backends, _SlotSequence
 
 #: batch-size buckets a decode step is padded to (one CUDA graph each)
 BUCKETS = (1, 8, 16, 32, 64, 128, 256)
@@ -105,12 +111,13 @@ class StaticForward:
         self.context_index = torch.arange(context, device=device)
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor,
+               start: int = 0) -> torch.Tensor:
         """Logits in the model's dtype ``[b, V]`` (not widened:
-        ``torch_engine``'s module docstring) of one token per slot ``0 .. b-1``
-        (``tokens``, ``positions``: int64 ``[b]`` on the device), its key and
-        value written at ``positions``. Fixed shapes for a given b, no host
-        synchronization: the body of a CUDA graph."""
+        ``torch_engine``'s module docstring) of one token per slot ``start ..
+        start+b-1`` (``tokens``, ``positions``: int64 ``[b]`` on the device),
+        its key and value written at ``positions``. Fixed shapes for a given
+        (start, b), no host synchronization: the body of a CUDA graph."""
         rows = tokens.shape[0]
         group = self.heads // self.kv_heads
         cos = self.cos[positions][:, None, None, :]  # [b, 1, 1, head_dim]
@@ -125,7 +132,8 @@ class StaticForward:
             k = attention.k_proj(x).view(rows, self.kv_heads, 1, self.head_dim)
             v = attention.v_proj(x).view(rows, self.kv_heads, self.head_dim)
             q, k = rope(q, cos, sin), rope(k, cos, sin)[:, :, 0]
-            keys, values = self.keys[index, :rows], self.values[index, :rows]
+            window = slice(start, start + rows)
+            keys, values = self.keys[index, window], self.values[index, window]
             keys[slots, :, positions] = k
             values[slots, :, positions] = v
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
@@ -166,60 +174,63 @@ class StaticForward:
 
 
 class DecodeGraphs:
-    """:meth:`StaticForward.decode` per bucket: on CUDA each bucket is
-    captured as a CUDA graph the first time it is replayed (one memory pool
-    for all), eager elsewhere. Each bucket owns static ``tokens`` /
-    ``positions`` inputs and ``logits`` / ``argmax`` outputs, overwritten by
-    the next replay.
+    """:meth:`StaticForward.decode` per window of slots and bucket, keyed
+    ``(start, bucket)``: on CUDA each is captured as a CUDA graph the first
+    time it is replayed (one memory pool for all), eager elsewhere. Each
+    owns static ``tokens`` / ``positions`` inputs and ``logits`` / ``argmax``
+    outputs, overwritten by the next replay.
 
     The capture's warm-up runs the bucket's forward on the inputs as they
     are, which the replay then runs again: it writes the same keys and values
     at the same positions (or, before any step, a position no query has read
     yet: module docstring)."""
 
-    def __init__(self, forward: StaticForward, buckets: Sequence[int]):
+    def __init__(self, forward: StaticForward, windows: Sequence[range]):
         self.forward = forward
         device = forward.keys.device
         self.graphed = device.type == "cuda"
-        self.inputs = {b: (torch.zeros(b, dtype=torch.long, device=device),
-                           torch.full((b,), forward.keys.shape[-2] - 1, dtype=torch.long,
-                                      device=device)) for b in buckets}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        last = forward.keys.shape[-2] - 1
+        self.inputs = {(w.start, b): (torch.zeros(b, dtype=torch.long, device=device),
+                                      torch.full((b,), last, dtype=torch.long, device=device))
+                       for w in windows for b in buckets_for(len(w))}
+        self.outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphed else None
 
-    def _run(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         with _attention_backends(self.forward.keys.device):
-            logits = self.forward.decode(*self.inputs[bucket])
+            logits = self.forward.decode(*self.inputs[key], start=key[0])
         return logits, logits.argmax(dim=-1)
 
-    def _capture(self, bucket: int) -> None:
-        """Warm the bucket up on a side stream (as torch.cuda.graphs'
+    def _capture(self, key: tuple[int, int]) -> None:
+        """Warm the step up on a side stream (as torch.cuda.graphs'
         documentation asks), then capture it into the shared pool."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run(bucket)
+                self._run(key)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self.outputs[bucket] = self._run(bucket)
-        self.graphs[bucket] = graph
+            self.outputs[key] = self._run(key)
+        self.graphs[key] = graph
 
-    def bucket(self, rows: int) -> int:
-        """The smallest bucket of at least ``rows`` rows."""
-        return min(b for b in self.inputs if b >= rows)
+    def bucket(self, rows: int, start: int = 0) -> int:
+        """The smallest bucket of at least ``rows`` rows of the window at ``start``."""
+        return min(b for s, b in self.inputs if s == start and b >= rows)
 
-    def replay(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [b, V] in the model's dtype, argmax [b]) for the bucket's inputs as
-        they are now: its static outputs on CUDA, fresh tensors elsewhere."""
+    def replay(self, bucket: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [b, V] in the model's dtype, argmax [b]) for the step's
+        inputs as they are now (``inputs[(start, bucket)]``): its static
+        outputs on CUDA, fresh tensors elsewhere."""
+        key = (start, bucket)
         if not self.graphed:
-            return self._run(bucket)
-        if bucket not in self.graphs:
-            self._capture(bucket)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket]
+            return self._run(key)
+        if key not in self.graphs:
+            self._capture(key)
+        self.graphs[key].replay()
+        return self.outputs[key]
 
 
 class StaticEngine(TorchEngine):
@@ -243,7 +254,48 @@ class StaticEngine(TorchEngine):
         self.static = StaticForward(model, self.keys, self.values)
         if compile_decode:
             self.static = CompiledForward(self.static)
-        self.graphs = DecodeGraphs(self.static, buckets_for(max_batch_size))
+        #: the lanes' windows of slots (``engine.SplitsSlots``): one until split
+        self.windows = [range(max_batch_size)]
+        self.graphs = DecodeGraphs(self.static, self.windows)
+
+    def split_slots(self, lanes: int) -> None:
+        """``engine.SplitsSlots``: the slots cut into ``lanes`` contiguous
+        windows of ``ceil(max_batch_size / lanes)`` (the last one what is
+        left), each with its own buckets. Only while no sequence is held."""
+        if not 1 <= lanes <= self.max_batch_size:
+            raise ValueError(f"lanes must be in [1, {self.max_batch_size}] (max_batch_size), "
+                             f"got {lanes}")
+        with self.state_lock:
+            if len(self.sequences):
+                raise RuntimeError("split_slots while sequences hold slots")
+            width = -(-self.max_batch_size // lanes)
+            self.windows = [range(start, min(start + width, self.max_batch_size))
+                            for start in range(0, self.max_batch_size, width)]
+        self.graphs = DecodeGraphs(self.static, self.windows)
+
+    def free_in_lane(self, lane: int) -> int:
+        """Free slots in lane ``lane``'s window."""
+        window = self.windows[lane]
+        with self.state_lock:
+            return sum(slot in window for slot in self.free_slots)
+
+    def add(self, seq_id, prompt_ids, max_tokens: int | None = None,
+            lane: int | None = None) -> None:
+        """``TorchEngine.add``; with ``lane``, the lowest free slot of that
+        lane's window (RuntimeError when it has none)."""
+        if lane is None:
+            return super().add(seq_id, prompt_ids, max_tokens)
+        window = self.windows[lane]
+
+        def in_window(prompt):
+            slot = min((s for s in self.free_slots if s in window), default=None)
+            if slot is None:
+                raise RuntimeError(f"every slot of lane {lane}'s window is taken")
+            self.free_slots.remove(slot)
+            return _SlotSequence(slot, 0, prompt)
+
+        with self.state_lock:
+            self.sequences.add(seq_id, prompt_ids, in_window)
 
     @classmethod
     def from_config(cls, config: str | os.PathLike, device: torch.device | str = "cpu",
@@ -252,24 +304,31 @@ class StaticEngine(TorchEngine):
         """An engine over :func:`model_from_config` (random weights)."""
         return cls(model_from_config(config, device, dtype, seed), **kwargs)
 
-    def _slot_inputs(self, work) -> tuple[int, torch.Tensor]:
-        """(bucket, int64 [2, b] tokens and positions for slots 0 .. b-1):
-        the stepped slots' pending token at its position, every other slot a
-        token at its sequence's next position (free slots: the last). Built
-        in lists and made a tensor once: setting a tensor's elements one by
-        one made most of the step's host time (``bench engine-step``,
+    def _slot_inputs(self, work) -> tuple[int, int, torch.Tensor]:
+        """(window start s, bucket b, int64 [2, b] tokens and positions for
+        slots s .. s+b-1): the stepped slots' pending token at its position,
+        every other slot a token at its sequence's next position (free
+        slots: the last). ValueError when the slots are not in one window.
+        Built in lists and made a tensor once: setting a tensor's elements
+        one by one made most of the step's host time (``bench engine-step``,
         docs/results/host-side-2026-11-29.md), about as much at B = 256 as
         the H200's whole decode step."""
-        bucket = self.graphs.bucket(max(slot for slot, _, _ in work) + 1)
+        slots = [slot for slot, _, _ in work]
+        window = next(w for w in self.windows if slots[0] in w)
+        if not all(slot in window for slot in slots):
+            raise ValueError(f"a step's slots must lie in one lane's window ({window}), got "
+                             f"{sorted(slots)}")
+        start = window.start
+        bucket = self.graphs.bucket(max(slots) - start + 1, start)
         last = self.max_context - 1
         tokens, positions = [0] * bucket, [last] * bucket
         with self.state_lock:
             for row in self.sequences.values():
-                if row.slot < bucket:
-                    positions[row.slot] = min(row.cached, last)
+                if 0 <= row.slot - start < bucket:
+                    positions[row.slot - start] = min(row.cached, last)
         for slot, cached, pending in work:
-            tokens[slot], positions[slot] = pending[0], cached
-        return bucket, torch.tensor([tokens, positions])
+            tokens[slot - start], positions[slot - start] = pending[0], cached
+        return start, bucket, torch.tensor([tokens, positions])
 
     def decode_rows(self, work) -> torch.Tensor:
         """``logits_dtype`` [len(work), V] for rows ``(slot, cached, [token])``, by one
@@ -277,15 +336,15 @@ class StaticEngine(TorchEngine):
         overwritten by the next replay, while a sampler may still read
         these; an eager step's are fresh already, and taken as they are when
         the rows are the bucket's slots in order)."""
-        bucket, table = self._slot_inputs(work)
-        tokens, positions = self.graphs.inputs[bucket]
+        start, bucket, table = self._slot_inputs(work)
+        tokens, positions = self.graphs.inputs[(start, bucket)]
         tokens.copy_(table[0])
         positions.copy_(table[1])
-        logits, _ = self.graphs.replay(bucket)
-        slots = [slot for slot, _, _ in work]
-        if not self.graphs.graphed and slots == list(range(bucket)):
+        logits, _ = self.graphs.replay(bucket, start)
+        rows = [slot - start for slot, _, _ in work]
+        if not self.graphs.graphed and rows == list(range(bucket)):
             return logits
-        return logits.index_select(0, torch.tensor(slots, device=self.device))
+        return logits.index_select(0, torch.tensor(rows, device=self.device))
 
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
         """``TorchEngine.step``'s forward over one group: decode rows by
@@ -319,7 +378,7 @@ def forward_only_ms(engine: StaticEngine, steps: int) -> float:
     if bucket != len(rows):
         raise ValueError(f"forward_only runs a whole bucket: {len(rows)} sequences, bucket "
                          f"{bucket}")
-    tokens, positions = engine.graphs.inputs[bucket]
+    tokens, positions = engine.graphs.inputs[(0, bucket)]
     tokens.copy_(torch.tensor([p[0] for _, _, p in rows]))
     positions.copy_(torch.tensor([cached for _, cached, _ in rows]))
     _, argmax = engine.graphs.replay(bucket)  # captures on CUDA: outside the window
