@@ -91,8 +91,7 @@ from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
 from .decoder_stats import DecoderStats
 from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots
-from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
-                         GenerationEvent, GenerationRequest, RequestHandle)
+from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
@@ -242,7 +241,7 @@ class Decoder:
         sequence.cancelled = True
         if sequence in self.queue:
             self.queue.remove(sequence)
-            self._finish(sequence, FINISH_CANCELLED)
+            self.finish(sequence, FINISH_CANCELLED)
         else:  # in a lane: its row takes the per-row path
             self.interrupted.add(request_id)
 
@@ -262,7 +261,7 @@ class Decoder:
                 self.engine.add(sequence.request_id, sequence.prompt_ids,
                                 max_tokens=sequence.request.max_tokens, **where)
             except (ValueError, RuntimeError) as error:
-                self._finish(sequence, error=str(error))
+                self.finish(sequence, error=str(error))
                 continue
             sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
                                            sequence.request.return_log_probs,
@@ -281,7 +280,7 @@ class Decoder:
             if sequence in self.queue:
                 self.queue.remove(sequence)
             aborted += not sequence.done
-            self._finish(sequence, error=error, retryable=True, release=False)
+            self.finish(sequence, error=error, retryable=True, release=False)
         for wake in self.wake:
             wake.set()
         return aborted
@@ -300,11 +299,12 @@ class Decoder:
         self.step_tokens.release(sequence.slot)
         self.interrupted.discard(sequence.request_id)
 
-    def _finish(self, sequence: DecodeSequence, reason: str | None = None,
+    def finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
                 retryable: bool = False, release: bool = True):
-        """Send the one final event and (with `release`) free the slot."""
+        """Send the one final event and (with `release`) free the slot
+        (``StepTokens`` too, for the rows a step ends)."""
         if sequence.done:
             return
         held_text, held_ids = self.step_tokens.take(sequence)  # before the slot is freed
@@ -316,24 +316,12 @@ class Decoder:
             if sequence in lane:
                 lane.remove(sequence)
                 self._release(sequence)
-        event = self._event(sequence, held_text + text, held_ids + list(token_ids),
-                            list(logprobs), reason, error)
+        event = sequence.event(held_text + text, held_ids + list(token_ids), list(logprobs),
+                               reason, error)
         event.retryable = retryable
         sequence.handle.put(event)
         if release:
             self._admit()
-
-    @staticmethod
-    def _event(sequence: DecodeSequence, text: str, token_ids: list[int],
-               logprobs: list[float], reason: str | None = None,
-               error: str | None = None) -> GenerationEvent:
-        """The event owns ``token_ids`` and ``logprobs`` (fresh lists: one
-        event per token, so no copy)."""
-        asked = sequence.request.return_log_probs
-        return GenerationEvent(
-            sequence.request_id, text, token_ids, logprobs if asked else [],
-            sequence.num_input_tokens, sequence.generated,
-            sequence.cum_log_prob if asked else float("nan"), reason, error)
 
     async def _lane(self, index: int) -> None:
         wake = self.wake[index]
@@ -380,13 +368,13 @@ class Decoder:
             except SequenceFailed as error:  # the engine failed only these: the others go on
                 for sequence in sequences:
                     if sequence.request_id in error.failed:
-                        self._finish(sequence, error=error.failed[sequence.request_id])
+                        self.finish(sequence, error=error.failed[sequence.request_id])
             except Exception as error:  # noqa: BLE001 - every request must get its final event
                 log.exception("decode step of %d sequences failed", len(sequences))
                 # a sequence in a step launched ahead leaves its lane after that step
                 stepping = set(ahead.ids) if ahead is not None else set()
                 for sequence in sequences:
-                    self._finish(sequence, error=f"{type(error).__name__}: {error}",
+                    self.finish(sequence, error=f"{type(error).__name__}: {error}",
                                  release=sequence.request_id not in stepping)
 
     def _prelude(self, index: int, ending: set[int] = frozenset()) -> list[DecodeSequence]:
@@ -399,7 +387,7 @@ class Decoder:
         lane = self.lanes[index]
         self._reap(lane)
         for sequence in [s for s in lane if s.cancelled]:
-            self._finish(sequence, FINISH_CANCELLED)
+            self.finish(sequence, FINISH_CANCELLED)
         self._rebalance(index, ending)
         return [s for s in lane if s.request_id not in ending]
 
@@ -435,14 +423,3 @@ class Decoder:
         batch state: the decode loop keeps no list of its own)."""
         state, slot = self.state, sequence.slot
         return state.tokens[slot, state.prompt_length[slot]:state.length[slot]].tolist()
-
-    def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
-              stop: bool, stopped: bool) -> None:
-        """The final event of a sequence whose `token` ended it: `stop` (an
-        end or stop id, or a stop string: `stopped`) or its length. The
-        held-back text is released unless a stop string cut it."""
-        if not stopped:
-            tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
-            text += tail + sequence.stop.flush()
-        self._finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH, text=text,
-                     token_ids=[token], logprobs=[logprob])

@@ -215,3 +215,12 @@ class DecodeSequence:
     pushed: int = 0
     held_text: str = ""
     slot: int = -1  # in the decoder's BatchState while in a lane
+
+    def event(self, text: str, token_ids: list[int], logprobs: list[float],
+              reason: str | None = None, error: str | None = None) -> GenerationEvent:
+        """An event of this request's stream; it owns ``token_ids`` and
+        ``logprobs`` (fresh lists: one event per token, so no copy)."""
+        asked = self.request.return_log_probs
+        return GenerationEvent(self.request_id, text, token_ids, logprobs if asked else [],
+                               self.num_input_tokens, self.generated,
+                               self.cum_log_prob if asked else float("nan"), reason, error)

@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from .generation import FINISH_CANCELLED, DecodeSequence, RequestHandle
+from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
+                         RequestHandle)
 
 #: due_at of a request that is never due (interval 0): no request generates that many tokens
 NEVER = np.iinfo(np.int64).max
@@ -159,7 +160,7 @@ class StepTokens:
         if sequence.done:
             return False
         if sequence.cancelled:
-            self.decoder._finish(sequence, FINISH_CANCELLED)
+            self.decoder.finish(sequence, FINISH_CANCELLED)
             return False
         sequence.cum_log_prob += logprob
         ended = token in sequence.stop_ids  # the end id, unless ignore_end
@@ -172,15 +173,26 @@ class StepTokens:
                 text, stopped = sequence.stop.feed(text)
         if ended or stopped or generated >= sequence.max_tokens:
             sequence.generated = generated
-            self.decoder._last(sequence, token, logprob, text, ended or stopped, stopped)
+            self._last(sequence, token, logprob, text, ended or stopped, stopped)
             return False
         if sequence.stepped:
             sequence.held_text += text
             sequence.pushed += 1
         else:
             sequence.generated = sequence.delivered = sequence.pushed = generated
-            sequence.handle.put(self.decoder._event(sequence, text, [token], [logprob]))
+            sequence.handle.put(sequence.event(text, [token], [logprob]))
         return True
+
+    def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
+              stop: bool, stopped: bool) -> None:
+        """The final event of a sequence whose `token` ended it: `stop` (an
+        end or stop id, or a stop string: `stopped`) or its length. The
+        held-back text is released unless a stop string cut it."""
+        if not stopped:
+            tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
+            text += tail + sequence.stop.flush()
+        self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
+                            text=text, token_ids=[token], logprobs=[logprob])
 
     def catch_up(self, sequence: DecodeSequence, upto: int | None = None) -> None:
         """Push a stepped sequence's tokens in its history that the
