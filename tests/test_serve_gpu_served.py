@@ -117,3 +117,20 @@ def test_the_run_script_says_what_it_needs(tmp_path):
     assert missing.returncode == 1 and "no SmolLM2 tokenizer" in missing.stderr
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "- commit: " in readme and "no SmolLM2 tokenizer" in readme
+
+
+def test_the_compiled_decode_step_reaches_the_servers_settings():
+    """--decode-step compiled: every server's llm model runs serve
+    --compile-decode (its forward_only bound the compiled step too)."""
+    from simple_sampler.bench.serve_gpu_served.measuring import MODES, static_settings
+
+    args = build_parser().parse_args(["bench", "serve-gpu-served", "--decode-step", "compiled"])
+    assert args.decode_step == "compiled"
+    common = dict(device="cpu", dtype="float32", model_config="smollm2-135m", model=None,
+                  largest=8, instances=1, micro_batches=1, stream_interval=1, max_context=64,
+                  hot_vocab_profile="")
+    for step, compiled in (("eager", False), ("compiled", True)):
+        settings = static_settings(MODES[0], decode_step=step, **common).validate()
+        assert settings.compile_decode is compiled
+        parameters = LlmSettings.from_parameters(settings.parameters())  # config.pbtxt
+        assert parameters.compile_decode is compiled

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...settings import LAUNCH_AHEAD, TORCH_DTYPES
+from ...settings import DECODE_STEPS, LAUNCH_AHEAD, TORCH_DTYPES
 from ..markdown import FigureWriter, Source
 from ..spec import BenchSpec, given, positive_int
 
@@ -28,6 +28,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batches", type=positive_int)
     parser.add_argument("--stream-interval", type=positive_int,
                         help="tokens per response (more: less client and server work)")
+    parser.add_argument("--decode-step", choices=DECODE_STEPS,
+                        help="the static engine's decode step in the servers and in the "
+                             "forward_only bound (default eager; compiled: serve "
+                             "--compile-decode)")
     parser.add_argument("--launch-ahead", choices=LAUNCH_AHEAD,
                         help="the llm model's launch_ahead (default auto: on, on a GPU)")
     parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
@@ -46,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict:
                         **given(args, device="device", model_config="model_config",
                                 instances="instances", micro_batches="micro_batches",
                                 stream_interval="stream_interval",
-                                launch_ahead="launch_ahead"))
+                                launch_ahead="launch_ahead", decode_step="decode_step"))
     if args.markdown:
         Path(args.markdown).write_text(served.format_report(report) + "\n")
     return report

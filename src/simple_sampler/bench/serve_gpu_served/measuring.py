@@ -107,7 +107,8 @@ def left_in_dev_shm(stubs) -> list[str]:
 def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str | None,
                     model: str | None, largest: int, instances: int, micro_batches: int,
                     stream_interval: int, max_context: int, hot_vocab_profile: str,
-                    launch_ahead: str = LlmSettings.launch_ahead) -> LlmSettings:
+                    launch_ahead: str = LlmSettings.launch_ahead,
+                    decode_step: str = "eager") -> LlmSettings:
     """The llm model's settings for one mode's server."""
     return LlmSettings(engine="static", device=device, torch_dtype=dtype,
                        model_config=model_config or "", model=model or "",
@@ -115,14 +116,16 @@ def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str
                        engine_max_batch_size=largest, generate_max_batch_size=largest,
                        max_context=max_context, micro_batches=micro_batches,
                        stream_interval=stream_interval, launch_ahead=launch_ahead,
-                       sampler_shards=instances, hot_vocab_profile=hot_vocab_profile)
+                       sampler_shards=instances, hot_vocab_profile=hot_vocab_profile,
+                       compile_decode=decode_step == "compiled")
 
 
 def forward_only_bounds(device: str, dtype: str, model_config: str | None, model: str | None,
-                        batches, max_context: int) -> tuple[dict[int, dict], dict]:
+                        batches, max_context: int,
+                        decode_step: str = "eager") -> tuple[dict[int, dict], dict]:
     """forward_only per B (``serve_gpu.run_forward_only``) over a static cache
-    of ``max_context`` positions, as the servers'; and what it ran on. The
-    model is freed before the servers start."""
+    of ``max_context`` positions and the servers' decode step; and what it
+    ran on. The model is freed before the servers start."""
     import torch
 
     from ...serving.device import resolve
@@ -136,7 +139,7 @@ def forward_only_bounds(device: str, dtype: str, model_config: str | None, model
     bandwidth = copy_bandwidth(torch_device, 512 if torch_device.type == "cuda" else 16)
     # run_forward_only's cache: PROMPT_TOKENS + warm-up + measured + 4 positions
     measure = max_context - PROMPT_TOKENS - 4 - FORWARD_WARM_UP
-    bounds = {b: run_forward_only(loaded, b, FORWARD_WARM_UP, measure, bandwidth)
+    bounds = {b: run_forward_only(loaded, b, FORWARD_WARM_UP, measure, bandwidth, decode_step)
               for b in batches}
     gpu = {"name": (torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda"
                     else "CPU (not a GPU: figures mean nothing)"),
@@ -210,23 +213,26 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
         modes=MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
         stream_interval: int = 1, log_dir: str | Path | None = None,
-        launch_ahead: str = LlmSettings.launch_ahead) -> dict:
-    """Every mode's server at every (B, top_p), and forward_only at every B.
-    dtype: bfloat16 on cuda, float32 on the CPU unless given. RuntimeError
-    (the reason) when ``device`` cannot run here."""
+        launch_ahead: str = LlmSettings.launch_ahead, decode_step: str = "eager") -> dict:
+    """Every mode's server at every (B, top_p), and forward_only at every B,
+    on the static engine's ``decode_step`` (eager, or compiled: ``serve
+    --compile-decode``). dtype: bfloat16 on cuda, float32 on the CPU unless
+    given. RuntimeError (the reason) when ``device`` cannot run here;
+    CompileDecodeError when the compiled step does not compile here."""
     if max_tokens < RESPONSES_PER_REQUEST * stream_interval:
         raise ValueError(f"max_tokens must be at least {RESPONSES_PER_REQUEST} x the stream "
                          f"interval ({RESPONSES_PER_REQUEST * stream_interval}), got {max_tokens}")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     model_config = None if model else model_config
     max_context = PROMPT_ROOM + max_tokens
-    bounds, gpu = forward_only_bounds(device, dtype, model_config, model, batches, max_context)
+    bounds, gpu = forward_only_bounds(device, dtype, model_config, model, batches, max_context,
+                                      decode_step)
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="served-gpu-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     settings = {"device": device, "dtype": dtype, "model_config": model_config, "model": model,
                 "instances": instances, "micro_batches": micro_batches,
                 "stream_interval": stream_interval, "max_context": max_context,
-                "launch_ahead": launch_ahead}
+                "launch_ahead": launch_ahead, "decode_step": decode_step}
     rows = rows_label(model_config)
     results, servers = [], []
     for mode in modes:
@@ -270,7 +276,8 @@ def format_report(report: dict) -> str:
              f"{gpu['dtype']}; torch {gpu['torch']}, CUDA {gpu['cuda']}; static cache "
              f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es); "
              f"stream_interval {settings['stream_interval']}; launch_ahead "
-             f"{settings.get('launch_ahead', 'off (before the setting)')})",
+             f"{settings.get('launch_ahead', 'off (before the setting)')}; decode step "
+             f"{settings.get('decode_step', 'eager')})",
              f"- rows: **{report['rows']}**",
              f"- sampler: {settings['instances']} simple_sampler instances; inline: the batched "
              f"gpu_inline in the llm model",
