@@ -35,13 +35,20 @@ install-gpu-host:
 offline-host:
 	bash scripts/offline_host.sh
 
+# Two pytest workers (pytest-xdist), a test file each at a time (--dist
+# loadfile: a module's shared servers start once): most tests wait on a server
+# or a subprocess, so on 2 cores two at once take about 0.6 of one at a time.
+# TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP) offline-host
 	$(PY) -m ruff check src tests
-	$(PY) -m pytest -q --durations=25
+	$(PYTEST) --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m ruff check src tests
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 bench: $(STAMP)
 	$(VENV)/bin/simple-sampler bench kernels
