@@ -60,17 +60,19 @@ def test_the_hot_set_is_mapped_to_a_wider_shapes_ids():
 
 @pytest.mark.slow  # two real servers on a tiny random-weight shape: 45-60 s on 2 cores
 def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
-    """simple (full rows over the arena) and inline, the comparison's two
-    ends; simple_hot_first's server is the same with --handoff hot-first (a
-    third start would double the test's time: `bench serve-gpu-served
-    --device cpu --quick` runs all three)."""
+    """simple_overlap (full rows over the arena, two lanes, each its own
+    window of the static engine's slots) and inline, the comparison's two
+    ends; simple is the same on one lane, simple_hot_first with --handoff
+    hot-first (more starts would double the test's time: `bench
+    serve-gpu-served --device cpu --quick` runs the default three)."""
     from simple_sampler.bench.serve_gpu_served import measuring as served
 
-    modes = [m for m in served.MODES if m.name in ("simple", "inline")]
+    modes = [m for m in served.MODES if m.name in ("simple_overlap", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
                         modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs")
     assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
-    assert [r["mode"] for r in report["results"]] == ["simple", "inline"]
+    assert [(r["mode"], r["micro_batches"]) for r in report["results"]] == [
+        ("inline", 1), ("simple_overlap", 2)]
     for row in report["results"]:
         assert row["rows"] == "flat (random weights)" and row["batch"] == 2
         for key in ("tokens_per_s", "itl_ms_p50", "itl_ms_p95", "server_cores_busy",
@@ -85,9 +87,10 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
         assert server["exit_status"] == 0 and server["left_in_dev_shm"] == []
         assert (tmp_path / "logs" / f"{server['mode']}.log").stat().st_size > 0
     partial = json.loads((tmp_path / "logs" / served.PARTIAL).read_text())
-    assert [r["mode"] for r in partial["results"]] == ["simple", "inline"]
+    assert [r["mode"] for r in partial["results"]] == ["inline", "simple_overlap"]
     markdown = served.format_report(report)
     assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
+    assert "simple_overlap: simple on two lanes" in markdown
 
 
 def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):

@@ -22,7 +22,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--batch", type=positive_int, nargs="+")
     parser.add_argument("--top-p", type=float, nargs="+")
-    parser.add_argument("--modes", nargs="+", choices=["simple", "simple_hot_first", "inline"])
+    parser.add_argument("--modes", nargs="+",
+                        choices=["simple", "simple_hot_first", "inline", "simple_overlap"],
+                        help="one server each (default the first three; simple_overlap: "
+                             "simple on two lanes, each its own window of the slots)")
     parser.add_argument("--max-tokens", type=positive_int)
     parser.add_argument("--instances", type=positive_int, help="simple_sampler instances")
     parser.add_argument("--micro-batches", type=positive_int)

@@ -67,16 +67,23 @@ PARTIAL = "partial.json"
 
 @dataclass(frozen=True)
 class ServedMode:
-    """One server: its label, the llm model's sampling mode and handoff."""
+    """One server: its label, the llm model's sampling mode and handoff, and
+    its decode loop's lanes (None: the run's ``micro_batches``)."""
 
     name: str
     sampling_mode: str
     handoff: str
+    lanes: int | None = None
 
 
 MODES = (ServedMode("simple", "simple", "full"),
          ServedMode("simple_hot_first", "simple", "hot-first"),
-         ServedMode("inline", "inline", "full"))
+         ServedMode("inline", "inline", "full"),
+         # two lanes, each its own window of the static engine's slots: the
+         # sampler of one beside the other's forward (not run by default)
+         ServedMode("simple_overlap", "simple", "full", lanes=2))
+#: The modes a run takes unless told
+DEFAULT_MODES = tuple(m for m in MODES if m.lanes is None)
 
 
 def rows_label(model_config: str | None) -> str:
@@ -186,6 +193,7 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     from ...launch.server import TritonServer
 
     largest = max(batches)
+    settings = {**settings, "micro_batches": mode.lanes or settings["micro_batches"]}
     sampler = sampler_settings(largest, settings["instances"], "float32", mode.handoff)
     llm = static_settings(mode, largest=largest, hot_vocab_profile=sampler.hot_vocab_profile,
                           **settings)
@@ -211,7 +219,7 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
 
 def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
-        modes=MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
+        modes=DEFAULT_MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
         stream_interval: int = 1, log_dir: str | Path | None = None,
         launch_ahead: str = LlmSettings.launch_ahead, decode_step: str = "eager") -> dict:
     """Every mode's server at every (B, top_p), and forward_only at every B,
@@ -309,6 +317,10 @@ def format_report(report: dict) -> str:
               "clock); server cores busy = every server process's CPU seconds per second of "
               "the window (one GPU); client cores busy near 1: the one client process may be "
               "what limits tok/s. Rows: " + report["rows"] + "."]
+    if any(r["mode"] == "simple_overlap" for r in report["results"]):
+        lines[-1] += (" simple_overlap: simple on two lanes (micro-batches), each stepping its "
+                      "own window of the static engine's slots, one lane's sampler beside the "
+                      "other's forward.")
     lines += ["", "| server | exit status | left in /dev/shm | log |", "|---|---|---|---|"]
     lines += [f"| {s['mode']} | {s['exit_status']} | {', '.join(s['left_in_dev_shm']) or 'none'} "
               f"| {s['log']} |" for s in report["servers"]]
