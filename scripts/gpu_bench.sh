@@ -6,7 +6,9 @@
 # step (`bench serve-gpu --decode-step eager compiled`, B in {64, 256}), then
 # `bench serve-gpu` on the static engine, B in {64, 256}, top_p in {1.0,
 # 0.95}, rows in {flat, fitted}, modes forward_only, gpu_inline, simple,
-# simple_hot_first. Writes JSON and Markdown per shape and a dated README.md
+# simple_hot_first (and simple_overlap, two lanes, on fitted rows), then the
+# same with launch_ahead off (fitted rows, top_p 1: serve-gpu-serial-SHAPE).
+# Writes JSON and Markdown per shape and a dated README.md
 # (machine, commit, command) under the output folder. Sized to finish in
 # under 8 minutes: each shape gets a time limit, and a shape cut off says so
 # in the README.
@@ -25,6 +27,9 @@
 # (default half of SHAPE_LIMIT_S) bounds a shape's forward_only on both steps,
 # out of its SHAPE_LIMIT_S: torch.compile's time on the host is unknown; a
 # compile cut off says so in the README and leaves the shape the rest.
+# SERIAL_LIMIT_S (default a sixth of SHAPE_LIMIT_S) is kept for the shape's
+# last part: the modes again with launch_ahead off (fitted rows, top_p 1),
+# beside the served phase's auto (on, on a GPU).
 #
 # First run on an H200 through scripts/gpu_session.sh:
 # docs/results/gpu-2026-11-28.md.
@@ -54,6 +59,7 @@ mkdir -p "$OUT_DIR"
 SHAPES="${SHAPES:-llama-3.2-1b qwen2.5-0.5b llama-3.1-8b smollm2-135m}"
 SHAPE_LIMIT_S="${SHAPE_LIMIT_S:-85}"
 COMPILED_LIMIT_S="${COMPILED_LIMIT_S:-$(( SHAPE_LIMIT_S / 2 ))}"
+SERIAL_LIMIT_S="${SERIAL_LIMIT_S:-$(( SHAPE_LIMIT_S / 6 ))}"
 export DEVICE="${DEVICE:-cuda}"
 README="$OUT_DIR/README.md"
 commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unknown}")"
@@ -61,7 +67,7 @@ commit="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${GIT_COMMIT:-unkno
     echo "# gpu_bench.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
     echo "- command: \`$0 $*\` (SHAPES=\"$SHAPES\", SHAPE_LIMIT_S=$SHAPE_LIMIT_S," \
-         "COMPILED_LIMIT_S=$COMPILED_LIMIT_S, DEVICE=$DEVICE)"
+         "COMPILED_LIMIT_S=$COMPILED_LIMIT_S, SERIAL_LIMIT_S=$SERIAL_LIMIT_S, DEVICE=$DEVICE)"
     echo "- commit: $commit"
     echo "- machine: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'nvidia-smi absent'); $(nproc) CPUs"
     echo "- python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1)"
@@ -112,7 +118,7 @@ for shape in $SHAPES; do
         *) echo "- $shape, forward_only eager and compiled: FAILED, exit $status:" \
                 "$(tail -1 "$OUT_DIR/serve-gpu-compiled-$shape.log")" >> "$README" ;;
     esac
-    left=$(( SHAPE_LIMIT_S - ($(date +%s) - started) ))
+    left=$(( SHAPE_LIMIT_S - SERIAL_LIMIT_S - ($(date +%s) - started) ))
     timeout "$(( left > 1 ? left : 1 ))" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" served \
         "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1
     status=$?
@@ -122,6 +128,22 @@ for shape in $SHAPES; do
                   "(serve-gpu-$shape.log)" >> "$README" ;;
         *) echo "- $shape: FAILED, exit $status: $(tail -1 "$OUT_DIR/serve-gpu-$shape.log")" \
                >> "$README" ;;
+    esac
+    # the same modes with launch_ahead off, fitted rows, top_p 1: what launching ahead gives
+    left=$(( SHAPE_LIMIT_S - ($(date +%s) - started) ))
+    if [ "$left" -lt 10 ]; then
+        echo "- $shape, launch_ahead off: NOT RUN, ${left}s left" >> "$README"
+        continue
+    fi
+    timeout "$left" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" serial "$shape" "$OUT_DIR" \
+        > "$OUT_DIR/serve-gpu-serial-$shape.log" 2>&1
+    status=$?
+    case $status in
+        0) echo "- $shape, launch_ahead off: serve-gpu-serial-$shape.md" >> "$README" ;;
+        124) echo "- $shape, launch_ahead off: CUT OFF after ${left}s" \
+                  "(serve-gpu-serial-$shape.log)" >> "$README" ;;
+        *) echo "- $shape, launch_ahead off: FAILED, exit $status:" \
+                "$(tail -1 "$OUT_DIR/serve-gpu-serial-$shape.log")" >> "$README" ;;
     esac
 done
 cat "$README"

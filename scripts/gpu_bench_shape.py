@@ -10,6 +10,9 @@ PHASE ``compiled``: forward_only on the eager, then the compiled decode step
 PHASE ``served``: the modes at B 64 and 256 per (rows, top_p), forward_only
 with the first -> serve-gpu-SHAPE (simple, simple_hot_first and, on fitted
 rows, simple_overlap only where the kernels import).
+PHASE ``serial``: fitted rows, top_p 1, B 64 and 256, every mode but
+simple_overlap with ``launch_ahead`` off (the served phase's auto is on, on a
+GPU) -> serve-gpu-serial-SHAPE: what launching ahead gives each mode.
 """
 import json
 import os
@@ -22,21 +25,31 @@ BATCHES = (64, 256)
 
 def parts(phase: str) -> tuple[str, str, list[dict]]:
     """(file name stem, title, run()'s arguments per part) of a phase."""
+    if phase == "serial":
+        return ("serve-gpu-serial-{shape}",
+                "--model-config {shape} --rows fitted --top-p 1 --launch-ahead off",
+                [{"modes": modes(kernel_modes(), "flat"), "batches": BATCHES, "instances": 8,
+                  "top_p": (1.0,), "rows": ("fitted",), "forward_only": False,
+                  "launch_ahead": "off"}])
     if phase == "compiled":
         return ("serve-gpu-compiled-{shape}",
                 "--model-config {shape} --decode-step eager compiled (forward_only)",
                 [{"modes": (), "batches": (batch,), "decode_steps": (step,)}
                  for step in ("eager", "compiled") for batch in BATCHES])
-    try:
-        import simple_sampler._sampling  # noqa: F401
-        wanted = ("simple", "simple_hot_first", "gpu_inline")
-    except ImportError:
-        wanted = ("gpu_inline",)
     cells = [(rows, top_p) for rows in ("flat", "fitted") for top_p in (1.0, 0.95)]
     return ("serve-gpu-{shape}", "--model-config {shape}",
-            [{"modes": modes(wanted, rows), "batches": BATCHES, "instances": 8,
+            [{"modes": modes(kernel_modes(), rows), "batches": BATCHES, "instances": 8,
               "top_p": (top_p,), "rows": (rows,), "forward_only": index == 0}
              for index, (rows, top_p) in enumerate(cells)])
+
+
+def kernel_modes() -> tuple[str, ...]:
+    """The modes that can run here: the simple ones only where the kernels import."""
+    try:
+        import simple_sampler._sampling  # noqa: F401
+        return ("simple", "simple_hot_first", "gpu_inline")
+    except ImportError:
+        return ("gpu_inline",)
 
 
 def modes(wanted: tuple[str, ...], rows: str) -> list[tuple]:

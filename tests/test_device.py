@@ -119,11 +119,14 @@ def test_the_gpu_bench_rows_run_on_any_device(monkeypatch):
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
     codec = TextCodec(FakeTokenizer())
     hot = HotVocab(np.arange(0, VOCAB, 3), VOCAB)
-    for mode, decoder_mode, micro_batches, handoff in serve_gpu.MODES:
+    for index, (mode, decoder_mode, micro_batches, handoff) in enumerate(serve_gpu.MODES):
+        launch_ahead = ("on", "off")[index % 2]  # auto would be off: a CPU data plane
         row = asyncio.run(serve_gpu.run_one(model, codec, mode, decoder_mode, micro_batches,
                                             batch=4, instances=1, warmup=2, measure=4,
-                                            top_p=0.9, handoff=handoff, hot=hot))
+                                            top_p=0.9, handoff=handoff, hot=hot,
+                                            launch_ahead=launch_ahead))
         assert row["mode"] == mode and row["tokens_per_s"] > 0 and row["itl_ms_p50"] > 0
+        assert row["launch_ahead"] == launch_ahead
         assert row["forward_ms_per_step"] > 0
         # only hot-first runs a summary behind the forward
         assert (row["summary_ms_per_step"] > 0) == (handoff == "hot-first")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...settings import DECODE_STEPS, TORCH_DTYPES
+from ...settings import DECODE_STEPS, LAUNCH_AHEAD, TORCH_DTYPES
 from ..markdown import FigureWriter, Source, number, table
 from ..spec import BenchSpec, given
 
@@ -32,6 +32,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", nargs="+", choices=["flat", "fitted"],
                         help="the forward's own rows, or rows fitted to SmolLM2's substituted "
                              "after it")
+    parser.add_argument("--launch-ahead", choices=LAUNCH_AHEAD,
+                        help="the decode loop's launch_ahead in every mode (default auto: "
+                             "on, on a GPU); off: each step after the step before has made "
+                             "its events")
     parser.add_argument("--random-weights", action="store_true",
                         help="--model's architecture and tokenizer with fresh weights (its "
                              "config.json and tokenizer files suffice): its step times, "
@@ -45,7 +49,8 @@ def measure(args: argparse.Namespace) -> dict:
     return serve_gpu.run(args.model, random_weights=args.random_weights,
                          model_config=args.model_config, **sizes,
                          **given(args, dtype="dtype", instances="instances", top_p="top_p",
-                                 engine="engine", rows="rows", decode_steps="decode_step"))
+                                 engine="engine", rows="rows", decode_steps="decode_step",
+                                 launch_ahead="launch_ahead"))
 
 
 def terminal_table(report: dict) -> str:

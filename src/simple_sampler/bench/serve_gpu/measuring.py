@@ -63,7 +63,7 @@ from ...rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synt
 from ...serving.decoder import Decoder
 from ...serving.samplers import kernel_sample, threaded
 from ...serving.device import resolve
-from ...settings import DECODE_STEPS
+from ...settings import DECODE_STEPS, LlmSettings
 from ...serving.compiled_decode import CompileDecodeError
 from ...serving.static_decode import (StaticEngine, bytes_per_step, copy_bandwidth,
                                      forward_only_ms, model_from_config, synchronize)
@@ -137,7 +137,8 @@ def step_label(mode: str, decode_step: str) -> str:
 async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_batches: int,
                   batch: int, instances: int, warmup: int, measure: int, top_p: float,
                   handoff: str = "full", hot: HotVocab | None = None, engine_kind: str = "eager",
-                  bank=None, decode_step: str = "eager") -> dict:
+                  bank=None, decode_step: str = "eager",
+                  launch_ahead: str = LlmSettings.launch_ahead) -> dict:
     """One row of the report; `hot`: the hot set, for handoff hot-first;
     `bank`: fitted rows to substitute (None: the forward's own)."""
     engine = make_engine(model, engine_kind, batch, warmup, measure, decoder_mode != "inline",
@@ -148,7 +149,8 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
         if decoder_mode == "simple" else None
     if handoff == "hot-first":
         sampler = hot_first_sampler(engine, hot, instances)
-    decoder = Decoder(engine, codec, decoder_mode, sampler, micro_batches)
+    decoder = Decoder(engine, codec, decoder_mode, sampler, micro_batches,
+                      launch_ahead=launch_ahead)
     clock = ForwardClock(engine)
     await decoder.start()
     try:
@@ -232,9 +234,11 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
         instances: int = 2, warmup: int = 8, measure: int = 40, top_p=(0.9,),
         modes=MODES, random_weights: bool = False, model_config: str | None = None,
         engine: str = "static", rows=("flat",), forward_only: bool = True,
-        device: str = "cuda", loaded: tuple | None = None, decode_steps=("eager",)) -> dict:
+        device: str = "cuda", loaded: tuple | None = None, decode_steps=("eager",),
+        launch_ahead: str = LlmSettings.launch_ahead) -> dict:
     """Every mode at every (decode step, rows, top_p, B), and forward_only at
-    every (decode step, B) (static engine); RuntimeError (the reason) without
+    every (decode step, B) (static engine), the decoder's ``launch_ahead``
+    as given (auto: on, on a GPU); RuntimeError (the reason) without
     CUDA (``device`` cpu: the tests' tiny runs, figures that mean nothing).
     ``loaded``: ``load``'s (model, codec, label), to run several times over
     one model. A decode step that does not compile leaves its rows out and
@@ -284,7 +288,7 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
         attempt(step, lambda: {
             **asyncio.run(run_one(model, codec, mode, decoder_mode, micro_batches, batch,
                                   instances, warmup, measure, p, handoff, hot, engine,
-                                  banks[rows_kind], step)),
+                                  banks[rows_kind], step, launch_ahead)),
             "rows": rows_label(rows_kind, vocab)})
     return {"results": add_ratios(results), "errors": errors,
             "gpu": {"name": (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -293,6 +297,7 @@ def run(model_source: str | None = None, dtype: str = "bfloat16", batches=BATCHE
                     "copy_bandwidth_gb_s": bandwidth / 1e9 if forward_only and engine == "static"
                     else None},
             "settings": {"model": label, "engine": engine, "decode_steps": list(decode_steps),
+                         "launch_ahead": launch_ahead,
                          "sampler_instances": instances,
                          "hot_set": hot.size, "warmup_tokens": warmup, "measured_tokens": measure,
                          "params": "temperature 1, top_p as listed, seeded, ignore_end"}}
@@ -321,7 +326,9 @@ def format_report(report: dict) -> str:
              + (f"; copy bandwidth {bandwidth:.0f} GB/s" if bandwidth else "") + "); simple: "
              f"{settings['sampler_instances']} kernel threads in-process standing in for "
              f"simple_sampler instances; gpu_inline: one batched torch pass on the GPU",
-             f"requests: {settings['params']}",
+             f"requests: {settings['params']}; launch_ahead "
+             f"{settings.get('launch_ahead', 'auto')} (auto: on, on a GPU; each row's as it ran "
+             "in the JSON)",
              f"{'mode':<25} {'rows':<7} {'top_p':>5} {'mb':>2} {'B':>4} {'V':>7} {'tok/s':>8} "
              f"{'x inline':>8} {'x bound':>7} {'forward':>8} {'exposed':>8} {'ITL p50':>8} "
              f"{'ITL p95':>8} {'thr':>3} {'fallback':>8} {'HBM est':>8} {'setup':>7}"]
