@@ -138,7 +138,8 @@ class Decoder:
         self.lanes: list[list[DecodeSequence]] = [[] for _ in range(lanes)]
         #: each lane's sequences in a window of slots of its own, never moved
         #: (``engine.SplitsSlots``: a step computes its window whole)
-        self.windowed = lanes > 1 and isinstance(engine, SplitsSlots)
+        # (not with more lanes than slots: some lanes would have no window)
+        self.windowed = 1 < lanes <= engine.max_batch_size and isinstance(engine, SplitsSlots)
         if self.windowed:
             engine.split_slots(lanes)
         self.max_tokens_limit = max_tokens_limit
