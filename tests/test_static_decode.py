@@ -113,7 +113,7 @@ def test_cuda_graphs_replay_the_eager_forwards_tokens(family):
     engine = StaticEngine(model, max_batch_size=9, max_context=32)
     assert engine.graphs.graphed and not engine.graphs.graphs  # captured at first use
     run_schedule(engine, model, tolerance=1e-3)
-    assert engine.graphs.graphs and set(engine.graphs.graphs) <= {1, 8, 9}
+    assert engine.graphs.graphs and set(engine.graphs.graphs) <= {(0, 1), (0, 8), (0, 9)}
 
 
 @CUDA
@@ -197,11 +197,13 @@ def test_the_gpu_bench_runs_every_cell_on_the_cpu(tmp_path):
     assert "forward_only" in serve_gpu.format_report(report)
 
 
-def test_lane_windows_step_their_own_slots_only():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_lane_windows_step_their_own_slots_only(device):
     """split_slots(2): each lane's sequences in a window of slots of its own,
-    and a lane's step computes its window's bucket, not every slot; the rows
-    are still the full recompute's."""
-    model = tiny("llama")
+    and a lane's step computes its window's bucket, not every slot (on CUDA:
+    a graph per window and bucket); the rows are still the full recompute's."""
+    model = tiny("llama", device=device)
+    tolerance = TOLERANCE if device == "cpu" else 1e-3
     engine = StaticEngine(model, max_batch_size=16, max_context=32)
     engine.split_slots(2)
     assert engine.windows == [range(0, 8), range(8, 16)]
@@ -221,13 +223,15 @@ def test_lane_windows_step_their_own_slots_only():
         chosen = logits.argmax(dim=-1).tolist()
         for row, key in enumerate(subset):
             expected = reference_logits(model, tokens[key])
-            assert (logits[row] - expected).abs().max().item() < TOLERANCE
+            assert (logits[row].to(expected.device) - expected).abs().max().item() < tolerance
         engine.append(subset, chosen)
         for key, token in zip(subset, chosen):
             tokens[key].append(token)
     # decode steps only (prefills are eager): each within one window, 8 rows at most
     assert computed and {start for start, _ in computed} == {0, 8}
     assert all(rows <= 8 for _, rows in computed)
+    if engine.graphs.graphed:
+        assert {start for start, _ in engine.graphs.graphs} == {0, 8}
     engine.release("c")
     engine.add("f", [3], lane=1)
     assert engine.sequences["f"].slot == 8  # the window's lowest free slot
