@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from ..settings import LlmSettings
 from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
-    _attention_backends, _SlotSequence
+    _attention_backends
 
 #: batch-size buckets a decode step is padded to (one CUDA graph each)
 BUCKETS = (1, 8, 16, 32, 64, 128, 256)
@@ -287,15 +287,14 @@ class StaticEngine(TorchEngine):
             return super().add(seq_id, prompt_ids, max_tokens)
         window = self.windows[lane]
 
-        def in_window(prompt):
+        def in_window() -> int:
             slot = min((s for s in self.free_slots if s in window), default=None)
             if slot is None:
                 raise RuntimeError(f"every slot of lane {lane}'s window is taken")
             self.free_slots.remove(slot)
-            return _SlotSequence(slot, 0, prompt)
+            return slot
 
-        with self.state_lock:
-            self.sequences.add(seq_id, prompt_ids, in_window)
+        self._add_at(seq_id, prompt_ids, in_window)
 
     @classmethod
     def from_config(cls, config: str | os.PathLike, device: torch.device | str = "cpu",

@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 import torch.nn.attention
@@ -193,9 +193,16 @@ class TorchEngine:
         prompt, one longer than ``max_context - 1`` (room must be left for a
         generated token) or ids outside [0, vocab_size); RuntimeError when
         every slot is taken."""
+        self._add_at(seq_id, prompt_ids, self.free_slots.pop)  # pop(): the lowest
+
+    def _add_at(self, seq_id: Hashable, prompt_ids: Sequence[int],
+                take_slot: Callable[[], int]) -> None:
+        """``add`` into the slot ``take_slot()`` takes off ``free_slots``
+        (called under the state lock, once every check has passed; what it
+        raises leaves the engine as it was)."""
         with self.state_lock:
             self.sequences.add(seq_id, prompt_ids,
-                               lambda prompt: _SlotSequence(self.free_slots.pop(), 0, prompt))
+                               lambda prompt: _SlotSequence(take_slot(), 0, prompt))
 
     def step(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """Next-token logits of the given sequences: ``logits_dtype``
