@@ -1,4 +1,5 @@
 """The served benches' CPU reading of other processes (bench/server_meter)."""
+import os
 import subprocess
 import sys
 import time
@@ -35,3 +36,18 @@ def test_a_few_milliseconds_of_another_process_read_as_more_than_nothing():
     finally:
         child.stdin.close()
         child.wait(timeout=10)
+
+
+def test_where_the_clock_is_refused_the_ticks_are_read(monkeypatch):
+    from simple_sampler.bench import server_meter
+
+    def refused(clock_id):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(server_meter.time, "clock_gettime_ns", refused)
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:  # half a dozen ticks of this process's own CPU
+        pass
+    seconds, _ = process_stat(os.getpid())
+    ticks = seconds * server_meter.CLK_TCK
+    assert seconds >= 0.05 and abs(ticks - round(ticks)) < 1e-6  # whole ticks
