@@ -295,3 +295,38 @@ def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, 
         server.start(timeout=60, stop_requested=lambda: time.monotonic() > asked)
     assert time.monotonic() - asked < 5
     assert server.process.poll() is not None and server.watcher.poll() is not None
+
+
+HOLDER = """
+import mmap, os, sys, time, uuid
+names = [f"triton_python_backend_shm_region_{uuid.uuid4()}" for _ in range(2)]
+opened = os.open(f"/dev/shm/{names[0]}", os.O_CREAT | os.O_RDWR)  # not sized, not mapped yet
+mapped = os.open(f"/dev/shm/{names[1]}", os.O_CREAT | os.O_RDWR)
+os.ftruncate(mapped, 4096)
+region = mmap.mmap(mapped, 4096)
+os.close(mapped)
+print(*names, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_group_leaves_no_region_it_held_open_or_mapped():
+    """A server killed while its models load may hold a stub's region only
+    open, empty, before sizing and mapping it (a CI run left three such):
+    end_group finds it by the process's file descriptors, and a mapped one
+    by its maps, and removes both."""
+    from simple_sampler.launch.processes import end_group
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    names = holder.stdout.readline().split()
+    try:
+        assert len(names) == 2 and mapped_regions(holder.pid) == set(names)
+        killed, removed = end_group(holder.pid)
+        assert killed == [holder.pid] and sorted(removed) == sorted(names)
+        assert not any((SHM_DIRECTORY / name).exists() for name in names)
+    finally:
+        holder.kill()
+        holder.wait()
+        for name in names:  # this test's own, should it fail
+            (SHM_DIRECTORY / name).unlink(missing_ok=True)

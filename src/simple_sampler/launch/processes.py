@@ -71,22 +71,28 @@ BACKEND_REGION = re.compile(r"^triton_\w*_shm_region_[0-9a-f-]+$")
 
 
 def mapped_regions(pid: int) -> set[str]:
-    """The backend regions (BACKEND_REGION) that process `pid` maps. Triton
-    creates and maps a stub's region before it starts the stub, so a server
-    stopped in that moment holds a region that no stub's command line names
-    yet; its maps do."""
+    """The backend regions (BACKEND_REGION) that process `pid` maps or holds
+    open. Triton creates and maps a stub's region before it starts the stub,
+    so a server stopped in that moment holds a region that no stub's command
+    line names yet: its maps name it, and before it is sized and mapped (an
+    empty file, which a CI run left behind: several models load at once)
+    only its open file descriptors do."""
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            lines = maps.read().splitlines()
+            paths = [fields[5].removesuffix(" (deleted)").strip()
+                     for line in maps.read().splitlines()
+                     # address perms offset dev inode [path]
+                     if len(fields := line.split(maxsplit=5)) == 6]
+        descriptors = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return set()
-    names = set()
-    for line in lines:
-        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
-        path = fields[5].removesuffix(" (deleted)").strip() if len(fields) == 6 else ""
-        if path.startswith(f"{SHM_DIRECTORY}/") and BACKEND_REGION.match(Path(path).name):
-            names.add(Path(path).name)
-    return names
+    for descriptor in descriptors:
+        try:
+            paths.append(os.readlink(f"/proc/{pid}/fd/{descriptor}"))
+        except OSError:  # closed meanwhile
+            continue
+    return {Path(path).name for path in paths
+            if path.startswith(f"{SHM_DIRECTORY}/") and BACKEND_REGION.match(Path(path).name)}
 
 
 def group_members(group: int) -> dict[int, list[str]]:
