@@ -28,7 +28,8 @@ def parts(phase: str) -> tuple[str, str, list[dict]]:
     if phase == "serial":
         return ("serve-gpu-serial-{shape}",
                 "--model-config {shape} --rows fitted --top-p 1 --launch-ahead off",
-                [{"modes": modes(kernel_modes(), "flat"), "batches": BATCHES, "instances": 8,
+                [{"modes": modes(kernel_modes(), overlap=False), "batches": BATCHES,
+                  "instances": 8,
                   "top_p": (1.0,), "rows": ("fitted",), "forward_only": False,
                   "launch_ahead": "off"}])
     if phase == "compiled":
@@ -38,7 +39,8 @@ def parts(phase: str) -> tuple[str, str, list[dict]]:
                  for step in ("eager", "compiled") for batch in BATCHES])
     cells = [(rows, top_p) for rows in ("flat", "fitted") for top_p in (1.0, 0.95)]
     return ("serve-gpu-{shape}", "--model-config {shape}",
-            [{"modes": modes(kernel_modes(), rows), "batches": BATCHES, "instances": 8,
+            [{"modes": modes(kernel_modes(), overlap=rows == "fitted"), "batches": BATCHES,
+              "instances": 8,
               "top_p": (top_p,), "rows": (rows,), "forward_only": index == 0}
              for index, (rows, top_p) in enumerate(cells)])
 
@@ -52,11 +54,11 @@ def kernel_modes() -> tuple[str, ...]:
         return ("gpu_inline",)
 
 
-def modes(wanted: tuple[str, ...], rows: str) -> list[tuple]:
-    """serve-gpu's modes by name; with fitted rows also simple_overlap (two
+def modes(wanted: tuple[str, ...], overlap: bool) -> list[tuple]:
+    """serve-gpu's modes by name; with `overlap` also simple_overlap (two
     lanes, each its own window of the static engine's slots), where the
     kernels import."""
-    if rows == "fitted" and "simple" in wanted:
+    if overlap and "simple" in wanted:
         wanted += ("simple_overlap",)
     return [m for m in serve_gpu.MODES if m[0] in wanted]
 
