@@ -19,7 +19,7 @@ import pytest
 
 from simple_sampler import models
 from simple_sampler.client import GenerateClient
-from simple_sampler.launch.processes import alive, list_stubs, mapped_regions
+from simple_sampler.launch.processes import alive, list_stubs, held_regions
 from simple_sampler.launch.server import free_ports
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.rows import ROWS_VERSION, SYNTHETIC_SOURCE_ROWS, real_rows
@@ -148,7 +148,7 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
         assert os.readlink(f"/proc/{triton}/exe").startswith(f"{dest}/venv/")
         stubs = list_stubs(triton)
         servers = [triton, *(stub.pid for stub in stubs)]
-        regions = mapped_regions(triton) | {stub.shm_region for stub in stubs}
+        regions = held_regions(triton) | {stub.shm_region for stub in stubs}
         assert stubs and regions
         for stub in stubs:
             maps = Path(f"/proc/{stub.pid}/maps").read_text()

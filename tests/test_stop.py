@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import slow_tritonserver
 
-from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs, mapped_regions
+from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs, held_regions
 from simple_sampler.pids import alive
 from simple_sampler.launch.server import TritonServer, free_ports, port_in_use
 from simple_sampler.launch.supervisor import arena_prefix
@@ -66,7 +66,7 @@ class ServeRun:
         self.lines: list[str] = []
         self.server_pid = self.lifeline_pid = self.repository = None
         self.stubs = {}
-        self.mapped: set[str] = set()  # backend regions the server was seen to map
+        self.held: set[str] = set()  # backend regions the server was seen to map or hold open
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -84,7 +84,7 @@ class ServeRun:
                 self.stubs.update((stub.pid, stub) for stub in list_stubs(self.server_pid))
                 # Triton maps a stub's region before the stub starts: one
                 # stopped in that moment leaves a region no stub names.
-                self.mapped.update(mapped_regions(self.server_pid))
+                self.held.update(held_regions(self.server_pid))
             time.sleep(0.05)
 
     @property
@@ -118,7 +118,7 @@ class ServeRun:
                 held.append(int(entry.name))
         arenas = tuple(f"{arena_prefix()}{pid}-" for pid in self.stubs)
         regions = sorted(name for name in {stub.shm_region for stub in self.stubs.values()}
-                         | self.mapped if (SHM_DIRECTORY / name).exists())
+                         | self.held if (SHM_DIRECTORY / name).exists())
         regions += [name for name in os.listdir(SHM_DIRECTORY) if arenas and name.startswith(arenas)]
         ports = [port for port in self.ports.values() if port_in_use(port)]
         return {key: value for key, value in
@@ -321,7 +321,7 @@ def test_a_killed_group_leaves_no_region_it_held_open_or_mapped():
                               start_new_session=True)
     names = holder.stdout.readline().split()
     try:
-        assert len(names) == 2 and mapped_regions(holder.pid) == set(names)
+        assert len(names) == 2 and held_regions(holder.pid) == set(names)
         killed, removed = end_group(holder.pid)
         assert killed == [holder.pid] and sorted(removed) == sorted(names)
         assert not any((SHM_DIRECTORY / name).exists() for name in names)

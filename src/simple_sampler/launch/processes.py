@@ -70,7 +70,7 @@ def list_stubs(server_pid: int) -> list[Stub]:
 BACKEND_REGION = re.compile(r"^triton_\w*_shm_region_[0-9a-f-]+$")
 
 
-def mapped_regions(pid: int) -> set[str]:
+def held_regions(pid: int) -> set[str]:
     """The backend regions (BACKEND_REGION) that process `pid` maps or holds
     open. Triton creates and maps a stub's region before it starts the stub,
     so a server stopped in that moment holds a region that no stub's command
@@ -140,7 +140,7 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
     stubs = [stub for pid, argv in frozen.items()
              if (stub := Stub.from_cmdline(pid, argv)) is not None]
     # Read while frozen: the regions of stubs Triton was just starting too.
-    mapped = set().union(*(mapped_regions(pid) for pid in frozen)) if frozen else set()
+    held = set().union(*(held_regions(pid) for pid in frozen)) if frozen else set()
     for pid in frozen:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -150,7 +150,7 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
     while any(alive(pid) for pid in frozen) and time.monotonic() < deadline:
         time.sleep(0.02)
     arenas = tuple(f"{arena_prefix}{stub.pid}-" for stub in stubs) if arena_prefix else ()
-    regions = sorted({stub.shm_region for stub in stubs} | mapped)
+    regions = sorted({stub.shm_region for stub in stubs} | held)
     if arenas:
         regions += sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(arenas))
     return sorted(frozen), unlink_shm(regions)
