@@ -49,6 +49,19 @@ def in_flight(server) -> float:
     return llm_metric(server, "requests_in_flight")
 
 
+def test_every_model_process_froze_its_heap_once_ready(server):
+    """Each stub ends its initialize by freezing its heap (``heap.freeze``),
+    so that no full collection of the garbage collector walks the model,
+    the tokenizer and torch while requests are served."""
+    frozen = dict(re.findall(r" simple_sampler\.heap: (\S+): (\d+) objects frozen",
+                             server.log_path.read_text()))
+    kinds = {name.rsplit("_", 2)[0] for name in frozen}
+    assert kinds == {"llm", "preprocessing", "simple_sampler"}, frozen
+    assert sum(name.startswith("simple_sampler") for name in frozen) == 2, frozen
+    # torch and a tokenizer imported: a large heap a full collection would walk
+    assert int(frozen[next(n for n in frozen if n.startswith("llm"))]) > 100_000, frozen
+
+
 def test_greedy_answer_names_paris(server):
     answer = http(server).generate(QUESTION, max_tokens=24, temperature=0.0,
                                    apply_chat_template=True, exclude_input_in_output=True)

@@ -17,7 +17,7 @@ from simple_sampler.row_arena import RowReader
 from simple_sampler.sampling import dlpack_array
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows
-from simple_sampler import logs
+from simple_sampler import heap, logs
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.counters import BatchedCounters
 from simple_sampler.triton.sampler_serve import serve_request
@@ -84,6 +84,7 @@ class TritonPythonModel:
         log.info("%s ready: max_batch_size %s, parameters %s, hot set %s", self.instance,
                  config.get("max_batch_size"), settings.parameters(),
                  f"of {len(self.hot_vocab.ids)} ids" if self.hot_vocab else "off")
+        heap.freeze(self.instance)
 
     def execute(self, requests):
         started = time.thread_time()

@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.counters import REPORT_INTERVAL_S
 from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializer
-from simple_sampler import logs
+from simple_sampler import heap, logs
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.schema import InvalidRequest
@@ -126,6 +126,7 @@ class TritonPythonModel:
         self.report_lock = threading.Lock()
         self.next_report = 0.0
         self.reported_in_flight = 0
+        heap.freeze(self.instance)  # last: the model, its tokenizer and the service stay
 
     def execute(self, requests):
         for request in requests:

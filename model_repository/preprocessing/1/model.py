@@ -6,7 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.serving.text import TextCodec
-from simple_sampler import logs
+from simple_sampler import heap, logs
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.generate_io import encode_prompt
 
@@ -21,6 +21,7 @@ class TritonPythonModel:
         self.instance = args["model_instance_name"]
         log.info("%s ready: tokenizer of %s", self.instance,
                  parameters["model"]["string_value"] or "SmolLM2-135M-Instruct")
+        heap.freeze(self.instance)
 
     def execute(self, requests):
         responses = []

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .. import heap
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError, project_file
@@ -247,6 +248,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         if openai is not None:
             print(f"openai frontend ready on {openai.url}/v1 (model {openai.served.model_id})",
                   flush=True)
+            heap.freeze("serve (the OpenAI front door)")  # its tokenizer and app stay
         if demo:
             show_demo(server, demo, stopping)
         while not stopping.is_set() and (server.process.poll() is None or (

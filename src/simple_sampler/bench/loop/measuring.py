@@ -23,12 +23,12 @@ history gathered, the worst case).
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 
 import numpy as np
 import torch
 
+from ... import heap
 from ...params import History, SamplingBatch, SamplingParams, ragged
 from ...serving.batch_state import BatchState
 from ...serving.decoder import Decoder
@@ -124,8 +124,10 @@ def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history:
         await decoder.close()
         return decoder.stats
 
-    gc.collect()  # each run starts from a collected heap, whatever ran before it
-    stats = asyncio.run(run())
+    # each run starts from a collected heap, whatever ran before it, frozen
+    # as a served stub's is (llm/1/model.py)
+    with heap.frozen("bench loop"):
+        stats = asyncio.run(run())
     return {"loop_ms_per_step": 1e3 * stats.loop_s / stats.steps, "steps": stats.steps}
 
 

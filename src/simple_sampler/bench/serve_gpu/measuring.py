@@ -58,6 +58,7 @@ import functools
 import gc
 import time
 
+from ... import heap
 from ...models import load_model, random_model
 from ...rows import HOT_ROWS_SOURCE, SMOLLM2_VOCAB, map_hot_ids, real_rows, synthetic_hot_rows
 from ...serving.decoder import Decoder
@@ -154,8 +155,9 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
     clock = ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, clock, batch, engine.vocab_size, warmup, measure,
-                                 top_p)
+        with heap.frozen("bench serve-gpu"):  # as a served stub's heap (llm/1/model.py)
+            figures = await _measure(decoder, clock, batch, engine.vocab_size, warmup,
+                                     measure, top_p)
     finally:
         await decoder.close()
     stats = getattr(sampler, "stats", None)  # the hot-first sampler's rows and fallbacks

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from ... import heap
 from ...params import SamplingBatch, SamplingParams
 from ...rows import HOT_ROWS_SOURCE, map_hot_ids
 from ...sampling import sample
@@ -222,7 +223,8 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     clock = ForwardClock(engine)
     await decoder.start()
     try:
-        figures = await _measure(decoder, clock, batch, vocab, warmup, measure, top_p)
+        with heap.frozen("bench serve-sim"):  # as a served stub's heap (llm/1/model.py)
+            figures = await _measure(decoder, clock, batch, vocab, warmup, measure, top_p)
     finally:
         await decoder.close()
     ideal = batch / (step_ms / 1e3)
