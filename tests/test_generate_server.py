@@ -73,6 +73,7 @@ def test_greedy_answer_names_paris(server):
         time.sleep(0.05)
     assert 0 < llm_metric(server, "loop_us_total") < llm_metric(server, "data_plane_us_total")
     assert llm_metric(server, "bridge_us_total") == 0  # exported; only TensorRT-LLM has a bridge
+    assert llm_metric(server, "gc_pause_us_total") >= 0  # exported (a regex miss raises)
     assert answer.finish_reason == "stop"
     assert answer.num_output_tokens == len(answer.token_ids) > 0
 

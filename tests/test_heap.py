@@ -41,3 +41,17 @@ def test_frozen_thaws_when_the_body_ends_so_a_cell_s_engine_is_collected():
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert engine_ref() is None
+
+
+def test_the_pause_clock_counts_each_collection_and_its_time():
+    clock = heap.PauseClock().install()
+    try:
+        for _ in range(3):
+            Node()  # garbage for the collection to find
+            gc.collect()
+        assert clock.collections[2] == 3
+        assert clock.seconds > 0
+        gc.collect(0)
+        assert clock.collections[0] == 1 and clock.collections[2] == 3
+    finally:
+        gc.callbacks.remove(clock._on_collection)

@@ -81,6 +81,7 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
             assert row[key] > 0, key
         assert row["cpu_us_per_token"]["server"] > 0
         assert row["llm_ms_per_step"]["forward"] > 0
+        assert row["llm_ms_per_step"]["gc"] >= 0  # the llm model's counter, read (not None)
     (bound,) = report["forward_only"]
     assert bound["tokens_per_s"] > 0 and bound["hbm_estimate_ms"] > 0
     for server in report["servers"]:  # stopped cleanly, its log kept
@@ -91,6 +92,7 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     markdown = served.format_report(report)
     assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
     assert "simple_overlap: simple on two lanes" in markdown
+    assert "| gc ms/step |" in markdown
 
 
 def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):

@@ -16,6 +16,7 @@ Standard library only: a Triton stub calls :func:`freeze` last in its
 ``initialize``. A bench measuring several cells in one process brackets each
 cell with :func:`frozen`, which thaws the heap again when the cell ends, so
 that the cell's engine, and on a GPU its cache, can still be collected.
+:class:`PauseClock` times the collections that still run.
 """
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ def frozen(context: str) -> Iterator[int]:
         yield freeze(context)
     finally:
         gc.unfreeze()
+
+
+class PauseClock:
+    """The collections run since :meth:`install`, by generation, and the
+    seconds they took (``gc.callbacks``): while one runs it holds the GIL,
+    so every thread of the process waits that long. The llm model reports
+    the seconds as ``simple_llm_gc_pause_us_total``; the served benches
+    turn it into milliseconds per step."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def install(self) -> "PauseClock":
+        gc.callbacks.append(self._on_collection)
+        return self
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.collections[info["generation"]] += 1

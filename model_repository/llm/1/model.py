@@ -111,6 +111,9 @@ class TritonPythonModel:
                                                "their rows"),
                            ("steps", "Decode steps (one forward each)"),
                            ("sampler_retries", "Sampler requests sent again after a failure"),
+                           ("gc_pause_us", "Time the garbage collector's collections held this "
+                                           "process (every thread waits), since its heap was "
+                                           "frozen"),
                            ("bridge_us", "TensorRT-LLM bridge's own time per iteration, summed: "
                                          "staging rows, masking them (0 for other engines)")):
             family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
@@ -127,6 +130,7 @@ class TritonPythonModel:
         self.next_report = 0.0
         self.reported_in_flight = 0
         heap.freeze(self.instance)  # last: the model, its tokenizer and the service stay
+        self.gc_pauses = heap.PauseClock().install()  # what collections cost from here on
 
     def execute(self, requests):
         for request in requests:
@@ -194,7 +198,8 @@ class TritonPythonModel:
                   "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
                   "forward_wait_us": int(stats.forward_wait_s * 1e6), "steps": stats.steps,
                   "sampler_retries": stats.sampler_retries,
-                  "bridge_us": int(self.service.bridge_s * 1e6)}
+                  "bridge_us": int(self.service.bridge_s * 1e6),
+                  "gc_pause_us": int(self.gc_pauses.seconds * 1e6)}
         for name, total in totals.items():
             self.metrics[name].increment(total - self.reported[name])
             self.reported[name] = total

@@ -90,7 +90,8 @@ class Meter:
 
 
 #: The llm model's counters (``simple_llm_<name>_total``) read around a level.
-LLM_COUNTERS = ("loop_us", "steps", "data_plane_us", "sampler_us", "forward_wait_us")
+LLM_COUNTERS = ("loop_us", "steps", "data_plane_us", "sampler_us", "forward_wait_us",
+                "gc_pause_us")
 
 
 def llm_counters(server, names: tuple[str, ...] = LLM_COUNTERS) -> dict[str, float]:

@@ -192,14 +192,16 @@ async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None,
 def step_figures(before: dict, after: dict, tokens: int) -> dict:
     """Over a level: the decode loop's CPU per token, and per step (ms) the
     forward, the sampler (wall, overlapped or not) and the forward's wait
-    for the data-plane thread and the decode loop (``DecoderStats``)."""
+    for the data-plane thread and the decode loop (``DecoderStats``), and
+    the llm process's garbage collections (``heap.PauseClock``)."""
     delta = {name: after[name] - before[name] for name in LLM_COUNTERS}
     steps = delta["steps"]
     return {"llm_loop_us_per_token": delta["loop_us"] / tokens,
             "llm_ms_per_step": {key: delta[counter] / 1e3 / steps if steps else None
                                 for key, counter in (("forward", "data_plane_us"),
                                                      ("sampler", "sampler_us"),
-                                                     ("forward_wait", "forward_wait_us"))}}
+                                                     ("forward_wait", "forward_wait_us"),
+                                                     ("gc", "gc_pause_us"))}}
 
 
 def sampler_figures(before: dict | None, after: dict | None, samplers_us_per_token: float,

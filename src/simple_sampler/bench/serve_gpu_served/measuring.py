@@ -298,8 +298,9 @@ def format_report(report: dict) -> str:
               f"{r['hbm_estimate_ms']:.2f} |" for r in report["forward_only"]]
     lines += ["", "| mode | B | top_p | tok/s | efficiency | x inline | ITL p50 ms | ITL p95 ms "
               "| server cores busy | client cores busy | server us/tok | tritonserver | llm | "
-              "preprocessing | samplers | client | forward ms/step | sampler ms/step |",
-              "|" + "---|" * 18]
+              "preprocessing | samplers | client | forward ms/step | sampler ms/step | "
+              "gc ms/step |",
+              "|" + "---|" * 19]
     for r in report["results"]:
         cpu, step = r["cpu_us_per_token"], r["llm_ms_per_step"]
         lines.append(
@@ -310,13 +311,14 @@ def format_report(report: dict) -> str:
             f"{cpu['server']:.0f} | {cpu['tritonserver']:.0f} | "
             f"{cpu['llm']:.0f} | {cpu['preprocessing']:.0f} | {cpu['samplers']:.0f} | "
             f"{cpu['client']:.0f} | {_cell(step['forward'], '.2f')} | "
-            f"{_cell(step['sampler'], '.2f')} |")
+            f"{_cell(step['sampler'], '.2f')} | {_cell(step.get('gc'), '.2f')} |")
     lines += ["", "efficiency = tok/s over forward_only's at the same B (the data plane alone, "
               "in-process, argmax fed back on the device); x inline = over inline's at the same "
               "B and top_p; CPU columns: microseconds per token received (each process's CPU "
               "clock); server cores busy = every server process's CPU seconds per second of "
               "the window (one GPU); client cores busy near 1: the one client process may be "
-              "what limits tok/s. Rows: " + report["rows"] + "."]
+              "what limits tok/s; gc = the llm process's garbage collections (every thread "
+              "waits), its heap frozen at start. Rows: " + report["rows"] + "."]
     if any(r["mode"] == "simple_overlap" for r in report["results"]):
         lines[-1] += (" simple_overlap: simple on two lanes (micro-batches), each stepping its "
                       "own window of the static engine's slots, one lane's sampler beside the "
