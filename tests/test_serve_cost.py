@@ -92,7 +92,9 @@ def test_serve_cost_quick_through_a_real_server(capsys):
     assert floor["cpu_us_per_token"]["llm"] < one["cpu_us_per_token"]["llm"]
     assert one["cpu_us_per_token"]["samplers"] > 0 and one["llm_loop_us_per_token"] > 0
     assert floor["llm_loop_us_per_token"] == 0  # the llm model served nothing
-    assert floor["llm_ms_per_step"] == {"forward": None, "sampler": None, "forward_wait": None}
+    assert floor["llm_ms_per_step"] == {"forward": None, "sampler": None, "forward_wait": None,
+                                        "gc": None}
+    assert one["llm_ms_per_step"]["gc"] >= 0  # the llm model's counter, read (not None)
     # the sampler instances' requests and their execute's CPU are counted (Triton's request
     # count and the llm's step count are read at slightly different moments: no ratio of 1)
     assert floor["sampler_requests_per_step"] is None and floor["sampler_us_per_request"] is None
