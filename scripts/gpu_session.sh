@@ -13,8 +13,9 @@
 #
 # SESSION_S (default 560): the whole run's seconds; SERVED_LIMIT_S (default
 # 280) bounds the served benchmark; SERVED_ARGS (default "--instances 8
-# --stream-interval 16": the first run's was --instances 8, one response a
-# token) are its options; SHAPES: gpu_bench.sh's (default "llama-3.2-1b llama-3.1-8b").
+# --stream-interval 16 --stacks": the first run's was --instances 8, one
+# response a token; --stacks: where the llm stub's threads spend their wall
+# time, in served/server-logs/stacks/) are its options; SHAPES: gpu_bench.sh's (default "llama-3.2-1b llama-3.1-8b").
 # GIT_COMMIT: the commit, where the checkout has no .git. DEVICE=cpu with
 # SERVED_ARGS="--device cpu --quick" is a dry run on a CPU host.
 set -uo pipefail
@@ -33,7 +34,7 @@ summary="$work/README.md"
     echo "# gpu_session.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
     echo "- command: \`$0 $*\` (SESSION_S=$session_s, SERVED_LIMIT_S=${SERVED_LIMIT_S:-280}," \
-         "SERVED_ARGS=\"${SERVED_ARGS:---instances 8 --stream-interval 16}\", SHAPES=\"${SHAPES:-llama-3.2-1b llama-3.1-8b}\")"
+         "SERVED_ARGS=\"${SERVED_ARGS:---instances 8 --stream-interval 16 --stacks}\", SHAPES=\"${SHAPES:-llama-3.2-1b llama-3.1-8b}\")"
     echo "- commit: $commit"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
         2> /dev/null | sed 's/^/- gpu: /'
@@ -41,7 +42,7 @@ summary="$work/README.md"
 } > "$summary"
 
 # -- 1. served (install + real servers) ----------------------------------------------
-BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8 --stream-interval 16}" \
+BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8 --stream-interval 16 --stacks}" \
     bash "$ROOT/scripts/gpu_served_run.sh" "$work/served" --bundle "$bundle" \
     --python "${HOST_PYTHON:-python3}" > "$work/served-run.log" 2>&1
 echo "- served run: exit $?, done at $(elapsed) s" >> "$summary"

@@ -69,7 +69,8 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
 
     modes = [m for m in served.MODES if m.name in ("simple_overlap", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
-                        modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs")
+                        modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs",
+                        stacks=True)
     assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
     assert [(r["mode"], r["micro_batches"]) for r in report["results"]] == [
         ("inline", 1), ("simple_overlap", 2)]
@@ -93,6 +94,11 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
     assert "simple_overlap: simple on two lanes" in markdown
     assert "| gc ms/step |" in markdown
+    # --stacks: each server's llm stub sampled its threads, its decode loop among them
+    assert "- stacks: the llm stub's threads sampled every 5 ms" in markdown
+    for mode in ("inline", "simple_overlap"):
+        (stacks,) = (tmp_path / "logs" / "stacks" / mode).glob("llm-*.stacks")
+        assert any(line.startswith("decode-loop;") for line in stacks.read_text().splitlines())
 
 
 def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):

@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 from simple_sampler.triton.counters import REPORT_INTERVAL_S
 from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializer
 from simple_sampler import heap, logs
+from simple_sampler.stacks import StackSampler
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.schema import InvalidRequest
@@ -131,6 +132,7 @@ class TritonPythonModel:
         self.reported_in_flight = 0
         heap.freeze(self.instance)  # last: the model, its tokenizer and the service stay
         self.gc_pauses = heap.PauseClock().install()  # what collections cost from here on
+        self.stacks = StackSampler.from_env(f"llm-{os.getpid()}")  # $SIMPLE_SAMPLER_STACKS_DIR
 
     def execute(self, requests):
         for request in requests:
@@ -206,4 +208,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.service.close()
+        if self.stacks is not None:
+            log.info("%s: its threads' stacks in %s", self.instance, self.stacks.stop())
         log.info("%s unloaded", self.instance)

@@ -40,6 +40,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
                                           "temporary folder, named in the report)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
+    parser.add_argument("--stacks", action="store_true",
+                        help="each llm stub samples its threads' Python stacks (wall time, "
+                             "simple_sampler.stacks) into LOG_DIR/stacks/MODE/")
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -49,7 +52,8 @@ def measure(args: argparse.Namespace) -> dict:
                                               max_tokens="max_tokens")
     if args.modes:
         sizes["modes"] = [mode for mode in served.MODES if mode.name in args.modes]
-    report = served.run(model=args.model, dtype=args.dtype, log_dir=args.log_dir, **sizes,
+    report = served.run(model=args.model, dtype=args.dtype, log_dir=args.log_dir,
+                        stacks=args.stacks, **sizes,
                         **given(args, device="device", model_config="model_config",
                                 instances="instances", micro_batches="micro_batches",
                                 stream_interval="stream_interval",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -43,6 +44,7 @@ from pathlib import Path
 from ...launch.serve import assemble_repository, shared_memory_bytes
 from ...serving.engines import engine_spec, startup_timeout
 from ...settings import LlmSettings
+from ...stacks import INTERVAL_S as STACKS_INTERVAL_S, STACKS_ENV
 from ..serve_cost.measuring import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
 from ..server_meter import Meter, llm_counters, server_processes
 from ..serve_cost.measuring import Config as Load
@@ -186,9 +188,11 @@ def measure_cell(server, processes: dict[str, int], mode: ServedMode, batch: int
 
 
 def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: int,
-               log_dir: Path) -> tuple[list[dict], dict]:
+               log_dir: Path, stacks: bool = False) -> tuple[list[dict], dict]:
     """One mode's server: started, measured at every (B, top_p), stopped
-    (its log kept in ``log_dir``); its rows, and what it ran and left."""
+    (its log kept in ``log_dir``); its rows, and what it ran and left.
+    stacks: its llm stub samples its threads' stacks (``simple_sampler.stacks``)
+    into ``log_dir/stacks/<mode>/``."""
     from ...launch.processes import list_stubs
     from ...launch.server import TritonServer
 
@@ -204,13 +208,17 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     log = log_dir / f"{mode.name}.log"
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log)
     stubs = []
+    if stacks:  # the server's environment: its stubs read it
+        os.environ[STACKS_ENV] = str(log_dir / "stacks" / mode.name)
     try:
         server.start(startup_timeout("static"))
+        os.environ.pop(STACKS_ENV, None)
         stubs = list_stubs(server.process.pid)
         processes = server_processes(server.process.pid)
         rows = [measure_cell(server, processes, mode, b, p, max_tokens, settings)
                 for b in batches for p in top_ps]
     finally:
+        os.environ.pop(STACKS_ENV, None)
         status = server.stop()
         shutil.rmtree(repository, ignore_errors=True)
     return rows, {"mode": mode.name, "log": str(log), "exit_status": status,
@@ -221,12 +229,14 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         model: str | None = None, dtype: str | None = None, batches=BATCHES, top_ps=TOP_PS,
         modes=DEFAULT_MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
         stream_interval: int = 1, log_dir: str | Path | None = None,
-        launch_ahead: str = LlmSettings.launch_ahead, decode_step: str = "eager") -> dict:
+        launch_ahead: str = LlmSettings.launch_ahead, decode_step: str = "eager",
+        stacks: bool = False) -> dict:
     """Every mode's server at every (B, top_p), and forward_only at every B,
     on the static engine's ``decode_step`` (eager, or compiled: ``serve
     --compile-decode``). dtype: bfloat16 on cuda, float32 on the CPU unless
     given. RuntimeError (the reason) when ``device`` cannot run here;
-    CompileDecodeError when the compiled step does not compile here."""
+    CompileDecodeError when the compiled step does not compile here.
+    stacks: each llm stub's threads sampled (``run_server``), said in the report."""
     if max_tokens < RESPONSES_PER_REQUEST * stream_interval:
         raise ValueError(f"max_tokens must be at least {RESPONSES_PER_REQUEST} x the stream "
                          f"interval ({RESPONSES_PER_REQUEST * stream_interval}), got {max_tokens}")
@@ -244,7 +254,8 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
     rows = rows_label(model_config)
     results, servers = [], []
     for mode in modes:
-        rows_of_mode, server = run_server(mode, settings, batches, top_ps, max_tokens, logs)
+        rows_of_mode, server = run_server(mode, settings, batches, top_ps, max_tokens, logs,
+                                          stacks)
         results += rows_of_mode
         servers.append(server)
         # what a run cut off before its end keeps: the modes measured so far
@@ -265,6 +276,9 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
             "server_logs": str(logs), "servers": servers,
             "settings": {**settings, "max_tokens": max_tokens, "route": ROUTE,
                          "warm_up_tokens": WARM_UP_TOKENS,
+                         "stacks": (f"the llm stub's threads sampled every "
+                                    f"{1e3 * STACKS_INTERVAL_S:g} ms (simple_sampler.stacks), "
+                                    f"in {logs / 'stacks'}" if stacks else None),
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request, on this host",
                          "params": "temperature 1, top_p as listed, seeded, min_length = "
@@ -292,7 +306,8 @@ def format_report(report: dict) -> str:
              f"- client: {settings['client']}; route {settings['route']}; requests: "
              f"{settings['params']}, {settings['max_tokens']} tokens; window: "
              f"{settings['window']}",
-             f"- server logs: {report['server_logs']}", "",
+             f"- server logs: {report['server_logs']}",
+             *([f"- stacks: {settings['stacks']}"] if settings.get("stacks") else []), "",
              "| B | forward_only tok/s | ms/step | HBM estimate ms |", "|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['tokens_per_s']:.0f} | {r['ms_per_step']:.2f} | "
               f"{r['hbm_estimate_ms']:.2f} |" for r in report["forward_only"]]
