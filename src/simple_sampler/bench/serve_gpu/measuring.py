@@ -149,7 +149,7 @@ async def run_one(model, codec: TextCodec, mode: str, decoder_mode: str, micro_b
     sampler = threaded(functools.partial(kernel_sample, num_threads=instances)) \
         if decoder_mode == "simple" else None
     if handoff == "hot-first":
-        sampler = hot_first_sampler(engine, hot, instances)
+        sampler = hot_first_sampler(engine, hot, instances, micro_batches)
     decoder = Decoder(engine, codec, decoder_mode, sampler, micro_batches,
                       launch_ahead=launch_ahead)
     clock = ForwardClock(engine)

@@ -180,7 +180,7 @@ async def _measure(decoder: Decoder, clock: ForwardClock, batch: int, vocab: int
             "itl_ms_p95": float(np.percentile(gaps, 95)) * 1e3}
 
 
-def hot_first_sampler(engine, hot: HotVocab, instances: int):
+def hot_first_sampler(engine, hot: HotVocab, instances: int, lanes: int = 1):
     """The llm model's hot-first sampler in-process: the engine's summary
     (the simulated engine's modelled GPU step, the torch engine's CUDA
     graph: ``triton.hot_first_sampler.hot_first_sampler``), compact rows
@@ -195,7 +195,7 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int):
         return serve_request(inputs, engine.vocab_size, hot).outputs
 
     pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)])
-    return hot_first.hot_first_sampler(engine, pool, hot)
+    return hot_first.hot_first_sampler(engine, pool, hot, lanes)
 
 
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
@@ -214,7 +214,7 @@ async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: i
     sample_fn = hot_sample or functools.partial(kernel_sample, num_threads=threads)
     sampler = threaded(sample_fn) if mode == "simple" else None
     if mode == "simple" and handoff == "hot-first":
-        sampler = hot_first_sampler(engine, hot, instances)
+        sampler = hot_first_sampler(engine, hot, instances, micro_batches)
     decoder = Decoder(engine, codec, mode, sampler, micro_batches, launch_ahead=launch_ahead)
     if mode == "inline_kernels":
         # The decoder's inline path calls local_sample (samplers.kernel_sample
