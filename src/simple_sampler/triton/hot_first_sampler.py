@@ -28,8 +28,8 @@ COMPACT_ROWS_PER_REQUEST = 128
 #: so its few dozen rows (~100 us each at V = 128K) are spread over them,
 #: where full rows go 64 to a request otherwise (``sampler_shard_min_rows``,
 #: which weighs CPU, not latency). With two lanes the other lane's compact
-#: round wants the instances meanwhile: spread there, one lane's fallbacks
-#: slowed the other's (docs/results/fallback-shards-2026-11-29.md).
+#: round wants the instances meanwhile, so the rows go as full rows do.
+#: One lane, before and after: docs/results/fallback-shards-2026-11-29.md.
 FALLBACK_ROWS_PER_REQUEST = 8
 
 
