@@ -1,12 +1,13 @@
 """The garbage collector in a serving process: its heap frozen once the
 process is ready, so that a full collection no longer walks it.
 
-A process that has imported torch, transformers and a tokenizer holds some
-300,000 objects the collector tracks (the llm stub: 308,330 at the end of
-``initialize``). CPython's full collection walks every one of them: 130-150 ms
-on this project's CPU host, holding the GIL, so the decode loop and every
-other thread of the process stand still for that long, once every few
-hundred thousand surviving allocations. ``gc.freeze`` moves the objects alive
+A process that has imported torch, transformers and a tokenizer holds
+hundreds of thousands of objects the collector tracks (the llm stub serving
+SmolLM2: 400,400; docs/results/gc-freeze-2026-11-29.md). CPython's full
+collection walks every one of them (181 ms there, on the project's 2-core
+host), holding the GIL, so the decode loop and every other thread of the
+process stand still for that long, each time the objects surviving since the
+last walk reach a quarter of those it walked (CPython's rule for a full one). ``gc.freeze`` moves the objects alive
 now into a permanent generation that no collection walks; what the process
 allocates later is collected as before. vLLM ends its warm-up the same way
 (``compile_or_warm_up_model`` calls ``freeze_gc_heap``), SGLang offers a

@@ -212,13 +212,15 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
         os.environ[STACKS_ENV] = str(log_dir / "stacks" / mode.name)
     try:
         server.start(startup_timeout("static"))
-        os.environ.pop(STACKS_ENV, None)
+        if stacks:
+            os.environ.pop(STACKS_ENV, None)
         stubs = list_stubs(server.process.pid)
         processes = server_processes(server.process.pid)
         rows = [measure_cell(server, processes, mode, b, p, max_tokens, settings)
                 for b in batches for p in top_ps]
     finally:
-        os.environ.pop(STACKS_ENV, None)
+        if stacks:
+            os.environ.pop(STACKS_ENV, None)
         status = server.stop()
         shutil.rmtree(repository, ignore_errors=True)
     return rows, {"mode": mode.name, "log": str(log), "exit_status": status,
