@@ -3,8 +3,8 @@ process is ready, so that a full collection no longer walks it.
 
 A process that has imported torch, transformers and a tokenizer holds
 hundreds of thousands of objects the collector tracks (the llm stub serving
-SmolLM2: 400,400; docs/results/gc-freeze-2026-11-29.md). CPython's full
-collection walks every one of them (181 ms there, on the project's 2-core
+SmolLM2: 400,427; docs/results/gc-freeze-2026-11-29.md). CPython's full
+collection walks every one of them (176 ms there, on the project's 2-core
 host), holding the GIL, so the decode loop and every other thread of the
 process stand still for that long, each time the objects surviving since the
 last walk reach a quarter of those it walked (CPython's rule for a full one). ``gc.freeze`` moves the objects alive
