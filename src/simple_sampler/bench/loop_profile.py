@@ -16,22 +16,29 @@ PROFILE_TOP = 30
 
 
 @contextmanager
-def llm_profiles(profile_dir: str | None) -> Iterator[None]:
-    """With `profile_dir`, the servers started inside profile their llm
-    stub's decode loop into it (PROFILE_ENV); the variable as it was after."""
-    if not profile_dir:
+def server_directory(variable: str, directory: str | os.PathLike | None) -> Iterator[None]:
+    """With `directory` (made, absolute), `variable` names it for the servers
+    started inside (their stubs read it at start); the variable as it was
+    after. Without, nothing changes."""
+    if not directory:
         yield
         return
-    previous = os.environ.get(PROFILE_ENV)
-    Path(profile_dir).mkdir(parents=True, exist_ok=True)
-    os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())
+    previous = os.environ.get(variable)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    os.environ[variable] = str(Path(directory).resolve())
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(PROFILE_ENV)
+            os.environ.pop(variable)
         else:
-            os.environ[PROFILE_ENV] = previous
+            os.environ[variable] = previous
+
+
+def llm_profiles(profile_dir: str | None):
+    """With `profile_dir`, the servers started inside profile their llm
+    stub's decode loop into it (PROFILE_ENV)."""
+    return server_directory(PROFILE_ENV, profile_dir)
 
 
 def profile_calls(path: Path, tokens: int, server: str = "", top: int = PROFILE_TOP) -> dict:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -46,6 +45,7 @@ from ...serving.engines import engine_spec, startup_timeout
 from ...settings import LlmSettings
 from ...stacks import INTERVAL_S as STACKS_INTERVAL_S, STACKS_ENV
 from ..serve_cost.measuring import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
+from ..loop_profile import server_directory
 from ..server_meter import Meter, llm_counters, server_processes
 from ..serve_cost.measuring import Config as Load
 
@@ -208,19 +208,14 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     log = log_dir / f"{mode.name}.log"
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log)
     stubs = []
-    if stacks:  # the server's environment: its stubs read it
-        os.environ[STACKS_ENV] = str(log_dir / "stacks" / mode.name)
     try:
-        server.start(startup_timeout("static"))
-        if stacks:
-            os.environ.pop(STACKS_ENV, None)
+        with server_directory(STACKS_ENV, log_dir / "stacks" / mode.name if stacks else None):
+            server.start(startup_timeout("static"))
         stubs = list_stubs(server.process.pid)
         processes = server_processes(server.process.pid)
         rows = [measure_cell(server, processes, mode, b, p, max_tokens, settings)
                 for b in batches for p in top_ps]
     finally:
-        if stacks:
-            os.environ.pop(STACKS_ENV, None)
         status = server.stop()
         shutil.rmtree(repository, ignore_errors=True)
     return rows, {"mode": mode.name, "log": str(log), "exit_status": status,
