@@ -123,6 +123,21 @@ def test_cuda_graphs_replay_the_compiled_step(family):
     assert engine.graphs.graphs and set(engine.graphs.graphs) <= {(0, 1), (0, 8), (0, 9)}
 
 
+def test_warm_up_compiles_every_step_before_the_first_request():
+    """``warm_up`` on the CPU runs each window's buckets once through the
+    compiled step: the decode steps after it compile nothing, and their
+    rows are still the full recompute's (warm_up wrote only positions no
+    query has read)."""
+    torch._dynamo.reset()  # the earlier tests' graphs of these shapes would hide a compile
+    model = tiny("llama")
+    engine = StaticEngine(model, max_batch_size=9, max_context=32, compile_decode=True)
+    assert engine.warm_up() == len(engine.graphs.inputs) == 3  # buckets 1, 8 and 9
+    before = unique_graphs()
+    run_schedule(engine, model)
+    assert unique_graphs() == before
+    assert StaticEngine(model, max_batch_size=9, max_context=32).warm_up() == 0  # eager: nothing
+
+
 def tiny_bench_model():
     """(model, codec, label) for serve_gpu.run: a one-layer Llama over the
     fake tokenizer's vocabulary."""

@@ -209,6 +209,49 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
     assert bls_clean == clean
 
 
+class WarmingEngine(FakeEngine):
+    """A fake with windows (``engine.SplitsSlots``) and ``warm_up``
+    (``engine.WarmsUp``) that records the order they were called in."""
+
+    label = "WarmingEngine"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = []
+
+    def split_slots(self, lanes):
+        self.calls.append(f"split_slots({lanes})")
+
+    def free_in_lane(self, lane):
+        return self.max_batch_size - len(self.ids)
+
+    def add(self, seq_id, prompt_ids, max_tokens=None, lane=None):
+        super().add(seq_id, prompt_ids, max_tokens)
+
+    def warm_up(self):
+        self.calls.append("warm_up")
+        return 3
+
+
+def test_the_service_warms_the_engine_up_after_splitting_its_slots(caplog):
+    """Warm-up prepares the lanes' own steps: it comes after split_slots,
+    before any request, and is logged; the service then serves."""
+    engine = WarmingEngine(max_batch_size=4)
+    with caplog.at_level("INFO", logger="simple_sampler.triton.llm_service"):
+        service = LlmService(LlmSettings(sampling_mode="simple", micro_batches=2),
+                             sampler_call=FlakySampler(0), engine=engine,
+                             codec=TextCodec(FakeTokenizer()))
+    try:
+        assert engine.calls == ["split_slots(2)", "warm_up"]
+        assert "warmed up: 3 decode steps prepared" in caplog.text
+        client = Client()
+        service.submit(inputs(max_tokens=3), client.send, on_done=client.done.set)
+        assert client.done.wait(30)
+        assert [error for _, error, _ in client.responses] == [None] * 3
+    finally:
+        service.close()
+
+
 @pytest.mark.parametrize("bug", [KeyError, ValueError])
 def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback(
         monkeypatch, caplog, bug):

@@ -117,6 +117,22 @@ def test_cuda_graphs_replay_the_eager_forwards_tokens(family):
 
 
 @CUDA
+def test_cuda_warm_up_captures_every_windows_graphs_before_any_step():
+    """After ``split_slots(2)``, ``warm_up`` captures each window's buckets
+    (1 and 8 of 8 slots each); the steps after it capture nothing more, and
+    their tokens are still the eager forward's."""
+    model = tiny("llama", device="cuda")
+    engine = StaticEngine(model, max_batch_size=16, max_context=32)
+    engine.split_slots(2)
+    assert engine.warm_up() == 4
+    captured = dict(engine.graphs.graphs)
+    assert set(captured) == {(0, 1), (0, 8), (8, 1), (8, 8)}
+    assert engine.warm_up() == 0  # nothing left to capture
+    run_schedule(engine, model, tolerance=1e-3)
+    assert engine.graphs.graphs == captured
+
+
+@CUDA
 def test_cuda_seeded_inline_draws_repeat_on_the_static_engine():
     import numpy as np
 

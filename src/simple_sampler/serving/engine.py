@@ -33,7 +33,8 @@ the hot-first summary computed where the engine's rows are),
 :class:`SplitsSlots` (``split_slots(lanes)``, ``add(..., lane=)``,
 ``free_in_lane(lane)``: each of the decode loop's lanes keeps its sequences in
 a window of slots of its own, for an engine whose step computes a window of
-slots whole) and :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
+slots whole), :class:`WarmsUp` (``warm_up()``: every decode step's shape
+prepared before the first request) and :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
 engine tracks per sequence and raises the contract's errors.
 
 Every sequence alternates ``step`` and ``append``: after ``add`` or ``append`` it
@@ -165,6 +166,20 @@ class SplitsSlots(Protocol):
     def split_slots(self, lanes: int) -> None: ...
 
     def free_in_lane(self, lane: int) -> int: ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """Optional capability of an :class:`Engine` whose decode steps have a
+    fixed set of shapes it prepares once (``static_decode.StaticEngine``: a
+    CUDA graph per window and bucket, and with ``compile_decode`` the
+    compile). The llm service calls ``warm_up()`` once the decode loop has
+    split the slots (:class:`SplitsSlots`) and before the first ``add``, so
+    that no request waits for a capture and no capture runs while another
+    thread launches device work; it returns how many shapes it prepared.
+    Checked with ``isinstance(engine, WarmsUp)``."""
+
+    def warm_up(self) -> int: ...
 
 
 @runtime_checkable

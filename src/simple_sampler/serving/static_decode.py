@@ -16,7 +16,10 @@ starting at ``s`` computes rows for slots ``s .. s+b-1`` (b the smallest of
 :data:`BUCKETS` above the highest slot stepped, counted from s), so the cache
 is read in place, never gathered, and every shape is fixed: on CUDA each
 (window, bucket) step is captured once as a CUDA graph (``torch.cuda.graph``,
-at its first use, one memory pool) and replayed; on the CPU it runs eagerly.
+one memory pool) and replayed; on the CPU it runs eagerly. The llm service
+captures them all before the first request (``warm_up``, ``engine.WarmsUp``);
+a step not captured yet (an engine used without it) is captured at its first
+use.
 A slot the step does not include (a sequence left for a later step, or a
 free slot) computes a row that is thrown away; it writes its key and value at
 a position no query has read yet (its sequence's next one), which the
@@ -175,8 +178,9 @@ class StaticForward:
 
 class DecodeGraphs:
     """:meth:`StaticForward.decode` per window of slots and bucket, keyed
-    ``(start, bucket)``: on CUDA each is captured as a CUDA graph the first
-    time it is replayed (one memory pool for all), eager elsewhere. Each
+    ``(start, bucket)``: on CUDA each is captured as a CUDA graph by
+    :meth:`prepare_all` or else the first time it is replayed (one memory
+    pool for all), eager elsewhere. Each
     owns static ``tokens`` / ``positions`` inputs and ``logits`` / ``argmax``
     outputs, overwritten by the next replay.
 
@@ -215,6 +219,22 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             self.outputs[key] = self._run(key)
         self.graphs[key] = graph
+
+    def prepare_all(self) -> int:
+        """Every (window, bucket) step made ready now rather than at its first
+        replay: captured on CUDA; elsewhere run once when the step is compiled
+        (so its compile happens now), nothing when it is eager. Returns how
+        many steps it prepared (0 when there was nothing to do)."""
+        if self.graphed:
+            keys = [key for key in self.inputs if key not in self.graphs]
+            for key in keys:
+                self._capture(key)
+            return len(keys)
+        if isinstance(self.forward, CompiledForward):
+            for key in self.inputs:
+                self._run(key)
+            return len(self.inputs)
+        return 0
 
     def bucket(self, rows: int, start: int = 0) -> int:
         """The smallest bucket of at least ``rows`` rows of the window at ``start``."""
@@ -272,6 +292,13 @@ class StaticEngine(TorchEngine):
             self.windows = [range(start, min(start + width, self.max_batch_size))
                             for start in range(0, self.max_batch_size, width)]
         self.graphs = DecodeGraphs(self.static, self.windows)
+
+    def warm_up(self) -> int:
+        """``engine.WarmsUp``: :meth:`DecodeGraphs.prepare_all` for the windows
+        as they are (``split_slots`` first: it makes new graphs). A capture
+        writes its bucket's slots at the positions its inputs hold, which no
+        query has read yet (module docstring), so sequences may hold slots."""
+        return self.graphs.prepare_all()
 
     def free_in_lane(self, lane: int) -> int:
         """Free slots in lane ``lane``'s window."""
