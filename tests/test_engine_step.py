@@ -40,4 +40,5 @@ def test_the_engine_step_bench_runs_on_the_cpu():
     assert report["vocab"] == 512 and report["layers"] == 1 and row["batch"] == 8
     assert row["replay_ms"] > 0 and row["step_ms"] > 0
     assert abs(row["host_ms"] - (row["step_ms"] - row["replay_ms"])) < 1e-9
+    assert 0 < row["step_cpu_ms"]  # on the CPU the eager forward is the thread's own work
     assert "CUT DOWN" in engine_step.format_table(report)

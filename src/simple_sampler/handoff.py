@@ -39,6 +39,7 @@ import numpy as np
 
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
+from .host_copy import to_host
 from .params import GREEDY_TEMPERATURE, RULES, SamplingBatch
 from .sampling import (SampleOutput, empty_output, is_torch_tensor, kernel_params, kernel_rows,
                        logits_array, raise_row_errors, sample)
@@ -116,7 +117,7 @@ def host_array(value) -> np.ndarray:
     where none is needed; bfloat16 as ml_dtypes.bfloat16."""
     if not is_torch_tensor(value):
         return np.asarray(value)
-    return logits_array(value.cpu().contiguous())
+    return logits_array(to_host(value).contiguous())
 
 
 def host_arrays(values) -> list[np.ndarray]:
@@ -131,7 +132,8 @@ def host_arrays(values) -> list[np.ndarray]:
 
     # 8-byte dtypes first: every piece starts aligned to its itemsize
     order = sorted(range(len(values)), key=lambda i: -values[i].element_size())
-    packed = torch.cat([values[i].contiguous().view(-1).view(torch.uint8) for i in order]).cpu()
+    packed = to_host(torch.cat([values[i].contiguous().view(-1).view(torch.uint8)
+                                for i in order]))
     out, start = [None] * len(values), 0
     for i in order:
         end = start + values[i].numel() * values[i].element_size()

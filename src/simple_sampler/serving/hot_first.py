@@ -12,6 +12,7 @@ import torch
 
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
     decide_hot_first, inverse_temperatures, run_now, sample_compact
+from ..host_copy import to_host
 from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
 from ..sampling import logits_tensor, sample
 from ..shvs.hot_vocab import HotVocab, untruncated_rows
@@ -309,6 +310,6 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
     return run_now(decide_hot_first(
         compact_rows(tensor, batch, hot_vocab, cold_top, cold_draw=cold_draw), batch, hot_vocab,
         lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
-        lambda undecided, second: sample(tensor[torch.as_tensor(undecided)].cpu(), second,
+        lambda undecided, second: sample(to_host(tensor[torch.as_tensor(undecided)]), second,
                                          **options)))
 

@@ -60,6 +60,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..host_copy import to_host
 from ..params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch, any_on
 
 _U64 = np.uint64
@@ -226,5 +227,5 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray
     tokens = torch.where(columns.greedy[:, 0], greedy_tokens, drawn)
     logprobs = z.gather(1, tokens[:, None]) - log_total
     # token ids below 2**53 are exact in float64: one copy for both
-    host = torch.cat([tokens[:, None].double(), logprobs.double()], dim=1).cpu().numpy()
+    host = to_host(torch.cat([tokens[:, None].double(), logprobs.double()], dim=1)).numpy()
     return host[:, 0].astype(np.int64), host[:, 1].astype(np.float32)

@@ -45,6 +45,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 import torch.nn.attention
 
+from ..host_copy import sleep_until_done
 from ..models import load_model
 from ..sampling import logits_array, logits_tensor
 from ..settings import LlmSettings
@@ -228,7 +229,7 @@ class TorchEngine:
             if not self.host_logits or logits.device.type == "cpu":
                 return logits
             host = stage_rows(logits, self.arena)
-            torch.cuda.current_stream(self.device).synchronize()
+            sleep_until_done(self.device)
         return host
 
     def _forward_groups(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
@@ -344,8 +345,8 @@ def stage_rows(rows: torch.Tensor, arena=None) -> torch.Tensor:
     (``row_arena.RowArena.take``: the pool claims it, no copy of its own;
     left unclaimed, it comes back when the tensor dies) or, with no arena
     or no free slot, in a fresh tensor, pinned when the rows are on a GPU.
-    The caller waits for the copy (its stream's synchronize) before the
-    rows are read."""
+    The caller waits for the copy (``host_copy.sleep_until_done``: asleep,
+    not spinning on a core) before the rows are read."""
     slot = None
     if arena is not None:
         # the numpy dtype of host rows like these (bfloat16: ml_dtypes')

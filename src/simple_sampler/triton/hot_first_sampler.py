@@ -10,6 +10,7 @@ import torch
 
 from .._sampling import HandoffOutcome
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
+from ..host_copy import to_host
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.engine import SummarizesHotFirst
@@ -109,7 +110,7 @@ class HotFirstSampler:
         out = await decide_hot_first(summary.rows, batch, self.hot_vocab,
                                      lambda rows, batch: self._decide(summary, batch),
                                      lambda undecided, second: self._sample_full(
-                                         logits[torch.as_tensor(undecided)].cpu(), second))
+                                         to_host(logits[torch.as_tensor(undecided)]), second))
         return out.token_ids, out.logprobs
 
     def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):

@@ -50,11 +50,13 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
              f"{report['layers']} layer(s) of width {report['hidden']} (V = "
              f"{report['vocab']:,}, random weights, {report['dtype']}); medians of "
              f"{report['rounds']} alternated rounds of {report['steps']} steps. host = step - "
-             "replay: the engine's own work per decode step beyond its forward.", ""]
+             "replay: the engine's own work per decode step beyond its forward. step cpu: the "
+             "stepping thread's CPU per step (waiting for the device asleep, it is about "
+             "host; spinning, it would be step).", ""]
     return lines + table(
-        ["B", "replay ms", "step ms", "host ms"],
+        ["B", "replay ms", "step ms", "host ms", "step cpu ms"],
         [[r["batch"], number(r["replay_ms"], 3), number(r["step_ms"], 3),
-          number(r["host_ms"], 3)] for r in report["rows"]])
+          number(r["host_ms"], 3), number(r.get("step_cpu_ms"), 3)] for r in report["rows"]])
 
 
 SPEC = BenchSpec(
