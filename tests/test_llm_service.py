@@ -237,7 +237,7 @@ def test_the_service_warms_the_engine_up_after_splitting_its_slots(caplog):
     """Warm-up prepares the lanes' own steps: it comes after split_slots,
     before any request, and is logged; the service then serves."""
     engine = WarmingEngine(max_batch_size=4)
-    with caplog.at_level("INFO", logger="simple_sampler.triton.llm_service"):
+    with caplog.at_level("INFO", logger="simple_sampler.serving.decoder"):
         service = LlmService(LlmSettings(sampling_mode="simple", micro_batches=2),
                              sampler_call=FlakySampler(0), engine=engine,
                              codec=TextCodec(FakeTokenizer()))

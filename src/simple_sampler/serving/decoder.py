@@ -90,13 +90,28 @@ from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
 from .decoder_stats import DecoderStats
-from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots
+from .engine import (ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots,
+                     WarmsUp)
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
 
 log = logging.getLogger(__name__)
+
+
+def warm_up(engine: Engine) -> None:
+    """``engine.WarmsUp``'s steps prepared before the first request, logged:
+    a capture or a compile at a bucket's first step would stall the requests
+    in flight, and on CUDA a capture in the default (global) mode fails while
+    another thread launches device work (a lane's summary, the rows' copies)."""
+    if not isinstance(engine, WarmsUp):
+        return
+    started = time.perf_counter()
+    prepared = engine.warm_up()
+    if prepared:
+        log.info("%s warmed up: %d decode steps prepared in %.1f s", engine.label, prepared,
+                 time.perf_counter() - started)
 
 #: the interpreter's switch interval while steps are launched ahead: the
 #: data-plane thread needs the GIL for its step's Python (inputs, the graph's
@@ -142,6 +157,7 @@ class Decoder:
         self.windowed = 1 < lanes <= engine.max_batch_size and isinstance(engine, SplitsSlots)
         if self.windowed:
             engine.split_slots(lanes)
+        warm_up(engine)  # after the split: the lanes' own steps
         self.max_tokens_limit = max_tokens_limit
         #: launch each step before the step before it makes its events
         #: (``StepTokens.deliver``'s `then`); never with an engine that

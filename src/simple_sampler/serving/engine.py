@@ -173,7 +173,7 @@ class WarmsUp(Protocol):
     """Optional capability of an :class:`Engine` whose decode steps have a
     fixed set of shapes it prepares once (``static_decode.StaticEngine``: a
     CUDA graph per window and bucket, and with ``compile_decode`` the
-    compile). The llm service calls ``warm_up()`` once the decode loop has
+    compile). The decode loop calls ``warm_up()`` as it is made, once it has
     split the slots (:class:`SplitsSlots`) and before the first ``add``, so
     that no request waits for a capture and no capture runs while another
     thread launches device work; it returns how many shapes it prepared.

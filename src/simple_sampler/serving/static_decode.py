@@ -16,10 +16,10 @@ starting at ``s`` computes rows for slots ``s .. s+b-1`` (b the smallest of
 :data:`BUCKETS` above the highest slot stepped, counted from s), so the cache
 is read in place, never gathered, and every shape is fixed: on CUDA each
 (window, bucket) step is captured once as a CUDA graph (``torch.cuda.graph``,
-one memory pool) and replayed; on the CPU it runs eagerly. The llm service
+one memory pool) and replayed; on the CPU it runs eagerly. The decode loop
 captures them all before the first request (``warm_up``, ``engine.WarmsUp``);
-a step not captured yet (an engine used without it) is captured at its first
-use.
+a step not captured yet (an engine driven without one) is captured at its
+first use.
 A slot the step does not include (a sequence left for a later step, or a
 free slot) computes a row that is thrown away; it writes its key and value at
 a position no query has read yet (its sequence's next one), which the

@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 from ..schema import SHUTTING_DOWN, InvalidRequest
 from ..serving.decoder import Decoder
-from ..serving.engine import Closable, WarmsUp
+from ..serving.engine import Closable
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import load_profile
@@ -115,20 +115,6 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     return load_profile(path).hot_vocab()
 
 
-def warm_up(engine) -> None:
-    """``engine.WarmsUp``'s steps prepared before the first request, logged:
-    a capture or a compile at a bucket's first step would stall the requests
-    in flight, and on CUDA a capture can fail while another thread of the
-    stub launches device work (the summary's graphs, the rows' copies)."""
-    if not isinstance(engine, WarmsUp):
-        return
-    started = time.perf_counter()
-    prepared = engine.warm_up()
-    if prepared:
-        log.info("%s warmed up: %d decode steps prepared in %.1f s", engine.label, prepared,
-                 time.perf_counter() - started)
-
-
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -152,7 +138,6 @@ class LlmService:
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches, launch_ahead=settings.launch_ahead)
-        warm_up(self.engine)  # after the decoder has split the slots: their own steps
         self.draining = False
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
