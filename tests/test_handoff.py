@@ -395,13 +395,14 @@ def _local_call(hot, requests=None):
     return call
 
 
-def _local_pool(hot, capacity=2, requests=None, arena=None):
+def _local_pool(hot, capacity=2, requests=None, arena=None, lanes=1):
     """A SamplerPool of one target running ``_local_call``; with `arena`, the
-    target maps it (rows by reference)."""
+    target maps it (rows by reference); `lanes`: the decode loop's."""
     from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
 
     return SamplerPool([SamplerTarget("local", _local_call(hot, requests), capacity,
-                                      shares_memory=arena is not None)], arena=arena)
+                                      shares_memory=arena is not None)], arena=arena,
+                       lanes=lanes)
 
 
 def test_compact_rows_through_the_sampler_codec(zipf_row):
@@ -444,12 +445,12 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
     """The decode loop's wrapper: compact rows to the pool's targets, then
     the undecided rows whole; the same tokens as the steps run in-process,
     whatever the sharding, with the cold tokens drawn or not. The second
-    round: FALLBACK_ROWS_PER_REQUEST rows to a request over the instances
-    with one lane, as full rows are (sampler_shard_min_rows) with two."""
+    round: ONE_LANE_ROWS_PER_REQUEST rows to a request over the instances
+    with one lane, sampler_shard_min_rows with two: as the pool shards full rows."""
     import asyncio
 
-    from simple_sampler.triton.hot_first_sampler import FALLBACK_ROWS_PER_REQUEST, \
-        HotFirstSampler
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+    from simple_sampler.triton.sampler_pool import ONE_LANE_ROWS_PER_REQUEST
 
     rng = np.random.default_rng(33)
     rows = make_rows(rng, 40)
@@ -462,24 +463,24 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
     merge_fallback(expected, undecided, sample(rows[undecided], second_batch, hot_vocab=hot))
     assert set(expected.outcome.tolist()) == outcomes_seen(cold_draw)
     undecided_rows = len(undecided)
-    assert undecided_rows > FALLBACK_ROWS_PER_REQUEST  # so that one lane's round is split
+    assert undecided_rows > ONE_LANE_ROWS_PER_REQUEST  # so that one lane's round is split
     cases = ((1, 8, 1, 1), (3, 8, 3, 1), (3, 16, 3, 1), (3, 40, 1, 1), (3, 8, 3, 2))
     for capacity, per_request, compact_requests, lanes in cases:
         requests = []
-        sampler = HotFirstSampler(_local_pool(hot, capacity, requests), hot, cold_top=16,
-                                  rows_per_request=per_request, cold_draw=cold_draw,
-                                  lanes=lanes)
+        sampler = HotFirstSampler(_local_pool(hot, capacity, requests, lanes=lanes), hot,
+                                  cold_top=16, rows_per_request=per_request,
+                                  cold_draw=cold_draw)
         tokens, logprobs = asyncio.run(sampler(torch.from_numpy(rows), batch))
         np.testing.assert_array_equal(tokens, expected.token_ids)
         np.testing.assert_array_equal(logprobs, expected.logprobs)
         assert sampler.stats["rows"] == 40 and sampler.stats["need_full"] > 0
         second = [rows for kind, rows, _ in requests if kind == "full"]
         assert sum(second) == undecided_rows
-        # one lane: over the instances, FALLBACK_ROWS_PER_REQUEST rows at least;
+        # one lane: over the instances, ONE_LANE_ROWS_PER_REQUEST rows at least;
         # two: as full rows are (the pool's 64 at least: one request here)
-        shards = min(capacity, undecided_rows // FALLBACK_ROWS_PER_REQUEST) if lanes == 1 else 1
+        shards = min(capacity, undecided_rows // ONE_LANE_ROWS_PER_REQUEST) if lanes == 1 else 1
         assert len(second) == shards and min(second) >= min(undecided_rows,
-                                                            FALLBACK_ROWS_PER_REQUEST), second
+                                                            ONE_LANE_ROWS_PER_REQUEST), second
         assert sum(1 for kind, _, _ in requests if kind == "compact") == compact_requests, \
             "a request per instance, but at least rows_per_request rows in each"
 
@@ -813,13 +814,13 @@ def test_a_target_without_the_arena_keeps_the_second_round():
     np.testing.assert_array_equal(got[1], expected[1])
     assert [by_reference for kind, _, by_reference in local if kind == "compact"] == [True]
     assert [by_reference for kind, _, by_reference in remote if kind == "compact"] == [False]
-    from simple_sampler.triton.hot_first_sampler import FALLBACK_ROWS_PER_REQUEST
+    from simple_sampler.triton.sampler_pool import ONE_LANE_ROWS_PER_REQUEST
 
     second = [rows for kind, rows, _ in local + remote if kind == "full"]
     left = sampler.stats["need_full"] + sampler.stats["need_cold"] - sampler.stats["in_place"]
     assert 0 < sampler.stats["in_place"] and sum(second) == left > 0, sampler.stats
-    # one lane: the second round over both targets, FALLBACK_ROWS_PER_REQUEST rows at least
-    assert len(second) == max(1, min(2, left // FALLBACK_ROWS_PER_REQUEST)), second
+    # one lane: the second round over both targets, ONE_LANE_ROWS_PER_REQUEST rows at least
+    assert len(second) == max(1, min(2, left // ONE_LANE_ROWS_PER_REQUEST)), second
 
 
 @pytest.mark.parametrize("survivor_maps_the_arena", [True, False])

@@ -15,7 +15,8 @@ from simple_sampler.sampling import sample
 from simple_sampler.triton.sampler_decode import decode_request
 from simple_sampler.triton.sampler_serve import sample_request
 from simple_sampler.settings import LlmSettings, parse_endpoints
-from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget, build_pool
+from simple_sampler.triton.sampler_pool import (ONE_LANE_ROWS_PER_REQUEST, SamplerCallError,
+                                                SamplerPool, SamplerTarget, build_pool)
 
 VOCAB = 64
 
@@ -91,9 +92,28 @@ def test_many_rows_are_one_shard_per_slot_as_before():
     assert named(pool.shards(200)) == [("a", 0, 66), ("b", 66, 133), ("b", 133, 200)]
 
 
+def test_one_lane_spreads_a_step_over_the_instances_and_two_keep_the_minimum():
+    """With one lane a step's full rows are on its critical path: every
+    instance takes a shard of ONE_LANE_ROWS_PER_REQUEST rows at least,
+    whatever min_rows; with two, min_rows holds (a lane step of 64 rows is
+    one request); a minimum below ONE_LANE_ROWS_PER_REQUEST stays as asked."""
+    targets = [SamplerTarget("a", Sampler(), 8)]
+    one_lane = SamplerPool(targets, min_rows=64)
+    assert one_lane.lanes == LlmSettings.micro_batches == 1
+    assert one_lane.least_rows() == ONE_LANE_ROWS_PER_REQUEST == 8
+    assert [b - a for _, a, b in one_lane.shards(64)] == [8] * 8
+    assert [b - a for _, a, b in one_lane.shards(20)] == [10, 10]
+    assert len(one_lane.shards(7)) == 1
+    assert [b - a for _, a, b in SamplerPool(targets, min_rows=64, lanes=2).shards(64)] == [64]
+    assert len(SamplerPool(targets, min_rows=64, lanes=2).shards(128)) == 2
+    assert len(SamplerPool(targets, min_rows=1).shards(6)) == 6
+    tokens, expected = step(one_lane, rows=12)
+    assert tokens.tolist() == expected.tolist()
+
+
 def test_the_turn_skips_a_target_that_is_down():
     pool = SamplerPool([SamplerTarget("a", Sampler(), 1), SamplerTarget("b", Sampler(), 1),
-                        SamplerTarget("c", Sampler(), 1)], min_rows=64)
+                        SamplerTarget("c", Sampler(), 1)], min_rows=64, lanes=2)
     pool.targets[1].down_until = time.monotonic() + 60
     assert [named(pool.shards(10))[0][0] for _ in range(4)] == ["a", "c", "a", "c"]
     assert named(pool.shards(128)) == [("a", 0, 64), ("c", 64, 128)]

@@ -293,12 +293,14 @@ class LlmSettings(Settings):
         minimum=1)
     # 64: a request's fixed cost (llm stub, tritonserver, a sampler stub: a
     # few hundred us) near a twentieth of 64 full rows' kernel (~75 us each
-    # at V = 151,936), and < 128 rows on one instance still hide under a GPU
-    # step (docs/CONFIGURATION.md, below the LlmSettings table).
+    # at V = 151,936), and < 128 rows on one instance still hide under the
+    # other lane's GPU step (docs/CONFIGURATION.md, below the LlmSettings
+    # table). One lane hides nothing: sampler_pool.ONE_LANE_ROWS_PER_REQUEST.
     sampler_shard_min_rows: int = setting(
-        64, "full rows per sampler request at least: a micro-batch step of fewer than twice "
-        "as many goes to one instance, the instances taken in turn (1: one request per "
-        "instance whatever the rows)", minimum=1)
+        64, "full rows per sampler request at least with two micro-batches or more (with one, "
+        "at most 8: the step waits for its sampling, so its rows go over every instance): a "
+        "micro-batch step of fewer than twice as many goes to one instance, the instances "
+        "taken in turn (1: one request per instance whatever the rows)", minimum=1)
     stream_interval: int = setting(
         1, "a stream's tokens per response unless its request sets stream_interval (the "
         "last response may hold fewer): fewer responses cost the server less per token",

@@ -23,15 +23,6 @@ from .sampler_codec import batch_arrays, compact_arrays, outcome_of
 #: response: about as much as 100 compact rows' kernel time, docs/COPIES.md),
 #: so a step of a few dozen rows is not worth splitting over the instances.
 COMPACT_ROWS_PER_REQUEST = 128
-#: Undecided full rows per request at least, in the second round of a decode
-#: loop with one lane: that round is on the step's critical path (the next
-#: forward waits for its tokens) and nothing else needs the instances then,
-#: so its few dozen rows (~100 us each at V = 128K) are spread over them,
-#: where full rows go 64 to a request otherwise (``sampler_shard_min_rows``,
-#: which weighs CPU, not latency). With two lanes the other lane's compact
-#: round wants the instances meanwhile, so the rows go as full rows do.
-#: One lane, before and after: docs/results/fallback-shards-2026-11-29.md.
-FALLBACK_ROWS_PER_REQUEST = 8
 
 
 class StepSummary(NamedTuple):
@@ -72,20 +63,21 @@ class HotFirstSampler:
     set. summary: the engine's own summary (``compact_rows``), None for
     ``hot_first_summary`` here. rows_per_request: compact rows per request
     at least (COMPACT_ROWS_PER_REQUEST). cold_draw: draw the cold tokens
-    with the summary (``compact_rows``). lanes: the decode loop's; with one,
-    the second round is spread over the instances (FALLBACK_ROWS_PER_REQUEST).
-    ``stats`` counts rows, fallbacks, and the fallbacks decided in place."""
+    with the summary (``compact_rows``). The second round is sharded as
+    the pool shards full rows: with one lane, over every instance
+    (``sampler_pool.ONE_LANE_ROWS_PER_REQUEST``, measured for this round:
+    docs/results/fallback-shards-2026-11-29.md). ``stats`` counts rows,
+    fallbacks, and the fallbacks decided in place."""
 
     def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
                  summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST,
-                 cold_draw: bool = True, lanes: int = 1):
+                 cold_draw: bool = True):
         self.pool = pool
         self.hot_vocab = hot_vocab
         self.cold_top = cold_top
         self.summary = summary
         self.rows_per_request = rows_per_request
         self.cold_draw = cold_draw
-        self.lanes = lanes
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
     def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> StepSummary:
@@ -189,17 +181,15 @@ class HotFirstSampler:
 
     async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         # Sharded as full rows are (docs/results/gpu-2026-11-27c.md: one
-        # request for a step's worth of fallbacks left the instances idle),
-        # or with one lane FALLBACK_ROWS_PER_REQUEST to a request over them all.
-        spread = max(1, len(batch) // FALLBACK_ROWS_PER_REQUEST) if self.lanes == 1 else None
-        tokens, logprobs = await self.pool(logits, batch, most_shards=spread)
+        # request for a step's worth of fallbacks left the instances idle).
+        tokens, logprobs = await self.pool(logits, batch)
         none = np.zeros((len(batch), 0))
         return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=none.astype(np.int32),
                             top_logprobs=none.astype(np.float32),
                             hot_accepted=np.full(len(batch), -1, np.int8))
 
 
-def hot_first_sampler(engine, pool, hot_vocab: HotVocab, lanes: int = 1) -> HotFirstSampler:
+def hot_first_sampler(engine, pool, hot_vocab: HotVocab) -> HotFirstSampler:
     """The decode loop's sampler over `pool` with the rows crossing
     hot-first: summarized by the engine where its rows are, when it can
     (``engine.SummarizesHotFirst``, prepared here: the simulated engine's
@@ -209,4 +199,4 @@ def hot_first_sampler(engine, pool, hot_vocab: HotVocab, lanes: int = 1) -> HotF
     if isinstance(engine, SummarizesHotFirst):
         engine.prepare_hot_first(hot_vocab.kernel_arrays()[0], DEFAULT_COLD_TOP)
         summary = engine.hot_first_summary
-    return HotFirstSampler(pool, hot_vocab, summary=summary, lanes=lanes)
+    return HotFirstSampler(pool, hot_vocab, summary=summary)

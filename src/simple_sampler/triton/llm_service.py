@@ -130,10 +130,11 @@ class LlmService:
         self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
         self.pool = sampler = build_pool(
             settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
-            self.arena, settings.sampler_shard_min_rows) if simple else None
+            self.arena, settings.sampler_shard_min_rows,
+            settings.micro_batches) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
-            sampler = hot_first_sampler(self.engine, sampler, hot_vocab, settings.micro_batches)
+            sampler = hot_first_sampler(self.engine, sampler, hot_vocab)
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,

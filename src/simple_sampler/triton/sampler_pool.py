@@ -6,9 +6,13 @@ A step's rows are split over the targets that are up in proportion to their
 capacity (a target's instance count), and each target's part into one shard
 per instance, all sent at once; but no shard of full rows holds fewer than
 ``min_rows`` (``LlmSettings.sampler_shard_min_rows``, where the default is
-reasoned): a step of few rows goes to fewer instances, taken in turn from
-one step to the next, so every instance still gets work and two lanes'
-steps land on different instances. A shard whose request fails for a reason that
+reasoned) when the decode loop has two lanes or more: a step of few rows
+goes to fewer instances, taken in turn from one step to the next, so every
+instance still gets work and two lanes' steps land on different instances.
+With one lane a step's sampling is on its critical path (the next forward
+waits for its tokens) and no other step wants the instances meanwhile, so
+its rows are spread over them, :data:`ONE_LANE_ROWS_PER_REQUEST` to a shard
+at least (fewer only where ``min_rows`` asks for fewer). A shard whose request fails for a reason that
 is not the rows' own (a dead instance, a server that went away, a timeout) is
 sent again at once to another target that is up, and the target that failed
 is marked down for ``probe_after_s``; after that it is tried again with the
@@ -45,6 +49,15 @@ if TYPE_CHECKING:  # imported where a remote target is called: the in-process
     from .sampler_client import SamplerClient
 
 log = logging.getLogger(__name__)
+#: Full rows per shard at least with one lane: a row's kernel (~60-240 us at
+#: V = 128K on the hosts measured) against a request's fixed cost (a few
+#: hundred us of CPU, spread over the llm stub, tritonserver and the sampler
+#: stub), where latency, not CPU, is what the step pays. The first GPU run
+#: sampled B = 64 served on ONE of its 8 instances (64 rows to a request at
+#: least), 15.6 ms a step, where 8 threads in-process took about a third
+#: of that (docs/results/gpu-2026-11-28.md). The hot-first handoff's second
+#: round goes the same way (docs/results/fallback-shards-2026-11-29.md).
+ONE_LANE_ROWS_PER_REQUEST = 8
 
 #: Retries: the first wait, its doubling cap, and the time after which a
 #: shard's rows fail (a reload of the sampler model takes ~2-5 s).
@@ -138,7 +151,8 @@ class SamplerPool:
     targets that share memory by reference: placed in the arena once, the
     slot given back when every shard has answered (a retry reads the same
     slot); other targets, and every target when no slot is free, get them
-    in the request. min_rows: full rows per shard at least (``shards``)."""
+    in the request. min_rows: full rows per shard at least with `lanes` > 1
+    (``shards``); lanes: the decode loop's (micro-batches)."""
 
     targets: list[SamplerTarget]
     on_retry: Callable[[], None] = lambda: None
@@ -147,6 +161,7 @@ class SamplerPool:
     probe_after_s: float = PROBE_AFTER_S
     rows_sent: dict[str, int] = field(default_factory=dict)
     min_rows: int = LlmSettings.sampler_shard_min_rows
+    lanes: int = LlmSettings.micro_batches
     #: the capacity slot the next step of fewer shards than slots starts at
     turn: int = 0
     #: the threads that send ``send_now``'s shards after its first (made on first use)
@@ -269,8 +284,8 @@ class SamplerPool:
         of them, if none is up), one shard per instance: a few rows are not
         worth the fixed cost of one request per instance, so at most `most`
         shards (the largest targets first: the hot-first compact rows' own
-        rule) or, without `most`, shards of `min_rows` rows at least, on the
-        capacity slots taken in turn from one call to the next."""
+        rule) or, without `most`, shards of :meth:`least_rows` rows at least,
+        on the capacity slots taken in turn from one call to the next."""
         now = time.monotonic()
         targets = [t for t in self.targets if t.is_up(now)] or self.targets
         if most is not None:
@@ -279,13 +294,18 @@ class SamplerPool:
         if most is not None:
             slots = slots[:max(min(rows, most), 1)]
         else:
-            count = max(1, rows // self.min_rows)
+            count = max(1, rows // self.least_rows())
             if count < len(slots):
                 first, self.turn = self.turn % len(slots), self.turn + count
                 slots = [slots[(first + i) % len(slots)] for i in range(count)]
         count = len(slots)
         bounds = [rows * i // count for i in range(count + 1)]  # exact, no float
         return [(target, a, b) for target, a, b in zip(slots, bounds[:-1], bounds[1:]) if b > a]
+
+    def least_rows(self) -> int:
+        """Full rows per shard at least: `min_rows` with two lanes or more;
+        with one, at most ONE_LANE_ROWS_PER_REQUEST (module docstring)."""
+        return self.min_rows if self.lanes > 1 else min(self.min_rows, ONE_LANE_ROWS_PER_REQUEST)
 
     async def _send(self, inputs: dict[str, np.ndarray], target: SamplerTarget,
                     refs: np.ndarray | None = None):
@@ -387,11 +407,13 @@ def build_arena(settings, engine):
 
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,
                on_retry: Callable[[], None] = lambda: None, arena=None,
-               min_rows: int = LlmSettings.sampler_shard_min_rows) -> SamplerPool:
+               min_rows: int = LlmSettings.sampler_shard_min_rows,
+               lanes: int = LlmSettings.micro_batches) -> SamplerPool:
     """The pool for an `llm` model's `sampler_endpoints` setting: ``local``
     is `local_call` (BLS to this server's instances, `local_capacity`
     shards; rows by reference to `arena` when given), host:port a remote
-    server's sampler model; min_rows: its `sampler_shard_min_rows`."""
+    server's sampler model; min_rows: its `sampler_shard_min_rows`; lanes:
+    its `micro_batches`."""
     targets = []
     for name in parse_endpoints(endpoints):
         if name == LOCAL:
@@ -403,4 +425,4 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
         else:
             remote = RemoteSampler(name)
             targets.append(SamplerTarget(name, remote, remote.capacity()))
-    return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows)
+    return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)

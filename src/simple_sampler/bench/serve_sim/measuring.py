@@ -194,8 +194,9 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int, lanes: int = 1):
     def instance(inputs):
         return serve_request(inputs, engine.vocab_size, hot).outputs
 
-    pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)])
-    return hot_first.hot_first_sampler(engine, pool, hot, lanes)
+    pool = SamplerPool([SamplerTarget(f"instance-{i}", instance) for i in range(instances)],
+                       lanes=lanes)
+    return hot_first.hot_first_sampler(engine, pool, hot)
 
 
 async def run_one(codec: SimulatedCodec, mode: str, micro_batches: int, batch: int, vocab: int,
