@@ -83,6 +83,11 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
         assert row["cpu_us_per_token"]["server"] > 0
         assert row["llm_ms_per_step"]["forward"] > 0
         assert row["llm_ms_per_step"]["gc"] >= 0  # the llm model's counter, read (not None)
+    inline, overlap = report["results"]
+    assert inline["sampler_requests_per_step"] is None  # inline sends the instances nothing
+    # two lanes of one row each, one instance: a request per lane step (the rows' shards)
+    assert 0.5 < overlap["sampler_requests_per_step"] <= 1.0
+    assert overlap["sampler_us_per_request"]["execute"] > 0
     (bound,) = report["forward_only"]
     assert bound["tokens_per_s"] > 0 and bound["hbm_estimate_ms"] > 0
     for server in report["servers"]:  # stopped cleanly, its log kept
@@ -93,7 +98,7 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     markdown = served.format_report(report)
     assert "RANDOM WEIGHTS" in markdown and "flat (random weights)" in markdown
     assert "simple_overlap: simple on two lanes" in markdown
-    assert "| gc ms/step |" in markdown
+    assert "| gc ms/step | sampler rq/step | us/rq |" in markdown
     # --stacks: each server's llm stub sampled its threads, its decode loop among them
     assert "- stacks: the llm stub's threads sampled every 5 ms" in markdown
     for mode in ("inline", "simple_overlap"):

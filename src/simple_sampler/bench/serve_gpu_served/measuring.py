@@ -44,9 +44,10 @@ from ...launch.serve import assemble_repository, shared_memory_bytes
 from ...serving.engines import engine_spec, startup_timeout
 from ...settings import LlmSettings
 from ...stacks import INTERVAL_S as STACKS_INTERVAL_S, STACKS_ENV
-from ..serve_cost.measuring import RESPONSES_PER_REQUEST, drive, figures, sampler_settings, step_figures
+from ..serve_cost.measuring import (RESPONSES_PER_REQUEST, drive, figures, sampler_figures,
+                                    sampler_settings, step_figures)
 from ..loop_profile import server_directory
-from ..server_meter import Meter, llm_counters, server_processes
+from ..server_meter import Meter, llm_counters, sampler_counters, server_processes
 from ..serve_cost.measuring import Config as Load
 
 KIND = "serve-gpu-served"
@@ -169,7 +170,10 @@ def measure_cell(server, processes: dict[str, int], mode: ServedMode, batch: int
     load = Load("instant", batch, ROUTE, settings["stream_interval"])
     asyncio.run(drive(server.grpc_url, load, WARM_UP_TOKENS, None, top_p))
     before = llm_counters(server)
+    sampled = mode.sampling_mode == "simple"  # inline: no sampler request
+    sampler_before = sampler_counters(server) if sampled else None
     measured = asyncio.run(drive(server.grpc_url, load, max_tokens, Meter(processes), top_p))
+    sampler_after = sampler_counters(server) if sampled else None
     after = settled_llm_counters(server, before)
     cost = figures(load, measured, settings["micro_batches"])
     cpu = {name: us for name, us in cost["cpu_us_per_token"].items() if name != "floor"}
@@ -184,7 +188,10 @@ def measure_cell(server, processes: dict[str, int], mode: ServedMode, batch: int
             "server_cores_busy": cpu["server"] * cost["tokens_per_s"] / 1e6,
             # near 1: the one client process may be what limits tokens/s
             "client_cores_busy": cpu["client"] * cost["tokens_per_s"] / 1e6,
-            **step_figures(before, after, batch * max_tokens)}
+            **step_figures(before, after, batch * max_tokens),
+            # how the step's rows were sharded over the instances, and each request's CPU
+            **sampler_figures(sampler_before, sampler_after, cost["cpu_us_per_token"]["samplers"],
+                              batch * max_tokens, after["steps"] - before["steps"])}
 
 
 def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: int,
@@ -311,10 +318,11 @@ def format_report(report: dict) -> str:
     lines += ["", "| mode | B | top_p | tok/s | efficiency | x inline | ITL p50 ms | ITL p95 ms "
               "| server cores busy | client cores busy | server us/tok | tritonserver | llm | "
               "preprocessing | samplers | client | forward ms/step | sampler ms/step | "
-              "gc ms/step |",
-              "|" + "---|" * 19]
+              "gc ms/step | sampler rq/step | us/rq |",
+              "|" + "---|" * 21]
     for r in report["results"]:
         cpu, step = r["cpu_us_per_token"], r["llm_ms_per_step"]
+        per_request = r.get("sampler_us_per_request") or {}
         lines.append(
             f"| {r['mode']} | {r['batch']} | {r['top_p']:g} | {r['tokens_per_s']:.0f} | "
             f"{r['efficiency']:.2f} | {_cell(r['vs_inline'], '.2f')} | "
@@ -323,14 +331,18 @@ def format_report(report: dict) -> str:
             f"{cpu['server']:.0f} | {cpu['tritonserver']:.0f} | "
             f"{cpu['llm']:.0f} | {cpu['preprocessing']:.0f} | {cpu['samplers']:.0f} | "
             f"{cpu['client']:.0f} | {_cell(step['forward'], '.2f')} | "
-            f"{_cell(step['sampler'], '.2f')} | {_cell(step.get('gc'), '.2f')} |")
+            f"{_cell(step['sampler'], '.2f')} | {_cell(step.get('gc'), '.2f')} | "
+            f"{_cell(r.get('sampler_requests_per_step'), '.2f')} | "
+            f"{_cell(per_request.get('stubs'), '.0f')} |")
     lines += ["", "efficiency = tok/s over forward_only's at the same B (the data plane alone, "
               "in-process, argmax fed back on the device); x inline = over inline's at the same "
               "B and top_p; CPU columns: microseconds per token received (each process's CPU "
               "clock); server cores busy = every server process's CPU seconds per second of "
               "the window (one GPU); client cores busy near 1: the one client process may be "
               "what limits tok/s; gc = the llm process's garbage collections (every thread "
-              "waits), its heap frozen at start. Rows: " + report["rows"] + "."]
+              "waits), its heap frozen at start; sampler rq/step = sampler requests per llm "
+            "step (its rows' shards), us/rq = the sampler stubs' CPU per request. Rows: "
+            + report["rows"] + "."]
     if any(r["mode"] == "simple_overlap" for r in report["results"]):
         lines[-1] += (" simple_overlap: simple on two lanes (micro-batches), each stepping its "
                       "own window of the static engine's slots, one lane's sampler beside the "
