@@ -100,6 +100,14 @@ from .text import StopMatcher, TextCodec
 log = logging.getLogger(__name__)
 
 
+#: the interpreter's switch interval while steps are launched ahead: the
+#: data-plane thread needs the GIL for its step's Python (inputs, the graph's
+#: launch) while the loop thread makes the step before's events, and a
+#: thread waiting on the GIL gets it only after the holder's switch interval
+#: (Python's default: 5 ms, a whole GPU step) or when the holder blocks
+LAUNCH_AHEAD_SWITCH_S = 0.0005
+
+
 def warm_up(engine: Engine) -> None:
     """``engine.WarmsUp``'s steps prepared before the first request, logged:
     a capture or a compile at a bucket's first step would stall the requests
@@ -112,13 +120,6 @@ def warm_up(engine: Engine) -> None:
     if prepared:
         log.info("%s warmed up: %d decode steps prepared in %.1f s", engine.label, prepared,
                  time.perf_counter() - started)
-
-#: the interpreter's switch interval while steps are launched ahead: the
-#: data-plane thread needs the GIL for its step's Python (inputs, the graph's
-#: launch) while the loop thread makes the step before's events, and a
-#: thread waiting on the GIL gets it only after the holder's switch interval
-#: (Python's default: 5 ms, a whole GPU step) or when the holder blocks
-LAUNCH_AHEAD_SWITCH_S = 0.0005
 
 
 class Decoder:

@@ -12,11 +12,13 @@ instance still gets work and two lanes' steps land on different instances.
 With one lane a step's sampling is on its critical path (the next forward
 waits for its tokens) and no other step wants the instances meanwhile, so
 its rows are spread over them, :data:`ONE_LANE_ROWS_PER_REQUEST` to a shard
-at least (fewer only where ``min_rows`` asks for fewer). A shard whose request fails for a reason that
-is not the rows' own (a dead instance, a server that went away, a timeout) is
-sent again at once to another target that is up, and the target that failed
-is marked down for ``probe_after_s``; after that it is tried again with the
-next step's rows (and marked down again if it still fails). When no other
+at least (fewer only where ``min_rows`` asks for fewer).
+
+A shard whose request fails for a reason that is not the rows' own (a dead
+instance, a server that went away, a timeout) is sent again at once to
+another target that is up, and the target that failed is marked down for
+``probe_after_s``; after that it is tried again with the next step's rows
+(and marked down again if it still fails). When no other
 target is up the shard waits (backoff from RETRY_FIRST_S, doubling to
 RETRY_MAX_S) and goes to the target that will be back soonest, until
 ``deadline_s`` has passed. A shard the sampler refused (INVALID_ARG: the rows
