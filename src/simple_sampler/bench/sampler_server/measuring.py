@@ -214,8 +214,9 @@ def run_endpoints(max_endpoints: int = 2, batch_size: int = 64, vocab: int = 49_
             log = (log_dir / f"tritonserver-endpoint-{index}.log") if log_dir else None
             servers.append(sampler_server(1, batch_size, vocab, shm_bytes, log).start())
         for count in range(1, max_endpoints + 1):
+            # 2 x count steps in flight: sharded as the decode loop's lanes are
             pool = SamplerPool([SamplerTarget(s.grpc_url, RemoteSampler(s.grpc_url), 1)
-                                for s in servers[:count]])
+                                for s in servers[:count]], lanes=2 * count)
             results.append({"endpoints": count,
                             "rows_per_s": pool_rows_per_s(pool, rows, batch, 2 * count, seconds),
                             "bytes_per_step": int(rows.nbytes)})
