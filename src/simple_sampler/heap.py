@@ -7,8 +7,8 @@ SmolLM2: 400,427; docs/results/gc-freeze-2026-11-29.md). CPython's full
 collection walks every one of them (176 ms there, on the project's 2-core
 host), holding the GIL, so the decode loop and every other thread of the
 process stand still for that long, each time the objects surviving since the
-last walk reach a quarter of those it walked (CPython's rule for a full one). ``gc.freeze`` moves the objects alive
-now into a permanent generation that no collection walks; what the process
+last walk reach a quarter of those it walked (CPython's rule for a full one).
+``gc.freeze`` moves the objects alive now into a permanent generation that no collection walks; what the process
 allocates later is collected as before. vLLM ends its warm-up the same way
 (``compile_or_warm_up_model`` calls ``freeze_gc_heap``), SGLang offers a
 ``freeze_gc`` for its processes, and AIPerf freezes its timing processes.

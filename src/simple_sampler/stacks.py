@@ -11,8 +11,8 @@ of wall time per thread, not of CPU (the /proc CPU columns of the benches
 give that).
 
 On in a Triton stub when ``$SIMPLE_SAMPLER_STACKS_DIR`` names a directory in
-the server's environment (``bench serve-gpu-served --stacks DIR``); the llm
-model writes ``DIR/llm-<pid>.stacks``. Each sample holds the GIL for tens of
+the server's environment (``bench serve-gpu-served --stacks`` sets it to
+``LOG_DIR/stacks/MODE``); the llm model writes ``DIR/llm-<pid>.stacks``. Each sample holds the GIL for tens of
 microseconds: at the default 200 Hz, well under 1% of a core.
 
     python -m simple_sampler.stacks DIR/llm-1234.stacks   # share per thread, top frames

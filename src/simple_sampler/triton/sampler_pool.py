@@ -51,14 +51,15 @@ if TYPE_CHECKING:  # imported where a remote target is called: the in-process
     from .sampler_client import SamplerClient
 
 log = logging.getLogger(__name__)
-#: Full rows per shard at least with one lane: a row's kernel (~60-240 us at
-#: V = 128K on the hosts measured) against a request's fixed cost (a few
-#: hundred us of CPU, spread over the llm stub, tritonserver and the sampler
-#: stub), where latency, not CPU, is what the step pays. The first GPU run
-#: sampled B = 64 served on ONE of its 8 instances (64 rows to a request at
-#: least), 15.6 ms a step, where 8 threads in-process took about a third
-#: of that (docs/results/gpu-2026-11-28.md). The hot-first handoff's second
-#: round goes the same way (docs/results/fallback-shards-2026-11-29.md).
+#: Full rows per shard at least with one lane: a row's kernel (tens to
+#: hundreds of us at V = 128K) against a request's fixed cost (a few hundred
+#: us of CPU, spread over the llm stub, tritonserver and the sampler stub),
+#: where latency, not CPU, is what the step pays. The first GPU run (H200,
+#: commit 11079fb, scripts/gpu_session.sh) sampled B = 64 served on ONE of
+#: its 8 instances (64 rows to a request at least), 15.6 ms a step, where 8
+#: threads in-process took about a third of that
+#: (docs/results/gpu-2026-11-28.md). The hot-first handoff's second round
+#: goes the same way (docs/results/fallback-shards-2026-11-29.md).
 ONE_LANE_ROWS_PER_REQUEST = 8
 
 #: Retries: the first wait, its doubling cap, and the time after which a

@@ -341,8 +341,8 @@ def format_report(report: dict) -> str:
               "the window (one GPU); client cores busy near 1: the one client process may be "
               "what limits tok/s; gc = the llm process's garbage collections (every thread "
               "waits), its heap frozen at start; sampler rq/step = sampler requests per llm "
-            "step (its rows' shards), us/rq = the sampler stubs' CPU per request. Rows: "
-            + report["rows"] + "."]
+              "step (its rows' shards), us/rq = the sampler stubs' CPU per request. Rows: "
+              + report["rows"] + "."]
     if any(r["mode"] == "simple_overlap" for r in report["results"]):
         lines[-1] += (" simple_overlap: simple on two lanes (micro-batches), each stepping its "
                       "own window of the static engine's slots, one lane's sampler beside the "
