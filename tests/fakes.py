@@ -171,8 +171,8 @@ class Streams:
 
 
 class PerThreadCudart:
-    """``torch.cuda.cudart()`` as far as ``serving.device.page_lock`` uses it
-    (with ``set_device`` for ``torch.cuda.set_device``), with the CUDA
+    """``torch.cuda.cudart()`` as far as ``serving.device.page_lock`` and
+    ``page_unlock`` use it (with ``set_device`` for ``torch.cuda.set_device``), with the CUDA
     runtime's last error, which is kept per host thread: a call that fails
     leaves its code there, and torch's check after the thread's next kernel
     launch (``C10_CUDA_KERNEL_LAUNCH_CHECK``: ``cudaGetLastError``) raises it."""
@@ -182,6 +182,8 @@ class PerThreadCudart:
         self.last_error = threading.local()
         self.device = threading.local()
         self.registered = []  # (thread, device, size, flags)
+        self.addresses = []  # registered, in order
+        self.unregistered = []  # (thread, device, address)
 
     def set_device(self, device):
         self.device.current = device
@@ -189,9 +191,15 @@ class PerThreadCudart:
     def cudaHostRegister(self, address, size, flags):  # noqa: N802 - CUDA's name
         self.registered.append((threading.current_thread(), getattr(self.device, "current",
                                                                     None), size, flags))
+        self.addresses.append(address)
         if self.result:
             self.last_error.code = self.result
         return self.result
+
+    def cudaHostUnregister(self, address):  # noqa: N802 - CUDA's name
+        self.unregistered.append((threading.current_thread(),
+                                  getattr(self.device, "current", None), address))
+        return 0
 
     def launch_check(self):
         code, self.last_error.code = getattr(self.last_error, "code", 0), 0

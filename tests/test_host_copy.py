@@ -1,12 +1,14 @@
 """host_copy: a GPU's results reach the host while the waiting thread
-sleeps. On the CPU both functions leave tensors alone; the CUDA tests (the
-copy, and a long kernel waited for with little CPU) skip without a GPU (none
-here: that path has not run)."""
+sleeps, and a step's small inputs reach the GPU in one queued copy. On the
+CPU the waits leave tensors alone and ``to_device`` copies; the CUDA tests
+(the copies, a long kernel waited for with little CPU, inputs queued behind
+it without a wait) skip without a GPU (none here: that path has not run)."""
 import time
 
+import numpy as np
 import torch
 
-from simple_sampler.host_copy import sleep_until_done, to_host
+from simple_sampler.host_copy import sleep_until_done, to_device, to_host
 from test_static_decode import CUDA
 
 
@@ -35,3 +37,31 @@ def test_cuda_the_waiting_thread_sleeps_through_a_long_kernel():
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     assert wall > 0.05, wall
     assert cpu < 0.25 * wall, (cpu, wall)
+
+
+def test_inputs_for_the_cpu_are_copies_in_their_own_dtypes():
+    keys, scale = np.arange(5, dtype=np.int64), np.array([0.5, 2.0], np.float32)
+    moved = to_device(torch.device("cpu"), keys, scale)
+    assert [t.dtype for t in moved] == [torch.int64, torch.float32]
+    assert moved[0].tolist() == keys.tolist() and moved[1].tolist() == scale.tolist()
+    keys[0] = 99  # the tensors do not alias the caller's arrays
+    assert moved[0][0] == 0
+
+
+@CUDA
+def test_cuda_inputs_are_queued_behind_a_long_kernel_without_a_wait():
+    """Mixed dtypes packed into one pinned transfer arrive intact, and the
+    call returns while a kernel of a few hundred milliseconds still runs (a
+    copy from pageable memory would wait for it first)."""
+    keys = np.arange(7, dtype=np.int64)
+    flags = np.array([1, 0, 1], np.int32)
+    scale = np.array([0.25, 4.0], np.float64)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)
+    wall = time.perf_counter()
+    moved = to_device(torch.device("cuda"), flags, keys, scale)
+    wall = time.perf_counter() - wall
+    assert wall < 0.05, wall
+    assert [t.device.type for t in moved] == ["cuda"] * 3
+    assert [t.dtype for t in moved] == [torch.int32, torch.int64, torch.float64]
+    assert [t.cpu().tolist() for t in moved] == [flags.tolist(), keys.tolist(), scale.tolist()]

@@ -117,6 +117,31 @@ def test_the_ring_is_page_locked_once_for_the_engines_gpu(arena, monkeypatch, ca
     assert ("ring stays pageable: cudaHostRegister returned 801" in caplog.text) is bool(result)
 
 
+@pytest.mark.parametrize("result", [0, 801])  # success, cudaErrorNotSupported
+def test_closing_the_engine_unregisters_the_ring_it_page_locked(arena, monkeypatch, result):
+    """CUDA keeps a registration by address after the memory is unmapped: a
+    ring mapped later at the same address (the next arena of that size)
+    would be refused and its copies could land in the old pages. So the
+    engine's ``close`` (the llm model's finalize calls it before the arena's)
+    unregisters what it registered, once, on a thread of its own, and
+    nothing when CUDA refused the registration."""
+    cudart = PerThreadCudart(result)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "set_device", cudart.set_device)
+    engine = TorchEngine(tiny_model("cpu"), max_batch_size=8, max_context=32)
+    engine.device = torch.device("cuda", 1)  # as far as share_rows and close look
+    engine.share_rows(arena)
+    engine.close()
+    engine.close()
+    if result:
+        assert cudart.unregistered == []
+    else:
+        [(thread, device, address)] = cudart.unregistered
+        assert thread.name == "cuda-host-unregister" and device == engine.device
+        assert address == arena.ring.data_address == cudart.addresses[0]
+    assert engine.arena is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the device-to-host "
                     "copy into the page-locked ring (run where there is one: docs/GPU.md)")
 @pytest.mark.parametrize("engine_class", [TorchEngine, StaticEngine])
@@ -133,7 +158,11 @@ def test_on_cuda_each_steps_rows_lie_in_the_arena_and_draw_the_same_tokens(
     arena.lease = lambda rows: copied.append(rows.shape) or lease(rows)
     shared = engine()
     shared.share_rows(arena)
-    tokens = generate(shared, full_row_pool(arena), SEEDED)
+    assert shared.page_locked == arena.ring.data_address
+    try:
+        tokens = generate(shared, full_row_pool(arena), SEEDED)
+    finally:
+        shared.close()  # unregistered before the fixture unmaps the ring
     assert claimed and all(claimed), "every step's rows in a slot of the ring"
     assert not copied, "no step's rows copied into a slot by the pool"
     assert sorted(arena.free) == [0, 1] and not arena.taken

@@ -213,6 +213,17 @@ def test_the_gpu_bench_runs_every_cell_on_the_cpu(tmp_path):
     assert "forward_only" in serve_gpu.format_report(report)
 
 
+def test_every_lane_gets_a_window_whatever_the_division_leaves():
+    """Widths differ by one at most, so that every lane has a window to
+    admit into: with ceil-wide windows, 4 slots over 3 lanes made 2."""
+    engine = StaticEngine(tiny("llama", device="cpu"), max_batch_size=4, max_context=16)
+    engine.split_slots(3)
+    assert engine.windows == [range(0, 2), range(2, 3), range(3, 4)]
+    assert [engine.free_in_lane(lane) for lane in range(3)] == [2, 1, 1]
+    engine.add("last", [1, 2], lane=2)
+    assert engine.sequences["last"].slot == 3 and engine.free_in_lane(2) == 0
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_lane_windows_step_their_own_slots_only(device):
     """split_slots(2): each lane's sequences in a window of slots of its own,

@@ -1,4 +1,6 @@
-"""A GPU's results brought to the host by a thread that sleeps while it waits.
+"""A GPU's results brought to the host by a thread that sleeps while it waits
+(:func:`to_host`), and a step's small inputs sent to it without a wait
+(:func:`to_device`).
 
 PyTorch never sets the device's scheduling flags, so CUDA runs with
 ``cudaDeviceScheduleAuto``: with fewer CUDA contexts than logical cores (any
@@ -17,10 +19,18 @@ events to avoid busy polling"), and SGLang's overlap scheduler waits on
 events rather than spinning. The cost is a wake-up, microseconds, once per
 wait.
 
-Both functions leave CPU tensors alone; torch is imported where a tensor is
-on a GPU (this module is in the base layer, whose users may not have torch).
+The other way, a copy from pageable host memory (``tensor.copy_(cpu_tensor)``,
+``torch.tensor(values, device=...)``) first waits, spinning, for everything
+queued on the stream: on a step's inputs, the previous forward, or another
+lane's. :func:`to_device` stages them in pinned memory and queues the copy.
+
+:func:`sleep_until_done` and :func:`to_host` leave CPU tensors alone; torch
+is imported inside the functions (this module is in the base layer, whose
+users may not have torch).
 """
 from __future__ import annotations
+
+import numpy as np
 
 
 def sleep_until_done(device) -> None:
@@ -49,3 +59,29 @@ def to_host(tensor):
     host.copy_(tensor, non_blocking=True)
     sleep_until_done(tensor.device)
     return host
+
+
+def to_device(device, *arrays: np.ndarray) -> list:
+    """The host arrays as tensors on `device` (a ``torch.device``), in one
+    transfer: a step's small inputs cost one copy, not one each, queued on
+    the current stream from pinned memory, the caller not waiting (torch's
+    caching host allocator keeps the pinned block until the copy is done).
+    Each array keeps its dtype (8-byte dtypes first keep every piece
+    aligned). On the CPU: copies (the result never aliases the caller's
+    arrays)."""
+    import torch
+
+    arrays = [np.ascontiguousarray(array) for array in arrays]
+    if device.type == "cpu":
+        return [torch.tensor(array) for array in arrays]
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
+    ends = np.cumsum([arrays[i].nbytes for i in order])
+    packed = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
+    for i, end in zip(order, ends):
+        packed[end - arrays[i].nbytes:end] = arrays[i].view(np.uint8)
+    moved = torch.from_numpy(packed).pin_memory().to(device, non_blocking=True)
+    out = [None] * len(arrays)
+    for i, end in zip(order, ends):
+        piece = moved[end - arrays[i].nbytes:end]
+        out[i] = piece.view(torch.from_numpy(np.empty(0, arrays[i].dtype)).dtype)
+    return out

@@ -1,6 +1,7 @@
 """Where the torch engine runs: ``LlmSettings.device`` and ``torch_dtype``
 resolved against this machine, with the refusals a user can act on; and
-host memory page-locked for a GPU's copies (:func:`page_lock`).
+host memory page-locked for a GPU's copies (:func:`page_lock`, undone by
+:func:`page_unlock`).
 
 ``settings.LlmSettings.check`` refuses what is wrong on any machine (a
 dtype other than float32 on the CPU, batch_invariant on CUDA, these settings
@@ -49,7 +50,10 @@ def page_lock(address: int, nbytes: int, device: torch.device) -> str | None:
     in it by DMA, with no pass through the driver's pinned bounce buffer
     that pageable memory takes. Returns None when CUDA registered it, else
     why not (the copies still work, pageable). The memory must stay mapped
-    while registered: its owner keeps it for the process's life.
+    while registered, and be unregistered (:func:`page_unlock`) before it is
+    unmapped: CUDA keeps a registration by address, so a later mapping at
+    the same address would be refused as "already registered" and a copy
+    meant for it could land in the old pages.
 
     The call runs on a short-lived thread of its own. A refused
     ``cudaHostRegister`` also sets the CUDA runtime's last error, which is
@@ -73,10 +77,34 @@ def page_lock(address: int, nbytes: int, device: torch.device) -> str | None:
         except Exception as error:  # noqa: BLE001 - reported to the caller, copies still work
             outcome["error"] = f"{type(error).__name__}: {error}"
 
-    thread = threading.Thread(target=register, name="cuda-host-register")
+    return _on_own_thread("cudaHostRegister", "cuda-host-register", register, outcome)
+
+
+def page_unlock(address: int, device: torch.device) -> str | None:
+    """Undo :func:`page_lock` of the memory at `address` (``cudaHostUnregister``),
+    after the last copy into it is done and before it is unmapped; on a
+    thread of its own for the same reason. Returns None when CUDA
+    unregistered it, else why not."""
+    outcome = {}
+
+    def unregister() -> None:
+        try:
+            torch.cuda.set_device(device)
+            outcome["error"] = torch.cuda.cudart().cudaHostUnregister(address)
+        except Exception as error:  # noqa: BLE001 - reported to the caller
+            outcome["error"] = f"{type(error).__name__}: {error}"
+
+    return _on_own_thread("cudaHostUnregister", "cuda-host-unregister", unregister, outcome)
+
+
+def _on_own_thread(name: str, thread_name: str, call, outcome: dict) -> str | None:
+    """Runs `call` on a short-lived thread (:func:`page_lock`'s docstring: a
+    refusal's sticky error ends with the thread); None when the CUDA call
+    it made returned success, else what it returned or raised."""
+    thread = threading.Thread(target=call, name=thread_name)
     thread.start()
     thread.join()
     error = outcome["error"]  # torch's cudaError (0: success), or what was raised
     if not isinstance(error, str) and int(error) == 0:
         return None
-    return f"cudaHostRegister returned {error}"
+    return f"{name} returned {error}"

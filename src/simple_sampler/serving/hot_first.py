@@ -12,7 +12,7 @@ import torch
 
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
     decide_hot_first, inverse_temperatures, run_now, sample_compact
-from ..host_copy import to_host
+from ..host_copy import to_device, to_host
 from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
 from ..sampling import logits_tensor, sample
 from ..shvs.hot_vocab import HotVocab, untruncated_rows
@@ -76,29 +76,6 @@ def hot_set_on(device: torch.device, hot_ids, vocab: int) -> tuple[torch.Tensor,
     return entry[1], entry[2]
 
 
-def _to_device(device: torch.device, *arrays: np.ndarray) -> list[torch.Tensor]:
-    """The host arrays as tensors on `device`, in one transfer: a step's
-    small inputs (touched keys, 1 / T, draws, cold_tops) cost one copy, not
-    one each. Each array keeps its dtype (8-byte dtypes first keep every
-    piece aligned)."""
-    arrays = [np.ascontiguousarray(array) for array in arrays]
-    if device.type == "cpu":  # copies: the result must not alias the caller's arrays
-        return [torch.tensor(array) for array in arrays]
-    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
-    ends = np.cumsum([arrays[i].nbytes for i in order])
-    packed = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
-    for i, end in zip(order, ends):
-        packed[end - arrays[i].nbytes:end] = arrays[i].view(np.uint8)
-    # pinned and queued: a copy from pageable memory would wait for
-    # everything queued before it (the forward that made the logits)
-    moved = torch.from_numpy(packed).pin_memory().to(device, non_blocking=True)
-    out = [None] * len(arrays)
-    for i, end in zip(order, ends):
-        piece = moved[end - arrays[i].nbytes:end]
-        out[i] = piece.view(torch.from_numpy(np.empty(0, arrays[i].dtype)).dtype)
-    return out
-
-
 @torch.no_grad()
 def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_ids, temperature,
                       cold_top: int = 0, draws=None) -> CompactRows:
@@ -133,7 +110,7 @@ def hot_first_summary(logits: torch.Tensor, hot_ids, touched_offsets, touched_id
     inputs, most = step_inputs(size, vocab, touched_offsets, touched_ids, temperature,
                                 cold_top, draws)
     out = summarize(logits, hot, handed, most, draws is not None,
-                     *_to_device(logits.device, *inputs))
+                     *to_device(logits.device, *inputs))
     # with cold ids the lists' length is known once they are sorted on the device
     total = int(out["touched_offsets"][-1]) if most else inputs[1].size
     out["touched_ids"], out["touched_logits"] = (out["touched_ids"][:total],

@@ -67,9 +67,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..host_copy import to_device
 from ..settings import LlmSettings
 from .compiled_decode import CompiledForward, rope
 from .torch_engine import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_CONTEXT, TorchEngine, \
@@ -280,17 +282,20 @@ class StaticEngine(TorchEngine):
 
     def split_slots(self, lanes: int) -> None:
         """``engine.SplitsSlots``: the slots cut into ``lanes`` contiguous
-        windows of ``ceil(max_batch_size / lanes)`` (the last one what is
-        left), each with its own buckets. Only while no sequence is held."""
+        windows whose widths differ by one at most (the first
+        ``max_batch_size % lanes`` one wider), each with its own buckets: one
+        window per lane whatever the division leaves. Only while no
+        sequence is held."""
         if not 1 <= lanes <= self.max_batch_size:
             raise ValueError(f"lanes must be in [1, {self.max_batch_size}] (max_batch_size), "
                              f"got {lanes}")
         with self.state_lock:
             if len(self.sequences):
                 raise RuntimeError("split_slots while sequences hold slots")
-            width = -(-self.max_batch_size // lanes)
-            self.windows = [range(start, min(start + width, self.max_batch_size))
-                            for start in range(0, self.max_batch_size, width)]
+            width, wider = divmod(self.max_batch_size, lanes)
+            ends = np.cumsum([width + (lane < wider) for lane in range(lanes)])
+            self.windows = [range(int(end) - width - (lane < wider), int(end))
+                            for lane, end in enumerate(ends)]
         self.graphs = DecodeGraphs(self.static, self.windows)
 
     def warm_up(self) -> int:
@@ -330,12 +335,12 @@ class StaticEngine(TorchEngine):
         """An engine over :func:`model_from_config` (random weights)."""
         return cls(model_from_config(config, device, dtype, seed), **kwargs)
 
-    def _slot_inputs(self, work) -> tuple[int, int, torch.Tensor]:
+    def _slot_inputs(self, work) -> tuple[int, int, np.ndarray]:
         """(window start s, bucket b, int64 [2, b] tokens and positions for
         slots s .. s+b-1): the stepped slots' pending token at its position,
         every other slot a token at its sequence's next position (free
         slots: the last). ValueError when the slots are not in one window.
-        Built in lists and made a tensor once: setting a tensor's elements
+        Built in lists and made an array once: setting a tensor's elements
         one by one made most of the step's host time (``bench engine-step``,
         docs/results/host-side-2026-11-29.md), about as much at B = 256 as
         the H200's whole decode step."""
@@ -354,7 +359,7 @@ class StaticEngine(TorchEngine):
                     positions[row.slot - start] = min(row.cached, last)
         for slot, cached, pending in work:
             tokens[slot - start], positions[slot - start] = pending[0], cached
-        return start, bucket, torch.tensor([tokens, positions])
+        return start, bucket, np.array([tokens, positions], np.int64)
 
     def decode_rows(self, work) -> torch.Tensor:
         """``logits_dtype`` [len(work), V] for rows ``(slot, cached, [token])``, by one
@@ -363,14 +368,18 @@ class StaticEngine(TorchEngine):
         these; an eager step's are fresh already, and taken as they are when
         the rows are the bucket's slots in order)."""
         start, bucket, table = self._slot_inputs(work)
+        rows = np.array([slot - start for slot, _, _ in work], np.int64)
+        # one queued copy from pinned memory (host_copy.to_device): from
+        # pageable memory each copy would wait, spinning, for what the stream
+        # holds, another lane's forward or summary included
+        table, index = to_device(self.device, table, rows)
         tokens, positions = self.graphs.inputs[(start, bucket)]
         tokens.copy_(table[0])
         positions.copy_(table[1])
         logits, _ = self.graphs.replay(bucket, start)
-        rows = [slot - start for slot, _, _ in work]
-        if not self.graphs.graphed and rows == list(range(bucket)):
+        if not self.graphs.graphed and np.array_equal(rows, np.arange(bucket)):
             return logits
-        return logits.index_select(0, torch.tensor(rows, device=self.device))
+        return logits.index_select(0, index)
 
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:
         """``TorchEngine.step``'s forward over one group: decode rows by

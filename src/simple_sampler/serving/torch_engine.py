@@ -50,7 +50,7 @@ from ..models import load_model
 from ..sampling import logits_array, logits_tensor
 from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
-from .device import page_lock
+from .device import page_lock, page_unlock
 from .engine import SequenceTable
 from .summary_graph import GraphedSummary
 
@@ -159,6 +159,8 @@ class TorchEngine:
         self.host_logits = host_logits
         #: the row arena the device-to-host copy lands in (``share_rows``)
         self.arena = None
+        #: its ring's address while CUDA holds it page-locked (``close`` undoes it)
+        self.page_locked: int | None = None
         self.sequences: SequenceTable[_SlotSequence] = SequenceTable(self.vocab_size,
                                                                      max_batch_size, max_context)
         self.free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() takes the lowest
@@ -265,7 +267,20 @@ class TorchEngine:
         refused = page_lock(arena.ring.data_address, arena.ring.data_bytes, self.device)
         if refused:
             log.warning("the row arena's ring stays pageable: %s", refused)
+        else:
+            self.page_locked = arena.ring.data_address
         self.arena = arena
+
+    def close(self) -> None:
+        """``engine.Closable``: the row arena's ring unregistered from CUDA
+        (``device.page_unlock``), so that its owner may unmap it; no copy is
+        in flight (each step waited for its own). The engine stages its rows
+        in fresh pinned tensors afterwards. Idempotent."""
+        address, self.page_locked, self.arena = self.page_locked, None, None
+        if address is not None:
+            refused = page_unlock(address, self.device)
+            if refused:
+                log.warning("the row arena's ring is still page-locked: %s", refused)
 
     def prepare_hot_first(self, hot_ids, cold_top: int) -> None:
         """``engine.SummarizesHotFirst``: from now on ``step`` returns the

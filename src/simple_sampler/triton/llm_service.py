@@ -319,7 +319,9 @@ class LlmService:
         if self.pool is not None:
             self.pool.close()
         log.info("decode loop closed in %.1f s", time.monotonic() - started)
-        if isinstance(self.engine, Closable):  # TrtLlmEngine's workers and bridge
+        # TrtLlmEngine's workers and bridge; the torch engines' hold on the
+        # arena's ring (page-locked on a GPU), released before the ring is
+        if isinstance(self.engine, Closable):
             self.engine.close()
         if self.arena is not None:
             self.arena.close()
