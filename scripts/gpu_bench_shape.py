@@ -72,6 +72,9 @@ def main(phase: str, shape: str, out: str) -> None:
     loaded = serve_gpu.load(None, shape, False, device, dtype)
     merged, steps = None, []
     for part_arguments in arguments:
+        failed = (merged or {}).get("errors", {})
+        if any(step in failed for step in part_arguments.get("decode_steps", ())):
+            continue  # that decode step failed in an earlier part: not compiled again
         part = serve_gpu.run(model_config=shape, dtype=dtype_name, device=device_name,
                              warmup=4, measure=16, loaded=loaded, **part_arguments)
         if merged is None:

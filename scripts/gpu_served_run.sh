@@ -2,7 +2,7 @@
 # The served GPU benchmark in one command on a GPU host (issue 43, item 3):
 # install from the offline bundle when one is given (its install.sh, i.e.
 # scripts/offline_install.sh), then `bench serve-gpu-served`, which starts a
-# real Triton server per sampling mode (simple, simple hot-first, inline) on
+# real Triton server per sampling mode (inline, the baseline, first; simple; simple hot-first) on
 # `--engine static --device cuda`, drives B in {64, 256} x top_p in {1.0,
 # 0.95} streamed requests over gRPC from this host, measures the forward-only
 # bound in-process, and stops each server (checking /dev/shm after it).
@@ -115,8 +115,10 @@ import sys
 report = json.load(open(sys.argv[1]))
 left = {s["mode"]: s["left_in_dev_shm"] for s in report["servers"] if s["left_in_dev_shm"]}
 status = {s["mode"]: s["exit_status"] for s in report["servers"] if s["exit_status"] != 0}
+failed = {s["mode"]: s["error"] for s in report["servers"] if s.get("error")}
 print(f"\nservers stopped cleanly: {'yes' if not left and not status else 'NO'}"
       + (f"; exit statuses {status}" if status else "") + (f"; left {left}" if left else ""))
+print(f"modes that failed: {failed if failed else 'none'}")
 EOF
        ;;
     124|137) echo "**CUT OFF after ${BENCH_LIMIT_S} s** (bench.log, server-logs/; the modes" \

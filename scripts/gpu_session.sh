@@ -7,7 +7,8 @@
 # serve-gpu with flat and fitted rows, issue 42) with the time that is
 # left, over the interpreter and kernels the install made. Everything lands in WORK; OUT gets two files (a device
 # call brings back at most eight): README.md (both phases' READMEs and times)
-# and results.tar.gz (WORK without the install, logs included).
+# and results.tar.gz (WORK without the install, logs included), written after
+# each phase and again on the way out (a call cut off keeps what ended).
 #
 #   scripts/gpu_session.sh BUNDLE OUT [WORK]
 #
@@ -41,11 +42,27 @@ summary="$work/README.md"
     echo "- cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
 } > "$summary"
 
+# OUT's two files from what has ended so far: after each phase, and on the way
+# out (a call cut off by its limit still returns the phases it finished)
+deliver() {
+    {
+        cat "$summary"
+        echo
+        cat "$work/served/README.md" 2> /dev/null || echo "(no served README: $(tail -3 "$work/served-run.log" 2> /dev/null))"
+        echo
+        cat "$work/bench/README.md" 2> /dev/null || echo "(no bench README)"
+    } > "$out/README.md"
+    tar czf "$out/results.tar.gz" -C "$work" --exclude=served/install . 2> /dev/null
+}
+trap deliver EXIT
+trap 'exit 143' TERM INT
+
 # -- 1. served (install + real servers) ----------------------------------------------
 BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8 --stream-interval 16 --stacks}" \
     bash "$ROOT/scripts/gpu_served_run.sh" "$work/served" --bundle "$bundle" \
     --python "${HOST_PYTHON:-python3}" > "$work/served-run.log" 2>&1
 echo "- served run: exit $?, done at $(elapsed) s" >> "$summary"
+deliver
 
 # -- 2. in-process, with the time left ---------------------------------------------------
 # The host's own Python (numpy 2: the CUDA tests need its scipy, which the
@@ -55,12 +72,25 @@ echo "- served run: exit $?, done at $(elapsed) s" >> "$summary"
 python="${HOST_PYTHON:-python3}" install="$work/served/install"
 if PYTHONPATH="$install/simple-sampler/src" "$python" -c 'import simple_sampler._sampling' 2> /dev/null; then
     project="$install/simple-sampler"
+    # the code that runs is the bundle's: its commit (git archive's pax header)
+    bundled="$("$python" -c 'import sys, tarfile
+print(tarfile.open(sys.argv[1]).pax_headers.get("comment", "unknown"))' "$bundle/project.tar.xz" 2> /dev/null)"
+    if [ -n "$bundled" ] && [ "$bundled" != "$commit" ]; then
+        echo "- in-process bench: the bundle's code, commit $bundled (not $commit)" >> "$summary"
+        commit="$bundled"
+    fi
 else
     project="$ROOT"
 fi
-# the install's cache (SmolLM2's tokenizer, the bundle's real rows); an install
-# that stopped before making it leaves SIMPLE_SAMPLER_CACHE as given
-[ -d "$install/cache" ] && export SIMPLE_SAMPLER_CACHE="$install/cache"
+# the install's cache (SmolLM2's tokenizer, the bundle's real rows); where the
+# install stopped before making it, the same unpacked from the bundle here
+if [ -d "$install/cache" ]; then
+    export SIMPLE_SAMPLER_CACHE="$install/cache"
+elif [ -f "$bundle/tokenizer.tar.xz" ] && mkdir -p "$work/cache" \
+        && tar xJf "$bundle/tokenizer.tar.xz" -C "$work/cache" 2> /dev/null; then
+    cp -r "$bundle/cache/." "$work/cache/" 2> /dev/null
+    export SIMPLE_SAMPLER_CACHE="$work/cache"
+fi
 shapes="${SHAPES:-llama-3.2-1b llama-3.1-8b}"
 count=$(wc -w <<< "$shapes")
 left=$(( session_s - $(elapsed) - 15 ))
@@ -79,13 +109,7 @@ else
 fi
 
 # -- results back: a few files ----------------------------------------------------------
-{
-    echo
-    cat "$work/served/README.md" 2> /dev/null || echo "(no served README: $(tail -3 "$work/served-run.log"))"
-    echo
-    cat "$work/bench/README.md" 2> /dev/null || echo "(no bench README)"
-} >> "$summary"
-cp "$summary" "$out/README.md"
-tar czf "$out/results.tar.gz" -C "$work" --exclude=served/install . 2> /dev/null
+deliver
+trap - EXIT
 ls -la "$out"
-cat "$summary"
+cat "$out/README.md"

@@ -106,6 +106,57 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
         assert any(line.startswith("decode-loop;") for line in stacks.read_text().splitlines())
 
 
+def test_a_mode_whose_server_fails_is_reported_and_the_next_modes_still_run(tmp_path,
+                                                                            monkeypatch):
+    """One server that does not start (here a stand-in for tritonserver
+    refusing) costs its own mode only: the error is in the report and its
+    Markdown, the server is still stopped, the other modes' rows are
+    there, and inline (the baseline of every x inline) runs first."""
+    from simple_sampler.bench.serve_gpu_served import measuring as served
+    from simple_sampler.launch import server as launch_server
+
+    assert served.MODES[0].name == "inline"
+    started, stopped = [], []
+
+    class Server:
+        def __init__(self, repository, shm_bytes, log_path):
+            self.log_path = log_path
+
+        def start(self, timeout):
+            started.append(self.log_path.stem)
+            if self.log_path.stem == "simple":
+                raise RuntimeError("tritonserver exited with status 1 during startup")
+            self.process = type("Process", (), {"pid": 0})()
+
+        def stop(self):
+            stopped.append(self.log_path.stem)
+            return 0
+
+    monkeypatch.setattr(launch_server, "TritonServer", Server)
+    monkeypatch.setattr("simple_sampler.launch.processes.list_stubs", lambda pid: [])
+    monkeypatch.setattr(served, "server_processes", lambda pid: {"tritonserver": pid})
+    monkeypatch.setattr(served, "forward_only_bounds", lambda *args: (
+        {2: {"batch": 2, "tokens_per_s": 100.0, "ms_per_step": 20.0, "hbm_estimate_ms": 1.0}},
+        {"name": "CPU", "torch": "-", "cuda": None, "dtype": "float32",
+         "copy_bandwidth_gb_s": 1.0, "model": "tiny", "vocab": 64}))
+    cell = {"tokens_per_s": 50.0, "itl_ms_p50": 1.0, "itl_ms_p95": 2.0,
+            "server_cores_busy": 0.5, "client_cores_busy": 0.1,
+            "cpu_us_per_token": {k: 1.0 for k in ("server", "tritonserver", "llm",
+                                                  "preprocessing", "samplers", "client")},
+            "llm_ms_per_step": {"forward": 1.0, "sampler": 1.0, "gc": 0.0}}
+    monkeypatch.setattr(served, "measure_cell", lambda server, processes, mode, b, p, *rest: {
+        **cell, "mode": mode.name, "batch": b, "top_p": p})
+    modes = [m for m in served.MODES if m.name in ("inline", "simple", "simple_hot_first")]
+    report = served.run("cpu", "smollm2-135m", batches=[2], top_ps=[1.0], modes=modes, max_tokens=32,
+                        log_dir=tmp_path)
+    assert started == stopped == ["inline", "simple", "simple_hot_first"]
+    assert [r["mode"] for r in report["results"]] == ["inline", "simple_hot_first"]
+    errors = {s["mode"]: s["error"] for s in report["servers"]}
+    assert errors == {"inline": None, "simple_hot_first": None,
+                      "simple": "RuntimeError: tritonserver exited with status 1 during startup"}
+    assert "| simple | 0 | none | **RuntimeError: tritonserver exited" in served.format_report(report)
+
+
 def test_the_served_bench_refuses_cuda_where_there_is_none(capsys):
     import torch
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -49,6 +50,8 @@ from ..serve_cost.measuring import (RESPONSES_PER_REQUEST, drive, figures, sampl
 from ..loop_profile import server_directory
 from ..server_meter import Meter, llm_counters, sampler_counters, server_processes
 from ..serve_cost.measuring import Config as Load
+
+logger = logging.getLogger(__name__)
 
 KIND = "serve-gpu-served"
 BATCHES = (64, 256)
@@ -79,9 +82,11 @@ class ServedMode:
     lanes: int | None = None
 
 
-MODES = (ServedMode("simple", "simple", "full"),
+# inline first: the baseline every other mode's "x inline" needs, kept by a
+# run cut off before its end
+MODES = (ServedMode("inline", "inline", "full"),
+         ServedMode("simple", "simple", "full"),
          ServedMode("simple_hot_first", "simple", "hot-first"),
-         ServedMode("inline", "inline", "full"),
          # two lanes, each its own window of the static engine's slots: the
          # sampler of one beside the other's forward (not run by default)
          ServedMode("simple_overlap", "simple", "full", lanes=2))
@@ -214,18 +219,22 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
         Path(tempfile.mkdtemp(prefix="simple-sampler-served-gpu-")), sampler, llm)
     log = log_dir / f"{mode.name}.log"
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log)
-    stubs = []
+    stubs, processes, rows, error = [], {}, [], None
     try:
         with server_directory(STACKS_ENV, log_dir / "stacks" / mode.name if stacks else None):
             server.start(startup_timeout("static"))
         stubs = list_stubs(server.process.pid)
         processes = server_processes(server.process.pid)
-        rows = [measure_cell(server, processes, mode, b, p, max_tokens, settings)
-                for b in batches for p in top_ps]
+        for b in batches:
+            for p in top_ps:
+                rows.append(measure_cell(server, processes, mode, b, p, max_tokens, settings))
+    except Exception as failure:  # noqa: BLE001 - this server's: reported, the next modes run
+        error = f"{type(failure).__name__}: {failure}"
+        logger.exception("served mode %s failed after %d cells", mode.name, len(rows))
     finally:
         status = server.stop()
         shutil.rmtree(repository, ignore_errors=True)
-    return rows, {"mode": mode.name, "log": str(log), "exit_status": status,
+    return rows, {"mode": mode.name, "log": str(log), "exit_status": status, "error": error,
                   "processes": sorted(processes), "left_in_dev_shm": left_in_dev_shm(stubs)}
 
 
@@ -347,7 +356,9 @@ def format_report(report: dict) -> str:
         lines[-1] += (" simple_overlap: simple on two lanes (micro-batches), each stepping its "
                       "own window of the static engine's slots, one lane's sampler beside the "
                       "other's forward.")
-    lines += ["", "| server | exit status | left in /dev/shm | log |", "|---|---|---|---|"]
+    lines += ["", "| server | exit status | left in /dev/shm | failed | log |",
+              "|---|---|---|---|---|"]
     lines += [f"| {s['mode']} | {s['exit_status']} | {', '.join(s['left_in_dev_shm']) or 'none'} "
-              f"| {s['log']} |" for s in report["servers"]]
+              f"| {'**' + s['error'] + '**' if s.get('error') else 'no'} | {s['log']} |"
+              for s in report["servers"]]
     return "\n".join(lines)
