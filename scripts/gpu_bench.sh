@@ -37,6 +37,9 @@
 # First run on an H200 through scripts/gpu_session.sh:
 # docs/results/gpu-2026-11-28.md.
 set -uo pipefail
+# Each step's `timeout --foreground`: the step stays in this script's process
+# group, so a signal to the group (the caller's own timeout) stops it too
+# instead of leaving it running on the GPU beside the next call.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
@@ -86,12 +89,12 @@ fi
 
 echo "## CUDA tests" >> "$README"
 if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
-    (cd "$ROOT" && timeout "${CUDA_TESTS_LIMIT_S:-90}" "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
+    (cd "$ROOT" && timeout --foreground "${CUDA_TESTS_LIMIT_S:-90}" "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
         tests/test_inline.py tests/test_static_decode.py tests/test_row_arena_engine.py \
         tests/test_host_copy.py) > "$OUT_DIR/cuda_tests.log" 2>&1
     echo "exit $?: $(tail -1 "$OUT_DIR/cuda_tests.log")" >> "$README"
     # apart: its compile's time on the host is unknown (a cut-off reads exit 124)
-    (cd "$ROOT" && timeout "${COMPILED_TESTS_LIMIT_S:-60}" "$PYTHON" -m pytest -q -p no:cacheprovider \
+    (cd "$ROOT" && timeout --foreground "${COMPILED_TESTS_LIMIT_S:-60}" "$PYTHON" -m pytest -q -p no:cacheprovider \
         -k cuda tests/test_compiled_decode.py) > "$OUT_DIR/compiled_tests.log" 2>&1
     echo "compiled decode step: exit $?: $(tail -1 "$OUT_DIR/compiled_tests.log")" >> "$README"
 else
@@ -101,7 +104,7 @@ fi
 echo "## bench engine-step (the static engine's host time per decode step)" >> "$README"
 # llama-3.2-1b's vocabulary, one narrow layer: the step's host work, the rows' copy to the host included
 dtype_name=$([[ "$DEVICE" == cuda ]] && echo bfloat16 || echo float32)
-(cd "$ROOT" && timeout "${ENGINE_STEP_LIMIT_S:-45}" "$PYTHON" -m simple_sampler.cli bench engine-step \
+(cd "$ROOT" && timeout --foreground "${ENGINE_STEP_LIMIT_S:-45}" "$PYTHON" -m simple_sampler.cli bench engine-step \
     --device "$DEVICE" --dtype "$dtype_name" --batch 64 256) > "$OUT_DIR/engine-step.md" 2>&1
 echo "exit $?: engine-step.md" >> "$README"
 
@@ -109,7 +112,7 @@ echo "## bench serve-gpu (static engine)" >> "$README"
 for shape in $SHAPES; do
     started=$(date +%s)
     # forward_only, eager then compiled, B 64 then 256 (scripts/gpu_bench_shape.py)
-    timeout "$COMPILED_LIMIT_S" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" compiled "$shape" \
+    timeout --foreground "$COMPILED_LIMIT_S" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" compiled "$shape" \
         "$OUT_DIR" > "$OUT_DIR/serve-gpu-compiled-$shape.log" 2>&1
     status=$?
     case $status in
@@ -123,7 +126,7 @@ for shape in $SHAPES; do
                 "$(tail -1 "$OUT_DIR/serve-gpu-compiled-$shape.log")" >> "$README" ;;
     esac
     left=$(( SHAPE_LIMIT_S - SERIAL_LIMIT_S - ($(date +%s) - started) ))
-    timeout "$(( left > 1 ? left : 1 ))" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" served \
+    timeout --foreground "$(( left > 1 ? left : 1 ))" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" served \
         "$shape" "$OUT_DIR" > "$OUT_DIR/serve-gpu-$shape.log" 2>&1
     status=$?
     case $status in
@@ -140,7 +143,7 @@ for shape in $SHAPES; do
         echo "- $shape, launch_ahead off: NOT RUN, ${left}s left" >> "$README"
         continue
     fi
-    timeout "$left" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" serial "$shape" "$OUT_DIR" \
+    timeout --foreground "$left" "$PYTHON" "$ROOT/scripts/gpu_bench_shape.py" serial "$shape" "$OUT_DIR" \
         > "$OUT_DIR/serve-gpu-serial-$shape.log" 2>&1
     status=$?
     case $status in

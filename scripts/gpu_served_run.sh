@@ -31,6 +31,9 @@
 # First run on an H200 through scripts/gpu_session.sh:
 # docs/results/gpu-2026-11-28.md. Its dry run on the CPU is tested.
 set -uo pipefail
+# `timeout --foreground`: the benchmark stays in this script's process group,
+# so a signal to the group (the caller's own timeout) stops it too; its
+# servers go with it (their lifeline).
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 command_line="$0 $*"
@@ -101,7 +104,7 @@ fi
 # -- the benchmark -----------------------------------------------------------------
 if [ -n "$model" ]; then source_args=(--model "$model"); else source_args=(--model-config "$shape"); fi
 # shellcheck disable=SC2086  # BENCH_ARGS: words on purpose
-(cd "$project" && timeout --kill-after=30 "$BENCH_LIMIT_S" "$python" -m simple_sampler.cli \
+(cd "$project" && timeout --foreground --kill-after=30 "$BENCH_LIMIT_S" "$python" -m simple_sampler.cli \
     bench serve-gpu-served "${source_args[@]}" --json --markdown "$out/served.md" \
     --log-dir "$out/server-logs" ${BENCH_ARGS:-}) > "$out/served.json" 2> "$out/bench.log"
 status=$?

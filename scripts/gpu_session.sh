@@ -54,8 +54,17 @@ deliver() {
     } > "$out/README.md"
     tar czf "$out/results.tar.gz" -C "$work" --exclude=served/install . 2> /dev/null
 }
+# a phase's benchmark runs under a `timeout` of its own (another process
+# group): stopped with its callers, not left running beside the next call
+stop_descendants() {
+    local child
+    for child in $(ps -o pid= --ppid "$1" 2> /dev/null); do
+        stop_descendants "$child"
+        kill -TERM "$child" 2> /dev/null
+    done
+}
 trap deliver EXIT
-trap 'exit 143' TERM INT
+trap 'stop_descendants $$; exit 143' TERM INT
 
 # -- 1. served (install + real servers) ----------------------------------------------
 BENCH_LIMIT_S="${SERVED_LIMIT_S:-280}" BENCH_ARGS="${SERVED_ARGS:---instances 8 --stream-interval 16 --stacks}" \
