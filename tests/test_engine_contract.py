@@ -196,7 +196,9 @@ def test_capabilities_are_declared_by_protocol(make_engine):
     engine, _, _ = make_engine(max_batch_size=1, max_context=4)
     schedules_itself = isinstance(engine, TrtLlmEngine)
     assert isinstance(engine, SelfScheduling) == schedules_itself
-    assert isinstance(engine, Closable) == schedules_itself
+    # TensorRT-LLM's workers and bridge; the torch engines' page-lock on the
+    # row arena's ring (released before the ring is unmapped)
+    assert isinstance(engine, Closable) == isinstance(engine, (TrtLlmEngine, TorchEngine))
 
 
 def test_every_engine_has_the_contract_s_attributes(make_engine):
