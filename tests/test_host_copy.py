@@ -39,13 +39,19 @@ def test_cuda_the_waiting_thread_sleeps_through_a_long_kernel():
     assert cpu < 0.25 * wall, (cpu, wall)
 
 
-def test_inputs_for_the_cpu_are_copies_in_their_own_dtypes():
-    keys, scale = np.arange(5, dtype=np.int64), np.array([0.5, 2.0], np.float32)
-    moved = to_device(torch.device("cpu"), keys, scale)
-    assert [t.dtype for t in moved] == [torch.int64, torch.float32]
-    assert moved[0].tolist() == keys.tolist() and moved[1].tolist() == scale.tolist()
-    keys[0] = 99  # the tensors do not alias the caller's arrays
-    assert moved[0][0] == 0
+def test_inputs_arrive_in_their_own_dtypes_and_shapes_as_copies():
+    """One packed transfer, cut back into each array's dtype and shape (the
+    static engine's [2, b] tokens and positions among them), the CPU's
+    through the same packing: copies, never views of the caller's arrays."""
+    flags = np.array([1, 0, 1], np.int32)
+    table = np.arange(8, dtype=np.int64).reshape(2, 4)
+    scale = np.array([0.5, 2.0], np.float32)
+    moved = to_device(torch.device("cpu"), flags, table, scale)
+    assert [t.dtype for t in moved] == [torch.int32, torch.int64, torch.float32]
+    assert [tuple(t.shape) for t in moved] == [(3,), (2, 4), (2,)]
+    assert [t.tolist() for t in moved] == [flags.tolist(), table.tolist(), scale.tolist()]
+    table[0, 0] = 99
+    assert moved[1][0, 0] == 0
 
 
 @CUDA
@@ -53,7 +59,7 @@ def test_cuda_inputs_are_queued_behind_a_long_kernel_without_a_wait():
     """Mixed dtypes packed into one pinned transfer arrive intact, and the
     call returns while a kernel of a few hundred milliseconds still runs (a
     copy from pageable memory would wait for it first)."""
-    keys = np.arange(7, dtype=np.int64)
+    keys = np.arange(8, dtype=np.int64).reshape(2, 4)
     flags = np.array([1, 0, 1], np.int32)
     scale = np.array([0.25, 4.0], np.float64)
     torch.cuda.synchronize()
@@ -64,4 +70,5 @@ def test_cuda_inputs_are_queued_behind_a_long_kernel_without_a_wait():
     assert wall < 0.05, wall
     assert [t.device.type for t in moved] == ["cuda"] * 3
     assert [t.dtype for t in moved] == [torch.int32, torch.int64, torch.float64]
+    assert tuple(moved[1].shape) == (2, 4)
     assert [t.cpu().tolist() for t in moved] == [flags.tolist(), keys.tolist(), scale.tolist()]

@@ -66,22 +66,23 @@ def to_device(device, *arrays: np.ndarray) -> list:
     transfer: a step's small inputs cost one copy, not one each, queued on
     the current stream from pinned memory, the caller not waiting (torch's
     caching host allocator keeps the pinned block until the copy is done).
-    Each array keeps its dtype (8-byte dtypes first keep every piece
-    aligned). On the CPU: copies (the result never aliases the caller's
-    arrays)."""
+    Each array keeps its dtype and shape (8-byte dtypes first keep every
+    piece aligned). The CPU gets the same packed copy, unpinned: the
+    tensors never alias the caller's arrays."""
     import torch
 
     arrays = [np.ascontiguousarray(array) for array in arrays]
-    if device.type == "cpu":
-        return [torch.tensor(array) for array in arrays]
     order = sorted(range(len(arrays)), key=lambda i: -arrays[i].itemsize)
     ends = np.cumsum([arrays[i].nbytes for i in order])
     packed = np.empty(int(ends[-1]) if ends.size else 0, np.uint8)
     for i, end in zip(order, ends):
-        packed[end - arrays[i].nbytes:end] = arrays[i].view(np.uint8)
-    moved = torch.from_numpy(packed).pin_memory().to(device, non_blocking=True)
+        packed[end - arrays[i].nbytes:end] = arrays[i].reshape(-1).view(np.uint8)
+    moved = torch.from_numpy(packed)
+    if device.type != "cpu":
+        moved = moved.pin_memory().to(device, non_blocking=True)
     out = [None] * len(arrays)
     for i, end in zip(order, ends):
         piece = moved[end - arrays[i].nbytes:end]
-        out[i] = piece.view(torch.from_numpy(np.empty(0, arrays[i].dtype)).dtype)
+        dtype = torch.from_numpy(np.empty(0, arrays[i].dtype)).dtype
+        out[i] = piece.view(dtype).view(arrays[i].shape)
     return out
