@@ -89,3 +89,15 @@ def test_hot_first_rows_give_the_full_rows_greedy_tokens_and_repeat_seeded_ones(
         engine.add("probe", [1, 2, 3])
         assert engine.step(["probe"]).device.type == "cuda"
         assert engine.hot_first_summary.graphs and not engine.hot_first_summary.refused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_undecided_rows_reach_the_host_whole_in_their_dtype(device):
+    """``rows_to_host``: the rows a compact decision left undecided, in the
+    order asked, bitwise the device's rows, on the host (pinned from a GPU)."""
+    from simple_sampler.serving.hot_first import rows_to_host
+
+    logits = torch.randn(6, 50, device=device).to(torch.bfloat16)
+    rows = rows_to_host(logits, [4, 1, 4])
+    assert rows.device.type == "cpu" and rows.dtype == torch.bfloat16
+    assert torch.equal(rows, logits[[4, 1, 4]].cpu())

@@ -273,6 +273,16 @@ def compact_rows(logits: torch.Tensor, batch: SamplingBatch, hot_vocab: HotVocab
                              batch.temperature, tops, draws).cpu()
 
 
+def rows_to_host(logits: torch.Tensor, rows) -> torch.Tensor:
+    """``logits[rows]`` on the host: the rows a compact decision left
+    undecided, gathered where they lie (on a GPU by an index sent with
+    ``host_copy.to_device``, not a pageable copy that would spin behind the
+    stream) and brought back by ``host_copy.to_host`` (the caller asleep
+    until the copy is done; on the CPU the same calls make one copy)."""
+    (index,) = to_device(logits.device, np.asarray(rows, np.int64))
+    return to_host(logits.index_select(0, index))
+
+
 def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
                      cold_top: int = DEFAULT_COLD_TOP,
                      num_top_logprobs: int = 0, return_logprobs: bool = True,
@@ -287,6 +297,5 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
     return run_now(decide_hot_first(
         compact_rows(tensor, batch, hot_vocab, cold_top, cold_draw=cold_draw), batch, hot_vocab,
         lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
-        lambda undecided, second: sample(to_host(tensor[torch.as_tensor(undecided)]), second,
-                                         **options)))
+        lambda undecided, second: sample(rows_to_host(tensor, undecided), second, **options)))
 

@@ -10,11 +10,10 @@ import torch
 
 from .._sampling import HandoffOutcome
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
-from ..host_copy import to_host
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.engine import SummarizesHotFirst
-from ..serving.hot_first import compact_rows, undecidable_rows
+from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
 from ..shvs.hot_vocab import HotVocab
 from .sampler_codec import batch_arrays, compact_arrays, outcome_of
 
@@ -101,9 +100,20 @@ class HotFirstSampler:
             summary = await asyncio.to_thread(self.summarize, logits, batch)
         out = await decide_hot_first(summary.rows, batch, self.hot_vocab,
                                      lambda rows, batch: self._decide(summary, batch),
-                                     lambda undecided, second: self._sample_full(
-                                         to_host(logits[torch.as_tensor(undecided)]), second))
+                                     lambda undecided, second: self._sample_undecided(
+                                         logits, undecided, second))
         return out.token_ids, out.logprobs
+
+    async def _sample_undecided(self, logits: torch.Tensor, undecided, batch: SamplingBatch):
+        """The rows the compact decision left undecided, fetched and sampled
+        whole. From a GPU the fetch runs off the event loop: its wait is
+        behind whatever the stream holds, another lane's forward included,
+        while the loop has that lane's and the streams' work to do."""
+        if logits.device.type == "cpu":
+            rows = rows_to_host(logits, undecided)
+        else:
+            rows = await asyncio.to_thread(rows_to_host, logits, undecided)
+        return await self._sample_full(rows, batch)
 
     def sample_now(self, logits: torch.Tensor, batch: SamplingBatch, summary):
         """The synchronous path (serving/decoder.py), in the data-plane
