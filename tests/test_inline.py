@@ -146,4 +146,6 @@ def test_the_pass_issues_the_same_ops_for_2_rows_as_for_256(row, name):
         with _CountOps() as counter:
             sample_torch(logits, batch)
         sequences.append(counter.ops)
-    assert sequences[0] == sequences[1] and len(sequences[0]) < 80
+    # about 110 with every option on: a few per torch op of the pass, and a
+    # slice and two views per host array sent (host_copy.to_device)
+    assert sequences[0] == sequences[1] and len(sequences[0]) < 130

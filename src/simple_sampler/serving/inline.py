@@ -60,7 +60,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..host_copy import to_host
+from ..host_copy import to_device, to_host
 from ..params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch, any_on
 
 _U64 = np.uint64
@@ -111,7 +111,8 @@ def _row_columns(batch: SamplingBatch, vocab: int, device: torch.device) -> _Row
     # top_k as float32 is exact: vocabularies stay below 2**24 ids
     table = np.stack([greedy, np.where(greedy, 1.0, temperature), log_min_p, top_k,
                       batch.top_p, row_uniforms(batch.seed, batch.step)], axis=1)
-    columns = torch.from_numpy(table.astype(np.float32)).to(device).split(1, dim=1)
+    (columns,) = to_device(device, table.astype(np.float32))
+    columns = columns.split(1, dim=1)
     return _RowColumns(columns[0] > 0, columns[1], columns[2], columns[3].long(),
                        columns[4], columns[5])
 
@@ -120,10 +121,6 @@ def _flat_keys(offsets, ids, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """(positions in the flattened [B * V] logits, row of each) of a CSR id list."""
     rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     return rows * vocab + np.asarray(ids, dtype=np.int64), rows
-
-
-def _to(device: torch.device, *arrays) -> list[torch.Tensor]:
-    return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
 
 
 def _apply_penalties(flat: torch.Tensor, batch: SamplingBatch, vocab: int) -> None:
@@ -135,12 +132,12 @@ def _apply_penalties(flat: torch.Tensor, batch: SamplingBatch, vocab: int) -> No
     output, output_rows = _flat_keys(batch.output_offsets, batch.output_ids, vocab)
     repetition = np.asarray(batch.repetition_penalty, np.float32)
     seen, seen_rows = np.concatenate([prompt, output]), np.concatenate([prompt_rows, output_rows])
-    seen, penalty = _to(flat.device, seen, repetition[seen_rows])
+    seen, penalty = to_device(flat.device, seen, repetition[seen_rows])
     values = flat[seen]
     flat[seen] = torch.where(values > 0, values / penalty, values * penalty)
     presence = np.asarray(batch.presence_penalty, np.float32)[output_rows]
     frequency = np.asarray(batch.frequency_penalty, np.float32)[output_rows]
-    output, presence, frequency = _to(flat.device, output, presence, frequency)
+    output, presence, frequency = to_device(flat.device, output, presence, frequency)
     flat[output] = flat[output] - presence
     flat.index_add_(0, output, -frequency)
 
@@ -152,11 +149,11 @@ def penalized_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor
     flat = z.view(-1)
     if np.asarray(batch.bias_ids).size:
         keys, _ = _flat_keys(batch.bias_offsets, batch.bias_ids, vocab)
-        keys, values = _to(z.device, keys, np.asarray(batch.bias_values, np.float32))
+        keys, values = to_device(z.device, keys, np.asarray(batch.bias_values, np.float32))
         flat.index_add_(0, keys, values)
     if np.asarray(batch.ban_ids).size:
         keys, _ = _flat_keys(batch.ban_offsets, batch.ban_ids, vocab)
-        flat.index_fill_(0, *_to(z.device, keys), -torch.inf)
+        flat.index_fill_(0, *to_device(z.device, keys), -torch.inf)
     if any_on(batch, "penalty").any():
         _apply_penalties(flat, batch, vocab)
     return z
