@@ -52,6 +52,10 @@ def test_inputs_arrive_in_their_own_dtypes_and_shapes_as_copies():
     assert [t.tolist() for t in moved] == [flags.tolist(), table.tolist(), scale.tolist()]
     table[0, 0] = 99
     assert moved[1][0, 0] == 0
+    # a step with nothing of a kind (no history, no bans): empty pieces
+    empty, scale = to_device(torch.device("cpu"), np.array([], np.int64), scale)
+    assert empty.dtype == torch.int64 and tuple(empty.shape) == (0,)
+    assert scale.tolist() == [0.5, 2.0]
 
 
 @CUDA

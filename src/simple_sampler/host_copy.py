@@ -82,7 +82,9 @@ def to_device(device, *arrays: np.ndarray) -> list:
         moved = moved.pin_memory().to(device, non_blocking=True)
     out = [None] * len(arrays)
     for i, end in zip(order, ends):
-        piece = moved[end - arrays[i].nbytes:end]
         dtype = torch.from_numpy(np.empty(0, arrays[i].dtype)).dtype
-        out[i] = piece.view(dtype).view(arrays[i].shape)
+        if not arrays[i].size:  # an empty piece's stride does not allow the view
+            out[i] = torch.empty(arrays[i].shape, dtype=dtype, device=moved.device)
+            continue
+        out[i] = moved[end - arrays[i].nbytes:end].view(dtype).view(arrays[i].shape)
     return out

@@ -155,8 +155,12 @@ class StaticForward:
         device = self.keys.device
         width = max(len(p) for p in prompts)
         rows = len(prompts)
-        tokens = torch.tensor([list(p) + [0] * (width - len(p)) for p in prompts], device=device)
-        slot_index = torch.tensor(list(slots), device=device)[:, None]
+        # one queued copy from pinned memory (host_copy.to_device), not three
+        # from pageable memory that each wait for what the stream holds
+        tokens, slot_index, last = to_device(
+            device, np.array([list(p) + [0] * (width - len(p)) for p in prompts], np.int64),
+            np.array(list(slots), np.int64)[:, None],
+            np.array([len(p) - 1 for p in prompts], np.int64))
         position = self.context_index[:width]
         cos, sin = self.cos[:width], self.sin[:width]  # broadcast over [rows, heads, width, D]
         hidden = self.model.model.embed_tokens(tokens)  # [rows, width, hidden]
@@ -173,7 +177,6 @@ class StaticForward:
             out = out.transpose(1, 2).reshape(rows, width, self.heads * self.head_dim)
             hidden = hidden + attention.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        last = torch.tensor([len(p) - 1 for p in prompts], device=device)
         hidden = hidden[torch.arange(rows, device=device), last]
         return self.model.lm_head(self.model.model.norm(hidden))
 
