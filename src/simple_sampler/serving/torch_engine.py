@@ -42,10 +42,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.attention
 
-from ..host_copy import sleep_until_done
+from ..host_copy import sleep_until_done, to_device
 from ..models import load_model
 from ..sampling import logits_array, logits_tensor
 from ..settings import LlmSettings
@@ -332,18 +333,23 @@ class TorchEngine:
         because only prompts (``cached == 0``) have several pending tokens.
         """
         device = self.device
-        slots = torch.tensor([slot for slot, _, _ in work], device=device)
-        lengths = torch.tensor([len(pending) for _, _, pending in work], device=device)
-        width = int(lengths.max())
+        width = max(len(pending) for _, _, pending in work)
+        # every row's last position is its cached length + width - 1 (a
+        # padded row's padding runs on past its tokens): known on the host,
+        # no read back from the device
+        kv_length = max(cached for _, cached, _ in work) + width
+        # one queued copy from pinned memory (host_copy.to_device)
+        slots, lengths, input_ids, starts = to_device(
+            device, np.array([slot for slot, _, _ in work], np.int64),
+            np.array([len(pending) for _, _, pending in work], np.int64),
+            np.array([[0] * (width - len(pending)) + pending for _, _, pending in work],
+                     np.int64),
+            np.array([cached for _, cached, _ in work], np.int64))
         padding = width - lengths
-        input_ids = torch.tensor([[0] * (width - len(pending)) + pending
-                                  for _, _, pending in work], device=device)
-        starts = torch.tensor([cached for _, cached, _ in work], device=device)
         index = torch.arange(width, device=device)[None, :]
         real = index >= padding[:, None]
         positions = starts[:, None] + torch.where(real, index - padding[:, None],
                                                   lengths[:, None] + index)
-        kv_length = int(positions.max()) + 1
         # mask[r, 0, i, j]: query i of row r may attend to key position j.
         mask = (torch.arange(kv_length, device=device)[None, None, :]
                 <= positions[:, :, None])[:, None]
