@@ -22,7 +22,11 @@ def test_samples_say_where_each_thread_is_running_or_blocked(tmp_path):
     for thread in threads:
         thread.start()
     sampler = StackSampler(tmp_path / "x.stacks", interval_s=0.002).start()
-    time.sleep(0.3)
+    # a count of samples, not a time: under load the spinner holds the GIL
+    # and the sampler gets fewer turns (15 in 0.3 s on a busy CI host)
+    deadline = time.monotonic() + 30
+    while sampler.samples < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
     path = sampler.stop()
     done.set()
     for thread in threads:
@@ -54,5 +58,7 @@ def test_from_env_is_off_without_the_variable(monkeypatch, tmp_path):
     assert StackSampler.from_env("llm-1") is None
     monkeypatch.setenv("SIMPLE_SAMPLER_STACKS_DIR", str(tmp_path / "d"))
     sampler = StackSampler.from_env("llm-1")
-    time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while sampler.samples == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert sampler.stop() == tmp_path / "d" / "llm-1.stacks" and sampler.samples > 0
