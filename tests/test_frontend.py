@@ -112,12 +112,28 @@ BAD_CHAT = [
     (chat(logit_bias={"abc": 1.0}), "logit_bias", "token ids"),
     (chat(logit_bias={"49152": 1.0}), "logit_bias", "[0, 49151]"),
     (chat(logit_bias={"5": "x"}), "logit_bias.5", "valid number"),
+    # a digit that is not ASCII: str.isdigit() says yes, int() refuses or reads another id
+    (chat(logit_bias={"\u00b2": 1.0}), "logit_bias", "token ids"),
+    (chat(logit_bias={"\u0665": 1.0}), "logit_bias", "token ids"),
+    (chat(logit_bias={"5": 1.0, "05": 2.0}), "logit_bias", "token 5 twice"),
+    # values the FP32 inputs cannot carry: the decode loop's refusal would come back a 500
+    (chat(logit_bias={"5": 1e39}), "logit_bias", "finite in float32"),
+    (chat(logit_bias={"5": -1e39}), "logit_bias", "finite in float32"),
+    (chat(temperature=1e39), "temperature", "reads as inf"),
+    (chat(repetition_penalty=1e39), "repetition_penalty", "reads as inf"),
+    (chat(top_p=1e-46), "top_p", "reads as 0.0"),
     (chat(stream_options={"include_usage": True}), "stream_options", "stream true"),
     (chat(stream=True, stream_options={"include_usage": True, "x": 1}), "stream_options.x",
      "unknown field"),
     (chat(messages=[]), "messages", "at least one"),
     (chat(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "Input should be"),
     (chat(messages=[{"role": "user"}]), "messages.0.content", "required"),
+    (chat(messages=["hi"]), "messages.0", "must be a JSON object"),
+    # an OpenAI request field inside a message is not a request field there
+    (chat(messages=[{"role": "user", "content": "x", "audio": {"id": "1"}}]),
+     "messages.0.audio", "unknown field"),
+    (chat(stream=True, stream_options={"include_usage": True, "metadata": {}}),
+     "stream_options.metadata", "unknown field"),
     ({"messages": [{"role": "user", "content": "x"}]}, "model", "required"),
     (chat(stream="yes"), "stream", "valid boolean"),
 ]
@@ -132,6 +148,7 @@ BAD_COMPLETION = [
     (completion(suffix="x"), "suffix", "not supported"),
     (completion(max_tokens=600), "max_tokens", "[1, 511]"),
     (completion(prompt=[1] * 500, max_tokens=100), "max_tokens", "at most the context"),
+    (completion(prompt=[1] * 512), "prompt", "leaves no room"),
 ]
 
 
@@ -209,6 +226,29 @@ def test_a_non_streamed_answer_is_openais_object(client):
     body = post(client, "/v1/completions", completion(logprobs=0)).json()
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == " Paris."
     assert body["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.25]
+
+
+def test_logprob_bytes_are_each_tokens_own_and_join_into_the_text(codec):
+    """A character split over tokens: each token's text is a replacement
+    character, its bytes are its part of the character (OpenAI's purpose
+    for them), and the bytes joined are the text's UTF-8."""
+    ids = codec.tokenizer("\U0001f642 \u00e9", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 3  # the smiley is split over the first two
+
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            yield Chunk(codec.decode(ids), ids, [-0.1] * 3, -0.3, n, 3, "")
+            yield Chunk("", [codec.end_id], [-0.2], -0.5, n, 4, "stop")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    content = post(client, "/v1/chat/completions", chat(logprobs=True)).json()["choices"][0][
+        "logprobs"]["content"]
+    assert [c["token"] for c in content[:2]] == ["\ufffd", "\ufffd\ufffd"]
+    assert bytes(content[0]["bytes"]) + bytes(content[1]["bytes"]) == "\U0001f642".encode()
+    assert b"".join(bytes(c["bytes"]) for c in content).decode() == "\U0001f642 \u00e9"
+    assert content[3]["token"] == "" and content[3]["bytes"] == []  # the end token: skipped
 
 
 def events(response):

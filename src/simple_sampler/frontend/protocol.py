@@ -38,6 +38,12 @@ UNSUPPORTED = frozenset({
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
+
+class Request(Strict):
+    """A request body: OpenAI's request fields this server does not
+    implement are refused by name (inside a message or ``stream_options``
+    they are unknown fields, named by their path)."""
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data):
@@ -61,7 +67,7 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class Sampling(Strict):
+class Sampling(Request):
     """The fields both endpoints share."""
 
     model: str
@@ -165,9 +171,9 @@ def parse(model: type[Strict], body: bytes) -> Strict:
             unsupported = first["ctx"]["error"]
             raise RequestError(str(unsupported), unsupported.field,
                                code="unsupported_parameter") from None
-        if first["type"] == "model_type":
-            raise RequestError("the body must be a JSON object") from None
         param = _location(first["loc"])
+        if first["type"] == "model_type":
+            raise RequestError(f"{param or 'the body'} must be a JSON object", param or None) from None
         if first["type"] == "extra_forbidden":
             raise RequestError(f"unknown field {param}", param,
                                code="unknown_parameter") from None

@@ -76,7 +76,11 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
             continue
         if not rule(np.float64(value)):
             raise RequestError(f"{name} must be {allowed}, got {value!r}", name)
-        info = np.iinfo(_INPUT_DTYPES[PARAM_INPUTS[name]]) if isinstance(value, int) else None
+        dtype = np.dtype(_INPUT_DTYPES[PARAM_INPUTS[name]])
+        if dtype.kind == "f" and not rule(np.float64(_as_float(value, dtype))):
+            raise RequestError(f"{name} must be {allowed} as {dtype.name} carries it: {value!r} "
+                               f"reads as {_as_float(value, dtype)!r}", name)
+        info = np.iinfo(dtype) if dtype.kind in "iu" and isinstance(value, int) else None
         if info is not None and value > info.max:
             raise RequestError(f"{name} must be {allowed} and at most {info.max}, got {value}",
                                name)
@@ -94,20 +98,40 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         if stop:
             params["stop_words"] = stop
     if request.logit_bias:
-        ids = []
-        for key in request.logit_bias:
-            token = int(key) if key.strip().lstrip("-").isdigit() else None
-            if token is None or not 0 <= token < served.vocab_size:
-                raise RequestError(f"logit_bias keys must be token ids in [0, "
-                                   f"{served.vocab_size - 1}], got {key!r}", "logit_bias")
-            ids.append(token)
-        params["logit_bias_ids"] = ids
-        params["logit_bias_values"] = list(request.logit_bias.values())
+        params["logit_bias_ids"], params["logit_bias_values"] = _logit_bias(request.logit_bias,
+                                                                           served.vocab_size)
     return params
 
 
+def _as_float(value: float, dtype: np.dtype) -> float:
+    """`value` as a float input of `dtype` carries it (FP32: 1e39 is inf, 1e-46 is 0)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(dtype.type(value))
+
+
+def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], list[float]]:
+    """OpenAI's logit_bias (decimal token ids as keys) as the generate
+    inputs' ids and values: each id once, each value finite in FP32."""
+    dtype = np.dtype(_INPUT_DTYPES["logit_bias_values"])
+    ids: dict[int, str] = {}
+    for key, value in bias.items():
+        digits = key.strip()
+        token = int(digits) if digits.isascii() and digits.isdigit() else None
+        if token is None or not 0 <= token < vocab_size:
+            raise RequestError(f"logit_bias keys must be token ids in [0, {vocab_size - 1}], "
+                               f"got {key!r}", "logit_bias")
+        if token in ids:
+            raise RequestError(f"logit_bias names token {token} twice ({ids[token]!r} and "
+                               f"{key!r})", "logit_bias")
+        if not np.isfinite(_as_float(value, dtype)):
+            raise RequestError(f"logit_bias values must be finite in {dtype.name}, got {value!r} "
+                               f"for token {token}", "logit_bias")
+        ids[token] = key
+    return list(ids), list(bias.values())
+
+
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
-                name: str = "max_tokens") -> int:
+                name: str = "max_tokens", prompt_field: str = "messages") -> int:
     given = getattr(request, name)
     room = served.max_context - prompt_length
     if given is None:
@@ -115,7 +139,7 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
             default = room
         if default < 1:
             raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
-                               f"context ({served.max_context} tokens)", "messages")
+                               f"context ({served.max_context} tokens)", prompt_field)
         return default
     _integer(name, given, "max_tokens", 1, served.max_context - 1)
     if given > room:
@@ -152,7 +176,8 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
         prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
                       for t in request.prompt]
     return _plan(request, served, False, prompt_ids, _max_tokens(
-        request, served, len(prompt_ids), default=16), request.logprobs is not None)
+        request, served, len(prompt_ids), default=16, prompt_field="prompt"),
+        request.logprobs is not None)
 
 
 def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
@@ -209,8 +234,8 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     pairs = [(t, p) for c in chunks for t, p in zip(c.token_ids, c.logprobs)]
     tokens = [codec.decode([t]) for t, _ in pairs]
     if plan.chat:
-        return {"content": [{"token": text, "logprob": p, "bytes": list(text.encode()),
-                             "top_logprobs": []} for text, (_, p) in zip(tokens, pairs)]}
+        return {"content": [{"token": text, "logprob": p, "bytes": list(codec.token_bytes(t)),
+                             "top_logprobs": []} for text, (t, p) in zip(tokens, pairs)]}
     return {"tokens": tokens, "token_logprobs": [p for _, p in pairs],
             "top_logprobs": None, "text_offset": None}
 

@@ -69,6 +69,8 @@ class TextCodec:
         self._backend_decode = backend.decode if direct else None
         #: the Rust tokenizer where the detokenizer may stream with DecodeStream
         self.backend = backend if direct and DecodeStream is not None else None
+        #: byte-level BPE's character -> byte (token_bytes), made at first use
+        self._byte_of: dict[str, int] | None = None
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None) -> "TextCodec":
@@ -113,6 +115,22 @@ class TextCodec:
             return self._backend_decode(list(token_ids), skip_special_tokens=True)
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes (OpenAI's logprobs ``bytes``, which lets a
+        client join the pieces of a character split over tokens): a byte-level
+        BPE vocabulary's token (SmolLM2, Llama 3, Qwen2) maps back to its raw
+        bytes, where its text alone would be a replacement character; any
+        other token (added and special ones, other tokenizers) is its text's
+        UTF-8. b"" for a special token, whose text is skipped."""
+        piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
+        if self._byte_of is None:
+            self._byte_of = byte_level_alphabet(self.tokenizer)
+        byte_of = self._byte_of
+        if byte_of and token_id not in self.tokenizer.added_tokens_decoder and \
+                all(char in byte_of for char in piece):
+            return bytes(byte_of[char] for char in piece)
+        return self.decode([token_id]).encode()
+
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Each bad word as the id sequence the model would generate for it
         (encoded without special tokens). Raises InvalidRequest for a non-string
@@ -126,6 +144,19 @@ class TextCodec:
 
     def detokenizer(self, prompt_ids: Sequence[int] = ()) -> "Detokenizer":
         return Detokenizer(self, prompt_ids)
+
+
+def byte_level_alphabet(tokenizer) -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte, where the tokenizer
+    decodes with it (its Rust decoder is ``ByteLevel``); else empty."""
+    from tokenizers.decoders import ByteLevel
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not isinstance(backend.decoder, ByteLevel):
+        return {}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 class Detokenizer:
