@@ -434,6 +434,8 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         row_max = row_pass(src, ov, ws, n_blocks, inv_t, False, NULL, &nan_count)
     if nan_count > 0 or row_max == INFINITY:
         result.error = find_bad_column(src, ov, inv_t, ws.block, &result.error_column)
+        if result.error == ERROR_NONE:  # never a token drawn from a NaN mass
+            result.error = ERROR_INTERNAL
         return
     if row_max == -INFINITY:
         result.error = ERROR_ALL_BANNED

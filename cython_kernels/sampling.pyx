@@ -82,6 +82,7 @@ cpdef enum RowError:
     ERROR_ALL_BANNED = 3
     ERROR_OUT_OF_MEMORY = 4
     ERROR_UNLISTED_OVERRIDE = 5     # compact rows: a bias / ban / history id not handed over
+    ERROR_INTERNAL = 6              # a NaN mass with no NaN or +inf z to blame: ours, not the row's
 
 # Per-row SHVS outcome reported to the Python layer (SampleOutput.hot_accepted).
 cpdef enum HotOutcome:

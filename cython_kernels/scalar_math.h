@@ -372,9 +372,16 @@ static inline __attribute__((always_inline)) float ss_block4_mass_at(
         *mass = 0.0f;
         return m;
     }
-    if (!SS_MASS_FLAGS_NAN)
-        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
     float shift = m * scale;
+    if (!SS_MASS_FLAGS_NAN || shift == -__builtin_inff())
+        *nan_count += ss_block_has_nan(v0, v1, v2, v3);
+    if (shift == -__builtin_inff()) {
+        /* a finite max whose z overflows (float32's min at T < 1, a masked
+         * row's padding): every z of the block is -inf, no mass; its
+         * arguments would be -inf - -inf, NaN */
+        *mass = 0.0f;
+        return m;
+    }
     ss_vw e0 = ss_exp_mass_w(v0 * scale - shift), e1 = ss_exp_mass_w(v1 * scale - shift);
     ss_vw e2 = ss_exp_mass_w(v2 * scale - shift), e3 = ss_exp_mass_w(v3 * scale - shift);
     if (terms && shift >= terms_floor) {
@@ -500,6 +507,10 @@ static inline __attribute__((always_inline)) float ss_block8_max_mass(
         return m;
     }
     float shift = m * scale;
+    if (shift == -__builtin_inff()) {  /* as in ss_block4_mass_at */
+        *mass = 0.0f;
+        return m;
+    }
     ss_vf e[SS_BLOCK / SS_LANES];
     for (int k = 0; k < SS_BLOCK / SS_LANES; k++)
         e[k] = ss_exp_nonpositive_v(w[k] * scale - shift);

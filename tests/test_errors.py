@@ -1,5 +1,6 @@
 """Every bad input raises ValueError naming the field, the row (in a batch)
 and the allowed range; a failed call leaves the sampler usable."""
+import dataclasses
 import re
 
 import ml_dtypes
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from simple_sampler.params import History, SamplingBatch, SamplingParams
-from simple_sampler.sampling import sample, sample_requests
+from simple_sampler._sampling import RowError
+from simple_sampler.sampling import raise_row_errors, sample, sample_requests
 
 V = 8
 ROW = np.linspace(-1.0, 1.0, V).astype(np.float32)
@@ -377,3 +379,49 @@ def test_error_for_the_second_of_three_rows_says_row_1():
     rows[1, 4] = np.inf
     with raises(r"^row 1: "):
         sample_requests(rows, [SamplingParams()] * 3)
+
+
+# ------------------------------------------- values the kernels cannot read
+
+
+@pytest.mark.parametrize("params, pattern", [
+    # the kernels read float32: 1e46 would be an inverse temperature of 0 (token -1, once)
+    (SamplingParams(temperature=1e46), r"temperature must be a finite value >= 0 in float32"),
+    (SamplingParams(repetition_penalty=1e39), r"repetition_penalty .* in float32"),
+    (SamplingParams(top_p=1e-46), r"top_p must be in \(0, 1\] in float32"),
+    (SamplingParams(logit_bias={5: 1e39}), r"logit_bias value .*finite in float32"),
+    # -1e39 would be a ban (-inf) the client did not ask for
+    (SamplingParams(logit_bias={5: -1e39}), r"logit_bias value .*finite in float32"),
+    (SamplingParams(top_k=2**63), r"top_k must be in \[-9223372036854775808, 9223372036854775807\]"),
+    (SamplingParams(top_k=2.5), r"top_k must be an integer, got 2.5"),
+    (SamplingParams(seed=1.5), r"seed must be an integer, got 1.5"),
+    (SamplingParams(min_tokens=1.5), r"min_tokens must be an integer"),
+    (SamplingParams(logit_bias={1.5: 1.0}), r"logit_bias token id must be an integer"),
+], ids=["t", "rep", "p", "bias", "ban", "k-huge", "k-float", "seed", "min-tokens", "bias-id"])
+def test_a_value_the_kernels_would_read_otherwise_is_refused(params, pattern):
+    with raises(r"^row 1: ", pattern):
+        middle(params)
+    good_call()
+
+
+def test_a_batch_whose_columns_disagree_in_length_is_refused():
+    batch = SamplingBatch.from_params([SamplingParams(seed=1, logit_bias={3: 5.0}),
+                                       SamplingParams(seed=2)], vocab_size=V)
+    # too few bias values once read past its end (a crash, or another row's token)
+    with raises(r"bias_values must hold one value per bias_ids entry"):
+        sample(ROWS3[:2], dataclasses.replace(batch, bias_values=np.zeros(0)))
+    for name in ("seed", "step"):  # once broadcast from one row to both
+        with raises(rf"{name} must have shape \[2\], got \[1\]"):
+            sample(ROWS3[:2], dataclasses.replace(batch, **{name: getattr(batch, name)[:1]}))
+    good_call()
+
+
+@pytest.mark.parametrize("code, error", [(RowError.ERROR_INTERNAL, RuntimeError),
+                                         (RowError.ERROR_OUT_OF_MEMORY, MemoryError),
+                                         (RowError.ERROR_NAN, ValueError)])
+def test_a_row_error_of_the_samplers_own_is_not_the_requests(code, error):
+    """A 5xx where the failure is ours: only ValueError becomes a client's 400."""
+    errors = np.array([0, int(code)], np.int32)
+    with pytest.raises(error, match="^row 1: ") as raised:
+        raise_row_errors(errors, np.array([-1, 3], np.int64))
+    assert isinstance(raised.value, ValueError) == (error is ValueError)

@@ -4,7 +4,8 @@ import pytest
 
 from conftest import P_VALUE_FLOOR, draw_counts, goodness_of_fit, total_variation
 from simple_sampler import reference
-from simple_sampler.params import History, SamplingParams
+from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.sampling import sample
 
 DRAWS = 100_000
 
@@ -85,6 +86,29 @@ def test_edge_cases(params):
     row = np.round(rng.normal(0, 1.5, 300), 1).astype(np.float32)   # many ties
     row[[5, 17, 250]] = row.max() + 1.0                            # a tied maximum
     check(row, params)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=0.3, top_p=0.9),
+    SamplingParams(temperature=0.5, min_p=0.05),
+    SamplingParams(temperature=0.5, top_k=20),
+], ids=["t", "t-p", "t-minp", "t-k"])
+def test_a_row_masked_with_the_lowest_float_follows_the_reference_below_t_1(params):
+    """Tokens masked with float32's lowest finite value (a padded vocabulary,
+    masked as Hugging Face masks) have z = -inf once divided by T < 1:
+    probability 0, as in the reference. A block of them once summed
+    exp(-inf - -inf), a NaN mass: the row drew its last finite token every
+    time, or token -1 with no error."""
+    rng = np.random.default_rng(3)
+    row = rng.normal(0, 2, 300).astype(np.float32)
+    row[130:150] = row[200:] = np.finfo(np.float32).min  # inside a block, whole blocks, the tail
+    check(row, params, draws=20_000)
+    alone = np.full(200, np.finfo(np.float32).min, np.float32)
+    alone[5] = 1.0
+    batch = SamplingBatch.from_params([SamplingParams(temperature=0.3, seed=1)], vocab_size=200)
+    drawn = sample(alone, batch)
+    assert drawn.token_ids.tolist() == [5] and drawn.logprobs.tolist() == [0.0]
 
 
 def test_ties_at_the_kth_value_are_kept():

@@ -171,24 +171,50 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the first field out of range."""
+        """Raise ValueError naming the first field out of range: as given,
+        and as the kernels read it (float32: a value that overflows or
+        rounds out of its range there is refused, not altered)."""
         for param in RULES:
-            value = float(getattr(self, param.name))
+            given = getattr(self, param.name)
+            if np.dtype(param.dtype).kind == "i":
+                _check_integer(param.name, given, int(np.iinfo(param.dtype).min),
+                               int(np.iinfo(param.dtype).max))
+            value = float(given)
             if not param.rule(np.float64(value)):
-                raise ValueError(f"{param.name} must be {param.allowed}, got {value!r}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64) or None, got {self.seed!r}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+                raise ValueError(f"{param.name} must be {param.allowed}, got {given!r}")
+            if not param.rule(np.float64(as_float32(value))):
+                raise ValueError(f"{param.name} must be {param.allowed} in float32, got {given!r} "
+                                 f"(float32: {as_float32(value)!r})")
+        if self.seed is not None:
+            _check_integer("seed", self.seed, 0, 2**64 - 1, "in [0, 2**64) or None")
+        _check_integer("min_tokens", self.min_tokens, 0, int(np.iinfo(np.int64).max),
+                       ">= 0 (and an int64)")
         for token, bias in self.logit_bias.items():
-            if np.isnan(bias) or bias == np.inf:
-                raise ValueError(f"logit_bias value must be finite or -inf, got {bias!r} "
-                                 f"for token {token}")
+            _check_integer("logit_bias token id", token, -2**63, 2**63 - 1)  # range: below
+            if np.isnan(bias) or bias == np.inf or (bias != -np.inf
+                                                    and not np.isfinite(as_float32(bias))):
+                raise ValueError(f"logit_bias value must be finite or -inf (finite in float32), "
+                                 f"got {bias!r} for token {token}")
         if vocab_size is not None:
             for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
                 bad = [t for t in ids if not 0 <= t < vocab_size]
                 if bad:
                     raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
+
+
+def as_float32(value: float) -> float:
+    """`value` as the kernels read a float parameter (1e39 is inf, 1e-46 is 0)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(value))
+
+
+def _check_integer(name: str, value, low: int, high: int, allowed: str = "") -> None:
+    """An integer (not a bool or a float) in [low, high], else ValueError
+    (saying `allowed`, or the interval)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {allowed or f'in [{low}, {high}]'}, got {value!r}")
 
 
 @dataclass
@@ -325,6 +351,10 @@ class SamplingBatch:
             message = first_violation(param.name, values, param.rule(values), param.allowed)
             if message:
                 raise ValueError(message)
+        for name in ("seed", "step"):
+            if np.shape(getattr(self, name)) != (batch,):
+                raise ValueError(f"{name} must have shape [{batch}], "
+                                 f"got {list(np.shape(getattr(self, name)))}")
         step = np.asarray(self.step)
         message = first_violation("step", step, step >= 0, ">= 0")
         if message:
@@ -342,8 +372,11 @@ class SamplingBatch:
     def validate_bias(self, vocab_size: int) -> None:
         """The part of ``validate`` that a decoder which built the offsets
         and range-checked every id itself still needs (sampler_decode): bias
-        values finite or -inf, no id twice in a row's bias."""
+        values finite or -inf, one per id, no id twice in a row's bias."""
         bias = np.asarray(self.bias_values, dtype=np.float64)
+        if bias.shape != np.shape(self.bias_ids):
+            raise ValueError(f"bias_values must hold one value per bias_ids entry: "
+                             f"{np.shape(self.bias_ids)[0]} ids, shape {list(bias.shape)}")
         if bias.size == 0:
             return
         message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),

@@ -53,7 +53,10 @@ _ROW_ERRORS = {
     RowError.ERROR_UNLISTED_OVERRIDE:
         "touched_ids must list every id the row's bias, bans or penalties change; "
         "{column} is missing",
+    RowError.ERROR_INTERNAL: "the sampler's softmax mass came out NaN from finite logits",
 }
+#: row errors that are the sampler's, not the request's (not a ValueError)
+_SAMPLER_ERRORS = {RowError.ERROR_OUT_OF_MEMORY: MemoryError, RowError.ERROR_INTERNAL: RuntimeError}
 
 
 @dataclass
@@ -288,12 +291,14 @@ def empty_output(size: int, n_top: int) -> SampleOutput:
 
 
 def raise_row_errors(errors: np.ndarray, error_columns: np.ndarray) -> None:
-    """ValueError naming the first row the kernel could not sample."""
+    """ValueError naming the first row the kernel could not sample
+    (MemoryError or RuntimeError where the failure is the sampler's own)."""
     failed = np.flatnonzero(errors)
     if failed.size:
         row = int(failed[0])
-        detail = _ROW_ERRORS[int(errors[row])].format(column=int(error_columns[row]))
-        raise ValueError(f"row {row}: {detail}")
+        code = RowError(int(errors[row]))
+        detail = _ROW_ERRORS[code].format(column=int(error_columns[row]))
+        raise _SAMPLER_ERRORS.get(code, ValueError)(f"row {row}: {detail}")
 
 
 def sample_requests(logits, params: Sequence[SamplingParams],
