@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from simple_sampler import SamplingParams
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.samplers import (SamplesNow, SummarizesOnDataPlane, kernel_sample,
                                              threaded)
@@ -68,6 +69,42 @@ def test_requests_beyond_max_batch_wait_and_all_finish_once():
         start = LETTERS.index(prompt) + 1
         assert text_of(events) == LETTERS[start:start + 4]
     assert decoder.stats.tokens == 20 and decoder.num_active == decoder.num_queued == 0
+
+
+def test_a_request_that_bans_every_token_is_refused_and_the_others_are_served():
+    """A request banning every token at its first step would fail the sampler
+    call of each step it joins, and with it the other requests' rows: it is
+    refused at submission, naming what bans them. Banned by a -inf bias on
+    each; on all but the end id, which min_tokens holds back; on all but a
+    letter, which a bad word bans."""
+    def bias(*allowed):
+        return {t: -np.inf for t in range(VOCAB) if t not in allowed}
+    banning = [SamplingParams(logit_bias=bias()),
+               SamplingParams(logit_bias=bias(END_ID), min_tokens=2),
+               SamplingParams(logit_bias=bias(1))]
+    allowed = SamplingParams(temperature=0.0, logit_bias=bias(END_ID, 1), min_tokens=2)
+
+    async def main():
+        decoder = Decoder(FakeEngine(max_batch_size=4), TextCodec(FakeTokenizer()), "simple",
+                          threaded())
+        await decoder.start()
+        served = [decoder.submit(GenerationRequest(text=c, max_tokens=3, sampling=GREEDY))
+                  for c in "ab"]
+        refusals = []
+        for params, bad_words in zip(banning, ([], [], ["a"])):
+            with pytest.raises(InvalidRequest) as refused:
+                decoder.submit(GenerationRequest(text="c", max_tokens=3, sampling=params,
+                                                 bad_words=bad_words))
+            refusals.append(str(refused.value))
+        # one token left (the letter a, the end id held back): served
+        alone = decoder.submit(GenerationRequest(text="c", max_tokens=3, sampling=allowed))
+        results = await asyncio.gather(*(collect(h) for h in (*served, alone)))
+        await decoder.close()
+        return refusals, results
+    refusals, results = asyncio.run(main())
+    assert all("ban all 28 tokens at the first step" in r for r in refusals), refusals
+    assert [text_of(events) for events in results] == ["bcd", "cde", "aa"]
+    assert all(events[-1].error is None for events in results)
 
 
 def test_a_listener_gets_every_event_in_the_loops_pass_the_same_as_a_reader():

@@ -188,7 +188,7 @@ class SamplingParams:
         if self.seed is not None:
             _check_integer("seed", self.seed, 0, 2**64 - 1, "in [0, 2**64) or None")
         _check_integer("min_tokens", self.min_tokens, 0, int(np.iinfo(np.int64).max),
-                       ">= 0 (and an int64)")
+                       ">= 0 and at most 2**63 - 1")
         for token, bias in self.logit_bias.items():
             _check_integer("logit_bias token id", token, -2**63, 2**63 - 1)  # range: below
             if np.isnan(bias) or bias == np.inf or (bias != -np.inf
@@ -200,6 +200,22 @@ class SamplingParams:
                 bad = [t for t in ids if not 0 <= t < vocab_size]
                 if bad:
                     raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
+
+    def check_a_token_is_allowed(self, vocab_size: int, also_banned=()) -> None:
+        """ValueError when the request bans every token at its first step:
+        a -inf logit_bias, the stop ids while min_tokens holds them back, and
+        `also_banned` (a generation's one-token bad words). The decode loop
+        refuses such a request at submission: in a step its row would fail
+        the whole sampler call, and with it the other requests' rows (a
+        direct ``sample`` call raises for its own batch instead)."""
+        banned = {token for token, bias in self.logit_bias.items() if bias == -np.inf}
+        banned.update(also_banned)
+        if self.min_tokens > 0:
+            banned.update(self.stop_token_ids)
+        if len(banned) >= vocab_size:
+            raise ValueError(f"logit_bias (-inf), the stop ids held back by min_tokens and "
+                             f"bad words ban all {vocab_size} tokens at the first step: at "
+                             f"least one token must stay allowed")
 
 
 def as_float32(value: float) -> float:

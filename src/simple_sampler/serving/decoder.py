@@ -86,6 +86,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..params import SamplingBatch
+from ..schema import InvalidRequest
 from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
@@ -237,12 +238,18 @@ class Decoder:
             params,
             seed=secrets.randbits(64) if params.seed is None else params.seed,
             stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else [end_id]))
+        bad_words_ids = self.codec.bad_words_ids(request.bad_words)
+        try:  # with the end id and the bad words, which validate did not see
+            params.check_a_token_is_allowed(
+                engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))
+        except ValueError as error:
+            raise InvalidRequest(str(error)) from None
         request_id = next(self.ids)
         handle = RequestHandle(self, request_id)
         sequence = DecodeSequence(request_id, request, handle, prompt_ids, params,
                                    self.codec.detokenizer(prompt_ids),
                                    StopMatcher(request.stop_words),
-                                   self.codec.bad_words_ids(request.bad_words),
+                                   bad_words_ids,
                                    num_input_tokens=len(prompt_ids),
                                    max_tokens=request.max_tokens,
                                    stop_ids=frozenset(params.stop_token_ids))
