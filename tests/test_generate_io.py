@@ -30,6 +30,15 @@ def test_bad_logit_bias_inputs_are_refused_by_name(inputs, message):
         decode_generate({"text_input": np.array([[b"hi"]], object), **inputs})
 
 
+def test_empty_stop_and_bad_words_name_no_word_as_in_tensorrt_llm():
+    """TensorRT-LLM's README sends `"stop_words": "", "bad_words": ""`; its
+    preprocessing skips a word of no ids. The others are kept in order."""
+    decoded = decode_generate({"text_input": np.array([[b"hi"]], object),
+                               "stop_words": np.array([[b""]], object),
+                               "bad_words": np.array([[b"", b"x y", b""]], object)})
+    assert decoded.request.stop_words == [] and decoded.request.bad_words == ["x y"]
+
+
 def test_output_log_probs_are_zero_per_token_when_not_asked():
     """Never an empty tensor: perf_analyzer 2.50's JSON export wrote garbage
     for one; cum_log_probs is 0 alike."""

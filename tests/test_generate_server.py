@@ -201,7 +201,7 @@ BAD = [
     ({"temperature": -0.5}, r"temperature must be a finite value >= 0, got -0.5"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
     ({"top_k": -3}, r"top_k must be >= -1"),
-    ({"stop_words": [""]}, "stop_words must be a list of non-empty strings"),
+    ({"repetition_penalty": 0.0}, r"repetition_penalty must be a finite value > 0, got 0.0"),
 ]
 
 

@@ -65,10 +65,11 @@ def _words(name: str, array) -> list[str]:
     if array.ndim == 2 and array.shape[0] != 1:
         raise InvalidRequest(f"{name} must be one list of strings per request, got shape "
                          f"{list(array.shape)}")
-    words = [_text(name, w) for w in array.reshape(-1)]
-    if not all(words):
-        raise InvalidRequest(f"{name} must be a list of non-empty strings")
-    return words
+    # empty strings name no word: skipped, as TensorRT-LLM's preprocessing
+    # skips a word that encodes to no ids (tensorrtllm_backend,
+    # all_models/inflight_batcher_llm/preprocessing/1/model.py,
+    # _to_word_list_format), so its README's `"stop_words": ""` is no stop word
+    return [word for word in (_text(name, w) for w in array.reshape(-1)) if word]
 
 
 def _logit_bias(ids, values) -> dict[int, float]:
