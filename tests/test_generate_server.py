@@ -201,7 +201,7 @@ BAD = [
     ({"temperature": -0.5}, r"temperature must be a finite value >= 0, got -0.5"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
     ({"top_k": -3}, r"top_k must be >= -1"),
-    ({"repetition_penalty": 0.0}, r"repetition_penalty must be a finite value > 0, got 0.0"),
+    ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \[1e-6, 1e6\], got 0.0"),
 ]
 
 

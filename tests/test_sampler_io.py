@@ -97,7 +97,7 @@ def test_no_outputs_beyond_what_was_asked(logits):
     ("runtime_top_k", column([-2, 0, 0], np.int32), "row 0: runtime_top_k must be >= -1"),
     ("min_p", column([0, 2, 0]), "row 1: min_p must be in [0, 1]"),
     ("presence_penalty", column([0, 0, 3]), "row 2: presence_penalty must be in [-2, 2]"),
-    ("repetition_penalty", column([0, 1, 1]), "row 0: repetition_penalty must be a finite value > 0"),
+    ("repetition_penalty", column([0, 1, 1]), "row 0: repetition_penalty must be in [1e-6, 1e6]"),
     ("temperature", np.ones((2, 1), np.float32), "temperature must have shape [3, 1]"),
     ("prompt_ids", np.array([[1], [V], [2]], np.int32),
      f"row 1: prompt_ids must be token ids in [0, {V}) or -1 (padding), got {V}"),
@@ -124,7 +124,7 @@ def test_logit_bias_checks():
     with pytest.raises(InvalidRequest, match="logit_bias_values must have the shape"):
         decode_request({"logits": logits, "logit_bias_ids": ids,
                         "logit_bias_values": np.ones((1, 3), np.float32)})
-    with pytest.raises(InvalidRequest, match="logit_bias value must be finite or -inf"):
+    with pytest.raises(InvalidRequest, match=r"logit_bias value must be in \[-1e6, 1e6\] or -inf"):
         decode_request({"logits": logits, "logit_bias_ids": np.array([[1]], np.int32),
                         "logit_bias_values": np.array([[np.nan]], np.float32)})
 
@@ -301,7 +301,8 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
              "runtime_top_k": [-2, -1, 0, 1, 7, V - 1, V, V + 1, 2**31 - 1, -2**31],
              "runtime_top_p": [0.0, 1e-9, 0.5, 1.0, above_one, -0.5, np.nan, np.inf],
              "min_p": [0.0, 0.3, 1.0, above_one, -1e-7, np.nan],
-             "repetition_penalty": [0.0, 1e-3, 1.0, 1.7, np.inf, -1.0, np.nan],
+             "repetition_penalty": [0.0, 1e-7, 1e-6, 1e-3, 1.0, 1.7, 1e6, 2e6, np.inf, -1.0,
+                                    np.nan],
              "presence_penalty": [-above_two, -2.0, 0.0, 2.0, above_two, np.nan],
              "frequency_penalty": [-above_two, -2.0, 0.5, 2.0, above_two, np.inf],
              "random_seed": [0, 1, 2**63, 2**64 - 1],

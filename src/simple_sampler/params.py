@@ -31,6 +31,21 @@ import numpy as np
 #: Temperatures below this select greedy decoding (vLLM's _SAMPLING_EPS).
 GREEDY_TEMPERATURE = 1e-5
 PENALTY_LIMIT = 2.0
+#: The widest repetition penalty and logit bias. Outside them a sequence's
+#: logit can overflow float32 once divided by a temperature near the greedy
+#: bound (z = +inf, a refused row), and a refused row fails the sampler call
+#: of every request batched with it; a penalty of 1e6 already sends a seen
+#: token's logit past any other (OpenAI's biases span [-100, 100]).
+#: (the low end is float32's 1e-6, so the FP32 1e-6 a client sends passes)
+REPETITION_PENALTY_RANGE = (float(np.float32(1e-6)), 1e6)
+BIAS_LIMIT = 1e6
+BIAS_ALLOWED = "in [-1e6, 1e6] or -inf"
+
+
+def bias_allowed(values) -> np.ndarray:
+    """The bool mask of logit bias values allowed (BIAS_ALLOWED; -inf bans)."""
+    values = np.asarray(values)
+    return (np.abs(values) <= BIAS_LIMIT) | (values == -np.inf)
 
 
 class Interval(NamedTuple):
@@ -94,8 +109,8 @@ RULES = (
           ">= -1 (0 or -1 disables it)", "truncation", off=lambda v: v <= 0),
     Param("top_p", np.float64, 1.0, Interval(0.0, 1.0, low_open=True), "in (0, 1]", "truncation"),
     Param("min_p", np.float64, 0.0, Interval(0.0, 1.0), "in [0, 1]", "truncation"),
-    Param("repetition_penalty", np.float64, 1.0, Interval(0.0, np.inf, True, True),
-          "a finite value > 0", "penalty"),
+    Param("repetition_penalty", np.float64, 1.0, Interval(*REPETITION_PENALTY_RANGE),
+          "in [1e-6, 1e6]", "penalty"),
     Param("presence_penalty", np.float64, 0.0, Interval(-PENALTY_LIMIT, PENALTY_LIMIT),
           "in [-2, 2]", "penalty"),
     Param("frequency_penalty", np.float64, 0.0, Interval(-PENALTY_LIMIT, PENALTY_LIMIT),
@@ -191,10 +206,9 @@ class SamplingParams:
                        ">= 0 and at most 2**63 - 1")
         for token, bias in self.logit_bias.items():
             _check_integer("logit_bias token id", token, -2**63, 2**63 - 1)  # range: below
-            if np.isnan(bias) or bias == np.inf or (bias != -np.inf
-                                                    and not np.isfinite(as_float32(bias))):
-                raise ValueError(f"logit_bias value must be finite or -inf (finite in float32), "
-                                 f"got {bias!r} for token {token}")
+            if not bias_allowed(bias):
+                raise ValueError(f"logit_bias value must be {BIAS_ALLOWED}, got {bias!r} for "
+                                 f"token {token}")
         if vocab_size is not None:
             for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
                 bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -388,15 +402,15 @@ class SamplingBatch:
     def validate_bias(self, vocab_size: int) -> None:
         """The part of ``validate`` that a decoder which built the offsets
         and range-checked every id itself still needs (sampler_decode): bias
-        values finite or -inf, one per id, no id twice in a row's bias."""
+        values BIAS_ALLOWED, one per id, no id twice in a row's bias."""
         bias = np.asarray(self.bias_values, dtype=np.float64)
         if bias.shape != np.shape(self.bias_ids):
             raise ValueError(f"bias_values must hold one value per bias_ids entry: "
                              f"{np.shape(self.bias_ids)[0]} ids, shape {list(bias.shape)}")
         if bias.size == 0:
             return
-        message = first_violation("logit_bias value", bias, ~np.isnan(bias) & (bias != np.inf),
-                                  "finite or -inf", self.bias_offsets)
+        message = first_violation("logit_bias value", bias, bias_allowed(bias), BIAS_ALLOWED,
+                                  self.bias_offsets)
         if message:
             raise ValueError(message)
         rows = np.searchsorted(self.bias_offsets, np.arange(bias.size), side="right") - 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .params import RULES, SamplingParams
+from .params import BIAS_ALLOWED, RULES, SamplingParams
 from .sampling import MAX_TOP_LOGPROBS
 from .settings import LOGITS_ITEMSIZE, LlmSettings
 
@@ -149,7 +149,7 @@ GENERATE_INPUTS = (
     Tensor("logit_bias_ids", "INT32", (-1,), default="none",
            allowed="token ids in [0, V), each at most once"),
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
-           allowed="finite or -inf, one per logit_bias_ids entry: added to its logit"),
+           allowed=f"{BIAS_ALLOWED}, one per logit_bias_ids entry: added to its logit"),
     _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end id is banned until reached"),
@@ -262,7 +262,7 @@ SAMPLER = Model("simple_sampler", (
     _id_list("generated_ids", allowed="token ids, -1 padded (all penalties)"),
     _id_list("logit_bias_ids", allowed="token ids, -1 padded"),
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
-           allowed="finite or -inf, shaped as logit_bias_ids"),
+           allowed=f"{BIAS_ALLOWED}, shaped as logit_bias_ids"),
     _SAMPLER_SCALARS[9],
     _id_list("end_id", allowed="token ids, -1 padded (min_tokens)"),
     *_SAMPLER_SCALARS[10:],

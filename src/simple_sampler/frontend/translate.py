@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..client import Chunk
-from ..params import RULES
+from ..params import BIAS_ALLOWED, RULES, bias_allowed
 from ..schema import GENERATE_INPUTS, INPUT_IDS, InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
@@ -111,8 +111,7 @@ def _as_float(value: float, dtype: np.dtype) -> float:
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], list[float]]:
     """OpenAI's logit_bias (decimal token ids as keys) as the generate
-    inputs' ids and values: each id once, each value finite in FP32."""
-    dtype = np.dtype(_INPUT_DTYPES["logit_bias_values"])
+    inputs' ids and values: each id once, each value params.BIAS_ALLOWED."""
     ids: dict[int, str] = {}
     for key, value in bias.items():
         digits = key.strip()
@@ -123,9 +122,9 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
         if token in ids:
             raise RequestError(f"logit_bias names token {token} twice ({ids[token]!r} and "
                                f"{key!r})", "logit_bias")
-        if not np.isfinite(_as_float(value, dtype)):
-            raise RequestError(f"logit_bias values must be finite in {dtype.name}, got {value!r} "
-                               f"for token {token}", "logit_bias")
+        if not bias_allowed(value):
+            raise RequestError(f"logit_bias values must be {BIAS_ALLOWED}, got {value!r} for "
+                               f"token {token}", "logit_bias")
         ids[token] = key
     return list(ids), list(bias.values())
 
