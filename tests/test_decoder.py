@@ -424,7 +424,8 @@ def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_l
 @pytest.mark.parametrize("request_args, message", [
     (dict(text=""), "text_input must be a non-empty string"),
     (dict(text=None), "exactly one of text_input and prompt_ids"),
-    (dict(prompt_ids=[1, 99]), r"prompt_ids must be a non-empty list of token ids in \[0, 28\)"),
+    (dict(prompt_ids=[1, 99]),
+     r"input_ids \(prompt_ids\) must be a non-empty list of token ids in \[0, 28\)"),
     (dict(text="a", max_tokens=0), r"max_tokens must be an integer in \[1, 63\], got 0"),
     (dict(text="a", max_tokens=10**6), r"max_tokens must be an integer in \[1, 63\]"),
     (dict(text="abcdefghij", max_tokens=60), r"prompt \(10 tokens\) plus max_tokens \(60\)"),
@@ -434,6 +435,13 @@ def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_l
     (dict(text="a", stop_words=[3]), "stop_words must be a list of non-empty strings"),
     (dict(text="a", bad_words=[""]), "bad_words must be a list of non-empty strings"),
     (dict(text="a", end_id=28), r"end_id must be a token id in \[0, 28\)"),
+    # named as the generate input the client sent, not the sampling field
+    (dict(text="a", sampling=SamplingParams(min_tokens=-1)), r"^min_length must be >= 0"),
+    (dict(text="a", sampling=SamplingParams(logit_bias={28: 1.0})),
+     r"^logit_bias_ids must be token ids in \[0, 28\), got 28"),
+    (dict(text="a", sampling=SamplingParams(logit_bias={3: 2e6})),
+     r"^logit_bias_values must be in \[-1e6, 1e6\] or -inf"),
+    (dict(text="a", sampling=SamplingParams(seed=-1)), r"^random_seed must be in \[0, 2\*\*64\)"),
 ])
 def test_bad_requests_are_rejected_with_the_field_and_range(request_args, message):
     async def main():

@@ -28,6 +28,20 @@ from ..schema import InvalidRequest
 from .text import Detokenizer, StopMatcher
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
+#: SamplingParams' fields whose generate input has another name, as their
+#: checks' messages begin: a message names the input the client sent
+INPUT_NAMES = (("logit_bias value", "logit_bias_values"), ("logit_bias token id", "logit_bias_ids"),
+               ("logit_bias", "logit_bias_ids"), ("min_tokens", "min_length"),
+               ("seed", "random_seed"))
+
+
+def named_as_sent(message: str) -> str:
+    """A SamplingParams check's message with its field named as the
+    generate input the client sent (``min_tokens`` is ``min_length``)."""
+    for field_name, input_name in INPUT_NAMES:
+        if message.startswith(field_name + " "):
+            return input_name + message[len(field_name):]
+    return message
 
 
 def _string_list(name: str, value) -> None:
@@ -73,8 +87,8 @@ class GenerationRequest:
             ids = list(self.prompt_ids)
             if not ids or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
                                   for t in ids):
-                raise InvalidRequest(f"prompt_ids must be a non-empty list of token ids in "
-                                 f"[0, {vocab_size})")
+                raise InvalidRequest(f"input_ids (prompt_ids) must be a non-empty list of token "
+                                     f"ids in [0, {vocab_size})")
         limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
                 or not 1 <= self.max_tokens <= limit:
@@ -86,7 +100,7 @@ class GenerationRequest:
         try:
             self.sampling.validate(vocab_size)
         except ValueError as error:  # params' checks are not the request's alone
-            raise InvalidRequest(str(error)) from None
+            raise InvalidRequest(named_as_sent(str(error))) from None
         if self.end_id is not None and not 0 <= self.end_id < vocab_size:
             raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
