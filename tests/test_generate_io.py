@@ -39,6 +39,18 @@ def test_empty_stop_and_bad_words_name_no_word_as_in_tensorrt_llm():
     assert decoded.request.stop_words == [] and decoded.request.bad_words == ["x y"]
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"text_input": np.array([[b"hi"]], object)}, "not both"),
+    ({"apply_chat_template": np.array([[True]])}, "apply_chat_template applies to text_input"),
+])
+def test_input_ids_with_text_or_a_template_flag_are_refused_not_dropped(extra, message):
+    with pytest.raises(InvalidRequest, match=message):
+        decode_generate({"input_ids": np.array([[5, 6]], np.int32), **extra})
+    request = decode_generate({"input_ids": np.array([[5, 6]], np.int32),
+                               "apply_chat_template": np.array([[False]])}).request
+    assert request.prompt_ids == [5, 6] and request.text is None
+
+
 def test_output_log_probs_are_zero_per_token_when_not_asked():
     """Never an empty tensor: perf_analyzer 2.50's JSON export wrote garbage
     for one; cum_log_probs is 0 alike."""

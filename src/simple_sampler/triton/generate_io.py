@@ -114,6 +114,12 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
     sampling["logit_bias"] = _logit_bias(present.get("logit_bias_ids"),
                                          present.get("logit_bias_values"))
     if "input_ids" in present:
+        # neither is dropped unsaid: the ids are the prompt as they are
+        if "text_input" in present:
+            raise InvalidRequest("give one of text_input and input_ids, not both")
+        if flags["apply_chat_template"]:
+            raise InvalidRequest("apply_chat_template applies to text_input; input_ids go to "
+                                 "the model as they are")
         ids = np.asarray(present["input_ids"])
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
