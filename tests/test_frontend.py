@@ -150,6 +150,7 @@ BAD_COMPLETION = [
     (completion(max_tokens=600), "max_tokens", "[1, 511]"),
     (completion(prompt=[1] * 500, max_tokens=100), "max_tokens", "at most the context"),
     (completion(prompt=[1] * 512), "prompt", "leaves no room"),
+    (completion(prompt=[1] * 500), "prompt", "plus the default max_tokens (16)"),
 ]
 
 

@@ -134,12 +134,14 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
     given = getattr(request, name)
     room = served.max_context - prompt_length
     if given is None:
-        if default is None or default > room:  # chat: what the context leaves
-            default = room
-        if default < 1:
+        if room < 1:
             raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
                                f"context ({served.max_context} tokens)", prompt_field)
-        return default
+        if default is not None and default > room:  # refused, not shortened (as vLLM does)
+            raise RequestError(f"the prompt ({prompt_length} tokens) plus the default {name} "
+                               f"({default}) must be at most the context, {served.max_context} "
+                               f"tokens; send a smaller {name}", prompt_field)
+        return room if default is None else default  # chat: what the context leaves
     _integer(name, given, "max_tokens", 1, served.max_context - 1)
     if given > room:
         raise RequestError(f"the prompt ({prompt_length} tokens) plus {name} ({given}) must be "
