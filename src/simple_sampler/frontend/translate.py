@@ -137,7 +137,7 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
         if room < 1:
             raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
                                f"context ({served.max_context} tokens)", prompt_field)
-        if default is not None and default > room:  # refused, not shortened (as vLLM does)
+        if default is not None and default > room:  # refused as a limit sent would be, not shortened
             raise RequestError(f"the prompt ({prompt_length} tokens) plus the default {name} "
                                f"({default}) must be at most the context, {served.max_context} "
                                f"tokens; send a smaller {name}", prompt_field)
