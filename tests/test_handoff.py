@@ -97,6 +97,23 @@ def test_two_stage_distribution_equals_the_reference(zipf_row, hot_kind, params)
     check(zipf_row, params, hot_sets(zipf_row)[hot_kind])
 
 
+@pytest.mark.parametrize("masked", ["tail", "every-cold-id"])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.6),
+                                    SamplingParams(temperature=0.5, top_p=0.9)], ids=["t", "t-p"])
+def test_a_vocabulary_masked_with_the_lowest_float_below_t_1(zipf_row, masked, params):
+    """Ids masked with float32's lowest value (a padded vocabulary): their z
+    is -inf below T = 1, in the summary and in the fallback's full rows, as
+    in the reference. Every cold id masked: a finite cold max, no cold mass."""
+    hot = hot_sets(zipf_row)["head"]
+    lowest = np.finfo(np.float32).min
+    row = zipf_row.copy()
+    if masked == "tail":
+        row[-1200:] = lowest
+    else:
+        row[~np.isin(np.arange(VOCAB), hot.ids)] = lowest
+    check(row, params, hot, draws=20_000)
+
+
 @pytest.mark.parametrize("hot_kind", ["head", "whole"])
 @pytest.mark.parametrize("param", TRUNCATIONS, ids=lambda p: p.name)
 def test_each_truncation_of_the_table_is_applied(zipf_row, param, hot_kind):
