@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..client import Chunk
-from ..params import BIAS_ALLOWED, RULES, bias_allowed
+from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..schema import GENERATE_INPUTS, INPUT_IDS, InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
@@ -77,9 +77,9 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         if not rule(np.float64(value)):
             raise RequestError(f"{name} must be {allowed}, got {value!r}", name)
         dtype = np.dtype(_INPUT_DTYPES[PARAM_INPUTS[name]])
-        if dtype.kind == "f" and not rule(np.float64(_as_float(value, dtype))):
-            raise RequestError(f"{name} must be {allowed} as {dtype.name} carries it: {value!r} "
-                               f"reads as {_as_float(value, dtype)!r}", name)
+        if dtype == np.float32 and not rule(np.float64(as_float32(value))):
+            raise RequestError(f"{name} must be {allowed} as float32 carries it: {value!r} "
+                               f"reads as {as_float32(value)!r}", name)
         info = np.iinfo(dtype) if dtype.kind in "iu" and isinstance(value, int) else None
         if info is not None and value > info.max:
             raise RequestError(f"{name} must be {allowed} and at most {info.max}, got {value}",
@@ -101,12 +101,6 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         params["logit_bias_ids"], params["logit_bias_values"] = _logit_bias(request.logit_bias,
                                                                            served.vocab_size)
     return params
-
-
-def _as_float(value: float, dtype: np.dtype) -> float:
-    """`value` as a float input of `dtype` carries it (FP32: 1e39 is inf, 1e-46 is 0)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return float(dtype.type(value))
 
 
 def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], list[float]]:
