@@ -335,6 +335,120 @@ def test_a_failing_sampler_errors_its_rows_and_the_decoder_keeps_serving():
     assert text_of(served) == "bc" and served[-1].finish_reason == "length"
 
 
+class PoisonedEngine(FakeEngine):
+    """FakeEngine whose rows for the prompts in `poisoned` turn NaN at their
+    third step (a model whose output broke for those sequences alone)."""
+
+    def __init__(self, poisoned: str, **kwargs):
+        super().__init__(**kwargs)
+        self.poisoned = {FakeTokenizer.alphabet.index(c) for c in poisoned}
+
+    def step(self, seq_ids):
+        logits = super().step(seq_ids)
+        for row, seq_id in enumerate(seq_ids):
+            ids = self.ids[seq_id]
+            if ids[0] in self.poisoned and len(ids) == 3:
+                logits[row, 7] = float("nan")
+        return logits
+
+
+def hot_first_stand_in():
+    """A sampler with both halves whose synchronous path samples in full,
+    as the hot-first sampler's does (its refusal raised in the data-plane
+    thread); awaited, the kernels."""
+    class SyncKernels:
+        def summarize(self, logits, batch):
+            return len(batch)
+
+        def sample_now(self, logits, batch, summary):
+            return kernel_sample(logits, batch)
+
+        async def __call__(self, logits, batch, summary=None):
+            return kernel_sample(logits, batch)
+    return SyncKernels()
+
+
+def remote_stand_in():
+    """The kernels as the sampler pool raises a remote sampler's refusal
+    (INVALID_ARG): a SamplerCallError marked not retryable."""
+    from simple_sampler.triton.sampler_pool import SamplerCallError
+
+    async def sampler(logits, batch):
+        try:
+            return kernel_sample(logits, batch)
+        except ValueError as error:
+            raise SamplerCallError(f"localhost:8001: {error}", retryable=False) from None
+    return sampler
+
+
+def hot_first(engine):
+    """The llm model's hot-first sampler in-process, over the sampler
+    model's own code (``bench.serve_sim.measuring.hot_first_sampler``)."""
+    from simple_sampler.bench.serve_sim.measuring import hot_first_sampler
+    from simple_sampler.shvs.hot_vocab import HotVocab
+
+    return hot_first_sampler(engine, HotVocab(np.arange(0, VOCAB, 3), VOCAB), instances=2)
+
+
+@pytest.mark.parametrize("mode, sampler", [("simple", "threaded"), ("simple", "sync"),
+                                           ("simple", "remote"), ("simple", "hot-first"),
+                                           ("inline_kernels", None)])
+def test_rows_the_sampler_refuses_end_their_requests_alone(mode, sampler):
+    """A row the sampler cannot sample (NaN logits from the model) ends its
+    own request with the sampler's error; the step's other rows are sampled
+    around it, and every other request draws exactly the tokens it draws
+    without the broken ones (seeded, T = 1: each row's draw is its own)."""
+    prompts = "abxcydef"
+    requests = [GenerationRequest(text=c, max_tokens=6, ignore_end=True,
+                                  sampling=SamplingParams(temperature=1.0, seed=row))
+                for row, c in enumerate(prompts)]
+    runs = {}
+    for poisoned in ("", "xy"):
+        engine = PoisonedEngine(poisoned, max_batch_size=8)
+        runs[poisoned], decoder = generate(engine, requests, mode=mode, sampler={
+            "threaded": threaded, "sync": hot_first_stand_in, "remote": remote_stand_in,
+            "hot-first": lambda: hot_first(engine), None: lambda: None}[sampler]())
+        assert decoder.num_active == decoder.num_queued == 0
+    for c, clean, broken in zip(prompts, runs[""], runs["xy"]):
+        assert clean[-1].error is None and len(text_of(clean)) == 6
+        if c in "xy":
+            assert "logits must not contain NaN; found at column 7" in broken[-1].error
+            assert text_of(broken) == text_of(clean)[:2]  # the two steps before
+        else:
+            assert broken[-1].error is None and text_of(broken) == text_of(clean)
+
+
+def test_an_error_of_the_samplers_own_while_looking_for_refused_rows_fails_the_step():
+    """Sampling around refused rows stops at an error that refuses no rows
+    (the decision plane down): the step's requests end with it, and the
+    decoder goes on serving."""
+    calls = []
+
+    async def refuses_then_fails(logits, batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise ValueError("row 1: logits must not contain NaN; found at column 7")
+        if len(calls) == 2:
+            raise RuntimeError("decision plane unavailable")
+        return kernel_sample(logits, batch)
+
+    async def main():
+        decoder = Decoder(FakeEngine(), TextCodec(FakeTokenizer()), sampler=refuses_then_fails)
+        await decoder.start()
+        failed = await asyncio.gather(*(collect(decoder.submit(GenerationRequest(
+            text=c, sampling=GREEDY))) for c in "ab"))
+        served = await collect(decoder.submit(GenerationRequest(text="a", max_tokens=2,
+                                                                sampling=GREEDY)))
+        await decoder.close()
+        return failed, served
+
+    failed, served = asyncio.run(main())
+    assert calls[:2] == [2, 1]
+    assert all(len(events) == 1 and "decision plane unavailable" in events[0].error
+               for events in failed)
+    assert text_of(served) == "bc" and served[-1].error is None
+
+
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_a_samplers_data_plane_half_runs_in_the_data_plane_thread_and_reaches_it(micro_batches):
     """A sampler with ``summarize`` (the hot-first summary's place) has it

@@ -10,10 +10,16 @@ forward (``engine.step_then``), with several lanes only where the engine
 models it as device time (``engine.StepsThen``), since elsewhere it would
 hold the other lane's forward; with one lane, such a sampler's synchronous
 path (``sample_now``) runs there too (``decoder``'s module docstring).
+
+A sampler that refuses rows of a step (``samplers.refuses_rows``: logits
+it cannot sample, which come from the model) fails only their requests:
+the step is sampled again around them (``samplers.sample_around_refusals``)
+and ``sampled`` names them.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +33,8 @@ from .decoder_stats import Activity, DecoderStats
 from .engine import Engine, SelfScheduling, StepsThen, step_then
 from .generation import DecodeSequence
 from .inline import sample_torch
-from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataPlane,
-                       kernel_sample)
+from .samplers import (AsyncSampler, Refusals, SampleResult, SamplesNow, SummarizesOnDataPlane,
+                       kernel_sample, refuses_rows, sample_around_refusals, threaded)
 
 
 #: how long ``launch`` waits, holding no GIL, for a free data-plane thread
@@ -38,6 +44,8 @@ from .samplers import (AsyncSampler, SampleResult, SamplesNow, SummarizesOnDataP
 #: goes on to the bench's or the server's own Python (or, launching ahead,
 #: the events of the step before)
 LAUNCH_WAIT_S = 0.002
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,8 @@ class DataPlaneStep:
     #: ``time.perf_counter()`` when the thread began and ended the step
     began: float
     ended: float
+    #: the error with which sampling in the thread refused rows (``refuses_rows``)
+    refusal: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,21 +130,34 @@ class DataPlane:
         return step
 
     async def sampled(self, step: DataPlaneStep, batch: SamplingBatch
-                      ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """(tokens, logprobs, sampler seconds) of a landed step: sampled in
-        the data-plane thread, or by awaiting the sampler now."""
+                      ) -> tuple[torch.Tensor, torch.Tensor, float, Refusals]:
+        """(tokens, logprobs, sampler seconds, refused rows) of a landed
+        step: sampled in the data-plane thread, or by awaiting the sampler
+        now; where the sampler refused rows, sampled again around them
+        (module docstring), their tokens -1."""
         # sampled in the data-plane thread (or tried to): nothing overlapped it
         self.stats.sampling_exposed_s += step.sample_s
         if step.sampled is not None:
-            return (*step.sampled, step.sample_s)
+            return (*step.sampled, step.sample_s, {})
         started = time.perf_counter()
         self.activity.change(samplers=1)
         try:
-            tokens, logprobs = await (self.sampler(step.logits, batch) if step.summary is None
-                                      else self.sampler(step.logits, batch, step.summary))
+            refused: Refusals = {}
+            try:
+                if step.refusal is not None:
+                    raise step.refusal
+                tokens, logprobs = await (self.sampler(step.logits, batch) if step.summary is None
+                                          else self.sampler(step.logits, batch, step.summary))
+            except Exception as error:  # noqa: BLE001 - sorted by refuses_rows
+                if not refuses_rows(error):
+                    raise
+                log.warning("the sampler refused rows of a step of %d; sampling it again "
+                            "around them", len(batch), exc_info=error)
+                tokens, logprobs, refused = await sample_around_refusals(
+                    self.sampler or threaded(self.local_sample), step.logits, batch, error)
         finally:
             self.activity.change(samplers=-1)
-        return tokens, logprobs, step.sample_s + time.perf_counter() - started
+        return tokens, logprobs, step.sample_s + time.perf_counter() - started, refused
 
     async def ready(self, ids: Sequence[int]) -> tuple[set, float]:
         """The ids the engine has rows for (``engine.SelfScheduling``), and
@@ -164,14 +187,19 @@ class DataPlane:
             logits, summary = step_then(self.engine, ids,
                                         lambda rows: self._timed_summary(rows, batch))
         forward_s = time.perf_counter() - began
-        sampled = None
-        if self.sample_now is not None:
-            sampled = self.sample_now(logits, batch, summary)
-        elif self.local_sample is not None:
-            sampled = self.local_sample(logits, batch)
+        sampled = refusal = None
+        try:
+            if self.sample_now is not None:
+                sampled = self.sample_now(logits, batch, summary)
+            elif self.local_sample is not None:
+                sampled = self.local_sample(logits, batch)
+        except Exception as error:  # noqa: BLE001 - sorted by refuses_rows
+            if not refuses_rows(error):
+                raise
+            refusal, summary = error, None  # ``sampled`` samples around the refused rows
         ended = time.perf_counter()
         return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
-                             forward_s, ended - began - forward_s, began, ended)
+                             forward_s, ended - began - forward_s, began, ended, refusal)
 
     def _timed_summary(self, logits, batch: SamplingBatch):
         """``summarize``, its time added to ``stats.summary_s`` (the

@@ -376,8 +376,13 @@ class Decoder:
                     launched = self._launch(sequences, loop_s)
                     loop_s += time.thread_time() - started
                 step = await self.data_plane.landed(launched)
-                tokens, logprobs, sampler_s = await self.data_plane.sampled(step, launched.batch)
+                tokens, logprobs, sampler_s, refused = await self.data_plane.sampled(
+                    step, launched.batch)
                 started = time.thread_time()
+                ids = launched.ids
+                if refused:
+                    sequences, ids, tokens, logprobs = self._end_refused(
+                        sequences, ids, tokens, logprobs, refused)
 
                 def launch_ahead(ending: set[int]) -> None:
                     nonlocal ahead
@@ -385,9 +390,10 @@ class Decoder:
                     if following:
                         ahead = self._launch(following, 0.0)
 
-                self.step_tokens.deliver(sequences, launched.ids, np.asarray(tokens),
-                                         np.asarray(logprobs),
-                                         launch_ahead if self.launches_ahead else None)
+                if sequences:
+                    self.step_tokens.deliver(sequences, ids, np.asarray(tokens),
+                                             np.asarray(logprobs),
+                                             launch_ahead if self.launches_ahead else None)
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -401,6 +407,19 @@ class Decoder:
                 for sequence in sequences:
                     self.finish(sequence, error=f"{type(error).__name__}: {error}",
                                  release=sequence.request_id not in stepping)
+
+    def _end_refused(self, sequences: list[DecodeSequence], ids: list[int], tokens, logprobs,
+                     refused: dict[int, str]):
+        """End the requests whose rows the sampler refused (their logits:
+        ``data_plane``), each with its row's error; the step's other
+        sequences, ids, tokens and logprobs, to deliver."""
+        for row, error in refused.items():
+            log.error("request %s ends: the sampler refused its row (%s)", ids[row], error)
+            self.finish(sequences[row], error=f"the sampler could not sample this request's "
+                                              f"logits from the model: {error}")
+        kept = [row for row in range(len(sequences)) if row not in refused]
+        return ([sequences[row] for row in kept], [ids[row] for row in kept],
+                np.asarray(tokens)[kept], np.asarray(logprobs)[kept])
 
     def _prelude(self, index: int, ending: set[int] = frozenset()) -> list[DecodeSequence]:
         """Lane `index`'s sequences for its next step, after its bookkeeping

@@ -1,6 +1,8 @@
 """The samplers that run in this process: the kernels as the decoder's
 ``inline_kernels`` mode calls them (:func:`kernel_sample`), and an async
-stand-in for the remote decision plane (:func:`threaded`)."""
+stand-in for the remote decision plane (:func:`threaded`); and a step's
+rows sampled around the rows a sampler refused
+(:func:`sample_around_refusals`)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,8 @@ from ..params import SamplingBatch
 from ..sampling import sample
 
 SampleResult = tuple[np.ndarray, np.ndarray]
+#: row index -> why the sampler refused that row of a step
+Refusals = dict[int, str]
 AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
 
 
@@ -55,3 +59,51 @@ def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = 
     async def sampler(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
         return await asyncio.to_thread(sample_fn, logits, batch)
     return sampler
+
+
+def refuses_rows(error: BaseException) -> bool:
+    """Whether a sampler's `error` refuses rows of its call (a row the
+    kernels cannot sample: NaN logits, +inf after temperature, every token
+    banned) rather than being the sampler's own failure (MemoryError,
+    RuntimeError, a transport error): the kernels' ValueError, or a remote
+    sampler's refusal, marked ``retryable = False``
+    (``triton.sampler_pool.SamplerCallError``: INVALID_ARG)."""
+    return isinstance(error, ValueError) or getattr(error, "retryable", True) is False
+
+
+async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
+                                 batch: SamplingBatch, refusal: BaseException
+                                 ) -> tuple[np.ndarray, np.ndarray, Refusals]:
+    """A step whose sampler call was refused (`refusal`: ``refuses_rows``),
+    sampled again in halves down to the refused rows, so that only their
+    requests fail. Returns tokens (int64 [n], -1 where refused), logprobs
+    (float32 [n], NaN where refused or not asked) and each refused row's
+    error.
+
+    What is refused comes from the model's logits (a request's values are
+    checked at submission), so only this failure path pays: about
+    2 log2(n) calls per refused row. The tokens are those the whole call
+    would have drawn: a row's randomness is its (seed, step), and an
+    unseeded request gets its seed at submission (``decoder``). An error
+    that refuses no rows ends the search and is raised."""
+    tokens = np.full(len(batch), -1, np.int64)
+    logprobs = np.full(len(batch), np.nan, np.float32)
+    refused: Refusals = {}
+
+    async def search(start: int, stop: int, error: BaseException) -> None:
+        if stop - start == 1:
+            refused[start] = f"{type(error).__name__}: {error}"
+            return
+        middle = (start + stop) // 2
+        for a, b in ((start, middle), (middle, stop)):
+            try:
+                part = await sampler(logits[a:b], batch.take(np.arange(a, b)))
+            except Exception as half_error:  # noqa: BLE001 - sorted by refuses_rows
+                if not refuses_rows(half_error):
+                    raise
+                await search(a, b, half_error)
+            else:
+                tokens[a:b], logprobs[a:b] = (np.asarray(p) for p in part)
+
+    await search(0, len(batch), refusal)
+    return tokens, logprobs, refused
