@@ -150,6 +150,11 @@ def test_templates_fill_every_placeholder_and_nothing_else():
     with pytest.raises(ValueError, match="no placeholder named three"):
         templates.fill(text, {"one": 1, "two": 2, "three": 3})
     assert templates.parse_assignments("a:1, b:x:y,") == {"a": "1", "b": "x:y"}
+    # a comma in a value escaped as TensorRT-LLM's fill_template.py takes it; a name once
+    assert templates.parse_assignments(r"a:local\,h:8001,b:2") == {"a": "local,h:8001", "b": "2"}
+    with pytest.raises(ValueError, match="a is given twice"):
+        templates.parse_assignments("a:1,a:2")
+    assert templates.fill('path: "${p}"', {"p": 'x"y\\z'}) == 'path: "x\\"y\\\\z"'
     with pytest.raises(ValueError, match="expected name:value"):
         templates.parse_assignments("a=1")
 

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -127,3 +128,50 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
     assert server.environment()[LOG_LEVEL_ENV] == "WARNING"
     with pytest.raises(ValueError, match="log level must be one of DEBUG, INFO, WARNING, ERROR"):
         configure("LOUD")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--openai-port", "65536"], "openai_port must be in [0, 65535], got 65536"),
+    (["--http-port", "70000"], "http_port must be in [1, 65535], got 70000"),
+    (["--grpc-port", "-1"], "grpc_port must be in [1, 65535], got -1"),
+    (["--http-port", "18000", "--grpc-port", "18000"], "grpc_port and http_port are both 18000"),
+    (["--openai-port", "8001"], "openai_port and grpc_port are both 8001"),
+    (["--shutdown-grace", "nan"], "shutdown_grace_s must be a finite number >= 0.0, got nan"),
+    (["--engine", "simulated", "--sim-step-b-ms", "inf"], "sim_step_b_ms must be a finite number"),
+    (["--hot-vocab", "/nonexistent/profile.npz"], "--hot-vocab '/nonexistent/profile.npz': no "
+                                                   "such profile file"),
+    (["--sampler-endpoints", "local,h:99999"], "sampler_endpoints must be 'local' or host:port"),
+    (["--sampler-endpoints", "local,h:٨٠٠١"], "sampler_endpoints must be 'local' or host:port"),
+    (["--sampler-endpoints", "local,::1"], "an IPv6 host in brackets"),
+    (["--sampler-endpoints", "h:8001,H:08001"], "sampler_endpoints lists an entry twice"),
+    (["--max-batch-size", "8"], "engine_max_batch_size (32) is more than the sampler's "
+                                "sampler_max_batch_size (8, --max-batch-size)"),
+])
+def test_options_out_of_range_or_at_odds_are_one_line_before_anything_starts(
+        args, message, capsys, monkeypatch, tmp_path):
+    """Each is refused with exit status 2 and one line naming the option
+    and what it allows, before a repository is assembled or Triton starts."""
+    from simple_sampler import cli
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where serve assembles its repository
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert cli.main(["serve", *args]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("simple-sampler serve: ") and message in stderr, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no repository left half-written
+
+
+def test_a_log_file_that_cannot_be_written_is_one_line(capsys, monkeypatch, tmp_path):
+    from simple_sampler import cli
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    http, grpc, metrics = free_ports(3)
+    assert cli.main(["serve", "--sampler-only", "--http-port", str(http), "--grpc-port",
+                     str(grpc), "--metrics-port", str(metrics),
+                     "--log", "/nonexistent/logs/tritonserver.log"]) == 2
+    stderr = capsys.readouterr().err
+    assert "/nonexistent/logs/tritonserver.log" in stderr and "Traceback" not in stderr
+    # the repository it assembled is kept (its path was logged), no copy of the backends
+    assert [p.name.startswith("simple-sampler-repo-") for p in tmp_path.iterdir()] == [True]

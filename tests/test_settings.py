@@ -13,12 +13,14 @@ from simple_sampler.serving import torch_engine
 from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.engines import ENGINES
 from simple_sampler.settings import (ENGINE_NAMES, FrontendSettings, LlmSettings,
-                                     SamplerSettings)
+                                     SamplerSettings, ServerSettings, allowed_range)
 from simple_sampler.launch import templates
 from simple_sampler.launch.install import project_file
 from simple_sampler.launch.serve import assemble_repository
 
-SETTINGS = (SamplerSettings, LlmSettings)
+#: the models' settings (a config.pbtxt each), then the launcher's own
+MODEL_SETTINGS = (SamplerSettings, LlmSettings)
+SETTINGS = (*MODEL_SETTINGS, FrontendSettings, ServerSettings)
 
 
 def read_config(path) -> model_config_pb2.ModelConfig:
@@ -40,11 +42,19 @@ def test_every_setting_is_declared_with_help_and_a_checked_range(cls):
                 cls(**{f.name: "bogus"}).validate()
         if minimum is not None:
             assert f.default >= minimum, f.name
-            with pytest.raises(ValueError, match=f"{f.name} must be >= {minimum}, got"):
+            with pytest.raises(ValueError, match=re.escape(f"{f.name} must be {allowed_range(f)}, got")):
                 cls(**{f.name: type(f.default)(minimum - 1)}).validate()
+        if f.metadata["maximum"] is not None:
+            assert f.default <= f.metadata["maximum"], f.name
+            with pytest.raises(ValueError, match=re.escape(f"{f.name} must be {allowed_range(f)}, got")):
+                cls(**{f.name: f.metadata["maximum"] + 1}).validate()
+        if isinstance(f.default, float):
+            for value in (float("nan"), float("inf")):
+                with pytest.raises(ValueError, match=f"{f.name} must be a finite number"):
+                    cls(**{f.name: value}).validate()
 
 
-@pytest.mark.parametrize("cls", SETTINGS)
+@pytest.mark.parametrize("cls", MODEL_SETTINGS)
 def test_each_template_reads_exactly_the_models_parameters(cls):
     """A model's config.pbtxt ``parameters`` are its settings' parameter
     fields, each filled from the placeholder of the same name; every other
@@ -65,7 +75,8 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     llm = LlmSettings(sampling_mode="inline", engine_max_batch_size=7, max_context=300,
                       micro_batches=2, sampler_shards=5, shutdown_grace_s=4.5,
                       batch_invariant=True, generate_max_batch_size=9,
-                      preprocessing_instances=2)
+                      preprocessing_instances=2,
+                      model='/models/a "quoted" name\\with a backslash')  # escaped, read as is
     repository = assemble_repository(tmp_path, sampler, llm)
     configs = {m: read_config(repository / m / "config.pbtxt")
                for m in ("ensemble", "preprocessing", "llm", "simple_sampler")}
@@ -106,6 +117,11 @@ def test_parameters_are_parsed_and_checked_by_name():
         LlmSettings.from_parameters({"batch_invariant": "yes"})
     with pytest.raises(ValueError, match="unknown simple_sampler parameter sampler_instances"):
         SamplerSettings.from_parameters({"sampler_instances": "2"})  # Triton's field, not ours
+    with pytest.raises(ValueError, match="llm parameters set engine_max_batch_size twice"):
+        LlmSettings.from_parameters({"max_batch_size": "8", "engine_max_batch_size": "16"})
+    for text in ("nan", "inf", "-infinity"):
+        with pytest.raises(ValueError, match="shutdown_grace_s must be a finite number"):
+            LlmSettings.from_parameters({"shutdown_grace_s": text})
 
 
 def test_serve_options_come_from_the_settings():
@@ -170,8 +186,7 @@ def documented(cls, f) -> list[str]:
     m = f.metadata
     flags = [] if m["flag"] is None else [m["flag"] or "--" + f.name.replace("_", "-")]
     flags += [a for a in m["aliases"] if a[0] == "-"]
-    allowed = (", ".join(map(str, m["choices"])) if m["choices"]
-               else "" if m["minimum"] is None else f">= {m['minimum']}")
+    allowed = ", ".join(map(str, m["choices"])) if m["choices"] else allowed_range(f)
     where = ("parameter" if m["parameter"] else "Triton field" if cls.triton_model else "-") + "".join(
         f" (older key `{a}`)" for a in m["aliases"] if a[0] != "-")
     default = str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
@@ -183,6 +198,7 @@ def documented(cls, f) -> list[str]:
     (LlmSettings, "`llm` and the text models (`LlmSettings`)"),
     (SamplerSettings, "`simple_sampler` (`SamplerSettings`)"),
     (FrontendSettings, "The OpenAI-compatible API (`FrontendSettings`)"),
+    (ServerSettings, "Triton's endpoints (`ServerSettings`)"),
 ])
 def test_the_configuration_doc_tables_are_the_settings(cls, heading):
     assert doc_rows(heading) == [documented(cls, f) for f in cls.settings_fields()]

@@ -12,7 +12,8 @@ from .bench import registry
 from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec
-from .settings import SERVED_MODES, FrontendSettings, LlmSettings, SamplerSettings
+from .settings import (SERVED_MODES, FrontendSettings, LlmSettings, SamplerSettings,
+                       ServerSettings, check_distinct_ports)
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:
@@ -97,7 +98,13 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
     if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
             args.sampler_only or args.model or modelless)):
         return ""
-    return "hot_vocab.npz" if args.hot_vocab == "auto" else str(Path(args.hot_vocab).resolve())
+    if args.hot_vocab == "auto":
+        return "hot_vocab.npz"
+    profile = Path(args.hot_vocab)
+    if not profile.is_file():
+        raise ValueError(f"--hot-vocab {args.hot_vocab!r}: no such profile file (auto, off, or "
+                         f"a PROFILE.npz from `simple-sampler calibrate`)")
+    return str(profile.resolve())
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -105,11 +112,19 @@ def serve(args: argparse.Namespace) -> int:
     from .launch import serve as serving
 
     logs.configure(args.log_level)
-    sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
-    # Without --sampler-shards (or with 0), one shard per local sampler instance.
-    llm = LlmSettings.from_arguments(
-        args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
-        hot_vocab_profile=sampler.hot_vocab_profile)
+    try:
+        server = ServerSettings.from_arguments(args).validate()
+        frontend = FrontendSettings.from_arguments(args).validate()
+        check_distinct_ports(**vars(server), openai_port=0 if args.sampler_only
+                             else frontend.openai_port)
+        sampler = SamplerSettings.from_arguments(args, hot_vocab_profile=hot_vocab_profile(args))
+        # Without --sampler-shards (or with 0), one shard per local sampler instance.
+        llm = LlmSettings.from_arguments(
+            args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
+            hot_vocab_profile=sampler.hot_vocab_profile)
+    except ValueError as error:
+        print(f"simple-sampler serve: {error}", file=sys.stderr)
+        return 2
     dtype = None if args.sampler_only else engine_spec(llm.engine).logits_dtype(llm)
     if dtype is not None:
         # The sampler takes the engine's rows as they are (no cast).
@@ -118,12 +133,11 @@ def serve(args: argparse.Namespace) -> int:
                   f"{llm.engine} engine's logits ({dtype})", file=sys.stderr)
             return 2
         sampler = dataclasses.replace(sampler, logits_dtype=dtype)
-    return serving.run(sampler, args.http_port, args.grpc_port, args.metrics_port,
+    return serving.run(sampler, server.http_port, server.grpc_port, server.metrics_port,
                        llm=None if args.sampler_only else llm,
                        repository=args.model_repository, log_path=args.log, demo=args.demo,
                        shutdown_grace_s=llm.shutdown_grace_s, log_level=args.log_level,
-                       startup_timeout=args.startup_timeout,
-                       frontend=FrontendSettings.from_arguments(args).validate())
+                       startup_timeout=args.startup_timeout, frontend=frontend)
 
 
 #: `generate` options: the ensemble's numeric scalar inputs (the seed as
@@ -211,9 +225,7 @@ def add_tools(commands) -> None:
 def add_serving(commands) -> None:
     """serve, generate, gpu-check and fill-template."""
     server = commands.add_parser("serve", help="run tritonserver with the SIMPLE model repository")
-    server.add_argument("--http-port", type=int, default=8000)
-    server.add_argument("--grpc-port", type=int, default=8001)
-    server.add_argument("--metrics-port", type=int, default=8002)
+    ServerSettings.add_arguments(server)
     SamplerSettings.add_arguments(server)
     server.add_argument("--model-repository", type=Path,
                         help="serve this repository as it is instead of assembling one")

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
+import re
 from typing import Any, ClassVar, Mapping
 
 #: How the llm model samples (serving/decoder.py).
@@ -64,14 +66,16 @@ SIMULATED_LABEL = "simulated data plane"
 LOCAL = "local"
 
 
-def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | None = "",
+def setting(default: Any, help: str, *, choices=(), minimum=None, maximum=None,
+            flag: str | None = "",
             aliases: tuple[str, ...] = (), parameter: bool = True,
             engines: tuple[str, ...] = (), required_by: tuple[str, ...] = ()):
     """One settings field.
 
     default: the value and, by its type, how text is parsed (bool: true/false).
     help: one line for ``serve --help`` and the docs.
-    choices / minimum: the allowed values (checked by ``validate``).
+    choices / minimum / maximum: the allowed values (checked by ``validate``;
+        a float must be finite too).
     flag: ``serve``'s option; "" derives ``--name-with-dashes``, None: none.
     aliases: older names still accepted, as option strings (``--x``) or
         config.pbtxt parameter keys (bare names).
@@ -83,7 +87,8 @@ def setting(default: Any, help: str, *, choices=(), minimum=None, flag: str | No
     required_by: the engines that need it set (not empty).
     """
     return field(default=default, metadata={
-        "help": help, "choices": tuple(choices), "minimum": minimum, "flag": flag,
+        "help": help, "choices": tuple(choices), "minimum": minimum, "maximum": maximum,
+        "flag": flag,
         "aliases": tuple(aliases), "parameter": parameter, "engines": tuple(engines),
         "required_by": tuple(required_by)})
 
@@ -98,6 +103,15 @@ def _parse(name: str, default: Any, text: str):
         return type(default)(text)
     except ValueError:
         raise ValueError(f"{name} must be {type(default).__name__}, got {text!r}") from None
+
+
+def allowed_range(f: dataclasses.Field) -> str:
+    """A numeric field's range as messages and docs/CONFIGURATION.md say it
+    (">= 1", "in [0, 65535]"); "" without one."""
+    minimum, maximum = f.metadata["minimum"], f.metadata["maximum"]
+    if maximum is None:
+        return "" if minimum is None else f">= {minimum}"
+    return f"in [{minimum}, {maximum}]" if minimum is not None else f"<= {maximum}"
 
 
 def _text(value: Any) -> str:
@@ -118,13 +132,18 @@ class Settings:
     def validate(self) -> "Settings":
         """Raise ValueError naming the first setting out of its range; returns self."""
         for f in self.settings_fields():
-            value, choices, minimum = getattr(self, f.name), f.metadata["choices"], \
-                f.metadata["minimum"]
+            value, choices = getattr(self, f.name), f.metadata["choices"]
             if choices and value not in choices:
                 raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, "
                                  f"got {value!r}")
-            if minimum is not None and value < minimum:
-                raise ValueError(f"{f.name} must be >= {minimum}, got {value}")
+            allowed = allowed_range(f)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number{f' {allowed}' * bool(allowed)}"
+                                 f", got {value}")
+            minimum, maximum = f.metadata["minimum"], f.metadata["maximum"]
+            if (minimum is not None and value < minimum) or (maximum is not None
+                                                             and value > maximum):
+                raise ValueError(f"{f.name} must be {allowed}, got {value}")
         self.check()
         return self
 
@@ -142,8 +161,13 @@ class Settings:
         if unknown:
             raise ValueError(f"unknown {cls.triton_model} parameter {unknown[0]}; known: "
                              f"{', '.join(f.name for f in own)}")
-        values = {known[k].name: _parse(known[k].name, known[k].default, v)
-                  for k, v in parameters.items()}
+        values = {}
+        for key, text in parameters.items():
+            name = known[key].name
+            if name in values:
+                raise ValueError(f"{cls.triton_model} parameters set {name} twice (under its "
+                                 f"name and an older key): keep one")
+            values[name] = _parse(name, known[key].default, text)
         return cls(**values).validate()
 
     def parameters(self) -> dict[str, str]:
@@ -181,15 +205,25 @@ class Settings:
         return cls(**{**given, **values})
 
 
+#: A port as the servers' options and the sampler endpoints take it.
+PORT_RANGE = (1, 65535)
+#: host:port of a sampler endpoint: a name or IPv4 address, or an IPv6
+#: address in brackets (as gRPC writes one), then a port in ASCII digits
+_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]+)", re.ASCII)
+
+
 def parse_endpoints(text: str) -> list[str]:
     """'local,host:port,...' -> the names, checked; "" means local only."""
     names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
+    places = []
     for name in names:
-        host, _, port = name.rpartition(":")
-        if name != LOCAL and not (host and port.isdigit()):
-            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries, "
-                             f"got {name!r}")
-    if len(set(names)) != len(names):
+        match = _ENDPOINT.fullmatch(name)
+        if name != LOCAL and not (match and PORT_RANGE[0] <= int(match[2]) <= PORT_RANGE[1]):
+            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries (an "
+                             f"IPv6 host in brackets, a port in [{PORT_RANGE[0]}, "
+                             f"{PORT_RANGE[1]}]), got {name!r}")
+        places.append(name if name == LOCAL else (match[1].lower(), int(match[2])))
+    if len(set(places)) != len(places):
         raise ValueError(f"sampler_endpoints lists an entry twice: {text!r}")
     return names
 
@@ -378,6 +412,32 @@ class FrontendSettings(Settings):
 
     openai_port: int = setting(
         9000, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-        "/v1/models); 0: off", minimum=0, parameter=False)
+        "/v1/models); 0: off", minimum=0, maximum=PORT_RANGE[1], parameter=False)
     openai_host: str = setting("0.0.0.0", "address the OpenAI-compatible API listens on",
                                parameter=False)
+
+
+@dataclass
+class ServerSettings(Settings):
+    """Triton's own endpoints, as ``serve`` starts it; no model reads these."""
+
+    http_port: int = setting(8000, "Triton's HTTP/REST port (KServe v2, generate)",
+                             minimum=PORT_RANGE[0], maximum=PORT_RANGE[1], parameter=False)
+    grpc_port: int = setting(8001, "Triton's gRPC port", minimum=PORT_RANGE[0],
+                             maximum=PORT_RANGE[1], parameter=False)
+    metrics_port: int = setting(8002, "Triton's Prometheus metrics port", minimum=PORT_RANGE[0],
+                                maximum=PORT_RANGE[1], parameter=False)
+
+    def check(self) -> None:
+        check_distinct_ports(http_port=self.http_port, grpc_port=self.grpc_port,
+                             metrics_port=self.metrics_port)
+
+
+def check_distinct_ports(**ports: int) -> None:
+    """Raise ValueError naming two of `ports` (name -> port; 0: off) that are one."""
+    taken: dict[int, str] = {}
+    for name, port in ports.items():
+        if port and port in taken:
+            raise ValueError(f"{name} and {taken[port]} are both {port}: each needs a port "
+                             f"of its own")
+        taken.setdefault(port, name)

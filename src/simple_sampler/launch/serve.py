@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from .. import heap
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
-from ..settings import FrontendSettings, LlmSettings, SamplerSettings
+from ..settings import LOCAL, FrontendSettings, LlmSettings, SamplerSettings, parse_endpoints
 from .install import InstallError, project_file
 from .server import MiB, StartInterrupted, TritonServer, port_in_use, write_model
 from .supervisor import Supervisor
@@ -38,6 +39,9 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
     """The sampler alone, or (with `llm`) the whole generation repository:
     ensemble, preprocessing, llm and simple_sampler. Raises ValueError for
     settings out of range."""
+    if llm is not None:
+        sampler.validate()  # first: the llm's shards default to its instances
+        check_llm_against_sampler(llm.validate(), sampler)
     if llm is not None and engine_spec(llm.engine).hot_profile and sampler.hot_vocab_profile:
         sampler, llm = _map_hot_vocab(destination, sampler, llm)
     write_model(destination, "simple_sampler", "simple_sampler",
@@ -53,6 +57,19 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
                     {k: v for k, v in values.items() if k != "preprocessing_instances"})
     return destination
 
+
+def check_llm_against_sampler(llm: LlmSettings, sampler: SamplerSettings) -> None:
+    """Raise ValueError where the llm's settings ask for requests this
+    server's sampler model would refuse at run time: a step's rows (up to
+    engine_max_batch_size) in one request to a local instance whose Triton
+    max_batch_size is smaller (one left up takes them all)."""
+    if LOCAL not in parse_endpoints(llm.sampler_endpoints):
+        return
+    if llm.engine_max_batch_size > sampler.sampler_max_batch_size:
+        raise ValueError(f"engine_max_batch_size ({llm.engine_max_batch_size}) is more than the "
+                         f"sampler's sampler_max_batch_size ({sampler.sampler_max_batch_size}, "
+                         f"--max-batch-size), the most rows one sampler request may carry: "
+                         f"raise it or lower --engine-max-batch-size")
 
 #: The file a repository's sampler reads a mapped hot set from.
 MAPPED_PROFILE = "hot_vocab_simulated.npz"
@@ -199,8 +216,12 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         try:
             assembled = repository is None
             if assembled:
-                repository = assemble_repository(
-                    Path(tempfile.mkdtemp(prefix="simple-sampler-repo-")), sampler, llm)
+                destination = Path(tempfile.mkdtemp(prefix="simple-sampler-repo-"))
+                try:
+                    repository = assemble_repository(destination, sampler, llm)
+                except BaseException:
+                    shutil.rmtree(destination, ignore_errors=True)  # nothing half-written left
+                    raise
                 log.info("model repository %s: %s; %s", repository, sampler,
                          llm or "no llm (--sampler-only)")
             log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
@@ -228,7 +249,8 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                 raise StartInterrupted("stopped before tritonserver was started")
             server.launch()
             server.wait_ready(startup_timeout, stop_requested=stopping.is_set)
-        except (InstallError, ValueError, RuntimeError, TimeoutError) as error:
+        except (InstallError, ValueError, RuntimeError, TimeoutError, OSError) as error:
+            # OSError: a path of the options (--log, a profile) or a port refused
             print(f"simple-sampler serve: {error}", file=sys.stderr)
             return 2
         supervisor = Supervisor(server).start() if supervise else None

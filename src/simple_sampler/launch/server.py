@@ -219,9 +219,10 @@ class TritonServer:
                 raise InstallError(f"port {port} ({name.replace('_', ' ')}) is already in use; "
                                    f"choose another or stop what holds it")
         self.was_ready, self.abandoned = False, set()
+        # the log first: a path that cannot be written leaves nothing behind
+        output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self._workdir = Path(tempfile.mkdtemp(prefix="simple-sampler-backends-"))
         backends = assemble_backends(self._workdir, self.install)
-        output = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         # The watcher first, so that no moment exists where a server runs
         # without one: it learns the server's pid through the pipe and ends
         # the server's process group when the pipe's write end (held only

@@ -18,15 +18,32 @@ def placeholders(text: str) -> set[str]:
     return set(_PLACEHOLDER.findall(text))
 
 
+#: a comma that separates assignments: one not escaped by a backslash
+_SEPARATOR = re.compile(r"(?<!\\),")
+
+
 def parse_assignments(text: str) -> dict[str, str]:
-    """'a:1,b:two' -> {'a': '1', 'b': 'two'} (values may contain ':')."""
+    """'a:1,b:two' -> {'a': '1', 'b': 'two'} (values may contain ':'; a
+    comma in a value is written ``\\,``, as TensorRT-LLM's fill_template.py
+    takes it); a name given twice is refused."""
     values = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in _SEPARATOR.split(text))):
         name, sep, value = item.partition(":")
+        name = name.strip()
         if not sep or not name:
             raise ValueError(f"expected name:value, got {item!r}")
-        values[name.strip()] = value.strip()
+        if name in values:
+            raise ValueError(f"{name} is given twice")
+        values[name] = value.strip().replace("\\,", ",")
     return values
+
+
+def escaped(value: object) -> str:
+    """`value` as the inside of a config.pbtxt string literal (protobuf's
+    text format reads C escapes there); a number or a Triton name has none
+    of these characters, so unquoted placeholders take it unchanged."""
+    return (str(value).replace("\\", "\\\\").replace('"', '\\"')
+            .replace("\n", "\\n"))
 
 
 def fill(text: str, values: Mapping[str, object], *, source: str = "template") -> str:
@@ -38,7 +55,7 @@ def fill(text: str, values: Mapping[str, object], *, source: str = "template") -
         raise ValueError(f"{source}: no value for {', '.join(missing)}")
     if unknown:
         raise ValueError(f"{source}: no placeholder named {', '.join(unknown)}")
-    return _PLACEHOLDER.sub(lambda match: str(values[match.group(1)]), text)
+    return _PLACEHOLDER.sub(lambda match: escaped(values[match.group(1)]), text)
 
 
 def fill_file(path: Path, values: Mapping[str, object], output: Path | None = None) -> Path:
