@@ -506,6 +506,8 @@ cdef bint decide_packed_rows(PackedScratch* m, const int64_t[:, ::1] cold,
     b.output_ids = NULL
     b.want_logprob = any_logprob[0]
     b.n_top = 0
+    b.row_wants_logprob = m.want
+    b.row_n_top = NULL
     b.tokens = m.tokens
     b.logprobs = m.logprobs
     b.top_tokens = NULL

@@ -116,8 +116,12 @@ cdef struct BatchInputs:
     const int32_t* prompt_ids
     const int64_t* output_offsets
     const int32_t* output_ids
-    bint want_logprob
-    Py_ssize_t n_top
+    bint want_logprob                # some row wants its chosen token's logprob
+    Py_ssize_t n_top                 # the top-n columns of top_tokens (the most a row wants)
+    # Per row (NULL: every row as above): what each row itself asked for,
+    # so that no row's path (SHVS, the compact decision) depends on another's.
+    const uint8_t* row_wants_logprob
+    const int32_t* row_n_top
     int64_t* tokens
     float* logprobs
     int32_t* top_tokens              # [B, n_top]
@@ -146,13 +150,17 @@ cdef void row_setup(Py_ssize_t r, Workspace* ws, const BatchInputs* b, RowParams
     history.repetition = params.scalars.repetition_penalty
     history.presence = params.scalars.presence_penalty
     history.frequency = params.scalars.frequency_penalty
-    params.n_top = b.n_top
-    params.want_logprob = b.want_logprob
+    params.n_top = b.n_top if b.row_n_top == NULL else b.row_n_top[r]
+    params.want_logprob = wants_logprob(b, r)
     ov.column = ws.override_column
     ov.bias = ws.override_bias
     ov.output_count = ws.override_count
     ov.flags = ws.override_flags
     build_overrides(&history, ws.entry_keys, ws.entry_scratch, ov)
+
+
+cdef inline bint wants_logprob(const BatchInputs* b, Py_ssize_t r) noexcept nogil:
+    return b.want_logprob and (b.row_wants_logprob == NULL or b.row_wants_logprob[r] != 0)
 
 
 cdef inline void init_result(RowResult* result) noexcept nogil:
@@ -182,7 +190,7 @@ cdef inline void finish_row(Py_ssize_t r, const RowResult* result, int8_t outcom
     """The epilogue of every entry's row r: its outcome and result stored."""
     b.hot_outcomes[r] = outcome
     b.tokens[r] = result.token
-    b.logprobs[r] = result.logprob if b.want_logprob else NAN
+    b.logprobs[r] = result.logprob if wants_logprob(b, r) else NAN
     b.errors[r] = result.error
     b.error_columns[r] = result.error_column
 
@@ -288,6 +296,12 @@ cdef class KernelBatch:
     [n_blocks] index them by block of SS_BLOCK columns (see HotSet).
     hot_outcomes[r] receives row r's HotOutcome.
 
+    Per row (optional; None: every row as want_logprob and top_tokens'
+    width say): want_logprob_rows uint8 [B], the rows whose logprob is
+    wanted, and n_top_rows int32 [B] (each <= top_tokens' width), the
+    top-n each row wants. A row's path (SHVS tried or not, the compact
+    decision) and so its token then depend on its own options alone.
+
     The typed memoryviews keep the arrays alive; ``inputs`` turns them into
     the nogil ``BatchInputs`` the row functions take. Another entry point
     over the same rows and parameters reuses it (or a subclass adds fields)
@@ -317,6 +331,8 @@ cdef class KernelBatch:
     cdef const int64_t[::1] hot_block_start
     cdef const uint64_t[::1] hot_bits
     cdef int8_t[::1] hot_outcomes
+    cdef const uint8_t[::1] want_logprob_rows
+    cdef const int32_t[::1] n_top_rows
 
     def __init__(self, *, const unsigned char[:, :] logits_bytes, int dtype,
                  const RowScalars[::1] scalars,
@@ -330,7 +346,9 @@ cdef class KernelBatch:
                  int32_t[:, ::1] top_tokens, float[:, ::1] top_logprobs,
                  int32_t[::1] errors, int64_t[::1] error_columns,
                  const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
-                 const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes):
+                 const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes,
+                 const uint8_t[::1] want_logprob_rows=None,
+                 const int32_t[::1] n_top_rows=None):
         self.logits_bytes = logits_bytes
         self.dtype = dtype
         self.scalars = scalars
@@ -355,6 +373,17 @@ cdef class KernelBatch:
         self.hot_block_start = hot_block_start
         self.hot_bits = hot_bits
         self.hot_outcomes = hot_outcomes
+        rows = logits_bytes.shape[0]
+        if want_logprob_rows is not None and want_logprob_rows.shape[0] != rows:
+            raise ValueError(f"want_logprob_rows has {want_logprob_rows.shape[0]} rows, not {rows}")
+        if n_top_rows is not None and n_top_rows.shape[0] != rows:
+            raise ValueError(f"n_top_rows has {n_top_rows.shape[0]} rows, not {rows}")
+        for r in range(rows if n_top_rows is not None else 0):
+            if n_top_rows[r] < 0 or n_top_rows[r] > top_tokens.shape[1]:
+                raise ValueError(f"n_top_rows[{r}] is {n_top_rows[r]}, outside [0, "
+                                 f"{top_tokens.shape[1]}]")
+        self.want_logprob_rows = want_logprob_rows
+        self.n_top_rows = n_top_rows
 
     cdef void inputs(self, BatchInputs* b) noexcept:
         """Fill ``b`` with pointers into this batch's arrays (B >= 1)."""
@@ -375,6 +404,9 @@ cdef class KernelBatch:
         b.output_ids = &self.output_ids[0] if self.output_ids.shape[0] > 0 else NULL
         b.want_logprob = self.want_logprob
         b.n_top = self.top_tokens.shape[1]
+        b.row_wants_logprob = (&self.want_logprob_rows[0] if self.want_logprob_rows is not None
+                               else NULL)
+        b.row_n_top = &self.n_top_rows[0] if self.n_top_rows is not None else NULL
         b.tokens = &self.tokens[0]
         b.logprobs = &self.logprobs[0]
         b.top_tokens = &self.top_tokens[0, 0] if b.n_top > 0 else NULL

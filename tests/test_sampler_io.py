@@ -471,3 +471,50 @@ def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
         _sampling.check_compact_ids(np.zeros(3, np.int64), np.zeros(0, np.int32), hot_bits, V,
                                     np.zeros(1, np.int64), np.zeros(0, np.int64),
                                     np.zeros(0, np.float32), np.zeros(2, np.float32))
+
+
+def test_a_rows_token_does_not_depend_on_what_the_other_rows_ask():
+    """Seeded rows on a sampler with a hot set (SHVS tried for full rows) and
+    as compact rows: one row asking for its logprob or top logprobs changes
+    no other row's token (it once turned SHVS off, or reordered the compact
+    candidates, for the whole request)."""
+    import torch
+
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.serving.hot_first import compact_rows
+    from simple_sampler.shvs import HotVocab
+    from simple_sampler.triton import sampler_codec as codec
+    from simple_sampler.triton.sampler_serve import serve_request
+
+    rng = np.random.default_rng(4)
+    vocab, rows = 300, 400
+    hot = HotVocab(np.sort(rng.choice(vocab, 40, replace=False)), vocab)
+    row = rng.normal(0, 2, vocab).astype(np.float32)
+    row[hot.ids] += 3
+    logits = np.broadcast_to(row, (rows, vocab)).copy()
+    batch = SamplingBatch.from_params([SamplingParams(seed=int(s))
+                                       for s in rng.integers(0, 2**63, rows)])
+    full = {"logits": logits, **codec.batch_arrays(batch)}
+    compact = {**codec.compact_arrays(compact_rows(torch.from_numpy(logits), batch, hot)),
+               **codec.batch_arrays(batch)}
+    first_row = (np.arange(rows) == 0)[:, None]
+    for inputs in (full, compact):
+        alone = serve_request(inputs, vocab, hot).outputs["output_ids"][1:, 0]
+        assert len(set(alone.tolist())) > 20  # seeded draws, not one token
+        for asked in ({"return_log_probs": first_row}, {"num_top_logprobs":
+                                                         (3 * first_row).astype(np.int32)}):
+            tokens = serve_request({**inputs, **asked}, vocab, hot).outputs["output_ids"]
+            assert np.array_equal(tokens[1:, 0], alone)
+
+
+@pytest.mark.parametrize("vocab, wanted", [(1, 3), (4, 10)])
+def test_top_logprobs_beyond_the_vocabulary_are_padding(vocab, wanted):
+    logits = np.zeros((2, vocab), np.float32)
+    out, _ = sample_request(decode_request({
+        "logits": logits, "num_top_logprobs": column([wanted, 1], np.int32)}))
+    ids, logprobs = out["top_logprobs_ids"], out["top_logprobs"]
+    assert ids.shape == logprobs.shape == (2, wanted)
+    assert sorted(ids[0, :vocab].tolist()) == list(range(vocab))
+    assert np.allclose(logprobs[0, :vocab], -np.log(vocab))
+    assert (ids[0, vocab:] == -1).all() and (logprobs[0, vocab:] == -np.inf).all()
+    assert (ids[1, 1:] == -1).all() and (logprobs[1, 1:] == -np.inf).all()

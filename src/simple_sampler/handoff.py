@@ -42,7 +42,7 @@ from ._sampling import Dtype, HandoffOutcome
 from .host_copy import to_host
 from .params import GREEDY_TEMPERATURE, RULES, SamplingBatch
 from .sampling import (SampleOutput, empty_output, is_torch_tensor, kernel_params, kernel_rows,
-                       logits_array, raise_row_errors, sample)
+                       logits_array, raise_row_errors, sample, top_width)
 from .shvs.hot_vocab import HotVocab, untruncated_rows
 
 #: How many of each row's largest cold logits the data plane hands over
@@ -250,12 +250,12 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     touched_offsets, touched_ids, cold_argmax, cold_max, cold_token, cold_token_logit = (
         _check_compact(rows, size, hot_vocab, shapes_checked))
     vocab = hot_vocab.vocab_size
+    out = empty_output(size, top_width(num_top_logprobs, vocab))
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
     if hot_vocab.size:
         hot_bytes, dtype = kernel_rows(rows.hot_logits)
     else:
         hot_bytes, dtype = np.zeros((size, 0), np.uint8), Dtype.DTYPE_FLOAT32
-    out = empty_output(size, min(num_top_logprobs, vocab))
     outcome = np.empty(size, np.int8)
     errors = np.empty(size, np.int32)
     error_columns = np.empty(size, np.int64)
@@ -381,6 +381,9 @@ def decide_from_full_rows(first: HandoffOutput, rows: CompactRows, batch: Sampli
     among the undecided rows). Returns ``first``, its undecided rows' tokens
     filled in (their outcome kept: it says which rows read a full row)."""
     undecided, second = fallback_batch(batch, first, rows, hot_vocab)
+    second.want_logprobs = want_logprobs[undecided]
+    if np.ndim(num_top_logprobs):
+        num_top_logprobs = np.asarray(num_top_logprobs)[undecided]
     # fallback_batch derives from a checked batch, checked touched ids and H
     full = sample(np.asarray(full_rows)[undecided], second, num_top_logprobs=num_top_logprobs,
                   return_logprobs=bool(want_logprobs[undecided].any()), num_threads=num_threads,

@@ -167,13 +167,17 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
 
     logits: [B, V] (or [V]) float32 / float16 / bfloat16 rows.
     batch: the rows' parameters and histories (``SamplingBatch``), length B.
-    num_top_logprobs: n in [0, 20]: also return the n most likely tokens.
+    num_top_logprobs: n in [0, 20], or n per row ([B]): also return the n
+        most likely tokens (at most V; a row's columns beyond its n, or V,
+        are -1 and -inf).
     return_logprobs: compute the chosen token's logprob (costs an exp per
-        logit when no truncation needs the row's mass anyway).
+        logit when no truncation needs the row's mass anyway) for the rows
+        ``batch.want_logprobs`` names (None: every row); NaN for the others.
     num_threads: threads over rows (default ``default_num_threads()``).
     hot_vocab: a hot set for speculative hot-vocab sampling (None: off); its
-        vocab_size must equal V. Rows that ask for logprobs are served by
-        the full path, so pass return_logprobs=False to use it.
+        vocab_size must equal V. Rows that ask for logprobs or top logprobs
+        are served by the full path; each row's own options decide, so a row
+        draws the same token whatever the other rows of the batch ask.
     validated: the caller has just run ``batch.validate(V)`` on this very
         batch (the sampler server's ``decode_request`` does), so it is not
         run again. Every other caller leaves it False: the check keeps ids
@@ -191,8 +195,8 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
     if hot_vocab is not None and hot_vocab.vocab_size != vocab:
         raise ValueError(f"hot_vocab.vocab_size is {hot_vocab.vocab_size} but the logits have "
                          f"V={vocab} columns")
+    out = empty_output(len(batch), top_width(num_top_logprobs, vocab))
     params, threads = kernel_params(batch, vocab, num_top_logprobs, num_threads, validated)
-    out = empty_output(len(batch), min(num_top_logprobs, vocab))
     hot_ids, hot_block_start, hot_bits = (hot_vocab.kernel_arrays() if hot_vocab is not None
                                           else HotVocab.EMPTY_KERNEL_ARRAYS)
     errors = np.empty(len(batch), np.int32)
@@ -246,10 +250,8 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
                   num_threads: int | None, validated: bool = False) -> tuple[dict, int]:
     """(the KernelBatch row-parameter fields, thread count) for a batch of
     rows of V=vocab, after checking it unless ``validated`` (see ``sample``;
-    shared by ``sample`` and ``handoff.sample_compact``)."""
-    if not 0 <= num_top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
-                         f"got {num_top_logprobs}")
+    shared by ``sample`` and ``handoff.sample_compact``). The fields include
+    the rows' own options (``row_options``)."""
     if not validated:
         batch.validate(vocab)
     threads = default_num_threads() if num_threads is None else num_threads
@@ -275,8 +277,32 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
         prompt_ids=contiguous(batch.prompt_ids, np.int32),
         output_offsets=contiguous(batch.output_offsets, np.int64),
         output_ids=contiguous(batch.output_ids, np.int32),
+        **row_options(batch, num_top_logprobs, vocab),
     )
     return params, threads
+
+
+def top_width(num_top_logprobs, vocab: int) -> int:
+    """The top-n columns of a batch's output: the most any row wants (one n
+    for every row, or n per row [B]), at most V; checks each n."""
+    wanted = np.asarray(num_top_logprobs)
+    if wanted.size and not (wanted.min() >= 0 and wanted.max() <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"num_top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got "
+                         f"{wanted.max() if wanted.max() > MAX_TOP_LOGPROBS else wanted.min()}")
+    return min(int(wanted.max()) if wanted.size else 0, vocab)
+
+
+def row_options(batch: SamplingBatch, num_top_logprobs, vocab: int) -> dict:
+    """The KernelBatch fields of what each row itself asked for: its
+    logprob (``batch.want_logprobs``; None: every row) and its top-n (n per
+    row [B], or one n for every row), so that no row's path, SHVS or the
+    compact decision, and so no row's token, depends on another row's."""
+    options = {}
+    if batch.want_logprobs is not None:
+        options["want_logprob_rows"] = np.ascontiguousarray(batch.want_logprobs, np.uint8)
+    if np.ndim(num_top_logprobs):
+        options["n_top_rows"] = np.minimum(np.asarray(num_top_logprobs), vocab).astype(np.int32)
+    return options
 
 
 def empty_output(size: int, n_top: int) -> SampleOutput:

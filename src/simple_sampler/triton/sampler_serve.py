@@ -4,6 +4,7 @@ output tensors (``serve_request``, what ``backends/simple_sampler/model.py``
 runs per request)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -73,17 +74,21 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
     """
     want_logprob = bool(request.return_log_probs.any())
     n_top = int(request.num_top_logprobs.max())
+    # each row's own options, not the request's widest: a row's path (SHVS,
+    # the compact decision) and so its token must not depend on another's
+    batch = dataclasses.replace(request.batch, want_logprobs=request.return_log_probs)
+    n_tops = request.num_top_logprobs if n_top else 0
     try:
         if request.compact is not None:
-            out = sample_compact(request.compact, request.batch, hot_vocab,
-                                 num_top_logprobs=n_top, return_logprobs=want_logprob,
+            out = sample_compact(request.compact, batch, hot_vocab,
+                                 num_top_logprobs=n_tops, return_logprobs=want_logprob,
                                  num_threads=num_threads, validated=True, shapes_checked=True)
             if request.logits is not None and out.undecided.any():  # their full rows are mapped
-                decide_from_full_rows(out, request.compact, request.batch, hot_vocab,
+                decide_from_full_rows(out, request.compact, batch, hot_vocab,
                                       request.logits, request.return_log_probs,
-                                      num_top_logprobs=n_top, num_threads=num_threads)
+                                      num_top_logprobs=n_tops, num_threads=num_threads)
         else:
-            out = sample(request.logits, request.batch, num_top_logprobs=n_top,
+            out = sample(request.logits, batch, num_top_logprobs=n_tops,
                          return_logprobs=want_logprob, num_threads=num_threads,
                          hot_vocab=hot_vocab, validated=True)  # decode_request checked the batch
     except ValueError as error:
@@ -95,7 +100,17 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
         outputs["output_log_probs"] = np.where(request.return_log_probs, out.logprobs,
                                                np.float32(np.nan))[:, None].astype(np.float32)
     if n_top:
-        beyond = np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None]
-        outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING), out.top_token_ids)
-        outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf), out.top_logprobs)
+        # a row's columns beyond its n, or beyond V (the kernels' width), are padding
+        width = out.top_token_ids.shape[1]
+        beyond = ((np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None])
+                  | (np.arange(n_top)[None, :] >= width))
+        outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING),
+                                               _widened(out.top_token_ids, n_top))
+        outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf),
+                                           _widened(out.top_logprobs, n_top))
     return outputs, out.hot_accepted
+
+
+def _widened(columns: np.ndarray, width: int) -> np.ndarray:
+    """[B, n] columns as [B, width] (width >= n; the new columns are masked)."""
+    return np.pad(columns, ((0, 0), (0, width - columns.shape[1])))
