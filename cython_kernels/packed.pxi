@@ -26,13 +26,13 @@ cdef int compact_ids_problem(const int64_t* offsets, const int32_t* ids, Py_ssiz
                              const uint64_t* hot_bits, Py_ssize_t vocab,
                              const int64_t* cold_argmax, const int64_t* cold_token,
                              const float* cold_token_logit, const float* cold_max,
-                             Py_ssize_t* index) noexcept nogil:
+                             const float* cold_mass, Py_ssize_t* index) noexcept nogil:
     """check_compact_ids over pointers (cold_token NULL: none); index[0]
     receives the index the problem names."""
     cdef Py_ssize_t r, i
     cdef int32_t token
-    cdef int64_t drawn
-    cdef float logit
+    cdef int64_t drawn, argmax
+    cdef float logit, mass
     for r in range(rows):
         for i in range(offsets[r], offsets[r + 1]):
             token = ids[i]
@@ -45,8 +45,21 @@ cdef int compact_ids_problem(const int64_t* offsets, const int32_t* ids, Py_ssiz
                 return 3
     for r in range(rows):
         index[0] = r
-        if cold_argmax[r] < -1 or cold_argmax[r] >= vocab:
+        argmax = cold_argmax[r]
+        if argmax < -1 or argmax >= vocab:
             return 4
+        # the cold region's maximum: none (-1) when it is -inf, else one of its
+        # ids (a NaN or +inf maximum is the kernels' to report, at argmax)
+        if cold_max[r] == -INFINITY and argmax != -1:
+            return 7
+        if cold_max[r] > -INFINITY and cold_max[r] < INFINITY and (
+                argmax < 0 or hot_bit(hot_bits, argmax)
+                or in_sorted(ids + offsets[r] if ids != NULL else NULL,
+                             offsets[r + 1] - offsets[r], argmax)):
+            return 7
+        mass = cold_mass[r]
+        if not (mass >= 0 and mass < INFINITY):
+            return 8
     if cold_token == NULL:
         return 0
     for r in range(rows):
@@ -69,7 +82,8 @@ cdef int compact_ids_problem(const int64_t* offsets, const int32_t* ids, Py_ssiz
 def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
                       const uint64_t[::1] hot_bits, Py_ssize_t vocab,
                       const int64_t[::1] cold_argmax, const int64_t[::1] cold_token,
-                      const float[::1] cold_token_logit, const float[::1] cold_max):
+                      const float[::1] cold_token_logit, const float[::1] cold_max,
+                      const float[::1] cold_mass):
     """One pass over compact rows' touched ids (CSR: offsets [B + 1], the
     offsets already checked), cold argmaxes and, when cold_token is not
     empty, drawn cold tokens ([B], -1 none) with their logits and the rows'
@@ -80,12 +94,14 @@ def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
     its row, 3 ids[index] hot, 4 cold_argmax[index] outside [-1, V), 5
     cold_token[index] outside [-1, V), 6 cold_token[index] not an id of the
     cold region (hot, or touched in its row) or its logit not finite or
-    above cold_max[index]. The numpy checks it replaces made a pass (and a
-    temporary) each, per request."""
+    above cold_max[index], 7 cold_argmax[index] not what cold_max[index]
+    says (-1 exactly when it is -inf, else an id of the cold region), 8
+    cold_mass[index] not finite and >= 0. The numpy checks it replaces made
+    a pass (and a temporary) each, per request."""
     cdef Py_ssize_t rows = offsets.shape[0] - 1
-    if (cold_argmax.shape[0] != rows or cold_max.shape[0] != rows
+    if (cold_argmax.shape[0] != rows or cold_max.shape[0] != rows or cold_mass.shape[0] != rows
             or cold_token.shape[0] not in (0, rows) or cold_token_logit.shape[0] != cold_token.shape[0]):
-        raise ValueError(f"cold_argmax and cold_max must have {rows} entries, cold_token and "
+        raise ValueError(f"cold_argmax, cold_max and cold_mass must have {rows} entries, cold_token and "
                          f"cold_token_logit {rows} or none")
     cdef Py_ssize_t index = 0
     cdef int problem = compact_ids_problem(
@@ -93,7 +109,8 @@ def check_compact_ids(const int64_t[::1] offsets, const int32_t[::1] ids,
         &cold_argmax[0] if cold_argmax.shape[0] else NULL,
         &cold_token[0] if cold_token.shape[0] else NULL,
         &cold_token_logit[0] if cold_token.shape[0] else NULL,
-        &cold_max[0] if cold_max.shape[0] else NULL, &index)
+        &cold_max[0] if cold_max.shape[0] else NULL,
+        &cold_mass[0] if cold_mass.shape[0] else NULL, &index)
     return problem, (index if problem else 0)
 
 
@@ -482,7 +499,7 @@ cdef bint decide_packed_rows(PackedScratch* m, const int64_t[:, ::1] cold,
         any_logprob[0] = any_logprob[0] or m.want[r]
     if compact_ids_problem(m.touched_offsets, m.touched_ids, size, &hot_bits[0], vocab,
                            m.cold_argmax, m.cold_token, m.cold_token_logit, m.cold_max,
-                           &index) != 0:
+                           m.cold_mass, &index) != 0:
         return False
     if end_ids.shape[1] == 0:
         memset(m.ban_offsets, 0, (size + 1) * sizeof(int64_t))

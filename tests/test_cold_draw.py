@@ -167,6 +167,19 @@ def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
                          (np.full((40, 1), VOCAB, np.int32), r"cold_token must be -1 or a token id")):
         with pytest.raises(InvalidRequest, match=message):
             sample_request(decode_request({**inputs, "cold_token": bad}, VOCAB, hot), 1, hot)
+    # a cold summary at odds with itself once came back as the token (-1, a hot id) or
+    # as a NaN logprob and a token that ignored the seed
+    argmax = "cold_argmax must be -1 when cold_max is -inf and an id of the cold region"
+    touched = compact.touched_ids[compact.touched_offsets[0]:compact.touched_offsets[1]]
+    for name, value, message in (("cold_argmax", -1, argmax), ("cold_argmax", hot.ids[0], argmax),
+                                 *((("cold_argmax", touched[0], argmax),) if touched.size else ()),
+                                 ("cold_mass", np.nan, "cold_mass must be a finite number >= 0"),
+                                 ("cold_mass", np.inf, "cold_mass must be a finite number >= 0"),
+                                 ("cold_mass", -1.0, "cold_mass must be a finite number >= 0")):
+        bad = inputs[name].copy()
+        bad[0] = value
+        with pytest.raises(InvalidRequest, match=f"row 0: {message}"):
+            sample_request(decode_request({**inputs, name: bad}, VOCAB, hot), 1, hot)
 
 
 @pytest.mark.parametrize("drawn", [False, True])

@@ -467,10 +467,11 @@ def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
                                special=np.zeros((5, 2), np.int64), cold=cold, greedy_below=1e-5,
                                record_size=64, cold_size=20)
     hot_bits = np.zeros(1, np.uint64)
-    with pytest.raises(ValueError, match="cold_argmax and cold_max must have 2 entries"):
+    with pytest.raises(ValueError, match="cold_argmax, cold_max and cold_mass must have 2 "):
         _sampling.check_compact_ids(np.zeros(3, np.int64), np.zeros(0, np.int32), hot_bits, V,
                                     np.zeros(1, np.int64), np.zeros(0, np.int64),
-                                    np.zeros(0, np.float32), np.zeros(2, np.float32))
+                                    np.zeros(0, np.float32), np.zeros(2, np.float32),
+                                    np.zeros(2, np.float32))
 
 
 def test_a_rows_token_does_not_depend_on_what_the_other_rows_ask():

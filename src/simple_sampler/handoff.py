@@ -175,7 +175,8 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
                    shapes_checked: bool = False) -> tuple:
     """Raise ValueError for malformed compact rows; returns the kernel's
     (touched offsets int64, ids int32, cold_argmax int64, cold_max float32,
-    cold_token int64, cold_token_logit float32: empty when none came)
+    cold_mass float32, cold_token int64, cold_token_logit float32: empty
+    when none came)
     arrays. shapes_checked: the caller checked every shape and built the
     offsets (``sampler_decode.decode_request``): only the kernel pass over
     the ids (and the cold tokens) is left."""
@@ -193,8 +194,9 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
     tokens, token_logits = _NO_COLD_TOKENS if rows.cold_token is None else (
         np.ascontiguousarray(rows.cold_token, np.int64),
         np.ascontiguousarray(rows.cold_token_logit, np.float32))
+    cold_mass = np.ascontiguousarray(rows.cold_mass, np.float32)
     problem, index = _sampling.check_compact_ids(offsets, ids, hot_vocab.kernel_arrays()[2], vocab,
-                                                 argmax, tokens, token_logits, cold_max)
+                                                 argmax, tokens, token_logits, cold_max, cold_mass)
     if problem == 1:
         raise ValueError(range_message.format(int(ids[index])))
     if problem == 2:
@@ -208,7 +210,14 @@ def _check_compact(rows: CompactRows, size: int, hot_vocab: HotVocab,
     if problem == 6:  # a token from anywhere else would skew the row's distribution
         raise ValueError("cold_token must be an id of the cold region (not hot, not touched), "
                          "with a finite cold_token_logit <= cold_max")
-    return offsets, ids, argmax, cold_max, tokens, token_logits
+    if problem == 7:  # the kernels would return it as the token
+        raise ValueError(f"row {index}: cold_argmax must be -1 when cold_max is -inf and an id "
+                         f"of the cold region (not hot, not touched) otherwise, got "
+                         f"{int(argmax[index])}")
+    if problem == 8:
+        raise ValueError(f"row {index}: cold_mass must be a finite number >= 0, got "
+                         f"{float(cold_mass[index])}")
+    return offsets, ids, argmax, cold_max, cold_mass, tokens, token_logits
 
 
 def _check_compact_shapes(rows: CompactRows, size: int, hot_vocab: HotVocab,
@@ -247,7 +256,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
-    touched_offsets, touched_ids, cold_argmax, cold_max, cold_token, cold_token_logit = (
+    touched_offsets, touched_ids, cold_argmax, cold_max, cold_mass, cold_token, cold_token_logit = (
         _check_compact(rows, size, hot_vocab, shapes_checked))
     vocab = hot_vocab.vocab_size
     out = empty_output(size, top_width(num_top_logprobs, vocab))
@@ -270,8 +279,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         vocab, hot_vocab.positions(),
         touched_offsets, touched_ids,
         np.ascontiguousarray(rows.touched_logits, np.float32),
-        cold_max, cold_argmax, np.ascontiguousarray(rows.cold_mass, np.float32),
-        cold_token, cold_token_logit)
+        cold_max, cold_argmax, cold_mass, cold_token, cold_token_logit)
     raise_row_errors(errors, error_columns)
     out.hot_accepted[:] = -1
     return HandoffOutput(**out.__dict__, outcome=outcome)

@@ -195,8 +195,10 @@ HANDOFF_INPUTS = (
     Tensor("touched_logits", "FP32", (-1,), default="none",
            allowed="their raw logits, shaped as touched_ids"),
     _scalar("cold_max", "FP32", "none", "max raw logit of the ids not handed over (C)"),
-    _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max, or -1"),
-    _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T)"),
+    _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max; -1 exactly when "
+            "cold_max is -inf"),
+    _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T): finite, "
+            ">= 0"),
 )
 #: With compact rows, optionally: a token the data plane drew inside C on the
 #: row's cold stream (handoff.cold_draws), which decides a NEED_COLD row
