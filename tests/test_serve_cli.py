@@ -146,6 +146,12 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
     (["--sampler-endpoints", "h:8001,H:08001"], "sampler_endpoints lists an entry twice"),
     (["--max-batch-size", "8"], "engine_max_batch_size (32) is more than the sampler's "
                                 "sampler_max_batch_size (8, --max-batch-size)"),
+    (["--sampling-mode", "inline", "--micro-batches", "2"],
+     "micro_batches applies to sampling_mode simple only"),
+    (["--sampler-only", "--engine", "simulated", "--openai-port", "9100"],
+     "--engine, --openai-port apply to the llm, which --sampler-only does not serve"),
+    (["--model-repository", "/tmp/repo", "--instances", "4", "--hot-vocab", "off"],
+     "--instances, --hot-vocab would not reach the models: --model-repository serves /tmp/repo"),
 ])
 def test_options_out_of_range_or_at_odds_are_one_line_before_anything_starts(
         args, message, capsys, monkeypatch, tmp_path):

@@ -73,7 +73,7 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     sampler = SamplerSettings(sampler_instances=3, sampler_max_batch_size=8, logits_dtype="bf16",
                               num_threads=2, vocab_size=100, hot_vocab_profile="hot_vocab.npz")
     llm = LlmSettings(sampling_mode="inline", engine_max_batch_size=7, max_context=300,
-                      micro_batches=2, sampler_shards=5, shutdown_grace_s=4.5,
+                      launch_ahead="off", sampler_shards=5, shutdown_grace_s=4.5,
                       batch_invariant=True, generate_max_batch_size=9,
                       preprocessing_instances=2,
                       model='/models/a "quoted" name\\with a backslash')  # escaped, read as is

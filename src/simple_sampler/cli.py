@@ -107,12 +107,33 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
     return str(profile.resolve())
 
 
+def refuse_ignored_options(args: argparse.Namespace) -> None:
+    """Raise ValueError for options the start would drop: the llm's and the
+    front door's with --sampler-only, the models' with --model-repository
+    (its config.pbtxt files hold them). --shutdown-grace is the server's
+    drain too, so it applies either way."""
+    llm_flags = [flag for flag in LlmSettings.given_flags(args) if flag != "--shutdown-grace"]
+    if args.sampler_only:
+        dropped = llm_flags + FrontendSettings.given_flags(args)
+        if dropped:
+            raise ValueError(f"{', '.join(dropped)} apply to the llm, which --sampler-only "
+                             f"does not serve")
+    if args.model_repository is not None:
+        dropped = SamplerSettings.given_flags(args) + llm_flags + (
+            ["--hot-vocab"] if args.hot_vocab != "auto" else [])
+        if dropped:
+            raise ValueError(f"{', '.join(dropped)} would not reach the models: "
+                             f"--model-repository serves {args.model_repository} as it is (set "
+                             f"them in its config.pbtxt files)")
+
+
 def serve(args: argparse.Namespace) -> int:
     from . import logs
     from .launch import serve as serving
 
     logs.configure(args.log_level)
     try:
+        refuse_ignored_options(args)
         server = ServerSettings.from_arguments(args).validate()
         frontend = FrontendSettings.from_arguments(args).validate()
         check_distinct_ports(**vars(server), openai_port=0 if args.sampler_only

@@ -197,6 +197,13 @@ class Settings:
                                     choices=f.metadata["choices"] or None, help=help)
 
     @classmethod
+    def given_flags(cls, args: argparse.Namespace) -> list[str]:
+        """The options of these settings given on the command line."""
+        return [f.metadata["flag"] or "--" + f.name.replace("_", "-")
+                for f in cls.settings_fields()
+                if f.metadata["flag"] is not None and getattr(args, f.name, None) is not None]
+
+    @classmethod
     def from_arguments(cls, args: argparse.Namespace, **values):
         """The settings of the options given (others keep their defaults);
         `values` set fields the options do not carry."""
@@ -399,6 +406,9 @@ class LlmSettings(Settings):
                 "against the CPU GEMM's row blocking (serving/batch_invariant.py); on CUDA, "
                 "cuBLAS and the attention kernels choose their algorithms by shape, which was "
                 "never measured")
+        if self.sampling_mode != "simple" and self.micro_batches > 1:
+            raise ValueError(f"micro_batches applies to sampling_mode simple only: "
+                             f"{self.sampling_mode} samples in the data plane, one lane")
         if self.device == "cpu" and self.torch_dtype != "float32":
             raise ValueError(f"torch_dtype {self.torch_dtype} needs device cuda: the engine runs "
                              f"float32 on the CPU")

@@ -91,7 +91,8 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
                       batch_invariant=batch_invariant)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-bench-")),
-        SamplerSettings(sampler_instances=instances, sampler_max_batch_size=64, vocab_size=49_152),
+        SamplerSettings(sampler_instances=instances, sampler_max_batch_size=max(64, max_concurrency),
+                        vocab_size=49_152),
         llm)
     suffix = "-invariant" if batch_invariant else ""
     log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
