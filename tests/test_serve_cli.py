@@ -146,6 +146,8 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
     (["--sampler-endpoints", "h:8001,H:08001"], "sampler_endpoints lists an entry twice"),
     (["--max-batch-size", "8"], "engine_max_batch_size (32) is more than the sampler's "
                                 "sampler_max_batch_size (8, --max-batch-size)"),
+    (["--vocab-size", "1000"], "the hot-vocab profile hot_vocab.npz is for a vocabulary of "
+                               "49152 tokens, the sampler's vocab_size is 1000"),
     (["--sampling-mode", "inline", "--micro-batches", "2"],
      "micro_batches applies to sampling_mode simple only"),
     (["--sampler-only", "--engine", "simulated", "--openai-port", "9100"],

@@ -46,6 +46,7 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
         sampler, llm = _map_hot_vocab(destination, sampler, llm)
     write_model(destination, "simple_sampler", "simple_sampler",
                 sampler.validate().template_values())
+    _check_profile_vocab(destination / "simple_sampler", sampler)
     if llm is not None:
         values = llm.validate().template_values()
         write_model(destination, "ensemble", "ensemble",
@@ -70,6 +71,21 @@ def check_llm_against_sampler(llm: LlmSettings, sampler: SamplerSettings) -> Non
                          f"sampler's sampler_max_batch_size ({sampler.sampler_max_batch_size}, "
                          f"--max-batch-size), the most rows one sampler request may carry: "
                          f"raise it or lower --engine-max-batch-size")
+
+def _check_profile_vocab(model_dir: Path, sampler: SamplerSettings) -> None:
+    """Raise ValueError where the sampler's hot-vocab profile is for another
+    vocabulary than its vocab_size (the model would refuse it at load, after
+    Triton started)."""
+    if not (sampler.hot_vocab_profile and sampler.vocab_size):
+        return
+    from ..shvs.hot_vocab import load_profile
+
+    profile = load_profile(model_dir / sampler.hot_vocab_profile)  # an absolute path stays
+    if profile.vocab_size != sampler.vocab_size:
+        raise ValueError(f"the hot-vocab profile {sampler.hot_vocab_profile} is for a vocabulary "
+                         f"of {profile.vocab_size} tokens, the sampler's vocab_size is "
+                         f"{sampler.vocab_size} (--hot-vocab off, or another profile)")
+
 
 #: The file a repository's sampler reads a mapped hot set from.
 MAPPED_PROFILE = "hot_vocab_simulated.npz"
