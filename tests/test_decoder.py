@@ -418,6 +418,24 @@ def test_rows_the_sampler_refuses_end_their_requests_alone(mode, sampler):
             assert broken[-1].error is None and text_of(broken) == text_of(clean)
 
 
+def test_only_a_refusal_naming_a_row_is_searched_for_its_rows():
+    """What the decode loop samples around (``samplers.refuses_rows``): a
+    ValueError or a remote refusal (INVALID_ARG: not retryable) naming a
+    row; not the sampler's own failures, nor a refusal every half would
+    meet too (it names no row)."""
+    from simple_sampler.serving.samplers import refuses_rows
+    from simple_sampler.triton.sampler_pool import SamplerCallError
+
+    nan = "row 3: logits must not contain NaN; found at column 7"
+    assert refuses_rows(ValueError(nan))
+    assert refuses_rows(SamplerCallError(f"localhost:8001: {nan}", retryable=False))
+    assert not refuses_rows(SamplerCallError(f"localhost:8001: {nan}"))  # a dead instance
+    assert not refuses_rows(RuntimeError(nan)) and not refuses_rows(MemoryError(nan))
+    assert not refuses_rows(ValueError("operands could not be broadcast together"))
+    assert not refuses_rows(SamplerCallError(
+        "h:8001: inference request batch-size must be <= 8 for 'simple_sampler'", retryable=False))
+
+
 def test_an_error_of_the_samplers_own_while_looking_for_refused_rows_fails_the_step():
     """Sampling around refused rows stops at an error that refuses no rows
     (the decision plane down): the step's requests end with it, and the

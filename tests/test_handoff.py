@@ -998,3 +998,31 @@ def test_touched_lists_are_each_rows_bias_and_penalized_history_outside_h():
             if params[r].repetition_penalty != 1.0:
                 expected |= set(histories[r].prompt_ids) | set(histories[r].output_ids)
             assert ids[offsets[r]:offsets[r + 1]].tolist() == sorted(expected - set(hot.ids.tolist()))
+
+
+def test_rows_decided_from_their_full_rows_keep_their_own_top_logprobs():
+    """Per-row top-n with the second round in place (``decide_from_full_rows``):
+    the undecided rows ask fewer than the widest row, so the second round is
+    narrower than the first; each gets its own n from its full row, padding
+    beyond (a shape error before)."""
+    from simple_sampler.handoff import decide_from_full_rows, sample_compact
+
+    vocab = 8192
+    hot = HotVocab(np.arange(16), vocab)
+    rng = np.random.default_rng(0)
+    logits = np.full((3, vocab), -5.0, np.float32)
+    logits[0, :16] = rng.normal(size=16) * 3 + 10  # its mass in the hot set: decided
+    logits[1] = logits[2] = rng.normal(size=vocab).astype(np.float32) * 0.1  # flat: its nucleus is cold
+    batch = SamplingBatch.from_params([SamplingParams(seed=1), SamplingParams(seed=2, top_p=0.9),
+                                       SamplingParams(seed=3, top_p=0.9)], vocab_size=vocab)
+    wanted, want = np.array([5, 2, 0]), np.ones(3, bool)
+    batch.want_logprobs = want
+    first = sample_compact(compact_rows(torch.from_numpy(logits), batch, hot), batch, hot,
+                           num_top_logprobs=wanted)
+    assert first.undecided.tolist() == [False, True, True]
+    decide_from_full_rows(first, compact_rows(torch.from_numpy(logits), batch, hot), batch, hot,
+                          logits, want, num_top_logprobs=wanted)
+    full = sample(logits[1:2], batch.take([1]), num_top_logprobs=2)
+    assert first.top_token_ids[1, :2].tolist() == full.top_token_ids[0].tolist()
+    assert (first.top_token_ids[1, 2:] == -1).all() and (first.top_token_ids[2] == -1).all()
+    assert (first.top_logprobs[2] == -np.inf).all() and first.top_token_ids[0, 4] >= 0

@@ -2,6 +2,7 @@
 again elsewhere with the same rows (so the same tokens), a failed target left
 out and tried again later, refused rows never sent again."""
 import asyncio
+import gc
 import time
 
 import numpy as np
@@ -301,3 +302,34 @@ def test_a_shard_that_fails_for_good_still_waits_for_the_others_before_the_slot_
     with pytest.raises(SamplerCallError):
         step(pool)
     assert slow.rows == [6] and sorted(arena.free) == [0, 1]
+
+
+def test_rows_of_a_refused_step_stay_in_their_slot_while_it_is_sampled_around_them(arena):
+    """A step the sampler refuses (NaN in one row) is sampled again in halves
+    (``samplers.sample_around_refusals``) from the same rows: the slot they
+    lie in (``stage_rows``' ``take``) is not given back when the first call
+    fails, where the halves' copies would land on them, but once the rows
+    are gone."""
+    from simple_sampler.serving.samplers import sample_around_refusals
+
+    pool = SamplerPool([SamplerTarget("local", Sampler(), 1, shares_memory=True)], arena=arena,
+                       min_rows=1)
+    rows = np.random.default_rng(0).standard_normal((5, VOCAB)).astype(np.float32)
+    staged = torch.from_numpy(arena.take((5, VOCAB), np.float32))
+    staged.copy_(torch.from_numpy(rows))
+    staged[4, 3] = float("nan")
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(5)])
+
+    async def around(logits):
+        try:
+            await pool(logits, batch)
+        except ValueError as refusal:
+            return await sample_around_refusals(pool, logits, batch, refusal)
+    tokens, _, refused = asyncio.run(around(staged))
+    assert sorted(refused) == [4] and "found at column 3" in refused[4]
+    expected = sample(rows[:4], batch.take(np.arange(4)), return_logprobs=False).token_ids
+    assert tokens[:4].tolist() == expected.tolist()
+    assert len(arena.free) == 1, "the refused step's slot is held while its rows live"
+    del staged
+    gc.collect()
+    assert sorted(arena.free) == [0, 1]

@@ -152,8 +152,12 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
      "micro_batches applies to sampling_mode simple only"),
     (["--sampler-only", "--engine", "simulated", "--openai-port", "9100"],
      "--engine, --openai-port apply to the llm, which --sampler-only does not serve"),
-    (["--model-repository", "/tmp/repo", "--instances", "4", "--hot-vocab", "off"],
-     "--instances, --hot-vocab would not reach the models: --model-repository serves /tmp/repo"),
+    (["--model-repository", "/tmp/repo", "--instances", "4", "--engine", "tensorrt_llm",
+      "--micro-batches", "2", "--hot-vocab", "off"],
+     "--instances, --micro-batches, --hot-vocab would not reach the models: --model-repository "
+     "serves /tmp/repo"),
+    (["--sampler-only", "--openai-port", "0", "--sampling-mode", "inline"],
+     "--sampling-mode apply to the llm, which --sampler-only does not serve"),
 ])
 def test_options_out_of_range_or_at_odds_are_one_line_before_anything_starts(
         args, message, capsys, monkeypatch, tmp_path):

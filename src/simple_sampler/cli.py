@@ -107,19 +107,27 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
     return str(profile.resolve())
 
 
+#: options that act on the launch itself, with or without the models: the
+#: drain (--shutdown-grace), how long to wait for the models (--engine), and
+#: Triton's shared-memory pool (sized by the sampler's largest request)
+LAUNCH_FLAGS = frozenset(("--shutdown-grace", "--engine", "--max-batch-size", "--vocab-size",
+                          "--logits-dtype"))
+
+
 def refuse_ignored_options(args: argparse.Namespace) -> None:
     """Raise ValueError for options the start would drop: the llm's and the
     front door's with --sampler-only, the models' with --model-repository
-    (its config.pbtxt files hold them). --shutdown-grace is the server's
-    drain too, so it applies either way."""
-    llm_flags = [flag for flag in LlmSettings.given_flags(args) if flag != "--shutdown-grace"]
+    (its config.pbtxt files hold them), LAUNCH_FLAGS excepted."""
     if args.sampler_only:
-        dropped = llm_flags + FrontendSettings.given_flags(args)
+        dropped = [flag for flag in LlmSettings.given_flags(args) + FrontendSettings.given_flags(args)
+                   if flag != "--shutdown-grace"
+                   and not (flag == "--openai-port" and args.openai_port == 0)]  # "no API": agreed
         if dropped:
             raise ValueError(f"{', '.join(dropped)} apply to the llm, which --sampler-only "
                              f"does not serve")
     if args.model_repository is not None:
-        dropped = SamplerSettings.given_flags(args) + llm_flags + (
+        dropped = [flag for flag in SamplerSettings.given_flags(args) + LlmSettings.given_flags(args)
+                   if flag not in LAUNCH_FLAGS] + (
             ["--hot-vocab"] if args.hot_vocab != "auto" else [])
         if dropped:
             raise ValueError(f"{', '.join(dropped)} would not reach the models: "

@@ -372,8 +372,12 @@ def merge_fallback(first: HandoffOutput, undecided: np.ndarray, second: SampleOu
                                          second.logprobs)
     full = undecided[~cold]
     if first.top_token_ids.shape[1]:
-        first.top_token_ids[full] = second.top_token_ids[~cold]
-        first.top_logprobs[full] = second.top_logprobs[~cold]
+        # the second round is as wide as its own rows ask (row_options): the rest is padding
+        width = second.top_token_ids.shape[1]
+        first.top_token_ids[full] = -1
+        first.top_logprobs[full] = -np.inf
+        first.top_token_ids[full, :width] = second.top_token_ids[~cold]
+        first.top_logprobs[full, :width] = second.top_logprobs[~cold]
     return first
 
 

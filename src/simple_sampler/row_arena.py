@@ -46,7 +46,7 @@ import secrets
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -175,6 +175,8 @@ class RowLease:
     vocab: int
     dtype: int
     rows: int
+    #: the slot holds the caller's own rows (a ``take`` view it claimed), not a copy
+    claimed: bool = False
 
     def refs(self, start: int = 0, end: int | None = None) -> np.ndarray:
         end = self.rows if end is None else end
@@ -191,6 +193,16 @@ class RowLease:
         if self.slot >= 0:
             self.arena._release(self.slot, self.generation)
             self.slot = -1
+
+    def release_after(self, owner) -> None:
+        """``release``, but where the slot holds the caller's own rows, only
+        once `owner` (the caller's object over them) is collected: a caller
+        that reads its rows again (sampling a refused step around its bad
+        rows) must not find them overwritten by the next lease."""
+        if self.slot >= 0 and self.claimed:
+            weakref.finalize(owner, self.arena._release, self.slot, self.generation)
+            self.slot = -1
+        self.release()
 
 
 @dataclass
@@ -339,7 +351,7 @@ class RowArena:
                 return None
             del self.taken[slot]
         taken.finalizer.detach()
-        return self._slot_lease(rows, slot, taken.generation)
+        return replace(self._slot_lease(rows, slot, taken.generation), claimed=True)
 
     def _give_back_unclaimed(self, slot: int, generation: int) -> None:
         """A taken view's finalizer: its slot back, unless it was claimed."""

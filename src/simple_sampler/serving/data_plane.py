@@ -154,7 +154,8 @@ class DataPlane:
                 log.warning("the sampler refused rows of a step of %d; sampling it again "
                             "around them", len(batch), exc_info=error)
                 tokens, logprobs, refused = await sample_around_refusals(
-                    self.sampler or threaded(self.local_sample), step.logits, batch, error)
+                    threaded(self.local_sample) if self.local_sample else self.sampler,
+                    step.logits, batch, error)
         finally:
             self.activity.change(samplers=-1)
         return tokens, logprobs, step.sample_s + time.perf_counter() - started, refused

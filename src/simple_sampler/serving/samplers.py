@@ -6,6 +6,7 @@ rows sampled around the rows a sampler refused
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -61,14 +62,22 @@ def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = 
     return sampler
 
 
+#: how a sampler names the row it refuses (``sampling.raise_row_errors``, the
+#: sampler model's INVALID_ARG messages): "row 3: logits must not contain NaN ..."
+_ROW_NAMED = re.compile(r"\brow \d+: ")
+
+
 def refuses_rows(error: BaseException) -> bool:
     """Whether a sampler's `error` refuses rows of its call (a row the
     kernels cannot sample: NaN logits, +inf after temperature, every token
     banned) rather than being the sampler's own failure (MemoryError,
-    RuntimeError, a transport error): the kernels' ValueError, or a remote
-    sampler's refusal, marked ``retryable = False``
-    (``triton.sampler_pool.SamplerCallError``: INVALID_ARG)."""
-    return isinstance(error, ValueError) or getattr(error, "retryable", True) is False
+    RuntimeError, a transport error): a ValueError, or a remote sampler's
+    refusal marked ``retryable = False`` (``triton.sampler_pool.
+    SamplerCallError``: INVALID_ARG), that names a row. A refusal naming no
+    row (a request too large for a remote sampler, a bug of ours) would fail
+    every half too: it fails the step at once."""
+    refused = isinstance(error, ValueError) or getattr(error, "retryable", True) is False
+    return refused and _ROW_NAMED.search(str(error)) is not None
 
 
 async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,

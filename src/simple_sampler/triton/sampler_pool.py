@@ -184,9 +184,12 @@ class SamplerPool:
             lease = self.arena.reference(rows) or await asyncio.to_thread(self.arena.lease, rows)
         try:
             outputs = await self.send({"logits": rows}, batch, lease, most_shards)
-        finally:
-            if lease is not None:
-                lease.release()
+        except BaseException:
+            if lease is not None:  # the decode loop may sample these rows again (data_plane)
+                lease.release_after(logits)
+            raise
+        if lease is not None:
+            lease.release()
         return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
 
     def reference(self, logits: torch.Tensor):

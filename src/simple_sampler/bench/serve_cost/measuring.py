@@ -354,7 +354,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     """Every configuration of `configs` (default :func:`plan`), one server per
     pace and server variant: each python_thread_pools size (the Python
     backend's `thread-pool-size`; None or absent: Triton's default, as
-    `serve` starts it) x each micro_batches count (the decode loop's lanes)
+    `serve` starts it) x each micro_batches count (the decode loop's lanes;
+    one with a sampling_mode other than "simple")
     x each handoff (full rows, or hot-first's compact rows with the hot set
     the repository ships). Every variant serves its own floor, and each row's
     ratios are to its own server's. `sampling_mode` other than "simple"
@@ -367,7 +368,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     configs = plan() if configs is None else configs
     check_plan(configs, max_tokens)
     pools = python_thread_pools or [None]
-    lanes = list(micro_batches)
+    # the inline modes sample in the data plane: one lane (LlmSettings.check)
+    lanes = list(micro_batches) if sampling_mode == "simple" else [1]
     handoffs = handoffs or [LlmSettings.handoff]
     results, profiles = [], []
     for pool, lane_count, handoff, pace in itertools.product(

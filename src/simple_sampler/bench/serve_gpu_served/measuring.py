@@ -209,7 +209,9 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     from ...launch.server import TritonServer
 
     largest = max(batches)
-    settings = {**settings, "micro_batches": mode.lanes or settings["micro_batches"]}
+    # the inline modes sample in the data plane: one lane (LlmSettings.check)
+    settings = {**settings, "micro_batches": mode.lanes or (
+        settings["micro_batches"] if mode.sampling_mode == "simple" else 1)}
     sampler = sampler_settings(largest, settings["instances"], "float32", mode.handoff)
     llm = static_settings(mode, largest=largest, hot_vocab_profile=sampler.hot_vocab_profile,
                           **settings)
