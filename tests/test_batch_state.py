@@ -72,14 +72,19 @@ def test_batch_matches_the_rebuild_row_for_row():
 
 
 def test_same_tokens_as_the_rebuild():
-    """Rows without penalties get no history: their draws must not change."""
+    """Rows without penalties get no history: their draws must not change.
+    A row's logprob comes where it asked for it (the state's want_logprobs),
+    NaN elsewhere."""
     rng = np.random.default_rng(1)
     state, slots, params, histories = grown_state(rng, rows=64)
+    asked = np.arange(len(slots)) % 3 == 0
+    state.want_logprobs[slots] = asked
     logits = rng.normal(size=(len(slots), VOCAB)).astype(np.float32)
     got = sample(logits, state.batch(slots))
     want = sample(logits, SamplingBatch.from_params(params, histories, vocab_size=VOCAB))
     np.testing.assert_array_equal(got.token_ids, want.token_ids)
-    np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-6)
+    np.testing.assert_allclose(got.logprobs[asked], want.logprobs[asked], rtol=1e-6)
+    assert np.isnan(got.logprobs[~asked]).all()
 
 
 @pytest.mark.parametrize("most_stop_ids", [1, 2])

@@ -224,6 +224,17 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
             signal.signal(s, handler)
 
 
+def _assemble_in_temp(sampler: SamplerSettings, llm: LlmSettings | None) -> Path:
+    """``assemble_repository`` into a new temporary directory, removed again
+    when the settings are refused (nothing half-written is left)."""
+    destination = Path(tempfile.mkdtemp(prefix="simple-sampler-repo-"))
+    try:
+        return assemble_repository(destination, sampler, llm)
+    except BaseException:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+
+
 def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository, log_path, demo,
          shutdown_grace_s, supervise, log_level, startup_timeout, frontend) -> int:
     server = supervisor = openai = None
@@ -232,12 +243,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         try:
             assembled = repository is None
             if assembled:
-                destination = Path(tempfile.mkdtemp(prefix="simple-sampler-repo-"))
-                try:
-                    repository = assemble_repository(destination, sampler, llm)
-                except BaseException:
-                    shutil.rmtree(destination, ignore_errors=True)  # nothing half-written left
-                    raise
+                repository = _assemble_in_temp(sampler, llm)
                 log.info("model repository %s: %s; %s", repository, sampler,
                          llm or "no llm (--sampler-only)")
             log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
