@@ -71,7 +71,7 @@ def test_each_template_reads_exactly_the_models_parameters(cls):
 
 def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     sampler = SamplerSettings(sampler_instances=3, sampler_max_batch_size=8, logits_dtype="bf16",
-                              num_threads=2, vocab_size=100, hot_vocab_profile="hot_vocab.npz")
+                              num_threads=2, vocab_size=49_152, hot_vocab_profile="hot_vocab.npz")
     llm = LlmSettings(sampling_mode="inline", engine_max_batch_size=7, max_context=300,
                       launch_ahead="off", sampler_shards=5, shutdown_grace_s=4.5,
                       batch_invariant=True, generate_max_batch_size=9,
@@ -88,7 +88,7 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     assert LlmSettings.from_parameters(parameters(configs["llm"])).parameters() == \
         llm.parameters()
     assert SamplerSettings.from_parameters(parameters(configs["simple_sampler"])) == \
-        SamplerSettings(num_threads=2, vocab_size=100, hot_vocab_profile="hot_vocab.npz")
+        SamplerSettings(num_threads=2, vocab_size=49_152, hot_vocab_profile="hot_vocab.npz")
     sampler_config = configs["simple_sampler"]
     assert sampler_config.max_batch_size == 8
     assert sampler_config.instance_group[0].count == 3
