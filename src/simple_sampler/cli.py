@@ -151,6 +151,9 @@ def serve(args: argparse.Namespace) -> int:
         llm = LlmSettings.from_arguments(
             args, sampler_shards=args.sampler_shards or sampler.sampler_instances,
             hot_vocab_profile=sampler.hot_vocab_profile)
+        if args.handoff is not None and not args.sampler_only and llm.hot_first_unavailable():
+            # asked for by name: not quietly served with full rows (the model only warns)
+            raise ValueError(f"--handoff hot-first: {llm.hot_first_unavailable()}")
     except ValueError as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2

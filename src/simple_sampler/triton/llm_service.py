@@ -33,7 +33,7 @@ from ..schema import SHUTTING_DOWN, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
-from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..settings import LlmSettings
 from ..shvs.hot_vocab import load_profile
 from ..serving.text import TextCodec
 from .generate_io import decode_generate
@@ -102,12 +102,7 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     was asked for and full rows will cross all the same."""
     if settings.handoff != "hot-first":
         return None
-    refused = None
-    if not settings.hot_vocab_profile:
-        refused = ("the sampler has no hot-vocab profile (serve --hot-vocab PROFILE.npz: the "
-                   "shipped one is SmolLM2's, `simple-sampler calibrate` makes one)")
-    elif parse_endpoints(settings.sampler_endpoints) != [LOCAL]:
-        refused = "a sampler endpoint is remote, and its hot set may not be this one"
+    refused = settings.hot_first_unavailable()
     if refused:
         log.warning("handoff hot-first: full rows cross to the sampler instead: %s", refused)
         return None
