@@ -142,20 +142,22 @@ class DataPlane:
         started = time.perf_counter()
         self.activity.change(samplers=1)
         try:
-            refused: Refusals = {}
-            try:
-                if step.refusal is not None:
-                    raise step.refusal
-                tokens, logprobs = await (self.sampler(step.logits, batch) if step.summary is None
-                                          else self.sampler(step.logits, batch, step.summary))
-            except Exception as error:  # noqa: BLE001 - sorted by refuses_rows
-                if not refuses_rows(error):
-                    raise
+            refusal, refused = step.refusal, {}
+            if refusal is None:
+                try:
+                    tokens, logprobs = await (
+                        self.sampler(step.logits, batch) if step.summary is None
+                        else self.sampler(step.logits, batch, step.summary))
+                except Exception as error:  # noqa: BLE001 - sorted by refuses_rows
+                    if not refuses_rows(error):
+                        raise
+                    refusal = error
+            if refusal is not None:
                 log.warning("the sampler refused rows of a step of %d; sampling it again "
-                            "around them", len(batch), exc_info=error)
+                            "around them", len(batch), exc_info=refusal)
                 tokens, logprobs, refused = await sample_around_refusals(
                     threaded(self.local_sample) if self.local_sample else self.sampler,
-                    step.logits, batch, error)
+                    step.logits, batch, refusal)
         finally:
             self.activity.change(samplers=-1)
         return tokens, logprobs, step.sample_s + time.perf_counter() - started, refused
