@@ -405,10 +405,12 @@ def test_rows_the_sampler_refuses_end_their_requests_alone(mode, sampler):
     runs = {}
     for poisoned in ("", "xy"):
         engine = PoisonedEngine(poisoned, max_batch_size=8)
-        runs[poisoned], decoder = generate(engine, requests, mode=mode, sampler={
-            "threaded": threaded, "sync": hot_first_stand_in, "remote": remote_stand_in,
-            "hot-first": lambda: hot_first(engine), None: lambda: None}[sampler]())
+        built = {"threaded": threaded, "sync": hot_first_stand_in, "remote": remote_stand_in,
+                 "hot-first": lambda: hot_first(engine), None: lambda: None}[sampler]()
+        runs[poisoned], decoder = generate(engine, requests, mode=mode, sampler=built)
         assert decoder.num_active == decoder.num_queued == 0
+        if sampler == "hot-first":  # each row sampled counts once, the search's too
+            assert built.stats["rows"] == sum(len(text_of(run)) for run in runs[poisoned])
     for c, clean, broken in zip(prompts, runs[""], runs["xy"]):
         assert clean[-1].error is None and len(text_of(clean)) == 6
         if c in "xy":

@@ -457,6 +457,20 @@ def test_compact_rows_through_the_sampler_codec(zipf_row):
         decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
 
 
+class _RefusesFullRows:
+    """A pool whose compact requests are answered and whose full rows are
+    refused, as the kernels refuse a row (serving/samplers.refuses_rows)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+    async def __call__(self, logits, batch):
+        raise ValueError("row 0: logits must not contain NaN; found at column 7")
+
+
 @pytest.mark.parametrize("cold_draw", [False, True])
 def test_hot_first_sampler_through_a_pool(cold_draw):
     """The decode loop's wrapper: compact rows to the pool's targets, then
@@ -500,6 +514,12 @@ def test_hot_first_sampler_through_a_pool(cold_draw):
                                                             ONE_LANE_ROWS_PER_REQUEST), second
         assert sum(1 for kind, _, _ in requests if kind == "compact") == compact_requests, \
             "a request per instance, but at least rows_per_request rows in each"
+        refused = HotFirstSampler(_RefusesFullRows(sampler.pool), hot, cold_top=16,
+                                  rows_per_request=per_request, cold_draw=cold_draw)
+        with pytest.raises(ValueError, match="row 0: "):
+            asyncio.run(refused(torch.from_numpy(rows), batch))
+        # counted once answered: the search around the refusal counts its parts
+        assert refused.stats == dict.fromkeys(refused.stats, 0)
 
 
 def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():

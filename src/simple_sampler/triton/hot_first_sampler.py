@@ -98,10 +98,16 @@ class HotFirstSampler:
             # Off the event loop: on a CPU the summary is milliseconds of
             # torch work per step (docs/HANDOFF.md), and another lane may be ready.
             summary = await asyncio.to_thread(self.summarize, logits, batch)
+        counts: list[dict[str, int]] = []
         out = await decide_hot_first(summary.rows, batch, self.hot_vocab,
-                                     lambda rows, batch: self._decide(summary, batch),
+                                     lambda rows, batch: self._decide(summary, batch, counts),
                                      lambda undecided, second: self._sample_undecided(
                                          logits, undecided, second))
+        # Counted once the call has an answer: a call whose second round is
+        # refused is sampled again in parts (serving/samplers.
+        # sample_around_refusals), whose rows count then.
+        for each in counts:
+            self._count(each)
         return out.token_ids, out.logprobs
 
     async def _sample_undecided(self, logits: torch.Tensor, undecided, batch: SamplingBatch):
@@ -160,12 +166,13 @@ class HotFirstSampler:
     def _most_shards(self, rows: int) -> int:
         return -(-rows // self.rows_per_request)
 
-    async def _decide(self, summary: StepSummary, batch: SamplingBatch) -> HandoffOutput:
+    async def _decide(self, summary: StepSummary, batch: SamplingBatch,
+                      counts: list[dict[str, int]]) -> HandoffOutput:
         outputs = await self.pool.send(summary.inputs, batch, self._lease(summary),
                                        most_shards=self._most_shards(len(batch)),
                                        scalars=summary.scalars)
-        out, counts = self._handoff_output(outputs, len(batch))
-        self._count(counts)
+        out, counted = self._handoff_output(outputs, len(batch))
+        counts.append(counted)
         return out
 
     @staticmethod
