@@ -79,14 +79,31 @@ cdef inline void select_rank(Candidates* c, Py_ssize_t rank) noexcept nogil:
             hi = p
 
 
-cdef inline void sort_prefix(Candidates* c, Py_ssize_t count) noexcept nogil:
-    """Insertion sort of the first `count` items by rank (count is small)."""
+cdef inline void copy_top(const Candidates* c, Py_ssize_t n, int32_t* tokens,
+                          float* z) noexcept nogil:
+    """The first n candidates by rank (n <= c.n), in rank order, into tokens
+    and z, leaving c in its own order: the draw walks the candidates in that
+    order, so a row asking for its top-n logprobs draws the token it draws
+    without them. Insertion into the n kept so far, most of the candidates
+    refused by one compare with the last kept (n is at most 20)."""
+    cdef Py_ssize_t kept = 0
     cdef Py_ssize_t i, j
-    for i in range(1, count):
-        j = i
-        while j > 0 and ranks_before(c, j, j - 1):
-            swap_items(c, j, j - 1)
+    cdef float zi
+    cdef int32_t ti
+    for i in range(c.n):
+        zi = c.z[i]
+        ti = c.token[i]
+        if kept == n and not (zi > z[n - 1] or (zi == z[n - 1] and ti < tokens[n - 1])):
+            continue
+        j = kept if kept < n else n - 1
+        while j > 0 and (zi > z[j - 1] or (zi == z[j - 1] and ti < tokens[j - 1])):
+            z[j] = z[j - 1]
+            tokens[j] = tokens[j - 1]
             j -= 1
+        z[j] = zi
+        tokens[j] = ti
+        if kept < n:
+            kept += 1
 
 
 cdef inline void keep_at_least(Candidates* c, float threshold) noexcept nogil:

@@ -329,16 +329,12 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
         known_mass = block_weight_sums(&c, ws.cand_block_w)
         log_total = log(known_mass + cold_weight)
     cdef Py_ssize_t i, count, upper_count
-    cdef bint reordered = False     # the block sums no longer match c's order
     if p.n_top > 0:
-        reordered = True
         if count_above(&c, zc) < p.n_top:
             return HANDOFF_NEED_FULL
-        select_rank(&c, p.n_top - 1)
-        sort_prefix(&c, p.n_top)
+        copy_top(&c, p.n_top, top_tokens, top_logprobs)
         for i in range(p.n_top):
-            top_tokens[i] = c.token[i]
-            top_logprobs[i] = <float>(c.z[i] - row_max - log_total)
+            top_logprobs[i] = <float>(top_logprobs[i] - row_max - log_total)
 
     cdef double log_min_p = log(p.scalars.min_p) if p.scalars.min_p > 0 else -INFINITY
     cdef bint cold_out = zc == -INFINITY
@@ -359,8 +355,6 @@ cdef int compact_row(const CompactRow* row, const Overrides* ov, const RowParams
             # the token it draws inside C.
             result.logprob = <float>(log(cold_weight) - log_total)
             return HANDOFF_NEED_COLD
-        if reordered:
-            target = target / known_mass * block_weight_sums(&c, ws.cand_block_w)
         i = draw_by_block_sums(&c, ws.cand_block_w, target)
         result.token = c.token[i]
         chosen_z = c.z[i]

@@ -493,11 +493,9 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
 
     if p.n_top > 0:
         count = min(p.n_top, c.n)
-        select_rank(&c, count - 1)
-        sort_prefix(&c, count)
+        copy_top(&c, count, top_tokens, top_logprobs)
         for i in range(count):
-            top_tokens[i] = c.token[i]
-            top_logprobs[i] = <float>(c.z[i] - row_max - log_row_mass)
+            top_logprobs[i] = <float>(top_logprobs[i] - row_max - log_row_mass)
 
     cdef double u
     cdef double kept_mass

@@ -53,7 +53,7 @@ from libc.stdint cimport INT32_MAX, int8_t, int32_t, int64_t, uint8_t, uint16_t,
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-from candidates cimport (Candidates, keep_at_least, ranks_before, select_rank, sort_prefix,
+from candidates cimport (Candidates, copy_top, keep_at_least, ranks_before, select_rank,
                          top_p_prefix)
 from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
 from philox cimport philox4x32_10, uniform_double

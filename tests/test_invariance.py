@@ -216,3 +216,38 @@ def test_non_contiguous_columns_are_copied(mixed):
     view = wide[:, ::2]
     cut = sample_requests(view, params, histories, steps, num_top_logprobs=N_TOP, num_threads=1)
     assert_same_rows(out, range(len(rows)), cut, range(len(rows)))
+
+
+@pytest.mark.parametrize("kind", [{}, {"top_k": 3}, {"top_k": 50}, {"top_k": 40, "top_p": 0.8},
+                                  {"top_k": 100, "min_p": 0.01}, {"min_p": 0.05},
+                                  {"top_k": 50, "top_p": 0.9}])
+def test_a_rows_own_top_logprobs_leave_its_token(kind):
+    """A row asking for its top-n logprobs draws the token it draws without
+    them, on the full path and as a compact row decided both times (the
+    top-n selection once reordered the candidates the draw walks)."""
+    import torch
+
+    from simple_sampler.handoff import sample_compact
+    from simple_sampler.serving.hot_first import compact_rows
+    from simple_sampler.shvs.hot_vocab import HotVocab
+
+    rng = np.random.default_rng(3)
+    vocab, count = 4096, 200
+    row = (-1.1 * np.log(rng.permutation(vocab) + 1.0)
+           + 0.3 * rng.standard_normal(vocab)).astype(np.float32)
+    rows = np.broadcast_to(row, (count, vocab))
+    batch = SamplingBatch.from_params([SamplingParams(seed=int(seed), **kind)
+                                       for seed in rng.integers(0, 2**63, count)])
+    without = sample(rows, batch, return_logprobs=False, num_threads=1).token_ids
+    assert len(set(without.tolist())) > 1  # seeded draws, not one token
+    hot = HotVocab(np.argsort(-row)[:600], vocab)
+    compact = compact_rows(torch.from_numpy(rows.copy()), batch, hot)
+    compact_without = sample_compact(compact, batch, hot, return_logprobs=False, num_threads=1)
+    for n_top in (1, 5, 20):
+        asked = sample(rows, batch, num_top_logprobs=n_top, num_threads=1)
+        np.testing.assert_array_equal(asked.token_ids, without)
+        compact_asked = sample_compact(compact, batch, hot, num_top_logprobs=n_top, num_threads=1)
+        decided = (compact_without.outcome == 0) & (compact_asked.outcome == 0)
+        np.testing.assert_array_equal(compact_asked.token_ids[decided],
+                                      compact_without.token_ids[decided])
+        assert decided.all()  # so the compact comparison covers every row
