@@ -457,6 +457,30 @@ def test_compact_rows_through_the_sampler_codec(zipf_row):
         decode_request({**inputs, "hot_logits": compact.hot_logits[:, :10]}, VOCAB, hot)
 
 
+@pytest.mark.parametrize("cold_draw", [False, True])
+def test_the_one_host_handoff_draws_the_served_tokens(cold_draw):
+    """``sample_hot_first`` samples its undecided rows with the hot set on,
+    as a sampler instance holding it does (``decide_from_full_rows``, the
+    served in-place round): the same token for every row, those SHVS can
+    decide among them (rows that ask for no logprob)."""
+    from simple_sampler.handoff import decide_from_full_rows
+
+    rng = np.random.default_rng(5)
+    count, vocab = 240, 5000
+    rows = make_rows(rng, count, vocab)
+    params, histories, steps = make_requests(rng, count, vocab=vocab)
+    batch = SamplingBatch.from_params(params, histories, steps, vocab)
+    batch.want_logprobs = np.zeros(count, bool)
+    hot = HotVocab(np.sort(rng.choice(vocab, 300, replace=False)), vocab)
+    one_host = sample_hot_first(rows, batch, hot, return_logprobs=False, num_threads=1,
+                                cold_draw=cold_draw)
+    compact = compact_rows(torch.from_numpy(rows), batch, hot, cold_draw=cold_draw)
+    served = sample_compact(compact, batch, hot, return_logprobs=False, num_threads=1)
+    assert (served.outcome != DECIDED).sum() > count // 10
+    decide_from_full_rows(served, compact, batch, hot, rows, batch.want_logprobs, num_threads=1)
+    np.testing.assert_array_equal(one_host.token_ids, served.token_ids)
+
+
 class _RefusesFullRows:
     """A pool whose compact requests are answered and whose full rows are
     refused, as the kernels refuse a row (serving/samplers.refuses_rows)."""

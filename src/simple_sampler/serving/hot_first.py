@@ -288,14 +288,16 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
                      num_top_logprobs: int = 0, return_logprobs: bool = True,
                      num_threads: int | None = None, cold_draw: bool = True) -> HandoffOutput:
     """The whole handoff on one host: summary (cold tokens drawn unless not
-    `cold_draw`), compact decision, then the undecided rows whole. logits:
-    [B, V] torch tensor or numpy array. The result's outcome says which rows
-    needed their full row."""
+    `cold_draw`), compact decision, then the undecided rows whole, with the
+    hot set on as a sampler instance holding it samples them (so the tokens
+    are the served handoff's). logits: [B, V] torch tensor or numpy array.
+    The result's outcome says which rows needed their full row."""
     tensor = logits if isinstance(logits, torch.Tensor) else logits_tensor(logits)
     options = dict(num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
                    num_threads=num_threads)
     return run_now(decide_hot_first(
         compact_rows(tensor, batch, hot_vocab, cold_top, cold_draw=cold_draw), batch, hot_vocab,
         lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
-        lambda undecided, second: sample(rows_to_host(tensor, undecided), second, **options)))
+        lambda undecided, second: sample(rows_to_host(tensor, undecided), second,
+                                         hot_vocab=hot_vocab, **options)))
 
