@@ -4,7 +4,7 @@
 Order of operations per row (vLLM's, see SIMPLE.md):
   1. logit_bias, then min_tokens bans (banned ids -> -inf)
   2. repetition (prompt + output), frequency and presence (output) penalties
-  3. temperature < 1e-5: greedy (argmax of step 2, lowest id on ties)
+  3. temperature < 1e-5 (as float32): greedy (argmax of step 2, lowest id on ties)
   4. z = logit / temperature
   5. min_p: keep z >= max(z) + ln(min_p)
   6. top_k: keep z >= the k-th largest z (ties at the k-th value kept)

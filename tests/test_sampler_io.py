@@ -519,3 +519,28 @@ def test_top_logprobs_beyond_the_vocabulary_are_padding(vocab, wanted):
     assert np.allclose(logprobs[0, :vocab], -np.log(vocab))
     assert (ids[0, vocab:] == -1).all() and (logprobs[0, vocab:] == -np.inf).all()
     assert (ids[1, 1:] == -1).all() and (logprobs[1, 1:] == -np.inf).all()
+
+
+def test_greedy_or_not_alike_in_the_python_api_and_through_the_sampler_model():
+    """One greedy rule (``params.is_greedy``: below 1e-5 as FP32): a row
+    at T = 1e-5 samples in the Python API (a float64 1e-5) and through the
+    sampler model's FP32 tensors alike, as vLLM's does; the next FP32 below
+    is greedy in both. The row ties at its top, so sampling shows as two tokens."""
+    from simple_sampler.params import SamplingBatch, is_greedy
+    from simple_sampler.sampling import sample
+    from simple_sampler.triton.sampler_codec import batch_arrays
+
+    vocab, rows = 64, 400
+    row = np.linspace(-3, 0, vocab).astype(np.float32)
+    row[7] = row[-1]
+    logits = np.broadcast_to(row, (rows, vocab))
+    below = float(np.nextafter(np.float32(1e-5), np.float32(0)))
+    for temperature, distinct in ((1e-5, 2), (below, 1)):
+        assert bool(is_greedy(temperature)) is (distinct == 1)
+        batch = SamplingBatch.from_params([SamplingParams(temperature=temperature, seed=seed)
+                                           for seed in range(rows)])
+        in_process = sample(logits, batch, return_logprobs=False).token_ids
+        served, _ = sample_request(decode_request(
+            {"logits": logits, **batch_arrays(batch, packed=True)}, vocab))
+        np.testing.assert_array_equal(served["output_ids"][:, 0], in_process)
+        assert len(set(in_process.tolist())) == distinct

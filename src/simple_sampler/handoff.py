@@ -40,7 +40,7 @@ import numpy as np
 from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
 from .host_copy import to_host
-from .params import GREEDY_TEMPERATURE, RULES, SamplingBatch
+from .params import RULES, SamplingBatch, is_greedy
 from .sampling import (SampleOutput, empty_output, is_torch_tensor, kernel_params, kernel_rows,
                        logits_array, raise_row_errors, sample, top_width)
 from .shvs.hot_vocab import HotVocab, untruncated_rows
@@ -289,7 +289,7 @@ def inverse_temperatures(temperature) -> np.ndarray:
     """float32 [B] 1 / T (1 for greedy rows): the factor the kernels scale
     logits by, which the cold mass must use too."""
     temperature = np.asarray(temperature, np.float64)
-    greedy = temperature < GREEDY_TEMPERATURE
+    greedy = is_greedy(temperature)
     return np.where(greedy, 1.0, 1.0 / np.where(greedy, 1.0, temperature)).astype(np.float32)
 
 

@@ -5,7 +5,7 @@ reported with its field, the allowed range and (in a batch) its row.
 ===================== ========== =================================================
 field                 default    allowed
 ===================== ========== =================================================
-temperature           1.0        finite, >= 0; < 1e-5 means greedy
+temperature           1.0        finite, >= 0; below 1e-5 (as FP32) means greedy
 top_k                 0          >= -1; 0 and -1 disable it
 top_p                 1.0        (0, 1]; 1 disables it
 min_p                 0.0        [0, 1]; 0 disables it
@@ -28,8 +28,11 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-#: Temperatures below this select greedy decoding (vLLM's _SAMPLING_EPS).
-GREEDY_TEMPERATURE = 1e-5
+#: Temperatures below this select greedy decoding: vLLM's _SAMPLING_EPS,
+#: 1e-5, as the FP32 every tensor interface carries it, so that a client's
+#: 1e-5 samples (as in vLLM) and a row is greedy or not alike in the Python
+#: API and behind Triton (``is_greedy``).
+GREEDY_TEMPERATURE = float(np.float32(1e-5))
 PENALTY_LIMIT = 2.0
 #: The widest repetition penalty and logit bias. Outside them a sequence's
 #: logit can overflow float32 once divided by a temperature near the greedy
@@ -123,6 +126,13 @@ assert {p.name for p in TRUNCATIONS} == {p.name for p in RULES if p.truncates}, 
     "a truncating parameter needs its place in TRUNCATIONS"
 
 
+def is_greedy(temperature):
+    """bool, or bool array: the temperature, read as the float32 the kernels
+    and the tensor interfaces read it, is below GREEDY_TEMPERATURE. The one
+    rule for every path (a float64 1e-5 is not greedy, nor is its FP32)."""
+    return np.asarray(temperature, np.float32) < np.float32(GREEDY_TEMPERATURE)
+
+
 def any_on(batch, kind: str) -> np.ndarray:
     """bool [B]: rows of a ``SamplingBatch`` with a parameter of ``kind`` on."""
     on = np.zeros(len(batch), bool)
@@ -183,7 +193,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_TEMPERATURE
+        return bool(is_greedy(self.temperature))
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the first field out of range: as given,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .params import GREEDY_TEMPERATURE, TRUNCATIONS, SamplingBatch
+from .params import TRUNCATIONS, SamplingBatch, is_greedy
 
 
 def penalized_logits(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
@@ -39,7 +39,7 @@ def scaled_logits(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
     """z: penalized logits over the temperature (temperature 1 when greedy)."""
     logits = penalized_logits(row, batch, r)
     temperature = float(batch.temperature[r])
-    return logits if temperature < GREEDY_TEMPERATURE else logits / temperature
+    return logits if is_greedy(temperature) else logits / temperature
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -81,7 +81,7 @@ TRUNCATE = {"min_p": _min_p, "top_k": _top_k, "top_p": _top_p}
 def probabilities(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
     """Exact probability of each token for row r (float64, sums to 1)."""
     z = scaled_logits(row, batch, r)
-    if float(batch.temperature[r]) < GREEDY_TEMPERATURE:
+    if is_greedy(batch.temperature[r]):
         probs = np.zeros(z.size)
         probs[int(np.argmax(z))] = 1.0
         return probs

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _sampling
 from ._sampling import Dtype, RowError
-from .params import GREEDY_TEMPERATURE, RULES, History, SamplingBatch, SamplingParams
+from .params import RULES, History, SamplingBatch, SamplingParams, is_greedy
 from .shvs.hot_vocab import HotVocab
 
 #: Most top-n logprobs a call may ask for (vLLM's default max_logprobs).
@@ -213,7 +213,7 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
 
 
 def _greedy(temperature: np.ndarray, vocab: int) -> np.ndarray:
-    return temperature < GREEDY_TEMPERATURE
+    return is_greedy(temperature)
 
 
 def _inverse_temperature(temperature: np.ndarray, vocab: int) -> np.ndarray:

@@ -138,7 +138,7 @@ GENERATE_INPUTS = (
     _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
             ">= 1: a stream sends a response every k tokens with all of them, and always "
             "the last (TensorRT-LLM's name)"),
-    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy"),
+    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)"),
     _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
             param="seed"),

@@ -13,7 +13,7 @@ import torch
 from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, cold_draws, \
     decide_hot_first, inverse_temperatures, run_now, sample_compact
 from ..host_copy import to_device, to_host
-from ..params import GREEDY_TEMPERATURE, SamplingBatch, any_on
+from ..params import SamplingBatch, any_on, is_greedy
 from ..sampling import logits_tensor, sample
 from ..shvs.hot_vocab import HotVocab, untruncated_rows
 
@@ -239,7 +239,7 @@ def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:
     known) and untruncated rows with a cold token drawn (a draw in C takes
     it). Top logprobs can leave a row undecided too; the decode loop's
     compact requests never ask them. A function of the rows' own parameters."""
-    sampled = np.asarray(batch.temperature) >= GREEDY_TEMPERATURE
+    sampled = ~is_greedy(batch.temperature)
     return sampled & ~untruncated_rows(batch) if cold_draw else sampled
 
 

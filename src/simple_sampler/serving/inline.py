@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from ..host_copy import to_device, to_host
-from ..params import GREEDY_TEMPERATURE, PARAMS, SamplingBatch, any_on
+from ..params import PARAMS, SamplingBatch, any_on, is_greedy
 
 _U64 = np.uint64
 #: SplitMix64's constants (Steele, Lea, Flood 2014; the finalizer of
@@ -103,7 +103,7 @@ class _RowColumns(NamedTuple):
 
 def _row_columns(batch: SamplingBatch, vocab: int, device: torch.device) -> _RowColumns:
     temperature = np.asarray(batch.temperature, np.float32)
-    greedy = temperature < GREEDY_TEMPERATURE
+    greedy = is_greedy(temperature)
     top_k = np.asarray(batch.top_k, np.int64)
     top_k = np.where(PARAMS["top_k"].is_off(top_k) | (top_k >= vocab), vocab, top_k)
     with np.errstate(divide="ignore"):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..params import GREEDY_TEMPERATURE, any_on
+from ..params import any_on, is_greedy
 
 #: Columns per kernel block (SS_BLOCK in scalar_math.h).
 BLOCK = 64
@@ -287,4 +287,4 @@ def untruncated_rows(batch) -> np.ndarray:
     """bool [B]: the rows of a ``SamplingBatch`` drawn from the whole
     distribution (not greedy, every truncation of ``params.RULES`` off), whose SHVS
     acceptance is the hot set's share of the mass (what the monitor counts)."""
-    return (np.asarray(batch.temperature) >= GREEDY_TEMPERATURE) & ~any_on(batch, "truncation")
+    return ~is_greedy(batch.temperature) & ~any_on(batch, "truncation")
