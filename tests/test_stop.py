@@ -230,6 +230,47 @@ def test_ready_means_every_port_answers_and_sigint_then_leaves_nothing(serve_run
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["llm", "ensemble"])
+def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run, model):
+    """A tritonclient.grpc client that keeps its stream open after its last
+    response (as one reusing it does) holds the request's model in Triton
+    2.51: llm is never finalized, the ensemble never unloads, and Triton
+    waits out its exit timeout and exits 1. serve ends what only such a
+    client holds once nothing is in flight and nothing else unloads
+    (launch/processes.StubsUnloading): status 0, nothing left."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    serve_run.wait_for("openai frontend ready on")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{serve_run.ports['grpc']}")
+    finals = []
+    client.start_stream(callback=lambda result, error: finals.append(
+        error or result.as_numpy("finish_reason")))
+    inputs = []
+    for name, value in (("text_input", np.array([[b"Tell me a story."]], object)),
+                        ("max_tokens", np.array([[4]], np.int32)),
+                        ("stream", np.array([[True]]))):
+        inputs.append(grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype)))
+        inputs[-1].set_data_from_numpy(value)
+    try:
+        client.async_stream_infer(model, inputs)
+        deadline = time.monotonic() + 60
+        while not any(isinstance(final, np.ndarray) and final.size for final in finals):
+            assert time.monotonic() < deadline and not any(
+                isinstance(final, Exception) for final in finals), finals
+            time.sleep(0.02)
+        signalled = serve_run.signal(signal.SIGINT)
+        status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
+        assert status == 0, serve_run.output
+        assert "held by clients that keep their gRPC streams open" in serve_run.output
+        print(f"{model}: a stream left open, SIGINT: exit 0 in {stop_s:.1f} s, "
+              f"gone in {serve_run.gone_within(signalled):.1f} s")
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
 def test_a_killed_launcher_takes_its_server_with_it(serve_run):
     serve_run.wait_for("tritonserver ready")
     assert serve_run.stubs

@@ -154,3 +154,34 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
     if arenas:
         regions += sorted(name for name in os.listdir(SHM_DIRECTORY) if name.startswith(arenas))
     return sorted(frozen), unlink_shm(regions)
+
+
+class StubsUnloading:
+    """The stubs of a stopping Triton, watched for what it still holds after
+    the drain. A client that keeps a gRPC stream open after its last
+    response holds that request's model in Triton 2.51 until the stream
+    ends: a decoupled model (``llm``) is never finalized, an ensemble never
+    unloads, and Triton waits out its exit timeout, then exits with status
+    1 (its gRPC server, which would close the stream, stops after the
+    models). ``settled``: some stub has unloaded (Triton is unloading), and
+    no stub has exited or given up its region for `held_s`: what is still
+    loaded then waits on clients, not on work (the caller checks that
+    nothing is in flight)."""
+
+    def __init__(self, stubs, held_s: float):
+        self.stubs, self.held_s = list(stubs), held_s
+        self.last_change = time.monotonic()
+        self.gone = 0
+
+    def _unloaded(self, stub) -> bool:
+        return not alive(stub.pid) and not (SHM_DIRECTORY / stub.shm_region).exists()
+
+    def loaded(self) -> list[str]:
+        return [stub.model for stub in self.stubs if not self._unloaded(stub)]
+
+    def settled(self) -> bool:
+        gone = sum(self._unloaded(stub) for stub in self.stubs)
+        now = time.monotonic()
+        if gone != self.gone:
+            self.gone, self.last_change = gone, now
+        return gone > 0 and now - self.last_change >= self.held_s

@@ -26,7 +26,7 @@ from .install import InstallError, TritonInstall, assemble_backends, find_triton
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
-from .processes import SHM_DIRECTORY, end_group, list_stubs, unlink_shm
+from .processes import SHM_DIRECTORY, StubsUnloading, end_group, list_stubs, unlink_shm
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,11 @@ DRAIN_MARGIN_S = 5.0
 #: Triton exits as soon as they are unloaded; only a model that never
 #: unloads waits all of it.
 TRITON_EXIT_TIMEOUT_S = 15
+#: After the drain, with nothing in flight and Triton unloading, how long no
+#: stub may exit or give up its region before what is still loaded counts as
+#: held by clients' open gRPC streams (TritonServer._wait_exit): longer than
+#: a stub's slowest exit seen after a load (above), shorter than Triton's wait.
+CLIENT_HELD_S = 8.0
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
 STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
@@ -444,7 +449,9 @@ class TritonServer:
         `stubs` (the current generations') has exited and Triton removed its
         region, which is the last step of a model's unload, nothing but the
         abandoned generation is left: the group is killed and the stop
-        counts as clean (0)."""
+        counts as clean (0). Likewise what a client's open gRPC stream holds
+        (``processes.StubsUnloading``)."""
+        unloading = StubsUnloading(stubs, CLIENT_HELD_S)
         while True:
             try:
                 return self.process.wait(0.1)
@@ -463,9 +470,20 @@ class TritonServer:
                          "ended it (%d process(es)) rather than wait out its exit timeout",
                          ", ".join(map(str, sorted(self.abandoned))), len(killed))
                 return 0
+            if unloading.settled() and self.in_flight() == 0:
+                killed, _ = end_group(self.process.pid, arena_prefix())
+                self.process.wait()
+                log.info("tritonserver unloaded what it could and nothing is in flight; what it "
+                         "still holds (%s) is held by clients that keep their gRPC streams "
+                         "open after their last response: ended it (%d process(es)) rather "
+                         "than wait out its exit timeout",
+                         ", ".join(sorted(unloading.loaded())) or "a model without a process, "
+                         "the ensemble", len(killed))
+                return 0
 
     def __enter__(self) -> "TritonServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
