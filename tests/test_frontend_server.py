@@ -22,7 +22,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from simple_sampler.frontend.backend import FrontendServer
-from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S, free_port, free_ports
+from simple_sampler.launch.ports import free_port, free_ports
+from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.triton.counters import wait_for_counter

@@ -20,7 +20,7 @@ import pytest
 from simple_sampler import models
 from simple_sampler.client import GenerateClient
 from simple_sampler.launch.processes import alive, list_stubs, held_regions
-from simple_sampler.launch.server import free_ports
+from simple_sampler.launch.ports import free_ports
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.rows import ROWS_VERSION, SYNTHETIC_SOURCE_ROWS, real_rows
 

@@ -20,7 +20,8 @@ from conftest import SAMPLED_SEEDS, SAMPLED_TOKENS, llm_server_settings
 from fakes import PROMPT, SAMPLED, Streams
 from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.launch.serve import assemble_repository
-from simple_sampler.launch.server import TritonServer, free_port
+from simple_sampler.launch.ports import free_port
+from simple_sampler.launch.server import TritonServer
 from simple_sampler.pids import alive
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.supervisor import Supervisor

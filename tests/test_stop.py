@@ -4,7 +4,8 @@ right after Triton is ready, or once every port answers ends in the same
 clean stop; a launcher killed without warning (SIGKILL) takes its server
 with it (launch/lifeline.py). Each case asserts, within a bound: no process
 holding the run's model repository, no lifeline watcher, no shared-memory
-region of the run's stubs, every port free.
+region of the run's stubs, every port free, neither the repository serve
+assembled nor the server's backend copy left in /tmp.
 
 The server is the simulated engine's (no model weights to load: the
 cheapest whole repository with the OpenAI front door), one sampler
@@ -26,7 +27,8 @@ import slow_tritonserver
 
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs, held_regions
 from simple_sampler.pids import alive
-from simple_sampler.launch.server import TritonServer, free_ports, port_in_use
+from simple_sampler.launch.ports import free_ports, port_in_use
+from simple_sampler.launch.server import TritonServer
 from simple_sampler.launch.supervisor import arena_prefix
 
 #: How long after the signal everything must be gone (the issue's bound for
@@ -64,7 +66,7 @@ class ServeRun:
         finally:
             signal.signal(signal.SIGINT, previous)
         self.lines: list[str] = []
-        self.server_pid = self.lifeline_pid = self.repository = None
+        self.server_pid = self.lifeline_pid = self.repository = self.backends = None
         self.stubs = {}
         self.held: set[str] = set()  # backend regions the server was seen to map or hold open
         threading.Thread(target=self._read, daemon=True).start()
@@ -81,6 +83,8 @@ class ServeRun:
     def _watch(self):
         while self.process.poll() is None:
             if self.server_pid is not None:
+                if self.backends is None:
+                    self.backends = _backend_directory(self.server_pid)
                 self.stubs.update((stub.pid, stub) for stub in list_stubs(self.server_pid))
                 # Triton maps a stub's region before the stub starts: one
                 # stopped in that moment leaves a region no stub names.
@@ -121,8 +125,12 @@ class ServeRun:
                          | self.held if (SHM_DIRECTORY / name).exists())
         regions += [name for name in os.listdir(SHM_DIRECTORY) if arenas and name.startswith(arenas)]
         ports = [port for port in self.ports.values() if port_in_use(port)]
+        # the temporary repository serve assembled, and the server's backend copy
+        folders = [folder for folder in (self.repository, self.backends)
+                   if folder and Path(folder).exists()]
         return {key: value for key, value in
-                dict(processes=held, regions=regions, ports=ports).items() if value}
+                dict(processes=held, regions=regions, ports=ports, folders=folders).items()
+                if value}
 
     def gone_within(self, signalled_at: float, bound_s: float = GONE_WITHIN_S) -> float:
         """Seconds from the signal until nothing is left; fails past `bound_s`."""
@@ -143,6 +151,16 @@ class ServeRun:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def _backend_directory(server_pid: int) -> str | None:
+    """The backend copy tritonserver runs from (its --backend-directory)."""
+    try:
+        argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return None
+    return next((arg.split("=", 1)[1] for arg in argv
+                 if arg.startswith("--backend-directory=")), None)
 
 
 @pytest.fixture
@@ -222,6 +240,7 @@ def test_ready_means_every_port_answers_and_sigint_then_leaves_nothing(serve_run
     socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=5).close()
     assert serve_run.output.count("Triton is ready") == 1
     assert len(serve_run.stubs) >= 3  # preprocessing, llm, the sampler
+    assert serve_run.repository and serve_run.backends  # the folders gone_within checks
     signalled = serve_run.signal(signal.SIGINT)
     status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
     assert status == 0, serve_run.output
@@ -273,7 +292,7 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
 @pytest.mark.slow
 def test_a_killed_launcher_takes_its_server_with_it(serve_run):
     serve_run.wait_for("tritonserver ready")
-    assert serve_run.stubs
+    assert serve_run.stubs and serve_run.repository and serve_run.backends  # gone_within's folders
     signalled = serve_run.signal(signal.SIGKILL)
     assert serve_run.stopped(signalled, 5)[0] == -signal.SIGKILL
     gone_s = serve_run.gone_within(signalled)

@@ -262,7 +262,8 @@ def start_server(options: Options, tensor_parallel_size: int, log_path: Path):
     repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-gpu-check-")),
                                      sampler, llm)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log_path)
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
+                          temporary_repository=True)
     return server.start(options.startup_timeout)
 
 

@@ -4,14 +4,18 @@ warning (``kill -9``, the OOM killer, a CI timeout): run as a script by
 
     python lifeline.py <read end of a pipe>
 
-The launcher holds the pipe's only write end and writes tritonserver's pid
-into it once the server is started. Nothing has to run in the launcher for
+The launcher holds the pipe's only write end and writes into it, once the
+server is started, tritonserver's pid, the server's backend copy and its
+temporary repository (an empty line when the repository is not the
+server's own), one a line. Nothing has to run in the launcher for
 the watch to work: when the launcher exits, however it exits, the kernel
 closes its end and this process reads end-of-file. Then tritonserver's
 process group (the server and its stubs, started in a session of their own)
-is killed and the stubs' shared memory removed (processes.end_group). A
-launcher that stops its server itself closes the pipe once the server is
-gone: the group is empty then, and this process just exits.
+is killed, the stubs' shared memory removed (processes.end_group) and the
+two folders too. A launcher that stops its server itself closes the pipe
+once the server is gone (and its folders removed): the group is empty then,
+and this process just exits; a supervisor's restart reuses the repository,
+which is why it is removed only after a kill here.
 
 Standard library only (processes.py adds ``simple_sampler.pids``, which
 imports nothing else), and processes.py is loaded by its path, not through
@@ -20,6 +24,7 @@ a loaded machine for a process that only waits.
 """
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -47,15 +52,17 @@ def main(argv: list[str]) -> int:
     received = b""
     while chunk := os.read(read_end, 64):
         received += chunk
-    if not received.strip().isdigit():
+    server_pid, *folders = received.decode(errors="replace").split("\n")[:3]
+    if not server_pid.strip().isdigit():
         return 0  # the launcher went before it started a server
-    server_pid = int(received.split()[0])
     processes = _processes_module()
-    killed, removed = processes.end_group(server_pid, arena_prefix)
+    killed, removed = processes.end_group(int(server_pid), arena_prefix)
     if killed:  # the launcher did not stop its server: say what was ended
+        for folder in filter(None, folders):
+            shutil.rmtree(folder, ignore_errors=True)
         print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is "
               f"gone; killed {len(killed)} process(es) {killed}, removed shared memory "
-              f"{removed or 'none'}", flush=True)
+              f"{removed or 'none'} and {' and '.join(filter(None, folders))}", flush=True)
     return 0
 
 

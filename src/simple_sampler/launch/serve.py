@@ -2,7 +2,8 @@
 
 The repository is assembled in a temporary directory from the project's
 ``model_repository/`` templates with the placeholders filled (the source is
-never modified), or taken as given with --model-repository. The server runs
+never modified), and removed with the server, or taken as given with
+--model-repository. The server runs
 in the foreground: Ctrl-C or SIGTERM stops it cleanly at any moment, from
 the first line of `run` on (while the models load, while the front door
 starts, while serving: in-flight requests get a grace period, then a final
@@ -28,7 +29,8 @@ from .. import heap
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
 from ..settings import LOCAL, FrontendSettings, LlmSettings, SamplerSettings, parse_endpoints
 from .install import InstallError, project_file
-from .server import MiB, StartInterrupted, TritonServer, port_in_use, write_model
+from .ports import port_in_use
+from .server import MiB, StartInterrupted, TritonServer, write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
          shutdown_grace_s, supervise, log_level, startup_timeout, frontend) -> int:
     server = supervisor = openai = None
     status = None
+    assembled = False
     try:
         try:
             assembled = repository is None
@@ -249,7 +252,8 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
             log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
             server = TritonServer(repository, http_port, grpc_port, metrics_port,
                                   shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
-                                  shutdown_grace_s=shutdown_grace_s, log_level=log_level)
+                                  shutdown_grace_s=shutdown_grace_s, log_level=log_level,
+                                  temporary_repository=assembled)
             if startup_timeout is not None and not startup_timeout > 0:
                 raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
             wants_api = llm is not None and frontend is not None and bool(frontend.openai_port)
@@ -302,6 +306,8 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         pass  # the cleanup below; stopping is set
     finally:
         status = _stop(server, supervisor, openai, stopping, shutdown_grace_s)
+        if assembled and server is None and repository is not None:  # else the server does
+            shutil.rmtree(repository, ignore_errors=True)
     if stopping.is_set() and (status == 0 or not server.was_ready):
         print("simple-sampler serve: stopped", flush=True)
         return 0

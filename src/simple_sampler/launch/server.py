@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Mapping
+from typing import Callable, Mapping
 
 from . import startup, templates
 from .startup import StartInterrupted
@@ -26,6 +26,7 @@ from .install import InstallError, TritonInstall, assemble_backends, find_triton
 from ..logs import LOG_LEVEL_ENV
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
+from .ports import free_ports, port_in_use
 from .processes import SHM_DIRECTORY, StubsUnloading, end_group, list_stubs, unlink_shm
 from .supervisor import arena_prefix, arena_regions
 
@@ -62,40 +63,6 @@ def write_model(repository: Path, name: str, template: str, values: Mapping[str,
     return target
 
 
-def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
-    """`count` distinct loopback ports free now, none of them in `taken`.
-    Each probe stays bound until all are chosen: probes bound and closed one
-    at a time can be given the same port twice (it happened: Triton then
-    refused an HTTP port equal to its metrics port)."""
-    probes, ports = [], []
-    try:
-        while len(ports) < count:
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            probes.append(probe)
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-            if port not in taken:
-                ports.append(port)
-    finally:
-        for probe in probes:
-            probe.close()
-    return ports
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-    return False
-
-
 def is_system_library_dir(path: str | None) -> bool:
     """True for the dynamic loader's default directories (/lib, /usr/lib, their
     64-bit and multiarch variants), which need no LD_LIBRARY_PATH entry."""
@@ -117,6 +84,9 @@ class TritonServer:
     `python_thread_pool`: the Python backend's `thread-pool-size` per model
     instance (python_backend src/python_be.cc); None: Triton's default, 32
     (docs/SERVED_COST.md, "The Python backend's thread pool").
+    `temporary_repository`: the repository is a temporary folder made for
+    this server, removed when it stops for good (``stop``; by its lifeline
+    when the launcher dies first), not when the supervisor restarts it.
     """
 
     repository: Path
@@ -138,6 +108,7 @@ class TritonServer:
     #: wait out Triton's exit timeout for them.
     abandoned: set[int] = field(default_factory=set)
     launched_at: float = 0.0  # time.monotonic() of the last launch
+    temporary_repository: bool = False
 
     def __post_init__(self):
         names = [name for name in ("http_port", "grpc_port", "metrics_port")
@@ -247,7 +218,11 @@ class TritonServer:
         except BaseException:
             self._release_lifeline()  # nothing to watch: the watcher exits
             raise
-        os.write(self._lifeline, f"{self.process.pid}\n".encode())
+        # what the lifeline removes: the backend copy, and the repository
+        # when it is ours, once it had to end the server (lifeline.py)
+        os.write(self._lifeline, f"{self.process.pid}\n{self._workdir}\n"
+                                 f"{self.repository if self.temporary_repository else ''}\n"
+                 .encode())
         if output is not subprocess.DEVNULL:
             output.close()  # the children hold their own copies
         self.launched_at = time.monotonic()
@@ -389,8 +364,16 @@ class TritonServer:
     def stop(self, timeout: float | None = None) -> int | None:
         """Drain (in-flight requests finish or end with an error), SIGTERM,
         and SIGKILL what is left `timeout` seconds after the start (default:
-        the grace plus STOP_MARGIN_S); removes the backend copy and the
-        shared-memory regions of the stubs it stopped."""
+        the grace plus STOP_MARGIN_S); removes the backend copy, the
+        shared-memory regions of the stubs it stopped and a temporary
+        repository. Returns Triton's exit status (None: never launched)."""
+        try:
+            return self._stop(timeout)
+        finally:
+            if self.temporary_repository:
+                shutil.rmtree(self.repository, ignore_errors=True)
+
+    def _stop(self, timeout: float | None) -> int | None:
         if self.process is None:
             return None
         if self.process.poll() is None and not self.was_ready:

@@ -99,7 +99,8 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
                       row_transport=row_transport, handoff=handoff, hot_vocab_profile=profile)
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
-    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler))
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
+                          temporary_repository=True)
     previous = os.environ.pop(PROFILE_ENV, None)
     if profile_dir:
         os.environ[PROFILE_ENV] = str(Path(profile_dir).resolve())

@@ -60,7 +60,7 @@ def sampler_server(instances: int, batch_size: int, vocab: int, shm_bytes: int,
     write_model(repository, "simple_sampler", "simple_sampler",
                 SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch_size,
                                 vocab_size=vocab).template_values())
-    return TritonServer(repository, shm_bytes=shm_bytes, log_path=log)
+    return TritonServer(repository, shm_bytes=shm_bytes, log_path=log, temporary_repository=True)
 
 
 def in_process_rows_per_s(rows: np.ndarray, batch, seconds: float) -> float:

@@ -96,7 +96,7 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
         llm)
     suffix = "-invariant" if batch_invariant else ""
     log = log_dir / f"tritonserver-{label}{suffix}.log" if log_dir else None
-    with TritonServer(repository, log_path=log) as server:
+    with TritonServer(repository, log_path=log, temporary_repository=True) as server:
         run_level(server, 2, 2, 8, prompts())  # warm up: first prefill, first BLS calls
         yield server
 

@@ -385,7 +385,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             with llm_profiles(profile_dir):
                 server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
                                       log_path=repository.parent / f"{repository.name}.log",
-                                      python_thread_pool=pool)
+                                      python_thread_pool=pool, temporary_repository=True)
                 # The simulated engine's first start computes SmolLM2's rows (then cached).
                 server.start(STARTUP_TIMEOUT_S)
                 try:

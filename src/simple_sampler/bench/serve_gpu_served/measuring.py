@@ -220,7 +220,8 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
     repository = assemble_repository(
         Path(tempfile.mkdtemp(prefix="simple-sampler-served-gpu-")), sampler, llm)
     log = log_dir / f"{mode.name}.log"
-    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log)
+    server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log,
+                          temporary_repository=True)
     stubs, processes, rows, error = [], {}, [], None
     try:
         with server_directory(STACKS_ENV, log_dir / "stacks" / mode.name if stacks else None):

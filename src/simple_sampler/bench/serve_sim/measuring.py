@@ -316,7 +316,8 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                               generate_max_batch_size=batch, max_context=512)
             repository = assemble_repository(
                 Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
-            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler)) as server:
+            with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
+                              temporary_repository=True) as server:
                 run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
                 before = llm_counters(server, COUNTERS)
                 level = run_level(server, batch, batch, max_tokens, texts)
