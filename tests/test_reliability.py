@@ -123,6 +123,37 @@ def test_a_killed_sampler_instance_costs_no_request_and_no_token(supervised, sam
           f"{retries:.0f} sampler requests sent again, capacity back in {restored_s:.1f} s")
 
 
+def test_a_killed_preprocessing_stub_is_reloaded_alone(supervised):
+    """The tokenizer's model comes back without its ensemble being loaded
+    again, whose load would load llm again too (a second data plane beside
+    the one serving: on a GPU, twice its memory); llm's streams go on."""
+    import json
+
+    server, supervisor = supervised
+    streams = Streams(server.grpc_url, range(4), max_tokens=120, **SAMPLED)
+    streams.wait_started()
+    [llm] = stubs_of(server, "llm")
+    [victim] = stubs_of(server, "preprocessing")
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at, answered = time.monotonic(), None
+    while time.monotonic() - killed_at < 30 and answered is None:
+        request = urllib.request.Request(
+            f"http://{server.http_url}/v2/models/ensemble/generate",
+            json.dumps({"text_input": PROMPT, "max_tokens": 4}).encode(),
+            {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answered = json.loads(response.read())["text_output"]
+        except urllib.error.HTTPError:
+            time.sleep(0.2)  # the ensemble's step meets the dead stub until the reload
+    streams.join()
+    assert answered and supervisor.recoveries.get("preprocessing") == 1
+    assert stubs_of(server, "llm") == [llm], "llm was loaded again"
+    assert not streams.errors
+    print(f"preprocessing killed: the ensemble answered again in "
+          f"{time.monotonic() - killed_at:.1f} s, llm untouched, 4 streams unharmed")
+
+
 def test_a_killed_decode_loop_ends_its_streams_and_the_service_comes_back(supervised):
     server, supervisor = supervised
     streams = Streams(server.grpc_url, range(8), max_tokens=400, **SAMPLED)

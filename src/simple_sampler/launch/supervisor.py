@@ -4,10 +4,13 @@ Triton 2.51's Python backend neither restarts a dead stub nor marks its model
 unready. :class:`Supervisor` watches the stubs of its server (run with
 ``--model-control-mode=explicit``) and, when one is gone:
 
-* for an ordinary model: unloads it with its dependents (``/v2/models/<m>/ready``
-  answers 400 meanwhile), loads every model that was loaded before (fresh
-  stubs), and after ``orphan_grace_s`` kills what is left of the old stubs and
-  unlinks their shared-memory regions and the dead stub's;
+* for an ordinary model: unloads it alone (``/v2/models/<m>/ready`` answers
+  400 meanwhile) and loads it again (fresh stubs), and after
+  ``orphan_grace_s`` kills what is left of the old stubs and unlinks their
+  shared-memory regions and the dead stub's. Not its dependents: loading the
+  ensemble again would load every model it composes again, llm included (a
+  second data plane beside the serving one); the ensemble stays loaded and
+  its requests fail until the model is back;
 * for a decoupled model (``llm``), whose streaming requests Triton would never
   end: SIGKILLs the server (every client sees its connection close, an error,
   not a hang) and starts it again on the same ports.
@@ -212,20 +215,13 @@ class Supervisor:
                     if entry.get("state") == "READY"}
 
         before = ready()
-        client.unload_model(model, unload_dependents=True)
+        client.unload_model(model)
         deadline = time.monotonic() + 10.0  # the unload itself is asynchronous
         while model in ready() and time.monotonic() < deadline:
             time.sleep(0.05)
-        unloaded = sorted(before - ready())
-        # An ensemble's load reloads its composing models (llm, preprocessing),
-        # so load the dependents that went down, or the model alone (the
-        # sampler, which only BLS calls name).
-        for name in [m for m in unloaded if m != model] or [model]:
-            client.load_model(name)
-        if model not in ready():
-            client.load_model(model)
-        log.warning("model %s reloaded in %.1f s (loaded again: %s)", model,
-                    time.monotonic() - started, ", ".join(unloaded) or model)
+        client.load_model(model)
+        log.warning("model %s reloaded in %.1f s (ready: %s)", model,
+                    time.monotonic() - started, ", ".join(sorted(ready())))
 
     def _restart(self, models: list[str], dead: list[Stub]) -> None:
         log.error("decoupled model(s) %s lost stub(s) %s: their streams cannot end otherwise, "
