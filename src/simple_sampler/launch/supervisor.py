@@ -214,7 +214,6 @@ class Supervisor:
             return {entry["name"] for entry in client.get_model_repository_index()
                     if entry.get("state") == "READY"}
 
-        before = ready()
         client.unload_model(model)
         deadline = time.monotonic() + 10.0  # the unload itself is asynchronous
         while model in ready() and time.monotonic() < deadline:
