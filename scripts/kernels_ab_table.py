@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 CONFIGS = {"simple_top_p": "top_p", "simple_min_p": "min_p", "simple": "simple",
-           "simple_logprobs": "logprobs", "simple_greedy": "greedy"}
+           "simple_logprobs": "logprobs", "simple_top_logprobs": "top20",
+           "simple_greedy": "greedy"}
 SIDES = ("before", "after")
 
 
@@ -54,10 +55,13 @@ def exp_floors(runs: dict, index: int) -> dict[str, float] | None:
 def main(out: Path) -> None:
     runs = load(out)
     cells = runs["after"][0]
+    # the configs both sides timed (runs from before a config was added lack it)
+    configs = {c: name for c, name in CONFIGS.items()
+               if all(c in r[0]["us_per_row"] for side in SIDES for r in runs[side])}
     print("| V | dtype | T | rows | floor | exp floor before | exp floor after | "
-          + " | ".join(f"{n} before | {n} after" for n in CONFIGS.values()) + " |")
-    print("|" + "---|" * (7 + 2 * len(CONFIGS)))
-    worst = {(side, floor): {c: (0.0, "") for c in CONFIGS}
+          + " | ".join(f"{n} before | {n} after" for n in configs.values()) + " |")
+    print("|" + "---|" * (7 + 2 * len(configs)))
+    worst = {(side, floor): {c: (0.0, "") for c in configs}
              for side in SIDES for floor in ("floor", "exp_floor")}
     speedups: dict[tuple, list[float]] = {}
     order = sorted(range(len(cells)), key=lambda i: ("fitted" not in cells[i]["rows"],
@@ -71,7 +75,7 @@ def main(out: Path) -> None:
         exp_floor = exp_floors(runs, i)
         where = f"{rows}, {dtype}, V = {vocab:,}, T = {temperature}"
         parts = []
-        for config in CONFIGS:
+        for config in configs:
             us = {side: mean(runs, side, i, config) for side in SIDES}
             for side in SIDES:
                 worst[side, "floor"][config] = max(worst[side, "floor"][config],
@@ -87,16 +91,16 @@ def main(out: Path) -> None:
                      else "n/a | n/a")
         print(f"| {vocab:,} | {dtype} | {temperature} | {rows} | {floor:.1f} | {exp_cells} | "
               + " | ".join(parts) + " |")
-    print_worst(worst)
+    print_worst(worst, configs)
     print("\nGeometric mean of after / before:\n\n| rows, dtype | "
-          + " | ".join(CONFIGS.values()) + " |\n|" + "---|" * (1 + len(CONFIGS)))
+          + " | ".join(configs.values()) + " |\n|" + "---|" * (1 + len(configs)))
     for rows, dtype in sorted({(r, d) for r, d, _ in speedups}):
         print(f"| {rows} {dtype} | " + " | ".join(
             f"{math.exp(sum(map(math.log, speedups[rows, dtype, c])) / len(speedups[rows, dtype, c])):.2f}"
-            for c in CONFIGS) + " |")
+            for c in configs) + " |")
 
 
-def print_worst(worst: dict) -> None:
+def print_worst(worst: dict, configs: dict[str, str]) -> None:
     """Each config's worst ratio to the read floor and to the exp floor (n/a
     when no cell has both sides' exp floors), with the cell of each after."""
     def ratio(side: str, floor: str, config: str) -> str:
@@ -106,7 +110,7 @@ def print_worst(worst: dict) -> None:
     print("\n| config | worst before | worst after | cell (after) "
           "| worst over exp floor before | worst over exp floor after | cell (after) |"
           "\n|---|---|---|---|---|---|---|")
-    for config, name in CONFIGS.items():
+    for config, name in configs.items():
         print(f"| {name} | {ratio('before', 'floor', config)} | {ratio('after', 'floor', config)} "
               f"| {worst['after', 'floor'][config][1]} "
               f"| {ratio('before', 'exp_floor', config)} | {ratio('after', 'exp_floor', config)} "

