@@ -55,6 +55,30 @@ def test_two_sampler_servers_give_the_tokens_of_one_server(remote, llm_server, s
     print(f"rows sampled per endpoint: {rows}")
 
 
+def test_a_sampler_server_refuses_rows_meant_for_another_hot_set(remote):
+    """Through Triton (the input is declared in config.pbtxt): the sampler-only
+    server holds no hot set, so rows sent for one are refused as the client's
+    mistake (INVALID_ARG: the pool sends them nowhere else), rows for none
+    are sampled."""
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    from simple_sampler.triton.sampler_client import SamplerClient
+
+    _, samplers = remote
+    client = SamplerClient(samplers[1].grpc_url, "grpc")
+    logits = np.zeros((2, 49_152), np.float32)
+    seeds = np.array([[1], [2]], np.uint64)
+    answer = client.sample(logits, random_seed=seeds,
+                           hot_vocab_fingerprint=np.zeros((2, 1), np.int64))
+    assert answer["output_ids"].shape == (2, 1)
+    with pytest.raises(InferenceServerException, match="hold hot set 0x3039, this one no hot set")\
+            as refused:
+        client.sample(logits, random_seed=seeds,
+                      hot_vocab_fingerprint=np.full((2, 1), 12345, np.int64))
+    assert "INVALID_ARG" in str(refused.value.status())
+
+
 def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, sampled_tokens):
     serving, samplers = remote
     streams = Streams(serving.grpc_url, SAMPLED_SEEDS, max_tokens=TOKENS, **SAMPLED)

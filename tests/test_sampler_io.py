@@ -544,3 +544,55 @@ def test_greedy_or_not_alike_in_the_python_api_and_through_the_sampler_model():
             {"logits": logits, **batch_arrays(batch, packed=True)}, vocab))
         np.testing.assert_array_equal(served["output_ids"][:, 0], in_process)
         assert len(set(in_process.tolist())) == distinct
+
+
+def test_a_request_for_another_hot_set_is_refused():
+    """``hot_vocab_fingerprint``, sent by a decode loop to sampler servers
+    other than its own, is refused unless it names this sampler's hot set
+    (0: none), naming both; without it nothing is checked. A fingerprint
+    names the ids and the vocabulary."""
+    from simple_sampler.shvs.hot_vocab import HotVocab, fingerprint
+    from simple_sampler.triton.sampler_serve import serve_request
+
+    vocab = 64
+    hot = HotVocab(np.arange(0, vocab, 4), vocab)
+    assert fingerprint(None) == 0 and fingerprint(hot) > 0
+    assert fingerprint(hot) == fingerprint(HotVocab(np.arange(0, vocab, 4)[::-1], vocab))
+    assert len({fingerprint(hot), fingerprint(HotVocab(np.arange(1, vocab, 4), vocab)),
+                fingerprint(HotVocab(np.arange(0, vocab, 4), vocab + 1))}) == 3
+    inputs = {"logits": np.zeros((2, vocab), np.float32), "random_seed": column([1, 2], np.uint64)}
+    for own, sent in ((hot, fingerprint(hot)), (None, 0), (hot, None)):
+        given = {} if sent is None else {"hot_vocab_fingerprint": column([sent] * 2, np.int64)}
+        assert serve_request({**inputs, **given}, vocab, own).rows == 2
+    for own, sent, message in ((hot, 0, "hold no hot set, this one hot set 0x"),
+                               (None, fingerprint(hot), "this one no hot set"),
+                               (hot, fingerprint(hot) + 1, "this one hot set 0x")):
+        with pytest.raises(InvalidRequest, match=f"hot_vocab_fingerprint: .*{message}"):
+            serve_request({**inputs, "hot_vocab_fingerprint": column([sent] * 2, np.int64)},
+                          vocab, own)
+
+
+def test_a_remote_sampler_names_the_hot_set_it_expects():
+    """RemoteSampler sends ``hot_vocab_fingerprint`` with every request when
+    its pool checks one (one per row, full or compact rows), nothing else."""
+    from simple_sampler.triton.sampler_pool import RemoteSampler
+
+    sent = []
+
+    class Client:
+        def sample(self, logits, timeout_s=None, **arrays):
+            sent.append(arrays)
+            return {"output_ids": np.zeros((3, 1), np.int32)}
+
+    for hot_set, inputs in ((7, {"logits": np.zeros((3, 8), np.float32)}),
+                            (0, {"hot_logits": np.zeros((3, 2), np.float32),
+                                 "row_scalars": np.zeros((3, 4), np.uint8)}),
+                            (None, {"logits": np.zeros((3, 8), np.float32)})):
+        remote = RemoteSampler("127.0.0.1:1", hot_set=hot_set)
+        remote._client = Client
+        remote({**inputs})
+        if hot_set is None:
+            assert "hot_vocab_fingerprint" not in sent[-1]
+        else:
+            np.testing.assert_array_equal(sent[-1]["hot_vocab_fingerprint"],
+                                          np.full((3, 1), hot_set, np.int64))

@@ -273,6 +273,9 @@ SAMPLER = Model("simple_sampler", (
     *COLD_DRAW_INPUTS,
     COLD_SUMMARY,
     LOGITS_REF,
+    _scalar("hot_vocab_fingerprint", "INT64", "none (not checked)",
+            "the hot set the caller's other samplers hold (shvs.hot_vocab.fingerprint; 0: "
+            "none): refused unless it is this sampler's own"),
 ), (
     Tensor("output_ids", "INT32", optional=False),
     Tensor("output_log_probs", "FP32", optional=False),

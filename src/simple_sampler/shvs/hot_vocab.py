@@ -24,6 +24,7 @@ reconfiguring every instance to the same size at once.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,20 @@ class HotVocab:
             positions[self._kernel[0]] = np.arange(self.size, dtype=np.int32)
             object.__setattr__(self, "_positions", positions)
         return self._positions
+
+
+def fingerprint(hot_vocab: HotVocab | None) -> int:
+    """A positive int64 naming a hot set by its ids and vocabulary (0: no hot
+    set), for samplers on other servers to compare with their own
+    (``hot_vocab_fingerprint``): with another hot set a row SHVS decides
+    draws another (equally exact) token, so a seeded request's text would
+    depend on which server sampled it."""
+    if hot_vocab is None:
+        return 0
+    digest = hashlib.blake2b(np.int64(hot_vocab.vocab_size).tobytes()
+                             + hot_vocab.kernel_arrays()[0].astype("<i4").tobytes(),
+                             digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 1) or 1
 
 
 @dataclass

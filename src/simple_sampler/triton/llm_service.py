@@ -33,8 +33,8 @@ from ..schema import SHUTTING_DOWN, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
-from ..settings import LlmSettings
-from ..shvs.hot_vocab import load_profile
+from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
 from .generate_io import decode_generate
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
@@ -110,6 +110,23 @@ def hot_first_vocab(settings: LlmSettings, repository: str | None):
     return load_profile(path).hot_vocab()
 
 
+def remote_hot_set(settings: LlmSettings, repository: str | None) -> int | None:
+    """The fingerprint of the hot set sampler servers other than this one
+    must hold (``RemoteSampler``): the sampler profile of these settings (0:
+    none), as the local instances hold it; None, unchecked, without remote
+    endpoints or when the profile cannot be read here (logged)."""
+    if parse_endpoints(settings.sampler_endpoints) == [LOCAL]:
+        return None
+    if not settings.hot_vocab_profile:
+        return fingerprint(None)
+    path = os.path.join(repository or "", settings.sampler_model, settings.hot_vocab_profile)
+    try:
+        return fingerprint(load_profile(path).hot_vocab())
+    except (OSError, ValueError) as error:
+        log.warning("sampler endpoints: the hot set they must share is not checked: %s", error)
+        return None
+
+
 class LlmService:
     """A Decoder on its own event-loop thread (module docstring)."""
 
@@ -125,8 +142,8 @@ class LlmService:
         self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
         self.pool = sampler = build_pool(
             settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
-            self.arena, settings.sampler_shard_min_rows,
-            settings.micro_batches) if simple else None
+            self.arena, settings.sampler_shard_min_rows, settings.micro_batches,
+            remote_hot_set(settings, repository)) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
             sampler = hot_first_sampler(self.engine, sampler, hot_vocab)

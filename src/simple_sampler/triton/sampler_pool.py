@@ -105,11 +105,14 @@ class SamplerTarget:
 class RemoteSampler:
     """The `simple_sampler` model on another Triton server, over gRPC (the
     logits travel inline: no shared memory between hosts). One client per
-    thread, since calls come from several threads at once."""
+    thread, since calls come from several threads at once. hot_set: the
+    fingerprint of the hot set every sampler of the decode loop must hold
+    (``shvs.hot_vocab.fingerprint``), sent with each request and checked
+    there (``sampler_serve.check_hot_set``); None: not sent."""
 
     def __init__(self, url: str, model: str = "simple_sampler",
-                 timeout_s: float = REMOTE_TIMEOUT_S):
-        self.url, self.model, self.timeout_s = url, model, timeout_s
+                 timeout_s: float = REMOTE_TIMEOUT_S, hot_set: int | None = None):
+        self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
         self._local = threading.local()
 
     def _client(self) -> SamplerClient:
@@ -136,6 +139,9 @@ class RemoteSampler:
 
         arrays = dict(inputs)
         logits = arrays.pop("logits", None)        # None: compact rows (hot_logits, ...)
+        if self.hot_set is not None:
+            rows = len(logits) if logits is not None else len(arrays["row_scalars"])
+            arrays["hot_vocab_fingerprint"] = np.full((rows, 1), self.hot_set, np.int64)
         try:
             return self._client().sample(logits, timeout_s=self.timeout_s, **arrays)
         except InferenceServerException as error:
@@ -414,12 +420,13 @@ def build_arena(settings, engine):
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,
                on_retry: Callable[[], None] = lambda: None, arena=None,
                min_rows: int = LlmSettings.sampler_shard_min_rows,
-               lanes: int = LlmSettings.micro_batches) -> SamplerPool:
+               lanes: int = LlmSettings.micro_batches, hot_set: int | None = None) -> SamplerPool:
     """The pool for an `llm` model's `sampler_endpoints` setting: ``local``
     is `local_call` (BLS to this server's instances, `local_capacity`
     shards; rows by reference to `arena` when given), host:port a remote
     server's sampler model; min_rows: its `sampler_shard_min_rows`; lanes:
-    its `micro_batches`."""
+    its `micro_batches`; hot_set: the fingerprint of the hot set the remote
+    servers must hold (``RemoteSampler``), None: unchecked."""
     targets = []
     for name in parse_endpoints(endpoints):
         if name == LOCAL:
@@ -429,6 +436,6 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
             targets.append(SamplerTarget(LOCAL, local_call, local_capacity,
                                          shares_memory=arena is not None))
         else:
-            remote = RemoteSampler(name)
+            remote = RemoteSampler(name, hot_set=hot_set)
             targets.append(SamplerTarget(name, remote, remote.capacity()))
     return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)

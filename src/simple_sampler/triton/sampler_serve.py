@@ -13,6 +13,7 @@ from ..handoff import decide_from_full_rows, sample_compact
 from ..params import SamplingBatch
 from ..sampling import sample
 from ..schema import InvalidRequest
+from ..shvs.hot_vocab import fingerprint
 from .sampler_codec import PADDING, decided_all
 from .sampler_decode import RowsRequest, decode_request
 from .sampler_packed import decide_plain_compact, is_plain_compact
@@ -46,7 +47,9 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     (mapped, its region, slot and generation checked) only when a row is
     left undecided, the only case that reads it; a request that references
     the wrong number of rows is refused either way. Raises InvalidRequest as
-    decode_request and sample_request do."""
+    decode_request and sample_request do, and for a ``hot_vocab_fingerprint``
+    that is not this sampler's hot set (``check_hot_set``)."""
+    check_hot_set(inputs, hot_vocab)
     if is_plain_compact(inputs, hot_vocab):
         outputs = decide_plain_compact(inputs, vocab_size, hot_vocab, reader, num_threads)
         if outputs is not None:
@@ -60,6 +63,27 @@ def serve_request(inputs: Mapping[str, object], vocab_size: int = 0, hot_vocab=N
     in_place = (int((outcome != 0).sum())
                 if outcome is not None and request.logits is not None else 0)
     return SamplerAnswer(outputs, outcomes, len(request), in_place, request.batch)
+
+
+def check_hot_set(inputs: Mapping[str, object], hot_vocab) -> None:
+    """A request naming the hot set it expects (``hot_vocab_fingerprint``:
+    a decode loop sends it to sampler servers other than its own) is
+    refused unless that is this sampler's: a row SHVS decides draws another
+    token under another hot set, so a seeded request's text would depend on
+    the server each step went to, a retry's included."""
+    given = inputs.get("hot_vocab_fingerprint")
+    if given is None:
+        return
+    own = fingerprint(hot_vocab)
+    wanted = {int(value) for value in np.asarray(given).reshape(-1)}
+    if wanted - {own}:
+        def name(value: int) -> str:
+            return f"hot set {value:#x}" if value else "no hot set"
+
+        raise InvalidRequest(
+            f"hot_vocab_fingerprint: the request's other samplers hold {name(max(wanted - {own}))}"
+            f", this one {name(own)}: give every sampler server of a decode loop the same "
+            f"--hot-vocab (or none), or its tokens would depend on the server")
 
 
 def sample_request(request: RowsRequest, num_threads: int = 1,
