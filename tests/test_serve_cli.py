@@ -191,3 +191,19 @@ def test_a_log_file_that_cannot_be_written_is_one_line(capsys, monkeypatch, tmp_
     stderr = capsys.readouterr().err
     assert "/nonexistent/logs/tritonserver.log" in stderr and "Traceback" not in stderr
     assert list(tmp_path.iterdir()) == []  # neither its repository nor a copy of the backends
+
+
+def test_hot_vocab_auto_on_a_sampler_host_matches_a_serving_host_with_defaults():
+    """--hot-vocab auto: a --sampler-only server for SmolLM2's vocabulary
+    holds the shipped profile, as the serving host started with defaults
+    does (its remote requests carry that hot set's fingerprint, which the
+    sampler host checks); for any other vocabulary (or any, 0) none."""
+    from simple_sampler.cli import build_parser, hot_vocab_profile
+
+    parser = build_parser()
+    for extra, profile in ((["--vocab-size", "49152"], "hot_vocab.npz"),
+                           (["--vocab-size", "151936"], ""), ([], ""),
+                           (["--vocab-size", "49152", "--hot-vocab", "off"], "")):
+        args = parser.parse_args(["serve", "--sampler-only", *extra])
+        assert hot_vocab_profile(args) == profile, extra
+    assert hot_vocab_profile(parser.parse_args(["serve"])) == "hot_vocab.npz"

@@ -12,7 +12,7 @@ from .bench import registry
 from .launch import gpu_check
 from .schema import ENSEMBLE
 from .serving.engines import engine_spec
-from .settings import (SERVED_MODES, FrontendSettings, LlmSettings, SamplerSettings,
+from .settings import (SERVED_MODES, SMOLLM2_VOCAB, FrontendSettings, LlmSettings, SamplerSettings,
                        ServerSettings, check_distinct_ports)
 
 
@@ -92,11 +92,15 @@ def build_report(args: argparse.Namespace) -> int:
 
 def hot_vocab_profile(args: argparse.Namespace) -> str:
     """--hot-vocab auto: the shipped SmolLM2 profile when serving SmolLM2, or
-    an engine without a model (simulated) hot-first, mapped to its rows' ids."""
+    an engine without a model (simulated) hot-first, mapped to its rows' ids;
+    with --sampler-only, when its --vocab-size is SmolLM2's, so that a
+    sampler host started with defaults holds the hot set of a serving host
+    started with defaults (sampler_pool.RemoteSampler checks they agree)."""
     modelless = (not engine_spec(args.engine or LlmSettings.engine).runs_model
                  and args.handoff != "hot-first")
-    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (
-            args.sampler_only or args.model or modelless)):
+    if args.hot_vocab == "auto" and args.sampler_only:
+        return "hot_vocab.npz" if args.vocab_size == SMOLLM2_VOCAB else ""
+    if args.hot_vocab == "off" or (args.hot_vocab == "auto" and (args.model or modelless)):
         return ""
     if args.hot_vocab == "auto":
         return "hot_vocab.npz"

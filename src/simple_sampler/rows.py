@@ -35,9 +35,7 @@ import numpy as np
 import torch
 
 from . import models
-
-SMOLLM2_VOCAB = 49152
-"""Vocabulary size of SmolLM2, the only one with real rows."""
+from .settings import SMOLLM2_VOCAB  # the real rows' width (its users import it from here)
 
 HEAD_RANKS = 1024
 """Number of top-ranked logits that synthetic rows copy unchanged from their real row."""

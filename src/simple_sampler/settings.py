@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 import re
 from typing import Any, ClassVar, Mapping
 
+#: SmolLM2's vocabulary: the default model's, its shipped hot-vocab profile's
+#: and its real rows' (rows.py).
+SMOLLM2_VOCAB = 49_152
 #: How the llm model samples (serving/decoder.py).
 SAMPLING_MODES = ("simple", "inline", "inline_kernels")
 #: The whole-server benches' modes (bench serve, perf) -> (sampling mode,
