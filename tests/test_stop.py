@@ -345,6 +345,67 @@ def test_a_stopped_server_releases_its_lifeline(tmp_path, monkeypatch):
     assert watcher.poll() is not None and not alive(server.process.pid)
 
 
+def test_stubs_settle_once_some_unloaded_and_none_moved_for_a_while():
+    """StubsUnloading: settled only after a stub has unloaded (exited, its
+    region gone) and no other has since for held_s; a stub unloading later
+    starts the wait again."""
+    from types import SimpleNamespace
+
+    from simple_sampler.launch.processes import StubsUnloading
+
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    stubs = [SimpleNamespace(pid=p.pid, model=f"m{i}", shm_region=f"no-such-region-{p.pid}")
+             for i, p in enumerate(sleepers)]
+    try:
+        unloading = StubsUnloading(stubs, held_s=0.3)
+        time.sleep(0.4)
+        assert not unloading.settled()  # none unloaded: Triton has not begun
+        sleepers[0].kill()
+        sleepers[0].wait()
+        assert not unloading.settled() and unloading.loaded() == ["m1"]
+        time.sleep(0.4)
+        assert unloading.settled()
+        sleepers[1].kill()
+        sleepers[1].wait()
+        assert not unloading.settled() and unloading.loaded() == []
+        time.sleep(0.4)
+        assert unloading.settled()
+    finally:
+        for sleeper in sleepers:
+            if sleeper.poll() is None:
+                sleeper.kill()
+                sleeper.wait()
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_the_lifeline_removes_the_servers_folders_only_when_its_launcher_died(tmp_path, released):
+    """The lifeline ends what is left of the server's group either way, but
+    removes the backend copy and the temporary repository only when the
+    launcher did not end the server itself: after a supervisor's kill
+    (released), the restarted server runs from the same repository."""
+    from simple_sampler.launch import lifeline
+    from simple_sampler.launch.server import RELEASED
+
+    folders = [tmp_path / "backends", tmp_path / "repository"]
+    for folder in folders:
+        folder.mkdir()
+    # a server's straggler: a process of a group of its own, as tritonserver's
+    group = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, f"{group.pid}\n{folders[0]}\n{folders[1]}\n".encode()
+                 + (RELEASED if released else b""))
+        os.close(write_end)
+        assert lifeline.main(["lifeline.py", str(read_end), "no-arena-"]) == 0
+        assert group.wait(5) == -signal.SIGKILL
+        assert [folder.exists() for folder in folders] == [released, released]
+    finally:
+        os.close(read_end)
+        if group.poll() is None:
+            group.kill()
+            group.wait()
+
+
 def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, monkeypatch):
     monkeypatch.setenv("READY_AFTER_S", "30")
     server = TritonServer(tmp_path / "repository", install=slow_tritonserver.install(tmp_path))

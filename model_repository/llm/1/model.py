@@ -126,6 +126,12 @@ class TritonPythonModel:
                                        kind=pb_utils.MetricFamily.GAUGE)
         self.metric_families.append(family)
         self.in_flight = family.Metric(labels=labels)
+        family = pb_utils.MetricFamily(name="simple_llm_closing",
+                                       description="1 while the model closes (its finalize): "
+                                                   "serve's stop waits for it",
+                                       kind=pb_utils.MetricFamily.GAUGE)
+        self.metric_families.append(family)
+        self.closing = family.Metric(labels=labels)
         self.reported = {name: 0 for name in self.metrics}
         self.report_lock = threading.Lock()
         self.next_report = 0.0
@@ -207,6 +213,9 @@ class TritonPythonModel:
             self.reported[name] = total
 
     def finalize(self):
+        # What tells a finalize under way from a model a client's open stream
+        # holds, which is never finalized (launch/processes.StubsUnloading).
+        self.closing.set(1)
         self.service.close()
         if self.stacks is not None:
             log.info("%s: its threads' stacks in %s", self.instance, self.stacks.stop())

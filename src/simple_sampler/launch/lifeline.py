@@ -7,15 +7,16 @@ warning (``kill -9``, the OOM killer, a CI timeout): run as a script by
 The launcher holds the pipe's only write end and writes into it, once the
 server is started, tritonserver's pid, the server's backend copy and its
 temporary repository (an empty line when the repository is not the
-server's own), one a line. Nothing has to run in the launcher for
+server's own), one a line; and "released" once it has ended the server
+itself (a stop, or a supervisor's kill before a restart). Nothing has to run in the launcher for
 the watch to work: when the launcher exits, however it exits, the kernel
 closes its end and this process reads end-of-file. Then tritonserver's
 process group (the server and its stubs, started in a session of their own)
-is killed, the stubs' shared memory removed (processes.end_group) and the
-two folders too. A launcher that stops its server itself closes the pipe
-once the server is gone (and its folders removed): the group is empty then,
-and this process just exits; a supervisor's restart reuses the repository,
-which is why it is removed only after a kill here.
+is killed, the stubs' shared memory removed (processes.end_group) and,
+unless the launcher said "released", the two folders too: a launcher that
+ends its server itself removes them when it stops for good, and a
+supervisor's restart reuses the repository. What a released server left
+running (a stub slow to exit) is still ended.
 
 Standard library only (processes.py adds ``simple_sampler.pids``, which
 imports nothing else), and processes.py is loaded by its path, not through
@@ -52,17 +53,23 @@ def main(argv: list[str]) -> int:
     received = b""
     while chunk := os.read(read_end, 64):
         received += chunk
-    server_pid, *folders = received.decode(errors="replace").split("\n")[:3]
+    lines = received.decode(errors="replace").split("\n")
+    server_pid, folders, released = lines[0], lines[1:3], "released" in lines[3:]
     if not server_pid.strip().isdigit():
         return 0  # the launcher went before it started a server
     processes = _processes_module()
     killed, removed = processes.end_group(int(server_pid), arena_prefix)
-    if killed:  # the launcher did not stop its server: say what was ended
-        for folder in filter(None, folders):
-            shutil.rmtree(folder, ignore_errors=True)
-        print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is "
-              f"gone; killed {len(killed)} process(es) {killed}, removed shared memory "
-              f"{removed or 'none'} and {' and '.join(filter(None, folders))}", flush=True)
+    if not killed:
+        return 0
+    if released:
+        print(f"simple-sampler lifeline: ended {len(killed)} process(es) {killed} that "
+              f"tritonserver (pid {server_pid}) left", flush=True)
+        return 0
+    for folder in filter(None, folders):  # the launcher died with its server
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is gone; "
+          f"killed {len(killed)} process(es) {killed}, removed shared memory "
+          f"{removed or 'none'} and {' and '.join(filter(None, folders))}", flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@ benchmarks alike.
 """
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import shutil
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 MiB = 1 << 20
 #: The decode loop's gauge of requests decoding or queued (llm/1/model.py).
 IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
+#: The decode loop's gauge of its model's finalize running (llm/1/model.py).
+CLOSING_METRIC = "simple_llm_closing"
 #: How long past its grace a draining decode loop may take to send its errors.
 DRAIN_MARGIN_S = 5.0
 #: After the drain, how long Triton waits for its models to unload: each
@@ -51,8 +54,10 @@ CLIENT_HELD_S = 8.0
 #: After the grace, how long the drain's errors and Triton's exit may take
 #: before SIGKILL.
 STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
-#: The watcher that ends the server when its launcher dies (lifeline.py).
+#: The watcher that ends the server when its launcher dies (lifeline.py), and
+#: the last line the launcher sends it when it ended the server itself.
 LIFELINE = Path(__file__).with_name("lifeline.py")
+RELEASED = b"released\n"
 
 
 def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
@@ -318,9 +323,15 @@ class TritonServer:
         return removed
 
     def _release_lifeline(self) -> None:
-        """The server is gone: close the watcher's pipe, so that it exits."""
+        """The server is gone: tell the watcher so (it then removes no folder:
+        a supervisor's restart reuses the repository) and close its pipe, so
+        that it exits."""
         if getattr(self, "_lifeline", None) is None:
             return
+        try:
+            os.write(self._lifeline, RELEASED)
+        except OSError:  # the watcher is gone already
+            pass
         os.close(self._lifeline)
         self._lifeline = None
         try:
@@ -336,13 +347,22 @@ class TritonServer:
 
     def in_flight(self) -> float:
         """Requests the decode loop still holds (its metric; 0 without one)."""
+        return self._gauge(IN_FLIGHT_METRIC)
+
+    def closing(self) -> bool:
+        """Whether a decode loop's model is in its finalize (its metric)."""
+        return self._gauge(CLOSING_METRIC) > 0
+
+    def _gauge(self, name: str) -> float:
+        """The sum of the llm model's gauge `name` over its instances (0 when
+        the metrics cannot be read: a server gone, or none such)."""
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
                 text = response.read().decode()
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (OSError, http.client.HTTPException):  # URLError, timeouts, a cut answer
             return 0.0
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(IN_FLIGHT_METRIC))
+                   if line.startswith(name))
 
     def drain(self, stubs, grace_s: float | None = None) -> float:
         """Ask the models to finish (SIGTERM to each of `stubs`: the decode
@@ -370,7 +390,8 @@ class TritonServer:
         try:
             return self._stop(timeout)
         finally:
-            if self.temporary_repository:
+            if self.temporary_repository and (self.process is None
+                                              or self.process.poll() is not None):
                 shutil.rmtree(self.repository, ignore_errors=True)
 
     def _stop(self, timeout: float | None) -> int | None:
@@ -453,7 +474,7 @@ class TritonServer:
                          "ended it (%d process(es)) rather than wait out its exit timeout",
                          ", ".join(map(str, sorted(self.abandoned))), len(killed))
                 return 0
-            if unloading.settled() and self.in_flight() == 0:
+            if unloading.settled() and self.in_flight() == 0 and not self.closing():
                 killed, _ = end_group(self.process.pid, arena_prefix())
                 self.process.wait()
                 log.info("tritonserver unloaded what it could and nothing is in flight; what it "
@@ -465,7 +486,11 @@ class TritonServer:
                 return 0
 
     def __enter__(self) -> "TritonServer":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # a start that failed leaves nothing either
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()
