@@ -2,6 +2,7 @@
 serve-gpu-served` end to end on the CPU (real servers, a tiny random-weight
 shape: figures that mean nothing; the CUDA path has not run here)."""
 import json
+import shutil
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_a_mode_whose_server_fails_is_reported_and_the_next_modes_still_run(tmp_
     started, stopped = [], []
 
     class Server:
-        def __init__(self, repository, shm_bytes, log_path):
-            self.log_path = log_path
+        def __init__(self, repository, shm_bytes, log_path, temporary_repository):
+            assert temporary_repository  # the bench's repository goes with its server
+            self.log_path, self.repository = log_path, repository
 
         def start(self, timeout):
             started.append(self.log_path.stem)
@@ -130,6 +132,7 @@ def test_a_mode_whose_server_fails_is_reported_and_the_next_modes_still_run(tmp_
 
         def stop(self):
             stopped.append(self.log_path.stem)
+            shutil.rmtree(self.repository)
             return 0
 
     monkeypatch.setattr(launch_server, "TritonServer", Server)
