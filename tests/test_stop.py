@@ -147,6 +147,14 @@ class ServeRun:
             pytest.fail(f"serve still running {timeout_s} s after the signal:\n{self.output}")
         return status, time.monotonic() - signalled_at
 
+    def sigint_stops_cleanly(self, said: str) -> str:
+        """SIGINT while serving: exit 0 within SERVING_STOP_S, `said` in the
+        output, then nothing left; the times, for the test's line."""
+        signalled = self.signal(signal.SIGINT)
+        status, stop_s = self.stopped(signalled, SERVING_STOP_S)
+        assert status == 0 and said in self.output, self.output
+        return f"exit 0 in {stop_s:.1f} s, gone in {self.gone_within(signalled):.1f} s"
+
     def close(self):
         if self.process.poll() is None:
             self.process.kill()
@@ -221,12 +229,8 @@ def test_sigterm_while_the_models_load_and_the_front_door_prepares(serve_run):
 @pytest.mark.slow
 def test_sigint_right_after_triton_is_ready_while_the_front_door_starts(serve_run):
     serve_run.wait_for("tritonserver ready")
-    signalled = serve_run.signal(signal.SIGINT)
-    status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
-    assert status == 0, serve_run.output
-    assert "simple-sampler serve: stopped" in serve_run.output
-    print(f"SIGINT right after Triton's ready: exit 0 in {stop_s:.1f} s, "
-          f"gone in {serve_run.gone_within(signalled):.1f} s")
+    print("SIGINT right after Triton's ready:",
+          serve_run.sigint_stops_cleanly("simple-sampler serve: stopped"))
 
 
 @pytest.mark.slow
@@ -241,11 +245,7 @@ def test_ready_means_every_port_answers_and_sigint_then_leaves_nothing(serve_run
     assert serve_run.output.count("Triton is ready") == 1
     assert len(serve_run.stubs) >= 3  # preprocessing, llm, the sampler
     assert serve_run.repository and serve_run.backends  # the folders gone_within checks
-    signalled = serve_run.signal(signal.SIGINT)
-    status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
-    assert status == 0, serve_run.output
-    print(f"SIGINT while serving: exit 0 in {stop_s:.1f} s, "
-          f"gone in {serve_run.gone_within(signalled):.1f} s")
+    print("SIGINT while serving:", serve_run.sigint_stops_cleanly(""))
 
 
 @pytest.mark.slow
@@ -279,12 +279,8 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
             assert time.monotonic() < deadline and not any(
                 isinstance(final, Exception) for final in finals), finals
             time.sleep(0.02)
-        signalled = serve_run.signal(signal.SIGINT)
-        status, stop_s = serve_run.stopped(signalled, SERVING_STOP_S)
-        assert status == 0, serve_run.output
-        assert "held by clients that keep their gRPC streams open" in serve_run.output
-        print(f"{model}: a stream left open, SIGINT: exit 0 in {stop_s:.1f} s, "
-              f"gone in {serve_run.gone_within(signalled):.1f} s")
+        print(f"{model}: a stream left open, SIGINT:", serve_run.sigint_stops_cleanly(
+            "held by clients that keep their gRPC streams open"))
     finally:
         client.close()
 
