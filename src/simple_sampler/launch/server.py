@@ -347,22 +347,19 @@ class TritonServer:
 
     def in_flight(self) -> float:
         """Requests the decode loop still holds (its metric; 0 without one)."""
-        return self._gauge(IN_FLIGHT_METRIC)
+        return self._gauges(IN_FLIGHT_METRIC)[0]
 
-    def closing(self) -> bool:
-        """Whether a decode loop's model is in its finalize (its metric)."""
-        return self._gauge(CLOSING_METRIC) > 0
-
-    def _gauge(self, name: str) -> float:
-        """The sum of the llm model's gauge `name` over its instances (0 when
-        the metrics cannot be read: a server gone, or none such)."""
+    def _gauges(self, *names: str) -> list[float]:
+        """Each of the llm model's gauges `names`, summed over its instances,
+        from one read of the metrics (0 when they cannot be read: a server
+        gone, or no such gauge)."""
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
-                text = response.read().decode()
+                lines = response.read().decode().splitlines()
         except (OSError, http.client.HTTPException):  # URLError, timeouts, a cut answer
-            return 0.0
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name))
+            return [0.0] * len(names)
+        return [sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name))
+                for name in names]
 
     def drain(self, stubs, grace_s: float | None = None) -> float:
         """Ask the models to finish (SIGTERM to each of `stubs`: the decode
@@ -474,7 +471,8 @@ class TritonServer:
                          "ended it (%d process(es)) rather than wait out its exit timeout",
                          ", ".join(map(str, sorted(self.abandoned))), len(killed))
                 return 0
-            if unloading.settled() and self.in_flight() == 0 and not self.closing():
+            # the llm's in-flight requests and its finalize (closing) are work
+            if unloading.settled() and not any(self._gauges(IN_FLIGHT_METRIC, CLOSING_METRIC)):
                 killed, _ = end_group(self.process.pid, arena_prefix())
                 self.process.wait()
                 log.info("tritonserver unloaded what it could and nothing is in flight; what it "

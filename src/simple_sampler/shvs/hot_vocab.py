@@ -105,10 +105,12 @@ def fingerprint(hot_vocab: HotVocab | None) -> int:
     depend on which server sampled it."""
     if hot_vocab is None:
         return 0
-    digest = hashlib.blake2b(np.int64(hot_vocab.vocab_size).tobytes()
-                             + hot_vocab.kernel_arrays()[0].astype("<i4").tobytes(),
-                             digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 1) or 1
+    if getattr(hot_vocab, "_fingerprint", None) is None:  # once: a sampler checks every request
+        digest = hashlib.blake2b(np.int64(hot_vocab.vocab_size).tobytes()
+                                 + hot_vocab.kernel_arrays()[0].astype("<i4").tobytes(),
+                                 digest_size=8).digest()
+        object.__setattr__(hot_vocab, "_fingerprint", (int.from_bytes(digest, "little") >> 1) or 1)
+    return hot_vocab._fingerprint
 
 
 @dataclass
