@@ -106,7 +106,8 @@ BAD_CHAT = [
     (chat(temprature=0.5), "temprature", "unknown field"),
     (chat(tools=[{"type": "function"}]), "tools", "not supported"),
     (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
-    (chat(logprobs=True, top_logprobs=5), "top_logprobs", "must be 0"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs", "integer in [0, 20]"),
+    (chat(logprobs=True, top_logprobs=-1), "top_logprobs", "integer in [0, 20]"),
     (chat(stop=[""]), "stop", "non-empty"),
     (chat(stop=7), "stop", "str, list[str]"),
     (chat(logit_bias={"abc": 1.0}), "logit_bias", "token ids"),
@@ -144,7 +145,7 @@ BAD_COMPLETION = [
     (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
     (completion(prompt=[49152]), "prompt", "[0, 49151]"),
     (completion(echo=True), "echo", "not supported"),
-    (completion(logprobs=5), "logprobs", "must be 0"),
+    (completion(logprobs=21), "logprobs", "integer in [0, 20]"),
     (completion(best_of=2), "best_of", "not supported"),
     (completion(suffix="x"), "suffix", "not supported"),
     (completion(max_tokens=600), "max_tokens", "[1, 511]"),
@@ -251,6 +252,46 @@ def test_logprob_bytes_are_each_tokens_own_and_join_into_the_text(codec):
     assert bytes(content[0]["bytes"]) + bytes(content[1]["bytes"]) == "\U0001f642".encode()
     assert b"".join(bytes(c["bytes"]) for c in content).decode() == "\U0001f642 \u00e9"
     assert content[3]["token"] == "" and content[3]["bytes"] == []  # the end token: skipped
+
+
+def test_top_logprobs_reach_the_llm_and_come_back_as_openai_and_vllm_write_them(codec):
+    """chat top_logprobs n and completions logprobs n ask the llm model for
+    num_top_logprobs n; chat answers each token's n most likely, completions
+    a dict of their texts and the chosen token's (n or n + 1 entries); a
+    banned token's -inf is written -9999.0 (JSON has no infinity)."""
+    plans, paris, dot = [], codec.encode(" Paris")[0], codec.encode(".")[0]
+    comma = codec.encode(",")[0]
+
+    def generate(plan):
+        plans.append(plan)
+
+        async def chunks():
+            n = len(plan.prompt_ids)
+            yield Chunk(" Paris", [paris], [-0.5], -0.5, n, 1, "",
+                        [[(paris, -0.5), (comma, -1.5)]])
+            yield Chunk(".", [dot], [-0.25], -0.75, n, 2, "stop",
+                        [[(comma, -0.1), (paris, float("-inf"))]])
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    body = post(client, "/v1/chat/completions", chat(logprobs=True, top_logprobs=2)).json()
+    assert plans[-1].params["num_top_logprobs"] == 2
+    first, second = body["choices"][0]["logprobs"]["content"]
+    assert [(t["token"], t["logprob"]) for t in first["top_logprobs"]] == [(" Paris", -0.5),
+                                                                         (",", -1.5)]
+    assert second["top_logprobs"][1]["logprob"] == -9999.0
+    assert bytes(second["top_logprobs"][0]["bytes"]) == b","
+    response = post(client, "/v1/chat/completions",
+                    chat(logprobs=True, top_logprobs=2, stream=True))
+    streamed = [c["choices"][0]["logprobs"]["content"] for c in events(response)]
+    assert [c[0]["top_logprobs"] for c in streamed] == [first["top_logprobs"],
+                                                        second["top_logprobs"]]
+    body = post(client, "/v1/completions", completion(logprobs=2)).json()
+    assert plans[-1].params["num_top_logprobs"] == 2
+    assert body["choices"][0]["logprobs"]["top_logprobs"] == [
+        {" Paris": -0.5, ",": -1.5}, {",": -0.1, " Paris": -9999.0, ".": -0.25}]
+    post(client, "/v1/completions", completion(logprobs=0))
+    assert "num_top_logprobs" not in plans[-1].params
 
 
 def events(response):

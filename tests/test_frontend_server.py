@@ -121,6 +121,28 @@ def test_usage_and_logprobs_count_every_generated_token(client, frontend):
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
 
 
+def test_top_logprobs_come_back_and_leave_the_tokens_as_they_were(client, frontend):
+    """chat top_logprobs through the llm model and the sampler instances:
+    each token's n most likely, most likely first, with the chosen one's
+    logprob where it is among them; the seeded tokens those of a request
+    that asks for none. Completions' logprobs n: a dict per token."""
+    ask = dict(model=frontend.served.model_id, messages=STORY, max_tokens=6, seed=4,
+               logprobs=True)
+    plain = client.chat.completions.create(**ask).choices[0].logprobs.content
+    asked = client.chat.completions.create(**ask, top_logprobs=3).choices[0].logprobs.content
+    assert [t.token for t in asked] == [t.token for t in plain]
+    for token in asked:
+        values = [top.logprob for top in token.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert token.logprob <= values[0] + 1e-6
+    completion = client.completions.create(model=frontend.served.model_id, prompt="Once upon",
+                                           max_tokens=4, seed=4, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.top_logprobs) == 4
+    assert all(token in top and 2 <= len(top) <= 3
+               for token, top in zip(logprobs.tokens, logprobs.top_logprobs))
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

@@ -110,6 +110,32 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation(server):
             assert [t for c in chunks for t in c.token_ids] == whole.token_ids
 
 
+def test_top_logprobs_come_with_every_token_over_every_protocol(server):
+    """num_top_logprobs through the ensemble: per token its n most likely
+    tokens, most likely first, the same streamed or not, over gRPC and HTTP
+    (flattened there), the chosen token's logprob among them where it is;
+    and the tokens of a request that does not ask."""
+    params = dict(SAMPLED, max_tokens=8, seed=13, exclude_input_in_output=True,
+                  return_log_probs=True)
+    with ThreadPoolExecutor(4) as pool:
+        plain, whole, *streams = [request.result() for request in (
+            pool.submit(grpc(server).generate, QUESTION, **params),
+            pool.submit(http(server).generate, QUESTION, num_top_logprobs=4, **params),
+            *(pool.submit(lambda c: list(c.stream(QUESTION, num_top_logprobs=4, stream_interval=3,
+                                                  **params)), client)
+              for client in (grpc(server), http(server))))]
+    assert whole.token_ids == plain.token_ids and not plain.top_logprobs
+    assert len(whole.top_logprobs) == 8
+    for token, logprob, top in zip(whole.token_ids, whole.logprobs, whole.top_logprobs):
+        values = [p for _, p in top]
+        assert len(top) == 4 and values == sorted(values, reverse=True) and values[0] <= 0
+        assert logprob <= values[0] + 1e-6
+        if token in dict(top):
+            assert dict(top)[token] == pytest.approx(logprob, abs=1e-6)
+    for chunks in streams:
+        assert [pairs for c in chunks for pairs in c.top_logprobs] == whole.top_logprobs
+
+
 def test_non_streamed_answer_repeats_the_prompt_unless_excluded(server):
     answer = grpc(server).generate("The capital of France is", max_tokens=4, temperature=0.0)
     assert answer.text.startswith("The capital of France is")

@@ -325,7 +325,7 @@ def test_rows_of_a_refused_step_stay_in_their_slot_while_it_is_sampled_around_th
             await pool(logits, batch)
         except ValueError as refusal:
             return await sample_around_refusals(pool, logits, batch, refusal)
-    tokens, _, refused = asyncio.run(around(staged))
+    (tokens, _), refused = asyncio.run(around(staged))
     assert sorted(refused) == [4] and "found at column 3" in refused[4]
     expected = sample(rows[:4], batch.take(np.arange(4)), return_logprobs=False).token_ids
     assert tokens[:4].tolist() == expected.tolist()

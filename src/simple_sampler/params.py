@@ -278,7 +278,7 @@ def ragged(lists: Sequence[Sequence[int]], dtype=np.int32) -> tuple[np.ndarray, 
 _ID_LISTS = (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
              ("prompt", ("prompt_ids",)), ("output", ("output_ids",)))
 #: SamplingBatch's per-row columns
-_ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs")
+_ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs", "num_top_logprobs")
 
 
 @dataclass
@@ -314,6 +314,10 @@ class SamplingBatch:
     #: A hint to samplers: the logprob costs an exp per logit, and speculative
     #: hot-vocab sampling cannot decide a row that wants it.
     want_logprobs: np.ndarray | None = None
+    #: int [B]: how many of the most likely tokens' logprobs each row wants
+    #: beside its own (``sampling.MAX_TOP_LOGPROBS`` at most; None: none).
+    #: Like ``want_logprobs``, a row's own: it never changes its token.
+    num_top_logprobs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.temperature)

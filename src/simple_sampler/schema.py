@@ -37,6 +37,9 @@ _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)
 #: stream carries an error's text without its status, so the OpenAI front
 #: door tells a shutdown by it.
 SHUTTING_DOWN = "the server is shutting down"
+#: The top logprobs outputs, the generation models' ([tokens, n]) and the
+#: sampler's ([B, n]): token ids, then their logprobs, most likely first.
+TOP_OUTPUTS = ("top_logprobs_ids", "top_logprobs")
 
 
 class InvalidRequest(ValueError):
@@ -154,6 +157,9 @@ GENERATE_INPUTS = (
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end id is banned until reached"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
+    _scalar("num_top_logprobs", "INT32", 0,
+            f"[0, {MAX_TOP_LOGPROBS}], with return_log_probs true: per token also the n most "
+            f"likely tokens and their logprobs (top_logprobs_ids, top_logprobs)"),
     _scalar("exclude_input_in_output", "BOOL", False,
             "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
             "behaviour); streams never repeat it"),
@@ -165,6 +171,8 @@ GENERATE_OUTPUTS = (
     Tensor("output_ids", "INT32", (-1,), optional=False),
     Tensor("output_log_probs", "FP32", (-1,), optional=False),
     Tensor("cum_log_probs", "FP32", optional=False),
+    Tensor(TOP_OUTPUTS[0], "INT32", (-1, -1), optional=False),
+    Tensor(TOP_OUTPUTS[1], "FP32", (-1, -1), optional=False),
     Tensor("num_input_tokens", "INT32", optional=False),
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
@@ -279,8 +287,8 @@ SAMPLER = Model("simple_sampler", (
 ), (
     Tensor("output_ids", "INT32", optional=False),
     Tensor("output_log_probs", "FP32", optional=False),
-    Tensor("top_logprobs_ids", "INT32", (-1,), optional=False),
-    Tensor("top_logprobs", "FP32", (-1,), optional=False),
+    Tensor(TOP_OUTPUTS[0], "INT32", (-1,), optional=False),
+    Tensor(TOP_OUTPUTS[1], "FP32", (-1,), optional=False),
     Tensor("handoff_outcome", "INT8", optional=False),
 ))
 

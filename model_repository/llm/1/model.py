@@ -28,9 +28,9 @@ from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
-#: The sampler's per-row outputs: the token, its logprob when a row asked, and for
-#: compact rows the handoff outcome.
-SAMPLER_OUTPUTS = [t.name for t in SAMPLER.outputs if t.scalar]
+#: The sampler's outputs: the token, its logprob and top logprobs when a row
+#: asked, and for compact rows the handoff outcome.
+SAMPLER_OUTPUTS = list(SAMPLER.output_names)
 
 
 def bls_input(name, value):
@@ -56,7 +56,7 @@ def call_sampler(model_name):
             refused = getattr(error, "code", lambda: None)() == pb_utils.TritonError.INVALID_ARG
             raise SamplerCallError(f"{model_name}: {error.message()}", retryable=not refused)
         outputs = {}
-        for name in SAMPLER_OUTPUTS:  # output_log_probs only when a row asked
+        for name in SAMPLER_OUTPUTS:  # the logprobs only when a row asked
             tensor = pb_utils.get_output_tensor_by_name(response, name)
             if tensor is not None:
                 outputs[name] = tensor.as_numpy()

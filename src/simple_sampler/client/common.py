@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..schema import ENSEMBLE, INPUT_IDS
+from ..schema import ENSEMBLE, INPUT_IDS, TOP_OUTPUTS
 
 PROMPT = "text_input"
 #: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
@@ -35,7 +35,9 @@ class GenerationError(RuntimeError):
 @dataclass
 class Chunk:
     """One response: new text, its token ids and logprobs, and on the last
-    one the finish reason."""
+    one the finish reason. ``top_logprobs``: per token its most likely
+    (token id, logprob) pairs, most likely first, when the request asked
+    for ``num_top_logprobs`` (else empty)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -44,6 +46,7 @@ class Chunk:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     finish_reason: str = ""
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def _check_names(params: dict) -> None:
@@ -137,10 +140,23 @@ def chunk_from(get: Callable[[str], object]) -> Chunk:
         return (values(name) or [default])[0]
 
     text, reason = values("text_output"), values("finish_reason")
-    return Chunk(as_str(text[0]) if text else "", [int(t) for t in values("output_ids")],
+    token_ids = [int(t) for t in values("output_ids")]
+    return Chunk(as_str(text[0]) if text else "", token_ids,
                  [float(p) for p in values("output_log_probs")], float(first("cum_log_probs", 0.0)),
                  int(first("num_input_tokens", 0)), int(first("num_output_tokens", 0)),
-                 as_str(reason[0]) if reason else "")
+                 as_str(reason[0]) if reason else "", _top_pairs(get, len(token_ids)))
+
+
+def _top_pairs(get: Callable[[str], object], tokens: int) -> list[list[tuple[int, float]]]:
+    """Per token, the (id, logprob) pairs of top_logprobs_ids and
+    top_logprobs ([tokens, n]; flattened over HTTP), padding (-1) left out."""
+    ids, logprobs = (get(name) for name in TOP_OUTPUTS)
+    if ids is None or logprobs is None or not tokens:
+        return []
+    ids = np.asarray(ids).reshape(tokens, -1).tolist()
+    logprobs = np.asarray(logprobs, np.float64).reshape(tokens, -1).tolist()
+    return [[(token, logprob) for token, logprob in zip(row_ids, row_logprobs) if token >= 0]
+            for row_ids, row_logprobs in zip(ids, logprobs)]
 
 
 class ClientBase:

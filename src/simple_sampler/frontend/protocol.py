@@ -93,8 +93,8 @@ class Sampling(Request):
 class CompletionRequest(Sampling):
     prompt: str | list[int]
     echo: bool | None = False
-    #: OpenAI: how many most likely tokens to return per position (0-5); the
-    #: decode loop returns the chosen token's logprob only, so only 0 here.
+    #: OpenAI: how many most likely tokens to return per position (0-5; vLLM
+    #: and here: up to sampling.MAX_TOP_LOGPROBS, 20), with the chosen one's
     logprobs: int | None = None
 
 

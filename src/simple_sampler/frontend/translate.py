@@ -23,12 +23,15 @@ import numpy as np
 
 from ..client import Chunk
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
+from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import GENERATE_INPUTS, INPUT_IDS, InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
 PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
+#: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
+NUM_TOP = "num_top_logprobs"
 #: finish reasons the decode loop sends that OpenAI clients know
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
@@ -158,9 +161,8 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
     if request.echo:
         raise RequestError("echo is not supported by this server", "echo",
                            code="unsupported_parameter")
-    if request.logprobs not in (None, 0):
-        raise RequestError(f"logprobs must be 0 (the chosen token's logprob; top "
-                           f"alternatives are not returned), got {request.logprobs}", "logprobs")
+    top = 0 if request.logprobs is None else _integer(
+        "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if isinstance(request.prompt, str):
         if not request.prompt:
             raise RequestError("prompt must be a non-empty string", "prompt")
@@ -172,7 +174,7 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
                       for t in request.prompt]
     return _plan(request, served, False, prompt_ids, _max_tokens(
         request, served, len(prompt_ids), default=16, prompt_field="prompt"),
-        request.logprobs is not None)
+        request.logprobs is not None, top)
 
 
 def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
@@ -180,9 +182,8 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     _common(request, served)
     if not request.messages:
         raise RequestError("messages must hold at least one message", "messages")
-    if request.top_logprobs not in (None, 0):
-        raise RequestError(f"top_logprobs must be 0: the decode loop returns the chosen "
-                           f"token's logprob only, got {request.top_logprobs}", "top_logprobs")
+    top = 0 if request.top_logprobs is None else _integer(
+        "top_logprobs", request.top_logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.top_logprobs is not None and not request.logprobs:
         raise RequestError("top_logprobs needs logprobs true", "top_logprobs")
     if None not in (request.max_tokens, request.max_completion_tokens) and \
@@ -196,16 +197,19 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     except InvalidRequest as error:
         raise RequestError(str(error), "messages") from None
     return _plan(request, served, True, prompt_ids,
-                 _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs))
+                 _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs),
+                 top)
 
 
 def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
-          max_tokens: int, logprobs: bool) -> Plan:
+          max_tokens: int, logprobs: bool, top: int) -> Plan:
     params = _sampling_params(request, served)
     if "min_length" in params and params["min_length"] > max_tokens:
         raise RequestError(f"min_tokens ({params['min_length']}) must be at most the maximum "
                            f"number of tokens ({max_tokens})", "min_tokens")
     params.update(max_tokens=max_tokens, return_log_probs=logprobs)
+    if top:
+        params[NUM_TOP] = top
     options = request.stream_options
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
@@ -222,17 +226,39 @@ def usage(chunk: Chunk) -> dict:
             "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens}
 
 
+def _json_logprob(logprob: float) -> float:
+    """A logprob as JSON can carry it: -inf (a banned token among a row's
+    top n) as -9999.0, as vLLM writes it (vllm/entrypoints/openai/
+    serving_chat.py, ``_create_chat_logprobs``)."""
+    return max(logprob, -9999.0)
+
+
 def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
-    """OpenAI's logprobs object of these chunks' tokens (None unless asked)."""
+    """OpenAI's logprobs object of these chunks' tokens (None unless asked):
+    chat, per token its top_logprobs (the n most likely, most likely
+    first); completions, per token a dict of the n most likely tokens'
+    texts and the chosen one's (n or n + 1 entries, as vLLM and OpenAI's
+    legacy completions give)."""
     if not plan.logprobs:
         return None
-    pairs = [(t, p) for c in chunks for t, p in zip(c.token_ids, c.logprobs)]
-    tokens = [codec.decode([t]) for t, _ in pairs]
+    steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
+             for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
+    tokens = [codec.decode([t]) for t, _, _ in steps]
     if plan.chat:
-        return {"content": [{"token": text, "logprob": p, "bytes": list(codec.token_bytes(t)),
-                             "top_logprobs": []} for text, (t, p) in zip(tokens, pairs)]}
-    return {"tokens": tokens, "token_logprobs": [p for _, p in pairs],
-            "top_logprobs": None, "text_offset": None}
+        def entry(text: str, token: int, logprob: float) -> dict:
+            return {"token": text, "logprob": _json_logprob(logprob),
+                    "bytes": list(codec.token_bytes(token))}
+
+        return {"content": [{**entry(text, t, p), "top_logprobs": [
+            entry(codec.decode([i]), i, q) for i, q in top]}
+            for text, (t, p, top) in zip(tokens, steps)]}
+    top_dicts = []
+    for text, (_, p, top) in zip(tokens, steps):
+        alternatives = {codec.decode([i]): _json_logprob(q) for i, q in top}
+        alternatives.setdefault(text, _json_logprob(p))
+        top_dicts.append(alternatives)
+    return {"tokens": tokens, "token_logprobs": [p for _, p, _ in steps],
+            "top_logprobs": top_dicts, "text_offset": None}
 
 
 def _finish(chunk: Chunk) -> str | None:

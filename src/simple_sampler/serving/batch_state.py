@@ -45,6 +45,7 @@ class BatchState:
         self.columns = {name: np.full(slots, empty, dtype) for name, dtype, empty in SCALAR_COLUMNS}
         self.seed = np.zeros(slots, np.uint64)
         self.want_logprobs = np.zeros(slots, bool)
+        self.num_top_logprobs = np.zeros(slots, np.int32)
         self.prompt_length = np.zeros(slots, np.int64)
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
         self.tokens = np.zeros((slots, max_context), np.int32)
@@ -61,7 +62,7 @@ class BatchState:
         self.has_bad_words = np.zeros(slots, bool)
 
     def add(self, params: SamplingParams, prompt_ids: Sequence[int], want_logprobs: bool = False,
-            bad_words_ids: Sequence[Sequence[int]] = ()) -> int:
+            bad_words_ids: Sequence[Sequence[int]] = (), num_top_logprobs: int = 0) -> int:
         """Store a sequence; returns its slot.
 
         ``params`` must already be validated against the vocabulary and
@@ -77,6 +78,7 @@ class BatchState:
             self.columns[name][slot] = getattr(params, name)
         self.seed[slot] = params.seed
         self.want_logprobs[slot] = want_logprobs
+        self.num_top_logprobs[slot] = num_top_logprobs
         self.prompt_length[slot] = self.length[slot] = len(prompt_ids)
         self.tokens[slot, :len(prompt_ids)] = prompt_ids
         self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
@@ -136,7 +138,8 @@ class BatchState:
             ban_offsets=ban_offsets, ban_ids=ban_ids,
             prompt_offsets=prompt_offsets, prompt_ids=prompt_ids,
             output_offsets=output_offsets, output_ids=output_ids,
-            want_logprobs=self.want_logprobs[slots])
+            want_logprobs=self.want_logprobs[slots],
+            num_top_logprobs=self.num_top_logprobs[slots])
 
     def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray):
         """CSR (offsets int64 [n + 1], ids int32) of ``tokens[slot, start:stop]``

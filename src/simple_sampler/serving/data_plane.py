@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..params import SamplingBatch
@@ -34,7 +35,8 @@ from .engine import Engine, SelfScheduling, StepsThen, step_then
 from .generation import DecodeSequence
 from .inline import sample_torch
 from .samplers import (AsyncSampler, Refusals, SampleResult, SamplesNow, SummarizesOnDataPlane,
-                       kernel_sample, refuses_rows, sample_around_refusals, threaded)
+                       TopLogprobs, gives_top_logprobs, kernel_sample, refuses_rows,
+                       result_parts, sample_around_refusals, threaded)
 
 
 #: how long ``launch`` waits, holding no GIL, for a free data-plane thread
@@ -55,7 +57,7 @@ class DataPlaneStep:
     logits: torch.Tensor
     #: the sampler's data-plane half's result; None without one, or once sampled
     summary: object
-    #: (tokens, logprobs) when sampled in the thread; None: the event loop awaits the sampler
+    #: the SampleResult when sampled in the thread; None: the event loop awaits the sampler
     sampled: SampleResult | None
     forward_s: float  # the forward and the data-plane half: data-plane time
     #: the sampling in the thread, or the time of a synchronous path that gave way
@@ -88,6 +90,8 @@ class DataPlane:
                  stats: DecoderStats):
         self.engine, self.sampler, self.stats = engine, sampler, stats
         self.local_sample = {"inline": sample_torch, "inline_kernels": kernel_sample}.get(mode)
+        #: whether a row's top logprobs come back (``samplers.SampleResult``)
+        self.gives_top_logprobs = gives_top_logprobs(self.local_sample or sampler)
         self.wait_ready = engine.wait_ready if isinstance(engine, SelfScheduling) else None
         #: the sampler's data-plane half (module docstring), or None: with
         #: several lanes only where the engine models it as device time, since
@@ -130,24 +134,23 @@ class DataPlane:
         return step
 
     async def sampled(self, step: DataPlaneStep, batch: SamplingBatch
-                      ) -> tuple[torch.Tensor, torch.Tensor, float, Refusals]:
-        """(tokens, logprobs, sampler seconds, refused rows) of a landed
-        step: sampled in the data-plane thread, or by awaiting the sampler
-        now; where the sampler refused rows, sampled again around them
-        (module docstring), their tokens -1."""
+                      ) -> tuple[np.ndarray, np.ndarray, TopLogprobs | None, float, Refusals]:
+        """(tokens, logprobs, top logprobs or None, sampler seconds, refused
+        rows) of a landed step: sampled in the data-plane thread, or by
+        awaiting the sampler now; where the sampler refused rows, sampled
+        again around them (module docstring), their tokens -1."""
         # sampled in the data-plane thread (or tried to): nothing overlapped it
         self.stats.sampling_exposed_s += step.sample_s
         if step.sampled is not None:
-            return (*step.sampled, step.sample_s, {})
+            return (*result_parts(step.sampled), step.sample_s, {})
         started = time.perf_counter()
         self.activity.change(samplers=1)
         try:
             refusal, refused = step.refusal, {}
             if refusal is None:
                 try:
-                    tokens, logprobs = await (
-                        self.sampler(step.logits, batch) if step.summary is None
-                        else self.sampler(step.logits, batch, step.summary))
+                    result = await (self.sampler(step.logits, batch) if step.summary is None
+                                    else self.sampler(step.logits, batch, step.summary))
                 except Exception as error:  # noqa: BLE001 - sorted by refuses_rows
                     if not refuses_rows(error):
                         raise
@@ -155,12 +158,12 @@ class DataPlane:
             if refusal is not None:
                 log.warning("the sampler refused rows of a step of %d; sampling it again "
                             "around them", len(batch), exc_info=refusal)
-                tokens, logprobs, refused = await sample_around_refusals(
+                result, refused = await sample_around_refusals(
                     threaded(self.local_sample) if self.local_sample else self.sampler,
                     step.logits, batch, refusal)
         finally:
             self.activity.change(samplers=-1)
-        return tokens, logprobs, step.sample_s + time.perf_counter() - started, refused
+        return (*result_parts(result), step.sample_s + time.perf_counter() - started, refused)
 
     async def ready(self, ids: Sequence[int]) -> tuple[set, float]:
         """The ids the engine has rows for (``engine.SelfScheduling``), and

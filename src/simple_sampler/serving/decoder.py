@@ -21,7 +21,9 @@ Sampling modes (``mode``):
   ``async def sample(logits, batch) -> (token_ids, logprobs)`` (logits
   ``[n, V]`` in the engine's dtype, float32, bfloat16 or float16; ``batch``
   a :class:`SamplingBatch` of n rows; returns int64 ``[n]`` and float32
-  ``[n]``): the decision plane, remote in a server
+  ``[n]``, and a third element, the rows' top logprobs, where a row asks
+  for them: ``samplers.SampleResult``; a sampler that gives them says so,
+  ``samplers.gives_top_logprobs``, or such requests are refused): the decision plane, remote in a server
   (:func:`threaded` wraps a local function for tests). A sampler with a
   data-plane half (``summarize(logits, batch)``: the hot-first summary,
   ``triton.hot_first_sampler``) has it run in the data-plane thread right
@@ -228,6 +230,9 @@ class Decoder:
         engine = self.engine
         request.validate(engine.vocab_size, engine.max_context,
                          max_tokens_limit=self.max_tokens_limit)
+        if request.num_top_logprobs and not self.data_plane.gives_top_logprobs:
+            raise InvalidRequest(f"num_top_logprobs must be 0 here: this decode loop's "
+                                 f"sampler ({self.mode}) returns no top logprobs")
         prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
                       else self.codec.encode(request.text, request.chat))
         request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
@@ -290,7 +295,8 @@ class Decoder:
                 continue
             sequence.slot = self.state.add(sequence.params, sequence.prompt_ids,
                                            sequence.request.return_log_probs,
-                                           sequence.bad_words_ids)
+                                           sequence.bad_words_ids,
+                                           sequence.request.num_top_logprobs)
             self.step_tokens.admit(sequence)
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
@@ -327,7 +333,7 @@ class Decoder:
     def finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
                 text: str = "", token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
-                retryable: bool = False, release: bool = True):
+                retryable: bool = False, release: bool = True, top_logprobs: list | None = None):
         """Send the one final event and (with `release`) free the slot
         (``StepTokens`` too, for the rows a step ends)."""
         if sequence.done:
@@ -342,7 +348,7 @@ class Decoder:
                 lane.remove(sequence)
                 self._release(sequence)
         event = sequence.event(held_text + text, held_ids + list(token_ids), list(logprobs),
-                               reason, error)
+                               reason, error, top_logprobs)
         event.retryable = retryable
         sequence.handle.put(event)
         if release:
@@ -376,13 +382,13 @@ class Decoder:
                     launched = self._launch(sequences, loop_s)
                     loop_s += time.thread_time() - started
                 step = await self.data_plane.landed(launched)
-                tokens, logprobs, sampler_s, refused = await self.data_plane.sampled(
+                tokens, logprobs, top, sampler_s, refused = await self.data_plane.sampled(
                     step, launched.batch)
                 started = time.thread_time()
                 ids = launched.ids
                 if refused:
-                    sequences, ids, tokens, logprobs = self._end_refused(
-                        sequences, ids, tokens, logprobs, refused)
+                    sequences, ids, tokens, logprobs, top = self._end_refused(
+                        sequences, ids, tokens, logprobs, top, refused)
 
                 def launch_ahead(ending: set[int]) -> None:
                     nonlocal ahead
@@ -393,7 +399,7 @@ class Decoder:
                 if sequences:
                     self.step_tokens.deliver(sequences, ids, np.asarray(tokens),
                                              np.asarray(logprobs),
-                                             launch_ahead if self.launches_ahead else None)
+                                             launch_ahead if self.launches_ahead else None, top)
                 loop_s += time.thread_time() - started
                 self.stats.record(len(sequences), waited_s + step.forward_s, sampler_s, loop_s)
             except SequenceFailed as error:  # the engine failed only these: the others go on
@@ -409,17 +415,18 @@ class Decoder:
                                  release=sequence.request_id not in stepping)
 
     def _end_refused(self, sequences: list[DecodeSequence], ids: list[int], tokens, logprobs,
-                     refused: dict[int, str]):
+                     top, refused: dict[int, str]):
         """End the requests whose rows the sampler refused (their logits:
         ``data_plane``), each with its row's error; the step's other
-        sequences, ids, tokens and logprobs, to deliver."""
+        sequences, ids, tokens, logprobs and top logprobs, to deliver."""
         for row, error in refused.items():
             log.error("request %s ends: the sampler refused its row (%s)", ids[row], error)
             self.finish(sequences[row], error=f"the sampler could not sample this request's "
                                               f"logits from the model: {error}")
         kept = [row for row in range(len(sequences)) if row not in refused]
         return ([sequences[row] for row in kept], [ids[row] for row in kept],
-                np.asarray(tokens)[kept], np.asarray(logprobs)[kept])
+                np.asarray(tokens)[kept], np.asarray(logprobs)[kept],
+                None if top is None else tuple(columns[kept] for columns in top))
 
     def _prelude(self, index: int, ending: set[int] = frozenset()) -> list[DecodeSequence]:
         """Lane `index`'s sequences for its next step, after its bookkeeping

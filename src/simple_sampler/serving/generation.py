@@ -24,6 +24,7 @@ from typing import AsyncIterator, Callable, Sequence
 import numpy as np
 
 from ..params import SamplingParams
+from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import InvalidRequest
 from .text import Detokenizer, StopMatcher
 
@@ -59,6 +60,8 @@ class GenerationRequest:
     until that many tokens exist. ``stop_words`` end the generation (text cut
     before the word); ``bad_words`` are never generated (each word's last
     token is banned whenever the sequence ends with the word's other tokens).
+    ``num_top_logprobs`` (with ``return_log_probs``): each token's event
+    also carries the n most likely tokens and their logprobs.
     """
 
     text: str | None = None
@@ -71,6 +74,7 @@ class GenerationRequest:
     stop_words: Sequence[str] = ()
     bad_words: Sequence[str] = ()
     return_log_probs: bool = False
+    num_top_logprobs: int = 0
 
     def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
                  max_tokens_limit: int | None = None) -> None:
@@ -105,6 +109,13 @@ class GenerationRequest:
             raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
         _string_list("bad_words", self.bad_words)
+        n_top = self.num_top_logprobs
+        if isinstance(n_top, bool) or not isinstance(n_top, (int, np.integer)) \
+                or not 0 <= n_top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"num_top_logprobs must be an integer in [0, "
+                                 f"{MAX_TOP_LOGPROBS}], got {n_top!r}")
+        if n_top and not self.return_log_probs:
+            raise InvalidRequest("num_top_logprobs needs return_log_probs true")
 
 
 @dataclass
@@ -112,7 +123,9 @@ class GenerationEvent:
     """One step of a request's stream. ``text`` is the new stable text (may
     be ''); ``token_ids`` and ``logprobs`` the tokens generated this step
     (logprobs empty unless ``return_log_probs``); ``cum_log_prob`` their
-    running sum (NaN unless asked). The final event has ``finish_reason`` or
+    running sum (NaN unless asked); ``top_logprobs`` per token its
+    ``num_top_logprobs`` most likely (token id, logprob), most likely first
+    (empty unless asked). The final event has ``finish_reason`` or
     ``error`` set."""
 
     request_id: int
@@ -127,6 +140,7 @@ class GenerationEvent:
     #: with ``error``: the server could not serve it now (it is shutting
     #: down); the same request sent again may succeed (UNAVAILABLE, 503)
     retryable: bool = False
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def final(self) -> bool:
@@ -231,10 +245,13 @@ class DecodeSequence:
     slot: int = -1  # in the decoder's BatchState while in a lane
 
     def event(self, text: str, token_ids: list[int], logprobs: list[float],
-              reason: str | None = None, error: str | None = None) -> GenerationEvent:
-        """An event of this request's stream; it owns ``token_ids`` and
-        ``logprobs`` (fresh lists: one event per token, so no copy)."""
+              reason: str | None = None, error: str | None = None,
+              top_logprobs: list | None = None) -> GenerationEvent:
+        """An event of this request's stream; it owns ``token_ids``,
+        ``logprobs`` and ``top_logprobs`` (fresh lists: one event per token,
+        so no copy)."""
         asked = self.request.return_log_probs
         return GenerationEvent(self.request_id, text, token_ids, logprobs if asked else [],
                                self.num_input_tokens, self.generated,
-                               self.cum_log_prob if asked else float("nan"), reason, error)
+                               self.cum_log_prob if asked else float("nan"), reason, error,
+                               top_logprobs=top_logprobs or [])

@@ -200,12 +200,15 @@ def _draw_sorted(z: torch.Tensor, columns: _RowColumns, min_p: bool, top_k: bool
     return order.gather(1, index)[:, 0]
 
 
-def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple:
     """Sample one token per row of float logits [B, V] with torch, all rows
     in one batched pass on the logits' device.
 
     Returns ``(token_ids int64 [B], logprobs float32 [B])`` on the host, by
-    one device-to-host copy (module docstring).
+    one device-to-host copy (module docstring); where a row asks for top
+    logprobs (``batch.num_top_logprobs``), a third element, their ids int32
+    [B, k] and logprobs float32 [B, k] (``samplers.SampleResult``), by one
+    more copy.
     """
     vocab = logits.shape[-1]
     batch.validate(vocab)
@@ -225,4 +228,29 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple[np.ndarray
     logprobs = z.gather(1, tokens[:, None]) - log_total
     # token ids below 2**53 are exact in float64: one copy for both
     host = to_host(torch.cat([tokens[:, None].double(), logprobs.double()], dim=1)).numpy()
-    return host[:, 0].astype(np.int64), host[:, 1].astype(np.float32)
+    sampled = host[:, 0].astype(np.int64), host[:, 1].astype(np.float32)
+    wanted = batch.num_top_logprobs
+    if wanted is None or not np.any(wanted):
+        return sampled
+    return (*sampled, _top_logprobs(z, log_total, wanted))
+
+
+sample_torch.gives_top_logprobs = True
+
+
+def _top_logprobs(z: torch.Tensor, log_total: torch.Tensor, wanted: np.ndarray):
+    """The top logprobs of the rows that want them (``wanted`` int [B]), as
+    the kernels give them: under softmax(z), most likely first, ties by
+    lower id (a stable descending sort); ids int32 [B, k] and logprobs
+    float32 [B, k], k the widest ask (at most V), -1 and -inf elsewhere."""
+    width = min(int(np.max(wanted)), z.shape[-1])
+    asking = np.flatnonzero(wanted)
+    rows = torch.as_tensor(asking, device=z.device)
+    ranked, order = z.index_select(0, rows).sort(dim=-1, descending=True, stable=True)
+    picked = torch.cat([order[:, :width].double(),
+                        (ranked[:, :width] - log_total.index_select(0, rows)).double()], dim=1)
+    host = to_host(picked).numpy()
+    ids = np.full((len(wanted), width), -1, np.int32)
+    logprobs = np.full((len(wanted), width), -np.inf, np.float32)
+    ids[asking], logprobs[asking] = host[:, :width], host[:, width:]
+    return ids, logprobs

@@ -15,7 +15,13 @@ import torch
 from ..params import SamplingBatch
 from ..sampling import sample
 
-SampleResult = tuple[np.ndarray, np.ndarray]
+#: A step's top logprobs: token ids int32 [n, k] and their logprobs float32
+#: [n, k], most likely first; row r's first min(its n, V) columns are its
+#: own (``SamplingBatch.num_top_logprobs``), the rest padding.
+TopLogprobs = tuple[np.ndarray, np.ndarray]
+#: A sampler's answer: (token_ids int64 [n], logprobs float32 [n]), and a
+#: third element, TopLogprobs, where a row of the batch asked for them.
+SampleResult = tuple
 #: row index -> why the sampler refused that row of a step
 Refusals = dict[int, str]
 AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
@@ -43,14 +49,40 @@ class SamplesNow(Protocol):
                    summary: Any) -> Any: ...
 
 
+def widest_top(batch: SamplingBatch) -> int:
+    """The most top logprobs a row of `batch` asks for (0: none)."""
+    wanted = batch.num_top_logprobs
+    return 0 if wanted is None else int(np.max(wanted, initial=0))
+
+
+def result_parts(result: SampleResult) -> tuple[np.ndarray, np.ndarray, TopLogprobs | None]:
+    """(token_ids, logprobs, TopLogprobs or None) of a sampler's answer."""
+    tokens, logprobs, *top = result
+    return tokens, logprobs, top[0] if top else None
+
+
+def gives_top_logprobs(sampler) -> bool:
+    """Whether `sampler` answers a row's top logprobs (``SampleResult``'s
+    third element): a sampler says so with ``gives_top_logprobs = True``."""
+    return bool(getattr(sampler, "gives_top_logprobs", False))
+
+
 def kernel_sample(logits: torch.Tensor, batch: SamplingBatch,
                   num_threads: int | None = None) -> SampleResult:
     """``simple_sampler.sample`` as ``(token_ids int64 [n], logprobs float32 [n])``
-    (logprobs NaN when no row of the batch wants them), its rows spread over
+    (logprobs NaN when no row of the batch wants them), plus the rows' top
+    logprobs where one asks (``SampleResult``), its rows spread over
     ``num_threads`` threads (default: ``sampling.default_num_threads()``)."""
     wanted = batch.want_logprobs is None or bool(np.any(batch.want_logprobs))
-    out = sample(logits, batch, return_logprobs=wanted, num_threads=num_threads)
-    return out.token_ids, out.logprobs
+    asked = widest_top(batch)
+    out = sample(logits, batch, return_logprobs=wanted, num_threads=num_threads,
+                 num_top_logprobs=batch.num_top_logprobs if asked else 0)
+    if not asked:
+        return out.token_ids, out.logprobs
+    return out.token_ids, out.logprobs, (out.top_token_ids, out.top_logprobs)
+
+
+kernel_sample.gives_top_logprobs = True
 
 
 def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = kernel_sample
@@ -59,6 +91,7 @@ def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = 
     for the remote decision plane (the kernels release the GIL)."""
     async def sampler(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
         return await asyncio.to_thread(sample_fn, logits, batch)
+    sampler.gives_top_logprobs = gives_top_logprobs(sample_fn)
     return sampler
 
 
@@ -82,12 +115,12 @@ def refuses_rows(error: BaseException) -> bool:
 
 async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
                                  batch: SamplingBatch, refusal: BaseException
-                                 ) -> tuple[np.ndarray, np.ndarray, Refusals]:
+                                 ) -> tuple[SampleResult, Refusals]:
     """A step whose sampler call was refused (`refusal`: ``refuses_rows``),
     sampled again in halves down to the refused rows, so that only their
-    requests fail. Returns tokens (int64 [n], -1 where refused), logprobs
-    (float32 [n], NaN where refused or not asked) and each refused row's
-    error.
+    requests fail. Returns the step's SampleResult (tokens -1 where
+    refused, logprobs NaN where refused or not asked, top logprobs where a
+    row asked, padding where refused) and each refused row's error.
 
     What is refused comes from the model's logits (a request's values are
     checked at submission), so only this failure path pays: about
@@ -97,6 +130,9 @@ async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
     that refuses no rows ends the search and is raised."""
     tokens = np.full(len(batch), -1, np.int64)
     logprobs = np.full(len(batch), np.nan, np.float32)
+    width = min(widest_top(batch), logits.shape[-1])
+    top = (np.full((len(batch), width), -1, np.int32),
+           np.full((len(batch), width), -np.inf, np.float32))
     refused: Refusals = {}
 
     async def search(start: int, stop: int, error: BaseException) -> None:
@@ -112,7 +148,9 @@ async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
                     raise
                 await search(a, b, half_error)
             else:
-                tokens[a:b], logprobs[a:b] = (np.asarray(p) for p in part)
+                tokens[a:b], logprobs[a:b], part_top = result_parts(part)
+                for whole, columns in zip(top, part_top or ()):
+                    whole[a:b, :columns.shape[1]] = columns
 
     await search(0, len(batch), refusal)
-    return tokens, logprobs, refused
+    return ((tokens, logprobs, top) if width else (tokens, logprobs)), refused

@@ -21,9 +21,24 @@ import numpy as np
 
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          RequestHandle)
+from .samplers import TopLogprobs
 
 #: due_at of a request that is never due (interval 0): no request generates that many tokens
 NEVER = np.iinfo(np.int64).max
+
+
+def _top_of(sequence: DecodeSequence, top: TopLogprobs | None, row: int
+            ) -> list[tuple[int, float]] | None:
+    """`row`'s own top logprobs, (token id, logprob) most likely first, for
+    a request that asked (None for one that did not): its first n columns,
+    fewer where the vocabulary is smaller (padding -1)."""
+    wanted = sequence.request.num_top_logprobs
+    if not wanted:
+        return None
+    if top is None:  # Decoder.submit refuses such requests where none come back
+        raise RuntimeError("the sampler answered no top logprobs for a row that asked")
+    ids, logprobs = top[0][row, :wanted].tolist(), top[1][row, :wanted].tolist()
+    return [(token, logprob) for token, logprob in zip(ids, logprobs) if token >= 0]
 
 
 class StepTokens:
@@ -76,9 +91,11 @@ class StepTokens:
 
     def deliver(self, sequences: list[DecodeSequence], ids: list[int], tokens: np.ndarray,
                 logprobs: np.ndarray,
-                then: Callable[[set[int]], None] | None = None) -> None:
+                then: Callable[[set[int]], None] | None = None,
+                top: TopLogprobs | None = None) -> None:
         """Turn one step's tokens into deliveries; feed the survivors back
-        (`ids`: the rows' request ids).
+        (`ids`: the rows' request ids; `top`: the rows' top logprobs, where
+        a row asked for them).
 
         What every row needs is found in numpy first (the columns): a quiet
         row whose token neither ends its request nor is due to ``on_step``
@@ -118,7 +135,7 @@ class StepTokens:
             going_on = np.ones(rows, bool)
         for row in python_rows:
             went_on = self._deliver_row(sequences[row], int(tokens[row]), float(logprobs[row]),
-                                        int(generated[row]))
+                                        int(generated[row]), _top_of(sequences[row], top, row))
             going_on[row] &= went_on  # launched early: what _going_on found already
         if not early:
             kept = self._feed_back(slots, ids, tokens, going_on)
@@ -155,7 +172,7 @@ class StepTokens:
         return going_on
 
     def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
-                     generated: int) -> bool:
+                     generated: int, top_row: list | None) -> bool:
         """``deliver``'s pass for one row that needs Python; whether it goes on."""
         if sequence.done:
             return False
@@ -173,18 +190,19 @@ class StepTokens:
                 text, stopped = sequence.stop.feed(text)
         if ended or stopped or generated >= sequence.max_tokens:
             sequence.generated = generated
-            self._last(sequence, token, logprob, text, ended or stopped, stopped)
+            self._last(sequence, token, logprob, text, ended or stopped, stopped, top_row)
             return False
         if sequence.stepped:
             sequence.held_text += text
             sequence.pushed += 1
         else:
             sequence.generated = sequence.delivered = sequence.pushed = generated
-            sequence.handle.put(sequence.event(text, [token], [logprob]))
+            sequence.handle.put(sequence.event(text, [token], [logprob],
+                                               top_logprobs=top_row and [top_row]))
         return True
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
-              stop: bool, stopped: bool) -> None:
+              stop: bool, stopped: bool, top_row: list | None = None) -> None:
         """The final event of a sequence whose `token` ended it: `stop` (an
         end or stop id, or a stop string: `stopped`) or its length. The
         held-back text is released unless a stop string cut it."""
@@ -192,7 +210,8 @@ class StepTokens:
             tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
             text += tail + sequence.stop.flush()
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
-                            text=text, token_ids=[token], logprobs=[logprob])
+                            text=text, token_ids=[token], logprobs=[logprob],
+                            top_logprobs=top_row and [top_row])
 
     def catch_up(self, sequence: DecodeSequence, upto: int | None = None) -> None:
         """Push a stepped sequence's tokens in its history that the

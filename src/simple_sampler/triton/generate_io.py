@@ -6,9 +6,10 @@ streaming ensemble requires): scalars are [1, 1], word lists [1, N]. The
 tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
 (this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs
-(0 unless asked); num_input_tokens, num_output_tokens; finish_reason ("stop",
-"length" or "cancelled"). A stream's responses before its last carry only
-text_output and output_ids (and the two logprob outputs when asked), every
+(0 unless asked); top_logprobs_ids and top_logprobs ([tokens, n], only when
+num_top_logprobs n > 0); num_input_tokens, num_output_tokens; finish_reason
+("stop", "length" or "cancelled"). A stream's responses before its last carry
+only text_output and output_ids (and the logprob outputs when asked), every
 ``stream_interval`` tokens (``encode_event``).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..params import SamplingParams
-from ..schema import LLM, InvalidRequest
+from ..schema import LLM, TOP_OUTPUTS, InvalidRequest
 from ..serving.generation import GenerationEvent, GenerationRequest
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -139,6 +140,8 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
+        num_top_logprobs=(_single("num_top_logprobs", present["num_top_logprobs"])
+                          if "num_top_logprobs" in present else 0),
     )
     interval = None
     if "stream_interval" in present:
@@ -163,13 +166,16 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
 
 
 def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
-                 logprobs: bool = True) -> dict[str, np.ndarray]:
+                 logprobs: bool = True, top: int = 0) -> dict[str, np.ndarray]:
     """The output tensors of one response (see the module table). A stream's
     responses before its last (``full`` False) carry only text_output and
     output_ids, plus output_log_probs and cum_log_probs when the request
     asked for logprobs (``logprobs``): every output is one more tensor for
     this process, Triton, the ensemble and gRPC to build and copy per token.
-    The last response (and a non-streamed answer) carries all seven."""
+    The last response (and a non-streamed answer) carries all seven. With
+    ``top`` (the request's num_top_logprobs n), every response also carries
+    top_logprobs_ids and top_logprobs [tokens, n] (padded -1 and -inf where
+    the vocabulary holds fewer than n)."""
     outputs = {"text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
                "output_ids": np.array(event.token_ids, dtype=np.int32)}
     if full or logprobs:
@@ -180,11 +186,23 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
         # 0 when not asked, as TensorRT-LLM does (NaN is not valid JSON).
         outputs["cum_log_probs"] = np.array(
             [0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob], dtype=np.float32)
+    if top:
+        outputs.update(zip(TOP_OUTPUTS, _top_arrays(event, top)))
     if full:
         outputs["num_input_tokens"] = np.array([event.num_input_tokens], dtype=np.int32)
         outputs["num_output_tokens"] = np.array([event.num_output_tokens], dtype=np.int32)
         outputs["finish_reason"] = np.array([(event.finish_reason or "").encode()], dtype=object)
     return outputs
+
+
+def _top_arrays(event: GenerationEvent, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """An event's top logprobs as [tokens, top] arrays of ids and logprobs."""
+    ids = np.full((len(event.top_logprobs), top), -1, np.int32)
+    logprobs = np.full((len(event.top_logprobs), top), -np.inf, np.float32)
+    for row, pairs in enumerate(event.top_logprobs):
+        if pairs:
+            ids[row, :len(pairs)], logprobs[row, :len(pairs)] = zip(*pairs)
+    return ids, logprobs
 
 
 def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
@@ -194,7 +212,8 @@ def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
         last.request_id, "".join(e.text for e in events),
         [t for e in events for t in e.token_ids], [p for e in events for p in e.logprobs],
         last.num_input_tokens, last.num_output_tokens, last.cum_log_prob,
-        last.finish_reason, last.error)
+        last.finish_reason, last.error,
+        top_logprobs=[pairs for e in events for pairs in e.top_logprobs])
 
 
 #: The 4-byte little-endian length that precedes each element of a

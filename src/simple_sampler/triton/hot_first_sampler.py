@@ -14,8 +14,10 @@ from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.engine import SummarizesHotFirst
 from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
+from ..serving.samplers import SampleResult, result_parts, widest_top
 from ..shvs.hot_vocab import HotVocab
-from .sampler_codec import batch_arrays, compact_arrays, outcome_of
+from ..schema import TOP_OUTPUTS
+from .sampler_codec import TOP_PADDING, batch_arrays, compact_arrays, outcome_of
 
 #: Compact rows per request at least (but one request per instance at most):
 #: a request costs a sampler stub a fixed share (tensors, decoding, its
@@ -68,6 +70,9 @@ class HotFirstSampler:
     docs/results/fallback-shards-2026-11-29.md). ``stats`` counts rows,
     fallbacks, and the fallbacks decided in place."""
 
+    #: the rows' top logprobs come back (serving/samplers.SampleResult)
+    gives_top_logprobs = True
+
     def __init__(self, pool, hot_vocab: HotVocab, cold_top: int = DEFAULT_COLD_TOP,
                  summary=None, rows_per_request: int = COMPACT_ROWS_PER_REQUEST,
                  cold_draw: bool = True):
@@ -108,7 +113,7 @@ class HotFirstSampler:
         # sample_around_refusals), whose rows count then.
         for each in counts:
             self._count(each)
-        return out.token_ids, out.logprobs
+        return _result(out, batch)
 
     async def _sample_undecided(self, logits: torch.Tensor, undecided, batch: SamplingBatch):
         """The rows the compact decision left undecided, fetched and sampled
@@ -131,7 +136,7 @@ class HotFirstSampler:
         row is decided in that same request). A row left undecided all the
         same (the simulated engine's cold draw finds no weight where the
         sums round so) is sent once more with the full rows, where they lie
-        in the arena. (token_ids, logprobs), or None when it cannot answer
+        in the arena. Its SampleResult, or None when it cannot answer
         so: a row may need its full row and the rows are not in the arena, a
         row left undecided without them, a target down or unable to map
         the arena, a request failed (the event loop's ``__call__`` sends them again,
@@ -148,7 +153,7 @@ class HotFirstSampler:
             return None
         out, counts = answer
         self._count(counts)
-        return out.token_ids, out.logprobs
+        return _result(out, batch)
 
     @staticmethod
     def _lease(summary: StepSummary):
@@ -187,9 +192,11 @@ class HotFirstSampler:
                   "need_cold": int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_COLD)),
                   "in_place": int(in_place.sum())}
         outcome[in_place] = HandoffOutcome.HANDOFF_DECIDED
+        top = [outputs[name] if name in outputs else np.zeros((size, 0), dtype)
+               for name, (_, dtype) in zip(TOP_OUTPUTS, TOP_PADDING)]
         return HandoffOutput(
             token_ids=token_ids, logprobs=outputs["output_log_probs"].astype(np.float32),
-            top_token_ids=np.zeros((size, 0), np.int32), top_logprobs=np.zeros((size, 0), np.float32),
+            top_token_ids=top[0], top_logprobs=top[1],
             hot_accepted=np.full(size, -1, np.int8), outcome=outcome), counts
 
     def _count(self, counts: dict[str, int]) -> None:
@@ -199,11 +206,19 @@ class HotFirstSampler:
     async def _sample_full(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
         # Sharded as full rows are (docs/results/gpu-2026-11-27c.md: one
         # request for a step's worth of fallbacks left the instances idle).
-        tokens, logprobs = await self.pool(logits, batch)
-        none = np.zeros((len(batch), 0))
-        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=none.astype(np.int32),
-                            top_logprobs=none.astype(np.float32),
-                            hot_accepted=np.full(len(batch), -1, np.int8))
+        tokens, logprobs, top = result_parts(await self.pool(logits, batch))
+        if top is None:
+            top = tuple(np.zeros((len(batch), 0), dtype) for _, dtype in TOP_PADDING)
+        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=top[0],
+                            top_logprobs=top[1], hot_accepted=np.full(len(batch), -1, np.int8))
+
+
+def _result(out: HandoffOutput, batch: SamplingBatch) -> SampleResult:
+    """The decode loop's SampleResult of a merged answer: the rows' top
+    logprobs third where a row asked."""
+    if not widest_top(batch):
+        return out.token_ids, out.logprobs
+    return out.token_ids, out.logprobs, (out.top_token_ids, out.top_logprobs)
 
 
 def hot_first_sampler(engine, pool, hot_vocab: HotVocab) -> HotFirstSampler:

@@ -258,7 +258,8 @@ class Deliveries:
             return
         if decoded.stream and delivery.interval == 1:
             self._send(delivery, encode_event(event, full=final,
-                                              logprobs=decoded.request.return_log_probs),
+                                              logprobs=decoded.request.return_log_probs,
+                                              top=decoded.request.num_top_logprobs),
                        None, final)
             return
         delivery.held.append(event)
@@ -275,7 +276,8 @@ class Deliveries:
         event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
-                                          logprobs=decoded.request.return_log_probs),
+                                          logprobs=decoded.request.return_log_probs,
+                                          top=decoded.request.num_top_logprobs),
                    None, final)
 
     def _prompt_ids(self, decoded) -> list[int]:

@@ -37,6 +37,8 @@ from ..schema import (COLD_DRAW_INPUTS, COLD_SUMMARY_RECORD, HANDOFF_INPUTS, ROW
                       SAMPLER)
 
 PADDING = -1
+#: What pads a row's top logprobs (schema.TOP_OUTPUTS) beyond its own n.
+TOP_PADDING = ((PADDING, np.int32), (-np.inf, np.float32))
 
 #: tensor name -> (SamplingBatch column, default value), for the parameters RULES checks
 SCALAR_INPUTS = {t.name: (t.param, t.default) for t in SAMPLER.inputs
@@ -110,6 +112,8 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     records["random_seed"] = batch.seed
     records["step"] = batch.step
     records["return_log_probs"] = True if batch.want_logprobs is None else batch.want_logprobs
+    if batch.num_top_logprobs is not None:
+        records["num_top_logprobs"] = batch.num_top_logprobs
     arrays = {"row_scalars": records.view(np.uint8).reshape(size, ROW_SCALARS_RECORD.itemsize)}
     bans = np.diff(batch.ban_offsets)
     if bans.any():

@@ -44,7 +44,8 @@ from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
-from .sampler_codec import batch_arrays, outcome_of
+from ..schema import TOP_OUTPUTS
+from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
     # benches (bench serve-gpu) run on hosts without tritonclient
@@ -176,6 +177,9 @@ class SamplerPool:
     #: the threads that send ``send_now``'s shards after its first (made on first use)
     helpers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
+    #: the rows' top logprobs come back (serving/samplers.SampleResult)
+    gives_top_logprobs = True
+
     def __post_init__(self):
         if not self.targets:
             raise ValueError("a sampler pool needs at least one target")
@@ -196,7 +200,10 @@ class SamplerPool:
             raise
         if lease is not None:
             lease.release()
-        return outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
+        sampled = outputs["output_ids"].astype(np.int64), outputs["output_log_probs"]
+        if TOP_OUTPUTS[0] not in outputs:
+            return sampled
+        return (*sampled, tuple(outputs[name] for name in TOP_OUTPUTS))
 
     def reference(self, logits: torch.Tensor):
         """A lease of `logits` where they already lie in a shared region of
@@ -379,15 +386,26 @@ def _per_row(parts: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndar
     """The [n, 1] outputs of the shards' answers, in order, concatenated to
     [rows]; output_log_probs NaN for a shard none of whose rows asked, and
     for compact rows handoff_outcome 0 for a shard that sent none (every
-    row decided: ``sampler_codec.decided_all``)."""
+    row decided: ``sampler_codec.decided_all``). Where a shard answered top
+    logprobs, those too, [rows, the widest shard's n]: padded -1 and -inf
+    (a shard none of whose rows asked answers none)."""
     nan = np.full((rows, 1), np.nan, np.float32)
     compact = any("handoff_outcome" in part for part in parts)
     for part in parts:
         part.setdefault("output_log_probs", nan[:len(part["output_ids"])])
         if compact:
             part["handoff_outcome"] = outcome_of(part, len(part["output_ids"]))
-    return {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
-            if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1}
+    merged = {name: np.concatenate([p[name][:, 0] for p in parts]) for name in parts[0]
+              if parts[0][name].ndim == 2 and parts[0][name].shape[1] == 1
+              and name not in TOP_OUTPUTS}
+    width = max((p[TOP_OUTPUTS[0]].shape[1] for p in parts if TOP_OUTPUTS[0] in p), default=0)
+    if width:
+        for name, (fill, dtype) in zip(TOP_OUTPUTS, TOP_PADDING):
+            merged[name] = np.concatenate([
+                np.pad(p[name], ((0, 0), (0, width - p[name].shape[1])), constant_values=fill)
+                if name in p else np.full((len(p["output_ids"]), width), fill, dtype)
+                for p in parts])
+    return merged
 
 
 def build_arena(settings, engine):

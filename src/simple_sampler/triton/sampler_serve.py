@@ -12,9 +12,9 @@ import numpy as np
 from ..handoff import decide_from_full_rows, sample_compact
 from ..params import SamplingBatch
 from ..sampling import sample
-from ..schema import InvalidRequest
+from ..schema import TOP_OUTPUTS, InvalidRequest
 from ..shvs.hot_vocab import fingerprint
-from .sampler_codec import PADDING, decided_all
+from .sampler_codec import TOP_PADDING, decided_all
 from .sampler_decode import RowsRequest, decode_request
 from .sampler_packed import decide_plain_compact, is_plain_compact
 
@@ -128,10 +128,9 @@ def sample_request(request: RowsRequest, num_threads: int = 1,
         width = out.top_token_ids.shape[1]
         beyond = ((np.arange(n_top)[None, :] >= request.num_top_logprobs[:, None])
                   | (np.arange(n_top)[None, :] >= width))
-        outputs["top_logprobs_ids"] = np.where(beyond, np.int32(PADDING),
-                                               _widened(out.top_token_ids, n_top))
-        outputs["top_logprobs"] = np.where(beyond, np.float32(-np.inf),
-                                           _widened(out.top_logprobs, n_top))
+        for name, (fill, dtype), columns in zip(TOP_OUTPUTS, TOP_PADDING,
+                                                (out.top_token_ids, out.top_logprobs)):
+            outputs[name] = np.where(beyond, dtype(fill), _widened(columns, n_top))
     return outputs, out.hot_accepted
 
 
