@@ -3,11 +3,13 @@
 by a stand-in that records what would be sent to the llm model."""
 import asyncio
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from simple_sampler.client import Chunk, GenerationError
+from simple_sampler.frontend import translate
 from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.backend import TritonBackend
 from simple_sampler.frontend.translate import Plan, Served
@@ -97,8 +99,8 @@ BAD_CHAT = [
     (chat(repetition_penalty=0), "repetition_penalty", "in [1e-6, 1e6]"),
     (chat(presence_penalty=2.5), "presence_penalty", "in [-2, 2]"),
     (chat(frequency_penalty=-3), "frequency_penalty", "in [-2, 2]"),
-    (chat(seed=-1), "seed", "[0, 18446744073709551615]"),
-    (chat(seed=2**64), "seed", "[0, 18446744073709551615]"),
+    (chat(seed=-2**63 - 1), "seed", "[-9223372036854775808, 18446744073709551615]"),
+    (chat(seed=2**64), "seed", "[-9223372036854775808, 18446744073709551615]"),
     (chat(seed=1.5), "seed", "valid integer"),
     (chat(min_tokens=-1), "min_tokens", "[0, 2147483647]"),
     (chat(min_tokens=20, max_tokens=10), "min_tokens", "at most"),
@@ -141,17 +143,21 @@ BAD_CHAT = [
 ]
 BAD_COMPLETION = [
     (completion(prompt=""), "prompt", "non-empty"),
-    (completion(prompt=["a", "b"]), "prompt", "str, list[int]"),
+    (completion(prompt=["a", "b"]), "prompt", "one prompt"),
+    (completion(prompt=[[1], [2]]), "prompt", "one prompt"),
+    (completion(prompt=[""]), "prompt", "non-empty string"),
+    (completion(prompt=[[]]), "prompt", "non-empty list"),
+    (completion(prompt=[1, "a"]), "prompt", "str, list[int], list[str], list[list[int]]"),
     (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
     (completion(prompt=[49152]), "prompt", "[0, 49151]"),
     (completion(echo=True), "echo", "not supported"),
     (completion(logprobs=21), "logprobs", "integer in [0, 20]"),
-    (completion(best_of=2), "best_of", "not supported"),
+    (completion(best_of=2), "best_of", "best_of must be 1"),
     (completion(suffix="x"), "suffix", "not supported"),
     (completion(max_tokens=600), "max_tokens", "[1, 511]"),
     (completion(prompt=[1] * 500, max_tokens=100), "max_tokens", "at most the context"),
     (completion(prompt=[1] * 512), "prompt", "leaves no room"),
-    (completion(prompt=[1] * 500), "prompt", "plus the default max_tokens (16)"),
+    (completion(prompt=[1] * 512), "prompt", "leaves no room"),
 ]
 
 
@@ -375,3 +381,124 @@ def test_only_the_frontend_imports_fastapi_and_uvicorn():
             if any(name.split(".")[0] in ("fastapi", "starlette", "uvicorn") for name in names):
                 importers.add(path.relative_to(root).parts[0])
     assert importers == {"frontend"}
+
+
+def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec):
+    """A completions prompt as a list of one (genai-perf sends [text],
+    lm-eval [[ids]]); vLLM's ignore_eos, best_of 1, a message's name, a
+    negative seed (read modulo 2^64, as torch.manual_seed reads vLLM's),
+    include_usage null; a default max_tokens shortened to the context left."""
+    for prompt in (["The capital of France is"], [codec.encode("The capital of France is")]):
+        assert post(client, "/v1/completions", completion(prompt=prompt, best_of=1,
+                                                          ignore_eos=True)).status_code == 200
+        assert recorder.plans[-1].prompt_ids == codec.encode("The capital of France is")
+        assert recorder.plans[-1].params["ignore_eos"] is True
+    response = post(client, "/v1/chat/completions", chat(
+        messages=[{"role": "user", "content": "Hi", "name": "ada"}], seed=-1,
+        stream=True, stream_options={"include_usage": None}))
+    assert response.status_code == 200
+    assert recorder.plans[-1].params["seed"] == 2**64 - 1
+    assert "ignore_eos" not in recorder.plans[-1].params
+    assert post(client, "/v1/completions", completion(prompt=[1] * 500)).status_code == 200
+    assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 500
+
+
+def test_continuous_usage_counts_every_chunks_tokens(client):
+    response = post(client, "/v1/chat/completions", chat(stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": True}))
+    chunks = events(response)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 2]
+    assert chunks[0]["usage"]["total_tokens"] == chunks[0]["usage"]["prompt_tokens"] + 1
+
+
+def test_one_model_is_retrieved_by_its_id(client):
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    response = client.get("/v1/models/other")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_token_past_the_tokenizer_has_bytes_and_text(codec):
+    """Ids a model's rows have beyond its tokenizer (a padded lm_head, the
+    simulated engine's wider rows): no bytes of their own, never an error."""
+    from simple_sampler.serving.simulated_text import SimulatedCodec
+
+    beyond = len(codec.tokenizer)
+    assert codec.token_bytes(beyond) == b""
+    assert SimulatedCodec(codec.tokenizer).token_bytes(beyond) == f" t{beyond}".encode()
+
+
+def test_a_failure_of_ours_mid_stream_still_ends_it_with_an_error_and_done(codec):
+    def generate(plan):
+        async def chunks():
+            yield Chunk(" Paris", [3], [-0.5], -0.5, 1, 1, "")
+            raise KeyError("boom")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    response = post(client, "/v1/chat/completions", chat(stream=True))
+    chunks = events(response)  # ends with [DONE]
+    assert "KeyError" in chunks[-1]["error"]["message"]
+
+
+def test_a_request_is_planned_off_the_event_loop(client, monkeypatch):
+    """Tokenizing a long prompt must not hold the other requests' streams."""
+    planned_on_loop = []
+    plan_chat = translate.plan_chat
+
+    def recording(request, served):
+        try:
+            asyncio.get_running_loop()
+            planned_on_loop.append(True)
+        except RuntimeError:
+            planned_on_loop.append(False)
+        return plan_chat(request, served)
+
+    monkeypatch.setattr(translate, "plan_chat", recording)
+    assert post(client, "/v1/chat/completions", chat()).status_code == 200
+    assert planned_on_loop == [False]
+
+
+def test_a_client_gone_before_its_first_token_cancels_its_generation(codec):
+    """A streamed request queued behind a full batch: its client leaves
+    before any token, and its generation is cancelled then (499), not once
+    its first token comes."""
+    cancelled = asyncio.Event()
+
+    def generate(plan):
+        async def chunks():
+            try:
+                await asyncio.sleep(60)  # no token yet
+                yield Chunk("never", [3], [], 0.0, 1, 1, "stop")
+            finally:
+                cancelled.set()
+        return chunks()
+
+    app = build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate)
+    body = json.dumps(chat(stream=True)).encode()
+    sent = []
+
+    async def main():
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        gone_at = time.monotonic() + 0.3
+
+        async def receive():  # as uvicorn's: a disconnect is there at once, once it came
+            if messages:
+                return messages.pop(0)
+            if time.monotonic() < gone_at:
+                await asyncio.sleep(60)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+                 "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+                 "headers": [(b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        return cancelled.is_set()
+
+    assert asyncio.run(main())
+    assert sent[0]["status"] == 499

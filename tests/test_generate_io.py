@@ -51,6 +51,14 @@ def test_input_ids_with_text_or_a_template_flag_are_refused_not_dropped(extra, m
     assert request.prompt_ids == [5, 6] and request.text is None
 
 
+def test_ignore_eos_lets_the_end_id_end_nothing():
+    """vLLM's ignore_eos: the request's end id is then a token like any other
+    (GenerationRequest.ignore_end); absent, it ends the generation."""
+    prompt = {"input_ids": np.array([[1, 2]], np.int32)}
+    assert decode_generate({**prompt, "ignore_eos": np.array([[True]])}).request.ignore_end
+    assert not decode_generate(prompt).request.ignore_end
+
+
 def test_output_log_probs_are_zero_per_token_when_not_asked():
     """Never an empty tensor: perf_analyzer 2.50's JSON export wrote garbage
     for one; cum_log_probs is 0 alike."""

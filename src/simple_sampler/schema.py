@@ -154,6 +154,8 @@ GENERATE_INPUTS = (
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
            allowed=f"{BIAS_ALLOWED}, one per logit_bias_ids entry: added to its logit"),
     _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
+    _scalar("ignore_eos", "BOOL", False,
+            "true: the end id ends nothing (it is generated as any token; vLLM's name)"),
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end id is banned until reached"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),

@@ -9,15 +9,20 @@ unknown model or path), Triton's refusal of a request as it refuses it
 traceback in the log.
 
 A client that leaves stops its generation: a streamed response is cancelled
-by Starlette when the connection closes, a non-streamed one is watched every
-``DISCONNECT_POLL_S``; either way the gRPC stream to ``llm`` is cancelled,
-which the decode loop sees at its next cancellation poll.
+by Starlette when the connection closes; until its first token (a request
+queued behind a full batch) and for a non-streamed one the connection is
+watched every ``DISCONNECT_POLL_S``; either way the gRPC stream to ``llm``
+is cancelled, which the decode loop sees at its next cancellation poll.
+
+A request is parsed and tokenized in a worker thread (the tokenizer
+releases the GIL), so a long prompt does not hold up the other requests'
+streams on the event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +38,7 @@ from .translate import Plan, Served
 log = logging.getLogger(__name__)
 
 Generate = Callable[[Plan], AsyncIterator[Chunk]]
+T = TypeVar("T")
 DISCONNECT_POLL_S = 0.1
 #: gRPC status of a Triton error -> (HTTP status, OpenAI error type)
 STATUSES = {"INVALID_ARGUMENT": (400, "invalid_request_error"),
@@ -64,9 +70,10 @@ async def _first(chunks: AsyncIterator[Chunk]) -> Chunk:
 async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
                   served: Served) -> AsyncIterator[bytes]:
     try:
-        chunk, opening = first, True
+        chunk, opening, generated = first, True, 0
         while True:
-            for event in translate.stream_events(plan, chunk, served, opening):
+            generated += len(chunk.token_ids)
+            for event in translate.stream_events(plan, chunk, served, opening, generated):
                 yield translate.sse(event)
             opening = False
             if chunk.finish_reason:
@@ -77,18 +84,19 @@ async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
     except StopAsyncIteration:
         yield translate.sse(error_body("the server ended the stream early",
                                        "internal_server_error"))
+    except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
+        log.exception("stream failed")
+        yield translate.sse(error_body(f"{type(error).__name__}: {error}",
+                                       "internal_server_error"))
     finally:
         await chunks.aclose()
     yield translate.sse("[DONE]")
 
 
-async def _collect(request: Request, chunks: AsyncIterator[Chunk]) -> list[Chunk] | None:
-    """Every response of a non-streamed request, or None when its client
-    went away first (the generation is then cancelled)."""
-    async def every():
-        return [chunk async for chunk in chunks]
-
-    task = asyncio.ensure_future(every())
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None when the client went away first (`work` is
+    then cancelled, and with it the generation)."""
+    task = asyncio.ensure_future(work)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -101,7 +109,10 @@ async def _collect(request: Request, chunks: AsyncIterator[Chunk]) -> list[Chunk
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await chunks.aclose()
+
+
+async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
+    return [chunk async for chunk in chunks]
 
 
 def build_app(served: Served, generate: Generate,
@@ -147,21 +158,32 @@ def build_app(served: Served, generate: Generate,
     async def models():
         return translate.models_list(served)
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != served.model_id:
+            return _error(404, f"the model {model_id!r} does not exist; this server serves "
+                               f"{served.model_id!r}", "not_found_error", "model",
+                          "model_not_found")
+        return translate.models_list(served)["data"][0]
+
     async def serve(request: Request, model, plan_for) -> Response:
-        plan = plan_for(parse(model, await request.body()), served)
+        body = await request.body()
+        plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
         chunks = generate(plan)
+        try:
+            answer = await _unless_gone(request, _first(chunks) if plan.stream
+                                        else _collect(chunks))
+        except BaseException:
+            await chunks.aclose()
+            raise
+        if answer is None:  # nobody to answer
+            await chunks.aclose()
+            return Response(status_code=499)
         if plan.stream:
-            try:
-                first = await _first(chunks)
-            except BaseException:
-                await chunks.aclose()
-                raise
-            return StreamingResponse(_events(plan, first, chunks, served),
+            return StreamingResponse(_events(plan, answer, chunks, served),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        answer = await _collect(request, chunks)
-        if answer is None:  # nobody to answer
-            return Response(status_code=499)
+        await chunks.aclose()
         return JSONResponse(translate.response(plan, answer, served))
 
     @app.post("/v1/completions")

@@ -14,7 +14,8 @@ request is translated (``translate.py``), not here.
 
 Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
-``repetition_penalty`` and ``min_tokens`` are vLLM's (vllm-project/vllm,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and
+``stream_options.continuous_usage_stats`` are vLLM's (vllm-project/vllm,
 ``vllm/entrypoints/openai/protocol.py``, ``CompletionRequest`` and
 ``ChatCompletionRequest``).
 """
@@ -29,7 +30,7 @@ from ..schema import InvalidRequest
 #: OpenAI's request fields this server does not implement (refused by name
 #: unless null); everything else not declared below is an unknown field.
 UNSUPPORTED = frozenset({
-    "suffix", "best_of", "tools", "tool_choice", "functions", "function_call",
+    "suffix", "tools", "tool_choice", "functions", "function_call",
     "parallel_tool_calls", "response_format", "audio", "modalities", "prediction",
     "reasoning_effort", "web_search_options", "service_tier", "store", "metadata",
 })
@@ -64,7 +65,9 @@ class UnsupportedField(ValueError):
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    #: vLLM's: with include_usage, every chunk carries the usage so far
+    continuous_usage_stats: bool | None = False
 
 
 class Sampling(Request):
@@ -88,11 +91,15 @@ class Sampling(Request):
     min_p: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    ignore_eos: bool | None = False
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[int]
+    #: one prompt: text or token ids, alone or as a list of one (what
+    #: genai-perf and lm-eval send)
+    prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
+    best_of: int | None = None
     #: OpenAI: how many most likely tokens to return per position (0-5; vLLM
     #: and here: up to sampling.MAX_TOP_LOGPROBS, 20), with the chosen one's
     logprobs: int | None = None
@@ -106,6 +113,8 @@ class TextPart(Strict):
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    #: OpenAI's participant name: passed to the chat template, which may use it
+    name: str | None = None
 
     @property
     def text(self) -> str:

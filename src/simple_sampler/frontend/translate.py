@@ -32,6 +32,8 @@ PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
 NUM_TOP = "num_top_logprobs"
+#: the generate input carrying vLLM's ignore_eos
+IGNORE_EOS = "ignore_eos"
 #: finish reasons the decode loop sends that OpenAI clients know
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
@@ -57,6 +59,8 @@ class Plan:
     stream: bool
     include_usage: bool
     logprobs: bool
+    #: vLLM's continuous_usage_stats: every stream chunk carries the usage so far
+    continuous_usage: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -89,8 +93,14 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
                                name)
         params[PARAM_INPUTS[name]] = value
     if request.seed is not None:
-        params[PARAM_INPUTS["seed"]] = _integer("seed", request.seed, PARAM_INPUTS["seed"],
-                                                0, 2**64 - 1)
+        if not -2**63 <= request.seed < 2**64:
+            raise RequestError(f"seed must be an integer in [{-2**63}, {2**64 - 1}], got "
+                               f"{request.seed}", "seed")
+        # a negative seed as torch.manual_seed reads it (vLLM's seed is an
+        # int64): modulo 2^64, so -1 is 2^64 - 1, the same text every time
+        params[PARAM_INPUTS["seed"]] = request.seed % 2**64
+    if request.ignore_eos:
+        params[IGNORE_EOS] = True
     if request.min_tokens is not None:
         params[PARAM_INPUTS["min_tokens"]] = _integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)
@@ -134,11 +144,10 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
         if room < 1:
             raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
                                f"context ({served.max_context} tokens)", prompt_field)
-        if default is not None and default > room:  # refused as a limit sent would be, not shortened
-            raise RequestError(f"the prompt ({prompt_length} tokens) plus the default {name} "
-                               f"({default}) must be at most the context, {served.max_context} "
-                               f"tokens; send a smaller {name}", prompt_field)
-        return room if default is None else default  # chat: what the context leaves
+        # chat: what the context leaves; completions: OpenAI's 16, or what the
+        # context leaves if less (vLLM's default, vllm/entrypoints/utils.py,
+        # ``get_max_tokens``); a limit the client sent is never shortened
+        return room if default is None else min(default, room)
     _integer(name, given, "max_tokens", 1, served.max_context - 1)
     if given > room:
         raise RequestError(f"the prompt ({prompt_length} tokens) plus {name} ({given}) must be "
@@ -163,15 +172,24 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
                            code="unsupported_parameter")
     top = 0 if request.logprobs is None else _integer(
         "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
-    if isinstance(request.prompt, str):
-        if not request.prompt:
+    if request.best_of not in (None, 1):
+        raise RequestError(f"best_of must be 1: this server returns one choice per request, "
+                           f"got {request.best_of}", "best_of", code="unsupported_parameter")
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise RequestError(f"prompt must hold one prompt: this server answers one per "
+                               f"request, got {len(prompt)}", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
             raise RequestError("prompt must be a non-empty string", "prompt")
-        prompt_ids = served.codec.encode(request.prompt)
+        prompt_ids = served.codec.encode(prompt)
     else:
-        if not request.prompt:
+        if not prompt:
             raise RequestError("prompt must be a non-empty list of token ids", "prompt")
         prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
-                      for t in request.prompt]
+                      for t in prompt]
     return _plan(request, served, False, prompt_ids, _max_tokens(
         request, served, len(prompt_ids), default=16, prompt_field="prompt"),
         request.logprobs is not None, top)
@@ -193,7 +211,8 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
     try:
         prompt_ids = served.codec.encode_chat(
-            [{"role": m.role, "content": m.text} for m in request.messages])
+            [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
+             for m in request.messages])
     except InvalidRequest as error:
         raise RequestError(str(error), "messages") from None
     return _plan(request, served, True, prompt_ids,
@@ -213,8 +232,9 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     options = request.stream_options
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
-    return Plan(chat, prompt_ids, params, bool(request.stream),
-                options is not None and options.include_usage, logprobs)
+    include_usage = options is not None and bool(options.include_usage)
+    return Plan(chat, prompt_ids, params, bool(request.stream), include_usage, logprobs,
+                continuous_usage=include_usage and bool(options.continuous_usage_stats))
 
 
 # --- responses ----------------------------------------------------------
@@ -284,10 +304,13 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
             "usage": usage(chunks[-1])}
 
 
-def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool) -> list[dict]:
+def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
+                  generated: int = 0) -> list[dict]:
     """The stream objects one response of the llm model becomes: with chat
     the first opens the assistant's turn; the last carries the finish
-    reason, and then (``include_usage``) a chunk of usage with no choices."""
+    reason, and then (``include_usage``) a chunk of usage with no choices.
+    With ``continuous_usage`` every chunk carries the usage so far
+    (`generated`: the tokens of this response and those before it)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     choice = {"index": 0, "logprobs": _logprobs(plan, [chunk], served.codec),
               "finish_reason": _finish(chunk)}
@@ -298,7 +321,9 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool) -> list
         choice["text"] = chunk.text
     events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
     if plan.include_usage:
-        events[0]["usage"] = None
+        prompt = len(plan.prompt_ids)
+        events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,
+                              "total_tokens": prompt + generated} if plan.continuous_usage else None
         if chunk.finish_reason:
             events.append({**_object(plan, kind, served.model_id), "choices": [],
                            "usage": usage(chunk)})

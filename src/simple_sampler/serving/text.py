@@ -120,9 +120,12 @@ class TextCodec:
         client join the pieces of a character split over tokens): a byte-level
         BPE vocabulary's token (SmolLM2, Llama 3, Qwen2) maps back to its raw
         bytes, where its text alone would be a replacement character; any
-        other token (added and special ones, other tokenizers) is its text's
-        UTF-8. b"" for a special token, whose text is skipped."""
+        other token (added and special ones, other tokenizers, ids past the
+        tokenizer) is its text's UTF-8. b"" for a special token, whose text
+        is skipped."""
         piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
+        if piece is None:  # past the tokenizer (a padded lm_head): its text's, if any
+            return self.decode([token_id]).encode()
         if self._byte_of is None:
             self._byte_of = byte_level_alphabet(self.tokenizer)
         byte_of = self._byte_of

@@ -137,6 +137,7 @@ def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
         else GenerationRequest.max_tokens,
         sampling=SamplingParams(**sampling),
         end_id=int(_single("end_id", present["end_id"])) if "end_id" in present else None,
+        ignore_end=flags["ignore_eos"],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
