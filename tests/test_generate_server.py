@@ -136,6 +136,29 @@ def test_top_logprobs_come_with_every_token_over_every_protocol(server):
         assert [pairs for c in chunks for pairs in c.top_logprobs] == whole.top_logprobs
 
 
+def test_a_request_that_bans_every_token_mid_generation_ends_alone_at_once(server):
+    """Its first token is allowed (so it is admitted), its second is not (a
+    -inf bias on every other token, and the bad word " the the"): the
+    sampler instances refuse its row, and the decode loop samples the step
+    again around it. Through Triton's BLS a refusal's INVALID_ARG arrives as
+    INTERNAL (triton-inference-server/server issue 7804): taken for a
+    transport failure, it was retried for 30 s, stalling the other requests,
+    and then failed them all. Now no call is retried and the other request
+    is served in full."""
+    vocab = 49_152
+    others = [t for t in range(vocab) if t != 260]  # 260: " the"
+    retries = llm_metric(server, "sampler_retries_total")
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(grpc(server).generate, QUESTION, max_tokens=24, min_length=24,
+                             seed=3, exclude_input_in_output=True, **SAMPLED)
+        with pytest.raises(GenerationError, match="every token is banned"):
+            grpc(server).generate(QUESTION, max_tokens=8, logit_bias_ids=others,
+                                  logit_bias_values=[float("-inf")] * len(others),
+                                  bad_words=[" the the"])
+        assert served.result().num_output_tokens == 24
+    assert llm_metric(server, "sampler_retries_total") == retries
+
+
 def test_non_streamed_answer_repeats_the_prompt_unless_excluded(server):
     answer = grpc(server).generate("The capital of France is", max_tokens=4, temperature=0.0)
     assert answer.text.startswith("The capital of France is")

@@ -25,6 +25,7 @@ from simple_sampler.settings import LlmSettings
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.llm_delivery import Unavailable
 from simple_sampler.triton.llm_service import LlmService
+from simple_sampler.serving.samplers import names_a_row
 from simple_sampler.triton.sampler_pool import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
@@ -52,8 +53,12 @@ def call_sampler(model_name):
             raise SamplerCallError(f"{model_name}: {error}") from error
         if response.has_error():
             error = response.error()
-            # INVALID_ARG: the sampler refused these rows, and would again.
-            refused = getattr(error, "code", lambda: None)() == pb_utils.TritonError.INVALID_ARG
+            # INVALID_ARG: the sampler refused these rows, and would again. A
+            # BLS response's error comes back INTERNAL whatever its code in
+            # Triton 2.51 (triton-inference-server/server issue 7804), so a
+            # refusal is also known by its message, which names the row.
+            refused = (getattr(error, "code", lambda: None)() == pb_utils.TritonError.INVALID_ARG
+                       or names_a_row(error.message()))
             raise SamplerCallError(f"{model_name}: {error.message()}", retryable=not refused)
         outputs = {}
         for name in SAMPLER_OUTPUTS:  # the logprobs only when a row asked

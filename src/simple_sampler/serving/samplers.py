@@ -100,6 +100,11 @@ def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = 
 _ROW_NAMED = re.compile(r"\brow \d+: ")
 
 
+def names_a_row(message: str) -> bool:
+    """Whether a sampler's error `message` names a row it refused."""
+    return _ROW_NAMED.search(message) is not None
+
+
 def refuses_rows(error: BaseException) -> bool:
     """Whether a sampler's `error` refuses rows of its call (a row the
     kernels cannot sample: NaN logits, +inf after temperature, every token
@@ -110,7 +115,7 @@ def refuses_rows(error: BaseException) -> bool:
     row (a request too large for a remote sampler, a bug of ours) would fail
     every half too: it fails the step at once."""
     refused = isinstance(error, ValueError) or getattr(error, "retryable", True) is False
-    return refused and _ROW_NAMED.search(str(error)) is not None
+    return refused and names_a_row(str(error))
 
 
 async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
