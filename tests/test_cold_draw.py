@@ -158,7 +158,7 @@ def test_the_codec_carries_and_checks_cold_tokens(zipf_row):
     assert "handoff_outcome" not in outputs  # every row decided: the outcome is not sent
     assert (~np.isin(direct.token_ids, hot.ids)).any()
     drawn = {"cold_token": inputs["cold_token"], "cold_token_logit": inputs["cold_token_logit"]}
-    with pytest.raises(InvalidRequest, match="come with compact rows"):
+    with pytest.raises(InvalidRequest, match="comes with compact rows"):
         decode_request({"logits": np.broadcast_to(zipf_row, (40, VOCAB)), **drawn}, VOCAB, hot)
     with pytest.raises(InvalidRequest, match="must be sent together"):
         decode_request({**inputs, "cold_token_logit": None}, VOCAB, hot)
@@ -218,9 +218,11 @@ def test_the_packed_cold_summary_decodes_as_its_five_tensors(zipf_row, drawn):
         decode_request({**inputs, "cold_summary": packed["cold_summary"][:, :12]}, VOCAB, hot)
     with pytest.raises(InvalidRequest, match=r"cold_summary must be UINT8 \[40, 20\]"):
         decode_request({**inputs, "cold_summary": packed["cold_summary"][:39]}, VOCAB, hot)
-    with pytest.raises(InvalidRequest, match="come with compact rows"):
-        decode_request({"logits": np.broadcast_to(zipf_row, (40, VOCAB)),
-                        "cold_summary": packed["cold_summary"]}, VOCAB, hot)
+    for name in ("cold_summary", "cold_max", "touched_ids"):  # without hot_logits: not ignored
+        part = packed.get(name, separate.get(name))
+        with pytest.raises(InvalidRequest, match=f"{name} comes with compact rows"):
+            decode_request({"logits": np.broadcast_to(zipf_row, (40, VOCAB)), name: part},
+                           VOCAB, hot)
     with pytest.raises(InvalidRequest, match="hot_logits needs touched_logits too"):
         decode_request({**inputs, "touched_logits": None}, VOCAB, hot)
 

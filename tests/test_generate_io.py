@@ -5,8 +5,8 @@ import pytest
 
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
-from simple_sampler.triton.generate_io import (decode_generate, encode_event,
-                                             install_byte_serializer)
+from simple_sampler.triton.generate_io import (check_parameters, decode_generate, encode_event,
+                                             encode_prompt, install_byte_serializer)
 
 
 def test_logit_bias_inputs_become_the_sampling_params_bias():
@@ -57,6 +57,27 @@ def test_ignore_eos_lets_the_end_id_end_nothing():
     prompt = {"input_ids": np.array([[1, 2]], np.int32)}
     assert decode_generate({**prompt, "ignore_eos": np.array([[True]])}).request.ignore_end
     assert not decode_generate(prompt).request.ignore_end
+
+
+def test_request_parameters_are_refused_by_name_but_tritons_own():
+    prompt = {"input_ids": np.array([[1, 2]], np.int32)}
+    with pytest.raises(InvalidRequest, match="unknown field temprature"):
+        decode_generate(prompt, '{"temprature": 0.5, "triton_x": 1}')
+    for parameters in (None, "", "{}", '{"triton_enable_empty_final_response": true}'):
+        decode_generate(prompt, parameters)
+    with pytest.raises(InvalidRequest, match="unknown field beam_width"):
+        check_parameters({"beam_width": 2})
+
+
+def test_a_batch_of_two_requests_is_refused_as_such():
+    """Triton's batch dimension above 1: refused saying so, whichever input
+    is looked at first."""
+    inputs = {"text_input": np.array([[b"a"], [b"b"]], dtype=object),
+              "exclude_input_in_output": np.array([[True], [True]])}
+    with pytest.raises(InvalidRequest, match=r"has shape \[2, 1\]: a request holds one prompt"):
+        decode_generate(inputs)
+    with pytest.raises(InvalidRequest, match=r"text_input has shape \[2, 1\]"):
+        encode_prompt(None, inputs)
 
 
 def test_output_log_probs_are_zero_per_token_when_not_asked():

@@ -271,6 +271,32 @@ def test_bad_requests_get_clear_errors_while_others_are_served(server, protocol)
     assert server.ready()
 
 
+@pytest.mark.parametrize("model", ["ensemble", "llm"])
+def test_a_key_or_parameter_that_names_no_input_is_refused_by_name(server, model):
+    """Over HTTP generate a JSON key that names no input reaches the models
+    as a request parameter, and so does a gRPC client's ``parameters=``:
+    refused naming it (before, a misspelt temprature kept the default
+    unsaid); tritonclient's own triton_* parameter is Triton's."""
+    body = json.dumps({"text_input": QUESTION, "max_tokens": 4, "temprature": 0.5}).encode()
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate", body)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 400 and "temprature" in json.load(refused.value)["error"]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[QUESTION.encode()]], dtype=object))
+    answers = []
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    client.async_stream_infer(model, [text], parameters={"beam_width": 2},
+                              enable_empty_final_response=True)
+    deadline = time.monotonic() + 30
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    assert answers and "unknown field beam_width" in str(answers[0][1])
+    assert grpc(server).generate(QUESTION, max_tokens=2, min_length=2).num_output_tokens == 2
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

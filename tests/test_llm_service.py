@@ -262,7 +262,7 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
 
     decode = llm_service.decode_generate
 
-    def broken_once(request_inputs):
+    def broken_once(request_inputs, parameters):
         patch.undo()  # the next request decodes normally
         raise bug("a bug")
 

@@ -155,7 +155,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             self.service.submit(inputs, self._sender(sender), request.is_cancelled,
                                 on_done=self._request_done, on_admitted=self._request_admitted,
-                                send_tokens=functools.partial(send_tokens, sender))
+                                send_tokens=functools.partial(send_tokens, sender),
+                                parameters=request.parameters())
         return None
 
     def _sender(self, response_sender):

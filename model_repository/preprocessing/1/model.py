@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from simple_sampler.serving.text import TextCodec
 from simple_sampler import heap, logs
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.triton.generate_io import encode_prompt
+from simple_sampler.triton.generate_io import check_parameters, encode_prompt
 
 log = logging.getLogger("simple_sampler.preprocessing")
 
@@ -29,6 +29,7 @@ class TritonPythonModel:
             inputs = {name: tensor.as_numpy() for name in ("text_input", "apply_chat_template")
                       if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             try:
+                check_parameters(request.parameters())  # the ensemble's: its first step
                 ids = encode_prompt(self.codec, inputs)
             except InvalidRequest as error:
                 responses.append(pb_utils.InferenceResponse(

@@ -14,6 +14,7 @@ only text_output and output_ids (and the logprob outputs when asked), every
 """
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -90,18 +91,53 @@ def _logit_bias(ids, values) -> dict[int, float]:
     return bias
 
 
-def decode_generate(inputs: Mapping[str, object]) -> DecodedRequest:
+#: Request parameters Triton reads itself (tritonclient's
+#: ``triton_enable_empty_final_response``): a client may send them.
+TRITON_PARAMETER_PREFIX = "triton_"
+
+
+def check_parameters(parameters: str | Mapping | None) -> None:
+    """Refuse a request that carries parameters (``request.parameters()``,
+    its JSON), naming the first: over HTTP generate a JSON key that names
+    no input arrives as one (a misspelt ``temprature``, TensorRT-LLM's
+    ``beam_width``), and over gRPC a client's ``parameters=``; the models
+    read none, so each would be silently ignored."""
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters) if parameters.strip() else {}
+    unknown = sorted(key for key in parameters or {}
+                     if not key.startswith(TRITON_PARAMETER_PREFIX))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]}: it names no input of this model "
+                             f"(docs/TENSORS.md lists them; over HTTP generate each is a "
+                             f"top-level key), so it would be ignored")
+
+
+def _one_request(present: Mapping[str, object]) -> None:
+    """Refuse a batch of several requests (Triton's batch dimension, the
+    first, above 1), naming an input that holds more than one."""
+    for name, value in present.items():
+        shape = np.shape(value)
+        if len(shape) >= 2 and shape[0] != 1:
+            raise InvalidRequest(f"{name} has shape {list(shape)}: a request holds one prompt "
+                                 f"(batch dimension 1; send several as several requests)")
+
+
+def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | None = None
+                    ) -> DecodedRequest:
     """Turn the tensors of one request into a GenerationRequest.
 
-    inputs: name -> numpy array (absent optional inputs missing or None).
+    inputs: name -> numpy array (absent optional inputs missing or None);
+    parameters: the request's (``check_parameters``: refused).
     ``input_ids`` (INT32 [1, L], from the preprocessing model) replaces
     ``text_input`` when given. Raises InvalidRequest naming the input; ranges are
     checked by ``GenerationRequest.validate`` when the decoder takes it.
     """
+    check_parameters(parameters)
     present = {k: v for k, v in inputs.items() if v is not None}
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
+    _one_request(present)
     flags = {name: bool(_single(name, present[name])) if name in present else False
              for name in FLAG_INPUTS}
     sampling = {field: _single(name, present[name])
@@ -158,6 +194,7 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
     input."""
     if inputs.get("text_input") is None:
         raise InvalidRequest("text_input (or input_ids) is required")
+    _one_request({k: v for k, v in inputs.items() if v is not None})
     text = _text("text_input", _single("text_input", inputs["text_input"]))
     if not text:
         raise InvalidRequest("text_input must be a non-empty string")

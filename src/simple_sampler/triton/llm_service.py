@@ -178,16 +178,17 @@ class LlmService:
                is_cancelled: Callable[[], bool] = lambda: False,
                on_done: Callable[[], None] = lambda: None,
                on_admitted: Callable[[], None] = lambda: None,
-               send_tokens: SendTokens | None = None):
+               send_tokens: SendTokens | None = None, parameters: str | None = None):
         """Start one request; returns a future done when the request has left
         the decoder (``on_done`` is called then; ``on_admitted``, on the decode
-        loop, once the decoder holds it). Bad input is answered with one error
+        loop, once the decoder holds it). Bad input (and any request
+        `parameters`, ``generate_io.check_parameters``) is answered with one error
         response. A ``send`` (or ``send_tokens``) that raises (the client went
         away) cancels the request, as ``is_cancelled()`` does."""
         if send_tokens is None:
             send_tokens = functools.partial(tokens_as_outputs, send)
         return self._call(self._serve(inputs, send, send_tokens, is_cancelled, on_done,
-                                      on_admitted))
+                                      on_admitted, parameters))
 
     def _count_retry(self) -> None:
         self.decoder.stats.sampler_retries += 1
@@ -247,11 +248,11 @@ class LlmService:
         return True
 
     async def _serve(self, inputs, send: Send, send_tokens: SendTokens, is_cancelled, on_done,
-                     on_admitted) -> None:
+                     on_admitted, parameters) -> None:
         try:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
-            decoded = decode_generate(inputs)
+            decoded = decode_generate(inputs, parameters)
             handle = self.decoder.submit(decoded.request)
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)

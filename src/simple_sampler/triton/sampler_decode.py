@@ -191,9 +191,10 @@ def _rows_source(inputs: Mapping, hot_vocab, reader) -> tuple[object, object, in
         if logits is not None and tuple(logits.shape) != (rows, vocab):
             raise InvalidRequest(f"logits_ref with compact rows must name their {rows} full rows "
                                  f"of V={vocab}, got {list(logits.shape)}")
-    elif any(inputs.get(name) is not None for name in (*COLD_DRAW_NAMES, "cold_summary")):
-        raise InvalidRequest(f"{' and '.join(COLD_DRAW_NAMES)} (or cold_summary) come with "
-                             f"compact rows (hot_logits, ...)")
+    elif stray := [name for name in (*COMPACT_INPUTS, *COLD_DRAW_NAMES, "cold_summary")
+                   if inputs.get(name) is not None]:
+        raise InvalidRequest(f"{stray[0]} comes with compact rows (hot_logits, ...), which this "
+                             f"request does not send: it would be ignored")
     elif logits is None:
         raise InvalidRequest("logits is required: [B, V] next-token logits")
     else:
