@@ -502,3 +502,18 @@ def test_a_client_gone_before_its_first_token_cancels_its_generation(codec):
 
     assert asyncio.run(main())
     assert sent[0]["status"] == 499
+
+
+def test_a_failure_of_ours_is_a_500_logged_once_with_its_traceback(codec, caplog):
+    def generate(plan):
+        async def chunks():
+            raise KeyError("boom")
+            yield  # an async generator
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    with caplog.at_level("ERROR"):
+        response = post(client, "/v1/chat/completions", chat())
+    assert response.status_code == 500 and "KeyError" in response.json()["error"]["message"]
+    failures = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(failures) == 1 and failures[0].exc_info is not None

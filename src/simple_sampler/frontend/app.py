@@ -58,6 +58,12 @@ def generation_error(error: GenerationError) -> JSONResponse:
     return _error(status, str(error), kind)
 
 
+def _internal(error: Exception) -> JSONResponse:
+    """A failure of ours: logged with its traceback, answered 500."""
+    log.error("request failed", exc_info=error)
+    return _error(500, f"{type(error).__name__}: {error}", "internal_server_error")
+
+
 async def _first(chunks: AsyncIterator[Chunk]) -> Chunk:
     """The first response, so that a refused request is answered with its
     status, not with a stream that starts 200 and then fails."""
@@ -145,8 +151,7 @@ def build_app(served: Served, generate: Generate,
 
     @app.exception_handler(Exception)
     async def internal(_request, error: Exception):
-        log.exception("request failed")
-        return _error(500, f"{type(error).__name__}: {error}", "internal_server_error")
+        return _internal(error)
 
     @app.get("/health")
     async def health():
@@ -167,6 +172,16 @@ def build_app(served: Served, generate: Generate,
         return translate.models_list(served)["data"][0]
 
     async def serve(request: Request, model, plan_for) -> Response:
+        # a failure of ours is answered here: raised, Starlette's error
+        # middleware would answer it but also re-raise it, logged twice
+        try:
+            return await answer(request, model, plan_for)
+        except (InvalidRequest, GenerationError):
+            raise
+        except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
+            return _internal(error)
+
+    async def answer(request: Request, model, plan_for) -> Response:
         body = await request.body()
         plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
         chunks = generate(plan)
