@@ -63,7 +63,9 @@ def test_request_parameters_are_refused_by_name_but_tritons_own():
     prompt = {"input_ids": np.array([[1, 2]], np.int32)}
     with pytest.raises(InvalidRequest, match="unknown field temprature"):
         decode_generate(prompt, '{"temprature": 0.5, "triton_x": 1}')
-    for parameters in (None, "", "{}", '{"triton_enable_empty_final_response": true}'):
+    # none, Triton's own, an HTTP header Triton forwards (--http-header-forward-pattern)
+    for parameters in (None, "", "{}", '{"triton_enable_empty_final_response": true}',
+                       '{"x-request-id": "abc"}'):
         decode_generate(prompt, parameters)
     with pytest.raises(InvalidRequest, match="unknown field beam_width"):
         check_parameters({"beam_width": 2})

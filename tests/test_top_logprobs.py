@@ -24,11 +24,12 @@ from fakes import VOCAB, FakeEngine, FakeTokenizer
 
 #: (num_top_logprobs, parameters) of the requests of one run: greedy, plain,
 #: truncated and biased rows, one asking for every token of the vocabulary
-ASKS = [(0, SamplingParams(seed=1)),
-        (1, SamplingParams(temperature=0.0)),
+ASKS = [(1, SamplingParams(temperature=0.0)),
         (3, SamplingParams(seed=2, temperature=0.7, top_p=0.8)),
         (5, SamplingParams(seed=3, top_k=4, logit_bias={5: 3.0})),
-        (20, SamplingParams(seed=4, temperature=1.3, min_p=0.05))]
+        (20, SamplingParams(seed=4, temperature=1.3, min_p=0.05)),
+        (0, SamplingParams(seed=1)),
+        (0, SamplingParams(seed=5, top_p=0.9))]
 
 
 class NoisyEngine(FakeEngine):
@@ -52,10 +53,11 @@ class NoisyEngine(FakeEngine):
         return logits
 
 
-def local_pool(hot=None, capacity=2):
-    """A SamplerPool of the sampler model's code in-process, over two slots
-    and one row per request at least, so that a step is split over
-    requests that ask for different n (and some for none)."""
+def local_pool(hot=None, capacity=3):
+    """A SamplerPool of the sampler model's code in-process, over three
+    slots and one row per request at least, so that a step of ASKS is split
+    over requests that ask for different n, and one for none (its answer
+    has no top logprobs)."""
     call = lambda inputs: serve_request(inputs, 0, hot).outputs  # noqa: E731
     return SamplerPool([SamplerTarget("local", call, capacity)], min_rows=1)
 
@@ -159,7 +161,49 @@ def test_the_generate_tensors_carry_them_token_by_token():
     outputs = encode_event(events[-1], top=3)
     ids, logprobs = outputs["top_logprobs_ids"], outputs["top_logprobs"]
     assert ids.shape == logprobs.shape == (1, 3) and ids.dtype == np.int32
-    assert ids[0, 2] == -1 and logprobs[0, 2] == -np.inf
+    assert ids[0, 2] == -1 and logprobs[0, 2] == -9999.0  # JSON has no -inf
     assert [(int(i), float(p)) for i, p in zip(ids[0, :2], logprobs[0, :2])] == \
         events[-1].top_logprobs[-1]
     assert "top_logprobs_ids" not in encode_event(events[-1], top=0)
+
+
+def test_a_refused_step_keeps_the_other_rows_top_logprobs():
+    """Sampled again around a refused row (samplers.sample_around_refusals),
+    each other row keeps its own top logprobs, also where the sampler pads
+    them past the vocabulary (V = 8 under n = 20)."""
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.serving.samplers import result_parts, sample_around_refusals
+
+    for vocab in (64, 8):
+        logits = torch.from_numpy(np.random.default_rng(vocab).normal(size=(5, vocab))
+                                  .astype(np.float32))
+        logits[2, 3] = float("nan")
+        batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(5)])
+        batch.num_top_logprobs = np.array([20, 0, 3, 2, 1], np.int32)
+        pool = local_pool(capacity=2)
+
+        async def around():
+            try:
+                await pool(logits, batch)
+            except Exception as refusal:  # noqa: BLE001 - the refusal to sample around
+                return await sample_around_refusals(pool, logits, batch, refusal)
+        result, refused = asyncio.run(around())
+        tokens, _, (ids, logprobs) = result_parts(result)
+        assert sorted(refused) == [2] and tokens[2] == -1
+        for row in (0, 3, 4):
+            n = min(batch.num_top_logprobs[row], vocab)
+            expected, values = reference_top(logits[row].double().numpy(),
+                                             SamplingParams(), n)
+            assert ids[row, :n].tolist() == expected
+            np.testing.assert_allclose(logprobs[row, :n], values, atol=2e-5)
+
+
+def test_only_a_message_that_begins_with_its_row_is_a_refusal():
+    """Through BLS a sampler's error arrives without its code (Triton issue
+    7804): a refusal begins with the row it names; a failure of the
+    sampler's own begins with its type and is retried elsewhere."""
+    from simple_sampler.serving.samplers import names_a_row
+
+    assert names_a_row("row 3: logits must not contain NaN; found at column 7")
+    assert not names_a_row("MemoryError: row 3: out of memory allocating the workspace")
+    assert not names_a_row("Stub process 'simple_sampler_0_1' is not healthy.")

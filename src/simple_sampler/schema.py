@@ -128,6 +128,15 @@ def _sampling(top_k: str, top_p: str, temperature_allowed: str = ""):
                          param=p.name, allowed=allowed.get(p.name, "")) for p in RULES)
 
 
+#: Generation inputs beyond TensorRT-LLM's, named as vLLM's fields are
+NUM_TOP_LOGPROBS = _scalar(
+    "num_top_logprobs", "INT32", 0,
+    f"[0, {MAX_TOP_LOGPROBS}], with return_log_probs true: per token also the n most likely "
+    f"tokens and their logprobs (top_logprobs_ids, top_logprobs)")
+IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
+                     "true: the end id ends nothing (it is generated as any token; vLLM's name)")
+
+
 #: What a client may send the ensemble (and preprocessing, which takes them
 #: all to refuse a request without text_input: its config.pbtxt says why).
 GENERATE_INPUTS = (
@@ -154,14 +163,11 @@ GENERATE_INPUTS = (
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
            allowed=f"{BIAS_ALLOWED}, one per logit_bias_ids entry: added to its logit"),
     _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
-    _scalar("ignore_eos", "BOOL", False,
-            "true: the end id ends nothing (it is generated as any token; vLLM's name)"),
+    IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end id is banned until reached"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
-    _scalar("num_top_logprobs", "INT32", 0,
-            f"[0, {MAX_TOP_LOGPROBS}], with return_log_probs true: per token also the n most "
-            f"likely tokens and their logprobs (top_logprobs_ids, top_logprobs)"),
+    NUM_TOP_LOGPROBS,
     _scalar("exclude_input_in_output", "BOOL", False,
             "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
             "behaviour); streams never repeat it"),

@@ -121,6 +121,49 @@ async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
     return [chunk async for chunk in chunks]
 
 
+async def _close(chunks: AsyncIterator[Chunk]) -> None:
+    """Close a generation's responses, unless a cancelled reader is still
+    inside them (a handler cancelled twice): the cancellation ends them."""
+    if not getattr(chunks, "ag_running", False):
+        await chunks.aclose()
+
+
+async def _serve(request: Request, model, plan_for, served: Served,
+                 generate: Generate) -> Response:
+    """One request to an endpoint: parsed and planned (``plan_for``) in a
+    worker thread, generated, answered. A failure of ours is answered here:
+    raised, Starlette's error middleware would answer it but also re-raise
+    it, logged twice."""
+    try:
+        return await _answer(request, model, plan_for, served, generate)
+    except (InvalidRequest, GenerationError):
+        raise
+    except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
+        return _internal(error)
+
+
+async def _answer(request: Request, model, plan_for, served: Served,
+                  generate: Generate) -> Response:
+    body = await request.body()
+    plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
+    chunks = generate(plan)
+    try:
+        answer = await _unless_gone(request, _first(chunks) if plan.stream
+                                    else _collect(chunks))
+    except BaseException:
+        await _close(chunks)
+        raise
+    if answer is None:  # nobody to answer
+        await _close(chunks)
+        return Response(status_code=499)
+    if plan.stream:
+        return StreamingResponse(_events(plan, answer, chunks, served),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    await _close(chunks)
+    return JSONResponse(translate.response(plan, answer, served))
+
+
 def build_app(served: Served, generate: Generate,
               ready: Callable[[], Awaitable[bool]] | None = None) -> FastAPI:
     """The front door (module docstring). ``ready()``: whether the model
@@ -171,42 +214,14 @@ def build_app(served: Served, generate: Generate,
                           "model_not_found")
         return translate.models_list(served)["data"][0]
 
-    async def serve(request: Request, model, plan_for) -> Response:
-        # a failure of ours is answered here: raised, Starlette's error
-        # middleware would answer it but also re-raise it, logged twice
-        try:
-            return await answer(request, model, plan_for)
-        except (InvalidRequest, GenerationError):
-            raise
-        except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
-            return _internal(error)
-
-    async def answer(request: Request, model, plan_for) -> Response:
-        body = await request.body()
-        plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
-        chunks = generate(plan)
-        try:
-            answer = await _unless_gone(request, _first(chunks) if plan.stream
-                                        else _collect(chunks))
-        except BaseException:
-            await chunks.aclose()
-            raise
-        if answer is None:  # nobody to answer
-            await chunks.aclose()
-            return Response(status_code=499)
-        if plan.stream:
-            return StreamingResponse(_events(plan, answer, chunks, served),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        await chunks.aclose()
-        return JSONResponse(translate.response(plan, answer, served))
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await serve(request, CompletionRequest, translate.plan_completion)
+        return await _serve(request, CompletionRequest, translate.plan_completion, served,
+                            generate)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await serve(request, ChatCompletionRequest, translate.plan_chat)
+        return await _serve(request, ChatCompletionRequest, translate.plan_chat, served,
+                            generate)
 
     return app

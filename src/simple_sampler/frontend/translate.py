@@ -24,16 +24,14 @@ import numpy as np
 from ..client import Chunk
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
-from ..schema import GENERATE_INPUTS, INPUT_IDS, InvalidRequest
+from ..schema import GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS, InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
 PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
-NUM_TOP = "num_top_logprobs"
-#: the generate input carrying vLLM's ignore_eos
-IGNORE_EOS = "ignore_eos"
+NUM_TOP = NUM_TOP_LOGPROBS.name
 #: finish reasons the decode loop sends that OpenAI clients know
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
@@ -100,7 +98,7 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         # int64): modulo 2^64, so -1 is 2^64 - 1, the same text every time
         params[PARAM_INPUTS["seed"]] = request.seed % 2**64
     if request.ignore_eos:
-        params[IGNORE_EOS] = True
+        params[IGNORE_EOS.name] = True
     if request.min_tokens is not None:
         params[PARAM_INPUTS["min_tokens"]] = _integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)

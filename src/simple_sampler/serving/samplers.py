@@ -21,7 +21,8 @@ from ..sampling import sample
 TopLogprobs = tuple[np.ndarray, np.ndarray]
 #: A sampler's answer: (token_ids int64 [n], logprobs float32 [n]), and a
 #: third element, TopLogprobs, where a row of the batch asked for them.
-SampleResult = tuple
+SampleResult = (tuple[np.ndarray, np.ndarray]
+                | tuple[np.ndarray, np.ndarray, TopLogprobs])
 #: row index -> why the sampler refused that row of a step
 Refusals = dict[int, str]
 AsyncSampler = Callable[[torch.Tensor, SamplingBatch], Awaitable[SampleResult]]
@@ -100,9 +101,15 @@ def threaded(sample_fn: Callable[[torch.Tensor, SamplingBatch], SampleResult] = 
 _ROW_NAMED = re.compile(r"\brow \d+: ")
 
 
+#: how a sampler's own refusal begins (``sampling.raise_row_errors``); a
+#: failure of its own begins with its type ("MemoryError: row 3: ...")
+_REFUSAL = re.compile(r"row \d+: ")
+
+
 def names_a_row(message: str) -> bool:
-    """Whether a sampler's error `message` names a row it refused."""
-    return _ROW_NAMED.search(message) is not None
+    """Whether a sampler's error `message`, as the sampler model answered
+    it, refuses a row: it begins by naming the row."""
+    return _REFUSAL.match(message) is not None
 
 
 def refuses_rows(error: BaseException) -> bool:
@@ -115,7 +122,7 @@ def refuses_rows(error: BaseException) -> bool:
     row (a request too large for a remote sampler, a bug of ours) would fail
     every half too: it fails the step at once."""
     refused = isinstance(error, ValueError) or getattr(error, "retryable", True) is False
-    return refused and names_a_row(str(error))
+    return refused and _ROW_NAMED.search(str(error)) is not None
 
 
 async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
@@ -155,7 +162,8 @@ async def sample_around_refusals(sampler: AsyncSampler, logits: torch.Tensor,
             else:
                 tokens[a:b], logprobs[a:b], part_top = result_parts(part)
                 for whole, columns in zip(top, part_top or ()):
-                    whole[a:b, :columns.shape[1]] = columns
+                    width = min(columns.shape[1], whole.shape[1])  # a part may pad past V
+                    whole[a:b, :width] = columns[:, :width]
 
     await search(0, len(batch), refusal)
     return ((tokens, logprobs, top) if width else (tokens, logprobs)), refused

@@ -41,6 +41,11 @@ def _top_of(sequence: DecodeSequence, top: TopLogprobs | None, row: int
     return [(token, logprob) for token, logprob in zip(ids, logprobs) if token >= 0]
 
 
+def _one_token(top_row: list | None) -> list | None:
+    """An event's top logprobs for its one token (None: not asked)."""
+    return None if top_row is None else [top_row]
+
+
 class StepTokens:
     """A decoder's step pass (module docstring). Per batch-state slot:
     `quiet`, `stepped`, `end_id` (the one stop id, -1: none),
@@ -198,7 +203,7 @@ class StepTokens:
         else:
             sequence.generated = sequence.delivered = sequence.pushed = generated
             sequence.handle.put(sequence.event(text, [token], [logprob],
-                                               top_logprobs=top_row and [top_row]))
+                                               top_logprobs=_one_token(top_row)))
         return True
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
@@ -211,7 +216,7 @@ class StepTokens:
             text += tail + sequence.stop.flush()
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
                             text=text, token_ids=[token], logprobs=[logprob],
-                            top_logprobs=top_row and [top_row])
+                            top_logprobs=_one_token(top_row))
 
     def catch_up(self, sequence: DecodeSequence, upto: int | None = None) -> None:
         """Push a stepped sequence's tokens in its history that the

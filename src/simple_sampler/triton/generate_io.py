@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..params import SamplingParams
-from ..schema import LLM, TOP_OUTPUTS, InvalidRequest
+from ..schema import IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, TOP_OUTPUTS, InvalidRequest
 from ..serving.generation import GenerationEvent, GenerationRequest
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -91,21 +91,19 @@ def _logit_bias(ids, values) -> dict[int, float]:
     return bias
 
 
-#: Request parameters Triton reads itself (tritonclient's
-#: ``triton_enable_empty_final_response``): a client may send them.
-TRITON_PARAMETER_PREFIX = "triton_"
-
-
 def check_parameters(parameters: str | Mapping | None) -> None:
     """Refuse a request that carries parameters (``request.parameters()``,
     its JSON), naming the first: over HTTP generate a JSON key that names
     no input arrives as one (a misspelt ``temprature``, TensorRT-LLM's
     ``beam_width``), and over gRPC a client's ``parameters=``; the models
-    read none, so each would be silently ignored."""
+    read none, so each would be silently ignored. A name no input could
+    have passes: an HTTP header Triton forwards as a parameter
+    (``--http-header-forward-pattern``: ``x-request-id``), or one of
+    Triton's own (``triton_``; Triton consumes those it knows)."""
     if isinstance(parameters, str):
         parameters = json.loads(parameters) if parameters.strip() else {}
     unknown = sorted(key for key in parameters or {}
-                     if not key.startswith(TRITON_PARAMETER_PREFIX))
+                     if key.isidentifier() and not key.startswith("triton_"))
     if unknown:
         raise InvalidRequest(f"unknown field {unknown[0]}: it names no input of this model "
                              f"(docs/TENSORS.md lists them; over HTTP generate each is a "
@@ -173,12 +171,12 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         else GenerationRequest.max_tokens,
         sampling=SamplingParams(**sampling),
         end_id=int(_single("end_id", present["end_id"])) if "end_id" in present else None,
-        ignore_end=flags["ignore_eos"],
+        ignore_end=flags[IGNORE_EOS.name],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
-        num_top_logprobs=(_single("num_top_logprobs", present["num_top_logprobs"])
-                          if "num_top_logprobs" in present else 0),
+        num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
+                          if NUM_TOP_LOGPROBS.name in present else 0),
     )
     interval = None
     if "stream_interval" in present:
@@ -212,7 +210,7 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
     this process, Triton, the ensemble and gRPC to build and copy per token.
     The last response (and a non-streamed answer) carries all seven. With
     ``top`` (the request's num_top_logprobs n), every response also carries
-    top_logprobs_ids and top_logprobs [tokens, n] (padded -1 and -inf where
+    top_logprobs_ids and top_logprobs [tokens, n] (padded -1 and LOGPROB_FLOOR where
     the vocabulary holds fewer than n)."""
     outputs = {"text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
                "output_ids": np.array(event.token_ids, dtype=np.int32)}
@@ -233,13 +231,20 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
     return outputs
 
 
+#: What a logprob of -inf (a banned token among a token's top n, or padding)
+#: is written as: Triton's JSON writer has no infinity (vLLM writes the same)
+LOGPROB_FLOOR = -9999.0
+
+
 def _top_arrays(event: GenerationEvent, top: int) -> tuple[np.ndarray, np.ndarray]:
-    """An event's top logprobs as [tokens, top] arrays of ids and logprobs."""
-    ids = np.full((len(event.top_logprobs), top), -1, np.int32)
-    logprobs = np.full((len(event.top_logprobs), top), -np.inf, np.float32)
-    for row, pairs in enumerate(event.top_logprobs):
+    """An event's top logprobs as [tokens, top] arrays of ids and logprobs,
+    a row per token (padding -1 and LOGPROB_FLOOR)."""
+    ids = np.full((len(event.token_ids), top), -1, np.int32)
+    logprobs = np.full((len(event.token_ids), top), LOGPROB_FLOOR, np.float32)
+    for row, pairs in enumerate(event.top_logprobs[:len(event.token_ids)]):
         if pairs:
             ids[row, :len(pairs)], logprobs[row, :len(pairs)] = zip(*pairs)
+    np.maximum(logprobs, LOGPROB_FLOOR, out=logprobs)
     return ids, logprobs
 
 
