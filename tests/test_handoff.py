@@ -983,7 +983,10 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
     """SmolLM2 on tritonserver with the shipped profile: the compact rows
     cross the BLS call and the sampler model; greedy text equals the full
     rows' text (the shared llm_server's: the same engine settings, batch-
-    invariant), and a seeded sampled text is reproducible on both."""
+    invariant), and a seeded sampled text is reproducible. The same
+    server sampling on a sampler-only server over gRPC (an endpoint on
+    another host: it holds the same hot set) gives the same texts, the
+    compact rows crossing there."""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import LLM_CONTEXT
@@ -991,10 +994,11 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
     from simple_sampler.settings import LlmSettings, SamplerSettings
     from simple_sampler.launch.serve import assemble_repository
     from simple_sampler.launch.server import TritonServer
+    from simple_sampler.triton.counters import wait_for_counter
 
     question = "What is the capital of France?"
 
-    def greedy_text(server):
+    def texts(server):
         def text(**sampling):
             return GenerateClient(server.grpc_url, "grpc").generate(
                 question, max_tokens=16, apply_chat_template=True, exclude_input_in_output=True,
@@ -1005,20 +1009,30 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
             seeded = [pool.submit(text, seed=7, top_p=0.9) for _ in range(2)]
             greedy = pool.submit(text, temperature=0.0)
             assert seeded[0].result() == seeded[1].result()
-            return greedy.result()
+            return seeded[0].result(), greedy.result()
 
-    repository = assemble_repository(
-        tmp_path / "repository",
-        SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152,
-                        hot_vocab_profile="hot_vocab.npz"),
-        LlmSettings(engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=1,
-                    batch_invariant=True, handoff="hot-first", hot_vocab_profile="hot_vocab.npz"))
-    with TritonServer(repository, log_path=tmp_path / "log") as server:
-        hot_first = greedy_text(server)
-    assert "rows cross to the sampler hot-first" in (tmp_path / "log").read_text()
-    full = greedy_text(llm_server)
+    sampler = SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152,
+                              hot_vocab_profile="hot_vocab.npz")
+
+    def serving(name, endpoints="local"):
+        return TritonServer(assemble_repository(tmp_path / name, sampler, LlmSettings(
+            engine_max_batch_size=32, max_context=LLM_CONTEXT, sampler_shards=1,
+            batch_invariant=True, handoff="hot-first", hot_vocab_profile="hot_vocab.npz",
+            sampler_endpoints=endpoints)), log_path=tmp_path / f"{name}.log")
+
+    with serving("local") as server:
+        hot_first = texts(server)
+    assert "rows cross to the sampler hot-first" in (tmp_path / "local.log").read_text()
+    _, full = texts(llm_server)
     assert "rows cross to the sampler hot-first" not in llm_server.log_path.read_text()
-    assert hot_first == full and "Paris" in full
+    assert hot_first[1] == full and "Paris" in full
+    with TritonServer(assemble_repository(tmp_path / "sampler", sampler),
+                      log_path=tmp_path / "sampler.log") as remote:
+        with serving("remote", remote.grpc_url) as server:
+            assert texts(server) == hot_first
+        assert wait_for_counter(remote.metrics_url, "simple_sampler_rows_total",
+                                lambda rows: rows > 0) > 0
+    assert "rows cross to the sampler hot-first" in (tmp_path / "remote.log").read_text()
 
 
 def test_touched_lists_are_each_rows_bias_and_penalized_history_outside_h():

@@ -151,8 +151,6 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
                                "49152 tokens, the sampler's vocab_size is 1000"),
     (["--model", "/models/llama", "--handoff", "hot-first"],
      "--handoff hot-first: the sampler has no hot-vocab profile"),
-    (["--handoff", "hot-first", "--sampler-endpoints", "local,h:8001"],
-     "--handoff hot-first: a sampler endpoint is remote"),
     (["--sampling-mode", "inline", "--micro-batches", "2"],
      "micro_batches applies to sampling_mode simple only"),
     (["--sampler-only", "--engine", "simulated", "--openai-port", "9100"],

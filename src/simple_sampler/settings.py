@@ -419,15 +419,15 @@ class LlmSettings(Settings):
 
     def hot_first_unavailable(self) -> str | None:
         """Why handoff hot-first cannot apply and full rows cross instead (no
-        sampler profile, or an endpoint that is remote and may hold another
-        hot set); None when it applies or was not asked for."""
+        sampler profile); None when it applies or was not asked for. Remote
+        endpoints take compact rows too: each request names the hot set
+        they were made with, and a sampler server holding another refuses
+        it (``sampler_serve.check_hot_set``)."""
         if self.handoff != "hot-first":
             return None
         if not self.hot_vocab_profile:
             return ("the sampler has no hot-vocab profile (serve --hot-vocab PROFILE.npz: the "
                     "shipped one is SmolLM2's, `simple-sampler calibrate` makes one)")
-        if parse_endpoints(self.sampler_endpoints) != [LOCAL]:
-            return "a sampler endpoint is remote, and its hot set may not be this one"
         return None
 
 

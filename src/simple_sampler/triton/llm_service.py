@@ -95,8 +95,8 @@ def build_engine(settings: LlmSettings):
 
 def hot_first_vocab(settings: LlmSettings, repository: str | None):
     """The hot set the decode loop hands rows over with (docs/HANDOFF.md), or
-    None for full rows: handoff "hot-first", a sampler profile, and only
-    local endpoints (a remote server's sampler may hold another hot set).
+    None for full rows: handoff "hot-first" and a sampler profile (remote
+    endpoints are held to the same hot set: ``remote_hot_set``).
     repository: the model repository's root (a relative profile is the
     sampler model's file there). Logs a warning, naming why, when hot-first
     was asked for and full rows will cross all the same."""
