@@ -23,11 +23,13 @@ from simple_sampler.triton.sampler_serve import serve_request
 from fakes import VOCAB, FakeEngine, FakeTokenizer
 
 #: (num_top_logprobs, parameters) of the requests of one run: greedy, plain,
-#: truncated and biased rows, one asking for every token of the vocabulary
+#: truncated and biased rows, untruncated ones (which hot-first decides from
+#: their compact rows, unless asking made them need their full row)
 ASKS = [(1, SamplingParams(temperature=0.0)),
         (3, SamplingParams(seed=2, temperature=0.7, top_p=0.8)),
         (5, SamplingParams(seed=3, top_k=4, logit_bias={5: 3.0})),
         (20, SamplingParams(seed=4, temperature=1.3, min_p=0.05)),
+        (2, SamplingParams(seed=6)), (4, SamplingParams(seed=7, temperature=0.9)),
         (0, SamplingParams(seed=1)),
         (0, SamplingParams(seed=5, top_p=0.9))]
 
@@ -158,6 +160,7 @@ def test_the_generate_tensors_carry_them_token_by_token():
     assert decode_generate({"input_ids": np.array([[1]], np.int32)}).request.num_top_logprobs == 0
     [events], _ = run([(3, SamplingParams(seed=5))], mode="inline_kernels")
     events[-1].top_logprobs[-1] = events[-1].top_logprobs[-1][:2]  # as V = 2 would give
+    events[-1].top_logprobs[-1][1] = (events[-1].top_logprobs[-1][1][0], -1e6)  # finite: kept
     outputs = encode_event(events[-1], top=3)
     ids, logprobs = outputs["top_logprobs_ids"], outputs["top_logprobs"]
     assert ids.shape == logprobs.shape == (1, 3) and ids.dtype == np.int32

@@ -33,7 +33,7 @@ positions, threads or instances that use the same H and cold_top.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -407,19 +407,53 @@ async def decide_hot_first(rows: CompactRows, batch: SamplingBatch, hot_vocab: H
                            decide, sample_full) -> HandoffOutput:
     """The handoff's rounds, written once for every caller: decide the
     compact rows, then sample the undecided rows whole (``fallback_batch``)
-    and fold their answers in (``merge_fallback``).
+    and fold their answers in (``merge_fallback``); then the top logprobs
+    of the rows that ask for them (``batch.num_top_logprobs``).
 
     decide(rows, batch) -> HandoffOutput: ``sample_compact`` here, or a
-    request to a sampler that runs it. sample_full(undecided, second_batch)
-    -> SampleOutput: the full rows ``undecided`` sampled with
-    ``second_batch``. Either may return an awaitable (a remote sampler);
-    with plain functions nothing is awaited and ``run_now`` gives the result.
+    request to a sampler that runs it. sample_full(rows, rows_batch) ->
+    SampleOutput: the full rows ``rows`` sampled with ``rows_batch``. Either
+    may return an awaitable (a remote sampler); with plain functions nothing
+    is awaited and ``run_now`` gives the result.
+
+    The tokens are decided as if no row asked for top logprobs: a compact
+    row whose top n the cold region could enter would need its full row
+    (NEED_FULL), and the full path draws another token than the compact
+    decision (both exact), so asking would change the token. The top n
+    come from the asking rows' full rows instead, in a request of their
+    own (its tokens unused); a chosen token among them takes its entry's
+    logprob, so the two agree to the bit.
     """
-    first = await _result(decide(rows, batch))
+    tokens_batch = without_top_logprobs(batch)
+    first = await _result(decide(rows, tokens_batch))
     if first.undecided.any():
-        undecided, second_batch = fallback_batch(batch, first, rows, hot_vocab)
+        undecided, second_batch = fallback_batch(tokens_batch, first, rows, hot_vocab)
         merge_fallback(first, undecided, await _result(sample_full(undecided, second_batch)))
+    if tokens_batch is not batch:
+        asking = np.flatnonzero(np.asarray(batch.num_top_logprobs) > 0)
+        add_top_logprobs(first, asking, await _result(sample_full(asking, batch.take(asking))))
     return first
+
+
+def without_top_logprobs(batch: SamplingBatch) -> SamplingBatch:
+    """`batch` with no row asking for top logprobs (itself when none does)."""
+    wanted = batch.num_top_logprobs
+    if wanted is None or not np.any(wanted):
+        return batch
+    return replace(batch, num_top_logprobs=None)
+
+
+def add_top_logprobs(out: HandoffOutput, rows: np.ndarray, full: SampleOutput) -> None:
+    """Give rows ``rows`` of `out` the top logprobs `full` found on their full
+    rows (its tokens unused); a row whose chosen token is among them takes
+    its entry's logprob."""
+    width = full.top_token_ids.shape[1]
+    out.top_token_ids = np.full((len(out.token_ids), width), -1, np.int32)
+    out.top_logprobs = np.full((len(out.token_ids), width), -np.inf, np.float32)
+    out.top_token_ids[rows], out.top_logprobs[rows] = full.top_token_ids, full.top_logprobs
+    listed = out.top_token_ids[rows] == out.token_ids[rows, None]
+    found = listed.any(axis=1) & ~np.isnan(out.logprobs[rows])  # NaN: its logprob not asked
+    out.logprobs[rows[found]] = out.top_logprobs[rows[found], listed[found].argmax(axis=1)]
 
 
 async def _result(value):

@@ -6,6 +6,7 @@ docs/HANDOFF.md derives both.
 """
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import torch
@@ -238,7 +239,7 @@ def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:
     draw landing in C). Always decided: greedy rows (the cold argmax is
     known) and untruncated rows with a cold token drawn (a draw in C takes
     it). Top logprobs can leave a row undecided too; the decode loop's
-    compact requests never ask them. A function of the rows' own parameters."""
+    compact requests never ask them (``handoff.decide_hot_first``). A function of the rows' own parameters."""
     sampled = ~is_greedy(batch.temperature)
     return sampled & ~untruncated_rows(batch) if cold_draw else sampled
 
@@ -290,14 +291,23 @@ def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
     """The whole handoff on one host: summary (cold tokens drawn unless not
     `cold_draw`), compact decision, then the undecided rows whole, with the
     hot set on as a sampler instance holding it samples them (so the tokens
-    are the served handoff's). logits: [B, V] torch tensor or numpy array.
-    The result's outcome says which rows needed their full row."""
+    are the served handoff's), and the top logprobs of the rows that ask
+    (`num_top_logprobs`: one n, or n per row) from their full rows, which
+    leaves their tokens as they are without (``decide_hot_first``).
+    logits: [B, V] torch tensor or numpy array. The result's outcome says
+    which rows needed their full row to draw their token."""
     tensor = logits if isinstance(logits, torch.Tensor) else logits_tensor(logits)
-    options = dict(num_top_logprobs=num_top_logprobs, return_logprobs=return_logprobs,
-                   num_threads=num_threads)
+    if np.any(num_top_logprobs):  # as the rows' own asks (decide_hot_first)
+        batch = dataclasses.replace(batch, num_top_logprobs=np.broadcast_to(
+            np.asarray(num_top_logprobs, np.int32), (len(batch),)))
+    options = dict(return_logprobs=return_logprobs, num_threads=num_threads)
+
+    def sample_full(rows, rows_batch):
+        wanted = rows_batch.num_top_logprobs
+        return sample(rows_to_host(tensor, rows), rows_batch, hot_vocab=hot_vocab,
+                      num_top_logprobs=0 if wanted is None else wanted, **options)
+
     return run_now(decide_hot_first(
         compact_rows(tensor, batch, hot_vocab, cold_top, cold_draw=cold_draw), batch, hot_vocab,
-        lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options),
-        lambda undecided, second: sample(rows_to_host(tensor, undecided), second,
-                                         hot_vocab=hot_vocab, **options)))
+        lambda rows, batch: sample_compact(rows, batch, hot_vocab, **options), sample_full))
 

@@ -244,7 +244,7 @@ def _top_arrays(event: GenerationEvent, top: int) -> tuple[np.ndarray, np.ndarra
     for row, pairs in enumerate(event.top_logprobs[:len(event.token_ids)]):
         if pairs:
             ids[row, :len(pairs)], logprobs[row, :len(pairs)] = zip(*pairs)
-    np.maximum(logprobs, LOGPROB_FLOOR, out=logprobs)
+    logprobs[np.isneginf(logprobs)] = LOGPROB_FLOOR  # a finite value stays as it is
     return ids, logprobs
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from .._sampling import HandoffOutcome
-from ..handoff import DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first
+from ..handoff import (DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first,
+                       without_top_logprobs)
 from ..params import SamplingBatch
 from ..sampling import SampleOutput
 from ..serving.engine import SummarizesHotFirst
@@ -92,6 +93,7 @@ class HotFirstSampler:
         right behind the forward (serving/decoder.py), where an engine that
         models the summary as device time (the simulated one) hides it, and
         passes the result to ``__call__`` or ``sample_now``."""
+        batch = without_top_logprobs(batch)  # tokens as without (handoff.decide_hot_first)
         rows = compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
                             self.cold_draw)
         return StepSummary(rows, compact_arrays(rows, packed=True),
@@ -143,8 +145,8 @@ class HotFirstSampler:
         with the pool's failover: a row's draw is keyed by its seed and
         step, so the tokens are the same)."""
         lease = self._lease(summary)
-        if summary.undecidable and lease is None:
-            return None
+        if (summary.undecidable and lease is None) or widest_top(batch):
+            return None  # the top logprobs come from full rows: the event loop's rounds
         answer = self._send_now(summary, batch, lease)
         if (answer is not None and answer[0].undecided.any() and lease is None
                 and summary.full_rows is not None):
