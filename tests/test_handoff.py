@@ -983,7 +983,8 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
     """SmolLM2 on tritonserver with the shipped profile: the compact rows
     cross the BLS call and the sampler model; greedy text equals the full
     rows' text (the shared llm_server's: the same engine settings, batch-
-    invariant), and a seeded sampled text is reproducible. The same
+    invariant), and a seeded sampled text is reproducible, with or without
+    top logprobs asked. The same
     server sampling on a sampler-only server over gRPC (an endpoint on
     another host: it holds the same hot set) gives the same texts, the
     compact rows crossing there."""
@@ -1005,10 +1006,15 @@ def test_a_real_server_generates_the_same_greedy_text_hot_first(llm_server, tmp_
                 **sampling).text
 
         # at once: batch-invariant, so the company changes no token
-        with ThreadPoolExecutor(3) as pool:
+        with ThreadPoolExecutor(5) as pool:
             seeded = [pool.submit(text, seed=7, top_p=0.9) for _ in range(2)]
             greedy = pool.submit(text, temperature=0.0)
+            # untruncated rows, decided from their compact rows: asking for
+            # top logprobs leaves their tokens as they are
+            asked = [pool.submit(text, seed=9, return_log_probs=True, num_top_logprobs=n)
+                     for n in (0, 5)]
             assert seeded[0].result() == seeded[1].result()
+            assert asked[0].result() == asked[1].result()
             return seeded[0].result(), greedy.result()
 
     sampler = SamplerSettings(sampler_instances=1, sampler_max_batch_size=64, vocab_size=49_152,
