@@ -79,6 +79,25 @@ def test_a_sampler_server_refuses_rows_meant_for_another_hot_set(remote):
     assert "INVALID_ARG" in str(refused.value.status())
 
 
+def test_a_sampler_server_of_another_hot_set_is_refused_at_start(remote, tmp_path):
+    """A decode loop with a hot set pointed at the sampler-only server, which
+    holds none: its llm model does not load, naming both (before, the server
+    reported ready and then every request failed)."""
+    _, samplers = remote
+    repository = assemble_repository(
+        tmp_path / "repository", SamplerSettings(sampler_instances=1, vocab_size=49_152),
+        LlmSettings(engine="simulated", sim_vocab=49_152, hot_vocab_profile="hot_vocab.npz",
+                    sampler_endpoints=samplers[1].grpc_url))
+    server = TritonServer(repository, log_path=tmp_path / "log")
+    with pytest.raises(RuntimeError, match="tritonserver exited"):
+        server.start()
+    server.stop()
+    log = (tmp_path / "log").read_text()
+    assert f"failed to load 'llm' version 1: Internal: ValueError: sampler endpoint " \
+           f"{samplers[1].grpc_url}: hot_vocab_fingerprint" in log
+    assert "this one no hot set" in log
+
+
 def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, sampled_tokens):
     serving, samplers = remote
     streams = Streams(serving.grpc_url, SAMPLED_SEEDS, max_tokens=TOKENS, **SAMPLED)

@@ -37,6 +37,9 @@ _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)
 #: stream carries an error's text without its status, so the OpenAI front
 #: door tells a shutdown by it.
 SHUTTING_DOWN = "the server is shutting down"
+#: How a sampler's refusal of a request made for another hot set begins
+#: (``triton.sampler_serve.check_hot_set``): the decode loop tells it at start.
+HOT_SET_REFUSAL = "hot_vocab_fingerprint: "
 #: The top logprobs outputs, the generation models' ([tokens, n]) and the
 #: sampler's ([B, n]): token ids, then their logprobs, most likely first.
 TOP_OUTPUTS = ("top_logprobs_ids", "top_logprobs")

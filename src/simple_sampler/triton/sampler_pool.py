@@ -44,7 +44,7 @@ from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
-from ..schema import TOP_OUTPUTS
+from ..schema import HOT_SET_REFUSAL, TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
@@ -123,6 +123,20 @@ class RemoteSampler:
 
             client = self._local.client = SamplerClient(self.url, "grpc", self.model)
         return client
+
+    def check_hot_set(self) -> None:
+        """At start: a sampler server holding another hot set than this
+        decode loop's raises ValueError (naming both), rather than refusing
+        every request once the server reports ready. The probe is one row of
+        one column; any other answer (sampled, refused for its width, no
+        answer from an endpoint down) leaves the check to the requests."""
+        if self.hot_set is None:
+            return
+        try:
+            self({"logits": np.zeros((1, 1), np.float32)})
+        except SamplerCallError as error:
+            if HOT_SET_REFUSAL in str(error):
+                raise ValueError(f"sampler endpoint {error}") from None
 
     def capacity(self) -> int:
         """The model's instance count there (1 if it cannot be asked now)."""
@@ -456,4 +470,5 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
         else:
             remote = RemoteSampler(name, hot_set=hot_set)
             targets.append(SamplerTarget(name, remote, remote.capacity()))
+            remote.check_hot_set()
     return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)

@@ -12,7 +12,7 @@ import numpy as np
 from ..handoff import decide_from_full_rows, sample_compact
 from ..params import SamplingBatch
 from ..sampling import sample
-from ..schema import TOP_OUTPUTS, InvalidRequest
+from ..schema import HOT_SET_REFUSAL, TOP_OUTPUTS, InvalidRequest
 from ..shvs.hot_vocab import fingerprint
 from .sampler_codec import TOP_PADDING, decided_all
 from .sampler_decode import RowsRequest, decode_request
@@ -81,7 +81,7 @@ def check_hot_set(inputs: Mapping[str, object], hot_vocab) -> None:
             return f"hot set {value:#x}" if value else "no hot set"
 
         raise InvalidRequest(
-            f"hot_vocab_fingerprint: the request's other samplers hold {name(max(wanted - {own}))}"
+            f"{HOT_SET_REFUSAL}the request's other samplers hold {name(max(wanted - {own}))}"
             f", this one {name(own)}: give every sampler server of a decode loop the same "
             f"--hot-vocab (or none), or its tokens would depend on the server")
 
