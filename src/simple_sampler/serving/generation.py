@@ -140,7 +140,8 @@ class GenerationEvent:
     #: with ``error``: the server could not serve it now (it is shutting
     #: down); the same request sent again may succeed (UNAVAILABLE, 503)
     retryable: bool = False
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    #: () when not asked: shared, so an event costs no list for it
+    top_logprobs: Sequence[list[tuple[int, float]]] = ()
 
     @property
     def final(self) -> bool:
@@ -254,4 +255,4 @@ class DecodeSequence:
         return GenerationEvent(self.request_id, text, token_ids, logprobs if asked else [],
                                self.num_input_tokens, self.generated,
                                self.cum_log_prob if asked else float("nan"), reason, error,
-                               top_logprobs=top_logprobs or [])
+                               top_logprobs=() if top_logprobs is None else top_logprobs)

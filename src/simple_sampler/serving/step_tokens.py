@@ -27,7 +27,7 @@ from .samplers import TopLogprobs
 NEVER = np.iinfo(np.int64).max
 
 
-def _top_of(sequence: DecodeSequence, top: TopLogprobs | None, row: int
+def _top_of(sequence: DecodeSequence, top: TopLogprobs, row: int
             ) -> list[tuple[int, float]] | None:
     """`row`'s own top logprobs, (token id, logprob) most likely first, for
     a request that asked (None for one that did not): its first n columns,
@@ -35,15 +35,8 @@ def _top_of(sequence: DecodeSequence, top: TopLogprobs | None, row: int
     wanted = sequence.request.num_top_logprobs
     if not wanted:
         return None
-    if top is None:  # Decoder.submit refuses such requests where none come back
-        raise RuntimeError("the sampler answered no top logprobs for a row that asked")
     ids, logprobs = top[0][row, :wanted].tolist(), top[1][row, :wanted].tolist()
     return [(token, logprob) for token, logprob in zip(ids, logprobs) if token >= 0]
-
-
-def _one_token(top_row: list | None) -> list | None:
-    """An event's top logprobs for its one token (None: not asked)."""
-    return None if top_row is None else [top_row]
 
 
 class StepTokens:
@@ -138,10 +131,18 @@ class StepTokens:
             then({ids[row] for row in np.flatnonzero(~going_on).tolist()})
         else:
             going_on = np.ones(rows, bool)
-        for row in python_rows:
-            went_on = self._deliver_row(sequences[row], int(tokens[row]), float(logprobs[row]),
-                                        int(generated[row]), _top_of(sequences[row], top, row))
-            going_on[row] &= went_on  # launched early: what _going_on found already
+        # launched early, going_on holds what _going_on found already
+        if top is None:  # no row asked (the usual step): nothing more per row
+            if self.state.num_top_logprobs[slots].any():  # Decoder.submit refuses such requests
+                raise RuntimeError("the sampler answered no top logprobs for rows that asked")
+            for row in python_rows:
+                going_on[row] &= self._deliver_row(sequences[row], int(tokens[row]),
+                                                   float(logprobs[row]), int(generated[row]))
+        else:
+            for row in python_rows:
+                going_on[row] &= self._deliver_row(sequences[row], int(tokens[row]),
+                                                   float(logprobs[row]), int(generated[row]),
+                                                   _top_of(sequences[row], top, row))
         if not early:
             kept = self._feed_back(slots, ids, tokens, going_on)
         if self.decoder.on_step is not None:
@@ -177,7 +178,7 @@ class StepTokens:
         return going_on
 
     def _deliver_row(self, sequence: DecodeSequence, token: int, logprob: float,
-                     generated: int, top_row: list | None) -> bool:
+                     generated: int, top_row: list | None = None) -> bool:
         """``deliver``'s pass for one row that needs Python; whether it goes on."""
         if sequence.done:
             return False
@@ -203,7 +204,8 @@ class StepTokens:
         else:
             sequence.generated = sequence.delivered = sequence.pushed = generated
             sequence.handle.put(sequence.event(text, [token], [logprob],
-                                               top_logprobs=_one_token(top_row)))
+                                               top_logprobs=None if top_row is None
+                                               else [top_row]))
         return True
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
@@ -216,7 +218,7 @@ class StepTokens:
             text += tail + sequence.stop.flush()
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
                             text=text, token_ids=[token], logprobs=[logprob],
-                            top_logprobs=_one_token(top_row))
+                            top_logprobs=None if top_row is None else [top_row])
 
     def catch_up(self, sequence: DecodeSequence, upto: int | None = None) -> None:
         """Push a stepped sequence's tokens in its history that the
