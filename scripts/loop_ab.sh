@@ -18,7 +18,7 @@ work="$(mktemp -d)"
 trap 'git -C "$here" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 git -C "$here" worktree add --detach "$work/tree" "$ref" >/dev/null
-(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null 2>&1)
+(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null)  # errors shown
 
 mkdir -p "$out"
 for round in $(seq 1 "$rounds"); do

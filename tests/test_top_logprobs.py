@@ -124,8 +124,8 @@ def test_each_token_gets_its_rows_top_logprobs_and_the_same_token(kind):
             ids, logprobs = reference_top(engine.rows[request, 2 + step], params, n)
             assert [i for i, _ in pairs] == ids, (kind, request, step)
             np.testing.assert_allclose([p for _, p in pairs], logprobs, rtol=0, atol=2e-5)
-            if token in ids:  # the chosen token's logprob is the same value
-                assert chosen[step] == pytest.approx(dict(pairs)[token], abs=2e-5)
+            if token in ids:  # the chosen token's logprob is its entry's, to the bit
+                assert chosen[step] == dict(pairs)[token]
     if kind == "hot first":
         assert arguments["sampler"].stats["rows"] > 0
 
@@ -210,3 +210,18 @@ def test_only_a_message_that_begins_with_its_row_is_a_refusal():
     assert names_a_row("row 3: logits must not contain NaN; found at column 7")
     assert not names_a_row("MemoryError: row 3: out of memory allocating the workspace")
     assert not names_a_row("Stub process 'simple_sampler_0_1' is not healthy.")
+
+
+def test_a_chosen_token_among_its_top_logprobs_takes_its_entrys_value():
+    """sampling.chosen_as_listed: the kernels compute the two an ulp apart;
+    a row left undecided (token -1) or padded (-1), or whose logprob was not
+    asked (NaN), is left as it is."""
+    from simple_sampler.sampling import SampleOutput, chosen_as_listed
+
+    out = SampleOutput(np.array([-1, 5, 7, 4]), np.array([-0.3, -1.0, np.nan, -2.5], np.float32),
+                       np.array([[-1, -1], [5, 2], [7, 1], [1, 2]], np.int32),
+                       np.array([[-np.inf] * 2, [-0.9, -2.0], [-0.1, -3.0], [-0.2, -0.4]],
+                                np.float32), np.zeros(4, np.int8))
+    logprobs = chosen_as_listed(out).logprobs
+    assert logprobs[0] == np.float32(-0.3) and logprobs[1] == np.float32(-0.9)
+    assert np.isnan(logprobs[2]) and logprobs[3] == np.float32(-2.5)

@@ -41,7 +41,7 @@ from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
 from .host_copy import to_host
 from .params import RULES, SamplingBatch, is_greedy
-from .sampling import (SampleOutput, empty_output, is_torch_tensor, kernel_params, kernel_rows,
+from .sampling import (SampleOutput, chosen_as_listed, empty_output, is_torch_tensor, kernel_params, kernel_rows,
                        logits_array, raise_row_errors, sample, top_width)
 from .shvs.hot_vocab import HotVocab, untruncated_rows
 
@@ -282,7 +282,7 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
         cold_max, cold_argmax, cold_mass, cold_token, cold_token_logit)
     raise_row_errors(errors, error_columns)
     out.hot_accepted[:] = -1
-    return HandoffOutput(**out.__dict__, outcome=outcome)
+    return HandoffOutput(**chosen_as_listed(out).__dict__, outcome=outcome)
 
 
 def inverse_temperatures(temperature) -> np.ndarray:
@@ -448,12 +448,12 @@ def add_top_logprobs(out: HandoffOutput, rows: np.ndarray, full: SampleOutput) -
     rows (its tokens unused); a row whose chosen token is among them takes
     its entry's logprob."""
     width = full.top_token_ids.shape[1]
+    if len(rows) and width < 1:  # a sample_full that left the rows' asks out
+        raise RuntimeError("the full rows' sampler answered no top logprobs for rows that asked")
     out.top_token_ids = np.full((len(out.token_ids), width), -1, np.int32)
     out.top_logprobs = np.full((len(out.token_ids), width), -np.inf, np.float32)
     out.top_token_ids[rows], out.top_logprobs[rows] = full.top_token_ids, full.top_logprobs
-    listed = out.top_token_ids[rows] == out.token_ids[rows, None]
-    found = listed.any(axis=1) & ~np.isnan(out.logprobs[rows])  # NaN: its logprob not asked
-    out.logprobs[rows[found]] = out.top_logprobs[rows[found], listed[found].argmax(axis=1)]
+    chosen_as_listed(out, rows)
 
 
 async def _result(value):

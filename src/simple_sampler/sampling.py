@@ -209,6 +209,22 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
         hot_bits=hot_bits, hot_outcomes=out.hot_accepted,
     ))
     raise_row_errors(errors, error_columns)
+    return chosen_as_listed(out)
+
+
+def chosen_as_listed(out: SampleOutput, rows=slice(None)) -> SampleOutput:
+    """Give each of `rows` whose chosen token is among its top logprobs
+    that entry's logprob (rows whose logprob was not asked, NaN, aside):
+    the kernels compute the two in different float orders, an ulp apart,
+    and a client reads them as one value (vLLM's come from one tensor).
+    Returns `out`."""
+    top = out.top_token_ids[rows]
+    if not top.shape[1]:
+        return out
+    listed = (top == out.token_ids[rows, None]) & (top >= 0)  # -1: padding, or undecided
+    found = listed.any(axis=1) & ~np.isnan(out.logprobs[rows])
+    index = np.arange(len(out.token_ids))[rows][found]
+    out.logprobs[index] = out.top_logprobs[index, listed[found].argmax(axis=1)]
     return out
 
 

@@ -143,7 +143,7 @@ class LlmService:
         self.pool = sampler = build_pool(
             settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
             self.arena, settings.sampler_shard_min_rows, settings.micro_batches,
-            remote_hot_set(settings, repository)) if simple else None
+            remote_hot_set(settings, repository), self.engine.vocab_size) if simple else None
         hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
         if hot_vocab is not None:
             sampler = hot_first_sampler(self.engine, sampler, hot_vocab)

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -124,30 +125,43 @@ class RemoteSampler:
             client = self._local.client = SamplerClient(self.url, "grpc", self.model)
         return client
 
-    def check_hot_set(self) -> None:
-        """At start: a sampler server holding another hot set than this
-        decode loop's raises ValueError (naming both), rather than refusing
-        every request once the server reports ready. The probe is one row of
-        one column; any other answer (sampled, refused for its width, no
-        answer from an endpoint down) leaves the check to the requests."""
-        if self.hot_set is None:
-            return
+    def configuration(self) -> dict | None:
+        """The model's configuration there (Triton's JSON), None when it
+        cannot be asked now (logged: an endpoint down at start is probed by
+        the requests)."""
         try:
-            self({"logits": np.zeros((1, 1), np.float32)})
+            return self._client().client.get_model_config(
+                self.model, as_json=True, client_timeout=self.timeout_s)["config"]
+        except Exception as error:  # noqa: BLE001 - any failure to ask: not now
+            log.warning("sampler endpoint %s: cannot read its configuration (%s)", self.url, error)
+            return None
+
+    def check(self, config: dict, vocab_size: int) -> None:
+        """At start (`config`: ``configuration()``'s), raise ValueError
+        naming what differs rather than serve requests every one of which
+        would be refused: the endpoint's vocabulary, when it declares one,
+        must be the decode loop's `vocab_size`, and its hot set
+        ``hot_set`` (asked with one row of zero logits in the dtype it
+        declares: the row is sampled, or refused naming both hot sets)."""
+        parameters = {key: value.get("string_value", "")
+                      for key, value in config.get("parameters", {}).items()}
+        declared = int(parameters.get("vocab_size") or 0)
+        if declared and vocab_size and declared != vocab_size:
+            raise ValueError(f"sampler endpoint {self.url} samples rows of V={declared}, this "
+                             f"decode loop's have V={vocab_size}")
+        if self.hot_set is None or not (declared or vocab_size):
+            return
+        logits_type = next((tensor.get("data_type") for tensor in config.get("input", [])
+                            if tensor.get("name") == "logits"), "TYPE_FP32")
+        dtype = {"TYPE_BF16": ml_dtypes.bfloat16, "TYPE_FP16": np.float16}.get(logits_type,
+                                                                              np.float32)
+        try:
+            self({"logits": np.zeros((1, declared or vocab_size), dtype)})
         except SamplerCallError as error:
             if HOT_SET_REFUSAL in str(error):
                 raise ValueError(f"sampler endpoint {error}") from None
-
-    def capacity(self) -> int:
-        """The model's instance count there (1 if it cannot be asked now)."""
-        try:
-            config = self._client().client.get_model_config(self.model, as_json=True,
-                                                             client_timeout=self.timeout_s)
-            groups = config["config"].get("instance_group", [])
-            return max(1, sum(int(group.get("count", 1)) for group in groups))
-        except Exception as error:  # noqa: BLE001 - an endpoint down at start is probed later
-            log.warning("sampler endpoint %s: cannot read its configuration (%s)", self.url, error)
-            return 1
+            log.warning("sampler endpoint %s: its hot set is checked by the requests: the "
+                        "probe failed (%s)", self.url, error)
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from tritonclient.utils import InferenceServerException
@@ -449,16 +463,26 @@ def build_arena(settings, engine):
     return arena
 
 
+def capacity_of(config: dict | None) -> int:
+    """A sampler model's instance count from its configuration (1 unknown)."""
+    if config is None:
+        return 1
+    return max(1, sum(int(group.get("count", 1)) for group in config.get("instance_group", [])))
+
+
 def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: int,
                on_retry: Callable[[], None] = lambda: None, arena=None,
                min_rows: int = LlmSettings.sampler_shard_min_rows,
-               lanes: int = LlmSettings.micro_batches, hot_set: int | None = None) -> SamplerPool:
+               lanes: int = LlmSettings.micro_batches, hot_set: int | None = None,
+               vocab_size: int = 0) -> SamplerPool:
     """The pool for an `llm` model's `sampler_endpoints` setting: ``local``
     is `local_call` (BLS to this server's instances, `local_capacity`
     shards; rows by reference to `arena` when given), host:port a remote
     server's sampler model; min_rows: its `sampler_shard_min_rows`; lanes:
     its `micro_batches`; hot_set: the fingerprint of the hot set the remote
-    servers must hold (``RemoteSampler``), None: unchecked."""
+    servers must hold (``RemoteSampler``), None: unchecked; vocab_size: the
+    decode loop's V (0: unknown), which they must sample (``RemoteSampler.check``,
+    for each endpoint that can be asked now)."""
     targets = []
     for name in parse_endpoints(endpoints):
         if name == LOCAL:
@@ -469,6 +493,8 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
                                          shares_memory=arena is not None))
         else:
             remote = RemoteSampler(name, hot_set=hot_set)
-            targets.append(SamplerTarget(name, remote, remote.capacity()))
-            remote.check_hot_set()
+            config = remote.configuration()
+            if config is not None:
+                remote.check(config, vocab_size)
+            targets.append(SamplerTarget(name, remote, capacity_of(config)))
     return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)
