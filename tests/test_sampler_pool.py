@@ -333,3 +333,34 @@ def test_rows_of_a_refused_step_stay_in_their_slot_while_it_is_sampled_around_th
     del staged
     gc.collect()
     assert sorted(arena.free) == [0, 1]
+
+
+def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(monkeypatch):
+    """RemoteSampler.check, as the llm model loads: a declared V other than
+    the decode loop's, or a probe row refused for another hot set, raise
+    naming them; the probe is one row of the endpoint's V in the dtype it
+    declares; any other failure of the probe leaves the check to the requests."""
+    import ml_dtypes
+
+    from simple_sampler.triton.sampler_pool import RemoteSampler
+
+    config = {"parameters": {"vocab_size": {"string_value": "64"}},
+              "input": [{"name": "logits", "data_type": "TYPE_BF16"}]}
+    remote = RemoteSampler("h:1", hot_set=5)
+    with pytest.raises(ValueError, match="h:1 samples rows of V=64, this decode loop's have V=32"):
+        remote.check(config, 32)
+    sent, answers = [], []
+
+    def answer(self, inputs):
+        sent.append(inputs["logits"])
+        raise answers.pop(0)
+
+    monkeypatch.setattr(RemoteSampler, "__call__", answer)
+    answers.append(SamplerCallError("h:1: hot_vocab_fingerprint: the request's other samplers "
+                                    "hold hot set 0x5, this one no hot set", retryable=False))
+    with pytest.raises(ValueError, match="sampler endpoint h:1: hot_vocab_fingerprint"):
+        remote.check(config, 64)
+    assert sent[0].shape == (1, 64) and sent[0].dtype == ml_dtypes.bfloat16
+    answers.append(SamplerCallError("h:1: connection refused"))
+    remote.check(config, 0)  # the endpoint's own V; not this check's failure: no raise
+    assert sent[1].shape == (1, 64)
