@@ -10,15 +10,7 @@
 # OUT_DIR/{before,after}-N.json are `bench kernels --json` outputs, and the
 # tables are printed as they come, then the before/after table
 # (scripts/kernels_ab_table.py). Run it alone on a quiet machine.
-set -euo pipefail
-ref="$1"; rounds="$2"; out="$3"; shift 3
-here="$(cd "$(dirname "$0")/.." && pwd)"
-python="$here/.venv/bin/python"
-work="$(mktemp -d)"
-trap 'git -C "$here" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-
-git -C "$here" worktree add --detach "$work/tree" "$ref" >/dev/null
-(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null 2>&1)
+source "$(dirname "$0")/ab_checkout.sh"
 # this checkout's package with the "before" kernels in place of its own
 cp -r "$here/src" "$work/before-src"
 rm -f "$work"/before-src/simple_sampler/_sampling*.so

@@ -10,15 +10,7 @@
 # end: per penalties setting, the median over the rounds of each side's
 # loop_ms_batch_state (the loop's time per step) and after / before. Run it
 # alone on a quiet machine.
-set -euo pipefail
-ref="$1"; rounds="$2"; out="$3"; shift 3
-here="$(cd "$(dirname "$0")/.." && pwd)"
-python="$here/.venv/bin/python"
-work="$(mktemp -d)"
-trap 'git -C "$here" worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-
-git -C "$here" worktree add --detach "$work/tree" "$ref" >/dev/null
-(cd "$work/tree" && "$python" setup.py -q build_ext --inplace >/dev/null)  # errors shown
+source "$(dirname "$0")/ab_checkout.sh"
 
 mkdir -p "$out"
 for round in $(seq 1 "$rounds"); do
