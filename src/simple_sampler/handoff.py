@@ -41,8 +41,9 @@ from . import _sampling
 from ._sampling import Dtype, HandoffOutcome
 from .host_copy import to_host
 from .params import RULES, SamplingBatch, is_greedy
-from .sampling import (SampleOutput, chosen_as_listed, empty_output, is_torch_tensor, kernel_params, kernel_rows,
-                       logits_array, raise_row_errors, sample, top_width)
+from .sampling import (SampleOutput, chosen_as_listed, empty_output, is_torch_tensor,
+                       kernel_params, kernel_rows, logits_array, raise_row_errors, sample,
+                       top_width)
 from .shvs.hot_vocab import HotVocab, untruncated_rows
 
 #: How many of each row's largest cold logits the data plane hands over
