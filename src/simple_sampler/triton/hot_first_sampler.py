@@ -12,13 +12,13 @@ from .._sampling import HandoffOutcome
 from ..handoff import (DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first,
                        without_top_logprobs)
 from ..params import SamplingBatch
-from ..sampling import SampleOutput
+from ..sampling import SampleOutput, empty_output
 from ..serving.engine import SummarizesHotFirst
 from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
 from ..serving.samplers import SampleResult, result_parts, widest_top
 from ..shvs.hot_vocab import HotVocab
 from ..schema import TOP_OUTPUTS
-from .sampler_codec import TOP_PADDING, batch_arrays, compact_arrays, outcome_of
+from .sampler_codec import batch_arrays, compact_arrays, outcome_of
 
 #: Compact rows per request at least (but one request per instance at most):
 #: a request costs a sampler stub a fixed share (tensors, decoding, its
@@ -194,11 +194,11 @@ class HotFirstSampler:
                   "need_cold": int(np.sum(outcome == HandoffOutcome.HANDOFF_NEED_COLD)),
                   "in_place": int(in_place.sum())}
         outcome[in_place] = HandoffOutcome.HANDOFF_DECIDED
-        top = [outputs[name] if name in outputs else np.zeros((size, 0), dtype)
-               for name, (_, dtype) in zip(TOP_OUTPUTS, TOP_PADDING)]
+        none = empty_output(size, 0)  # no row asked: [size, 0]
         return HandoffOutput(
             token_ids=token_ids, logprobs=outputs["output_log_probs"].astype(np.float32),
-            top_token_ids=top[0], top_logprobs=top[1],
+            top_token_ids=outputs.get(TOP_OUTPUTS[0], none.top_token_ids),
+            top_logprobs=outputs.get(TOP_OUTPUTS[1], none.top_logprobs),
             hot_accepted=np.full(size, -1, np.int8), outcome=outcome), counts
 
     def _count(self, counts: dict[str, int]) -> None:
@@ -209,10 +209,11 @@ class HotFirstSampler:
         # Sharded as full rows are (docs/results/gpu-2026-11-27c.md: one
         # request for a step's worth of fallbacks left the instances idle).
         tokens, logprobs, top = result_parts(await self.pool(logits, batch))
-        if top is None:
-            top = tuple(np.zeros((len(batch), 0), dtype) for _, dtype in TOP_PADDING)
-        return SampleOutput(token_ids=tokens, logprobs=logprobs, top_token_ids=top[0],
-                            top_logprobs=top[1], hot_accepted=np.full(len(batch), -1, np.int8))
+        out = empty_output(len(batch), 0)  # no row asked: [B, 0] top logprobs
+        out.token_ids, out.logprobs, out.hot_accepted[:] = tokens, logprobs, -1
+        if top is not None:
+            out.top_token_ids, out.top_logprobs = top
+        return out
 
 
 def _result(out: HandoffOutput, batch: SamplingBatch) -> SampleResult:
