@@ -42,6 +42,7 @@ class FakeEngine:
     release; `delay` seconds of sleep per step stand in for the forward."""
 
     vocab_size = VOCAB
+    label = "FakeEngine"
 
     def __init__(self, max_batch_size=4, max_context=64, script=next_letter, delay=0.0):
         self.max_batch_size, self.max_context = max_batch_size, max_context

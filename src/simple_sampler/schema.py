@@ -43,6 +43,10 @@ HOT_SET_REFUSAL = "hot_vocab_fingerprint: "
 #: The top logprobs outputs, the generation models' ([tokens, n]) and the
 #: sampler's ([B, n]): token ids, then their logprobs, most likely first.
 TOP_OUTPUTS = ("top_logprobs_ids", "top_logprobs")
+#: The prompt's scores (``prompt_logprobs``): its ids [T], each token's
+#: logprob after the first [T - 1], the n most likely at each place [T - 1, n].
+PROMPT_OUTPUTS = ("prompt_ids", "prompt_log_probs", "prompt_top_logprobs_ids",
+                  "prompt_top_logprobs")
 
 
 class InvalidRequest(ValueError):
@@ -136,6 +140,11 @@ NUM_TOP_LOGPROBS = _scalar(
     "num_top_logprobs", "INT32", 0,
     f"[0, {MAX_TOP_LOGPROBS}], with return_log_probs true: per token also the n most likely "
     f"tokens and their logprobs (top_logprobs_ids, top_logprobs)")
+PROMPT_LOGPROBS = _scalar(
+    "prompt_logprobs", "INT32", "none",
+    f"[0, {MAX_TOP_LOGPROBS}]: the prompt is scored first; its first response carries each "
+    f"prompt token's logprob and the n most likely at its place ({', '.join(PROMPT_OUTPUTS)}); "
+    f"max_tokens may then be 0 (vLLM's name)")
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
                      "true: the end id ends nothing (it is generated as any token; vLLM's name)")
 
@@ -147,8 +156,8 @@ GENERATE_INPUTS = (
     # which answers it with INVALID_ARG (Triton's ensemble checks nothing).
     _scalar("text_input", "BYTES", "required", "non-empty UTF-8"),
     _scalar("max_tokens", "INT32", 16,
-            f"[1, context - 1]; prompt + max_tokens <= context (max_context, "
-            f"{LlmSettings.max_context})"),
+            f"[1, context - 1] (0 with prompt_logprobs); prompt + max_tokens <= context "
+            f"(max_context, {LlmSettings.max_context})"),
     _scalar("stream", "BOOL", False, "false: one response at the end"),
     _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
             ">= 1: a stream sends a response every k tokens with all of them, and always "
@@ -171,6 +180,7 @@ GENERATE_INPUTS = (
             allowed=">= 0: the end id is banned until reached"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
+    PROMPT_LOGPROBS,
     _scalar("exclude_input_in_output", "BOOL", False,
             "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
             "behaviour); streams never repeat it"),
@@ -184,6 +194,10 @@ GENERATE_OUTPUTS = (
     Tensor("cum_log_probs", "FP32", optional=False),
     Tensor(TOP_OUTPUTS[0], "INT32", (-1, -1), optional=False),
     Tensor(TOP_OUTPUTS[1], "FP32", (-1, -1), optional=False),
+    Tensor(PROMPT_OUTPUTS[0], "INT32", (-1,), optional=False),
+    Tensor(PROMPT_OUTPUTS[1], "FP32", (-1,), optional=False),
+    Tensor(PROMPT_OUTPUTS[2], "INT32", (-1, -1), optional=False),
+    Tensor(PROMPT_OUTPUTS[3], "FP32", (-1, -1), optional=False),
     Tensor("num_input_tokens", "INT32", optional=False),
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..schema import ENSEMBLE, INPUT_IDS, TOP_OUTPUTS
+from ..schema import ENSEMBLE, INPUT_IDS, PROMPT_OUTPUTS, TOP_OUTPUTS
 
 PROMPT = "text_input"
 #: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
@@ -37,7 +37,10 @@ class Chunk:
     """One response: new text, its token ids and logprobs, and on the last
     one the finish reason. ``top_logprobs``: per token its most likely
     (token id, logprob) pairs, most likely first, when the request asked
-    for ``num_top_logprobs`` (else empty)."""
+    for ``num_top_logprobs`` (else empty). With ``prompt_logprobs``, the
+    first response also holds the prompt's scores: its ``prompt_ids``,
+    ``prompt_logprobs`` (each token's after the first) and
+    ``prompt_top_logprobs`` (the pairs at each of those places)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -47,6 +50,9 @@ class Chunk:
     num_output_tokens: int = 0
     finish_reason: str = ""
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def _check_names(params: dict) -> None:
@@ -141,16 +147,20 @@ def chunk_from(get: Callable[[str], object]) -> Chunk:
 
     text, reason = values("text_output"), values("finish_reason")
     token_ids = [int(t) for t in values("output_ids")]
+    prompt_logprobs = [float(p) for p in values(PROMPT_OUTPUTS[1])]
     return Chunk(as_str(text[0]) if text else "", token_ids,
                  [float(p) for p in values("output_log_probs")], float(first("cum_log_probs", 0.0)),
                  int(first("num_input_tokens", 0)), int(first("num_output_tokens", 0)),
-                 as_str(reason[0]) if reason else "", _top_pairs(get, len(token_ids)))
+                 as_str(reason[0]) if reason else "", _top_pairs(get, TOP_OUTPUTS, len(token_ids)),
+                 [int(t) for t in values(PROMPT_OUTPUTS[0])], prompt_logprobs,
+                 _top_pairs(get, PROMPT_OUTPUTS[2:], len(prompt_logprobs)))
 
 
-def _top_pairs(get: Callable[[str], object], tokens: int) -> list[list[tuple[int, float]]]:
-    """Per token, the (id, logprob) pairs of top_logprobs_ids and
-    top_logprobs ([tokens, n]; flattened over HTTP), padding (-1) left out."""
-    ids, logprobs = (get(name) for name in TOP_OUTPUTS)
+def _top_pairs(get: Callable[[str], object], names: Sequence[str],
+               tokens: int) -> list[list[tuple[int, float]]]:
+    """Per token, the (id, logprob) pairs of the outputs `names` (ids, then
+    logprobs: [tokens, n]; flattened over HTTP), padding (-1) left out."""
+    ids, logprobs = (get(name) for name in names)
     if ids is None or logprobs is None or not tokens:
         return []
     ids = np.asarray(ids).reshape(tokens, -1).tolist()

@@ -93,9 +93,10 @@ from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
 from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
 from .decoder_stats import DecoderStats
-from .engine import (ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots,
-                     WarmsUp)
+from .engine import (ComputesOffHost, Engine, ScoresPrompts, SelfScheduling, SequenceFailed,
+                     SplitsSlots, WarmsUp)
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
+from .prompt_scores import score_then_queue
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
@@ -183,6 +184,7 @@ class Decoder:
         #: the data-plane side of a lane's step: its thread, the sampler
         self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
         self.tasks: list[asyncio.Task] = []
+        self.scoring: set[asyncio.Task] = set()  # prompts being scored
         self.wake: list[asyncio.Event] = []
         #: on_step(handles, texts, ids): once per step with any due, the
         #: tokens of listened-to requests (``RequestHandle.listen``'s sink)
@@ -204,9 +206,10 @@ class Decoder:
 
     async def close(self) -> None:
         """Stop the lanes; requests still running get no further events."""
-        for task in self.tasks:
+        tasks = [*self.tasks, *self.scoring]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.switch_interval is not None:
             sys.setswitchinterval(self.switch_interval)
         self.data_plane.executor.shutdown(wait=True)
@@ -233,6 +236,9 @@ class Decoder:
         if request.num_top_logprobs and not self.data_plane.gives_top_logprobs:
             raise InvalidRequest(f"num_top_logprobs must be 0 here: this decode loop's "
                                  f"sampler ({self.mode}) returns no top logprobs")
+        if request.prompt_logprobs is not None and not isinstance(engine, ScoresPrompts):
+            raise InvalidRequest(f"prompt_logprobs cannot be given here: this server's engine "
+                                 f"({engine.label}) does not score prompts")
         prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
                       else self.codec.encode(request.text, request.chat))
         request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
@@ -259,9 +265,18 @@ class Decoder:
                                    max_tokens=request.max_tokens,
                                    stop_ids=frozenset(params.stop_token_ids))
         self.by_id[request_id] = sequence
+        if request.prompt_logprobs is None:
+            self.enqueue(sequence)
+        else:  # scored first, then queued (a task held until it ends)
+            task = asyncio.get_running_loop().create_task(score_then_queue(self, sequence))
+            self.scoring.add(task)
+            task.add_done_callback(self.scoring.discard)
+        return handle
+
+    def enqueue(self, sequence: DecodeSequence) -> None:
+        """Queue a submitted request for a slot."""
         self.queue.append(sequence)
         self._admit()
-        return handle
 
     def cancel(self, request_id: int) -> None:
         """Stop a request (``RequestHandle.cancel``)."""
@@ -272,8 +287,9 @@ class Decoder:
         if sequence in self.queue:
             self.queue.remove(sequence)
             self.finish(sequence, FINISH_CANCELLED)
-        else:  # in a lane: its row takes the per-row path
+        elif sequence.slot >= 0:  # in a lane: its row takes the per-row path
             self.interrupted.add(request_id)
+        # else its prompt is being scored: score_then_queue ends it
 
     def _admit(self) -> None:
         """Move queued requests into free slots, each to the smallest lane

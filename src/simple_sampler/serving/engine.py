@@ -34,8 +34,10 @@ the hot-first summary computed where the engine's rows are),
 ``free_in_lane(lane)``: each of the decode loop's lanes keeps its sequences in
 a window of slots of its own, for an engine whose step computes a window of
 slots whole), :class:`WarmsUp` (``warm_up()``: every decode step's shape
-prepared before the first request) and :class:`Closable` (``close()``). :class:`SequenceTable` holds what every
-engine tracks per sequence and raises the contract's errors.
+prepared before the first request), :class:`ScoresPrompts`
+(``score_prompt(prompt_ids, num_top)``: prompt logprobs) and :class:`Closable`
+(``close()``). :class:`SequenceTable` holds what every engine tracks per
+sequence and raises the contract's errors.
 
 Every sequence alternates ``step`` and ``append``: after ``add`` or ``append`` it
 has tokens the model has not seen yet ("pending"); ``step`` consumes them and
@@ -180,6 +182,20 @@ class WarmsUp(Protocol):
     Checked with ``isinstance(engine, WarmsUp)``."""
 
     def warm_up(self) -> int: ...
+
+
+@runtime_checkable
+class ScoresPrompts(Protocol):
+    """Optional capability of an :class:`Engine` that gives a prompt's
+    logprobs (``prompt_scores``: what they are and their shapes): the
+    torch and static engines by a forward of their model over the prompt,
+    the simulated engine from its bank's rows. ``score_prompt`` holds no
+    slot and may be called from another thread while steps run (it waits
+    for the running step where the two would share a device's work).
+    Checked with ``isinstance(engine, ScoresPrompts)``; a request asking
+    for prompt logprobs from an engine without it is refused."""
+
+    def score_prompt(self, prompt_ids: Sequence[int], num_top: int): ...
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Sequence
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from ..params import SamplingParams
 from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import InvalidRequest
 from .text import Detokenizer, StopMatcher
+
+if TYPE_CHECKING:  # prompt_scores imports this module
+    from .prompt_scores import PromptScores
 
 FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED = "stop", "length", "cancelled"
 #: SamplingParams' fields whose generate input has another name, as their
@@ -50,6 +53,13 @@ def _string_list(name: str, value) -> None:
         raise InvalidRequest(f"{name} must be a list of non-empty strings, got {value!r}")
 
 
+def _count(name: str, value, high: int):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not 0 <= value <= high:
+        raise InvalidRequest(f"{name} must be an integer in [0, {high}], got {value!r}")
+    return value
+
+
 @dataclass
 class GenerationRequest:
     """One generation. Give ``text`` (encoded with the model's tokenizer,
@@ -62,6 +72,10 @@ class GenerationRequest:
     token is banned whenever the sequence ends with the word's other tokens).
     ``num_top_logprobs`` (with ``return_log_probs``): each token's event
     also carries the n most likely tokens and their logprobs.
+    ``prompt_logprobs`` n (None: not asked): the prompt is scored first
+    (``prompt_scores``), each prompt token's logprob and the n most likely
+    at its place coming in an event of their own before any token; with it,
+    ``max_tokens`` may be 0 (the prompt scored, nothing generated).
     """
 
     text: str | None = None
@@ -75,6 +89,7 @@ class GenerationRequest:
     bad_words: Sequence[str] = ()
     return_log_probs: bool = False
     num_top_logprobs: int = 0
+    prompt_logprobs: int | None = None
 
     def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
                  max_tokens_limit: int | None = None) -> None:
@@ -94,9 +109,14 @@ class GenerationRequest:
                 raise InvalidRequest(f"input_ids (prompt_ids) must be a non-empty list of token "
                                      f"ids in [0, {vocab_size})")
         limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
+        scored = self.prompt_logprobs is not None
+        if scored:
+            _count("prompt_logprobs", self.prompt_logprobs, MAX_TOP_LOGPROBS)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
-                or not 1 <= self.max_tokens <= limit:
-            raise InvalidRequest(f"max_tokens must be an integer in [1, {limit}], got {self.max_tokens!r}")
+                or not 1 - scored <= self.max_tokens <= limit:
+            hint = " (0 only with prompt_logprobs)" if self.max_tokens == 0 else ""
+            raise InvalidRequest(f"max_tokens must be an integer in [{1 - scored}, {limit}], "
+                                 f"got {self.max_tokens!r}{hint}")
         if prompt_length is not None and prompt_length + self.max_tokens > max_context:
             raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
                              f"({self.max_tokens}) must be at most the context, {max_context} "
@@ -109,11 +129,7 @@ class GenerationRequest:
             raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
         _string_list("bad_words", self.bad_words)
-        n_top = self.num_top_logprobs
-        if isinstance(n_top, bool) or not isinstance(n_top, (int, np.integer)) \
-                or not 0 <= n_top <= MAX_TOP_LOGPROBS:
-            raise InvalidRequest(f"num_top_logprobs must be an integer in [0, "
-                                 f"{MAX_TOP_LOGPROBS}], got {n_top!r}")
+        n_top = _count("num_top_logprobs", self.num_top_logprobs, MAX_TOP_LOGPROBS)
         if n_top and not self.return_log_probs:
             raise InvalidRequest("num_top_logprobs needs return_log_probs true")
 
@@ -142,6 +158,9 @@ class GenerationEvent:
     retryable: bool = False
     #: () when not asked: shared, so an event costs no list for it
     top_logprobs: Sequence[list[tuple[int, float]]] = ()
+    #: the prompt's scores (``prompt_scores.PromptScores``), in the one
+    #: event that carries them: a request's first, with no token
+    prompt_scores: PromptScores | None = None
 
     @property
     def final(self) -> bool:

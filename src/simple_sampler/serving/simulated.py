@@ -13,6 +13,8 @@ for: a GPU decode step of 10-40 ms with the host's CPU cores idle.
   device-to-host DMA costs no core): callers must not write into it.
 * ``simulated_text.SimulatedCodec`` is the model's tokenizer for the ids it
   knows and writes any other id ``i`` as `` t<i>``; used only with this engine.
+* Prompt logprobs (``score_prompt``) come from the bank's rows too: they
+  say nothing about the prompt's text.
 * Everything it produces is labelled "simulated data plane"
   (:attr:`SimulatedEngine.label`).
 
@@ -39,6 +41,7 @@ from ..sampling import kernel_rows, logits_array
 from ..settings import SIMULATED_LABEL, LlmSettings
 from .engine import SequenceTable
 from .hot_first import hot_first_summary
+from .prompt_scores import PromptScores, score_prompt_rows
 
 LABEL = SIMULATED_LABEL
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -280,6 +283,14 @@ class SimulatedEngine:
             # The "GPU" computes: this thread waits without using a core.
             time.sleep(max(0.0, deadline - time.perf_counter()))
         return rows, result
+
+    def score_prompt(self, prompt_ids: Sequence[int], num_top: int) -> PromptScores:
+        """``engine.ScoresPrompts``, simulated: position i's distribution is
+        the bank's row i (modulo its rows), whatever the tokens, as a step's
+        rows are; scored on this CPU, with no modelled device time."""
+        rows = self.bank.shape[0]
+        return score_prompt_rows(
+            lambda start, stop: self.bank[torch.arange(start, stop) % rows], prompt_ids, num_top)
 
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> None:
         """As TorchEngine.append (SequenceTable.for_append's errors)."""

@@ -53,6 +53,7 @@ from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
 from .device import page_lock, page_unlock
 from .engine import SequenceTable
+from .prompt_scores import PromptScores, score_prompt_rows
 from .summary_graph import GraphedSummary
 
 log = logging.getLogger(__name__)
@@ -316,6 +317,18 @@ class TorchEngine:
         with self.state_lock:
             row = self.sequences[seq_id]
             return row.cached + len(row.pending)
+
+    @torch.inference_mode()
+    def score_prompt(self, prompt_ids: Sequence[int], num_top: int) -> PromptScores:
+        """``engine.ScoresPrompts``: the prompt's logprobs from one forward
+        of the model over it, in no slot (the model's own forward and
+        head, so a model's logit scaling or soft-capping is in them),
+        between steps: it holds the step lock, as a prefill would."""
+        ids = torch.as_tensor([list(prompt_ids)], dtype=torch.int64, device=self.device)
+        with self.step_lock:
+            with _attention_backends(self.device):
+                logits = self.model(input_ids=ids, use_cache=False).logits[0]
+            return score_prompt_rows(lambda start, stop: logits[start:stop], prompt_ids, num_top)
 
     @torch.inference_mode()
     def _forward(self, work: list[tuple[int, int, list[int]]]) -> torch.Tensor:

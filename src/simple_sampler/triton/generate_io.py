@@ -7,7 +7,9 @@ tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
 (this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs
 (0 unless asked); top_logprobs_ids and top_logprobs ([tokens, n], only when
-num_top_logprobs n > 0); num_input_tokens, num_output_tokens; finish_reason
+num_top_logprobs n > 0); the prompt's scores (``PROMPT_OUTPUTS``, only in
+the response that carries them: a stream's first, a non-streamed answer,
+when prompt_logprobs is given); num_input_tokens, num_output_tokens; finish_reason
 ("stop", "length" or "cancelled"). A stream's responses before its last carry
 only text_output and output_ids (and the logprob outputs when asked), every
 ``stream_interval`` tokens (``encode_event``).
@@ -22,7 +24,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..params import SamplingParams
-from ..schema import IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, TOP_OUTPUTS, InvalidRequest
+from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
+                      TOP_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -177,6 +180,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         return_log_probs=flags["return_log_probs"],
         num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
                           if NUM_TOP_LOGPROBS.name in present else 0),
+        prompt_logprobs=(_single(PROMPT_LOGPROBS.name, present[PROMPT_LOGPROBS.name])
+                         if PROMPT_LOGPROBS.name in present else None),
     )
     interval = None
     if "stream_interval" in present:
@@ -224,6 +229,8 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
             [0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob], dtype=np.float32)
     if top:
         outputs.update(zip(TOP_OUTPUTS, _top_arrays(event, top)))
+    if event.prompt_scores is not None:
+        outputs.update(prompt_outputs(event.prompt_scores))
     if full:
         outputs["num_input_tokens"] = np.array([event.num_input_tokens], dtype=np.int32)
         outputs["num_output_tokens"] = np.array([event.num_output_tokens], dtype=np.int32)
@@ -248,6 +255,16 @@ def _top_arrays(event: GenerationEvent, top: int) -> tuple[np.ndarray, np.ndarra
     return ids, logprobs
 
 
+def prompt_outputs(scores) -> dict[str, np.ndarray]:
+    """The outputs of a prompt's scores (``prompt_scores.PromptScores``):
+    ids [T], logprobs [T - 1], and the top ids and logprobs [T - 1, n] when
+    n > 0; -inf written LOGPROB_FLOOR, as the top logprobs'."""
+    arrays = (scores.prompt_ids, np.maximum(scores.token_logprobs, LOGPROB_FLOOR))
+    if scores.top_ids.shape[1]:
+        arrays += (scores.top_ids, np.maximum(scores.top_logprobs, LOGPROB_FLOOR))
+    return dict(zip(PROMPT_OUTPUTS, arrays))
+
+
 def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
     """One event holding a whole non-streamed generation."""
     last = events[-1]
@@ -256,7 +273,9 @@ def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
         [t for e in events for t in e.token_ids], [p for e in events for p in e.logprobs],
         last.num_input_tokens, last.num_output_tokens, last.cum_log_prob,
         last.finish_reason, last.error,
-        top_logprobs=[pairs for e in events for pairs in e.top_logprobs])
+        top_logprobs=[pairs for e in events for pairs in e.top_logprobs],
+        prompt_scores=next((e.prompt_scores for e in events if e.prompt_scores is not None),
+                           None))
 
 
 #: The 4-byte little-endian length that precedes each element of a

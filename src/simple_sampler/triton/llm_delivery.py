@@ -264,7 +264,9 @@ class Deliveries:
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
-        if final or (decoded.stream and delivery.held_tokens >= delivery.interval):
+        # a stream's prompt scores go at once, before any token
+        if final or (decoded.stream and (delivery.held_tokens >= delivery.interval
+                                         or event.prompt_scores is not None)):
             self._flush(delivery, final)
 
     def _flush(self, delivery: Delivery, final: bool) -> None:

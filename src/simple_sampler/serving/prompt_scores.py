@@ -1,0 +1,113 @@
+"""Prompt logprobs: how likely the model found each token of a prompt, given
+the tokens before it (vLLM's ``prompt_logprobs``; OpenAI's legacy
+completions ``echo`` with ``logprobs``, which lm-evaluation-harness's
+loglikelihood tasks send).
+
+They are the model's own distribution, ``log_softmax`` of its logits in
+float32: no temperature, bias or penalty applies, since no prompt token was
+sampled (vLLM's default ``raw_logprobs``). An engine that can score a prompt
+has ``score_prompt`` (``engine.ScoresPrompts``); the decode loop scores a
+request that asks before it queues it (:func:`score_then_queue`), and the
+scores come as an event of their own, before any token.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .generation import FINISH_CANCELLED, FINISH_LENGTH
+
+log = logging.getLogger(__name__)
+
+#: prompt positions whose [rows, V] float32 logprobs exist at once
+ROWS_PER_CHUNK = 64
+
+
+@dataclass
+class PromptScores:
+    """A prompt's scores. ``prompt_ids`` int32 [T], the prompt as the model
+    read it; ``token_logprobs`` float32 [T - 1], entry i the logprob of
+    token i + 1 given tokens 0..i (the first token has none);
+    ``top_ids`` int32 and ``top_logprobs`` float32 [T - 1, n], at each of
+    those positions the n most likely tokens, most likely first, ties by
+    lower id (n = 0: empty)."""
+
+    prompt_ids: np.ndarray
+    token_logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
+def score_prompt_rows(rows: Callable[[int, int], torch.Tensor], prompt_ids: Sequence[int],
+                      num_top: int) -> PromptScores:
+    """The scores of `prompt_ids` from its logits: ``rows(start, stop)``
+    gives float logits [stop - start, V] of positions start..stop - 1 (the
+    distribution of the token after each), any dtype and device; they are
+    read ROWS_PER_CHUNK positions at a time."""
+    ids = np.asarray(prompt_ids, np.int64)
+    count = len(ids) - 1
+    logprobs = np.empty(count, np.float32)
+    top_ids = np.empty((count, num_top), np.int32)
+    top_logprobs = np.empty((count, num_top), np.float32)
+    for start in range(0, count, ROWS_PER_CHUNK):
+        stop = min(start + ROWS_PER_CHUNK, count)
+        chunk = torch.log_softmax(rows(start, stop).float(), dim=-1)
+        following = torch.as_tensor(ids[start + 1:stop + 1], device=chunk.device)
+        logprobs[start:stop] = chunk.gather(1, following[:, None])[:, 0].cpu().numpy()
+        if num_top:
+            values, order = most_likely(chunk, num_top)
+            top_ids[start:stop], top_logprobs[start:stop] = order.cpu().numpy(), values.cpu().numpy()
+    return PromptScores(ids.astype(np.int32), logprobs, top_ids, top_logprobs)
+
+
+def most_likely(logprobs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of float [R, V] its n largest values and their ids [R, n],
+    largest first, ties by lower id: the order of a stable descending sort,
+    from a top-k (a sort of the whole row only where ties cross the n-th
+    place, where a top-k may keep a higher id)."""
+    n = min(n, logprobs.shape[-1])
+    values, order = logprobs.topk(n, dim=-1)
+    by_id = order.sort(dim=-1).values  # then by value, stably: equal values keep id order
+    values, ranked = logprobs.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+    order = by_id.gather(1, ranked)
+    crowded = (logprobs >= values[:, -1:]).sum(dim=-1) > n
+    if bool(crowded.any()):
+        rows = crowded.nonzero()[:, 0]
+        tied, tied_order = logprobs.index_select(0, rows).sort(dim=-1, descending=True,
+                                                               stable=True)
+        values[rows], order[rows] = tied[:, :n], tied_order[:, :n]
+    return values, order
+
+
+async def score_then_queue(decoder, sequence) -> None:
+    """Score a submitted request's prompt on the loop's default executor,
+    hand the scores to its client as an event without tokens, then queue
+    it (or end it, ``"length"``, when it asked for no tokens). A request
+    cancelled meanwhile ends ``"cancelled"``; one that ended meanwhile
+    (``Decoder.abort_all``) is left as it is; a failed scoring ends it with
+    the error, logged with its traceback."""
+    request = sequence.request
+    try:
+        scores = await asyncio.get_running_loop().run_in_executor(
+            None, decoder.engine.score_prompt, sequence.prompt_ids, request.prompt_logprobs)
+    except Exception as error:  # noqa: BLE001 - ours: this request ends, the others go on
+        log.exception("scoring a prompt failed")
+        decoder.finish(sequence, error=f"scoring the prompt failed: {error}")
+        return
+    if sequence.done:
+        return
+    if sequence.cancelled:
+        decoder.finish(sequence, FINISH_CANCELLED)
+        return
+    event = sequence.event("", [], [])
+    event.prompt_scores = scores
+    sequence.handle.put(event)
+    if request.max_tokens == 0:
+        decoder.finish(sequence, FINISH_LENGTH)
+    else:
+        decoder.enqueue(sequence)
