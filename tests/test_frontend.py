@@ -150,7 +150,8 @@ BAD_COMPLETION = [
     (completion(prompt=[1, "a"]), "prompt", "str, list[int], list[str], list[list[int]]"),
     (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
     (completion(prompt=[49152]), "prompt", "[0, 49151]"),
-    (completion(echo=True), "echo", "not supported"),
+    (completion(echo=True, max_tokens=-1), "max_tokens", "[0, 511]"),
+    (completion(max_tokens=0), "max_tokens", "[1, 511]"),
     (completion(logprobs=21), "logprobs", "integer in [0, 20]"),
     (completion(best_of=2), "best_of", "best_of must be 1"),
     (completion(suffix="x"), "suffix", "not supported"),
@@ -298,6 +299,57 @@ def test_top_logprobs_reach_the_llm_and_come_back_as_openai_and_vllm_write_them(
         {" Paris": -0.5, ",": -1.5}, {",": -0.1, " Paris": -9999.0, ".": -0.25}]
     post(client, "/v1/completions", completion(logprobs=0))
     assert "num_top_logprobs" not in plans[-1].params
+
+
+def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(codec):
+    """completions echo starts the answer with the prompt; with logprobs n
+    the llm model is asked for prompt_logprobs n, and the prompt's tokens
+    lead the logprobs (the first null), as lm-evaluation-harness's
+    loglikelihood reads them (token_logprobs[ctxlen:-1], top_logprobs)."""
+    plans, prompt = [], codec.encode("The capital of France is")
+    paris, comma = codec.encode(" Paris")[0], codec.encode(",")[0]
+
+    def generate(plan):
+        plans.append(plan)
+
+        async def chunks():
+            n = len(plan.prompt_ids)
+            if "prompt_logprobs" in plan.params:
+                tops = [[(comma, -0.25), (paris, -1.0)]] * (n - 1) if plan.logprobs else []
+                yield Chunk("", [], [], 0.0, n, 0, "", prompt_ids=plan.prompt_ids,
+                            prompt_logprobs=[-1.0 - i for i in range(n - 1)],
+                            prompt_top_logprobs=tops)
+            if plan.params["max_tokens"]:
+                yield Chunk(" Paris", [paris], [-0.5], -0.5, n, 1, "length",
+                            [[(paris, -0.5), (comma, -1.5)]])
+            else:
+                yield Chunk("", [], [], 0.0, n, 0, "length")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    body = post(client, "/v1/completions", {**completion(echo=True, logprobs=2, max_tokens=1,
+                                                         temperature=0), "prompt": [prompt]}).json()
+    assert plans[-1].params["prompt_logprobs"] == 2
+    choice = body["choices"][0]
+    assert choice["text"] == "The capital of France is Paris"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [codec.decode([t]) for t in prompt] + [" Paris"]
+    assert logprobs["token_logprobs"] == [None] + [-1.0 - i for i in range(len(prompt) - 1)] + [-0.5]
+    assert logprobs["top_logprobs"][0] is None
+    assert logprobs["top_logprobs"][1] == {",": -0.25, " Paris": -1.0, codec.decode([prompt[1]]): -1.0}
+    assert logprobs["top_logprobs"][-1] == {" Paris": -0.5, ",": -1.5}
+    assert body["usage"]["prompt_tokens"] == len(prompt)
+    streamed = events(post(client, "/v1/completions", completion(echo=True, logprobs=2,
+                                                                 stream=True)))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == choice["text"]
+    assert [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]] == logprobs["tokens"]
+    body = post(client, "/v1/completions", completion(echo=True, max_tokens=0)).json()
+    assert plans[-1].params["prompt_logprobs"] == 0 and not plans[-1].logprobs
+    assert body["choices"][0] | {"index": 0} == {"index": 0, "text": "The capital of France is",
+                                                 "logprobs": None, "finish_reason": "length"}
+    body = post(client, "/v1/completions", completion(echo=True)).json()
+    assert "prompt_logprobs" not in plans[-1].params
+    assert body["choices"][0]["text"] == "The capital of France is Paris"
 
 
 def events(response):

@@ -143,6 +143,31 @@ def test_top_logprobs_come_back_and_leave_the_tokens_as_they_were(client, fronte
                for token, top in zip(logprobs.tokens, logprobs.top_logprobs))
 
 
+def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
+    """lm-evaluation-harness's loglikelihood request (echo, logprobs 1,
+    max_tokens 1, temperature 0, the prompt as [[ids]]) through the llm
+    model: the text starts with the prompt, every prompt token after the
+    first has a logprob and a top-1 dict holding it, and a greedy
+    continuation's tokens are their own top-1; max_tokens 0 scores alone."""
+    codec = frontend.served.codec
+    prompt = codec.encode("The capital of France is Paris")
+    ask = dict(model=frontend.served.model_id, prompt=[prompt], echo=True, logprobs=1,
+               temperature=0, seed=1234)
+    choice = client.completions.create(**ask, max_tokens=1).choices[0]
+    assert choice.text.startswith(codec.decode(prompt))
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(prompt) + 1
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(p < 0 for p in logprobs.token_logprobs[1:])
+    for text, p, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:],
+                            logprobs.top_logprobs[1:]):
+        assert top[text] == p and 1 <= len(top) <= 2
+    assert max(logprobs.top_logprobs[-1].values()) == logprobs.token_logprobs[-1]  # greedy
+    alone = client.completions.create(**ask, max_tokens=0).choices[0]
+    assert (alone.text, alone.finish_reason) == (codec.decode(prompt), "length")
+    assert alone.logprobs.token_logprobs == logprobs.token_logprobs[:-1]
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

@@ -136,6 +136,49 @@ def test_top_logprobs_come_with_every_token_over_every_protocol(server):
         assert [pairs for c in chunks for pairs in c.top_logprobs] == whole.top_logprobs
 
 
+def test_prompt_logprobs_come_first_over_every_protocol_as_the_model_scores_them(server):
+    """prompt_logprobs through the ensemble: a stream's first response (no
+    token) and a non-streamed answer hold the prompt's ids and scores, the
+    same over gRPC and HTTP (flattened there) and as the model's own forward
+    in float64 scores them; the tokens are those of a request that does not
+    ask; max_tokens 0 scores the prompt and generates nothing."""
+    import torch
+
+    from simple_sampler.models import load_model
+
+    params = dict(SAMPLED, max_tokens=6, seed=3, exclude_input_in_output=True)
+    with ThreadPoolExecutor(4) as pool:
+        plain, whole, only, *streams = [request.result() for request in (
+            pool.submit(grpc(server).generate, QUESTION, **params),
+            pool.submit(http(server).generate, QUESTION, prompt_logprobs=3, **params),
+            pool.submit(grpc(server).generate, QUESTION, prompt_logprobs=0,
+                        **dict(params, max_tokens=0)),
+            *(pool.submit(lambda c: list(c.stream(QUESTION, prompt_logprobs=3, **params)), client)
+              for client in (grpc(server), http(server))))]
+    assert whole.token_ids == plain.token_ids and not plain.prompt_ids
+    ids = whole.prompt_ids
+    assert len(ids) == whole.num_input_tokens > 10 and len(whole.prompt_logprobs) == len(ids) - 1
+    for chunks in streams:
+        first = chunks[0]
+        assert first.token_ids == [] and first.text == ""
+        assert (first.prompt_ids, first.prompt_logprobs, first.prompt_top_logprobs) == \
+            (ids, whole.prompt_logprobs, whole.prompt_top_logprobs)
+        assert [t for c in chunks for t in c.token_ids] == plain.token_ids
+        assert not any(c.prompt_ids for c in chunks[1:])
+    assert (only.token_ids, only.finish_reason, only.num_output_tokens) == ([], "length", 0)
+    assert only.prompt_logprobs == whole.prompt_logprobs and only.prompt_top_logprobs == []
+    model, _ = load_model()
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+    reference = torch.log_softmax(logits, dim=-1)
+    expected = reference.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    np.testing.assert_allclose(whole.prompt_logprobs, expected.numpy(), atol=1e-4)
+    values, order = reference.topk(3, dim=-1)
+    assert [[t for t, _ in top] for top in whole.prompt_top_logprobs] == order.tolist()
+    np.testing.assert_allclose([[p for _, p in top] for top in whole.prompt_top_logprobs],
+                               values.numpy(), atol=1e-4)
+
+
 def test_a_request_that_bans_every_token_mid_generation_ends_alone_at_once(server):
     """Its first token is allowed (so it is admitted), its second is not (a
     -inf bias on every other token, and the bad word " the the"): the

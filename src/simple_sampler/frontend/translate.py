@@ -14,6 +14,7 @@ range; integer fields are also held to their tensor's data type (an INT32
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -24,7 +25,8 @@ import numpy as np
 from ..client import Chunk
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
-from ..schema import GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS, InvalidRequest
+from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
+                      InvalidRequest)
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
@@ -59,6 +61,9 @@ class Plan:
     logprobs: bool
     #: vLLM's continuous_usage_stats: every stream chunk carries the usage so far
     continuous_usage: bool = False
+    #: completions' echo: the prompt's text, which the answer starts with
+    #: (and, with logprobs, the prompt's tokens its logprobs); None: no echo
+    echo: str | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -135,7 +140,7 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
 
 
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
-                name: str = "max_tokens", prompt_field: str = "messages") -> int:
+                name: str = "max_tokens", prompt_field: str = "messages", low: int = 1) -> int:
     given = getattr(request, name)
     room = served.max_context - prompt_length
     if given is None:
@@ -146,7 +151,7 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
         # context leaves if less (vLLM's default, vllm/entrypoints/utils.py,
         # ``get_max_tokens``); a limit the client sent is never shortened
         return room if default is None else min(default, room)
-    _integer(name, given, "max_tokens", 1, served.max_context - 1)
+    _integer(name, given, "max_tokens", low, served.max_context - 1)
     if given > room:
         raise RequestError(f"the prompt ({prompt_length} tokens) plus {name} ({given}) must be "
                            f"at most the context, {served.max_context} tokens", name)
@@ -165,9 +170,6 @@ def _common(request: Sampling, served: Served) -> None:
 def plan_completion(request: CompletionRequest, served: Served) -> Plan:
     """The generation a /v1/completions request asks for (RequestError if bad)."""
     _common(request, served)
-    if request.echo:
-        raise RequestError("echo is not supported by this server", "echo",
-                           code="unsupported_parameter")
     top = 0 if request.logprobs is None else _integer(
         "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.best_of not in (None, 1):
@@ -188,9 +190,16 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
             raise RequestError("prompt must be a non-empty list of token ids", "prompt")
         prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
                       for t in prompt]
-    return _plan(request, served, False, prompt_ids, _max_tokens(
-        request, served, len(prompt_ids), default=16, prompt_field="prompt"),
-        request.logprobs is not None, top)
+    max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
+                             low=0 if request.echo else 1)
+    plan = _plan(request, served, False, prompt_ids, max_tokens, request.logprobs is not None,
+                 top)
+    if request.echo:
+        # as vLLM: the prompt's text as sent, ids decoded
+        plan.echo = prompt if isinstance(prompt, str) else served.codec.decode(prompt_ids)
+        if plan.logprobs or max_tokens == 0:  # 0: the prompt is scored, nothing generated
+            plan.params[PROMPT_LOGPROBS.name] = top
+    return plan
 
 
 def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
@@ -256,9 +265,20 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     chat, per token its top_logprobs (the n most likely, most likely
     first); completions, per token a dict of the n most likely tokens'
     texts and the chosen one's (n or n + 1 entries, as vLLM and OpenAI's
-    legacy completions give)."""
+    legacy completions give), led with echo by the prompt's tokens (the
+    first with null, having no logprob)."""
     if not plan.logprobs:
         return None
+    scored = next((c for c in chunks if c.prompt_ids), None) if plan.echo is not None else None
+    if scored is not None:
+        prompt = _completion_logprobs(
+            codec, [(t, p, top) for t, p, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,
+                                                     scored.prompt_top_logprobs
+                                                     or [[]] * len(scored.prompt_logprobs))])
+        generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
+        first = codec.decode(scored.prompt_ids[:1])
+        return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
+                for key in ("tokens", "token_logprobs", "top_logprobs")} | {"text_offset": None}
     steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
              for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
     tokens = [codec.decode([t]) for t, _, _ in steps]
@@ -270,13 +290,21 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
         return {"content": [{**entry(text, t, p), "top_logprobs": [
             entry(codec.decode([i]), i, q) for i, q in top]}
             for text, (t, p, top) in zip(tokens, steps)]}
+    return {**_completion_logprobs(codec, steps, tokens), "text_offset": None}
+
+
+def _completion_logprobs(codec, steps: list, tokens: list[str] | None = None) -> dict:
+    """Completions' tokens, token_logprobs and top_logprobs of `steps`
+    (token, logprob, top pairs), each top a dict of the n most likely
+    tokens' texts and the token's own."""
+    tokens = [codec.decode([t]) for t, _, _ in steps] if tokens is None else tokens
     top_dicts = []
     for text, (_, p, top) in zip(tokens, steps):
         alternatives = {codec.decode([i]): _json_logprob(q) for i, q in top}
         alternatives.setdefault(text, _json_logprob(p))
         top_dicts.append(alternatives)
-    return {"tokens": tokens, "token_logprobs": [p for _, p, _ in steps],
-            "top_logprobs": top_dicts, "text_offset": None}
+    return {"tokens": tokens, "token_logprobs": [_json_logprob(p) for _, p, _ in steps],
+            "top_logprobs": top_dicts}
 
 
 def _finish(chunk: Chunk) -> str | None:
@@ -290,7 +318,7 @@ def _object(plan: Plan, kind: str, model_id: str) -> dict:
 
 def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     """The whole answer of a non-streamed request."""
-    text = "".join(c.text for c in chunks)
+    text = (plan.echo or "") + "".join(c.text for c in chunks)
     choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
               "finish_reason": _finish(chunks[-1])}
     if plan.chat:
@@ -316,7 +344,7 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
             {"content": chunk.text}
     else:
-        choice["text"] = chunk.text
+        choice["text"] = (plan.echo or "") + chunk.text if first else chunk.text
     events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
     if plan.include_usage:
         prompt = len(plan.prompt_ids)
