@@ -418,6 +418,23 @@ def test_a_stream_error_without_status_is_a_shutdown_or_ours(message, status):
     assert raised.value.status == status and str(raised.value) == message
 
 
+@pytest.mark.parametrize("model, engine, expected", [
+    ("", "torch", "SmolLM2-135M-Instruct"),
+    ("/m/SmolLM2-1.7B.gguf", "torch", "SmolLM2-1.7B"),
+    ("/m/Qwen2.5-1.5B-Instruct.Q8_0.gguf", "torch", "Qwen2.5-1.5B-Instruct"),
+    ("/m/Qwen2.5-0.5B-Instruct-Q8_0.gguf", "torch", "Qwen2.5-0.5B-Instruct-Q8_0"),
+    ("/m/llama.IQ2_XS.gguf", "torch", "llama"),
+    ("/m/Llama-3.2-1B", "torch", "Llama-3.2-1B"),
+    ("", "simulated", "simulated-SmolLM2-135M-Instruct")])
+def test_the_model_id_is_the_models_name_whole(model, engine, expected):
+    """A dot inside a GGUF file's name (a version, a size) stays in its id;
+    only .gguf and a quantization tag before it go."""
+    from simple_sampler.frontend.backend import model_id
+    from simple_sampler.settings import LlmSettings
+
+    assert model_id(LlmSettings(model=model, engine=engine)) == expected
+
+
 def test_only_the_frontend_imports_fastapi_and_uvicorn():
     import ast
     from pathlib import Path

@@ -205,3 +205,50 @@ def test_hot_vocab_auto_on_a_sampler_host_matches_a_serving_host_with_defaults()
         args = parser.parse_args(["serve", "--sampler-only", *extra])
         assert hot_vocab_profile(args) == profile, extra
     assert hot_vocab_profile(parser.parse_args(["serve"])) == "hot_vocab.npz"
+
+
+def test_a_repository_is_sized_by_the_launch_options_as_given(monkeypatch):
+    """With --model-repository the sampler's batch (by either flag) and
+    --logits-dtype size Triton's shared memory as given: the repository's
+    engine is in its files, not on the command line."""
+    from simple_sampler import cli
+    from simple_sampler.launch import serve as serving
+
+    seen = []
+    monkeypatch.setattr(serving, "run", lambda sampler, *args, **kwargs: seen.append(sampler) or 0)
+    for flag in ("--max-batch-size", "--sampler-max-batch-size"):
+        assert cli.main(["serve", "--model-repository", "/tmp/repo", flag, "128",
+                         "--logits-dtype", "bf16"]) == 0
+    assert [(s.sampler_max_batch_size, s.logits_dtype) for s in seen] == [(128, "bf16")] * 2
+
+
+def test_generate_over_http_defaults_to_the_http_port_and_names_a_dead_one(capsys, monkeypatch):
+    """generate --protocol http goes to the HTTP port by default (8000, not
+    gRPC's 8001), and nobody there is one line, not a traceback; it has no
+    logprob options, since it prints text alone."""
+    import simple_sampler.client
+    from simple_sampler import cli
+    from simple_sampler.client import Chunk
+
+    made = []
+
+    class Recording:
+        def __init__(self, url, protocol):
+            made.append((url, protocol))
+
+        def generate(self, prompt, **params):
+            return Chunk("hello")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(simple_sampler.client, "GenerateClient", Recording)
+        assert cli.main(["generate", "hi", "--protocol", "http"]) == 0
+        assert cli.main(["generate", "hi"]) == 0
+    assert made == [("127.0.0.1:8000", "http"), ("127.0.0.1:8001", "grpc")]
+    capsys.readouterr()
+    (port,) = free_ports(1)
+    assert cli.main(["generate", "hi", "--protocol", "http", "--url", f"127.0.0.1:{port}"]) == 1
+    stderr = capsys.readouterr().err
+    assert stderr.startswith(f"simple-sampler generate: cannot reach http://127.0.0.1:{port}/")
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "hi", "--num-top-logprobs", "2"])

@@ -10,7 +10,7 @@ from pathlib import Path
 from .bench.spec import UsageError, given
 from .bench import registry
 from .launch import gpu_check
-from .schema import ENSEMBLE
+from .schema import ENSEMBLE, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS
 from .serving.engines import engine_spec
 from .settings import (SERVED_MODES, SMOLLM2_VOCAB, FrontendSettings, LlmSettings, SamplerSettings,
                        ServerSettings, check_distinct_ports)
@@ -114,8 +114,8 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
 #: options that act on the launch itself, with or without the models: the
 #: drain (--shutdown-grace), how long to wait for the models (--engine), and
 #: Triton's shared-memory pool (sized by the sampler's largest request)
-LAUNCH_FLAGS = frozenset(("--shutdown-grace", "--engine", "--max-batch-size", "--vocab-size",
-                          "--logits-dtype"))
+LAUNCH_FLAGS = frozenset(("--shutdown-grace", "--engine", "--sampler-max-batch-size",
+                          "--vocab-size", "--logits-dtype"))
 
 
 def refuse_ignored_options(args: argparse.Namespace) -> None:
@@ -161,7 +161,10 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"simple-sampler serve: {error}", file=sys.stderr)
         return 2
-    dtype = None if args.sampler_only else engine_spec(llm.engine).logits_dtype(llm)
+    # a repository's own engine is in its files, not on this command line:
+    # --logits-dtype (or fp32) sizes the pool as given
+    dtype = None if args.sampler_only or args.model_repository is not None else \
+        engine_spec(llm.engine).logits_dtype(llm)
     if dtype is not None:
         # The sampler takes the engine's rows as they are (no cast).
         if args.logits_dtype not in (None, dtype):
@@ -177,9 +180,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 #: `generate` options: the ensemble's numeric scalar inputs (the seed as
-#: --seed, random_seed's alias).
+#: --seed, random_seed's alias), but the logprob asks: generate prints text.
 GENERATION_FLAGS = tuple(t for t in ENSEMBLE.inputs if t.scalar and t.name != "random_seed"
-                         and t.dtype not in ("BOOL", "BYTES"))
+                         and t.dtype not in ("BOOL", "BYTES")
+                         and t.name not in (NUM_TOP_LOGPROBS.name, PROMPT_LOGPROBS.name))
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -188,7 +192,8 @@ def generate(args: argparse.Namespace) -> int:
     params = {t.name: getattr(args, t.name) for t in GENERATION_FLAGS}
     params.update(stop_words=args.stop or None, bad_words=args.bad or None,
                   apply_chat_template=not args.raw, exclude_input_in_output=True)
-    client = GenerateClient(args.url, args.protocol)
+    port = ServerSettings.http_port if args.protocol == "http" else ServerSettings.grpc_port
+    client = GenerateClient(args.url or f"127.0.0.1:{port}", args.protocol)
     try:
         if args.stream:
             for chunk in client.stream(args.prompt, **params):
@@ -271,8 +276,11 @@ def add_serving(commands) -> None:
     LlmSettings.add_arguments(server)
     FrontendSettings.add_arguments(server)
     server.add_argument("--hot-vocab", default="auto", metavar="auto|off|PROFILE.npz",
-                        help="speculative hot-vocab sampling profile (auto: the shipped one "
-                             "for the default model)")
+                        help="speculative hot-vocab sampling profile (auto: the shipped "
+                             "SmolLM2 one where SmolLM2's vocabulary is served: the default "
+                             "model, --engine simulated --handoff hot-first, --engine static, "
+                             "--sampler-only --vocab-size 49152; off otherwise; "
+                             "docs/CONFIGURATION.md)")
     server.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="the launcher's and every model's log level (model lines go to "
@@ -287,7 +295,8 @@ def add_serving(commands) -> None:
     gen = commands.add_parser("generate", help="ask a running server; prints the answer")
     gen.add_argument("prompt")
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    gen.add_argument("--url", default="127.0.0.1:8001", help="host:port of --protocol")
+    gen.add_argument("--url", help=f"host:port of --protocol (default: 127.0.0.1:"
+                     f"{ServerSettings.grpc_port} for grpc, {ServerSettings.http_port} for http)")
     gen.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     gen.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     gen.add_argument("--stop", action="append", help="a stop word (repeatable)")

@@ -333,7 +333,8 @@ class LlmSettings(Settings):
         "off, or auto: on where the forward leaves the host's cores free (a GPU, the "
         "simulated engine)", choices=LAUNCH_AHEAD)
     sampler_shards: int = setting(
-        2, "concurrent sampler requests per micro-batch (serve: --instances unless given)",
+        2, "concurrent sampler requests per micro-batch (serve: one per local sampler "
+        "instance unless given, or given 0)",
         minimum=1)
     # 64: a request's fixed cost (llm stub, tritonserver, a sampler stub: a
     # few hundred us) near a twentieth of 64 full rows' kernel (~75 us each
@@ -383,7 +384,8 @@ class LlmSettings(Settings):
     handoff: str = setting(
         "full", "how rows cross to the sampler: full rows, or hot-first (the hot set's "
         "logits, the touched ones and an exact cold summary; the rest whole only when needed: "
-        "docs/HANDOFF.md) when the sampler has a hot set and every endpoint is local",
+        "docs/HANDOFF.md) when the sampler has a hot set (local instances and sampler servers "
+        "on other hosts alike)",
         choices=HANDOFFS)
     row_transport: str = setting(
         "arena", "how full rows reach this server's sampler instances: written once into a "

@@ -63,6 +63,9 @@ class GenerateClient(ClientBase):
             response = urllib.request.urlopen(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as error:
             raise http_error(error.read()) from None
+        except urllib.error.URLError as error:  # no server there: as gRPC's UNAVAILABLE
+            raise GenerationError(f"cannot reach {address}: {error.reason}", "UNAVAILABLE") \
+                from None
         with response:
             if address.endswith("/generate"):
                 yield payload_chunk(json.loads(response.read()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -27,12 +28,18 @@ from .translate import Plan, Served
 log = logging.getLogger(__name__)
 
 
+#: a GGUF file name's quantization tag before ``.gguf`` (``.Q4_1``, ``.IQ2_XS``, ``.f16``)
+GGUF_QUANTIZATION = re.compile(r"\.(I?Q\d\w*|B?F(16|32))$", re.IGNORECASE)
+
+
 def model_id(settings: LlmSettings) -> str:
     """The name clients pass as ``model``: the model's file or directory name
-    (SmolLM2's by default), prefixed ``simulated-`` when no model runs (the
+    (SmolLM2's by default), a GGUF file's without ``.gguf`` and its
+    quantization tag, prefixed ``simulated-`` when no model runs (the
     simulated engine: the name is only its tokenizer's)."""
     name = Path(settings.model).name if settings.model else SMOLLM2_GGUF_NAME
-    name = name.split(".")[0] if name.endswith(".gguf") else name
+    if name.endswith(".gguf"):
+        name = GGUF_QUANTIZATION.sub("", name.removesuffix(".gguf"))
     return name if engine_spec(settings.engine).runs_model else f"simulated-{name}"
 
 
