@@ -343,10 +343,18 @@ def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(codec):
                                                                  stream=True)))
     assert "".join(c["choices"][0]["text"] for c in streamed) == choice["text"]
     assert [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]] == logprobs["tokens"]
-    body = post(client, "/v1/completions", completion(echo=True, max_tokens=0)).json()
-    assert plans[-1].params["prompt_logprobs"] == 0 and not plans[-1].logprobs
-    assert body["choices"][0] | {"index": 0} == {"index": 0, "text": "The capital of France is",
-                                                 "logprobs": None, "finish_reason": "length"}
+    asked = len(plans)
+    for stream in (False, True):  # the prompt alone: the model is not asked
+        response = post(client, "/v1/completions", completion(echo=True, max_tokens=0,
+                                                              stream=stream))
+        choice = events(response)[0]["choices"][0] if stream else response.json()["choices"][0]
+        assert choice == {"index": 0, "text": "The capital of France is", "logprobs": None,
+                          "finish_reason": "length"}
+    assert len(plans) == asked
+    body = post(client, "/v1/completions", completion(echo=True, max_tokens=0, logprobs=0)).json()
+    assert plans[-1].params["prompt_logprobs"] == 0 and plans[-1].params["max_tokens"] == 0
+    assert body["choices"][0]["logprobs"]["token_logprobs"][1:] == [
+        -1.0 - i for i in range(len(prompt) - 1)]
     body = post(client, "/v1/completions", completion(echo=True)).json()
     assert "prompt_logprobs" not in plans[-1].params
     assert body["choices"][0]["text"] == "The capital of France is Paris"

@@ -154,8 +154,8 @@ def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
     ask = dict(model=frontend.served.model_id, prompt=[prompt], echo=True, logprobs=1,
                temperature=0, seed=1234)
     choice = client.completions.create(**ask, max_tokens=1).choices[0]
-    assert choice.text.startswith(codec.decode(prompt))
     logprobs = choice.logprobs
+    assert choice.text == codec.decode(prompt) + "".join(logprobs.tokens[len(prompt):])
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(prompt) + 1
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     assert all(p < 0 for p in logprobs.token_logprobs[1:])

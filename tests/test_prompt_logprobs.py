@@ -4,6 +4,7 @@ its place as the float64 reference computes them, in an event of their own
 before any token, without changing a token; the generate tensors carry
 them; the refusals name the field."""
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -99,7 +100,8 @@ class ScoringEngine(FakeEngine):
 
     def __init__(self, fail=False, **kwargs):
         super().__init__(**kwargs)
-        self.fail, self.scored, self.gate = fail, [], None
+        self.fail, self.scored, self.gate, self.threads = fail, [], None, set()
+        self.started = threading.Event()
 
     def rows(self, count):
         logits = torch.zeros((count, VOCAB))
@@ -107,6 +109,8 @@ class ScoringEngine(FakeEngine):
         return logits
 
     def score_prompt(self, prompt_ids, num_top):
+        self.threads.add(threading.current_thread().name)
+        self.started.set()
         if self.gate is not None:
             self.gate.wait(10)
         if self.fail:
@@ -116,16 +120,16 @@ class ScoringEngine(FakeEngine):
         return score_prompt_rows(lambda start, stop: rows[start:stop], prompt_ids, num_top)
 
 
-def run(engine, *requests, cancel_after_submit=False):
-    """Each request's events, run together on one decoder."""
+def run(engine, *requests, meanwhile=None):
+    """Each request's events, run together on one decoder; `meanwhile`
+    (decoder, handles) is awaited once they are submitted."""
     async def main():
         decoder = Decoder(engine, TextCodec(FakeTokenizer()), sampler=threaded())
         await decoder.start()
         try:
             handles = [decoder.submit(request) for request in requests]
-            if cancel_after_submit:
-                handles[0].cancel()
-                engine.gate.set()
+            if meanwhile is not None:
+                await meanwhile(decoder, handles)
 
             async def events(handle):
                 return [event async for event in handle]
@@ -163,14 +167,61 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing():
     assert engine.steps == []  # nothing took a slot
 
 
-def test_a_request_cancelled_while_scored_ends_cancelled_and_the_others_go_on():
-    import threading
-
+def test_a_request_cancelled_while_scored_or_waiting_ends_at_once_and_is_not_scored():
+    """The first is cancelled while its prompt is scored, the second while
+    it waits its turn: both end "cancelled" before the scoring returns, the
+    second's prompt is never scored; the others go on. Scoring runs on its
+    own thread, not the loop's default executor (the sampler calls')."""
     engine = ScoringEngine()
     engine.gate = threading.Event()
-    cancelled, other = run(engine, seeded(2), seeded(), cancel_after_submit=True)
-    assert [e.finish_reason for e in cancelled] == ["cancelled"]
+    ended = []
+
+    async def cancel_both(decoder, handles):
+        await asyncio.get_running_loop().run_in_executor(None, engine.started.wait, 10)
+        handles[0].cancel()
+        handles[1].cancel()
+        ended.extend(handle.pending[-1].finish_reason for handle in handles[:2])
+        engine.gate.set()
+
+    first, second, other = run(engine, seeded(2), seeded(1), seeded(), meanwhile=cancel_both)
+    assert ended == ["cancelled", "cancelled"]
+    assert [e.finish_reason for e in first + second] == ["cancelled", "cancelled"]
     assert other[-1].finish_reason == "length"
+    assert len(engine.scored) == 1 and engine.threads == {"prompt-scores_0"}
+
+
+def test_requests_aborted_while_waiting_to_be_scored_are_not_scored():
+    engine = ScoringEngine()
+    engine.gate = threading.Event()
+
+    async def abort(decoder, handles):
+        await asyncio.get_running_loop().run_in_executor(None, engine.started.wait, 10)
+        assert decoder.abort_all("the server is shutting down") == 4
+        engine.gate.set()
+
+    events = run(engine, *[seeded(1)] * 4, meanwhile=abort)
+    assert all(len(e) == 1 and e[0].retryable for e in events)
+    assert len(engine.scored) == 1  # the one running when they were aborted
+
+
+def test_a_long_prompts_logits_exist_a_chunk_at_a_time_or_whole_past_a_plain_head(monkeypatch):
+    """Llama-family heads are applied ROWS_PER_CHUNK positions at a time;
+    another family's whole forward gives the same scores."""
+    from simple_sampler.serving import prompt_scores, torch_engine
+
+    monkeypatch.setattr(prompt_scores, "ROWS_PER_CHUNK", 8)
+    model = tiny("llama")
+    engine = TorchEngine(model, max_batch_size=1, max_context=48)
+    prompt = np.random.default_rng(4).integers(0, model.config.vocab_size, 40).tolist()
+    head, widths = model.get_output_embeddings(), []
+    handle = head.register_forward_hook(lambda module, args, out: widths.append(out.shape[0]))
+    chunked = engine.score_prompt(prompt, 3)
+    handle.remove()
+    assert max(widths) == 8 and sum(widths) == 39
+    monkeypatch.setattr(torch_engine, "PLAIN_HEAD_FAMILIES", ())
+    whole = engine.score_prompt(prompt, 3)
+    np.testing.assert_allclose(whole.token_logprobs, chunked.token_logprobs, atol=1e-5)
+    assert whole.top_ids.tolist() == chunked.top_ids.tolist()
 
 
 def test_a_failed_scoring_ends_its_request_with_the_error_alone():

@@ -127,7 +127,7 @@ class TritonPythonModel:
             self.metric_families.append(family)
             self.metrics[name] = family.Metric(labels=labels)
         family = pb_utils.MetricFamily(name="simple_llm_requests_in_flight",
-                                       description="Requests decoding or queued",
+                                       description="Requests decoding or queued (prompts being scored included)",
                                        kind=pb_utils.MetricFamily.GAUGE)
         self.metric_families.append(family)
         self.in_flight = family.Metric(labels=labels)

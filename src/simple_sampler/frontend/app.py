@@ -117,6 +117,12 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
             await asyncio.gather(task, return_exceptions=True)
 
 
+async def _prompt_alone(plan: Plan) -> AsyncIterator[Chunk]:
+    """The answer of a request whose prompt is its whole answer
+    (``Plan.asks_the_model``): nothing generated."""
+    yield Chunk("", [], [], 0.0, len(plan.prompt_ids), 0, "length")
+
+
 async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
     return [chunk async for chunk in chunks]
 
@@ -146,7 +152,7 @@ async def _answer(request: Request, model, plan_for, served: Served,
                   generate: Generate) -> Response:
     body = await request.body()
     plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
-    chunks = generate(plan)
+    chunks = generate(plan) if plan.asks_the_model else _prompt_alone(plan)
     try:
         answer = await _unless_gone(request, _first(chunks) if plan.stream
                                     else _collect(chunks))

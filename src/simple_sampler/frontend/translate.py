@@ -67,6 +67,12 @@ class Plan:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def asks_the_model(self) -> bool:
+        """False for completions' echo with max_tokens 0 and no logprobs:
+        the prompt is the whole answer."""
+        return self.params["max_tokens"] > 0 or PROMPT_LOGPROBS.name in self.params
+
 
 def _integer(name: str, value: int, input_name: str, low: int, high: int) -> int:
     """value in [low, high] and in the range of the input's integer dtype."""
@@ -197,7 +203,7 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
     if request.echo:
         # as vLLM: the prompt's text as sent, ids decoded
         plan.echo = prompt if isinstance(prompt, str) else served.codec.decode(prompt_ids)
-        if plan.logprobs or max_tokens == 0:  # 0: the prompt is scored, nothing generated
+        if plan.logprobs:
             plan.params[PROMPT_LOGPROBS.name] = top
     return plan
 

@@ -96,7 +96,7 @@ from .decoder_stats import DecoderStats
 from .engine import (ComputesOffHost, Engine, ScoresPrompts, SelfScheduling, SequenceFailed,
                      SplitsSlots, WarmsUp)
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
-from .prompt_scores import score_then_queue
+from .prompt_scores import PromptScorer
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec
@@ -184,7 +184,7 @@ class Decoder:
         #: the data-plane side of a lane's step: its thread, the sampler
         self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
         self.tasks: list[asyncio.Task] = []
-        self.scoring: set[asyncio.Task] = set()  # prompts being scored
+        self.scorer = PromptScorer(self)  # prompt_logprobs: scored before queued
         self.wake: list[asyncio.Event] = []
         #: on_step(handles, texts, ids): once per step with any due, the
         #: tokens of listened-to requests (``RequestHandle.listen``'s sink)
@@ -206,10 +206,10 @@ class Decoder:
 
     async def close(self) -> None:
         """Stop the lanes; requests still running get no further events."""
-        tasks = [*self.tasks, *self.scoring]
-        for task in tasks:
+        for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.scorer.close()
         if self.switch_interval is not None:
             sys.setswitchinterval(self.switch_interval)
         self.data_plane.executor.shutdown(wait=True)
@@ -224,7 +224,7 @@ class Decoder:
 
     @property
     def num_in_flight(self) -> int:
-        """Requests submitted and not yet ended (queued or decoding)."""
+        """Requests submitted and not yet ended (their prompts scored, queued or decoding)."""
         return len(self.by_id)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
@@ -267,10 +267,8 @@ class Decoder:
         self.by_id[request_id] = sequence
         if request.prompt_logprobs is None:
             self.enqueue(sequence)
-        else:  # scored first, then queued (a task held until it ends)
-            task = asyncio.get_running_loop().create_task(score_then_queue(self, sequence))
-            self.scoring.add(task)
-            task.add_done_callback(self.scoring.discard)
+        else:  # scored first, then queued
+            self.scorer.submit(sequence)
         return handle
 
     def enqueue(self, sequence: DecodeSequence) -> None:
@@ -289,7 +287,8 @@ class Decoder:
             self.finish(sequence, FINISH_CANCELLED)
         elif sequence.slot >= 0:  # in a lane: its row takes the per-row path
             self.interrupted.add(request_id)
-        # else its prompt is being scored: score_then_queue ends it
+        else:  # its prompt waits to be scored, or is: its scores will be dropped
+            self.finish(sequence, FINISH_CANCELLED)
 
     def _admit(self) -> None:
         """Move queued requests into free slots, each to the smallest lane

@@ -53,7 +53,7 @@ from ..settings import LlmSettings
 from .batch_invariant import InvariantForward
 from .device import page_lock, page_unlock
 from .engine import SequenceTable
-from .prompt_scores import PromptScores, score_prompt_rows
+from .prompt_scores import PLAIN_HEAD_FAMILIES, PromptScores, score_prompt_rows
 from .summary_graph import GraphedSummary
 
 log = logging.getLogger(__name__)
@@ -321,13 +321,20 @@ class TorchEngine:
     @torch.inference_mode()
     def score_prompt(self, prompt_ids: Sequence[int], num_top: int) -> PromptScores:
         """``engine.ScoresPrompts``: the prompt's logprobs from one forward
-        of the model over it, in no slot (the model's own forward and
-        head, so a model's logit scaling or soft-capping is in them),
-        between steps: it holds the step lock, as a prefill would."""
+        of the model over it, in no slot, between steps (it holds the step
+        lock, as a prefill would). A model whose logits are its head's
+        output alone (``PLAIN_HEAD_FAMILIES``) has its head applied a chunk
+        of positions at a time, so no [T, V] logits exist at once; any
+        other runs its whole forward (whatever scaling or soft-capping it
+        applies), its [T, V] logits in its dtype at once."""
         ids = torch.as_tensor([list(prompt_ids)], dtype=torch.int64, device=self.device)
-        with self.step_lock:
-            with _attention_backends(self.device):
-                logits = self.model(input_ids=ids, use_cache=False).logits[0]
+        with self.step_lock, _attention_backends(self.device):
+            if self.model.config.model_type in PLAIN_HEAD_FAMILIES:
+                hidden = self.model.model(input_ids=ids, use_cache=False).last_hidden_state[0]
+                head = self.model.get_output_embeddings()
+                return score_prompt_rows(lambda start, stop: head(hidden[start:stop]),
+                                         prompt_ids, num_top)
+            logits = self.model(input_ids=ids, use_cache=False).logits[0]
             return score_prompt_rows(lambda start, stop: logits[start:stop], prompt_ids, num_top)
 
     @torch.inference_mode()
