@@ -24,7 +24,7 @@ from simple_sampler.launch.ports import free_port
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.pids import alive
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
-from simple_sampler.launch.supervisor import Supervisor
+from simple_sampler.launch.supervisor import Supervisor, arena_regions
 
 pytestmark = pytest.mark.slow
 
@@ -307,3 +307,64 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
     assert not [s.shm_region for s in [victim, *stubs] if (SHM_DIRECTORY / s.shm_region).exists()]
     print(f"SIGTERM under load after a sampler fault: 7 long streams ended with an error, the "
           f"short one finished, serve exited with status 0 in {exited_s:.1f} s (grace {grace} s)")
+
+
+def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_costs_nothing(
+        tmp_path):
+    """Through `serve` itself (the simulated engine): its llm stub killed,
+    the server comes back on the same ports and serves, and the dead stub's
+    row arenas are gone; then a sampler instance killed as SIGTERM arrives:
+    the supervisor still reloads it during the drain, so every stream
+    finishes within the grace (before, the supervisor stopped first and
+    every shard routed to the dead instance waited on it: the streams ran
+    out the grace), and serve exits 0 leaving no region behind."""
+    ports = [free_port() for _ in range(3)]
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
+         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
+         str(ports[2]), "--instances", "2", "--shutdown-grace", "40", "--openai-port", "0",
+         "--log", str(tmp_path / "tritonserver.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(serve.stdout)
+    url = f"127.0.0.1:{ports[1]}"
+    server = SimpleNamespace(http_url=f"127.0.0.1:{ports[0]}")
+    pids = []
+    try:
+        assert output.wait_for("Triton is ready", 300), output.text()
+        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
+                                        capture_output=True, text=True).stdout.split()[0])
+        (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
+        arenas = arena_regions([llm.pid])
+        assert arenas, "the llm stub holds no row arena to leave behind"
+        os.kill(llm.pid, signal.SIGKILL)
+        assert output.wait_for("server restarted", 120), output.text()
+        assert ready(server, "v2/models/ensemble/ready")
+        assert GenerateClient(url).generate(PROMPT, max_tokens=4, **SAMPLED).token_ids
+        assert not [name for name in arenas if (SHM_DIRECTORY / name).exists()]
+        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
+                                        capture_output=True, text=True).stdout.split()[0])
+        stubs = list_stubs(server_pid)
+        pids = [server_pid, *(s.pid for s in stubs)]
+        streams = Streams(url, range(8), max_tokens=300, **SAMPLED)
+        streams.wait_started()
+        victim = [s for s in stubs if s.model == "simple_sampler"][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        serve.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        status = serve.wait(timeout=120)
+        exited_s = time.monotonic() - signalled_at
+        streams.join(timeout=30)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    output.wait_for("never appears", 5)
+    assert status == 0, output.text()
+    assert not streams.errors, streams.errors
+    assert all(len(tokens) == 300 for tokens in streams.tokens.values())
+    assert "reloaded" in output.text(), output.text()
+    assert not [pid for pid in pids if alive(pid)]
+    assert not [s.shm_region for s in stubs if (SHM_DIRECTORY / s.shm_region).exists()]
+    assert not arena_regions(pids)
+    print(f"serve: the llm stub killed, the server back and serving; a sampler instance killed "
+          f"with SIGTERM: 8 streams of 300 tokens finished, serve exited 0 in {exited_s:.1f} s")

@@ -152,6 +152,50 @@ def test_a_failing_target_hands_its_rows_to_another_and_is_probed_back():
     assert pool.targets[0].failures == 0
 
 
+def test_a_target_with_a_probe_takes_rows_again_only_once_it_answers(monkeypatch):
+    """A remote endpoint that failed (a hung host) is asked its readiness
+    in the background once its time out is over, and takes no rows until
+    it answers: rows are not spent on it at a request's whole timeout."""
+    from simple_sampler.triton import sampler_pool
+
+    monkeypatch.setattr(sampler_pool, "PROBE_AFTER_S", 0.05)
+    hung, healthy, asked = Sampler(failing=True), Sampler(), []
+
+    def probe():
+        asked.append(1)
+        return not hung.failing
+
+    pool = SamplerPool([SamplerTarget("remote", hung, 2, probe=probe),
+                        SamplerTarget("local", healthy, 2)], probe_after_s=0.1, min_rows=1)
+    step(pool)
+    assert hung.attempts == 2 and not pool.targets[0].answered
+    time.sleep(0.15)
+    for _ in range(3):  # its probe does not answer: no rows for it, however often asked
+        step(pool)
+        time.sleep(0.1)
+    assert hung.attempts == 2 and len(asked) >= 2
+    hung.failing = False
+    deadline = time.monotonic() + 5
+    while not pool.targets[0].answered and time.monotonic() < deadline:
+        pool.targets[0].is_up(time.monotonic())
+        time.sleep(0.02)
+    tokens, expected = step(pool)
+    assert tokens.tolist() == expected.tolist() and sum(hung.rows) == 6
+    assert pool.targets[0].failures == 0
+
+
+def test_the_remote_clients_reconnect_within_a_second():
+    """gRPC's default reconnect backoff grows to 120 s; a sampler host back
+    from a restart must not wait that out. tritonclient's own options are
+    kept (they are replaced whole when any are given)."""
+    from simple_sampler.triton.sampler_client import SamplerClient, grpc_channel_args
+
+    args = dict(grpc_channel_args())
+    assert args["grpc.max_reconnect_backoff_ms"] <= 1000
+    assert args["grpc.max_receive_message_length"] == args["grpc.max_send_message_length"] > 2**30
+    SamplerClient("127.0.0.1:1", "grpc").client.close()
+
+
 def test_a_lone_target_is_retried_with_backoff_until_it_serves():
     flaky, retries = Sampler(failing=True), []
     pool = SamplerPool([SamplerTarget("local", flaky, 2)], on_retry=lambda: retries.append(1))

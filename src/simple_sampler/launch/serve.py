@@ -273,8 +273,8 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                     preparation.start()
             if stopping.is_set():
                 raise StartInterrupted("stopped before tritonserver was started")
-            server.launch()
-            server.wait_ready(startup_timeout, stop_requested=stopping.is_set)
+            # start(), not launch(): a supervisor's restart waits as it did
+            server.start(startup_timeout, stop_requested=stopping.is_set)
         except (InstallError, ValueError, RuntimeError, TimeoutError, OSError) as error:
             # OSError: a path of the options (--log, a profile) or a port refused
             print(f"simple-sampler serve: {error}", file=sys.stderr)
@@ -316,7 +316,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
               f"(a model did not unload in time: see {log_path})", file=sys.stderr)
         return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
-    return status or 1
+    return status if status is not None and status > 0 else 1  # a signal's -N too
 
 
 def start_frontdoor(openai, preparation: Preparation | None, stopping: threading.Event) -> None:
@@ -349,7 +349,11 @@ def _stop(server, supervisor, openai, stopping: threading.Event, shutdown_grace_
     """The one cleanup of every way `run` ends; returns tritonserver's status."""
     if openai is not None:  # first: no new request reaches a server going away
         openai.close()
-    if supervisor is not None:
+    # The supervisor watches on through the drain (a sampler instance dying
+    # then is reloaded: its requests still finish), restarting nothing; it
+    # stops before Triton does, or now when a restart is under way.
+    if supervisor is not None and (server is None or not stopping.is_set()
+                                   or not supervisor.hold_restarts()):
         supervisor.stop()
     if server is None:
         return None
@@ -359,9 +363,11 @@ def _stop(server, supervisor, openai, stopping: threading.Event, shutdown_grace_
                   f"{shutdown_grace_s:.0f} s)", flush=True)
         else:
             print("simple-sampler serve: stopping before it was ready", flush=True)
-    status = server.stop()  # drains: open OpenAI responses finish or get its error
+    # drains: open OpenAI responses finish or get its error
+    status = server.stop(drained=supervisor.stop if supervisor is not None else None)
     if openai is not None:
         openai.stop()
     if supervisor is not None:
+        supervisor.stop()  # had Triton exited already, `drained` was not called
         supervisor.cleanup()
     return status

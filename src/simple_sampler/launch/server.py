@@ -378,20 +378,23 @@ class TritonServer:
             time.sleep(0.1)
         return time.monotonic() - started
 
-    def stop(self, timeout: float | None = None) -> int | None:
-        """Drain (in-flight requests finish or end with an error), SIGTERM,
-        and SIGKILL what is left `timeout` seconds after the start (default:
-        the grace plus STOP_MARGIN_S); removes the backend copy, the
-        shared-memory regions of the stubs it stopped and a temporary
-        repository. Returns Triton's exit status (None: never launched)."""
+    def stop(self, timeout: float | None = None,
+             drained: Callable[[], None] | None = None) -> int | None:
+        """Drain (in-flight requests finish or end with an error), call
+        `drained` (serve stops its supervisor there: during the drain it
+        still brings a dead sampler instance back), SIGTERM, and SIGKILL
+        what is left `timeout` seconds after the start (default: the grace
+        plus STOP_MARGIN_S); removes the backend copy, the shared-memory
+        regions of the stubs it stopped and a temporary repository.
+        Returns Triton's exit status (None: never launched)."""
         try:
-            return self._stop(timeout)
+            return self._stop(timeout, drained)
         finally:
             if self.temporary_repository and (self.process is None
                                               or self.process.poll() is not None):
                 shutil.rmtree(self.repository, ignore_errors=True)
 
-    def _stop(self, timeout: float | None) -> int | None:
+    def _stop(self, timeout: float | None, drained: Callable[[], None] | None) -> int | None:
         if self.process is None:
             return None
         if self.process.poll() is None and not self.was_ready:
@@ -407,6 +410,8 @@ class TritonServer:
             stubs = list_stubs(self.process.pid)
             log.info("stopping tritonserver (pid %d): %d model process(es) drained in %.1f s",
                      self.process.pid, len(stubs), self.drain(stubs))
+            if drained is not None:
+                drained()
             self.terminate()
             status = self._wait_exit(max(deadline, time.monotonic() + 1.0),
                                      [s for s in stubs if s.pid not in self.abandoned])

@@ -79,6 +79,11 @@ class Supervisor:
         self.recoveries: dict[str, int] = {}
         self.restarts = 0
         self.restarting = threading.Event()  # the server is being replaced
+        #: a stop is draining: a decoupled model's death restarts nothing
+        #: (ordinary models are still reloaded, so the drain's requests finish)
+        self.draining = False
+        self._restart_lock = threading.Lock()  # draining vs a restart's start
+        self.pids_seen: set[int] = set()  # every stub's, for their row arenas
         self.decoupled: set[str] = set()
         self.regions: set[str] = set()
         self.tracked: dict[int, Stub] = {}  # pid -> the stub it was started as
@@ -99,9 +104,19 @@ class Supervisor:
         if self._thread is not None:
             self._thread.join()
 
+    def hold_restarts(self) -> bool:
+        """From now on (a stop's drain) a decoupled model's death restarts
+        nothing; a dead sampler instance is still reloaded. False when a
+        restart is under way: stop the supervisor instead, which
+        interrupts it."""
+        with self._restart_lock:
+            self.draining = True
+            return not self.restarting.is_set()
+
     def cleanup(self) -> list[str]:
-        """After the server is gone: remove the regions its stubs left."""
-        return unlink_shm(sorted(self.regions))
+        """After the server is gone: remove the regions its stubs left, and
+        the row arenas of stubs that never ran their finalize (a dead one)."""
+        return unlink_shm([*sorted(self.regions), *arena_regions(self.pids_seen)])
 
     def _learn_models(self) -> None:
         import tritonclient.http as httpclient
@@ -115,6 +130,7 @@ class Supervisor:
     def _track(self, stubs: list[Stub]) -> None:
         for stub in stubs:
             self.tracked.setdefault(stub.pid, stub)
+            self.pids_seen.add(stub.pid)
             self.regions.add(stub.shm_region)
             if stub.model in self.decoupled and stub.pid not in self._pidfds:
                 try:
@@ -161,7 +177,9 @@ class Supervisor:
         is gone and its region is still there `confirm_s` later."""
         self._kill_orphans()
         live = list_stubs(self.server.process.pid)
-        self._track(live)
+        # an unloaded generation's stubs waiting to be killed are not watched
+        orphans = {stub.pid for _, group in self._orphans for stub in group}
+        self._track([stub for stub in live if stub.pid not in orphans])
         live_pids = {stub.pid for stub in live}
         now, dead = time.monotonic(), []
         for pid, stub in list(self.tracked.items()):
@@ -180,7 +198,18 @@ class Supervisor:
         self._forget_pidfds()
         models = sorted({stub.model for stub in dead})
         if self.decoupled & set(models):
-            self._restart(sorted(self.decoupled & set(models)), dead)
+            with self._restart_lock:
+                restart = not self.draining
+                if restart:
+                    self.restarting.set()
+            if restart:
+                self._restart(sorted(self.decoupled & set(models)), dead)
+            else:  # the stop under way ends the server; its streams have ended
+                log.error("decoupled model(s) %s lost stub(s) %s while the server stops: not "
+                          "restarted", ", ".join(sorted(self.decoupled & set(models))),
+                          ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
+                for stub in dead:
+                    self.tracked.pop(stub.pid, None)
             return models
         for model in models:
             lost = [s for s in dead if s.model == model]
@@ -196,10 +225,10 @@ class Supervisor:
             self.server.abandon(lost + old)
             self._reload(model)
             self.recoveries[model] = self.recoveries.get(model, 0) + 1
-            unlink_shm(s.shm_region for s in lost)
+            unlink_shm([*(s.shm_region for s in lost), *arena_regions(s.pid for s in lost)])
             self._orphans.append((time.monotonic() + self.orphan_grace_s, old))
         if models:
-            orphans = {stub.pid for _, group in self._orphans for stub in group}
+            orphans |= {stub.pid for _, group in self._orphans for stub in group}
             self._track([s for s in list_stubs(self.server.process.pid) if s.pid not in orphans])
         return models
 
@@ -227,10 +256,10 @@ class Supervisor:
                   "restarting the server", ", ".join(models),
                   ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
         started = time.monotonic()
-        self.restarting.set()
-        try:
+        try:  # self.restarting: set by check
             self.server.kill()
             self.cleanup()
+            self.pids_seen.clear()
             self.tracked.clear()
             self._gone_since.clear()
             self._orphans.clear()
@@ -256,5 +285,6 @@ class Supervisor:
                         os.kill(stub.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-            unlink_shm(stub.shm_region for stub in stubs)
+            unlink_shm([*(stub.shm_region for stub in stubs),
+                        *arena_regions(stub.pid for stub in stubs)])
         self._orphans = waiting

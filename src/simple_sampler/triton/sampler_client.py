@@ -29,6 +29,29 @@ def triton_dtype(array: np.ndarray) -> str:
     return np_to_triton_dtype(array.dtype)
 
 
+#: gRPC's reconnect backoff, capped: its default grows to 120 s, so a
+#: sampler host back from a restart waited out a backoff (8-11 s in a probe)
+#: before its clients' channels tried it again
+RECONNECT_BACKOFF_MS = (250, 1000)
+
+
+def grpc_channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options (unlimited messages, its keepalive
+    defaults: ``InferenceServerClient.__init__`` uses them unless given
+    others) and a reconnect backoff of RECONNECT_BACKOFF_MS."""
+    keepalive = grpcclient.KeepAliveOptions()
+    first, most = RECONNECT_BACKOFF_MS
+    return [("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", first),
+            ("grpc.min_reconnect_backoff_ms", first),
+            ("grpc.max_reconnect_backoff_ms", most)]
+
+
 class SamplerClient:
     """One connection to a server's sampler model.
 
@@ -39,7 +62,8 @@ class SamplerClient:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         self.module = PROTOCOLS[protocol]
-        self.client = self.module.InferenceServerClient(url)
+        self.client = self.module.InferenceServerClient(
+            url, **({"channel_args": grpc_channel_args()} if protocol == "grpc" else {}))
         self.model = model
         self._regions: list[tuple[str, object]] = []
 

@@ -71,6 +71,8 @@ RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
 PROBE_AFTER_S = 2.0
 #: A remote request's limit: past it the endpoint counts as failed.
 REMOTE_TIMEOUT_S = 10.0
+#: How long a failed remote endpoint's readiness probe waits for an answer.
+PROBE_TIMEOUT_S = 1.0
 
 
 class SamplerCallError(RuntimeError):
@@ -90,7 +92,14 @@ SamplerCall = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 @dataclass
 class SamplerTarget:
-    """One place rows can go; `capacity` is its instance count."""
+    """One place rows can go; `capacity` is its instance count.
+
+    A target that failed is left out until ``down_until``. With a `probe`
+    (a remote endpoint's readiness, ``RemoteSampler.ready``) it then takes
+    rows again only once the probe, asked in a thread of its own, has
+    answered: a host that hangs would otherwise hold a step's shard for
+    the request's whole timeout at every try (10 s in each 12 s, with a
+    frozen host)."""
 
     name: str
     call: SamplerCall
@@ -99,9 +108,31 @@ class SamplerTarget:
     shares_memory: bool = False
     down_until: float = 0.0
     failures: int = 0
+    probe: Callable[[], bool] | None = None
+    #: its probe answered since its last failure (or it has none to ask)
+    answered: bool = True
+    probing: bool = False
 
     def is_up(self, now: float) -> bool:
-        return self.down_until <= now
+        if self.down_until > now:
+            return False
+        if self.answered or self.probe is None:
+            return True
+        if not self.probing:  # still left out until the probe answers
+            self.probing = True
+            threading.Thread(target=self._probe, name=f"probe {self.name}", daemon=True).start()
+        return False
+
+    def _probe(self) -> None:
+        try:
+            answered = bool(self.probe())
+        except Exception:  # noqa: BLE001 - any failure to answer: still down
+            answered = False
+        if answered:
+            self.answered = True
+        else:
+            self.down_until = time.monotonic() + PROBE_AFTER_S
+        self.probing = False
 
 
 class RemoteSampler:
@@ -116,6 +147,7 @@ class RemoteSampler:
                  timeout_s: float = REMOTE_TIMEOUT_S, hot_set: int | None = None):
         self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
         self._local = threading.local()
+        self._probe_client = None
 
     def _client(self) -> SamplerClient:
         client = getattr(self._local, "client", None)
@@ -162,6 +194,16 @@ class RemoteSampler:
                 raise ValueError(f"sampler endpoint {error}") from None
             log.warning("sampler endpoint %s: its hot set is checked by the requests: the "
                         "probe failed (%s)", self.url, error)
+
+    def ready(self) -> bool:
+        """Whether its sampler model answers ready within PROBE_TIMEOUT_S
+        (``SamplerTarget``'s probe: one at a time, on a client of its own)."""
+        if self._probe_client is None:
+            from .sampler_client import SamplerClient
+
+            self._probe_client = SamplerClient(self.url, "grpc", self.model)
+        return self._probe_client.client.is_model_ready(self.model,
+                                                         client_timeout=PROBE_TIMEOUT_S)
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from tritonclient.utils import InferenceServerException
@@ -390,6 +432,7 @@ class SamplerPool:
 
     def _mark_down(self, target: SamplerTarget, error: Exception) -> None:
         target.failures += 1
+        target.answered = False
         target.down_until = time.monotonic() + self.probe_after_s
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
@@ -496,5 +539,5 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
             config = remote.configuration()
             if config is not None:
                 remote.check(config, vocab_size)
-            targets.append(SamplerTarget(name, remote, capacity_of(config)))
+            targets.append(SamplerTarget(name, remote, capacity_of(config), probe=remote.ready))
     return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)
