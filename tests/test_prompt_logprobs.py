@@ -87,6 +87,22 @@ def test_a_model_engine_scores_a_prompt_as_its_full_forward(family, kind):
     assert engine.score_prompt(prompt[:1], 3).token_logprobs.shape == (0,)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", [TorchEngine, StaticEngine])
+def test_cuda_scores_a_prompt_as_its_full_forward(kind):
+    """On the device, between the static engine's graph replays: the same
+    scores as the float64 forward (bfloat16 logits: to their precision)."""
+    model = tiny("llama", dtype=torch.bfloat16, device="cuda")
+    engine = kind(model, max_batch_size=2, max_context=48)
+    prompt = np.random.default_rng(5).integers(0, model.config.vocab_size, 40).tolist()
+    with torch.inference_mode():
+        rows = model(input_ids=torch.tensor([prompt], device="cuda")).logits[0, :-1]
+    scores = engine.score_prompt(prompt, 4)
+    chosen, _, _ = reference(rows.double().cpu().numpy(), prompt, 4)
+    np.testing.assert_allclose(scores.token_logprobs, chosen, atol=5e-2)
+    assert scores.top_ids.shape == (39, 4)
+
+
 def test_the_simulated_engine_scores_with_its_bank_rows():
     engine = SimulatedEngine(SimulatedSpec(), max_batch_size=2)
     prompt = np.random.default_rng(3).integers(0, engine.vocab_size, 30).tolist()
