@@ -371,7 +371,7 @@ def hot_first_stand_in():
 def remote_stand_in():
     """The kernels as the sampler pool raises a remote sampler's refusal
     (INVALID_ARG): a SamplerCallError marked not retryable."""
-    from simple_sampler.triton.sampler_pool import SamplerCallError
+    from simple_sampler.triton.sampler_targets import SamplerCallError
 
     async def sampler(logits, batch):
         try:
@@ -426,7 +426,7 @@ def test_only_a_refusal_naming_a_row_is_searched_for_its_rows():
     row; not the sampler's own failures, nor a refusal every half would
     meet too (it names no row)."""
     from simple_sampler.serving.samplers import refuses_rows
-    from simple_sampler.triton.sampler_pool import SamplerCallError
+    from simple_sampler.triton.sampler_targets import SamplerCallError
 
     nan = "row 3: logits must not contain NaN; found at column 7"
     assert refuses_rows(ValueError(nan))

@@ -415,7 +415,8 @@ def _local_call(hot, requests=None):
 def _local_pool(hot, capacity=2, requests=None, arena=None, lanes=1):
     """A SamplerPool of one target running ``_local_call``; with `arena`, the
     target maps it (rows by reference); `lanes`: the decode loop's."""
-    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+    from simple_sampler.triton.sampler_pool import SamplerPool
+    from simple_sampler.triton.sampler_targets import SamplerTarget
 
     return SamplerPool([SamplerTarget("local", _local_call(hot, requests), capacity,
                                       shares_memory=arena is not None)], arena=arena,
@@ -677,7 +678,8 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
 
     from simple_sampler.row_arena import RowArena
     from simple_sampler.triton.hot_first_sampler import HotFirstSampler
-    from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerPool, SamplerTarget
+    from simple_sampler.triton.sampler_pool import SamplerPool
+    from simple_sampler.triton.sampler_targets import SamplerCallError, SamplerTarget
 
     rng = np.random.default_rng(71)
     rows = make_rows(rng, 48)
@@ -855,7 +857,7 @@ def test_a_target_without_the_arena_keeps_the_second_round():
     compact rows alone; its undecided rows go whole in a second request;
     the tokens are the same as everywhere."""
     from simple_sampler.row_arena import RowArena
-    from simple_sampler.triton.sampler_pool import SamplerTarget
+    from simple_sampler.triton.sampler_targets import SamplerTarget
 
     rng = np.random.default_rng(7)
     rows = make_rows(rng, 64)
@@ -891,7 +893,7 @@ def test_a_dead_instance_mid_step_gives_the_same_tokens_hot_first(survivor_maps_
     there; to one that does not, they go whole in a second request; the
     tokens are the two-round path's either way."""
     from simple_sampler.row_arena import RowArena
-    from simple_sampler.triton.sampler_pool import SamplerCallError, SamplerTarget
+    from simple_sampler.triton.sampler_targets import SamplerCallError, SamplerTarget
 
     def dead(inputs):
         raise SamplerCallError("Stub process 'simple_sampler_0_0' is not healthy.")
@@ -924,7 +926,8 @@ def test_a_dead_instance_mid_step_gives_the_same_tokens_hot_first(survivor_maps_
 
 def test_rows_off_the_cpu_or_outside_the_arena_are_not_referenced():
     from simple_sampler.row_arena import RowArena
-    from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+    from simple_sampler.triton.sampler_pool import SamplerPool
+    from simple_sampler.triton.sampler_targets import SamplerTarget
 
     arena = RowArena(1, 4096)
     try:

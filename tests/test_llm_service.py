@@ -14,7 +14,7 @@ from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_delivery import Unavailable
 from simple_sampler.triton.llm_service import LlmService
-from simple_sampler.triton.sampler_pool import SamplerCallError
+from simple_sampler.triton.sampler_targets import SamplerCallError
 from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
 
 

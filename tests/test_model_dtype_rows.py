@@ -20,7 +20,8 @@ from simple_sampler.serving.static_decode import StaticEngine
 from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.settings import LlmSettings
 from simple_sampler.shvs.hot_vocab import HotVocab
-from simple_sampler.triton.sampler_pool import SamplerPool, SamplerTarget
+from simple_sampler.triton.sampler_pool import SamplerPool
+from simple_sampler.triton.sampler_targets import SamplerTarget
 from simple_sampler.triton.sampler_serve import serve_request
 from test_torch_hot_first import VOCAB, generate, tiny_model
 

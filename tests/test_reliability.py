@@ -368,3 +368,49 @@ def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_c
     assert not arena_regions(pids)
     print(f"serve: the llm stub killed, the server back and serving; a sampler instance killed "
           f"with SIGTERM: 8 streams of 300 tokens finished, serve exited 0 in {exited_s:.1f} s")
+
+
+def test_a_decode_loop_dying_in_the_drain_ends_the_stop_at_once_leaving_no_arena(tmp_path):
+    """The llm stub killed while a stop drains its streams: the supervisor
+    ends the server at once (its streams could end no other way; before,
+    they hung until the stop's SIGKILL at the grace + 20 s), the clients
+    see their connection close, serve says so (status 1), and the dead
+    stub's row arenas, which nothing restarted would remove, are gone."""
+    grace = 60
+    ports = [free_port() for _ in range(3)]
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
+         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
+         str(ports[2]), "--instances", "1", "--shutdown-grace", str(grace), "--openai-port", "0",
+         "--log", str(tmp_path / "tritonserver.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(serve.stdout)
+    try:
+        assert output.wait_for("Triton is ready", 300), output.text()
+        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
+                                        capture_output=True, text=True).stdout.split()[0])
+        (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
+        arenas = arena_regions([llm.pid])
+        assert arenas, "the llm stub holds no row arena to leave behind"
+        streams = Streams(f"127.0.0.1:{ports[1]}", range(4), max_tokens=900, **SAMPLED)
+        streams.wait_started()
+        serve.send_signal(signal.SIGTERM)
+        assert output.wait_for("simple-sampler serve: stopping", 60), output.text()
+        time.sleep(1)
+        os.kill(llm.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        status = serve.wait(timeout=grace + 30)
+        exited_s = time.monotonic() - killed_at
+        streams.join(timeout=30)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    output.wait_for("never appears", 5)
+    assert status == 1 and "ending the server now" in output.text(), output.text()
+    assert exited_s < 15, output.text()
+    assert sorted(streams.errors) == list(range(4))
+    assert not [name for name in arenas if (SHM_DIRECTORY / name).exists()]
+    assert not alive(server_pid)
+    print(f"the llm stub killed during a stop's drain (grace {grace} s): serve exited "
+          f"{exited_s:.1f} s later, the 4 streams ended with an error, no arena left")

@@ -575,7 +575,7 @@ def test_a_request_for_another_hot_set_is_refused():
 def test_a_remote_sampler_names_the_hot_set_it_expects():
     """RemoteSampler sends ``hot_vocab_fingerprint`` with every request when
     its pool checks one (one per row, full or compact rows), nothing else."""
-    from simple_sampler.triton.sampler_pool import RemoteSampler
+    from simple_sampler.triton.sampler_targets import RemoteSampler
 
     sent = []
 

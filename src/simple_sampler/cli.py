@@ -95,7 +95,7 @@ def hot_vocab_profile(args: argparse.Namespace) -> str:
     an engine without a model (simulated) hot-first, mapped to its rows' ids;
     with --sampler-only, when its --vocab-size is SmolLM2's, so that a
     sampler host started with defaults holds the hot set of a serving host
-    started with defaults (sampler_pool.RemoteSampler checks they agree)."""
+    started with defaults (sampler_targets.RemoteSampler checks they agree)."""
     modelless = (not engine_spec(args.engine or LlmSettings.engine).runs_model
                  and args.handoff != "hot-first")
     if args.hot_vocab == "auto" and args.sampler_only:

@@ -26,7 +26,7 @@ from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.llm_delivery import Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.serving.samplers import names_a_row
-from simple_sampler.triton.sampler_pool import SamplerCallError
+from simple_sampler.triton.sampler_targets import SamplerCallError
 
 log = logging.getLogger("simple_sampler.llm")
 #: The sampler's outputs: the token, its logprob and top logprobs when a row

@@ -313,7 +313,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         return 0
     if stopping.is_set():  # Triton gave up on a model at its exit timeout, or was killed
         print(f"simple-sampler serve: stopped, but tritonserver exited with status {status} "
-              f"(a model did not unload in time: see {log_path})", file=sys.stderr)
+              f"(a model died or did not unload in time: see {log_path})", file=sys.stderr)
         return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status if status is not None and status > 0 else 1  # a signal's -N too
@@ -345,6 +345,11 @@ def start_frontdoor(openai, preparation: Preparation | None, stopping: threading
                               f"{FRONTDOOR_HEALTH_TIMEOUT_S:.0f} s")
 
 
+#: How long a stop waits after the drain for the supervisor to end a reload
+#: under way before Triton is stopped (out of the stop margin's 20 s)
+SUPERVISOR_STOP_WAIT_S = 5.0
+
+
 def _stop(server, supervisor, openai, stopping: threading.Event, shutdown_grace_s: float):
     """The one cleanup of every way `run` ends; returns tritonserver's status."""
     if openai is not None:  # first: no new request reaches a server going away
@@ -364,7 +369,8 @@ def _stop(server, supervisor, openai, stopping: threading.Event, shutdown_grace_
         else:
             print("simple-sampler serve: stopping before it was ready", flush=True)
     # drains: open OpenAI responses finish or get its error
-    status = server.stop(drained=supervisor.stop if supervisor is not None else None)
+    status = server.stop(drained=None if supervisor is None else
+                         lambda: supervisor.stop(wait_s=SUPERVISOR_STOP_WAIT_S))
     if openai is not None:
         openai.stop()
     if supervisor is not None:

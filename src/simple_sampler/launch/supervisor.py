@@ -99,10 +99,12 @@ class Supervisor:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float | None = None) -> None:
+        """Stop watching; wait for the watch to end, at most `wait_s` (a
+        reload under way may take long: its load fails once Triton exits)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(wait_s)
 
     def hold_restarts(self) -> bool:
         """From now on (a stop's drain) a decoupled model's death restarts
@@ -116,7 +118,9 @@ class Supervisor:
     def cleanup(self) -> list[str]:
         """After the server is gone: remove the regions its stubs left, and
         the row arenas of stubs that never ran their finalize (a dead one)."""
-        return unlink_shm([*sorted(self.regions), *arena_regions(self.pids_seen)])
+        # alive: a pid of days ago may be another process's now
+        return unlink_shm([*sorted(self.regions),
+                           *arena_regions(pid for pid in self.pids_seen if not alive(pid))])
 
     def _learn_models(self) -> None:
         import tritonclient.http as httpclient
@@ -204,12 +208,16 @@ class Supervisor:
                     self.restarting.set()
             if restart:
                 self._restart(sorted(self.decoupled & set(models)), dead)
-            else:  # the stop under way ends the server; its streams have ended
-                log.error("decoupled model(s) %s lost stub(s) %s while the server stops: not "
-                          "restarted", ", ".join(sorted(self.decoupled & set(models))),
+            else:  # a stop is draining: its streams would hang until its SIGKILL
+                log.error("decoupled model(s) %s lost stub(s) %s while the server stops: "
+                          "ending the server now, as its streams cannot end otherwise",
+                          ", ".join(sorted(self.decoupled & set(models))),
                           ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
-                for stub in dead:
-                    self.tracked.pop(stub.pid, None)
+                try:  # the group only: the stop's own thread reaps it and cleans up
+                    os.killpg(self.server.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._stop.set()
             return models
         for model in models:
             lost = [s for s in dead if s.model == model]

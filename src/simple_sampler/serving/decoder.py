@@ -96,7 +96,7 @@ from .decoder_stats import DecoderStats
 from .engine import (ComputesOffHost, Engine, ScoresPrompts, SelfScheduling, SequenceFailed,
                      SplitsSlots, WarmsUp)
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
-from .prompt_scores import PromptScorer
+from .prompt_scorer import PromptScorer
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
 from .text import StopMatcher, TextCodec

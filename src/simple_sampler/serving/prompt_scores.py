@@ -7,23 +7,16 @@ They are the model's own distribution, ``log_softmax`` of its logits in
 float32: no temperature, bias or penalty applies, since no prompt token was
 sampled (vLLM's default ``raw_logprobs``). An engine that can score a prompt
 has ``score_prompt`` (``engine.ScoresPrompts``); the decode loop scores a
-request that asks before it queues it (:class:`PromptScorer`), and the
+request that asks before it queues it (``prompt_scorer.PromptScorer``), and the
 scores come as an event of their own, before any token.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-
-from .generation import FINISH_LENGTH
-
-log = logging.getLogger(__name__)
 
 #: prompt positions whose [rows, V] float32 logprobs exist at once
 ROWS_PER_CHUNK = 64
@@ -87,60 +80,3 @@ def most_likely(logprobs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Ten
                                                                stable=True)
         values[rows], order[rows] = tied[:, :n], tied_order[:, :n]
     return values, order
-
-
-class PromptScorer:
-    """Scores submitted requests' prompts one at a time, on a thread of its
-    own (not the loop's default executor, whose threads carry the sampler
-    calls: a burst of long prompts would stall every lane's sampling), then
-    queues each request in its decoder. A request that ended meanwhile
-    (cancelled, ``Decoder.abort_all``) is not scored, or its scores are
-    dropped."""
-
-    def __init__(self, decoder):
-        self.decoder = decoder
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-scores")
-        self.tasks: set[asyncio.Task] = set()  # held until each ends
-
-    def submit(self, sequence) -> None:
-        """Score `sequence` (``DecodeSequence``; its request asked for
-        ``prompt_logprobs``), hand the scores to its client as an event
-        without tokens, then queue it, or end it ``"length"`` when it asked
-        for no tokens. A failed scoring ends it with the error, logged with
-        its traceback."""
-        task = asyncio.get_running_loop().create_task(self._score_then_queue(sequence))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def close(self) -> None:
-        """Stop: scorings not started are dropped, the running one ends."""
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
-    def _score(self, sequence) -> PromptScores | None:
-        if sequence.done:  # ended while waiting its turn: not worth a forward
-            return None
-        return self.decoder.engine.score_prompt(sequence.prompt_ids,
-                                                sequence.request.prompt_logprobs)
-
-    async def _score_then_queue(self, sequence) -> None:
-        decoder = self.decoder
-        try:
-            scores = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._score, sequence)
-        except Exception as error:  # noqa: BLE001 - ours: this request ends, the others go on
-            if not sequence.done:
-                log.exception("scoring a prompt failed")
-                decoder.finish(sequence, error=f"scoring the prompt failed: {error}")
-            return
-        if sequence.done:
-            return
-        event = sequence.event("", [], [])
-        event.prompt_scores = scores
-        sequence.handle.put(event)
-        if sequence.request.max_tokens == 0:
-            decoder.finish(sequence, FINISH_LENGTH)
-        else:
-            decoder.enqueue(sequence)

@@ -40,7 +40,8 @@ from .generate_io import decode_generate
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
                            tokens_as_outputs)
 from .hot_first_sampler import hot_first_sampler
-from .sampler_pool import SamplerCall, build_arena, build_pool
+from .sampler_pool import build_arena, build_pool
+from .sampler_targets import SamplerCall
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,13 @@ def triton_dtype(array: np.ndarray) -> str:
     return np_to_triton_dtype(array.dtype)
 
 
-#: gRPC's reconnect backoff, capped: its default grows to 120 s, so a
-#: sampler host back from a restart waited out a backoff (8-11 s in a probe)
-#: before its clients' channels tried it again
+#: gRPC's reconnect backoff, first and most: its default grows to 120 s, so
+#: a sampler host back from a restart waited out a backoff (8-11 s in a
+#: probe) before its clients' channels tried it again. Not its minimum
+#: (``grpc.min_reconnect_backoff_ms``), which is also the least time a
+#: connection may take to open (gRPC core, subchannel.cc,
+#: ``ParseArgsForBackoffValues``: 20 s by default): a far or busy host
+#: could then never be reached.
 RECONNECT_BACKOFF_MS = (250, 1000)
 
 
@@ -48,7 +52,6 @@ def grpc_channel_args() -> list[tuple[str, int]]:
             ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
             ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
             ("grpc.initial_reconnect_backoff_ms", first),
-            ("grpc.min_reconnect_backoff_ms", first),
             ("grpc.max_reconnect_backoff_ms", most)]
 
 

@@ -18,7 +18,8 @@ A shard whose request fails for a reason that is not the rows' own (a dead
 instance, a server that went away, a timeout) is sent again at once to
 another target that is up, and the target that failed is marked down for
 ``probe_after_s``; after that it is tried again with the next step's rows
-(and marked down again if it still fails). When no other
+(and marked down again if it still fails), a remote one once its readiness
+probe has answered (``sampler_targets.SamplerTarget``). When no other
 target is up the shard waits (backoff from RETRY_FIRST_S, doubling to
 RETRY_MAX_S) and goes to the target that will be back soonest, until
 ``deadline_s`` has passed. A shard the sampler refused (INVALID_ARG: the rows
@@ -31,13 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -45,12 +44,10 @@ from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
-from ..schema import HOT_SET_REFUSAL, TOP_OUTPUTS
+from ..schema import TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
-
-if TYPE_CHECKING:  # imported where a remote target is called: the in-process
-    # benches (bench serve-gpu) run on hosts without tritonclient
-    from .sampler_client import SamplerClient
+from .sampler_targets import (PROBE_AFTER_S, RemoteSampler, SamplerCall, SamplerCallError,
+                              SamplerTarget)
 
 log = logging.getLogger(__name__)
 #: Full rows per shard at least with one lane: a row's kernel (tens to
@@ -67,162 +64,6 @@ ONE_LANE_ROWS_PER_REQUEST = 8
 #: Retries: the first wait, its doubling cap, and the time after which a
 #: shard's rows fail (a reload of the sampler model takes ~2-5 s).
 RETRY_FIRST_S, RETRY_MAX_S, RETRY_DEADLINE_S = 0.05, 1.0, 30.0
-#: How long a target that failed is left out before it is tried again.
-PROBE_AFTER_S = 2.0
-#: A remote request's limit: past it the endpoint counts as failed.
-REMOTE_TIMEOUT_S = 10.0
-#: How long a failed remote endpoint's readiness probe waits for an answer.
-PROBE_TIMEOUT_S = 1.0
-
-
-class SamplerCallError(RuntimeError):
-    """A request to a sampler failed. ``retryable`` unless the sampler
-    refused the rows themselves (INVALID_ARG): a dead or reloading instance,
-    a transport error or a timeout are worth sending again."""
-
-    def __init__(self, message: str, retryable: bool = True):
-        super().__init__(message)
-        self.retryable = retryable
-
-
-#: call(inputs) -> outputs: one synchronous request for some rows (inputs by
-#: tensor name, ``logits`` among them); raises SamplerCallError.
-SamplerCall = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-@dataclass
-class SamplerTarget:
-    """One place rows can go; `capacity` is its instance count.
-
-    A target that failed is left out until ``down_until``. With a `probe`
-    (a remote endpoint's readiness, ``RemoteSampler.ready``) it then takes
-    rows again only once the probe, asked in a thread of its own, has
-    answered: a host that hangs would otherwise hold a step's shard for
-    the request's whole timeout at every try (10 s in each 12 s, with a
-    frozen host)."""
-
-    name: str
-    call: SamplerCall
-    capacity: int = 1
-    #: on this host: takes rows of the pool's arena by reference (logits_ref)
-    shares_memory: bool = False
-    down_until: float = 0.0
-    failures: int = 0
-    probe: Callable[[], bool] | None = None
-    #: its probe answered since its last failure (or it has none to ask)
-    answered: bool = True
-    probing: bool = False
-
-    def is_up(self, now: float) -> bool:
-        if self.down_until > now:
-            return False
-        if self.answered or self.probe is None:
-            return True
-        if not self.probing:  # still left out until the probe answers
-            self.probing = True
-            threading.Thread(target=self._probe, name=f"probe {self.name}", daemon=True).start()
-        return False
-
-    def _probe(self) -> None:
-        try:
-            answered = bool(self.probe())
-        except Exception:  # noqa: BLE001 - any failure to answer: still down
-            answered = False
-        if answered:
-            self.answered = True
-        else:
-            self.down_until = time.monotonic() + PROBE_AFTER_S
-        self.probing = False
-
-
-class RemoteSampler:
-    """The `simple_sampler` model on another Triton server, over gRPC (the
-    logits travel inline: no shared memory between hosts). One client per
-    thread, since calls come from several threads at once. hot_set: the
-    fingerprint of the hot set every sampler of the decode loop must hold
-    (``shvs.hot_vocab.fingerprint``), sent with each request and checked
-    there (``sampler_serve.check_hot_set``); None: not sent."""
-
-    def __init__(self, url: str, model: str = "simple_sampler",
-                 timeout_s: float = REMOTE_TIMEOUT_S, hot_set: int | None = None):
-        self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
-        self._local = threading.local()
-        self._probe_client = None
-
-    def _client(self) -> SamplerClient:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            from .sampler_client import SamplerClient
-
-            client = self._local.client = SamplerClient(self.url, "grpc", self.model)
-        return client
-
-    def configuration(self) -> dict | None:
-        """The model's configuration there (Triton's JSON), None when it
-        cannot be asked now (logged: an endpoint down at start is probed by
-        the requests)."""
-        try:
-            return self._client().client.get_model_config(
-                self.model, as_json=True, client_timeout=self.timeout_s)["config"]
-        except Exception as error:  # noqa: BLE001 - any failure to ask: not now
-            log.warning("sampler endpoint %s: cannot read its configuration (%s)", self.url, error)
-            return None
-
-    def check(self, config: dict, vocab_size: int) -> None:
-        """At start (`config`: ``configuration()``'s), raise ValueError
-        naming what differs rather than serve requests every one of which
-        would be refused: the endpoint's vocabulary, when it declares one,
-        must be the decode loop's `vocab_size`, and its hot set
-        ``hot_set`` (asked with one row of zero logits in the dtype it
-        declares: the row is sampled, or refused naming both hot sets)."""
-        parameters = {key: value.get("string_value", "")
-                      for key, value in config.get("parameters", {}).items()}
-        declared = int(parameters.get("vocab_size") or 0)
-        if declared and vocab_size and declared != vocab_size:
-            raise ValueError(f"sampler endpoint {self.url} samples rows of V={declared}, this "
-                             f"decode loop's have V={vocab_size}")
-        if self.hot_set is None or not (declared or vocab_size):
-            return
-        logits_type = next((tensor.get("data_type") for tensor in config.get("input", [])
-                            if tensor.get("name") == "logits"), "TYPE_FP32")
-        dtype = {"TYPE_BF16": ml_dtypes.bfloat16, "TYPE_FP16": np.float16}.get(logits_type,
-                                                                              np.float32)
-        try:
-            self({"logits": np.zeros((1, declared or vocab_size), dtype)})
-        except SamplerCallError as error:
-            if HOT_SET_REFUSAL in str(error):
-                raise ValueError(f"sampler endpoint {error}") from None
-            log.warning("sampler endpoint %s: its hot set is checked by the requests: the "
-                        "probe failed (%s)", self.url, error)
-
-    def ready(self) -> bool:
-        """Whether its sampler model answers ready within PROBE_TIMEOUT_S
-        (``SamplerTarget``'s probe: one at a time, on a client of its own)."""
-        if self._probe_client is None:
-            from .sampler_client import SamplerClient
-
-            self._probe_client = SamplerClient(self.url, "grpc", self.model)
-        return self._probe_client.client.is_model_ready(self.model,
-                                                         client_timeout=PROBE_TIMEOUT_S)
-
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from tritonclient.utils import InferenceServerException
-
-        arrays = dict(inputs)
-        logits = arrays.pop("logits", None)        # None: compact rows (hot_logits, ...)
-        if self.hot_set is not None:
-            rows = len(logits) if logits is not None else len(arrays["row_scalars"])
-            arrays["hot_vocab_fingerprint"] = np.full((rows, 1), self.hot_set, np.int64)
-        try:
-            return self._client().sample(logits, timeout_s=self.timeout_s, **arrays)
-        except InferenceServerException as error:
-            refused = "INVALID_ARGUMENT" in str(error.status())
-            raise SamplerCallError(f"{self.url}: {error.message()}", retryable=not refused) \
-                from error
-        except Exception as error:  # noqa: BLE001 - any transport failure: another target
-            raise SamplerCallError(f"{self.url}: {error}") from error
-
-
 @dataclass
 class SamplerPool:
     """The decoder's sampler over `targets` (module docstring). Call it as
@@ -428,11 +269,13 @@ class SamplerPool:
         if target.failures:
             log.warning("sampler %s is serving again", target.name)
             target.failures = 0
+        target.answered = True  # it served (the path taken when every target was down)
         self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
 
     def _mark_down(self, target: SamplerTarget, error: Exception) -> None:
         target.failures += 1
         target.answered = False
+        target.probe_after_s = self.probe_after_s
         target.down_until = time.monotonic() + self.probe_after_s
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)

@@ -35,7 +35,8 @@ from ...params import SamplingBatch
 from ...triton.counters import wait_for_counter
 from ...triton.sampler_client import SamplerClient
 from ...triton.sampler_codec import batch_arrays
-from ...triton.sampler_pool import RemoteSampler, SamplerPool, SamplerTarget
+from ...triton.sampler_pool import SamplerPool
+from ...triton.sampler_targets import RemoteSampler, SamplerTarget
 from ...settings import SamplerSettings
 from ...launch.server import MiB, TritonServer, write_model
 from ..kernels.measuring import ALL_FEATURES, make_batch

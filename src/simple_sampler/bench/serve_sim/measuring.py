@@ -189,7 +189,8 @@ def hot_first_sampler(engine, hot: HotVocab, instances: int, lanes: int = 1):
     whole."""
     from ...triton import hot_first_sampler as hot_first
     from ...triton.sampler_serve import serve_request
-    from ...triton.sampler_pool import SamplerPool, SamplerTarget
+    from ...triton.sampler_pool import SamplerPool
+    from ...triton.sampler_targets import SamplerTarget
 
     def instance(inputs):
         return serve_request(inputs, engine.vocab_size, hot).outputs
