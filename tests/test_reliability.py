@@ -243,8 +243,7 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
                              metrics_url=f"http://127.0.0.1:{ports[2]}/metrics")  # sampler_retries() read
     try:
         assert output.wait_for("Triton is ready", 300), output.text()
-        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
-                                        capture_output=True, text=True).stdout.split()[0])
+        server_pid = tritonserver_pid(serve)
         # The fault: one sampler instance frozen until a request met it (as
         # in the test above), then killed; serve's supervisor reloads it.
         warm = Streams(url, range(8), max_tokens=64, **SAMPLED)
@@ -309,6 +308,24 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
           f"short one finished, serve exited with status 0 in {exited_s:.1f} s (grace {grace} s)")
 
 
+def start_serve(tmp_path, *args):
+    """`simple-sampler serve ARGS` on free ports, no OpenAI port: (the
+    process, its Output, [http, grpc, metrics] ports)."""
+    ports = [free_port() for _ in range(3)]
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port",
+         str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+         "--openai-port", "0", "--log", str(tmp_path / "tritonserver.log"), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return serve, Output(serve.stdout), ports
+
+
+def tritonserver_pid(serve) -> int:
+    """The tritonserver `serve` runs now."""
+    return int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
+                              capture_output=True, text=True).stdout.split()[0])
+
+
 def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_costs_nothing(
         tmp_path):
     """Through `serve` itself (the simulated engine): its llm stub killed,
@@ -318,21 +335,14 @@ def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_c
     finishes within the grace (before, the supervisor stopped first and
     every shard routed to the dead instance waited on it: the streams ran
     out the grace), and serve exits 0 leaving no region behind."""
-    ports = [free_port() for _ in range(3)]
-    serve = subprocess.Popen(
-        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
-         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
-         str(ports[2]), "--instances", "2", "--shutdown-grace", "40", "--openai-port", "0",
-         "--log", str(tmp_path / "tritonserver.log")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = Output(serve.stdout)
+    serve, output, ports = start_serve(tmp_path, "--engine", "simulated", "--instances", "2",
+                                       "--shutdown-grace", "40")
     url = f"127.0.0.1:{ports[1]}"
     server = SimpleNamespace(http_url=f"127.0.0.1:{ports[0]}")
     pids = []
     try:
         assert output.wait_for("Triton is ready", 300), output.text()
-        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
-                                        capture_output=True, text=True).stdout.split()[0])
+        server_pid = tritonserver_pid(serve)
         (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
         arenas = arena_regions([llm.pid])
         assert arenas, "the llm stub holds no row arena to leave behind"
@@ -341,8 +351,7 @@ def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_c
         assert ready(server, "v2/models/ensemble/ready")
         assert GenerateClient(url).generate(PROMPT, max_tokens=4, **SAMPLED).token_ids
         assert not [name for name in arenas if (SHM_DIRECTORY / name).exists()]
-        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
-                                        capture_output=True, text=True).stdout.split()[0])
+        server_pid = tritonserver_pid(serve)
         stubs = list_stubs(server_pid)
         pids = [server_pid, *(s.pid for s in stubs)]
         streams = Streams(url, range(8), max_tokens=300, **SAMPLED)
@@ -377,18 +386,11 @@ def test_a_decode_loop_dying_in_the_drain_ends_the_stop_at_once_leaving_no_arena
     see their connection close, serve says so (status 1), and the dead
     stub's row arenas, which nothing restarted would remove, are gone."""
     grace = 60
-    ports = [free_port() for _ in range(3)]
-    serve = subprocess.Popen(
-        [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--engine", "simulated",
-         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port",
-         str(ports[2]), "--instances", "1", "--shutdown-grace", str(grace), "--openai-port", "0",
-         "--log", str(tmp_path / "tritonserver.log")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    output = Output(serve.stdout)
+    serve, output, ports = start_serve(tmp_path, "--engine", "simulated", "--instances", "1",
+                                       "--shutdown-grace", str(grace))
     try:
         assert output.wait_for("Triton is ready", 300), output.text()
-        server_pid = int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
-                                        capture_output=True, text=True).stdout.split()[0])
+        server_pid = tritonserver_pid(serve)
         (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
         arenas = arena_regions([llm.pid])
         assert arenas, "the llm stub holds no row arena to leave behind"
