@@ -250,5 +250,10 @@ def test_generate_over_http_defaults_to_the_http_port_and_names_a_dead_one(capsy
     stderr = capsys.readouterr().err
     assert stderr.startswith(f"simple-sampler generate: cannot reach http://127.0.0.1:{port}/")
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1
+    for _ in range(3):  # over gRPC the stream may fail before its request is queued
+        assert cli.main(["generate", "hi", "--url", f"127.0.0.1:{port}"]) == 1
+        stderr = capsys.readouterr().err
+        assert stderr.startswith("simple-sampler generate: ") and "Traceback" not in stderr
+        assert len(stderr.strip().splitlines()) == 1, stderr
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["generate", "hi", "--num-top-logprobs", "2"])

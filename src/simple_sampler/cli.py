@@ -302,11 +302,13 @@ def add_serving(commands) -> None:
     gen.add_argument("--stop", action="append", help="a stop word (repeatable)")
     gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")
     for tensor in GENERATION_FLAGS:
-        # max_tokens: 64 here, a better first answer than the server's 16.
+        # max_tokens: 64 here, a better first answer than the server's 16;
+        # and never 0, which only prompt_logprobs allows
         default = 64 if tensor.name == "max_tokens" else None
+        allowed = "[1, context - 1]" if tensor.name == "max_tokens" else tensor.allowed
         gen.add_argument(f"--{tensor.name.replace('_', '-')}",
                          type=float if tensor.dtype.startswith("FP") else int, default=default,
-                         help=f"{tensor.allowed} (default: {default or tensor.default})")
+                         help=f"{allowed} (default: {default or tensor.default})")
     gen.set_defaults(handler=generate)
 
     check = commands.add_parser("gpu-check", help="the first GPU run, checked end to end "

@@ -28,6 +28,7 @@ class GenerateClient(ClientBase):
 
     def _grpc(self, arrays) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
 
         inputs = grpc_inputs(grpcclient.InferInput, arrays)
         responses: queue.Queue = queue.Queue()
@@ -36,10 +37,17 @@ class GenerateClient(ClientBase):
                             stream_timeout=self.timeout_s)
         ended = False
         try:
-            client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
-                                      enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex,
+                                          enable_empty_final_response=True)
+            except InferenceServerException as error:  # the stream failed first: no server
+                raise grpc_error(error) from None
             while True:
-                result, error = responses.get(timeout=self.timeout_s)
+                try:
+                    result, error = responses.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise GenerationError(f"no response from {self.url} within "
+                                          f"{self.timeout_s:.0f} s", "DEADLINE_EXCEEDED") from None
                 # The request's end: its final flag, or an error (the decode
                 # loop sends every error final). Triton ends the call then;
                 # cancelling it instead races Triton 2.51 (aio.let_triton_end).

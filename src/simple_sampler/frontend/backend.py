@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 #: a GGUF file name's quantization tag before ``.gguf`` (``.Q4_1``, ``.IQ2_XS``, ``.f16``)
-GGUF_QUANTIZATION = re.compile(r"\.(I?Q\d\w*|B?F(16|32))$", re.IGNORECASE)
+GGUF_QUANTIZATION = re.compile(r"\.(I?Q\d\w*|T?Q\d\w*|B?FP?(16|32))$", re.IGNORECASE)
 
 
 def model_id(settings: LlmSettings) -> str:
@@ -38,8 +38,8 @@ def model_id(settings: LlmSettings) -> str:
     quantization tag, prefixed ``simulated-`` when no model runs (the
     simulated engine: the name is only its tokenizer's)."""
     name = Path(settings.model).name if settings.model else SMOLLM2_GGUF_NAME
-    if name.endswith(".gguf"):
-        name = GGUF_QUANTIZATION.sub("", name.removesuffix(".gguf"))
+    if name.lower().endswith(".gguf"):
+        name = GGUF_QUANTIZATION.sub("", name[:-len(".gguf")])
     return name if engine_spec(settings.engine).runs_model else f"simulated-{name}"
 
 

@@ -117,7 +117,7 @@ def refuses_rows(error: BaseException) -> bool:
     kernels cannot sample: NaN logits, +inf after temperature, every token
     banned) rather than being the sampler's own failure (MemoryError,
     RuntimeError, a transport error): a ValueError, or a remote sampler's
-    refusal marked ``retryable = False`` (``triton.sampler_pool.
+    refusal marked ``retryable = False`` (``triton.sampler_targets.
     SamplerCallError``: INVALID_ARG), that names a row. A refusal naming no
     row (a request too large for a remote sampler, a bug of ours) would fail
     every half too: it fails the step at once."""
