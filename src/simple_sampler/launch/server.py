@@ -25,6 +25,7 @@ from . import startup, templates
 from .startup import StartInterrupted
 from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
 from ..logs import LOG_LEVEL_ENV
+from ..schema import ENSEMBLE
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
 from .ports import free_ports, port_in_use
@@ -365,9 +366,15 @@ class TritonServer:
         """Ask the models to finish (SIGTERM to each of `stubs`: the decode
         loop stops admitting, finishes its requests within `grace_s`, then
         ends the rest with an error; stubs of other models ignore it) and
-        wait until nothing is in flight. Returns the seconds it took."""
+        wait until nothing is in flight. Returns the seconds it took.
+
+        The ensemble is unloaded first, so that its readiness (what a load
+        balancer polls) says the server is going: a Python model has no way
+        to mark itself unready in Triton 2.51. Its streams in flight finish
+        (they hold the model; llm and preprocessing stay loaded)."""
         grace_s = self.shutdown_grace_s if grace_s is None else grace_s
         started = time.monotonic()
+        self._unload(ENSEMBLE.name)
         for stub in stubs:
             try:
                 os.kill(stub.pid, signal.SIGTERM)
@@ -377,6 +384,17 @@ class TritonServer:
         while time.monotonic() < deadline and self.process.poll() is None and self.in_flight() > 0:
             time.sleep(0.1)
         return time.monotonic() - started
+
+    def _unload(self, model: str) -> None:
+        """Ask Triton to unload `model`, if it has it; a failure is logged."""
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/models/{model}/unload", data=b"{}",
+            method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                log.info("%s unloaded: its readiness says the server is stopping", model)
+        except (OSError, http.client.HTTPException) as error:  # none here (--sampler-only)
+            log.info("%s not unloaded before the drain: %s", model, error)
 
     def stop(self, timeout: float | None = None,
              drained: Callable[[], None] | None = None) -> int | None:
