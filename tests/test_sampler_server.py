@@ -17,7 +17,8 @@ from simple_sampler.sampling import sample_requests
 from simple_sampler.triton.counters import wait_for_counter
 from simple_sampler.triton.sampler_client import SamplerClient
 from simple_sampler.settings import SamplerSettings
-from simple_sampler.launch.server import MiB, TritonServer, write_model
+from simple_sampler.launch.server import MiB, TritonServer
+from simple_sampler.launch.templates import write_model
 
 pytestmark = pytest.mark.slow
 INSTANCES = 2

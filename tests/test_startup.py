@@ -8,7 +8,8 @@ import pytest
 import slow_tritonserver
 
 from simple_sampler.serving import engines
-from simple_sampler.launch.server import TritonServer, is_system_library_dir
+from simple_sampler.launch.install import is_system_library_dir
+from simple_sampler.launch.server import TritonServer
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +122,12 @@ def assemble_backends(destination: Path, install: TritonInstall) -> Path:
     ours.mkdir(exist_ok=True)
     shutil.copy2(project_file("backends/simple_sampler/model.py"), ours / "model.py")
     return destination
+
+
+def is_system_library_dir(path: str | None) -> bool:
+    """True for the dynamic loader's default directories (/lib, /usr/lib, their
+    64-bit and multiarch variants), which need no LD_LIBRARY_PATH entry."""
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    defaults = {f"{root}{suffix}" for root in ("/lib", "/usr/lib")
+                for suffix in ("", "64", *([f"/{multiarch}"] if multiarch else []))}
+    return bool(path) and os.path.normpath(path) in defaults

@@ -30,7 +30,8 @@ from ..serving.engines import engine_spec, startup_timeout as engine_startup_tim
 from ..settings import LOCAL, FrontendSettings, LlmSettings, SamplerSettings, parse_endpoints
 from .install import InstallError, project_file
 from .ports import port_in_use
-from .server import MiB, StartInterrupted, TritonServer, write_model
+from .server import MiB, StartInterrupted, TritonServer
+from .templates import write_model
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
-from . import startup, templates
+from . import startup
 from .startup import StartInterrupted
-from .install import InstallError, TritonInstall, assemble_backends, find_triton, project_file
+from .install import (InstallError, TritonInstall, assemble_backends, find_triton,
+                      is_system_library_dir)
 from ..logs import LOG_LEVEL_ENV
 from ..schema import ENSEMBLE
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
@@ -59,25 +60,6 @@ STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
 #: the last line the launcher sends it when it ended the server itself.
 LIFELINE = Path(__file__).with_name("lifeline.py")
 RELEASED = b"released\n"
-
-
-def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
-    """Copy model_repository/<template> to repository/<name>, filling its config."""
-    target = repository / name
-    shutil.copytree(project_file(f"model_repository/{template}"), target, dirs_exist_ok=True)
-    templates.fill_file(target / "config.pbtxt", values)
-    return target
-
-
-def is_system_library_dir(path: str | None) -> bool:
-    """True for the dynamic loader's default directories (/lib, /usr/lib, their
-    64-bit and multiarch variants), which need no LD_LIBRARY_PATH entry."""
-    multiarch = sysconfig.get_config_var("MULTIARCH")
-    defaults = {f"{root}{suffix}" for root in ("/lib", "/usr/lib")
-                for suffix in ("", "64", *([f"/{multiarch}"] if multiarch else []))}
-    return bool(path) and os.path.normpath(path) in defaults
-
-
 
 
 @dataclass
@@ -386,15 +368,15 @@ class TritonServer:
         return time.monotonic() - started
 
     def _unload(self, model: str) -> None:
-        """Ask Triton to unload `model`, if it has it; a failure is logged."""
-        request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/models/{model}/unload", data=b"{}",
-            method="POST")
+        """Ask Triton to unload `model` if the repository has it (a failure is logged)."""
+        if not (Path(self.repository) / model).is_dir():
+            return
         try:
-            with urllib.request.urlopen(request, timeout=5):
-                log.info("%s unloaded: its readiness says the server is stopping", model)
-        except (OSError, http.client.HTTPException) as error:  # none here (--sampler-only)
-            log.info("%s not unloaded before the drain: %s", model, error)
+            urllib.request.urlopen(urllib.request.Request(
+                f"http://{self.http_url}/v2/repository/models/{model}/unload", data=b"{}",
+                method="POST"), timeout=5).close()
+        except (OSError, http.client.HTTPException) as error:
+            log.warning("%s not unloaded before the drain: %s", model, error)
 
     def stop(self, timeout: float | None = None,
              drained: Callable[[], None] | None = None) -> int | None:

@@ -8,8 +8,11 @@ with a literal ``${...}`` or a setting that was never applied.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import Mapping
+
+from .install import project_file
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -63,4 +66,12 @@ def fill_file(path: Path, values: Mapping[str, object], output: Path | None = No
     text = fill(Path(path).read_text(), values, source=str(path))
     target = Path(output or path)
     target.write_text(text)
+    return target
+
+
+def write_model(repository: Path, name: str, template: str, values: Mapping[str, object]) -> Path:
+    """Copy model_repository/<template> to repository/<name>, filling its config."""
+    target = repository / name
+    shutil.copytree(project_file(f"model_repository/{template}"), target, dirs_exist_ok=True)
+    fill_file(target / "config.pbtxt", values)
     return target

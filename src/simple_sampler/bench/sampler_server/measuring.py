@@ -38,7 +38,8 @@ from ...triton.sampler_codec import batch_arrays
 from ...triton.sampler_pool import SamplerPool
 from ...triton.sampler_targets import RemoteSampler, SamplerTarget
 from ...settings import SamplerSettings
-from ...launch.server import MiB, TritonServer, write_model
+from ...launch.server import MiB, TritonServer
+from ...launch.templates import write_model
 from ..kernels.measuring import ALL_FEATURES, make_batch
 
 TRITON_COUNTERS = ("nv_inference_request_success", "nv_inference_queue_duration_us",
