@@ -324,6 +324,20 @@ def start_serve(tmp_path, *args):
     return serve, Output(serve.stdout), ports
 
 
+def exit_of(serve, since: float, timeout: float) -> tuple[int, float]:
+    """`serve`'s exit status and the seconds from `since` to its exit."""
+    status = serve.wait(timeout=timeout)
+    return status, time.monotonic() - since
+
+
+def end_serve(serve, output) -> None:
+    """Kill `serve` if a failed test left it running; read the rest of its output."""
+    if serve.poll() is None:
+        serve.kill()
+        serve.wait()
+    output.wait_for("never appears", 5)
+
+
 def tritonserver_pid(serve) -> int:
     """The tritonserver `serve` runs now."""
     return int(subprocess.run(["pgrep", "-P", str(serve.pid), "tritonserver"],
@@ -363,15 +377,10 @@ def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_c
         victim = [s for s in stubs if s.model == "simple_sampler"][0]
         os.kill(victim.pid, signal.SIGKILL)
         serve.send_signal(signal.SIGTERM)
-        signalled_at = time.monotonic()
-        status = serve.wait(timeout=120)
-        exited_s = time.monotonic() - signalled_at
+        status, exited_s = exit_of(serve, time.monotonic(), 120)
         streams.join(timeout=30)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
-    output.wait_for("never appears", 5)
+        end_serve(serve, output)
     assert status == 0, output.text()
     assert not streams.errors, streams.errors
     assert all(len(tokens) == 300 for tokens in streams.tokens.values())
@@ -404,15 +413,10 @@ def test_a_decode_loop_dying_in_the_drain_ends_the_stop_at_once_leaving_no_arena
         assert output.wait_for("simple-sampler serve: stopping", 60), output.text()
         time.sleep(1)
         os.kill(llm.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        status = serve.wait(timeout=grace + 30)
-        exited_s = time.monotonic() - killed_at
+        status, exited_s = exit_of(serve, time.monotonic(), grace + 30)
         streams.join(timeout=30)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
-    output.wait_for("never appears", 5)
+        end_serve(serve, output)
     assert status == 1 and "ending the server now" in output.text(), output.text()
     assert exited_s < 15, output.text()
     assert sorted(streams.errors) == list(range(4))

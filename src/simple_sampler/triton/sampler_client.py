@@ -30,8 +30,8 @@ def triton_dtype(array: np.ndarray) -> str:
 
 
 #: gRPC's reconnect backoff, first and most: its default grows to 120 s, so
-#: a sampler host back from a restart waited out a backoff (8-11 s in a
-#: probe) before its clients' channels tried it again. Not its minimum
+#: a sampler host back from a restart waited out a backoff of seconds before
+#: its clients' channels tried it again (test_sampler_pool's reconnect test). Not its minimum
 #: (``grpc.min_reconnect_backoff_ms``), which is also the least time a
 #: connection may take to open (gRPC core, subchannel.cc,
 #: ``ParseArgsForBackoffValues``: 20 s by default): a far or busy host
