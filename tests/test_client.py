@@ -108,12 +108,33 @@ def test_unknown_parameter_is_refused_before_sending():
         asyncio.run(AsyncGenerateClient("127.0.0.1:1", "http").generate(QUESTION, top_q=0.5))
 
 
-@pytest.mark.parametrize("protocol,stream", [("grpc", True), ("http", False)])
+@pytest.mark.parametrize("protocol,stream", [("grpc", True), ("http", False), ("http://", True)])
 def test_cli_prints_the_greedy_answer(llm_server, greedy_answer, capsys, protocol, stream):
-    argv = ["generate", QUESTION, "--url", url(llm_server, protocol), "--protocol", protocol,
-            "--temperature", "0", "--max-tokens", "16", *(["--stream"] if stream else [])]
+    """("http://": the url's scheme names the protocol, --protocol not given.)"""
+    address = (["--url", f"http://{llm_server.http_url}/"] if protocol == "http://" else
+               ["--url", url(llm_server, protocol), "--protocol", protocol])
+    argv = ["generate", QUESTION, *address, "--temperature", "0", "--max-tokens", "16",
+            *(["--stream"] if stream else [])]
     assert main(argv) == 0
     assert capsys.readouterr().out == greedy_answer.text + "\n"
+
+
+def test_a_url_takes_its_protocols_scheme_and_nothing_else(capsys):
+    for address, protocol, base in [("h:1", "grpc", "grpc://h:1"), ("grpc://h:1", "grpc",
+                                    "grpc://h:1"), ("h:1", "http", "http://h:1"),
+                                    ("HTTPS://h:1/", "http", "https://h:1")]:
+        client = GenerateClient(address, protocol)
+        assert (client.url, client.base_url) == ("h:1", base)
+    for address, protocol, message in [
+            ("http://h:1", "grpc", "starts with http://; for grpc give host:port or a url "
+                                   "starting with grpc://"),
+            ("grpc://h:1", "http", "for http give host:port or a url starting with http:// or "
+                                   "https://"),
+            ("http://h:1/v2", "http", "is not host:port")]:
+        with pytest.raises(ValueError, match=f"^url: .*{message}"):
+            GenerateClient(address, protocol)
+    assert main(["generate", QUESTION, "--url", "grpc://h:1", "--protocol", "http"]) == 2
+    assert capsys.readouterr().err.startswith("simple-sampler generate: url: 'grpc://h:1'")
 
 
 def test_cli_reports_a_server_error_in_one_line(llm_server, capsys):

@@ -192,8 +192,15 @@ def generate(args: argparse.Namespace) -> int:
     params = {t.name: getattr(args, t.name) for t in GENERATION_FLAGS}
     params.update(stop_words=args.stop or None, bad_words=args.bad or None,
                   apply_chat_template=not args.raw, exclude_input_in_output=True)
-    port = ServerSettings.http_port if args.protocol == "http" else ServerSettings.grpc_port
-    client = GenerateClient(args.url or f"127.0.0.1:{port}", args.protocol)
+    # a url's scheme names its protocol when --protocol does not
+    scheme = args.url.split("://")[0].lower() if args.url and "://" in args.url else ""
+    protocol = args.protocol or ("http" if scheme in ("http", "https") else "grpc")
+    port = ServerSettings.http_port if protocol == "http" else ServerSettings.grpc_port
+    try:
+        client = GenerateClient(args.url or f"127.0.0.1:{port}", protocol)
+    except ValueError as error:
+        print(f"simple-sampler generate: {error}", file=sys.stderr)
+        return 2
     try:
         if args.stream:
             for chunk in client.stream(args.prompt, **params):
@@ -295,9 +302,11 @@ def add_serving(commands) -> None:
     gen = commands.add_parser("generate", help="ask a running server; prints the answer")
     gen.add_argument("prompt")
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
-    gen.add_argument("--url", help=f"host:port of --protocol (default: 127.0.0.1:"
-                     f"{ServerSettings.grpc_port} for grpc, {ServerSettings.http_port} for http)")
-    gen.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    gen.add_argument("--url", help=f"host:port of --protocol, or http(s)://host:port (default: "
+                     f"127.0.0.1:{ServerSettings.grpc_port} for grpc, "
+                     f"{ServerSettings.http_port} for http)")
+    gen.add_argument("--protocol", choices=["grpc", "http"],
+                     help="default: http for an http(s):// --url, else grpc")
     gen.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     gen.add_argument("--stop", action="append", help="a stop word (repeatable)")
     gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")

@@ -12,9 +12,10 @@ from .common import (STREAM_END_TIMEOUT_S, Chunk, ClientBase, GenerationError, c
 
 
 class AsyncGenerateClient(ClientBase):
-    """protocol "grpc" (url host:8001) or "http" (url host:8000). Use as an
-    async context manager, or call ``close()``; one client serves many
-    concurrent requests over one connection."""
+    """protocol "grpc" (url host:8001) or "http" (url host:8000, or
+    http(s)://host:8000). Use as an async context manager, or call
+    ``close()``; one client serves many concurrent requests over one
+    connection."""
 
     _connection = None
 

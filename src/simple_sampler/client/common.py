@@ -17,6 +17,8 @@ SCALAR_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if t.scalar and t.name 
 LIST_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if not t.scalar}
 WORD_LISTS = tuple(name for name, dtype in LIST_TYPES.items() if dtype is np.object_)
 PROTOCOLS = ("grpc", "http")
+#: protocol -> the schemes its url may start with (the first: the default)
+SCHEMES = {"grpc": ("grpc",), "http": ("http", "https")}
 #: How long a gRPC stream whose request had its final response may take to
 #: end before the client cancels it (aio.let_triton_end says why it waits).
 STREAM_END_TIMEOUT_S = 5.0
@@ -95,12 +97,30 @@ def grpc_inputs(infer_input: type, arrays: dict[str, np.ndarray]) -> list:
     return inputs
 
 
-def http_request(url: str, model: str, prompt: str, params: dict) -> tuple[str, bytes]:
-    """(address, JSON body) of the generate or generate_stream endpoint."""
+def split_url(url: str, protocol: str) -> tuple[str, str]:
+    """(scheme, host:port) of a server's `url`: "host:port", or with a
+    scheme of its `protocol` (SCHEMES: "http://" or "https://" for http,
+    "grpc://" for grpc); a trailing "/" is dropped."""
+    scheme, separator, address = url.rpartition("://")
+    if not separator:
+        scheme = SCHEMES[protocol][0]
+    elif scheme.lower() not in SCHEMES[protocol]:
+        allowed = " or ".join(f"{s}://" for s in SCHEMES[protocol])
+        raise ValueError(f"url: {url!r} starts with {scheme}://; for {protocol} give host:port "
+                         f"or a url starting with {allowed}")
+    address = address.rstrip("/")
+    if not address or "/" in address:
+        raise ValueError(f"url: {url!r} is not host:port (no path after the port)")
+    return scheme.lower(), address
+
+
+def http_request(base_url: str, model: str, prompt: str, params: dict) -> tuple[str, bytes]:
+    """(address, JSON body) of the generate or generate_stream endpoint of
+    the server at `base_url` (scheme://host:port)."""
     _check_names(params)
     body = {PROMPT: prompt, **{k: v for k, v in params.items() if v is not None}}
     endpoint = "generate_stream" if params.get("stream") else "generate"
-    return f"http://{url}/v2/models/{model}/{endpoint}", json.dumps(body).encode()
+    return f"{base_url}/v2/models/{model}/{endpoint}", json.dumps(body).encode()
 
 
 def sse_chunk(line: bytes) -> Chunk | None:
@@ -177,9 +197,11 @@ class ClientBase:
                  timeout_s: float = 600.0):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
-        self.url, self.protocol, self.model, self.timeout_s = url, protocol, model, timeout_s
+        scheme, self.url = split_url(url, protocol)
+        self.base_url = f"{scheme}://{self.url}"
+        self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
 
     def _run(self, prompt: str, params: dict):
         if self.protocol == "grpc":
             return self._grpc(request_arrays(prompt, params))
-        return self._http(*http_request(self.url, self.model, prompt, params))
+        return self._http(*http_request(self.base_url, self.model, prompt, params))

@@ -13,7 +13,8 @@ from .common import (Chunk, ClientBase, GenerationError, chunk_from, grpc_error,
                      http_error, payload_chunk, sse_chunk)
 
 class GenerateClient(ClientBase):
-    """protocol "grpc" (url host:8001) or "http" (url host:8000)."""
+    """protocol "grpc" (url host:8001) or "http" (url host:8000,
+    or http(s)://host:8000)."""
 
     def generate(self, prompt: str, **params) -> Chunk:
         """The whole answer in one Chunk (stream=false on the server)."""
