@@ -2,7 +2,10 @@
 sampler endpoints over gRPC (no local instance), gives the tokens a single
 server gives, and loses no request when one of them stops mid-load. The
 endpoints: the shared llm_server's own sampler model (never stopped) and a
-sampler-only server (stopped by the second test)."""
+sampler-only server (stopped by the stop test). A failed endpoint is taken
+back only once it samples again (its own server, last)."""
+import os
+import signal
 import time
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from conftest import SAMPLED_SEEDS
 from fakes import SAMPLED, Streams
 from simple_sampler.settings import LlmSettings, SamplerSettings
+from simple_sampler.launch.processes import list_stubs
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.triton.counters import read_counter, wait_for_counter
@@ -108,3 +112,36 @@ def test_a_sampler_server_stopped_mid_load_costs_no_request(remote, sampled_toke
     assert streams.tokens == {seed: tokens[:TOKENS] for seed, tokens in sampled_tokens.items()}
     assert samplers[1].process.poll() is not None
     assert read_counter(serving.metrics_url, "simple_llm_sampler_retries_total") >= 1  # rows met the stop
+
+
+def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
+    """A failed endpoint's probe (``RemoteSampler.ready``) samples a row: a
+    server whose sampler stub is stopped (a livelock, a debugger) still
+    answers Triton's model readiness, but fails the probe within about its
+    1 s limit, so the pool sends it no rows (each shard there would wait for
+    the stub's failure, or the request's whole timeout on a hung host)."""
+    from simple_sampler.triton.sampler_client import SamplerClient
+    from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
+
+    settings = SamplerSettings(sampler_instances=1, vocab_size=4096)
+    server = TritonServer(assemble_repository(tmp_path / "repository", settings),
+                          log_path=tmp_path / "log").start()
+    try:
+        remote = RemoteSampler(server.grpc_url)
+        assert remote.ready()  # its configuration read by the probe itself: V from it
+        stub = [s for s in list_stubs(server.process.pid) if s.model == "simple_sampler"][0]
+        os.kill(stub.pid, signal.SIGSTOP)
+        try:
+            asked = time.monotonic()
+            with pytest.raises(Exception):  # noqa: B017 - tritonclient's, whichever comes first
+                remote.ready()
+            failed_s = time.monotonic() - asked
+            readiness = SamplerClient(server.grpc_url, "grpc").client.is_model_ready(
+                "simple_sampler", client_timeout=PROBE_TIMEOUT_S)
+        finally:
+            os.kill(stub.pid, signal.SIGKILL)  # a stopped stub resumed crashed Triton 2.51
+        assert failed_s < PROBE_TIMEOUT_S + 2.0
+        assert readiness, "Triton's readiness alone now sees a stopped stub: the probe's " \
+                          "row is no longer needed for this"
+    finally:
+        server.stop()

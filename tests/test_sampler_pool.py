@@ -3,6 +3,7 @@ again elsewhere with the same rows (so the same tokens), a failed target left
 out and tried again later, refused rows never sent again."""
 import asyncio
 import gc
+import threading
 import time
 
 import numpy as np
@@ -179,6 +180,31 @@ def test_a_target_with_a_probe_takes_rows_again_only_once_it_answers():
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist() and sum(hung.rows) == 6
     assert pool.targets[0].failures == 0
+
+
+def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
+    """A call in flight when its target's probe was asked fails before the
+    probe answers: the answer, older than that failure, leaves it out, and
+    the next probe (asked once its time out is over) decides."""
+    release, answers = threading.Event(), []
+
+    def probe():
+        answers.append(release.wait(5))
+        return True
+
+    target = SamplerTarget("remote", Sampler(), 2, probe=probe, answered=False)
+    assert not target.is_up(time.monotonic())  # the probe asked, in its own thread
+    target.failures += 1  # the call in flight fails meanwhile (SamplerPool._mark_down)
+    release.set()
+    deadline = time.monotonic() + 5
+    while target.probing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers == [True] and not target.answered
+    assert not target.is_up(time.monotonic())  # asked again
+    deadline = time.monotonic() + 5
+    while not target.answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers == [True, True] and target.is_up(time.monotonic())
 
 
 def test_a_remote_client_reaches_a_host_back_from_a_restart_within_about_a_second():

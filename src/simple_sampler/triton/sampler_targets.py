@@ -1,8 +1,8 @@
 """What a sampler pool sends rows to: a target (``SamplerTarget``: a call,
 its capacity, whether it is down), the error a call raises
 (``SamplerCallError``), and a remote server's sampler model as a call
-(``RemoteSampler``), with the readiness probe a failed remote endpoint must
-answer before it takes rows again. The pool itself: ``sampler_pool``."""
+(``RemoteSampler``), with the probe a failed remote endpoint must answer
+(one row sampled) before it takes rows again. The pool itself: ``sampler_pool``."""
 from __future__ import annotations
 
 import logging
@@ -50,11 +50,10 @@ class SamplerTarget:
     """One place rows can go; `capacity` is its instance count.
 
     A target that failed is left out until ``down_until``. With a `probe`
-    (a remote endpoint's readiness, ``RemoteSampler.ready``) it then takes
-    rows again only once the probe, asked in a thread of its own, has
-    answered: a host that hangs would otherwise hold a step's shard for
-    the request's whole timeout at every try (10 s in each 12 s, with a
-    frozen host)."""
+    (whether a remote endpoint samples a row, ``RemoteSampler.ready``) it
+    then takes rows again only once the probe, asked in a thread of its
+    own, has answered: a host that hangs would otherwise hold a step's
+    shard for the request's whole timeout at every try."""
 
     name: str
     call: SamplerCall
@@ -86,14 +85,17 @@ class SamplerTarget:
         return False  # still left out until the probe answers
 
     def _probe(self) -> None:
+        failures = self.failures
         try:
             answered = bool(self.probe())
         except Exception:  # noqa: BLE001 - any failure to answer: still down
             answered = False
-        if answered:
+        if answered and self.failures == failures:
             self.answered = True
-        else:
+        elif not answered:
             self.down_until = time.monotonic() + self.probe_after_s
+        # else a call that was in flight failed while it was asked: the
+        # answer is older than that failure, and the next probe decides
         self.probing = False
 
 
@@ -110,6 +112,9 @@ class RemoteSampler:
         self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
         self._local = threading.local()
         self._probe_client = None
+        #: the one row of zero logits ``ready`` has sampled (``probe_row``);
+        #: None until the endpoint's configuration was read
+        self._probe_row: np.ndarray | None = None
 
     def _client(self) -> SamplerClient:
         client = getattr(self._local, "client", None)
@@ -137,20 +142,15 @@ class RemoteSampler:
         must be the decode loop's `vocab_size`, and its hot set
         ``hot_set`` (asked with one row of zero logits in the dtype it
         declares: the row is sampled, or refused naming both hot sets)."""
-        parameters = {key: value.get("string_value", "")
-                      for key, value in config.get("parameters", {}).items()}
-        declared = int(parameters.get("vocab_size") or 0)
+        declared = declared_vocab_size(config)
         if declared and vocab_size and declared != vocab_size:
             raise ValueError(f"sampler endpoint {self.url} samples rows of V={declared}, this "
                              f"decode loop's have V={vocab_size}")
-        if self.hot_set is None or not (declared or vocab_size):
+        self._probe_row = probe_row(config, vocab_size)
+        if self.hot_set is None or self._probe_row is None:
             return
-        logits_type = next((tensor.get("data_type") for tensor in config.get("input", [])
-                            if tensor.get("name") == "logits"), "TYPE_FP32")
-        dtype = {"TYPE_BF16": ml_dtypes.bfloat16, "TYPE_FP16": np.float16}.get(logits_type,
-                                                                              np.float32)
         try:
-            self({"logits": np.zeros((1, declared or vocab_size), dtype)})
+            self({"logits": self._probe_row})
         except SamplerCallError as error:
             if HOT_SET_REFUSAL in str(error):
                 raise ValueError(f"sampler endpoint {error}") from None
@@ -158,23 +158,42 @@ class RemoteSampler:
                         "probe failed (%s)", self.url, error)
 
     def ready(self) -> bool:
-        """Whether its sampler model answers ready within PROBE_TIMEOUT_S
-        (``SamplerTarget``'s probe: one at a time, on a client of its own)."""
+        """Whether it samples one row of zero logits (``probe_row``) within
+        PROBE_TIMEOUT_S; raises when it does not. Triton's model readiness
+        alone answers true for a host whose sampler hangs on every request
+        (its stub stopped), which would then hold each shard sent to it for
+        the request's whole timeout. Where the row's V is not known (its
+        configuration declares none and ``check`` never ran), whether the
+        model answers ready. ``SamplerTarget``'s probe: one at a time, on a
+        client of its own."""
         if self._probe_client is None:
             from .sampler_client import SamplerClient
 
             self._probe_client = SamplerClient(self.url, "grpc", self.model)
-        return self._probe_client.client.is_model_ready(self.model,
-                                                         client_timeout=PROBE_TIMEOUT_S)
+        client = self._probe_client.client
+        if self._probe_row is None:
+            self._probe_row = probe_row(client.get_model_config(
+                self.model, as_json=True, client_timeout=PROBE_TIMEOUT_S)["config"], 0)
+        if self._probe_row is None:
+            return client.is_model_ready(self.model, client_timeout=PROBE_TIMEOUT_S)
+        logits, arrays = self._arrays({"logits": self._probe_row})
+        self._probe_client.sample(logits, timeout_s=PROBE_TIMEOUT_S, **arrays)
+        return True
 
-    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from tritonclient.utils import InferenceServerException
-
+    def _arrays(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray | None, dict]:
+        """(logits or None for compact rows, the other inputs with the hot
+        set's fingerprint)."""
         arrays = dict(inputs)
         logits = arrays.pop("logits", None)        # None: compact rows (hot_logits, ...)
         if self.hot_set is not None:
             rows = len(logits) if logits is not None else len(arrays["row_scalars"])
             arrays["hot_vocab_fingerprint"] = np.full((rows, 1), self.hot_set, np.int64)
+        return logits, arrays
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from tritonclient.utils import InferenceServerException
+
+        logits, arrays = self._arrays(inputs)
         try:
             return self._client().sample(logits, timeout_s=self.timeout_s, **arrays)
         except InferenceServerException as error:
@@ -183,3 +202,24 @@ class RemoteSampler:
                 from error
         except Exception as error:  # noqa: BLE001 - any transport failure: another target
             raise SamplerCallError(f"{self.url}: {error}") from error
+
+
+def declared_vocab_size(config: dict) -> int:
+    """The V a sampler model's configuration (Triton's JSON) declares in its
+    ``vocab_size`` parameter, 0 where it declares none."""
+    parameter = config.get("parameters", {}).get("vocab_size", {})
+    return int(parameter.get("string_value") or 0)
+
+
+def probe_row(config: dict, vocab_size: int) -> np.ndarray | None:
+    """One row of zero logits [1, V] in the dtype a sampler model's
+    configuration declares for ``logits``: V its declared one, else
+    `vocab_size` (None where neither is known)."""
+    width = declared_vocab_size(config) or vocab_size
+    if not width:
+        return None
+    logits_type = next((tensor.get("data_type") for tensor in config.get("input", [])
+                        if tensor.get("name") == "logits"), "TYPE_FP32")
+    dtype = {"TYPE_BF16": ml_dtypes.bfloat16, "TYPE_FP16": np.float16}.get(logits_type,
+                                                                          np.float32)
+    return np.zeros((1, width), dtype)
