@@ -3,6 +3,7 @@
 by a stand-in that records what would be sent to the llm model."""
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -358,6 +359,76 @@ def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(codec):
     body = post(client, "/v1/completions", completion(echo=True)).json()
     assert "prompt_logprobs" not in plans[-1].params
     assert body["choices"][0]["text"] == "The capital of France is Paris"
+
+
+def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
+    """vLLM's prompt_logprobs n: the llm model is asked for the prompt's
+    scores (the larger n where echo asks too); the completion's choice (a
+    chat's answer) carries them: null for the first token, then per token
+    its own logprob and rank and the n most likely with ranks 1 to n, keyed
+    by token id; -inf as -9999.0; max_tokens 0 scores alone. As vLLM, n > 0
+    is refused with stream, and -1 (the whole vocabulary) is refused here."""
+    plans, prompt = [], codec.encode("The capital of France is")
+    paris, comma = codec.encode(" Paris")[0], codec.encode(",")[0]
+    count = len(prompt) - 1
+
+    def generate(plan):
+        plans.append(plan)
+
+        async def chunks():
+            n = len(plan.prompt_ids)
+            tops = [[(comma, -0.25), (paris, -1.0)]] * (n - 1)
+            yield Chunk("", [], [], 0.0, n, 0, "", prompt_ids=plan.prompt_ids,
+                        prompt_logprobs=[-float("inf")] + [-1.0] * (n - 2),
+                        prompt_top_logprobs=tops, prompt_ranks=[7] * (n - 1))
+            yield Chunk(" Paris", [paris], [-0.5], -0.5, n, 1, "length") if \
+                plan.params["max_tokens"] else Chunk("", [], [], 0.0, n, 0, "length")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    body = post(client, "/v1/completions", {**completion(prompt_logprobs=1, max_tokens=0),
+                                            "prompt": prompt}).json()
+    assert plans[-1].params["prompt_logprobs"] == 1 and plans[-1].params["max_tokens"] == 0
+    choice = body["choices"][0]
+    assert choice["text"] == "" and choice["logprobs"] is None
+    places = choice["prompt_logprobs"]
+    assert len(places) == len(prompt) and places[0] is None
+    assert places[1] == {str(prompt[1]): {"logprob": -9999.0, "rank": 7,
+                                          "decoded_token": codec.decode([prompt[1]])},
+                         str(comma): {"logprob": -0.25, "rank": 1, "decoded_token": ","}}
+    assert all(list(place) == [str(token), str(comma)] and place[str(token)]["logprob"] == -1.0
+               for place, token in zip(places[2:], prompt[2:]))
+
+    body = post(client, "/v1/completions", completion(prompt_logprobs=2, echo=True, logprobs=1,
+                                                      max_tokens=1)).json()
+    assert plans[-1].params["prompt_logprobs"] == 2 and plans[-1].params["num_top_logprobs"] == 1
+    choice = body["choices"][0]
+    assert choice["logprobs"]["top_logprobs"][1] == {",": -0.25,
+                                                     codec.decode([prompt[1]]): -9999.0}
+    assert [len(place) for place in choice["prompt_logprobs"][1:]] == [3] * count
+
+    body = post(client, "/v1/chat/completions", chat(prompt_logprobs=0, max_tokens=1)).json()
+    assert plans[-1].params["prompt_logprobs"] == 0
+    assert "prompt_logprobs" not in body["choices"][0]
+    assert len(body["prompt_logprobs"]) == len(plans[-1].prompt_ids)
+    assert all(len(place) == 1 for place in body["prompt_logprobs"][1:])
+
+    asked = len(plans)
+    for fields, message in [
+            (dict(prompt_logprobs=1, stream=True), "prompt_logprobs is not available with "
+                                                   "stream true"),
+            (dict(prompt_logprobs=-1), "prompt_logprobs must be an integer in \\[0, 20\\], got -1"),
+            (dict(prompt_logprobs=21), "prompt_logprobs must be an integer in \\[0, 20\\], got 21"),
+            (dict(max_tokens=0), "max_tokens must be an integer in \\[1, ")]:
+        for path, body in (("/v1/completions", completion(**fields)),
+                           ("/v1/chat/completions", chat(**fields))):
+            response = post(client, path, body)
+            assert response.status_code == 400, (path, fields)
+            assert re.search(message, response.json()["error"]["message"]), response.json()
+    assert len(plans) == asked
+    streamed = events(post(client, "/v1/completions", completion(prompt_logprobs=0, stream=True)))
+    assert "prompt_logprobs" not in plans[-1].params
+    assert all("prompt_logprobs" not in event["choices"][0] for event in streamed)
 
 
 def events(response):

@@ -166,6 +166,19 @@ def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
     alone = client.completions.create(**ask, max_tokens=0).choices[0]
     assert (alone.text, alone.finish_reason) == (codec.decode(prompt), "length")
     assert alone.logprobs.token_logprobs == logprobs.token_logprobs[:-1]
+    # vLLM's prompt_logprobs (beside echo's, which keeps its own n): the same
+    # scores, keyed by token id, each with its rank, the top-2 ranked 1 and 2
+    both = client.completions.create(**ask, max_tokens=0, extra_body={"prompt_logprobs": 2})
+    choice = both.choices[0].model_dump()
+    assert choice["logprobs"]["token_logprobs"] == logprobs.token_logprobs[:-1]
+    places = choice["prompt_logprobs"]
+    assert places[0] is None and len(places) == len(prompt)
+    for token, place, p in zip(prompt[1:], places[1:], logprobs.token_logprobs[1:]):
+        assert place[str(token)]["logprob"] == p
+        assert place[str(token)]["decoded_token"] == codec.decode([token])
+        ranked = sorted(place.values(), key=lambda entry: entry["rank"])
+        assert [entry["rank"] for entry in ranked[:2]] == [1, 2]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))
 
 
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):

@@ -161,18 +161,26 @@ def test_prompt_logprobs_come_first_over_every_protocol_as_the_model_scores_them
     for chunks in streams:
         first = chunks[0]
         assert first.token_ids == [] and first.text == ""
-        assert (first.prompt_ids, first.prompt_logprobs, first.prompt_top_logprobs) == \
-            (ids, whole.prompt_logprobs, whole.prompt_top_logprobs)
+        assert (first.prompt_ids, first.prompt_logprobs, first.prompt_top_logprobs,
+                first.prompt_ranks) == (ids, whole.prompt_logprobs, whole.prompt_top_logprobs,
+                                        whole.prompt_ranks)
         assert [t for c in chunks for t in c.token_ids] == plain.token_ids
         assert not any(c.prompt_ids for c in chunks[1:])
     assert (only.token_ids, only.finish_reason, only.num_output_tokens) == ([], "length", 0)
     assert only.prompt_logprobs == whole.prompt_logprobs and only.prompt_top_logprobs == []
+    assert only.prompt_ranks == whole.prompt_ranks and len(whole.prompt_ranks) == len(ids) - 1
     model, _ = load_model()
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
     reference = torch.log_softmax(logits, dim=-1)
     expected = reference.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     np.testing.assert_allclose(whole.prompt_logprobs, expected.numpy(), atol=1e-4)
+    # each token's rank: 1 + how many are more likely, ties (within float32's
+    # rounding) counted against it
+    above = (reference > expected[:, None] + 1e-4).sum(dim=-1)
+    at_least = (reference >= expected[:, None] - 1e-4).sum(dim=-1)
+    ranks = torch.tensor(whole.prompt_ranks)
+    assert bool(((above + 1 <= ranks) & (ranks <= at_least)).all()), whole.prompt_ranks
     values, order = reference.topk(3, dim=-1)
     assert [[t for t, _ in top] for top in whole.prompt_top_logprobs] == order.tolist()
     np.testing.assert_allclose([[p for _, p in top] for top in whole.prompt_top_logprobs],

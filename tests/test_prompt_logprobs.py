@@ -34,17 +34,28 @@ def reference(rows: np.ndarray, prompt: list[int], n: int):
     logprobs = rows - np.logaddexp.reduce(rows, axis=1, keepdims=True)
     chosen = logprobs[np.arange(len(rows)), prompt[1:]]
     order = np.argsort(-logprobs, axis=1, kind="stable")[:, :n]
-    return chosen, order, np.take_along_axis(logprobs, order, axis=1)
+    return chosen, order, np.take_along_axis(logprobs, order, axis=1), logprobs
 
 
 def check(scores: PromptScores, rows: np.ndarray, prompt: list[int], n: int, tol=2e-5):
-    chosen, order, values = reference(rows, prompt, n)
+    chosen, order, values, logprobs = reference(rows, prompt, n)
     assert scores.prompt_ids.tolist() == prompt
-    assert scores.token_logprobs.shape == (len(prompt) - 1,)
+    assert scores.token_logprobs.shape == scores.token_ranks.shape == (len(prompt) - 1,)
     np.testing.assert_allclose(scores.token_logprobs, chosen, atol=tol, rtol=0)
+    # the rank: 1 + how many are more likely, ties (within the float32
+    # rounding `tol` allows) counted against the token
+    above = (logprobs > chosen[:, None] + tol).sum(axis=1)
+    at_least = (logprobs >= chosen[:, None] - tol).sum(axis=1)
+    assert np.all(above + 1 <= scores.token_ranks) and np.all(scores.token_ranks <= at_least)
     assert scores.top_ids.shape == scores.top_logprobs.shape == (len(prompt) - 1, n)
     assert scores.top_ids.tolist() == order.tolist()
     np.testing.assert_allclose(scores.top_logprobs, values, atol=tol, rtol=0)
+
+
+def test_a_prompt_tokens_rank_counts_the_tokens_at_least_as_likely():
+    rows = torch.tensor([[2.0, 2.0, 1.0, 0.0], [0.0, 1.0, 3.0, 1.0], [5.0, 0.0, 0.0, 0.0]])
+    scores = score_prompt_rows(lambda start, stop: rows[start:stop], [0, 1, 3, 0], 0)
+    assert scores.token_ranks.tolist() == [2, 3, 1]  # a tie counts against the token
 
 
 def test_most_likely_ranks_as_a_stable_sort_with_ties_across_the_nth_place():
@@ -98,7 +109,7 @@ def test_cuda_scores_a_prompt_as_its_full_forward(kind):
     with torch.inference_mode():
         rows = model(input_ids=torch.tensor([prompt], device="cuda")).logits[0, :-1]
     scores = engine.score_prompt(prompt, 4)
-    chosen, _, _ = reference(rows.double().cpu().numpy(), prompt, 4)
+    chosen, _, _, _ = reference(rows.double().cpu().numpy(), prompt, 4)
     np.testing.assert_allclose(scores.token_logprobs, chosen, atol=5e-2)
     assert scores.top_ids.shape == (39, 4)
 
@@ -276,7 +287,7 @@ def test_the_generate_tensors_carry_the_ask_and_the_scores():
     assert decode_generate({"text_input": np.array([[b"ab"]], object)}
                            ).request.prompt_logprobs is None
     scores = PromptScores(np.array([1, 2, 3], np.int32), np.array([-0.5, -np.inf], np.float32),
-                          np.array([[2, 1], [4, 3]], np.int32),
+                          np.array([1, 7], np.int32), np.array([[2, 1], [4, 3]], np.int32),
                           np.array([[-0.1, -2.0], [-0.2, -np.inf]], np.float32))
     engine = ScoringEngine()
     (events,) = run(engine, seeded(2, max_tokens=0))
@@ -286,13 +297,14 @@ def test_the_generate_tensors_carry_the_ask_and_the_scores():
     assert outputs["output_ids"].tolist() == []
     assert outputs[PROMPT_OUTPUTS[0]].tolist() == [1, 2, 3]
     assert outputs[PROMPT_OUTPUTS[1]].tolist() == [-0.5, LOGPROB_FLOOR]
-    assert outputs[PROMPT_OUTPUTS[2]].tolist() == [[2, 1], [4, 3]]
-    assert outputs[PROMPT_OUTPUTS[3]].tolist() == [[np.float32(-0.1), -2.0],
+    assert outputs[PROMPT_OUTPUTS[2]].tolist() == [1, 7]
+    assert outputs[PROMPT_OUTPUTS[3]].tolist() == [[2, 1], [4, 3]]
+    assert outputs[PROMPT_OUTPUTS[4]].tolist() == [[np.float32(-0.1), -2.0],
                                                     [np.float32(-0.2), LOGPROB_FLOOR]]
     merged = merge_events([event, events[1]])
     assert merged.prompt_scores is scores and merged.finish_reason == "length"
     assert PROMPT_OUTPUTS[0] not in encode_event(events[1])
-    no_top = PromptScores(scores.prompt_ids, scores.token_logprobs,
+    no_top = PromptScores(scores.prompt_ids, scores.token_logprobs, scores.token_ranks,
                           np.zeros((2, 0), np.int32), np.zeros((2, 0), np.float32))
     event.prompt_scores = no_top
-    assert set(PROMPT_OUTPUTS) & set(encode_event(event)) == set(PROMPT_OUTPUTS[:2])
+    assert set(PROMPT_OUTPUTS) & set(encode_event(event)) == set(PROMPT_OUTPUTS[:3])

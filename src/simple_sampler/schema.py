@@ -44,9 +44,10 @@ HOT_SET_REFUSAL = "hot_vocab_fingerprint: "
 #: sampler's ([B, n]): token ids, then their logprobs, most likely first.
 TOP_OUTPUTS = ("top_logprobs_ids", "top_logprobs")
 #: The prompt's scores (``prompt_logprobs``): its ids [T], each token's
-#: logprob after the first [T - 1], the n most likely at each place [T - 1, n].
-PROMPT_OUTPUTS = ("prompt_ids", "prompt_log_probs", "prompt_top_logprobs_ids",
-                  "prompt_top_logprobs")
+#: logprob after the first and its rank there [T - 1], the n most likely at
+#: each place [T - 1, n] (ids, then logprobs).
+PROMPT_OUTPUTS = ("prompt_ids", "prompt_log_probs", "prompt_token_ranks",
+                  "prompt_top_logprobs_ids", "prompt_top_logprobs")
 
 
 class InvalidRequest(ValueError):
@@ -196,8 +197,9 @@ GENERATE_OUTPUTS = (
     Tensor(TOP_OUTPUTS[1], "FP32", (-1, -1), optional=False),
     Tensor(PROMPT_OUTPUTS[0], "INT32", (-1,), optional=False),
     Tensor(PROMPT_OUTPUTS[1], "FP32", (-1,), optional=False),
-    Tensor(PROMPT_OUTPUTS[2], "INT32", (-1, -1), optional=False),
-    Tensor(PROMPT_OUTPUTS[3], "FP32", (-1, -1), optional=False),
+    Tensor(PROMPT_OUTPUTS[2], "INT32", (-1,), optional=False),
+    Tensor(PROMPT_OUTPUTS[3], "INT32", (-1, -1), optional=False),
+    Tensor(PROMPT_OUTPUTS[4], "FP32", (-1, -1), optional=False),
     Tensor("num_input_tokens", "INT32", optional=False),
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),

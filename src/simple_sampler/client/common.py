@@ -41,7 +41,8 @@ class Chunk:
     (token id, logprob) pairs, most likely first, when the request asked
     for ``num_top_logprobs`` (else empty). With ``prompt_logprobs``, the
     first response also holds the prompt's scores: its ``prompt_ids``,
-    ``prompt_logprobs`` (each token's after the first) and
+    ``prompt_logprobs`` and ``prompt_ranks`` (each token's after the first:
+    its logprob, and how many tokens were at least as likely there) and
     ``prompt_top_logprobs`` (the pairs at each of those places)."""
 
     text: str
@@ -55,6 +56,7 @@ class Chunk:
     prompt_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
 
 
 def _check_names(params: dict) -> None:
@@ -173,7 +175,8 @@ def chunk_from(get: Callable[[str], object]) -> Chunk:
                  int(first("num_input_tokens", 0)), int(first("num_output_tokens", 0)),
                  as_str(reason[0]) if reason else "", _top_pairs(get, TOP_OUTPUTS, len(token_ids)),
                  [int(t) for t in values(PROMPT_OUTPUTS[0])], prompt_logprobs,
-                 _top_pairs(get, PROMPT_OUTPUTS[2:], len(prompt_logprobs)))
+                 _top_pairs(get, PROMPT_OUTPUTS[3:], len(prompt_logprobs)),
+                 [int(r) for r in values(PROMPT_OUTPUTS[2])])
 
 
 def _top_pairs(get: Callable[[str], object], names: Sequence[str],

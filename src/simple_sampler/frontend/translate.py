@@ -64,6 +64,8 @@ class Plan:
     #: completions' echo: the prompt's text, which the answer starts with
     #: (and, with logprobs, the prompt's tokens its logprobs); None: no echo
     echo: str | None = None
+    #: vLLM's prompt_logprobs n, returned with the answer; None: not asked
+    prompt_logprobs: int | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -197,14 +199,14 @@ def plan_completion(request: CompletionRequest, served: Served) -> Plan:
         prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
                       for t in prompt]
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
-                             low=0 if request.echo else 1)
+                             low=0 if request.echo or _scores_prompt(request) else 1)
     plan = _plan(request, served, False, prompt_ids, max_tokens, request.logprobs is not None,
                  top)
     if request.echo:
         # as vLLM: the prompt's text as sent, ids decoded
         plan.echo = prompt if isinstance(prompt, str) else served.codec.decode(prompt_ids)
         if plan.logprobs:
-            plan.params[PROMPT_LOGPROBS.name] = top
+            plan.params[PROMPT_LOGPROBS.name] = max(top, plan.params.get(PROMPT_LOGPROBS.name, 0))
     return plan
 
 
@@ -229,8 +231,33 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
     except InvalidRequest as error:
         raise RequestError(str(error), "messages") from None
     return _plan(request, served, True, prompt_ids,
-                 _max_tokens(request, served, len(prompt_ids), None, name), bool(request.logprobs),
-                 top)
+                 _max_tokens(request, served, len(prompt_ids), None, name,
+                             low=0 if _scores_prompt(request) else 1),
+                 bool(request.logprobs), top)
+
+
+def _scores_prompt(request: Sampling) -> bool:
+    """Whether the answer carries vLLM's prompt_logprobs (asked, not
+    streamed): then max_tokens may be 0, the prompt's scores alone."""
+    return request.prompt_logprobs is not None and not request.stream
+
+
+def _prompt_logprobs(request: Sampling, plan: Plan) -> None:
+    """vLLM's prompt_logprobs n (0 to MAX_TOP_LOGPROBS; vLLM's -1, the
+    whole vocabulary, is refused): the prompt's scores, asked of the model
+    for the answer. As vLLM, n > 0 is refused with stream, and 0 then
+    asks for nothing."""
+    n = request.prompt_logprobs
+    if n is None:
+        return
+    _integer("prompt_logprobs", n, PROMPT_LOGPROBS.name, 0, MAX_TOP_LOGPROBS)
+    if request.stream:
+        if n:
+            raise RequestError("prompt_logprobs is not available with stream true",
+                               "prompt_logprobs")
+        return
+    plan.prompt_logprobs = n
+    plan.params[PROMPT_LOGPROBS.name] = max(n, plan.params.get(PROMPT_LOGPROBS.name, 0))
 
 
 def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
@@ -246,8 +273,10 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
     include_usage = options is not None and bool(options.include_usage)
-    return Plan(chat, prompt_ids, params, bool(request.stream), include_usage, logprobs,
+    plan = Plan(chat, prompt_ids, params, bool(request.stream), include_usage, logprobs,
                 continuous_usage=include_usage and bool(options.continuous_usage_stats))
+    _prompt_logprobs(request, plan)
+    return plan
 
 
 # --- responses ----------------------------------------------------------
@@ -275,12 +304,13 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     first with null, having no logprob)."""
     if not plan.logprobs:
         return None
-    scored = next((c for c in chunks if c.prompt_ids), None) if plan.echo is not None else None
+    scored = _scored(chunks) if plan.echo is not None else None
     if scored is not None:
+        n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
         prompt = _completion_logprobs(
-            codec, [(t, p, top) for t, p, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,
-                                                     scored.prompt_top_logprobs
-                                                     or [[]] * len(scored.prompt_logprobs))])
+            codec, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
+                                                          scored.prompt_logprobs,
+                                                          _prompt_tops(scored))])
         generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
         first = codec.decode(scored.prompt_ids[:1])
         return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
@@ -313,6 +343,40 @@ def _completion_logprobs(codec, steps: list, tokens: list[str] | None = None) ->
             "top_logprobs": top_dicts}
 
 
+def _scored(chunks: list[Chunk]) -> Chunk | None:
+    """The response that carries the prompt's scores, if any."""
+    return next((c for c in chunks if c.prompt_ids), None)
+
+
+def _prompt_tops(scored: Chunk) -> list[list[tuple[int, float]]]:
+    return scored.prompt_top_logprobs or [[]] * len(scored.prompt_logprobs)
+
+
+def _vllm_prompt_logprobs(plan: Plan, chunks: list[Chunk], codec) -> list[dict | None]:
+    """vLLM's prompt_logprobs: null for the first token (nothing before it),
+    then per token a dict, token id (a string: JSON's keys) -> logprob,
+    rank and decoded_token: the token's own (its rank: how many tokens were
+    at least as likely), then the n most likely (ranks 1 to n; where the
+    token is among them, its entry is that one, as in vLLM's dict). -inf is
+    written -9999.0, as vLLM's ``clamp_prompt_logprobs`` does."""
+    scored = _scored(chunks)
+    if scored is None:  # the llm model scores every prompt it is asked to
+        raise RuntimeError("the llm model's answer carries no prompt scores")
+
+    def entry(token: int, logprob: float, rank: int) -> dict:
+        return {"logprob": _json_logprob(logprob), "rank": rank,
+                "decoded_token": codec.decode([token])}
+
+    places = [None]
+    for token, logprob, rank, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,
+                                         scored.prompt_ranks, _prompt_tops(scored)):
+        place = {str(token): entry(token, logprob, rank)}
+        for order, (other, other_logprob) in enumerate(top[:plan.prompt_logprobs], 1):
+            place[str(other)] = entry(other, other_logprob, order)
+        places.append(place)
+    return places
+
+
 def _finish(chunk: Chunk) -> str | None:
     return FINISH_REASONS.get(chunk.finish_reason, chunk.finish_reason) or None
 
@@ -332,8 +396,11 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     else:
         choice["text"] = text
     kind = "chat.completion" if plan.chat else "text_completion"
-    return {**_object(plan, kind, served.model_id), "choices": [choice],
-            "usage": usage(chunks[-1])}
+    answer = {**_object(plan, kind, served.model_id), "choices": [choice]}
+    if plan.prompt_logprobs is not None:  # vLLM's place: the choice's, or chat's answer's
+        (answer if plan.chat else choice)["prompt_logprobs"] = _vllm_prompt_logprobs(
+            plan, chunks, served.codec)
+    return {**answer, "usage": usage(chunks[-1])}
 
 
 def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,

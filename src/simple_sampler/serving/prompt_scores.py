@@ -31,12 +31,16 @@ class PromptScores:
     """A prompt's scores. ``prompt_ids`` int32 [T], the prompt as the model
     read it; ``token_logprobs`` float32 [T - 1], entry i the logprob of
     token i + 1 given tokens 0..i (the first token has none);
+    ``token_ranks`` int32 [T - 1], each of those tokens' rank at its place:
+    how many tokens are at least as likely (1: the most likely, or tied
+    with nothing above it; vLLM's rank, which counts ties against it);
     ``top_ids`` int32 and ``top_logprobs`` float32 [T - 1, n], at each of
     those positions the n most likely tokens, most likely first, ties by
     lower id (n = 0: empty)."""
 
     prompt_ids: np.ndarray
     token_logprobs: np.ndarray
+    token_ranks: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
 
@@ -50,17 +54,20 @@ def score_prompt_rows(rows: Callable[[int, int], torch.Tensor], prompt_ids: Sequ
     ids = np.asarray(prompt_ids, np.int64)
     count = len(ids) - 1
     logprobs = np.empty(count, np.float32)
+    ranks = np.empty(count, np.int32)
     top_ids = np.empty((count, num_top), np.int32)
     top_logprobs = np.empty((count, num_top), np.float32)
     for start in range(0, count, ROWS_PER_CHUNK):
         stop = min(start + ROWS_PER_CHUNK, count)
         chunk = torch.log_softmax(rows(start, stop).float(), dim=-1)
         following = torch.as_tensor(ids[start + 1:stop + 1], device=chunk.device)
-        logprobs[start:stop] = chunk.gather(1, following[:, None])[:, 0].cpu().numpy()
+        chosen = chunk.gather(1, following[:, None])
+        logprobs[start:stop] = chosen[:, 0].cpu().numpy()
+        ranks[start:stop] = (chunk >= chosen).sum(dim=-1).cpu().numpy()
         if num_top:
             values, order = most_likely(chunk, num_top)
             top_ids[start:stop], top_logprobs[start:stop] = order.cpu().numpy(), values.cpu().numpy()
-    return PromptScores(ids.astype(np.int32), logprobs, top_ids, top_logprobs)
+    return PromptScores(ids.astype(np.int32), logprobs, ranks, top_ids, top_logprobs)
 
 
 def most_likely(logprobs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -257,9 +257,10 @@ def _top_arrays(event: GenerationEvent, top: int) -> tuple[np.ndarray, np.ndarra
 
 def prompt_outputs(scores) -> dict[str, np.ndarray]:
     """The outputs of a prompt's scores (``prompt_scores.PromptScores``):
-    ids [T], logprobs [T - 1], and the top ids and logprobs [T - 1, n] when
-    n > 0; -inf written LOGPROB_FLOOR, as the top logprobs'."""
-    arrays = (scores.prompt_ids, np.maximum(scores.token_logprobs, LOGPROB_FLOOR))
+    ids [T], logprobs and ranks [T - 1], and the top ids and logprobs
+    [T - 1, n] when n > 0; -inf written LOGPROB_FLOOR, as the top logprobs'."""
+    arrays = (scores.prompt_ids, np.maximum(scores.token_logprobs, LOGPROB_FLOOR),
+              scores.token_ranks)
     if scores.top_ids.shape[1]:
         arrays += (scores.top_ids, np.maximum(scores.top_logprobs, LOGPROB_FLOOR))
     return dict(zip(PROMPT_OUTPUTS, arrays))
