@@ -394,10 +394,19 @@ def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
     places = choice["prompt_logprobs"]
     assert len(places) == len(prompt) and places[0] is None
     assert places[1] == {str(prompt[1]): {"logprob": -9999.0, "rank": 7,
-                                          "decoded_token": codec.decode([prompt[1]])},
+                                          "decoded_token": " capital"},
                          str(comma): {"logprob": -0.25, "rank": 1, "decoded_token": ","}}
     assert all(list(place) == [str(token), str(comma)] and place[str(token)]["logprob"] == -1.0
                for place, token in zip(places[2:], prompt[2:]))
+
+    # decoded alone, special tokens as their text; pieces of a character ("🙂" as
+    # two tokens) as ""
+    start, smile = codec.tokenizer.convert_tokens_to_ids("<|im_start|>"), codec.encode("🙂")
+    assert len(smile) == 2 and codec.decode(smile[:1]).endswith("\ufffd")
+    ids = codec.encode("字") + [start] + smile
+    body = post(client, "/v1/completions", {**completion(prompt_logprobs=0), "prompt": ids}).json()
+    assert [place[str(token)]["decoded_token"] for place, token in
+            zip(body["choices"][0]["prompt_logprobs"][1:], ids[1:])] == ["<|im_start|>", "", ""]
 
     body = post(client, "/v1/completions", completion(prompt_logprobs=2, echo=True, logprobs=1,
                                                       max_tokens=1)).json()
@@ -415,8 +424,9 @@ def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
 
     asked = len(plans)
     for fields, message in [
-            (dict(prompt_logprobs=1, stream=True), "prompt_logprobs is not available with "
-                                                   "stream true"),
+            (dict(prompt_logprobs=1, stream=True), "prompt_logprobs are not available when "
+                                                   "stream is true"),
+            (dict(prompt_logprobs=-1, stream=True), "not available when stream is true"),
             (dict(prompt_logprobs=-1), "prompt_logprobs must be an integer in \\[0, 20\\], got -1"),
             (dict(prompt_logprobs=21), "prompt_logprobs must be an integer in \\[0, 20\\], got 21"),
             (dict(max_tokens=0), "max_tokens must be an integer in \\[1, ")]:

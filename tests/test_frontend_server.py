@@ -175,7 +175,7 @@ def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
     assert places[0] is None and len(places) == len(prompt)
     for token, place, p in zip(prompt[1:], places[1:], logprobs.token_logprobs[1:]):
         assert place[str(token)]["logprob"] == p
-        assert place[str(token)]["decoded_token"] == codec.decode([token])
+        assert place[str(token)]["decoded_token"] == codec.decode([token], special=True)
         ranked = sorted(place.values(), key=lambda entry: entry["rank"])
         assert [entry["rank"] for entry in ranked[:2]] == [1, 2]
         assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))

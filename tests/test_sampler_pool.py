@@ -184,8 +184,9 @@ def test_a_target_with_a_probe_takes_rows_again_only_once_it_answers():
 
 def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
     """A call in flight when its target's probe was asked fails before the
-    probe answers: the answer, older than that failure, leaves it out, and
-    the next probe (asked once its time out is over) decides."""
+    probe answers: the answer, older than that failure, leaves it out (even
+    where a serve since has reset its count of failures), and the next probe
+    (asked once its time out is over) decides."""
     release, answers = threading.Event(), []
 
     def probe():
@@ -194,7 +195,8 @@ def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
 
     target = SamplerTarget("remote", Sampler(), 2, probe=probe, answered=False)
     assert not target.is_up(time.monotonic())  # the probe asked, in its own thread
-    target.failures += 1  # the call in flight fails meanwhile (SamplerPool._mark_down)
+    target.failed(probe_after_s=0.0)  # the call in flight fails meanwhile (SamplerPool._mark_down)
+    target.failures = 0  # and another serves once (SamplerPool._served): the count is back
     release.set()
     deadline = time.monotonic() + 5
     while target.probing and time.monotonic() < deadline:
@@ -442,9 +444,9 @@ def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(
 
     config = {"parameters": {"vocab_size": {"string_value": "64"}},
               "input": [{"name": "logits", "data_type": "TYPE_BF16"}]}
-    remote = RemoteSampler("h:1", hot_set=5)
     with pytest.raises(ValueError, match="h:1 samples rows of V=64, this decode loop's have V=32"):
-        remote.check(config, 32)
+        RemoteSampler("h:1", hot_set=5, vocab_size=32).check(config)
+    remote = RemoteSampler("h:1", hot_set=5, vocab_size=64)
     sent, answers = [], []
 
     def answer(self, inputs):
@@ -455,8 +457,9 @@ def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(
     answers.append(SamplerCallError("h:1: hot_vocab_fingerprint: the request's other samplers "
                                     "hold hot set 0x5, this one no hot set", retryable=False))
     with pytest.raises(ValueError, match="sampler endpoint h:1: hot_vocab_fingerprint"):
-        remote.check(config, 64)
+        remote.check(config)
     assert sent[0].shape == (1, 64) and sent[0].dtype == ml_dtypes.bfloat16
     answers.append(SamplerCallError("h:1: connection refused"))
-    remote.check(config, 0)  # the endpoint's own V; not this check's failure: no raise
+    RemoteSampler("h:1", hot_set=5).check(config)  # the endpoint's own V; not this
+    # check's failure: no raise
     assert sent[1].shape == (1, 64)

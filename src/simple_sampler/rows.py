@@ -23,6 +23,7 @@ shuffled per row. They are labelled :data:`HOT_ROWS_SOURCE`.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -103,8 +104,15 @@ def real_rows(n: int = 64) -> np.ndarray:
     path = models.cache_dir() / f"real_rows-v{ROWS_VERSION}-{prompts_key}-n{n}.npy"
     if path.is_file():
         return np.load(path)
-    rows = _compute_real_rows(prompts, n)
-    _save_atomic(path, rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # one process computes, the others (pytest's workers, benches) wait and
+    # read its file: each computing them too doubled their cost on 2 cores
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return np.load(path)
+        rows = _compute_real_rows(prompts, n)
+        _save_atomic(path, rows)
     return rows
 
 

@@ -250,11 +250,11 @@ def _prompt_logprobs(request: Sampling, plan: Plan) -> None:
     n = request.prompt_logprobs
     if n is None:
         return
+    if request.stream and n:
+        raise RequestError("prompt_logprobs are not available when stream is true",
+                           "prompt_logprobs")
     _integer("prompt_logprobs", n, PROMPT_LOGPROBS.name, 0, MAX_TOP_LOGPROBS)
     if request.stream:
-        if n:
-            raise RequestError("prompt_logprobs is not available with stream true",
-                               "prompt_logprobs")
         return
     plan.prompt_logprobs = n
     plan.params[PROMPT_LOGPROBS.name] = max(n, plan.params.get(PROMPT_LOGPROBS.name, 0))
@@ -358,14 +358,20 @@ def _vllm_prompt_logprobs(plan: Plan, chunks: list[Chunk], codec) -> list[dict |
     rank and decoded_token: the token's own (its rank: how many tokens were
     at least as likely), then the n most likely (ranks 1 to n; where the
     token is among them, its entry is that one, as in vLLM's dict). -inf is
-    written -9999.0, as vLLM's ``clamp_prompt_logprobs`` does."""
+    written -9999.0, as vLLM's ``clamp_prompt_logprobs`` does. A token is
+    decoded alone, special tokens as their text (vLLM's
+    ``convert_ids_list_to_tokens``); one holding part of a character, whose
+    text would end in U+FFFD, is "" (vLLM's ``_verify_tokens`` may join it
+    to the entry before it instead)."""
     scored = _scored(chunks)
-    if scored is None:  # the llm model scores every prompt it is asked to
-        raise RuntimeError("the llm model's answer carries no prompt scores")
+    # the llm model scores every prompt it is asked to, and ranks each token
+    if scored is None or len(scored.prompt_ranks) != len(scored.prompt_logprobs):
+        raise RuntimeError("the llm model's answer carries no prompt scores with ranks")
 
     def entry(token: int, logprob: float, rank: int) -> dict:
+        text = codec.decode([token], special=True)
         return {"logprob": _json_logprob(logprob), "rank": rank,
-                "decoded_token": codec.decode([token])}
+                "decoded_token": "" if text.endswith("\ufffd") else text}
 
     places = [None]
     for token, logprob, rank, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,

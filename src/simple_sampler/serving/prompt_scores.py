@@ -32,8 +32,8 @@ class PromptScores:
     read it; ``token_logprobs`` float32 [T - 1], entry i the logprob of
     token i + 1 given tokens 0..i (the first token has none);
     ``token_ranks`` int32 [T - 1], each of those tokens' rank at its place:
-    how many tokens are at least as likely (1: the most likely, or tied
-    with nothing above it; vLLM's rank, which counts ties against it);
+    how many tokens are at least as likely, itself among them (1 when no
+    other is; vLLM's rank, which counts ties against it);
     ``top_ids`` int32 and ``top_logprobs`` float32 [T - 1, n], at each of
     those positions the n most likely tokens, most likely first, ties by
     lower id (n = 0: empty)."""

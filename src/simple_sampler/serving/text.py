@@ -109,11 +109,12 @@ class TextCodec:
         # The template already holds any special tokens the model wants.
         return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """One-shot decode, special tokens skipped (as the detokenizer does)."""
+    def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
+        """One-shot decode, special tokens skipped (as the detokenizer does)
+        unless `special`."""
         if self._backend_decode is not None:
-            return self._backend_decode(list(token_ids), skip_special_tokens=True)
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+            return self._backend_decode(list(token_ids), skip_special_tokens=not special)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=not special)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes (OpenAI's logprobs ``bytes``, which lets a

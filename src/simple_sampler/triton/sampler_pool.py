@@ -273,10 +273,7 @@ class SamplerPool:
         self.rows_sent[target.name] = self.rows_sent.get(target.name, 0) + rows
 
     def _mark_down(self, target: SamplerTarget, error: Exception) -> None:
-        target.failures += 1
-        target.answered = False
-        target.probe_after_s = self.probe_after_s
-        target.down_until = time.monotonic() + self.probe_after_s
+        target.failed(self.probe_after_s)
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
 
@@ -378,9 +375,9 @@ def build_pool(endpoints: str, local_call: SamplerCall | None, local_capacity: i
             targets.append(SamplerTarget(LOCAL, local_call, local_capacity,
                                          shares_memory=arena is not None))
         else:
-            remote = RemoteSampler(name, hot_set=hot_set)
+            remote = RemoteSampler(name, hot_set=hot_set, vocab_size=vocab_size)
             config = remote.configuration()
             if config is not None:
-                remote.check(config, vocab_size)
+                remote.check(config)
             targets.append(SamplerTarget(name, remote, capacity_of(config), probe=remote.ready))
     return SamplerPool(targets, on_retry, arena=arena, min_rows=min_rows, lanes=lanes)

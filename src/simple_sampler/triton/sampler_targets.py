@@ -62,6 +62,9 @@ class SamplerTarget:
     shares_memory: bool = False
     down_until: float = 0.0
     failures: int = 0
+    #: failures ever counted (``failures`` is reset when it serves): a
+    #: probe's answer stands only if none came after the probe was asked
+    failed_times: int = 0
     probe: Callable[[], bool] | None = None
     #: its probe answered, or it served, since its last failure (or it has
     #: no probe to ask)
@@ -71,6 +74,7 @@ class SamplerTarget:
     probe_after_s: float = PROBE_AFTER_S
     _probe_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
                                         compare=False)
+    _probe_failure: str = field(default="", init=False, repr=False, compare=False)
 
     def is_up(self, now: float) -> bool:
         if self.down_until > now:
@@ -81,18 +85,31 @@ class SamplerTarget:
             if self.probing:
                 return False
             self.probing = True
-        threading.Thread(target=self._probe, name=f"probe {self.name}", daemon=True).start()
+            asked_after = self.failed_times
+        threading.Thread(target=self._probe, args=(asked_after,), name=f"probe {self.name}",
+                         daemon=True).start()
         return False  # still left out until the probe answers
 
-    def _probe(self) -> None:
-        failures = self.failures
+    def failed(self, probe_after_s: float) -> None:
+        """A call to it failed: left out for `probe_after_s`, then probed."""
+        self.failures += 1
+        self.failed_times += 1
+        self.answered = False
+        self.probe_after_s = probe_after_s
+        self.down_until = time.monotonic() + probe_after_s
+
+    def _probe(self, asked_after: int) -> None:
         try:
-            answered = bool(self.probe())
-        except Exception:  # noqa: BLE001 - any failure to answer: still down
-            answered = False
-        if answered and self.failures == failures:
+            answered, reason = bool(self.probe()), "it answered false"
+        except Exception as error:  # noqa: BLE001 - any failure to answer: still down
+            answered, reason = False, f"{type(error).__name__}: {error}"
+        if answered and self.failed_times == asked_after:
             self.answered = True
+            self._probe_failure = ""
         elif not answered:
+            if reason != self._probe_failure:  # once per reason, not every probe_after_s
+                log.warning("sampler %s: its probe failed (%s); it stays out", self.name, reason)
+                self._probe_failure = reason
             self.down_until = time.monotonic() + self.probe_after_s
         # else a call that was in flight failed while it was asked: the
         # answer is older than that failure, and the next probe decides
@@ -105,11 +122,14 @@ class RemoteSampler:
     thread, since calls come from several threads at once. hot_set: the
     fingerprint of the hot set every sampler of the decode loop must hold
     (``shvs.hot_vocab.fingerprint``), sent with each request and checked
-    there (``sampler_serve.check_hot_set``); None: not sent."""
+    there (``sampler_serve.check_hot_set``); None: not sent. vocab_size:
+    the decode loop's V (0: unknown), which it must sample."""
 
     def __init__(self, url: str, model: str = "simple_sampler",
-                 timeout_s: float = REMOTE_TIMEOUT_S, hot_set: int | None = None):
+                 timeout_s: float = REMOTE_TIMEOUT_S, hot_set: int | None = None,
+                 vocab_size: int = 0):
         self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
+        self.vocab_size = vocab_size
         self._local = threading.local()
         self._probe_client = None
         #: the one row of zero logits ``ready`` has sampled (``probe_row``);
@@ -135,18 +155,18 @@ class RemoteSampler:
             log.warning("sampler endpoint %s: cannot read its configuration (%s)", self.url, error)
             return None
 
-    def check(self, config: dict, vocab_size: int) -> None:
+    def check(self, config: dict) -> None:
         """At start (`config`: ``configuration()``'s), raise ValueError
         naming what differs rather than serve requests every one of which
         would be refused: the endpoint's vocabulary, when it declares one,
-        must be the decode loop's `vocab_size`, and its hot set
+        must be the decode loop's ``vocab_size``, and its hot set
         ``hot_set`` (asked with one row of zero logits in the dtype it
         declares: the row is sampled, or refused naming both hot sets)."""
         declared = declared_vocab_size(config)
-        if declared and vocab_size and declared != vocab_size:
+        if declared and self.vocab_size and declared != self.vocab_size:
             raise ValueError(f"sampler endpoint {self.url} samples rows of V={declared}, this "
-                             f"decode loop's have V={vocab_size}")
-        self._probe_row = probe_row(config, vocab_size)
+                             f"decode loop's have V={self.vocab_size}")
+        self._probe_row = probe_row(config, self.vocab_size)
         if self.hot_set is None or self._probe_row is None:
             return
         try:
@@ -162,9 +182,9 @@ class RemoteSampler:
         PROBE_TIMEOUT_S; raises when it does not. Triton's model readiness
         alone answers true for a host whose sampler hangs on every request
         (its stub stopped), which would then hold each shard sent to it for
-        the request's whole timeout. Where the row's V is not known (its
-        configuration declares none and ``check`` never ran), whether the
-        model answers ready. ``SamplerTarget``'s probe: one at a time, on a
+        the request's whole timeout. Where the row's V is not known (neither
+        its configuration nor ``vocab_size`` gives one), whether the model
+        answers ready. ``SamplerTarget``'s probe: one at a time, on a
         client of its own."""
         if self._probe_client is None:
             from .sampler_client import SamplerClient
@@ -173,7 +193,8 @@ class RemoteSampler:
         client = self._probe_client.client
         if self._probe_row is None:
             self._probe_row = probe_row(client.get_model_config(
-                self.model, as_json=True, client_timeout=PROBE_TIMEOUT_S)["config"], 0)
+                self.model, as_json=True, client_timeout=PROBE_TIMEOUT_S)["config"],
+                self.vocab_size)
         if self._probe_row is None:
             return client.is_model_ready(self.model, client_timeout=PROBE_TIMEOUT_S)
         logits, arrays = self._arrays({"logits": self._probe_row})
