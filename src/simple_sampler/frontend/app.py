@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from . import translate
+from . import answers, translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
 from .translate import Plan, Served
 
@@ -79,24 +79,24 @@ async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
         chunk, opening, generated = first, True, 0
         while True:
             generated += len(chunk.token_ids)
-            for event in translate.stream_events(plan, chunk, served, opening, generated):
-                yield translate.sse(event)
+            for event in answers.stream_events(plan, chunk, served, opening, generated):
+                yield answers.sse(event)
             opening = False
             if chunk.finish_reason:
                 break
             chunk = await chunks.__anext__()
     except GenerationError as error:
-        yield translate.sse(generation_error(error).body.decode())
+        yield answers.sse(generation_error(error).body.decode())
     except StopAsyncIteration:
-        yield translate.sse(error_body("the server ended the stream early",
+        yield answers.sse(error_body("the server ended the stream early",
                                        "internal_server_error"))
     except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
         log.exception("stream failed")
-        yield translate.sse(error_body(f"{type(error).__name__}: {error}",
+        yield answers.sse(error_body(f"{type(error).__name__}: {error}",
                                        "internal_server_error"))
     finally:
         await chunks.aclose()
-    yield translate.sse("[DONE]")
+    yield answers.sse("[DONE]")
 
 
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
@@ -167,7 +167,7 @@ async def _answer(request: Request, model, plan_for, served: Served,
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     await _close(chunks)
-    return JSONResponse(translate.response(plan, answer, served))
+    return JSONResponse(answers.response(plan, answer, served))
 
 
 def build_app(served: Served, generate: Generate,
@@ -210,7 +210,7 @@ def build_app(served: Served, generate: Generate,
 
     @app.get("/v1/models")
     async def models():
-        return translate.models_list(served)
+        return answers.models_list(served)
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
@@ -218,7 +218,7 @@ def build_app(served: Served, generate: Generate,
             return _error(404, f"the model {model_id!r} does not exist; this server serves "
                                f"{served.model_id!r}", "not_found_error", "model",
                           "model_not_found")
-        return translate.models_list(served)["data"][0]
+        return answers.models_list(served)["data"][0]
 
     @app.post("/v1/completions")
     async def completions(request: Request):

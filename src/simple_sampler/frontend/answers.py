@@ -1,0 +1,177 @@
+"""The ``llm`` model's responses (``client.Chunk``) as OpenAI's objects: a
+whole answer, a stream's events, logprobs in each endpoint's shape (and
+vLLM's ``prompt_logprobs``), usage. The requests' side: ``translate``."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from ..client import Chunk
+from .translate import NUM_TOP, Plan, Served
+
+#: finish reasons the decode loop sends that OpenAI clients know
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+def usage(chunk: Chunk) -> dict:
+    return {"prompt_tokens": chunk.num_input_tokens,
+            "completion_tokens": chunk.num_output_tokens,
+            "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens}
+
+
+def _json_logprob(logprob: float) -> float:
+    """A logprob as JSON can carry it: -inf (a banned token among a row's
+    top n) as -9999.0, as vLLM writes it (vllm/entrypoints/openai/
+    serving_chat.py, ``_create_chat_logprobs``)."""
+    return max(logprob, -9999.0)
+
+
+def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
+    """OpenAI's logprobs object of these chunks' tokens (None unless asked):
+    chat, per token its top_logprobs (the n most likely, most likely
+    first); completions, per token a dict of the n most likely tokens'
+    texts and the chosen one's (n or n + 1 entries, as vLLM and OpenAI's
+    legacy completions give), led with echo by the prompt's tokens (the
+    first with null, having no logprob)."""
+    if not plan.logprobs:
+        return None
+    scored = _scored(chunks) if plan.echo is not None else None
+    if scored is not None:
+        n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
+        prompt = _completion_logprobs(
+            codec, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
+                                                          scored.prompt_logprobs,
+                                                          _prompt_tops(scored))])
+        generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
+        first = codec.decode(scored.prompt_ids[:1])
+        return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
+                for key in ("tokens", "token_logprobs", "top_logprobs")} | {"text_offset": None}
+    steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
+             for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
+    tokens = [codec.decode([t]) for t, _, _ in steps]
+    if plan.chat:
+        def entry(text: str, token: int, logprob: float) -> dict:
+            return {"token": text, "logprob": _json_logprob(logprob),
+                    "bytes": list(codec.token_bytes(token))}
+
+        return {"content": [{**entry(text, t, p), "top_logprobs": [
+            entry(codec.decode([i]), i, q) for i, q in top]}
+            for text, (t, p, top) in zip(tokens, steps)]}
+    return {**_completion_logprobs(codec, steps, tokens), "text_offset": None}
+
+
+def _completion_logprobs(codec, steps: list, tokens: list[str] | None = None) -> dict:
+    """Completions' tokens, token_logprobs and top_logprobs of `steps`
+    (token, logprob, top pairs), each top a dict of the n most likely
+    tokens' texts and the token's own."""
+    tokens = [codec.decode([t]) for t, _, _ in steps] if tokens is None else tokens
+    top_dicts = []
+    for text, (_, p, top) in zip(tokens, steps):
+        alternatives = {codec.decode([i]): _json_logprob(q) for i, q in top}
+        alternatives.setdefault(text, _json_logprob(p))
+        top_dicts.append(alternatives)
+    return {"tokens": tokens, "token_logprobs": [_json_logprob(p) for _, p, _ in steps],
+            "top_logprobs": top_dicts}
+
+
+def _scored(chunks: list[Chunk]) -> Chunk | None:
+    """The response that carries the prompt's scores, if any."""
+    return next((c for c in chunks if c.prompt_ids), None)
+
+
+def _prompt_tops(scored: Chunk) -> list[list[tuple[int, float]]]:
+    return scored.prompt_top_logprobs or [[]] * len(scored.prompt_logprobs)
+
+
+def _vllm_prompt_logprobs(plan: Plan, chunks: list[Chunk], codec) -> list[dict | None]:
+    """vLLM's prompt_logprobs: null for the first token (nothing before it),
+    then per token a dict, token id (a string: JSON's keys) -> logprob,
+    rank and decoded_token: the token's own (its rank: how many tokens were
+    at least as likely), then the n most likely (ranks 1 to n; where the
+    token is among them, its entry is that one, as in vLLM's dict). -inf is
+    written -9999.0, as vLLM's ``clamp_prompt_logprobs`` does. A token is
+    decoded alone, special tokens as their text (vLLM's
+    ``convert_ids_list_to_tokens``); one holding part of a character, whose
+    text would end in U+FFFD, is "" (vLLM's ``_verify_tokens`` may join it
+    to the entry before it instead)."""
+    scored = _scored(chunks)
+    # the llm model scores every prompt it is asked to, and ranks each token
+    if scored is None or len(scored.prompt_ranks) != len(scored.prompt_logprobs):
+        raise RuntimeError("the llm model's answer carries no prompt scores with ranks")
+
+    def entry(token: int, logprob: float, rank: int) -> dict:
+        text = codec.decode([token], special=True)
+        return {"logprob": _json_logprob(logprob), "rank": rank,
+                "decoded_token": "" if text.endswith("\ufffd") else text}
+
+    places = [None]
+    for token, logprob, rank, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,
+                                         scored.prompt_ranks, _prompt_tops(scored)):
+        place = {str(token): entry(token, logprob, rank)}
+        for order, (other, other_logprob) in enumerate(top[:plan.prompt_logprobs], 1):
+            place[str(other)] = entry(other, other_logprob, order)
+        places.append(place)
+    return places
+
+
+def _finish(chunk: Chunk) -> str | None:
+    return FINISH_REASONS.get(chunk.finish_reason, chunk.finish_reason) or None
+
+
+def _object(plan: Plan, kind: str, model_id: str) -> dict:
+    return {"id": f"{'chatcmpl' if plan.chat else 'cmpl'}-{plan.id}", "object": kind,
+            "created": plan.created, "model": model_id}
+
+
+def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
+    """The whole answer of a non-streamed request."""
+    text = (plan.echo or "") + "".join(c.text for c in chunks)
+    choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
+              "finish_reason": _finish(chunks[-1])}
+    if plan.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    kind = "chat.completion" if plan.chat else "text_completion"
+    answer = {**_object(plan, kind, served.model_id), "choices": [choice]}
+    if plan.prompt_logprobs is not None:  # vLLM's place: the choice's, or chat's answer's
+        (answer if plan.chat else choice)["prompt_logprobs"] = _vllm_prompt_logprobs(
+            plan, chunks, served.codec)
+    return {**answer, "usage": usage(chunks[-1])}
+
+
+def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
+                  generated: int = 0) -> list[dict]:
+    """The stream objects one response of the llm model becomes: with chat
+    the first opens the assistant's turn; the last carries the finish
+    reason, and then (``include_usage``) a chunk of usage with no choices.
+    With ``continuous_usage`` every chunk carries the usage so far
+    (`generated`: the tokens of this response and those before it)."""
+    kind = "chat.completion.chunk" if plan.chat else "text_completion"
+    choice = {"index": 0, "logprobs": _logprobs(plan, [chunk], served.codec),
+              "finish_reason": _finish(chunk)}
+    if plan.chat:
+        choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
+            {"content": chunk.text}
+    else:
+        choice["text"] = (plan.echo or "") + chunk.text if first else chunk.text
+    events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
+    if plan.include_usage:
+        prompt = len(plan.prompt_ids)
+        events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,
+                              "total_tokens": prompt + generated} if plan.continuous_usage else None
+        if chunk.finish_reason:
+            events.append({**_object(plan, kind, served.model_id), "choices": [],
+                           "usage": usage(chunk)})
+    return events
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event (``[DONE]`` ends the stream)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def models_list(served: Served) -> dict:
+    return {"object": "list", "data": [{"id": served.model_id, "object": "model",
+                                        "created": 0, "owned_by": "simple-sampler"}]}
