@@ -144,8 +144,9 @@ BAD_CHAT = [
 ]
 BAD_COMPLETION = [
     (completion(prompt=""), "prompt", "non-empty"),
-    (completion(prompt=["a", "b"]), "prompt", "one prompt"),
-    (completion(prompt=[[1], [2]]), "prompt", "one prompt"),
+    (completion(prompt=["a"] * 257), "prompt", "prompt must hold at most 256 prompts, got 257"),
+    (completion(prompt=["a", ""]), "prompt", "prompt[1] must be a non-empty string"),
+    (completion(prompt=[[1], [2, 10**9]]), "prompt[1]", "prompt[1] must be an integer in [0, "),
     (completion(prompt=[""]), "prompt", "non-empty string"),
     (completion(prompt=[[]]), "prompt", "non-empty list"),
     (completion(prompt=[1, "a"]), "prompt", "str, list[int], list[str], list[list[int]]"),
@@ -439,6 +440,64 @@ def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
     streamed = events(post(client, "/v1/completions", completion(prompt_logprobs=0, stream=True)))
     assert "prompt_logprobs" not in plans[-1].params
     assert all("prompt_logprobs" not in event["choices"][0] for event in streamed)
+
+
+def test_a_list_of_prompts_is_a_choice_each_as_vllm_answers_it(codec):
+    """completions' prompt as a list of prompts: a generation each, at once;
+    choice i is prompt i's, streamed or not, the usage summed (a stream's
+    in one last event); one prompt refused fails the request and cancels
+    the others' generations."""
+    plans, closed, started = [], [], []
+
+    def generate(plan):
+        plans.append(plan)
+        index = len(plans) - 1
+
+        async def chunks():
+            started.append(index)
+            try:
+                n = len(plan.prompt_ids)
+                if plan.prompt_ids == codec.encode("refused"):
+                    raise GenerationError("top_p must be in (0, 1]", "INVALID_ARGUMENT")
+                yield Chunk(f" {index}", [3], [-0.5], -0.5, n, 1, "")
+                if plan.prompt_ids == codec.encode("hangs"):
+                    await asyncio.sleep(30)
+                await asyncio.sleep(0.05 * (3 - index))  # the last prompt's end first
+                yield Chunk(".", [4], [-0.25], -0.75, n, 2, "stop")
+            finally:
+                closed.append(index)
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    prompts = ["The capital of France is", "Once upon a time", "Hello"]
+    body = post(client, "/v1/completions", completion(prompt=prompts)).json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, " 0.", "stop"), (1, " 1.", "stop"), (2, " 2.", "stop")]
+    lengths = [len(codec.encode(p)) for p in prompts]
+    assert body["usage"] == {"prompt_tokens": sum(lengths), "completion_tokens": 6,
+                             "total_tokens": sum(lengths) + 6}
+    assert len({plan.id for plan in plans}) == 1 and sorted(closed) == [0, 1, 2]
+
+    plans.clear(), closed.clear(), started.clear()
+    streamed = events(post(client, "/v1/completions", completion(
+        prompt=prompts, stream=True, stream_options={"include_usage": True})))
+    texts = {}
+    for event in streamed[:-1]:
+        (choice,) = event["choices"]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+        assert event["usage"] is None
+    assert texts == {0: " 0.", 1: " 1.", 2: " 2."}
+    assert [e["choices"][0]["index"] for e in streamed[-4:-1]] == [2, 1, 0]  # as they come
+    assert streamed[-1]["choices"] == [] and streamed[-1]["usage"]["completion_tokens"] == 6
+    assert sorted(closed) == [0, 1, 2]
+
+    for stream in (False, True):
+        plans.clear(), closed.clear(), started.clear()
+        response = post(client, "/v1/completions", completion(
+            prompt=["hangs", "refused", "Hello"], stream=stream))
+        assert response.status_code == 400, response.text
+        assert "top_p must be in (0, 1]" in response.json()["error"]["message"]
+        assert sorted(started) == [0, 1, 2] and sorted(closed) == [0, 1, 2]
 
 
 def events(response):

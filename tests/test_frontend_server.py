@@ -181,6 +181,25 @@ def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
         assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))
 
 
+def test_a_list_of_prompts_answers_each_as_its_own_request(client, frontend):
+    """completions with several prompts (lm-eval's --batch_size, the openai
+    client's list): choice i is what prompt i alone gets with the same seed
+    (batch-invariant server), streamed or not; the usage is the sum."""
+    prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
+    ask = dict(model=frontend.served.model_id, max_tokens=8, seed=11, temperature=0.8)
+    alone = [client.completions.create(prompt=p, **ask) for p in prompts]
+    together = client.completions.create(prompt=prompts, **ask)
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.text for c in together.choices] == [a.choices[0].text for a in alone]
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    texts = ["", "", ""]
+    for chunk in client.completions.create(prompt=prompts, stream=True, **ask):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [c.text for c in together.choices]
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

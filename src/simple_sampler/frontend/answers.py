@@ -13,10 +13,12 @@ from .translate import NUM_TOP, Plan, Served
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
-def usage(chunk: Chunk) -> dict:
-    return {"prompt_tokens": chunk.num_input_tokens,
-            "completion_tokens": chunk.num_output_tokens,
-            "total_tokens": chunk.num_input_tokens + chunk.num_output_tokens}
+def usage(*finals: Chunk) -> dict:
+    """The usage of a request's generations (each one's final response)."""
+    prompt = sum(chunk.num_input_tokens for chunk in finals)
+    completion = sum(chunk.num_output_tokens for chunk in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def _json_logprob(logprob: float) -> float:
@@ -140,15 +142,26 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     return {**answer, "usage": usage(chunks[-1])}
 
 
+def response_of_all(plans: list[Plan], answers: list[list[Chunk]], served: Served) -> dict:
+    """The whole answer of a non-streamed request of several prompts
+    (completions' list, as vLLM answers it): prompt i's choice at index i,
+    the usage summed."""
+    whole = [response(plan, chunks, served) for plan, chunks in zip(plans, answers)]
+    choices = [{**one["choices"][0], "index": index} for index, one in enumerate(whole)]
+    return {**whole[0], "choices": choices, "usage": usage(*(chunks[-1] for chunks in answers))}
+
+
 def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
-                  generated: int = 0) -> list[dict]:
-    """The stream objects one response of the llm model becomes: with chat
-    the first opens the assistant's turn; the last carries the finish
-    reason, and then (``include_usage``) a chunk of usage with no choices.
-    With ``continuous_usage`` every chunk carries the usage so far
+                  generated: int = 0, index: int = 0, alone: bool = True) -> list[dict]:
+    """The stream objects one response of the llm model becomes, for the
+    choice at `index`: with chat the first opens the assistant's turn; the
+    last carries the finish reason, and then (``include_usage``, the
+    request's only generation: `alone`) a chunk of usage with no choices
+    (of several: ``usage_event`` once all have ended). With
+    ``continuous_usage`` every chunk carries its generation's usage so far
     (`generated`: the tokens of this response and those before it)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
-    choice = {"index": 0, "logprobs": _logprobs(plan, [chunk], served.codec),
+    choice = {"index": index, "logprobs": _logprobs(plan, [chunk], served.codec),
               "finish_reason": _finish(chunk)}
     if plan.chat:
         choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
@@ -160,10 +173,16 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         prompt = len(plan.prompt_ids)
         events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,
                               "total_tokens": prompt + generated} if plan.continuous_usage else None
-        if chunk.finish_reason:
-            events.append({**_object(plan, kind, served.model_id), "choices": [],
-                           "usage": usage(chunk)})
+        if chunk.finish_reason and alone:
+            events.append(usage_event(plan, [chunk], served))
     return events
+
+
+def usage_event(plan: Plan, finals: list[Chunk], served: Served) -> dict:
+    """A stream's last chunk with ``include_usage``: no choice, the usage of
+    every generation (their final responses, `finals`)."""
+    kind = "chat.completion.chunk" if plan.chat else "text_completion"
+    return {**_object(plan, kind, served.model_id), "choices": [], "usage": usage(*finals)}
 
 
 def sse(payload: dict | str) -> bytes:

@@ -73,21 +73,92 @@ async def _first(chunks: AsyncIterator[Chunk]) -> Chunk:
         raise GenerationError("the server ended the stream without a response") from None
 
 
-async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
-                  served: Served) -> AsyncIterator[bytes]:
-    try:
-        chunk, opening, generated = first, True, 0
-        while True:
-            generated += len(chunk.token_ids)
-            for event in answers.stream_events(plan, chunk, served, opening, generated):
-                yield answers.sse(event)
-            opening = False
-            if chunk.finish_reason:
-                break
+class EndedEarly(Exception):
+    """A generation's responses ended before its final one."""
+
+
+async def _through_final(first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
+    """A generation's responses, its first (already read) to its final."""
+    chunk = first
+    while True:
+        yield chunk
+        if chunk.finish_reason:
+            return
+        try:
             chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            raise EndedEarly from None
+
+
+async def _merged(generations: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    """(index, response) of several generations, each response as it comes;
+    the first failure raised, the rest then cancelled."""
+    if len(generations) == 1:
+        async for chunk in generations[0]:
+            yield 0, chunk
+        return
+    arrivals: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, generation: AsyncIterator[Chunk]) -> None:
+        try:
+            async for chunk in generation:
+                arrivals.put_nowait((index, chunk))
+            arrivals.put_nowait((index, None))
+        except Exception as error:  # noqa: BLE001 - raised where the responses are read
+            arrivals.put_nowait((index, error))
+
+    pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+    try:
+        running = len(pumps)
+        while running:
+            index, arrived = await arrivals.get()
+            if arrived is None:
+                running -= 1
+            elif isinstance(arrived, Exception):
+                raise arrived
+            else:
+                yield index, arrived
+    finally:
+        await _cancel(pumps)
+
+
+async def _cancel(tasks: list[asyncio.Future]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _all(work: list[Awaitable[T]]) -> list[T]:
+    """Every result, or the first failure with the rest cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        await _cancel(tasks)
+
+
+async def _events(plans: list[Plan], firsts: list[Chunk], streams: list[AsyncIterator[Chunk]],
+                  served: Served) -> AsyncIterator[bytes]:
+    """A streamed answer: each generation's responses as events of the
+    choice at its index, as they come; with several (completions' list of
+    prompts) one usage event at the end for all."""
+    alone = len(plans) == 1
+    opening, generated, finals = [True] * len(plans), [0] * len(plans), []
+    merged = _merged([_through_final(first, s) for first, s in zip(firsts, streams)])
+    try:
+        async for index, chunk in merged:
+            generated[index] += len(chunk.token_ids)
+            for event in answers.stream_events(plans[index], chunk, served, opening[index],
+                                               generated[index], index, alone):
+                yield answers.sse(event)
+            opening[index] = False
+            if chunk.finish_reason:
+                finals.append(chunk)
+        if not alone and plans[0].include_usage:
+            yield answers.sse(answers.usage_event(plans[0], finals, served))
     except GenerationError as error:
         yield answers.sse(generation_error(error).body.decode())
-    except StopAsyncIteration:
+    except EndedEarly:
         yield answers.sse(error_body("the server ended the stream early",
                                        "internal_server_error"))
     except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
@@ -95,7 +166,8 @@ async def _events(plan: Plan, first: Chunk, chunks: AsyncIterator[Chunk],
         yield answers.sse(error_body(f"{type(error).__name__}: {error}",
                                        "internal_server_error"))
     finally:
-        await chunks.aclose()
+        await merged.aclose()
+        await _close_all(streams)
     yield answers.sse("[DONE]")
 
 
@@ -134,6 +206,11 @@ async def _close(chunks: AsyncIterator[Chunk]) -> None:
         await chunks.aclose()
 
 
+async def _close_all(streams: list[AsyncIterator[Chunk]]) -> None:
+    for chunks in streams:
+        await _close(chunks)
+
+
 async def _serve(request: Request, model, plan_for, served: Served,
                  generate: Generate) -> Response:
     """One request to an endpoint: parsed and planned (``plan_for``) in a
@@ -151,23 +228,25 @@ async def _serve(request: Request, model, plan_for, served: Served,
 async def _answer(request: Request, model, plan_for, served: Served,
                   generate: Generate) -> Response:
     body = await request.body()
-    plan = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
-    chunks = generate(plan) if plan.asks_the_model else _prompt_alone(plan)
+    planned = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
+    plans = planned if isinstance(planned, list) else [planned]  # completions: one per prompt
+    streams = [generate(plan) if plan.asks_the_model else _prompt_alone(plan) for plan in plans]
+    stream = plans[0].stream
     try:
-        answer = await _unless_gone(request, _first(chunks) if plan.stream
-                                    else _collect(chunks))
+        answer = await _unless_gone(request, _all([_first(chunks) if stream else _collect(chunks)
+                                                   for chunks in streams]))
     except BaseException:
-        await _close(chunks)
+        await _close_all(streams)
         raise
     if answer is None:  # nobody to answer
-        await _close(chunks)
+        await _close_all(streams)
         return Response(status_code=499)
-    if plan.stream:
-        return StreamingResponse(_events(plan, answer, chunks, served),
+    if stream:
+        return StreamingResponse(_events(plans, answer, streams, served),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    await _close(chunks)
-    return JSONResponse(answers.response(plan, answer, served))
+    await _close_all(streams)
+    return JSONResponse(answers.response_of_all(plans, answer, served))
 
 
 def build_app(served: Served, generate: Generate,

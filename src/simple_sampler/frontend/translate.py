@@ -31,6 +31,9 @@ PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
 NUM_TOP = NUM_TOP_LOGPROBS.name
+#: prompts one completions request may hold, each a generation of its own
+#: (a larger batch: several requests)
+MAX_PROMPTS = 256
 
 
 @dataclass
@@ -170,28 +173,41 @@ def _common(request: Sampling, served: Served) -> None:
                            f"{request.n}", "n")
 
 
-def plan_completion(request: CompletionRequest, served: Served) -> Plan:
-    """The generation a /v1/completions request asks for (RequestError if bad)."""
+def plan_completion(request: CompletionRequest, served: Served) -> list[Plan]:
+    """The generations a /v1/completions request asks for, one per prompt
+    (RequestError if bad); they share the answer's id."""
     _common(request, served)
     top = 0 if request.logprobs is None else _integer(
         "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.best_of not in (None, 1):
-        raise RequestError(f"best_of must be 1: this server returns one choice per request, "
+        raise RequestError(f"best_of must be 1: this server returns one choice per prompt, "
                            f"got {request.best_of}", "best_of", code="unsupported_parameter")
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise RequestError(f"prompt must hold one prompt: this server answers one per "
-                               f"request, got {len(prompt)}", "prompt")
-        prompt = prompt[0]
+    prompts = request.prompt
+    if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
+        prompts = [prompts]  # one prompt: text or token ids
+    if len(prompts) > MAX_PROMPTS:
+        raise RequestError(f"prompt must hold at most {MAX_PROMPTS} prompts, got {len(prompts)}",
+                           "prompt")
+    plans = [_plan_prompt(request, served, prompt, top,
+                          "prompt" if len(prompts) == 1 else f"prompt[{index}]")
+             for index, prompt in enumerate(prompts)]
+    for plan in plans[1:]:
+        plan.id, plan.created = plans[0].id, plans[0].created
+    return plans
+
+
+def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[int], top: int,
+                 name: str) -> Plan:
+    """The generation of one of a completions request's prompts (`name`:
+    its place in the request, for errors)."""
     if isinstance(prompt, str):
         if not prompt:
-            raise RequestError("prompt must be a non-empty string", "prompt")
+            raise RequestError(f"{name} must be a non-empty string", "prompt")
         prompt_ids = served.codec.encode(prompt)
     else:
         if not prompt:
-            raise RequestError("prompt must be a non-empty list of token ids", "prompt")
-        prompt_ids = [_integer("prompt", t, INPUT_IDS.name, 0, served.vocab_size - 1)
+            raise RequestError(f"{name} must be a non-empty list of token ids", "prompt")
+        prompt_ids = [_integer(name, t, INPUT_IDS.name, 0, served.vocab_size - 1)
                       for t in prompt]
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
                              low=0 if request.echo or _scores_prompt(request) else 1)
