@@ -105,7 +105,7 @@ BAD_CHAT = [
     (chat(seed=1.5), "seed", "valid integer"),
     (chat(min_tokens=-1), "min_tokens", "[0, 2147483647]"),
     (chat(min_tokens=20, max_tokens=10), "min_tokens", "at most"),
-    (chat(n=2), "n", "n must be 1"),
+    (chat(n=0), "n", "n must be an integer in [1, 256], got 0"),
     (chat(temprature=0.5), "temprature", "unknown field"),
     (chat(tools=[{"type": "function"}]), "tools", "not supported"),
     (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
@@ -146,6 +146,7 @@ BAD_COMPLETION = [
     (completion(prompt=""), "prompt", "non-empty"),
     (completion(prompt=["a"] * 257), "prompt", "prompt must hold at most 256 prompts, got 257"),
     (completion(prompt=["a", ""]), "prompt", "prompt[1] must be a non-empty string"),
+    (completion(prompt=["a"] * 100, n=3), "n", "the prompts (100) times n (3) must be at most 256"),
     (completion(prompt=[[1], [2, 10**9]]), "prompt[1]", "prompt[1] must be an integer in [0, "),
     (completion(prompt=[""]), "prompt", "non-empty string"),
     (completion(prompt=[[]]), "prompt", "non-empty list"),
@@ -498,6 +499,26 @@ def test_a_list_of_prompts_is_a_choice_each_as_vllm_answers_it(codec):
         assert response.status_code == 400, response.text
         assert "top_p must be in (0, 1]" in response.json()["error"]["message"]
         assert sorted(started) == [0, 1, 2] and sorted(closed) == [0, 1, 2]
+
+
+def test_n_is_n_generations_each_with_its_own_seed(client, recorder):
+    """OpenAI's n: n generations of each prompt, choice i * n + j the j-th
+    of prompt i; with a seed, the j-th draws with seed + j (vLLM's)."""
+    body = post(client, "/v1/chat/completions", chat(n=3, seed=5)).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [plan.params["seed"] for plan in recorder.plans] == [5, 6, 7]
+    assert body["usage"]["completion_tokens"] == 6
+    recorder.plans.clear()
+    body = post(client, "/v1/completions", completion(prompt=["a", "b"], n=2,
+                                                      seed=2**64 - 1)).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [(plan.prompt_ids, plan.params["seed"]) for plan in recorder.plans] == [
+        (recorder.plans[0].prompt_ids, 2**64 - 1), (recorder.plans[0].prompt_ids, 0),
+        (recorder.plans[2].prompt_ids, 2**64 - 1), (recorder.plans[2].prompt_ids, 0)]
+    assert recorder.plans[0].prompt_ids != recorder.plans[2].prompt_ids
+    recorder.plans.clear()
+    post(client, "/v1/chat/completions", chat(n=2))
+    assert len(recorder.plans) == 2 and not any("seed" in p.params for p in recorder.plans)
 
 
 def events(response):

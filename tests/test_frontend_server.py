@@ -181,10 +181,11 @@ def test_echo_scores_the_prompt_as_lm_eval_asks_it(client, frontend):
         assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))
 
 
-def test_a_list_of_prompts_answers_each_as_its_own_request(client, frontend):
+def test_a_list_of_prompts_and_n_answer_each_as_its_own_request(client, frontend):
     """completions with several prompts (lm-eval's --batch_size, the openai
     client's list): choice i is what prompt i alone gets with the same seed
-    (batch-invariant server), streamed or not; the usage is the sum."""
+    (batch-invariant server), streamed or not; the usage is the sum. With
+    n, choice j is what seed + j alone gets."""
     prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
     ask = dict(model=frontend.served.model_id, max_tokens=8, seed=11, temperature=0.8)
     alone = [client.completions.create(prompt=p, **ask) for p in prompts]
@@ -198,14 +199,20 @@ def test_a_list_of_prompts_answers_each_as_its_own_request(client, frontend):
         for choice in chunk.choices:
             texts[choice.index] += choice.text
     assert texts == [c.text for c in together.choices]
+    # n: the j-th choice is what seed + j alone gets
+    chat = dict(model=frontend.served.model_id, messages=STORY, max_tokens=8, temperature=1.0)
+    both = client.chat.completions.create(n=2, seed=20, **chat)
+    assert [c.message.content for c in both.choices] == [
+        client.chat.completions.create(seed=seed, **chat).choices[0].message.content
+        for seed in (20, 21)]
 
 
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,
                                        temperature=-1)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be an integer in"):
+        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION, n=0)
     with pytest.raises(openai.BadRequestError, match=r"logit_bias keys must be token ids in \[0, 49151\]"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,
                                        logit_bias={"999999": 1})

@@ -143,9 +143,9 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
 
 
 def response_of_all(plans: list[Plan], answers: list[list[Chunk]], served: Served) -> dict:
-    """The whole answer of a non-streamed request of several prompts
-    (completions' list, as vLLM answers it): prompt i's choice at index i,
-    the usage summed."""
+    """The whole answer of a non-streamed request: generation i's choice at
+    index i (several: n, completions' list of prompts, as vLLM answers
+    them), the usage summed."""
     whole = [response(plan, chunks, served) for plan, chunks in zip(plans, answers)]
     choices = [{**one["choices"][0], "index": index} for index, one in enumerate(whole)]
     return {**whole[0], "choices": choices, "usage": usage(*(chunks[-1] for chunks in answers))}

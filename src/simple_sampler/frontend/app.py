@@ -140,8 +140,8 @@ async def _all(work: list[Awaitable[T]]) -> list[T]:
 async def _events(plans: list[Plan], firsts: list[Chunk], streams: list[AsyncIterator[Chunk]],
                   served: Served) -> AsyncIterator[bytes]:
     """A streamed answer: each generation's responses as events of the
-    choice at its index, as they come; with several (completions' list of
-    prompts) one usage event at the end for all."""
+    choice at its index, as they come; with several (n, completions' list
+    of prompts) one usage event at the end for all."""
     alone = len(plans) == 1
     opening, generated, finals = [True] * len(plans), [0] * len(plans), []
     merged = _merged([_through_final(first, s) for first, s in zip(firsts, streams)])
@@ -228,8 +228,8 @@ async def _serve(request: Request, model, plan_for, served: Served,
 async def _answer(request: Request, model, plan_for, served: Served,
                   generate: Generate) -> Response:
     body = await request.body()
-    planned = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
-    plans = planned if isinstance(planned, list) else [planned]  # completions: one per prompt
+    # a generation per choice: n per prompt (completions may hold several)
+    plans = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
     streams = [generate(plan) if plan.asks_the_model else _prompt_alone(plan) for plan in plans]
     stream = plans[0].stream
     try:

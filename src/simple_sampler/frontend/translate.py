@@ -14,6 +14,7 @@ range; integer fields are also held to their tensor's data type (an INT32
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,9 +32,9 @@ PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
 NUM_TOP = NUM_TOP_LOGPROBS.name
-#: prompts one completions request may hold, each a generation of its own
+#: generations one request may ask for: its prompts (completions) times n
 #: (a larger batch: several requests)
-MAX_PROMPTS = 256
+MAX_GENERATIONS = 256
 
 
 @dataclass
@@ -168,13 +169,31 @@ def _common(request: Sampling, served: Served) -> None:
     if request.model != served.model_id:
         raise RequestError(f"the model {request.model!r} does not exist; this server serves "
                            f"{served.model_id!r}", "model", status=404, code="model_not_found")
-    if request.n not in (None, 1):
-        raise RequestError(f"n must be 1: this server returns one choice per request, got "
-                           f"{request.n}", "n")
+    if request.n is not None and not 1 <= request.n <= MAX_GENERATIONS:
+        raise RequestError(f"n must be an integer in [1, {MAX_GENERATIONS}], got {request.n}",
+                           "n")
+
+
+def _choices(plans: list[Plan], n: int | None) -> list[Plan]:
+    """OpenAI's n: n generations of each plan, choice i * n + j the j-th of
+    prompt i, sharing the answer's id. With a seed the j-th draws with seed
+    + j (vLLM's children's seeds): they differ, each reproducible."""
+    n = n or 1
+    if len(plans) * n > MAX_GENERATIONS:
+        raise RequestError(f"the prompts ({len(plans)}) times n ({n}) must be at most "
+                           f"{MAX_GENERATIONS} generations", "n")
+    seed = PARAM_INPUTS["seed"]
+    copies = [dataclasses.replace(plan, id=plans[0].id, created=plans[0].created,
+                                  params=dict(plan.params))
+              for plan in plans for _ in range(n)]
+    for index, plan in enumerate(copies):
+        if seed in plan.params:
+            plan.params[seed] = (plan.params[seed] + index % n) % 2**64
+    return copies
 
 
 def plan_completion(request: CompletionRequest, served: Served) -> list[Plan]:
-    """The generations a /v1/completions request asks for, one per prompt
+    """The generations a /v1/completions request asks for, n per prompt
     (RequestError if bad); they share the answer's id."""
     _common(request, served)
     top = 0 if request.logprobs is None else _integer(
@@ -185,15 +204,12 @@ def plan_completion(request: CompletionRequest, served: Served) -> list[Plan]:
     prompts = request.prompt
     if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
         prompts = [prompts]  # one prompt: text or token ids
-    if len(prompts) > MAX_PROMPTS:
-        raise RequestError(f"prompt must hold at most {MAX_PROMPTS} prompts, got {len(prompts)}",
-                           "prompt")
-    plans = [_plan_prompt(request, served, prompt, top,
-                          "prompt" if len(prompts) == 1 else f"prompt[{index}]")
-             for index, prompt in enumerate(prompts)]
-    for plan in plans[1:]:
-        plan.id, plan.created = plans[0].id, plans[0].created
-    return plans
+    if len(prompts) > MAX_GENERATIONS:
+        raise RequestError(f"prompt must hold at most {MAX_GENERATIONS} prompts, got "
+                           f"{len(prompts)}", "prompt")
+    return _choices([_plan_prompt(request, served, prompt, top,
+                                  "prompt" if len(prompts) == 1 else f"prompt[{index}]")
+                     for index, prompt in enumerate(prompts)], request.n)
 
 
 def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[int], top: int,
@@ -221,8 +237,9 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
     return plan
 
 
-def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
-    """The generation a /v1/chat/completions request asks for (RequestError if bad)."""
+def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
+    """The generations a /v1/chat/completions request asks for, n of them
+    (RequestError if bad)."""
     _common(request, served)
     if not request.messages:
         raise RequestError("messages must hold at least one message", "messages")
@@ -241,10 +258,10 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> Plan:
              for m in request.messages])
     except InvalidRequest as error:
         raise RequestError(str(error), "messages") from None
-    return _plan(request, served, True, prompt_ids,
-                 _max_tokens(request, served, len(prompt_ids), None, name,
-                             low=0 if _scores_prompt(request) else 1),
-                 bool(request.logprobs), top)
+    return _choices([_plan(request, served, True, prompt_ids,
+                           _max_tokens(request, served, len(prompt_ids), None, name,
+                                       low=0 if _scores_prompt(request) else 1),
+                           bool(request.logprobs), top)], request.n)
 
 
 def _scores_prompt(request: Sampling) -> bool:
