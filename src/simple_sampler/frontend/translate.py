@@ -177,7 +177,9 @@ def _common(request: Sampling, served: Served) -> None:
 def _choices(plans: list[Plan], n: int | None) -> list[Plan]:
     """OpenAI's n: n generations of each plan, choice i * n + j the j-th of
     prompt i, sharing the answer's id. With a seed the j-th draws with seed
-    + j (vLLM's children's seeds): they differ, each reproducible."""
+    + j, as vLLM seeds its n children (vllm/v1/engine/parallel_sampling.py,
+    ``ParentRequest._get_child_sampling_params``): they differ, each
+    reproducible."""
     n = n or 1
     if len(plans) * n > MAX_GENERATIONS:
         raise RequestError(f"the prompts ({len(plans)}) times n ({n}) must be at most "
