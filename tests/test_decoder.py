@@ -269,6 +269,28 @@ def test_end_id_stops_unless_ignored_or_before_min_tokens():
     assert text_of(banned) == "bcaa"  # "a" follows the end id in the fake
 
 
+def test_stop_token_ids_stop_as_the_end_id_does_even_with_ignore_eos():
+    """vLLM's stop_token_ids: "d" (id 4) ends the generation as the end id
+    does, its id sent and counted, its text left out (as vLLM V1's
+    detokenizer leaves a stop-terminated token out); with ignore_eos only the
+    end id ends nothing; before min_tokens the stop ids are banned, the
+    runner-up comes."""
+    engine = FakeEngine()  # a -> b -> c -> d ...
+    stop_d = dict(stop_token_ids=[4], temperature=0.0)
+    requests = [GenerationRequest(text="a", max_tokens=8, sampling=SamplingParams(**stop_d)),
+                GenerationRequest(text="a", max_tokens=8, sampling=SamplingParams(**stop_d),
+                                  ignore_end=True),
+                GenerationRequest(text="a", max_tokens=8,
+                                  sampling=SamplingParams(min_tokens=4, **stop_d))]
+    (stopped, ignoring, late), _ = generate(engine, requests, mode="inline_kernels")
+    assert text_of(stopped) == "bc" and stopped[-1].finish_reason == "stop"
+    assert stopped[-1].token_ids == [4] and stopped[-1].num_output_tokens == 3
+    assert text_of(ignoring) == "bc" and ignoring[-1].token_ids == [4]
+    # "d" banned at the 3rd token: the runner-up "e" (the letter after "d"); the
+    # 4th may be "d", which then ends it
+    assert text_of(late)[:3] == "bce" and late[-1].num_output_tokens >= 4
+
+
 def test_stop_word_ends_generation_and_is_never_emitted():
     results, _ = generate(FakeEngine(), [GenerationRequest(
         text="a", max_tokens=10, sampling=GREEDY, stop_words=["xyz", "def"])],

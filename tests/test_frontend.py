@@ -146,6 +146,7 @@ BAD_COMPLETION = [
     (completion(prompt=""), "prompt", "non-empty"),
     (completion(prompt=["a"] * 257), "prompt", "prompt must hold at most 256 prompts, got 257"),
     (completion(prompt=["a", ""]), "prompt", "prompt[1] must be a non-empty string"),
+    (completion(stop_token_ids=[3, -1]), "stop_token_ids", "stop_token_ids must be an integer in [0, "),
     (completion(prompt=["a"] * 100, n=3), "n", "the prompts (100) times n (3) must be at most 256"),
     (completion(prompt=[[1], [2, 10**9]]), "prompt[1]", "prompt[1] must be an integer in [0, "),
     (completion(prompt=[""]), "prompt", "non-empty string"),
@@ -623,7 +624,7 @@ def test_only_the_frontend_imports_fastapi_and_uvicorn():
 
 def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec):
     """A completions prompt as a list of one (genai-perf sends [text],
-    lm-eval [[ids]]); vLLM's ignore_eos, best_of 1, a message's name, a
+    lm-eval [[ids]]); vLLM's ignore_eos and stop_token_ids, best_of 1, a message's name, a
     negative seed (read modulo 2^64, as torch.manual_seed reads vLLM's),
     include_usage null; a default max_tokens shortened to the context left."""
     for prompt in (["The capital of France is"], [codec.encode("The capital of France is")]):
@@ -639,6 +640,8 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
     assert "ignore_eos" not in recorder.plans[-1].params
     assert post(client, "/v1/completions", completion(prompt=[1] * 500)).status_code == 200
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 500
+    assert post(client, "/v1/chat/completions", chat(stop_token_ids=[7, 2])).status_code == 200
+    assert recorder.plans[-1].params["stop_token_ids"] == [7, 2]
 
 
 def test_continuous_usage_counts_every_chunks_tokens(client):

@@ -207,6 +207,25 @@ def test_a_list_of_prompts_and_n_answer_each_as_its_own_request(client, frontend
         for seed in (20, 21)]
 
 
+def test_a_stop_token_id_ends_the_answer_there(client, frontend):
+    """vLLM's stop_token_ids through the llm model: the greedy answer's
+    third token as a stop id ends it there ("stop", three tokens counted,
+    that token's text left out); with min_tokens 3 it is banned until then."""
+    ask = dict(model=frontend.served.model_id, prompt="The capital of France is",
+               max_tokens=8, temperature=0, logprobs=0)
+    whole = client.completions.create(**ask).choices[0]
+    codec = frontend.served.codec
+    third = codec.encode(whole.logprobs.tokens[2])
+    assert len(third) == 1, whole.logprobs.tokens  # a token of its own when encoded alone
+    stopped = client.completions.create(**ask, extra_body={"stop_token_ids": third})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 3
+    assert stopped.choices[0].text == "".join(whole.logprobs.tokens[:2])
+    late = client.completions.create(**ask, extra_body={"stop_token_ids": third,
+                                                        "min_tokens": 3})
+    assert late.usage.completion_tokens > 3
+    assert late.choices[0].text.startswith("".join(whole.logprobs.tokens[:2]))
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

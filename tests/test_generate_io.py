@@ -51,6 +51,13 @@ def test_input_ids_with_text_or_a_template_flag_are_refused_not_dropped(extra, m
     assert request.prompt_ids == [5, 6] and request.text is None
 
 
+def test_stop_token_ids_become_the_sampling_params_stop_ids():
+    prompt = {"input_ids": np.array([[1, 2]], np.int32)}
+    decoded = decode_generate({**prompt, "stop_token_ids": np.array([[7, 3]], np.int32)})
+    assert list(decoded.request.sampling.stop_token_ids) == [7, 3]
+    assert list(decode_generate(prompt).request.sampling.stop_token_ids) == []
+
+
 def test_ignore_eos_lets_the_end_id_end_nothing():
     """vLLM's ignore_eos: the request's end id is then a token like any other
     (GenerationRequest.ignore_end); absent, it ends the generation."""

@@ -175,6 +175,9 @@ GENERATE_INPUTS = (
            allowed="token ids in [0, V), each at most once"),
     Tensor("logit_bias_values", "FP32", (-1,), default="none",
            allowed=f"{BIAS_ALLOWED}, one per logit_bias_ids entry: added to its logit"),
+    Tensor("stop_token_ids", "INT32", (-1,), default="none",
+           allowed="token ids in [0, V): each ends the generation as end_id does (even with "
+                   "ignore_eos) and is banned until min_length (vLLM's name)"),
     _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
     IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",

@@ -14,7 +14,8 @@ request is translated (``translate.py``), not here.
 
 Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
-``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``prompt_logprobs`` and
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
+``prompt_logprobs`` and
 ``stream_options.continuous_usage_stats`` are vLLM's (vllm-project/vllm,
 ``vllm/entrypoints/openai/protocol.py``, ``CompletionRequest`` and
 ``ChatCompletionRequest``).
@@ -92,6 +93,7 @@ class Sampling(Request):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = None
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None
 

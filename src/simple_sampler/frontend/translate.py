@@ -123,6 +123,10 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
     if request.logit_bias:
         params["logit_bias_ids"], params["logit_bias_values"] = _logit_bias(request.logit_bias,
                                                                            served.vocab_size)
+    if request.stop_token_ids:
+        params["stop_token_ids"] = [
+            _integer("stop_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
+            for token in request.stop_token_ids]
     return params
 
 

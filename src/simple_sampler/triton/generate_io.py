@@ -151,6 +151,9 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         sampling["seed"] = int(_single(seeds[0], present[seeds[0]]))
     sampling["logit_bias"] = _logit_bias(present.get("logit_bias_ids"),
                                          present.get("logit_bias_values"))
+    if "stop_token_ids" in present:
+        sampling["stop_token_ids"] = [int(t) for t in np.asarray(present["stop_token_ids"])
+                                      .reshape(-1)]
     if "input_ids" in present:
         # neither is dropped unsaid: the ids are the prompt as they are
         if "text_input" in present:
