@@ -81,6 +81,16 @@ def goodness_of_fit(counts: np.ndarray, probs: np.ndarray, groups: int = 32) -> 
     return min(per_token, grouped)
 
 
+def fails_the_fit(counts: np.ndarray, probs: np.ndarray) -> bool:
+    """Whether `goodness_of_fit` rejects counts against probs: a p-value
+    under P_VALUE_FLOOR, or draws outside probs' support (for power checks
+    against a wrong distribution whose support may differ)."""
+    try:
+        return goodness_of_fit(counts, probs) < P_VALUE_FLOOR
+    except AssertionError:
+        return True
+
+
 def moved_one_percent(probs: np.ndarray) -> np.ndarray:
     """probs with 1% of the mass moved from its most to its least likely
     token of the support: a distribution 1% away in TV, for power checks."""

@@ -1,5 +1,7 @@
 """The PyTorch engine against the plain Hugging Face forward (full recompute,
 no cache), with sequences joining and leaving and steps over subsets."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -95,27 +97,53 @@ def test_misuse_is_reported(model_and_tokenizer):
 
 # The inline (in-data-plane, torch) sampler of the baseline mode.
 
-from conftest import P_VALUE_FLOOR, goodness_of_fit, repeated_batch  # noqa: E402
+from conftest import P_VALUE_FLOOR, fails_the_fit, goodness_of_fit, repeated_batch  # noqa: E402
 
 from simple_sampler import History, SamplingBatch, SamplingParams, sample  # noqa: E402
 from simple_sampler.reference import probabilities  # noqa: E402
 from simple_sampler.serving.inline import sample_torch  # noqa: E402
 
-INLINE_CASES = [
-    SamplingParams(temperature=0.7, top_k=40, seed=1),
-    SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, repetition_penalty=1.3,
-                   presence_penalty=0.5, frequency_penalty=0.4, logit_bias={3: 2.0, 7: -1.0}),
-]
 HISTORY = History(prompt_ids=[0, 1, 2, 9], output_ids=[3, 3, 4, 5])
 
 
-@pytest.mark.parametrize("params", INLINE_CASES)
-def test_inline_draws_follow_the_reference_distribution(zipf_rows, params):
+def inline_case(name: str, row: np.ndarray) -> tuple[SamplingParams, History, int]:
+    """(params, history, draws) of a case on `row`. The penalties' history and
+    the bias take ids of the row's head, so that they move mass the
+    truncations keep; the draws make a temperature 2% off fail (60,000 for
+    top_k 40 at T 0.7, whose 2% error is 0.013 away in TV)."""
+    if name == "top_k":
+        return SamplingParams(temperature=0.7, top_k=40, seed=1), HISTORY, 60_000
+    head = [int(t) for t in np.argsort(-row)[:6]]
+    history = History(prompt_ids=[head[0], head[1], head[2], head[5]],
+                      output_ids=[head[3], head[3], head[4], head[5]])
+    params = SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, repetition_penalty=1.3,
+                            presence_penalty=0.5, frequency_penalty=0.4,
+                            logit_bias={head[3]: 2.0, head[1]: -1.0})
+    return params, history, 10_000
+
+
+def reference_of(row: np.ndarray, params: SamplingParams, history: History) -> np.ndarray:
+    return probabilities(row, SamplingBatch.from_params([params], [history]), 0)
+
+
+@pytest.mark.parametrize("name", ["top_k", "penalties_bias"])
+def test_inline_draws_follow_the_reference_distribution(zipf_rows, name):
     row = zipf_rows[1]  # V = 1000
-    batch = repeated_batch(params, 3000, HISTORY)
-    tokens, _ = sample_torch(torch.from_numpy(np.broadcast_to(row, (3000, row.size)).copy()), batch)
+    params, history, draws = inline_case(name, row)
+    probs = reference_of(row, params, history)
+    if params.logit_bias:  # precondition: the penalties and the bias each move the reference
+        for neutral in (dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0),
+                        dict(logit_bias={})):
+            without = reference_of(row, dataclasses.replace(params, **neutral), history)
+            assert 0.5 * np.abs(probs - without).sum() > 0.05, neutral
+    batch = repeated_batch(params, draws, history)
+    tokens, _ = sample_torch(torch.from_numpy(np.broadcast_to(row, (draws, row.size)).copy()), batch)
     counts = np.bincount(tokens, minlength=row.size)
     assert goodness_of_fit(counts, probabilities(row, batch, 0)) > P_VALUE_FLOOR
+    # power: the same draws reject the reference of a temperature 2% off
+    for factor in (0.98, 1.02):
+        wrong = dataclasses.replace(params, temperature=params.temperature * factor)
+        assert fails_the_fit(counts, reference_of(row, wrong, history)), factor
 
 
 def test_inline_greedy_and_logprobs_agree_with_the_kernels(zipf_rows):
