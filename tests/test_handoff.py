@@ -588,10 +588,15 @@ def test_full_rows_are_referenced_only_when_a_row_may_be_left_undecided():
             np.testing.assert_array_equal(tokens, expected[0])
             np.testing.assert_array_equal(logprobs, expected[1])
             assert requests == [("compact", 24, by_reference)]
-        # rows outside the arena, none undecidable: answered all the same
+        # rows outside the arena, none undecidable: answered all the same, the
+        # event loop's tokens and logprobs (seeded)
         outside = torch.from_numpy(rows)
+        expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16)(outside, plain))
         sampler = HotFirstSampler(_local_pool(hot), hot, cold_top=16)
-        assert sampler.sample_now(outside, plain, sampler.summarize(outside, plain)) is not None
+        answer = sampler.sample_now(outside, plain, sampler.summarize(outside, plain))
+        assert answer is not None
+        np.testing.assert_array_equal(answer[0], expected[0])
+        np.testing.assert_array_equal(answer[1], expected[1])
         # rows left undecided all the same (told none could be): sent once more
         # with their full rows, or, outside the arena, the event loop's two rounds
         expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16,
