@@ -289,9 +289,17 @@ def test_duplicate_logit_bias_ids_in_a_row():
     batch.bias_ids = np.array([3, 5, 5], np.int64)
     with raises(r"^row 1: ", "logit_bias", r"token 5\b", "more than once"):
         sample(ROWS3, batch)
-    # the same id in two different rows is fine
+    # the same id in two different rows is fine (rows 0 and 1 both bias 3)
     batch.bias_ids = np.array([3, 3, 5], np.int64)
     assert sample(ROWS3, batch).token_ids.shape == (3,)
+    # and each row takes its own bias of it: 3 lifted to the top in rows 0
+    # and 1, banned with the argmax 7 in row 2 (greedy, so the tokens are known)
+    shared = SamplingBatch.from_params([
+        SamplingParams(temperature=0.0, logit_bias={3: 100.0}),
+        SamplingParams(temperature=0.0, logit_bias={5: 1.0, 3: 100.0}),
+        SamplingParams(temperature=0.0, logit_bias={3: -np.inf, 7: -np.inf})])
+    assert ROW.argmax() == 7
+    assert sample(ROWS3, shared).token_ids.tolist() == [3, 3, 6]
 
 
 def test_malformed_csr_offsets():
