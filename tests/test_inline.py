@@ -3,12 +3,14 @@ from the float64 reference's distribution, for rows of different parameters
 in the same batch, issues the same ops whatever the batch size, and is keyed
 by (seed, step) alone. The CUDA variants skip without a GPU (none here: they
 have not run yet)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import P_VALUE_FLOOR, goodness_of_fit, moved_one_percent
+from conftest import P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, total_variation
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.reference import probabilities
 from simple_sampler.serving.inline import row_uniforms, sample_torch
@@ -19,15 +21,18 @@ HISTORY = History(prompt_ids=[0, 1, 2, 9], output_ids=[3, 3, 4, 5, 3])
 #: each a case for the whole batch; MIXED puts several in one batch
 CASES = {
     "plain": SamplingParams(temperature=1.0),
-    "min_p": SamplingParams(temperature=0.9, min_p=0.05, logit_bias={7: 3.0},
+    "min_p": SamplingParams(temperature=0.9, min_p=0.05, logit_bias={5: 1.0},
                             stop_token_ids=[0], min_tokens=99),
     "top_k_ties": SamplingParams(temperature=1.0, top_k=6),
     "top_p_penalties": SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02,
                                       repetition_penalty=1.3, presence_penalty=0.5,
                                       frequency_penalty=0.4, logit_bias={3: 2.0, 7: -1.0}),
     "all": SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.01,
-                          repetition_penalty=0.8, frequency_penalty=-0.3, logit_bias={1: -np.inf}),
+                          repetition_penalty=0.8, frequency_penalty=-0.3, logit_bias={3: -np.inf}),
 }
+# Each bias names an id the case's truncations keep (the row's head, whose
+# ids the fixture sets), so that it moves the reference: "min_p" lifts its
+# third token, raising the bar, "all" bans its first.
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,9 @@ def test_every_row_follows_its_own_reference_distribution_in_one_mixed_batch(row
     for index, name in enumerate(names):
         counts = np.bincount(tokens[index::len(cases)], minlength=row.size)
         probs = probabilities(row, batch, index)
+        if cases[index].logit_bias:  # precondition: the bias moves the reference
+            unbiased = mixed_batch([dataclasses.replace(cases[index], logit_bias={})], 1)
+            assert total_variation(probs, probabilities(row, unbiased, 0)) > 0.05, name
         p_value = goodness_of_fit(counts, probs)
         assert p_value > P_VALUE_FLOOR, f"{name}: chi-square p={p_value:.2e}"
         # power: the same draws reject a distribution 2% away in total variation
