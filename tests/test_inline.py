@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import P_VALUE_FLOOR, goodness_of_fit, moved_one_percent, total_variation
+from conftest import (P_VALUE_FLOOR, fails_the_fit, goodness_of_fit, moved_one_percent,
+                      total_variation)
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.reference import probabilities
 from simple_sampler.serving.inline import row_uniforms, sample_torch
@@ -50,11 +51,26 @@ def row():
 
 def mixed_batch(cases: list[SamplingParams], draws: int,
                 history: History = HISTORY) -> SamplingBatch:
-    """`draws` rows of each case, interleaved, seeds 0 .. n-1, one history."""
-    params = [cases[i % len(cases)] for i in range(draws * len(cases))]
-    batch = SamplingBatch.from_params(params, [history] * len(params))
-    batch.seed = np.arange(len(params), dtype=np.uint64)
+    """`draws` rows of each case, interleaved, seeds 0 .. n-1, one history
+    (the cases' rows taken over and over: from_params row by row costs more
+    than the draws)."""
+    batch = SamplingBatch.from_params(cases, [history] * len(cases))
+    batch = batch.take(np.tile(np.arange(len(cases)), draws))
+    batch.seed = np.arange(len(batch), dtype=np.uint64)
     return batch
+
+
+def with_temperature(row: np.ndarray, params: SamplingParams, factor: float) -> np.ndarray:
+    """The reference of params with the temperature `factor` times its own."""
+    wrong = dataclasses.replace(params, temperature=params.temperature * factor)
+    return probabilities(row, mixed_batch([wrong], 1), 0)
+
+
+#: the cases whose temperature 2% off, either way, the mixed batch's draws
+#: reject; plain's (0.016 away in TV) takes 60,000 draws (the single
+#: configurations'), top_k_ties' (6 tokens) and all's (11) move under 0.01
+#: in TV, hundreds of thousands
+TEMPERATURE_POWER = ("min_p", "top_p_penalties")
 
 
 def draw(row: np.ndarray, batch: SamplingBatch, device: str = "cpu"):
@@ -80,18 +96,27 @@ def test_every_row_follows_its_own_reference_distribution_in_one_mixed_batch(row
         # power: the same draws reject a distribution 2% away in total variation
         wrong = moved_one_percent(moved_one_percent(probs))
         assert goodness_of_fit(counts, wrong) < P_VALUE_FLOOR, name
+        if name in TEMPERATURE_POWER:  # and a temperature 2% off
+            for factor in (0.98, 1.02):
+                assert fails_the_fit(counts, with_temperature(row, cases[index], factor)), name
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, top_p=0.9),     # sorted path, one case alone
-    SamplingParams(temperature=1.0, min_p=0.1),     # vocabulary order, min_p
-    SamplingParams(temperature=100.0, top_p=0.5, top_k=30),
-], ids=["top_p", "min_p", "hot"])
-def test_a_single_configuration_follows_the_reference(row, params):
-    batch = mixed_batch([params], 10_000)
+@pytest.mark.parametrize("params, draws", [
+    (SamplingParams(temperature=1.0), 60_000),                 # no truncation
+    (SamplingParams(temperature=1.0, top_p=0.9), 30_000),      # sorted path, one case alone
+    (SamplingParams(temperature=1.0, min_p=0.1), 10_000),      # vocabulary order, min_p
+    (SamplingParams(temperature=100.0, top_p=0.5, top_k=30), 10_000),
+], ids=["plain", "top_p", "min_p", "hot"])
+def test_a_single_configuration_follows_the_reference(row, params, draws):
+    """The draws of each make a temperature 2% off fail (but at T 100, where
+    2% moves the distribution by 1e-4 in TV)."""
+    batch = mixed_batch([params], draws)
     tokens, _ = draw(row, batch)
     counts = np.bincount(tokens, minlength=row.size)
     assert goodness_of_fit(counts, probabilities(row, batch, 0)) > P_VALUE_FLOOR
+    if params.temperature < 100:
+        for factor in (0.98, 1.02):
+            assert fails_the_fit(counts, with_temperature(row, params, factor)), factor
 
 
 def test_ties_follow_the_references_rank_order():
