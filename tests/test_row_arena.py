@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from simple_sampler import row_arena
 from simple_sampler.row_arena import (PREFIX, SHM_DIR, RowArena, RowReader, StaleRows,
                                       pid_namespace, region_name, remove_orphans)
 
@@ -187,17 +188,32 @@ def test_another_process_maps_the_arena_by_name_read_only(arena):
     assert out[1] == "False"
 
 
-def test_a_dead_owners_regions_are_removed_by_the_next_arena():
-    script = ("from simple_sampler.row_arena import RowArena; import os; "
-              "a = RowArena(1, 4096); print(a.ring.name, flush=True); os._exit(0)")
-    name = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    path = os.path.join(SHM_DIR, name)
-    assert os.path.exists(path), "os._exit skips atexit: the region is an orphan"
-    removed = remove_orphans()
-    assert not os.path.exists(path)
-    if name not in removed:  # pytest -n: another test's arena beside this one was first
-        assert os.environ.get("PYTEST_XDIST_WORKER"), "remove_orphans did not report it"
+def test_a_dead_owners_regions_are_removed_by_the_next_arena(tmp_path, monkeypatch):
+    """In a directory of its own (row_arena.SHM_DIR, here and in the dead
+    owner), so that no other test's arena (pytest -n) removes the orphan first."""
+    monkeypatch.setattr(row_arena, "SHM_DIR", str(tmp_path))
+    script = ("import os, sys; from simple_sampler import row_arena; "
+              "row_arena.SHM_DIR = sys.argv[1]; "
+              "a = row_arena.RowArena(1, 4096); print(a.ring.name, flush=True); os._exit(0)")
+
+    def orphan() -> str:
+        name = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert (tmp_path / name).exists(), "os._exit skips atexit: the region is an orphan"
+        return name
+
+    name = orphan()
+    assert remove_orphans() == [name]
+    assert not (tmp_path / name).exists()
+    name = orphan()
+    arena = RowArena(1, 4096)          # the next arena removes it, keeps its own
+    try:
+        assert not (tmp_path / name).exists()
+        assert sorted(os.listdir(tmp_path)) == sorted(arena.names)
+        assert remove_orphans() == []  # a living owner's regions are no orphans
+    finally:
+        arena.close()
+    assert os.listdir(tmp_path) == []
 
 
 def test_region_names_follow_from_the_key_and_the_pid_namespace():
