@@ -61,6 +61,16 @@ def rows_sampled(server, settled: bool = False) -> float:
                             settled_after=time.monotonic() if settled else None)
 
 
+def assert_finished(finish_reason: str, completion_tokens: int, max_tokens: int) -> None:
+    """"length" with every token max_tokens allows, else "stop" with at most
+    that many (an end id ends it and is counted, the last allowed too)."""
+    if finish_reason == "length":
+        assert completion_tokens == max_tokens, (finish_reason, completion_tokens)
+    else:
+        assert finish_reason == "stop" and 1 <= completion_tokens <= max_tokens, (
+            finish_reason, completion_tokens)
+
+
 def test_models_lists_the_served_model(client, frontend):
     assert [m.id for m in client.models.list().data] == [frontend.served.model_id]
 
@@ -78,15 +88,16 @@ def test_chat_and_completion_answer_streamed_and_not(client, frontend):
             pool.submit(lambda: client.completions.create(**completing)),
             pool.submit(lambda: list(client.completions.create(stream=True, **completing))))]
     assert "Paris" in answer.choices[0].message.content
-    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert_finished(answer.choices[0].finish_reason, answer.usage.completion_tokens, 24)
     prompt_tokens = len(frontend.served.codec.encode("What is the capital of France?", chat=True))
     assert answer.usage.prompt_tokens == prompt_tokens
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == answer.choices[0].message.content
     assert streamed[-1].usage.completion_tokens == answer.usage.completion_tokens
     assert "Paris" in completion.choices[0].text
-    assert completion.usage.completion_tokens == 8 or completion.choices[0].finish_reason == "stop"
+    assert_finished(completion.choices[0].finish_reason, completion.usage.completion_tokens, 8)
     assert "".join(p.choices[0].text for p in pieces) == completion.choices[0].text
+    assert pieces[-1].choices[0].finish_reason == completion.choices[0].finish_reason
 
 
 def test_a_seed_gives_the_same_text_streamed_or_not(client, frontend):
