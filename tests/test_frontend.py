@@ -444,6 +444,30 @@ def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
     assert all("prompt_logprobs" not in event["choices"][0] for event in streamed)
 
 
+def test_prompt_logprobs_decode_a_simulated_engines_wider_ids(codec):
+    """The simulated engine's codec (ids past the tokenizer read " t<id>")
+    gives prompt_logprobs' decoded tokens too, special tokens as their text."""
+    from simple_sampler.serving.simulated_text import SimulatedCodec
+
+    wide = SimulatedCodec(codec.tokenizer)
+    vocab = len(codec.tokenizer) + 100
+
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            yield Chunk("", [], [], 0.0, n, 0, "length", prompt_ids=plan.prompt_ids,
+                        prompt_logprobs=[-1.0] * (n - 1), prompt_ranks=[1] * (n - 1))
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, wide, CONTEXT, vocab), generate))
+    start = codec.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    ids = [5, vocab - 1, start]
+    body = post(client, "/v1/completions", {**completion(prompt_logprobs=0, max_tokens=0),
+                                            "prompt": ids}).json()
+    assert [place[str(token)]["decoded_token"] for place, token in zip(
+        body["choices"][0]["prompt_logprobs"][1:], ids[1:])] == [f" t{vocab - 1}", "<|im_start|>"]
+
+
 def test_a_list_of_prompts_is_a_choice_each_as_vllm_answers_it(codec):
     """completions' prompt as a list of prompts: a generation each, at once;
     choice i is prompt i's, streamed or not, the usage summed (a stream's

@@ -20,23 +20,23 @@ class SimulatedCodec(TextCodec):
         super().__init__(tokenizer)
         self.known = len(tokenizer)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
         parts, run = [], []
         for token in map(int, token_ids):
             if token < self.known:
                 run.append(token)
                 continue
             if run:
-                parts.append(self.decode_run(run))
+                parts.append(self.decode_run(run, special))
                 run = []
             parts.append(f" t{token}")
         if run:
-            parts.append(self.decode_run(run))
+            parts.append(self.decode_run(run, special))
         return "".join(parts)
 
-    def decode_run(self, token_ids: Sequence[int]) -> str:
+    def decode_run(self, token_ids: Sequence[int], special: bool = False) -> str:
         """The tokenizer's decode of ids it knows."""
-        return super().decode(token_ids)
+        return super().decode(token_ids, special)
 
     def detokenizer(self, prompt_ids: Sequence[int] = ()):
         if self.backend is None:  # no DecodeStream: the window decoder, on decode() above
