@@ -2,6 +2,7 @@
 and tokenizer; seed invariance and the answer with the real SmolLM2; each
 with steps launched ahead and not."""
 import asyncio
+import json
 import threading
 import time
 
@@ -225,13 +226,13 @@ def test_a_sink_taken_after_some_events_continues_the_same_text(interval):
         + last.token_ids == [t for e in read for t in e.token_ids]
 
 
-def listen_with_sink(requests, interval):
+def listen_with_sink(requests, interval, engine=None, codec=None):
     """Each request listened to with a sink (its index) and `interval`:
     what on_step handed over per request ((text, ids) per call), the final
     events, and how many requests each on_step call held."""
     async def main():
-        decoder = Decoder(FakeEngine(max_batch_size=2), TextCodec(FakeTokenizer()), "simple",
-                          threaded())
+        decoder = Decoder(engine or FakeEngine(max_batch_size=2),
+                          codec or TextCodec(FakeTokenizer()), "simple", threaded())
         stepped = {index: [] for index in range(len(requests))}
         calls = []
 
@@ -289,6 +290,39 @@ def test_stop_token_ids_stop_as_the_end_id_does_even_with_ignore_eos():
     # "d" banned at the 3rd token: the runner-up "e" (the letter after "d"); the
     # 4th may be "d", which then ends it
     assert text_of(late)[:3] == "bce" and late[-1].num_output_tokens >= 4
+
+
+@pytest.mark.parametrize("others", [[], [20, 21, 22, 23]])
+def test_every_end_id_of_the_model_stops_unless_a_request_names_its_own(others):
+    """The codec's end ids (the tokenizer's and generation_config.json's: a
+    space here, id 27) each end a generation; a request's end_id replaces
+    them all. With more stop ids than a row holds in numpy (`others`:
+    stop_token_ids besides), each token is looked up instead."""
+    engine = FakeEngine(script=lambda ids: 27 if len(ids) >= 3 else next_letter(ids))
+    codec = TextCodec(FakeTokenizer(), end_ids=[27])
+    assert codec.end_ids == (END_ID, 27)
+    params = SamplingParams(temperature=0.0, stop_token_ids=others)
+    requests = [GenerationRequest(text="a", max_tokens=6, sampling=params),
+                GenerationRequest(text="a", max_tokens=6, sampling=params, end_id=END_ID)]
+    (ended, own), _ = generate(engine, requests, mode="inline_kernels", codec=codec)
+    assert text_of(ended) == "bc" and ended[-1].finish_reason == "stop"
+    assert ended[-1].token_ids == [27]
+    assert own[-1].finish_reason == "length" and len(own) == 6
+    # listened to with a sink, the rows are quiet (their end found in numpy)
+    # unless they have more stop ids than a row holds
+    stepped, (ended, own), _ = listen_with_sink(requests, 1, engine, codec)
+    assert [ids for _, ids in stepped[0]] == [[2], [3]] and ended.token_ids == [27]
+    assert ended.finish_reason == "stop" and own.finish_reason == "length"
+
+
+def test_generation_end_ids_reads_generation_config(tmp_path):
+    from simple_sampler.serving.text import generation_end_ids
+
+    assert generation_end_ids(tmp_path) == []
+    for eos, expected in ((128009, [128009]), ([128001, 128008, 128009], [128001, 128008, 128009]),
+                          (None, []), (True, [])):
+        (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        assert generation_end_ids(tmp_path) == expected
 
 
 def test_stop_word_ends_generation_and_is_never_emitted():

@@ -178,10 +178,11 @@ GENERATE_INPUTS = (
     Tensor("stop_token_ids", "INT32", (-1,), default="none",
            allowed="token ids in [0, V): each ends the generation as end_id does (even with "
                    "ignore_eos) and is banned until min_length (vLLM's name)"),
-    _scalar("end_id", "INT32", "the tokenizer's end of sequence", "a token id"),
+    _scalar("end_id", "INT32", "the model's end ids (its tokenizer's and its "
+            "generation_config.json's)", "a token id: the one end id"),
     IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",
-            allowed=">= 0: the end id is banned until reached"),
+            allowed=">= 0: the end ids and stop_token_ids are banned until reached"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
     PROMPT_LOGPROBS,

@@ -243,12 +243,12 @@ class Decoder:
                       else self.codec.encode(request.text, request.chat))
         request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
                          self.max_tokens_limit)
-        end_id = self.codec.end_id if request.end_id is None else request.end_id
+        end_ids = list(self.codec.end_ids) if request.end_id is None else [request.end_id]
         params = request.sampling
         params = dataclasses.replace(
             params,
             seed=secrets.randbits(64) if params.seed is None else params.seed,
-            stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else [end_id]))
+            stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else end_ids))
         bad_words_ids = self.codec.bad_words_ids(request.bad_words)
         try:  # with the end id and the bad words, which validate did not see
             params.check_a_token_is_allowed(

@@ -16,8 +16,8 @@ class SimulatedCodec(TextCodec):
     model, which knows nothing of the engine, encodes prompts exactly as the
     llm model does."""
 
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)
+    def __init__(self, tokenizer, end_ids: Sequence[int] = ()):
+        super().__init__(tokenizer, end_ids)
         self.known = len(tokenizer)
 
     def decode(self, token_ids: Sequence[int], special: bool = False) -> str:

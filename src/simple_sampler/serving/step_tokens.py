@@ -10,8 +10,8 @@ decoder's ``BatchState``), and a *quiet* request's are not even detokenized:
 its held ids go through its detokenizer when they are handed out. So a
 quiet row whose token neither ends its request nor is due costs the step no
 Python. Quiet: stepped, no stop strings (their text is matched token by
-token), no logprobs (events carry them), at most one stop id (compared in
-numpy).
+token), no logprobs (events carry them), at most QUIET_STOP_IDS stop ids
+(compared in numpy).
 """
 from __future__ import annotations
 
@@ -39,9 +39,15 @@ def _top_of(sequence: DecodeSequence, top: TopLogprobs, row: int
     return [(token, logprob) for token, logprob in zip(ids, logprobs) if token >= 0]
 
 
+#: stop ids (end ids and stop_token_ids) a row may have and still be found
+#: ending in numpy (Llama 3.1 has three end ids); a request with more looks
+#: each token up in Python
+QUIET_STOP_IDS = 4
+
+
 class StepTokens:
     """A decoder's step pass (module docstring). Per batch-state slot:
-    `quiet`, `stepped`, `end_id` (the one stop id, -1: none),
+    `quiet`, `stepped`, `end_ids` (its stop ids, -1 padded),
     `max_tokens`, `interval` and `due_at` (the generated count at which the
     request's next tokens are handed out); and each stepped sequence's held
     tokens. `decoder`: the ``Decoder`` whose state, engine, events and
@@ -52,13 +58,13 @@ class StepTokens:
         slots = len(self.state.length)
         self.quiet = np.zeros(slots, bool)
         self.stepped = np.zeros(slots, bool)
-        self.end_id = np.full(slots, -1, np.int64)
+        self.end_ids = np.full((slots, QUIET_STOP_IDS), -1, np.int64)
         self.max_tokens = np.zeros(slots, np.int64)
         self.due_at = np.zeros(slots, np.int64)
         self.interval = np.zeros(slots, np.int64)
         #: whether the slot's request has stop strings (found in its text)
         self.stop_words = np.zeros(slots, bool)
-        #: whether it has stop ids besides `end_id` (found by a set lookup)
+        #: whether it has more stop ids than `end_ids` holds (found by a set lookup)
         self.more_stop_ids = np.zeros(slots, bool)
 
     def listen(self, sequence: DecodeSequence, interval: int) -> None:
@@ -73,12 +79,14 @@ class StepTokens:
         """`sequence`'s row of the columns (at admission, or at listen once admitted)."""
         slot = sequence.slot
         self.stepped[slot] = sequence.stepped
+        stop_ids = sorted(sequence.stop_ids)
         self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
                             and not sequence.request.return_log_probs
-                            and len(sequence.stop_ids) <= 1)
-        self.end_id[slot] = next(iter(sequence.stop_ids), -1)
+                            and len(stop_ids) <= QUIET_STOP_IDS)
+        self.end_ids[slot] = -1
+        self.end_ids[slot, :len(stop_ids[:QUIET_STOP_IDS])] = stop_ids[:QUIET_STOP_IDS]
         self.stop_words[slot] = bool(sequence.stop.stop_words)
-        self.more_stop_ids[slot] = len(sequence.stop_ids) > 1
+        self.more_stop_ids[slot] = len(stop_ids) > QUIET_STOP_IDS
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
         self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
@@ -118,7 +126,8 @@ class StepTokens:
         rows = len(sequences)
         slots = np.array([s.slot for s in sequences], np.int64)
         generated = self.state.length[slots] - self.state.prompt_length[slots] + 1
-        ending = (tokens == self.end_id[slots]) | (generated >= self.max_tokens[slots])
+        ending = ((tokens[:, None] == self.end_ids[slots]).any(axis=1)
+                  | (generated >= self.max_tokens[slots]))
         interrupted = self.decoder.interrupted
         if interrupted:
             ending |= np.fromiter((s.request_id in interrupted for s in sequences), bool, rows)

@@ -17,6 +17,7 @@ stop-word matching.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Mapping, Sequence
 
@@ -36,6 +37,17 @@ REPLACEMENT_CHARACTER = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 4
 
 
+def model_directory(source: str | os.PathLike | None = None) -> str:
+    """The Hugging Face directory of a model source (see
+    ``models.load_model``): SmolLM2's cached copy, a GGUF file's converted
+    copy, or the directory given."""
+    if source is None or str(source) == models.SMOLLM2:
+        return str(models.cache_dir() / models.SMOLLM2_CACHE_NAME)
+    if str(source).endswith(".gguf"):
+        return str(models.gguf_cache_path(source))
+    return str(source)
+
+
 def load_tokenizer(source: str | os.PathLike | None = None):
     """The tokenizer of a model source (see ``models.load_model``), without
     loading the weights when the model directory (or its converted copy)
@@ -43,22 +55,37 @@ def load_tokenizer(source: str | os.PathLike | None = None):
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 
-    if source is None or str(source) == models.SMOLLM2:
-        directory = models.cache_dir() / models.SMOLLM2_CACHE_NAME
-    elif str(source).endswith(".gguf"):
-        directory = models.gguf_cache_path(source)
-    else:
-        directory = source
+    directory = model_directory(source)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         return models.load_model(source)[1]  # converts the GGUF once
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
+def generation_end_ids(directory: str | os.PathLike) -> list[int]:
+    """The end-of-sequence ids a model's generation_config.json names
+    (``eos_token_id``: one or a list; none without the file). Chat models
+    list more than their tokenizer's one (Llama 3.1: ``<|eot_id|>``,
+    ``<|eom_id|>`` and ``<|end_of_text|>``; Qwen2.5: ``<|im_end|>`` and
+    ``<|endoftext|>``), and vLLM stops on each of them."""
+    try:
+        with open(os.path.join(directory, "generation_config.json")) as file:
+            eos = json.load(file).get("eos_token_id")
+    except FileNotFoundError:
+        return []
+    return [int(i) for i in (eos if isinstance(eos, list) else [eos])
+            if isinstance(i, int) and not isinstance(i, bool)]
+
+
 class TextCodec:
     """Prompt encoding and per-sequence decoding with one tokenizer."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, end_ids: Sequence[int] = ()):
+        """end_ids: ids that end a generation besides the tokenizer's end of
+        sequence (``generation_end_ids``)."""
         self.tokenizer = tokenizer
+        #: what ends a generation unless a request names its own end_id:
+        #: the tokenizer's end of sequence first
+        self.end_ids = tuple(dict.fromkeys([self.end_id, *end_ids]))
         # transformers' decode() wraps the Rust tokenizer's own decode
         # (tokenization_utils_tokenizers.py, `_decode`) in argument
         # conversion and an optional clean-up of spaces; the decode loop
@@ -74,7 +101,8 @@ class TextCodec:
 
     @classmethod
     def from_source(cls, source: str | os.PathLike | None = None) -> "TextCodec":
-        return cls(load_tokenizer(source))
+        tokenizer = load_tokenizer(source)
+        return cls(tokenizer, generation_end_ids(model_directory(source)))
 
     @property
     def end_id(self) -> int:
