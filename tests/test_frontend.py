@@ -521,9 +521,18 @@ def test_a_list_of_prompts_is_a_choice_each_as_vllm_answers_it(codec):
         plans.clear(), closed.clear(), started.clear()
         response = post(client, "/v1/completions", completion(
             prompt=["hangs", "refused", "Hello"], stream=stream))
-        assert response.status_code == 400, response.text
-        assert "top_p must be in (0, 1]" in response.json()["error"]["message"]
+        if stream:  # begun once one answered: the refusal is an event, then the end
+            streamed = events(response)
+            assert streamed[-1]["error"]["message"] == "top_p must be in (0, 1]"
+        else:
+            assert response.status_code == 400, response.text
+            assert "top_p must be in (0, 1]" in response.json()["error"]["message"]
         assert sorted(started) == [0, 1, 2] and sorted(closed) == [0, 1, 2]
+    plans.clear(), closed.clear(), started.clear()
+    response = post(client, "/v1/completions", completion(prompt=["refused", "hangs"],
+                                                          stream=True))
+    assert response.status_code == 400  # refused before any answered: its status
+    assert sorted(closed) == [0, 1]
 
 
 def test_n_is_n_generations_each_with_its_own_seed(client, recorder):
@@ -532,7 +541,12 @@ def test_n_is_n_generations_each_with_its_own_seed(client, recorder):
     body = post(client, "/v1/chat/completions", chat(n=3, seed=5)).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert [plan.params["seed"] for plan in recorder.plans] == [5, 6, 7]
-    assert body["usage"]["completion_tokens"] == 6
+    prompt = len(recorder.plans[0].prompt_ids)  # counted once, as vLLM and OpenAI count it
+    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 6,
+                             "total_tokens": prompt + 6}
+    streamed = events(post(client, "/v1/chat/completions", chat(
+        n=3, stream=True, stream_options={"include_usage": True})))
+    assert streamed[-1]["usage"] == body["usage"]
     recorder.plans.clear()
     body = post(client, "/v1/completions", completion(prompt=["a", "b"], n=2,
                                                       seed=2**64 - 1)).json()
@@ -544,6 +558,64 @@ def test_n_is_n_generations_each_with_its_own_seed(client, recorder):
     recorder.plans.clear()
     post(client, "/v1/chat/completions", chat(n=2))
     assert len(recorder.plans) == 2 and not any("seed" in p.params for p in recorder.plans)
+
+
+def test_a_stream_whose_client_goes_while_an_event_is_sent_is_closed_at_once():
+    """Starlette leaves a stream's body suspended where sending an event
+    fails (a client gone, ASGI 2.4), and its generations would run on until
+    it is garbage collected; ClosingStreamingResponse closes it then."""
+    from simple_sampler.frontend.app import ClosingStreamingResponse
+
+    async def main():
+        closed, sent = [], []
+
+        async def body():
+            try:
+                for _ in range(100):
+                    yield b"data: x\n\n"
+            finally:
+                closed.append(True)
+
+        async def receive():
+            await asyncio.sleep(10)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if len(sent) == 3:
+                raise OSError("the client went away")
+
+        with pytest.raises(Exception):  # noqa: B017 - Starlette's ClientDisconnect
+            await ClosingStreamingResponse(body())(
+                {"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return closed  # before the loop's end finalizes what is left
+
+    assert asyncio.run(main()) == [True]
+
+
+def test_a_generation_that_cancels_itself_ends_the_merged_responses():
+    """A generation raising CancelledError of its own (grpc.aio's, for a call
+    whose channel closed) ends the merged responses with EndedEarly, where a
+    reader that waited for it would wait forever."""
+    from simple_sampler.frontend.app import EndedEarly, _merged
+
+    async def main():
+        async def going():
+            yield Chunk(" a", [3], [-0.5], -0.5, 1, 1, "")
+            await asyncio.sleep(10)
+            yield Chunk(".", [4], [-0.5], -1.0, 1, 2, "stop")
+
+        async def cancelled():
+            yield Chunk(" b", [3], [-0.5], -0.5, 1, 1, "")
+            raise asyncio.CancelledError
+
+        seen = []
+        with pytest.raises(EndedEarly):
+            async for index, chunk in _merged([going(), cancelled()]):
+                seen.append((index, chunk.text))
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), 5)) == [(0, " a"), (1, " b")]
 
 
 def events(response):

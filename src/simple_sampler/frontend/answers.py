@@ -13,10 +13,13 @@ from .translate import NUM_TOP, Plan, Served
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
-def usage(*finals: Chunk) -> dict:
-    """The usage of a request's generations (each one's final response)."""
-    prompt = sum(chunk.num_input_tokens for chunk in finals)
-    completion = sum(chunk.num_output_tokens for chunk in finals)
+def usage(plans: list[Plan], finals: list[Chunk]) -> dict:
+    """The usage of a request's generations (each one's plan and final
+    response): every generation's tokens, each prompt's once (n choices
+    share theirs, as vLLM and OpenAI count them)."""
+    prompt = sum(final.num_input_tokens for plan, final in zip(plans, finals)
+                 if not plan.repeats_prompt)
+    completion = sum(final.num_output_tokens for final in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
@@ -139,7 +142,7 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     if plan.prompt_logprobs is not None:  # vLLM's place: the choice's, or chat's answer's
         (answer if plan.chat else choice)["prompt_logprobs"] = _vllm_prompt_logprobs(
             plan, chunks, served.codec)
-    return {**answer, "usage": usage(chunks[-1])}
+    return {**answer, "usage": usage([plan], chunks[-1:])}
 
 
 def response_of_all(plans: list[Plan], answers: list[list[Chunk]], served: Served) -> dict:
@@ -148,7 +151,8 @@ def response_of_all(plans: list[Plan], answers: list[list[Chunk]], served: Serve
     them), the usage summed."""
     whole = [response(plan, chunks, served) for plan, chunks in zip(plans, answers)]
     choices = [{**one["choices"][0], "index": index} for index, one in enumerate(whole)]
-    return {**whole[0], "choices": choices, "usage": usage(*(chunks[-1] for chunks in answers))}
+    return {**whole[0], "choices": choices,
+            "usage": usage(plans, [chunks[-1] for chunks in answers])}
 
 
 def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
@@ -174,15 +178,16 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,
                               "total_tokens": prompt + generated} if plan.continuous_usage else None
         if chunk.finish_reason and alone:
-            events.append(usage_event(plan, [chunk], served))
+            events.append(usage_event([plan], [chunk], served))
     return events
 
 
-def usage_event(plan: Plan, finals: list[Chunk], served: Served) -> dict:
+def usage_event(plans: list[Plan], finals: list[Chunk], served: Served) -> dict:
     """A stream's last chunk with ``include_usage``: no choice, the usage of
-    every generation (their final responses, `finals`)."""
-    kind = "chat.completion.chunk" if plan.chat else "text_completion"
-    return {**_object(plan, kind, served.model_id), "choices": [], "usage": usage(*finals)}
+    every generation (their plans and final responses)."""
+    kind = "chat.completion.chunk" if plans[0].chat else "text_completion"
+    return {**_object(plans[0], kind, served.model_id), "choices": [],
+            "usage": usage(plans, finals)}
 
 
 def sse(payload: dict | str) -> bytes:

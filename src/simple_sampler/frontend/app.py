@@ -24,6 +24,7 @@ import asyncio
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -64,62 +65,47 @@ def _internal(error: Exception) -> JSONResponse:
     return _error(500, f"{type(error).__name__}: {error}", "internal_server_error")
 
 
-async def _first(chunks: AsyncIterator[Chunk]) -> Chunk:
-    """The first response, so that a refused request is answered with its
-    status, not with a stream that starts 200 and then fails."""
-    try:
-        return await chunks.__anext__()
-    except StopAsyncIteration:
-        raise GenerationError("the server ended the stream without a response") from None
-
-
 class EndedEarly(Exception):
     """A generation's responses ended before its final one."""
 
 
-async def _through_final(first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-    """A generation's responses, its first (already read) to its final."""
-    chunk = first
-    while True:
-        yield chunk
-        if chunk.finish_reason:
-            return
-        try:
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            raise EndedEarly from None
-
-
-async def _merged(generations: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
-    """(index, response) of several generations, each response as it comes;
-    the first failure raised, the rest then cancelled."""
-    if len(generations) == 1:
-        async for chunk in generations[0]:
-            yield 0, chunk
-        return
-    arrivals: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, generation: AsyncIterator[Chunk]) -> None:
-        try:
-            async for chunk in generation:
-                arrivals.put_nowait((index, chunk))
-            arrivals.put_nowait((index, None))
-        except Exception as error:  # noqa: BLE001 - raised where the responses are read
-            arrivals.put_nowait((index, error))
-
-    pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+async def _next(chunks: AsyncIterator[Chunk]) -> Chunk:
     try:
-        running = len(pumps)
-        while running:
-            index, arrived = await arrivals.get()
-            if arrived is None:
-                running -= 1
-            elif isinstance(arrived, Exception):
-                raise arrived
-            else:
-                yield index, arrived
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        raise EndedEarly from None
+
+
+async def _merged(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
+    """(index, response) of each generation's responses up to its final
+    one, each as it comes. One read ahead per generation, so that a slow
+    client slows the reads as one generation's stream would (the gRPC
+    stream's flow control); the first failure raised, the other reads then
+    cancelled."""
+    reads = {asyncio.ensure_future(_next(chunks)): index for index, chunks in enumerate(streams)}
+    try:
+        while reads:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            for read in sorted(done, key=reads.get):
+                index = reads.pop(read)
+                if read.cancelled():  # the generation cancelled itself (not this reader)
+                    raise EndedEarly
+                chunk = read.result()
+                yield index, chunk
+                if not chunk.finish_reason:
+                    reads[asyncio.ensure_future(_next(streams[index]))] = index
     finally:
-        await _cancel(pumps)
+        await _cancel(list(reads))
+
+
+async def _first_of(merged: AsyncIterator[tuple[int, Chunk]]) -> tuple[int, Chunk]:
+    """The first response of any generation, so that a refused request is
+    answered with its status, not with a stream that starts 200 and then
+    fails."""
+    try:
+        return await merged.__anext__()
+    except (StopAsyncIteration, EndedEarly):
+        raise GenerationError("the server ended the stream without a response") from None
 
 
 async def _cancel(tasks: list[asyncio.Future]) -> None:
@@ -137,25 +123,32 @@ async def _all(work: list[Awaitable[T]]) -> list[T]:
         await _cancel(tasks)
 
 
-async def _events(plans: list[Plan], firsts: list[Chunk], streams: list[AsyncIterator[Chunk]],
+async def _events(plans: list[Plan], first: tuple[int, Chunk],
+                  merged: AsyncIterator[tuple[int, Chunk]], streams: list[AsyncIterator[Chunk]],
                   served: Served) -> AsyncIterator[bytes]:
     """A streamed answer: each generation's responses as events of the
-    choice at its index, as they come; with several (n, completions' list
-    of prompts) one usage event at the end for all."""
+    choice at its index, as they come (`first`: the first of them, read
+    already); with several (n, completions' list of prompts) one usage
+    event at the end for all."""
     alone = len(plans) == 1
-    opening, generated, finals = [True] * len(plans), [0] * len(plans), []
-    merged = _merged([_through_final(first, s) for first, s in zip(firsts, streams)])
+    opening, generated, finals = [True] * len(plans), [0] * len(plans), {}
     try:
-        async for index, chunk in merged:
+        index, chunk = first
+        while True:
             generated[index] += len(chunk.token_ids)
             for event in answers.stream_events(plans[index], chunk, served, opening[index],
                                                generated[index], index, alone):
                 yield answers.sse(event)
             opening[index] = False
             if chunk.finish_reason:
-                finals.append(chunk)
+                finals[index] = chunk
+            try:
+                index, chunk = await merged.__anext__()
+            except StopAsyncIteration:
+                break
         if not alone and plans[0].include_usage:
-            yield answers.sse(answers.usage_event(plans[0], finals, served))
+            yield answers.sse(answers.usage_event(plans, [finals[i] for i in range(len(plans))],
+                                                  served))
     except GenerationError as error:
         yield answers.sse(generation_error(error).body.decode())
     except EndedEarly:
@@ -169,6 +162,20 @@ async def _events(plans: list[Plan], firsts: list[Chunk], streams: list[AsyncIte
         await merged.aclose()
         await _close_all(streams)
     yield answers.sse("[DONE]")
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose events' generator is closed however the response
+    ends: Starlette leaves it suspended where the client goes away while an
+    event is being sent, and its generations would then run on until it is
+    garbage collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _close(self.body_iterator)
 
 
 async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
@@ -231,22 +238,37 @@ async def _answer(request: Request, model, plan_for, served: Served,
     # a generation per choice: n per prompt (completions may hold several)
     plans = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
     streams = [generate(plan) if plan.asks_the_model else _prompt_alone(plan) for plan in plans]
-    stream = plans[0].stream
+    if plans[0].stream:
+        return await _stream(request, plans, streams, served)
     try:
-        answer = await _unless_gone(request, _all([_first(chunks) if stream else _collect(chunks)
-                                                   for chunks in streams]))
+        answer = await _unless_gone(request, _all([_collect(chunks) for chunks in streams]))
     except BaseException:
         await _close_all(streams)
         raise
+    await _close_all(streams)
     if answer is None:  # nobody to answer
+        return Response(status_code=499)
+    return JSONResponse(answers.response_of_all(plans, answer, served))
+
+
+async def _stream(request: Request, plans: list[Plan], streams: list[AsyncIterator[Chunk]],
+                  served: Served) -> Response:
+    """A streamed answer, begun once any generation has answered: each
+    other's refusal then comes as an error event, as in vLLM's streams."""
+    merged = _merged(streams)
+    try:
+        first = await _unless_gone(request, _first_of(merged))
+    except BaseException:
+        await merged.aclose()
+        await _close_all(streams)
+        raise
+    if first is None:  # nobody to answer
+        await merged.aclose()
         await _close_all(streams)
         return Response(status_code=499)
-    if stream:
-        return StreamingResponse(_events(plans, answer, streams, served),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    await _close_all(streams)
-    return JSONResponse(answers.response_of_all(plans, answer, served))
+    return ClosingStreamingResponse(_events(plans, first, merged, streams, served),
+                                    media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache"})
 
 
 def build_app(served: Served, generate: Generate,

@@ -65,6 +65,8 @@ class Plan:
     echo: str | None = None
     #: vLLM's prompt_logprobs n, returned with the answer; None: not asked
     prompt_logprobs: int | None = None
+    #: a later one of n choices of its prompt: the usage counts the prompt once
+    repeats_prompt: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -193,6 +195,7 @@ def _choices(plans: list[Plan], n: int | None) -> list[Plan]:
                                   params=dict(plan.params))
               for plan in plans for _ in range(n)]
     for index, plan in enumerate(copies):
+        plan.repeats_prompt = index % n > 0
         if seed in plan.params:
             plan.params[seed] = (plan.params[seed] + index % n) % 2**64
     return copies
