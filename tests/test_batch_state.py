@@ -6,7 +6,7 @@ import pytest
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
 from simple_sampler.sampling import sample
-from simple_sampler.serving.batch_state import BatchState
+from simple_sampler.serving.batch_state import STOP_COLUMNS, BatchState
 
 VOCAB = 50
 
@@ -87,12 +87,12 @@ def test_same_tokens_as_the_rebuild():
     assert np.isnan(got.logprobs[~asked]).all()
 
 
-@pytest.mark.parametrize("most_stop_ids", [1, 2])
+@pytest.mark.parametrize("most_stop_ids", [1, 2, STOP_COLUMNS, STOP_COLUMNS + 1])
 def test_a_steps_bans_in_numpy_are_the_per_row_passs(most_stop_ids):
-    """Rows with at most one stop id (the end id alone, the usual request)
-    get their bans from the columns; they are the per-row pass's bans, for
-    rows short of min_tokens and not, beside a row with no stop id (and,
-    with two, through the pass itself)."""
+    """Rows with at most STOP_COLUMNS stop ids (the end ids of a model, the
+    usual request) get their bans from the columns; they are the per-row
+    pass's bans, for rows short of min_tokens and not, beside a row with no
+    stop id (and, with more, through the pass itself)."""
     from simple_sampler.serving.batch_state import _sparse_ragged
 
     rng = np.random.default_rng(2)

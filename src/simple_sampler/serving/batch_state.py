@@ -24,6 +24,11 @@ import numpy as np
 
 from ..params import RULES, SamplingBatch, SamplingParams
 
+#: stop ids (end ids and stop_token_ids) a row may have and still be handled
+#: in numpy, its bans and its end alike (Llama 3.1 has three end ids); a row
+#: with more takes a per-row pass
+STOP_COLUMNS = 4
+
 #: (column, dtype, value of a free slot) for the per-row scalars: the
 #: parameters' table, and min_tokens (turned into bans when a batch is built).
 SCALAR_COLUMNS = (*((p.name, p.dtype, p.neutral) for p in RULES), ("min_tokens", np.int64, 0))
@@ -55,7 +60,8 @@ class BatchState:
         # ... and the usual case as columns (a request's end id alone), so
         # that a step's bans need no Python per row
         self.stop_count = np.zeros(slots, np.int64)
-        self.single_stop = np.zeros(slots, np.int32)  # the stop id where stop_count is 1
+        #: each slot's first STOP_COLUMNS stop ids, -1 padded
+        self.stop_columns = np.full((slots, STOP_COLUMNS), -1, np.int32)
         self.bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.bad_words: dict[int, list[np.ndarray]] = {}
         self.has_bias = np.zeros(slots, bool)
@@ -83,7 +89,9 @@ class BatchState:
         self.tokens[slot, :len(prompt_ids)] = prompt_ids
         self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
         self.stop_count[slot] = self.stop_ids[slot].size
-        self.single_stop[slot] = self.stop_ids[slot][0] if self.stop_ids[slot].size == 1 else 0
+        self.stop_columns[slot] = -1
+        self.stop_columns[slot, :self.stop_ids[slot][:STOP_COLUMNS].size] = \
+            self.stop_ids[slot][:STOP_COLUMNS]
         self.has_bias[slot] = bool(params.logit_bias)
         if params.logit_bias:
             self.bias[slot] = (np.fromiter(params.logit_bias, np.int32, len(params.logit_bias)),
@@ -156,14 +164,18 @@ class BatchState:
 
     def _ban_lists(self, slots: np.ndarray, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CSR (offsets, ids) of the step's bans (``batch``): in numpy where
-        every row short of min_tokens has at most one stop id and no row has
-        bad words, else ``_bans``' pass over the rows that ban something."""
+        every row short of min_tokens has at most STOP_COLUMNS stop ids and
+        no row has bad words, else ``_bans``' pass over the rows that ban
+        something."""
         counts = np.where(short, self.stop_count[slots], 0)
-        if counts.max(initial=0) > 1 or self.has_bad_words[slots].any():
+        if counts.max(initial=0) > STOP_COLUMNS or self.has_bad_words[slots].any():
             return _sparse_ragged(len(slots), self._bans(slots, short))
         offsets = np.zeros(len(slots) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return offsets, self.single_stop[slots][counts == 1] if offsets[-1] else NO_IDS
+        if not offsets[-1]:
+            return offsets, NO_IDS
+        kept = np.arange(STOP_COLUMNS) < counts[:, None]  # row by row: CSR's order
+        return offsets, self.stop_columns[slots][kept]
 
     def _bans(self, slots: np.ndarray, short: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(row, banned ids) for the rows that ban something this step."""

@@ -10,7 +10,7 @@ decoder's ``BatchState``), and a *quiet* request's are not even detokenized:
 its held ids go through its detokenizer when they are handed out. So a
 quiet row whose token neither ends its request nor is due costs the step no
 Python. Quiet: stepped, no stop strings (their text is matched token by
-token), no logprobs (events carry them), at most QUIET_STOP_IDS stop ids
+token), no logprobs (events carry them), at most STOP_COLUMNS stop ids
 (compared in numpy).
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from .batch_state import STOP_COLUMNS
 from .generation import (FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, DecodeSequence,
                          RequestHandle)
 from .samplers import TopLogprobs
@@ -39,12 +40,6 @@ def _top_of(sequence: DecodeSequence, top: TopLogprobs, row: int
     return [(token, logprob) for token, logprob in zip(ids, logprobs) if token >= 0]
 
 
-#: stop ids (end ids and stop_token_ids) a row may have and still be found
-#: ending in numpy (Llama 3.1 has three end ids); a request with more looks
-#: each token up in Python
-QUIET_STOP_IDS = 4
-
-
 class StepTokens:
     """A decoder's step pass (module docstring). Per batch-state slot:
     `quiet`, `stepped`, `end_ids` (its stop ids, -1 padded),
@@ -58,7 +53,7 @@ class StepTokens:
         slots = len(self.state.length)
         self.quiet = np.zeros(slots, bool)
         self.stepped = np.zeros(slots, bool)
-        self.end_ids = np.full((slots, QUIET_STOP_IDS), -1, np.int64)
+        self.end_ids = np.full((slots, STOP_COLUMNS), -1, np.int64)
         self.max_tokens = np.zeros(slots, np.int64)
         self.due_at = np.zeros(slots, np.int64)
         self.interval = np.zeros(slots, np.int64)
@@ -82,11 +77,11 @@ class StepTokens:
         stop_ids = sorted(sequence.stop_ids)
         self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
                             and not sequence.request.return_log_probs
-                            and len(stop_ids) <= QUIET_STOP_IDS)
+                            and len(stop_ids) <= STOP_COLUMNS)
         self.end_ids[slot] = -1
-        self.end_ids[slot, :len(stop_ids[:QUIET_STOP_IDS])] = stop_ids[:QUIET_STOP_IDS]
+        self.end_ids[slot, :len(stop_ids[:STOP_COLUMNS])] = stop_ids[:STOP_COLUMNS]
         self.stop_words[slot] = bool(sequence.stop.stop_words)
-        self.more_stop_ids[slot] = len(stop_ids) > QUIET_STOP_IDS
+        self.more_stop_ids[slot] = len(stop_ids) > STOP_COLUMNS
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
         self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
