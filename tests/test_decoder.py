@@ -334,6 +334,24 @@ def test_stop_word_ends_generation_and_is_never_emitted():
     assert all("d" not in e.text for e in events) and events[-1].num_output_tokens == 5
 
 
+def test_a_stop_kept_when_asked_ends_the_text():
+    """include_stop: the stop word ends the text, and a stop id's text is
+    kept (vLLM's include_stop_str_in_output); an end id, special, has none."""
+    stop_d = SamplingParams(temperature=0.0, stop_token_ids=[4])
+    engine = FakeEngine(script=lambda ids: END_ID if len(ids) >= 3 else next_letter(ids))
+    (worded, stopped), _ = generate(FakeEngine(), [
+        GenerationRequest(text="a", max_tokens=10, sampling=GREEDY, stop_words=["xyz", "cd"],
+                          include_stop=True),
+        GenerationRequest(text="a", max_tokens=10, sampling=stop_d, include_stop=True)],
+        mode="simple", sampler=threaded())
+    assert text_of(worded) == "bcd" and worded[-1].num_output_tokens == 3
+    assert text_of(stopped) == "bcd" and stopped[-1].token_ids == [4]
+    (ended,), _ = generate(engine, [GenerationRequest(text="a", max_tokens=6, sampling=GREEDY,
+                                                      include_stop=True)], mode="simple",
+                           sampler=threaded())
+    assert text_of(ended) == "bc" and ended[-1].token_ids == [END_ID]
+
+
 @pytest.mark.parametrize("bad_words", [["c"], ["bc"]])
 def test_bad_words_are_not_generated(bad_words):
     results, _ = generate(FakeEngine(), [GenerationRequest(

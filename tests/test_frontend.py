@@ -736,8 +736,10 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
     assert "ignore_eos" not in recorder.plans[-1].params
     assert post(client, "/v1/completions", completion(prompt=[1] * 500)).status_code == 200
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 500
-    assert post(client, "/v1/chat/completions", chat(stop_token_ids=[7, 2])).status_code == 200
+    assert post(client, "/v1/chat/completions", chat(stop_token_ids=[7, 2],
+                                                     include_stop_str_in_output=True)).status_code == 200
     assert recorder.plans[-1].params["stop_token_ids"] == [7, 2]
+    assert recorder.plans[-1].params["include_stop_str_in_output"] is True
 
 
 def test_continuous_usage_counts_every_chunks_tokens(client):

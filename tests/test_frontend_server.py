@@ -221,7 +221,8 @@ def test_a_list_of_prompts_and_n_answer_each_as_its_own_request(client, frontend
 def test_a_stop_token_id_ends_the_answer_there(client, frontend):
     """vLLM's stop_token_ids through the llm model: the greedy answer's
     third token as a stop id ends it there ("stop", three tokens counted,
-    that token's text left out); with min_tokens 3 it is banned until then."""
+    that token's text left out, or kept with include_stop_str_in_output);
+    with min_tokens 3 it is banned until then."""
     ask = dict(model=frontend.served.model_id, prompt="The capital of France is",
                max_tokens=8, temperature=0, logprobs=0)
     whole = client.completions.create(**ask).choices[0]
@@ -231,6 +232,9 @@ def test_a_stop_token_id_ends_the_answer_there(client, frontend):
     stopped = client.completions.create(**ask, extra_body={"stop_token_ids": third})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 3
     assert stopped.choices[0].text == "".join(whole.logprobs.tokens[:2])
+    kept = client.completions.create(**ask, extra_body={"stop_token_ids": third,
+                                                        "include_stop_str_in_output": True})
+    assert kept.choices[0].text == "".join(whole.logprobs.tokens[:3])
     late = client.completions.create(**ask, extra_body={"stop_token_ids": third,
                                                         "min_tokens": 3})
     assert late.usage.completion_tokens > 3

@@ -144,6 +144,17 @@ def test_earliest_stop_word_wins():
     assert matcher.feed("more") == ("", True)
 
 
+def test_a_stop_word_kept_when_asked_is_the_earliest_and_longest():
+    """include (vLLM's include_stop_str_in_output): the text up to the end of
+    the stop word that begins first (the longest of those that begin there)."""
+    matcher = StopMatcher(["cd", "bcx", "bc"], include=True)
+    assert matcher.feed("ab") == ("a", False)  # "b" may still begin one
+    assert matcher.feed("cd") == ("bc", True)  # "bc" begins before "cd"
+    assert matcher.feed("more") == ("", True)
+    assert StopMatcher(["b", "bcd"], include=True).feed("abcde") == ("abcd", True)
+    assert StopMatcher(["b", "bcd"]).feed("abcde") == ("a", True)
+
+
 def test_stop_matcher_holds_only_possible_prefixes():
     matcher = StopMatcher(["STOP"])
     assert matcher.feed("aS") == ("a", False)

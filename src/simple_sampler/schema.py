@@ -169,6 +169,9 @@ GENERATE_INPUTS = (
             param="seed"),
     Tensor("stop_words", "BYTES", (-1,), default="none",
            allowed="strings (empty ones name no word); the text is cut before them"),
+    _scalar("include_stop_str_in_output", "BOOL", False,
+            "true: the text keeps the stop word, or the stop or end id's text, that ended "
+            "it (vLLM's name)"),
     Tensor("bad_words", "BYTES", (-1,), default="none",
            allowed="strings (empty ones name no word), never generated"),
     Tensor("logit_bias_ids", "INT32", (-1,), default="none",

@@ -15,7 +15,7 @@ request is translated (``translate.py``), not here.
 Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``prompt_logprobs`` and
+``include_stop_str_in_output``, ``prompt_logprobs`` and
 ``stream_options.continuous_usage_stats`` are vLLM's (vllm-project/vllm,
 ``vllm/entrypoints/openai/protocol.py``, ``CompletionRequest`` and
 ``ChatCompletionRequest``).
@@ -94,6 +94,7 @@ class Sampling(Request):
     min_tokens: int | None = None
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = False
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None
 

@@ -113,6 +113,8 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         params[PARAM_INPUTS["seed"]] = request.seed % 2**64
     if request.ignore_eos:
         params[IGNORE_EOS.name] = True
+    if request.include_stop_str_in_output:
+        params["include_stop_str_in_output"] = True
     if request.min_tokens is not None:
         params[PARAM_INPUTS["min_tokens"]] = _integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)

@@ -259,7 +259,7 @@ class Decoder:
         handle = RequestHandle(self, request_id)
         sequence = DecodeSequence(request_id, request, handle, prompt_ids, params,
                                    self.codec.detokenizer(prompt_ids),
-                                   StopMatcher(request.stop_words),
+                                   StopMatcher(request.stop_words, request.include_stop),
                                    bad_words_ids,
                                    num_input_tokens=len(prompt_ids),
                                    max_tokens=request.max_tokens,

@@ -65,10 +65,12 @@ class GenerationRequest:
     """One generation. Give ``text`` (encoded with the model's tokenizer,
     through the chat template when ``chat``) or ``prompt_ids``.
 
-    ``end_id`` defaults to the tokenizer's end-of-sequence id; it stops the
-    generation unless ``ignore_end``, and ``sampling.min_tokens`` bans it
-    until that many tokens exist. ``stop_words`` end the generation (text cut
-    before the word); ``bad_words`` are never generated (each word's last
+    ``end_id`` defaults to the model's end ids (``TextCodec.end_ids``); they
+    stop the generation unless ``ignore_end``, and ``sampling.min_tokens``
+    bans them until that many tokens exist. ``stop_words`` end the
+    generation (text cut before the word, or after it with
+    ``include_stop``, which also keeps the text of the stop or end id that
+    ended it: vLLM's ``include_stop_str_in_output``); ``bad_words`` are never generated (each word's last
     token is banned whenever the sequence ends with the word's other tokens).
     ``num_top_logprobs`` (with ``return_log_probs``): each token's event
     also carries the n most likely tokens and their logprobs.
@@ -86,6 +88,7 @@ class GenerationRequest:
     end_id: int | None = None
     ignore_end: bool = False
     stop_words: Sequence[str] = ()
+    include_stop: bool = False
     bad_words: Sequence[str] = ()
     return_log_probs: bool = False
     num_top_logprobs: int = 0

@@ -194,7 +194,7 @@ class StepTokens:
         text, stopped = "", False
         if sequence.stepped:  # a quiet row's held ids come before this token
             self.catch_up(sequence, generated - 1)
-        if not ended:
+        if not ended or sequence.request.include_stop:  # a stop id's text: only if asked
             text = sequence.detokenizer.push_token(token)
             if sequence.stop.stop_words:  # without any, feed() returns the text as it is
                 text, stopped = sequence.stop.feed(text)

@@ -269,17 +269,19 @@ class Detokenizer:
 
 
 class StopMatcher:
-    """Cuts a text stream at the first stop string (module docstring).
+    """Cuts a text stream at the first stop string (module docstring): before
+    it, or after it with `include` (vLLM's include_stop_str_in_output).
 
     ``feed`` returns the text that is safe to emit and whether a stop string
     was found; after a stop nothing more is emitted.
     """
 
-    def __init__(self, stop_words: Sequence[str] = ()):
+    def __init__(self, stop_words: Sequence[str] = (), include: bool = False):
         for word in stop_words:
             if not isinstance(word, str) or not word:
                 raise InvalidRequest(f"stop_words must be non-empty strings, got {word!r}")
         self.stop_words = list(stop_words)
+        self.include = include
         self.held = ""
         self.stopped = False
 
@@ -290,10 +292,13 @@ class StopMatcher:
         if not self.stop_words:  # the common case: nothing to hold back
             return text, False
         self.held += text
-        found = [i for i in (self.held.find(w) for w in self.stop_words) if i >= 0]
-        if found:
+        found = [(i, -len(w)) for i, w in ((self.held.find(w), w) for w in self.stop_words)
+                 if i >= 0]
+        if found:  # the first to begin, the longest of those
+            start, minus_length = min(found)
             self.stopped = True
-            emit, self.held = self.held[:min(found)], ""
+            emit = self.held[:start - minus_length if self.include else start]
+            self.held = ""
             return emit, True
         keep = max((k for w in self.stop_words for k in range(1, len(w))
                     if self.held.endswith(w[:k])), default=0)

@@ -179,6 +179,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         end_id=int(_single("end_id", present["end_id"])) if "end_id" in present else None,
         ignore_end=flags[IGNORE_EOS.name],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
+        include_stop=flags["include_stop_str_in_output"],
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
         num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
