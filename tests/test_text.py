@@ -1,5 +1,7 @@
 """Streaming detokenization and stop words with SmolLM2's own tokenizer."""
 import numpy as np
+import random
+
 import pytest
 
 from simple_sampler.serving.text import REPLACEMENT_CHARACTER, StopMatcher, TextCodec
@@ -144,15 +146,37 @@ def test_earliest_stop_word_wins():
     assert matcher.feed("more") == ("", True)
 
 
-def test_a_stop_word_kept_when_asked_is_the_earliest_and_longest():
-    """include (vLLM's include_stop_str_in_output): the text up to the end of
-    the stop word that begins first (the longest of those that begin there)."""
-    matcher = StopMatcher(["cd", "bcx", "bc"], include=True)
+@pytest.mark.parametrize("include", [False, True])
+def test_the_stop_word_met_first_wins_however_the_text_is_split(include):
+    """The word that ends first (then begins first) wins: what a stream fed a
+    character at a time meets first, so the answer does not depend on how
+    tokens split the text; with include (vLLM's include_stop_str_in_output)
+    the text keeps it."""
+    matcher = StopMatcher(["cd", "bcx", "bc"], include=include)
     assert matcher.feed("ab") == ("a", False)  # "b" may still begin one
-    assert matcher.feed("cd") == ("bc", True)  # "bc" begins before "cd"
+    assert matcher.feed("cd") == ("bc" if include else "", True)  # "bc" ends first
     assert matcher.feed("more") == ("", True)
-    assert StopMatcher(["b", "bcd"], include=True).feed("abcde") == ("abcd", True)
-    assert StopMatcher(["b", "bcd"]).feed("abcde") == ("a", True)
+    assert StopMatcher(["abcd", "c"], include=include).feed("abcd") == \
+        ("abc" if include else "ab", True)
+    rng = random.Random(3)
+    for _ in range(300):
+        words = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 3)))
+                 for _ in range(rng.randint(1, 3))]
+        text = "".join(rng.choice("abcd") for _ in range(12))
+
+        def run(pieces):
+            stream = StopMatcher(words, include=include)
+            out = []
+            for piece in pieces:
+                emitted, stopped = stream.feed(piece)
+                out.append(emitted)
+                if stopped:
+                    return "".join(out), True
+            return "".join(out) + stream.flush(), False
+
+        cuts = sorted(rng.sample(range(1, len(text)), 3))
+        split = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        assert run([text]) == run(list(text)) == run(split), (words, text)
 
 
 def test_stop_matcher_holds_only_possible_prefixes():

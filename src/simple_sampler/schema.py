@@ -147,7 +147,8 @@ PROMPT_LOGPROBS = _scalar(
     f"prompt token's logprob and the n most likely at its place ({', '.join(PROMPT_OUTPUTS)}); "
     f"max_tokens may then be 0 (vLLM's name)")
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
-                     "true: the end id ends nothing (it is generated as any token; vLLM's name)")
+                     "true: the end ids end nothing (generated as any token; still banned "
+                     "until min_length, as vLLM's; vLLM's name)")
 
 
 #: What a client may send the ensemble (and preprocessing, which takes them
@@ -168,7 +169,8 @@ GENERATE_INPUTS = (
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
             param="seed"),
     Tensor("stop_words", "BYTES", (-1,), default="none",
-           allowed="strings (empty ones name no word); the text is cut before them"),
+           allowed="strings (empty ones name no word); the text is cut before them (after "
+                   "them with include_stop_str_in_output)"),
     _scalar("include_stop_str_in_output", "BOOL", False,
             "true: the text keeps the stop word, or the stop or end id's text, that ended "
             "it (vLLM's name)"),

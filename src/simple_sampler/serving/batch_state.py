@@ -57,8 +57,8 @@ class BatchState:
         # Per-slot id lists, read only for the rows that have them (found
         # through the boolean columns, so rows without pay no Python).
         self.stop_ids: list[np.ndarray] = [NO_IDS] * slots
-        # ... and the usual case as columns (a request's end id alone), so
-        # that a step's bans need no Python per row
+        # ... and the usual case as columns (a model's end ids, a few stop
+        # ids: STOP_COLUMNS), so that a step's bans need no Python per row
         self.stop_count = np.zeros(slots, np.int64)
         #: each slot's first STOP_COLUMNS stop ids, -1 padded
         self.stop_columns = np.full((slots, STOP_COLUMNS), -1, np.int32)

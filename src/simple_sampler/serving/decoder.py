@@ -152,6 +152,13 @@ class Decoder:
             raise ValueError(f"launch_ahead must be one of {', '.join(LAUNCH_AHEAD)}, "
                              f"got {launch_ahead!r}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
+        #: the model's end ids this engine can generate (generation_config.json
+        #: may name an id past a narrower vocabulary: it could never end anything)
+        self.end_ids = [i for i in codec.end_ids if 0 <= i < engine.vocab_size]
+        if len(self.end_ids) < len(codec.end_ids):
+            log.warning("end ids %s lie outside the engine's vocabulary (V=%d): they end "
+                        "nothing", sorted(set(codec.end_ids) - set(self.end_ids)),
+                        engine.vocab_size)
         self.self_scheduling = isinstance(engine, SelfScheduling)
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and not self.self_scheduling else 1
@@ -243,12 +250,15 @@ class Decoder:
                       else self.codec.encode(request.text, request.chat))
         request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
                          self.max_tokens_limit)
-        end_ids = list(self.codec.end_ids) if request.end_id is None else [request.end_id]
+        end_ids = self.end_ids if request.end_id is None else [request.end_id]
         params = request.sampling
+        stop_ids = frozenset([*params.stop_token_ids, *([] if request.ignore_end else end_ids)])
+        # min_tokens bans every stop and end id, even with ignore_eos (as vLLM's
+        # _all_stop_token_ids): stop_token_ids is what the samplers ban
         params = dataclasses.replace(
             params,
             seed=secrets.randbits(64) if params.seed is None else params.seed,
-            stop_token_ids=list(params.stop_token_ids) + ([] if request.ignore_end else end_ids))
+            stop_token_ids=list(dict.fromkeys([*params.stop_token_ids, *end_ids])))
         bad_words_ids = self.codec.bad_words_ids(request.bad_words)
         try:  # with the end id and the bad words, which validate did not see
             params.check_a_token_is_allowed(
@@ -263,7 +273,7 @@ class Decoder:
                                    bad_words_ids,
                                    num_input_tokens=len(prompt_ids),
                                    max_tokens=request.max_tokens,
-                                   stop_ids=frozenset(params.stop_token_ids))
+                                   stop_ids=stop_ids)
         self.by_id[request_id] = sequence
         if request.prompt_logprobs is None:
             self.enqueue(sequence)

@@ -7,12 +7,13 @@ one has ``finish_reason`` (TensorRT-LLM / OpenAI naming): ``"stop"`` (end id
 or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
 ``error`` when the step or sampler failed. Every submitted request gets
 exactly one final event; a request rejected by validation raises InvalidRequest
-from ``Decoder.submit`` instead. The end id and the tokens of a stop
+from ``Decoder.submit`` instead. An end or stop id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
-in ``text``. A consumer that streams many requests (the llm model) takes
-their other tokens a step at a time instead (``Decoder.on_step``,
-:meth:`RequestHandle.listen` with a sink): no event per token, one call per
-step for the requests due, each request's tokens ``interval`` at a time.
+in ``text`` unless the request asks for it (``include_stop``). A consumer
+that streams many requests (the llm model) takes their other tokens a step
+at a time instead (``Decoder.on_step``, :meth:`RequestHandle.listen` with a
+sink): no event per token, one call per step for the requests due, each
+request's tokens ``interval`` at a time.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ stop-word matching.
 * :class:`StopMatcher` finds stop strings in the text stream, across token
   boundaries, and holds back any tail that may still grow into a stop string,
   so no text after (or partly inside) a stop string is ever emitted. The stop
-  string itself is not part of the output (OpenAI's convention).
+  string itself is not part of the output (OpenAI's convention) unless asked
+  for (vLLM's include_stop_str_in_output).
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ def generation_end_ids(directory: str | os.PathLike) -> list[int]:
     (``eos_token_id``: one or a list; none without the file). Chat models
     list more than their tokenizer's one (Llama 3.1: ``<|eot_id|>``,
     ``<|eom_id|>`` and ``<|end_of_text|>``; Qwen2.5: ``<|im_end|>`` and
-    ``<|endoftext|>``), and vLLM stops on each of them."""
+    ``<|endoftext|>``), and vLLM stops on each of them. (A GGUF file's
+    converted copy names the one end id its metadata gives.)"""
     try:
         with open(os.path.join(directory, "generation_config.json")) as file:
             eos = json.load(file).get("eos_token_id")
@@ -84,8 +86,10 @@ class TextCodec:
         sequence (``generation_end_ids``)."""
         self.tokenizer = tokenizer
         #: what ends a generation unless a request names its own end_id:
-        #: the tokenizer's end of sequence first
-        self.end_ids = tuple(dict.fromkeys([self.end_id, *end_ids]))
+        #: the tokenizer's end of sequence first (where it has one)
+        eos = tokenizer.eos_token_id
+        self.end_ids = tuple(dict.fromkeys([*([int(eos)] if eos is not None else []),
+                                            *end_ids]))
         # transformers' decode() wraps the Rust tokenizer's own decode
         # (tokenization_utils_tokenizers.py, `_decode`) in argument
         # conversion and an optional clean-up of spaces; the decode loop
@@ -292,13 +296,16 @@ class StopMatcher:
         if not self.stop_words:  # the common case: nothing to hold back
             return text, False
         self.held += text
-        found = [(i, -len(w)) for i, w in ((self.held.find(w), w) for w in self.stop_words)
+        found = [(i + len(w), i) for i, w in ((self.held.find(w), w) for w in self.stop_words)
                  if i >= 0]
-        if found:  # the first to begin, the longest of those
-            start, minus_length = min(found)
+        if found:
+            # the first to end, then the first to begin: the word a stream fed
+            # a character at a time meets first, however its tokens split it
+            # (vLLM takes the first of its list found in a token's text: the
+            # two differ only where one token's text completes two words)
+            end, start = min(found)
             self.stopped = True
-            emit = self.held[:start - minus_length if self.include else start]
-            self.held = ""
+            emit, self.held = self.held[:end if self.include else start], ""
             return emit, True
         keep = max((k for w in self.stop_words for k in range(1, len(w))
                     if self.held.endswith(w[:k])), default=0)
