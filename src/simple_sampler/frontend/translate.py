@@ -77,12 +77,15 @@ class Plan:
         return self.params["max_tokens"] > 0 or PROMPT_LOGPROBS.name in self.params
 
 
-def _integer(name: str, value: int, input_name: str, low: int, high: int) -> int:
-    """value in [low, high] and in the range of the input's integer dtype."""
+def _integer(name: str, value: int, input_name: str, low: int, high: int,
+             param: str | None = None) -> int:
+    """value in [low, high] and in the range of the input's integer dtype
+    (`name` the value's place, `param` its field: `name` unless given)."""
     info = np.iinfo(_INPUT_DTYPES[input_name])
     low, high = max(low, int(info.min)), min(high, int(info.max))
     if not low <= value <= high:
-        raise RequestError(f"{name} must be an integer in [{low}, {high}], got {value}", name)
+        raise RequestError(f"{name} must be an integer in [{low}, {high}], got {value}",
+                           param or name)
     return value
 
 
@@ -155,21 +158,25 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
 
 
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
-                name: str = "max_tokens", prompt_field: str = "messages", low: int = 1) -> int:
+                name: str = "max_tokens", prompt_field: str = "messages", low: int = 1,
+                prompt_name: str = "the prompt") -> int:
+    """The generation's max_tokens (or max_completion_tokens, `name`), checked
+    against the context the prompt (`prompt_name`, for errors) leaves."""
     given = getattr(request, name)
     room = served.max_context - prompt_length
     if given is None:
         if room < 1:
-            raise RequestError(f"the prompt ({prompt_length} tokens) leaves no room in the "
+            raise RequestError(f"{prompt_name} ({prompt_length} tokens) leaves no room in the "
                                f"context ({served.max_context} tokens)", prompt_field)
         # chat: what the context leaves; completions: OpenAI's 16, or what the
         # context leaves if less (vLLM's default, vllm/entrypoints/utils.py,
         # ``get_max_tokens``); a limit the client sent is never shortened
         return room if default is None else min(default, room)
     _integer(name, given, "max_tokens", low, served.max_context - 1)
-    if given > room:
-        raise RequestError(f"the prompt ({prompt_length} tokens) plus {name} ({given}) must be "
-                           f"at most the context, {served.max_context} tokens", name)
+    if given > room:  # the prompt's fault where it fills the context alone
+        raise RequestError(f"{prompt_name} ({prompt_length} tokens) plus {name} ({given}) must "
+                           f"be at most the context, {served.max_context} tokens",
+                           prompt_field if room < 1 else name)
     return given
 
 
@@ -210,8 +217,8 @@ def plan_completion(request: CompletionRequest, served: Served) -> list[Plan]:
     top = 0 if request.logprobs is None else _integer(
         "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.best_of not in (None, 1):
-        raise RequestError(f"best_of must be 1: this server returns one choice per prompt, "
-                           f"got {request.best_of}", "best_of", code="unsupported_parameter")
+        raise RequestError(f"best_of must be 1 (n sets the choices), got {request.best_of}",
+                           "best_of", code="unsupported_parameter")
     prompts = request.prompt
     if not (isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list))):
         prompts = [prompts]  # one prompt: text or token ids
@@ -233,11 +240,13 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
         prompt_ids = served.codec.encode(prompt)
     else:
         if not prompt:
-            raise RequestError(f"{name} must be a non-empty list of token ids", "prompt")
-        prompt_ids = [_integer(name, t, INPUT_IDS.name, 0, served.vocab_size - 1)
-                      for t in prompt]
+            raise RequestError(f"{name} must be a non-empty string or list of token ids",
+                               "prompt")
+        prompt_ids = [_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
+                               "prompt") for place, t in enumerate(prompt)]
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
-                             low=0 if request.echo or _scores_prompt(request) else 1)
+                             low=0 if request.echo or _scores_prompt(request) else 1,
+                             prompt_name="the prompt" if name == "prompt" else name)
     plan = _plan(request, served, False, prompt_ids, max_tokens, request.logprobs is not None,
                  top)
     if request.echo:
