@@ -68,11 +68,12 @@ class GenerationRequest:
 
     ``end_id`` defaults to the model's end ids (``TextCodec.end_ids``); they
     stop the generation unless ``ignore_end``, and ``sampling.min_tokens``
-    bans them until that many tokens exist. ``stop_words`` end the
-    generation (text cut before the word, or after it with
-    ``include_stop``, which also keeps the text of the stop or end id that
-    ended it: vLLM's ``include_stop_str_in_output``); ``bad_words`` are never generated (each word's last
-    token is banned whenever the sequence ends with the word's other tokens).
+    bans them (with ``ignore_end`` too, as vLLM) until that many tokens
+    exist. ``stop_words`` end the generation (text cut before the word, or
+    after it with ``include_stop``, which also keeps the text of the stop or
+    end id that ended it: vLLM's ``include_stop_str_in_output``);
+    ``bad_words`` are never generated (each word's last token is banned
+    whenever the sequence ends with the word's other tokens).
     ``num_top_logprobs`` (with ``return_log_probs``): each token's event
     also carries the n most likely tokens and their logprobs.
     ``prompt_logprobs`` n (None: not asked): the prompt is scored first
