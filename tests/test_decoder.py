@@ -706,7 +706,8 @@ def test_a_forward_waiting_for_a_busy_decode_loop_is_counted():
         assert all(r[-1].finish_reason == "length" for r in results)
         waits[blocking] = decoder.stats.forward_wait_s / decoder.stats.steps
     assert waits[True] > 0.01  # of the 25 ms the other lane's sampler still held the loop
-    assert 0 <= waits[False] < waits[True] / 3
+    # a difference, not a ratio: a loaded machine adds the same hand-off delay to both
+    assert waits[False] >= 0 and waits[True] - waits[False] > 0.008, waits
 
 
 def test_two_micro_batches_hide_sampling_behind_the_data_plane():

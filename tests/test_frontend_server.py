@@ -290,7 +290,9 @@ def test_a_client_leaving_a_stream_stops_its_generation(frontend, llm_server):
             assert in_flight(llm_server) == 1
     # the connection is closed here
     stopped_after, rows_after = stops_within(llm_server)
-    assert stopped_after < 1.0, stopped_after
+    # within seconds (a loaded machine stretches the cancel's path), and the
+    # rows sampled say it stopped far short of its 400 tokens
+    assert stopped_after < 3.0, stopped_after
     assert rows_after == 0
     assert rows_sampled(llm_server) - rows_before < 100  # far from the 400 asked
 
@@ -306,7 +308,7 @@ def test_a_client_aborting_a_non_streamed_request_stops_its_generation(frontend,
         time.sleep(0.5)
     # the connection is closed here, before any answer
     stopped_after, rows_after = stops_within(llm_server)
-    assert stopped_after < 1.0, stopped_after
+    assert stopped_after < 3.0, stopped_after
     assert rows_after == 0
     assert rows_sampled(llm_server) - rows_before < 200
 

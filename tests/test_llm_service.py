@@ -133,7 +133,9 @@ def test_a_bad_request_gets_one_error_and_is_done(client_type):
 
 
 def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
-    engine = FakeEngine(max_batch_size=2, max_context=128, delay=0.01)
+    # the quick one's 3 steps take 60 ms, the slow one's 120 at least 2.4 s:
+    # a grace of 1 s separates them with room for a loaded machine's stalls
+    engine = FakeEngine(max_batch_size=2, max_context=128, delay=0.02)
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
                          codec=TextCodec(FakeTokenizer()))
     try:
@@ -141,7 +143,7 @@ def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
         service.submit(inputs(max_tokens=3), quick.send, on_done=quick.done.set)
         service.submit(inputs(max_tokens=120), slow.send, on_done=slow.done.set)
         time.sleep(0.1)
-        draining = service.drain(grace_s=0.3)
+        draining = service.drain(grace_s=1.0)
         service.submit(inputs(max_tokens=3), late.send, on_done=late.done.set).result(timeout=10)
         assert draining.result(timeout=10) == 1  # the slow one, at the grace's end
         assert quick.done.wait(10) and slow.done.wait(10)
@@ -151,7 +153,7 @@ def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
         assert "admits no new request" in str(late_error)
         _, slow_error, slow_final = slow.responses[-1]
         assert isinstance(slow_error, Unavailable) and slow_final
-        assert "0 s grace period" in str(slow_error)
+        assert "1 s grace period" in str(slow_error)
         assert all(error is None for _, error, _ in slow.responses[:-1])
         assert service.decoder.num_in_flight == 0
     finally:

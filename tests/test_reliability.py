@@ -162,11 +162,13 @@ def test_a_killed_decode_loop_ends_its_streams_and_the_service_comes_back(superv
     os.kill(llm.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     # The supervisor sees a decoupled stub's death at once (pidfd) and
-    # restarts the server: readiness goes false within about 0.1 s.
+    # restarts the server: readiness goes false within about 0.1 s. (Each
+    # probe may wait its whole 2 s timeout on a dying server: the bound
+    # leaves room for one.)
     while ready(server) and time.monotonic() - killed_at < 10:
         time.sleep(0.01)
     unready_after_s = time.monotonic() - killed_at
-    assert unready_after_s < 2.0
+    assert unready_after_s < 5.0
     streams.join(timeout=30)
     assert sorted(streams.errors) == list(range(8))
     slowest_error_s = max(streams.ended_at.values()) - killed_at

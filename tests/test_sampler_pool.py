@@ -139,15 +139,16 @@ def test_the_default_minimum_is_the_settings_and_the_tokens_do_not_depend_on_it(
 def test_a_failing_target_hands_its_rows_to_another_and_is_probed_back():
     broken, healthy, retries = Sampler(failing=True), Sampler(), []
     pool = SamplerPool([SamplerTarget("broken", broken, 2), SamplerTarget("healthy", healthy, 2)],
-                       on_retry=lambda: retries.append(1), probe_after_s=0.3, min_rows=1)
+                       on_retry=lambda: retries.append(1), probe_after_s=60, min_rows=1)
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist() and len(retries) == 2
     assert sum(healthy.rows) == 12 and pool.targets[0].failures == 2
+    assert pool.targets[0].down_until > time.monotonic() + 50  # left out for probe_after_s
     healthy.rows.clear()
     step(pool)  # while it is down, nothing is sent to it
     assert not retries[2:] and sum(healthy.rows) == 12
     broken.failing = False
-    time.sleep(0.35)
+    pool.targets[0].down_until = 0.0  # its time out over
     tokens, expected = step(pool)
     assert tokens.tolist() == expected.tolist() and sum(broken.rows) == 6
     assert pool.targets[0].failures == 0
