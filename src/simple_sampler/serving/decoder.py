@@ -152,13 +152,10 @@ class Decoder:
             raise ValueError(f"launch_ahead must be one of {', '.join(LAUNCH_AHEAD)}, "
                              f"got {launch_ahead!r}")
         self.engine, self.codec, self.mode, self.sampler = engine, codec, mode, sampler
-        #: the model's end ids this engine can generate (generation_config.json
-        #: may name an id past a narrower vocabulary: it could never end anything)
+        #: the model's end ids the engine can generate (generation_config.json may name more)
         self.end_ids = [i for i in codec.end_ids if 0 <= i < engine.vocab_size]
-        if len(self.end_ids) < len(codec.end_ids):
-            log.warning("end ids %s lie outside the engine's vocabulary (V=%d): they end "
-                        "nothing", sorted(set(codec.end_ids) - set(self.end_ids)),
-                        engine.vocab_size)
+        if outside := sorted(set(codec.end_ids) - set(self.end_ids)):
+            log.warning("end ids %s lie outside the engine's V=%d: they end nothing", outside, engine.vocab_size)
         self.self_scheduling = isinstance(engine, SelfScheduling)
         # Inline modes cannot overlap; an engine with its own batches has one lane.
         lanes = micro_batches if mode == "simple" and not self.self_scheduling else 1
