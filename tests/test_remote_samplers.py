@@ -13,7 +13,7 @@ import pytest
 from conftest import SAMPLED_SEEDS
 from fakes import SAMPLED, Streams
 from simple_sampler.settings import LlmSettings, SamplerSettings
-from simple_sampler.launch.processes import list_stubs
+from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.triton.counters import read_counter, wait_for_counter
@@ -119,7 +119,8 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     server whose sampler stub is stopped (a livelock, a debugger) still
     answers Triton's model readiness, but fails the probe within about its
     1 s limit, so the pool sends it no rows (each shard there would wait for
-    the stub's failure, or the request's whole timeout on a hung host)."""
+    the stub's failure, or the request's whole timeout on a hung host). The
+    server's stop then removes the dead stub's region too."""
     from simple_sampler.triton.sampler_client import SamplerClient
     from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
 
@@ -145,3 +146,5 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
                           "row is no longer needed for this"
     finally:
         server.stop()
+    # the dead stub's region, which only Triton still held, is removed with it
+    assert not (SHM_DIRECTORY / stub.shm_region).exists()

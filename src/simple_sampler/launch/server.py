@@ -30,7 +30,7 @@ from ..schema import ENSEMBLE
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
 from .ports import free_ports, port_in_use
-from .processes import SHM_DIRECTORY, StubsUnloading, end_group, list_stubs, unlink_shm
+from .processes import SHM_DIRECTORY, StubsUnloading, end_group, held_regions, list_stubs, unlink_shm
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
@@ -407,7 +407,7 @@ class TritonServer:
         if self.process.poll() is None:
             deadline = time.monotonic() + (self.shutdown_grace_s + STOP_MARGIN_S
                                            if timeout is None else timeout)
-            stubs = list_stubs(self.process.pid)
+            stubs, held = list_stubs(self.process.pid), held_regions(self.process.pid)
             log.info("stopping tritonserver (pid %d): %d model process(es) drained in %.1f s",
                      self.process.pid, len(stubs), self.drain(stubs))
             if drained is not None:
@@ -415,10 +415,10 @@ class TritonServer:
             self.terminate()
             status = self._wait_exit(max(deadline, time.monotonic() + 1.0),
                                      [s for s in stubs if s.pid not in self.abandoned])
-            # Triton removes a model's region when it unloads it, and the
-            # model's finalize its row arena; a model Triton gave up on at its
-            # exit timeout (or a SIGKILL) leaves both behind.
-            left = unlink_shm([*(stub.shm_region for stub in stubs),
+            # Triton removes a model's region as it unloads it, the model's finalize its row
+            # arena; a model given up at the exit timeout (or a SIGKILL) leaves both, and a dead
+            # stub's region (its generation never unloads: abandon) only Triton held (`held`).
+            left = unlink_shm([*(stub.shm_region for stub in stubs), *held,
                                *arena_regions(stub.pid for stub in stubs)])
             if status != 0:
                 log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
