@@ -346,6 +346,17 @@ def tritonserver_pid(serve) -> int:
                               capture_output=True, text=True).stdout.split()[0])
 
 
+def ready_llm(serve, output):
+    """Once `serve`'s Triton is ready: its pid, its llm stub and the row
+    arenas that stub holds (asserted to exist: the tests check they are gone)."""
+    assert output.wait_for("Triton is ready", 300), output.text()
+    server_pid = tritonserver_pid(serve)
+    (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
+    arenas = arena_regions([llm.pid])
+    assert arenas, "the llm stub holds no row arena to leave behind"
+    return server_pid, llm, arenas
+
+
 def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_costs_nothing(
         tmp_path):
     """Through `serve` itself (the simulated engine): its llm stub killed,
@@ -361,11 +372,7 @@ def test_serve_brings_a_dead_decode_loop_back_and_a_sampler_dying_in_the_drain_c
     server = SimpleNamespace(http_url=f"127.0.0.1:{ports[0]}")
     pids = []
     try:
-        assert output.wait_for("Triton is ready", 300), output.text()
-        server_pid = tritonserver_pid(serve)
-        (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
-        arenas = arena_regions([llm.pid])
-        assert arenas, "the llm stub holds no row arena to leave behind"
+        server_pid, llm, arenas = ready_llm(serve, output)
         os.kill(llm.pid, signal.SIGKILL)
         assert output.wait_for("server restarted", 120), output.text()
         assert ready(server, "v2/models/ensemble/ready")
@@ -404,11 +411,7 @@ def test_a_decode_loop_dying_in_the_drain_ends_the_stop_at_once_leaving_no_arena
     serve, output, ports = start_serve(tmp_path, "--engine", "simulated", "--instances", "1",
                                        "--shutdown-grace", str(grace))
     try:
-        assert output.wait_for("Triton is ready", 300), output.text()
-        server_pid = tritonserver_pid(serve)
-        (llm,) = [s for s in list_stubs(server_pid) if s.model == "llm"]
-        arenas = arena_regions([llm.pid])
-        assert arenas, "the llm stub holds no row arena to leave behind"
+        server_pid, llm, arenas = ready_llm(serve, output)
         streams = Streams(f"127.0.0.1:{ports[1]}", range(4), max_tokens=900, **SAMPLED)
         streams.wait_started()
         serve.send_signal(signal.SIGTERM)
