@@ -17,6 +17,8 @@ from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.serve import assemble_repository
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.triton.counters import read_counter, wait_for_counter
+from simple_sampler.triton.sampler_pool import SamplerPool
+from simple_sampler.triton.sampler_targets import SamplerTarget
 
 pytestmark = pytest.mark.slow
 
@@ -119,8 +121,11 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     server whose sampler stub is stopped (a livelock, a debugger) still
     answers Triton's model readiness, but fails the probe within about its
     1 s limit, so the pool sends it no rows (each shard there would wait for
-    the stub's failure, or the request's whole timeout on a hung host). The
-    server's stop then removes the dead stub's region too."""
+    the stub's failure, or the request's whole timeout on a hung host). A
+    hung host (its tritonserver stopped) costs a shard sent there only its
+    target's ``late_after``, not the request's 10 s timeout: the shard is
+    sampled elsewhere, the host left out. The server's stop then removes the
+    dead stub's region too."""
     from simple_sampler.triton.sampler_client import SamplerClient
     from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
 
@@ -130,6 +135,18 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     try:
         remote = RemoteSampler(server.grpc_url)
         assert remote.ready()  # its configuration read by the probe itself: V from it
+        pool = SamplerPool([SamplerTarget("remote", remote, 1, probe=remote.ready),
+                            SamplerTarget("local", in_process(4096), 1)], min_rows=1)
+        for seed in range(4):  # its answers' time learnt
+            assert pool_step(pool, 4096, seed) == ([4, 4], True)
+        os.kill(server.process.pid, signal.SIGSTOP)  # the host hangs (a stopped stub fails fast)
+        try:
+            sent = time.monotonic()  # its shard waits for it only until it is late
+            assert pool_step(pool, 4096, seed=9) == ([0, 8], True)
+            late_s = time.monotonic() - sent
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert not pool.targets[0].is_up(time.monotonic())
         stub = [s for s in list_stubs(server.process.pid) if s.model == "simple_sampler"][0]
         os.kill(stub.pid, signal.SIGSTOP)
         try:
@@ -142,9 +159,40 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
         finally:
             os.kill(stub.pid, signal.SIGKILL)  # a stopped stub resumed crashed Triton 2.51
         assert failed_s < PROBE_TIMEOUT_S + 2.0
+        assert late_s < 2.0, f"{late_s:.1f} s: the hung host's shard waited its whole timeout"
+        pool.close()
         assert readiness, "Triton's readiness alone now sees a stopped stub: the probe's " \
                           "row is no longer needed for this"
     finally:
         server.stop()
     # the dead stub's region, which only Triton still held, is removed with it
     assert not (SHM_DIRECTORY / stub.shm_region).exists()
+
+
+def in_process(vocab_size):
+    """A sampler target in this process: the real request decoding and kernels."""
+    from simple_sampler.triton.sampler_decode import decode_request
+    from simple_sampler.triton.sampler_serve import sample_request
+
+    return lambda inputs: sample_request(decode_request(inputs, vocab_size))[0]
+
+
+def pool_step(pool, vocab_size, seed):
+    """A step of 8 seeded rows through `pool`: (rows each target sampled,
+    whether the tokens are the kernels' own)."""
+    import asyncio
+
+    import numpy as np
+    import torch
+
+    from simple_sampler import SamplingParams
+    from simple_sampler.params import SamplingBatch
+    from simple_sampler.sampling import sample
+
+    logits = torch.from_numpy(np.random.default_rng(seed).standard_normal((8, vocab_size),
+                                                                           np.float32))
+    batch = SamplingBatch.from_params([SamplingParams(top_p=0.9, seed=row) for row in range(8)])
+    before = dict(pool.rows_sent)
+    tokens, _ = asyncio.run(pool(logits, batch))
+    rows = [pool.rows_sent.get(t.name, 0) - before.get(t.name, 0) for t in pool.targets]
+    return rows, tokens.tolist() == sample(logits.numpy(), batch).token_ids.tolist()

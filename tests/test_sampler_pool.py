@@ -18,7 +18,8 @@ from simple_sampler.triton.sampler_decode import decode_request
 from simple_sampler.triton.sampler_serve import sample_request
 from simple_sampler.settings import LlmSettings, parse_endpoints
 from simple_sampler.triton.sampler_pool import ONE_LANE_ROWS_PER_REQUEST, SamplerPool, build_pool
-from simple_sampler.triton.sampler_targets import SamplerCallError, SamplerTarget
+from simple_sampler.triton.sampler_targets import (LATE_FIRST_S, LATE_FLOOR_S, SamplerCallError,
+                                                   SamplerTarget)
 
 VOCAB = 64
 
@@ -208,6 +209,101 @@ def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
     while not target.answered and time.monotonic() < deadline:
         time.sleep(0.01)
     assert answers == [True, True] and target.is_up(time.monotonic())
+
+
+class Hanging(Sampler):
+    """A remote host's sampler that answers at once but hangs every call
+    while `hanging` is set (until `release`, or 5 s: a request's timeout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hanging, self.release, self.hung = False, threading.Event(), 0
+
+    def __call__(self, inputs):
+        if self.hanging:
+            self.hung += 1
+            self.release.wait(5)
+            raise SamplerCallError("Deadline Exceeded")
+        return super().__call__(inputs)
+
+
+def hanging_pool():
+    hanging, healthy, retries = Hanging(), Sampler(), []
+    pool = SamplerPool([SamplerTarget("remote", hanging, 2, probe=lambda: True),
+                        SamplerTarget("local", healthy, 2)],
+                       on_retry=lambda: retries.append(1), probe_after_s=60, min_rows=1)
+    for seed in range(3):  # its answers' time learnt: the floor, LATE_FLOOR_S
+        step(pool, seed=seed)
+    assert pool.targets[0].late_after() == LATE_FLOOR_S and sum(hanging.rows) == 18
+    hanging.hanging = True
+    return pool, hanging, healthy, retries
+
+
+def test_a_remote_host_that_hangs_a_call_costs_its_shard_the_late_limit_not_the_timeout():
+    """A shard a remote target has not answered within its ``late_after``
+    goes to another target that is up (the same rows: the same tokens), and
+    the late target is left out as a failed one is; its call is abandoned."""
+    pool, hanging, healthy, retries = hanging_pool()
+    try:
+        started = time.monotonic()
+        tokens, expected = step(pool, seed=7)
+        took = time.monotonic() - started
+        assert tokens.tolist() == expected.tolist()
+        assert hanging.hung == 2 and len(retries) == 2  # both its shards sent again
+        assert pool.targets[0].down_until > time.monotonic() + 50 and not pool.targets[0].answered
+        assert took < 2.5, f"{took:.2f} s: the shards waited for the hung calls' timeout"
+        assert sum(healthy.rows[-4:]) == 12
+    finally:
+        hanging.release.set()
+
+
+def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends_it_again():
+    """``send_now`` (the data-plane thread's path) waits for a remote shard
+    only until its ``late_after``: None, the target marked down, and the
+    event loop's ``send`` samples the rows elsewhere."""
+    pool, hanging, _, retries = hanging_pool()
+    rows = torch.randn(12, VOCAB)
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(12)])
+    try:
+        started = time.monotonic()
+        assert pool.send_now({"logits": rows.numpy()}, batch) is None
+        assert time.monotonic() - started < 2.5 and hanging.hung == 2 and len(retries) == 2
+        assert not pool.targets[0].is_up(time.monotonic())
+        tokens, _ = asyncio.run(pool(rows, batch))
+        assert tokens.tolist() == sample(rows.numpy(), batch, return_logprobs=False).token_ids.tolist()
+        assert hanging.hung == 2  # nothing more sent to it
+    finally:
+        hanging.release.set()
+        pool.close()
+
+
+def test_a_lone_remote_target_late_is_waited_for_rather_than_dropped():
+    """With no other target up, a late call is still the shard's best hope:
+    its answer is awaited, not abandoned."""
+    slow = Sampler()
+
+    def call(inputs):
+        time.sleep(0.4)
+        return slow(inputs)
+
+    target = SamplerTarget("remote", call, 1, probe=lambda: True)
+    target.answer_s, target.answer_spread_s = 0.01, 0.0  # its usual answers: fast
+    pool = SamplerPool([target], min_rows=1)
+    tokens, expected = step(pool, rows=4)
+    assert tokens.tolist() == expected.tolist() and target.failures == 0
+    assert target.late_after() > LATE_FLOOR_S  # the slow answer counted in
+
+
+def test_late_after_follows_the_answers_times():
+    """RFC 6298's timeout over the answers' times; none for this server's
+    own instances (their calls may read the arena's slot: never abandoned)."""
+    local = SamplerTarget("local", Sampler(), 1)
+    remote = SamplerTarget("remote", lambda inputs: {}, 1, probe=lambda: True)
+    assert local.late_after() is None and remote.late_after() == LATE_FIRST_S
+    remote.timed_call({})
+    assert remote.late_after() == LATE_FLOOR_S  # a fast first answer: the floor
+    remote.answer_s, remote.answer_spread_s = 0.5, 0.1
+    assert remote.late_after() == pytest.approx(0.9)
 
 
 def test_a_remote_client_reaches_a_host_back_from_a_restart_within_about_a_second():

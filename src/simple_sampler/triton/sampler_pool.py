@@ -19,7 +19,11 @@ instance, a server that went away, a timeout) is sent again at once to
 another target that is up, and the target that failed is marked down for
 ``probe_after_s``; after that it is tried again with the next step's rows
 (and marked down again if it still fails), a remote one once its readiness
-probe has answered (``sampler_targets.SamplerTarget``). When no other
+probe has answered (``sampler_targets.SamplerTarget``). A remote target
+that has not answered a shard within its ``late_after`` (a few times its
+answers' usual time) is treated so too, its call abandoned, where another
+target is up: a host that hangs some requests costs each of them that, not
+the request's whole timeout. When no other
 target is up the shard waits (backoff from RETRY_FIRST_S, doubling to
 RETRY_MAX_S) and goes to the target that will be back soonest, until
 ``deadline_s`` has passed. A shard the sampler refused (INVALID_ARG: the rows
@@ -32,8 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,8 +51,8 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
 from ..schema import TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
-from .sampler_targets import (PROBE_AFTER_S, RemoteSampler, SamplerCall, SamplerCallError,
-                              SamplerTarget)
+from .sampler_targets import (PROBE_AFTER_S, REMOTE_TIMEOUT_S, RemoteSampler, SamplerCall,
+                              SamplerCallError, SamplerTarget)
 
 log = logging.getLogger(__name__)
 #: Full rows per shard at least with one lane: a row's kernel (tens to
@@ -85,7 +90,8 @@ class SamplerPool:
     lanes: int = LlmSettings.micro_batches
     #: the capacity slot the next step of fewer shards than slots starts at
     turn: int = 0
-    #: the threads that send ``send_now``'s shards after its first (made on first use)
+    #: the threads that send ``send_now``'s shards after its first, and every
+    #: remote shard (made on first use)
     helpers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     #: the rows' top logprobs come back (serving/samplers.SampleResult)
@@ -158,11 +164,13 @@ class SamplerPool:
                  scalars: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
         """``send`` in this thread, when every shard of the rows goes to a
         target that is up (and, given a `lease`, maps the arena) and each
-        answers: their outputs ([B]), else None (a target down or unable to
-        read the lease; a shard failed, its target marked down: ``send``
-        sends the rows again elsewhere). The first shard is sent from this
-        thread, the others at once from the pool's own threads, and this
-        thread waits for every answer: no hop to the event loop and back."""
+        answers in time: their outputs ([B]), else None (a target down or
+        unable to read the lease; a shard failed or was late, its target
+        marked down: ``send`` sends the rows again elsewhere). A first shard
+        for this server's own instances is sent from this thread, the others
+        at once from the pool's own threads, and this thread waits for every
+        answer (a remote one until the latest of their ``late_after``): no
+        hop to the event loop and back."""
         shards = self.shards(len(batch), most_shards)
         now = time.monotonic()
         if any(not target.is_up(now) or (lease is not None and not target.shares_memory)
@@ -174,10 +182,17 @@ class SamplerPool:
         if lease is not None:
             parts = [_by_reference(part, lease.refs(a, b))
                      for part, (_, a, b) in zip(parts, shards)]
-        others = [self._helpers().submit(_answer, target.call, part)
-                  for (target, _, _), part in zip(shards[1:], parts[1:])]
-        answers = [_answer(shards[0][0].call, parts[0])] + [f.result() for f in others]
-        for (target, _, _), answer in zip(shards, answers):  # every shard has answered
+        limits = [target.late_after() for target, _, _ in shards]
+        here = int(limits[0] is None)  # a remote first shard would hold this thread past late
+        calls = [self._helpers().submit(_answer, target.timed_call, part)
+                 for (target, _, _), part in zip(shards[here:], parts[here:])]
+        answers = [_answer(shards[0][0].timed_call, parts[0])] if here else []
+        remote = [(call, limit) for call, limit in zip(calls, limits[here:]) if limit is not None]
+        wait([call for call, _ in remote], timeout=max((limit for _, limit in remote), default=0))
+        answers += [call.result() if limit is None or call.done() else SamplerCallError(
+            f"{target.name}: no answer within {limit * 1e3:.0f} ms")
+            for call, (target, _, _), limit in zip(calls, shards[here:], limits[here:])]
+        for (target, _, _), answer in zip(shards, answers):
             if isinstance(answer, SamplerCallError):
                 if not answer.retryable:
                     raise answer
@@ -190,16 +205,24 @@ class SamplerPool:
         return _per_row(answers, len(batch))
 
     def close(self) -> None:
-        """Stop ``send_now``'s threads (idle once the decode loop has stopped)."""
+        """Stop the pool's threads (idle once the decode loop has stopped, but
+        for late calls, each left to end within REMOTE_TIMEOUT_S)."""
         if self.helpers is not None:
-            self.helpers.shutdown(wait=True)
+            self.helpers.shutdown(wait=False)
 
     def _helpers(self) -> ThreadPoolExecutor:
-        """``helpers``: one thread per capacity slot but the first, since a
-        step has at most one shard per slot (``shards``)."""
+        """``helpers``: a thread per capacity slot, since a step has at most
+        one shard per slot (``shards``), and room for the late calls of the
+        remote slots, each holding its thread until it ends (within
+        REMOTE_TIMEOUT_S): a late target is left out for probe_after_s at
+        least, so at most that many rounds of them (threads are made only
+        as needed)."""
         if self.helpers is None:
             slots = sum(target.capacity for target in self.targets)
-            self.helpers = ThreadPoolExecutor(max(1, slots - 1), thread_name_prefix="sampler-shard")
+            remote = sum(target.capacity for target in self.targets if target.probe is not None)
+            rounds = math.ceil(REMOTE_TIMEOUT_S / max(self.probe_after_s, 1e-3))
+            self.helpers = ThreadPoolExecutor(slots + rounds * remote,
+                                              thread_name_prefix="sampler-shard")
         return self.helpers
 
     @staticmethod
@@ -245,14 +268,13 @@ class SamplerPool:
         while True:
             try:
                 sent = by_reference if by_reference and target.shares_memory else inputs
-                outputs = await asyncio.to_thread(target.call, sent)
+                outputs = await self._call(target, sent)
             except SamplerCallError as error:
                 if not error.retryable or loop.time() > deadline:
                     raise
                 self._mark_down(target, error)
                 self.on_retry()
-                now = time.monotonic()
-                others = [t for t in self.targets if t is not target and t.is_up(now)]
+                others = self._others_up(target)
                 if others:
                     target = max(others, key=lambda t: t.capacity)
                     continue
@@ -265,6 +287,31 @@ class SamplerPool:
             self._served(target, len(inputs["row_scalars"]))
             return outputs
 
+    async def _call(self, target: SamplerTarget, inputs: dict[str, np.ndarray]):
+        """``target``'s answer, called in a thread; raises SamplerCallError
+        where the call is late (``SamplerTarget.late_after``) and another
+        target is up to take the shard (the late call is left to finish on
+        its own, its answer unread, in a thread of the pool's: not one the
+        event loop's other work waits for). With no other target up it keeps
+        waiting: a slow answer beats none."""
+        late = target.late_after()
+        call = asyncio.get_running_loop().run_in_executor(
+            None if late is None else self._helpers(), target.timed_call, inputs)
+        try:
+            while late is not None and not (await asyncio.wait({call}, timeout=late))[0]:
+                if self._others_up(target):
+                    call.add_done_callback(_unread)
+                    raise SamplerCallError(f"{target.name}: no answer within "
+                                           f"{late * 1e3:.0f} ms")
+            return await call
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+
+    def _others_up(self, target: SamplerTarget) -> list[SamplerTarget]:
+        now = time.monotonic()
+        return [t for t in self.targets if t is not target and t.is_up(now)]
+
     def _served(self, target: SamplerTarget, rows: int) -> None:
         if target.failures:
             log.warning("sampler %s is serving again", target.name)
@@ -276,6 +323,13 @@ class SamplerPool:
         target.failed(self.probe_after_s)
         log.warning("sampler %s failed (%s); its rows go elsewhere, and it is tried again in "
                     "%.1f s", target.name, error, self.probe_after_s)
+
+
+def _unread(call: asyncio.Future) -> None:
+    """A late call's end: its failure is not news (its target is marked
+    down already), and not a "never retrieved" warning either."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _answer(call: SamplerCall, inputs: dict[str, np.ndarray]):

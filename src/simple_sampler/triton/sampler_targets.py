@@ -1,7 +1,7 @@
 """What a sampler pool sends rows to: a target (``SamplerTarget``: a call,
-its capacity, whether it is down), the error a call raises
-(``SamplerCallError``), and a remote server's sampler model as a call
-(``RemoteSampler``), with the probe a failed remote endpoint must answer
+its capacity, whether it is down, how long its answers take), the error a
+call raises (``SamplerCallError``), and a remote server's sampler model as a
+call (``RemoteSampler``), with the probe a failed remote endpoint must answer
 (one row sampled) before it takes rows again. The pool itself: ``sampler_pool``."""
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ PROBE_AFTER_S = 2.0
 REMOTE_TIMEOUT_S = 10.0
 #: How long a failed remote endpoint's readiness probe waits for an answer.
 PROBE_TIMEOUT_S = 1.0
+#: A remote call is late (its shard sent elsewhere: ``SamplerTarget.late_after``)
+#: past its answers' smoothed time plus LATE_SPREADS of their mean deviation,
+#: RFC 6298's retransmission timeout (K = 4, gains 1/8 and 1/4), but never
+#: before LATE_FLOOR_S; LATE_FIRST_S until it has answered once.
+LATE_SPREADS, LATE_FLOOR_S, LATE_FIRST_S = 4.0, 0.2, PROBE_TIMEOUT_S
+_ANSWER_GAIN, _SPREAD_GAIN = 1 / 8, 1 / 4
 
 
 class SamplerCallError(RuntimeError):
@@ -75,6 +81,36 @@ class SamplerTarget:
     _probe_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
                                         compare=False)
     _probe_failure: str = field(default="", init=False, repr=False, compare=False)
+    #: its answers' smoothed time and mean deviation, s (0: none yet): ``late_after``
+    answer_s: float = 0.0
+    answer_spread_s: float = 0.0
+
+    def timed_call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``call(inputs)``, its answer's time counted into ``late_after``."""
+        started = time.monotonic()
+        outputs = self.call(inputs)
+        took = time.monotonic() - started
+        if not self.answer_s:
+            self.answer_s, self.answer_spread_s = took, took / 2
+        else:
+            self.answer_spread_s += _SPREAD_GAIN * (abs(took - self.answer_s)
+                                                    - self.answer_spread_s)
+            self.answer_s += _ANSWER_GAIN * (took - self.answer_s)
+        return outputs
+
+    def late_after(self) -> float | None:
+        """How long a call may go unanswered before its shard is sent to
+        another target that is up, this one marked down as if it had failed
+        (``SamplerPool``): a host that hangs some requests costs each of
+        them this, not the request's whole timeout (REMOTE_TIMEOUT_S). None
+        for a target without a probe (this server's own instances, whose
+        calls may be reading the step's slot of the row arena: never
+        abandoned)."""
+        if self.probe is None:
+            return None
+        if not self.answer_s:
+            return LATE_FIRST_S
+        return max(LATE_FLOOR_S, self.answer_s + LATE_SPREADS * self.answer_spread_s)
 
     def is_up(self, now: float) -> bool:
         if self.down_until > now:
