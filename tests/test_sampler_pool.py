@@ -302,8 +302,11 @@ def test_late_after_follows_the_answers_times():
     assert local.late_after() is None and remote.late_after() == LATE_FIRST_S
     remote.timed_call({})
     assert remote.late_after() == LATE_FLOOR_S  # a fast first answer: the floor
-    remote.answer_s, remote.answer_spread_s = 0.5, 0.1
+    remote.answer_s, remote.answer_spread_s, remote.request_bytes = 0.5, 0.1, 1000.0
     assert remote.late_after() == pytest.approx(0.9)
+    small, large = {"logits": np.zeros(250, np.float32)}, {"logits": np.zeros(750, np.float32)}
+    assert remote.late_after(small) == pytest.approx(0.9)  # never less than its usual
+    assert remote.late_after(large) == pytest.approx(2.7)  # three times its usual bytes
 
 
 def test_a_remote_client_reaches_a_host_back_from_a_restart_within_about_a_second():

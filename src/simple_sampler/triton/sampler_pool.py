@@ -182,7 +182,7 @@ class SamplerPool:
         if lease is not None:
             parts = [_by_reference(part, lease.refs(a, b))
                      for part, (_, a, b) in zip(parts, shards)]
-        limits = [target.late_after() for target, _, _ in shards]
+        limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
         calls = [self._helpers().submit(_answer, target.timed_call, part)
                  for (target, _, _), part in zip(shards[here:], parts[here:])]
@@ -294,7 +294,7 @@ class SamplerPool:
         its own, its answer unread, in a thread of the pool's: not one the
         event loop's other work waits for). With no other target up it keeps
         waiting: a slow answer beats none."""
-        late = target.late_after()
+        late = target.late_after(inputs)
         call = asyncio.get_running_loop().run_in_executor(
             None if late is None else self._helpers(), target.timed_call, inputs)
         try:

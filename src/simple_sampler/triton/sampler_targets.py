@@ -81,36 +81,42 @@ class SamplerTarget:
     _probe_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
                                         compare=False)
     _probe_failure: str = field(default="", init=False, repr=False, compare=False)
-    #: its answers' smoothed time and mean deviation, s (0: none yet): ``late_after``
+    #: its answers' smoothed time and mean deviation, s, and its requests'
+    #: smoothed size, bytes (0: none yet): ``late_after``
     answer_s: float = 0.0
     answer_spread_s: float = 0.0
+    request_bytes: float = 0.0
 
     def timed_call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``call(inputs)``, its answer's time counted into ``late_after``."""
         started = time.monotonic()
         outputs = self.call(inputs)
-        took = time.monotonic() - started
+        took, size = time.monotonic() - started, request_size(inputs)
         if not self.answer_s:
-            self.answer_s, self.answer_spread_s = took, took / 2
+            self.answer_s, self.answer_spread_s, self.request_bytes = took, took / 2, size
         else:
             self.answer_spread_s += _SPREAD_GAIN * (abs(took - self.answer_s)
                                                     - self.answer_spread_s)
             self.answer_s += _ANSWER_GAIN * (took - self.answer_s)
+            self.request_bytes += _ANSWER_GAIN * (size - self.request_bytes)
         return outputs
 
-    def late_after(self) -> float | None:
-        """How long a call may go unanswered before its shard is sent to
-        another target that is up, this one marked down as if it had failed
-        (``SamplerPool``): a host that hangs some requests costs each of
-        them this, not the request's whole timeout (REMOTE_TIMEOUT_S). None
-        for a target without a probe (this server's own instances, whose
-        calls may be reading the step's slot of the row arena: never
-        abandoned)."""
+    def late_after(self, inputs: dict[str, np.ndarray] | None = None) -> float | None:
+        """How long a call (of `inputs`) may go unanswered before its shard
+        is sent to another target that is up, this one marked down as if it
+        had failed (``SamplerPool``): a host that hangs some requests costs
+        each of them this, not the request's whole timeout (REMOTE_TIMEOUT_S).
+        A request larger than its usual ones (full rows where compact ones
+        were the rule) is given time in proportion. None for a target
+        without a probe (this server's own instances, whose calls may be
+        reading the step's slot of the row arena: never abandoned)."""
         if self.probe is None:
             return None
         if not self.answer_s:
             return LATE_FIRST_S
-        return max(LATE_FLOOR_S, self.answer_s + LATE_SPREADS * self.answer_spread_s)
+        larger = request_size(inputs) / self.request_bytes if inputs and self.request_bytes else 1
+        return max(LATE_FLOOR_S, (self.answer_s + LATE_SPREADS * self.answer_spread_s)
+                   * max(1.0, larger))
 
     def is_up(self, now: float) -> bool:
         if self.down_until > now:
@@ -259,6 +265,11 @@ class RemoteSampler:
                 from error
         except Exception as error:  # noqa: BLE001 - any transport failure: another target
             raise SamplerCallError(f"{self.url}: {error}") from error
+
+
+def request_size(inputs: dict[str, np.ndarray]) -> int:
+    """The bytes of a request's arrays (rows by reference: their references')."""
+    return sum(array.nbytes for array in inputs.values())
 
 
 def declared_vocab_size(config: dict) -> int:
