@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from . import answers, translate
+from . import answers, tokens, translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
 from .translate import Plan, Served
 
@@ -331,4 +331,24 @@ def build_app(served: Served, generate: Generate,
         return await _serve(request, ChatCompletionRequest, translate.plan_chat, served,
                             generate)
 
+    @app.post("/tokenize")  # vLLM's paths: no /v1
+    async def tokenize(request: Request):
+        return await _tokens(request, tokens.tokenize, served)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await _tokens(request, tokens.detokenize, served)
+
     return app
+
+
+async def _tokens(request: Request, answer_of, served: Served) -> Response:
+    """vLLM's /tokenize or /detokenize (``tokens``), in a worker thread as a
+    prompt is tokenized (a long one does not stall the streams)."""
+    body = await request.body()
+    try:
+        return JSONResponse(await asyncio.to_thread(answer_of, body, served))
+    except InvalidRequest:
+        raise
+    except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
+        return _internal(error)

@@ -15,14 +15,17 @@ request is translated (``translate.py``), not here.
 Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``prompt_logprobs`` and
-``stream_options.continuous_usage_stats`` are vLLM's (vllm-project/vllm,
-``vllm/entrypoints/openai/protocol.py``, ``CompletionRequest`` and
-``ChatCompletionRequest``).
+``include_stop_str_in_output``, ``prompt_logprobs``, ``add_special_tokens``,
+chat's ``add_generation_prompt``, ``continue_final_message`` and
+``chat_template_kwargs``, and ``stream_options.continuous_usage_stats`` are
+vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
+``CompletionRequest`` and ``ChatCompletionRequest``), as are the bodies of
+its ``/tokenize`` and ``/detokenize`` (``TokenizeCompletionRequest``,
+``TokenizeChatRequest``, ``DetokenizeRequest``).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -105,6 +108,8 @@ class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
     best_of: int | None = None
+    #: vLLM's: the tokenizer's special tokens (a BOS) added to a text prompt
+    add_special_tokens: bool = True
     #: OpenAI: how many most likely tokens to return per position (0-5; vLLM
     #: and here: up to sampling.MAX_TOP_LOGPROBS, 20), with the chosen one's
     logprobs: int | None = None
@@ -130,11 +135,49 @@ class ChatMessage(Strict):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(Sampling):
+class ChatTemplate(Request):
+    """vLLM's chat template controls (vllm/entrypoints/openai/protocol.py,
+    ``ChatCompletionRequest`` and ``TokenizeChatRequest``: the same names
+    and defaults); both true is refused there as here (``translate``)."""
+
     messages: list[ChatMessage]
+    #: the assistant's turn opened after the messages
+    add_generation_prompt: bool = True
+    #: the last message (the assistant's) left open, to be continued
+    continue_final_message: bool = False
+    #: the tokenizer's special tokens on top of the template's
+    add_special_tokens: bool = False
+    #: more variables for the template (Qwen3's enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(ChatTemplate, Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+
+
+class TokenizeCompletionRequest(Request):
+    """vLLM's ``/tokenize`` of a prompt (``TokenizeCompletionRequest``)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(ChatTemplate):
+    """vLLM's ``/tokenize`` of chat messages (``TokenizeChatRequest``)."""
+
+    model: str | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(Request):
+    """vLLM's ``/detokenize`` (``DetokenizeRequest``)."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 class RequestError(InvalidRequest):

@@ -25,7 +25,8 @@ from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
                       InvalidRequest)
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, Sampling
+from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
+                       Sampling)
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
 PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
@@ -77,7 +78,7 @@ class Plan:
         return self.params["max_tokens"] > 0 or PROMPT_LOGPROBS.name in self.params
 
 
-def _integer(name: str, value: int, input_name: str, low: int, high: int,
+def checked_integer(name: str, value: int, input_name: str, low: int, high: int,
              param: str | None = None) -> int:
     """value in [low, high] and in the range of the input's integer dtype
     (`name` the value's place, `param` its field: `name` unless given)."""
@@ -119,7 +120,7 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
     if request.include_stop_str_in_output:
         params["include_stop_str_in_output"] = True
     if request.min_tokens is not None:
-        params[PARAM_INPUTS["min_tokens"]] = _integer(
+        params[PARAM_INPUTS["min_tokens"]] = checked_integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)
     if request.stop is not None:
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
@@ -132,7 +133,7 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
                                                                            served.vocab_size)
     if request.stop_token_ids:
         params["stop_token_ids"] = [
-            _integer("stop_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
+            checked_integer("stop_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
             for token in request.stop_token_ids]
     return params
 
@@ -172,7 +173,7 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
         # context leaves if less (vLLM's default, vllm/entrypoints/utils.py,
         # ``get_max_tokens``); a limit the client sent is never shortened
         return room if default is None else min(default, room)
-    _integer(name, given, "max_tokens", low, served.max_context - 1)
+    checked_integer(name, given, "max_tokens", low, served.max_context - 1)
     if given > room:  # the prompt's fault where it fills the context alone
         raise RequestError(f"{prompt_name} ({prompt_length} tokens) plus {name} ({given}) must "
                            f"be at most the context, {served.max_context} tokens",
@@ -214,7 +215,7 @@ def plan_completion(request: CompletionRequest, served: Served) -> list[Plan]:
     """The generations a /v1/completions request asks for, n per prompt
     (RequestError if bad); they share the answer's id."""
     _common(request, served)
-    top = 0 if request.logprobs is None else _integer(
+    top = 0 if request.logprobs is None else checked_integer(
         "logprobs", request.logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.best_of not in (None, 1):
         raise RequestError(f"best_of must be 1 (n sets the choices), got {request.best_of}",
@@ -237,12 +238,12 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string", "prompt")
-        prompt_ids = served.codec.encode(prompt)
+        prompt_ids = served.codec.encode(prompt, add_special_tokens=request.add_special_tokens)
     else:
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string or list of token ids",
                                "prompt")
-        prompt_ids = [_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
+        prompt_ids = [checked_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
                                "prompt") for place, t in enumerate(prompt)]
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
                              low=0 if request.echo or _scores_prompt(request) else 1,
@@ -261,9 +262,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     """The generations a /v1/chat/completions request asks for, n of them
     (RequestError if bad)."""
     _common(request, served)
-    if not request.messages:
-        raise RequestError("messages must hold at least one message", "messages")
-    top = 0 if request.top_logprobs is None else _integer(
+    top = 0 if request.top_logprobs is None else checked_integer(
         "top_logprobs", request.top_logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
     if request.top_logprobs is not None and not request.logprobs:
         raise RequestError("top_logprobs needs logprobs true", "top_logprobs")
@@ -272,16 +271,44 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
         raise RequestError("max_tokens and max_completion_tokens are the same limit; they "
                            "disagree", "max_completion_tokens")
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
-    try:
-        prompt_ids = served.codec.encode_chat(
-            [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
-             for m in request.messages])
-    except InvalidRequest as error:
-        raise RequestError(str(error), "messages") from None
+    prompt_ids = chat_prompt_ids(request, served)
     return _choices([_plan(request, served, True, prompt_ids,
                            _max_tokens(request, served, len(prompt_ids), None, name,
                                        low=0 if _scores_prompt(request) else 1),
                            bool(request.logprobs), top)], request.n)
+
+
+def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
+    """The messages through the model's chat template, as vLLM's chat
+    template fields ask (vllm/entrypoints/openai/protocol.py,
+    ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
+    and add_generation_prompt not both true; transformers refuses the pair
+    too). chat_template_kwargs may not name apply_chat_template's own
+    arguments (vLLM refuses ``chat_template`` and ``tokenize``; the others
+    would set what the request's fields set, or the answer's shape)."""
+    if not request.messages:
+        raise RequestError("messages must hold at least one message", "messages")
+    if request.continue_final_message:
+        if request.add_generation_prompt:
+            raise RequestError("continue_final_message and add_generation_prompt cannot both be "
+                               "true (add_generation_prompt is true unless sent false)",
+                               "continue_final_message")
+        if request.messages[-1].role != "assistant":
+            raise RequestError("continue_final_message needs the last message to be the "
+                               f"assistant's, got {request.messages[-1].role!r}",
+                               "continue_final_message")
+    variables = request.chat_template_kwargs or {}
+    reserved = sorted(served.codec.template_arguments & variables.keys())
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the "
+                           "template's own arguments, not its variables)", "chat_template_kwargs")
+    try:
+        return served.codec.encode_chat(
+            [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
+             for m in request.messages], request.add_generation_prompt,
+            request.continue_final_message, variables, request.add_special_tokens)
+    except InvalidRequest as error:
+        raise RequestError(str(error), "messages") from None
 
 
 def _scores_prompt(request: Sampling) -> bool:
@@ -301,7 +328,7 @@ def _prompt_logprobs(request: Sampling, plan: Plan) -> None:
     if request.stream and n:
         raise RequestError("prompt_logprobs are not available when stream is true",
                            "prompt_logprobs")
-    _integer("prompt_logprobs", n, PROMPT_LOGPROBS.name, 0, MAX_TOP_LOGPROBS)
+    checked_integer("prompt_logprobs", n, PROMPT_LOGPROBS.name, 0, MAX_TOP_LOGPROBS)
     if request.stream:
         return
     plan.prompt_logprobs = n

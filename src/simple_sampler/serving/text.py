@@ -113,33 +113,58 @@ class TextCodec:
         """The end-of-sequence id (for chat models, the end of a turn)."""
         return int(self.tokenizer.eos_token_id)
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+    def encode(self, prompt: str, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``prompt``; with ``chat`` it is sent as one user turn
         through the model's chat template, with the assistant's turn opened.
-        Raises InvalidRequest for an empty prompt or ``chat`` on a model without a
-        chat template."""
+        `add_special_tokens`: the tokenizer's own (a BOS, where it adds one;
+        a plain prompt's default, vLLM's too). Raises InvalidRequest for an
+        empty prompt or ``chat`` on a model without a chat template."""
         if not isinstance(prompt, str) or not prompt:
             raise InvalidRequest("text_input must be a non-empty string")
         if not chat:
-            return list(self.tokenizer(prompt)["input_ids"])
+            return self.tokenize(prompt, add_special_tokens)
         return self.encode_chat([{"role": "user", "content": prompt}])
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of any text, the empty one included (no check)."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    @property
+    def template_arguments(self) -> frozenset[str]:
+        """``apply_chat_template``'s own argument names: not variables a
+        request may hand the template (``encode_chat``'s `variables`)."""
+        import inspect
+
+        return frozenset(
+            name for name, p in inspect.signature(self.tokenizer.apply_chat_template).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, variables: Mapping | None = None,
+                    add_special_tokens: bool = False) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
-        the model's chat template, with the assistant's turn opened. Raises
-        InvalidRequest on a model without a chat template or a conversation the
-        template refuses (its message)."""
+        the model's chat template, with the assistant's turn opened unless not
+        `add_generation_prompt`; `continue_final_message`: the last turn left
+        open, to be continued (vLLM's request fields of these names);
+        `variables`: more for the template to read (vLLM's
+        ``chat_template_kwargs``); `add_special_tokens`: the tokenizer's
+        own on top of the template's (which already holds what the model
+        wants: off by default). Raises InvalidRequest on a model without a chat
+        template or a conversation the template refuses (its message)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("chat was requested but the model has no chat template")
         from jinja2.exceptions import TemplateError
 
         try:
             rendered = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+                [dict(m) for m in messages], tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(variables or {}))
         except TemplateError as error:  # a template's raise_exception(): the client's turns
             raise InvalidRequest(f"messages: the chat template refused them: {error}") from None
-        # The template already holds any special tokens the model wants.
-        return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        except ValueError as error:  # continue_final_message: the last turn not in the text
+            raise InvalidRequest(f"messages: {error}") from None
+        return self.tokenize(rendered, add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
         """One-shot decode, special tokens skipped (as the detokenizer does)

@@ -1,0 +1,175 @@
+"""vLLM's request extras at the OpenAI door, without a server: /tokenize
+and /detokenize, the chat template's controls, add_special_tokens (the
+door's fakes: test_frontend's recorder in place of the llm model)."""
+import copy
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from tokenizers.processors import TemplateProcessing
+
+from simple_sampler.frontend import tokens
+from simple_sampler.frontend.app import build_app
+from simple_sampler.frontend.translate import Served
+from simple_sampler.serving.text import TextCodec
+from test_frontend import CONTEXT, MODEL, Recorder, chat, completion, post
+
+TURNS = [{"role": "user", "content": "Capital of France?"},
+         {"role": "assistant", "content": "The capital"}]
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec.from_source()
+
+
+@pytest.fixture(scope="module")
+def bos_codec(codec):
+    """SmolLM2's tokenizer made to add a BOS (<|endoftext|>, id 0), as
+    Llama's does (SmolLM2's adds nothing), and a template that reads a
+    variable of its own: what add_special_tokens and chat_template_kwargs
+    change."""
+    tokenizer = copy.deepcopy(codec.tokenizer)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    tokenizer.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}"
+                               "{% if shout %}!{% endif %}")
+    return TextCodec(tokenizer)
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+def door(codec, recorder=None) -> TestClient:
+    generate = (recorder or Recorder()).generate
+    return TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+
+
+@pytest.fixture
+def client(codec, recorder):
+    return door(codec, recorder)
+
+
+def test_tokenize_gives_the_ids_a_completion_sends(client, recorder, codec):
+    """vLLM's TokenizeResponse: count, max_model_len, tokens, token_strs
+    (null unless asked; the tokenizer's pieces when asked)."""
+    answer = post(client, "/tokenize", {"model": MODEL, "prompt": "The capital of France is"})
+    assert answer.status_code == 200, answer.text
+    assert post(client, "/v1/completions", completion()).status_code == 200
+    ids = recorder.plans[0].prompt_ids
+    assert answer.json() == {"count": len(ids), "max_model_len": CONTEXT, "tokens": ids,
+                             "token_strs": None}
+    pieces = post(client, "/tokenize", {"prompt": "The capital", "return_token_strs": True}).json()
+    assert pieces["token_strs"] == ["The", "Ġcapital"]  # model optional, as vLLM's
+    assert post(client, "/tokenize", {"prompt": ""}).json()["tokens"] == []
+
+
+def test_tokenize_of_messages_gives_the_ids_a_chat_request_sends(client, recorder):
+    for fields in ({}, {"add_generation_prompt": False},
+                   {"add_generation_prompt": False, "continue_final_message": True}):
+        body = {"messages": TURNS, **fields}
+        answer = post(client, "/tokenize", body).json()
+        assert post(client, "/v1/chat/completions", chat(**body)).status_code == 200
+        assert answer["tokens"] == recorder.plans[-1].prompt_ids
+        assert answer["count"] == len(answer["tokens"])
+    opened, closed, continued = [plan.prompt_ids for plan in recorder.plans]
+    # the assistant's turn opened after "The capital<|im_end|>\n", or none, or
+    # the last turn left open: "The capital" is continued
+    assert opened[:len(closed)] == closed and len(opened) > len(closed)
+    assert closed[:len(continued)] == continued and len(closed) == len(continued) + 2
+
+
+def test_add_special_tokens_and_template_variables_reach_the_tokenizer(bos_codec, recorder):
+    """Completions add the tokenizer's special tokens by default (as today
+    and as vLLM), chat not (the template holds them); each may be asked
+    otherwise. chat_template_kwargs are the template's variables."""
+    client = door(bos_codec, recorder)
+    for body, expected in ((completion(prompt="hi"), [0, 6004]),
+                           (completion(prompt="hi", add_special_tokens=False), [6004])):
+        assert post(client, "/v1/completions", body).status_code == 200
+        assert recorder.plans[-1].prompt_ids == expected
+        assert post(client, "/tokenize", body).json()["tokens"] == expected
+    plain = bos_codec.tokenize("user: hi\nassistant:", add_special_tokens=False)
+    for fields, expected in (({}, plain), ({"add_special_tokens": True}, [0, *plain]),
+                             ({"chat_template_kwargs": {"shout": True}},
+                              bos_codec.tokenize("user: hi\nassistant:!", False))):
+        body = chat(messages=[{"role": "user", "content": "hi"}], **fields)
+        assert post(client, "/v1/chat/completions", body).status_code == 200
+        assert recorder.plans[-1].prompt_ids == expected, fields
+        assert post(client, "/tokenize", body).json()["tokens"] == expected
+
+
+def test_detokenize_gives_the_text_with_special_tokens(client, codec):
+    ids = [1, *codec.encode("Hello world"), 2]
+    assert post(client, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {
+        "prompt": "<|im_start|>Hello world<|im_end|>"}
+    assert post(client, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+
+
+# (path, body, status, the field the error must name, text its message must hold)
+BAD = [
+    ("/detokenize", {"tokens": [5, 49152]}, 400, "tokens", "tokens[1] must be an integer in [0, 49151]"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens", "[0, 49151]"),
+    ("/detokenize", {"tokens": "5"}, 400, "tokens", "valid array"),
+    ("/detokenize", {"tokens": [5], "model": "other"}, 404, "model", "does not exist"),
+    ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model", "does not exist"),
+    ("/tokenize", {"prompt": "x", "temprature": 1}, 400, "temprature", "unknown field"),
+    ("/tokenize", {"messages": TURNS, "prompt": "x"}, 400, "prompt", "unknown field"),
+    ("/tokenize", {"messages": TURNS, "tools": [{}]}, 400, "tools", "not supported"),
+    ("/tokenize", {"messages": []}, 400, "messages", "at least one"),
+    ("/tokenize", {"messages": TURNS, "continue_final_message": True}, 400,
+     "continue_final_message", "cannot both be true"),
+    ("/v1/chat/completions", chat(messages=TURNS, continue_final_message=True,
+                                  add_generation_prompt=True), 400,
+     "continue_final_message", "cannot both be true"),
+    ("/v1/chat/completions", chat(continue_final_message=True, add_generation_prompt=False), 400,
+     "continue_final_message", "the last message to be the assistant's, got 'user'"),
+    ("/v1/chat/completions", chat(chat_template_kwargs={"tokenize": True}), 400,
+     "chat_template_kwargs", "may not set tokenize"),
+    ("/tokenize", {"messages": TURNS, "chat_template_kwargs": {"chat_template": "x"}}, 400,
+     "chat_template_kwargs", "may not set chat_template"),
+    ("/v1/chat/completions", chat(chat_template_kwargs=[1]), 400, "chat_template_kwargs",
+     "should be an object"),
+    ("/v1/chat/completions", chat(add_generation_prompt=None), 400, "add_generation_prompt",
+     "valid boolean"),
+    ("/v1/completions", completion(add_special_tokens="no"), 400, "add_special_tokens",
+     "valid boolean"),
+    ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,text", BAD)
+def test_a_bad_request_names_its_field(client, recorder, path, body, status, param, text):
+    response = post(client, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and text in error["message"], error
+    assert recorder.plans == []
+
+
+def test_tokenize_runs_off_the_event_loop(client, monkeypatch):
+    import asyncio
+
+    on_loop = []
+    tokenize = tokens.tokenize
+
+    def recording(body, served):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return tokenize(body, served)
+
+    monkeypatch.setattr(tokens, "tokenize", recording)
+    assert post(client, "/tokenize", {"prompt": "x"}).status_code == 200
+    assert on_loop == [False]
+
+
+def test_a_failure_of_ours_in_tokenize_is_a_500(codec, monkeypatch):
+    monkeypatch.setattr(tokens, "tokenize", lambda body, served: {}["boom"])
+    response = door(codec).post("/tokenize", content=json.dumps({"prompt": "x"}))
+    assert response.status_code == 500 and "KeyError" in response.json()["error"]["message"]
