@@ -1,6 +1,7 @@
 """vLLM's request extras at the OpenAI door, without a server: /tokenize
-and /detokenize, the chat template's controls, add_special_tokens (the
-door's fakes: test_frontend's recorder in place of the llm model)."""
+and /detokenize, the chat template's controls, add_special_tokens,
+truncate_prompt_tokens (the door's fakes: test_frontend's recorder in place
+of the llm model)."""
 import copy
 import json
 
@@ -138,6 +139,14 @@ BAD = [
     ("/v1/completions", completion(add_special_tokens="no"), 400, "add_special_tokens",
      "valid boolean"),
     ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
+    ("/v1/completions", completion(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens",
+     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got 0"),
+    ("/v1/completions", completion(truncate_prompt_tokens=-2), 400, "truncate_prompt_tokens",
+     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got -2"),
+    ("/v1/completions", completion(truncate_prompt_tokens=513), 400, "truncate_prompt_tokens",
+     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got 513"),
+    ("/v1/chat/completions", chat(truncate_prompt_tokens=1.5), 400, "truncate_prompt_tokens",
+     "valid integer"),
 ]
 
 
@@ -173,3 +182,30 @@ def test_a_failure_of_ours_in_tokenize_is_a_500(codec, monkeypatch):
     monkeypatch.setattr(tokens, "tokenize", lambda body, served: {}["boom"])
     response = door(codec).post("/tokenize", content=json.dumps({"prompt": "x"}))
     assert response.status_code == 500 and "KeyError" in response.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, codec):
+    """vLLM's truncate_prompt_tokens k: the last k tokens of a text prompt,
+    of token ids, of a chat's templated prompt; -1 the context's worth (a
+    shorter prompt whole). Echo then gives the text of the tokens sent."""
+    text = codec.encode("The capital of France is")
+    cases = [(completion(truncate_prompt_tokens=3), text[-3:]),
+             (completion(prompt=list(range(1, 11)), truncate_prompt_tokens=4), [7, 8, 9, 10]),
+             (completion(prompt=[list(range(1, 11))], truncate_prompt_tokens=-1),
+              list(range(1, 11))),
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=500, max_tokens=12), [5] * 500)]
+    for body, expected in cases:
+        assert post(client, "/v1/completions", body).status_code == 200, body
+        assert recorder.plans[-1].prompt_ids == expected
+    assert recorder.plans[-1].params["max_tokens"] == 12
+    templated = codec.encode("Capital of France?", chat=True)
+    assert post(client, "/v1/chat/completions", chat(truncate_prompt_tokens=5)).status_code == 200
+    assert recorder.plans[-1].prompt_ids == templated[-5:]
+    assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 5
+    # a prompt the context's worth leaves no room: a 400, as in vLLM
+    full = post(client, "/v1/completions", completion(prompt=[5] * 600, truncate_prompt_tokens=-1))
+    assert full.status_code == 400 and "leaves no room" in full.json()["error"]["message"]
+    echoed = post(client, "/v1/completions", completion(echo=True, max_tokens=0,
+                                                        truncate_prompt_tokens=2)).json()
+    assert echoed["choices"][0]["text"] == codec.decode(text[-2:])
+    assert echoed["usage"]["prompt_tokens"] == 2

@@ -15,7 +15,8 @@ request is translated (``translate.py``), not here.
 Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``prompt_logprobs``, ``add_special_tokens``,
+``include_stop_str_in_output``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
+``add_special_tokens``,
 chat's ``add_generation_prompt``, ``continue_final_message`` and
 ``chat_template_kwargs``, and ``stream_options.continuous_usage_stats`` are
 vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
@@ -100,6 +101,8 @@ class Sampling(Request):
     include_stop_str_in_output: bool | None = False
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None
+    #: the prompt's last k tokens are sent (-1: the context's worth)
+    truncate_prompt_tokens: int | None = None
 
 
 class CompletionRequest(Sampling):

@@ -158,6 +158,24 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
     return list(ids), list(bias.values())
 
 
+def truncated(request: Sampling, served: Served, prompt_ids: list[int]) -> list[int]:
+    """vLLM's truncate_prompt_tokens k: the prompt's last k tokens (a chat's
+    after its template), -1 the context's worth; k in [1, context], as
+    vLLM's ``_validate_truncation_size`` (vllm/entrypoints/utils.py) bounds
+    it. vLLM's field takes 0 too, which it reads as nothing kept for text
+    and everything for token ids: refused here."""
+    k = request.truncate_prompt_tokens
+    if k is None:
+        return prompt_ids
+    if k == -1:
+        k = served.max_context
+    if not 1 <= k <= served.max_context:
+        raise RequestError(f"truncate_prompt_tokens must be -1 (the context) or an integer in "
+                           f"[1, {served.max_context}], got {request.truncate_prompt_tokens}",
+                           "truncate_prompt_tokens")
+    return prompt_ids[-k:]
+
+
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
                 name: str = "max_tokens", prompt_field: str = "messages", low: int = 1,
                 prompt_name: str = "the prompt") -> int:
@@ -245,6 +263,8 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
                                "prompt")
         prompt_ids = [checked_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
                                "prompt") for place, t in enumerate(prompt)]
+    whole = len(prompt_ids)
+    prompt_ids = truncated(request, served, prompt_ids)
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
                              low=0 if request.echo or _scores_prompt(request) else 1,
                              prompt_name="the prompt" if name == "prompt" else name)
@@ -252,7 +272,9 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
                  top)
     if request.echo:
         # as vLLM: the prompt's text as sent, ids decoded
-        plan.echo = prompt if isinstance(prompt, str) else served.codec.decode(prompt_ids)
+        # (truncated: the text of the tokens sent, which its logprobs are of)
+        plan.echo = prompt if isinstance(prompt, str) and len(prompt_ids) == whole else \
+            served.codec.decode(prompt_ids)
         if plan.logprobs:
             plan.params[PROMPT_LOGPROBS.name] = max(top, plan.params.get(PROMPT_LOGPROBS.name, 0))
     return plan
@@ -271,7 +293,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
         raise RequestError("max_tokens and max_completion_tokens are the same limit; they "
                            "disagree", "max_completion_tokens")
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
-    prompt_ids = chat_prompt_ids(request, served)
+    prompt_ids = truncated(request, served, chat_prompt_ids(request, served))
     return _choices([_plan(request, served, True, prompt_ids,
                            _max_tokens(request, served, len(prompt_ids), None, name,
                                        low=0 if _scores_prompt(request) else 1),
