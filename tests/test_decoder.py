@@ -373,6 +373,24 @@ def test_a_stop_kept_when_asked_ends_the_text():
     assert text_of(ended) == "bc" and ended[-1].token_ids == [END_ID]
 
 
+def test_special_tokens_text_is_kept_when_not_skipped():
+    """skip_special false (vLLM's skip_special_tokens): a special token's
+    text stays in the answer (the end id generated as any token with
+    ignore_end; the end id that ended it with include_stop); by default it
+    is left out."""
+    script = lambda ids: END_ID if len(ids) == 3 else next_letter(ids)  # noqa: E731
+    asked = dict(text="a", max_tokens=5, sampling=GREEDY, ignore_end=True)
+    (skipped, kept), _ = generate(FakeEngine(script=script), [
+        GenerationRequest(**asked), GenerationRequest(**asked, skip_special=False)],
+        mode="simple", sampler=threaded())
+    assert text_of(skipped) == "bcab" and text_of(kept) == "bc\0ab"
+    assert kept[-1].num_output_tokens == 5
+    (ended,), _ = generate(FakeEngine(script=script), [GenerationRequest(
+        text="a", max_tokens=6, sampling=GREEDY, include_stop=True, skip_special=False)],
+        mode="simple", sampler=threaded())
+    assert text_of(ended) == "bc\0" and ended[-1].token_ids == [END_ID]
+
+
 @pytest.mark.parametrize("bad_words", [["c"], ["bc"]])
 def test_bad_words_are_not_generated(bad_words):
     results, _ = generate(FakeEngine(), [GenerationRequest(

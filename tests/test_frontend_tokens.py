@@ -138,6 +138,10 @@ BAD = [
      "valid boolean"),
     ("/v1/completions", completion(add_special_tokens="no"), 400, "add_special_tokens",
      "valid boolean"),
+    ("/v1/completions", completion(skip_special_tokens=None), 400, "skip_special_tokens",
+     "valid boolean"),
+    ("/v1/completions", completion(spaces_between_special_tokens=False), 400,
+     "spaces_between_special_tokens", "unknown field"),
     ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
     ("/v1/completions", completion(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens",
      "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got 0"),
@@ -209,3 +213,12 @@ def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, 
                                                         truncate_prompt_tokens=2)).json()
     assert echoed["choices"][0]["text"] == codec.decode(text[-2:])
     assert echoed["usage"]["prompt_tokens"] == 2
+
+
+def test_skip_special_tokens_false_reaches_the_llm_input(client, recorder):
+    """vLLM's skip_special_tokens (default true, the llm input's default):
+    only false is sent."""
+    assert post(client, "/v1/chat/completions", chat(skip_special_tokens=True)).status_code == 200
+    assert "skip_special_tokens" not in recorder.plans[-1].params
+    assert post(client, "/v1/completions", completion(skip_special_tokens=False)).status_code == 200
+    assert recorder.plans[-1].params["skip_special_tokens"] is False

@@ -66,6 +66,15 @@ def test_ignore_eos_lets_the_end_id_end_nothing():
     assert not decode_generate(prompt).request.ignore_end
 
 
+def test_skip_special_tokens_is_true_unless_sent_false():
+    """vLLM's skip_special_tokens: the one flag whose absence means true."""
+    prompt = {"input_ids": np.array([[1, 2]], np.int32)}
+    assert decode_generate(prompt).request.skip_special
+    assert not decode_generate({**prompt, "skip_special_tokens": np.array([[False]])}
+                               ).request.skip_special
+    assert decode_generate({**prompt, "skip_special_tokens": np.array([[True]])}).request.skip_special
+
+
 def test_request_parameters_are_refused_by_name_but_tritons_own():
     prompt = {"input_ids": np.array([[1, 2]], np.int32)}
     with pytest.raises(InvalidRequest, match="unknown field temprature"):

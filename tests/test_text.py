@@ -51,6 +51,29 @@ def test_streamed_text_equals_one_shot_decode(codec, chunk):
         assert not any(REPLACEMENT_CHARACTER in delta for delta in deltas)
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_special_tokens_text_is_streamed_only_when_asked(codec, chunk):
+    """special (vLLM's skip_special_tokens false): the stream's text is the
+    one-shot decode that keeps special tokens; by default both skip them."""
+    ids = [*codec.tokenize("Paris.", False), codec.end_id, 1, *codec.tokenize("assistant", False)]
+    prompt_ids = codec.encode("Capital?", chat=True)
+    for special, expected in ((False, "Paris.assistant"), (True, "Paris.<|im_end|><|im_start|>assistant")):
+        detokenizer = codec.detokenizer(prompt_ids, special)
+        deltas = [detokenizer.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+        assert "".join(deltas) + detokenizer.flush() == codec.decode(ids, special) == expected
+
+
+def test_a_simulated_codecs_stream_keeps_special_tokens_when_asked(native_codec):
+    from simple_sampler.serving.simulated_text import SimulatedCodec
+
+    codec = SimulatedCodec(native_codec.tokenizer)
+    ids = [*codec.tokenize("Paris", False), codec.end_id, 60000]
+    for special, expected in ((False, "Paris t60000"), (True, "Paris<|im_end|> t60000")):
+        detokenizer = codec.detokenizer([], special)
+        text = "".join(detokenizer.push_token(t) for t in ids) + detokenizer.flush()
+        assert text == codec.decode(ids, special) == expected
+
+
 def test_multi_byte_characters_are_held_until_complete(codec):
     ids = codec.tokenizer("🦊", add_special_tokens=False)["input_ids"]
     assert len(ids) > 1  # the fox spans several byte tokens

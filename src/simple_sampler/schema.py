@@ -174,6 +174,8 @@ GENERATE_INPUTS = (
     _scalar("include_stop_str_in_output", "BOOL", False,
             "true: the text keeps the stop word, or the stop or end id's text, that ended "
             "it (vLLM's name)"),
+    _scalar("skip_special_tokens", "BOOL", True,
+            "false: special tokens' text (a chat's end of turn) is kept in the text (vLLM's name)"),
     Tensor("bad_words", "BYTES", (-1,), default="none",
            allowed="strings (empty ones name no word), never generated"),
     Tensor("logit_bias_ids", "INT32", (-1,), default="none",

@@ -16,7 +16,7 @@ Follows OpenAI's API reference for ``/v1/completions`` and
 ``/v1/chat/completions``; the extensions ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
-``add_special_tokens``,
+``skip_special_tokens``, ``add_special_tokens``,
 chat's ``add_generation_prompt``, ``continue_final_message`` and
 ``chat_template_kwargs``, and ``stream_options.continuous_usage_stats`` are
 vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
@@ -103,6 +103,8 @@ class Sampling(Request):
     prompt_logprobs: int | None = None
     #: the prompt's last k tokens are sent (-1: the context's worth)
     truncate_prompt_tokens: int | None = None
+    #: false: special tokens' text (<|im_end|>) is kept in the answer
+    skip_special_tokens: bool = True
 
 
 class CompletionRequest(Sampling):

@@ -119,6 +119,8 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         params[IGNORE_EOS.name] = True
     if request.include_stop_str_in_output:
         params["include_stop_str_in_output"] = True
+    if not request.skip_special_tokens:  # vLLM's default, the input's, is true
+        params["skip_special_tokens"] = False
     if request.min_tokens is not None:
         params[PARAM_INPUTS["min_tokens"]] = checked_integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)

@@ -265,7 +265,7 @@ class Decoder:
         request_id = next(self.ids)
         handle = RequestHandle(self, request_id)
         sequence = DecodeSequence(request_id, request, handle, prompt_ids, params,
-                                   self.codec.detokenizer(prompt_ids),
+                                   self.codec.detokenizer(prompt_ids, not request.skip_special),
                                    StopMatcher(request.stop_words, request.include_stop),
                                    bad_words_ids,
                                    num_input_tokens=len(prompt_ids),

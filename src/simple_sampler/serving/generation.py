@@ -71,7 +71,9 @@ class GenerationRequest:
     bans them (with ``ignore_end`` too, as vLLM) until that many tokens
     exist. ``stop_words`` end the generation (text cut before the word, or
     after it with ``include_stop``, which also keeps the text of the stop or
-    end id that ended it: vLLM's ``include_stop_str_in_output``);
+    end id that ended it: vLLM's ``include_stop_str_in_output``); the text
+    leaves special tokens' text out unless not ``skip_special`` (vLLM's
+    ``skip_special_tokens``);
     ``bad_words`` are never generated (each word's last token is banned
     whenever the sequence ends with the word's other tokens).
     ``num_top_logprobs`` (with ``return_log_probs``): each token's event
@@ -91,6 +93,7 @@ class GenerationRequest:
     ignore_end: bool = False
     stop_words: Sequence[str] = ()
     include_stop: bool = False
+    skip_special: bool = True
     bad_words: Sequence[str] = ()
     return_log_probs: bool = False
     num_top_logprobs: int = 0

@@ -38,10 +38,10 @@ class SimulatedCodec(TextCodec):
         """The tokenizer's decode of ids it knows."""
         return super().decode(token_ids, special)
 
-    def detokenizer(self, prompt_ids: Sequence[int] = ()):
+    def detokenizer(self, prompt_ids: Sequence[int] = (), special: bool = False):
         if self.backend is None:  # no DecodeStream: the window decoder, on decode() above
-            return super().detokenizer(prompt_ids)
-        return SimulatedDetokenizer(self)
+            return super().detokenizer(prompt_ids, special)
+        return SimulatedDetokenizer(self, special)
 
 
 class SimulatedDetokenizer:
@@ -53,15 +53,16 @@ class SimulatedDetokenizer:
     `` t<id>``. The concatenation of the deltas and ``flush`` is ``decode``
     of the ids."""
 
-    def __init__(self, codec: SimulatedCodec):
+    def __init__(self, codec: SimulatedCodec, special: bool = False):
         self.codec = codec
+        self.special = special  # special tokens' text kept
         self._start_run()
 
     def _start_run(self) -> None:
         self.run: list[int] = []
         self.emitted = 0  # characters of the run's text already returned
         self.held = False  # the stream's last step held its text back (None)
-        self.stream = DecodeStream(skip_special_tokens=True)
+        self.stream = DecodeStream(skip_special_tokens=not self.special)
 
     def push(self, token_ids: Sequence[int]) -> str:
         """``push_token`` of each id in turn, in one loop (the decode loop's
@@ -100,6 +101,6 @@ class SimulatedDetokenizer:
             return ""
         # A stream whose last step gave text holds nothing back: the run's
         # text is what it returned, no decode needed to end it.
-        tail = self.codec.decode_run(self.run)[self.emitted:] if self.held else ""
+        tail = self.codec.decode_run(self.run, self.special)[self.emitted:] if self.held else ""
         self._start_run()
         return tail

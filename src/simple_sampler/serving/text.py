@@ -203,8 +203,10 @@ class TextCodec:
             lists.append(list(self.tokenizer(word, add_special_tokens=False)["input_ids"]))
         return lists
 
-    def detokenizer(self, prompt_ids: Sequence[int] = ()) -> "Detokenizer":
-        return Detokenizer(self, prompt_ids)
+    def detokenizer(self, prompt_ids: Sequence[int] = (), special: bool = False) -> "Detokenizer":
+        """A generation's streaming text; special tokens' text kept with
+        `special` (vLLM's skip_special_tokens false)."""
+        return Detokenizer(self, prompt_ids, special)
 
 
 def byte_level_alphabet(tokenizer) -> dict[str, int]:
@@ -232,13 +234,14 @@ class Detokenizer:
     two decodes), and the window is only tracked for ``flush``.
     """
 
-    def __init__(self, codec: TextCodec, prompt_ids: Sequence[int] = ()):
+    def __init__(self, codec: TextCodec, prompt_ids: Sequence[int] = (), special: bool = False):
         self.codec = codec
+        self.special = special  # special tokens' text kept
         self.ids = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self.window_start = 0
         self.emitted_end = len(self.ids)
         self.backend = codec.backend
-        self.stream = (DecodeStream(ids=list(self.ids), skip_special_tokens=True)
+        self.stream = (DecodeStream(ids=list(self.ids), skip_special_tokens=not special)
                        if codec.backend is not None else None)
 
     def push(self, token_ids: Sequence[int]) -> str:
@@ -289,8 +292,8 @@ class Detokenizer:
     def _advance(self, final: bool) -> str:
         if self.emitted_end == len(self.ids):
             return ""
-        done = self.codec.decode(self.ids[self.window_start:self.emitted_end])
-        text = self.codec.decode(self.ids[self.window_start:])
+        done = self.codec.decode(self.ids[self.window_start:self.emitted_end], self.special)
+        text = self.codec.decode(self.ids[self.window_start:], self.special)
         if not final and (text.endswith(REPLACEMENT_CHARACTER) or len(text) <= len(done)):
             return ""
         self.window_start, self.emitted_end = self.emitted_end, len(self.ids)

@@ -180,6 +180,9 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         ignore_end=flags[IGNORE_EOS.name],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         include_stop=flags["include_stop_str_in_output"],
+        # the one flag true unless sent (vLLM's default)
+        skip_special=bool(_single("skip_special_tokens", present["skip_special_tokens"]))
+        if "skip_special_tokens" in present else True,
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         return_log_probs=flags["return_log_probs"],
         num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
