@@ -221,10 +221,8 @@ def test_a_list_of_prompts_and_n_answer_each_as_its_own_request(client, frontend
 def test_vllms_prompt_extras_cross_triton(client, frontend):
     """vLLM's prompt extras through the llm model: /tokenize gives the ids a
     completion sends (its usage counts them); truncate_prompt_tokens 3 sends
-    the prompt's last 3 tokens (usage 3, the greedy text of those ids).
-    (skip_special_tokens false is not asserted here: through this server
-    the llm model's text of a generated <|im_end|> stayed empty, which the
-    in-process decoder test does not show; see the branch's report.)"""
+    the prompt's last 3 tokens (usage 3, the greedy text of those ids);
+    skip_special_tokens false keeps a generated special token's text."""
     model, prompt = frontend.served.model_id, "The capital of France is"
     tokenized = httpx.post(f"{frontend.url}/tokenize", json={"model": model, "prompt": prompt},
                            timeout=30).json()
@@ -235,6 +233,11 @@ def test_vllms_prompt_extras_cross_triton(client, frontend):
     assert cut.usage.prompt_tokens == 3
     assert cut.choices[0].text == client.completions.create(prompt=tokenized["tokens"][-3:],
                                                             **ask).choices[0].text
+    forced = dict(ask, max_tokens=2, logit_bias={"1": 100})  # <|im_start|>, a special token
+    assert client.completions.create(prompt=prompt, **forced).choices[0].text == ""
+    kept = client.completions.create(prompt=prompt, **forced,
+                                      extra_body={"skip_special_tokens": False})
+    assert kept.choices[0].text == "<|im_start|>" * 2
 
 
 def test_a_stop_token_id_ends_the_answer_there(client, frontend):

@@ -79,7 +79,7 @@ class Plan:
 
 
 def checked_integer(name: str, value: int, input_name: str, low: int, high: int,
-             param: str | None = None) -> int:
+                    param: str | None = None) -> int:
     """value in [low, high] and in the range of the input's integer dtype
     (`name` the value's place, `param` its field: `name` unless given)."""
     info = np.iinfo(_INPUT_DTYPES[input_name])
