@@ -5,7 +5,7 @@ import pytest
 
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
-from simple_sampler.triton.generate_io import (check_parameters, decode_generate, encode_event,
+from simple_sampler.triton.generate_io import (decode_generate, encode_event,
                                              encode_prompt, install_byte_serializer)
 
 
@@ -84,7 +84,7 @@ def test_request_parameters_are_refused_by_name_but_tritons_own():
                        '{"x-request-id": "abc"}'):
         decode_generate(prompt, parameters)
     with pytest.raises(InvalidRequest, match="unknown field beam_width"):
-        check_parameters({"beam_width": 2})
+        decode_generate(prompt, {"beam_width": 2})
 
 
 def test_a_batch_of_two_requests_is_refused_as_such():

@@ -348,6 +348,68 @@ def test_a_key_or_parameter_that_names_no_input_is_refused_by_name(server, model
     assert grpc(server).generate(QUESTION, max_tokens=2, min_length=2).num_output_tokens == 2
 
 
+def generate_json(server, model: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/generate",
+                                     json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)
+
+
+@pytest.mark.parametrize("model", ["ensemble", "llm"])
+def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
+    """Triton's vLLM backend's requests, unchanged: its README's generate body
+    (sampling parameters nested in "parameters"), vLLM's names that no input
+    has (min_tokens, stop, logprobs) as request parameters, and the
+    sampling_parameters input over gRPC (tritonclient's, genai-perf's
+    --backend vllm) each give what the same request in this server's own
+    inputs gives; a vLLM name it does not implement is refused by name."""
+    PLAIN = "The capital of France is"
+
+    def text(answer):
+        return answer["text_output"]
+
+    readme = generate_json(server, model, {"text_input": PLAIN, "parameters": {
+        "stream": False, "temperature": 0, "max_tokens": 12, "exclude_input_in_output": True}})
+    own = generate_json(server, model, {"text_input": PLAIN, "temperature": 0,
+                                        "max_tokens": 12, "exclude_input_in_output": True})
+    assert text(readme) == text(own) and readme["num_output_tokens"] == 12
+    words = text(own).split()
+    renamed = generate_json(server, model, {
+        "text_input": PLAIN, "temperature": 0, "max_tokens": 12, "exclude_input_in_output": True,
+        "parameters": {"stop": words[1], "logprobs": 2, "min_tokens": 1}})
+    same = generate_json(server, model, {
+        "text_input": PLAIN, "temperature": 0, "max_tokens": 12, "exclude_input_in_output": True,
+        "stop_words": [words[1]], "return_log_probs": True, "num_top_logprobs": 2,
+        "min_length": 1})
+    assert renamed == {**same, "model_name": model} and renamed["finish_reason"] == "stop"
+    assert len(renamed["top_logprobs_ids"]) == 2 * renamed["num_output_tokens"]
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for name, value in (("text_input", PLAIN), ("sampling_parameters", json.dumps(
+            {"temperature": 0, "max_tokens": 12, "top_k": -1, "n": 1, "logprobs": None}))):
+        tensor = grpcclient.InferInput(name, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[value.encode()]], dtype=object))
+        inputs.append(tensor)
+    flag = grpcclient.InferInput("exclude_input_in_output", [1, 1], "BOOL")
+    flag.set_data_from_numpy(np.array([[True]]))
+    answers = []
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    client.async_stream_infer(model, [*inputs, flag])
+    deadline = time.monotonic() + 60
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    assert answers and answers[0][1] is None, answers
+    assert answers[0][0].as_numpy("text_output").reshape(-1)[0].decode() == text(own)
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        generate_json(server, model, {"text_input": PLAIN,
+                                      "parameters": {"truncate_prompt_tokens": 4}})
+    assert refused.value.code == 400
+    assert "truncate_prompt_tokens is not supported" in json.load(refused.value)["error"]
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

@@ -198,6 +198,10 @@ GENERATE_INPUTS = (
             "behaviour); streams never repeat it"),
     _scalar("apply_chat_template", "BOOL", False,
             "true: text_input is sent as one user turn through the model's template"),
+    _scalar("sampling_parameters", "BYTES", "none",
+            "a JSON object of vLLM's sampling parameters by SamplingParams' names (Triton's vLLM "
+            "backend's input): each counts as the input that carries it (vLLM's sampling parameters, "
+            "below)"),
 )
 GENERATE_OUTPUTS = (
     Tensor("text_output", "BYTES", (-1,), optional=False),

@@ -8,7 +8,8 @@ import triton_python_backend_utils as pb_utils
 from simple_sampler.serving.text import TextCodec
 from simple_sampler import heap, logs
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.triton.generate_io import check_parameters, encode_prompt
+from simple_sampler.triton.generate_io import encode_prompt
+from simple_sampler.triton.vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
 log = logging.getLogger("simple_sampler.preprocessing")
 
@@ -26,10 +27,12 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            inputs = {name: tensor.as_numpy() for name in ("text_input", "apply_chat_template")
+            inputs = {name: tensor.as_numpy()
+                      for name in ("text_input", "apply_chat_template", SAMPLING_PARAMETERS)
                       if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             try:
-                check_parameters(request.parameters())  # the ensemble's: its first step
+                # the ensemble's vLLM parameters, refused here, its first step, where bad
+                vllm_inputs(inputs.pop(SAMPLING_PARAMETERS, None), request.parameters())
                 ids = encode_prompt(self.codec, inputs)
             except InvalidRequest as error:
                 responses.append(pb_utils.InferenceResponse(

@@ -16,7 +16,6 @@ only text_output and output_ids (and the logprob outputs when asked), every
 """
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -27,6 +26,7 @@ from ..params import SamplingParams
 from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
                       TOP_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
+from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
 #: seed's two inputs are reconciled first).
@@ -94,25 +94,6 @@ def _logit_bias(ids, values) -> dict[int, float]:
     return bias
 
 
-def check_parameters(parameters: str | Mapping | None) -> None:
-    """Refuse a request that carries parameters (``request.parameters()``,
-    its JSON), naming the first: over HTTP generate a JSON key that names
-    no input arrives as one (a misspelt ``temprature``, TensorRT-LLM's
-    ``beam_width``), and over gRPC a client's ``parameters=``; the models
-    read none, so each would be silently ignored. A name no input could
-    have passes: an HTTP header Triton forwards as a parameter
-    (``--http-header-forward-pattern``: ``x-request-id``), or one of
-    Triton's own (``triton_``; Triton consumes those it knows)."""
-    if isinstance(parameters, str):
-        parameters = json.loads(parameters) if parameters.strip() else {}
-    unknown = sorted(key for key in parameters or {}
-                     if key.isidentifier() and not key.startswith("triton_"))
-    if unknown:
-        raise InvalidRequest(f"unknown field {unknown[0]}: it names no input of this model "
-                             f"(docs/TENSORS.md lists them; over HTTP generate each is a "
-                             f"top-level key), so it would be ignored")
-
-
 def _one_request(present: Mapping[str, object]) -> None:
     """Refuse a batch of several requests (Triton's batch dimension, the
     first, above 1), naming an input that holds more than one."""
@@ -128,13 +109,20 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     """Turn the tensors of one request into a GenerationRequest.
 
     inputs: name -> numpy array (absent optional inputs missing or None);
-    parameters: the request's (``check_parameters``: refused).
-    ``input_ids`` (INT32 [1, L], from the preprocessing model) replaces
-    ``text_input`` when given. Raises InvalidRequest naming the input; ranges are
-    checked by ``GenerationRequest.validate`` when the decoder takes it.
+    parameters: the request's. vLLM's sampling parameters, in the
+    ``sampling_parameters`` input or the parameters, count as the inputs
+    that carry them (``vllm_params``). ``input_ids`` (INT32 [1, L], from
+    the preprocessing model) replaces ``text_input`` when given. Raises
+    InvalidRequest naming the input; ranges are checked by
+    ``GenerationRequest.validate`` when the decoder takes it.
     """
-    check_parameters(parameters)
     present = {k: v for k, v in inputs.items() if v is not None}
+    vllm = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
+    twice = sorted(set(vllm) & set(present))
+    if twice:
+        raise InvalidRequest(f"{twice[0]} is given twice: as an input and by a vLLM sampling "
+                             f"parameter")
+    present.update(vllm)
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")

@@ -182,9 +182,9 @@ class LlmService:
                send_tokens: SendTokens | None = None, parameters: str | None = None):
         """Start one request; returns a future done when the request has left
         the decoder (``on_done`` is called then; ``on_admitted``, on the decode
-        loop, once the decoder holds it). Bad input (and any request
-        `parameters`, ``generate_io.check_parameters``) is answered with one error
-        response. A ``send`` (or ``send_tokens``) that raises (the client went
+        loop, once the decoder holds it). Bad input (and request `parameters`
+        that name no vLLM sampling parameter, ``vllm_params``) is answered with
+        one error response. A ``send`` (or ``send_tokens``) that raises (the client went
         away) cancels the request, as ``is_cancelled()`` does."""
         if send_tokens is None:
             send_tokens = functools.partial(tokens_as_outputs, send)

@@ -1,0 +1,178 @@
+"""vLLM's sampling parameters, by ``vllm.SamplingParams``' names, as the
+generate inputs that carry them here: what a client of Triton's vLLM backend
+sends, unchanged.
+
+They come two ways, as they reach that backend
+(triton-inference-server/vllm_backend, ``src/utils/request.py``,
+``GenerateRequest._get_input_tensors``):
+
+- the ``sampling_parameters`` input: one JSON object (tritonclient's and
+  genai-perf's ``--backend vllm`` requests);
+- a request's parameters: over HTTP generate a key of the body, or of its
+  ``parameters`` object, arrives as an input where one has its name
+  (``temperature``, ``max_tokens``, ``stream``) and as a parameter otherwise
+  (``min_tokens``, ``stop``, ``logprobs``): the vLLM backend's README request
+  ``{"text_input": ..., "parameters": {"stream": false, "temperature": 0}}``.
+
+Each name becomes the input that carries it (``min_tokens`` min_length,
+``stop`` stop_words, ``logprobs`` n return_log_probs and num_top_logprobs n,
+``logit_bias`` logit_bias_ids and logit_bias_values); its range is that
+input's, checked where the input's is. A name given twice (as an input and
+here, or both here) is refused, as is a name this server does not implement
+and a value of the wrong type: nothing a client sent is dropped or altered.
+A null value is vLLM's default, as that backend takes it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+import numpy as np
+
+from ..schema import LLM, NUMPY, InvalidRequest
+
+#: The input of vLLM's JSON object.
+SAMPLING_PARAMETERS = "sampling_parameters"
+
+#: vLLM's names (vllm/sampling_params.py, ``SamplingParams``) that are an
+#: input's name here too, and vLLM's names for the inputs named otherwise.
+SAME_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+              "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
+              "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "bad_words",
+              "prompt_logprobs",
+              # the vLLM backend's own inputs, which a generate body may nest in "parameters"
+              "stream", "exclude_input_in_output")
+RENAMED = {"min_tokens": "min_length", "stop": "stop_words"}
+#: vLLM's names this server does not implement (refused by name). ``n`` and
+#: ``best_of`` are taken at 1 only, ``detokenize`` and
+#: ``spaces_between_special_tokens`` at true only (vLLM's defaults).
+NOT_IMPLEMENTED = frozenset({
+    "allowed_token_ids", "truncate_prompt_tokens", "logits_processors", "output_kind",
+    "guided_decoding", "structured_outputs", "lora_name", "extra_args", "flat_logprobs",
+    "length_penalty", "early_stopping", "use_beam_search",
+})
+_FIXED = {"n": 1, "best_of": 1, "detokenize": True, "spaces_between_special_tokens": True}
+
+_TENSORS = {tensor.name: tensor for tensor in LLM.inputs}
+
+
+def vllm_inputs(sampling_parameters, parameters: str | Mapping | None) -> dict[str, np.ndarray]:
+    """The inputs that the ``sampling_parameters`` input (its [1] or [1, 1]
+    array of one JSON object, or None) and the request's `parameters` (its
+    JSON, or a mapping) carry, by input name, shaped as a client sends them
+    ([1, 1] scalars, [1, N] lists). A parameter that no identifier names
+    passes unread: an HTTP header Triton forwards as one (``x-request-id``,
+    ``--http-header-forward-pattern``), or one of Triton's own (``triton_``;
+    Triton consumes those it knows). Raises InvalidRequest naming the
+    field."""
+    given = {}
+    if sampling_parameters is not None:
+        given = {name: (f"{SAMPLING_PARAMETERS}.{name}", value)
+                 for name, value in _json_object(sampling_parameters).items()}
+    if isinstance(parameters, str):
+        parameters = json.loads(parameters) if parameters.strip() else {}
+    for name, value in (parameters or {}).items():
+        if not name.isidentifier() or name.startswith("triton_"):
+            continue
+        if name in given:
+            raise InvalidRequest(f"{name} is given twice: as a request parameter and in "
+                                 f"{SAMPLING_PARAMETERS}")
+        given[name] = (name, value)
+    inputs: dict[str, np.ndarray] = {}
+    for name, (place, value) in given.items():
+        if value is None:
+            continue
+        for input_name, array in _as_inputs(name, place, value).items():
+            if input_name in inputs:
+                raise InvalidRequest(f"{place} sets {input_name}, which another of the "
+                                     f"request's vLLM parameters sets too")
+            inputs[input_name] = array
+    return inputs
+
+
+def _json_object(array) -> dict:
+    """The one JSON object of a ``sampling_parameters`` array."""
+    values = np.asarray(array, dtype=object).reshape(-1)
+    if values.size != 1:
+        raise InvalidRequest(f"{SAMPLING_PARAMETERS} must hold one JSON object per request, "
+                             f"got {values.size} values")
+    text = values[0]
+    try:
+        parsed = json.loads(bytes(text).decode("utf-8") if isinstance(text, bytes) else text)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise InvalidRequest(f"{SAMPLING_PARAMETERS} must be a JSON object (vLLM's "
+                             f"SamplingParams by name): {error}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest(f"{SAMPLING_PARAMETERS} must be a JSON object (vLLM's "
+                             f"SamplingParams by name), got {type(parsed).__name__}")
+    return parsed
+
+
+def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
+    """One vLLM parameter as the inputs that carry it."""
+    if name in _FIXED:
+        if value != _FIXED[name] or type(value) is not type(_FIXED[name]):
+            raise InvalidRequest(f"{place} must be {json.dumps(_FIXED[name])}: this server "
+                                 f"implements no other (got {value!r})")
+        return {}
+    if name == "logprobs":
+        count = _typed(place, value, "INT32")
+        if count < 0:
+            raise InvalidRequest(f"{place} must be >= 0 (the n most likely tokens besides the "
+                                 f"chosen one's logprob), got {count}")
+        top = {"num_top_logprobs": _array(count, "INT32")} if count else {}
+        return {"return_log_probs": _array(True, "BOOL"), **top}
+    if name == "logit_bias":
+        if not isinstance(value, dict):
+            raise InvalidRequest(f"{place} must be an object of token id: bias")
+        try:
+            ids = [int(token) for token in value]
+        except ValueError:
+            raise InvalidRequest(f"{place}'s keys must be token ids (decimal integers)") from None
+        biases = [_typed(f"{place}[{token}]", bias, "FP32") for token, bias in value.items()]
+        return {"logit_bias_ids": np.array([ids], np.int32),
+                "logit_bias_values": np.array([biases], np.float32)}
+    if name in NOT_IMPLEMENTED:
+        raise InvalidRequest(f"{place} is not supported by this server")
+    input_name = RENAMED.get(name, name if name in SAME_NAMES else None)
+    if input_name is None:
+        raise InvalidRequest(f"unknown field {place}: it names no input of this model nor "
+                             f"vLLM sampling parameter it takes (docs/TENSORS.md lists them; "
+                             f"over HTTP generate each is a top-level key), so it would be "
+                             f"ignored")
+    tensor = _TENSORS[input_name]
+    if name == "seed" and isinstance(value, int) and -2**63 <= value < 0:
+        value += 2**64  # vLLM's int64 seed, read modulo 2^64 as torch.manual_seed reads it
+    if tensor.dims == (-1,):  # a list: stop words, bad words, stop ids
+        items = [value] if isinstance(value, str) and tensor.dtype == "BYTES" else value
+        if not isinstance(items, list):
+            raise InvalidRequest(f"{place} must be a list")
+        return {input_name: np.array([[_typed(f"{place}[{i}]", item, tensor.dtype)
+                                       for i, item in enumerate(items)]],
+                                     NUMPY[tensor.dtype]).reshape(1, len(items))}
+    return {input_name: _array(_typed(place, value, tensor.dtype), tensor.dtype)}
+
+
+def _typed(place: str, value, dtype: str):
+    """`value` if it has the JSON type the input's `dtype` takes (an integer
+    is a number too; a bool is neither): nothing is converted from text."""
+    if dtype == "BOOL":
+        ok = isinstance(value, bool)
+    elif dtype == "BYTES":
+        ok = isinstance(value, str)
+    elif dtype.startswith("FP"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not np.iinfo(NUMPY[dtype]).min <= value <= np.iinfo(NUMPY[dtype]).max:
+            raise InvalidRequest(f"{place} must be in [{np.iinfo(NUMPY[dtype]).min}, "
+                                 f"{np.iinfo(NUMPY[dtype]).max}], got {value}")
+    if not ok:
+        kind = {"BOOL": "a boolean", "BYTES": "a string"}.get(
+            dtype, "a number" if dtype.startswith("FP") else "an integer")
+        raise InvalidRequest(f"{place} must be {kind}, got {json.dumps(value)}")
+    return value.encode("utf-8") if dtype == "BYTES" else value
+
+
+def _array(value, dtype: str) -> np.ndarray:
+    return np.array([[value]], NUMPY[dtype])

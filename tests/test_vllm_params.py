@@ -1,0 +1,109 @@
+"""vLLM's sampling parameters (Triton's vLLM backend's request) decoded as
+the generate inputs that carry them: the same GenerationRequest as those
+inputs give, every refusal naming its field (no server)."""
+import json
+
+import numpy as np
+import pytest
+
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.triton.generate_io import decode_generate
+
+PROMPT = {"input_ids": np.array([[1, 2]], np.int32)}
+
+
+def as_json(**parameters):
+    return np.array([[json.dumps(parameters).encode()]], dtype=object)
+
+
+def scalar(value, dtype):
+    return np.array([[value]], dtype)
+
+
+def test_every_vllm_name_gives_the_request_its_input_gives():
+    """Each name of the table in docs/TENSORS.md, in the JSON input, decodes
+    as the input that carries it: the same request, field for field."""
+    by_vllm = decode_generate({**PROMPT, "sampling_parameters": as_json(
+        max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
+        frequency_penalty=-0.5, repetition_penalty=1.2, seed=11, stop_token_ids=[5, 6],
+        ignore_eos=True, include_stop_str_in_output=True, skip_special_tokens=False,
+        bad_words=["x y"], prompt_logprobs=2, min_tokens=3, stop=["\n", "END"], logprobs=4,
+        logit_bias={"9": -1.5, "10": 2}, n=1, best_of=None, detokenize=True,
+        exclude_input_in_output=True, stream=True)})
+    by_inputs = decode_generate({
+        **PROMPT, "max_tokens": scalar(7, np.int32), "temperature": scalar(0.5, np.float32),
+        "top_p": scalar(0.9, np.float32), "top_k": scalar(40, np.int32),
+        "min_p": scalar(0.05, np.float32), "presence_penalty": scalar(0.5, np.float32),
+        "frequency_penalty": scalar(-0.5, np.float32),
+        "repetition_penalty": scalar(1.2, np.float32), "seed": scalar(11, np.uint64),
+        "stop_token_ids": np.array([[5, 6]], np.int32), "ignore_eos": scalar(True, bool),
+        "include_stop_str_in_output": scalar(True, bool),
+        "skip_special_tokens": scalar(False, bool),
+        "bad_words": np.array([[b"x y"]], dtype=object), "prompt_logprobs": scalar(2, np.int32),
+        "min_length": scalar(3, np.int32), "stop_words": np.array([[b"\n", b"END"]], object),
+        "return_log_probs": scalar(True, bool), "num_top_logprobs": scalar(4, np.int32),
+        "logit_bias_ids": np.array([[9, 10]], np.int32),
+        "logit_bias_values": np.array([[-1.5, 2.0]], np.float32),
+        "exclude_input_in_output": scalar(True, bool), "stream": scalar(True, bool)})
+    assert by_vllm == by_inputs
+    request = by_vllm.request
+    assert request.sampling.min_tokens == 3 and request.stop_words == ["\n", "END"]
+    assert request.return_log_probs and request.num_top_logprobs == 4
+    assert request.sampling.logit_bias == {9: -1.5, 10: 2.0} and not request.skip_special
+    assert by_vllm.stream and by_vllm.exclude_input_in_output
+
+
+def test_request_parameters_carry_the_names_no_input_has():
+    """Over HTTP generate a key that names no input (``min_tokens``, ``stop``,
+    ``logprobs``) arrives as a request parameter: taken as vLLM's."""
+    decoded = decode_generate(PROMPT, json.dumps({"min_tokens": 2, "stop": "END", "logprobs": 0,
+                                                  "triton_x": 1, "x-request-id": "a"}))
+    request = decoded.request
+    assert request.sampling.min_tokens == 2 and request.stop_words == ["END"]
+    assert request.return_log_probs and request.num_top_logprobs == 0
+    assert decode_generate(PROMPT, {"logprobs": None}).request.return_log_probs is False
+
+
+def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
+    decoded = decode_generate({**PROMPT, "sampling_parameters": as_json(seed=-1)})
+    assert decoded.request.sampling.seed == 2**64 - 1
+
+
+@pytest.mark.parametrize("inputs, parameters, message", [
+    ({"temperature": scalar(0.5, np.float32)}, {"temperature": 0.7},
+     "temperature is given twice: as an input and by a vLLM sampling parameter"),
+    ({"min_length": scalar(1, np.int32)}, {"min_tokens": 2}, "min_length is given twice"),
+    ({}, {"logprobs": 1, "return_log_probs": True}, "unknown field sampling_parameters.return_"),
+    ({}, {"temprature": 0.5}, "unknown field sampling_parameters.temprature: it names no input"),
+    ({}, {"allowed_token_ids": [1]},
+     "sampling_parameters.allowed_token_ids is not supported by this server"),
+    ({}, {"n": 2}, r"sampling_parameters.n must be 1: this server implements no other \(got 2\)"),
+    ({}, {"detokenize": False}, "sampling_parameters.detokenize must be true"),
+    ({}, {"temperature": "0.5"}, 'sampling_parameters.temperature must be a number, got "0.5"'),
+    ({}, {"max_tokens": 8.0}, "sampling_parameters.max_tokens must be an integer, got 8.0"),
+    ({}, {"ignore_eos": 1}, "sampling_parameters.ignore_eos must be a boolean, got 1"),
+    ({}, {"stop": [1]}, r"sampling_parameters.stop\[0\] must be a string, got 1"),
+    ({}, {"top_k": 2**40}, r"sampling_parameters.top_k must be in \[-2147483648, 2147483647\]"),
+    ({}, {"logprobs": -1}, "sampling_parameters.logprobs must be >= 0"),
+    ({}, {"logit_bias": {"a": 1}}, "sampling_parameters.logit_bias's keys must be token ids"),
+    ({}, {"temperature": -1.0}, "temperature"),  # the input's range, checked where it is
+])
+def test_refusals_name_the_field(inputs, parameters, message):
+    with pytest.raises(InvalidRequest, match=message):
+        decoded = decode_generate({**PROMPT, **inputs, "sampling_parameters": as_json(**parameters)})
+        decoded.request.validate(vocab_size=64, max_context=512)
+
+
+@pytest.mark.parametrize("sampling_parameters, message", [
+    (np.array([[b"[1, 2]"]], dtype=object), "must be a JSON object .* got list"),
+    (np.array([[b"{temperature: 1}"]], dtype=object), "must be a JSON object"),
+    (np.array([[b"{}", b"{}"]], dtype=object), "one JSON object per request, got 2"),
+])
+def test_the_json_input_must_be_one_object(sampling_parameters, message):
+    with pytest.raises(InvalidRequest, match=message):
+        decode_generate({**PROMPT, "sampling_parameters": sampling_parameters})
+
+
+def test_a_name_in_the_json_and_the_parameters_is_refused():
+    with pytest.raises(InvalidRequest, match="min_tokens is given twice: as a request parameter"):
+        decode_generate({**PROMPT, "sampling_parameters": as_json(min_tokens=1)}, {"min_tokens": 1})
