@@ -124,8 +124,8 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     the stub's failure, or the request's whole timeout on a hung host). A
     hung host (its tritonserver stopped) costs a shard sent there only its
     target's ``late_after``, not the request's 10 s timeout: the shard is
-    sampled elsewhere, the host left out. The server's stop then removes the
-    dead stub's region too."""
+    sampled elsewhere, and the host left out once late twice in a row. The
+    server's stop then removes the dead stub's region too."""
     from simple_sampler.triton.sampler_client import SamplerClient
     from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
 
@@ -143,10 +143,12 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
         try:
             sent = time.monotonic()  # its shard waits for it only until it is late
             assert pool_step(pool, 4096, seed=9) == ([0, 8], True)
-            late_s = time.monotonic() - sent
+            up_after_one = pool.targets[0].is_up(time.monotonic())
+            assert pool_step(pool, 4096, seed=10) == ([0, 8], True)  # late twice in a row: down
+            late_s = (time.monotonic() - sent) / 2
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        assert not pool.targets[0].is_up(time.monotonic())
+        assert up_after_one and not pool.targets[0].is_up(time.monotonic())
         stub = [s for s in list_stubs(server.process.pid) if s.model == "simple_sampler"][0]
         os.kill(stub.pid, signal.SIGSTOP)
         try:

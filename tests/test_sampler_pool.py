@@ -213,55 +213,94 @@ def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
 
 class Hanging(Sampler):
     """A remote host's sampler that answers at once but hangs every call
-    while `hanging` is set (until `release`, or 5 s: a request's timeout)."""
+    while `hanging` is set: until `release` (then it answers, late, or fails
+    if `fail`), or 5 s (a request's timeout: it fails)."""
 
     def __init__(self):
         super().__init__()
-        self.hanging, self.release, self.hung = False, threading.Event(), 0
+        self.hanging, self.fail, self.release, self.hung = False, False, threading.Event(), 0
 
     def __call__(self, inputs):
         if self.hanging:
             self.hung += 1
-            self.release.wait(5)
-            raise SamplerCallError("Deadline Exceeded")
+            if not self.release.wait(5) or self.fail:
+                raise SamplerCallError("Deadline Exceeded")
         return super().__call__(inputs)
 
 
-def hanging_pool():
+#: a request of one row: its late limit is its kind's, unscaled
+ONE_ROW = {"logits": np.zeros((1, VOCAB), np.float32)}
+
+
+def hanging_pool(capacity=1):
     hanging, healthy, retries = Hanging(), Sampler(), []
-    pool = SamplerPool([SamplerTarget("remote", hanging, 2, probe=lambda: True),
+    pool = SamplerPool([SamplerTarget("remote", hanging, capacity, probe=lambda: True),
                         SamplerTarget("local", healthy, 2)],
                        on_retry=lambda: retries.append(1), probe_after_s=60, min_rows=1)
     for seed in range(3):  # its answers' time learnt: the floor, LATE_FLOOR_S
         step(pool, seed=seed)
-    assert pool.targets[0].late_after() == LATE_FLOOR_S and sum(hanging.rows) == 18
+    assert pool.targets[0].late_after(ONE_ROW) == LATE_FLOOR_S and hanging.rows
     hanging.hanging = True
     return pool, hanging, healthy, retries
 
 
-def test_a_remote_host_that_hangs_a_call_costs_its_shard_the_late_limit_not_the_timeout():
-    """A shard a remote target has not answered within its ``late_after``
-    goes to another target that is up (the same rows: the same tokens), and
-    the late target is left out as a failed one is; its call is abandoned."""
-    pool, hanging, healthy, retries = hanging_pool()
+def timed_step(pool, seed):
+    started = time.monotonic()
+    tokens, expected = step(pool, seed=seed)
+    took = time.monotonic() - started
+    assert tokens.tolist() == expected.tolist()  # the late shard sampled elsewhere: the same
+    assert took < 2.5, f"{took:.2f} s: the shard waited for the hung call's timeout"
+
+
+def test_a_late_shard_goes_elsewhere_and_a_second_late_in_a_row_marks_its_target_down():
+    """A shard a remote target has not answered within its ``late_after`` is
+    sent to another target that is up (the same rows: the same tokens), its
+    call left running; the target stays up after one late (a slow answer is
+    not a failure) and is left out as a failed one after two in a row."""
+    pool, hanging, _, retries = hanging_pool()
     try:
-        started = time.monotonic()
-        tokens, expected = step(pool, seed=7)
-        took = time.monotonic() - started
-        assert tokens.tolist() == expected.tolist()
-        assert hanging.hung == 2 and len(retries) == 2  # both its shards sent again
+        timed_step(pool, seed=7)
+        assert hanging.hung == 1 and len(retries) == 1
+        assert pool.targets[0].is_up(time.monotonic()) and pool.targets[0].lates == 1
+        timed_step(pool, seed=8)
+        assert hanging.hung == 2 and len(retries) == 2
         assert pool.targets[0].down_until > time.monotonic() + 50 and not pool.targets[0].answered
-        assert took < 2.5, f"{took:.2f} s: the shards waited for the hung calls' timeout"
-        assert sum(healthy.rows[-4:]) == 12
     finally:
         hanging.release.set()
 
 
+def test_a_late_calls_own_failure_marks_its_target_down():
+    pool, hanging, _, _ = hanging_pool()
+    hanging.fail = True
+    timed_step(pool, seed=7)
+    assert pool.targets[0].is_up(time.monotonic())
+    hanging.release.set()  # the late call fails now: its target is marked down
+    deadline = time.monotonic() + 5
+    while pool.targets[0].down_until < time.monotonic() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.targets[0].down_until > time.monotonic() + 50
+
+
+def test_a_late_answer_is_not_counted_into_the_answer_times():
+    """Karn's rule: an answer nobody waited for says nothing of the next one's
+    time (counted, a host that answered its hung calls late would hold every
+    later shard about as long)."""
+    pool, hanging, _, _ = hanging_pool()
+    timed_step(pool, seed=7)
+    time.sleep(0.5)
+    hanging.release.set()  # the late call answers, 0.5 s late
+    deadline = time.monotonic() + 5
+    while len(hanging.rows) < 4 and time.monotonic() < deadline:  # 3 warm-up answers, then it
+        time.sleep(0.01)
+    assert len(hanging.rows) == 4 and pool.targets[0].late_after(ONE_ROW) == LATE_FLOOR_S
+
+
 def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends_it_again():
     """``send_now`` (the data-plane thread's path) waits for a remote shard
-    only until its ``late_after``: None, the target marked down, and the
-    event loop's ``send`` samples the rows elsewhere."""
-    pool, hanging, _, retries = hanging_pool()
+    only until its ``late_after`` when another target is up: None (two
+    shards late in a row: the target marked down), and the event loop's
+    ``send`` samples the rows elsewhere."""
+    pool, hanging, _, retries = hanging_pool(capacity=2)
     rows = torch.randn(12, VOCAB)
     batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(12)])
     try:
@@ -277,9 +316,10 @@ def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends
         pool.close()
 
 
-def test_a_lone_remote_target_late_is_waited_for_rather_than_dropped():
+@pytest.mark.parametrize("path", ["send", "send_now"])
+def test_a_lone_remote_target_late_is_waited_for_rather_than_dropped(path):
     """With no other target up, a late call is still the shard's best hope:
-    its answer is awaited, not abandoned."""
+    its answer is awaited, on either path, not abandoned."""
     slow = Sampler()
 
     def call(inputs):
@@ -287,23 +327,36 @@ def test_a_lone_remote_target_late_is_waited_for_rather_than_dropped():
         return slow(inputs)
 
     target = SamplerTarget("remote", call, 1, probe=lambda: True)
-    target.answer_s, target.answer_spread_s = 0.01, 0.0  # its usual answers: fast
+    target.times[True].observe(0.01, ONE_ROW["logits"].nbytes)  # its usual answers: fast
     pool = SamplerPool([target], min_rows=1)
-    tokens, expected = step(pool, rows=4)
-    assert tokens.tolist() == expected.tolist() and target.failures == 0
-    assert target.late_after() > LATE_FLOOR_S  # the slow answer counted in
+    rows = torch.randn(4, VOCAB)
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(4)])
+    if path == "send":
+        tokens = asyncio.run(pool(rows, batch))[0]
+    else:
+        tokens = pool.send_now({"logits": rows.numpy()}, batch)["output_ids"]
+    assert tokens.tolist() == sample(rows.numpy(), batch, return_logprobs=False).token_ids.tolist()
+    assert target.failures == 0 and target.lates == 0
+    assert target.late_after(ONE_ROW) > LATE_FLOOR_S  # the slow answer counted in
+    pool.close()
 
 
-def test_late_after_follows_the_answers_times():
-    """RFC 6298's timeout over the answers' times; none for this server's
-    own instances (their calls may read the arena's slot: never abandoned)."""
+def test_late_after_follows_each_kinds_answer_times():
+    """RFC 6298's estimator over the answers' times, full rows and compact
+    ones apart, a larger request than usual given time in proportion; none
+    for this server's own instances (their calls may read the arena's slot:
+    never abandoned)."""
     local = SamplerTarget("local", Sampler(), 1)
+    shared = SamplerTarget("shared", Sampler(), 1, probe=lambda: True, shares_memory=True)
     remote = SamplerTarget("remote", lambda inputs: {}, 1, probe=lambda: True)
-    assert local.late_after() is None and remote.late_after() == LATE_FIRST_S
-    remote.timed_call({})
-    assert remote.late_after() == LATE_FLOOR_S  # a fast first answer: the floor
-    remote.answer_s, remote.answer_spread_s, remote.request_bytes = 0.5, 0.1, 1000.0
-    assert remote.late_after() == pytest.approx(0.9)
+    compact = {"hot_logits": np.zeros(4, np.float32)}
+    assert local.late_after(ONE_ROW) is None and shared.late_after(ONE_ROW) is None
+    assert remote.late_after(ONE_ROW) == LATE_FIRST_S == remote.late_after(compact)
+    remote.timed_call(compact)
+    assert remote.late_after(compact) == LATE_FLOOR_S  # a fast first answer: the floor
+    assert remote.late_after(ONE_ROW) == LATE_FIRST_S  # full rows: none answered yet
+    times = remote.times[True]
+    times.answer_s, times.spread_s, times.request_bytes = 0.5, 0.1, 1000.0
     small, large = {"logits": np.zeros(250, np.float32)}, {"logits": np.zeros(750, np.float32)}
     assert remote.late_after(small) == pytest.approx(0.9)  # never less than its usual
     assert remote.late_after(large) == pytest.approx(2.7)  # three times its usual bytes

@@ -19,11 +19,12 @@ instance, a server that went away, a timeout) is sent again at once to
 another target that is up, and the target that failed is marked down for
 ``probe_after_s``; after that it is tried again with the next step's rows
 (and marked down again if it still fails), a remote one once its readiness
-probe has answered (``sampler_targets.SamplerTarget``). A remote target
-that has not answered a shard within its ``late_after`` (a few times its
-answers' usual time) is treated so too, its call abandoned, where another
-target is up: a host that hangs some requests costs each of them that, not
-the request's whole timeout. When no other
+probe has answered (``sampler_targets.SamplerTarget``). A shard a remote
+target has not answered within its ``late_after`` (its answers' usual time
+and spread) is sent again at once to another target that is up, the late
+call left running, its answer unread: a host that hangs some requests costs
+each of them that, not the request's whole timeout. Two lates in a row, or
+the late call's failure, mark the target down. When no other
 target is up the shard waits (backoff from RETRY_FIRST_S, doubling to
 RETRY_MAX_S) and goes to the target that will be back soonest, until
 ``deadline_s`` has passed. A shard the sampler refused (INVALID_ARG: the rows
@@ -35,8 +36,10 @@ the same token on whichever target samples it, however often it is sent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -51,8 +54,8 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
 from ..schema import TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
-from .sampler_targets import (PROBE_AFTER_S, REMOTE_TIMEOUT_S, RemoteSampler, SamplerCall,
-                              SamplerCallError, SamplerTarget)
+from .sampler_targets import (LATE_STRIKES, PROBE_AFTER_S, REMOTE_TIMEOUT_S, RemoteSampler,
+                              SamplerCall, SamplerCallError, SamplerTarget)
 
 log = logging.getLogger(__name__)
 #: Full rows per shard at least with one lane: a row's kernel (tens to
@@ -93,6 +96,7 @@ class SamplerPool:
     #: the threads that send ``send_now``'s shards after its first, and every
     #: remote shard (made on first use)
     helpers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _helpers_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     #: the rows' top logprobs come back (serving/samplers.SampleResult)
     gives_top_logprobs = True
@@ -184,20 +188,26 @@ class SamplerPool:
                      for part, (_, a, b) in zip(parts, shards)]
         limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
-        calls = [self._helpers().submit(_answer, target.timed_call, part)
-                 for (target, _, _), part in zip(shards[here:], parts[here:])]
+        left = [threading.Event() for _ in shards]  # set: abandoned as late
+        calls = [self._helpers().submit(_answer, target.timed_call, part, abandoned)
+                 for (target, _, _), part, abandoned in zip(shards[here:], parts[here:], left[here:])]
         answers = [_answer(shards[0][0].timed_call, parts[0])] if here else []
         remote = [(call, limit) for call, limit in zip(calls, limits[here:]) if limit is not None]
         wait([call for call, _ in remote], timeout=max((limit for _, limit in remote), default=0))
-        answers += [call.result() if limit is None or call.done() else SamplerCallError(
-            f"{target.name}: no answer within {limit * 1e3:.0f} ms")
-            for call, (target, _, _), limit in zip(calls, shards[here:], limits[here:])]
+        for call, (target, _, _), limit, abandoned in zip(calls, shards[here:], limits[here:],
+                                                          left[here:]):
+            if limit is None or call.done() or not self._others_up(target):
+                answers.append(call.result())  # a slow answer beats none
+                continue
+            abandoned.set()
+            call.add_done_callback(functools.partial(self._abandoned_end, target))
+            answers.append(SamplerCallError(f"{target.name}: no answer within "
+                                            f"{limit * 1e3:.0f} ms", late=True))
         for (target, _, _), answer in zip(shards, answers):
             if isinstance(answer, SamplerCallError):
                 if not answer.retryable:
                     raise answer
-                self._mark_down(target, answer)
-                self.on_retry()
+                self._failed(target, answer)
         if any(isinstance(answer, SamplerCallError) for answer in answers):
             return None
         for target, a, b in shards:
@@ -205,25 +215,31 @@ class SamplerPool:
         return _per_row(answers, len(batch))
 
     def close(self) -> None:
-        """Stop the pool's threads (idle once the decode loop has stopped, but
-        for late calls, each left to end within REMOTE_TIMEOUT_S)."""
-        if self.helpers is not None:
-            self.helpers.shutdown(wait=False)
+        """Stop the pool's threads (idle once the decode loop has stopped) and
+        close the remote targets' clients, which ends a call left late."""
+        with self._helpers_lock:
+            if self.helpers is not None:
+                self.helpers.shutdown(wait=False, cancel_futures=True)
+        for target in self.targets:
+            if hasattr(target.call, "close"):
+                target.call.close()
 
     def _helpers(self) -> ThreadPoolExecutor:
-        """``helpers``: a thread per capacity slot, since a step has at most
-        one shard per slot (``shards``), and room for the late calls of the
-        remote slots, each holding its thread until it ends (within
-        REMOTE_TIMEOUT_S): a late target is left out for probe_after_s at
-        least, so at most that many rounds of them (threads are made only
-        as needed)."""
-        if self.helpers is None:
-            slots = sum(target.capacity for target in self.targets)
-            remote = sum(target.capacity for target in self.targets if target.probe is not None)
-            rounds = math.ceil(REMOTE_TIMEOUT_S / max(self.probe_after_s, 1e-3))
-            self.helpers = ThreadPoolExecutor(slots + rounds * remote,
-                                              thread_name_prefix="sampler-shard")
-        return self.helpers
+        """``helpers``: a thread per capacity slot and lane, since a lane's
+        step has at most one shard per slot (``shards``), and room for the
+        late calls of the remote slots, each holding its thread until it
+        ends (within REMOTE_TIMEOUT_S; threads are made only as needed): a
+        target is marked down by its second late in a row, or its late
+        call's failure, and left out for probe_after_s at least."""
+        with self._helpers_lock:  # asked from the event loop and the data-plane thread
+            if self.helpers is None:
+                slots = sum(target.capacity for target in self.targets)
+                remote = sum(target.capacity for target in self.targets
+                             if target.probe is not None)
+                rounds = LATE_STRIKES * math.ceil(REMOTE_TIMEOUT_S / max(self.probe_after_s, 1e-3))
+                self.helpers = ThreadPoolExecutor(max(1, self.lanes) * (slots + rounds * remote),
+                                                  thread_name_prefix="sampler-shard")
+            return self.helpers
 
     @staticmethod
     def _arrays(rows: dict[str, np.ndarray], batch: SamplingBatch,
@@ -272,8 +288,7 @@ class SamplerPool:
             except SamplerCallError as error:
                 if not error.retryable or loop.time() > deadline:
                     raise
-                self._mark_down(target, error)
-                self.on_retry()
+                self._failed(target, error)
                 others = self._others_up(target)
                 if others:
                     target = max(others, key=lambda t: t.capacity)
@@ -288,25 +303,52 @@ class SamplerPool:
             return outputs
 
     async def _call(self, target: SamplerTarget, inputs: dict[str, np.ndarray]):
-        """``target``'s answer, called in a thread; raises SamplerCallError
-        where the call is late (``SamplerTarget.late_after``) and another
-        target is up to take the shard (the late call is left to finish on
-        its own, its answer unread, in a thread of the pool's: not one the
-        event loop's other work waits for). With no other target up it keeps
-        waiting: a slow answer beats none."""
+        """``target``'s answer, called in a thread; raises a late
+        SamplerCallError where it has not answered within its ``late_after``
+        and another target is up to take the shard (the late call is left
+        running on a thread of the pool's, not one the event loop's other
+        work waits for; its end is ``_abandoned_end``). With no other target
+        up it keeps waiting: a slow answer beats none."""
         late = target.late_after(inputs)
-        call = asyncio.get_running_loop().run_in_executor(
-            None if late is None else self._helpers(), target.timed_call, inputs)
+        if late is None:
+            return await asyncio.to_thread(target.timed_call, inputs)
+        abandoned = threading.Event()
+        running = self._helpers().submit(target.timed_call, inputs, abandoned)
+        call = asyncio.wrap_future(running)
         try:
-            while late is not None and not (await asyncio.wait({call}, timeout=late))[0]:
+            while not (await asyncio.wait({call}, timeout=late))[0]:
                 if self._others_up(target):
-                    call.add_done_callback(_unread)
+                    abandoned.set()  # its end, in its own thread: whether the loop runs or not
+                    running.add_done_callback(functools.partial(self._abandoned_end, target))
+                    call.add_done_callback(_retrieved)
                     raise SamplerCallError(f"{target.name}: no answer within "
-                                           f"{late * 1e3:.0f} ms")
+                                           f"{late * 1e3:.0f} ms", late=True)
             return await call
         except asyncio.CancelledError:
             call.cancel()
             raise
+
+    def _failed(self, target: SamplerTarget, error: SamplerCallError) -> None:
+        """A shard's call failed or was late: its shard is sent again; the
+        target is marked down unless it was only late, and not twice in a
+        row (a late call's own failure marks it down then)."""
+        self.on_retry()
+        if error.late and not target.struck_late():
+            log.info("sampler %s was late (%s); its shard went elsewhere", target.name, error)
+            return
+        self._mark_down(target, error)
+
+    def _abandoned_end(self, target: SamplerTarget, call) -> None:
+        """A late call's end (an asyncio or a concurrent future): its failure
+        marks the target down; an error of ours is logged, not lost."""
+        if call.cancelled():
+            return
+        outcome = call.exception() or call.result()
+        if isinstance(outcome, SamplerCallError):
+            if outcome.retryable:
+                self._mark_down(target, outcome)
+        elif isinstance(outcome, BaseException):
+            log.error("a late call to sampler %s raised", target.name, exc_info=outcome)
 
     def _others_up(self, target: SamplerTarget) -> list[SamplerTarget]:
         now = time.monotonic()
@@ -325,17 +367,17 @@ class SamplerPool:
                     "%.1f s", target.name, error, self.probe_after_s)
 
 
-def _unread(call: asyncio.Future) -> None:
-    """A late call's end: its failure is not news (its target is marked
-    down already), and not a "never retrieved" warning either."""
+def _retrieved(call: asyncio.Future) -> None:
+    """An abandoned call's asyncio side: its exception is its concurrent
+    future's to report (``_abandoned_end``), not "never retrieved"."""
     if not call.cancelled():
         call.exception()
 
 
-def _answer(call: SamplerCall, inputs: dict[str, np.ndarray]):
+def _answer(call: SamplerCall, *arguments):
     """A shard's outputs, or the SamplerCallError it failed with."""
     try:
-        return call(inputs)
+        return call(*arguments)
     except SamplerCallError as error:
         return error
 

@@ -28,11 +28,14 @@ PROBE_AFTER_S = 2.0
 REMOTE_TIMEOUT_S = 10.0
 #: How long a failed remote endpoint's readiness probe waits for an answer.
 PROBE_TIMEOUT_S = 1.0
-#: A remote call is late (its shard sent elsewhere: ``SamplerTarget.late_after``)
-#: past its answers' smoothed time plus LATE_SPREADS of their mean deviation,
-#: RFC 6298's retransmission timeout (K = 4, gains 1/8 and 1/4), but never
-#: before LATE_FLOOR_S; LATE_FIRST_S until it has answered once.
-LATE_SPREADS, LATE_FLOOR_S, LATE_FIRST_S = 4.0, 0.2, PROBE_TIMEOUT_S
+#: A remote call is late past its kind's answers' smoothed time plus
+#: LATE_SPREADS of their mean deviation (RFC 6298's estimator: K = 4, gains
+#: 1/8 and 1/4, fed only by calls answered in time, Karn's rule), but never
+#: before LATE_FLOOR_S; LATE_FIRST_S until that kind was answered once. A late
+#: call's shard is sent again elsewhere, the late call left running, its
+#: answer unread (a hedge); LATE_STRIKES lates in a row, or the late call's
+#: failure, mark the target down.
+LATE_SPREADS, LATE_FLOOR_S, LATE_FIRST_S, LATE_STRIKES = 4.0, 0.2, PROBE_TIMEOUT_S, 2
 _ANSWER_GAIN, _SPREAD_GAIN = 1 / 8, 1 / 4
 
 
@@ -41,9 +44,38 @@ class SamplerCallError(RuntimeError):
     refused the rows themselves (INVALID_ARG): a dead or reloading instance,
     a transport error or a timeout are worth sending again."""
 
-    def __init__(self, message: str, retryable: bool = True):
+    def __init__(self, message: str, retryable: bool = True, late: bool = False):
         super().__init__(message)
         self.retryable = retryable
+        #: no answer within the target's ``late_after``: the call left running
+        self.late = late
+
+
+class AnswerTimes:
+    """How long one kind of request to a target takes to be answered (full
+    rows, or compact ones, thousands of times smaller), and how large its
+    requests are: ``limit``."""
+
+    def __init__(self):
+        self.answer_s = self.spread_s = self.request_bytes = 0.0  # 0: none yet
+        self._lock = threading.Lock()  # answers come from several threads
+
+    def observe(self, took: float, size: int) -> None:
+        with self._lock:
+            if not self.answer_s:
+                self.answer_s, self.spread_s, self.request_bytes = took, took / 2, size
+                return
+            self.spread_s += _SPREAD_GAIN * (abs(took - self.answer_s) - self.spread_s)
+            self.answer_s += _ANSWER_GAIN * (took - self.answer_s)
+            self.request_bytes += _ANSWER_GAIN * (size - self.request_bytes)
+
+    def limit(self, size: int) -> float:
+        """When a request of `size` bytes is late: a larger one than usual
+        (a step of more rows) is given time in proportion."""
+        if not self.answer_s:
+            return LATE_FIRST_S
+        larger = size / self.request_bytes if self.request_bytes else 1.0
+        return max(LATE_FLOOR_S, (self.answer_s + LATE_SPREADS * self.spread_s) * max(1.0, larger))
 
 
 #: call(inputs) -> outputs: one synchronous request for some rows (inputs by
@@ -81,42 +113,41 @@ class SamplerTarget:
     _probe_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
                                         compare=False)
     _probe_failure: str = field(default="", init=False, repr=False, compare=False)
-    #: its answers' smoothed time and mean deviation, s, and its requests'
-    #: smoothed size, bytes (0: none yet): ``late_after``
-    answer_s: float = 0.0
-    answer_spread_s: float = 0.0
-    request_bytes: float = 0.0
+    #: its answers' times, by kind (full rows or not): ``late_after``
+    times: dict = field(default_factory=lambda: {True: AnswerTimes(), False: AnswerTimes()},
+                        repr=False, compare=False)
+    #: calls late in a row (``struck_late``)
+    lates: int = 0
 
-    def timed_call(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``call(inputs)``, its answer's time counted into ``late_after``."""
+    def timed_call(self, inputs: dict[str, np.ndarray],
+                   abandoned: threading.Event | None = None) -> dict[str, np.ndarray]:
+        """``call(inputs)``, its answer's time counted into ``late_after``
+        unless the call was `abandoned` as late meanwhile (Karn's rule: the
+        time of an answer nobody waited for says nothing of the next)."""
         started = time.monotonic()
         outputs = self.call(inputs)
-        took, size = time.monotonic() - started, request_size(inputs)
-        if not self.answer_s:
-            self.answer_s, self.answer_spread_s, self.request_bytes = took, took / 2, size
-        else:
-            self.answer_spread_s += _SPREAD_GAIN * (abs(took - self.answer_s)
-                                                    - self.answer_spread_s)
-            self.answer_s += _ANSWER_GAIN * (took - self.answer_s)
-            self.request_bytes += _ANSWER_GAIN * (size - self.request_bytes)
+        if abandoned is None or not abandoned.is_set():
+            self.times["logits" in inputs].observe(time.monotonic() - started,
+                                                   request_size(inputs))
+            self.lates = 0
         return outputs
 
-    def late_after(self, inputs: dict[str, np.ndarray] | None = None) -> float | None:
-        """How long a call (of `inputs`) may go unanswered before its shard
-        is sent to another target that is up, this one marked down as if it
-        had failed (``SamplerPool``): a host that hangs some requests costs
-        each of them this, not the request's whole timeout (REMOTE_TIMEOUT_S).
-        A request larger than its usual ones (full rows where compact ones
-        were the rule) is given time in proportion. None for a target
-        without a probe (this server's own instances, whose calls may be
-        reading the step's slot of the row arena: never abandoned)."""
-        if self.probe is None:
+    def late_after(self, inputs: dict[str, np.ndarray]) -> float | None:
+        """How long a call of `inputs` may go unanswered before its shard is
+        sent again to another target that is up (``SamplerPool``): a host
+        that hangs some requests costs each of them this, not the request's
+        whole timeout (REMOTE_TIMEOUT_S). None for a target without a probe
+        or that shares the arena (this server's own instances, whose calls
+        may be reading the step's slot: never abandoned)."""
+        if self.probe is None or self.shares_memory:
             return None
-        if not self.answer_s:
-            return LATE_FIRST_S
-        larger = request_size(inputs) / self.request_bytes if inputs and self.request_bytes else 1
-        return max(LATE_FLOOR_S, (self.answer_s + LATE_SPREADS * self.answer_spread_s)
-                   * max(1.0, larger))
+        return self.times["logits" in inputs].limit(request_size(inputs))
+
+    def struck_late(self) -> bool:
+        """A call to it was late: whether that makes LATE_STRIKES in a row
+        (then it is marked down, as a failed target is)."""
+        self.lates += 1
+        return self.lates >= LATE_STRIKES
 
     def is_up(self, now: float) -> bool:
         if self.down_until > now:
@@ -173,6 +204,9 @@ class RemoteSampler:
         self.url, self.model, self.timeout_s, self.hot_set = url, model, timeout_s, hot_set
         self.vocab_size = vocab_size
         self._local = threading.local()
+        #: every thread's client, closed by ``close``
+        self._clients: list[SamplerClient] = []
+        self._clients_lock = threading.Lock()
         self._probe_client = None
         #: the one row of zero logits ``ready`` has sampled (``probe_row``);
         #: None until the endpoint's configuration was read
@@ -184,7 +218,16 @@ class RemoteSampler:
             from .sampler_client import SamplerClient
 
             client = self._local.client = SamplerClient(self.url, "grpc", self.model)
+            with self._clients_lock:
+                self._clients.append(client)
         return client
+
+    def close(self) -> None:
+        """Close its clients: a call still running (one left late) ends now."""
+        with self._clients_lock:
+            clients, self._clients = self._clients + [self._probe_client], []
+        for client in filter(None, clients):
+            client.close()
 
     def configuration(self) -> dict | None:
         """The model's configuration there (Triton's JSON), None when it
