@@ -355,6 +355,22 @@ def test_stop_word_ends_generation_and_is_never_emitted():
     assert all("d" not in e.text for e in events) and events[-1].num_output_tokens == 5
 
 
+def test_a_stop_word_within_min_tokens_ends_nothing_as_in_vllm():
+    """vLLM checks stop strings only once a generation has min_tokens tokens
+    (its detokenizer's ``update``): "c" (token 2) does not stop a request of
+    min_tokens 2, "cd" (ending at token 3) does."""
+    short = SamplingParams(temperature=0.0, min_tokens=2)
+    (unstopped, spanning, plain), _ = generate(FakeEngine(), [
+        GenerationRequest(text="a", max_tokens=5, sampling=short, stop_words=["c"]),
+        GenerationRequest(text="a", max_tokens=5, sampling=short, stop_words=["cd"]),
+        GenerationRequest(text="a", max_tokens=5, sampling=GREEDY, stop_words=["c"])],
+        mode="simple", sampler=threaded())
+    assert text_of(unstopped) == "bcdef" and unstopped[-1].finish_reason == "length"
+    assert text_of(spanning) == "b" and spanning[-1].finish_reason == "stop"
+    assert spanning[-1].num_output_tokens == 3
+    assert text_of(plain) == "b" and plain[-1].num_output_tokens == 2
+
+
 def test_a_stop_kept_when_asked_ends_the_text():
     """include_stop: the stop word ends the text, and a stop id's text is
     kept (vLLM's include_stop_str_in_output); an end id, special, has none."""

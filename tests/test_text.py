@@ -210,6 +210,21 @@ def test_stop_matcher_holds_only_possible_prefixes():
     assert matcher.flush() == ""
 
 
+def test_text_fed_unarmed_ends_no_stop_word_but_may_begin_one():
+    """min_tokens' text (fed unarmed) ends no stop string; one that begins
+    there and ends in later text stops the stream, as vLLM checks only the
+    text past min_tokens for a stop string's end."""
+    whole = StopMatcher(["ab"])
+    assert whole.feed("ab", armed=False) == ("ab", False)
+    assert whole.feed("xab") == ("x", True)
+    spanning = StopMatcher(["abc"])
+    assert spanning.feed("ab", armed=False) == ("", False)  # a possible prefix: held
+    assert spanning.feed("c") == ("", True)
+    held = StopMatcher(["bc"], include=True)
+    assert held.feed("abc", armed=False) == ("abc", False)
+    assert held.feed("dbc") == ("dbc", True)
+
+
 def test_bad_words_ids(codec):
     ids = codec.bad_words_ids(["Paris", " Paris"])
     assert [codec.decode(i) for i in ids] == ["Paris", " Paris"]

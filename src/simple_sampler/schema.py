@@ -189,7 +189,8 @@ GENERATE_INPUTS = (
             "generation_config.json's)", "a token id: the one end id"),
     IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",
-            allowed=">= 0: the end ids and stop_token_ids are banned until reached"),
+            allowed=">= 0: the end ids and stop_token_ids are banned until reached, and a "
+                    "stop word ending within those tokens ends nothing (vLLM's min_tokens)"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
     PROMPT_LOGPROBS,

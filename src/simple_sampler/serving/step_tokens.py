@@ -197,7 +197,7 @@ class StepTokens:
         if not ended or sequence.request.include_stop:  # a stop id's text: only if asked
             text = sequence.detokenizer.push_token(token)
             if sequence.stop.stop_words:  # without any, feed() returns the text as it is
-                text, stopped = sequence.stop.feed(text)
+                text, stopped = sequence.stop.feed(text, generated > sequence.params.min_tokens)
         if ended or stopped or generated >= sequence.max_tokens:
             sequence.generated = generated
             self._last(sequence, token, logprob, text, ended or stopped, stopped, top_row)
@@ -218,7 +218,8 @@ class StepTokens:
         end or stop id, or a stop string: `stopped`) or its length. The
         held-back text is released unless a stop string cut it."""
         if not stopped:
-            tail, stopped = sequence.stop.feed(sequence.detokenizer.flush())
+            tail, stopped = sequence.stop.feed(sequence.detokenizer.flush(),
+                                               sequence.generated > sequence.params.min_tokens)
             text += tail + sequence.stop.flush()
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
                             text=text, token_ids=[token], logprobs=[logprob],

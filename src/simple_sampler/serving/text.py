@@ -305,7 +305,11 @@ class StopMatcher:
     it, or after it with `include` (vLLM's include_stop_str_in_output).
 
     ``feed`` returns the text that is safe to emit and whether a stop string
-    was found; after a stop nothing more is emitted.
+    was found; after a stop nothing more is emitted. Text fed unarmed (the
+    tokens of a generation short of its min_tokens) ends no match: a stop
+    string ends the stream only where it ends in text fed armed, as vLLM's
+    detokenizer checks its stop strings only past min_tokens
+    (vllm/v1/engine/detokenizer.py, ``BaseIncrementalDetokenizer.update``).
     """
 
     def __init__(self, stop_words: Sequence[str] = (), include: bool = False):
@@ -316,16 +320,21 @@ class StopMatcher:
         self.include = include
         self.held = ""
         self.stopped = False
+        #: the length of `held`'s start no match may end in (text fed unarmed)
+        self.unarmed = 0
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """``(text to emit, stopped)`` after appending ``text`` to the stream."""
+    def feed(self, text: str, armed: bool = True) -> tuple[str, bool]:
+        """``(text to emit, stopped)`` after appending ``text`` to the stream;
+        unless `armed`, ``text`` ends no stop string."""
         if self.stopped:
             return "", True
         if not self.stop_words:  # the common case: nothing to hold back
             return text, False
         self.held += text
-        found = [(i + len(w), i) for i, w in ((self.held.find(w), w) for w in self.stop_words)
-                 if i >= 0]
+        if not armed:
+            self.unarmed = len(self.held)
+        found = [self._match(word) for word in self.stop_words] if armed else []
+        found = [match for match in found if match is not None]
         if found:
             # the first to end, then the first to begin: the word a stream fed
             # a character at a time meets first, however its tokens split it
@@ -338,7 +347,14 @@ class StopMatcher:
         keep = max((k for w in self.stop_words for k in range(1, len(w))
                     if self.held.endswith(w[:k])), default=0)
         emit, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        self.unarmed = max(0, self.unarmed - len(emit))
         return emit, False
+
+    def _match(self, word: str) -> tuple[int, int] | None:
+        """(end, start) in `held` of `word`'s first occurrence that ends past
+        the unarmed text, or None."""
+        start = self.held.find(word, max(0, self.unarmed - len(word) + 1))
+        return None if start < 0 else (start + len(word), start)
 
     def flush(self) -> str:
         """The held-back tail, at the end of a stream that did not stop."""
