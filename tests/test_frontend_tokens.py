@@ -35,7 +35,8 @@ def bos_codec(codec):
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
     tokenizer.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
                                "{% if add_generation_prompt %}assistant:{% endif %}"
-                               "{% if shout %}!{% endif %}")
+                               "{% if shout %}!{% endif %}{% for tag in tags or [] %}#{{ tag }}"
+                               "{% endfor %}")
     return TextCodec(tokenizer)
 
 
@@ -132,6 +133,18 @@ BAD = [
      "chat_template_kwargs", "may not set tokenize"),
     ("/tokenize", {"messages": TURNS, "chat_template_kwargs": {"chat_template": "x"}}, 400,
      "chat_template_kwargs", "may not set chat_template"),
+    # what transformers' renderer passes the template itself (a second
+    # messages= was a TypeError, a 500) and the functions it gives it
+    ("/v1/chat/completions", chat(chat_template_kwargs={"messages": []}), 400,
+     "chat_template_kwargs", "may not set messages"),
+    ("/tokenize", {"messages": TURNS, "chat_template_kwargs": {"messages": []}}, 400,
+     "chat_template_kwargs", "may not set messages"),
+    ("/v1/chat/completions", chat(chat_template_kwargs={"raise_exception": 1}), 400,
+     "chat_template_kwargs", "may not set raise_exception"),
+    ("/v1/chat/completions", chat(chat_template_kwargs={"strftime_now": "x", "tools": []}), 400,
+     "chat_template_kwargs", "may not set strftime_now, tools"),
+    ("/v1/chat/completions", chat(chat_template_kwargs={"add_generation_prompt": False}), 400,
+     "chat_template_kwargs", "may not set add_generation_prompt"),
     ("/v1/chat/completions", chat(chat_template_kwargs=[1]), 400, "chat_template_kwargs",
      "should be an object"),
     ("/v1/chat/completions", chat(add_generation_prompt=None), 400, "add_generation_prompt",
@@ -160,6 +173,23 @@ def test_a_bad_request_names_its_field(client, recorder, path, body, status, par
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and text in error["message"], error
+    assert recorder.plans == []
+
+
+def test_a_template_variable_of_the_wrong_type_is_a_400(bos_codec, recorder):
+    """A template failing on a variable's value (here iterating an int: a
+    TypeError) is the client's: a 400 naming chat_template_kwargs, as vLLM
+    answers it, not a 500."""
+    client = door(bos_codec, recorder)
+    body = chat(messages=[{"role": "user", "content": "hi"}])
+    for path in ("/v1/chat/completions", "/tokenize"):
+        response = post(client, path, {**body, "chat_template_kwargs": {"tags": 1}})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "chat_template_kwargs", error
+        assert "TypeError" in error["message"] and "not iterable" in error["message"], error
+    ok = post(client, "/tokenize", {**body, "chat_template_kwargs": {"tags": ["a", "b"]}})
+    assert ok.json()["tokens"] == bos_codec.tokenize("user: hi\nassistant:#a#b", False)
     assert recorder.plans == []
 
 

@@ -1,9 +1,12 @@
 """Streaming detokenization and stop words with SmolLM2's own tokenizer."""
+import copy
+
 import numpy as np
 import random
 
 import pytest
 
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import REPLACEMENT_CHARACTER, StopMatcher, TextCodec
 
 TEXTS = [
@@ -131,6 +134,22 @@ def test_chat_template_is_applied(codec):
     assert codec.tokenizer.decode(chat).rstrip().endswith("assistant")
     with pytest.raises(ValueError, match="text_input must be a non-empty string"):
         codec.encode("")
+
+
+def test_a_template_failing_on_a_variable_is_the_clients(native_codec):
+    """A chat template variable the template cannot use (an int where it
+    iterates: a TypeError) is InvalidRequest led by chat_template_kwargs;
+    the names transformers gives the template itself are no variables
+    (read once per codec)."""
+    tokenizer = copy.deepcopy(native_codec.tokenizer)
+    tokenizer.chat_template = "{% for tag in tags %}#{{ tag }}{% endfor %}{{ messages[0].content }}"
+    codec, turns = TextCodec(tokenizer), [{"role": "user", "content": "hi"}]
+    assert codec.tokenizer.decode(codec.encode_chat(turns, variables={"tags": ["a"]})) == "#ahi"
+    with pytest.raises(InvalidRequest, match=r"^chat_template_kwargs: .*TypeError.*not iterable"):
+        codec.encode_chat(turns, variables={"tags": 1})
+    assert codec.template_arguments is codec.template_arguments
+    assert {"messages", "raise_exception", "strftime_now", "tools", "tokenize"} <= \
+        codec.template_arguments
 
 
 def stop_stream(codec, text, stop_words):

@@ -308,8 +308,12 @@ def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
     ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
     and add_generation_prompt not both true; transformers refuses the pair
     too). chat_template_kwargs may not name apply_chat_template's own
-    arguments (vLLM refuses ``chat_template`` and ``tokenize``; the others
-    would set what the request's fields set, or the answer's shape)."""
+    arguments nor what transformers hands the template itself (``messages``,
+    ``raise_exception``: ``TextCodec.template_arguments``): vLLM refuses
+    ``chat_template`` and ``tokenize`` and answers the others' failures 400;
+    they would set what the request's fields set, or the answer's shape.
+    A template failing on a variable's value is a 400 naming
+    chat_template_kwargs."""
     if not request.messages:
         raise RequestError("messages must hold at least one message", "messages")
     if request.continue_final_message:
@@ -324,15 +328,18 @@ def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
     variables = request.chat_template_kwargs or {}
     reserved = sorted(served.codec.template_arguments & variables.keys())
     if reserved:
-        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the "
-                           "template's own arguments, not its variables)", "chat_template_kwargs")
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the chat "
+                           "template's own arguments and functions, not its variables)",
+                           "chat_template_kwargs")
     try:
         return served.codec.encode_chat(
             [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
              for m in request.messages], request.add_generation_prompt,
             request.continue_final_message, variables, request.add_special_tokens)
     except InvalidRequest as error:
-        raise RequestError(str(error), "messages") from None
+        field = "chat_template_kwargs" if str(error).startswith("chat_template_kwargs") else \
+            "messages"
+        raise RequestError(str(error), field) from None
 
 
 def _scores_prompt(request: Sampling) -> bool:

@@ -18,6 +18,7 @@ stop-word matching.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Mapping, Sequence
@@ -32,6 +33,13 @@ except ImportError:  # tokenizers < 0.21: the detokenizer decodes its window ins
 
 #: Decode replaces an incomplete UTF-8 sequence by this character.
 REPLACEMENT_CHARACTER = "\ufffd"
+
+#: Names transformers' chat template renderer sets itself besides
+#: ``apply_chat_template``'s arguments (transformers/utils/
+#: chat_template_utils.py: ``render_jinja_template`` renders with
+#: ``messages=``, and the template's environment has the functions
+#: ``raise_exception`` and ``strftime_now``): not template variables.
+TEMPLATE_OWN_NAMES = frozenset({"messages", "raise_exception", "strftime_now"})
 
 #: Prompt tokens decoded with the first generated tokens, so their leading
 #: space (and any merge with the prompt's last bytes) comes out as in a full decode.
@@ -129,15 +137,20 @@ class TextCodec:
         """Token ids of any text, the empty one included (no check)."""
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    @property
+    @functools.cached_property
     def template_arguments(self) -> frozenset[str]:
-        """``apply_chat_template``'s own argument names: not variables a
-        request may hand the template (``encode_chat``'s `variables`)."""
+        """Names a request may not hand the template as variables
+        (``encode_chat``'s `variables`): ``apply_chat_template``'s own
+        arguments (read once per codec), the names transformers' renderer
+        passes the template itself (``render_jinja_template``:
+        ``messages``, a second one of which is a TypeError) and the
+        functions it gives the template (``raise_exception``,
+        ``strftime_now``: a value there breaks the template's call)."""
         import inspect
 
         return frozenset(
             name for name, p in inspect.signature(self.tokenizer.apply_chat_template).parameters.items()
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)) | TEMPLATE_OWN_NAMES
 
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
@@ -150,7 +163,10 @@ class TextCodec:
         ``chat_template_kwargs``); `add_special_tokens`: the tokenizer's
         own on top of the template's (which already holds what the model
         wants: off by default). Raises InvalidRequest on a model without a chat
-        template or a conversation the template refuses (its message)."""
+        template or a conversation the template refuses (its message, led
+        by the field at fault: ``messages``, or ``chat_template_kwargs``
+        where variables were given and the template failed on a value's
+        type)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("chat was requested but the model has no chat template")
         from jinja2.exceptions import TemplateError
@@ -164,6 +180,14 @@ class TextCodec:
             raise InvalidRequest(f"messages: the chat template refused them: {error}") from None
         except ValueError as error:  # continue_final_message: the last turn not in the text
             raise InvalidRequest(f"messages: {error}") from None
+        except (TypeError, RuntimeError) as error:
+            # a variable of a type the template cannot use ("'int' object is
+            # not iterable"): the client's, as vLLM answers it (400: its
+            # serving_chat catches ValueError, TypeError, RuntimeError and
+            # jinja2.TemplateError around rendering)
+            field = "chat_template_kwargs" if variables else "messages"
+            raise InvalidRequest(f"{field}: the chat template failed on them: "
+                                 f"{type(error).__name__}: {error}") from None
         return self.tokenize(rendered, add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
