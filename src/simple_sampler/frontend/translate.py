@@ -307,7 +307,8 @@ def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
     template fields ask (vllm/entrypoints/openai/protocol.py,
     ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
     and add_generation_prompt not both true; transformers refuses the pair
-    too). chat_template_kwargs may not name apply_chat_template's own
+    too); the last message is continued whatever its role, as transformers
+    and vLLM do. chat_template_kwargs may not name apply_chat_template's own
     arguments nor what transformers hands the template itself (``messages``,
     ``raise_exception``: ``TextCodec.template_arguments``): vLLM refuses
     ``chat_template`` and ``tokenize`` and answers the others' failures 400;
@@ -316,15 +317,10 @@ def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
     chat_template_kwargs."""
     if not request.messages:
         raise RequestError("messages must hold at least one message", "messages")
-    if request.continue_final_message:
-        if request.add_generation_prompt:
-            raise RequestError("continue_final_message and add_generation_prompt cannot both be "
-                               "true (add_generation_prompt is true unless sent false)",
-                               "continue_final_message")
-        if request.messages[-1].role != "assistant":
-            raise RequestError("continue_final_message needs the last message to be the "
-                               f"assistant's, got {request.messages[-1].role!r}",
-                               "continue_final_message")
+    if request.continue_final_message and request.add_generation_prompt:
+        raise RequestError("continue_final_message and add_generation_prompt cannot both be "
+                           "true (add_generation_prompt is true unless sent false)",
+                           "continue_final_message")
     variables = request.chat_template_kwargs or {}
     reserved = sorted(served.codec.template_arguments & variables.keys())
     if reserved:
