@@ -164,12 +164,24 @@ BAD = [
     ("/v1/completions", completion(spaces_between_special_tokens=False), 400,
      "spaces_between_special_tokens", "unknown field"),
     ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
+    # k in [1, context - max_tokens], as current vLLM (completions' max_tokens 16 unless given)
     ("/v1/completions", completion(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens",
-     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got 0"),
+     "truncate_prompt_tokens must be -1 or an integer in [1, 496] (the context, 512 tokens, "
+     "less max_tokens, 16), got 0"),
     ("/v1/completions", completion(truncate_prompt_tokens=-2), 400, "truncate_prompt_tokens",
-     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got -2"),
-    ("/v1/completions", completion(truncate_prompt_tokens=513), 400, "truncate_prompt_tokens",
-     "truncate_prompt_tokens must be -1 (the context) or an integer in [1, 512], got 513"),
+     "must be -1 or an integer in [1, 496]"),
+    ("/v1/completions", completion(truncate_prompt_tokens=497), 400, "truncate_prompt_tokens",
+     "must be -1 or an integer in [1, 496]"),
+    ("/v1/completions", completion(truncate_prompt_tokens=501, max_tokens=12), 400,
+     "truncate_prompt_tokens", "[1, 500] (the context, 512 tokens, less max_tokens, 12), got 501"),
+    ("/v1/chat/completions", chat(truncate_prompt_tokens=513), 400, "truncate_prompt_tokens",
+     "[1, 512] (the context, 512 tokens, less max_tokens, 0), got 513"),
+    ("/v1/chat/completions", chat(truncate_prompt_tokens=500, max_completion_tokens=20), 400,
+     "truncate_prompt_tokens", "[1, 492] (the context, 512 tokens, less max_completion_tokens, "
+     "20), got 500"),
+    # a max_tokens past the context is refused as such, not as a truncation's
+    ("/v1/completions", completion(truncate_prompt_tokens=5, max_tokens=512), 400, "max_tokens",
+     "max_tokens must be an integer in [1, 511]"),
     ("/v1/chat/completions", chat(truncate_prompt_tokens=1.5), 400, "truncate_prompt_tokens",
      "valid integer"),
 ]
@@ -228,29 +240,69 @@ def test_a_failure_of_ours_in_tokenize_is_a_500(codec, monkeypatch):
 
 def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, codec):
     """vLLM's truncate_prompt_tokens k: the last k tokens of a text prompt,
-    of token ids, of a chat's templated prompt; -1 the context's worth (a
-    shorter prompt whole). Echo then gives the text of the tokens sent."""
+    of token ids, of a chat's templated prompt; -1 the context less
+    max_tokens (completions' 16 unless given, chat's 0), as current vLLM's
+    TokenizeParams: a shorter prompt whole. Echo then gives the text of the
+    tokens sent."""
     text = codec.encode("The capital of France is")
-    cases = [(completion(truncate_prompt_tokens=3), text[-3:]),
-             (completion(prompt=list(range(1, 11)), truncate_prompt_tokens=4), [7, 8, 9, 10]),
+    cases = [(completion(truncate_prompt_tokens=3), text[-3:], 16),
+             (completion(prompt=list(range(1, 11)), truncate_prompt_tokens=4), [7, 8, 9, 10], 16),
              (completion(prompt=[list(range(1, 11))], truncate_prompt_tokens=-1),
-              list(range(1, 11))),
-             (completion(prompt=[5] * 600, truncate_prompt_tokens=500, max_tokens=12), [5] * 500)]
-    for body, expected in cases:
+              list(range(1, 11)), 16),
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=500, max_tokens=12), [5] * 500,
+              12),
+             # -1: the context less max_tokens, room for the answer left
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1), [5] * 496, 16),
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1, max_tokens=100), [5] * 412,
+              100)]
+    for body, expected, max_tokens in cases:
         assert post(client, "/v1/completions", body).status_code == 200, body
         assert recorder.plans[-1].prompt_ids == expected
-    assert recorder.plans[-1].params["max_tokens"] == 12
+        assert recorder.plans[-1].params["max_tokens"] == max_tokens
     templated = codec.encode("Capital of France?", chat=True)
     assert post(client, "/v1/chat/completions", chat(truncate_prompt_tokens=5)).status_code == 200
     assert recorder.plans[-1].prompt_ids == templated[-5:]
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 5
-    # a prompt the context's worth leaves no room: a 400, as in vLLM
-    full = post(client, "/v1/completions", completion(prompt=[5] * 600, truncate_prompt_tokens=-1))
+    long = chat(messages=[{"role": "user", "content": "hi " * 600}], truncate_prompt_tokens=-1)
+    assert post(client, "/v1/chat/completions", {**long, "max_tokens": 30}).status_code == 200
+    assert len(recorder.plans[-1].prompt_ids) == CONTEXT - 30
+    # chat's -1 without max_tokens: the whole context, which leaves no room,
+    # a 400, as in vLLM (its chat counts no output tokens unless asked)
+    full = post(client, "/v1/chat/completions", long)
     assert full.status_code == 400 and "leaves no room" in full.json()["error"]["message"]
     echoed = post(client, "/v1/completions", completion(echo=True, max_tokens=0,
                                                         truncate_prompt_tokens=2)).json()
     assert echoed["choices"][0]["text"] == codec.decode(text[-2:])
     assert echoed["usage"]["prompt_tokens"] == 2
+    whole = post(client, "/v1/completions", completion(echo=True, max_tokens=0,
+                                                      truncate_prompt_tokens=-1)).json()
+    assert whole["choices"][0]["text"] == completion()["prompt"]
+
+
+def test_a_truncated_text_prompt_keeps_the_tokenizers_bos(bos_codec, recorder):
+    """As transformers' truncation from the left (vLLM's): the BOS the
+    tokenizer adds stays, the text's first tokens go; a chat's template
+    holds its own (no BOS added unless add_special_tokens)."""
+    client = door(bos_codec, recorder)
+    text = bos_codec.tokenize("The capital of France is", add_special_tokens=False)
+    for body, expected in ((completion(truncate_prompt_tokens=3), [0, *text[-2:]]),
+                           (completion(truncate_prompt_tokens=1), [0]),
+                           (completion(truncate_prompt_tokens=6), [0, *text]),
+                           (completion(truncate_prompt_tokens=3, add_special_tokens=False),
+                            text[-3:]),
+                           (completion(prompt=[0, *text], truncate_prompt_tokens=3), text[-3:])):
+        assert post(client, "/v1/completions", body).status_code == 200, body
+        assert recorder.plans[-1].prompt_ids == expected, body
+    templated = bos_codec.tokenize("user: hi\nassistant:", add_special_tokens=False)
+    for fields, expected in (({}, templated[-4:]),
+                             ({"add_special_tokens": True}, [0, *templated[-3:]])):
+        body = chat(messages=[{"role": "user", "content": "hi"}], truncate_prompt_tokens=4,
+                    **fields)
+        assert post(client, "/v1/chat/completions", body).status_code == 200
+        assert recorder.plans[-1].prompt_ids == expected, fields
+    echoed = post(client, "/v1/completions", completion(echo=True, max_tokens=0,
+                                                        truncate_prompt_tokens=3)).json()
+    assert echoed["choices"][0]["text"] == bos_codec.decode(text[-2:])  # the BOS: no text
 
 
 def test_skip_special_tokens_false_reaches_the_llm_input(client, recorder):

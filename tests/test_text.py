@@ -152,6 +152,25 @@ def test_a_template_failing_on_a_variable_is_the_clients(native_codec):
         codec.template_arguments
 
 
+def test_tokenize_keeps_the_last_tokens_and_the_added_special_ones(native_codec):
+    """keep: transformers' truncation from the left (vLLM's): the tokens the
+    tokenizer adds (here a BOS and an EOS) stay, the text's first go; a
+    keep under the added tokens' count, the last keep ids."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = copy.deepcopy(native_codec.tokenizer)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A <|im_end|>", special_tokens=[("<|endoftext|>", 0), ("<|im_end|>", 2)])
+    codec = TextCodec(tokenizer)
+    text = codec.tokenize("<|im_start|>The capital of France", add_special_tokens=False)
+    assert text[0] == 1 and codec.tokenize("<|im_start|>The capital of France") == [0, *text, 2]
+    for keep, expected in ((100, [0, *text, 2]), (len(text) + 2, [0, *text, 2]),
+                           (4, [0, *text[-2:], 2]), (2, [0, 2]), (1, [2])):
+        assert codec.tokenize("<|im_start|>The capital of France", keep=keep) == expected, keep
+    # a special token written in the text is text: it goes first
+    assert codec.tokenize("<|im_start|>The capital of France", False, keep=3) == text[-3:]
+
+
 def stop_stream(codec, text, stop_words):
     """Feed `text` token by token through detokenizer and stop matcher."""
     matcher = StopMatcher(stop_words)

@@ -160,22 +160,28 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
     return list(ids), list(bias.values())
 
 
-def truncated(request: Sampling, served: Served, prompt_ids: list[int]) -> list[int]:
-    """vLLM's truncate_prompt_tokens k: the prompt's last k tokens (a chat's
-    after its template), -1 the context's worth; k in [1, context], as
-    vLLM's ``_validate_truncation_size`` (vllm/entrypoints/utils.py) bounds
-    it. vLLM's field takes 0 too, which it reads as nothing kept for text
-    and everything for token ids: refused here."""
+def truncation(request: Sampling, served: Served, output: int, name: str) -> int | None:
+    """vLLM's truncate_prompt_tokens k: how many of the prompt's last tokens
+    are sent (a chat's after its template; a text prompt keeps the special
+    tokens the tokenizer adds, ``TextCodec.tokenize``), None: all. As
+    current vLLM (vllm/renderers/params.py, ``TokenizeParams``: its
+    max_input_tokens, the context less the output asked for) -1 is the
+    context less `output` (the request's max_tokens, `name`: completions'
+    16 when not given, chat's 0) and k must lie in [1, that] (vLLM refuses
+    a larger k up front). vLLM's field takes 0 too, which it reads as
+    nothing kept: refused here. An `output` outside [0, context) leaves the
+    prompt whole for ``_max_tokens`` to refuse, naming its field."""
     k = request.truncate_prompt_tokens
-    if k is None:
-        return prompt_ids
+    if k is None or not 0 <= output < served.max_context:
+        return None
+    room = served.max_context - output
     if k == -1:
-        k = served.max_context
-    if not 1 <= k <= served.max_context:
-        raise RequestError(f"truncate_prompt_tokens must be -1 (the context) or an integer in "
-                           f"[1, {served.max_context}], got {request.truncate_prompt_tokens}",
+        return room
+    if not 1 <= k <= room:
+        raise RequestError(f"truncate_prompt_tokens must be -1 or an integer in [1, {room}] (the "
+                           f"context, {served.max_context} tokens, less {name}, {output}), got {k}",
                            "truncate_prompt_tokens")
-    return prompt_ids[-k:]
+    return k
 
 
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
@@ -255,28 +261,33 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
                  name: str) -> Plan:
     """The generation of one of a completions request's prompts (`name`:
     its place in the request, for errors)."""
+    # vLLM's default max_tokens, 16, counts against the prompt's room
+    keep = truncation(request, served, 16 if request.max_tokens is None else request.max_tokens,
+                      "max_tokens")
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string", "prompt")
-        prompt_ids = served.codec.encode(prompt, add_special_tokens=request.add_special_tokens)
+        prompt_ids = served.codec.encode(prompt, add_special_tokens=request.add_special_tokens,
+                                         keep=keep)
     else:
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string or list of token ids",
                                "prompt")
         prompt_ids = [checked_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
                                "prompt") for place, t in enumerate(prompt)]
-    whole = len(prompt_ids)
-    prompt_ids = truncated(request, served, prompt_ids)
+        prompt_ids = prompt_ids if keep is None else prompt_ids[-keep:]  # vLLM's, ids as given
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
                              low=0 if request.echo or _scores_prompt(request) else 1,
                              prompt_name="the prompt" if name == "prompt" else name)
     plan = _plan(request, served, False, prompt_ids, max_tokens, request.logprobs is not None,
                  top)
     if request.echo:
-        # as vLLM: the prompt's text as sent, ids decoded
-        # (truncated: the text of the tokens sent, which its logprobs are of)
-        plan.echo = prompt if isinstance(prompt, str) and len(prompt_ids) == whole else \
-            served.codec.decode(prompt_ids)
+        # as vLLM: the prompt's text as sent, ids decoded; truncated, the
+        # text of the tokens sent, which its logprobs are of (vLLM echoes
+        # the whole text)
+        whole = isinstance(prompt, str) and (keep is None or len(served.codec.encode(
+            prompt, add_special_tokens=request.add_special_tokens)) <= keep)
+        plan.echo = prompt if whole else served.codec.decode(prompt_ids)
         if plan.logprobs:
             plan.params[PROMPT_LOGPROBS.name] = max(top, plan.params.get(PROMPT_LOGPROBS.name, 0))
     return plan
@@ -295,15 +306,18 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
         raise RequestError("max_tokens and max_completion_tokens are the same limit; they "
                            "disagree", "max_completion_tokens")
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
-    prompt_ids = truncated(request, served, chat_prompt_ids(request, served))
+    given = getattr(request, name)
+    keep = truncation(request, served, 0 if given is None else given, name)
+    prompt_ids = chat_prompt_ids(request, served, keep)
     return _choices([_plan(request, served, True, prompt_ids,
                            _max_tokens(request, served, len(prompt_ids), None, name,
                                        low=0 if _scores_prompt(request) else 1),
                            bool(request.logprobs), top)], request.n)
 
 
-def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
-    """The messages through the model's chat template, as vLLM's chat
+def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = None) -> list[int]:
+    """The messages through the model's chat template (the last `keep`
+    tokens: ``truncation``), as vLLM's chat
     template fields ask (vllm/entrypoints/openai/protocol.py,
     ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
     and add_generation_prompt not both true; transformers refuses the pair
@@ -331,7 +345,7 @@ def chat_prompt_ids(request: ChatTemplate, served: Served) -> list[int]:
         return served.codec.encode_chat(
             [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
              for m in request.messages], request.add_generation_prompt,
-            request.continue_final_message, variables, request.add_special_tokens)
+            request.continue_final_message, variables, request.add_special_tokens, keep)
     except InvalidRequest as error:
         field = "chat_template_kwargs" if str(error).startswith("chat_template_kwargs") else \
             "messages"

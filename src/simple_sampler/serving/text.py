@@ -121,21 +121,45 @@ class TextCodec:
         """The end-of-sequence id (for chat models, the end of a turn)."""
         return int(self.tokenizer.eos_token_id)
 
-    def encode(self, prompt: str, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, prompt: str, chat: bool = False, add_special_tokens: bool = True,
+               keep: int | None = None) -> list[int]:
         """Token ids of ``prompt``; with ``chat`` it is sent as one user turn
         through the model's chat template, with the assistant's turn opened.
         `add_special_tokens`: the tokenizer's own (a BOS, where it adds one;
-        a plain prompt's default, vLLM's too). Raises InvalidRequest for an
-        empty prompt or ``chat`` on a model without a chat template."""
+        a plain prompt's default, vLLM's too); `keep`: at most that many
+        (``tokenize``). Raises InvalidRequest for an empty prompt or
+        ``chat`` on a model without a chat template."""
         if not isinstance(prompt, str) or not prompt:
             raise InvalidRequest("text_input must be a non-empty string")
         if not chat:
-            return self.tokenize(prompt, add_special_tokens)
-        return self.encode_chat([{"role": "user", "content": prompt}])
+            return self.tokenize(prompt, add_special_tokens, keep)
+        return self.encode_chat([{"role": "user", "content": prompt}], keep=keep)
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of any text, the empty one included (no check)."""
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    def tokenize(self, text: str, add_special_tokens: bool = True,
+                 keep: int | None = None) -> list[int]:
+        """Token ids of any text, the empty one included (no check).
+
+        `keep` (>= 1): at most that many, truncated from the left as
+        transformers does (``truncation=True, max_length=keep`` with
+        ``truncation_side="left"``): the special tokens the tokenizer added
+        (a BOS) stay, the text's first tokens go. vLLM truncates a prompt so
+        (vllm/renderers/params.py, ``TokenizeParams.get_encode_kwargs``;
+        its tokenizers are loaded with truncation_side left,
+        vllm/tokenizers/registry.py). Where keep is less than the added
+        tokens, the last keep ids."""
+        if keep is None:
+            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        encoded = self.tokenizer(text, add_special_tokens=add_special_tokens,
+                                 return_special_tokens_mask=True)
+        ids, added = list(encoded["input_ids"]), encoded["special_tokens_mask"]
+        text_places = [place for place, special in enumerate(added) if not special]
+        drop = len(ids) - keep
+        if drop <= 0:
+            return ids
+        if drop > len(text_places):
+            return ids[-keep:]
+        dropped = set(text_places[:drop])
+        return [token for place, token in enumerate(ids) if place not in dropped]
 
     @functools.cached_property
     def template_arguments(self) -> frozenset[str]:
@@ -154,7 +178,7 @@ class TextCodec:
 
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
-                    add_special_tokens: bool = False) -> list[int]:
+                    add_special_tokens: bool = False, keep: int | None = None) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
         the model's chat template, with the assistant's turn opened unless not
         `add_generation_prompt`; `continue_final_message`: the last turn left
@@ -162,7 +186,8 @@ class TextCodec:
         `variables`: more for the template to read (vLLM's
         ``chat_template_kwargs``); `add_special_tokens`: the tokenizer's
         own on top of the template's (which already holds what the model
-        wants: off by default). Raises InvalidRequest on a model without a chat
+        wants: off by default); `keep`: at most that many of the templated
+        text's tokens (``tokenize``). Raises InvalidRequest on a model without a chat
         template or a conversation the template refuses (its message, led
         by the field at fault: ``messages``, or ``chat_template_kwargs``
         where variables were given and the template failed on a value's
@@ -188,7 +213,7 @@ class TextCodec:
             field = "chat_template_kwargs" if variables else "messages"
             raise InvalidRequest(f"{field}: the chat template failed on them: "
                                  f"{type(error).__name__}: {error}") from None
-        return self.tokenize(rendered, add_special_tokens)
+        return self.tokenize(rendered, add_special_tokens, keep)
 
     def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
         """One-shot decode, special tokens skipped (as the detokenizer does)
