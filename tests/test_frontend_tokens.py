@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from tokenizers.processors import TemplateProcessing
 
+from simple_sampler.client import Chunk
 from simple_sampler.frontend import tokens
 from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.translate import Served
@@ -312,3 +313,32 @@ def test_skip_special_tokens_false_reaches_the_llm_input(client, recorder):
     assert "skip_special_tokens" not in recorder.plans[-1].params
     assert post(client, "/v1/completions", completion(skip_special_tokens=False)).status_code == 200
     assert recorder.plans[-1].params["skip_special_tokens"] is False
+
+
+def test_logprob_strings_keep_special_tokens_text_when_not_skipped(codec):
+    """skip_special_tokens false keeps a special token's text in the
+    logprobs' token strings and bytes too (chat's token, top_logprobs and
+    bytes; completions' tokens and top_logprobs dicts); by default it is ""
+    there as in the answer's text."""
+    paris, dot = codec.encode(" Paris")[0], codec.encode(".")[0]
+
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            yield Chunk(" Paris", [paris, 2], [-0.5, -0.25], -0.75, n, 2, "stop",
+                        [[(paris, -0.5), (2, -1.0)], [(2, -0.25), (dot, -2.0)]])
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    for skip, end in ((True, ""), (False, "<|im_end|>")):
+        answer = post(client, "/v1/chat/completions",
+                      chat(logprobs=True, top_logprobs=2, skip_special_tokens=skip)).json()
+        first, second = answer["choices"][0]["logprobs"]["content"]
+        assert [e["token"] for e in first["top_logprobs"]] == [" Paris", end]
+        assert second["token"] == end and second["bytes"] == list(end.encode())
+        assert [e["token"] for e in second["top_logprobs"]] == [end, "."]
+        answer = post(client, "/v1/completions",
+                      completion(logprobs=2, skip_special_tokens=skip)).json()
+        logprobs = answer["choices"][0]["logprobs"]
+        assert logprobs["tokens"] == [" Paris", end]
+        assert logprobs["top_logprobs"][1] == {end: -0.25, ".": -2.0}

@@ -37,42 +37,48 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     first); completions, per token a dict of the n most likely tokens'
     texts and the chosen one's (n or n + 1 entries, as vLLM and OpenAI's
     legacy completions give), led with echo by the prompt's tokens (the
-    first with null, having no logprob)."""
+    first with null, having no logprob). A special token's string is its
+    text with skip_special_tokens false (``plan.special``), else "".
+    (vLLM's strings keep it either way: its ``convert_ids_list_to_tokens``,
+    vllm/tokenizers/detokenizer_utils.py, decodes each id with the
+    tokenizer's default, which keeps special tokens.)"""
     if not plan.logprobs:
         return None
+    special = plan.special
     scored = _scored(chunks) if plan.echo is not None else None
     if scored is not None:
         n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
         prompt = _completion_logprobs(
-            codec, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
+            codec, special, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
                                                           scored.prompt_logprobs,
                                                           _prompt_tops(scored))])
         generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
-        first = codec.decode(scored.prompt_ids[:1])
+        first = codec.decode(scored.prompt_ids[:1], special)
         return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
                 for key in ("tokens", "token_logprobs", "top_logprobs")} | {"text_offset": None}
     steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
              for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
-    tokens = [codec.decode([t]) for t, _, _ in steps]
+    tokens = [codec.decode([t], special) for t, _, _ in steps]
     if plan.chat:
         def entry(text: str, token: int, logprob: float) -> dict:
             return {"token": text, "logprob": _json_logprob(logprob),
-                    "bytes": list(codec.token_bytes(token))}
+                    "bytes": list(codec.token_bytes(token, special))}
 
         return {"content": [{**entry(text, t, p), "top_logprobs": [
-            entry(codec.decode([i]), i, q) for i, q in top]}
+            entry(codec.decode([i], special), i, q) for i, q in top]}
             for text, (t, p, top) in zip(tokens, steps)]}
-    return {**_completion_logprobs(codec, steps, tokens), "text_offset": None}
+    return {**_completion_logprobs(codec, special, steps, tokens), "text_offset": None}
 
 
-def _completion_logprobs(codec, steps: list, tokens: list[str] | None = None) -> dict:
+def _completion_logprobs(codec, special: bool, steps: list,
+                         tokens: list[str] | None = None) -> dict:
     """Completions' tokens, token_logprobs and top_logprobs of `steps`
     (token, logprob, top pairs), each top a dict of the n most likely
     tokens' texts and the token's own."""
-    tokens = [codec.decode([t]) for t, _, _ in steps] if tokens is None else tokens
+    tokens = [codec.decode([t], special) for t, _, _ in steps] if tokens is None else tokens
     top_dicts = []
     for text, (_, p, top) in zip(tokens, steps):
-        alternatives = {codec.decode([i]): _json_logprob(q) for i, q in top}
+        alternatives = {codec.decode([i], special): _json_logprob(q) for i, q in top}
         alternatives.setdefault(text, _json_logprob(p))
         top_dicts.append(alternatives)
     return {"tokens": tokens, "token_logprobs": [_json_logprob(p) for _, p, _ in steps],

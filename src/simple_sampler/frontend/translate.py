@@ -72,6 +72,13 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
+    def special(self) -> bool:
+        """vLLM's skip_special_tokens false: special tokens' text kept, in
+        the answer's text (the decode loop's) and in its logprobs' token
+        strings (``answers``)."""
+        return self.params.get("skip_special_tokens", True) is False
+
+    @property
     def asks_the_model(self) -> bool:
         """False for completions' echo with max_tokens 0 and no logprobs:
         the prompt is the whole answer."""

@@ -222,24 +222,24 @@ class TextCodec:
             return self._backend_decode(list(token_ids), skip_special_tokens=not special)
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=not special)
 
-    def token_bytes(self, token_id: int) -> bytes:
+    def token_bytes(self, token_id: int, special: bool = False) -> bytes:
         """The token's own bytes (OpenAI's logprobs ``bytes``, which lets a
         client join the pieces of a character split over tokens): a byte-level
         BPE vocabulary's token (SmolLM2, Llama 3, Qwen2) maps back to its raw
         bytes, where its text alone would be a replacement character; any
         other token (added and special ones, other tokenizers, ids past the
         tokenizer) is its text's UTF-8. b"" for a special token, whose text
-        is skipped."""
+        is skipped, unless `special` (``decode``'s)."""
         piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
         if piece is None:  # past the tokenizer (a padded lm_head): its text's, if any
-            return self.decode([token_id]).encode()
+            return self.decode([token_id], special).encode()
         if self._byte_of is None:
             self._byte_of = byte_level_alphabet(self.tokenizer)
         byte_of = self._byte_of
         if byte_of and token_id not in self.tokenizer.added_tokens_decoder and \
                 all(char in byte_of for char in piece):
             return bytes(byte_of[char] for char in piece)
-        return self.decode([token_id]).encode()
+        return self.decode([token_id], special).encode()
 
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Each bad word as the id sequence the model would generate for it
