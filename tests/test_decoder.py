@@ -405,6 +405,10 @@ def test_special_tokens_text_is_kept_when_not_skipped():
         text="a", max_tokens=6, sampling=GREEDY, include_stop=True, skip_special=False)],
         mode="simple", sampler=threaded())
     assert text_of(ended) == "bc\0" and ended[-1].token_ids == [END_ID]
+    (plain_end,), _ = generate(FakeEngine(script=script), [GenerationRequest(
+        text="a", max_tokens=6, sampling=GREEDY, skip_special=False)],
+        mode="simple", sampler=threaded())  # the end id that ends it: its text left out still
+    assert text_of(plain_end) == "bc" and plain_end[-1].token_ids == [END_ID]
 
 
 @pytest.mark.parametrize("bad_words", [["c"], ["bc"]])
