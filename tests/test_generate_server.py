@@ -408,6 +408,10 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
                                       "parameters": {"truncate_prompt_tokens": 4}})
     assert refused.value.code == 400
     assert "truncate_prompt_tokens is not supported" in json.load(refused.value)["error"]
+    with pytest.raises(urllib.error.HTTPError) as refused:  # a range: named as it was sent
+        generate_json(server, model, {"text_input": PLAIN, "parameters": {"min_tokens": -1}})
+    assert refused.value.code == 400
+    assert "min_tokens (min_length here) must be >= 0" in json.load(refused.value)["error"]
 
 
 def test_unknown_stop_word_type_is_refused(server):

@@ -1,6 +1,7 @@
 """vLLM's sampling parameters (Triton's vLLM backend's request) decoded as
 the generate inputs that carry them: the same GenerationRequest as those
 inputs give, every refusal naming its field (no server)."""
+import dataclasses
 import json
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.vllm_params import as_sent
 
 PROMPT = {"input_ids": np.array([[1, 2]], np.int32)}
 
@@ -45,7 +47,7 @@ def test_every_vllm_name_gives_the_request_its_input_gives():
         "logit_bias_ids": np.array([[9, 10]], np.int32),
         "logit_bias_values": np.array([[-1.5, 2.0]], np.float32),
         "exclude_input_in_output": scalar(True, bool), "stream": scalar(True, bool)})
-    assert by_vllm == by_inputs
+    assert dataclasses.replace(by_vllm, sent_as={}) == by_inputs
     request = by_vllm.request
     assert request.sampling.min_tokens == 3 and request.stop_words == ["\n", "END"]
     assert request.return_log_probs and request.num_top_logprobs == 4
@@ -107,3 +109,19 @@ def test_the_json_input_must_be_one_object(sampling_parameters, message):
 def test_a_name_in_the_json_and_the_parameters_is_refused():
     with pytest.raises(InvalidRequest, match="min_tokens is given twice: as a request parameter"):
         decode_generate({**PROMPT, "sampling_parameters": as_json(min_tokens=1)}, {"min_tokens": 1})
+
+
+@pytest.mark.parametrize("inputs, parameters, message", [
+    ({}, {"min_tokens": -1}, r"^min_tokens \(min_length here\) must be >= 0"),
+    ({"sampling_parameters": as_json(logprobs=50)}, None,
+     r"sampling_parameters.logprobs \(num_top_logprobs here\) must be an integer in \[0, 20\]"),
+    ({"sampling_parameters": as_json(temperature=-1.0)}, None,
+     "^sampling_parameters.temperature must be a finite value >= 0"),
+    ({"temperature": scalar(-1.0, np.float32)}, None, "^temperature must be"),  # an input's own
+])
+def test_a_ranges_refusal_names_the_field_as_the_client_sent_it(inputs, parameters, message):
+    decoded = decode_generate({**PROMPT, **inputs}, parameters)
+    with pytest.raises(InvalidRequest) as refused:
+        decoded.request.validate(vocab_size=64, max_context=512)
+    with pytest.raises(InvalidRequest, match=message):
+        raise as_sent(refused.value, decoded.sent_as)

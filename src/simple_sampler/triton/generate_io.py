@@ -17,7 +17,7 @@ only text_output and output_ids (and the logprob outputs when asked), every
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
@@ -44,6 +44,9 @@ class DecodedRequest:
     exclude_input_in_output: bool
     #: tokens per streamed response; None: the server's (LlmSettings.stream_interval)
     stream_interval: int | None = None
+    #: the inputs vLLM's sampling parameters carried, and where each was sent
+    #: (``vllm_params.as_sent`` names them so in a range's refusal)
+    sent_as: dict[str, str] = field(default_factory=dict)
 
 
 def _single(name: str, array) -> object:
@@ -117,7 +120,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     ``GenerationRequest.validate`` when the decoder takes it.
     """
     present = {k: v for k, v in inputs.items() if v is not None}
-    vllm = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
+    vllm, sent_as = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
     twice = sorted(set(vllm) & set(present))
     if twice:
         raise InvalidRequest(f"{twice[0]} is given twice: as an input and by a vLLM sampling "
@@ -183,7 +186,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         interval = _single("stream_interval", present["stream_interval"])
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
-    return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval)
+    return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
+                          sent_as)
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:

@@ -37,6 +37,7 @@ from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
 from .generate_io import decode_generate
+from .vllm_params import as_sent
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
                            tokens_as_outputs)
 from .hot_first_sampler import hot_first_sampler
@@ -254,7 +255,10 @@ class LlmService:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs, parameters)
-            handle = self.decoder.submit(decoded.request)
+            try:
+                handle = self.decoder.submit(decoded.request)
+            except InvalidRequest as error:  # a range: named as the client sent it
+                raise as_sent(error, decoded.sent_as) from None
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
             self._refuse(error, send, on_done)

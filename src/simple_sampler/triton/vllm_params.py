@@ -56,15 +56,17 @@ _FIXED = {"n": 1, "best_of": 1, "detokenize": True, "spaces_between_special_toke
 _TENSORS = {tensor.name: tensor for tensor in LLM.inputs}
 
 
-def vllm_inputs(sampling_parameters, parameters: str | Mapping | None) -> dict[str, np.ndarray]:
+def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The inputs that the ``sampling_parameters`` input (its [1] or [1, 1]
     array of one JSON object, or None) and the request's `parameters` (its
     JSON, or a mapping) carry, by input name, shaped as a client sends them
-    ([1, 1] scalars, [1, N] lists). A parameter that no identifier names
-    passes unread: an HTTP header Triton forwards as one (``x-request-id``,
-    ``--http-header-forward-pattern``), or one of Triton's own (``triton_``;
-    Triton consumes those it knows). Raises InvalidRequest naming the
-    field."""
+    ([1, 1] scalars, [1, N] lists), and where each was sent (input name ->
+    ``sampling_parameters.min_tokens``, ``stop``: ``as_sent``). A parameter
+    that no identifier names passes unread: an HTTP header Triton forwards
+    as one (``x-request-id``, ``--http-header-forward-pattern``), or one of
+    Triton's own (``triton_``; Triton consumes those it knows). Raises
+    InvalidRequest naming the field."""
     given = {}
     if sampling_parameters is not None:
         given = {name: (f"{SAMPLING_PARAMETERS}.{name}", value)
@@ -79,6 +81,7 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None) -> dict[s
                                  f"{SAMPLING_PARAMETERS}")
         given[name] = (name, value)
     inputs: dict[str, np.ndarray] = {}
+    places: dict[str, str] = {}
     for name, (place, value) in given.items():
         if value is None:
             continue
@@ -86,8 +89,22 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None) -> dict[s
             if input_name in inputs:
                 raise InvalidRequest(f"{place} sets {input_name}, which another of the "
                                      f"request's vLLM parameters sets too")
-            inputs[input_name] = array
-    return inputs
+            inputs[input_name], places[input_name] = array, place
+    return inputs, places
+
+
+def as_sent(error: InvalidRequest, places: Mapping[str, str]) -> InvalidRequest:
+    """`error` (a range check's, which begins with the input's name) naming
+    the vLLM parameter the client sent instead, where one carried that
+    input (``vllm_inputs``' places): ``min_tokens (min_length here) must
+    be >= 0``, ``sampling_parameters.temperature must be ...``."""
+    message = str(error)
+    for input_name, place in places.items():
+        if place != input_name and message.startswith(f"{input_name} "):
+            same = place.rsplit(".", 1)[-1] == input_name  # sampling_parameters.temperature
+            label = place if same else f"{place} ({input_name} here)"
+            return InvalidRequest(f"{label}{message[len(input_name):]}")
+    return error
 
 
 def _json_object(array) -> dict:
