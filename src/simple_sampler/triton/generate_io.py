@@ -97,6 +97,19 @@ def _logit_bias(ids, values) -> dict[int, float]:
     return bias
 
 
+def _add_vllm_inputs(present: dict[str, object], parameters) -> dict[str, str]:
+    """Add the inputs vLLM's sampling parameters carry (the
+    ``sampling_parameters`` input, taken out, and `parameters`) to
+    `present`, refusing one sent as an input too; where each was sent."""
+    vllm, sent_as = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
+    twice = sorted(set(vllm) & set(present))
+    if twice:
+        raise InvalidRequest(f"{twice[0]} is given twice: as an input and by a vLLM sampling "
+                             f"parameter")
+    present.update(vllm)
+    return sent_as
+
+
 def _one_request(present: Mapping[str, object]) -> None:
     """Refuse a batch of several requests (Triton's batch dimension, the
     first, above 1), naming an input that holds more than one."""
@@ -120,12 +133,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     ``GenerationRequest.validate`` when the decoder takes it.
     """
     present = {k: v for k, v in inputs.items() if v is not None}
-    vllm, sent_as = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
-    twice = sorted(set(vllm) & set(present))
-    if twice:
-        raise InvalidRequest(f"{twice[0]} is given twice: as an input and by a vLLM sampling "
-                             f"parameter")
-    present.update(vllm)
+    sent_as = _add_vllm_inputs(present, parameters)
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
