@@ -386,8 +386,11 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
 
     client = grpcclient.InferenceServerClient(server.grpc_url)
     inputs = []
+    # as vllm_backend's samples/client.py sends them: strings, both ways (its [1] shapes
+    # are [1, 1] here: this repository's models batch)
+    sent = {"temperature": "0", "max_tokens": "12", "top_k": "-1"}
     for name, value in (("text_input", PLAIN), ("sampling_parameters", json.dumps(
-            {"temperature": 0, "max_tokens": 12, "top_k": -1, "n": 1, "logprobs": None}))):
+            {**sent, "n": 1, "logprobs": None}))):
         tensor = grpcclient.InferInput(name, [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[value.encode()]], dtype=object))
         inputs.append(tensor)
@@ -395,7 +398,7 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
     flag.set_data_from_numpy(np.array([[True]]))
     answers = []
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    client.async_stream_infer(model, [*inputs, flag])
+    client.async_stream_infer(model, [*inputs, flag], parameters=sent)
     deadline = time.monotonic() + 60
     while not answers and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -81,9 +81,11 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
      "sampling_parameters.allowed_token_ids is not supported by this server"),
     ({}, {"n": 2}, r"sampling_parameters.n must be 1: this server implements no other \(got 2\)"),
     ({}, {"detokenize": False}, "sampling_parameters.detokenize must be true"),
-    ({}, {"temperature": "0.5"}, 'sampling_parameters.temperature must be a number, got "0.5"'),
-    ({}, {"max_tokens": 8.0}, "sampling_parameters.max_tokens must be an integer, got 8.0"),
+    ({}, {"temperature": "warm"}, 'sampling_parameters.temperature must be a number, got "warm"'),
+    ({}, {"max_tokens": 8.5}, "sampling_parameters.max_tokens must be an integer, got 8.5"),
+    ({}, {"max_tokens": "8.5"}, "sampling_parameters.max_tokens must be an integer, got 8.5"),
     ({}, {"ignore_eos": 1}, "sampling_parameters.ignore_eos must be a boolean, got 1"),
+    ({}, {"ignore_eos": "yes"}, 'sampling_parameters.ignore_eos must be a boolean, got "yes"'),
     ({}, {"stop": [1]}, r"sampling_parameters.stop\[0\] must be a string, got 1"),
     ({}, {"top_k": 2**40}, r"sampling_parameters.top_k must be in \[-2147483648, 2147483647\]"),
     ({}, {"logprobs": -1}, "sampling_parameters.logprobs must be >= 0"),
@@ -106,9 +108,22 @@ def test_the_json_input_must_be_one_object(sampling_parameters, message):
         decode_generate({**PROMPT, "sampling_parameters": sampling_parameters})
 
 
-def test_a_name_in_the_json_and_the_parameters_is_refused():
-    with pytest.raises(InvalidRequest, match="min_tokens is given twice: as a request parameter"):
-        decode_generate({**PROMPT, "sampling_parameters": as_json(min_tokens=1)}, {"min_tokens": 1})
+def test_the_vllm_sample_clients_request_is_taken_as_its_backend_takes_it():
+    """vllm_backend's samples/client.py sends its parameters as strings, both
+    in the JSON input and as request parameters: the numbers they spell
+    (as that backend casts them), the same value twice being one."""
+    sent = {"temperature": "0.1", "top_p": "0.95", "max_tokens": "100", "ignore_eos": "false"}
+    decoded = decode_generate({**PROMPT, "sampling_parameters": as_json(**sent)}, sent)
+    sampling = decoded.request.sampling
+    assert (sampling.temperature, sampling.top_p) == (pytest.approx(0.1), pytest.approx(0.95))
+    assert decoded.request.max_tokens == 100 and not decoded.request.ignore_end
+    assert decode_generate(PROMPT, {"max_tokens": 8.0}).request.max_tokens == 8
+
+
+def test_a_name_sent_twice_with_two_values_is_refused():
+    with pytest.raises(InvalidRequest, match="min_tokens and sampling_parameters.min_tokens both "
+                                             "set min_length, to different values"):
+        decode_generate({**PROMPT, "sampling_parameters": as_json(min_tokens=1)}, {"min_tokens": 2})
 
 
 @pytest.mark.parametrize("inputs, parameters, message", [

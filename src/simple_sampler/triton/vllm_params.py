@@ -67,29 +67,28 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
     as one (``x-request-id``, ``--http-header-forward-pattern``), or one of
     Triton's own (``triton_``; Triton consumes those it knows). Raises
     InvalidRequest naming the field."""
-    given = {}
+    given = []
     if sampling_parameters is not None:
-        given = {name: (f"{SAMPLING_PARAMETERS}.{name}", value)
-                 for name, value in _json_object(sampling_parameters).items()}
+        given = [(name, f"{SAMPLING_PARAMETERS}.{name}", value)
+                 for name, value in _json_object(sampling_parameters).items()]
     if isinstance(parameters, str):
         parameters = json.loads(parameters) if parameters.strip() else {}
-    for name, value in (parameters or {}).items():
-        if not name.isidentifier() or name.startswith("triton_"):
-            continue
-        if name in given:
-            raise InvalidRequest(f"{name} is given twice: as a request parameter and in "
-                                 f"{SAMPLING_PARAMETERS}")
-        given[name] = (name, value)
+    given += [(name, name, value) for name, value in (parameters or {}).items()
+              if name.isidentifier() and not name.startswith("triton_")]
     inputs: dict[str, np.ndarray] = {}
     places: dict[str, str] = {}
-    for name, (place, value) in given.items():
+    for name, place, value in given:
         if value is None:
             continue
         for input_name, array in _as_inputs(name, place, value).items():
-            if input_name in inputs:
-                raise InvalidRequest(f"{place} sets {input_name}, which another of the "
-                                     f"request's vLLM parameters sets too")
-            inputs[input_name], places[input_name] = array, place
+            # the vLLM backend's sample client sends its parameters both ways
+            # (samples/client.py): the same value twice is one
+            if input_name in inputs and not (inputs[input_name].dtype == array.dtype
+                                             and np.array_equal(inputs[input_name], array)):
+                raise InvalidRequest(f"{place} and {places[input_name]} both set {input_name}, "
+                                     f"to different values")
+            inputs[input_name] = array
+            places.setdefault(input_name, place)
     return inputs, places
 
 
@@ -171,8 +170,17 @@ def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
 
 
 def _typed(place: str, value, dtype: str):
-    """`value` if it has the JSON type the input's `dtype` takes (an integer
-    is a number too; a bool is neither): nothing is converted from text."""
+    """`value` as the input's `dtype` takes it: a JSON value of its type (an
+    integer is a number too, a number with no fraction an integer; a bool
+    is neither), or a string that spells one (``"0.1"``, ``"100"``,
+    ``"true"``), as the vLLM backend casts its parameters
+    (vllm_backend, src/utils/vllm_backend_utils.py,
+    ``TritonSamplingParams.from_dict``: its sample client sends
+    ``{"temperature": "0.1"}``); but nothing is rounded or guessed: a
+    fraction for an integer, or a word for a boolean other than true and
+    false, is refused."""
+    if isinstance(value, str) and dtype != "BYTES":
+        value = _spelled(value, dtype)
     if dtype == "BOOL":
         ok = isinstance(value, bool)
     elif dtype == "BYTES":
@@ -180,6 +188,8 @@ def _typed(place: str, value, dtype: str):
     elif dtype.startswith("FP"):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     else:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
         ok = isinstance(value, int) and not isinstance(value, bool)
         if ok and not np.iinfo(NUMPY[dtype]).min <= value <= np.iinfo(NUMPY[dtype]).max:
             raise InvalidRequest(f"{place} must be in [{np.iinfo(NUMPY[dtype]).min}, "
@@ -189,6 +199,21 @@ def _typed(place: str, value, dtype: str):
             dtype, "a number" if dtype.startswith("FP") else "an integer")
         raise InvalidRequest(f"{place} must be {kind}, got {json.dumps(value)}")
     return value.encode("utf-8") if dtype == "BYTES" else value
+
+
+def _spelled(text: str, dtype: str):
+    """The value a string spells for `dtype`, else the string (refused by
+    ``_typed``, naming it)."""
+    word = text.strip().lower()
+    if dtype == "BOOL":
+        return {"true": True, "false": False}.get(word, text)
+    try:
+        return float(word) if dtype.startswith("FP") else int(word)
+    except ValueError:
+        try:  # "100.0" for an integer: a number, refused by _typed if it has a fraction
+            return float(word) if not dtype.startswith("FP") else text
+        except ValueError:
+            return text
 
 
 def _array(value, dtype: str) -> np.ndarray:
