@@ -354,6 +354,23 @@ def test_a_stream_interval_below_one_is_refused():
     assert "stream_interval must be an integer >= 1, got 0" in str(error)
 
 
+def test_a_range_refusal_names_the_vllm_parameter_the_client_sent():
+    """The decoder's range check names min_length; the refusal names what the
+    client sent, vLLM's min_tokens as a request parameter."""
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    client = Client()
+    try:
+        service.submit(inputs(), client.send, on_done=client.done.set,
+                       parameters='{"min_tokens": -1}').result(60)
+    finally:
+        service.close()
+    [(outputs, error, final)] = client.responses
+    assert outputs is None and final
+    assert str(error).startswith("min_tokens (min_length here) must be >= 0")
+
+
 def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):
     """Triton gives every model 8 s to unload at exit: a decode loop that
     does not stop must not hold the model past it (docs/RELIABILITY.md)."""

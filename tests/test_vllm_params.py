@@ -90,7 +90,14 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
     ({}, {"top_k": 2**40}, r"sampling_parameters.top_k must be in \[-2147483648, 2147483647\]"),
     ({}, {"logprobs": -1}, "sampling_parameters.logprobs must be >= 0"),
     ({}, {"logit_bias": {"a": 1}}, "sampling_parameters.logit_bias's keys must be token ids"),
-    ({}, {"temperature": -1.0}, "temperature"),  # the input's range, checked where it is
+    ({}, {"temperature": -1.0}, "^temperature must be a finite"),  # the input's range
+    ({}, {"stop": ""}, r"sampling_parameters.stop\[0\] must be a non-empty string"),
+    ({}, {"bad_words": ["x", ""]}, r"sampling_parameters.bad_words\[1\] must be a non-empty"),
+    ({}, {"max_tokens": None}, "sampling_parameters.max_tokens must be an integer: null is"),
+    ({}, {"seed": -2**63 - 1}, r"sampling_parameters.seed must be in \[-9223372036854775808"),
+    ({}, {"n": "2"}, "sampling_parameters.n must be 1"),
+    ({}, {"return_logprobs": True}, r"unknown field sampling_parameters.return_logprobs: .*"
+                                    r"\(docs/TENSORS.md lists them\), so"),
 ])
 def test_refusals_name_the_field(inputs, parameters, message):
     with pytest.raises(InvalidRequest, match=message):
@@ -118,6 +125,9 @@ def test_the_vllm_sample_clients_request_is_taken_as_its_backend_takes_it():
     assert (sampling.temperature, sampling.top_p) == (pytest.approx(0.1), pytest.approx(0.95))
     assert decoded.request.max_tokens == 100 and not decoded.request.ignore_end
     assert decode_generate(PROMPT, {"max_tokens": 8.0}).request.max_tokens == 8
+    spelled = decode_generate({**PROMPT, "sampling_parameters": as_json(
+        seed="-1", n="1", detokenize="true", stream_interval="4")})
+    assert spelled.request.sampling.seed == 2**64 - 1 and spelled.stream_interval == 4
 
 
 def test_a_name_sent_twice_with_two_values_is_refused():

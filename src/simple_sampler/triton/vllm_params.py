@@ -20,7 +20,8 @@ Each name becomes the input that carries it (``min_tokens`` min_length,
 input's, checked where the input's is. A name given twice (as an input and
 here, or both here) is refused, as is a name this server does not implement
 and a value of the wrong type: nothing a client sent is dropped or altered.
-A null value is vLLM's default, as that backend takes it.
+A null value is vLLM's default, as that backend takes it (but for
+``max_tokens``, whose null, the context's rest, is refused).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ SAMPLING_PARAMETERS = "sampling_parameters"
 SAME_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
               "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
               "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "bad_words",
-              "prompt_logprobs",
+              "prompt_logprobs", "stream_interval",
               # the vLLM backend's own inputs, which a generate body may nest in "parameters"
               "stream", "exclude_input_in_output")
 RENAMED = {"min_tokens": "min_length", "stop": "stop_words"}
@@ -78,6 +79,10 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
     inputs: dict[str, np.ndarray] = {}
     places: dict[str, str] = {}
     for name, place, value in given:
+        if value is None and name == "max_tokens":
+            raise InvalidRequest(f"{place} must be an integer: null is vLLM's 'to the end of "
+                                 f"the context', which this server does not guess; send the "
+                                 f"number")
         if value is None:
             continue
         for input_name, array in _as_inputs(name, place, value).items():
@@ -127,9 +132,10 @@ def _json_object(array) -> dict:
 def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
     """One vLLM parameter as the inputs that carry it."""
     if name in _FIXED:
-        if value != _FIXED[name] or type(value) is not type(_FIXED[name]):
-            raise InvalidRequest(f"{place} must be {json.dumps(_FIXED[name])}: this server "
-                                 f"implements no other (got {value!r})")
+        fixed = _FIXED[name]
+        if _typed(place, value, "BOOL" if isinstance(fixed, bool) else "INT32") != fixed:
+            raise InvalidRequest(f"{place} must be {json.dumps(fixed)}: this server "
+                                 f"implements no other (got {json.dumps(value)})")
         return {}
     if name == "logprobs":
         count = _typed(place, value, "INT32")
@@ -152,21 +158,44 @@ def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
         raise InvalidRequest(f"{place} is not supported by this server")
     input_name = RENAMED.get(name, name if name in SAME_NAMES else None)
     if input_name is None:
+        where = ("docs/TENSORS.md lists them" if place != name else
+                 "docs/TENSORS.md lists them; over HTTP generate each is a top-level key")
         raise InvalidRequest(f"unknown field {place}: it names no input of this model nor "
-                             f"vLLM sampling parameter it takes (docs/TENSORS.md lists them; "
-                             f"over HTTP generate each is a top-level key), so it would be "
+                             f"vLLM sampling parameter it takes ({where}), so it would be "
                              f"ignored")
     tensor = _TENSORS[input_name]
-    if name == "seed" and isinstance(value, int) and -2**63 <= value < 0:
-        value += 2**64  # vLLM's int64 seed, read modulo 2^64 as torch.manual_seed reads it
     if tensor.dims == (-1,):  # a list: stop words, bad words, stop ids
-        items = [value] if isinstance(value, str) and tensor.dtype == "BYTES" else value
-        if not isinstance(items, list):
-            raise InvalidRequest(f"{place} must be a list")
-        return {input_name: np.array([[_typed(f"{place}[{i}]", item, tensor.dtype)
-                                       for i, item in enumerate(items)]],
-                                     NUMPY[tensor.dtype]).reshape(1, len(items))}
+        return {input_name: _list(place, value, tensor.dtype)}
+    if name == "seed":
+        return {input_name: _array(_seed(place, value), tensor.dtype)}
     return {input_name: _array(_typed(place, value, tensor.dtype), tensor.dtype)}
+
+
+def _list(place: str, value, dtype: str) -> np.ndarray:
+    """A list parameter as its [1, N] input: stop strings (one alone too),
+    bad words, stop ids. An empty string is refused, as vLLM refuses it
+    (vllm/sampling_params.py, ``SamplingParams._verify_args``: a stop
+    string may not be empty), not dropped."""
+    items = [value] if isinstance(value, str) and dtype == "BYTES" else value
+    if not isinstance(items, list):
+        raise InvalidRequest(f"{place} must be a list")
+    typed = [_typed(f"{place}[{i}]", item, dtype) for i, item in enumerate(items)]
+    for i, item in enumerate(typed):
+        if dtype == "BYTES" and not item:
+            raise InvalidRequest(f"{place}[{i}] must be a non-empty string")
+    return np.array([typed], NUMPY[dtype]).reshape(1, len(items))
+
+
+def _seed(place: str, value) -> int:
+    """vLLM's int64 seed as this server's uint64 one: a negative seed read
+    modulo 2^64, as torch.manual_seed reads vLLM's."""
+    seed = _typed(place, value, "INT64" if _negative(value) else "UINT64")
+    return seed + 2**64 if seed < 0 else seed
+
+
+def _negative(value) -> bool:
+    spelled = _spelled(value, "INT64") if isinstance(value, str) else value
+    return isinstance(spelled, (int, float)) and not isinstance(spelled, bool) and spelled < 0
 
 
 def _typed(place: str, value, dtype: str):
