@@ -73,8 +73,12 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
 
 @pytest.mark.parametrize("inputs, parameters, message", [
     ({"temperature": scalar(0.5, np.float32)}, {"temperature": 0.7},
-     "temperature is given twice: as an input and by a vLLM sampling parameter"),
+     "temperature is given twice, with different values: as an input and by the vLLM sampling "
+     "parameter sampling_parameters.temperature"),
     ({"min_length": scalar(1, np.int32)}, {"min_tokens": 2}, "min_length is given twice"),
+    ({"max_tokens": scalar(4, np.int32)}, {"min_tokens": 5},
+     r"sampling_parameters.min_tokens \(5\) must be at most max_tokens \(4\)"),
+    ({}, {"min_tokens": 17}, r"min_tokens \(17\) must be at most max_tokens \(16\)"),
     ({}, {"logprobs": 1, "return_log_probs": True}, "unknown field sampling_parameters.return_"),
     ({}, {"temprature": 0.5}, "unknown field sampling_parameters.temprature: it names no input"),
     ({}, {"allowed_token_ids": [1]},
@@ -128,6 +132,14 @@ def test_the_vllm_sample_clients_request_is_taken_as_its_backend_takes_it():
     spelled = decode_generate({**PROMPT, "sampling_parameters": as_json(
         seed="-1", n="1", detokenize="true", stream_interval="4")})
     assert spelled.request.sampling.seed == 2**64 - 1 and spelled.stream_interval == 4
+
+
+def test_an_input_sent_as_a_vllm_parameter_too_with_the_same_value_is_one():
+    """genai-perf's --backend vllm with --extra-inputs max_tokens:16 sends
+    max_tokens as an input and in sampling_parameters ("16")."""
+    decoded = decode_generate({**PROMPT, "max_tokens": scalar(16, np.int32),
+                               "sampling_parameters": as_json(max_tokens="16")})
+    assert decoded.request.max_tokens == 16
 
 
 def test_a_name_sent_twice_with_two_values_is_refused():

@@ -31,6 +31,8 @@ def tokenize_kind(body: bytes) -> type:
         data = json.loads(body)
     except ValueError:
         data = None  # parse() names the JSON's fault
+    if isinstance(data, dict) and {"messages", "prompt"} <= data.keys():
+        raise RequestError("give one of prompt and messages, not both", "messages")
     return TokenizeChatRequest if isinstance(data, dict) and "messages" in data else \
         TokenizeCompletionRequest
 

@@ -100,13 +100,21 @@ def _logit_bias(ids, values) -> dict[int, float]:
 def _add_vllm_inputs(present: dict[str, object], parameters) -> dict[str, str]:
     """Add the inputs vLLM's sampling parameters carry (the
     ``sampling_parameters`` input, taken out, and `parameters`) to
-    `present`, refusing one sent as an input too; where each was sent."""
+    `present`, refusing one sent as an input too with another value, and
+    vLLM's min_tokens above max_tokens; where each was sent."""
     vllm, sent_as = vllm_inputs(present.pop(SAMPLING_PARAMETERS, None), parameters)
-    twice = sorted(set(vllm) & set(present))
-    if twice:
-        raise InvalidRequest(f"{twice[0]} is given twice: as an input and by a vLLM sampling "
-                             f"parameter")
+    for name in sorted(set(vllm) & set(present)):  # genai-perf's --extra-inputs max_tokens:16
+        if not np.array_equal(np.asarray(present[name]).reshape(-1), vllm[name].reshape(-1)):
+            raise InvalidRequest(f"{name} is given twice, with different values: as an input "
+                                 f"and by the vLLM sampling parameter {sent_as[name]}")
     present.update(vllm)
+    if "min_length" in vllm:  # vLLM's rule (SamplingParams._verify_args), not min_length's
+        least, most = _single("min_length", present["min_length"]), (
+            _single("max_tokens", present["max_tokens"]) if "max_tokens" in present
+            else GenerationRequest.max_tokens)
+        if isinstance(least, int) and isinstance(most, int) and least > most:
+            raise InvalidRequest(f"{sent_as['min_length']} ({least}) must be at most max_tokens "
+                                 f"({most})")
     return sent_as
 
 
