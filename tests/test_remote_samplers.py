@@ -124,8 +124,8 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     the stub's failure, or the request's whole timeout on a hung host). A
     hung host (its tritonserver stopped) costs a shard sent there only its
     target's ``late_after``, not the request's 10 s timeout: the shard is
-    sampled elsewhere, and the host left out once late twice in a row. The
-    server's stop then removes the dead stub's region too."""
+    sampled elsewhere, and the host takes no shard until that call ends.
+    The server's stop then removes the dead stub's region too."""
     from simple_sampler.triton.sampler_client import SamplerClient
     from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
 
@@ -143,12 +143,18 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
         try:
             sent = time.monotonic()  # its shard waits for it only until it is late
             assert pool_step(pool, 4096, seed=9) == ([0, 8], True)
-            up_after_one = pool.targets[0].is_up(time.monotonic())
-            assert pool_step(pool, 4096, seed=10) == ([0, 8], True)  # late twice in a row: down
-            late_s = (time.monotonic() - sent) / 2
+            late_s, sent = time.monotonic() - sent, time.monotonic()
+            left_out = not pool.targets[0].is_up(time.monotonic())  # its late call runs
+            assert pool_step(pool, 4096, seed=10) == ([0, 8], True)
+            next_s = time.monotonic() - sent
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
-        assert up_after_one and not pool.targets[0].is_up(time.monotonic())
+        assert left_out and pool.targets[0].lates == 1
+        deadline = time.monotonic() + 10  # the late call answers now: the host is back
+        while pool.targets[0].abandoned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.targets[0].is_up(time.monotonic())
+        assert next_s < 1.0, f"{next_s:.1f} s: a shard went to the host whose call was late"
         stub = [s for s in list_stubs(server.process.pid) if s.model == "simple_sampler"][0]
         os.kill(stub.pid, signal.SIGSTOP)
         try:

@@ -213,18 +213,27 @@ def test_a_probe_answer_older_than_a_failure_does_not_take_the_target_back():
 
 class Hanging(Sampler):
     """A remote host's sampler that answers at once but hangs every call
-    while `hanging` is set: until `release` (then it answers, late, or fails
-    if `fail`), or 5 s (a request's timeout: it fails)."""
+    while `hanging` is set: until `answer()` lets one call through (then it
+    answers, late, or fails if `fail`), or 5 s (a request's timeout: it
+    fails)."""
 
     def __init__(self):
         super().__init__()
-        self.hanging, self.fail, self.release, self.hung = False, False, threading.Event(), 0
+        self.hanging, self.fail, self.hung, self.ended = False, False, 0, threading.Event()
+        self.gate = threading.Semaphore(0)
+
+    def answer(self, calls=1):
+        for _ in range(calls):
+            self.gate.release()
 
     def __call__(self, inputs):
         if self.hanging:
             self.hung += 1
-            if not self.release.wait(5) or self.fail:
-                raise SamplerCallError("Deadline Exceeded")
+            try:
+                if not self.gate.acquire(timeout=5) or self.fail:
+                    raise SamplerCallError("Deadline Exceeded")
+            finally:
+                self.ended.set()
         return super().__call__(inputs)
 
 
@@ -234,12 +243,12 @@ ONE_ROW = {"logits": np.zeros((1, VOCAB), np.float32)}
 
 def hanging_pool(capacity=1):
     hanging, healthy, retries = Hanging(), Sampler(), []
-    pool = SamplerPool([SamplerTarget("remote", hanging, capacity, probe=lambda: True),
-                        SamplerTarget("local", healthy, 2)],
+    remote = SamplerTarget("remote", hanging, capacity, probe=lambda: True)
+    remote.times[True].observe(0.005, ONE_ROW["logits"].nbytes)  # its usual answers: fast
+    pool = SamplerPool([remote, SamplerTarget("local", healthy, 2)],
                        on_retry=lambda: retries.append(1), probe_after_s=60, min_rows=1)
-    for seed in range(3):  # its answers' time learnt: the floor, LATE_FLOOR_S
-        step(pool, seed=seed)
-    assert pool.targets[0].late_after(ONE_ROW) == LATE_FLOOR_S and hanging.rows
+    step(pool)
+    assert remote.late_after(ONE_ROW) == LATE_FLOOR_S and hanging.rows
     hanging.hanging = True
     return pool, hanging, healthy, retries
 
@@ -252,53 +261,160 @@ def timed_step(pool, seed):
     assert took < 2.5, f"{took:.2f} s: the shard waited for the hung call's timeout"
 
 
-def test_a_late_shard_goes_elsewhere_and_a_second_late_in_a_row_marks_its_target_down():
+def wait_for(condition):
+    deadline = time.monotonic() + 5
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition()
+
+
+def test_a_late_shard_goes_elsewhere_and_a_second_late_episode_marks_its_target_down():
     """A shard a remote target has not answered within its ``late_after`` is
     sent to another target that is up (the same rows: the same tokens), its
-    call left running; the target stays up after one late (a slow answer is
-    not a failure) and is left out as a failed one after two in a row."""
+    call left running; the target takes no shard until that call ends, its
+    limit backed off; one late episode leaves it up, a second in a row marks
+    it down as a failed one."""
     pool, hanging, _, retries = hanging_pool()
+    remote = pool.targets[0]
     try:
         timed_step(pool, seed=7)
-        assert hanging.hung == 1 and len(retries) == 1
-        assert pool.targets[0].is_up(time.monotonic()) and pool.targets[0].lates == 1
+        assert hanging.hung == 1 and len(retries) == 1 and remote.lates == 1
+        assert not remote.is_up(time.monotonic())  # its late call still runs
         timed_step(pool, seed=8)
-        assert hanging.hung == 2 and len(retries) == 2
-        assert pool.targets[0].down_until > time.monotonic() + 50 and not pool.targets[0].answered
+        assert hanging.hung == 1  # nothing more sent to it meanwhile
+        hanging.answer()  # the late call answers: up again, its limit backed off
+        wait_for(lambda: remote.abandoned == 0)
+        assert remote.is_up(time.monotonic()) and remote.late_after(ONE_ROW) == 2 * LATE_FLOOR_S
+        timed_step(pool, seed=9)
+        assert hanging.hung == 2 and remote.down_until > time.monotonic() + 50
     finally:
-        hanging.release.set()
+        hanging.answer(5)
+        pool.close()
+
+
+def test_a_late_episode_ends_with_an_answer_in_time():
+    """Late, then answered in time, then late: one late in a row each time,
+    never marked down; the answer in time resets the backed-off limit."""
+    pool, hanging, _, _ = hanging_pool()
+    remote = pool.targets[0]
+    try:
+        for seed in (7, 8):
+            hanging.hanging = True
+            timed_step(pool, seed=seed)
+            hanging.hanging = False
+            hanging.answer()
+            wait_for(lambda: remote.abandoned == 0)
+            step(pool, seed=seed + 10)  # answered in time
+            assert remote.lates == 0 and remote.late_after(ONE_ROW) == LATE_FLOOR_S
+        assert remote.down_until == 0.0 and hanging.hung == 2
+    finally:
+        pool.close()
+
+
+def test_the_shards_of_one_step_late_together_are_one_episode():
+    """A host of two instances stalls once: both of the step's shards are
+    late, which is one late episode, not two in a row."""
+    pool, hanging, _, retries = hanging_pool(capacity=2)
+    try:
+        timed_step(pool, seed=7)
+        assert hanging.hung == 2 and len(retries) == 2
+        assert pool.targets[0].lates == 1 and pool.targets[0].down_until == 0.0
+    finally:
+        hanging.answer(2)
+        pool.close()
 
 
 def test_a_late_calls_own_failure_marks_its_target_down():
     pool, hanging, _, _ = hanging_pool()
     hanging.fail = True
-    timed_step(pool, seed=7)
-    assert pool.targets[0].is_up(time.monotonic())
-    hanging.release.set()  # the late call fails now: its target is marked down
-    deadline = time.monotonic() + 5
-    while pool.targets[0].down_until < time.monotonic() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert pool.targets[0].down_until > time.monotonic() + 50
+    try:
+        timed_step(pool, seed=7)
+        assert pool.targets[0].down_until == 0.0
+        hanging.answer()  # the late call fails now: its target is marked down
+        wait_for(lambda: pool.targets[0].down_until > time.monotonic() + 50)
+    finally:
+        pool.close()
+
+
+def test_a_late_calls_failure_after_an_answer_in_time_marks_nothing():
+    """A host that answered in time since a late call was sent is back: that
+    call's failure, long after, does not mark it down."""
+    pool, hanging, _, _ = hanging_pool()
+    remote = pool.targets[0]
+    hanging.fail = True
+    try:
+        timed_step(pool, seed=7)
+        with remote._late_lock:
+            remote.answered_at = time.monotonic()  # it answered another call in time meanwhile
+        hanging.answer()
+        wait_for(lambda: remote.abandoned == 0)
+        assert remote.down_until == 0.0
+    finally:
+        pool.close()
 
 
 def test_a_late_answer_is_not_counted_into_the_answer_times():
     """Karn's rule: an answer nobody waited for says nothing of the next one's
     time (counted, a host that answered its hung calls late would hold every
-    later shard about as long)."""
+    later shard about as long); the limit stays backed off until an answer
+    comes in time."""
     pool, hanging, _, _ = hanging_pool()
+    try:
+        timed_step(pool, seed=7)
+        time.sleep(0.5)
+        hanging.answer()  # the late call answers, 0.5 s late
+        wait_for(lambda: pool.targets[0].abandoned == 0)
+        assert pool.targets[0].late_after(ONE_ROW) == 2 * LATE_FLOOR_S
+    finally:
+        pool.close()
+
+
+def test_a_host_grown_slower_for_good_is_learnt():
+    """RFC 6298's backoff: a host whose answers now take 0.3 s (past its
+    0.2 s limit) is late once, then given twice the time, answers in time,
+    and its new time is learnt: it keeps sampling its share."""
+    slow, healthy = Sampler(), Sampler()
+
+    def call(inputs):
+        time.sleep(0.3)
+        return slow(inputs)
+
+    remote = SamplerTarget("remote", call, 1, probe=lambda: True)
+    remote.times[True].observe(0.005, ONE_ROW["logits"].nbytes)
+    pool = SamplerPool([remote, SamplerTarget("local", healthy, 1)], probe_after_s=60, min_rows=1)
+    try:
+        step(pool, seed=1)  # late: sampled by local
+        wait_for(lambda: remote.abandoned == 0)
+        for seed in range(2, 5):
+            step(pool, seed=seed)
+        assert slow.rows and remote.down_until == 0.0 and remote.lates == 0
+        assert remote.late_after(ONE_ROW) > 0.3
+    finally:
+        pool.close()
+
+
+def test_close_ends_a_late_call_and_marks_nothing(caplog):
+    class Closable(Hanging):
+        def close(self):
+            self.answer()
+
+    hanging, retries = Closable(), []
+    remote = SamplerTarget("remote", hanging, 1, probe=lambda: True)
+    remote.times[True].observe(0.005, ONE_ROW["logits"].nbytes)
+    pool = SamplerPool([remote, SamplerTarget("local", Sampler(), 2)], probe_after_s=60,
+                       min_rows=1, on_retry=lambda: retries.append(1))
+    hanging.hanging = hanging.fail = True
     timed_step(pool, seed=7)
-    time.sleep(0.5)
-    hanging.release.set()  # the late call answers, 0.5 s late
-    deadline = time.monotonic() + 5
-    while len(hanging.rows) < 4 and time.monotonic() < deadline:  # 3 warm-up answers, then it
-        time.sleep(0.01)
-    assert len(hanging.rows) == 4 and pool.targets[0].late_after(ONE_ROW) == LATE_FLOOR_S
+    pool.close()  # the remote's client closed: its late call fails at once
+    assert hanging.ended.wait(2)
+    wait_for(lambda: remote.abandoned == 0)
+    assert remote.down_until == 0.0 and "failed" not in caplog.text
 
 
 def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends_it_again():
     """``send_now`` (the data-plane thread's path) waits for a remote shard
-    only until its ``late_after`` when another target is up: None (two
-    shards late in a row: the target marked down), and the event loop's
+    only until its ``late_after`` when another target is up: None (the
+    target takes no shard while its late calls run), and the event loop's
     ``send`` samples the rows elsewhere."""
     pool, hanging, _, retries = hanging_pool(capacity=2)
     rows = torch.randn(12, VOCAB)
@@ -312,7 +428,7 @@ def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends
         assert tokens.tolist() == sample(rows.numpy(), batch, return_logprobs=False).token_ids.tolist()
         assert hanging.hung == 2  # nothing more sent to it
     finally:
-        hanging.release.set()
+        hanging.answer(2)
         pool.close()
 
 

@@ -21,10 +21,12 @@ another target that is up, and the target that failed is marked down for
 (and marked down again if it still fails), a remote one once its readiness
 probe has answered (``sampler_targets.SamplerTarget``). A shard a remote
 target has not answered within its ``late_after`` (its answers' usual time
-and spread) is sent again at once to another target that is up, the late
-call left running, its answer unread: a host that hangs some requests costs
-each of them that, not the request's whole timeout. Two lates in a row, or
-the late call's failure, mark the target down. When no other
+and spread, backed off by each late) is sent again at once to another target
+that is up, the late call left running, its answer unread: a host that
+hangs some requests costs each of them that, not the request's whole
+timeout. The target takes no shard while a late call of its runs; two late
+episodes in a row, or the late call's failure with no answer in time since,
+mark it down. When no other
 target is up the shard waits (backoff from RETRY_FIRST_S, doubling to
 RETRY_MAX_S) and goes to the target that will be back soonest, until
 ``deadline_s`` has passed. A shard the sampler refused (INVALID_ARG: the rows
@@ -38,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -54,8 +55,8 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
 from ..schema import TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
-from .sampler_targets import (LATE_STRIKES, PROBE_AFTER_S, REMOTE_TIMEOUT_S, RemoteSampler,
-                              SamplerCall, SamplerCallError, SamplerTarget)
+from .sampler_targets import (PROBE_AFTER_S, RemoteSampler, SamplerCall, SamplerCallError,
+                              SamplerTarget)
 
 log = logging.getLogger(__name__)
 #: Full rows per shard at least with one lane: a row's kernel (tens to
@@ -97,6 +98,7 @@ class SamplerPool:
     #: remote shard (made on first use)
     helpers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _helpers_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    closed: bool = field(default=False, init=False)
 
     #: the rows' top logprobs come back (serving/samplers.SampleResult)
     gives_top_logprobs = True
@@ -146,7 +148,8 @@ class SamplerPool:
         rows) with `batch`'s parameters, sharded over the targets; returns
         each output concatenated, [B] (output_log_probs NaN where not asked).
         lease: the logits' place in the arena (``row_arena.RowLease``), for
-        the targets that share memory; every shard has answered or failed
+        the targets that share memory; every shard has answered, failed or
+        (a remote one, never given the lease) been given up on as late
         when this returns or raises. most_shards: at most that many requests
         (``shards``). scalars: ``batch_arrays(batch, packed=True)``, when
         the caller has it already."""
@@ -189,20 +192,18 @@ class SamplerPool:
         limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
         left = [threading.Event() for _ in shards]  # set: abandoned as late
+        sent_at = time.monotonic()
         calls = [self._helpers().submit(_answer, target.timed_call, part, abandoned)
                  for (target, _, _), part, abandoned in zip(shards[here:], parts[here:], left[here:])]
         answers = [_answer(shards[0][0].timed_call, parts[0])] if here else []
         remote = [(call, limit) for call, limit in zip(calls, limits[here:]) if limit is not None]
         wait([call for call, _ in remote], timeout=max((limit for _, limit in remote), default=0))
-        for call, (target, _, _), limit, abandoned in zip(calls, shards[here:], limits[here:],
-                                                          left[here:]):
+        for call, (target, _, _), part, limit, abandoned in zip(calls, shards[here:], parts[here:],
+                                                                limits[here:], left[here:]):
             if limit is None or call.done() or not self._others_up(target):
                 answers.append(call.result())  # a slow answer beats none
                 continue
-            abandoned.set()
-            call.add_done_callback(functools.partial(self._abandoned_end, target))
-            answers.append(SamplerCallError(f"{target.name}: no answer within "
-                                            f"{limit * 1e3:.0f} ms", late=True))
+            answers.append(self._give_up(target, call, part, sent_at, abandoned, limit))
         for (target, _, _), answer in zip(shards, answers):
             if isinstance(answer, SamplerCallError):
                 if not answer.retryable:
@@ -217,6 +218,7 @@ class SamplerPool:
     def close(self) -> None:
         """Stop the pool's threads (idle once the decode loop has stopped) and
         close the remote targets' clients, which ends a call left late."""
+        self.closed = True
         with self._helpers_lock:
             if self.helpers is not None:
                 self.helpers.shutdown(wait=False, cancel_futures=True)
@@ -226,18 +228,18 @@ class SamplerPool:
 
     def _helpers(self) -> ThreadPoolExecutor:
         """``helpers``: a thread per capacity slot and lane, since a lane's
-        step has at most one shard per slot (``shards``), and room for the
-        late calls of the remote slots, each holding its thread until it
-        ends (within REMOTE_TIMEOUT_S; threads are made only as needed): a
-        target is marked down by its second late in a row, or its late
-        call's failure, and left out for probe_after_s at least."""
+        step has at most one shard per slot (``shards``), and one more per
+        remote slot and lane for the late calls, each holding its thread
+        until it ends (within REMOTE_TIMEOUT_S): a target whose late call
+        runs takes no shard (``SamplerTarget.is_up``), so at most a lane's
+        shards per slot are late at a time (threads are made only as
+        needed)."""
         with self._helpers_lock:  # asked from the event loop and the data-plane thread
             if self.helpers is None:
                 slots = sum(target.capacity for target in self.targets)
                 remote = sum(target.capacity for target in self.targets
                              if target.probe is not None)
-                rounds = LATE_STRIKES * math.ceil(REMOTE_TIMEOUT_S / max(self.probe_after_s, 1e-3))
-                self.helpers = ThreadPoolExecutor(max(1, self.lanes) * (slots + rounds * remote),
+                self.helpers = ThreadPoolExecutor(max(1, self.lanes) * (slots + remote),
                                                   thread_name_prefix="sampler-shard")
             return self.helpers
 
@@ -312,42 +314,56 @@ class SamplerPool:
         late = target.late_after(inputs)
         if late is None:
             return await asyncio.to_thread(target.timed_call, inputs)
-        abandoned = threading.Event()
+        abandoned, sent_at = threading.Event(), time.monotonic()
         running = self._helpers().submit(target.timed_call, inputs, abandoned)
         call = asyncio.wrap_future(running)
         try:
             while not (await asyncio.wait({call}, timeout=late))[0]:
-                if self._others_up(target):
-                    abandoned.set()  # its end, in its own thread: whether the loop runs or not
-                    running.add_done_callback(functools.partial(self._abandoned_end, target))
+                if self._others_up(target) and not running.done():
                     call.add_done_callback(_retrieved)
-                    raise SamplerCallError(f"{target.name}: no answer within "
-                                           f"{late * 1e3:.0f} ms", late=True)
+                    raise self._give_up(target, running, inputs, sent_at, abandoned, late)
             return await call
         except asyncio.CancelledError:
             call.cancel()
             raise
 
+    def _give_up(self, target: SamplerTarget, running, inputs: dict[str, np.ndarray],
+                 sent_at: float, abandoned: threading.Event, late: float) -> SamplerCallError:
+        """Give up on a late call (`running`, its concurrent future; sent at
+        `sent_at`): not counted when it ends (`abandoned`), never sent if it
+        is still queued, its end ``_abandoned_end``; the late error to send
+        its shard again with (``SamplerTarget.abandon``: whether it begins a
+        late episode, and marks the target down)."""
+        abandoned.set()
+        struck, down = target.abandon(inputs, sent_at)
+        running.cancel()
+        running.add_done_callback(functools.partial(self._abandoned_end, target, sent_at))
+        return SamplerCallError(f"{target.name}: no answer within {late * 1e3:.0f} ms",
+                                late=True, struck=struck, down=down)
+
     def _failed(self, target: SamplerTarget, error: SamplerCallError) -> None:
         """A shard's call failed or was late: its shard is sent again; the
-        target is marked down unless it was only late, and not twice in a
-        row (a late call's own failure marks it down then)."""
+        target is marked down unless it was only late and that did not make
+        LATE_STRIKES episodes in a row (logged once an episode)."""
         self.on_retry()
-        if error.late and not target.struck_late():
-            log.info("sampler %s was late (%s); its shard went elsewhere", target.name, error)
+        if error.late and not error.down:
+            if error.struck:
+                log.info("sampler %s was late (%s); its shards go elsewhere until that call "
+                         "ends", target.name, error)
             return
         self._mark_down(target, error)
 
-    def _abandoned_end(self, target: SamplerTarget, call) -> None:
-        """A late call's end (an asyncio or a concurrent future): its failure
-        marks the target down; an error of ours is logged, not lost."""
-        if call.cancelled():
-            return
-        outcome = call.exception() or call.result()
-        if isinstance(outcome, SamplerCallError):
-            if outcome.retryable:
+    def _abandoned_end(self, target: SamplerTarget, sent_at: float, call) -> None:
+        """A late call's end (a concurrent future, in the thread that ends
+        it): its failure marks the target down, unless it answered in time
+        since the call was sent, is down already, or the pool is closed (a
+        closed client's error); an error of ours is logged, not lost."""
+        outcome = None if call.cancelled() else call.exception() or call.result()
+        failed = isinstance(outcome, SamplerCallError) and outcome.retryable
+        if target.abandoned_end(sent_at, failed):
+            if not self.closed and target.down_until <= time.monotonic():
                 self._mark_down(target, outcome)
-        elif isinstance(outcome, BaseException):
+        elif isinstance(outcome, BaseException) and not isinstance(outcome, SamplerCallError):
             log.error("a late call to sampler %s raised", target.name, exc_info=outcome)
 
     def _others_up(self, target: SamplerTarget) -> list[SamplerTarget]:

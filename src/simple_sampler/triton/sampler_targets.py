@@ -30,11 +30,14 @@ REMOTE_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 1.0
 #: A remote call is late past its kind's answers' smoothed time plus
 #: LATE_SPREADS of their mean deviation (RFC 6298's estimator: K = 4, gains
-#: 1/8 and 1/4, fed only by calls answered in time, Karn's rule), but never
-#: before LATE_FLOOR_S; LATE_FIRST_S until that kind was answered once. A late
-#: call's shard is sent again elsewhere, the late call left running, its
-#: answer unread (a hedge); LATE_STRIKES lates in a row, or the late call's
-#: failure, mark the target down.
+#: 1/8 and 1/4, fed only by answers not given up on, Karn's rule), never
+#: before LATE_FLOOR_S, LATE_FIRST_S until that kind was answered once, and
+#: doubled by each late until an answer comes in time (RFC 6298's backoff:
+#: a host grown slower for good is learnt, not given up on at every call). A
+#: late call's shard is sent again elsewhere, the late call left running, its
+#: answer unread (a hedge); LATE_STRIKES late episodes in a row, or the late
+#: call's failure with no answer in time since it was sent, mark the target
+#: down.
 LATE_SPREADS, LATE_FLOOR_S, LATE_FIRST_S, LATE_STRIKES = 4.0, 0.2, PROBE_TIMEOUT_S, 2
 _ANSWER_GAIN, _SPREAD_GAIN = 1 / 8, 1 / 4
 
@@ -44,11 +47,14 @@ class SamplerCallError(RuntimeError):
     refused the rows themselves (INVALID_ARG): a dead or reloading instance,
     a transport error or a timeout are worth sending again."""
 
-    def __init__(self, message: str, retryable: bool = True, late: bool = False):
+    def __init__(self, message: str, retryable: bool = True, late: bool = False,
+                 struck: bool = False, down: bool = True):
         super().__init__(message)
         self.retryable = retryable
-        #: no answer within the target's ``late_after``: the call left running
-        self.late = late
+        #: no answer within the target's ``late_after``: the call left running;
+        #: `struck`, it began a late episode; `down`, the target is marked down
+        #: (always, for a failure)
+        self.late, self.struck, self.down = late, struck, down
 
 
 class AnswerTimes:
@@ -58,10 +64,16 @@ class AnswerTimes:
 
     def __init__(self):
         self.answer_s = self.spread_s = self.request_bytes = 0.0  # 0: none yet
+        self.backoff = 1.0  # doubled by each late, 1 again once answered in time
         self._lock = threading.Lock()  # answers come from several threads
+
+    def back_off(self) -> None:
+        with self._lock:
+            self.backoff = min(2 * self.backoff, 2.0 ** 10)
 
     def observe(self, took: float, size: int) -> None:
         with self._lock:
+            self.backoff = 1.0
             if not self.answer_s:
                 self.answer_s, self.spread_s, self.request_bytes = took, took / 2, size
                 return
@@ -73,9 +85,10 @@ class AnswerTimes:
         """When a request of `size` bytes is late: a larger one than usual
         (a step of more rows) is given time in proportion."""
         if not self.answer_s:
-            return LATE_FIRST_S
+            return min(REMOTE_TIMEOUT_S, LATE_FIRST_S * self.backoff)
         larger = size / self.request_bytes if self.request_bytes else 1.0
-        return max(LATE_FLOOR_S, (self.answer_s + LATE_SPREADS * self.spread_s) * max(1.0, larger))
+        usual = max(LATE_FLOOR_S, (self.answer_s + LATE_SPREADS * self.spread_s) * max(1.0, larger))
+        return min(REMOTE_TIMEOUT_S, usual * self.backoff)
 
 
 #: call(inputs) -> outputs: one synchronous request for some rows (inputs by
@@ -116,8 +129,14 @@ class SamplerTarget:
     #: its answers' times, by kind (full rows or not): ``late_after``
     times: dict = field(default_factory=lambda: {True: AnswerTimes(), False: AnswerTimes()},
                         repr=False, compare=False)
-    #: calls late in a row (``struck_late``)
+    #: late episodes in a row (``abandon``), when the last began, when it last
+    #: answered in time, and its late calls still running
     lates: int = 0
+    struck_at: float = 0.0
+    answered_at: float = 0.0
+    abandoned: int = 0
+    _late_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                       compare=False)
 
     def timed_call(self, inputs: dict[str, np.ndarray],
                    abandoned: threading.Event | None = None) -> dict[str, np.ndarray]:
@@ -127,9 +146,10 @@ class SamplerTarget:
         started = time.monotonic()
         outputs = self.call(inputs)
         if abandoned is None or not abandoned.is_set():
-            self.times["logits" in inputs].observe(time.monotonic() - started,
-                                                   request_size(inputs))
-            self.lates = 0
+            now = time.monotonic()
+            self.times["logits" in inputs].observe(now - started, request_size(inputs))
+            with self._late_lock:
+                self.lates, self.answered_at = 0, now
         return outputs
 
     def late_after(self, inputs: dict[str, np.ndarray]) -> float | None:
@@ -143,14 +163,31 @@ class SamplerTarget:
             return None
         return self.times["logits" in inputs].limit(request_size(inputs))
 
-    def struck_late(self) -> bool:
-        """A call to it was late: whether that makes LATE_STRIKES in a row
-        (then it is marked down, as a failed target is)."""
-        self.lates += 1
-        return self.lates >= LATE_STRIKES
+    def abandon(self, inputs: dict[str, np.ndarray], sent_at: float) -> tuple[bool, bool]:
+        """A call of `inputs` sent at `sent_at` is given up on as late: its
+        kind's limit backs off, and it takes no new shard while a late call
+        of its runs (``is_up``). Returns (whether this begins a late episode:
+        calls sent before the last one began are of it, as a step's several
+        shards are; whether that makes LATE_STRIKES in a row, when it is
+        marked down as a failed target is)."""
+        self.times["logits" in inputs].back_off()
+        with self._late_lock:
+            self.abandoned += 1
+            if sent_at <= self.struck_at:
+                return False, False
+            self.lates, self.struck_at = self.lates + 1, time.monotonic()
+            return True, self.lates >= LATE_STRIKES
+
+    def abandoned_end(self, sent_at: float, failed: bool) -> bool:
+        """A late call sent at `sent_at` ended (`failed`: with a retryable
+        error); whether that marks the target down: only if nothing was
+        answered in time since it was sent (a host back since is not)."""
+        with self._late_lock:
+            self.abandoned -= 1
+            return failed and self.answered_at < sent_at
 
     def is_up(self, now: float) -> bool:
-        if self.down_until > now:
+        if self.down_until > now or self.abandoned:
             return False
         if self.answered or self.probe is None:
             return True
@@ -168,6 +205,8 @@ class SamplerTarget:
         self.failures += 1
         self.failed_times += 1
         self.answered = False
+        with self._late_lock:  # the probe decides now; its lates start again
+            self.lates = 0
         self.probe_after_s = probe_after_s
         self.down_until = time.monotonic() + probe_after_s
 
@@ -226,6 +265,7 @@ class RemoteSampler:
         """Close its clients: a call still running (one left late) ends now."""
         with self._clients_lock:
             clients, self._clients = self._clients + [self._probe_client], []
+            self._probe_client = None
         for client in filter(None, clients):
             client.close()
 
