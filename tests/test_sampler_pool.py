@@ -319,6 +319,7 @@ def test_the_shards_of_one_step_late_together_are_one_episode():
         timed_step(pool, seed=7)
         assert hanging.hung == 2 and len(retries) == 2
         assert pool.targets[0].lates == 1 and pool.targets[0].down_until == 0.0
+        assert pool.targets[0].late_after(ONE_ROW) == 2 * LATE_FLOOR_S  # backed off once
     finally:
         hanging.answer(2)
         pool.close()
@@ -429,6 +430,28 @@ def test_the_synchronous_path_gives_up_on_a_late_remote_shard_and_the_loop_sends
         assert hanging.hung == 2  # nothing more sent to it
     finally:
         hanging.answer(2)
+        pool.close()
+
+
+def test_the_synchronous_path_gives_up_on_two_stalled_remotes_at_once():
+    """Two remote targets stall together: ``send_now`` gives up on both at
+    their limit (the targets up are taken before it gives up on any), not on
+    the first and then waits out the second."""
+    first, second = Hanging(), Hanging()
+    targets = [SamplerTarget(name, sampler, 1, probe=lambda: True)
+               for name, sampler in (("a", first), ("b", second))]
+    for target in targets:
+        target.times[True].observe(0.005, ONE_ROW["logits"].nbytes)
+    pool = SamplerPool(targets, min_rows=1)
+    rows = torch.randn(4, VOCAB)
+    batch = SamplingBatch.from_params([SamplingParams(seed=row) for row in range(4)])
+    first.hanging = second.hanging = True
+    try:
+        started = time.monotonic()
+        assert pool.send_now({"logits": rows.numpy()}, batch) is None
+        assert time.monotonic() - started < 2.0 and first.hung == second.hung == 1
+    finally:
+        first.answer(), second.answer()
         pool.close()
 
 

@@ -178,8 +178,8 @@ class SamplerPool:
         at once from the pool's own threads, and this thread waits for every
         answer (a remote one until the latest of their ``late_after``): no
         hop to the event loop and back."""
+        sent_at = now = time.monotonic()  # before the targets are chosen (SamplerTarget.abandon)
         shards = self.shards(len(batch), most_shards)
-        now = time.monotonic()
         if any(not target.is_up(now) or (lease is not None and not target.shares_memory)
                for target, _, _ in shards):
             return None
@@ -192,15 +192,16 @@ class SamplerPool:
         limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
         left = [threading.Event() for _ in shards]  # set: abandoned as late
-        sent_at = time.monotonic()
         calls = [self._helpers().submit(_answer, target.timed_call, part, abandoned)
                  for (target, _, _), part, abandoned in zip(shards[here:], parts[here:], left[here:])]
         answers = [_answer(shards[0][0].timed_call, parts[0])] if here else []
         remote = [(call, limit) for call, limit in zip(calls, limits[here:]) if limit is not None]
         wait([call for call, _ in remote], timeout=max((limit for _, limit in remote), default=0))
+        now = time.monotonic()  # who is up before any shard here is given up on
+        up = [t for t in self.targets if t.is_up(now)]
         for call, (target, _, _), part, limit, abandoned in zip(calls, shards[here:], parts[here:],
                                                                 limits[here:], left[here:]):
-            if limit is None or call.done() or not self._others_up(target):
+            if limit is None or call.done() or not any(t is not target for t in up):
                 answers.append(call.result())  # a slow answer beats none
                 continue
             answers.append(self._give_up(target, call, part, sent_at, abandoned, limit))
@@ -299,7 +300,8 @@ class SamplerPool:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, RETRY_MAX_S)
-                target = min(self.targets, key=lambda t: t.down_until)
+                # back soonest, and not one whose late call still runs
+                target = min(self.targets, key=lambda t: (t.abandoned > 0, t.down_until))
                 continue
             self._served(target, len(inputs["row_scalars"]))
             return outputs
@@ -334,12 +336,13 @@ class SamplerPool:
         is still queued, its end ``_abandoned_end``; the late error to send
         its shard again with (``SamplerTarget.abandon``: whether it begins a
         late episode, and marks the target down)."""
+        message = f"{target.name}: no answer within {late * 1e3:.0f} ms"
         abandoned.set()
+        if running.cancel():  # still in the pool's queue: never sent, nothing of the host's
+            return SamplerCallError(message, late=True, down=False)
         struck, down = target.abandon(inputs, sent_at)
-        running.cancel()
         running.add_done_callback(functools.partial(self._abandoned_end, target, sent_at))
-        return SamplerCallError(f"{target.name}: no answer within {late * 1e3:.0f} ms",
-                                late=True, struck=struck, down=down)
+        return SamplerCallError(message, late=True, struck=struck, down=down)
 
     def _failed(self, target: SamplerTarget, error: SamplerCallError) -> None:
         """A shard's call failed or was late: its shard is sent again; the

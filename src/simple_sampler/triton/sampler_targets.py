@@ -164,19 +164,23 @@ class SamplerTarget:
         return self.times["logits" in inputs].limit(request_size(inputs))
 
     def abandon(self, inputs: dict[str, np.ndarray], sent_at: float) -> tuple[bool, bool]:
-        """A call of `inputs` sent at `sent_at` is given up on as late: its
-        kind's limit backs off, and it takes no new shard while a late call
-        of its runs (``is_up``). Returns (whether this begins a late episode:
-        calls sent before the last one began are of it, as a step's several
-        shards are; whether that makes LATE_STRIKES in a row, when it is
-        marked down as a failed target is)."""
-        self.times["logits" in inputs].back_off()
+        """A call of `inputs` sent at `sent_at` is given up on as late: it
+        takes no new shard while a late call of its runs (``is_up``), and a
+        new late episode backs its kind's limit off. Returns (whether this
+        begins a late episode: a call given up on while another late call
+        of its runs, or sent before the last episode began, as a step's
+        several shards are, is of that one; whether that makes LATE_STRIKES
+        in a row, when it is marked down as a failed target is)."""
         with self._late_lock:
+            # of the episode under way: a late call of its still runs, or it
+            # was sent before the last began (a step's other shards, a lane's)
+            ongoing = self.abandoned > 0 or sent_at <= self.struck_at
             self.abandoned += 1
-            if sent_at <= self.struck_at:
+            if ongoing:
                 return False, False
             self.lates, self.struck_at = self.lates + 1, time.monotonic()
-            return True, self.lates >= LATE_STRIKES
+        self.times["logits" in inputs].back_off()  # once an episode, as RFC 6298 backs off
+        return True, self.lates >= LATE_STRIKES
 
     def abandoned_end(self, sent_at: float, failed: bool) -> bool:
         """A late call sent at `sent_at` ended (`failed`: with a retryable
