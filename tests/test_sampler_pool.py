@@ -455,6 +455,31 @@ def test_the_synchronous_path_gives_up_on_two_stalled_remotes_at_once():
         pool.close()
 
 
+def test_with_no_target_up_a_shard_waits_for_a_late_call_rather_than_a_failed_target():
+    """A remote's late call runs while the only other target fails: the shard
+    goes back to the late one (back soonest: it is not down), not round and
+    round the failed one until the late call ends (helper-61's case)."""
+    late, failing = Hanging(), Sampler(failing=True)
+
+    def fail_slowly(inputs):  # still up when the other is given up on
+        time.sleep(0.6)
+        return failing(inputs)
+
+    targets = [SamplerTarget("late", late, 1, probe=lambda: True),
+               SamplerTarget("failing", fail_slowly, 1, probe=lambda: True)]
+    for target in targets:
+        target.times[True].observe(0.005, ONE_ROW["logits"].nbytes)
+    pool = SamplerPool(targets, min_rows=1, probe_after_s=60)
+    late.hanging = True
+    threading.Timer(1.5, late.answer, args=(5,)).start()  # its calls end, answered, in 1.5 s
+    try:
+        timed_step(pool, seed=3)
+        assert late.hung >= 2 and failing.attempts <= 2  # its own shard, and the late one's
+    finally:
+        late.answer(5)
+        pool.close()
+
+
 @pytest.mark.parametrize("path", ["send", "send_now"])
 def test_a_lone_remote_target_late_is_waited_for_rather_than_dropped(path):
     """With no other target up, a late call is still the shard's best hope:

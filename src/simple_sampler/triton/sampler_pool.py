@@ -300,8 +300,9 @@ class SamplerPool:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, RETRY_MAX_S)
-                # back soonest, and not one whose late call still runs
-                target = min(self.targets, key=lambda t: (t.abandoned > 0, t.down_until))
+                # back soonest; of those, not one whose late call still runs
+                now = time.monotonic()
+                target = min(self.targets, key=lambda t: (max(t.down_until, now), t.abandoned > 0))
                 continue
             self._served(target, len(inputs["row_scalars"]))
             return outputs

@@ -179,8 +179,9 @@ class SamplerTarget:
             if ongoing:
                 return False, False
             self.lates, self.struck_at = self.lates + 1, time.monotonic()
+            down = self.lates >= LATE_STRIKES
         self.times["logits" in inputs].back_off()  # once an episode, as RFC 6298 backs off
-        return True, self.lates >= LATE_STRIKES
+        return True, down
 
     def abandoned_end(self, sent_at: float, failed: bool) -> bool:
         """A late call sent at `sent_at` ended (`failed`: with a retryable
