@@ -141,6 +141,7 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
             assert pool_step(pool, 4096, seed) == ([4, 4], True)
         os.kill(server.process.pid, signal.SIGSTOP)  # the host hangs (a stopped stub fails fast)
         try:
+            wait_stopped(server.process.pid)
             sent = time.monotonic()  # its shard waits for it only until it is late
             assert pool_step(pool, 4096, seed=9) == ([0, 8], True)
             late_s, sent = time.monotonic() - sent, time.monotonic()
@@ -204,3 +205,21 @@ def pool_step(pool, vocab_size, seed):
     tokens, _ = asyncio.run(pool(logits, batch))
     rows = [pool.rows_sent.get(t.name, 0) - before.get(t.name, 0) for t in pool.targets]
     return rows, tokens.tolist() == sample(logits.numpy(), batch).token_ids.tolist()
+
+
+def wait_stopped(pid):
+    """Until every thread of `pid` is stopped: a thread running on another
+    core when SIGSTOP came may still answer a request on a loaded machine."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
