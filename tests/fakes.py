@@ -3,6 +3,7 @@ tokenizer, an engine whose logits follow a script (no model, no torch
 forward), tiny random-weight Hugging Face models, the llm model's request
 tensors and a recording client, concurrent seeded streams against a
 real server, and a CUDA runtime whose last error is kept per thread."""
+import asyncio
 import threading
 import time
 
@@ -206,3 +207,19 @@ class PerThreadCudart:
         code, self.last_error.code = getattr(self.last_error, "code", 0), 0
         if code:
             raise RuntimeError(f"CUDA error {code} (raised at the next kernel launch)")
+
+
+def on_loop_recorder(function):
+    """(a wrapper of `function`, the list it appends to): for each call,
+    whether it ran on an event loop's thread (work that must run off it)."""
+    on_loop = []
+
+    def recording(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return function(*args, **kwargs)
+
+    return recording, on_loop

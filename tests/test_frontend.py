@@ -9,6 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from fakes import on_loop_recorder
 from simple_sampler.client import Chunk, GenerationError
 from simple_sampler.frontend import translate
 from simple_sampler.frontend.app import build_app
@@ -785,17 +786,7 @@ def test_a_failure_of_ours_mid_stream_still_ends_it_with_an_error_and_done(codec
 
 def test_a_request_is_planned_off_the_event_loop(client, monkeypatch):
     """Tokenizing a long prompt must not hold the other requests' streams."""
-    planned_on_loop = []
-    plan_chat = translate.plan_chat
-
-    def recording(request, served):
-        try:
-            asyncio.get_running_loop()
-            planned_on_loop.append(True)
-        except RuntimeError:
-            planned_on_loop.append(False)
-        return plan_chat(request, served)
-
+    recording, planned_on_loop = on_loop_recorder(translate.plan_chat)
     monkeypatch.setattr(translate, "plan_chat", recording)
     assert post(client, "/v1/chat/completions", chat()).status_code == 200
     assert planned_on_loop == [False]

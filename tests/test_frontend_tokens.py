@@ -14,6 +14,7 @@ from simple_sampler.frontend import tokens
 from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.translate import Served
 from simple_sampler.serving.text import TextCodec
+from fakes import on_loop_recorder
 from test_frontend import CONTEXT, MODEL, Recorder, chat, completion, post
 
 TURNS = [{"role": "user", "content": "Capital of France?"},
@@ -216,19 +217,7 @@ def test_a_template_variable_of_the_wrong_type_is_a_400(bos_codec, recorder):
 
 
 def test_tokenize_runs_off_the_event_loop(client, monkeypatch):
-    import asyncio
-
-    on_loop = []
-    tokenize = tokens.tokenize
-
-    def recording(body, served):
-        try:
-            asyncio.get_running_loop()
-            on_loop.append(True)
-        except RuntimeError:
-            on_loop.append(False)
-        return tokenize(body, served)
-
+    recording, on_loop = on_loop_recorder(tokens.tokenize)
     monkeypatch.setattr(tokens, "tokenize", recording)
     assert post(client, "/tokenize", {"prompt": "x"}).status_code == 200
     assert on_loop == [False]
