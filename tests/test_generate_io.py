@@ -135,3 +135,42 @@ def test_the_one_element_byte_serializer_gives_python_backends_bytes(array):
     install_byte_serializer(pb_utils)  # once
     assert pb_utils.serialize_byte_tensor.general is general
     assert pb_utils.serialize_byte_tensor(array) == expected
+
+
+def test_the_vllm_backends_return_inputs_ask_for_its_outputs_in_every_response():
+    """Triton's vLLM backend's additional outputs, as its
+    ci/L0_additional_outputs_vllm test reads them: finish_reason "None" until
+    the last response, num_output_tokens per response, num_input_tokens and
+    cumulative_logprob in each; nothing extra when not asked."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    asked = {f"return_{name}": np.array([[True]]) for name in
+             ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")}
+    decoded = decode_generate({**prompt, **asked})
+    assert decoded.extra_outputs == {"finish_reason", "cumulative_logprob",
+                                     "num_input_tokens", "num_output_tokens"}
+    # the running sum is of logprobs the sampler then computes
+    assert decoded.request.return_log_probs
+    plain = decode_generate({**prompt, **{name: np.array([[False]]) for name in asked}})
+    assert plain.extra_outputs == set() and not plain.request.return_log_probs
+
+    first = GenerationEvent(0, " Par", [3, 4], [-0.5, -0.25], 3, 2, -0.75)
+    last = GenerationEvent(0, "is", [5], [-1.0], 3, 3, -1.75, finish_reason="length")
+    early = encode_event(first, full=False, extra=decoded.extra_outputs)
+    assert early["finish_reason"].tolist() == [b"None"]
+    assert early["num_output_tokens"].tolist() == [2] and early["num_input_tokens"].tolist() == [3]
+    assert early["cumulative_logprob"].tolist() == [-0.75]
+    final = encode_event(last, full=True, extra=decoded.extra_outputs)
+    assert final["finish_reason"].tolist() == [b"length"]
+    # this response's tokens, where the last response otherwise counts them all
+    assert final["num_output_tokens"].tolist() == [1]
+    assert final["cumulative_logprob"].tolist() == [-1.75]
+    assert encode_event(last, full=True)["num_output_tokens"].tolist() == [3]
+    assert not {"finish_reason", "cumulative_logprob"} & set(encode_event(first, full=False))
+
+
+def test_the_vllm_backends_json_logprobs_are_refused_by_name():
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    with pytest.raises(InvalidRequest, match="return_logprobs must be false.*return_log_probs"):
+        decode_generate({**prompt, "return_logprobs": np.array([[True]])})
+    assert decode_generate({**prompt, "return_logprobs": np.array([[False]])}).extra_outputs \
+        == set()

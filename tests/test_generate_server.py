@@ -417,6 +417,57 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
     assert "min_tokens (min_length here) must be >= 0" in json.load(refused.value)["error"]
 
 
+def stream_answers(server, model: str, inputs: dict) -> list:
+    """(result, error) of each response of one gRPC stream of `inputs`
+    (name -> [1, 1] numpy array), to the end of the stream."""
+    tensors = []
+    for name, value in inputs.items():
+        tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        tensor.set_data_from_numpy(value)
+        tensors.append(tensor)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers = []
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+    deadline = time.monotonic() + 60
+    while not (answers and (answers[-1][1] is not None or answers[-1][0].get_response()
+                            .parameters["triton_final_response"].bool_param)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.stop_stream()
+    return answers
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_vllm_backends_additional_outputs_come_in_every_response(server, stream):
+    """Its return_* inputs, as its ci/L0_additional_outputs_vllm test sends
+    and reads them: finish_reason "None" until the last response, each
+    response's own token count, the prompt's, and a cumulative logprob that
+    sums the tokens' logprobs; its JSON logprobs are refused by name."""
+    flag = lambda value: np.array([[value]])
+    inputs = {"text_input": np.array([[QUESTION.encode()]], object), "stream": flag(stream),
+              "max_tokens": np.array([[6]], np.int32), "ignore_eos": flag(True),
+              "return_finish_reason": flag(True), "return_cumulative_logprob": flag(True),
+              "return_num_input_tokens": flag(True), "return_num_output_tokens": flag(True)}
+    answers = [result for result, error in stream_answers(server, "ensemble", inputs)
+               if result is not None and result.as_numpy("text_output") is not None]
+    assert len(answers) == (6 if stream else 1)
+    reasons = [r.as_numpy("finish_reason").reshape(-1)[0] for r in answers]
+    assert reasons == [b"None"] * (len(answers) - 1) + [b"length"]
+    counts = [int(r.as_numpy("num_output_tokens").reshape(-1)[0]) for r in answers]
+    assert counts == ([1] * 6 if stream else [6])
+    prompt = {int(r.as_numpy("num_input_tokens").reshape(-1)[0]) for r in answers}
+    assert len(prompt) == 1 and prompt.pop() > 3
+    logprobs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in answers])
+    sums = [float(r.as_numpy("cumulative_logprob").reshape(-1)[0]) for r in answers]
+    assert np.all(logprobs < 0) and np.allclose(sums, np.cumsum(logprobs)[np.cumsum(counts) - 1],
+                                                 atol=1e-4)
+
+    [(result, error)] = stream_answers(server, "ensemble", {**inputs,
+                                                            "return_logprobs": flag(True)})
+    assert result is None and "return_logprobs must be false" in str(error)
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

@@ -149,6 +149,28 @@ PROMPT_LOGPROBS = _scalar(
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
+#: Triton's vLLM backend's additional outputs (its docs/additional_outputs.md):
+#: the input that asks for one -> the output then in every response.
+VLLM_EXTRA_OUTPUTS = {"return_finish_reason": "finish_reason",
+                      "return_cumulative_logprob": "cumulative_logprob",
+                      "return_logprobs": "logprobs",
+                      "return_num_input_tokens": "num_input_tokens",
+                      "return_num_output_tokens": "num_output_tokens"}
+_EVERY_RESPONSE = "true: in every response (Triton's vLLM backend's input), "
+VLLM_EXTRA_INPUTS = (
+    _scalar("return_finish_reason", "BOOL", False,
+            _EVERY_RESPONSE + "finish_reason, \"None\" before the last"),
+    _scalar("return_cumulative_logprob", "BOOL", False,
+            _EVERY_RESPONSE + "cumulative_logprob, the sum of the logprobs of the tokens so far "
+            "(computed as return_log_probs computes them)"),
+    _scalar("return_logprobs", "BOOL", False,
+            "false only: that backend's JSON logprobs (with each token's rank) are not made "
+            "here; ask return_log_probs and num_top_logprobs"),
+    _scalar("return_num_input_tokens", "BOOL", False, _EVERY_RESPONSE + "num_input_tokens"),
+    _scalar("return_num_output_tokens", "BOOL", False,
+            _EVERY_RESPONSE + "num_output_tokens, the tokens of that response (that backend's "
+            "count, where the last response otherwise counts them all)"),
+)
 
 
 #: What a client may send the ensemble (and preprocessing, which takes them
@@ -203,6 +225,7 @@ GENERATE_INPUTS = (
             "a JSON object of vLLM's sampling parameters by SamplingParams' names (Triton's vLLM "
             "backend's input): each counts as the input that carries it (vLLM's sampling parameters, "
             "below)"),
+    *VLLM_EXTRA_INPUTS,
 )
 GENERATE_OUTPUTS = (
     Tensor("text_output", "BYTES", (-1,), optional=False),
@@ -219,6 +242,7 @@ GENERATE_OUTPUTS = (
     Tensor("num_input_tokens", "INT32", optional=False),
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
+    Tensor("cumulative_logprob", "FP32", optional=False),
 )
 #: The prompt as token ids: preprocessing's output, llm's alternative to text_input.
 INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..params import SamplingParams
 from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
-                      TOP_OUTPUTS, InvalidRequest)
+                      TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
@@ -47,6 +47,9 @@ class DecodedRequest:
     #: the inputs vLLM's sampling parameters carried, and where each was sent
     #: (``vllm_params.as_sent`` names them so in a range's refusal)
     sent_as: dict[str, str] = field(default_factory=dict)
+    #: the vLLM backend's additional outputs asked for (its return_* inputs),
+    #: in every response (``encode_event``'s ``extra``)
+    extra_outputs: frozenset[str] = frozenset()
 
 
 def _single(name: str, array) -> object:
@@ -191,7 +194,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         skip_special=bool(_single("skip_special_tokens", present["skip_special_tokens"]))
         if "skip_special_tokens" in present else True,
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
-        return_log_probs=flags["return_log_probs"],
+        # the running sum is of the logprobs this computes
+        return_log_probs=flags["return_log_probs"] or flags["return_cumulative_logprob"],
         num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
                           if NUM_TOP_LOGPROBS.name in present else 0),
         prompt_logprobs=(_single(PROMPT_LOGPROBS.name, present[PROMPT_LOGPROBS.name])
@@ -203,7 +207,17 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
-                          sent_as)
+                          sent_as, _extra_outputs(flags))
+
+
+def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:
+    """The vLLM backend's additional outputs its return_* inputs ask for."""
+    if flags["return_logprobs"]:
+        # its JSON gives every token's rank, which the sampler does not count
+        raise InvalidRequest("return_logprobs must be false: the vLLM backend's JSON logprobs "
+                             "output is not made here; ask return_log_probs (output_log_probs) "
+                             "and num_top_logprobs (top_logprobs_ids, top_logprobs) instead")
+    return frozenset(output for name, output in VLLM_EXTRA_OUTPUTS.items() if flags[name])
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
@@ -222,7 +236,8 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
 
 
 def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
-                 logprobs: bool = True, top: int = 0) -> dict[str, np.ndarray]:
+                 logprobs: bool = True, top: int = 0, extra: frozenset[str] = frozenset()
+                 ) -> dict[str, np.ndarray]:
     """The output tensors of one response (see the module table). A stream's
     responses before its last (``full`` False) carry only text_output and
     output_ids, plus output_log_probs and cum_log_probs when the request
@@ -231,7 +246,9 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
     The last response (and a non-streamed answer) carries all seven. With
     ``top`` (the request's num_top_logprobs n), every response also carries
     top_logprobs_ids and top_logprobs [tokens, n] (padded -1 and LOGPROB_FLOOR where
-    the vocabulary holds fewer than n)."""
+    the vocabulary holds fewer than n). ``extra``: the vLLM backend's
+    additional outputs the request asked for (``DecodedRequest.extra_outputs``),
+    in this response whatever it is (``vllm_extra_outputs``)."""
     outputs = {"text_output": np.array([(prefix + event.text).encode("utf-8")], dtype=object),
                "output_ids": np.array(event.token_ids, dtype=np.int32)}
     if full or logprobs:
@@ -250,7 +267,26 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
         outputs["num_input_tokens"] = np.array([event.num_input_tokens], dtype=np.int32)
         outputs["num_output_tokens"] = np.array([event.num_output_tokens], dtype=np.int32)
         outputs["finish_reason"] = np.array([(event.finish_reason or "").encode()], dtype=object)
+    if extra:
+        outputs.update(vllm_extra_outputs(event, extra))
     return outputs
+
+
+def vllm_extra_outputs(event: GenerationEvent, asked: frozenset[str]) -> dict[str, np.ndarray]:
+    """The additional outputs of Triton's vLLM backend (``asked``, of
+    ``schema.VLLM_EXTRA_OUTPUTS``' values but logprobs) for one response, as
+    that backend writes them (vllm_backend, src/utils/request.py,
+    ``GenerateRequest.create_response``): finish_reason is "None" until the
+    last response (its str() of vLLM's None); num_output_tokens counts this
+    response's tokens, not the request's; cumulative_logprob is the sum so
+    far. Our dtypes stay INT32 where that backend's are UINT32."""
+    values = {
+        "finish_reason": lambda: np.array([str(event.finish_reason).encode()], dtype=object),
+        "cumulative_logprob": lambda: np.array([event.cum_log_prob], dtype=np.float32),
+        "num_input_tokens": lambda: np.array([event.num_input_tokens], dtype=np.int32),
+        "num_output_tokens": lambda: np.array([len(event.token_ids)], dtype=np.int32),
+    }
+    return {name: values[name]() for name in asked}
 
 
 #: What a logprob of -inf (a banned token among a token's top n, or padding)

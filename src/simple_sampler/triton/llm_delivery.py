@@ -259,7 +259,8 @@ class Deliveries:
         if decoded.stream and delivery.interval == 1:
             self._send(delivery, encode_event(event, full=final,
                                               logprobs=decoded.request.return_log_probs,
-                                              top=decoded.request.num_top_logprobs),
+                                              top=decoded.request.num_top_logprobs,
+                                              extra=decoded.extra_outputs),
                        None, final)
             return
         delivery.held.append(event)
@@ -279,7 +280,8 @@ class Deliveries:
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
                                           logprobs=decoded.request.return_log_probs,
-                                          top=decoded.request.num_top_logprobs),
+                                          top=decoded.request.num_top_logprobs,
+                                          extra=decoded.extra_outputs),
                    None, final)
 
     def _prompt_ids(self, decoded) -> list[int]:
