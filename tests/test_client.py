@@ -106,6 +106,10 @@ def test_unknown_parameter_is_refused_before_sending():
         GenerateClient("127.0.0.1:1").generate(QUESTION, top_q=0.5)
     with pytest.raises(TypeError, match="unknown generation parameter 'top_q'"):
         asyncio.run(AsyncGenerateClient("127.0.0.1:1", "http").generate(QUESTION, top_q=0.5))
+    # the vLLM backend's return_* inputs change outputs a Chunk reads (finish_reason
+    # "None" before the last response would end a stream at its first)
+    with pytest.raises(TypeError, match="unknown generation parameter 'return_finish_reason'"):
+        GenerateClient("127.0.0.1:1").generate(QUESTION, return_finish_reason=True)
 
 
 @pytest.mark.parametrize("protocol,stream", [("grpc", True), ("http", False), ("http://", True)])

@@ -150,12 +150,19 @@ def test_the_vllm_backends_return_inputs_ask_for_its_outputs_in_every_response()
                                      "num_input_tokens", "num_output_tokens"}
     # the running sum is of logprobs the sampler then computes
     assert decoded.request.return_log_probs
+    # ... but not the client's: its responses before the last carry none, and a
+    # request it refuses stays refused
+    assert not decoded.logprobs
+    with pytest.raises(InvalidRequest, match="num_top_logprobs needs return_log_probs true"):
+        decode_generate({**prompt, **asked, "num_top_logprobs": np.array([[2]], np.int32)})
     plain = decode_generate({**prompt, **{name: np.array([[False]]) for name in asked}})
     assert plain.extra_outputs == set() and not plain.request.return_log_probs
 
-    first = GenerationEvent(0, " Par", [3, 4], [-0.5, -0.25], 3, 2, -0.75)
-    last = GenerationEvent(0, "is", [5], [-1.0], 3, 3, -1.75, finish_reason="length")
-    early = encode_event(first, full=False, extra=decoded.extra_outputs)
+    # a stream's third response, of two tokens: num_output_tokens counts these two
+    first = GenerationEvent(0, " Par", [3, 4], [-0.5, -0.25], 3, 4, -0.75)
+    last = GenerationEvent(0, "is", [5], [-1.0], 3, 5, -1.75, finish_reason="length")
+    early = encode_event(first, full=False, logprobs=False, extra=decoded.extra_outputs)
+    assert "output_log_probs" not in early
     assert early["finish_reason"].tolist() == [b"None"]
     assert early["num_output_tokens"].tolist() == [2] and early["num_input_tokens"].tolist() == [3]
     assert early["cumulative_logprob"].tolist() == [-0.75]
@@ -164,7 +171,7 @@ def test_the_vllm_backends_return_inputs_ask_for_its_outputs_in_every_response()
     # this response's tokens, where the last response otherwise counts them all
     assert final["num_output_tokens"].tolist() == [1]
     assert final["cumulative_logprob"].tolist() == [-1.75]
-    assert encode_event(last, full=True)["num_output_tokens"].tolist() == [3]
+    assert encode_event(last, full=True)["num_output_tokens"].tolist() == [5]
     assert not {"finish_reason", "cumulative_logprob"} & set(encode_event(first, full=False))
 
 

@@ -438,32 +438,55 @@ def stream_answers(server, model: str, inputs: dict) -> list:
     return answers
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_the_vllm_backends_additional_outputs_come_in_every_response(server, stream):
+@pytest.mark.parametrize("stream, interval, cumulative", [
+    (True, 1, True), (True, 1, False), (True, 4, False), (False, 1, True)])
+def test_the_vllm_backends_additional_outputs_come_in_every_response(server, stream, interval,
+                                                                    cumulative):
     """Its return_* inputs, as its ci/L0_additional_outputs_vllm test sends
     and reads them: finish_reason "None" until the last response, each
     response's own token count, the prompt's, and a cumulative logprob that
-    sums the tokens' logprobs; its JSON logprobs are refused by name."""
+    sums the tokens' logprobs; without them, a stream's earlier responses
+    carry none of these; its JSON logprobs are refused by name."""
     flag = lambda value: np.array([[value]])
-    inputs = {"text_input": np.array([[QUESTION.encode()]], object), "stream": flag(stream),
-              "max_tokens": np.array([[6]], np.int32), "ignore_eos": flag(True),
-              "return_finish_reason": flag(True), "return_cumulative_logprob": flag(True),
-              "return_num_input_tokens": flag(True), "return_num_output_tokens": flag(True)}
-    answers = [result for result, error in stream_answers(server, "ensemble", inputs)
-               if result is not None and result.as_numpy("text_output") is not None]
-    assert len(answers) == (6 if stream else 1)
-    reasons = [r.as_numpy("finish_reason").reshape(-1)[0] for r in answers]
-    assert reasons == [b"None"] * (len(answers) - 1) + [b"length"]
-    counts = [int(r.as_numpy("num_output_tokens").reshape(-1)[0]) for r in answers]
-    assert counts == ([1] * 6 if stream else [6])
-    prompt = {int(r.as_numpy("num_input_tokens").reshape(-1)[0]) for r in answers}
-    assert len(prompt) == 1 and prompt.pop() > 3
-    logprobs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in answers])
-    sums = [float(r.as_numpy("cumulative_logprob").reshape(-1)[0]) for r in answers]
-    assert np.all(logprobs < 0) and np.allclose(sums, np.cumsum(logprobs)[np.cumsum(counts) - 1],
-                                                 atol=1e-4)
+    plain = {"text_input": np.array([[QUESTION.encode()]], object), "stream": flag(stream),
+             "max_tokens": np.array([[8]], np.int32), "ignore_eos": flag(True),
+             "stream_interval": np.array([[interval]], np.int32),
+             "random_seed": np.array([[7]], np.uint64)}
+    asked = {**plain, "return_finish_reason": flag(True), "return_num_input_tokens": flag(True),
+             "return_num_output_tokens": flag(True)}
+    if cumulative:
+        asked["return_cumulative_logprob"] = flag(True)
 
-    [(result, error)] = stream_answers(server, "ensemble", {**inputs,
+    def responses(inputs):
+        return [result for result, error in stream_answers(server, "ensemble", inputs)
+                if result is not None and result.as_numpy("text_output") is not None]
+
+    def value(result, name):
+        return result.as_numpy(name).reshape(-1)[0]
+
+    answers = responses(asked)
+    expected = [interval] * (8 // interval) if stream else [8]
+    assert len(answers) == len(expected)
+    assert [value(r, "finish_reason") for r in answers] == \
+        [b"None"] * (len(answers) - 1) + [b"length"]
+    assert [int(value(r, "num_output_tokens")) for r in answers] == expected
+    prompt = {int(value(r, "num_input_tokens")) for r in answers}
+    assert len(prompt) == 1 and prompt.pop() > 3
+    if cumulative:  # the same seeded request with its logprobs, which it sums
+        logprobs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in
+                                   responses({**asked, "return_log_probs": flag(True)})])
+        sums = [float(value(r, "cumulative_logprob")) for r in answers]
+        assert np.all(logprobs <= 0) and logprobs.sum() < 0
+        assert np.allclose(sums, np.cumsum(logprobs)[np.cumsum(expected) - 1], atol=1e-4)
+    else:
+        assert all(r.as_numpy("cumulative_logprob") is None for r in answers)
+    if stream:  # not asked: a stream's earlier responses carry none of them
+        unasked = responses(plain)
+        assert [r.as_numpy("output_ids").size for r in unasked] == expected
+        assert all(r.as_numpy(name) is None for r in unasked[:-1] for name in
+                   ("finish_reason", "num_output_tokens", "num_input_tokens"))
+
+    [(result, error)] = stream_answers(server, "ensemble", {**asked,
                                                             "return_logprobs": flag(True)})
     assert result is None and "return_logprobs must be false" in str(error)
 

@@ -8,11 +8,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..schema import ENSEMBLE, INPUT_IDS, PROMPT_OUTPUTS, TOP_OUTPUTS
+from ..schema import ENSEMBLE, INPUT_IDS, PROMPT_OUTPUTS, TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS
 
 PROMPT = "text_input"
-#: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
-SCALAR_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if t.scalar and t.name != PROMPT}
+#: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside; not the
+#: vLLM backend's return_* inputs, whose outputs a Chunk does not read so:
+#: finish_reason "None" before the last response)
+SCALAR_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs
+                if t.scalar and t.name != PROMPT and t.name not in VLLM_EXTRA_OUTPUTS}
 #: ensemble input -> numpy dtype of its [1, n] list (BYTES: strings)
 LIST_TYPES = {t.name: t.numpy for t in ENSEMBLE.inputs if not t.scalar}
 WORD_LISTS = tuple(name for name, dtype in LIST_TYPES.items() if dtype is np.object_)

@@ -50,6 +50,9 @@ class DecodedRequest:
     #: the vLLM backend's additional outputs asked for (its return_* inputs),
     #: in every response (``encode_event``'s ``extra``)
     extra_outputs: frozenset[str] = frozenset()
+    #: the client's return_log_probs: a stream's responses before its last
+    #: carry the logprobs then (``encode_event``'s ``logprobs``)
+    logprobs: bool = False
 
 
 def _single(name: str, array) -> object:
@@ -181,6 +184,10 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
             raise InvalidRequest("text_input must be a non-empty string")
     else:
         raise InvalidRequest("text_input (or input_ids) is required")
+    top = (_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
+           if NUM_TOP_LOGPROBS.name in present else 0)
+    if top and not flags["return_log_probs"]:  # as validate, before the flag it may set
+        raise InvalidRequest(f"{NUM_TOP_LOGPROBS.name} needs return_log_probs true")
     request = GenerationRequest(
         text=text, prompt_ids=prompt_ids, chat=flags["apply_chat_template"],
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
@@ -196,8 +203,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
         # the running sum is of the logprobs this computes
         return_log_probs=flags["return_log_probs"] or flags["return_cumulative_logprob"],
-        num_top_logprobs=(_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
-                          if NUM_TOP_LOGPROBS.name in present else 0),
+        num_top_logprobs=top,
         prompt_logprobs=(_single(PROMPT_LOGPROBS.name, present[PROMPT_LOGPROBS.name])
                          if PROMPT_LOGPROBS.name in present else None),
     )
@@ -207,7 +213,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
-                          sent_as, _extra_outputs(flags))
+                          sent_as, _extra_outputs(flags), flags["return_log_probs"])
 
 
 def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:

@@ -258,7 +258,7 @@ class Deliveries:
             return
         if decoded.stream and delivery.interval == 1:
             self._send(delivery, encode_event(event, full=final,
-                                              logprobs=decoded.request.return_log_probs,
+                                              logprobs=decoded.logprobs,
                                               top=decoded.request.num_top_logprobs,
                                               extra=decoded.extra_outputs),
                        None, final)
@@ -279,7 +279,7 @@ class Deliveries:
         event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
-                                          logprobs=decoded.request.return_log_probs,
+                                          logprobs=decoded.logprobs,
                                           top=decoded.request.num_top_logprobs,
                                           extra=decoded.extra_outputs),
                    None, final)

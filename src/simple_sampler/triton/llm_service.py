@@ -276,11 +276,12 @@ class LlmService:
             # The decode loop hands each event to on_event as it makes it,
             # and the tokens that do not end a request to on_step, a step's
             # due at once, a stream's `interval` at a time and a whole
-            # answer's with its final event (a request asking for logprobs:
-            # events, which carry them): a step's responses go out in one
-            # burst after its pass.
+            # answer's with its final event (a request asking for logprobs
+            # or the vLLM backend's additional outputs: events, which carry
+            # them): a step's responses go out in one burst after its pass.
             handle.listen(functools.partial(self.deliveries.on_event, delivery),
-                          None if decoded.request.return_log_probs else delivery,
+                          None if decoded.request.return_log_probs or decoded.extra_outputs
+                          else delivery,
                           delivery.interval if decoded.stream else 0)
             await delivery.finished
         finally:
