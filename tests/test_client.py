@@ -112,6 +112,21 @@ def test_unknown_parameter_is_refused_before_sending():
         GenerateClient("127.0.0.1:1").generate(QUESTION, return_finish_reason=True)
 
 
+def test_request_arrays_drop_the_batch_dimension_for_a_model_without_one():
+    """A model of max_batch_size 0 (get_model_config leaves the field out)
+    takes [1] scalars and [n] lists, as Triton's vLLM backend's do."""
+    from simple_sampler.client.common import batches, request_arrays
+
+    params = {"max_tokens": 4, "stop_words": ["a", "b"], "stream": True}
+    batched, unbatched = request_arrays("hi", params), request_arrays("hi", params, False)
+    assert {name: a.shape for name, a in batched.items()} == {
+        "text_input": (1, 1), "max_tokens": (1, 1), "stop_words": (1, 2), "stream": (1, 1)}
+    assert {name: a.shape for name, a in unbatched.items()} == {
+        "text_input": (1,), "max_tokens": (1,), "stop_words": (2,), "stream": (1,)}
+    assert request_arrays([5, 6], {}, False)["input_ids"].tolist() == [5, 6]
+    assert batches({"max_batch_size": 64}) and not batches({"name": "vllm_model"})
+
+
 @pytest.mark.parametrize("protocol,stream", [("grpc", True), ("http", False), ("http://", True)])
 def test_cli_prints_the_greedy_answer(llm_server, greedy_answer, capsys, protocol, stream):
     """("http://": the url's scheme names the protocol, --protocol not given.)"""

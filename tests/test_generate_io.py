@@ -51,6 +51,14 @@ def test_input_ids_with_text_or_a_template_flag_are_refused_not_dropped(extra, m
     assert request.prompt_ids == [5, 6] and request.text is None
 
 
+def test_input_ids_without_the_batch_dimension_are_the_prompt():
+    """A preprocessing model of max_batch_size 0 (Triton's vLLM backend's
+    shapes) gives input_ids [L]."""
+    assert decode_generate({"input_ids": np.array([5, 6], np.int32)}).request.prompt_ids == [5, 6]
+    with pytest.raises(InvalidRequest, match=r"input_ids must have shape \[1, L\], got \[1, 1, 2\]"):
+        decode_generate({"input_ids": np.array([[[5, 6]]], np.int32)})
+
+
 def test_stop_token_ids_become_the_sampling_params_stop_ids():
     prompt = {"input_ids": np.array([[1, 2]], np.int32)}
     decoded = decode_generate({**prompt, "stop_token_ids": np.array([[7, 3]], np.int32)})

@@ -77,6 +77,11 @@ def send_tokens(response_sender, text_output, output_ids):
                         pb_utils.Tensor("output_ids", output_ids)]))
 
 
+def send_unbatched_tokens(response_sender, text_output, output_ids):
+    """``send_tokens`` for a model of max_batch_size 0: no batch dimension."""
+    return send_tokens(response_sender, text_output[0], output_ids[0])
+
+
 def error_code(error):
     """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
     UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
@@ -101,6 +106,9 @@ class TritonPythonModel:
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
+        # max_batch_size 0 (Triton's vLLM backend's shapes): outputs without
+        # the batch dimension
+        self.batched = config.get("max_batch_size", 0) > 0
         self.instance = args["model_instance_name"]
         log.info("%s ready: max_batch_size %s, parameters %s; data plane: %s", self.instance,
                  config.get("max_batch_size"), settings.parameters(), self.service.data_plane)
@@ -155,7 +163,9 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             self.service.submit(inputs, self._sender(sender), request.is_cancelled,
                                 on_done=self._request_done, on_admitted=self._request_admitted,
-                                send_tokens=functools.partial(send_tokens, sender),
+                                send_tokens=functools.partial(
+                                    send_tokens if self.batched else send_unbatched_tokens,
+                                    sender),
                                 parameters=request.parameters())
         return None
 
@@ -169,7 +179,8 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(error), error_code(error)))
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(name, value[None]) for name, value in outputs.items()])
+                    pb_utils.Tensor(name, value[None] if self.batched else value)
+                    for name, value in outputs.items()])
             # A partial, not a Python function: the service calls it per response.
             # It raises if the client has gone.
             return functools.partial(response_sender.send, response,

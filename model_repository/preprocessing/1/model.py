@@ -17,8 +17,11 @@ log = logging.getLogger("simple_sampler.preprocessing")
 class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
-        parameters = json.loads(args["model_config"]).get("parameters", {})
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
         self.codec = TextCodec.from_source(parameters["model"]["string_value"] or None)
+        # max_batch_size 0 (Triton's vLLM backend's shapes): input_ids [L], not [1, L]
+        self.batched = config.get("max_batch_size", 0) > 0
         self.instance = args["model_instance_name"]
         log.info("%s ready: tokenizer of %s", self.instance,
                  parameters["model"]["string_value"] or "SmolLM2-135M-Instruct")
@@ -44,7 +47,8 @@ class TritonPythonModel:
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
             responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("input_ids", np.asarray([ids], np.int32))]))
+                output_tensors=[pb_utils.Tensor(
+                    "input_ids", np.asarray([ids] if self.batched else ids, np.int32))]))
         return responses
 
     def finalize(self):

@@ -7,8 +7,9 @@ import asyncio
 import uuid
 from typing import AsyncIterator
 
-from .common import (STREAM_END_TIMEOUT_S, Chunk, ClientBase, GenerationError, chunk_from,
-                     grpc_error, grpc_inputs, http_error, payload_chunk, sse_chunk)
+from .common import (STREAM_END_TIMEOUT_S, Chunk, ClientBase, GenerationError, batches,
+                     chunk_from, grpc_error, grpc_inputs, http_error, payload_chunk,
+                     request_arrays, sse_chunk)
 
 
 class AsyncGenerateClient(ClientBase):
@@ -52,11 +53,19 @@ class AsyncGenerateClient(ClientBase):
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._connection
 
-    async def _grpc(self, arrays) -> AsyncIterator[Chunk]:
+    async def _grpc(self, prompt, params) -> AsyncIterator[Chunk]:
         import tritonclient.grpc.aio as grpcclient
+        from tritonclient.utils import InferenceServerException
 
+        if self.batched is None:
+            try:
+                self.batched = batches((await self._connect().get_model_config(
+                    self.model, as_json=True))["config"])
+            except InferenceServerException as error:  # no server, or no such model
+                raise grpc_error(error) from None
         request = {"model_name": self.model, "request_id": uuid.uuid4().hex,
-                   "inputs": grpc_inputs(grpcclient.InferInput, arrays)}
+                   "inputs": grpc_inputs(grpcclient.InferInput,
+                                         request_arrays(prompt, params, self.batched))}
 
         async def one_request():
             yield request

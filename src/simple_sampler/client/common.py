@@ -69,10 +69,19 @@ def _check_names(params: dict) -> None:
                         f"{', '.join([*SCALAR_TYPES, *LIST_TYPES])}")
 
 
-def request_arrays(prompt: str | Sequence[int], params: dict) -> dict[str, np.ndarray]:
-    """The request's tensors, name -> [1, 1] (lists [1, n]) numpy array. A
-    prompt given as token ids is sent as ``input_ids`` (the ``llm`` model's
-    input: the ensemble takes text)."""
+def batches(config: dict) -> bool:
+    """Whether a model takes a batch dimension: its configuration's (as
+    tritonclient's get_model_config(as_json=True) gives it) max_batch_size
+    is above 0 (0, Triton's vLLM backend's, is left out of the JSON)."""
+    return int(config.get("max_batch_size", 0)) > 0
+
+
+def request_arrays(prompt: str | Sequence[int], params: dict, batched: bool = True
+                   ) -> dict[str, np.ndarray]:
+    """The request's tensors, name -> [1, 1] (lists [1, n]) numpy array, or
+    without the batch dimension ([1], lists [n]) for a model that takes none
+    (``batched`` False). A prompt given as token ids is sent as
+    ``input_ids`` (the ``llm`` model's input: the ensemble takes text)."""
     _check_names(params)
     if isinstance(prompt, str):
         arrays = {PROMPT: np.array([[prompt.encode()]], dtype=object)}
@@ -87,7 +96,7 @@ def request_arrays(prompt: str | Sequence[int], params: dict) -> dict[str, np.nd
             arrays[name] = np.array([list(value)], dtype=LIST_TYPES[name])
         else:
             arrays[name] = np.array([[value]], dtype=SCALAR_TYPES[name])
-    return arrays
+    return arrays if batched else {name: array[0] for name, array in arrays.items()}
 
 
 def grpc_inputs(infer_input: type, arrays: dict[str, np.ndarray]) -> list:
@@ -200,14 +209,18 @@ class ClientBase:
     and ``_http(address, body)`` returning iterators of Chunks."""
 
     def __init__(self, url: str, protocol: str = "grpc", model: str = "ensemble",
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, batched: bool | None = None):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
         scheme, self.url = split_url(url, protocol)
         self.base_url = f"{scheme}://{self.url}"
         self.protocol, self.model, self.timeout_s = protocol, model, timeout_s
+        #: whether the model takes a batch dimension (``batches``); None: read
+        #: from its configuration before the first gRPC request
+        self.batched = batched
 
     def _run(self, prompt: str, params: dict):
         if self.protocol == "grpc":
-            return self._grpc(request_arrays(prompt, params))
+            _check_names(params)  # at the call, not at the first chunk
+            return self._grpc(prompt, params)
         return self._http(*http_request(self.base_url, self.model, prompt, params))

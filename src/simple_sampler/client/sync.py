@@ -9,8 +9,8 @@ import urllib.request
 import uuid
 from typing import Iterator
 
-from .common import (Chunk, ClientBase, GenerationError, chunk_from, grpc_error, grpc_inputs,
-                     http_error, payload_chunk, sse_chunk)
+from .common import (Chunk, ClientBase, GenerationError, batches, chunk_from, grpc_error,
+                     grpc_inputs, http_error, payload_chunk, request_arrays, sse_chunk)
 
 class GenerateClient(ClientBase):
     """protocol "grpc" (url host:8001) or "http" (url host:8000,
@@ -27,13 +27,19 @@ class GenerateClient(ClientBase):
         """Chunks as the server sends them (stream=true)."""
         return self._run(prompt, {**params, "stream": True})
 
-    def _grpc(self, arrays) -> Iterator[Chunk]:
+    def _grpc(self, prompt, params) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        inputs = grpc_inputs(grpcclient.InferInput, arrays)
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
+        if self.batched is None:
+            try:
+                self.batched = batches(client.get_model_config(self.model, as_json=True)["config"])
+            except InferenceServerException as error:  # no server, or no such model
+                client.close()
+                raise grpc_error(error) from None
+        inputs = grpc_inputs(grpcclient.InferInput, request_arrays(prompt, params, self.batched))
         client.start_stream(callback=lambda result, error: responses.put((result, error)),
                             stream_timeout=self.timeout_s)
         ended = False

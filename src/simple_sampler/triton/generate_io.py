@@ -175,9 +175,9 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
             raise InvalidRequest("apply_chat_template applies to text_input; input_ids go to "
                                  "the model as they are")
         ids = np.asarray(present["input_ids"])
-        if ids.ndim != 2 or ids.shape[0] != 1:
+        if not (ids.ndim == 2 and ids.shape[0] == 1 or ids.ndim == 1):  # [L]: max_batch_size 0
             raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
-        text, prompt_ids = None, [int(t) for t in ids[0]]
+        text, prompt_ids = None, [int(t) for t in ids.reshape(-1)]
     elif "text_input" in present:
         text, prompt_ids = _text("text_input", _single("text_input", present["text_input"])), None
         if not text:
