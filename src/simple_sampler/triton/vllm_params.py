@@ -236,13 +236,13 @@ def _spelled(text: str, dtype: str):
     word = text.strip().lower()
     if dtype == "BOOL":
         return {"true": True, "false": False}.get(word, text)
-    try:
-        return float(word) if dtype.startswith("FP") else int(word)
-    except ValueError:
-        try:  # "100.0" for an integer: a number, refused by _typed if it has a fraction
-            return float(word) if not dtype.startswith("FP") else text
+    # "100.0" for an integer is read as a number too: _typed refuses a fraction
+    for parse in (int, float) if not dtype.startswith("FP") else (float,):
+        try:
+            return parse(word)
         except ValueError:
-            return text
+            pass
+    return text
 
 
 def _array(value, dtype: str) -> np.ndarray:
