@@ -189,3 +189,38 @@ def test_the_vllm_backends_json_logprobs_are_refused_by_name():
         decode_generate({**prompt, "return_logprobs": np.array([[True]])})
     assert decode_generate({**prompt, "return_logprobs": np.array([[False]])}).extra_outputs \
         == set()
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("beam_width", np.array([[2]], np.int32), "beam_width must be 1: beam search"),
+    ("num_return_sequences", np.array([[3]], np.int32), "num_return_sequences must be 1"),
+    ("return_context_logits", np.array([[True]]), "return_context_logits must be false"),
+    ("return_generation_logits", np.array([[True]]), "return_generation_logits must be false"),
+    ("return_perf_metrics", np.array([[True]]), "return_perf_metrics must be false"),
+    ("length_penalty", np.array([[np.nan]], np.float32), "length_penalty must be finite"),
+])
+def test_tensorrt_llms_inputs_are_taken_at_what_this_server_does(name, value, message):
+    """TensorRT-LLM's end_to_end_grpc_client.py sends beam_width 1 with every
+    request: taken; beam search, several sequences or logits are refused by
+    name; pad_id and length_penalty, which with one beam change nothing
+    there, are taken."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    with pytest.raises(InvalidRequest, match=message):
+        decode_generate({**prompt, name: value})
+    taken = decode_generate({**prompt, "beam_width": np.array([[1]], np.int32),
+                             "num_return_sequences": np.array([[1]], np.int32),
+                             "return_context_logits": np.array([[False]]),
+                             "pad_id": np.array([[0]], np.int32),
+                             "length_penalty": np.array([[0.5]], np.float32)})
+    assert taken.request == decode_generate(prompt).request
+
+
+def test_min_tokens_is_min_lengths_other_name():
+    """TensorRT-LLM's ensemble calls it min_tokens now (and vLLM does)."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    minimum = lambda value: np.array([[value]], np.int32)
+    assert decode_generate({**prompt, "min_tokens": minimum(4)}).request.sampling.min_tokens == 4
+    both = decode_generate({**prompt, "min_tokens": minimum(4), "min_length": minimum(4)})
+    assert both.request.sampling.min_tokens == 4 and both.sent_as == {"min_length": "min_tokens"}
+    with pytest.raises(InvalidRequest, match="min_tokens and min_length are the same parameter"):
+        decode_generate({**prompt, "min_tokens": minimum(4), "min_length": minimum(5)})

@@ -491,6 +491,47 @@ def test_the_vllm_backends_additional_outputs_come_in_every_response(server, str
     assert result is None and "return_logprobs must be false" in str(error)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
+    """TensorRT-LLM's inflight_batcher_llm/client/end_to_end_grpc_client.py:
+    its prepare_inputs' tensors at its defaults (beam_width 1 and
+    exclude_input_in_output false always sent, its prompt a str object), its
+    one requested output, and its reading of each response
+    (``output[0].decode("utf-8")``, text_output flattened over the batch and
+    beams as its postprocessing model writes it). min_tokens is its ensemble's
+    name for min_length."""
+    prompt = "The capital of France is"
+    inputs = {"text_input": np.array([[prompt]]).astype(object),
+              "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * 8,
+              "stream": np.array([[streaming]], dtype=bool),
+              "beam_width": np.array([[1]], dtype=np.int32),
+              "temperature": np.array([[1.0]], dtype=np.float32),
+              "exclude_input_in_output": np.array([[False]], dtype=bool),
+              "min_tokens": np.array([[8]], dtype=np.int32),
+              "seed": np.array([[3]], dtype=np.uint64)}
+    tensors = []
+    for name, value in inputs.items():
+        tensors.append(grpcclient.InferInput(name, value.shape, np_to_triton_dtype(value.dtype)))
+        tensors[-1].set_data_from_numpy(value)
+    answers = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    client.async_stream_infer("ensemble", tensors,
+                              outputs=[grpcclient.InferRequestedOutput("text_output")])
+    client.stop_stream()  # waits for the stream's responses, as that client does
+    assert answers and all(error is None for _, error in answers), answers
+    texts = [result.as_numpy("text_output")[0].decode("utf-8") for result, _ in answers]
+    assert len(texts) == (8 if streaming else 1)
+    whole = generate_json(server, "ensemble", {
+        "text_input": prompt, "max_tokens": 8, "min_length": 8, "seed": 3,
+        "exclude_input_in_output": True})["text_output"]
+    assert "".join(texts) == (whole if streaming else prompt + whole)
+
+    [(_, error)] = stream_answers(server, "ensemble", {**inputs, "beam_width":
+                                                      np.array([[2]], dtype=np.int32)})
+    assert "beam_width must be 1: beam search is not implemented here" in str(error)
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

@@ -149,6 +149,27 @@ PROMPT_LOGPROBS = _scalar(
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
+#: Inputs of TensorRT-LLM's ensemble (NVIDIA/TensorRT-LLM,
+#: triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt) that its
+#: own clients send (inflight_batcher_llm/client/end_to_end_grpc_client.py sends
+#: beam_width always), taken here at the one value that means what this server
+#: does, or taken for what they do there with one beam: nothing.
+TRTLLM_INPUTS = (
+    _scalar("min_tokens", "INT32", 0,
+            "min_length's alias (TensorRT-LLM's name now, and vLLM's); the two must agree"),
+    _scalar("beam_width", "INT32", 1, "1 only: sampling (beam search is not implemented here)"),
+    _scalar("num_return_sequences", "INT32", 1,
+            "1 only: one generation per request (send several requests for more)"),
+    _scalar("length_penalty", "FP32", 1.0,
+            "finite: beam search's length penalty, which with one beam changes nothing (as in "
+            "TensorRT-LLM)"),
+    _scalar("pad_id", "INT32", "none", "a token id: what TensorRT-LLM pads beams' ids with; "
+            "no output here is padded"),
+    *(_scalar(f"return_{name}", "BOOL", False, f"false only: {what} are not returned here")
+      for name, what in (("context_logits", "the prompt's logits"),
+                         ("generation_logits", "the generated tokens' logits"),
+                         ("perf_metrics", "TensorRT-LLM's KV-cache and timing metrics"))),
+)
 #: Triton's vLLM backend's additional outputs (its docs/additional_outputs.md):
 #: the input that asks for one -> the output then in every response.
 VLLM_EXTRA_OUTPUTS = {"return_finish_reason": "finish_reason",
@@ -226,6 +247,7 @@ GENERATE_INPUTS = (
             "backend's input): each counts as the input that carries it (vLLM's sampling parameters, "
             "below)"),
     *VLLM_EXTRA_INPUTS,
+    *TRTLLM_INPUTS,
 )
 GENERATE_OUTPUTS = (
     Tensor("text_output", "BYTES", (-1,), optional=False),

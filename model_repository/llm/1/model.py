@@ -69,17 +69,14 @@ def call_sampler(model_name):
     return call
 
 
-def send_tokens(response_sender, text_output, output_ids):
+def send_tokens(response_sender, batched, text_output, output_ids):
     """``llm_delivery.SendTokens``: a stream's token, its two tensors straight
-    from the service's step arrays (already [1, 1]); sent by the service."""
+    from the service's step arrays ([1, 1] and [1, n]); sent by the service.
+    text_output goes as [1] (``_shaped``); output_ids keeps the batch
+    dimension where the model has one."""
     return functools.partial(response_sender.send, pb_utils.InferenceResponse(
-        output_tensors=[pb_utils.Tensor("text_output", text_output),
-                        pb_utils.Tensor("output_ids", output_ids)]))
-
-
-def send_unbatched_tokens(response_sender, text_output, output_ids):
-    """``send_tokens`` for a model of max_batch_size 0: no batch dimension."""
-    return send_tokens(response_sender, text_output[0], output_ids[0])
+        output_tensors=[pb_utils.Tensor("text_output", text_output[0]),
+                        pb_utils.Tensor("output_ids", output_ids if batched else output_ids[0])]))
 
 
 def error_code(error):
@@ -163,9 +160,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             self.service.submit(inputs, self._sender(sender), request.is_cancelled,
                                 on_done=self._request_done, on_admitted=self._request_admitted,
-                                send_tokens=functools.partial(
-                                    send_tokens if self.batched else send_unbatched_tokens,
-                                    sender),
+                                send_tokens=functools.partial(send_tokens, sender,
+                                                              self.batched),
                                 parameters=request.parameters())
         return None
 
@@ -179,7 +175,7 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(error), error_code(error)))
             else:
                 response = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor(name, value[None] if self.batched else value)
+                    pb_utils.Tensor(name, self._shaped(name, value))
                     for name, value in outputs.items()])
             # A partial, not a Python function: the service calls it per response.
             # It raises if the client has gone.
@@ -187,6 +183,13 @@ class TritonPythonModel:
                                      flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                                      if final else 0)
         return send
+
+    def _shaped(self, name, value):
+        """An output as a client reads it: with the batch dimension where the
+        model has one, but text_output, [1] whatever the model, flattened
+        over the batch and the beams as TensorRT-LLM's postprocessing writes
+        it (its clients read ``as_numpy("text_output")[0].decode()``)."""
+        return value[None] if self.batched and name != "text_output" else value
 
     def _report_if_due(self):
         """After each burst of responses: once per report interval, not per send."""

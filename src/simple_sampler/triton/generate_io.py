@@ -134,6 +134,29 @@ def _one_request(present: Mapping[str, object]) -> None:
                                  f"(batch dimension 1; send several as several requests)")
 
 
+def _prompt(present: Mapping[str, object], chat: bool) -> tuple[str | None, list[int] | None]:
+    """(text, prompt ids) of a request: text_input's, or input_ids' ([1, L],
+    [L] from a preprocessing model of max_batch_size 0)."""
+    if "input_ids" in present:
+        # neither is dropped unsaid: the ids are the prompt as they are
+        if "text_input" in present:
+            raise InvalidRequest("give one of text_input and input_ids, not both")
+        if chat:
+            raise InvalidRequest("apply_chat_template applies to text_input; input_ids go to "
+                                 "the model as they are")
+        ids = np.asarray(present["input_ids"])
+        if not (ids.ndim == 2 and ids.shape[0] == 1 or ids.ndim == 1):  # [L]: max_batch_size 0
+            raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
+        text, prompt_ids = None, [int(t) for t in ids.reshape(-1)]
+    elif "text_input" in present:
+        text, prompt_ids = _text("text_input", _single("text_input", present["text_input"])), None
+        if not text:
+            raise InvalidRequest("text_input must be a non-empty string")
+    else:
+        raise InvalidRequest("text_input (or input_ids) is required")
+    return text, prompt_ids
+
+
 def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | None = None
                     ) -> DecodedRequest:
     """Turn the tensors of one request into a GenerationRequest.
@@ -152,6 +175,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
     _one_request(present)
+    _check_other_names(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present else False
              for name in FLAG_INPUTS}
     sampling = {field: _single(name, present[name])
@@ -167,23 +191,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     if "stop_token_ids" in present:
         sampling["stop_token_ids"] = [int(t) for t in np.asarray(present["stop_token_ids"])
                                       .reshape(-1)]
-    if "input_ids" in present:
-        # neither is dropped unsaid: the ids are the prompt as they are
-        if "text_input" in present:
-            raise InvalidRequest("give one of text_input and input_ids, not both")
-        if flags["apply_chat_template"]:
-            raise InvalidRequest("apply_chat_template applies to text_input; input_ids go to "
-                                 "the model as they are")
-        ids = np.asarray(present["input_ids"])
-        if not (ids.ndim == 2 and ids.shape[0] == 1 or ids.ndim == 1):  # [L]: max_batch_size 0
-            raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
-        text, prompt_ids = None, [int(t) for t in ids.reshape(-1)]
-    elif "text_input" in present:
-        text, prompt_ids = _text("text_input", _single("text_input", present["text_input"])), None
-        if not text:
-            raise InvalidRequest("text_input must be a non-empty string")
-    else:
-        raise InvalidRequest("text_input (or input_ids) is required")
+    text, prompt_ids = _prompt(present, flags["apply_chat_template"])
     top = (_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
            if NUM_TOP_LOGPROBS.name in present else 0)
     if top and not flags["return_log_probs"]:  # as validate, before the flag it may set
@@ -218,12 +226,45 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
 
 def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:
     """The vLLM backend's additional outputs its return_* inputs ask for."""
-    if flags["return_logprobs"]:
-        # its JSON gives every token's rank, which the sampler does not count
-        raise InvalidRequest("return_logprobs must be false: the vLLM backend's JSON logprobs "
-                             "output is not made here; ask return_log_probs (output_log_probs) "
-                             "and num_top_logprobs (top_logprobs_ids, top_logprobs) instead")
     return frozenset(output for name, output in VLLM_EXTRA_OUTPUTS.items() if flags[name])
+
+
+#: Inputs taken at one value only -> (that value, why): any other asks for what
+#: this server does not do (``schema.TRTLLM_INPUTS``, return_logprobs).
+ONE_VALUE = {
+    "beam_width": (1, "beam search is not implemented here"),
+    "num_return_sequences": (1, "one generation per request: send several requests for more"),
+    "return_context_logits": (False, "the prompt's logits are not returned here"),
+    "return_generation_logits": (False, "the generated tokens' logits are not returned here"),
+    "return_perf_metrics": (False, "TensorRT-LLM's KV-cache and timing metrics are not made "
+                                   "here"),
+    # its JSON gives every token's rank, which the sampler does not count
+    "return_logprobs": (False, "the vLLM backend's JSON logprobs output is not made here; ask "
+                               "return_log_probs (output_log_probs) and num_top_logprobs "
+                               "(top_logprobs_ids, top_logprobs) instead"),
+}
+#: An input that is another's other name -> that input: the two must agree.
+ALIASES = {"min_tokens": "min_length"}
+
+
+def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> None:
+    """Refuse an input at a value this server does not implement
+    (``ONE_VALUE``) or a length_penalty that is not a number; take an alias
+    as the input it names (a range refusal then names it as sent)."""
+    for name, (value, why) in ONE_VALUE.items():
+        if name in present and _single(name, present[name]) != value:
+            raise InvalidRequest(f"{name} must be {str(value).lower()}: {why}")
+    if "length_penalty" in present and not np.isfinite(_single("length_penalty",
+                                                              present["length_penalty"])):
+        raise InvalidRequest("length_penalty must be finite")
+    for alias, name in ALIASES.items():
+        if alias in present:
+            value = present.pop(alias)
+            if name in present and not np.array_equal(np.asarray(present[name]).reshape(-1),
+                                                      np.asarray(value).reshape(-1)):
+                raise InvalidRequest(f"{alias} and {name} are the same parameter; they disagree")
+            present[name] = value
+            sent_as.setdefault(name, alias)
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:

@@ -92,7 +92,7 @@ class TritonPythonModel:
                 return
             step, sends = item
             token = np.array([[step]], np.int32)
-            text = np.array([[f" t{step}".encode()]], object)
+            text = np.array([f" t{step}".encode()], object)  # [1], as the llm model's
             for sender, llm_shape, final in sends:
                 outputs = [pb_utils.Tensor("output_ids", token)]
                 if llm_shape:
