@@ -224,3 +224,32 @@ def test_min_tokens_is_min_lengths_other_name():
     assert both.request.sampling.min_tokens == 4 and both.sent_as == {"min_length": "min_tokens"}
     with pytest.raises(InvalidRequest, match="min_tokens and min_length are the same parameter"):
         decode_generate({**prompt, "min_tokens": minimum(4), "min_length": minimum(5)})
+
+
+def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():
+    """As its preprocessing model's _get_embedding_bias: every token of each
+    word, encoded alone (special tokens included), gets the word's weight,
+    once per occurrence; summed over words and with logit_bias."""
+    from simple_sampler.triton.generate_io import add_word_bias
+
+    words = {"ab": [7, 8, 7], "b": [8], "x": [1, 9]}  # a made-up tokenizer, BOS 1 on "x"
+    decoded = decode_generate({
+        "input_ids": np.array([[1, 2, 3]], np.int32),
+        "embedding_bias_words": np.array([[b"ab", b"b", b"x"]], object),
+        "embedding_bias_weights": np.array([[0.5, 2.0, -np.inf]], np.float32),
+        "logit_bias_ids": np.array([[8]], np.int32),
+        "logit_bias_values": np.array([[-1.0]], np.float32)})
+    request = add_word_bias(decoded.request, decoded.word_bias, words.__getitem__)
+    assert request.sampling.logit_bias == {7: 1.0, 8: 1.5, 1: -np.inf, 9: -np.inf}
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"embedding_bias_words": np.array([[b"a"]], object)}, "given together"),
+    ({"embedding_bias_words": np.array([[b"a", b"b"]], object),
+      "embedding_bias_weights": np.array([[1.0]], np.float32)}, "one value per"),
+    ({"embedding_bias_words": np.array([[b"a"]], object),
+      "embedding_bias_weights": np.array([[np.nan]], np.float32)}, r"in \[-1e6, 1e6\] or -inf"),
+])
+def test_bad_embedding_bias_inputs_are_refused_by_name(inputs, message):
+    with pytest.raises(InvalidRequest, match=f"embedding_bias_w.*{message}"):
+        decode_generate({"input_ids": np.array([[1, 2]], np.int32), **inputs})

@@ -532,6 +532,24 @@ def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
     assert "beam_width must be 1: beam search is not implemented here" in str(error)
 
 
+def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):
+    """Its embedding_bias_words / _weights: each word's tokens get its weight,
+    as the same logit_bias would give them (greedy, so the answer moves off
+    the word)."""
+    from simple_sampler.serving.text import TextCodec
+
+    ids = TextCodec.from_source(None).tokenize(" Paris")  # SmolLM2's: no special token added
+    body = {"text_input": "The capital of France is", "max_tokens": 6, "temperature": 0,
+            "exclude_input_in_output": True}
+    assert generate_json(server, "ensemble", body)["text_output"].startswith(" Paris")
+    words = generate_json(server, "ensemble", {**body, "embedding_bias_words": [" Paris"],
+                                               "embedding_bias_weights": [-100.0]})
+    bias = generate_json(server, "ensemble", {**body, "logit_bias_ids": ids,
+                                              "logit_bias_values": [-100.0] * len(ids)})
+    assert words["text_output"] == bias["text_output"]
+    assert not words["text_output"].startswith(" Paris")
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

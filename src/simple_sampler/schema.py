@@ -169,6 +169,13 @@ TRTLLM_INPUTS = (
       for name, what in (("context_logits", "the prompt's logits"),
                          ("generation_logits", "the generated tokens' logits"),
                          ("perf_metrics", "TensorRT-LLM's KV-cache and timing metrics"))),
+    Tensor("embedding_bias_words", "BYTES", (-1,), default="none",
+           allowed="strings, with embedding_bias_weights: each word's tokens, as the tokenizer "
+                   "encodes the word alone (its special tokens included, as TensorRT-LLM's "
+                   "preprocessing encodes it), get the word's weight added to their logits"),
+    Tensor("embedding_bias_weights", "FP32", (-1,), default="none",
+           allowed=f"{BIAS_ALLOWED}, one per embedding_bias_words entry; summed where "
+                   f"tokens repeat, and with logit_bias"),
 )
 #: Triton's vLLM backend's additional outputs (its docs/additional_outputs.md):
 #: the input that asks for one -> the output then in every response.

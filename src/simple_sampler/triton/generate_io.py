@@ -16,13 +16,14 @@ only text_output and output_ids (and the logprob outputs when asked), every
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..params import SamplingParams
+from ..params import BIAS_ALLOWED, SamplingParams, bias_allowed
 from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
                       TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
@@ -53,6 +54,9 @@ class DecodedRequest:
     #: the client's return_log_probs: a stream's responses before its last
     #: carry the logprobs then (``encode_event``'s ``logprobs``)
     logprobs: bool = False
+    #: TensorRT-LLM's embedding bias, (word, weight) pairs, for ``add_word_bias``
+    #: to add to the request's logit_bias once the words are tokenized
+    word_bias: tuple[tuple[str, float], ...] = ()
 
 
 def _single(name: str, array) -> object:
@@ -101,6 +105,39 @@ def _logit_bias(ids, values) -> dict[int, float]:
     if len(bias) != ids.size:
         raise InvalidRequest("logit_bias_ids must name each token at most once")
     return bias
+
+
+def _word_bias(words, weights) -> tuple[tuple[str, float], ...]:
+    """embedding_bias_words [1, N] and embedding_bias_weights [1, N] as
+    (word, weight) pairs."""
+    if words is None and weights is None:
+        return ()
+    if words is None or weights is None:
+        raise InvalidRequest("embedding_bias_words and embedding_bias_weights must be given "
+                             "together")
+    words = [_text("embedding_bias_words", w) for w in np.asarray(words, object).reshape(-1)]
+    weights = np.asarray(weights, np.float64).reshape(-1)
+    if weights.size != len(words):
+        raise InvalidRequest(f"embedding_bias_weights must hold one value per "
+                             f"embedding_bias_words entry, got {weights.size} for {len(words)}")
+    if not bias_allowed(weights).all():
+        raise InvalidRequest(f"embedding_bias_weights must be {BIAS_ALLOWED}")
+    return tuple(zip(words, weights.tolist()))
+
+
+def add_word_bias(request: GenerationRequest, pairs: Sequence[tuple[str, float]],
+                  tokenize: Callable[[str], list[int]]) -> GenerationRequest:
+    """`request` with TensorRT-LLM's embedding bias added to its logit_bias:
+    each word's tokens (``tokenize``, the tokenizer's special tokens
+    included, as its preprocessing model's ``_get_embedding_bias`` encodes a
+    word) get the word's weight, once per occurrence, summed over the words
+    and with the logit_bias already there."""
+    bias = dict(request.sampling.logit_bias)
+    for word, weight in pairs:
+        for token in tokenize(word):
+            bias[token] = bias.get(token, 0.0) + weight
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
+                                                                     logit_bias=bias))
 
 
 def _add_vllm_inputs(present: dict[str, object], parameters) -> dict[str, str]:
@@ -221,7 +258,9 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
-                          sent_as, _extra_outputs(flags), flags["return_log_probs"])
+                          sent_as, _extra_outputs(flags), flags["return_log_probs"],
+                          _word_bias(present.get("embedding_bias_words"),
+                                     present.get("embedding_bias_weights")))
 
 
 def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:

@@ -18,6 +18,7 @@ next micro-batch; a shard that fails is sent again elsewhere.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -36,7 +37,7 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
-from .generate_io import decode_generate
+from .generate_io import add_word_bias, decode_generate
 from .vllm_params import as_sent
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
                            tokens_as_outputs)
@@ -255,6 +256,9 @@ class LlmService:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             decoded = decode_generate(inputs, parameters)
+            if decoded.word_bias:
+                decoded = dataclasses.replace(decoded, request=add_word_bias(
+                    decoded.request, decoded.word_bias, self.codec.tokenize))
             try:
                 handle = self.decoder.submit(decoded.request)
             except InvalidRequest as error:  # a range: named as the client sent it
