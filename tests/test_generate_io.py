@@ -91,7 +91,7 @@ def test_request_parameters_are_refused_by_name_but_tritons_own():
     for parameters in (None, "", "{}", '{"triton_enable_empty_final_response": true}',
                        '{"x-request-id": "abc"}'):
         decode_generate(prompt, parameters)
-    with pytest.raises(InvalidRequest, match="unknown field beam_width"):
+    with pytest.raises(InvalidRequest, match="beam_width is an input of this model, not a vLLM sampling parameter"):
         decode_generate(prompt, {"beam_width": 2})
 
 
@@ -207,7 +207,7 @@ def test_tensorrt_llms_inputs_are_taken_at_what_this_server_does(name, value, me
     prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
     with pytest.raises(InvalidRequest, match=message):
         decode_generate({**prompt, name: value})
-    taken = decode_generate({**prompt, "beam_width": np.array([[1]], np.int32),
+    taken = decode_generate({**prompt, "beam_width": np.array([[0]], np.int32),  # 0 is 1 there
                              "num_return_sequences": np.array([[1]], np.int32),
                              "return_context_logits": np.array([[False]]),
                              "pad_id": np.array([[0]], np.int32),
@@ -224,6 +224,14 @@ def test_min_tokens_is_min_lengths_other_name():
     assert both.request.sampling.min_tokens == 4 and both.sent_as == {"min_length": "min_tokens"}
     with pytest.raises(InvalidRequest, match="min_tokens and min_length are the same parameter"):
         decode_generate({**prompt, "min_tokens": minimum(4), "min_length": minimum(5)})
+    # vLLM's rule for its name, however it came (over HTTP generate a min_tokens key is this
+    # input now); the message names what the client sent
+    with pytest.raises(InvalidRequest, match=r"min_tokens \(20\) must be at most max_tokens"):
+        decode_generate({**prompt, "min_tokens": minimum(20)})
+    decode_generate({**prompt, "min_length": minimum(20)})  # TensorRT-LLM's old name: not held
+    with pytest.raises(InvalidRequest, match="min_tokens and sampling_parameters.min_tokens are"):
+        decode_generate({**prompt, "min_tokens": minimum(4), "sampling_parameters":
+                         np.array([[b'{"min_tokens": 5}']], object)})
 
 
 def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():

@@ -158,9 +158,10 @@ def test_a_wrong_name_or_dtype_in_a_docs_table_is_caught():
 def test_the_codecs_and_clients_use_the_schema():
     assert set(generate_io.INPUT_NAMES) == set(schema.LLM.input_names)
     assert set(sampler_codec.INPUT_NAMES) == set(schema.SAMPLER.input_names)
-    # the client leaves out the vLLM backend's return_* inputs (client/common.py says why)
+    # the client leaves out other clients' inputs (client/common.py says why)
     assert set(common.SCALAR_TYPES) | set(common.LIST_TYPES) | {common.PROMPT} == \
-        set(schema.ENSEMBLE.input_names) - set(schema.VLLM_EXTRA_OUTPUTS)
+        set(schema.ENSEMBLE.input_names) - common.OTHER_CLIENTS_INPUTS
+    assert common.OTHER_CLIENTS_INPUTS < set(schema.ENSEMBLE.input_names)
     assert {t.name for t in cli.GENERATION_FLAGS} <= set(schema.ENSEMBLE.input_names)
     perf_inputs = json.loads(project_file("client/perf_inputs.json").read_text())["data"]
     assert set().union(*perf_inputs) <= set(schema.ENSEMBLE.input_names)

@@ -79,7 +79,9 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
     ({"max_tokens": scalar(4, np.int32)}, {"min_tokens": 5},
      r"sampling_parameters.min_tokens \(5\) must be at most max_tokens \(4\)"),
     ({}, {"min_tokens": 17}, r"min_tokens \(17\) must be at most max_tokens \(16\)"),
-    ({}, {"logprobs": 1, "return_log_probs": True}, "unknown field sampling_parameters.return_"),
+    ({}, {"logprobs": 1, "return_log_probs": True},
+     "sampling_parameters.return_log_probs is an input of this model, not a vLLM sampling "
+     "parameter: send it as an input"),
     ({}, {"temprature": 0.5}, "unknown field sampling_parameters.temprature: it names no input"),
     ({}, {"allowed_token_ids": [1]},
      "sampling_parameters.allowed_token_ids is not supported by this server"),
@@ -100,8 +102,11 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
     ({}, {"max_tokens": None}, "sampling_parameters.max_tokens must be an integer: null is"),
     ({}, {"seed": -2**63 - 1}, r"sampling_parameters.seed must be in \[-9223372036854775808"),
     ({}, {"n": "2"}, "sampling_parameters.n must be 1"),
-    ({}, {"return_logprobs": True}, r"unknown field sampling_parameters.return_logprobs: .*"
-                                    r"\(docs/TENSORS.md lists them\), so"),
+    # the vLLM backend's input, not a sampling parameter there either
+    ({}, {"return_logprobs": True}, "sampling_parameters.return_logprobs is an input of this "
+                                    "model, not a vLLM sampling parameter"),
+    ({}, {"truncate": True}, r"unknown field sampling_parameters.truncate: .*"
+                             r"\(docs/TENSORS.md lists them\), so"),
 ])
 def test_refusals_name_the_field(inputs, parameters, message):
     with pytest.raises(InvalidRequest, match=message):

@@ -10,6 +10,7 @@ from pathlib import Path
 from .bench.spec import UsageError, given
 from .bench import registry
 from .launch import gpu_check
+from .client.common import OTHER_CLIENTS_INPUTS
 from .schema import ENSEMBLE, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS
 from .serving.engines import engine_spec
 from .settings import (SERVED_MODES, SMOLLM2_VOCAB, FrontendSettings, LlmSettings, SamplerSettings,
@@ -182,6 +183,7 @@ def serve(args: argparse.Namespace) -> int:
 #: `generate` options: the ensemble's numeric scalar inputs (the seed as
 #: --seed, random_seed's alias), but the logprob asks: generate prints text.
 GENERATION_FLAGS = tuple(t for t in ENSEMBLE.inputs if t.scalar and t.name != "random_seed"
+                         and t.name not in OTHER_CLIENTS_INPUTS
                          and t.dtype not in ("BOOL", "BYTES")
                          and t.name not in (NUM_TOP_LOGPROBS.name, PROMPT_LOGPROBS.name))
 

@@ -156,15 +156,18 @@ IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
 #: does, or taken for what they do there with one beam: nothing.
 TRTLLM_INPUTS = (
     _scalar("min_tokens", "INT32", 0,
-            "min_length's alias (TensorRT-LLM's name now, and vLLM's); the two must agree"),
-    _scalar("beam_width", "INT32", 1, "1 only: sampling (beam search is not implemented here)"),
-    _scalar("num_return_sequences", "INT32", 1,
-            "1 only: one generation per request (send several requests for more)"),
-    _scalar("length_penalty", "FP32", 1.0,
+            "min_length's alias (TensorRT-LLM's name now, and vLLM's); the two must agree; "
+            "at most max_tokens (vLLM's rule); as min_length, a stop word ending within it "
+            "ends nothing (vLLM's rule, where TensorRT-LLM's stop words ignore min_tokens)"),
+    _scalar("beam_width", "INT32", 1, "1 (or 0, which TensorRT-LLM reads as 1) only: sampling "
+            "(beam search is not implemented here)"),
+    _scalar("num_return_sequences", "INT32", 1, "1 (or 0, read as 1) only: one generation per "
+            "request (send several requests for more)"),
+    _scalar("length_penalty", "FP32", "none (no effect)",
             "finite: beam search's length penalty, which with one beam changes nothing (as in "
             "TensorRT-LLM)"),
-    _scalar("pad_id", "INT32", "none", "a token id: what TensorRT-LLM pads beams' ids with; "
-            "no output here is padded"),
+    _scalar("pad_id", "INT32", "none (no effect)", "a token id: TensorRT-LLM passes it to its "
+            "executor, to no visible effect with one beam; none here"),
     *(_scalar(f"return_{name}", "BOOL", False, f"false only: {what} are not returned here")
       for name, what in (("context_logits", "the prompt's logits"),
                          ("generation_logits", "the generated tokens' logits"),

@@ -60,7 +60,7 @@ class AsyncGenerateClient(ClientBase):
         if self.batched is None:
             try:
                 self.batched = batches((await self._connect().get_model_config(
-                    self.model, as_json=True))["config"])
+                    self.model, as_json=True, client_timeout=self.timeout_s))["config"])
             except InferenceServerException as error:  # no server, or no such model
                 raise grpc_error(error) from None
         request = {"model_name": self.model, "request_id": uuid.uuid4().hex,

@@ -35,7 +35,8 @@ class GenerateClient(ClientBase):
         client = grpcclient.InferenceServerClient(self.url)
         if self.batched is None:
             try:
-                self.batched = batches(client.get_model_config(self.model, as_json=True)["config"])
+                self.batched = batches(client.get_model_config(
+                    self.model, as_json=True, client_timeout=self.timeout_s)["config"])
             except InferenceServerException as error:  # no server, or no such model
                 client.close()
                 raise grpc_error(error) from None

@@ -151,14 +151,20 @@ def _add_vllm_inputs(present: dict[str, object], parameters) -> dict[str, str]:
             raise InvalidRequest(f"{name} is given twice, with different values: as an input "
                                  f"and by the vLLM sampling parameter {sent_as[name]}")
     present.update(vllm)
-    if "min_length" in vllm:  # vLLM's rule (SamplingParams._verify_args), not min_length's
+    return sent_as
+
+
+def _check_min_tokens(present: Mapping[str, object], sent_as: Mapping[str, str]) -> None:
+    """min_length sent by its other name, min_tokens (vLLM's, or TensorRT-LLM's
+    input), is held to vLLM's rule (SamplingParams._verify_args): at most
+    max_tokens. min_length itself is not (TensorRT-LLM's old name)."""
+    if "min_length" in sent_as:
         least, most = _single("min_length", present["min_length"]), (
             _single("max_tokens", present["max_tokens"]) if "max_tokens" in present
             else GenerationRequest.max_tokens)
         if isinstance(least, int) and isinstance(most, int) and least > most:
             raise InvalidRequest(f"{sent_as['min_length']} ({least}) must be at most max_tokens "
                                  f"({most})")
-    return sent_as
 
 
 def _one_request(present: Mapping[str, object]) -> None:
@@ -213,6 +219,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         raise InvalidRequest(f"unknown input {unknown[0]}")
     _one_request(present)
     _check_other_names(present, sent_as)
+    _check_min_tokens(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present else False
              for name in FLAG_INPUTS}
     sampling = {field: _single(name, present[name])
@@ -291,7 +298,9 @@ def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> N
     (``ONE_VALUE``) or a length_penalty that is not a number; take an alias
     as the input it names (a range refusal then names it as sent)."""
     for name, (value, why) in ONE_VALUE.items():
-        if name in present and _single(name, present[name]) != value:
+        # a beam width or sequence count of 0 is 1 in TensorRT-LLM
+        # (get_sampling_config_from_request: `... or 1`); for a flag, 0 is false
+        if name in present and _single(name, present[name]) not in (value, 0):
             raise InvalidRequest(f"{name} must be {str(value).lower()}: {why}")
     if "length_penalty" in present and not np.isfinite(_single("length_penalty",
                                                               present["length_penalty"])):
@@ -301,7 +310,8 @@ def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> N
             value = present.pop(alias)
             if name in present and not np.array_equal(np.asarray(present[name]).reshape(-1),
                                                       np.asarray(value).reshape(-1)):
-                raise InvalidRequest(f"{alias} and {name} are the same parameter; they disagree")
+                raise InvalidRequest(f"{alias} and {sent_as.get(name, name)} are the same "
+                                     f"parameter; they disagree")
             present[name] = value
             sent_as.setdefault(name, alias)
 

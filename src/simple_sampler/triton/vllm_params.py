@@ -157,6 +157,9 @@ def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
     if name in NOT_IMPLEMENTED:
         raise InvalidRequest(f"{place} is not supported by this server")
     input_name = RENAMED.get(name, name if name in SAME_NAMES else None)
+    if input_name is None and name in _TENSORS:
+        raise InvalidRequest(f"{place} is an input of this model, not a vLLM sampling parameter: "
+                             f"send it as an input")
     if input_name is None:
         where = ("docs/TENSORS.md lists them" if place != name else
                  "docs/TENSORS.md lists them; over HTTP generate each is a top-level key")
