@@ -54,9 +54,16 @@ class FakeCall:
         self.cancelled = True
 
 
+#: get_model_config(as_json=True) of a model that batches (the clients read it once)
+BATCHING_CONFIG = {"config": {"name": "llm", "max_batch_size": 64}}
+
+
 class FakeConnection:
     def __init__(self, call: FakeCall):
         self.call = call
+
+    async def get_model_config(self, model, as_json=False, client_timeout=None):
+        return BATCHING_CONFIG
 
     def stream_infer(self, requests, stream_timeout=None):
         return self.call
@@ -144,6 +151,9 @@ class FakeSyncClient:
 
     def __init__(self, url):
         pass
+
+    def get_model_config(self, model, as_json=False, client_timeout=None):
+        return BATCHING_CONFIG
 
     def start_stream(self, callback, stream_timeout=None):
         self.callback = callback
