@@ -516,10 +516,12 @@ def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
     answers = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    client.async_stream_infer("ensemble", tensors,
-                              outputs=[grpcclient.InferRequestedOutput("text_output")])
+    # its outputs: text_output, and batch_index with --batch-inputs (one prompt here)
+    client.async_stream_infer("ensemble", tensors, outputs=[
+        grpcclient.InferRequestedOutput(name) for name in ("text_output", "batch_index")])
     client.stop_stream()  # waits for the stream's responses, as that client does
     assert answers and all(error is None for _, error in answers), answers
+    assert all(result.as_numpy("batch_index") is None for result, _ in answers)  # `0 if None`
     texts = [result.as_numpy("text_output")[0].decode("utf-8") for result, _ in answers]
     assert len(texts) == (8 if streaming else 1)
     whole = generate_json(server, "ensemble", {

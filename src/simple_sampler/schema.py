@@ -275,6 +275,12 @@ GENERATE_OUTPUTS = (
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
     Tensor("cumulative_logprob", "FP32", optional=False),
+    # TensorRT-LLM's, which its clients ask for with a batch or several sequences
+    # (end_to_end_grpc_client.py --batch-inputs, -n): declared so that asking is
+    # no error; never sent, as TensorRT-LLM sends neither for one prompt and one
+    # sequence, the only ones here (`0 if None` in that client)
+    Tensor("batch_index", "INT32", optional=False),
+    Tensor("sequence_index", "INT32", optional=False),
 )
 #: The prompt as token ids: preprocessing's output, llm's alternative to text_input.
 INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",
