@@ -2,7 +2,8 @@
 decoded into a ``GenerationRequest`` and encoded back from its events.
 
 Every input has batch dimension 1 (one prompt per request, as TensorRT-LLM's
-streaming ensemble requires): scalars are [1, 1], word lists [1, N]. The
+streaming ensemble requires): scalars are [1, 1], word lists [1, N] (or [1]
+and [N] from a model of max_batch_size 0: the vLLM backend's shapes). The
 tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
 (this response's tokens; their logprobs when asked, else 0.0 each); cum_log_probs
@@ -12,7 +13,12 @@ the response that carries them: a stream's first, a non-streamed answer,
 when prompt_logprobs is given); num_input_tokens, num_output_tokens; finish_reason
 ("stop", "length" or "cancelled"). A stream's responses before its last carry
 only text_output and output_ids (and the logprob outputs when asked), every
-``stream_interval`` tokens (``encode_event``).
+``stream_interval`` tokens (``encode_event``). The vLLM backend's additional
+outputs (finish_reason, num_input_tokens, num_output_tokens,
+cumulative_logprob) come in every response of a request that asked for them
+(its return_* inputs, ``vllm_extra_outputs``). TensorRT-LLM's inputs that its
+clients send take the values that mean what this server does
+(``ONE_VALUE``, ``ALIASES``, ``add_word_bias``).
 """
 from __future__ import annotations
 
