@@ -6,7 +6,7 @@ import pytest
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
 from simple_sampler.triton.generate_io import (decode_generate, encode_event,
-                                             encode_prompt, install_byte_serializer)
+                                             install_byte_serializer)
 
 
 def test_logit_bias_inputs_become_the_sampling_params_bias():
@@ -93,17 +93,6 @@ def test_request_parameters_are_refused_by_name_but_tritons_own():
         decode_generate(prompt, parameters)
     with pytest.raises(InvalidRequest, match="beam_width is an input of this model, not a vLLM sampling parameter"):
         decode_generate(prompt, {"beam_width": 2})
-
-
-def test_a_batch_of_two_requests_is_refused_as_such():
-    """Triton's batch dimension above 1: refused saying so, whichever input
-    is looked at first."""
-    inputs = {"text_input": np.array([[b"a"], [b"b"]], dtype=object),
-              "exclude_input_in_output": np.array([[True], [True]])}
-    with pytest.raises(InvalidRequest, match=r"has shape \[2, 1\]: a request holds one prompt"):
-        decode_generate(inputs)
-    with pytest.raises(InvalidRequest, match=r"text_input has shape \[2, 1\]"):
-        encode_prompt(None, inputs)
 
 
 def test_output_log_probs_are_zero_per_token_when_not_asked():

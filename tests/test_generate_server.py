@@ -501,14 +501,33 @@ def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
     beams as its postprocessing model writes it). min_tokens is its ensemble's
     name for min_length."""
     prompt = "The capital of France is"
-    inputs = {"text_input": np.array([[prompt]]).astype(object),
-              "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * 8,
-              "stream": np.array([[streaming]], dtype=bool),
-              "beam_width": np.array([[1]], dtype=np.int32),
-              "temperature": np.array([[1.0]], dtype=np.float32),
-              "exclude_input_in_output": np.array([[False]], dtype=bool),
-              "min_tokens": np.array([[8]], dtype=np.int32),
-              "seed": np.array([[3]], dtype=np.uint64)}
+    inputs = trtllm_client_inputs(prompt, streaming, 3)
+    answers = trtllm_client_answers(server, "ensemble", inputs)
+    assert all(result.as_numpy("batch_index") is None for result, _ in answers)  # `0 if None`
+    texts = [result.as_numpy("text_output")[0].decode("utf-8") for result, _ in answers]
+    assert len(texts) == (8 if streaming else 1)
+    assert "".join(texts) == alone(server, prompt, 3, streaming)
+
+    [(_, error)] = stream_answers(server, "ensemble", {**inputs, "beam_width":
+                                                      np.array([[2]], dtype=np.int32)})
+    assert "beam_width must be 1: beam search is not implemented here" in str(error)
+
+
+def trtllm_client_inputs(prompt: str, streaming: bool, seed: int) -> dict:
+    """end_to_end_grpc_client.py's prepare_inputs at its defaults, with a seed."""
+    return {"text_input": np.array([[prompt]]).astype(object),
+            "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * 8,
+            "stream": np.array([[streaming]], dtype=bool),
+            "beam_width": np.array([[1]], dtype=np.int32),
+            "temperature": np.array([[1.0]], dtype=np.float32),
+            "exclude_input_in_output": np.array([[False]], dtype=bool),
+            "min_tokens": np.array([[8]], dtype=np.int32),
+            "seed": np.array([[seed]], dtype=np.uint64)}
+
+
+def trtllm_client_answers(server, model: str, inputs: dict) -> list:
+    """(result, error) of each response, as end_to_end_grpc_client.py's
+    run_inference sends the request and waits for them."""
     tensors = []
     for name, value in inputs.items():
         tensors.append(grpcclient.InferInput(name, value.shape, np_to_triton_dtype(value.dtype)))
@@ -516,22 +535,41 @@ def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
     answers = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    # its outputs: text_output, and batch_index with --batch-inputs (one prompt here)
-    client.async_stream_infer("ensemble", tensors, outputs=[
+    # its outputs: text_output, and batch_index with --batch-inputs
+    client.async_stream_infer(model, tensors, outputs=[
         grpcclient.InferRequestedOutput(name) for name in ("text_output", "batch_index")])
     client.stop_stream()  # waits for the stream's responses, as that client does
     assert answers and all(error is None for _, error in answers), answers
-    assert all(result.as_numpy("batch_index") is None for result, _ in answers)  # `0 if None`
-    texts = [result.as_numpy("text_output")[0].decode("utf-8") for result, _ in answers]
-    assert len(texts) == (8 if streaming else 1)
-    whole = generate_json(server, "ensemble", {
-        "text_input": prompt, "max_tokens": 8, "min_length": 8, "seed": 3,
-        "exclude_input_in_output": True})["text_output"]
-    assert "".join(texts) == (whole if streaming else prompt + whole)
+    return answers
 
-    [(_, error)] = stream_answers(server, "ensemble", {**inputs, "beam_width":
-                                                      np.array([[2]], dtype=np.int32)})
-    assert "beam_width must be 1: beam search is not implemented here" in str(error)
+
+def alone(server, prompt: str, seed: int, streaming: bool) -> str:
+    """What end_to_end_grpc_client.py's request of `prompt` reads, asked over
+    HTTP generate on its own: the streamed text, or the prompt and the text."""
+    whole = generate_json(server, "ensemble", {
+        "text_input": prompt, "max_tokens": 8, "min_length": 8, "seed": seed,
+        "exclude_input_in_output": True})["text_output"]
+    return whole if streaming else prompt + whole
+
+
+@pytest.mark.parametrize("model, streaming", [("ensemble", True), ("ensemble", False),
+                                              ("llm", True)])
+def test_tensorrt_llms_client_with_batch_inputs_reads_each_prompt_by_its_batch_index(
+        server, model, streaming):
+    """Its --batch-inputs: every input stacked [B, ...] (run_inference's
+    np.concatenate); each response read into its batch_index's text, as
+    that client reads it. Each prompt's text is what it gets alone; through
+    the ensemble its ids reach llm padded, with their lengths."""
+    prompts = ["The capital of France is", "Once upon a time", "2 + 2 ="]
+    rows = [trtllm_client_inputs(prompt, streaming, seed) for seed, prompt in enumerate(prompts)]
+    answers = trtllm_client_answers(server, model, {
+        name: np.concatenate([row[name] for row in rows]) for name in rows[0]})
+    texts = [""] * len(prompts)
+    for result, _ in answers:
+        [[index]] = result.as_numpy("batch_index")
+        texts[index] += result.as_numpy("text_output")[0].decode("utf-8")
+    assert len(answers) == len(prompts) * (8 if streaming else 1)
+    assert texts == [alone(server, prompt, seed, streaming) for seed, prompt in enumerate(prompts)]
 
 
 def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):

@@ -116,7 +116,7 @@ def test_the_ensemble_wires_the_schemas_tensors(configs):
         model = schema.MODELS[name]
         assert set(step.input_map) <= set(model.input_names), name
         assert set(step.output_map) <= set(model.output_names), name
-        assert set(step.input_map.values()) - ensemble <= {"_input_ids"}, name
+        assert set(step.input_map.values()) - ensemble <= {"_input_ids", "_input_lengths"}, name
     assert set(steps["llm"].output_map.values()) == set(schema.ENSEMBLE.output_names)
 
 
@@ -135,7 +135,7 @@ def test_every_ensemble_input_reaches_preprocessing_and_llm(configs):
     assert TOKENIZED <= set(inputs)
     assert steps["preprocessing"] == {name: name for name in inputs}
     assert steps["llm"] == {**{name: name for name in inputs if name not in TOKENIZED},
-                            "input_ids": "_input_ids"}
+                            "input_ids": "_input_ids", "input_lengths": "_input_lengths"}
 
 
 def test_the_docs_tables_are_the_schema():

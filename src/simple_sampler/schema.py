@@ -275,21 +275,26 @@ GENERATE_OUTPUTS = (
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
     Tensor("cumulative_logprob", "FP32", optional=False),
-    # TensorRT-LLM's, which its clients ask for with a batch or several sequences
-    # (end_to_end_grpc_client.py --batch-inputs, -n): declared so that asking is
-    # no error; never sent, as TensorRT-LLM sends neither for one prompt and one
-    # sequence, the only ones here (`0 if None` in that client)
+    # TensorRT-LLM's: batch_index, in every response of a request of several
+    # prompts (its client's --batch-inputs), and not of one, as its model
+    # sends it (`0 if None` in that client); sequence_index, declared so that
+    # its client's -n asking is no error, never sent: one sequence per prompt
     Tensor("batch_index", "INT32", optional=False),
     Tensor("sequence_index", "INT32", optional=False),
 )
 #: The prompt as token ids: preprocessing's output, llm's alternative to text_input.
 INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",
                    allowed="token ids; replaces text_input")
+#: Each row's prompt length in input_ids (the rest padding, -1): preprocessing's
+#: output for a request of several prompts (triton.prompt_batch).
+INPUT_LENGTHS = Tensor("input_lengths", "INT32", default="each row whole",
+                       allowed="1 to input_ids' length; with input_ids")
 
 ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
-                      (dataclasses.replace(INPUT_IDS, optional=False),))
-LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS), GENERATE_OUTPUTS)
+                      tuple(dataclasses.replace(t, optional=False)
+                            for t in (INPUT_IDS, INPUT_LENGTHS)))
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS), GENERATE_OUTPUTS)
 
 
 def _id_list(name, default="none", allowed="token ids, -1 padded"):

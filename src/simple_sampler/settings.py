@@ -313,8 +313,9 @@ class LlmSettings(Settings):
         "plane (the baseline); inline_kernels: our kernels in the data plane",
         choices=SAMPLING_MODES)
     generate_max_batch_size: int = setting(
-        64, "Triton's max_batch_size of the ensemble, preprocessing and llm models (each "
-        "request holds one prompt): clients send [1, 1] tensors (TensorRT-LLM's shapes); 0: "
+        64, "Triton's max_batch_size of the ensemble, preprocessing and llm models (the most "
+        "prompts a request holds, each its own generation): clients send [B, 1] tensors "
+        "(TensorRT-LLM's shapes); 0: "
         "[1] in and out, as Triton's vLLM backend's models take and give them",
         minimum=0, parameter=False)
     preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,

@@ -1,15 +1,15 @@
-"""Text to token ids with the model's own tokenizer (chat template on request)."""
+"""Text to token ids with the model's own tokenizer (chat template on request):
+input_ids [B, L], a row per prompt, and input_lengths [B, 1] (triton.prompt_batch)."""
 import json
 import logging
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.serving.text import TextCodec
 from simple_sampler import heap, logs
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.triton.generate_io import encode_prompt
-from simple_sampler.triton.vllm_params import SAMPLING_PARAMETERS, vllm_inputs
+from simple_sampler.triton.prompt_batch import INPUT_LENGTHS, encode_prompts
+from simple_sampler.triton.vllm_params import SAMPLING_PARAMETERS
 
 log = logging.getLogger("simple_sampler.preprocessing")
 
@@ -34,9 +34,7 @@ class TritonPythonModel:
                       for name in ("text_input", "apply_chat_template", SAMPLING_PARAMETERS)
                       if (tensor := pb_utils.get_input_tensor_by_name(request, name)) is not None}
             try:
-                # the ensemble's vLLM parameters, refused here, its first step, where bad
-                vllm_inputs(inputs.pop(SAMPLING_PARAMETERS, None), request.parameters())
-                ids = encode_prompt(self.codec, inputs)
+                ids, lengths = encode_prompts(self.codec, inputs, request.parameters())
             except InvalidRequest as error:
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)))
@@ -46,9 +44,11 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"{type(error).__name__}: {error}", pb_utils.TritonError.INTERNAL)))
                 continue
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(
-                    "input_ids", np.asarray([ids] if self.batched else ids, np.int32))]))
+            if not self.batched:  # one prompt: [L] and [1]
+                ids = ids[0]
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("input_ids", ids),
+                pb_utils.Tensor(INPUT_LENGTHS, lengths[:, None] if self.batched else lengths)]))
         return responses
 
     def finalize(self):

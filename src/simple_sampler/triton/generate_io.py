@@ -1,8 +1,8 @@
 """The user-facing generation tensors (TensorRT-LLM's ensemble names),
 decoded into a ``GenerationRequest`` and encoded back from its events.
 
-Every input has batch dimension 1 (one prompt per request, as TensorRT-LLM's
-streaming ensemble requires): scalars are [1, 1], word lists [1, N] (or [1]
+Every input here has batch dimension 1 (one prompt: a request of several is
+split first, ``prompt_batch``): scalars are [1, 1], word lists [1, N] (or [1]
 and [N] from a model of max_batch_size 0: the vLLM backend's shapes). The
 tensors' names, dtypes, defaults and ranges are ``schema.LLM``'s (tabulated
 in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
@@ -173,16 +173,6 @@ def _check_min_tokens(present: Mapping[str, object], sent_as: Mapping[str, str])
                                  f"({most})")
 
 
-def _one_request(present: Mapping[str, object]) -> None:
-    """Refuse a batch of several requests (Triton's batch dimension, the
-    first, above 1), naming an input that holds more than one."""
-    for name, value in present.items():
-        shape = np.shape(value)
-        if len(shape) >= 2 and shape[0] != 1:
-            raise InvalidRequest(f"{name} has shape {list(shape)}: a request holds one prompt "
-                                 f"(batch dimension 1; send several as several requests)")
-
-
 def _prompt(present: Mapping[str, object], chat: bool) -> tuple[str | None, list[int] | None]:
     """(text, prompt ids) of a request: text_input's, or input_ids' ([1, L],
     [L] from a preprocessing model of max_batch_size 0)."""
@@ -223,7 +213,6 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
-    _one_request(present)
     _check_other_names(present, sent_as)
     _check_min_tokens(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present else False
@@ -328,7 +317,6 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
     input."""
     if inputs.get("text_input") is None:
         raise InvalidRequest("text_input (or input_ids) is required")
-    _one_request({k: v for k, v in inputs.items() if v is not None})
     text = _text("text_input", _single("text_input", inputs["text_input"]))
     if not text:
         raise InvalidRequest("text_input must be a non-empty string")

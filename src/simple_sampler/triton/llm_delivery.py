@@ -73,6 +73,40 @@ class Delivery:
             self.handle.cancel()
 
 
+class SharedSends:
+    """One Triton request's ``count`` prompts (``prompt_batch``), each
+    generated on its own, answered through the request's one ``Send``, as
+    TensorRT-LLM's tensorrt_llm model answers a batch (its
+    ``convert_response`` and ``execute``): every response of a prompt
+    carries its batch_index, and the request's final flag comes with the
+    last prompt to end; the others' last responses go without it."""
+
+    def __init__(self, send: Send, count: int):
+        self.send, self.count = send, count
+        self.ended: set[int] = set()
+        self.final_by: int | None = None  # the prompt whose response carries the final flag
+
+    def of(self, index: int) -> Send:
+        """The ``Send`` of prompt ``index``."""
+        batch_index = np.array([index], np.int32)
+
+        def send(outputs: dict | None, error: Exception | None, final: bool) -> Transmit | None:
+            if final:
+                # A prompt's final flag comes again, alone, after its final
+                # response failed to go: the request's is sent again only by
+                # the prompt that carried it (the single prompt's rule).
+                self.ended.add(index)
+                if self.final_by is None and len(self.ended) == self.count:
+                    self.final_by = index
+                final = self.final_by == index
+                if outputs is None and error is None and not final:
+                    return None  # the final flag alone, of a prompt not the last
+            if outputs is not None:
+                outputs = {**outputs, "batch_index": batch_index}
+            return self.send(outputs, error, final)
+        return send
+
+
 def tokens_as_outputs(send: Send, text: np.ndarray, ids: np.ndarray) -> Transmit | None:
     """``SendTokens`` through a ``Send`` (a caller that gave none): the two
     outputs, without the batch dimension the llm model adds."""

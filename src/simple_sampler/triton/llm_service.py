@@ -37,9 +37,10 @@ from ..serving.engines import engine_spec
 from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
-from .generate_io import add_word_bias, decode_generate
+from .generate_io import DecodedRequest, add_word_bias, decode_generate
+from .prompt_batch import for_each_prompt, of_prompt, split_prompts
 from .vllm_params import as_sent
-from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, Unavailable,
+from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, SharedSends, Unavailable,
                            tokens_as_outputs)
 from .hot_first_sampler import hot_first_sampler
 from .sampler_pool import build_arena, build_pool
@@ -255,14 +256,9 @@ class LlmService:
         try:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
-            decoded = decode_generate(inputs, parameters)
-            if decoded.word_bias:
-                decoded = dataclasses.replace(decoded, request=add_word_bias(
-                    decoded.request, decoded.word_bias, self.codec.tokenize))
-            try:
-                handle = self.decoder.submit(decoded.request)
-            except InvalidRequest as error:  # a range: named as the client sent it
-                raise as_sent(error, decoded.sent_as) from None
+            prompts = for_each_prompt(split_prompts(inputs),
+                                      functools.partial(self._decode, parameters=parameters))
+            handles = self._submit_all(prompts)
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
             self._refuse(error, send, on_done)
@@ -272,25 +268,62 @@ class LlmService:
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
         on_admitted()
-        delivery = Delivery(handle, decoded, send, send_tokens, is_cancelled,
-                             decoded.stream_interval or self.settings.stream_interval,
-                             self.loop.create_future())
-        self.deliveries.live[delivery] = None
+        if len(prompts) > 1:  # each prompt's responses with its batch_index, through send
+            shared = SharedSends(send, len(prompts))
+            sends = [shared.of(index) for index in range(len(prompts))]
+            sends_tokens = [functools.partial(tokens_as_outputs, one) for one in sends]
+        else:
+            sends, sends_tokens = [send], [send_tokens]
+        deliveries = [Delivery(handle, decoded, one, tokens, is_cancelled,
+                               decoded.stream_interval or self.settings.stream_interval,
+                               self.loop.create_future())
+                      for handle, decoded, one, tokens in zip(handles, prompts, sends,
+                                                               sends_tokens)]
         try:
-            # The decode loop hands each event to on_event as it makes it,
-            # and the tokens that do not end a request to on_step, a step's
-            # due at once, a stream's `interval` at a time and a whole
-            # answer's with its final event (a request asking for logprobs
-            # or the vLLM backend's additional outputs: events, which carry
-            # them): a step's responses go out in one burst after its pass.
-            handle.listen(functools.partial(self.deliveries.on_event, delivery),
-                          None if decoded.request.return_log_probs or decoded.extra_outputs
-                          else delivery,
-                          delivery.interval if decoded.stream else 0)
-            await delivery.finished
+            for delivery in deliveries:
+                self.deliveries.live[delivery] = None
+                decoded = delivery.decoded
+                # The decode loop hands each event to on_event as it makes it,
+                # and the tokens that do not end a request to on_step, a step's
+                # due at once, a stream's `interval` at a time and a whole
+                # answer's with its final event (a request asking for logprobs
+                # or the vLLM backend's additional outputs: events, which carry
+                # them): a step's responses go out in one burst after its pass.
+                delivery.handle.listen(
+                    functools.partial(self.deliveries.on_event, delivery),
+                    None if decoded.request.return_log_probs or decoded.extra_outputs
+                    else delivery, delivery.interval if decoded.stream else 0)
+            await asyncio.gather(*(delivery.finished for delivery in deliveries))
         finally:
-            self.deliveries.live.pop(delivery, None)
+            for delivery in deliveries:
+                self.deliveries.live.pop(delivery, None)
             on_done()
+
+    def _decode(self, inputs, parameters) -> DecodedRequest:
+        """One prompt's inputs decoded, TensorRT-LLM's embedding bias tokenized."""
+        decoded = decode_generate(inputs, parameters)
+        if decoded.word_bias:
+            decoded = dataclasses.replace(decoded, request=add_word_bias(
+                decoded.request, decoded.word_bias, self.codec.tokenize))
+        return decoded
+
+    def _submit_all(self, prompts: list[DecodedRequest]) -> list:
+        """The prompts' requests in the decoder, all or none: one the decoder
+        refuses (a range: named as the client sent it) cancels those taken
+        before it."""
+        handles = []
+        try:
+            for index, decoded in enumerate(prompts):
+                try:
+                    handles.append(self.decoder.submit(decoded.request))
+                except InvalidRequest as error:
+                    raise of_prompt(as_sent(error, decoded.sent_as), index,
+                                    len(prompts)) from None
+        except Exception:
+            for handle in handles:
+                handle.cancel()
+            raise
+        return handles
 
     @staticmethod
     def _refuse(error: Exception, send: Send, on_done) -> None:

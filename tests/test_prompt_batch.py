@@ -1,0 +1,154 @@
+"""A request of several prompts (Triton's batch dimension above 1, as
+TensorRT-LLM's client's --batch-inputs sends them): split into one
+generation per prompt, each answered with its batch_index through the
+request's one sender, the final flag with the last to end."""
+import time
+
+import numpy as np
+import pytest
+
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.serving.text import TextCodec
+from simple_sampler.settings import LlmSettings
+from simple_sampler.triton.llm_delivery import SharedSends
+from simple_sampler.triton.llm_service import LlmService
+from simple_sampler.triton.prompt_batch import PAD_ID, encode_prompts, split_prompts
+from fakes import Client, FakeEngine, FakeTokenizer, inputs
+
+
+def stacked(*requests):
+    """One request holding the prompts of `requests`, each input [B, ...]."""
+    return {name: np.concatenate([request[name] for request in requests])
+            for name in requests[0]}
+
+
+def prompt(text, seed, max_tokens, stream):
+    return {**inputs(text, max_tokens, stream), "random_seed": np.array([[seed]], np.uint64),
+            "temperature": np.array([[4.0]], np.float32),  # the second letter is drawn too
+            "min_length": np.array([[max_tokens]], np.int32),  # no early end
+            "exclude_input_in_output": np.array([[True]])}
+
+
+def test_one_prompt_is_the_request_as_it_came():
+    one = inputs("abc")
+    [split] = split_prompts({**one, "stop_words": None})
+    assert split.keys() == one.keys() and all(split[k] is one[k] for k in one)
+    [unbatched] = split_prompts({"input_ids": np.array([5, 6, 7], np.int32),
+                                 "input_lengths": np.array([2], np.int32)})
+    assert unbatched["input_ids"].tolist() == [5, 6] and "input_lengths" not in unbatched
+
+
+def test_each_prompt_gets_its_row_of_every_input_and_its_ids_cut_to_its_length():
+    ids = np.array([[5, 6, 7], [8, PAD_ID, PAD_ID]], np.int32)
+    rows = split_prompts({"input_ids": ids, "input_lengths": np.array([[3], [1]], np.int32),
+                          "max_tokens": np.array([[4], [9]], np.int32),
+                          "stop_words": np.array([[b"x", b"y"], [b"z", b""]], object)})
+    assert [row["input_ids"].tolist() for row in rows] == [[[5, 6, 7]], [[8]]]
+    assert [row["max_tokens"].tolist() for row in rows] == [[[4]], [[9]]]
+    assert [row["stop_words"].tolist() for row in rows] == [[[b"x", b"y"]], [[b"z", b""]]]
+    assert all("input_lengths" not in row for row in rows)
+
+
+@pytest.mark.parametrize("request_inputs, message", [
+    ({"text_input": np.array([[b"a"], [b"b"]], object), "max_tokens": np.array([[4]], np.int32)},
+     r"max_tokens has shape \[1, 1\]: a request of 2 prompts gives every input a first "
+     r"dimension of 2"),
+    ({"text_input": np.array([[b"a"], [b"b"]], object), "max_tokens": np.array([4], np.int32)},
+     r"max_tokens has shape \[1\]: a request of 2 prompts"),
+    ({"text_input": np.array([[b"a"]], object), "input_lengths": np.array([[1]], np.int32)},
+     "input_lengths is the length of each row of input_ids, which were not given"),
+    ({"input_ids": np.array([[5, 6], [7, 8]], np.int32), "input_lengths": np.array([[1]], np.int32)},
+     r"input_lengths must hold one length per prompt \(2\), got 1"),
+    ({"input_ids": np.array([[5, 6], [7, 8]], np.int32),
+      "input_lengths": np.array([[2], [3]], np.int32)},
+     r"input_lengths 3 \(batch_index 1\) must be an integer from 1 to input_ids' length, 2"),
+    ({"input_ids": np.array([[5, 6]], np.int32), "input_lengths": np.array([[0]], np.int32)},
+     r"input_lengths 0 \(batch_index 0\) must be"),
+])
+def test_a_batch_whose_inputs_disagree_is_refused_naming_the_input(request_inputs, message):
+    with pytest.raises(InvalidRequest, match=message):
+        split_prompts(request_inputs)
+
+
+def test_preprocessing_pads_each_prompts_ids_to_the_longest_and_gives_their_lengths():
+    codec = TextCodec(FakeTokenizer())
+    ids, lengths = encode_prompts(codec, {"text_input": np.array([[b"abc"], [b"d"]], object)})
+    assert lengths.tolist() == [3, 1] and ids.dtype == np.int32
+    assert ids.tolist() == [codec.encode("abc", False), codec.encode("d", False) + [PAD_ID] * 2]
+    with pytest.raises(InvalidRequest, match="batch_index 1: text_input must be a non-empty"):
+        encode_prompts(codec, {"text_input": np.array([[b"abc"], [b""]], object)})
+    with pytest.raises(InvalidRequest, match="^text_input must be a non-empty"):  # one: no index
+        encode_prompts(codec, {"text_input": np.array([[b""]], object)})
+    with pytest.raises(InvalidRequest, match="batch_index 0: .*temprature"):
+        encode_prompts(codec, {"text_input": np.array([[b"abc"], [b"d"]], object),
+                               "sampling_parameters": np.array([[b'{"temprature": 1}'],
+                                                                [b"{}"]], object)})
+
+
+def test_only_the_last_prompt_to_end_sends_the_final_flag():
+    client = Client()
+    shared = SharedSends(client.send, 3)
+    first, second, third = (shared.of(index) for index in range(3))
+    second({"text_output": "a"}, None, False)
+    second({"text_output": "b"}, None, True)
+    assert first(None, None, True) is None  # a cancelled prompt's flag alone: nothing to send
+    third(None, ValueError("failed"), True)  # the last to end
+    # sent again after a failed final response: only by the prompt that carried it
+    assert first(None, None, True) is None and second(None, None, True) is None
+    third(None, None, True)
+    assert [(outputs and outputs["batch_index"].tolist(), type(error), final)
+            for outputs, error, final in client.responses] == [
+        ([1], type(None), False), ([1], type(None), False), (None, ValueError, True),
+        (None, type(None), True)]
+
+
+def serve_one(request):
+    """The responses to `request`, and the service's decoder once it answered."""
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128),
+                         codec=TextCodec(FakeTokenizer()))
+    client, done = Client(), []
+    try:
+        service.submit(request, client.send, on_done=lambda: done.append(1)).result(60)
+        deadline = time.monotonic() + 10
+        while service.decoder.num_in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.decoder.num_in_flight == 0 and done == [1]
+    finally:
+        service.close()
+    return client.responses
+
+
+def tokens(responses):
+    return [t for outputs, _, _ in responses for t in outputs["output_ids"].tolist()]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_prompt_is_generated_as_if_sent_alone_and_answered_with_its_batch_index(stream):
+    # three prompts on a data plane of two slots: the third waits for one
+    prompts = [prompt("ab", 7, 9, stream), prompt("c", 8, 5, stream), prompt("de", 9, 7, stream)]
+    responses = serve_one(stacked(*prompts))
+    assert all(error is None for _, error, _ in responses)
+    assert [final for _, _, final in responses] == [False] * (len(responses) - 1) + [True]
+    by_index = {index: [r for r in responses if r[0]["batch_index"].tolist() == [index]]
+                for index in range(3)}
+    assert sum(map(len, by_index.values())) == len(responses)
+    for index, alone in enumerate(prompts):
+        expected = serve_one(alone)
+        assert all("batch_index" not in outputs for outputs, _, _ in expected)
+        assert len(by_index[index]) == len(expected) == ([9, 5, 7][index] if stream else 1)
+        assert tokens(by_index[index]) == tokens(expected) and len(set(tokens(expected))) > 1
+        last = by_index[index][-1][0]
+        assert last["finish_reason"].tolist() == [b"length"]
+
+
+def test_a_refused_prompt_refuses_the_request_naming_its_batch_index():
+    prompts = [prompt("ab", 7, 9, True), prompt("c", 8, 5, True), prompt("de", 9, 7, True)]
+    bad = stacked(*prompts)
+    bad["temperature"] = np.array([[1.0], [1.0], [-1.0]], np.float32)  # the decoder's range
+    [(outputs, error, final)] = serve_one(bad)  # and the two taken before it leave
+    assert outputs is None and final and str(error).startswith("batch_index 2: temperature")
+    bad = stacked(*prompts)
+    bad["text_input"] = np.array([[b"ab"], [b""], [b"de"]], object)
+    [(outputs, error, final)] = serve_one(bad)
+    assert final and str(error) == "batch_index 1: text_input must be a non-empty string"
