@@ -182,7 +182,9 @@ def test_the_vllm_backends_json_logprobs_are_refused_by_name():
 
 @pytest.mark.parametrize("name, value, message", [
     ("beam_width", np.array([[2]], np.int32), "beam_width must be 1: beam search"),
-    ("num_return_sequences", np.array([[3]], np.int32), "num_return_sequences must be 1"),
+    ("num_return_sequences", np.array([[257]], np.int32),
+     r"num_return_sequences must be an integer in \[0, 256\], got 257"),
+    ("num_return_sequences", np.array([[-1]], np.int32), "num_return_sequences must be"),
     ("return_context_logits", np.array([[True]]), "return_context_logits must be false"),
     ("return_generation_logits", np.array([[True]]), "return_generation_logits must be false"),
     ("return_perf_metrics", np.array([[True]]), "return_perf_metrics must be false"),
@@ -190,9 +192,9 @@ def test_the_vllm_backends_json_logprobs_are_refused_by_name():
 ])
 def test_tensorrt_llms_inputs_are_taken_at_what_this_server_does(name, value, message):
     """TensorRT-LLM's end_to_end_grpc_client.py sends beam_width 1 with every
-    request: taken; beam search, several sequences or logits are refused by
-    name; pad_id and length_penalty, which with one beam change nothing
-    there, are taken."""
+    request: taken; beam search or logits are refused by name, as are more
+    sequences than a request may ask for; pad_id and length_penalty, which
+    with one beam change nothing there, are taken."""
     prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
     with pytest.raises(InvalidRequest, match=message):
         decode_generate({**prompt, name: value})
@@ -201,7 +203,7 @@ def test_tensorrt_llms_inputs_are_taken_at_what_this_server_does(name, value, me
                              "return_context_logits": np.array([[False]]),
                              "pad_id": np.array([[0]], np.int32),
                              "length_penalty": np.array([[0.5]], np.float32)})
-    assert taken.request == decode_generate(prompt).request
+    assert taken.request == decode_generate(prompt).request and taken.sequences == 1
 
 
 def test_min_tokens_is_min_lengths_other_name():

@@ -525,9 +525,11 @@ def trtllm_client_inputs(prompt: str, streaming: bool, seed: int) -> dict:
             "seed": np.array([[seed]], dtype=np.uint64)}
 
 
-def trtllm_client_answers(server, model: str, inputs: dict) -> list:
+def trtllm_client_answers(server, model: str, inputs: dict,
+                          outputs=("text_output", "batch_index")) -> list:
     """(result, error) of each response, as end_to_end_grpc_client.py's
-    run_inference sends the request and waits for them."""
+    run_inference sends the request and waits for them; `outputs`: those it
+    asks for (batch_index with --batch-inputs, sequence_index with -n)."""
     tensors = []
     for name, value in inputs.items():
         tensors.append(grpcclient.InferInput(name, value.shape, np_to_triton_dtype(value.dtype)))
@@ -535,9 +537,8 @@ def trtllm_client_answers(server, model: str, inputs: dict) -> list:
     answers = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
-    # its outputs: text_output, and batch_index with --batch-inputs
     client.async_stream_infer(model, tensors, outputs=[
-        grpcclient.InferRequestedOutput(name) for name in ("text_output", "batch_index")])
+        grpcclient.InferRequestedOutput(name) for name in outputs])
     client.stop_stream()  # waits for the stream's responses, as that client does
     assert answers and all(error is None for _, error in answers), answers
     return answers
@@ -570,6 +571,24 @@ def test_tensorrt_llms_client_with_batch_inputs_reads_each_prompt_by_its_batch_i
         texts[index] += result.as_numpy("text_output")[0].decode("utf-8")
     assert len(answers) == len(prompts) * (8 if streaming else 1)
     assert texts == [alone(server, prompt, seed, streaming) for seed, prompt in enumerate(prompts)]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_tensorrt_llms_client_with_several_sequences_reads_each_by_its_sequence_index(
+        server, streaming):
+    """Its -n 3: num_return_sequences, and sequence_index asked for; each
+    sequence is the prompt alone with the seed + its index."""
+    prompt = "Once upon a time"
+    answers = trtllm_client_answers(server, "ensemble", {
+        **trtllm_client_inputs(prompt, streaming, 5),
+        "num_return_sequences": np.array([[3]], np.int32)}, ("text_output", "sequence_index"))
+    texts = [""] * 3
+    for result, _ in answers:
+        [[index]] = result.as_numpy("sequence_index")
+        texts[index] += result.as_numpy("text_output")[0].decode("utf-8")
+    assert len(answers) == 3 * (8 if streaming else 1)
+    assert texts == [alone(server, prompt, 5 + index, streaming) for index in range(3)]
+    assert len(set(texts)) == 3
 
 
 def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):

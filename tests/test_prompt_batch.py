@@ -1,7 +1,8 @@
 """A request of several prompts (Triton's batch dimension above 1, as
-TensorRT-LLM's client's --batch-inputs sends them): split into one
-generation per prompt, each answered with its batch_index through the
-request's one sender, the final flag with the last to end."""
+TensorRT-LLM's client's --batch-inputs sends them) or sequences
+(num_return_sequences, its -n): one generation per prompt and sequence, each
+answered with its batch_index and sequence_index through the request's one
+sender, the final flag with the last to end."""
 import time
 
 import numpy as np
@@ -12,7 +13,8 @@ from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_delivery import SharedSends
 from simple_sampler.triton.llm_service import LlmService
-from simple_sampler.triton.prompt_batch import PAD_ID, encode_prompts, split_prompts
+from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.prompt_batch import PAD_ID, encode_prompts, generations, split_prompts
 from fakes import Client, FakeEngine, FakeTokenizer, inputs
 
 
@@ -87,7 +89,8 @@ def test_preprocessing_pads_each_prompts_ids_to_the_longest_and_gives_their_leng
 
 def test_only_the_last_prompt_to_end_sends_the_final_flag():
     client = Client()
-    shared = SharedSends(client.send, 3)
+    shared = SharedSends(client.send, [{"batch_index": np.array([index], np.int32)}
+                                       for index in range(3)])
     first, second, third = (shared.of(index) for index in range(3))
     second({"text_output": "a"}, None, False)
     second({"text_output": "b"}, None, True)
@@ -152,3 +155,39 @@ def test_a_refused_prompt_refuses_the_request_naming_its_batch_index():
     bad["text_input"] = np.array([[b"ab"], [b""], [b"de"]], object)
     [(outputs, error, final)] = serve_one(bad)
     assert final and str(error) == "batch_index 1: text_input must be a non-empty string"
+
+
+def test_a_prompts_sequences_are_seeded_one_apart_and_named_by_their_indices():
+    decoded = [decode_generate({**inputs("ab"), "random_seed": np.array([[2**64 - 1]], np.uint64),
+                                "num_return_sequences": np.array([[3]], np.int32)}),
+               decode_generate(inputs("c"))]
+    runs = generations(decoded)
+    assert [run.prompt for run in runs] == [0, 0, 0, 1]
+    assert [run.decoded.request.sampling.seed for run in runs] == [2**64 - 1, 0, 1, None]
+    assert [{name: value.tolist() for name, value in run.outputs.items()} for run in runs] == [
+        {"batch_index": [0], "sequence_index": [0]}, {"batch_index": [0], "sequence_index": [1]},
+        {"batch_index": [0], "sequence_index": [2]}, {"batch_index": [1]}]
+    assert generations(decoded[1:])[0].outputs == {}  # one generation: nothing names it
+    many = decode_generate({**inputs("ab"), "num_return_sequences": np.array([[200]], np.int32)})
+    with pytest.raises(InvalidRequest, match="ask for 400 generations; a request may ask for "
+                                             "at most 256"):
+        generations([many, many])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_sequence_is_the_prompt_sent_alone_with_its_seed(stream):
+    two = {name: np.concatenate([value, value]) for name, value in {
+        **prompt("ab", 7, 6, stream), "num_return_sequences": np.array([[3]], np.int32)}.items()}
+    two["text_input"] = np.array([[b"ab"], [b"de"]], object)
+    responses = serve_one(two)
+    assert [final for _, _, final in responses] == [False] * (len(responses) - 1) + [True]
+    for index, text in enumerate(("ab", "de")):
+        texts = set()
+        for sequence in range(3):
+            mine = [r for r in responses if r[0]["batch_index"].tolist() == [index]
+                    and r[0]["sequence_index"].tolist() == [sequence]]
+            alone = serve_one(prompt(text, 7 + sequence, 6, stream))
+            assert len(mine) == len(alone) == (6 if stream else 1)
+            assert tokens(mine) == tokens(alone)
+            texts.add(tuple(tokens(mine)))
+        assert len(texts) > 1  # not one draw three times

@@ -149,6 +149,9 @@ PROMPT_LOGPROBS = _scalar(
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
+#: The most generations one request may ask for: its prompts times the
+#: sequences of each (num_return_sequences; the OpenAI door's n).
+MAX_GENERATIONS = 256
 #: Inputs of TensorRT-LLM's ensemble (NVIDIA/TensorRT-LLM,
 #: triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt) that its
 #: own clients send (inflight_batcher_llm/client/end_to_end_grpc_client.py sends
@@ -161,8 +164,10 @@ TRTLLM_INPUTS = (
             "ends nothing (vLLM's rule, where TensorRT-LLM's stop words ignore min_tokens)"),
     _scalar("beam_width", "INT32", 1, "1 (or 0, which TensorRT-LLM reads as 1) only: sampling "
             "(beam search is not implemented here)"),
-    _scalar("num_return_sequences", "INT32", 1, "1 (or 0, read as 1) only: one generation per "
-            "request (send several requests for more)"),
+    _scalar("num_return_sequences", "INT32", 1,
+            f"0 (read as 1, as TensorRT-LLM does) to {MAX_GENERATIONS}: sequences per prompt, "
+            "each its own generation, answered with its sequence_index when above 1; with a "
+            "seed, sequence j draws with seed + j (as vLLM seeds its n)"),
     _scalar("length_penalty", "FP32", "none (no effect)",
             "finite: beam search's length penalty, which with one beam changes nothing (as in "
             "TensorRT-LLM)"),
@@ -275,10 +280,9 @@ GENERATE_OUTPUTS = (
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
     Tensor("cumulative_logprob", "FP32", optional=False),
-    # TensorRT-LLM's: batch_index, in every response of a request of several
-    # prompts (its client's --batch-inputs), and not of one, as its model
-    # sends it (`0 if None` in that client); sequence_index, declared so that
-    # its client's -n asking is no error, never sent: one sequence per prompt
+    # TensorRT-LLM's, in every response of a request of several prompts (its
+    # client's --batch-inputs) and of a prompt's several sequences (its -n),
+    # and not of one, as its model sends them (`0 if None` in that client)
     Tensor("batch_index", "INT32", optional=False),
     Tensor("sequence_index", "INT32", optional=False),
 )

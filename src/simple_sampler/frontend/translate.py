@@ -23,8 +23,8 @@ import numpy as np
 
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
-from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
-                      InvalidRequest)
+from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, MAX_GENERATIONS,
+                      NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, InvalidRequest)
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
                        Sampling)
 
@@ -33,9 +33,6 @@ PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
 NUM_TOP = NUM_TOP_LOGPROBS.name
-#: generations one request may ask for: its prompts (completions) times n
-#: (a larger batch: several requests)
-MAX_GENERATIONS = 256
 
 
 @dataclass

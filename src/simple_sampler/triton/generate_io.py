@@ -30,8 +30,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..params import BIAS_ALLOWED, SamplingParams, bias_allowed
-from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
-                      TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
+from ..schema import (IGNORE_EOS, LLM, MAX_GENERATIONS, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
+                      PROMPT_OUTPUTS, TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
@@ -63,6 +63,9 @@ class DecodedRequest:
     #: TensorRT-LLM's embedding bias, (word, weight) pairs, for ``add_word_bias``
     #: to add to the request's logit_bias once the words are tokenized
     word_bias: tuple[tuple[str, float], ...] = ()
+    #: TensorRT-LLM's num_return_sequences: generations of this prompt
+    #: (``prompt_batch.generations``)
+    sequences: int = 1
 
 
 def _single(name: str, array) -> object:
@@ -262,7 +265,20 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
                           sent_as, _extra_outputs(flags), flags["return_log_probs"],
                           _word_bias(present.get("embedding_bias_words"),
-                                     present.get("embedding_bias_weights")))
+                                     present.get("embedding_bias_weights")),
+                          _sequences(present))
+
+
+def _sequences(present: Mapping[str, object]) -> int:
+    """num_return_sequences, 0 read as 1 (as TensorRT-LLM's
+    get_sampling_config_from_request reads it: ``... or 1``)."""
+    if "num_return_sequences" not in present:
+        return 1
+    count = _single("num_return_sequences", present["num_return_sequences"])
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_GENERATIONS:
+        raise InvalidRequest(f"num_return_sequences must be an integer in [0, "
+                             f"{MAX_GENERATIONS}], got {count!r}")
+    return count or 1
 
 
 def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:
@@ -274,7 +290,6 @@ def _extra_outputs(flags: Mapping[str, bool]) -> frozenset[str]:
 #: this server does not do (``schema.TRTLLM_INPUTS``, return_logprobs).
 ONE_VALUE = {
     "beam_width": (1, "beam search is not implemented here"),
-    "num_return_sequences": (1, "one generation per request: send several requests for more"),
     "return_context_logits": (False, "the prompt's logits are not returned here"),
     "return_generation_logits": (False, "the generated tokens' logits are not returned here"),
     "return_perf_metrics": (False, "TensorRT-LLM's KV-cache and timing metrics are not made "

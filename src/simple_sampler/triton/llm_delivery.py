@@ -74,35 +74,36 @@ class Delivery:
 
 
 class SharedSends:
-    """One Triton request's ``count`` prompts (``prompt_batch``), each
-    generated on its own, answered through the request's one ``Send``, as
-    TensorRT-LLM's tensorrt_llm model answers a batch (its
-    ``convert_response`` and ``execute``): every response of a prompt
-    carries its batch_index, and the request's final flag comes with the
-    last prompt to end; the others' last responses go without it."""
+    """One Triton request's generations (``prompt_batch.generations``: its
+    prompts, or a prompt's sequences), each run on its own, answered
+    through the request's one ``Send``, as TensorRT-LLM's tensorrt_llm
+    model answers a batch (its ``convert_response`` and ``execute``): every
+    response of a generation carries the outputs that name it (``names``:
+    batch_index, sequence_index), and the request's final flag comes with
+    the last generation to end; the others' last responses go without it."""
 
-    def __init__(self, send: Send, count: int):
-        self.send, self.count = send, count
+    def __init__(self, send: Send, names: list[dict[str, np.ndarray]]):
+        self.send, self.names = send, names
         self.ended: set[int] = set()
-        self.final_by: int | None = None  # the prompt whose response carries the final flag
+        self.final_by: int | None = None  # the generation whose response carries the final flag
 
     def of(self, index: int) -> Send:
-        """The ``Send`` of prompt ``index``."""
-        batch_index = np.array([index], np.int32)
+        """The ``Send`` of generation ``index``."""
+        names = self.names[index]
 
         def send(outputs: dict | None, error: Exception | None, final: bool) -> Transmit | None:
             if final:
-                # A prompt's final flag comes again, alone, after its final
+                # A generation's final flag comes again, alone, after its final
                 # response failed to go: the request's is sent again only by
-                # the prompt that carried it (the single prompt's rule).
+                # the generation that carried it (the single generation's rule).
                 self.ended.add(index)
-                if self.final_by is None and len(self.ended) == self.count:
+                if self.final_by is None and len(self.ended) == len(self.names):
                     self.final_by = index
                 final = self.final_by == index
                 if outputs is None and error is None and not final:
-                    return None  # the final flag alone, of a prompt not the last
+                    return None  # the final flag alone, of a generation not the last
             if outputs is not None:
-                outputs = {**outputs, "batch_index": batch_index}
+                outputs = {**outputs, **names}
             return self.send(outputs, error, final)
         return send
 

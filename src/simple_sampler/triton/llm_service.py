@@ -38,7 +38,7 @@ from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, add_word_bias, decode_generate
-from .prompt_batch import for_each_prompt, of_prompt, split_prompts
+from .prompt_batch import Generation, for_each_prompt, generations, of_prompt, split_prompts
 from .vllm_params import as_sent
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, SharedSends, Unavailable,
                            tokens_as_outputs)
@@ -256,9 +256,9 @@ class LlmService:
         try:
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
-            prompts = for_each_prompt(split_prompts(inputs),
-                                      functools.partial(self._decode, parameters=parameters))
-            handles = self._submit_all(prompts)
+            runs = generations(for_each_prompt(
+                split_prompts(inputs), functools.partial(self._decode, parameters=parameters)))
+            handles = self._submit_all(runs)
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
             self._refuse(error, send, on_done)
@@ -268,17 +268,16 @@ class LlmService:
             self._refuse(RuntimeError(f"{type(error).__name__}: {error}"), send, on_done)
             return
         on_admitted()
-        if len(prompts) > 1:  # each prompt's responses with its batch_index, through send
-            shared = SharedSends(send, len(prompts))
-            sends = [shared.of(index) for index in range(len(prompts))]
+        if len(runs) > 1:  # each one's responses named by its indices, through send
+            shared = SharedSends(send, [run.outputs for run in runs])
+            sends = [shared.of(index) for index in range(len(runs))]
             sends_tokens = [functools.partial(tokens_as_outputs, one) for one in sends]
         else:
             sends, sends_tokens = [send], [send_tokens]
-        deliveries = [Delivery(handle, decoded, one, tokens, is_cancelled,
-                               decoded.stream_interval or self.settings.stream_interval,
+        deliveries = [Delivery(handle, run.decoded, one, tokens, is_cancelled,
+                               run.decoded.stream_interval or self.settings.stream_interval,
                                self.loop.create_future())
-                      for handle, decoded, one, tokens in zip(handles, prompts, sends,
-                                                               sends_tokens)]
+                      for handle, run, one, tokens in zip(handles, runs, sends, sends_tokens)]
         try:
             for delivery in deliveries:
                 self.deliveries.live[delivery] = None
@@ -307,18 +306,18 @@ class LlmService:
                 decoded.request, decoded.word_bias, self.codec.tokenize))
         return decoded
 
-    def _submit_all(self, prompts: list[DecodedRequest]) -> list:
-        """The prompts' requests in the decoder, all or none: one the decoder
-        refuses (a range: named as the client sent it) cancels those taken
-        before it."""
+    def _submit_all(self, runs: list[Generation]) -> list:
+        """The generations' requests in the decoder, all or none: one the
+        decoder refuses (a range: named as the client sent it, and by its
+        prompt's batch_index) cancels those taken before it."""
         handles = []
         try:
-            for index, decoded in enumerate(prompts):
+            for run in runs:
                 try:
-                    handles.append(self.decoder.submit(decoded.request))
+                    handles.append(self.decoder.submit(run.decoded.request))
                 except InvalidRequest as error:
-                    raise of_prompt(as_sent(error, decoded.sent_as), index,
-                                    len(prompts)) from None
+                    raise of_prompt(as_sent(error, run.decoded.sent_as), run.prompt,
+                                    runs[-1].prompt + 1) from None
         except Exception:
             for handle in handles:
                 handle.cancel()

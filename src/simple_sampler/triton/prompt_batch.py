@@ -5,20 +5,22 @@ TensorRT-LLM's ensemble takes text_input [B, 1] (its client's
 own, with that prompt's row of every input (tensorrtllm_backend,
 all_models/inflight_batcher_llm/tensorrt_llm/1/model.py, ``convert_request``).
 Here too: ``split_prompts`` gives each prompt's inputs with batch dimension 1,
-the llm service runs one generation per prompt, and their responses share the
-request's one sender (``llm_delivery.SharedSends``). The preprocessing model
+the llm service runs one generation per prompt (or its num_return_sequences,
+``generations``), and their responses share the request's one sender
+(``llm_delivery.SharedSends``). The preprocessing model
 tokenizes each prompt (``encode_prompts``) and gives the batch's ids as
 input_ids [B, L], rows padded, with input_lengths [B, 1], the input of the
 same name of TensorRT-LLM's model, which cuts each row to its length.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, TypeVar
+import dataclasses
+from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import numpy as np
 
-from ..schema import InvalidRequest
-from .generate_io import encode_prompt
+from ..schema import MAX_GENERATIONS, InvalidRequest
+from .generate_io import DecodedRequest, encode_prompt
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
 #: The preprocessing model's output (and the llm model's input) that gives
@@ -107,6 +109,48 @@ def _encode(codec, prompt: Mapping[str, object], parameters) -> list[int]:
     # the ensemble's vLLM parameters, refused here, its first step, where bad
     vllm_inputs(prompt.pop(SAMPLING_PARAMETERS, None), parameters)
     return encode_prompt(codec, prompt)
+
+
+class Generation(NamedTuple):
+    """One generation of a request: ``decoded``, of prompt ``prompt`` (its
+    batch_index), and the outputs that name it in each of its responses."""
+
+    decoded: DecodedRequest
+    prompt: int
+    outputs: dict[str, np.ndarray]
+
+
+def generations(prompts: list[DecodedRequest]) -> list[Generation]:
+    """Each prompt's sequences (num_return_sequences), in order. batch_index
+    names each response of a request of several prompts, sequence_index each
+    of a prompt of several sequences (TensorRT-LLM's ``convert_response``).
+    With a seed, sequence j draws with seed + j (mod 2^64), as vLLM seeds its
+    n (vllm/v1/engine/parallel_sampling.py,
+    ``ParentRequest._get_child_sampling_params``): they differ, each
+    reproducible. Raises InvalidRequest above MAX_GENERATIONS in all."""
+    total = sum(decoded.sequences for decoded in prompts)
+    if total > MAX_GENERATIONS:
+        raise InvalidRequest(f"the prompts ({len(prompts)}) and their num_return_sequences ask "
+                             f"for {total} generations; a request may ask for at most "
+                             f"{MAX_GENERATIONS}")
+    made = []
+    for index, decoded in enumerate(prompts):
+        seed = decoded.request.sampling.seed
+        for sequence in range(decoded.sequences):
+            outputs = {}
+            if len(prompts) > 1:
+                outputs["batch_index"] = np.array([index], np.int32)
+            if decoded.sequences > 1:
+                outputs["sequence_index"] = np.array([sequence], np.int32)
+            made.append(Generation(decoded if sequence == 0 or seed is None else _seeded(
+                decoded, (seed + sequence) % 2**64), index, outputs))
+    return made
+
+
+def _seeded(decoded: DecodedRequest, seed: int) -> DecodedRequest:
+    request = decoded.request
+    return dataclasses.replace(decoded, request=dataclasses.replace(
+        request, sampling=dataclasses.replace(request.sampling, seed=seed)))
 
 
 def encode_prompts(codec, inputs: Mapping[str, object], parameters=None
