@@ -554,7 +554,7 @@ def alone(server, prompt: str, seed: int, streaming: bool) -> str:
 
 
 @pytest.mark.parametrize("model, streaming", [("ensemble", True), ("ensemble", False),
-                                              ("llm", True)])
+                                              ("llm", True), ("tensorrt_llm_bls", False)])
 def test_tensorrt_llms_client_with_batch_inputs_reads_each_prompt_by_its_batch_index(
         server, model, streaming):
     """Its --batch-inputs: every input stacked [B, ...] (run_inference's

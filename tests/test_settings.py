@@ -80,6 +80,8 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     repository = assemble_repository(tmp_path, sampler, llm)
     configs = {m: read_config(repository / m / "config.pbtxt")
                for m in ("ensemble", "preprocessing", "llm", "simple_sampler")}
+    # TensorRT-LLM's BLS model's name: the same ensemble
+    assert read_config(repository / "tensorrt_llm_bls" / "config.pbtxt") == configs["ensemble"]
 
     def parameters(config):
         return {k: v.string_value for k, v in config.parameters.items()}

@@ -37,10 +37,18 @@ from .supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 
+#: The ensemble, and the same ensemble again under the name of TensorRT-LLM's
+#: BLS model, for its clients that name that model (its
+#: end_to_end_grpc_client.py --model-name tensorrt_llm_bls; genai-perf -m
+#: tensorrt_llm_bls): the same steps and tensors, not a BLS model.
+ENSEMBLE_NAMES = ("ensemble", "tensorrt_llm_bls")
+
+
 def assemble_repository(destination: Path, sampler: SamplerSettings,
                         llm: LlmSettings | None = None) -> Path:
     """The sampler alone, or (with `llm`) the whole generation repository:
-    ensemble, preprocessing, llm and simple_sampler. Raises ValueError for
+    ensemble (and tensorrt_llm_bls, ``ENSEMBLE_NAMES``), preprocessing, llm
+    and simple_sampler. Raises ValueError for
     settings out of range."""
     if llm is not None:
         sampler.validate()  # first: the llm's shards default to its instances
@@ -52,8 +60,9 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
     _check_profile_vocab(destination / "simple_sampler", sampler)
     if llm is not None:
         values = llm.validate().template_values()
-        write_model(destination, "ensemble", "ensemble",
-                    {"generate_max_batch_size": llm.generate_max_batch_size})
+        for name in ENSEMBLE_NAMES:
+            write_model(destination, name, "ensemble",
+                        {"generate_max_batch_size": llm.generate_max_batch_size})
         write_model(destination, "preprocessing", "preprocessing",
                     {k: values[k] for k in ("generate_max_batch_size", "preprocessing_instances",
                                             "model")})
