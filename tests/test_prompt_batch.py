@@ -3,7 +3,9 @@ TensorRT-LLM's client's --batch-inputs sends them) or sequences
 (num_return_sequences, its -n): one generation per prompt and sequence, each
 answered with its batch_index and sequence_index through the request's one
 sender, the final flag with the last to end."""
+import asyncio
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
+from simple_sampler.triton import llm_delivery
 from simple_sampler.triton.llm_delivery import SharedSends
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.generate_io import decode_generate
@@ -95,7 +98,7 @@ def test_only_the_last_prompt_to_end_sends_the_final_flag():
     second({"text_output": "a"}, None, False)
     second({"text_output": "b"}, None, True)
     assert first(None, None, True) is None  # a cancelled prompt's flag alone: nothing to send
-    third(None, ValueError("failed"), True)  # the last to end
+    third(None, ValueError("failed"), True)  # the last to end: its error names it
     # sent again after a failed final response: only by the prompt that carried it
     assert first(None, None, True) is None and second(None, None, True) is None
     third(None, None, True)
@@ -103,6 +106,38 @@ def test_only_the_last_prompt_to_end_sends_the_final_flag():
             for outputs, error, final in client.responses] == [
         ([1], type(None), False), ([1], type(None), False), (None, ValueError, True),
         (None, type(None), True)]
+    assert str(client.responses[2][1]) == "batch_index 2: failed"
+
+
+class Generation(SimpleNamespace):
+    __hash__ = object.__hash__  # a Delivery's: by identity
+
+
+def test_a_requests_generations_are_asked_about_cancellation_once_per_poll(monkeypatch):
+    """Every generation of one request shares its is_cancelled: one question
+    to Triton per poll, and a yes stops them all."""
+    monkeypatch.setattr(llm_delivery, "CANCEL_POLL_S", 0.01)
+    asked = []
+
+    def is_cancelled():
+        asked.append(time.monotonic())
+        return len(asked) == 3
+
+    async def watch():
+        deliveries = llm_delivery.Deliveries(asyncio.get_running_loop(), None, None, None)
+        batch = [Generation(delivering=True, is_cancelled=is_cancelled, stopped=False)
+                 for _ in range(40)]
+        for delivery in batch:
+            delivery.stop = lambda delivery=delivery: setattr(delivery, "stopped", True)
+            deliveries.live[delivery] = None
+        task = asyncio.create_task(deliveries.watch_cancellations())
+        while len(asked) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return batch
+
+    batch = asyncio.run(watch())
+    assert len(asked) == 3 and all(delivery.stopped for delivery in batch)
 
 
 def serve_one(request):
@@ -110,13 +145,13 @@ def serve_one(request):
     service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
                          codec=TextCodec(FakeTokenizer()))
-    client, done = Client(), []
+    client, in_flight_when_done = Client(), []
     try:
-        service.submit(request, client.send, on_done=lambda: done.append(1)).result(60)
-        deadline = time.monotonic() + 10
-        while service.decoder.num_in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert service.decoder.num_in_flight == 0 and done == [1]
+        service.submit(request, client.send, on_done=lambda: in_flight_when_done.append(
+            service.decoder.num_in_flight)).result(60)
+        # once, and with nothing left (the llm model's in-flight gauge, which
+        # serve's stop waits to read 0, is read then)
+        assert in_flight_when_done == [0] and service.decoder.num_active == 0
     finally:
         service.close()
     return client.responses
@@ -149,7 +184,7 @@ def test_a_refused_prompt_refuses_the_request_naming_its_batch_index():
     prompts = [prompt("ab", 7, 9, True), prompt("c", 8, 5, True), prompt("de", 9, 7, True)]
     bad = stacked(*prompts)
     bad["temperature"] = np.array([[1.0], [1.0], [-1.0]], np.float32)  # the decoder's range
-    [(outputs, error, final)] = serve_one(bad)  # and the two taken before it leave
+    [(outputs, error, final)] = serve_one(bad)  # and the two before it never start
     assert outputs is None and final and str(error).startswith("batch_index 2: temperature")
     bad = stacked(*prompts)
     bad["text_input"] = np.array([[b"ab"], [b""], [b"de"]], object)

@@ -232,8 +232,13 @@ class Decoder:
         return len(self.by_id)
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        """Validate, encode and queue a request; raise InvalidRequest naming the
-        bad field (the decoder keeps serving the others)."""
+        """Validate, encode and queue a request (``prepare``, ``admit``)."""
+        return self.admit(self.prepare(request))
+
+    def prepare(self, request: GenerationRequest) -> DecodeSequence:
+        """Validate and encode a request, not yet queued (a request of several
+        generations prepares all before admitting any); raise InvalidRequest
+        naming the bad field (the decoder keeps serving the others)."""
         engine = self.engine
         request.validate(engine.vocab_size, engine.max_context,
                          max_tokens_limit=self.max_tokens_limit)
@@ -263,20 +268,17 @@ class Decoder:
         except ValueError as error:
             raise InvalidRequest(str(error)) from None
         request_id = next(self.ids)
-        handle = RequestHandle(self, request_id)
-        sequence = DecodeSequence(request_id, request, handle, prompt_ids, params,
-                                   self.codec.detokenizer(prompt_ids, not request.skip_special),
-                                   StopMatcher(request.stop_words, request.include_stop),
-                                   bad_words_ids,
-                                   num_input_tokens=len(prompt_ids),
-                                   max_tokens=request.max_tokens,
-                                   stop_ids=stop_ids)
-        self.by_id[request_id] = sequence
-        if request.prompt_logprobs is None:
-            self.enqueue(sequence)
-        else:  # scored first, then queued
-            self.scorer.submit(sequence)
-        return handle
+        return DecodeSequence(request_id, request, RequestHandle(self, request_id), prompt_ids,
+                              params, self.codec.detokenizer(prompt_ids, not request.skip_special),
+                              StopMatcher(request.stop_words, request.include_stop),
+                              bad_words_ids, num_input_tokens=len(prompt_ids),
+                              max_tokens=request.max_tokens, stop_ids=stop_ids)
+
+    def admit(self, sequence: DecodeSequence) -> RequestHandle:
+        """Queue a prepared request (its prompt scored first when asked)."""
+        self.by_id[sequence.request_id] = sequence
+        (self.enqueue if sequence.request.prompt_logprobs is None else self.scorer.submit)(sequence)
+        return sequence.handle
 
     def enqueue(self, sequence: DecodeSequence) -> None:
         """Queue a submitted request for a slot."""

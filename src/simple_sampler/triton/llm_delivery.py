@@ -90,6 +90,8 @@ class SharedSends:
     def of(self, index: int) -> Send:
         """The ``Send`` of generation ``index``."""
         names = self.names[index]
+        # an error response carries no outputs: its message names the generation
+        named = ", ".join(f"{name} {int(value[0])}" for name, value in names.items())
 
         def send(outputs: dict | None, error: Exception | None, final: bool) -> Transmit | None:
             if final:
@@ -104,6 +106,8 @@ class SharedSends:
                     return None  # the final flag alone, of a generation not the last
             if outputs is not None:
                 outputs = {**outputs, **names}
+            elif error is not None:
+                error = type(error)(f"{named}: {error}")
             return self.send(outputs, error, final)
         return send
 
@@ -262,20 +266,26 @@ class Deliveries:
         turn = 0
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            live = [d for d in self.live if d.delivering]
-            if len(live) > CANCEL_CHECKS_PER_POLL:
-                turn %= len(live)
-                live = (live[turn:] + live[:turn])[:CANCEL_CHECKS_PER_POLL]
+            # a request's generations (``SharedSends``) share one question
+            requests: dict[Callable[[], bool], list[Delivery]] = {}
+            for delivery in self.live:
+                if delivery.delivering:
+                    requests.setdefault(delivery.is_cancelled, []).append(delivery)
+            asked = list(requests.items())
+            if len(asked) > CANCEL_CHECKS_PER_POLL:
+                turn %= len(asked)
+                asked = (asked[turn:] + asked[:turn])[:CANCEL_CHECKS_PER_POLL]
                 turn += CANCEL_CHECKS_PER_POLL
-            for delivery in live:
+            for is_cancelled, deliveries in asked:
                 try:
-                    cancelled = delivery.is_cancelled()
+                    cancelled = is_cancelled()
                 except Exception:  # noqa: BLE001 - the request is gone on Triton's side
                     log.debug("is_cancelled failed: the request is treated as cancelled",
                               exc_info=True)
                     cancelled = True
                 if cancelled:
-                    delivery.stop()
+                    for delivery in deliveries:
+                        delivery.stop()
 
     def _send_event(self, delivery: Delivery, event: GenerationEvent, final: bool) -> None:
         """One response per `interval` tokens of a stream (and always the

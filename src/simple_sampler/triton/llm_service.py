@@ -307,22 +307,18 @@ class LlmService:
         return decoded
 
     def _submit_all(self, runs: list[Generation]) -> list:
-        """The generations' requests in the decoder, all or none: one the
-        decoder refuses (a range: named as the client sent it, and by its
-        prompt's batch_index) cancels those taken before it."""
-        handles = []
-        try:
-            for run in runs:
-                try:
-                    handles.append(self.decoder.submit(run.decoded.request))
-                except InvalidRequest as error:
-                    raise of_prompt(as_sent(error, run.decoded.sent_as), run.prompt,
-                                    runs[-1].prompt + 1) from None
-        except Exception:
-            for handle in handles:
-                handle.cancel()
-            raise
-        return handles
+        """The generations' requests in the decoder, all or none: each is
+        prepared (validated) before any is admitted, so a refused one (a
+        range: named as the client sent it, and by its prompt's batch_index)
+        leaves nothing behind."""
+        sequences = []
+        for run in runs:
+            try:
+                sequences.append(self.decoder.prepare(run.decoded.request))
+            except InvalidRequest as error:
+                raise of_prompt(as_sent(error, run.decoded.sent_as), run.prompt,
+                                runs[-1].prompt + 1) from None
+        return [self.decoder.admit(sequence) for sequence in sequences]
 
     @staticmethod
     def _refuse(error: Exception, send: Send, on_done) -> None:
