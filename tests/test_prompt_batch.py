@@ -4,6 +4,7 @@ TensorRT-LLM's client's --batch-inputs sends them) or sequences
 answered with its batch_index and sequence_index through the request's one
 sender, the final flag with the last to end."""
 import asyncio
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton import llm_delivery
-from simple_sampler.triton.llm_delivery import SharedSends
+from simple_sampler.triton.llm_delivery import SharedSends, Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.generate_io import decode_generate
 from simple_sampler.triton.prompt_batch import PAD_ID, encode_prompts, generations, split_prompts
@@ -113,31 +114,40 @@ class Generation(SimpleNamespace):
     __hash__ = object.__hash__  # a Delivery's: by identity
 
 
+@dataclasses.dataclass
+class Asker:
+    """An is_cancelled that cannot be hashed (a dataclass with eq)."""
+
+    answers: list
+
+    def __call__(self):
+        self.answers.append(time.monotonic())
+        return len(self.answers) == 3
+
+
 def test_a_requests_generations_are_asked_about_cancellation_once_per_poll(monkeypatch):
     """Every generation of one request shares its is_cancelled: one question
-    to Triton per poll, and a yes stops them all."""
+    to Triton per poll, and a yes stops them all, and no other request."""
     monkeypatch.setattr(llm_delivery, "CANCEL_POLL_S", 0.01)
-    asked = []
-
-    def is_cancelled():
-        asked.append(time.monotonic())
-        return len(asked) == 3
+    asked, other = Asker([]), Asker([-1.0, -1.0, -1.0])  # the other never says yes
 
     async def watch():
         deliveries = llm_delivery.Deliveries(asyncio.get_running_loop(), None, None, None)
-        batch = [Generation(delivering=True, is_cancelled=is_cancelled, stopped=False)
-                 for _ in range(40)]
-        for delivery in batch:
+        batches = [[Generation(delivering=True, is_cancelled=ask, stopped=False)
+                    for _ in range(40)] for ask in (asked, other)]
+        for delivery in batches[0] + batches[1]:
             delivery.stop = lambda delivery=delivery: setattr(delivery, "stopped", True)
             deliveries.live[delivery] = None
         task = asyncio.create_task(deliveries.watch_cancellations())
-        while len(asked) < 3:
+        while len(asked.answers) < 3:
             await asyncio.sleep(0.01)
         task.cancel()
-        return batch
+        return batches
 
-    batch = asyncio.run(watch())
-    assert len(asked) == 3 and all(delivery.stopped for delivery in batch)
+    cancelled, going_on = asyncio.run(watch())
+    assert len(asked.answers) == 3 and len(other.answers) in (5, 6)
+    assert all(delivery.stopped for delivery in cancelled)
+    assert not any(delivery.stopped for delivery in going_on)
 
 
 def serve_one(request):
@@ -226,3 +236,34 @@ def test_each_sequence_is_the_prompt_sent_alone_with_its_seed(stream):
             assert tokens(mine) == tokens(alone)
             texts.add(tuple(tokens(mine)))
         assert len(texts) > 1  # not one draw three times
+
+
+def test_unseeded_sequences_draw_apart():
+    request = {**prompt("ab", 0, 9, False), "num_return_sequences": np.array([[3]], np.int32)}
+    del request["random_seed"]
+    responses = serve_one(request)
+    assert [r[0]["sequence_index"].tolist() for r in responses] == [[0], [1], [2]]
+    assert len({tuple(tokens([r])) for r in responses}) > 1
+
+
+def test_a_drain_ends_each_generation_with_an_error_naming_it():
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=256, delay=0.01),
+                         codec=TextCodec(FakeTokenizer()))
+    client = Client()
+    try:
+        answered = service.submit(stacked(prompt("ab", 1, 200, True), prompt("c", 2, 200, True)),
+                                  client.send)
+        deadline = time.monotonic() + 10
+        while len(client.responses) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.drain(grace_s=0).result(10) == 2
+        answered.result(10)
+    finally:
+        service.close()
+    errors = [(error, final) for _, error, final in client.responses if error is not None]
+    assert sorted(str(error).split(":")[0] for error, _ in errors) == ["batch_index 0",
+                                                                       "batch_index 1"]
+    assert all(isinstance(error, Unavailable) for error, _ in errors)  # UNAVAILABLE: retry
+    assert [final for _, _, final in client.responses] == \
+        [False] * (len(client.responses) - 1) + [True]

@@ -22,7 +22,7 @@ import numpy as np
 
 from .params import BIAS_ALLOWED, RULES, SamplingParams
 from .sampling import MAX_TOP_LOGPROBS
-from .settings import LOGITS_ITEMSIZE, LlmSettings
+from .settings import LOGITS_ITEMSIZE, MAX_GENERATIONS, LlmSettings
 
 #: Triton data type (as its protocols name it) -> numpy dtype.
 NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
@@ -149,9 +149,6 @@ PROMPT_LOGPROBS = _scalar(
 IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
-#: The most generations one request may ask for: its prompts times the
-#: sequences of each (num_return_sequences; the OpenAI door's n).
-MAX_GENERATIONS = 256
 #: Inputs of TensorRT-LLM's ensemble (NVIDIA/TensorRT-LLM,
 #: triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt) that its
 #: own clients send (inflight_batcher_llm/client/end_to_end_grpc_client.py sends

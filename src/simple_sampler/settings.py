@@ -69,6 +69,12 @@ SIMULATED_LABEL = "simulated data plane"
 LOCAL = "local"
 
 
+#: The most generations one request to the generation models may ask for: its
+#: prompts (generate_max_batch_size) times each one's sequences
+#: (num_return_sequences; the OpenAI door's n).
+MAX_GENERATIONS = 256
+
+
 def setting(default: Any, help: str, *, choices=(), minimum=None, maximum=None,
             flag: str | None = "",
             aliases: tuple[str, ...] = (), parameter: bool = True,
@@ -317,7 +323,7 @@ class LlmSettings(Settings):
         "prompts a request holds, each its own generation): clients send [B, 1] tensors "
         "(TensorRT-LLM's shapes); 0: "
         "[1] in and out, as Triton's vLLM backend's models take and give them",
-        minimum=0, parameter=False)
+        minimum=0, maximum=MAX_GENERATIONS, parameter=False)
     preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,
                                            parameter=False)
     engine_max_batch_size: int = setting(

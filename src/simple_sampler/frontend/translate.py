@@ -23,8 +23,9 @@ import numpy as np
 
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
-from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, MAX_GENERATIONS,
-                      NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, InvalidRequest)
+from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS,
+                      PROMPT_LOGPROBS, InvalidRequest)
+from ..settings import MAX_GENERATIONS
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
                        Sampling)
 

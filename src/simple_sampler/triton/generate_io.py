@@ -30,9 +30,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..params import BIAS_ALLOWED, SamplingParams, bias_allowed
-from ..schema import (IGNORE_EOS, LLM, MAX_GENERATIONS, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
-                      PROMPT_OUTPUTS, TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
+from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
+                      TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
+from ..settings import MAX_GENERATIONS
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
 #: input -> SamplingParams field, for the plain numeric parameters (the

@@ -266,12 +266,14 @@ class Deliveries:
         turn = 0
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            # a request's generations (``SharedSends``) share one question
-            requests: dict[Callable[[], bool], list[Delivery]] = {}
+            # a request's generations (``SharedSends``) share one question, its
+            # one is_cancelled (by identity: a callable need not hash)
+            requests: dict[int, tuple[Callable[[], bool], list[Delivery]]] = {}
             for delivery in self.live:
                 if delivery.delivering:
-                    requests.setdefault(delivery.is_cancelled, []).append(delivery)
-            asked = list(requests.items())
+                    requests.setdefault(id(delivery.is_cancelled),
+                                        (delivery.is_cancelled, []))[1].append(delivery)
+            asked = list(requests.values())
             if len(asked) > CANCEL_CHECKS_PER_POLL:
                 turn %= len(asked)
                 asked = (asked[turn:] + asked[:turn])[:CANCEL_CHECKS_PER_POLL]

@@ -318,7 +318,15 @@ class LlmService:
             except InvalidRequest as error:
                 raise of_prompt(as_sent(error, run.decoded.sent_as), run.prompt,
                                 runs[-1].prompt + 1) from None
-        return [self.decoder.admit(sequence) for sequence in sequences]
+        handles = []
+        try:
+            for sequence in sequences:
+                handles.append(self.decoder.admit(sequence))
+        except Exception:  # ours (admit refuses nothing): none of the request goes on
+            for handle in handles:
+                handle.cancel()
+            raise
+        return handles
 
     @staticmethod
     def _refuse(error: Exception, send: Send, on_done) -> None:

@@ -19,7 +19,8 @@ from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import numpy as np
 
-from ..schema import MAX_GENERATIONS, InvalidRequest
+from ..schema import InvalidRequest
+from ..settings import MAX_GENERATIONS
 from .generate_io import DecodedRequest, encode_prompt
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 
