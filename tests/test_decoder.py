@@ -264,7 +264,9 @@ def test_end_id_stops_unless_ignored_or_before_min_tokens():
     (ended, ignored, banned), _ = generate(engine, requests, mode="inline_kernels")
     assert text_of(ended) == "bc" and ended[-1].finish_reason == "stop"
     assert ended[-1].token_ids == [END_ID] and ended[-1].num_output_tokens == 3
+    assert ended[-1].stop_reason is None  # vLLM's: an end id is no stop reason
     assert ignored[-1].finish_reason == "length" and len(ignored) == 6
+    assert ignored[-1].stop_reason is None
     # min_tokens bans the end id: the runner-up letter comes instead, then the end.
     assert [e.token_ids[0] for e in banned][-1] == END_ID and len(banned) == 5
     assert text_of(banned) == "bcaa"  # "a" follows the end id in the fake
@@ -273,19 +275,28 @@ def test_end_id_stops_unless_ignored_or_before_min_tokens():
 def test_stop_token_ids_stop_as_the_end_id_does_even_with_ignore_eos():
     """vLLM's stop_token_ids: "d" (id 4) ends the generation as the end id
     does, its id sent and counted, its text left out (as vLLM V1's
-    detokenizer leaves a stop-terminated token out); with ignore_eos only the
-    end id ends nothing; before min_tokens the stop ids are banned, the
-    runner-up comes."""
+    detokenizer leaves a stop-terminated token out), and is its stop_reason;
+    with ignore_eos only the end id ends nothing; before min_tokens the stop
+    ids are banned, the runner-up comes. An end id among the stop ids is no
+    stop reason, unless ignore_eos (vLLM's check_stop)."""
     engine = FakeEngine()  # a -> b -> c -> d ...
     stop_d = dict(stop_token_ids=[4], temperature=0.0)
     requests = [GenerationRequest(text="a", max_tokens=8, sampling=SamplingParams(**stop_d)),
                 GenerationRequest(text="a", max_tokens=8, sampling=SamplingParams(**stop_d),
                                   ignore_end=True),
                 GenerationRequest(text="a", max_tokens=8,
-                                  sampling=SamplingParams(min_tokens=4, **stop_d))]
-    (stopped, ignoring, late), _ = generate(engine, requests, mode="inline_kernels")
+                                  sampling=SamplingParams(min_tokens=4, **stop_d)),
+                GenerationRequest(text="a", max_tokens=8, end_id=4,
+                                  sampling=SamplingParams(**stop_d)),
+                GenerationRequest(text="a", max_tokens=8, end_id=4, ignore_end=True,
+                                  sampling=SamplingParams(**stop_d))]
+    (stopped, ignoring, late, ending, ignored), _ = generate(engine, requests,
+                                                             mode="inline_kernels")
     assert text_of(stopped) == "bc" and stopped[-1].finish_reason == "stop"
     assert stopped[-1].token_ids == [4] and stopped[-1].num_output_tokens == 3
+    assert stopped[-1].stop_reason == 4 == ignoring[-1].stop_reason
+    assert ending[-1].token_ids == [4] and ending[-1].stop_reason is None
+    assert ignored[-1].token_ids == [4] and ignored[-1].stop_reason == 4
     assert text_of(ignoring) == "bc" and ignoring[-1].token_ids == [4]
     # "d" banned at the 3rd token: the runner-up "e" (the letter after "d"); the
     # 4th may be "d", which then ends it
@@ -353,6 +364,7 @@ def test_stop_word_ends_generation_and_is_never_emitted():
     events = results[0]
     assert text_of(events) == "bc" and events[-1].finish_reason == "stop"
     assert all("d" not in e.text for e in events) and events[-1].num_output_tokens == 5
+    assert events[-1].stop_reason == "def" and all(e.stop_reason is None for e in events[:-1])
 
 
 def test_a_stop_word_within_min_tokens_ends_nothing_as_in_vllm():

@@ -357,7 +357,7 @@ def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(codec):
                                                               stream=stream))
         choice = events(response)[0]["choices"][0] if stream else response.json()["choices"][0]
         assert choice == {"index": 0, "text": "The capital of France is", "logprobs": None,
-                          "finish_reason": "length"}
+                          "finish_reason": "length", "stop_reason": None}
     assert len(plans) == asked
     body = post(client, "/v1/completions", completion(echo=True, max_tokens=0, logprobs=0)).json()
     assert plans[-1].params["prompt_logprobs"] == 0 and plans[-1].params["max_tokens"] == 0
@@ -851,3 +851,23 @@ def test_a_failure_of_ours_is_a_500_logged_once_with_its_traceback(codec, caplog
     assert response.status_code == 500 and "KeyError" in response.json()["error"]["message"]
     failures = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(failures) == 1 and failures[0].exc_info is not None
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", completion()),
+                                        ("/v1/chat/completions", chat())])
+def test_the_stop_reason_is_vllms_on_the_last_choice(codec, path, body):
+    """vLLM's stop_reason: the stop string or token id the llm model says
+    ended the generation (its stop_reason output), null before the end."""
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            yield Chunk(" Paris", [3], [-0.5], -0.5, n, 1, "")
+            yield Chunk("", [4], [-0.25], -0.75, n, 2, "stop", stop_reason="END")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    [choice] = post(client, path, {**body, "stop": "END"}).json()["choices"]
+    assert choice["stop_reason"] == "END" and choice["finish_reason"] == "stop"
+    streamed = [c["choices"][0] for c in events(post(client, path, {**body, "stream": True}))
+                if c["choices"]]
+    assert [c["stop_reason"] for c in streamed] == [None] * (len(streamed) - 1) + ["END"]

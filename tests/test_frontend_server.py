@@ -253,6 +253,8 @@ def test_a_stop_token_id_ends_the_answer_there(client, frontend):
     assert len(third) == 1, whole.logprobs.tokens  # a token of its own when encoded alone
     stopped = client.completions.create(**ask, extra_body={"stop_token_ids": third})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 3
+    # vLLM's stop_reason (an extra field of the openai client's choice)
+    assert stopped.choices[0].stop_reason == third[0] and whole.stop_reason is None
     assert stopped.choices[0].text == "".join(whole.logprobs.tokens[:2])
     kept = client.completions.create(**ask, extra_body={"stop_token_ids": third,
                                                         "include_stop_str_in_output": True})

@@ -253,10 +253,11 @@ def test_stop_words_and_max_tokens_set_the_finish_reason(server):
     capped = grpc(server).generate(QUESTION, max_tokens=3, temperature=0.0,
                                    apply_chat_template=True, exclude_input_in_output=True)
     assert capped.finish_reason == "length" and capped.num_output_tokens == 3
+    assert capped.stop_reason is None
     stopped = grpc(server).generate(QUESTION, max_tokens=24, temperature=0.0,
                                     apply_chat_template=True, exclude_input_in_output=True,
                                     stop_words=[" Paris"])
-    assert stopped.finish_reason == "stop"
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == " Paris"
     assert "Paris" not in stopped.text and stopped.text.startswith("The capital of France is")
 
 

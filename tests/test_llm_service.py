@@ -336,7 +336,8 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation():
     assert {frozenset(o) for o, _, _ in four[:-1]} == {frozenset({"text_output", "output_ids"})}
     assert set(four_logprobs[0][0]) == {"text_output", "output_ids", "output_log_probs",
                                         "cum_log_probs"}
-    assert len(four[-1][0]) == 7 and four[-1][0]["finish_reason"][0] == b"length"
+    assert len(four[-1][0]) == 8 and four[-1][0]["finish_reason"][0] == b"length"
+    assert four[-1][0]["stop_reason"].tolist() == [b"null"]
     assert [p for o, _, _ in four_logprobs for p in o["output_log_probs"].tolist()] == \
         pytest.approx(run_requests([seeded(False, logprobs=True)])[0][0][0]["output_log_probs"])
 

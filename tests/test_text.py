@@ -215,8 +215,9 @@ def test_the_stop_word_met_first_wins_however_the_text_is_split(include):
     the text keeps it."""
     matcher = StopMatcher(["cd", "bcx", "bc"], include=include)
     assert matcher.feed("ab") == ("a", False)  # "b" may still begin one
+    assert matcher.matched is None
     assert matcher.feed("cd") == ("bc" if include else "", True)  # "bc" ends first
-    assert matcher.feed("more") == ("", True)
+    assert matcher.feed("more") == ("", True) and matcher.matched == "bc"  # vLLM's stop_reason
     assert StopMatcher(["abcd", "c"], include=include).feed("abcd") == \
         ("abc" if include else "ab", True)
     rng = random.Random(3)

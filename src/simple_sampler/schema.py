@@ -276,6 +276,7 @@ GENERATE_OUTPUTS = (
     Tensor("num_input_tokens", "INT32", optional=False),
     Tensor("num_output_tokens", "INT32", optional=False),
     Tensor("finish_reason", "BYTES", optional=False),
+    Tensor("stop_reason", "BYTES", optional=False),
     Tensor("cumulative_logprob", "FP32", optional=False),
     # TensorRT-LLM's, in every response of a request of several prompts (its
     # client's --batch-inputs) and of a prompt's several sequences (its -n),

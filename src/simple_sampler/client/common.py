@@ -64,6 +64,9 @@ class Chunk:
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_ranks: list[int] = field(default_factory=list)
+    #: vLLM's stop_reason, on the last one: the stop string or stop token id
+    #: that ended the request, else None
+    stop_reason: str | int | None = None
 
 
 def _check_names(params: dict) -> None:
@@ -192,7 +195,8 @@ def chunk_from(get: Callable[[str], object]) -> Chunk:
                  as_str(reason[0]) if reason else "", _top_pairs(get, TOP_OUTPUTS, len(token_ids)),
                  [int(t) for t in values(PROMPT_OUTPUTS[0])], prompt_logprobs,
                  _top_pairs(get, PROMPT_OUTPUTS[3:], len(prompt_logprobs)),
-                 [int(r) for r in values(PROMPT_OUTPUTS[2])])
+                 [int(r) for r in values(PROMPT_OUTPUTS[2])],
+                 json.loads(as_str(first("stop_reason", "null"))))
 
 
 def _top_pairs(get: Callable[[str], object], names: Sequence[str],

@@ -138,7 +138,7 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     """The whole answer of a non-streamed request."""
     text = (plan.echo or "") + "".join(c.text for c in chunks)
     choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
-              "finish_reason": _finish(chunks[-1])}
+              "finish_reason": _finish(chunks[-1]), "stop_reason": chunks[-1].stop_reason}
     if plan.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -172,7 +172,7 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     (`generated`: the tokens of this response and those before it)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     choice = {"index": index, "logprobs": _logprobs(plan, [chunk], served.codec),
-              "finish_reason": _finish(chunk)}
+              "finish_reason": _finish(chunk), "stop_reason": chunk.stop_reason}
     if plan.chat:
         choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
             {"content": chunk.text}

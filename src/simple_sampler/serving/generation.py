@@ -169,6 +169,10 @@ class GenerationEvent:
     #: the prompt's scores (``prompt_scores.PromptScores``), in the one
     #: event that carries them: a request's first, with no token
     prompt_scores: PromptScores | None = None
+    #: vLLM's stop_reason, in the final event: the stop string or the stop
+    #: token id (of the request's stop_token_ids, not an end id) that ended
+    #: the request; None when anything else did
+    stop_reason: str | int | None = None
 
     @property
     def final(self) -> bool:
@@ -270,6 +274,7 @@ class DecodeSequence:
     delivered: int = 0
     pushed: int = 0
     held_text: str = ""
+    stop_reason: str | int | None = None  # GenerationEvent's, set by the token that ends it
     slot: int = -1  # in the decoder's BatchState while in a lane
 
     def event(self, text: str, token_ids: list[int], logprobs: list[float],
@@ -279,7 +284,10 @@ class DecodeSequence:
         ``logprobs`` and ``top_logprobs`` (fresh lists: one event per token,
         so no copy)."""
         asked = self.request.return_log_probs
-        return GenerationEvent(self.request_id, text, token_ids, logprobs if asked else [],
-                               self.num_input_tokens, self.generated,
-                               self.cum_log_prob if asked else float("nan"), reason, error,
-                               top_logprobs=() if top_logprobs is None else top_logprobs)
+        event = GenerationEvent(self.request_id, text, token_ids, logprobs if asked else [],
+                                self.num_input_tokens, self.generated,
+                                self.cum_log_prob if asked else float("nan"), reason, error,
+                                top_logprobs=() if top_logprobs is None else top_logprobs)
+        if reason is not None:
+            event.stop_reason = self.stop_reason
+        return event

@@ -221,6 +221,14 @@ class StepTokens:
             tail, stopped = sequence.stop.feed(sequence.detokenizer.flush(),
                                                sequence.generated > sequence.params.min_tokens)
             text += tail + sequence.stop.flush()
+        if stopped:
+            sequence.stop_reason = sequence.stop.matched
+        elif stop and token in sequence.request.sampling.stop_token_ids:
+            # vLLM's check_stop: an end id ends with no reason, even one also
+            # among the stop ids; another stop id is the reason
+            request = sequence.request
+            ends = self.decoder.end_ids if request.end_id is None else (request.end_id,)
+            sequence.stop_reason = token if request.ignore_end or token not in ends else None
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
                             text=text, token_ids=[token], logprobs=[logprob],
                             top_logprobs=None if top_row is None else [top_row])

@@ -369,6 +369,8 @@ class StopMatcher:
         self.include = include
         self.held = ""
         self.stopped = False
+        #: the stop string that ended the stream (vLLM's stop_reason), once one has
+        self.matched: str | None = None
         #: the length of `held`'s start no match may end in (text fed unarmed)
         self.unarmed = 0
 
@@ -382,14 +384,14 @@ class StopMatcher:
         self.held += text
         if not armed:
             self.unarmed = len(self.held)
-        found = [self._match(word) for word in self.stop_words] if armed else []
-        found = [match for match in found if match is not None]
+        found = [(*match, word) for word in (self.stop_words if armed else ())
+                 if (match := self._match(word)) is not None]
         if found:
             # the first to end, then the first to begin: the word a stream fed
             # a character at a time meets first, however its tokens split it
             # (vLLM takes the first of its list found in a token's text: the
             # two differ only where one token's text completes two words)
-            end, start = min(found)
+            end, start, self.matched = min(found)
             self.stopped = True
             emit, self.held = self.held[:end if self.include else start], ""
             return emit, True

@@ -23,6 +23,7 @@ clients send take the values that mean what this server does
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -349,7 +350,7 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
     output_ids, plus output_log_probs and cum_log_probs when the request
     asked for logprobs (``logprobs``): every output is one more tensor for
     this process, Triton, the ensemble and gRPC to build and copy per token.
-    The last response (and a non-streamed answer) carries all seven. With
+    The last response (and a non-streamed answer) carries all eight. With
     ``top`` (the request's num_top_logprobs n), every response also carries
     top_logprobs_ids and top_logprobs [tokens, n] (padded -1 and LOGPROB_FLOOR where
     the vocabulary holds fewer than n). ``extra``: the vLLM backend's
@@ -373,6 +374,8 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
         outputs["num_input_tokens"] = np.array([event.num_input_tokens], dtype=np.int32)
         outputs["num_output_tokens"] = np.array([event.num_output_tokens], dtype=np.int32)
         outputs["finish_reason"] = np.array([(event.finish_reason or "").encode()], dtype=object)
+        # JSON: vLLM's is a string, a token id or null
+        outputs["stop_reason"] = np.array([json.dumps(event.stop_reason).encode()], dtype=object)
     if extra:
         outputs.update(vllm_extra_outputs(event, extra))
     return outputs
