@@ -318,6 +318,8 @@ def test_every_end_id_of_the_model_stops_unless_a_request_names_its_own(others):
     (ended, own), _ = generate(engine, requests, mode="inline_kernels", codec=codec)
     assert text_of(ended) == "bc" and ended[-1].finish_reason == "stop"
     assert ended[-1].token_ids == [27]
+    # vLLM makes generation_config's other end ids stop ids: they are the reason
+    assert ended[-1].stop_reason == 27
     assert own[-1].finish_reason == "length" and len(own) == 6
     # listened to with a sink, the rows are quiet (their end found in numpy)
     # unless they have more stop ids than a row holds

@@ -453,3 +453,17 @@ def test_hot_first_that_cannot_apply_says_why_and_sends_full_rows(caplog):
     caplog.clear()
     assert hot_first_vocab(LlmSettings(), repository=None) is None  # full asked: nothing to say
     assert not caplog.text
+
+
+@pytest.mark.parametrize("stream, interval", [(False, None), (True, 4)])
+def test_the_stop_reason_survives_responses_that_merge_events(stream, interval):
+    """A non-streamed answer or a stream of k tokens a response, asking for
+    logprobs (an event per token, merged into each response), keeps the
+    stop string that ended it."""
+    request = {**inputs(max_tokens=20, stream=stream), "temperature": np.array([[0.0]], np.float32),
+               "stop_words": np.array([[b"fgh"]], object), "return_log_probs": np.array([[True]])}
+    if interval:
+        request["stream_interval"] = np.array([[interval]], np.int32)
+    [responses] = run_requests([request])
+    assert responses[-1][0]["stop_reason"].tolist() == [b'"fgh"']
+    assert responses[-1][0]["finish_reason"].tolist() == [b"stop"]

@@ -223,12 +223,15 @@ class StepTokens:
             text += tail + sequence.stop.flush()
         if stopped:
             sequence.stop_reason = sequence.stop.matched
-        elif stop and token in sequence.request.sampling.stop_token_ids:
-            # vLLM's check_stop: an end id ends with no reason, even one also
-            # among the stop ids; another stop id is the reason
+        elif stop:
+            # vLLM's check_stop: the end of sequence (the tokenizer's, or the
+            # request's end_id) is no reason unless ignored; any other stop id
+            # is, generation_config's other end ids too (vLLM's
+            # update_from_generation_config makes them stop ids)
             request = sequence.request
-            ends = self.decoder.end_ids if request.end_id is None else (request.end_id,)
-            sequence.stop_reason = token if request.ignore_end or token not in ends else None
+            eos = (self.decoder.codec.tokenizer.eos_token_id if request.end_id is None
+                   else request.end_id)
+            sequence.stop_reason = None if token == eos and not request.ignore_end else token
         self.decoder.finish(sequence, FINISH_STOP if stop or stopped else FINISH_LENGTH,
                             text=text, token_ids=[token], logprobs=[logprob],
                             top_logprobs=None if top_row is None else [top_row])

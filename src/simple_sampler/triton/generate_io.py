@@ -11,7 +11,7 @@ in docs/TENSORS.md). Outputs: text_output; output_ids and output_log_probs
 num_top_logprobs n > 0); the prompt's scores (``PROMPT_OUTPUTS``, only in
 the response that carries them: a stream's first, a non-streamed answer,
 when prompt_logprobs is given); num_input_tokens, num_output_tokens; finish_reason
-("stop", "length" or "cancelled"). A stream's responses before its last carry
+("stop", "length" or "cancelled"); stop_reason (vLLM's, JSON). A stream's responses before its last carry
 only text_output and output_ids (and the logprob outputs when asked), every
 ``stream_interval`` tokens (``encode_event``). The vLLM backend's additional
 outputs (finish_reason, num_input_tokens, num_output_tokens,
@@ -436,7 +436,7 @@ def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
         last.finish_reason, last.error,
         top_logprobs=[pairs for e in events for pairs in e.top_logprobs],
         prompt_scores=next((e.prompt_scores for e in events if e.prompt_scores is not None),
-                           None))
+                           None), stop_reason=last.stop_reason)
 
 
 #: The 4-byte little-endian length that precedes each element of a

@@ -19,7 +19,7 @@ INT32 output (``output_ids``), the least Triton can carry; a request that
 sends the llm model's inputs (``text_input`` among them: the bench's
 ``floor-llm`` route) gets what the llm model sends a stream with
 ``stream_interval`` 1 (``generate_io.encode_event``): ``text_output`` (BYTES)
-and ``output_ids`` per token, and all seven outputs on the last response.
+and ``output_ids`` per token, and all eight outputs on the last response.
 The difference between the two is Triton's cost of our response shape,
 without any of our own work.
 """
@@ -116,4 +116,5 @@ def last_outputs():
             pb_utils.Tensor("cum_log_probs", np.zeros((1, 1), np.float32)),
             pb_utils.Tensor("num_input_tokens", np.ones((1, 1), np.int32)),
             pb_utils.Tensor("num_output_tokens", np.ones((1, 1), np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([[b"length"]], object))]
+            pb_utils.Tensor("finish_reason", np.array([[b"length"]], object)),
+            pb_utils.Tensor("stop_reason", np.array([[b"null"]], object))]
