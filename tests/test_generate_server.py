@@ -56,7 +56,7 @@ def test_every_model_process_froze_its_heap_once_ready(server):
     frozen = dict(re.findall(r" simple_sampler\.heap: (\S+): (\d+) objects frozen",
                              server.log_path.read_text()))
     kinds = {name.rsplit("_", 2)[0] for name in frozen}
-    assert kinds == {"llm", "preprocessing", "simple_sampler", "tensorrt_llm"}, frozen
+    assert kinds == {"llm", "preprocessing", "simple_sampler"}, frozen
     assert sum(name.startswith("simple_sampler") for name in frozen) == 2, frozen
     # torch and a tokenizer imported: a large heap a full collection would walk
     assert int(frozen[next(n for n in frozen if n.startswith("llm"))]) > 100_000, frozen
@@ -668,42 +668,3 @@ def test_32_concurrent_streams_deliver_every_token_exactly_once(server):
         assert chunks[-1].finish_reason in ("stop", "length")
         text = "".join(c.text for c in chunks)
         assert codec.decode(ids).startswith(text)
-
-
-@pytest.mark.parametrize("streaming", [False, True])
-def test_tensorrt_llms_core_model_interface_answers_in_its_shapes(server, streaming):
-    """The tensorrt_llm model: ids in (two prompts, padded, with their
-    lengths, as its clients batch them), ids out in its shapes; each
-    prompt's tokens are what llm gives the same seeded request, and a
-    non-streamed answer's ids start with the prompt's, as its do."""
-    codec = TextCodec.from_source()
-    prompts = [codec.encode(text, False) for text in ("The capital of France is", "Once")]
-    width = max(map(len, prompts))
-    inputs = {"input_ids": np.array([p + [codec.end_id] * (width - len(p)) for p in prompts],
-                                    np.int32),
-              "input_lengths": np.array([[len(p)] for p in prompts], np.int32),
-              "request_output_len": np.array([[6], [6]], np.int32),
-              "streaming": np.array([[streaming]] * 2), "random_seed": np.array([[3]] * 2,
-                                                                                 np.uint64),
-              "return_log_probs": np.array([[True]] * 2), "min_length": np.array([[6]] * 2,
-                                                                                 np.int32)}
-    answers = trtllm_client_answers(server, "tensorrt_llm", inputs, (
-        "output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index"))
-    ids, logprobs = [[], []], [[], []]
-    for result, _ in answers:
-        [[index]] = result.as_numpy("batch_index")
-        out = result.as_numpy("output_ids")
-        assert out.shape[:2] == (1, 1)
-        assert result.as_numpy("sequence_length").tolist() == [[out.shape[2]]]
-        ids[index] += out[0, 0].tolist()
-        logprobs[index] += result.as_numpy("output_log_probs")[0, 0].tolist()
-    assert len(answers) == (12 if streaming else 2)
-    for prompt, got, got_logprobs in zip(prompts, ids, logprobs):
-        alone = generate_json(server, "llm", {"input_ids": prompt, "max_tokens": 6,
-                                              "random_seed": 3, "min_length": 6,
-                                              "return_log_probs": True})
-        expected = alone["output_ids"] if streaming else prompt + alone["output_ids"]
-        assert got == expected and np.allclose(got_logprobs, alone["output_log_probs"])
-    [(_, error)] = stream_answers(server, "tensorrt_llm", {
-        "input_ids": inputs["input_ids"][:1], "streaming": inputs["streaming"][:1]})
-    assert "request_output_len" in str(error)

@@ -24,8 +24,6 @@ DOC_TABLES = {
     "`llm` inputs beyond the ensemble's": tuple(t for t in schema.LLM.inputs
                                                 if t not in schema.ENSEMBLE.inputs),
     "`preprocessing` outputs": schema.PREPROCESSING.outputs,
-    "`tensorrt_llm` inputs": schema.TRTLLM_CORE.inputs,
-    "`tensorrt_llm` outputs": schema.TRTLLM_CORE.outputs,
     "`simple_sampler` inputs": schema.SAMPLER.inputs,
     "`simple_sampler` outputs": schema.SAMPLER.outputs,
 }

@@ -298,32 +298,6 @@ PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
 LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS), GENERATE_OUTPUTS)
 
-#: TensorRT-LLM's core model (its tensorrt_llm model, all_models/
-#: inflight_batcher_llm/tensorrt_llm/config.pbtxt): its input -> the llm
-#: model's input of another name that carries it (``triton.trtllm_core``)
-CORE_RENAMED = {"request_output_len": "max_tokens", "streaming": "stream",
-                "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-                "len_penalty": "length_penalty"}
-#: its inputs of the same name as the llm model's
-_CORE_SAME = ("num_return_sequences", "end_id", "pad_id", "beam_width", "temperature",
-              "repetition_penalty", "min_length", "presence_penalty", "frequency_penalty",
-              "random_seed", "return_log_probs", "exclude_input_in_output",
-              "return_context_logits", "return_generation_logits", "return_perf_metrics")
-TRTLLM_CORE = Model("tensorrt_llm", (
-    dataclasses.replace(INPUT_IDS, optional=False, default="required", allowed="token ids"),
-    INPUT_LENGTHS,
-    dataclasses.replace(LLM.input("max_tokens"), name="request_output_len", optional=False,
-                        default="required"),
-    *(dataclasses.replace(LLM.input(llm_name), name=core_name)
-      for core_name, llm_name in CORE_RENAMED.items() if core_name != "request_output_len"),
-    *(LLM.input(name) for name in _CORE_SAME)), (
-    Tensor("output_ids", "INT32", (-1, -1), optional=False),
-    Tensor("sequence_length", "INT32", (-1,), optional=False),
-    Tensor("cum_log_probs", "FP32", (-1,), optional=False),
-    Tensor("output_log_probs", "FP32", (-1, -1), optional=False),
-    Tensor("batch_index", "INT32", optional=False),
-    Tensor("sequence_index", "INT32", optional=False)))
-
 
 def _id_list(name, default="none", allowed="token ids, -1 padded"):
     return Tensor(name, "INT32", (-1,), default=default, allowed=allowed)
@@ -430,4 +404,4 @@ SAMPLER = Model("simple_sampler", (
     Tensor("handoff_outcome", "INT8", optional=False),
 ))
 
-MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, TRTLLM_CORE, SAMPLER)}
+MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, SAMPLER)}
