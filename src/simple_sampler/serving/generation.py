@@ -170,8 +170,8 @@ class GenerationEvent:
     #: event that carries them: a request's first, with no token
     prompt_scores: PromptScores | None = None
     #: vLLM's stop_reason, in the final event: the stop string or the stop
-    #: token id (of the request's stop_token_ids, not an end id) that ended
-    #: the request; None when anything else did
+    #: token id that ended the request (not the end of sequence, unless
+    #: ignore_eos: ``StepTokens._last``); None when anything else did
     stop_reason: str | int | None = None
 
     @property
