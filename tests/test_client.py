@@ -85,7 +85,7 @@ def test_async_client_runs_concurrent_requests_like_sequential_ones(llm_server, 
 
 @pytest.mark.parametrize("protocol,streamed", list(itertools.product(PROTOCOLS, (False, True))))
 def test_server_errors_carry_the_server_message(llm_server, protocol, streamed):
-    message = r"top_p must be in \(0, 1\], got 1.5"
+    message = r"top_p must be in \[0, 1\] \(0 is no top-p, as TensorRT-LLM reads it\), got 1.5"
     client = GenerateClient(url(llm_server, protocol), protocol)
     with pytest.raises(GenerationError, match=message):
         list(client.stream(QUESTION, top_p=1.5)) if streamed else client.generate(QUESTION,
@@ -160,4 +160,5 @@ def test_cli_reports_a_server_error_in_one_line(llm_server, capsys):
     argv = ["generate", QUESTION, "--url", llm_server.grpc_url, "--top-p", "1.5"]
     assert main(argv) == 1
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "top_p must be in (0, 1], got 1.5" in error
+    assert error.count("\n") == 1
+    assert "top_p must be in [0, 1] (0 is no top-p, as TensorRT-LLM reads it), got 1.5" in error

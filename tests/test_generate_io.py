@@ -225,6 +225,55 @@ def test_min_tokens_is_min_lengths_other_name():
                          np.array([[b'{"min_tokens": 5}']], object)})
 
 
+def test_tensorrt_llms_core_model_names_are_aliases_and_ask_for_its_answer():
+    """Its tensorrt_llm model's names (schema.CORE_ALIASES) are the same
+    parameters; request_output_len (required there) marks the request as
+    that model's (answered in its outputs), and an input asking for an
+    output its answer cannot carry is refused, not dropped."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    core = decode_generate({**prompt, "request_output_len": np.array([[5]], np.int32),
+                            "runtime_top_k": np.array([[7]], np.int32),
+                            "runtime_top_p": np.array([[0.5]], np.float32),
+                            "streaming": np.array([[True]]),
+                            "len_penalty": np.array([[1.0]], np.float32)})
+    same = decode_generate({**prompt, "max_tokens": np.array([[5]], np.int32),
+                            "top_k": np.array([[7]], np.int32),
+                            "top_p": np.array([[0.5]], np.float32), "stream": np.array([[True]])})
+    assert core.request == same.request and core.stream and core.core and not same.core
+    with pytest.raises(InvalidRequest, match="request_output_len and max_tokens are the same "
+                                             "parameter; they disagree"):
+        decode_generate({**prompt, "request_output_len": np.array([[5]], np.int32),
+                         "max_tokens": np.array([[6]], np.int32)})
+    with pytest.raises(InvalidRequest, match="num_top_logprobs asks for an output that "
+                                             "TensorRT-LLM's tensorrt_llm model's answer"):
+        decode_generate({**prompt, "request_output_len": np.array([[5]], np.int32),
+                         "return_log_probs": np.array([[True]]),
+                         "num_top_logprobs": np.array([[2]], np.int32)})
+    with pytest.raises(InvalidRequest, match="return_finish_reason asks for an output"):
+        decode_generate({**prompt, "request_output_len": np.array([[5]], np.int32),
+                         "return_finish_reason": np.array([[True]])})
+
+
+@pytest.mark.parametrize("name", ["top_p", "runtime_top_p"])
+def test_top_p_zero_is_no_top_p_and_with_no_top_k_greedy_as_tensorrt_llm_reads_it(name):
+    """Its clients send top_p 0 with top_k 1 by default; top_k 0 (or -1, or
+    none) with top_p 0 is greedy there (regularizeTopKTopP). vLLM's top_p
+    keeps (0, 1]; a value outside [0, 1] is refused naming the input."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32)}
+    zero = {name: np.array([[0.0]], np.float32)}
+    for top_k, expected in ((None, 1), (0, 1), (-1, 1), (1, 1), (5, 5)):
+        given = {} if top_k is None else {"top_k": np.array([[top_k]], np.int32)}
+        sampling = decode_generate({**prompt, **zero, **given}).request.sampling
+        assert (sampling.top_k, sampling.top_p) == (expected, 1.0), top_k
+    for bad in (-0.5, 1.5, float("nan")):
+        with pytest.raises(InvalidRequest, match=rf"{name} must be in \[0, 1\] \(0 is no top-p"):
+            decode_generate({**prompt, name: np.array([[bad]], np.float32)})
+    vllm = decode_generate({**prompt, "sampling_parameters": np.array([[b'{"top_p": 0}']],
+                                                                       object)})
+    with pytest.raises(InvalidRequest, match="top_p must be in"):
+        vllm.request.validate(1000, 100)
+
+
 def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():
     """As its preprocessing model's _get_embedding_bias: every token of each
     word, encoded alone (special tokens included), gets the word's weight,

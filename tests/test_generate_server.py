@@ -300,7 +300,7 @@ BAD = [
     ({"max_tokens": 0}, r"max_tokens must be an integer in \[1, 511\], got 0"),
     ({"max_tokens": 10_000}, r"max_tokens must be an integer in \[1, 511\], got 10000"),
     ({"temperature": -0.5}, r"temperature must be a finite value >= 0, got -0.5"),
-    ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+    ({"top_p": 1.5}, r"top_p must be in \[0, 1\] \(0 is no top-p, as TensorRT-LLM reads it\), got 1.5"),
     ({"top_k": -3}, r"top_k must be >= -1"),
     ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \[1e-6, 1e6\], got 0.0"),
 ]
@@ -590,6 +590,73 @@ def test_tensorrt_llms_client_with_several_sequences_reads_each_by_its_sequence_
     assert len(answers) == 3 * (8 if streaming else 1)
     assert texts == [alone(server, prompt, 5 + index, streaming) for index in range(3)]
     assert len(set(texts)) == 3
+
+
+def core_client_inputs(prompts: list[list[int]], streaming: bool, **more) -> dict:
+    """inflight_batcher_llm_client.py's prepare_inputs at its defaults
+    (beam_width 1, temperature 1, top_k 1 with top_p 0: greedy there; end_id
+    and pad_id the tokenizer's), request_output_len 8, min_length 8 (no end
+    comes early), each input [B, ...] for B prompts, their ids padded."""
+    width, rows = max(map(len, prompts)), len(prompts)
+    column = lambda value, dtype: np.full((rows, 1), value, dtype)
+    return {"input_ids": np.array([ids + [2] * (width - len(ids)) for ids in prompts], np.int32),
+            "input_lengths": np.array([[len(ids)] for ids in prompts], np.int32),
+            "request_output_len": column(8, np.int32), "beam_width": column(1, np.int32),
+            "temperature": column(1.0, np.float32), "streaming": column(streaming, bool),
+            "end_id": column(2, np.int32), "pad_id": column(2, np.int32),
+            "runtime_top_k": column(1, np.int32), "runtime_top_p": column(0.0, np.float32),
+            "min_length": column(8, np.int32),
+            **{name: column(value, np.asarray(value).dtype) for name, value in more.items()}}
+
+
+def greedy_ids(server, prompt: list[int]) -> list[int]:
+    """The llm model's greedy tokens after `prompt`, asked in its own names."""
+    return generate_json(server, "llm", {"input_ids": prompt, "max_tokens": 8, "min_length": 8,
+                                         "temperature": 0})["output_ids"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_tensorrt_llms_core_model_client_reads_its_answer_from_tensorrt_llm(server, streaming):
+    """Its inflight_batcher_llm_client.py against the tensorrt_llm model (with
+    --streaming; without, it calls ModelInfer, which Triton refuses for a
+    decoupled model, as TensorRT-LLM's with decoupled_mode true): each
+    response read as that client reads it (``output_ids[0][0]``, its
+    ``sequence_length[0][0]``), a non-streamed answer starting with the
+    prompt; the tokens are the llm model's greedy ones. Its --batch-inputs'
+    prompts are each read by batch_index; logprobs come [1, 1, tokens] and
+    [1, 1] when asked, as its client reads them (``[0]``)."""
+    codec = TextCodec.from_source(None)
+    prompts = [codec.tokenize(text) for text in ("The capital of France is", "Once upon a time")]
+    answers = trtllm_client_answers(server, "tensorrt_llm", core_client_inputs(
+        prompts, streaming, return_log_probs=True), outputs=(
+        "output_ids", "sequence_length", "batch_index", "output_log_probs", "cum_log_probs"))
+    tokens, logprobs = [[], []], [[], []]
+    for result, _ in answers:
+        [[index]] = result.as_numpy("batch_index")
+        output_ids, [[length]] = result.as_numpy("output_ids"), result.as_numpy("sequence_length")
+        assert output_ids.shape == (1, 1, length)
+        tokens[index] += list(output_ids[0][0])
+        logprobs[index] += list(result.as_numpy("output_log_probs")[0][0])
+        assert result.as_numpy("cum_log_probs").shape == (1, 1)
+    assert len(answers) == 2 * (8 if streaming else 1)
+    for prompt, ids, values in zip(prompts, tokens, logprobs):
+        assert ids == ([] if streaming else prompt) + greedy_ids(server, prompt)
+        assert len(values) == 8 and all(value <= 0 for value in values)
+
+
+def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
+    """A range names the core model's input as the client sent it; that
+    model's inputs with no meaning here are refused by Triton, by name."""
+    inputs = core_client_inputs([[504, 3575]], True)
+    [(_, error)] = stream_answers(server, "tensorrt_llm", {
+        **inputs, "request_output_len": np.array([[0]], np.int32)})
+    assert "request_output_len (max_tokens here) must be an integer in [1," in str(error)
+    [(_, error)] = stream_answers(server, "tensorrt_llm", {
+        **inputs, "stop_words_list": np.array([[[13], [1]]], np.int32)})
+    assert "stop_words_list" in str(error)
+    [(result, error)] = stream_answers(server, "tensorrt_llm", {
+        **inputs, "streaming": np.array([[False]])})  # the service serves on
+    assert error is None and result.as_numpy("output_ids").shape == (1, 1, 10)
 
 
 def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):

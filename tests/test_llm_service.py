@@ -467,3 +467,62 @@ def test_the_stop_reason_survives_responses_that_merge_events(stream, interval):
     [responses] = run_requests([request])
     assert responses[-1][0]["stop_reason"].tolist() == [b'"fgh"']
     assert responses[-1][0]["finish_reason"].tolist() == [b"stop"]
+
+
+def core(stream, exclude=False, logprobs=False, prompts=((5, 6, 7),)):
+    """A request in TensorRT-LLM's tensorrt_llm model's dialect (its client's
+    prepare_inputs: ids, their lengths, request_output_len, streaming; top_k
+    1 and top_p 0, greedy there), of one prompt or several."""
+    width = max(len(ids) for ids in prompts)
+    rows = len(prompts)
+    return {"input_ids": np.array([list(ids) + [-1] * (width - len(ids)) for ids in prompts],
+                                  np.int32),
+            "input_lengths": np.array([[len(ids)] for ids in prompts], np.int32),
+            "request_output_len": np.full((rows, 1), 6, np.int32),
+            "streaming": np.full((rows, 1), stream),
+            "runtime_top_k": np.ones((rows, 1), np.int32),
+            "runtime_top_p": np.zeros((rows, 1), np.float32),
+            "exclude_input_in_output": np.full((rows, 1), exclude),
+            "return_log_probs": np.full((rows, 1), logprobs)}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_in_tensorrt_llms_core_dialect_is_answered_in_its_outputs(stream):
+    """Its tensorrt_llm model's answer: beam_output_ids [beams, tokens] and
+    sequence_length, a non-streamed answer's starting with the prompt's ids
+    unless exclude_input_in_output, the logprobs only when asked (then the
+    llm model's own, summed), and none of the llm model's other outputs;
+    the tokens are the greedy request's in the llm model's names."""
+    greedy = {**inputs(max_tokens=6, stream=stream), "temperature": np.array([[0.0]], np.float32),
+              "exclude_input_in_output": np.array([[True]]), "return_log_probs": np.array([[True]])}
+    greedy.pop("text_input")
+    greedy["input_ids"] = np.array([[5, 6, 7]], np.int32)
+    plain, whole, excluded, logprobs = run_requests(
+        [greedy, core(stream), core(stream, exclude=True), core(stream, logprobs=True)])
+    _, tokens = joined(plain)
+    prompt = [] if stream else [5, 6, 7]
+    for responses, log in ((whole, False), (excluded, False), (logprobs, True)):
+        assert all(error is None for _, error, _ in responses)
+        assert [final for _, _, final in responses][-1]
+        ids = [t for o, _, _ in responses for t in o["beam_output_ids"].reshape(-1).tolist()]
+        for outputs, _, _ in responses:
+            assert outputs["beam_output_ids"].shape == (1, outputs["sequence_length"][0])
+            assert set(outputs) == {"beam_output_ids", "sequence_length"} | (
+                {"beam_output_log_probs", "beam_cum_log_probs"} if log else set())
+        assert ids == (tokens if responses is excluded else prompt + tokens)
+    assert len(whole) == (len(tokens) if stream else 1)
+    values = [v for o, _, _ in logprobs for v in o["beam_output_log_probs"].reshape(-1).tolist()]
+    expected = [v for o, _, _ in plain for v in o["output_log_probs"].tolist()]
+    assert values == pytest.approx(expected)
+    assert logprobs[-1][0]["beam_cum_log_probs"][0] == pytest.approx(sum(expected), abs=1e-4)
+
+
+def test_a_core_request_of_several_prompts_names_each_by_its_batch_index():
+    """Its client's --batch-inputs, in its core dialect: each prompt's ids
+    cut to its input_lengths, its responses named by batch_index."""
+    [responses] = run_requests([core(False, prompts=((5, 6, 7), (9, 10)))])
+    answers = {int(o["batch_index"][0]): o["beam_output_ids"].reshape(-1).tolist()
+               for o, _, _ in responses}
+    alone = [run_requests([core(False, prompts=(ids,))])[0][0][0]["beam_output_ids"]
+             .reshape(-1).tolist() for ids in ((5, 6, 7), (9, 10))]
+    assert answers == {0: alone[0], 1: alone[1]} and answers[1][:2] == [9, 10]

@@ -23,6 +23,10 @@ DOC_TABLES = {
     "`ensemble` outputs": schema.ENSEMBLE.outputs,
     "`llm` inputs beyond the ensemble's": tuple(t for t in schema.LLM.inputs
                                                 if t not in schema.ENSEMBLE.inputs),
+    "`llm` outputs beyond the ensemble's": tuple(t for t in schema.LLM.outputs
+                                                 if t not in schema.ENSEMBLE.outputs),
+    "`tensorrt_llm` inputs": schema.TRTLLM_CORE.inputs,
+    "`tensorrt_llm` outputs": schema.TRTLLM_CORE.outputs,
     "`preprocessing` outputs": schema.PREPROCESSING.outputs,
     "`simple_sampler` inputs": schema.SAMPLER.inputs,
     "`simple_sampler` outputs": schema.SAMPLER.outputs,
@@ -118,6 +122,22 @@ def test_the_ensemble_wires_the_schemas_tensors(configs):
         assert set(step.output_map) <= set(model.output_names), name
         assert set(step.input_map.values()) - ensemble <= {"_input_ids", "_input_lengths"}, name
     assert set(steps["llm"].output_map.values()) == set(schema.ENSEMBLE.output_names)
+
+
+def test_the_tensorrt_llm_ensemble_hands_each_input_to_llm_by_its_name(configs):
+    """TensorRT-LLM's core model's interface: every input reaches llm by its
+    own name (an alias there: generate_io.ALIASES), and its outputs are
+    llm's of TensorRT-LLM's shapes under that model's names."""
+    (step,) = configs["tensorrt_llm"].ensemble_scheduling.step
+    assert step.model_name == "llm"
+    assert dict(step.input_map) == {name: name for name in schema.TRTLLM_CORE.input_names}
+    assert set(step.input_map) <= set(schema.LLM.input_names)
+    assert dict(step.output_map) == schema.CORE_OUTPUT_NAMES
+    assert set(step.output_map) <= set(schema.LLM.output_names)
+    for llm_name, name in schema.CORE_OUTPUT_NAMES.items():
+        llm_output = next(t for t in schema.LLM.outputs if t.name == llm_name)
+        output = next(t for t in schema.TRTLLM_CORE.outputs if t.name == name)
+        assert (llm_output.dtype, llm_output.dims) == (output.dtype, output.dims), name
 
 
 #: Ensemble inputs that preprocessing turns into input_ids: llm is given

@@ -1,6 +1,7 @@
 """One declaration per setting (simple_sampler.settings): the serve options,
 the config.pbtxt templates, the models' parsing and the defaults elsewhere
 all follow it."""
+import dataclasses
 import inspect
 import re
 
@@ -99,6 +100,12 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     assert {m: configs[m].max_batch_size for m in ("ensemble", "preprocessing", "llm")} == \
         dict.fromkeys(("ensemble", "preprocessing", "llm"), 9)
     assert configs["preprocessing"].instance_group[0].count == 2
+    # TensorRT-LLM's core model's interface, batched as the models it calls;
+    # not written unbatched (its tensors have the batch dimension)
+    assert read_config(repository / "tensorrt_llm" / "config.pbtxt").max_batch_size == 9
+    unbatched = assemble_repository(tmp_path / "unbatched", sampler,
+                                    dataclasses.replace(llm, generate_max_batch_size=0))
+    assert (unbatched / "llm").is_dir() and not (unbatched / "tensorrt_llm").exists()
 
 
 def test_parameters_are_parsed_and_checked_by_name():

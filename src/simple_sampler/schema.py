@@ -127,15 +127,21 @@ def _scalar(name, dtype, default=None, allowed="", param=""):
     return Tensor(name, dtype, param=param, default=default, allowed=allowed)
 
 
-def _sampling(top_k: str, top_p: str, temperature_allowed: str = ""):
+def _sampling(top_k: str, top_p: str, temperature_allowed: str = "", top_p_allowed: str = ""):
     """The SamplingParams both interfaces carry (one tensor per ``params.RULES``
     entry), top_k and top_p named as TensorRT-LLM names them there."""
     names = {"top_k": top_k, "top_p": top_p}
-    allowed = {"temperature": temperature_allowed}
+    allowed = {"temperature": temperature_allowed, "top_p": top_p_allowed}
     return tuple(_scalar(names.get(p.name, p.name), _TRITON_DTYPE[np.dtype(p.dtype).kind],
                          param=p.name, allowed=allowed.get(p.name, "")) for p in RULES)
 
 
+#: The generation models' top_p: TensorRT-LLM's ensemble hands its top_p to its
+#: tensorrt_llm model's runtime_top_p, which reads 0 as no top-p
+#: (``generate_io.top_p_zero_is_off``).
+TOP_P_ALLOWED = ("[0, 1]; 1 disables it, and 0 too, as TensorRT-LLM reads it: with top_k 0 or "
+                 "-1 (or none) that is greedy (top_k 1); vLLM's sampling_parameters.top_p stays in "
+                 "(0, 1]")
 #: Generation inputs beyond TensorRT-LLM's, named as vLLM's fields are
 NUM_TOP_LOGPROBS = _scalar(
     "num_top_logprobs", "INT32", 0,
@@ -219,7 +225,8 @@ GENERATE_INPUTS = (
     _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
             ">= 1: a stream sends a response every k tokens with all of them, and always "
             "the last (TensorRT-LLM's name)"),
-    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)"),
+    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)",
+               TOP_P_ALLOWED),
     _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
             param="seed"),
@@ -292,11 +299,62 @@ INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",
 INPUT_LENGTHS = Tensor("input_lengths", "INT32", default="each row whole",
                        allowed="1 to input_ids' length; with input_ids")
 
+#: TensorRT-LLM's tensorrt_llm model's names (its core model: tensorrtllm_backend,
+#: all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt) for inputs the
+#: llm model takes by the ensemble's names: alias -> that name. A request that
+#: sends request_output_len (required there) speaks that model's dialect and
+#: is answered in its outputs (``CORE_OUTPUTS``).
+CORE_ALIASES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k",
+                "runtime_top_p": "top_p", "streaming": "stream", "len_penalty": "length_penalty"}
+_GENERATE_BY_NAME = {t.name: t for t in GENERATE_INPUTS}
+CORE_INPUTS = tuple(
+    dataclasses.replace(_GENERATE_BY_NAME[name], name=alias, param="",
+                        allowed=f"{name}'s alias (TensorRT-LLM's tensorrt_llm model's name); the "
+                                f"two must agree" + ("; given, the answer comes in that "
+                                                     "model's outputs (sequence_length, "
+                                                     "beam_*)" if alias == "request_output_len"
+                                                     else ""))
+    for alias, name in CORE_ALIASES.items())
+#: The llm model's answer to a request in TensorRT-LLM's tensorrt_llm model's
+#: dialect (``CORE_ALIASES``), in that model's shapes ([beams, ...], one beam
+#: here): the tensorrt_llm ensemble gives them under that model's names
+#: (``CORE_OUTPUT_NAMES``); they replace every other output but batch_index
+#: and sequence_index (``triton.trtllm_core``).
+CORE_OUTPUTS = (
+    Tensor("sequence_length", "INT32", (-1,), optional=False),
+    Tensor("beam_output_ids", "INT32", (-1, -1), optional=False),
+    Tensor("beam_output_log_probs", "FP32", (-1, -1), optional=False),
+    Tensor("beam_cum_log_probs", "FP32", (-1,), optional=False),
+)
+#: The llm model's output -> the tensorrt_llm model's of that name
+CORE_OUTPUT_NAMES = {"sequence_length": "sequence_length", "beam_output_ids": "output_ids",
+                     "beam_output_log_probs": "output_log_probs",
+                     "beam_cum_log_probs": "cum_log_probs",
+                     "batch_index": "batch_index", "sequence_index": "sequence_index"}
+
 ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                       tuple(dataclasses.replace(t, optional=False)
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
-LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS), GENERATE_OUTPUTS)
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS),
+            (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
+_LLM_BY_NAME = {t.name: t for t in LLM.inputs}
+_LLM_OUTPUTS = {t.name: t for t in LLM.outputs}
+#: TensorRT-LLM's core model's interface: an ensemble over llm of one step
+#: (model_repository/tensorrt_llm), for its clients that call that model by
+#: name (inflight_batcher_llm_client.py, benchmark_core_model.py): token ids
+#: in, token ids out, the inputs of its that mean something here.
+TRTLLM_CORE = Model("tensorrt_llm", (
+    *(dataclasses.replace(_LLM_BY_NAME[name], optional=False, default="required")
+      for name in ("input_ids", "input_lengths", "request_output_len")),
+    *(_LLM_BY_NAME[name] for name in (
+        "num_return_sequences", "end_id", "pad_id", "beam_width", "temperature",
+        "runtime_top_k", "runtime_top_p", "len_penalty", "repetition_penalty", "min_length",
+        "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+        "return_context_logits", "return_generation_logits", "return_perf_metrics",
+        "exclude_input_in_output", "streaming"))),
+    tuple(dataclasses.replace(_LLM_OUTPUTS[name], name=core_name)
+          for name, core_name in CORE_OUTPUT_NAMES.items()))
 
 
 def _id_list(name, default="none", allowed="token ids, -1 padded"):
@@ -404,4 +462,4 @@ SAMPLER = Model("simple_sampler", (
     Tensor("handoff_outcome", "INT8", optional=False),
 ))
 
-MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, SAMPLER)}
+MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, TRTLLM_CORE, SAMPLER)}

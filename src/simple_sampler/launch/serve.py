@@ -47,9 +47,11 @@ ENSEMBLE_NAMES = ("ensemble", "tensorrt_llm_bls")
 def assemble_repository(destination: Path, sampler: SamplerSettings,
                         llm: LlmSettings | None = None) -> Path:
     """The sampler alone, or (with `llm`) the whole generation repository:
-    ensemble (and tensorrt_llm_bls, ``ENSEMBLE_NAMES``), preprocessing, llm
-    and simple_sampler. Raises ValueError for
-    settings out of range."""
+    ensemble (and tensorrt_llm_bls, ``ENSEMBLE_NAMES``), preprocessing, llm,
+    tensorrt_llm (TensorRT-LLM's core model's interface over llm; not with
+    generate_max_batch_size 0: that model's tensors have the batch
+    dimension) and simple_sampler. Raises ValueError for settings out of
+    range."""
     if llm is not None:
         sampler.validate()  # first: the llm's shards default to its instances
         check_llm_against_sampler(llm.validate(), sampler)
@@ -68,6 +70,9 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
                                             "model")})
         write_model(destination, "llm", "llm",
                     {k: v for k, v in values.items() if k != "preprocessing_instances"})
+        if llm.generate_max_batch_size:
+            write_model(destination, "tensorrt_llm", "tensorrt_llm",
+                        {"generate_max_batch_size": llm.generate_max_batch_size})
     return destination
 
 

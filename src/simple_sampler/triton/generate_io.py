@@ -31,8 +31,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..params import BIAS_ALLOWED, SamplingParams, bias_allowed
-from ..schema import (IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS, PROMPT_OUTPUTS,
-                      TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
+from ..schema import (CORE_ALIASES, IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
+                      PROMPT_OUTPUTS, TOP_OUTPUTS, VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationEvent, GenerationRequest
 from ..settings import MAX_GENERATIONS
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
@@ -68,6 +68,9 @@ class DecodedRequest:
     #: TensorRT-LLM's num_return_sequences: generations of this prompt
     #: (``prompt_batch.generations``)
     sequences: int = 1
+    #: sent in TensorRT-LLM's tensorrt_llm model's dialect (request_output_len
+    #: given): answered in that model's outputs (``trtllm_core.core_outputs``)
+    core: bool = False
 
 
 def _single(name: str, array) -> object:
@@ -219,6 +222,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
     _check_other_names(present, sent_as)
+    top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present else False
              for name in FLAG_INPUTS}
@@ -268,7 +272,47 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
                           sent_as, _extra_outputs(flags), flags["return_log_probs"],
                           _word_bias(present.get("embedding_bias_words"),
                                      present.get("embedding_bias_weights")),
-                          _sequences(present))
+                          _sequences(present), _core_dialect(present, sent_as, flags))
+
+
+def _core_dialect(present: Mapping[str, object], sent_as: Mapping[str, str],
+                  flags: Mapping[str, bool]) -> bool:
+    """Whether the request speaks TensorRT-LLM's tensorrt_llm model's
+    dialect (request_output_len given): answered in that model's outputs,
+    which carry no top logprobs, prompt scores or vLLM backend's additional
+    outputs, so an input asking for those is refused, not dropped."""
+    if sent_as.get("max_tokens") != "request_output_len":
+        return False
+    asked = [name for name in (NUM_TOP_LOGPROBS.name, PROMPT_LOGPROBS.name) if name in present]
+    asked += [name for name in VLLM_EXTRA_OUTPUTS if flags[name]]
+    if asked:
+        raise InvalidRequest(f"{asked[0]} asks for an output that TensorRT-LLM's tensorrt_llm "
+                             f"model's answer (request_output_len given) does not carry; send "
+                             f"max_tokens instead of request_output_len for the llm model's "
+                             f"outputs")
+    return True
+
+
+def top_p_zero_is_off(present: dict[str, object], sent_as: Mapping[str, str]) -> None:
+    """top_p 0 read as TensorRT-LLM reads it, in place: no top-p, and with
+    top_k 0 (or none) greedy, top_k 1. Its tensorrt_llm model drops a
+    runtime_top_p <= 0 (``get_sampling_config_from_request``; its ensemble
+    hands it top_p as that) and its sampling kernels take top_k 0 with top_p
+    0 as top_k 1 (``regularizeTopKTopP``, tensorrt_llm::kernels; a top_k
+    below 0 is clipped to 0 there). Its clients send top_p 0 with top_k 1
+    unless told otherwise (inflight_batcher_llm_client.py). vLLM's
+    sampling_parameters.top_p keeps vLLM's range, (0, 1]: its check refuses 0."""
+    if "top_p" not in present or sent_as.get("top_p", "top_p") not in ("top_p", "runtime_top_p"):
+        return
+    name = sent_as.get("top_p", "top_p")
+    top_p = _single(name, present["top_p"])
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 <= top_p <= 1:
+        raise InvalidRequest(f"{name} must be in [0, 1] (0 is no top-p, as TensorRT-LLM reads "
+                             f"it), got {top_p!r}")
+    if top_p == 0:
+        del present["top_p"]
+        if "top_k" not in present or _single("top_k", present["top_k"]) <= 0:
+            present["top_k"] = np.array([[1]], np.int32)
 
 
 def _sequences(present: Mapping[str, object]) -> int:
@@ -302,7 +346,7 @@ ONE_VALUE = {
                                "(top_logprobs_ids, top_logprobs) instead"),
 }
 #: An input that is another's other name -> that input: the two must agree.
-ALIASES = {"min_tokens": "min_length"}
+ALIASES = {"min_tokens": "min_length", **CORE_ALIASES}
 
 
 def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ from ..serving.decoder_stats import DecoderStats
 from ..serving.generation import GenerationEvent, RequestHandle
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, encode_event, merge_events
+from .trtllm_core import core_outputs
 
 log = logging.getLogger(__name__)
 
@@ -304,11 +305,7 @@ class Deliveries:
                        (Unavailable if event.retryable else RuntimeError)(event.error), True)
             return
         if decoded.stream and delivery.interval == 1:
-            self._send(delivery, encode_event(event, full=final,
-                                              logprobs=decoded.logprobs,
-                                              top=decoded.request.num_top_logprobs,
-                                              extra=decoded.extra_outputs),
-                       None, final)
+            self._send(delivery, self._encode(decoded, event, final), None, final)
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
@@ -319,17 +316,24 @@ class Deliveries:
 
     def _flush(self, delivery: Delivery, final: bool) -> None:
         """Send the held events as one response."""
-        decoded = delivery.decoded
-        prefix = "" if decoded.stream or decoded.exclude_input_in_output or not final else \
-            self.codec.decode(self._prompt_ids(decoded))
         events = delivery.held
         event = merge_events(events) if len(events) > 1 else events[0]
         delivery.held, delivery.held_tokens = [], 0
-        self._send(delivery, encode_event(event, prefix, full=final or not decoded.stream,
-                                          logprobs=decoded.logprobs,
-                                          top=decoded.request.num_top_logprobs,
-                                          extra=decoded.extra_outputs),
-                   None, final)
+        self._send(delivery, self._encode(delivery.decoded, event, final), None, final)
+
+    def _encode(self, decoded: DecodedRequest, event: GenerationEvent,
+                final: bool) -> dict[str, np.ndarray]:
+        """One response's outputs: the generation models' (``encode_event``),
+        or TensorRT-LLM's tensorrt_llm model's for a request in its dialect
+        (``core_outputs``). A non-streamed answer starts with the prompt
+        unless exclude_input_in_output: its text, or its ids there."""
+        whole = final and not (decoded.stream or decoded.exclude_input_in_output)
+        if decoded.core:
+            return core_outputs(event, self._prompt_ids(decoded) if whole else None,
+                                decoded.logprobs)
+        return encode_event(event, self.codec.decode(self._prompt_ids(decoded)) if whole else "",
+                            full=final or not decoded.stream, logprobs=decoded.logprobs,
+                            top=decoded.request.num_top_logprobs, extra=decoded.extra_outputs)
 
     def _prompt_ids(self, decoded) -> list[int]:
         request = decoded.request

@@ -286,12 +286,13 @@ class LlmService:
                 # and the tokens that do not end a request to on_step, a step's
                 # due at once, a stream's `interval` at a time and a whole
                 # answer's with its final event (a request asking for logprobs
-                # or the vLLM backend's additional outputs: events, which carry
-                # them): a step's responses go out in one burst after its pass.
+                # or the vLLM backend's additional outputs, or answered in
+                # TensorRT-LLM's tensorrt_llm model's outputs: events, which
+                # carry them): a step's responses go out in one burst after its pass.
                 delivery.handle.listen(
                     functools.partial(self.deliveries.on_event, delivery),
                     None if decoded.request.return_log_probs or decoded.extra_outputs
-                    else delivery, delivery.interval if decoded.stream else 0)
+                    or decoded.core else delivery, delivery.interval if decoded.stream else 0)
             await asyncio.gather(*(delivery.finished for delivery in deliveries))
         finally:
             for delivery in deliveries:
