@@ -659,6 +659,45 @@ def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
     assert error is None and result.as_numpy("output_ids").shape == (1, 1, 10)
 
 
+def test_tensorrt_llms_stop_signal_reaches_the_decode_loop_through_tensorrt_llm(server):
+    """Its client's --stop-after-ms with a --request-id: a second request on
+    the stream, stop true with the first's id and placeholders
+    (prepare_stop_signals), and its Streaming parameter. The first ends
+    early (its slot freed: the in-flight gauge falls to 0), the signal's
+    answer has no outputs, as that client counts it."""
+    def tensors(inputs):
+        made = []
+        for name, value in inputs.items():
+            made.append(grpcclient.InferInput(name, list(value.shape),
+                                              np_to_triton_dtype(value.dtype)))
+            made[-1].set_data_from_numpy(value)
+        return made
+
+    answers = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    client.async_stream_infer("tensorrt_llm", tensors({
+        **core_client_inputs([[504, 3575, 282]], True), "min_length": np.array([[500]], np.int32),
+        "request_output_len": np.array([[500]], np.int32)}), request_id="stop-me")
+    deadline = time.monotonic() + 30
+    while len(answers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.async_stream_infer("tensorrt_llm", tensors({
+        "input_ids": np.empty([1, 1], np.int32), "input_lengths": np.zeros([1, 1], np.int32),
+        "request_output_len": np.zeros([1, 1], np.int32), "stop": np.ones([1, 1], bool)}),
+        request_id="stop-me", parameters={"Streaming": True})
+    deadline = time.monotonic() + 30
+    while in_flight(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert in_flight(server) == 0
+    client.stop_stream()
+    assert all(error is None for _, error in answers), answers
+    signal = [result for result, _ in answers if result.get_output("output_ids") is None]
+    tokens = sum(int(result.as_numpy("sequence_length")[0][0]) for result, _ in answers
+                 if result.get_output("output_ids") is not None)
+    assert len(signal) == 1 and 3 <= tokens < 500
+
+
 def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):
     """Its embedding_bias_words / _weights: each word's tokens get its weight,
     as the same logit_bias would give them (greedy, so the answer moves off

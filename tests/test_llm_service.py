@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from simple_sampler.row_arena import RowReader
+from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_delivery import Unavailable
@@ -526,3 +527,35 @@ def test_a_core_request_of_several_prompts_names_each_by_its_batch_index():
     alone = [run_requests([core(False, prompts=(ids,))])[0][0][0]["beam_output_ids"]
              .reshape(-1).tolist() for ids in ((5, 6, 7), (9, 10))]
     assert answers == {0: alone[0], 1: alone[1]} and answers[1][:2] == [9, 10]
+
+
+def test_a_stop_signal_ends_the_requests_of_its_request_id_with_what_they_made():
+    """TensorRT-LLM's stop signal (a request with stop true and the first's
+    request id; its client's placeholders in the other inputs): the request
+    of that id ends as cancelled, its non-streamed answer holding what it
+    made; another id's request runs on; the signal gets one response
+    without outputs; a signal without an id is refused."""
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=512, delay=0.02),
+                         codec=TextCodec(FakeTokenizer()))
+    signal = {"input_ids": np.empty((1, 1), np.int32), "input_lengths": np.zeros((1, 1), np.int32),
+              "request_output_len": np.zeros((1, 1), np.int32), "stop": np.ones((1, 1), bool)}
+    try:
+        stopped, other, stop, nameless = Client(), Client(), Client(), Client()
+        for client, request_id in ((stopped, "7"), (other, "8")):
+            service.submit({**core(False), "request_output_len": np.array([[300]], np.int32)},
+                           client.send, on_done=client.done.set, request_id=request_id)
+        time.sleep(0.3)
+        service.submit(signal, stop.send, on_done=stop.done.set, request_id="7").result(60)
+        service.submit(signal, nameless.send, on_done=nameless.done.set).result(60)
+        assert stopped.done.wait(10) and not other.done.is_set()
+        [(outputs, error, final)] = stopped.responses
+        assert error is None and final and 3 < outputs["sequence_length"][0] < 3 + 300
+        assert stop.responses == [({}, None, True)]
+        [(_, error, _)] = nameless.responses
+        assert isinstance(error, InvalidRequest) and "stop needs a request id" in str(error)
+        service.submit(signal, stop.send, request_id="8")
+        assert other.done.wait(10) and other.responses[-1][0]["sequence_length"][0] < 3 + 300
+    finally:
+        service.close()
+    assert service.by_request_id == {}

@@ -315,6 +315,13 @@ CORE_INPUTS = tuple(
                                                      "beam_*)" if alias == "request_output_len"
                                                      else ""))
     for alias, name in CORE_ALIASES.items())
+#: TensorRT-LLM's tensorrt_llm model's stop signal (its handle_stop_request):
+#: a request that stops the ones in flight with its request id.
+STOP = _scalar("stop", "BOOL", False,
+               "true: this request (it needs a request id) stops every request in flight with "
+               "its id, each answered as cancelled with what it has generated, and gets one "
+               "response without outputs; its other inputs are not read (TensorRT-LLM's "
+               "tensorrt_llm model's stop signal; its client sends placeholders)")
 #: The llm model's answer to a request in TensorRT-LLM's tensorrt_llm model's
 #: dialect (``CORE_ALIASES``), in that model's shapes ([beams, ...], one beam
 #: here): the tensorrt_llm ensemble gives them under that model's names
@@ -336,7 +343,7 @@ ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                       tuple(dataclasses.replace(t, optional=False)
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
-LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS),
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS, STOP),
             (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
 _LLM_BY_NAME = {t.name: t for t in LLM.inputs}
 _LLM_OUTPUTS = {t.name: t for t in LLM.outputs}
@@ -352,7 +359,7 @@ TRTLLM_CORE = Model("tensorrt_llm", (
         "runtime_top_k", "runtime_top_p", "len_penalty", "repetition_penalty", "min_length",
         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics",
-        "exclude_input_in_output", "streaming"))),
+        "exclude_input_in_output", "streaming", "stop"))),
     tuple(dataclasses.replace(_LLM_OUTPUTS[name], name=core_name)
           for name, core_name in CORE_OUTPUT_NAMES.items()))
 

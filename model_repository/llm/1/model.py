@@ -162,7 +162,8 @@ class TritonPythonModel:
                                 on_done=self._request_done, on_admitted=self._request_admitted,
                                 send_tokens=functools.partial(send_tokens, sender,
                                                               self.batched),
-                                parameters=request.parameters())
+                                parameters=request.parameters(),
+                                request_id=request.request_id())
         return None
 
     def _sender(self, response_sender):

@@ -30,6 +30,8 @@ import time
 import traceback
 from typing import Callable, Mapping
 
+import numpy as np
+
 from ..schema import SHUTTING_DOWN, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
@@ -89,6 +91,20 @@ class LoopProfile:
             self.written = True
             self.profile.dump_stats(self.path)  # disables it first
             log.info("decode-loop profile written to %s", self.path)
+
+
+def stop_signal(inputs: Mapping[str, object]) -> bool:
+    """Whether a request is TensorRT-LLM's stop signal (its ``stop`` input
+    true, for every prompt). Raises InvalidRequest for a request of several
+    prompts whose rows disagree."""
+    stop = inputs.get("stop")
+    if stop is None:
+        return False
+    rows = np.asarray(stop).reshape(-1).astype(bool)
+    if rows.any() and not rows.all():
+        raise InvalidRequest("stop must be the same for every prompt of a request: a stop "
+                             "signal stops requests by their request id")
+    return bool(rows.all())
 
 
 def build_engine(settings: LlmSettings):
@@ -156,6 +172,8 @@ class LlmService:
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
                                settings.micro_batches, launch_ahead=settings.launch_ahead)
         self.draining = False
+        #: the requests in flight by their client's request id, for a stop signal
+        self.by_request_id: dict[str, set[Delivery]] = {}
         self.loop = asyncio.new_event_loop()
         profile_dir = os.environ.get(PROFILE_ENV)
         self.profile = LoopProfile(os.path.join(profile_dir, f"llm-{os.getpid()}.prof")) \
@@ -182,17 +200,20 @@ class LlmService:
                is_cancelled: Callable[[], bool] = lambda: False,
                on_done: Callable[[], None] = lambda: None,
                on_admitted: Callable[[], None] = lambda: None,
-               send_tokens: SendTokens | None = None, parameters: str | None = None):
+               send_tokens: SendTokens | None = None, parameters: str | None = None,
+               request_id: str = ""):
         """Start one request; returns a future done when the request has left
         the decoder (``on_done`` is called then; ``on_admitted``, on the decode
         loop, once the decoder holds it). Bad input (and request `parameters`
         that name no vLLM sampling parameter, ``vllm_params``) is answered with
         one error response. A ``send`` (or ``send_tokens``) that raises (the client went
-        away) cancels the request, as ``is_cancelled()`` does."""
+        away) cancels the request, as ``is_cancelled()`` does. `request_id`:
+        the client's (Triton's request id), by which a request with the
+        ``stop`` input true stops it (``_stop``)."""
         if send_tokens is None:
             send_tokens = functools.partial(tokens_as_outputs, send)
         return self._call(self._serve(inputs, send, send_tokens, is_cancelled, on_done,
-                                      on_admitted, parameters))
+                                      on_admitted, parameters, request_id))
 
     def _count_retry(self) -> None:
         self.decoder.stats.sampler_retries += 1
@@ -252,8 +273,11 @@ class LlmService:
         return True
 
     async def _serve(self, inputs, send: Send, send_tokens: SendTokens, is_cancelled, on_done,
-                     on_admitted, parameters) -> None:
+                     on_admitted, parameters, request_id: str) -> None:
         try:
+            if stop_signal(inputs):
+                self._stop(request_id, send, on_done)
+                return
             if self.draining:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             runs = generations(for_each_prompt(
@@ -278,6 +302,8 @@ class LlmService:
                                run.decoded.stream_interval or self.settings.stream_interval,
                                self.loop.create_future())
                       for handle, run, one, tokens in zip(handles, runs, sends, sends_tokens)]
+        named = self.by_request_id.setdefault(request_id, set()) if request_id else set()
+        named.update(deliveries)
         try:
             for delivery in deliveries:
                 self.deliveries.live[delivery] = None
@@ -297,6 +323,35 @@ class LlmService:
         finally:
             for delivery in deliveries:
                 self.deliveries.live.pop(delivery, None)
+            named.difference_update(deliveries)
+            if request_id and not named:
+                self.by_request_id.pop(request_id, None)
+            on_done()
+
+    def _stop(self, request_id: str, send: Send, on_done) -> None:
+        """TensorRT-LLM's stop signal (its tensorrt_llm model's
+        handle_stop_request): every request in flight with this request id
+        ends at its next step, answered as cancelled with what it has
+        generated (its client reads that answer), and the signal gets one
+        response without outputs (its client counts it: "Got cancellation
+        response from server"), whether or not one was found."""
+        if not request_id:
+            self._refuse(InvalidRequest("stop needs a request id (the client's request_id): it "
+                                        "stops the requests in flight with that id"),
+                         send, on_done)
+            return
+        stopped = self.by_request_id.get(request_id, set())
+        for delivery in stopped:
+            delivery.handle.cancel()
+        log.debug("stop signal for request id %r: %d generations stopped", request_id,
+                  len(stopped))
+        try:
+            transmit = send({}, None, True)
+            if transmit is not None:
+                transmit()
+        except Exception:  # noqa: BLE001 - its client has gone
+            log.debug("the stop signal's answer was refused", exc_info=True)
+        finally:
             on_done()
 
     def _decode(self, inputs, parameters) -> DecodedRequest:
