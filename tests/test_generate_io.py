@@ -5,8 +5,8 @@ import pytest
 
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
-from simple_sampler.triton.generate_io import (decode_generate, encode_event,
-                                             install_byte_serializer)
+from simple_sampler.triton.byte_tensors import install_byte_serializer
+from simple_sampler.triton.generate_io import decode_generate, encode_event
 
 
 def test_logit_bias_inputs_become_the_sampling_params_bias():
@@ -254,6 +254,27 @@ def test_tensorrt_llms_core_model_names_are_aliases_and_ask_for_its_answer():
                          "return_finish_reason": np.array([[True]])})
 
 
+def test_a_core_request_takes_tensorrt_llms_defaults_and_names_its_inputs_as_sent():
+    """In its tensorrt_llm model's dialect no runtime_top_p is 0 there (its
+    defaults: greedy unless a top_k or top_p is given), whatever else
+    carries max_tokens; refusals name the core model's inputs."""
+    prompt = {"input_ids": np.array([[1, 2, 3]], np.int32),
+              "request_output_len": np.array([[4]], np.int32)}
+    for given, expected in (({}, (1, 1.0)), ({"runtime_top_k": 50}, (50, 1.0)),
+                            ({"runtime_top_p": 0.9}, (0, 0.9))):
+        arrays = {name: np.array([[value]], np.int32 if "top_k" in name else np.float32)
+                  for name, value in given.items()}
+        sampling = decode_generate({**prompt, **arrays}).request.sampling
+        assert (sampling.top_k, sampling.top_p) == pytest.approx(expected), given
+    # the dialect whatever else carries max_tokens (here vLLM's parameter, the same value)
+    assert decode_generate(prompt, {"max_tokens": 4}).core
+    with pytest.raises(InvalidRequest, match="len_penalty must be finite"):
+        decode_generate({**prompt, "len_penalty": np.array([[np.inf]], np.float32)})
+    with pytest.raises(InvalidRequest, match=r"min_tokens \(5\) must be at most "
+                                             r"request_output_len \(4\)"):
+        decode_generate({**prompt, "min_tokens": np.array([[5]], np.int32)})
+
+
 @pytest.mark.parametrize("name", ["top_p", "runtime_top_p"])
 def test_top_p_zero_is_no_top_p_and_with_no_top_k_greedy_as_tensorrt_llm_reads_it(name):
     """Its clients send top_p 0 with top_k 1 by default; top_k 0 (or -1, or
@@ -268,10 +289,14 @@ def test_top_p_zero_is_no_top_p_and_with_no_top_k_greedy_as_tensorrt_llm_reads_i
     for bad in (-0.5, 1.5, float("nan")):
         with pytest.raises(InvalidRequest, match=rf"{name} must be in \[0, 1\] \(0 is no top-p"):
             decode_generate({**prompt, name: np.array([[bad]], np.float32)})
-    vllm = decode_generate({**prompt, "sampling_parameters": np.array([[b'{"top_p": 0}']],
-                                                                       object)})
-    with pytest.raises(InvalidRequest, match="top_p must be in"):
-        vllm.request.validate(1000, 100)
+    for vllm in (decode_generate({**prompt, "sampling_parameters": np.array(
+            [[b'{"top_p": 0}']], object)}), decode_generate(prompt, {"top_p": 0})):
+        with pytest.raises(InvalidRequest, match="top_p must be in"):
+            vllm.request.validate(1000, 100)
+    # a top_k out of range stays to be refused
+    below = decode_generate({**prompt, **zero, "top_k": np.array([[-3]], np.int32)})
+    with pytest.raises(InvalidRequest, match="top_k must be >= -1"):
+        below.request.validate(1000, 100)
 
 
 def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():

@@ -140,8 +140,8 @@ def _sampling(top_k: str, top_p: str, temperature_allowed: str = "", top_p_allow
 #: tensorrt_llm model's runtime_top_p, which reads 0 as no top-p
 #: (``generate_io.top_p_zero_is_off``).
 TOP_P_ALLOWED = ("[0, 1]; 1 disables it, and 0 too, as TensorRT-LLM reads it: with top_k 0 or "
-                 "-1 (or none) that is greedy (top_k 1); vLLM's sampling_parameters.top_p stays in "
-                 "(0, 1]")
+                 "-1 (or none) that is greedy (top_k 1); vLLM's top_p (in sampling_parameters or "
+                 "a request parameter) stays in (0, 1]")
 #: Generation inputs beyond TensorRT-LLM's, named as vLLM's fields are
 NUM_TOP_LOGPROBS = _scalar(
     "num_top_logprobs", "INT32", 0,
@@ -307,8 +307,12 @@ INPUT_LENGTHS = Tensor("input_lengths", "INT32", default="each row whole",
 CORE_ALIASES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k",
                 "runtime_top_p": "top_p", "streaming": "stream", "len_penalty": "length_penalty"}
 _GENERATE_BY_NAME = {t.name: t for t in GENERATE_INPUTS}
+#: Defaults that differ in that model's dialect: its own
+_CORE_DEFAULTS = {"runtime_top_p": "1.0; with request_output_len 0, TensorRT-LLM's (greedy "
+                                   "unless runtime_top_k is given)"}
 CORE_INPUTS = tuple(
     dataclasses.replace(_GENERATE_BY_NAME[name], name=alias, param="",
+                        default=_CORE_DEFAULTS.get(alias, _GENERATE_BY_NAME[name].default),
                         allowed=f"{name}'s alias (TensorRT-LLM's tensorrt_llm model's name); the "
                                 f"two must agree" + ("; given, the answer comes in that "
                                                      "model's outputs (sequence_length, "

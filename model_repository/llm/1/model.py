@@ -17,7 +17,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from simple_sampler.triton.counters import REPORT_INTERVAL_S
-from simple_sampler.triton.generate_io import INPUT_NAMES, install_byte_serializer
+from simple_sampler.triton.byte_tensors import install_byte_serializer
+from simple_sampler.triton.generate_io import INPUT_NAMES
 from simple_sampler import heap, logs
 from simple_sampler.stacks import StackSampler
 from simple_sampler.schema import SAMPLER
@@ -92,7 +93,7 @@ def error_code(error):
 class TritonPythonModel:
     def initialize(self, args):
         logs.configure()
-        install_byte_serializer(pb_utils)  # text_output per token: generate_io says why
+        install_byte_serializer(pb_utils)  # text_output per token: byte_tensors says why
         config = json.loads(args["model_config"])
         settings = LlmSettings.from_parameters(
             {k: v["string_value"] for k, v in config.get("parameters", {}).items()})

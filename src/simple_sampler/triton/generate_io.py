@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -177,8 +176,8 @@ def _check_min_tokens(present: Mapping[str, object], sent_as: Mapping[str, str])
             _single("max_tokens", present["max_tokens"]) if "max_tokens" in present
             else GenerationRequest.max_tokens)
         if isinstance(least, int) and isinstance(most, int) and least > most:
-            raise InvalidRequest(f"{sent_as['min_length']} ({least}) must be at most max_tokens "
-                                 f"({most})")
+            raise InvalidRequest(f"{sent_as['min_length']} ({least}) must be at most "
+                                 f"{sent_as.get('max_tokens', 'max_tokens')} ({most})")
 
 
 def _prompt(present: Mapping[str, object], chat: bool) -> tuple[str | None, list[int] | None]:
@@ -221,7 +220,11 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
+    # TensorRT-LLM's tensorrt_llm model's dialect: its required input given
+    core = "request_output_len" in present
     _check_other_names(present, sent_as)
+    if core and "top_p" not in present:  # its default: greedy unless a top_k is given
+        present["top_p"] = np.zeros((1, 1), np.float32)
     top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present else False
@@ -272,17 +275,14 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
                           sent_as, _extra_outputs(flags), flags["return_log_probs"],
                           _word_bias(present.get("embedding_bias_words"),
                                      present.get("embedding_bias_weights")),
-                          _sequences(present), _core_dialect(present, sent_as, flags))
+                          _sequences(present), core and _core_outputs_only(present, flags))
 
 
-def _core_dialect(present: Mapping[str, object], sent_as: Mapping[str, str],
-                  flags: Mapping[str, bool]) -> bool:
-    """Whether the request speaks TensorRT-LLM's tensorrt_llm model's
-    dialect (request_output_len given): answered in that model's outputs,
+def _core_outputs_only(present: Mapping[str, object], flags: Mapping[str, bool]) -> bool:
+    """True, for a request in TensorRT-LLM's tensorrt_llm model's dialect
+    (request_output_len given): it is answered in that model's outputs,
     which carry no top logprobs, prompt scores or vLLM backend's additional
     outputs, so an input asking for those is refused, not dropped."""
-    if sent_as.get("max_tokens") != "request_output_len":
-        return False
     asked = [name for name in (NUM_TOP_LOGPROBS.name, PROMPT_LOGPROBS.name) if name in present]
     asked += [name for name in VLLM_EXTRA_OUTPUTS if flags[name]]
     if asked:
@@ -295,23 +295,25 @@ def _core_dialect(present: Mapping[str, object], sent_as: Mapping[str, str],
 
 def top_p_zero_is_off(present: dict[str, object], sent_as: Mapping[str, str]) -> None:
     """top_p 0 read as TensorRT-LLM reads it, in place: no top-p, and with
-    top_k 0 (or none) greedy, top_k 1. Its tensorrt_llm model drops a
+    top_k 0 or -1 (or none) greedy, top_k 1. Its tensorrt_llm model drops a
     runtime_top_p <= 0 (``get_sampling_config_from_request``; its ensemble
     hands it top_p as that) and its sampling kernels take top_k 0 with top_p
     0 as top_k 1 (``regularizeTopKTopP``, tensorrt_llm::kernels; a top_k
     below 0 is clipped to 0 there). Its clients send top_p 0 with top_k 1
-    unless told otherwise (inflight_batcher_llm_client.py). vLLM's
-    sampling_parameters.top_p keeps vLLM's range, (0, 1]: its check refuses 0."""
-    if "top_p" not in present or sent_as.get("top_p", "top_p") not in ("top_p", "runtime_top_p"):
+    unless told otherwise (inflight_batcher_llm_client.py). vLLM's top_p (in
+    sampling_parameters or the request's parameters, as the vLLM backend
+    reads them) keeps vLLM's range, (0, 1]: its check refuses 0."""
+    place = sent_as.get("top_p")  # none: the top_p input's; else vLLM's or the alias'
+    if "top_p" not in present or place not in (None, "runtime_top_p"):
         return
-    name = sent_as.get("top_p", "top_p")
+    name = place or "top_p"
     top_p = _single(name, present["top_p"])
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 <= top_p <= 1:
         raise InvalidRequest(f"{name} must be in [0, 1] (0 is no top-p, as TensorRT-LLM reads "
                              f"it), got {top_p!r}")
     if top_p == 0:
         del present["top_p"]
-        if "top_k" not in present or _single("top_k", present["top_k"]) <= 0:
+        if "top_k" not in present or _single("top_k", present["top_k"]) in (0, -1):
             present["top_k"] = np.array([[1]], np.int32)
 
 
@@ -358,9 +360,6 @@ def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> N
         # (get_sampling_config_from_request: `... or 1`); for a flag, 0 is false
         if name in present and _single(name, present[name]) not in (value, 0):
             raise InvalidRequest(f"{name} must be {str(value).lower()}: {why}")
-    if "length_penalty" in present and not np.isfinite(_single("length_penalty",
-                                                              present["length_penalty"])):
-        raise InvalidRequest("length_penalty must be finite")
     for alias, name in ALIASES.items():
         if alias in present:
             value = present.pop(alias)
@@ -370,6 +369,9 @@ def _check_other_names(present: dict[str, object], sent_as: dict[str, str]) -> N
                                      f"parameter; they disagree")
             present[name] = value
             sent_as.setdefault(name, alias)
+    if "length_penalty" in present and not np.isfinite(_single("length_penalty",
+                                                              present["length_penalty"])):
+        raise InvalidRequest(f"{sent_as.get('length_penalty', 'length_penalty')} must be finite")
 
 
 def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
@@ -481,45 +483,3 @@ def merge_events(events: list[GenerationEvent]) -> GenerationEvent:
         top_logprobs=[pairs for e in events for pairs in e.top_logprobs],
         prompt_scores=next((e.prompt_scores for e in events if e.prompt_scores is not None),
                            None), stop_reason=last.stop_reason)
-
-
-#: The 4-byte little-endian length that precedes each element of a
-#: serialized BYTES tensor (Triton's wire format for strings).
-_BYTE_LENGTH = struct.Struct("<I").pack
-
-
-def one_element_byte_serializer(serialize: Callable) -> Callable:
-    """``serialize`` (python_backend's
-    ``triton_python_backend_utils.serialize_byte_tensor``) with a short path
-    for a tensor of one str or bytes element, the llm model's
-    ``text_output`` per response: the same bytes, without the general loop
-    (``np.nditer``, ``.item()`` twice, a list, a join: eight Python calls
-    per response). Anything else goes to ``serialize`` itself.
-
-    Why a replacement: the Python backend's stub builds every BYTES
-    ``pb_utils.Tensor`` by calling that module function, looked up by name at
-    each construction (python_backend src/pb_tensor.cc, ``PbTensor::PbTensor``
-    from a numpy array: ``py::module::import("triton_python_backend_utils")
-    .attr("serialize_byte_tensor")``), and offers no other way in: ``Tensor``
-    is built only from numpy (``PbTensor::FromNumpy``) or DLPack, which has
-    no string type (src/pb_utils.cc, ``triton_to_dlpack_type`` refuses
-    BYTES). ``install_byte_serializer`` puts it in that module's place."""
-    def serialize_byte_tensor(array):
-        if array.size == 1 and array.dtype == object:
-            value = array.item()
-            if type(value) is str:  # as serialize does: str(value).encode("utf-8")
-                value = value.encode()
-            if type(value) is bytes:
-                return _BYTE_LENGTH(len(value)) + value
-        return serialize(array)
-
-    serialize_byte_tensor.general = serialize
-    return serialize_byte_tensor
-
-
-def install_byte_serializer(pb_utils) -> None:
-    """In this process (a model's stub), every BYTES tensor built through
-    ``one_element_byte_serializer`` (once: a second call changes nothing)."""
-    if not hasattr(pb_utils.serialize_byte_tensor, "general"):
-        pb_utils.serialize_byte_tensor = one_element_byte_serializer(
-            pb_utils.serialize_byte_tensor)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..serving.generation import GenerationEvent
+from ..serving.generation import FINISH_STOP, GenerationEvent
 
 
 def core_outputs(event: GenerationEvent, prompt_ids: Sequence[int] | None,
@@ -30,14 +30,22 @@ def core_outputs(event: GenerationEvent, prompt_ids: Sequence[int] | None,
     sequence_length [1] their count; with ``logprobs`` (the request's
     return_log_probs: that model gives them only then)
     beam_output_log_probs [1, tokens] of the generated tokens and
-    beam_cum_log_probs [1], their running sum."""
-    ids = np.asarray(event.token_ids, np.int32)
+    beam_cum_log_probs [1], their running sum. The end id that ended a
+    request is no output there ("seq len should always contain only tokens
+    to be outputted", its sampling kernels): it is left out of the tokens and
+    their logprobs (the sum keeps its logprob)."""
+    token_ids, token_logprobs = list(event.token_ids), list(event.logprobs)
+    if event.finish_reason == FINISH_STOP and event.stop_reason is None and token_ids:
+        # ended by an end id (the stop reason of a stop string or stop id is
+        # not None: GenerationEvent.stop_reason), the last token
+        del token_ids[-1], token_logprobs[-1:]
+    ids = np.asarray(token_ids, np.int32)
     if prompt_ids is not None:
         ids = np.concatenate([np.asarray(prompt_ids, np.int32), ids])
     outputs = {"beam_output_ids": ids[None], "sequence_length": np.array([ids.size], np.int32)}
     if logprobs:
         outputs["beam_output_log_probs"] = np.array(
-            [event.logprobs or [0.0] * len(event.token_ids)], np.float32)
+            [token_logprobs or [0.0] * len(token_ids)], np.float32)
         outputs["beam_cum_log_probs"] = np.array(
             [0.0 if math.isnan(event.cum_log_prob) else event.cum_log_prob], np.float32)
     return outputs
