@@ -662,9 +662,9 @@ def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
 def test_tensorrt_llms_stop_signal_reaches_the_decode_loop_through_tensorrt_llm(server):
     """Its client's --stop-after-ms with a --request-id: a second request on
     the stream, stop true with the first's id and placeholders
-    (prepare_stop_signals), and its Streaming parameter. The first ends
-    early (its slot freed: the in-flight gauge falls to 0), the signal's
-    answer has no outputs, as that client counts it."""
+    (prepare_stop_signals), and its Streaming parameter, unread. The first
+    ends early (its slot freed: the in-flight gauge falls to 0), the
+    signal's answer has no outputs, as that client counts it."""
     def tensors(inputs):
         made = []
         for name, value in inputs.items():

@@ -539,7 +539,8 @@ def test_a_stop_signal_ends_the_requests_of_its_request_id_with_what_they_made()
                          engine=FakeEngine(max_batch_size=2, max_context=512, delay=0.02),
                          codec=TextCodec(FakeTokenizer()))
     signal = {"input_ids": np.empty((1, 1), np.int32), "input_lengths": np.zeros((1, 1), np.int32),
-              "request_output_len": np.zeros((1, 1), np.int32), "stop": np.ones((1, 1), bool)}
+              "request_output_len": np.zeros((1, 1), np.int32),
+              "stop_signal": np.ones((1, 1), bool)}
     try:
         stopped, other, stop, nameless = Client(), Client(), Client(), Client()
         for client, request_id in ((stopped, "7"), (other, "8")):
@@ -553,7 +554,7 @@ def test_a_stop_signal_ends_the_requests_of_its_request_id_with_what_they_made()
         assert error is None and final and 3 < outputs["sequence_length"][0] < 3 + 300
         assert stop.responses == [({}, None, True)]
         [(_, error, _)] = nameless.responses
-        assert isinstance(error, InvalidRequest) and "stop needs a request id" in str(error)
+        assert isinstance(error, InvalidRequest) and "stop signal needs a request id" in str(error)
         service.submit(signal, stop.send, request_id="8")
         assert other.done.wait(10) and other.responses[-1][0]["sequence_length"][0] < 3 + 300
     finally:

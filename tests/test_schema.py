@@ -130,10 +130,15 @@ def test_the_tensorrt_llm_ensemble_hands_each_input_to_llm_by_its_name(configs):
     llm's of TensorRT-LLM's shapes under that model's names."""
     (step,) = configs["tensorrt_llm"].ensemble_scheduling.step
     assert step.model_name == "llm"
-    assert dict(step.input_map) == {name: name for name in schema.TRTLLM_CORE.input_names}
+    assert dict(step.input_map) == {schema.CORE_INPUT_NAMES.get(name, name): name
+                                    for name in schema.TRTLLM_CORE.input_names}
     assert set(step.input_map) <= set(schema.LLM.input_names)
     assert dict(step.output_map) == schema.CORE_OUTPUT_NAMES
     assert set(step.output_map) <= set(schema.LLM.output_names)
+    for name, llm_name in schema.CORE_INPUT_NAMES.items():
+        llm_input = next(t for t in schema.LLM.inputs if t.name == llm_name)
+        assert (llm_input.dtype, llm_input.dims) == (schema.TRTLLM_CORE.input(name).dtype,
+                                                     schema.TRTLLM_CORE.input(name).dims)
     for llm_name, name in schema.CORE_OUTPUT_NAMES.items():
         llm_output = next(t for t in schema.LLM.outputs if t.name == llm_name)
         output = next(t for t in schema.TRTLLM_CORE.outputs if t.name == name)

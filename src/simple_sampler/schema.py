@@ -308,8 +308,8 @@ CORE_ALIASES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k",
                 "runtime_top_p": "top_p", "streaming": "stream", "len_penalty": "length_penalty"}
 _GENERATE_BY_NAME = {t.name: t for t in GENERATE_INPUTS}
 #: Defaults that differ in that model's dialect: its own
-_CORE_DEFAULTS = {"runtime_top_p": "1.0; with request_output_len 0, TensorRT-LLM's (greedy "
-                                   "unless runtime_top_k is given)"}
+_CORE_DEFAULTS = {"runtime_top_p": "1.0; 0 when request_output_len is given (TensorRT-LLM's "
+                                   "default: greedy unless runtime_top_k is given)"}
 CORE_INPUTS = tuple(
     dataclasses.replace(_GENERATE_BY_NAME[name], name=alias, param="",
                         default=_CORE_DEFAULTS.get(alias, _GENERATE_BY_NAME[name].default),
@@ -320,12 +320,16 @@ CORE_INPUTS = tuple(
                                                      else ""))
     for alias, name in CORE_ALIASES.items())
 #: TensorRT-LLM's tensorrt_llm model's stop signal (its handle_stop_request):
-#: a request that stops the ones in flight with its request id.
-STOP = _scalar("stop", "BOOL", False,
-               "true: this request (it needs a request id) stops every request in flight with "
-               "its id, each answered as cancelled with what it has generated, and gets one "
-               "response without outputs; its other inputs are not read (TensorRT-LLM's "
-               "tensorrt_llm model's stop signal; its client sends placeholders)")
+#: a request that stops the ones in flight with its request id. Its input
+#: there is `stop`, which the tensorrt_llm ensemble hands to this one: on the
+#: llm model `stop` is vLLM's stop strings (over HTTP generate a body's key
+#: that names an input becomes that input).
+STOP_SIGNAL = _scalar(
+    "stop_signal", "BOOL", False,
+    "true: this request (it needs a request id) stops every request in flight with its id, "
+    "each answered as cancelled with what it has generated, and gets one response without "
+    "outputs; its other inputs and parameters are not read (TensorRT-LLM's tensorrt_llm "
+    "model's stop signal, its input stop there; its client sends placeholders)")
 #: The llm model's answer to a request in TensorRT-LLM's tensorrt_llm model's
 #: dialect (``CORE_ALIASES``), in that model's shapes ([beams, ...], one beam
 #: here): the tensorrt_llm ensemble gives them under that model's names
@@ -337,6 +341,9 @@ CORE_OUTPUTS = (
     Tensor("beam_output_log_probs", "FP32", (-1, -1), optional=False),
     Tensor("beam_cum_log_probs", "FP32", (-1,), optional=False),
 )
+#: The tensorrt_llm model's inputs the llm model takes by another name (the
+#: others by their own)
+CORE_INPUT_NAMES = {"stop": "stop_signal"}
 #: The llm model's output -> the tensorrt_llm model's of that name
 CORE_OUTPUT_NAMES = {"sequence_length": "sequence_length", "beam_output_ids": "output_ids",
                      "beam_output_log_probs": "output_log_probs",
@@ -347,7 +354,7 @@ ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                       tuple(dataclasses.replace(t, optional=False)
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
-LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS, STOP),
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS, STOP_SIGNAL),
             (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
 _LLM_BY_NAME = {t.name: t for t in LLM.inputs}
 _LLM_OUTPUTS = {t.name: t for t in LLM.outputs}
@@ -363,7 +370,8 @@ TRTLLM_CORE = Model("tensorrt_llm", (
         "runtime_top_k", "runtime_top_p", "len_penalty", "repetition_penalty", "min_length",
         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics",
-        "exclude_input_in_output", "streaming", "stop"))),
+        "exclude_input_in_output", "streaming")),
+    dataclasses.replace(STOP_SIGNAL, name="stop")),
     tuple(dataclasses.replace(_LLM_OUTPUTS[name], name=core_name)
           for name, core_name in CORE_OUTPUT_NAMES.items()))
 

@@ -32,7 +32,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..schema import SHUTTING_DOWN, InvalidRequest
+from ..schema import SHUTTING_DOWN, STOP_SIGNAL, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
@@ -94,16 +94,16 @@ class LoopProfile:
 
 
 def stop_signal(inputs: Mapping[str, object]) -> bool:
-    """Whether a request is TensorRT-LLM's stop signal (its ``stop`` input
-    true, for every prompt). Raises InvalidRequest for a request of several
-    prompts whose rows disagree."""
-    stop = inputs.get("stop")
+    """Whether a request is TensorRT-LLM's stop signal (its ``stop_signal``
+    input true, for every prompt). Raises InvalidRequest for a request of
+    several prompts whose rows disagree."""
+    stop = inputs.get(STOP_SIGNAL.name)
     if stop is None:
         return False
     rows = np.asarray(stop).reshape(-1).astype(bool)
     if rows.any() and not rows.all():
-        raise InvalidRequest("stop must be the same for every prompt of a request: a stop "
-                             "signal stops requests by their request id")
+        raise InvalidRequest(f"{STOP_SIGNAL.name} must be the same for every prompt of a "
+                             f"request: a stop signal stops requests by their request id")
     return bool(rows.all())
 
 
@@ -336,8 +336,9 @@ class LlmService:
         response without outputs (its client counts it: "Got cancellation
         response from server"), whether or not one was found."""
         if not request_id:
-            self._refuse(InvalidRequest("stop needs a request id (the client's request_id): it "
-                                        "stops the requests in flight with that id"),
+            self._refuse(InvalidRequest("a stop signal needs a request id (the client's "
+                                        "request_id): it stops the requests in flight with "
+                                        "that id"),
                          send, on_done)
             return
         stopped = self.by_request_id.get(request_id, set())

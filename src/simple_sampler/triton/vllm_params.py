@@ -53,10 +53,6 @@ NOT_IMPLEMENTED = frozenset({
     "length_penalty", "early_stopping", "use_beam_search",
 })
 _FIXED = {"n": 1, "best_of": 1, "detokenize": True, "spaces_between_special_tokens": True}
-#: Request parameters other clients send that their own servers do not read:
-#: TensorRT-LLM's inflight_batcher_llm_client.py sends Streaming with its stop
-#: signal, which its tensorrt_llm model answers without reading it.
-UNREAD_PARAMETERS = frozenset({"Streaming"})
 
 _TENSORS = {tensor.name: tensor for tensor in LLM.inputs}
 
@@ -70,8 +66,7 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
     ``sampling_parameters.min_tokens``, ``stop``: ``as_sent``). A parameter
     that no identifier names passes unread: an HTTP header Triton forwards
     as one (``x-request-id``, ``--http-header-forward-pattern``), or one of
-    Triton's own (``triton_``; Triton consumes those it knows), as do
-    ``UNREAD_PARAMETERS``. Raises
+    Triton's own (``triton_``; Triton consumes those it knows). Raises
     InvalidRequest naming the field."""
     given = []
     if sampling_parameters is not None:
@@ -80,8 +75,7 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
     if isinstance(parameters, str):
         parameters = json.loads(parameters) if parameters.strip() else {}
     given += [(name, name, value) for name, value in (parameters or {}).items()
-              if name.isidentifier() and not name.startswith("triton_")
-              and name not in UNREAD_PARAMETERS]
+              if name.isidentifier() and not name.startswith("triton_")]
     inputs: dict[str, np.ndarray] = {}
     places: dict[str, str] = {}
     for name, place, value in given:
