@@ -209,7 +209,7 @@ class LlmService:
         one error response. A ``send`` (or ``send_tokens``) that raises (the client went
         away) cancels the request, as ``is_cancelled()`` does. `request_id`:
         the client's (Triton's request id), by which a request with the
-        ``stop`` input true stops it (``_stop``)."""
+        ``stop_signal`` input true stops it (``_stop``)."""
         if send_tokens is None:
             send_tokens = functools.partial(tokens_as_outputs, send)
         return self._call(self._serve(inputs, send, send_tokens, is_cancelled, on_done,
@@ -324,8 +324,8 @@ class LlmService:
             for delivery in deliveries:
                 self.deliveries.live.pop(delivery, None)
             named.difference_update(deliveries)
-            if request_id and not named:
-                self.by_request_id.pop(request_id, None)
+            if request_id and not named and self.by_request_id.get(request_id) is named:
+                del self.by_request_id[request_id]
             on_done()
 
     def _stop(self, request_id: str, send: Send, on_done) -> None:
