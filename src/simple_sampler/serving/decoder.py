@@ -250,8 +250,7 @@ class Decoder:
                                  f"({engine.label}) does not score prompts")
         prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
                       else self.codec.encode(request.text, request.chat))
-        request.validate(engine.vocab_size, engine.max_context, len(prompt_ids),
-                         self.max_tokens_limit)
+        request.check_room(len(prompt_ids), engine.max_context)  # the rest was validated above
         end_ids = self.end_ids if request.end_id is None else [request.end_id]
         params = request.sampling
         stop_ids = frozenset([*params.stop_token_ids, *([] if request.ignore_end else end_ids)])

@@ -99,6 +99,15 @@ class GenerationRequest:
     num_top_logprobs: int = 0
     prompt_logprobs: int | None = None
 
+    def check_room(self, prompt_length: int, max_context: int) -> None:
+        """Raise InvalidRequest unless the prompt leaves room for max_tokens in
+        the context: the one check ``validate`` needs the prompt's length for
+        (the decoder's second, once the text is tokenized)."""
+        if prompt_length + self.max_tokens > max_context:
+            raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
+                                 f"({self.max_tokens}) must be at most the context, "
+                                 f"{max_context} tokens")
+
     def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
                  max_tokens_limit: int | None = None) -> None:
         """Raise InvalidRequest naming the field and its allowed range.
@@ -125,10 +134,8 @@ class GenerationRequest:
             hint = " (0 only with prompt_logprobs)" if self.max_tokens == 0 else ""
             raise InvalidRequest(f"max_tokens must be an integer in [{1 - scored}, {limit}], "
                                  f"got {self.max_tokens!r}{hint}")
-        if prompt_length is not None and prompt_length + self.max_tokens > max_context:
-            raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
-                             f"({self.max_tokens}) must be at most the context, {max_context} "
-                             f"tokens")
+        if prompt_length is not None:
+            self.check_room(prompt_length, max_context)
         try:
             self.sampling.validate(vocab_size)
         except ValueError as error:  # params' checks are not the request's alone
