@@ -268,6 +268,8 @@ def test_a_core_request_takes_tensorrt_llms_defaults_and_names_its_inputs_as_sen
         assert (sampling.top_k, sampling.top_p) == pytest.approx(expected), given
     # the dialect whatever else carries max_tokens (here vLLM's parameter, the same value)
     assert decode_generate(prompt, {"max_tokens": 4}).core
+    with pytest.raises(InvalidRequest, match=r"^request_output_len must be at least 1, got 0$"):
+        decode_generate({**prompt, "request_output_len": np.array([[0]], np.int32)})
     with pytest.raises(InvalidRequest, match="len_penalty must be finite"):
         decode_generate({**prompt, "len_penalty": np.array([[np.inf]], np.float32)})
     with pytest.raises(InvalidRequest, match=r"min_tokens \(5\) must be at most "

@@ -649,8 +649,11 @@ def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
     model's inputs with no meaning here are refused by Triton, by name."""
     inputs = core_client_inputs([[504, 3575]], True)
     [(_, error)] = stream_answers(server, "tensorrt_llm", {
-        **inputs, "request_output_len": np.array([[0]], np.int32)})
+        **inputs, "request_output_len": np.array([[100_000]], np.int32)})
     assert "request_output_len (max_tokens here) must be an integer in [1," in str(error)
+    [(_, error)] = stream_answers(server, "tensorrt_llm", {
+        **inputs, "request_output_len": np.array([[0]], np.int32)})
+    assert "request_output_len must be at least 1, got 0" in str(error)
     [(_, error)] = stream_answers(server, "tensorrt_llm", {
         **inputs, "stop_words_list": np.array([[[13], [1]]], np.int32)})
     assert "stop_words_list" in str(error)

@@ -290,6 +290,10 @@ def _core_outputs_only(present: Mapping[str, object], flags: Mapping[str, bool])
                              f"model's answer (request_output_len given) does not carry; send "
                              f"max_tokens instead of request_output_len for the llm model's "
                              f"outputs")
+    # here, not in the decoder's range check, whose hint (0 with prompt_logprobs)
+    # this dialect cannot take
+    if _single("request_output_len", present["max_tokens"]) == 0:
+        raise InvalidRequest("request_output_len must be at least 1, got 0")
     return True
 
 
