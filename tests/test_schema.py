@@ -136,12 +136,10 @@ def test_the_tensorrt_llm_ensemble_hands_each_input_to_llm_by_its_name(configs):
     assert dict(step.output_map) == schema.CORE_OUTPUT_NAMES
     assert set(step.output_map) <= set(schema.LLM.output_names)
     for name, llm_name in schema.CORE_INPUT_NAMES.items():
-        llm_input = next(t for t in schema.LLM.inputs if t.name == llm_name)
-        assert (llm_input.dtype, llm_input.dims) == (schema.TRTLLM_CORE.input(name).dtype,
-                                                     schema.TRTLLM_CORE.input(name).dims)
+        llm_input, core_input = schema.LLM.input(llm_name), schema.TRTLLM_CORE.input(name)
+        assert (llm_input.dtype, llm_input.dims) == (core_input.dtype, core_input.dims)
     for llm_name, name in schema.CORE_OUTPUT_NAMES.items():
-        llm_output = next(t for t in schema.LLM.outputs if t.name == llm_name)
-        output = next(t for t in schema.TRTLLM_CORE.outputs if t.name == name)
+        llm_output, output = schema.LLM.output(llm_name), schema.TRTLLM_CORE.output(name)
         assert (llm_output.dtype, llm_output.dims) == (output.dtype, output.dims), name
 
 

@@ -114,6 +114,9 @@ class Model:
     def input(self, name: str) -> Tensor:
         return next(t for t in self.inputs if t.name == name)
 
+    def output(self, name: str) -> Tensor:
+        return next(t for t in self.outputs if t.name == name)
+
     @property
     def input_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs)
@@ -299,6 +302,7 @@ INPUT_IDS = Tensor("input_ids", "INT32", (-1,), default="text_input's tokens",
 INPUT_LENGTHS = Tensor("input_lengths", "INT32", default="each row whole",
                        allowed="1 to input_ids' length; with input_ids")
 
+ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 #: TensorRT-LLM's tensorrt_llm model's names (its core model: tensorrtllm_backend,
 #: all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt) for inputs the
 #: llm model takes by the ensemble's names: alias -> that name. A request that
@@ -306,13 +310,12 @@ INPUT_LENGTHS = Tensor("input_lengths", "INT32", default="each row whole",
 #: is answered in its outputs (``CORE_OUTPUTS``).
 CORE_ALIASES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k",
                 "runtime_top_p": "top_p", "streaming": "stream", "len_penalty": "length_penalty"}
-_GENERATE_BY_NAME = {t.name: t for t in GENERATE_INPUTS}
 #: Defaults that differ in that model's dialect: its own
 _CORE_DEFAULTS = {"runtime_top_p": "1.0; 0 when request_output_len is given (TensorRT-LLM's "
                                    "default: greedy unless runtime_top_k is given)"}
 CORE_INPUTS = tuple(
-    dataclasses.replace(_GENERATE_BY_NAME[name], name=alias, param="",
-                        default=_CORE_DEFAULTS.get(alias, _GENERATE_BY_NAME[name].default),
+    dataclasses.replace(ENSEMBLE.input(name), name=alias, param="",
+                        default=_CORE_DEFAULTS.get(alias, ENSEMBLE.input(name).default),
                         allowed=f"{name}'s alias (TensorRT-LLM's tensorrt_llm model's name); the "
                                 f"two must agree" + ("; given, the answer comes in that "
                                                      "model's outputs (sequence_length, "
@@ -350,29 +353,26 @@ CORE_OUTPUT_NAMES = {"sequence_length": "sequence_length", "beam_output_ids": "o
                      "beam_cum_log_probs": "cum_log_probs",
                      "batch_index": "batch_index", "sequence_index": "sequence_index"}
 
-ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                       tuple(dataclasses.replace(t, optional=False)
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
 LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS, STOP_SIGNAL),
             (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
-_LLM_BY_NAME = {t.name: t for t in LLM.inputs}
-_LLM_OUTPUTS = {t.name: t for t in LLM.outputs}
 #: TensorRT-LLM's core model's interface: an ensemble over llm of one step
 #: (model_repository/tensorrt_llm), for its clients that call that model by
 #: name (inflight_batcher_llm_client.py, benchmark_core_model.py): token ids
 #: in, token ids out, the inputs of its that mean something here.
 TRTLLM_CORE = Model("tensorrt_llm", (
-    *(dataclasses.replace(_LLM_BY_NAME[name], optional=False, default="required")
+    *(dataclasses.replace(LLM.input(name), optional=False, default="required")
       for name in ("input_ids", "input_lengths", "request_output_len")),
-    *(_LLM_BY_NAME[name] for name in (
+    *(LLM.input(name) for name in (
         "num_return_sequences", "end_id", "pad_id", "beam_width", "temperature",
         "runtime_top_k", "runtime_top_p", "len_penalty", "repetition_penalty", "min_length",
         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics",
         "exclude_input_in_output", "streaming")),
     dataclasses.replace(STOP_SIGNAL, name="stop")),
-    tuple(dataclasses.replace(_LLM_OUTPUTS[name], name=core_name)
+    tuple(dataclasses.replace(LLM.output(name), name=core_name)
           for name, core_name in CORE_OUTPUT_NAMES.items()))
 
 

@@ -346,14 +346,7 @@ class LlmService:
             delivery.handle.cancel()
         log.debug("stop signal for request id %r: %d generations stopped", request_id,
                   len(stopped))
-        try:
-            transmit = send({}, None, True)
-            if transmit is not None:
-                transmit()
-        except Exception:  # noqa: BLE001 - its client has gone
-            log.debug("the stop signal's answer was refused", exc_info=True)
-        finally:
-            on_done()
+        self._answer_once(send, {}, None, on_done)
 
     def _decode(self, inputs, parameters) -> DecodedRequest:
         """One prompt's inputs decoded, TensorRT-LLM's embedding bias tokenized."""
@@ -385,12 +378,20 @@ class LlmService:
             raise
         return handles
 
+    @classmethod
+    def _refuse(cls, error: Exception, send: Send, on_done) -> None:
+        cls._answer_once(send, None, error, on_done)
+
     @staticmethod
-    def _refuse(error: Exception, send: Send, on_done) -> None:
+    def _answer_once(send: Send, outputs: dict | None, error: Exception | None,
+                     on_done) -> None:
+        """A request's one response, with the final flag, then ``on_done``."""
         try:
-            transmit = send(None, error, True)
+            transmit = send(outputs, error, True)
             if transmit is not None:
                 transmit()
+        except Exception:  # noqa: BLE001 - its client has gone
+            log.debug("a request's one response was refused", exc_info=True)
         finally:
             on_done()
 
