@@ -211,6 +211,23 @@ def llm_server_settings():
                         batch_invariant=True))  # the seed tests rely on it (docs/SERVING.md)
 
 
+def small_llm_server(tmp_path_factory, **llm):
+    """A generator of a real tritonserver on SmolLM2 with one sampler instance,
+    8 sequences of 256 tokens and the LlmSettings `llm` (a module's server
+    fixture yields from it)."""
+    from simple_sampler.launch.serve import assemble_repository
+    from simple_sampler.launch.server import TritonServer
+    from simple_sampler.settings import LlmSettings, SamplerSettings
+
+    repository = assemble_repository(
+        tmp_path_factory.mktemp("repository"),
+        SamplerSettings(sampler_instances=1, sampler_max_batch_size=8, vocab_size=49_152),
+        LlmSettings(engine_max_batch_size=8, max_context=256, **llm))
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    with TritonServer(repository, log_path=log) as running:
+        yield running
+
+
 @pytest.fixture(scope="session")
 def llm_server(tmp_path_factory):
     """The whole repository on a real tritonserver (`llm_server_settings`), on

@@ -58,6 +58,22 @@ def client(codec, recorder):
     return TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), recorder.generate))
 
 
+def test_a_server_that_answers_once_refuses_a_stream_and_answers_the_rest(codec, recorder):
+    """The llm model not decoupled (decoupled_mode false): a stream is refused
+    before anything is generated; a non-streamed request is answered."""
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer),
+                                         streams=False), recorder.generate))
+    for path, body in (("/v1/chat/completions", chat(stream=True)),
+                       ("/v1/completions", completion(stream=True))):
+        response = post(client, path, body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "stream" and "decoupled_mode false" in error["message"]
+    assert not recorder.plans
+    assert post(client, "/v1/completions", completion()).status_code == 200
+    assert len(recorder.plans) == 1
+
+
 def chat(**fields):
     return {"model": MODEL, "messages": [{"role": "user", "content": "Capital of France?"}],
             **fields}

@@ -150,9 +150,9 @@ def test_a_requests_generations_are_asked_about_cancellation_once_per_poll(monke
     assert not any(delivery.stopped for delivery in going_on)
 
 
-def serve_one(request):
+def serve_one(request, **settings):
     """The responses to `request`, and the service's decoder once it answered."""
-    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels", **settings),
                          engine=FakeEngine(max_batch_size=2, max_context=128),
                          codec=TextCodec(FakeTokenizer()))
     client, in_flight_when_done = Client(), []
@@ -267,3 +267,31 @@ def test_a_drain_ends_each_generation_with_an_error_naming_it():
     assert all(isinstance(error, Unavailable) for error, _ in errors)  # UNAVAILABLE: retry
     assert [final for _, _, final in client.responses] == \
         [False] * (len(client.responses) - 1) + [True]
+
+
+def test_not_decoupled_a_request_is_answered_once_with_what_it_gets_decoupled():
+    alone = prompt("ab", 7, 9, False)
+    [(outputs, error, final)] = serve_one(alone, decoupled_mode=False)
+    assert error is None and final and outputs["finish_reason"].tolist() == [b"length"]
+    assert tokens([(outputs, error, final)]) == tokens(serve_one(alone))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stream": np.array([[True]])}, "stream is true, but this server's llm model is not "
+                                      "decoupled"),
+    ({"stream": None, "streaming": np.array([[True]]),
+      "request_output_len": np.array([[9]], np.int32), "max_tokens": None},
+     "streaming is true, but"),  # TensorRT-LLM's tensorrt_llm model's name for it
+    ({"num_return_sequences": np.array([[2]], np.int32)}, "the request asks for 2 generations"),
+])
+def test_not_decoupled_a_request_one_response_cannot_answer_is_refused_naming_why(change,
+                                                                                 message):
+    request = {**prompt("ab", 7, 9, False), **change}
+    request = {name: value for name, value in request.items() if value is not None}
+    [(outputs, error, final)] = serve_one(request, decoupled_mode=False)
+    assert outputs is None and final and isinstance(error, InvalidRequest)
+    assert str(error).startswith(message) and "decoupled_mode" in str(error)
+    [(outputs, error, final)] = serve_one(stacked(prompt("ab", 7, 9, False),
+                                                  prompt("c", 8, 5, False)),
+                                          decoupled_mode=False)
+    assert outputs is None and str(error).startswith("the request asks for 2 generations")

@@ -6,7 +6,7 @@ import inspect
 import re
 
 import pytest
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from simple_sampler import cli
@@ -76,7 +76,7 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     llm = LlmSettings(sampling_mode="inline", engine_max_batch_size=7, max_context=300,
                       launch_ahead="off", sampler_shards=5, shutdown_grace_s=4.5,
                       batch_invariant=True, generate_max_batch_size=9,
-                      preprocessing_instances=2,
+                      preprocessing_instances=2, decoupled_mode=False,
                       model='/models/a "quoted" name\\with a backslash')  # escaped, read as is
     repository = assemble_repository(tmp_path, sampler, llm)
     configs = {m: read_config(repository / m / "config.pbtxt")
@@ -100,6 +100,17 @@ def test_the_launcher_writes_what_the_models_read_back(tmp_path):
     assert {m: configs[m].max_batch_size for m in ("ensemble", "preprocessing", "llm")} == \
         dict.fromkeys(("ensemble", "preprocessing", "llm"), 9)
     assert configs["preprocessing"].instance_group[0].count == 2
+    # decoupled_mode is Triton's own field, which the llm model reads back
+    # (from Triton's JSON of its configuration: a false field left out)
+    assert not configs["llm"].model_transaction_policy.decoupled
+    as_json = json_format.MessageToDict(configs["llm"], preserving_proto_field_name=True)
+    assert LlmSettings.from_config(as_json).parameters() == llm.parameters()
+    assert not LlmSettings.from_config(as_json).decoupled_mode
+    decoupled = assemble_repository(tmp_path / "decoupled", sampler,
+                                    dataclasses.replace(llm, decoupled_mode=True))
+    as_json = json_format.MessageToDict(read_config(decoupled / "llm" / "config.pbtxt"),
+                                        preserving_proto_field_name=True)
+    assert LlmSettings.from_config(as_json).decoupled_mode
     # TensorRT-LLM's core model's interface, batched as the models it calls;
     # not written unbatched (its tensors have the batch dimension)
     assert read_config(repository / "tensorrt_llm" / "config.pbtxt").max_batch_size == 9
@@ -141,12 +152,14 @@ def test_serve_options_come_from_the_settings():
     args = parser.parse_args(["serve", "--instances", "3", "--max-batch-size", "16",
                               "--logits-dtype", "fp16", "--engine-max-batch-size", "8",
                               "--micro-batches", "2", "--shutdown-grace", "2",
-                              "--batch-invariant", "--model", "/m"])
+                              "--batch-invariant", "--model", "/m", "--no-decoupled-mode"])
     assert SamplerSettings.from_arguments(args) == SamplerSettings(
         sampler_instances=3, sampler_max_batch_size=16, logits_dtype="fp16")
     assert LlmSettings.from_arguments(args) == LlmSettings(
         engine_max_batch_size=8, micro_batches=2, shutdown_grace_s=2.0, batch_invariant=True,
-        model="/m")
+        model="/m", decoupled_mode=False)
+    assert LlmSettings.from_arguments(parser.parse_args(["serve", "--decoupled-mode"])) == \
+        LlmSettings()
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--engine", "vllm"])
     flagged = [f.name for cls in SETTINGS for f in cls.settings_fields()
@@ -194,6 +207,8 @@ def documented(cls, f) -> list[str]:
     config.pbtxt holds the front door's: "-")."""
     m = f.metadata
     flags = [] if m["flag"] is None else [m["flag"] or "--" + f.name.replace("_", "-")]
+    if flags and f.default is True:  # argparse's BooleanOptionalAction: --no-x as well
+        flags.append("--no-" + flags[0][2:])
     flags += [a for a in m["aliases"] if a[0] == "-"]
     allowed = ", ".join(map(str, m["choices"])) if m["choices"] else allowed_range(f)
     where = ("parameter" if m["parameter"] else "Triton field" if cls.triton_model else "-") + "".join(

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 from simple_sampler.client import AsyncGenerateClient, GenerateClient
 from simple_sampler.frontend.backend import FrontendServer
 from simple_sampler.launch.ports import free_port
-from simple_sampler.settings import LlmSettings, SamplerSettings
+from conftest import small_llm_server
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -23,16 +23,7 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from simple_sampler.launch.serve import assemble_repository
-    from simple_sampler.launch.server import TritonServer
-
-    repository = assemble_repository(
-        tmp_path_factory.mktemp("repository"),
-        SamplerSettings(sampler_instances=1, sampler_max_batch_size=8, vocab_size=49_152),
-        LlmSettings(engine_max_batch_size=8, max_context=256, generate_max_batch_size=0))
-    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
-    with TritonServer(repository, log_path=log) as running:
-        yield running
+    yield from small_llm_server(tmp_path_factory, generate_max_batch_size=0)
 
 
 def vllm_sample_request(prompt: str, stream: bool, request_id: str) -> dict:

@@ -224,7 +224,8 @@ GENERATE_INPUTS = (
     _scalar("max_tokens", "INT32", 16,
             f"[1, context - 1] (0 with prompt_logprobs); prompt + max_tokens <= context "
             f"(max_context, {LlmSettings.max_context})"),
-    _scalar("stream", "BOOL", False, "false: one response at the end"),
+    _scalar("stream", "BOOL", False, "false: one response at the end; true (responses as "
+            "tokens come) refused by a server of decoupled_mode false"),
     _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
             ">= 1: a stream sends a response every k tokens with all of them, and always "
             "the last (TensorRT-LLM's name)"),

@@ -199,8 +199,10 @@ class Settings:
                      *(a for a in f.metadata["aliases"] if a[0] == "-")]
             help = f"{f.metadata['help']} (default: {_text(f.default) or repr('')})"
             if isinstance(f.default, bool):
-                parser.add_argument(*flags, dest=f.name, action="store_true", default=None,
-                                    help=help)
+                # on by default: --name and --no-name, so either can be said
+                parser.add_argument(*flags, dest=f.name, default=None, help=help,
+                                    action=argparse.BooleanOptionalAction if f.default
+                                    else "store_true")
             else:
                 parser.add_argument(*flags, dest=f.name, type=type(f.default), default=None,
                                     choices=f.metadata["choices"] or None, help=help)
@@ -326,6 +328,14 @@ class LlmSettings(Settings):
         minimum=0, maximum=MAX_GENERATIONS, parameter=False)
     preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,
                                            parameter=False)
+    # TensorRT-LLM's fill_template key; the model reads Triton's own field
+    # back (LlmSettings.from_config), so an edited config.pbtxt cannot disagree.
+    decoupled_mode: bool = setting(
+        True, "the llm model decoupled (Triton's model_transaction_policy, as TensorRT-LLM's "
+        "decoupled_mode): true streams, and refuses unary infer calls (HTTP generate and gRPC "
+        "streams work); false answers each request once, so unary infer calls work "
+        "(tritonclient's infer, perf_analyzer without --streaming), and refuses streamed ones",
+        parameter=False)
     engine_max_batch_size: int = setting(
         32, "sequences the data plane decodes together; more wait in a queue", minimum=1,
         aliases=("max_batch_size",))
@@ -404,6 +414,16 @@ class LlmSettings(Settings):
     hot_vocab_profile: str = setting(
         "", "the sampler's hot-vocab profile, for the hot-first handoff (serve sets it from "
         "--hot-vocab; relative to the sampler model's directory)", flag=None)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "LlmSettings":
+        """The settings of the llm model's configuration (Triton's JSON of
+        its config.pbtxt): its parameters, and decoupled_mode from Triton's
+        own field (what Triton serves it as)."""
+        settings = cls.from_parameters({key: value.get("string_value", "") for key, value
+                                        in config.get("parameters", {}).items()})
+        decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        return dataclasses.replace(settings, decoupled_mode=decoupled)
 
     def check(self) -> None:
         for f in self.settings_fields():

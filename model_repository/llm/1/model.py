@@ -1,4 +1,4 @@
-"""The decode loop (decoupled): prompt ids in, streamed text and tokens out.
+"""The decode loop (decoupled unless decoupled_mode is false): prompt ids in, text and tokens out.
 
 A thin adapter over ``simple_sampler.triton.llm_service``: the data plane
 (PyTorch engine) runs in this process; in ``simple`` mode each step's rows are
@@ -95,8 +95,7 @@ class TritonPythonModel:
         logs.configure()
         install_byte_serializer(pb_utils)  # text_output per token: byte_tensors says why
         config = json.loads(args["model_config"])
-        settings = LlmSettings.from_parameters(
-            {k: v["string_value"] for k, v in config.get("parameters", {}).items()})
+        settings = LlmSettings.from_config(config)
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None,
                                   repository=os.path.dirname(args["model_repository"]),

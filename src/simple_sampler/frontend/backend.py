@@ -52,23 +52,28 @@ async def llm_settings(grpc_url: str) -> LlmSettings:
         config = (await client.get_model_config(LLM.name, as_json=True))["config"]
     finally:
         await client.close()
-    return LlmSettings.from_parameters(
-        {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()})
+    return LlmSettings.from_config(config)
 
 
 def served_by(settings: LlmSettings) -> Served:
     spec = engine_spec(settings.engine)
     codec = spec.codec(settings)  # loads the tokenizer (transformers, torch)
     return Served(model_id(settings), codec, settings.max_context,
-                  spec.vocab_size(settings, codec))
+                  spec.vocab_size(settings, codec), streams=settings.decoupled_mode)
+
+
+async def _answered_once(client: AsyncGenerateClient, prompt_ids: list[int],
+                         params: dict) -> AsyncIterator[Chunk]:
+    yield await client.generate(prompt_ids, **params)
 
 
 class TritonBackend:
     """Generation over one gRPC connection to Triton (made on the server's
-    event loop, which grpc.aio binds it to)."""
+    event loop, which grpc.aio binds it to). `streams`: the llm model is
+    decoupled, and streams every generation; else each is answered once."""
 
-    def __init__(self, grpc_url: str):
-        self.grpc_url = grpc_url
+    def __init__(self, grpc_url: str, streams: bool = True):
+        self.grpc_url, self.streams = grpc_url, streams
         self.client: AsyncGenerateClient | None = None
 
     def _connection(self) -> AsyncGenerateClient:
@@ -77,11 +82,15 @@ class TritonBackend:
         return self.client
 
     async def generate(self, plan: Plan) -> AsyncIterator[Chunk]:
-        """The llm model's responses to one request, streamed (a non-streamed
-        request is gathered by the app). A gRPC stream carries an error's text
-        without its status: the front door checks the client's mistakes itself
-        first, so what comes this way is a shutdown (UNAVAILABLE) or ours."""
-        stream = self._connection().stream(plan.prompt_ids, **{**plan.params, "stream": True})
+        """The llm model's responses to one request, streamed where it streams
+        (a non-streamed request is gathered by the app). A gRPC stream carries
+        an error's text without its status: the front door checks the
+        client's mistakes itself first, so what comes this way is a shutdown
+        (UNAVAILABLE) or ours. The prompt is never in the answer (a
+        non-streamed one would start with it): the front door echoes it."""
+        params = {**plan.params, "exclude_input_in_output": True}
+        stream = (self._connection().stream(plan.prompt_ids, **params) if self.streams
+                  else _answered_once(self._connection(), plan.prompt_ids, params))
         try:
             async for chunk in stream:
                 yield chunk
@@ -155,7 +164,7 @@ class FrontendServer:
         from .app import build_app
 
         self.prepare()
-        backend = TritonBackend(self.grpc_url)
+        backend = TritonBackend(self.grpc_url, streams=self.served.streams)
         app = build_app(self.served, backend.generate, backend.ready)
         app.router.add_event_handler("shutdown", backend.close)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",

@@ -39,12 +39,14 @@ NUM_TOP = NUM_TOP_LOGPROBS.name
 @dataclass
 class Served:
     """What the front door serves: the model's id, its text codec, context and
-    vocabulary (token ids a request names must lie in [0, vocab_size))."""
+    vocabulary (token ids a request names must lie in [0, vocab_size)), and
+    whether the llm model streams (decoupled: LlmSettings.decoupled_mode)."""
 
     model_id: str
     codec: object  # serving.text.TextCodec
     max_context: int
     vocab_size: int
+    streams: bool = True
 
 
 @dataclass
@@ -390,6 +392,10 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     params.update(max_tokens=max_tokens, return_log_probs=logprobs)
     if top:
         params[NUM_TOP] = top
+    if request.stream and not served.streams:
+        raise RequestError("stream is not available: this server's llm model is not decoupled "
+                           "(decoupled_mode false) and answers each request once; send stream "
+                           "false", "stream")
     options = request.stream_options
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")

@@ -31,6 +31,7 @@ import time
 
 from .. import row_arena
 from ..pids import alive
+from ..settings import LlmSettings
 from .processes import SHM_DIRECTORY, Stub, list_stubs, unlink_shm
 from .startup import StartInterrupted
 
@@ -125,10 +126,14 @@ class Supervisor:
     def _learn_models(self) -> None:
         import tritonclient.http as httpclient
 
+        # llm answers through response senders after its execute has
+        # returned, decoupled or not (decoupled_mode false): a dead stub's
+        # requests would hang there too, so it counts as decoupled here.
         client = httpclient.InferenceServerClient(self.server.http_url)
         self.decoupled = {
             entry["name"] for entry in client.get_model_repository_index()
-            if client.get_model_config(entry["name"]).get("model_transaction_policy", {})
+            if entry["name"] == LlmSettings.triton_model
+            or client.get_model_config(entry["name"]).get("model_transaction_policy", {})
             .get("decoupled")}
 
     def _track(self, stubs: list[Stub]) -> None:

@@ -40,7 +40,8 @@ from ..settings import LOCAL, LlmSettings, parse_endpoints
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, add_word_bias, decode_generate
-from .prompt_batch import Generation, for_each_prompt, generations, of_prompt, split_prompts
+from .prompt_batch import (Generation, check_answered_once, for_each_prompt, generations, of_prompt,
+                           split_prompts)
 from .vllm_params import as_sent
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, SharedSends, Unavailable,
                            tokens_as_outputs)
@@ -282,6 +283,8 @@ class LlmService:
                 raise Unavailable(f"{SHUTTING_DOWN} and admits no new request")
             runs = generations(for_each_prompt(
                 split_prompts(inputs), functools.partial(self._decode, parameters=parameters)))
+            if not self.settings.decoupled_mode:
+                check_answered_once(runs)
             handles = self._submit_all(runs)
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)

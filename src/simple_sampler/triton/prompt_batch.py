@@ -148,6 +148,28 @@ def generations(prompts: list[DecodedRequest]) -> list[Generation]:
     return made
 
 
+def check_answered_once(runs: list[Generation]) -> None:
+    """Refuse a request that one response cannot answer, as a model that is
+    not decoupled must answer (Triton: exactly one response a request):
+    streamed, or of several generations (prompts, num_return_sequences),
+    each of which has responses of its own. TensorRT-LLM's tensorrt_llm
+    model refuses streaming there too (its ``convert_request``)."""
+    stream = [run for run in runs if run.decoded.stream]
+    if stream:
+        name = stream[0].decoded.sent_as.get("stream", "stream")
+        raise InvalidRequest(
+            f"{name} is true, but this server's llm model is not decoupled (decoupled_mode "
+            f"false) and answers each request once: send {name} false, or call a server "
+            f"started with decoupled_mode true")
+    if len(runs) > 1:
+        raise InvalidRequest(
+            f"the request asks for {len(runs)} generations (its prompts times their "
+            f"num_return_sequences), each answered on its own, but this server's llm model is "
+            f"not decoupled (decoupled_mode false) and answers each request once: send one "
+            f"prompt of one sequence a request, or call a server started with decoupled_mode "
+            f"true")
+
+
 def _seeded(decoded: DecodedRequest, seed: int) -> DecodedRequest:
     request = decoded.request
     return dataclasses.replace(decoded, request=dataclasses.replace(
