@@ -152,8 +152,9 @@ def check_answered_once(runs: list[Generation]) -> None:
     """Refuse a request that one response cannot answer, as a model that is
     not decoupled must answer (Triton: exactly one response a request):
     streamed, or of several generations (prompts, num_return_sequences),
-    each of which has responses of its own. TensorRT-LLM's tensorrt_llm
-    model refuses streaming there too (its ``convert_request``)."""
+    each of which has responses of its own. TensorRT-LLM's backend refuses
+    a stream, and several prompts, when not decoupled too
+    (inflight_batcher_llm/src/utils.cc, ``createRequestsFromInputTensors``)."""
     stream = [run for run in runs if run.decoded.stream]
     if stream:
         name = stream[0].decoded.sent_as.get("stream", "stream")
