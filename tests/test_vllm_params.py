@@ -147,6 +147,20 @@ def test_an_input_sent_as_a_vllm_parameter_too_with_the_same_value_is_one():
     assert decoded.request.max_tokens == 16
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_tensorrt_llms_clients_streaming_parameter_is_read_as_the_input_it_mirrors(streaming):
+    """inflight_batcher_llm_client.py sends parameters={'Streaming': its
+    --streaming} with its streaming input, which TensorRT-LLM's backend
+    reads; so does this server, and a Streaming that disagrees is refused."""
+    request = {**PROMPT, "request_output_len": scalar(4, np.int32)}
+    for inputs in (request, {**request, "streaming": scalar(streaming, bool)}):
+        assert decode_generate(inputs, {"Streaming": streaming}).stream is streaming
+    with pytest.raises(InvalidRequest, match="streaming and Streaming are the same parameter; "
+                                             "they disagree"):
+        decode_generate({**request, "streaming": scalar(streaming, bool)},
+                        {"Streaming": not streaming})
+
+
 def test_a_name_sent_twice_with_two_values_is_refused():
     with pytest.raises(InvalidRequest, match="min_tokens and sampling_parameters.min_tokens both "
                                              "set min_length, to different values"):

@@ -53,6 +53,13 @@ NOT_IMPLEMENTED = frozenset({
     "length_penalty", "early_stopping", "use_beam_search",
 })
 _FIXED = {"n": 1, "best_of": 1, "detokenize": True, "spaces_between_special_tokens": True}
+#: Request parameters of TensorRT-LLM's clients, read as the input they
+#: mirror: inflight_batcher_llm_client.py sends ``Streaming`` with every
+#: request, its --streaming as its ``streaming`` input is (TensorRT-LLM's
+#: backend reads no request parameter but ``triton_trtllm_request_type``,
+#: inflight_batcher_llm/src/utils.cc). One that disagrees with its input is
+#: refused as any parameter given twice.
+TRTLLM_PARAMETERS = {"Streaming": "stream"}
 
 _TENSORS = {tensor.name: tensor for tensor in LLM.inputs}
 
@@ -74,7 +81,8 @@ def vllm_inputs(sampling_parameters, parameters: str | Mapping | None
                  for name, value in _json_object(sampling_parameters).items()]
     if isinstance(parameters, str):
         parameters = json.loads(parameters) if parameters.strip() else {}
-    given += [(name, name, value) for name, value in (parameters or {}).items()
+    given += [(TRTLLM_PARAMETERS.get(name, name), name, value)
+              for name, value in (parameters or {}).items()
               if name.isidentifier() and not name.startswith("triton_")]
     inputs: dict[str, np.ndarray] = {}
     places: dict[str, str] = {}
