@@ -13,7 +13,7 @@ from simple_sampler.row_arena import RowReader
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.llm_delivery import Unavailable
+from simple_sampler.triton.llm_delivery import Cancelled, Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_targets import SamplerCallError
 from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
@@ -37,9 +37,9 @@ def text_of(outputs):
 CLIENTS = pytest.mark.parametrize("client_type", [Client, BuildingClient])
 
 
-def serve(client, request, delay=0.01, on_admitted=lambda service: None):
+def serve(client, request, delay=0.01, on_admitted=lambda service: None, **settings):
     engine = FakeEngine(max_batch_size=2, max_context=128, delay=delay)
-    service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels", **settings), engine=engine,
                          codec=TextCodec(FakeTokenizer()))
     try:
         service.submit(request, client.send, client.is_cancelled, on_done=client.done.set,
@@ -87,6 +87,19 @@ def test_a_cancelled_request_still_ends_with_the_final_flag_alone(client_type):
     *tokens, last = client.responses
     assert len(tokens) >= 3 and all(not final for _, _, final in tokens)
     assert last == (None, None, True)
+
+
+@CLIENTS
+def test_not_decoupled_a_cancelled_request_ends_with_a_cancelled_error_its_one_response(
+        client_type):
+    """python_backend refuses the final flag alone from a model that is not
+    decoupled and has sent nothing (ResponseSender::UpdateStateAndCounters):
+    the request would never end, and the model never unload."""
+    client = client_type(after=0)  # cancelled at once: the first poll finds it
+    engine = serve(client, inputs(stream=False), decoupled_mode=False)
+    [(outputs, error, final)] = client.responses
+    assert outputs is None and final and isinstance(error, Cancelled)
+    assert len(engine.steps) < MAX_TOKENS and engine.released == [0]
 
 
 def test_a_request_is_done_only_once_its_final_response_went_out():

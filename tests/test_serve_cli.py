@@ -161,6 +161,8 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
      "serves /tmp/repo"),
     (["--sampler-only", "--openai-port", "0", "--sampling-mode", "inline"],
      "--sampling-mode apply to the llm, which --sampler-only does not serve"),
+    (["--sampler-only", "--openai-port", "0", "--no-decoupled-mode"],  # named as given
+     "--no-decoupled-mode apply to the llm, which --sampler-only does not serve"),
 ])
 def test_options_out_of_range_or_at_odds_are_one_line_before_anything_starts(
         args, message, capsys, monkeypatch, tmp_path):

@@ -280,7 +280,7 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
                 isinstance(final, Exception) for final in finals), finals
             time.sleep(0.02)
         print(f"{model}: a stream left open, SIGINT:", serve_run.sigint_stops_cleanly(
-            "held by clients that keep their gRPC streams open"))
+            "a client keeping its gRPC stream open after it"))
     finally:
         client.close()
 

@@ -8,6 +8,7 @@ goes through its request's response sender (Python backend 24.06 on).
 A real tritonserver on SmolLM2 (one sampler instance)."""
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -50,9 +51,9 @@ def greedy(max_tokens: int = 12, **more) -> dict:
             "exclude_input_in_output": np.array([[True]]), **more}
 
 
-def steps(server) -> float:
+def metric(server, name: str) -> float:
     text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return float(re.search(r"^simple_llm_steps_total\{[^}]*\} (\S+)", text, re.M).group(1))
+    return float(re.search(rf"^simple_llm_{name}\{{[^}}]*\}} (\S+)", text, re.M).group(1))
 
 
 def test_unary_infer_calls_are_answered_with_what_generate_answers(server):
@@ -85,7 +86,7 @@ def test_unary_requests_are_decoded_together(server):
     """Eight unary calls at once take fewer steps than their tokens: the
     execute that took one returned before its answer, so the next ones
     joined the batch."""
-    before = steps(server)
+    before = metric(server, "steps_total")
     http = httpclient.InferenceServerClient(server.http_url,
                                             concurrency=8)
 
@@ -97,7 +98,7 @@ def test_unary_requests_are_decoded_together(server):
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(one, range(8)))
     assert len(set(answers)) == 1 and answers[0]  # greedy: one text
-    assert steps(server) - before < 8 * 24 / 2
+    assert metric(server, "steps_total") - before < 8 * 24 / 2
 
 
 def test_a_streamed_request_is_refused_naming_its_input(server):
@@ -140,3 +141,29 @@ def test_the_openai_door_answers_unstreamed_and_refuses_a_stream(server):
         assert refused.value.code == 400
         error = json.load(refused.value)["error"]
         assert error["param"] == "stream" and "decoupled_mode false" in error["message"]
+
+
+def test_a_cancelled_unary_call_stops_its_generation_and_lets_llm_unload(server):
+    """A deadline cancels the call; llm stops generating and ends the request
+    with a CANCELLED error, where the final flag alone is refused from a
+    model that is not decoupled: the request would never end, and llm would
+    never unload (nor Triton stop within its exit timeout). Last: it
+    unloads llm."""
+    before = metric(server, "steps_total")
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        grpc.infer("llm", unary_inputs(grpcclient, **greedy(200, ignore_eos=np.array([[True]]))),
+                   client_timeout=1.0)
+    deadline = time.monotonic() + 30
+    while metric(server, "requests_in_flight") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "requests_in_flight") == 0
+    assert metric(server, "steps_total") - before < 150  # stopped, not run to 200
+    http = httpclient.InferenceServerClient(server.http_url)
+    http.unload_model("llm")
+    deadline = time.monotonic() + 30
+    while http.is_model_ready("llm") or any(
+            entry["name"] == "llm" and entry.get("state") == "UNLOADING"
+            for entry in http.get_model_repository_index()):
+        assert time.monotonic() < deadline, "llm still holds the cancelled request"
+        time.sleep(0.2)

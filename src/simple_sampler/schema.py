@@ -37,6 +37,10 @@ _PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)
 #: stream carries an error's text without its status, so the OpenAI front
 #: door tells a shutdown by it.
 SHUTTING_DOWN = "the server is shutting down"
+#: Why a server of LlmSettings.decoupled_mode false refuses a stream, and a
+#: request of several generations (each has responses of its own).
+ANSWERS_ONCE = ("this server's llm model is not decoupled (decoupled_mode false) and answers "
+                "each request once")
 #: How a sampler's refusal of a request made for another hot set begins
 #: (``triton.sampler_serve.check_hot_set``): the decode loop tells it at start.
 HOT_SET_REFUSAL = "hot_vocab_fingerprint: "

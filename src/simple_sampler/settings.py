@@ -209,8 +209,10 @@ class Settings:
 
     @classmethod
     def given_flags(cls, args: argparse.Namespace) -> list[str]:
-        """The options of these settings given on the command line."""
-        return [f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        """The options of these settings given on the command line, as given
+        (--no-x: a setting on by default, turned off)."""
+        return [("--no-" if getattr(args, f.name) is False and f.default is True else "--")
+                + (f.metadata["flag"] or "--" + f.name.replace("_", "-"))[2:]
                 for f in cls.settings_fields()
                 if f.metadata["flag"] is not None and getattr(args, f.name, None) is not None]
 
@@ -323,18 +325,17 @@ class LlmSettings(Settings):
     generate_max_batch_size: int = setting(
         64, "Triton's max_batch_size of the ensemble, preprocessing and llm models (the most "
         "prompts a request holds, each its own generation): clients send [B, 1] tensors "
-        "(TensorRT-LLM's shapes); 0: "
-        "[1] in and out, as Triton's vLLM backend's models take and give them",
+        "(TensorRT-LLM's shapes); 0: [1] in and out, as Triton's vLLM backend's models take "
+        "and give them",
         minimum=0, maximum=MAX_GENERATIONS, parameter=False)
     preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,
                                            parameter=False)
-    # TensorRT-LLM's fill_template key; the model reads Triton's own field
-    # back (LlmSettings.from_config), so an edited config.pbtxt cannot disagree.
+    # TensorRT-LLM's key; the model reads Triton's field back (from_config)
     decoupled_mode: bool = setting(
-        True, "the llm model decoupled (Triton's model_transaction_policy, as TensorRT-LLM's "
-        "decoupled_mode): true streams, and refuses unary infer calls (HTTP generate and gRPC "
-        "streams work); false answers each request once, so unary infer calls work "
-        "(tritonclient's infer, perf_analyzer without --streaming), and refuses streamed ones",
+        True, "the llm model decoupled (Triton's model_transaction_policy; TensorRT-LLM's "
+        "decoupled_mode): true streams, refuses unary infer calls (HTTP generate, gRPC streams "
+        "work); false answers a request once, so unary calls work (tritonclient's infer, "
+        "perf_analyzer without --streaming), refusing streams and several prompts or sequences",
         parameter=False)
     engine_max_batch_size: int = setting(
         32, "sequences the data plane decodes together; more wait in a queue", minimum=1,
@@ -417,9 +418,8 @@ class LlmSettings(Settings):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "LlmSettings":
-        """The settings of the llm model's configuration (Triton's JSON of
-        its config.pbtxt): its parameters, and decoupled_mode from Triton's
-        own field (what Triton serves it as)."""
+        """The settings of the llm model's configuration (Triton's JSON of its
+        config.pbtxt): its parameters, and decoupled_mode from Triton's field."""
         settings = cls.from_parameters({key: value.get("string_value", "") for key, value
                                         in config.get("parameters", {}).items()})
         decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))

@@ -24,7 +24,7 @@ from simple_sampler.stacks import StackSampler
 from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.schema import InvalidRequest
-from simple_sampler.triton.llm_delivery import Unavailable
+from simple_sampler.triton.llm_delivery import Cancelled, Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.serving.samplers import names_a_row
 from simple_sampler.triton.sampler_targets import SamplerCallError
@@ -82,11 +82,14 @@ def send_tokens(response_sender, batched, text_output, output_ids):
 
 def error_code(error):
     """Client mistakes are INVALID_ARG (HTTP 400); a server going away is
-    UNAVAILABLE (503); everything else failed on our side: INTERNAL (500)."""
+    UNAVAILABLE (503); a request its client cancelled, CANCELLED; everything
+    else failed on our side: INTERNAL (500)."""
     if isinstance(error, InvalidRequest):
         return pb_utils.TritonError.INVALID_ARG
     if isinstance(error, Unavailable):
         return pb_utils.TritonError.UNAVAILABLE
+    if isinstance(error, Cancelled):
+        return pb_utils.TritonError.CANCELLED
     return pb_utils.TritonError.INTERNAL
 
 

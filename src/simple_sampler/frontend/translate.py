@@ -23,7 +23,7 @@ import numpy as np
 
 from ..params import BIAS_ALLOWED, RULES, as_float32, bias_allowed
 from ..sampling import MAX_TOP_LOGPROBS
-from ..schema import (GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS,
+from ..schema import (ANSWERS_ONCE, GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS,
                       PROMPT_LOGPROBS, InvalidRequest)
 from ..settings import MAX_GENERATIONS
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
@@ -393,9 +393,8 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     if top:
         params[NUM_TOP] = top
     if request.stream and not served.streams:
-        raise RequestError("stream is not available: this server's llm model is not decoupled "
-                           "(decoupled_mode false) and answers each request once; send stream "
-                           "false", "stream")
+        raise RequestError(f"stream is not available: {ANSWERS_ONCE}; send stream false",
+                           "stream")
     options = request.stream_options
     if options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")

@@ -160,7 +160,7 @@ class StubsUnloading:
     """The stubs of a stopping Triton, watched for what it still holds after
     the drain. A client that keeps a gRPC stream open after its last
     response holds that request's model in Triton 2.51 until the stream
-    ends: a decoupled model (``llm``) is never finalized, an ensemble never
+    ends: the model that answered it (``llm``) is never finalized, an ensemble never
     unloads, and Triton waits out its exit timeout, then exits with status
     1 (its gRPC server, which would close the stream, stops after the
     models). ``settled``: some stub has unloaded (Triton is unloading), and

@@ -132,16 +132,19 @@ def shared_memory_bytes(sampler: SamplerSettings) -> int:
     return max(64 * MiB, sampler.request_bytes() + 16 * MiB)
 
 
-def show_demo(server: TritonServer, prompt: str, stopping: threading.Event) -> None:
-    """Stream one answer over gRPC, as a user's client would; a stop ends
-    it (the stream is cancelled, which stops its generation)."""
+def show_demo(server: TritonServer, prompt: str, stopping: threading.Event,
+              streams: bool = True) -> None:
+    """Stream one answer over gRPC, as a user's client would (or, from an
+    llm model that is not decoupled, ask for it whole); a stop ends it (the
+    stream is cancelled, which stops its generation)."""
     from ..client import GenerateClient, GenerationError
 
     print(f"\n> {prompt}\n", flush=True)
+    client, params = GenerateClient(server.grpc_url, "grpc"), dict(
+        max_tokens=64, apply_chat_template=True, temperature=0.7, top_p=0.9, seed=0)
     try:
-        for chunk in GenerateClient(server.grpc_url, "grpc").stream(
-                prompt, max_tokens=64, apply_chat_template=True, temperature=0.7, top_p=0.9,
-                seed=0):
+        for chunk in (client.stream(prompt, **params) if streams
+                      else [client.generate(prompt, exclude_input_in_output=True, **params)]):
             print(chunk.text, end="", flush=True)
             if stopping.is_set():
                 print(flush=True)
@@ -313,7 +316,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                   flush=True)
             heap.freeze("serve (the OpenAI front door)")  # its tokenizer and app stay
         if demo:
-            show_demo(server, demo, stopping)
+            show_demo(server, demo, stopping, streams=llm is None or llm.decoupled_mode)
         while not stopping.is_set() and (server.process.poll() is None or (
                 supervisor is not None and supervisor.restarting.is_set())):
             stopping.wait(0.5)

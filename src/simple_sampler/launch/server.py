@@ -481,9 +481,9 @@ class TritonServer:
                 killed, _ = end_group(self.process.pid, arena_prefix())
                 self.process.wait()
                 log.info("tritonserver unloaded what it could and nothing is in flight; what it "
-                         "still holds (%s) is held by clients that keep their gRPC streams "
-                         "open after their last response: ended it (%d process(es)) rather "
-                         "than wait out its exit timeout",
+                         "still holds (%s) is held by requests that got their last response "
+                         "(a client keeping its gRPC stream open after it, most likely): "
+                         "ended it (%d process(es)) rather than wait out its exit timeout",
                          ", ".join(sorted(unloading.loaded())) or "a model without a process, "
                          "the ensemble", len(killed))
                 return 0

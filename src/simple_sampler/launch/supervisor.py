@@ -11,8 +11,9 @@ unready. :class:`Supervisor` watches the stubs of its server (run with
   ensemble again would load every model it composes again, llm included (a
   second data plane beside the serving one); the ensemble stays loaded and
   its requests fail until the model is back;
-* for a decoupled model (``llm``), whose streaming requests Triton would never
-  end: SIGKILLs the server (every client sees its connection close, an error,
+* for a model that holds requests after its execute returned (``llm``,
+  which answers through response senders, decoupled or not), whose requests
+  Triton would never end: SIGKILLs the server (every client sees its connection close, an error,
   not a hang) and starts it again on the same ports.
 
 Requests routed to the dead stub fail; the decode loop re-sends sampler rows
@@ -66,26 +67,26 @@ class Supervisor:
 
     def __init__(self, server, poll_s: float = 0.25, confirm_s: float = 0.5,
                  orphan_grace_s: float = 10.0, load_timeout_s: float = 600.0,
-                 decoupled_confirm_s: float = 0.1):
+                 holding_confirm_s: float = 0.1):
         self.server = server
         self.poll_s, self.confirm_s = poll_s, confirm_s
-        # A decoupled model's death is seen at once (a pidfd wakes the watch)
+        # A holding model's death is seen at once (a pidfd wakes the watch)
         # and confirmed sooner: until the restart, the server still answers
         # ready and routes requests to the dead stub. Nothing unloads such a
         # model while it is supervised, so the short look is only against
         # the instant between a stub's exit and Triton removing its region.
-        self.decoupled_confirm_s = decoupled_confirm_s
-        self._pidfds: dict[int, int] = {}  # decoupled stubs' pid -> pidfd
+        self.holding_confirm_s = holding_confirm_s
+        self._pidfds: dict[int, int] = {}  # holding models' stubs' pid -> pidfd
         self.orphan_grace_s, self.load_timeout_s = orphan_grace_s, load_timeout_s
         self.recoveries: dict[str, int] = {}
         self.restarts = 0
         self.restarting = threading.Event()  # the server is being replaced
-        #: a stop is draining: a decoupled model's death restarts nothing
+        #: a stop is draining: a holding model's death restarts nothing
         #: (ordinary models are still reloaded, so the drain's requests finish)
         self.draining = False
         self._restart_lock = threading.Lock()  # draining vs a restart's start
         self.pids_seen: set[int] = set()  # every stub's, for their row arenas
-        self.decoupled: set[str] = set()
+        self.holding: set[str] = set()
         self.regions: set[str] = set()
         self.tracked: dict[int, Stub] = {}  # pid -> the stub it was started as
         self._gone_since: dict[int, float] = {}
@@ -108,7 +109,7 @@ class Supervisor:
             self._thread.join(wait_s)
 
     def hold_restarts(self) -> bool:
-        """From now on (a stop's drain) a decoupled model's death restarts
+        """From now on (a stop's drain) a holding model's death restarts
         nothing; a dead sampler instance is still reloaded. False when a
         restart is under way: stop the supervisor instead, which
         interrupts it."""
@@ -126,11 +127,11 @@ class Supervisor:
     def _learn_models(self) -> None:
         import tritonclient.http as httpclient
 
-        # llm answers through response senders after its execute has
-        # returned, decoupled or not (decoupled_mode false): a dead stub's
-        # requests would hang there too, so it counts as decoupled here.
+        # the models that hold requests after their execute returned: the
+        # decoupled ones, and llm, which answers through response senders
+        # either way (decoupled_mode false too)
         client = httpclient.InferenceServerClient(self.server.http_url)
-        self.decoupled = {
+        self.holding = {
             entry["name"] for entry in client.get_model_repository_index()
             if entry["name"] == LlmSettings.triton_model
             or client.get_model_config(entry["name"]).get("model_transaction_policy", {})
@@ -141,7 +142,7 @@ class Supervisor:
             self.tracked.setdefault(stub.pid, stub)
             self.pids_seen.add(stub.pid)
             self.regions.add(stub.shm_region)
-            if stub.model in self.decoupled and stub.pid not in self._pidfds:
+            if stub.model in self.holding and stub.pid not in self._pidfds:
                 try:
                     self._pidfds[stub.pid] = os.pidfd_open(stub.pid)
                 except (OSError, AttributeError):  # gone already, or no pidfd: polled
@@ -152,7 +153,7 @@ class Supervisor:
             os.close(self._pidfds.pop(pid))
 
     def _wait(self) -> bool:
-        """Sleep `poll_s`, or less when a decoupled stub exits; True once stopped."""
+        """Sleep `poll_s`, or less when a holding model's stub exits; True once stopped."""
         if self._pidfds:
             select.select(list(self._pidfds.values()), [], [], self.poll_s)
         else:
@@ -195,28 +196,28 @@ class Supervisor:
             if pid in live_pids:
                 continue
             region = SHM_DIRECTORY / stub.shm_region
-            if stub.model in self.decoupled and region.exists() and pid not in self._gone_since:
+            if stub.model in self.holding and region.exists() and pid not in self._gone_since:
                 self._gone_since[pid] = now
-                time.sleep(self.decoupled_confirm_s)
+                time.sleep(self.holding_confirm_s)
             if not region.exists():
                 del self.tracked[pid]  # stopped by Triton
                 self._gone_since.pop(pid, None)
-            elif stub.model in self.decoupled or (
+            elif stub.model in self.holding or (
                     now - self._gone_since.setdefault(pid, now) >= self.confirm_s):
                 dead.append(stub)
         self._forget_pidfds()
         models = sorted({stub.model for stub in dead})
-        if self.decoupled & set(models):
+        if self.holding & set(models):
             with self._restart_lock:
                 restart = not self.draining
                 if restart:
                     self.restarting.set()
             if restart:
-                self._restart(sorted(self.decoupled & set(models)), dead)
-            else:  # a stop is draining: its streams would hang until its SIGKILL
-                log.error("decoupled model(s) %s lost stub(s) %s while the server stops: "
-                          "ending the server now, as its streams cannot end otherwise",
-                          ", ".join(sorted(self.decoupled & set(models))),
+                self._restart(sorted(self.holding & set(models)), dead)
+            else:  # a stop is draining: its requests would hang until its SIGKILL
+                log.error("model(s) %s, holding requests, lost stub(s) %s while the server "
+                          "stops: ending the server now, as those cannot end otherwise",
+                          ", ".join(sorted(self.holding & set(models))),
                           ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
                 try:  # the group only: the stop's own thread reaps it and cleans up
                     os.killpg(self.server.process.pid, signal.SIGKILL)
@@ -265,7 +266,7 @@ class Supervisor:
                     time.monotonic() - started, ", ".join(sorted(ready())))
 
     def _restart(self, models: list[str], dead: list[Stub]) -> None:
-        log.error("decoupled model(s) %s lost stub(s) %s: their streams cannot end otherwise, "
+        log.error("model(s) %s, holding requests, lost stub(s) %s: those cannot end otherwise, "
                   "restarting the server", ", ".join(models),
                   ", ".join(f"{s.instance} (pid {s.pid})" for s in dead))
         started = time.monotonic()

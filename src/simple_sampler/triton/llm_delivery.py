@@ -27,10 +27,16 @@ class Unavailable(RuntimeError):
     same request may succeed later or elsewhere (UNAVAILABLE, HTTP 503)."""
 
 
+class Cancelled(RuntimeError):
+    """The request's client cancelled it or went away (CANCELLED): the one
+    response of a request to a model that is not decoupled, which may not
+    end a request with the final flag alone."""
+
+
 #: send(outputs, error, final): one response; outputs None with an error
 #: (schema.InvalidRequest: the request was bad, INVALID_ARG; Unavailable: UNAVAILABLE;
-#: any other error: generation failed, INTERNAL); outputs and error None:
-#: the final flag alone, for a request whose client cancelled or went away.
+#: Cancelled: CANCELLED; any other error: generation failed, INTERNAL); outputs and
+#: error None: the final flag alone, for a request whose client cancelled or went away.
 #: It sends the response, or builds it and returns a Transmit that sends it
 #: (raising as send would): the service then sends a step's built responses
 #: back to back.
@@ -124,11 +130,14 @@ class Deliveries:
     loop's event loop: events (``on_event``) and a step's tokens
     (``on_step``) are queued during the loop's pass over a step and sent
     in one burst after it. ``stats``: the decoder's (the sends' CPU counts
-    as the loop's own); ``on_burst``: called after each burst."""
+    as the loop's own); ``on_burst``: called after each burst.
+    ``answers_once``: the model is not decoupled (decoupled_mode false), so
+    a cancelled request ends with a Cancelled error, its one response."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, codec: TextCodec, stats: DecoderStats,
-                 on_burst: Callable[[], None]):
+                 on_burst: Callable[[], None], answers_once: bool = False):
         self.loop, self.codec, self.stats, self.on_burst = loop, codec, stats, on_burst
+        self.answers_once = answers_once
         self.live: dict[Delivery, None] = {}  # in order, for turns
         #: a step's events and tokens (delivery None: a step's, on_step's
         #: arguments), answered in one burst once the step's pass is over
@@ -230,13 +239,16 @@ class Deliveries:
         if transmit is not None:
             self.transmits.append((delivery, transmit, final))
 
-    @staticmethod
-    def _final_flag(delivery: Delivery) -> None:
+    def _final_flag(self, delivery: Delivery) -> None:
         """A cancelled request still ends with the final flag: until it
         does, Triton holds the request, and the model cannot unload
-        (serve's stop after a load whose clients left timed out on it)."""
+        (serve's stop after a load whose clients left timed out on it).
+        A model that is not decoupled may not send the flag alone before
+        any response (python_backend's ``ResponseSender``): there it comes
+        with a Cancelled error, the request's one response."""
         try:
-            transmit = delivery.send(None, None, True)
+            transmit = delivery.send(None, Cancelled("the request was cancelled") if
+                                     self.answers_once else None, True)
             if transmit is not None:
                 transmit()
         except Exception:  # noqa: BLE001 - Triton may refuse a gone request's response

@@ -183,7 +183,8 @@ class LlmService:
             self.profile.run, self.loop)
         self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
-        self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst)
+        self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst,
+                                     answers_once=not settings.decoupled_mode)
         self.decoder.on_step = self.deliveries.on_step
         self._call(self.decoder.start()).result()
         self.cancel_watch = self._call(self.deliveries.watch_cancellations())

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import numpy as np
 
-from ..schema import InvalidRequest
+from ..schema import ANSWERS_ONCE, InvalidRequest
 from ..settings import MAX_GENERATIONS
 from .generate_io import DecodedRequest, encode_prompt
 from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
@@ -158,15 +158,12 @@ def check_answered_once(runs: list[Generation]) -> None:
     stream = [run for run in runs if run.decoded.stream]
     if stream:
         name = stream[0].decoded.sent_as.get("stream", "stream")
-        raise InvalidRequest(
-            f"{name} is true, but this server's llm model is not decoupled (decoupled_mode "
-            f"false) and answers each request once: send {name} false, or call a server "
-            f"started with decoupled_mode true")
+        raise InvalidRequest(f"{name} is true, but {ANSWERS_ONCE}: send {name} false, or "
+                             f"call a server started with decoupled_mode true")
     if len(runs) > 1:
         raise InvalidRequest(
             f"the request asks for {len(runs)} generations (its prompts times their "
-            f"num_return_sequences), each answered on its own, but this server's llm model is "
-            f"not decoupled (decoupled_mode false) and answers each request once: send one "
+            f"num_return_sequences), each answered on its own, but {ANSWERS_ONCE}: send one "
             f"prompt of one sequence a request, or call a server started with decoupled_mode "
             f"true")
 
