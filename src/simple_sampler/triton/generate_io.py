@@ -41,6 +41,8 @@ from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
 SAMPLING_INPUTS = {t.name: t.param for t in LLM.inputs if t.param and t.param != "seed"}
 FLAG_INPUTS = tuple(t.name for t in LLM.inputs if t.dtype == "BOOL")
 INPUT_NAMES = LLM.input_names
+#: TensorRT-LLM's end_id for "none": no token ends the generation
+NO_END_ID = -1
 
 
 @dataclass
@@ -243,6 +245,10 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         sampling["stop_token_ids"] = [int(t) for t in np.asarray(present["stop_token_ids"])
                                       .reshape(-1)]
     text, prompt_ids = _prompt(present, flags["apply_chat_template"])
+    end_id = int(_single("end_id", present["end_id"])) if "end_id" in present else None
+    # TensorRT-LLM's -1: no end id, its tensorrt_llm model's default
+    # (docs/model_config.md), where its ensemble passes the tokenizer's
+    no_end = end_id == NO_END_ID or (core and end_id is None)
     top = (_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
            if NUM_TOP_LOGPROBS.name in present else 0)
     if top and not flags["return_log_probs"]:  # as validate, before the flag it may set
@@ -252,8 +258,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
         else GenerationRequest.max_tokens,
         sampling=SamplingParams(**sampling),
-        end_id=int(_single("end_id", present["end_id"])) if "end_id" in present else None,
-        ignore_end=flags[IGNORE_EOS.name],
+        end_id=None if no_end else end_id,
+        ignore_end=flags[IGNORE_EOS.name] or no_end,
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         include_stop=flags["include_stop_str_in_output"],
         # the one flag true unless sent (vLLM's default)
