@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 LAYERS = (
     ("base", ("params", "settings", "schema", "logs", "sampling", "handoff", "shvs", "reference",
               "baselines", "rows", "models", "_sampling", "row_arena", "pids", "heap", "stacks",
-              "host_copy")),
+              "host_copy", "addresses")),
     ("serving", ("serving",)),
     ("triton", ("triton",)),
     ("client", ("client",)),

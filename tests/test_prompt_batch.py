@@ -295,3 +295,18 @@ def test_not_decoupled_a_request_one_response_cannot_answer_is_refused_naming_wh
                                                   prompt("c", 8, 5, False)),
                                           decoupled_mode=False)
     assert outputs is None and str(error).startswith("the request asks for 2 generations")
+
+
+def test_the_servers_exclude_input_in_output_holds_where_a_request_does_not_say():
+    """TensorRT-LLM's tensorrt_llm model's parameter of that name: a request
+    that sends the input still decides."""
+    def text(request, **settings):
+        [(outputs, error, _)] = serve_one(request, **settings)
+        assert error is None
+        return outputs["text_output"].reshape(-1)[0].decode()
+
+    plain = {**inputs("ab", 4, False), "temperature": np.array([[0.0]], np.float32)}
+    whole = text(plain)
+    assert whole.startswith("ab") and text(plain, exclude_input_in_output=True) == whole[2:]
+    said = {**plain, "exclude_input_in_output": np.array([[False]])}
+    assert text(said, exclude_input_in_output=True) == whole

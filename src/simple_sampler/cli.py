@@ -13,8 +13,9 @@ from .launch import gpu_check
 from .client.common import OTHER_CLIENTS_INPUTS
 from .schema import ENSEMBLE, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS
 from .serving.engines import engine_spec
+from .addresses import check_distinct_ports
 from .settings import (SERVED_MODES, SMOLLM2_VOCAB, FrontendSettings, LlmSettings, SamplerSettings,
-                       ServerSettings, check_distinct_ports)
+                       ServerSettings)
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str) -> None:

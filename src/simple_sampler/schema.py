@@ -266,7 +266,8 @@ GENERATE_INPUTS = (
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
     PROMPT_LOGPROBS,
-    _scalar("exclude_input_in_output", "BOOL", False,
+    _scalar("exclude_input_in_output", "BOOL",
+            "the server's exclude_input_in_output (LlmSettings, false)",
             "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
             "behaviour); streams never repeat it"),
     _scalar("apply_chat_template", "BOOL", False,

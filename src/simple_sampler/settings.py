@@ -30,8 +30,9 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-import re
 from typing import Any, ClassVar, Mapping
+
+from .addresses import PORT_RANGE, check_distinct_ports, parse_endpoints
 
 #: SmolLM2's vocabulary: the default model's, its shipped hot-vocab profile's
 #: and its real rows' (rows.py).
@@ -65,8 +66,6 @@ DECODE_STEPS = ("eager", "compiled")
 SIMULATED_DTYPES = {name: TORCH_DTYPES[name] for name in ("float32", "bfloat16")}
 #: The words every output of a run on the simulated engine starts with.
 SIMULATED_LABEL = "simulated data plane"
-#: The local instances' name in a list of sampler endpoints.
-LOCAL = "local"
 
 
 #: The most generations one request to the generation models may ask for: its
@@ -225,29 +224,6 @@ class Settings:
         return cls(**{**given, **values})
 
 
-#: A port as the servers' options and the sampler endpoints take it.
-PORT_RANGE = (1, 65535)
-#: host:port of a sampler endpoint: a name or IPv4 address, or an IPv6
-#: address in brackets (as gRPC writes one), then a port in ASCII digits
-_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]+)", re.ASCII)
-
-
-def parse_endpoints(text: str) -> list[str]:
-    """'local,host:port,...' -> the names, checked; "" means local only."""
-    names = [name.strip() for name in text.split(",") if name.strip()] or [LOCAL]
-    places = []
-    for name in names:
-        match = _ENDPOINT.fullmatch(name)
-        if name != LOCAL and not (match and PORT_RANGE[0] <= int(match[2]) <= PORT_RANGE[1]):
-            raise ValueError(f"sampler_endpoints must be '{LOCAL}' or host:port entries (an "
-                             f"IPv6 host in brackets, a port in [{PORT_RANGE[0]}, "
-                             f"{PORT_RANGE[1]}]), got {name!r}")
-        places.append(name if name == LOCAL else (match[1].lower(), int(match[2])))
-    if len(set(places)) != len(places):
-        raise ValueError(f"sampler_endpoints lists an entry twice: {text!r}")
-    return names
-
-
 @dataclass
 class SamplerSettings(Settings):
     """The simple_sampler model (model_repository/simple_sampler/config.pbtxt)."""
@@ -366,6 +342,9 @@ class LlmSettings(Settings):
         "at most 8: the step waits for its sampling, so its rows go over every instance): a "
         "micro-batch step of fewer than twice as many goes to one instance, the instances "
         "taken in turn (1: one request per instance whatever the rows)", minimum=1)
+    exclude_input_in_output: bool = setting(
+        False, "a request that does not say: its non-streamed answer without the prompt "
+        "(TensorRT-LLM's tensorrt_llm model's parameter of that name)")
     stream_interval: int = setting(
         1, "a stream's tokens per response unless its request sets stream_interval (the "
         "last response may hold fewer): fewer responses cost the server less per token",
@@ -488,13 +467,3 @@ class ServerSettings(Settings):
     def check(self) -> None:
         check_distinct_ports(http_port=self.http_port, grpc_port=self.grpc_port,
                              metrics_port=self.metrics_port)
-
-
-def check_distinct_ports(**ports: int) -> None:
-    """Raise ValueError naming two of `ports` (name -> port; 0: off) that are one."""
-    taken: dict[int, str] = {}
-    for name, port in ports.items():
-        if port and port in taken:
-            raise ValueError(f"{name} and {taken[port]} are both {port}: each needs a port "
-                             f"of its own")
-        taken.setdefault(port, name)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from .. import heap
 from ..serving.engines import engine_spec, startup_timeout as engine_startup_timeout
-from ..settings import LOCAL, FrontendSettings, LlmSettings, SamplerSettings, parse_endpoints
+from ..addresses import LOCAL, parse_endpoints
+from ..settings import FrontendSettings, LlmSettings, SamplerSettings
 from .install import InstallError, project_file
 from .ports import port_in_use
 from .server import MiB, StartInterrupted, TritonServer

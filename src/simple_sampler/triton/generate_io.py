@@ -205,8 +205,8 @@ def _prompt(present: Mapping[str, object], chat: bool) -> tuple[str | None, list
     return text, prompt_ids
 
 
-def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | None = None
-                    ) -> DecodedRequest:
+def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | None = None,
+                    exclude_input: bool = False) -> DecodedRequest:
     """Turn the tensors of one request into a GenerationRequest.
 
     inputs: name -> numpy array (absent optional inputs missing or None);
@@ -215,7 +215,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     that carry them (``vllm_params``). ``input_ids`` (INT32 [1, L], from
     the preprocessing model) replaces ``text_input`` when given. Raises
     InvalidRequest naming the input; ranges are checked by
-    ``GenerationRequest.validate`` when the decoder takes it.
+    ``GenerationRequest.validate`` when the decoder takes it. `exclude_input`:
+    exclude_input_in_output where the request does not say (the server's).
     """
     present = {k: v for k, v in inputs.items() if v is not None}
     sent_as = _add_vllm_inputs(present, parameters)
@@ -229,8 +230,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         present["top_p"] = np.zeros((1, 1), np.float32)
     top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
-    flags = {name: bool(_single(name, present[name])) if name in present else False
-             for name in FLAG_INPUTS}
+    flags = {name: bool(_single(name, present[name])) if name in present
+             else exclude_input and name == "exclude_input_in_output" for name in FLAG_INPUTS}
     sampling = {field: _single(name, present[name])
                 for name, field in SAMPLING_INPUTS.items() if name in present}
     seeds = [name for name in ("random_seed", "seed") if name in present]

@@ -36,7 +36,8 @@ from ..schema import SHUTTING_DOWN, STOP_SIGNAL, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
-from ..settings import LOCAL, LlmSettings, parse_endpoints
+from ..addresses import LOCAL, parse_endpoints
+from ..settings import LlmSettings
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest, add_word_bias, decode_generate
@@ -354,7 +355,7 @@ class LlmService:
 
     def _decode(self, inputs, parameters) -> DecodedRequest:
         """One prompt's inputs decoded, TensorRT-LLM's embedding bias tokenized."""
-        decoded = decode_generate(inputs, parameters)
+        decoded = decode_generate(inputs, parameters, self.settings.exclude_input_in_output)
         if decoded.word_bias:
             decoded = dataclasses.replace(decoded, request=add_word_bias(
                 decoded.request, decoded.word_bias, self.codec.tokenize))

@@ -52,7 +52,8 @@ import torch
 from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..serving.engines import engine_spec
-from ..settings import LOCAL, LOGITS_ITEMSIZE, LlmSettings, parse_endpoints
+from ..addresses import LOCAL, parse_endpoints
+from ..settings import LOGITS_ITEMSIZE, LlmSettings
 from ..schema import TOP_OUTPUTS
 from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
 from .sampler_targets import (PROBE_AFTER_S, RemoteSampler, SamplerCall, SamplerCallError,
