@@ -99,10 +99,10 @@ def test_output_log_probs_are_zero_per_token_when_not_asked():
     """Never an empty tensor: perf_analyzer 2.50's JSON export wrote garbage
     for one; cum_log_probs is 0 alike."""
     outputs = encode_event(GenerationEvent(0, " Paris", [3, 4], [], 5, 2, float("nan")))
-    assert outputs["output_log_probs"].tolist() == [0.0, 0.0]
+    assert outputs["output_log_probs"].tolist() == [[0.0, 0.0]]  # [beams, tokens]
     assert outputs["cum_log_probs"].tolist() == [0.0]
     asked = encode_event(GenerationEvent(0, " Paris", [3], [-0.5], 5, 1, -0.5))
-    assert asked["output_log_probs"].tolist() == [-0.5]
+    assert asked["output_log_probs"].tolist() == [[-0.5]]
 
 
 def python_backend_utils():

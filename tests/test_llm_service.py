@@ -278,7 +278,7 @@ def test_a_request_failing_on_our_side_is_answered_and_logged_with_its_traceback
 
     decode = llm_service.decode_generate
 
-    def broken_once(request_inputs, parameters):
+    def broken_once(request_inputs, *parameters):
         patch.undo()  # the next request decodes normally
         raise bug("a bug")
 
@@ -352,8 +352,9 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation():
                                         "cum_log_probs"}
     assert len(four[-1][0]) == 8 and four[-1][0]["finish_reason"][0] == b"length"
     assert four[-1][0]["stop_reason"].tolist() == [b"null"]
-    assert [p for o, _, _ in four_logprobs for p in o["output_log_probs"].tolist()] == \
-        pytest.approx(run_requests([seeded(False, logprobs=True)])[0][0][0]["output_log_probs"])
+    assert [p for o, _, _ in four_logprobs for p in o["output_log_probs"].reshape(-1)] == \
+        pytest.approx(run_requests([seeded(False, logprobs=True)])[0][0][0]["output_log_probs"]
+                      .reshape(-1))
 
 
 def test_the_servers_stream_interval_is_the_default_and_a_request_overrides_it():
@@ -526,7 +527,7 @@ def test_a_request_in_tensorrt_llms_core_dialect_is_answered_in_its_outputs(stre
         assert ids == (tokens if responses is excluded else prompt + tokens)
     assert len(whole) == (len(tokens) if stream else 1)
     values = [v for o, _, _ in logprobs for v in o["beam_output_log_probs"].reshape(-1).tolist()]
-    expected = [v for o, _, _ in plain for v in o["output_log_probs"].tolist()]
+    expected = [v for o, _, _ in plain for v in o["output_log_probs"].reshape(-1).tolist()]
     assert values == pytest.approx(expected)
     assert logprobs[-1][0]["beam_cum_log_probs"][0] == pytest.approx(sum(expected), abs=1e-4)
 

@@ -282,7 +282,8 @@ GENERATE_INPUTS = (
 GENERATE_OUTPUTS = (
     Tensor("text_output", "BYTES", (-1,), optional=False),
     Tensor("output_ids", "INT32", (-1,), optional=False),
-    Tensor("output_log_probs", "FP32", (-1,), optional=False),
+    # [beams, tokens], one beam: TensorRT-LLM's ensemble's dims
+    Tensor("output_log_probs", "FP32", (-1, -1), optional=False),
     Tensor("cum_log_probs", "FP32", optional=False),
     Tensor(TOP_OUTPUTS[0], "INT32", (-1, -1), optional=False),
     Tensor(TOP_OUTPUTS[1], "FP32", (-1, -1), optional=False),

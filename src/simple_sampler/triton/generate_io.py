@@ -418,8 +418,8 @@ def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
     if full or logprobs:
         # 0.0 per token when not asked, as cum_log_probs: an empty tensor
         # here made perf_analyzer 2.50 write garbage into its JSON export.
-        outputs["output_log_probs"] = np.array(
-            event.logprobs or [0.0] * len(event.token_ids), dtype=np.float32)
+        outputs["output_log_probs"] = np.array(  # [beams, tokens], one beam
+            [event.logprobs or [0.0] * len(event.token_ids)], dtype=np.float32)
         # 0 when not asked, as TensorRT-LLM does (NaN is not valid JSON).
         outputs["cum_log_probs"] = np.array(
             [0.0 if np.isnan(event.cum_log_prob) else event.cum_log_prob], dtype=np.float32)

@@ -112,7 +112,7 @@ class TritonPythonModel:
 
 def last_outputs():
     """The outputs only a stream's last response carries (values immaterial)."""
-    return [pb_utils.Tensor("output_log_probs", np.zeros((1, 1), np.float32)),
+    return [pb_utils.Tensor("output_log_probs", np.zeros((1, 1, 1), np.float32)),
             pb_utils.Tensor("cum_log_probs", np.zeros((1, 1), np.float32)),
             pb_utils.Tensor("num_input_tokens", np.ones((1, 1), np.int32)),
             pb_utils.Tensor("num_output_tokens", np.ones((1, 1), np.int32)),
