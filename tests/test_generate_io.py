@@ -6,7 +6,8 @@ import pytest
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
 from simple_sampler.triton.byte_tensors import install_byte_serializer
-from simple_sampler.triton.generate_io import decode_generate, encode_event
+from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.generate_outputs import encode_event
 
 
 def test_logit_bias_inputs_become_the_sampling_params_bias():

@@ -21,8 +21,8 @@ from simple_sampler.serving.simulated import SimulatedEngine, SimulatedSpec
 from simple_sampler.serving.static_decode import StaticEngine
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.serving.torch_engine import TorchEngine
-from simple_sampler.triton.generate_io import (LOGPROB_FLOOR, decode_generate, encode_event,
-                                               merge_events)
+from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.generate_outputs import LOGPROB_FLOOR, encode_event, merge_events
 
 from fakes import VOCAB, FakeEngine, FakeTokenizer, tiny
 

@@ -15,7 +15,8 @@ from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.samplers import threaded
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.shvs.hot_vocab import HotVocab
-from simple_sampler.triton.generate_io import decode_generate, encode_event
+from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.generate_outputs import encode_event
 from simple_sampler.triton.hot_first_sampler import HotFirstSampler
 from simple_sampler.triton.sampler_pool import SamplerPool
 from simple_sampler.triton.sampler_targets import SamplerTarget

@@ -16,7 +16,8 @@ import numpy as np
 from ..serving.decoder_stats import DecoderStats
 from ..serving.generation import GenerationEvent, RequestHandle
 from ..serving.text import TextCodec
-from .generate_io import DecodedRequest, encode_event, merge_events
+from .generate_io import DecodedRequest
+from .generate_outputs import encode_event, merge_events
 from .trtllm_core import core_outputs
 
 log = logging.getLogger(__name__)

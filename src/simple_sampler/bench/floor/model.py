@@ -18,7 +18,7 @@ Two response shapes, by request: a request of ``max_tokens`` alone gets one
 INT32 output (``output_ids``), the least Triton can carry; a request that
 sends the llm model's inputs (``text_input`` among them: the bench's
 ``floor-llm`` route) gets what the llm model sends a stream with
-``stream_interval`` 1 (``generate_io.encode_event``): ``text_output`` (BYTES)
+``stream_interval`` 1 (``generate_outputs.encode_event``): ``text_output`` (BYTES)
 and ``output_ids`` per token, and all eight outputs on the last response.
 The difference between the two is Triton's cost of our response shape,
 without any of our own work.
