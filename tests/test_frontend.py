@@ -244,7 +244,9 @@ def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):
     assert plan.params["return_log_probs"] is False
     # a completion's default is OpenAI's 16
     assert post(client, "/v1/completions", completion()).status_code == 200
-    assert recorder.plans[1].params == {"max_tokens": 16, "return_log_probs": False}
+    # and top_p 1, OpenAI's, said (the llm model reads no top_k and no top_p as greedy)
+    assert recorder.plans[1].params == {"max_tokens": 16, "return_log_probs": False,
+                                        "top_p": 1.0}
     assert recorder.plans[1].prompt_ids == codec.encode("The capital of France is")
 
 

@@ -31,6 +31,7 @@ def stacked(*requests):
 def prompt(text, seed, max_tokens, stream):
     return {**inputs(text, max_tokens, stream), "random_seed": np.array([[seed]], np.uint64),
             "temperature": np.array([[4.0]], np.float32),  # the second letter is drawn too
+            "top_p": np.array([[1.0]], np.float32),  # sampled (no top_p or top_k: greedy)
             "min_length": np.array([[max_tokens]], np.int32),  # no early end
             "exclude_input_in_output": np.array([[True]])}
 

@@ -190,9 +190,12 @@ def test_the_codecs_and_clients_use_the_schema():
     assert set().union(*perf_inputs) <= set(schema.ENSEMBLE.input_names)
     # The defaults the schema states are the ones the code applies.
     assert schema.ENSEMBLE.input("max_tokens").default == GenerationRequest.max_tokens
-    request = generate_io.decode_generate({"text_input": [[b"hi"]]}).request
+    # (in the vLLM backend's shapes: in TensorRT-LLM's, no top_k and no top_p
+    # is greedy, as there, top_k 1: docs/TENSORS.md)
+    request = generate_io.decode_generate({"text_input": [b"hi"]}).request
     for name, field in generate_io.SAMPLING_INPUTS.items():
         assert getattr(request.sampling, field) == schema.ENSEMBLE.input(name).default, name
+    assert generate_io.decode_generate({"text_input": [[b"hi"]]}).request.sampling.top_k == 1
     for name, (field, default) in sampler_codec.SCALAR_INPUTS.items():
         assert default == schema.SAMPLER.input(name).default, name
 

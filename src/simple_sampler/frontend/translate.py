@@ -386,6 +386,9 @@ def _prompt_logprobs(request: Sampling, plan: Plan) -> None:
 def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
           max_tokens: int, logprobs: bool, top: int) -> Plan:
     params = _sampling_params(request, served)
+    # OpenAI's default, said: the llm model reads a request without top_k
+    # and top_p as greedy, as TensorRT-LLM does (generate_io.decode_generate)
+    params.setdefault(PARAM_INPUTS["top_p"], 1.0)
     if "min_length" in params and params["min_length"] > max_tokens:
         raise RequestError(f"min_tokens ({params['min_length']}) must be at most the maximum "
                            f"number of tokens ({max_tokens})", "min_tokens")

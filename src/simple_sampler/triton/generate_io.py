@@ -23,7 +23,7 @@ from ..schema import (CORE_ALIASES, IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LO
                       VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationRequest
 from ..settings import MAX_GENERATIONS
-from .vllm_params import SAMPLING_PARAMETERS, vllm_inputs
+from .vllm_params import SAMPLING_PARAMETERS, TRTLLM_PARAMETERS, vllm_inputs
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
 #: seed's two inputs are reconciled first).
@@ -206,34 +206,31 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     InvalidRequest naming the input; ranges are checked by
     ``GenerationRequest.validate`` when the decoder takes it. `exclude_input`:
     exclude_input_in_output where the request does not say (the server's).
+
+    Which defaults: TensorRT-LLM's (no top_k and no top_p is greedy, as its
+    sampling reads top_k 0 with top_p 0, ``top_p_zero_is_off``) in its
+    shapes (the batch dimension) or its tensorrt_llm model's dialect
+    (request_output_len), unless vLLM's sampling parameters come; vLLM's (the
+    whole distribution at the temperature) with those, or in the vLLM
+    backend's shapes (no batch dimension).
     """
     present = {k: v for k, v in inputs.items() if v is not None}
+    vllm_dialect = SAMPLING_PARAMETERS in present or all(np.ndim(v) < 2 for v in present.values())
     sent_as = _add_vllm_inputs(present, parameters)
+    vllm_dialect = vllm_dialect or any(place not in TRTLLM_PARAMETERS
+                                       for place in sent_as.values())
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
     # TensorRT-LLM's tensorrt_llm model's dialect: its required input given
     core = "request_output_len" in present
     _check_other_names(present, sent_as)
-    if core and "top_p" not in present:  # its default: greedy unless a top_k is given
+    if (core or not vllm_dialect) and "top_p" not in present:
         present["top_p"] = np.zeros((1, 1), np.float32)
     top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
     flags = {name: bool(_single(name, present[name])) if name in present
              else exclude_input and name == "exclude_input_in_output" for name in FLAG_INPUTS}
-    sampling = {field: _single(name, present[name])
-                for name, field in SAMPLING_INPUTS.items() if name in present}
-    seeds = [name for name in ("random_seed", "seed") if name in present]
-    if len(seeds) == 2 and _single("seed", present["seed"]) != _single("random_seed",
-                                                                        present["random_seed"]):
-        raise InvalidRequest("seed and random_seed are the same parameter; they disagree")
-    if seeds:
-        sampling["seed"] = int(_single(seeds[0], present[seeds[0]]))
-    sampling["logit_bias"] = _logit_bias(present.get("logit_bias_ids"),
-                                         present.get("logit_bias_values"))
-    if "stop_token_ids" in present:
-        sampling["stop_token_ids"] = [int(t) for t in np.asarray(present["stop_token_ids"])
-                                      .reshape(-1)]
     text, prompt_ids = _prompt(present, flags["apply_chat_template"])
     end_id = int(_single("end_id", present["end_id"])) if "end_id" in present else None
     # TensorRT-LLM's -1: no end id, its tensorrt_llm model's default
@@ -247,7 +244,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         text=text, prompt_ids=prompt_ids, chat=flags["apply_chat_template"],
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
         else GenerationRequest.max_tokens,
-        sampling=SamplingParams(**sampling),
+        sampling=_sampling(present),
         end_id=None if no_end else end_id,
         ignore_end=flags[IGNORE_EOS.name] or no_end,
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
@@ -272,6 +269,24 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
                           _word_bias(present.get("embedding_bias_words"),
                                      present.get("embedding_bias_weights")),
                           _sequences(present), core and _core_outputs_only(present, flags))
+
+
+def _sampling(present: Mapping[str, object]) -> SamplingParams:
+    """The request's sampling parameters (its seed under either name)."""
+    sampling = {field: _single(name, present[name])
+                for name, field in SAMPLING_INPUTS.items() if name in present}
+    seeds = [name for name in ("random_seed", "seed") if name in present]
+    if len(seeds) == 2 and _single("seed", present["seed"]) != _single("random_seed",
+                                                                        present["random_seed"]):
+        raise InvalidRequest("seed and random_seed are the same parameter; they disagree")
+    if seeds:
+        sampling["seed"] = int(_single(seeds[0], present[seeds[0]]))
+    sampling["logit_bias"] = _logit_bias(present.get("logit_bias_ids"),
+                                         present.get("logit_bias_values"))
+    if "stop_token_ids" in present:
+        sampling["stop_token_ids"] = [int(t) for t in np.asarray(present["stop_token_ids"])
+                                      .reshape(-1)]
+    return SamplingParams(**sampling)
 
 
 def _core_outputs_only(present: Mapping[str, object], flags: Mapping[str, bool]) -> bool:

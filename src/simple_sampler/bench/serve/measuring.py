@@ -47,8 +47,9 @@ def prompts() -> list[str]:
 def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int) -> dict:
     start = time.perf_counter()
     arrivals, tokens = [], 0
+    # top_p 1: sampled (without top_k and top_p a request is greedy)
     for chunk in client.stream(prompt, max_tokens=max_tokens, min_length=max_tokens, seed=seed,
-                               apply_chat_template=True):
+                               top_p=1.0, apply_chat_template=True):
         if chunk.token_ids:
             arrivals.append(time.perf_counter())
             tokens += len(chunk.token_ids)

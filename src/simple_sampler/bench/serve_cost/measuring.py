@@ -110,8 +110,8 @@ def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int,
                   "random_seed": np.array([[seed]], np.uint64)}
         if stream_interval != 1:
             arrays["stream_interval"] = np.array([[stream_interval]], np.int32)
-        if top_p is not None:
-            arrays["top_p"] = np.array([[top_p]], np.float32)
+        # 1 unless given: sampled (without top_k and top_p a request is greedy)
+        arrays["top_p"] = np.array([[1.0 if top_p is None else top_p]], np.float32)
     inputs = []
     for name, value in arrays.items():
         tensor = grpcclient.InferInput(name, list(value.shape),
@@ -126,8 +126,8 @@ def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int,
 
 async def drive(url: str, config: Config, max_tokens: int, meter: Meter | None,
                 top_p: float | None = None) -> dict:
-    """B concurrent streams of max_tokens tokens (each with `top_p` when
-    given); marks `meter` at the window's ends. The inter-token latencies
+    """B concurrent streams of max_tokens tokens (each with `top_p`, 1 when
+    not given); marks `meter` at the window's ends. The inter-token latencies
     are a stream's gaps between responses within the window, per token."""
     import tritonclient.grpc.aio as grpcclient
 
