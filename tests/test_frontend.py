@@ -224,7 +224,9 @@ def test_sampling_fields_reach_the_llm_inputs_the_schema_names(client, recorder,
     assert plan.params == {
         "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
         "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "seed": 2**64 - 1, "stop_words": ["\n", "."], "min_length": 2, "max_tokens": 20,
+        # stop as vLLM's parameter: matched in the text (the stop_words input, as tokens)
+        "seed": 2**64 - 1, "sampling_parameters": '{"stop": ["\\n", "."]}', "min_length": 2,
+        "max_tokens": 20,
         "logit_bias_ids": [17, 42], "logit_bias_values": [-100.0, 2.5],
         "return_log_probs": True}
 

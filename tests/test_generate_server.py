@@ -254,11 +254,13 @@ def test_stop_words_and_max_tokens_set_the_finish_reason(server):
                                    apply_chat_template=True, exclude_input_in_output=True)
     assert capped.finish_reason == "length" and capped.num_output_tokens == 3
     assert capped.stop_reason is None
+    # the stop_words input is TensorRT-LLM's: the word's tokens end it, and stay
     stopped = grpc(server).generate(QUESTION, max_tokens=24, temperature=0.0,
                                     apply_chat_template=True, exclude_input_in_output=True,
-                                    stop_words=[" Paris"])
+                                    stop_words=[" Paris", "Par"])
     assert stopped.finish_reason == "stop" and stopped.stop_reason == " Paris"
-    assert "Paris" not in stopped.text and stopped.text.startswith("The capital of France is")
+    assert stopped.text.startswith("The capital of France is Paris")
+    assert stopped.text.endswith(" Paris")
 
 
 def test_a_cancelled_stream_frees_its_slot(server):
@@ -378,10 +380,11 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
     renamed = generate_json(server, model, {
         "text_input": PLAIN, "temperature": 0, "max_tokens": 12, "exclude_input_in_output": True,
         "parameters": {"stop": words[1], "logprobs": 2, "min_tokens": 1}})
-    same = generate_json(server, model, {
+    same = generate_json(server, model, {  # stop in vLLM's JSON: the stop_words input is
+        # TensorRT-LLM's, matched as tokens (test_stop_words_and_max_tokens_...)
         "text_input": PLAIN, "temperature": 0, "max_tokens": 12, "exclude_input_in_output": True,
-        "stop_words": [words[1]], "return_log_probs": True, "num_top_logprobs": 2,
-        "min_length": 1})
+        "sampling_parameters": json.dumps({"stop": [words[1]]}), "return_log_probs": True,
+        "num_top_logprobs": 2, "min_length": 1})
     assert renamed == {**same, "model_name": model} and renamed["finish_reason"] == "stop"
     assert len(renamed["top_logprobs_ids"]) == 2 * renamed["num_output_tokens"]
 

@@ -324,6 +324,7 @@ def seeded(stream, interval=None, logprobs=False):
     request = {**inputs(max_tokens=23, stream=stream),
                "random_seed": np.array([[7]], np.uint64),
                "temperature": np.array([[4.0]], np.float32),  # the second letter is drawn too
+               "top_p": np.array([[1.0]], np.float32),  # sampled (no top_p or top_k: greedy)
                "min_length": np.array([[23]], np.int32),  # no early end
                "exclude_input_in_output": np.array([[True]]),
                "return_log_probs": np.array([[logprobs]])}
@@ -413,9 +414,11 @@ def test_close_is_bounded_and_says_what_the_loop_waits_on(monkeypatch, caplog):
 
 def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
     """Rows with stop words take the step path too (the decoder matches them):
-    the streamed text stops before the word, as the non-streamed answer does."""
+    the streamed text stops before the word (vLLM's stop, matched in the
+    text), as the non-streamed answer does."""
     def stopped(stream, interval=None):
-        request = {**seeded(stream, interval), "stop_words": np.array([[b"fgh"]], object),
+        request = {**seeded(stream, interval),
+                   "sampling_parameters": np.array([[b'{"stop": ["fgh"]}']], object),
                    "ignore_eos": np.array([[True]])}  # min_length would hold the word back
         del request["min_length"]
         return request
@@ -426,6 +429,27 @@ def test_a_stop_word_cuts_a_stream_as_it_cuts_the_whole_answer():
     assert joined(one) == joined(four) == (text, ids)
     assert [final for _, _, final in one] == [False] * (len(ids) - 1) + [True]
     assert one[-1][0]["finish_reason"][0] == b"stop"
+
+
+def test_tensorrt_llms_stop_words_end_where_the_tokens_end_with_a_words_and_keep_it():
+    """The stop_words input is TensorRT-LLM's: each word encoded alone, the
+    generation ends once its tokens end with the word's, the word kept in the
+    text; vLLM's stop matches the text and cuts it. Streamed or not, alike."""
+    def stopped(stream, words):
+        request = {**seeded(stream), **words, "ignore_eos": np.array([[True]])}
+        del request["min_length"]
+        return request
+
+    as_tokens = {"stop_words": np.array([[b"zz", b"fgh"]], object)}
+    as_text = {"sampling_parameters": np.array([[b'{"stop": ["zz", "fgh"]}']], object)}
+    stream, whole, cut = run_requests([stopped(True, as_tokens), stopped(False, as_tokens),
+                                       stopped(False, as_text)])
+    text, ids = joined(whole)
+    assert joined(stream) == (text, ids) and text.endswith("fgh") and 3 < len(ids) < 23
+    assert joined(cut) == (text[:-3], ids)  # the same tokens, the word cut from the text
+    for responses in (stream, whole, cut):
+        assert responses[-1][0]["finish_reason"][0] == b"stop"
+        assert responses[-1][0]["stop_reason"][0] == b'"fgh"'
 
 
 def test_a_step_whose_answer_fails_ends_its_requests_and_the_service_serves_on(caplog):

@@ -265,9 +265,9 @@ def test_text_fed_unarmed_ends_no_stop_word_but_may_begin_one():
 
 
 def test_bad_words_ids(codec):
-    ids = codec.bad_words_ids(["Paris", " Paris"])
+    ids = codec.words_ids(["Paris", " Paris"])
     assert [codec.decode(i) for i in ids] == ["Paris", " Paris"]
     with pytest.raises(ValueError, match="bad_words must be non-empty strings"):
-        codec.bad_words_ids([""])
+        codec.words_ids([""])
     with pytest.raises(ValueError, match="stop_words must be non-empty strings"):
         StopMatcher([3])

@@ -239,8 +239,10 @@ GENERATE_INPUTS = (
     _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
             param="seed"),
     Tensor("stop_words", "BYTES", (-1,), default="none",
-           allowed="strings (empty ones name no word); the text is cut before them (after "
-                   "them with include_stop_str_in_output)"),
+           allowed="strings (empty ones name no word), as TensorRT-LLM reads them: each "
+                   "encoded alone, the generation ends once its tokens end with a word's, the "
+                   "word kept; vLLM's stop (its parameter) is matched in the text instead, cut "
+                   "before it (after it with include_stop_str_in_output)"),
     _scalar("include_stop_str_in_output", "BOOL", False,
             "true: the text keeps the stop word, or the stop or end id's text, that ended "
             "it (vLLM's name)"),

@@ -15,6 +15,7 @@ range; integer fields are also held to their tensor's data type (an INT32
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import (ANSWERS_ONCE, GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_TOP_LOGPROBS,
                       PROMPT_LOGPROBS, InvalidRequest)
 from ..settings import MAX_GENERATIONS
+from ..triton.vllm_params import SAMPLING_PARAMETERS
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
                        Sampling)
 
@@ -135,8 +137,8 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
         if not all(stop):
             raise RequestError("stop must be a non-empty string or a list of them", "stop")
-        if stop:
-            params["stop_words"] = stop
+        if stop:  # vLLM's stop, matched in the text (the stop_words input: as tokens)
+            params[SAMPLING_PARAMETERS] = json.dumps({"stop": stop})
     if request.logit_bias:
         params["logit_bias_ids"], params["logit_bias_values"] = _logit_bias(request.logit_bias,
                                                                            served.vocab_size)

@@ -71,7 +71,9 @@ class GenerationRequest:
     bans them (with ``ignore_end`` too, as vLLM) until that many tokens
     exist. ``stop_words`` end the generation (text cut before the word, or
     after it with ``include_stop``, which also keeps the text of the stop or
-    end id that ended it: vLLM's ``include_stop_str_in_output``); the text
+    end id that ended it: vLLM's ``include_stop_str_in_output``), or with
+    ``stop_words_as_tokens`` where the generated tokens end with a word's
+    (encoded alone), the word kept (TensorRT-LLM's stop words); the text
     leaves special tokens' text out unless not ``skip_special`` (vLLM's
     ``skip_special_tokens``);
     ``bad_words`` are never generated (each word's last token is banned
@@ -92,6 +94,7 @@ class GenerationRequest:
     end_id: int | None = None
     ignore_end: bool = False
     stop_words: Sequence[str] = ()
+    stop_words_as_tokens: bool = False
     include_stop: bool = False
     skip_special: bool = True
     bad_words: Sequence[str] = ()

@@ -75,12 +75,12 @@ class StepTokens:
         slot = sequence.slot
         self.stepped[slot] = sequence.stepped
         stop_ids = sorted(sequence.stop_ids)
-        self.quiet[slot] = (sequence.stepped and not sequence.stop.stop_words
+        self.quiet[slot] = (sequence.stepped and not sequence.stop.active
                             and not sequence.request.return_log_probs
                             and len(stop_ids) <= STOP_COLUMNS)
         self.end_ids[slot] = -1
         self.end_ids[slot, :len(stop_ids[:STOP_COLUMNS])] = stop_ids[:STOP_COLUMNS]
-        self.stop_words[slot] = bool(sequence.stop.stop_words)
+        self.stop_words[slot] = sequence.stop.active
         self.more_stop_ids[slot] = len(stop_ids) > STOP_COLUMNS
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
@@ -198,9 +198,12 @@ class StepTokens:
             text = sequence.detokenizer.push_token(token)
             if sequence.stop.stop_words:  # without any, feed() returns the text as it is
                 text, stopped = sequence.stop.feed(text, generated > sequence.params.min_tokens)
-        if ended or stopped or generated >= sequence.max_tokens:
+        word = None if ended or stopped or not sequence.stop.sequences else \
+            sequence.stop.feed_token(token, generated > sequence.params.min_tokens)
+        if ended or stopped or word is not None or generated >= sequence.max_tokens:
             sequence.generated = generated
-            self._last(sequence, token, logprob, text, ended or stopped, stopped, top_row)
+            self._last(sequence, token, logprob, text, ended or stopped or word is not None,
+                       stopped, top_row, word)
             return False
         if sequence.stepped:
             sequence.held_text += text
@@ -213,16 +216,18 @@ class StepTokens:
         return True
 
     def _last(self, sequence: DecodeSequence, token: int, logprob: float, text: str,
-              stop: bool, stopped: bool, top_row: list | None = None) -> None:
+              stop: bool, stopped: bool, top_row: list | None = None,
+              word: str | None = None) -> None:
         """The final event of a sequence whose `token` ended it: `stop` (an
-        end or stop id, or a stop string: `stopped`) or its length. The
-        held-back text is released unless a stop string cut it."""
+        end or stop id, a stop string: `stopped`, or the tokens of a stop
+        `word`, kept) or its length. The held-back text is released unless a
+        stop string cut it."""
         if not stopped:
             tail, stopped = sequence.stop.feed(sequence.detokenizer.flush(),
                                                sequence.generated > sequence.params.min_tokens)
             text += tail + sequence.stop.flush()
-        if stopped:
-            sequence.stop_reason = sequence.stop.matched
+        if stopped or word is not None:
+            sequence.stop_reason = word or sequence.stop.matched
         elif stop:
             # vLLM's check_stop: the end of sequence (the tokenizer's, or the
             # request's end_id) is no reason unless ignored; any other stop id

@@ -241,14 +241,15 @@ class TextCodec:
             return bytes(byte_of[char] for char in piece)
         return self.decode([token_id], special).encode()
 
-    def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
-        """Each bad word as the id sequence the model would generate for it
-        (encoded without special tokens). Raises InvalidRequest for a non-string
-        or empty word."""
+    def words_ids(self, words: Sequence[str], name: str = "bad_words") -> list[list[int]]:
+        """Each word as the id sequence the model would generate for it
+        (encoded alone, without special tokens, as TensorRT-LLM's
+        preprocessing encodes its bad and stop words). Raises InvalidRequest
+        naming `name` for a non-string or empty word."""
         lists = []
         for word in words:
             if not isinstance(word, str) or not word:
-                raise InvalidRequest(f"bad_words must be non-empty strings, got {word!r}")
+                raise InvalidRequest(f"{name} must be non-empty strings, got {word!r}")
             lists.append(list(self.tokenizer(word, add_special_tokens=False)["input_ids"]))
         return lists
 
@@ -361,11 +362,17 @@ class StopMatcher:
     (vllm/v1/engine/detokenizer.py, ``BaseIncrementalDetokenizer.update``).
     """
 
-    def __init__(self, stop_words: Sequence[str] = (), include: bool = False):
+    def __init__(self, stop_words: Sequence[str] = (), include: bool = False,
+                 sequences: Mapping[tuple[int, ...], str] | None = None):
         for word in stop_words:
             if not isinstance(word, str) or not word:
                 raise InvalidRequest(f"stop_words must be non-empty strings, got {word!r}")
         self.stop_words = list(stop_words)
+        #: TensorRT-LLM's stop words: token ids -> the word, matched where the
+        #: generated tokens end with them (``feed_token``), kept in the text
+        self.sequences = {ids: word for ids, word in (sequences or {}).items() if ids}
+        self.tail: list[int] = []
+        self.longest = max(map(len, self.sequences), default=0)
         self.include = include
         self.held = ""
         self.stopped = False
@@ -400,6 +407,34 @@ class StopMatcher:
         emit, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         self.unarmed = max(0, self.unarmed - len(emit))
         return emit, False
+
+    @classmethod
+    def of(cls, codec: TextCodec, words: Sequence[str], include: bool = False,
+           as_tokens: bool = False) -> "StopMatcher":
+        """`words` matched in the text (vLLM's stop strings), or as their
+        tokens (TensorRT-LLM's stop words: `as_tokens`)."""
+        if not as_tokens:
+            return cls(words, include)
+        ids = codec.words_ids(words, "stop_words")
+        return cls(include=include, sequences={tuple(word_ids): word
+                                               for word_ids, word in zip(ids, words)})
+
+    @property
+    def active(self) -> bool:
+        """Whether anything can stop the stream: each token must be looked at."""
+        return bool(self.stop_words or self.sequences)
+
+    def feed_token(self, token: int, armed: bool = True) -> str | None:
+        """The stop word whose tokens the generated ones end with, now that
+        `token` came (TensorRT-LLM's rule), or None; unless `armed`, none."""
+        self.tail.append(token)
+        del self.tail[:-self.longest]
+        if not armed:
+            return None
+        for ids, word in self.sequences.items():
+            if len(self.tail) >= len(ids) and tuple(self.tail[-len(ids):]) == ids:
+                return word
+        return None
 
     def _match(self, word: str) -> tuple[int, int] | None:
         """(end, start) in `held` of `word`'s first occurrence that ends past

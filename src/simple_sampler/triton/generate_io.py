@@ -248,6 +248,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         end_id=None if no_end else end_id,
         ignore_end=flags[IGNORE_EOS.name] or no_end,
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
+        # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
+        stop_words_as_tokens="stop_words" not in sent_as,
         include_stop=flags["include_stop_str_in_output"],
         # the one flag true unless sent (vLLM's default)
         skip_special=bool(_single("skip_special_tokens", present["skip_special_tokens"]))
