@@ -341,3 +341,26 @@ def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():
 def test_bad_embedding_bias_inputs_are_refused_by_name(inputs, message):
     with pytest.raises(InvalidRequest, match=f"embedding_bias_w.*{message}"):
         decode_generate({"input_ids": np.array([[1, 2]], np.int32), **inputs})
+
+
+@pytest.mark.parametrize("inputs, parameters, greedy", [
+    ({"temperature": [[0.8]]}, None, True),  # TensorRT-LLM's shapes: its defaults
+    ({"temperature": [[0.8]]}, {"Streaming": False}, True),  # its client's parameter
+    ({"temperature": [[0.8]], "top_k": [[50]]}, None, False),
+    ({"temperature": [[0.8]], "top_p": [[1.0]]}, None, False),
+    ({"temperature": [[0.8]]}, {"min_tokens": 1}, False),  # vLLM's names: its defaults
+    ({"temperature": [[0.8]], "sampling_parameters": [[b"{}"]]}, None, False),
+    ({"temperature": [0.8]}, None, False),  # the vLLM backend's shapes
+])
+def test_no_top_k_and_no_top_p_is_greedy_as_tensorrt_llm_reads_it_unless_vllms(
+        inputs, parameters, greedy):
+    """TensorRT-LLM's defaults (top_k 0 and top_p 0: greedy) for a request in
+    its shapes; vLLM's (the whole distribution) where vLLM's parameters come
+    or the tensors have the vLLM backend's shapes."""
+    batched = np.ndim(next(iter(inputs.values()))) == 2
+    prompt = {"text_input": np.array([[b"hi"]] if batched else [b"hi"], object)}
+    arrays = {name: np.array(value, object if name == "sampling_parameters" else
+                             np.int32 if name == "top_k" else np.float32)
+              for name, value in inputs.items()}
+    sampling = decode_generate({**prompt, **arrays}, parameters).request.sampling
+    assert (sampling.top_k == 1) is greedy and sampling.temperature == pytest.approx(0.8)

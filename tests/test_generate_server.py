@@ -518,12 +518,14 @@ def test_tensorrt_llms_end_to_end_client_runs_as_it_is(server, streaming):
 
 
 def trtllm_client_inputs(prompt: str, streaming: bool, seed: int) -> dict:
-    """end_to_end_grpc_client.py's prepare_inputs at its defaults, with a seed."""
+    """end_to_end_grpc_client.py's prepare_inputs at its defaults, with a seed
+    and its --top-p 1 (at its defaults it is greedy, as there)."""
     return {"text_input": np.array([[prompt]]).astype(object),
             "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * 8,
             "stream": np.array([[streaming]], dtype=bool),
             "beam_width": np.array([[1]], dtype=np.int32),
             "temperature": np.array([[1.0]], dtype=np.float32),
+            "top_p": np.array([[1.0]], dtype=np.float32),
             "exclude_input_in_output": np.array([[False]], dtype=bool),
             "min_tokens": np.array([[8]], dtype=np.int32),
             "seed": np.array([[seed]], dtype=np.uint64)}
@@ -552,7 +554,7 @@ def alone(server, prompt: str, seed: int, streaming: bool) -> str:
     """What end_to_end_grpc_client.py's request of `prompt` reads, asked over
     HTTP generate on its own: the streamed text, or the prompt and the text."""
     whole = generate_json(server, "ensemble", {
-        "text_input": prompt, "max_tokens": 8, "min_length": 8, "seed": seed,
+        "text_input": prompt, "max_tokens": 8, "min_length": 8, "seed": seed, "top_p": 1.0,
         "exclude_input_in_output": True})["text_output"]
     return whole if streaming else prompt + whole
 

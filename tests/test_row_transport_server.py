@@ -24,7 +24,8 @@ from simple_sampler.serving.simulated import LABEL
 
 pytestmark = pytest.mark.slow
 SEEDS = (7, 8, 9, 10)
-PARAMS = ({"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9},
+PARAMS = ({"temperature": 0.0}, {"temperature": 1.0, "top_p": 1.0},
+          {"temperature": 0.8, "top_p": 0.9},
           {"temperature": 1.0, "top_k": 50, "repetition_penalty": 1.2})
 
 

@@ -37,7 +37,9 @@ OTHER_PROMPTS = ["Hi", "Name three rivers in Europe and say which country each o
                  "of a bedtime story for a five year old child who likes castles."]
 #: setting -> (its parameters, its seeds): the untruncated rows, where a
 #: flip is likeliest, get most of them
-SETTINGS = {"temperature 1, untruncated": (dict(temperature=1.0), range(1000, 1005)),
+# top_p 1 said: without top_k and top_p a request is greedy
+SETTINGS = {"temperature 1, untruncated": (dict(temperature=1.0, top_p=1.0),
+                                           range(1000, 1005)),
             "top_p 0.9": (dict(temperature=1.0, top_p=0.9), range(1016, 1019))}
 SEEDS = {seed: (setting, params) for setting, (params, seeds) in SETTINGS.items()
          for seed in seeds}

@@ -271,3 +271,21 @@ def test_bad_words_ids(codec):
         codec.words_ids([""])
     with pytest.raises(ValueError, match="stop_words must be non-empty strings"):
         StopMatcher([3])
+
+
+def test_tensorrt_llms_stop_words_match_the_ids_the_prompt_included():
+    """Each word encoded alone; the sequence's ids, prompt included, ending
+    with a word's end the generation (TensorRT-LLM's stop criterion reads
+    the sequence's ids: a word may begin in the prompt)."""
+    from fakes import FakeTokenizer
+
+    codec = TextCodec(FakeTokenizer())
+    ids = lambda text: codec.words_ids([text])[0]  # noqa: E731 - one letter, one id
+    begun = StopMatcher.of(codec, ["bc", "xyz"], as_tokens=True, prompt_ids=ids("ab"))
+    assert begun.feed_token(ids("c")[0]) == "bc"
+    later = StopMatcher.of(codec, ["xyz"], as_tokens=True, prompt_ids=ids("ab"))
+    assert [later.feed_token(i) for i in ids("axyz")] == [None, None, None, "xyz"]
+    short = StopMatcher.of(codec, ["fgh"], as_tokens=True, prompt_ids=ids("a"))
+    assert [short.feed_token(i) for i in ids("fgh")] == [None, None, "fgh"]  # a short tail
+    assert len(later.tail) == 3  # only the longest word's length is kept
+    assert StopMatcher.of(codec, ["xyz"]).stop_words == ["xyz"]  # vLLM's: text

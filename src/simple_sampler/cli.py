@@ -193,8 +193,12 @@ def generate(args: argparse.Namespace) -> int:
     from .client import GenerateClient, GenerationError
 
     params = {t.name: getattr(args, t.name) for t in GENERATION_FLAGS}
-    params.update(stop_words=args.stop or None, bad_words=args.bad or None,
-                  apply_chat_template=not args.raw, exclude_input_in_output=True)
+    if params["top_p"] is None and params["top_k"] is None:
+        params["top_p"] = 1.0  # sampled: the server reads neither as greedy (TensorRT-LLM's)
+    # --stop as vLLM's stop, matched in the text (the stop_words input's words: as tokens)
+    params.update(sampling_parameters=json.dumps({"stop": args.stop}) if args.stop else None,
+                  bad_words=args.bad or None, apply_chat_template=not args.raw,
+                  exclude_input_in_output=True)
     # a url's scheme names its protocol when --protocol does not
     scheme = args.url.split("://")[0].lower() if args.url and "://" in args.url else ""
     protocol = args.protocol or ("http" if scheme in ("http", "https") else "grpc")
@@ -311,16 +315,18 @@ def add_serving(commands) -> None:
     gen.add_argument("--protocol", choices=["grpc", "http"],
                      help="default: http for an http(s):// --url, else grpc")
     gen.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
-    gen.add_argument("--stop", action="append", help="a stop word (repeatable)")
+    gen.add_argument("--stop", action="append",
+                     help="a stop string, matched in the text, cut before it (repeatable)")
     gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")
     for tensor in GENERATION_FLAGS:
         # max_tokens: 64 here, a better first answer than the server's 16;
         # and never 0, which only prompt_logprobs allows
         default = 64 if tensor.name == "max_tokens" else None
         allowed = "[1, context - 1]" if tensor.name == "max_tokens" else tensor.allowed
+        said = {"top_p": "1.0 unless --top-k is given; neither is greedy"}.get(tensor.name)
         gen.add_argument(f"--{tensor.name.replace('_', '-')}",
                          type=float if tensor.dtype.startswith("FP") else int, default=default,
-                         help=f"{allowed} (default: {default or tensor.default})")
+                         help=f"{allowed} (default: {said or default or tensor.default})")
     gen.set_defaults(handler=generate)
 
     check = commands.add_parser("gpu-check", help="the first GPU run, checked end to end "

@@ -170,8 +170,8 @@ IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
 TRTLLM_INPUTS = (
     _scalar("min_tokens", "INT32", 0,
             "min_length's alias (TensorRT-LLM's name now, and vLLM's); the two must agree; "
-            "at most max_tokens (vLLM's rule); as min_length, a stop word ending within it "
-            "ends nothing (vLLM's rule, where TensorRT-LLM's stop words ignore min_tokens)"),
+            "at most max_tokens (vLLM's rule); as min_length, vLLM's stop string ending "
+            "within it ends nothing (the stop_words input's words, as TensorRT-LLM's, do)"),
     _scalar("beam_width", "INT32", 1, "1 (or 0, which TensorRT-LLM reads as 1) only: sampling "
             "(beam search is not implemented here)"),
     _scalar("num_return_sequences", "INT32", 1,
@@ -263,8 +263,9 @@ GENERATE_INPUTS = (
             "with ignore_eos)"),
     IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",
-            allowed=">= 0: the end ids and stop_token_ids are banned until reached, and a "
-                    "stop word ending within those tokens ends nothing (vLLM's min_tokens)"),
+            allowed=">= 0: the end ids and stop_token_ids are banned until reached, and "
+                    "vLLM's stop string ending within those tokens ends nothing (vLLM's "
+                    "min_tokens); the stop_words input's words end it there too (TensorRT-LLM's)"),
     _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
     PROMPT_LOGPROBS,
@@ -322,8 +323,9 @@ ENSEMBLE = Model("ensemble", GENERATE_INPUTS, GENERATE_OUTPUTS)
 CORE_ALIASES = {"request_output_len": "max_tokens", "runtime_top_k": "top_k",
                 "runtime_top_p": "top_p", "streaming": "stream", "len_penalty": "length_penalty"}
 #: Defaults that differ in that model's dialect: its own
-_CORE_DEFAULTS = {"runtime_top_p": "1.0; 0 when request_output_len is given (TensorRT-LLM's "
-                                   "default: greedy unless runtime_top_k is given)"}
+_CORE_DEFAULTS = {"runtime_top_p": "1.0; 0 in TensorRT-LLM's shapes without vLLM's parameters, "
+                                   "and when request_output_len is given (its default: greedy "
+                                   "unless runtime_top_k is given)"}
 CORE_INPUTS = tuple(
     dataclasses.replace(ENSEMBLE.input(name), name=alias, param="",
                         default=_CORE_DEFAULTS.get(alias, ENSEMBLE.input(name).default),

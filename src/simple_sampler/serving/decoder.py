@@ -270,7 +270,7 @@ class Decoder:
         return DecodeSequence(request_id, request, RequestHandle(self, request_id), prompt_ids,
                               params, self.codec.detokenizer(prompt_ids, not request.skip_special),
                               StopMatcher.of(self.codec, request.stop_words, request.include_stop,
-                                             request.stop_words_as_tokens),
+                                             request.stop_words_as_tokens, prompt_ids),
                               bad_words_ids, num_input_tokens=len(prompt_ids),
                               max_tokens=request.max_tokens, stop_ids=stop_ids)
 

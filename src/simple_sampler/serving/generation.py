@@ -9,7 +9,8 @@ or a stop word), ``"length"`` (max_tokens reached) or ``"cancelled"``; or
 exactly one final event; a request rejected by validation raises InvalidRequest
 from ``Decoder.submit`` instead. An end or stop id and the tokens of a stop
 word count as generated tokens and are in ``token_ids``; their text is not
-in ``text`` unless the request asks for it (``include_stop``). A consumer
+in ``text`` unless the request asks for it (``include_stop``), but for a
+word matched as tokens (``stop_words_as_tokens``), which stays. A consumer
 that streams many requests (the llm model) takes their other tokens a step
 at a time instead (``Decoder.on_step``, :meth:`RequestHandle.listen` with a
 sink): no event per token, one call per step for the requests due, each

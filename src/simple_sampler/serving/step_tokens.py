@@ -9,7 +9,7 @@ the rest with its final event. Until then they are only in its history (the
 decoder's ``BatchState``), and a *quiet* request's are not even detokenized:
 its held ids go through its detokenizer when they are handed out. So a
 quiet row whose token neither ends its request nor is due costs the step no
-Python. Quiet: stepped, no stop strings (their text is matched token by
+Python. Quiet: stepped, no stop strings or words (matched token by
 token), no logprobs (events carry them), at most STOP_COLUMNS stop ids
 (compared in numpy).
 """
@@ -57,7 +57,7 @@ class StepTokens:
         self.max_tokens = np.zeros(slots, np.int64)
         self.due_at = np.zeros(slots, np.int64)
         self.interval = np.zeros(slots, np.int64)
-        #: whether the slot's request has stop strings (found in its text)
+        #: whether the slot's request has stop strings or words (found token by token)
         self.stop_words = np.zeros(slots, bool)
         #: whether it has more stop ids than `end_ids` holds (found by a set lookup)
         self.more_stop_ids = np.zeros(slots, bool)
@@ -199,7 +199,7 @@ class StepTokens:
             if sequence.stop.stop_words:  # without any, feed() returns the text as it is
                 text, stopped = sequence.stop.feed(text, generated > sequence.params.min_tokens)
         word = None if ended or stopped or not sequence.stop.sequences else \
-            sequence.stop.feed_token(token, generated > sequence.params.min_tokens)
+            sequence.stop.feed_token(token)
         if ended or stopped or word is not None or generated >= sequence.max_tokens:
             sequence.generated = generated
             self._last(sequence, token, logprob, text, ended or stopped or word is not None,

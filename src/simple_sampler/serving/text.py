@@ -14,7 +14,9 @@ stop-word matching.
   boundaries, and holds back any tail that may still grow into a stop string,
   so no text after (or partly inside) a stop string is ever emitted. The stop
   string itself is not part of the output (OpenAI's convention) unless asked
-  for (vLLM's include_stop_str_in_output).
+  for (vLLM's include_stop_str_in_output). Or, for TensorRT-LLM's stop
+  words, it finds where the sequence's ids end with a word's (``feed_token``),
+  the word kept.
 """
 from __future__ import annotations
 
@@ -352,7 +354,8 @@ class Detokenizer:
 
 class StopMatcher:
     """Cuts a text stream at the first stop string (module docstring): before
-    it, or after it with `include` (vLLM's include_stop_str_in_output).
+    it, or after it with `include` (vLLM's include_stop_str_in_output); or
+    ends it where its ids end with a word's (`sequences`, ``feed_token``).
 
     ``feed`` returns the text that is safe to emit and whether a stop string
     was found; after a stop nothing more is emitted. Text fed unarmed (the
@@ -410,27 +413,30 @@ class StopMatcher:
 
     @classmethod
     def of(cls, codec: TextCodec, words: Sequence[str], include: bool = False,
-           as_tokens: bool = False) -> "StopMatcher":
+           as_tokens: bool = False, prompt_ids: Sequence[int] = ()) -> "StopMatcher":
         """`words` matched in the text (vLLM's stop strings), or as their
-        tokens (TensorRT-LLM's stop words: `as_tokens`)."""
+        tokens (TensorRT-LLM's stop words: `as_tokens`), which may begin in
+        the prompt's last ids: TensorRT-LLM's stop criterion reads the
+        sequence's ids, prompt included (stopCriteriaKernels.cu)."""
         if not as_tokens:
             return cls(words, include)
         ids = codec.words_ids(words, "stop_words")
-        return cls(include=include, sequences={tuple(word_ids): word
-                                               for word_ids, word in zip(ids, words)})
+        matcher = cls(include=include, sequences={tuple(word_ids): word
+                                                  for word_ids, word in zip(ids, words)})
+        matcher.tail = list(prompt_ids)[-(matcher.longest - 1):] if matcher.longest > 1 else []
+        return matcher
 
     @property
     def active(self) -> bool:
         """Whether anything can stop the stream: each token must be looked at."""
         return bool(self.stop_words or self.sequences)
 
-    def feed_token(self, token: int, armed: bool = True) -> str | None:
-        """The stop word whose tokens the generated ones end with, now that
-        `token` came (TensorRT-LLM's rule), or None; unless `armed`, none."""
+    def feed_token(self, token: int) -> str | None:
+        """The stop word whose tokens the sequence's ids end with, now that
+        `token` came (TensorRT-LLM's rule, which min_tokens does not hold
+        back there), or None."""
         self.tail.append(token)
-        del self.tail[:-self.longest]
-        if not armed:
-            return None
+        del self.tail[:max(0, len(self.tail) - self.longest)]
         for ids, word in self.sequences.items():
             if len(self.tail) >= len(ids) and tuple(self.tail[-len(ids):]) == ids:
                 return word

@@ -215,10 +215,10 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     backend's shapes (no batch dimension).
     """
     present = {k: v for k, v in inputs.items() if v is not None}
-    vllm_dialect = SAMPLING_PARAMETERS in present or all(np.ndim(v) < 2 for v in present.values())
+    vllm_shaped = _vllm_shaped(present)
     sent_as = _add_vllm_inputs(present, parameters)
-    vllm_dialect = vllm_dialect or any(place not in TRTLLM_PARAMETERS
-                                       for place in sent_as.values())
+    vllm_dialect = vllm_shaped or any(place not in TRTLLM_PARAMETERS
+                                      for place in sent_as.values())
     unknown = sorted(set(present) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown input {unknown[0]}")
@@ -271,6 +271,14 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
                           _word_bias(present.get("embedding_bias_words"),
                                      present.get("embedding_bias_weights")),
                           _sequences(present), core and _core_outputs_only(present, flags))
+
+
+def _vllm_shaped(present: Mapping[str, object]) -> bool:
+    """Whether a request takes vLLM's defaults by its form alone: it sends
+    vLLM's JSON (the sampling_parameters input), or its tensors have no
+    batch dimension (the vLLM backend's shapes, a server of
+    generate_max_batch_size 0). Its vLLM parameters, read next, do too."""
+    return SAMPLING_PARAMETERS in present or all(np.ndim(v) < 2 for v in present.values())
 
 
 def _sampling(present: Mapping[str, object]) -> SamplingParams:

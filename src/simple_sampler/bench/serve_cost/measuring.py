@@ -100,7 +100,7 @@ def request_inputs(route: str, max_tokens: int, stream_interval: int, seed: int,
                    top_p: float | None = None):
     import tritonclient.grpc.aio as grpcclient
 
-    if route == FLOOR_MODEL:
+    if route.startswith(FLOOR_MODEL):
         arrays = {"max_tokens": np.array([[max_tokens]], np.int32)}
     else:
         arrays = {"text_input": np.array([[PROMPT.encode()]], object),
