@@ -272,6 +272,19 @@ def test_end_id_stops_unless_ignored_or_before_min_tokens():
     assert text_of(banned) == "bcaa"  # "a" follows the end id in the fake
 
 
+def test_end_id_minus_one_is_none_neither_ending_nor_banned():
+    """TensorRT-LLM's end_id -1: no end id, so min_tokens bans none (ignore_eos
+    would still ban the model's until then, as vLLM)."""
+    engine = FakeEngine(script=lambda ids: END_ID if len(ids) >= 3 else next_letter(ids))
+    request = GenerationRequest(text="a", max_tokens=6, end_id=-1,
+                                sampling=SamplingParams(temperature=0.0, min_tokens=4))
+    (events,), _ = generate(engine, [request], mode="inline_kernels")
+    ids = [t for e in events for t in e.token_ids]
+    assert ids[2:] == [END_ID] * 4 and events[-1].finish_reason == "length"
+    with pytest.raises(InvalidRequest, match=r"or -1 \(none\), got -2"):
+        GenerationRequest(text="a", end_id=-2).validate(VOCAB, 64)
+
+
 def test_stop_token_ids_stop_as_the_end_id_does_even_with_ignore_eos():
     """vLLM's stop_token_ids: "d" (id 4) ends the generation as the end id
     does, its id sent and counted, its text left out (as vLLM V1's

@@ -240,7 +240,7 @@ def test_tensorrt_llms_core_model_names_are_aliases_and_ask_for_its_answer():
     same = decode_generate({**prompt, "max_tokens": np.array([[5]], np.int32),
                             "top_k": np.array([[7]], np.int32),
                             "top_p": np.array([[0.5]], np.float32), "stream": np.array([[True]]),
-                            "ignore_eos": np.array([[True]])})  # that model's no end_id
+                            "end_id": np.array([[-1]], np.int32)})  # that model's no end_id
     assert core.request == same.request and core.stream and core.core and not same.core
     with pytest.raises(InvalidRequest, match="request_output_len and max_tokens are the same "
                                              "parameter; they disagree"):
@@ -270,14 +270,14 @@ def test_a_core_request_takes_tensorrt_llms_defaults_and_names_its_inputs_as_sen
         assert (sampling.top_k, sampling.top_p) == pytest.approx(expected), given
     # no end_id is -1 there: no token ends the generation (its docs/model_config.md)
     request = decode_generate(prompt).request
-    assert (request.end_id, request.ignore_end) == (None, True)
+    assert (request.end_id, request.ignore_end) == (-1, False)
     request = decode_generate({**prompt, "end_id": np.array([[2]], np.int32)}).request
     assert (request.end_id, request.ignore_end) == (2, False)
     # -1 says so in every dialect; no end_id elsewhere is the model's end ids
     for given in ({"request_output_len": prompt["request_output_len"]}, {}):
         request = decode_generate({"input_ids": prompt["input_ids"], **given,
                                    "end_id": np.array([[-1]], np.int32)}).request
-        assert (request.end_id, request.ignore_end) == (None, True)
+        assert (request.end_id, request.ignore_end) == (-1, False)
     assert not decode_generate({"input_ids": prompt["input_ids"]}).request.ignore_end
     # the dialect whatever else carries max_tokens (here vLLM's parameter, the same value)
     assert decode_generate(prompt, {"max_tokens": 4}).core

@@ -259,8 +259,8 @@ GENERATE_INPUTS = (
                    "ignore_eos) and is banned until min_length (vLLM's name)"),
     _scalar("end_id", "INT32", "the model's end ids (its tokenizer's and its "
             "generation_config.json's); with request_output_len, -1",
-            "a token id: the one end id; -1: none (TensorRT-LLM's: an end ends nothing, as "
-            "with ignore_eos)"),
+            "a token id: the one end id; -1: none (TensorRT-LLM's: no end ends it, and "
+            "min_length bans none)"),
     IGNORE_EOS,
     _scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end ids and stop_token_ids are banned until reached, and "

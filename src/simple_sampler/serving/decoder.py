@@ -251,7 +251,7 @@ class Decoder:
         prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
                       else self.codec.encode(request.text, request.chat))
         request.check_room(len(prompt_ids), engine.max_context)  # the rest was validated above
-        end_ids = self.end_ids if request.end_id is None else [request.end_id]
+        end_ids = {None: self.end_ids, -1: []}.get(request.end_id, [request.end_id])
         params = request.sampling
         stop_ids = frozenset([*params.stop_token_ids, *([] if request.ignore_end else end_ids)])
         # min_tokens bans every stop and end id, even with ignore_eos (as vLLM's

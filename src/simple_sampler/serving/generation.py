@@ -67,7 +67,8 @@ class GenerationRequest:
     """One generation. Give ``text`` (encoded with the model's tokenizer,
     through the chat template when ``chat``) or ``prompt_ids``.
 
-    ``end_id`` defaults to the model's end ids (``TextCodec.end_ids``); they
+    ``end_id`` defaults to the model's end ids (``TextCodec.end_ids``; -1:
+    none, TensorRT-LLM's, nothing banned for them); they
     stop the generation unless ``ignore_end``, and ``sampling.min_tokens``
     bans them (with ``ignore_end`` too, as vLLM) until that many tokens
     exist. ``stop_words`` end the generation (text cut before the word, or
@@ -144,8 +145,9 @@ class GenerationRequest:
             self.sampling.validate(vocab_size)
         except ValueError as error:  # params' checks are not the request's alone
             raise InvalidRequest(named_as_sent(str(error))) from None
-        if self.end_id is not None and not 0 <= self.end_id < vocab_size:
-            raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}), got {self.end_id!r}")
+        if self.end_id is not None and not -1 <= self.end_id < vocab_size:
+            raise InvalidRequest(f"end_id must be a token id in [0, {vocab_size}) or -1 (none), "
+                                 f"got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
         _string_list("bad_words", self.bad_words)
         n_top = _count("num_top_logprobs", self.num_top_logprobs, MAX_TOP_LOGPROBS)

@@ -245,8 +245,8 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
         else GenerationRequest.max_tokens,
         sampling=_sampling(present),
-        end_id=None if no_end else end_id,
-        ignore_end=flags[IGNORE_EOS.name] or no_end,
+        end_id=NO_END_ID if no_end else end_id,
+        ignore_end=flags[IGNORE_EOS.name],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
         stop_words_as_tokens="stop_words" not in sent_as,

@@ -26,6 +26,7 @@ import numpy as np
 from ..schema import PROMPT_OUTPUTS, TOP_OUTPUTS
 from ..serving.generation import GenerationEvent
 
+
 def encode_event(event: GenerationEvent, prefix: str = "", full: bool = True,
                  logprobs: bool = True, top: int = 0, extra: frozenset[str] = frozenset()
                  ) -> dict[str, np.ndarray]:
