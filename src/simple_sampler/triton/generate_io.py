@@ -232,10 +232,11 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
     flags = {name: bool(_single(name, present[name])) if name in present
              else exclude_input and name == "exclude_input_in_output" for name in FLAG_INPUTS}
     text, prompt_ids = _prompt(present, flags["apply_chat_template"])
-    end_id = int(_single("end_id", present["end_id"])) if "end_id" in present else None
-    # TensorRT-LLM's -1: no end id, its tensorrt_llm model's default
-    # (docs/model_config.md), where its ensemble passes the tokenizer's
-    no_end = end_id == NO_END_ID or (core and end_id is None)
+    # none given: the model's end ids, but TensorRT-LLM's tensorrt_llm model's
+    # default is -1, no end id (docs/model_config.md; its ensemble passes the
+    # tokenizer's); the decoder reads -1 as none
+    end_id = (int(_single("end_id", present["end_id"])) if "end_id" in present
+              else NO_END_ID if core else None)
     top = (_single(NUM_TOP_LOGPROBS.name, present[NUM_TOP_LOGPROBS.name])
            if NUM_TOP_LOGPROBS.name in present else 0)
     if top and not flags["return_log_probs"]:  # as validate, before the flag it may set
@@ -245,7 +246,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         max_tokens=int(_single("max_tokens", present["max_tokens"])) if "max_tokens" in present
         else GenerationRequest.max_tokens,
         sampling=_sampling(present),
-        end_id=NO_END_ID if no_end else end_id,
+        end_id=end_id,
         ignore_end=flags[IGNORE_EOS.name],
         stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
         # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
