@@ -1,146 +1,14 @@
-"""Every model's tensors, declared once: name, data type, dims, whether it may
-be left out, what its absence means and what values it takes.
-
-The codecs (``triton/generate_io.py``, ``triton/sampler_codec.py``,
-``triton/sampler_decode.py``, ``triton/sampler_client.py``), the Python client (``client/common.py``) and
-``simple-sampler generate`` take names and dtypes from here; the
-``config.pbtxt`` files and the tables in docs/TENSORS.md restate them for
-Triton and for readers, and tests/test_schema.py holds both to this module.
-Adding an input is adding one :class:`Tensor` to its model (and its entry to
-the config.pbtxt and the table).
-
-Dims are config.pbtxt's: per request row, without the batch dimension (a
-request of B rows sends [B, *dims]). Names follow TensorRT-LLM's: its
-ensemble's for the text models, its engine's tensors for the sampler.
-"""
+"""The generation models' tensors: the ensemble's (TensorRT-LLM's ensemble
+names, vLLM's beyond them), the llm model's, TensorRT-LLM's tensorrt_llm
+model's dialect over it, and preprocessing's."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
-import numpy as np
-
-from .params import BIAS_ALLOWED, RULES, SamplingParams
-from .sampling import MAX_TOP_LOGPROBS
-from .settings import LOGITS_ITEMSIZE, MAX_GENERATIONS, LlmSettings
-
-#: Triton data type (as its protocols name it) -> numpy dtype.
-NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
-         "INT64": np.int64, "UINT64": np.uint64, "FP16": np.float16, "FP32": np.float32, "BYTES": np.object_}
-_ALLOWED = {param.name: param.allowed for param in RULES}
-#: A parameter's Triton type by its numpy kind (the wire carries 32 bits).
-_TRITON_DTYPE = {"i": "INT32", "f": "FP32"}
-_PARAM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
-
-
-#: How the generation models' UNAVAILABLE messages (a shutdown) start: a gRPC
-#: stream carries an error's text without its status, so the OpenAI front
-#: door tells a shutdown by it.
-SHUTTING_DOWN = "the server is shutting down"
-#: Why a server of LlmSettings.decoupled_mode false refuses a stream, and a
-#: request of several generations (each has responses of its own).
-ANSWERS_ONCE = ("this server's llm model is not decoupled (decoupled_mode false) and answers "
-                "each request once")
-#: How a sampler's refusal of a request made for another hot set begins
-#: (``triton.sampler_serve.check_hot_set``): the decode loop tells it at start.
-HOT_SET_REFUSAL = "hot_vocab_fingerprint: "
-#: The top logprobs outputs, the generation models' ([tokens, n]) and the
-#: sampler's ([B, n]): token ids, then their logprobs, most likely first.
-TOP_OUTPUTS = ("top_logprobs_ids", "top_logprobs")
-#: The prompt's scores (``prompt_logprobs``): its ids [T], each token's
-#: logprob after the first and its rank there [T - 1], the n most likely at
-#: each place [T - 1, n] (ids, then logprobs).
-PROMPT_OUTPUTS = ("prompt_ids", "prompt_log_probs", "prompt_token_ranks",
-                  "prompt_top_logprobs_ids", "prompt_top_logprobs")
-
-
-class InvalidRequest(ValueError):
-    """A request refused as the client's mistake (INVALID_ARG, HTTP 400); the
-    message names the input and the allowed range. The one type every
-    client mistake is raised as (subclasses allowed: the front door's
-    ``frontend.protocol.RequestError``), by the codecs (``triton/generate_io``,
-    ``triton/sampler_decode``), the request's checks (``serving/generation``,
-    ``serving/text``) and the front door; what the models and the front door
-    answer 400 for, anything else being ours (5xx)."""
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One input or output of a model.
-
-    dtype: Triton's name (BYTES is config.pbtxt's TYPE_STRING); dtypes: all
-    the model can be configured for (the first is the default). param: the
-    ``SamplingParams`` field it carries, whose default and allowed range are
-    then the tensor's unless given. default / allowed: what absence means
-    and which values are accepted, as text for people (the codecs apply
-    them).
-    """
-
-    name: str
-    dtype: str
-    dims: tuple[int, ...] = (1,)
-    optional: bool = True
-    param: str = ""
-    default: object = None
-    allowed: str = ""
-    dtypes: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if self.param:
-            if self.default is None:
-                object.__setattr__(self, "default", _PARAM_DEFAULTS[self.param])
-            if not self.allowed:
-                object.__setattr__(self, "allowed", _ALLOWED.get(self.param, ""))
-        if not self.dtypes:
-            object.__setattr__(self, "dtypes", (self.dtype,))
-
-    @property
-    def config_type(self) -> str:
-        """The data_type config.pbtxt writes."""
-        return "TYPE_STRING" if self.dtype == "BYTES" else f"TYPE_{self.dtype}"
-
-    @property
-    def numpy(self):
-        return NUMPY[self.dtype]
-
-    @property
-    def scalar(self) -> bool:
-        """One value per row (a [B, 1] tensor)."""
-        return self.dims == (1,)
-
-
-@dataclass(frozen=True)
-class Model:
-    name: str
-    inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...]
-
-    def input(self, name: str) -> Tensor:
-        return next(t for t in self.inputs if t.name == name)
-
-    def output(self, name: str) -> Tensor:
-        return next(t for t in self.outputs if t.name == name)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.outputs)
-
-
-def _scalar(name, dtype, default=None, allowed="", param=""):
-    return Tensor(name, dtype, param=param, default=default, allowed=allowed)
-
-
-def _sampling(top_k: str, top_p: str, temperature_allowed: str = "", top_p_allowed: str = ""):
-    """The SamplingParams both interfaces carry (one tensor per ``params.RULES``
-    entry), top_k and top_p named as TensorRT-LLM names them there."""
-    names = {"top_k": top_k, "top_p": top_p}
-    allowed = {"temperature": temperature_allowed, "top_p": top_p_allowed}
-    return tuple(_scalar(names.get(p.name, p.name), _TRITON_DTYPE[np.dtype(p.dtype).kind],
-                         param=p.name, allowed=allowed.get(p.name, "")) for p in RULES)
+from ..params import BIAS_ALLOWED
+from ..sampling import MAX_TOP_LOGPROBS
+from ..settings import MAX_GENERATIONS, LlmSettings
+from .tensors import PROMPT_OUTPUTS, TOP_OUTPUTS, Model, Tensor, sampling_tensors, scalar
 
 
 #: The generation models' top_p: TensorRT-LLM's ensemble hands its top_p to its
@@ -150,16 +18,16 @@ TOP_P_ALLOWED = ("[0, 1]; 1 disables it, and 0 too, as TensorRT-LLM reads it: wi
                  "-1 (or none) that is greedy (top_k 1); vLLM's top_p (in sampling_parameters or "
                  "a request parameter) stays in (0, 1]")
 #: Generation inputs beyond TensorRT-LLM's, named as vLLM's fields are
-NUM_TOP_LOGPROBS = _scalar(
+NUM_TOP_LOGPROBS = scalar(
     "num_top_logprobs", "INT32", 0,
     f"[0, {MAX_TOP_LOGPROBS}], with return_log_probs true: per token also the n most likely "
     f"tokens and their logprobs (top_logprobs_ids, top_logprobs)")
-PROMPT_LOGPROBS = _scalar(
+PROMPT_LOGPROBS = scalar(
     "prompt_logprobs", "INT32", "none",
     f"[0, {MAX_TOP_LOGPROBS}]: the prompt is scored first; its first response carries each "
     f"prompt token's logprob and the n most likely at its place ({', '.join(PROMPT_OUTPUTS)}); "
     f"max_tokens may then be 0 (vLLM's name)")
-IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
+IGNORE_EOS = scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
 #: Inputs of TensorRT-LLM's ensemble (NVIDIA/TensorRT-LLM,
@@ -168,22 +36,22 @@ IGNORE_EOS = _scalar("ignore_eos", "BOOL", False,
 #: beam_width always), taken here at the one value that means what this server
 #: does, or taken for what they do there with one beam: nothing.
 TRTLLM_INPUTS = (
-    _scalar("min_tokens", "INT32", 0,
+    scalar("min_tokens", "INT32", 0,
             "min_length's alias (TensorRT-LLM's name now, and vLLM's); the two must agree; "
             "at most max_tokens (vLLM's rule); as min_length, vLLM's stop string ending "
             "within it ends nothing (the stop_words input's words, as TensorRT-LLM's, do)"),
-    _scalar("beam_width", "INT32", 1, "1 (or 0, which TensorRT-LLM reads as 1) only: sampling "
+    scalar("beam_width", "INT32", 1, "1 (or 0, which TensorRT-LLM reads as 1) only: sampling "
             "(beam search is not implemented here)"),
-    _scalar("num_return_sequences", "INT32", 1,
+    scalar("num_return_sequences", "INT32", 1,
             f"0 (read as 1, as TensorRT-LLM does) to {MAX_GENERATIONS}: sequences per prompt, "
             "each its own generation, answered with its sequence_index when above 1; with a "
             "seed, sequence j draws with seed + j (as vLLM seeds its n)"),
-    _scalar("length_penalty", "FP32", "none (no effect)",
+    scalar("length_penalty", "FP32", "none (no effect)",
             "finite: beam search's length penalty, which with one beam changes nothing (as in "
             "TensorRT-LLM)"),
-    _scalar("pad_id", "INT32", "none (no effect)", "a token id: TensorRT-LLM passes it to its "
+    scalar("pad_id", "INT32", "none (no effect)", "a token id: TensorRT-LLM passes it to its "
             "executor, to no visible effect with one beam; none here"),
-    *(_scalar(f"return_{name}", "BOOL", False, f"false only: {what} are not returned here")
+    *(scalar(f"return_{name}", "BOOL", False, f"false only: {what} are not returned here")
       for name, what in (("context_logits", "the prompt's logits"),
                          ("generation_logits", "the generated tokens' logits"),
                          ("perf_metrics", "TensorRT-LLM's KV-cache and timing metrics"))),
@@ -204,16 +72,16 @@ VLLM_EXTRA_OUTPUTS = {"return_finish_reason": "finish_reason",
                       "return_num_output_tokens": "num_output_tokens"}
 _EVERY_RESPONSE = "true: in every response (Triton's vLLM backend's input), "
 VLLM_EXTRA_INPUTS = (
-    _scalar("return_finish_reason", "BOOL", False,
+    scalar("return_finish_reason", "BOOL", False,
             _EVERY_RESPONSE + "finish_reason, \"None\" before the last"),
-    _scalar("return_cumulative_logprob", "BOOL", False,
+    scalar("return_cumulative_logprob", "BOOL", False,
             _EVERY_RESPONSE + "cumulative_logprob, the sum of the logprobs of the tokens so far "
             "(computed as return_log_probs computes them)"),
-    _scalar("return_logprobs", "BOOL", False,
+    scalar("return_logprobs", "BOOL", False,
             "false only: that backend's JSON logprobs (with each token's rank) are not made "
             "here; ask return_log_probs and num_top_logprobs"),
-    _scalar("return_num_input_tokens", "BOOL", False, _EVERY_RESPONSE + "num_input_tokens"),
-    _scalar("return_num_output_tokens", "BOOL", False,
+    scalar("return_num_input_tokens", "BOOL", False, _EVERY_RESPONSE + "num_input_tokens"),
+    scalar("return_num_output_tokens", "BOOL", False,
             _EVERY_RESPONSE + "num_output_tokens, the tokens of that response (that backend's "
             "count, where the last response otherwise counts them all)"),
 )
@@ -224,29 +92,29 @@ VLLM_EXTRA_INPUTS = (
 GENERATE_INPUTS = (
     # Optional in config.pbtxt only so that its absence reaches preprocessing,
     # which answers it with INVALID_ARG (Triton's ensemble checks nothing).
-    _scalar("text_input", "BYTES", "required", "non-empty UTF-8"),
-    _scalar("max_tokens", "INT32", 16,
+    scalar("text_input", "BYTES", "required", "non-empty UTF-8"),
+    scalar("max_tokens", "INT32", 16,
             f"[1, context - 1] (0 with prompt_logprobs); prompt + max_tokens <= context "
             f"(max_context, {LlmSettings.max_context})"),
-    _scalar("stream", "BOOL", False, "false: one response at the end; true (responses as "
+    scalar("stream", "BOOL", False, "false: one response at the end; true (responses as "
             "tokens come) refused by a server of decoupled_mode false"),
-    _scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
+    scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
             ">= 1: a stream sends a response every k tokens with all of them, and always "
             "the last (TensorRT-LLM's name)"),
-    *_sampling("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)",
+    *sampling_tensors("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)",
                TOP_P_ALLOWED),
-    _scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
-    _scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
+    scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),
+    scalar("seed", "UINT64", "a fresh random seed", "random_seed's alias; the two must agree",
             param="seed"),
     Tensor("stop_words", "BYTES", (-1,), default="none",
            allowed="strings (empty ones name no word), as TensorRT-LLM reads them: each "
                    "encoded alone, the generation ends once its tokens end with a word's, the "
                    "word kept; vLLM's stop (its parameter) is matched in the text instead, cut "
                    "before it (after it with include_stop_str_in_output)"),
-    _scalar("include_stop_str_in_output", "BOOL", False,
+    scalar("include_stop_str_in_output", "BOOL", False,
             "true: the text keeps the stop word, or the stop or end id's text, that ended "
             "it (vLLM's name)"),
-    _scalar("skip_special_tokens", "BOOL", True,
+    scalar("skip_special_tokens", "BOOL", True,
             "false: special tokens' text (a chat's end of turn) is kept in the text (vLLM's name)"),
     Tensor("bad_words", "BYTES", (-1,), default="none",
            allowed="strings (empty ones name no word), never generated"),
@@ -257,25 +125,25 @@ GENERATE_INPUTS = (
     Tensor("stop_token_ids", "INT32", (-1,), default="none",
            allowed="token ids in [0, V): each ends the generation as end_id does (even with "
                    "ignore_eos) and is banned until min_length (vLLM's name)"),
-    _scalar("end_id", "INT32", "the model's end ids (its tokenizer's and its "
+    scalar("end_id", "INT32", "the model's end ids (its tokenizer's and its "
             "generation_config.json's); with request_output_len, -1",
             "a token id: the one end id; -1: none (TensorRT-LLM's: no end ends it, and "
             "min_length bans none)"),
     IGNORE_EOS,
-    _scalar("min_length", "INT32", param="min_tokens",
+    scalar("min_length", "INT32", param="min_tokens",
             allowed=">= 0: the end ids and stop_token_ids are banned until reached, and "
                     "vLLM's stop string ending within those tokens ends nothing (vLLM's "
                     "min_tokens); the stop_words input's words end it there too (TensorRT-LLM's)"),
-    _scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
+    scalar("return_log_probs", "BOOL", False, "per-token logprobs and their sum"),
     NUM_TOP_LOGPROBS,
     PROMPT_LOGPROBS,
-    _scalar("exclude_input_in_output", "BOOL",
+    scalar("exclude_input_in_output", "BOOL",
             "the server's exclude_input_in_output (LlmSettings, false)",
             "false: a non-streamed answer starts with the prompt (TensorRT-LLM's "
             "behaviour); streams never repeat it"),
-    _scalar("apply_chat_template", "BOOL", False,
+    scalar("apply_chat_template", "BOOL", False,
             "true: text_input is sent as one user turn through the model's template"),
-    _scalar("sampling_parameters", "BYTES", "none",
+    scalar("sampling_parameters", "BYTES", "none",
             "a JSON object of vLLM's sampling parameters by SamplingParams' names (Triton's vLLM "
             "backend's input): each counts as the input that carries it (vLLM's sampling parameters, "
             "below)"),
@@ -340,7 +208,7 @@ CORE_INPUTS = tuple(
 #: there is `stop`, which the tensorrt_llm ensemble hands to this one: on the
 #: llm model `stop` is vLLM's stop strings (over HTTP generate a body's key
 #: that names an input becomes that input).
-STOP_SIGNAL = _scalar(
+STOP_SIGNAL = scalar(
     "stop_signal", "BOOL", False,
     "true: this request (it needs a request id) stops every request in flight with its id, "
     "each answered as cancelled with what it has generated, and gets one response without "
@@ -387,111 +255,3 @@ TRTLLM_CORE = Model("tensorrt_llm", (
     dataclasses.replace(STOP_SIGNAL, name="stop")),
     tuple(dataclasses.replace(LLM.output(name), name=core_name)
           for name, core_name in CORE_OUTPUT_NAMES.items()))
-
-
-def _id_list(name, default="none", allowed="token ids, -1 padded"):
-    return Tensor(name, "INT32", (-1,), default=default, allowed=allowed)
-
-
-_LOGITS_DTYPES = tuple(dtype.upper() for dtype in LOGITS_ITEMSIZE)
-#: The compact rows of the hot-first handoff (docs/HANDOFF.md), sent instead
-#: of logits to a sampler with a hot set.
-HANDOFF_INPUTS = (
-    Tensor("hot_logits", "FP32", (-1,), default="none (logits come whole)",
-           allowed="[B, H] raw logits of the sampler's H hot ids, ascending",
-           dtypes=_LOGITS_DTYPES),
-    _id_list("touched_ids", allowed="each row's ids outside H that bias, bans or penalties "
-                                    "change (and any others handed over), ascending, -1 padded"),
-    Tensor("touched_logits", "FP32", (-1,), default="none",
-           allowed="their raw logits, shaped as touched_ids"),
-    _scalar("cold_max", "FP32", "none", "max raw logit of the ids not handed over (C)"),
-    _scalar("cold_argmax", "INT32", "none", "the lowest id of C reaching cold_max; -1 exactly when "
-            "cold_max is -inf"),
-    _scalar("cold_mass", "FP32", "none", "sum over C of exp(x / T - cold_max / T): finite, "
-            ">= 0"),
-)
-#: With compact rows, optionally: a token the data plane drew inside C on the
-#: row's cold stream (handoff.cold_draws), which decides a NEED_COLD row
-#: without its full row.
-COLD_DRAW_INPUTS = (
-    _scalar("cold_token", "INT32", "none (-1: not drawn)",
-            "-1, or an id of C drawn with P(t) = w_t / W_C on the row's cold stream"),
-    _scalar("cold_token_logit", "FP32", "none", "cold_token's raw logit (<= cold_max)"),
-)
-
-
-def _packed(name: str, fields: tuple, record: str, default: str, rule: str):
-    """(the record dtype, the UINT8 tensor) that carry `fields` (scalar
-    tensors) as one record per row, aligned as C aligns a struct of them;
-    `record` names the dtype here, `rule` says what a record must hold.
-    Each tensor crossing BLS costs the python backend a shared-memory
-    allocation, a copy and a Python object on both sides (docs/COPIES.md,
-    "Profiling the sampler stub"): the packed tensor is one."""
-    dtype = np.dtype([(t.name, t.numpy) for t in fields], align=True)
-    return dtype, Tensor(
-        name, "UINT8", (-1,), default=default,
-        allowed=f"[B, {dtype.itemsize}]: per row one record of "
-                f"{', '.join(t.name for t in fields)} in those tensors' dtypes, little-endian, "
-                f"C struct alignment (schema.{record}); {rule}, and none of those tensors "
-                f"with it")
-
-
-#: The cold summary's five fields (HANDOFF_INPUTS[3:], COLD_DRAW_INPUTS), every
-#: row's in one tensor, as row_scalars packs the parameters.
-COLD_SUMMARY_FIELDS = (*HANDOFF_INPUTS[3:], *COLD_DRAW_INPUTS)
-COLD_SUMMARY_RECORD, COLD_SUMMARY = _packed(
-    "cold_summary", COLD_SUMMARY_FIELDS, "COLD_SUMMARY_RECORD", "none (each field its own tensor)",
-    "cold_token -1 where none was drawn")
-#: Rows the llm process placed in its shared-memory row arena (row_arena.py),
-#: named instead of sent: same-host sampler instances only.
-LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in the request)",
-                    allowed="per row: region key, slot, generation, byte offset, V, dtype code "
-                            "(row_arena.REF_COLUMNS); beside compact rows, their full rows for "
-                            "the rows the compact ones cannot decide")
-#: The sampler's per-row parameters, one [B, 1] tensor each, or all of them
-#: packed into ``row_scalars`` (ROW_SCALARS_RECORD).
-_SAMPLER_SCALARS = (
-    *_sampling("runtime_top_k", "runtime_top_p"),
-    _scalar("random_seed", "UINT64", "a fresh random seed per row", "[0, 2^64)",
-            param="seed"),
-    _scalar("step", "INT64", "the number of generated_ids", ">= 0; keys the draw"),
-    _scalar("min_tokens", "INT32", param="min_tokens",
-            allowed=">= 0: end_id banned while step < it"),
-    _scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
-    _scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
-)
-#: The parameters of every row in one tensor: the scalar tensors above, in
-#: that order and dtype, one record per row.
-ROW_SCALARS_RECORD, ROW_SCALARS = _packed(
-    "row_scalars", _SAMPLER_SCALARS, "ROW_SCALARS_RECORD", "none (each parameter its own tensor)",
-    "every field is sent (no defaults)")
-
-SAMPLER = Model("simple_sampler", (
-    Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
-           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
-    *_SAMPLER_SCALARS[:9],
-    _id_list("prompt_ids", allowed="token ids, -1 padded (repetition penalty)"),
-    _id_list("generated_ids", allowed="token ids, -1 padded (all penalties)"),
-    _id_list("logit_bias_ids", allowed="token ids, -1 padded"),
-    Tensor("logit_bias_values", "FP32", (-1,), default="none",
-           allowed=f"{BIAS_ALLOWED}, shaped as logit_bias_ids"),
-    _SAMPLER_SCALARS[9],
-    _id_list("end_id", allowed="token ids, -1 padded (min_tokens)"),
-    *_SAMPLER_SCALARS[10:],
-    ROW_SCALARS,
-    *HANDOFF_INPUTS,
-    *COLD_DRAW_INPUTS,
-    COLD_SUMMARY,
-    LOGITS_REF,
-    _scalar("hot_vocab_fingerprint", "INT64", "none (not checked)",
-            "the hot set the caller's other samplers hold (shvs.hot_vocab.fingerprint; 0: "
-            "none): refused unless it is this sampler's own"),
-), (
-    Tensor("output_ids", "INT32", optional=False),
-    Tensor("output_log_probs", "FP32", optional=False),
-    Tensor(TOP_OUTPUTS[0], "INT32", (-1,), optional=False),
-    Tensor(TOP_OUTPUTS[1], "FP32", (-1,), optional=False),
-    Tensor("handoff_outcome", "INT8", optional=False),
-))
-
-MODELS = {model.name: model for model in (ENSEMBLE, PREPROCESSING, LLM, TRTLLM_CORE, SAMPLER)}
