@@ -445,6 +445,21 @@ def test_bad_words_are_not_generated(bad_words):
     assert text_of(results[0]) == "bde"
 
 
+def test_stop_and_bad_words_given_as_ids_end_and_ban_as_words_do():
+    """stop_words_list and bad_words_list (TensorRT-LLM's tensorrt_llm
+    inputs, token ids): a stop word ends the generation once the ids end
+    with it, kept in the text and named by its text; a bad word's last id is
+    banned after its others. Letters are ids a=1, b=2, ..."""
+    (stopped, banned), _ = generate(FakeEngine(), [
+        GenerationRequest(text="a", max_tokens=10, sampling=GREEDY,
+                          stop_words_list=[(9, 9), (3, 4)]),
+        GenerationRequest(text="a", max_tokens=3, sampling=GREEDY, bad_words_list=[(2, 3)])],
+        mode="simple", sampler=threaded())
+    assert text_of(stopped) == "bcd" and stopped[-1].finish_reason == "stop"
+    assert stopped[-1].stop_reason == "cd" and stopped[-1].num_output_tokens == 3
+    assert text_of(banned) == "bde"
+
+
 def test_cancel_frees_the_slot_and_ends_with_one_final_event():
     engine = FakeEngine(max_batch_size=1, delay=0.005)
 
@@ -729,6 +744,9 @@ def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_l
     (dict(text="a", stop_words=[3]), "stop_words must be a list of non-empty strings"),
     (dict(text="a", bad_words=[""]), "bad_words must be a list of non-empty strings"),
     (dict(text="a", end_id=28), r"end_id must be a token id in \[0, 28\)"),
+    (dict(text="a", stop_words_list=[(3, 28)]),
+     r"stop_words_list must hold words of token ids in \[0, 28\)"),
+    (dict(text="a", bad_words_list=[()]), r"bad_words_list must hold words of token ids"),
     # named as the generate input the client sent, not the sampling field
     (dict(text="a", sampling=SamplingParams(min_tokens=-1)), r"^min_length must be >= 0"),
     (dict(text="a", sampling=SamplingParams(logit_bias={28: 1.0})),

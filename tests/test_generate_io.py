@@ -6,7 +6,7 @@ import pytest
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
 from simple_sampler.triton.byte_tensors import install_byte_serializer
-from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.generate_io import add_embedding_bias, decode_generate
 from simple_sampler.triton.generate_outputs import encode_event
 
 
@@ -38,6 +38,70 @@ def test_empty_stop_and_bad_words_name_no_word_as_in_tensorrt_llm():
                                "stop_words": np.array([[b""]], object),
                                "bad_words": np.array([[b"", b"x y", b""]], object)})
     assert decoded.request.stop_words == [] and decoded.request.bad_words == ["x y"]
+
+
+def word_list(*words):
+    """TensorRT-LLM's [1, 2, N] word list of `words` (its preprocessing's
+    _to_word_list_format): ids back to back, then each word's end offset."""
+    ids = [t for word in words for t in word]
+    ends = np.cumsum([len(word) for word in words]).tolist()
+    width = max(len(ids), 1)
+    return np.array([[ids + [0] * (width - len(ids)), ends + [-1] * (width - len(ends))]],
+                    np.int32)
+
+
+def test_word_lists_in_ids_are_read_as_tensorrt_llms_backend_reads_them():
+    """stop_words_list / bad_words_list ([1, 2, N]): the words between
+    consecutive offsets, up to the first -1; [1, 2, 0] and a list of no
+    words (its preprocessing's for empty strings) name none."""
+    text = {"text_input": np.array([[b"hi"]], object)}
+    request = decode_generate({**text, "stop_words_list": word_list((5, 6), (7,)),
+                               "bad_words_list": word_list((9,))}).request
+    assert request.stop_words_list == [(5, 6), (7,)] and request.bad_words_list == [(9,)]
+    for none in (np.zeros((1, 2, 0), np.int32), word_list()):
+        assert decode_generate({**text, "stop_words_list": none}).request.stop_words_list == []
+    # a repeated offset is a word of no ids: none, as an empty string is
+    assert decode_generate({**text, "bad_words_list": np.array([[[5, 6], [1, 1]]], np.int32)}) \
+        .request.bad_words_list == [(5,)]
+
+
+@pytest.mark.parametrize("lists, message", [
+    (np.array([[5, 6]], np.int32), r"stop_words_list must have shape \[1, 2, N\]"),
+    (np.array([[[5, 6], [-1, 2]]], np.int32), "must end with -1s only"),
+    (np.array([[[5, 6], [2, 1]]], np.int32), r"must ascend within \[0, 2\]"),
+    (np.array([[[5, 6], [3, -1]]], np.int32), r"must ascend within \[0, 2\]"),
+])
+def test_a_malformed_word_list_is_refused_by_name(lists, message):
+    with pytest.raises(InvalidRequest, match=message):
+        decode_generate({"text_input": np.array([[b"hi"]], object), "stop_words_list": lists})
+
+
+def test_a_dense_embedding_bias_adds_its_nonzero_entries_to_the_logit_bias():
+    """embedding_bias ([1, V'], TensorRT-LLM's preprocessing's EMBEDDING_BIAS):
+    empty is none; its nonzero entries are summed with logit_bias; longer
+    than the vocabulary, or not a bias value, it is refused."""
+    text = {"text_input": np.array([[b"hi"]], object)}
+    assert decode_generate({**text, "embedding_bias": np.zeros((1, 0), np.float32)}) \
+        .embedding_bias is None
+    decoded = decode_generate({**text, "embedding_bias": np.array([[0, 2, 0, -1]], np.float32),
+                               "logit_bias_ids": np.array([[1, 3]], np.int32),
+                               "logit_bias_values": np.array([[0.5, 1.0]], np.float32)})
+    request = add_embedding_bias(decoded.request, decoded.embedding_bias, vocab_size=4)
+    assert request.sampling.logit_bias == {1: 2.5, 3: 0.0}
+    with pytest.raises(InvalidRequest, match="at most V = 3 entries"):
+        add_embedding_bias(decoded.request, decoded.embedding_bias, vocab_size=3)
+    with pytest.raises(InvalidRequest, match="embedding_bias must be in"):
+        decode_generate({**text, "embedding_bias": np.array([[np.nan]], np.float32)})
+
+
+def test_a_decoder_prompt_is_refused_and_preprocessings_placeholder_taken():
+    """decoder_input_ids is read by TensorRT-LLM for encoder-decoder models
+    only; its preprocessing sends one pad id for a decoder-only model."""
+    text = {"text_input": np.array([[b"hi"]], object)}
+    assert decode_generate({**text, "decoder_input_ids": np.array([[2]], np.int32)}).request \
+        .text == "hi"
+    with pytest.raises(InvalidRequest, match="decoder_input_ids is an encoder-decoder model's"):
+        decode_generate({**text, "decoder_input_ids": np.array([[2, 3]], np.int32)})
 
 
 @pytest.mark.parametrize("extra, message", [

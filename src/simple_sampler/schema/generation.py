@@ -203,6 +203,25 @@ CORE_INPUTS = tuple(
                                                      "beam_*)" if alias == "request_output_len"
                                                      else ""))
     for alias, name in CORE_ALIASES.items())
+_WORD_LIST = ("[2, N], TensorRT-LLM's word list: row 0 the words' token ids back to back (0 "
+              "padded), row 1 each word's end offset into them, ascending, -1 padded; [2, 0]: "
+              "none (its preprocessing's STOP_WORDS_IDS, BAD_WORDS_IDS)")
+#: TensorRT-LLM's tensorrt_llm model's inputs in token ids, which the llm model
+#: takes under their own names (its preprocessing model makes them from words)
+CORE_TOKEN_INPUTS = (
+    Tensor("stop_words_list", "INT32", (2, -1), default="none",
+           allowed=f"{_WORD_LIST}: each word ends the generation once the sequence's ids end "
+                   f"with it, as the stop_words input's words do"),
+    Tensor("bad_words_list", "INT32", (2, -1), default="none",
+           allowed=f"{_WORD_LIST}: each word is never generated, as the bad_words input's"),
+    Tensor("embedding_bias", "FP32", (-1,), default="none",
+           allowed=f"{BIAS_ALLOWED}, [V'] with V' <= V: entry i added to token i's logit; [0]: "
+                   f"none (its preprocessing's EMBEDDING_BIAS)"),
+    Tensor("decoder_input_ids", "INT32", (-1,), default="none",
+           allowed="at most one id: an encoder-decoder model's decoder prompt, which "
+                   "TensorRT-LLM reads for such models only; every model here is decoder-only, "
+                   "so only its preprocessing's placeholder (one pad id) is taken, and not read"),
+)
 #: TensorRT-LLM's tensorrt_llm model's stop signal (its handle_stop_request):
 #: a request that stops the ones in flight with its request id. Its input
 #: there is `stop`, which the tensorrt_llm ensemble hands to this one: on the
@@ -237,7 +256,8 @@ CORE_OUTPUT_NAMES = {"sequence_length": "sequence_length", "beam_output_ids": "o
 PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
                       tuple(dataclasses.replace(t, optional=False)
                             for t in (INPUT_IDS, INPUT_LENGTHS)))
-LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS, STOP_SIGNAL),
+LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS,
+                    *CORE_TOKEN_INPUTS, STOP_SIGNAL),
             (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
 #: TensorRT-LLM's core model's interface: an ensemble over llm of one step
 #: (model_repository/tensorrt_llm), for its clients that call that model by
@@ -252,6 +272,7 @@ TRTLLM_CORE = Model("tensorrt_llm", (
         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics",
         "exclude_input_in_output", "streaming")),
+    *CORE_TOKEN_INPUTS,
     dataclasses.replace(STOP_SIGNAL, name="stop")),
     tuple(dataclasses.replace(LLM.output(name), name=core_name)
           for name, core_name in CORE_OUTPUT_NAMES.items()))

@@ -260,18 +260,18 @@ class Decoder:
             params,
             seed=secrets.randbits(64) if params.seed is None else params.seed,
             stop_token_ids=list(dict.fromkeys([*params.stop_token_ids, *end_ids])))
-        bad_words_ids = self.codec.words_ids(request.bad_words)
+        bad_words_ids = [*self.codec.words_ids(request.bad_words), *map(list, request.bad_words_list)]
         try:  # with the end id and the bad words, which validate did not see
             params.check_a_token_is_allowed(
                 engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))
         except ValueError as error:
             raise InvalidRequest(str(error)) from None
         request_id = next(self.ids)
+        stops = StopMatcher.of(self.codec, request.stop_words, request.include_stop,
+                               request.stop_words_as_tokens, prompt_ids, request.stop_words_list)
         return DecodeSequence(request_id, request, RequestHandle(self, request_id), prompt_ids,
                               params, self.codec.detokenizer(prompt_ids, not request.skip_special),
-                              StopMatcher.of(self.codec, request.stop_words, request.include_stop,
-                                             request.stop_words_as_tokens, prompt_ids),
-                              bad_words_ids, num_input_tokens=len(prompt_ids),
+                              stops, bad_words_ids, num_input_tokens=len(prompt_ids),
                               max_tokens=request.max_tokens, stop_ids=stop_ids)
 
     def admit(self, sequence: DecodeSequence) -> RequestHandle:

@@ -80,6 +80,9 @@ class GenerationRequest:
     ``skip_special_tokens``);
     ``bad_words`` are never generated (each word's last token is banned
     whenever the sequence ends with the word's other tokens).
+    ``stop_words_list`` and ``bad_words_list`` are such words as token ids
+    (TensorRT-LLM's tensorrt_llm model's inputs), stop words matched as
+    ``stop_words_as_tokens`` matches.
     ``num_top_logprobs`` (with ``return_log_probs``): each token's event
     also carries the n most likely tokens and their logprobs.
     ``prompt_logprobs`` n (None: not asked): the prompt is scored first
@@ -100,6 +103,8 @@ class GenerationRequest:
     include_stop: bool = False
     skip_special: bool = True
     bad_words: Sequence[str] = ()
+    stop_words_list: Sequence[Sequence[int]] = ()
+    bad_words_list: Sequence[Sequence[int]] = ()
     return_log_probs: bool = False
     num_top_logprobs: int = 0
     prompt_logprobs: int | None = None
@@ -150,6 +155,11 @@ class GenerationRequest:
                                  f"got {self.end_id!r}")
         _string_list("stop_words", self.stop_words)
         _string_list("bad_words", self.bad_words)
+        for name in ("stop_words_list", "bad_words_list"):
+            if not all(word and all(isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
+                                    for t in word) for word in getattr(self, name)):
+                raise InvalidRequest(f"{name} must hold words of token ids in [0, "
+                                     f"{vocab_size})")
         n_top = _count("num_top_logprobs", self.num_top_logprobs, MAX_TOP_LOGPROBS)
         if n_top and not self.return_log_probs:
             raise InvalidRequest("num_top_logprobs needs return_log_probs true")

@@ -413,16 +413,19 @@ class StopMatcher:
 
     @classmethod
     def of(cls, codec: TextCodec, words: Sequence[str], include: bool = False,
-           as_tokens: bool = False, prompt_ids: Sequence[int] = ()) -> "StopMatcher":
+           as_tokens: bool = False, prompt_ids: Sequence[int] = (),
+           id_words: Sequence[Sequence[int]] = ()) -> "StopMatcher":
         """`words` matched in the text (vLLM's stop strings), or as their
-        tokens (TensorRT-LLM's stop words: `as_tokens`), which may begin in
-        the prompt's last ids: TensorRT-LLM's stop criterion reads the
-        sequence's ids, prompt included (stopCriteriaKernels.cu)."""
-        if not as_tokens:
-            return cls(words, include)
-        ids = codec.words_ids(words, "stop_words")
-        matcher = cls(include=include, sequences={tuple(word_ids): word
-                                                  for word_ids, word in zip(ids, words)})
+        tokens (TensorRT-LLM's stop words: `as_tokens`), and `id_words` (its
+        stop words as token ids, each named by its text) as tokens. A word
+        matched as tokens may begin in the prompt's last ids: TensorRT-LLM's
+        stop criterion reads the sequence's ids, prompt included
+        (stopCriteriaKernels.cu)."""
+        sequences = {tuple(ids): codec.decode(list(ids), True) for ids in id_words}
+        if as_tokens:
+            sequences.update((tuple(ids), word)
+                             for ids, word in zip(codec.words_ids(words, "stop_words"), words))
+        matcher = cls(() if as_tokens else words, include, sequences)
         matcher.tail = list(prompt_ids)[-(matcher.longest - 1):] if matcher.longest > 1 else []
         return matcher
 

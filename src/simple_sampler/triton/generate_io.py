@@ -61,6 +61,9 @@ class DecodedRequest:
     #: sent in TensorRT-LLM's tensorrt_llm model's dialect (request_output_len
     #: given): answered in that model's outputs (``trtllm_core.core_outputs``)
     core: bool = False
+    #: TensorRT-LLM's dense embedding bias ([V'] float64, V' > 0), for
+    #: ``add_embedding_bias`` to add once the vocabulary is known
+    embedding_bias: np.ndarray | None = None
 
 
 def _single(name: str, array) -> object:
@@ -92,6 +95,67 @@ def _words(name: str, array) -> list[str]:
     # all_models/inflight_batcher_llm/preprocessing/1/model.py,
     # _to_word_list_format), so its README's `"stop_words": ""` is no stop word
     return [word for word in (_text(name, w) for w in array.reshape(-1)) if word]
+
+
+def _word_list(name: str, array) -> list[tuple[int, ...]]:
+    """TensorRT-LLM's word list, [1, 2, N] (or [2, N]): row 0 the words' ids
+    back to back, row 1 each word's end offset, ascending, then -1s; read as
+    its backend reads it (tensorrtllm_backend, inflight_batcher_llm/src/
+    utils.cc, ``convertWordList``). A word of no ids (an offset repeated, or
+    a first offset 0) names no word, as an empty string names none."""
+    lists = np.asarray(array)
+    if lists.ndim == 3 and lists.shape[0] == 1:
+        lists = lists[0]
+    if lists.ndim != 2 or lists.shape[0] != 2:
+        raise InvalidRequest(f"{name} must have shape [1, 2, N] (ids, then end offsets), got "
+                             f"{list(np.shape(array))}")
+    ids, ends = lists[0].tolist(), lists[1].tolist()
+    count = ends.index(-1) if -1 in ends else len(ends)
+    if any(end != -1 for end in ends[count:]):
+        raise InvalidRequest(f"{name}'s offsets (its second row) must end with -1s only, got "
+                             f"{ends}")
+    ends = ends[:count]
+    if any(not 0 <= end <= len(ids) for end in ends) or ends != sorted(ends):
+        raise InvalidRequest(f"{name}'s offsets (its second row) must ascend within [0, "
+                             f"{len(ids)}], got {ends}")
+    return [tuple(ids[start:end]) for start, end in zip([0, *ends], ends) if end > start]
+
+
+def _embedding_bias(array) -> np.ndarray | None:
+    """TensorRT-LLM's dense embedding_bias ([1, V'] or [V']); None when empty
+    (its preprocessing sends [1, 0] for no bias words)."""
+    bias = np.asarray(array, np.float64).reshape(-1)
+    if not bias.size:
+        return None
+    if not bias_allowed(bias).all():
+        raise InvalidRequest(f"embedding_bias must be {BIAS_ALLOWED}")
+    return bias
+
+
+def add_embedding_bias(request: GenerationRequest, bias: np.ndarray,
+                       vocab_size: int) -> GenerationRequest:
+    """`request` with TensorRT-LLM's dense embedding bias added to its
+    logit_bias (its nonzero entries, summed with what is there). Raises
+    InvalidRequest for a bias longer than the vocabulary."""
+    if bias.size > vocab_size:
+        raise InvalidRequest(f"embedding_bias must have at most V = {vocab_size} entries (one "
+                             f"per token id), got {bias.size}")
+    merged = dict(request.sampling.logit_bias)
+    for token in np.flatnonzero(bias).tolist():
+        merged[token] = merged.get(token, 0.0) + float(bias[token])
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
+                                                                     logit_bias=merged))
+
+
+def _check_decoder_input(present: Mapping[str, object]) -> None:
+    """decoder_input_ids, read by TensorRT-LLM for encoder-decoder models
+    only (utils.cc, ``createRequestsFromInputTensors``): its preprocessing
+    sends one pad id as a placeholder, taken here and not read; a longer
+    decoder prompt asks for a model this server does not serve."""
+    if "decoder_input_ids" in present and np.size(present["decoder_input_ids"]) > 1:
+        raise InvalidRequest("decoder_input_ids is an encoder-decoder model's decoder prompt; "
+                             "every model here is decoder-only: send at most one id (TensorRT-"
+                             "LLM's preprocessing's placeholder) or none")
 
 
 def _logit_bias(ids, values) -> dict[int, float]:
@@ -229,6 +293,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         present["top_p"] = np.zeros((1, 1), np.float32)
     top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
+    _check_decoder_input(present)
     flags = {name: bool(_single(name, present[name])) if name in present
              else exclude_input and name == "exclude_input_in_output" for name in FLAG_INPUTS}
     text, prompt_ids = _prompt(present, flags["apply_chat_template"])
@@ -248,14 +313,11 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         sampling=_sampling(present),
         end_id=end_id,
         ignore_end=flags[IGNORE_EOS.name],
-        stop_words=_words("stop_words", present["stop_words"]) if "stop_words" in present else (),
-        # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
-        stop_words_as_tokens="stop_words" not in sent_as,
         include_stop=flags["include_stop_str_in_output"],
         # the one flag true unless sent (vLLM's default)
         skip_special=bool(_single("skip_special_tokens", present["skip_special_tokens"]))
         if "skip_special_tokens" in present else True,
-        bad_words=_words("bad_words", present["bad_words"]) if "bad_words" in present else (),
+        **_stop_and_bad_words(present, sent_as),
         # the running sum is of the logprobs this computes
         return_log_probs=flags["return_log_probs"] or flags["return_cumulative_logprob"],
         num_top_logprobs=top,
@@ -271,7 +333,20 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
                           sent_as, _extra_outputs(flags), flags["return_log_probs"],
                           _word_bias(present.get("embedding_bias_words"),
                                      present.get("embedding_bias_weights")),
-                          _sequences(present), core and _core_outputs_only(present, flags))
+                          _sequences(present), core and _core_outputs_only(present, flags),
+                          _embedding_bias(present["embedding_bias"])
+                          if "embedding_bias" in present else None)
+
+
+def _stop_and_bad_words(present: Mapping[str, object], sent_as: Mapping[str, str]) -> dict:
+    """The request's stop and bad words, as text and as token ids (TensorRT-
+    LLM's word lists), by their GenerationRequest fields."""
+    words = {name: _words(name, present[name]) for name in ("stop_words", "bad_words")
+             if name in present}
+    words.update((name, _word_list(name, present[name]))
+                 for name in ("stop_words_list", "bad_words_list") if name in present)
+    # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
+    return {**words, "stop_words_as_tokens": "stop_words" not in sent_as}
 
 
 def _vllm_shaped(present: Mapping[str, object]) -> bool:

@@ -40,7 +40,7 @@ from ..addresses import LOCAL, parse_endpoints
 from ..settings import LlmSettings
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
-from .generate_io import DecodedRequest, add_word_bias, decode_generate
+from .generate_io import DecodedRequest, add_embedding_bias, add_word_bias, decode_generate
 from .prompt_batch import (Generation, check_answered_once, for_each_prompt, generations, of_prompt,
                            split_prompts)
 from .vllm_params import as_sent
@@ -354,12 +354,15 @@ class LlmService:
         self._answer_once(send, {}, None, on_done)
 
     def _decode(self, inputs, parameters) -> DecodedRequest:
-        """One prompt's inputs decoded, TensorRT-LLM's embedding bias tokenized."""
+        """One prompt's inputs decoded, TensorRT-LLM's embedding bias (its words
+        tokenized, or its dense vector) added to the logit bias."""
         decoded = decode_generate(inputs, parameters, self.settings.exclude_input_in_output)
+        request = decoded.request
         if decoded.word_bias:
-            decoded = dataclasses.replace(decoded, request=add_word_bias(
-                decoded.request, decoded.word_bias, self.codec.tokenize))
-        return decoded
+            request = add_word_bias(request, decoded.word_bias, self.codec.tokenize)
+        if decoded.embedding_bias is not None:
+            request = add_embedding_bias(request, decoded.embedding_bias, self.engine.vocab_size)
+        return dataclasses.replace(decoded, request=request)
 
     def _submit_all(self, runs: list[Generation]) -> list:
         """The generations' requests in the decoder, all or none: each is
