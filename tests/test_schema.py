@@ -27,7 +27,12 @@ DOC_TABLES = {
                                                  if t not in schema.ENSEMBLE.outputs),
     "`tensorrt_llm` inputs": schema.TRTLLM_CORE.inputs,
     "`tensorrt_llm` outputs": schema.TRTLLM_CORE.outputs,
-    "`preprocessing` outputs": schema.PREPROCESSING.outputs,
+    "`preprocessing` outputs": tuple(t for t in schema.PREPROCESSING.outputs
+                                     if t not in schema.TRTLLM_PREPROCESSING_OUTPUTS),
+    "TensorRT-LLM's `preprocessing` inputs": schema.TRTLLM_PREPROCESSING_INPUTS,
+    "TensorRT-LLM's `preprocessing` outputs": schema.TRTLLM_PREPROCESSING_OUTPUTS,
+    "`postprocessing` inputs": schema.POSTPROCESSING.inputs,
+    "`postprocessing` outputs": schema.POSTPROCESSING.outputs,
     "`simple_sampler` inputs": schema.SAMPLER.inputs,
     "`simple_sampler` outputs": schema.SAMPLER.outputs,
 }

@@ -66,7 +66,7 @@ def test_each_template_reads_exactly_the_models_parameters(cls):
     assert sorted(key for key, _ in keys) == sorted(cls().parameters())
     every_placeholder = set().union(*(templates.placeholders(template_text(m))
                                       for m in ("ensemble", "preprocessing", "llm",
-                                                "simple_sampler")))
+                                                "postprocessing", "simple_sampler")))
     assert set(cls().template_values()) <= every_placeholder
 
 

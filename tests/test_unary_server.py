@@ -143,6 +143,75 @@ def test_the_openai_door_answers_unstreamed_and_refuses_a_stream(server):
         assert error["param"] == "stream" and "decoupled_mode false" in error["message"]
 
 
+def chained(grpc, prompt: str, max_tokens: int, **words) -> np.ndarray:
+    """TensorRT-LLM's end_to_end_test.py's manual chain (tools/
+    inflight_batcher_llm): preprocessing's outputs to tensorrt_llm by its
+    names, its output ids to postprocessing; with `words` (its
+    preprocessing's *_DICT and EMBEDDING_BIAS_* inputs), their ids too."""
+    pre = grpc.infer("preprocessing", unary_inputs(grpcclient, **{
+        "QUERY": np.array([[prompt.encode()]], object),
+        "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], np.int32),
+        # what end_to_end_test.py sends for none
+        "BAD_WORDS_DICT": np.array([[b""]], object), "STOP_WORDS_DICT": np.array([[b""]], object),
+        **words}))
+    core = grpc.infer("tensorrt_llm", unary_inputs(grpcclient, **{
+        name: pre.as_numpy(output) for name, output in (
+            ("input_ids", "INPUT_ID"), ("decoder_input_ids", "DECODER_INPUT_ID"),
+            ("input_lengths", "REQUEST_INPUT_LEN"), ("request_output_len", "REQUEST_OUTPUT_LEN"),
+            ("end_id", "OUT_END_ID"), ("pad_id", "OUT_PAD_ID"),
+            ("stop_words_list", "STOP_WORDS_IDS"), ("bad_words_list", "BAD_WORDS_IDS"),
+            ("embedding_bias", "EMBEDDING_BIAS"))}))
+    post = grpc.infer("postprocessing", unary_inputs(
+        grpcclient, TOKENS_BATCH=core.as_numpy("output_ids"),
+        SEQUENCE_LENGTH=core.as_numpy("sequence_length")))
+    return post.as_numpy("OUTPUT")
+
+
+@pytest.mark.parametrize("words, ensemble_words", [
+    ({}, {}),
+    ({"STOP_WORDS_DICT": [b" Paris"]}, {"stop_words": [b" Paris"]}),
+    ({"BAD_WORDS_DICT": [b" Paris"]}, {"bad_words": [b" Paris"]}),
+    ({"EMBEDDING_BIAS_WORDS": [b" Paris"], "EMBEDDING_BIAS_WEIGHTS": [-100.0]},
+     {"embedding_bias_words": [b" Paris"], "embedding_bias_weights": [-100.0]}),
+])
+def test_tensorrt_llms_chain_of_its_three_models_gives_the_ensembles_text(server, words,
+                                                                          ensemble_words):
+    """end_to_end_test.py compares preprocessing -> tensorrt_llm ->
+    postprocessing with the ensemble (greedy, its default there); so here,
+    the words given to preprocessing reaching tensorrt_llm as ids (a stop
+    word kept and ending it, a bad word banned, a bias on a word's tokens)
+    as the ensemble's word inputs do."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    arrays = {name: np.array([value], object if isinstance(value[0], bytes) else np.float32)
+              for name, value in words.items()}
+    text = chained(grpc, PROMPT, 12, **arrays)
+    assert text.shape == (1,)  # flat over the batch and beams, as TensorRT-LLM's
+    ensemble = grpc.infer("ensemble", unary_inputs(grpcclient, **{
+        "text_input": np.array([[PROMPT.encode()]], object),
+        "max_tokens": np.array([[12]], np.int32),
+        **{name: np.array([value], object if isinstance(value[0], bytes) else np.float32)
+           for name, value in ensemble_words.items()}}))
+    expected = ensemble.as_numpy("text_output")[0].decode()
+    assert text[0].decode() == expected and expected.startswith(PROMPT)
+    answer = expected[len(PROMPT):]
+    if "STOP_WORDS_DICT" in words:
+        assert answer == " Paris"
+    elif words:  # banned, or biased off
+        assert " Paris" not in answer and answer
+    else:
+        assert answer.startswith(" Paris") and len(answer) > len(" Paris")
+
+
+def test_preprocessing_refuses_a_request_in_both_interfaces(server):
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="not both"):
+        grpc.infer("preprocessing", unary_inputs(
+            grpcclient, QUERY=np.array([[b"Hi"]], object),
+            text_input=np.array([[b"Hi"]], object)))
+    with pytest.raises(InferenceServerException, match="REQUEST_OUTPUT_LEN is required"):
+        grpc.infer("preprocessing", unary_inputs(grpcclient, QUERY=np.array([[b"Hi"]], object)))
+
+
 def test_a_cancelled_unary_call_stops_its_generation_and_lets_llm_unload(server):
     """A deadline cancels the call; llm stops generating and ends the request
     with a CANCELLED error, where the final flag alone is refused from a
@@ -167,3 +236,4 @@ def test_a_cancelled_unary_call_stops_its_generation_and_lets_llm_unload(server)
             for entry in http.get_model_repository_index()):
         assert time.monotonic() < deadline, "llm still holds the cancelled request"
         time.sleep(0.2)
+

@@ -260,7 +260,7 @@ class SamplerSettings(Settings):
 class LlmSettings(Settings):
     """The generation models: the llm model's parameters
     (model_repository/llm/config.pbtxt) and the Triton fields of the
-    ensemble, preprocessing and llm configs."""
+    ensemble, preprocessing, postprocessing and llm configs."""
 
     triton_model: ClassVar[str] = "llm"
 
@@ -306,6 +306,9 @@ class LlmSettings(Settings):
         minimum=0, maximum=MAX_GENERATIONS, parameter=False)
     preprocessing_instances: int = setting(1, "tokenizer instances", minimum=1, flag=None,
                                            parameter=False)
+    postprocessing_instances: int = setting(
+        1, "TensorRT-LLM's postprocessing model's instances (token ids to text, for its "
+        "clients that call it)", minimum=1, flag=None, parameter=False)
     # TensorRT-LLM's key; the model reads Triton's field back (from_config)
     decoupled_mode: bool = setting(
         True, "the llm model decoupled (Triton's model_transaction_policy; TensorRT-LLM's "

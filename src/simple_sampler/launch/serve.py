@@ -45,12 +45,17 @@ log = logging.getLogger(__name__)
 ENSEMBLE_NAMES = ("ensemble", "tensorrt_llm_bls")
 
 
+#: The text steps' instance counts: Triton fields of their configs, not llm's
+TEXT_STEP_INSTANCES = ("preprocessing_instances", "postprocessing_instances")
+
+
 def assemble_repository(destination: Path, sampler: SamplerSettings,
                         llm: LlmSettings | None = None) -> Path:
     """The sampler alone, or (with `llm`) the whole generation repository:
     ensemble (and tensorrt_llm_bls, ``ENSEMBLE_NAMES``), preprocessing, llm,
-    tensorrt_llm (TensorRT-LLM's core model's interface over llm; not with
-    generate_max_batch_size 0: that model's tensors have the batch
+    tensorrt_llm (TensorRT-LLM's core model's interface over llm) and
+    postprocessing (its postprocessing model's interface; neither with
+    generate_max_batch_size 0: those models' tensors have the batch
     dimension) and simple_sampler. Raises ValueError for settings out of
     range."""
     if llm is not None:
@@ -69,11 +74,14 @@ def assemble_repository(destination: Path, sampler: SamplerSettings,
         write_model(destination, "preprocessing", "preprocessing",
                     {k: values[k] for k in ("generate_max_batch_size", "preprocessing_instances",
                                             "model")})
-        write_model(destination, "llm", "llm",
-                    {k: v for k, v in values.items() if k != "preprocessing_instances"})
+        write_model(destination, "llm", "llm", {k: v for k, v in values.items()
+                                                if k not in TEXT_STEP_INSTANCES})
         if llm.generate_max_batch_size:
             write_model(destination, "tensorrt_llm", "tensorrt_llm",
                         {"generate_max_batch_size": llm.generate_max_batch_size})
+            write_model(destination, "postprocessing", "postprocessing",
+                        {k: values[k] for k in ("generate_max_batch_size",
+                                                "postprocessing_instances", "model")})
     return destination
 
 

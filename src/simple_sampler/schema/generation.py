@@ -253,9 +253,6 @@ CORE_OUTPUT_NAMES = {"sequence_length": "sequence_length", "beam_output_ids": "o
                      "beam_cum_log_probs": "cum_log_probs",
                      "batch_index": "batch_index", "sequence_index": "sequence_index"}
 
-PREPROCESSING = Model("preprocessing", GENERATE_INPUTS,
-                      tuple(dataclasses.replace(t, optional=False)
-                            for t in (INPUT_IDS, INPUT_LENGTHS)))
 LLM = Model("llm", (*GENERATE_INPUTS, INPUT_IDS, INPUT_LENGTHS, *CORE_INPUTS,
                     *CORE_TOKEN_INPUTS, STOP_SIGNAL),
             (*GENERATE_OUTPUTS, *CORE_OUTPUTS))
