@@ -56,10 +56,31 @@ def test_every_model_process_froze_its_heap_once_ready(server):
     frozen = dict(re.findall(r" simple_sampler\.heap: (\S+): (\d+) objects frozen",
                              server.log_path.read_text()))
     kinds = {name.rsplit("_", 2)[0] for name in frozen}
-    assert kinds == {"llm", "preprocessing", "simple_sampler"}, frozen
+    assert kinds == {"llm", "preprocessing", "postprocessing", "simple_sampler"}, frozen
     assert sum(name.startswith("simple_sampler") for name in frozen) == 2, frozen
     # torch and a tokenizer imported: a large heap a full collection would walk
     assert int(frozen[next(n for n in frozen if n.startswith("llm"))]) > 100_000, frozen
+
+
+def test_tensorrt_llms_request_and_iteration_gauges_are_reported_under_its_names(server):
+    """For dashboards made for TensorRT-LLM's backend: its
+    nv_trt_llm_request_metrics (max: engine_max_batch_size; active and
+    scheduled: 0 once idle) and its iteration counter, the decode steps."""
+    GenerateClient(server.http_url, "http").generate("Hi", max_tokens=4)
+
+    def gauge(family, label):
+        text = urllib.request.urlopen(server.metrics_url).read().decode()
+        found = re.search(rf'^nv_trt_llm_{family}_metrics\{{[^}}]*"{label}"[^}}]*\}} (\S+)',
+                          text, re.M)
+        return float(found.group(1)) if found else None
+
+    assert gauge("request", "max") == 32  # conftest's llm_server_settings
+    deadline = time.monotonic() + 10
+    while (gauge("general", "iteration_counter") != llm_metric(server, "steps_total")
+           or gauge("request", "active")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gauge("general", "iteration_counter") == llm_metric(server, "steps_total") >= 4
+    assert gauge("request", "active") == gauge("request", "scheduled") == 0
 
 
 def test_greedy_answer_names_paris(server):

@@ -25,6 +25,7 @@ from simple_sampler.schema import SAMPLER
 from simple_sampler.settings import LlmSettings
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.triton.llm_delivery import Cancelled, Unavailable
+from simple_sampler.triton.llm_metrics import LlmMetrics
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.serving.samplers import names_a_row
 from simple_sampler.triton.sampler_targets import SamplerCallError
@@ -113,39 +114,7 @@ class TritonPythonModel:
         log.info("%s ready: max_batch_size %s, parameters %s; data plane: %s", self.instance,
                  config.get("max_batch_size"), settings.parameters(), self.service.data_plane)
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.metric_families, self.metrics = [], {}
-        for name, text in (("data_plane_us", "Data-plane forward time"),
-                           ("sampler_us", "Sampler time, overlapped or not"),
-                           ("sampling_exposed_us", "Sampling time with no forward running"),
-                           ("busy_us", "Time a forward or a sampler was running"),
-                           ("loop_us", "CPU time of the decode loop's own Python work, forwards and "
-                                       "samplers excluded"),
-                           ("forward_wait_us", "Time forwards waited for the data-plane thread "
-                                               "to start them and for the decode loop to take "
-                                               "their rows"),
-                           ("steps", "Decode steps (one forward each)"),
-                           ("sampler_retries", "Sampler requests sent again after a failure"),
-                           ("gc_pause_us", "Time the garbage collector's collections held this "
-                                           "process (every thread waits), since its heap was "
-                                           "frozen"),
-                           ("bridge_us", "TensorRT-LLM bridge's own time per iteration, summed: "
-                                         "staging rows, masking them (0 for other engines)")):
-            family = pb_utils.MetricFamily(name=f"simple_llm_{name}_total", description=text,
-                                           kind=pb_utils.MetricFamily.COUNTER)
-            self.metric_families.append(family)
-            self.metrics[name] = family.Metric(labels=labels)
-        family = pb_utils.MetricFamily(name="simple_llm_requests_in_flight",
-                                       description="Requests decoding or queued (prompts being scored included)",
-                                       kind=pb_utils.MetricFamily.GAUGE)
-        self.metric_families.append(family)
-        self.in_flight = family.Metric(labels=labels)
-        family = pb_utils.MetricFamily(name="simple_llm_closing",
-                                       description="1 while the model closes (its finalize): "
-                                                   "serve's stop waits for it",
-                                       kind=pb_utils.MetricFamily.GAUGE)
-        self.metric_families.append(family)
-        self.closing = family.Metric(labels=labels)
-        self.reported = {name: 0 for name in self.metrics}
+        self.metrics = LlmMetrics(pb_utils, labels, settings.engine_max_batch_size)
         self.report_lock = threading.Lock()
         self.next_report = 0.0
         self.reported_in_flight = 0
@@ -222,24 +191,22 @@ class TritonPythonModel:
 
     def _report_stats_locked(self):
         self.reported_in_flight = self.service.decoder.num_in_flight
-        self.in_flight.set(self.reported_in_flight)
+        self.metrics.in_flight.set(self.reported_in_flight)
         stats = self.service.stats()
-        totals = {"data_plane_us": int(stats.data_plane_s * 1e6),
-                  "sampler_us": int(stats.sampler_s * 1e6),
-                  "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
-                  "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
-                  "forward_wait_us": int(stats.forward_wait_s * 1e6), "steps": stats.steps,
-                  "sampler_retries": stats.sampler_retries,
-                  "bridge_us": int(self.service.bridge_s * 1e6),
-                  "gc_pause_us": int(self.gc_pauses.seconds * 1e6)}
-        for name, total in totals.items():
-            self.metrics[name].increment(total - self.reported[name])
-            self.reported[name] = total
+        self.metrics.report({
+            "data_plane_us": int(stats.data_plane_s * 1e6),
+            "sampler_us": int(stats.sampler_s * 1e6),
+            "sampling_exposed_us": int(stats.sampling_exposed_s * 1e6),
+            "busy_us": int(stats.busy_s * 1e6), "loop_us": int(stats.loop_s * 1e6),
+            "forward_wait_us": int(stats.forward_wait_s * 1e6), "steps": stats.steps,
+            "sampler_retries": stats.sampler_retries,
+            "bridge_us": int(self.service.bridge_s * 1e6),
+            "gc_pause_us": int(self.gc_pauses.seconds * 1e6)}, self.service.decoder.num_active)
 
     def finalize(self):
         # What tells a finalize under way from a model a client's open stream
         # holds, which is never finalized (launch/processes.StubsUnloading).
-        self.closing.set(1)
+        self.metrics.closing.set(1)
         self.service.close()
         if self.stacks is not None:
             log.info("%s: its threads' stacks in %s", self.instance, self.stacks.stop())
