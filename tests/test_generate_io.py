@@ -6,7 +6,8 @@ import pytest
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.generation import GenerationEvent
 from simple_sampler.triton.byte_tensors import install_byte_serializer
-from simple_sampler.triton.generate_io import add_embedding_bias, decode_generate
+from simple_sampler.triton.generate_io import decode_generate
+from simple_sampler.triton.trtllm_text import add_embedding_bias
 from simple_sampler.triton.generate_outputs import encode_event
 
 
@@ -60,16 +61,17 @@ def test_word_lists_in_ids_are_read_as_tensorrt_llms_backend_reads_them():
     assert request.stop_words_list == [(5, 6), (7,)] and request.bad_words_list == [(9,)]
     for none in (np.zeros((1, 2, 0), np.int32), word_list()):
         assert decode_generate({**text, "stop_words_list": none}).request.stop_words_list == []
-    # a repeated offset is a word of no ids: none, as an empty string is
-    assert decode_generate({**text, "bad_words_list": np.array([[[5, 6], [1, 1]]], np.int32)}) \
-        .request.bad_words_list == [(5,)]
 
 
 @pytest.mark.parametrize("lists, message", [
     (np.array([[5, 6]], np.int32), r"stop_words_list must have shape \[1, 2, N\]"),
     (np.array([[[5, 6], [-1, 2]]], np.int32), "must end with -1s only"),
-    (np.array([[[5, 6], [2, 1]]], np.int32), r"must ascend within \[0, 2\]"),
-    (np.array([[[5, 6], [3, -1]]], np.int32), r"must ascend within \[0, 2\]"),
+    (np.array([[[5, 6], [2, 1]]], np.int32), r"must strictly increase within \[1, 2\]"),
+    (np.array([[[5, 6], [3, -1]]], np.int32), r"must strictly increase within \[1, 2\]"),
+    # a word of no ids, which convertWordList refuses (repeated) or keeps (first 0: an empty
+    # stop word, which ends a generation at once there)
+    (np.array([[[5, 6], [1, 1]]], np.int32), "must strictly increase"),
+    (np.array([[[5, 6], [0, 2]]], np.int32), "must strictly increase"),
 ])
 def test_a_malformed_word_list_is_refused_by_name(lists, message):
     with pytest.raises(InvalidRequest, match=message):
@@ -88,8 +90,19 @@ def test_a_dense_embedding_bias_adds_its_nonzero_entries_to_the_logit_bias():
                                "logit_bias_values": np.array([[0.5, 1.0]], np.float32)})
     request = add_embedding_bias(decoded.request, decoded.embedding_bias, vocab_size=4)
     assert request.sampling.logit_bias == {1: 2.5, 3: 0.0}
-    with pytest.raises(InvalidRequest, match="at most V = 3 entries"):
+    with pytest.raises(InvalidRequest, match=r"must be 0 past the vocabulary \(V = 3\), got "
+                                             r"-1.0 at id 3"):
         add_embedding_bias(decoded.request, decoded.embedding_bias, vocab_size=3)
+    # zeros past V (a tokenizer that counts more ids than the model): taken
+    padded = decode_generate({**text, "embedding_bias": np.array([[0, 2, 0, 0]], np.float32)})
+    assert add_embedding_bias(padded.request, padded.embedding_bias, vocab_size=3) \
+        .sampling.logit_bias == {1: 2.0}
+    # each in range alone, out of it summed: named as both
+    big = decode_generate({**text, "embedding_bias": np.array([[0, 1e6]], np.float32),
+                           "logit_bias_ids": np.array([[1]], np.int32),
+                           "logit_bias_values": np.array([[1e6]], np.float32)})
+    with pytest.raises(InvalidRequest, match="embedding_bias plus logit_bias must stay in"):
+        add_embedding_bias(big.request, big.embedding_bias, vocab_size=4)
     with pytest.raises(InvalidRequest, match="embedding_bias must be in"):
         decode_generate({**text, "embedding_bias": np.array([[np.nan]], np.float32)})
 
@@ -102,6 +115,10 @@ def test_a_decoder_prompt_is_refused_and_preprocessings_placeholder_taken():
         .text == "hi"
     with pytest.raises(InvalidRequest, match="decoder_input_ids is an encoder-decoder model's"):
         decode_generate({**text, "decoder_input_ids": np.array([[2, 3]], np.int32)})
+    assert decode_generate({**text, "decoder_input_lengths": np.array([[1]], np.int32)}) \
+        .request.text == "hi"
+    with pytest.raises(InvalidRequest, match="decoder_input_lengths must be 1"):
+        decode_generate({**text, "decoder_input_lengths": np.array([[2]], np.int32)})
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -382,7 +399,7 @@ def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():
     """As its preprocessing model's _get_embedding_bias: every token of each
     word, encoded alone (special tokens included), gets the word's weight,
     once per occurrence; summed over words and with logit_bias."""
-    from simple_sampler.triton.generate_io import add_word_bias
+    from simple_sampler.triton.trtllm_text import add_word_bias
 
     words = {"ab": [7, 8, 7], "b": [8], "x": [1, 9]}  # a made-up tokenizer, BOS 1 on "x"
     decoded = decode_generate({

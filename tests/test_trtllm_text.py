@@ -131,6 +131,7 @@ def test_postprocessing_decodes_each_sequence_to_its_length():
         [b"ab\0c", b""]
     beams = postprocess(codec, np.array([[[1, 2], [3, 4]]], np.int32), np.array([[1, 2]]))
     assert beams.tolist() == [b"a", b"cd"]
+    assert postprocess(codec, np.zeros((1, 1, 0), np.int32), np.array([[0]])).tolist() == [b""]
     with pytest.raises(InvalidRequest, match=r"SEQUENCE_LENGTH must be in \[0, 4\]"):
         postprocess(codec, tokens, np.array([[5], [1]]))
     with pytest.raises(InvalidRequest, match=r"SEQUENCE_LENGTH must have shape \[2, 1\]"):

@@ -147,7 +147,8 @@ def chained(grpc, prompt: str, max_tokens: int, **words) -> np.ndarray:
     """TensorRT-LLM's end_to_end_test.py's manual chain (tools/
     inflight_batcher_llm): preprocessing's outputs to tensorrt_llm by its
     names, its output ids to postprocessing; with `words` (its
-    preprocessing's *_DICT and EMBEDDING_BIAS_* inputs), their ids too."""
+    preprocessing's *_DICT and EMBEDDING_BIAS_* inputs), their ids too, as
+    its ensemble maps them."""
     pre = grpc.infer("preprocessing", unary_inputs(grpcclient, **{
         "QUERY": np.array([[prompt.encode()]], object),
         "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], np.int32),
@@ -157,6 +158,7 @@ def chained(grpc, prompt: str, max_tokens: int, **words) -> np.ndarray:
     core = grpc.infer("tensorrt_llm", unary_inputs(grpcclient, **{
         name: pre.as_numpy(output) for name, output in (
             ("input_ids", "INPUT_ID"), ("decoder_input_ids", "DECODER_INPUT_ID"),
+            ("decoder_input_lengths", "REQUEST_DECODER_INPUT_LEN"),
             ("input_lengths", "REQUEST_INPUT_LEN"), ("request_output_len", "REQUEST_OUTPUT_LEN"),
             ("end_id", "OUT_END_ID"), ("pad_id", "OUT_PAD_ID"),
             ("stop_words_list", "STOP_WORDS_IDS"), ("bad_words_list", "BAD_WORDS_IDS"),

@@ -215,12 +215,15 @@ CORE_TOKEN_INPUTS = (
     Tensor("bad_words_list", "INT32", (2, -1), default="none",
            allowed=f"{_WORD_LIST}: each word is never generated, as the bad_words input's"),
     Tensor("embedding_bias", "FP32", (-1,), default="none",
-           allowed=f"{BIAS_ALLOWED}, [V'] with V' <= V: entry i added to token i's logit; [0]: "
-                   f"none (its preprocessing's EMBEDDING_BIAS)"),
+           allowed=f"{BIAS_ALLOWED}: entry i added to token i's logit, 0 past V; [0]: none "
+                   f"(its preprocessing's EMBEDDING_BIAS, as long as the tokenizer)"),
     Tensor("decoder_input_ids", "INT32", (-1,), default="none",
            allowed="at most one id: an encoder-decoder model's decoder prompt, which "
                    "TensorRT-LLM reads for such models only; every model here is decoder-only, "
                    "so only its preprocessing's placeholder (one pad id) is taken, and not read"),
+    scalar("decoder_input_lengths", "INT32", "none",
+           "1 only: that placeholder's length (its preprocessing's REQUEST_DECODER_INPUT_LEN, "
+           "which its ensemble hands over), not read"),
 )
 #: TensorRT-LLM's tensorrt_llm model's stop signal (its handle_stop_request):
 #: a request that stops the ones in flight with its request id. Its input

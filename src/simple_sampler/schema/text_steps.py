@@ -38,7 +38,8 @@ TRTLLM_PREPROCESSING_INPUTS = (
                    f"repeat"),
     scalar("END_ID", "INT32", "the tokenizer's end token", "any: handed back as OUT_END_ID"),
     scalar("PAD_ID", "INT32", "the tokenizer's pad token (its end token where it has none)",
-           "any: pads INPUT_ID and is handed back as OUT_PAD_ID"),
+           "any: handed back as OUT_PAD_ID and DECODER_INPUT_ID (INPUT_ID is padded with "
+           "the tokenizer's pad id, as there)"),
 )
 #: TensorRT-LLM's preprocessing outputs: the tensorrt_llm model's inputs
 TRTLLM_PREPROCESSING_OUTPUTS = tuple(Tensor(name, dtype, dims, optional=False)

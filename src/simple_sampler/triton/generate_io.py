@@ -12,17 +12,17 @@ values that mean what this server does (``ONE_VALUE``, ``ALIASES``,
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
-from ..params import BIAS_ALLOWED, SamplingParams, bias_allowed
+from ..params import SamplingParams
 from ..schema import (CORE_ALIASES, IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
                       VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationRequest
 from ..settings import MAX_GENERATIONS
+from .trtllm_text import check_decoder_input, dense_bias, word_bias, word_list
 from .vllm_params import SAMPLING_PARAMETERS, TRTLLM_PARAMETERS, vllm_inputs
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -97,67 +97,6 @@ def _words(name: str, array) -> list[str]:
     return [word for word in (_text(name, w) for w in array.reshape(-1)) if word]
 
 
-def _word_list(name: str, array) -> list[tuple[int, ...]]:
-    """TensorRT-LLM's word list, [1, 2, N] (or [2, N]): row 0 the words' ids
-    back to back, row 1 each word's end offset, ascending, then -1s; read as
-    its backend reads it (tensorrtllm_backend, inflight_batcher_llm/src/
-    utils.cc, ``convertWordList``). A word of no ids (an offset repeated, or
-    a first offset 0) names no word, as an empty string names none."""
-    lists = np.asarray(array)
-    if lists.ndim == 3 and lists.shape[0] == 1:
-        lists = lists[0]
-    if lists.ndim != 2 or lists.shape[0] != 2:
-        raise InvalidRequest(f"{name} must have shape [1, 2, N] (ids, then end offsets), got "
-                             f"{list(np.shape(array))}")
-    ids, ends = lists[0].tolist(), lists[1].tolist()
-    count = ends.index(-1) if -1 in ends else len(ends)
-    if any(end != -1 for end in ends[count:]):
-        raise InvalidRequest(f"{name}'s offsets (its second row) must end with -1s only, got "
-                             f"{ends}")
-    ends = ends[:count]
-    if any(not 0 <= end <= len(ids) for end in ends) or ends != sorted(ends):
-        raise InvalidRequest(f"{name}'s offsets (its second row) must ascend within [0, "
-                             f"{len(ids)}], got {ends}")
-    return [tuple(ids[start:end]) for start, end in zip([0, *ends], ends) if end > start]
-
-
-def _embedding_bias(array) -> np.ndarray | None:
-    """TensorRT-LLM's dense embedding_bias ([1, V'] or [V']); None when empty
-    (its preprocessing sends [1, 0] for no bias words)."""
-    bias = np.asarray(array, np.float64).reshape(-1)
-    if not bias.size:
-        return None
-    if not bias_allowed(bias).all():
-        raise InvalidRequest(f"embedding_bias must be {BIAS_ALLOWED}")
-    return bias
-
-
-def add_embedding_bias(request: GenerationRequest, bias: np.ndarray,
-                       vocab_size: int) -> GenerationRequest:
-    """`request` with TensorRT-LLM's dense embedding bias added to its
-    logit_bias (its nonzero entries, summed with what is there). Raises
-    InvalidRequest for a bias longer than the vocabulary."""
-    if bias.size > vocab_size:
-        raise InvalidRequest(f"embedding_bias must have at most V = {vocab_size} entries (one "
-                             f"per token id), got {bias.size}")
-    merged = dict(request.sampling.logit_bias)
-    for token in np.flatnonzero(bias).tolist():
-        merged[token] = merged.get(token, 0.0) + float(bias[token])
-    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
-                                                                     logit_bias=merged))
-
-
-def _check_decoder_input(present: Mapping[str, object]) -> None:
-    """decoder_input_ids, read by TensorRT-LLM for encoder-decoder models
-    only (utils.cc, ``createRequestsFromInputTensors``): its preprocessing
-    sends one pad id as a placeholder, taken here and not read; a longer
-    decoder prompt asks for a model this server does not serve."""
-    if "decoder_input_ids" in present and np.size(present["decoder_input_ids"]) > 1:
-        raise InvalidRequest("decoder_input_ids is an encoder-decoder model's decoder prompt; "
-                             "every model here is decoder-only: send at most one id (TensorRT-"
-                             "LLM's preprocessing's placeholder) or none")
-
-
 def _logit_bias(ids, values) -> dict[int, float]:
     """logit_bias_ids [1, N] and logit_bias_values [1, N] as {token id: bias};
     the ids' range is checked against the vocabulary by the decoder."""
@@ -173,39 +112,6 @@ def _logit_bias(ids, values) -> dict[int, float]:
     if len(bias) != ids.size:
         raise InvalidRequest("logit_bias_ids must name each token at most once")
     return bias
-
-
-def _word_bias(words, weights) -> tuple[tuple[str, float], ...]:
-    """embedding_bias_words [1, N] and embedding_bias_weights [1, N] as
-    (word, weight) pairs."""
-    if words is None and weights is None:
-        return ()
-    if words is None or weights is None:
-        raise InvalidRequest("embedding_bias_words and embedding_bias_weights must be given "
-                             "together")
-    words = [_text("embedding_bias_words", w) for w in np.asarray(words, object).reshape(-1)]
-    weights = np.asarray(weights, np.float64).reshape(-1)
-    if weights.size != len(words):
-        raise InvalidRequest(f"embedding_bias_weights must hold one value per "
-                             f"embedding_bias_words entry, got {weights.size} for {len(words)}")
-    if not bias_allowed(weights).all():
-        raise InvalidRequest(f"embedding_bias_weights must be {BIAS_ALLOWED}")
-    return tuple(zip(words, weights.tolist()))
-
-
-def add_word_bias(request: GenerationRequest, pairs: Sequence[tuple[str, float]],
-                  tokenize: Callable[[str], list[int]]) -> GenerationRequest:
-    """`request` with TensorRT-LLM's embedding bias added to its logit_bias:
-    each word's tokens (``tokenize``, the tokenizer's special tokens
-    included, as its preprocessing model's ``_get_embedding_bias`` encodes a
-    word) get the word's weight, once per occurrence, summed over the words
-    and with the logit_bias already there."""
-    bias = dict(request.sampling.logit_bias)
-    for word, weight in pairs:
-        for token in tokenize(word):
-            bias[token] = bias.get(token, 0.0) + weight
-    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
-                                                                     logit_bias=bias))
 
 
 def _add_vllm_inputs(present: dict[str, object], parameters) -> dict[str, str]:
@@ -293,7 +199,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         present["top_p"] = np.zeros((1, 1), np.float32)
     top_p_zero_is_off(present, sent_as)
     _check_min_tokens(present, sent_as)
-    _check_decoder_input(present)
+    check_decoder_input(present)
     flags = {name: bool(_single(name, present[name])) if name in present
              else exclude_input and name == "exclude_input_in_output" for name in FLAG_INPUTS}
     text, prompt_ids = _prompt(present, flags["apply_chat_template"])
@@ -331,10 +237,10 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
             raise InvalidRequest(f"stream_interval must be an integer >= 1, got {interval!r}")
     return DecodedRequest(request, flags["stream"], flags["exclude_input_in_output"], interval,
                           sent_as, _extra_outputs(flags), flags["return_log_probs"],
-                          _word_bias(present.get("embedding_bias_words"),
-                                     present.get("embedding_bias_weights")),
+                          word_bias(present.get("embedding_bias_words"),
+                                    present.get("embedding_bias_weights")),
                           _sequences(present), core and _core_outputs_only(present, flags),
-                          _embedding_bias(present["embedding_bias"])
+                          dense_bias(present["embedding_bias"])
                           if "embedding_bias" in present else None)
 
 
@@ -343,7 +249,7 @@ def _stop_and_bad_words(present: Mapping[str, object], sent_as: Mapping[str, str
     LLM's word lists), by their GenerationRequest fields."""
     words = {name: _words(name, present[name]) for name in ("stop_words", "bad_words")
              if name in present}
-    words.update((name, _word_list(name, present[name]))
+    words.update((name, word_list(name, present[name]))
                  for name in ("stop_words_list", "bad_words_list") if name in present)
     # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
     return {**words, "stop_words_as_tokens": "stop_words" not in sent_as}

@@ -40,7 +40,8 @@ from ..addresses import LOCAL, parse_endpoints
 from ..settings import LlmSettings
 from ..shvs.hot_vocab import fingerprint, load_profile
 from ..serving.text import TextCodec
-from .generate_io import DecodedRequest, add_embedding_bias, add_word_bias, decode_generate
+from .generate_io import DecodedRequest, decode_generate
+from .trtllm_text import add_embedding_bias, add_word_bias
 from .prompt_batch import (Generation, check_answered_once, for_each_prompt, generations, of_prompt,
                            split_prompts)
 from .vllm_params import as_sent

@@ -2,7 +2,9 @@
 (``schema.text_steps``), for its clients that call those models by name
 around its tensorrt_llm model (tensorrtllm_backend,
 tools/inflight_batcher_llm/end_to_end_test.py): text to that model's token
-inputs, and its output ids back to text, with the server's tokenizer.
+inputs, and its output ids back to text, with the server's tokenizer; and
+those token inputs read back (word lists, a dense bias, the decoder
+placeholder) with its ensemble's bias words, for ``generate_io``.
 
 They do what its models do (all_models/inflight_batcher_llm/preprocessing
 and postprocessing, 1/model.py) where this server reads the result the same
@@ -18,12 +20,14 @@ function raises InvalidRequest naming the input.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..params import BIAS_ALLOWED, bias_allowed
 from ..schema import ENSEMBLE, TRTLLM_PREPROCESSING_INPUTS, InvalidRequest
+from ..serving.generation import GenerationRequest
 
 #: A preprocessing request that sends one of these speaks TensorRT-LLM's interface
 TRTLLM_NAMES = frozenset(t.name for t in TRTLLM_PREPROCESSING_INPUTS)
@@ -79,7 +83,8 @@ def word_lists(codec, name: str, inputs: Mapping[str, object], batch: int) -> np
     lists = []
     for row in _rows(name, inputs[name], batch, object):
         words = [word for word in (_text(name, w) for w in row) if word]
-        ids = codec.words_ids(words, name)
+        # a word of no ids is skipped, as there
+        ids = [word for word in codec.words_ids(words, name) if word]
         lists.append(([t for word in ids for t in word], np.cumsum([len(w) for w in ids])))
     width = max(1, *(len(flat) for flat, _ in lists))
     return np.array([[np.pad(np.asarray(flat, np.int32), (0, width - len(flat))),
@@ -171,7 +176,8 @@ def postprocess(codec, tokens, lengths, skip_special: bool = True) -> np.ndarray
         raise InvalidRequest(f"SEQUENCE_LENGTH must be in [0, {tokens.shape[2]}] (TOKENS_BATCH's "
                              f"length), got {lengths.tolist()}")
     texts = [codec.decode(ids[:length].tolist(), not skip_special).encode("utf-8")
-             for ids, length in zip(tokens.reshape(-1, tokens.shape[2]), lengths.reshape(-1))]
+             for ids, length in zip(tokens.reshape(lengths.size, tokens.shape[2]),
+                                    lengths.reshape(-1))]
     return np.array(texts, dtype=object)
 
 
@@ -186,3 +192,116 @@ def skip_special_tokens(value: str | None) -> bool:
     raise ValueError(f"postprocessing's skip_special_tokens must be one of "
                      f"{', '.join(_TRUE + _FALSE)}, got {value!r}")
 
+
+# TensorRT-LLM's tensorrt_llm model's inputs that its preprocessing makes,
+# read back (generate_io takes them)
+
+def word_list(name: str, array) -> list[tuple[int, ...]]:
+    """TensorRT-LLM's word list, [1, 2, N] (or [2, N]): row 0 the words' ids
+    back to back, row 1 each word's end offset, ascending, then -1s; read as
+    its backend reads it (tensorrtllm_backend, inflight_batcher_llm/src/
+    utils.cc, ``convertWordList``), offsets strictly increasing: a word of
+    no ids is refused (an empty stop word there ends a generation at once)."""
+    lists = np.asarray(array)
+    if lists.ndim == 3 and lists.shape[0] == 1:
+        lists = lists[0]
+    if lists.ndim != 2 or lists.shape[0] != 2:
+        raise InvalidRequest(f"{name} must have shape [1, 2, N] (ids, then end offsets), got "
+                             f"{list(np.shape(array))}")
+    ids, ends = lists[0].tolist(), lists[1].tolist()
+    count = ends.index(-1) if -1 in ends else len(ends)
+    if any(end != -1 for end in ends[count:]):
+        raise InvalidRequest(f"{name}'s offsets (its second row) must end with -1s only, got "
+                             f"{ends}")
+    ends = ends[:count]
+    if any(not 0 < end <= len(ids) for end in ends) or any(
+            later <= end for end, later in zip(ends, ends[1:])):
+        raise InvalidRequest(f"{name}'s offsets (its second row) must strictly increase within "
+                             f"[1, {len(ids)}] (each word one id or more), got {ends}")
+    return [tuple(ids[start:end]) for start, end in zip([0, *ends], ends)]
+
+
+def dense_bias(array) -> np.ndarray | None:
+    """TensorRT-LLM's dense embedding_bias ([1, V'] or [V']); None when empty
+    (its preprocessing sends [1, 0] for no bias words)."""
+    bias = np.asarray(array, np.float64).reshape(-1)
+    if not bias.size:
+        return None
+    if not bias_allowed(bias).all():
+        raise InvalidRequest(f"embedding_bias must be {BIAS_ALLOWED}")
+    return bias
+
+
+def add_embedding_bias(request: GenerationRequest, bias: np.ndarray,
+                       vocab_size: int) -> GenerationRequest:
+    """`request` with TensorRT-LLM's dense embedding bias added to its
+    logit_bias (its nonzero entries, summed with what is there). Entries
+    past the vocabulary may be given as zeros (its preprocessing sizes the
+    bias by the tokenizer, which may count more ids than the model). Raises
+    InvalidRequest for a nonzero one."""
+    tokens = np.flatnonzero(bias)
+    if tokens.size and tokens[-1] >= vocab_size:
+        raise InvalidRequest(f"embedding_bias must be 0 past the vocabulary (V = {vocab_size}), "
+                             f"got {bias[tokens[-1]]} at id {tokens[-1]}")
+    return _with_bias(request, ((token, float(bias[token])) for token in tokens.tolist()),
+                      "embedding_bias")
+
+
+def check_decoder_input(present: Mapping[str, object]) -> None:
+    """decoder_input_ids, read by TensorRT-LLM for encoder-decoder models
+    only (utils.cc, ``createRequestsFromInputTensors``): its preprocessing
+    sends one pad id as a placeholder (and its length, 1, as
+    decoder_input_lengths), taken here and not read; a longer decoder prompt
+    asks for a model this server does not serve."""
+    if "decoder_input_ids" in present and np.size(present["decoder_input_ids"]) > 1:
+        raise InvalidRequest("decoder_input_ids is an encoder-decoder model's decoder prompt; "
+                             "every model here is decoder-only: send at most one id (TensorRT-"
+                             "LLM's preprocessing's placeholder) or none")
+    if "decoder_input_lengths" in present and \
+            np.asarray(present["decoder_input_lengths"]).reshape(-1).tolist() != [1]:
+        raise InvalidRequest("decoder_input_lengths must be 1 (TensorRT-LLM's preprocessing's "
+                             "placeholder's length): every model here is decoder-only")
+
+
+def word_bias(words, weights) -> tuple[tuple[str, float], ...]:
+    """embedding_bias_words [1, N] and embedding_bias_weights [1, N] as
+    (word, weight) pairs."""
+    if words is None and weights is None:
+        return ()
+    if words is None or weights is None:
+        raise InvalidRequest("embedding_bias_words and embedding_bias_weights must be given "
+                             "together")
+    words = [_text("embedding_bias_words", w) for w in np.asarray(words, object).reshape(-1)]
+    weights = np.asarray(weights, np.float64).reshape(-1)
+    if weights.size != len(words):
+        raise InvalidRequest(f"embedding_bias_weights must hold one value per "
+                             f"embedding_bias_words entry, got {weights.size} for {len(words)}")
+    if not bias_allowed(weights).all():
+        raise InvalidRequest(f"embedding_bias_weights must be {BIAS_ALLOWED}")
+    return tuple(zip(words, weights.tolist()))
+
+
+def add_word_bias(request: GenerationRequest, pairs: Sequence[tuple[str, float]],
+                  tokenize: Callable[[str], list[int]]) -> GenerationRequest:
+    """`request` with TensorRT-LLM's embedding bias added to its logit_bias:
+    each word's tokens (``tokenize``, the tokenizer's special tokens
+    included, as its preprocessing model's ``_get_embedding_bias`` encodes a
+    word) get the word's weight, once per occurrence, summed over the words
+    and with the logit_bias already there."""
+    return _with_bias(request, ((token, weight) for word, weight in pairs
+                                for token in tokenize(word)), "embedding_bias_weights")
+
+
+def _with_bias(request: GenerationRequest, additions, name: str) -> GenerationRequest:
+    """`request` with (token, value) `additions` summed into its logit_bias.
+    Raises InvalidRequest naming `name` and logit_bias where a sum leaves
+    the allowed range (each was in it alone)."""
+    bias = dict(request.sampling.logit_bias)
+    for token, value in additions:
+        bias[token] = bias.get(token, 0.0) + value
+    outside = [token for token, value in bias.items() if not bias_allowed(value)]
+    if outside:
+        raise InvalidRequest(f"{name} plus logit_bias must stay {BIAS_ALLOWED} for each token, "
+                             f"got {bias[outside[0]]} for token {outside[0]}")
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
+                                                                     logit_bias=bias))
