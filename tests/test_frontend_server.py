@@ -458,6 +458,6 @@ def test_serve_stops_cleanly_after_a_streamed_load_and_mid_stream(tmp_path):
     assert "(status 0)" in stdout  # tritonserver exited by itself, not at its exit timeout
     assert re.search(r"drained in [1-9]", stdout), stdout  # the long stream: for the grace
     assert stopped_after < grace + TRITON_EXIT_TIMEOUT_S, stopped_after
-    assert len(stubs) == 3
+    assert len(stubs) == 4  # preprocessing, llm, the sampler, postprocessing
     assert not arena_regions(stub.pid for stub in stubs)
     assert not [s.shm_region for s in stubs if (SHM_DIRECTORY / s.shm_region).exists()]

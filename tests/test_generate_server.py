@@ -671,8 +671,9 @@ def test_tensorrt_llms_core_model_client_reads_its_answer_from_tensorrt_llm(serv
 
 
 def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
-    """A range names the core model's input as the client sent it; that
-    model's inputs with no meaning here are refused by Triton, by name."""
+    """A range names the core model's input as the client sent it, a
+    malformed word list names its input; that model's inputs with no meaning
+    here are refused by Triton, by name."""
     inputs = core_client_inputs([[504, 3575]], True)
     [(_, error)] = stream_answers(server, "tensorrt_llm", {
         **inputs, "request_output_len": np.array([[100_000]], np.int32)})
@@ -681,8 +682,11 @@ def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
         **inputs, "request_output_len": np.array([[0]], np.int32)})
     assert "request_output_len must be at least 1, got 0" in str(error)
     [(_, error)] = stream_answers(server, "tensorrt_llm", {
-        **inputs, "stop_words_list": np.array([[[13], [1]]], np.int32)})
-    assert "stop_words_list" in str(error)
+        **inputs, "stop_words_list": np.array([[[13], [2]]], np.int32)})
+    assert "stop_words_list's offsets (its second row) must strictly increase" in str(error)
+    [(_, error)] = stream_answers(server, "tensorrt_llm", {
+        **inputs, "beam_search_diversity_rate": np.array([[0.5]], np.float32)})
+    assert "beam_search_diversity_rate" in str(error)
     [(result, error)] = stream_answers(server, "tensorrt_llm", {
         **inputs, "streaming": np.array([[False]])})  # the service serves on
     assert error is None and result.as_numpy("output_ids").shape == (1, 1, 10)
