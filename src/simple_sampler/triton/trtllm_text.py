@@ -21,13 +21,15 @@ function raises InvalidRequest naming the input.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..params import BIAS_ALLOWED, bias_allowed
 from ..schema import ENSEMBLE, TRTLLM_PREPROCESSING_INPUTS, InvalidRequest
-from ..serving.generation import GenerationRequest
+
+if TYPE_CHECKING:  # light to import: the postprocessing model loads its tokenizer when asked
+    from ..serving.generation import GenerationRequest
 
 #: A preprocessing request that sends one of these speaks TensorRT-LLM's interface
 TRTLLM_NAMES = frozenset(t.name for t in TRTLLM_PREPROCESSING_INPUTS)
