@@ -18,7 +18,9 @@ Those whose meaning holds here are reported with the model's own labels:
 
 Not reported, since nothing here measures them as there: ``"context"``
 (requests in their prefill), the ``"timestamp"``, KV-cache blocks, runtime
-memory, the inflight batcher's token counts.
+memory, the inflight batcher's token counts; nor yet its per-request
+histograms of prompt and answer lengths (``nv_llm_input_token_len``,
+``nv_llm_output_token_len``), which take one message per observation.
 
 Each update is a message to the server process (python_backend
 ``Metric::SendSetValueRequest``), so ``report`` sends only what changed,
