@@ -65,7 +65,8 @@ def test_every_model_process_froze_its_heap_once_ready(server):
 def test_tensorrt_llms_request_and_iteration_gauges_are_reported_under_its_names(server):
     """For dashboards made for TensorRT-LLM's backend: its
     nv_trt_llm_request_metrics (max: engine_max_batch_size; active and
-    scheduled: 0 once idle) and its iteration counter, the decode steps."""
+    scheduled: 0 once idle), its iteration counter (the decode steps), and
+    its histograms of each generation's prompt and answer lengths."""
     GenerateClient(server.http_url, "http").generate("Hi", max_tokens=4)
 
     def gauge(family, label):
@@ -81,6 +82,19 @@ def test_tensorrt_llms_request_and_iteration_gauges_are_reported_under_its_names
         time.sleep(0.1)
     assert gauge("general", "iteration_counter") == llm_metric(server, "steps_total") >= 4
     assert gauge("request", "active") == gauge("request", "scheduled") == 0
+
+    def lengths(kind):  # (count, sum) of its histogram
+        text = urllib.request.urlopen(server.metrics_url).read().decode()
+        return tuple(float(re.search(rf"^nv_llm_{kind}_token_len_{part}\{{[^}}]*\}} (\S+)",
+                                     text, re.M).group(1)) for part in ("count", "sum"))
+
+    (inputs, prompt), (outputs, answer) = lengths("input"), lengths("output")
+    GenerateClient(server.http_url, "http").generate("Hi", max_tokens=3, min_length=3)
+    deadline = time.monotonic() + 10  # observed right after its responses go out
+    while lengths("output")[0] == outputs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lengths("output") == (outputs + 1, answer + 3)  # each generation as it ends
+    assert lengths("input")[0] == inputs + 1 and lengths("input")[1] > prompt
 
 
 def test_greedy_answer_names_paris(server):

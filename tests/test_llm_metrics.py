@@ -13,17 +13,21 @@ class Backend:
     sent: list = []
 
     class MetricFamily:
-        COUNTER, GAUGE = "counter", "gauge"
+        COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 
         def __init__(self, name, description, kind):
             self.name, self.kind = name, kind
 
-        def Metric(self, labels):  # noqa: N802 - pb_utils' name
+        def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' name
+            assert (buckets is not None) == (self.kind == "histogram")
             return Backend.Metric(self.name, labels)
 
     class Metric:
         def __init__(self, family, labels):
             self.key = (family, tuple(sorted(labels.items())))
+
+        def observe(self, value):
+            Backend.sent.append(("observe", self.key, value))
 
         def increment(self, value):
             Backend.sent.append(("increment", self.key, value))
@@ -62,3 +66,15 @@ def test_tensorrt_llms_gauges_and_the_counters_report_changes_only():
         ("set", key(request, request_type="active"), 0),
         ("set", key(request, request_type="scheduled"), 0),
         ("set", key("nv_trt_llm_general_metrics", general_type="iteration_counter"), 7)])
+
+
+def test_each_generations_lengths_go_to_tensorrt_llms_histograms():
+    """nv_llm_input_token_len / nv_llm_output_token_len, labelled by its
+    response_metric_type, one observation each per generation."""
+    metrics = LlmMetrics(Backend, LABELS, max_requests=8)
+    Backend.sent = []
+    metrics.observe_lengths(12, 40)
+    assert Backend.sent == [
+        ("observe", key("nv_llm_input_token_len", response_metric_type="total_input_tokens"), 12),
+        ("observe", key("nv_llm_output_token_len", response_metric_type="total_output_tokens"),
+         40)]

@@ -126,6 +126,38 @@ def test_a_request_is_done_only_once_its_final_response_went_out():
     assert final_sent_when_done == [True] * 5
 
 
+def test_each_generation_is_reported_finished_once_its_final_response_went_out(caplog):
+    """on_finished (TensorRT-LLM's length histograms) gets each generation's
+    final event once, after its final response was sent; one that fails is
+    logged and the service answers the next request all the same."""
+    client = BuildingClient()
+    reported = []
+
+    def on_finished(event):
+        reported.append((event.num_input_tokens, event.num_output_tokens,
+                         bool(client.responses) and client.responses[-1][2]))
+        if len(reported) == 1:
+            raise RuntimeError("a metric failed")
+
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels"),
+                         engine=FakeEngine(max_batch_size=2, max_context=128, delay=0.001),
+                         codec=TextCodec(FakeTokenizer()), on_finished=on_finished)
+    try:
+        for max_tokens in (4, 6):
+            client.responses.clear()
+            client.done.clear()
+            service.submit({**inputs(max_tokens=max_tokens),
+                            "min_length": np.array([[max_tokens]], np.int32)},
+                           client.send, client.is_cancelled, on_done=client.done.set
+                           ).result(timeout=60)
+            assert client.responses[-1][2] and client.responses[-1][1] is None
+    finally:
+        service.close()
+    prompt = reported[0][0]
+    assert prompt > 0 and reported == [(prompt, 4, True), (prompt, 6, True)]
+    assert "reporting a finished generation failed" in caplog.text
+
+
 def test_admission_is_announced_once_the_decoder_holds_the_request():
     """The llm model reports its in-flight gauge then: `serve` stops Triton
     once the gauge reads 0, so it must not read 0 while a request is held."""

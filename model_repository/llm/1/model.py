@@ -100,10 +100,14 @@ class TritonPythonModel:
         install_byte_serializer(pb_utils)  # text_output per token: byte_tensors says why
         config = json.loads(args["model_config"])
         settings = LlmSettings.from_config(config)
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.metrics = LlmMetrics(pb_utils, labels, settings.engine_max_batch_size)
         self.service = LlmService(settings, call_sampler(settings.sampler_model)
                                   if settings.sampling_mode == "simple" else None,
                                   repository=os.path.dirname(args["model_repository"]),
-                                  on_burst=self._report_if_due)
+                                  on_burst=self._report_if_due,
+                                  on_finished=lambda event: self.metrics.observe_lengths(
+                                      event.num_input_tokens, event.num_output_tokens))
         if not self.service.drain_on_sigterm():
             log.warning("initialize() is not on the stub's main thread: SIGTERM will not "
                         "drain requests")
@@ -113,8 +117,6 @@ class TritonPythonModel:
         self.instance = args["model_instance_name"]
         log.info("%s ready: max_batch_size %s, parameters %s; data plane: %s", self.instance,
                  config.get("max_batch_size"), settings.parameters(), self.service.data_plane)
-        labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.metrics = LlmMetrics(pb_utils, labels, settings.engine_max_batch_size)
         self.report_lock = threading.Lock()
         self.next_report = 0.0
         self.reported_in_flight = 0

@@ -131,14 +131,17 @@ class Deliveries:
     loop's event loop: events (``on_event``) and a step's tokens
     (``on_step``) are queued during the loop's pass over a step and sent
     in one burst after it. ``stats``: the decoder's (the sends' CPU counts
-    as the loop's own); ``on_burst``: called after each burst.
-    ``answers_once``: the model is not decoupled (decoupled_mode false), so
-    a cancelled request ends with a Cancelled error, its one response."""
+    as the loop's own); ``on_burst``: called after each burst;
+    ``on_finished``: with each generation's final event, once it is
+    answered. ``answers_once``: the model is not decoupled (decoupled_mode
+    false), so a cancelled request ends with a Cancelled error, its one
+    response."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, codec: TextCodec, stats: DecoderStats,
-                 on_burst: Callable[[], None], answers_once: bool = False):
+                 on_burst: Callable[[], None], answers_once: bool = False,
+                 on_finished: Callable[[GenerationEvent], None] = lambda event: None):
         self.loop, self.codec, self.stats, self.on_burst = loop, codec, stats, on_burst
-        self.answers_once = answers_once
+        self.answers_once, self.on_finished = answers_once, on_finished
         self.live: dict[Delivery, None] = {}  # in order, for turns
         #: a step's events and tokens (delivery None: a step's, on_step's
         #: arguments), answered in one burst once the step's pass is over
@@ -175,6 +178,7 @@ class Deliveries:
         the pass."""
         started = time.thread_time()
         outbox, self.outbox = self.outbox, []
+        finished = []  # the generations' final events, reported once their responses are out
         for delivery, event in outbox:  # what each event makes of its answer; never raises
             if delivery is None:
                 try:
@@ -194,6 +198,7 @@ class Deliveries:
                     self._gone(delivery)
             if final:
                 self._end(delivery, answered)
+                finished.append(event)
         transmits, self.transmits = self.transmits, []
         for delivery, transmit, final in transmits:
             try:
@@ -202,6 +207,11 @@ class Deliveries:
                 self._gone(delivery)
                 if final:
                     self._final_flag(delivery)
+        for event in finished:
+            try:
+                self.on_finished(event)
+            except Exception:  # ours, a metric's: the requests are answered all the same
+                log.exception("reporting a finished generation failed")
         self.stats.loop_s += time.thread_time() - started
         self.on_burst()
 

@@ -16,11 +16,14 @@ Those whose meaning holds here are reported with the model's own labels:
   (no paused or chunked sequence);
 * ``general_type="iteration_counter"``: decode steps so far.
 
+Its histograms of each request's prompt and answer lengths
+(``nv_llm_input_token_len`` with ``response_metric_type="total_input_tokens"``,
+``nv_llm_output_token_len`` with ``"total_output_tokens"``, its buckets) are
+observed per generation as it ends (``observe_lengths``): one message each.
+
 Not reported, since nothing here measures them as there: ``"context"``
 (requests in their prefill), the ``"timestamp"``, KV-cache blocks, runtime
-memory, the inflight batcher's token counts; nor yet its per-request
-histograms of prompt and answer lengths (``nv_llm_input_token_len``,
-``nv_llm_output_token_len``), which take one message per observation.
+memory, the inflight batcher's token counts.
 
 Each update is a message to the server process (python_backend
 ``Metric::SendSetValueRequest``), so ``report`` sends only what changed,
@@ -55,6 +58,12 @@ TRTLLM_GAUGES = {
                                    ("iteration_counter",)),
 }
 
+#: TensorRT-LLM's length histograms: name -> (its response_metric_type label)
+TRTLLM_LENGTHS = {"nv_llm_input_token_len": "total_input_tokens",
+                  "nv_llm_output_token_len": "total_output_tokens"}
+#: Their buckets, as its reporter's (custom_metrics_reporter.cc)
+LENGTH_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
+
 
 class LlmMetrics:
     """The llm model's metric families, declared once per instance through
@@ -80,6 +89,12 @@ class LlmMetrics:
             self.families.append(family(name=name, description=text, kind=family.GAUGE))
             for value in values:
                 self.trtllm[value] = self.families[-1].Metric(labels={**labels, key: value})
+        self.lengths = []
+        for name, kind in TRTLLM_LENGTHS.items():
+            self.families.append(family(name=name, description="TRT LLM response metrics",
+                                        kind=family.HISTOGRAM))
+            self.lengths.append(self.families[-1].Metric(
+                labels={**labels, "response_metric_type": kind}, buckets=LENGTH_BUCKETS))
         self.reported = dict.fromkeys(self.counters, 0)
         self.gauges = {"max": max_requests}
         self.trtllm["max"].set(max_requests)
@@ -96,3 +111,8 @@ class LlmMetrics:
             if self.gauges.get(name) != value:
                 self.trtllm[name].set(value)
                 self.gauges[name] = value
+
+    def observe_lengths(self, input_tokens: int, output_tokens: int) -> None:
+        """A generation's prompt and answer lengths, into TensorRT-LLM's histograms."""
+        for histogram, tokens in zip(self.lengths, (input_tokens, output_tokens)):
+            histogram.observe(tokens)

@@ -36,6 +36,7 @@ from ..schema import SHUTTING_DOWN, STOP_SIGNAL, InvalidRequest
 from ..serving.decoder import Decoder
 from ..serving.engine import Closable
 from ..serving.engines import engine_spec
+from ..serving.generation import GenerationEvent
 from ..addresses import LOCAL, parse_endpoints
 from ..settings import LlmSettings
 from ..shvs.hot_vocab import fingerprint, load_profile
@@ -155,9 +156,11 @@ class LlmService:
 
     def __init__(self, settings: LlmSettings, sampler_call: SamplerCall | None = None,
                  engine=None, codec: TextCodec | None = None, repository: str | None = None,
-                 on_burst: Callable[[], None] = lambda: None):
+                 on_burst: Callable[[], None] = lambda: None,
+                 on_finished: Callable[[GenerationEvent], None] = lambda event: None):
         """on_burst: called on the decode loop after each burst of responses
-        (the llm model reports its metrics then when they are due)."""
+        (the llm model reports its metrics then when they are due);
+        on_finished: there too, with each generation's final event."""
         self.settings = settings
         self.codec = codec or engine_spec(settings.engine).codec(settings)
         self.engine = engine or build_engine(settings)
@@ -186,7 +189,8 @@ class LlmService:
         self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
         self.thread.start()
         self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst,
-                                     answers_once=not settings.decoupled_mode)
+                                     answers_once=not settings.decoupled_mode,
+                                     on_finished=on_finished)
         self.decoder.on_step = self.deliveries.on_step
         self._call(self.decoder.start()).result()
         self.cancel_watch = self._call(self.deliveries.watch_cancellations())
