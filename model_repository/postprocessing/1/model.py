@@ -1,9 +1,8 @@
 """TensorRT-LLM's postprocessing interface: its tensorrt_llm model's output_ids
 and sequence_length to each sequence's text (triton.trtllm_text.postprocess).
 
-The tokenizer (with transformers and torch, about 3 s of CPU and 350 MB) is
-loaded at the first request, not at start: every server has this model, few
-clients call it."""
+The tokenizer (with transformers, and torch with it) is loaded at the first
+request, not at start: every server has this model, few clients call it."""
 import json
 import logging
 

@@ -22,7 +22,7 @@ from ..schema import (CORE_ALIASES, IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LO
                       VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationRequest
 from ..settings import MAX_GENERATIONS
-from .trtllm_text import check_decoder_input, dense_bias, word_bias, word_list
+from .trtllm_text import check_decoder_input, dense_bias, utf8_text, word_bias, word_list
 from .vllm_params import SAMPLING_PARAMETERS, TRTLLM_PARAMETERS, vllm_inputs
 
 #: input -> SamplingParams field, for the plain numeric parameters (the
@@ -76,15 +76,6 @@ def _single(name: str, array) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _text(name: str, value) -> str:
-    if isinstance(value, (bytes, np.bytes_)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InvalidRequest(f"{name} must be UTF-8 text: {error}") from None
-    return str(value)
-
-
 def _words(name: str, array) -> list[str]:
     array = np.asarray(array, dtype=object)
     if array.ndim == 2 and array.shape[0] != 1:
@@ -94,7 +85,7 @@ def _words(name: str, array) -> list[str]:
     # skips a word that encodes to no ids (tensorrtllm_backend,
     # all_models/inflight_batcher_llm/preprocessing/1/model.py,
     # _to_word_list_format), so its README's `"stop_words": ""` is no stop word
-    return [word for word in (_text(name, w) for w in array.reshape(-1)) if word]
+    return [word for word in (utf8_text(name, w) for w in array.reshape(-1)) if word]
 
 
 def _logit_bias(ids, values) -> dict[int, float]:
@@ -156,7 +147,8 @@ def _prompt(present: Mapping[str, object], chat: bool) -> tuple[str | None, list
             raise InvalidRequest(f"input_ids must have shape [1, L], got {list(ids.shape)}")
         text, prompt_ids = None, [int(t) for t in ids.reshape(-1)]
     elif "text_input" in present:
-        text, prompt_ids = _text("text_input", _single("text_input", present["text_input"])), None
+        text = utf8_text("text_input", _single("text_input", present["text_input"]))
+        prompt_ids = None
         if not text:
             raise InvalidRequest("text_input must be a non-empty string")
     else:
@@ -387,7 +379,7 @@ def encode_prompt(codec, inputs: Mapping[str, object]) -> list[int]:
     input."""
     if inputs.get("text_input") is None:
         raise InvalidRequest("text_input (or input_ids) is required")
-    text = _text("text_input", _single("text_input", inputs["text_input"]))
+    text = utf8_text("text_input", _single("text_input", inputs["text_input"]))
     if not text:
         raise InvalidRequest("text_input must be a non-empty string")
     chat = inputs.get("apply_chat_template")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # light to import: the postprocessing model loads its tokeniz
 
 #: A preprocessing request that sends one of these speaks TensorRT-LLM's interface
 TRTLLM_NAMES = frozenset(t.name for t in TRTLLM_PREPROCESSING_INPUTS)
+_ENSEMBLE_NAMES = frozenset(ENSEMBLE.input_names)
 #: What TensorRT-LLM's postprocessing model reads as true and as false in its
 #: skip_special_tokens parameter (anything else: it warns, and reads true)
 _TRUE, _FALSE = ("true", "1", "t", "y", "yes"), ("false", "0", "f", "n", "no")
@@ -41,12 +42,14 @@ _TRUE, _FALSE = ("true", "1", "t", "y", "yes"), ("false", "0", "f", "n", "no")
 def speaks_trtllm(inputs: Mapping[str, object]) -> bool:
     """Whether a preprocessing request uses TensorRT-LLM's interface (any of
     its inputs given); refused when it also gives the ensemble's."""
-    ours = sorted(set(inputs) & set(ENSEMBLE.input_names))
-    theirs = sorted(set(inputs) & TRTLLM_NAMES)
-    if ours and theirs:
+    theirs = sorted(TRTLLM_NAMES.intersection(inputs))
+    if not theirs:  # the ensemble's step: nothing more to look at
+        return False
+    ours = sorted(_ENSEMBLE_NAMES.intersection(inputs))
+    if ours:
         raise InvalidRequest(f"give TensorRT-LLM's preprocessing inputs ({theirs[0]}, ...) or "
                              f"the ensemble's ({ours[0]}, ...), not both")
-    return bool(theirs)
+    return True
 
 
 def _rows(name: str, array, batch: int, dtype=None) -> np.ndarray:
@@ -58,11 +61,15 @@ def _rows(name: str, array, batch: int, dtype=None) -> np.ndarray:
     return rows
 
 
-def _text(name: str, value) -> str:
-    try:
-        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-    except UnicodeDecodeError as error:
-        raise InvalidRequest(f"{name} must be UTF-8 text: {error}") from None
+def utf8_text(name: str, value) -> str:
+    """A BYTES tensor's element as text; InvalidRequest naming `name` when
+    it is not UTF-8."""
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidRequest(f"{name} must be UTF-8 text: {error}") from None
+    return str(value)
 
 
 def _ids_column(name: str, inputs: Mapping[str, object], batch: int, default: int) -> np.ndarray:
@@ -84,7 +91,7 @@ def word_lists(codec, name: str, inputs: Mapping[str, object], batch: int) -> np
         return np.zeros((batch, 2, 0), np.int32)
     lists = []
     for row in _rows(name, inputs[name], batch, object):
-        words = [word for word in (_text(name, w) for w in row) if word]
+        words = [word for word in (utf8_text(name, w) for w in row) if word]
         # a word of no ids is skipped, as there
         ids = [word for word in codec.words_ids(words, name) if word]
         lists.append(([t for word in ids for t in word], np.cumsum([len(w) for w in ids])))
@@ -115,7 +122,7 @@ def embedding_bias(codec, words, weights, batch: int) -> np.ndarray:
     bias = np.zeros((batch, len(codec.tokenizer)), np.float64)
     for row, (row_words, row_weights) in enumerate(zip(words, weights)):
         for word, weight in zip(row_words, row_weights):
-            for token in codec.tokenize(_text("EMBEDDING_BIAS_WORDS", word)):
+            for token in codec.tokenize(utf8_text("EMBEDDING_BIAS_WORDS", word)):
                 bias[row, token] += weight
     return bias.astype(np.float32)
 
@@ -139,7 +146,7 @@ def preprocess(codec, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
     end_id = int(tokenizer.eos_token_id)
     pad_id = end_id if tokenizer.pad_token_id is None else int(tokenizer.pad_token_id)
     prompts = []
-    for text in (_text("QUERY", q) for q in query[:, 0]):
+    for text in (utf8_text("QUERY", q) for q in query[:, 0]):
         if not text:
             raise InvalidRequest("QUERY must be a non-empty string")
         prompts.append(codec.encode(text))
@@ -273,7 +280,7 @@ def word_bias(words, weights) -> tuple[tuple[str, float], ...]:
     if words is None or weights is None:
         raise InvalidRequest("embedding_bias_words and embedding_bias_weights must be given "
                              "together")
-    words = [_text("embedding_bias_words", w) for w in np.asarray(words, object).reshape(-1)]
+    words = [utf8_text("embedding_bias_words", w) for w in np.asarray(words, object).reshape(-1)]
     weights = np.asarray(weights, np.float64).reshape(-1)
     if weights.size != len(words):
         raise InvalidRequest(f"embedding_bias_weights must hold one value per "
