@@ -77,10 +77,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import itertools
 import logging
-import secrets
 import sys
 import time
 from typing import Callable, Sequence
@@ -88,18 +86,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..params import SamplingBatch
-from ..schema import InvalidRequest
 from ..settings import LAUNCH_AHEAD, SAMPLING_MODES, LlmSettings
+from .admission import prepare
 from .batch_state import BatchState
 from .data_plane import DataPlane, Launched
 from .decoder_stats import DecoderStats
-from .engine import (ComputesOffHost, Engine, ScoresPrompts, SelfScheduling, SequenceFailed,
-                     SplitsSlots, WarmsUp)
+from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, SplitsSlots, WarmsUp
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
 from .prompt_scorer import PromptScorer
 from .step_tokens import StepTokens
 from .samplers import AsyncSampler
-from .text import StopMatcher, TextCodec
+from .text import TextCodec
 
 log = logging.getLogger(__name__)
 
@@ -238,41 +235,9 @@ class Decoder:
     def prepare(self, request: GenerationRequest) -> DecodeSequence:
         """Validate and encode a request, not yet queued (a request of several
         generations prepares all before admitting any); raise InvalidRequest
-        naming the bad field (the decoder keeps serving the others)."""
-        engine = self.engine
-        request.validate(engine.vocab_size, engine.max_context,
-                         max_tokens_limit=self.max_tokens_limit)
-        if request.num_top_logprobs and not self.data_plane.gives_top_logprobs:
-            raise InvalidRequest(f"num_top_logprobs must be 0 here: this decode loop's "
-                                 f"sampler ({self.mode}) returns no top logprobs")
-        if request.prompt_logprobs is not None and not isinstance(engine, ScoresPrompts):
-            raise InvalidRequest(f"prompt_logprobs cannot be given here: this server's engine "
-                                 f"({engine.label}) does not score prompts")
-        prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
-                      else self.codec.encode(request.text, request.chat))
-        request.check_room(len(prompt_ids), engine.max_context)  # the rest was validated above
-        end_ids = {None: self.end_ids, -1: []}.get(request.end_id, [request.end_id])
-        params = request.sampling
-        stop_ids = frozenset([*params.stop_token_ids, *([] if request.ignore_end else end_ids)])
-        # min_tokens bans every stop and end id, even with ignore_eos (as vLLM's
-        # _all_stop_token_ids): stop_token_ids is what the samplers ban
-        params = dataclasses.replace(
-            params,
-            seed=secrets.randbits(64) if params.seed is None else params.seed,
-            stop_token_ids=list(dict.fromkeys([*params.stop_token_ids, *end_ids])))
-        bad_words_ids = [*self.codec.words_ids(request.bad_words), *map(list, request.bad_words_list)]
-        try:  # with the end id and the bad words, which validate did not see
-            params.check_a_token_is_allowed(
-                engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))
-        except ValueError as error:
-            raise InvalidRequest(str(error)) from None
-        request_id = next(self.ids)
-        stops = StopMatcher.of(self.codec, request.stop_words, request.include_stop,
-                               request.stop_words_as_tokens, prompt_ids, request.stop_words_list)
-        return DecodeSequence(request_id, request, RequestHandle(self, request_id), prompt_ids,
-                              params, self.codec.detokenizer(prompt_ids, not request.skip_special),
-                              stops, bad_words_ids, num_input_tokens=len(prompt_ids),
-                              max_tokens=request.max_tokens, stop_ids=stop_ids)
+        naming the bad field (the decoder keeps serving the others):
+        ``admission.prepare``."""
+        return prepare(self, request)
 
     def admit(self, sequence: DecodeSequence) -> RequestHandle:
         """Queue a prepared request (its prompt scored first when asked)."""
