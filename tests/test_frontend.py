@@ -125,7 +125,21 @@ BAD_CHAT = [
     (chat(n=0), "n", "n must be an integer in [1, 256], got 0"),
     (chat(temprature=0.5), "temprature", "unknown field"),
     (chat(tools=[{"type": "function"}]), "tools", "not supported"),
-    (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (chat(audio={"voice": "x"}), "audio", "not supported"),
+    (chat(response_format={"type": "yaml"}), "response_format", "text, json_object or json_schema"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+     "response_format.json_schema", "whose schema is a JSON schema"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {},
+                                                                  "extra": 1}}),
+     "response_format.json_schema.extra", "not a field of it"),
+    (chat(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs",
+     "exactly one of"),
+    (chat(guided_regex="a", guided_choice=["b"]), "guided_regex", "give one of"),
+    (chat(guided_regex="(ab"), "guided_regex", "guided_regex is not a regular expression"),
+    (chat(structured_outputs={"grammar": "root ::= item"}), "structured_outputs",
+     "is not an EBNF"),
+    (chat(guided_regex="a", response_format={"type": "json_object"}), "guided_regex",
+     "each ask for a grammar"),
     (chat(logprobs=True, top_logprobs=21), "top_logprobs", "integer in [0, 20]"),
     (chat(logprobs=True, top_logprobs=-1), "top_logprobs", "integer in [0, 20]"),
     (chat(stop=[""]), "stop", "non-empty"),
@@ -229,6 +243,29 @@ def test_sampling_fields_reach_the_llm_inputs_the_schema_names(client, recorder,
         "max_tokens": 20,
         "logit_bias_ids": [17, 42], "logit_bias_values": [-100.0, 2.5],
         "return_log_probs": True}
+
+
+@pytest.mark.parametrize("fields, inputs", [
+    ({"response_format": {"type": "text"}}, {}),
+    ({"response_format": {"type": "json_object"}}, {"guided_decoding_guide_type": "json"}),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "answer", "strict": True, "schema": {"type": "object"}}}},
+     {"guided_decoding_guide_type": "json_schema",
+      "guided_decoding_guide": '{"type": "object"}'}),
+    ({"structured_outputs": {"choice": ["a", "b"]}},
+     {"guided_decoding_guide_type": "choice", "guided_decoding_guide": '["a", "b"]'}),
+    ({"guided_regex": "[0-9]+"},
+     {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"}),
+    ({"guided_json": {"type": "array"}},
+     {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "array"}'}),
+    ({"guided_grammar": 'root ::= "x"'},
+     {"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": 'root ::= "x"'}),
+])
+def test_a_grammar_asked_any_way_reaches_the_llms_guided_decoding_inputs(client, recorder,
+                                                                         fields, inputs):
+    response = post(client, "/v1/chat/completions", chat(**fields))
+    assert response.status_code == 200, response.text
+    assert {k: v for k, v in recorder.plans[0].params.items() if k.startswith("guided")} == inputs
 
 
 def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):

@@ -265,6 +265,23 @@ def test_a_stop_token_id_ends_the_answer_there(client, frontend):
     assert late.choices[0].text.startswith("".join(whole.logprobs.tokens[:2]))
 
 
+def test_response_format_holds_the_answer_to_a_json_schema(client, frontend):
+    """OpenAI's response_format through the door, Triton and the decode loop:
+    the answer parses and fits the schema; a grammar that does not compile
+    comes back a 400 naming the guide."""
+    schema = {"type": "object", "properties": {"capital": {"type": "string"}},
+              "required": ["capital"], "additionalProperties": False}
+    answer = client.chat.completions.create(
+        model=frontend.served.model_id, messages=QUESTION, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "capital",
+                                                                "schema": schema}})
+    value = json.loads(answer.choices[0].message.content)
+    assert set(value) == {"capital"} and answer.choices[0].finish_reason == "stop", answer
+    with pytest.raises(openai.BadRequestError, match="guided_regex is not a regular"):
+        client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,
+                                       extra_body={"guided_regex": "(ab"})
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

@@ -763,6 +763,36 @@ def test_tensorrt_llms_embedding_bias_is_a_bias_on_each_words_tokens(server):
     assert not words["text_output"].startswith(" Paris")
 
 
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_tensorrt_llms_guided_decoding_requests_hold_the_answer_to_the_grammar(server, model):
+    """TensorRT-LLM's guided decoding examples (tensorrtllm_backend's
+    docs/guided_decoding.md, its generate request and client's guide types):
+    greedy, the answer is a whole output of the grammar; vLLM's
+    structured_outputs asks the same; a guide that does not compile is a 400
+    naming the input, and the server serves on."""
+    body = {"text_input": "What is the year after 2024? Answer:", "max_tokens": 40,
+            "temperature": 0, "exclude_input_in_output": True}
+    schema = {"properties": {"answer": {"title": "Answer", "type": "integer"}},
+              "required": ["answer"], "title": "Answer", "type": "object"}
+    held = generate_json(server, model, {**body, "guided_decoding_guide_type": "json_schema",
+                                         "guided_decoding_guide": json.dumps(schema)})
+    assert isinstance(json.loads(held["text_output"])["answer"], int), held
+    vllm = generate_json(server, model, {**body, "sampling_parameters": json.dumps(
+        {"structured_outputs": {"json": schema}})})
+    assert vllm["text_output"] == held["text_output"]
+    digits = generate_json(server, model, {**body, "guided_decoding_guide_type": "regex",
+                                           "guided_decoding_guide": "[0-9]+"})["text_output"]
+    assert re.fullmatch("[0-9]+", digits), digits
+    any_json = generate_json(server, model, {**body, "guided_decoding_guide_type": "json"})
+    assert isinstance(json.loads(any_json["text_output"]), dict), any_json
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        generate_json(server, model, {**body, "guided_decoding_guide_type": "regex",
+                                      "guided_decoding_guide": "(ab"})
+    assert refused.value.code == 400
+    assert "guided_decoding_guide is not a regular expression" in refused.value.read().decode()
+    assert generate_json(server, model, body)["text_output"] != held["text_output"]
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

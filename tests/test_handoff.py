@@ -114,6 +114,27 @@ def test_a_vocabulary_masked_with_the_lowest_float_below_t_1(zipf_row, masked, p
     check(row, params, hot, draws=20_000)
 
 
+@pytest.mark.parametrize("ruled_out", ["most-ids", "every-hot-id"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.8),
+                                    SamplingParams(min_p=0.05, top_k=30)],
+                         ids=["plain", "t-p", "minp-k"])
+def test_a_row_a_grammar_masked_follows_the_reference(zipf_row, ruled_out, params):
+    """A guided request's row (serving/structured.py) has -inf at every id
+    its grammar rules out, before the summary: hot ids among them (or all
+    of them), the allowed ones scattered. The two stages draw the
+    reference's distribution over the allowed ids, and never another."""
+    hot = hot_sets(zipf_row)["head"]
+    row = zipf_row.copy()
+    if ruled_out == "most-ids":
+        out = np.random.default_rng(11).random(VOCAB) < 0.7
+        out[int(np.argmax(row))] = True  # the row's most likely id, a hot one, ruled out
+    else:
+        out = np.isin(np.arange(VOCAB), hot.ids)
+    row[out] = -np.inf
+    counts, _, _ = check(row, params, hot, draws=30_000)
+    assert counts[out].sum() == 0
+
+
 @pytest.mark.parametrize("hot_kind", ["head", "whole"])
 @pytest.mark.parametrize("param", TRUNCATIONS, ids=lambda p: p.name)
 def test_each_truncation_of_the_table_is_applied(zipf_row, param, hot_kind):

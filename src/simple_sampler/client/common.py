@@ -8,15 +8,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..schema import (ENSEMBLE, INPUT_IDS, PROMPT_OUTPUTS, TOP_OUTPUTS, TRTLLM_INPUTS,
-                      VLLM_EXTRA_OUTPUTS)
+from ..schema import (ENSEMBLE, GUIDED_DECODING_INPUTS, INPUT_IDS, PROMPT_OUTPUTS, TOP_OUTPUTS,
+                      TRTLLM_INPUTS, VLLM_EXTRA_OUTPUTS)
 
 PROMPT = "text_input"
 #: The inputs this client leaves out: the vLLM backend's return_* ones, whose
 #: outputs a Chunk does not read so (finish_reason "None" before the last
 #: response), and TensorRT-LLM's that other clients send (other names, values
-#: fixed or of no effect here).
-OTHER_CLIENTS_INPUTS = frozenset([*VLLM_EXTRA_OUTPUTS, *(t.name for t in TRTLLM_INPUTS)])
+#: fixed or of no effect here), but its guided decoding's.
+OTHER_CLIENTS_INPUTS = frozenset([*VLLM_EXTRA_OUTPUTS, *(t.name for t in TRTLLM_INPUTS
+                                                         if t not in GUIDED_DECODING_INPUTS)])
 _OWN_INPUTS = tuple(t for t in ENSEMBLE.inputs if t.name not in OTHER_CLIENTS_INPUTS)
 #: ensemble input -> numpy dtype of its [1, 1] tensor (the prompt aside)
 SCALAR_TYPES = {t.name: t.numpy for t in _OWN_INPUTS if t.scalar and t.name != PROMPT}

@@ -36,7 +36,7 @@ from ..schema import InvalidRequest
 #: unless null); everything else not declared below is an unknown field.
 UNSUPPORTED = frozenset({
     "suffix", "tools", "tool_choice", "functions", "function_call",
-    "parallel_tool_calls", "response_format", "audio", "modalities", "prediction",
+    "parallel_tool_calls", "audio", "modalities", "prediction",
     "reasoning_effort", "web_search_options", "service_tier", "store", "metadata",
 })
 
@@ -105,6 +105,14 @@ class Sampling(Request):
     truncate_prompt_tokens: int | None = None
     #: false: special tokens' text (<|im_end|>) is kept in the answer
     skip_special_tokens: bool = True
+    #: the output held to a grammar (frontend/response_format.py): OpenAI's
+    #: response_format, vLLM's structured_outputs and its older guided_* fields
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(Sampling):

@@ -28,6 +28,7 @@ from ..schema import (ANSWERS_ONCE, GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_
                       PROMPT_LOGPROBS, InvalidRequest)
 from ..settings import MAX_GENERATIONS
 from ..triton.vllm_params import SAMPLING_PARAMETERS
+from .response_format import request_guide
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
                        Sampling)
 
@@ -146,6 +147,10 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         params["stop_token_ids"] = [
             checked_integer("stop_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
             for token in request.stop_token_ids]
+    if guide := request_guide(request):
+        params["guided_decoding_guide_type"] = guide.type
+        if guide.text:
+            params["guided_decoding_guide"] = guide.text
     return params
 
 

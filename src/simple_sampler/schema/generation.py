@@ -30,6 +30,25 @@ PROMPT_LOGPROBS = scalar(
 IGNORE_EOS = scalar("ignore_eos", "BOOL", False,
                      "true: the end ids end nothing (generated as any token; still banned "
                      "until min_length, as vLLM's; vLLM's name)")
+#: Guide types of structured outputs (serving/structured.py; TensorRT-LLM's
+#: names, and vLLM's choice) -> what guided_decoding_guide holds
+GUIDE_TYPES = {
+    "json": "nothing (empty): any JSON object",
+    "json_schema": "a JSON schema (a JSON object, as text)",
+    "regex": "a regular expression (Rust regex syntax)",
+    "choice": "a JSON list of strings, one of which is the whole output",
+    "ebnf_grammar": "an EBNF (GBNF) or Lark grammar",
+}
+#: Structured outputs (serving/structured.py), TensorRT-LLM's inputs
+#: (get_guided_decoding_params_from_request, its tensorrt_llm model's model.py)
+GUIDED_DECODING_INPUTS = (
+    scalar("guided_decoding_guide_type", "BYTES", "none (unguided)",
+           f"{', '.join(GUIDE_TYPES)}: the output is held to what guided_decoding_guide "
+           f"says; the grammar ends it at an end id, so not with ignore_eos or end_id -1"),
+    scalar("guided_decoding_guide", "BYTES", "none",
+           "with guided_decoding_guide_type: " + "; ".join(
+               f"{kind}: {what}" for kind, what in GUIDE_TYPES.items())),
+)
 #: Inputs of TensorRT-LLM's ensemble (NVIDIA/TensorRT-LLM,
 #: triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt) that its
 #: own clients send (inflight_batcher_llm/client/end_to_end_grpc_client.py sends
@@ -62,6 +81,7 @@ TRTLLM_INPUTS = (
     Tensor("embedding_bias_weights", "FP32", (-1,), default="none",
            allowed=f"{BIAS_ALLOWED}, one per embedding_bias_words entry; summed where "
                    f"tokens repeat, and with logit_bias"),
+    *GUIDED_DECODING_INPUTS,
 )
 #: Triton's vLLM backend's additional outputs (its docs/additional_outputs.md):
 #: the input that asks for one -> the output then in every response.
@@ -271,7 +291,7 @@ TRTLLM_CORE = Model("tensorrt_llm", (
         "runtime_top_k", "runtime_top_p", "len_penalty", "repetition_penalty", "min_length",
         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics",
-        "exclude_input_in_output", "streaming")),
+        "exclude_input_in_output", "streaming", *(t.name for t in GUIDED_DECODING_INPUTS))),
     *CORE_TOKEN_INPUTS,
     dataclasses.replace(STOP_SIGNAL, name="stop")),
     tuple(dataclasses.replace(LLM.output(name), name=core_name)

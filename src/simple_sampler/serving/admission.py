@@ -1,8 +1,8 @@
 """A request made ready for the decode loop (``Decoder.prepare``): checked
 against the engine, its prompt encoded, its seed drawn, its stop and end
-ids, bad words and stop matcher resolved, so that a bad request is
-refused (InvalidRequest naming the field) before it takes a place in the
-queue."""
+ids, bad words and stop matcher resolved, and its grammar's matcher made
+(``structured``), so that a bad request is refused (InvalidRequest naming
+the field) before it takes a place in the queue."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,10 +46,13 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
             engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
+    # a guided generation's grammar ends it through the end ids that end it
+    matcher = (None if request.guide is None else
+               decoder.grammars.matcher(request.guide, [] if request.ignore_end else end_ids))
     request_id = next(decoder.ids)
     stops = StopMatcher.of(codec, request.stop_words, request.include_stop,
                            request.stop_words_as_tokens, prompt_ids, request.stop_words_list)
     return DecodeSequence(request_id, request, RequestHandle(decoder, request_id), prompt_ids,
                           params, codec.detokenizer(prompt_ids, not request.skip_special),
                           stops, bad_words_ids, num_input_tokens=len(prompt_ids),
-                          max_tokens=request.max_tokens, stop_ids=stop_ids)
+                          max_tokens=request.max_tokens, stop_ids=stop_ids, matcher=matcher)

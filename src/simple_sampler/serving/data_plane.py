@@ -37,6 +37,7 @@ from .inline import sample_torch
 from .samplers import (AsyncSampler, Refusals, SampleResult, SamplesNow, SummarizesOnDataPlane,
                        TopLogprobs, gives_top_logprobs, kernel_sample, refuses_rows,
                        result_parts, sample_around_refusals, threaded)
+from .structured import StepMasks
 
 
 #: how long ``launch`` waits, holding no GIL, for a free data-plane thread
@@ -108,15 +109,16 @@ class DataPlane:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
 
     def launch(self, sequences: list[DecodeSequence], batch: SamplingBatch,
-               loop_s: float) -> Launched:
-        """Hand the step of `sequences` (its sampling `batch`) to the
-        data-plane thread; the step as launched."""
+               loop_s: float, masks: StepMasks | None = None) -> Launched:
+        """Hand the step of `sequences` (its sampling `batch`; `masks`: its
+        guided rows' grammar masks, ``structured``) to the data-plane
+        thread; the step as launched."""
         ids = [s.request_id for s in sequences]
         self.activity.change(forwards=1)
         handed_over = time.perf_counter()
         began = threading.Event()
         future = asyncio.get_running_loop().run_in_executor(self.executor, self.step, ids,
-                                                            batch, began)
+                                                            batch, began, masks)
         if self.activity.forwards == 1:  # the thread is free: let it take the GIL now
             began.wait(LAUNCH_WAIT_S)
         return Launched(sequences, ids, batch, future, handed_over, loop_s)
@@ -179,15 +181,21 @@ class DataPlane:
         return ready, time.perf_counter() - started
 
     def step(self, ids: list[int], batch: SamplingBatch,
-             started: threading.Event | None = None) -> DataPlaneStep:
-        """In the data-plane thread: the forward and the sampler's
-        data-plane half, then in inline modes the sampling, or the sampler's
-        synchronous path; `started` set as it begins."""
+             started: threading.Event | None = None,
+             masks: StepMasks | None = None) -> DataPlaneStep:
+        """In the data-plane thread: the forward (its guided rows masked:
+        `masks`) and the sampler's data-plane half, then in inline modes the
+        sampling, or the sampler's synchronous path; `started` set as it
+        begins."""
         began = time.perf_counter()
         if started is not None:
             started.set()
         summary = None
-        if self.summarize is None:
+        if masks is not None:  # the summary is of the masked rows: after them
+            logits = masks.applied(self.engine.step(ids))
+            if self.summarize is not None:
+                summary = self._timed_summary(logits, batch)
+        elif self.summarize is None:
             logits = self.engine.step(ids)
         else:
             logits, summary = step_then(self.engine, ids,

@@ -95,6 +95,7 @@ from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, Spl
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
 from .prompt_scorer import PromptScorer
 from .step_tokens import StepTokens
+from .structured import Grammars
 from .samplers import AsyncSampler
 from .text import TextCodec
 
@@ -184,6 +185,9 @@ class Decoder:
         self.interrupted: set[int] = set()
         #: the data-plane side of a lane's step: its thread, the sampler
         self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
+        #: guided requests' grammars (``structured``), and the ids of those in a lane
+        self.grammars = Grammars(codec.tokenizer, engine.vocab_size)
+        self.guided: set[int] = set()
         self.tasks: list[asyncio.Task] = []
         self.scorer = PromptScorer(self)  # prompt_logprobs: scored before queued
         self.wake: list[asyncio.Event] = []
@@ -287,6 +291,8 @@ class Decoder:
                                            sequence.bad_words_ids,
                                            sequence.request.num_top_logprobs)
             self.step_tokens.admit(sequence)
+            if sequence.matcher is not None:
+                self.guided.add(sequence.request_id)
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
 
@@ -318,6 +324,7 @@ class Decoder:
         self.state.release(sequence.slot)
         self.step_tokens.release(sequence.slot)
         self.interrupted.discard(sequence.request_id)
+        self.guided.discard(sequence.request_id)
 
     def finish(self, sequence: DecodeSequence, reason: str | None = None,
                 error: str | None = None,
@@ -375,8 +382,13 @@ class Decoder:
                     step, launched.batch)
                 started = time.thread_time()
                 ids = launched.ids
+                refused = {row: f"the sampler could not sample this request's logits from the "
+                                f"model: {error}" for row, error in refused.items()}
+                if self.guided:  # each matcher takes its row's token
+                    refused.update(self.grammars.consume([s.matcher for s in sequences], tokens,
+                                                         refused))
                 if refused:
-                    sequences, ids, tokens, logprobs, top = self._end_refused(
+                    sequences, ids, tokens, logprobs, top = self._end_rows(
                         sequences, ids, tokens, logprobs, top, refused)
 
                 def launch_ahead(ending: set[int]) -> None:
@@ -403,16 +415,16 @@ class Decoder:
                     self.finish(sequence, error=f"{type(error).__name__}: {error}",
                                  release=sequence.request_id not in stepping)
 
-    def _end_refused(self, sequences: list[DecodeSequence], ids: list[int], tokens, logprobs,
-                     top, refused: dict[int, str]):
-        """End the requests whose rows the sampler refused (their logits:
-        ``data_plane``), each with its row's error; the step's other
-        sequences, ids, tokens, logprobs and top logprobs, to deliver."""
-        for row, error in refused.items():
-            log.error("request %s ends: the sampler refused its row (%s)", ids[row], error)
-            self.finish(sequences[row], error=f"the sampler could not sample this request's "
-                                              f"logits from the model: {error}")
-        kept = [row for row in range(len(sequences)) if row not in refused]
+    def _end_rows(self, sequences: list[DecodeSequence], ids: list[int], tokens, logprobs,
+                  top, errors: dict[int, str]):
+        """End the requests of rows that cannot go on (the sampler refused
+        their logits: ``data_plane``; their grammar refused their token),
+        each with its row's error; the step's other sequences, ids, tokens,
+        logprobs and top logprobs, to deliver."""
+        for row, error in errors.items():
+            log.error("request %s ends: %s", ids[row], error)
+            self.finish(sequences[row], error=error)
+        kept = [row for row in range(len(sequences)) if row not in errors]
         return ([sequences[row] for row in kept], [ids[row] for row in kept],
                 np.asarray(tokens)[kept], np.asarray(logprobs)[kept],
                 None if top is None else tuple(columns[kept] for columns in top))
@@ -432,7 +444,8 @@ class Decoder:
         return [s for s in lane if s.request_id not in ending]
 
     def _launch(self, sequences: list[DecodeSequence], loop_s: float) -> Launched:
-        return self.data_plane.launch(sequences, self._sampling_batch(sequences), loop_s)
+        masks = self.grammars.masks([s.matcher for s in sequences]) if self.guided else None
+        return self.data_plane.launch(sequences, self._sampling_batch(sequences), loop_s, masks)
 
     def _rebalance(self, index: int, staying: set[int] = frozenset()) -> None:
         """Move sequences from lane ``index`` (between its steps, so they are

@@ -28,6 +28,7 @@ import numpy as np
 from ..params import SamplingParams
 from ..sampling import MAX_TOP_LOGPROBS
 from ..schema import InvalidRequest
+from .structured import Guide
 from .text import Detokenizer, StopMatcher
 
 if TYPE_CHECKING:  # prompt_scores imports this module
@@ -89,6 +90,7 @@ class GenerationRequest:
     (``prompt_scores``), each prompt token's logprob and the n most likely
     at its place coming in an event of their own before any token; with it,
     ``max_tokens`` may be 0 (the prompt scored, nothing generated).
+    ``guide``: the grammar the generation is held to (``structured``).
     """
 
     text: str | None = None
@@ -108,6 +110,7 @@ class GenerationRequest:
     return_log_probs: bool = False
     num_top_logprobs: int = 0
     prompt_logprobs: int | None = None
+    guide: Guide | None = None
 
     def check_room(self, prompt_length: int, max_context: int) -> None:
         """Raise InvalidRequest unless the prompt leaves room for max_tokens in
@@ -163,6 +166,8 @@ class GenerationRequest:
         n_top = _count("num_top_logprobs", self.num_top_logprobs, MAX_TOP_LOGPROBS)
         if n_top and not self.return_log_probs:
             raise InvalidRequest("num_top_logprobs needs return_log_probs true")
+        if self.guide is not None:
+            self.guide.validate()
 
 
 @dataclass
@@ -299,6 +304,8 @@ class DecodeSequence:
     held_text: str = ""
     stop_reason: str | int | None = None  # GenerationEvent's, set by the token that ends it
     slot: int = -1  # in the decoder's BatchState while in a lane
+    #: the request's grammar's matcher (llguidance's, ``structured``), or None
+    matcher: object = None
 
     def event(self, text: str, token_ids: list[int], logprobs: list[float],
               reason: str | None = None, error: str | None = None,

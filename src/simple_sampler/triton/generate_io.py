@@ -21,6 +21,7 @@ from ..params import SamplingParams
 from ..schema import (CORE_ALIASES, IGNORE_EOS, LLM, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS,
                       VLLM_EXTRA_OUTPUTS, InvalidRequest)
 from ..serving.generation import GenerationRequest
+from ..serving.structured import Guide
 from ..settings import MAX_GENERATIONS
 from .trtllm_text import check_decoder_input, dense_bias, utf8_text, word_bias, word_list
 from .vllm_params import SAMPLING_PARAMETERS, TRTLLM_PARAMETERS, vllm_inputs
@@ -221,6 +222,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         num_top_logprobs=top,
         prompt_logprobs=(_single(PROMPT_LOGPROBS.name, present[PROMPT_LOGPROBS.name])
                          if PROMPT_LOGPROBS.name in present else None),
+        guide=_guide(present),
     )
     interval = None
     if "stream_interval" in present:
@@ -245,6 +247,19 @@ def _stop_and_bad_words(present: Mapping[str, object], sent_as: Mapping[str, str
                  for name in ("stop_words_list", "bad_words_list") if name in present)
     # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
     return {**words, "stop_words_as_tokens": "stop_words" not in sent_as}
+
+
+def _guide(present: Mapping[str, object]) -> Guide | None:
+    """The request's grammar (TensorRT-LLM's two inputs; vLLM's
+    structured_outputs and guided_* parameters come as them: vllm_params),
+    or None; its text checked when the decoder compiles it."""
+    kind, guide = (utf8_text(name, _single(name, present[name])) if name in present else None
+                   for name in ("guided_decoding_guide_type", "guided_decoding_guide"))
+    if kind is None:
+        if guide:
+            raise InvalidRequest("guided_decoding_guide needs guided_decoding_guide_type")
+        return None
+    return Guide(kind, guide or "")
 
 
 def _vllm_shaped(present: Mapping[str, object]) -> bool:

@@ -31,6 +31,7 @@ from typing import Mapping
 import numpy as np
 
 from ..schema import LLM, NUMPY, InvalidRequest
+from ..serving.structured import Guide
 
 #: The input of vLLM's JSON object.
 SAMPLING_PARAMETERS = "sampling_parameters"
@@ -49,9 +50,12 @@ RENAMED = {"min_tokens": "min_length", "stop": "stop_words"}
 #: ``spaces_between_special_tokens`` at true only (vLLM's defaults).
 NOT_IMPLEMENTED = frozenset({
     "allowed_token_ids", "truncate_prompt_tokens", "logits_processors", "output_kind",
-    "guided_decoding", "structured_outputs", "lora_name", "extra_args", "flat_logprobs",
+    "lora_name", "extra_args", "flat_logprobs",
     "length_penalty", "early_stopping", "use_beam_search",
 })
+#: vLLM's structured outputs (``structured_outputs``; ``guided_decoding``
+#: before it): the guided_decoding_guide_type and guided_decoding_guide inputs
+STRUCTURED = ("structured_outputs", "guided_decoding")
 _FIXED = {"n": 1, "best_of": 1, "detokenize": True, "spaces_between_special_tokens": True}
 #: Request parameters of TensorRT-LLM's clients, read as the input they
 #: mirror: inflight_batcher_llm_client.py sends ``Streaming`` with every
@@ -162,6 +166,10 @@ def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
         biases = [_typed(f"{place}[{token}]", bias, "FP32") for token, bias in value.items()]
         return {"logit_bias_ids": np.array([ids], np.int32),
                 "logit_bias_values": np.array([biases], np.float32)}
+    if name in STRUCTURED:
+        guide = Guide.of_vllm(value, place)
+        text = {"guided_decoding_guide": _array(guide.text, "BYTES")} if guide.text else {}
+        return {"guided_decoding_guide_type": _array(guide.type, "BYTES"), **text}
     if name in NOT_IMPLEMENTED:
         raise InvalidRequest(f"{place} is not supported by this server")
     input_name = RENAMED.get(name, name if name in SAME_NAMES else None)

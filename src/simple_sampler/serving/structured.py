@@ -1,0 +1,265 @@
+"""Structured outputs: a generation held to a grammar (any JSON object, a
+JSON schema, a regular expression, a choice of strings, an EBNF or Lark
+grammar) by ruling out, before each sampling, every token the grammar
+cannot take next.
+
+A request's :class:`Guide` (TensorRT-LLM's ``guided_decoding_guide_type``
+and ``guided_decoding_guide``; vLLM's ``structured_outputs`` and the OpenAI
+``response_format`` come to it) is compiled by llguidance, the grammar
+library behind vLLM's ``guidance`` backend and TensorRT-LLM's ``llguidance``
+one, into a matcher of its own (:meth:`Grammars.matcher`, at admission, so
+a bad guide is refused by name before it queues).
+
+Per step, the decode loop fills the next-token bitmask of every row that
+has a matcher (:meth:`Grammars.masks`, on the loop's thread, before the
+step is handed over) and the data-plane thread sets each ruled-out token's
+logit to -inf in a copy of the step's rows (:meth:`StepMasks.applied`),
+right behind the forward and before any sampler reads them: where vLLM
+applies its grammar bitmask (between the model runner's forward and its
+sampler). So every path (full rows, hot-first rows, in-line) samples the
+model's distribution renormalized over the tokens the grammar allows, and
+a seeded row's token still depends only on its own seed, step, parameters
+and (masked) logits. Once sampled, each matcher takes its row's token
+(:meth:`Grammars.consume`).
+
+The grammar ends a generation through an end id: a matcher whose grammar
+is complete allows only the request's end ids (its tokenizer's end-of-
+sequence set, :meth:`Grammars.tokenizer`), so a guided request must have
+end ids that end it (no ``ignore_eos``, no ``end_id`` -1). ``max_tokens``
+and stop strings may still cut it short, as in vLLM.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..schema import GUIDE_TYPES, InvalidRequest
+
+if TYPE_CHECKING:  # requests carry a Guide where torch is not imported
+    import torch
+
+#: compiled grammars kept for requests that send the same guide again
+CACHED_GRAMMARS = 64
+
+
+#: vLLM's structured-output fields (``StructuredOutputsParams``, and the
+#: older ``GuidedDecodingParams``) that name a grammar -> its guide type
+VLLM_GUIDES = {"json": "json_schema", "regex": "regex", "choice": "choice",
+               "grammar": "ebnf_grammar", "json_object": "json"}
+#: llguidance's JSON options in a schema (its docs/json_schema.md): vLLM's
+#: disable_any_whitespace is whitespace_flexible false there
+JSON_OPTIONS = "x-guidance"
+
+
+@dataclass(frozen=True)
+class Guide:
+    """A request's grammar: its `type` (a key of :data:`GUIDE_TYPES`) and
+    `text` (what ``GUIDE_TYPES`` says it holds)."""
+
+    type: str
+    text: str = ""
+
+    @classmethod
+    def of_vllm(cls, fields, place: str) -> Guide:
+        """The guide of vLLM's ``structured_outputs`` (or ``guided_decoding``)
+        object `fields`, sent as `place`: exactly one grammar field (the
+        rest refused by name unless null or false, but
+        ``disable_any_whitespace``, which for a JSON grammar keeps whitespace
+        out of it, as in vLLM)."""
+        if not isinstance(fields, dict):
+            raise InvalidRequest(f"{place} must be an object")
+        unknown = sorted(name for name, value in fields.items() if value not in (None, False)
+                         and name not in VLLM_GUIDES and name != "disable_any_whitespace")
+        if unknown:  # a field at its default (null, false) asks for nothing
+            raise InvalidRequest(f"{place}.{unknown[0]} is not supported by this server "
+                                 f"(it takes {', '.join(VLLM_GUIDES)} and "
+                                 f"disable_any_whitespace)")
+        named = [name for name in VLLM_GUIDES if fields.get(name) not in (None, False)]
+        if len(named) != 1:
+            raise InvalidRequest(f"{place} must name exactly one of {', '.join(VLLM_GUIDES)}")
+        name, value = named[0], fields[named[0]]
+        kind = VLLM_GUIDES[name]
+        if name == "json_object":
+            value = {"type": "object"}
+            kind = "json_schema" if fields.get("disable_any_whitespace") else "json"
+        if kind == "json_schema" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise InvalidRequest(f"{place}.{name} is not JSON: {error}") from None
+        if fields.get("disable_any_whitespace"):
+            if kind != "json_schema" or not isinstance(value, dict):
+                raise InvalidRequest(f"{place}.disable_any_whitespace applies to a JSON schema "
+                                     f"or json_object only")
+            value = {**value, JSON_OPTIONS: {**value.get(JSON_OPTIONS, {}),
+                                             "whitespace_flexible": False}}
+        if kind == "json":
+            return cls(kind)
+        if kind in ("json_schema", "choice"):
+            return cls(kind, json.dumps(value))
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{place}.{name} must be a string")
+        return cls(kind, value)
+
+    def validate(self) -> None:
+        """Raise InvalidRequest naming the input and what it may hold."""
+        if self.type not in GUIDE_TYPES:
+            raise InvalidRequest(f"guided_decoding_guide_type must be one of "
+                                 f"{', '.join(GUIDE_TYPES)}, got {self.type!r}")
+        if (self.type == "json") == bool(self.text):
+            raise InvalidRequest(f"guided_decoding_guide must hold {GUIDE_TYPES[self.type]} "
+                                 f"with guided_decoding_guide_type {self.type}")
+
+    def check(self) -> None:
+        """``validate``, and the grammar checked without a tokenizer: where a
+        request arrives with no status to carry a refusal later (the
+        OpenAI door, whose gRPC stream to the llm model carries an error's
+        text alone). Without llguidance there, the llm model refuses it."""
+        self.validate()
+        try:
+            import llguidance
+        except ImportError:
+            return
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar())
+        if failed:
+            raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[self.type]}: "
+                                 f"{messages[0]}")
+
+    def grammar(self) -> str:
+        """llguidance's grammar of this guide; raises InvalidRequest where
+        the text is not of its type."""
+        import llguidance
+
+        try:
+            if self.type in ("json", "json_schema"):
+                schema = self.text or '{"type": "object"}'
+                return llguidance.LLMatcher.grammar_from_json_schema(schema)
+            if self.type == "choice":
+                choices = json.loads(self.text)
+                if not isinstance(choices, list) or not choices or \
+                        not all(isinstance(c, str) for c in choices):
+                    raise ValueError("not a non-empty JSON list of strings")
+                return llguidance.grammar_from("choice", choices)
+            return llguidance.grammar_from({"regex": "regex"}.get(self.type, "grammar"), self.text)
+        except ValueError as error:
+            raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[self.type]}: "
+                                 f"{error}") from None
+
+
+class Grammars:
+    """A decoder's grammars: llguidance's tokenizers over the model's
+    vocabulary (one per set of end ids, built at first use: about 0.3 s for
+    SmolLM2), its compiled guides, and the per-step masks and token
+    consumption of the rows that have a matcher (module docstring).
+    `tokenizer`: the codec's Hugging Face tokenizer (a fast one)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.hf_tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.tokenizers: dict[tuple[int, ...], object] = {}
+        self.compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self.lock = threading.Lock()  # prepare may run on several threads
+
+    def tokenizer(self, end_ids: Sequence[int]):
+        """llguidance's tokenizer whose end of sequence is `end_ids`."""
+        key = tuple(sorted(end_ids))
+        if key not in self.tokenizers:
+            try:
+                import llguidance.hf
+            except ImportError:
+                raise InvalidRequest("guided decoding is not available on this server: the "
+                                     "llguidance package is not installed (pip install "
+                                     "llguidance)") from None
+            try:
+                self.tokenizers[key] = llguidance.hf.from_tokenizer(
+                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=list(key))
+            except ValueError as error:  # a slow tokenizer
+                raise InvalidRequest(f"guided decoding is not available for this model's "
+                                     f"tokenizer: {error}") from None
+        return self.tokenizers[key]
+
+    def matcher(self, guide: Guide, end_ids: Sequence[int]):
+        """A fresh matcher of `guide` for a request ended by `end_ids`
+        (non-empty); raises InvalidRequest where the guide does not compile
+        (or llguidance is not installed)."""
+        guide.validate()
+        if not end_ids:
+            raise InvalidRequest("a guided generation ends at an end id: ignore_eos and end_id "
+                                 "-1 cannot be given with guided_decoding_guide_type")
+        key = (guide, tuple(sorted(end_ids)))
+        with self.lock:
+            template = self.compiled.get(key)
+            if template is None:
+                tokenizer = self.tokenizer(end_ids)  # first: it says if llguidance is missing
+                import llguidance
+
+                template = llguidance.LLMatcher(tokenizer, guide.grammar(), log_level=0)
+                if template.is_error():
+                    raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[guide.type]}"
+                                         f": {template.get_error()}")
+                self.compiled[key] = template
+                while len(self.compiled) > CACHED_GRAMMARS:
+                    self.compiled.popitem(last=False)
+            self.compiled.move_to_end(key)
+            return template.deep_copy()
+
+    def masks(self, matchers: Sequence) -> StepMasks | None:
+        """The next-token bitmasks of a step's rows (`matchers`: each row's
+        matcher or None); None where no row has one."""
+        rows = [row for row, matcher in enumerate(matchers) if matcher is not None]
+        if not rows:
+            return None
+        bitmask = np.empty((len(rows), (self.vocab_size + 31) // 32), np.int32)
+        for index, row in enumerate(rows):
+            matchers[row].unsafe_compute_mask_ptr(bitmask[index].ctypes.data,
+                                                  bitmask.shape[1] * 4)
+        return StepMasks(np.asarray(rows, np.int64), bitmask, self.vocab_size)
+
+    @staticmethod
+    def consume(matchers: Sequence, tokens: np.ndarray, skipped: Sequence[int] = ()
+                ) -> dict[int, str]:
+        """Each row's matcher takes its row's token (rows in `skipped`, and
+        rows without one, left out); the rows whose grammar refused its
+        token, each with the reason (a sampler that ignored the mask)."""
+        broken = {}
+        for row, matcher in enumerate(matchers):
+            if matcher is not None and row not in skipped \
+                    and not matcher.consume_token(int(tokens[row])):
+                broken[row] = (f"the sampled token {int(tokens[row])} is not one its grammar "
+                               f"allows: {matcher.get_error()}")
+        return broken
+
+
+@dataclass(frozen=True)
+class StepMasks:
+    """The bitmasks of a step's guided rows: `rows` (int64 [n], their
+    places in the step), `bitmask` (int32 [n, ceil(V / 32)], bit j of word
+    i set where token 32 i + j is allowed, llguidance's layout)."""
+
+    rows: np.ndarray
+    bitmask: np.ndarray
+    vocab_size: int
+
+    def allowed(self) -> np.ndarray:
+        """bool [n, V]: each guided row's allowed tokens."""
+        return np.unpackbits(self.bitmask.view(np.uint8), axis=1, count=self.vocab_size,
+                             bitorder="little").view(bool)
+
+    def applied(self, logits: torch.Tensor) -> torch.Tensor:
+        """A copy of the step's `logits` ([B, V], any float dtype and
+        device) with every token its row's grammar rules out at -inf; the
+        engine's own rows are left as they are (they may be its buffers)."""
+        import torch
+
+        if logits.shape[1] != self.vocab_size:
+            raise ValueError(f"the step's rows are {logits.shape[1]} wide, its grammars' "
+                             f"vocabulary {self.vocab_size}")
+        rows = torch.from_numpy(self.rows).to(logits.device)
+        ruled_out = torch.from_numpy(~self.allowed()).to(logits.device)
+        masked = logits.clone()
+        masked[rows] = logits[rows].masked_fill(ruled_out, float("-inf"))
+        return masked

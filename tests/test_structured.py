@@ -1,0 +1,315 @@
+"""Structured outputs (serving/structured.py): guides refused by name, the
+grammar's mask applied exactly, the masked rows sampled from the float64
+reference's distribution, and the decode loop's guided requests held to
+their grammars on every sampling path, their neighbours untouched."""
+import asyncio
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import P_VALUE_FLOOR, draw_counts, goodness_of_fit, repeated_batch, total_variation
+from simple_sampler import reference
+from simple_sampler.params import SamplingParams
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.serving.decoder import Decoder
+from simple_sampler.serving.generation import GenerationRequest
+from simple_sampler.serving.inline import sample_torch
+from simple_sampler.serving.samplers import kernel_sample, threaded
+from simple_sampler.serving.structured import Grammars, Guide, StepMasks
+from simple_sampler.serving.text import TextCodec, load_tokenizer
+
+llguidance = pytest.importorskip("llguidance")
+llguidance_numpy = pytest.importorskip("llguidance.numpy")
+
+SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                           "ok": {"type": "boolean"}},
+          "required": ["color", "ok"], "additionalProperties": False,
+          "x-guidance": {"whitespace_flexible": False}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def grammars(tokenizer):
+    return Grammars(tokenizer, len(tokenizer))
+
+
+@pytest.mark.parametrize("guide, named", [
+    (Guide("yaml", "a: 1"), "guided_decoding_guide_type must be one of json, json_schema"),
+    (Guide("json", "{}"), "guided_decoding_guide must hold nothing (empty)"),
+    (Guide("regex"), "guided_decoding_guide must hold a regular expression"),
+    (Guide("regex", "(ab"), "guided_decoding_guide is not a regular expression"),
+    (Guide("json_schema", "{not json"), "guided_decoding_guide is not a JSON schema"),
+    (Guide("choice", '"red"'), "guided_decoding_guide is not a JSON list of strings"),
+    (Guide("ebnf_grammar", "root ::= item"), "guided_decoding_guide is not an EBNF"),
+])
+def test_a_bad_guide_is_refused_naming_the_input(grammars, tokenizer, guide, named):
+    with pytest.raises(InvalidRequest, match=re.escape(named)):
+        grammars.matcher(guide, [tokenizer.eos_token_id])
+
+
+def test_without_llguidance_a_guided_request_is_refused_with_the_reason(tokenizer, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "llguidance.hf", None)
+    with pytest.raises(InvalidRequest, match="the llguidance package is not installed"):
+        Grammars(tokenizer, len(tokenizer)).matcher(Guide("json"), [2])
+
+
+def test_a_guided_request_needs_end_ids_that_end_it(grammars):
+    with pytest.raises(InvalidRequest, match="ignore_eos and end_id -1 cannot be given"):
+        grammars.matcher(Guide("regex", "a+"), [])
+
+
+def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, tokenizer):
+    """A step of three rows, the first and last guided: exactly the tokens
+    llguidance's own numpy helper rules out are -inf, in a copy; the middle
+    row and the engine's tensor are as they were (bfloat16 too)."""
+    regex, json_object = (grammars.matcher(Guide("regex", r"[0-9]{2}-x"), [2]),
+                          grammars.matcher(Guide("json"), [2]))
+    masks = grammars.masks([regex, None, json_object])
+    assert masks.rows.tolist() == [0, 2]
+    vocab = len(tokenizer)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)).to(dtype)
+        before = logits.clone()
+        masked = masks.applied(logits)
+        assert torch.equal(logits, before) and torch.equal(masked[1], logits[1])
+        for index, row in enumerate((0, 2)):
+            expected = logits[row].float().numpy().copy()
+            llguidance_numpy.apply_token_bitmask_inplace(expected, masks.bitmask[index])
+            assert np.array_equal(masked[row].float().numpy(), expected)
+    digits = {tokenizer.decode([t]) for t in np.flatnonzero(masks.allowed()[0])}
+    assert digits and all(re.fullmatch(r"[0-9]{1,2}(-x?)?", text) for text in digits), digits
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_p=0.8),
+    SamplingParams(temperature=1.3, top_k=20, min_p=0.02),
+], ids=["t1", "t-p", "t-k-minp"])
+@pytest.mark.parametrize("sampler", ["kernels", "torch"])
+def test_a_masked_row_is_sampled_from_the_reference_over_the_allowed_tokens(params, sampler):
+    """A row masked by a bitmask (allowed tokens scattered over words, a
+    whole word ruled out, bits past V) draws each allowed token with the
+    float64 reference's probability of the unmasked row renormalized over
+    the allowed ones, and never a ruled-out token."""
+    vocab, draws = 1000, 60_000
+    rng = np.random.default_rng(7)
+    row = rng.normal(0, 2, vocab).astype(np.float32)
+    allowed = rng.random(vocab) < 0.3
+    allowed[64:96] = False
+    allowed[int(np.argmax(np.where(allowed, row, -np.inf)))] = True
+    bits = np.zeros(32 * ((vocab + 31) // 32), np.uint8)
+    bits[:vocab] = allowed
+    bitmask = np.packbits(bits.reshape(1, -1), axis=1, bitorder="little").view(np.int32)
+    masked = StepMasks(np.array([0]), bitmask, vocab).applied(torch.from_numpy(row[None]))[0]
+    if sampler == "kernels":
+        counts, batch = draw_counts(masked.numpy(), params, draws)
+    else:  # one batched pass over copies of the row
+        batch = repeated_batch(params, draws // 3)
+        tokens = sample_torch(masked.expand(draws // 3, vocab).contiguous(), batch)[0]
+        counts = np.bincount(np.asarray(tokens), minlength=vocab)
+    probs = reference.probabilities(np.where(allowed, row, -np.inf).astype(np.float32), batch, 0)
+    assert counts[~allowed].sum() == 0
+    p_value = goodness_of_fit(counts, probs)
+    assert p_value > P_VALUE_FLOOR, f"p={p_value:.2e}, TV={total_variation(counts, probs):.4f}"
+
+
+class RandomRowsEngine:
+    """Seeded random logits over SmolLM2's vocabulary (each sequence's row
+    a function of its length and last token): no model, the tokenizer's
+    ids."""
+
+    label = "RandomRowsEngine"
+
+    def __init__(self, vocab, max_batch_size=4, max_context=256):
+        self.vocab_size, self.max_batch_size, self.max_context = vocab, max_batch_size, max_context
+        self.ids = {}
+
+    def add(self, seq_id, prompt_ids, max_tokens=None):
+        self.ids[seq_id] = list(prompt_ids)
+
+    def step(self, seq_ids):
+        rows = [torch.randn(self.vocab_size, generator=torch.Generator().manual_seed(
+            len(self.ids[s]) * 100_003 + self.ids[s][-1])) * 3 for s in seq_ids]
+        return torch.stack(rows)
+
+    def append(self, seq_ids, token_ids):
+        for seq_id, token in zip(seq_ids, token_ids):
+            self.ids[seq_id].append(token)
+
+    def release(self, seq_id):
+        del self.ids[seq_id]
+
+    def length(self, seq_id):
+        return len(self.ids[seq_id])
+
+
+async def collect(handle):
+    return [event async for event in handle]
+
+
+def run(tokenizer, requests, mode="simple", micro_batches=1, launch_ahead="off"):
+    """Events per request of `requests` decoded together; `mode` "hot-first":
+    the llm model's hot-first sampler in-process, over a hot set of every
+    third id (``bench.serve_sim.measuring.hot_first_sampler``)."""
+    async def main():
+        engine = RandomRowsEngine(len(tokenizer))
+        sampler = None
+        if mode == "simple":
+            sampler = threaded(kernel_sample)
+        elif mode == "hot-first":
+            from simple_sampler.bench.serve_sim.measuring import hot_first_sampler
+            from simple_sampler.shvs.hot_vocab import HotVocab
+
+            vocab = engine.vocab_size
+            sampler = hot_first_sampler(engine, HotVocab(np.arange(0, vocab, 3), vocab), 2)
+        decoder = Decoder(engine, TextCodec(tokenizer), mode="simple" if sampler else mode,
+                          sampler=sampler, micro_batches=micro_batches,
+                          launch_ahead=launch_ahead)
+        await decoder.start()
+        handles = [decoder.submit(request) for request in requests]
+        results = await asyncio.gather(*(collect(handle) for handle in handles))
+        await decoder.close()
+        return results
+    return asyncio.run(main())
+
+
+GUIDES = [Guide("json_schema", json.dumps(SCHEMA)),
+          Guide("regex", r"[0-9]{3}-[a-z]{2}"), Guide("choice", '["yes", "no", "maybe"]'),
+          Guide("ebnf_grammar", 'root ::= "(" [ab]+ ")"')]
+
+
+def held_to(guide, text):
+    """Whether `text` is a whole output of `guide`."""
+    if guide.type == "json_schema":
+        value = json.loads(text)
+        return set(value) == {"color", "ok"} and value["color"] in ("red", "green", "blue") \
+            and isinstance(value["ok"], bool)
+    pattern = {"regex": r"[0-9]{3}-[a-z]{2}", "choice": "yes|no|maybe",
+               "ebnf_grammar": r"\([ab]+\)"}[guide.type]
+    return re.fullmatch(pattern, text) is not None
+
+
+@pytest.mark.parametrize("mode, micro_batches, launch_ahead", [
+    ("simple", 1, "off"), ("simple", 2, "on"), ("hot-first", 1, "on"), ("inline", 1, "off"),
+    ("inline_kernels", 1, "on")])
+def test_guided_requests_follow_their_grammar_and_their_neighbours_are_untouched(
+        tokenizer, mode, micro_batches, launch_ahead):
+    """Random rows over SmolLM2's vocabulary (the sampler's hardest case for
+    a grammar: nothing in the model leads it): each guided request's text is
+    a whole output of its grammar, ended by the end id; an unguided seeded
+    request beside them draws the tokens it draws alone."""
+    def request(guide, seed):
+        return GenerationRequest(prompt_ids=[1, 2, 3], max_tokens=160, guide=guide,
+                                 sampling=SamplingParams(temperature=0.6, seed=seed))
+    plain = GenerationRequest(prompt_ids=[5, 6], max_tokens=12,
+                              sampling=SamplingParams(temperature=1.0, seed=99))
+    results = run(tokenizer, [request(g, i) for i, g in enumerate(GUIDES)] + [plain], mode,
+                  micro_batches, launch_ahead)
+    for guide, events in zip(GUIDES, results):
+        text = "".join(e.text for e in events)
+        assert events[-1].error is None and events[-1].finish_reason == "stop", events[-1]
+        assert held_to(guide, text), (guide, text)
+    alone = run(tokenizer, [plain], mode)[0]
+    assert [t for e in results[-1] for t in e.token_ids] == [t for e in alone for t in e.token_ids]
+
+
+def test_a_guided_request_with_ignore_eos_is_refused_at_submission(tokenizer):
+    async def main():
+        decoder = Decoder(RandomRowsEngine(len(tokenizer)), TextCodec(tokenizer),
+                          sampler=threaded(kernel_sample))
+        with pytest.raises(InvalidRequest, match="ignore_eos and end_id -1"):
+            decoder.submit(GenerationRequest(prompt_ids=[1], guide=Guide("json"),
+                                             ignore_end=True))
+        assert decoder.num_queued == 0
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("guide", [Guide("json"), Guide("json_schema", json.dumps(SCHEMA))])
+def test_smollm2_answers_in_json_when_guided_and_in_prose_when_not(tokenizer, guide):
+    """The real model, greedy, asked for a JSON object: held to any JSON
+    object (or the schema), its answer parses (and fits); the same request
+    unguided answers otherwise (the mask, not the prompt, made it)."""
+    from simple_sampler.models import load_model
+    from simple_sampler.serving.torch_engine import TorchEngine
+
+    model, _ = load_model()
+
+    async def main(request):
+        decoder = Decoder(TorchEngine(model, max_batch_size=2, max_context=256),
+                          TextCodec(tokenizer), sampler=threaded(kernel_sample))
+        await decoder.start()
+        events = await collect(decoder.submit(request))
+        await decoder.close()
+        return "".join(e.text for e in events), events[-1]
+    ask = dict(text="Give me a JSON object describing the sky's color.", chat=True, max_tokens=60,
+               sampling=SamplingParams(temperature=0.0))
+    text, last = asyncio.run(main(GenerationRequest(**ask, guide=guide)))
+    assert last.finish_reason == "stop" and last.error is None, last
+    value = json.loads(text)
+    assert isinstance(value, dict) and (guide.type == "json" or held_to(guide, text)), text
+    prose, _ = asyncio.run(main(GenerationRequest(**ask)))
+    assert prose != text
+
+
+# How a guide arrives: TensorRT-LLM's inputs, vLLM's structured_outputs.
+
+def decoded_guide(**inputs):
+    from simple_sampler.triton.generate_io import decode_generate
+
+    arrays = {name: np.array([[value.encode() if isinstance(value, str) else value]], object)
+              for name, value in inputs.items()}
+    return decode_generate({"text_input": np.array([[b"hi"]], object), **arrays}).request.guide
+
+
+def test_tensorrt_llms_two_inputs_make_the_guide_and_a_guide_alone_is_refused():
+    assert decoded_guide() is None
+    assert decoded_guide(guided_decoding_guide_type="json") == Guide("json")
+    assert decoded_guide(guided_decoding_guide_type="regex",
+                         guided_decoding_guide=r"\d+") == Guide("regex", r"\d+")
+    with pytest.raises(InvalidRequest, match="guided_decoding_guide needs "
+                                             "guided_decoding_guide_type"):
+        decoded_guide(guided_decoding_guide=r"\d+")
+
+
+@pytest.mark.parametrize("fields, guide", [
+    ({"json": SCHEMA}, Guide("json_schema", json.dumps(SCHEMA))),
+    ({"json": json.dumps(SCHEMA), "disable_fallback": False, "whitespace_pattern": None},
+     Guide("json_schema", json.dumps(SCHEMA))),
+    ({"regex": "[ab]+"}, Guide("regex", "[ab]+")),
+    ({"choice": ["yes", "no"]}, Guide("choice", '["yes", "no"]')),
+    ({"grammar": 'root ::= "a"'}, Guide("ebnf_grammar", 'root ::= "a"')),
+    ({"json_object": True}, Guide("json")),
+    ({"json_object": True, "disable_any_whitespace": True},
+     Guide("json_schema", '{"type": "object", "x-guidance": {"whitespace_flexible": false}}')),
+])
+@pytest.mark.parametrize("name", ["structured_outputs", "guided_decoding"])
+def test_vllms_structured_outputs_become_the_two_inputs(fields, guide, name):
+    from simple_sampler.triton.vllm_params import vllm_inputs
+
+    payload = np.array([json.dumps({name: fields}).encode()], object)
+    inputs, places = vllm_inputs(payload, None)
+    assert places["guided_decoding_guide_type"] == f"sampling_parameters.{name}"
+    assert Guide(inputs["guided_decoding_guide_type"][0, 0],
+                 inputs.get("guided_decoding_guide", [[""]])[0][0]) == guide
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"regex": "a", "choice": ["b"]}, "must name exactly one of json, regex"),
+    ({}, "must name exactly one of"),
+    ({"regex": "a", "whitespace_pattern": " "}, "structured_outputs.whitespace_pattern is not "
+                                                "supported"),
+    ({"regex": "a", "disable_any_whitespace": True}, "applies to a JSON schema"),
+    ({"json": "{oops"}, "structured_outputs.json is not JSON"),
+    ({"regex": 5}, "structured_outputs.regex must be a string"),
+])
+def test_a_structured_outputs_object_that_asks_what_is_not_done_is_refused_by_name(fields,
+                                                                                     named):
+    with pytest.raises(InvalidRequest, match=re.escape(named)):
+        Guide.of_vllm(fields, "structured_outputs")
