@@ -153,8 +153,8 @@ class Guide:
 
 class Grammars:
     """A decoder's grammars: llguidance's tokenizers over the model's
-    vocabulary (one per set of end ids, built at first use: about 0.3 s for
-    SmolLM2), its compiled guides, and the per-step masks and token
+    vocabulary (one per set of end ids, built at a guided request's first
+    use of it), its compiled guides, and the per-step masks and token
     consumption of the rows that have a matcher (module docstring).
     `tokenizer`: the codec's Hugging Face tokenizer (a fast one)."""
 
