@@ -3,6 +3,7 @@ sync and asyncio, gRPC and HTTP, streamed and not; server errors surface
 with the server's message."""
 import asyncio
 import itertools
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -162,3 +163,10 @@ def test_cli_reports_a_server_error_in_one_line(llm_server, capsys):
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "top_p must be in [0, 1] (0 is no top-p, as TensorRT-LLM reads it), got 1.5" in error
+
+
+def test_cli_holds_the_answer_to_a_guide(llm_server, capsys):
+    argv = ["generate", QUESTION, "--url", llm_server.grpc_url, "--temperature", "0",
+            "--max-tokens", "40", "--guide-type", "regex", "--guide", "[A-Z][a-z]+"]
+    assert main(argv) == 0
+    assert re.fullmatch("[A-Z][a-z]+\n", capsys.readouterr().out)

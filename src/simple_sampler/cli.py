@@ -11,7 +11,7 @@ from .bench.spec import UsageError, given
 from .bench import registry
 from .launch import gpu_check
 from .client.common import OTHER_CLIENTS_INPUTS
-from .schema import ENSEMBLE, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS
+from .schema import ENSEMBLE, GUIDE_TYPES, NUM_TOP_LOGPROBS, PROMPT_LOGPROBS
 from .serving.engines import engine_spec
 from .addresses import check_distinct_ports
 from .settings import (SERVED_MODES, SMOLLM2_VOCAB, FrontendSettings, LlmSettings, SamplerSettings,
@@ -198,7 +198,8 @@ def generate(args: argparse.Namespace) -> int:
     # --stop as vLLM's stop, matched in the text (the stop_words input's words: as tokens)
     params.update(sampling_parameters=json.dumps({"stop": args.stop}) if args.stop else None,
                   bad_words=args.bad or None, apply_chat_template=not args.raw,
-                  exclude_input_in_output=True)
+                  exclude_input_in_output=True, guided_decoding_guide_type=args.guide_type,
+                  guided_decoding_guide=args.guide)
     # a url's scheme names its protocol when --protocol does not
     scheme = args.url.split("://")[0].lower() if args.url and "://" in args.url else ""
     protocol = args.protocol or ("http" if scheme in ("http", "https") else "grpc")
@@ -318,6 +319,10 @@ def add_serving(commands) -> None:
     gen.add_argument("--stop", action="append",
                      help="a stop string, matched in the text, cut before it (repeatable)")
     gen.add_argument("--bad", action="append", help="a word never to generate (repeatable)")
+    gen.add_argument("--guide-type", choices=list(GUIDE_TYPES),
+                     help="hold the answer to a grammar (docs/STRUCTURED.md): " + "; ".join(
+                         f"{kind}: --guide is {what}" for kind, what in GUIDE_TYPES.items()))
+    gen.add_argument("--guide", help="the grammar --guide-type names")
     for tensor in GENERATION_FLAGS:
         # max_tokens: 64 here, a better first answer than the server's 16;
         # and never 0, which only prompt_logprobs allows
