@@ -18,7 +18,7 @@ from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.inline import sample_torch
 from simple_sampler.serving.samplers import kernel_sample, threaded
-from simple_sampler.serving.structured import Grammars, Guide, StepMasks
+from simple_sampler.serving.structured import Grammars, Guide, StepMasks, unpacked
 from simple_sampler.serving.text import TextCodec, load_tokenizer
 
 llguidance = pytest.importorskip("llguidance")
@@ -84,6 +84,8 @@ def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, to
             llguidance_numpy.apply_token_bitmask_inplace(expected, masks.bitmask[index])
             assert np.array_equal(masked[row].float().numpy(), expected)
     digits = {tokenizer.decode([t]) for t in np.flatnonzero(masks.allowed()[0])}
+    # a GPU's way (the bitmask unpacked on the device), run here on the CPU's tensors
+    assert torch.equal(unpacked(torch.from_numpy(masks.bitmask), vocab), masks.allowed_on("cpu"))
     assert digits and all(re.fullmatch(r"[0-9]{1,2}(-x?)?", text) for text in digits), digits
 
 

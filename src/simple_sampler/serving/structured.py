@@ -249,6 +249,17 @@ class StepMasks:
         return np.unpackbits(self.bitmask.view(np.uint8), axis=1, count=self.vocab_size,
                              bitorder="little").view(bool)
 
+    def allowed_on(self, device) -> torch.Tensor:
+        """``allowed`` as a torch tensor on `device`: unpacked on the host
+        for the CPU; elsewhere the bitmask (a 32nd of it) is copied and
+        unpacked there."""
+        import torch
+
+        device = torch.device(device)
+        if device.type == "cpu":
+            return torch.from_numpy(self.allowed())
+        return unpacked(torch.from_numpy(self.bitmask).to(device), self.vocab_size)
+
     def applied(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of the step's `logits` ([B, V], any float dtype and
         device) with every token its row's grammar rules out at -inf; the
@@ -259,7 +270,16 @@ class StepMasks:
             raise ValueError(f"the step's rows are {logits.shape[1]} wide, its grammars' "
                              f"vocabulary {self.vocab_size}")
         rows = torch.from_numpy(self.rows).to(logits.device)
-        ruled_out = torch.from_numpy(~self.allowed()).to(logits.device)
+        ruled_out = ~self.allowed_on(logits.device)
         masked = logits.clone()
         masked[rows] = logits[rows].masked_fill(ruled_out, float("-inf"))
         return masked
+
+
+def unpacked(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [n, vocab_size] of int32 bitmask words [n, ceil(V / 32)] (bit j
+    of word i: token 32 i + j), on the words' device."""
+    import torch
+
+    bits = torch.arange(32, device=words.device, dtype=torch.int32)
+    return ((words.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab_size]
