@@ -91,7 +91,8 @@ echo "## CUDA tests" >> "$README"
 if "$PYTHON" -c "import pytest, scipy" 2>/dev/null; then
     (cd "$ROOT" && timeout --foreground "${CUDA_TESTS_LIMIT_S:-90}" "$PYTHON" -m pytest -q -p no:cacheprovider -k cuda \
         tests/test_inline.py tests/test_static_decode.py tests/test_row_arena_engine.py \
-        tests/test_host_copy.py tests/test_torch_hot_first.py tests/test_prompt_logprobs.py) \
+        tests/test_host_copy.py tests/test_torch_hot_first.py tests/test_prompt_logprobs.py \
+        tests/test_structured.py) \
         > "$OUT_DIR/cuda_tests.log" 2>&1
     echo "exit $?: $(tail -1 "$OUT_DIR/cuda_tests.log")" >> "$README"
     # apart: its compile's time on the host is unknown (a cut-off reads exit 124)

@@ -21,8 +21,6 @@ from simple_sampler.serving.samplers import kernel_sample, threaded
 from simple_sampler.serving.structured import Grammars, Guide, StepMasks, unpacked
 from simple_sampler.serving.text import TextCodec, load_tokenizer
 
-llguidance = pytest.importorskip("llguidance")
-llguidance_numpy = pytest.importorskip("llguidance.numpy")
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
                                            "ok": {"type": "boolean"}},
@@ -32,6 +30,9 @@ SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "b
 
 @pytest.fixture(scope="module")
 def tokenizer():
+    """SmolLM2's; the tests that take it need llguidance (the GPU host's
+    offline bundle has none: the CUDA test below does not)."""
+    pytest.importorskip("llguidance")
     return load_tokenizer()
 
 
@@ -69,6 +70,7 @@ def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, to
     """A step of three rows, the first and last guided: exactly the tokens
     llguidance's own numpy helper rules out are -inf, in a copy; the middle
     row and the engine's tensor are as they were (bfloat16 too)."""
+    llguidance_numpy = pytest.importorskip("llguidance.numpy")
     regex, json_object = (grammars.matcher(Guide("regex", r"[0-9]{2}-x"), [2]),
                           grammars.matcher(Guide("json"), [2]))
     masks = grammars.masks([regex, None, json_object])
@@ -87,6 +89,18 @@ def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, to
     # a GPU's way (the bitmask unpacked on the device), run here on the CPU's tensors
     assert torch.equal(unpacked(torch.from_numpy(masks.bitmask), vocab), masks.allowed_on("cpu"))
     assert digits and all(re.fullmatch(r"[0-9]{1,2}(-x?)?", text) for text in digits), digits
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_steps_rows_masked_on_cuda_are_the_cpus():
+    """On a GPU the bitmask is unpacked on the device (``unpacked``): the
+    masked rows are the host's, bit for bit (bfloat16, V not a multiple of 32)."""
+    vocab = 1000
+    rng = np.random.default_rng(5)
+    bitmask = rng.integers(-2**31, 2**31, (2, (vocab + 31) // 32), dtype=np.int64).astype(np.int32)
+    masks = StepMasks(np.array([0, 2]), bitmask, vocab)
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    assert torch.equal(masks.applied(logits.cuda()).cpu(), masks.applied(logits))
 
 
 @pytest.mark.parametrize("params", [
