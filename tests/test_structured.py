@@ -38,7 +38,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    return Grammars(tokenizer, len(tokenizer))
+    return Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
 
 
 @pytest.mark.parametrize("guide, named", [
@@ -58,12 +58,13 @@ def test_a_bad_guide_is_refused_naming_the_input(grammars, tokenizer, guide, nam
 def test_without_llguidance_a_guided_request_is_refused_with_the_reason(tokenizer, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "llguidance.hf", None)
     with pytest.raises(InvalidRequest, match="the llguidance package is not installed"):
-        Grammars(tokenizer, len(tokenizer)).matcher(Guide("json"), [2])
+        Grammars(tokenizer, len(tokenizer), [2]).matcher(Guide("json"), [2])
 
 
-def test_a_guided_request_needs_end_ids_that_end_it(grammars):
-    with pytest.raises(InvalidRequest, match="ignore_eos and end_id -1 cannot be given"):
-        grammars.matcher(Guide("regex", "a+"), [])
+@pytest.mark.parametrize("end_ids", [[], [7]])
+def test_a_guided_request_needs_model_end_ids_that_end_it(grammars, end_ids):
+    with pytest.raises(InvalidRequest, match="ignore_eos, end_id -1 and another end_id cannot"):
+        grammars.matcher(Guide("regex", "a+"), end_ids)
 
 
 def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, tokenizer):
@@ -170,7 +171,7 @@ async def collect(handle):
     return [event async for event in handle]
 
 
-def run(tokenizer, requests, mode="simple", micro_batches=1, launch_ahead="off"):
+def run(tokenizer, requests, mode="simple", micro_batches=1, launch_ahead="off", end_ids=()):
     """Events per request of `requests` decoded together; `mode` "hot-first":
     the llm model's hot-first sampler in-process, over a hot set of every
     third id (``bench.serve_sim.measuring.hot_first_sampler``)."""
@@ -185,7 +186,7 @@ def run(tokenizer, requests, mode="simple", micro_batches=1, launch_ahead="off")
 
             vocab = engine.vocab_size
             sampler = hot_first_sampler(engine, HotVocab(np.arange(0, vocab, 3), vocab), 2)
-        decoder = Decoder(engine, TextCodec(tokenizer), mode="simple" if sampler else mode,
+        decoder = Decoder(engine, TextCodec(tokenizer, end_ids), mode="simple" if sampler else mode,
                           sampler=sampler, micro_batches=micro_batches,
                           launch_ahead=launch_ahead)
         await decoder.start()
@@ -236,11 +237,29 @@ def test_guided_requests_follow_their_grammar_and_their_neighbours_are_untouched
     assert [t for e in results[-1] for t in e.token_ids] == [t for e in alone for t in e.token_ids]
 
 
+def test_a_guided_request_ends_at_its_own_end_id_the_models_others_banned(tokenizer):
+    """A model of two end ids (2 and 1): a guided request that names one
+    ends there, the other never drawn (the grammar, once complete, allows
+    both); without end_id, either ends it."""
+    def request(end_id, seed):
+        return GenerationRequest(prompt_ids=[1, 2, 3], max_tokens=40, end_id=end_id,
+                                 guide=Guide("choice", '["yes", "no"]'),
+                                 sampling=SamplingParams(temperature=1.0, seed=seed))
+    results = run(tokenizer, [request(end_id, seed) for end_id in (1, 2, None)
+                              for seed in range(4)], end_ids=(2, 1))
+    for index, events in enumerate(results):
+        end_id = (1, 2, None)[index // 4]
+        ids = [t for e in events for t in e.token_ids]
+        assert events[-1].finish_reason == "stop" and ids[-1] in ((1, 2) if end_id is None
+                                                                  else (end_id,)), events[-1]
+        assert "".join(e.text for e in events) in ("yes", "no")
+
+
 def test_a_guided_request_with_ignore_eos_is_refused_at_submission(tokenizer):
     async def main():
         decoder = Decoder(RandomRowsEngine(len(tokenizer)), TextCodec(tokenizer),
                           sampler=threaded(kernel_sample))
-        with pytest.raises(InvalidRequest, match="ignore_eos and end_id -1"):
+        with pytest.raises(InvalidRequest, match="ignore_eos, end_id -1 and another end_id"):
             decoder.submit(GenerationRequest(prompt_ids=[1], guide=Guide("json"),
                                              ignore_end=True))
         assert decoder.num_queued == 0
@@ -304,6 +323,8 @@ def test_tensorrt_llms_two_inputs_make_the_guide_and_a_guide_alone_is_refused():
     ({"json_object": True}, Guide("json")),
     ({"json_object": True, "disable_any_whitespace": True},
      Guide("json_schema", '{"type": "object", "x-guidance": {"whitespace_flexible": false}}')),
+    # as Triton's vLLM backend takes it: the object's JSON text, a backend named
+    (json.dumps({"regex": "[ab]+", "backend": "xgrammar"}), Guide("regex", "[ab]+")),
 ])
 @pytest.mark.parametrize("name", ["structured_outputs", "guided_decoding"])
 def test_vllms_structured_outputs_become_the_two_inputs(fields, guide, name):
@@ -324,6 +345,11 @@ def test_vllms_structured_outputs_become_the_two_inputs(fields, guide, name):
     ({"regex": "a", "disable_any_whitespace": True}, "applies to a JSON schema"),
     ({"json": "{oops"}, "structured_outputs.json is not JSON"),
     ({"regex": 5}, "structured_outputs.regex must be a string"),
+    ({"json": 0, "regex": "a"}, "must name exactly one of"),
+    ({"json_object": 1}, "structured_outputs.json_object must be true"),
+    ({"regex": "a", "backend": "outlines"}, "structured_outputs.backend must be one of auto"),
+    ({"json": {"x-guidance": 3}, "disable_any_whitespace": True}, "is an object"),
+    ("{oops", "structured_outputs is not JSON"),
 ])
 def test_a_structured_outputs_object_that_asks_what_is_not_done_is_refused_by_name(fields,
                                                                                      named):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from ..schema import InvalidRequest
-from ..serving.structured import Guide
+from ..serving.structured import VLLM_BACKENDS, Guide
 from .protocol import RequestError, Sampling
 
 #: vLLM's older fields, each one grammar field of ``structured_outputs``
@@ -34,11 +34,22 @@ def request_guide(request: Sampling) -> Guide | None:
               if getattr(request, name) is not None}
     if len(guided) > 1:
         raise RequestError(f"give one of {', '.join(guided)}", sorted(guided)[1])
+    if request.guided_whitespace_pattern is not None:
+        raise RequestError("guided_whitespace_pattern is not supported by this server",
+                           "guided_whitespace_pattern")
+    backend = request.guided_decoding_backend
+    if backend is not None and (backend not in VLLM_BACKENDS or not guided):
+        raise RequestError(f"guided_decoding_backend must be one of {', '.join(VLLM_BACKENDS)} "
+                           f"(grammars are llguidance's here), with a guided_* field",
+                           "guided_decoding_backend")
     for name, value in guided.items():
         guides[name] = _of_vllm({GUIDED_FIELDS[name]: value}, name)
     if len(guides) > 1:
         first, second = list(guides)[:2]
         raise RequestError(f"{first} and {second} each ask for a grammar: give one", second)
+    if guides and request.ignore_eos:
+        raise RequestError("ignore_eos cannot be given with a grammar: it ends the answer at "
+                           "the end of sequence", "ignore_eos")
     for field, guide in guides.items():
         try:
             guide.check()  # here: a refusal from the llm model would come back a 500
@@ -52,11 +63,12 @@ def request_guide(request: Sampling) -> Guide | None:
 def _response_format(response_format: dict) -> Guide:
     """OpenAI's ``response_format`` (not ``text``) as a guide."""
     kind = response_format.get("type")
-    unknown = sorted(set(response_format) - {"type", "json_schema"})
-    if kind not in ("json_object", "json_schema") or unknown:
-        what = f"response_format.{unknown[0]} is not a field of it" if unknown else \
-            f"response_format.type must be text, json_object or json_schema, got {kind!r}"
-        raise RequestError(what, "response_format")
+    if kind not in ("json_object", "json_schema"):
+        raise RequestError(f"response_format.type must be text, json_object or json_schema, "
+                           f"got {kind!r}", "response_format")
+    if unknown := sorted(set(response_format) - {"type", "json_schema"}):
+        raise RequestError(f"response_format.{unknown[0]} is not a field of it",
+                           f"response_format.{unknown[0]}")
     if kind == "json_object":
         if "json_schema" in response_format:
             raise RequestError("response_format.json_schema goes with type json_schema",

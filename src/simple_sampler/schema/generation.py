@@ -44,7 +44,8 @@ GUIDE_TYPES = {
 GUIDED_DECODING_INPUTS = (
     scalar("guided_decoding_guide_type", "BYTES", "none (unguided)",
            f"{', '.join(GUIDE_TYPES)}: the output is held to what guided_decoding_guide "
-           f"says; the grammar ends it at an end id, so not with ignore_eos or end_id -1"),
+           f"says; the grammar ends it at the model's end ids, so not with ignore_eos or an "
+           f"end_id not among them (-1 included)"),
     scalar("guided_decoding_guide", "BYTES", "none",
            "with guided_decoding_guide_type: " + "; ".join(
                f"{kind}: {what}" for kind, what in GUIDE_TYPES.items())),

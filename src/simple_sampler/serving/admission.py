@@ -46,9 +46,11 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
             engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
-    # a guided generation's grammar ends it through the end ids that end it
-    matcher = (None if request.guide is None else
-               decoder.grammars.matcher(request.guide, [] if request.ignore_end else end_ids))
+    matcher = None
+    if request.guide is not None:  # its grammar ends it at the model's end ids that end it
+        ending = [] if request.ignore_end else end_ids
+        matcher = decoder.grammars.matcher(request.guide, ending)
+        bad_words_ids += [[i] for i in decoder.end_ids if i not in ending]
     request_id = next(decoder.ids)
     stops = StopMatcher.of(codec, request.stop_words, request.include_stop,
                            request.stop_words_as_tokens, prompt_ids, request.stop_words_list)

@@ -186,7 +186,7 @@ class Decoder:
         #: the data-plane side of a lane's step: its thread, the sampler
         self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
         #: guided requests' grammars (``structured``), and the ids of those in a lane
-        self.grammars = Grammars(codec.tokenizer, engine.vocab_size)
+        self.grammars = Grammars(codec.tokenizer, engine.vocab_size, self.end_ids)
         self.guided: set[int] = set()
         self.tasks: list[asyncio.Task] = []
         self.scorer = PromptScorer(self)  # prompt_logprobs: scored before queued

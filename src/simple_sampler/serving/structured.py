@@ -23,10 +23,11 @@ and (masked) logits. Once sampled, each matcher takes its row's token
 (:meth:`Grammars.consume`).
 
 The grammar ends a generation through an end id: a matcher whose grammar
-is complete allows only the request's end ids (its tokenizer's end-of-
-sequence set, :meth:`Grammars.tokenizer`), so a guided request must have
-end ids that end it (no ``ignore_eos``, no ``end_id`` -1). ``max_tokens``
-and stop strings may still cut it short, as in vLLM.
+is complete allows only the model's end ids (its tokenizer's end of
+sequence, :meth:`Grammars.tokenizer`), so a guided request must be ended
+by some of them (no ``ignore_eos``, no ``end_id`` -1 or outside them), and
+the model's others are banned for it. ``max_tokens`` and stop strings may
+still cut it short, as in vLLM.
 """
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ CACHED_GRAMMARS = 64
 #: older ``GuidedDecodingParams``) that name a grammar -> its guide type
 VLLM_GUIDES = {"json": "json_schema", "regex": "regex", "choice": "choice",
                "grammar": "ebnf_grammar", "json_object": "json"}
+#: vLLM's structured-output backends whose grammars llguidance compiles the
+#: same (its "auto" picks one of them)
+VLLM_BACKENDS = ("auto", "xgrammar", "guidance", "llguidance")
 #: llguidance's JSON options in a schema (its docs/json_schema.md): vLLM's
 #: disable_any_whitespace is whitespace_flexible false there
 JSON_OPTIONS = "x-guidance"
@@ -67,37 +71,51 @@ class Guide:
     @classmethod
     def of_vllm(cls, fields, place: str) -> Guide:
         """The guide of vLLM's ``structured_outputs`` (or ``guided_decoding``)
-        object `fields`, sent as `place`: exactly one grammar field (the
-        rest refused by name unless null or false, but
-        ``disable_any_whitespace``, which for a JSON grammar keeps whitespace
-        out of it, as in vLLM)."""
+        object `fields` (or its JSON text, as Triton's vLLM backend takes
+        it), sent as `place`: exactly one grammar field, and
+        ``disable_any_whitespace``, which for a JSON grammar keeps
+        whitespace out of it, as in vLLM; ``backend`` names one whose
+        grammars are llguidance's (:data:`VLLM_BACKENDS`); any other field
+        is refused by name unless null or false (its default)."""
+        if isinstance(fields, str):
+            try:
+                fields = json.loads(fields)
+            except ValueError as error:
+                raise InvalidRequest(f"{place} is not JSON: {error}") from None
         if not isinstance(fields, dict):
             raise InvalidRequest(f"{place} must be an object")
-        unknown = sorted(name for name, value in fields.items() if value not in (None, False)
-                         and name not in VLLM_GUIDES and name != "disable_any_whitespace")
-        if unknown:  # a field at its default (null, false) asks for nothing
+        given = {name: value for name, value in fields.items()
+                 if value is not None and value is not False}
+        if given.get("backend", "auto") not in VLLM_BACKENDS:
+            raise InvalidRequest(f"{place}.backend must be one of {', '.join(VLLM_BACKENDS)} "
+                                 f"(grammars are llguidance's here), got {given['backend']!r}")
+        unknown = sorted(set(given) - set(VLLM_GUIDES) - {"disable_any_whitespace", "backend"})
+        if unknown:
             raise InvalidRequest(f"{place}.{unknown[0]} is not supported by this server "
-                                 f"(it takes {', '.join(VLLM_GUIDES)} and "
-                                 f"disable_any_whitespace)")
-        named = [name for name in VLLM_GUIDES if fields.get(name) not in (None, False)]
+                                 f"(it takes {', '.join(VLLM_GUIDES)}, disable_any_whitespace "
+                                 f"and backend)")
+        named = [name for name in VLLM_GUIDES if name in given]
         if len(named) != 1:
             raise InvalidRequest(f"{place} must name exactly one of {', '.join(VLLM_GUIDES)}")
-        name, value = named[0], fields[named[0]]
+        name, value = named[0], given[named[0]]
         kind = VLLM_GUIDES[name]
         if name == "json_object":
+            if value is not True:
+                raise InvalidRequest(f"{place}.json_object must be true")
             value = {"type": "object"}
-            kind = "json_schema" if fields.get("disable_any_whitespace") else "json"
+            kind = "json_schema" if given.get("disable_any_whitespace") else "json"
         if kind == "json_schema" and isinstance(value, str):
             try:
                 value = json.loads(value)
             except ValueError as error:
                 raise InvalidRequest(f"{place}.{name} is not JSON: {error}") from None
-        if fields.get("disable_any_whitespace"):
-            if kind != "json_schema" or not isinstance(value, dict):
+        if given.get("disable_any_whitespace"):
+            options = value.get(JSON_OPTIONS, {}) if isinstance(value, dict) else None
+            if kind != "json_schema" or not isinstance(options, dict):
                 raise InvalidRequest(f"{place}.disable_any_whitespace applies to a JSON schema "
-                                     f"or json_object only")
-            value = {**value, JSON_OPTIONS: {**value.get(JSON_OPTIONS, {}),
-                                             "whitespace_flexible": False}}
+                                     f"(whose {JSON_OPTIONS}, if any, is an object) or "
+                                     f"json_object only")
+            value = {**value, JSON_OPTIONS: {**options, "whitespace_flexible": False}}
         if kind == "json":
             return cls(kind)
         if kind in ("json_schema", "choice"):
@@ -152,22 +170,23 @@ class Guide:
 
 
 class Grammars:
-    """A decoder's grammars: llguidance's tokenizers over the model's
-    vocabulary (one per set of end ids, built at a guided request's first
-    use of it), its compiled guides, and the per-step masks and token
-    consumption of the rows that have a matcher (module docstring).
-    `tokenizer`: the codec's Hugging Face tokenizer (a fast one)."""
+    """A decoder's grammars: llguidance's tokenizer over the model's
+    vocabulary, its end of sequence the model's `end_ids` (built at the
+    first guided request), the guides compiled, and the per-step masks
+    and token consumption of the rows that have a matcher (module
+    docstring). `tokenizer`: the codec's Hugging Face tokenizer (a fast
+    one)."""
 
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, end_ids: Sequence[int]):
         self.hf_tokenizer, self.vocab_size = tokenizer, vocab_size
-        self.tokenizers: dict[tuple[int, ...], object] = {}
-        self.compiled: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self.end_ids = list(end_ids)
+        self.ll_tokenizer = None
+        self.compiled: collections.OrderedDict[Guide, object] = collections.OrderedDict()
         self.lock = threading.Lock()  # prepare may run on several threads
 
-    def tokenizer(self, end_ids: Sequence[int]):
-        """llguidance's tokenizer whose end of sequence is `end_ids`."""
-        key = tuple(sorted(end_ids))
-        if key not in self.tokenizers:
+    def tokenizer(self):
+        """llguidance's tokenizer (module docstring), built once."""
+        if self.ll_tokenizer is None:
             try:
                 import llguidance.hf
             except ImportError:
@@ -175,36 +194,39 @@ class Grammars:
                                      "llguidance package is not installed (pip install "
                                      "llguidance)") from None
             try:
-                self.tokenizers[key] = llguidance.hf.from_tokenizer(
-                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=list(key))
+                self.ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.end_ids)
             except ValueError as error:  # a slow tokenizer
                 raise InvalidRequest(f"guided decoding is not available for this model's "
                                      f"tokenizer: {error}") from None
-        return self.tokenizers[key]
+        return self.ll_tokenizer
 
     def matcher(self, guide: Guide, end_ids: Sequence[int]):
-        """A fresh matcher of `guide` for a request ended by `end_ids`
-        (non-empty); raises InvalidRequest where the guide does not compile
-        (or llguidance is not installed)."""
+        """A fresh matcher of `guide` for a request ended by `end_ids`,
+        which must be some of the model's (its grammar ends it at them: the
+        model's others are the request's to ban, ``admission.prepare``);
+        raises InvalidRequest where the guide does not compile (or
+        llguidance is not installed)."""
         guide.validate()
-        if not end_ids:
-            raise InvalidRequest("a guided generation ends at an end id: ignore_eos and end_id "
-                                 "-1 cannot be given with guided_decoding_guide_type")
-        key = (guide, tuple(sorted(end_ids)))
+        if not end_ids or not set(end_ids) <= set(self.end_ids):
+            raise InvalidRequest(f"a guided generation ends at the model's end ids "
+                                 f"({', '.join(map(str, self.end_ids)) or 'none'}): ignore_eos, "
+                                 f"end_id -1 and another end_id cannot be given with "
+                                 f"guided_decoding_guide_type")
         with self.lock:
-            template = self.compiled.get(key)
+            template = self.compiled.get(guide)
             if template is None:
-                tokenizer = self.tokenizer(end_ids)  # first: it says if llguidance is missing
+                tokenizer = self.tokenizer()  # first: it says if llguidance is missing
                 import llguidance
 
                 template = llguidance.LLMatcher(tokenizer, guide.grammar(), log_level=0)
                 if template.is_error():
                     raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[guide.type]}"
                                          f": {template.get_error()}")
-                self.compiled[key] = template
+                self.compiled[guide] = template
                 while len(self.compiled) > CACHED_GRAMMARS:
                     self.compiled.popitem(last=False)
-            self.compiled.move_to_end(key)
+            self.compiled.move_to_end(guide)
             return template.deep_copy()
 
     def masks(self, matchers: Sequence) -> StepMasks | None:
