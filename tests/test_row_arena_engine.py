@@ -17,7 +17,7 @@ from simple_sampler.serving.device import CUDA_HOST_REGISTER_PORTABLE, DTYPES as
 from simple_sampler.serving.static_decode import StaticEngine
 from simple_sampler.serving.torch_engine import TorchEngine, stage_rows
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.sampler_pool import build_arena
+from simple_sampler.triton.sampler_setup import build_arena
 from test_model_dtype_rows import SEEDED, full_row_pool
 from test_torch_hot_first import VOCAB, generate, tiny_model
 

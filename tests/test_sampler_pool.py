@@ -18,7 +18,8 @@ from simple_sampler.triton.sampler_decode import decode_request
 from simple_sampler.triton.sampler_serve import sample_request
 from simple_sampler.addresses import parse_endpoints
 from simple_sampler.settings import LlmSettings
-from simple_sampler.triton.sampler_pool import ONE_LANE_ROWS_PER_REQUEST, SamplerPool, build_pool
+from simple_sampler.triton.sampler_pool import ONE_LANE_ROWS_PER_REQUEST, SamplerPool
+from simple_sampler.triton.sampler_setup import build_pool
 from simple_sampler.triton.sampler_targets import (LATE_FIRST_S, LATE_FLOOR_S, SamplerCallError,
                                                    SamplerTarget)
 

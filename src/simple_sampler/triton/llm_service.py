@@ -49,7 +49,7 @@ from .vllm_params import as_sent
 from .llm_delivery import (Deliveries, Delivery, Send, SendTokens, SharedSends, Unavailable,
                            tokens_as_outputs)
 from .hot_first_sampler import hot_first_sampler
-from .sampler_pool import build_arena, build_pool
+from .sampler_setup import build_arena, build_pool
 from .sampler_targets import SamplerCall
 
 log = logging.getLogger(__name__)
