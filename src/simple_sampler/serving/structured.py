@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -44,6 +45,9 @@ from ..schema import GUIDE_TYPES, InvalidRequest
 if TYPE_CHECKING:  # requests carry a Guide where torch is not imported
     import torch
 
+#: llguidance's threads filling a step's masks (its own default, 80% of the
+#: host's cores, would take the sampler instances' cores on a GPU host)
+MASK_THREADS = min(4, os.cpu_count() or 1)
 #: compiled grammars kept for requests that send the same guide again
 CACHED_GRAMMARS = 64
 
@@ -181,6 +185,7 @@ class Grammars:
         self.hf_tokenizer, self.vocab_size = tokenizer, vocab_size
         self.end_ids = list(end_ids)
         self.ll_tokenizer = None
+        self.executor = None  # llguidance's threads for a step's masks, made at first use
         self.compiled: collections.OrderedDict[Guide, object] = collections.OrderedDict()
         self.lock = threading.Lock()  # prepare may run on several threads
 
@@ -236,9 +241,14 @@ class Grammars:
         if not rows:
             return None
         bitmask = np.empty((len(rows), (self.vocab_size + 31) // 32), np.int32)
-        for index, row in enumerate(rows):
-            matchers[row].unsafe_compute_mask_ptr(bitmask[index].ctypes.data,
-                                                  bitmask.shape[1] * 4)
+        if self.executor is None:
+            import llguidance
+
+            self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
+        # the rows' masks at once, on llguidance's threads, the GIL let go
+        self.executor.unsafe_compute_mask_ptr([(matchers[row], index) for index, row in
+                                               enumerate(rows)], bitmask.ctypes.data,
+                                              bitmask.shape[1] * 4, len(rows))
         return StepMasks(np.asarray(rows, np.int64), bitmask, self.vocab_size)
 
     @staticmethod
