@@ -137,6 +137,8 @@ BAD_CHAT = [
     (chat(guided_regex="a", guided_choice=["b"]), "guided_regex", "give one of"),
     (chat(guided_regex="(ab"), "guided_regex", "guided_regex is not a regular expression"),
     (chat(guided_regex="a", ignore_eos=True), "ignore_eos", "with a grammar"),
+    (chat(allowed_token_ids=[]), "allowed_token_ids", "must not be empty"),
+    (chat(allowed_token_ids=[5, 49152]), "allowed_token_ids", "[0, 49151]"),
     (chat(guided_regex="a", guided_decoding_backend="outlines"), "guided_decoding_backend",
      "must be one of auto"),
     (chat(guided_whitespace_pattern=" "), "guided_whitespace_pattern", "not supported"),
@@ -264,6 +266,7 @@ def test_sampling_fields_reach_the_llm_inputs_the_schema_names(client, recorder,
      {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"}),
     ({"guided_json": {"type": "array"}},
      {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "array"}'}),
+    ({"allowed_token_ids": [5, 7]}, {"allowed_token_ids": [5, 7]}),
     ({"guided_grammar": 'root ::= "x"'},
      {"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": 'root ::= "x"'}),
 ])
@@ -271,7 +274,8 @@ def test_a_grammar_asked_any_way_reaches_the_llms_guided_decoding_inputs(client,
                                                                          fields, inputs):
     response = post(client, "/v1/chat/completions", chat(**fields))
     assert response.status_code == 200, response.text
-    assert {k: v for k, v in recorder.plans[0].params.items() if k.startswith("guided")} == inputs
+    assert {k: v for k, v in recorder.plans[0].params.items()
+            if k.startswith("guided") or k == "allowed_token_ids"} == inputs
 
 
 def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):

@@ -793,6 +793,17 @@ def test_tensorrt_llms_guided_decoding_requests_hold_the_answer_to_the_grammar(s
     assert generate_json(server, model, body)["text_output"] != held["text_output"]
 
 
+def test_allowed_token_ids_hold_the_answer_to_them(server):
+    """vLLM's allowed_token_ids through the ensemble: greedy, every token is
+    one of them (none of which the free answer holds)."""
+    body = {"text_input": "The capital of France is", "max_tokens": 6, "temperature": 0,
+            "exclude_input_in_output": True}
+    free = generate_json(server, "ensemble", {**body, "return_log_probs": True})
+    allowed = [t for t in range(100, 200) if t not in free["output_ids"]]
+    held = generate_json(server, "ensemble", {**body, "allowed_token_ids": allowed})
+    assert held["output_ids"] and set(held["output_ids"]) <= set(allowed), held
+
+
 def test_unknown_stop_word_type_is_refused(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     text = grpcclient.InferInput("text_input", [1, 1], "BYTES")

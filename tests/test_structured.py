@@ -18,7 +18,7 @@ from simple_sampler.serving.decoder import Decoder
 from simple_sampler.serving.generation import GenerationRequest
 from simple_sampler.serving.inline import sample_torch
 from simple_sampler.serving.samplers import kernel_sample, threaded
-from simple_sampler.serving.structured import Grammars, Guide, StepMasks, unpacked
+from simple_sampler.serving.structured import Grammars, Guide, StepMasks, bitmask_of, unpacked
 from simple_sampler.serving.text import TextCodec, load_tokenizer
 
 
@@ -74,7 +74,7 @@ def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, to
     llguidance_numpy = pytest.importorskip("llguidance.numpy")
     regex, json_object = (grammars.matcher(Guide("regex", r"[0-9]{2}-x"), [2]),
                           grammars.matcher(Guide("json"), [2]))
-    masks = grammars.masks([regex, None, json_object])
+    masks = grammars.masks([regex, None, json_object], [None] * 3)
     assert masks.rows.tolist() == [0, 2]
     vocab = len(tokenizer)
     for dtype in (torch.float32, torch.bfloat16):
@@ -237,6 +237,48 @@ def test_guided_requests_follow_their_grammar_and_their_neighbours_are_untouched
     assert [t for e in results[-1] for t in e.token_ids] == [t for e in alone for t in e.token_ids]
 
 
+def test_allowed_token_ids_alone_and_with_a_grammar_mask_the_rows_to_them(grammars):
+    """vLLM's allowed_token_ids: a row's mask is exactly those ids; with a
+    grammar, the ids both allow; a row with neither is not masked."""
+    vocab = grammars.vocab_size
+    digits = grammars.matcher(Guide("regex", "[0-9]+"), [2])
+    first = grammars.masks([digits], [None]).allowed()[0]
+    ids = [5, 31, 32, 33, vocab - 1, *np.flatnonzero(first)[:3].tolist()]
+    masks = grammars.masks([None, None, digits], [bitmask_of(ids, vocab), None,
+                                                  bitmask_of(ids, vocab)])
+    assert masks.rows.tolist() == [0, 2]
+    assert np.flatnonzero(masks.allowed()[0]).tolist() == sorted(set(ids))
+    assert np.flatnonzero(masks.allowed()[1]).tolist() == np.flatnonzero(first)[:3].tolist()
+
+
+@pytest.mark.parametrize("mode", ["simple", "hot-first", "inline"])
+def test_a_request_with_allowed_token_ids_generates_only_those(tokenizer, mode):
+    """On random rows over SmolLM2's vocabulary, alone and with a grammar:
+    every token generated is one of allowed_token_ids (the end id among
+    them ends the guided one); bad input refused by name."""
+    allowed = [int(t) for t in tokenizer(" yes no maybe 0 1 2")["input_ids"]]
+    plain = GenerationRequest(prompt_ids=[1, 2], max_tokens=24, allowed_token_ids=allowed,
+                              sampling=SamplingParams(temperature=1.0, seed=3))
+    guided = GenerationRequest(prompt_ids=[1, 2], max_tokens=24,
+                               allowed_token_ids=[*allowed, tokenizer.eos_token_id],
+                               guide=Guide("regex", "[0-9]+"),
+                               sampling=SamplingParams(temperature=1.0, seed=4))
+    results = run(tokenizer, [plain, guided], mode)
+    for request, events in zip((plain, guided), results):
+        ids = [t for e in events for t in e.token_ids]
+        assert ids and set(ids) <= set(request.allowed_token_ids), ids
+        assert events[-1].error is None
+    assert re.fullmatch("[0-2]+", "".join(e.text for e in results[1])), results[1]
+    assert len([t for e in results[0] for t in e.token_ids]) == 24  # no end id: its length
+
+
+@pytest.mark.parametrize("allowed, named", [([], "non-empty list of token ids"),
+                                            ([49152], "token ids in [0, 49152)")])
+def test_bad_allowed_token_ids_are_refused_by_name(tokenizer, allowed, named):
+    with pytest.raises(InvalidRequest, match=re.escape(named)):
+        GenerationRequest(prompt_ids=[1], allowed_token_ids=allowed).validate(49152, 256)
+
+
 def test_a_guided_request_ends_at_its_own_end_id_the_models_others_banned(tokenizer):
     """A model of two end ids (2 and 1): a guided request that names one
     ends there, the other never drawn (the grammar, once complete, allows
@@ -301,6 +343,18 @@ def decoded_guide(**inputs):
     arrays = {name: np.array([[value.encode() if isinstance(value, str) else value]], object)
               for name, value in inputs.items()}
     return decode_generate({"text_input": np.array([[b"hi"]], object), **arrays}).request.guide
+
+
+def test_allowed_token_ids_come_as_the_input_and_as_vllms_parameter():
+    from simple_sampler.triton.generate_io import decode_generate
+    from simple_sampler.triton.vllm_params import vllm_inputs
+
+    text = {"text_input": np.array([[b"hi"]], object)}
+    request = decode_generate({**text, "allowed_token_ids": np.array([[3, 9]], np.int32)}).request
+    assert request.allowed_token_ids == [3, 9]
+    assert decode_generate(text).request.allowed_token_ids is None
+    inputs, _ = vllm_inputs(np.array([b'{"allowed_token_ids": [3, 9]}'], object), None)
+    assert inputs["allowed_token_ids"].tolist() == [[3, 9]]
 
 
 def test_tensorrt_llms_two_inputs_make_the_guide_and_a_guide_alone_is_refused():

@@ -87,8 +87,8 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
      "sampling_parameters.return_log_probs is an input of this model, not a vLLM sampling "
      "parameter: send it as an input"),
     ({}, {"temprature": 0.5}, "unknown field sampling_parameters.temprature: it names no input"),
-    ({}, {"allowed_token_ids": [1]},
-     "sampling_parameters.allowed_token_ids is not supported by this server"),
+    ({}, {"logits_processors": ["x"]},
+     "sampling_parameters.logits_processors is not supported by this server"),
     ({}, {"n": 2}, r"sampling_parameters.n must be 1: this server implements no other \(got 2\)"),
     ({}, {"detokenize": False}, "sampling_parameters.detokenize must be true"),
     ({}, {"temperature": "warm"}, 'sampling_parameters.temperature must be a number, got "warm"'),

@@ -98,6 +98,8 @@ class Sampling(Request):
     min_tokens: int | None = None
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
+    #: the only tokens the answer may hold
+    allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = False
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None

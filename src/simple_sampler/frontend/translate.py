@@ -147,6 +147,12 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         params["stop_token_ids"] = [
             checked_integer("stop_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
             for token in request.stop_token_ids]
+    if request.allowed_token_ids is not None:
+        if not request.allowed_token_ids:
+            raise RequestError("allowed_token_ids must not be empty", "allowed_token_ids")
+        params["allowed_token_ids"] = [
+            checked_integer("allowed_token_ids", token, INPUT_IDS.name, 0, served.vocab_size - 1)
+            for token in request.allowed_token_ids]
     if guide := request_guide(request):
         params["guided_decoding_guide_type"] = guide.type
         if guide.text:

@@ -146,6 +146,9 @@ GENERATE_INPUTS = (
     Tensor("stop_token_ids", "INT32", (-1,), default="none",
            allowed="token ids in [0, V): each ends the generation as end_id does (even with "
                    "ignore_eos) and is banned until min_length (vLLM's name)"),
+    Tensor("allowed_token_ids", "INT32", (-1,), default="none",
+           allowed="token ids in [0, V): only these are generated (the end ids too: without "
+                   "one, only max_tokens or a stop ends it; vLLM's name)"),
     scalar("end_id", "INT32", "the model's end ids (its tokenizer's and its "
             "generation_config.json's); with request_output_len, -1",
             "a token id: the one end id; -1: none (TensorRT-LLM's: no end ends it, and "

@@ -1,7 +1,7 @@
 """A request made ready for the decode loop (``Decoder.prepare``): checked
 against the engine, its prompt encoded, its seed drawn, its stop and end
-ids, bad words and stop matcher resolved, and its grammar's matcher made
-(``structured``), so that a bad request is refused (InvalidRequest naming
+ids, bad words and stop matcher resolved, and its grammar's matcher and
+allowed tokens' mask made (``structured``), so that a bad request is refused (InvalidRequest naming
 the field) before it takes a place in the queue."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import secrets
 from ..schema import InvalidRequest
 from .engine import ScoresPrompts
 from .generation import DecodeSequence, GenerationRequest, RequestHandle
+from .structured import bitmask_of
 from .text import StopMatcher
 
 
@@ -51,10 +52,18 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
         ending = [] if request.ignore_end else end_ids
         matcher = decoder.grammars.matcher(request.guide, ending)
         bad_words_ids += [[i] for i in decoder.end_ids if i not in ending]
+    allowed = None
+    if request.allowed_token_ids is not None:
+        banned = {ids[0] for ids in bad_words_ids if len(ids) == 1}
+        if not set(map(int, request.allowed_token_ids)) - banned:
+            raise InvalidRequest("allowed_token_ids leaves no token to generate: every one is "
+                                 "banned (a bad word, or an end id a grammar does not end at)")
+        allowed = bitmask_of(request.allowed_token_ids, engine.vocab_size)
     request_id = next(decoder.ids)
     stops = StopMatcher.of(codec, request.stop_words, request.include_stop,
                            request.stop_words_as_tokens, prompt_ids, request.stop_words_list)
     return DecodeSequence(request_id, request, RequestHandle(decoder, request_id), prompt_ids,
                           params, codec.detokenizer(prompt_ids, not request.skip_special),
                           stops, bad_words_ids, num_input_tokens=len(prompt_ids),
-                          max_tokens=request.max_tokens, stop_ids=stop_ids, matcher=matcher)
+                          max_tokens=request.max_tokens, stop_ids=stop_ids, matcher=matcher,
+                          allowed=allowed)

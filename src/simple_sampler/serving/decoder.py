@@ -185,7 +185,8 @@ class Decoder:
         self.interrupted: set[int] = set()
         #: the data-plane side of a lane's step: its thread, the sampler
         self.data_plane = DataPlane(engine, mode, sampler, lanes, self.stats)
-        #: guided requests' grammars (``structured``), and the ids of those in a lane
+        #: guided requests' grammars (``structured``), and the ids of those in a
+        #: lane (with allowed_token_ids too: their rows are masked as theirs)
         self.grammars = Grammars(codec.tokenizer, engine.vocab_size, self.end_ids)
         self.guided: set[int] = set()
         self.tasks: list[asyncio.Task] = []
@@ -291,7 +292,7 @@ class Decoder:
                                            sequence.bad_words_ids,
                                            sequence.request.num_top_logprobs)
             self.step_tokens.admit(sequence)
-            if sequence.matcher is not None:
+            if sequence.matcher is not None or sequence.allowed is not None:
                 self.guided.add(sequence.request_id)
             self.lanes[lane].append(sequence)
             self.wake[lane].set()
@@ -444,7 +445,8 @@ class Decoder:
         return [s for s in lane if s.request_id not in ending]
 
     def _launch(self, sequences: list[DecodeSequence], loop_s: float) -> Launched:
-        masks = self.grammars.masks([s.matcher for s in sequences]) if self.guided else None
+        masks = (self.grammars.masks([s.matcher for s in sequences], [s.allowed for s in sequences])
+                 if self.guided else None)
         return self.data_plane.launch(sequences, self._sampling_batch(sequences), loop_s, masks)
 
     def _rebalance(self, index: int, staying: set[int] = frozenset()) -> None:

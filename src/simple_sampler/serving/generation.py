@@ -90,7 +90,8 @@ class GenerationRequest:
     (``prompt_scores``), each prompt token's logprob and the n most likely
     at its place coming in an event of their own before any token; with it,
     ``max_tokens`` may be 0 (the prompt scored, nothing generated).
-    ``guide``: the grammar the generation is held to (``structured``).
+    ``guide``: the grammar the generation is held to (``structured``);
+    ``allowed_token_ids`` (vLLM's): the only tokens it may generate.
     """
 
     text: str | None = None
@@ -111,6 +112,7 @@ class GenerationRequest:
     num_top_logprobs: int = 0
     prompt_logprobs: int | None = None
     guide: Guide | None = None
+    allowed_token_ids: Sequence[int] | None = None
 
     def check_room(self, prompt_length: int, max_context: int) -> None:
         """Raise InvalidRequest unless the prompt leaves room for max_tokens in
@@ -168,6 +170,12 @@ class GenerationRequest:
             raise InvalidRequest("num_top_logprobs needs return_log_probs true")
         if self.guide is not None:
             self.guide.validate()
+        if self.allowed_token_ids is not None and not (
+                len(self.allowed_token_ids) and all(
+                    isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
+                    for t in self.allowed_token_ids)):
+            raise InvalidRequest(f"allowed_token_ids must be a non-empty list of token ids in "
+                                 f"[0, {vocab_size})")
 
 
 @dataclass
@@ -306,6 +314,8 @@ class DecodeSequence:
     slot: int = -1  # in the decoder's BatchState while in a lane
     #: the request's grammar's matcher (llguidance's, ``structured``), or None
     matcher: object = None
+    #: its allowed_token_ids as a bitmask (``structured.bitmask_of``), or None
+    allowed: np.ndarray | None = None
 
     def event(self, text: str, token_ids: list[int], logprobs: list[float],
               reason: str | None = None, error: str | None = None,

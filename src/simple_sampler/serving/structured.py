@@ -234,21 +234,29 @@ class Grammars:
             self.compiled.move_to_end(guide)
             return template.deep_copy()
 
-    def masks(self, matchers: Sequence) -> StepMasks | None:
+    def masks(self, matchers: Sequence, allowed: Sequence) -> StepMasks | None:
         """The next-token bitmasks of a step's rows (`matchers`: each row's
-        matcher or None); None where no row has one."""
-        rows = [row for row, matcher in enumerate(matchers) if matcher is not None]
+        matcher or None; `allowed`: each row's allowed_token_ids bitmask or
+        None), the two and-ed where a row has both; None where no row has
+        either."""
+        rows = [row for row, (matcher, mask) in enumerate(zip(matchers, allowed))
+                if matcher is not None or mask is not None]
         if not rows:
             return None
-        bitmask = np.empty((len(rows), (self.vocab_size + 31) // 32), np.int32)
-        if self.executor is None:
-            import llguidance
+        bitmask = np.full((len(rows), (self.vocab_size + 31) // 32), -1, np.int32)
+        guided = [(matchers[row], index) for index, row in enumerate(rows)
+                  if matchers[row] is not None]
+        if guided:
+            if self.executor is None:
+                import llguidance
 
-            self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
-        # the rows' masks at once, on llguidance's threads, the GIL let go
-        self.executor.unsafe_compute_mask_ptr([(matchers[row], index) for index, row in
-                                               enumerate(rows)], bitmask.ctypes.data,
-                                              bitmask.shape[1] * 4, len(rows))
+                self.executor = llguidance.LLExecutor(num_threads=MASK_THREADS)
+            # the rows' masks at once, on llguidance's threads, the GIL let go
+            self.executor.unsafe_compute_mask_ptr(guided, bitmask.ctypes.data,
+                                                  bitmask.shape[1] * 4, len(rows))
+        for index, row in enumerate(rows):
+            if allowed[row] is not None:
+                bitmask[index] &= allowed[row]
         return StepMasks(np.asarray(rows, np.int64), bitmask, self.vocab_size)
 
     @staticmethod
@@ -264,6 +272,14 @@ class Grammars:
                 broken[row] = (f"the sampled token {int(tokens[row])} is not one its grammar "
                                f"allows: {matcher.get_error()}")
         return broken
+
+
+def bitmask_of(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """int32 [ceil(V / 32)]: the bitmask (llguidance's layout, ``StepMasks``)
+    allowing `token_ids` alone (vLLM's allowed_token_ids)."""
+    bits = np.zeros(32 * ((vocab_size + 31) // 32), np.uint8)
+    bits[np.asarray(token_ids, np.int64)] = 1
+    return np.packbits(bits, bitorder="little").view(np.int32)
 
 
 @dataclass(frozen=True)

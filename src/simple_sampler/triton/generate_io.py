@@ -222,7 +222,7 @@ def decode_generate(inputs: Mapping[str, object], parameters: str | Mapping | No
         num_top_logprobs=top,
         prompt_logprobs=(_single(PROMPT_LOGPROBS.name, present[PROMPT_LOGPROBS.name])
                          if PROMPT_LOGPROBS.name in present else None),
-        guide=_guide(present),
+        **_masks(present),
     )
     interval = None
     if "stream_interval" in present:
@@ -247,6 +247,14 @@ def _stop_and_bad_words(present: Mapping[str, object], sent_as: Mapping[str, str
                  for name in ("stop_words_list", "bad_words_list") if name in present)
     # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
     return {**words, "stop_words_as_tokens": "stop_words" not in sent_as}
+
+
+def _masks(present: Mapping[str, object]) -> dict:
+    """What masks the request's rows (``structured``), by its
+    GenerationRequest fields: its grammar and its allowed_token_ids."""
+    allowed = present.get("allowed_token_ids")
+    return {"guide": _guide(present), "allowed_token_ids": None if allowed is None
+            else [int(t) for t in np.asarray(allowed).reshape(-1)]}
 
 
 def _guide(present: Mapping[str, object]) -> Guide | None:

@@ -39,7 +39,7 @@ SAMPLING_PARAMETERS = "sampling_parameters"
 #: vLLM's names (vllm/sampling_params.py, ``SamplingParams``) that are an
 #: input's name here too, and vLLM's names for the inputs named otherwise.
 SAME_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-              "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids",
+              "frequency_penalty", "repetition_penalty", "seed", "stop_token_ids", "allowed_token_ids",
               "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "bad_words",
               "prompt_logprobs", "stream_interval",
               # the vLLM backend's own inputs, which a generate body may nest in "parameters"
@@ -49,7 +49,7 @@ RENAMED = {"min_tokens": "min_length", "stop": "stop_words"}
 #: ``best_of`` are taken at 1 only, ``detokenize`` and
 #: ``spaces_between_special_tokens`` at true only (vLLM's defaults).
 NOT_IMPLEMENTED = frozenset({
-    "allowed_token_ids", "truncate_prompt_tokens", "logits_processors", "output_kind",
+    "truncate_prompt_tokens", "logits_processors", "output_kind",
     "lora_name", "extra_args", "flat_logprobs",
     "length_penalty", "early_stopping", "use_beam_search",
 })
