@@ -124,7 +124,7 @@ BAD_CHAT = [
     (chat(min_tokens=20, max_tokens=10), "min_tokens", "at most"),
     (chat(n=0), "n", "n must be an integer in [1, 256], got 0"),
     (chat(temprature=0.5), "temprature", "unknown field"),
-    (chat(tools=[{"type": "function"}]), "tools", "not supported"),
+    (chat(functions=[{"name": "f"}]), "functions", "not supported"),
     (chat(audio={"voice": "x"}), "audio", "not supported"),
     (chat(response_format={"type": "yaml"}), "response_format", "text, json_object or json_schema"),
     (chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),

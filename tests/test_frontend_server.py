@@ -282,6 +282,34 @@ def test_response_format_holds_the_answer_to_a_json_schema(client, frontend):
                                        extra_body={"guided_regex": "(ab"})
 
 
+def test_a_named_tool_and_required_answer_in_calls_the_openai_client_reads(client, frontend):
+    """tool_choice through the door, Triton and the decode loop: the named
+    function's call has arguments that fit its parameters; required answers
+    a list of calls of the tools; streamed, the named call's arguments come
+    in pieces that join into the same text."""
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+            "additionalProperties": False}}}
+    ask = dict(model=frontend.served.model_id, max_tokens=40, temperature=0, tools=[weather],
+               messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    named = client.chat.completions.create(
+        **ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "get_weather", named
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    pieces = [chunk.choices[0].delta.tool_calls[0].function.arguments
+              for chunk in client.chat.completions.create(
+                  **ask, stream=True,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+              if chunk.choices and chunk.choices[0].delta.tool_calls]
+    assert "".join(pieces) == call.function.arguments
+    required = client.chat.completions.create(**{**ask, "max_tokens": 200},
+                                              tool_choice="required")
+    calls = required.choices[0].message.tool_calls
+    assert calls and all(c.function.name == "get_weather" for c in calls), required
+
+
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite value >= 0"):
         client.chat.completions.create(model=frontend.served.model_id, messages=QUESTION,

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from ..client import Chunk
+from .tools import new_call
 from .translate import NUM_TOP, Plan, Served
 
 #: finish reasons the decode loop sends that OpenAI clients know
@@ -139,7 +140,10 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     text = (plan.echo or "") + "".join(c.text for c in chunks)
     choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
               "finish_reason": _finish(chunks[-1]), "stop_reason": chunks[-1].stop_reason}
-    if plan.chat:
+    if plan.tools is not None:  # its text is its calls (frontend/tools.py)
+        choice["message"] = {"role": "assistant", "content": "",
+                             "tool_calls": plan.tools.calls(text)}
+    elif plan.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
@@ -173,7 +177,12 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     choice = {"index": index, "logprobs": _logprobs(plan, [chunk], served.codec),
               "finish_reason": _finish(chunk), "stop_reason": chunk.stop_reason}
-    if plan.chat:
+    if plan.tools is not None:
+        delta = _tool_delta(plan, chunk, index, first)
+        if delta is None:  # the calls come whole at the end
+            return []
+        choice["delta"] = delta
+    elif plan.chat:
         choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
             {"content": chunk.text}
     else:
@@ -186,6 +195,26 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         if chunk.finish_reason and alone:
             events.append(usage_event([plan], [chunk], served))
     return events
+
+
+def _tool_delta(plan: Plan, chunk: Chunk, index: int, first: bool) -> dict | None:
+    """A streamed chunk's delta of tool calls (frontend/tools.py): a named
+    function's arguments as they come, its first delta with the call's id,
+    type and name (vLLM's ``DeltaToolCall``, `index` the choice's); with
+    ``required``, None until the last chunk, whose delta holds every call
+    whole (vLLM parses the growing array as it comes; here it is parsed
+    once, complete)."""
+    if plan.tools.name is not None:
+        call = {"index": index, "function": {"arguments": chunk.text}}
+        if first:
+            call = {"index": index, **new_call(plan.tools.name, chunk.text)}
+        return {"role": "assistant", "tool_calls": [call]} if first else {"tool_calls": [call]}
+    plan.held.append(chunk.text)
+    if not chunk.finish_reason:
+        return None
+    calls = plan.tools.calls("".join(plan.held))
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
 
 
 def usage_event(plans: list[Plan], finals: list[Chunk], served: Served) -> dict:

@@ -151,6 +151,8 @@ async def _events(plans: list[Plan], first: tuple[int, Chunk],
                                                   served))
     except GenerationError as error:
         yield answers.sse(generation_error(error).body.decode())
+    except RequestError as error:  # an answer that is not what was asked (tools)
+        yield answers.sse(error.body())
     except EndedEarly:
         yield answers.sse(error_body("the server ended the stream early",
                                        "internal_server_error"))

@@ -18,7 +18,8 @@ Follows OpenAI's API reference for ``/v1/completions`` and
 ``include_stop_str_in_output``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
 ``skip_special_tokens``, ``add_special_tokens``,
 chat's ``add_generation_prompt``, ``continue_final_message`` and
-``chat_template_kwargs``, and ``stream_options.continuous_usage_stats`` are
+``chat_template_kwargs``, ``allowed_token_ids``, ``structured_outputs`` and
+the ``guided_*`` fields, and ``stream_options.continuous_usage_stats`` are
 vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
 ``CompletionRequest`` and ``ChatCompletionRequest``), as are the bodies of
 its ``/tokenize`` and ``/detokenize`` (``TokenizeCompletionRequest``,
@@ -35,8 +36,7 @@ from ..schema import InvalidRequest
 #: OpenAI's request fields this server does not implement (refused by name
 #: unless null); everything else not declared below is an unknown field.
 UNSUPPORTED = frozenset({
-    "suffix", "tools", "tool_choice", "functions", "function_call",
-    "parallel_tool_calls", "audio", "modalities", "prediction",
+    "suffix", "functions", "function_call", "audio", "modalities", "prediction",
     "reasoning_effort", "web_search_options", "service_tier", "store", "metadata",
 })
 
@@ -137,19 +137,62 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(Strict):
+    name: str
+    #: the arguments as JSON text, as the model wrote them
+    arguments: str
+
+
+class ToolCall(Strict):
+    """A call an assistant's turn made (OpenAI's ``tool_calls`` item)."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    #: null only in an assistant's turn that calls tools
+    content: str | list[TextPart] | None
     #: OpenAI's participant name: passed to the chat template, which may use it
     name: str | None = None
+    #: an assistant's calls; a tool's answer names the call it answers
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     @property
     def text(self) -> str:
         """The turn's text; text parts joined with newlines, as vLLM does
-        (vllm/entrypoints/chat_utils.py, ``_parse_chat_message_content_parts``)."""
+        (vllm/entrypoints/chat_utils.py, ``_parse_chat_message_content_parts``);
+        "" for an assistant's null content."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+class Function(Strict):
+    name: str
+    description: str | None = None
+    #: a JSON schema of the arguments (none: no arguments)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatTemplate(Request):
@@ -166,12 +209,18 @@ class ChatTemplate(Request):
     add_special_tokens: bool = False
     #: more variables for the template (Qwen3's enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
+    #: functions the model may call, handed to the template (frontend/tools.py)
+    tools: list[Tool] | None = None
 
 
 class ChatCompletionRequest(ChatTemplate, Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    #: none, auto (refused: no tool parser here), required, or a named function
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    #: false: at most one call (tool_choice required)
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeCompletionRequest(Request):

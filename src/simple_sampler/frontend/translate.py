@@ -28,7 +28,9 @@ from ..schema import (ANSWERS_ONCE, GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_
                       PROMPT_LOGPROBS, InvalidRequest)
 from ..settings import MAX_GENERATIONS
 from ..triton.vllm_params import SAMPLING_PARAMETERS
+from ..serving.structured import Guide
 from .response_format import request_guide
+from .tools import ToolUse, template_messages, tool_use
 from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
                        Sampling)
 
@@ -71,6 +73,10 @@ class Plan:
     prompt_logprobs: int | None = None
     #: a later one of n choices of its prompt: the usage counts the prompt once
     repeats_prompt: bool = False
+    #: chat's forced tool calls (``tools.ToolUse``): the answer is its calls
+    tools: ToolUse | None = None
+    #: a streamed answer's text so far, where its calls come at its end
+    held: list[str] = field(default_factory=list)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -248,7 +254,7 @@ def _choices(plans: list[Plan], n: int | None) -> list[Plan]:
                            f"{MAX_GENERATIONS} generations", "n")
     seed = PARAM_INPUTS["seed"]
     copies = [dataclasses.replace(plan, id=plans[0].id, created=plans[0].created,
-                                  params=dict(plan.params))
+                                  params=dict(plan.params), held=[])
               for plan in plans for _ in range(n)]
     for index, plan in enumerate(copies):
         plan.repeats_prompt = index % n > 0
@@ -328,11 +334,34 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
     given = getattr(request, name)
     keep = truncation(request, served, 0 if given is None else given, name)
+    use, guide = tool_use(request)
     prompt_ids = chat_prompt_ids(request, served, keep)
-    return _choices([_plan(request, served, True, prompt_ids,
-                           _max_tokens(request, served, len(prompt_ids), None, name,
-                                       low=0 if _scores_prompt(request) else 1),
-                           bool(request.logprobs), top)], request.n)
+    plan = _plan(request, served, True, prompt_ids,
+                 _max_tokens(request, served, len(prompt_ids), None, name,
+                             low=0 if _scores_prompt(request) else 1),
+                 bool(request.logprobs), top)
+    if use is not None:
+        with_tools(plan, use, guide, request)
+    return _choices([plan], request.n)
+
+
+def with_tools(plan: Plan, use: ToolUse, guide: Guide, request: ChatCompletionRequest) -> None:
+    """`plan` answering in tool calls (``tools.tool_use``): its grammar's
+    inputs set; not with another grammar, nor ignore_eos (vLLM refuses a
+    named tool with structured outputs)."""
+    if "guided_decoding_guide_type" in plan.params:
+        raise RequestError("tool_choice (a named function or required) holds the answer to "
+                           "its own grammar: it cannot be given with response_format, "
+                           "structured_outputs or guided_*", "tool_choice")
+    if request.ignore_eos:
+        raise RequestError("ignore_eos cannot be given with tool_choice required or a named "
+                           "function: its grammar ends the answer", "ignore_eos")
+    try:
+        guide.check()
+    except InvalidRequest as error:
+        raise RequestError(f"tools: {error}", "tools") from None
+    plan.params.update(guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.text)
+    plan.tools = use
 
 
 def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = None) -> list[int]:
@@ -363,9 +392,9 @@ def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = No
                            "chat_template_kwargs")
     try:
         return served.codec.encode_chat(
-            [{"role": m.role, "content": m.text, **({"name": m.name} if m.name else {})}
-             for m in request.messages], request.add_generation_prompt,
-            request.continue_final_message, variables, request.add_special_tokens, keep)
+            template_messages(request.messages), request.add_generation_prompt,
+            request.continue_final_message, variables, request.add_special_tokens, keep,
+            [tool.model_dump(exclude_none=True) for tool in request.tools or ()])
     except InvalidRequest as error:
         field = "chat_template_kwargs" if str(error).startswith("chat_template_kwargs") else \
             "messages"

@@ -180,13 +180,15 @@ class TextCodec:
 
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
-                    add_special_tokens: bool = False, keep: int | None = None) -> list[int]:
+                    add_special_tokens: bool = False, keep: int | None = None,
+                    tools: Sequence[Mapping] | None = None) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
         the model's chat template, with the assistant's turn opened unless not
         `add_generation_prompt`; `continue_final_message`: the last turn left
         open, to be continued (vLLM's request fields of these names);
         `variables`: more for the template to read (vLLM's
-        ``chat_template_kwargs``); `add_special_tokens`: the tokenizer's
+        ``chat_template_kwargs``); `tools`: the functions the model may
+        call (OpenAI's ``tools``, for a template that lists them); `add_special_tokens`: the tokenizer's
         own on top of the template's (which already holds what the model
         wants: off by default); `keep`: at most that many of the templated
         text's tokens (``tokenize``). Raises InvalidRequest on a model without a chat
@@ -202,7 +204,8 @@ class TextCodec:
             rendered = self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, **(variables or {}))
+                continue_final_message=continue_final_message,
+                **({"tools": list(tools)} if tools else {}), **(variables or {}))
         except TemplateError as error:  # a template's raise_exception(): the client's turns
             raise InvalidRequest(f"messages: the chat template refused them: {error}") from None
         except ValueError as error:  # continue_final_message: the last turn not in the text

@@ -1,0 +1,141 @@
+"""Tool calls at the OpenAI door, as vLLM makes them without a tool parser:
+``tools`` go to the chat template; ``tool_choice`` ``none`` answers in
+text, a named function or ``required`` holds the answer to a JSON schema
+(``serving.structured``) whose output is the call(s), answered as
+``tool_calls``. ``auto`` needs a model-specific parser of free text (vLLM's
+``--tool-call-parser``), which this server does not have: refused as vLLM
+refuses it without one.
+
+Follows vLLM (vllm/entrypoints/openai/protocol.py,
+``ChatCompletionRequest.check_tool_usage`` and ``_get_json_schema_from_tool``;
+serving_chat.py, the full and streaming generators): the named function's
+``parameters`` is the schema (no parameters: an empty object); ``required``
+is an array of ``{"name", "parameters"}`` objects, one of the tools each,
+at least one (at most one with ``parallel_tool_calls`` false), each tool's
+``$defs`` lifted to the top. The calls' ids are ``chatcmpl-tool-<hex>``,
+the message's content "".
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from ..serving.structured import Guide
+from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, RequestError
+
+#: vLLM's words for a named choice's errors
+CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """A request's forced tool calls: the named function (`name`), or
+    ``required`` (`name` None: any of the tools, `parallel` false: one)."""
+
+    name: str | None
+    parallel: bool = True
+
+    def calls(self, text: str) -> list[dict]:
+        """The answer's ``tool_calls`` from its text (its grammar's output);
+        RequestError where the text is not a whole answer (cut by
+        max_tokens), as vLLM refuses it."""
+        if self.name is not None:
+            return [new_call(self.name, text)]
+        try:
+            calls = json.loads(text)
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+                raise ValueError("not a list of {name, parameters} objects")
+        except ValueError as error:
+            raise RequestError(f"the answer is not a whole list of tool calls ({error}); was "
+                               f"it cut by max_tokens?", "max_tokens") from None
+        calls = calls if self.parallel else calls[:1]
+        return [new_call(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False))
+                for c in calls]
+
+
+def new_call(name: str, arguments: str) -> dict:
+    """A ``tool_calls`` item: a call of `name` with `arguments` (JSON text),
+    its id new."""
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def tool_use(request: ChatCompletionRequest) -> tuple[ToolUse | None, Guide | None]:
+    """The request's forced calls and the grammar that makes them (None,
+    None: an answer in text); RequestError naming the field, in vLLM's
+    words."""
+    tools, choice = request.tools, request.tool_choice
+    if tools is not None and not tools:
+        raise RequestError("tools must not be an empty array: give at least one tool or omit "
+                           "the field", "tools")
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice == "none":
+        return None, None
+    if not tools:
+        raise RequestError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice == "auto":
+        raise RequestError('"auto" tool choice needs a tool call parser, which this server '
+                           'does not have (vLLM: --enable-auto-tool-choice and '
+                           '--tool-call-parser): send tool_choice "required", a named '
+                           'function or "none"', "tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        chosen = [tool.function for tool in tools if tool.function.name == choice.function.name]
+        if not chosen:
+            raise RequestError(f"The tool specified in `tool_choice` "
+                               f"({choice.function.name}) does not match any of the specified "
+                               f"`tools`. {CORRECT_USAGE}", "tool_choice")
+        schema = chosen[0].parameters or {"type": "object", "properties": {}}
+        return ToolUse(choice.function.name), Guide("json_schema", json.dumps(schema))
+    parallel = request.parallel_tool_calls is not False
+    return ToolUse(None, parallel), Guide("json_schema", json.dumps(_required_schema(request,
+                                                                                     parallel)))
+
+
+def _required_schema(request: ChatCompletionRequest, parallel: bool) -> dict:
+    """``required``'s schema: an array of calls of the tools (module docstring)."""
+    choices, definitions = [], {}
+    for tool in request.tools:
+        parameters = dict(tool.function.parameters or {"type": "object", "properties": {}})
+        for name, definition in parameters.pop("$defs", {}).items():
+            if definitions.setdefault(name, definition) != definition:
+                raise RequestError(f"Tool definition '{name}' has multiple schemas, which is "
+                                   f"not supported.", "tools")
+        choices.append({"properties": {"name": {"type": "string", "enum": [tool.function.name]},
+                                       "parameters": parameters},
+                        "required": ["name", "parameters"]})
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": choices}}
+    if not parallel:
+        schema["maxItems"] = 1
+    if definitions:
+        schema["$defs"] = definitions
+    return schema
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """The messages as the chat template reads them, as vLLM hands them
+    (vllm/entrypoints/chat_utils.py, ``_postprocess_messages``): a call's
+    arguments as an object (JSON text that is not one: {}), a tool's answer
+    with the id of the call it answers."""
+    turns = []
+    for message in messages:
+        turn = {"role": message.role, "content": message.text,
+                **({"name": message.name} if message.name else {})}
+        if message.tool_calls:
+            turn["tool_calls"] = [{"id": call.id, "type": call.type, "function": {
+                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
+                for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            turn["tool_call_id"] = message.tool_call_id
+        turns.append(turn)
+    return turns
+
+
+def _arguments(text: str) -> dict:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,192 @@
+"""Tool calls at the OpenAI door (frontend/tools.py), over a scripted
+generation: tool_choice none, a named function and required, their
+grammars, their answers streamed and not, their refusals in vLLM's words,
+and conversations with calls through the chat template."""
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from simple_sampler.client import Chunk
+from simple_sampler.frontend.app import build_app
+from simple_sampler.frontend.tools import template_messages
+from simple_sampler.frontend.protocol import ChatMessage
+from simple_sampler.frontend.translate import Served
+from simple_sampler.serving.text import TextCodec
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+CALLS = '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", ' \
+        '"parameters": {}}]'
+
+
+class Scripted:
+    """generate(plan): the script's pieces, one response each, the last
+    ending with `finish`; every plan kept."""
+
+    def __init__(self):
+        self.plans, self.script, self.finish = [], ['{"city": ', '"Paris"}'], "stop"
+
+    def generate(self, plan):
+        self.plans.append(plan)
+
+        async def chunks():
+            for i, text in enumerate(self.script):
+                last = i == len(self.script) - 1
+                yield Chunk(text, [5 + i], [], 0.0, len(plan.prompt_ids), i + 1,
+                            self.finish if last else "")
+        return chunks()
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec.from_source()
+
+
+@pytest.fixture
+def scripted():
+    return Scripted()
+
+
+@pytest.fixture
+def client(codec, scripted):
+    return TestClient(build_app(Served(MODEL, codec, 512, len(codec.tokenizer)),
+                                scripted.generate))
+
+
+def chat(**fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            **fields}
+
+
+def post(client, body):
+    return client.post("/v1/chat/completions", content=json.dumps(body),
+                       headers={"Content-Type": "application/json"})
+
+
+def events(response) -> list[dict]:
+    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_named_function_is_its_parameters_schema_and_answers_one_call(client, scripted):
+    answer = post(client, chat(tools=[WEATHER, CLOCK], tool_choice=NAMED))
+    assert answer.status_code == 200, answer.text
+    params = scripted.plans[0].params
+    assert params["guided_decoding_guide_type"] == "json_schema"
+    assert json.loads(params["guided_decoding_guide"]) == WEATHER["function"]["parameters"]
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == ""
+    [call] = choice["message"]["tool_calls"]
+    assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_a_named_function_streams_its_arguments_as_they_come(client):
+    answer = client.post("/v1/chat/completions", content=json.dumps(
+        chat(tools=[WEATHER], tool_choice=NAMED, stream=True)),
+        headers={"Content-Type": "application/json"})
+    chunks = events(answer)
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]
+    assert deltas[0]["id"].startswith("chatcmpl-tool-") and deltas[0]["index"] == 0
+    assert deltas[0]["function"]["name"] == "get_weather"
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("id" not in d and "name" not in d["function"] for d in deltas[1:])
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Paris"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_required_is_an_array_of_the_tools_calls(client, scripted, parallel):
+    scripted.script = [CALLS[:30], CALLS[30:]]
+    answer = post(client, chat(tools=[WEATHER, CLOCK], tool_choice="required",
+                               **({} if parallel is None else {"parallel_tool_calls": parallel})))
+    assert answer.status_code == 200, answer.text
+    schema = json.loads(scripted.plans[0].params["guided_decoding_guide"])
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert schema.get("maxItems") == (1 if parallel is False else None)
+    names = [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]]
+    assert names == [["get_weather"], ["get_time"]]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object",
+                                                                       "properties": {}}
+    calls = answer.json()["choices"][0]["message"]["tool_calls"]
+    expected = [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        expected[:1 if parallel is False else 2]
+
+
+def test_required_streamed_gives_its_calls_whole_at_the_end(client, scripted):
+    scripted.script = [CALLS[:30], CALLS[30:]]
+    answer = client.post("/v1/chat/completions", content=json.dumps(
+        chat(tools=[WEATHER, CLOCK], tool_choice="required", stream=True)),
+        headers={"Content-Type": "application/json"})
+    [last] = events(answer)
+    calls = last["choices"][0]["delta"]["tool_calls"]
+    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather"),
+                                                                    (1, "get_time")]
+    assert last["choices"][0]["finish_reason"] == "stop"
+
+
+def test_required_cut_short_is_a_400_naming_max_tokens(client, scripted):
+    scripted.script, scripted.finish = [CALLS[:30]], "length"
+    answer = post(client, chat(tools=[WEATHER], tool_choice="required", max_tokens=8))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "max_tokens"
+
+
+def test_none_answers_in_text_with_the_tools_in_the_template(client, scripted, codec):
+    answer = post(client, chat(tools=[WEATHER], tool_choice="none"))
+    assert answer.json()["choices"][0]["message"]["content"] == '{"city": "Paris"}'
+    assert "guided_decoding_guide_type" not in scripted.plans[0].params
+    assert scripted.plans[0].prompt_ids == codec.encode_chat(
+        [{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER])
+
+
+def test_a_conversation_with_calls_and_their_answers_reaches_the_template(client, scripted,
+                                                                          codec):
+    turns = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "call-1", "type": "function",
+                  "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+             {"role": "tool", "content": "sunny", "tool_call_id": "call-1"}]
+    answer = post(client, {"model": MODEL, "messages": turns, "tools": [WEATHER],
+                           "tool_choice": "none"})
+    assert answer.status_code == 200, answer.text
+    messages = template_messages([ChatMessage(**turn) for turn in turns])
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert messages[1]["content"] == "" and messages[2]["tool_call_id"] == "call-1"
+    assert scripted.plans[0].prompt_ids == codec.encode_chat(messages, tools=[WEATHER])
+
+
+@pytest.mark.parametrize("fields, param, text", [
+    ({"tools": []}, "tools", "must not be an empty array"),
+    ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
+    ({"tools": [WEATHER]}, "tool_choice", '"auto" tool choice needs a tool call parser'),
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice", "needs a tool call parser"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+     "tool_choice", "does not match any of the specified `tools`"),
+    ({"tools": [WEATHER], "tool_choice": NAMED, "response_format": {"type": "json_object"}},
+     "tool_choice", "cannot be given with response_format"),
+    ({"tools": [WEATHER], "tool_choice": "required", "ignore_eos": True}, "ignore_eos",
+     "its grammar ends the answer"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"a": {"type": "string"}}}}}, {"type": "function", "function": {
+            "name": "g", "parameters": {"$defs": {"a": {"type": "integer"}}}}}],
+      "tool_choice": "required"}, "tools", "has multiple schemas"),
+    ({"tools": [{"type": "function"}]}, "tools.0.function", "is required"),
+])
+def test_a_tool_request_that_cannot_be_served_is_a_400_naming_the_field(client, scripted,
+                                                                        fields, param, text):
+    answer = post(client, chat(**fields))
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and text in error["message"], error
+    assert scripted.plans == []
