@@ -133,7 +133,7 @@ BAD = [
     ("/tokenize", {"prompt": "x", "temprature": 1}, 400, "temprature", "unknown field"),
     ("/tokenize", {"messages": TURNS, "prompt": "x"}, 400, "messages",
      "give one of prompt and messages, not both"),
-    ("/tokenize", {"messages": TURNS, "tools": [{}]}, 400, "tools", "not supported"),
+    ("/tokenize", {"messages": TURNS, "tools": [{}]}, 400, "tools.0.type", "is required"),
     ("/tokenize", {"messages": []}, 400, "messages", "at least one"),
     ("/tokenize", {"messages": TURNS, "continue_final_message": True}, 400,
      "continue_final_message", "cannot both be true"),

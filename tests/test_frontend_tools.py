@@ -37,7 +37,7 @@ class Scripted:
         async def chunks():
             for i, text in enumerate(self.script):
                 last = i == len(self.script) - 1
-                yield Chunk(text, [5 + i], [], 0.0, len(plan.prompt_ids), i + 1,
+                yield Chunk(text, [5 + i], [-0.5], -0.5 * (i + 1), len(plan.prompt_ids), i + 1,
                             self.finish if last else "")
         return chunks()
 
@@ -91,17 +91,30 @@ def test_a_named_function_is_its_parameters_schema_and_answers_one_call(client, 
 
 
 def test_a_named_function_streams_its_arguments_as_they_come(client):
+    """Two choices (n 2): each choice's call is its first (index 0, as
+    OpenAI numbers a call within its choice), its id, type and name in its
+    first delta alone; the openai client's own accumulator joins them."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
     answer = client.post("/v1/chat/completions", content=json.dumps(
-        chat(tools=[WEATHER], tool_choice=NAMED, stream=True)),
+        chat(tools=[WEATHER], tool_choice=NAMED, stream=True, n=2)),
         headers={"Content-Type": "application/json"})
     chunks = events(answer)
-    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]
-    assert deltas[0]["id"].startswith("chatcmpl-tool-") and deltas[0]["index"] == 0
-    assert deltas[0]["function"]["name"] == "get_weather"
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert all("id" not in d and "name" not in d["function"] for d in deltas[1:])
-    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Paris"}'
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        deltas = [choice["delta"]["tool_calls"][0] for choice in mine]
+        assert deltas[0]["id"].startswith("chatcmpl-tool-") and deltas[0]["type"] == "function"
+        assert {d["index"] for d in deltas} == {0} and mine[0]["delta"]["role"] == "assistant"
+        assert deltas[0]["function"]["name"] == "get_weather"
+        assert all("id" not in d and "name" not in d["function"] for d in deltas[1:])
+        assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Paris"}'
+        assert mine[-1]["finish_reason"] == "stop"
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    calls = [c.message.tool_calls[0].function for c in state.get_final_completion().choices]
+    assert [(f.name, f.arguments) for f in calls] == [("get_weather", '{"city": "Paris"}')] * 2
 
 
 @pytest.mark.parametrize("parallel", [None, False])
@@ -124,22 +137,31 @@ def test_required_is_an_array_of_the_tools_calls(client, scripted, parallel):
 
 
 def test_required_streamed_gives_its_calls_whole_at_the_end(client, scripted):
+    """With the logprobs of every token of the answer, as unstreamed."""
     scripted.script = [CALLS[:30], CALLS[30:]]
-    answer = client.post("/v1/chat/completions", content=json.dumps(
-        chat(tools=[WEATHER, CLOCK], tool_choice="required", stream=True)),
-        headers={"Content-Type": "application/json"})
+    body = chat(tools=[WEATHER, CLOCK], tool_choice="required", logprobs=True)
+    answer = client.post("/v1/chat/completions", content=json.dumps({**body, "stream": True}),
+                         headers={"Content-Type": "application/json"})
     [last] = events(answer)
     calls = last["choices"][0]["delta"]["tool_calls"]
     assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather"),
                                                                     (1, "get_time")]
     assert last["choices"][0]["finish_reason"] == "stop"
+    whole = post(client, body).json()["choices"][0]
+    assert len(last["choices"][0]["logprobs"]["content"]) == len(whole["logprobs"]["content"]) == 2
 
 
-def test_required_cut_short_is_a_400_naming_max_tokens(client, scripted):
-    scripted.script, scripted.finish = [CALLS[:30]], "length"
+@pytest.mark.parametrize("finish, param", [("length", "max_tokens"), ("stop", "stop")])
+def test_required_cut_short_is_a_400_naming_what_cut_it(client, scripted, finish, param):
+    scripted.script, scripted.finish = [CALLS[:30]], finish
     answer = post(client, chat(tools=[WEATHER], tool_choice="required", max_tokens=8))
     assert answer.status_code == 400, answer.text
-    assert answer.json()["error"]["param"] == "max_tokens"
+    assert answer.json()["error"]["param"] == param
+    streamed = client.post("/v1/chat/completions", content=json.dumps(
+        chat(tools=[WEATHER], tool_choice="required", max_tokens=8, stream=True)),
+        headers={"Content-Type": "application/json"})
+    [error] = events(streamed)
+    assert error["error"]["param"] == param, error
 
 
 def test_none_answers_in_text_with_the_tools_in_the_template(client, scripted, codec):
@@ -164,6 +186,39 @@ def test_a_conversation_with_calls_and_their_answers_reaches_the_template(client
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert messages[1]["content"] == "" and messages[2]["tool_call_id"] == "call-1"
     assert scripted.plans[0].prompt_ids == codec.encode_chat(messages, tools=[WEATHER])
+
+
+def test_the_openai_clients_own_assistant_message_replays(client, scripted):
+    """A message as ChatCompletionMessage.model_dump() writes it: its null
+    refusal, annotations, audio and function_call are taken."""
+    replayed = {"role": "assistant", "content": None, "refusal": None, "annotations": None,
+                "audio": None, "function_call": None, "tool_calls": [
+                    {"id": "call-1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    turns = [{"role": "user", "content": "Weather in Paris?"}, replayed,
+             {"role": "tool", "content": "sunny", "tool_call_id": "call-1"}]
+    answer = post(client, {"model": MODEL, "messages": turns, "tools": [WEATHER],
+                           "tool_choice": "none"})
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize("turn, param, text", [
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{city"}}]},
+     "messages.1.tool_calls.0.function.arguments", "must be JSON text"),
+    ({"role": "user", "content": None}, "messages.1.content", "may be null only"),
+    ({"role": "assistant", "content": "x", "refusal": "no"}, "messages.1.refusal",
+     "unknown field"),
+])
+def test_a_turn_that_cannot_reach_the_template_is_a_400_naming_it(client, scripted, turn,
+                                                                 param, text):
+    turns = [{"role": "user", "content": "Weather in Paris?"}, turn]
+    answer = post(client, {"model": MODEL, "messages": turns, "tools": [WEATHER],
+                           "tool_choice": "none"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and text in error["message"], error
+    assert scripted.plans == []
 
 
 @pytest.mark.parametrize("fields, param, text", [

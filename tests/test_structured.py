@@ -279,6 +279,36 @@ def test_bad_allowed_token_ids_are_refused_by_name(tokenizer, allowed, named):
         GenerationRequest(prompt_ids=[1], allowed_token_ids=allowed).validate(49152, 256)
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(min_tokens=3),
+                                      SamplingParams(logit_bias={2: float("-inf")})],
+                         ids=["min_tokens", "logit_bias"])
+def test_allowed_token_ids_all_banned_at_the_first_step_are_refused(tokenizer, sampling):
+    async def main():
+        decoder = Decoder(RandomRowsEngine(len(tokenizer)), TextCodec(tokenizer),
+                          sampler=threaded(kernel_sample))
+        with pytest.raises(InvalidRequest, match="allowed_token_ids leaves no token"):
+            decoder.submit(GenerationRequest(prompt_ids=[1], allowed_token_ids=[2],
+                                             sampling=sampling))
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["simple", "hot-first", "inline", "inline_kernels"])
+def test_a_grammar_and_allowed_ids_that_share_no_token_end_the_request_alone(tokenizer, mode):
+    """Digits asked of a row allowed only letters: every token banned. The
+    request ends with the samplers' refusal on every path (the in-line
+    torch sampler refuses it too, where it once drew token 0), and its
+    neighbour is served."""
+    letters = [int(t) for t in tokenizer(" a b c")["input_ids"]]
+    stuck = GenerationRequest(prompt_ids=[1, 2], max_tokens=8, allowed_token_ids=letters,
+                              guide=Guide("regex", "[0-9]+"),
+                              sampling=SamplingParams(temperature=1.0, seed=1))
+    plain = GenerationRequest(prompt_ids=[5], max_tokens=6,
+                              sampling=SamplingParams(temperature=1.0, seed=2))
+    stuck_events, plain_events = run(tokenizer, [stuck, plain], mode)
+    assert "every token is banned" in (stuck_events[-1].error or ""), stuck_events[-1]
+    assert plain_events[-1].error is None and plain_events[-1].num_output_tokens == 6
+
+
 def test_a_guided_request_ends_at_its_own_end_id_the_models_others_banned(tokenizer):
     """A model of two end ids (2 and 1): a guided request that names one
     ends there, the other never drawn (the grammar, once complete, allows

@@ -142,7 +142,7 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
               "finish_reason": _finish(chunks[-1]), "stop_reason": chunks[-1].stop_reason}
     if plan.tools is not None:  # its text is its calls (frontend/tools.py)
         choice["message"] = {"role": "assistant", "content": "",
-                             "tool_calls": plan.tools.calls(text)}
+                             "tool_calls": plan.tools.calls(text, chunks[-1].finish_reason)}
     elif plan.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -175,10 +175,14 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     ``continuous_usage`` every chunk carries its generation's usage so far
     (`generated`: the tokens of this response and those before it)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
-    choice = {"index": index, "logprobs": _logprobs(plan, [chunk], served.codec),
+    chunks = [chunk]
+    if plan.tools is not None and plan.tools.name is None:  # required: held to the end
+        plan.held.append(chunk)
+        chunks = plan.held
+    choice = {"index": index, "logprobs": _logprobs(plan, chunks, served.codec),
               "finish_reason": _finish(chunk), "stop_reason": chunk.stop_reason}
     if plan.tools is not None:
-        delta = _tool_delta(plan, chunk, index, first)
+        delta = _tool_delta(plan, chunk, first)
         if delta is None:  # the calls come whole at the end
             return []
         choice["delta"] = delta
@@ -197,22 +201,21 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     return events
 
 
-def _tool_delta(plan: Plan, chunk: Chunk, index: int, first: bool) -> dict | None:
+def _tool_delta(plan: Plan, chunk: Chunk, first: bool) -> dict | None:
     """A streamed chunk's delta of tool calls (frontend/tools.py): a named
     function's arguments as they come, its first delta with the call's id,
-    type and name (vLLM's ``DeltaToolCall``, `index` the choice's); with
-    ``required``, None until the last chunk, whose delta holds every call
-    whole (vLLM parses the growing array as it comes; here it is parsed
-    once, complete)."""
+    type and name (index 0: the call's place in its choice, as OpenAI
+    numbers them); with ``required``, None until the last chunk, whose
+    delta holds every call whole (vLLM parses the growing array as it
+    comes; here it is parsed once, complete: ``plan.held``)."""
     if plan.tools.name is not None:
-        call = {"index": index, "function": {"arguments": chunk.text}}
+        call = {"index": 0, "function": {"arguments": chunk.text}}
         if first:
-            call = {"index": index, **new_call(plan.tools.name, chunk.text)}
+            call = {"index": 0, **new_call(plan.tools.name, chunk.text)}
         return {"role": "assistant", "tool_calls": [call]} if first else {"tool_calls": [call]}
-    plan.held.append(chunk.text)
     if not chunk.finish_reason:
         return None
-    calls = plan.tools.calls("".join(plan.held))
+    calls = plan.tools.calls("".join(c.text for c in plan.held), chunk.finish_reason)
     return {"role": "assistant", "content": "",
             "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
 

@@ -151,7 +151,24 @@ class ToolCall(Strict):
     function: FunctionCall
 
 
+#: fields of an assistant's message as the openai client dumps it
+#: (``ChatCompletionMessage.model_dump()``), taken when null (vLLM ignores them)
+MESSAGE_UNSUPPORTED = frozenset({"refusal", "annotations", "audio", "function_call"})
+
+
 class ChatMessage(Strict):
+    """One turn; the openai client's own assistant message, dumped, is one
+    too (its fields this server does not implement taken when null)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_client_fields(cls, data):
+        """The dumped client message's null fields dropped; one that is not
+        null stays, an unknown field named by its path."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in MESSAGE_UNSUPPORTED or v is not None}
+        return data
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     #: null only in an assistant's turn that calls tools
     content: str | list[TextPart] | None

@@ -36,10 +36,11 @@ class ToolUse:
     name: str | None
     parallel: bool = True
 
-    def calls(self, text: str) -> list[dict]:
-        """The answer's ``tool_calls`` from its text (its grammar's output);
-        RequestError where the text is not a whole answer (cut by
-        max_tokens), as vLLM refuses it."""
+    def calls(self, text: str, finish_reason: str = "stop") -> list[dict]:
+        """The answer's ``tool_calls`` from its text (its grammar's output)
+        and how it ended; RequestError where the text is not a whole list
+        of calls (cut by max_tokens, or a stop string), as vLLM refuses
+        it."""
         if self.name is not None:
             return [new_call(self.name, text)]
         try:
@@ -48,8 +49,11 @@ class ToolUse:
                     isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
                 raise ValueError("not a list of {name, parameters} objects")
         except ValueError as error:
-            raise RequestError(f"the answer is not a whole list of tool calls ({error}); was "
-                               f"it cut by max_tokens?", "max_tokens") from None
+            cut = finish_reason == "length"
+            raise RequestError(
+                f"the answer is not a whole list of tool calls ({error}): "
+                f"{'max_tokens cut it; give more' if cut else 'a stop ended it early'}",
+                "max_tokens" if cut else "stop") from None
         calls = calls if self.parallel else calls[:1]
         return [new_call(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False))
                 for c in calls]
@@ -117,25 +121,32 @@ def _required_schema(request: ChatCompletionRequest, parallel: bool) -> dict:
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """The messages as the chat template reads them, as vLLM hands them
     (vllm/entrypoints/chat_utils.py, ``_postprocess_messages``): a call's
-    arguments as an object (JSON text that is not one: {}), a tool's answer
-    with the id of the call it answers."""
+    arguments as their JSON's value, a tool's answer with the id of the
+    call it answers; null content only in an assistant's turn that calls."""
     turns = []
-    for message in messages:
+    for i, message in enumerate(messages):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            raise RequestError(f"messages.{i}.content may be null only in an assistant's turn "
+                               f"with tool_calls", f"messages.{i}.content")
         turn = {"role": message.role, "content": message.text,
                 **({"name": message.name} if message.name else {})}
         if message.tool_calls:
             turn["tool_calls"] = [{"id": call.id, "type": call.type, "function": {
-                "name": call.function.name, "arguments": _arguments(call.function.arguments)}}
-                for call in message.tool_calls]
+                "name": call.function.name,
+                "arguments": _arguments(call.function.arguments,
+                                        f"messages.{i}.tool_calls.{j}.function.arguments")}}
+                for j, call in enumerate(message.tool_calls)]
         if message.tool_call_id is not None:
             turn["tool_call_id"] = message.tool_call_id
         turns.append(turn)
     return turns
 
 
-def _arguments(text: str) -> dict:
+def _arguments(text: str, place: str):
+    """A call's arguments as the template reads them: their JSON's value
+    ({} for none), as vLLM parses them; RequestError naming `place` where
+    they are not JSON."""
     try:
-        value = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return json.loads(text) if text else {}
+    except ValueError as error:
+        raise RequestError(f"{place} must be JSON text: {error}", place) from None

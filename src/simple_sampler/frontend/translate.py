@@ -75,8 +75,8 @@ class Plan:
     repeats_prompt: bool = False
     #: chat's forced tool calls (``tools.ToolUse``): the answer is its calls
     tools: ToolUse | None = None
-    #: a streamed answer's text so far, where its calls come at its end
-    held: list[str] = field(default_factory=list)
+    #: a streamed answer's responses so far, where its calls come at its end
+    held: list = field(default_factory=list)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -390,9 +390,10 @@ def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = No
         raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the chat "
                            "template's own arguments and functions, not its variables)",
                            "chat_template_kwargs")
+    messages = template_messages(request.messages)
     try:
         return served.codec.encode_chat(
-            template_messages(request.messages), request.add_generation_prompt,
+            messages, request.add_generation_prompt,
             request.continue_final_message, variables, request.add_special_tokens, keep,
             [tool.model_dump(exclude_none=True) for tool in request.tools or ()])
     except InvalidRequest as error:

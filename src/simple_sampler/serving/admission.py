@@ -55,9 +55,14 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
     allowed = None
     if request.allowed_token_ids is not None:
         banned = {ids[0] for ids in bad_words_ids if len(ids) == 1}
+        banned.update(t for t, bias in params.logit_bias.items() if bias == -float("inf"))
+        if params.min_tokens > 0:
+            banned.update(params.stop_token_ids)
         if not set(map(int, request.allowed_token_ids)) - banned:
-            raise InvalidRequest("allowed_token_ids leaves no token to generate: every one is "
-                                 "banned (a bad word, or an end id a grammar does not end at)")
+            raise InvalidRequest("allowed_token_ids leaves no token to generate at the first "
+                                 "step: every one is banned (a bad word, a -inf logit_bias, a "
+                                 "stop or end id held back by min_tokens, or an end id a "
+                                 "grammar does not end at)")
         allowed = bitmask_of(request.allowed_token_ids, engine.vocab_size)
     request_id = next(decoder.ids)
     stops = StopMatcher.of(codec, request.stop_words, request.include_stop,

@@ -172,8 +172,8 @@ class GenerationRequest:
             self.guide.validate()
         if self.allowed_token_ids is not None and not (
                 len(self.allowed_token_ids) and all(
-                    isinstance(t, (int, np.integer)) and 0 <= t < vocab_size
-                    for t in self.allowed_token_ids)):
+                    isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                    and 0 <= t < vocab_size for t in self.allowed_token_ids)):
             raise InvalidRequest(f"allowed_token_ids must be a non-empty list of token ids in "
                                  f"[0, {vocab_size})")
 

@@ -226,8 +226,14 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple:
                                           on["min_p"], greedy_tokens)
     tokens = torch.where(columns.greedy[:, 0], greedy_tokens, drawn)
     logprobs = z.gather(1, tokens[:, None]) - log_total
-    # token ids below 2**53 are exact in float64: one copy for both
-    host = to_host(torch.cat([tokens[:, None].double(), logprobs.double()], dim=1)).numpy()
+    # token ids below 2**53 are exact in float64: one copy for both, and for
+    # each row's total, whose -inf is a row with every token banned (a
+    # grammar's mask, allowed_token_ids), refused as the kernels refuse it
+    host = to_host(torch.cat([tokens[:, None].double(), logprobs.double(),
+                              log_total.double()], dim=1)).numpy()
+    if (banned := np.flatnonzero(host[:, 2] == -np.inf)).size:
+        raise ValueError(f"row {int(banned[0])}: every token is banned (-inf after bias, bans, "
+                         f"masks and penalties)")
     sampled = host[:, 0].astype(np.int64), host[:, 1].astype(np.float32)
     wanted = batch.num_top_logprobs
     if wanted is None or not np.any(wanted):
