@@ -630,3 +630,21 @@ def test_a_stop_signal_ends_the_requests_of_its_request_id_with_what_they_made()
     finally:
         service.close()
     assert service.by_request_id == {}
+
+
+def test_a_grammar_is_compiled_off_the_event_loop(monkeypatch):
+    """A guided request's grammar is compiled in a worker thread before the
+    request reaches the decode loop, whose event loop every lane shares;
+    here the fake tokenizer cannot be compiled over, and the request is
+    refused with the reason (by the decode loop's own check)."""
+    from fakes import on_loop_recorder
+    from simple_sampler.serving.structured import Grammars
+
+    recording, on_loop = on_loop_recorder(Grammars.precompile)
+    monkeypatch.setattr(Grammars, "precompile", recording)
+    client = Client()
+    request = {**inputs(), "guided_decoding_guide_type": np.array([[b"json"]], dtype=object)}
+    serve(client, request)
+    assert on_loop == [False]
+    [(_, error, final)] = client.responses
+    assert final and "guided decoding is not available for this model's tokenizer" in str(error)

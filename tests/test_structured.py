@@ -61,6 +61,25 @@ def test_without_llguidance_a_guided_request_is_refused_with_the_reason(tokenize
         Grammars(tokenizer, len(tokenizer), [2]).matcher(Guide("json"), [2])
 
 
+def test_a_guide_precompiled_is_not_compiled_again_and_a_bad_one_waits_for_the_loop(
+        tokenizer, monkeypatch):
+    """``precompile`` (a worker thread's, LlmService) fills the cache the
+    decode loop's ``matcher`` reads; a guide that does not compile raises
+    nothing there, and is refused by ``matcher`` as any request is."""
+    grammars = Grammars(tokenizer, len(tokenizer), [2])
+    compiles = []
+    grammar = Guide.grammar
+    monkeypatch.setattr(Guide, "grammar", lambda self: compiles.append(self) or grammar(self))
+    guide = Guide("regex", "[ab]{3}")
+    grammars.precompile(guide)
+    grammars.matcher(guide, [2])
+    grammars.matcher(guide, [2])
+    assert compiles == [guide]
+    grammars.precompile(Guide("regex", "(ab"))
+    with pytest.raises(InvalidRequest, match="not a regular expression"):
+        grammars.matcher(Guide("regex", "(ab"), [2])
+
+
 @pytest.mark.parametrize("end_ids", [[], [7]])
 def test_a_guided_request_needs_model_end_ids_that_end_it(grammars, end_ids):
     with pytest.raises(InvalidRequest, match="ignore_eos, end_id -1 and another end_id cannot"):

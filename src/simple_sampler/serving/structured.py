@@ -186,25 +186,61 @@ class Grammars:
         self.end_ids = list(end_ids)
         self.ll_tokenizer = None
         self.executor = None  # llguidance's threads for a step's masks, made at first use
-        self.compiled: collections.OrderedDict[Guide, object] = collections.OrderedDict()
-        self.lock = threading.Lock()  # prepare may run on several threads
+        self.templates: collections.OrderedDict[Guide, object] = collections.OrderedDict()
+        self.lock = threading.Lock()  # the templates: compiled on worker threads too
+        self.tokenizer_lock = threading.Lock()
 
     def tokenizer(self):
         """llguidance's tokenizer (module docstring), built once."""
-        if self.ll_tokenizer is None:
-            try:
-                import llguidance.hf
-            except ImportError:
-                raise InvalidRequest("guided decoding is not available on this server: the "
-                                     "llguidance package is not installed (pip install "
-                                     "llguidance)") from None
-            try:
-                self.ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.end_ids)
-            except ValueError as error:  # a slow tokenizer
-                raise InvalidRequest(f"guided decoding is not available for this model's "
-                                     f"tokenizer: {error}") from None
-        return self.ll_tokenizer
+        with self.tokenizer_lock:
+            if self.ll_tokenizer is None:
+                try:
+                    import llguidance.hf
+                except ImportError:
+                    raise InvalidRequest("guided decoding is not available on this server: the "
+                                         "llguidance package is not installed (pip install "
+                                         "llguidance)") from None
+                try:
+                    self.ll_tokenizer = llguidance.hf.from_tokenizer(
+                        self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.end_ids)
+                except ValueError as error:  # a slow tokenizer
+                    raise InvalidRequest(f"guided decoding is not available for this model's "
+                                         f"tokenizer: {error}") from None
+            return self.ll_tokenizer
+
+    def compiled(self, guide: Guide):
+        """`guide`'s matcher as compiled (kept: :data:`CACHED_GRAMMARS`), not
+        to be used itself (``matcher`` copies it); raises InvalidRequest
+        where it does not compile. Thread-safe: the compiling, which lets
+        the GIL go, holds no lock."""
+        with self.lock:
+            template = self.templates.get(guide)
+            if template is not None:
+                self.templates.move_to_end(guide)
+                return template
+        tokenizer = self.tokenizer()  # first: it says if llguidance is missing
+        import llguidance
+
+        template = llguidance.LLMatcher(tokenizer, guide.grammar(), log_level=0)
+        if template.is_error():
+            raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[guide.type]}: "
+                                 f"{template.get_error()}")
+        with self.lock:
+            self.templates[guide] = template
+            while len(self.templates) > CACHED_GRAMMARS:
+                self.templates.popitem(last=False)
+        return template
+
+    def precompile(self, guide: Guide) -> None:
+        """``compiled``, in a worker thread before the request reaches the
+        decode loop (``LlmService``), so that its event loop does not stall
+        on a grammar; a guide that does not compile is left to ``matcher``
+        to refuse, as for any request."""
+        try:
+            guide.validate()
+            self.compiled(guide)
+        except InvalidRequest:
+            pass
 
     def matcher(self, guide: Guide, end_ids: Sequence[int]):
         """A fresh matcher of `guide` for a request ended by `end_ids`,
@@ -218,21 +254,7 @@ class Grammars:
                                  f"({', '.join(map(str, self.end_ids)) or 'none'}): ignore_eos, "
                                  f"end_id -1 and another end_id cannot be given with "
                                  f"guided_decoding_guide_type")
-        with self.lock:
-            template = self.compiled.get(guide)
-            if template is None:
-                tokenizer = self.tokenizer()  # first: it says if llguidance is missing
-                import llguidance
-
-                template = llguidance.LLMatcher(tokenizer, guide.grammar(), log_level=0)
-                if template.is_error():
-                    raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[guide.type]}"
-                                         f": {template.get_error()}")
-                self.compiled[guide] = template
-                while len(self.compiled) > CACHED_GRAMMARS:
-                    self.compiled.popitem(last=False)
-            self.compiled.move_to_end(guide)
-            return template.deep_copy()
+        return self.compiled(guide).deep_copy()
 
     def masks(self, matchers: Sequence, allowed: Sequence) -> StepMasks | None:
         """The next-token bitmasks of a step's rows (`matchers`: each row's

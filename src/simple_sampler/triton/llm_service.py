@@ -292,6 +292,9 @@ class LlmService:
                 split_prompts(inputs), functools.partial(self._decode, parameters=parameters)))
             if not self.settings.decoupled_mode:
                 check_answered_once(runs)
+            # grammars compiled off the event loop, which every lane shares
+            for guide in {run.decoded.request.guide for run in runs} - {None}:
+                await asyncio.to_thread(self.decoder.grammars.precompile, guide)
             handles = self._submit_all(runs)
         except (InvalidRequest, Unavailable) as error:
             log.debug("request refused: %s", error)
