@@ -684,6 +684,19 @@ def test_tensorrt_llms_core_model_client_reads_its_answer_from_tensorrt_llm(serv
         assert len(values) == 8 and all(value <= 0 for value in values)
 
 
+def test_tensorrt_llms_core_model_takes_its_guided_decoding_inputs(server):
+    """The tensorrt_llm model (token ids in and out) holds its answer to
+    guided_decoding_guide, as TensorRT-LLM's takes the same inputs."""
+    codec = TextCodec.from_source(None)
+    prompt = codec.tokenize("The year after 2024 is")
+    [(result, _)] = trtllm_client_answers(server, "tensorrt_llm", core_client_inputs(
+        [prompt], False, guided_decoding_guide_type=b"regex",
+        guided_decoding_guide=b"[0-9]+"), outputs=("output_ids", "sequence_length"))
+    ids = list(result.as_numpy("output_ids")[0][0])
+    assert ids[:len(prompt)] == prompt
+    assert re.fullmatch("[0-9]{8}", codec.decode(ids[len(prompt):])), codec.decode(ids)
+
+
 def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
     """A range names the core model's input as the client sent it, a
     malformed word list names its input; that model's inputs with no meaning
