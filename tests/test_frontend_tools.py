@@ -245,3 +245,96 @@ def test_a_tool_request_that_cannot_be_served_is_a_400_naming_the_field(client, 
     error = answer.json()["error"]
     assert error["param"] == param and text in error["message"], error
     assert scripted.plans == []
+
+
+# tool_choice auto, over `serve --tool-call-parser hermes`
+
+HERMES = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+          '</tool_call>')
+
+
+@pytest.fixture
+def hermes(codec, scripted):
+    return TestClient(build_app(Served(MODEL, codec, 512, len(codec.tokenizer),
+                                       tool_parser="hermes"), scripted.generate))
+
+
+@pytest.mark.parametrize("choice", [{"tool_choice": "auto"}, {}])
+def test_auto_parses_hermes_calls_out_of_the_free_answer(hermes, scripted, choice):
+    scripted.script = [HERMES[:20], HERMES[20:]]
+    answer = post(hermes, chat(tools=[WEATHER], **choice))
+    assert answer.status_code == 200, answer.text
+    assert not any(k.startswith("guided") for k in scripted.plans[0].params)
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me check."
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+@pytest.mark.parametrize("text", ["Sunny, I think.", '<tool_call>{"name": "get_weather", oops'])
+def test_auto_without_a_call_that_parses_is_the_text(hermes, scripted, text):
+    scripted.script = [text]
+    message = post(hermes, chat(tools=[WEATHER], tool_choice="auto")).json()["choices"][0]
+    assert message["finish_reason"] == "stop" and message["message"]["content"] == text
+    assert "tool_calls" not in message["message"]
+
+
+def test_auto_streams_the_text_before_a_call_and_the_calls_at_the_end(hermes, scripted):
+    """The tag split across pieces: a piece that may begin it waits; the
+    openai client's accumulator gets the content and the call."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    scripted.script = ["Let me", " check.<tool", '_call>{"name": "get_weather", ',
+                       '"arguments": {"city": "Paris"}}</tool_call>']
+    answer = hermes.post("/v1/chat/completions", content=json.dumps(
+        chat(tools=[WEATHER], tool_choice="auto", stream=True, logprobs=True)),
+        headers={"Content-Type": "application/json"})
+    chunks = events(answer)
+    contents = [c["choices"][0]["delta"].get("content", "") for c in chunks]
+    assert "".join(contents) == "Let me check." and "<" not in "".join(contents)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in chunks) == 4
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    message = state.get_final_completion().choices[0].message
+    assert message.content == "Let me check."
+    assert message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+
+
+def test_auto_streams_a_text_with_a_lone_angle_bracket_whole(hermes, scripted):
+    scripted.script = ["a <", "b and <tool", " c"]
+    answer = hermes.post("/v1/chat/completions", content=json.dumps(
+        chat(tools=[WEATHER], stream=True)), headers={"Content-Type": "application/json"})
+    chunks = events(answer)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
+        "a <b and <tool c"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_auto_keeps_one_call_without_parallel_tool_calls(hermes, scripted):
+    one = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    scripted.script = [one + one.replace("Paris", "Rome")]
+    both = post(hermes, chat(tools=[WEATHER])).json()["choices"][0]["message"]["tool_calls"]
+    first = post(hermes, chat(tools=[WEATHER], parallel_tool_calls=False)).json()
+    assert len(both) == 2 and len(first["choices"][0]["message"]["tool_calls"]) == 1
+    assert both[0]["id"] != both[1]["id"]
+
+
+def test_hermes_reads_a_last_block_cut_off_before_its_closing_tag():
+    from simple_sampler.frontend.tools import hermes_calls
+
+    content, [call] = hermes_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}')
+    assert content is None and call["function"] == {"name": "f", "arguments": '{"x": 1}'}
+
+
+def test_serves_tool_call_parser_reaches_what_the_door_serves():
+    from simple_sampler.frontend.backend import FrontendServer
+    from simple_sampler.settings import LlmSettings
+
+    door = FrontendServer("127.0.0.1:1", "127.0.0.1", 0, tool_call_parser="hermes")
+    assert door.prepare(LlmSettings()).served.tool_parser == "hermes"
+    assert FrontendServer("127.0.0.1:1", "127.0.0.1", 0).prepare(
+        LlmSettings()).served.tool_parser == "none"

@@ -454,6 +454,10 @@ class FrontendSettings(Settings):
         "/v1/models); 0: off", minimum=0, maximum=PORT_RANGE[1], parameter=False)
     openai_host: str = setting("0.0.0.0", "address the OpenAI-compatible API listens on",
                                parameter=False)
+    tool_call_parser: str = setting(
+        "none", "the OpenAI API's parser of tool calls in free text, which tool_choice auto "
+        "needs (vLLM's --tool-call-parser): hermes (<tool_call>{...}</tool_call>, Qwen2.5's "
+        "and Hermes' format); none: auto refused", choices=("none", "hermes"), parameter=False)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from ..client import Chunk
-from .tools import new_call
+from .tools import HERMES_OPEN, held_back, new_call
 from .translate import NUM_TOP, Plan, Served
 
 #: finish reasons the decode loop sends that OpenAI clients know
@@ -141,8 +141,12 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     choice = {"index": 0, "logprobs": _logprobs(plan, chunks, served.codec),
               "finish_reason": _finish(chunks[-1]), "stop_reason": chunks[-1].stop_reason}
     if plan.tools is not None:  # its text is its calls (frontend/tools.py)
-        choice["message"] = {"role": "assistant", "content": "",
-                             "tool_calls": plan.tools.calls(text, chunks[-1].finish_reason)}
+        content, calls = plan.tools.answer(text, chunks[-1].finish_reason)
+        choice["message"] = {"role": "assistant", "content": content}
+        if calls or plan.tools.parser is None:
+            choice["message"]["tool_calls"] = calls
+        if calls and plan.tools.parser is not None:  # vLLM's auto: the calls' reason
+            choice["finish_reason"] = "tool_calls"
     elif plan.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -176,22 +180,26 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     (`generated`: the tokens of this response and those before it)."""
     kind = "chat.completion.chunk" if plan.chat else "text_completion"
     chunks = [chunk]
-    if plan.tools is not None and plan.tools.name is None:  # required: held to the end
+    if plan.tools is not None and plan.tools.name is None:  # required, auto: held
         plan.held.append(chunk)
-        chunks = plan.held
-    choice = {"index": index, "logprobs": _logprobs(plan, chunks, served.codec),
+        chunks = plan.held[plan.reported:]  # those whose logprobs have not gone out
+    choice = {"index": index, "logprobs": None,
               "finish_reason": _finish(chunk), "stop_reason": chunk.stop_reason}
     if plan.tools is not None:
-        delta = _tool_delta(plan, chunk, first)
+        delta = (_tool_delta if plan.tools.parser is None else _auto_delta)(plan, chunk, first)
         if delta is None:  # the calls come whole at the end
             return []
+        plan.reported = len(plan.held)
         choice["delta"] = delta
+        if delta.get("tool_calls") and plan.tools.parser is not None:
+            choice["finish_reason"] = "tool_calls"
     elif plan.chat:
         choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
             {"content": chunk.text}
     else:
         choice["text"] = (plan.echo or "") + chunk.text if first else chunk.text
     events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
+    choice["logprobs"] = _logprobs(plan, chunks, served.codec)
     if plan.include_usage:
         prompt = len(plan.prompt_ids)
         events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,
@@ -218,6 +226,28 @@ def _tool_delta(plan: Plan, chunk: Chunk, first: bool) -> dict | None:
     calls = plan.tools.calls("".join(c.text for c in plan.held), chunk.finish_reason)
     return {"role": "assistant", "content": "",
             "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+
+
+def _auto_delta(plan: Plan, chunk: Chunk, first: bool) -> dict | None:
+    """A streamed chunk's delta with ``auto`` (frontend/tools.py): the text
+    as content until a call's tag begins (a piece that could begin one
+    waits for the next); from there on the text is held, and the last
+    chunk's delta holds the calls parsed out of it (or the held text as
+    content, where they do not parse). None: nothing to send yet."""
+    text = "".join(c.text for c in plan.held)
+    if chunk.finish_reason:
+        content, calls = plan.tools.answer(text, chunk.finish_reason)
+        delta = {"content": (content or "")[plan.sent:]}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+    else:
+        start = text.find(HERMES_OPEN)
+        upto = start if start >= 0 else len(text) - held_back(text)
+        delta = {"content": text[plan.sent:upto] if upto > plan.sent else ""}
+        plan.sent = max(plan.sent, upto)
+        if not delta["content"] and not first:
+            return None
+    return {"role": "assistant", **delta} if first else delta
 
 
 def usage_event(plans: list[Plan], finals: list[Chunk], served: Served) -> dict:

@@ -11,6 +11,7 @@ client that leaves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import threading
@@ -22,7 +23,7 @@ from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
 from ..schema import LLM, SHUTTING_DOWN
 from ..serving.engines import engine_spec
-from ..settings import LlmSettings
+from ..settings import FrontendSettings, LlmSettings
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,10 @@ class FrontendServer:
     a signal can stop the start at any moment."""
 
     def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None,
-                 grace_s: float = 5.0):
+                 grace_s: float = 5.0,
+                 tool_call_parser: str = FrontendSettings.tool_call_parser):
         self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
-        self.grace_s = grace_s
+        self.grace_s, self.tool_call_parser = grace_s, tool_call_parser
         self.thread: threading.Thread | None = None
         self.server = None
 
@@ -152,7 +154,8 @@ class FrontendServer:
         if self.served is None:
             if settings is None:
                 settings = asyncio.run(llm_settings(self.grpc_url))
-            self.served = served_by(settings)
+            self.served = dataclasses.replace(served_by(settings),
+                                              tool_parser=self.tool_call_parser)
         return self
 
     def start(self, timeout_s: float = 120.0,

@@ -1,10 +1,10 @@
-"""Tool calls at the OpenAI door, as vLLM makes them without a tool parser:
-``tools`` go to the chat template; ``tool_choice`` ``none`` answers in
-text, a named function or ``required`` holds the answer to a JSON schema
-(``serving.structured``) whose output is the call(s), answered as
-``tool_calls``. ``auto`` needs a model-specific parser of free text (vLLM's
-``--tool-call-parser``), which this server does not have: refused as vLLM
-refuses it without one.
+"""Tool calls at the OpenAI door, as vLLM makes them: ``tools`` go to the
+chat template; ``tool_choice`` ``none`` answers in text, a named function
+or ``required`` holds the answer to a JSON schema (``serving.structured``)
+whose output is the call(s), answered as ``tool_calls``. ``auto`` needs a
+model-specific parser of free text (vLLM's ``--tool-call-parser``; here
+``serve --tool-call-parser hermes``, :func:`hermes_calls`), and is refused
+as vLLM refuses it without one.
 
 Follows vLLM (vllm/entrypoints/openai/protocol.py,
 ``ChatCompletionRequest.check_tool_usage`` and ``_get_json_schema_from_tool``;
@@ -18,12 +18,17 @@ the message's content "".
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
 from ..serving.structured import Guide
 from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, RequestError
 
+#: the Hermes format's tags (Qwen2.5's and Hermes' chat templates):
+#: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 #: vLLM's words for a named choice's errors
 CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
@@ -35,6 +40,17 @@ class ToolUse:
 
     name: str | None
     parallel: bool = True
+    #: ``auto``: the parser of the free text's calls (``FrontendSettings.tool_call_parser``)
+    parser: str | None = None
+
+    def answer(self, text: str, finish_reason: str = "stop") -> tuple[str | None, list[dict]]:
+        """(content, tool_calls) of an answer's text: ``auto``'s parsed out
+        of free text (content before the first call; the whole text and no
+        call where they do not parse); a forced call's "" and its calls."""
+        if self.parser is None:
+            return "", self.calls(text, finish_reason)
+        content, calls = hermes_calls(text)
+        return content, calls if self.parallel else calls[:1]
 
     def calls(self, text: str, finish_reason: str = "stop") -> list[dict]:
         """The answer's ``tool_calls`` from its text (its grammar's output)
@@ -66,9 +82,11 @@ def new_call(name: str, arguments: str) -> dict:
             "function": {"name": name, "arguments": arguments}}
 
 
-def tool_use(request: ChatCompletionRequest) -> tuple[ToolUse | None, Guide | None]:
-    """The request's forced calls and the grammar that makes them (None,
-    None: an answer in text); RequestError naming the field, in vLLM's
+def tool_use(request: ChatCompletionRequest, parser: str = "none"
+             ) -> tuple[ToolUse | None, Guide | None]:
+    """The request's tool calls and the grammar that forces them (None,
+    None: an answer in text; a ToolUse and None: ``auto``, parsed out of
+    the text by `parser`); RequestError naming the field, in vLLM's
     words."""
     tools, choice = request.tools, request.tool_choice
     if tools is not None and not tools:
@@ -81,10 +99,13 @@ def tool_use(request: ChatCompletionRequest) -> tuple[ToolUse | None, Guide | No
     if not tools:
         raise RequestError("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice == "auto":
-        raise RequestError('"auto" tool choice needs a tool call parser, which this server '
-                           'does not have (vLLM: --enable-auto-tool-choice and '
-                           '--tool-call-parser): send tool_choice "required", a named '
-                           'function or "none"', "tool_choice")
+        if parser == "none":
+            raise RequestError('"auto" tool choice needs a tool call parser: this server runs '
+                               'without one (serve --tool-call-parser hermes; vLLM: '
+                               '--enable-auto-tool-choice and --tool-call-parser): send '
+                               'tool_choice "required", a named function or "none"',
+                               "tool_choice")
+        return ToolUse(None, request.parallel_tool_calls is not False, parser), None
     if isinstance(choice, NamedToolChoice):
         chosen = [tool.function for tool in tools if tool.function.name == choice.function.name]
         if not chosen:
@@ -116,6 +137,35 @@ def _required_schema(request: ChatCompletionRequest, parallel: bool) -> dict:
     if definitions:
         schema["$defs"] = definitions
     return schema
+
+
+def hermes_calls(text: str) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) of a free answer in the Hermes format, as
+    vLLM's hermes parser reads it (vllm/entrypoints/openai/tool_parsers/
+    hermes_tool_parser.py): each ``<tool_call>`` block (its closing tag may
+    be cut off) a JSON object of ``name`` and ``arguments``; the content
+    the text before the first (None where empty). Where a block does not
+    parse, the whole text is the content and there is no call."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return text, []
+    try:
+        blocks = [json.loads(block) for block in _HERMES_CALL.findall(text, start)]
+        calls = [new_call(block["name"], json.dumps(block.get("arguments", {}),
+                                                    ensure_ascii=False))
+                 for block in blocks]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return text, []
+    if not all(isinstance(block.get("name"), str) for block in blocks):
+        return text, []
+    return text[:start] or None, calls
+
+
+def held_back(text: str) -> int:
+    """How many characters at the end of `text` could begin a Hermes call's
+    tag, and so wait for the next piece before they are content."""
+    return next((n for n in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1)
+                 if HERMES_OPEN.startswith(text[-n:])), 0)
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -52,6 +52,8 @@ class Served:
     max_context: int
     vocab_size: int
     streams: bool = True
+    #: the parser of tool calls in free text, for tool_choice auto (frontend/tools.py)
+    tool_parser: str = "none"
 
 
 @dataclass
@@ -75,8 +77,12 @@ class Plan:
     repeats_prompt: bool = False
     #: chat's forced tool calls (``tools.ToolUse``): the answer is its calls
     tools: ToolUse | None = None
-    #: a streamed answer's responses so far, where its calls come at its end
+    #: a streamed answer's responses so far, where its calls come at its end;
+    #: how many of them went out with their logprobs; (``auto``) how much of
+    #: its text went out as content
     held: list = field(default_factory=list)
+    reported: int = 0
+    sent: int = 0
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -334,7 +340,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
     given = getattr(request, name)
     keep = truncation(request, served, 0 if given is None else given, name)
-    use, guide = tool_use(request)
+    use, guide = tool_use(request, served.tool_parser)
     prompt_ids = chat_prompt_ids(request, served, keep)
     plan = _plan(request, served, True, prompt_ids,
                  _max_tokens(request, served, len(prompt_ids), None, name,
@@ -345,10 +351,14 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     return _choices([plan], request.n)
 
 
-def with_tools(plan: Plan, use: ToolUse, guide: Guide, request: ChatCompletionRequest) -> None:
-    """`plan` answering in tool calls (``tools.tool_use``): its grammar's
-    inputs set; not with another grammar, nor ignore_eos (vLLM refuses a
-    named tool with structured outputs)."""
+def with_tools(plan: Plan, use: ToolUse, guide: Guide | None,
+               request: ChatCompletionRequest) -> None:
+    """`plan` answering in tool calls (``tools.tool_use``): a forced one's
+    grammar's inputs set (not with another grammar, nor ignore_eos: vLLM
+    refuses a named tool with structured outputs); ``auto``'s none."""
+    plan.tools = use
+    if guide is None:  # auto: the calls parsed out of the free answer
+        return
     if "guided_decoding_guide_type" in plan.params:
         raise RequestError("tool_choice (a named function or required) holds the answer to "
                            "its own grammar: it cannot be given with response_format, "
@@ -361,7 +371,6 @@ def with_tools(plan: Plan, use: ToolUse, guide: Guide, request: ChatCompletionRe
     except InvalidRequest as error:
         raise RequestError(f"tools: {error}", "tools") from None
     plan.params.update(guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.text)
-    plan.tools = use
 
 
 def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = None) -> list[int]:
