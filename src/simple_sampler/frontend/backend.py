@@ -130,9 +130,9 @@ class FrontendServer:
     Triton is ready, so that ``serve``'s main thread never blocks on it and
     a signal can stop the start at any moment."""
 
-    def __init__(self, grpc_url: str, host: str, port: int, served: Served | None = None,
-                 grace_s: float = 5.0,
-                 tool_call_parser: str = FrontendSettings.tool_call_parser):
+    def __init__(self, grpc_url: str, host: str, port: int, grace_s: float = 5.0,
+                 tool_call_parser: str = FrontendSettings.tool_call_parser,
+                 served: Served | None = None):
         self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
         self.grace_s, self.tool_call_parser = grace_s, tool_call_parser
         self.thread: threading.Thread | None = None
