@@ -7,12 +7,15 @@ A request's :class:`Guide` (TensorRT-LLM's ``guided_decoding_guide_type``
 and ``guided_decoding_guide``; vLLM's ``structured_outputs`` and the OpenAI
 ``response_format`` come to it) is compiled by llguidance, the grammar
 library behind vLLM's ``guidance`` backend and TensorRT-LLM's ``llguidance``
-one, into a matcher of its own (:meth:`Grammars.matcher`, at admission, so
-a bad guide is refused by name before it queues).
+one (:meth:`Grammars.compiled`: in a worker thread before the request
+reaches the decode loop, :meth:`Grammars.precompile`), and each request
+gets a matcher of its own (:meth:`Grammars.matcher`, at admission, so a
+bad guide is refused by name before it queues). vLLM's
+``allowed_token_ids`` is a fixed mask on the same path (:func:`bitmask_of`).
 
-Per step, the decode loop fills the next-token bitmask of every row that
-has a matcher (:meth:`Grammars.masks`, on the loop's thread, before the
-step is handed over) and the data-plane thread sets each ruled-out token's
+Per step, the decode loop has the next-token bitmask of every row that
+has a matcher filled (:meth:`Grammars.masks`, on llguidance's threads,
+before the step is handed over) and the data-plane thread sets each ruled-out token's
 logit to -inf in a copy of the step's rows (:meth:`StepMasks.applied`),
 right behind the forward and before any sampler reads them: where vLLM
 applies its grammar bitmask (between the model runner's forward and its
