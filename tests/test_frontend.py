@@ -278,6 +278,14 @@ def test_a_grammar_asked_any_way_reaches_the_llms_guided_decoding_inputs(client,
             if k.startswith("guided") or k == "allowed_token_ids"} == inputs
 
 
+def test_completions_take_a_grammar_as_chat_does(client, recorder):
+    response = post(client, "/v1/completions", completion(
+        response_format={"type": "json_object"}, allowed_token_ids=[5, 7]))
+    assert response.status_code == 200, response.text
+    params = recorder.plans[0].params
+    assert params["guided_decoding_guide_type"] == "json" and params["allowed_token_ids"] == [5, 7]
+
+
 def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):
     turns = [{"role": "system", "content": "Answer in one word."},
              {"role": "user", "content": "Capital of France?"},
