@@ -225,6 +225,16 @@ class SamplingParams:
                 if bad:
                     raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
 
+    def banned_at_first_step(self, also_banned=()) -> set[int]:
+        """The token ids this request bans at its first step: a -inf
+        logit_bias, the stop ids while min_tokens holds them back, and
+        `also_banned` (a generation's one-token bad words)."""
+        banned = {token for token, bias in self.logit_bias.items() if bias == -np.inf}
+        banned.update(also_banned)
+        if self.min_tokens > 0:
+            banned.update(self.stop_token_ids)
+        return banned
+
     def check_a_token_is_allowed(self, vocab_size: int, also_banned=()) -> None:
         """ValueError when the request bans every token at its first step:
         a -inf logit_bias, the stop ids while min_tokens holds them back, and
@@ -232,11 +242,7 @@ class SamplingParams:
         refuses such a request at submission: in a step its row would fail
         the whole sampler call, and with it the other requests' rows (a
         direct ``sample`` call raises for its own batch instead)."""
-        banned = {token for token, bias in self.logit_bias.items() if bias == -np.inf}
-        banned.update(also_banned)
-        if self.min_tokens > 0:
-            banned.update(self.stop_token_ids)
-        if len(banned) >= vocab_size:
+        if len(self.banned_at_first_step(also_banned)) >= vocab_size:
             raise ValueError(f"logit_bias (-inf), the stop ids held back by min_tokens and "
                              f"bad words ban all {vocab_size} tokens at the first step: at "
                              f"least one token must stay allowed")

@@ -54,10 +54,7 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
         bad_words_ids += [[i] for i in decoder.end_ids if i not in ending]
     allowed = None
     if request.allowed_token_ids is not None:
-        banned = {ids[0] for ids in bad_words_ids if len(ids) == 1}
-        banned.update(t for t, bias in params.logit_bias.items() if bias == -float("inf"))
-        if params.min_tokens > 0:
-            banned.update(params.stop_token_ids)
+        banned = params.banned_at_first_step(ids[0] for ids in bad_words_ids if len(ids) == 1)
         if not set(map(int, request.allowed_token_ids)) - banned:
             raise InvalidRequest("allowed_token_ids leaves no token to generate at the first "
                                  "step: every one is banned (a bad word, a -inf logit_bias, a "
