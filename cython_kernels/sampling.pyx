@@ -39,7 +39,8 @@ One extension in parts: row.pxi (row sampling), nucleus.pxi (broad
 min_p / top_p rows), hot_set.pxi (SHVS), compact.pxi (hot-first compact
 rows), dlpack.pxi (reading a bfloat16 input's DLPack capsule without torch),
 packed.pxi (packed requests: the codec's checks and the record interpreter),
-cold.pxi (the simulated engine's cold draw) and this file (the entries:
+cold.pxi (the simulated engine's cold draw), masked.pxi (grammar masks on
+host rows) and this file (the entries:
 KernelBatch, the per-row prologue and epilogue every entry shares,
 sample_batch, sample_compact_batch). The parts are included, not separate
 modules, so the row functions stay static C functions of one translation
@@ -504,6 +505,7 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
 
 include "packed.pxi"
 include "cold.pxi"
+include "masked.pxi"
 
 
 def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[::1] wide,

@@ -5,6 +5,7 @@ their grammars on every sampling path, their neighbours untouched."""
 import asyncio
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -89,14 +90,14 @@ def test_a_guided_request_needs_model_end_ids_that_end_it(grammars, end_ids):
 def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, tokenizer):
     """A step of three rows, the first and last guided: exactly the tokens
     llguidance's own numpy helper rules out are -inf, in a copy; the middle
-    row and the engine's tensor are as they were (bfloat16 too)."""
+    row and the engine's tensor are as they were (bfloat16 and float16 too)."""
     llguidance_numpy = pytest.importorskip("llguidance.numpy")
     regex, json_object = (grammars.matcher(Guide("regex", r"[0-9]{2}-x"), [2]),
                           grammars.matcher(Guide("json"), [2]))
     masks = grammars.masks([regex, None, json_object], [None] * 3)
     assert masks.rows.tolist() == [0, 2]
     vocab = len(tokenizer)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)).to(dtype)
         before = logits.clone()
         masked = masks.applied(logits)
@@ -109,6 +110,40 @@ def test_the_applied_mask_is_the_grammars_and_the_engines_rows_stay(grammars, to
     # a GPU's way (the bitmask unpacked on the device), run here on the CPU's tensors
     assert torch.equal(unpacked(torch.from_numpy(masks.bitmask), vocab), masks.allowed_on("cpu"))
     assert digits and all(re.fullmatch(r"[0-9]{1,2}(-x?)?", text) for text in digits), digits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_host_rows_mask_kernel_copies_allowed_bits_exactly(dtype):
+    """_sampling.masked_rows against numpy: a vocabulary that ends inside a
+    word, rows strided in a wider bank, words all set, all clear and mixed,
+    any row order: allowed tokens' bits copied as they are (NaN and inf
+    too), the others -inf, unguided rows whole; bad shapes refused by name."""
+    from simple_sampler import _sampling
+    from simple_sampler.sampling import kernel_rows
+
+    rng = np.random.default_rng(7)
+    vocab, size = 1000, 6
+    bank = torch.from_numpy(rng.standard_normal((size, vocab + 24)).astype(np.float32)).to(dtype)
+    bank[1, 5], bank[4, 6] = float("nan"), float("inf")
+    logits = bank[:, :vocab]  # rows strided: a view of a wider bank
+    guided = np.array([4, 1, 3], np.int64)
+    words = (vocab + 31) // 32
+    bitmask = rng.integers(-2**31, 2**31, (3, words), dtype=np.int64).astype(np.int32)
+    bitmask[0, :5], bitmask[1, 5:9] = -1, 0
+    masks = StepMasks(guided, bitmask, vocab)
+    masked = masks.applied(logits)
+    allowed = masks.allowed()
+    expected = logits.clone()
+    for index, row in enumerate(guided):
+        expected[row][torch.from_numpy(~allowed[index])] = float("-inf")
+    as_bits = {torch.float32: torch.int32}.get(dtype, torch.int16)
+    assert torch.equal(masked.view(as_bits), expected.view(as_bits))
+    rows, code = kernel_rows(logits)
+    with pytest.raises(ValueError, match="guided must be distinct rows in"):
+        _sampling.masked_rows(rows, code, np.array([1, 1], np.int64), bitmask[:2],
+                              np.empty_like(rows))
+    with pytest.raises(ValueError, match="bitmask must be"):
+        _sampling.masked_rows(rows, code, guided, bitmask[:, 1:].copy(), np.empty_like(rows))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -254,6 +289,62 @@ def test_guided_requests_follow_their_grammar_and_their_neighbours_are_untouched
         assert held_to(guide, text), (guide, text)
     alone = run(tokenizer, [plain], mode)[0]
     assert [t for e in results[-1] for t in e.token_ids] == [t for e in alone for t in e.token_ids]
+
+
+def test_a_steps_masks_are_filled_while_its_forward_runs(tokenizer, monkeypatch):
+    """Each guided step's forward begins before its masks are filled (the
+    data-plane thread waits for them only to apply them), and the request
+    is still held to its grammar."""
+    order = []
+    fill, forward = Grammars.masks, RandomRowsEngine.step
+
+    def slow_fill(self, matchers, allowed):
+        time.sleep(0.05)
+        order.append("masks")
+        return fill(self, matchers, allowed)
+
+    def recorded_forward(self, seq_ids):
+        order.append("forward")
+        return forward(self, seq_ids)
+
+    monkeypatch.setattr(Grammars, "masks", slow_fill)
+    monkeypatch.setattr(RandomRowsEngine, "step", recorded_forward)
+    guide = GUIDES[1]
+    events = run(tokenizer, [GenerationRequest(prompt_ids=[1, 2], max_tokens=40, guide=guide,
+                                               sampling=SamplingParams(seed=5))])[0]
+    assert held_to(guide, "".join(e.text for e in events)), events
+    assert len(order) >= 4 and order == ["forward", "masks"] * (len(order) // 2), order
+
+
+def test_masks_that_fail_fail_their_step_and_the_decoder_goes_on(tokenizer, monkeypatch):
+    """A failure filling a step's masks (raised on the loop's thread while
+    the forward runs) ends that step's requests with the error; the data-plane
+    thread is not left waiting, and the next request is served."""
+    fill = Grammars.masks
+    failing = {"left": 1}
+
+    def failing_fill(self, matchers, allowed):
+        if failing["left"]:
+            failing["left"] -= 1
+            raise RuntimeError("the mask fill broke")
+        return fill(self, matchers, allowed)
+
+    monkeypatch.setattr(Grammars, "masks", failing_fill)
+
+    async def main():
+        decoder = Decoder(RandomRowsEngine(len(tokenizer)), TextCodec(tokenizer),
+                          sampler=threaded(kernel_sample))
+        await decoder.start()
+        guided = GenerationRequest(prompt_ids=[1, 2], max_tokens=40, guide=GUIDES[1],
+                                   sampling=SamplingParams(seed=5))
+        broken = await collect(decoder.submit(guided))
+        served = await asyncio.wait_for(collect(decoder.submit(guided)), 60)
+        await decoder.close()
+        return broken, served
+
+    broken, served = asyncio.run(main())
+    assert broken[-1].error == "RuntimeError: the mask fill broke", broken[-1]
+    assert served[-1].error is None and held_to(GUIDES[1], "".join(e.text for e in served))
 
 
 def test_allowed_token_ids_alone_and_with_a_grammar_mask_the_rows_to_them(grammars):

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -109,9 +109,10 @@ class DataPlane:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
 
     def launch(self, sequences: list[DecodeSequence], batch: SamplingBatch,
-               loop_s: float, masks: StepMasks | None = None) -> Launched:
+               loop_s: float, masks: Future[StepMasks] | None = None) -> Launched:
         """Hand the step of `sequences` (its sampling `batch`; `masks`: its
-        guided rows' grammar masks, ``structured``) to the data-plane
+        guided rows' grammar masks, ``structured``, which the caller fills
+        while the forward runs) to the data-plane
         thread; the step as launched."""
         ids = [s.request_id for s in sequences]
         self.activity.change(forwards=1)
@@ -182,7 +183,7 @@ class DataPlane:
 
     def step(self, ids: list[int], batch: SamplingBatch,
              started: threading.Event | None = None,
-             masks: StepMasks | None = None) -> DataPlaneStep:
+             masks: Future[StepMasks] | None = None) -> DataPlaneStep:
         """In the data-plane thread: the forward (its guided rows masked:
         `masks`) and the sampler's data-plane half, then in inline modes the
         sampling, or the sampler's synchronous path; `started` set as it
@@ -192,7 +193,8 @@ class DataPlane:
             started.set()
         summary = None
         if masks is not None:  # the summary is of the masked rows: after them
-            logits = masks.applied(self.engine.step(ids))
+            logits = self.engine.step(ids)  # first: the masks are filled meanwhile
+            logits = masks.result().applied(logits)
             if self.summarize is not None:
                 summary = self._timed_summary(logits, batch)
         elif self.summarize is None:

@@ -81,6 +81,7 @@ import itertools
 import logging
 import sys
 import time
+from concurrent.futures import Future
 from typing import Callable, Sequence
 
 import numpy as np
@@ -445,9 +446,24 @@ class Decoder:
         return [s for s in lane if s.request_id not in ending]
 
     def _launch(self, sequences: list[DecodeSequence], loop_s: float) -> Launched:
-        masks = (self.grammars.masks([s.matcher for s in sequences], [s.allowed for s in sequences])
-                 if self.guided else None)
-        return self.data_plane.launch(sequences, self._sampling_batch(sequences), loop_s, masks)
+        batch = self._sampling_batch(sequences)
+        if not self.guided or not any(s.matcher is not None or s.allowed is not None
+                                      for s in sequences):
+            return self.data_plane.launch(sequences, batch, loop_s)
+        # the step's masks are filled here while its forward runs: the
+        # data-plane thread waits for them only once the forward is done (as
+        # vLLM's EngineCore.step, vllm/v1/engine/core.py, has its scheduler
+        # fill the grammar bitmask between launching the forward and its result)
+        masks = Future()
+        launched = self.data_plane.launch(sequences, batch, loop_s, masks)
+        try:
+            masks.set_result(self.grammars.masks([s.matcher for s in sequences],
+                                                 [s.allowed for s in sequences]))
+        except BaseException as error:  # the step fails with it (``_lane``), its thread not left waiting
+            masks.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+        return launched
 
     def _rebalance(self, index: int, staying: set[int] = frozenset()) -> None:
         """Move sequences from lane ``index`` (between its steps, so they are

@@ -15,7 +15,8 @@ bad guide is refused by name before it queues). vLLM's
 
 Per step, the decode loop has the next-token bitmask of every row that
 has a matcher filled (:meth:`Grammars.masks`, on llguidance's threads,
-before the step is handed over) and the data-plane thread sets each ruled-out token's
+while the step's forward runs: a mask depends on the tokens taken, not on
+the step's logits) and the data-plane thread sets each ruled-out token's
 logit to -inf in a copy of the step's rows (:meth:`StepMasks.applied`),
 right behind the forward and before any sampler reads them: where vLLM
 applies its grammar bitmask (between the model runner's forward and its
@@ -334,14 +335,26 @@ class StepMasks:
         return unpacked(torch.from_numpy(self.bitmask).to(device), self.vocab_size)
 
     def applied(self, logits: torch.Tensor) -> torch.Tensor:
-        """A copy of the step's `logits` ([B, V], any float dtype and
-        device) with every token its row's grammar rules out at -inf; the
-        engine's own rows are left as they are (they may be its buffers)."""
+        """A copy of the step's `logits` ([B, V], float32, float16 or
+        bfloat16, any device) with every token its row's grammar rules out
+        at -inf; the engine's own rows are left as they are (they may be its
+        buffers). On the CPU, one read and one write of each row
+        (``_sampling.masked_rows``, on :data:`MASK_THREADS` threads); on a
+        device, there."""
         import torch
 
         if logits.shape[1] != self.vocab_size:
             raise ValueError(f"the step's rows are {logits.shape[1]} wide, its grammars' "
                              f"vocabulary {self.vocab_size}")
+        if logits.device.type == "cpu":
+            from .. import _sampling
+            from ..sampling import kernel_rows
+
+            rows, dtype = kernel_rows(logits)
+            masked = torch.empty(logits.shape, dtype=logits.dtype)
+            _sampling.masked_rows(rows, dtype, self.rows, self.bitmask, kernel_rows(masked)[0],
+                                  MASK_THREADS)
+            return masked
         rows = torch.from_numpy(self.rows).to(logits.device)
         ruled_out = ~self.allowed_on(logits.device)
         masked = logits.clone()
