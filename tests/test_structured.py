@@ -146,6 +146,24 @@ def test_the_host_rows_mask_kernel_copies_allowed_bits_exactly(dtype):
         _sampling.masked_rows(rows, code, guided, bitmask[:, 1:].copy(), np.empty_like(rows))
 
 
+def test_spare_rows_are_kept_for_later_steps_of_their_width_and_dtype():
+    """A guided step's masked-rows buffer comes back for a later step of at
+    most its rows, its V and dtype; the last two given back are kept."""
+    from simple_sampler.serving.data_plane import SpareRows
+
+    spares = SpareRows()
+    first = spares.take(torch.zeros(8, 100))
+    assert first.shape == (8, 100) and spares.take(torch.zeros(8, 100)) is not first
+    spares.give_back(first)
+    assert spares.take(torch.zeros(9, 100)) is not first  # too few rows
+    assert spares.take(torch.zeros(4, 100, dtype=torch.bfloat16)) is not first
+    assert spares.take(torch.zeros(4, 100)) is first
+    buffers = [spares.take(torch.zeros(2, 100)) for _ in range(3)]
+    for buffer in buffers:
+        spares.give_back(buffer)
+    assert [id(b) for b in spares.buffers] == [id(b) for b in buffers[1:]]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_steps_rows_masked_on_cuda_are_the_cpus():
     """On a GPU the bitmask is unpacked on the device (``unpacked``): the

@@ -51,6 +51,34 @@ LAUNCH_WAIT_S = 0.002
 log = logging.getLogger(__name__)
 
 
+class SpareRows:
+    """Host buffers for guided steps' masked rows (``StepMasks.applied``),
+    kept from one step for a later one: a fresh B x V buffer's first touch
+    (its pages mapped) costs several times the masking itself (``bench
+    guided``). The data-plane thread takes one; it is given back once its
+    step is sampled (``DataPlane.sampled``), the last `kept` of them kept."""
+
+    def __init__(self, kept: int = 2):
+        self.kept = kept
+        self.buffers: list[torch.Tensor] = []
+        self.lock = threading.Lock()  # taken in the data-plane thread, given back on the loop's
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        """A buffer of at least `like`'s rows, its V and dtype: a kept one,
+        else a new one of `like`'s shape."""
+        with self.lock:
+            for index, buffer in enumerate(self.buffers):
+                if buffer.shape[1:] == like.shape[1:] and buffer.dtype == like.dtype \
+                        and len(buffer) >= len(like):
+                    return self.buffers.pop(index)
+        return torch.empty(like.shape, dtype=like.dtype)
+
+    def give_back(self, buffer: torch.Tensor) -> None:
+        with self.lock:
+            self.buffers.append(buffer)
+            del self.buffers[:-self.kept]
+
+
 @dataclass(frozen=True, slots=True)
 class DataPlaneStep:
     """One step as the data-plane thread ran it (``DataPlane.step``)."""
@@ -68,6 +96,8 @@ class DataPlaneStep:
     ended: float
     #: the error with which sampling in the thread refused rows (``refuses_rows``)
     refusal: BaseException | None = None
+    #: the buffer of the masked rows ``logits`` lie in (``SpareRows``), given back once sampled
+    spare: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +136,7 @@ class DataPlane:
                            if self.summarize and lanes == 1 and isinstance(sampler, SamplesNow)
                            else None)
         self.activity = Activity(stats)
+        self.spare_rows = SpareRows()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
 
     def launch(self, sequences: list[DecodeSequence], batch: SamplingBatch,
@@ -141,7 +172,16 @@ class DataPlane:
         """(tokens, logprobs, top logprobs or None, sampler seconds, refused
         rows) of a landed step: sampled in the data-plane thread, or by
         awaiting the sampler now; where the sampler refused rows, sampled
-        again around them (module docstring), their tokens -1."""
+        again around them (module docstring), their tokens -1. The step's
+        masked rows' buffer is given back for a later step once sampled (not
+        where sampling failed or was cancelled: a sampler may still read it)."""
+        result = await self._sampled(step, batch)
+        if step.spare is not None:
+            self.spare_rows.give_back(step.spare)
+        return result
+
+    async def _sampled(self, step: DataPlaneStep, batch: SamplingBatch
+                       ) -> tuple[np.ndarray, np.ndarray, TopLogprobs | None, float, Refusals]:
         # sampled in the data-plane thread (or tried to): nothing overlapped it
         self.stats.sampling_exposed_s += step.sample_s
         if step.sampled is not None:
@@ -192,9 +232,14 @@ class DataPlane:
         if started is not None:
             started.set()
         summary = None
+        spare = None
         if masks is not None:  # the summary is of the masked rows: after them
             logits = self.engine.step(ids)  # first: the masks are filled meanwhile
-            logits = masks.result().applied(logits)
+            if logits.device.type == "cpu":
+                spare = self.spare_rows.take(logits)
+                logits = masks.result().applied(logits, spare[:len(logits)])
+            else:
+                logits = masks.result().applied(logits)
             if self.summarize is not None:
                 summary = self._timed_summary(logits, batch)
         elif self.summarize is None:
@@ -215,7 +260,7 @@ class DataPlane:
             refusal, summary = error, None  # ``sampled`` samples around the refused rows
         ended = time.perf_counter()
         return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
-                             forward_s, ended - began - forward_s, began, ended, refusal)
+                             forward_s, ended - began - forward_s, began, ended, refusal, spare)
 
     def _timed_summary(self, logits, batch: SamplingBatch):
         """``summarize``, its time added to ``stats.summary_s`` (the

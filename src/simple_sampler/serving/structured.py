@@ -334,12 +334,13 @@ class StepMasks:
             return torch.from_numpy(self.allowed())
         return unpacked(torch.from_numpy(self.bitmask).to(device), self.vocab_size)
 
-    def applied(self, logits: torch.Tensor) -> torch.Tensor:
+    def applied(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """A copy of the step's `logits` ([B, V], float32, float16 or
         bfloat16, any device) with every token its row's grammar rules out
         at -inf; the engine's own rows are left as they are (they may be its
         buffers). On the CPU, one read and one write of each row
-        (``_sampling.masked_rows``, on :data:`MASK_THREADS` threads); on a
+        (``_sampling.masked_rows``, on :data:`MASK_THREADS` threads), into
+        `out` where given (contiguous, `logits`' shape and dtype); on a
         device, there."""
         import torch
 
@@ -351,7 +352,11 @@ class StepMasks:
             from ..sampling import kernel_rows
 
             rows, dtype = kernel_rows(logits)
-            masked = torch.empty(logits.shape, dtype=logits.dtype)
+            masked = torch.empty(logits.shape, dtype=logits.dtype) if out is None else out
+            if masked.shape != logits.shape or masked.dtype != logits.dtype \
+                    or not masked.is_contiguous():
+                raise ValueError(f"out must be contiguous {logits.dtype} {list(logits.shape)}, "
+                                 f"got {masked.dtype} {list(masked.shape)}")
             _sampling.masked_rows(rows, dtype, self.rows, self.bitmask, kernel_rows(masked)[0],
                                   MASK_THREADS)
             return masked

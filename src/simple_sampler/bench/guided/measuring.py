@@ -11,7 +11,8 @@ of the decode loop's own calls, in its order:
   apply     ``StepMasks.applied``: a copy of the step's rows with every
             ruled-out token at -inf, here on the CPU (the CPU engine's and
             the TensorRT-LLM bridge's host rows; on a GPU it runs on the
-            device, beside the logits)
+            device, beside the logits), into a buffer kept from step to
+            step as the data plane keeps one (``data_plane.SpareRows``)
   consume   ``Grammars.consume``: each matcher takes its row's token
   sample    the kernels (``sampling.sample``, one thread, top_p 0.9) on the
             masked rows: the tokens the walk takes
@@ -110,6 +111,7 @@ def walk(grammars: Grammars, guide: Guide, rows: np.ndarray, steps: int) -> dict
     size = len(rows)
     batch = make_batch(PARAMS, rows, 0)
     tensor = torch.from_numpy(rows)
+    spare = torch.empty_like(tensor)
     end_id = grammars.end_ids[0]
     matchers = [grammars.matcher(guide, grammars.end_ids) for _ in range(size)]
     spent = dict.fromkeys(("fill", "fill_cpu", "apply", "consume", "sample", "plain",
@@ -121,7 +123,7 @@ def walk(grammars: Grammars, guide: Guide, rows: np.ndarray, steps: int) -> dict
         spent["fill"] += time.perf_counter() - wall
         spent["fill_cpu"] += time.process_time() - cpu
         started = time.perf_counter()
-        masked = masks.applied(tensor).numpy()
+        masked = masks.applied(tensor, spare).numpy()
         spent["apply"] += time.perf_counter() - started
         started = time.perf_counter()
         tokens = sample(masked, batch, return_logprobs=False, num_threads=1).token_ids
