@@ -365,6 +365,54 @@ def test_masks_that_fail_fail_their_step_and_the_decoder_goes_on(tokenizer, monk
     assert served[-1].error is None and held_to(GUIDES[1], "".join(e.text for e in served))
 
 
+def test_a_guided_steps_masked_rows_go_into_the_samplers_arena(tokenizer):
+    """With a sampler that reads rows in place from a row arena (the sampler
+    pool), a guided step's masked rows are written into a slot taken there:
+    the sampler claims them where they lie (no copy on the way to its
+    instances); once the guided request is done, its neighbour's rows are
+    the engine's own. The arena's region is gone after."""
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.sampling import logits_array
+
+    arena = RowArena(2, 2 * len(tokenizer) * 4)
+    in_slot = []
+    sample = threaded(kernel_sample)
+
+    class ArenaSampler:
+        def __init__(self):
+            self.arena = arena
+
+        async def __call__(self, logits, batch):
+            lease = arena.reference(logits_array(logits))
+            in_slot.append(lease is not None and lease.slot >= 0)
+            try:
+                return await sample(logits, batch)
+            finally:
+                if lease is not None:
+                    lease.release()
+
+    async def main():
+        decoder = Decoder(RandomRowsEngine(len(tokenizer)), TextCodec(tokenizer),
+                          sampler=ArenaSampler(), micro_batches=1)
+        await decoder.start()
+        guided = decoder.submit(GenerationRequest(prompt_ids=[1, 2], max_tokens=40,
+                                                  guide=GUIDES[1],
+                                                  sampling=SamplingParams(seed=5)))
+        plain = decoder.submit(GenerationRequest(prompt_ids=[3], max_tokens=30,
+                                                 sampling=SamplingParams(seed=6)))
+        results = await asyncio.gather(collect(guided), collect(plain))
+        await decoder.close()
+        return results
+
+    try:
+        guided, plain = asyncio.run(main())
+    finally:
+        arena.close()
+    steps = sum(len(e.token_ids) for e in guided)  # its end id's step too
+    assert held_to(GUIDES[1], "".join(e.text for e in guided)) and plain[-1].error is None
+    assert in_slot[:steps] == [True] * steps and not any(in_slot[steps:]), (steps, in_slot)
+
+
 def test_allowed_token_ids_alone_and_with_a_grammar_mask_the_rows_to_them(grammars):
     """vLLM's allowed_token_ids: a row's mask is exactly those ids; with a
     grammar, the ids both allow; a row with neither is not masked."""

@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from ..params import SamplingBatch
+from ..sampling import logits_array, logits_tensor
 from .decoder_stats import Activity, DecoderStats
 from .engine import Engine, SelfScheduling, StepsThen, step_then
 from .generation import DecodeSequence
 from .inline import sample_torch
-from .samplers import (AsyncSampler, Refusals, SampleResult, SamplesNow, SummarizesOnDataPlane,
-                       TopLogprobs, gives_top_logprobs, kernel_sample, refuses_rows,
-                       result_parts, sample_around_refusals, threaded)
+from .samplers import (AsyncSampler, ReadsRowArena, Refusals, SampleResult, SamplesNow,
+                       SummarizesOnDataPlane, TopLogprobs, gives_top_logprobs, kernel_sample,
+                       refuses_rows, result_parts, sample_around_refusals, threaded)
 from .structured import StepMasks
 
 
@@ -137,6 +138,8 @@ class DataPlane:
                            else None)
         self.activity = Activity(stats)
         self.spare_rows = SpareRows()
+        #: where the sampler reads rows in place: a guided step's masked rows are written there
+        self.arena = sampler.arena if isinstance(sampler, ReadsRowArena) else None
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-plane")
 
     def launch(self, sequences: list[DecodeSequence], batch: SamplingBatch,
@@ -236,8 +239,8 @@ class DataPlane:
         if masks is not None:  # the summary is of the masked rows: after them
             logits = self.engine.step(ids)  # first: the masks are filled meanwhile
             if logits.device.type == "cpu":
-                spare = self.spare_rows.take(logits)
-                logits = masks.result().applied(logits, spare[:len(logits)])
+                masked, spare = self._masked_buffer(logits)
+                logits = masks.result().applied(logits, masked)
             else:
                 logits = masks.result().applied(logits)
             if self.summarize is not None:
@@ -261,6 +264,18 @@ class DataPlane:
         ended = time.perf_counter()
         return DataPlaneStep(logits, None if sampled is not None else summary, sampled,
                              forward_s, ended - began - forward_s, began, ended, refusal, spare)
+
+    def _masked_buffer(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where a guided step's masked host rows go, and the buffer to give
+        back once they are sampled: a slot of the sampler's row arena (no
+        copy on the way to the instances; it comes back by itself, so
+        None), else a kept buffer (``SpareRows``)."""
+        if self.arena is not None:
+            slot = self.arena.take(tuple(logits.shape), logits_array(logits).dtype)
+            if slot is not None:
+                return logits_tensor(slot), None
+        spare = self.spare_rows.take(logits)
+        return spare[:len(logits)], spare
 
     def _timed_summary(self, logits, batch: SamplingBatch):
         """``summarize``, its time added to ``stats.summary_s`` (the

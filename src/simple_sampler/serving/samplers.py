@@ -50,6 +50,19 @@ class SamplesNow(Protocol):
                    summary: Any) -> Any: ...
 
 
+@runtime_checkable
+class ReadsRowArena(Protocol):
+    """Optional capability of an :data:`AsyncSampler` whose instances read a
+    step's rows in place from a shared-memory row arena
+    (``triton/sampler_pool.SamplerPool``): ``arena``, a
+    ``row_arena.RowArena`` or None. Rows a producer writes itself (a guided
+    step's masked copy, ``data_plane``) go into a slot taken there
+    (``RowArena.take``) and cross with no copy. Checked with
+    ``isinstance(sampler, ReadsRowArena)``."""
+
+    arena: Any
+
+
 def widest_top(batch: SamplingBatch) -> int:
     """The most top logprobs a row of `batch` asks for (0: none)."""
     wanted = batch.num_top_logprobs
