@@ -413,6 +413,22 @@ def test_a_guided_steps_masked_rows_go_into_the_samplers_arena(tokenizer):
     assert in_slot[:steps] == [True] * steps and not any(in_slot[steps:]), (steps, in_slot)
 
 
+@pytest.mark.parametrize("mode", ["simple", "inline"])
+def test_a_grammar_complete_before_min_tokens_ends_its_request_naming_why(tokenizer, mode):
+    """Two digits asked, five tokens at least: once the grammar is complete
+    only the end id may follow and min_tokens bans it; the request ends with
+    its digits and an error naming both fields; its neighbour is served."""
+    stuck = GenerationRequest(prompt_ids=[1, 2], max_tokens=16, guide=Guide("regex", "[0-9]{2}"),
+                              sampling=SamplingParams(min_tokens=5, seed=1))
+    plain = GenerationRequest(prompt_ids=[5], max_tokens=6, sampling=SamplingParams(seed=2))
+    stuck_events, plain_events = run(tokenizer, [stuck, plain], mode)
+    assert re.fullmatch("[0-9]{2}", "".join(e.text for e in stuck_events)), stuck_events
+    assert stuck_events[-1].error == (
+        "guided_decoding_guide's output is complete, so only an end id may follow, and this "
+        "request bans them here (min_tokens (5), bad_words or logit_bias)"), stuck_events[-1]
+    assert plain_events[-1].error is None and plain_events[-1].num_output_tokens == 6
+
+
 def test_allowed_token_ids_alone_and_with_a_grammar_mask_the_rows_to_them(grammars):
     """vLLM's allowed_token_ids: a row's mask is exactly those ids; with a
     grammar, the ids both allow; a row with neither is not masked."""

@@ -96,7 +96,7 @@ from .engine import ComputesOffHost, Engine, SelfScheduling, SequenceFailed, Spl
 from .generation import FINISH_CANCELLED, DecodeSequence, GenerationRequest, RequestHandle
 from .prompt_scorer import PromptScorer
 from .step_tokens import StepTokens
-from .structured import Grammars
+from .structured import Grammars, complete_and_banned
 from .samplers import AsyncSampler
 from .text import TextCodec
 
@@ -384,8 +384,9 @@ class Decoder:
                     step, launched.batch)
                 started = time.thread_time()
                 ids = launched.ids
-                refused = {row: f"the sampler could not sample this request's logits from the "
-                                f"model: {error}" for row, error in refused.items()}
+                refused = {row: complete_and_banned(sequences[row].matcher, sequences[row].params)
+                           or f"the sampler could not sample this request's logits from the "
+                              f"model: {error}" for row, error in refused.items()}
                 if self.guided:  # each matcher takes its row's token
                     refused.update(self.grammars.consume([s.matcher for s in sequences], tokens,
                                                          refused))

@@ -300,6 +300,18 @@ class Grammars:
         return broken
 
 
+def complete_and_banned(matcher, params) -> str | None:
+    """Why the sampler found every token of a guided row banned, where its
+    grammar is the reason: its output is complete, so only an end id may
+    follow, and the request (`params`: its SamplingParams) bans them at
+    this step; None where the row has no grammar or it is not complete."""
+    if matcher is None or not matcher.is_stopped() or matcher.is_error():
+        return None
+    fields = f"min_tokens ({params.min_tokens}), " if params.min_tokens else ""
+    return (f"guided_decoding_guide's output is complete, so only an end id may follow, and "
+            f"this request bans them here ({fields}bad_words or logit_bias)")
+
+
 def bitmask_of(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
     """int32 [ceil(V / 32)]: the bitmask (llguidance's layout, ``StepMasks``)
     allowing `token_ids` alone (vLLM's allowed_token_ids)."""
