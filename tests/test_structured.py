@@ -162,6 +162,8 @@ def test_spare_rows_are_kept_for_later_steps_of_their_width_and_dtype():
     for buffer in buffers:
         spares.give_back(buffer)
     assert [id(b) for b in spares.buffers] == [id(b) for b in buffers[1:]]
+    with pytest.raises(ValueError, match="kept must be at least 1"):
+        SpareRows(kept=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -423,9 +425,11 @@ def test_a_grammar_complete_before_min_tokens_ends_its_request_naming_why(tokeni
     plain = GenerationRequest(prompt_ids=[5], max_tokens=6, sampling=SamplingParams(seed=2))
     stuck_events, plain_events = run(tokenizer, [stuck, plain], mode)
     assert re.fullmatch("[0-9]{2}", "".join(e.text for e in stuck_events)), stuck_events
-    assert stuck_events[-1].error == (
-        "guided_decoding_guide's output is complete, so only an end id may follow, and this "
-        "request bans them here (min_tokens (5), bad_words or logit_bias)"), stuck_events[-1]
+    assert stuck_events[-1].error.startswith(
+        "guided_decoding_guide's output is complete, so only an end id may follow, and none "
+        "can be taken here (min_tokens, bad_words, logit_bias or allowed_token_ids ban them, "
+        "or the model's logits do): "), stuck_events[-1]
+    assert "every token is banned" in stuck_events[-1].error  # the sampler's own reason
     assert plain_events[-1].error is None and plain_events[-1].num_output_tokens == 6
 
 

@@ -57,9 +57,13 @@ class SpareRows:
     kept from one step for a later one: a fresh B x V buffer's first touch
     (its pages mapped) costs several times the masking itself (``bench
     guided``). The data-plane thread takes one; it is given back once its
-    step is sampled (``DataPlane.sampled``), the last `kept` of them kept."""
+    step is sampled (``DataPlane.sampled``), the last `kept` (at least 1)
+    of them kept, for as long as the decoder lives (B x V each, held after
+    the guided requests are gone)."""
 
     def __init__(self, kept: int = 2):
+        if kept < 1:
+            raise ValueError(f"kept must be at least 1, got {kept}")
         self.kept = kept
         self.buffers: list[torch.Tensor] = []
         self.lock = threading.Lock()  # taken in the data-plane thread, given back on the loop's
@@ -237,7 +241,9 @@ class DataPlane:
         summary = None
         spare = None
         if masks is not None:  # the summary is of the masked rows: after them
-            logits = self.engine.step(ids)  # first: the masks are filled meanwhile
+            # first: the masks are filled meanwhile (a fill that outlasts the
+            # forward counts as the step's data-plane time)
+            logits = self.engine.step(ids)
             if logits.device.type == "cpu":
                 masked, spare = self._masked_buffer(logits)
                 logits = masks.result().applied(logits, masked)

@@ -384,7 +384,7 @@ class Decoder:
                     step, launched.batch)
                 started = time.thread_time()
                 ids = launched.ids
-                refused = {row: complete_and_banned(sequences[row].matcher, sequences[row].params)
+                refused = {row: complete_and_banned(sequences[row].matcher, error)
                            or f"the sampler could not sample this request's logits from the "
                               f"model: {error}" for row, error in refused.items()}
                 if self.guided:  # each matcher takes its row's token
@@ -455,14 +455,14 @@ class Decoder:
         # data-plane thread waits for them only once the forward is done (as
         # vLLM's EngineCore.step, vllm/v1/engine/core.py, has its scheduler
         # fill the grammar bitmask between launching the forward and its result)
-        masks = Future()
-        launched = self.data_plane.launch(sequences, batch, loop_s, masks)
+        masks, launched = Future(), None
         try:
+            launched = self.data_plane.launch(sequences, batch, loop_s, masks)
             masks.set_result(self.grammars.masks([s.matcher for s in sequences],
                                                  [s.allowed for s in sequences]))
         except BaseException as error:  # the step fails with it (``_lane``), its thread not left waiting
             masks.set_exception(error)
-            if not isinstance(error, Exception):
+            if launched is None or not isinstance(error, Exception):
                 raise
         return launched
 

@@ -300,16 +300,16 @@ class Grammars:
         return broken
 
 
-def complete_and_banned(matcher, params) -> str | None:
-    """Why the sampler found every token of a guided row banned, where its
-    grammar is the reason: its output is complete, so only an end id may
-    follow, and the request (`params`: its SamplingParams) bans them at
-    this step; None where the row has no grammar or it is not complete."""
+def complete_and_banned(matcher, error: str) -> str | None:
+    """The error a guided row the sampler refused (`error`, its reason) ends
+    with where its grammar is complete, so that only an end id may follow
+    and none could be taken; None where the row has no grammar or it is not
+    complete (the sampler's error stands alone)."""
     if matcher is None or not matcher.is_stopped() or matcher.is_error():
         return None
-    fields = f"min_tokens ({params.min_tokens}), " if params.min_tokens else ""
     return (f"guided_decoding_guide's output is complete, so only an end id may follow, and "
-            f"this request bans them here ({fields}bad_words or logit_bias)")
+            f"none can be taken here (min_tokens, bad_words, logit_bias or allowed_token_ids "
+            f"ban them, or the model's logits do): {error}")
 
 
 def bitmask_of(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -369,8 +369,9 @@ class StepMasks:
                     or not masked.is_contiguous():
                 raise ValueError(f"out must be contiguous {logits.dtype} {list(logits.shape)}, "
                                  f"got {masked.dtype} {list(masked.shape)}")
-            _sampling.masked_rows(rows, dtype, self.rows, self.bitmask, kernel_rows(masked)[0],
-                                  MASK_THREADS)
+            _sampling.masked_rows(rows, dtype, np.ascontiguousarray(self.rows, np.int64),
+                                  np.ascontiguousarray(self.bitmask, np.int32),
+                                  kernel_rows(masked)[0], MASK_THREADS)
             return masked
         rows = torch.from_numpy(self.rows).to(logits.device)
         ruled_out = ~self.allowed_on(logits.device)
