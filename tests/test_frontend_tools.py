@@ -272,6 +272,20 @@ def test_auto_parses_hermes_calls_out_of_the_free_answer(hermes, scripted, choic
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
 
 
+@pytest.mark.parametrize("fields, sent", [({"tool_choice": "auto"}, False), ({}, False),
+                                           ({"skip_special_tokens": True}, None),
+                                           ({"skip_special_tokens": False}, False),
+                                           ({"tool_choice": "none"}, None)])
+def test_auto_keeps_special_tokens_in_the_text_unless_the_client_says(hermes, scripted, fields,
+                                                                       sent):
+    """With the Hermes parser, auto asks for special tokens' text (a
+    tokenizer may make <tool_call> one), as vLLM's parser does, but not over
+    the client's own skip_special_tokens; none leaves the default."""
+    scripted.script = [HERMES]
+    assert post(hermes, chat(tools=[WEATHER], **fields)).status_code == 200
+    assert scripted.plans[0].params.get("skip_special_tokens") is sent
+
+
 @pytest.mark.parametrize("text", ["Sunny, I think.", '<tool_call>{"name": "get_weather", oops'])
 def test_auto_without_a_call_that_parses_is_the_text(hermes, scripted, text):
     scripted.script = [text]

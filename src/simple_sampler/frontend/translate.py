@@ -358,6 +358,12 @@ def with_tools(plan: Plan, use: ToolUse, guide: Guide | None,
     refuses a named tool with structured outputs); ``auto``'s none."""
     plan.tools = use
     if guide is None:  # auto: the calls parsed out of the free answer
+        if "skip_special_tokens" not in request.model_fields_set:
+            # the parser reads the calls' tags, which some tokenizers make
+            # special tokens: kept in the text as vLLM's Hermes2ProToolParser.
+            # adjust_request (vllm/tool_parsers/hermes_tool_parser.py) keeps
+            # them, though not over the client's own skip_special_tokens
+            plan.params["skip_special_tokens"] = False
         return
     if "guided_decoding_guide_type" in plan.params:
         raise RequestError("tool_choice (a named function or required) holds the answer to "
