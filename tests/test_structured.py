@@ -635,3 +635,18 @@ def test_a_structured_outputs_object_that_asks_what_is_not_done_is_refused_by_na
                                                                                      named):
     with pytest.raises(InvalidRequest, match=re.escape(named)):
         Guide.of_vllm(fields, "structured_outputs")
+
+
+def test_bench_guided_takes_its_options_over_quicks_sizes(monkeypatch):
+    """`bench guided --quick --loop-batches` (none): --quick's sizes with
+    the option given over them, not both passed twice."""
+    import argparse
+
+    from simple_sampler.bench import guided
+    from simple_sampler.bench.guided import measuring
+
+    seen = {}
+    monkeypatch.setattr(measuring, "run", lambda **sizes: seen.update(sizes) or {})
+    guided.measure(argparse.Namespace(quick=True, batches=None, steps=None, repeats=None,
+                                      loop_batches=[]))
+    assert seen == {**guided.QUICK, "loop_batches": []}

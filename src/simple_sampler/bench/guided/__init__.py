@@ -23,9 +23,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def measure(args: argparse.Namespace) -> dict:
     from . import measuring
 
-    return measuring.run(**(QUICK if args.quick else {}),
-                         **given(args, batches="batches", steps="steps", repeats="repeats",
-                               loop_batches="loop_batches"))
+    # --quick's sizes, then the options given over them
+    return measuring.run(**{**(QUICK if args.quick else {}),
+                            **given(args, batches="batches", steps="steps", repeats="repeats",
+                                    loop_batches="loop_batches")})
 
 
 def terminal_table(report: dict) -> str:
