@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 
 class SpareRows:
     """Host buffers for guided steps' masked rows (``StepMasks.applied``),
-    kept from one step for a later one: a fresh B x V buffer's first touch
-    (its pages mapped) costs several times the masking itself (``bench
-    guided``). The data-plane thread takes one; it is given back once its
+    kept from one step for a later one: a fresh B x V buffer has each of its
+    pages faulted in by its first write, a kept one's are mapped already.
+    The data-plane thread takes one; it is given back once its
     step is sampled (``DataPlane.sampled``), the last `kept` (at least 1)
     of them kept, for as long as the decoder lives (B x V each, held after
     the guided requests are gone)."""
