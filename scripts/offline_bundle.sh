@@ -20,8 +20,9 @@
 #                       (pytriton/tritonserver/..., nvidia_pytriton.libs/), which
 #                       launch/install.py finds by `pytriton` on sys.path
 #   overlay.tar.xz      cp312 wheels unpacked (--no-deps --target), .so
-#                       stripped: numpy 1.26 (the stub crashes on numpy 2),
-#                       tritonclient and what its grpc and http clients import
+#                       stripped, test suites left out: numpy 1.26 (the stub
+#                       crashes on numpy 2), tritonclient and what its grpc and
+#                       http clients import, llguidance (structured outputs)
 #   tokenizer.tar.xz    SmolLM2's tokenizer and config, no weights, as the
 #                       checkout's .venv converted them (models.cache_dir()):
 #                       the text of --engine simulated and of --model-config's
@@ -61,10 +62,11 @@ PYTRITON=nvidia-pytriton==0.7.0
 OVERLAY=(numpy==1.26.4 ml_dtypes==0.5.4 tritonclient==2.73.0 grpcio==1.85.3
          protobuf==6.33.6 python-rapidjson==1.25 gevent==26.9.0 geventhttpclient==2.6.1
          greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1 urllib3==2.8.0
-         certifi==2026.10.19.post1 packaging==26.4)
+         certifi==2026.10.19.post1 packaging==26.4 llguidance==1.9.1)
 # Wheels for the target, not for this machine: CPython 3.12 on x86-64 Linux.
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3
-        --abi none --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64
+        --abi none --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64
         --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
         --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any)
@@ -84,6 +86,9 @@ if command -v strip > /dev/null; then
     find "$work/overlay" -name '*.so*' -type f -exec strip --strip-unneeded {} + 2> /dev/null || true
 fi
 rm -rf "$work/overlay/bin"  # console scripts with this machine's interpreter in them
+# The packages' own test suites: a third of the packed overlay's Python, never
+# imported on the target; their room carries llguidance.
+find "$work/overlay" -depth -type d -name tests -exec rm -rf {} +
 
 # SmolLM2's converted directory (made from its GGUF on first use), whose
 # tokenizer files the bundle carries.

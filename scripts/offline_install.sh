@@ -13,13 +13,13 @@
 # when the host has none), /dev/shm's size (a warning). Then: DEST/venv over
 # the host's torch (a .pth after the venv's own site-packages, as
 # scripts/install.sh --host-torch makes it), the bundle's Triton set and
-# overlay (numpy 1.26, tritonclient) unpacked into it, the project in
+# overlay (numpy 1.26, tritonclient, llguidance) unpacked into it, the project in
 # DEST/simple-sampler with its kernels built in place, a `simple-sampler`
 # command, DEST/cache (SIMPLE_SAMPLER_CACHE) holding SmolLM2's tokenizer and
 # the files of the bundle's cache/ folder if it has one (`scripts/gpu_bench.sh
 # --prepare`'s real rows), and checks that the stubs' environment (an isolated
-# interpreter, as the Python backend runs it) imports numpy below 2 and the
-# kernels and loads the tokenizer, and that tritonserver and the stub find
+# interpreter, as the Python backend runs it) imports numpy below 2, the
+# kernels and llguidance and loads the tokenizer, and that tritonserver and the stub find
 # every library. Prints the line to source: DEST/env.sh.
 set -euo pipefail
 
@@ -139,6 +139,7 @@ LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:-}" SIMPLE_SAMPLER_CACHE="$dest/cach
 import sys
 import numpy, torch, tritonclient.grpc, tritonclient.http, ml_dtypes
 from transformers import AutoModelForCausalLM, GenerationMixin  # the static and torch engines
+import llguidance, llguidance.hf  # structured outputs (serving/structured.py)
 import simple_sampler._sampling as kernels
 from simple_sampler import models
 from simple_sampler.serving.text import load_tokenizer
@@ -148,6 +149,8 @@ if int(numpy.__version__.split(".")[0]) >= 2:
 print("install.sh: the stubs import numpy", numpy.__version__, "from", numpy.__file__)
 print("install.sh: torch", torch.__version__, "from", torch.__file__, "cuda", torch.cuda.is_available())
 print("install.sh: kernels", kernels.__file__)
+llguidance.LLMatcher.grammar_from_json_schema("{\"type\": \"object\"}")
+print("install.sh: llguidance", llguidance.__file__)
 print("install.sh: tokenizer of", len(load_tokenizer()), "tokens in", models.cache_dir())
 ' || fail "the stubs' environment is not usable (above)"
 site="$("$venv_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"

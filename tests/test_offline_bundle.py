@@ -5,7 +5,8 @@ made, each saying what to do; the overlay keeps the stubs' environment below
 numpy 2. The slow one: the bundle built (--fast), installed over a stand-in
 for the GPU host (scripts/offline_host.sh: Python 3.12, torch, numpy 2, scipy), and
 the simulated engine served from the bundle's own Triton, overlay and
-tokenizer, answering one streamed request, then stopped with nothing left."""
+tokenizer, answering one streamed request and one guided by the bundle's
+llguidance, then stopped with nothing left."""
 import os
 import re
 import shutil
@@ -126,6 +127,7 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
     installed = run(["bash", bundle / "install.sh", dest, "--python", python], timeout=600)
     assert f"numpy 1.26.4 from {dest}/venv/" in installed
     assert f"tokenizer of 49152 tokens in {dest}/cache" in installed
+    assert f"llguidance {dest}/venv/" in installed
     # The host's scipy and scikit-learn (built for numpy 2) import there and
     # are hidden from the stubs' environment, where they would fail on numpy 1.26.
     hidden = "import importlib.util as u; print([u.find_spec(n) is None for n in ('scipy', 'sklearn')])"
@@ -159,6 +161,12 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
         assert len(chunks) >= 2 and chunks[-1].finish_reason == "length"
         assert sum(len(chunk.token_ids) for chunk in chunks) == 8
         assert "".join(chunk.text for chunk in chunks).strip()
+        # structured outputs from the bundle's llguidance, in the llm stub
+        guided = list(GenerateClient(f"127.0.0.1:{ports[1]}", "grpc").stream(
+            "Yes or no?", max_tokens=8, temperature=1.0, guided_decoding_guide_type="regex",
+            guided_decoding_guide="(yes|no)"))
+        assert "".join(chunk.text for chunk in guided) in ("yes", "no")
+        assert guided[-1].finish_reason == "stop"
     finally:
         serve.send_signal(signal.SIGINT)
         try:
