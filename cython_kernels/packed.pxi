@@ -545,7 +545,7 @@ cdef bint decide_packed_rows(PackedScratch* m, const int64_t[:, ::1] cold,
     k.cold_mass = m.cold_mass
     k.cold_token = m.cold_token
     k.cold_token_logit = m.cold_token_logit
-    decide_compact_rows(&b, &k, size, num_threads)
+    decide_compact_rows(&b, &k, size, vocab, num_threads)
     for r in range(size):
         if m.errors[r] != ERROR_NONE:
             return False

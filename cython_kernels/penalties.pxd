@@ -2,12 +2,28 @@
 # repetition / frequency / presence penalties, in vLLM's order.
 #
 # Only the columns a row's bias, ban list and history name can change, so the
-# row's entries are grouped by column (a linear-time radix sort of h entries,
-# never O(V)) into a sorted list of overrides. Each override says how to
-# adjust its column; the row loader applies it to the logit it has just read,
-# so the adjustments cost no random reads of the row.
+# row's entries are grouped by column into a sorted list of overrides. Each
+# override says how to adjust its column; the row loader applies it to the
+# logit it has just read, so the adjustments cost no random reads of the row.
+#
+# Grouping h entries: a few are radix-sorted (linear in h, never O(V)). Many
+# (a long prompt under a repetition penalty) are marked in a bitmap of the
+# vocabulary instead (V / 64 words, kept zeroed between rows): its set bits,
+# read in word order, are the columns ascending, and an entry finds its
+# override by the rank of its bit. That costs a pass over V / 64 words plus a
+# few operations an entry, where the sort scatters every entry across memory
+# once per byte of the column ids. Both give the same overrides.
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, uint64_t
+from libc.string cimport memset
+
+cdef extern from "penalties.h" nogil:
+    float ss_adjusted_logit(float logit, float bias, int seen, int banned, int32_t count,
+                            float repetition, float frequency, float presence)
+
+cdef extern from *:
+    int ss_ctz64 "__builtin_ctzll"(unsigned long long) noexcept nogil
+    int ss_popcount64 "__builtin_popcountll"(unsigned long long) noexcept nogil
 
 cdef enum EntryKind:
     ENTRY_BIAS = 0
@@ -31,6 +47,20 @@ cdef struct Overrides:
     float frequency
 
 
+cdef struct ColumnBits:
+    uint64_t* bits           # [words]: one bit a column, all zero between rows
+    int32_t* rank            # [words]: set bits in the words before
+    Py_ssize_t words         # 0: no bitmap (every row's entries are sorted)
+    Py_ssize_t min_entries   # a row with this many entries or more uses it
+
+
+# By default a row uses the bitmap when its entries reach words /
+# BITMAP_ENTRIES_PER_WORD (297 entries at V = 151,936): from there, reading
+# the bitmap costs less than sorting them.
+cdef enum:
+    BITMAP_ENTRIES_PER_WORD = 8
+
+
 cdef struct RowHistory:
     const int32_t* bias_ids
     const float* bias_values
@@ -47,15 +77,10 @@ cdef struct RowHistory:
 
 
 cdef inline float adjusted_logit(float logit, const Overrides* ov, Py_ssize_t i) noexcept nogil:
-    """Steps 1-2 for override i applied to its column's raw logit."""
-    logit = logit + ov.bias[i]
-    if ov.flags[i] & OVERRIDE_BANNED:
-        return -INFINITY
-    if (ov.flags[i] & OVERRIDE_SEEN) and ov.repetition != 1.0:
-        logit = logit / ov.repetition if logit > 0 else logit * ov.repetition
-    if ov.output_count[i] > 0:
-        logit = logit - ov.frequency * ov.output_count[i] - ov.presence
-    return logit
+    """Steps 1-2 for override i applied to its column's raw logit (penalties.h)."""
+    return ss_adjusted_logit(logit, ov.bias[i], ov.flags[i] & OVERRIDE_SEEN,
+                             ov.flags[i] & OVERRIDE_BANNED, ov.output_count[i], ov.repetition,
+                             ov.frequency, ov.presence)
 
 
 cdef inline uint64_t _entry_key(int32_t column, int kind, Py_ssize_t payload) noexcept nogil:
@@ -95,17 +120,82 @@ cdef inline uint64_t* _sort_by_column(uint64_t* keys, uint64_t* scratch, Py_ssiz
     return keys
 
 
+cdef inline bint uses_history(const RowHistory* h) noexcept nogil:
+    return h.repetition != 1.0 or h.presence != 0.0 or h.frequency != 0.0
+
+
 cdef inline void build_overrides(const RowHistory* h, uint64_t* keys, uint64_t* scratch,
-                                 Overrides* out) noexcept nogil:
-    """Fill `out` (capacity >= h's total entries; keys and scratch likewise).
+                                 ColumnBits* columns, Overrides* out) noexcept nogil:
+    """Fill `out` (capacity >= h's total entries; keys and scratch likewise;
+    columns: a bitmap over every column an entry can name, or words 0).
 
     Bias ids are unique per row (the Python layer checks)."""
     out.repetition = h.repetition
     out.presence = h.presence
     out.frequency = h.frequency
     out.n = 0
-    cdef bint uses_history = (h.repetition != 1.0 or h.presence != 0.0
-                              or h.frequency != 0.0)
+    cdef Py_ssize_t entries = h.n_bias + h.n_ban
+    if uses_history(h):
+        entries += h.n_prompt + h.n_output
+    if columns.words > 0 and entries >= columns.min_entries:
+        _overrides_by_bitmap(h, columns, out)
+    else:
+        _overrides_by_sort(h, keys, scratch, out)
+
+
+cdef inline void _mark(uint64_t* bits, const int32_t* ids, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        bits[ids[i] >> 6] |= (<uint64_t>1) << (ids[i] & 63)
+
+
+cdef inline Py_ssize_t _override_of(const ColumnBits* columns, int32_t column) noexcept nogil:
+    """The index of `column`'s override: the set bits before its own."""
+    cdef uint64_t below = ((<uint64_t>1) << (column & 63)) - 1
+    return columns.rank[column >> 6] + ss_popcount64(columns.bits[column >> 6] & below)
+
+
+cdef inline void _overrides_by_bitmap(const RowHistory* h, ColumnBits* columns,
+                                      Overrides* out) noexcept nogil:
+    cdef uint64_t* bits = columns.bits
+    _mark(bits, h.bias_ids, h.n_bias)
+    _mark(bits, h.ban_ids, h.n_ban)
+    cdef bint history = uses_history(h)
+    if history:
+        _mark(bits, h.prompt_ids, h.n_prompt)
+        _mark(bits, h.output_ids, h.n_output)
+    cdef Py_ssize_t o = 0
+    cdef Py_ssize_t w
+    cdef uint64_t word
+    for w in range(columns.words):
+        columns.rank[w] = <int32_t>o
+        word = bits[w]
+        while word != 0:
+            out.column[o] = <int32_t>(w * 64 + ss_ctz64(word))
+            out.bias[o] = 0.0
+            out.output_count[o] = 0
+            out.flags[o] = 0
+            o += 1
+            word &= word - 1
+    out.n = o
+    cdef Py_ssize_t i
+    for i in range(h.n_bias):
+        out.bias[_override_of(columns, h.bias_ids[i])] = h.bias_values[i]
+    for i in range(h.n_ban):
+        out.flags[_override_of(columns, h.ban_ids[i])] |= OVERRIDE_BANNED
+    if history:
+        for i in range(h.n_prompt):
+            out.flags[_override_of(columns, h.prompt_ids[i])] |= OVERRIDE_SEEN
+        for i in range(h.n_output):
+            o = _override_of(columns, h.output_ids[i])
+            out.flags[o] |= OVERRIDE_SEEN
+            out.output_count[o] += 1
+    memset(bits, 0, columns.words * sizeof(uint64_t))
+
+
+cdef inline void _overrides_by_sort(const RowHistory* h, uint64_t* keys, uint64_t* scratch,
+                                    Overrides* out) noexcept nogil:
+    cdef bint history = uses_history(h)
     cdef Py_ssize_t n = 0
     cdef Py_ssize_t i
     for i in range(h.n_bias):
@@ -114,7 +204,7 @@ cdef inline void build_overrides(const RowHistory* h, uint64_t* keys, uint64_t* 
     for i in range(h.n_ban):
         keys[n] = _entry_key(h.ban_ids[i], ENTRY_BAN, 0)
         n += 1
-    if uses_history:
+    if history:
         for i in range(h.n_prompt):
             keys[n] = _entry_key(h.prompt_ids[i], ENTRY_PROMPT, 0)
             n += 1

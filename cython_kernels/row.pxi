@@ -48,6 +48,9 @@ cdef struct Workspace:
     float* terms             # [n_blocks * SS_BLOCK]: exp(z - block max) per column (top_p alone; TERMS_GAP)
     uint64_t* entry_keys     # [max_entries]: bias, ban and history entries
     uint64_t* entry_scratch
+    ColumnBits columns       # many entries' grouping (penalties.pxd)
+    float* penalized         # [vocab] or NULL: a row with overrides in most blocks (penalized_row)
+    Py_ssize_t penalized_min_overrides  # a row with this many overrides or more is copied there
     int32_t* override_column # [max_entries]: Overrides arrays
     float* override_bias
     int32_t* override_count
@@ -156,6 +159,36 @@ cdef inline const void* reread_block_stored(const RowSource* src, Py_ssize_t b,
     if bf16[0]:
         return <const uint16_t*>src.data + b * SS_BLOCK
     return block_logits(src, b, ov, &ov_pos, buf)
+
+
+# By default a row with overrides enough to fall in this share of its blocks
+# (n overrides x this >= its blocks) is sampled from penalized_row's copy:
+# patching block by block then costs more than one copy, since each patched
+# block is stored element by element and at once reloaded as vectors.
+cdef enum:
+    PENALIZED_ROW_BLOCKS_PER_OVERRIDE = 2
+
+# The thresholds' test seam (sampling._force_override_paths): -1, the defaults.
+cdef Py_ssize_t forced_bitmap_min_entries = -1
+cdef Py_ssize_t forced_penalized_min_overrides = -1
+
+
+cdef inline void penalized_row(const RowSource* src, const Overrides* ov, float* out) noexcept nogil:
+    """The row's penalized, pre-temperature logits as float32, every column:
+    the floats block_logits gives, so a row sampled from them draws the
+    same token."""
+    cdef Py_ssize_t j
+    cdef const uint16_t* half_row = <const uint16_t*>src.data
+    if src.dtype == DTYPE_FLOAT32:
+        memcpy(out, src.data, src.vocab * sizeof(float))
+    elif src.dtype == DTYPE_FLOAT16:
+        for j in range(src.vocab):
+            out[j] = ss_half_to_float(half_row[j])
+    else:
+        for j in range(src.vocab):
+            out[j] = ss_bf16_to_float(half_row[j])
+    for j in range(ov.n):
+        out[ov.column[j]] = adjusted_logit(out[ov.column[j]], ov, j)
 
 
 cdef inline float count_lower_bound(const Workspace* ws, Py_ssize_t n_blocks, float row_max,
@@ -540,12 +573,32 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
     result.error = ERROR_NONE
 
 
-cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
-                                   Py_ssize_t max_entries, Py_ssize_t n_hot) noexcept nogil:
+cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks, Py_ssize_t max_entries,
+                                   Py_ssize_t n_hot, Py_ssize_t id_limit,
+                                   bint full_rows) noexcept nogil:
+    """A thread's scratch. vocab: the widest row it reads; id_limit: the
+    vocabulary the rows' bias, ban and history ids fall in; full_rows: it
+    samples whole rows (sample_one), which may be penalized_row's."""
     cdef Workspace* ws = <Workspace*>malloc(sizeof(Workspace))
     if ws == NULL:
         return NULL
+    ws.penalized = NULL
+    ws.penalized_min_overrides = (
+        (n_blocks + PENALIZED_ROW_BLOCKS_PER_OVERRIDE - 1) // PENALIZED_ROW_BLOCKS_PER_OVERRIDE
+        if forced_penalized_min_overrides < 0 else forced_penalized_min_overrides)
+    if full_rows and max_entries >= ws.penalized_min_overrides:
+        ws.penalized = <float*>malloc(vocab * sizeof(float))
+        if ws.penalized == NULL:
+            free(ws)
+            return NULL
     cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
+    cdef Py_ssize_t words = (id_limit + 63) // 64
+    ws.columns.min_entries = ((words + BITMAP_ENTRIES_PER_WORD - 1) // BITMAP_ENTRIES_PER_WORD
+                              if forced_bitmap_min_entries < 0 else forced_bitmap_min_entries)
+    # the bitmap only where some row has entries enough to use it
+    ws.columns.words = words if max_entries >= ws.columns.min_entries else 0
+    ws.columns.bits = <uint64_t*>calloc(ws.columns.words + 1, sizeof(uint64_t))
+    ws.columns.rank = <int32_t*>malloc((ws.columns.words + 1) * sizeof(int32_t))
     ws.block_max = <float*>malloc(n_blocks * sizeof(float))
     ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
     ws.block_scale = <float*>malloc(n_blocks * sizeof(float))
@@ -567,7 +620,7 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks,
     ws.block_ref = <float*>malloc(n_blocks * sizeof(float))
     ws.bucket_mass = <double*>malloc(NUCLEUS_BUCKETS * sizeof(double))
     ws.block_kept = <float*>malloc(n_blocks * sizeof(float))
-    if (ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
+    if (ws.columns.bits == NULL or ws.columns.rank == NULL or ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
             or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL
             or ws.block_scale == NULL or ws.terms == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
@@ -588,6 +641,9 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.terms)
     free(ws.entry_keys)
     free(ws.entry_scratch)
+    free(ws.penalized)
+    free(ws.columns.bits)
+    free(ws.columns.rank)
     free(ws.override_column)
     free(ws.override_bias)
     free(ws.override_count)

@@ -56,7 +56,8 @@ from libc.string cimport memcpy, memset
 
 from candidates cimport (Candidates, copy_top, keep_at_least, ranks_before, select_rank,
                          top_p_prefix)
-from penalties cimport Overrides, RowHistory, adjusted_logit, build_overrides
+from penalties cimport (BITMAP_ENTRIES_PER_WORD, ColumnBits, Overrides, RowHistory, adjusted_logit,
+                       build_overrides)
 from philox cimport philox4x32_10, uniform_double
 from nucleus cimport (ss_block_mass_before, ss_block_terms_before, ss_blocks_mass_before,
                      ss_bucket_terms)
@@ -157,7 +158,7 @@ cdef void row_setup(Py_ssize_t r, Workspace* ws, const BatchInputs* b, RowParams
     ov.bias = ws.override_bias
     ov.output_count = ws.override_count
     ov.flags = ws.override_flags
-    build_overrides(&history, ws.entry_keys, ws.entry_scratch, ov)
+    build_overrides(&history, ws.entry_keys, ws.entry_scratch, &ws.columns, ov)
 
 
 cdef inline bint wants_logprob(const BatchInputs* b, Py_ssize_t r) noexcept nogil:
@@ -208,6 +209,11 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     src.data = b.logits + r * b.row_stride
     src.dtype = b.dtype
     src.vocab = b.vocab
+    if ws.penalized != NULL and ov.n >= ws.penalized_min_overrides:
+        penalized_row(&src, &ov, ws.penalized)
+        src.data = ws.penalized
+        src.dtype = DTYPE_FLOAT32
+        ov.n = 0
     cdef int outcome = sample_row_hot(&src, &ov, &params, &b.hot, ws, &result)
     if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
         sample_row(&src, &ov, &params, ws, &result,
@@ -436,15 +442,16 @@ def sample_batch(KernelBatch batch not None):
     cdef Py_ssize_t r
     cdef Workspace* ws = NULL
     with nogil, parallel(num_threads=num_threads):
-        ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n)
+        ws = allocate_workspace(b.vocab, n_blocks, max_entries, b.hot.n, b.vocab, True)
         for r in prange(size, schedule='dynamic'):
             sample_one(r, ws, &b)
         free_workspace(ws)
 
 
 cdef void decide_compact_rows(const BatchInputs* b, const CompactInputs* k, Py_ssize_t size,
-                              int num_threads) noexcept nogil:
-    """compact_one over rows [0, size) on num_threads threads."""
+                              Py_ssize_t vocab, int num_threads) noexcept nogil:
+    """compact_one over rows [0, size) on num_threads threads (vocab: the
+    full rows')."""
     cdef Py_ssize_t max_entries = max_row_entries(b, size)
     cdef Py_ssize_t r
     cdef Py_ssize_t max_known = 0
@@ -455,7 +462,7 @@ cdef void decide_compact_rows(const BatchInputs* b, const CompactInputs* k, Py_s
     with parallel(num_threads=num_threads):
         # Candidate arrays sized for the largest row's K, not V (their pages
         # would be mapped afresh every call); the block arrays go unused.
-        ws = allocate_workspace(max_known if max_known > 0 else 1, 1, max_entries, 0)
+        ws = allocate_workspace(max_known if max_known > 0 else 1, 1, max_entries, 0, vocab, False)
         for r in prange(size, schedule='dynamic'):
             compact_one(r, ws, b, k)
         free_workspace(ws)
@@ -500,7 +507,7 @@ def sample_compact_batch(KernelBatch batch not None, Py_ssize_t vocab,
     k.cold_token = &cold_token[0] if cold_token.shape[0] > 0 else NULL
     k.cold_token_logit = &cold_token_logit[0] if cold_token.shape[0] > 0 else NULL
     with nogil:
-        decide_compact_rows(&b, &k, size, num_threads)
+        decide_compact_rows(&b, &k, size, vocab, num_threads)
 
 
 include "packed.pxi"
@@ -524,6 +531,19 @@ def _exp_paths(const float[::1] x, float[::1] scalar, float[::1] vector, float[:
         ss_exp_array_w(&x[0], &wide[0], &mass[0], n)
 
 
+def _force_override_paths(Py_ssize_t bitmap_min_entries=-1, Py_ssize_t penalized_min_overrides=-1):
+    """Test hook: rows with at least bitmap_min_entries bias, ban and history
+    entries group them by the bitmap (else by the sort), and rows with at
+    least penalized_min_overrides overrides are sampled from a penalized
+    copy (else patched block by block), from the next call on; -1 restores
+    each default (penalties.pxd, row.pxi). Returns the previous pair."""
+    global forced_bitmap_min_entries, forced_penalized_min_overrides
+    previous = (forced_bitmap_min_entries, forced_penalized_min_overrides)
+    forced_bitmap_min_entries = bitmap_min_entries
+    forced_penalized_min_overrides = penalized_min_overrides
+    return previous
+
+
 def row_mass(const unsigned char[:, ::1] rows_bytes, int dtype, double[::1] mass):
     """Bench hook, the exp floor of `bench kernels`: each row's softmax mass
     sum_j exp(x_j - max x) into mass[r], by sample_row's own first pass
@@ -543,7 +563,7 @@ def row_mass(const unsigned char[:, ::1] rows_bytes, int dtype, double[::1] mass
     cdef Py_ssize_t n_blocks = (src.vocab + SS_BLOCK - 1) // SS_BLOCK
     cdef Overrides no_overrides
     no_overrides.n = 0
-    cdef Workspace* ws = allocate_workspace(src.vocab, n_blocks, 0, 0)
+    cdef Workspace* ws = allocate_workspace(src.vocab, n_blocks, 0, 0, src.vocab, False)
     if ws == NULL:
         raise MemoryError()
     cdef Py_ssize_t r

@@ -6,12 +6,32 @@ compared with the kernels' view of the row: with ``num_top_logprobs=V`` the
 sampler returns every token's logprob under softmax(penalized logits /
 temperature), so the penalized logits are recovered up to one additive
 constant. Greedy rows pin down the argmax of the penalized logits.
+
+Each test runs on every way the kernels group a row's entries (a sort, or
+a bitmap for long histories) and apply them (block by block, or to a
+penalized copy of the row), forced on these short rows; the last tests hold
+the four ways to the same floats on long histories.
 """
+import ml_dtypes
 import numpy as np
 import pytest
 
+from simple_sampler import _sampling
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample, sample_requests
+from simple_sampler.shvs import HotVocab
+
+NEVER = 2**62
+#: (bitmap_min_entries, penalized_min_overrides) for _sampling._force_override_paths
+OVERRIDE_PATHS = {"sorted-blocks": (NEVER, NEVER), "bitmap-blocks": (0, NEVER),
+                  "sorted-copy": (NEVER, 0), "bitmap-copy": (0, 0)}
+
+
+@pytest.fixture(autouse=True, params=OVERRIDE_PATHS, ids=list(OVERRIDE_PATHS))
+def override_path(request):
+    previous = _sampling._force_override_paths(*OVERRIDE_PATHS[request.param])
+    yield request.param
+    _sampling._force_override_paths(*previous)
 
 TOL = 1e-5
 ROW = np.array([2.0, -1.0, 0.5, 3.0, -2.5, 0.0, 1.0, -0.5], np.float32)   # V = 8
@@ -418,3 +438,52 @@ def test_adjustments_at_block_boundaries(vocab):
         assert abs(out.logprobs[0] - lp[out.token_ids[0]]) < TOL
     params.temperature = 0.0
     assert sample_requests(row, [params], [history]).token_ids[0] == 5
+
+
+# ------------------------------------------------- the four ways, long rows
+
+
+def long_history_batch(vocab: int, size: int, rng, untruncated: bool) -> SamplingBatch:
+    """Rows with thousands of history entries (repeats, prompt and output
+    overlapping), bias and bans: every block of the row has overrides.
+    untruncated: rows SHVS tries (sampled, no top_k or min_p)."""
+    params, histories = [], []
+    for r in range(size):
+        prompt = rng.integers(0, vocab, int(rng.integers(1500, 4000)))
+        output = np.concatenate([rng.integers(0, vocab, 600), prompt[:200]])
+        bias = {int(i): float(rng.normal()) for i in rng.choice(vocab, 40, replace=False)}
+        params.append(SamplingParams(
+            temperature=float(rng.choice([0.7, 1.3] if untruncated else [0.0, 0.7, 1.3])),
+            top_k=0 if untruncated else int(rng.choice([0, 40])), top_p=float(rng.choice([1.0, 0.9])),
+            min_p=0.0 if untruncated else float(rng.choice([0.0, 0.05])),
+            repetition_penalty=float(rng.choice([1.0, 1.15, 0.9])),
+            frequency_penalty=float(rng.choice([0.0, 0.4])), presence_penalty=float(rng.choice([0.0, -0.3])),
+            logit_bias=bias, min_tokens=3, stop_token_ids=[int(rng.integers(vocab))], seed=100 + r))
+        histories.append(History(prompt_ids=prompt.tolist(), output_ids=output.tolist()))
+    return SamplingBatch.from_params(params, histories, [1] * size, vocab)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("hot", [False, True], ids=["full", "shvs"])
+def test_every_way_gives_the_same_floats_on_long_histories(override_path, dtype, hot):
+    """Tokens, logprobs and top logprobs bit for bit as the defaults give
+    them (which, at these sizes, group by the bitmap and sample a copy)."""
+    rng = np.random.default_rng(7)
+    vocab, size = 20_000, 12
+    rows = (rng.standard_normal((size, vocab)) * 2.0).astype(dtype)
+    batch = long_history_batch(vocab, size, rng, untruncated=hot)
+    # SHVS: a hot set holding most of row 0's mass, tried on rows asking no logprobs
+    kwargs = ({"hot_vocab": HotVocab(np.argsort(-rows[0].astype(np.float32))[:2000], vocab),
+               "return_logprobs": False} if hot else {"num_top_logprobs": 5})
+    kwargs["num_threads"] = 2
+    got = sample(rows, batch, **kwargs)
+    if hot:
+        assert (got.hot_accepted >= 0).all()
+    previous = _sampling._force_override_paths(-1, -1)
+    try:
+        expected = sample(rows, batch, **kwargs)
+    finally:
+        _sampling._force_override_paths(*previous)
+    np.testing.assert_array_equal(got.token_ids, expected.token_ids)
+    for name in ("logprobs", "top_logprobs", "top_token_ids", "hot_accepted"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
