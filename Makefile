@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD_INPUTS := pyproject.toml setup.py $(wildcard cython_kernels/*.pyx cython_kernels/*.pxi cython_kernels/*.pxd cython_kernels/*.h)
 
-.PHONY: install install-gpu-host offline-host test test-fast bench serve perf peer clean
+.PHONY: install install-gpu-host offline-host test test-fast bench serve perf peer peer-sglang clean
 
 install: $(STAMP)
 
@@ -94,5 +94,29 @@ $(PEER)/.installed:
 	touch $@
 peer: $(PEER)/.installed
 
+# SGLang's real sampler (sglang/srt/layers/sampler.py, its pytorch backend) in its own
+# virtualenv, for the sglang_cpu columns of `bench kernels`; never part of `make test`
+# or CI. SGLang's wheel requires CUDA packages (flashinfer, sglang-kernel, ...) that
+# the CPU path never imports: it goes in with --no-deps, beside the few packages
+# `import sglang.srt.layers.sampler` needs (SGLang's pins where it pins them). Its
+# torch is the one it pins, PyPI's CUDA build (it runs on CPU): that import reaches
+# torchvision (sglang/srt/configs/ -> multimodal/internvl_utils.py), and PyPI's
+# torchvision does not load beside a CPU torch; triton comes with that torch
+# (sglang/srt/utils/common.py imports it). About 6 GB.
+PEER_SGLANG ?= .peer-sglang
+SGLANG_VERSION ?= 0.5.23
+SGLANG_DEPS := torch==2.14.1 torchvision==0.29.1 apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 \
+	openai==2.8.0 transformers==5.19.0 compressed-tensors==0.18.0 orjson psutil pybase64 \
+	requests packaging pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp dill gguf \
+	partial_json_parser
+$(PEER_SGLANG)/.installed:
+	$(PYTHON) -m venv $(PEER_SGLANG)
+	$(PEER_SGLANG)/bin/python -m pip install --quiet --upgrade pip
+	$(PEER_SGLANG)/bin/python -m pip install --quiet $(SGLANG_DEPS)
+	$(PEER_SGLANG)/bin/python -m pip install --quiet --no-deps sglang==$(SGLANG_VERSION)
+	$(PEER_SGLANG)/bin/python -W ignore -c "import torch, sglang; from sglang.srt.layers.sampler import Sampler; print('sglang', sglang.__version__, 'torch', torch.__version__)"
+	touch $@
+peer-sglang: $(PEER_SGLANG)/.installed
+
 clean:
-	rm -rf $(VENV) $(PEER) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c
+	rm -rf $(VENV) $(PEER) $(PEER_SGLANG) .perf build src/*.egg-info src/simple_sampler/*.so cython_kernels/*.c

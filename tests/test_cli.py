@@ -85,23 +85,75 @@ def test_bench_kernels_leaves_the_exp_floor_out_for_kernels_without_it(capsys, m
     assert "the exp floor  (" not in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_bench_kernels_vllm_columns_come_from_the_peer(tmp_path, capsys):
-    """The vllm_cpu columns are what the peer python reports, with its
-    version; a stand-in peer (vLLM itself never runs under make test)."""
-    peer = tmp_path / "python"
-    peer.write_text("#!/bin/sh\n"
+def stand_in_peer(path: Path, script: str, version: dict, us: float) -> Path:
+    """A python that answers only for `script` (its second argument, after -P),
+    as the peer scripts do: one JSON line."""
+    path.write_text("#!/bin/sh\n"
+                    f"case \"$2\" in */{script}) ;; *) exit 4 ;; esac\n"
                     "case \"$3\" in *.npz) ;; *) exit 3 ;; esac\n"
-                    "echo '{\"us_per_row\": 5000.0, \"tokens\": [], "
-                    "\"vllm_version\": \"0.32.0\", \"torch_version\": \"2.13.0+cpu\"}'\n")
-    peer.chmod(0o755)
-    assert main(["bench", "kernels", "--json", "--vocab", "4096", "--batch", "4", "--dtype",
-                 "bfloat16", "--repeats", "2", "--peer-python", str(peer)]) == 0
+                    f"echo '{json.dumps({'us_per_row': us, 'tokens': [], **version})}'\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.slow
+def test_bench_kernels_peer_columns_come_from_the_peers(tmp_path, capsys):
+    """The vllm_cpu and sglang_cpu columns are what each peer's python reports,
+    with its versions; stand-ins (vLLM and SGLang never run under make test)."""
+    vllm = stand_in_peer(tmp_path / "vllm", "vllm_peer.py",
+                         {"vllm_version": "0.32.0", "torch_version": "2.13.0+cpu"}, 5000.0)
+    sglang = stand_in_peer(tmp_path / "sglang", "sglang_peer.py",
+                           {"sglang_version": "0.5.23", "torch_version": "2.14.1+cu130"}, 7000.0)
+    command = ["bench", "kernels", "--vocab", "4096", "--batch", "4", "--dtype", "bfloat16",
+               "--repeats", "2", "--peer-python", str(vllm), "--sglang-python", str(sglang)]
+    assert main([*command, "--json"]) == 0
     (r,) = json.loads(capsys.readouterr().out)["results"]
-    assert r["us_per_row"]["vllm_cpu"] == 5000.0 and r["us_per_row"]["vllm_cpu_top_p"] == 5000.0
+    us = r["us_per_row"]
+    assert us["vllm_cpu"] == us["vllm_cpu_top_p"] == 5000.0
+    assert us["sglang_cpu"] == us["sglang_cpu_top_p"] == 7000.0
+    assert r["sglang"] == {"version": "0.5.23", "torch": "2.14.1+cu130"}
     assert r["vllm"] == {"version": "0.32.0", "torch": "2.13.0+cpu"}
-    assert r["ratios"]["vllm_cpu_over_simple"] == pytest.approx(
-        5000.0 / r["us_per_row"]["simple"], rel=0.05)
+    assert r["ratios"]["vllm_cpu_over_simple"] == pytest.approx(5000.0 / us["simple"], rel=0.05)
+    assert r["ratios"]["sglang_cpu_top_p_over_simple_top_p"] == pytest.approx(
+        7000.0 / us["simple_top_p"], rel=0.05)
+    assert main(command) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].endswith(", vLLM 0.32.0, SGLang 0.5.23")
+    assert "sglang/simple" in table.splitlines()[1]
+
+
+def test_bench_kernels_finds_each_peer_and_no_peer_leaves_both_out(monkeypatch):
+    """--peer-python / --sglang-python name the peers' pythons, each found by
+    default_peer_python otherwise; --no-peer leaves both out. run() stubbed."""
+    from simple_sampler.bench.kernels import SPEC, measuring
+
+    calls = []
+    monkeypatch.setattr(measuring, "default_peer_python", lambda peer="vllm": f"/default/{peer}")
+    monkeypatch.setattr(measuring, "run", lambda **kwargs: calls.append(kwargs) or [])
+
+    def peers(*options):
+        SPEC.measure(build_parser().parse_args(["bench", "kernels", *options]))
+        return calls[-1]["peer_python"], calls[-1]["sglang_python"]
+
+    assert peers() == ("/default/vllm", "/default/sglang")
+    assert peers("--sglang-python", "/s/python") == ("/default/vllm", "/s/python")
+    assert peers("--peer-python", "/v/python") == ("/v/python", "/default/sglang")
+    assert peers("--no-peer", "--sglang-python", "/s/python") == (None, None)
+
+
+def test_default_peer_python_is_the_make_target_virtualenv(tmp_path, monkeypatch):
+    """Where the peer's module does not import here, its `make` virtualenv's
+    python when there is one (.peer/ for vLLM, .peer-sglang/ for SGLang)."""
+    from simple_sampler.bench.kernels import measuring
+
+    monkeypatch.setattr(measuring, "ROOT", tmp_path)
+    monkeypatch.setitem(measuring.PEERS, "sglang", {**measuring.PEERS["sglang"],
+                                                    "module": "no_such_module_sglang"})
+    assert measuring.default_peer_python("sglang") is None
+    python = tmp_path / ".peer-sglang" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    assert measuring.default_peer_python("sglang") == str(python)
 
 
 def test_bench_requires_a_target():

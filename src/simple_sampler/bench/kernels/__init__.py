@@ -24,11 +24,15 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="row kinds, each a set of cells (default: real SmolLM2 rows at"
                              " V=49,152, fitted ones elsewhere)")
     parser.add_argument("--threads", type=int,
-                        help="threads for the kernels, torch and vLLM (the floor stays at 1)")
+                        help="threads for the kernels, torch, vLLM and SGLang (the floor stays at 1)")
     parser.add_argument("--peer-python",
                         help="a python that imports vllm, for the vllm_cpu column (default: "
                              "this one if it can, else .peer/bin/python from `make peer`)")
-    parser.add_argument("--no-peer", action="store_true", help="leave the vllm_cpu column out")
+    parser.add_argument("--sglang-python",
+                        help="a python that imports sglang, for the sglang_cpu columns (default: "
+                             "this one if it can, else .peer-sglang/bin/python from `make peer-sglang`)")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="leave the peers' columns out (vllm_cpu and sglang_cpu)")
     parser.add_argument("--clock", choices=["wall", "cpu"],
                         help="wall: elapsed time; cpu: the process's CPU time (all threads "
                              "summed), for single-threaded runs on a machine others share")
@@ -37,9 +41,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def measure(args: argparse.Namespace) -> dict:
     from . import measuring as kernels
 
-    peer = None if args.no_peer else (args.peer_python or kernels.default_peer_python())
+    peer = None if args.no_peer else (args.peer_python or kernels.default_peer_python("vllm"))
+    sglang = None if args.no_peer else (args.sglang_python or kernels.default_peer_python("sglang"))
     results = kernels.run(
-        peer_python=peer, **(QUICK if args.quick else given(args, repeats="repeats")),
+        peer_python=peer, sglang_python=sglang, **(QUICK if args.quick else given(args, repeats="repeats")),
         **given(args, vocabs="vocab", batch="batch", dtypes="dtype", threads="threads",
                 clock="clock", temperatures="temperature", rows="rows"))
     return {"results": results, "worst_over_floor": kernels.worst_over(results),

@@ -15,6 +15,9 @@ For each vocabulary and dtype, on the same B rows in one run:
                   vllm_peer.py), `simple`'s settings; vllm_cpu_top_p: `simple_top_p`'s.
                   Present when vllm imports here or a peer python is given
                   (`make peer` builds .peer/, used by default when it exists)
+  sglang_cpu      SGLang's own sampler on CPU (its penalties and Sampler.forward with
+                  the pytorch backend, see sglang_peer.py), likewise, with
+                  sglang_cpu_top_p (`make peer-sglang` builds .peer-sglang/)
   floor           numpy max over the same rows in their storage dtype (bfloat16
                   rows: the max of their int16 bit patterns, the same bytes read,
                   since numpy has no bfloat16 max); the fastest of its rounds,
@@ -142,22 +145,31 @@ def time_interleaved(fns: dict, rows: int, repeats: int, clock: str = "wall",
             for name, t in times.items()}
 
 
-PEER_PYTHON = Path(__file__).resolve().parents[4] / ".peer" / "bin" / "python"
+ROOT = Path(__file__).resolve().parents[4]
+#: the peers: each one's column prefix -> the module it imports, the script
+#: (beside this file) that times it, and the virtualenv its `make` target builds
+PEERS = {
+    "vllm": {"module": "vllm", "script": "vllm_peer.py", "venv": ".peer"},
+    "sglang": {"module": "sglang", "script": "sglang_peer.py", "venv": ".peer-sglang"},
+}
 
 
-def default_peer_python() -> str | None:
-    """The python that can import vllm: this one, or the `make peer` virtualenv's."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return str(PEER_PYTHON) if PEER_PYTHON.exists() else None
+def default_peer_python(peer: str = "vllm") -> str | None:
+    """The python that can import the peer's module: this one, or its `make`
+    virtualenv's (`make peer`: .peer/, `make peer-sglang`: .peer-sglang/)."""
+    import importlib.util
     import sys
-    return sys.executable
+
+    if importlib.util.find_spec(PEERS[peer]["module"]) is not None:
+        return sys.executable
+    python = ROOT / PEERS[peer]["venv"] / "bin" / "python"
+    return str(python) if python.exists() else None
 
 
-def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: SamplingBatch,
-                  repeats: int, threads: int, clock: str = "wall") -> dict:
-    """vllm_peer.time_case on these rows and settings, run by peer_python."""
+def peer_time(peer: str, peer_python: str, rows: np.ndarray, dtype: str, batch: SamplingBatch,
+              repeats: int, threads: int, clock: str = "wall") -> dict:
+    """The peer script's time_case (vllm_peer.py, sglang_peer.py) on these rows
+    and settings, run by peer_python."""
     case = {"rows": rows.view(np.int16) if dtype == "bfloat16" else rows, "dtype": dtype,
             "temperature": batch.temperature, "top_k": batch.top_k, "top_p": batch.top_p,
             "min_p": batch.min_p, "repetition": batch.repetition_penalty,
@@ -165,25 +177,28 @@ def vllm_cpu_time(peer_python: str, rows: np.ndarray, dtype: str, batch: Samplin
             "seed": batch.seed, "prompt_offsets": batch.prompt_offsets,
             "prompt_ids": batch.prompt_ids, "output_offsets": batch.output_offsets,
             "output_ids": batch.output_ids}
+    script = Path(__file__).with_name(PEERS[peer]["script"])
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "case.npz")
         np.savez(path, **case)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         # -P: the script's own folder (bench/kernels/, which holds our modules) stays
-        # off sys.path, where vllm's imports would find them.
-        done = subprocess.run([peer_python, "-P", str(Path(__file__).with_name("vllm_peer.py")), path,
-                               str(repeats), str(threads), clock],
+        # off sys.path, where the peer's imports would find them.
+        done = subprocess.run([peer_python, "-P", str(script), path, str(repeats), str(threads), clock],
                               capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"vllm_cpu peer failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{peer}_cpu peer failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 20,
         baseline_repeats: int = 3, history_tokens: int = 256, threads: int = 1,
-        peer_python: str | None = None, clock: str = "wall",
+        peer_python: str | None = None, sglang_python: str | None = None, clock: str = "wall",
         temperatures=(None,), rows=(None,)) -> list[dict]:
     """One result per rows kind x vocabulary x temperature x dtype.
+
+    peer_python / sglang_python: pythons that run vllm_peer.py / sglang_peer.py
+    (None: no vllm_cpu / sglang_cpu columns).
 
     temperatures: each replaces the sampled configs' own (``simple``,
     ``simple_top_p``, ``simple_min_p``; None: theirs, 0.8 and 1); a higher
@@ -191,18 +206,20 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
     import torch
 
     torch.set_num_threads(threads)
+    peers = {name: python for name, python in (("vllm", peer_python), ("sglang", sglang_python))
+             if python}
     results = []
     for kind in rows:
         for vocab in vocabs:
             base, label = rows_of_kind(kind, vocab, batch)
             for temperature in temperatures:
                 results += _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats,
-                                     history_tokens, threads, peer_python, clock, temperature)
+                                     history_tokens, threads, peers, clock, temperature)
     return results
 
 
 def _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats, history_tokens,
-              threads, peer_python, clock, temperature) -> list[dict]:
+              threads, peers, clock, temperature) -> list[dict]:
     sampled = {name: params if temperature is None else replace(params, temperature=temperature)
                for name, params in (("simple", ALL_FEATURES), ("simple_top_p", TOP_P_ONLY),
                                     ("simple_min_p", MIN_P_ONLY))}
@@ -222,31 +239,35 @@ def _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats, hist
             floor_rows = rows.view(np.int16)
         us = _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_repeats,
                            threads, clock)
-        peer = {}
-        if peer_python:
-            peer = vllm_cpu_time(peer_python, rows, dtype, batches["simple"],
-                                 baseline_repeats, threads, clock)
-            us["vllm_cpu"] = peer["us_per_row"]
-            us["vllm_cpu_top_p"] = vllm_cpu_time(peer_python, rows, dtype,
-                                                 batches["simple_top_p"], baseline_repeats,
-                                                 threads, clock)["us_per_row"]
+        versions = {name: _peer_columns(name, python, rows, dtype, batches, us, baseline_repeats,
+                                        threads, clock)
+                    for name, python in peers.items()}
         ratios = {f"{name}_over_{floor}": round(us[name] / us[floor], 2)
                   for floor in FLOORS if floor in us for name in KERNEL_CONFIGS}
         ratios["torch_sort_over_simple"] = round(us["torch_sort"] / us["simple"], 1)
-        if peer:
-            ratios["vllm_cpu_over_simple"] = round(us["vllm_cpu"] / us["simple"], 1)
-            ratios["vllm_cpu_top_p_over_simple_top_p"] = round(
-                us["vllm_cpu_top_p"] / us["simple_top_p"], 1)
+        for name in peers:
+            ratios[f"{name}_cpu_over_simple"] = round(us[f"{name}_cpu"] / us["simple"], 1)
+            ratios[f"{name}_cpu_top_p_over_simple_top_p"] = round(
+                us[f"{name}_cpu_top_p"] / us["simple_top_p"], 1)
         results.append({
             "vocab": vocab, "batch": batch, "dtype": dtype, "rows": label,
             "threads": threads, "clock": clock,
             "temperatures": {name: params.temperature for name, params in sampled.items()},
             "us_per_row": {k: round(v, 2) for k, v in us.items()},
             "ratios": ratios,
-            **({"vllm": {"version": peer["vllm_version"], "torch": peer["torch_version"]}}
-               if peer else {}),
+            **versions,
         })
     return results
+
+
+def _peer_columns(peer, python, rows, dtype, batches, us, repeats, threads, clock) -> dict:
+    """The peer's PEER_cpu (`simple`'s settings) and PEER_cpu_top_p
+    (`simple_top_p`'s) columns into `us`; returns its and its torch's versions."""
+    done = peer_time(peer, python, rows, dtype, batches["simple"], repeats, threads, clock)
+    us[f"{peer}_cpu"] = done["us_per_row"]
+    us[f"{peer}_cpu_top_p"] = peer_time(peer, python, rows, dtype, batches["simple_top_p"], repeats,
+                                        threads, clock)["us_per_row"]
+    return {"version": done[f"{peer}_version"], "torch": done["torch_version"]}
 
 
 def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_repeats, threads,
@@ -311,17 +332,21 @@ RATIO_COLUMNS = (("simple", "simple"), ("top_p", "simple_top_p"), ("min_p", "sim
 
 def format_table(results: list[dict]) -> str:
     columns = ("simple", "simple_top_p", "simple_min_p", "simple_greedy", "simple_logprobs",
-               "simple_top_logprobs", "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "floor", "exp_floor")
+               "simple_top_logprobs", "torch_sort", "vllm_cpu", "vllm_cpu_top_p", "sglang_cpu",
+               "sglang_cpu_top_p", "floor", "exp_floor")
+    labels = {"vllm": "vLLM", "sglang": "SGLang"}
     if not results:
         return ""
     ratio_headings = [f"{label}/{'floor' if floor == 'floor' else 'exp'}"
                       for floor in FLOORS for label, _ in RATIO_COLUMNS]
     lines = [f"us per row ({results[0].get('clock', 'wall')} clock), {results[0]['threads']}"
              f" thread(s), B={results[0]['batch']}"
-             + (f", vLLM {results[0]['vllm']['version']}" if "vllm" in results[0] else ""),
+             + "".join(f", {labels[peer]} {results[0][peer]['version']}" for peer in PEERS
+                       if peer in results[0]),
              f"{'vocab':>7} {'dtype':>8} {'T':>4} " + " ".join(f"{c:>15}" for c in columns)
              + "".join(f" {h:>12}" for h in ratio_headings)
-             + f" {'torch/simple':>12} {'vllm/simple':>11} {'vllm_p/top_p':>12}  rows"]
+             + f" {'torch/simple':>12}"
+             + "".join(f" {peer + '/simple':>13} {peer + '_p/top_p':>14}" for peer in PEERS) + "  rows"]
 
     def cell(value, width, digits):
         return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
@@ -334,8 +359,9 @@ def format_table(results: list[dict]) -> str:
                      + "".join(f" {cell(ratios.get(f'{name}_over_{floor}'), 12, 2)}"
                                for floor in FLOORS for _, name in RATIO_COLUMNS)
                      + f" {ratios['torch_sort_over_simple']:>12.1f}"
-                     f" {cell(ratios.get('vllm_cpu_over_simple'), 11, 1)}"
-                     f" {cell(ratios.get('vllm_cpu_top_p_over_simple_top_p'), 12, 1)}  {r['rows']}")
+                     + "".join(f" {cell(ratios.get(f'{peer}_cpu_over_simple'), 13, 1)}"
+                               f" {cell(ratios.get(f'{peer}_cpu_top_p_over_simple_top_p'), 14, 1)}"
+                               for peer in PEERS) + f"  {r['rows']}")
     lines += ["", "T: the sampled configs' temperature (simple's own is 0.8 where T is 1)."
               if all(r["temperatures"]["simple"] == 0.8 for r in results) else
               "T: the temperature of every sampled config.", "",
