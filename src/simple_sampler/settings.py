@@ -458,6 +458,11 @@ class FrontendSettings(Settings):
         "none", "the OpenAI API's parser of tool calls in free text, which tool_choice auto "
         "needs (vLLM's --tool-call-parser): hermes (<tool_call>{...}</tool_call>, Qwen2.5's "
         "and Hermes' format); none: auto refused", choices=("none", "hermes"), parameter=False)
+    generation_config: str = setting(
+        "auto", "the OpenAI API's defaults for the sampling fields a request leaves out (vLLM's "
+        "--generation-config): auto: the model's generation_config.json's temperature, top_p, "
+        "top_k, min_p, repetition_penalty and max_new_tokens (chat's max_tokens), as vLLM; vllm: "
+        "none of them", choices=("auto", "vllm"), parameter=False)
 
 
 @dataclass

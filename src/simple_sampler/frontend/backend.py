@@ -11,7 +11,6 @@ client that leaves.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import re
 import threading
@@ -23,7 +22,9 @@ from ..client import AsyncGenerateClient, Chunk, GenerationError
 from ..models import SMOLLM2_GGUF_NAME
 from ..schema import LLM, SHUTTING_DOWN
 from ..serving.engines import engine_spec
+from ..serving.text import model_directory
 from ..settings import FrontendSettings, LlmSettings
+from .generation_defaults import sampling_defaults
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,20 @@ async def llm_settings(grpc_url: str) -> LlmSettings:
     return LlmSettings.from_config(config)
 
 
-def served_by(settings: LlmSettings) -> Served:
+def served_by(settings: LlmSettings, generation_config: str = FrontendSettings.generation_config,
+              tool_parser: str = FrontendSettings.tool_call_parser) -> Served:
+    """What the door serves for the llm's settings. generation_config
+    (``FrontendSettings``): whose sampling defaults requests take, read from
+    the model's directory where a model of --model runs (not a simulated
+    engine's, nor a --model-config shape's random weights)."""
     spec = engine_spec(settings.engine)
     codec = spec.codec(settings)  # loads the tokenizer (transformers, torch)
+    directory = (model_directory(settings.model or None)
+                 if spec.runs_model and not settings.model_config else None)
     return Served(model_id(settings), codec, settings.max_context,
-                  spec.vocab_size(settings, codec), streams=settings.decoupled_mode)
+                  spec.vocab_size(settings, codec), streams=settings.decoupled_mode,
+                  tool_parser=tool_parser,
+                  sampling_defaults=sampling_defaults(directory, generation_config))
 
 
 async def _answered_once(client: AsyncGenerateClient, prompt_ids: list[int],
@@ -132,11 +142,19 @@ class FrontendServer:
 
     def __init__(self, grpc_url: str, host: str, port: int, grace_s: float = 5.0,
                  tool_call_parser: str = FrontendSettings.tool_call_parser,
-                 served: Served | None = None):
+                 served: Served | None = None,
+                 generation_config: str = FrontendSettings.generation_config):
         self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
         self.grace_s, self.tool_call_parser = grace_s, tool_call_parser
+        self.generation_config = generation_config
         self.thread: threading.Thread | None = None
         self.server = None
+
+    @classmethod
+    def of(cls, frontend: FrontendSettings, grpc_url: str, grace_s: float) -> "FrontendServer":
+        """The door ``serve``'s settings describe, on Triton's gRPC endpoint."""
+        return cls(grpc_url, frontend.openai_host, frontend.openai_port, grace_s,
+                   frontend.tool_call_parser, generation_config=frontend.generation_config)
 
     @property
     def url(self) -> str:
@@ -154,8 +172,7 @@ class FrontendServer:
         if self.served is None:
             if settings is None:
                 settings = asyncio.run(llm_settings(self.grpc_url))
-            self.served = dataclasses.replace(served_by(settings),
-                                              tool_parser=self.tool_call_parser)
+            self.served = served_by(settings, self.generation_config, self.tool_call_parser)
         return self
 
     def start(self, timeout_s: float = 120.0,

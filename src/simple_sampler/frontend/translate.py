@@ -54,6 +54,9 @@ class Served:
     streams: bool = True
     #: the parser of tool calls in free text, for tool_choice auto (frontend/tools.py)
     tool_parser: str = "none"
+    #: request field -> value where a request leaves it out: the model's
+    #: generation config's (frontend/generation_defaults.py)
+    sampling_defaults: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -113,10 +116,13 @@ def checked_integer(name: str, value: int, input_name: str, low: int, high: int,
 
 
 def _sampling_params(request: Sampling, served: Served) -> dict:
-    """The sampling fields given, checked by params.RULES, as generate inputs."""
+    """The sampling fields given (or the model's defaults for those left
+    out), checked by params.RULES, as generate inputs."""
     params = {}
     for name, rule, allowed in ((p.name, p.rule, p.allowed) for p in RULES):
         value = getattr(request, name)
+        if value is None:
+            value = served.sampling_defaults.get(name)
         if value is None:
             continue
         if not rule(np.float64(value)):
@@ -227,9 +233,10 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
         if room < 1:
             raise RequestError(f"{prompt_name} ({prompt_length} tokens) leaves no room in the "
                                f"context ({served.max_context} tokens)", prompt_field)
-        # chat: what the context leaves; completions: OpenAI's 16, or what the
-        # context leaves if less (vLLM's default, vllm/entrypoints/utils.py,
-        # ``get_max_tokens``); a limit the client sent is never shortened
+        # chat: what the context leaves (or the model's max_new_tokens, if
+        # less); completions: OpenAI's 16, or what the context leaves if less
+        # (vLLM's default, vllm/entrypoints/utils.py, ``get_max_tokens``); a
+        # limit the client sent is never shortened
         return room if default is None else min(default, room)
     checked_integer(name, given, "max_tokens", low, served.max_context - 1)
     if given > room:  # the prompt's fault where it fills the context alone
@@ -343,7 +350,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     use, guide = tool_use(request, served.tool_parser)
     prompt_ids = chat_prompt_ids(request, served, keep)
     plan = _plan(request, served, True, prompt_ids,
-                 _max_tokens(request, served, len(prompt_ids), None, name,
+                 _max_tokens(request, served, len(prompt_ids), served.sampling_defaults.get("max_tokens"), name,
                              low=0 if _scores_prompt(request) else 1),
                  bool(request.logprobs), top)
     if use is not None:

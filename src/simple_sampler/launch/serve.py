@@ -293,8 +293,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                 # lazy: fastapi and uvicorn (and the tokenizer) only with the API on
                 from ..frontend.backend import FrontendServer
 
-                openai = FrontendServer(server.grpc_url, frontend.openai_host, frontend.openai_port,
-                                        shutdown_grace_s + 5, frontend.tool_call_parser)
+                openai = FrontendServer.of(frontend, server.grpc_url, shutdown_grace_s + 5)
                 if assembled:  # the llm's settings are ours: prepare while Triton loads
                     preparation = Preparation(openai, llm)
                     preparation.start()
