@@ -2,7 +2,7 @@
 
     python scripts/kernels_ab_table.py OUT_DIR
 
-Per cell (V, dtype, T, rows): each config's µs per row, the mean of the
+Per cell (V, dtype, T, rows, history tokens): each config's µs per row, the mean of the
 rounds on each side, and after over the floor (the floor: the mean of every
 run's, both sides, as both sides time the same numpy read) and, where both
 sides have it, over the exp floor (each side's own: the kernels' row pass,
@@ -21,7 +21,8 @@ SIDES = ("before", "after")
 
 
 def cell_key(cell: dict) -> tuple:
-    return cell["vocab"], cell["dtype"], cell["temperatures"]["simple"], cell["rows"]
+    return (cell["vocab"], cell["dtype"], cell["temperatures"]["simple"], cell["rows"],
+            cell.get("history_tokens", 256))
 
 
 def load(out: Path) -> dict[str, list[list[dict]]]:
@@ -58,22 +59,22 @@ def main(out: Path) -> None:
     # the configs both sides timed (runs from before a config was added lack it)
     configs = {c: name for c, name in CONFIGS.items()
                if all(c in r[0]["us_per_row"] for side in SIDES for r in runs[side])}
-    print("| V | dtype | T | rows | floor | exp floor before | exp floor after | "
+    print("| V | dtype | T | history | rows | floor | exp floor before | exp floor after | "
           + " | ".join(f"{n} before | {n} after" for n in configs.values()) + " |")
-    print("|" + "---|" * (7 + 2 * len(configs)))
+    print("|" + "---|" * (8 + 2 * len(configs)))
     worst = {(side, floor): {c: (0.0, "") for c in configs}
              for side in SIDES for floor in ("floor", "exp_floor")}
     speedups: dict[tuple, list[float]] = {}
     order = sorted(range(len(cells)), key=lambda i: ("fitted" not in cells[i]["rows"],
                                                     *cell_key(cells[i])[:1],
                                                     cells[i]["temperatures"]["simple"],
-                                                    cells[i]["dtype"]))
+                                                    cell_key(cells[i])[4], cells[i]["dtype"]))
     for i in order:
-        vocab, dtype, temperature, rows = cell_key(cells[i])
+        vocab, dtype, temperature, rows, history = cell_key(cells[i])
         rows = "fitted" if "fitted" in rows else rows.split()[0]
         floor = read_floor(runs, i)
         exp_floor = exp_floors(runs, i)
-        where = f"{rows}, {dtype}, V = {vocab:,}, T = {temperature}"
+        where = f"{rows}, {dtype}, V = {vocab:,}, T = {temperature}, history {history}"
         parts = []
         for config in configs:
             us = {side: mean(runs, side, i, config) for side in SIDES}
@@ -89,7 +90,7 @@ def main(out: Path) -> None:
                          f"({us['after'] / floor:.1f}x{over_exp})")
         exp_cells = (f"{exp_floor['before']:.1f} | {exp_floor['after']:.1f}" if exp_floor
                      else "n/a | n/a")
-        print(f"| {vocab:,} | {dtype} | {temperature} | {rows} | {floor:.1f} | {exp_cells} | "
+        print(f"| {vocab:,} | {dtype} | {temperature} | {history} | {rows} | {floor:.1f} | {exp_cells} | "
               + " | ".join(parts) + " |")
     print_worst(worst, configs)
     print("\nGeometric mean of after / before:\n\n| rows, dtype | "

@@ -20,6 +20,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, nargs="+",
                         help="the sampled configs' temperatures, each a set of cells (default:"
                              " theirs, 0.8 and 1)")
+    parser.add_argument("--history-tokens", type=int, nargs="+",
+                        help="history tokens of simple's rows and its logprobs configs' (half "
+                             "prompt, half output), each a set of cells (default: 256)")
     parser.add_argument("--rows", nargs="+", choices=["flat", "heavy", "fitted", "real"],
                         help="row kinds, each a set of cells (default: real SmolLM2 rows at"
                              " V=49,152, fitted ones elsewhere)")
@@ -46,7 +49,8 @@ def measure(args: argparse.Namespace) -> dict:
     results = kernels.run(
         peer_python=peer, sglang_python=sglang, **(QUICK if args.quick else given(args, repeats="repeats")),
         **given(args, vocabs="vocab", batch="batch", dtypes="dtype", threads="threads",
-                clock="clock", temperatures="temperature", rows="rows"))
+                clock="clock", temperatures="temperature", rows="rows",
+                histories="history_tokens"))
     return {"results": results, "worst_over_floor": kernels.worst_over(results),
             "worst_over_exp_floor": kernels.worst_over(results, "exp_floor")}
 
@@ -62,6 +66,8 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
     vocabulary (log y) with torch_sort and both floors. Returns Markdown lines;
     `writer` saves the figures. A run without the exp floor (kernels built
     before it) shows n/a there."""
+    from .measuring import history_tokens
+
     results = source.data["results"]
     lines = [f"us per row, single thread, B={results[0]['batch']}; ratios from these columns."
              " exp_floor: one read of each row with the kernels' exp of every logit and its"
@@ -70,16 +76,19 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
     for r in results:
         us = r["us_per_row"]
         exp_floor = us.get("exp_floor")
-        rows.append([r["vocab"], r["dtype"], *(number(us.get(c)) for c in KERNEL_COLUMNS),
+        rows.append([r["vocab"], r["dtype"], history_tokens(r), *(number(us.get(c)) for c in KERNEL_COLUMNS),
                      number(us["simple"] / us["floor"], 2, "x"),
                      number(us["simple_top_p"] / us["floor"], 2, "x"),
                      number(us["simple_top_p"] / exp_floor if exp_floor else None, 2, "x"),
                      number(us["simple_logprobs"] / exp_floor if exp_floor else None, 2, "x"),
                      number(us["torch_sort"] / us["simple"], 1, "x"), r["rows"]])
-    lines += table(["vocab", "dtype", *KERNEL_COLUMNS, "simple/floor", "top_p/floor",
+    lines += table(["vocab", "dtype", "history", *KERNEL_COLUMNS, "simple/floor", "top_p/floor",
                     "top_p/exp_floor", "logprobs/exp_floor", "torch_sort/simple", "rows"], rows)
     for dtype in dict.fromkeys(r["dtype"] for r in results):
-        chosen = sorted((r for r in results if r["dtype"] == dtype), key=lambda r: r["vocab"])
+        # against vocabulary: one history's cells (the run's first)
+        chosen = sorted((r for r in results if r["dtype"] == dtype
+                         and history_tokens(r) == history_tokens(results[0])),
+                        key=lambda r: r["vocab"])
         figure, axes = writer.new()
         vocabs = [r["vocab"] for r in chosen]
         for column in KERNEL_COLUMNS:

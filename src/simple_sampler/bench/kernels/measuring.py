@@ -3,7 +3,8 @@
 For each vocabulary and dtype, on the same B rows in one run:
   simple          every feature on: temperature 0.8, top_k 50, top_p 0.95,
                   min_p 0.05, repetition 1.1, presence 0.5, frequency 0.5,
-                  256 history tokens per row (128 prompt + 128 output)
+                  256 history tokens per row (128 prompt + 128 output; or
+                  each of `histories`, a set of cells each)
   simple_top_p    top_p 0.9 alone at temperature 1 (needs the row's whole mass)
   simple_min_p    min_p 0.05 alone at temperature 1
   simple_greedy   temperature 0
@@ -192,17 +193,19 @@ def peer_time(peer: str, peer_python: str, rows: np.ndarray, dtype: str, batch: 
 
 
 def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 20,
-        baseline_repeats: int = 3, history_tokens: int = 256, threads: int = 1,
+        baseline_repeats: int = 3, histories=(256,), threads: int = 1,
         peer_python: str | None = None, sglang_python: str | None = None, clock: str = "wall",
         temperatures=(None,), rows=(None,)) -> list[dict]:
-    """One result per rows kind x vocabulary x temperature x dtype.
+    """One result per rows kind x vocabulary x temperature x history x dtype.
 
     peer_python / sglang_python: pythons that run vllm_peer.py / sglang_peer.py
     (None: no vllm_cpu / sglang_cpu columns).
 
     temperatures: each replaces the sampled configs' own (``simple``,
     ``simple_top_p``, ``simple_min_p``; None: theirs, 0.8 and 1); a higher
-    one broadens the nucleus. rows: ROW_KINDS kinds (None: rows_for's)."""
+    one broadens the nucleus. histories: each the history tokens of
+    ``simple``'s rows (and its logprobs configs'), half prompt, half output.
+    rows: ROW_KINDS kinds (None: rows_for's)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -213,8 +216,10 @@ def run(vocabs=VOCABS, batch: int = 64, dtypes=("float32", "bfloat16"), repeats:
         for vocab in vocabs:
             base, label = rows_of_kind(kind, vocab, batch)
             for temperature in temperatures:
-                results += _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats,
-                                     history_tokens, threads, peers, clock, temperature)
+                for history_tokens in histories:
+                    results += _run_cell(base, label, vocab, batch, dtypes, repeats,
+                                         baseline_repeats, history_tokens, threads, peers, clock,
+                                         temperature)
     return results
 
 
@@ -253,6 +258,7 @@ def _run_cell(base, label, vocab, batch, dtypes, repeats, baseline_repeats, hist
             "vocab": vocab, "batch": batch, "dtype": dtype, "rows": label,
             "threads": threads, "clock": clock,
             "temperatures": {name: params.temperature for name, params in sampled.items()},
+            "history_tokens": history_tokens,
             "us_per_row": {k: round(v, 2) for k, v in us.items()},
             "ratios": ratios,
             **versions,
@@ -313,16 +319,22 @@ def _time_configs(rows, floor_rows, dtype, batches, batch, repeats, baseline_rep
 def worst_over(results: list[dict], floor: str = "floor") -> dict[str, dict]:
     """Per kernel config, its largest ratio to `floor` (one of FLOORS) over the
     run's cells that have that floor, with the cell (vocab, dtype, rows,
-    temperature) where it happened; empty when none has it."""
+    temperature, history tokens) where it happened; empty when none has it."""
     worst = {}
     measured = [r for r in results if floor in r["us_per_row"]]
     for name in KERNEL_CONFIGS if measured else ():
         cell = max(measured, key=lambda r: r["ratios"][f"{name}_over_{floor}"])
         worst[name] = {"ratio": cell["ratios"][f"{name}_over_{floor}"], "vocab": cell["vocab"],
                        "dtype": cell["dtype"], "rows": cell["rows"],
+                       "history_tokens": history_tokens(cell),
                        "temperature": cell["temperatures"].get(name, 0.0 if "greedy" in name
                                                                else cell["temperatures"]["simple"])}
     return worst
+
+
+def history_tokens(cell: dict) -> int:
+    """The cell's history tokens (results from before the option: 256)."""
+    return cell.get("history_tokens", 256)
 
 
 #: the table's ratio columns: (heading, config) against each floor
@@ -343,7 +355,7 @@ def format_table(results: list[dict]) -> str:
              f" thread(s), B={results[0]['batch']}"
              + "".join(f", {labels[peer]} {results[0][peer]['version']}" for peer in PEERS
                        if peer in results[0]),
-             f"{'vocab':>7} {'dtype':>8} {'T':>4} " + " ".join(f"{c:>15}" for c in columns)
+             f"{'vocab':>7} {'dtype':>8} {'T':>4} {'hist':>6} " + " ".join(f"{c:>15}" for c in columns)
              + "".join(f" {h:>12}" for h in ratio_headings)
              + f" {'torch/simple':>12}"
              + "".join(f" {peer + '/simple':>13} {peer + '_p/top_p':>14}" for peer in PEERS) + "  rows"]
@@ -355,6 +367,7 @@ def format_table(results: list[dict]) -> str:
         us = r["us_per_row"]
         ratios = r["ratios"]
         lines.append(f"{r['vocab']:>7} {r['dtype']:>8} {r['temperatures']['simple_top_p']:>4g} "
+                     f"{history_tokens(r):>6} "
                      + " ".join(cell(us.get(c), 15, 1) for c in columns)
                      + "".join(f" {cell(ratios.get(f'{name}_over_{floor}'), 12, 2)}"
                                for floor in FLOORS for _, name in RATIO_COLUMNS)
@@ -364,15 +377,19 @@ def format_table(results: list[dict]) -> str:
                                for peer in PEERS) + f"  {r['rows']}")
     lines += ["", "T: the sampled configs' temperature (simple's own is 0.8 where T is 1)."
               if all(r["temperatures"]["simple"] == 0.8 for r in results) else
-              "T: the temperature of every sampled config.", "",
+              "T: the temperature of every sampled config.",
+              "hist: the history tokens of simple's rows (and the logprobs configs'), half"
+              " prompt, half output.", "",
               "exp_floor: one read of each row with the kernels' exp of every logit and its sum.",
               "", "worst ratio to the floor per config over this run (and to the exp floor):"]
     over_exp = worst_over(results, "exp_floor")
     for name, worst in worst_over(results).items():
-        lines.append(f"  {name:<16} {worst['ratio']:>6.2f}x  (V={worst['vocab']:,} {worst['dtype']},"
-                     f" T={worst['temperature']:g}, {worst['rows']})"
+        lines.append(f"  {name:<16} {worst['ratio']:>6.2f}x  ({_worst_cell(worst)})"
                      + (f"   {over_exp[name]['ratio']:>6.2f}x the exp floor"
-                        f"  (V={over_exp[name]['vocab']:,} {over_exp[name]['dtype']},"
-                        f" T={over_exp[name]['temperature']:g}, {over_exp[name]['rows']})"
-                        if name in over_exp else ""))
+                        f"  ({_worst_cell(over_exp[name])})" if name in over_exp else ""))
     return "\n".join(lines)
+
+
+def _worst_cell(worst: dict) -> str:
+    return (f"V={worst['vocab']:,} {worst['dtype']}, T={worst['temperature']:g}, "
+            f"hist={worst['history_tokens']}, {worst['rows']}")
