@@ -8,11 +8,13 @@
 #
 # Grouping h entries: a few are radix-sorted (linear in h, never O(V)). Many
 # (a long prompt under a repetition penalty) are marked in a bitmap of the
-# vocabulary instead (V / 64 words, kept zeroed between rows): its set bits,
-# read in word order, are the columns ascending, and an entry finds its
-# override by the rank of its bit. That costs a pass over V / 64 words plus a
-# few operations an entry, where the sort scatters every entry across memory
-# once per byte of the column ids. Both give the same overrides.
+# vocabulary instead (V / 64 words, kept zeroed between rows), one bitmap per
+# kind of entry: their union's set bits, read in word order, are the columns
+# ascending, and each column's flags are its bits in the seen and banned
+# bitmaps; only a bias or an output id (counted) finds its override, by the
+# rank of its bit. That costs a pass over V / 64 words plus a few operations
+# an entry, where the sort scatters every entry across memory once per byte
+# of the column ids. Both give the same overrides.
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, uint64_t
 from libc.string cimport memset
@@ -48,8 +50,10 @@ cdef struct Overrides:
 
 
 cdef struct ColumnBits:
-    uint64_t* bits           # [words]: one bit a column, all zero between rows
-    int32_t* rank            # [words]: set bits in the words before
+    uint64_t* bits           # [words]: one bit a column, all zero between rows: bias ids, then every entry's
+    uint64_t* seen           # [words]: the prompt's and the output's ids (zero between rows)
+    uint64_t* banned         # [words]: the ban list's ids (zero between rows)
+    int32_t* rank            # [words]: set bits of `bits` in the words before
     Py_ssize_t words         # 0: no bitmap (every row's entries are sorted)
     Py_ssize_t min_entries   # a row with this many entries or more uses it
 
@@ -157,40 +161,50 @@ cdef inline Py_ssize_t _override_of(const ColumnBits* columns, int32_t column) n
 
 cdef inline void _overrides_by_bitmap(const RowHistory* h, ColumnBits* columns,
                                       Overrides* out) noexcept nogil:
-    cdef uint64_t* bits = columns.bits
-    _mark(bits, h.bias_ids, h.n_bias)
-    _mark(bits, h.ban_ids, h.n_ban)
+    _mark(columns.bits, h.bias_ids, h.n_bias)
+    _mark(columns.banned, h.ban_ids, h.n_ban)
     cdef bint history = uses_history(h)
     if history:
-        _mark(bits, h.prompt_ids, h.n_prompt)
-        _mark(bits, h.output_ids, h.n_output)
+        _mark(columns.seen, h.prompt_ids, h.n_prompt)
+        _mark(columns.seen, h.output_ids, h.n_output)
+    # locals, not the structs' fields: a store through flags (a char
+    # pointer) may alias any field, which would be reloaded at every column
+    cdef uint64_t* bits = columns.bits
+    cdef int32_t* rank = columns.rank
+    cdef int32_t* column = out.column
+    cdef float* bias = out.bias
+    cdef int32_t* count = out.output_count
+    cdef unsigned char* flags = out.flags
+    cdef Py_ssize_t words = columns.words
     cdef Py_ssize_t o = 0
     cdef Py_ssize_t w
-    cdef uint64_t word
-    for w in range(columns.words):
-        columns.rank[w] = <int32_t>o
-        word = bits[w]
+    cdef int b
+    cdef uint64_t word, seen, banned
+    for w in range(words):
+        seen = columns.seen[w]
+        banned = columns.banned[w]
+        word = bits[w] | seen | banned
+        bits[w] = word
+        rank[w] = <int32_t>o
         while word != 0:
-            out.column[o] = <int32_t>(w * 64 + ss_ctz64(word))
-            out.bias[o] = 0.0
-            out.output_count[o] = 0
-            out.flags[o] = 0
+            b = ss_ctz64(word)
+            column[o] = <int32_t>(w * 64 + b)
+            bias[o] = 0.0
+            count[o] = 0
+            flags[o] = <unsigned char>((((seen >> b) & 1) * OVERRIDE_SEEN)
+                                       | (((banned >> b) & 1) * OVERRIDE_BANNED))
             o += 1
             word &= word - 1
     out.n = o
     cdef Py_ssize_t i
     for i in range(h.n_bias):
         out.bias[_override_of(columns, h.bias_ids[i])] = h.bias_values[i]
-    for i in range(h.n_ban):
-        out.flags[_override_of(columns, h.ban_ids[i])] |= OVERRIDE_BANNED
     if history:
-        for i in range(h.n_prompt):
-            out.flags[_override_of(columns, h.prompt_ids[i])] |= OVERRIDE_SEEN
         for i in range(h.n_output):
-            o = _override_of(columns, h.output_ids[i])
-            out.flags[o] |= OVERRIDE_SEEN
-            out.output_count[o] += 1
-    memset(bits, 0, columns.words * sizeof(uint64_t))
+            out.output_count[_override_of(columns, h.output_ids[i])] += 1
+    memset(columns.bits, 0, columns.words * sizeof(uint64_t))
+    memset(columns.seen, 0, columns.words * sizeof(uint64_t))
+    memset(columns.banned, 0, columns.words * sizeof(uint64_t))
 
 
 cdef inline void _overrides_by_sort(const RowHistory* h, uint64_t* keys, uint64_t* scratch,

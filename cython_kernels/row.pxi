@@ -598,6 +598,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks, Py_ssi
     # the bitmap only where some row has entries enough to use it
     ws.columns.words = words if max_entries >= ws.columns.min_entries else 0
     ws.columns.bits = <uint64_t*>calloc(ws.columns.words + 1, sizeof(uint64_t))
+    ws.columns.seen = <uint64_t*>calloc(ws.columns.words + 1, sizeof(uint64_t))
+    ws.columns.banned = <uint64_t*>calloc(ws.columns.words + 1, sizeof(uint64_t))
     ws.columns.rank = <int32_t*>malloc((ws.columns.words + 1) * sizeof(int32_t))
     ws.block_max = <float*>malloc(n_blocks * sizeof(float))
     ws.block_mass = <float*>malloc(n_blocks * sizeof(float))
@@ -620,7 +622,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks, Py_ssi
     ws.block_ref = <float*>malloc(n_blocks * sizeof(float))
     ws.bucket_mass = <double*>malloc(NUCLEUS_BUCKETS * sizeof(double))
     ws.block_kept = <float*>malloc(n_blocks * sizeof(float))
-    if (ws.columns.bits == NULL or ws.columns.rank == NULL or ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
+    if (ws.columns.bits == NULL or ws.columns.seen == NULL or ws.columns.banned == NULL
+            or ws.columns.rank == NULL or ws.bucket_mass == NULL or ws.block_kept == NULL or ws.hot_z == NULL or ws.hot_w == NULL or ws.block_hot == NULL or ws.block_total == NULL
             or ws.block_ref == NULL or ws.block_max == NULL or ws.block_mass == NULL
             or ws.block_scale == NULL or ws.terms == NULL or ws.entry_keys == NULL
             or ws.entry_scratch == NULL or ws.override_column == NULL or ws.override_bias == NULL
@@ -643,6 +646,8 @@ cdef void free_workspace(Workspace* ws) noexcept nogil:
     free(ws.entry_scratch)
     free(ws.penalized)
     free(ws.columns.bits)
+    free(ws.columns.seen)
+    free(ws.columns.banned)
     free(ws.columns.rank)
     free(ws.override_column)
     free(ws.override_bias)
