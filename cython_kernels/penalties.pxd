@@ -58,11 +58,12 @@ cdef struct ColumnBits:
     Py_ssize_t min_entries   # a row with this many entries or more uses it
 
 
-# By default a row uses the bitmap when its entries reach words /
-# BITMAP_ENTRIES_PER_WORD (297 entries at V = 151,936): from there, reading
-# the bitmap costs less than sorting them.
+# By default a row uses the bitmap from this many entries: below, sorting
+# them costs less (on this project's host the two cost the same near 1,024
+# entries at V = 49,152 and at V = 151,936 alike: the pass over the words is
+# the smaller part).
 cdef enum:
-    BITMAP_ENTRIES_PER_WORD = 8
+    BITMAP_MIN_ENTRIES = 1024
 
 
 cdef struct RowHistory:

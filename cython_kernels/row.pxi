@@ -593,8 +593,8 @@ cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks, Py_ssi
             return NULL
     cdef Py_ssize_t entries = max_entries if max_entries > 0 else 1
     cdef Py_ssize_t words = (id_limit + 63) // 64
-    ws.columns.min_entries = ((words + BITMAP_ENTRIES_PER_WORD - 1) // BITMAP_ENTRIES_PER_WORD
-                              if forced_bitmap_min_entries < 0 else forced_bitmap_min_entries)
+    ws.columns.min_entries = (BITMAP_MIN_ENTRIES if forced_bitmap_min_entries < 0
+                              else forced_bitmap_min_entries)
     # the bitmap only where some row has entries enough to use it
     ws.columns.words = words if max_entries >= ws.columns.min_entries else 0
     ws.columns.bits = <uint64_t*>calloc(ws.columns.words + 1, sizeof(uint64_t))

@@ -56,7 +56,7 @@ from libc.string cimport memcpy, memset
 
 from candidates cimport (Candidates, copy_top, keep_at_least, ranks_before, select_rank,
                          top_p_prefix)
-from penalties cimport (BITMAP_ENTRIES_PER_WORD, ColumnBits, Overrides, RowHistory, adjusted_logit,
+from penalties cimport (BITMAP_MIN_ENTRIES, ColumnBits, Overrides, RowHistory, adjusted_logit,
                        build_overrides)
 from philox cimport philox4x32_10, uniform_double
 from nucleus cimport (ss_block_mass_before, ss_block_terms_before, ss_blocks_mass_before,
