@@ -67,7 +67,9 @@ def test_batch_matches_the_rebuild_row_for_row():
     for row, i in enumerate(order):
         p = params[i]
         penalized = p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
-        assert prompts[row] == (histories[i].prompt_ids if p.repetition_penalty != 1 else [])
+        # the prompt as its distinct ids, ascending: which ids it holds is what the penalty reads
+        assert prompts[row] == (sorted(set(histories[i].prompt_ids)) if p.repetition_penalty != 1
+                                else [])
         assert outputs[row] == (histories[i].output_ids if penalized else [])
 
 
@@ -85,6 +87,31 @@ def test_same_tokens_as_the_rebuild():
     np.testing.assert_array_equal(got.token_ids, want.token_ids)
     np.testing.assert_allclose(got.logprobs[asked], want.logprobs[asked], rtol=1e-6)
     assert np.isnan(got.logprobs[~asked]).all()
+
+
+def test_a_prompt_repeating_its_ids_is_sent_once_each_and_draws_the_same_tokens():
+    """A long prompt holds its ids several times; the batch sends each once,
+    ascending, and every row draws the token (and logprob) the full prompt
+    gives, over the kernels' sorted and bitmap groupings alike."""
+    rng = np.random.default_rng(3)
+    vocab, rows = 3000, 6
+    state, slots, params, histories = BatchState(rows, 4096), [], [], []
+    for row in range(rows):
+        prompt = rng.integers(0, 400, int(rng.integers(500, 3000))).tolist()  # ids repeat
+        params.append(SamplingParams(repetition_penalty=1.3 if row % 3 else 1.0,
+                                     presence_penalty=0.4 if row % 2 else 0.0, seed=row))
+        histories.append(History(prompt, []))
+        slots.append(state.add(params[-1], prompt, want_logprobs=True))
+    slots = np.array(slots)
+    batch = state.batch(slots)
+    for row, prompt in enumerate(rows_of(batch.prompt_offsets, batch.prompt_ids)):
+        expected = sorted(set(histories[row].prompt_ids)) if row % 3 else []
+        assert prompt == expected and (not row % 3 or len(prompt) < len(histories[row].prompt_ids))
+    logits = (rng.normal(size=(rows, vocab)) * 3).astype(np.float32)
+    want = sample(logits, SamplingBatch.from_params(params, histories, vocab_size=vocab))
+    got = sample(logits, batch)
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
 
 
 @pytest.mark.parametrize("most_stop_ids", [1, 2, STOP_COLUMNS, STOP_COLUMNS + 1])

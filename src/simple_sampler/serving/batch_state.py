@@ -14,7 +14,11 @@ and rows with bad words.
 Histories are sent only where a penalty reads them: the prompt for a
 repetition penalty, the output for any penalty. A row with every penalty off
 gets empty lists, which the kernels treat exactly like its full history
-(a penalty of 1 or 0 changes no logit), so its token is the same.
+(a penalty of 1 or 0 changes no logit), so its token is the same. The
+prompt goes as its distinct ids, ascending, kept from admission: the
+repetition penalty reads which ids the prompt holds, not how often (vLLM's
+prompt mask), and a long prompt's text holds most of its ids several
+times, so a step sends and groups that much less.
 """
 from __future__ import annotations
 
@@ -54,6 +58,9 @@ class BatchState:
         self.prompt_length = np.zeros(slots, np.int64)
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
         self.tokens = np.zeros((slots, max_context), np.int32)
+        #: each slot's distinct prompt ids, ascending (repetition-penalized slots only)
+        self.prompt_seen = np.zeros((slots, max_context), np.int32)
+        self.prompt_seen_length = np.zeros(slots, np.int64)
         # Per-slot id lists, read only for the rows that have them (found
         # through the boolean columns, so rows without pay no Python).
         self.stop_ids: list[np.ndarray] = [NO_IDS] * slots
@@ -87,6 +94,10 @@ class BatchState:
         self.num_top_logprobs[slot] = num_top_logprobs
         self.prompt_length[slot] = self.length[slot] = len(prompt_ids)
         self.tokens[slot, :len(prompt_ids)] = prompt_ids
+        seen = (np.unique(np.asarray(prompt_ids, np.int32)) if params.repetition_penalty != 1.0
+                else NO_IDS)
+        self.prompt_seen[slot, :seen.size] = seen
+        self.prompt_seen_length[slot] = seen.size
         self.stop_ids[slot] = np.asarray(list(params.stop_token_ids), np.int32)
         self.stop_count[slot] = self.stop_ids[slot].size
         self.stop_columns[slot] = -1
@@ -131,7 +142,8 @@ class BatchState:
         penalized = (repetition | (columns["presence_penalty"] != 0.0)
                      | (columns["frequency_penalty"] != 0.0))
         prompt_offsets, prompt_ids = self._gather(slots, np.zeros_like(prompt_length),
-                                                  np.where(repetition, prompt_length, 0))
+                                                  np.where(repetition, self.prompt_seen_length[slots], 0),
+                                                  self.prompt_seen)
         output_offsets, output_ids = self._gather(slots, prompt_length,
                                                   np.where(penalized, length, prompt_length))
         bias_rows = [(row, self.bias[int(slots[row])])
@@ -149,9 +161,11 @@ class BatchState:
             want_logprobs=self.want_logprobs[slots],
             num_top_logprobs=self.num_top_logprobs[slots])
 
-    def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray):
-        """CSR (offsets int64 [n + 1], ids int32) of ``tokens[slot, start:stop]``
-        per row, as one take over flat indices (no loop over rows)."""
+    def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray,
+                source: np.ndarray | None = None):
+        """CSR (offsets int64 [n + 1], ids int32) of ``source[slot, start:stop]``
+        per row (source: ``tokens``, or any [slots, max_context] array), as one
+        take over flat indices (no loop over rows)."""
         counts = stop - start
         offsets = np.zeros(len(slots) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
@@ -160,7 +174,7 @@ class BatchState:
         # index of the i-th id overall = its row's first flat index + (i - row offset)
         first = slots.astype(np.int64) * self.max_context + start - offsets[:-1]
         index = np.arange(offsets[-1]) + np.repeat(first, counts)
-        return offsets, self.tokens.reshape(-1).take(index)
+        return offsets, (self.tokens if source is None else source).reshape(-1).take(index)
 
     def _ban_lists(self, slots: np.ndarray, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CSR (offsets, ids) of the step's bans (``batch``): in numpy where
