@@ -25,7 +25,10 @@ static inline float ss_select_float(int take_first, float first, float second)
 /* vLLM's order: bias added; banned -> -inf; seen (prompt or output) and a
  * repetition penalty: divided when positive, multiplied otherwise (a penalty
  * of 1 does both exactly); counted in the output: less frequency x count and
- * presence. Each case is the separate IEEE operation it was as a branch. */
+ * presence. Each case is the operation it was as a branch: the same floats,
+ * the frequency term included (x - frequency * count contracts to one fused
+ * multiply-add where the target has one, as it did before; torch's two
+ * roundings may differ from it in the last bit). */
 static inline float ss_adjusted_logit(float logit, float bias, int seen, int banned,
                                       int32_t count, float repetition, float frequency,
                                       float presence)

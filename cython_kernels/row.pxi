@@ -161,10 +161,11 @@ cdef inline const void* reread_block_stored(const RowSource* src, Py_ssize_t b,
     return block_logits(src, b, ov, &ov_pos, buf)
 
 
-# By default a row with overrides enough to fall in this share of its blocks
-# (n overrides x this >= its blocks) is sampled from penalized_row's copy:
-# patching block by block then costs more than one copy, since each patched
-# block is stored element by element and at once reloaded as vectors.
+# By default a row with n overrides, n x this >= its blocks, is sampled from
+# penalized_row's copy (it counts overrides, not the blocks they fall in: a
+# long history's ids spread over most blocks): patching block by block then
+# costs more than one copy, since each patched block is stored element by
+# element and at once reloaded as vectors.
 cdef enum:
     PENALIZED_ROW_BLOCKS_PER_OVERRIDE = 2
 

@@ -92,7 +92,8 @@ def test_same_tokens_as_the_rebuild():
 def test_a_prompt_repeating_its_ids_is_sent_once_each_and_draws_the_same_tokens():
     """A long prompt holds its ids several times; the batch sends each once,
     ascending, and every row draws the token (and logprob) the full prompt
-    gives, over the kernels' sorted and bitmap groupings alike."""
+    gives (at these sizes the whole prompt takes the kernels' bitmap
+    grouping, and the distinct ids their sort)."""
     rng = np.random.default_rng(3)
     vocab, rows = 3000, 6
     state, slots, params, histories = BatchState(rows, 4096), [], [], []

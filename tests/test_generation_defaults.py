@@ -154,3 +154,14 @@ def test_serves_flag_reaches_the_door(tmp_path):
         frontend = FrontendSettings.from_arguments(parser.parse_args(argv)).validate()
         door = FrontendServer.of(frontend, "127.0.0.1:1", 1.0)
         assert door.prepare(llm).served.sampling_defaults == expected
+
+
+@pytest.mark.parametrize("text, field", [('{"temperature": 0.7,', None),
+                                         ('{"temperature": "0.7"}', "temperature")])
+def test_a_file_that_does_not_parse_or_holds_text_for_a_number_stops_the_start(tmp_path, text,
+                                                                               field):
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError) as refused:
+        sampling_defaults(tmp_path)
+    assert str(tmp_path / "generation_config.json") in str(refused.value)
+    assert field is None or field in str(refused.value)

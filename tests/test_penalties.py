@@ -10,7 +10,7 @@ constant. Greedy rows pin down the argmax of the penalized logits.
 Each test runs on every way the kernels group a row's entries (a sort, or
 a bitmap for long histories) and apply them (block by block, or to a
 penalized copy of the row), forced on these short rows; the last tests hold
-the four ways to the same floats on long histories.
+the four ways to the same floats on long and short histories.
 """
 import ml_dtypes
 import numpy as np
@@ -443,14 +443,17 @@ def test_adjustments_at_block_boundaries(vocab):
 # ------------------------------------------------- the four ways, long rows
 
 
-def long_history_batch(vocab: int, size: int, rng, untruncated: bool) -> SamplingBatch:
-    """Rows with thousands of history entries (repeats, prompt and output
-    overlapping), bias and bans: every block of the row has overrides.
-    untruncated: rows SHVS tries (sampled, no top_k or min_p)."""
+def history_batch(vocab: int, size: int, rng, untruncated: bool, long: bool) -> SamplingBatch:
+    """Rows with bias, bans and a history (repeats, prompt and output
+    overlapping): long, thousands of entries, overrides in every block of
+    the row; or short, a hundred entries, most blocks plain (read in place,
+    bfloat16 and float16 widened as they stream by, where the copy holds
+    them as float32). untruncated: rows SHVS tries (sampled, no top_k or
+    min_p)."""
     params, histories = [], []
     for r in range(size):
-        prompt = rng.integers(0, vocab, int(rng.integers(1500, 4000)))
-        output = np.concatenate([rng.integers(0, vocab, 600), prompt[:200]])
+        prompt = rng.integers(0, vocab, int(rng.integers(1500, 4000) if long else rng.integers(20, 60)))
+        output = np.concatenate([rng.integers(0, vocab, 600 if long else 10), prompt[:200 if long else 5]])
         bias = {int(i): float(rng.normal()) for i in rng.choice(vocab, 40, replace=False)}
         params.append(SamplingParams(
             temperature=float(rng.choice([0.7, 1.3] if untruncated else [0.0, 0.7, 1.3])),
@@ -465,13 +468,15 @@ def long_history_batch(vocab: int, size: int, rng, untruncated: bool) -> Samplin
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
 @pytest.mark.parametrize("hot", [False, True], ids=["full", "shvs"])
-def test_every_way_gives_the_same_floats_on_long_histories(override_path, dtype, hot):
+@pytest.mark.parametrize("long", [True, False], ids=["long", "short"])
+def test_every_way_gives_the_same_floats_on_any_history(override_path, dtype, hot, long):
     """Tokens, logprobs and top logprobs bit for bit as the defaults give
-    them (which, at these sizes, group by the bitmap and sample a copy)."""
+    them (which, at these sizes, group a long history by the bitmap and
+    sample a copy, and a short one by the sort, block by block)."""
     rng = np.random.default_rng(7)
     vocab, size = 20_000, 12
     rows = (rng.standard_normal((size, vocab)) * 2.0).astype(dtype)
-    batch = long_history_batch(vocab, size, rng, untruncated=hot)
+    batch = history_batch(vocab, size, rng, untruncated=hot, long=long)
     # SHVS: a hot set holding most of row 0's mass, tried on rows asking no logprobs
     kwargs = ({"hot_vocab": HotVocab(np.argsort(-rows[0].astype(np.float32))[:2000], vocab),
                "return_logprobs": False} if hot else {"num_top_logprobs": 5})

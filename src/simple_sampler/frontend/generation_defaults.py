@@ -31,8 +31,10 @@ def sampling_defaults(directory: str | os.PathLike | None, choice: str = "auto")
     """{field: value} for the request fields the model's directory recommends
     (``max_new_tokens`` given as ``max_tokens``); empty with choice ``vllm``
     (``FrontendSettings.generation_config``), without a directory or without
-    a generation config there. Raises ValueError naming the file and the
-    field when a value is one no request may send."""
+    a generation config there (vLLM then falls back on config.json's
+    generation fields; this door does not). Raises ValueError naming the file
+    (and the field) when it does not parse or holds a value no request may
+    send."""
     if choice == "vllm" or directory is None:
         return {}
     path = os.path.join(directory, "generation_config.json")
@@ -41,12 +43,16 @@ def sampling_defaults(directory: str | os.PathLike | None, choice: str = "auto")
     from transformers import GenerationConfig  # lazy: the front door loads it for its tokenizer
 
     try:
-        # transformers checks its own fields (max_new_tokens > 0), SamplingParams ours
+        # transformers checks its own fields (max_new_tokens > 0) and the JSON
+        # (OSError), SamplingParams ours; a number must be a number, not its text
         recommended = GenerationConfig.from_pretrained(directory).to_diff_dict()
         defaults = {name: recommended[name] for name in SAMPLING_FIELDS
                     if recommended.get(name) is not None}
+        for name, value in defaults.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         SamplingParams(**defaults).validate()
-    except ValueError as error:
+    except (OSError, ValueError) as error:
         raise ValueError(f"{path}: {error} (serve --generation-config vllm leaves the file's "
                          f"sampling parameters out)") from None
     if recommended.get(MAX_NEW_TOKENS) is not None:

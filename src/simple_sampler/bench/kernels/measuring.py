@@ -158,11 +158,16 @@ PEERS = {
 def default_peer_python(peer: str = "vllm") -> str | None:
     """The python that can import the peer's module: this one, or its `make`
     virtualenv's (`make peer`: .peer/, `make peer-sglang`: .peer-sglang/)."""
+    import importlib
     import importlib.util
     import sys
 
     if importlib.util.find_spec(PEERS[peer]["module"]) is not None:
-        return sys.executable
+        try:  # installed here, and importable: a broken install falls back to the venv
+            importlib.import_module(PEERS[peer]["module"])
+            return sys.executable
+        except Exception:  # noqa: BLE001 - any failure of a third party's import
+            pass
     python = ROOT / PEERS[peer]["venv"] / "bin" / "python"
     return str(python) if python.exists() else None
 
