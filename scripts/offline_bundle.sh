@@ -86,9 +86,23 @@ if command -v strip > /dev/null; then
     find "$work/overlay" -name '*.so*' -type f -exec strip --strip-unneeded {} + 2> /dev/null || true
 fi
 rm -rf "$work/overlay/bin"  # console scripts with this machine's interpreter in them
-# The packages' own test suites: a third of the packed overlay's Python, never
-# imported on the target; their room carries llguidance.
+# The packages' own test suites, never imported on the target: their room
+# carries llguidance.
 find "$work/overlay" -depth -type d -name tests -exec rm -rf {} +
+# ... and out of each wheel's RECORD too (with bin/'s scripts), so that pip
+# check and uninstall on the target see no missing file.
+"$python" - "$work/overlay" <<'EOF_RECORD'
+import csv, io, sys
+from pathlib import Path
+
+root = Path(sys.argv[1])
+for record in root.glob("*.dist-info/RECORD"):
+    rows = list(csv.reader(io.StringIO(record.read_text())))
+    kept = [row for row in rows if row and (root / row[0]).exists()]
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(kept)
+    record.write_text(text.getvalue())
+EOF_RECORD
 
 # SmolLM2's converted directory (made from its GGUF on first use), whose
 # tokenizer files the bundle carries.
