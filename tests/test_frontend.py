@@ -738,7 +738,9 @@ def test_triton_errors_keep_their_meaning(client, recorder, status, http, kind, 
 
 
 def test_models_and_health(client):
-    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    card = client.get("/v1/models").json()["data"][0]
+    assert card["id"] == card["root"] == MODEL and card["parent"] is None
+    assert card["max_model_len"] == CONTEXT
     assert client.get("/health").status_code == 200
 
 

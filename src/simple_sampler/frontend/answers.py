@@ -265,5 +265,10 @@ def sse(payload: dict | str) -> bytes:
 
 
 def models_list(served: Served) -> dict:
+    """The one model, with the fields of vLLM's ``ModelCard``: ``max_model_len``
+    the context, which clients read to size their requests; ``root`` the
+    model itself, ``parent`` none (no adapter)."""
     return {"object": "list", "data": [{"id": served.model_id, "object": "model",
-                                        "created": 0, "owned_by": "simple-sampler"}]}
+                                        "created": 0, "owned_by": "simple-sampler",
+                                        "root": served.model_id, "parent": None,
+                                        "max_model_len": served.max_context}]}
