@@ -948,3 +948,85 @@ def test_the_stop_reason_is_vllms_on_the_last_choice(codec, path, body):
     streamed = [c["choices"][0] for c in events(post(client, path, {**body, "stream": True}))
                 if c["choices"]]
     assert [c["stop_reason"] for c in streamed] == [None] * (len(streamed) - 1) + ["END"]
+
+
+def test_bad_words_go_as_vllms_parameter_beside_stop(client, recorder):
+    """vLLM's bad_words travel in sampling_parameters, where the llm model
+    encodes them as vLLM does (each word also after a space: TextCodec.
+    words_ids); an empty word is a 400 naming the field, none sends none."""
+    assert post(client, "/v1/chat/completions",
+                chat(stop=".", bad_words=["Paris", " Lyon"])).status_code == 200
+    assert json.loads(recorder.plans[-1].params["sampling_parameters"]) == {
+        "stop": ["."], "bad_words": ["Paris", " Lyon"]}
+    assert post(client, "/v1/completions", completion(bad_words=[])).status_code == 200
+    assert "sampling_parameters" not in recorder.plans[-1].params
+    for path, body in (("/v1/chat/completions", chat(bad_words=["x", ""])),
+                       ("/v1/completions", completion(bad_words="x"))):
+        error = post(client, path, body).json()["error"]
+        assert error["param"] == "bad_words", error
+
+
+def test_return_token_ids_gives_the_prompts_and_the_answers_ids_where_vllm_does(client, recorder):
+    """vLLM's return_token_ids: a choice's token_ids (generated, an echo's
+    prompt not among them) and prompt_token_ids (chat: the answer's, as
+    its prompt_logprobs); a stream's chunks each their tokens, the first
+    the prompt's; never present unless asked."""
+    body = post(client, "/v1/chat/completions", chat(return_token_ids=True)).json()
+    prompt = recorder.plans[-1].prompt_ids
+    assert body["prompt_token_ids"] == prompt and body["choices"][0]["token_ids"] == [3, 4]
+    body = post(client, "/v1/completions", completion(return_token_ids=True, echo=True,
+                                                      n=2)).json()
+    prompt = recorder.plans[-1].prompt_ids
+    assert [(c["prompt_token_ids"], c["token_ids"]) for c in body["choices"]] == [
+        (prompt, [3, 4])] * 2
+    assert "prompt_token_ids" not in body
+    streamed = events(post(client, "/v1/chat/completions",
+                           chat(return_token_ids=True, stream=True)))
+    assert [(e.get("prompt_token_ids"), e["choices"][0]["token_ids"]) for e in streamed] == [
+        (recorder.plans[-1].prompt_ids, [3]), (None, [4])]
+    streamed = events(post(client, "/v1/completions",
+                           completion(return_token_ids=True, stream=True, n=2)))
+    firsts = {}
+    for event in streamed:
+        choice = event["choices"][0]
+        firsts.setdefault(choice["index"], choice.get("prompt_token_ids"))
+        assert choice["token_ids"] in ([3], [4]) and "prompt_token_ids" not in event
+    assert firsts == {0: recorder.plans[-1].prompt_ids, 1: recorder.plans[-1].prompt_ids}
+    for path, body in (("/v1/chat/completions", chat()), ("/v1/completions", completion())):
+        answer = post(client, path, body).json()
+        assert "prompt_token_ids" not in answer and "token_ids" not in answer["choices"][0]
+
+
+def test_return_tokens_as_token_ids_names_each_logprobs_token_by_its_id(codec):
+    """vLLM's return_tokens_as_token_ids: "token_id:N" wherever the
+    logprobs name a token (chat's token and top_logprobs, completions'
+    tokens and top_logprobs' keys, an echoed prompt's); chat's bytes stay
+    the token's own."""
+    paris, comma = codec.encode(" Paris")[0], codec.encode(",")[0]
+
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            if plan.params.get("prompt_logprobs"):
+                yield Chunk("", [], [], 0.0, n, 0, "", [], plan.prompt_ids,
+                            [-1.0] * (n - 1), [[(comma, -0.5)]] * (n - 1), [2] * (n - 1))
+            yield Chunk(" Paris", [paris], [-0.5], -0.5, n, 1, "stop",
+                        [[(paris, -0.5), (comma, -1.5)]])
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    body = post(client, "/v1/chat/completions", chat(
+        logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)).json()
+    (token,) = body["choices"][0]["logprobs"]["content"]
+    assert token["token"] == f"token_id:{paris}" and bytes(token["bytes"]) == b" Paris"
+    assert [t["token"] for t in token["top_logprobs"]] == [f"token_id:{paris}",
+                                                          f"token_id:{comma}"]
+    logprobs = post(client, "/v1/completions", completion(
+        logprobs=1, echo=True, return_tokens_as_token_ids=True)).json()["choices"][0]["logprobs"]
+    prompt = codec.encode("The capital of France is")
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in [*prompt, paris]]
+    assert logprobs["top_logprobs"][1] == {f"token_id:{comma}": -0.5,
+                                           f"token_id:{prompt[1]}": -1.0}
+    assert logprobs["top_logprobs"][-1] == {f"token_id:{paris}": -0.5, f"token_id:{comma}": -1.5}
+    plain = post(client, "/v1/completions", completion(logprobs=1)).json()
+    assert plain["choices"][0]["logprobs"]["tokens"] == [" Paris"]

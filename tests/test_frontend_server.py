@@ -240,6 +240,22 @@ def test_vllms_prompt_extras_cross_triton(client, frontend):
     assert kept.choices[0].text == "<|im_start|>" * 2
 
 
+def test_vllms_bad_words_and_token_ids_cross_triton(client, frontend):
+    """vLLM's bad_words through the llm model ban the word in mid-text too:
+    the greedy " Paris" is gone for "Paris"; return_token_ids gives the ids
+    /tokenize gives and the ids of the text."""
+    model, prompt = frontend.served.model_id, "The capital of France is"
+    ask = dict(model=model, prompt=prompt, max_tokens=6, temperature=0)
+    whole = client.completions.create(**ask, extra_body={"return_token_ids": True}).choices[0]
+    assert whole.text.startswith(" Paris"), whole.text
+    tokenized = httpx.post(f"{frontend.url}/tokenize", json={"model": model, "prompt": prompt},
+                           timeout=30).json()
+    assert whole.prompt_token_ids == tokenized["tokens"]
+    assert frontend.served.codec.decode(whole.token_ids) == whole.text
+    banned = client.completions.create(**ask, extra_body={"bad_words": ["Paris"]}).choices[0]
+    assert "Paris" not in banned.text and banned.text, banned.text
+
+
 def test_a_stop_token_id_ends_the_answer_there(client, frontend):
     """vLLM's stop_token_ids through the llm model: the greedy answer's
     third token as a stop id ends it there ("stop", three tokens counted,

@@ -41,6 +41,19 @@ def test_empty_stop_and_bad_words_name_no_word_as_in_tensorrt_llm():
     assert decoded.request.stop_words == [] and decoded.request.bad_words == ["x y"]
 
 
+def test_bad_words_sent_as_vllms_parameter_are_encoded_as_vllm_encodes_them():
+    """The bad_words input is TensorRT-LLM's (each word encoded alone); sent
+    in sampling_parameters or as a request parameter it is vLLM's, which
+    also bans each word after a space (TextCodec.words_ids)."""
+    text = {"text_input": np.array([[b"hi"]], object)}
+    as_input = decode_generate({**text, "bad_words": np.array([[b"Paris"]], object)}).request
+    in_json = decode_generate({**text, "sampling_parameters": np.array(
+        [[b'{"bad_words": ["Paris"]}']], object)}).request
+    as_parameter = decode_generate(text, {"bad_words": ["Paris"]}).request
+    assert as_input.bad_words == in_json.bad_words == as_parameter.bad_words == ["Paris"]
+    assert not as_input.bad_words_spaced and in_json.bad_words_spaced and as_parameter.bad_words_spaced
+
+
 def word_list(*words):
     """TensorRT-LLM's [1, 2, N] word list of `words` (its preprocessing's
     _to_word_list_format): ids back to back, then each word's end offset."""

@@ -273,6 +273,25 @@ def test_bad_words_ids(codec):
         StopMatcher([3])
 
 
+def test_vllms_bad_words_are_also_banned_after_a_space(native_codec):
+    """vLLM's rule (SamplingParams.update_from_tokenizer): the word with its
+    leading spaces stripped, and after one space where that form is as many
+    tokens and starts with another one; each word once."""
+    words = lambda *given: [native_codec.decode(ids)  # noqa: E731
+                            for ids in native_codec.words_ids(given, spaced=True)]
+    assert words("Paris") == words("  Paris") == ["Paris", " Paris"]
+    assert words("hello world") == ["hello world", " hello world"]
+    assert words("Paris", "Paris", "London") == ["Paris", " Paris", "London", " London"]
+    alone, after_space = (native_codec.words_ids([text]) for text in ("123", " 123"))
+    assert len(alone[0]) != len(after_space[0]) and words("123") == ["123"]
+    assert native_codec.words_ids(["  Paris"]) != native_codec.words_ids(["Paris"])  # TRT-LLM's
+    with pytest.raises(ValueError, match="bad_words must each be at least one token"):
+        native_codec.words_ids(["\n"], spaced=True)
+    with pytest.raises(ValueError, match="at most 128 words once encoded"):
+        native_codec.words_ids([f"w{i}" for i in range(65)], spaced=True)
+    assert len(native_codec.words_ids([f"w{i}" for i in range(64)], spaced=True)) == 128
+
+
 def test_tensorrt_llms_stop_words_match_the_ids_the_prompt_included():
     """Each word encoded alone; the sequence's ids, prompt included, ending
     with a word's end the generation (TensorRT-LLM's stop criterion reads

@@ -26,7 +26,8 @@ def test_every_vllm_name_gives_the_request_its_input_gives():
     """Each name of the table in docs/TENSORS.md, in the JSON input, decodes
     as the input that carries it: the same request, field for field, but
     that vLLM's stop strings are matched in the text, the stop_words
-    input's as their tokens (TensorRT-LLM's)."""
+    input's as their tokens (TensorRT-LLM's), and that vLLM's bad words
+    are also banned after a space."""
     by_vllm = decode_generate({**PROMPT, "sampling_parameters": as_json(
         max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
         frequency_penalty=-0.5, repetition_penalty=1.2, seed=11, stop_token_ids=[5, 6],
@@ -50,8 +51,9 @@ def test_every_vllm_name_gives_the_request_its_input_gives():
         "logit_bias_values": np.array([[-1.5, 2.0]], np.float32),
         "exclude_input_in_output": scalar(True, bool), "stream": scalar(True, bool)})
     assert not by_vllm.request.stop_words_as_tokens and by_inputs.request.stop_words_as_tokens
+    assert by_vllm.request.bad_words_spaced and not by_inputs.request.bad_words_spaced
     assert dataclasses.replace(by_vllm, sent_as={}, request=dataclasses.replace(
-        by_vllm.request, stop_words_as_tokens=True)) == by_inputs
+        by_vllm.request, stop_words_as_tokens=True, bad_words_spaced=False)) == by_inputs
     request = by_vllm.request
     assert request.sampling.min_tokens == 3 and request.stop_words == ["\n", "END"]
     assert request.return_log_probs and request.num_top_logprobs == 4

@@ -32,6 +32,17 @@ def _json_logprob(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+def _token_namer(plan: Plan, codec):
+    """How the logprobs name a token id: by its text, or with vLLM's
+    return_tokens_as_token_ids as "token_id:N" (vllm/entrypoints/utils.py,
+    ``format_token_id_placeholder``), which tells apart tokens whose texts
+    are alike (a piece of a character, a special token's "")."""
+    if plan.tokens_as_ids:
+        return lambda token: f"token_id:{token}"
+    special = plan.special
+    return lambda token: codec.decode([token], special)
+
+
 def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     """OpenAI's logprobs object of these chunks' tokens (None unless asked):
     chat, per token its top_logprobs (the n most likely, most likely
@@ -42,44 +53,45 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     text with skip_special_tokens false (``plan.special``), else "".
     (vLLM's strings keep it either way: its ``convert_ids_list_to_tokens``,
     vllm/tokenizers/detokenizer_utils.py, decodes each id with the
-    tokenizer's default, which keeps special tokens.)"""
+    tokenizer's default, which keeps special tokens.) With
+    ``tokens_as_ids`` every token is named "token_id:N" (``_token_namer``);
+    chat's ``bytes`` stay the token's own."""
     if not plan.logprobs:
         return None
-    special = plan.special
+    special, name = plan.special, _token_namer(plan, codec)
     scored = _scored(chunks) if plan.echo is not None else None
     if scored is not None:
         n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
         prompt = _completion_logprobs(
-            codec, special, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
+            name, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
                                                           scored.prompt_logprobs,
                                                           _prompt_tops(scored))])
         generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
-        first = codec.decode(scored.prompt_ids[:1], special)
+        first = name(scored.prompt_ids[0])
         return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
                 for key in ("tokens", "token_logprobs", "top_logprobs")} | {"text_offset": None}
     steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
              for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
-    tokens = [codec.decode([t], special) for t, _, _ in steps]
+    tokens = [name(t) for t, _, _ in steps]
     if plan.chat:
         def entry(text: str, token: int, logprob: float) -> dict:
             return {"token": text, "logprob": _json_logprob(logprob),
                     "bytes": list(codec.token_bytes(token, special))}
 
         return {"content": [{**entry(text, t, p), "top_logprobs": [
-            entry(codec.decode([i], special), i, q) for i, q in top]}
+            entry(name(i), i, q) for i, q in top]}
             for text, (t, p, top) in zip(tokens, steps)]}
-    return {**_completion_logprobs(codec, special, steps, tokens), "text_offset": None}
+    return {**_completion_logprobs(name, steps, tokens), "text_offset": None}
 
 
-def _completion_logprobs(codec, special: bool, steps: list,
-                         tokens: list[str] | None = None) -> dict:
+def _completion_logprobs(name, steps: list, tokens: list[str] | None = None) -> dict:
     """Completions' tokens, token_logprobs and top_logprobs of `steps`
     (token, logprob, top pairs), each top a dict of the n most likely
-    tokens' texts and the token's own."""
-    tokens = [codec.decode([t], special) for t, _, _ in steps] if tokens is None else tokens
+    tokens' names (`name`: ``_token_namer``) and the token's own."""
+    tokens = [name(t) for t, _, _ in steps] if tokens is None else tokens
     top_dicts = []
     for text, (_, p, top) in zip(tokens, steps):
-        alternatives = {codec.decode([i], special): _json_logprob(q) for i, q in top}
+        alternatives = {name(i): _json_logprob(q) for i, q in top}
         alternatives.setdefault(text, _json_logprob(p))
         top_dicts.append(alternatives)
     return {"tokens": tokens, "token_logprobs": [_json_logprob(p) for _, p, _ in steps],
@@ -156,7 +168,16 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     if plan.prompt_logprobs is not None:  # vLLM's place: the choice's, or chat's answer's
         (answer if plan.chat else choice)["prompt_logprobs"] = _vllm_prompt_logprobs(
             plan, chunks, served.codec)
+    if plan.return_token_ids:  # vLLM's places, as prompt_logprobs'
+        choice["token_ids"] = _token_ids(chunks)
+        (answer if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
     return {**answer, "usage": usage([plan], chunks[-1:])}
+
+
+def _token_ids(chunks: list[Chunk]) -> list[int]:
+    """The generated ids these responses carry (an echo's prompt not among
+    them, as in vLLM's token_ids)."""
+    return [token for chunk in chunks for token in chunk.token_ids]
 
 
 def response_of_all(plans: list[Plan], answers: list[list[Chunk]], served: Served) -> dict:
@@ -200,6 +221,12 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         choice["text"] = (plan.echo or "") + chunk.text if first else chunk.text
     events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
     choice["logprobs"] = _logprobs(plan, chunks, served.codec)
+    if plan.return_token_ids:
+        choice["token_ids"] = _token_ids(chunks)
+        if not plan.prompt_ids_sent:  # in its first event (chat: once, in the first choice)
+            plan.prompt_ids_sent = True
+            if not (plan.chat and plan.repeats_prompt):
+                (events[0] if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
     if plan.include_usage:
         prompt = len(plan.prompt_ids)
         events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,

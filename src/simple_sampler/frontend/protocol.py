@@ -18,7 +18,8 @@ Follows OpenAI's API reference for ``/v1/completions`` and
 ``include_stop_str_in_output``, ``prompt_logprobs``, ``truncate_prompt_tokens``,
 ``skip_special_tokens``, ``add_special_tokens``,
 chat's ``add_generation_prompt``, ``continue_final_message`` and
-``chat_template_kwargs``, ``allowed_token_ids``, ``structured_outputs`` and
+``chat_template_kwargs``, ``allowed_token_ids``, ``bad_words``,
+``return_token_ids``, ``return_tokens_as_token_ids``, ``structured_outputs`` and
 the ``guided_*`` fields, and ``stream_options.continuous_usage_stats`` are
 vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
 ``CompletionRequest`` and ``ChatCompletionRequest``), as are the bodies of
@@ -100,6 +101,12 @@ class Sampling(Request):
     stop_token_ids: list[int] | None = None
     #: the only tokens the answer may hold
     allowed_token_ids: list[int] | None = None
+    #: words never generated, at the text's start or after a space
+    bad_words: list[str] | None = None
+    #: the prompt's and the answer's token ids beside the text
+    return_token_ids: bool | None = None
+    #: logprobs name their tokens "token_id:N" instead of by their text
+    return_tokens_as_token_ids: bool | None = None
     include_stop_str_in_output: bool | None = False
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None

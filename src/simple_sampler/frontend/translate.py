@@ -78,6 +78,10 @@ class Plan:
     prompt_logprobs: int | None = None
     #: a later one of n choices of its prompt: the usage counts the prompt once
     repeats_prompt: bool = False
+    #: vLLM's return_token_ids: the prompt's and the answer's ids beside the text
+    return_token_ids: bool = False
+    #: vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    tokens_as_ids: bool = False
     #: chat's forced tool calls (``tools.ToolUse``): the answer is its calls
     tools: ToolUse | None = None
     #: a streamed answer's responses so far, where its calls come at its end;
@@ -86,6 +90,8 @@ class Plan:
     held: list = field(default_factory=list)
     reported: int = 0
     sent: int = 0
+    #: a stream's prompt_token_ids went out (with return_token_ids)
+    prompt_ids_sent: bool = False
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -152,12 +158,21 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
     if request.min_tokens is not None:
         params[PARAM_INPUTS["min_tokens"]] = checked_integer(
             "min_tokens", request.min_tokens, PARAM_INPUTS["min_tokens"], 0, 2**63)
+    # vLLM's stop, matched in the text (the stop_words input: as tokens), and its
+    # bad words, banned after a space too (the bad_words input: each word alone)
+    vllm = {}
     if request.stop is not None:
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
         if not all(stop):
             raise RequestError("stop must be a non-empty string or a list of them", "stop")
-        if stop:  # vLLM's stop, matched in the text (the stop_words input: as tokens)
-            params[SAMPLING_PARAMETERS] = json.dumps({"stop": stop})
+        if stop:
+            vllm["stop"] = stop
+    if request.bad_words:
+        if not all(request.bad_words):
+            raise RequestError("bad_words must be a list of non-empty strings", "bad_words")
+        vllm["bad_words"] = request.bad_words
+    if vllm:
+        params[SAMPLING_PARAMETERS] = json.dumps(vllm)
     if request.logit_bias:
         params["logit_bias_ids"], params["logit_bias_values"] = _logit_bias(request.logit_bias,
                                                                            served.vocab_size)
@@ -468,6 +483,8 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
     include_usage = options is not None and bool(options.include_usage)
     plan = Plan(chat, prompt_ids, params, bool(request.stream), include_usage, logprobs,
-                continuous_usage=include_usage and bool(options.continuous_usage_stats))
+                continuous_usage=include_usage and bool(options.continuous_usage_stats),
+                return_token_ids=bool(request.return_token_ids),
+                tokens_as_ids=bool(request.return_tokens_as_token_ids))
     _prompt_logprobs(request, plan)
     return plan

@@ -138,7 +138,8 @@ GENERATE_INPUTS = (
     scalar("skip_special_tokens", "BOOL", True,
             "false: special tokens' text (a chat's end of turn) is kept in the text (vLLM's name)"),
     Tensor("bad_words", "BYTES", (-1,), default="none",
-           allowed="strings (empty ones name no word), never generated"),
+           allowed="strings (empty ones name no word), never generated, each encoded alone "
+                   "(TensorRT-LLM's; vLLM's bad_words parameter also bans each after a space)"),
     Tensor("logit_bias_ids", "INT32", (-1,), default="none",
            allowed="token ids in [0, V), each at most once"),
     Tensor("logit_bias_values", "FP32", (-1,), default="none",

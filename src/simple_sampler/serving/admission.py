@@ -41,7 +41,8 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
         params,
         seed=secrets.randbits(64) if params.seed is None else params.seed,
         stop_token_ids=list(dict.fromkeys([*params.stop_token_ids, *end_ids])))
-    bad_words_ids = [*codec.words_ids(request.bad_words), *map(list, request.bad_words_list)]
+    bad_words_ids = [*codec.words_ids(request.bad_words, spaced=request.bad_words_spaced),
+                     *map(list, request.bad_words_list)]
     try:  # with the end id and the bad words, which validate did not see
         params.check_a_token_is_allowed(
             engine.vocab_size, (ids[0] for ids in bad_words_ids if len(ids) == 1))

@@ -80,7 +80,9 @@ class GenerationRequest:
     leaves special tokens' text out unless not ``skip_special`` (vLLM's
     ``skip_special_tokens``);
     ``bad_words`` are never generated (each word's last token is banned
-    whenever the sequence ends with the word's other tokens).
+    whenever the sequence ends with the word's other tokens), each encoded
+    alone (TensorRT-LLM's), or with ``bad_words_spaced`` also after a space
+    where that is a word of its own (vLLM's: ``TextCodec.words_ids``).
     ``stop_words_list`` and ``bad_words_list`` are such words as token ids
     (TensorRT-LLM's tensorrt_llm model's inputs), stop words matched as
     ``stop_words_as_tokens`` matches.
@@ -106,6 +108,7 @@ class GenerationRequest:
     include_stop: bool = False
     skip_special: bool = True
     bad_words: Sequence[str] = ()
+    bad_words_spaced: bool = False
     stop_words_list: Sequence[Sequence[int]] = ()
     bad_words_list: Sequence[Sequence[int]] = ()
     return_log_probs: bool = False

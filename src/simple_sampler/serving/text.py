@@ -47,6 +47,10 @@ TEMPLATE_OWN_NAMES = frozenset({"messages", "raise_exception", "strftime_now"})
 #: space (and any merge with the prompt's last bytes) comes out as in a full decode.
 PROMPT_CONTEXT_TOKENS = 4
 
+#: vLLM's bad words: at most this many id sequences once encoded (its
+#: default ``VLLM_MAX_NUM_BAD_WORDS``).
+MAX_SPACED_WORDS = 128
+
 
 def model_directory(source: str | os.PathLike | None = None) -> str:
     """The Hugging Face directory of a model source (see
@@ -246,17 +250,40 @@ class TextCodec:
             return bytes(byte_of[char] for char in piece)
         return self.decode([token_id], special).encode()
 
-    def words_ids(self, words: Sequence[str], name: str = "bad_words") -> list[list[int]]:
+    def words_ids(self, words: Sequence[str], name: str = "bad_words",
+                  spaced: bool = False) -> list[list[int]]:
         """Each word as the id sequence the model would generate for it
         (encoded alone, without special tokens, as TensorRT-LLM's
-        preprocessing encodes its bad and stop words). Raises InvalidRequest
-        naming `name` for a non-string or empty word."""
+        preprocessing encodes its bad and stop words). `spaced`: vLLM's
+        bad words instead (vllm/sampling_params.py,
+        ``SamplingParams.update_from_tokenizer``): each word once
+        (duplicates dropped), its leading spaces stripped, encoded alone and
+        also after one space, the spaced form kept where it is as many
+        tokens and starts with another one (the word in mid-text: " Paris"
+        where "Paris" began the text), at most ``MAX_SPACED_WORDS`` forms in
+        all. Raises InvalidRequest naming `name` for a non-string or empty
+        word, a word with no token, or too many forms."""
         lists = []
-        for word in words:
+        for word in dict.fromkeys(words) if spaced else words:
             if not isinstance(word, str) or not word:
                 raise InvalidRequest(f"{name} must be non-empty strings, got {word!r}")
-            lists.append(list(self.tokenizer(word, add_special_tokens=False)["input_ids"]))
+            if not spaced:
+                lists.append(self._word(word))
+                continue
+            alone = self._word(word.lstrip())
+            if not alone:
+                raise InvalidRequest(f"{name} must each be at least one token, got {word!r}")
+            lists.append(alone)
+            after_space = self._word(" " + word.lstrip())
+            if len(after_space) == len(alone) and after_space[0] != alone[0]:
+                lists.append(after_space)
+            if len(lists) > MAX_SPACED_WORDS:
+                raise InvalidRequest(f"{name} must make at most {MAX_SPACED_WORDS} words once "
+                                     f"encoded (each alone and after a space), got more")
         return lists
+
+    def _word(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def detokenizer(self, prompt_ids: Sequence[int] = (), special: bool = False) -> "Detokenizer":
         """A generation's streaming text; special tokens' text kept with

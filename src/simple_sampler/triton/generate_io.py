@@ -245,8 +245,10 @@ def _stop_and_bad_words(present: Mapping[str, object], sent_as: Mapping[str, str
              if name in present}
     words.update((name, word_list(name, present[name]))
                  for name in ("stop_words_list", "bad_words_list") if name in present)
-    # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text
-    return {**words, "stop_words_as_tokens": "stop_words" not in sent_as}
+    # the stop_words input is TensorRT-LLM's, vLLM's stop (its parameter) matches text;
+    # vLLM's bad_words also ban each word after a space
+    return {**words, "stop_words_as_tokens": "stop_words" not in sent_as,
+            "bad_words_spaced": "bad_words" in sent_as}
 
 
 def _masks(present: Mapping[str, object]) -> dict:
