@@ -14,8 +14,11 @@ all banned.
 
 Logprobs: ``logprobs[r]`` is the log-probability of the chosen token under
 softmax(z), z = penalized logits / temperature (temperature 1 for greedy
-rows), over the whole vocabulary, before min_p / top_k / top_p truncation:
-vLLM's "processed logprobs" before truncation. ``top_logprobs`` give the n
+rows), over the whole vocabulary, before min_p / top_k / top_p truncation.
+vLLM's differ unless the temperature is 1 and no bias, ban or penalty
+applies: its default ``raw_logprobs`` are the model's log_softmax before all
+of these, its ``processed_logprobs`` are taken after the truncation too
+(vllm/v1/sample/sampler.py, ``Sampler.forward``). ``top_logprobs`` give the n
 most likely tokens under the same distribution, most likely first, ties by
 lower token id.
 
