@@ -1030,3 +1030,56 @@ def test_return_tokens_as_token_ids_names_each_logprobs_token_by_its_id(codec):
     assert logprobs["top_logprobs"][-1] == {f"token_id:{paris}": -0.5, f"token_id:{comma}": -1.5}
     plain = post(client, "/v1/completions", completion(logprobs=1)).json()
     assert plain["choices"][0]["logprobs"]["tokens"] == [" Paris"]
+
+
+def test_vllms_envelope_fields_set_the_id_the_chunking_and_echo(client, recorder, codec):
+    """vLLM's request_id names the answer (an X-Request-Id header before
+    it); stream_interval is raised to the server's and sent only with a
+    stream; chat's echo starts the answer with a last assistant turn's
+    content; return_prompt_text gives the template's text; documents reach
+    the template; priority 0, session_id and cache_salt change nothing."""
+    body = post(client, "/v1/chat/completions", chat(request_id="abc", n=2)).json()
+    assert body["id"] == "chatcmpl-abc"
+    response = client.post("/v1/completions", content=json.dumps(completion(request_id="abc")),
+                           headers={"Content-Type": "application/json", "X-Request-Id": "hdr"})
+    assert response.json()["id"] == "cmpl-hdr"
+    streamed = events(post(client, "/v1/completions", completion(request_id="s", stream=True)))
+    assert {e["id"] for e in streamed} == {"cmpl-s"}
+    slow = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer),
+                                       stream_interval=4), recorder.generate))
+    for interval, stream, sent in ((2, True, 4), (8, True, 8), (8, False, None)):
+        assert post(slow, "/v1/completions", completion(stream_interval=interval,
+                                                        stream=stream)).status_code == 200
+        assert recorder.plans[-1].params.get("stream_interval") == sent
+    turns = [{"role": "user", "content": "Capital of France?"},
+             {"role": "assistant", "content": "The capital is"}]
+    prefill = dict(messages=turns, add_generation_prompt=False, continue_final_message=True)
+    body = post(client, "/v1/chat/completions", chat(**prefill, echo=True)).json()
+    assert body["choices"][0]["message"]["content"] == "The capital is Paris."
+    streamed = events(post(client, "/v1/chat/completions", chat(**prefill, echo=True,
+                                                                stream=True)))
+    assert streamed[0]["choices"][0]["delta"]["content"] == "The capital is Paris"
+    plain = post(client, "/v1/chat/completions", chat(echo=True)).json()  # a user's turn last
+    assert plain["choices"][0]["message"]["content"] == " Paris."
+    body = post(client, "/v1/chat/completions", chat(return_prompt_text=True)).json()
+    assert codec.tokenize(body["prompt_text"], False) == recorder.plans[-1].prompt_ids
+    assert "<|im_start|>user\nCapital of France?" in body["prompt_text"]
+    streamed = events(post(client, "/v1/chat/completions",
+                           chat(return_prompt_text=True, stream=True)))
+    assert [("prompt_text" in e) for e in streamed] == [True, False]
+    post(client, "/v1/chat/completions", chat(documents=[{"title": "t", "text": "x"}]))
+    assert recorder.plans[-1].prompt_ids == codec.encode("Capital of France?", chat=True)
+    assert post(client, "/v1/completions", completion(
+        priority=0, session_id="s", cache_salt="salt")).status_code == 200
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"priority": 1}, "priority"), ({"cache_salt": ""}, "cache_salt"),
+    ({"cache_salt": "x" * 1025}, "cache_salt"), ({"stream_interval": 0}, "stream_interval"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ({"echo": True, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": "required"}, "echo")])
+def test_vllms_envelope_fields_out_of_range_are_400s_naming_them(client, fields, param):
+    response = post(client, "/v1/chat/completions", chat(**fields))
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, \
+        response.text

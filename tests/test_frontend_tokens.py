@@ -165,7 +165,7 @@ BAD = [
     ("/v1/completions", completion(skip_special_tokens=None), 400, "skip_special_tokens",
      "valid boolean"),
     ("/v1/completions", completion(spaces_between_special_tokens=False), 400,
-     "spaces_between_special_tokens", "unknown field"),
+     "spaces_between_special_tokens", "must be true"),
     ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
     # k in [1, context - max_tokens], as current vLLM (completions' max_tokens 16 unless given)
     ("/v1/completions", completion(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens",

@@ -308,3 +308,16 @@ def test_tensorrt_llms_stop_words_match_the_ids_the_prompt_included():
     assert [short.feed_token(i) for i in ids("fgh")] == [None, None, "fgh"]  # a short tail
     assert len(later.tail) == 3  # only the longest word's length is kept
     assert StopMatcher.of(codec, ["xyz"]).stop_words == ["xyz"]  # vLLM's: text
+
+
+def test_documents_reach_a_retrieval_augmented_template(native_codec):
+    """vLLM's documents are the template's ``documents`` (transformers'
+    apply_chat_template argument); a template without them ignores them."""
+    rag = copy.copy(native_codec)
+    rag.tokenizer = copy.copy(native_codec.tokenizer)
+    rag.tokenizer.chat_template = ("{% for d in documents %}[{{ d.title }}: {{ d.text }}]"
+                                   "{% endfor %}{{ messages[0].content }}")
+    turns = [{"role": "user", "content": "Hi"}]
+    documents = [{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]
+    assert rag.render_chat(turns, False, documents=documents) == "[a: x][b: y]Hi"
+    assert native_codec.render_chat(turns, documents=documents) == native_codec.render_chat(turns)

@@ -59,7 +59,7 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     if not plan.logprobs:
         return None
     special, name = plan.special, _token_namer(plan, codec)
-    scored = _scored(chunks) if plan.echo is not None else None
+    scored = _scored(chunks) if plan.echo is not None and not plan.chat else None
     if scored is not None:
         n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
         prompt = _completion_logprobs(
@@ -171,6 +171,8 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
     if plan.return_token_ids:  # vLLM's places, as prompt_logprobs'
         choice["token_ids"] = _token_ids(chunks)
         (answer if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
+    if plan.prompt_text is not None:
+        answer["prompt_text"] = plan.prompt_text
     return {**answer, "usage": usage([plan], chunks[-1:])}
 
 
@@ -215,18 +217,20 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
         if delta.get("tool_calls") and plan.tools.parser is not None:
             choice["finish_reason"] = "tool_calls"
     elif plan.chat:
-        choice["delta"] = {"role": "assistant", "content": chunk.text} if first else \
-            {"content": chunk.text}
+        choice["delta"] = {"role": "assistant", "content": (plan.echo or "") + chunk.text} \
+            if first else {"content": chunk.text}
     else:
         choice["text"] = (plan.echo or "") + chunk.text if first else chunk.text
     events = [{**_object(plan, kind, served.model_id), "choices": [choice]}]
     choice["logprobs"] = _logprobs(plan, chunks, served.codec)
     if plan.return_token_ids:
         choice["token_ids"] = _token_ids(chunks)
-        if not plan.prompt_ids_sent:  # in its first event (chat: once, in the first choice)
-            plan.prompt_ids_sent = True
-            if not (plan.chat and plan.repeats_prompt):
-                (events[0] if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
+    if not plan.prompt_ids_sent:  # in its first event (chat: once, in the first choice)
+        plan.prompt_ids_sent = True
+        if plan.return_token_ids and not (plan.chat and plan.repeats_prompt):
+            (events[0] if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
+        if plan.prompt_text is not None and not plan.repeats_prompt:
+            events[0]["prompt_text"] = plan.prompt_text
     if plan.include_usage:
         prompt = len(plan.prompt_ids)
         events[0]["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated,

@@ -239,6 +239,9 @@ async def _answer(request: Request, model, plan_for, served: Served,
     body = await request.body()
     # a generation per choice: n per prompt (completions may hold several)
     plans = await asyncio.to_thread(lambda: plan_for(parse(model, body), served))
+    if (request_id := request.headers.get("x-request-id")) is not None:
+        for plan in plans:  # the answer's id, before the body's (vLLM's _base_request_id)
+            plan.id = request_id
     streams = [generate(plan) if plan.asks_the_model else _prompt_alone(plan) for plan in plans]
     if plans[0].stream:
         return await _stream(request, plans, streams, served)

@@ -70,7 +70,8 @@ def served_by(settings: LlmSettings, generation_config: str = FrontendSettings.g
     return Served(model_id(settings), codec, settings.max_context,
                   spec.vocab_size(settings, codec), streams=settings.decoupled_mode,
                   tool_parser=tool_parser,
-                  sampling_defaults=sampling_defaults(directory, generation_config))
+                  sampling_defaults=sampling_defaults(directory, generation_config),
+                  stream_interval=settings.stream_interval)
 
 
 async def _answered_once(client: AsyncGenerateClient, prompt_ids: list[int],

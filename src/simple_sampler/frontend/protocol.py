@@ -19,7 +19,10 @@ Follows OpenAI's API reference for ``/v1/completions`` and
 ``skip_special_tokens``, ``add_special_tokens``,
 chat's ``add_generation_prompt``, ``continue_final_message`` and
 ``chat_template_kwargs``, ``allowed_token_ids``, ``bad_words``,
-``return_token_ids``, ``return_tokens_as_token_ids``, ``structured_outputs`` and
+``return_token_ids``, ``return_tokens_as_token_ids``, ``request_id``,
+``session_id``, ``cache_salt``, ``priority``, ``spaces_between_special_tokens``,
+``stream_interval``, chat's ``echo``, ``documents`` and ``return_prompt_text``,
+``structured_outputs`` and
 the ``guided_*`` fields, and ``stream_options.continuous_usage_stats`` are
 vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
 ``CompletionRequest`` and ``ChatCompletionRequest``), as are the bodies of
@@ -107,6 +110,15 @@ class Sampling(Request):
     return_token_ids: bool | None = None
     #: logprobs name their tokens "token_id:N" instead of by their text
     return_tokens_as_token_ids: bool | None = None
+    #: the answer's id (else a random one; an X-Request-Id header wins)
+    request_id: str | None = None
+    #: accepted, with no effect here (frontend/envelope.py)
+    session_id: str | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
+    spaces_between_special_tokens: bool | None = None
+    #: a stream's tokens per chunk, at least the server's
+    stream_interval: int | None = None
     include_stop_str_in_output: bool | None = False
     #: the prompt's logprobs and the n most likely at each of its places
     prompt_logprobs: int | None = None
@@ -235,6 +247,8 @@ class ChatTemplate(Request):
     chat_template_kwargs: dict[str, Any] | None = None
     #: functions the model may call, handed to the template (frontend/tools.py)
     tools: list[Tool] | None = None
+    #: texts for a retrieval-augmented template
+    documents: list[dict[str, str]] | None = None
 
 
 class ChatCompletionRequest(ChatTemplate, Sampling):
@@ -245,6 +259,11 @@ class ChatCompletionRequest(ChatTemplate, Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     #: false: at most one call (tool_choice required)
     parallel_tool_calls: bool | None = None
+    #: vLLM's: the answer starts with the last message's content where it
+    #: is the assistant's (a continued turn)
+    echo: bool | None = False
+    #: vLLM's: the chat template's text beside the answer (``prompt_text``)
+    return_prompt_text: bool | None = None
 
 
 class TokenizeCompletionRequest(Request):

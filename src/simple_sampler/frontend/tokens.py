@@ -14,7 +14,8 @@ import json
 from ..schema import INPUT_IDS
 from .protocol import (DetokenizeRequest, RequestError, TokenizeChatRequest,
                        TokenizeCompletionRequest, parse)
-from .translate import Served, checked_integer, chat_prompt_ids
+from .chat import chat_prompt_ids
+from .translate import Served, checked_integer
 
 
 def _check_model(model: str | None, served: Served) -> None:
@@ -45,7 +46,7 @@ def tokenize(body: bytes, served: Served) -> dict:
     request = parse(tokenize_kind(body), body)
     _check_model(request.model, served)
     if isinstance(request, TokenizeChatRequest):
-        ids = chat_prompt_ids(request, served)
+        ids = chat_prompt_ids(request, served.codec)
     else:
         ids = served.codec.tokenize(request.prompt, request.add_special_tokens)
     strings = None

@@ -29,9 +29,11 @@ from ..schema import (ANSWERS_ONCE, GENERATE_INPUTS, IGNORE_EOS, INPUT_IDS, NUM_
 from ..settings import MAX_GENERATIONS
 from ..triton.vllm_params import SAMPLING_PARAMETERS
 from ..serving.structured import Guide
+from .chat import chat_prompt
+from .envelope import check_inert, echoed, stream_interval
 from .response_format import request_guide
-from .tools import ToolUse, template_messages, tool_use
-from .protocol import (ChatCompletionRequest, ChatTemplate, CompletionRequest, RequestError,
+from .tools import ToolUse, tool_use
+from .protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
                        Sampling)
 
 #: SamplingParams field -> the generate input carrying it (seed: ``seed``).
@@ -57,6 +59,8 @@ class Served:
     #: request field -> value where a request leaves it out: the model's
     #: generation config's (frontend/generation_defaults.py)
     sampling_defaults: dict = field(default_factory=dict)
+    #: the llm model's stream_interval, which a request's may only raise
+    stream_interval: int = 1
 
 
 @dataclass
@@ -90,8 +94,10 @@ class Plan:
     held: list = field(default_factory=list)
     reported: int = 0
     sent: int = 0
-    #: a stream's prompt_token_ids went out (with return_token_ids)
+    #: a stream's prompt_token_ids and prompt_text went out (where asked)
     prompt_ids_sent: bool = False
+    #: chat's return_prompt_text: the chat template's text; None: not asked
+    prompt_text: str | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -363,13 +369,15 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     given = getattr(request, name)
     keep = truncation(request, served, 0 if given is None else given, name)
     use, guide = tool_use(request, served.tool_parser)
-    prompt_ids = chat_prompt_ids(request, served, keep)
+    prompt_text, prompt_ids = chat_prompt(request, served.codec, keep)
     plan = _plan(request, served, True, prompt_ids,
                  _max_tokens(request, served, len(prompt_ids), served.sampling_defaults.get("max_tokens"), name,
                              low=0 if _scores_prompt(request) else 1),
                  bool(request.logprobs), top)
     if use is not None:
         with_tools(plan, use, guide, request)
+    plan.echo = echoed(request)
+    plan.prompt_text = prompt_text if request.return_prompt_text else None
     return _choices([plan], request.n)
 
 
@@ -399,44 +407,6 @@ def with_tools(plan: Plan, use: ToolUse, guide: Guide | None,
     except InvalidRequest as error:
         raise RequestError(f"tools: {error}", "tools") from None
     plan.params.update(guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.text)
-
-
-def chat_prompt_ids(request: ChatTemplate, served: Served, keep: int | None = None) -> list[int]:
-    """The messages through the model's chat template (the last `keep`
-    tokens: ``truncation``), as vLLM's chat
-    template fields ask (vllm/entrypoints/openai/protocol.py,
-    ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
-    and add_generation_prompt not both true; transformers refuses the pair
-    too); the last message is continued whatever its role, as transformers
-    and vLLM do. chat_template_kwargs may not name apply_chat_template's own
-    arguments nor what transformers hands the template itself (``messages``,
-    ``raise_exception``: ``TextCodec.template_arguments``): vLLM refuses
-    ``chat_template`` and ``tokenize`` and answers the others' failures 400;
-    they would set what the request's fields set, or the answer's shape.
-    A template failing on a variable's value is a 400 naming
-    chat_template_kwargs."""
-    if not request.messages:
-        raise RequestError("messages must hold at least one message", "messages")
-    if request.continue_final_message and request.add_generation_prompt:
-        raise RequestError("continue_final_message and add_generation_prompt cannot both be "
-                           "true (add_generation_prompt is true unless sent false)",
-                           "continue_final_message")
-    variables = request.chat_template_kwargs or {}
-    reserved = sorted(served.codec.template_arguments & variables.keys())
-    if reserved:
-        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the chat "
-                           "template's own arguments and functions, not its variables)",
-                           "chat_template_kwargs")
-    messages = template_messages(request.messages)
-    try:
-        return served.codec.encode_chat(
-            messages, request.add_generation_prompt,
-            request.continue_final_message, variables, request.add_special_tokens, keep,
-            [tool.model_dump(exclude_none=True) for tool in request.tools or ()])
-    except InvalidRequest as error:
-        field = "chat_template_kwargs" if str(error).startswith("chat_template_kwargs") else \
-            "messages"
-        raise RequestError(str(error), field) from None
 
 
 def _scores_prompt(request: Sampling) -> bool:
@@ -486,5 +456,10 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
                 continuous_usage=include_usage and bool(options.continuous_usage_stats),
                 return_token_ids=bool(request.return_token_ids),
                 tokens_as_ids=bool(request.return_tokens_as_token_ids))
+    check_inert(request)
+    if request.request_id is not None:
+        plan.id = request.request_id
+    if (interval := stream_interval(request, served.stream_interval)) is not None:
+        params["stream_interval"] = interval
     _prompt_logprobs(request, plan)
     return plan

@@ -185,14 +185,17 @@ class TextCodec:
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
                     add_special_tokens: bool = False, keep: int | None = None,
-                    tools: Sequence[Mapping] | None = None) -> list[int]:
+                    tools: Sequence[Mapping] | None = None,
+                    documents: Sequence[Mapping] | None = None) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
         the model's chat template, with the assistant's turn opened unless not
         `add_generation_prompt`; `continue_final_message`: the last turn left
         open, to be continued (vLLM's request fields of these names);
         `variables`: more for the template to read (vLLM's
         ``chat_template_kwargs``); `tools`: the functions the model may
-        call (OpenAI's ``tools``, for a template that lists them); `add_special_tokens`: the tokenizer's
+        call (OpenAI's ``tools``, for a template that lists them);
+        `documents`: texts for a retrieval-augmented template (vLLM's
+        ``documents``; a template without them ignores them); `add_special_tokens`: the tokenizer's
         own on top of the template's (which already holds what the model
         wants: off by default); `keep`: at most that many of the templated
         text's tokens (``tokenize``). Raises InvalidRequest on a model without a chat
@@ -200,16 +203,26 @@ class TextCodec:
         by the field at fault: ``messages``, or ``chat_template_kwargs``
         where variables were given and the template failed on a value's
         type)."""
+        return self.tokenize(self.render_chat(messages, add_generation_prompt,
+                                              continue_final_message, variables, tools, documents),
+                             add_special_tokens, keep)
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, variables: Mapping | None = None,
+                    tools: Sequence[Mapping] | None = None,
+                    documents: Sequence[Mapping] | None = None) -> str:
+        """The text ``encode_chat`` tokenizes (its arguments and errors)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("chat was requested but the model has no chat template")
         from jinja2.exceptions import TemplateError
 
         try:
-            rendered = self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
-                **({"tools": list(tools)} if tools else {}), **(variables or {}))
+                **({"tools": list(tools)} if tools else {}),
+                **({"documents": list(documents)} if documents else {}), **(variables or {}))
         except TemplateError as error:  # a template's raise_exception(): the client's turns
             raise InvalidRequest(f"messages: the chat template refused them: {error}") from None
         except ValueError as error:  # continue_final_message: the last turn not in the text
@@ -222,7 +235,6 @@ class TextCodec:
             field = "chat_template_kwargs" if variables else "messages"
             raise InvalidRequest(f"{field}: the chat template failed on them: "
                                  f"{type(error).__name__}: {error}") from None
-        return self.tokenize(rendered, add_special_tokens, keep)
 
     def decode(self, token_ids: Sequence[int], special: bool = False) -> str:
         """One-shot decode, special tokens skipped (as the detokenizer does)
