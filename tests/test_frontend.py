@@ -1083,3 +1083,21 @@ def test_vllms_envelope_fields_out_of_range_are_400s_naming_them(client, fields,
     response = post(client, "/v1/chat/completions", chat(**fields))
     assert response.status_code == 400 and response.json()["error"]["param"] == param, \
         response.text
+
+
+def test_truncation_side_right_keeps_the_prompts_first_tokens(client, recorder, codec):
+    """vLLM's truncation_side with truncate_prompt_tokens k: "right" sends
+    the prompt's first k tokens, "left" its last k (the default's, here
+    where the tokenizer adds no special token), text or ids, and a chat's
+    templated text likewise."""
+    text = "The capital of France is"
+    ids = codec.encode(text)
+    for side, kept in (("right", ids[:3]), ("left", ids[-3:]), (None, ids[-3:])):
+        for prompt in (text, ids):
+            post(client, "/v1/completions", completion(prompt=prompt, truncate_prompt_tokens=3,
+                                                       truncation_side=side))
+            assert recorder.plans[-1].prompt_ids == kept, (side, prompt)
+    post(client, "/v1/chat/completions", chat(truncate_prompt_tokens=4, truncation_side="right"))
+    assert recorder.plans[-1].prompt_ids == codec.encode("Capital of France?", chat=True)[:4]
+    response = post(client, "/v1/completions", completion(truncation_side="middle"))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "truncation_side"

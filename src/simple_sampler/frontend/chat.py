@@ -49,4 +49,5 @@ def chat_prompt(request: ChatTemplate, codec, keep: int | None = None) -> tuple[
         field = "chat_template_kwargs" if str(error).startswith("chat_template_kwargs") else \
             "messages"
         raise RequestError(str(error), field) from None
-    return text, codec.tokenize(text, request.add_special_tokens, keep)
+    return text, codec.tokenize(text, request.add_special_tokens, keep,
+                                getattr(request, "truncation_side", None))

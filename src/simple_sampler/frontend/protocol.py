@@ -124,6 +124,8 @@ class Sampling(Request):
     prompt_logprobs: int | None = None
     #: the prompt's last k tokens are sent (-1: the context's worth)
     truncate_prompt_tokens: int | None = None
+    #: with it, "left" (the last k, special tokens and all) or "right" (the first k)
+    truncation_side: Literal["left", "right"] | None = None
     #: false: special tokens' text (<|im_end|>) is kept in the answer
     skip_special_tokens: bool = True
     #: the output held to a grammar (frontend/response_format.py): OpenAI's

@@ -328,14 +328,16 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string", "prompt")
         prompt_ids = served.codec.encode(prompt, add_special_tokens=request.add_special_tokens,
-                                         keep=keep)
+                                         keep=keep, side=request.truncation_side)
     else:
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string or list of token ids",
                                "prompt")
         prompt_ids = [checked_integer(f"{name}[{place}]", t, INPUT_IDS.name, 0, served.vocab_size - 1,
                                "prompt") for place, t in enumerate(prompt)]
-        prompt_ids = prompt_ids if keep is None else prompt_ids[-keep:]  # vLLM's, ids as given
+        # vLLM's, ids as given: the last k, or the first with truncation_side right
+        prompt_ids = prompt_ids if keep is None else \
+            prompt_ids[:keep] if request.truncation_side == "right" else prompt_ids[-keep:]
     max_tokens = _max_tokens(request, served, len(prompt_ids), default=16, prompt_field="prompt",
                              low=0 if request.echo or _scores_prompt(request) else 1,
                              prompt_name="the prompt" if name == "prompt" else name)

@@ -128,21 +128,21 @@ class TextCodec:
         return int(self.tokenizer.eos_token_id)
 
     def encode(self, prompt: str, chat: bool = False, add_special_tokens: bool = True,
-               keep: int | None = None) -> list[int]:
+               keep: int | None = None, side: str | None = None) -> list[int]:
         """Token ids of ``prompt``; with ``chat`` it is sent as one user turn
         through the model's chat template, with the assistant's turn opened.
         `add_special_tokens`: the tokenizer's own (a BOS, where it adds one;
-        a plain prompt's default, vLLM's too); `keep`: at most that many
-        (``tokenize``). Raises InvalidRequest for an empty prompt or
+        a plain prompt's default, vLLM's too); `keep`, `side`: at most that
+        many (``tokenize``). Raises InvalidRequest for an empty prompt or
         ``chat`` on a model without a chat template."""
         if not isinstance(prompt, str) or not prompt:
             raise InvalidRequest("text_input must be a non-empty string")
         if not chat:
-            return self.tokenize(prompt, add_special_tokens, keep)
+            return self.tokenize(prompt, add_special_tokens, keep, side)
         return self.encode_chat([{"role": "user", "content": prompt}], keep=keep)
 
     def tokenize(self, text: str, add_special_tokens: bool = True,
-                 keep: int | None = None) -> list[int]:
+                 keep: int | None = None, side: str | None = None) -> list[int]:
         """Token ids of any text, the empty one included (no check).
 
         `keep` (>= 1): at most that many, truncated from the left as
@@ -152,9 +152,14 @@ class TextCodec:
         (vllm/renderers/params.py, ``TokenizeParams.get_encode_kwargs``;
         its tokenizers are loaded with truncation_side left,
         vllm/tokenizers/registry.py). Where keep is less than the added
-        tokens, the last keep ids."""
-        if keep is None:
-            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        tokens, the last keep ids. A `side` ("left", "right") given, as
+        vLLM's truncation_side, cuts the whole sequence there instead,
+        special tokens and all: the last keep ids, or the first
+        (``TokenizeParams._truncation_slice``)."""
+        if keep is None or side is not None:
+            ids = list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+            return ids if keep is None or keep >= len(ids) else \
+                ids[:keep] if side == "right" else ids[-keep:]
         encoded = self.tokenizer(text, add_special_tokens=add_special_tokens,
                                  return_special_tokens_mask=True)
         ids, added = list(encoded["input_ids"]), encoded["special_tokens_mask"]
