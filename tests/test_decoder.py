@@ -163,10 +163,11 @@ def test_a_listener_with_a_sink_gets_a_steps_tokens_at_once_then_the_final_event
 
 @pytest.mark.parametrize("interval", [2, 3, 0])
 def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_event(interval):
-    """listen(sink, interval): a request's tokens come to on_step `interval`
-    at a time (0: none), the text of those ids (detokenized when handed
-    out), and the final event holds every token not handed out yet; all
-    together are what a reader iterates, stop strings and end ids too."""
+    """listen(sink, interval): a request's tokens come to on_step, its first
+    alone and then `interval` at a time (0: none), the text of those ids
+    (detokenized when handed out), and the final event holds every token
+    not handed out yet; all together are what a reader iterates, stop
+    strings and end ids too."""
     requests = [GenerationRequest(text=c, max_tokens=7, sampling=GREEDY) for c in "abc"]
     requests.append(GenerationRequest(text="a", max_tokens=7, sampling=GREEDY, stop_words=["ef"]))
     requests.append(GenerationRequest(prompt_ids=[4], end_id=7, max_tokens=7,  # d; g ends it
@@ -181,7 +182,8 @@ def test_a_sink_gets_its_tokens_interval_at_a_time_and_the_rest_with_the_final_e
     stepped, finals, _ = listen_with_sink(requests, interval)
     for index, events in enumerate(read):
         chunks = stepped[index]
-        assert all(len(ids) == interval for _, ids in chunks) and (interval or not chunks)
+        assert [len(ids) for _, ids in chunks] == [1] + [interval] * (len(chunks) - 1) \
+            if interval else not chunks
         final = finals[index]
         assert "".join(text for text, _ in chunks) + final.text == "".join(e.text for e in events)
         assert [t for _, ids in chunks for t in ids] + final.token_ids == \

@@ -137,8 +137,8 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation(server):
             *(pool.submit(lambda c: list(c.stream(QUESTION, stream_interval=4, **params)), client)
               for client in (grpc(server), http(server))))]
     for four in fours:
-        assert [len(c.token_ids) for c in four] == [4] * 4 + [2]
-        assert [c.finish_reason for c in four] == [""] * 4 + ["length"]
+        assert [len(c.token_ids) for c in four] == [1] + [4] * 4 + [1]  # the first at once
+        assert [c.finish_reason for c in four] == [""] * 5 + ["length"]
         assert four[-1].num_output_tokens == 18 and four[-1].num_input_tokens > 0
         for chunks in (one, four):
             assert "".join(c.text for c in chunks) == whole.text
@@ -504,7 +504,9 @@ def test_the_vllm_backends_additional_outputs_come_in_every_response(server, str
         return result.as_numpy(name).reshape(-1)[0]
 
     answers = responses(asked)
-    expected = [interval] * (8 // interval) if stream else [8]
+    # a stream's first token at once, then interval at a time
+    rest = [interval] * (7 // interval) + ([7 % interval] if 7 % interval else [])
+    expected = [1] + rest if stream else [8]
     assert len(answers) == len(expected)
     assert [value(r, "finish_reason") for r in answers] == \
         [b"None"] * (len(answers) - 1) + [b"length"]

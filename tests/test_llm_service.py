@@ -377,8 +377,9 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation():
     text, ids = joined(whole)
     assert len(ids) == 23 and len(set(ids)) > 2  # sampled, not one letter repeated
     assert joined(one) == joined(four) == joined(four_logprobs) == (text, ids)
-    assert [len(o["output_ids"]) for o, _, _ in four] == [4] * 5 + [3]
-    assert [final for _, _, final in four] == [False] * 5 + [True]
+    # the first token at once (vLLM's, SGLang's and TensorRT-LLM's rule), then four at a time
+    assert [len(o["output_ids"]) for o, _, _ in four] == [1] + [4] * 5 + [2]
+    assert [final for _, _, final in four] == [False] * 6 + [True]
     # before the last response only the text and the ids (and logprobs when asked)
     assert {frozenset(o) for o, _, _ in four[:-1]} == {frozenset({"text_output", "output_ids"})}
     assert set(four_logprobs[0][0]) == {"text_output", "output_ids", "output_log_probs",
@@ -393,7 +394,7 @@ def test_stream_interval_sends_every_kth_token_and_the_same_generation():
 def test_the_servers_stream_interval_is_the_default_and_a_request_overrides_it():
     default, own = run_requests([seeded(True), seeded(True, 1)],
                                 LlmSettings(sampling_mode="inline_kernels", stream_interval=16))
-    assert [len(o["output_ids"]) for o, _, _ in default] == [16, 7]
+    assert [len(o["output_ids"]) for o, _, _ in default] == [1, 16, 6]
     assert len(own) == 23 and joined(own) == joined(default)
 
 

@@ -349,8 +349,9 @@ class LlmSettings(Settings):
         False, "a request that does not say: its non-streamed answer without the prompt "
         "(TensorRT-LLM's tensorrt_llm model's parameter of that name)")
     stream_interval: int = setting(
-        1, "a stream's tokens per response unless its request sets stream_interval (the "
-        "last response may hold fewer): fewer responses cost the server less per token",
+        1, "a stream's tokens per response unless its request sets stream_interval (its "
+        "first token goes at once, as vLLM's, SGLang's and TensorRT-LLM's; the last response "
+        "may hold fewer): fewer responses cost the server less per token",
         minimum=1)
     sampler_model: str = setting("simple_sampler", "the sampler model called through BLS",
                                  flag=None)

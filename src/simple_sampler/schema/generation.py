@@ -120,8 +120,8 @@ GENERATE_INPUTS = (
     scalar("stream", "BOOL", False, "false: one response at the end; true (responses as "
             "tokens come) refused by a server of decoupled_mode false"),
     scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",
-            ">= 1: a stream sends a response every k tokens with all of them, and always "
-            "the last (TensorRT-LLM's name)"),
+            ">= 1: a stream sends its first token at once, then a response every k tokens "
+            "with all of them, and always the last (TensorRT-LLM's name)"),
     *sampling_tensors("top_k", "top_p", "a finite value >= 0; < 1e-5 is greedy (1e-5 samples)",
                TOP_P_ALLOWED),
     scalar("random_seed", "UINT64", "a fresh random seed", "[0, 2^64)", param="seed"),

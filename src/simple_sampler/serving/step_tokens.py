@@ -64,8 +64,10 @@ class StepTokens:
 
     def listen(self, sequence: DecodeSequence, interval: int) -> None:
         """``RequestHandle.listen`` with a sink: `sequence`'s tokens that do
-        not end it go to ``on_step``, `interval` at a time (0: none, all of
-        them with the final event)."""
+        not end it go to ``on_step``, the first at once and then `interval`
+        at a time (0: none, all of them with the final event): the first
+        token is never held, as vLLM's, SGLang's and TensorRT-LLM's streams
+        send it (vllm/v1/engine/output_processor.py, ``make_request_output``)."""
         sequence.stepped, sequence.interval = True, interval
         if sequence.slot >= 0 and not sequence.done:  # admitted: else at admission
             self.admit(sequence)
@@ -84,8 +86,8 @@ class StepTokens:
         self.more_stop_ids[slot] = len(stop_ids) > STOP_COLUMNS
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
-        self.due_at[slot] = (sequence.delivered + sequence.interval if sequence.interval
-                             else NEVER)
+        self.due_at[slot] = (sequence.delivered + (sequence.interval if sequence.delivered else 1)
+                             if sequence.interval else NEVER)
 
     def release(self, slot: int) -> None:
         self.quiet[slot] = self.stepped[slot] = False
@@ -271,16 +273,18 @@ class StepTokens:
     def hand_over(self, sequences: list[DecodeSequence], slots: np.ndarray,
                   generated: np.ndarray
                   ) -> tuple[list[RequestHandle], list[str], list[np.ndarray]]:
-        """``on_step``'s arguments for the rows due: each sequence's
-        `interval` tokens since it last handed any out (all in its history
-        now), their text and ids (int32 [1, n], ready for Triton). A quiet
+        """``on_step``'s arguments for the rows due: each sequence's tokens
+        since it last handed any out (its first alone, then `interval`; all
+        in its history now), their text and ids (int32 [1, n], ready for
+        Triton). A quiet
         row's ids are pushed through its detokenizer now (one id alone:
         ``push_token``, as at stream_interval 1); any other row's text is
         held already."""
         state = self.state
-        counts = self.interval[slots]  # due exactly every interval tokens
+        counts = generated - np.fromiter((s.delivered for s in sequences), np.int64,
+                                         len(sequences))
         ends = state.length[slots]
-        self.due_at[slots] += counts
+        self.due_at[slots] = generated + self.interval[slots]
         if np.all(counts == counts[0]):  # every row holds as many: one gather
             block = state.tokens[slots[:, None], ends[:, None] - counts[0] + np.arange(counts[0])]
             ids, id_lists = list(block[:, None, :]), block.tolist()

@@ -271,36 +271,32 @@ class TextCodec:
                   spaced: bool = False) -> list[list[int]]:
         """Each word as the id sequence the model would generate for it
         (encoded alone, without special tokens, as TensorRT-LLM's
-        preprocessing encodes its bad and stop words). `spaced`: vLLM's
-        bad words instead (vllm/sampling_params.py,
-        ``SamplingParams.update_from_tokenizer``): each word once
-        (duplicates dropped), its leading spaces stripped, encoded alone and
-        also after one space, the spaced form kept where it is as many
-        tokens and starts with another one (the word in mid-text: " Paris"
-        where "Paris" began the text), at most ``MAX_SPACED_WORDS`` forms in
-        all. Raises InvalidRequest naming `name` for a non-string or empty
-        word, a word with no token, or too many forms."""
-        lists = []
-        for word in dict.fromkeys(words) if spaced else words:
+        preprocessing encodes its bad and stop words). `spaced`: vLLM's bad
+        words (vllm/sampling_params.py, ``SamplingParams.update_from_tokenizer``):
+        each word once, its leading spaces stripped, encoded alone and also
+        after one space, that form kept where it is as many tokens and starts
+        with another one (the word in mid-text: " Paris" where "Paris" began
+        the text), at most ``MAX_SPACED_WORDS`` forms in all. Raises
+        InvalidRequest naming `name` for a non-string or empty word, a word
+        with no token, or too many forms."""
+        lists, seen = [], set()
+        for word in words:
             if not isinstance(word, str) or not word:
                 raise InvalidRequest(f"{name} must be non-empty strings, got {word!r}")
             if not spaced:
-                lists.append(self._word(word))
-                continue
-            alone = self._word(word.lstrip())
-            if not alone:
-                raise InvalidRequest(f"{name} must each be at least one token, got {word!r}")
-            lists.append(alone)
-            after_space = self._word(" " + word.lstrip())
-            if len(after_space) == len(alone) and after_space[0] != alone[0]:
-                lists.append(after_space)
-            if len(lists) > MAX_SPACED_WORDS:
-                raise InvalidRequest(f"{name} must make at most {MAX_SPACED_WORDS} words once "
-                                     f"encoded (each alone and after a space), got more")
+                lists.append(self.tokenize(word, False))
+            elif word not in seen:
+                seen.add(word)
+                alone, after_space = (self.tokenize(space + word.lstrip(), False)
+                                      for space in ("", " "))
+                if not alone:
+                    raise InvalidRequest(f"{name} must each be at least one token, got {word!r}")
+                new_word = len(after_space) == len(alone) and after_space[0] != alone[0]
+                lists += [alone, after_space] if new_word else [alone]
+                if len(lists) > MAX_SPACED_WORDS:
+                    raise InvalidRequest(f"{name} must make at most {MAX_SPACED_WORDS} words "
+                                         f"once encoded (each alone and after a space)")
         return lists
-
-    def _word(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def detokenizer(self, prompt_ids: Sequence[int] = (), special: bool = False) -> "Detokenizer":
         """A generation's streaming text; special tokens' text kept with

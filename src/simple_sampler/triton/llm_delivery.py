@@ -74,6 +74,8 @@ class Delivery:
     delivering: bool = True
     held: list[GenerationEvent] = field(default_factory=list)
     held_tokens: int = 0
+    #: a response carrying tokens went out (a stream's first token is never held)
+    opened: bool = False
 
     def stop(self) -> None:
         if self.delivering:
@@ -314,8 +316,9 @@ class Deliveries:
                         delivery.stop()
 
     def _send_event(self, delivery: Delivery, event: GenerationEvent, final: bool) -> None:
-        """One response per `interval` tokens of a stream (and always the
-        last), or one at the end; an error ends the request at once.
+        """A stream's first token at once, then one response per `interval`
+        tokens (and always the last), as vLLM's, SGLang's and TensorRT-LLM's
+        streams; or one at the end; an error ends the request at once.
         ``final``: ``event.final``."""
         decoded = delivery.decoded
         if event.error:
@@ -332,15 +335,17 @@ class Deliveries:
             return
         delivery.held.append(event)
         delivery.held_tokens += len(event.token_ids)
-        # a stream's prompt scores go at once, before any token
+        # a stream's prompt scores go at once, before any token, and its first token
         if final or (decoded.stream and (delivery.held_tokens >= delivery.interval
-                                         or event.prompt_scores is not None)):
+                                         or event.prompt_scores is not None
+                                         or (delivery.held_tokens and not delivery.opened))):
             self._flush(delivery, final)
 
     def _flush(self, delivery: Delivery, final: bool) -> None:
         """Send the held events as one response."""
         events = delivery.held
         event = merge_events(events) if len(events) > 1 else events[0]
+        delivery.opened = delivery.opened or delivery.held_tokens > 0
         delivery.held, delivery.held_tokens = [], 0
         self._send(delivery, self._encode(delivery.decoded, event, final), None, final)
 
