@@ -9,7 +9,7 @@ import argparse
 
 from ...settings import SERVED_MODES
 from ..markdown import FigureWriter, Source, number, per_mode_plot, simple_vs_inline, table
-from ..spec import BenchSpec, given
+from ..spec import BenchSpec, given, positive_int
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int)
     parser.add_argument("--batch-invariant", nargs="+", choices=["on", "off"],
                         help="engine batch-invariant mode per server ('on off': its cost)")
+    parser.add_argument("--stream-interval", type=positive_int,
+                        help="each request's stream_interval (default: the server's, 1); the "
+                             "time to first token is the first chunk's, ITL the gaps between chunks")
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -27,7 +30,8 @@ def measure(args: argparse.Namespace) -> dict:
     invariant = {} if args.batch_invariant is None else {
         "batch_invariant": [value == "on" for value in args.batch_invariant]}
     return serve.run(**invariant, **given(args, concurrencies="concurrency", modes="modes",
-                                          max_tokens="max_tokens", instances="instances"))
+                                          max_tokens="max_tokens", instances="instances",
+                                          stream_interval="stream_interval"))
 
 
 def terminal_table(report: dict) -> str:

@@ -44,12 +44,14 @@ def prompts() -> list[str]:
     return [p if isinstance(p, str) else p["text"] for p in json.loads(data)]
 
 
-def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int) -> dict:
+def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int,
+                stream_interval: int | None = None) -> dict:
     start = time.perf_counter()
     arrivals, tokens = [], 0
+    interval = {} if stream_interval is None else {"stream_interval": stream_interval}
     # top_p 1: sampled (without top_k and top_p a request is greedy)
     for chunk in client.stream(prompt, max_tokens=max_tokens, min_length=max_tokens, seed=seed,
-                               top_p=1.0, apply_chat_template=True):
+                               top_p=1.0, apply_chat_template=True, **interval):
         if chunk.token_ids:
             arrivals.append(time.perf_counter())
             tokens += len(chunk.token_ids)
@@ -57,13 +59,13 @@ def one_request(client: GenerateClient, prompt: str, max_tokens: int, seed: int)
 
 
 def run_level(server: TritonServer, concurrency: int, requests: int, max_tokens: int,
-              texts: list[str]) -> dict:
+              texts: list[str], stream_interval: int | None = None) -> dict:
     client = GenerateClient(server.grpc_url, "grpc")
     before = llm_counters(server, COUNTERS)
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda i: one_request(client, texts[i % len(texts)], max_tokens, i),
-                                range(requests)))
+        results = list(pool.map(lambda i: one_request(client, texts[i % len(texts)], max_tokens, i,
+                                                      stream_interval), range(requests)))
     wall = time.perf_counter() - start
     after = llm_counters(server, COUNTERS)
     delta = {k: after[k] - before[k] for k in COUNTERS}
@@ -104,7 +106,7 @@ def mode_server(label: str, max_concurrency: int, instances: int = 2,
 
 def run(concurrencies=(1, 8, 32), modes=tuple(SERVED_MODES), max_tokens: int = 64,
         requests_per_client: int = 1, instances: int = 2, log_dir: Path | None = None,
-        batch_invariant=(False,)) -> dict:
+        batch_invariant=(False,), stream_interval: int | None = None) -> dict:
     texts = prompts()
     results = []
     for label, (mode, micro_batches) in ((m, SERVED_MODES[m]) for m in SERVED_MODES
@@ -113,21 +115,25 @@ def run(concurrencies=(1, 8, 32), modes=tuple(SERVED_MODES), max_tokens: int = 6
             with mode_server(label, max(concurrencies), instances, log_dir, invariant) as server:
                 for concurrency in concurrencies:
                     level = run_level(server, concurrency,
-                                      max(2, concurrency * requests_per_client), max_tokens, texts)
+                                      max(2, concurrency * requests_per_client), max_tokens, texts,
+                                      stream_interval)
                     results.append({"mode": label, "sampling_mode": mode,
                                     "micro_batches": micro_batches,
                                     "batch_invariant": invariant, **level})
-    return {"results": results, "settings": settings(max_tokens, instances)}
+    return {"results": results, "settings": settings(max_tokens, instances, stream_interval)}
 
 
-def settings(max_tokens: int, instances: int) -> dict:
+def settings(max_tokens: int, instances: int, stream_interval: int | None = None) -> dict:
     return {"model": "SmolLM2-135M-Instruct (CPU, float32)", "max_tokens": max_tokens,
-            "sampler_instances": instances,
+            "sampler_instances": instances, "stream_interval": stream_interval or 1,
             "params": "temperature 1, no truncation, min_length = max_tokens"}
 
 
 def format_report(report: dict) -> str:
-    lines = [f"{'mode':<15} {'invariant':>9} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} "
+    interval = report["settings"].get("stream_interval", 1)  # reports from before it: 1
+    lines = [f"stream_interval {interval}: ITL is the gap between responses of {interval} tokens"
+             ] if interval > 1 else []
+    lines += [f"{'mode':<15} {'invariant':>9} {'conc':>4} {'tok/s':>8} {'TTFT p50':>9} "
              f"{'ITL p50':>8} {'ITL p95':>8} {'sampling':>8}"]
     for r in report["results"]:
         invariant = "on" if r.get("batch_invariant") else "off"
