@@ -72,6 +72,7 @@ cdef struct RowParams:
     RowScalars scalars          # the row's parameters (row_scalars.pxd)
     Py_ssize_t n_top            # top-n logprobs wanted
     bint want_logprob
+    int64_t forced_token        # >= 0: the row's token, scored, not drawn (score_raw)
 
 
 cdef inline bint level_truncated(const RowParams* p) noexcept nogil:
@@ -533,7 +534,9 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
 
     cdef double u
     cdef double kept_mass
-    if p.scalars.greedy:
+    if p.forced_token >= 0:
+        result.token = p.forced_token
+    elif p.scalars.greedy:
         result.token = first_argmax(src, ov, ws, n_blocks, row_max, ws.block)
     elif not truncating:
         u = uniform_double(p.scalars.seed, p.scalars.step, 0)
@@ -572,6 +575,35 @@ cdef void sample_row(const RowSource* src, const Overrides* ov, const RowParams*
         x = reread_block(src, result.token // SS_BLOCK, ov, ws.block)
         result.logprob = <float>(x[result.token % SS_BLOCK] * inv_t - row_max - log_row_mass)
     result.error = ERROR_NONE
+
+
+cdef void score_raw(const RowSource* src, int64_t token, bint want_logprob, Py_ssize_t n_top,
+                    Workspace* ws, RowResult* result, int32_t* top_tokens,
+                    float* top_logprobs) noexcept nogil:
+    """vLLM's raw logprobs of a row sampled already: `token`'s (into
+    result.logprob, with `want_logprob`) and the n_top most likely, under
+    log_softmax of the logits as the model gave them (`src`: no bias, ban,
+    penalty or temperature; vllm/v1/sample/sampler.py, ``Sampler.forward``,
+    logprobs_mode raw_logprobs). sample_row itself scores them, with
+    neutral parameters and the token forced: the same passes, exps and
+    ties as every other logprob here."""
+    cdef RowParams neutral
+    cdef RowResult scored
+    cdef Overrides none
+    memset(&neutral, 0, sizeof(RowParams))
+    memset(&none, 0, sizeof(Overrides))
+    neutral.scalars.inverse_temperature = 1.0
+    neutral.scalars.top_p = 1.0
+    neutral.scalars.repetition_penalty = 1.0
+    neutral.n_top = n_top
+    neutral.want_logprob = want_logprob
+    neutral.forced_token = token
+    none.repetition = 1.0
+    scored.logprob = 0.0
+    scored.error = ERROR_NONE
+    sample_row(src, &none, &neutral, ws, &scored, top_tokens, top_logprobs)
+    if want_logprob:
+        result.logprob = scored.logprob
 
 
 cdef Workspace* allocate_workspace(Py_ssize_t vocab, Py_ssize_t n_blocks, Py_ssize_t max_entries,

@@ -124,6 +124,8 @@ cdef struct BatchInputs:
     # so that no row's path (SHVS, the compact decision) depends on another's.
     const uint8_t* row_wants_logprob
     const int32_t* row_n_top
+    # Per row (NULL: none): its logprobs are the raw logits' (score_raw)
+    const uint8_t* row_raw_logprobs
     int64_t* tokens
     float* logprobs
     int32_t* top_tokens              # [B, n_top]
@@ -154,6 +156,7 @@ cdef void row_setup(Py_ssize_t r, Workspace* ws, const BatchInputs* b, RowParams
     history.frequency = params.scalars.frequency_penalty
     params.n_top = b.n_top if b.row_n_top == NULL else b.row_n_top[r]
     params.want_logprob = wants_logprob(b, r)
+    params.forced_token = -1
     ov.column = ws.override_column
     ov.bias = ws.override_bias
     ov.output_count = ws.override_count
@@ -163,6 +166,12 @@ cdef void row_setup(Py_ssize_t r, Workspace* ws, const BatchInputs* b, RowParams
 
 cdef inline bint wants_logprob(const BatchInputs* b, Py_ssize_t r) noexcept nogil:
     return b.want_logprob and (b.row_wants_logprob == NULL or b.row_wants_logprob[r] != 0)
+
+
+cdef inline bint scores_raw(const BatchInputs* b, Py_ssize_t r, const RowParams* params) noexcept nogil:
+    """Row r's logprobs, asked, are its raw logits' (score_raw), not its sampling's."""
+    return (b.row_raw_logprobs != NULL and b.row_raw_logprobs[r] != 0
+            and (params.want_logprob or params.n_top > 0))
 
 
 cdef inline void init_result(RowResult* result) noexcept nogil:
@@ -209,6 +218,15 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     src.data = b.logits + r * b.row_stride
     src.dtype = b.dtype
     src.vocab = b.vocab
+    # raw logprobs come from the row as given, after the token is drawn as
+    # if none were asked (so the same token with or without them)
+    cdef RowSource raw_src = src
+    cdef bint raw = scores_raw(b, r, &params)
+    cdef bint raw_logprob = params.want_logprob
+    cdef Py_ssize_t raw_n_top = params.n_top
+    if raw:
+        params.want_logprob = False
+        params.n_top = 0
     if ws.penalized != NULL and ov.n >= ws.penalized_min_overrides:
         penalized_row(&src, &ov, ws.penalized)
         src.data = ws.penalized
@@ -218,6 +236,9 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
         sample_row(&src, &ov, &params, ws, &result,
                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+    if raw and result.error == ERROR_NONE:
+        score_raw(&raw_src, result.token, raw_logprob, raw_n_top, ws, &result,
+                  b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
     finish_row(r, &result, HOT_FALLBACK if outcome == HOT_FALLBACK_FULL else outcome, b)
 
 
@@ -240,6 +261,9 @@ cdef void compact_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b,
     cdef RowResult result
     cdef Overrides ov
     if not begin_row(r, ws, b, HANDOFF_DECIDED, &params, &result, &ov):
+        return
+    if scores_raw(b, r, &params):  # the raw logprobs need the whole row
+        finish_row(r, &result, HANDOFF_NEED_FULL, b)
         return
     cdef CompactRow row
     row.hot = b.logits + r * b.row_stride
@@ -340,6 +364,7 @@ cdef class KernelBatch:
     cdef int8_t[::1] hot_outcomes
     cdef const uint8_t[::1] want_logprob_rows
     cdef const int32_t[::1] n_top_rows
+    cdef const uint8_t[::1] raw_logprob_rows
 
     def __init__(self, *, const unsigned char[:, :] logits_bytes, int dtype,
                  const RowScalars[::1] scalars,
@@ -355,7 +380,8 @@ cdef class KernelBatch:
                  const int32_t[::1] hot_ids, const int64_t[::1] hot_block_start,
                  const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes,
                  const uint8_t[::1] want_logprob_rows=None,
-                 const int32_t[::1] n_top_rows=None):
+                 const int32_t[::1] n_top_rows=None,
+                 const uint8_t[::1] raw_logprob_rows=None):
         self.logits_bytes = logits_bytes
         self.dtype = dtype
         self.scalars = scalars
@@ -385,12 +411,15 @@ cdef class KernelBatch:
             raise ValueError(f"want_logprob_rows has {want_logprob_rows.shape[0]} rows, not {rows}")
         if n_top_rows is not None and n_top_rows.shape[0] != rows:
             raise ValueError(f"n_top_rows has {n_top_rows.shape[0]} rows, not {rows}")
+        if raw_logprob_rows is not None and raw_logprob_rows.shape[0] != rows:
+            raise ValueError(f"raw_logprob_rows has {raw_logprob_rows.shape[0]} rows, not {rows}")
         for r in range(rows if n_top_rows is not None else 0):
             if n_top_rows[r] < 0 or n_top_rows[r] > top_tokens.shape[1]:
                 raise ValueError(f"n_top_rows[{r}] is {n_top_rows[r]}, outside [0, "
                                  f"{top_tokens.shape[1]}]")
         self.want_logprob_rows = want_logprob_rows
         self.n_top_rows = n_top_rows
+        self.raw_logprob_rows = raw_logprob_rows
 
     cdef void inputs(self, BatchInputs* b) noexcept:
         """Fill ``b`` with pointers into this batch's arrays (B >= 1)."""
@@ -414,6 +443,8 @@ cdef class KernelBatch:
         b.row_wants_logprob = (&self.want_logprob_rows[0] if self.want_logprob_rows is not None
                                else NULL)
         b.row_n_top = &self.n_top_rows[0] if self.n_top_rows is not None else NULL
+        b.row_raw_logprobs = (&self.raw_logprob_rows[0] if self.raw_logprob_rows is not None
+                              else NULL)
         b.tokens = &self.tokens[0]
         b.logprobs = &self.logprobs[0]
         b.top_tokens = &self.top_tokens[0, 0] if b.n_top > 0 else NULL

@@ -132,6 +132,28 @@ def test_each_token_gets_its_rows_top_logprobs_and_the_same_token(kind):
         assert arguments["sampler"].stats["rows"] > 0
 
 
+@pytest.mark.parametrize("kind", SAMPLERS)
+def test_raw_logprobs_are_the_rows_own_whatever_the_sampler(kind):
+    """LlmSettings.logprobs_mode raw_logprobs (vLLM's default): every
+    sampler gives each token's logprob and its n most likely as the model's
+    own log_softmax of the row, no bias or temperature applied; the tokens
+    drawn without a hot set are those drawn without logprobs."""
+    asked, engine = run(ASKS, logprobs_mode="raw_logprobs", **SAMPLERS[kind]())
+    plain, _ = run([(0, params) for _, params in ASKS], **SAMPLERS[kind]())
+    for request, ((n, _), events) in enumerate(zip(ASKS, asked)):
+        tokens = [t for e in events for t in e.token_ids]
+        if kind != "hot first":  # the handoff samples a row that asks whole
+            assert tokens == [t for e in plain[request] for t in e.token_ids]
+        tops = [pairs for e in events for pairs in e.top_logprobs]
+        for step, (token, logprob) in enumerate(zip(tokens, (p for e in events
+                                                            for p in e.logprobs))):
+            ids, logprobs = reference_top(engine.rows[request, 2 + step], SamplingParams(), VOCAB)
+            assert logprob == pytest.approx(logprobs[ids.index(token)], abs=2e-5)
+            if n:
+                assert [i for i, _ in tops[step]] == ids[:n], (kind, request, step)
+                np.testing.assert_allclose([p for _, p in tops[step]], logprobs[:n], atol=2e-5)
+
+
 def test_a_sampler_that_gives_none_has_such_requests_refused_by_name():
     async def plain_sampler(logits, batch):  # answers tokens and logprobs only
         return np.zeros(len(batch), np.int64), np.zeros(len(batch), np.float32)

@@ -284,7 +284,8 @@ def ragged(lists: Sequence[Sequence[int]], dtype=np.int32) -> tuple[np.ndarray, 
 _ID_LISTS = (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
              ("prompt", ("prompt_ids",)), ("output", ("output_ids",)))
 #: SamplingBatch's per-row columns
-_ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs", "num_top_logprobs")
+_ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs", "num_top_logprobs",
+                "raw_logprobs")
 
 
 @dataclass
@@ -324,6 +325,11 @@ class SamplingBatch:
     #: beside its own (``sampling.MAX_TOP_LOGPROBS`` at most; None: none).
     #: Like ``want_logprobs``, a row's own: it never changes its token.
     num_top_logprobs: np.ndarray | None = None
+    #: bool [B]: rows whose logprobs (its own and its top-n) are the raw
+    #: logits' log_softmax, before bias, bans, penalties and temperature
+    #: (vLLM's default ``raw_logprobs``); None: none. Its token is drawn as
+    #: if no logprob were asked.
+    raw_logprobs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.temperature)

@@ -20,7 +20,9 @@ applies: its default ``raw_logprobs`` are the model's log_softmax before all
 of these, its ``processed_logprobs`` are taken after the truncation too
 (vllm/v1/sample/sampler.py, ``Sampler.forward``). ``top_logprobs`` give the n
 most likely tokens under the same distribution, most likely first, ties by
-lower token id.
+lower token id. A row ``batch.raw_logprobs`` names has vLLM's raw ones
+instead (both): softmax of its logits as given, z = logits, its token drawn
+as if it asked for none (so the same token either way).
 
 Hot vocabulary (SHVS): ``sample(..., hot_vocab=HotVocab)`` decides rows
 from a hot subset of the vocabulary when cheap bounds prove it exact, and
@@ -319,6 +321,8 @@ def row_options(batch: SamplingBatch, num_top_logprobs, vocab: int) -> dict:
     options = {}
     if batch.want_logprobs is not None:
         options["want_logprob_rows"] = np.ascontiguousarray(batch.want_logprobs, np.uint8)
+    if batch.raw_logprobs is not None:
+        options["raw_logprob_rows"] = np.ascontiguousarray(batch.raw_logprobs, np.uint8)
     if np.ndim(num_top_logprobs):
         options["n_top_rows"] = np.minimum(np.asarray(num_top_logprobs), vocab).astype(np.int32)
     return options

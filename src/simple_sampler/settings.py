@@ -50,6 +50,8 @@ ENGINE_NAMES = ("torch", "static", "tensorrt_llm", "simulated")
 #: How the decode loop hands rows to the sampler (docs/HANDOFF.md).
 HANDOFFS = ("full", "hot-first")
 ROW_TRANSPORTS = ("arena", "bls")
+#: What a token's logprobs are (``LlmSettings.logprobs_mode``).
+LOGPROBS_MODES = ("adjusted_logprobs", "raw_logprobs")
 #: Where the torch and static engines run (serving/device.py).
 TORCH_DEVICES = ("cpu", "cuda")
 #: The torch and static engines' model dtypes -> the sampler's name for
@@ -348,6 +350,12 @@ class LlmSettings(Settings):
     exclude_input_in_output: bool = setting(
         False, "a request that does not say: its non-streamed answer without the prompt "
         "(TensorRT-LLM's tensorrt_llm model's parameter of that name)")
+    logprobs_mode: str = setting(
+        "adjusted_logprobs", "what a token's logprobs (and its top logprobs) are: "
+        "adjusted_logprobs, those of the distribution it is drawn from before min_p, top_k and "
+        "top_p (after bias, bans, penalties and temperature); raw_logprobs, the model's own "
+        "log_softmax before all of these, vLLM's default --logprobs-mode",
+        choices=LOGPROBS_MODES)
     stream_interval: int = setting(
         1, "a stream's tokens per response unless its request sets stream_interval (its "
         "first token goes at once, as vLLM's, SGLang's and TensorRT-LLM's; the last response "

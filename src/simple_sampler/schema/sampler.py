@@ -81,6 +81,10 @@ _SAMPLER_SCALARS = (
             allowed=">= 0: end_id banned while step < it"),
     scalar("return_log_probs", "BOOL", False, "output_log_probs for this row"),
     scalar("num_top_logprobs", "INT32", 0, f"[0, {MAX_TOP_LOGPROBS}]"),
+    scalar("raw_logprobs", "BOOL", False,
+            "true: the row's output_log_probs and top logprobs are its logits' own log_softmax, "
+            "before bias, bans, penalties and temperature (vLLM's raw_logprobs); its token is "
+            "drawn as without them"),
 )
 #: The parameters of every row in one tensor: the scalar tensors above, in
 #: that order and dtype, one record per row.

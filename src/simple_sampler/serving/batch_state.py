@@ -48,8 +48,10 @@ class BatchState:
     the sequences write to take memory.
     """
 
-    def __init__(self, slots: int, max_context: int):
+    def __init__(self, slots: int, max_context: int, raw_logprobs: bool = False):
         self.max_context = max_context
+        #: every row's logprobs are its logits' own (SamplingBatch.raw_logprobs)
+        self.raw_logprobs = raw_logprobs
         self.free = list(range(slots - 1, -1, -1))  # pop() takes the lowest
         self.columns = {name: np.full(slots, empty, dtype) for name, dtype, empty in SCALAR_COLUMNS}
         self.seed = np.zeros(slots, np.uint64)
@@ -159,7 +161,8 @@ class BatchState:
             prompt_offsets=prompt_offsets, prompt_ids=prompt_ids,
             output_offsets=output_offsets, output_ids=output_ids,
             want_logprobs=self.want_logprobs[slots],
-            num_top_logprobs=self.num_top_logprobs[slots])
+            num_top_logprobs=self.num_top_logprobs[slots],
+            raw_logprobs=np.ones(len(slots), bool) if self.raw_logprobs else None)
 
     def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray,
                 source: np.ndarray | None = None):

@@ -139,7 +139,8 @@ class Decoder:
                  sampler: AsyncSampler | None = None,
                  micro_batches: int = LlmSettings.micro_batches,
                  max_tokens_limit: int | None = None,
-                 launch_ahead: str = LlmSettings.launch_ahead):
+                 launch_ahead: str = LlmSettings.launch_ahead,
+                 logprobs_mode: str = LlmSettings.logprobs_mode):
         if mode not in SAMPLING_MODES:
             raise ValueError(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, "
                              f"got {mode!r}")
@@ -178,7 +179,8 @@ class Decoder:
         self.by_id: dict[int, DecodeSequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
-        self.state = BatchState(engine.max_batch_size, engine.max_context)
+        self.state = BatchState(engine.max_batch_size, engine.max_context,
+                                raw_logprobs=logprobs_mode == "raw_logprobs")
         #: what a step's tokens become: events, on_step's hand-outs, held tokens
         self.step_tokens = StepTokens(self)
         #: requests cancelled or ended while in a lane (their rows take the

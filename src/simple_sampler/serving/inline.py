@@ -225,7 +225,8 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple:
         drawn = _draw_in_vocabulary_order(z, z.amax(dim=-1, keepdim=True), columns,
                                           on["min_p"], greedy_tokens)
     tokens = torch.where(columns.greedy[:, 0], greedy_tokens, drawn)
-    logprobs = z.gather(1, tokens[:, None]) - log_total
+    scores, scores_total = _scored(logits, batch, z, log_total)
+    logprobs = scores.gather(1, tokens[:, None]) - scores_total
     # token ids below 2**53 are exact in float64: one copy for both, and for
     # each row's total, whose -inf is a row with every token banned (a
     # grammar's mask, allowed_token_ids), refused as the kernels refuse it
@@ -238,10 +239,23 @@ def sample_torch(logits: torch.Tensor, batch: SamplingBatch) -> tuple:
     wanted = batch.num_top_logprobs
     if wanted is None or not np.any(wanted):
         return sampled
-    return (*sampled, _top_logprobs(z, log_total, wanted))
+    return (*sampled, _top_logprobs(scores, scores_total, wanted))
 
 
 sample_torch.gives_top_logprobs = True
+
+
+def _scored(logits: torch.Tensor, batch: SamplingBatch, z: torch.Tensor,
+            log_total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' logprobs' logits and their logsumexp: z's, or for the rows
+    ``batch.raw_logprobs`` names, the logits as given (vLLM's raw_logprobs,
+    the kernels' score_raw)."""
+    if batch.raw_logprobs is None or not np.any(batch.raw_logprobs):
+        return z, log_total
+    raw = torch.as_tensor(np.asarray(batch.raw_logprobs, bool), device=z.device)[:, None]
+    given = logits.to(torch.float32)
+    return (torch.where(raw, given, z),
+            torch.where(raw, torch.logsumexp(given, dim=-1, keepdim=True), log_total))
 
 
 def _top_logprobs(z: torch.Tensor, log_total: torch.Tensor, wanted: np.ndarray):

@@ -176,7 +176,8 @@ class LlmService:
             log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
                      hot_vocab.size, hot_vocab.vocab_size)
         self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
-                               settings.micro_batches, launch_ahead=settings.launch_ahead)
+                               settings.micro_batches, launch_ahead=settings.launch_ahead,
+                               logprobs_mode=settings.logprobs_mode)
         self.draining = False
         #: the requests in flight by their client's request id, for a stop signal
         self.by_request_id: dict[str, set[Delivery]] = {}

@@ -95,6 +95,8 @@ def batch_arrays(batch: SamplingBatch, packed: bool = False) -> dict[str, np.nda
         arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
     arrays["random_seed"] = np.asarray(batch.seed, np.uint64)[:, None]
     arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
+    if batch.raw_logprobs is not None:
+        arrays["raw_logprobs"] = np.asarray(batch.raw_logprobs, bool)[:, None]
     arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
     arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
     bias_offsets, bias_ids, bias_values = _bias_with_bans(batch)
@@ -114,6 +116,8 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
     records["return_log_probs"] = True if batch.want_logprobs is None else batch.want_logprobs
     if batch.num_top_logprobs is not None:
         records["num_top_logprobs"] = batch.num_top_logprobs
+    if batch.raw_logprobs is not None:
+        records["raw_logprobs"] = batch.raw_logprobs
     arrays = {"row_scalars": records.view(np.uint8).reshape(size, ROW_SCALARS_RECORD.itemsize)}
     bans = np.diff(batch.ban_offsets)
     if bans.any():

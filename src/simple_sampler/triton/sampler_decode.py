@@ -21,7 +21,8 @@ _KNOWN_INPUTS = frozenset(INPUT_NAMES)
 #: The dtype each per-row scalar input is decoded to (the batch's columns').
 _DECODED = {**{name: PARAMS[field].dtype for name, (field, _) in SCALAR_INPUTS.items()},
             "random_seed": np.uint64, "step": np.int64, "min_tokens": np.int64,
-            "num_top_logprobs": np.int64, "return_log_probs": np.bool_}
+            "num_top_logprobs": np.int64, "return_log_probs": np.bool_,
+            "raw_logprobs": np.bool_}
 #: ``row_scalars``' records in those dtypes: one astype decodes every column.
 _DECODED_RECORD = np.dtype([(name, _DECODED[name]) for name in PACKED_INPUTS])
 _PACKED_SET = frozenset(PACKED_INPUTS)
@@ -150,12 +151,14 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     ban_offsets, ban_ids = (end_ids if not end_ids[1].size
                             else _banned_end_ids(*end_ids, step < min_tokens))
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
+    raw = scalar("raw_logprobs", False)
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
         bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
         ban_offsets=ban_offsets, ban_ids=ban_ids,
         prompt_offsets=lists["prompt_ids"][0], prompt_ids=lists["prompt_ids"][1],
         output_offsets=generated_offsets, output_ids=lists["generated_ids"][1],
+        raw_logprobs=raw if raw.any() else None,
     )
     try:  # the scalars, steps and ids were checked above, the offsets built here
         batch.validate_bias(vocab)

@@ -58,6 +58,10 @@ PACKED_LAYOUT = _sampling.PackedLayout(
     cold_size=COLD_SUMMARY_RECORD.itemsize)
 
 
+#: byte offset of raw_logprobs (one byte, BOOL) in ROW_SCALARS_RECORD
+_RAW_LOGPROBS = _field("raw_logprobs")[0]
+
+
 def is_plain_compact(inputs: Mapping, hot_vocab) -> bool:
     """Whether a request has the form of the llm model's own compact requests
     (``_PLAIN_COMPACT_INPUTS`` alone), the one ``decide_plain_compact`` tries."""
@@ -97,6 +101,8 @@ def decide_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
     if refs is not None and not (reader is not None and isinstance(refs, np.ndarray)
                                  and refs.shape == (rows, len(REF_COLUMNS))
                                  and refs.dtype == np.int64):
+        return None
+    if packed[:, _RAW_LOGPROBS].any():  # the C call gives no raw logprobs: the general path does
         return None
     try:
         hot_bytes, dtype = kernel_rows(hot)

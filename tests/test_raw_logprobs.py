@@ -1,0 +1,110 @@
+"""vLLM's raw logprobs (``SamplingBatch.raw_logprobs``): a row that asks for
+them gets the log_softmax of its logits as given (no bias, ban, penalty or
+temperature), its own token's and its n most likely, as the float64
+reference computes them, on every path (full rows, SHVS, the penalized
+copy, the hot-first handoff, which sends such a row whole); on full rows it
+draws the token it draws without them."""
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from conftest import hot_sets, make_requests, make_rows
+from simple_sampler._sampling import HandoffOutcome
+from simple_sampler.handoff import decide_from_full_rows, sample_compact
+from simple_sampler.params import History, SamplingBatch, SamplingParams
+from simple_sampler.sampling import sample
+from simple_sampler.serving.hot_first import compact_rows
+
+TOP = 5
+
+
+def raw_reference(rows: np.ndarray) -> np.ndarray:
+    """float64 log_softmax of each row, -inf kept."""
+    rows = rows.astype(np.float64)
+    top = rows.max(axis=1, keepdims=True)
+    return rows - top - np.log(np.exp(rows - top).sum(axis=1, keepdims=True))
+
+
+def ranked(logprobs: np.ndarray, n: int) -> np.ndarray:
+    """Each row's n most likely ids, ties by lower id."""
+    return np.argsort(-logprobs, axis=1, kind="stable")[:, :n]
+
+
+def check_raw(out, rows: np.ndarray, asked: np.ndarray) -> None:
+    reference = raw_reference(rows)
+    picked = np.arange(len(rows))
+    np.testing.assert_allclose(out.logprobs[asked], reference[picked, out.token_ids][asked],
+                               rtol=0, atol=2e-5)
+    assert np.isnan(out.logprobs[~asked]).all()
+    top = ranked(reference, TOP)
+    assert (out.top_token_ids == top).all()
+    np.testing.assert_allclose(out.top_logprobs, np.take_along_axis(reference, top, axis=1),
+                               rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_raw_logprobs_are_the_rows_own_and_leave_every_token_as_it_was(dtype):
+    rng = np.random.default_rng(5)
+    rows = make_rows(rng, 48).astype(dtype)
+    rows[:, 8:12] = rows[:, [8]]  # ties: the lower id first
+    batch = SamplingBatch.from_params(*make_requests(rng, 48, vocab=rows.shape[1]))
+    plain = sample(rows, batch, return_logprobs=False)
+    asked = np.arange(48) % 3 > 0
+    raw = dataclasses.replace(batch, want_logprobs=asked, raw_logprobs=np.ones(48, bool))
+    out = sample(rows, raw, num_top_logprobs=TOP)
+    assert (out.token_ids == plain.token_ids).all()
+    check_raw(out, rows.astype(np.float32), asked)
+    adjusted = sample(rows, dataclasses.replace(raw, raw_logprobs=None), num_top_logprobs=TOP)
+    assert (np.abs(adjusted.logprobs[asked] - out.logprobs[asked]) > 1e-3).any()
+
+
+def test_raw_rows_of_a_long_history_are_scored_from_the_row_not_its_penalized_copy():
+    """A row with overrides in most blocks is sampled from a penalized copy;
+    its raw logprobs still come from its own logits."""
+    rng = np.random.default_rng(8)
+    rows = make_rows(rng, 4, vocab=8192)
+    rows[np.isinf(rows)] = -5.0
+    history = [rng.integers(0, 8192, 6000).tolist() for _ in range(4)]
+    batch = SamplingBatch.from_params(
+        [SamplingParams(seed=r, repetition_penalty=1.5, frequency_penalty=0.3,
+                        temperature=0.6) for r in range(4)],
+        [History(prompt_ids=h[:3000], output_ids=h[3000:]) for h in history])
+    plain = sample(rows, batch, return_logprobs=False)
+    out = sample(rows, dataclasses.replace(batch, raw_logprobs=np.ones(4, bool)),
+                 num_top_logprobs=TOP)
+    assert (out.token_ids == plain.token_ids).all()
+    check_raw(out, rows, np.ones(4, bool))
+
+
+def test_shvs_decides_a_raw_row_as_it_would_unasked(zipf_row):
+    """Asking for raw logprobs leaves a row's path as it was: SHVS may still
+    decide it from the hot set (the adjusted ones send it to the full path)."""
+    hot = hot_sets(zipf_row)["head"]
+    rows = np.repeat(zipf_row[None], 64, axis=0)
+    batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(64)])
+    plain = sample(rows, batch, return_logprobs=False, hot_vocab=hot)
+    raw = sample(rows, dataclasses.replace(batch, raw_logprobs=np.ones(64, bool)),
+                 num_top_logprobs=TOP, hot_vocab=hot)
+    assert plain.hot_accepted.any() and (raw.hot_accepted == plain.hot_accepted).all()
+    assert (raw.token_ids == plain.token_ids).all()
+    check_raw(raw, rows, np.ones(64, bool))
+
+
+def test_the_handoff_sends_a_raw_row_whole_and_scores_it_there(zipf_row):
+    hot = hot_sets(zipf_row)["head"]
+    rows = np.repeat(zipf_row[None], 8, axis=0)
+    batch = SamplingBatch.from_params([SamplingParams(seed=s, temperature=0.8) for s in range(8)])
+    raw = dataclasses.replace(batch, raw_logprobs=np.arange(8) % 2 == 0)
+    compact = compact_rows(torch.from_numpy(rows), raw, hot, 16)
+    first = sample_compact(compact, raw, hot, num_top_logprobs=TOP)
+    whole = first.outcome == HandoffOutcome.HANDOFF_NEED_FULL
+    assert whole[::2].all()  # the raw rows; the others as the compact rows decide
+    out = decide_from_full_rows(first, compact, raw, hot, rows, np.ones(8, bool),
+                                num_top_logprobs=TOP)
+    reference = raw_reference(rows)
+    np.testing.assert_allclose(out.logprobs[::2], reference[np.arange(0, 8, 2),
+                                                            out.token_ids[::2]], atol=2e-5)
+    assert (out.top_token_ids[::2] == ranked(reference, TOP)[::2]).all()
