@@ -2,6 +2,7 @@
 (FastAPI's TestClient) and the model's real tokenizer, generation replaced
 by a stand-in that records what would be sent to the llm model."""
 import asyncio
+import importlib.metadata
 import json
 import re
 import time
@@ -742,6 +743,19 @@ def test_models_and_health(client):
     assert card["id"] == card["root"] == MODEL and card["parent"] is None
     assert card["max_model_len"] == CONTEXT
     assert client.get("/health").status_code == 200
+    assert client.get("/ping").status_code == client.post("/ping").status_code == 200
+    assert client.get("/version").json() == {"version": importlib.metadata.version("simple-sampler")}
+
+
+def test_ping_is_health_and_says_when_the_model_is_not_ready(codec, recorder):
+    async def not_ready():
+        return False
+
+    app = build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), recorder.generate,
+                    ready=not_ready)
+    client = TestClient(app)
+    assert [client.get("/health").status_code, client.get("/ping").status_code,
+            client.post("/ping").status_code] == [503] * 3
 
 
 @pytest.mark.parametrize("message, status", [

@@ -21,6 +21,7 @@ streams on the event loop.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -309,10 +310,16 @@ def build_app(served: Served, generate: Generate,
         return _internal(error)
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's (SageMaker's probe), GET or POST
+    @app.post("/ping")
     async def health():
         if ready is not None and not await ready():
             return _error(503, "the model is not ready", "service_unavailable")
         return Response(status_code=200)
+
+    @app.get("/version")  # vLLM's: the server's version (here this package's)
+    async def version():
+        return {"version": importlib.metadata.version("simple-sampler")}
 
     @app.get("/v1/models")
     async def models():
