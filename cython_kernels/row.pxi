@@ -601,8 +601,12 @@ cdef void score_raw(const RowSource* src, int64_t token, bint want_logprob, Py_s
     none.repetition = 1.0
     scored.logprob = 0.0
     scored.error = ERROR_NONE
+    scored.error_column = -1
     sample_row(src, &none, &neutral, ws, &scored, top_tokens, top_logprobs)
-    if want_logprob:
+    if scored.error != ERROR_NONE:  # never after a draw from the same row; reported if it were
+        result.error = scored.error
+        result.error_column = scored.error_column
+    elif want_logprob:
         result.logprob = scored.logprob
 
 

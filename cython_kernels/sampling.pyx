@@ -236,7 +236,7 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
         sample_row(&src, &ov, &params, ws, &result,
                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
-    if raw and result.error == ERROR_NONE:
+    if raw and result.error == ERROR_NONE and result.token >= 0:
         score_raw(&raw_src, result.token, raw_logprob, raw_n_top, ws, &result,
                   b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
     finish_row(r, &result, HOT_FALLBACK if outcome == HOT_FALLBACK_FULL else outcome, b)

@@ -2,6 +2,7 @@
 (FastAPI's TestClient) and the model's real tokenizer, generation replaced
 by a stand-in that records what would be sent to the llm model."""
 import asyncio
+import copy
 import importlib.metadata
 import json
 import re
@@ -975,7 +976,9 @@ def test_bad_words_go_as_vllms_parameter_beside_stop(client, recorder):
     assert post(client, "/v1/completions", completion(bad_words=[])).status_code == 200
     assert "sampling_parameters" not in recorder.plans[-1].params
     for path, body in (("/v1/chat/completions", chat(bad_words=["x", ""])),
-                       ("/v1/completions", completion(bad_words="x"))):
+                       ("/v1/completions", completion(bad_words="x")),
+                       ("/v1/completions", completion(bad_words=["  "])),  # no token
+                       ("/v1/chat/completions", chat(bad_words=[f"w{i}" for i in range(65)]))):
         error = post(client, path, body).json()["error"]
         assert error["param"] == "bad_words", error
 
@@ -1075,21 +1078,35 @@ def test_vllms_envelope_fields_set_the_id_the_chunking_and_echo(client, recorder
     assert streamed[0]["choices"][0]["delta"]["content"] == "The capital is Paris"
     plain = post(client, "/v1/chat/completions", chat(echo=True)).json()  # a user's turn last
     assert plain["choices"][0]["message"]["content"] == " Paris."
+    user = [{"role": "user", "content": "The capital of France is"}]  # continued: vLLM's role
+    body = post(client, "/v1/chat/completions", chat(
+        messages=user, add_generation_prompt=False, continue_final_message=True, echo=True)).json()
+    assert body["choices"][0]["message"]["content"] == "The capital of France is Paris."
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = post(client, "/v1/chat/completions", chat(**prefill, echo=True, tools=tools,
+                                                     tool_choice="none")).json()
+    assert body["choices"][0]["message"]["content"] == "The capital is Paris."
     body = post(client, "/v1/chat/completions", chat(return_prompt_text=True)).json()
     assert codec.tokenize(body["prompt_text"], False) == recorder.plans[-1].prompt_ids
     assert "<|im_start|>user\nCapital of France?" in body["prompt_text"]
     streamed = events(post(client, "/v1/chat/completions",
                            chat(return_prompt_text=True, stream=True)))
     assert [("prompt_text" in e) for e in streamed] == [True, False]
-    post(client, "/v1/chat/completions", chat(documents=[{"title": "t", "text": "x"}]))
-    assert recorder.plans[-1].prompt_ids == codec.encode("Capital of France?", chat=True)
+    rag = copy.copy(codec)
+    rag.tokenizer = copy.copy(codec.tokenizer)
+    rag.tokenizer.chat_template = "{% for d in documents %}[{{ d.text }}]{% endfor %}{{ messages[0].content }}"
+    with_documents = TestClient(build_app(Served(MODEL, rag, CONTEXT, len(codec.tokenizer)),
+                                          recorder.generate))
+    post(with_documents, "/v1/chat/completions", chat(documents=[{"title": "t", "text": "x"}]))
+    assert recorder.plans[-1].prompt_ids == codec.tokenize("[x]Capital of France?", False)
     assert post(client, "/v1/completions", completion(
         priority=0, session_id="s", cache_salt="salt")).status_code == 200
 
 
 @pytest.mark.parametrize("fields, param", [
     ({"priority": 1}, "priority"), ({"cache_salt": ""}, "cache_salt"),
-    ({"cache_salt": "x" * 1025}, "cache_salt"), ({"stream_interval": 0}, "stream_interval"),
+    ({"cache_salt": "x" * 129}, "cache_salt"), ({"cache_salt": "a/b"}, "cache_salt"),
+    ({"stream_interval": 0}, "stream_interval"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"echo": True, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": "required"}, "echo")])

@@ -16,7 +16,10 @@ from simple_sampler._sampling import HandoffOutcome
 from simple_sampler.handoff import decide_from_full_rows, sample_compact
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample
-from simple_sampler.serving.hot_first import compact_rows
+from simple_sampler.serving.batch_state import BatchState
+from simple_sampler.serving.hot_first import compact_rows, raw_scored_rows
+from simple_sampler.shvs import HotVocab
+from simple_sampler.triton import sampler_codec, sampler_decode, sampler_packed, sampler_serve
 
 TOP = 5
 
@@ -101,10 +104,61 @@ def test_the_handoff_sends_a_raw_row_whole_and_scores_it_there(zipf_row):
     compact = compact_rows(torch.from_numpy(rows), raw, hot, 16)
     first = sample_compact(compact, raw, hot, num_top_logprobs=TOP)
     whole = first.outcome == HandoffOutcome.HANDOFF_NEED_FULL
-    assert whole[::2].all()  # the raw rows; the others as the compact rows decide
+    assert whole[::2].all()  # the raw rows; the others as the compact rows decide them unasked
+    unasked = sample_compact(compact_rows(torch.from_numpy(rows), batch, hot, 16), batch, hot,
+                             num_top_logprobs=TOP)
+    assert (first.outcome[1::2] == unasked.outcome[1::2]).all()
+    assert (first.token_ids[1::2] == unasked.token_ids[1::2]).all()
+    assert raw_scored_rows(raw).tolist() == (np.arange(8) % 2 == 0).tolist()
+    assert not raw_scored_rows(dataclasses.replace(raw, want_logprobs=np.zeros(8, bool))).any()
     out = decide_from_full_rows(first, compact, raw, hot, rows, np.ones(8, bool),
                                 num_top_logprobs=TOP)
     reference = raw_reference(rows)
     np.testing.assert_allclose(out.logprobs[::2], reference[np.arange(0, 8, 2),
                                                             out.token_ids[::2]], atol=2e-5)
     assert (out.top_token_ids[::2] == ranked(reference, TOP)[::2]).all()
+
+
+def test_the_sampler_model_takes_raw_logprobs_packed_or_not_and_its_c_path_leaves_them():
+    """raw_logprobs crosses the sampler model's wire as its own tensor or in
+    row_scalars; the one-call compact path answers no raw logprobs, so a
+    request with a row that asks goes the general way, which does."""
+    rng = np.random.default_rng(2)
+    vocab, rows = 3000, 6
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    batch = SamplingBatch.from_params([SamplingParams(seed=s, temperature=0.6) for s in range(rows)])
+    batch = dataclasses.replace(batch, want_logprobs=np.ones(rows, bool),
+                                raw_logprobs=np.arange(rows) % 2 == 0)
+    for packed in (False, True):
+        inputs = {"logits": logits, **sampler_codec.batch_arrays(batch, packed=packed)}
+        if not packed:  # each parameter its own tensor: return_log_probs too
+            inputs["return_log_probs"] = np.ones((rows, 1), bool)
+        decoded = sampler_decode.decode_request(inputs, vocab)
+        assert decoded.batch.raw_logprobs.tolist() == batch.raw_logprobs.tolist(), packed
+        outputs = sampler_serve.serve_request(inputs, vocab).outputs
+        logprobs, tokens = outputs["output_log_probs"][:, 0], outputs["output_ids"][:, 0]
+        reference = raw_reference(logits)[np.arange(rows), tokens]
+        np.testing.assert_allclose(logprobs[::2], reference[::2], atol=2e-5)
+        assert (np.abs(logprobs[1::2] - reference[1::2]) > 1e-3).all()  # T = 0.6: adjusted
+    hot = HotVocab(rng.choice(vocab, 400, replace=False), vocab)
+    compact = compact_rows(torch.from_numpy(logits), batch, hot)
+    inputs = {**sampler_codec.compact_arrays(compact, packed=True),
+              **sampler_codec.batch_arrays(batch, packed=True)}
+    assert sampler_packed.decide_plain_compact(inputs, vocab, hot, None, 1) is None
+    unasked = dataclasses.replace(batch, raw_logprobs=None)
+    plain = {**inputs, **sampler_codec.batch_arrays(unasked, packed=True)}
+    assert sampler_packed.decide_plain_compact(plain, vocab, hot, None, 1) is not None
+
+
+def test_the_batch_state_marks_raw_only_the_rows_that_ask():
+    """A raw-mode decode loop flags the rows that ask for logprobs (so a
+    step where none asks keeps the samplers' usual path, the C call
+    included)."""
+    state = BatchState(4, 16, raw_logprobs=True)
+    slots = np.array([state.add(SamplingParams(seed=s), [1, 2], want_logprobs=s == 1,
+                                num_top_logprobs=2 if s == 2 else 0) for s in range(3)])
+    assert state.batch(slots).raw_logprobs.tolist() == [False, True, True]
+    assert state.batch(slots[:1]).raw_logprobs is None
+    adjusted = BatchState(4, 16)
+    slot = adjusted.add(SamplingParams(seed=1), [1], want_logprobs=True)
+    assert adjusted.batch(np.array([slot])).raw_logprobs is None

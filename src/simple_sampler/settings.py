@@ -354,7 +354,8 @@ class LlmSettings(Settings):
         "adjusted_logprobs", "what a token's logprobs (and its top logprobs) are: "
         "adjusted_logprobs, those of the distribution it is drawn from before min_p, top_k and "
         "top_p (after bias, bans, penalties and temperature); raw_logprobs, the model's own "
-        "log_softmax before all of these, vLLM's default --logprobs-mode",
+        "log_softmax before all of these (a grammar's and allowed_token_ids' masks, applied to "
+        "the rows, excepted), vLLM's default --logprobs-mode",
         choices=LOGPROBS_MODES)
     stream_interval: int = setting(
         1, "a stream's tokens per response unless its request sets stream_interval (its "

@@ -225,11 +225,11 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
     choice["logprobs"] = _logprobs(plan, chunks, served.codec)
     if plan.return_token_ids:
         choice["token_ids"] = _token_ids(chunks)
-    if not plan.prompt_ids_sent:  # in its first event (chat: once, in the first choice)
+    if not plan.prompt_ids_sent:  # in each choice's first event, as vLLM's
         plan.prompt_ids_sent = True
-        if plan.return_token_ids and not (plan.chat and plan.repeats_prompt):
+        if plan.return_token_ids:
             (events[0] if plan.chat else choice)["prompt_token_ids"] = plan.prompt_ids
-        if plan.prompt_text is not None and not plan.repeats_prompt:
+        if plan.prompt_text is not None:
             events[0]["prompt_text"] = plan.prompt_text
     if plan.include_usage:
         prompt = len(plan.prompt_ids)

@@ -174,8 +174,10 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         if stop:
             vllm["stop"] = stop
     if request.bad_words:
-        if not all(request.bad_words):
-            raise RequestError("bad_words must be a list of non-empty strings", "bad_words")
+        try:  # the llm model encodes them again: its refusals, named here
+            served.codec.words_ids(request.bad_words, spaced=True)
+        except InvalidRequest as error:
+            raise RequestError(str(error), "bad_words") from None
         vllm["bad_words"] = request.bad_words
     if vllm:
         params[SAMPLING_PARAMETERS] = json.dumps(vllm)
@@ -378,7 +380,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
                  bool(request.logprobs), top)
     if use is not None:
         with_tools(plan, use, guide, request)
-    plan.echo = echoed(request)
+    plan.echo = echoed(request, plan.tools is not None)
     plan.prompt_text = prompt_text if request.return_prompt_text else None
     return _choices([plan], request.n)
 

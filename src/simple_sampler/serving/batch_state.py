@@ -162,7 +162,15 @@ class BatchState:
             output_offsets=output_offsets, output_ids=output_ids,
             want_logprobs=self.want_logprobs[slots],
             num_top_logprobs=self.num_top_logprobs[slots],
-            raw_logprobs=np.ones(len(slots), bool) if self.raw_logprobs else None)
+            raw_logprobs=self._raw_rows(slots))
+
+    def _raw_rows(self, slots: np.ndarray) -> np.ndarray | None:
+        """The rows whose logprobs are raw: those that ask for any, with
+        ``raw_logprobs`` (None where none: the samplers' usual path)."""
+        if not self.raw_logprobs:
+            return None
+        asking = self.want_logprobs[slots] | (self.num_top_logprobs[slots] > 0)
+        return asking if asking.any() else None
 
     def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray,
                 source: np.ndarray | None = None):

@@ -139,7 +139,7 @@ class TextCodec:
             raise InvalidRequest("text_input must be a non-empty string")
         if not chat:
             return self.tokenize(prompt, add_special_tokens, keep, side)
-        return self.encode_chat([{"role": "user", "content": prompt}], keep=keep)
+        return self.encode_chat([{"role": "user", "content": prompt}], keep=keep, side=side)
 
     def tokenize(self, text: str, add_special_tokens: bool = True,
                  keep: int | None = None, side: str | None = None) -> list[int]:
@@ -190,33 +190,32 @@ class TextCodec:
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
                     add_special_tokens: bool = False, keep: int | None = None,
-                    tools: Sequence[Mapping] | None = None,
-                    documents: Sequence[Mapping] | None = None) -> list[int]:
+                    tools: Sequence[Mapping] | None = None, side: str | None = None) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through
         the model's chat template, with the assistant's turn opened unless not
         `add_generation_prompt`; `continue_final_message`: the last turn left
         open, to be continued (vLLM's request fields of these names);
         `variables`: more for the template to read (vLLM's
         ``chat_template_kwargs``); `tools`: the functions the model may
-        call (OpenAI's ``tools``, for a template that lists them);
-        `documents`: texts for a retrieval-augmented template (vLLM's
-        ``documents``; a template without them ignores them); `add_special_tokens`: the tokenizer's
+        call (OpenAI's ``tools``, for a template that lists them); `add_special_tokens`: the tokenizer's
         own on top of the template's (which already holds what the model
-        wants: off by default); `keep`: at most that many of the templated
-        text's tokens (``tokenize``). Raises InvalidRequest on a model without a chat
+        wants: off by default); `keep`, `side`: at most that many of the
+        templated text's tokens (``tokenize``). Raises InvalidRequest on a model without a chat
         template or a conversation the template refuses (its message, led
         by the field at fault: ``messages``, or ``chat_template_kwargs``
         where variables were given and the template failed on a value's
         type)."""
         return self.tokenize(self.render_chat(messages, add_generation_prompt,
-                                              continue_final_message, variables, tools, documents),
-                             add_special_tokens, keep)
+                                              continue_final_message, variables, tools),
+                             add_special_tokens, keep, side)
 
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, variables: Mapping | None = None,
                     tools: Sequence[Mapping] | None = None,
                     documents: Sequence[Mapping] | None = None) -> str:
-        """The text ``encode_chat`` tokenizes (its arguments and errors)."""
+        """The text ``encode_chat`` tokenizes (its arguments and errors);
+        `documents`: texts for a retrieval-augmented template (vLLM's
+        ``documents``; a template without them ignores them)."""
         if not self.tokenizer.chat_template:
             raise InvalidRequest("chat was requested but the model has no chat template")
         from jinja2.exceptions import TemplateError

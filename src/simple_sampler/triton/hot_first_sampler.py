@@ -14,7 +14,7 @@ from ..handoff import (DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_
 from ..params import SamplingBatch
 from ..sampling import SampleOutput, empty_output
 from ..serving.engine import SummarizesHotFirst
-from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
+from ..serving.hot_first import compact_rows, raw_scored_rows, rows_to_host, undecidable_rows
 from ..serving.samplers import SampleResult, result_parts, widest_top
 from ..shvs.hot_vocab import HotVocab
 from ..schema import TOP_OUTPUTS
@@ -33,7 +33,8 @@ class StepSummary(NamedTuple):
     (``batch_arrays(batch, packed=True)``), and the full rows' lease where
     they already lie in the pool's arena (``SamplerPool.reference``; None
     elsewhere): when a row may be left undecided (`undecidable`,
-    ``hot_first.undecidable_rows``), the compact requests to the instances
+    ``hot_first.undecidable_rows``, or a row asking for raw logprobs:
+    ``raw_scored_rows``), the compact requests to the instances
     that map it carry them by reference, and those decide their undecided
     rows in place; otherwise the requests name no full row (a reference
     costs the sampler its checks)."""
@@ -98,7 +99,8 @@ class HotFirstSampler:
                             self.cold_draw)
         return StepSummary(rows, compact_arrays(rows, packed=True),
                            batch_arrays(batch, packed=True), self.pool.reference(logits),
-                           bool(undecidable_rows(batch, self.cold_draw).any()))
+                           bool(undecidable_rows(batch, self.cold_draw).any()
+                                or raw_scored_rows(batch).any()))
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
         if summary is None:
