@@ -21,9 +21,9 @@ def check_inert(request: Sampling) -> None:
     ``priority`` 0 only (vLLM refuses another without priority scheduling;
     requests here are served first come, first served), ``cache_salt`` a
     string of 1 to 128 characters without "@", "/", "\\" or NUL (no prefix
-    cache here to salt),
-    ``spaces_between_special_tokens`` true only (vLLM's default; the
-    decode loop's text has no other form), ``session_id`` any string."""
+    cache here to salt), ``spaces_between_special_tokens`` true only
+    (vLLM's default; the decode loop's text has no other form),
+    ``session_id`` any string."""
     if request.priority not in (None, 0):
         raise RequestError(f"priority must be 0: this server schedules requests first come, "
                            f"first served, got {request.priority}", "priority")
