@@ -57,6 +57,8 @@ class StepTokens:
         self.max_tokens = np.zeros(slots, np.int64)
         self.due_at = np.zeros(slots, np.int64)
         self.interval = np.zeros(slots, np.int64)
+        #: the generated count handed out so far (``DecodeSequence.delivered``, as a column)
+        self.handed = np.zeros(slots, np.int64)
         #: whether the slot's request has stop strings or words (found token by token)
         self.stop_words = np.zeros(slots, bool)
         #: whether it has more stop ids than `end_ids` holds (found by a set lookup)
@@ -86,6 +88,7 @@ class StepTokens:
         self.more_stop_ids[slot] = len(stop_ids) > STOP_COLUMNS
         self.max_tokens[slot] = sequence.max_tokens
         self.interval[slot] = sequence.interval
+        self.handed[slot] = sequence.delivered
         self.due_at[slot] = (sequence.delivered + (sequence.interval if sequence.delivered else 1)
                              if sequence.interval else NEVER)
 
@@ -281,9 +284,9 @@ class StepTokens:
         ``push_token``, as at stream_interval 1); any other row's text is
         held already."""
         state = self.state
-        counts = generated - np.fromiter((s.delivered for s in sequences), np.int64,
-                                         len(sequences))
+        counts = generated - self.handed[slots]
         ends = state.length[slots]
+        self.handed[slots] = generated
         self.due_at[slots] = generated + self.interval[slots]
         if np.all(counts == counts[0]):  # every row holds as many: one gather
             block = state.tokens[slots[:, None], ends[:, None] - counts[0] + np.arange(counts[0])]
