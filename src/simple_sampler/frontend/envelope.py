@@ -1,9 +1,8 @@
 """vLLM's request fields that shape a generation's envelope, not its
-tokens: the answer's id (``request_id``, or an ``X-Request-Id`` header, as
-vLLM's ``_base_request_id`` reads them), a stream's tokens per chunk
-(``stream_interval``), chat's ``echo`` and ``return_prompt_text``, and the
-fields accepted with no effect here (vllm/entrypoints/openai/
-chat_completion/protocol.py, ``ChatCompletionRequest``)."""
+tokens: chat's ``echo``, and the fields accepted with no effect here
+(vllm/entrypoints/openai/chat_completion/protocol.py,
+``ChatCompletionRequest``). ``request_id`` and ``stream_interval`` go
+straight into the plan (``translate._plan``)."""
 from __future__ import annotations
 
 from .protocol import ChatCompletionRequest, RequestError, Sampling
@@ -12,8 +11,6 @@ from .protocol import ChatCompletionRequest, RequestError, Sampling
 #: (vllm/entrypoints/generate/base/protocol.py, ``validate_cache_salt``)
 CACHE_SALT_MAX_CHARACTERS = 128
 CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
-#: the stream_interval input's type, INT32
-MAX_STREAM_INTERVAL = 2**31 - 1
 
 
 def check_inert(request: Sampling) -> None:
@@ -36,19 +33,6 @@ def check_inert(request: Sampling) -> None:
         raise RequestError("spaces_between_special_tokens must be true (vLLM's default): "
                            "false is not supported by this server",
                            "spaces_between_special_tokens", code="unsupported_parameter")
-
-
-def stream_interval(request: Sampling, server_interval: int) -> int | None:
-    """The ``stream_interval`` input for a request (None: the server's):
-    vLLM's, the request's k raised to the server's setting; not sent for a
-    request that is not streamed (vLLM ignores it there)."""
-    k = request.stream_interval
-    if k is None:
-        return None
-    if isinstance(k, bool) or not 1 <= k <= MAX_STREAM_INTERVAL:
-        raise RequestError(f"stream_interval must be an integer in [1, {MAX_STREAM_INTERVAL}], "
-                           f"got {k}", "stream_interval")
-    return max(k, server_interval) if request.stream else None
 
 
 def echoed(request: ChatCompletionRequest, in_calls: bool) -> str | None:

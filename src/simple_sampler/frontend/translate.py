@@ -30,7 +30,7 @@ from ..settings import MAX_GENERATIONS
 from ..triton.vllm_params import SAMPLING_PARAMETERS
 from ..serving.structured import Guide
 from .chat import chat_prompt
-from .envelope import check_inert, echoed, stream_interval
+from .envelope import check_inert, echoed
 from .response_format import request_guide
 from .tools import ToolUse, tool_use
 from .protocol import (ChatCompletionRequest, CompletionRequest, RequestError,
@@ -463,7 +463,10 @@ def _plan(request: Sampling, served: Served, chat: bool, prompt_ids: list[int],
     check_inert(request)
     if request.request_id is not None:
         plan.id = request.request_id
-    if (interval := stream_interval(request, served.stream_interval)) is not None:
-        params["stream_interval"] = interval
+    if request.stream_interval is not None:  # vLLM's: raised to the server's; a stream's only
+        interval = checked_integer("stream_interval", request.stream_interval, "stream_interval",
+                                   1, 2**31)
+        if request.stream:
+            params["stream_interval"] = max(interval, served.stream_interval)
     _prompt_logprobs(request, plan)
     return plan
