@@ -526,6 +526,7 @@ cdef bint decide_packed_rows(PackedScratch* m, const int64_t[:, ::1] cold,
     b.row_wants_logprob = m.want
     b.row_n_top = NULL
     b.row_raw_logprobs = NULL
+    b.row_given_tokens = NULL
     b.tokens = m.tokens
     b.logprobs = m.logprobs
     b.top_tokens = NULL

@@ -126,6 +126,9 @@ cdef struct BatchInputs:
     const int32_t* row_n_top
     # Per row (NULL: none): its logprobs are the raw logits' (score_raw)
     const uint8_t* row_raw_logprobs
+    # Per row (NULL: none): >= 0, the row's token, decided already (the
+    # hot-first handoff's compact decision): only its logprobs are computed
+    const int64_t* row_given_tokens
     int64_t* tokens
     float* logprobs
     int32_t* top_tokens              # [B, n_top]
@@ -224,15 +227,25 @@ cdef void sample_one(Py_ssize_t r, Workspace* ws, const BatchInputs* b) noexcept
     cdef bint raw = scores_raw(b, r, &params)
     cdef bint raw_logprob = params.want_logprob
     cdef Py_ssize_t raw_n_top = params.n_top
+    cdef int64_t given = -1 if b.row_given_tokens == NULL else b.row_given_tokens[r]
+    if raw and given >= 0:
+        result.token = given
+        score_raw(&raw_src, given, raw_logprob, raw_n_top, ws, &result,
+                  b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
+        finish_row(r, &result, HOT_NOT_TRIED, b)
+        return
     if raw:
         params.want_logprob = False
         params.n_top = 0
+    params.forced_token = given
     if ws.penalized != NULL and ov.n >= ws.penalized_min_overrides:
         penalized_row(&src, &ov, ws.penalized)
         src.data = ws.penalized
         src.dtype = DTYPE_FLOAT32
         ov.n = 0
-    cdef int outcome = sample_row_hot(&src, &ov, &params, &b.hot, ws, &result)
+    # a given token is scored by the full path (SHVS draws, it scores none)
+    cdef int outcome = (sample_row_hot(&src, &ov, &params, &b.hot, ws, &result) if given < 0
+                        else HOT_NOT_TRIED)
     if outcome == HOT_NOT_TRIED or outcome == HOT_FALLBACK_FULL:
         sample_row(&src, &ov, &params, ws, &result,
                    b.top_tokens + r * b.n_top, b.top_logprobs + r * b.n_top)
@@ -365,6 +378,7 @@ cdef class KernelBatch:
     cdef const uint8_t[::1] want_logprob_rows
     cdef const int32_t[::1] n_top_rows
     cdef const uint8_t[::1] raw_logprob_rows
+    cdef const int64_t[::1] given_tokens
 
     def __init__(self, *, const unsigned char[:, :] logits_bytes, int dtype,
                  const RowScalars[::1] scalars,
@@ -381,7 +395,8 @@ cdef class KernelBatch:
                  const uint64_t[::1] hot_bits, int8_t[::1] hot_outcomes,
                  const uint8_t[::1] want_logprob_rows=None,
                  const int32_t[::1] n_top_rows=None,
-                 const uint8_t[::1] raw_logprob_rows=None):
+                 const uint8_t[::1] raw_logprob_rows=None,
+                 const int64_t[::1] given_tokens=None):
         self.logits_bytes = logits_bytes
         self.dtype = dtype
         self.scalars = scalars
@@ -413,6 +428,12 @@ cdef class KernelBatch:
             raise ValueError(f"n_top_rows has {n_top_rows.shape[0]} rows, not {rows}")
         if raw_logprob_rows is not None and raw_logprob_rows.shape[0] != rows:
             raise ValueError(f"raw_logprob_rows has {raw_logprob_rows.shape[0]} rows, not {rows}")
+        if given_tokens is not None and given_tokens.shape[0] != rows:
+            raise ValueError(f"given_tokens has {given_tokens.shape[0]} rows, not {rows}")
+        vocab = logits_bytes.shape[1] // (4 if dtype == DTYPE_FLOAT32 else 2)
+        for r in range(rows if given_tokens is not None else 0):
+            if given_tokens[r] < -1 or given_tokens[r] >= vocab:
+                raise ValueError(f"given_tokens[{r}] is {given_tokens[r]}, outside [-1, {vocab})")
         for r in range(rows if n_top_rows is not None else 0):
             if n_top_rows[r] < 0 or n_top_rows[r] > top_tokens.shape[1]:
                 raise ValueError(f"n_top_rows[{r}] is {n_top_rows[r]}, outside [0, "
@@ -420,6 +441,7 @@ cdef class KernelBatch:
         self.want_logprob_rows = want_logprob_rows
         self.n_top_rows = n_top_rows
         self.raw_logprob_rows = raw_logprob_rows
+        self.given_tokens = given_tokens
 
     cdef void inputs(self, BatchInputs* b) noexcept:
         """Fill ``b`` with pointers into this batch's arrays (B >= 1)."""
@@ -445,6 +467,7 @@ cdef class KernelBatch:
         b.row_n_top = &self.n_top_rows[0] if self.n_top_rows is not None else NULL
         b.row_raw_logprobs = (&self.raw_logprob_rows[0] if self.raw_logprob_rows is not None
                               else NULL)
+        b.row_given_tokens = &self.given_tokens[0] if self.given_tokens is not None else NULL
         b.tokens = &self.tokens[0]
         b.logprobs = &self.logprobs[0]
         b.top_tokens = &self.top_tokens[0, 0] if b.n_top > 0 else NULL

@@ -2,8 +2,9 @@
 them gets the log_softmax of its logits as given (no bias, ban, penalty or
 temperature), its own token's and its n most likely, as the float64
 reference computes them, on every path (full rows, SHVS, the penalized
-copy, the hot-first handoff, which sends such a row whole); on full rows it
-draws the token it draws without them."""
+copy, the hot-first handoff); it draws the token it draws without them.
+A row given its token (``SamplingBatch.given_token_ids``) is scored, not
+drawn."""
 import dataclasses
 
 import ml_dtypes
@@ -13,11 +14,13 @@ import torch
 
 from conftest import hot_sets, make_requests, make_rows
 from simple_sampler._sampling import HandoffOutcome
-from simple_sampler.handoff import decide_from_full_rows, sample_compact
+from simple_sampler import reference
+from simple_sampler.handoff import sample_compact, scored_rows
 from simple_sampler.params import History, SamplingBatch, SamplingParams
 from simple_sampler.sampling import sample
 from simple_sampler.serving.batch_state import BatchState
-from simple_sampler.serving.hot_first import compact_rows, raw_scored_rows
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.serving.hot_first import compact_rows, sample_hot_first
 from simple_sampler.shvs import HotVocab
 from simple_sampler.triton import sampler_codec, sampler_decode, sampler_packed, sampler_serve
 
@@ -96,27 +99,83 @@ def test_shvs_decides_a_raw_row_as_it_would_unasked(zipf_row):
     check_raw(raw, rows, np.ones(64, bool))
 
 
-def test_the_handoff_sends_a_raw_row_whole_and_scores_it_there(zipf_row):
+def test_the_handoff_draws_a_raw_rows_token_as_unasked_and_scores_it_on_its_full_row(zipf_row):
+    """Under the hot-first handoff a raw row's token is the compact
+    decision's, as without logprobs; its raw logprobs come from its full row,
+    scored for that token (``SamplingBatch.given_token_ids``)."""
     hot = hot_sets(zipf_row)["head"]
-    rows = np.repeat(zipf_row[None], 8, axis=0)
-    batch = SamplingBatch.from_params([SamplingParams(seed=s, temperature=0.8) for s in range(8)])
-    raw = dataclasses.replace(batch, raw_logprobs=np.arange(8) % 2 == 0)
-    compact = compact_rows(torch.from_numpy(rows), raw, hot, 16)
-    first = sample_compact(compact, raw, hot, num_top_logprobs=TOP)
-    whole = first.outcome == HandoffOutcome.HANDOFF_NEED_FULL
-    assert whole[::2].all()  # the raw rows; the others as the compact rows decide them unasked
-    unasked = sample_compact(compact_rows(torch.from_numpy(rows), batch, hot, 16), batch, hot,
-                             num_top_logprobs=TOP)
-    assert (first.outcome[1::2] == unasked.outcome[1::2]).all()
-    assert (first.token_ids[1::2] == unasked.token_ids[1::2]).all()
-    assert raw_scored_rows(raw).tolist() == (np.arange(8) % 2 == 0).tolist()
-    assert not raw_scored_rows(dataclasses.replace(raw, want_logprobs=np.zeros(8, bool))).any()
-    out = decide_from_full_rows(first, compact, raw, hot, rows, np.ones(8, bool),
-                                num_top_logprobs=TOP)
+    rng = np.random.default_rng(4)
+    rows = (zipf_row[None] + rng.normal(0, 0.5, (32, zipf_row.size))).astype(np.float32)
+    batch = SamplingBatch.from_params([SamplingParams(seed=s, temperature=0.8,
+                                                      top_p=0.9 if s % 4 == 0 else 1.0)
+                                       for s in range(32)])
+    plain = sample_hot_first(rows, batch, hot, return_logprobs=False)
+    asked = np.arange(32) % 2 == 0
+    raw = dataclasses.replace(batch, raw_logprobs=asked)
+    out = sample_hot_first(rows, raw, hot, num_top_logprobs=TOP)
+    assert (out.token_ids == plain.token_ids).all()
     reference = raw_reference(rows)
-    np.testing.assert_allclose(out.logprobs[::2], reference[np.arange(0, 8, 2),
-                                                            out.token_ids[::2]], atol=2e-5)
-    assert (out.top_token_ids[::2] == ranked(reference, TOP)[::2]).all()
+    picked = np.arange(32)
+    np.testing.assert_allclose(out.logprobs[asked], reference[picked, out.token_ids][asked],
+                               rtol=0, atol=2e-5)
+    assert (np.abs(out.logprobs[~asked] - reference[picked, out.token_ids][~asked]) > 1e-3).all()
+    assert (out.top_token_ids[asked] == ranked(reference, TOP)[asked]).all()
+    # a compact request that asks for them itself leaves the row to its full row
+    compact = compact_rows(torch.from_numpy(rows), raw, hot, 16)
+    first = sample_compact(compact, raw, hot)
+    assert (first.outcome[asked] == HandoffOutcome.HANDOFF_NEED_FULL).all()
+    assert scored_rows(raw).tolist() == asked.tolist()
+    assert not scored_rows(dataclasses.replace(raw, want_logprobs=np.zeros(32, bool))).any()
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_given_token_is_scored_not_drawn(raw):
+    """``given_token_ids``: the row's token is the one given, its logprob and
+    top n as the float64 reference's (adjusted or raw); a row given -1 draws."""
+    rng = np.random.default_rng(11)
+    rows = make_rows(rng, 12)
+    batch = SamplingBatch.from_params(*make_requests(rng, 12, vocab=rows.shape[1]))
+    drawn = sample(rows, batch, num_top_logprobs=TOP)
+    given = rng.integers(0, rows.shape[1], 12)
+    given[::3] = -1
+    scored = dataclasses.replace(batch, given_token_ids=given,
+                                 raw_logprobs=np.ones(12, bool) if raw else None)
+    out = sample(rows, scored, num_top_logprobs=TOP)
+    fixed = given >= 0
+    assert (out.token_ids[fixed] == given[fixed]).all()
+    assert (out.token_ids[~fixed] == drawn.token_ids[~fixed]).all()
+    for r in np.flatnonzero(fixed):
+        logprobs = (raw_reference(rows[r:r + 1])[0] if raw
+                    else reference.log_softmax(reference.scaled_logits(rows[r], batch, r)))
+        np.testing.assert_allclose(out.logprobs[r], logprobs[given[r]], rtol=0, atol=2e-5)
+        assert (out.top_token_ids[r] == ranked(logprobs[None], TOP)[0]).all()
+    with pytest.raises(ValueError, match=r"given_token_ids must be in \[-1, "):
+        sample(rows, dataclasses.replace(batch, given_token_ids=np.full(12, rows.shape[1])))
+
+
+def test_the_sampler_model_takes_a_given_token_on_full_rows_only():
+    rng = np.random.default_rng(6)
+    vocab, rows = 3000, 4
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    batch = SamplingBatch.from_params([SamplingParams(seed=s, temperature=0.6) for s in range(rows)])
+    given = dataclasses.replace(batch, given_token_ids=np.array([7, -1, 2999, 0]),
+                                raw_logprobs=np.ones(rows, bool))
+    for packed in (False, True):
+        inputs = {"logits": logits, **sampler_codec.batch_arrays(given, packed=packed)}
+        tokens = sampler_serve.serve_request(inputs, vocab).outputs["output_ids"][:, 0]
+        assert tokens[[0, 2, 3]].tolist() == [7, 2999, 0], packed
+        wrong = {"logits": logits, **sampler_codec.batch_arrays(dataclasses.replace(
+            given, given_token_ids=np.array([7, -1, vocab, 0])), packed=packed)}
+        with pytest.raises(InvalidRequest, match=r"row 2: given_token_id must be in \[-1, 3000\)"):
+            sampler_decode.decode_request(wrong, vocab)
+    hot = HotVocab(rng.choice(vocab, 400, replace=False), vocab)
+    inputs = {**sampler_codec.compact_arrays(compact_rows(torch.from_numpy(logits), batch, hot),
+                                             packed=True),
+              **sampler_codec.batch_arrays(dataclasses.replace(given, raw_logprobs=None),
+                                           packed=True)}
+    assert sampler_packed.decide_plain_compact(inputs, vocab, hot, None, 1) is None
+    with pytest.raises(InvalidRequest, match="given_token_id is scored on full rows"):
+        sampler_decode.decode_request(inputs, vocab, hot)
 
 
 def test_the_sampler_model_takes_raw_logprobs_packed_or_not_and_its_c_path_leaves_them():

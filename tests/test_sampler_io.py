@@ -6,7 +6,7 @@ import pytest
 from simple_sampler.params import History, SamplingParams
 from simple_sampler.sampling import sample_requests
 from simple_sampler.launch import templates
-from simple_sampler.schema import InvalidRequest
+from simple_sampler.schema import ROW_SCALARS_RECORD, InvalidRequest
 from simple_sampler.triton.sampler_decode import decode_request
 from simple_sampler.triton.sampler_serve import sample_request
 
@@ -250,7 +250,6 @@ def test_packed_form_gives_the_same_outputs_with_fewer_tensors():
 
 def test_packed_scalars_are_checked_like_the_separate_tensors(logits):
     from simple_sampler.params import SamplingBatch
-    from simple_sampler.schema import ROW_SCALARS_RECORD
     from simple_sampler.triton.sampler_codec import batch_arrays
 
     batch = SamplingBatch.from_params([SamplingParams(seed=s) for s in range(len(logits))])
@@ -261,7 +260,8 @@ def test_packed_scalars_are_checked_like_the_separate_tensors(logits):
         decode_request({"logits": logits, "row_scalars": records.view(np.uint8)})
     with pytest.raises(InvalidRequest, match="row_scalars carries temperature"):
         decode_request({"logits": logits, **packed, "temperature": np.ones((len(logits), 1))})
-    with pytest.raises(InvalidRequest, match=r"row_scalars must be UINT8 \[B, 64\]"):
+    size = ROW_SCALARS_RECORD.itemsize
+    with pytest.raises(InvalidRequest, match=rf"row_scalars must be UINT8 \[B, {size}\]"):
         decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:, :8]})
     with pytest.raises(InvalidRequest, match="must have shape"):
         decode_request({"logits": logits, "row_scalars": packed["row_scalars"][:1]})
@@ -297,7 +297,6 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     of every field of ROW_SCALARS_RECORD."""
     from simple_sampler import _sampling
     from simple_sampler.sampling import ROW_SCALARS, kernel_params
-    from simple_sampler.schema import ROW_SCALARS_RECORD
     from simple_sampler.triton import sampler_decode
     from simple_sampler.triton import sampler_packed
 
@@ -372,7 +371,6 @@ def test_the_llm_models_compact_requests_are_served_as_the_general_path_serves_t
     from simple_sampler.triton import sampler_decode
     from simple_sampler.triton import sampler_packed
     from simple_sampler.triton import sampler_serve
-    from simple_sampler.schema import ROW_SCALARS_RECORD
 
     vocab, rows = 3000, 40
     rng = np.random.default_rng(4)
@@ -457,7 +455,7 @@ def test_the_packed_layout_and_the_id_checks_refuse_what_they_cannot_read():
     from simple_sampler.triton import sampler_packed
 
     layout = sampler_packed.PACKED_LAYOUT
-    with pytest.raises(ValueError, match=r"records must be \[B, 64\]"):
+    with pytest.raises(ValueError, match=rf"records must be \[B, {ROW_SCALARS_RECORD.itemsize}\]"):
         _sampling.packed_row_scalars(layout, np.zeros((2, 60), np.uint8), V,
                                      np.empty(2, ROW_SCALARS))
     cold = np.array([[60, int(_sampling.FieldType.FIELD_FLOAT32)]] * 5, np.int64)

@@ -257,6 +257,8 @@ def sample_compact(rows: CompactRows, batch: SamplingBatch, hot_vocab: HotVocab,
     an all-banned row, or a touched list missing an id the row's overrides
     change."""
     size = len(batch)
+    if batch.given_token_ids is not None and np.any(np.asarray(batch.given_token_ids) >= 0):
+        raise ValueError("given_token_ids are scored on full rows, not compact ones")
     touched_offsets, touched_ids, cold_argmax, cold_max, cold_mass, cold_token, cold_token_logit = (
         _check_compact(rows, size, hot_vocab, shapes_checked))
     vocab = hot_vocab.vocab_size
@@ -408,8 +410,8 @@ async def decide_hot_first(rows: CompactRows, batch: SamplingBatch, hot_vocab: H
                            decide, sample_full) -> HandoffOutput:
     """The handoff's rounds, written once for every caller: decide the
     compact rows, then sample the undecided rows whole (``fallback_batch``)
-    and fold their answers in (``merge_fallback``); then the top logprobs
-    of the rows that ask for them (``batch.num_top_logprobs``).
+    and fold their answers in (``merge_fallback``); then the logprobs of
+    the rows that ask for top logprobs or raw logprobs (``scored_rows``).
 
     decide(rows, batch) -> HandoffOutput: ``sample_compact`` here, or a
     request to a sampler that runs it. sample_full(rows, rows_batch) ->
@@ -417,44 +419,68 @@ async def decide_hot_first(rows: CompactRows, batch: SamplingBatch, hot_vocab: H
     may return an awaitable (a remote sampler); with plain functions nothing
     is awaited and ``run_now`` gives the result.
 
-    The tokens are decided as if no row asked for top logprobs: a compact
-    row whose top n the cold region could enter would need its full row
-    (NEED_FULL), and the full path draws another token than the compact
-    decision (both exact), so asking would change the token. The top n
-    come from the asking rows' full rows instead, in a request of their
-    own (its tokens unused); a chosen token among them takes its entry's
-    logprob, so the two agree to the bit.
+    The tokens are decided as if no row asked for top or raw logprobs
+    (``tokens_batch``): a compact row whose top n the cold region could
+    enter, or whose raw logprobs need the whole row, would need its full
+    row (NEED_FULL), and the full path draws another token than the
+    compact decision (both exact), so asking would change the token. Their
+    logprobs come from their full rows instead, in a request of their own
+    that scores the token decided (``SamplingBatch.given_token_ids``): the
+    chosen token's logprob and the top n from one pass.
     """
-    tokens_batch = without_top_logprobs(batch)
-    first = await _result(decide(rows, tokens_batch))
+    tokens = tokens_batch(batch)
+    first = await _result(decide(rows, tokens))
     if first.undecided.any():
-        undecided, second_batch = fallback_batch(tokens_batch, first, rows, hot_vocab)
+        undecided, second_batch = fallback_batch(tokens, first, rows, hot_vocab)
         merge_fallback(first, undecided, await _result(sample_full(undecided, second_batch)))
-    if tokens_batch is not batch:
-        asking = np.flatnonzero(np.asarray(batch.num_top_logprobs) > 0)
-        add_top_logprobs(first, asking, await _result(sample_full(asking, batch.take(asking))))
+    if tokens is not batch:
+        asking = np.flatnonzero(scored_rows(batch))
+        scoring = batch.take(asking)
+        scoring.given_token_ids = first.token_ids[asking].astype(np.int64)
+        add_scored_logprobs(first, asking, await _result(sample_full(asking, scoring)))
     return first
 
 
-def without_top_logprobs(batch: SamplingBatch) -> SamplingBatch:
-    """`batch` with no row asking for top logprobs (itself when none does)."""
-    wanted = batch.num_top_logprobs
-    if wanted is None or not np.any(wanted):
+def scored_rows(batch: SamplingBatch) -> np.ndarray:
+    """bool [B]: the rows whose logprobs the compact decision cannot give:
+    those asking for top logprobs, and those asking for raw logprobs (their
+    own or top-n: ``SamplingBatch.raw_logprobs``)."""
+    size = len(batch)
+    top = (np.zeros(size, bool) if batch.num_top_logprobs is None
+           else np.asarray(batch.num_top_logprobs) > 0)
+    if batch.raw_logprobs is None:
+        return top
+    want = np.ones(size, bool) if batch.want_logprobs is None else np.asarray(batch.want_logprobs, bool)
+    return top | (np.asarray(batch.raw_logprobs, bool) & want)
+
+
+def tokens_batch(batch: SamplingBatch) -> SamplingBatch:
+    """`batch` as its tokens are decided (itself when no row asks for top
+    or raw logprobs): no top logprobs asked, no raw ones, and the rows
+    asking for raw logprobs asking for none (``scored_rows`` scores them)."""
+    top = batch.num_top_logprobs is not None and np.any(batch.num_top_logprobs)
+    raw = batch.raw_logprobs is not None and np.any(batch.raw_logprobs)
+    if not (top or raw):
         return batch
-    return replace(batch, num_top_logprobs=None)
+    if not raw:
+        return replace(batch, num_top_logprobs=None)
+    want = (np.ones(len(batch), bool) if batch.want_logprobs is None
+            else np.array(batch.want_logprobs, bool))
+    want[np.asarray(batch.raw_logprobs, bool)] = False
+    return replace(batch, num_top_logprobs=None, raw_logprobs=None, want_logprobs=want)
 
 
-def add_top_logprobs(out: HandoffOutput, rows: np.ndarray, full: SampleOutput) -> None:
-    """Give rows ``rows`` of `out` the top logprobs `full` found on their full
-    rows (its tokens unused); a row whose chosen token is among them takes
-    its entry's logprob."""
+def add_scored_logprobs(out: HandoffOutput, rows: np.ndarray, full: SampleOutput) -> None:
+    """Give rows ``rows`` of `out` the logprobs `full` scored on their full
+    rows for the tokens `out` holds (``SamplingBatch.given_token_ids``): the
+    chosen token's, where asked, and the top n."""
+    if not np.array_equal(full.token_ids, out.token_ids[rows]):
+        raise RuntimeError("the full rows' sampler scored other tokens than the ones given")
     width = full.top_token_ids.shape[1]
-    if len(rows) and width < 1:  # a sample_full that left the rows' asks out
-        raise RuntimeError("the full rows' sampler answered no top logprobs for rows that asked")
     out.top_token_ids = np.full((len(out.token_ids), width), -1, np.int32)
     out.top_logprobs = np.full((len(out.token_ids), width), -np.inf, np.float32)
     out.top_token_ids[rows], out.top_logprobs[rows] = full.top_token_ids, full.top_logprobs
-    chosen_as_listed(out, rows)
+    out.logprobs[rows] = full.logprobs
 
 
 async def _result(value):

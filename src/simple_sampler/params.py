@@ -285,7 +285,7 @@ _ID_LISTS = (("bias", ("bias_ids", "bias_values")), ("ban", ("ban_ids",)),
              ("prompt", ("prompt_ids",)), ("output", ("output_ids",)))
 #: SamplingBatch's per-row columns
 _ROW_COLUMNS = (*(p.name for p in RULES), "seed", "step", "want_logprobs", "num_top_logprobs",
-                "raw_logprobs")
+                "raw_logprobs", "given_token_ids")
 
 
 @dataclass
@@ -330,6 +330,11 @@ class SamplingBatch:
     #: (vLLM's default ``raw_logprobs``); None: none. Its token is drawn as
     #: if no logprob were asked.
     raw_logprobs: np.ndarray | None = None
+    #: int64 [B]: a row's token where it was decided already (>= 0; -1: drawn
+    #: here), of which only the logprobs asked are computed, under the row's
+    #: parameters (its raw ones with ``raw_logprobs``); None: every row
+    #: drawn. The hot-first handoff's scoring round (handoff.decide_hot_first).
+    given_token_ids: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.temperature)
@@ -423,6 +428,14 @@ class SamplingBatch:
                 raise ValueError(f"{name}_offsets must be {batch + 1} non-decreasing offsets "
                                  f"from 0 to len({name}_ids)={ids.size}")
             check_token_ids(f"{name}_ids", ids, offsets, vocab_size)
+        if self.given_token_ids is not None:
+            given = np.asarray(self.given_token_ids)
+            if given.shape != (batch,):
+                raise ValueError(f"given_token_ids must have shape [{batch}], got {list(given.shape)}")
+            message = first_violation("given_token_ids", given, (given >= -1) & (given < vocab_size),
+                                      f"in [-1, {vocab_size})")
+            if message:
+                raise ValueError(message)
         self.validate_bias(vocab_size)
 
     def validate_bias(self, vocab_size: int) -> None:

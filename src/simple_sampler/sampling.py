@@ -323,6 +323,8 @@ def row_options(batch: SamplingBatch, num_top_logprobs, vocab: int) -> dict:
         options["want_logprob_rows"] = np.ascontiguousarray(batch.want_logprobs, np.uint8)
     if batch.raw_logprobs is not None:
         options["raw_logprob_rows"] = np.ascontiguousarray(batch.raw_logprobs, np.uint8)
+    if batch.given_token_ids is not None:
+        options["given_tokens"] = np.ascontiguousarray(batch.given_token_ids, np.int64)
     if np.ndim(num_top_logprobs):
         options["n_top_rows"] = np.minimum(np.asarray(num_top_logprobs), vocab).astype(np.int32)
     return options

@@ -85,6 +85,10 @@ _SAMPLER_SCALARS = (
             "true: the row's output_log_probs and top logprobs are its logits' own log_softmax, "
             "before bias, bans, penalties and temperature (vLLM's raw_logprobs); its token is "
             "drawn as without them"),
+    scalar("given_token_id", "INT32", -1,
+           "[-1, V); >= 0: the row's token, decided already (the hot-first handoff's compact "
+           "decision): output_ids echoes it and the logprobs asked are its own (full rows "
+           "only); -1: drawn here"),
 )
 #: The parameters of every row in one tensor: the scalar tensors above, in
 #: that order and dtype, one record per row.

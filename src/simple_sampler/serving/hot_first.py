@@ -244,18 +244,6 @@ def undecidable_rows(batch: SamplingBatch, cold_draw: bool) -> np.ndarray:
     return sampled & ~untruncated_rows(batch) if cold_draw else sampled
 
 
-def raw_scored_rows(batch: SamplingBatch) -> np.ndarray:
-    """bool [B]: the rows that ask for raw logprobs (their own or top-n),
-    which the compact decision leaves to their full row (NEED_FULL)."""
-    if batch.raw_logprobs is None:
-        return np.zeros(len(batch), bool)
-    want = (np.ones(len(batch), bool) if batch.want_logprobs is None
-            else np.asarray(batch.want_logprobs, bool))
-    top = (np.zeros(len(batch), bool) if batch.num_top_logprobs is None
-           else np.asarray(batch.num_top_logprobs) > 0)
-    return np.asarray(batch.raw_logprobs, bool) & (want | top)
-
-
 def row_cold_tops(batch: SamplingBatch, cold_top: int, cold_draw: bool) -> np.ndarray:
     """int64 [B]: each row's cold_top (``hot_first_summary``): `cold_top`
     for the rows the compact decision could leave undecided without their

@@ -10,11 +10,11 @@ import torch
 
 from .._sampling import HandoffOutcome
 from ..handoff import (DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_first,
-                       without_top_logprobs)
+                       scored_rows, tokens_batch)
 from ..params import SamplingBatch
 from ..sampling import SampleOutput, empty_output
 from ..serving.engine import SummarizesHotFirst
-from ..serving.hot_first import compact_rows, raw_scored_rows, rows_to_host, undecidable_rows
+from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
 from ..serving.samplers import SampleResult, result_parts, widest_top
 from ..shvs.hot_vocab import HotVocab
 from ..schema import TOP_OUTPUTS
@@ -33,8 +33,7 @@ class StepSummary(NamedTuple):
     (``batch_arrays(batch, packed=True)``), and the full rows' lease where
     they already lie in the pool's arena (``SamplerPool.reference``; None
     elsewhere): when a row may be left undecided (`undecidable`,
-    ``hot_first.undecidable_rows``, or a row asking for raw logprobs:
-    ``raw_scored_rows``), the compact requests to the instances
+    ``hot_first.undecidable_rows``), the compact requests to the instances
     that map it carry them by reference, and those decide their undecided
     rows in place; otherwise the requests name no full row (a reference
     costs the sampler its checks)."""
@@ -94,13 +93,12 @@ class HotFirstSampler:
         right behind the forward (serving/decoder.py), where an engine that
         models the summary as device time (the simulated one) hides it, and
         passes the result to ``__call__`` or ``sample_now``."""
-        batch = without_top_logprobs(batch)  # tokens as without (handoff.decide_hot_first)
+        batch = tokens_batch(batch)  # tokens as without logprobs (handoff.decide_hot_first)
         rows = compact_rows(logits, batch, self.hot_vocab, self.cold_top, self.summary,
                             self.cold_draw)
         return StepSummary(rows, compact_arrays(rows, packed=True),
                            batch_arrays(batch, packed=True), self.pool.reference(logits),
-                           bool(undecidable_rows(batch, self.cold_draw).any()
-                                or raw_scored_rows(batch).any()))
+                           bool(undecidable_rows(batch, self.cold_draw).any()))
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch, summary=None):
         if summary is None:
@@ -147,8 +145,8 @@ class HotFirstSampler:
         with the pool's failover: a row's draw is keyed by its seed and
         step, so the tokens are the same)."""
         lease = self._lease(summary)
-        if (summary.undecidable and lease is None) or widest_top(batch):
-            return None  # the top logprobs come from full rows: the event loop's rounds
+        if (summary.undecidable and lease is None) or scored_rows(batch).any():
+            return None  # top and raw logprobs come from full rows: the event loop's rounds
         answer = self._send_now(summary, batch, lease)
         if (answer is not None and answer[0].undecided.any() and lease is None
                 and summary.full_rows is not None):

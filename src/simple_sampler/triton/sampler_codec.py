@@ -97,6 +97,8 @@ def batch_arrays(batch: SamplingBatch, packed: bool = False) -> dict[str, np.nda
     arrays["step"] = np.asarray(batch.step, np.int64)[:, None]
     if batch.raw_logprobs is not None:
         arrays["raw_logprobs"] = np.asarray(batch.raw_logprobs, bool)[:, None]
+    if batch.given_token_ids is not None:
+        arrays["given_token_id"] = np.asarray(batch.given_token_ids, np.int32)[:, None]
     arrays["prompt_ids"] = padded(batch.prompt_offsets, batch.prompt_ids)
     arrays["generated_ids"] = padded(batch.output_offsets, batch.output_ids)
     bias_offsets, bias_ids, bias_values = _bias_with_bans(batch)
@@ -118,6 +120,7 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
         records["num_top_logprobs"] = batch.num_top_logprobs
     if batch.raw_logprobs is not None:
         records["raw_logprobs"] = batch.raw_logprobs
+    records["given_token_id"] = -1 if batch.given_token_ids is None else batch.given_token_ids
     arrays = {"row_scalars": records.view(np.uint8).reshape(size, ROW_SCALARS_RECORD.itemsize)}
     bans = np.diff(batch.ban_offsets)
     if bans.any():

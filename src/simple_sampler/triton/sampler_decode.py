@@ -22,7 +22,7 @@ _KNOWN_INPUTS = frozenset(INPUT_NAMES)
 _DECODED = {**{name: PARAMS[field].dtype for name, (field, _) in SCALAR_INPUTS.items()},
             "random_seed": np.uint64, "step": np.int64, "min_tokens": np.int64,
             "num_top_logprobs": np.int64, "return_log_probs": np.bool_,
-            "raw_logprobs": np.bool_}
+            "raw_logprobs": np.bool_, "given_token_id": np.int64}
 #: ``row_scalars``' records in those dtypes: one astype decodes every column.
 _DECODED_RECORD = np.dtype([(name, _DECODED[name]) for name in PACKED_INPUTS])
 _PACKED_SET = frozenset(PACKED_INPUTS)
@@ -152,13 +152,14 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
                             else _banned_end_ids(*end_ids, step < min_tokens))
     bias_offsets, bias_ids, bias_values = _logit_bias(inputs, rows, lists["logit_bias_ids"])
     raw = scalar("raw_logprobs", False)
+    given = _given_tokens(scalar("given_token_id", -1), vocab, compact is not None)
     batch = SamplingBatch(
         **columns, seed=seed, step=step,
         bias_offsets=bias_offsets, bias_ids=bias_ids, bias_values=bias_values,
         ban_offsets=ban_offsets, ban_ids=ban_ids,
         prompt_offsets=lists["prompt_ids"][0], prompt_ids=lists["prompt_ids"][1],
         output_offsets=generated_offsets, output_ids=lists["generated_ids"][1],
-        raw_logprobs=raw if raw.any() else None,
+        raw_logprobs=raw if raw.any() else None, given_token_ids=given,
     )
     try:  # the scalars, steps and ids were checked above, the offsets built here
         batch.validate_bias(vocab)
@@ -203,6 +204,20 @@ def _rows_source(inputs: Mapping, hot_vocab, reader) -> tuple[object, object, in
     else:
         rows, vocab = _logits_shape(logits)
     return logits, compact, rows, vocab
+
+
+def _given_tokens(given: np.ndarray, vocab: int, compact: bool) -> np.ndarray | None:
+    """``given_token_id`` checked: [-1, V), and with full rows only (None: no row's given)."""
+    message = first_failed_check([("given_token_id", given, (given >= -1) & (given < vocab),
+                                   f"in [-1, {vocab})")])
+    if message:
+        raise InvalidRequest(message)
+    if not (given >= 0).any():
+        return None
+    if compact:
+        raise InvalidRequest("given_token_id is scored on full rows (logits or logits_ref), "
+                             "not on compact ones (hot_logits, ...)")
+    return given
 
 
 def _scalar_reader(inputs: Mapping, records: np.ndarray | None, rows: int):

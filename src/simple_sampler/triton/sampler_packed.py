@@ -60,6 +60,8 @@ PACKED_LAYOUT = _sampling.PackedLayout(
 
 #: byte offset of raw_logprobs (one byte, BOOL) in ROW_SCALARS_RECORD
 _RAW_LOGPROBS = _field("raw_logprobs")[0]
+#: the bytes of given_token_id (INT32) in ROW_SCALARS_RECORD
+_GIVEN_TOKEN = slice(_field("given_token_id")[0], _field("given_token_id")[0] + 4)
 
 
 def is_plain_compact(inputs: Mapping, hot_vocab) -> bool:
@@ -103,6 +105,8 @@ def decide_plain_compact(inputs: Mapping, vocab_size: int, hot_vocab, reader,
                                  and refs.dtype == np.int64):
         return None
     if packed[:, _RAW_LOGPROBS].any():  # the C call gives no raw logprobs: the general path does
+        return None
+    if (packed[:, _GIVEN_TOKEN].copy().view("<i4") != -1).any():  # the general path refuses it
         return None
     try:
         hot_bytes, dtype = kernel_rows(hot)
