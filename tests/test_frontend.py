@@ -180,7 +180,6 @@ BAD_CHAT = [
      "messages.0.audio", "unknown field"),
     (chat(stream=True, stream_options={"include_usage": True, "metadata": {}}),
      "stream_options.metadata", "unknown field"),
-    ({"messages": [{"role": "user", "content": "x"}]}, "model", "required"),
     (chat(stream="yes"), "stream", "valid boolean"),
 ]
 BAD_COMPLETION = [
@@ -309,6 +308,18 @@ def test_chat_without_max_tokens_may_fill_the_context(client, recorder, codec):
     assert recorder.plans[1].prompt_ids == codec.encode("The capital of France is")
 
 
+def test_a_request_without_a_model_is_the_served_models(client):
+    """vLLM's model field is optional: a request naming none is answered by
+    the served model, and names it."""
+    body = chat()
+    del body["model"]
+    answer = post(client, "/v1/chat/completions", body)
+    assert answer.status_code == 200 and answer.json()["model"] == MODEL
+    body = completion()
+    del body["model"]
+    assert post(client, "/v1/completions", body).json()["model"] == MODEL
+
+
 def test_a_non_streamed_answer_is_openais_object(client):
     body = post(client, "/v1/chat/completions", chat(logprobs=True)).json()
     assert body["object"] == "chat.completion" and body["model"] == MODEL
@@ -423,11 +434,17 @@ def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(codec):
     assert logprobs["top_logprobs"][0] is None
     assert logprobs["top_logprobs"][1] == {",": -0.25, " Paris": -1.0, codec.decode([prompt[1]]): -1.0}
     assert logprobs["top_logprobs"][-1] == {" Paris": -0.5, ",": -1.5}
+    # each token's offset in the text (vLLM's _create_completion_logprobs)
+    lengths = [len(t) for t in logprobs["tokens"]]
+    assert logprobs["text_offset"] == [sum(lengths[:i]) for i in range(len(lengths))]
+    assert logprobs["text_offset"][-1] == len("The capital of France is")
     assert body["usage"]["prompt_tokens"] == len(prompt)
     streamed = events(post(client, "/v1/completions", completion(echo=True, logprobs=2,
                                                                  stream=True)))
     assert "".join(c["choices"][0]["text"] for c in streamed) == choice["text"]
     assert [t for c in streamed for t in c["choices"][0]["logprobs"]["tokens"]] == logprobs["tokens"]
+    assert [o for c in streamed
+            for o in c["choices"][0]["logprobs"]["text_offset"]] == logprobs["text_offset"]
     asked = len(plans)
     for stream in (False, True):  # the prompt alone: the model is not asked
         response = post(client, "/v1/completions", completion(echo=True, max_tokens=0,

@@ -4,6 +4,7 @@ vLLM's ``prompt_logprobs``), usage. The requests' side: ``translate``."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 from ..client import Chunk
@@ -44,6 +45,20 @@ def _token_namer(plan: Plan, codec):
 
 
 def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
+    """``_token_logprobs``, with completions' text_offset: each token's
+    offset in the choice's text, as the lengths of the token strings before
+    it add up (vLLM's ``_create_completion_logprobs``; a stream's go on from
+    its last response's, ``plan.text_offset``)."""
+    logprobs = _token_logprobs(plan, chunks, codec)
+    if logprobs is None or plan.chat:
+        return logprobs
+    lengths = [len(token) for token in logprobs["tokens"]]
+    offsets = list(itertools.accumulate(lengths[:-1], initial=plan.text_offset))
+    plan.text_offset += sum(lengths)
+    return {**logprobs, "text_offset": offsets if lengths else []}
+
+
+def _token_logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     """OpenAI's logprobs object of these chunks' tokens (None unless asked):
     chat, per token its top_logprobs (the n most likely, most likely
     first); completions, per token a dict of the n most likely tokens'
@@ -66,10 +81,10 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
             name, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
                                                           scored.prompt_logprobs,
                                                           _prompt_tops(scored))])
-        generated = _logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
+        generated = _token_logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
         first = name(scored.prompt_ids[0])
         return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
-                for key in ("tokens", "token_logprobs", "top_logprobs")} | {"text_offset": None}
+                for key in ("tokens", "token_logprobs", "top_logprobs")}
     steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
              for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
     tokens = [name(t) for t, _, _ in steps]
@@ -81,7 +96,7 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
         return {"content": [{**entry(text, t, p), "top_logprobs": [
             entry(name(i), i, q) for i, q in top]}
             for text, (t, p, top) in zip(tokens, steps)]}
-    return {**_completion_logprobs(name, steps, tokens), "text_offset": None}
+    return _completion_logprobs(name, steps, tokens)
 
 
 def _completion_logprobs(name, steps: list, tokens: list[str] | None = None) -> dict:

@@ -82,7 +82,8 @@ class StreamOptions(Strict):
 class Sampling(Request):
     """The fields both endpoints share."""
 
-    model: str
+    #: None: the served model (vLLM's field is optional too)
+    model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1

@@ -15,14 +15,7 @@ from ..schema import INPUT_IDS
 from .protocol import (DetokenizeRequest, RequestError, TokenizeChatRequest,
                        TokenizeCompletionRequest, parse)
 from .chat import chat_prompt_ids
-from .translate import Served, checked_integer
-
-
-def _check_model(model: str | None, served: Served) -> None:
-    """vLLM's model field is optional here; one named must be the served one."""
-    if model is not None and model != served.model_id:
-        raise RequestError(f"the model {model!r} does not exist; this server serves "
-                           f"{served.model_id!r}", "model", status=404, code="model_not_found")
+from .translate import Served, check_model, checked_integer
 
 
 def tokenize_kind(body: bytes) -> type:
@@ -44,7 +37,7 @@ def tokenize(body: bytes, served: Served) -> dict:
     id's token string (the tokenizer's piece, ``convert_ids_to_tokens``, as
     vLLM gives it), else null."""
     request = parse(tokenize_kind(body), body)
-    _check_model(request.model, served)
+    check_model(request.model, served)
     if isinstance(request, TokenizeChatRequest):
         ids = chat_prompt_ids(request, served.codec)
     else:
@@ -61,7 +54,7 @@ def detokenize(body: bytes, served: Served) -> dict:
     decodes with the tokenizer's default, which keeps them). Each id must
     lie in [0, V) (a 400 naming ``tokens`` and its place)."""
     request = parse(DetokenizeRequest, body)
-    _check_model(request.model, served)
+    check_model(request.model, served)
     ids = [checked_integer(f"tokens[{place}]", token, INPUT_IDS.name, 0, served.vocab_size - 1,
                     "tokens") for place, token in enumerate(request.tokens)]
     return {"prompt": served.codec.decode(ids, special=True)}

@@ -96,6 +96,8 @@ class Plan:
     sent: int = 0
     #: a stream's prompt_token_ids and prompt_text went out (where asked)
     prompt_ids_sent: bool = False
+    #: completions' logprobs: the text_offset of the next token reported
+    text_offset: int = 0
     #: chat's return_prompt_text: the chat template's text; None: not asked
     prompt_text: str | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -269,10 +271,16 @@ def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: 
     return given
 
 
-def _common(request: Sampling, served: Served) -> None:
-    if request.model != served.model_id:
-        raise RequestError(f"the model {request.model!r} does not exist; this server serves "
+def check_model(model: str | None, served: Served) -> None:
+    """vLLM's model field is optional (None: the served model); one named
+    must be the served one."""
+    if model is not None and model != served.model_id:
+        raise RequestError(f"the model {model!r} does not exist; this server serves "
                            f"{served.model_id!r}", "model", status=404, code="model_not_found")
+
+
+def _common(request: Sampling, served: Served) -> None:
+    check_model(request.model, served)
     if request.n is not None and not 1 <= request.n <= MAX_GENERATIONS:
         raise RequestError(f"n must be an integer in [1, {MAX_GENERATIONS}], got {request.n}",
                            "n")
