@@ -335,9 +335,10 @@ def test_a_non_streamed_answer_is_openais_object(client):
 
 
 def test_logprob_bytes_are_each_tokens_own_and_join_into_the_text(codec):
-    """A character split over tokens: each token's text is a replacement
-    character, its bytes are its part of the character (OpenAI's purpose
-    for them), and the bytes joined are the text's UTF-8."""
+    """A character split over tokens: as vLLM names them (``token_text``),
+    the pieces before the last are "" and the last is the character; each
+    token's bytes are its part of the character (OpenAI's purpose for them),
+    and the bytes joined are the text's UTF-8."""
     ids = codec.tokenizer("\U0001f642 \u00e9", add_special_tokens=False)["input_ids"]
     assert len(ids) == 3  # the smiley is split over the first two
 
@@ -351,10 +352,42 @@ def test_logprob_bytes_are_each_tokens_own_and_join_into_the_text(codec):
     client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
     content = post(client, "/v1/chat/completions", chat(logprobs=True)).json()["choices"][0][
         "logprobs"]["content"]
-    assert [c["token"] for c in content[:2]] == ["\ufffd", "\ufffd\ufffd"]
+    assert [c["token"] for c in content[:2]] == ["", "\U0001f642"]
     assert bytes(content[0]["bytes"]) + bytes(content[1]["bytes"]) == "\U0001f642".encode()
     assert b"".join(bytes(c["bytes"]) for c in content).decode() == "\U0001f642 \u00e9"
     assert content[3]["token"] == "" and content[3]["bytes"] == []  # the end token: skipped
+
+
+def test_a_character_split_over_tokens_and_responses_is_named_as_vllm_names_it(codec):
+    """Completions' logprobs tokens of a character split over tokens, the
+    stream's responses splitting it too: "" for each piece but the last,
+    which is the character (vLLM's ``_correct_decoded_token``, its context
+    the tokens sampled before it, whatever response they came in); so the
+    tokens join into the text and text_offset counts characters."""
+    text = "日本語 🍕!"
+    ids = codec.encode(text)
+    assert any(codec.decode([t]).endswith("\ufffd") for t in ids)
+
+    def generate(plan):
+        async def chunks():
+            n = len(plan.prompt_ids)
+            for step, token in enumerate(ids, 1):  # one token a response
+                yield Chunk(codec.decode(ids[:step]), [token], [-0.1], -0.1 * step, n, step,
+                            "stop" if step == len(ids) else "")
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    whole = post(client, "/v1/completions", completion(logprobs=0)).json()["choices"][0]["logprobs"]
+    assert "".join(whole["tokens"]) == text and "" in whole["tokens"]
+    assert whole["text_offset"][-1] == len(text) - len(whole["tokens"][-1])
+    streamed = [c["choices"][0]["logprobs"] for c in events(post(
+        client, "/v1/completions", completion(logprobs=0, stream=True)))]
+    assert [t for c in streamed for t in c["tokens"]] == whole["tokens"]
+    assert [o for c in streamed for o in c["text_offset"]] == whole["text_offset"]
+    chat_tokens = [c["logprobs"]["content"][0]["token"] for c in (
+        e["choices"][0] for e in events(post(client, "/v1/chat/completions",
+                                             chat(logprobs=True, stream=True))))]
+    assert chat_tokens == whole["tokens"]
 
 
 def test_top_logprobs_reach_the_llm_and_come_back_as_openai_and_vllm_write_them(codec):
@@ -500,14 +533,14 @@ def test_prompt_logprobs_are_answered_as_vllm_gives_them(codec):
     assert all(list(place) == [str(token), str(comma)] and place[str(token)]["logprob"] == -1.0
                for place, token in zip(places[2:], prompt[2:]))
 
-    # decoded alone, special tokens as their text; pieces of a character ("🙂" as
-    # two tokens) as ""
+    # special tokens as their text; pieces of a character ("🙂" as two tokens)
+    # as "" but the last, the character (vLLM's _verify_tokens)
     start, smile = codec.tokenizer.convert_tokens_to_ids("<|im_start|>"), codec.encode("🙂")
     assert len(smile) == 2 and codec.decode(smile[:1]).endswith("\ufffd")
     ids = codec.encode("字") + [start] + smile
     body = post(client, "/v1/completions", {**completion(prompt_logprobs=0), "prompt": ids}).json()
     assert [place[str(token)]["decoded_token"] for place, token in
-            zip(body["choices"][0]["prompt_logprobs"][1:], ids[1:])] == ["<|im_start|>", "", ""]
+            zip(body["choices"][0]["prompt_logprobs"][1:], ids[1:])] == ["<|im_start|>", "", "🙂"]
 
     body = post(client, "/v1/completions", completion(prompt_logprobs=2, echo=True, logprobs=1,
                                                       max_tokens=1)).json()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 
 from ..client import Chunk
 from .tools import HERMES_OPEN, held_back, new_call
@@ -33,15 +34,45 @@ def _json_logprob(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+#: the sampled tokens before a position that can complete a character
+#: split over tokens (UTF-8 takes four bytes at most)
+PIECE_CONTEXT = 4
+
+
 def _token_namer(plan: Plan, codec):
-    """How the logprobs name a token id: by its text, or with vLLM's
-    return_tokens_as_token_ids as "token_id:N" (vllm/entrypoints/utils.py,
-    ``format_token_id_placeholder``), which tells apart tokens whose texts
-    are alike (a piece of a character, a special token's "")."""
+    """How the logprobs name a token id at a position, ``name(token,
+    context)``: by its text (``token_text``; context: the ids sampled
+    before the position), or with vLLM's return_tokens_as_token_ids as
+    "token_id:N" (vllm/entrypoints/utils.py, ``format_token_id_placeholder``),
+    which tells apart tokens whose texts are alike (a piece of a character,
+    a special token's "")."""
     if plan.tokens_as_ids:
-        return lambda token: f"token_id:{token}"
+        return lambda token, context: f"token_id:{token}"
     special = plan.special
-    return lambda token: codec.decode([token], special)
+    return lambda token, context: token_text(codec, token, context, special)
+
+
+def token_text(codec, token: int, context: list[int], special: bool) -> str:
+    """A token's text as vLLM's logprobs give it (vllm/v1/engine/logprobs.py,
+    ``_verify_tokens`` and ``_correct_decoded_token``): its text alone,
+    unless that ends in a replacement character (a piece of a character
+    split over tokens); then the characters it completes after up to
+    PIECE_CONTEXT ids of `context`, those pieces' text included (they were
+    ""), or "" where no context completes it (the character goes on)."""
+    text = codec.decode([token], special)
+    if not text.endswith("\ufffd"):
+        return text
+    for count in range(1, min(len(context), PIECE_CONTEXT) + 1):
+        before = context[-count:]
+        joined = codec.decode([*before, token], special)
+        if joined.endswith("\ufffd"):
+            continue
+        clean = len(before)  # the context tokens that are no pieces: their text is their own
+        while clean and codec.decode([before[clean - 1]], special).endswith("\ufffd"):
+            clean -= 1
+        prefix = codec.decode(before[:clean], special) if clean else ""
+        return joined[len(os.path.commonprefix([prefix, joined])):]
+    return ""
 
 
 def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
@@ -50,6 +81,7 @@ def _logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     it add up (vLLM's ``_create_completion_logprobs``; a stream's go on from
     its last response's, ``plan.text_offset``)."""
     logprobs = _token_logprobs(plan, chunks, codec)
+    plan.recent_ids = [*plan.recent_ids, *(t for c in chunks for t in c.token_ids)][-PIECE_CONTEXT:]
     if logprobs is None or plan.chat:
         return logprobs
     lengths = [len(token) for token in logprobs["tokens"]]
@@ -77,36 +109,47 @@ def _token_logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     scored = _scored(chunks) if plan.echo is not None and not plan.chat else None
     if scored is not None:
         n = plan.params.get(NUM_TOP, 0)  # prompt_logprobs may have asked for more
-        prompt = _completion_logprobs(
-            name, [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
-                                                          scored.prompt_logprobs,
-                                                          _prompt_tops(scored))])
+        steps = [(t, p, top[:n]) for t, p, top in zip(scored.prompt_ids[1:],
+                                                      scored.prompt_logprobs, _prompt_tops(scored))]
+        # vLLM's context of a prompt token: those scored before it
+        prompt = _completion_logprobs(name, steps, _contexts([], [t for t, _, _ in steps]))
         generated = _token_logprobs(dataclasses.replace(plan, echo=None), chunks, codec)
-        first = name(scored.prompt_ids[0])
+        first = scored.prompt_ids[0]  # decoded alone, as vLLM decodes it
+        first = f"token_id:{first}" if plan.tokens_as_ids else codec.decode([first], special)
         return {key: [first if key == "tokens" else None, *prompt[key], *generated[key]]
                 for key in ("tokens", "token_logprobs", "top_logprobs")}
     steps = [(t, p, c.top_logprobs[i] if i < len(c.top_logprobs) else [])
              for c in chunks for i, (t, p) in enumerate(zip(c.token_ids, c.logprobs))]
-    tokens = [name(t) for t, _, _ in steps]
+    contexts = _contexts(plan.recent_ids, [t for t, _, _ in steps])
     if plan.chat:
         def entry(text: str, token: int, logprob: float) -> dict:
             return {"token": text, "logprob": _json_logprob(logprob),
                     "bytes": list(codec.token_bytes(token, special))}
 
-        return {"content": [{**entry(text, t, p), "top_logprobs": [
-            entry(name(i), i, q) for i, q in top]}
-            for text, (t, p, top) in zip(tokens, steps)]}
-    return _completion_logprobs(name, steps, tokens)
+        return {"content": [{**entry(name(t, context), t, p), "top_logprobs": [
+            entry(name(i, context), i, q) for i, q in top]}
+            for context, (t, p, top) in zip(contexts, steps)]}
+    return _completion_logprobs(name, steps, contexts)
 
 
-def _completion_logprobs(name, steps: list, tokens: list[str] | None = None) -> dict:
+def _contexts(before: list[int], tokens: list[int]) -> list[list[int]]:
+    """Each of `tokens`' context (``token_text``): the PIECE_CONTEXT ids
+    sampled before it, `before` leading."""
+    out, context = [], list(before)
+    for token in tokens:
+        out.append(context[-PIECE_CONTEXT:])
+        context.append(token)
+    return out
+
+
+def _completion_logprobs(name, steps: list, contexts: list[list[int]]) -> dict:
     """Completions' tokens, token_logprobs and top_logprobs of `steps`
-    (token, logprob, top pairs), each top a dict of the n most likely
-    tokens' names (`name`: ``_token_namer``) and the token's own."""
-    tokens = [name(t) for t, _, _ in steps] if tokens is None else tokens
+    (token, logprob, top pairs) at their `contexts`, each top a dict of the
+    n most likely tokens' names (`name`: ``_token_namer``) and the token's own."""
+    tokens = [name(t, context) for context, (t, _, _) in zip(contexts, steps)]
     top_dicts = []
-    for text, (_, p, top) in zip(tokens, steps):
-        alternatives = {name(i): _json_logprob(q) for i, q in top}
+    for text, context, (_, p, top) in zip(tokens, contexts, steps):
+        alternatives = {name(i, context): _json_logprob(q) for i, q in top}
         alternatives.setdefault(text, _json_logprob(p))
         top_dicts.append(alternatives)
     return {"tokens": tokens, "token_logprobs": [_json_logprob(p) for _, p, _ in steps],
@@ -129,26 +172,25 @@ def _vllm_prompt_logprobs(plan: Plan, chunks: list[Chunk], codec) -> list[dict |
     at least as likely), then the n most likely (ranks 1 to n; where the
     token is among them, its entry is that one, as in vLLM's dict). -inf is
     written -9999.0, as vLLM's ``clamp_prompt_logprobs`` does. A token is
-    decoded alone, special tokens as their text (vLLM's
-    ``convert_ids_list_to_tokens``); one holding part of a character, whose
-    text would end in U+FFFD, is "" (vLLM's ``_verify_tokens`` may join it
-    to the entry before it instead)."""
+    decoded as ``token_text`` gives it after the prompt's tokens before it,
+    special tokens as their text (vLLM's ``convert_ids_list_to_tokens``)."""
     scored = _scored(chunks)
     # the llm model scores every prompt it is asked to, and ranks each token
     if scored is None or len(scored.prompt_ranks) != len(scored.prompt_logprobs):
         raise RuntimeError("the llm model's answer carries no prompt scores with ranks")
 
-    def entry(token: int, logprob: float, rank: int) -> dict:
-        text = codec.decode([token], special=True)
+    def entry(token: int, logprob: float, rank: int, context: list[int]) -> dict:
         return {"logprob": _json_logprob(logprob), "rank": rank,
-                "decoded_token": "" if text.endswith("\ufffd") else text}
+                "decoded_token": token_text(codec, token, context, True)}
 
     places = [None]
-    for token, logprob, rank, top in zip(scored.prompt_ids[1:], scored.prompt_logprobs,
-                                         scored.prompt_ranks, _prompt_tops(scored)):
-        place = {str(token): entry(token, logprob, rank)}
+    tokens = scored.prompt_ids[1:]
+    for context, token, logprob, rank, top in zip(_contexts([], tokens), tokens,
+                                                  scored.prompt_logprobs, scored.prompt_ranks,
+                                                  _prompt_tops(scored)):
+        place = {str(token): entry(token, logprob, rank, context)}
         for order, (other, other_logprob) in enumerate(top[:plan.prompt_logprobs], 1):
-            place[str(other)] = entry(other, other_logprob, order)
+            place[str(other)] = entry(other, other_logprob, order, context)
         places.append(place)
     return places
 

@@ -96,8 +96,10 @@ class Plan:
     sent: int = 0
     #: a stream's prompt_token_ids and prompt_text went out (where asked)
     prompt_ids_sent: bool = False
-    #: completions' logprobs: the text_offset of the next token reported
+    #: completions' logprobs: the text_offset of the next token reported;
+    #: the last ids sampled (answers.token_text's context)
     text_offset: int = 0
+    recent_ids: list = field(default_factory=list)
     #: chat's return_prompt_text: the chat template's text; None: not asked
     prompt_text: str | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
