@@ -809,6 +809,23 @@ def test_ping_is_health_and_says_when_the_model_is_not_ready(codec, recorder):
             client.post("/ping").status_code] == [503] * 3
 
 
+def test_metrics_are_tritons_at_the_doors_metrics_where_vllm_serves_its_own(codec, recorder):
+    """/metrics on the API's port: Triton's Prometheus text as it comes
+    (a 503 when its endpoint does not answer); no route without one."""
+    texts = ["# TYPE nv_inference_count counter\nnv_inference_count 3\n", None]
+
+    async def metrics():
+        return texts.pop(0)
+
+    served = Served(MODEL, codec, CONTEXT, len(codec.tokenizer))
+    client = TestClient(build_app(served, recorder.generate, metrics=metrics))
+    answer = client.get("/metrics")
+    assert answer.status_code == 200 and answer.text.endswith("nv_inference_count 3\n")
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert client.get("/metrics").status_code == 503
+    assert TestClient(build_app(served, recorder.generate)).get("/metrics").status_code == 404
+
+
 @pytest.mark.parametrize("message, status", [
     (f"{SHUTTING_DOWN}: the request did not finish within the 2 s grace period", "UNAVAILABLE"),
     ("RuntimeError: the sampler failed", "INTERNAL")])

@@ -35,7 +35,8 @@ STORY = [{"role": "user", "content": "Tell me a very long story about a dragon."
 
 @pytest.fixture(scope="module")
 def frontend(llm_server):
-    with FrontendServer(llm_server.grpc_url, "127.0.0.1", free_port()) as running:
+    with FrontendServer(llm_server.grpc_url, "127.0.0.1", free_port(),
+                        metrics_url=llm_server.metrics_url) as running:
         yield running
 
 
@@ -73,6 +74,12 @@ def assert_finished(finish_reason: str, completion_tokens: int, max_tokens: int)
 
 def test_models_lists_the_served_model(client, frontend):
     assert [m.id for m in client.models.list().data] == [frontend.served.model_id]
+
+
+def test_the_doors_metrics_are_tritons(client, frontend):
+    """/metrics on the API's port, as vLLM's: Triton's own and the models'."""
+    text = httpx.get(f"{frontend.url}/metrics", timeout=30).text
+    assert "nv_inference_request_success" in text and "simple_sampler_" in text
 
 
 def test_chat_and_completion_answer_streamed_and_not(client, frontend):

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 Generate = Callable[[Plan], AsyncIterator[Chunk]]
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.1
+#: Prometheus' text exposition format, as Triton's metrics endpoint gives it
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 #: gRPC status of a Triton error -> (HTTP status, OpenAI error type)
 STATUSES = {"INVALID_ARGUMENT": (400, "invalid_request_error"),
             "UNAVAILABLE": (503, "service_unavailable"),
@@ -278,9 +280,12 @@ async def _stream(request: Request, plans: list[Plan], streams: list[AsyncIterat
 
 
 def build_app(served: Served, generate: Generate,
-              ready: Callable[[], Awaitable[bool]] | None = None) -> FastAPI:
+              ready: Callable[[], Awaitable[bool]] | None = None,
+              metrics: Callable[[], Awaitable[str | None]] | None = None) -> FastAPI:
     """The front door (module docstring). ``ready()``: whether the model
-    behind it serves (``/health``)."""
+    behind it serves (``/health``). ``metrics()``: Triton's Prometheus
+    metrics text (None: they did not come), served at ``/metrics`` where
+    vLLM serves its own, on the API's port (None: no such route)."""
     app = FastAPI(title="SIMPLE for Triton: OpenAI-compatible API", docs_url=None,
                   redoc_url=None, openapi_url=None)
 
@@ -316,6 +321,15 @@ def build_app(served: Served, generate: Generate,
         if ready is not None and not await ready():
             return _error(503, "the model is not ready", "service_unavailable")
         return Response(status_code=200)
+
+    if metrics is not None:
+        @app.get("/metrics")
+        async def prometheus():
+            text = await metrics()
+            if text is None:
+                return _error(503, "Triton's metrics endpoint did not answer",
+                              "service_unavailable")
+            return Response(text, media_type=PROMETHEUS_TEXT)
 
     @app.get("/version")  # vLLM's: the server's version (here this package's)
     async def version():

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 
 #: a GGUF file name's quantization tag before ``.gguf`` (``.Q4_1``, ``.IQ2_XS``, ``.f16``)
+#: how long the door's /metrics waits for Triton's metrics endpoint
+METRICS_TIMEOUT_S = 5.0
 GGUF_QUANTIZATION = re.compile(r"\.(I?Q\d\w*|T?Q\d\w*|B?FP?(16|32))$", re.IGNORECASE)
 
 
@@ -84,8 +86,8 @@ class TritonBackend:
     event loop, which grpc.aio binds it to). `streams`: the llm model is
     decoupled, and streams every generation; else each is answered once."""
 
-    def __init__(self, grpc_url: str, streams: bool = True):
-        self.grpc_url, self.streams = grpc_url, streams
+    def __init__(self, grpc_url: str, streams: bool = True, metrics_url: str | None = None):
+        self.grpc_url, self.streams, self.metrics_url = grpc_url, streams, metrics_url
         self.client: AsyncGenerateClient | None = None
 
     def _connection(self) -> AsyncGenerateClient:
@@ -125,6 +127,21 @@ class TritonBackend:
         finally:
             await client.close()
 
+    async def metrics(self) -> str | None:
+        """Triton's Prometheus metrics (its own and the models', ``nv_*`` and
+        ``simple_sampler_*``), as its metrics endpoint gives them; None when
+        it does not answer."""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=METRICS_TIMEOUT_S) as client:
+                answer = await client.get(self.metrics_url)
+                answer.raise_for_status()
+                return answer.text
+        except httpx.HTTPError as error:
+            log.warning("Triton's metrics (%s) did not answer: %s", self.metrics_url, error)
+            return None
+
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
@@ -144,18 +161,23 @@ class FrontendServer:
     def __init__(self, grpc_url: str, host: str, port: int, grace_s: float = 5.0,
                  tool_call_parser: str = FrontendSettings.tool_call_parser,
                  served: Served | None = None,
-                 generation_config: str = FrontendSettings.generation_config):
+                 generation_config: str = FrontendSettings.generation_config,
+                 metrics_url: str | None = None):
         self.grpc_url, self.host, self.port, self.served = grpc_url, host, port, served
+        self.metrics_url = metrics_url
         self.grace_s, self.tool_call_parser = grace_s, tool_call_parser
         self.generation_config = generation_config
         self.thread: threading.Thread | None = None
         self.server = None
 
     @classmethod
-    def of(cls, frontend: FrontendSettings, grpc_url: str, grace_s: float) -> "FrontendServer":
-        """The door ``serve``'s settings describe, on Triton's gRPC endpoint."""
+    def of(cls, frontend: FrontendSettings, grpc_url: str, grace_s: float,
+           metrics_url: str | None = None) -> "FrontendServer":
+        """The door ``serve``'s settings describe, on Triton's gRPC endpoint
+        (and its metrics endpoint, served again at the door's /metrics)."""
         return cls(grpc_url, frontend.openai_host, frontend.openai_port, grace_s,
-                   frontend.tool_call_parser, generation_config=frontend.generation_config)
+                   frontend.tool_call_parser, generation_config=frontend.generation_config,
+                   metrics_url=metrics_url)
 
     @property
     def url(self) -> str:
@@ -185,8 +207,9 @@ class FrontendServer:
         from .app import build_app
 
         self.prepare()
-        backend = TritonBackend(self.grpc_url, streams=self.served.streams)
-        app = build_app(self.served, backend.generate, backend.ready)
+        backend = TritonBackend(self.grpc_url, self.served.streams, self.metrics_url)
+        app = build_app(self.served, backend.generate, backend.ready,
+                        backend.metrics if self.metrics_url else None)
         app.router.add_event_handler("shutdown", backend.close)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
                                 timeout_graceful_shutdown=self.grace_s, lifespan="on")

@@ -293,7 +293,8 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                 # lazy: fastapi and uvicorn (and the tokenizer) only with the API on
                 from ..frontend.backend import FrontendServer
 
-                openai = FrontendServer.of(frontend, server.grpc_url, shutdown_grace_s + 5)
+                openai = FrontendServer.of(frontend, server.grpc_url, shutdown_grace_s + 5,
+                                           server.metrics_url)
                 if assembled:  # the llm's settings are ours: prepare while Triton loads
                     preparation = Preparation(openai, llm)
                     preparation.start()
