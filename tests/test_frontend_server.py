@@ -107,6 +107,26 @@ def test_chat_and_completion_answer_streamed_and_not(client, frontend):
     assert pieces[-1].choices[0].finish_reason == completion.choices[0].finish_reason
 
 
+def test_a_response_is_the_chat_answer_streamed_or_not(client, frontend):
+    """/v1/responses through Triton, by the openai client's own methods: a
+    seeded Response's text is the chat answer's to the same turns."""
+    model = frontend.served.model_id
+    sampled = dict(model=model, temperature=1.0, top_p=0.95, extra_body={"seed": 11})
+    chat = client.chat.completions.create(
+        messages=[{"role": "system", "content": "Answer in one sentence."}, *QUESTION],
+        max_tokens=24, **sampled).choices[0].message.content
+    answer = client.responses.create(instructions="Answer in one sentence.",
+                                     input=QUESTION[0]["content"], max_output_tokens=24, **sampled)
+    assert answer.output_text == chat and answer.status in ("completed", "incomplete")
+    with client.responses.create(instructions="Answer in one sentence.", stream=True,
+                                 input=QUESTION[0]["content"], max_output_tokens=24,
+                                 **sampled) as stream:
+        events = list(stream)
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == chat
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.usage.output_tokens == answer.usage.output_tokens
+
+
 def test_a_seed_gives_the_same_text_streamed_or_not(client, frontend):
     model = frontend.served.model_id
     sampled = dict(model=model, messages=STORY, temperature=1.0, top_p=0.95, max_tokens=20)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -33,7 +34,7 @@ from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from . import answers, tokens, translate
+from . import answers, responses, tokens, translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
 from .translate import Plan, Served
 
@@ -169,6 +170,55 @@ async def _events(plans: list[Plan], first: tuple[int, Chunk],
     yield answers.sse("[DONE]")
 
 
+async def _respond(request: Request, served: Served, generate: Generate) -> Response:
+    """A /v1/responses request (``responses``): planned as chat is, its
+    generation answered as a Response object or streamed as its events."""
+    body = await request.body()
+    asked, plan = await asyncio.to_thread(responses.plan_response, body, served)
+    if (request_id := request.headers.get("x-request-id")) is not None:
+        plan.id = request_id
+    chunks = generate(plan)
+    if plan.stream:
+        return await _stream(request, [plan], [chunks], served, lambda *stream: _response_events(
+            responses.ResponseEvents(asked, plan, served), *stream[1:4]))
+    try:
+        answer = await _unless_gone(request, _collect(chunks))
+    finally:
+        await _close(chunks)
+    if answer is None:  # nobody to answer
+        return Response(status_code=499)
+    return JSONResponse(responses.response(asked, plan, answer, served))
+
+
+async def _response_events(writer: responses.ResponseEvents, first: tuple[int, Chunk],
+                           merged: AsyncIterator[tuple[int, Chunk]],
+                           streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[bytes]:
+    """A streamed Response's events (``responses.ResponseEvents``), ended
+    by an error event where the generation fails."""
+    try:
+        for event in writer.opening():
+            yield responses.sse(event)
+        chunk = first[1]
+        while True:
+            for event in writer.delta(chunk):
+                yield responses.sse(event)
+            if chunk.finish_reason:
+                break
+            _, chunk = await merged.__anext__()
+    except GenerationError as error:
+        yield responses.sse(writer.error(json.loads(generation_error(error).body)))
+    except (EndedEarly, StopAsyncIteration):
+        yield responses.sse(writer.error(error_body("the server ended the stream early",
+                                                      "internal_server_error")))
+    except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
+        log.exception("stream failed")
+        yield responses.sse(writer.error(error_body(f"{type(error).__name__}: {error}",
+                                                      "internal_server_error")))
+    finally:
+        await merged.aclose()
+        await _close_all(streams)
+
+
 class ClosingStreamingResponse(StreamingResponse):
     """A stream whose events' generator is closed however the response
     ends: Starlette leaves it suspended where the client goes away while an
@@ -260,9 +310,11 @@ async def _answer(request: Request, model, plan_for, served: Served,
 
 
 async def _stream(request: Request, plans: list[Plan], streams: list[AsyncIterator[Chunk]],
-                  served: Served) -> Response:
+                  served: Served, events=None) -> Response:
     """A streamed answer, begun once any generation has answered: each
-    other's refusal then comes as an error event, as in vLLM's streams."""
+    other's refusal then comes as an error event, as in vLLM's streams.
+    events(plans, first, merged, streams, served): the answer's events
+    (``_events``, chat's and completions')."""
     merged = _merged(streams)
     try:
         first = await _unless_gone(request, _first_of(merged))
@@ -274,7 +326,7 @@ async def _stream(request: Request, plans: list[Plan], streams: list[AsyncIterat
         await merged.aclose()
         await _close_all(streams)
         return Response(status_code=499)
-    return ClosingStreamingResponse(_events(plans, first, merged, streams, served),
+    return ClosingStreamingResponse((events or _events)(plans, first, merged, streams, served),
                                     media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache"})
 
@@ -288,7 +340,53 @@ def build_app(served: Served, generate: Generate,
     vLLM serves its own, on the API's port (None: no such route)."""
     app = FastAPI(title="SIMPLE for Triton: OpenAI-compatible API", docs_url=None,
                   redoc_url=None, openapi_url=None)
+    _answer_errors(app)
+    _serve_probes(app, ready, metrics)
 
+    @app.get("/v1/models")
+    async def models():
+        return answers.models_list(served)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != served.model_id:
+            return _error(404, f"the model {model_id!r} does not exist; this server serves "
+                               f"{served.model_id!r}", "not_found_error", "model",
+                          "model_not_found")
+        return answers.models_list(served)["data"][0]
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _serve(request, CompletionRequest, translate.plan_completion, served,
+                            generate)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(request, ChatCompletionRequest, translate.plan_chat, served,
+                            generate)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        try:
+            return await _respond(request, served, generate)
+        except (InvalidRequest, GenerationError):
+            raise
+        except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
+            return _internal(error)
+
+    @app.post("/tokenize")  # vLLM's paths: no /v1
+    async def tokenize(request: Request):
+        return await _tokens(request, tokens.tokenize, served)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await _tokens(request, tokens.detokenize, served)
+
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error as OpenAI's error object (module docstring)."""
     @app.exception_handler(InvalidRequest)  # the client's mistake, RequestError or not
     async def request_error(_request, error: InvalidRequest):
         if isinstance(error, RequestError):
@@ -314,6 +412,10 @@ def build_app(served: Served, generate: Generate,
     async def internal(_request, error: Exception):
         return _internal(error)
 
+
+def _serve_probes(app: FastAPI, ready, metrics) -> None:
+    """The routes that ask nothing of the model: health, version, metrics
+    (``build_app``'s arguments)."""
     @app.get("/health")
     @app.get("/ping")  # vLLM's (SageMaker's probe), GET or POST
     @app.post("/ping")
@@ -334,38 +436,6 @@ def build_app(served: Served, generate: Generate,
     @app.get("/version")  # vLLM's: the server's version (here this package's)
     async def version():
         return {"version": importlib.metadata.version("simple-sampler")}
-
-    @app.get("/v1/models")
-    async def models():
-        return answers.models_list(served)
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        if model_id != served.model_id:
-            return _error(404, f"the model {model_id!r} does not exist; this server serves "
-                               f"{served.model_id!r}", "not_found_error", "model",
-                          "model_not_found")
-        return answers.models_list(served)["data"][0]
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _serve(request, CompletionRequest, translate.plan_completion, served,
-                            generate)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await _serve(request, ChatCompletionRequest, translate.plan_chat, served,
-                            generate)
-
-    @app.post("/tokenize")  # vLLM's paths: no /v1
-    async def tokenize(request: Request):
-        return await _tokens(request, tokens.tokenize, served)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return await _tokens(request, tokens.detokenize, served)
-
-    return app
 
 
 async def _tokens(request: Request, answer_of, served: Served) -> Response:

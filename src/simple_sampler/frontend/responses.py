@@ -1,0 +1,264 @@
+"""OpenAI's Responses API (``POST /v1/responses``), text in and text out, as
+vLLM 0.32 serves it without tools, reasoning or a store
+(vllm/entrypoints/openai/responses/: ``ResponsesRequest``,
+``OpenAIServingResponses``, ``SimpleStreamingEventProcessor``).
+
+A request becomes a chat request (``to_chat``: its instructions a system
+turn, each input message a turn, the sampling fields as chat's), planned as
+chat is (``translate.plan_chat``); its answer is a Response object
+(``response``) or, streamed, that object's events (``ResponseEvents``). What
+it cannot do (tools, reasoning, a stored response to continue, logprobs) is
+refused by name; ``store`` is accepted and nothing is stored (vLLM's default,
+``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer says (``store``
+false).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from ..client import Chunk
+from .protocol import ChatCompletionRequest, RequestError, Strict, parse
+from .translate import PARAM_INPUTS, Plan, Served, plan_chat
+
+#: (field, the value it must have here, why another is refused)
+_REFUSED = (
+    ("tools", [], "tools are not supported on /v1/responses by this server"),
+    ("previous_response_id", None, "this server stores no response to continue (store is "
+                                   "accepted and nothing is stored, as vLLM's default)"),
+    ("background", False, "background responses are not supported by this server"),
+    ("reasoning", None, "reasoning is not supported by this server"),
+    ("include", None, "include is not supported by this server"),
+    ("top_logprobs", 0, "logprobs are not supported on /v1/responses by this server"),
+    ("max_tool_calls", None, "tools are not supported on /v1/responses by this server"),
+    ("prompt", None, "prompt templates are not supported by this server"),
+)
+#: the sampling fields a Responses request shares with chat, by the same name
+_SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+             "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
+             "ignore_eos", "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
+             "user", "request_id", "stream")
+
+
+class InputText(Strict):
+    """A message's text part: the client's own (input_text) or an earlier
+    answer's (output_text, as the openai client dumps it)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list | None = None
+    logprobs: list | None = None
+
+
+class InputMessage(Strict):
+    """One turn of ``input`` (OpenAI's EasyInputMessage, or an earlier
+    answer's output message as the openai client dumps it)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class TextConfig(Strict):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(Strict):
+    """vLLM's ``ResponsesRequest``: the fields it takes for a text answer,
+    the same names and defaults; what this server cannot do, ``_REFUSED``."""
+
+    model: str | None = None
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = True
+    tool_choice: Literal["auto", "none"] | None = "auto"
+    tools: list[dict[str, Any]] = []
+    text: TextConfig | None = None
+    truncation: Literal["disabled"] | None = "disabled"
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
+    background: bool | None = False
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    top_logprobs: int | None = 0
+    max_tool_calls: int | None = None
+    prompt: dict[str, Any] | None = None
+    user: str | None = None
+    request_id: str | None = None
+    # vLLM's sampling extras
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = False
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool | None = True
+    include_stop_str_in_output: bool | None = False
+
+
+def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
+    """The request (RequestError if bad) and the one generation it asks for."""
+    request = parse(ResponsesRequest, body)
+    for name, allowed, why in _REFUSED:
+        if getattr(request, name) not in (None, allowed):
+            raise RequestError(why, name)
+    try:
+        plans = plan_chat(to_chat(request), served)
+    except RequestError as error:  # chat's limit is max_output_tokens here
+        if error.param not in ("max_tokens", "messages"):
+            raise
+        param = "max_output_tokens" if error.param == "max_tokens" else "input"
+        raise RequestError(str(error).replace("max_tokens", "max_output_tokens")
+                           .replace("messages", "input"), param, error.status, error.code,
+                           error.kind) from None
+    return request, plans[0]
+
+
+def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request a Responses request is: its instructions a system
+    turn first, then its input (a string: one user turn)."""
+    turns = ([{"role": "user", "content": request.input}] if isinstance(request.input, str)
+             else [{"role": item.role, "content": item.text} for item in request.input])
+    if request.instructions is not None:
+        turns.insert(0, {"role": "system", "content": request.instructions})
+    fields = {name: getattr(request, name) for name in _SAMPLING if getattr(request, name) is not None}
+    if request.max_output_tokens is not None:
+        fields["max_tokens"] = request.max_output_tokens
+    try:
+        return ChatCompletionRequest.model_validate({**fields, "messages": turns})
+    except ValidationError as error:  # what chat refuses among the shared fields
+        first = error.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise RequestError(f"{param}: {first['msg']}", param) from None
+
+
+def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served: Served,
+             status: str = "completed") -> dict:
+    """The Response object of a generation's responses (`chunks`, all of
+    them for ``completed``: an answer cut at max_output_tokens is
+    ``incomplete``, as vLLM's ``ResponsesResponse.from_request`` says it),
+    or, with none, its opening state (``in_progress``)."""
+    if chunks and chunks[-1].finish_reason == "length":
+        status = "incomplete"
+    output = [message(plan, "".join(c.text for c in chunks), status)] if chunks else []
+    final = chunks[-1] if chunks and chunks[-1].finish_reason else None
+    params = plan.params
+    return {
+        "id": response_id(plan), "object": "response", "created_at": plan.created,
+        "status": status, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": request.instructions, "max_output_tokens": params["max_tokens"],
+        "metadata": request.metadata or {}, "model": served.model_id, "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls, "previous_response_id": None,
+        "reasoning": None, "service_tier": request.service_tier, "store": False,
+        "temperature": params.get(PARAM_INPUTS["temperature"], 1.0),
+        "text": {"format": {"type": "text"}}, "tool_choice": request.tool_choice or "auto",
+        "tools": [], "top_logprobs": 0, "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
+        "truncation": "disabled", "user": request.user,
+        "usage": None if final is None else usage(final),
+    }
+
+
+def usage(final: Chunk) -> dict:
+    """The Responses API's usage of a generation (its final response)."""
+    prompt, generated = final.num_input_tokens, final.num_output_tokens
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + generated}
+
+
+def response_id(plan: Plan) -> str:
+    return f"resp_{plan.id}"
+
+
+def message(plan: Plan, text: str, status: str) -> dict:
+    """The answer's one output item: the assistant's message."""
+    return {"id": f"msg_{plan.id}", "type": "message", "status": status, "role": "assistant",
+            "content": [output_text(text)] if status != "in_progress" else []}
+
+
+def output_text(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class ResponseEvents:
+    """A streamed Response's events, in vLLM's order for a text answer
+    (``responses_stream_generator`` with ``SimpleStreamingEventProcessor``):
+    response.created and response.in_progress, the message's
+    output_item.added and content_part.added, an output_text.delta per
+    response with text, then output_text.done, content_part.done,
+    output_item.done and response.completed; each numbered
+    (``sequence_number``)."""
+
+    def __init__(self, request: ResponsesRequest, plan: Plan, served: Served):
+        self.request, self.plan, self.served = request, plan, served
+        self.chunks: list[Chunk] = []
+        self.sequence = 0
+
+    def _event(self, kind: str, **fields) -> dict:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def opening(self) -> list[dict]:
+        opened = response(self.request, self.plan, [], self.served, "in_progress")
+        place = {"item_id": f"msg_{self.plan.id}", "output_index": 0, "content_index": 0}
+        return [self._event("response.created", response=opened),
+                self._event("response.in_progress", response=opened),
+                self._event("response.output_item.added", output_index=0,
+                            item=message(self.plan, "", "in_progress")),
+                self._event("response.content_part.added", part=output_text(""), **place)]
+
+    def delta(self, chunk: Chunk) -> list[dict]:
+        """A response's text as a delta (none without text), and, after the
+        final one, the events that close the answer."""
+        self.chunks.append(chunk)
+        place = {"item_id": f"msg_{self.plan.id}", "output_index": 0, "content_index": 0}
+        events = [self._event("response.output_text.delta", delta=chunk.text, logprobs=[],
+                              **place)] if chunk.text else []
+        if not chunk.finish_reason:
+            return events
+        done = response(self.request, self.plan, self.chunks, self.served)
+        item = done["output"][0]
+        text = item["content"][0]["text"]
+        return [*events,
+                self._event("response.output_text.done", text=text, logprobs=[], **place),
+                self._event("response.content_part.done", part=item["content"][0], **place),
+                self._event("response.output_item.done", output_index=0, item=item),
+                self._event("response.completed", response=done)]
+
+    def error(self, body: dict) -> dict:
+        """OpenAI's stream error event of an error object's body."""
+        error = body["error"]
+        return self._event("error", code=error.get("code") or error["type"],
+                           message=error["message"], param=error.get("param"))
+
+
+def sse(event: dict) -> bytes:
+    """One server-sent event of the Responses API: its type named (vLLM's
+    ``_convert_stream_to_sse_events``); no ``[DONE]`` ends the stream."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()

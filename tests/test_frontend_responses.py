@@ -1,0 +1,150 @@
+"""OpenAI's Responses API at the front door (``frontend/responses.py``),
+without a server: the real ASGI app, the model's real tokenizer and chat
+template, the openai client's own ``responses`` methods and types, and a
+stand-in generation (test_frontend's Recorder)."""
+import json
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from simple_sampler.client import Chunk, GenerationError
+from simple_sampler.frontend.app import build_app
+from simple_sampler.frontend.translate import Served
+from simple_sampler.serving.text import TextCodec
+from test_frontend import CONTEXT, MODEL, Recorder, post
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec.from_source()
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+@pytest.fixture
+def app(codec, recorder):
+    return build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), recorder.generate)
+
+
+@pytest.fixture
+def sdk(app):
+    """The openai client, its HTTP through the app."""
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0,
+                         http_client=TestClient(app))
+
+
+def test_a_response_is_the_chat_answer_of_its_instructions_and_input(sdk, recorder, codec):
+    answer = sdk.responses.create(model=MODEL, instructions="Answer briefly.",
+                                  input="Capital of France?", max_output_tokens=40,
+                                  extra_body={"top_k": 5, "seed": 3})
+    assert answer.output_text == " Paris." and answer.status == "completed"
+    assert answer.object == "response" and answer.id.startswith("resp_")
+    assert answer.model == MODEL and answer.incomplete_details is None
+    assert answer.output[0].type == "message" and answer.output[0].role == "assistant"
+    plan, = recorder.plans
+    expected = codec.encode_chat([{"role": "system", "content": "Answer briefly."},
+                                  {"role": "user", "content": "Capital of France?"}])
+    assert plan.prompt_ids == expected and plan.chat
+    assert plan.params["max_tokens"] == 40 and plan.params["top_k"] == 5
+    assert plan.params["seed"] == 3
+    assert answer.max_output_tokens == 40 and answer.store is False
+    assert (answer.usage.input_tokens, answer.usage.output_tokens,
+            answer.usage.total_tokens) == (len(expected), 2, len(expected) + 2)
+
+
+def test_input_messages_are_the_turns_an_earlier_answers_output_among_them(sdk, recorder, codec):
+    """A conversation carried by the client: its earlier answer's output
+    message, as the openai client dumps it, is the assistant's turn."""
+    first = sdk.responses.create(model=MODEL, input="Capital of France?")
+    turns = [{"role": "user", "content": "Capital of France?"},
+             first.output[0].model_dump(exclude_none=True),
+             {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+             {"role": "user", "content": "And of Italy?"}]
+    sdk.responses.create(model=MODEL, input=turns)
+    assert recorder.plans[-1].prompt_ids == codec.encode_chat([
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": " Paris."},
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}])
+
+
+def test_an_answer_cut_at_max_output_tokens_is_incomplete(codec):
+    async_chunks = [Chunk(" Par", [3], [], 0.0, 9, 1, ""), Chunk("is", [4], [], 0.0, 9, 2, "length")]
+
+    def generate(plan):
+        async def chunks():
+            for chunk in async_chunks:
+                yield chunk
+        return chunks()
+
+    client = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate))
+    body = post(client, "/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 2}).json()
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["output"][0]["content"][0]["text"] == " Paris"
+
+
+def test_a_streamed_response_is_vllms_events_in_order(sdk, app):
+    with sdk.responses.create(model=MODEL, input="Capital of France?", stream=True) as stream:
+        events = list(stream)
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == " Paris."
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    done = events[-1].response
+    assert done.status == "completed" and done.output_text == " Paris." and done.usage.output_tokens == 2
+    assert events[-4].text == " Paris."
+    raw = TestClient(app).post("/v1/responses", json={"input": "x", "stream": True}).text
+    blocks = [b for b in raw.split("\n\n") if b]
+    assert all(b.startswith(f"event: {json.loads(b.split('data: ', 1)[1])['type']}\ndata: ")
+               for b in blocks)
+    assert "[DONE]" not in raw
+
+
+def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, recorder, codec):
+    client = TestClient(app)
+    recorder.error = GenerationError("the llm model refused it", "INVALID_ARGUMENT")
+    answer = post(client, "/v1/responses", {"input": "x"})
+    assert answer.status_code == 400 and "refused" in answer.json()["error"]["message"]
+
+    class Late(Recorder):  # fails after its first response: the stream has begun
+        def generate(self, plan):
+            async def chunks():
+                yield Chunk(" Paris", [3], [], 0.0, 4, 1, "")
+                raise GenerationError("the sampler failed", "INTERNAL")
+            return chunks()
+
+    late = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)),
+                                Late().generate))
+    text = post(late, "/v1/responses", {"input": "x", "stream": True}).text
+    last = json.loads(text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert last["type"] == "error" and "sampler failed" in last["message"]
+
+
+@pytest.mark.parametrize("fields, param, text", [
+    ({"tools": [{"type": "function", "name": "f"}]}, "tools", "tools are not supported"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no response"),
+    ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning is not supported"),
+    ({"background": True}, "background", "background"),
+    ({"top_logprobs": 2}, "top_logprobs", "logprobs are not supported"),
+    ({"text": {"format": {"type": "json_object"}}}, "text.format.type", "Input should be 'text'"),
+    ({"truncation": "auto"}, "truncation", "Input should be 'disabled'"),
+    ({"max_output_tokens": CONTEXT + 1}, "max_output_tokens", "max_output_tokens must be"),
+    ({"temperature": -1.0}, "temperature", "temperature"),
+    ({"model": "other"}, "model", "does not exist"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input", "input must be one of"),
+    ({"frobnicate": 1}, "frobnicate", "unknown field"),
+])
+def test_what_a_response_cannot_do_is_refused_by_name(app, recorder, fields, param, text):
+    answer = post(TestClient(app), "/v1/responses", {"input": "Capital of France?", **fields})
+    error = answer.json()["error"]
+    assert answer.status_code in (400, 404) and error["param"] == param, error
+    assert text in error["message"], error
+    assert not recorder.plans
