@@ -71,6 +71,23 @@ def test_input_messages_are_the_turns_an_earlier_answers_output_among_them(sdk, 
         {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}])
 
 
+@pytest.mark.parametrize("text_format, inputs", [
+    ({"type": "text"}, {}),
+    ({"type": "json_object"}, {"guided_decoding_guide_type": "json"}),
+    ({"type": "json_schema", "name": "answer", "strict": True, "schema": {"type": "object"}},
+     {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'}),
+])
+def test_text_format_is_chats_response_format(app, recorder, text_format, inputs):
+    """text.format holds the answer to JSON, or to a schema, as chat's
+    response_format does; the answer names it as it came."""
+    body = post(TestClient(app), "/v1/responses",
+                {"input": "x", "text": {"format": text_format}}).json()
+    params = recorder.plans[-1].params
+    assert {k: params[k] for k in inputs} == inputs and ("guided_decoding_guide_type" in params
+                                                         ) == bool(inputs)
+    assert body["text"] == {"format": text_format}
+
+
 def test_an_answer_cut_at_max_output_tokens_is_incomplete(codec):
     async_chunks = [Chunk(" Par", [3], [], 0.0, 9, 1, ""), Chunk("is", [4], [], 0.0, 9, 2, "length")]
 
@@ -134,7 +151,9 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
     ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning is not supported"),
     ({"background": True}, "background", "background"),
     ({"top_logprobs": 2}, "top_logprobs", "logprobs are not supported"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format.type", "Input should be 'text'"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "Input should be 'text'"),
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}},
+     "text.format", "text.format"),
     ({"truncation": "auto"}, "truncation", "Input should be 'disabled'"),
     ({"max_output_tokens": CONTEXT + 1}, "max_output_tokens", "max_output_tokens must be"),
     ({"temperature": -1.0}, "temperature", "temperature"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from ..client import Chunk
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
@@ -35,6 +35,9 @@ _REFUSED = (
     ("max_tool_calls", None, "tools are not supported on /v1/responses by this server"),
     ("prompt", None, "prompt templates are not supported by this server"),
 )
+#: chat's names of this request's fields that chat's checks may name
+_CHAT_NAMES = {"max_tokens": "max_output_tokens", "messages": "input",
+               "response_format": "text.format"}
 #: the sampling fields a Responses request shares with chat, by the same name
 _SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
              "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
@@ -70,7 +73,25 @@ class InputMessage(Strict):
 
 
 class TextFormat(Strict):
-    type: Literal["text"]
+    """OpenAI's text.format: text, json_object, or json_schema (its fields
+    beside the type, where chat's response_format nests them)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+    def response_format(self) -> dict | None:
+        """Chat's response_format of it (None: plain text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        schema = {name: value for name, value in (
+            ("name", self.name), ("schema", self.schema_), ("strict", self.strict),
+            ("description", self.description)) if value is not None}
+        return {"type": "json_schema", "json_schema": schema}
 
 
 class TextConfig(Strict):
@@ -128,13 +149,12 @@ def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
             raise RequestError(why, name)
     try:
         plans = plan_chat(to_chat(request), served)
-    except RequestError as error:  # chat's limit is max_output_tokens here
-        if error.param not in ("max_tokens", "messages"):
+    except RequestError as error:  # named as this request names the field
+        if error.param not in _CHAT_NAMES:
             raise
-        param = "max_output_tokens" if error.param == "max_tokens" else "input"
-        raise RequestError(str(error).replace("max_tokens", "max_output_tokens")
-                           .replace("messages", "input"), param, error.status, error.code,
-                           error.kind) from None
+        name = _CHAT_NAMES[error.param]
+        raise RequestError(str(error).replace(error.param, name), name, error.status,
+                           error.code, error.kind) from None
     return request, plans[0]
 
 
@@ -148,6 +168,8 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     fields = {name: getattr(request, name) for name in _SAMPLING if getattr(request, name) is not None}
     if request.max_output_tokens is not None:
         fields["max_tokens"] = request.max_output_tokens
+    if request.text is not None and request.text.format is not None:
+        fields["response_format"] = request.text.format.response_format()
     try:
         return ChatCompletionRequest.model_validate({**fields, "messages": turns})
     except ValidationError as error:  # what chat refuses among the shared fields
@@ -176,11 +198,18 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         "parallel_tool_calls": request.parallel_tool_calls, "previous_response_id": None,
         "reasoning": None, "service_tier": request.service_tier, "store": False,
         "temperature": params.get(PARAM_INPUTS["temperature"], 1.0),
-        "text": {"format": {"type": "text"}}, "tool_choice": request.tool_choice or "auto",
+        "text": {"format": text_format(request)}, "tool_choice": request.tool_choice or "auto",
         "tools": [], "top_logprobs": 0, "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
         "truncation": "disabled", "user": request.user,
         "usage": None if final is None else usage(final),
     }
+
+
+def text_format(request: ResponsesRequest) -> dict:
+    """The answer's text.format: the request's, as it came (text by default)."""
+    if request.text is None or request.text.format is None:
+        return {"type": "text"}
+    return request.text.format.model_dump(by_alias=True, exclude_none=True)
 
 
 def usage(final: Chunk) -> dict:
