@@ -88,6 +88,28 @@ def test_text_format_is_chats_response_format(app, recorder, text_format, inputs
     assert body["text"] == {"format": text_format}
 
 
+def test_logprobs_included_are_chats_entries_whole_and_in_the_deltas(sdk, codec):
+    """include message.output_text.logprobs (with top_logprobs n): each
+    token's logprob, bytes and n most likely, as chat's logprobs give them;
+    a stream's deltas carry their tokens' and output_text.done all of them."""
+    sdk_chat = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                           logprobs=True, top_logprobs=0)
+    asked = dict(model=MODEL, input="x", include=["message.output_text.logprobs"])
+    answer = sdk.responses.create(**asked)
+    entries = [e.model_dump() for e in answer.output[0].content[0].logprobs]
+    expected = [e.model_dump() for e in sdk_chat.choices[0].logprobs.content]
+    assert entries == expected and [e["logprob"] for e in entries] == [-0.5, -0.25]
+    with sdk.responses.create(stream=True, **asked) as stream:
+        events = list(stream)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [[lp.model_dump() for lp in d.logprobs] for d in deltas] == [[e] for e in expected]
+    done, = [e for e in events if e.type == "response.output_text.done"]
+    assert [lp.logprob for lp in done.logprobs] == [-0.5, -0.25]
+    assert [lp.model_dump() for lp in events[-1].response.output[0].content[0].logprobs] == expected
+    plain = sdk.responses.create(model=MODEL, input="x")
+    assert plain.output[0].content[0].logprobs == []
+
+
 def test_an_answer_cut_at_max_output_tokens_is_incomplete(codec):
     async_chunks = [Chunk(" Par", [3], [], 0.0, 9, 1, ""), Chunk("is", [4], [], 0.0, 9, 2, "length")]
 
@@ -150,7 +172,9 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
     ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no response"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning is not supported"),
     ({"background": True}, "background", "background"),
-    ({"top_logprobs": 2}, "top_logprobs", "logprobs are not supported"),
+    ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include.0", "Input should be"),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "Input should be 'text'"),
     ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}},
      "text.format", "text.format"),

@@ -132,6 +132,13 @@ def _token_logprobs(plan: Plan, chunks: list[Chunk], codec) -> dict | None:
     return _completion_logprobs(name, steps, contexts)
 
 
+def logprob_entries(plan: Plan, chunks: list[Chunk], codec) -> list[dict]:
+    """Chat's logprobs entries of these chunks' tokens ([] unless asked): the
+    Responses API's ``output_text.logprobs`` (frontend/responses.py)."""
+    logprobs = _logprobs(plan, chunks, codec)
+    return [] if logprobs is None else logprobs["content"]
+
+
 def _contexts(before: list[int], tokens: list[int]) -> list[list[int]]:
     """Each of `tokens`' context (``token_text``): the PIECE_CONTEXT ids
     sampled before it, `before` leading."""

@@ -7,8 +7,8 @@ A request becomes a chat request (``to_chat``: its instructions a system
 turn, each input message a turn, the sampling fields as chat's), planned as
 chat is (``translate.plan_chat``); its answer is a Response object
 (``response``) or, streamed, that object's events (``ResponseEvents``). What
-it cannot do (tools, reasoning, a stored response to continue, logprobs) is
-refused by name; ``store`` is accepted and nothing is stored (vLLM's default,
+it cannot do (tools, reasoning, a stored response to continue) is refused by
+name; ``store`` is accepted and nothing is stored (vLLM's default,
 ``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer says (``store``
 false).
 """
@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from ..client import Chunk
+from . import answers
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
 from .translate import PARAM_INPUTS, Plan, Served, plan_chat
 
@@ -30,8 +31,6 @@ _REFUSED = (
                                    "accepted and nothing is stored, as vLLM's default)"),
     ("background", False, "background responses are not supported by this server"),
     ("reasoning", None, "reasoning is not supported by this server"),
-    ("include", None, "include is not supported by this server"),
-    ("top_logprobs", 0, "logprobs are not supported on /v1/responses by this server"),
     ("max_tool_calls", None, "tools are not supported on /v1/responses by this server"),
     ("prompt", None, "prompt templates are not supported by this server"),
 )
@@ -117,7 +116,8 @@ class ResponsesRequest(Strict):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
     background: bool | None = False
     previous_response_id: str | None = None
-    include: list[str] | None = None
+    #: what the answer includes beyond its text: its tokens' logprobs only
+    include: list[Literal["message.output_text.logprobs"]] | None = None
     reasoning: dict[str, Any] | None = None
     top_logprobs: int | None = 0
     max_tool_calls: int | None = None
@@ -170,6 +170,11 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
         fields["max_tokens"] = request.max_output_tokens
     if request.text is not None and request.text.format is not None:
         fields["response_format"] = request.text.format.response_format()
+    if logprobs_included(request):
+        fields.update(logprobs=True, top_logprobs=request.top_logprobs or 0)
+    elif request.top_logprobs:
+        raise RequestError("top_logprobs needs include [\"message.output_text.logprobs\"]",
+                           "top_logprobs")
     try:
         return ChatCompletionRequest.model_validate({**fields, "messages": turns})
     except ValidationError as error:  # what chat refuses among the shared fields
@@ -178,15 +183,24 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
         raise RequestError(f"{param}: {first['msg']}", param) from None
 
 
+def logprobs_included(request: ResponsesRequest) -> bool:
+    return bool(request.include) and "message.output_text.logprobs" in request.include
+
+
 def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served: Served,
-             status: str = "completed") -> dict:
+             status: str = "completed", logprobs: list | None = None) -> dict:
     """The Response object of a generation's responses (`chunks`, all of
     them for ``completed``: an answer cut at max_output_tokens is
     ``incomplete``, as vLLM's ``ResponsesResponse.from_request`` says it),
-    or, with none, its opening state (``in_progress``)."""
+    or, with none, its opening state (``in_progress``). logprobs: its
+    tokens' (chat's entries), where the request includes them (None:
+    taken from `chunks`)."""
     if chunks and chunks[-1].finish_reason == "length":
         status = "incomplete"
-    output = [message(plan, "".join(c.text for c in chunks), status)] if chunks else []
+    if logprobs is None:
+        logprobs = answers.logprob_entries(plan, chunks, served.codec)
+    output = ([message(plan, "".join(c.text for c in chunks), status, logprobs)]
+              if chunks else [])
     final = chunks[-1] if chunks and chunks[-1].finish_reason else None
     params = plan.params
     return {
@@ -199,7 +213,8 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         "reasoning": None, "service_tier": request.service_tier, "store": False,
         "temperature": params.get(PARAM_INPUTS["temperature"], 1.0),
         "text": {"format": text_format(request)}, "tool_choice": request.tool_choice or "auto",
-        "tools": [], "top_logprobs": 0, "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
+        "tools": [], "top_logprobs": request.top_logprobs or 0,
+        "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
         "truncation": "disabled", "user": request.user,
         "usage": None if final is None else usage(final),
     }
@@ -224,14 +239,14 @@ def response_id(plan: Plan) -> str:
     return f"resp_{plan.id}"
 
 
-def message(plan: Plan, text: str, status: str) -> dict:
+def message(plan: Plan, text: str, status: str, logprobs: list = ()) -> dict:
     """The answer's one output item: the assistant's message."""
     return {"id": f"msg_{plan.id}", "type": "message", "status": status, "role": "assistant",
-            "content": [output_text(text)] if status != "in_progress" else []}
+            "content": [output_text(text, logprobs)] if status != "in_progress" else []}
 
 
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list = ()) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
 
 
 class ResponseEvents:
@@ -246,6 +261,7 @@ class ResponseEvents:
     def __init__(self, request: ResponsesRequest, plan: Plan, served: Served):
         self.request, self.plan, self.served = request, plan, served
         self.chunks: list[Chunk] = []
+        self.logprobs: list[dict] = []  # the tokens' so far, where included
         self.sequence = 0
 
     def _event(self, kind: str, **fields) -> dict:
@@ -266,16 +282,20 @@ class ResponseEvents:
         """A response's text as a delta (none without text), and, after the
         final one, the events that close the answer."""
         self.chunks.append(chunk)
+        logprobs = answers.logprob_entries(self.plan, [chunk], self.served.codec)
+        self.logprobs += logprobs
         place = {"item_id": f"msg_{self.plan.id}", "output_index": 0, "content_index": 0}
-        events = [self._event("response.output_text.delta", delta=chunk.text, logprobs=[],
-                              **place)] if chunk.text else []
+        events = [self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs,
+                              **place)] if chunk.text or logprobs else []
         if not chunk.finish_reason:
             return events
-        done = response(self.request, self.plan, self.chunks, self.served)
+        done = response(self.request, self.plan, self.chunks, self.served,
+                        logprobs=self.logprobs)
         item = done["output"][0]
         text = item["content"][0]["text"]
         return [*events,
-                self._event("response.output_text.done", text=text, logprobs=[], **place),
+                self._event("response.output_text.done", text=text, logprobs=self.logprobs,
+                            **place),
                 self._event("response.content_part.done", part=item["content"][0], **place),
                 self._event("response.output_item.done", output_index=0, item=item),
                 self._event("response.completed", response=done)]
