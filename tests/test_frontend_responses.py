@@ -110,6 +110,17 @@ def test_logprobs_included_are_chats_entries_whole_and_in_the_deltas(sdk, codec)
     assert plain.output[0].content[0].logprobs == []
 
 
+def test_request_id_is_the_answers_id_and_includes_without_their_kind_add_nothing(app):
+    """vLLM's request_id is the Response's id as it came; include may name
+    what vLLM's does (reasoning.encrypted_content, which agent clients send
+    with store false), none of which this server makes."""
+    body = post(TestClient(app), "/v1/responses", {
+        "input": "x", "request_id": "resp_mine", "store": False,
+        "include": ["reasoning.encrypted_content"]}).json()
+    assert body["id"] == "resp_mine" and body["store"] is False
+    assert [item["type"] for item in body["output"]] == ["message"]
+
+
 def test_an_answer_cut_at_max_output_tokens_is_incomplete(codec):
     async_chunks = [Chunk(" Par", [3], [], 0.0, 9, 1, ""), Chunk("is", [4], [], 0.0, 9, 2, "length")]
 
@@ -168,12 +179,16 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
 
 
 @pytest.mark.parametrize("fields, param, text", [
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools", "tools are not supported"),
+    ({"tools": [{"type": "function", "name": "f"}]}, "tool_choice", "needs a tool call parser"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type", "Input should be 'function'"),
+    ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
     ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no response"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning is not supported"),
     ({"background": True}, "background", "background"),
     ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs include"),
-    ({"include": ["reasoning.encrypted_content"]}, "include.0", "Input should be"),
+    ({"include": ["message.output_text.bytes"]}, "include.0", "Input should be"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format",
+     "text.format"),
     ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "Input should be 'text'"),
     ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}},
@@ -191,3 +206,75 @@ def test_what_a_response_cannot_do_is_refused_by_name(app, recorder, fields, par
     assert answer.status_code in (400, 404) and error["param"] == param, error
     assert text in error["message"], error
     assert not recorder.plans
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+def scripted_app(codec, pieces: list[str], plans: list):
+    """The app over a generation that answers `pieces`, one response each."""
+    def generate(plan):
+        plans.append(plan)
+
+        async def chunks():
+            for i, text in enumerate(pieces):
+                yield Chunk(text, [5 + i], [-0.5], 0.0, len(plan.prompt_ids), i + 1,
+                            "stop" if i == len(pieces) - 1 else "")
+        return chunks()
+    return build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), generate)
+
+
+def test_a_named_function_answers_a_function_call_item_streamed_or_not(codec):
+    """tools and a named tool_choice: chat's grammar of the function's
+    parameters; the answer a function_call output item, streamed whole at
+    its end (added, arguments delta and done, item done)."""
+    plans = []
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0,
+                        http_client=TestClient(scripted_app(codec, ['{"city": ', '"Paris"}'],
+                                                            plans)))
+    asked = dict(model=MODEL, input="Weather in Paris?", tools=[WEATHER],
+                 tool_choice={"type": "function", "name": "get_weather"})
+    answer = sdk.responses.create(**asked)
+    call, = answer.output
+    assert (call.type, call.name, call.arguments, call.status) == (
+        "function_call", "get_weather", '{"city": "Paris"}', "completed")
+    assert call.call_id and call.id.startswith("fc_")
+    assert plans[-1].params["guided_decoding_guide_type"] == "json_schema"
+    assert json.loads(plans[-1].params["guided_decoding_guide"]) == WEATHER["parameters"]
+    assert answer.tools[0].name == "get_weather" and answer.tool_choice.name == "get_weather"
+    with sdk.responses.create(stream=True, **asked) as stream:
+        events = list(stream)
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert events[4].arguments == '{"city": "Paris"}' and events[5].item.name == "get_weather"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_calls_and_their_outputs_in_input_are_the_chat_turns_of_a_tool_conversation(codec):
+    """An earlier call (function_call) and what it returned
+    (function_call_output) are an assistant's turn with tool_calls and a
+    tool's turn, through the chat template as chat's are."""
+    plans = []
+    client = TestClient(scripted_app(codec, ["Sunny."], plans))
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": '{"city": "Paris"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 24 C"}
+    body = post(client, "/v1/responses", {"input": [
+        {"role": "user", "content": "Weather in Paris?"}, call, output],
+        "tools": [WEATHER], "tool_choice": "none"}).json()
+    assert body["output"][0]["content"][0]["text"] == "Sunny."
+    turns = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "call_1", "type": "function", "function": {
+                     "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"}]
+    chat_client = TestClient(scripted_app(codec, ["Sunny."], plans))
+    post(chat_client, "/v1/chat/completions", {"model": MODEL, "messages": turns,
+                                               "tools": [{"type": "function", "function": {
+                                                   k: v for k, v in WEATHER.items()
+                                                   if k != "type"}}], "tool_choice": "none"})
+    assert plans[0].prompt_ids == plans[1].prompt_ids

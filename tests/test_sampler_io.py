@@ -317,7 +317,7 @@ def test_packed_records_are_checked_and_converted_as_numpy_does():
     good = {"temperature": 0.7, "runtime_top_k": 0, "runtime_top_p": 1.0, "min_p": 0.0,
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "random_seed": 5, "step": 3, "min_tokens": 0, "return_log_probs": True,
-            "num_top_logprobs": 0}
+            "num_top_logprobs": 0, "given_token_id": -1}  # -1: drawn (the C pass's rows)
     rng = np.random.default_rng(11)
     records = np.zeros(800, ROW_SCALARS_RECORD)
     for name, value in good.items():

@@ -77,11 +77,12 @@ SAMPLERS = {
 HOT = HotVocab(np.arange(1, 9), VOCAB)
 
 
-def run(asks, **decoder_args):
+def run(asks, return_log_probs: bool = True, **decoder_args):
     """Each request's events, and the engine (its rows)."""
     engine = NoisyEngine(max_batch_size=len(asks))
     requests = [GenerationRequest(prompt_ids=[1 + i, 2], max_tokens=6, sampling=params,
-                                  ignore_end=True, return_log_probs=True, num_top_logprobs=n)
+                                  ignore_end=True, return_log_probs=return_log_probs,
+                                  num_top_logprobs=n)
                 for i, (n, params) in enumerate(asks)]
 
     async def collect(handle):
@@ -137,13 +138,14 @@ def test_raw_logprobs_are_the_rows_own_whatever_the_sampler(kind):
     """LlmSettings.logprobs_mode raw_logprobs (vLLM's default): every
     sampler gives each token's logprob and its n most likely as the model's
     own log_softmax of the row, no bias or temperature applied; the tokens
-    drawn without a hot set are those drawn without logprobs."""
+    are those drawn without logprobs (the hot-first handoff's too: its
+    compact decision's, the logprobs scored on the full rows)."""
     asked, engine = run(ASKS, logprobs_mode="raw_logprobs", **SAMPLERS[kind]())
-    plain, _ = run([(0, params) for _, params in ASKS], **SAMPLERS[kind]())
+    plain, _ = run([(0, params) for _, params in ASKS], return_log_probs=False,
+                   **SAMPLERS[kind]())
     for request, ((n, _), events) in enumerate(zip(ASKS, asked)):
         tokens = [t for e in events for t in e.token_ids]
-        if kind != "hot first":  # the handoff samples a row that asks whole
-            assert tokens == [t for e in plain[request] for t in e.token_ids]
+        assert tokens == [t for e in plain[request] for t in e.token_ids], (kind, request)
         tops = [pairs for e in events for pairs in e.top_logprobs]
         for step, (token, logprob) in enumerate(zip(tokens, (p for e in events
                                                             for p in e.logprobs))):

@@ -458,10 +458,9 @@ def tokens_batch(batch: SamplingBatch) -> SamplingBatch:
     """`batch` as its tokens are decided (itself when no row asks for top
     or raw logprobs): no top logprobs asked, no raw ones, and the rows
     asking for raw logprobs asking for none (``scored_rows`` scores them)."""
-    top = batch.num_top_logprobs is not None and np.any(batch.num_top_logprobs)
-    raw = batch.raw_logprobs is not None and np.any(batch.raw_logprobs)
-    if not (top or raw):
+    if not scored_rows(batch).any():
         return batch
+    raw = batch.raw_logprobs is not None and np.any(batch.raw_logprobs)
     if not raw:
         return replace(batch, num_top_logprobs=None)
     want = (np.ones(len(batch), bool) if batch.want_logprobs is None

@@ -217,18 +217,18 @@ def sample(logits, batch: SamplingBatch, *, num_top_logprobs: int = 0,
     return chosen_as_listed(out)
 
 
-def chosen_as_listed(out: SampleOutput, rows=slice(None)) -> SampleOutput:
-    """Give each of `rows` whose chosen token is among its top logprobs
-    that entry's logprob (rows whose logprob was not asked, NaN, aside):
-    the kernels compute the two in different float orders, an ulp apart,
-    and a client reads them as one value (vLLM's come from one tensor).
+def chosen_as_listed(out: SampleOutput) -> SampleOutput:
+    """Give each row whose chosen token is among its top logprobs that
+    entry's logprob (rows whose logprob was not asked, NaN, aside): the
+    kernels compute the two in different float orders, an ulp apart, and a
+    client reads them as one value (vLLM's come from one tensor).
     Returns `out`."""
-    top = out.top_token_ids[rows]
+    top = out.top_token_ids
     if not top.shape[1]:
         return out
-    listed = (top == out.token_ids[rows, None]) & (top >= 0)  # -1: padding, or undecided
-    found = listed.any(axis=1) & ~np.isnan(out.logprobs[rows])
-    index = np.arange(len(out.token_ids))[rows][found]
+    listed = (top == out.token_ids[:, None]) & (top >= 0)  # -1: padding, or undecided
+    found = listed.any(axis=1) & ~np.isnan(out.logprobs)
+    index = np.flatnonzero(found)
     out.logprobs[index] = out.top_logprobs[index, listed[found].argmax(axis=1)]
     return out
 

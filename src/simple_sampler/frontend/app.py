@@ -207,6 +207,8 @@ async def _response_events(writer: responses.ResponseEvents, first: tuple[int, C
             _, chunk = await merged.__anext__()
     except GenerationError as error:
         yield responses.sse(writer.error(json.loads(generation_error(error).body)))
+    except RequestError as error:  # an answer that is not what was asked (tools)
+        yield responses.sse(writer.error(error.body()))
     except (EndedEarly, StopAsyncIteration):
         yield responses.sse(writer.error(error_body("the server ended the stream early",
                                                       "internal_server_error")))

@@ -30,9 +30,9 @@ from .translate import Plan, Served
 log = logging.getLogger(__name__)
 
 
-#: a GGUF file name's quantization tag before ``.gguf`` (``.Q4_1``, ``.IQ2_XS``, ``.f16``)
 #: how long the door's /metrics waits for Triton's metrics endpoint
 METRICS_TIMEOUT_S = 5.0
+#: a GGUF file name's quantization tag before ``.gguf`` (``.Q4_1``, ``.IQ2_XS``, ``.f16``)
 GGUF_QUANTIZATION = re.compile(r"\.(I?Q\d\w*|T?Q\d\w*|B?FP?(16|32))$", re.IGNORECASE)
 
 

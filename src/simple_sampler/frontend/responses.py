@@ -1,14 +1,15 @@
-"""OpenAI's Responses API (``POST /v1/responses``), text in and text out, as
-vLLM 0.32 serves it without tools, reasoning or a store
-(vllm/entrypoints/openai/responses/: ``ResponsesRequest``,
-``OpenAIServingResponses``, ``SimpleStreamingEventProcessor``).
+"""OpenAI's Responses API (``POST /v1/responses``), as vLLM 0.32 serves it
+without reasoning or a store (vllm/entrypoints/openai/responses/:
+``ResponsesRequest``, ``OpenAIServingResponses``,
+``SimpleStreamingEventProcessor``).
 
 A request becomes a chat request (``to_chat``: its instructions a system
-turn, each input message a turn, the sampling fields as chat's), planned as
-chat is (``translate.plan_chat``); its answer is a Response object
-(``response``) or, streamed, that object's events (``ResponseEvents``). What
-it cannot do (tools, reasoning, a stored response to continue) is refused by
-name; ``store`` is accepted and nothing is stored (vLLM's default,
+turn, each input message a turn, its function calls and their outputs
+chat's tool turns, its function tools chat's: ``response_tools``, the
+sampling fields as chat's), planned as chat is (``translate.plan_chat``);
+its answer is a Response object (``response``) or, streamed, that object's
+events (``ResponseEvents``). What it cannot do (reasoning, a stored response
+to continue, other tools than functions) is refused by name; ``store`` is accepted and nothing is stored (vLLM's default,
 ``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer says (``store``
 false).
 """
@@ -22,21 +23,31 @@ from pydantic import Field, ValidationError
 from ..client import Chunk
 from . import answers
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
+from .response_tools import (FunctionCallItem, FunctionCallOutputItem, FunctionChoice,
+                             FunctionTool, chat_tools, chat_turn, function_call)
 from .translate import PARAM_INPUTS, Plan, Served, plan_chat
 
 #: (field, the value it must have here, why another is refused)
 _REFUSED = (
-    ("tools", [], "tools are not supported on /v1/responses by this server"),
     ("previous_response_id", None, "this server stores no response to continue (store is "
                                    "accepted and nothing is stored, as vLLM's default)"),
     ("background", False, "background responses are not supported by this server"),
     ("reasoning", None, "reasoning is not supported by this server"),
-    ("max_tool_calls", None, "tools are not supported on /v1/responses by this server"),
+    ("max_tool_calls", None, "max_tool_calls is not supported by this server"),
     ("prompt", None, "prompt templates are not supported by this server"),
 )
-#: chat's names of this request's fields that chat's checks may name
-_CHAT_NAMES = {"max_tokens": "max_output_tokens", "messages": "input",
-               "response_format": "text.format"}
+#: chat's names of this request's fields that chat's checks may name (a
+#: field's path starts with one): max_tokens, messages (the turns the input
+#: and instructions make), response_format (with its json_schema's fields)
+_CHAT_NAMES = (("max_tokens", "max_output_tokens"), ("messages", "input"),
+               ("response_format.json_schema", "text.format"),
+               ("response_format", "text.format"))
+#: what ``include`` may name (vLLM's ``ResponsesRequest``): this server has
+#: only the output's logprobs to include; the others name what it never
+#: makes (image inputs' urls, tool outputs, reasoning), so they add nothing
+INCLUDABLE = Literal["code_interpreter_call.outputs", "computer_call_output.output.image_url",
+                     "file_search_call.results", "message.input_image.image_url",
+                     "message.output_text.logprobs", "reasoning.encrypted_content"]
 #: the sampling fields a Responses request shares with chat, by the same name
 _SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
              "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
@@ -102,22 +113,22 @@ class ResponsesRequest(Strict):
     the same names and defaults; what this server cannot do, ``_REFUSED``."""
 
     model: str | None = None
-    input: str | list[InputMessage]
+    input: str | list[InputMessage | FunctionCallItem | FunctionCallOutputItem]
     instructions: str | None = None
     max_output_tokens: int | None = None
     stream: bool | None = False
     store: bool | None = True
     metadata: dict[str, str] | None = None
     parallel_tool_calls: bool | None = True
-    tool_choice: Literal["auto", "none"] | None = "auto"
-    tools: list[dict[str, Any]] = []
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = "auto"
+    tools: list[FunctionTool] | None = None
     text: TextConfig | None = None
     truncation: Literal["disabled"] | None = "disabled"
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
     background: bool | None = False
     previous_response_id: str | None = None
-    #: what the answer includes beyond its text: its tokens' logprobs only
-    include: list[Literal["message.output_text.logprobs"]] | None = None
+    #: what the answer includes beyond its text (``INCLUDABLE``)
+    include: list[INCLUDABLE] | None = None
     reasoning: dict[str, Any] | None = None
     top_logprobs: int | None = 0
     max_tool_calls: int | None = None
@@ -150,24 +161,40 @@ def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
     try:
         plans = plan_chat(to_chat(request), served)
     except RequestError as error:  # named as this request names the field
-        if error.param not in _CHAT_NAMES:
+        name = request_field(error.param)
+        if name == error.param:
             raise
-        name = _CHAT_NAMES[error.param]
         raise RequestError(str(error).replace(error.param, name), name, error.status,
                            error.code, error.kind) from None
     return request, plans[0]
 
 
+def request_field(chat_field: str | None) -> str | None:
+    """This request's name of a field chat's checks name (``_CHAT_NAMES``):
+    a turn's field is the input's (the instructions' turn and merged calls
+    shift chat's indices, so the input is named whole)."""
+    for chat, ours in _CHAT_NAMES:
+        if chat_field == chat or (chat_field or "").startswith(chat + "."):
+            rest = chat_field[len(chat):]
+            return ours if chat == "messages" else ours + rest
+    return chat_field
+
+
 def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     """The chat request a Responses request is: its instructions a system
     turn first, then its input (a string: one user turn)."""
-    turns = ([{"role": "user", "content": request.input}] if isinstance(request.input, str)
-             else [{"role": item.role, "content": item.text} for item in request.input])
+    turns = [{"role": "user", "content": request.input}] if isinstance(request.input, str) else []
+    for item in [] if isinstance(request.input, str) else request.input:
+        if isinstance(item, InputMessage):
+            turns.append({"role": item.role, "content": item.text})
+        else:
+            chat_turn(item, turns)
     if request.instructions is not None:
         turns.insert(0, {"role": "system", "content": request.instructions})
     fields = {name: getattr(request, name) for name in _SAMPLING if getattr(request, name) is not None}
     if request.max_output_tokens is not None:
         fields["max_tokens"] = request.max_output_tokens
+    fields.update(chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls))
     if request.text is not None and request.text.format is not None:
         fields["response_format"] = request.text.format.response_format()
     if logprobs_included(request):
@@ -199,12 +226,11 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         status = "incomplete"
     if logprobs is None:
         logprobs = answers.logprob_entries(plan, chunks, served.codec)
-    output = ([message(plan, "".join(c.text for c in chunks), status, logprobs)]
-              if chunks else [])
     final = chunks[-1] if chunks and chunks[-1].finish_reason else None
+    output = [] if final is None else output_items(plan, chunks, status, logprobs)
     params = plan.params
     return {
-        "id": response_id(plan), "object": "response", "created_at": plan.created,
+        "id": response_id(request, plan), "object": "response", "created_at": plan.created,
         "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": request.instructions, "max_output_tokens": params["max_tokens"],
@@ -212,12 +238,27 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         "parallel_tool_calls": request.parallel_tool_calls, "previous_response_id": None,
         "reasoning": None, "service_tier": request.service_tier, "store": False,
         "temperature": params.get(PARAM_INPUTS["temperature"], 1.0),
-        "text": {"format": text_format(request)}, "tool_choice": request.tool_choice or "auto",
-        "tools": [], "top_logprobs": request.top_logprobs or 0,
+        "text": {"format": text_format(request)},
+        "tool_choice": (request.tool_choice.model_dump() if isinstance(request.tool_choice, FunctionChoice)
+                        else request.tool_choice or "auto"),
+        "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
+        "top_logprobs": request.top_logprobs or 0,
         "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
         "truncation": "disabled", "user": request.user,
         "usage": None if final is None else usage(final),
     }
+
+
+def output_items(plan: Plan, chunks: list[Chunk], status: str, logprobs: list) -> list[dict]:
+    """An answer's output items: the assistant's message, and with tools the
+    calls it made (``tools.ToolUse.answer``: chat's; the message only where
+    it has text beside them)."""
+    text = "".join(c.text for c in chunks)
+    if plan.tools is None:
+        return [message(plan, text, status, logprobs)]
+    content, calls = plan.tools.answer(text, chunks[-1].finish_reason)
+    return ([message(plan, content, status, logprobs)] if content else []) + [
+        function_call(call) for call in calls]
 
 
 def text_format(request: ResponsesRequest) -> dict:
@@ -235,8 +276,9 @@ def usage(final: Chunk) -> dict:
             "total_tokens": prompt + generated}
 
 
-def response_id(plan: Plan) -> str:
-    return f"resp_{plan.id}"
+def response_id(request: ResponsesRequest, plan: Plan) -> str:
+    """The answer's id: the request's request_id as it came (vLLM's), else resp_ and a new one."""
+    return request.request_id or f"resp_{plan.id}"
 
 
 def message(plan: Plan, text: str, status: str, logprobs: list = ()) -> dict:
@@ -256,13 +298,16 @@ class ResponseEvents:
     output_item.added and content_part.added, an output_text.delta per
     response with text, then output_text.done, content_part.done,
     output_item.done and response.completed; each numbered
-    (``sequence_number``)."""
+    (``sequence_number``). With tools the answer's items (its calls, and
+    its text beside them) come whole at its end, as chat's calls do (their
+    text is read whole: ``tools.ToolUse``): each item's added, delta, done."""
 
     def __init__(self, request: ResponsesRequest, plan: Plan, served: Served):
         self.request, self.plan, self.served = request, plan, served
         self.chunks: list[Chunk] = []
         self.logprobs: list[dict] = []  # the tokens' so far, where included
         self.sequence = 0
+        self.streams_text = plan.tools is None
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -271,34 +316,62 @@ class ResponseEvents:
 
     def opening(self) -> list[dict]:
         opened = response(self.request, self.plan, [], self.served, "in_progress")
-        place = {"item_id": f"msg_{self.plan.id}", "output_index": 0, "content_index": 0}
-        return [self._event("response.created", response=opened),
-                self._event("response.in_progress", response=opened),
-                self._event("response.output_item.added", output_index=0,
+        events = [self._event("response.created", response=opened),
+                  self._event("response.in_progress", response=opened)]
+        return events + (self._message_opening(0) if self.streams_text else [])
+
+    def _message_opening(self, index: int) -> list[dict]:
+        return [self._event("response.output_item.added", output_index=index,
                             item=message(self.plan, "", "in_progress")),
-                self._event("response.content_part.added", part=output_text(""), **place)]
+                self._event("response.content_part.added", part=output_text(""),
+                            **self._place(index))]
+
+    def _place(self, index: int) -> dict:
+        return {"item_id": f"msg_{self.plan.id}", "output_index": index, "content_index": 0}
 
     def delta(self, chunk: Chunk) -> list[dict]:
-        """A response's text as a delta (none without text), and, after the
-        final one, the events that close the answer."""
+        """A response's text as a delta (none without text or with tools),
+        and, after the final one, the events that close the answer."""
         self.chunks.append(chunk)
         logprobs = answers.logprob_entries(self.plan, [chunk], self.served.codec)
         self.logprobs += logprobs
-        place = {"item_id": f"msg_{self.plan.id}", "output_index": 0, "content_index": 0}
         events = [self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs,
-                              **place)] if chunk.text or logprobs else []
+                              **self._place(0))] if self.streams_text and (
+            chunk.text or logprobs) else []
         if not chunk.finish_reason:
             return events
         done = response(self.request, self.plan, self.chunks, self.served,
                         logprobs=self.logprobs)
-        item = done["output"][0]
-        text = item["content"][0]["text"]
+        for index, item in enumerate(done["output"]):
+            if item["type"] == "message":
+                events += self._message_closing(index, item)
+            else:
+                events += self._call_events(index, item)
+        return [*events, self._event("response.completed", response=done)]
+
+    def _message_closing(self, index: int, item: dict) -> list[dict]:
+        """The message's closing events (and, unless streamed, its opening and text)."""
+        part = item["content"][0]
+        events = [] if self.streams_text else [
+            *self._message_opening(index),
+            self._event("response.output_text.delta", delta=part["text"],
+                        logprobs=part["logprobs"], **self._place(index))]
         return [*events,
-                self._event("response.output_text.done", text=text, logprobs=self.logprobs,
+                self._event("response.output_text.done", text=part["text"],
+                            logprobs=part["logprobs"], **self._place(index)),
+                self._event("response.content_part.done", part=part, **self._place(index)),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _call_events(self, index: int, item: dict) -> list[dict]:
+        """A function call's events, whole (vLLM's function_call_arguments)."""
+        place = {"item_id": item["id"], "output_index": index}
+        return [self._event("response.output_item.added", output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"}),
+                self._event("response.function_call_arguments.delta", delta=item["arguments"],
                             **place),
-                self._event("response.content_part.done", part=item["content"][0], **place),
-                self._event("response.output_item.done", output_index=0, item=item),
-                self._event("response.completed", response=done)]
+                self._event("response.function_call_arguments.done", name=item["name"],
+                            arguments=item["arguments"], **place),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def error(self, body: dict) -> dict:
         """OpenAI's stream error event of an error object's body."""

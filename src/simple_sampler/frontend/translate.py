@@ -300,7 +300,7 @@ def _choices(plans: list[Plan], n: int | None) -> list[Plan]:
                            f"{MAX_GENERATIONS} generations", "n")
     seed = PARAM_INPUTS["seed"]
     copies = [dataclasses.replace(plan, id=plans[0].id, created=plans[0].created,
-                                  params=dict(plan.params), held=[])
+                                  params=dict(plan.params), held=[], recent_ids=[])
               for plan in plans for _ in range(n)]
     for index, plan in enumerate(copies):
         plan.repeats_prompt = index % n > 0

@@ -90,7 +90,7 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
 
 SPEC = BenchSpec(
     name="serve-gpu", help="the decode loop over a real model on a CUDA GPU: simple vs "
-                           "sampling on the GPU (--engine torch --device cuda; needs CUDA)",
+                           "sampling on the GPU (the static CUDA-graph engine by default; needs CUDA)",
     heading="Decode loop over a real model on a GPU", arguments=arguments, measure=measure,
     table=terminal_table, section=section, quick="B 8 and 16, a short window",
     # no CUDA, a dtype it lacks, --random-weights without --model or a
