@@ -356,6 +356,14 @@ def test_a_named_tool_and_required_answer_in_calls_the_openai_client_reads(clien
                                               tool_choice="required")
     calls = required.choices[0].message.tool_calls
     assert calls and all(c.function.name == "get_weather" for c in calls), required
+    # the Responses API's function tool: the same call, as a function_call item
+    answer = client.responses.create(
+        model=ask["model"], input=ask["messages"][0]["content"], max_output_tokens=40,
+        temperature=0, tools=[{"type": "function", **weather["function"]}],
+        tool_choice={"type": "function", "name": "get_weather"})
+    [item] = answer.output
+    assert (item.type, item.name, item.arguments) == ("function_call", "get_weather",
+                                                      call.function.arguments)
 
 
 def test_a_bad_request_is_a_400_the_client_raises(client, frontend):
