@@ -151,11 +151,13 @@ def test_a_streamed_response_is_vllms_events_in_order(sdk, app):
     done = events[-1].response
     assert done.status == "completed" and done.output_text == " Paris." and done.usage.output_tokens == 2
     assert events[-4].text == " Paris."
-    raw = TestClient(app).post("/v1/responses", json={"input": "x", "stream": True}).text
+    raw = TestClient(app).post("/v1/responses", json={
+        "input": "x", "stream": True, "stream_options": {"include_usage": True}}).text
     blocks = [b for b in raw.split("\n\n") if b]
     assert all(b.startswith(f"event: {json.loads(b.split('data: ', 1)[1])['type']}\ndata: ")
                for b in blocks)
     assert "[DONE]" not in raw
+    assert json.loads(blocks[-1].split("data: ", 1)[1])["response"]["usage"]["output_tokens"] == 2
 
 
 def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, recorder, codec):
@@ -199,6 +201,9 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
     ({"model": "other"}, "model", "does not exist"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input must be one of"),
     ({"frobnicate": 1}, "frobnicate", "unknown field"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats", "unknown field"),
 ])
 def test_what_a_response_cannot_do_is_refused_by_name(app, recorder, fields, param, text):
     answer = post(TestClient(app), "/v1/responses", {"input": "Capital of France?", **fields})

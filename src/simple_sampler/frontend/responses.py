@@ -9,7 +9,8 @@ chat's tool turns, its function tools chat's: ``response_tools``, the
 sampling fields as chat's), planned as chat is (``translate.plan_chat``);
 its answer is a Response object (``response``) or, streamed, that object's
 events (``ResponseEvents``). What it cannot do (reasoning, a stored response
-to continue, other tools than functions) is refused by name; ``store`` is accepted and nothing is stored (vLLM's default,
+to continue, other tools than functions) is refused by name; ``store`` is
+accepted and nothing is stored (vLLM's default,
 ``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer says (``store``
 false).
 """
@@ -82,6 +83,14 @@ class InputMessage(Strict):
         return "\n".join(part.text for part in self.content)
 
 
+class UsageOptions(Strict):
+    """stream_options, as AIPerf sends it to count tokens by the server's
+    usage: a streamed Response's usage is always in its response.completed
+    event, so include_usage asks for nothing more."""
+
+    include_usage: bool | None = None
+
+
 class TextFormat(Strict):
     """OpenAI's text.format: text, json_object, or json_schema (its fields
     beside the type, where chat's response_format nests them)."""
@@ -117,6 +126,7 @@ class ResponsesRequest(Strict):
     instructions: str | None = None
     max_output_tokens: int | None = None
     stream: bool | None = False
+    stream_options: UsageOptions | None = None
     store: bool | None = True
     metadata: dict[str, str] | None = None
     parallel_tool_calls: bool | None = True
@@ -158,6 +168,8 @@ def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
     for name, allowed, why in _REFUSED:
         if getattr(request, name) not in (None, allowed):
             raise RequestError(why, name)
+    if request.stream_options is not None and not request.stream:
+        raise RequestError("stream_options is only allowed with stream true", "stream_options")
     try:
         plans = plan_chat(to_chat(request), served)
     except RequestError as error:  # named as this request names the field
