@@ -40,7 +40,7 @@ def sdk(app):
 def test_a_response_is_the_chat_answer_of_its_instructions_and_input(sdk, recorder, codec):
     answer = sdk.responses.create(model=MODEL, instructions="Answer briefly.",
                                   input="Capital of France?", max_output_tokens=40,
-                                  extra_body={"top_k": 5, "seed": 3})
+                                  extra_body={"top_k": 5, "seed": 3, "min_tokens": 2})
     assert answer.output_text == " Paris." and answer.status == "completed"
     assert answer.object == "response" and answer.id.startswith("resp_")
     assert answer.model == MODEL and answer.incomplete_details is None
@@ -50,7 +50,7 @@ def test_a_response_is_the_chat_answer_of_its_instructions_and_input(sdk, record
                                   {"role": "user", "content": "Capital of France?"}])
     assert plan.prompt_ids == expected and plan.chat
     assert plan.params["max_tokens"] == 40 and plan.params["top_k"] == 5
-    assert plan.params["seed"] == 3
+    assert plan.params["seed"] == 3 and plan.params["min_length"] == 2
     assert answer.max_output_tokens == 40 and answer.store is False
     assert (answer.usage.input_tokens, answer.usage.output_tokens,
             answer.usage.total_tokens) == (len(expected), 2, len(expected) + 2)

@@ -51,7 +51,7 @@ INCLUDABLE = Literal["code_interpreter_call.outputs", "computer_call_output.outp
                      "message.output_text.logprobs", "reasoning.encrypted_content"]
 #: the sampling fields a Responses request shares with chat, by the same name
 _SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-             "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
+             "frequency_penalty", "repetition_penalty", "min_tokens", "seed", "stop", "stop_token_ids",
              "ignore_eos", "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
              "user", "request_id", "stream")
 
@@ -153,6 +153,8 @@ class ResponsesRequest(Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    #: chat's (vLLM's Responses request has none, and ignores it as any extra field)
+    min_tokens: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
