@@ -696,7 +696,7 @@ def test_a_stream_whose_client_goes_while_an_event_is_sent_is_closed_at_once():
     """Starlette leaves a stream's body suspended where sending an event
     fails (a client gone, ASGI 2.4), and its generations would run on until
     it is garbage collected; ClosingStreamingResponse closes it then."""
-    from simple_sampler.frontend.app import ClosingStreamingResponse
+    from simple_sampler.frontend.streams import ClosingStreamingResponse
 
     async def main():
         closed, sent = [], []
@@ -729,7 +729,7 @@ def test_a_generation_that_cancels_itself_ends_the_merged_responses():
     """A generation raising CancelledError of its own (grpc.aio's, for a call
     whose channel closed) ends the merged responses with EndedEarly, where a
     reader that waited for it would wait forever."""
-    from simple_sampler.frontend.app import EndedEarly, _merged
+    from simple_sampler.frontend.streams import EndedEarly, merged
 
     async def main():
         async def going():
@@ -743,7 +743,7 @@ def test_a_generation_that_cancels_itself_ends_the_merged_responses():
 
         seen = []
         with pytest.raises(EndedEarly):
-            async for index, chunk in _merged([going(), cancelled()]):
+            async for index, chunk in merged([going(), cancelled()]):
                 seen.append((index, chunk.text))
         return seen
 

@@ -11,7 +11,7 @@ traceback in the log.
 A client that leaves stops its generation: a streamed response is cancelled
 by Starlette when the connection closes; until its first token (a request
 queued behind a full batch) and for a non-streamed one the connection is
-watched every ``DISCONNECT_POLL_S``; either way the gRPC stream to ``llm``
+watched every ``streams.DISCONNECT_POLL_S``; either way the gRPC stream to ``llm``
 is cancelled, which the decode loop sees at its next cancellation poll.
 
 A request is parsed and tokenized in a worker thread (the tokenizer
@@ -22,109 +22,27 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import json
 import logging
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from . import answers, responses, tokens, translate
+from . import answers, event_apis, responses, tokens, translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
+from .streams import (EndedEarly, all_of, close_all, collect, error_response, generation_error,
+                      internal_error, stream, unless_gone)
 from .translate import Plan, Served
 
 log = logging.getLogger(__name__)
 
 Generate = Callable[[Plan], AsyncIterator[Chunk]]
-T = TypeVar("T")
-DISCONNECT_POLL_S = 0.1
 #: Prometheus' text exposition format, as Triton's metrics endpoint gives it
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-#: gRPC status of a Triton error -> (HTTP status, OpenAI error type)
-STATUSES = {"INVALID_ARGUMENT": (400, "invalid_request_error"),
-            "UNAVAILABLE": (503, "service_unavailable"),
-            "NOT_FOUND": (503, "service_unavailable")}
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None,
-           code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param, code), status_code=status)
-
-
-def generation_error(error: GenerationError) -> JSONResponse:
-    status, kind = STATUSES.get(error.status, (500, "internal_server_error"))
-    if status == 500:
-        log.error("generation failed: %s (%s)", error, error.status or "no status")
-    return _error(status, str(error), kind)
-
-
-def _internal(error: Exception) -> JSONResponse:
-    """A failure of ours: logged with its traceback, answered 500."""
-    log.error("request failed", exc_info=error)
-    return _error(500, f"{type(error).__name__}: {error}", "internal_server_error")
-
-
-class EndedEarly(Exception):
-    """A generation's responses ended before its final one."""
-
-
-async def _next(chunks: AsyncIterator[Chunk]) -> Chunk:
-    try:
-        return await chunks.__anext__()
-    except StopAsyncIteration:
-        raise EndedEarly from None
-
-
-async def _merged(streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[tuple[int, Chunk]]:
-    """(index, response) of each generation's responses up to its final
-    one, each as it comes. One read ahead per generation, so that a slow
-    client slows the reads as one generation's stream would (the gRPC
-    stream's flow control); the first failure raised, the other reads then
-    cancelled."""
-    reads = {asyncio.ensure_future(_next(chunks)): index for index, chunks in enumerate(streams)}
-    try:
-        while reads:
-            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
-            for read in sorted(done, key=reads.get):
-                index = reads.pop(read)
-                if read.cancelled():  # the generation cancelled itself (not this reader)
-                    raise EndedEarly
-                chunk = read.result()
-                yield index, chunk
-                if not chunk.finish_reason:
-                    reads[asyncio.ensure_future(_next(streams[index]))] = index
-    finally:
-        await _cancel(list(reads))
-
-
-async def _first_of(merged: AsyncIterator[tuple[int, Chunk]]) -> tuple[int, Chunk]:
-    """The first response of any generation, so that a refused request is
-    answered with its status, not with a stream that starts 200 and then
-    fails."""
-    try:
-        return await merged.__anext__()
-    except (StopAsyncIteration, EndedEarly):
-        raise GenerationError("the server ended the stream without a response") from None
-
-
-async def _cancel(tasks: list[asyncio.Future]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _all(work: list[Awaitable[T]]) -> list[T]:
-    """Every result, or the first failure with the rest cancelled."""
-    tasks = [asyncio.ensure_future(w) for w in work]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        await _cancel(tasks)
 
 
 async def _events(plans: list[Plan], first: tuple[int, Chunk],
@@ -166,113 +84,14 @@ async def _events(plans: list[Plan], first: tuple[int, Chunk],
                                        "internal_server_error"))
     finally:
         await merged.aclose()
-        await _close_all(streams)
+        await close_all(streams)
     yield answers.sse("[DONE]")
-
-
-async def _respond(request: Request, served: Served, generate: Generate) -> Response:
-    """A /v1/responses request (``responses``): planned as chat is, its
-    generation answered as a Response object or streamed as its events."""
-    body = await request.body()
-    asked, plan = await asyncio.to_thread(responses.plan_response, body, served)
-    if (request_id := request.headers.get("x-request-id")) is not None:
-        plan.id = request_id
-    chunks = generate(plan)
-    if plan.stream:
-        return await _stream(request, [plan], [chunks], served, lambda *stream: _response_events(
-            responses.ResponseEvents(asked, plan, served), *stream[1:4]))
-    try:
-        answer = await _unless_gone(request, _collect(chunks))
-    finally:
-        await _close(chunks)
-    if answer is None:  # nobody to answer
-        return Response(status_code=499)
-    return JSONResponse(responses.response(asked, plan, answer, served))
-
-
-async def _response_events(writer: responses.ResponseEvents, first: tuple[int, Chunk],
-                           merged: AsyncIterator[tuple[int, Chunk]],
-                           streams: list[AsyncIterator[Chunk]]) -> AsyncIterator[bytes]:
-    """A streamed Response's events (``responses.ResponseEvents``), ended
-    by an error event where the generation fails."""
-    try:
-        for event in writer.opening():
-            yield responses.sse(event)
-        chunk = first[1]
-        while True:
-            for event in writer.delta(chunk):
-                yield responses.sse(event)
-            if chunk.finish_reason:
-                break
-            _, chunk = await merged.__anext__()
-    except GenerationError as error:
-        yield responses.sse(writer.error(json.loads(generation_error(error).body)))
-    except RequestError as error:  # an answer that is not what was asked (tools)
-        yield responses.sse(writer.error(error.body()))
-    except (EndedEarly, StopAsyncIteration):
-        yield responses.sse(writer.error(error_body("the server ended the stream early",
-                                                      "internal_server_error")))
-    except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
-        log.exception("stream failed")
-        yield responses.sse(writer.error(error_body(f"{type(error).__name__}: {error}",
-                                                      "internal_server_error")))
-    finally:
-        await merged.aclose()
-        await _close_all(streams)
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A stream whose events' generator is closed however the response
-    ends: Starlette leaves it suspended where the client goes away while an
-    event is being sent, and its generations would then run on until it is
-    garbage collected."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _close(self.body_iterator)
-
-
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None when the client went away first (`work` is
-    then cancelled, and with it the generation)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                log.info("client went away: its generation is cancelled")
-                return None
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _prompt_alone(plan: Plan) -> AsyncIterator[Chunk]:
     """The answer of a request whose prompt is its whole answer
     (``Plan.asks_the_model``): nothing generated."""
     yield Chunk("", [], [], 0.0, len(plan.prompt_ids), 0, "length")
-
-
-async def _collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
-    return [chunk async for chunk in chunks]
-
-
-async def _close(chunks: AsyncIterator[Chunk]) -> None:
-    """Close a generation's responses, unless a cancelled reader is still
-    inside them (a handler cancelled twice): the cancellation ends them."""
-    if not getattr(chunks, "ag_running", False):
-        await chunks.aclose()
-
-
-async def _close_all(streams: list[AsyncIterator[Chunk]]) -> None:
-    for chunks in streams:
-        await _close(chunks)
 
 
 async def _serve(request: Request, model, plan_for, served: Served,
@@ -286,7 +105,7 @@ async def _serve(request: Request, model, plan_for, served: Served,
     except (InvalidRequest, GenerationError):
         raise
     except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
-        return _internal(error)
+        return internal_error(error)
 
 
 async def _answer(request: Request, model, plan_for, served: Served,
@@ -299,38 +118,17 @@ async def _answer(request: Request, model, plan_for, served: Served,
             plan.id = request_id
     streams = [generate(plan) if plan.asks_the_model else _prompt_alone(plan) for plan in plans]
     if plans[0].stream:
-        return await _stream(request, plans, streams, served)
+        return await stream(request, streams, lambda first, rest: _events(
+            plans, first, rest, streams, served))
     try:
-        answer = await _unless_gone(request, _all([_collect(chunks) for chunks in streams]))
+        answer = await unless_gone(request, all_of([collect(chunks) for chunks in streams]))
     except BaseException:
-        await _close_all(streams)
+        await close_all(streams)
         raise
-    await _close_all(streams)
+    await close_all(streams)
     if answer is None:  # nobody to answer
         return Response(status_code=499)
     return JSONResponse(answers.response_of_all(plans, answer, served))
-
-
-async def _stream(request: Request, plans: list[Plan], streams: list[AsyncIterator[Chunk]],
-                  served: Served, events=None) -> Response:
-    """A streamed answer, begun once any generation has answered: each
-    other's refusal then comes as an error event, as in vLLM's streams.
-    events(plans, first, merged, streams, served): the answer's events
-    (``_events``, chat's and completions')."""
-    merged = _merged(streams)
-    try:
-        first = await _unless_gone(request, _first_of(merged))
-    except BaseException:
-        await merged.aclose()
-        await _close_all(streams)
-        raise
-    if first is None:  # nobody to answer
-        await merged.aclose()
-        await _close_all(streams)
-        return Response(status_code=499)
-    return ClosingStreamingResponse((events or _events)(plans, first, merged, streams, served),
-                                    media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-cache"})
 
 
 def build_app(served: Served, generate: Generate,
@@ -352,7 +150,7 @@ def build_app(served: Served, generate: Generate,
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         if model_id != served.model_id:
-            return _error(404, f"the model {model_id!r} does not exist; this server serves "
+            return error_response(404, f"the model {model_id!r} does not exist; this server serves "
                                f"{served.model_id!r}", "not_found_error", "model",
                           "model_not_found")
         return answers.models_list(served)["data"][0]
@@ -369,12 +167,7 @@ def build_app(served: Served, generate: Generate,
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        try:
-            return await _respond(request, served, generate)
-        except (InvalidRequest, GenerationError):
-            raise
-        except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
-            return _internal(error)
+        return await event_apis.serve(request, responses.API, served, generate)
 
     @app.post("/tokenize")  # vLLM's paths: no /v1
     async def tokenize(request: Request):
@@ -393,7 +186,7 @@ def _answer_errors(app: FastAPI) -> None:
     async def request_error(_request, error: InvalidRequest):
         if isinstance(error, RequestError):
             return JSONResponse(error.body(), status_code=error.status)
-        return _error(400, str(error), "invalid_request_error")
+        return error_response(400, str(error), "invalid_request_error")
 
     @app.exception_handler(GenerationError)
     async def refused(_request, error: GenerationError):
@@ -403,16 +196,16 @@ def _answer_errors(app: FastAPI) -> None:
     async def invalid(_request, error: RequestValidationError):
         first = error.errors()[0]
         param = ".".join(str(p) for p in first["loc"][1:]) or None
-        return _error(400, f"{param}: {first['msg']}", "invalid_request_error", param)
+        return error_response(400, f"{param}: {first['msg']}", "invalid_request_error", param)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, error: HTTPException):
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return _error(error.status_code, str(error.detail), kind)
+        return error_response(error.status_code, str(error.detail), kind)
 
     @app.exception_handler(Exception)
     async def internal(_request, error: Exception):
-        return _internal(error)
+        return internal_error(error)
 
 
 def _serve_probes(app: FastAPI, ready, metrics) -> None:
@@ -423,7 +216,7 @@ def _serve_probes(app: FastAPI, ready, metrics) -> None:
     @app.post("/ping")
     async def health():
         if ready is not None and not await ready():
-            return _error(503, "the model is not ready", "service_unavailable")
+            return error_response(503, "the model is not ready", "service_unavailable")
         return Response(status_code=200)
 
     if metrics is not None:
@@ -431,7 +224,7 @@ def _serve_probes(app: FastAPI, ready, metrics) -> None:
         async def prometheus():
             text = await metrics()
             if text is None:
-                return _error(503, "Triton's metrics endpoint did not answer",
+                return error_response(503, "Triton's metrics endpoint did not answer",
                               "service_unavailable")
             return Response(text, media_type=PROMETHEUS_TEXT)
 
@@ -449,4 +242,4 @@ async def _tokens(request: Request, answer_of, served: Served) -> Response:
     except InvalidRequest:
         raise
     except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
-        return _internal(error)
+        return internal_error(error)

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from ..client import Chunk
 from . import answers
+from .event_apis import EventApi
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
 from .response_tools import (FunctionCallItem, FunctionCallOutputItem, FunctionChoice,
                              FunctionTool, chat_tools, chat_turn, function_call)
@@ -398,3 +399,7 @@ def sse(event: dict) -> bytes:
     """One server-sent event of the Responses API: its type named (vLLM's
     ``_convert_stream_to_sse_events``); no ``[DONE]`` ends the stream."""
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+#: the Responses API as ``event_apis.serve`` answers it
+API = EventApi(plan_response, response, ResponseEvents, sse)
