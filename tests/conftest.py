@@ -259,3 +259,12 @@ def sampled_tokens(llm_server) -> dict[int, list[int]]:
                       **SAMPLED).join()
     assert not streams.errors, streams.errors
     return streams.tokens
+
+
+@pytest.fixture(scope="session")
+def codec():
+    """SmolLM2's text codec (its tokenizer and chat template), loaded once;
+    the front door's tests read prompts with it."""
+    from simple_sampler.serving.text import TextCodec
+
+    return TextCodec.from_source()

@@ -11,13 +11,7 @@ from fastapi.testclient import TestClient
 from simple_sampler.client import Chunk, GenerationError
 from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.translate import Served
-from simple_sampler.serving.text import TextCodec
 from test_frontend import CONTEXT, MODEL, Recorder, post
-
-
-@pytest.fixture(scope="module")
-def codec():
-    return TextCodec.from_source()
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from . import answers, event_apis, responses, tokens, translate
+from . import anthropic, answers, event_apis, responses, tokens, translate
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
 from .streams import (EndedEarly, all_of, close_all, collect, error_response, generation_error,
                       internal_error, stream, unless_gone)
@@ -168,6 +168,15 @@ def build_app(served: Served, generate: Generate,
     @app.post("/v1/responses")
     async def create_response(request: Request):
         return await event_apis.serve(request, responses.API, served, generate)
+
+    @app.post("/v1/messages")  # Anthropic's, as vLLM serves it
+    async def create_message(request: Request):
+        return await event_apis.serve(request, anthropic.API, served, generate)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        return await event_apis.serve_alone(request, anthropic.count_tokens, served,
+                                            anthropic.errors)
 
     @app.post("/tokenize")  # vLLM's paths: no /v1
     async def tokenize(request: Request):

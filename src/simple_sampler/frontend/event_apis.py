@@ -42,8 +42,22 @@ async def serve(request: Request, api: EventApi, served: Served,
     """A request to `api`: planned in a worker thread, generated, answered;
     every error as `api`'s error object (a failure of ours logged with its
     traceback, a 500)."""
+    return await _with_errors(api.errors, _respond(request, api, served, generate))
+
+
+async def serve_alone(request: Request, answer_of: Callable[[bytes, Served], dict],
+                      served: Served, errors: Callable[[dict], dict]) -> Response:
+    """A request answered without the model (``answer_of(body, served)``,
+    in a worker thread), its errors as `errors` writes them."""
+    async def answered() -> Response:
+        return JSONResponse(await asyncio.to_thread(answer_of, await request.body(), served))
+    return await _with_errors(errors, answered())
+
+
+async def _with_errors(errors: Callable[[dict], dict], answering) -> Response:
+    """`answering`'s response, or its failure as `errors` writes an error."""
     try:
-        return await _respond(request, api, served, generate)
+        return await answering
     except RequestError as error:
         failed = JSONResponse(error.body(), status_code=error.status)
     except InvalidRequest as error:
@@ -52,7 +66,7 @@ async def serve(request: Request, api: EventApi, served: Served,
         failed = generation_error(error)
     except Exception as error:  # noqa: BLE001 - ours: logged with its traceback, a 500
         failed = internal_error(error)
-    return JSONResponse(api.errors(json.loads(failed.body)), status_code=failed.status_code)
+    return JSONResponse(errors(json.loads(failed.body)), status_code=failed.status_code)
 
 
 async def _respond(request: Request, api: EventApi, served: Served, generate) -> Response:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..client import Chunk, GenerationError
 from .protocol import error_body
 
-#: the front door's one logger (docs/RELIABILITY.md names it)
+#: the front door's one logger (its records keep app's name)
 log = logging.getLogger("simple_sampler.frontend.app")
 
 T = TypeVar("T")

@@ -1,0 +1,315 @@
+"""Anthropic's Messages API (``POST /v1/messages`` and
+``POST /v1/messages/count_tokens``), as vLLM 0.32 serves it
+(vllm/entrypoints/anthropic/: ``AnthropicMessagesRequest``,
+``AnthropicServingMessages``, which turns the request into a chat request
+and the chat answer back).
+
+A request becomes a chat request (``to_chat``: its system prompt a system
+turn, each message a turn, a ``tool_use`` block an assistant's tool call, a
+``tool_result`` block a tool's turn; its tools and tool_choice chat's),
+planned as chat is (``translate.plan_chat``); its answer is a message
+object (``message``) or, streamed, its events (``MessageEvents``); every
+error is Anthropic's error object (``errors``). Extended thinking is
+refused by name (no reasoning here).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from ..client import Chunk
+from .chat import chat_prompt_ids
+from .event_apis import EventApi
+from .protocol import ChatCompletionRequest, RequestError, Strict, parse
+from .translate import Plan, Served, plan_chat
+
+#: OpenAI's error types as Anthropic names them (its errors' ``type``)
+ERROR_TYPES = {"internal_server_error": "api_error", "service_unavailable": "overloaded_error"}
+#: what a chat answer's end is, as Anthropic says it (vLLM's ``_to_anthropic_stop_reason``)
+LENGTH, END_TURN, STOP_SEQUENCE, TOOL_USE = "max_tokens", "end_turn", "stop_sequence", "tool_use"
+
+
+class TextBlock(Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolUseBlock(Strict):
+    """An assistant's earlier call."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(Strict):
+    """What a call returned, in the user's turn."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[TextBlock | ToolUseBlock | ToolResultBlock]
+
+
+class Tool(Strict):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(Strict):
+    """vLLM's ``AnthropicMessagesRequest`` (Anthropic's fields, the same
+    names); ``max_tokens`` is required, as Anthropic's is."""
+
+    model: str | None = None
+    messages: list[Message]
+    max_tokens: int
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class CountTokensRequest(Strict):
+    """vLLM's ``AnthropicCountTokensRequest``: a message request's prompt."""
+
+    model: str | None = None
+    messages: list[Message]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+def _text(content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(block.text for block in content)
+
+
+def to_chat(request: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request a message request is (RequestError naming the field)."""
+    if getattr(request, "thinking", None) not in (None, {"type": "disabled"}):
+        raise RequestError("extended thinking is not supported by this server", "thinking")
+    turns = [] if request.system is None else [{"role": "system", "content": _text(request.system)}]
+    for message in request.messages:
+        _add_turns(message, turns)
+    fields: dict[str, Any] = {"messages": turns}
+    if request.model is not None:
+        fields["model"] = request.model
+    if isinstance(request, MessagesRequest):
+        fields.update({name: value for name, value in (
+            ("max_tokens", request.max_tokens), ("temperature", request.temperature),
+            ("top_p", request.top_p), ("top_k", request.top_k), ("stop", request.stop_sequences),
+            ("stream", request.stream)) if value is not None})
+    fields.update(_chat_tools(request.tools, request.tool_choice))
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as error:  # what chat refuses among the shared fields
+        first = error.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise RequestError(f"{param}: {first['msg']}", param) from None
+
+
+def _add_turns(message: Message, turns: list[dict]) -> None:
+    """A message's chat turns: its tool results as tool turns, then its text
+    and calls as one turn of its role."""
+    if isinstance(message.content, str):
+        turns.append({"role": message.role, "content": message.content})
+        return
+    texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+    calls = [{"id": block.id, "type": "function",
+              "function": {"name": block.name, "arguments": json.dumps(block.input)}}
+             for block in message.content if isinstance(block, ToolUseBlock)]
+    results = [block for block in message.content if isinstance(block, ToolResultBlock)]
+    turns.extend({"role": "tool", "tool_call_id": result.tool_use_id,
+                  "content": _text(result.content)} for result in results)
+    if texts or calls or not results:
+        turn = {"role": message.role, "content": "\n".join(texts) if texts or not calls else None}
+        turns.append({**turn, "tool_calls": calls} if calls else turn)
+
+
+def _chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> dict:
+    """Chat's tools and tool_choice: auto as auto, any as required, tool as a
+    named function, none as none; disable_parallel_tool_use as
+    parallel_tool_calls false."""
+    fields: dict[str, Any] = {}
+    if tools:
+        fields["tools"] = [{"type": "function", "function": {
+            "name": tool.name, "parameters": tool.input_schema,
+            **({"description": tool.description} if tool.description else {})}} for tool in tools]
+    if choice is not None:
+        if choice.type == "tool":
+            if choice.name is None:
+                raise RequestError("tool_choice of type tool names its tool", "tool_choice.name")
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        else:
+            fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        if choice.disable_parallel_tool_use and tools:
+            fields["parallel_tool_calls"] = False
+    return fields
+
+
+def plan_message(body: bytes, served: Served) -> tuple[MessagesRequest, Plan]:
+    """The request (RequestError if bad) and the one generation it asks for."""
+    request = parse(MessagesRequest, body)
+    return request, plan_chat(to_chat(request), served)[0]
+
+
+def count_tokens(body: bytes, served: Served) -> dict:
+    """``/v1/messages/count_tokens``: the prompt's tokens, as a message
+    request of the same fields sends them; nothing is asked of the model."""
+    request = parse(CountTokensRequest, body)
+    return {"input_tokens": len(chat_prompt_ids(to_chat(request), served.codec))}
+
+
+def content_blocks(plan: Plan, chunks: list[Chunk]) -> list[dict]:
+    """An answer's content: its text block, and with tools a tool_use block
+    per call (chat's, ``tools.ToolUse.answer``), the text only where there
+    is text beside them."""
+    text = "".join(c.text for c in chunks)
+    if plan.tools is None:
+        return [{"type": "text", "text": text}]
+    finish = chunks[-1].finish_reason
+    content, calls = plan.tools.answer(text, finish)
+    return ([{"type": "text", "text": content}] if content or not calls else []) + [
+        {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+         "input": _call_input(call["function"]["arguments"], finish)} for call in calls]
+
+
+def _call_input(arguments: str, finish: str) -> dict:
+    """A call's input: its arguments' JSON object; RequestError where they
+    are not a whole one (cut by max_tokens, or a stop), as chat refuses a
+    cut list of calls (``tools.ToolUse.calls``)."""
+    try:
+        value = json.loads(arguments or "{}")
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+    except ValueError as error:
+        cut = finish == "length"
+        raise RequestError(f"the tool call's input is not a whole JSON object ({error}): "
+                           f"{'max_tokens cut it; give more' if cut else 'a stop ended it early'}",
+                           "max_tokens" if cut else "stop_sequences") from None
+
+
+def stop(final: Chunk, blocks: list[dict]) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of an answer's final response."""
+    if final.finish_reason == "length":
+        return LENGTH, None
+    if any(block["type"] == "tool_use" for block in blocks):
+        return TOOL_USE, None
+    if isinstance(final.stop_reason, str):
+        return STOP_SEQUENCE, final.stop_reason
+    return END_TURN, None
+
+
+def message(request: MessagesRequest, plan: Plan, chunks: list[Chunk], served: Served) -> dict:
+    """The message object of a generation's responses (all of them)."""
+    blocks = content_blocks(plan, chunks)
+    reason, sequence = stop(chunks[-1], blocks)
+    return {**_opened(plan, served), "content": blocks, "stop_reason": reason,
+            "stop_sequence": sequence, "usage": {"input_tokens": chunks[-1].num_input_tokens,
+                                                 "output_tokens": chunks[-1].num_output_tokens}}
+
+
+def _opened(plan: Plan, served: Served) -> dict:
+    return {"id": f"msg_{plan.id}", "type": "message", "role": "assistant",
+            "model": served.model_id, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": len(plan.prompt_ids), "output_tokens": 0}}
+
+
+class MessageEvents:
+    """A streamed message's events, as Anthropic sends them: message_start,
+    the text block's content_block_start, a text_delta per response with
+    text, content_block_stop, message_delta (the stop reason and the output
+    tokens), message_stop. With tools the blocks come whole at the end (their
+    text is read whole: ``tools.ToolUse``), a call's input as one
+    input_json_delta."""
+
+    def __init__(self, request: MessagesRequest, plan: Plan, served: Served):
+        self.request, self.plan, self.served = request, plan, served
+        self.chunks: list[Chunk] = []
+        self.streams_text = plan.tools is None
+
+    def opening(self) -> list[dict]:
+        started = [{"type": "message_start", "message": _opened(self.plan, self.served)}]
+        if self.streams_text:
+            started.append({"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": ""}})
+        return started
+
+    def delta(self, chunk: Chunk) -> list[dict]:
+        self.chunks.append(chunk)
+        events = [{"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": chunk.text}}
+                  ] if self.streams_text and chunk.text else []
+        if not chunk.finish_reason:
+            return events
+        done = message(self.request, self.plan, self.chunks, self.served)
+        if self.streams_text:
+            events.append({"type": "content_block_stop", "index": 0})
+        else:
+            for index, block in enumerate(done["content"]):
+                events += _whole_block(index, block)
+        return [*events,
+                {"type": "message_delta", "delta": {"stop_reason": done["stop_reason"],
+                                                    "stop_sequence": done["stop_sequence"]},
+                 "usage": {"output_tokens": done["usage"]["output_tokens"]}},
+                {"type": "message_stop"}]
+
+    def error(self, body: dict) -> dict:
+        return errors(body)
+
+
+def _whole_block(index: int, block: dict) -> list[dict]:
+    if block["type"] == "text":
+        start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+    else:
+        start = {**block, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    return [{"type": "content_block_start", "index": index, "content_block": start},
+            {"type": "content_block_delta", "index": index, "delta": delta},
+            {"type": "content_block_stop", "index": index}]
+
+
+def errors(body: dict) -> dict:
+    """Anthropic's error object of an OpenAI error object (an unknown model
+    is Anthropic's not_found_error)."""
+    error = body["error"]
+    kind = "not_found_error" if error.get("code") == "model_not_found" else \
+        ERROR_TYPES.get(error["type"], error["type"])
+    return {"type": "error", "error": {"type": kind, "message": error["message"]}}
+
+
+def sse(event: dict) -> bytes:
+    """One server-sent event, its type named, as Anthropic sends them."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+#: the Messages API as ``event_apis.serve`` answers it
+API = EventApi(plan_message, message, MessageEvents, sse, errors)
