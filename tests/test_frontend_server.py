@@ -127,6 +127,26 @@ def test_a_response_is_the_chat_answer_streamed_or_not(client, frontend):
     assert events[-1].response.usage.output_tokens == answer.usage.output_tokens
 
 
+def test_an_anthropic_message_is_the_greedy_chat_answer_streamed_or_not(client, frontend):
+    """/v1/messages through Triton: greedy, its text is chat's to the same
+    turns, whole and as its streamed text_deltas."""
+    model = frontend.served.model_id
+    chat = client.chat.completions.create(
+        model=model, temperature=0, max_tokens=24,
+        messages=[{"role": "system", "content": "Answer in one sentence."}, *QUESTION])
+    asked = {"model": model, "max_tokens": 24, "temperature": 0,
+             "system": "Answer in one sentence.", "messages": QUESTION}
+    message = httpx.post(f"{frontend.url}/v1/messages", json=asked, timeout=60).json()
+    assert message["content"] == [{"type": "text", "text": chat.choices[0].message.content}]
+    assert message["usage"]["output_tokens"] == chat.usage.completion_tokens
+    streamed = httpx.post(f"{frontend.url}/v1/messages", json={**asked, "stream": True},
+                          timeout=60).text
+    events = [json.loads(block.split("data: ", 1)[1]) for block in streamed.split("\n\n") if block]
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == \
+        chat.choices[0].message.content
+    assert events[-1]["type"] == "message_stop"
+
+
 def test_a_seed_gives_the_same_text_streamed_or_not(client, frontend):
     model = frontend.served.model_id
     sampled = dict(model=model, messages=STORY, temperature=1.0, top_p=0.95, max_tokens=20)
