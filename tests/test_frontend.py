@@ -725,6 +725,36 @@ def test_a_stream_whose_client_goes_while_an_event_is_sent_is_closed_at_once():
     assert asyncio.run(main()) == [True]
 
 
+def test_a_stream_whose_client_goes_before_it_starts_closes_its_generations():
+    """A client gone before the response's start was sent: the events'
+    generator never started, so its own finally never runs; on_close
+    closes the generations all the same."""
+    from simple_sampler.frontend.streams import ClosingStreamingResponse
+
+    async def main():
+        closed = []
+
+        async def body():
+            yield b"data: x\n\n"
+
+        async def close_generations():
+            closed.append(True)
+
+        async def receive():
+            await asyncio.sleep(10)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            raise OSError("the client went away")
+
+        with pytest.raises(Exception):  # noqa: B017 - Starlette's ClientDisconnect
+            await ClosingStreamingResponse(body(), on_close=close_generations)(
+                {"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return closed
+
+    assert asyncio.run(main()) == [True]
+
+
 def test_a_generation_that_cancels_itself_ends_the_merged_responses():
     """A generation raising CancelledError of its own (grpc.aio's, for a call
     whose channel closed) ends the merged responses with EndedEarly, where a

@@ -68,9 +68,47 @@ def test_a_message_is_the_chat_answer_of_its_system_prompt_and_turns(client, rec
     assert plan.params["max_tokens"] == 40 and plan.params["top_k"] == 5
     assert plan.params["temperature"] == 0.5
     counted = client.post("/v1/messages/count_tokens", json={
-        "model": MODEL, "system": "Answer briefly.",
+        "model": MODEL, "system": "Answer briefly.", "thinking": {"type": "disabled"},
         "messages": [{"role": "user", "content": "Capital of France?"}]}).json()
     assert counted == {"input_tokens": len(expected)}
+    other = client.post("/v1/messages/count_tokens", json={
+        "model": "other", "messages": [{"role": "user", "content": "x"}]})
+    assert other.status_code == 404 and other.json()["error"]["type"] == "not_found_error"
+
+
+def test_what_claude_clients_send_is_taken(client, recorder, codec):
+    """System blocks joined as vLLM joins them, an empty system prompt no
+    turn (the template's default stays), a system turn between the others,
+    thinking asked (none comes) and earlier thinking blocks (no turn), a
+    tool's strict and defer_loading, citations; chat's min_tokens."""
+    body = client.post("/v1/messages", json=ask(
+        system=[{"type": "text", "text": "Be brief. "}, {"type": "text", "text": ""},
+                {"type": "text", "text": "Be kind."}],
+        thinking={"type": "enabled", "budget_tokens": 1024}, min_tokens=2,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hi", "citations": []}]},
+                  {"role": "assistant", "content": [
+                      {"type": "thinking", "thinking": "hm", "signature": "s"},
+                      {"type": "text", "text": "Hello."}]},
+                  {"role": "system", "content": "Answer in French."},
+                  {"role": "user", "content": "Capital of France?"}],
+        tools=[{**WEATHER, "strict": True, "defer_loading": False}],
+        tool_choice={"type": "none"}))
+    assert body.status_code == 200, body.text
+    assert all(block["type"] != "thinking" for block in body.json()["content"])
+    plan = recorder.plans[-1]
+    assert plan.params["min_length"] == 2
+    assert plan.prompt_ids == codec.encode_chat(
+        [{"role": "system", "content": "Be brief. Be kind."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello."},
+         {"role": "system", "content": "Answer in French."},
+         {"role": "user", "content": "Capital of France?"}],
+        tools=[{"type": "function", "function": {"name": "get_weather",
+                                                 "description": WEATHER["description"],
+                                                 "parameters": WEATHER["input_schema"],
+                                                 "strict": True}}])
+    client.post("/v1/messages", json=ask(system=""))
+    assert recorder.plans[-1].prompt_ids == codec.encode_chat(
+        [{"role": "user", "content": "Capital of France?"}])
 
 
 @pytest.mark.parametrize("finish, stop_reason, expected", [
@@ -93,7 +131,8 @@ def test_a_streamed_message_is_anthropics_events(client):
     assert "".join(e["delta"]["text"] for e in streamed if e["type"] == "content_block_delta") == " Paris."
     assert streamed[2]["delta"]["type"] == "text_delta" and streamed[2]["index"] == 0
     assert streamed[5]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
-    assert streamed[5]["usage"] == {"output_tokens": 2}
+    assert streamed[5]["usage"] == {"input_tokens": start["usage"]["input_tokens"],
+                                    "output_tokens": 2}
 
 
 def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
@@ -142,7 +181,6 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
 
 @pytest.mark.parametrize("fields, status, text", [
     ({"max_tokens": None}, 400, "max_tokens"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 100}}, 400, "thinking is not supported"),
     ({"model": "other"}, 404, "does not exist"),
     ({"max_tokens": CONTEXT + 1}, 400, "max_tokens must be"),
     ({"tool_choice": {"type": "tool"}, "tools": [WEATHER]}, 400, "names its tool"),
@@ -159,9 +197,21 @@ def test_errors_are_anthropics_error_objects(client, recorder, fields, status, t
     assert not recorder.plans
 
 
-def test_a_failed_generation_is_anthropics_error_whole_or_streamed(client, recorder):
+def test_a_failed_generation_is_anthropics_error_whole_or_streamed(client, recorder, codec):
     recorder.error = GenerationError("the llm model is stopping", "UNAVAILABLE")
-    answer = client.post("/v1/messages", json=ask())
-    assert answer.status_code == 503
-    assert answer.json()["error"] == {"type": "overloaded_error",
-                                      "message": "the llm model is stopping"}
+    for stream in (False, True):  # before the first response: a status, streamed or not
+        answer = client.post("/v1/messages", json=ask(stream=stream))
+        assert answer.status_code == 503
+        assert answer.json()["error"] == {"type": "overloaded_error",
+                                          "message": "the llm model is stopping"}
+
+    def failing(plan):
+        async def chunks():
+            yield Chunk(" Paris", [3], [], 0.0, 4, 1, "")
+            raise GenerationError("the sampler failed", "INTERNAL")
+        return chunks()
+
+    late = TestClient(build_app(Served(MODEL, codec, CONTEXT, len(codec.tokenizer)), failing))
+    streamed = events(late.post("/v1/messages", json=ask(stream=True)).text)
+    assert streamed[-1] == {"type": "error", "error": {"type": "api_error",
+                                                       "message": "the sampler failed"}}

@@ -6,11 +6,12 @@ and the chat answer back).
 
 A request becomes a chat request (``to_chat``: its system prompt a system
 turn, each message a turn, a ``tool_use`` block an assistant's tool call, a
-``tool_result`` block a tool's turn; its tools and tool_choice chat's),
+``tool_result`` block a tool's turn, a thinking block none; its tools and
+tool_choice chat's),
 planned as chat is (``translate.plan_chat``); its answer is a message
 object (``message``) or, streamed, its events (``MessageEvents``); every
-error is Anthropic's error object (``errors``). Extended thinking is
-refused by name (no reasoning here).
+error is Anthropic's error object (``errors``). ``thinking`` is accepted
+and no thinking comes (no model here reasons).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..client import Chunk
 from .chat import chat_prompt_ids
 from .event_apis import EventApi
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
-from .translate import Plan, Served, plan_chat
+from .translate import Plan, Served, check_model, plan_chat
 
 #: OpenAI's error types as Anthropic names them (its errors' ``type``)
 ERROR_TYPES = {"internal_server_error": "api_error", "service_unavailable": "overloaded_error"}
@@ -35,6 +36,19 @@ class TextBlock(Strict):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None
+    #: a text's sources (Anthropic's): they do not change the text
+    citations: list[dict[str, Any]] | None = None
+
+
+class ThinkingBlock(Strict):
+    """An earlier answer's thinking, in an assistant's turn: no model here
+    reasons, so no turn is made of it (vLLM's chat turns carry it as
+    reasoning, which SmolLM2's and Qwen2.5's templates do not show)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
 
 
 class ToolUseBlock(Strict):
@@ -58,8 +72,9 @@ class ToolResultBlock(Strict):
 
 
 class Message(Strict):
-    role: Literal["user", "assistant"]
-    content: str | list[TextBlock | ToolUseBlock | ToolResultBlock]
+    #: system too: a turn of the system's between the others (vLLM takes it)
+    role: Literal["user", "assistant", "system"]
+    content: str | list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock]
 
 
 class Tool(Strict):
@@ -68,6 +83,10 @@ class Tool(Strict):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: dict[str, Any] | None = None
+    #: chat's function strict (the arguments held to the schema either way here)
+    strict: bool | None = None
+    #: Anthropic's tool search: every tool is in the prompt here
+    defer_loading: bool | None = None
 
 
 class ToolChoice(Strict):
@@ -92,7 +111,12 @@ class MessagesRequest(Strict):
     metadata: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    #: accepted: no model here reasons, so no thinking block comes (as vLLM
+    #: answers for a model without a reasoning parser)
     thinking: dict[str, Any] | None = None
+    # chat's, which vLLM's Messages request ignores as extra fields
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
 
 
 class CountTokensRequest(Strict):
@@ -103,19 +127,23 @@ class CountTokensRequest(Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
 
 
-def _text(content) -> str:
+def _text(content, joint: str = "\n") -> str:
+    """A content's text, its text blocks' (empty ones left out) joined."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "\n".join(block.text for block in content)
+    return joint.join(block.text for block in content if isinstance(block, TextBlock)
+                      and block.text)
 
 
 def to_chat(request: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
-    """The chat request a message request is (RequestError naming the field)."""
-    if getattr(request, "thinking", None) not in (None, {"type": "disabled"}):
-        raise RequestError("extended thinking is not supported by this server", "thinking")
-    turns = [] if request.system is None else [{"role": "system", "content": _text(request.system)}]
+    """The chat request a message request is (RequestError naming the field).
+    The system prompt's blocks are joined as vLLM joins them (with nothing
+    between); an empty one makes no turn (the template's default stays)."""
+    system = _text(request.system, "")
+    turns = [{"role": "system", "content": system}] if system else []
     for message in request.messages:
         _add_turns(message, turns)
     fields: dict[str, Any] = {"messages": turns}
@@ -125,7 +153,8 @@ def to_chat(request: MessagesRequest | CountTokensRequest) -> ChatCompletionRequ
         fields.update({name: value for name, value in (
             ("max_tokens", request.max_tokens), ("temperature", request.temperature),
             ("top_p", request.top_p), ("top_k", request.top_k), ("stop", request.stop_sequences),
-            ("stream", request.stream)) if value is not None})
+            ("stream", request.stream), ("min_tokens", request.min_tokens),
+            ("ignore_eos", request.ignore_eos)) if value is not None})
     fields.update(_chat_tools(request.tools, request.tool_choice))
     try:
         return ChatCompletionRequest.model_validate(fields)
@@ -141,7 +170,7 @@ def _add_turns(message: Message, turns: list[dict]) -> None:
     if isinstance(message.content, str):
         turns.append({"role": message.role, "content": message.content})
         return
-    texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+    texts = [block.text for block in message.content if isinstance(block, TextBlock) and block.text]
     calls = [{"id": block.id, "type": "function",
               "function": {"name": block.name, "arguments": json.dumps(block.input)}}
              for block in message.content if isinstance(block, ToolUseBlock)]
@@ -161,7 +190,8 @@ def _chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> dict:
     if tools:
         fields["tools"] = [{"type": "function", "function": {
             "name": tool.name, "parameters": tool.input_schema,
-            **({"description": tool.description} if tool.description else {})}} for tool in tools]
+            **({"description": tool.description} if tool.description else {}),
+            **({"strict": tool.strict} if tool.strict is not None else {})}} for tool in tools]
     if choice is not None:
         if choice.type == "tool":
             if choice.name is None:
@@ -184,6 +214,7 @@ def count_tokens(body: bytes, served: Served) -> dict:
     """``/v1/messages/count_tokens``: the prompt's tokens, as a message
     request of the same fields sends them; nothing is asked of the model."""
     request = parse(CountTokensRequest, body)
+    check_model(request.model, served)
     return {"input_tokens": len(chat_prompt_ids(to_chat(request), served.codec))}
 
 
@@ -279,7 +310,7 @@ class MessageEvents:
         return [*events,
                 {"type": "message_delta", "delta": {"stop_reason": done["stop_reason"],
                                                     "stop_sequence": done["stop_sequence"]},
-                 "usage": {"output_tokens": done["usage"]["output_tokens"]}},
+                 "usage": done["usage"]},
                 {"type": "message_stop"}]
 
     def error(self, body: dict) -> dict:

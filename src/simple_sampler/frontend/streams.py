@@ -106,7 +106,14 @@ class ClosingStreamingResponse(StreamingResponse):
     """A stream whose events' generator is closed however the response
     ends: Starlette leaves it suspended where the client goes away while an
     event is being sent, and its generations would then run on until it is
-    garbage collected."""
+    garbage collected. `on_close`: what the generator's own ``finally`` would
+    close, closed here too, since a generator never started (the client
+    gone before the response's start was sent) runs no ``finally``."""
+
+    def __init__(self, content, *args, on_close: Callable[[], Awaitable[None]] | None = None,
+                 **kwargs):
+        super().__init__(content, *args, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -114,6 +121,8 @@ class ClosingStreamingResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await close(self.body_iterator)
+                if self.on_close is not None:
+                    await self.on_close()
 
 
 async def unless_gone(request: Request, work: Awaitable[T]) -> T | None:
@@ -168,6 +177,11 @@ async def stream(request: Request, streams: list[AsyncIterator[Chunk]],
         await merged_responses.aclose()
         await close_all(streams)
         return Response(status_code=499)
+    async def close_generations() -> None:
+        await merged_responses.aclose()
+        await close_all(streams)
+
     return ClosingStreamingResponse(events(first, merged_responses),
                                     media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-cache"})
+                                    headers={"Cache-Control": "no-cache"},
+                                    on_close=close_generations)
