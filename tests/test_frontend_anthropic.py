@@ -106,6 +106,8 @@ def test_what_claude_clients_send_is_taken(client, recorder, codec):
                                                  "description": WEATHER["description"],
                                                  "parameters": WEATHER["input_schema"],
                                                  "strict": True}}])
+    assert client.post("/v1/messages", json=ask(tools=[], tool_choice={"type": "auto"})
+                       ).status_code == 200  # no tools: nothing to choose, as vLLM takes it
     client.post("/v1/messages", json=ask(system=""))
     assert recorder.plans[-1].prompt_ids == codec.encode_chat(
         [{"role": "user", "content": "Capital of France?"}])
@@ -184,6 +186,8 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"model": "other"}, 404, "does not exist"),
     ({"max_tokens": CONTEXT + 1}, 400, "max_tokens must be"),
     ({"tool_choice": {"type": "tool"}, "tools": [WEATHER]}, 400, "names its tool"),
+    ({"tools": [WEATHER]}, 400, 'send tool_choice {"type": "any"}'),
+    ({"tool_choice": {"type": "any"}}, 400, "tools` must be set"),
     ({"frobnicate": 1}, 400, "unknown field"),
 ])
 def test_errors_are_anthropics_error_objects(client, recorder, fields, status, text):

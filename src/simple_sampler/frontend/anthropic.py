@@ -192,7 +192,7 @@ def _chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> dict:
             "name": tool.name, "parameters": tool.input_schema,
             **({"description": tool.description} if tool.description else {}),
             **({"strict": tool.strict} if tool.strict is not None else {})}} for tool in tools]
-    if choice is not None:
+    if choice is not None and (tools or choice.type not in ("auto", "none")):
         if choice.type == "tool":
             if choice.name is None:
                 raise RequestError("tool_choice of type tool names its tool", "tool_choice.name")
@@ -207,6 +207,12 @@ def _chat_tools(tools: list[Tool] | None, choice: ToolChoice | None) -> dict:
 def plan_message(body: bytes, served: Served) -> tuple[MessagesRequest, Plan]:
     """The request (RequestError if bad) and the one generation it asks for."""
     request = parse(MessagesRequest, body)
+    choice = request.tool_choice
+    if request.tools and (choice is None or choice.type == "auto") and served.tool_parser == "none":
+        raise RequestError('tool_choice auto (the default with tools) needs a tool call parser: '
+                           'this server runs without one (serve --tool-call-parser hermes); send '
+                           'tool_choice {"type": "any"}, {"type": "tool", "name": ...} or '
+                           '{"type": "none"}', "tool_choice")
     return request, plan_chat(to_chat(request), served)[0]
 
 
