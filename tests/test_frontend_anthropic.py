@@ -148,12 +148,24 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     assert body["stop_reason"] == "tool_use"
     assert json.loads(plans[-1].params["guided_decoding_guide"]) == WEATHER["input_schema"]
     streamed = events(client.post("/v1/messages", json={**asked, "stream": True}).text)
-    assert [e["type"] for e in streamed] == [
-        "message_start", "content_block_start", "content_block_delta", "content_block_stop",
-        "message_delta", "message_stop"]
+    assert [e["type"] for e in streamed] == [  # a named call's input as it comes
+        "message_start", "content_block_start", "content_block_delta", "content_block_delta",
+        "content_block_stop", "message_delta", "message_stop"]
     assert streamed[1]["content_block"] == {**block, "id": streamed[1]["content_block"]["id"],
                                             "input": {}}
-    assert json.loads(streamed[2]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert json.loads("".join(e["delta"]["partial_json"] for e in streamed[2:4])) == {
+        "city": "Paris"}
+    assert streamed[5]["delta"]["stop_reason"] == "tool_use"
+    # any (chat's required): the calls whole at the end, each block's start, input, stop
+    calls = scripted(codec, ['[{"name": "get_weather", ', '"parameters": {"city": "Paris"}}]'],
+                     plans)
+    whole = events(calls.post("/v1/messages", json={**ask(tools=[WEATHER], stream=True),
+                                                   "tool_choice": {"type": "any"}}).text)
+    assert [e["type"] for e in whole] == [
+        "message_start", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop"]
+    assert whole[1]["content_block"]["name"] == "get_weather"
+    assert json.loads(whole[2]["delta"]["partial_json"]) == {"city": "Paris"}
     # a conversation with the call and its result: chat's tool turns
     turns = [{"role": "user", "content": "Weather in Paris?"},
              {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",

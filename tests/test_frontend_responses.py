@@ -247,10 +247,28 @@ def test_a_named_function_answers_a_function_call_item_streamed_or_not(codec):
         events = list(stream)
     assert [e.type for e in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]  # a named call's arguments as they come, as chat streams them
+    assert [e.delta for e in events[3:5]] == ['{"city": ', '"Paris"}']
+    assert events[5].arguments == '{"city": "Paris"}' and events[6].item.name == "get_weather"
+    assert events[2].item.id == events[3].item_id == events[6].item.id == \
+        events[-1].response.output[0].id
+    assert events[2].item.call_id == events[-1].response.output[0].call_id
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    # required: the calls whole at the end
+    sdk_required = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0,
+                                 http_client=TestClient(scripted_app(codec, [
+                                     '[{"name": "get_weather", ',
+                                     '"parameters": {"city": "Paris"}}]'], plans)))
+    with sdk_required.responses.create(**{**asked, "tool_choice": "required"},
+                                       stream=True) as stream:
+        whole = list(stream)
+    assert [e.type for e in whole] == [
+        "response.created", "response.in_progress", "response.output_item.added",
         "response.function_call_arguments.delta", "response.function_call_arguments.done",
         "response.output_item.done", "response.completed"]
-    assert events[4].arguments == '{"city": "Paris"}' and events[5].item.name == "get_weather"
-    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert json.loads(whole[4].arguments) == {"city": "Paris"}
 
 
 def test_calls_and_their_outputs_in_input_are_the_chat_turns_of_a_tool_conversation(codec):

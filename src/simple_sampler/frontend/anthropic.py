@@ -24,6 +24,7 @@ from ..client import Chunk
 from .chat import chat_prompt_ids
 from .event_apis import EventApi
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
+from .tools import new_call
 from .translate import Plan, Served, check_model, plan_chat
 
 #: OpenAI's error types as Anthropic names them (its errors' ``type``)
@@ -284,31 +285,40 @@ class MessageEvents:
     """A streamed message's events, as Anthropic sends them: message_start,
     the text block's content_block_start, a text_delta per response with
     text, content_block_stop, message_delta (the stop reason and the output
-    tokens), message_stop. With tools the blocks come whole at the end (their
-    text is read whole: ``tools.ToolUse``), a call's input as one
-    input_json_delta."""
+    tokens), message_stop. A named tool's call streams its input as it comes
+    (an input_json_delta per response), as chat streams a named call; with
+    other tools the blocks come whole at the end (their text is read whole:
+    ``tools.ToolUse``), a call's input as one input_json_delta."""
 
     def __init__(self, request: MessagesRequest, plan: Plan, served: Served):
         self.request, self.plan, self.served = request, plan, served
         self.chunks: list[Chunk] = []
         self.streams_text = plan.tools is None
+        #: a named tool's call, streamed as it comes: its block as opened
+        self.call = ({"type": "tool_use", "id": new_call(plan.tools.name, "")["id"],
+                      "name": plan.tools.name, "input": {}}
+                     if plan.tools is not None and plan.tools.name is not None else None)
 
     def opening(self) -> list[dict]:
         started = [{"type": "message_start", "message": _opened(self.plan, self.served)}]
-        if self.streams_text:
+        if self.streams_text or self.call is not None:
             started.append({"type": "content_block_start", "index": 0,
-                            "content_block": {"type": "text", "text": ""}})
+                            "content_block": self.call or {"type": "text", "text": ""}})
         return started
 
     def delta(self, chunk: Chunk) -> list[dict]:
         self.chunks.append(chunk)
-        events = [{"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "text_delta", "text": chunk.text}}
-                  ] if self.streams_text and chunk.text else []
+        events = []
+        if chunk.text and (self.streams_text or self.call is not None):
+            events.append({"type": "content_block_delta", "index": 0, "delta": (
+                {"type": "text_delta", "text": chunk.text} if self.call is None
+                else {"type": "input_json_delta", "partial_json": chunk.text})})
         if not chunk.finish_reason:
             return events
         done = message(self.request, self.plan, self.chunks, self.served)
-        if self.streams_text:
+        if self.call is not None:  # the call streamed: its id kept
+            done["content"][0]["id"] = self.call["id"]
+        if self.streams_text or self.call is not None:
             events.append({"type": "content_block_stop", "index": 0})
         else:
             for index, block in enumerate(done["content"]):

@@ -27,6 +27,7 @@ from .event_apis import EventApi
 from .protocol import ChatCompletionRequest, RequestError, Strict, parse
 from .response_tools import (FunctionCallItem, FunctionCallOutputItem, FunctionChoice,
                              FunctionTool, chat_tools, chat_turn, function_call)
+from .tools import new_call
 from .translate import PARAM_INPUTS, Plan, Served, plan_chat
 
 #: (field, the value it must have here, why another is refused)
@@ -313,9 +314,12 @@ class ResponseEvents:
     output_item.added and content_part.added, an output_text.delta per
     response with text, then output_text.done, content_part.done,
     output_item.done and response.completed; each numbered
-    (``sequence_number``). With tools the answer's items (its calls, and
-    its text beside them) come whole at its end, as chat's calls do (their
-    text is read whole: ``tools.ToolUse``): each item's added, delta, done."""
+    (``sequence_number``). A named function's call streams its arguments as
+    they come (its output_item.added first, a function_call_arguments.delta
+    per response), as chat streams a named call; with other tools the
+    answer's items (its calls, and its text beside them) come whole at its
+    end, as chat's calls do (their text is read whole: ``tools.ToolUse``):
+    each item's added, delta, done."""
 
     def __init__(self, request: ResponsesRequest, plan: Plan, served: Served):
         self.request, self.plan, self.served = request, plan, served
@@ -323,6 +327,9 @@ class ResponseEvents:
         self.logprobs: list[dict] = []  # the tokens' so far, where included
         self.sequence = 0
         self.streams_text = plan.tools is None
+        #: a named function's call, streamed as it comes: its item as opened
+        self.call = (function_call(new_call(plan.tools.name, ""), "in_progress")
+                     if plan.tools is not None and plan.tools.name is not None else None)
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -333,6 +340,9 @@ class ResponseEvents:
         opened = response(self.request, self.plan, [], self.served, "in_progress")
         events = [self._event("response.created", response=opened),
                   self._event("response.in_progress", response=opened)]
+        if self.call is not None:
+            return [*events, self._event("response.output_item.added", output_index=0,
+                                         item=self.call)]
         return events + (self._message_opening(0) if self.streams_text else [])
 
     def _message_opening(self, index: int) -> list[dict]:
@@ -353,6 +363,9 @@ class ResponseEvents:
         events = [self._event("response.output_text.delta", delta=chunk.text, logprobs=logprobs,
                               **self._place(0))] if self.streams_text and (
             chunk.text or logprobs) else []
+        if self.call is not None and chunk.text:
+            events.append(self._event("response.function_call_arguments.delta", delta=chunk.text,
+                                      item_id=self.call["id"], output_index=0))
         if not chunk.finish_reason:
             return events
         done = response(self.request, self.plan, self.chunks, self.served,
@@ -360,6 +373,9 @@ class ResponseEvents:
         for index, item in enumerate(done["output"]):
             if item["type"] == "message":
                 events += self._message_closing(index, item)
+            elif self.call is not None:  # the call streamed: the same ids, closed
+                item.update(id=self.call["id"], call_id=self.call["call_id"])
+                events += self._call_events(index, item, streamed=True)
             else:
                 events += self._call_events(index, item)
         return [*events, self._event("response.completed", response=done)]
@@ -377,13 +393,16 @@ class ResponseEvents:
                 self._event("response.content_part.done", part=part, **self._place(index)),
                 self._event("response.output_item.done", output_index=index, item=item)]
 
-    def _call_events(self, index: int, item: dict) -> list[dict]:
-        """A function call's events, whole (vLLM's function_call_arguments)."""
+    def _call_events(self, index: int, item: dict, streamed: bool = False) -> list[dict]:
+        """A function call's events (vLLM's function_call_arguments): whole,
+        or, `streamed` already, its closing ones."""
         place = {"item_id": item["id"], "output_index": index}
-        return [self._event("response.output_item.added", output_index=index,
-                            item={**item, "arguments": "", "status": "in_progress"}),
-                self._event("response.function_call_arguments.delta", delta=item["arguments"],
-                            **place),
+        events = [] if streamed else [
+            self._event("response.output_item.added", output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"}),
+            self._event("response.function_call_arguments.delta", delta=item["arguments"],
+                        **place)]
+        return [*events,
                 self._event("response.function_call_arguments.done", name=item["name"],
                             arguments=item["arguments"], **place),
                 self._event("response.output_item.done", output_index=index, item=item)]
