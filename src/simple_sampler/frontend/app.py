@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import logging
 from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -33,12 +32,10 @@ from starlette.exceptions import HTTPException
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
 from . import anthropic, answers, event_apis, responses, tokens, translate
-from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body, parse
-from .streams import (EndedEarly, all_of, close_all, collect, error_response, generation_error,
-                      internal_error, stream, unless_gone)
+from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, parse
+from .streams import (all_of, close_all, collect, error_response, generation_error,
+                      internal_error, stream, stream_error, unless_gone)
 from .translate import Plan, Served
-
-log = logging.getLogger(__name__)
 
 Generate = Callable[[Plan], AsyncIterator[Chunk]]
 #: Prometheus' text exposition format, as Triton's metrics endpoint gives it
@@ -71,17 +68,8 @@ async def _events(plans: list[Plan], first: tuple[int, Chunk],
         if not alone and plans[0].include_usage:
             yield answers.sse(answers.usage_event(plans, [finals[i] for i in range(len(plans))],
                                                   served))
-    except GenerationError as error:
-        yield answers.sse(generation_error(error).body.decode())
-    except RequestError as error:  # an answer that is not what was asked (tools)
-        yield answers.sse(error.body())
-    except EndedEarly:
-        yield answers.sse(error_body("the server ended the stream early",
-                                       "internal_server_error"))
-    except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
-        log.exception("stream failed")
-        yield answers.sse(error_body(f"{type(error).__name__}: {error}",
-                                       "internal_server_error"))
+    except Exception as error:  # noqa: BLE001 - the stream still ends with its error
+        yield answers.sse(stream_error(error))
     finally:
         await merged.aclose()
         await close_all(streams)

@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse, Response
 
 from ..client import Chunk, GenerationError
 from ..schema import InvalidRequest
-from .protocol import RequestError, error_body
-from .streams import (EndedEarly, close, close_all, collect, error_response, generation_error,
-                      internal_error, log, stream, unless_gone)
+from .protocol import RequestError
+from .streams import (close, close_all, collect, error_response, generation_error,
+                      internal_error, stream, stream_error, unless_gone)
 from .translate import Plan, Served
 
 
@@ -102,17 +102,8 @@ async def _events(api: EventApi, writer, first: tuple[int, Chunk],
             if chunk.finish_reason:
                 break
             _, chunk = await merged.__anext__()
-    except GenerationError as error:
-        yield api.sse(writer.error(json.loads(generation_error(error).body)))
-    except RequestError as error:  # an answer that is not what was asked (tools)
-        yield api.sse(writer.error(error.body()))
-    except (EndedEarly, StopAsyncIteration):
-        yield api.sse(writer.error(error_body("the server ended the stream early",
-                                              "internal_server_error")))
-    except Exception as error:  # noqa: BLE001 - ours: the stream still ends with its error
-        log.exception("stream failed")
-        yield api.sse(writer.error(error_body(f"{type(error).__name__}: {error}",
-                                              "internal_server_error")))
+    except Exception as error:  # noqa: BLE001 - the stream still ends with its error
+        yield api.sse(writer.error(stream_error(error)))
     finally:
         await merged.aclose()
         await close_all(streams)

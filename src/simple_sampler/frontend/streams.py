@@ -5,6 +5,7 @@ gone away noticed, a stream closed however it ends (``app`` and
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -13,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..client import Chunk, GenerationError
-from .protocol import error_body
+from .protocol import RequestError, error_body
 
 #: the front door's one logger (its records keep app's name)
 log = logging.getLogger("simple_sampler.frontend.app")
@@ -42,6 +43,20 @@ def internal_error(error: Exception) -> JSONResponse:
     """A failure of ours: logged with its traceback, answered 500."""
     log.error("request failed", exc_info=error)
     return error_response(500, f"{type(error).__name__}: {error}", "internal_server_error")
+
+
+def stream_error(error: Exception) -> dict:
+    """OpenAI's error object of what ended a begun stream: Triton's refusal
+    as it refused it, an answer that is not what was asked (tools), the
+    responses ending early, or a failure of ours (logged with its traceback)."""
+    if isinstance(error, GenerationError):
+        return json.loads(generation_error(error).body)
+    if isinstance(error, RequestError):
+        return error.body()
+    if isinstance(error, (EndedEarly, StopAsyncIteration)):
+        return error_body("the server ended the stream early", "internal_server_error")
+    log.error("stream failed", exc_info=error)
+    return error_body(f"{type(error).__name__}: {error}", "internal_server_error")
 
 
 class EndedEarly(Exception):
