@@ -284,7 +284,20 @@ def test_end_id_minus_one_is_none_neither_ending_nor_banned():
     ids = [t for e in events for t in e.token_ids]
     assert ids[2:] == [END_ID] * 4 and events[-1].finish_reason == "length"
     with pytest.raises(InvalidRequest, match=r"or -1 \(none\), got -2"):
-        GenerationRequest(text="a", end_id=-2).validate(VOCAB, 64)
+        GenerationRequest(text="a", end_id=-2).validate(VOCAB)
+
+
+def test_a_max_tokens_past_the_context_is_shortened_to_the_room_the_prompt_leaves():
+    """As TensorRT-LLM's LlmRequest::validate and vLLM's engine: a prompt of
+    10 tokens in a context of 64 asking 60 (or any INT32) tokens gets 54,
+    ending by length; one asking fewer gets what it asked for."""
+    requests = [GenerationRequest(text="abcdefghij", max_tokens=n, ignore_end=True,
+                                  sampling=SamplingParams(temperature=0.0))
+                for n in (60, 2**31 - 1, 54, 20)]
+    results, _ = generate(FakeEngine(max_context=64), requests, mode="inline_kernels")
+    for events, asked in zip(results, (60, 2**31 - 1, 54, 20)):
+        assert sum(len(e.token_ids) for e in events) == min(asked, 54)
+        assert events[-1].finish_reason == "length"
 
 
 def test_stop_token_ids_stop_as_the_end_id_does_even_with_ignore_eos():
@@ -737,9 +750,10 @@ def test_a_samplers_synchronous_path_answers_in_the_data_plane_thread_with_one_l
     (dict(text=None), "exactly one of text_input and prompt_ids"),
     (dict(prompt_ids=[1, 99]),
      r"input_ids \(prompt_ids\) must be a non-empty list of token ids in \[0, 28\)"),
-    (dict(text="a", max_tokens=0), r"max_tokens must be an integer in \[1, 63\], got 0"),
-    (dict(text="a", max_tokens=10**6), r"max_tokens must be an integer in \[1, 63\]"),
-    (dict(text="abcdefghij", max_tokens=60), r"prompt \(10 tokens\) plus max_tokens \(60\)"),
+    (dict(text="a", max_tokens=0), r"max_tokens must be an integer in \[1, 2147483647\], got 0"),
+    (dict(text="a", max_tokens=2**31), r"max_tokens must be an integer in \[1, 2147483647\]"),
+    (dict(text="a" * 64, max_tokens=1),
+     r"the prompt \(64 tokens\) leaves no room in the context \(64 tokens\)"),
     (dict(text="a", sampling=SamplingParams(temperature=-1)), "temperature must be"),
     (dict(text="a", sampling=SamplingParams(top_p=1.5)), r"top_p must be in \(0, 1\]"),
     (dict(text="a", stop_words="end"), "stop_words must be a list of non-empty strings"),

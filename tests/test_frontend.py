@@ -100,10 +100,10 @@ BAD_CHAT = [
     (chat(max_tokens=16.0), "max_tokens", "valid integer"),
     ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1e999}'
      % MODEL, "max_tokens", "valid integer"),
-    (chat(max_tokens=4294967297), "max_tokens", "[1, 511]"),
-    (chat(max_tokens=0), "max_tokens", "[1, 511]"),
+    (chat(max_tokens=4294967297), "max_tokens", "[1, 512]"),
+    (chat(max_tokens=0), "max_tokens", "[1, 512]"),
     (chat(max_tokens=True), "max_tokens", "valid integer"),
-    (chat(max_completion_tokens=512), "max_completion_tokens", "[1, 511]"),
+    (chat(max_completion_tokens=513), "max_completion_tokens", "[1, 512]"),
     (chat(max_tokens=8, max_completion_tokens=9), "max_completion_tokens", "disagree"),
     (chat(temperature="NaN"), "temperature", "valid number"),
     ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": 1e999}'
@@ -191,21 +191,21 @@ BAD_COMPLETION = [
     (completion(prompt=[[1], [2, 10**9]]), "prompt", "prompt[1][1] must be an integer in [0, "),
     (completion(prompt=[2, 10**9]), "prompt", "prompt[1] must be an integer in [0, "),
     (completion(prompt=["Hi", "Hi " * 600], max_tokens=4), "prompt",
-     "prompt[1] (601 tokens) plus max_tokens (4) must be at most the context"),
+     "prompt[1] (601 tokens) leaves no room in the context (512 tokens)"),
     (completion(prompt=[""]), "prompt", "non-empty string"),
     (completion(prompt=[[]]), "prompt", "prompt must be a non-empty string or list of token ids"),
     (completion(prompt=[1, "a"]), "prompt", "str, list[int], list[str], list[list[int]]"),
     (completion(prompt=[1, -1]), "prompt", "[0, 49151]"),
     (completion(prompt=[49152]), "prompt", "[0, 49151]"),
-    (completion(echo=True, max_tokens=-1), "max_tokens", "[0, 511]"),
-    (completion(max_tokens=0), "max_tokens", "[1, 511]"),
+    (completion(echo=True, max_tokens=-1), "max_tokens", "[0, 512]"),
+    (completion(max_tokens=0), "max_tokens", "[1, 512]"),
     (completion(logprobs=21), "logprobs", "integer in [0, 20]"),
     (completion(best_of=2), "best_of", "best_of must be 1"),
     (completion(suffix="x"), "suffix", "not supported"),
-    (completion(max_tokens=600), "max_tokens", "[1, 511]"),
-    (completion(prompt=[1] * 500, max_tokens=100), "max_tokens", "at most the context"),
+    (completion(max_tokens=600), "max_tokens", "[1, 512]"),
     (completion(prompt=[1] * 512), "prompt", "leaves no room"),
-    (completion(prompt=[1] * 512), "prompt", "leaves no room"),
+    (completion(prompt=[1] * 512, max_tokens=4), "prompt", "leaves no room"),
+    (completion(prompt=[1] * 513, echo=True, max_tokens=0), "prompt", "leaves no room"),
 ]
 
 
@@ -916,7 +916,8 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
     """A completions prompt as a list of one (genai-perf sends [text],
     lm-eval [[ids]]); vLLM's ignore_eos and stop_token_ids, best_of 1, a message's name, a
     negative seed (read modulo 2^64, as torch.manual_seed reads vLLM's),
-    include_usage null; a default max_tokens shortened to the context left."""
+    include_usage null; a default max_tokens shortened to the context left,
+    and a sent one too, up to the whole context (vLLM 0.32's bound)."""
     for prompt in (["The capital of France is"], [codec.encode("The capital of France is")]):
         assert post(client, "/v1/completions", completion(prompt=prompt, best_of=1,
                                                           ignore_eos=True)).status_code == 200
@@ -930,6 +931,13 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
     assert "ignore_eos" not in recorder.plans[-1].params
     assert post(client, "/v1/completions", completion(prompt=[1] * 500)).status_code == 200
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 500
+    for sent in (100, CONTEXT):
+        for body in (completion(prompt=[1] * 500, max_tokens=sent),
+                     chat(messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=sent)):
+            path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+            assert post(client, path, body).status_code == 200
+            plan = recorder.plans[-1]
+            assert plan.params["max_tokens"] == min(sent, CONTEXT - len(plan.prompt_ids))
     assert post(client, "/v1/chat/completions", chat(stop_token_ids=[7, 2],
                                                      include_stop_str_in_output=True)).status_code == 200
     assert recorder.plans[-1].params["stop_token_ids"] == [7, 2]

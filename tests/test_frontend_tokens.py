@@ -167,24 +167,18 @@ BAD = [
     ("/v1/completions", completion(spaces_between_special_tokens=False), 400,
      "spaces_between_special_tokens", "must be true"),
     ("/v1/tokenize", {"prompt": "x"}, 404, None, "Not Found"),  # vLLM serves no /v1/tokenize
-    # k in [1, context - max_tokens], as current vLLM (completions' max_tokens 16 unless given)
+    # k in [1, context], as vLLM 0.32's TokenizeParams
     ("/v1/completions", completion(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens",
-     "truncate_prompt_tokens must be -1 or an integer in [1, 496] (the context, 512 tokens, "
-     "less max_tokens, 16), got 0"),
+     "truncate_prompt_tokens must be -1 or an integer in [1, 512] (the context), got 0"),
     ("/v1/completions", completion(truncate_prompt_tokens=-2), 400, "truncate_prompt_tokens",
-     "must be -1 or an integer in [1, 496]"),
-    ("/v1/completions", completion(truncate_prompt_tokens=497), 400, "truncate_prompt_tokens",
-     "must be -1 or an integer in [1, 496]"),
-    ("/v1/completions", completion(truncate_prompt_tokens=501, max_tokens=12), 400,
-     "truncate_prompt_tokens", "[1, 500] (the context, 512 tokens, less max_tokens, 12), got 501"),
+     "must be -1 or an integer in [1, 512]"),
+    ("/v1/completions", completion(truncate_prompt_tokens=513, max_tokens=12), 400,
+     "truncate_prompt_tokens", "[1, 512] (the context), got 513"),
     ("/v1/chat/completions", chat(truncate_prompt_tokens=513), 400, "truncate_prompt_tokens",
-     "[1, 512] (the context, 512 tokens, less max_tokens, 0), got 513"),
-    ("/v1/chat/completions", chat(truncate_prompt_tokens=500, max_completion_tokens=20), 400,
-     "truncate_prompt_tokens", "[1, 492] (the context, 512 tokens, less max_completion_tokens, "
-     "20), got 500"),
+     "[1, 512] (the context), got 513"),
     # a max_tokens past the context is refused as such, not as a truncation's
-    ("/v1/completions", completion(truncate_prompt_tokens=5, max_tokens=512), 400, "max_tokens",
-     "max_tokens must be an integer in [1, 511]"),
+    ("/v1/completions", completion(truncate_prompt_tokens=5, max_tokens=513), 400, "max_tokens",
+     "max_tokens must be an integer in [1, 512]"),
     ("/v1/chat/completions", chat(truncate_prompt_tokens=1.5), 400, "truncate_prompt_tokens",
      "valid integer"),
 ]
@@ -231,10 +225,11 @@ def test_a_failure_of_ours_in_tokenize_is_a_500(codec, monkeypatch):
 
 def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, codec):
     """vLLM's truncate_prompt_tokens k: the last k tokens of a text prompt,
-    of token ids, of a chat's templated prompt; -1 the context less
-    max_tokens (completions' 16 unless given, chat's 0), as current vLLM's
-    TokenizeParams: a shorter prompt whole. Echo then gives the text of the
-    tokens sent."""
+    of token ids, of a chat's templated prompt; -1 the context less the one
+    token held back for the output (chat without max_tokens: the whole
+    context), as vLLM 0.32's TokenizeParams: a shorter prompt whole; the
+    output's room what the kept prompt leaves. Echo then gives the text of
+    the tokens sent."""
     text = codec.encode("The capital of France is")
     cases = [(completion(truncate_prompt_tokens=3), text[-3:], 16),
              (completion(prompt=list(range(1, 11)), truncate_prompt_tokens=4), [7, 8, 9, 10], 16),
@@ -242,10 +237,12 @@ def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, 
               list(range(1, 11)), 16),
              (completion(prompt=[5] * 600, truncate_prompt_tokens=500, max_tokens=12), [5] * 500,
               12),
-             # -1: the context less max_tokens, room for the answer left
-             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1), [5] * 496, 16),
-             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1, max_tokens=100), [5] * 412,
-              100)]
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=500, max_tokens=100), [5] * 500,
+              12),
+             # -1: the context less one, room for one token of the answer
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1), [5] * 511, 1),
+             (completion(prompt=[5] * 600, truncate_prompt_tokens=-1, max_tokens=100), [5] * 511,
+              1)]
     for body, expected, max_tokens in cases:
         assert post(client, "/v1/completions", body).status_code == 200, body
         assert recorder.plans[-1].prompt_ids == expected
@@ -256,7 +253,8 @@ def test_truncate_prompt_tokens_sends_the_prompts_last_tokens(client, recorder, 
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 5
     long = chat(messages=[{"role": "user", "content": "hi " * 600}], truncate_prompt_tokens=-1)
     assert post(client, "/v1/chat/completions", {**long, "max_tokens": 30}).status_code == 200
-    assert len(recorder.plans[-1].prompt_ids) == CONTEXT - 30
+    assert len(recorder.plans[-1].prompt_ids) == CONTEXT - 1
+    assert recorder.plans[-1].params["max_tokens"] == 1
     # chat's -1 without max_tokens: the whole context, which leaves no room,
     # a 400, as in vLLM (its chat counts no output tokens unless asked)
     full = post(client, "/v1/chat/completions", long)

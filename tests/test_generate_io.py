@@ -401,11 +401,11 @@ def test_top_p_zero_is_no_top_p_and_with_no_top_k_greedy_as_tensorrt_llm_reads_i
     for vllm in (decode_generate({**prompt, "sampling_parameters": np.array(
             [[b'{"top_p": 0}']], object)}), decode_generate(prompt, {"top_p": 0})):
         with pytest.raises(InvalidRequest, match="top_p must be in"):
-            vllm.request.validate(1000, 100)
+            vllm.request.validate(1000)
     # a top_k out of range stays to be refused
     below = decode_generate({**prompt, **zero, "top_k": np.array([[-3]], np.int32)})
     with pytest.raises(InvalidRequest, match="top_k must be >= -1"):
-        below.request.validate(1000, 100)
+        below.request.validate(1000)
 
 
 def test_tensorrt_llms_embedding_bias_adds_each_words_weight_to_its_tokens():

@@ -472,7 +472,7 @@ def test_a_request_with_allowed_token_ids_generates_only_those(tokenizer, mode):
                                             ([49152], "token ids in [0, 49152)")])
 def test_bad_allowed_token_ids_are_refused_by_name(tokenizer, allowed, named):
     with pytest.raises(InvalidRequest, match=re.escape(named)):
-        GenerationRequest(prompt_ids=[1], allowed_token_ids=allowed).validate(49152, 256)
+        GenerationRequest(prompt_ids=[1], allowed_token_ids=allowed).validate(49152)
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(min_tokens=3),

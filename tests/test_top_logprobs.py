@@ -173,7 +173,7 @@ def test_a_sampler_that_gives_none_has_such_requests_refused_by_name():
 def test_bad_asks_name_the_field(n, logprobs, message):
     request = GenerationRequest(prompt_ids=[1], return_log_probs=logprobs, num_top_logprobs=n)
     with pytest.raises(InvalidRequest, match=message):
-        request.validate(VOCAB, 64)
+        request.validate(VOCAB)
 
 
 def test_the_generate_tensors_carry_them_token_by_token():

@@ -117,7 +117,7 @@ def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
 def test_refusals_name_the_field(inputs, parameters, message):
     with pytest.raises(InvalidRequest, match=message):
         decoded = decode_generate({**PROMPT, **inputs, "sampling_parameters": as_json(**parameters)})
-        decoded.request.validate(vocab_size=64, max_context=512)
+        decoded.request.validate(vocab_size=64)
 
 
 @pytest.mark.parametrize("sampling_parameters, message", [
@@ -184,6 +184,6 @@ def test_a_name_sent_twice_with_two_values_is_refused():
 def test_a_ranges_refusal_names_the_field_as_the_client_sent_it(inputs, parameters, message):
     decoded = decode_generate({**PROMPT, **inputs}, parameters)
     with pytest.raises(InvalidRequest) as refused:
-        decoded.request.validate(vocab_size=64, max_context=512)
+        decoded.request.validate(vocab_size=64)
     with pytest.raises(InvalidRequest, match=message):
         raise as_sent(refused.value, decoded.sent_as)

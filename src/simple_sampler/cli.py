@@ -327,7 +327,8 @@ def add_serving(commands) -> None:
         # max_tokens: 64 here, a better first answer than the server's 16;
         # and never 0, which only prompt_logprobs allows
         default = 64 if tensor.name == "max_tokens" else None
-        allowed = "[1, context - 1]" if tensor.name == "max_tokens" else tensor.allowed
+        allowed = ">= 1, shortened to what the context leaves" if tensor.name == "max_tokens" \
+            else tensor.allowed
         said = {"top_p": "1.0 unless --top-k is given; neither is greedy"}.get(tensor.name)
         gen.add_argument(f"--{tensor.name.replace('_', '-')}",
                          type=float if tensor.dtype.startswith("FP") else int, default=default,

@@ -225,26 +225,25 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
     return list(ids), list(bias.values())
 
 
-def truncation(request: Sampling, served: Served, output: int, name: str) -> int | None:
+def truncation(request: Sampling, served: Served, output: int) -> int | None:
     """vLLM's truncate_prompt_tokens k: how many of the prompt's last tokens
     are sent (a chat's after its template; a text prompt keeps the special
-    tokens the tokenizer adds, ``TextCodec.tokenize``), None: all. As
-    current vLLM (vllm/renderers/params.py, ``TokenizeParams``: its
-    max_input_tokens, the context less the output asked for) -1 is the
-    context less `output` (the request's max_tokens, `name`: completions'
-    16 when not given, chat's 0) and k must lie in [1, that] (vLLM refuses
-    a larger k up front). vLLM's field takes 0 too, which it reads as
-    nothing kept: refused here. An `output` outside [0, context) leaves the
-    prompt whole for ``_max_tokens`` to refuse, naming its field."""
+    tokens the tokenizer adds, ``TextCodec.tokenize``), None: all. As vLLM
+    0.32 (vllm/renderers/params.py, ``TokenizeParams``): k at most the
+    context (a larger k is refused up front); -1 the context less the one
+    token held back for the output where any is asked for (`output`: the
+    request's max_tokens, completions' 16 when not given, chat's 0; its
+    ``max_truncation_tokens``), else the whole context. The output's room is
+    then what the kept prompt leaves (``_max_tokens``). vLLM's field takes 0
+    too, which it reads as nothing kept: refused here."""
     k = request.truncate_prompt_tokens
-    if k is None or not 0 <= output < served.max_context:
+    if k is None:
         return None
-    room = served.max_context - output
     if k == -1:
-        return room
-    if not 1 <= k <= room:
-        raise RequestError(f"truncate_prompt_tokens must be -1 or an integer in [1, {room}] (the "
-                           f"context, {served.max_context} tokens, less {name}, {output}), got {k}",
+        return served.max_context if output == 0 else served.max_context - 1
+    if not 1 <= k <= served.max_context:
+        raise RequestError(f"truncate_prompt_tokens must be -1 or an integer in [1, "
+                           f"{served.max_context}] (the context), got {k}",
                            "truncate_prompt_tokens")
     return k
 
@@ -252,25 +251,28 @@ def truncation(request: Sampling, served: Served, output: int, name: str) -> int
 def _max_tokens(request: Sampling, served: Served, prompt_length: int, default: int | None,
                 name: str = "max_tokens", prompt_field: str = "messages", low: int = 1,
                 prompt_name: str = "the prompt") -> int:
-    """The generation's max_tokens (or max_completion_tokens, `name`), checked
-    against the context the prompt (`prompt_name`, for errors) leaves."""
+    """The generation's max_tokens (or max_completion_tokens, `name`): at
+    most what the context leaves after the prompt (`prompt_name`, for
+    errors). As vLLM 0.32: a limit at most the context (vllm/renderers/
+    params.py, ``TokenizeParams``: a larger one is refused), shortened to
+    the room the prompt leaves where it asks for more
+    (vllm/entrypoints/serve/utils/api_utils.py, ``get_max_tokens``; the
+    answer ends by length there). A prompt that leaves no room for a token
+    (for the prompt alone, `low` 0: one longer than the context) is
+    refused."""
     given = getattr(request, name)
+    if given is not None:
+        checked_integer(name, given, "max_tokens", low, served.max_context)
     room = served.max_context - prompt_length
+    if room < min(1 if given is None else given, 1):
+        raise RequestError(f"{prompt_name} ({prompt_length} tokens) leaves no room in the "
+                           f"context ({served.max_context} tokens)", prompt_field)
     if given is None:
-        if room < 1:
-            raise RequestError(f"{prompt_name} ({prompt_length} tokens) leaves no room in the "
-                               f"context ({served.max_context} tokens)", prompt_field)
         # chat: what the context leaves (or the model's max_new_tokens, if
         # less); completions: OpenAI's 16, or what the context leaves if less
-        # (vLLM's default, vllm/entrypoints/utils.py, ``get_max_tokens``); a
-        # limit the client sent is never shortened
+        # (vLLM's default, ``get_max_tokens``)
         return room if default is None else min(default, room)
-    checked_integer(name, given, "max_tokens", low, served.max_context - 1)
-    if given > room:  # the prompt's fault where it fills the context alone
-        raise RequestError(f"{prompt_name} ({prompt_length} tokens) plus {name} ({given}) must "
-                           f"be at most the context, {served.max_context} tokens",
-                           prompt_field if room < 1 else name)
-    return given
+    return min(given, room)
 
 
 def check_model(model: str | None, served: Served) -> None:
@@ -333,9 +335,7 @@ def _plan_prompt(request: CompletionRequest, served: Served, prompt: str | list[
                  name: str) -> Plan:
     """The generation of one of a completions request's prompts (`name`:
     its place in the request, for errors)."""
-    # vLLM's default max_tokens, 16, counts against the prompt's room
-    keep = truncation(request, served, 16 if request.max_tokens is None else request.max_tokens,
-                      "max_tokens")
+    keep = truncation(request, served, 16 if request.max_tokens is None else request.max_tokens)
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError(f"{name} must be a non-empty string", "prompt")
@@ -380,8 +380,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
         raise RequestError("max_tokens and max_completion_tokens are the same limit; they "
                            "disagree", "max_completion_tokens")
     name = "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
-    given = getattr(request, name)
-    keep = truncation(request, served, 0 if given is None else given, name)
+    keep = truncation(request, served, getattr(request, name) or 0)
     use, guide = tool_use(request, served.tool_parser)
     prompt_text, prompt_ids = chat_prompt(request, served.codec, keep)
     plan = _plan(request, served, True, prompt_ids,

@@ -115,8 +115,9 @@ GENERATE_INPUTS = (
     # which answers it with INVALID_ARG (Triton's ensemble checks nothing).
     scalar("text_input", "BYTES", "required", "non-empty UTF-8"),
     scalar("max_tokens", "INT32", 16,
-            f"[1, context - 1] (0 with prompt_logprobs); prompt + max_tokens <= context "
-            f"(max_context, {LlmSettings.max_context})"),
+            f"[1, 2147483647] (0 with prompt_logprobs); past the room the prompt leaves in "
+            f"the context (max_context, {LlmSettings.max_context}) shortened to it, as "
+            f"TensorRT-LLM shortens it"),
     scalar("stream", "BOOL", False, "false: one response at the end; true (responses as "
             "tokens come) refused by a server of decoupled_mode false"),
     scalar("stream_interval", "INT32", "the server's stream_interval (LlmSettings, 1)",

@@ -20,8 +20,7 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
     (``Decoder.prepare``; unannotated: decoder.py imports this module);
     raises InvalidRequest naming the bad field."""
     engine = decoder.engine
-    request.validate(engine.vocab_size, engine.max_context,
-                     max_tokens_limit=decoder.max_tokens_limit)
+    request.validate(engine.vocab_size)
     if request.num_top_logprobs and not decoder.data_plane.gives_top_logprobs:
         raise InvalidRequest(f"num_top_logprobs must be 0 here: this decode loop's "
                              f"sampler ({decoder.mode}) returns no top logprobs")
@@ -31,7 +30,7 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
     codec = decoder.codec
     prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
                   else codec.encode(request.text, request.chat))
-    request.check_room(len(prompt_ids), engine.max_context)  # the rest was validated above
+    max_tokens = request.fitted_max_tokens(len(prompt_ids), engine.max_context)
     end_ids = {None: decoder.end_ids, -1: []}.get(request.end_id, [request.end_id])
     params = request.sampling
     stop_ids = frozenset([*params.stop_token_ids, *([] if request.ignore_end else end_ids)])
@@ -68,5 +67,5 @@ def prepare(decoder, request: GenerationRequest) -> DecodeSequence:
     return DecodeSequence(request_id, request, RequestHandle(decoder, request_id), prompt_ids,
                           params, codec.detokenizer(prompt_ids, not request.skip_special),
                           stops, bad_words_ids, num_input_tokens=len(prompt_ids),
-                          max_tokens=request.max_tokens, stop_ids=stop_ids, matcher=matcher,
+                          max_tokens=max_tokens, stop_ids=stop_ids, matcher=matcher,
                           allowed=allowed)

@@ -138,7 +138,6 @@ class Decoder:
     def __init__(self, engine: Engine, codec: TextCodec, mode: str = "simple",
                  sampler: AsyncSampler | None = None,
                  micro_batches: int = LlmSettings.micro_batches,
-                 max_tokens_limit: int | None = None,
                  launch_ahead: str = LlmSettings.launch_ahead,
                  logprobs_mode: str = LlmSettings.logprobs_mode):
         if mode not in SAMPLING_MODES:
@@ -167,7 +166,6 @@ class Decoder:
         if self.windowed:
             engine.split_slots(lanes)
         warm_up(engine)  # after the split: the lanes' own steps
-        self.max_tokens_limit = max_tokens_limit
         #: launch each step before the step before it makes its events
         #: (``StepTokens.deliver``'s `then`); never with an engine that
         #: schedules its own batches (it asks which sequences are ready)
@@ -286,7 +284,7 @@ class Decoder:
             where = {"lane": lane} if self.windowed else {}
             try:
                 self.engine.add(sequence.request_id, sequence.prompt_ids,
-                                max_tokens=sequence.request.max_tokens, **where)
+                                max_tokens=sequence.max_tokens, **where)
             except (ValueError, RuntimeError) as error:
                 self.finish(sequence, error=str(error))
                 continue

@@ -31,6 +31,10 @@ from ..schema import InvalidRequest
 from .structured import Guide
 from .text import Detokenizer, StopMatcher
 
+#: the largest max_tokens (the llm model's INT32 input): a larger limit than
+#: the context leaves is shortened to that room (``fitted_max_tokens``)
+MAX_TOKENS_LIMIT = int(np.iinfo(np.int32).max)
+
 if TYPE_CHECKING:  # prompt_scores imports this module
     from .prompt_scores import PromptScores
 
@@ -117,22 +121,22 @@ class GenerationRequest:
     guide: Guide | None = None
     allowed_token_ids: Sequence[int] | None = None
 
-    def check_room(self, prompt_length: int, max_context: int) -> None:
-        """Raise InvalidRequest unless the prompt leaves room for max_tokens in
-        the context: the one check ``validate`` needs the prompt's length for
-        (the decoder's second, once the text is tokenized)."""
-        if prompt_length + self.max_tokens > max_context:
-            raise InvalidRequest(f"the prompt ({prompt_length} tokens) plus max_tokens "
-                                 f"({self.max_tokens}) must be at most the context, "
-                                 f"{max_context} tokens")
+    def fitted_max_tokens(self, prompt_length: int, max_context: int) -> int:
+        """max_tokens within the room a prompt of `prompt_length` tokens leaves
+        in the context: a larger limit is shortened to that room, as
+        TensorRT-LLM (batch_manager/llmRequest.h, ``LlmRequest::validate``)
+        and vLLM's engine (which ends such a request by length at the
+        context) treat it; the answer ends by length there. InvalidRequest
+        where the prompt leaves no room for a token (for max_tokens 0, the
+        prompt's scores alone: where it is longer than the context)."""
+        if prompt_length + min(self.max_tokens, 1) > max_context:
+            raise InvalidRequest(f"the prompt ({prompt_length} tokens) leaves no room in the "
+                                 f"context ({max_context} tokens)")
+        return min(self.max_tokens, max_context - prompt_length)
 
-    def validate(self, vocab_size: int, max_context: int, prompt_length: int | None = None,
-                 max_tokens_limit: int | None = None) -> None:
-        """Raise InvalidRequest naming the field and its allowed range.
-
-        ``prompt_length`` (once known) must leave room for ``max_tokens`` in
-        ``max_context``; ``max_tokens_limit`` defaults to ``max_context - 1``.
-        """
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequest naming the field and its allowed range (the
+        room the prompt leaves for max_tokens is ``fitted_max_tokens``')."""
         if (self.text is None) == (self.prompt_ids is None):
             raise InvalidRequest("give exactly one of text_input and prompt_ids")
         if self.text is not None and (not isinstance(self.text, str) or not self.text):
@@ -143,17 +147,14 @@ class GenerationRequest:
                                   for t in ids):
                 raise InvalidRequest(f"input_ids (prompt_ids) must be a non-empty list of token "
                                      f"ids in [0, {vocab_size})")
-        limit = max_context - 1 if max_tokens_limit is None else max_tokens_limit
         scored = self.prompt_logprobs is not None
         if scored:
             _count("prompt_logprobs", self.prompt_logprobs, MAX_TOP_LOGPROBS)
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)) \
-                or not 1 - scored <= self.max_tokens <= limit:
+                or not 1 - scored <= self.max_tokens <= MAX_TOKENS_LIMIT:
             hint = " (0 only with prompt_logprobs)" if self.max_tokens == 0 else ""
-            raise InvalidRequest(f"max_tokens must be an integer in [{1 - scored}, {limit}], "
+            raise InvalidRequest(f"max_tokens must be an integer in [{1 - scored}, {MAX_TOKENS_LIMIT}], "
                                  f"got {self.max_tokens!r}{hint}")
-        if prompt_length is not None:
-            self.check_room(prompt_length, max_context)
         try:
             self.sampling.validate(vocab_size)
         except ValueError as error:  # params' checks are not the request's alone
