@@ -152,6 +152,7 @@ BAD_CHAT = [
      "each ask for a grammar"),
     (chat(logprobs=True, top_logprobs=21), "top_logprobs", "integer in [0, 20]"),
     (chat(logprobs=True, top_logprobs=-1), "top_logprobs", "integer in [0, 20]"),
+    (chat(top_logprobs=1), "top_logprobs", "top_logprobs needs logprobs true"),
     (chat(stop=[""]), "stop", "non-empty"),
     (chat(stop=7), "stop", "str, list[str]"),
     (chat(logit_bias={"abc": 1.0}), "logit_bias", "token ids"),
@@ -164,7 +165,9 @@ BAD_CHAT = [
     # values the FP32 inputs cannot carry: the decode loop's refusal would come back a 500
     (chat(logit_bias={"5": 1e39}), "logit_bias", "in [-1e6, 1e6] or -inf"),
     (chat(logit_bias={"5": -1e39}), "logit_bias", "in [-1e6, 1e6] or -inf"),
-    (chat(temperature=1e39), "temperature", "reads as inf"),
+    (chat(temperature=1e39), "temperature", "in [0, 2]"),
+    (chat(temperature=2.01), "temperature", "temperature must be in [0, 2] (OpenAI's and vLLM's"),
+    (chat(temperature=3), "temperature", "must be in [0, 2]"),
     (chat(repetition_penalty=1e39), "repetition_penalty", "in [1e-6, 1e6]"),
     (chat(repetition_penalty=1e-7), "repetition_penalty", "in [1e-6, 1e6]"),
     (chat(top_p=1e-46), "top_p", "reads as 0.0"),
@@ -915,7 +918,7 @@ def test_only_the_frontend_imports_fastapi_and_uvicorn():
 def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec):
     """A completions prompt as a list of one (genai-perf sends [text],
     lm-eval [[ids]]); vLLM's ignore_eos and stop_token_ids, best_of 1, a message's name, a
-    negative seed (read modulo 2^64, as torch.manual_seed reads vLLM's),
+    negative seed (read modulo 2^64, as torch.manual_seed reads vLLM's; -1 none),
     include_usage null; a default max_tokens shortened to the context left,
     and a sent one too, up to the whole context (vLLM 0.32's bound)."""
     for prompt in (["The capital of France is"], [codec.encode("The capital of France is")]):
@@ -924,11 +927,16 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
         assert recorder.plans[-1].prompt_ids == codec.encode("The capital of France is")
         assert recorder.plans[-1].params["ignore_eos"] is True
     response = post(client, "/v1/chat/completions", chat(
-        messages=[{"role": "user", "content": "Hi", "name": "ada"}], seed=-1,
+        messages=[{"role": "user", "content": "Hi", "name": "ada"}], seed=-2**63,
         stream=True, stream_options={"include_usage": None}))
     assert response.status_code == 200
-    assert recorder.plans[-1].params["seed"] == 2**64 - 1
+    assert recorder.plans[-1].params["seed"] == 2**63
     assert "ignore_eos" not in recorder.plans[-1].params
+    # vLLM's -1: no seed, a random draw
+    assert post(client, "/v1/chat/completions", chat(seed=-1)).status_code == 200
+    assert "seed" not in recorder.plans[-1].params
+    # top_logprobs 0 asks for nothing: taken without logprobs, as vLLM takes it
+    assert post(client, "/v1/chat/completions", chat(top_logprobs=0)).status_code == 200
     assert post(client, "/v1/completions", completion(prompt=[1] * 500)).status_code == 200
     assert recorder.plans[-1].params["max_tokens"] == CONTEXT - 500
     for sent in (100, CONTEXT):
@@ -942,6 +950,28 @@ def test_what_vllm_and_benchmark_clients_send_is_served(client, recorder, codec)
                                                      include_stop_str_in_output=True)).status_code == 200
     assert recorder.plans[-1].params["stop_token_ids"] == [7, 2]
     assert recorder.plans[-1].params["include_stop_str_in_output"] is True
+
+
+def test_a_developer_turn_is_a_system_turn_where_the_template_names_no_developer(
+        client, recorder, codec):
+    """As vLLM 0.32 renders it (vllm/renderers/hf.py): SmolLM2's template
+    has no developer role, so the turn is a system turn, and the system
+    turns are merged into one at the start; a template naming the role
+    gets the turns as sent."""
+    from simple_sampler.frontend.chat import developer_as_system
+
+    def sent(*turns):
+        assert post(client, "/v1/chat/completions", chat(messages=list(turns))).status_code == 200
+        return recorder.plans[-1].prompt_ids
+
+    user = {"role": "user", "content": "Hi"}
+    assert sent({"role": "developer", "content": "Be brief."}, user) == codec.encode_chat(
+        [{"role": "system", "content": "Be brief."}, user])
+    assert sent({"role": "system", "content": "A"}, user,
+                {"role": "developer", "content": "B"}) == codec.encode_chat(
+        [{"role": "system", "content": "A\n\nB"}, user])
+    turns = [{"role": "developer", "content": "B"}, user]
+    assert developer_as_system(turns, "{% if m.role == 'developer' %}") == turns
 
 
 def test_continuous_usage_counts_every_chunks_tokens(client):

@@ -59,10 +59,11 @@ def test_input_messages_are_the_turns_an_earlier_answers_output_among_them(sdk, 
              {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
              {"role": "user", "content": "And of Italy?"}]
     sdk.responses.create(model=MODEL, input=turns)
+    # SmolLM2's template names no developer role: vLLM's system turn, at the start
     assert recorder.plans[-1].prompt_ids == codec.encode_chat([
+        {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Capital of France?"},
-        {"role": "assistant", "content": " Paris."},
-        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "And of Italy?"}])
+        {"role": "assistant", "content": " Paris."}, {"role": "user", "content": "And of Italy?"}])
 
 
 @pytest.mark.parametrize("text_format, inputs", [
@@ -175,11 +176,9 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
 
 
 @pytest.mark.parametrize("fields, param, text", [
-    ({"tools": [{"type": "function", "name": "f"}]}, "tool_choice", "needs a tool call parser"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type", "Input should be 'function'"),
     ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
     ({"previous_response_id": "resp_1"}, "previous_response_id", "stores no response"),
-    ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning is not supported"),
     ({"background": True}, "background", "background"),
     ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs include"),
     ({"include": ["message.output_text.bytes"]}, "include.0", "Input should be"),
@@ -189,7 +188,8 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
     ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "Input should be 'text'"),
     ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}},
      "text.format", "text.format"),
-    ({"truncation": "auto"}, "truncation", "Input should be 'disabled'"),
+    ({"truncation": "none"}, "truncation", "Input should be 'auto' or 'disabled'"),
+    ({"truncation": "auto", "input": "hi " * 600}, "input", "leaves no room"),
     ({"max_output_tokens": CONTEXT + 1}, "max_output_tokens", "max_output_tokens must be"),
     ({"temperature": -1.0}, "temperature", "temperature"),
     ({"model": "other"}, "model", "does not exist"),
@@ -205,6 +205,32 @@ def test_what_a_response_cannot_do_is_refused_by_name(app, recorder, fields, par
     assert answer.status_code in (400, 404) and error["param"] == param, error
     assert text in error["message"], error
     assert not recorder.plans
+
+
+def test_truncation_auto_keeps_the_inputs_last_tokens_and_reasoning_is_answered_as_sent(
+        app, recorder):
+    """vLLM's truncation auto is chat's truncate_prompt_tokens -1: the last
+    tokens that leave one for the answer; reasoning and max_tool_calls are
+    taken and answered as sent (no model here reasons)."""
+    answer = post(TestClient(app), "/v1/responses", {
+        "input": "hi " * 600, "truncation": "auto", "max_output_tokens": 8,
+        "reasoning": {"effort": "low"}, "max_tool_calls": 2}).json()
+    assert len(recorder.plans[-1].prompt_ids) == CONTEXT - 1
+    assert (answer["truncation"], answer["reasoning"], answer["max_tool_calls"]) == (
+        "auto", {"effort": "low"}, 2)
+    assert answer["usage"]["input_tokens"] == CONTEXT - 1
+
+
+def test_auto_without_a_parser_answers_in_text_with_the_tools_in_the_template(app, recorder):
+    """As vLLM 0.32's Responses API answers it (chat refuses it): the
+    model's text as the message, no call parsed out of it."""
+    answer = post(TestClient(app), "/v1/responses", {"input": "Weather in Paris?",
+                                                    "tools": [WEATHER]})
+    assert answer.status_code == 200, answer.text
+    plan = recorder.plans[-1]
+    assert plan.tools is None and "guided_decoding_guide" not in plan.params
+    assert [item["type"] for item in answer.json()["output"]] == ["message"]
+    assert answer.json()["tool_choice"] == "auto"
 
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",

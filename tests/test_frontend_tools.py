@@ -130,6 +130,7 @@ def test_required_is_an_array_of_the_tools_calls(client, scripted, parallel):
     assert names == [["get_weather"], ["get_time"]]
     assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object",
                                                                        "properties": {}}
+    assert answer.json()["choices"][0]["finish_reason"] == "tool_calls"  # vLLM's, as auto's
     calls = answer.json()["choices"][0]["message"]["tool_calls"]
     expected = [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
@@ -146,7 +147,7 @@ def test_required_streamed_gives_its_calls_whole_at_the_end(client, scripted):
     calls = last["choices"][0]["delta"]["tool_calls"]
     assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather"),
                                                                     (1, "get_time")]
-    assert last["choices"][0]["finish_reason"] == "stop"
+    assert last["choices"][0]["finish_reason"] == "tool_calls"
     whole = post(client, body).json()["choices"][0]
     assert len(last["choices"][0]["logprobs"]["content"]) == len(whole["logprobs"]["content"]) == 2
 
@@ -205,7 +206,10 @@ def test_the_openai_clients_own_assistant_message_replays(client, scripted):
 @pytest.mark.parametrize("turn, param, text", [
     ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "get_weather", "arguments": "{city"}}]},
-     "messages.1.tool_calls.0.function.arguments", "must be JSON text"),
+     "messages.1.tool_calls.0.function.arguments", "must be a JSON object"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "get_weather", "arguments": "[1]"}}]},
+     "messages.1.tool_calls.0.function.arguments", "must be a JSON object, got '[1]'"),
     ({"role": "user", "content": None}, "messages.1.content", "may be null only"),
     ({"role": "assistant", "content": "x", "refusal": "no"}, "messages.1.refusal",
      "unknown field"),

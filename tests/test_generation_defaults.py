@@ -33,6 +33,17 @@ def test_the_files_sampling_fields_are_the_defaults(tmp_path):
         "max_tokens": 300}
 
 
+def test_the_penalties_vllm_reads_are_defaults_too(tmp_path):
+    """vLLM's available_params hold presence and frequency penalties too
+    (vllm/config/model.py, ``get_diff_sampling_param``)."""
+    config = {**RECOMMENDED, "presence_penalty": 1.5, "frequency_penalty": -0.5}
+    assert sampling_defaults(model_dir(tmp_path, config)) == {
+        "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+        "presence_penalty": 1.5, "frequency_penalty": -0.5, "max_tokens": 300}
+    with pytest.raises(ValueError, match="presence_penalty"):
+        sampling_defaults(model_dir(tmp_path, {"presence_penalty": 3.0}))
+
+
 def test_vllm_a_file_without_sampling_fields_or_no_file_give_none(tmp_path):
     assert sampling_defaults(model_dir(tmp_path, RECOMMENDED), "vllm") == {}
     assert sampling_defaults(model_dir(tmp_path, {"eos_token_id": 2, "bos_token_id": 1})) == {}

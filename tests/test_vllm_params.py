@@ -72,9 +72,12 @@ def test_request_parameters_carry_the_names_no_input_has():
     assert decode_generate(PROMPT, {"logprobs": None}).request.return_log_probs is False
 
 
-def test_a_negative_seed_is_read_modulo_2_64_as_vllms():
-    decoded = decode_generate({**PROMPT, "sampling_parameters": as_json(seed=-1)})
-    assert decoded.request.sampling.seed == 2**64 - 1
+def test_seed_minus_one_is_none_and_another_negative_seed_is_read_modulo_2_64_as_vllms():
+    decoded = decode_generate({**PROMPT, "sampling_parameters": as_json(seed=-2)})
+    assert decoded.request.sampling.seed == 2**64 - 2
+    for sent in (-1, "-1"):
+        decoded = decode_generate({**PROMPT, "sampling_parameters": as_json(seed=sent)})
+        assert decoded.request.sampling.seed is None
 
 
 @pytest.mark.parametrize("inputs, parameters, message", [
@@ -141,8 +144,8 @@ def test_the_vllm_sample_clients_request_is_taken_as_its_backend_takes_it():
     assert decoded.request.max_tokens == 100 and not decoded.request.ignore_end
     assert decode_generate(PROMPT, {"max_tokens": 8.0}).request.max_tokens == 8
     spelled = decode_generate({**PROMPT, "sampling_parameters": as_json(
-        seed="-1", n="1", detokenize="true", stream_interval="4")})
-    assert spelled.request.sampling.seed == 2**64 - 1 and spelled.stream_interval == 4
+        seed="-3", n="1", detokenize="true", stream_interval="4")})
+    assert spelled.request.sampling.seed == 2**64 - 3 and spelled.stream_interval == 4
 
 
 def test_an_input_sent_as_a_vllm_parameter_too_with_the_same_value_is_one():

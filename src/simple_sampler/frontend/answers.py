@@ -30,7 +30,7 @@ def usage(plans: list[Plan], finals: list[Chunk]) -> dict:
 def _json_logprob(logprob: float) -> float:
     """A logprob as JSON can carry it: -inf (a banned token among a row's
     top n) as -9999.0, as vLLM writes it (vllm/entrypoints/openai/
-    serving_chat.py, ``_create_chat_logprobs``)."""
+    chat_completion/serving.py, ``_create_chat_logprobs``)."""
     return max(logprob, -9999.0)
 
 
@@ -43,7 +43,7 @@ def _token_namer(plan: Plan, codec):
     """How the logprobs name a token id at a position, ``name(token,
     context)``: by its text (``token_text``; context: the ids sampled
     before the position), or with vLLM's return_tokens_as_token_ids as
-    "token_id:N" (vllm/entrypoints/utils.py, ``format_token_id_placeholder``),
+    "token_id:N" (vllm/entrypoints/generate/base/serving.py, ``format_token_id_placeholder``),
     which tells apart tokens whose texts are alike (a piece of a character,
     a special token's "")."""
     if plan.tokens_as_ids:
@@ -221,8 +221,8 @@ def response(plan: Plan, chunks: list[Chunk], served: Served) -> dict:
         choice["message"] = {"role": "assistant", "content": content}
         if calls or plan.tools.parser is None:
             choice["message"]["tool_calls"] = calls
-        if calls and plan.tools.parser is not None:  # vLLM's auto: the calls' reason
-            choice["finish_reason"] = "tool_calls"
+        if calls and plan.tools.name is None:  # auto's or required's calls: their reason
+            choice["finish_reason"] = "tool_calls"  # (vLLM's; a named call's stays stop)
     elif plan.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -278,7 +278,7 @@ def stream_events(plan: Plan, chunk: Chunk, served: Served, first: bool,
             return []
         plan.reported = len(plan.held)
         choice["delta"] = delta
-        if delta.get("tool_calls") and plan.tools.parser is not None:
+        if delta.get("tool_calls") and plan.tools.name is None:
             choice["finish_reason"] = "tool_calls"
     elif plan.chat:
         choice["delta"] = {"role": "assistant", "content": (plan.echo or "") + chunk.text} \

@@ -16,15 +16,17 @@ def chat_prompt_ids(request: ChatTemplate, codec, keep: int | None = None) -> li
 def chat_prompt(request: ChatTemplate, codec, keep: int | None = None) -> tuple[str, list[int]]:
     """The messages through the model's chat template: its text, and its
     token ids (the last `keep`: ``truncation``), as vLLM's chat
-    template fields ask (vllm/entrypoints/openai/protocol.py,
+    template fields ask (vllm/entrypoints/openai/chat_completion/protocol.py,
     ``ChatCompletionRequest.check_generation_prompt``: continue_final_message
     and add_generation_prompt not both true; transformers refuses the pair
     too); the last message is continued whatever its role, as transformers
     and vLLM do. chat_template_kwargs may not name apply_chat_template's own
     arguments nor what transformers hands the template itself (``messages``,
-    ``raise_exception``: ``TextCodec.template_arguments``): vLLM refuses
-    ``chat_template`` and ``tokenize`` and answers the others' failures 400;
-    they would set what the request's fields set, or the answer's shape.
+    ``raise_exception``: ``TextCodec.template_arguments``): they would set
+    what the request's fields set, or the answer's shape. vLLM 0.32 refuses
+    ``chat_template`` and ``tokenize`` and lets the request's fields win
+    over the others (vllm/renderers/params.py, ``merge_kwargs``), or drops
+    them: refused here, so nothing sent is silently left out.
     A template failing on a variable's value is a 400 naming
     chat_template_kwargs."""
     if not request.messages:
@@ -39,7 +41,8 @@ def chat_prompt(request: ChatTemplate, codec, keep: int | None = None) -> tuple[
         raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)} (the chat "
                            "template's own arguments and functions, not its variables)",
                            "chat_template_kwargs")
-    messages = template_messages(request.messages)
+    messages = developer_as_system(template_messages(request.messages),
+                                   codec.tokenizer.chat_template)
     try:
         text = codec.render_chat(
             messages, request.add_generation_prompt, request.continue_final_message, variables,
@@ -51,3 +54,25 @@ def chat_prompt(request: ChatTemplate, codec, keep: int | None = None) -> tuple[
         raise RequestError(str(error), field) from None
     return text, codec.tokenize(text, request.add_special_tokens, keep,
                                 getattr(request, "truncation_side", None))
+
+
+def developer_as_system(messages: list[dict], template) -> list[dict]:
+    """OpenAI's ``developer`` turns as ``system`` turns where the chat
+    template does not name the role (SmolLM2's would open a
+    "developer" turn of its own, under its default system prompt), every
+    system turn then merged into one at the start (joined by a blank line),
+    as vLLM 0.32 renders them (vllm/renderers/hf.py,
+    ``_detect_developer_role_support``, ``_convert_developer_to_system``,
+    ``_consolidate_system_messages``)."""
+    templates = template.values() if isinstance(template, dict) else [template or ""]
+    if not any(turn["role"] == "developer" for turn in messages) or any(
+            '"developer"' in text or "'developer'" in text for text in templates):
+        return messages
+    turns = [{**turn, "role": "system"} if turn["role"] == "developer" else turn
+             for turn in messages]
+    systems = [i for i, turn in enumerate(turns) if turn["role"] == "system"]
+    if systems == [0]:
+        return turns
+    merged = "\n\n".join(turns[i]["content"] for i in systems if turns[i]["content"])
+    return [{"role": "system", "content": merged},
+            *(turn for turn in turns if turn["role"] != "system")]

@@ -23,7 +23,8 @@ from ..params import SamplingParams
 log = logging.getLogger(__name__)
 
 #: what a generation config may default, as vLLM reads it (its "available_params")
-SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+SAMPLING_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
+                   "top_k", "top_p", "min_p")
 MAX_NEW_TOKENS = "max_new_tokens"
 
 

@@ -24,10 +24,11 @@ chat's ``add_generation_prompt``, ``continue_final_message`` and
 ``stream_interval``, chat's ``echo``, ``documents`` and ``return_prompt_text``,
 ``structured_outputs`` and
 the ``guided_*`` fields, and ``stream_options.continuous_usage_stats`` are
-vLLM's (vllm-project/vllm, ``vllm/entrypoints/openai/protocol.py``,
-``CompletionRequest`` and ``ChatCompletionRequest``), as are the bodies of
-its ``/tokenize`` and ``/detokenize`` (``TokenizeCompletionRequest``,
-``TokenizeChatRequest``, ``DetokenizeRequest``).
+vLLM's (vllm-project/vllm 0.32, ``vllm/entrypoints/openai/completion/
+protocol.py`` ``CompletionRequest``, ``.../chat_completion/protocol.py``
+``ChatCompletionRequest``), as are the bodies of its ``/tokenize`` and
+``/detokenize`` (``vllm/entrypoints/serve/tokenize/protocol.py``:
+``TokenizeCompletionRequest``, ``TokenizeChatRequest``, ``DetokenizeRequest``).
 """
 from __future__ import annotations
 
@@ -203,7 +204,7 @@ class ChatMessage(Strict):
     @property
     def text(self) -> str:
         """The turn's text; text parts joined with newlines, as vLLM does
-        (vllm/entrypoints/chat_utils.py, ``_parse_chat_message_content_parts``);
+        (vllm/renderers/chat_utils.py, ``_parse_chat_message_content_parts``);
         "" for an assistant's null content."""
         if self.content is None:
             return ""
@@ -235,7 +236,7 @@ class NamedToolChoice(Strict):
 
 
 class ChatTemplate(Request):
-    """vLLM's chat template controls (vllm/entrypoints/openai/protocol.py,
+    """vLLM's chat template controls (vllm/entrypoints/openai/chat_completion/protocol.py,
     ``ChatCompletionRequest`` and ``TokenizeChatRequest``: the same names
     and defaults); both true is refused there as here (``translate``)."""
 

@@ -8,11 +8,13 @@ turn, each input message a turn, its function calls and their outputs
 chat's tool turns, its function tools chat's: ``response_tools``, the
 sampling fields as chat's), planned as chat is (``translate.plan_chat``);
 its answer is a Response object (``response``) or, streamed, that object's
-events (``ResponseEvents``). What it cannot do (reasoning, a stored response
-to continue, other tools than functions) is refused by name; ``store`` is
-accepted and nothing is stored (vLLM's default,
-``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer says (``store``
-false).
+events (``ResponseEvents``). What it cannot do (a stored response to
+continue, a background response, a prompt template, other tools than
+functions) is refused by name; ``store`` is accepted and nothing is stored
+(vLLM's default, ``VLLM_ENABLE_RESPONSES_API_STORE`` off), which the answer
+says (``store`` false); ``reasoning`` and ``max_tool_calls`` are accepted
+and answered as sent (no model here reasons; function tools are the
+client's to call).
 """
 from __future__ import annotations
 
@@ -35,14 +37,13 @@ _REFUSED = (
     ("previous_response_id", None, "this server stores no response to continue (store is "
                                    "accepted and nothing is stored, as vLLM's default)"),
     ("background", False, "background responses are not supported by this server"),
-    ("reasoning", None, "reasoning is not supported by this server"),
-    ("max_tool_calls", None, "max_tool_calls is not supported by this server"),
     ("prompt", None, "prompt templates are not supported by this server"),
 )
 #: chat's names of this request's fields that chat's checks may name (a
 #: field's path starts with one): max_tokens, messages (the turns the input
 #: and instructions make), response_format (with its json_schema's fields)
 _CHAT_NAMES = (("max_tokens", "max_output_tokens"), ("messages", "input"),
+               ("truncate_prompt_tokens", "truncation"),
                ("response_format.json_schema", "text.format"),
                ("response_format", "text.format"))
 #: what ``include`` may name (vLLM's ``ResponsesRequest``): this server has
@@ -135,12 +136,16 @@ class ResponsesRequest(Strict):
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = "auto"
     tools: list[FunctionTool] | None = None
     text: TextConfig | None = None
-    truncation: Literal["disabled"] | None = "disabled"
+    #: auto: the input's last tokens that fit (chat's truncate_prompt_tokens -1, as vLLM's)
+    truncation: Literal["auto", "disabled"] | None = "disabled"
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
     background: bool | None = False
     previous_response_id: str | None = None
     #: what the answer includes beyond its text (``INCLUDABLE``)
     include: list[INCLUDABLE] | None = None
+    #: accepted and answered as sent, as vLLM does for a model that does not
+    #: reason (no reasoning item comes) and for function tools, which the
+    #: client calls (vLLM's max_tool_calls bounds its own built-in tools)
     reasoning: dict[str, Any] | None = None
     top_logprobs: int | None = 0
     max_tool_calls: int | None = None
@@ -175,7 +180,7 @@ def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
     if request.stream_options is not None and not request.stream:
         raise RequestError("stream_options is only allowed with stream true", "stream_options")
     try:
-        plans = plan_chat(to_chat(request), served)
+        plans = plan_chat(to_chat(request, served.tool_parser != "none"), served)
     except RequestError as error:  # named as this request names the field
         name = request_field(error.param)
         if name == error.param:
@@ -196,9 +201,14 @@ def request_field(chat_field: str | None) -> str | None:
     return chat_field
 
 
-def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
+def to_chat(request: ResponsesRequest, parsed: bool = True) -> ChatCompletionRequest:
     """The chat request a Responses request is: its instructions a system
-    turn first, then its input (a string: one user turn)."""
+    turn first, then its input (a string: one user turn). Without a tool
+    call parser (`parsed` false) ``auto`` answers in text, the tools in the
+    template, as vLLM 0.32's Responses API answers it (its renderer asks
+    for no parser there, its output items are then the text: vllm/
+    entrypoints/openai/responses/serving.py, ``_make_response_output_items``);
+    chat refuses it."""
     turns = [{"role": "user", "content": request.input}] if isinstance(request.input, str) else []
     for item in [] if isinstance(request.input, str) else request.input:
         if isinstance(item, InputMessage):
@@ -210,7 +220,12 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     fields = {name: getattr(request, name) for name in _SAMPLING if getattr(request, name) is not None}
     if request.max_output_tokens is not None:
         fields["max_tokens"] = request.max_output_tokens
-    fields.update(chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls))
+    if request.truncation == "auto":
+        fields["truncate_prompt_tokens"] = -1
+    choice = request.tool_choice
+    if not parsed and choice in (None, "auto"):
+        choice = "none"
+    fields.update(chat_tools(request.tools, choice, request.parallel_tool_calls))
     if request.text is not None and request.text.format is not None:
         fields["response_format"] = request.text.format.response_format()
     if logprobs_included(request):
@@ -252,7 +267,8 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         "instructions": request.instructions, "max_output_tokens": params["max_tokens"],
         "metadata": request.metadata or {}, "model": served.model_id, "output": output,
         "parallel_tool_calls": request.parallel_tool_calls, "previous_response_id": None,
-        "reasoning": None, "service_tier": request.service_tier, "store": False,
+        "reasoning": request.reasoning, "max_tool_calls": request.max_tool_calls,
+        "service_tier": request.service_tier, "store": False,
         "temperature": params.get(PARAM_INPUTS["temperature"], 1.0),
         "text": {"format": text_format(request)},
         "tool_choice": (request.tool_choice.model_dump() if isinstance(request.tool_choice, FunctionChoice)
@@ -260,7 +276,7 @@ def response(request: ResponsesRequest, plan: Plan, chunks: list[Chunk], served:
         "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
         "top_logprobs": request.top_logprobs or 0,
         "top_p": params.get(PARAM_INPUTS["top_p"], 1.0),
-        "truncation": "disabled", "user": request.user,
+        "truncation": request.truncation or "disabled", "user": request.user,
         "usage": None if final is None else usage(final),
     }
 

@@ -1,14 +1,15 @@
-"""Tool calls at the OpenAI door, as vLLM makes them: ``tools`` go to the
-chat template; ``tool_choice`` ``none`` answers in text, a named function
-or ``required`` holds the answer to a JSON schema (``serving.structured``)
-whose output is the call(s), answered as ``tool_calls``. ``auto`` needs a
+"""Tool calls at the OpenAI door: ``tools`` go to the chat template;
+``tool_choice`` ``none`` answers in text, a named function or ``required``
+holds the answer to a JSON schema (``serving.structured``) whose output is
+the call(s), answered as ``tool_calls`` (vLLM 0.32 refuses these two
+without a tool call parser; a grammar needs none). ``auto`` needs a
 model-specific parser of free text (vLLM's ``--tool-call-parser``; here
 ``serve --tool-call-parser hermes``, :func:`hermes_calls`), and is refused
 as vLLM refuses it without one.
 
-Follows vLLM (vllm/entrypoints/openai/protocol.py,
-``ChatCompletionRequest.check_tool_usage`` and ``_get_json_schema_from_tool``;
-serving_chat.py, the full and streaming generators): the named function's
+The calls' shape follows vLLM 0.32 (vllm/tool_parsers/utils.py,
+``get_json_schema_from_tools``; vllm/entrypoints/openai/chat_completion/
+serving.py, the full and streaming generators): the named function's
 ``parameters`` is the schema (no parameters: an empty object); ``required``
 is an array of ``{"name", "parameters"}`` objects, one of the tools each,
 at least one (at most one with ``parallel_tool_calls`` false), each tool's
@@ -55,8 +56,8 @@ class ToolUse:
     def calls(self, text: str, finish_reason: str = "stop") -> list[dict]:
         """The answer's ``tool_calls`` from its text (its grammar's output)
         and how it ended; RequestError where the text is not a whole list
-        of calls (cut by max_tokens, or a stop string), as vLLM refuses
-        it."""
+        of calls (cut by max_tokens, or a stop string): a client's limit
+        that cut the calls is named (vLLM 0.32 answers no calls, 200)."""
         if self.name is not None:
             return [new_call(self.name, text)]
         try:
@@ -141,8 +142,8 @@ def _required_schema(request: ChatCompletionRequest, parallel: bool) -> dict:
 
 def hermes_calls(text: str) -> tuple[str | None, list[dict]]:
     """(content, tool_calls) of a free answer in the Hermes format, as
-    vLLM's hermes parser reads it (vllm/entrypoints/openai/tool_parsers/
-    hermes_tool_parser.py): each ``<tool_call>`` block (its closing tag may
+    vLLM's hermes parser reads it (vllm/tool_parsers/hermes_tool_parser.py):
+    each ``<tool_call>`` block (its closing tag may
     be cut off) a JSON object of ``name`` and ``arguments``; the content
     the text before the first (None where empty). Where a block does not
     parse, the whole text is the content and there is no call."""
@@ -170,8 +171,8 @@ def held_back(text: str) -> int:
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """The messages as the chat template reads them, as vLLM hands them
-    (vllm/entrypoints/chat_utils.py, ``_postprocess_messages``): a call's
-    arguments as their JSON's value, a tool's answer with the id of the
+    (vllm/renderers/chat_utils.py, ``_postprocess_messages``): a call's
+    arguments as their JSON object, a tool's answer with the id of the
     call it answers; null content only in an assistant's turn that calls."""
     turns = []
     for i, message in enumerate(messages):
@@ -192,11 +193,16 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     return turns
 
 
-def _arguments(text: str, place: str):
-    """A call's arguments as the template reads them: their JSON's value
-    ({} for none), as vLLM parses them; RequestError naming `place` where
-    they are not JSON."""
+def _arguments(text: str, place: str) -> dict:
+    """A call's arguments as the template reads them: their JSON object ({}
+    for none), as vLLM parses them; RequestError naming `place` where they
+    are not a JSON object (vLLM 0.32 hands the template {} instead, with a
+    warning in its log: a call cut short would be replayed as a call of no
+    arguments)."""
     try:
-        return json.loads(text) if text else {}
+        arguments = json.loads(text) if text else {}
     except ValueError as error:
-        raise RequestError(f"{place} must be JSON text: {error}", place) from None
+        raise RequestError(f"{place} must be a JSON object: {error}", place) from None
+    if not isinstance(arguments, dict):
+        raise RequestError(f"{place} must be a JSON object, got {text!r}", place)
+    return arguments

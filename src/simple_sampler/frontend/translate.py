@@ -41,6 +41,9 @@ PARAM_INPUTS = {t.param: t.name for t in GENERATE_INPUTS if t.param}
 _INPUT_DTYPES = {t.name: t.numpy for t in (*GENERATE_INPUTS, INPUT_IDS)}
 #: the generate input carrying OpenAI's top_logprobs (chat) and logprobs (completions)
 NUM_TOP = NUM_TOP_LOGPROBS.name
+#: the highest temperature the door takes: OpenAI's, and vLLM 0.32's
+#: (vllm/sampling_params.py, ``SamplingParams._verify_args``)
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass
@@ -143,6 +146,9 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
             continue
         if not rule(np.float64(value)):
             raise RequestError(f"{name} must be {allowed}, got {value!r}", name)
+        if name == "temperature" and value > MAX_TEMPERATURE:
+            raise RequestError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (OpenAI's and vLLM's "
+                               f"range; Triton's generate takes any), got {value!r}", name)
         dtype = np.dtype(_INPUT_DTYPES[PARAM_INPUTS[name]])
         if dtype == np.float32 and not rule(np.float64(as_float32(value))):
             raise RequestError(f"{name} must be {allowed} as float32 carries it: {value!r} "
@@ -156,9 +162,11 @@ def _sampling_params(request: Sampling, served: Served) -> dict:
         if not -2**63 <= request.seed < 2**64:
             raise RequestError(f"seed must be an integer in [{-2**63}, {2**64 - 1}], got "
                                f"{request.seed}", "seed")
-        # a negative seed as torch.manual_seed reads it (vLLM's seed is an
-        # int64): modulo 2^64, so -1 is 2^64 - 1, the same text every time
-        params[PARAM_INPUTS["seed"]] = request.seed % 2**64
+        # -1 is no seed, as vLLM reads it (vllm/sampling_params.py,
+        # SamplingParams.__post_init__); another negative seed as
+        # torch.manual_seed reads vLLM's int64: modulo 2^64
+        if request.seed != -1:
+            params[PARAM_INPUTS["seed"]] = request.seed % 2**64
     if request.ignore_eos:
         params[IGNORE_EOS.name] = True
     if request.include_stop_str_in_output:
@@ -373,7 +381,7 @@ def plan_chat(request: ChatCompletionRequest, served: Served) -> list[Plan]:
     _common(request, served)
     top = 0 if request.top_logprobs is None else checked_integer(
         "top_logprobs", request.top_logprobs, NUM_TOP, 0, MAX_TOP_LOGPROBS)
-    if request.top_logprobs is not None and not request.logprobs:
+    if top and not request.logprobs:  # 0 asks for nothing: taken alone, as vLLM takes it
         raise RequestError("top_logprobs needs logprobs true", "top_logprobs")
     if None not in (request.max_tokens, request.max_completion_tokens) and \
             request.max_tokens != request.max_completion_tokens:

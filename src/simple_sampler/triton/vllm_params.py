@@ -186,7 +186,8 @@ def _as_inputs(name: str, place: str, value) -> dict[str, np.ndarray]:
     if tensor.dims == (-1,):  # a list: stop words, bad words, stop ids
         return {input_name: _list(place, value, tensor.dtype)}
     if name == "seed":
-        return {input_name: _array(_seed(place, value), tensor.dtype)}
+        seed = _seed(place, value)
+        return {} if seed is None else {input_name: _array(seed, tensor.dtype)}
     return {input_name: _array(_typed(place, value, tensor.dtype), tensor.dtype)}
 
 
@@ -205,10 +206,14 @@ def _list(place: str, value, dtype: str) -> np.ndarray:
     return np.array([typed], NUMPY[dtype]).reshape(1, len(items))
 
 
-def _seed(place: str, value) -> int:
-    """vLLM's int64 seed as this server's uint64 one: a negative seed read
-    modulo 2^64, as torch.manual_seed reads vLLM's."""
+def _seed(place: str, value) -> int | None:
+    """vLLM's int64 seed as this server's uint64 one: -1 none (a random
+    draw, as vllm/sampling_params.py's ``SamplingParams.__post_init__`` reads
+    it), another negative seed read modulo 2^64, as torch.manual_seed reads
+    vLLM's."""
     seed = _typed(place, value, "INT64" if _negative(value) else "UINT64")
+    if seed == -1:
+        return None
     return seed + 2**64 if seed < 0 else seed
 
 
