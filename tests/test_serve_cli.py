@@ -62,18 +62,21 @@ def test_free_ports_are_distinct_and_leave_the_taken_out(tmp_path):
     assert server.grpc_port == taken[0] and len(set(ports)) == 3
 
 
-def test_port_taken_is_one_clear_error():
+def test_port_taken_is_one_clear_error(tmp_path):
+    """...and leaves nothing in the temporary folder (no repository, no
+    empty log folder)."""
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
         grpc, metrics = free_ports(2, {taken})
         process = serve("--http-port", str(taken), "--grpc-port", str(grpc),
-                        "--metrics-port", str(metrics))
+                        "--metrics-port", str(metrics), env={**os.environ, "TMPDIR": str(tmp_path)})
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert f"port {taken} (http port) is already in use" in stderr
     assert "Traceback" not in stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_openai_port_taken_is_one_clear_error_before_triton_starts():

@@ -23,7 +23,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import urllib.request
@@ -255,12 +254,11 @@ def near_context_prompt(codec, max_context: int) -> tuple[str, int]:
 
 
 def start_server(options: Options, tensor_parallel_size: int, log_path: Path):
-    from .serve import assemble_repository, shared_memory_bytes
+    from .serve import assemble_in_temp, shared_memory_bytes
     from .server import TritonServer
 
     sampler, llm = options.sampler_settings(), options.llm_settings(tensor_parallel_size)
-    repository = assemble_repository(Path(tempfile.mkdtemp(prefix="simple-sampler-gpu-check-")),
-                                     sampler, llm)
+    repository = assemble_in_temp(sampler, llm, "simple-sampler-gpu-check-")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
                           temporary_repository=True)

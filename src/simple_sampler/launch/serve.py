@@ -168,6 +168,8 @@ def show_demo(server: TritonServer, prompt: str, stopping: threading.Event,
 #: How long the front door may take to answer /health once it listens and
 #: Triton is ready (it asks Triton whether llm is ready).
 FRONTDOOR_HEALTH_TIMEOUT_S = 60.0
+#: Triton's log in the temporary folder serve makes when given no --log
+LOG_NAME = "tritonserver.log"
 
 
 class Preparation(threading.Thread):
@@ -253,10 +255,12 @@ def run(sampler: SamplerSettings, http_port: int, grpc_port: int, metrics_port: 
             signal.signal(s, handler)
 
 
-def _assemble_in_temp(sampler: SamplerSettings, llm: LlmSettings | None) -> Path:
-    """``assemble_repository`` into a new temporary directory, removed again
-    when the settings are refused (nothing half-written is left)."""
-    destination = Path(tempfile.mkdtemp(prefix="simple-sampler-repo-"))
+def assemble_in_temp(sampler: SamplerSettings, llm: LlmSettings | None,
+                     prefix: str = "simple-sampler-repo-") -> Path:
+    """``assemble_repository`` into a new temporary directory (its name
+    starting with `prefix`), removed again when the settings are refused
+    (nothing half-written is left)."""
+    destination = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         return assemble_repository(destination, sampler, llm)
     except BaseException:
@@ -269,14 +273,17 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
     server = supervisor = openai = None
     status = None
     assembled = False
+    log_dir = None  # ours: removed where no server wrote a log in it
     try:
         try:
             assembled = repository is None
             if assembled:
-                repository = _assemble_in_temp(sampler, llm)
+                repository = assemble_in_temp(sampler, llm)
                 log.info("model repository %s: %s; %s", repository, sampler,
                          llm or "no llm (--sampler-only)")
-            log_path = log_path or Path(tempfile.mkdtemp(prefix="simple-sampler-log-")) / "tritonserver.log"
+            if log_path is None:
+                log_dir = Path(tempfile.mkdtemp(prefix="simple-sampler-log-"))
+                log_path = log_dir / LOG_NAME
             server = TritonServer(repository, http_port, grpc_port, metrics_port,
                                   shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
                                   shutdown_grace_s=shutdown_grace_s, log_level=log_level,
@@ -335,6 +342,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         status = _stop(server, supervisor, openai, stopping, shutdown_grace_s)
         if assembled and server is None and repository is not None:  # else the server does
             shutil.rmtree(repository, ignore_errors=True)
+        _remove_unwritten(log_dir)
     if stopping.is_set() and (status == 0 or not server.was_ready):
         print("simple-sampler serve: stopped", flush=True)
         return 0
@@ -344,6 +352,15 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status if status is not None and status > 0 else 1  # a signal's -N too
+
+
+def _remove_unwritten(log_dir: Path | None) -> None:
+    """Remove the temporary log folder of a start refused before Triton
+    wrote to it (a port in use, bad settings): nothing to read is left
+    behind. A log that was written stays where serve said it is."""
+    log = None if log_dir is None else log_dir / LOG_NAME
+    if log is not None and (not log.exists() or log.stat().st_size == 0):
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def start_frontdoor(openai, preparation: Preparation | None, stopping: threading.Event) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
     a request costs a stub a fixed share, so the shape of the load's steps
     matters as much as the rows); one fresh server. profile_dir: the sampler stubs' ``execute``
     profiles go there (``triton/stub_profile``; warm-up included)."""
-    from ...launch.serve import assemble_repository, shared_memory_bytes
+    from ...launch.serve import assemble_in_temp, shared_memory_bytes
     from ...launch.server import TritonServer
     from ...triton.stub_profile import PROFILE_ENV
     from ..serve_cost.measuring import WARM_UP_REQUESTS, WARM_UP_TOKENS, Config, drive
@@ -97,8 +96,7 @@ def sampler_cpu_per_token(transport: str, vocab: int, dtype: str, batch: int,
                       sim_step_b_ms=0.0, sampler_shards=instances, engine_max_batch_size=batch,
                       generate_max_batch_size=batch, max_context=512,
                       row_transport=row_transport, handoff=handoff, hot_vocab_profile=profile)
-    repository = assemble_repository(
-        Path(tempfile.mkdtemp(prefix="simple-sampler-row-transport-")), sampler, llm)
+    repository = assemble_in_temp(sampler, llm, "simple-sampler-row-transport-")
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
                           temporary_repository=True)
     previous = os.environ.pop(PROFILE_ENV, None)

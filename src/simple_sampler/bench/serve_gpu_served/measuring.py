@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ...launch.serve import assemble_repository, shared_memory_bytes
+from ...launch.serve import assemble_in_temp, shared_memory_bytes
 from ...serving.engines import engine_spec, startup_timeout
 from ...settings import LlmSettings
 from ...stacks import INTERVAL_S as STACKS_INTERVAL_S, STACKS_ENV
@@ -217,8 +217,7 @@ def run_server(mode: ServedMode, settings: dict, batches, top_ps, max_tokens: in
                           **settings)
     # the engine's rows as they come (bfloat16 on a GPU), as ``serve`` configures it
     sampler = replace(sampler, logits_dtype=engine_spec(llm.engine).logits_dtype(llm))
-    repository = assemble_repository(
-        Path(tempfile.mkdtemp(prefix="simple-sampler-served-gpu-")), sampler, llm)
+    repository = assemble_in_temp(sampler, llm, "simple-sampler-served-gpu-")
     log = log_dir / f"{mode.name}.log"
     server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler), log_path=log,
                           temporary_repository=True)

@@ -292,11 +292,9 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
     tokens/s from the clients' wall time, ITL from their arrival gaps,
     sampler and exposed sampling from the llm model's counters. No loop
     figures (the server does not export them)."""
-    import tempfile
-    from pathlib import Path
 
     from ...settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
-    from ...launch.serve import assemble_repository, shared_memory_bytes
+    from ...launch.serve import assemble_in_temp, shared_memory_bytes
     from ...launch.server import TritonServer
     from ..serve.measuring import COUNTERS, prompts, run_level
     from ..server_meter import llm_counters
@@ -315,8 +313,7 @@ def run_server(batches=BATCHES, vocab: int = 151_936, dtype: str = "bfloat16",
                               sampling_mode=decoder_mode, micro_batches=micro_batches,
                               sampler_shards=instances, engine_max_batch_size=batch,
                               generate_max_batch_size=batch, max_context=512)
-            repository = assemble_repository(
-                Path(tempfile.mkdtemp(prefix="simple-sampler-serve-sim-")), sampler, llm)
+            repository = assemble_in_temp(sampler, llm, "simple-sampler-serve-sim-")
             with TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
                               temporary_repository=True) as server:
                 run_level(server, 2, 2, 8, texts)  # warm up: first steps, first BLS calls
