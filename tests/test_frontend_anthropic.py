@@ -201,6 +201,10 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"tools": [WEATHER]}, 400, 'send tool_choice {"type": "any"}'),
     ({"tool_choice": {"type": "any"}}, 400, "tools` must be set"),
     ({"frobnicate": 1}, 400, "unknown field"),
+    ({"thinking": {"type": "on"}}, 400, "thinking.type"),
+    ({"thinking": {"type": "enabled"}}, 400, "budget_tokens, an integer of at least 1024, got None"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, 400, "at least 1024, got 10"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, 400, "not disabled"),
 ])
 def test_errors_are_anthropics_error_objects(client, recorder, fields, status, text):
     body = {k: v for k, v in {**ask(), **fields}.items() if v is not None}

@@ -10,7 +10,7 @@ turn, each message a turn, a ``tool_use`` block an assistant's tool call, a
 tool_choice chat's),
 planned as chat is (``translate.plan_chat``); its answer is a message
 object (``message``) or, streamed, its events (``MessageEvents``); every
-error is Anthropic's error object (``errors``). ``thinking`` is accepted
+error is Anthropic's error object (``errors``). ``thinking`` is checked (``Thinking``)
 and no thinking comes (no model here reasons).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from ..client import Chunk
 from .chat import chat_prompt_ids
@@ -90,6 +90,25 @@ class Tool(Strict):
     defer_loading: bool | None = None
 
 
+class Thinking(Strict):
+    """Anthropic's extended-thinking setting, checked as Anthropic documents
+    it (``enabled`` with a ``budget_tokens`` of at least 1024, the others
+    with none); no model here reasons, so no thinking block comes (as vLLM
+    answers for a model without a reasoning parser)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _budget_where_enabled(self) -> "Thinking":
+        if self.type == "enabled" and (self.budget_tokens is None or self.budget_tokens < 1024):
+            raise ValueError("thinking of type enabled needs budget_tokens, an integer "
+                             f"of at least 1024, got {self.budget_tokens}")
+        if self.type != "enabled" and self.budget_tokens is not None:
+            raise ValueError(f"budget_tokens goes with thinking of type enabled, not {self.type}")
+        return self
+
+
 class ToolChoice(Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -112,9 +131,7 @@ class MessagesRequest(Strict):
     metadata: dict[str, Any] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    #: accepted: no model here reasons, so no thinking block comes (as vLLM
-    #: answers for a model without a reasoning parser)
-    thinking: dict[str, Any] | None = None
+    thinking: Thinking | None = None
     # chat's, which vLLM's Messages request ignores as extra fields
     min_tokens: int | None = None
     ignore_eos: bool | None = None
@@ -128,7 +145,7 @@ class CountTokensRequest(Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
+    thinking: Thinking | None = None
 
 
 def _text(content, joint: str = "\n") -> str:
