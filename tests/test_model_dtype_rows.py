@@ -129,11 +129,11 @@ def test_the_served_gpu_bench_configures_its_samplers_for_the_engines_rows(monke
 
     repositories = []
 
-    def assemble(path, sampler, llm):
+    def assemble(sampler, llm, prefix):
         repositories.append((sampler, llm))
         raise RuntimeError("stop before a server starts")
 
-    monkeypatch.setattr(served, "assemble_repository", assemble)
+    monkeypatch.setattr(served, "assemble_in_temp", assemble)
     mode = served.MODES[0]
     settings = {"device": "cuda", "dtype": "bfloat16", "model_config": "llama-3.2-1b",
                 "model": None, "instances": 2, "micro_batches": 1, "stream_interval": 1,

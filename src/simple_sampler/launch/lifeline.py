@@ -13,7 +13,8 @@ the watch to work: when the launcher exits, however it exits, the kernel
 closes its end and this process reads end-of-file. Then tritonserver's
 process group (the server and its stubs, started in a session of their own)
 is killed, the stubs' shared memory removed (processes.end_group) and,
-unless the launcher said "released", the two folders too: a launcher that
+unless the launcher said "released", the two folders too (and the Python
+backend's environment folders the killed server left): a launcher that
 ends its server itself removes them when it stops for good, and a
 supervisor's restart reuses the repository. What a released server left
 running (a stub slow to exit) is still ended.
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
         return 0
     for folder in filter(None, folders):  # the launcher died with its server
         shutil.rmtree(folder, ignore_errors=True)
+    processes.remove_orphaned_env_folders(processes.started_at())
     print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is gone; "
           f"killed {len(killed)} process(es) {killed}, removed shared memory "
           f"{removed or 'none'} and {' and '.join(filter(None, folders))}", flush=True)

@@ -7,9 +7,11 @@ in milliseconds and must not import numpy or the kernels: it only reads
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,13 @@ from pathlib import Path
 from simple_sampler.pids import alive
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
+SERVER_EXECUTABLE = "tritonserver"
 SHM_DIRECTORY = Path("/dev/shm")
+#: The folder Triton's Python backend makes for its environments, one for each
+#: backend built on it, as it initializes (python_backend's pb_env.cc,
+#: EnvironmentManager: mkdtemp of a hard-coded /tmp/python_env_XXXXXX, which
+#: TMPDIR does not move) and removes as it finalizes: a killed server leaves it.
+PYTHON_ENV_FOLDERS = "/tmp/python_env_*"
 
 
 @dataclass(frozen=True)
@@ -185,3 +193,52 @@ class StubsUnloading:
         if gone != self.gone:
             self.gone, self.last_change = gone, now
         return gone > 0 and now - self.last_change >= self.held_s
+
+
+def started_at(pid: int | str = "self") -> float:
+    """When process `pid` started, in seconds since the epoch, at most a
+    second early (/proc/stat gives the boot time in whole seconds)."""
+    with open(f"/proc/{pid}/stat", "rb") as process:
+        ticks = int(process.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime
+    with open("/proc/stat", "rb") as system:
+        boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _servers_started() -> list[float]:
+    """When each live tritonserver this process can see started."""
+    starts = []
+    for pid, state, _parent, _group, argv in _processes():
+        if state != b"Z" and argv and Path(argv[0]).name == SERVER_EXECUTABLE:
+            try:
+                starts.append(started_at(pid))
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+    return starts
+
+
+def remove_orphaned_env_folders(since: float, pattern: str = PYTHON_ENV_FOLDERS,
+                                servers_started: list[float] | None = None) -> list[str]:
+    """Remove the Python backend's environment folders (PYTHON_ENV_FOLDERS)
+    that a killed server left: this user's, made at or after `since` (the
+    launcher's start), empty, and made before every live tritonserver
+    started (`servers_started`; default: read from /proc), so that none can
+    be a running server's. An environment extracted into one keeps it (only
+    an empty folder is removed). Returns the folders removed."""
+    if servers_started is None:
+        servers_started = _servers_started()
+    removed = []
+    for folder in glob.glob(pattern):
+        try:
+            made = os.lstat(folder)
+        except OSError:
+            continue
+        if (made.st_uid != os.getuid() or not stat.S_ISDIR(made.st_mode)
+                or made.st_mtime < since or any(start <= made.st_mtime for start in servers_started)):
+            continue
+        try:
+            os.rmdir(folder)
+            removed.append(folder)
+        except OSError:  # not empty, or removed meanwhile
+            continue
+    return removed

@@ -288,12 +288,7 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
                                   shm_bytes=shared_memory_bytes(sampler), log_path=log_path,
                                   shutdown_grace_s=shutdown_grace_s, log_level=log_level,
                                   temporary_repository=assembled)
-            if startup_timeout is not None and not startup_timeout > 0:
-                raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
-            wants_api = llm is not None and frontend is not None and bool(frontend.openai_port)
-            if wants_api and port_in_use(frontend.openai_port):
-                raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
-                                 f"choose another or stop what holds it (--openai-port 0: no API)")
+            wants_api = _wants_frontdoor(llm, frontend, startup_timeout)
             startup_timeout = startup_timeout or engine_startup_timeout(llm and llm.engine)
             preparation = None
             if wants_api:
@@ -352,6 +347,18 @@ def _run(stopping, sampler, http_port, grpc_port, metrics_port, llm, repository,
         return 1
     print(f"simple-sampler serve: tritonserver exited with status {status}", file=sys.stderr)
     return status if status is not None and status > 0 else 1  # a signal's -N too
+
+
+def _wants_frontdoor(llm, frontend, startup_timeout) -> bool:
+    """Whether the OpenAI front door starts (an llm and a port), with the
+    options refused before Triton starts: a timeout not above 0, its port taken."""
+    if startup_timeout is not None and not startup_timeout > 0:
+        raise ValueError(f"startup_timeout must be > 0 seconds, got {startup_timeout}")
+    wants = llm is not None and frontend is not None and bool(frontend.openai_port)
+    if wants and port_in_use(frontend.openai_port):
+        raise ValueError(f"port {frontend.openai_port} (openai port) is already in use; "
+                         f"choose another or stop what holds it (--openai-port 0: no API)")
+    return wants
 
 
 def _remove_unwritten(log_dir: Path | None) -> None:

@@ -30,7 +30,8 @@ from ..schema import ENSEMBLE
 from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
 from .ports import free_ports, port_in_use
-from .processes import SHM_DIRECTORY, StubsUnloading, end_group, held_regions, list_stubs, unlink_shm
+from .processes import (SHM_DIRECTORY, StubsUnloading, end_group, held_regions, list_stubs,
+                        remove_orphaned_env_folders, started_at, unlink_shm)
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
@@ -42,22 +43,21 @@ IN_FLIGHT_METRIC = "simple_llm_requests_in_flight"
 CLOSING_METRIC = "simple_llm_closing"
 #: How long past its grace a draining decode loop may take to send its errors.
 DRAIN_MARGIN_S = 5.0
-#: After the drain, how long Triton waits for its models to unload: each
-#: model's finalize, then its stub process's exit (Python's teardown), which
-#: took up to 6 s on a loaded 2-core machine (load average 9) after a load.
-#: Triton exits as soon as they are unloaded; only a model that never
-#: unloads waits all of it.
+#: After the drain, how long Triton waits for its models to unload: each model's finalize,
+#: then its stub process's exit (Python's teardown), which took up to 6 s on a loaded 2-core
+#: machine (load average 9) after a load. Triton exits as soon as they are unloaded; only a
+#: model that never unloads waits all of it.
 TRITON_EXIT_TIMEOUT_S = 15
 #: After the drain, with nothing in flight and Triton unloading, how long no
 #: stub may exit or give up its region before what is still loaded counts as
 #: held by clients' open gRPC streams (TritonServer._wait_exit): longer than
 #: a stub's slowest exit seen after a load (above), shorter than Triton's wait.
 CLIENT_HELD_S = 8.0
-#: After the grace, how long the drain's errors and Triton's exit may take
-#: before SIGKILL.
+#: After the grace, how long the drain's errors and Triton's exit may take before SIGKILL.
 STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
-#: The watcher that ends the server when its launcher dies (lifeline.py), and
-#: the last line the launcher sends it when it ended the server itself.
+#: since when a Python backend's folder a killed server left is this launcher's to remove
+LAUNCHER_STARTED = started_at()
+#: The watcher that ends the server when its launcher dies (lifeline.py); RELEASED: the launcher ended it
 LIFELINE = Path(__file__).with_name("lifeline.py")
 RELEASED = b"released\n"
 
@@ -91,9 +91,8 @@ class TritonServer:
     process: subprocess.Popen | None = None
     watcher: subprocess.Popen | None = None
     was_ready: bool = False  # wait_ready saw every endpoint answer
-    #: pids of the stubs of model generations Triton will never finish
-    #: unloading (a stub died under a request: abandon()); stop() does not
-    #: wait out Triton's exit timeout for them.
+    #: pids of the stubs of model generations Triton will never finish unloading (a stub
+    #: died under a request: abandon()); stop() does not wait out Triton's exit timeout for them.
     abandoned: set[int] = field(default_factory=set)
     launched_at: float = 0.0  # time.monotonic() of the last launch
     temporary_repository: bool = False
@@ -308,7 +307,7 @@ class TritonServer:
     def _release_lifeline(self) -> None:
         """The server is gone: tell the watcher so (it then removes no folder:
         a supervisor's restart reuses the repository) and close its pipe, so
-        that it exits."""
+        that it exits; remove the Python backend's folders a killed server left."""
         if getattr(self, "_lifeline", None) is None:
             return
         try:
@@ -323,6 +322,7 @@ class TritonServer:
             log.warning("the lifeline watcher (pid %d) did not exit: killed", self.watcher.pid)
             self.watcher.kill()
             self.watcher.wait()
+        remove_orphaned_env_folders(LAUNCHER_STARTED)
 
     def start_again(self, stop_requested: Callable[[], bool] | None = None) -> "TritonServer":
         """After kill(): start on the same ports, waiting as the first start did."""
