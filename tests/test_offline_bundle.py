@@ -139,7 +139,7 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
     serve = subprocess.Popen(
         ["bash", "-c", f'source "{dest}/env.sh" && exec simple-sampler serve --engine simulated '
          f"--http-port {ports[0]} --grpc-port {ports[1]} --metrics-port {ports[2]} "
-         "--openai-port 0 --instances 1"],
+         f'--openai-port 0 --instances 1 --log "{tmp_path}/tritonserver.log"'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     servers, regions = [], set()
     try:

@@ -24,10 +24,12 @@ def serve(*args, env=None):
 
 
 @pytest.mark.slow
-def test_serve_answers_and_stops_on_sigint():
+def test_serve_answers_and_stops_on_sigint(tmp_path):
+    """...and keeps only Triton's log, in TMPDIR (its repository removed)."""
     ports = free_ports(3)
     process = serve("--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-                    "--metrics-port", str(ports[2]), "--instances", "1", "--sampler-only")
+                    "--metrics-port", str(ports[2]), "--instances", "1", "--sampler-only",
+                    env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = process.stdout.readline()
         assert f"HTTP 127.0.0.1:{ports[0]}" in line, line + process.stderr.read()
@@ -47,6 +49,8 @@ def test_serve_answers_and_stops_on_sigint():
               for line in stderr.splitlines() if " INFO simple_sampler." in line]
     assert events == ["model repository", "tritonserver started", "tritonserver ready",
                       "stopping tritonserver", "tritonserver stopped"], stderr
+    [log_dir] = tmp_path.iterdir()
+    assert [path.name for path in log_dir.iterdir()] == ["tritonserver.log"]
 
 
 def test_free_ports_are_distinct_and_leave_the_taken_out(tmp_path):

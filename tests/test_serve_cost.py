@@ -1,6 +1,7 @@
 """`bench serve-cost`: its plan and ratios without a server, and one quick run
 through a real server with the floor model beside the project's models."""
 import json
+import tempfile
 
 import pytest
 
@@ -77,7 +78,9 @@ def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
 
 
 @pytest.mark.slow  # starts a server with the simulated engine: 20-60 s
-def test_serve_cost_quick_through_a_real_server(capsys):
+def test_serve_cost_quick_through_a_real_server(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # its server's kept log goes there
+    monkeypatch.setattr(tempfile, "tempdir", None)
     assert main(["bench", "serve-cost", "--quick", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["data_plane"].startswith(LABEL) and "floor model" in report["data_plane"]
