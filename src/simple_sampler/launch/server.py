@@ -55,8 +55,6 @@ TRITON_EXIT_TIMEOUT_S = 15
 CLIENT_HELD_S = 8.0
 #: After the grace, how long the drain's errors and Triton's exit may take before SIGKILL.
 STOP_MARGIN_S = DRAIN_MARGIN_S + TRITON_EXIT_TIMEOUT_S
-#: since when a Python backend's folder a killed server left is this launcher's to remove
-LAUNCHER_STARTED = started_at()
 #: The watcher that ends the server when its launcher dies (lifeline.py); RELEASED: the launcher ended it
 LIFELINE = Path(__file__).with_name("lifeline.py")
 RELEASED = b"released\n"
@@ -322,7 +320,7 @@ class TritonServer:
             log.warning("the lifeline watcher (pid %d) did not exit: killed", self.watcher.pid)
             self.watcher.kill()
             self.watcher.wait()
-        remove_orphaned_env_folders(LAUNCHER_STARTED)
+        remove_orphaned_env_folders(since=started_at())  # those made while this launcher ran
 
     def start_again(self, stop_requested: Callable[[], bool] | None = None) -> "TritonServer":
         """After kill(): start on the same ports, waiting as the first start did."""
