@@ -18,7 +18,8 @@
 # response a token; --stacks: where the llm stub's threads spend their wall
 # time, in served/server-logs/stacks/) are its options; SHAPES: gpu_bench.sh's (default "llama-3.2-1b llama-3.1-8b").
 # GIT_COMMIT: the commit, where the checkout has no .git. DEVICE=cpu with
-# SERVED_ARGS="--device cpu --quick" is a dry run on a CPU host.
+# SERVED_ARGS="--device cpu --quick" is a dry run on a CPU host. HOST_PYTHON
+# (default python3): the host's Python 3.12 with torch, for the install and the bench.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
