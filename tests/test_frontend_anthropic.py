@@ -84,7 +84,7 @@ def test_what_claude_clients_send_is_taken(client, recorder, codec):
     body = client.post("/v1/messages", json=ask(
         system=[{"type": "text", "text": "Be brief. "}, {"type": "text", "text": ""},
                 {"type": "text", "text": "Be kind."}],
-        thinking={"type": "enabled", "budget_tokens": 1024}, min_tokens=2,
+        thinking={"type": "enabled", "budget_tokens": 1024, "display": "summarized"}, min_tokens=2,
         messages=[{"role": "user", "content": [{"type": "text", "text": "Hi", "citations": []}]},
                   {"role": "assistant", "content": [
                       {"type": "thinking", "thinking": "hm", "signature": "s"},
@@ -203,7 +203,8 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"frobnicate": 1}, 400, "unknown field"),
     ({"thinking": {"type": "on"}}, 400, "thinking.type"),
     ({"thinking": {"type": "enabled"}}, 400, "budget_tokens, an integer of at least 1024, got None"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, 400, "at least 1024, got 10"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, 400,
+     "thinking: thinking of type enabled needs budget_tokens, an integer of at least 1024, got 10"),
     ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, 400, "not disabled"),
 ])
 def test_errors_are_anthropics_error_objects(client, recorder, fields, status, text):

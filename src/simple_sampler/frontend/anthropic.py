@@ -98,6 +98,8 @@ class Thinking(Strict):
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
+    #: how the thinking would be shown (Anthropic's); none comes here
+    display: Literal["summarized", "omitted"] | None = None
 
     @model_validator(mode="after")
     def _budget_where_enabled(self) -> "Thinking":

@@ -342,6 +342,8 @@ def parse(model: type[Strict], body: bytes) -> Strict:
             raise RequestError(str(unsupported), unsupported.field,
                                code="unsupported_parameter") from None
         param = _location(first["loc"])
+        if first["type"] == "value_error":  # a validator's own sentence, whole
+            raise RequestError(f"{param}: {first['ctx']['error']}", param or None) from None
         if first["type"] == "model_type":
             raise RequestError(f"{param or 'the body'} must be a JSON object", param or None) from None
         if first["type"] == "extra_forbidden":

@@ -60,6 +60,8 @@ def main(argv: list[str]) -> int:
         return 0  # the launcher went before it started a server
     processes = _processes_module()
     killed, removed = processes.end_group(int(server_pid), arena_prefix)
+    if not released:  # a server killed now, or dead before its launcher, leaves them
+        processes.remove_orphaned_env_folders()
     if not killed:
         return 0
     if released:
@@ -68,7 +70,6 @@ def main(argv: list[str]) -> int:
         return 0
     for folder in filter(None, folders):  # the launcher died with its server
         shutil.rmtree(folder, ignore_errors=True)
-    processes.remove_orphaned_env_folders(processes.started_at())
     print(f"simple-sampler lifeline: the launcher of tritonserver (pid {server_pid}) is gone; "
           f"killed {len(killed)} process(es) {killed}, removed shared memory "
           f"{removed or 'none'} and {' and '.join(filter(None, folders))}", flush=True)

@@ -27,6 +27,11 @@ SHM_DIRECTORY = Path("/dev/shm")
 #: EnvironmentManager: mkdtemp of a hard-coded /tmp/python_env_XXXXXX, which
 #: TMPDIR does not move) and removes as it finalizes: a killed server leaves it.
 PYTHON_ENV_FOLDERS = "/tmp/python_env_*"
+#: A process mapping one of these may be a Triton server (one that makes such folders).
+TRITON_LIBRARIES = (b"libtriton_python.so", b"libtritonserver.so")
+#: How much later than a folder's time a process may have started and still own it
+#: (whole-second timestamps, a clock stepped between the two).
+OWNER_CLOCK_SLACK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -205,40 +210,64 @@ def started_at(pid: int | str = "self") -> float:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _servers_started() -> list[float]:
-    """When each live tritonserver this process can see started."""
+def _possible_env_owners() -> list[float]:
+    """When each live process of this user that may own a Python backend's
+    environment folder started: a tritonserver by its name, any process
+    mapping Triton's libraries (a server under another name, Triton run in
+    a Python process), and one whose mappings cannot be read."""
     starts = []
     for pid, state, _parent, _group, argv in _processes():
-        if state != b"Z" and argv and Path(argv[0]).name == SERVER_EXECUTABLE:
-            try:
-                starts.append(started_at(pid))
-            except (OSError, ValueError, IndexError):  # gone meanwhile
+        if state == b"Z" or pid == os.getpid():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
                 continue
+            if not (argv and Path(argv[0]).name == SERVER_EXECUTABLE):
+                try:
+                    with open(f"/proc/{pid}/maps", "rb") as maps:
+                        if not any(library in line for line in maps for library in TRITON_LIBRARIES):
+                            continue
+                except PermissionError:
+                    pass  # unreadable: counted as a possible owner
+            starts.append(started_at(pid))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
     return starts
 
 
-def remove_orphaned_env_folders(since: float, pattern: str = PYTHON_ENV_FOLDERS,
-                                servers_started: list[float] | None = None) -> list[str]:
+def remove_orphaned_env_folders(since: float | None = None, pattern: str = PYTHON_ENV_FOLDERS,
+                                possible_owners: list[float] | None = None) -> list[str]:
     """Remove the Python backend's environment folders (PYTHON_ENV_FOLDERS)
-    that a killed server left: this user's, made at or after `since` (the
-    launcher's start), empty, and made before every live tritonserver
-    started (`servers_started`; default: read from /proc), so that none can
-    be a running server's. An environment extracted into one keeps it (only
-    an empty folder is removed). Returns the folders removed."""
-    if servers_started is None:
-        servers_started = _servers_started()
-    removed = []
-    for folder in glob.glob(pattern):
-        try:
-            made = os.lstat(folder)
-        except OSError:
-            continue
-        if (made.st_uid != os.getuid() or not stat.S_ISDIR(made.st_mode)
-                or made.st_mtime < since or any(start <= made.st_mtime for start in servers_started)):
-            continue
-        try:
-            os.rmdir(folder)
-            removed.append(folder)
-        except OSError:  # not empty, or removed meanwhile
-            continue
-    return removed
+    that a killed server left: this user's, made at or after `since`
+    (default: this process's start, the launcher's), empty, and made more
+    than OWNER_CLOCK_SLACK_S before every live process that may own one
+    started (`possible_owners`: their starts; default: read from /proc after
+    the folders are listed, so an owner of a listed folder is among them).
+    An environment extracted into one keeps it (only an empty folder is
+    removed). Never raises: a stop goes on whatever this meets. Returns the
+    folders removed. A server in another PID namespace sharing /tmp is not
+    seen: its folders made while this launcher ran could be taken."""
+    try:
+        since = started_at() if since is None else since
+        folders = glob.glob(pattern)
+        if possible_owners is None:
+            possible_owners = _possible_env_owners() if folders else []
+        removed = []
+        for folder in folders:
+            try:
+                made = os.lstat(folder)
+            except OSError:
+                continue
+            made_at = max(made.st_mtime, made.st_ctime)
+            if (made.st_uid != os.getuid() or not stat.S_ISDIR(made.st_mode) or made_at < since
+                    or any(start <= made_at + OWNER_CLOCK_SLACK_S for start in possible_owners)):
+                continue
+            try:
+                os.rmdir(folder)
+                removed.append(folder)
+            except OSError:  # not empty, or removed meanwhile
+                continue
+        return removed
+    except Exception as error:  # noqa: BLE001 - a stop must not fail on a leftover folder
+        print(f"could not sweep the Python backend's folders {pattern}: {error!r}", flush=True)
+        return []

@@ -31,7 +31,7 @@ from ..serving.engines import DEFAULT_STARTUP_TIMEOUT_S
 from ..pids import alive
 from .ports import free_ports, port_in_use
 from .processes import (SHM_DIRECTORY, StubsUnloading, end_group, held_regions, list_stubs,
-                        remove_orphaned_env_folders, started_at, unlink_shm)
+                        remove_orphaned_env_folders, unlink_shm)
 from .supervisor import arena_prefix, arena_regions
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ class TritonServer:
             log.warning("the lifeline watcher (pid %d) did not exit: killed", self.watcher.pid)
             self.watcher.kill()
             self.watcher.wait()
-        remove_orphaned_env_folders(since=started_at())  # those made while this launcher ran
+        remove_orphaned_env_folders()  # those made while this launcher ran
 
     def start_again(self, stop_requested: Callable[[], bool] | None = None) -> "TritonServer":
         """After kill(): start on the same ports, waiting as the first start did."""
