@@ -753,8 +753,8 @@ def test_rows_of_a_refused_step_stay_in_their_slot_while_it_is_sampled_around_th
 
 
 def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(monkeypatch):
-    """RemoteSampler.check, as the llm model loads: a declared V other than
-    the decode loop's, or a probe row refused for another hot set, raise
+    """RemoteSampler.check, as the llm model loads: a row_scalars record of
+    another version's size, a declared V other than the decode loop's, or a probe row refused for another hot set, raise
     naming them; the probe is one row of the endpoint's V in the dtype it
     declares; any other failure of the probe leaves the check to the requests."""
     import ml_dtypes
@@ -765,6 +765,13 @@ def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(
               "input": [{"name": "logits", "data_type": "TYPE_BF16"}]}
     with pytest.raises(ValueError, match="h:1 samples rows of V=64, this decode loop's have V=32"):
         RemoteSampler("h:1", hot_set=5, vocab_size=32).check(config)
+    from simple_sampler.schema import ROW_SCALARS_RECORD
+
+    older = {**config, "input": [*config["input"], {"name": "row_scalars", "data_type": "TYPE_UINT8",
+                                                     "dims": ["64"]}]}
+    with pytest.raises(ValueError, match=f"h:1 reads row_scalars records of 64 bytes, this server "
+                                         f"sends {ROW_SCALARS_RECORD.itemsize}: it runs another"):
+        RemoteSampler("h:1", vocab_size=64).check(older)
     remote = RemoteSampler("h:1", hot_set=5, vocab_size=64)
     sent, answers = [], []
 

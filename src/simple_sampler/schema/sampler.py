@@ -51,7 +51,9 @@ def _packed(name: str, fields: tuple, record: str, default: str, rule: str):
     "Profiling the sampler stub"): the packed tensor is one."""
     dtype = np.dtype([(t.name, t.numpy) for t in fields], align=True)
     return dtype, Tensor(
-        name, "UINT8", (-1,), default=default,
+        # its width declared: Triton refuses another layout's (another version's) by its
+        # shape, and a remote endpoint's is read from its configuration (RemoteSampler.check)
+        name, "UINT8", (dtype.itemsize,), default=default,
         allowed=f"[B, {dtype.itemsize}]: per row one record of "
                 f"{', '.join(t.name for t in fields)} in those tensors' dtypes, little-endian, "
                 f"C struct alignment (schema.{record}); {rule}, and none of those tensors "

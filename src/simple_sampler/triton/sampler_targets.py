@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import ml_dtypes
 import numpy as np
 
-from ..schema import HOT_SET_REFUSAL
+from ..schema import HOT_SET_REFUSAL, ROW_SCALARS_RECORD
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
     # benches (bench serve-gpu) run on hosts without tritonclient
@@ -288,10 +288,16 @@ class RemoteSampler:
     def check(self, config: dict) -> None:
         """At start (`config`: ``configuration()``'s), raise ValueError
         naming what differs rather than serve requests every one of which
-        would be refused: the endpoint's vocabulary, when it declares one,
+        would be refused: its ``row_scalars`` record (another version's
+        layout), the endpoint's vocabulary, when it declares one,
         must be the decode loop's ``vocab_size``, and its hot set
         ``hot_set`` (asked with one row of zero logits in the dtype it
         declares: the row is sampled, or refused naming both hot sets)."""
+        record = declared_record_bytes(config)
+        if record and record != ROW_SCALARS_RECORD.itemsize:
+            raise ValueError(f"sampler endpoint {self.url} reads row_scalars records of {record} "
+                             f"bytes, this server sends {ROW_SCALARS_RECORD.itemsize}: it runs "
+                             f"another version of simple-sampler (run one on every host)")
         declared = declared_vocab_size(config)
         if declared and self.vocab_size and declared != self.vocab_size:
             raise ValueError(f"sampler endpoint {self.url} samples rows of V={declared}, this "
@@ -365,6 +371,14 @@ def declared_vocab_size(config: dict) -> int:
     ``vocab_size`` parameter, 0 where it declares none."""
     parameter = config.get("parameters", {}).get("vocab_size", {})
     return int(parameter.get("string_value") or 0)
+
+
+def declared_record_bytes(config: dict) -> int:
+    """The bytes of a ``row_scalars`` record a sampler model's configuration
+    (Triton's JSON) declares, 0 where it declares no such input."""
+    dims = next((tensor.get("dims") for tensor in config.get("input", [])
+                 if tensor.get("name") == "row_scalars"), None)
+    return max(int(dims[-1]), 0) if dims else 0  # -1: an older version's, undeclared
 
 
 def probe_row(config: dict, vocab_size: int) -> np.ndarray | None:
