@@ -1,10 +1,12 @@
 """The Python backend's environment folders a killed tritonserver leaves
 (/tmp/python_env_*, launch/processes.py): removed by the launcher that
 ended it, never while a live server could own one."""
+import glob
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +89,27 @@ def test_the_sweep_never_raises_into_a_stop(monkeypatch, capsys):
     monkeypatch.setattr(processes, "started_at", broken)
     assert processes.remove_orphaned_env_folders() == []
     assert "could not sweep the Python backend's folders" in capsys.readouterr().out
+
+
+def test_a_killed_server_leaves_no_env_folder_where_no_other_server_runs():
+    """Through a real server: the folders its Python backend made are gone
+    once kill() returns, unless another tritonserver is running (which may
+    own them: another test's, beside this one)."""
+    from simple_sampler.launch import processes
+    from simple_sampler.launch.serve import assemble_in_temp
+    from simple_sampler.launch.server import TritonServer
+    from simple_sampler.settings import SamplerSettings
+
+    before = set(glob.glob(processes.PYTHON_ENV_FOLDERS))
+    server = TritonServer(assemble_in_temp(SamplerSettings(), None), temporary_repository=True)
+    try:
+        server.start()
+        made = set(glob.glob(processes.PYTHON_ENV_FOLDERS)) - before
+        assert made  # the Python backend's, as it initialized
+        server.kill()
+        left = made & set(glob.glob(processes.PYTHON_ENV_FOLDERS))
+        others = [pid for pid, state, _, _, argv in processes._processes()
+                  if state != b"Z" and argv and Path(argv[0]).name == processes.SERVER_EXECUTABLE]
+        assert not left or others, left
+    finally:
+        server.stop()

@@ -212,9 +212,11 @@ def started_at(pid: int | str = "self") -> float:
 
 def _possible_env_owners() -> list[float]:
     """When each live process of this user that may own a Python backend's
-    environment folder started: a tritonserver by its name, any process
+    environment folder started: a tritonserver by its name, and any process
     mapping Triton's libraries (a server under another name, Triton run in
-    a Python process), and one whose mappings cannot be read."""
+    a Python process). One whose mappings cannot be read is not counted: a
+    process of the same user hides them only when made non-dumpable (this
+    host's init does), which Triton is not; counting it kept every folder."""
     starts = []
     for pid, state, _parent, _group, argv in _processes():
         if state == b"Z" or pid == os.getpid():
@@ -223,12 +225,9 @@ def _possible_env_owners() -> list[float]:
             if os.stat(f"/proc/{pid}").st_uid != os.getuid():
                 continue
             if not (argv and Path(argv[0]).name == SERVER_EXECUTABLE):
-                try:
-                    with open(f"/proc/{pid}/maps", "rb") as maps:
-                        if not any(library in line for line in maps for library in TRITON_LIBRARIES):
-                            continue
-                except PermissionError:
-                    pass  # unreadable: counted as a possible owner
+                with open(f"/proc/{pid}/maps", "rb") as maps:
+                    if not any(library in line for line in maps for library in TRITON_LIBRARIES):
+                        continue
             starts.append(started_at(pid))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
