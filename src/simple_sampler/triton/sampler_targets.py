@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import ml_dtypes
 import numpy as np
 
-from ..schema import HOT_SET_REFUSAL, ROW_SCALARS_RECORD
+from ..schema import HOT_SET_REFUSAL, ROW_SCALARS, ROW_SCALARS_RECORD
 
 if TYPE_CHECKING:  # imported where a remote target is called: the in-process
     # benches (bench serve-gpu) run on hosts without tritonclient
@@ -373,11 +373,16 @@ def declared_vocab_size(config: dict) -> int:
     return int(parameter.get("string_value") or 0)
 
 
+def declared_input(config: dict, name: str) -> dict:
+    """Input `name` as a model's configuration (Triton's JSON) declares it,
+    {} where it declares no such input."""
+    return next((tensor for tensor in config.get("input", []) if tensor.get("name") == name), {})
+
+
 def declared_record_bytes(config: dict) -> int:
     """The bytes of a ``row_scalars`` record a sampler model's configuration
-    (Triton's JSON) declares, 0 where it declares no such input."""
-    dims = next((tensor.get("dims") for tensor in config.get("input", [])
-                 if tensor.get("name") == "row_scalars"), None)
+    declares, 0 where it declares no such input."""
+    dims = declared_input(config, ROW_SCALARS.name).get("dims")
     return max(int(dims[-1]), 0) if dims else 0  # -1: an older version's, undeclared
 
 
@@ -388,8 +393,7 @@ def probe_row(config: dict, vocab_size: int) -> np.ndarray | None:
     width = declared_vocab_size(config) or vocab_size
     if not width:
         return None
-    logits_type = next((tensor.get("data_type") for tensor in config.get("input", [])
-                        if tensor.get("name") == "logits"), "TYPE_FP32")
+    logits_type = declared_input(config, "logits").get("data_type", "TYPE_FP32")
     dtype = {"TYPE_BF16": ml_dtypes.bfloat16, "TYPE_FP16": np.float16}.get(logits_type,
                                                                           np.float32)
     return np.zeros((1, width), dtype)
