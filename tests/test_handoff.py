@@ -697,6 +697,45 @@ def test_undecided_rows_with_mapped_full_rows_are_decided_in_the_same_request():
     assert totals["need_full"] > 10 and totals["need_cold"] > 10, totals
 
 
+@pytest.mark.parametrize("asking, in_place", [(np.s_[:], True), (np.s_[1::3], True),
+                                              ([0, 1, 5, 30], False)])
+def test_rows_asking_top_logprobs_are_scored_where_they_lie_in_the_arena(asking, in_place):
+    """Rows of a shared region (the simulated engine's bank) that ask for
+    top logprobs are scored in a request of their own (``decide_hot_first``):
+    evenly spaced (every row, every third), by reference where they lie, no
+    slot taken; unevenly spaced, copied into a slot as before. Either way
+    the tokens, logprobs and top logprobs of the rows outside the arena."""
+    import asyncio
+
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+
+    rng = np.random.default_rng(83)
+    rows = make_rows(rng, 48)
+    params, histories, steps = make_requests(rng, 48)
+    batch = SamplingBatch.from_params(params, histories, steps)
+    batch.num_top_logprobs = np.zeros(48, np.int32)
+    batch.num_top_logprobs[asking] = 3
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16)(
+        torch.from_numpy(rows), batch))
+    arena = RowArena(1, rows.nbytes)
+    try:
+        shared = torch.from_numpy(arena.share(rows))
+        requests = []
+        sampler = HotFirstSampler(_local_pool(hot, 2, requests, arena), hot, cold_top=16)
+        got = asyncio.run(sampler(shared, batch))
+        slots_taken = arena.generation
+    finally:
+        arena.close()
+    for got_part, expected_part in zip((*got[:2], *got[2]), (*expected[:2], *expected[2])):
+        np.testing.assert_array_equal(got_part, expected_part)
+    asked = int(np.count_nonzero(batch.num_top_logprobs))
+    scoring = [(size, by_reference) for kind, size, by_reference in requests if kind == "full"]
+    assert sum(size for size, _ in scoring) == asked and all(by_reference for _, by_reference in scoring)
+    assert slots_taken == (0 if in_place else 1)
+
+
 def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_cannot():
     """``HotFirstSampler.sample_now`` (the decode loop's one-lane path, in
     its data-plane thread): with the full rows in the arena, one compact

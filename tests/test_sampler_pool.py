@@ -789,3 +789,32 @@ def test_a_remote_endpoint_of_another_vocabulary_or_hot_set_is_refused_at_start(
     RemoteSampler("h:1", hot_set=5).check(config)  # the endpoint's own V; not this
     # check's failure: no raise
     assert sent[1].shape == (1, 64)
+
+
+def test_strided_rows_are_sent_contiguous_and_read_in_place_by_reference():
+    """Rows that are a strided view (every other row of a step: ``hot_first.
+    rows_in_place``) reach a target that takes them in the request as one
+    contiguous array (a BLS tensor must be), and a target that maps the
+    arena's shared region by reference, no slot taken; both give the
+    kernels' tokens for those rows."""
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((12, VOCAB)).astype(np.float32)
+    params = [SamplingParams(seed=200 + row) for row in range(6)]
+    batch = SamplingBatch.from_params(params, [History([1], [])] * 6, [0] * 6)
+    expected = sample(logits[::2], batch, return_logprobs=False).token_ids
+    sent = []
+    by_value = Sampler()
+    pool = SamplerPool([SamplerTarget("b", lambda inputs: sent.append(inputs["logits"]) or by_value(inputs),
+                                      1)])
+    tokens, _ = asyncio.run(pool(torch.from_numpy(logits)[::2], batch))
+    assert tokens.tolist() == expected.tolist()
+    assert sent[0].flags.c_contiguous and np.array_equal(sent[0], logits[::2])
+    arena = RowArena(1, logits.nbytes)
+    try:
+        mapped = Sampler()
+        pool = SamplerPool([SamplerTarget("a", mapped, 1, shares_memory=True)], arena=arena)
+        tokens, _ = asyncio.run(pool(torch.from_numpy(arena.share(logits))[::2], batch))
+        assert tokens.tolist() == expected.tolist()
+        assert mapped.by_reference == 1 and arena.generation == 0
+    finally:
+        arena.close()

@@ -284,6 +284,22 @@ def rows_to_host(logits: torch.Tensor, rows) -> torch.Tensor:
     return to_host(logits.index_select(0, index))
 
 
+def rows_in_place(logits: torch.Tensor, rows) -> torch.Tensor | None:
+    """``logits[rows]`` without a copy where the row indices `rows`
+    (ascending) are evenly spaced, as when every row of a step, or every
+    other, asks for top logprobs: a strided view over the rows where they
+    lie, which a sampler that maps them reads there (``SamplerPool`` sends
+    rows of a shared region by reference); None for any other rows (the
+    caller gathers them: ``rows_to_host``)."""
+    rows = np.asarray(rows, np.int64)
+    if rows.size == 0:
+        return None
+    step = int(rows[1] - rows[0]) if rows.size > 1 else 1
+    if step < 1 or not np.array_equal(rows, rows[0] + step * np.arange(rows.size)):
+        return None
+    return logits[int(rows[0]):int(rows[-1]) + 1:step]
+
+
 def sample_hot_first(logits, batch: SamplingBatch, hot_vocab: HotVocab, *,
                      cold_top: int = DEFAULT_COLD_TOP,
                      num_top_logprobs: int = 0, return_logprobs: bool = True,

@@ -14,7 +14,7 @@ from ..handoff import (DEFAULT_COLD_TOP, CompactRows, HandoffOutput, decide_hot_
 from ..params import SamplingBatch
 from ..sampling import SampleOutput, empty_output
 from ..serving.engine import SummarizesHotFirst
-from ..serving.hot_first import compact_rows, rows_to_host, undecidable_rows
+from ..serving.hot_first import compact_rows, rows_in_place, rows_to_host, undecidable_rows
 from ..serving.samplers import SampleResult, result_parts, widest_top
 from ..shvs.hot_vocab import HotVocab
 from ..schema import TOP_OUTPUTS
@@ -109,7 +109,7 @@ class HotFirstSampler:
         out = await decide_hot_first(summary.rows, batch, self.hot_vocab,
                                      lambda rows, batch: self._decide(summary, batch, counts),
                                      lambda undecided, second: self._sample_undecided(
-                                         logits, undecided, second))
+                                         logits, undecided, second, summary.full_rows))
         # Counted once the call has an answer: a call whose second round is
         # refused is sampled again in parts (serving/samplers.
         # sample_around_refusals), whose rows count then.
@@ -117,12 +117,23 @@ class HotFirstSampler:
             self._count(each)
         return _result(out, batch)
 
-    async def _sample_undecided(self, logits: torch.Tensor, undecided, batch: SamplingBatch):
-        """The rows the compact decision left undecided, fetched and sampled
-        whole. From a GPU the fetch runs off the event loop: its wait is
-        behind whatever the stream holds, another lane's forward included,
-        while the loop has that lane's and the streams' work to do."""
-        if logits.device.type == "cpu":
+    async def _sample_undecided(self, logits: torch.Tensor, undecided, batch: SamplingBatch,
+                                full_rows=None):
+        """The rows the compact decision left undecided (or that ask for
+        top or raw logprobs), fetched and sampled whole. Where the logits lie
+        in a shared region of the arena (`full_rows`, the summary's lease:
+        the simulated engine's bank, the TensorRT-LLM bridge's staging block)
+        and the rows are evenly spaced, they go by reference where they lie
+        (``rows_in_place``), not gathered and copied into a slot. (Not rows
+        of a ring slot the engine took: the pool would claim that slot and
+        give it back after this round, while the step's rows are still read.)
+        From a GPU the fetch runs off the event loop: its wait is behind
+        whatever the stream holds, another lane's forward included, while
+        the loop has that lane's and the streams' work to do."""
+        in_place = rows_in_place(logits, undecided) if full_rows is not None else None
+        if in_place is not None:
+            rows = in_place
+        elif logits.device.type == "cpu":
             rows = rows_to_host(logits, undecided)
         else:
             rows = await asyncio.to_thread(rows_to_host, logits, undecided)

@@ -284,7 +284,7 @@ class SamplerPool:
         by_reference = _by_reference(inputs, refs) if refs is not None else None
         while True:
             try:
-                sent = by_reference if by_reference and target.shares_memory else inputs
+                sent = by_reference if by_reference and target.shares_memory else _by_value(inputs)
                 outputs = await self._call(target, sent)
             except SamplerCallError as error:
                 if not error.retryable or loop.time() > deadline:
@@ -398,6 +398,16 @@ def _answer(call: SamplerCall, *arguments):
         return call(*arguments)
     except SamplerCallError as error:
         return error
+
+
+def _by_value(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`inputs` as sent in a request: rows that are a strided view (rows of
+    a shared region by reference, ``hot_first.rows_in_place``) made
+    contiguous, as a BLS tensor must be."""
+    logits = inputs.get("logits")
+    if logits is None or logits.flags.c_contiguous:
+        return inputs
+    return {**inputs, "logits": np.ascontiguousarray(logits)}
 
 
 def _by_reference(inputs: dict[str, np.ndarray], refs: np.ndarray) -> dict[str, np.ndarray]:
