@@ -138,6 +138,27 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
         configure("LOUD")
 
 
+def test_http_clients_log_a_line_per_request_only_at_debug():
+    """The front door's /metrics fetches Triton's over httpx, whose INFO line
+    per request would fill serve's console at every Prometheus scrape."""
+    import logging
+
+    from simple_sampler.logs import configure
+
+    root = logging.getLogger()
+    kept = root.level, [logging.getLogger(name).level for name in ("httpx", "httpcore")]
+    try:
+        configure("INFO")
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("simple_sampler.frontend").isEnabledFor(logging.INFO)
+        configure("DEBUG")
+        assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+    finally:
+        root.setLevel(kept[0])
+        for name, level in zip(("httpx", "httpcore"), kept[1]):
+            logging.getLogger(name).setLevel(level)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--openai-port", "65536"], "openai_port must be in [0, 65535], got 65536"),
     (["--http-port", "70000"], "http_port must be in [1, 65535], got 70000"),
@@ -167,9 +188,9 @@ def test_the_log_level_reaches_the_model_processes_and_is_checked(monkeypatch, t
      "--instances, --micro-batches, --hot-vocab would not reach the models: --model-repository "
      "serves /tmp/repo"),
     (["--sampler-only", "--openai-port", "0", "--sampling-mode", "inline"],
-     "--sampling-mode apply to the llm, which --sampler-only does not serve"),
+     "--sampling-mode applies to the llm, which --sampler-only does not serve"),
     (["--sampler-only", "--openai-port", "0", "--no-decoupled-mode"],  # named as given
-     "--no-decoupled-mode apply to the llm, which --sampler-only does not serve"),
+     "--no-decoupled-mode applies to the llm, which --sampler-only does not serve"),
 ])
 def test_options_out_of_range_or_at_odds_are_one_line_before_anything_starts(
         args, message, capsys, monkeypatch, tmp_path):

@@ -402,7 +402,10 @@ def test_the_lifeline_removes_the_servers_folders_only_when_its_launcher_died(tm
             group.wait()
 
 
-def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, monkeypatch):
+def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, monkeypatch, caplog):
+    """A stop asked while Triton starts ends the wait and the server, and is
+    logged once: a second stop (a `with` block's) says nothing more."""
+    caplog.set_level("INFO", logger="simple_sampler.launch.server")
     monkeypatch.setenv("READY_AFTER_S", "30")
     server = TritonServer(tmp_path / "repository", install=slow_tritonserver.install(tmp_path))
     asked = time.monotonic() + 1.0
@@ -412,6 +415,9 @@ def test_a_stop_requested_while_starting_ends_the_wait_and_the_server(tmp_path, 
         server.start(timeout=60, stop_requested=lambda: time.monotonic() > asked)
     assert time.monotonic() - asked < 5
     assert server.process.poll() is not None and server.watcher.poll() is not None
+    assert server.stop() == server.process.returncode
+    stopped = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
+    assert stopped == ["tritonserver stopped before it was ready"], stopped
 
 
 HOLDER = """

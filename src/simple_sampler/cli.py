@@ -129,8 +129,8 @@ def refuse_ignored_options(args: argparse.Namespace) -> None:
                    if flag != "--shutdown-grace"
                    and not (flag == "--openai-port" and args.openai_port == 0)]  # "no API": agreed
         if dropped:
-            raise ValueError(f"{', '.join(dropped)} apply to the llm, which --sampler-only "
-                             f"does not serve")
+            raise ValueError(f"{', '.join(dropped)} {'apply' if len(dropped) > 1 else 'applies'} "
+                             f"to the llm, which --sampler-only does not serve")
     if args.model_repository is not None:
         dropped = [flag for flag in SamplerSettings.given_flags(args) + LlmSettings.given_flags(args)
                    if flag not in LAUNCH_FLAGS] + (

@@ -13,6 +13,8 @@ import os
 LOG_LEVEL_ENV = "SIMPLE_SAMPLER_LOG_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: HTTP clients whose per-request lines are DEBUG here, not INFO
+QUIET_CLIENTS = ("httpx", "httpcore")
 
 
 def configure(level: str | None = None) -> None:
@@ -22,3 +24,7 @@ def configure(level: str | None = None) -> None:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     logging.basicConfig(level=level, format=FORMAT)
     logging.getLogger().setLevel(level)
+    # httpx logs every request it makes at INFO: the front door's /metrics
+    # (a Prometheus scrape) would print a line per scrape.
+    for name in QUIET_CLIENTS:
+        logging.getLogger(name).setLevel(level if level == "DEBUG" else "WARNING")

@@ -421,6 +421,8 @@ class TritonServer:
             if status != 0:
                 log.warning("tritonserver did not stop cleanly (status %s); removed the shared "
                             "memory its models left: %s", status, ", ".join(left) or "none")
+        elif getattr(self, "_lifeline", None) is None:  # stopped, and said so, already
+            return self.process.returncode
         else:
             status = self.process.returncode
         self._release_lifeline()
