@@ -89,7 +89,7 @@ def test_positive_infinity_reached_through_bias_or_penalty_names_the_column():
     +inf at that column, not sampled."""
     row = ROW.copy()
     row[4] = 3e38
-    with raises(r"^row 0: ", r"\+inf", r"column 4\b", "after bias and penalties"):
+    with raises(r"^row 0: ", r"\+inf", r"column 4\b", "once bias, penalties and temperature apply"):
         sample_requests(row, [SamplingParams(temperature=0.5)])
     with raises(r"^row 0: ", r"\+inf", r"column 4\b"):
         sample_requests(row, [SamplingParams(repetition_penalty=0.5)], [History(prompt_ids=[4])])

@@ -206,6 +206,16 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"thinking": {"type": "enabled", "budget_tokens": 10}}, 400,
      "thinking: thinking of type enabled needs budget_tokens, an integer of at least 1024, got 10"),
     ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, 400, "not disabled"),
+    # chat's checks, named as a message request names the field
+    ({"stop_sequences": ["a", ""]}, 400, "stop_sequences must be a non-empty string"),
+    ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, 400,
+     'Correct usage: `{"type": "tool", "name": "my_function"}`'),
+    ({"tool_choice": {"type": "any"}, "tools": [{**WEATHER, "input_schema": {"type": "nonsense"}}]},
+     400, "tools: a tool's parameters are not a JSON schema this server takes"),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                                 "input": {}}]}]}, 400,
+     "messages.2: a tool_use block is the assistant's, not in a user turn"),
 ])
 def test_errors_are_anthropics_error_objects(client, recorder, fields, status, text):
     body = {k: v for k, v in {**ask(), **fields}.items() if v is not None}

@@ -198,6 +198,15 @@ def test_a_failed_generation_is_an_error_status_or_the_streams_error_event(app, 
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
     ({"stream": True, "stream_options": {"continuous_usage_stats": True}},
      "stream_options.continuous_usage_stats", "unknown field"),
+    # chat's checks, named as a Responses request names the field
+    ({"tools": [{"type": "function", "name": "f", "parameters": {}}],
+      "tool_choice": {"type": "function", "name": "g"}}, "tool_choice",
+     'Correct usage: `{"type": "function", "name": "my_function"}`'),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}],
+      "tool_choice": "required"}, "tools", "a tool's parameters are not a JSON schema"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
+     "input", "input (arguments) must be a JSON object, got '[1]'"),
 ])
 def test_what_a_response_cannot_do_is_refused_by_name(app, recorder, fields, param, text):
     answer = post(TestClient(app), "/v1/responses", {"input": "Capital of France?", **fields})
@@ -321,3 +330,23 @@ def test_calls_and_their_outputs_in_input_are_the_chat_turns_of_a_tool_conversat
                                                    k: v for k, v in WEATHER.items()
                                                    if k != "type"}}], "tool_choice": "none"})
     assert plans[0].prompt_ids == plans[1].prompt_ids
+
+
+def test_chats_field_names_become_the_requests_own():
+    """``RequestError.named_as``: a prefix renamed (the rest of the path
+    kept), a part in the middle of a path renamed, a field named whole (its
+    last part kept in the message), the first rule that applies only."""
+    from simple_sampler.frontend.protocol import RequestError
+
+    names = (("messages", "input"), ("stop", "stop_sequences"), ("function.parameters", "parameters"))
+    cases = [("stop.1", "stop.1 must not be empty", "stop_sequences.1", "stop_sequences.1 must not be empty"),
+             ("tools.2.function.parameters", "tools.2.function.parameters: not a dict",
+              "tools.2.parameters", "tools.2.parameters: not a dict"),
+             ("messages.3.content", "messages.3.content may be null only ...", "input",
+              "input (content) may be null only ..."),
+             ("messages.3", "messages.3 is bad", "input", "input is bad"),
+             ("temperature", "temperature must be >= 0", "temperature", "temperature must be >= 0")]
+    for param, message, renamed, text in cases:
+        error = RequestError(message, param, 404, "code", "kind").named_as(names, whole=("messages",))
+        assert (error.param, str(error), error.status, error.code, error.kind) == (
+            renamed, text, 404, "code", "kind")

@@ -73,9 +73,10 @@ def test_port_taken_is_one_clear_error(tmp_path):
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        grpc, metrics = free_ports(2, {taken})
+        grpc, metrics, api = free_ports(3, {taken})  # not the API's 9000: a `make serve` may hold it
         process = serve("--http-port", str(taken), "--grpc-port", str(grpc),
-                        "--metrics-port", str(metrics), env={**os.environ, "TMPDIR": str(tmp_path)})
+                        "--metrics-port", str(metrics), "--openai-port", str(api),
+                        env={**os.environ, "TMPDIR": str(tmp_path)})
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert f"port {taken} (http port) is already in use" in stderr

@@ -629,6 +629,10 @@ def test_vllms_structured_outputs_become_the_two_inputs(fields, guide, name):
     ({"json_object": 1}, "structured_outputs.json_object must be true"),
     ({"regex": "a", "backend": "outlines"}, "structured_outputs.backend must be one of auto"),
     ({"json": {"x-guidance": 3}, "disable_any_whitespace": True}, "is an object"),
+    ({"json": {"type": "object"}, "disable_any_whitespace": "false"},
+     "structured_outputs.disable_any_whitespace must be true or false, got 'false'"),
+    ({"json": {"type": "object"}, "disable_any_whitespace": 0},
+     "structured_outputs.disable_any_whitespace must be true or false, got 0"),
     ("{oops", "structured_outputs is not JSON"),
 ])
 def test_a_structured_outputs_object_that_asks_what_is_not_done_is_refused_by_name(fields,

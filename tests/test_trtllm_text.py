@@ -2,6 +2,8 @@
 (triton.trtllm_text), without a server: its tensors, in its shapes, made
 from the server's tokenizer, and read back as the tensorrt_llm model reads
 them (generate_io)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -138,6 +140,12 @@ def test_postprocessing_decodes_each_sequence_to_its_length():
         postprocess(codec, tokens, np.array([4, 1]))
     with pytest.raises(InvalidRequest, match=r"TOKENS_BATCH must have shape \[B, beams, T\]"):
         postprocess(codec, tokens[0], np.array([[4]]))
+    for bad in (-1, VOCAB):
+        message = f"TOKENS_BATCH ids must be in [0, {VOCAB}) (the tokenizer's), got {bad} at [1, 0, 1]"
+        with pytest.raises(InvalidRequest, match=re.escape(message)):
+            postprocess(codec, np.array([[[1, 2, 0, 3]], [[4, bad, 6, 7]]], np.int32), np.array([[4], [2]]))
+    # beyond a sequence's length, ids are not read: padding there is any value
+    assert postprocess(codec, np.array([[[1, -1, VOCAB]]], np.int32), np.array([[1]])).tolist() == [b"a"]
 
 
 def test_skip_special_tokens_is_read_as_tensorrt_llm_reads_it_and_a_typo_refused():

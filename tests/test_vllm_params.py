@@ -109,7 +109,11 @@ def test_seed_minus_one_is_none_and_another_negative_seed_is_read_modulo_2_64_as
     ({}, {"stop": ""}, r"sampling_parameters.stop\[0\] must be a non-empty string"),
     ({}, {"bad_words": ["x", ""]}, r"sampling_parameters.bad_words\[1\] must be a non-empty"),
     ({}, {"max_tokens": None}, "sampling_parameters.max_tokens must be an integer: null is"),
-    ({}, {"seed": -2**63 - 1}, r"sampling_parameters.seed must be in \[-9223372036854775808"),
+    ({}, {"seed": -2**63 - 1}, r"sampling_parameters.seed must be in \[-9223372036854775808, "
+                               r"18446744073709551615\] \(-1: none\), got -9223372036854775809$"),
+    ({}, {"seed": "99999999999999999999999"}, r"sampling_parameters.seed must be in "
+                                               r"\[-9223372036854775808, 18446744073709551615\]"),
+    ({}, {"seed": 1.5}, r"sampling_parameters.seed must be an integer, got 1.5"),
     ({}, {"n": "2"}, "sampling_parameters.n must be 1"),
     # the vLLM backend's input, not a sampling parameter there either
     ({}, {"return_logprobs": True}, "sampling_parameters.return_logprobs is an input of this "

@@ -52,7 +52,8 @@ MAX_TOP_LOGPROBS = 20
 _ROW_ERRORS = {
     RowError.ERROR_NAN: "logits must not contain NaN; found at column {column}",
     RowError.ERROR_POSITIVE_INFINITY:
-        "logits must be finite or -inf; found +inf at column {column} (after bias and penalties)",
+        "logits must be finite or -inf, and stay finite in float32 once bias, penalties and "
+        "temperature apply; found +inf at column {column}",
     RowError.ERROR_ALL_BANNED: "every token is banned (-inf after bias, bans and penalties)",
     RowError.ERROR_OUT_OF_MEMORY: "out of memory allocating the sampler workspace",
     RowError.ERROR_UNLISTED_OVERRIDE:

@@ -28,6 +28,16 @@ from .tools import new_call
 from .translate import Plan, Served, check_model, plan_chat
 
 #: OpenAI's error types as Anthropic names them (its errors' ``type``)
+#: chat's names of the fields chat's checks may name, as a message request
+#: names them (``RequestError.named_as``): its turns (shifted by the system
+#: turn and the tool results made turns: named whole), stop sequences, a
+#: tool's and a named tool choice's fields
+_CHAT_NAMES = (("messages", "messages"), ("stop", "stop_sequences"),
+               ("tool_choice.function.name", "tool_choice.name"),
+               ("function.parameters", "input_schema"), ("function.name", "name"),
+               ("function.description", "description"))
+#: a named tool choice, as a message request writes one (chat's errors show chat's)
+_TOOL_CHOICE_USAGE = 'Correct usage: `{"type": "tool", "name": "my_function"}`'
 ERROR_TYPES = {"internal_server_error": "api_error", "service_unavailable": "overloaded_error"}
 #: what a chat answer's end is, as Anthropic says it (vLLM's ``_to_anthropic_stop_reason``)
 LENGTH, END_TURN, STOP_SEQUENCE, TOOL_USE = "max_tokens", "end_turn", "stop_sequence", "tool_use"
@@ -76,6 +86,14 @@ class Message(Strict):
     #: system too: a turn of the system's between the others (vLLM takes it)
     role: Literal["user", "assistant", "system"]
     content: str | list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock]
+
+    @model_validator(mode="after")
+    def _calls_are_the_assistants(self) -> "Message":
+        if self.role != "assistant" and not isinstance(self.content, str) and any(
+                isinstance(block, ToolUseBlock) for block in self.content):
+            raise ValueError(f"a tool_use block is the assistant's, not in a {self.role} turn "
+                             f"(a user turn answers one with a tool_result block)")
+        return self
 
 
 class Tool(Strict):
@@ -233,7 +251,10 @@ def plan_message(body: bytes, served: Served) -> tuple[MessagesRequest, Plan]:
                            'this server runs without one (serve --tool-call-parser hermes); send '
                            'tool_choice {"type": "any"}, {"type": "tool", "name": ...} or '
                            '{"type": "none"}', "tool_choice")
-    return request, plan_chat(to_chat(request), served)[0]
+    try:
+        return request, plan_chat(to_chat(request), served)[0]
+    except RequestError as error:
+        raise _named(error) from None
 
 
 def count_tokens(body: bytes, served: Served) -> dict:
@@ -241,7 +262,16 @@ def count_tokens(body: bytes, served: Served) -> dict:
     request of the same fields sends them; nothing is asked of the model."""
     request = parse(CountTokensRequest, body)
     check_model(request.model, served)
-    return {"input_tokens": len(chat_prompt_ids(to_chat(request), served.codec))}
+    try:
+        return {"input_tokens": len(chat_prompt_ids(to_chat(request), served.codec))}
+    except RequestError as error:
+        raise _named(error) from None
+
+
+def _named(error: RequestError) -> RequestError:
+    """An error of the chat request a message request is (``to_chat``,
+    ``plan_chat``), its field named as a message request names it."""
+    return error.named_as(_CHAT_NAMES, whole=("messages",), usage=_TOOL_CHOICE_USAGE)
 
 
 def content_blocks(plan: Plan, chunks: list[Chunk]) -> list[dict]:

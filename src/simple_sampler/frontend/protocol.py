@@ -32,7 +32,7 @@ protocol.py`` ``CompletionRequest``, ``.../chat_completion/protocol.py``
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -293,6 +293,10 @@ class DetokenizeRequest(Request):
     tokens: list[int]
 
 
+#: vLLM's words for a named tool choice's errors: chat's shape of one
+CHAT_TOOL_CHOICE_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
 class RequestError(InvalidRequest):
     """A client mistake (``schema.InvalidRequest``), in OpenAI's error shape:
     its status (400 unless said), field, code and type.
@@ -306,6 +310,36 @@ class RequestError(InvalidRequest):
 
     def body(self) -> dict:
         return error_body(str(self), self.kind, self.param, self.code)
+
+    def named_as(self, names: Sequence[tuple[str, str]], whole: Sequence[str] = (),
+                 usage: str | None = None) -> "RequestError":
+        """This error of a chat request made from another API's request
+        (Responses, Anthropic's Messages), its field named as that request
+        names it: by the first of `names` (chat's dotted path, that API's)
+        that starts the field's path or is a part of it; those in `whole`
+        rename the field whole, the last part kept in the message (a
+        turn's field is the messages' or the input's: a system turn and
+        tool results made turns shift chat's indices); and chat's example of
+        a named tool choice as that API writes one (`usage`)."""
+        message, param = str(self), self.param
+        for chat, ours in names if param is not None else ():
+            if param == chat or param.startswith(chat + "."):
+                if chat in whole:
+                    last = param.rsplit(".", 1)[-1]
+                    message = message.replace(param, ours if param == chat or last.isdigit()
+                                              else f"{ours} ({last})")
+                    param = ours
+                else:
+                    message, param = (text.replace(param, ours + param[len(chat):])
+                                      for text in (message, param))
+                break
+            if f".{chat}." in f".{param}.":
+                name = f".{param}.".replace(f".{chat}.", f".{ours}.")[1:-1]
+                message, param = message.replace(param, name), name
+                break
+        if usage is not None:
+            message = message.replace(CHAT_TOOL_CHOICE_USAGE, usage)
+        return RequestError(message, param, self.status, self.code, self.kind)
 
 
 def error_body(message: str, kind: str, param: str | None = None,

@@ -39,13 +39,18 @@ _REFUSED = (
     ("background", False, "background responses are not supported by this server"),
     ("prompt", None, "prompt templates are not supported by this server"),
 )
-#: chat's names of this request's fields that chat's checks may name (a
-#: field's path starts with one): max_tokens, messages (the turns the input
-#: and instructions make), response_format (with its json_schema's fields)
+#: chat's names of this request's fields that chat's checks may name
+#: (``RequestError.named_as``): max_tokens, messages (the turns the input and
+#: instructions make), response_format (with its json_schema's fields), a
+#: tool's and a named tool choice's fields
 _CHAT_NAMES = (("max_tokens", "max_output_tokens"), ("messages", "input"),
                ("truncate_prompt_tokens", "truncation"),
                ("response_format.json_schema", "text.format"),
-               ("response_format", "text.format"))
+               ("response_format", "text.format"),
+               ("tool_choice.function.name", "tool_choice.name"),
+               ("function.parameters", "parameters"), ("function.name", "name"))
+#: a named tool choice, as this request writes one (chat's errors show chat's)
+_TOOL_CHOICE_USAGE = 'Correct usage: `{"type": "function", "name": "my_function"}`'
 #: what ``include`` may name (vLLM's ``ResponsesRequest``): this server has
 #: only the output's logprobs to include; the others name what it never
 #: makes (image inputs' urls, tool outputs, reasoning), so they add nothing
@@ -182,23 +187,8 @@ def plan_response(body: bytes, served: Served) -> tuple[ResponsesRequest, Plan]:
     try:
         plans = plan_chat(to_chat(request, served.tool_parser != "none"), served)
     except RequestError as error:  # named as this request names the field
-        name = request_field(error.param)
-        if name == error.param:
-            raise
-        raise RequestError(str(error).replace(error.param, name), name, error.status,
-                           error.code, error.kind) from None
+        raise error.named_as(_CHAT_NAMES, whole=("messages",), usage=_TOOL_CHOICE_USAGE) from None
     return request, plans[0]
-
-
-def request_field(chat_field: str | None) -> str | None:
-    """This request's name of a field chat's checks name (``_CHAT_NAMES``):
-    a turn's field is the input's (the instructions' turn and merged calls
-    shift chat's indices, so the input is named whole)."""
-    for chat, ours in _CHAT_NAMES:
-        if chat_field == chat or (chat_field or "").startswith(chat + "."):
-            rest = chat_field[len(chat):]
-            return ours if chat == "messages" else ours + rest
-    return chat_field
 
 
 def to_chat(request: ResponsesRequest, parsed: bool = True) -> ChatCompletionRequest:

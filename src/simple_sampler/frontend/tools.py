@@ -24,14 +24,13 @@ import uuid
 from dataclasses import dataclass
 
 from ..serving.structured import Guide
-from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, RequestError
+from .protocol import (CHAT_TOOL_CHOICE_USAGE, ChatCompletionRequest, ChatMessage, NamedToolChoice,
+                       RequestError)
 
 #: the Hermes format's tags (Qwen2.5's and Hermes' chat templates):
 #: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-#: vLLM's words for a named choice's errors
-CORRECT_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ def tool_use(request: ChatCompletionRequest, parser: str = "none"
         if not chosen:
             raise RequestError(f"The tool specified in `tool_choice` "
                                f"({choice.function.name}) does not match any of the specified "
-                               f"`tools`. {CORRECT_USAGE}", "tool_choice")
+                               f"`tools`. {CHAT_TOOL_CHOICE_USAGE}", "tool_choice")
         schema = chosen[0].parameters or {"type": "object", "properties": {}}
         return ToolUse(choice.function.name), Guide("json_schema", json.dumps(schema))
     parallel = request.parallel_tool_calls is not False

@@ -426,7 +426,9 @@ def with_tools(plan: Plan, use: ToolUse, guide: Guide | None,
     try:
         guide.check()
     except InvalidRequest as error:
-        raise RequestError(f"tools: {error}", "tools") from None
+        # the guide is the tools' parameters: named so, not as the tensor it becomes
+        raise RequestError(f"tools: a tool's parameters are not a JSON schema this server takes: "
+                           f"{str(error).split(': ', 1)[-1]}", "tools") from None
     plan.params.update(guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.text)
 
 

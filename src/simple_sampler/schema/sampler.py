@@ -100,7 +100,9 @@ ROW_SCALARS_RECORD, ROW_SCALARS = _packed(
 
 SAMPLER = Model("simple_sampler", (
     Tensor("logits", "FP32", (-1,), default="required unless hot_logits or logits_ref",
-           allowed="finite or -inf; [B, V] next-token logits", dtypes=_LOGITS_DTYPES),
+           allowed="finite or -inf, and finite in float32 once bias, penalties and temperature "
+                   "apply (a logit of 3e38 at temperature 0.5 is refused); [B, V] next-token logits",
+           dtypes=_LOGITS_DTYPES),
     *_SAMPLER_SCALARS[:9],
     _id_list("prompt_ids", allowed="token ids, -1 padded (repetition penalty)"),
     _id_list("generated_ids", allowed="token ids, -1 padded (all penalties)"),

@@ -102,6 +102,9 @@ class Guide:
             raise InvalidRequest(f"{place}.{unknown[0]} is not supported by this server "
                                  f"(it takes {', '.join(VLLM_GUIDES)}, disable_any_whitespace "
                                  f"and backend)")
+        if given.get("disable_any_whitespace", True) is not True:
+            raise InvalidRequest(f"{place}.disable_any_whitespace must be true or false, got "
+                                 f"{given['disable_any_whitespace']!r}")
         named = [name for name in VLLM_GUIDES if name in given]
         if len(named) != 1:
             raise InvalidRequest(f"{place} must name exactly one of {', '.join(VLLM_GUIDES)}")

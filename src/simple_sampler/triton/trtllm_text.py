@@ -184,6 +184,15 @@ def postprocess(codec, tokens, lengths, skip_special: bool = True) -> np.ndarray
     if ((lengths < 0) | (lengths > tokens.shape[2])).any():
         raise InvalidRequest(f"SEQUENCE_LENGTH must be in [0, {tokens.shape[2]}] (TOKENS_BATCH's "
                              f"length), got {lengths.tolist()}")
+    # The tokenizer would drop an id it does not know without a word (or
+    # fail on a negative one): refused, as the llm model refuses such ids.
+    known = len(codec.tokenizer)
+    within = np.arange(tokens.shape[2]) < lengths[..., None]
+    bad = within & ((tokens < 0) | (tokens >= known))
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InvalidRequest(f"TOKENS_BATCH ids must be in [0, {known}) (the tokenizer's), got "
+                             f"{int(tokens[position])} at {list(position)}")
     texts = [codec.decode(ids[:length].tolist(), not skip_special).encode("utf-8")
              for ids, length in zip(tokens.reshape(lengths.size, tokens.shape[2]),
                                     lengths.reshape(-1))]
