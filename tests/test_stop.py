@@ -285,6 +285,35 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
         client.close()
 
 
+def test_what_only_clients_hold_is_settled_soon_once_every_stub_is_gone(monkeypatch, tmp_path):
+    """``StubsUnloading.settled``: with a stub still loaded, once no stub
+    has unloaded for held_s; with every stub gone (an ensemble left, which
+    has no work of its own), after all_gone_s: not held_s more, which
+    outlasted Triton's exit timeout where the stubs were slow to unload."""
+    from types import SimpleNamespace
+
+    from simple_sampler.launch import processes
+
+    clock = [100.0]
+    monkeypatch.setattr(processes.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(processes, "SHM_DIRECTORY", tmp_path)
+    live = {1, 2}
+    monkeypatch.setattr(processes, "alive", lambda pid: pid in live)
+    stubs = [SimpleNamespace(pid=pid, shm_region=f"region-{pid}", model=f"m{pid}") for pid in (1, 2)]
+    unloading = processes.StubsUnloading(stubs, held_s=8.0, all_gone_s=1.0)
+    assert not unloading.settled()  # nothing unloaded yet: Triton has not begun
+    live.discard(1)
+    assert not unloading.settled()
+    clock[0] += 7.9
+    assert not unloading.settled() and unloading.loaded() == ["m2"]
+    clock[0] += 0.2
+    assert unloading.settled()  # m2 held: quiet for held_s
+    live.discard(2)
+    assert not unloading.settled()  # a change: quiet again from here
+    clock[0] += 1.0
+    assert unloading.settled() and unloading.loaded() == []
+
+
 @pytest.mark.slow
 def test_a_killed_launcher_takes_its_server_with_it(serve_run):
     serve_run.wait_for("tritonserver ready")

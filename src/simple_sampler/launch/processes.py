@@ -177,12 +177,15 @@ class StubsUnloading:
     unloads, and Triton waits out its exit timeout, then exits with status
     1 (its gRPC server, which would close the stream, stops after the
     models). ``settled``: some stub has unloaded (Triton is unloading), and
-    no stub has exited or given up its region for `held_s`: what is still
-    loaded then waits on clients, not on work (the caller checks that
-    nothing is in flight)."""
+    no stub has exited or given up its region for `held_s`, or every stub
+    has, `all_gone_s` ago (what is left, an ensemble, has no work of its
+    own: waiting `held_s` more let a server whose stubs took 7 s to unload
+    under load reach Triton's exit timeout): what is still loaded then
+    waits on clients, not on work (the caller checks that nothing is in
+    flight)."""
 
-    def __init__(self, stubs, held_s: float):
-        self.stubs, self.held_s = list(stubs), held_s
+    def __init__(self, stubs, held_s: float, all_gone_s: float = 1.0):
+        self.stubs, self.held_s, self.all_gone_s = list(stubs), held_s, all_gone_s
         self.last_change = time.monotonic()
         self.gone = 0
 
@@ -197,7 +200,9 @@ class StubsUnloading:
         now = time.monotonic()
         if gone != self.gone:
             self.gone, self.last_change = gone, now
-        return gone > 0 and now - self.last_change >= self.held_s
+        quiet = now - self.last_change
+        return gone > 0 and (quiet >= self.held_s
+                             or (gone == len(self.stubs) and quiet >= self.all_gone_s))
 
 
 def started_at(pid: int | str = "self") -> float:
