@@ -709,11 +709,13 @@ def test_tensorrt_llm_refuses_what_it_cannot_do_by_the_name_sent(server):
     malformed word list names its input; that model's inputs with no meaning
     here are refused by Triton, by name. A request_output_len past the
     context's room is shortened to it, as TensorRT-LLM's LlmRequest shortens it."""
-    inputs = core_client_inputs([[504, 3575]], True)
+    # a prompt that leaves 6 tokens of the context: the shortened answer is quick to make
+    long_prompt = core_client_inputs([[504, 3575] * ((LLM_CONTEXT - 6) // 2)], True)
     [(result, error)] = stream_answers(server, "tensorrt_llm", {
-        **inputs, "request_output_len": np.array([[100_000]], np.int32),
-        "min_length": np.array([[510]], np.int32), "streaming": np.array([[False]])})
-    assert error is None and result.as_numpy("output_ids").shape == (1, 1, 512)
+        **long_prompt, "request_output_len": np.array([[100_000]], np.int32),
+        "min_length": np.array([[6]], np.int32), "streaming": np.array([[False]])})
+    assert error is None and result.as_numpy("output_ids").shape == (1, 1, LLM_CONTEXT)
+    inputs = core_client_inputs([[504, 3575]], True)
     [(_, error)] = stream_answers(server, "tensorrt_llm", {
         **inputs, "request_output_len": np.array([[0]], np.int32)})
     assert "request_output_len must be at least 1, got 0" in str(error)
