@@ -20,7 +20,8 @@ def test_freeze_collects_the_garbage_first_and_freezes_the_living():
     try:
         frozen = heap.freeze("test")
         assert garbage_ref() is None  # collected, not frozen for good
-        assert frozen == gc.get_freeze_count() > 0
+        # at most what is frozen now: a thread an earlier test of this worker left may freeze too
+        assert 0 < frozen <= gc.get_freeze_count()
         del alive
         gc.collect()
         assert alive_ref() is not None  # frozen: no collection walks it

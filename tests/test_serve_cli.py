@@ -168,6 +168,8 @@ def test_http_clients_log_a_line_per_request_only_at_debug():
     (["--openai-port", "8001"], "openai_port and grpc_port are both 8001"),
     (["--shutdown-grace", "nan"], "shutdown_grace_s must be a finite number >= 0.0, got nan"),
     (["--engine", "simulated", "--sim-step-b-ms", "inf"], "sim_step_b_ms must be a finite number"),
+    (["--sim-vocab", "49152"], "sim_vocab applies to engine simulated only, not torch"),
+    (["--engine", "static", "--sim-step-a-ms", "1"], "sim_step_a_ms applies to engine simulated only"),
     (["--hot-vocab", "/nonexistent/profile.npz"], "--hot-vocab '/nonexistent/profile.npz': no "
                                                    "such profile file"),
     (["--sampler-endpoints", "local,h:99999"], "sampler_endpoints must be 'local' or host:port"),

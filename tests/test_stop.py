@@ -285,11 +285,12 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
         client.close()
 
 
-def test_what_only_clients_hold_is_settled_soon_once_every_stub_is_gone(monkeypatch, tmp_path):
+def test_what_only_clients_hold_is_settled_before_tritons_exit_timeout(monkeypatch, tmp_path):
     """``StubsUnloading.settled``: with a stub still loaded, once no stub
     has unloaded for held_s; with every stub gone (an ensemble left, which
-    has no work of its own), after all_gone_s: not held_s more, which
-    outlasted Triton's exit timeout where the stubs were slow to unload."""
+    has no work of its own), just before Triton's exit timeout at the
+    latest: held_s more outlasted it where the stubs were slow to unload.
+    Not sooner: Triton takes a moment to exit after its last stub."""
     from types import SimpleNamespace
 
     from simple_sampler.launch import processes
@@ -300,18 +301,22 @@ def test_what_only_clients_hold_is_settled_soon_once_every_stub_is_gone(monkeypa
     live = {1, 2}
     monkeypatch.setattr(processes, "alive", lambda pid: pid in live)
     stubs = [SimpleNamespace(pid=pid, shm_region=f"region-{pid}", model=f"m{pid}") for pid in (1, 2)]
-    unloading = processes.StubsUnloading(stubs, held_s=8.0, all_gone_s=1.0)
+    unloading = processes.StubsUnloading(stubs, held_s=8.0, exit_timeout_s=15.0)
     assert not unloading.settled()  # nothing unloaded yet: Triton has not begun
     live.discard(1)
-    assert not unloading.settled()
-    clock[0] += 7.9
+    assert not unloading.settled()  # m1 gone: quiet from here
+    clock[0] = 107.9
     assert not unloading.settled() and unloading.loaded() == ["m2"]
-    clock[0] += 0.2
+    clock[0] = 108.1
     assert unloading.settled()  # m2 held: quiet for held_s
-    live.discard(2)
-    assert not unloading.settled()  # a change: quiet again from here
-    clock[0] += 1.0
-    assert unloading.settled() and unloading.loaded() == []
+    clock[0] = 108.6
+    live.discard(2)  # every stub gone
+    assert not unloading.settled()
+    timeout_at = 100.0 + 15.0 - processes.ALL_GONE_MARGIN_S
+    clock[0] = timeout_at - 0.1
+    assert not unloading.settled()  # Triton may still exit by itself
+    clock[0] = timeout_at
+    assert unloading.settled() and unloading.loaded() == []  # before its exit timeout
 
 
 @pytest.mark.slow

@@ -327,12 +327,14 @@ class LlmSettings(Settings):
     # off when the forward runs on a GPU.
     micro_batches: int = setting(
         1, "lanes overlapping the data plane with sampling (1: none; 2 pays off with a GPU "
-        "data plane, not on CPU)", minimum=1)
+        "data plane, not on CPU; one with tensorrt_llm, whose in-flight batching schedules its "
+        "own steps)", minimum=1)
     launch_ahead: str = setting(
         "auto", "launch a step's forward before the step before it has made its events "
         "(their Python then runs beside the forward; not for requests with stop strings): on, "
         "off, or auto: on where the forward leaves the host's cores free (a GPU, the "
-        "simulated engine)", choices=LAUNCH_AHEAD)
+        "simulated engine); never with tensorrt_llm, which schedules its own steps",
+        choices=LAUNCH_AHEAD)
     sampler_shards: int = setting(
         2, "concurrent sampler requests per micro-batch (serve: one per local sampler "
         "instance unless given, or given 0)",
@@ -378,15 +380,16 @@ class LlmSettings(Settings):
     # The simulated engine (serving/simulated.py, docs/SIMULATED.md): its step
     # time t(B) = a + b * B and rows; the defaults' sources are in its docstring.
     sim_vocab: int = setting(151_936, "engine simulated: vocabulary of its synthetic rows "
-                             "(SmolLM2's own, Llama 3, Qwen)", choices=(49_152, 128_256, 151_936))
+                             "(SmolLM2's own, Llama 3, Qwen)", choices=(49_152, 128_256, 151_936),
+                             engines=("simulated",))
     sim_dtype: str = setting("bfloat16", "engine simulated: dtype of its logits",
-                             choices=tuple(SIMULATED_DTYPES))
+                             choices=tuple(SIMULATED_DTYPES), engines=("simulated",))
     sim_step_a_ms: float = setting(
         9.0, "engine simulated: a of its step time a + b * B, ms (Llama-3-8B, H100, batch 1)",
-        minimum=0.0)
+        minimum=0.0, engines=("simulated",))
     sim_step_b_ms: float = setting(
         0.04, "engine simulated: b of its step time a + b * B, ms per sequence (KV-cache "
-        "bytes at a 1,024-token context over H100 bandwidth)", minimum=0.0)
+        "bytes at a 1,024-token context over H100 bandwidth)", minimum=0.0, engines=("simulated",))
 
     # full by default: on a CPU engine the summary is torch work in this
     # process (340-540 us/row, docs/HANDOFF.md) against 30-45 us/row for the
@@ -460,8 +463,9 @@ class FrontendSettings(Settings):
     (src/simple_sampler/frontend/, docs/OPENAI.md); no model reads these."""
 
     openai_port: int = setting(
-        9000, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-        "/v1/models); 0: off", minimum=0, maximum=PORT_RANGE[1], parameter=False)
+        9000, "port of the OpenAI-compatible HTTP API (OpenAI's completions, chat and Responses, "
+        "Anthropic's Messages, /v1/models, /metrics: docs/OPENAI.md); 0: off", minimum=0,
+        maximum=PORT_RANGE[1], parameter=False)
     openai_host: str = setting("0.0.0.0", "address the OpenAI-compatible API listens on",
                                parameter=False)
     tool_call_parser: str = setting(

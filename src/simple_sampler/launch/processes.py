@@ -169,6 +169,11 @@ def end_group(group: int, arena_prefix: str = "", settle_s: float = 5.0) -> tupl
     return sorted(frozen), unlink_shm(regions)
 
 
+#: With every stub gone, how long before Triton's exit timeout what it still
+#: holds (an ensemble) is ended (StubsUnloading).
+ALL_GONE_MARGIN_S = 2.0
+
+
 class StubsUnloading:
     """The stubs of a stopping Triton, watched for what it still holds after
     the drain. A client that keeps a gRPC stream open after its last
@@ -178,14 +183,19 @@ class StubsUnloading:
     1 (its gRPC server, which would close the stream, stops after the
     models). ``settled``: some stub has unloaded (Triton is unloading), and
     no stub has exited or given up its region for `held_s`, or every stub
-    has, `all_gone_s` ago (what is left, an ensemble, has no work of its
-    own: waiting `held_s` more let a server whose stubs took 7 s to unload
-    under load reach Triton's exit timeout): what is still loaded then
-    waits on clients, not on work (the caller checks that nothing is in
-    flight)."""
+    has and it is `all_gone_by` (time.monotonic(); None: never): what is
+    still loaded then waits on clients, not on work (the caller checks that
+    nothing is in flight). What is left once every stub is gone (an
+    ensemble) has no work of its own, but Triton takes a moment to exit
+    after its last stub, so it is ended only just before Triton's exit
+    timeout (`exit_timeout_s` from now: made as Triton is signalled) would
+    strike (ALL_GONE_MARGIN_S): stubs that took 7 s to unload under load
+    left `held_s` no room before it."""
 
-    def __init__(self, stubs, held_s: float, all_gone_s: float = 1.0):
-        self.stubs, self.held_s, self.all_gone_s = list(stubs), held_s, all_gone_s
+    def __init__(self, stubs, held_s: float, exit_timeout_s: float | None = None):
+        self.stubs, self.held_s = list(stubs), held_s
+        self.all_gone_by = (None if exit_timeout_s is None
+                            else time.monotonic() + exit_timeout_s - ALL_GONE_MARGIN_S)
         self.last_change = time.monotonic()
         self.gone = 0
 
@@ -200,9 +210,8 @@ class StubsUnloading:
         now = time.monotonic()
         if gone != self.gone:
             self.gone, self.last_change = gone, now
-        quiet = now - self.last_change
-        return gone > 0 and (quiet >= self.held_s
-                             or (gone == len(self.stubs) and quiet >= self.all_gone_s))
+        all_gone = gone == len(self.stubs) and self.all_gone_by is not None and now >= self.all_gone_by
+        return gone > 0 and (now - self.last_change >= self.held_s or all_gone)
 
 
 def started_at(pid: int | str = "self") -> float:

@@ -457,7 +457,7 @@ class TritonServer:
         abandoned generation is left: the group is killed and the stop
         counts as clean (0). Likewise what a client's open gRPC stream holds
         (``processes.StubsUnloading``)."""
-        unloading = StubsUnloading(stubs, CLIENT_HELD_S)
+        unloading = StubsUnloading(stubs, CLIENT_HELD_S, TRITON_EXIT_TIMEOUT_S)  # from the SIGTERM
         while True:
             try:
                 return self.process.wait(0.1)
