@@ -215,7 +215,11 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"},
                    {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
                                                  "input": {}}]}]}, 400,
-     "messages.2: a tool_use block is the assistant's, not in a user turn"),
+     "messages.2: content.0: a tool_use block is the assistant's, not the user's"),
+    ({"messages": [{"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                      "content": "sunny"}]}]}, 400,
+     "messages.1: content.0: a tool_result block is the user's, not the assistant's"),
 ])
 def test_errors_are_anthropics_error_objects(client, recorder, fields, status, text):
     body = {k: v for k, v in {**ask(), **fields}.items() if v is not None}

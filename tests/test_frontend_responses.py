@@ -345,7 +345,13 @@ def test_chats_field_names_become_the_requests_own():
              ("messages.3.content", "messages.3.content may be null only ...", "input",
               "input (content) may be null only ..."),
              ("messages.3", "messages.3 is bad", "input", "input is bad"),
-             ("temperature", "temperature must be >= 0", "temperature", "temperature must be >= 0")]
+             ("temperature", "temperature must be >= 0", "temperature", "temperature must be >= 0"),
+             # a name inside a longer one is not renamed, nor a rule's word as a path's last part
+             ("messages.1", "messages.1 differs from messages.10", "input", "input differs from messages.10"),
+             ("stop", "stop and stop_token_ids disagree", "stop_sequences",
+              "stop_sequences and stop_token_ids disagree"),
+             ("tools.0.function.parameters.properties.stop", "tools.0.function.parameters.properties.stop: bad",
+              "tools.0.parameters.properties.stop", "tools.0.parameters.properties.stop: bad")]
     for param, message, renamed, text in cases:
         error = RequestError(message, param, 404, "code", "kind").named_as(names, whole=("messages",))
         assert (error.param, str(error), error.status, error.code, error.kind) == (

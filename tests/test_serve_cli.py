@@ -154,6 +154,8 @@ def test_http_clients_log_a_line_per_request_only_at_debug():
         assert logging.getLogger("simple_sampler.frontend").isEnabledFor(logging.INFO)
         configure("DEBUG")
         assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+        configure("ERROR")
+        assert not logging.getLogger("httpx").isEnabledFor(logging.WARNING)
     finally:
         root.setLevel(kept[0])
         for name, level in zip(("httpx", "httpcore"), kept[1]):

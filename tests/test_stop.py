@@ -285,6 +285,22 @@ def test_a_client_keeping_its_grpc_stream_open_does_not_hold_the_stop(serve_run,
         client.close()
 
 
+def test_a_restart_that_cannot_launch_leaves_no_backend_copy(tmp_path, monkeypatch):
+    """The supervisor's kill then ``start_again``, whose tritonserver cannot
+    be executed: the start raises, and neither it nor the stop after it
+    leaves the backend copy it made."""
+    monkeypatch.setenv("READY_AFTER_S", "0")
+    server = TritonServer(tmp_path / "repository", install=slow_tritonserver.install(tmp_path))
+    server.start(timeout=60)
+    server.kill()
+    monkeypatch.setattr(server, "command", lambda backends: [str(tmp_path / "no-such-binary")])
+    with pytest.raises(OSError):
+        server.start_again()
+    assert not server._workdir.exists()
+    server.stop()
+    assert server.watcher.wait(5) is not None
+
+
 def test_what_only_clients_hold_is_settled_before_tritons_exit_timeout(monkeypatch, tmp_path):
     """``StubsUnloading.settled``: with a stub still loaded, once no stub
     has unloaded for held_s; with every stub gone (an ensemble left, which

@@ -27,4 +27,4 @@ def configure(level: str | None = None) -> None:
     # httpx logs every request it makes at INFO: the front door's /metrics
     # (a Prometheus scrape) would print a line per scrape.
     for name in QUIET_CLIENTS:
-        logging.getLogger(name).setLevel(level if level == "DEBUG" else "WARNING")
+        logging.getLogger(name).setLevel(level if level in ("DEBUG", "ERROR") else "WARNING")

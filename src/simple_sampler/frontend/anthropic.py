@@ -27,7 +27,6 @@ from .protocol import ChatCompletionRequest, RequestError, Strict, parse
 from .tools import new_call
 from .translate import Plan, Served, check_model, plan_chat
 
-#: OpenAI's error types as Anthropic names them (its errors' ``type``)
 #: chat's names of the fields chat's checks may name, as a message request
 #: names them (``RequestError.named_as``): its turns (shifted by the system
 #: turn and the tool results made turns: named whole), stop sequences, a
@@ -38,6 +37,7 @@ _CHAT_NAMES = (("messages", "messages"), ("stop", "stop_sequences"),
                ("function.description", "description"))
 #: a named tool choice, as a message request writes one (chat's errors show chat's)
 _TOOL_CHOICE_USAGE = 'Correct usage: `{"type": "tool", "name": "my_function"}`'
+#: OpenAI's error types as Anthropic names them (its errors' ``type``)
 ERROR_TYPES = {"internal_server_error": "api_error", "service_unavailable": "overloaded_error"}
 #: what a chat answer's end is, as Anthropic says it (vLLM's ``_to_anthropic_stop_reason``)
 LENGTH, END_TURN, STOP_SEQUENCE, TOOL_USE = "max_tokens", "end_turn", "stop_sequence", "tool_use"
@@ -89,10 +89,16 @@ class Message(Strict):
 
     @model_validator(mode="after")
     def _calls_are_the_assistants(self) -> "Message":
-        if self.role != "assistant" and not isinstance(self.content, str) and any(
-                isinstance(block, ToolUseBlock) for block in self.content):
-            raise ValueError(f"a tool_use block is the assistant's, not in a {self.role} turn "
-                             f"(a user turn answers one with a tool_result block)")
+        """tool_use blocks in the assistant's turns, tool_result blocks in the
+        user's (Anthropic's rule; chat would refuse the first with a null
+        content and turn the second into a tool turn of the wrong side)."""
+        for index, block in enumerate([] if isinstance(self.content, str) else self.content):
+            if isinstance(block, ToolUseBlock) and self.role != "assistant":
+                raise ValueError(f"content.{index}: a tool_use block is the assistant's, not the "
+                                 f"{self.role}'s (a user turn answers one with a tool_result block)")
+            if isinstance(block, ToolResultBlock) and self.role != "user":
+                raise ValueError(f"content.{index}: a tool_result block is the user's, not the "
+                                 f"{self.role}'s")
         return self
 
 

@@ -32,6 +32,7 @@ protocol.py`` ``CompletionRequest``, ``.../chat_completion/protocol.py``
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -316,30 +317,31 @@ class RequestError(InvalidRequest):
         """This error of a chat request made from another API's request
         (Responses, Anthropic's Messages), its field named as that request
         names it: by the first of `names` (chat's dotted path, that API's)
-        that starts the field's path or is a part of it; those in `whole`
+        that starts the field's path, else by the first that names a
+        function's field (``function.X``) inside it; those in `whole`
         rename the field whole, the last part kept in the message (a
         turn's field is the messages' or the input's: a system turn and
         tool results made turns shift chat's indices); and chat's example of
         a named tool choice as that API writes one (`usage`)."""
-        message, param = str(self), self.param
-        for chat, ours in names if param is not None else ():
-            if param == chat or param.startswith(chat + "."):
-                if chat in whole:
-                    last = param.rsplit(".", 1)[-1]
-                    message = message.replace(param, ours if param == chat or last.isdigit()
-                                              else f"{ours} ({last})")
-                    param = ours
-                else:
-                    message, param = (text.replace(param, ours + param[len(chat):])
-                                      for text in (message, param))
-                break
-            if f".{chat}." in f".{param}.":
-                name = f".{param}.".replace(f".{chat}.", f".{ours}.")[1:-1]
-                message, param = message.replace(param, name), name
-                break
+        param, name = self.param, self.param
+        prefixed = [(chat, ours) for chat, ours in names
+                    if param is not None and (param == chat or param.startswith(chat + "."))]
+        inside = [(chat, ours) for chat, ours in names if chat.startswith("function.")
+                  and param is not None and f".{chat}." in f"{param}."]
+        if prefixed:
+            chat, ours = prefixed[0]
+            last = param.rsplit(".", 1)[-1]
+            name = ours + param[len(chat):] if chat not in whole else ours
+            shown = name if chat not in whole or param == chat or last.isdigit() else f"{ours} ({last})"
+        elif inside:
+            chat, ours = inside[0]
+            name = shown = f"{param}.".replace(f".{chat}.", f".{ours}.", 1)[:-1]
+        message = str(self)
+        if name != param:  # the field where it stands as a name, not inside a longer one
+            message = re.sub(rf"(?<![\w.]){re.escape(param)}(?![\w.]*\w)", lambda _: shown, message)
         if usage is not None:
             message = message.replace(CHAT_TOOL_CHOICE_USAGE, usage)
-        return RequestError(message, param, self.status, self.code, self.kind)
+        return RequestError(message, name, self.status, self.code, self.kind)
 
 
 def error_body(message: str, kind: str, param: str | None = None,

@@ -202,9 +202,9 @@ class TritonServer:
                                             start_new_session=True)
         except BaseException:
             self._release_lifeline()  # nothing to watch: the watcher exits
+            shutil.rmtree(self._workdir, ignore_errors=True)
             raise
-        # what the lifeline removes: the backend copy, and the repository
-        # when it is ours, once it had to end the server (lifeline.py)
+        # what the lifeline removes once it had to end the server: the backend copy, our repository
         os.write(self._lifeline, f"{self.process.pid}\n{self._workdir}\n"
                                  f"{self.repository if self.temporary_repository else ''}\n"
                  .encode())
