@@ -73,6 +73,26 @@ def test_batch_matches_the_rebuild_row_for_row():
         assert outputs[row] == (histories[i].output_ids if penalized else [])
 
 
+def test_long_and_short_histories_are_gathered_alike(monkeypatch):
+    """``_gather`` copies a slice per row where lists are long and indexes
+    every id where they are short: the same lists either way, with rows
+    of no list among them."""
+    from simple_sampler.serving import batch_state
+
+    rng = np.random.default_rng(5)
+    state, slots, _, _ = grown_state(rng, rows=24, steps=6)
+    order = rng.permutation(len(slots))
+    built = {}
+    for most in (1, 10**9):
+        monkeypatch.setattr(batch_state, "SLICED_GATHER_IDS", most)
+        got = state.batch(slots[order])
+        built[most] = (got.prompt_offsets, got.prompt_ids, got.output_offsets, got.output_ids)
+    assert any(len(ids) for ids in built[1][1::2]) and not all(np.diff(built[1][2]))
+    for sliced, indexed in zip(built[1], built[10**9]):
+        np.testing.assert_array_equal(sliced, indexed)
+        assert sliced.dtype == indexed.dtype
+
+
 def test_same_tokens_as_the_rebuild():
     """Rows without penalties get no history: their draws must not change.
     A row's logprob comes where it asked for it (the state's want_logprobs),

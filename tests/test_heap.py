@@ -20,8 +20,9 @@ def test_freeze_collects_the_garbage_first_and_freezes_the_living():
     try:
         frozen = heap.freeze("test")
         assert garbage_ref() is None  # collected, not frozen for good
-        # at most what is frozen now: a thread an earlier test of this worker left may freeze too
-        assert 0 < frozen <= gc.get_freeze_count()
+        # what is frozen now, give or take the few frozen objects that die (a refcount
+        # frees them) or other threads of the worker freeze meanwhile
+        assert frozen > 0 and abs(frozen - gc.get_freeze_count()) < 0.01 * frozen
         del alive
         gc.collect()
         assert alive_ref() is not None  # frozen: no collection walks it

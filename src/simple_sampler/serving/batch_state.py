@@ -36,6 +36,9 @@ STOP_COLUMNS = 4
 #: (column, dtype, value of a free slot) for the per-row scalars: the
 #: parameters' table, and min_tokens (turned into bans when a batch is built).
 SCALAR_COLUMNS = (*((p.name, p.dtype, p.neutral) for p in RULES), ("min_tokens", np.int64, 0))
+#: ids per listed row from which ``BatchState._gather`` copies a slice per row
+#: instead of building an index of every id (two int64 arrays of them)
+SLICED_GATHER_IDS = 64
 NO_IDS = np.zeros(0, np.int32)
 NO_IDS.flags.writeable = False  # shared by every empty list handed out
 
@@ -182,10 +185,16 @@ class BatchState:
         np.cumsum(counts, out=offsets[1:])
         if offsets[-1] == 0:
             return offsets, NO_IDS
+        source = self.tokens if source is None else source
+        rows = np.flatnonzero(counts)
+        if offsets[-1] >= SLICED_GATHER_IDS * rows.size:
+            # long lists: one copy per row costs less than an index of every id
+            return offsets, np.concatenate([source[slot, a:b] for slot, a, b in zip(
+                slots[rows].tolist(), start[rows].tolist(), stop[rows].tolist())])
         # index of the i-th id overall = its row's first flat index + (i - row offset)
         first = slots.astype(np.int64) * self.max_context + start - offsets[:-1]
         index = np.arange(offsets[-1]) + np.repeat(first, counts)
-        return offsets, (self.tokens if source is None else source).reshape(-1).take(index)
+        return offsets, source.reshape(-1).take(index)
 
     def _ban_lists(self, slots: np.ndarray, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CSR (offsets, ids) of the step's bans (``batch``): in numpy where
