@@ -323,25 +323,25 @@ class RequestError(InvalidRequest):
         turn's field is the messages' or the input's: a system turn and
         tool results made turns shift chat's indices); and chat's example of
         a named tool choice as that API writes one (`usage`)."""
-        param, name = self.param, self.param
-        prefixed = [(chat, ours) for chat, ours in names
-                    if param is not None and (param == chat or param.startswith(chat + "."))]
-        inside = [(chat, ours) for chat, ours in names if chat.startswith("function.")
-                  and param is not None and f".{chat}." in f"{param}."]
+        param = name = self.param or ""
+        prefixed = next(((chat, ours) for chat, ours in names
+                         if param == chat or param.startswith(chat + ".")), None)
+        inside = next(((chat, ours) for chat, ours in names
+                       if chat.startswith("function.") and f".{chat}." in f"{param}."), None)
         if prefixed:
-            chat, ours = prefixed[0]
+            chat, ours = prefixed
             last = param.rsplit(".", 1)[-1]
             name = ours + param[len(chat):] if chat not in whole else ours
             shown = name if chat not in whole or param == chat or last.isdigit() else f"{ours} ({last})"
         elif inside:
-            chat, ours = inside[0]
+            chat, ours = inside
             name = shown = f"{param}.".replace(f".{chat}.", f".{ours}.", 1)[:-1]
         message = str(self)
         if name != param:  # the field where it stands as a name, not inside a longer one
             message = re.sub(rf"(?<![\w.]){re.escape(param)}(?![\w.]*\w)", lambda _: shown, message)
         if usage is not None:
             message = message.replace(CHAT_TOOL_CHOICE_USAGE, usage)
-        return RequestError(message, name, self.status, self.code, self.kind)
+        return RequestError(message, name or self.param, self.status, self.code, self.kind)
 
 
 def error_body(message: str, kind: str, param: str | None = None,

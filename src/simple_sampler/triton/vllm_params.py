@@ -211,13 +211,13 @@ def _seed(place: str, value) -> int | None:
     draw, as vllm/sampling_params.py's ``SamplingParams.__post_init__`` reads
     it), another negative seed read modulo 2^64, as torch.manual_seed reads
     vLLM's."""
-    try:
-        seed = _typed(place, value, "INT64" if _negative(value) else "UINT64")
-    except InvalidRequest as error:  # a range: the seed's whole one, not its sign's
-        if " must be in [" not in str(error):
-            raise
-        raise InvalidRequest(f"{place} must be in [{-2**63}, {2**64 - 1}] (-1: none), got "
-                             f"{str(error).rsplit('got ', 1)[-1]}") from None
+    number = _spelled(value, "INT64") if isinstance(value, str) else value
+    if isinstance(number, float) and number.is_integer():  # as _typed reads it
+        number = int(number)
+    if isinstance(number, int) and not isinstance(number, bool) and not -2**63 <= number < 2**64:
+        # the seed's whole range, not the one of the type its sign picks below
+        raise InvalidRequest(f"{place} must be in [{-2**63}, {2**64 - 1}] (-1: none), got {number}")
+    seed = _typed(place, value, "INT64" if _negative(value) else "UINT64")
     if seed == -1:
         return None
     return seed + 2**64 if seed < 0 else seed
