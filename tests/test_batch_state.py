@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from simple_sampler import SamplingParams
+from simple_sampler.histories import checked_lists
 from simple_sampler.params import History, SamplingBatch
+from simple_sampler.row_arena import RowArena, RowReader
 from simple_sampler.sampling import sample
 from simple_sampler.serving.batch_state import STOP_COLUMNS, BatchState
 
@@ -25,9 +27,9 @@ def random_params(rng: np.random.Generator, seed: int) -> SamplingParams:
         stop_token_ids=[int(t) for t in rng.choice(VOCAB, rng.integers(0, 3), replace=False)])
 
 
-def grown_state(rng, rows=12, steps=5, max_context=40):
+def grown_state(rng, rows=12, steps=5, max_context=40, arena=None):
     """A state whose rows joined at different steps, and their Python histories."""
-    state, params, histories, slots = BatchState(rows + 4, max_context), [], [], []
+    state, params, histories, slots = BatchState(rows + 4, max_context, arena=arena), [], [], []
     for step in range(steps):
         for _ in range(rows // steps + 1):
             if len(slots) < rows:
@@ -77,14 +79,14 @@ def test_long_and_short_histories_are_gathered_alike(monkeypatch):
     """``_gather`` copies a slice per row where lists are long and indexes
     every id where they are short: the same lists either way, with rows
     of no list among them."""
-    from simple_sampler.serving import batch_state
+    from simple_sampler import histories
 
     rng = np.random.default_rng(5)
     state, slots, _, _ = grown_state(rng, rows=24, steps=6)
     order = rng.permutation(len(slots))
     built = {}
     for most in (1, 10**9):
-        monkeypatch.setattr(batch_state, "SLICED_GATHER_IDS", most)
+        monkeypatch.setattr(histories, "SLICED_GATHER_IDS", most)
         got = state.batch(slots[order])
         built[most] = (got.prompt_offsets, got.prompt_ids, got.output_offsets, got.output_ids)
     assert any(len(ids) for ids in built[1][1::2]) and not all(np.diff(built[1][2]))
@@ -209,3 +211,53 @@ def test_histories_end_at_max_context():
         state.append(np.array([slot]), np.array([4], np.int32))
     with pytest.raises(ValueError, match="prompt_ids must hold 1 to 3 tokens"):
         state.add(SamplingParams(seed=0), [1, 2, 3, 4])
+
+
+def test_histories_named_in_the_arena_are_the_lists_gathered_without_it():
+    """With the sampler pool's arena, a step names its penalized rows' ids in
+    the shared histories (``history_ref``) instead of gathering them: read
+    through the region's name, as a sampler instance reads them, they are
+    the lists gathered without the arena, row for row (any slot order, any
+    subset of rows), and the kernels draw the same tokens; a step with no
+    penalized row names nothing."""
+    arena = RowArena(1, 64)
+    try:
+        plain, slots, params, _ = grown_state(np.random.default_rng(3), rows=30)
+        shared, _, _, _ = grown_state(np.random.default_rng(3), rows=30, arena=arena)
+        order = np.random.default_rng(4).permutation(len(slots))
+        want, got = plain.batch(slots[order]), shared.batch(slots[order])
+        assert got.history_ref is not None and not got.prompt_ids.size and not got.output_ids.size
+        lists = checked_lists(got.history_ref.refs, RowReader().ids, VOCAB, len(order))
+        listed = (want.prompt_offsets, want.prompt_ids, want.output_offsets, want.output_ids)
+        assert listed[1].size and listed[3].size
+        for wanted, read in zip(listed, lists):
+            np.testing.assert_array_equal(read, wanted)
+        picked = [7, 0, 3, 3]
+        taken, want_taken = got.take(picked).with_histories(), want.take(picked)
+        for name in ("prompt_offsets", "prompt_ids", "output_offsets", "output_ids"):
+            np.testing.assert_array_equal(getattr(taken, name), getattr(want_taken, name))
+        logits = np.random.default_rng(5).standard_normal((len(order), VOCAB)).astype(np.float32)
+        np.testing.assert_array_equal(sample(logits, got).token_ids, sample(logits, want).token_ids)
+        unpenalized = [slot for slot, p in zip(slots, params) if p.repetition_penalty == 1.0
+                       and not p.presence_penalty and not p.frequency_penalty]
+        assert unpenalized and shared.batch(np.array(unpenalized)).history_ref is None
+    finally:
+        arena.close()
+
+
+def test_histories_stay_in_the_process_where_the_arena_has_no_room(caplog):
+    """A /dev/shm without room for the histories (the reservation refused) is
+    a warning: the state keeps them itself and its batches carry the lists."""
+    class FullArena:
+        def zeros(self, shape, dtype):
+            raise OSError(28, "No space left on device")
+
+        def key_of(self, array):  # as RowArena's, for an array outside its regions
+            return None
+
+    state = BatchState(2, 8, arena=FullArena())
+    state.add(SamplingParams(seed=1, presence_penalty=0.5), [3, 4])
+    state.append(np.array([0]), np.array([5], np.int32))
+    batch = state.batch(np.array([0]))
+    assert batch.history_ref is None and batch.output_ids.tolist() == [5]
+    assert "token histories stay in this process" in caplog.text

@@ -170,7 +170,12 @@ def test_bench_loop_json(capsys):
     for row in report["rows"]:
         assert row["steps_run"] == 3  # one lane, every request in every step
         assert all(row[k] > 0 for k in ("loop_ms_batch_state", "loop_ms_rebuild",
-                                         "batch_state_ms", "from_params_ms"))
+                                         "batch_state_ms", "from_params_ms", "request_value_ms",
+                                         "request_ref_ms", "decode_value_ms", "decode_ref_ms"))
+    off, on = report["rows"]
+    # histories named, not sent: only the penalized rows' request is smaller
+    assert off["request_bytes_ref"] == off["request_bytes_value"]
+    assert on["request_bytes_ref"] < on["request_bytes_value"]
     assert report["kind"] == "loop"
 
 

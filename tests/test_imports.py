@@ -24,7 +24,7 @@ PACKAGE = "simple_sampler"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 LAYERS = (
-    ("base", ("params", "settings", "schema", "logs", "sampling", "handoff", "shvs", "reference",
+    ("base", ("params", "histories", "settings", "schema", "logs", "sampling", "handoff", "shvs", "reference",
               "baselines", "rows", "models", "_sampling", "row_arena", "pids", "heap", "stacks",
               "host_copy", "addresses")),
     ("serving", ("serving",)),

@@ -4,7 +4,8 @@ simulated engine's float32 rows, V = 128,256, two sampler instances).
 
 Each server, once ready and before the bench loads it, answers the same
 seeded requests one at a time, so every server steps the same bank rows in
-the same order: the arena and BLS give the same tokens, hot-first the same
+the same order: the arena and BLS give the same tokens (penalized rows'
+histories named in the arena, and sent in the request), hot-first the same
 greedy tokens. The arena's regions exist while its server runs and are gone
 after it stops. The bench's JSON: the figures' shapes and the labels."""
 import contextlib
@@ -97,7 +98,7 @@ def served(tmp_path_factory):
 def test_arena_and_bls_give_the_same_seeded_tokens_and_the_arena_leaves_nothing(served):
     arena, bls = served["arena"], served["bls"]
     assert "through the shared-memory arena" in arena["log"]
-    assert len(arena["during"]) == 2, "the ring and the engine's shared bank"
+    assert len(arena["during"]) == 3, "the ring, the engine's shared bank, the token histories"
     assert "shared-memory arena" not in bls["log"] and not bls["during"]
     for transport in ("arena", "bls", "hot-first"):
         assert served[transport]["after"] == set(), f"{transport}: a region outlived the server"

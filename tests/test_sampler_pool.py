@@ -13,6 +13,9 @@ import torch
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
 from simple_sampler.row_arena import RowArena, RowReader
+from simple_sampler.schema import InvalidRequest
+from simple_sampler.serving.batch_state import BatchState
+from simple_sampler.triton.sampler_codec import batch_arrays
 from simple_sampler.sampling import sample
 from simple_sampler.triton.sampler_decode import decode_request
 from simple_sampler.triton.sampler_serve import sample_request
@@ -816,5 +819,93 @@ def test_strided_rows_are_sent_contiguous_and_read_in_place_by_reference():
         tokens, _ = asyncio.run(pool(torch.from_numpy(arena.share(logits))[::2], batch))
         assert tokens.tolist() == expected.tolist()
         assert mapped.by_reference == 1 and arena.generation == 0
+    finally:
+        arena.close()
+
+
+def penalized_state(arena, rows=6):
+    """A BatchState over `arena` whose rows are penalized every other way."""
+    state = BatchState(rows, 16, arena=arena)
+    for row in range(rows):
+        state.add(SamplingParams(seed=300 + row, repetition_penalty=1.5 if row % 2 else 1.0,
+                                 frequency_penalty=0.0 if row % 3 else 0.7), [1 + row, 2, 2])
+    state.append(np.arange(rows), np.arange(rows) + 10)
+    return state
+
+
+def test_histories_go_by_reference_to_instances_that_map_the_arena_and_as_lists_to_others():
+    """A batch naming its histories in the arena (``history_ref``) reaches a
+    target that maps the arena as that reference (no id list in the
+    request), and a target on another host as the lists; both give the
+    kernels' tokens of the gathered batch, through ``send`` and ``send_now``."""
+    arena = RowArena(1, 6 * VOCAB * 4)
+    try:
+        batch = penalized_state(arena).batch(np.arange(6))
+        assert batch.history_ref is not None
+        logits = np.random.default_rng(6).standard_normal((6, VOCAB)).astype(np.float32) * 3
+        expected = sample(logits, batch.with_histories(), return_logprobs=False).token_ids
+        sent = {"local": [], "remote": []}
+
+        def target(name, shares_memory):
+            sampler = Sampler()
+            return SamplerTarget(name, lambda inputs: sent[name].append(set(inputs))
+                                 or sampler(inputs), 1, shares_memory=shares_memory)
+        for targets in ([target("local", True)], [target("remote", False)],
+                        [target("local", True), target("remote", False)]):
+            pool = SamplerPool(targets, arena=arena, min_rows=1)
+            assert pool.takes_history_ref == (targets[0].name == "local")
+            tokens, _ = asyncio.run(pool(torch.from_numpy(logits), batch))
+            assert tokens.tolist() == expected.tolist()
+            now = pool.send_now({"logits": logits}, batch)
+            assert now["output_ids"].tolist() == expected.tolist()
+        assert sent["local"] and all("history_ref" in names and "generated_ids" not in names
+                                     for names in sent["local"])
+        assert sent["remote"] and all("history_ref" not in names and "generated_ids" in names
+                                      for names in sent["remote"])
+    finally:
+        arena.close()
+
+
+@pytest.mark.parametrize("change, message", [
+    ("no reader", "history_ref needs a sampler on the llm model's host"),
+    ("with lists", "send history_ref or prompt_ids / generated_ids, not both"),
+    ("past the region", r"history_ref ranges must be \[start, stop\) with 0 <= start <= stop"),
+    ("reversed", r"history_ref ranges must be \[start, stop\)"),
+    ("narrow", r"history_ref must have shape \[6, 5\]"),
+    ("two regions", "history_ref rows must name one region"),
+    ("no region", "history_ref names region .*, which does not exist"),
+    ("float region", r"history_ref: the (prompt|output) ids it names must be token ids in \[0, 64\)"),
+])
+def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, message):
+    """Every malformed ``history_ref`` is a clear InvalidRequest naming it;
+    a region that holds no histories (a logits region's floats) is refused
+    by the ids' range, never read as ids out of range."""
+    arena = RowArena(1, 64)
+    try:
+        batch = penalized_state(arena).batch(np.arange(6))
+        logits = np.zeros((6, VOCAB), np.float32)
+        inputs = {"logits": logits, **batch_arrays(batch, packed=True)}
+        reader = RowReader()
+        decode_request(inputs, VOCAB, reader=reader)  # as sent: read
+        refs, used = inputs["history_ref"].copy(), reader
+        sent = {**inputs, "history_ref": refs}
+        if change == "no reader":
+            used = None
+        elif change == "with lists":
+            sent["generated_ids"] = np.full((6, 1), 3, np.int32)
+        elif change == "past the region":
+            refs[0, 4] = 1 << 40
+        elif change == "reversed":
+            refs[1, 2] = refs[1, 1] - 1
+        elif change == "narrow":
+            sent["history_ref"] = refs[:, :4]
+        elif change == "two regions":
+            refs[2, 0] += 1
+        elif change == "no region":
+            refs[:, 0] += 1
+        else:  # a region of floats
+            refs[:, 0] = arena.key_of(arena.share(np.full(4096, 1e30, np.float32)))[0]
+        with pytest.raises(InvalidRequest, match=message):
+            decode_request(sent, VOCAB, reader=used)
     finally:
         arena.close()

@@ -22,11 +22,14 @@ prompt/output ids     ()         token ids in [0, V)
 """
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
+
+from .histories import HistoryRef
 
 #: Temperatures below this select greedy decoding: vLLM's _SAMPLING_EPS,
 #: 1e-5, as the FP32 every tensor interface carries it, so that a client's
@@ -335,9 +338,22 @@ class SamplingBatch:
     #: parameters (its raw ones with ``raw_logprobs``); None: every row
     #: drawn. The hot-first handoff's scoring round (handoff.decide_hot_first).
     given_token_ids: np.ndarray | None = None
+    #: the rows' prompt and output ids by reference (``histories``), the
+    #: prompt and output lists then empty: what the sampler pool names to
+    #: instances that map the region; ``with_histories`` gathers them
+    history_ref: HistoryRef | None = None
 
     def __len__(self) -> int:
         return len(self.temperature)
+
+    def with_histories(self) -> "SamplingBatch":
+        """This batch with its histories as lists (itself where they are)."""
+        if self.history_ref is None:
+            return self
+        prompt_offsets, prompt_ids, output_offsets, output_ids = self.history_ref.lists()
+        return dataclasses.replace(self, prompt_offsets=prompt_offsets, prompt_ids=prompt_ids,
+                                   output_offsets=output_offsets, output_ids=output_ids,
+                                   history_ref=None)
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams],
@@ -399,6 +415,8 @@ class SamplingBatch:
             fields[f"{name}_offsets"] = picked
             for field_name in values:
                 fields[field_name] = np.asarray(columns[field_name])[index]
+        if self.history_ref is not None:
+            fields["history_ref"] = self.history_ref.take(rows)
         return SamplingBatch(**fields)
 
     def validate(self, vocab_size: int) -> None:

@@ -118,7 +118,8 @@ class Region:
     writes into the data by opening ``name`` in /dev/shm (shm_open's
     namespace) at ``HEADER_BYTES``."""
 
-    def __init__(self, data_bytes: int, slots: int = 0, slot_bytes: int = 0):
+    def __init__(self, data_bytes: int, slots: int = 0, slot_bytes: int = 0,
+                 reserve: bool = False):
         if slots > MAX_SLOTS:
             raise ValueError(f"a region holds at most {MAX_SLOTS} slots, got {slots}")
         self.key = (os.getpid() << 32) | secrets.randbits(32)
@@ -127,6 +128,8 @@ class Region:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, HEADER_BYTES + data_bytes)
+            if reserve:  # the pages now, or OSError here: not a SIGBUS on a later write
+                os.posix_fallocate(fd, 0, HEADER_BYTES + data_bytes)
             self.map = mmap.mmap(fd, HEADER_BYTES + data_bytes)
         finally:
             os.close(fd)
@@ -259,6 +262,24 @@ class RowArena:
         view[...] = array
         return view
 
+    def zeros(self, shape, dtype) -> np.ndarray:
+        """A zeroed array in a region of its own, its pages reserved (OSError
+        where /dev/shm has no room for them): the decode loop's token
+        histories, which the sampler instances read by ``history_ref``
+        (``histories``). ``key_of`` names it."""
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        region = Region(max(size, 1), reserve=True)
+        self.shared.append(region)
+        return region.array(shape, dtype)
+
+    def key_of(self, array: np.ndarray) -> tuple[int, int] | None:
+        """(region key, byte offset) of `array` in a shared region, or None."""
+        for region in self.shared:
+            offset = region.contains(array)
+            if offset is not None:
+                return region.key, offset
+        return None
+
     def adopt(self, region: Region) -> None:
         """Rows that lie in `region`, a region owned elsewhere in this
         process that outlives the arena (the TensorRT-LLM bridge's staging
@@ -385,7 +406,7 @@ class RowReader:
         self.max_regions = max_regions
         self.maps: OrderedDict[int, tuple[mmap.mmap, np.ndarray]] = OrderedDict()
 
-    def _region(self, key: int):
+    def _region(self, key: int, named_by: str = "logits_ref"):
         found = self.maps.get(key)
         if found is not None:
             self.maps.move_to_end(key)
@@ -394,7 +415,7 @@ class RowReader:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            raise ValueError(f"logits_ref names region {region_name(key)}, which does not "
+            raise ValueError(f"{named_by} names region {region_name(key)}, which does not "
                              f"exist (its llm model unloaded?)") from None
         try:
             mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
@@ -439,6 +460,11 @@ class RowReader:
         _check_generation(header, key, slot, generation)
         return np.ndarray((len(refs), vocab), dtype, mapped, HEADER_BYTES + offset,
                           (stride, dtype.itemsize))
+
+    def ids(self, key: int) -> np.ndarray:
+        """The data of region `key` as flat int32, read-only (``history_ref``)."""
+        mapped, _ = self._region(key, "history_ref")
+        return np.ndarray((len(mapped) - HEADER_BYTES) // 4, np.int32, mapped, HEADER_BYTES)
 
     def check(self, refs: np.ndarray) -> None:
         """StaleRows unless the slot `refs` name still holds their generation."""

@@ -273,7 +273,9 @@ def kernel_params(batch: SamplingBatch, vocab: int, num_top_logprobs: int,
     """(the KernelBatch row-parameter fields, thread count) for a batch of
     rows of V=vocab, after checking it unless ``validated`` (see ``sample``;
     shared by ``sample`` and ``handoff.sample_compact``). The fields include
-    the rows' own options (``row_options``)."""
+    the rows' own options (``row_options``); histories by reference are
+    gathered here (``SamplingBatch.with_histories``)."""
+    batch = batch.with_histories()
     if not validated:
         batch.validate(vocab)
     threads = default_num_threads() if num_threads is None else num_threads

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..histories import HISTORY_REF_COLUMNS
 from ..params import BIAS_ALLOWED
 from ..sampling import MAX_TOP_LOGPROBS
 from ..settings import LOGITS_ITEMSIZE
@@ -72,6 +73,13 @@ LOGITS_REF = Tensor("logits_ref", "INT64", (6,), default="none (logits come in t
                     allowed="per row: region key, slot, generation, byte offset, V, dtype code "
                             "(row_arena.REF_COLUMNS); beside compact rows, their full rows for "
                             "the rows the compact ones cannot decide")
+#: The rows' prompt and generated ids in the llm process's shared token
+#: histories (histories.py), named instead of sent: same-host sampler instances only.
+HISTORY_REF = Tensor("history_ref", "INT64", (len(HISTORY_REF_COLUMNS),),
+                     default="none (prompt_ids and generated_ids come in the request)",
+                     allowed="per row: region key, then [start, stop) of its prompt ids and of its "
+                             "generated ids in the region's int32 data (histories."
+                             "HISTORY_REF_COLUMNS); instead of prompt_ids and generated_ids")
 #: The sampler's per-row parameters, one [B, 1] tensor each, or all of them
 #: packed into ``row_scalars`` (ROW_SCALARS_RECORD).
 _SAMPLER_SCALARS = (
@@ -117,6 +125,7 @@ SAMPLER = Model("simple_sampler", (
     *COLD_DRAW_INPUTS,
     COLD_SUMMARY,
     LOGITS_REF,
+    HISTORY_REF,
     scalar("hot_vocab_fingerprint", "INT64", "none (not checked)",
             "the hot set the caller's other samplers hold (shvs.hot_vocab.fingerprint; 0: "
             "none): refused unless it is this sampler's own"),

@@ -19,14 +19,22 @@ prompt goes as its distinct ids, ascending, kept from admission: the
 repetition penalty reads which ids the prompt holds, not how often (vLLM's
 prompt mask), and a long prompt's text holds most of its ids several
 times, so a step sends and groups that much less.
+
+Given the sampler pool's row arena, the history arrays lie in a region of
+it and a step names each penalized row's ids there instead of gathering
+them (``SamplingBatch.history_ref``, ``simple_sampler.histories``).
 """
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import numpy as np
 
+from ..histories import HISTORY_REF_COLUMNS, NO_IDS, HistoryRef, ranges_csr
 from ..params import RULES, SamplingBatch, SamplingParams
+
+log = logging.getLogger(__name__)
 
 #: stop ids (end ids and stop_token_ids) a row may have and still be handled
 #: in numpy, its bans and its end alike (Llama 3.1 has three end ids); a row
@@ -36,11 +44,6 @@ STOP_COLUMNS = 4
 #: (column, dtype, value of a free slot) for the per-row scalars: the
 #: parameters' table, and min_tokens (turned into bans when a batch is built).
 SCALAR_COLUMNS = (*((p.name, p.dtype, p.neutral) for p in RULES), ("min_tokens", np.int64, 0))
-#: ids per listed row from which ``BatchState._gather`` copies a slice per row
-#: instead of building an index of every id (two int64 arrays of them)
-SLICED_GATHER_IDS = 64
-NO_IDS = np.zeros(0, np.int32)
-NO_IDS.flags.writeable = False  # shared by every empty list handed out
 
 
 class BatchState:
@@ -48,10 +51,12 @@ class BatchState:
     tokens each (the engine's ``max_batch_size`` and ``max_context``).
 
     The history array is allocated zeroed and untouched, so only the pages
-    the sequences write to take memory.
+    the sequences write to take memory; with an `arena`
+    (``row_arena.RowArena``), in a region of it, reserved whole, and the
+    step's batches name the histories there (module docstring).
     """
 
-    def __init__(self, slots: int, max_context: int, raw_logprobs: bool = False):
+    def __init__(self, slots: int, max_context: int, raw_logprobs: bool = False, arena=None):
         self.max_context = max_context
         #: every row's logprobs are its logits' own (SamplingBatch.raw_logprobs)
         self.raw_logprobs = raw_logprobs
@@ -62,9 +67,14 @@ class BatchState:
         self.num_top_logprobs = np.zeros(slots, np.int32)
         self.prompt_length = np.zeros(slots, np.int64)
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
-        self.tokens = np.zeros((slots, max_context), np.int32)
-        #: each slot's distinct prompt ids, ascending (repetition-penalized slots only)
-        self.prompt_seen = np.zeros((slots, max_context), np.int32)
+        #: tokens, then prompt_seen: each slot's history, and its distinct prompt
+        #: ids ascending (repetition-penalized slots only)
+        histories = self._histories((2, slots, max_context), arena)
+        self.tokens, self.prompt_seen = histories
+        #: (histories' region key, flat view, index of tokens[0, 0] in it), or None
+        self.shared = None
+        if arena is not None and (found := arena.key_of(histories)) is not None:
+            self.shared = (found[0], histories.reshape(-1), found[1] // histories.itemsize)
         self.prompt_seen_length = np.zeros(slots, np.int64)
         # Per-slot id lists, read only for the rows that have them (found
         # through the boolean columns, so rows without pay no Python).
@@ -146,11 +156,17 @@ class BatchState:
         repetition = columns["repetition_penalty"] != 1.0
         penalized = (repetition | (columns["presence_penalty"] != 0.0)
                      | (columns["frequency_penalty"] != 0.0))
-        prompt_offsets, prompt_ids = self._gather(slots, np.zeros_like(prompt_length),
-                                                  np.where(repetition, self.prompt_seen_length[slots], 0),
-                                                  self.prompt_seen)
-        output_offsets, output_ids = self._gather(slots, prompt_length,
-                                                  np.where(penalized, length, prompt_length))
+        prompt_stop = np.where(repetition, self.prompt_seen_length[slots], 0)
+        output_stop = np.where(penalized, length, prompt_length)
+        history_ref = None
+        if self.shared is not None and penalized.any():
+            history_ref = self._history_ref(slots, prompt_stop, prompt_length, output_stop)
+            prompt_offsets = output_offsets = np.zeros(len(slots) + 1, np.int64)
+            prompt_ids = output_ids = NO_IDS
+        else:
+            prompt_offsets, prompt_ids = self._gather(slots, np.zeros_like(prompt_length),
+                                                      prompt_stop, self.prompt_seen)
+            output_offsets, output_ids = self._gather(slots, prompt_length, output_stop)
         bias_rows = [(row, self.bias[int(slots[row])])
                      for row in np.flatnonzero(self.has_bias[slots]).tolist()]
         bias_offsets, bias_ids = _sparse_ragged(len(slots), [(r, b[0]) for r, b in bias_rows])
@@ -165,7 +181,30 @@ class BatchState:
             output_offsets=output_offsets, output_ids=output_ids,
             want_logprobs=self.want_logprobs[slots],
             num_top_logprobs=self.num_top_logprobs[slots],
-            raw_logprobs=self._raw_rows(slots))
+            raw_logprobs=self._raw_rows(slots), history_ref=history_ref)
+
+    @staticmethod
+    def _histories(shape: tuple[int, int, int], arena) -> np.ndarray:
+        if arena is not None:
+            try:
+                return arena.zeros(shape, np.int32)
+            except OSError as error:
+                log.warning("token histories stay in this process (sent by value each step): "
+                            "no room for %d MiB in /dev/shm (%s)",
+                            np.prod(shape) * 4 >> 20, error)
+        return np.zeros(shape, np.int32)
+
+    def _history_ref(self, slots: np.ndarray, prompt_stop: np.ndarray, prompt_length: np.ndarray,
+                     output_stop: np.ndarray) -> HistoryRef:
+        """The rows' lists as ranges of the shared histories (HISTORY_REF_COLUMNS)."""
+        key, flat, base = self.shared
+        first = base + slots.astype(np.int64) * self.max_context
+        seen = first + self.tokens.size  # prompt_seen follows tokens
+        refs = np.empty((len(slots), len(HISTORY_REF_COLUMNS)), np.int64)
+        refs[:, 0] = key
+        refs[:, 1], refs[:, 2] = seen, seen + prompt_stop
+        refs[:, 3], refs[:, 4] = first + prompt_length, first + output_stop
+        return HistoryRef(refs, flat)
 
     def _raw_rows(self, slots: np.ndarray) -> np.ndarray | None:
         """The rows whose logprobs are raw: those that ask for any, with
@@ -178,23 +217,10 @@ class BatchState:
     def _gather(self, slots: np.ndarray, start: np.ndarray, stop: np.ndarray,
                 source: np.ndarray | None = None):
         """CSR (offsets int64 [n + 1], ids int32) of ``source[slot, start:stop]``
-        per row (source: ``tokens``, or any [slots, max_context] array), as one
-        take over flat indices (no loop over rows)."""
-        counts = stop - start
-        offsets = np.zeros(len(slots) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        if offsets[-1] == 0:
-            return offsets, NO_IDS
+        per row (source: ``tokens``, or any [slots, max_context] array)."""
         source = self.tokens if source is None else source
-        rows = np.flatnonzero(counts)
-        if offsets[-1] >= SLICED_GATHER_IDS * rows.size:
-            # long lists: one copy per row costs less than an index of every id
-            return offsets, np.concatenate([source[slot, a:b] for slot, a, b in zip(
-                slots[rows].tolist(), start[rows].tolist(), stop[rows].tolist())])
-        # index of the i-th id overall = its row's first flat index + (i - row offset)
-        first = slots.astype(np.int64) * self.max_context + start - offsets[:-1]
-        index = np.arange(offsets[-1]) + np.repeat(first, counts)
-        return offsets, source.reshape(-1).take(index)
+        first = slots.astype(np.int64) * self.max_context
+        return ranges_csr(source.reshape(-1), first + start, first + stop)
 
     def _ban_lists(self, slots: np.ndarray, short: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """CSR (offsets, ids) of the step's bans (``batch``): in numpy where

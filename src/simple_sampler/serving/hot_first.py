@@ -24,6 +24,7 @@ def touched_lists(batch: SamplingBatch, hot_vocab: HotVocab) -> tuple[np.ndarray
     outside H, ascending: its bias and ban ids, and its prompt and output
     ids when a penalty is on (repetition != 1, presence or frequency != 0),
     exactly the columns the kernels build overrides for."""
+    batch = batch.with_histories()
     vocab = hot_vocab.vocab_size
     size = len(batch)
     penalized = any_on(batch, "penalty")

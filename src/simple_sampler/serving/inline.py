@@ -128,6 +128,7 @@ def _apply_penalties(flat: torch.Tensor, batch: SamplingBatch, vocab: int) -> No
     logits, touching only the (row, id) pairs of the histories. A pair listed
     twice is written twice with the same value (gathered before the write),
     so no ``unique`` is needed; frequency adds -f once per occurrence."""
+    batch = batch.with_histories()
     prompt, prompt_rows = _flat_keys(batch.prompt_offsets, batch.prompt_ids, vocab)
     output, output_rows = _flat_keys(batch.output_offsets, batch.output_ids, vocab)
     repetition = np.asarray(batch.repetition_penalty, np.float32)

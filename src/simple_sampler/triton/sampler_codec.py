@@ -86,10 +86,12 @@ def batch_arrays(batch: SamplingBatch, packed: bool = False) -> dict[str, np.nda
     (None: every row) among them; the bans as ``end_id`` with min_tokens =
     step + 1 (banned at this step, exactly as above); the histories only
     for the rows with a penalty on (no other row reads them), and not at
-    all when none has.
+    all when none has; a batch's ``history_ref`` as it is (only a sampler
+    that maps its region reads it: ``SamplerPool`` sends others the lists).
     """
     if packed:
         return _packed_arrays(batch)
+    batch = batch.with_histories()
     arrays = {}
     for name, (field, _) in SCALAR_INPUTS.items():
         arrays[name] = np.asarray(getattr(batch, field), dtype=SAMPLER.input(name).numpy)[:, None]
@@ -130,7 +132,9 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
         arrays["logit_bias_ids"] = padded(batch.bias_offsets, batch.bias_ids)
         arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values, np.float32, 0.0)
     penalized = any_on(batch, "penalty")
-    if penalized.any():
+    if penalized.any() and batch.history_ref is not None:
+        arrays["history_ref"] = batch.history_ref.refs  # the ranges of unpenalized rows are empty
+    elif penalized.any():
         for name, offsets, ids in (("prompt_ids", batch.prompt_offsets, batch.prompt_ids),
                                    ("generated_ids", batch.output_offsets, batch.output_ids)):
             lengths = np.where(penalized, np.diff(offsets), 0)

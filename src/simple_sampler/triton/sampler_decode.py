@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import _sampling
 from ..handoff import CompactRows, host_array
+from ..histories import checked_lists
 from ..params import PARAMS, SamplingBatch, first_failed_check
 from ..schema import COLD_SUMMARY_RECORD, ROW_SCALARS_RECORD, InvalidRequest
 from .sampler_codec import (COLD_DRAW_NAMES, COLD_SUMMARY_NAMES, COMPACT_INPUTS, EXTRA_CHECKS,
@@ -112,8 +113,9 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         be a CPU torch tensor (BF16 reaches Python that way).
     vocab_size: when > 0, the logits must have exactly this many columns.
     hot_vocab: the sampler's ``HotVocab`` (None: compact rows are refused).
-    reader: a ``row_arena.RowReader`` the rows of ``logits_ref`` are read
-        through, in place (None: logits_ref is refused).
+    reader: a ``row_arena.RowReader`` the rows of ``logits_ref`` and the
+        ids of ``history_ref`` are read through, in place (None: both are
+        refused).
     Raises InvalidRequest naming the input, the row and the allowed range.
     """
     unknown = sorted(inputs.keys() - _KNOWN_INPUTS)
@@ -144,6 +146,8 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
     lists = {name: no_lists if inputs.get(name) is None
              else _id_lists(name, inputs[name], rows, vocab)[:2]
              for name in ID_LIST_INPUTS}
+    if inputs.get("history_ref") is not None:
+        lists.update(_history_lists(inputs, reader, vocab, rows))
     generated_offsets = lists["generated_ids"][0]
     if step is None:
         step = np.diff(generated_offsets)
@@ -204,6 +208,21 @@ def _rows_source(inputs: Mapping, hot_vocab, reader) -> tuple[object, object, in
     else:
         rows, vocab = _logits_shape(logits)
     return logits, compact, rows, vocab
+
+
+def _history_lists(inputs: Mapping, reader, vocab: int, rows: int) -> dict[str, tuple]:
+    """prompt_ids' and generated_ids' CSR lists as ``history_ref`` names them
+    in the llm's shared histories (``histories.checked_lists``)."""
+    if inputs.get("prompt_ids") is not None or inputs.get("generated_ids") is not None:
+        raise InvalidRequest("send history_ref or prompt_ids / generated_ids, not both")
+    if reader is None:
+        raise InvalidRequest("history_ref needs a sampler on the llm model's host")
+    try:
+        prompt_offsets, prompt_ids, output_offsets, output_ids = checked_lists(
+            inputs["history_ref"], reader.ids, vocab, rows)
+    except ValueError as error:
+        raise InvalidRequest(str(error)) from None
+    return {"prompt_ids": (prompt_offsets, prompt_ids), "generated_ids": (output_offsets, output_ids)}
 
 
 def _given_tokens(given: np.ndarray, vocab: int, compact: bool) -> np.ndarray | None:

@@ -49,11 +49,12 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..histories import HistoryRef
 from ..params import SamplingBatch
 from ..sampling import logits_array
 from ..settings import LlmSettings
 from ..schema import TOP_OUTPUTS
-from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of
+from .sampler_codec import TOP_PADDING, batch_arrays, outcome_of, padded
 from .sampler_targets import PROBE_AFTER_S, SamplerCall, SamplerCallError, SamplerTarget
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,12 @@ class SamplerPool:
         if not self.targets:
             raise ValueError("a sampler pool needs at least one target")
 
+    @property
+    def takes_history_ref(self) -> bool:
+        """A batch may name its histories in the arena (``SamplingBatch.
+        history_ref``): some target maps it (others get the lists)."""
+        return self.arena is not None and any(t.shares_memory for t in self.targets)
+
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch,
                        most_shards: int | None = None):
         # bfloat16 rows stay bfloat16 (ml_dtypes): no cast, no copy.
@@ -153,11 +160,12 @@ class SamplerPool:
         the caller has it already."""
         arrays = self._arrays(rows, batch, scalars)
         shards = self.shards(len(batch), most_shards)
+        histories = batch.history_ref.ids if batch.history_ref is not None else None
         # return_exceptions: no shard may still read the arena's slot once
         # this returns (the caller gives it back).
         parts = await asyncio.gather(*(
             self._send({k: v[a:b] for k, v in arrays.items()}, target,
-                       lease.refs(a, b) if lease is not None else None)
+                       lease.refs(a, b) if lease is not None else None, histories)
             for target, a, b in shards), return_exceptions=True)
         for part in parts:
             if isinstance(part, BaseException):
@@ -187,6 +195,9 @@ class SamplerPool:
         if lease is not None:
             parts = [_by_reference(part, lease.refs(a, b))
                      for part, (_, a, b) in zip(parts, shards)]
+        if "history_ref" in inputs:
+            parts = [part if target.shares_memory else _by_value(part, batch.history_ref.ids)
+                     for part, (target, _, _) in zip(parts, shards)]
         limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
         left = [threading.Event() for _ in shards]  # set: abandoned as late
@@ -278,13 +289,16 @@ class SamplerPool:
         return self.min_rows if self.lanes > 1 else min(self.min_rows, ONE_LANE_ROWS_PER_REQUEST)
 
     async def _send(self, inputs: dict[str, np.ndarray], target: SamplerTarget,
-                    refs: np.ndarray | None = None):
+                    refs: np.ndarray | None = None, histories: np.ndarray | None = None):
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + self.deadline_s, RETRY_FIRST_S
         by_reference = _by_reference(inputs, refs) if refs is not None else None
         while True:
             try:
-                sent = by_reference if by_reference and target.shares_memory else _by_value(inputs)
+                if target.shares_memory:
+                    sent = by_reference or _by_value(inputs, keep_history_ref=True)
+                else:
+                    sent = _by_value(inputs, histories)
                 outputs = await self._call(target, sent)
             except SamplerCallError as error:
                 if not error.retryable or loop.time() > deadline:
@@ -400,14 +414,24 @@ def _answer(call: SamplerCall, *arguments):
         return error
 
 
-def _by_value(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _by_value(inputs: dict[str, np.ndarray], histories: np.ndarray | None = None,
+              keep_history_ref: bool = False) -> dict[str, np.ndarray]:
     """`inputs` as sent in a request: rows that are a strided view (rows of
     a shared region by reference, ``hot_first.rows_in_place``) made
-    contiguous, as a BLS tensor must be."""
+    contiguous, as a BLS tensor must be; unless `keep_history_ref` (a
+    target that maps the arena), the ids ``history_ref`` names gathered
+    from `histories` (the batch's ``HistoryRef.ids``) into the lists."""
     logits = inputs.get("logits")
-    if logits is None or logits.flags.c_contiguous:
+    if logits is not None and not logits.flags.c_contiguous:
+        inputs = {**inputs, "logits": np.ascontiguousarray(logits)}
+    if keep_history_ref or "history_ref" not in inputs:
         return inputs
-    return {**inputs, "logits": np.ascontiguousarray(logits)}
+    sent = {k: v for k, v in inputs.items() if k != "history_ref"}
+    prompt_offsets, prompt_ids, output_offsets, output_ids = HistoryRef(
+        inputs["history_ref"], histories).lists()
+    sent["prompt_ids"] = padded(prompt_offsets, prompt_ids)
+    sent["generated_ids"] = padded(output_offsets, output_ids)
+    return sent
 
 
 def _by_reference(inputs: dict[str, np.ndarray], refs: np.ndarray) -> dict[str, np.ndarray]:

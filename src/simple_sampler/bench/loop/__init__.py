@@ -41,7 +41,17 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
         [[r["penalties"], number(r["loop_ms_batch_state"], 3), number(r["loop_ms_rebuild"], 3),
           number(r["loop_ms_rebuild"] / r["loop_ms_batch_state"], 1, "x"),
           number(r["batch_state_ms"], 3), number(r["from_params_ms"], 3),
-          number(r["from_params_ms"] / r["batch_state_ms"], 1, "x")] for r in report["rows"]])
+          number(r["from_params_ms"] / r["batch_state_ms"], 1, "x")] for r in report["rows"]]) + [
+        "", "A served step's sampler request (`batch_arrays`, packed), timed in-process with the "
+        "histories in it (value) and named in a row arena (ref, `history_ref`): the llm's side "
+        "(its batch and the request's tensors), the tensors' size, and the sampler's side "
+        "(`decode_request`).", ""] + table(
+        ["penalties", "llm ms, value", "llm ms, ref", "KiB, value", "KiB, ref",
+         "sampler ms, value", "sampler ms, ref"],
+        [[r["penalties"], number(r["request_value_ms"], 3), number(r["request_ref_ms"], 3),
+          number(r["request_bytes_value"] / 1024, 1), number(r["request_bytes_ref"] / 1024, 1),
+          number(r["decode_value_ms"], 3), number(r["decode_ref_ms"], 3)]
+         for r in report["rows"] if "request_ref_ms" in r])
 
 
 SPEC = BenchSpec(

@@ -23,6 +23,7 @@ history gathered, the worst case).
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 import numpy as np
@@ -30,15 +31,21 @@ import torch
 
 from ... import heap
 from ...params import History, SamplingBatch, SamplingParams, ragged
+from ...row_arena import RowArena, RowReader
 from ...serving.batch_state import BatchState
 from ...serving.decoder import Decoder
 from ...serving.generation import GenerationRequest
 from ...serving.text import TextCodec
+from ...triton.sampler_codec import batch_arrays
+from ...triton.sampler_decode import decode_request
 
 PENALTIES = {"off": SamplingParams(temperature=0.8, top_p=0.95),
              "on": SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.1,
                                   presence_penalty=0.5, frequency_penalty=0.5)}
 LOGITS_VOCAB = 64  # the instant sampler never reads the logits
+#: a served step's sampler request, histories in it (value) or named (ref):
+#: the llm's side (batch and tensors) and the sampler's (decode)
+REQUEST_COLUMNS = ("request_value", "request_ref", "decode_value", "decode_ref")
 
 
 class InstantEngine:
@@ -134,25 +141,44 @@ def loop_per_step(codec: TextCodec, params: SamplingParams, batch: int, history:
 def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: int,
                 repeats: int) -> dict:
     """Median ms to build one step's batch of B rows with `history`-token
-    histories (half prompt, half output): BatchState.batch vs from_params."""
+    histories (half prompt, half output): BatchState.batch vs from_params;
+    and a served step's sampler request (``batch_arrays``, packed) with the
+    histories in the request and named in a row arena (``history_ref``):
+    the llm's side (batch and tensors), their bytes, and the sampler's side
+    (``decode_request``, reading the named ids where they lie)."""
     vocab = len(codec.tokenizer)
     params = SamplingParams(**{**params.__dict__, "seed": 1})
     ids = prompts(codec, batch, history)
     half = history // 2
-    state = BatchState(batch, history + 1)
-    slots = np.array([state.add(params, row[:half]) for row in ids], np.int64)
-    for column in range(half, history):
-        state.append(slots, np.array([row[column] for row in ids], np.int32))
-    histories = [History(row[:half], row[half:]) for row in ids]
-    timings = {"batch_state": [], "from_params": []}
-    for _ in range(repeats):  # alternated, so load changes hit both alike
-        started = time.perf_counter()
-        state.batch(slots)
-        timings["batch_state"].append(time.perf_counter() - started)
-        started = time.perf_counter()
-        SamplingBatch.from_params([params] * batch, histories, vocab_size=vocab)
-        timings["from_params"].append(time.perf_counter() - started)
-    return {name: 1e3 * float(np.median(t)) for name, t in timings.items()}
+    arena = RowArena(1, 1)
+    try:
+        states = {"value": BatchState(batch, history + 1),
+                  "ref": BatchState(batch, history + 1, arena=arena)}
+        for state in states.values():
+            slots = np.array([state.add(params, row[:half]) for row in ids], np.int64)
+            for column in range(half, history):
+                state.append(slots, np.array([row[column] for row in ids], np.int32))
+        histories = [History(row[:half], row[half:]) for row in ids]
+        logits = np.zeros((batch, vocab), np.float32)
+        reader, timings, sizes = RowReader(), collections.defaultdict(list), {}
+        for _ in range(repeats):  # alternated, so load changes hit every way alike
+            started = time.perf_counter()
+            SamplingBatch.from_params([params] * batch, histories, vocab_size=vocab)
+            timings["from_params"].append(time.perf_counter() - started)
+            for way, state in states.items():
+                started = time.perf_counter()
+                built = state.batch(slots)
+                timings[f"batch_{way}"].append(time.perf_counter() - started)
+                inputs = batch_arrays(built, packed=True)
+                timings[f"request_{way}"].append(time.perf_counter() - started)
+                sizes[way] = sum(array.nbytes for array in inputs.values())
+                started = time.perf_counter()
+                decode_request({"logits": logits, **inputs}, vocab, reader=reader)
+                timings[f"decode_{way}"].append(time.perf_counter() - started)
+    finally:
+        arena.close()
+    return {**{name: 1e3 * float(np.median(t)) for name, t in timings.items()},
+            **{f"request_bytes_{way}": size for way, size in sizes.items()}}
 
 
 def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 21,
@@ -173,8 +199,11 @@ def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 2
                                **{f"loop_ms_{d}": float(np.median([r["loop_ms_per_step"]
                                                                    for r in rs]))
                                   for d, rs in runs.items()},
-                               "batch_state_ms": built["batch_state"],
-                               "from_params_ms": built["from_params"]})
+                               "batch_state_ms": built["batch_value"],
+                               "from_params_ms": built["from_params"],
+                               **{f"{name}_ms": built[name] for name in REQUEST_COLUMNS},
+                               **{name: built[name] for name in
+                                  ("request_bytes_value", "request_bytes_ref")}})
     return report
 
 
@@ -193,4 +222,14 @@ def format_table(report: dict) -> str:
                      f"{row['loop_ms_rebuild'] / row['loop_ms_batch_state']:6.1f} "
                      f"{row['batch_state_ms']:16.3f} {row['from_params_ms']:17.3f} "
                      f"{row['from_params_ms'] / row['batch_state_ms']:6.1f}")
+    lines += ["a served step's sampler request, histories in it (value) or named in the row "
+              "arena (ref), in-process:",
+              "llm ms: its batch and tensors; sampler ms: decode_request; KiB: the tensors",
+              f"{'penalties':>9} {'llm value':>9} {'llm ref':>8} {'KiB value':>10} "
+              f"{'KiB ref':>8} {'sampler value':>13} {'sampler ref':>11}"]
+    for row in report["rows"]:
+        lines.append(f"{row['penalties']:>9} {row['request_value_ms']:9.3f} "
+                     f"{row['request_ref_ms']:8.3f} {row['request_bytes_value'] / 1024:10.1f} "
+                     f"{row['request_bytes_ref'] / 1024:8.1f} {row['decode_value_ms']:13.3f} "
+                     f"{row['decode_ref_ms']:11.3f}")
     return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Token histories named by reference: each row's prompt and output ids as
+ranges of one flat int32 array, instead of lists copied for every step.
+
+The decode loop keeps every sequence's history in one ``[slots,
+max_context]`` array (``serving.batch_state.BatchState``). Where that array
+lies in a shared-memory region the local sampler instances map
+(``row_arena.RowArena.zeros``), a step names each penalized row's ids by
+``history_ref`` INT64 [B, 5] (``HISTORY_REF_COLUMNS``: the region's key and
+two half-open ranges, in int32 elements from the start of the region's
+data) and the sampler reads them there (``row_arena.RowReader.ids``,
+``checked_lists``): B x history ids a step are no longer gathered and
+padded on the llm's thread, copied through BLS and unpadded by the
+sampler. A row with no penalty on has empty ranges.
+
+The ranges hold still for the step: a sequence's ids before its length are
+written once, when admitted or appended, and its slot is freed and reused
+only once no step in flight holds its row (a local instance's call is never
+abandoned: ``SamplerTarget.late_after``). Remote endpoints get the lists
+(``SamplerPool``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: history_ref's columns: region key, then [start, stop) of the row's prompt
+#: ids and of its output ids, in int32 elements of the region's data.
+HISTORY_REF_COLUMNS = ("region", "prompt_start", "prompt_stop", "output_start", "output_stop")
+#: ids per listed row from which ``ranges_csr`` copies a slice per row
+#: instead of building an index of every id (two int64 arrays of them)
+SLICED_GATHER_IDS = 64
+NO_IDS = np.zeros(0, np.int32)
+NO_IDS.flags.writeable = False  # shared by every empty list handed out
+
+
+def ranges_csr(flat: np.ndarray, starts: np.ndarray, stops: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (offsets int64 [n + 1], ids) of ``flat[starts[r]:stops[r]]`` per
+    row r (int [n] each; stops >= starts, both within `flat`): one slice per
+    row where the rows are long, else one take over an index of every id."""
+    starts = np.asarray(starts, np.int64)
+    counts = np.asarray(stops, np.int64) - starts
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if offsets[-1] == 0:
+        return offsets, NO_IDS
+    rows = np.flatnonzero(counts)
+    if offsets[-1] >= SLICED_GATHER_IDS * rows.size:
+        return offsets, np.concatenate([flat[a:a + n] for a, n in zip(
+            starts[rows].tolist(), counts[rows].tolist())])
+    # index of the i-th id overall = its row's first index + (i - its row's offset)
+    index = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], counts)
+    return offsets, flat.take(index)
+
+
+@dataclass
+class HistoryRef:
+    """B rows' prompt and output ids as ranges of `ids` (``refs``: INT64
+    [B, 5], ``HISTORY_REF_COLUMNS``, what a request carries; `ids`: the
+    flat int32 array the ranges index, this process's view of the region)."""
+
+    refs: np.ndarray
+    ids: np.ndarray
+
+    def take(self, rows) -> "HistoryRef":
+        return HistoryRef(self.refs[np.asarray(rows, np.int64)], self.ids)
+
+    def lists(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(prompt offsets, prompt ids, output offsets, output ids), CSR."""
+        return (*ranges_csr(self.ids, self.refs[:, 1], self.refs[:, 2]),
+                *ranges_csr(self.ids, self.refs[:, 3], self.refs[:, 4]))
+
+
+def checked_lists(refs, ids_of, vocab: int, rows: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The lists a request's ``history_ref`` names, read where they lie:
+    (prompt offsets, prompt ids, output offsets, output ids). `ids_of`:
+    region key -> its flat int32 data (``row_arena.RowReader.ids``). Raises
+    ValueError, naming history_ref, for a malformed reference, ranges
+    outside the region, or an id outside [0, vocab) (a region that holds no
+    histories)."""
+    refs = np.asarray(refs)
+    if refs.ndim != 2 or refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
+        raise ValueError(f"history_ref must have shape [{rows}, {len(HISTORY_REF_COLUMNS)}] "
+                         f"({', '.join(HISTORY_REF_COLUMNS)}), got {list(refs.shape)}")
+    key = int(refs[0, 0])
+    if (refs[:, 0] != key).any():
+        raise ValueError("history_ref rows must name one region")
+    ids = ids_of(key)
+    ranges = refs[:, 1:].astype(np.int64)
+    starts, stops = ranges[:, 0::2], ranges[:, 1::2]
+    if (starts < 0).any() or (stops < starts).any() or (stops > ids.size).any():
+        raise ValueError(f"history_ref ranges must be [start, stop) with 0 <= start <= stop <= "
+                         f"{ids.size} (the region's int32 ids)")
+    lists = HistoryRef(refs, ids).lists()
+    for name, listed in (("prompt", lists[1]), ("output", lists[3])):
+        if listed.size and (listed.min() < 0 or listed.max() >= vocab):
+            raise ValueError(f"history_ref: the {name} ids it names must be token ids in "
+                             f"[0, {vocab}), got {int(listed.min())}..{int(listed.max())}")
+    return lists
