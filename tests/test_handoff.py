@@ -1161,3 +1161,44 @@ def test_rows_decided_from_their_full_rows_keep_their_own_top_logprobs():
     assert first.top_token_ids[1, :2].tolist() == full.top_token_ids[0].tolist()
     assert (first.top_token_ids[1, 2:] == -1).all() and (first.top_token_ids[2] == -1).all()
     assert (first.top_logprobs[2] == -np.inf).all() and first.top_token_ids[0, 4] >= 0
+
+
+def test_hot_first_names_the_histories_in_the_arena_with_the_gathered_lists_tokens():
+    """Under hot-first, a step whose histories lie in the arena (``history_ref``)
+    sends them by reference to the instances that map it, compact and
+    second-round requests alike, and its tokens and logprobs are those of
+    the same rows with the histories gathered into the batch."""
+    import asyncio
+
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.serving.batch_state import BatchState
+    from simple_sampler.triton.hot_first_sampler import HotFirstSampler
+
+    rng = np.random.default_rng(91)
+    rows = make_rows(rng, 24)
+    hot = HotVocab(rng.choice(rows.shape[1], 900, replace=False), rows.shape[1])
+    arena = RowArena(1, 4096)
+    try:
+        state = BatchState(24, 64, arena=arena)
+        for row in range(24):
+            state.add(SamplingParams(seed=500 + row, temperature=float(rng.choice([0.0, 0.8, 1.5])),
+                                     repetition_penalty=1.3 if row % 2 else 1.0,
+                                     presence_penalty=0.0 if row % 3 else 0.9),
+                      rng.integers(0, rows.shape[1], 20).tolist(), want_logprobs=True)
+        for _ in range(8):
+            state.append(np.arange(24), rng.integers(0, rows.shape[1], 24).astype(np.int32))
+        batch = state.batch(np.arange(24))
+        named = []
+        pool = _local_pool(hot, 2, arena=arena)
+        call = pool.targets[0].call
+        pool.targets[0].call = lambda inputs: named.append("history_ref" in inputs) or call(inputs)
+        sampler = HotFirstSampler(pool, hot, cold_top=16)
+        assert sampler.history_arena is arena and batch.history_ref is not None
+        got = asyncio.run(sampler(torch.from_numpy(rows), batch))
+        expected = asyncio.run(HotFirstSampler(_local_pool(hot), hot, cold_top=16)(
+            torch.from_numpy(rows), batch.with_histories()))
+    finally:
+        arena.close()
+    for got_part, expected_part in zip(got, expected):
+        np.testing.assert_array_equal(got_part, expected_part)
+    assert named and all(named)

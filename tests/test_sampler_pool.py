@@ -853,7 +853,7 @@ def test_histories_go_by_reference_to_instances_that_map_the_arena_and_as_lists_
         for targets in ([target("local", True)], [target("remote", False)],
                         [target("local", True), target("remote", False)]):
             pool = SamplerPool(targets, arena=arena, min_rows=1)
-            assert pool.takes_history_ref == (targets[0].name == "local")
+            assert pool.history_arena is (arena if targets[0].name == "local" else None)
             tokens, _ = asyncio.run(pool(torch.from_numpy(logits), batch))
             assert tokens.tolist() == expected.tolist()
             now = pool.send_now({"logits": logits}, batch)

@@ -177,11 +177,10 @@ class Decoder:
         self.by_id: dict[int, DecodeSequence] = {}
         self.ids = itertools.count()
         self.stats = DecoderStats()
-        # histories in the sampler's arena, named there (SamplerPool.takes_history_ref)
+        # histories in the sampler's arena, named there (SamplerPool.history_arena)
         self.state = BatchState(engine.max_batch_size, engine.max_context,
                                 raw_logprobs=logprobs_mode == "raw_logprobs",
-                                arena=sampler.arena if getattr(sampler, "takes_history_ref", False)
-                                else None)
+                                arena=getattr(sampler, "history_arena", None))
         #: what a step's tokens become: events, on_step's hand-outs, held tokens
         self.step_tokens = StepTokens(self)
         #: requests cancelled or ended while in a lane (their rows take the

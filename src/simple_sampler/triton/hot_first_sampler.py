@@ -85,6 +85,12 @@ class HotFirstSampler:
         self.cold_draw = cold_draw
         self.stats = {"rows": 0, "need_full": 0, "need_cold": 0, "in_place": 0}
 
+    @property
+    def history_arena(self):
+        """The pool's (``SamplerPool.history_arena``): the summary's touched
+        lists gather what they read; the requests name the histories."""
+        return self.pool.history_arena
+
     def summarize(self, logits: torch.Tensor, batch: SamplingBatch) -> StepSummary:
         """The data plane's half: the batch's compact rows (``compact_rows``)
         and the request's inputs, ready to send (the compact rows' and the

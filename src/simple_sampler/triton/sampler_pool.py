@@ -107,10 +107,10 @@ class SamplerPool:
             raise ValueError("a sampler pool needs at least one target")
 
     @property
-    def takes_history_ref(self) -> bool:
-        """A batch may name its histories in the arena (``SamplingBatch.
-        history_ref``): some target maps it (others get the lists)."""
-        return self.arena is not None and any(t.shares_memory for t in self.targets)
+    def history_arena(self):
+        """Where a batch may name its histories (``SamplingBatch.history_ref``):
+        the arena, where some target maps it (others get the lists); else None."""
+        return self.arena if any(t.shares_memory for t in self.targets) else None
 
     async def __call__(self, logits: torch.Tensor, batch: SamplingBatch,
                        most_shards: int | None = None):
