@@ -211,7 +211,7 @@ def test_tools_are_chats_and_a_call_is_a_tool_use_block(codec):
     ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, 400,
      'Correct usage: `{"type": "tool", "name": "my_function"}`'),
     ({"tool_choice": {"type": "any"}, "tools": [{**WEATHER, "input_schema": {"type": "nonsense"}}]},
-     400, "tools: a tool's parameters are not a JSON schema this server takes"),
+     400, "tools (a tool's parameters) is not a JSON schema"),
     ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"},
                    {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
                                                  "input": {}}]}]}, 400,

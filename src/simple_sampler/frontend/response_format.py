@@ -51,11 +51,10 @@ def request_guide(request: Sampling) -> Guide | None:
         raise RequestError("ignore_eos cannot be given with a grammar: it ends the answer at "
                            "the end of sequence", "ignore_eos")
     for field, guide in guides.items():
-        try:
-            guide.check()  # here: a refusal from the llm model would come back a 500
-        except InvalidRequest as error:  # named as the client sent it
-            raise RequestError(str(error).replace("guided_decoding_guide", field, 1),
-                               field) from None
+        try:  # here: a refusal from the llm model would come back a 500
+            guide.check(field)  # named as the client sent it
+        except InvalidRequest as error:
+            raise RequestError(str(error), field) from None
         return guide
     return None
 

@@ -423,12 +423,10 @@ def with_tools(plan: Plan, use: ToolUse, guide: Guide | None,
     if request.ignore_eos:
         raise RequestError("ignore_eos cannot be given with tool_choice required or a named "
                            "function: its grammar ends the answer", "ignore_eos")
-    try:
-        guide.check()
+    try:  # the guide is the tools' parameters: named so, not as the tensor it becomes
+        guide.check("tools (a tool's parameters)")
     except InvalidRequest as error:
-        # the guide is the tools' parameters: named so, not as the tensor it becomes
-        raise RequestError(f"tools: a tool's parameters are not a JSON schema this server takes: "
-                           f"{str(error).split(': ', 1)[-1]}", "tools") from None
+        raise RequestError(str(error), "tools") from None
     plan.params.update(guided_decoding_guide_type=guide.type, guided_decoding_guide=guide.text)
 
 

@@ -135,33 +135,34 @@ class Guide:
             raise InvalidRequest(f"{place}.{name} must be a string")
         return cls(kind, value)
 
-    def validate(self) -> None:
-        """Raise InvalidRequest naming the input and what it may hold."""
+    def validate(self, place: str = "guided_decoding_guide") -> None:
+        """Raise InvalidRequest naming the input (the text's: `place`) and
+        what it may hold."""
         if self.type not in GUIDE_TYPES:
             raise InvalidRequest(f"guided_decoding_guide_type must be one of "
                                  f"{', '.join(GUIDE_TYPES)}, got {self.type!r}")
         if (self.type == "json") == bool(self.text):
-            raise InvalidRequest(f"guided_decoding_guide must hold {GUIDE_TYPES[self.type]} "
+            raise InvalidRequest(f"{place} must hold {GUIDE_TYPES[self.type]} "
                                  f"with guided_decoding_guide_type {self.type}")
 
-    def check(self) -> None:
+    def check(self, place: str = "guided_decoding_guide") -> None:
         """``validate``, and the grammar checked without a tokenizer: where a
         request arrives with no status to carry a refusal later (the
         OpenAI door, whose gRPC stream to the llm model carries an error's
-        text alone). Without llguidance there, the llm model refuses it."""
-        self.validate()
+        text alone). Without llguidance there, the llm model refuses it.
+        `place`: the text's name in a refusal (the field the client sent)."""
+        self.validate(place)
         try:
             import llguidance
         except ImportError:
             return
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar())
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar(place))
         if failed:
-            raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[self.type]}: "
-                                 f"{messages[0]}")
+            raise InvalidRequest(f"{place} is not {GUIDE_TYPES[self.type]}: {messages[0]}")
 
-    def grammar(self) -> str:
-        """llguidance's grammar of this guide; raises InvalidRequest where
-        the text is not of its type."""
+    def grammar(self, place: str = "guided_decoding_guide") -> str:
+        """llguidance's grammar of this guide; raises InvalidRequest, naming
+        the text as `place`, where the text is not of its type."""
         import llguidance
 
         try:
@@ -176,8 +177,7 @@ class Guide:
                 return llguidance.grammar_from("choice", choices)
             return llguidance.grammar_from({"regex": "regex"}.get(self.type, "grammar"), self.text)
         except ValueError as error:
-            raise InvalidRequest(f"guided_decoding_guide is not {GUIDE_TYPES[self.type]}: "
-                                 f"{error}") from None
+            raise InvalidRequest(f"{place} is not {GUIDE_TYPES[self.type]}: {error}") from None
 
 
 class Grammars:
