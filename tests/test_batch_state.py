@@ -227,7 +227,7 @@ def test_histories_named_in_the_arena_are_the_lists_gathered_without_it():
         order = np.random.default_rng(4).permutation(len(slots))
         want, got = plain.batch(slots[order]), shared.batch(slots[order])
         assert got.history_ref is not None and not got.prompt_ids.size and not got.output_ids.size
-        lists = checked_lists(got.history_ref.refs, RowReader().ids, VOCAB, len(order))
+        lists = checked_lists(got.history_ref.refs, RowReader().histories, VOCAB, len(order))
         listed = (want.prompt_offsets, want.prompt_ids, want.output_offsets, want.output_ids)
         assert listed[1].size and listed[3].size
         for wanted, read in zip(listed, lists):
@@ -249,11 +249,8 @@ def test_histories_stay_in_the_process_where_the_arena_has_no_room(caplog):
     """A /dev/shm without room for the histories (the reservation refused) is
     a warning: the state keeps them itself and its batches carry the lists."""
     class FullArena:
-        def zeros(self, shape, dtype):
+        def histories(self, slots, max_context):
             raise OSError(28, "No space left on device")
-
-        def key_of(self, array):  # as RowArena's, for an array outside its regions
-            return None
 
     state = BatchState(2, 8, arena=FullArena())
     state.add(SamplingParams(seed=1, presence_penalty=0.5), [3, 4])

@@ -230,3 +230,28 @@ def test_regions_of_another_pid_namespace_are_never_orphans():
         assert os.path.exists(path)
     finally:
         os.unlink(path)
+
+
+def test_a_region_that_cannot_be_made_leaves_no_file(arena, monkeypatch):
+    """A histories region /dev/shm has no room for (its reservation refused)
+    raises OSError, and its file is gone: ``close`` could not find it."""
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    before = set(os.listdir(SHM_DIR))
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="No space left"):
+        arena.histories(4, 16)
+    assert set(os.listdir(SHM_DIR)) - before == set()
+
+
+def test_a_reader_lets_go_of_regions_unlinked_since(arena):
+    """Mapping a new region drops the mappings of regions whose files are
+    gone (a reloaded llm model's), which would stay charged while mapped."""
+    reader = RowReader()
+    old = RowArena(1, 64)
+    reader.histories(old.histories(2, 4)[0])
+    old.close()
+    key, _ = arena.histories(2, 4)
+    reader.histories(key)
+    assert list(reader.maps) == [key]

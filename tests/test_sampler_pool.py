@@ -2,6 +2,7 @@
 again elsewhere with the same rows (so the same tokens), a failed target left
 out and tried again later, refused rows never sent again."""
 import asyncio
+import os
 import gc
 import threading
 import time
@@ -12,7 +13,7 @@ import torch
 
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
-from simple_sampler.row_arena import RowArena, RowReader
+from simple_sampler.row_arena import Region, RowArena, RowReader
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.batch_state import BatchState
 from simple_sampler.triton.sampler_codec import batch_arrays
@@ -869,20 +870,25 @@ def test_histories_go_by_reference_to_instances_that_map_the_arena_and_as_lists_
 @pytest.mark.parametrize("change, message", [
     ("no reader", "history_ref needs a sampler on the llm model's host"),
     ("with lists", "send history_ref or prompt_ids / generated_ids, not both"),
-    ("past the region", r"history_ref ranges must be \[start, stop\) with 0 <= start <= stop"),
-    ("reversed", r"history_ref ranges must be \[start, stop\)"),
+    ("past the region", r"history_ref's output ranges must each lie within one row of \[0, 96\)"),
+    ("reversed", r"history_ref's prompt ranges must each lie within one row of \[96, 192\)"),
     ("narrow", r"history_ref must have shape \[6, 5\]"),
     ("two regions", "history_ref rows must name one region"),
     ("no region", "history_ref names region .*, which does not exist"),
-    ("float region", r"history_ref: the (prompt|output) ids it names must be token ids in \[0, 64\)"),
+    ("rows region", "history_ref names region .*, which holds no token histories"),
+    ("not a region", "history_ref names .*, which is not a region"),
+    ("across rows", r"history_ref's output ranges must each lie within one row of \[0, 96\)"),
+    ("other half", r"history_ref's prompt ranges must each lie within one row of \[96, 192\)"),
+    ("bad ids", r"history_ref: the output ids it names must be token ids in \[0, 64\), got"),
 ])
 def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, message):
     """Every malformed ``history_ref`` is a clear InvalidRequest naming it;
     a region that holds no histories (a logits region's floats) is refused
     by the ids' range, never read as ids out of range."""
-    arena = RowArena(1, 64)
+    arena, garbage = RowArena(1, 64), None
     try:
-        batch = penalized_state(arena).batch(np.arange(6))
+        state = penalized_state(arena)
+        batch = state.batch(np.arange(6))
         logits = np.zeros((6, VOCAB), np.float32)
         inputs = {"logits": logits, **batch_arrays(batch, packed=True)}
         reader = RowReader()
@@ -903,9 +909,21 @@ def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, messag
             refs[2, 0] += 1
         elif change == "no region":
             refs[:, 0] += 1
-        else:  # a region of floats
-            refs[:, 0] = arena.key_of(arena.share(np.full(4096, 1e30, np.float32)))[0]
+        elif change == "rows region":  # the ring of logits rows
+            refs[:, 0] = arena.ring.key
+        elif change == "not a region":  # a file of the regions' name, too short for a header
+            garbage = Region(1)
+            os.truncate(garbage.path, 16)
+            refs[:, 0] = garbage.key
+        elif change == "across rows":  # past its row's end into the next slot's
+            refs[0, 4] = refs[0, 3] + 17
+        elif change == "other half":  # prompt ids from the output half
+            refs[0, 1:3] = refs[0, 3:5]
+        else:  # ids no token: written into the region behind the state's back
+            state.tokens[0, 3] = 1000
         with pytest.raises(InvalidRequest, match=message):
             decode_request(sent, VOCAB, reader=used)
     finally:
         arena.close()
+        if garbage is not None:
+            garbage.unlink()

@@ -4,13 +4,13 @@ ranges of one flat int32 array, instead of lists copied for every step.
 The decode loop keeps every sequence's history in one ``[slots,
 max_context]`` array (``serving.batch_state.BatchState``). Where that array
 lies in a shared-memory region the local sampler instances map
-(``row_arena.RowArena.zeros``), a step names each penalized row's ids by
+(``row_arena.RowArena.histories``), a step names each penalized row's ids by
 ``history_ref`` INT64 [B, 5] (``HISTORY_REF_COLUMNS``: the region's key and
 two half-open ranges, in int32 elements from the start of the region's
-data) and the sampler reads them there (``row_arena.RowReader.ids``,
-``checked_lists``): B x history ids a step are no longer gathered and
-padded on the llm's thread, copied through BLS and unpadded by the
-sampler. A row with no penalty on has empty ranges.
+data) and the sampler gathers them from there (``row_arena.RowReader.
+histories``, ``checked_lists``): B x history ids a step are no longer
+gathered and padded on the llm's thread, copied through BLS and unpadded
+by the sampler. A row with no penalty on has empty ranges.
 
 The ranges hold still for the step: a sequence's ids before its length are
 written once, when admitted or appended, and its slot is freed and reused
@@ -72,14 +72,17 @@ class HistoryRef:
                 *ranges_csr(self.ids, self.refs[:, 3], self.refs[:, 4]))
 
 
-def checked_lists(refs, ids_of, vocab: int, rows: int
+def checked_lists(refs, histories_of, vocab: int, rows: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The lists a request's ``history_ref`` names, read where they lie:
-    (prompt offsets, prompt ids, output offsets, output ids). `ids_of`:
-    region key -> its flat int32 data (``row_arena.RowReader.ids``). Raises
-    ValueError, naming history_ref, for a malformed reference, ranges
-    outside the region, or an id outside [0, vocab) (a region that holds no
-    histories)."""
+    """The lists a request's ``history_ref`` names, gathered from the region
+    (one copy, on the sampler's side): (prompt offsets, prompt ids, output
+    offsets, output ids). `histories_of`: region key -> (its int32 data
+    [2, slots, max_context] flat, slots, max_context), refusing a region
+    that holds no histories (``row_arena.RowReader.histories``). Each range
+    must lie within one row of its half (output ids in ``tokens``, prompt
+    ids in ``prompt_seen``), so a request names at most what the lists
+    would carry. Raises ValueError, naming history_ref, for a malformed
+    reference, a range elsewhere, or an id outside [0, vocab)."""
     refs = np.asarray(refs)
     if refs.ndim != 2 or refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
         raise ValueError(f"history_ref must have shape [{rows}, {len(HISTORY_REF_COLUMNS)}] "
@@ -87,12 +90,15 @@ def checked_lists(refs, ids_of, vocab: int, rows: int
     key = int(refs[0, 0])
     if (refs[:, 0] != key).any():
         raise ValueError("history_ref rows must name one region")
-    ids = ids_of(key)
-    ranges = refs[:, 1:].astype(np.int64)
-    starts, stops = ranges[:, 0::2], ranges[:, 1::2]
-    if (starts < 0).any() or (stops < starts).any() or (stops > ids.size).any():
-        raise ValueError(f"history_ref ranges must be [start, stop) with 0 <= start <= stop <= "
-                         f"{ids.size} (the region's int32 ids)")
+    ids, slots, context = histories_of(key)
+    half = slots * context
+    for name, column, first in (("prompt", 1, half), ("output", 3, 0)):
+        start, stop = refs[:, column].astype(np.int64), refs[:, column + 1].astype(np.int64)
+        if ((start < first) | (stop < start) | (stop > first + half)
+                | ((stop > start) & ((start - first) // context != (stop - 1 - first) // context))).any():
+            raise ValueError(f"history_ref's {name} ranges must each lie within one row of "
+                             f"[{first}, {first + half}), rows of {context} ids (the region's "
+                             f"{'prompt_seen' if first else 'tokens'})")
     lists = HistoryRef(refs, ids).lists()
     for name, listed in (("prompt", lists[1]), ("output", lists[3])):
         if listed.size and (listed.min() < 0 or listed.max() >= vocab):

@@ -14,7 +14,8 @@ from .params import TRUNCATIONS, SamplingBatch, is_greedy
 
 def penalized_logits(row: np.ndarray, batch: SamplingBatch, r: int) -> np.ndarray:
     """Steps 1-2 for row r of the batch, in float64."""
-    batch = batch.with_histories()
+    if batch.history_ref is not None:  # this row's lists alone
+        batch, r = batch.take([r]).with_histories(), 0
     logits = np.asarray(row, dtype=np.float64).copy()
     lo, hi = batch.bias_offsets[r], batch.bias_offsets[r + 1]
     np.add.at(logits, np.asarray(batch.bias_ids[lo:hi], np.int64),

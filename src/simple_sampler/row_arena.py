@@ -58,6 +58,9 @@ SHM_DIR = "/dev/shm"
 PREFIX = "simple-sampler-rows-"
 HEADER_BYTES = 4096
 MAGIC = np.frombuffer(b"SSROWS01", np.uint64)[0]
+#: a region of token histories (``RowArena.histories``): header words magic,
+#: sequence slots, max_context; then int32 [2, slots, max_context]
+HISTORY_MAGIC = np.frombuffer(b"SSHIST01", np.uint64)[0]
 #: header words: magic, slots, slot_bytes, then one generation per slot
 HEADER_WORDS = 3
 MAX_SLOTS = HEADER_BYTES // 8 - HEADER_WORDS
@@ -119,8 +122,8 @@ class Region:
     namespace) at ``HEADER_BYTES``."""
 
     def __init__(self, data_bytes: int, slots: int = 0, slot_bytes: int = 0,
-                 reserve: bool = False):
-        if slots > MAX_SLOTS:
+                 reserve: bool = False, magic=MAGIC):
+        if slots > MAX_SLOTS and magic == MAGIC:
             raise ValueError(f"a region holds at most {MAX_SLOTS} slots, got {slots}")
         self.key = (os.getpid() << 32) | secrets.randbits(32)
         self.name = region_name(self.key)
@@ -131,10 +134,14 @@ class Region:
             if reserve:  # the pages now, or OSError here: not a SIGBUS on a later write
                 os.posix_fallocate(fd, 0, HEADER_BYTES + data_bytes)
             self.map = mmap.mmap(fd, HEADER_BYTES + data_bytes)
+        except BaseException:
+            self.unlink()
+            raise
         finally:
             os.close(fd)
-        self.header = np.ndarray(HEADER_WORDS + max(slots, 1), np.uint64, self.map)
-        self.header[:HEADER_WORDS] = (MAGIC, slots, slot_bytes)
+        self.header = np.ndarray(HEADER_WORDS + (max(slots, 1) if magic == MAGIC else 0),
+                                 np.uint64, self.map)
+        self.header[:HEADER_WORDS] = (magic, slots, slot_bytes)
         self.data_bytes = data_bytes
 
     def array(self, shape, dtype, offset: int = 0) -> np.ndarray:
@@ -262,23 +269,15 @@ class RowArena:
         view[...] = array
         return view
 
-    def zeros(self, shape, dtype) -> np.ndarray:
-        """A zeroed array in a region of its own, its pages reserved (OSError
-        where /dev/shm has no room for them): the decode loop's token
-        histories, which the sampler instances read by ``history_ref``
-        (``histories``). ``key_of`` names it."""
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        region = Region(max(size, 1), reserve=True)
+    def histories(self, slots: int, max_context: int) -> tuple[int, np.ndarray]:
+        """(region key, a zeroed int32 [2, slots, max_context] array) in a
+        region of its own marked as histories, its pages reserved (OSError
+        where /dev/shm has no room): the decode loop's token histories, which
+        the sampler instances read by ``history_ref`` (``histories``)."""
+        region = Region(2 * slots * max_context * 4, slots, max_context, reserve=True,
+                        magic=HISTORY_MAGIC)
         self.shared.append(region)
-        return region.array(shape, dtype)
-
-    def key_of(self, array: np.ndarray) -> tuple[int, int] | None:
-        """(region key, byte offset) of `array` in a shared region, or None."""
-        for region in self.shared:
-            offset = region.contains(array)
-            if offset is not None:
-                return region.key, offset
-        return None
+        return region.key, region.array((2, slots, max_context), np.int32)
 
     def adopt(self, region: Region) -> None:
         """Rows that lie in `region`, a region owned elsewhere in this
@@ -400,17 +399,25 @@ class RowArena:
 
 class RowReader:
     """The sampler side: maps regions read-only by key, keeps the last
-    `max_regions` mapped (an llm model reloaded elsewhere names new ones)."""
+    `max_regions` mapped and none unlinked since (an llm model reloaded)."""
 
-    def __init__(self, max_regions: int = 8):
+    def __init__(self, max_regions: int = 16):
         self.max_regions = max_regions
         self.maps: OrderedDict[int, tuple[mmap.mmap, np.ndarray]] = OrderedDict()
 
-    def _region(self, key: int, named_by: str = "logits_ref"):
+    def _region(self, key: int, named_by: str = "logits_ref", magic=MAGIC):
+        """(mapping, header) of region `key` of `magic`'s kind, or ValueError."""
         found = self.maps.get(key)
-        if found is not None:
+        if found is None:
+            found = self._map(key, named_by)
+        else:
             self.maps.move_to_end(key)
-            return found
+        if found[1][0] != magic:
+            kind = "token histories" if magic == HISTORY_MAGIC else "logits rows"
+            raise ValueError(f"{named_by} names region {region_name(key)}, which holds no {kind}")
+        return found
+
+    def _map(self, key: int, named_by: str):
         path = os.path.join(SHM_DIR, region_name(key))
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -419,11 +426,17 @@ class RowReader:
                              f"exist (its llm model unloaded?)") from None
         try:
             mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            header = np.ndarray(HEADER_BYTES // 8, np.uint64, mapped)
+        except (OSError, ValueError, TypeError) as error:  # empty, or shorter than a header
+            raise ValueError(f"{named_by} names {path}, which is not a region: {error}") from None
         finally:
             os.close(fd)
-        header = np.ndarray(HEADER_BYTES // 8, np.uint64, mapped)
-        if header[0] != MAGIC:
-            raise ValueError(f"{path} is not a row region")
+        if header[0] not in (MAGIC, HISTORY_MAGIC):
+            raise ValueError(f"{named_by} names {path}, which is not a region")
+        # regions unlinked since (a reloaded llm model's) stay charged while mapped
+        for gone in [k for k in self.maps if not os.path.exists(os.path.join(
+                SHM_DIR, region_name(k)))]:
+            del self.maps[gone]
         self.maps[key] = (mapped, header)
         while len(self.maps) > self.max_regions:
             self.maps.popitem(last=False)  # the arrays over it keep it mapped while alive
@@ -461,10 +474,15 @@ class RowReader:
         return np.ndarray((len(refs), vocab), dtype, mapped, HEADER_BYTES + offset,
                           (stride, dtype.itemsize))
 
-    def ids(self, key: int) -> np.ndarray:
-        """The data of region `key` as flat int32, read-only (``history_ref``)."""
-        mapped, _ = self._region(key, "history_ref")
-        return np.ndarray((len(mapped) - HEADER_BYTES) // 4, np.int32, mapped, HEADER_BYTES)
+    def histories(self, key: int) -> tuple[np.ndarray, int, int]:
+        """(its int32 data, flat and read-only; slots; max_context) of the
+        histories region `key` (``RowArena.histories``, ``history_ref``)."""
+        mapped, header = self._region(key, "history_ref", HISTORY_MAGIC)
+        slots, max_context = int(header[1]), int(header[2])
+        if len(mapped) < HEADER_BYTES + 8 * slots * max_context:
+            raise ValueError(f"history_ref names {region_name(key)}, shorter than it says")
+        return (np.ndarray(2 * slots * max_context, np.int32, mapped, HEADER_BYTES),
+                slots, max_context)
 
     def check(self, refs: np.ndarray) -> None:
         """StaleRows unless the slot `refs` name still holds their generation."""

@@ -79,7 +79,8 @@ HISTORY_REF = Tensor("history_ref", "INT64", (len(HISTORY_REF_COLUMNS),),
                      default="none (prompt_ids and generated_ids come in the request)",
                      allowed="per row: region key, then [start, stop) of its prompt ids and of its "
                              "generated ids in the region's int32 data (histories."
-                             "HISTORY_REF_COLUMNS); instead of prompt_ids and generated_ids")
+                             "HISTORY_REF_COLUMNS), each range within one row of the region, every row the "
+                             "same region; instead of prompt_ids and generated_ids")
 #: The sampler's per-row parameters, one [B, 1] tensor each, or all of them
 #: packed into ``row_scalars`` (ROW_SCALARS_RECORD).
 _SAMPLER_SCALARS = (

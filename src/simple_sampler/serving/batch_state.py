@@ -69,12 +69,11 @@ class BatchState:
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
         #: tokens, then prompt_seen: each slot's history, and its distinct prompt
         #: ids ascending (repetition-penalized slots only)
-        histories = self._histories((2, slots, max_context), arena)
+        #: (the histories' region key, a flat view of them) where they lie in the arena
+        self.shared = self._shared_histories(slots, max_context, arena)
+        histories = (self.shared[1].reshape(2, slots, max_context) if self.shared is not None
+                     else np.zeros((2, slots, max_context), np.int32))
         self.tokens, self.prompt_seen = histories
-        #: (histories' region key, flat view, index of tokens[0, 0] in it), or None
-        self.shared = None
-        if arena is not None and (found := arena.key_of(histories)) is not None:
-            self.shared = (found[0], histories.reshape(-1), found[1] // histories.itemsize)
         self.prompt_seen_length = np.zeros(slots, np.int64)
         # Per-slot id lists, read only for the rows that have them (found
         # through the boolean columns, so rows without pay no Python).
@@ -184,21 +183,23 @@ class BatchState:
             raw_logprobs=self._raw_rows(slots), history_ref=history_ref)
 
     @staticmethod
-    def _histories(shape: tuple[int, int, int], arena) -> np.ndarray:
-        if arena is not None:
-            try:
-                return arena.zeros(shape, np.int32)
-            except OSError as error:
-                log.warning("token histories stay in this process (sent by value each step): "
-                            "no room for %d MiB in /dev/shm (%s)",
-                            np.prod(shape) * 4 >> 20, error)
-        return np.zeros(shape, np.int32)
+    def _shared_histories(slots: int, max_context: int, arena) -> tuple[int, np.ndarray] | None:
+        if arena is None:
+            return None
+        try:
+            key, histories = arena.histories(slots, max_context)
+        except OSError as error:
+            log.warning("token histories stay in this process (sent by value each step): "
+                        "no room for %d KiB in /dev/shm (%s)", 8 * slots * max_context >> 10,
+                        error)
+            return None
+        return key, histories.reshape(-1)
 
     def _history_ref(self, slots: np.ndarray, prompt_stop: np.ndarray, prompt_length: np.ndarray,
                      output_stop: np.ndarray) -> HistoryRef:
         """The rows' lists as ranges of the shared histories (HISTORY_REF_COLUMNS)."""
-        key, flat, base = self.shared
-        first = base + slots.astype(np.int64) * self.max_context
+        key, flat = self.shared
+        first = slots.astype(np.int64) * self.max_context
         seen = first + self.tokens.size  # prompt_seen follows tokens
         refs = np.empty((len(slots), len(HISTORY_REF_COLUMNS)), np.int64)
         refs[:, 0] = key

@@ -219,7 +219,7 @@ def _history_lists(inputs: Mapping, reader, vocab: int, rows: int) -> dict[str, 
         raise InvalidRequest("history_ref needs a sampler on the llm model's host")
     try:
         prompt_offsets, prompt_ids, output_offsets, output_ids = checked_lists(
-            inputs["history_ref"], reader.ids, vocab, rows)
+            inputs["history_ref"], reader.histories, vocab, rows)
     except ValueError as error:
         raise InvalidRequest(str(error)) from None
     return {"prompt_ids": (prompt_offsets, prompt_ids), "generated_ids": (output_offsets, output_ids)}
