@@ -255,3 +255,30 @@ def test_a_reader_lets_go_of_regions_unlinked_since(arena):
     key, _ = arena.histories(2, 4)
     reader.histories(key)
     assert list(reader.maps) == [key]
+
+
+def test_a_reader_never_blocks_on_nor_follows_what_another_user_put_in_dev_shm(tmp_path):
+    """/dev/shm is anyone's: a FIFO named as a region (whose open would block
+    the sampler instance until a writer came), a link to another file, and a
+    histories header saying zero slots are each refused at once, by name."""
+    reader = RowReader()
+    key = (os.getpid() << 32) | 0x5EED0001
+    path = os.path.join(SHM_DIR, row_arena.region_name(key))
+    try:
+        os.mkfifo(path)
+        with pytest.raises(ValueError, match="history_ref names .*, which is not a region"):
+            reader.histories(key)
+        os.unlink(path)
+        target = tmp_path / "elsewhere"
+        target.write_bytes(row_arena.HISTORY_MAGIC.tobytes() + bytes(8192))
+        os.symlink(target, path)
+        with pytest.raises(ValueError, match="which is not a region"):
+            reader.histories(key)
+        os.unlink(path)
+        with open(path, "wb") as empty_header:  # SSHIST01, slots 0, max_context 0
+            empty_header.write(row_arena.HISTORY_MAGIC.tobytes() + bytes(8192))
+        with pytest.raises(ValueError, match="not the histories it says"):
+            reader.histories(key)
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)

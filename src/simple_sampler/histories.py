@@ -98,7 +98,7 @@ def checked_lists(refs, histories_of, vocab: int, rows: int
                 | ((stop > start) & ((start - first) // context != (stop - 1 - first) // context))).any():
             raise ValueError(f"history_ref's {name} ranges must each lie within one row of "
                              f"[{first}, {first + half}), rows of {context} ids (the region's "
-                             f"{'prompt_seen' if first else 'tokens'})")
+                             f"{'prompt_seen' if name == 'prompt' else 'tokens'})")
     lists = HistoryRef(refs, ids).lists()
     for name, listed in (("prompt", lists[1]), ("output", lists[3])):
         if listed.size and (listed.min() < 0 or listed.max() >= vocab):

@@ -40,9 +40,11 @@ stub).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import mmap
 import os
 import secrets
+import stat
 import threading
 import weakref
 from collections import OrderedDict
@@ -163,12 +165,10 @@ class Region:
         return None
 
     def unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         # The mapping itself goes with its last view (numpy arrays over it
         # may still be alive in the caller).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 @dataclass
@@ -191,12 +191,8 @@ class RowLease:
     def refs(self, start: int = 0, end: int | None = None) -> np.ndarray:
         end = self.rows if end is None else end
         refs = np.empty((end - start, len(REF_COLUMNS)), np.int64)
-        refs[:, 0] = self.region.key
-        refs[:, 1] = self.slot
-        refs[:, 2] = self.generation
+        refs[:] = (self.region.key, self.slot, self.generation, 0, self.vocab, self.dtype)
         refs[:, 3] = self.offset + self.row_stride * np.arange(start, end)
-        refs[:, 4] = self.vocab
-        refs[:, 5] = self.dtype
         return refs
 
     def release(self) -> None:
@@ -419,12 +415,17 @@ class RowReader:
 
     def _map(self, key: int, named_by: str):
         path = os.path.join(SHM_DIR, region_name(key))
-        try:
-            fd = os.open(path, os.O_RDONLY)
+        try:  # never blocks on a FIFO nor follows a link: /dev/shm is anyone's
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise ValueError(f"{named_by} names region {region_name(key)}, which does not "
                              f"exist (its llm model unloaded?)") from None
+        except OSError as error:
+            raise ValueError(f"{named_by} names {path}, which is not a region: {error}") from None
         try:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
+                raise ValueError("not a file of this user's")
             mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
             header = np.ndarray(HEADER_BYTES // 8, np.uint64, mapped)
         except (OSError, ValueError, TypeError) as error:  # empty, or shorter than a header
@@ -479,10 +480,9 @@ class RowReader:
         histories region `key` (``RowArena.histories``, ``history_ref``)."""
         mapped, header = self._region(key, "history_ref", HISTORY_MAGIC)
         slots, max_context = int(header[1]), int(header[2])
-        if len(mapped) < HEADER_BYTES + 8 * slots * max_context:
-            raise ValueError(f"history_ref names {region_name(key)}, shorter than it says")
-        return (np.ndarray(2 * slots * max_context, np.int32, mapped, HEADER_BYTES),
-                slots, max_context)
+        if min(slots, max_context) < 1 or len(mapped) < HEADER_BYTES + 8 * slots * max_context:
+            raise ValueError(f"history_ref names {region_name(key)}, not the histories it says")
+        return np.ndarray(2 * slots * max_context, np.int32, mapped, HEADER_BYTES), slots, max_context
 
     def check(self, refs: np.ndarray) -> None:
         """StaleRows unless the slot `refs` name still holds their generation."""
@@ -492,8 +492,7 @@ class RowReader:
 
 
 def _check_generation(header: np.ndarray, key: int, slot: int, generation: int) -> None:
-    """StaleRows unless `slot` (>= 0: shared rows have none) of the region
-    with `header` still holds `generation`."""
+    """StaleRows unless `slot` (>= 0; shared rows have none) still holds `generation`."""
     if slot >= 0 and int(header[HEADER_WORDS + slot]) != generation:
         raise StaleRows(f"slot {slot} of {region_name(key)} was given back before its rows "
                         f"were sampled (generation {generation}, now "
