@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -22,6 +23,7 @@ from simple_sampler.launch import server as server_module
 from simple_sampler.launch.processes import list_stubs
 from simple_sampler.row_arena import PREFIX, SHM_DIR
 from simple_sampler.serving.simulated import LABEL
+from simple_sampler.triton.counters import read_counter, wait_for_counter
 
 pytestmark = pytest.mark.slow
 SEEDS = (7, 8, 9, 10)
@@ -56,6 +58,14 @@ def seeded_answers(server) -> list:
     return answers
 
 
+def history_ref_rows(server) -> float:
+    """Rows the sampler instances read histories for by reference, once
+    every row of the answers so far is counted (counts come in batches)."""
+    wait_for_counter(server.metrics_url, "simple_sampler_rows_total", lambda rows: rows > 0,
+                     settled_after=time.monotonic())
+    return read_counter(server.metrics_url, "simple_sampler_history_ref_rows_total")
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`bench row-transport --quick --json` once, each of its servers
@@ -76,7 +86,8 @@ def served(tmp_path_factory):
                 transport = "hot-first"
             owners = [stub.pid for stub in list_stubs(self.process.pid) if stub.model == "llm"]
             self.seen = seen[transport] = {"owners": owners, "during": regions(owners),
-                                           "answers": seeded_answers(self)}
+                                           "answers": seeded_answers(self),
+                                           "named": history_ref_rows(self)}
             return self
 
         def stop(self, *args, **kwargs):
@@ -99,6 +110,8 @@ def test_arena_and_bls_give_the_same_seeded_tokens_and_the_arena_leaves_nothing(
     arena, bls = served["arena"], served["bls"]
     assert "through the shared-memory arena" in arena["log"]
     assert len(arena["during"]) == 3, "the ring, the engine's shared bank, the token histories"
+    # the penalized requests' histories named in the arena, not sent; over BLS, sent
+    assert arena["named"] > 0 and served["hot-first"]["named"] > 0 and bls["named"] == 0
     assert "shared-memory arena" not in bls["log"] and not bls["during"]
     for transport in ("arena", "bls", "hot-first"):
         assert served[transport]["after"] == set(), f"{transport}: a region outlived the server"

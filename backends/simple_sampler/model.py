@@ -73,6 +73,9 @@ class TritonPythonModel:
             "in_place": counter("simple_sampler_handoff_full_rows_total",
                                 "Undecided compact rows decided from their full rows "
                                 "(logits_ref) in the same request"),
+            "history_ref": counter("simple_sampler_history_ref_rows_total",
+                                   "Rows of requests that named their histories in the llm "
+                                   "model's shared token histories (history_ref)"),
             "execute_cpu_us": counter("simple_sampler_execute_cpu_us_total",
                                       "CPU time of execute's thread, microseconds: decoding, "
                                       "kernels, responses (the rest of the stub's CPU is the "
@@ -97,7 +100,7 @@ class TritonPythonModel:
         """(the responses, the counts they add)."""
         started = time.perf_counter()
         responses = []
-        rows = failed = tried = accepted = in_place = 0
+        rows = failed = tried = accepted = in_place = named = 0
         for request in requests:
             # One pass over the request's tensors: pb_utils.get_input_tensor_by_name
             # rebuilds request.inputs() and scans it on every call (a name each).
@@ -121,6 +124,7 @@ class TritonPythonModel:
                 continue
             rows += served.rows
             in_place += served.in_place
+            named += served.rows if "history_ref" in inputs else 0
             if served.batch is not None:  # else decided in C: no row was tried by SHVS
                 tried_here = int((served.outcomes >= 0).sum())
                 tried += tried_here
@@ -133,7 +137,7 @@ class TritonPythonModel:
         if drift:
             log.warning("%s: %s", self.instance, drift)
         return responses, {"rows": rows, "failed": failed, "hot_tried": tried,
-                           "hot_accepted": accepted, "in_place": in_place,
+                           "hot_accepted": accepted, "in_place": in_place, "history_ref": named,
                            "duration_us": int((time.perf_counter() - started) * 1e6)}
 
     def finalize(self):
