@@ -880,6 +880,8 @@ def test_histories_go_by_reference_to_instances_that_map_the_arena_and_as_lists_
     ("across rows", r"history_ref's output ranges must each lie within one row of \[0, 96\)"),
     ("other half", r"history_ref's prompt ranges must each lie within one row of \[96, 192\)"),
     ("bad ids", r"history_ref: the output ids it names must be token ids in \[0, 64\), got"),
+    ("negative ids", r"history_ref: the output ids it names must be token ids in \[0, 64\), "
+                     r"got -5\.\."),
 ])
 def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, message):
     """Every malformed ``history_ref`` is a clear InvalidRequest naming it;
@@ -920,7 +922,7 @@ def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, messag
         elif change == "other half":  # prompt ids from the output half
             refs[0, 1:3] = refs[0, 3:5]
         else:  # ids no token: written into the region behind the state's back
-            state.tokens[0, 3] = 1000
+            state.tokens[0, 3] = 1000 if change == "bad ids" else -5
         with pytest.raises(InvalidRequest, match=message):
             decode_request(sent, VOCAB, reader=used)
     finally:

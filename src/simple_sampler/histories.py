@@ -101,7 +101,8 @@ def checked_lists(refs, histories_of, vocab: int, rows: int
                              f"{'prompt_seen' if name == 'prompt' else 'tokens'})")
     lists = HistoryRef(refs, ids).lists()
     for name, listed in (("prompt", lists[1]), ("output", lists[3])):
-        if listed.size and (listed.min() < 0 or listed.max() >= vocab):
+        # one pass: a negative id, read unsigned, is past any vocabulary
+        if listed.size and listed.view(np.uint32).max() >= vocab:
             raise ValueError(f"history_ref: the {name} ids it names must be token ids in "
                              f"[0, {vocab}), got {int(listed.min())}..{int(listed.max())}")
     return lists
