@@ -929,3 +929,23 @@ def test_a_history_ref_the_sampler_cannot_read_is_refused_by_name(change, messag
         arena.close()
         if garbage is not None:
             garbage.unlink()
+
+
+def test_rows_whose_penalties_were_turned_off_name_no_history():
+    """A batch by reference whose rows' penalties were turned off after it
+    was built (hot-first's second round: ``handoff.fallback_batch``) names
+    no range for them: nothing to gather or send for ids no penalty reads."""
+    arena = RowArena(1, 64)
+    try:
+        batch = penalized_state(arena).batch(np.arange(6))
+        gathered = batch.with_histories()
+        prompt, output = np.diff(gathered.prompt_offsets), np.diff(gathered.output_offsets)
+        assert prompt[1] and output[1] and prompt[3] and output[3]  # what the state named
+        batch.repetition_penalty = batch.repetition_penalty.copy()
+        batch.repetition_penalty[[1, 3]] = 1.0  # row 1 keeps no penalty, row 3 its frequency one
+        refs = batch_arrays(batch, packed=True)["history_ref"]
+        named = refs[:, [2, 4]] - refs[:, [1, 3]]
+        assert named[1].tolist() == [0, 0] and named[3].tolist() == [0, output[3]]
+        assert named[5].tolist() == [prompt[5], output[5]]  # unchanged rows as the state named
+    finally:
+        arena.close()

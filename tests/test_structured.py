@@ -654,3 +654,13 @@ def test_bench_guided_takes_its_options_over_quicks_sizes(monkeypatch):
     guided.measure(argparse.Namespace(quick=True, batches=None, steps=None, repeats=None,
                                       loop_batches=[]))
     assert seen == {**guided.QUICK, "loop_batches": []}
+
+
+def test_a_guide_checked_for_a_field_names_that_field_alone():
+    """``Guide.check(place)`` (the doors' check of what a client sent)
+    names the client's field, and not the llm model's tensor beside it."""
+    with pytest.raises(InvalidRequest) as refused:
+        Guide("regex").check("guided_regex")
+    assert str(refused.value) == "guided_regex must hold a regular expression (Rust regex syntax)"
+    with pytest.raises(InvalidRequest, match=r"^tools \(a tool's parameters\) is not a JSON schema"):
+        Guide("json_schema", '{"type": "nonsense"}').check("tools (a tool's parameters)")

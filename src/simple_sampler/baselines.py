@@ -89,6 +89,7 @@ def truncate(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 def torch_sort_sample(logits: torch.Tensor, batch: SamplingBatch,
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """Token ids [B] for logits [B, V] (any float dtype; computed in float32)."""
+    batch = batch.with_histories()
     logits = logits.float().clone()
     size, vocab = logits.shape
     device = logits.device

@@ -67,12 +67,12 @@ class BatchState:
         self.num_top_logprobs = np.zeros(slots, np.int32)
         self.prompt_length = np.zeros(slots, np.int64)
         self.length = np.zeros(slots, np.int64)  # prompt + output tokens
-        #: tokens, then prompt_seen: each slot's history, and its distinct prompt
-        #: ids ascending (repetition-penalized slots only)
         #: (the histories' region key, a flat view of them) where they lie in the arena
         self.shared = self._shared_histories(slots, max_context, arena)
         histories = (self.shared[1].reshape(2, slots, max_context) if self.shared is not None
                      else np.zeros((2, slots, max_context), np.int32))
+        # each slot's history, and its distinct prompt ids ascending
+        # (repetition-penalized slots only)
         self.tokens, self.prompt_seen = histories
         self.prompt_seen_length = np.zeros(slots, np.int64)
         # Per-slot id lists, read only for the rows that have them (found
@@ -160,7 +160,7 @@ class BatchState:
         history_ref = None
         if self.shared is not None and penalized.any():
             history_ref = self._history_ref(slots, prompt_stop, prompt_length, output_stop)
-            prompt_offsets = output_offsets = np.zeros(len(slots) + 1, np.int64)
+            prompt_offsets, output_offsets = np.zeros((2, len(slots) + 1), np.int64)
             prompt_ids = output_ids = NO_IDS
         else:
             prompt_offsets, prompt_ids = self._gather(slots, np.zeros_like(prompt_length),

@@ -66,6 +66,8 @@ VLLM_BACKENDS = ("auto", "xgrammar", "guidance", "llguidance")
 #: llguidance's JSON options in a schema (its docs/json_schema.md): vLLM's
 #: disable_any_whitespace is whitespace_flexible false there
 JSON_OPTIONS = "x-guidance"
+#: the guide's text as the llm model takes it (a refusal names it so by default)
+GUIDE_TEXT = "guided_decoding_guide"
 
 
 @dataclass(frozen=True)
@@ -135,17 +137,17 @@ class Guide:
             raise InvalidRequest(f"{place}.{name} must be a string")
         return cls(kind, value)
 
-    def validate(self, place: str = "guided_decoding_guide") -> None:
+    def validate(self, place: str = GUIDE_TEXT) -> None:
         """Raise InvalidRequest naming the input (the text's: `place`) and
         what it may hold."""
         if self.type not in GUIDE_TYPES:
             raise InvalidRequest(f"guided_decoding_guide_type must be one of "
                                  f"{', '.join(GUIDE_TYPES)}, got {self.type!r}")
         if (self.type == "json") == bool(self.text):
-            raise InvalidRequest(f"{place} must hold {GUIDE_TYPES[self.type]} "
-                                 f"with guided_decoding_guide_type {self.type}")
+            typed = f" with guided_decoding_guide_type {self.type}" if place == GUIDE_TEXT else ""
+            raise InvalidRequest(f"{place} must hold {GUIDE_TYPES[self.type]}{typed}")
 
-    def check(self, place: str = "guided_decoding_guide") -> None:
+    def check(self, place: str = GUIDE_TEXT) -> None:
         """``validate``, and the grammar checked without a tokenizer: where a
         request arrives with no status to carry a refusal later (the
         OpenAI door, whose gRPC stream to the llm model carries an error's
@@ -160,7 +162,7 @@ class Guide:
         if failed:
             raise InvalidRequest(f"{place} is not {GUIDE_TYPES[self.type]}: {messages[0]}")
 
-    def grammar(self, place: str = "guided_decoding_guide") -> str:
+    def grammar(self, place: str = GUIDE_TEXT) -> str:
         """llguidance's grammar of this guide; raises InvalidRequest, naming
         the text as `place`, where the text is not of its type."""
         import llguidance

@@ -133,7 +133,7 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
         arrays["logit_bias_values"] = padded(batch.bias_offsets, batch.bias_values, np.float32, 0.0)
     penalized = any_on(batch, "penalty")
     if penalized.any() and batch.history_ref is not None:
-        arrays["history_ref"] = batch.history_ref.refs  # the ranges of unpenalized rows are empty
+        arrays["history_ref"] = _named_histories(batch, penalized)
     elif penalized.any():
         for name, offsets, ids in (("prompt_ids", batch.prompt_offsets, batch.prompt_ids),
                                    ("generated_ids", batch.output_offsets, batch.output_ids)):
@@ -141,6 +141,18 @@ def _packed_arrays(batch: SamplingBatch) -> dict[str, np.ndarray]:
             kept = np.repeat(penalized, np.diff(offsets))
             arrays[name] = padded(np.r_[0, np.cumsum(lengths)], np.asarray(ids)[kept])
     return arrays
+
+
+def _named_histories(batch: SamplingBatch, penalized: np.ndarray) -> np.ndarray:
+    """The batch's ``history_ref`` with the ranges no penalty reads emptied
+    (the prompt's without a repetition penalty, the output's without any): a
+    row whose penalties were turned off after the batch was built (hot-first's
+    second round, ``handoff.fallback_batch``) names nothing to gather."""
+    refs = batch.history_ref.refs.copy()
+    unread = np.asarray(batch.repetition_penalty) == 1.0
+    refs[unread, 2] = refs[unread, 1]
+    refs[~penalized, 4] = refs[~penalized, 3]
+    return refs
 
 
 def _bias_with_bans(batch: SamplingBatch):

@@ -196,7 +196,8 @@ class SamplerPool:
             parts = [_by_reference(part, lease.refs(a, b))
                      for part, (_, a, b) in zip(parts, shards)]
         if "history_ref" in inputs:
-            parts = [part if target.shares_memory else _by_value(part, batch.history_ref.ids)
+            histories = batch.history_ref.ids if batch.history_ref is not None else None
+            parts = [part if target.shares_memory else _by_value(part, histories)
                      for part, (target, _, _) in zip(parts, shards)]
         limits = [target.late_after(part) for (target, _, _), part in zip(shards, parts)]
         here = int(limits[0] is None)  # a remote first shard would hold this thread past late
@@ -426,6 +427,9 @@ def _by_value(inputs: dict[str, np.ndarray], histories: np.ndarray | None = None
         inputs = {**inputs, "logits": np.ascontiguousarray(logits)}
     if keep_history_ref or "history_ref" not in inputs:
         return inputs
+    if histories is None:
+        raise RuntimeError("history_ref came without its batch's histories (SamplingBatch."
+                           "history_ref): the lists cannot be sent by value")
     sent = {k: v for k, v in inputs.items() if k != "history_ref"}
     prompt_offsets, prompt_ids, output_offsets, output_ids = HistoryRef(
         inputs["history_ref"], histories).lists()

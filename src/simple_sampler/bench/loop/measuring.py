@@ -154,10 +154,11 @@ def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: i
     try:
         states = {"value": BatchState(batch, history + 1),
                   "ref": BatchState(batch, history + 1, arena=arena)}
-        for state in states.values():
-            slots = np.array([state.add(params, row[:half]) for row in ids], np.int64)
+        slots = {}
+        for way, state in states.items():
+            slots[way] = np.array([state.add(params, row[:half]) for row in ids], np.int64)
             for column in range(half, history):
-                state.append(slots, np.array([row[column] for row in ids], np.int32))
+                state.append(slots[way], np.array([row[column] for row in ids], np.int32))
         histories = [History(row[:half], row[half:]) for row in ids]
         logits = np.zeros((batch, vocab), np.float32)
         reader, timings, sizes = RowReader(), collections.defaultdict(list), {}
@@ -168,7 +169,7 @@ def batch_build(codec: TextCodec, params: SamplingParams, batch: int, history: i
             # each way first every other time: the first after from_params finds colder caches
             for way, state in list(states.items())[::1 if repeat % 2 else -1]:
                 started = time.perf_counter()
-                built = state.batch(slots)
+                built = state.batch(slots[way])
                 timings[f"batch_{way}"].append(time.perf_counter() - started)
                 inputs = batch_arrays(built, packed=True)
                 timings[f"request_{way}"].append(time.perf_counter() - started)
@@ -202,6 +203,7 @@ def run(batch: int = 256, history: int = 1000, steps: int = 64, repeats: int = 2
                                   for d, rs in runs.items()},
                                "batch_state_ms": built["batch_value"],
                                "from_params_ms": built["from_params"],
+                               "batch_ref_ms": built["batch_ref"],
                                **{f"{name}_ms": built[name] for name in REQUEST_COLUMNS},
                                **{name: built[name] for name in
                                   ("request_bytes_value", "request_bytes_ref")}})
