@@ -42,7 +42,7 @@ offline-host:
 # and each server a test starts, runs torch's CPU ops on TEST_OMP_THREADS
 # threads: with two workers on two cores, torch's default (a thread per core,
 # spinning while it waits) in each made the torch-heavy files take about twice
-# as long (85 s against 46 s for the engine tests, alone on this host).
+# as long.
 TEST_WORKERS ?= 2
 TEST_OMP_THREADS ?= 1
 PYTEST := OMP_NUM_THREADS=$(TEST_OMP_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile

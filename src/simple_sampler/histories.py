@@ -34,6 +34,15 @@ NO_IDS = np.zeros(0, np.int32)
 NO_IDS.flags.writeable = False  # shared by every empty list handed out
 
 
+def ranges_index(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(CSR offsets int64 [n + 1], the index of every element) of the ranges
+    [starts[r], starts[r] + counts[r]) laid end to end (int64 [n] each)."""
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    # index of the i-th element overall = its row's start + (i - its row's offset)
+    return offsets, np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], counts)
+
+
 def ranges_csr(flat: np.ndarray, starts: np.ndarray, stops: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """CSR (offsets int64 [n + 1], ids) of ``flat[starts[r]:stops[r]]`` per
@@ -41,17 +50,16 @@ def ranges_csr(flat: np.ndarray, starts: np.ndarray, stops: np.ndarray
     row where the rows are long, else one take over an index of every id."""
     starts = np.asarray(starts, np.int64)
     counts = np.asarray(stops, np.int64) - starts
+    total, rows = int(counts.sum()), np.flatnonzero(counts)
+    if total == 0:
+        return np.zeros(len(starts) + 1, np.int64), NO_IDS
+    if total < SLICED_GATHER_IDS * rows.size:
+        offsets, index = ranges_index(starts, counts)
+        return offsets, flat.take(index)
     offsets = np.zeros(len(starts) + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
-    if offsets[-1] == 0:
-        return offsets, NO_IDS
-    rows = np.flatnonzero(counts)
-    if offsets[-1] >= SLICED_GATHER_IDS * rows.size:
-        return offsets, np.concatenate([flat[a:a + n] for a, n in zip(
-            starts[rows].tolist(), counts[rows].tolist())])
-    # index of the i-th id overall = its row's first index + (i - its row's offset)
-    index = np.arange(offsets[-1]) + np.repeat(starts - offsets[:-1], counts)
-    return offsets, flat.take(index)
+    return offsets, np.concatenate([flat[a:a + n] for a, n in zip(
+        starts[rows].tolist(), counts[rows].tolist())])
 
 
 @dataclass
@@ -84,7 +92,7 @@ def checked_lists(refs, histories_of, vocab: int, rows: int
     would carry. Raises ValueError, naming history_ref, for a malformed
     reference, a range elsewhere, or an id outside [0, vocab)."""
     refs = np.asarray(refs)
-    if refs.ndim != 2 or refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
+    if refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
         raise ValueError(f"history_ref must have shape [{rows}, {len(HISTORY_REF_COLUMNS)}] "
                          f"({', '.join(HISTORY_REF_COLUMNS)}), got {list(refs.shape)}")
     key = int(refs[0, 0])

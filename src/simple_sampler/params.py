@@ -29,7 +29,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .histories import HistoryRef
+from .histories import HistoryRef, ranges_index
 
 #: Temperatures below this select greedy decoding: vLLM's _SAMPLING_EPS,
 #: 1e-5, as the FP32 every tensor interface carries it, so that a client's
@@ -408,10 +408,7 @@ class SamplingBatch:
                 for field_name in values:
                     fields[field_name] = np.asarray(columns[field_name])[:0].copy()
                 continue
-            starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
-            picked = np.zeros(rows.size + 1, np.int64)
-            lengths.cumsum(out=picked[1:])  # the methods: numpy's functions add calls
-            index = (starts - picked[:-1]).repeat(lengths) + np.arange(picked[-1])
+            picked, index = ranges_index(offsets[rows], offsets[rows + 1] - offsets[rows])
             fields[f"{name}_offsets"] = picked
             for field_name in values:
                 fields[field_name] = np.asarray(columns[field_name])[index]
