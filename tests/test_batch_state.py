@@ -6,7 +6,8 @@ import pytest
 from simple_sampler import SamplingParams
 from simple_sampler.histories import checked_lists
 from simple_sampler.params import History, SamplingBatch
-from simple_sampler.row_arena import RowArena, RowReader
+from simple_sampler.row_arena import RowArena
+from simple_sampler.row_reader import RowReader
 from simple_sampler.sampling import sample
 from simple_sampler.serving.batch_state import STOP_COLUMNS, BatchState
 

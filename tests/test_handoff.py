@@ -425,7 +425,7 @@ def _local_call(hot, requests=None):
     model's compact requests by its C path), with the model's hot set;
     `requests` (a list) gets each request's (compact or full, rows, by
     reference or not)."""
-    from simple_sampler.row_arena import RowReader
+    from simple_sampler.row_reader import RowReader
     from simple_sampler.triton.sampler_serve import serve_request
 
     reader = RowReader()  # full rows come from the service's arena by reference
@@ -820,7 +820,8 @@ def test_the_synchronous_path_answers_as_the_event_loops_and_gives_way_when_it_c
 def test_full_rows_by_reference_beside_compact_rows_are_checked(zipf_row):
     """logits_ref beside the compact rows must name exactly their rows; not
     beside logits."""
-    from simple_sampler.row_arena import RowArena, RowReader
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.row_reader import RowReader
     from simple_sampler.schema import InvalidRequest
     from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
     from simple_sampler.triton.sampler_decode import decode_request
@@ -864,7 +865,8 @@ def test_references_are_resolved_only_for_rows_the_compact_decision_leaves(zipf_
     (mapped, their slot's generation checked) only for an undecided row: a
     slot given back meanwhile costs nothing when every row is decided from
     its compact form, and is caught when a row needs it."""
-    from simple_sampler.row_arena import RowArena, RowReader, StaleRows
+    from simple_sampler.row_arena import RowArena, StaleRows
+    from simple_sampler.row_reader import RowReader
     from simple_sampler.triton.sampler_codec import batch_arrays, compact_arrays
     from simple_sampler.triton.sampler_serve import serve_request
 

@@ -6,7 +6,7 @@ function (a function-local import hides a cycle from Python, not from this
 test). A module may import modules of its own layer or of a lower one:
 
     base     params, settings, schema, logs, sampling, handoff, shvs/,
-             reference, baselines, rows, models, row_arena, pids, heap, stacks (and the package itself)
+             reference, baselines, rows, models, row_arena, row_reader, pids, heap, stacks (and the package itself)
     serving  serving/: the llm process's engine room, no Triton
     triton   triton/: code that runs inside Triton's models
     client   client/: the generate clients
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 LAYERS = (
     ("base", ("params", "histories", "settings", "schema", "logs", "sampling", "handoff", "shvs", "reference",
-              "baselines", "rows", "models", "_sampling", "row_arena", "pids", "heap", "stacks",
+              "baselines", "rows", "models", "_sampling", "row_arena", "row_reader", "pids", "heap", "stacks",
               "host_copy", "addresses")),
     ("serving", ("serving",)),
     ("triton", ("triton",)),

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from simple_sampler.row_arena import RowReader
+from simple_sampler.row_reader import RowReader
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.settings import LlmSettings

@@ -13,7 +13,8 @@ from fakes import tiny
 from simple_sampler import cli
 from simple_sampler.bench.serve_sim.measuring import hot_first_sampler
 from simple_sampler.params import SamplingBatch, SamplingParams
-from simple_sampler.row_arena import RowArena, RowReader
+from simple_sampler.row_arena import RowArena
+from simple_sampler.row_reader import RowReader
 from simple_sampler.serving.engines import engine_spec
 from simple_sampler.serving.inline import sample_torch
 from simple_sampler.serving.static_decode import StaticEngine

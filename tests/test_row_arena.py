@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from simple_sampler import row_arena
-from simple_sampler.row_arena import (PREFIX, SHM_DIR, RowArena, RowReader, StaleRows,
-                                      pid_namespace, region_name, remove_orphans)
+from simple_sampler.row_arena import (PREFIX, SHM_DIR, RowArena, StaleRows, pid_namespace, region_name,
+                                      remove_orphans)
+from simple_sampler.row_reader import RowReader
 
 
 def regions() -> set[str]:
@@ -172,7 +173,7 @@ def test_bad_references_are_refused_with_the_reason(arena):
 
 READER = """
 import sys, numpy as np
-from simple_sampler.row_arena import RowReader
+from simple_sampler.row_reader import RowReader
 refs = np.array(eval(sys.argv[1]), np.int64)
 rows = RowReader().rows(refs)
 print(float(rows.astype(np.float64).sum()), rows.flags.writeable)
@@ -232,17 +233,61 @@ def test_regions_of_another_pid_namespace_are_never_orphans():
         os.unlink(path)
 
 
-def test_a_region_that_cannot_be_made_leaves_no_file(arena, monkeypatch):
-    """A histories region /dev/shm has no room for (its reservation refused)
-    raises OSError, and its file is gone: ``close`` could not find it."""
-    def full(fd, offset, length):
-        raise OSError(28, "No space left on device")
+def no_room(fd, offset, length):
+    raise OSError(28, "No space left on device")
 
+
+@pytest.mark.parametrize("make", [lambda arena: arena.histories(4, 16),
+                                  lambda arena: arena.share(np.ones((4, 1000), np.float32))],
+                         ids=["histories", "share"])
+def test_a_region_that_cannot_be_made_leaves_no_file(arena, monkeypatch, make):
+    """A histories or shared region /dev/shm has no room for (its pages
+    refused) raises OSError saying what to do, and its file is gone:
+    ``close`` could not find it."""
     before = set(os.listdir(SHM_DIR))
-    monkeypatch.setattr(row_arena.os, "posix_fallocate", full)
-    with pytest.raises(OSError, match="No space left"):
-        arena.histories(4, 16)
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    with pytest.raises(OSError, match=r"has no room for .*No space left.*--shm-size"):
+        make(arena)
     assert set(os.listdir(SHM_DIR)) - before == set()
+
+
+def allocated_bytes(region) -> int:
+    return os.stat(region.path).st_blocks * 512
+
+
+def test_a_slots_pages_are_allocated_as_far_as_its_rows_reach(arena):
+    """A ring slot's pages come from /dev/shm when rows first need them (a
+    write into a page tmpfs cannot back is a SIGBUS, not an error), and no
+    further than the rows reach: the rest of the ring stays unallocated."""
+    before = allocated_bytes(arena.ring)
+    view = arena.take((2, 1000), np.float32)  # not written yet: allocated all the same
+    grown = allocated_bytes(arena.ring) - before
+    assert 2 * 1000 * 4 <= grown < arena.slot_bytes, grown
+    slot = arena.ring.contains(view) // arena.slot_bytes
+    assert arena.allocated[slot] == 2 * 1000 * 4
+    del view  # its slot comes back
+    lease = arena.lease(np.ones((1, 1000), np.float32))  # within what the slot has
+    assert lease.slot == slot and allocated_bytes(arena.ring) - before == grown
+    lease.release()
+
+
+def test_no_room_for_a_slots_pages_sends_rows_another_way(arena, monkeypatch, caplog):
+    """/dev/shm full: ``lease`` and ``take`` answer None (the pool sends the
+    rows inside the request), every slot stays free, one warning says why
+    and one says when there is room again."""
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    with caplog.at_level("WARNING", logger=row_arena.__name__):
+        assert arena.lease(np.ones((2, 1000), np.float32)) is None
+        assert arena.take((2, 1000), np.float32) is None
+        assert sorted(arena.free) == [0, 1, 2] and arena.taken == {}
+        monkeypatch.undo()
+        lease = arena.lease(np.full((2, 1000), 3.0, np.float32))
+    assert lease is not None
+    np.testing.assert_array_equal(RowReader().rows(lease.refs()), 3.0)
+    lease.release()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2, messages
+    assert "has no room for 8000 bytes" in messages[0] and "room again" in messages[1]
 
 
 def test_a_reader_lets_go_of_regions_unlinked_since(arena):

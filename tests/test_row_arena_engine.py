@@ -51,6 +51,21 @@ def test_a_slot_holds_the_largest_step_in_the_models_dtype(torch_dtype, itemsize
         arena.close()
 
 
+def test_an_engine_whose_rows_cannot_be_shared_keeps_the_arena(caplog):
+    """``share_rows`` refused for want of room in /dev/shm (the simulated
+    engine's bank): a warning, and the ring still carries the rows."""
+    def share_rows(arena):
+        raise OSError(28, "/dev/shm has no room for 1 bytes")
+
+    engine = types.SimpleNamespace(max_batch_size=8, vocab_size=VOCAB, share_rows=share_rows)
+    with caplog.at_level("WARNING"):
+        arena = build_arena(LlmSettings(engine="simulated"), engine)
+    try:
+        assert arena is not None and "stay where they are" in caplog.text
+    finally:
+        arena.close()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_staged_rows_land_in_a_slot_the_pool_claims_without_a_copy(arena, dtype):
     rows = torch.randn(8, VOCAB).to(dtype)  # the largest step, in the model's dtype

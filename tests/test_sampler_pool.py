@@ -13,7 +13,8 @@ import torch
 
 from simple_sampler import SamplingParams
 from simple_sampler.params import History, SamplingBatch
-from simple_sampler.row_arena import Region, RowArena, RowReader
+from simple_sampler.row_arena import Region, RowArena
+from simple_sampler.row_reader import RowReader
 from simple_sampler.schema import InvalidRequest
 from simple_sampler.serving.batch_state import BatchState
 from simple_sampler.triton.sampler_codec import batch_arrays

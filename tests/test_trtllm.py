@@ -240,7 +240,8 @@ def test_the_staged_rows_are_referenced_where_the_processor_put_them(make_engine
     """With an arena (``share_rows``) a step over an iteration's rows in order
     is a view of the staging block, which the arena references in place and
     a sampler instance's reader maps; another order is a copy."""
-    from simple_sampler.row_arena import RowArena, RowReader
+    from simple_sampler.row_arena import RowArena
+    from simple_sampler.row_reader import RowReader
 
     engine = make_engine(llm_class=InertLLM, logits_dtype="fp16")  # as the rows: no cast
     arena = RowArena(2, 4 * VOCAB * 4)

@@ -13,7 +13,7 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from simple_sampler.row_arena import RowReader
+from simple_sampler.row_reader import RowReader
 from simple_sampler.sampling import dlpack_array
 from simple_sampler.settings import SamplerSettings
 from simple_sampler.shvs.hot_vocab import HotVocabMonitor, load_profile, untruncated_rows

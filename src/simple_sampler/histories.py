@@ -7,7 +7,7 @@ lies in a shared-memory region the local sampler instances map
 (``row_arena.RowArena.histories``), a step names each penalized row's ids by
 ``history_ref`` INT64 [B, 5] (``HISTORY_REF_COLUMNS``: the region's key and
 two half-open ranges, in int32 elements from the start of the region's
-data) and the sampler gathers them from there (``row_arena.RowReader.
+data) and the sampler gathers them from there (``row_reader.RowReader.
 histories``, ``checked_lists``): B x history ids a step are no longer
 gathered and padded on the llm's thread, copied through BLS and unpadded
 by the sampler. A row with no penalty on has empty ranges.
@@ -86,7 +86,7 @@ def checked_lists(refs, histories_of, vocab: int, rows: int
     (one copy, on the sampler's side): (prompt offsets, prompt ids, output
     offsets, output ids). `histories_of`: region key -> (its int32 data
     [2, slots, max_context] flat, slots, max_context), refusing a region
-    that holds no histories (``row_arena.RowReader.histories``). Each range
+    that holds no histories (``row_reader.RowReader.histories``). Each range
     must lie within one row of its half (output ids in ``tokens``, prompt
     ids in ``prompt_seen``), so a request names at most what the lists
     would carry. Raises ValueError, naming history_ref, for a malformed

@@ -5,11 +5,13 @@ BLS tensor).
 A *region* is a file in /dev/shm: a 4 KiB header (magic, slot count, slot
 size, one generation number per slot) and the data after it. The llm
 process owns its regions (``RowArena``); the sampler instances map them
-read-only by name (``RowReader``), lazily on the first request that names
-one, so a restarted instance simply maps them again.
+read-only by name (``row_reader.RowReader``), lazily on the first request
+that names one, so a restarted instance simply maps them again.
 
 * The *ring* (``RowArena.lease``): ``slots`` equal slots. A step's rows are
-  copied into a free slot once; the slot's generation is bumped when it is
+  copied into a free slot once (its pages allocated first, as far as the
+  rows reach: no room in /dev/shm sends them another way, where a write
+  into a page it cannot back would be a SIGBUS); the slot's generation is bumped when it is
   taken and cleared when it is given back (``RowLease.release``, after every
   shard of the step has answered). A reader checks the generation before
   and after it samples: a slot recycled under it is an error, never a
@@ -41,13 +43,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import mmap
 import os
 import secrets
-import stat
 import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import ml_dtypes
@@ -55,6 +56,8 @@ import numpy as np
 
 from ._sampling import Dtype
 from .pids import alive
+
+log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 PREFIX = "simple-sampler-rows-"
@@ -133,8 +136,7 @@ class Region:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, HEADER_BYTES + data_bytes)
-            if reserve:  # the pages now, or OSError here: not a SIGBUS on a later write
-                os.posix_fallocate(fd, 0, HEADER_BYTES + data_bytes)
+            _allocate(fd, 0, HEADER_BYTES + (data_bytes if reserve else 0), self.name)
             self.map = mmap.mmap(fd, HEADER_BYTES + data_bytes)
         except BaseException:
             self.unlink()
@@ -148,6 +150,15 @@ class Region:
 
     def array(self, shape, dtype, offset: int = 0) -> np.ndarray:
         return np.ndarray(shape, dtype, self.map, HEADER_BYTES + offset)
+
+    def reserve(self, offset: int, nbytes: int) -> None:
+        """Allocate the pages of data bytes [offset, offset + nbytes) now
+        (``_allocate``)."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            _allocate(fd, HEADER_BYTES + offset, nbytes, self.name)
+        finally:
+            os.close(fd)
 
     @property
     def data_address(self) -> int:
@@ -169,6 +180,19 @@ class Region:
         # may still be alive in the caller).
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _allocate(fd: int, offset: int, nbytes: int, name: str) -> None:
+    """Allocate a region's pages [offset, offset + nbytes) now, or raise
+    OSError: a write into a page of a full /dev/shm is a SIGBUS that kills
+    the writer (the llm process, the TensorRT-LLM worker), never an error
+    it could handle."""
+    try:
+        os.posix_fallocate(fd, offset, nbytes)
+    except OSError as error:
+        raise OSError(error.errno, f"{SHM_DIR} has no room for {nbytes} bytes of {name} "
+                      f"({error.strerror}): give the server more shared memory "
+                      f"(docker run --shm-size)") from error
 
 
 @dataclass
@@ -241,6 +265,11 @@ class RowArena:
         self.shared: list[Region] = []
         self.adopted: list[Region] = []  # referenced like shared ones; their owners unlink them
         self.free = list(range(slots))
+        #: bytes at the start of each slot whose pages are allocated: a slot's
+        #: pages are taken from /dev/shm as its rows first need them
+        #: (``_take_slot``), not all at load, where most would stay unused
+        self.allocated = [0] * slots
+        self.out_of_room = False
         #: slots handed out by ``take`` and not claimed yet: slot -> _Taken
         self.taken: dict[int, _Taken] = {}
         # Reentrant: a taken view's finalizer gives its slot back under it,
@@ -257,9 +286,10 @@ class RowArena:
 
     def share(self, array: np.ndarray) -> np.ndarray:
         """`array` copied once into a region of its own; returns the copy
-        (rows of it handed to ``lease`` are not copied again)."""
+        (rows of it handed to ``lease`` are not copied again). OSError
+        where /dev/shm has no room for it."""
         array = np.ascontiguousarray(array)
-        region = Region(max(array.nbytes, 1))
+        region = Region(max(array.nbytes, 1), reserve=True)
         self.shared.append(region)
         view = region.array(array.shape, array.dtype)
         view[...] = array
@@ -301,8 +331,9 @@ class RowArena:
     def take(self, shape: tuple[int, int], dtype) -> np.ndarray | None:
         """A free slot's writable view of rows `shape` [B, V] in `dtype`, for
         the producer to fill before handing it on (the torch engine's
-        device-to-host copy lands in it); None when no slot is free or the
-        rows do not fit one (the producer puts them elsewhere). ``lease`` or
+        device-to-host copy lands in it); None when no slot is free, the
+        rows do not fit one or /dev/shm has no room for their pages (the
+        producer puts them elsewhere). ``lease`` or
         ``reference`` of exactly this view claims the slot; unclaimed, the
         slot comes back by itself once the last array over the view is gone
         (the rows went another way, or the step failed)."""
@@ -321,8 +352,8 @@ class RowArena:
         """Rows [B, V] (float32 / float16 / bfloat16 numpy) in a region:
         where they are when they already lie in a shared region or fill a
         view ``take`` handed out, else copied into a free slot. None when no
-        slot is free or the rows do not fit one (the caller sends them
-        another way)."""
+        slot is free, the rows do not fit one or /dev/shm has no room for
+        their pages (the caller sends them another way)."""
         found = self.reference(rows)
         if found is not None:
             return found
@@ -338,16 +369,36 @@ class RowArena:
         `shape` in `dtype` over it, slot, generation); None when the rows do
         not fit a slot, none is free or the arena is closed."""
         dtype = np.dtype(dtype)
-        if shape[0] * shape[1] * dtype.itemsize > self.slot_bytes:
+        nbytes = shape[0] * shape[1] * dtype.itemsize
+        if nbytes > self.slot_bytes:
             return None
         with self.lock:
             if not self.free or self.closed:
                 return None
             slot = self.free.pop()
+            if nbytes > self.allocated[slot] and not self._allocate(slot, nbytes):
+                self.free.append(slot)
+                return None
             self.generation += 1
             generation = self.generation
             self.ring.header[HEADER_WORDS + slot] = generation
         return self.ring.array(shape, dtype, slot * self.slot_bytes), slot, generation
+
+    def _allocate(self, slot: int, nbytes: int) -> bool:
+        """The pages of `slot`'s first `nbytes` allocated; False (logged
+        once until there is room again) where /dev/shm has none: the rows
+        then go another way (the BLS request), with no SIGBUS."""
+        try:
+            self.ring.reserve(slot * self.slot_bytes, nbytes)
+        except OSError as error:
+            if not self.out_of_room:
+                log.warning("row arena: %s; rows go inside the requests until there is room", error)
+            self.out_of_room = True
+            return False
+        if self.out_of_room:
+            log.warning("row arena: %s has room again; rows go through the arena", SHM_DIR)
+        self.allocated[slot], self.out_of_room = nbytes, False
+        return True
 
     def _slot_lease(self, rows: np.ndarray, slot: int, generation: int) -> RowLease:
         size, vocab = rows.shape
@@ -391,109 +442,3 @@ class RowArena:
         for region in [self.ring, *self.shared]:
             region.unlink()
         atexit.unregister(self.close)
-
-
-class RowReader:
-    """The sampler side: maps regions read-only by key, keeps the last
-    `max_regions` mapped and none unlinked since (an llm model reloaded)."""
-
-    def __init__(self, max_regions: int = 16):
-        self.max_regions = max_regions
-        self.maps: OrderedDict[int, tuple[mmap.mmap, np.ndarray]] = OrderedDict()
-
-    def _region(self, key: int, named_by: str = "logits_ref", magic=MAGIC):
-        """(mapping, header) of region `key` of `magic`'s kind, or ValueError."""
-        found = self.maps.get(key)
-        if found is None:
-            found = self._map(key, named_by)
-        else:
-            self.maps.move_to_end(key)
-        if found[1][0] != magic:
-            kind = "token histories" if magic == HISTORY_MAGIC else "logits rows"
-            raise ValueError(f"{named_by} names region {region_name(key)}, which holds no {kind}")
-        return found
-
-    def _map(self, key: int, named_by: str):
-        path = os.path.join(SHM_DIR, region_name(key))
-        try:  # never blocks on a FIFO nor follows a link: /dev/shm is anyone's
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise ValueError(f"{named_by} names region {region_name(key)}, which does not "
-                             f"exist (its llm model unloaded?)") from None
-        except OSError as error:
-            raise ValueError(f"{named_by} names {path}, which is not a region: {error}") from None
-        try:
-            found = os.fstat(fd)
-            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.getuid():
-                raise ValueError("not a file of this user's")
-            mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-            header = np.ndarray(HEADER_BYTES // 8, np.uint64, mapped)
-        except (OSError, ValueError, TypeError) as error:  # empty, or shorter than a header
-            raise ValueError(f"{named_by} names {path}, which is not a region: {error}") from None
-        finally:
-            os.close(fd)
-        if header[0] not in (MAGIC, HISTORY_MAGIC):
-            raise ValueError(f"{named_by} names {path}, which is not a region")
-        # regions unlinked since (a reloaded llm model's) stay charged while mapped
-        for gone in [k for k in self.maps if not os.path.exists(os.path.join(
-                SHM_DIR, region_name(k)))]:
-            del self.maps[gone]
-        self.maps[key] = (mapped, header)
-        while len(self.maps) > self.max_regions:
-            self.maps.popitem(last=False)  # the arrays over it keep it mapped while alive
-        return mapped, header
-
-    def rows(self, refs: np.ndarray) -> np.ndarray:
-        """The rows `refs` ([B, 6], REF_COLUMNS) name: a read-only [B, V]
-        view of the region. Raises ValueError for references that are
-        malformed or name no region, StaleRows for a slot given back."""
-        refs = np.asarray(refs)
-        if refs.ndim != 2 or refs.shape[1] != len(REF_COLUMNS) or refs.shape[0] < 1:
-            raise ValueError(f"logits_ref must have shape [B, {len(REF_COLUMNS)}] "
-                             f"({', '.join(REF_COLUMNS)}), got {list(refs.shape)}")
-        key, slot, generation, offset, vocab, code = refs[0].tolist()
-        if code not in CODE_DTYPES or vocab < 1:
-            raise ValueError(f"logits_ref: dtype code must be one of {sorted(CODE_DTYPES)} and "
-                             f"V >= 1, got {code}, {vocab}")
-        dtype = CODE_DTYPES[code]
-        stride = int(refs[1, 3] - offset) if len(refs) > 1 else vocab * dtype.itemsize
-        # every row as the first, its offset a stride further: one comparison
-        expected = refs[0] + _OFFSET_STEP * stride * np.arange(len(refs))[:, None]
-        if not (refs == expected).all():
-            raise ValueError("logits_ref rows must name one region, slot, generation, V and "
-                             "dtype, at evenly spaced offsets")
-        if stride < vocab * dtype.itemsize or offset < 0:
-            raise ValueError("logits_ref offsets must be evenly spaced rows that do not overlap")
-        mapped, header = self._region(key)
-        slots, slot_bytes = int(header[1]), int(header[2])
-        end = offset + stride * (len(refs) - 1) + vocab * dtype.itemsize
-        if HEADER_BYTES + end > len(mapped) or (
-                slot >= 0 and (slot >= slots or not slot * slot_bytes <= offset
-                               or end > (slot + 1) * slot_bytes)):
-            raise ValueError(f"logits_ref: rows [{offset}, {end}) lie outside their slot or region")
-        _check_generation(header, key, slot, generation)
-        return np.ndarray((len(refs), vocab), dtype, mapped, HEADER_BYTES + offset,
-                          (stride, dtype.itemsize))
-
-    def histories(self, key: int) -> tuple[np.ndarray, int, int]:
-        """(its int32 data, flat and read-only; slots; max_context) of the
-        histories region `key` (``RowArena.histories``, ``history_ref``)."""
-        mapped, header = self._region(key, "history_ref", HISTORY_MAGIC)
-        slots, max_context = int(header[1]), int(header[2])
-        if min(slots, max_context) < 1 or len(mapped) < HEADER_BYTES + 8 * slots * max_context:
-            raise ValueError(f"history_ref names {region_name(key)}, not the histories it says")
-        return np.ndarray(2 * slots * max_context, np.int32, mapped, HEADER_BYTES), slots, max_context
-
-    def check(self, refs: np.ndarray) -> None:
-        """StaleRows unless the slot `refs` name still holds their generation."""
-        key, slot, generation = refs[0, :3].tolist()
-        if slot >= 0:
-            _check_generation(self._region(key)[1], key, slot, generation)
-
-
-def _check_generation(header: np.ndarray, key: int, slot: int, generation: int) -> None:
-    """StaleRows unless `slot` (>= 0; shared rows have none) still holds `generation`."""
-    if slot >= 0 and int(header[HEADER_WORDS + slot]) != generation:
-        raise StaleRows(f"slot {slot} of {region_name(key)} was given back before its rows "
-                        f"were sampled (generation {generation}, now "
-                        f"{int(header[HEADER_WORDS + slot])})")

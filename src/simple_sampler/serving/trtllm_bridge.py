@@ -135,7 +135,8 @@ class RowServer:
         self.exchange, self.max_rows, self.vocab_size = exchange, max_rows, vocab_size
         self.dtype = dtype
         array_dtype = np.dtype(STAGED_DTYPES[dtype][0])
-        self.region = Region(max_rows * vocab_size * array_dtype.itemsize)
+        # reserved: the worker's copy into a page /dev/shm cannot back would be its SIGBUS
+        self.region = Region(max_rows * vocab_size * array_dtype.itemsize, reserve=True)
         self.staging = self.region.array((max_rows, vocab_size), array_dtype)
         self.directory = tempfile.mkdtemp(prefix="simple-sampler-trtllm-")
         self.authkey = secrets.token_bytes(32)

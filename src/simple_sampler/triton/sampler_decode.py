@@ -42,7 +42,7 @@ class RowsRequest:
     #: the compact form (``handoff.CompactRows``) when it came instead of logits
     compact: object = None
     #: ``logits_ref`` when the logits are rows of the llm's arena (checked
-    #: again after sampling: ``row_arena.RowReader.check``)
+    #: again after sampling: ``row_reader.RowReader.check``)
     logits_ref: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -113,7 +113,7 @@ def decode_request(inputs: Mapping[str, object], vocab_size: int = 0,
         be a CPU torch tensor (BF16 reaches Python that way).
     vocab_size: when > 0, the logits must have exactly this many columns.
     hot_vocab: the sampler's ``HotVocab`` (None: compact rows are refused).
-    reader: a ``row_arena.RowReader`` the rows of ``logits_ref`` and the
+    reader: a ``row_reader.RowReader`` the rows of ``logits_ref`` and the
         ids of ``history_ref`` are read through, in place (None: both are
         refused).
     Raises InvalidRequest naming the input, the row and the allowed range.

@@ -37,7 +37,10 @@ def build_arena(settings, engine):
                     "the BLS requests", error)
         return None
     if hasattr(engine, "share_rows"):
-        engine.share_rows(arena)
+        try:
+            engine.share_rows(arena)
+        except OSError as error:  # the simulated engine's bank: copied into a slot each step
+            log.warning("row_transport arena: the engine's rows stay where they are (%s)", error)
     log.info("rows reach the local sampler instances through the shared-memory arena %s",
              ", ".join(arena.names))
     return arena

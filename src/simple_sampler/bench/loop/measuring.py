@@ -31,7 +31,8 @@ import torch
 
 from ... import heap
 from ...params import History, SamplingBatch, SamplingParams, ragged
-from ...row_arena import RowArena, RowReader
+from ...row_arena import RowArena
+from ...row_reader import RowReader
 from ...serving.batch_state import BatchState
 from ...serving.decoder import Decoder
 from ...serving.generation import GenerationRequest

@@ -151,7 +151,8 @@ def _stub_requests(rows, params: SamplingBatch, instances: int):
     sampling, the slot check), one request per instance as the pool shards
     them, and one that runs just the kernel (``sample``) on the same mapped
     rows; the caller closes the returned arena."""
-    from ...row_arena import RowArena, RowReader
+    from ...row_arena import RowArena
+    from ...row_reader import RowReader
     from ...sampling import logits_array, sample
     from ...triton.sampler_codec import batch_arrays
     from ...triton.sampler_serve import serve_request
@@ -178,7 +179,7 @@ def _stub_compact_requests(compact, params: SamplingBatch, hot, instances: int, 
     reference beside it where the served path sends them (a row may be left
     undecided: ``hot_first.undecidable_rows``; the rows shared in `arena`,
     as the simulated engine's bank is)."""
-    from ...row_arena import RowReader
+    from ...row_reader import RowReader
     from ...sampling import logits_array
     from ...serving.hot_first import undecidable_rows
     from ...triton.hot_first_sampler import COMPACT_ROWS_PER_REQUEST
