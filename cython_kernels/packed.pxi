@@ -1,8 +1,9 @@
 # Packed requests and their codec helpers (included by sampling.pyx after the
 # entries, whose BatchInputs, CompactInputs and decide_compact_rows it uses):
-# the compact ids' checks, padded id lists as CSR, and the interpreter of the
-# packed records (PackedLayout, packed_row_scalars, decide_packed_compact) that
-# decides a whole compact request in one call.
+# the compact ids' checks, padded id lists and ranges of the shared histories
+# as CSR, and the interpreter of the packed records (PackedLayout,
+# packed_row_scalars, decide_packed_compact) that decides a whole compact
+# request in one call.
 
 
 cdef inline bint hot_bit(const uint64_t* hot_bits, int64_t token) noexcept nogil:
@@ -143,6 +144,78 @@ def padded_lists(const int32_t[:, ::1] padded, Py_ssize_t vocab, const float[:, 
         padded_fill(padded, &values[0, 0] if with_values else NULL, NULL, &ids_out[0],
                     &taken_out[0] if with_values else NULL)
     return offsets, out_ids, out_taken, -1
+
+
+cdef Py_ssize_t ranges_count(const int64_t[:] starts, const int64_t[:] stops, int64_t first,
+                             int64_t row_len, int64_t rows_of, int64_t* offsets) noexcept nogil:
+    """The first pass of ``range_lists``: offsets [B + 1] (the caller's) of
+    the ranges laid end to end, each range checked. Returns -1, or the first
+    row whose range is not within one row of row_len ids of
+    [first, first + rows_of x row_len)."""
+    cdef Py_ssize_t r
+    cdef int64_t start, stop
+    offsets[0] = 0
+    for r in range(starts.shape[0]):
+        start, stop = starts[r], stops[r]
+        if stop < start or start < first or stop > first + rows_of * row_len or (
+                stop > start and (start - first) // row_len != (stop - 1 - first) // row_len):
+            return r
+        offsets[r + 1] = offsets[r] + (stop - start)
+    return -1
+
+
+cdef Py_ssize_t ranges_fill(const int32_t* flat, const int64_t[:] starts, const int64_t* offsets,
+                            Py_ssize_t vocab, int32_t* ids) noexcept nogil:
+    """The second pass: the ranges' ids copied into ids [offsets[B]], read
+    unsigned so that one compare refuses a negative id too. Returns -1, or
+    the index in ids of an id outside [0, vocab)."""
+    cdef Py_ssize_t r, i, n
+    cdef uint32_t most = 0
+    cdef const int32_t* source
+    cdef int32_t* target
+    for r in range(starts.shape[0]):
+        source, target, n = flat + starts[r], ids + offsets[r], offsets[r + 1] - offsets[r]
+        for i in range(n):  # a copy and a running max in one vectorizable loop
+            target[i] = source[i]
+            most = max(most, <uint32_t>source[i])
+    if most < <uint32_t>vocab:
+        return -1
+    for i in range(offsets[starts.shape[0]]):
+        if <uint32_t>ids[i] >= <uint32_t>vocab:
+            return i
+    return -1
+
+
+def range_lists(const int32_t[::1] flat, const int64_t[:] starts, const int64_t[:] stops,
+                int64_t first, int64_t row_len, int64_t rows_of, Py_ssize_t vocab):
+    """CSR of ``flat[starts[r]:stops[r]]`` per row r, checked, for
+    ``history_ref``'s ranges of the shared histories: (offsets int64
+    [B + 1], ids int32 [n], bad_row, bad_id). bad_row: the first row whose
+    range is not within one row of row_len ids of [first, first + rows_of x
+    row_len) (then offsets and ids are None), else -1; bad_id: the index in
+    ids of an id outside [0, vocab), else -1. Two passes, the second a copy
+    with the ids' check folded in, where numpy built an index of every id
+    (or a slice per row) and took a max over the copy."""
+    if stops.shape[0] != starts.shape[0]:
+        raise ValueError(f"starts and stops must have one entry per row, got "
+                         f"{starts.shape[0]} and {stops.shape[0]}")
+    if row_len < 1 or rows_of < 0 or first < 0 or first + rows_of * row_len > flat.shape[0]:
+        raise ValueError(f"[{first}, {first} + {rows_of} x {row_len}) is not within the "
+                         f"{flat.shape[0]} ids")
+    offsets = np.empty(starts.shape[0] + 1, np.int64)
+    cdef int64_t[::1] offset = offsets
+    cdef Py_ssize_t bad
+    with nogil:
+        bad = ranges_count(starts, stops, first, row_len, rows_of, &offset[0])
+    if bad >= 0:
+        return None, None, bad, -1
+    out_ids = np.empty(offset[starts.shape[0]], np.int32)
+    cdef int32_t[::1] ids = out_ids
+    if ids.shape[0] == 0:
+        return offsets, out_ids, -1, -1
+    with nogil:
+        bad = ranges_fill(&flat[0], starts, &offset[0], vocab, &ids[0])
+    return offsets, out_ids, -1, bad
 
 
 # How packed_row_scalars reads and writes a field (numpy's dtype of the

@@ -76,24 +76,38 @@ def test_batch_matches_the_rebuild_row_for_row():
         assert outputs[row] == (histories[i].output_ids if penalized else [])
 
 
-def test_long_and_short_histories_are_gathered_alike(monkeypatch):
-    """``_gather`` copies a slice per row where lists are long and indexes
-    every id where they are short: the same lists either way, with rows
-    of no list among them."""
-    from simple_sampler import histories
+def test_ranges_are_gathered_and_checked_as_slices_would_be():
+    """``_sampling.range_lists`` (``ranges_csr``, ``checked_lists``): the
+    CSR of the slices, empty ranges and ranges ending at a row's end among
+    them; the first range outside one row, or the first id outside
+    [0, vocab) (negative ones too), named; nothing else refused."""
+    from simple_sampler import _sampling
 
     rng = np.random.default_rng(5)
-    state, slots, _, _ = grown_state(rng, rows=24, steps=6)
-    order = rng.permutation(len(slots))
-    built = {}
-    for most in (1, 10**9):
-        monkeypatch.setattr(histories, "SLICED_GATHER_IDS", most)
-        got = state.batch(slots[order])
-        built[most] = (got.prompt_offsets, got.prompt_ids, got.output_offsets, got.output_ids)
-    assert any(len(ids) for ids in built[1][1::2]) and not all(np.diff(built[1][2]))
-    for sliced, indexed in zip(built[1], built[10**9]):
-        np.testing.assert_array_equal(sliced, indexed)
-        assert sliced.dtype == indexed.dtype
+    rows_of, row_len, first = 6, 50, 100
+    flat = rng.integers(0, 64, first + rows_of * row_len).astype(np.int32)
+    row = rng.integers(0, rows_of, 40)
+    starts = first + row * row_len + rng.integers(0, row_len, 40)
+    stops = np.minimum(starts + rng.integers(0, 30, 40), first + (row + 1) * row_len)
+    stops[:3] = starts[:3]  # empty
+    starts[5] = first + row[5] * row_len
+    stops[5] = starts[5] + 10
+    offsets, ids, bad_row, bad_id = _sampling.range_lists(flat, starts, stops, first, row_len,
+                                                          rows_of, 64)
+    assert (bad_row, bad_id) == (-1, -1) and ids.dtype == np.int32
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(stops - starts)]))
+    np.testing.assert_array_equal(ids, np.concatenate([flat[a:b] for a, b in zip(starts, stops)]))
+    for row_, start, stop in ((7, first - 1, first), (8, first + 45, first + 55),
+                              (9, first + 10, first + 9), (10, 0, 0 + 1)):
+        bad = starts.copy(), stops.copy()
+        bad[0][row_], bad[1][row_] = start, stop
+        assert _sampling.range_lists(flat, *bad, first, row_len, rows_of, 64)[2] == row_
+    for token in (64, -1, -(2**31)):
+        written = flat.copy()
+        written[starts[5] + 1] = token
+        _, ids, bad_row, bad_id = _sampling.range_lists(written, starts, stops, first, row_len,
+                                                        rows_of, 64)
+        assert bad_row == -1 and ids[bad_id] == token and bad_id == offsets[5] + 1
 
 
 def test_same_tokens_as_the_rebuild():

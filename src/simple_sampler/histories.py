@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _sampling
+
 #: history_ref's columns: region key, then [start, stop) of the row's prompt
 #: ids and of its output ids, in int32 elements of the region's data.
 HISTORY_REF_COLUMNS = ("region", "prompt_start", "prompt_stop", "output_start", "output_stop")
-#: ids per listed row from which ``ranges_csr`` copies a slice per row
-#: instead of building an index of every id (two int64 arrays of them)
-SLICED_GATHER_IDS = 64
+#: ``ranges_csr``'s bound on ids: any int32 >= 0 (the lists are this process's own)
+ANY_ID = 2**31
 NO_IDS = np.zeros(0, np.int32)
 NO_IDS.flags.writeable = False  # shared by every empty list handed out
 
@@ -45,21 +46,16 @@ def ranges_index(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np
 
 def ranges_csr(flat: np.ndarray, starts: np.ndarray, stops: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (offsets int64 [n + 1], ids) of ``flat[starts[r]:stops[r]]`` per
-    row r (int [n] each; stops >= starts, both within `flat`): one slice per
-    row where the rows are long, else one take over an index of every id."""
-    starts = np.asarray(starts, np.int64)
-    counts = np.asarray(stops, np.int64) - starts
-    total, rows = int(counts.sum()), np.flatnonzero(counts)
-    if total == 0:
-        return np.zeros(len(starts) + 1, np.int64), NO_IDS
-    if total < SLICED_GATHER_IDS * rows.size:
-        offsets, index = ranges_index(starts, counts)
-        return offsets, flat.take(index)
-    offsets = np.zeros(len(starts) + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets, np.concatenate([flat[a:a + n] for a, n in zip(
-        starts[rows].tolist(), counts[rows].tolist())])
+    """CSR (offsets int64 [n + 1], ids int32) of ``flat[starts[r]:stops[r]]``
+    per row r (flat: int32, contiguous; starts, stops: int [n] each, stops
+    >= starts, both within `flat`; ValueError otherwise)."""
+    starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+    offsets, ids, bad_row, _ = _sampling.range_lists(flat, starts, stops, 0, max(len(flat), 1),
+                                                     int(len(flat) > 0), ANY_ID)
+    if bad_row >= 0:
+        raise ValueError(f"row {bad_row}'s range [{starts[bad_row]}, {stops[bad_row]}) is not "
+                         f"within the {len(flat)} ids")
+    return offsets, ids
 
 
 @dataclass
@@ -92,25 +88,25 @@ def checked_lists(refs, histories_of, vocab: int, rows: int
     would carry. Raises ValueError, naming history_ref, for a malformed
     reference, a range elsewhere, or an id outside [0, vocab)."""
     refs = np.asarray(refs)
-    if refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
-        raise ValueError(f"history_ref must have shape [{rows}, {len(HISTORY_REF_COLUMNS)}] "
-                         f"({', '.join(HISTORY_REF_COLUMNS)}), got {list(refs.shape)}")
+    if refs.dtype != np.int64 or refs.shape != (rows, len(HISTORY_REF_COLUMNS)):
+        raise ValueError(f"history_ref must be INT64 [{rows}, {len(HISTORY_REF_COLUMNS)}] "
+                         f"({', '.join(HISTORY_REF_COLUMNS)}), got {refs.dtype} {list(refs.shape)}")
     key = int(refs[0, 0])
     if (refs[:, 0] != key).any():
         raise ValueError("history_ref rows must name one region")
     ids, slots, context = histories_of(key)
     half = slots * context
+    lists = []
     for name, column, first in (("prompt", 1, half), ("output", 3, 0)):
-        start, stop = refs[:, column].astype(np.int64), refs[:, column + 1].astype(np.int64)
-        if ((start < first) | (stop < start) | (stop > first + half)
-                | ((stop > start) & ((start - first) // context != (stop - 1 - first) // context))).any():
+        offsets, listed, bad_row, bad_id = _sampling.range_lists(
+            ids, refs[:, column], refs[:, column + 1], first, context, slots, vocab)
+        if bad_row >= 0:
             raise ValueError(f"history_ref's {name} ranges must each lie within one row of "
                              f"[{first}, {first + half}), rows of {context} ids (the region's "
-                             f"{'prompt_seen' if name == 'prompt' else 'tokens'})")
-    lists = HistoryRef(refs, ids).lists()
-    for name, listed in (("prompt", lists[1]), ("output", lists[3])):
-        # one pass: a negative id, read unsigned, is past any vocabulary
-        if listed.size and listed.view(np.uint32).max() >= vocab:
+                             f"{'prompt_seen' if name == 'prompt' else 'tokens'}); row "
+                             f"{bad_row}'s is [{refs[bad_row, column]}, {refs[bad_row, column + 1]})")
+        if bad_id >= 0:
             raise ValueError(f"history_ref: the {name} ids it names must be token ids in "
-                             f"[0, {vocab}), got {int(listed.min())}..{int(listed.max())}")
-    return lists
+                             f"[0, {vocab}), got {int(listed[bad_id])}")
+        lists += [offsets, listed]
+    return tuple(lists)
