@@ -367,7 +367,8 @@ class RowArena:
     def _take_slot(self, shape: tuple[int, int], dtype) -> tuple[np.ndarray, int, int] | None:
         """A free slot, now taken (its generation bumped): (a view of rows
         `shape` in `dtype` over it, slot, generation); None when the rows do
-        not fit a slot, none is free or the arena is closed."""
+        not fit a slot, none is free, /dev/shm has no room for their pages
+        or the arena is closed."""
         dtype = np.dtype(dtype)
         nbytes = shape[0] * shape[1] * dtype.itemsize
         if nbytes > self.slot_bytes:
@@ -376,9 +377,12 @@ class RowArena:
             if not self.free or self.closed:
                 return None
             slot = self.free.pop()
-            if nbytes > self.allocated[slot] and not self._allocate(slot, nbytes):
+        # outside the lock: allocating a large slot's pages takes a while, once
+        if nbytes > self.allocated[slot] and not self._allocate(slot, nbytes):
+            with self.lock:
                 self.free.append(slot)
-                return None
+            return None
+        with self.lock:
             self.generation += 1
             generation = self.generation
             self.ring.header[HEADER_WORDS + slot] = generation
