@@ -8,8 +8,10 @@
 # REF: the "before" commit. Each of ROUNDS rounds runs before, then after;
 # OUT_DIR/{before,after}-N.json are `bench loop --json` outputs. Printed at the
 # end: per penalties setting, the median over the rounds of each side's
-# loop_ms_batch_state (the loop's time per step) and after / before. Run it
-# alone on a quiet machine.
+# loop_ms_batch_state (the loop's time per step), the sampler request's times
+# on the llm's side and the sampler's (request_* and decode_* ms, the
+# histories as lists and by reference), and after / before. Run it alone on a
+# quiet machine.
 source "$(dirname "$0")/ab_checkout.sh"
 
 mkdir -p "$out"
@@ -26,9 +28,15 @@ import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 runs = {side: [json.load(open(f"{out}/{side}-{n}.json")) for n in range(1, rounds + 1)]
         for side in ("before", "after")}
-print("penalties | before ms/step | after ms/step | after / before")
+COLUMNS = ("loop_ms_batch_state", "request_value_ms", "request_ref_ms", "decode_value_ms",
+           "decode_ref_ms")
+print("penalties | ms | before | after | after / before")
 for index, row in enumerate(runs["after"][0]["rows"]):
-    before, after = (statistics.median(r["rows"][index]["loop_ms_batch_state"] for r in runs[side])
-                     for side in ("before", "after"))
-    print(f"{row['penalties']:9} | {before:14.3f} | {after:13.3f} | {after / before:.3f}")
+    for column in COLUMNS:
+        if column not in row or column not in runs["before"][0]["rows"][index]:
+            continue  # a column the before commit does not measure
+        before, after = (statistics.median(r["rows"][index][column] for r in runs[side])
+                         for side in ("before", "after"))
+        print(f"{row['penalties']:9} | {column:19} | {before:7.3f} | {after:7.3f} | "
+              f"{after / before:.3f}")
 EOF
