@@ -11,11 +11,12 @@ that names one, so a restarted instance simply maps them again.
 * The *ring* (``RowArena.lease``): ``slots`` equal slots. A step's rows are
   copied into a free slot once (its pages allocated first, as far as the
   rows reach: no room in /dev/shm sends them another way, where a write
-  into a page it cannot back would be a SIGBUS); the slot's generation is bumped when it is
-  taken and cleared when it is given back (``RowLease.release``, after every
-  shard of the step has answered). A reader checks the generation before
-  and after it samples: a slot recycled under it is an error, never a
-  silent read of another step's rows.
+  into a page it cannot back would be a SIGBUS); the slot's generation is
+  bumped when it is taken and cleared when it is given back
+  (``RowLease.release``, after every shard of the step has answered). A
+  reader checks the generation before and after it samples: a slot
+  recycled under it is an error, never a silent read of another step's
+  rows.
   A producer can also take a slot before its rows exist (``RowArena.take``:
   the torch engine's device-to-host copy lands in it) and hand the filled
   view on; ``lease`` / ``reference`` of exactly that view claim the slot
