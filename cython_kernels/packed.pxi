@@ -186,8 +186,9 @@ cdef Py_ssize_t ranges_fill(const int32_t* flat, const int64_t[:] starts, const 
     return -1
 
 
-def range_lists(const int32_t[::1] flat, const int64_t[:] starts, const int64_t[:] stops,
-                int64_t first, int64_t row_len, int64_t rows_of, Py_ssize_t vocab):
+def range_lists(const int32_t[::1] flat not None, const int64_t[:] starts not None,
+                const int64_t[:] stops not None, int64_t first, int64_t row_len, int64_t rows_of,
+                Py_ssize_t vocab):
     """CSR of ``flat[starts[r]:stops[r]]`` per row r, checked, for
     ``history_ref``'s ranges of the shared histories: (offsets int64
     [B + 1], ids int32 [n], bad_row, bad_id). bad_row: the first row whose
@@ -199,9 +200,13 @@ def range_lists(const int32_t[::1] flat, const int64_t[:] starts, const int64_t[
     if stops.shape[0] != starts.shape[0]:
         raise ValueError(f"starts and stops must have one entry per row, got "
                          f"{starts.shape[0]} and {stops.shape[0]}")
-    if row_len < 1 or rows_of < 0 or first < 0 or first + rows_of * row_len > flat.shape[0]:
+    # no product that could overflow: rows_of x row_len <= what follows first
+    if (row_len < 1 or rows_of < 0 or not 0 <= first <= flat.shape[0]
+            or rows_of > (flat.shape[0] - first) // row_len):
         raise ValueError(f"[{first}, {first} + {rows_of} x {row_len}) is not within the "
                          f"{flat.shape[0]} ids")
+    if not 0 < vocab <= <int64_t>INT32_MAX + 1:
+        raise ValueError(f"vocab must be in [1, 2**31], got {vocab}")
     offsets = np.empty(starts.shape[0] + 1, np.int64)
     cdef int64_t[::1] offset = offsets
     cdef Py_ssize_t bad

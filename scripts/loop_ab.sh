@@ -33,7 +33,7 @@ COLUMNS = ("loop_ms_batch_state", "request_value_ms", "request_ref_ms", "decode_
 print("penalties | ms | before | after | after / before")
 for index, row in enumerate(runs["after"][0]["rows"]):
     for column in COLUMNS:
-        if column not in row or column not in runs["before"][0]["rows"][index]:
+        if not all(column in r["rows"][index] for side in runs.values() for r in side):
             continue  # a column the before commit does not measure
         before, after = (statistics.median(r["rows"][index][column] for r in runs[side])
                          for side in ("before", "after"))

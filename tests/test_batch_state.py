@@ -79,35 +79,43 @@ def test_batch_matches_the_rebuild_row_for_row():
 def test_ranges_are_gathered_and_checked_as_slices_would_be():
     """``_sampling.range_lists`` (``ranges_csr``, ``checked_lists``): the
     CSR of the slices, empty ranges and ranges ending at a row's end among
-    them; the first range outside one row, or the first id outside
-    [0, vocab) (negative ones too), named; nothing else refused."""
+    them; the first range outside one row of [first, first + rows x
+    row_len), or the first id outside [0, vocab) (negative ones too),
+    named; nothing else refused."""
     from simple_sampler import _sampling
 
     rng = np.random.default_rng(5)
     rows_of, row_len, first = 6, 50, 100
-    flat = rng.integers(0, 64, first + rows_of * row_len).astype(np.int32)
+    end = first + rows_of * row_len
+    flat = rng.integers(0, 64, end + 20).astype(np.int32)  # ids past the region's rows too
     row = rng.integers(0, rows_of, 40)
     starts = first + row * row_len + rng.integers(0, row_len, 40)
     stops = np.minimum(starts + rng.integers(0, 30, 40), first + (row + 1) * row_len)
     stops[:3] = starts[:3]  # empty
-    starts[5] = first + row[5] * row_len
-    stops[5] = starts[5] + 10
     offsets, ids, bad_row, bad_id = _sampling.range_lists(flat, starts, stops, first, row_len,
                                                           rows_of, 64)
     assert (bad_row, bad_id) == (-1, -1) and ids.dtype == np.int32
     np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(stops - starts)]))
     np.testing.assert_array_equal(ids, np.concatenate([flat[a:b] for a, b in zip(starts, stops)]))
+    int64 = np.iinfo(np.int64)
     for row_, start, stop in ((7, first - 1, first), (8, first + 45, first + 55),
-                              (9, first + 10, first + 9), (10, 0, 0 + 1)):
+                              (9, first + 10, first + 9), (10, end, end + 1),
+                              (11, int64.min, first), (12, first, int64.max)):
         bad = starts.copy(), stops.copy()
         bad[0][row_], bad[1][row_] = start, stop
         assert _sampling.range_lists(flat, *bad, first, row_len, rows_of, 64)[2] == row_
+    listed = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)])
     for token in (64, -1, -(2**31)):
         written = flat.copy()
-        written[starts[5] + 1] = token
-        _, ids, bad_row, bad_id = _sampling.range_lists(written, starts, stops, first, row_len,
+        written[rng.choice(listed, 2)] = token
+        _, got, bad_row, bad_id = _sampling.range_lists(written, starts, stops, first, row_len,
                                                         rows_of, 64)
-        assert bad_row == -1 and ids[bad_id] == token and bad_id == offsets[5] + 1
+        first_bad = np.flatnonzero((got < 0) | (got >= 64))[0]
+        assert bad_row == -1 and bad_id == first_bad and got[bad_id] == token
+    nothing = np.zeros(0, np.int64)
+    assert _sampling.range_lists(np.zeros(0, np.int32), nothing, nothing, 0, 1, 0, 64)[2:] == (-1, -1)
+    with pytest.raises(ValueError, match="is not within the 420 ids"):
+        _sampling.range_lists(flat, starts, stops, first, row_len, 2**62, 64)
 
 
 def test_same_tokens_as_the_rebuild():

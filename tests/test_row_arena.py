@@ -271,16 +271,30 @@ def test_a_slots_pages_are_allocated_as_far_as_its_rows_reach(arena):
     lease.release()
 
 
-def test_no_room_for_a_slots_pages_sends_rows_another_way(arena, monkeypatch, caplog):
+def no_free_space(fd):
+    return os.statvfs_result((4096, 4096, 1000, 0, 0, 1000, 0, 0, 0, 255))
+
+
+@pytest.mark.parametrize("refusal", ["fallocate", "statvfs"])
+def test_no_room_for_a_slots_pages_sends_rows_another_way(arena, monkeypatch, caplog, refusal):
     """/dev/shm full: ``lease`` and ``take`` answer None (the pool sends the
-    rows inside the request), every slot stays free, one warning says why
-    and one says when there is room again."""
-    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    rows inside the request) and every slot stays free. Where the free space
+    says so, no fallocate is tried (a refused one takes every free page of
+    tmpfs for a while). One warning says why; "room again" only once rows as
+    large fit, not for smaller ones."""
+    if refusal == "statvfs":
+        monkeypatch.setattr(row_arena.os, "fstatvfs", no_free_space)
+        monkeypatch.setattr(row_arena.os, "posix_fallocate", lambda *args: pytest.fail("tried"))
+    else:
+        monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
     with caplog.at_level("WARNING", logger=row_arena.__name__):
         assert arena.lease(np.ones((2, 1000), np.float32)) is None
         assert arena.take((2, 1000), np.float32) is None
         assert sorted(arena.free) == [0, 1, 2] and arena.taken == {}
         monkeypatch.undo()
+        small = arena.lease(np.full((1, 1000), 2.0, np.float32))
+        small.release()
+        assert len(caplog.records) == 1, "rows smaller than those refused prove no room"
         lease = arena.lease(np.full((2, 1000), 3.0, np.float32))
     assert lease is not None
     np.testing.assert_array_equal(RowReader().rows(lease.refs()), 3.0)
@@ -288,6 +302,30 @@ def test_no_room_for_a_slots_pages_sends_rows_another_way(arena, monkeypatch, ca
     messages = [record.getMessage() for record in caplog.records]
     assert len(messages) == 2, messages
     assert "has no room for 8000 bytes" in messages[0] and "room again" in messages[1]
+
+
+def test_a_slot_grown_allocates_only_the_pages_past_what_it_had(arena, monkeypatch):
+    calls = []
+    monkeypatch.setattr(row_arena.os, "posix_fallocate",
+                        lambda fd, offset, length: calls.append((offset, length)))
+    arena.lease(np.ones((1, 1000), np.float32)).release()
+    arena.lease(np.ones((3, 1000), np.float32)).release()
+    base = row_arena.HEADER_BYTES + arena.ring.contains(arena.take((1, 1000), np.float32))
+    assert calls == [(base, 4000), (base + 4000, 8000)]
+
+
+def test_the_trtllm_staging_block_is_reserved_when_made(monkeypatch):
+    """The TensorRT-LLM worker writes the staging block from another
+    process: a page /dev/shm cannot back would be its SIGBUS, so the whole
+    block (and its header) is allocated when the server makes it, or refused
+    then."""
+    from simple_sampler.serving.trtllm_bridge import RowExchange, RowServer
+
+    before = set(os.listdir(SHM_DIR))
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    with pytest.raises(OSError, match=r"has no room for 20096 bytes .*--shm-size"):
+        RowServer(RowExchange(), 4, 1000)
+    assert set(os.listdir(SHM_DIR)) - before == set()
 
 
 def test_a_reader_lets_go_of_regions_unlinked_since(arena):

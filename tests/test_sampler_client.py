@@ -1,9 +1,14 @@
-"""SamplerClient.close against a server that still holds a region."""
+"""SamplerClient.close against a server that still holds a region;
+SharedLogits' pages allocated before the copy."""
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from simple_sampler import row_arena
 from simple_sampler.triton import sampler_client
 from simple_sampler.triton.sampler_client import SamplerClient
 
@@ -61,3 +66,26 @@ def test_close_gives_up_after_its_deadline(monkeypatch):
     with pytest.raises(InferenceServerException, match="currently in use"):
         client.close()
     assert server.closed
+
+
+def test_logits_shared_where_dev_shm_has_room_for_them_or_refused_with_nothing_left(monkeypatch):
+    """``SharedLogits`` allocates its region's pages before copying into
+    them (a copy into pages a full /dev/shm cannot back is a SIGBUS): no
+    room is an OSError and no region is left."""
+    logits = np.arange(2 * 1000, dtype=np.float32).reshape(2, 1000)
+    shared = sampler_client.SharedLogits(logits)
+    try:
+        path = os.path.join(row_arena.SHM_DIR, shared.name)
+        assert os.stat(path).st_blocks * 512 >= logits.nbytes
+        np.testing.assert_array_equal(np.fromfile(path, np.float32).reshape(2, 1000), logits)
+    finally:
+        shared.destroy()
+    before = set(os.listdir(row_arena.SHM_DIR))
+
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    with pytest.raises(OSError, match="has no room for 8000 bytes"):
+        sampler_client.SharedLogits(logits)
+    assert set(os.listdir(row_arena.SHM_DIR)) == before

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -137,13 +138,16 @@ class Region:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, HEADER_BYTES + data_bytes)
-            _allocate(fd, 0, HEADER_BYTES + (data_bytes if reserve else 0), self.name)
+            allocate_pages(fd, 0, HEADER_BYTES + (data_bytes if reserve else 0), self.name)
             self.map = mmap.mmap(fd, HEADER_BYTES + data_bytes)
         except BaseException:
             self.unlink()
-            raise
-        finally:
             os.close(fd)
+            raise
+        # kept for ``reserve`` while this object lives (never closed under a
+        # caller, whose number another open could take): no reopening by name
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
         self.header = np.ndarray(HEADER_WORDS + (max(slots, 1) if magic == MAGIC else 0),
                                  np.uint64, self.map)
         self.header[:HEADER_WORDS] = (magic, slots, slot_bytes)
@@ -154,12 +158,8 @@ class Region:
 
     def reserve(self, offset: int, nbytes: int) -> None:
         """Allocate the pages of data bytes [offset, offset + nbytes) now
-        (``_allocate``)."""
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            _allocate(fd, HEADER_BYTES + offset, nbytes, self.name)
-        finally:
-            os.close(fd)
+        (``allocate_pages``)."""
+        allocate_pages(self.fd, HEADER_BYTES + offset, nbytes, self.name)
 
     @property
     def data_address(self) -> int:
@@ -183,14 +183,21 @@ class Region:
             os.unlink(self.path)
 
 
-def _allocate(fd: int, offset: int, nbytes: int, name: str) -> None:
+def allocate_pages(fd: int, offset: int, nbytes: int, name: str) -> None:
     """Allocate a region's pages [offset, offset + nbytes) now, or raise
-    OSError: a write into a page of a full /dev/shm is a SIGBUS that kills
-    the writer (the llm process, the TensorRT-LLM worker), never an error
-    it could handle."""
+    OSError (ENOSPC: /dev/shm has no room, said so): a write into a page of
+    a full /dev/shm is a SIGBUS that kills the writer (the llm process, the
+    TensorRT-LLM worker), never an error it could handle. The free space is
+    asked first: tmpfs refuses a fallocate only after taking every free
+    page, which other users of /dev/shm (Triton's pools) would then miss."""
     try:
+        room = os.fstatvfs(fd)
+        if room.f_bavail * room.f_frsize < nbytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.posix_fallocate(fd, offset, nbytes)
     except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
         raise OSError(error.errno, f"{SHM_DIR} has no room for {nbytes} bytes of {name} "
                       f"({error.strerror}): give the server more shared memory "
                       f"(docker run --shm-size)") from error
@@ -270,7 +277,8 @@ class RowArena:
         #: pages are taken from /dev/shm as its rows first need them
         #: (``_take_slot``), not all at load, where most would stay unused
         self.allocated = [0] * slots
-        self.out_of_room = False
+        #: the largest allocation refused since the last that got as much (0: none)
+        self.refused_bytes = 0
         #: slots handed out by ``take`` and not claimed yet: slot -> _Taken
         self.taken: dict[int, _Taken] = {}
         # Reentrant: a taken view's finalizer gives its slot back under it,
@@ -379,30 +387,37 @@ class RowArena:
                 return None
             slot = self.free.pop()
         # outside the lock: allocating a large slot's pages takes a while, once
-        if nbytes > self.allocated[slot] and not self._allocate(slot, nbytes):
+        if nbytes > self.allocated[slot] and not self._allocate_slot(slot, nbytes):
             with self.lock:
                 self.free.append(slot)
             return None
         with self.lock:
+            if self.closed:  # while the pages were allocated
+                self.free.append(slot)
+                return None
             self.generation += 1
             generation = self.generation
             self.ring.header[HEADER_WORDS + slot] = generation
         return self.ring.array(shape, dtype, slot * self.slot_bytes), slot, generation
 
-    def _allocate(self, slot: int, nbytes: int) -> bool:
-        """The pages of `slot`'s first `nbytes` allocated; False (logged
-        once until there is room again) where /dev/shm has none: the rows
-        then go another way (the BLS request), with no SIGBUS."""
+    def _allocate_slot(self, slot: int, nbytes: int) -> bool:
+        """The pages of `slot`'s first `nbytes` allocated (those past what it
+        had); False where they cannot be (/dev/shm has no room): the rows
+        then go another way (the BLS request), with no SIGBUS. Logged once,
+        and once more when an allocation as large succeeds again."""
+        had = self.allocated[slot]
         try:
-            self.ring.reserve(slot * self.slot_bytes, nbytes)
+            self.ring.reserve(slot * self.slot_bytes + had, nbytes - had)
         except OSError as error:
-            if not self.out_of_room:
+            if not self.refused_bytes:
                 log.warning("row arena: %s; rows go inside the requests until there is room", error)
-            self.out_of_room = True
+            self.refused_bytes = max(self.refused_bytes, nbytes)
             return False
-        if self.out_of_room:
-            log.warning("row arena: %s has room again; rows go through the arena", SHM_DIR)
-        self.allocated[slot], self.out_of_room = nbytes, False
+        if self.refused_bytes and nbytes >= self.refused_bytes:
+            log.warning("row arena: %s has room again for %d bytes; rows go through the arena",
+                        SHM_DIR, nbytes)
+            self.refused_bytes = 0
+        self.allocated[slot] = nbytes
         return True
 
     def _slot_lease(self, rows: np.ndarray, slot: int, generation: int) -> RowLease:

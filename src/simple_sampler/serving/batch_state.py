@@ -189,8 +189,7 @@ class BatchState:
         try:
             key, histories = arena.histories(slots, max_context)
         except OSError as error:
-            log.warning("token histories stay in this process (sent by value each step): "
-                        "no room for %d KiB in /dev/shm (%s)", 8 * slots * max_context >> 10,
+            log.warning("token histories stay in this process (sent by value each step): %s",
                         error)
             return None
         return key, histories.reshape(-1)

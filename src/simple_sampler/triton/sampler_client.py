@@ -6,6 +6,7 @@ only the small parameter tensors travel in the request). The tensors are
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Mapping
@@ -17,6 +18,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as system_shm
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from ..row_arena import SHM_DIR, allocate_pages
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 #: how long ``close`` waits for the server to let go of a region
@@ -143,6 +145,15 @@ class SharedLogits:
         self.datatype = triton_dtype(logits)
         self.nbytes = logits.nbytes
         self.handle = system_shm.create_shared_memory_region(self.name, self.key, self.nbytes)
+        try:  # its pages now, or OSError: a copy into pages /dev/shm cannot back is a SIGBUS
+            fd = os.open(os.path.join(SHM_DIR, self.name), os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                allocate_pages(fd, 0, self.nbytes, self.name)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self.destroy()
+            raise
         system_shm.set_shared_memory_region(self.handle, [np.ascontiguousarray(logits)])
 
     def destroy(self) -> None:

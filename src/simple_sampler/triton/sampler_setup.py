@@ -22,8 +22,10 @@ def build_arena(settings, engine):
     flight per micro-batch, each holding the engine's largest step in the
     dtype its rows come in (``EngineSpec.logits_dtype``; float32 where it
     names none). An engine with ``share_rows(arena)`` moves its host copy
-    of the rows into the arena (referenced there, no copy per step). A host
-    where the arena cannot be made (no /dev/shm) keeps the BLS transport."""
+    of the rows into the arena (referenced there, no copy per step; where
+    /dev/shm has no room for them, they stay and are copied into a slot each
+    step). A host where the arena cannot be made (no /dev/shm) keeps the BLS
+    transport."""
     from ..row_arena import RowArena
 
     if settings.row_transport != "arena" or LOCAL not in parse_endpoints(settings.sampler_endpoints):
