@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fakes import PerThreadCudart
+from simple_sampler import row_arena
 from simple_sampler.row_arena import RowArena
 from simple_sampler.sampling import logits_array
 from simple_sampler.serving.device import CUDA_HOST_REGISTER_PORTABLE, DTYPES as TORCH_DTYPES
@@ -128,8 +129,30 @@ def test_the_ring_is_page_locked_once_for_the_engines_gpu(arena, monkeypatch, ca
     assert thread.name == "cuda-host-register" and device == engine.device
     assert size == arena.ring.data_bytes == 2 * arena.slot_bytes
     assert flags == CUDA_HOST_REGISTER_PORTABLE
+    assert arena.allocated == [arena.slot_bytes] * 2, "allocated before the page-lock took them"
     assert engine.arena is arena
     assert ("ring stays pageable: cudaHostRegister returned 801" in caplog.text) is bool(result)
+
+
+def test_a_ring_dev_shm_has_no_room_for_is_not_page_locked(arena, monkeypatch, caplog):
+    """Page-locking the ring takes all its pages: where /dev/shm has no
+    room for them, the ring is not registered (no fault inside the
+    page-lock), stays pageable (logged) and its slots are allocated as
+    steps need them."""
+    cudart = PerThreadCudart(0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "set_device", cudart.set_device)
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(row_arena.os, "posix_fallocate", no_room)
+    engine = TorchEngine(tiny_model("cpu"), max_batch_size=8, max_context=32)
+    engine.device = torch.device("cuda", 1)  # as far as share_rows looks
+    with caplog.at_level("WARNING", logger="simple_sampler.serving.torch_engine"):
+        engine.share_rows(arena)
+    assert not cudart.registered and engine.arena is arena and engine.page_locked is None
+    assert "ring stays pageable: [Errno 28] /dev/shm has no room for" in caplog.text
+    assert arena.allocated == [0, 0]
 
 
 @pytest.mark.parametrize("result", [0, 801])  # success, cudaErrorNotSupported

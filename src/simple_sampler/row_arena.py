@@ -314,6 +314,13 @@ class RowArena:
         self.shared.append(region)
         return region.key, region.array((2, slots, max_context), np.int32)
 
+    def allocate_ring(self) -> None:
+        """Every slot's pages allocated now, or OSError where /dev/shm has no
+        room for them: what page-locking the ring takes anyway, refused as
+        an error rather than a fault inside the page-lock."""
+        self.ring.reserve(0, self.ring.data_bytes)
+        self.allocated = [self.slot_bytes] * self.slots
+
     def adopt(self, region: Region) -> None:
         """Rows that lie in `region`, a region owned elsewhere in this
         process that outlives the arena (the TensorRT-LLM bridge's staging

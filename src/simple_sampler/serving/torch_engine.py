@@ -256,8 +256,10 @@ class TorchEngine:
         `arena` (``row_arena.RowArena.take``), whose ring is page-locked for
         the engine's device here, once: the sampler pool claims the slot
         (``RowArena.reference``) instead of copying the rows into one. If
-        CUDA refuses to page-lock the ring, the copy still lands there,
-        through the driver's bounce buffer (logged).
+        CUDA refuses to page-lock the ring, or /dev/shm has no room for all
+        of its pages (``RowArena.allocate_ring``, before the page-lock takes
+        them), the copy still lands there where it can, through the
+        driver's bounce buffer (logged).
 
         On the CPU nothing changes: the rows are the forward's own output,
         already on the host, so a copy into a slot here would not replace a
@@ -266,7 +268,12 @@ class TorchEngine:
         forward."""
         if self.device.type != "cuda":
             return
-        refused = page_lock(arena.ring.data_address, arena.ring.data_bytes, self.device)
+        try:
+            arena.allocate_ring()
+        except OSError as error:
+            refused = str(error)
+        else:
+            refused = page_lock(arena.ring.data_address, arena.ring.data_bytes, self.device)
         if refused:
             log.warning("the row arena's ring stays pageable: %s", refused)
         else:
