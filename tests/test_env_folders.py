@@ -49,10 +49,18 @@ def test_a_server_by_its_name_or_its_library_may_own_a_folder(started, tmp_path)
         f"f = open({str(library)!r}, 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
         "print('mapped', flush=True); time.sleep(30)")], wait_for="mapped")
     other, _, _ = started(["sleep", "30"])
-    time.sleep(0.2)  # bash has exec'd
+    deadline = time.monotonic() + 30
+    while _argv0(named) != "tritonserver":  # bash has exec'd, however loaded the host
+        assert time.monotonic() < deadline, f"bash never exec'd: {_argv0(named)!r}"
+        time.sleep(0.02)
     owners = _possible_env_owners()
     assert started_at(named) in owners and started_at(mapping) in owners
     assert started_at(other) not in owners  # a process like any other
+
+
+def _argv0(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().split(b"\0")[0].decode()
 
 
 def test_an_orphaned_folder_goes_and_a_live_servers_stays(tmp_path):

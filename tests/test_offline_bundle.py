@@ -9,6 +9,7 @@ tokenizer, answering one streamed request and one guided by the bundle's
 llguidance, then stopped with nothing left."""
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -143,6 +144,9 @@ def test_the_bundle_installs_and_serves_the_simulated_engine_from_its_own_triton
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     servers, regions = [], set()
     try:
+        # serve's own start-up deadline ends it long before this one: a stall
+        # shows as a failure here, not as a suite that never ends
+        assert select.select([serve.stdout], [], [], 600)[0], "serve printed nothing in 600 s"
         ready = serve.stdout.readline()
         assert "Triton is ready (simulated data plane" in ready, ready + serve.stderr.read()
         [triton] = [pid for pid in children(serve.pid)

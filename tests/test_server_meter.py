@@ -22,10 +22,11 @@ sys.stdin.readline()
 def test_a_few_milliseconds_of_another_process_read_as_more_than_nothing():
     """/proc/<pid>/stat counts 10 ms ticks, where 3 ms would read 0 or 10; the
     process's CPU clock sees the 3 ms of a thread that has already ended."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\n" + SPIN],
+    child = subprocess.Popen([sys.executable, "-c", "import sys, threading, time\n"
+                              "print('started', flush=True); sys.stdin.readline()\n" + SPIN],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.2)
+        assert child.stdout.readline().strip() == "started"  # its start-up's CPU before the reading
         before, _ = process_stat(child.pid)
         child.stdin.write("go\n")
         child.stdin.flush()
