@@ -72,8 +72,6 @@ HISTORY_MAGIC = np.frombuffer(b"SSHIST01", np.uint64)[0]
 HEADER_WORDS = 3
 MAX_SLOTS = HEADER_BYTES // 8 - HEADER_WORDS
 REF_COLUMNS = ("region", "slot", "generation", "offset", "vocab", "dtype")
-#: What each column of a request's next row adds, in strides: the offset alone.
-_OFFSET_STEP = np.array([column == "offset" for column in REF_COLUMNS], np.int64)
 DTYPE_CODES = {np.dtype(np.float32): int(Dtype.DTYPE_FLOAT32),
                np.dtype(np.float16): int(Dtype.DTYPE_FLOAT16),
                np.dtype(ml_dtypes.bfloat16): int(Dtype.DTYPE_BFLOAT16)}

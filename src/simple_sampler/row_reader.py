@@ -10,8 +10,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .row_arena import (_OFFSET_STEP, CODE_DTYPES, HEADER_BYTES, HEADER_WORDS, HISTORY_MAGIC, MAGIC,
-                        REF_COLUMNS, SHM_DIR, StaleRows, region_name)
+from .row_arena import (CODE_DTYPES, HEADER_BYTES, HEADER_WORDS, HISTORY_MAGIC, MAGIC, REF_COLUMNS, SHM_DIR,
+                        StaleRows, region_name)
+
+#: What each column of a request's next row adds, in strides: the offset alone.
+_OFFSET_STEP = np.array([column == "offset" for column in REF_COLUMNS], np.int64)
 
 
 class RowReader:

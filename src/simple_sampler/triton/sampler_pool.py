@@ -80,8 +80,9 @@ class SamplerPool:
     targets that share memory by reference: placed in the arena once, the
     slot given back when every shard has answered (a retry reads the same
     slot); other targets, and every target when no slot is free or
-    /dev/shm has no room for its pages, get them in the request. min_rows: full rows per shard at least with `lanes` > 1
-    (``shards``); lanes: the decode loop's (micro-batches)."""
+    /dev/shm has no room for its pages, get them in the request. min_rows:
+    full rows per shard at least with `lanes` > 1 (``shards``); lanes: the
+    decode loop's (micro-batches)."""
 
     targets: list[SamplerTarget]
     on_retry: Callable[[], None] = lambda: None
