@@ -7,6 +7,7 @@ import pytest
 
 from simple_sampler.bench import loop_profile
 from simple_sampler.bench.serve_cost import measuring as serve_cost
+from simple_sampler.bench.serve_cost.repository import build_repository
 from simple_sampler.cli import main
 from simple_sampler.serving.simulated import LABEL
 
@@ -81,8 +82,10 @@ def test_a_stream_interval_below_one_or_too_few_tokens_is_refused(capsys):
 def test_serve_cost_quick_through_a_real_server(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # its server's kept log goes there
     monkeypatch.setattr(tempfile, "tempdir", None)
-    assert main(["bench", "serve-cost", "--quick", "--json"]) == 0
+    # the llm model's responses over three send threads (send_lanes), through real Triton
+    assert main(["bench", "serve-cost", "--quick", "--json", "--send-threads", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert {r["send_threads"] for r in report["results"]} == {3}
     assert report["data_plane"].startswith(LABEL) and "floor model" in report["data_plane"]
     rows = {(r["route"], r["stream_interval"]): r for r in report["results"]}
     assert set(rows) == {("floor", 1), ("floor-llm", 1), ("ensemble", 1), ("ensemble", 4),
@@ -116,14 +119,14 @@ def test_serve_cost_quick_through_a_real_server(capsys, monkeypatch, tmp_path):
 
 
 def test_the_llm_model_gets_the_shard_minimum_asked_for(tmp_path):
-    repository = serve_cost.build_repository(tmp_path / "repository", "instant", 16, 2, 2,
+    repository = build_repository(tmp_path / "repository", "instant", 16, 2, 2,
                                              151_936, "bfloat16", shard_min_rows=3)
     config = (repository / "llm" / "config.pbtxt").read_text()
     assert 'key: "sampler_shard_min_rows"\n  value: { string_value: "3" }' in config
 
 
 def test_a_hot_first_server_hands_compact_rows_to_a_sampler_with_the_hot_set(tmp_path):
-    repository = serve_cost.build_repository(tmp_path / "repository", "gpu", 64, 2, 1,
+    repository = build_repository(tmp_path / "repository", "gpu", 64, 2, 1,
                                              151_936, "bfloat16", handoff="hot-first")
     llm = (repository / "llm" / "config.pbtxt").read_text()
     sampler = (repository / "simple_sampler" / "config.pbtxt").read_text()
@@ -133,8 +136,15 @@ def test_a_hot_first_server_hands_compact_rows_to_a_sampler_with_the_hot_set(tmp
     profile = 'key: "hot_vocab_profile"\n  value: { string_value: "hot_vocab_simulated.npz" }'
     assert profile in llm and profile in sampler
     assert (repository / "simple_sampler" / "hot_vocab_simulated.npz").is_file()
-    full = serve_cost.build_repository(tmp_path / "full", "gpu", 64, 2, 2, 151_936, "bfloat16")
+    full = build_repository(tmp_path / "full", "gpu", 64, 2, 2, 151_936, "bfloat16")
     assert 'string_value: "hot-first"' not in (full / "llm" / "config.pbtxt").read_text()
+
+
+def test_the_llm_model_gets_the_send_threads_asked_for(tmp_path):
+    repository = build_repository(tmp_path / "repository", "gpu", 64, 2, 1, 151_936,
+                                  "bfloat16", send_threads=4)
+    config = (repository / "llm" / "config.pbtxt").read_text()
+    assert 'key: "send_threads"\n  value: { string_value: "4" }' in config
 
 
 def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):

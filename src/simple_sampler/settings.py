@@ -364,6 +364,10 @@ class LlmSettings(Settings):
         "first token goes at once, as vLLM's, SGLang's and TensorRT-LLM's; the last response "
         "may hold fewer): fewer responses cost the server less per token",
         minimum=1)
+    send_threads: int = setting(
+        1, "threads sending a step's responses, the decode loop's own among them (a request's "
+        "on one, in order): each send waits, the GIL released, for the server process to take "
+        "the response, so on a host with cores to spare several overlap", minimum=1, maximum=32)
     sampler_model: str = setting("simple_sampler", "the sampler model called through BLS",
                                  flag=None)
     sampler_endpoints: str = setting(

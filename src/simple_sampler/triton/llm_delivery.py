@@ -18,6 +18,7 @@ from ..serving.generation import GenerationEvent, RequestHandle
 from ..serving.text import TextCodec
 from .generate_io import DecodedRequest
 from .generate_outputs import encode_event, merge_events
+from .send_lanes import SendLanes
 from .trtllm_core import core_outputs
 
 log = logging.getLogger(__name__)
@@ -137,12 +138,16 @@ class Deliveries:
     ``on_finished``: with each generation's final event, once it is
     answered. ``answers_once``: the model is not decoupled (decoupled_mode
     false), so a cancelled request ends with a Cancelled error, its one
-    response."""
+    response. ``send_threads``: the threads a burst's sends go out on
+    (``send_lanes.SendLanes``; 1: the loop's alone); ``close`` stops them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, codec: TextCodec, stats: DecoderStats,
                  on_burst: Callable[[], None], answers_once: bool = False,
-                 on_finished: Callable[[GenerationEvent], None] = lambda event: None):
+                 on_finished: Callable[[GenerationEvent], None] = lambda event: None,
+                 send_threads: int = 1):
         self.loop, self.codec, self.stats, self.on_burst = loop, codec, stats, on_burst
+        # a request's generations share its is_cancelled (LlmService._serve), as its sender
+        self.senders = SendLanes(send_threads, lambda delivery: id(delivery.is_cancelled))
         self.answers_once, self.on_finished = answers_once, on_finished
         self.live: dict[Delivery, None] = {}  # in order, for turns
         #: a step's events and tokens (delivery None: a step's, on_step's
@@ -202,19 +207,17 @@ class Deliveries:
                 self._end(delivery, answered)
                 finished.append(event)
         transmits, self.transmits = self.transmits, []
-        for delivery, transmit, final in transmits:
-            try:
-                transmit()
-            except Exception:  # noqa: BLE001 - the client has gone
-                self._gone(delivery)
-                if final:
-                    self._final_flag(delivery)
+        failed, senders_cpu_s = self.senders.send(transmits)
+        for delivery, final in failed:  # the client has gone
+            self._gone(delivery)
+            if final:
+                self._final_flag(delivery)
         for event in finished:
             try:
                 self.on_finished(event)
             except Exception:  # ours, a metric's: the requests are answered all the same
                 log.exception("reporting a finished generation failed")
-        self.stats.loop_s += time.thread_time() - started
+        self.stats.loop_s += time.thread_time() - started + senders_cpu_s
         self.on_burst()
 
     def _answer_step(self, handles: list[RequestHandle], texts: list[str],
@@ -237,6 +240,9 @@ class Deliveries:
                 continue
             if transmit is not None:
                 transmits.append((delivery, transmit, False))
+
+    def close(self, wait: bool = True) -> None:
+        self.senders.close(wait)
 
     @staticmethod
     def _gone(delivery: Delivery) -> None:

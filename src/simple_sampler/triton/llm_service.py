@@ -191,7 +191,7 @@ class LlmService:
         self.thread.start()
         self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst,
                                      answers_once=not settings.decoupled_mode,
-                                     on_finished=on_finished)
+                                     on_finished=on_finished, send_threads=settings.send_threads)
         self.decoder.on_step = self.deliveries.on_step
         self._call(self.decoder.start()).result()
         self.cancel_watch = self._call(self.deliveries.watch_cancellations())
@@ -450,6 +450,9 @@ class LlmService:
                       "stopped: this process may not exit", CLOSE_TIMEOUT_S)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(CLOSE_TIMEOUT_S)
+        # the loop returns from a burst once its sends are out: none is in
+        # flight on the send threads unless the loop itself is still stuck in one
+        self.deliveries.close(wait=not self.thread.is_alive())
         if self.pool is not None:
             self.pool.close()
         log.info("decode loop closed in %.1f s", time.monotonic() - started)

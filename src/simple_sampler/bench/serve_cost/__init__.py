@@ -42,6 +42,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python-thread-pool", type=int, nargs="+", metavar="N",
                         help="the Python backend's thread-pool-size, one server per size "
                              "(default: Triton's own, 32, as serve runs it)")
+    parser.add_argument("--send-threads", type=int, nargs="+", metavar="N",
+                        help="the llm model's send_threads, one server per count (default "
+                             "1: the decode loop sends alone)")
     simulated_rows(parser)
     parser.add_argument("--profile", metavar="DIR",
                         help="run the llm stub's decode-loop thread under cProfile and "
@@ -62,7 +65,8 @@ def measure(args: argparse.Namespace) -> dict:
                                             micro_batches="micro_batches", handoffs="handoff",
                                             sampling_mode="sampling_mode",
                                             shard_min_rows="sampler_shard_min_rows",
-                                            python_thread_pools="python_thread_pool"))
+                                            python_thread_pools="python_thread_pool",
+                                            send_threads="send_threads"))
 
 
 def terminal_table(report: dict) -> str:
@@ -92,7 +96,8 @@ def section(source: Source, writer: FigureWriter) -> list[str]:
     results = report["results"]
 
     # what tells a run's servers apart, named where it differs between them
-    varied = {"python_thread_pool": "pool {}", "micro_batches": "m={}", "handoff": "{}"}
+    varied = {"python_thread_pool": "pool {}", "micro_batches": "m={}", "handoff": "{}",
+              "send_threads": "{} send threads"}
     varied = {key: text for key, text in varied.items()
               if len({r.get(key) for r in results}) > 1}
 

@@ -27,27 +27,23 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ...client.aio import let_triton_end
 from ...serving.simulated import LABEL
-from ...settings import SIMULATED_DTYPES, LlmSettings, SamplerSettings
+from ...settings import LlmSettings
 from ..loop_profile import format_profile, llm_profiles, profile_calls
 from ..server_meter import LLM_COUNTERS, Meter, llm_counters, sampler_counters, server_processes
 from ..spec import UsageError
+from .repository import FLOOR_MODEL, PACES, build_repository, sampler_settings
 
-#: pace name -> (a ms, b ms per sequence) of the simulated step a + b * B.
-PACES = {"instant": (0.0, 0.0),
-         "gpu": (LlmSettings.sim_step_a_ms, LlmSettings.sim_step_b_ms)}
 #: floor-llm: the floor model sent the llm route's inputs, answering in the
 #: llm model's response shape (bench/floor/model.py): Triton's cost of our
 #: request and response shape, none of our own work.
 ROUTES = ("floor", "floor-llm", "ensemble", "llm")
 PROMPT = "Tell me a story."
-FLOOR_MODEL = "floor"
 STARTUP_TIMEOUT_S = 900.0
 #: The fewest responses per request the window may see: tokens arrive k at a
 #: time, so max_tokens must be at least this many times the largest k.
@@ -55,9 +51,7 @@ RESPONSES_PER_REQUEST = 8
 #: Each route's warm-up before its level: requests of WARM_UP_TOKENS tokens.
 WARM_UP_REQUESTS, WARM_UP_TOKENS = 2, 4
 #: What may differ between a run's servers (a row's keys, each its own floor).
-VARIANT = ("python_thread_pool", "micro_batches", "handoff")
-#: The sampler's hot set for hot-first (model_repository/simple_sampler/).
-HOT_VOCAB_PROFILE = "hot_vocab.npz"
+VARIANT = ("python_thread_pool", "micro_batches", "handoff", "send_threads")
 
 
 @dataclass(frozen=True)
@@ -271,41 +265,6 @@ def add_ratios(results: list[dict]) -> None:
         row["server_vs_floor"] = cpu["server"] / base["server"] if base["server"] else None
 
 
-def sampler_settings(batch: int, instances: int, dtype: str,
-                     handoff: str = LlmSettings.handoff) -> SamplerSettings:
-    """The sampler instances' settings; hot-first gives them the repository's
-    hot set (``row_transport``'s servers do the same)."""
-    return SamplerSettings(sampler_instances=instances, sampler_max_batch_size=batch,
-                           logits_dtype=SIMULATED_DTYPES[dtype],
-                           hot_vocab_profile=HOT_VOCAB_PROFILE if handoff == "hot-first" else "")
-
-
-def build_repository(destination: Path, pace: str, batch: int, instances: int,
-                     micro_batches: int, vocab: int, dtype: str,
-                     sampling_mode: str = LlmSettings.sampling_mode,
-                     shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
-                     handoff: str = LlmSettings.handoff) -> Path:
-    from ...launch.serve import assemble_repository
-    from ...launch.templates import fill_file
-
-    a, b = PACES[pace]
-    sampler = sampler_settings(batch, instances, dtype, handoff)
-    llm = LlmSettings(engine="simulated", sim_vocab=vocab, sim_dtype=dtype, sim_step_a_ms=a,
-                      sim_step_b_ms=b, micro_batches=micro_batches, sampler_shards=instances,
-                      engine_max_batch_size=batch, generate_max_batch_size=batch,
-                      max_context=512, sampling_mode=sampling_mode,
-                      sampler_shard_min_rows=shard_min_rows, handoff=handoff,
-                      hot_vocab_profile=sampler.hot_vocab_profile)
-    assemble_repository(destination, sampler, llm)
-    floor = destination / FLOOR_MODEL
-    source = resources.files("simple_sampler.bench").joinpath("floor")
-    (floor / "1").mkdir(parents=True)
-    shutil.copyfile(str(source.joinpath("model.py")), floor / "1" / "model.py")
-    shutil.copyfile(str(source.joinpath("config.pbtxt")), floor / "config.pbtxt")
-    fill_file(floor / "config.pbtxt", {"max_batch_size": batch, "step_a_ms": a, "step_b_ms": b})
-    return destination
-
-
 def check_plan(configs: list[Config], max_tokens: int) -> None:
     """UsageError unless `configs` has something to run, every stream
     interval is at least 1, and max_tokens holds RESPONSES_PER_REQUEST
@@ -350,15 +309,15 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
         profile_dir: str | None = None, sampling_mode: str = LlmSettings.sampling_mode,
         shard_min_rows: int = LlmSettings.sampler_shard_min_rows,
         python_thread_pools: list[int] | None = None,
-        handoffs: list[str] | None = None) -> dict:
+        handoffs: list[str] | None = None, send_threads: list[int] | None = None) -> dict:
     """Every configuration of `configs` (default :func:`plan`), one server per
     pace and server variant: each python_thread_pools size (the Python
     backend's `thread-pool-size`; None or absent: Triton's default, as
     `serve` starts it) x each micro_batches count (the decode loop's lanes;
-    one with a sampling_mode other than "simple")
-    x each handoff (full rows, or hot-first's compact rows with the hot set
-    the repository ships). Every variant serves its own floor, and each row's
-    ratios are to its own server's. `sampling_mode` other than "simple"
+    one with a sampling_mode other than "simple") x each handoff (full rows,
+    or hot-first's compact rows with the hot set the repository ships) x each
+    send_threads (the llm model's). Every variant serves its own floor, and
+    each row's ratios are to its own server's. `sampling_mode` other than "simple"
     samples in the llm stub (no BLS request per step, the sampler instances
     idle): tritonserver's column is then streaming alone. shard_min_rows:
     the llm model's `sampler_shard_min_rows`."""
@@ -371,16 +330,18 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
     # the inline modes sample in the data plane: one lane (LlmSettings.check)
     lanes = list(micro_batches) if sampling_mode == "simple" else [1]
     handoffs = handoffs or [LlmSettings.handoff]
+    senders = send_threads or [LlmSettings.send_threads]
     results, profiles = [], []
-    for pool, lane_count, handoff, pace in itertools.product(
-            pools, lanes, handoffs, dict.fromkeys(c.pace for c in configs)):
+    for pool, lane_count, handoff, threads, pace in itertools.product(
+            pools, lanes, handoffs, senders, dict.fromkeys(c.pace for c in configs)):
         mine = [c for c in configs if c.pace == pace]
         largest = max(c.batch for c in mine)
         repository = build_repository(
             Path(tempfile.mkdtemp(prefix="simple-sampler-serve-cost-")), pace, largest,
-            instances, lane_count, vocab, dtype, sampling_mode, shard_min_rows, handoff)
+            instances, lane_count, vocab, dtype, sampling_mode, shard_min_rows, handoff, threads)
         sampler = sampler_settings(largest, instances, dtype, handoff)
-        variant = {"python_thread_pool": pool, "micro_batches": lane_count, "handoff": handoff}
+        variant = {"python_thread_pool": pool, "micro_batches": lane_count, "handoff": handoff,
+                   "send_threads": threads}
         try:
             with llm_profiles(profile_dir):
                 server = TritonServer(repository, shm_bytes=shared_memory_bytes(sampler),
@@ -398,7 +359,8 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
                     profiles.append(profile_calls(
                         Path(profile_dir) / f"llm-{processes['llm']}.prof",
                         llm_tokens(mine, max_tokens),
-                        f"{pace}, thread pool {pool}, {lane_count} micro-batches, {handoff}"))
+                        f"{pace}, thread pool {pool}, {lane_count} micro-batches, {handoff}, "
+                        f"{threads} send threads"))
         finally:
             shutil.rmtree(repository, ignore_errors=True)
     add_ratios(results)
@@ -407,7 +369,7 @@ def run(configs: list[Config] | None = None, max_tokens: int = 128, instances: i
             "settings": {"vocab": vocab, "dtype": dtype, "sampler_instances": instances,
                          "sampling_mode": sampling_mode, "sampler_shard_min_rows": shard_min_rows,
                          "micro_batches": lanes, "handoffs": handoffs, "max_tokens": max_tokens,
-                         "python_thread_pools": pools,
+                         "python_thread_pools": pools, "send_threads": senders,
                          "client": "one asyncio process (tritonclient.grpc.aio), one gRPC "
                                    "stream per request",
                          "params": "temperature 1, no truncation, seeded, min_length = "
@@ -448,7 +410,8 @@ def format_report(report: dict) -> str:
 
     lines = [f"data plane: {report['data_plane']}",
              f"client: {report['settings']['client']}; requests: {report['settings']['params']}",
-             f"{'pace':<15} {'pool':>4} {'m':>2} {'handoff':<9} {'B':>4} {'route':<9} {'k':>3} "
+             f"{'pace':<15} {'pool':>4} {'m':>2} {'handoff':<9} {'snd':>3} {'B':>4} {'route':<9} "
+             f"{'k':>3} "
              f"{'tok/s':>7} {'bound':>7} {'eff':>5} "
              f"{'lanes':>7} "
              f"{'tok/rsp':>7} {'server':>7} {'triton':>7} {'llm':>6} {'loop':>5} {'floor':>6} "
@@ -464,7 +427,8 @@ def format_report(report: dict) -> str:
         per_request = r.get("sampler_us_per_request") or {}
         lines.append(
             f"{pace_label(r):<15} {cell(r.get('python_thread_pool'), '4d')} "
-            f"{cell(r.get('micro_batches'), '2d')} {r.get('handoff', '-'):<9} {r['batch']:>4} "
+            f"{cell(r.get('micro_batches'), '2d')} {r.get('handoff', '-'):<9} "
+            f"{cell(r.get('send_threads'), '3d')} {r['batch']:>4} "
             f"{r['route']:<9} {r['stream_interval']:>3} "
             f"{r['tokens_per_s']:>7.0f} {cell(r['bound_tokens_per_s'], '7.0f')} "
             f"{cell(r['efficiency'], '5.2f')} {cell(r['lanes_bound_tokens_per_s'], '7.0f')} "
@@ -482,7 +446,7 @@ def format_report(report: dict) -> str:
     lines.append("CPU columns: microseconds per token received (each process's CPU clock); "
                  "pool = the Python backend's thread-pool-size (-: Triton's default, 32); "
                  "m = the decode loop's micro-batches; handoff = full or compact (hot-first) "
-                 "rows to the sampler; "
+                 "rows to the sampler; snd = the llm model's send_threads; "
                  "server = tritonserver + every stub; k = stream_interval; bound = B / (a + b*B), "
                  "eff = tok/s over it, lanes = B / (m*a + b*B) with m micro-batches; tok/rsp = tokens per "
                  "response; loop = the llm stub's decode-loop thread (streaming; whole level); "

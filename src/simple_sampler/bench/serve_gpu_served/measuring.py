@@ -46,7 +46,8 @@ from ...serving.engines import engine_spec, startup_timeout
 from ...settings import LlmSettings
 from ...stacks import INTERVAL_S as STACKS_INTERVAL_S, STACKS_ENV
 from ..serve_cost.measuring import (RESPONSES_PER_REQUEST, drive, figures, sampler_figures,
-                                    sampler_settings, step_figures)
+                                    step_figures)
+from ..serve_cost.repository import sampler_settings
 from ..loop_profile import server_directory
 from ..server_meter import Meter, llm_counters, sampler_counters, server_processes
 from ..serve_cost.measuring import Config as Load
