@@ -103,9 +103,9 @@ def test_not_decoupled_a_cancelled_request_ends_with_a_cancelled_error_its_one_r
 
 
 def test_a_request_is_done_only_once_its_final_response_went_out():
-    """The decode loop hands built responses to a sender thread; ``on_done``
-    (the llm model's in-flight gauge, which a drain waits on) must not run
-    while the final response is still queued there."""
+    """The decode loop hands built responses to its send threads
+    (send_lanes); ``on_done`` (the llm model's in-flight gauge, which a drain
+    waits on) must not run while the final response is still queued there."""
     client = BuildingClient()
     final_sent_when_done = []
 

@@ -364,10 +364,11 @@ class LlmSettings(Settings):
         "first token goes at once, as vLLM's, SGLang's and TensorRT-LLM's; the last response "
         "may hold fewer): fewer responses cost the server less per token",
         minimum=1)
+    # 4: docs/results/send-threads-2026-12-02.md (1.5x the tokens/s of 1 at B = 256, k = 1)
     send_threads: int = setting(
-        1, "threads sending a step's responses, the decode loop's own among them (a request's "
+        4, "threads sending a step's responses, the decode loop's own among them (a request's "
         "on one, in order): each send waits, the GIL released, for the server process to take "
-        "the response, so on a host with cores to spare several overlap", minimum=1, maximum=32)
+        "the response, and several overlap (1: the decode loop alone)", minimum=1, maximum=32)
     sampler_model: str = setting("simple_sampler", "the sampler model called through BLS",
                                  flag=None)
     sampler_endpoints: str = setting(

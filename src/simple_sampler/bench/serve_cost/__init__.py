@@ -43,8 +43,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Python backend's thread-pool-size, one server per size "
                              "(default: Triton's own, 32, as serve runs it)")
     parser.add_argument("--send-threads", type=int, nargs="+", metavar="N",
-                        help="the llm model's send_threads, one server per count (default "
-                             "1: the decode loop sends alone)")
+                        help="the llm model's send_threads, one server per count (default: "
+                             "the llm model's, 4)")
     simulated_rows(parser)
     parser.add_argument("--profile", metavar="DIR",
                         help="run the llm stub's decode-loop thread under cProfile and "
