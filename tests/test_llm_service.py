@@ -3,6 +3,7 @@ one final response and leaves the decoder, whether it finishes, is bad, its
 client cancels while tokens are flowing, its client is gone, the sampler
 fails for a while, or the service drains for a shutdown."""
 import asyncio
+import functools
 import threading
 import time
 
@@ -102,28 +103,45 @@ def test_not_decoupled_a_cancelled_request_ends_with_a_cancelled_error_its_one_r
     assert len(engine.steps) < MAX_TOKENS and engine.released == [0]
 
 
+class SlowFinalClient(BuildingClient):
+    """Its final response takes 20 ms to go out (a round trip under load)."""
+
+    def send(self, outputs, error, final):
+        transmit = super().send(outputs, error, final)
+        if not final:
+            return transmit
+
+        def slow():
+            time.sleep(0.02)
+            transmit()
+        return slow
+
+
 def test_a_request_is_done_only_once_its_final_response_went_out():
     """The decode loop hands built responses to its send threads
     (send_lanes); ``on_done`` (the llm model's in-flight gauge, which a drain
-    waits on) must not run while the final response is still queued there."""
-    client = BuildingClient()
+    waits on) must not run while a final response is still being sent
+    there: four requests at once, so that their bursts go over the threads."""
+    engine = FakeEngine(max_batch_size=4, max_context=128, delay=0.001)
+    service = LlmService(LlmSettings(sampling_mode="inline_kernels", send_threads=4),
+                         engine=engine, codec=TextCodec(FakeTokenizer()))
     final_sent_when_done = []
 
-    def on_done():
+    def on_done(client):
         final_sent_when_done.append(bool(client.responses) and client.responses[-1][2])
         client.done.set()
 
-    engine = FakeEngine(max_batch_size=2, max_context=128, delay=0.001)
-    service = LlmService(LlmSettings(sampling_mode="inline_kernels"), engine=engine,
-                         codec=TextCodec(FakeTokenizer()))
     try:
-        for _ in range(5):
-            client.responses.clear()
-            service.submit(inputs(max_tokens=8), client.send, client.is_cancelled,
-                           on_done=on_done).result(timeout=60)
+        for _ in range(3):
+            clients = [SlowFinalClient() for _ in range(4)]
+            futures = [service.submit(inputs(max_tokens=8), client.send, client.is_cancelled,
+                                      on_done=functools.partial(on_done, client))
+                       for client in clients]
+            for future in futures:
+                future.result(timeout=60)
     finally:
         service.close()
-    assert final_sent_when_done == [True] * 5
+    assert final_sent_when_done == [True] * 12
 
 
 def test_each_generation_is_reported_finished_once_its_final_response_went_out(caplog):

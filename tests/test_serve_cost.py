@@ -142,9 +142,9 @@ def test_a_hot_first_server_hands_compact_rows_to_a_sampler_with_the_hot_set(tmp
 
 def test_the_llm_model_gets_the_send_threads_asked_for(tmp_path):
     repository = build_repository(tmp_path / "repository", "gpu", 64, 2, 1, 151_936,
-                                  "bfloat16", send_threads=4)
+                                  "bfloat16", send_threads=3)
     config = (repository / "llm" / "config.pbtxt").read_text()
-    assert 'key: "send_threads"\n  value: { string_value: "4" }' in config
+    assert 'key: "send_threads"\n  value: { string_value: "3" }' in config
 
 
 def test_the_decode_loops_profile_reads_as_calls_per_token(tmp_path):

@@ -8,17 +8,17 @@ tritonserver has taken it. Sent one after the other from the decode loop, a
 step of B streams waits B round trips, while that step's forward may be
 long done. With several threads the waits overlap, and tritonserver's
 thread pool takes the responses in parallel; each thread's own share (the
-shared-memory write, the wake-ups) still needs a core, so this pays only on
-a host with cores to spare (on the 2-core development host one sender
-thread grew every process's CPU per token: docs/SERVED_COST.md, "Tried and
-not kept")."""
+shared-memory write, the wake-ups) still needs a core (measured on 2 cores:
+docs/results/send-threads-2026-12-02.md)."""
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from typing import Callable, Hashable, Sequence, TypeVar
 
+log = logging.getLogger(__name__)
 Owner = TypeVar("Owner")
 #: (who the response is for, the transmit that sends it, whether it is the request's final one)
 Item = tuple[Owner, Callable[[], None], bool]
@@ -40,6 +40,7 @@ class SendLanes:
         if threads < 1:
             raise ValueError(f"send_threads must be at least 1, got {threads}")
         self.threads, self.request_of = threads, request_of
+        self.closed = False
         self.inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(threads - 1)]
         self.answers: queue.SimpleQueue = queue.SimpleQueue()
         # daemons: a send that never returns (a server gone) must not hold the process's exit
@@ -54,8 +55,8 @@ class SendLanes:
         final) of those that raised, in the burst's order within each
         thread, for the caller to handle on its own thread, and the CPU
         seconds the other threads spent on them (the caller's own are on
-        its clock)."""
-        if not self.inboxes or len(burst) < 2:
+        its clock). After ``close``, the caller's thread sends them all."""
+        if self.closed or not self.inboxes or len(burst) < 2:
             return _transmit(burst), 0.0
         lanes: list[list[Item]] = [[] for _ in range(self.threads)]
         lane_of: dict[Hashable, int] = {}
@@ -63,14 +64,16 @@ class SendLanes:
             key = self.request_of(item[0])
             lanes[lane_of.setdefault(key, len(lane_of) % self.threads)].append(item)
         posted = 0
-        for inbox, lane in zip(self.inboxes, lanes[1:]):
-            if lane:
-                inbox.put(lane)
-                posted += 1
-        failed = _transmit(lanes[0])
+        try:
+            for inbox, lane in zip(self.inboxes, lanes[1:]):
+                if lane:
+                    inbox.put(lane)
+                    posted += 1
+            failed = _transmit(lanes[0])
+        finally:  # every posted lane answered before the next burst, whatever lane 0 raised
+            answers = [self.answers.get() for _ in range(posted)]
         cpu_s = 0.0
-        for _ in range(posted):
-            lane_failed, lane_cpu_s = self.answers.get()
+        for lane_failed, lane_cpu_s in answers:
             failed += lane_failed
             cpu_s += lane_cpu_s
         return failed, cpu_s
@@ -78,12 +81,19 @@ class SendLanes:
     def _work(self, inbox: queue.SimpleQueue) -> None:
         while (lane := inbox.get()) is not None:
             started = time.thread_time()
-            failed = _transmit(lane)
+            try:
+                failed = _transmit(lane)
+            except BaseException:  # noqa: BLE001 - the lane must be answered, the thread kept
+                log.exception("a send thread's lane failed: its requests are ended")
+                failed = [(owner, final) for owner, _, final in lane]
             self.answers.put((failed, time.thread_time() - started))
+            del lane, failed  # a request's objects not held until the next burst
 
     def close(self, wait: bool = True) -> None:
-        """The threads stopped; ``wait``: joined (none is sending once
-        ``send`` has returned; a caller still inside it passes False)."""
+        """The threads stopped (later bursts go out on the caller's thread);
+        ``wait``: joined (none is sending once ``send`` has returned; a
+        caller still inside it passes False)."""
+        self.closed = True
         for inbox in self.inboxes:
             inbox.put(None)
         if wait:
