@@ -71,7 +71,7 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     modes = [m for m in served.MODES if m.name in ("simple_overlap", "inline")]
     report = served.run("cpu", str(tiny_config(tmp_path)), batches=[2], top_ps=[0.95],
                         modes=modes, max_tokens=32, instances=1, log_dir=tmp_path / "logs",
-                        stacks=True)
+                        stacks=True, send_threads=2)
     assert report["kind"] == "serve-gpu-served" and report["rows"] == "flat (random weights)"
     assert [(r["mode"], r["micro_batches"]) for r in report["results"]] == [
         ("inline", 1), ("simple_overlap", 2)]
@@ -102,9 +102,12 @@ def test_the_served_bench_runs_through_real_servers_on_the_cpu(tmp_path):
     assert "| gc ms/step | sampler rq/step | us/rq |" in markdown
     # --stacks: each server's llm stub sampled its threads, its decode loop among them
     assert "- stacks: the llm stub's threads sampled every 5 ms" in markdown
+    assert "; send_threads 2)" in markdown
     for mode in ("inline", "simple_overlap"):
         (stacks,) = (tmp_path / "logs" / "stacks" / mode).glob("llm-*.stacks")
-        assert any(line.startswith("decode-loop;") for line in stacks.read_text().splitlines())
+        threads = {line.split(";")[0] for line in stacks.read_text().splitlines()}
+        # the decode loop, and the one other send thread send_threads 2 gives its server
+        assert {"decode-loop", "llm-send-1"} <= threads and "llm-send-2" not in threads
 
 
 def test_a_mode_whose_server_fails_is_reported_and_the_next_modes_still_run(tmp_path,

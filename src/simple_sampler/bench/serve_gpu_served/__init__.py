@@ -37,6 +37,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
                              "--compile-decode)")
     parser.add_argument("--launch-ahead", choices=LAUNCH_AHEAD,
                         help="the llm model's launch_ahead (default auto: on, on a GPU)")
+    parser.add_argument("--send-threads", type=positive_int,
+                        help="the llm model's send_threads in every server (default its own, "
+                             "4)")
     parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
                                           "temporary folder, named in the report)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
@@ -57,7 +60,8 @@ def measure(args: argparse.Namespace) -> dict:
                         **given(args, device="device", model_config="model_config",
                                 instances="instances", micro_batches="micro_batches",
                                 stream_interval="stream_interval",
-                                launch_ahead="launch_ahead", decode_step="decode_step"))
+                                launch_ahead="launch_ahead", decode_step="decode_step",
+                                send_threads="send_threads"))
     if args.markdown:
         Path(args.markdown).write_text(served.format_report(report) + "\n")
     return report

@@ -124,7 +124,8 @@ def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str
                     model: str | None, largest: int, instances: int, micro_batches: int,
                     stream_interval: int, max_context: int, hot_vocab_profile: str,
                     launch_ahead: str = LlmSettings.launch_ahead,
-                    decode_step: str = "eager") -> LlmSettings:
+                    decode_step: str = "eager",
+                    send_threads: int = LlmSettings.send_threads) -> LlmSettings:
     """The llm model's settings for one mode's server."""
     return LlmSettings(engine="static", device=device, torch_dtype=dtype,
                        model_config=model_config or "", model=model or "",
@@ -133,7 +134,7 @@ def static_settings(mode: ServedMode, device: str, dtype: str, model_config: str
                        max_context=max_context, micro_batches=micro_batches,
                        stream_interval=stream_interval, launch_ahead=launch_ahead,
                        sampler_shards=instances, hot_vocab_profile=hot_vocab_profile,
-                       compile_decode=decode_step == "compiled")
+                       compile_decode=decode_step == "compiled", send_threads=send_threads)
 
 
 def forward_only_bounds(device: str, dtype: str, model_config: str | None, model: str | None,
@@ -246,7 +247,7 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
         modes=DEFAULT_MODES, max_tokens: int = 128, instances: int = 2, micro_batches: int = 1,
         stream_interval: int = 1, log_dir: str | Path | None = None,
         launch_ahead: str = LlmSettings.launch_ahead, decode_step: str = "eager",
-        stacks: bool = False) -> dict:
+        stacks: bool = False, send_threads: int = LlmSettings.send_threads) -> dict:
     """Every mode's server at every (B, top_p), and forward_only at every B,
     on the static engine's ``decode_step`` (eager, or compiled: ``serve
     --compile-decode``). dtype: bfloat16 on cuda, float32 on the CPU unless
@@ -266,7 +267,8 @@ def run(device: str = "cuda", model_config: str | None = DEFAULT_SHAPE,
     settings = {"device": device, "dtype": dtype, "model_config": model_config, "model": model,
                 "instances": instances, "micro_batches": micro_batches,
                 "stream_interval": stream_interval, "max_context": max_context,
-                "launch_ahead": launch_ahead, "decode_step": decode_step}
+                "launch_ahead": launch_ahead, "decode_step": decode_step,
+                "send_threads": send_threads}
     rows = rows_label(model_config)
     results, servers = [], []
     for mode in modes:
@@ -315,7 +317,8 @@ def format_report(report: dict) -> str:
              f"{settings['max_context']} positions; {settings['micro_batches']} micro-batch(es); "
              f"stream_interval {settings['stream_interval']}; launch_ahead "
              f"{settings.get('launch_ahead', 'off (before the setting)')}; decode step "
-             f"{settings.get('decode_step', 'eager')})",
+             f"{settings.get('decode_step', 'eager')}; send_threads "
+             f"{settings.get('send_threads', '1 (before the setting)')})",
              f"- rows: **{report['rows']}**",
              f"- sampler: {settings['instances']} simple_sampler instances; inline: the batched "
              f"gpu_inline in the llm model",
