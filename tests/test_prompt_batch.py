@@ -133,7 +133,8 @@ def test_a_requests_generations_are_asked_about_cancellation_once_per_poll(monke
     asked, other = Asker([]), Asker([-1.0, -1.0, -1.0])  # the other never says yes
 
     async def watch():
-        deliveries = llm_delivery.Deliveries(asyncio.get_running_loop(), None, None, None)
+        deliveries = llm_delivery.Deliveries(asyncio.get_running_loop(), None, None, None,
+                                             send_threads=1)
         batches = [[Generation(delivering=True, is_cancelled=ask, stopped=False)
                     for _ in range(40)] for ask in (asked, other)]
         for delivery in batches[0] + batches[1]:

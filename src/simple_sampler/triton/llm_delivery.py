@@ -142,9 +142,8 @@ class Deliveries:
     (``send_lanes.SendLanes``; 1: the loop's alone); ``close`` stops them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, codec: TextCodec, stats: DecoderStats,
-                 on_burst: Callable[[], None], answers_once: bool = False,
-                 on_finished: Callable[[GenerationEvent], None] = lambda event: None,
-                 send_threads: int = 1):
+                 on_burst: Callable[[], None], *, send_threads: int, answers_once: bool = False,
+                 on_finished: Callable[[GenerationEvent], None] = lambda event: None):
         self.loop, self.codec, self.stats, self.on_burst = loop, codec, stats, on_burst
         # a request's generations share its is_cancelled (LlmService._serve), as its sender
         self.senders = SendLanes(send_threads, lambda delivery: id(delivery.is_cancelled))

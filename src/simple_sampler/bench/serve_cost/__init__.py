@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ...settings import HANDOFFS, SAMPLING_MODES
+from ...settings import HANDOFFS, SAMPLING_MODES, LlmSettings
 from ..markdown import FigureWriter, Source, number, table
-from ..spec import BenchSpec, given, simulated_rows
+from ..spec import BenchSpec, given, positive_int, simulated_rows
 
 #: --quick: instant pace, B 16, stream intervals 1 and 4, 32 tokens.
 QUICK_PLAN = {"paces": ["instant"], "batches": [16], "intervals": [1, 4]}
@@ -42,9 +42,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python-thread-pool", type=int, nargs="+", metavar="N",
                         help="the Python backend's thread-pool-size, one server per size "
                              "(default: Triton's own, 32, as serve runs it)")
-    parser.add_argument("--send-threads", type=int, nargs="+", metavar="N",
+    parser.add_argument("--send-threads", type=positive_int, nargs="+", metavar="N",
                         help="the llm model's send_threads, one server per count (default: "
-                             "the llm model's, 4)")
+                             f"the llm model's, {LlmSettings.send_threads})")
     simulated_rows(parser)
     parser.add_argument("--profile", metavar="DIR",
                         help="run the llm stub's decode-loop thread under cProfile and "

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...settings import DECODE_STEPS, LAUNCH_AHEAD, TORCH_DTYPES
+from ...settings import DECODE_STEPS, LAUNCH_AHEAD, TORCH_DTYPES, LlmSettings
 from ..markdown import FigureWriter, Source
 from ..spec import BenchSpec, given, positive_int
 
@@ -38,8 +38,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-ahead", choices=LAUNCH_AHEAD,
                         help="the llm model's launch_ahead (default auto: on, on a GPU)")
     parser.add_argument("--send-threads", type=positive_int,
-                        help="the llm model's send_threads in every server (default its own, "
-                             "4)")
+                        help="the llm model's send_threads in every server (default its "
+                             f"own, {LlmSettings.send_threads})")
     parser.add_argument("--log-dir", help="where the servers' logs go (default: a "
                                           "temporary folder, named in the report)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown here")
