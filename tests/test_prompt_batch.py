@@ -113,6 +113,7 @@ def test_only_the_last_prompt_to_end_sends_the_final_flag():
 
 class Generation(SimpleNamespace):
     __hash__ = object.__hash__  # a Delivery's: by identity
+    request = llm_delivery.Delivery.request  # its request's key, as a Delivery has it
 
 
 @dataclasses.dataclass

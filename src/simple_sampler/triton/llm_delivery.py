@@ -78,6 +78,12 @@ class Delivery:
     #: a response carrying tokens went out (a stream's first token is never held)
     opened: bool = False
 
+    @property
+    def request(self) -> int:
+        """Its Triton request's key: a request's generations share its
+        is_cancelled (``LlmService._serve``), as they share its sender."""
+        return id(self.is_cancelled)
+
     def stop(self) -> None:
         if self.delivering:
             self.delivering = False
@@ -145,8 +151,7 @@ class Deliveries:
                  on_burst: Callable[[], None], *, send_threads: int, answers_once: bool = False,
                  on_finished: Callable[[GenerationEvent], None] = lambda event: None):
         self.loop, self.codec, self.stats, self.on_burst = loop, codec, stats, on_burst
-        # a request's generations share its is_cancelled (LlmService._serve), as its sender
-        self.senders = SendLanes(send_threads, lambda delivery: id(delivery.is_cancelled))
+        self.senders = SendLanes(send_threads, lambda delivery: delivery.request)
         self.answers_once, self.on_finished = answers_once, on_finished
         self.live: dict[Delivery, None] = {}  # in order, for turns
         #: a step's events and tokens (delivery None: a step's, on_step's
@@ -298,11 +303,11 @@ class Deliveries:
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
             # a request's generations (``SharedSends``) share one question, its
-            # one is_cancelled (by identity: a callable need not hash)
+            # one is_cancelled
             requests: dict[int, tuple[Callable[[], bool], list[Delivery]]] = {}
             for delivery in self.live:
                 if delivery.delivering:
-                    requests.setdefault(id(delivery.is_cancelled),
+                    requests.setdefault(delivery.request,
                                         (delivery.is_cancelled, []))[1].append(delivery)
             asked = list(requests.values())
             if len(asked) > CANCEL_CHECKS_PER_POLL:
