@@ -9,7 +9,7 @@ temperature           1.0        finite, >= 0; below 1e-5 (as FP32) means greedy
 top_k                 0          >= -1; 0 and -1 disable it
 top_p                 1.0        (0, 1]; 1 disables it
 min_p                 0.0        [0, 1]; 0 disables it
-repetition_penalty    1.0        finite, > 0; 1 disables it
+repetition_penalty    1.0        [1e-6, 1e6]; 1 disables it
 presence_penalty      0.0        [-2, 2]
 frequency_penalty     0.0        [-2, 2]
 seed                  None       [0, 2**64); None draws a fresh random seed

@@ -5,7 +5,7 @@ servers as `bench serve`), and perf_analyzer drives it over gRPC streaming
 with the shipped input data (client/perf_inputs.json: the bench prompt set,
 chat template, max_tokens = min_length = 64, temperature 1, a seed per
 prompt) at each concurrency of the sweep. perf_analyzer measures in windows
-of `2 x concurrency` completed requests until three in a row agree within
+of `2 x concurrency` completed requests (4 at least) until three in a row agree within
 `stability_percent`; its profile export (every request's send time and
 response times) is kept, and the figures are computed from the requests of
 those last three windows:
