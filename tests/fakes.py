@@ -2,7 +2,8 @@
 tokenizer, an engine whose logits follow a script (no model, no torch
 forward), tiny random-weight Hugging Face models, the llm model's request
 tensors and a recording client, concurrent seeded streams against a
-real server, and a CUDA runtime whose last error is kept per thread."""
+real server, a CUDA runtime whose last error is kept per thread, and waits
+and metrics for tests against a real server."""
 import asyncio
 import threading
 import time
@@ -223,3 +224,27 @@ def on_loop_recorder(function):
         return function(*args, **kwargs)
 
     return recording, on_loop
+
+
+def wait_until(condition, timeout_s: float = 30.0, interval_s: float = 0.05):
+    """Polls ``condition()`` until it is true or ``timeout_s`` has passed, and
+    returns its last value for the caller to assert on: a bound only a hang
+    reaches, however loaded the machine."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    return value
+
+
+def llm_metric(server, name: str) -> float:
+    """The llm model's metric ``simple_llm_<name>`` on a real server's
+    metrics port (every series summed)."""
+    from simple_sampler.triton.counters import read_counter
+
+    return read_counter(server.metrics_url, f"simple_llm_{name}")
+
+
+def in_flight(server) -> float:
+    """Requests in the llm model's decode loop: its gauge, reported at most
+    every 0.5 s while streaming, so it may lag a new request by that much."""
+    return llm_metric(server, "requests_in_flight")

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +26,7 @@ from simple_sampler.launch.server import TRITON_EXIT_TIMEOUT_S
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.supervisor import arena_regions
 from simple_sampler.triton.counters import wait_for_counter
+from fakes import in_flight, wait_until
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -43,16 +43,6 @@ def frontend(llm_server):
 @pytest.fixture(scope="module")
 def client(frontend):
     return openai.OpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
-
-
-def metric(server, pattern: str) -> float:
-    """The sum of every series of a metric on the server's metrics port."""
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{pattern}(?:\{{[^}}]*\}})? (\S+)", text, re.M))
-
-
-def in_flight(server) -> float:
-    return metric(server, "simple_llm_requests_in_flight")
 
 
 def rows_sampled(server, settled: bool = False) -> float:
@@ -403,17 +393,15 @@ def long_request(frontend, stream: bool) -> dict:
 
 
 def wait_until_generating(server, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while in_flight(server) < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert wait_until(lambda: in_flight(server) >= 1, timeout_s, interval_s=0.02)
     assert in_flight(server) == 1
 
 
 def stops_within(server) -> tuple[float, float]:
-    """(seconds until no request is in flight, rows sampled in the second after)."""
+    """(seconds until no request is in flight, rows sampled in the second
+    after); fails if one still is after 30 s."""
     left = time.monotonic()
-    while in_flight(server) != 0 and time.monotonic() < left + 30:
-        time.sleep(0.02)
+    assert wait_until(lambda: in_flight(server) == 0, interval_s=0.02), "still generating after 30 s"
     stopped_after = time.monotonic() - left
     rows = rows_sampled(server, settled=True)
     time.sleep(1.0)
@@ -432,13 +420,13 @@ def test_a_client_leaving_a_stream_stops_its_generation(frontend, llm_server):
                 received += line.startswith("data: ")
                 if received == 5:
                     break
-            assert in_flight(llm_server) == 1
+            # the gauge may lag a new request by the llm model's 0.5 s report period
+            assert wait_until(lambda: in_flight(llm_server) == 1)
     # the connection is closed here
     stopped_after, rows_after = stops_within(llm_server)
-    # within seconds (a loaded machine stretches the cancel's path), and the
-    # rows sampled say it stopped far short of its 400 tokens
-    assert stopped_after < 3.0, stopped_after
-    assert rows_after == 0
+    # how soon is said by the rows sampled, far short of its 400 tokens, not
+    # by the seconds it took (a loaded machine stretches the cancel's path)
+    assert rows_after == 0, stopped_after
     assert rows_sampled(llm_server) - rows_before < 100  # far from the 400 asked
 
 
@@ -453,8 +441,7 @@ def test_a_client_aborting_a_non_streamed_request_stops_its_generation(frontend,
         time.sleep(0.5)
     # the connection is closed here, before any answer
     stopped_after, rows_after = stops_within(llm_server)
-    assert stopped_after < 3.0, stopped_after
-    assert rows_after == 0
+    assert rows_after == 0, stopped_after
     assert rows_sampled(llm_server) - rows_before < 200
 
 
@@ -474,18 +461,13 @@ def test_a_cancelled_ensemble_stream_keeps_generating(llm_server):
         inputs[-1].set_data_from_numpy(value)
     rows = rows_sampled(llm_server, settled=True)
     client.async_stream_infer("ensemble", inputs)
-    deadline = time.monotonic() + 60
-    while len(arrivals) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(arrivals) >= 3, timeout_s=60, interval_s=0.01)
     client.stop_stream(cancel_requests=True)
     client.close()
     # it ends at max_tokens, unseen: every one of its 60 tokens sampled, where
     # a cancellation passed on would have stopped it a step or two after the
     # third (however fast the host: no window to catch it still running)
-    deadline = time.monotonic() + 60
-    while in_flight(llm_server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert in_flight(llm_server) == 0
+    assert wait_until(lambda: in_flight(llm_server) == 0, timeout_s=60)
     generated = rows_sampled(llm_server, settled=True) - rows
     assert generated >= 60, generated
 

@@ -22,11 +22,6 @@ TURNS = [{"role": "user", "content": "Capital of France?"},
 
 
 @pytest.fixture(scope="module")
-def codec():
-    return TextCodec.from_source()
-
-
-@pytest.fixture(scope="module")
 def bos_codec(codec):
     """SmolLM2's tokenizer made to add a BOS (<|endoftext|>, id 0), as
     Llama's does (SmolLM2's adds nothing), and a template that reads a

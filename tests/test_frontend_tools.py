@@ -12,7 +12,6 @@ from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.tools import template_messages
 from simple_sampler.frontend.protocol import ChatMessage
 from simple_sampler.frontend.translate import Served
-from simple_sampler.serving.text import TextCodec
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER = {"type": "function", "function": {
@@ -40,11 +39,6 @@ class Scripted:
                 yield Chunk(text, [5 + i], [-0.5], -0.5 * (i + 1), len(plan.prompt_ids), i + 1,
                             self.finish if last else "")
         return chunks()
-
-
-@pytest.fixture(scope="module")
-def codec():
-    return TextCodec.from_source()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from simple_sampler.serving.torch_engine import TorchEngine
 from simple_sampler.serving.text import TextCodec
 from simple_sampler.params import SamplingParams
 from conftest import LLM_CONTEXT
+from fakes import in_flight, llm_metric, wait_until
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France?"
@@ -38,15 +39,6 @@ def grpc(server):
 
 def http(server):
     return GenerateClient(server.http_url, "http")
-
-
-def llm_metric(server, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return float(re.search(rf"^simple_llm_{name}\{{[^}}]*\}} (\S+)", text, re.M).group(1))
-
-
-def in_flight(server) -> float:
-    return llm_metric(server, "requests_in_flight")
 
 
 def test_every_model_process_froze_its_heap_once_ready(server):
@@ -76,10 +68,8 @@ def test_tensorrt_llms_request_and_iteration_gauges_are_reported_under_its_names
         return float(found.group(1)) if found else None
 
     assert gauge("request", "max") == 32  # conftest's llm_server_settings
-    deadline = time.monotonic() + 10
-    while (gauge("general", "iteration_counter") != llm_metric(server, "steps_total")
-           or gauge("request", "active")) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: gauge("general", "iteration_counter") == llm_metric(server, "steps_total")
+               and not gauge("request", "active"))
     assert gauge("general", "iteration_counter") == llm_metric(server, "steps_total") >= 4
     assert gauge("request", "active") == gauge("request", "scheduled") == 0
 
@@ -90,9 +80,7 @@ def test_tensorrt_llms_request_and_iteration_gauges_are_reported_under_its_names
 
     (inputs, prompt), (outputs, answer) = lengths("input"), lengths("output")
     GenerateClient(server.http_url, "http").generate("Hi", max_tokens=3, min_length=3)
-    deadline = time.monotonic() + 10  # observed right after its responses go out
-    while lengths("output")[0] == outputs and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: lengths("output")[0] != outputs)  # observed right after its responses go out
     assert lengths("output") == (outputs + 1, answer + 3)  # each generation as it ends
     assert lengths("input")[0] == inputs + 1 and lengths("input")[1] > prompt
 
@@ -103,9 +91,7 @@ def test_greedy_answer_names_paris(server):
     assert "Paris" in answer.text
     # the decode loop's own time is exported (the llm model reports right after
     # sending the final response, so it may lag the answer by a moment)
-    deadline = time.monotonic() + 30
-    while llm_metric(server, "loop_us_total") == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: llm_metric(server, "loop_us_total"))
     assert 0 < llm_metric(server, "loop_us_total") < llm_metric(server, "data_plane_us_total")
     assert llm_metric(server, "bridge_us_total") == 0  # exported; only TensorRT-LLM has a bridge
     assert llm_metric(server, "gc_pause_us_total") >= 0  # exported (a regex miss raises)
@@ -312,22 +298,17 @@ def test_a_cancelled_stream_frees_its_slot(server):
         inputs.append(grpcclient.InferInput(name, [1, 1], np_to_triton_dtype(value.dtype)))
         inputs[-1].set_data_from_numpy(value)
     client.async_stream_infer("llm", inputs)
-    deadline = time.monotonic() + 60
-    while len(arrivals) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(arrivals) >= 5, timeout_s=60, interval_s=0.01)
     # While streaming, the llm model reports its metrics at most every 0.5 s
     # (docs/SERVED_COST.md), so the gauge may lag the first tokens by that much.
-    while in_flight(server) != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: in_flight(server) == 1)
     assert len(arrivals) >= 5 and in_flight(server) == 1, [str(e) for _, e in arrivals]
     seconds_per_token = (arrivals[4][0] - arrivals[1][0]) / 3
     cancelled_at = time.monotonic()
     client.stop_stream(cancel_requests=True)
     client.close()
-    while in_flight(server) != 0 and time.monotonic() < cancelled_at + 30:
-        time.sleep(0.05)
+    assert wait_until(lambda: in_flight(server) == 0)
     freed_after = time.monotonic() - cancelled_at
-    assert in_flight(server) == 0
     # finishing the 500 tokens would have taken far longer than that
     assert freed_after < 0.25 * (500 - len(arrivals)) * seconds_per_token, \
         (freed_after, seconds_per_token)
@@ -383,9 +364,7 @@ def test_a_key_or_parameter_that_names_no_input_is_refused_by_name(server, model
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
     client.async_stream_infer(model, [text], parameters={"beam_width": 2},
                               enable_empty_final_response=True)
-    deadline = time.monotonic() + 30
-    while not answers and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: answers)
     client.stop_stream()
     assert answers and "beam_width is an input of this model" in str(answers[0][1])
     assert grpc(server).generate(QUESTION, max_tokens=2, min_length=2).num_output_tokens == 2
@@ -443,9 +422,7 @@ def test_a_vllm_backend_clients_requests_run_as_they_are(server, model):
     answers = []
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
     client.async_stream_infer(model, [*inputs, flag], parameters=sent)
-    deadline = time.monotonic() + 60
-    while not answers and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: answers, timeout_s=60)
     client.stop_stream()
     assert answers and answers[0][1] is None, answers
     assert answers[0][0].as_numpy("text_output").reshape(-1)[0].decode() == text(own)
@@ -473,11 +450,8 @@ def stream_answers(server, model: str, inputs: dict) -> list:
     answers = []
     client.start_stream(callback=lambda result, error: answers.append((result, error)))
     client.async_stream_infer(model, tensors, enable_empty_final_response=True)
-    deadline = time.monotonic() + 60
-    while not (answers and (answers[-1][1] is not None or answers[-1][0].get_response()
-                            .parameters["triton_final_response"].bool_param)) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: answers and (answers[-1][1] is not None or answers[-1][0].get_response()
+                                    .parameters["triton_final_response"].bool_param), timeout_s=60)
     client.stop_stream()
     return answers
 
@@ -750,17 +724,12 @@ def test_tensorrt_llms_stop_signal_reaches_the_decode_loop_through_tensorrt_llm(
     client.async_stream_infer("tensorrt_llm", tensors({
         **core_client_inputs([[504, 3575, 282]], True), "min_length": np.array([[500]], np.int32),
         "request_output_len": np.array([[500]], np.int32)}), request_id="stop-me")
-    deadline = time.monotonic() + 30
-    while len(answers) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(answers) >= 3)
     client.async_stream_infer("tensorrt_llm", tensors({
         "input_ids": np.empty([1, 1], np.int32), "input_lengths": np.zeros([1, 1], np.int32),
         "request_output_len": np.zeros([1, 1], np.int32), "stop": np.ones([1, 1], bool)}),
         request_id="stop-me", parameters={"Streaming": True})
-    deadline = time.monotonic() + 30
-    while in_flight(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert in_flight(server) == 0
+    assert wait_until(lambda: in_flight(server) == 0)
     client.stop_stream()
     assert all(error is None for _, error in answers), answers
     signal = [result for result, _ in answers if result.get_output("output_ids") is None]
@@ -837,9 +806,7 @@ def test_unknown_stop_word_type_is_refused(server):
     errors = []
     client.start_stream(callback=lambda result, error: errors.append(error))
     client.async_stream_infer("ensemble", [text, stop])
-    deadline = time.monotonic() + 30
-    while not errors and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: errors)
     client.stop_stream()
     assert errors and "stop_words" in str(errors[0]) and "BYTES" in str(errors[0])
 
@@ -861,9 +828,7 @@ def test_a_request_without_text_input_ends_its_grpc_stream_with_the_error(server
     results = []
     client.start_stream(callback=lambda result, error: results.append((result, error)))
     client.async_stream_infer("ensemble", [max_tokens], enable_empty_final_response=True)
-    deadline = time.monotonic() + 30
-    while not results and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: results)
     client.stop_stream()
     [(result, error)] = results
     assert result is None and "text_input (or input_ids) is required" in str(error)

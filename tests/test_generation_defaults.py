@@ -12,7 +12,6 @@ from simple_sampler.client import Chunk
 from simple_sampler.frontend.app import build_app
 from simple_sampler.frontend.generation_defaults import sampling_defaults
 from simple_sampler.frontend.translate import PARAM_INPUTS, Served
-from simple_sampler.serving.text import TextCodec
 
 MODEL = "some-instruct-model"
 CONTEXT = 512
@@ -71,11 +70,6 @@ class Recorder:
         async def chunks():
             yield Chunk(" Paris.", [3], [-0.5], -0.5, len(plan.prompt_ids), 1, "stop")
         return chunks()
-
-
-@pytest.fixture(scope="module")
-def codec():
-    return TextCodec.from_source()
 
 
 def door(codec, defaults):

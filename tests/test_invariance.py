@@ -7,7 +7,7 @@ import pytest
 from conftest import MIXED_VOCAB as VOCAB
 from conftest import make_requests, make_rows
 from simple_sampler.params import History, SamplingBatch, SamplingParams
-from simple_sampler.sampling import sample, sample_requests
+from simple_sampler.sampling import kernel_params, sample, sample_requests
 
 N_TOP = 5
 
@@ -120,10 +120,20 @@ def test_num_threads_one_and_two_agree(mixed):
 
 
 def test_default_threads_come_from_the_environment(mixed, monkeypatch):
+    """The thread count a call without ``num_threads`` runs on is
+    SIMPLE_SAMPLER_NUM_THREADS (1 without it), and its tokens are the same."""
     rows, params, histories, steps, out = mixed
-    monkeypatch.setenv("SIMPLE_SAMPLER_NUM_THREADS", "1")
+    batch = SamplingBatch.from_params(params, histories, steps)
+    monkeypatch.delenv("SIMPLE_SAMPLER_NUM_THREADS", raising=False)
+    assert kernel_params(batch, rows.shape[1], N_TOP, None)[1] == 1
+    monkeypatch.setenv("SIMPLE_SAMPLER_NUM_THREADS", "3")
+    assert kernel_params(batch, rows.shape[1], N_TOP, None)[1] == 3
     again = sample_requests(rows, params, histories, steps, num_top_logprobs=N_TOP)
     assert_same_rows(out, range(len(rows)), again, range(len(rows)))
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv("SIMPLE_SAMPLER_NUM_THREADS", wrong)
+        with pytest.raises(ValueError, match=f"SIMPLE_SAMPLER_NUM_THREADS must be an integer >= 1, got '{wrong}'"):
+            sample_requests(rows, params, histories, steps, num_top_logprobs=N_TOP)
 
 
 # ------------------------------------------------------ seeds and steps

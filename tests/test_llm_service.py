@@ -17,7 +17,7 @@ from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_delivery import Cancelled, Unavailable
 from simple_sampler.triton.llm_service import LlmService
 from simple_sampler.triton.sampler_targets import SamplerCallError
-from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs
+from fakes import MAX_TOKENS, Client, FakeEngine, FakeTokenizer, inputs, wait_until
 
 
 class BuildingClient(Client):
@@ -204,9 +204,12 @@ def test_a_draining_service_finishes_within_the_grace_then_errors_the_rest():
                          codec=TextCodec(FakeTokenizer()))
     try:
         quick, slow, late = Client(), Client(), Client()
-        service.submit(inputs(max_tokens=3), quick.send, on_done=quick.done.set)
-        service.submit(inputs(max_tokens=120), slow.send, on_done=slow.done.set)
-        time.sleep(0.1)
+        admitted = threading.Semaphore(0)
+        service.submit(inputs(max_tokens=3), quick.send, on_done=quick.done.set,
+                       on_admitted=admitted.release)
+        service.submit(inputs(max_tokens=120), slow.send, on_done=slow.done.set,
+                       on_admitted=admitted.release)
+        assert admitted.acquire(timeout=30) and admitted.acquire(timeout=30)
         draining = service.drain(grace_s=1.0)
         service.submit(inputs(max_tokens=3), late.send, on_done=late.done.set).result(timeout=10)
         assert draining.result(timeout=10) == 1  # the slow one, at the grace's end
@@ -635,7 +638,7 @@ def test_a_stop_signal_ends_the_requests_of_its_request_id_with_what_they_made()
         for client, request_id in ((stopped, "7"), (other, "8")):
             service.submit({**core(False), "request_output_len": np.array([[300]], np.int32)},
                            client.send, on_done=client.done.set, request_id=request_id)
-        time.sleep(0.3)
+        assert wait_until(lambda: service.stats().steps >= 3)  # each has made a token or two
         service.submit(signal, stop.send, on_done=stop.done.set, request_id="7").result(60)
         service.submit(signal, nameless.send, on_done=nameless.done.set).result(60)
         assert stopped.done.wait(10) and not other.done.is_set()

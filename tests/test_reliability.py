@@ -20,7 +20,7 @@ from conftest import SAMPLED_SEEDS, SAMPLED_TOKENS, llm_server_settings
 from fakes import PROMPT, SAMPLED, Streams
 from simple_sampler.client import GenerateClient, GenerationError
 from simple_sampler.launch.serve import assemble_repository
-from simple_sampler.launch.ports import free_port
+from simple_sampler.launch.ports import free_ports
 from simple_sampler.launch.server import TritonServer
 from simple_sampler.pids import alive
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
@@ -232,7 +232,7 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
     tokens among 8 streams), as 8 s did beside two busy processes on 2
     cores."""
     grace = 8
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     serve = subprocess.Popen(
         [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port", str(ports[0]),
          "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--instances", "2",
@@ -317,7 +317,7 @@ def test_sigterm_under_load_after_a_sampler_fault_answers_every_client_and_leave
 def start_serve(tmp_path, *args):
     """`simple-sampler serve ARGS` on free ports, no OpenAI port: (the
     process, its Output, [http, grpc, metrics] ports)."""
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     serve = subprocess.Popen(
         [str(Path(sys.executable).parent / "simple-sampler"), "serve", "--http-port",
          str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),

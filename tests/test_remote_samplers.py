@@ -9,9 +9,10 @@ import signal
 import time
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from conftest import SAMPLED_SEEDS
-from fakes import SAMPLED, Streams
+from fakes import SAMPLED, Streams, wait_until
 from simple_sampler.settings import LlmSettings, SamplerSettings
 from simple_sampler.launch.processes import SHM_DIRECTORY, list_stubs
 from simple_sampler.launch.serve import assemble_repository
@@ -127,11 +128,12 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
     sampled elsewhere, and the host takes no shard until that call ends.
     The server's stop then removes the dead stub's region too."""
     from simple_sampler.triton.sampler_client import SamplerClient
-    from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, RemoteSampler
+    from simple_sampler.triton.sampler_targets import PROBE_TIMEOUT_S, REMOTE_TIMEOUT_S, RemoteSampler
 
     settings = SamplerSettings(sampler_instances=1, vocab_size=4096)
     server = TritonServer(assemble_repository(tmp_path / "repository", settings),
                           log_path=tmp_path / "log").start()
+    pool = None
     try:
         remote = RemoteSampler(server.grpc_url)
         assert remote.ready()  # its configuration read by the probe itself: V from it
@@ -150,29 +152,30 @@ def test_a_sampler_server_whose_sampler_hangs_is_not_taken_back(tmp_path):
             next_s = time.monotonic() - sent
         finally:
             os.kill(server.process.pid, signal.SIGCONT)
+        # one late episode: a shard of the second step sent there would have made two
         assert left_out and pool.targets[0].lates == 1
-        deadline = time.monotonic() + 10  # the late call answers now: the host is back
-        while pool.targets[0].abandoned and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not pool.targets[0].abandoned, timeout_s=10)  # the host is back
         assert pool.targets[0].is_up(time.monotonic())
-        assert next_s < 1.0, f"{next_s:.1f} s: a shard went to the host whose call was late"
+        # the bounds: well short of the request's whole timeout, however loaded the machine
+        assert next_s < REMOTE_TIMEOUT_S / 2, f"{next_s:.1f} s: a shard waited for the late host"
         stub = [s for s in list_stubs(server.process.pid) if s.model == "simple_sampler"][0]
         os.kill(stub.pid, signal.SIGSTOP)
         try:
             asked = time.monotonic()
-            with pytest.raises(Exception):  # noqa: B017 - tritonclient's, whichever comes first
+            with pytest.raises(InferenceServerException):
                 remote.ready()
             failed_s = time.monotonic() - asked
             readiness = SamplerClient(server.grpc_url, "grpc").client.is_model_ready(
                 "simple_sampler", client_timeout=PROBE_TIMEOUT_S)
         finally:
             os.kill(stub.pid, signal.SIGKILL)  # a stopped stub resumed crashed Triton 2.51
-        assert failed_s < PROBE_TIMEOUT_S + 2.0
-        assert late_s < 2.0, f"{late_s:.1f} s: the hung host's shard waited its whole timeout"
-        pool.close()
+        assert failed_s < PROBE_TIMEOUT_S + 4.0
+        assert late_s < REMOTE_TIMEOUT_S / 2, f"{late_s:.1f} s: the hung host's shard waited its whole timeout"
         assert readiness, "Triton's readiness alone now sees a stopped stub: the probe's " \
                           "row is no longer needed for this"
     finally:
+        if pool is not None:
+            pool.close()
         server.stop()
     # the dead stub's region, which only Triton still held, is removed with it
     assert not (SHM_DIRECTORY / stub.shm_region).exists()

@@ -333,8 +333,10 @@ def test_a_reader_lets_go_of_regions_unlinked_since(arena):
     gone (a reloaded llm model's), which would stay charged while mapped."""
     reader = RowReader()
     old = RowArena(1, 64)
-    reader.histories(old.histories(2, 4)[0])
-    old.close()
+    try:
+        reader.histories(old.histories(2, 4)[0])
+    finally:
+        old.close()
     key, _ = arena.histories(2, 4)
     reader.histories(key)
     assert list(reader.maps) == [key]

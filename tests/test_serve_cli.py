@@ -23,6 +23,29 @@ def serve(*args, env=None):
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+PORT_OPTIONS = ("--http-port", "--grpc-port", "--metrics-port", "--openai-port")
+
+
+def refused(*args, tmp_path, env=None) -> tuple[int, str]:
+    """(status, stderr) of a `serve` that should refuse before it starts
+    anything: each port it is not given a free one (never the defaults a
+    `make serve` may hold), TMPDIR a test folder. One still running after
+    60 s is stopped as Ctrl-C stops it (it stops what it started), and
+    fails the test."""
+    given = set(args)
+    missing = [option for option in PORT_OPTIONS if option not in given]
+    ports = free_ports(len(missing), {int(a) for a in args if a.isdigit()})
+    process = serve(*args, *[str(x) for pair in zip(missing, ports) for x in pair],
+                    env={**(env or os.environ), "TMPDIR": str(tmp_path)})
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+        pytest.fail("serve was still running after 60 s: it did not refuse")
+    return process.returncode, stderr
+
+
 @pytest.mark.slow
 def test_serve_answers_and_stops_on_sigint(tmp_path):
     """...and keeps only Triton's log, in TMPDIR (its repository removed)."""
@@ -73,34 +96,27 @@ def test_port_taken_is_one_clear_error(tmp_path):
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        grpc, metrics, api = free_ports(3, {taken})  # not the API's 9000: a `make serve` may hold it
-        process = serve("--http-port", str(taken), "--grpc-port", str(grpc),
-                        "--metrics-port", str(metrics), "--openai-port", str(api),
-                        env={**os.environ, "TMPDIR": str(tmp_path)})
-        _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 2
+        status, stderr = refused("--http-port", str(taken), tmp_path=tmp_path)
+    assert status == 2
     assert f"port {taken} (http port) is already in use" in stderr
     assert "Traceback" not in stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_openai_port_taken_is_one_clear_error_before_triton_starts():
+def test_openai_port_taken_is_one_clear_error_before_triton_starts(tmp_path):
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        http, grpc, metrics = free_ports(3, {taken})
-        process = serve("--http-port", str(http), "--grpc-port", str(grpc),
-                        "--metrics-port", str(metrics), "--openai-port", str(taken))
-        stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 2
+        status, stderr = refused("--openai-port", str(taken), tmp_path=tmp_path)
+    assert status == 2
     assert f"port {taken} (openai port) is already in use" in stderr
     assert "Traceback" not in stderr and "tritonserver started" not in stderr
 
 
-def test_missing_server_binary_is_one_clear_error():
+def test_missing_server_binary_is_one_clear_error(tmp_path):
     env = {**os.environ, "TRITONSERVER": "/nonexistent/tritonserver"}
-    _, stderr = serve("--http-port", str(free_port()), env=env).communicate(timeout=60)
+    _, stderr = refused(tmp_path=tmp_path, env=env)
     assert "TRITONSERVER=/nonexistent/tritonserver is not a file" in stderr
     assert "Traceback" not in stderr
 
@@ -113,8 +129,8 @@ def test_missing_stub_for_this_python_names_the_versions(monkeypatch):
         install.find_triton()
 
 
-def test_bad_setting_is_one_clear_error():
-    _, stderr = serve("--instances", "0").communicate(timeout=60)
+def test_bad_setting_is_one_clear_error(tmp_path):
+    _, stderr = refused("--instances", "0", tmp_path=tmp_path)
     assert "sampler_instances must be >= 1, got 0" in stderr
 
 

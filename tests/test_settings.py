@@ -34,6 +34,7 @@ def template_text(model: str) -> str:
 
 @pytest.mark.parametrize("cls", SETTINGS)
 def test_every_setting_is_declared_with_help_and_a_checked_range(cls):
+    assert cls.settings_fields()
     for f in cls.settings_fields():
         assert f.metadata["help"], f.name
         choices, minimum = f.metadata["choices"], f.metadata["minimum"]

@@ -33,9 +33,12 @@ def test_a_slow_model_load_is_waited_for_with_progress_lines(slow_install, tmp_p
 
 def test_a_startup_timeout_shorter_than_the_load_fails_naming_the_flag(slow_install, tmp_path):
     server = TritonServer(tmp_path / "repository", install=slow_install)
-    with pytest.raises(TimeoutError, match=r"not ready after 1 s \(raise --startup-timeout"):
-        server.start(timeout=1, progress_s=10)
-    assert server.process.poll() is not None  # stopped
+    try:
+        with pytest.raises(TimeoutError, match=r"not ready after 1 s \(raise --startup-timeout"):
+            server.start(timeout=1, progress_s=10)
+        assert server.process.poll() is not None  # stopped
+    finally:
+        server.stop()
 
 
 def test_the_default_startup_timeout_covers_an_engine_build():

@@ -30,7 +30,8 @@ from simple_sampler.serving.trtllm import TrtLlmEngine
 from simple_sampler.serving.trtllm_api import load_tensorrt_llm
 from simple_sampler.settings import LlmSettings
 from simple_sampler.triton.llm_service import build_engine
-from fakes import VOCAB, FakeTokenizer, PerThreadCudart
+from fakes import VOCAB, FakeTokenizer, PerThreadCudart, wait_until
+from simple_sampler.pids import alive
 
 
 @pytest.fixture
@@ -220,16 +221,19 @@ def test_the_processor_reaches_the_engine_from_another_process(make_engine):
     engine.add("b", [4])  # client ids 1 and 2; 99 is a request this engine does not know
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=False)
-    child.stdin.write(pickle.dumps(engine.llm.processor))
-    child.stdin.close()
-    assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
-    rows = engine.step(["b", "a"])
-    assert rows.dtype == torch.float32  # the engine's logits dtype (its config names none)
-    base = torch.arange(VOCAB, dtype=torch.float32)
-    assert torch.equal(rows[0], base * 3) and torch.equal(rows[1], base)  # padding cut off
-    engine.append(["b", "a"], [11, 7])
-    output = child.stdout.read().decode().split("]")
-    assert child.wait(timeout=30) == 0
+    try:
+        child.stdin.write(pickle.dumps(engine.llm.processor))
+        child.stdin.close()
+        assert engine.wait_ready(["a", "b"], timeout=30) == ["a", "b"]
+        rows = engine.step(["b", "a"])
+        assert rows.dtype == torch.float32  # the engine's logits dtype (its config names none)
+        base = torch.arange(VOCAB, dtype=torch.float32)
+        assert torch.equal(rows[0], base * 3) and torch.equal(rows[1], base)  # padding cut off
+        engine.append(["b", "a"], [11, 7])
+        output = child.stdout.read().decode().split("]")
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
     # Masked rows keep only the chosen token; the unknown request's row is untouched.
     assert output[0].strip(" [") == "7, 30, 11"
     assert "False, False, False" in output[1]
@@ -610,25 +614,20 @@ def test_a_worker_exits_when_the_process_that_owns_its_processor_dies():
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     # the owner's pid line and the worker's "unpickled" (it writes to its
     # owner's stdout), in either order: then the worker watches its owner
-    lines = {owner.stdout.readline().strip() for _ in range(2)}
-    assert "unpickled" in lines, lines
-    [worker_pid] = [int(line) for line in lines if line.isdigit()]
+    worker_pid = None
     try:
-        os.kill(worker_pid, 0)  # alive while its owner is
+        lines = {owner.stdout.readline().strip() for _ in range(2)}
+        assert "unpickled" in lines, lines
+        [worker_pid] = [int(line) for line in lines if line.isdigit()]
+        assert alive(worker_pid)  # while its owner is
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.kill(worker_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the worker outlived its owner")
+        # a zombie, gone but not yet reaped by whoever adopted it, is not alive
+        assert wait_until(lambda: not alive(worker_pid)), "the worker outlived its owner"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker_pid, signal.SIGKILL)
+        if worker_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker_pid, signal.SIGKILL)
         owner.kill()
 
 

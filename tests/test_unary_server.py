@@ -7,7 +7,6 @@ still batches requests in flight: execute returns at once and each answer
 goes through its request's response sender (Python backend 24.06 on).
 A real tritonserver on SmolLM2 (one sampler instance)."""
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from simple_sampler.frontend.backend import FrontendServer
 from simple_sampler.launch.ports import free_port
 from simple_sampler.serving.text import TextCodec
 from conftest import small_llm_server
+from fakes import in_flight, llm_metric, wait_until
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -49,11 +49,6 @@ def greedy(max_tokens: int = 12, **more) -> dict:
             "max_tokens": np.array([[max_tokens]], np.int32),
             "temperature": np.array([[0.0]], np.float32),
             "exclude_input_in_output": np.array([[True]]), **more}
-
-
-def metric(server, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
-    return float(re.search(rf"^simple_llm_{name}\{{[^}}]*\}} (\S+)", text, re.M).group(1))
 
 
 def test_unary_infer_calls_are_answered_with_what_generate_answers(server):
@@ -86,7 +81,7 @@ def test_unary_requests_are_decoded_together(server):
     """Eight unary calls at once take fewer steps than their tokens: the
     execute that took one returned before its answer, so the next ones
     joined the batch."""
-    before = metric(server, "steps_total")
+    before = llm_metric(server, "steps_total")
     http = httpclient.InferenceServerClient(server.http_url,
                                             concurrency=8)
 
@@ -98,7 +93,7 @@ def test_unary_requests_are_decoded_together(server):
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(one, range(8)))
     assert len(set(answers)) == 1 and answers[0]  # greedy: one text
-    assert metric(server, "steps_total") - before < 8 * 24 / 2
+    assert llm_metric(server, "steps_total") - before < 8 * 24 / 2
 
 
 def test_a_streamed_request_is_refused_naming_its_input(server):
@@ -220,16 +215,13 @@ def test_a_cancelled_unary_call_stops_its_generation_and_lets_llm_unload(server)
     model that is not decoupled: the request would never end, and llm would
     never unload (nor Triton stop within its exit timeout). Last: it
     unloads llm."""
-    before = metric(server, "steps_total")
+    before = llm_metric(server, "steps_total")
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException, match="Deadline"):
         grpc.infer("llm", unary_inputs(grpcclient, **greedy(200, ignore_eos=np.array([[True]]))),
                    client_timeout=1.0)
-    deadline = time.monotonic() + 30
-    while metric(server, "requests_in_flight") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert metric(server, "requests_in_flight") == 0
-    assert metric(server, "steps_total") - before < 150  # stopped, not run to 200
+    assert wait_until(lambda: in_flight(server) == 0)
+    assert llm_metric(server, "steps_total") - before < 150  # stopped, not run to 200
     http = httpclient.InferenceServerClient(server.http_url)
     http.unload_model("llm")
     deadline = time.monotonic() + 30

@@ -81,10 +81,17 @@ class SampleOutput:
     hot_accepted: np.ndarray
 
 
+NUM_THREADS_ENV = "SIMPLE_SAMPLER_NUM_THREADS"
+
+
 def default_num_threads() -> int:
     """SIMPLE_SAMPLER_NUM_THREADS, else 1: a Triton deployment scales with
     instances (processes), each sampling its requests on one thread."""
-    return int(os.environ.get("SIMPLE_SAMPLER_NUM_THREADS", "1"))
+    value = os.environ.get(NUM_THREADS_ENV, "1")
+    threads = int(value) if value.strip().isdigit() else 0
+    if threads < 1:
+        raise ValueError(f"{NUM_THREADS_ENV} must be an integer >= 1, got {value!r}")
+    return threads
 
 
 def is_torch_tensor(value) -> bool:
