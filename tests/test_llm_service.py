@@ -4,6 +4,7 @@ client cancels while tokens are flowing, its client is gone, the sampler
 fails for a while, or the service drains for a shutdown."""
 import asyncio
 import functools
+import os
 import threading
 import time
 
@@ -276,6 +277,28 @@ def test_a_service_whose_sampler_fails_twice_serves_every_token():
     # The rows came from the arena, and the retried shards read the same slots.
     bls_clean, _ = run(0, "bls")
     assert bls_clean == clean
+
+
+def test_a_service_that_fails_to_start_leaves_nothing_behind(monkeypatch):
+    """A start that raises after the arena, the sampler pool, the decode
+    loop and the send threads were made (here the decoder's start) closes
+    them: no region left in /dev/shm, no thread of its own running."""
+    from simple_sampler.row_arena import SHM_DIR
+    from simple_sampler.serving.decoder import Decoder
+
+    async def fails():
+        raise RuntimeError("the decoder could not start")
+
+    monkeypatch.setattr(Decoder, "start", lambda self: fails())
+    regions = set(os.listdir(SHM_DIR))
+    threads = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="the decoder could not start"):
+        LlmService(LlmSettings(sampling_mode="simple", micro_batches=1, send_threads=3),
+                   sampler_call=FlakySampler(0), engine=FakeEngine(max_batch_size=4),
+                   codec=TextCodec(FakeTokenizer()))
+    assert set(os.listdir(SHM_DIR)) == regions
+    assert wait_until(lambda: {t for t in threading.enumerate() if t.is_alive()} <= threads), \
+        [t.name for t in set(threading.enumerate()) - threads]
 
 
 class WarmingEngine(FakeEngine):

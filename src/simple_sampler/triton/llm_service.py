@@ -18,6 +18,7 @@ next micro-batch; a shard that fails is sent again elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -163,38 +164,51 @@ class LlmService:
         on_finished: there too, with each generation's final event."""
         self.settings = settings
         self.codec = codec or engine_spec(settings.engine).codec(settings)
-        self.engine = engine or build_engine(settings)
-        simple = settings.sampling_mode == "simple"
-        self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
-        self.pool = sampler = build_pool(
-            settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
-            self.arena, settings.sampler_shard_min_rows, settings.micro_batches,
-            remote_hot_set(settings, repository), self.engine.vocab_size) if simple else None
-        hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
-        if hot_vocab is not None:
-            sampler = hot_first_sampler(self.engine, sampler, hot_vocab)
-            log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
-                     hot_vocab.size, hot_vocab.vocab_size)
-        self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
-                               settings.micro_batches, launch_ahead=settings.launch_ahead,
-                               logprobs_mode=settings.logprobs_mode)
-        self.draining = False
-        #: the requests in flight by their client's request id, for a stop signal
-        self.by_request_id: dict[str, set[Delivery]] = {}
-        self.loop = asyncio.new_event_loop()
-        profile_dir = os.environ.get(PROFILE_ENV)
-        self.profile = LoopProfile(os.path.join(profile_dir, f"llm-{os.getpid()}.prof")) \
-            if profile_dir else None
-        run = self.loop.run_forever if self.profile is None else functools.partial(
-            self.profile.run, self.loop)
-        self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
-        self.thread.start()
-        self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst,
-                                     answers_once=not settings.decoupled_mode,
-                                     on_finished=on_finished, send_threads=settings.send_threads)
-        self.decoder.on_step = self.deliveries.on_step
-        self._call(self.decoder.start()).result()
-        self.cancel_watch = self._call(self.deliveries.watch_cancellations())
+        # a service that fails to start undoes what it built (the arena's
+        # regions, the pool's and the send threads, the loop), as close does
+        with contextlib.ExitStack() as undo:
+            self.engine = engine or build_engine(settings)
+            if isinstance(self.engine, Closable):
+                undo.callback(self.engine.close)
+            simple = settings.sampling_mode == "simple"
+            self.arena = build_arena(settings, self.engine) if simple and sampler_call else None
+            if self.arena is not None:
+                undo.callback(self.arena.close)
+            self.pool = sampler = build_pool(
+                settings.sampler_endpoints, sampler_call, settings.sampler_shards, self._count_retry,
+                self.arena, settings.sampler_shard_min_rows, settings.micro_batches,
+                remote_hot_set(settings, repository), self.engine.vocab_size) if simple else None
+            if self.pool is not None:
+                undo.callback(self.pool.close)
+            hot_vocab = hot_first_vocab(settings, repository) if sampler is not None else None
+            if hot_vocab is not None:
+                sampler = hot_first_sampler(self.engine, sampler, hot_vocab)
+                log.info("rows cross to the sampler hot-first: %d hot ids of %d, the rest summarized",
+                         hot_vocab.size, hot_vocab.vocab_size)
+            self.decoder = Decoder(self.engine, self.codec, settings.sampling_mode, sampler,
+                                   settings.micro_batches, launch_ahead=settings.launch_ahead,
+                                   logprobs_mode=settings.logprobs_mode)
+            self.draining = False
+            #: the requests in flight by their client's request id, for a stop signal
+            self.by_request_id: dict[str, set[Delivery]] = {}
+            self.loop = asyncio.new_event_loop()
+            profile_dir = os.environ.get(PROFILE_ENV)
+            self.profile = LoopProfile(os.path.join(profile_dir, f"llm-{os.getpid()}.prof")) \
+                if profile_dir else None
+            run = self.loop.run_forever if self.profile is None else functools.partial(
+                self.profile.run, self.loop)
+            self.thread = threading.Thread(target=run, name="decode-loop", daemon=True)
+            self.thread.start()
+            undo.callback(self.thread.join, CLOSE_TIMEOUT_S)
+            undo.callback(self.loop.call_soon_threadsafe, self.loop.stop)
+            self.deliveries = Deliveries(self.loop, self.codec, self.decoder.stats, on_burst,
+                                         answers_once=not settings.decoupled_mode,
+                                         on_finished=on_finished, send_threads=settings.send_threads)
+            undo.callback(self.deliveries.close, wait=False)
+            self.decoder.on_step = self.deliveries.on_step
+            self._call(self.decoder.start()).result()
+            self.cancel_watch = self._call(self.deliveries.watch_cancellations())
+            undo.pop_all()  # started: close() undoes it from here on
 
     @property
     def data_plane(self) -> str:
